@@ -1,0 +1,3 @@
+from dpaudit.cli.main import main
+
+main()

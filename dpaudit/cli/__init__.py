@@ -1,0 +1,1 @@
+"""The typer CLI: one small module per command group, no logic of its own."""
