@@ -28,10 +28,12 @@ class RichProgress(Progress):
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
-            Progress as _RP,
             TextColumn,
             TimeElapsedColumn,
             TimeRemainingColumn,
+        )
+        from rich.progress import (
+            Progress as _RP,
         )
 
         with _RP(

@@ -1,6 +1,6 @@
 """Small keyword validators whose messages write themselves.
 
-    check_positive(clip=0.0)  ->  InputError("expected clip > 0, got 0.0")
+check_positive(clip=0.0)  ->  InputError("expected clip > 0, got 0.0")
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def check_positive_int(**kwargs: Any) -> int:
     return int(value)
 
 
-def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = True, **kwargs: Any) -> float:
+def check_in_interval(
+    lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = True, **kwargs: Any
+) -> float:
     """Check lo < value < hi (brackets controlled by lo_open/hi_open)."""
     name, value = _one(kwargs)
     v = _finite(name, value)

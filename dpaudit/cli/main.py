@@ -16,6 +16,8 @@ app = App(
 
 # Each module defines ``register(app)``. Add a module here only when its commands work.
 COMMAND_MODULES = [
+    "dpaudit.cli.train",
+    "dpaudit.cli.inspect",
 ]
 
 

@@ -1,0 +1,276 @@
+"""Run directories: ``model.safetensors`` + ``checkpoint.json`` + ``split.npz``. Never pickle.
+
+Loading validates the schema version, the keys, every tensor's name and shape against the model
+spec and the data's content hash, so a checkpoint from a stranger is safe to open and a stale one
+fails loudly instead of giving silently wrong numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict
+from dpaudit.errors import CheckpointError, InputError
+from dpaudit.models import ModelSpec, build_model, model_spec_from_dict
+
+SCHEMA_VERSION = 1
+CHECKPOINT_FILE = "checkpoint.json"
+WEIGHTS_FILE = "model.safetensors"
+SPLIT_FILE = "split.npz"
+REQUIRED_KEYS = (
+    "schema_version",
+    "model",
+    "data",
+    "split",
+    "preprocessing",
+    "training",
+    "privacy",
+    "metrics",
+    "versions",
+)
+
+
+def write_atomic_dir(out: Path, write: Callable[[Path], None], *, force: bool) -> Path:
+    """Write a directory atomically: fill a temporary sibling, then rename it into place.
+
+    An existing ``out`` is refused unless ``force``; with ``force`` it is replaced only after the
+    new content is complete, so a failure never leaves a half-written directory behind.
+    """
+    out = Path(out)
+    if out.exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write(tmp)
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / "old")
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
+    path = Path(path)
+    if path.exists() and not force:
+        raise InputError(f"{path} already exists; use --force to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def versions() -> dict[str, str]:
+    from dpaudit import __version__
+
+    return {"dpaudit": __version__, "torch": torch.__version__, "numpy": np.__version__}
+
+
+def save_run(
+    out: Path, *, model: nn.Module, meta: dict[str, Any], splits: Splits, force: bool = False
+) -> Path:
+    """Save a run directory atomically. ``meta`` holds everything but schema_version/versions."""
+    from safetensors.torch import save_file
+
+    meta = {**meta, "schema_version": SCHEMA_VERSION, "versions": meta.get("versions") or versions()}
+    missing = [k for k in REQUIRED_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"checkpoint meta misses {missing}")
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+
+    def write(tmp: Path) -> None:
+        save_file(state, str(tmp / WEIGHTS_FILE))
+        (tmp / CHECKPOINT_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        np.savez(tmp / SPLIT_FILE, **{name: getattr(splits, name) for name in SPLIT_NAMES})
+
+    return write_atomic_dir(Path(out), write, force=force)
+
+
+@dataclass
+class Run:
+    """A loaded checkpoint: metadata, the model with its weights, preprocessing and splits."""
+
+    path: Path
+    meta: dict[str, Any]
+    spec: ModelSpec
+    model: nn.Module
+    splits: Splits
+
+    @property
+    def privacy(self) -> dict[str, Any] | None:
+        return self.meta["privacy"]
+
+    @property
+    def preprocessing(self):
+        return preprocessing_from_dict(self.meta["preprocessing"])
+
+    def dataset(self) -> Dataset:
+        """Reload the training data and check it is byte-for-byte the data the model saw."""
+        d = self.meta["data"]
+        try:
+            ds = load_dataset(d["spec"], label_column=d.get("label_column"))
+        except InputError as e:
+            raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}") from None
+        if ds.sha256 != d["sha256"]:
+            raise CheckpointError(
+                f"{self.path}: the data {d['spec']!r} changed since training "
+                f"(sha256 {ds.sha256[:12]}… != recorded {d['sha256'][:12]}…)"
+            )
+        return ds
+
+    def logits(self, X: np.ndarray, batch: int = 2048) -> np.ndarray:
+        """Model logits (float64) on raw (unpreprocessed) features."""
+        return predict_logits(self.model, self.preprocessing.transform(X), batch=batch)
+
+
+def predict_logits(model: nn.Module, X: np.ndarray, batch: int = 2048) -> np.ndarray:
+    """Logits in float64 for preprocessed features, evaluated in eval mode without gradients."""
+    model.eval()
+    param = next(model.parameters())
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(X), batch):
+            xb = torch.as_tensor(np.asarray(X[s : s + batch]), device=param.device)
+            if xb.is_floating_point():
+                xb = xb.to(param.dtype)
+            out.append(model(xb).double().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0))
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    f = path / CHECKPOINT_FILE
+    if not f.is_file():
+        raise CheckpointError(f"{path}: not a dpaudit run directory (no {CHECKPOINT_FILE})")
+    try:
+        meta = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{f}: expected a JSON object")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise CheckpointError(
+            f"{f}: unknown schema_version {meta.get('schema_version')!r} (this dpaudit reads {SCHEMA_VERSION})"
+        )
+    missing = [k for k in REQUIRED_KEYS if k not in meta]
+    if missing:
+        raise CheckpointError(f"{f}: missing key(s) {', '.join(missing)}")
+    return meta
+
+
+def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """Load a state dict from safetensors, or from a torch file with ``weights_only=True``.
+
+    Pickle files (.pkl/.pickle) are refused: unpickling runs arbitrary code.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix in (".pkl", ".pickle", ".joblib"):
+        raise CheckpointError(
+            f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors"
+        )
+    if suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
+    if suffix in (".pt", ".pth", ".bin"):
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # safe: tensors and primitives only
+        except Exception as e:
+            raise CheckpointError(
+                f"{path}: cannot load with weights_only=True (not a plain state_dict?): "
+                f"{str(e).splitlines()[0]}"
+            ) from None
+        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+            raise CheckpointError(f"{path}: expected a plain state_dict (name -> tensor)")
+        return dict(obj)
+    raise CheckpointError(
+        f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)"
+    )
+
+
+def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> nn.Module:
+    """Copy ``state`` into ``model`` after checking names and shapes match exactly."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:5])}")
+        if unexpected:
+            parts.append(f"unexpected {', '.join(unexpected[:5])}")
+        raise CheckpointError(f"{source}: weights do not match the model spec ({'; '.join(parts)})")
+    for k, v in expected.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise CheckpointError(
+                f"{source}: weights do not match the model spec: {k} has shape {list(state[k].shape)}, "
+                f"expected {list(v.shape)}"
+            )
+        if not state[k].is_floating_point() == v.is_floating_point():
+            raise CheckpointError(f"{source}: tensor {k} has dtype {state[k].dtype}, expected {v.dtype}")
+    model.load_state_dict({k: state[k].to(expected[k].dtype) for k in expected})
+    return model
+
+
+def load_run(path: Path | str) -> Run:
+    """Load and validate a run directory (no unpickling anywhere)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such run directory")
+    if path.is_file():
+        if path.suffix.lower() in (".pkl", ".pickle", ".pt", ".pth"):
+            raise CheckpointError(
+                f"{path}: refusing a pickle-based file; a dpaudit run is a directory "
+                "(model.safetensors + checkpoint.json)"
+            )
+        raise CheckpointError(f"{path}: expected a run directory, got a file")
+    meta = _read_meta(path)
+    try:
+        spec = model_spec_from_dict(meta["model"])
+    except InputError as e:
+        raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
+    model = build_model(spec)
+    load_state_into(model, load_weights_file(path / WEIGHTS_FILE), str(path / WEIGHTS_FILE))
+    model.eval()
+    split_file = path / SPLIT_FILE
+    if not split_file.is_file():
+        raise CheckpointError(f"{path}: missing {SPLIT_FILE} (the member list)")
+    try:
+        with np.load(split_file, allow_pickle=False) as z:
+            parts = {name: z[name].astype(np.int64) for name in SPLIT_NAMES}
+    except Exception as e:
+        raise CheckpointError(f"{split_file}: corrupt split file ({type(e).__name__}: {e})") from None
+    s = meta["split"]
+    splits = Splits(**parts, seed=int(s.get("seed", 0)), fractions=tuple(s.get("fractions", ())))
+    return Run(path=path, meta=meta, spec=spec, model=model, splits=splits)

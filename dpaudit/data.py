@@ -1,0 +1,328 @@
+"""Datasets, deterministic splits and preprocessing.
+
+Embedded datasets need no download: scikit-learn's bundled ``digits`` (8x8 images, 10 classes),
+``breast-cancer`` (tabular, binary) and ``wine`` (tabular, 3 classes); seeded synthetic data
+(``synthetic:n=1000,d=20,classes=2,seed=0``) and synthetic token sequences for RNNs
+(``synthetic-tokens:n=1000,length=20,vocab=50,classes=2,seed=0``). User data: a CSV file
+(with ``label_column``) or an NPZ file holding arrays ``X`` and ``y``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.errors import DataError, InputError
+
+EMBEDDED = ("digits", "breast-cancer", "wine")
+SYNTHETIC = ("synthetic", "synthetic-tokens")
+SPLIT_NAMES = ("members", "holdout", "aux", "test")
+DEFAULT_FRACTIONS = (0.35, 0.2, 0.25, 0.2)
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """Features ``X`` (float32, or int64 token ids when ``kind == "tokens"``) and labels ``y``."""
+
+    name: str
+    X: np.ndarray
+    y: np.ndarray
+    n_classes: int
+    kind: str  # "image" | "tabular" | "tokens"
+    source: str  # the spec string it was loaded from
+    vocab_size: int | None = None
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.X.shape[1:])
+
+    def __len__(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def sha256(self) -> str:
+        """Content hash of the arrays (dtype, shape and bytes of X and y)."""
+        h = hashlib.sha256()
+        for a in (self.X, self.y):
+            a = np.ascontiguousarray(a)
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spec": self.source,
+            "name": self.name,
+            "kind": self.kind,
+            "n": len(self),
+            "feature_shape": list(self.feature_shape),
+            "n_classes": self.n_classes,
+            "vocab_size": self.vocab_size,
+            "sha256": self.sha256,
+        }
+
+
+def _parse_params(text: str, allowed: dict[str, type], spec: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        if "=" not in item:
+            raise InputError(f"bad dataset spec {spec!r}: expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if key not in allowed:
+            raise InputError(f"bad dataset spec {spec!r}: unknown key {key!r}; valid: {', '.join(allowed)}")
+        try:
+            out[key] = allowed[key](value)
+        except ValueError:
+            raise InputError(f"bad dataset spec {spec!r}: {key} must be a number, got {value!r}") from None
+    return out
+
+
+def _synthetic(spec: str, params: str) -> Dataset:
+    p = {"n": 1000, "d": 20, "classes": 2, "seed": 0, "sep": 1.0}
+    p.update(_parse_params(params, {"n": int, "d": int, "classes": int, "seed": int, "sep": float}, spec))
+    if p["n"] < 2 or p["d"] < 1 or p["classes"] < 2:
+        raise InputError(f"bad dataset spec {spec!r}: need n >= 2, d >= 1, classes >= 2")
+    rng = np.random.default_rng(p["seed"])
+    # Gaussian class clusters: centres at distance ~sep, isotropic unit noise.
+    centres = rng.normal(0.0, p["sep"], size=(p["classes"], p["d"]))
+    y = rng.integers(0, p["classes"], size=p["n"])
+    X = centres[y] + rng.normal(size=(p["n"], p["d"]))
+    return _validated("synthetic", X.astype(np.float32), y, "tabular", spec)
+
+
+def _synthetic_tokens(spec: str, params: str) -> Dataset:
+    p = {"n": 1000, "length": 20, "vocab": 50, "classes": 2, "seed": 0}
+    p.update(
+        _parse_params(params, {"n": int, "length": int, "vocab": int, "classes": int, "seed": int}, spec)
+    )
+    if p["n"] < 2 or p["length"] < 1 or p["vocab"] < 2 or p["classes"] < 2:
+        raise InputError(f"bad dataset spec {spec!r}: need n >= 2, length >= 1, vocab >= 2, classes >= 2")
+    rng = np.random.default_rng(p["seed"])
+    # Each class prefers its own token distribution (a Dirichlet draw), so the task is learnable.
+    probs = rng.dirichlet(np.full(p["vocab"], 0.3), size=p["classes"])
+    y = rng.integers(0, p["classes"], size=p["n"])
+    X = np.stack([rng.choice(p["vocab"], size=p["length"], p=probs[c]) for c in y]).astype(np.int64)
+    return _validated("synthetic-tokens", X, y, "tokens", spec, vocab_size=p["vocab"])
+
+
+def _embedded(name: str) -> Dataset:
+    from sklearn import datasets as skd
+
+    if name == "digits":
+        b = skd.load_digits()
+        X = (b.images / 16.0).astype(np.float32)[:, None, :, :]  # (n, 1, 8, 8), values in [0, 1]
+        return _validated(name, X, b.target, "image", name)
+    loader = {"breast-cancer": skd.load_breast_cancer, "wine": skd.load_wine}[name]
+    b = loader()
+    return _validated(name, b.data.astype(np.float32), b.target, "tabular", name)
+
+
+def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
+    import pandas as pd
+
+    if label_column is None:
+        raise InputError(f"{path}: CSV data needs --label-column to name the label column")
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: the CSV file is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not a readable CSV file ({str(e).splitlines()[0]})") from None
+    if label_column not in df.columns:
+        cols = ", ".join(map(str, df.columns[:20]))
+        raise DataError(f"{path}: no label column {label_column!r} (columns: {cols})")
+    if len(df) == 0:
+        raise DataError(f"{path}: the dataset is empty")
+    features = df.drop(columns=[label_column])
+    if features.shape[1] == 0:
+        raise DataError(f"{path}: no feature columns besides the label column {label_column!r}")
+    bad = [c for c in features.columns if not np.issubdtype(features[c].dtype, np.number)]
+    if bad:
+        raise DataError(f"{path}: non-numeric feature column(s): {', '.join(map(str, bad[:5]))}")
+    labels = df[label_column]
+    if labels.isna().any():
+        raise DataError(f"{path}: label column {label_column!r} has missing values")
+    return _validated(path.stem, features.to_numpy(dtype=np.float64), labels.to_numpy(), "tabular", spec)
+
+
+def _from_npz(path: Path, spec: str) -> Dataset:
+    try:
+        with np.load(path, allow_pickle=False) as z:  # never unpickle data from strangers
+            if "X" not in z.files or "y" not in z.files:
+                raise DataError(f"{path}: NPZ file must hold arrays 'X' and 'y' (has: {', '.join(z.files)})")
+            X, y = z["X"], z["y"]
+    except DataError:
+        raise
+    except ValueError as e:
+        raise DataError(f"{path}: NPZ holds object arrays, refused (pickle): {e}") from None
+    except Exception as e:
+        raise DataError(f"{path}: not a readable NPZ file ({type(e).__name__})") from None
+    if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
+        raise DataError(f"{path}: X must be numeric, got dtype {X.dtype}")
+    kind = "image" if X.ndim == 4 else "tabular"
+    return _validated(path.stem, X.astype(np.float64), y, kind, spec)
+
+
+def _validated(
+    name: str, X: np.ndarray, y: np.ndarray, kind: str, spec: str, vocab_size: int | None = None
+) -> Dataset:
+    if X.shape[0] == 0:
+        raise DataError(f"{spec}: the dataset is empty")
+    if X.shape[0] != y.shape[0]:
+        raise DataError(f"{spec}: X has {X.shape[0]} rows but y has {y.shape[0]}")
+    if y.ndim != 1:
+        raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}")
+    if kind != "tokens" and not np.all(np.isfinite(X)):
+        raise DataError(f"{spec}: features contain NaN or inf")
+    if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
+        raise DataError(f"{spec}: labels contain NaN or inf")
+    if X.ndim == 1:
+        X = X[:, None]
+    classes, y_idx = np.unique(y, return_inverse=True)
+    if len(classes) < 2:
+        raise DataError(f"{spec}: labels have a single class ({classes[0]!r}); need at least 2")
+    X = X.astype(np.int64 if kind == "tokens" else np.float32)
+    X.setflags(write=False)
+    y_idx = y_idx.astype(np.int64)
+    y_idx.setflags(write=False)
+    return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size)
+
+
+def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
+    """Load a dataset from a spec: an embedded name, ``synthetic:...``, or a CSV/NPZ path."""
+    if not isinstance(spec, str) or not spec:
+        raise InputError("expected a dataset name or path")
+    if spec in EMBEDDED:
+        return _embedded(spec)
+    head, _, params = spec.partition(":")
+    if head == "synthetic":
+        return _synthetic(spec, params)
+    if head == "synthetic-tokens":
+        return _synthetic_tokens(spec, params)
+    path = Path(spec)
+    if path.suffix.lower() in (".csv", ".npz") or path.exists():
+        if not path.exists():
+            raise DataError(f"{path}: no such file")
+        if not path.is_file():
+            raise DataError(f"{path}: not a file")
+        try:
+            path.open("rb").close()
+        except OSError as e:
+            raise DataError(f"{path}: cannot read ({e.strerror})") from None
+        if path.suffix.lower() == ".csv":
+            return _from_csv(path, label_column, spec)
+        if path.suffix.lower() == ".npz":
+            return _from_npz(path, spec)
+        raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
+    valid = ", ".join(
+        [*EMBEDDED, "synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz"]
+    )
+    raise InputError(f"unknown dataset {spec!r}; valid: {valid}")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Disjoint index arrays: target train (members), target holdout (non-members), the attacker's
+    auxiliary pool (shadow/reference data) and a test split for utility."""
+
+    members: np.ndarray
+    holdout: np.ndarray
+    aux: np.ndarray
+    test: np.ndarray
+    seed: int
+    fractions: tuple[float, ...] = field(default=DEFAULT_FRACTIONS)
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in SPLIT_NAMES}
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(getattr(self, name)) for name in SPLIT_NAMES}
+
+
+def make_splits(n: int, seed: int, fractions: tuple[float, ...] = DEFAULT_FRACTIONS) -> Splits:
+    """Deterministic split of ``range(n)`` from ``seed`` into members/holdout/aux/test."""
+    if len(fractions) != 4 or any((not math.isfinite(f)) or f < 0 for f in fractions):
+        raise InputError(
+            f"expected 4 non-negative split fractions (members,holdout,aux,test), got {fractions}"
+        )
+    total = float(sum(fractions))
+    if not 0 < total <= 1 + 1e-9:
+        raise InputError(f"split fractions must sum to at most 1, got {total:g}")
+    if fractions[0] <= 0:
+        raise InputError("the members split must be non-empty")
+    perm = np.random.default_rng(seed).permutation(n)
+    counts = [math.floor(f * n) for f in fractions]
+    if counts[0] < 2:
+        raise DataError(f"dataset of {n} records is too small: the members split would hold {counts[0]}")
+    bounds = np.cumsum([0, *counts])
+    parts = [np.sort(perm[bounds[i] : bounds[i + 1]]).astype(np.int64) for i in range(4)]
+    return Splits(*parts, seed=seed, fractions=tuple(float(f) for f in fractions))
+
+
+@dataclass(frozen=True)
+class Standardizer:
+    """Per-feature standardisation fitted on the training split only (saved with the checkpoint)."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def fit(cls, X: np.ndarray) -> Standardizer:
+        X = np.asarray(X, dtype=np.float64)
+        mean = X.mean(axis=0)
+        std = X.std(axis=0)
+        scale = np.where(std > 1e-12, std, 1.0)  # constant features (e.g. blank pixels) pass through
+        return cls(mean.astype(np.float32), scale.astype(np.float32))
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        return ((np.asarray(X, dtype=np.float32) - self.mean) / self.scale).astype(np.float32)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "standardize",
+            "shape": list(self.mean.shape),
+            "mean": self.mean.ravel().tolist(),
+            "scale": self.scale.ravel().tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Standardizer:
+        shape = tuple(d["shape"])
+        return cls(
+            np.asarray(d["mean"], np.float32).reshape(shape),
+            np.asarray(d["scale"], np.float32).reshape(shape),
+        )
+
+
+@dataclass(frozen=True)
+class Identity:
+    """No preprocessing (token ids)."""
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        return X
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "identity"}
+
+
+def fit_preprocessing(dataset: Dataset, train_idx: np.ndarray) -> Standardizer | Identity:
+    if dataset.kind == "tokens":
+        return Identity()
+    return Standardizer.fit(dataset.X[train_idx])
+
+
+def preprocessing_from_dict(d: dict[str, Any]) -> Standardizer | Identity:
+    kind = d.get("kind")
+    if kind == "standardize":
+        return Standardizer.from_dict(d)
+    if kind == "identity":
+        return Identity()
+    raise InputError(f"unknown preprocessing kind {kind!r}")

@@ -1,0 +1,255 @@
+"""A small model zoo built from JSON-serialisable specs.
+
+No BatchNorm anywhere: it mixes examples within a batch, so one example's gradient depends on
+the others and per-example clipping no longer bounds its influence. GroupNorm/LayerNorm are
+per-example and safe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from dpaudit.errors import InputError
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
+MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn")
+
+
+def _check_activation(name: str) -> None:
+    if name not in ACTIVATIONS:
+        raise InputError(f"unknown activation {name!r}; valid: {', '.join(ACTIVATIONS)}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Base of all model specs: input shape (without batch) and number of classes."""
+
+    kind: ClassVar[str] = ""
+    input_shape: tuple[int, ...]
+    n_classes: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
+        if self.n_classes < 2:
+            raise InputError(f"expected n_classes >= 2, got {self.n_classes}")
+        for k, v in asdict(self).items():
+            if isinstance(v, list):
+                object.__setattr__(self, k, tuple(v))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"kind": self.kind}
+        for k, v in asdict(self).items():
+            d[k] = list(v) if isinstance(v, tuple) else v
+        return d
+
+    def build(self) -> nn.Module:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LogRegSpec(ModelSpec):
+    kind: ClassVar[str] = "logreg"
+
+    def build(self) -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(self.input_shape), self.n_classes))
+
+
+@dataclass(frozen=True)
+class MLPSpec(ModelSpec):
+    kind: ClassVar[str] = "mlp"
+    hidden: tuple[int, ...] = (128,)
+    activation: str = "tanh"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_activation(self.activation)
+        if any(h < 1 for h in self.hidden):
+            raise InputError(f"expected hidden sizes >= 1, got {list(self.hidden)}")
+
+    def build(self) -> nn.Module:
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = math.prod(self.input_shape)
+        for h in self.hidden:
+            layers += [nn.Linear(width, h), ACTIVATIONS[self.activation]()]
+            width = h
+        layers.append(nn.Linear(width, self.n_classes))
+        return nn.Sequential(*layers)
+
+
+@dataclass(frozen=True)
+class CNNSpec(ModelSpec):
+    """Conv(3x3) -> GroupNorm -> activation blocks, global average pooling, linear head.
+    Needs image-shaped input (channels, height, width)."""
+
+    kind: ClassVar[str] = "cnn"
+    channels: tuple[int, ...] = (16, 32)
+    activation: str = "tanh"
+    groups: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_activation(self.activation)
+        if len(self.input_shape) != 3:
+            raise InputError(
+                f"cnn needs image-shaped input (channels, height, width), got feature shape {list(self.input_shape)}"
+            )
+        if any(c < 1 or c % self.groups for c in self.channels):
+            raise InputError(
+                f"cnn channels must be positive multiples of groups={self.groups}, got {list(self.channels)}"
+            )
+
+    def build(self) -> nn.Module:
+        layers: list[nn.Module] = []
+        c_in = self.input_shape[0]
+        for i, c in enumerate(self.channels):
+            layers += [
+                nn.Conv2d(c_in, c, 3, padding=1),
+                nn.GroupNorm(self.groups, c),
+                ACTIVATIONS[self.activation](),
+            ]
+            if i < len(self.channels) - 1 and min(self.input_shape[1:]) >= 2 ** (i + 2):
+                layers.append(nn.AvgPool2d(2))
+            c_in = c
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, self.n_classes)]
+        return nn.Sequential(*layers)
+
+
+class RecurrentLayer(nn.Module):
+    """LSTM/GRU built from ``nn.Linear`` cells (as Opacus' DPLSTM), so that per-example gradient
+    machinery (vmap, ghost norms) sees only Linear layers. Gate layout follows torch.nn.LSTM/GRU."""
+
+    def __init__(self, cell: str, input_size: int, hidden_size: int, reverse: bool = False) -> None:
+        super().__init__()
+        self.cell, self.hidden_size, self.reverse = cell, hidden_size, reverse
+        gates = 4 if cell == "lstm" else 3
+        self.ih = nn.Linear(input_size, gates * hidden_size)
+        self.hh = nn.Linear(hidden_size, gates * hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, time, features) -> (batch, hidden)
+        batch, steps, _ = x.shape
+        xi = self.ih(x)  # input projections for all steps at once
+        h = x.new_zeros(batch, self.hidden_size)
+        c = x.new_zeros(batch, self.hidden_size)
+        order = range(steps - 1, -1, -1) if self.reverse else range(steps)
+        H = self.hidden_size
+        for t in order:
+            if self.cell == "lstm":
+                g = xi[:, t] + self.hh(h)
+                i, f, gg, o = (
+                    g[:, :H].sigmoid(),
+                    g[:, H : 2 * H].sigmoid(),
+                    g[:, 2 * H : 3 * H].tanh(),
+                    g[:, 3 * H :].sigmoid(),
+                )
+                c = f * c + i * gg
+                h = o * c.tanh()
+            else:  # GRU (torch.nn.GRU equations)
+                gh = self.hh(h)
+                gi = xi[:, t]
+                r = (gi[:, :H] + gh[:, :H]).sigmoid()
+                z = (gi[:, H : 2 * H] + gh[:, H : 2 * H]).sigmoid()
+                n = (gi[:, 2 * H :] + r * gh[:, 2 * H :]).tanh()
+                h = (1 - z) * n + z * h
+        return h
+
+
+class RNNClassifier(nn.Module):
+    def __init__(self, spec: RNNSpec) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(spec.vocab_size, spec.embed_dim)
+        self.forward_rnn = RecurrentLayer(spec.cell, spec.embed_dim, spec.hidden_size)
+        self.backward_rnn = (
+            RecurrentLayer(spec.cell, spec.embed_dim, spec.hidden_size, reverse=True)
+            if spec.bidirectional
+            else None
+        )
+        self.head = nn.Linear(spec.hidden_size * (2 if spec.bidirectional else 1), spec.n_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        e = self.embedding(tokens)
+        h = self.forward_rnn(e)
+        if self.backward_rnn is not None:
+            h = torch.cat([h, self.backward_rnn(e)], dim=1)
+        return self.head(h)
+
+
+@dataclass(frozen=True)
+class RNNSpec(ModelSpec):
+    """Embedding + (bi)LSTM/GRU over token ids of shape (length,)."""
+
+    kind: ClassVar[str] = "rnn"
+    vocab_size: int = 0
+    embed_dim: int = 16
+    hidden_size: int = 32
+    cell: str = "lstm"
+    bidirectional: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cell not in ("lstm", "gru"):
+            raise InputError(f"unknown rnn cell {self.cell!r}; valid: lstm, gru")
+        if self.vocab_size < 2:
+            raise InputError("rnn needs token data with a vocabulary (e.g. synthetic-tokens:...)")
+        if len(self.input_shape) != 1:
+            raise InputError(f"rnn needs token sequences of shape (length,), got {list(self.input_shape)}")
+
+    def build(self) -> nn.Module:
+        return RNNClassifier(self)
+
+
+SPECS: dict[str, type[ModelSpec]] = {s.kind: s for s in (LogRegSpec, MLPSpec, CNNSpec, RNNSpec)}
+
+
+def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
+    if not isinstance(d, dict) or "kind" not in d:
+        raise InputError("model spec must be a JSON object with a 'kind'")
+    kind = d["kind"]
+    if kind not in SPECS:
+        raise InputError(f"unknown model {kind!r}; valid: {', '.join(SPECS)}")
+    cls = SPECS[kind]
+    fields = {f for f in cls.__dataclass_fields__}
+    unknown = set(d) - fields - {"kind"}
+    if unknown:
+        raise InputError(f"unknown field(s) for model {kind!r}: {', '.join(sorted(unknown))}")
+    try:
+        return cls(**{k: v for k, v in d.items() if k != "kind"})
+    except TypeError as e:
+        raise InputError(f"bad model spec for {kind!r}: {e}") from None
+
+
+def default_spec(
+    kind: str, *, input_shape: tuple[int, ...], n_classes: int, vocab_size: int | None = None, **options: Any
+) -> ModelSpec:
+    """The spec for ``kind`` on data of the given shape, with optional overrides."""
+    if kind not in SPECS:
+        raise InputError(f"unknown model {kind!r}; valid: {', '.join(SPECS)}")
+    extra: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    if kind == "rnn":
+        extra["vocab_size"] = vocab_size or 0
+    return model_spec_from_dict({"kind": kind, "input_shape": input_shape, "n_classes": n_classes, **extra})
+
+
+def build_model(spec: ModelSpec, *, seed: int | None = None, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Build the module; parameters initialised from ``seed`` (deterministic) when given."""
+    if seed is None:
+        model = spec.build()
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = spec.build()
+    check_no_batchnorm(model)
+    return model.to(dtype)
+
+
+def check_no_batchnorm(model: nn.Module) -> None:
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            raise InputError(
+                f"layer {name or type(m).__name__} is BatchNorm, which mixes examples in a batch so no "
+                "per-example clipping can bound one example's influence; use GroupNorm or LayerNorm"
+            )

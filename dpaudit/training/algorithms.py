@@ -1,0 +1,3 @@
+"""Import every trainer module so that each registers its algorithm name."""
+
+from dpaudit.training import nonprivate  # noqa: F401

@@ -1,0 +1,124 @@
+"""Frozen training configurations.
+
+Privacy-relevant settings (algorithm, sampling, noise, clipping norm, steps) live in
+:class:`TrainConfig` / :class:`DPConfig`; performance settings (device, physical batch size,
+per-example clipping implementation) live in :class:`PerfConfig`, so a performance flag can never
+change a privacy claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dpaudit.errors import InputError
+from dpaudit.validation import (
+    check_choice,
+    check_in_interval,
+    check_non_negative,
+    check_positive,
+    check_positive_int,
+)
+
+SAMPLING = ("poisson", "shuffle")
+CLIPPING = ("auto", "ghost", "vmap", "loop")
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """Settings of a differentially private trainer.
+
+    Give either ``noise_multiplier`` or ``target_epsilon`` (the trainer then calibrates the noise
+    multiplier with the accounting layer before training).
+    """
+
+    clip: float = 1.0
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float = 1e-5
+    sampling: str = "poisson"
+    accountant: str = "rdp"
+    secure_noise: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive(clip=self.clip)
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise InputError("give exactly one of --noise-multiplier or --epsilon for private training")
+        if self.noise_multiplier is not None:
+            check_non_negative(noise_multiplier=self.noise_multiplier)
+        if self.target_epsilon is not None:
+            check_positive(epsilon=self.target_epsilon)
+        check_in_interval(0.0, 1.0, delta=self.delta)
+        check_choice(SAMPLING, sampling=self.sampling)
+        check_choice(("rdp", "pld"), accountant=self.accountant)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What is trained and how (all settings that determine the model and its privacy)."""
+
+    algo: str = "sgd"
+    epochs: int = 30
+    steps: int | None = None  # when set, overrides epochs
+    batch_size: int = 64
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    seed: int = 0
+    dp: DPConfig | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int(epochs=self.epochs)
+        if self.steps is not None:
+            check_positive_int(steps=self.steps)
+        check_positive_int(batch_size=self.batch_size)
+        check_positive(lr=self.lr)
+        check_in_interval(0.0, 1.0, lo_open=False, momentum=self.momentum)
+        check_non_negative(weight_decay=self.weight_decay)
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise InputError(f"expected seed to be a non-negative integer, got {self.seed!r}")
+
+    def num_steps(self, n_train: int) -> int:
+        """Number of (logical) optimisation steps: ``steps`` or ceil(epochs * N / B)."""
+        if self.steps is not None:
+            return self.steps
+        return -(-self.epochs * n_train // self.batch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        dp = d.pop("dp", None)
+        return cls(**d, dp=DPConfig(**dp) if dp else None)
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    """Performance-only settings: they never change what is computed, only how fast."""
+
+    device: str = "auto"
+    max_physical_batch: int | None = None
+    clipping: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_choice(("auto", "cpu", "cuda"), device=self.device)
+        check_choice(CLIPPING, clipping=self.clipping)
+        if self.max_physical_batch is not None:
+            check_positive_int(max_physical_batch=self.max_physical_batch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            "--device cuda requested but no CUDA device is available (install a CUDA torch build)"
+        )
+    return torch.device(name)

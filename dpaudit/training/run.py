@@ -1,0 +1,171 @@
+"""Train a model on a dataset split and save it as a run directory (checkpoint)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
+from dpaudit.data import DEFAULT_FRACTIONS, Dataset, Splits, fit_preprocessing, make_splits
+from dpaudit.errors import InputError
+from dpaudit.models import ModelSpec, build_model
+from dpaudit.progress import NULL_PROGRESS, Progress
+from dpaudit.training.base import TrainOutcome, get_trainer
+from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
+
+
+@dataclass
+class FittedModel:
+    """A model trained on ``train_idx`` of a dataset, with its preprocessing."""
+
+    outcome: TrainOutcome
+    preprocessing: Any
+    device: torch.device
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.outcome.model
+
+    def logits(self, X: np.ndarray) -> np.ndarray:
+        return predict_logits(self.model, self.preprocessing.transform(X))
+
+
+def _tensors(
+    dataset: Dataset, idx: np.ndarray, pre, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    X = torch.as_tensor(np.ascontiguousarray(pre.transform(dataset.X[idx])), device=device)
+    y = torch.as_tensor(dataset.y[idx], device=device)
+    return X, y
+
+
+def fit_model(
+    dataset: Dataset,
+    train_idx: np.ndarray,
+    spec: ModelSpec,
+    config: TrainConfig,
+    perf: PerfConfig | None = None,
+    *,
+    progress: Progress = NULL_PROGRESS,
+) -> FittedModel:
+    """Fit preprocessing on ``train_idx`` only, build the model from ``config.seed`` and train it.
+
+    This is the one training entry point: target models, shadow and reference models all use it.
+    Deterministic on CPU: same inputs and seed give bit-identical weights.
+    """
+    perf = perf or PerfConfig()
+    trainer = get_trainer(config.algo)(config, perf)
+    train_idx = np.asarray(train_idx, dtype=np.int64)
+    if len(train_idx) == 0:
+        raise InputError("the training split is empty")
+    if config.batch_size > len(train_idx):
+        raise InputError(
+            f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)"
+        )
+    device = resolve_device(perf.device)
+    pre = fit_preprocessing(dataset, train_idx)
+    X, y = _tensors(dataset, train_idx, pre, device)
+    model = build_model(spec, seed=config.seed).to(device)
+    outcome = trainer.fit(model, X, y, progress=progress)
+    return FittedModel(outcome=outcome, preprocessing=pre, device=device)
+
+
+def evaluate(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> dict[str, float]:
+    """Accuracy and mean cross-entropy loss on ``idx`` (None for an empty split)."""
+    if len(idx) == 0:
+        return {"accuracy": None, "loss": None}
+    logits = torch.as_tensor(fitted.logits(dataset.X[idx]))
+    y = torch.as_tensor(dataset.y[idx])
+    return {
+        "accuracy": float((logits.argmax(1) == y).double().mean()),
+        "loss": float(F.cross_entropy(logits, y)),
+    }
+
+
+def metrics_for(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for label, idx in (("train", splits.members), ("holdout", splits.holdout), ("test", splits.test)):
+        m = evaluate(fitted, dataset, idx)
+        out[f"{label}_accuracy"] = m["accuracy"]
+        out[f"{label}_loss"] = m["loss"]
+    return out
+
+
+def train_run(
+    dataset: Dataset,
+    spec: ModelSpec,
+    config: TrainConfig,
+    perf: PerfConfig | None = None,
+    *,
+    out: Path | None,
+    split_seed: int = 0,
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+    label_column: str | None = None,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    splits: Splits | None = None,
+    extra_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Split, train on the members split, evaluate, and (if ``out``) save a run directory.
+
+    Returns the checkpoint metadata (what ``checkpoint.json`` holds).
+    """
+    perf = perf or PerfConfig()
+    if out is not None and Path(out).exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")  # fail before training
+    splits = splits or make_splits(len(dataset), split_seed, fractions)
+    fitted = fit_model(dataset, splits.members, spec, config, perf, progress=progress)
+    data_meta = dataset.describe()
+    if label_column is not None:
+        data_meta["label_column"] = label_column
+    meta: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "model": spec.to_dict(),
+        "data": data_meta,
+        "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
+        "preprocessing": fitted.preprocessing.to_dict(),
+        "training": {
+            **config.to_dict(),
+            "steps_run": config.num_steps(len(splits.members)),
+            "history": fitted.outcome.history,
+        },
+        "performance": perf.to_dict(),
+        "privacy": fitted.outcome.privacy,
+        "metrics": metrics_for(fitted, dataset, splits),
+        "seed": config.seed,
+        **(extra_meta or {}),
+        "versions": versions(),
+    }
+    if out is not None:
+        save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force)
+    return meta
+
+
+def summary(meta: dict[str, Any]) -> dict[str, Any]:
+    """The stable, documented summary printed by ``dpaudit inspect --json``."""
+    privacy = meta.get("privacy") or {}
+    m = meta["metrics"]
+    t = meta["training"]
+    return {
+        "schema_version": meta["schema_version"],
+        "model": meta["model"]["kind"],
+        "data": meta["data"]["spec"],
+        "data_sha256": meta["data"]["sha256"],
+        "algo": t["algo"],
+        "private": bool(privacy),
+        "epsilon": privacy.get("epsilon"),
+        "delta": privacy.get("delta"),
+        "accountant": privacy.get("accountant"),
+        "train_accuracy": m["train_accuracy"],
+        "test_accuracy": m["test_accuracy"],
+        "holdout_accuracy": m.get("holdout_accuracy"),
+        "train_loss": m["train_loss"],
+        "test_loss": m["test_loss"],
+        "n_members": meta["split"]["sizes"]["members"],
+        "seed": meta.get("seed"),
+        "versions": meta["versions"],
+    }
