@@ -169,3 +169,10 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
         "seed": meta.get("seed"),
         "versions": meta["versions"],
     }
+
+
+def configs_from_meta(meta: dict[str, Any]) -> tuple[TrainConfig, PerfConfig]:
+    """The training recipe recorded in a checkpoint (to train shadow/reference models alike)."""
+    t = {k: v for k, v in meta["training"].items() if k in TrainConfig.__dataclass_fields__}
+    perf = {k: v for k, v in meta.get("performance", {}).items() if k in PerfConfig.__dataclass_fields__}
+    return TrainConfig.from_dict(t), PerfConfig(**perf)
