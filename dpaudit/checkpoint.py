@@ -155,7 +155,7 @@ def predict_logits(model: nn.Module, X: np.ndarray, batch: int = 2048) -> np.nda
     out = []
     with torch.no_grad():
         for s in range(0, len(X), batch):
-            xb = torch.as_tensor(np.asarray(X[s : s + batch]), device=param.device)
+            xb = torch.as_tensor(np.array(X[s : s + batch]), device=param.device)
             if xb.is_floating_point():
                 xb = xb.to(param.dtype)
             out.append(model(xb).double().cpu().numpy())

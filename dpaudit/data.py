@@ -144,7 +144,7 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
     features = df.drop(columns=[label_column])
     if features.shape[1] == 0:
         raise DataError(f"{path}: no feature columns besides the label column {label_column!r}")
-    bad = [c for c in features.columns if not np.issubdtype(features[c].dtype, np.number)]
+    bad = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c].dtype)]
     if bad:
         raise DataError(f"{path}: non-numeric feature column(s): {', '.join(map(str, bad[:5]))}")
     labels = df[label_column]
@@ -154,6 +154,10 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
 
 
 def _from_npz(path: Path, spec: str) -> Dataset:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise DataError(f"{path}: not a readable NPZ file (not a zip archive)")
     try:
         with np.load(path, allow_pickle=False) as z:  # never unpickle data from strangers
             if "X" not in z.files or "y" not in z.files:

@@ -76,9 +76,9 @@ def emit(data: Any, human: str | None = None, *, json_flag: bool = False) -> Non
         typer.echo(human)
 
 
-def info(message: str) -> None:
+def info(message: str, *, json_flag: bool = False) -> None:
     """A human-facing status line on stderr (silent under --quiet/--json)."""
-    if not STATE.quiet and not STATE.json:
+    if not STATE.quiet and not json_mode(json_flag):
         typer.echo(message, err=True)
 
 

@@ -18,6 +18,7 @@ app = App(
 COMMAND_MODULES = [
     "dpaudit.cli.train",
     "dpaudit.cli.inspect",
+    "dpaudit.cli.demo",
 ]
 
 

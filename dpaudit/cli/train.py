@@ -15,9 +15,7 @@ def parse_fractions(text: str) -> tuple[float, ...]:
     try:
         parts = tuple(float(p) for p in text.split(","))
     except ValueError:
-        raise InputError(
-            f"expected --split as four fractions members,holdout,aux,test, got {text!r}"
-        ) from None
+        raise InputError(f"expected --split as four fractions members,holdout,aux,test, got {text!r}") from None
     if len(parts) != 4:
         raise InputError(f"expected --split as four fractions members,holdout,aux,test, got {text!r}")
     return parts
@@ -45,6 +43,8 @@ def human_summary(s: dict) -> str:
 
 
 def register(app: App) -> None:
+    register_import(app)
+
     @app.command("train")
     def train(
         out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write (e.g. runs/NAME).")],
@@ -52,26 +52,17 @@ def register(app: App) -> None:
             str,
             typer.Option(
                 "--data",
-                help="digits | breast-cancer | wine | synthetic:... | "
-                "synthetic-tokens:... | PATH.csv | PATH.npz",
+                help="digits | breast-cancer | wine | synthetic:... | synthetic-tokens:... | PATH.csv | PATH.npz",
             ),
         ] = "digits",
-        label_column: Annotated[
-            str | None, typer.Option("--label-column", help="Label column of a CSV file.")
-        ] = None,
+        label_column: Annotated[str | None, typer.Option("--label-column", help="Label column of a CSV file.")] = None,
         model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "mlp",
         hidden: Annotated[str | None, typer.Option("--hidden", help="MLP hidden sizes, e.g. 128,64.")] = None,
-        activation: Annotated[
-            str | None, typer.Option("--activation", help="tanh | relu | gelu | elu")
-        ] = None,
+        activation: Annotated[str | None, typer.Option("--activation", help="tanh | relu | gelu | elu")] = None,
         algo: Annotated[str, typer.Option("--algo", help="sgd | adam | dpsgd | dpadam")] = "sgd",
         epochs: Annotated[int, typer.Option("--epochs", help="Passes over the training split.")] = 30,
-        steps: Annotated[
-            int | None, typer.Option("--steps", help="Number of steps (overrides --epochs).")
-        ] = None,
-        batch_size: Annotated[
-            int, typer.Option("--batch-size", help="Batch size (expected size for Poisson).")
-        ] = 64,
+        steps: Annotated[int | None, typer.Option("--steps", help="Number of steps (overrides --epochs).")] = None,
+        batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size (expected size for Poisson).")] = 64,
         lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.1,
         momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.0,
         weight_decay: Annotated[float, typer.Option("--weight-decay")] = 0.0,
@@ -80,12 +71,8 @@ def register(app: App) -> None:
         split: Annotated[
             str, typer.Option("--split", help="Fractions members,holdout,aux,test.")
         ] = "0.35,0.2,0.25,0.2",
-        noise_multiplier: Annotated[
-            float | None, typer.Option("--noise-multiplier", help="DP: noise σ.")
-        ] = None,
-        epsilon: Annotated[
-            float | None, typer.Option("--epsilon", help="DP: target ε (calibrates σ).")
-        ] = None,
+        noise_multiplier: Annotated[float | None, typer.Option("--noise-multiplier", help="DP: noise σ.")] = None,
+        epsilon: Annotated[float | None, typer.Option("--epsilon", help="DP: target ε (calibrates σ).")] = None,
         delta: Annotated[float, typer.Option("--delta", help="DP: δ of the claim.")] = 1e-5,
         clip: Annotated[float, typer.Option("--clip", help="DP: per-example clipping norm C.")] = 1.0,
         sampling: Annotated[str, typer.Option("--sampling", help="DP: poisson | shuffle.")] = "poisson",
@@ -109,9 +96,7 @@ def register(app: App) -> None:
         dp_given = noise_multiplier is not None or epsilon is not None
         private = algo.startswith("dp")
         if dp_given and not private:
-            raise InputError(
-                f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}"
-            )
+            raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
         dp = (
             DPConfig(
                 clip=clip,
@@ -148,7 +133,7 @@ def register(app: App) -> None:
             hidden=parse_ints(hidden, "--hidden"),
             activation=activation,
         )
-        info(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …")
+        info(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …", json_flag=json_output)
         meta = train_run(
             ds,
             spec,
@@ -160,6 +145,54 @@ def register(app: App) -> None:
             label_column=label_column,
             force=force,
             progress=progress(json_output),
+        )
+        s = summary(meta)
+        emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)
+
+
+def register_import(app: App) -> None:
+    @app.command("import")
+    def import_weights(
+        weights: Annotated[Path, typer.Argument(help="model.safetensors, or a .pt plain state_dict.")],
+        model_spec: Annotated[
+            Path, typer.Option("--model-spec", help="JSON model spec (see checkpoint.json 'model').")
+        ],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
+        data: Annotated[str, typer.Option("--data", help="Dataset the model was trained on.")] = "digits",
+        label_column: Annotated[str | None, typer.Option("--label-column")] = None,
+        split_seed: Annotated[int, typer.Option("--split-seed")] = 0,
+        split: Annotated[
+            str, typer.Option("--split", help="Fractions members,holdout,aux,test.")
+        ] = "0.35,0.2,0.25,0.2",
+        preprocessing: Annotated[str, typer.Option("--preprocessing", help="standardize | identity")] = "standardize",
+        force: ForceFlag = False,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Make a run directory from foreign weights plus a model spec (no unpickling)."""
+        import json
+
+        from dpaudit.data import load_dataset
+        from dpaudit.models import model_spec_from_dict
+        from dpaudit.training.run import import_run, summary
+
+        try:
+            spec_dict = json.loads(model_spec.read_text())
+        except FileNotFoundError:
+            raise InputError(f"{model_spec}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"{model_spec}: not valid JSON ({e})") from None
+        ds = load_dataset(data, label_column=label_column)
+        spec = model_spec_from_dict(spec_dict)
+        meta = import_run(
+            weights,
+            spec,
+            ds,
+            out=out,
+            split_seed=split_seed,
+            fractions=parse_fractions(split),
+            preprocessing=preprocessing,
+            label_column=label_column,
+            force=force,
         )
         s = summary(meta)
         emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)

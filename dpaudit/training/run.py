@@ -35,10 +35,8 @@ class FittedModel:
         return predict_logits(self.model, self.preprocessing.transform(X))
 
 
-def _tensors(
-    dataset: Dataset, idx: np.ndarray, pre, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    X = torch.as_tensor(np.ascontiguousarray(pre.transform(dataset.X[idx])), device=device)
+def _tensors(dataset: Dataset, idx: np.ndarray, pre, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    X = torch.as_tensor(np.array(pre.transform(dataset.X[idx])), device=device)
     y = torch.as_tensor(dataset.y[idx], device=device)
     return X, y
 
@@ -63,9 +61,7 @@ def fit_model(
     if len(train_idx) == 0:
         raise InputError("the training split is empty")
     if config.batch_size > len(train_idx):
-        raise InputError(
-            f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)"
-        )
+        raise InputError(f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)")
     device = resolve_device(perf.device)
     pre = fit_preprocessing(dataset, train_idx)
     X, y = _tensors(dataset, train_idx, pre, device)
@@ -173,6 +169,54 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
 
 def configs_from_meta(meta: dict[str, Any]) -> tuple[TrainConfig, PerfConfig]:
     """The training recipe recorded in a checkpoint (to train shadow/reference models alike)."""
+    if meta["training"].get("algo") == "imported":
+        raise InputError("this run was imported from foreign weights; its training recipe is unknown")
     t = {k: v for k, v in meta["training"].items() if k in TrainConfig.__dataclass_fields__}
     perf = {k: v for k, v in meta.get("performance", {}).items() if k in PerfConfig.__dataclass_fields__}
     return TrainConfig.from_dict(t), PerfConfig(**perf)
+
+
+def import_run(
+    weights: Path,
+    spec: ModelSpec,
+    dataset: Dataset,
+    *,
+    out: Path,
+    split_seed: int = 0,
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+    preprocessing: str = "standardize",
+    label_column: str | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Make a run directory from foreign weights (safetensors, or a plain state_dict loaded with
+    ``weights_only=True``) plus a model spec. The model is assumed to have been trained on the members
+    split given by ``split_seed``/``fractions``; no privacy claim is recorded."""
+    from dpaudit.checkpoint import load_state_into, load_weights_file
+    from dpaudit.data import Identity
+
+    if Path(out).exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+    if preprocessing not in ("standardize", "identity"):
+        raise InputError(f"unknown preprocessing {preprocessing!r}; valid: standardize, identity")
+    splits = make_splits(len(dataset), split_seed, fractions)
+    model = build_model(spec)
+    load_state_into(model, load_weights_file(Path(weights)), str(weights))
+    pre = fit_preprocessing(dataset, splits.members) if preprocessing == "standardize" else Identity()
+    fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))
+    data_meta = dataset.describe()
+    if label_column is not None:
+        data_meta["label_column"] = label_column
+    meta: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "model": spec.to_dict(),
+        "data": data_meta,
+        "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
+        "preprocessing": pre.to_dict(),
+        "training": {"algo": "imported", "source": str(weights)},
+        "privacy": None,
+        "metrics": metrics_for(fitted, dataset, splits),
+        "seed": None,
+        "versions": versions(),
+    }
+    save_run(Path(out), model=model, meta=meta, splits=splits, force=force)
+    return meta

@@ -1,0 +1,25 @@
+"""``dpaudit demo``: the README's main job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, progress
+
+
+def register(app: App) -> None:
+    @app.command("demo")
+    def demo(
+        out: Annotated[Path, typer.Option("--out", "-o", help="Report directory.")] = Path("reports/demo"),
+        quick: Annotated[bool, typer.Option("--quick", help="Smaller settings (under 2 minutes).")] = False,
+        force: ForceFlag = False,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Train, attack and audit models on the embedded digits data and write a report."""
+        from dpaudit.demo import run_demo
+
+        report = run_demo(out, quick=quick, force=force, progress=progress(json_output))
+        emit(report, f"report written to {out}/", json_flag=json_output)

@@ -1,0 +1,161 @@
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from dpaudit.checkpoint import CHECKPOINT_FILE, WEIGHTS_FILE, load_run, load_weights_file
+from dpaudit.data import load_dataset
+from dpaudit.errors import CheckpointError, InputError
+from dpaudit.models import build_model, default_spec, model_spec_from_dict
+from dpaudit.training.config import TrainConfig
+from dpaudit.training.run import import_run, train_run
+
+CASES = {
+    "logreg": "digits",
+    "mlp": "digits",
+    "cnn": "digits",
+    "rnn": "synthetic-tokens:n=120,length=8,vocab=20",
+}
+
+
+def _train(tmp_path, kind="mlp", seed=0, name="run", epochs=2):
+    ds = load_dataset(CASES[kind])
+    spec = default_spec(kind, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
+    out = tmp_path / name
+    meta = train_run(ds, spec, TrainConfig(epochs=epochs, batch_size=16, seed=seed), out=out)
+    return ds, out, meta
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_round_trip_predictions_identical(tmp_path, kind):
+    ds, out, meta = _train(tmp_path, kind)
+    run = load_run(out)
+    assert run.meta["model"] == meta["model"]
+    assert run.privacy is None
+    ds2 = run.dataset()
+    # Predictions from the reloaded checkpoint equal those recorded at training time.
+    logits = run.logits(ds2.X[run.splits.test])
+    acc = float((logits.argmax(1) == ds2.y[run.splits.test]).mean())
+    assert acc == pytest.approx(meta["metrics"]["test_accuracy"], abs=0)
+    # And a second load gives bit-identical logits.
+    np.testing.assert_array_equal(load_run(out).logits(ds.X[:20]), run.logits(ds.X[:20]))
+
+
+def test_model_spec_round_trip_and_no_batchnorm():
+    spec = default_spec("mlp", input_shape=(4,), n_classes=3, hidden=(8, 8), activation="relu")
+    assert model_spec_from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    with pytest.raises(InputError, match="unknown model"):
+        model_spec_from_dict({"kind": "resnet"})
+    with pytest.raises(InputError, match="image-shaped"):
+        default_spec("cnn", input_shape=(4,), n_classes=3)
+    from dpaudit.models import check_no_batchnorm
+
+    with pytest.raises(InputError, match="BatchNorm.*GroupNorm"):
+        check_no_batchnorm(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)))
+
+
+def test_determinism_same_seed_same_bytes(tmp_path):
+    _, a, _ = _train(tmp_path, "mlp", seed=7, name="a")
+    _, b, _ = _train(tmp_path, "mlp", seed=7, name="b")
+    _, c, _ = _train(tmp_path, "mlp", seed=8, name="c")
+    assert (a / WEIGHTS_FILE).read_bytes() == (b / WEIGHTS_FILE).read_bytes()
+    assert (a / CHECKPOINT_FILE).read_bytes() == (b / CHECKPOINT_FILE).read_bytes()
+    assert (a / WEIGHTS_FILE).read_bytes() != (c / WEIGHTS_FILE).read_bytes()
+
+
+def test_refuses_overwrite_and_leaves_nothing_half_written(tmp_path):
+    _, out, _ = _train(tmp_path)
+    before = (out / WEIGHTS_FILE).read_bytes()
+    with pytest.raises(InputError, match="already exists; use --force"):
+        _train(tmp_path, seed=1)
+    assert (out / WEIGHTS_FILE).read_bytes() == before
+    # A failure during training leaves no directory (and no temporary directory) behind.
+    ds = load_dataset("digits")
+    spec = default_spec("mlp", input_shape=ds.feature_shape, n_classes=10)
+    with pytest.raises(InputError):
+        train_run(ds, spec, TrainConfig(epochs=1, batch_size=10_000), out=tmp_path / "never")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def _corrupt(out, what):
+    meta = json.loads((out / CHECKPOINT_FILE).read_text())
+    if what == "schema":
+        meta["schema_version"] = 99
+    elif what == "missing":
+        del meta["privacy"]
+    elif what == "shape":
+        meta["model"]["hidden"] = [64]
+    (out / CHECKPOINT_FILE).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("schema", "unknown schema_version 99"),
+        ("missing", "missing key.*privacy"),
+        ("shape", "do not match the model spec"),
+    ],
+)
+def test_bad_checkpoint_json(tmp_path, what, message):
+    _, out, _ = _train(tmp_path)
+    _corrupt(out, what)
+    with pytest.raises(CheckpointError, match=message):
+        load_run(out)
+
+
+def test_truncated_weights_and_bad_json(tmp_path):
+    _, out, _ = _train(tmp_path)
+    w = out / WEIGHTS_FILE
+    w.write_bytes(w.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_run(out)
+    (out / CHECKPOINT_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_run(out)
+
+
+def test_data_changed_is_detected(tmp_path):
+    csv = tmp_path / "d.csv"
+    rng = np.random.default_rng(0)
+    rows = "\n".join(f"{a:.3f},{b:.3f},{int(a > 0)}" for a, b in rng.normal(size=(200, 2)))
+    csv.write_text("a,b,label\n" + rows + "\n")
+    ds = load_dataset(str(csv), label_column="label")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=8), out=tmp_path / "r", label_column="label")
+    load_run(tmp_path / "r").dataset()
+    csv.write_text("a,b,label\n" + rows.replace("0.", "1.", 1) + "\n")
+    with pytest.raises(CheckpointError, match="changed since training"):
+        load_run(tmp_path / "r").dataset()
+
+
+def test_pickle_refused_and_weights_only_state_dict(tmp_path):
+    model = build_model(default_spec("logreg", input_shape=(3,), n_classes=2), seed=0)
+    pkl = tmp_path / "m.pkl"
+    pkl.write_bytes(pickle.dumps(model.state_dict()))
+    with pytest.raises(CheckpointError, match="refusing to load a pickle"):
+        load_weights_file(pkl)
+    fake = tmp_path / "run.pt"
+    fake.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="refusing a pickle-based file"):
+        load_run(fake)
+    pt = tmp_path / "m.pt"
+    torch.save(model.state_dict(), pt)
+    state = load_weights_file(pt)
+    assert set(state) == set(model.state_dict())
+    # A full pickled module is refused by weights_only=True loading.
+    full = tmp_path / "full.pt"
+    torch.save(model, full)
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        load_weights_file(full)
+
+
+def test_import_foreign_weights(tmp_path):
+    ds, out, meta = _train(tmp_path)
+    spec = model_spec_from_dict(meta["model"])
+    imported = import_run(out / WEIGHTS_FILE, spec, ds, out=tmp_path / "imp")
+    assert imported["metrics"] == meta["metrics"]
+    bad_spec = default_spec("mlp", input_shape=ds.feature_shape, n_classes=10, hidden=(7,))
+    with pytest.raises(CheckpointError, match="do not match the model spec"):
+        import_run(out / WEIGHTS_FILE, bad_spec, ds, out=tmp_path / "imp2")

@@ -1,0 +1,104 @@
+import numpy as np
+import pytest
+
+from dpaudit.data import Standardizer, fit_preprocessing, load_dataset, make_splits, preprocessing_from_dict
+from dpaudit.errors import DataError, InputError
+
+
+@pytest.mark.parametrize(
+    ("spec", "n", "shape", "classes", "kind"),
+    [
+        ("digits", 1797, (1, 8, 8), 10, "image"),
+        ("breast-cancer", 569, (30,), 2, "tabular"),
+        ("wine", 178, (13,), 3, "tabular"),
+        ("synthetic:n=300,d=5,classes=3,seed=1", 300, (5,), 3, "tabular"),
+        ("synthetic-tokens:n=80,length=12,vocab=30,classes=2", 80, (12,), 2, "tokens"),
+    ],
+)
+def test_embedded_and_synthetic(spec, n, shape, classes, kind):
+    ds = load_dataset(spec)
+    assert (len(ds), ds.feature_shape, ds.n_classes, ds.kind) == (n, shape, classes, kind)
+    assert ds.y.min() == 0 and ds.y.max() == classes - 1
+    assert load_dataset(spec).sha256 == ds.sha256  # deterministic content
+
+
+def test_hash_changes_with_content():
+    assert load_dataset("synthetic:seed=1").sha256 != load_dataset("synthetic:seed=2").sha256
+
+
+def test_csv_and_npz(tmp_path):
+    csv = tmp_path / "d.csv"
+    csv.write_text("a,b,label\n1,2,x\n3,4,y\n5,6,x\n")
+    ds = load_dataset(str(csv), label_column="label")
+    assert ds.X.shape == (3, 2) and list(ds.y) == [0, 1, 0]
+    npz = tmp_path / "d.npz"
+    np.savez(npz, X=np.arange(12.0).reshape(6, 2), y=np.array([0, 1] * 3))
+    assert load_dataset(str(npz)).X.shape == (6, 2)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("a,b\n1,2\n", "no label column 'label'"),
+        ("a,label\nfoo,0\nbar,1\n", "non-numeric feature column"),
+        ("a,label\n1,0\nnan,1\n", "NaN or inf"),
+        ("a,label\n1,0\n2,0\n", "single class"),
+        ("a,label\n", "empty"),
+        ("", "empty"),
+        ("a,label\n1,\n2,1\n", "missing values"),
+    ],
+)
+def test_bad_csv(tmp_path, content, message):
+    f = tmp_path / "bad.csv"
+    f.write_text(content)
+    with pytest.raises(DataError, match=message):
+        load_dataset(str(f), label_column="label")
+
+
+def test_bad_npz(tmp_path):
+    f = tmp_path / "obj.npz"
+    np.savez(f, X=np.array([{"a": 1}, {"b": 2}], dtype=object), y=np.array([0, 1]))
+    with pytest.raises(DataError, match="pickle"):
+        load_dataset(str(f))
+    g = tmp_path / "noy.npz"
+    np.savez(g, X=np.zeros((3, 2)))
+    with pytest.raises(DataError, match="'X' and 'y'"):
+        load_dataset(str(g))
+    h = tmp_path / "junk.npz"
+    h.write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="not a readable NPZ"):
+        load_dataset(str(h))
+
+
+def test_unknown_and_missing():
+    with pytest.raises(InputError, match="unknown dataset 'nope'; valid: digits"):
+        load_dataset("nope")
+    with pytest.raises(DataError, match="no such file"):
+        load_dataset("/nonexistent/x.csv")
+
+
+def test_csv_needs_label_column(tmp_path):
+    f = tmp_path / "x.csv"
+    f.write_text("a,b\n1,2\n")
+    with pytest.raises(InputError, match="needs --label-column"):
+        load_dataset(str(f))
+
+
+def test_splits_deterministic_and_disjoint():
+    a, b = make_splits(1000, seed=3), make_splits(1000, seed=3)
+    for x, y in zip(a.as_dict().values(), b.as_dict().values(), strict=True):
+        np.testing.assert_array_equal(x, y)
+    allidx = np.concatenate(list(a.as_dict().values()))
+    assert len(np.unique(allidx)) == len(allidx) <= 1000
+    assert not np.array_equal(a.members, make_splits(1000, seed=4).members)
+
+
+def test_standardizer_fitted_on_train_only_and_round_trip():
+    ds = load_dataset("wine")
+    sp = make_splits(len(ds), 0)
+    pre = fit_preprocessing(ds, sp.members)
+    Z = pre.transform(ds.X[sp.members])
+    np.testing.assert_allclose(Z.mean(0), 0, atol=1e-5)
+    again = preprocessing_from_dict(pre.to_dict())
+    assert isinstance(again, Standardizer)
+    np.testing.assert_array_equal(again.transform(ds.X), pre.transform(ds.X))
