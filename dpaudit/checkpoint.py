@@ -92,9 +92,16 @@ def versions() -> dict[str, str]:
 
 
 def save_run(
-    out: Path, *, model: nn.Module, meta: dict[str, Any], splits: Splits, force: bool = False
+    out: Path,
+    *,
+    model: nn.Module,
+    meta: dict[str, Any],
+    splits: Splits,
+    force: bool = False,
+    arrays: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> Path:
-    """Save a run directory atomically. ``meta`` holds everything but schema_version/versions."""
+    """Save a run directory atomically. ``arrays`` maps extra ``.npz`` file names to their arrays
+    (e.g. canaries); they are read back with ``allow_pickle=False``."""
     from safetensors.torch import save_file
 
     meta = {**meta, "schema_version": SCHEMA_VERSION, "versions": meta.get("versions") or versions()}
@@ -107,6 +114,8 @@ def save_run(
         save_file(state, str(tmp / WEIGHTS_FILE))
         (tmp / CHECKPOINT_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         np.savez(tmp / SPLIT_FILE, **{name: getattr(splits, name) for name in SPLIT_NAMES})
+        for fname, content in (arrays or {}).items():
+            np.savez(tmp / fname, **content)
 
     return write_atomic_dir(Path(out), write, force=force)
 
@@ -128,6 +137,15 @@ class Run:
     @property
     def preprocessing(self):
         return preprocessing_from_dict(self.meta["preprocessing"])
+
+    def canaries(self):
+        """The run's canaries (:class:`~dpaudit.audit.canaries.CanarySet`), or None."""
+        from dpaudit.audit.canaries import CanarySet
+
+        meta = self.meta.get("canaries")
+        if not meta:
+            return None
+        return CanarySet.load(self.path / meta["file"], meta)
 
     def dataset(self) -> Dataset:
         """Reload the training data and check it is byte-for-byte the data the model saw."""
@@ -192,9 +210,7 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix in (".pkl", ".pickle", ".joblib"):
-        raise CheckpointError(
-            f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors"
-        )
+        raise CheckpointError(f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors")
     if suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -208,15 +224,12 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
             obj = torch.load(path, map_location="cpu", weights_only=True)  # safe: tensors and primitives only
         except Exception as e:
             raise CheckpointError(
-                f"{path}: cannot load with weights_only=True (not a plain state_dict?): "
-                f"{str(e).splitlines()[0]}"
+                f"{path}: cannot load with weights_only=True (not a plain state_dict?): {str(e).splitlines()[0]}"
             ) from None
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
             raise CheckpointError(f"{path}: expected a plain state_dict (name -> tensor)")
         return dict(obj)
-    raise CheckpointError(
-        f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)"
-    )
+    raise CheckpointError(f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)")
 
 
 def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> nn.Module:

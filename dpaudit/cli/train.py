@@ -83,6 +83,13 @@ def register(app: App) -> None:
         clipping: Annotated[str, typer.Option("--clipping", help="auto | ghost | vmap | loop.")] = "auto",
         max_physical_batch: Annotated[int | None, typer.Option("--max-physical-batch")] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
+        canaries: Annotated[
+            int | None, typer.Option("--canaries", help="Audit: insert M canaries, each included w.p. 1/2.")
+        ] = None,
+        canary_kind: Annotated[
+            str, typer.Option("--canary-kind", help="mislabeled | outlier | clipbkd")
+        ] = "mislabeled",
+        canary_seed: Annotated[int, typer.Option("--canary-seed", help="Seed of canaries and inclusion.")] = 0,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
@@ -134,6 +141,14 @@ def register(app: App) -> None:
             activation=activation,
         )
         info(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …", json_flag=json_output)
+        canary_set = None
+        if canaries is not None:
+            from dpaudit.audit.canaries import make_canaries
+            from dpaudit.data import make_splits
+
+            canary_set = make_canaries(
+                ds, make_splits(len(ds), split_seed, fractions), m=canaries, kind=canary_kind, seed=canary_seed
+            )
         meta = train_run(
             ds,
             spec,
@@ -145,6 +160,7 @@ def register(app: App) -> None:
             label_column=label_column,
             force=force,
             progress=progress(json_output),
+            canaries=canary_set,
         )
         s = summary(meta)
         emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from dpaudit.audit.canaries import CANARY_FILE, CanarySet, with_canaries
 from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
 from dpaudit.data import DEFAULT_FRACTIONS, Dataset, Splits, fit_preprocessing, make_splits
 from dpaudit.errors import InputError
@@ -49,8 +50,10 @@ def fit_model(
     perf: PerfConfig | None = None,
     *,
     progress: Progress = NULL_PROGRESS,
+    preprocessing_idx: np.ndarray | None = None,
 ) -> FittedModel:
-    """Fit preprocessing on ``train_idx`` only, build the model from ``config.seed`` and train it.
+    """Fit preprocessing on ``train_idx`` (or ``preprocessing_idx``), build the model from
+    ``config.seed`` and train it.
 
     This is the one training entry point: target models, shadow and reference models all use it.
     Deterministic on CPU: same inputs and seed give bit-identical weights.
@@ -63,7 +66,7 @@ def fit_model(
     if config.batch_size > len(train_idx):
         raise InputError(f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)")
     device = resolve_device(perf.device)
-    pre = fit_preprocessing(dataset, train_idx)
+    pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
     X, y = _tensors(dataset, train_idx, pre, device)
     model = build_model(spec, seed=config.seed).to(device)
     outcome = trainer.fit(model, X, y, progress=progress)
@@ -104,17 +107,23 @@ def train_run(
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     splits: Splits | None = None,
-    extra_meta: dict[str, Any] | None = None,
+    canaries: CanarySet | None = None,
 ) -> dict[str, Any]:
-    """Split, train on the members split, evaluate, and (if ``out``) save a run directory.
+    """Split, train on the members split (plus the included canaries), evaluate, and (if ``out``)
+    save a run directory. Returns the checkpoint metadata (what ``checkpoint.json`` holds).
 
-    Returns the checkpoint metadata (what ``checkpoint.json`` holds).
+    Private algorithms fit the standardisation on the auxiliary split, treated as public data: its
+    mean and scale are released with the model, and the DP claim covers only the training steps.
     """
     perf = perf or PerfConfig()
     if out is not None and Path(out).exists() and not force:
         raise InputError(f"{out} already exists; use --force to overwrite it")  # fail before training
     splits = splits or make_splits(len(dataset), split_seed, fractions)
-    fitted = fit_model(dataset, splits.members, spec, config, perf, progress=progress)
+    pre_idx = splits.aux if config.dp is not None and len(splits.aux) else splits.members
+    train_data, train_idx = dataset, splits.members
+    if canaries is not None:
+        train_data, train_idx, _ = with_canaries(dataset, splits, canaries)
+    fitted = fit_model(train_data, train_idx, spec, config, perf, progress=progress, preprocessing_idx=pre_idx)
     data_meta = dataset.describe()
     if label_column is not None:
         data_meta["label_column"] = label_column
@@ -126,18 +135,19 @@ def train_run(
         "preprocessing": fitted.preprocessing.to_dict(),
         "training": {
             **config.to_dict(),
-            "steps_run": config.num_steps(len(splits.members)),
+            "steps_run": config.num_steps(len(train_idx)),
             "history": fitted.outcome.history,
         },
         "performance": perf.to_dict(),
         "privacy": fitted.outcome.privacy,
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": config.seed,
-        **(extra_meta or {}),
+        "canaries": canaries.describe() if canaries is not None else None,
         "versions": versions(),
     }
     if out is not None:
-        save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force)
+        arrays = {CANARY_FILE: canaries.arrays()} if canaries is not None else None
+        save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force, arrays=arrays)
     return meta
 
 
@@ -213,6 +223,7 @@ def import_run(
         "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
         "preprocessing": pre.to_dict(),
         "training": {"algo": "imported", "source": str(weights)},
+        "canaries": None,
         "privacy": None,
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": None,
