@@ -1,0 +1,192 @@
+"""Render a report as Markdown (GitHub-flavoured) for pull-request comments and CI logs.
+
+Reads only the report dict; the same report always gives the same text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpaudit.report import _format as F
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
+
+
+def md(text: Any) -> str:
+    """Escape report text for a Markdown table cell or line (no markup, no line breaks, no raw HTML)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _verdict(v: str | None) -> str:
+    text = F.VERDICT_TEXT[v]
+    return f"**{text.upper()}**" if v == "violation" else text
+
+
+def summary_table(report: Mapping[str, Any]) -> list[str]:
+    header = [
+        "model",
+        "claimed ε",
+        "empirical ε lower bound (method, confidence)",
+        "best attack AUC",
+        "TPR@0.1% FPR",
+        "verdict",
+    ]
+    rows = []
+    for m in report["models"]:
+        s = m["summary"]
+        rows.append(
+            [
+                md(m["name"]),
+                md(F.claim_text(m["claim"])),
+                md(F.bound_text(s)),
+                md(F.with_attack(F.num(s["best_auc"]), s["best_auc_attack"])),
+                md(F.with_attack(F.rate(s["tpr_at_low_fpr"]), s["tpr_at_low_fpr_attack"])),
+                _verdict(s["verdict"]),
+            ]
+        )
+    return _table(header, rows)
+
+
+def _membership(attacks: list[Mapping[str, Any]]) -> list[str]:
+    keys = F.tpr_keys(attacks)
+    header = [
+        "attack",
+        "AUC [CI]",
+        "balanced acc.",
+        "advantage",
+        *(F.fpr_label(k) for k in keys),
+        "members / non-members",
+        "ref. / shadow models",
+    ]
+    rows = []
+    for a in attacks:
+        ci = (a.get("ci") or {}).get("auc")
+        models = f"{a.get('n_reference_models') or 0} / {a.get('n_shadow_models') or 0}"
+        rows.append(
+            [
+                md(a["attack"]),
+                f"{F.num(a['auc'])} {F.interval(ci)}" if ci else F.num(a["auc"]),
+                F.num(a["balanced_accuracy"]),
+                F.num(a["advantage"]),
+                *(F.rate(a["tpr_at_fpr"].get(k)) for k in keys),
+                f"{a['n_members']} / {a['n_nonmembers']}",
+                models,
+            ]
+        )
+    return _table(header, rows)
+
+
+def _other_family(attacks: list[Mapping[str, Any]]) -> list[str]:
+    """Attack families without a dedicated layout yet: one line per attack with its scalar results."""
+    lines = []
+    for a in attacks:
+        scalars = [
+            f"{md(k)} {F.num(v, '.4g')}" for k, v in a.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        ]
+        lines.append(f"- {md(a['attack'])}: " + (", ".join(scalars) or "no scalar results"))
+    return lines
+
+
+def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
+    header = [
+        "attack",
+        "method",
+        "confidence",
+        "ε lower bound",
+        "claimed ε",
+        "max certifiable ε",
+        "(FPR, FNR)",
+        "verdict",
+        "kind",
+    ]
+    rows = []
+    for a in audits:
+        op = a.get("operating_point")
+        verdict = _verdict(a["effective_verdict"])
+        if a["verdict"] is None and a["effective_verdict"] is not None:
+            verdict += " (vs. model claim)"
+        rows.append(
+            [
+                md(f"{a['source']['family']}/{a['source']['attack']}"),
+                md(a["method"]),
+                F.percent(a["confidence"]),
+                F.eps(a["epsilon_lower_bound"]),
+                F.eps(a["claimed_epsilon"]),
+                F.eps(a.get("max_certifiable_epsilon")),
+                f"({F.rate(op['fpr'])}, {F.rate(op['fnr'])})" if op else F.DASH,
+                verdict,
+                "formal" if a["formal"] else "estimate",
+            ]
+        )
+    lines = _table(header, rows)
+    notes = F.grouped_notes(audits)
+    if notes:
+        lines += ["", "Notes:"]
+        lines += [f"- {md(sources)}: {md(note)}" for sources, note in notes]
+    return lines
+
+
+def model_section(m: Mapping[str, Any]) -> list[str]:
+    u = m["utility"]
+    lines = [
+        f"### {md(m['name'])}",
+        "",
+        f"- path: {md(m['path'] or F.DASH)}",
+        f"- model: {md(m['model']['kind'])}",
+        f"- data: {md(m['data']['spec'])} (sha256 {F.short_hash(m['data']['sha256'])})",
+        f"- training: {md(F.training_text(m['training']))}",
+        f"- claim: {md(F.claim_details(m['claim']))}",
+        "",
+        "Utility:",
+        "",
+        *_table(
+            ["split", "accuracy", "loss"],
+            [
+                [split, F.num(u.get(f"{split}_accuracy")), F.num(u.get(f"{split}_loss"))]
+                for split in ("train", "holdout", "test")
+                if f"{split}_accuracy" in u
+            ],
+        ),
+    ]
+    for family, attacks in m["attacks"].items():
+        if not attacks:
+            continue
+        lines += ["", f"#### {md(F.FAMILY_TITLES.get(family, family))} attacks", ""]
+        lines += _membership(attacks) if family == "membership" else _other_family(attacks)
+    lines += ["", "#### Audits", ""]
+    lines += _audits(m["audits"]) if m["audits"] else ["No audits."]
+    return lines
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The report as Markdown: summary table, then per-model details (utility, attacks, audits, notes)."""
+    g = report["generated_by"]
+    versions = ", ".join(f"{md(k)} {md(v)}" for k, v in g.items() if v)
+    lines = [
+        f"# {md(report['title'])}",
+        "",
+        f"_dpaudit leakage report (schema {report['schema_version']}); {versions}; "
+        f"config sha256 {F.short_hash(report['run']['config_sha256'])}_",
+        "",
+        "## Summary",
+        "",
+        *summary_table(report),
+        "",
+        "Verdicts: **violation**: the empirical lower bound exceeds the claimed ε; consistent: it does not, "
+        "and the audit was strong enough to have detected a violation; inconclusive: the audit was too weak "
+        "to detect one (always so for non-private models, claimed ε = ∞). A lower bound marked *estimate* comes "
+        "from membership scores without canaries and is not a formal test.",
+        "",
+        "## Models",
+    ]
+    for m in report["models"]:
+        lines += ["", *model_section(m)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,254 @@
+"""Report figures (matplotlib, Agg): each ``*_figure`` builds a Figure from the report dict only.
+
+Figures are built with the object API (``matplotlib.figure.Figure``), never through pyplot, so
+there is no global figure registry to leak into or close, and rendering is thread-safe. The Agg
+backend is selected before anything else from matplotlib is imported. :func:`png` turns a figure
+into deterministic PNG bytes (fixed style, fixed dpi, no "Software"/date metadata).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+from matplotlib import style
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FixedLocator
+
+from dpaudit.report.build import LOW_FPR, as_float, tradeoff_curve
+
+DPI = 120
+VERDICT_COLORS = {"violation": "#c62828", "inconclusive": "#e08600", "consistent": "#2e7d32", None: "#757575"}
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+_RC = {"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3}
+
+
+def png(make: Callable[[], Figure | None]) -> bytes | None:
+    """PNG bytes of the figure ``make()`` builds (None when it has nothing to show).
+
+    The figure is built and saved under matplotlib's default style plus a few fixed settings, so
+    the user's matplotlibrc cannot change the output, and the same report gives the same bytes.
+    """
+    with style.context("default"), matplotlib.rc_context(_RC):
+        fig = make()
+        if fig is None:
+            return None
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def attack_colors(report: Mapping[str, Any]) -> dict[str, str]:
+    """One colour per attack name, stable across all figures of a report (order of first appearance)."""
+    names: list[str] = []
+    for m in report["models"]:
+        for a in m["attacks"].get("membership") or []:
+            if a["attack"] not in names:
+                names.append(a["attack"])
+    return {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
+
+
+def roc_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figure | None:
+    """ROC curves of the model's membership attacks on log-log axes, with the chance diagonal."""
+    attacks = [a for a in model["attacks"].get("membership") or [] if a.get("roc")]
+    if not attacks:
+        return None
+    # The smallest non-zero rate a finite sample can show is 1/n; zeros cannot be drawn on log axes.
+    lo = min(min(1.0 / max(1, min(a["n_members"], a["n_nonmembers"])) for a in attacks) / 2, LOW_FPR / 2)
+    fig = Figure(figsize=(5.2, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot([lo, 1], [lo, 1], ls="--", color="#888888", lw=1, label="chance (AUC 0.5)")
+    for a in attacks:
+        fpr, tpr = np.asarray(a["roc"]["fpr"], dtype=float), np.asarray(a["roc"]["tpr"], dtype=float)
+        keep = (fpr > 0) & (tpr > 0)
+        ax.plot(
+            fpr[keep], tpr[keep], color=colors.get(a["attack"]), lw=1.6, label=f"{a['attack']} (AUC {a['auc']:.3f})"
+        )
+    ax.axvline(LOW_FPR, color="#555555", lw=0.8, ls=":")
+    ax.text(LOW_FPR * 1.1, lo * 1.3, "FPR 0.1%", fontsize=7, color="#555555")
+    ax.set(xscale="log", yscale="log", xlim=(lo, 1), ylim=(lo, 1.05))
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=f"ROC: {model['name']}")
+    ax.legend(loc="lower right")
+    return fig
+
+
+def _claims_to_draw(model: Mapping[str, Any]) -> list[tuple[float, float, str]]:
+    """(ε, δ, label) of the model's claim and of any different claim an audit was checked against."""
+    claims: list[tuple[float, float, str]] = []
+    if model["claim"] is not None:
+        e, d = as_float(model["claim"]["epsilon"]), float(model["claim"]["delta"])
+        claims.append((e, d, f"claimed ε = {e:.3g}, δ = {d:g}"))
+    for a in model["audits"]:
+        e = as_float(a.get("claimed_epsilon"))
+        d = float(a["delta"])
+        if e is not None and math.isfinite(e) and all(abs(e - c[0]) > 1e-12 or d != c[1] for c in claims):
+            claims.append((e, d, f"ε = {e:.3g}, δ = {d:g} (checked by an audit)"))
+    return claims
+
+
+def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figure | None:
+    """The claimed (ε, δ) trade-off curve with each audit's (FPR, FNR) point and confidence box.
+
+    A point whose box lies below the curve contradicts the claim (Dong, Roth & Su 2022, Prop. 2.5).
+    FPR is on a log axis so that the low-FPR region where strong audits live stays visible.
+    """
+    audits = [a for a in model["audits"] if a.get("operating_point")]
+    if not audits:
+        return None
+    claims = _claims_to_draw(model)
+    # Left limit: below the smallest resolvable FPR, and far enough left to show each curve's knee
+    # (the curve reaches FNR 0.5 near α = 0.5 e^{−ε}).
+    lo = min([1.0 / (a["counts"]["fp"] + a["counts"]["tn"]) / 3 for a in audits] + [1e-3])
+    lo = max(1e-6, min([lo] + [0.1 * math.exp(-e) for e, _, _ in claims]))
+    fig = Figure(figsize=(5.2, 4.4 + 0.17 * (len(claims) + len(audits))), layout="constrained")
+    ax = fig.add_subplot()
+    alpha = np.geomspace(lo, 1.0, 400)
+    for i, (e, d, label) in enumerate(claims):
+        ax.plot(alpha, tradeoff_curve(alpha, e, d), color="black", lw=1.5, ls="-" if i == 0 else "--", label=label)
+    # Different shapes, hollow but for gdp, so audits of the same scores at the same threshold stay visible.
+    markers = {"gdp": ("o", 6), "clopper-pearson": ("s", 10), "one-run": ("^", 9)}
+    for a in audits:
+        op = a["operating_point"]
+        (x0, x1), (y0, y1) = op["fpr_interval"], op["fnr_interval"]
+        color = colors.get(a["source"]["attack"], "#444444")
+        ax.add_patch(
+            Rectangle(
+                (max(x0, lo), y0), x1 - max(x0, lo), y1 - y0, facecolor=color, alpha=0.15, edgecolor=color, lw=0.8
+            )
+        )
+        marker, size = markers.get(a["method"], ("D", 8))
+        ax.plot(
+            max(op["fpr"], lo),
+            op["fnr"],
+            marker=marker,
+            ms=size,
+            mew=1.6,
+            mfc=color if a["method"] == "gdp" else "none",
+            color=color,
+            ls="none",
+            clip_on=False,
+            label=f"{a['source']['attack']} / {a['method']}: ε ≥ {as_float(a['epsilon_lower_bound']):.3g} "
+            f"({a['effective_verdict'] or 'no verdict'})",
+        )
+    ax.set(xscale="log", xlim=(lo, 1.4), ylim=(-0.04, 1.04))  # a little room so points at (1, 0) stay visible
+    title = f"Trade-off: {model['name']}" + (" (no claim: ε = ∞)" if model["claim"] is None else "")
+    ax.set(xlabel="false positive rate (α)", ylabel="false negative rate (β)", title=title)
+    conf = audits[0]["operating_point"]["confidence"]
+    fig.legend(loc="outside lower center", title=f"boxes: {100 * conf:g}% Clopper–Pearson per axis", title_fontsize=7)
+    return fig
+
+
+def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
+    """Claimed ε (diamond) against the largest empirical lower bound (arrow from the bound upward), per model.
+
+    The bound says "ε is at least this much", hence an arrow towards +∞; the claim violates it when
+    the diamond sits left of the arrow's start. Thin bars mark the largest ε each audit could have
+    certified (its power). The ε axis is linear up to 1 and logarithmic above (symlog), so ε = 0.5 and
+    ε = 30 both stay readable; ∞ sits one step right of the largest finite value.
+    """
+    models = report["models"]
+    if not models:
+        return None
+    finite = []
+    for m in models:
+        finite += [as_float(m["summary"]["claimed_epsilon"]), as_float(m["summary"]["epsilon_lower_bound"])]
+        finite += [as_float(a.get("max_certifiable_epsilon")) for a in m["audits"]]
+        finite += [as_float(a.get("claimed_epsilon")) for a in m["audits"]]
+    top = max([2.0, *(v for v in finite if v is not None and math.isfinite(v))])
+    x_inf, xmax = top * 1.8, top * 2.6
+    place = lambda v: x_inf if math.isinf(v) else v  # noqa: E731
+    fig = Figure(figsize=(6.2, 1.9 + 0.55 * len(models)), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_xscale("symlog", linthresh=1.0, linscale=0.8)
+    for row, m in enumerate(models):
+        y = len(models) - 1 - row
+        s = m["summary"]
+        lb = as_float(s["epsilon_lower_bound"])
+        color = VERDICT_COLORS[s["verdict"]]
+        if lb is not None:
+            ax.annotate(
+                "", xy=(xmax, y), xytext=(place(lb), y), arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2.2}
+            )
+            ax.plot([place(lb)] * 2, [y - 0.18, y + 0.18], color=color, lw=2.2)
+        for a in m["audits"]:
+            cert = as_float(a.get("max_certifiable_epsilon"))
+            if cert is not None:
+                ax.plot([place(cert)] * 2, [y - 0.12, y + 0.12], color="#9e9e9e", lw=1)
+            claimed = as_float(a.get("claimed_epsilon"))
+            if claimed is not None and m["claim"] is None:
+                ax.plot(place(claimed), y, marker="D", ms=7, mfc="white", mec="black", ls="none")
+        ax.plot(place(as_float(s["claimed_epsilon"])), y, marker="D", ms=8, color="black", ls="none")
+    ticks = [t for t in (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top * 1.2]
+    ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞"])
+    ax.xaxis.set_minor_locator(FixedLocator([]))
+    ax.set_yticks(range(len(models)), [m["name"] for m in reversed(models)])
+    ax.set(xlim=(0, xmax), ylim=(-0.7, len(models) - 0.3), xlabel="ε", title="Claimed ε vs empirical lower bound")
+    ax.grid(axis="y", visible=False)
+    handles = [
+        Line2D([], [], marker="D", color="black", ls="none", label="claimed ε"),
+        Line2D([], [], marker="D", mfc="white", mec="black", ls="none", label="ε tested by an audit"),
+        Line2D([], [], color="#555555", lw=2.2, marker=">", label="empirical lower bound (ε ≥ …)"),
+        Line2D([], [], color="#9e9e9e", lw=1, marker="|", ls="none", ms=10, label="largest certifiable ε"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
+    return fig
+
+
+def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
+    """Test accuracy against claimed ε across models (log ε axis; non-private models at "∞", right)."""
+    points = []
+    for m in report["models"]:
+        acc = m["utility"].get("test_accuracy")
+        if acc is not None:
+            points.append(
+                (as_float(m["summary"]["claimed_epsilon"]), float(acc), m["name"], m["utility"].get("train_accuracy"))
+            )
+    if not points:
+        return None
+    finite = [p[0] for p in points if math.isfinite(p[0]) and p[0] > 0]
+    lo, hi = (min(finite), max(finite)) if finite else (1.0, 1.0)
+    x_inf = hi * 4
+    xs = [x_inf if math.isinf(e) else max(e, lo / 4) for e, *_ in points]
+    fig = Figure(figsize=(6.2, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    order = np.argsort(xs, kind="stable")
+    ax.plot([xs[i] for i in order], [points[i][1] for i in order], color="#90a4ae", lw=1, ls="--", zorder=1)
+    for x, (_, acc, name, train) in zip(xs, points, strict=True):
+        if train is not None:
+            ax.plot([x, x], [acc, train], color="#b0bec5", lw=1, zorder=1)
+            ax.plot(x, train, marker="o", mfc="white", mec="#1f77b4", ls="none", zorder=2)
+        ax.plot(x, acc, marker="o", color="#1f77b4", ls="none", zorder=3)
+        right = x == max(xs)  # the right-most label goes left of its point so it stays inside the axes
+        ax.annotate(
+            name,
+            (x, acc),
+            xytext=(-7 if right else 7, 0),
+            textcoords="offset points",
+            fontsize=7,
+            ha="right" if right else "left",
+            va="center",
+        )
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 2.5, x_inf * 2)
+    ticks = [t for t in ax.get_xticks() if lo / 2.5 <= t <= hi * 1.5]
+    ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞\n(non-private)"])
+    ax.minorticks_off()
+    ax.margins(y=0.1)
+    ax.set(xlabel="claimed ε (δ as claimed)", ylabel="accuracy", title="Privacy–utility")
+    ax.legend(
+        handles=[
+            Line2D([], [], marker="o", color="#1f77b4", ls="none", label="test accuracy"),
+            Line2D([], [], marker="o", mfc="white", mec="#1f77b4", ls="none", label="train accuracy"),
+        ],
+        loc="lower right",
+    )
+    return fig

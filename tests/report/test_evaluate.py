@@ -1,0 +1,112 @@
+"""evaluate_run: attacks and audits of a real run directory, and the wiring of claims into audits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.cli.main import app
+from dpaudit.report import build_report, load_report
+from dpaudit.report.evaluate import NO_CANARIES_NOTE, evaluate_run
+
+pytest.importorskip("attacks.mia")
+audit = pytest.importorskip("dpaudit.audit")
+if not hasattr(audit, "audit_scores"):
+    pytest.skip("dpaudit.audit.audit_scores is not there yet", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A small non-private logistic regression run (about a second to train)."""
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    ds = load_dataset("synthetic:n=300,d=8,classes=2,seed=0")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
+    out = tmp_path_factory.mktemp("runs") / "tiny-logreg"
+    train_run(ds, spec, TrainConfig(algo="sgd", epochs=5, batch_size=32, lr=0.1), out=out)
+    return out
+
+
+def test_evaluate_run_gives_a_valid_model_entry(run_dir, tmp_path):
+    entry = evaluate_run(run_dir, attacks=("loss",), cache_dir=tmp_path / "cache")
+    assert entry["name"] == "tiny-logreg"
+    assert entry["claim"] is None
+    (attack,) = entry["attacks"]["membership"]
+    assert attack["attack"] == "loss" and attack["roc"]["fpr"]
+    (a,) = entry["audits"]
+    assert a["source"] == {"family": "membership", "attack": "loss", "index": 0}
+    assert a["method"] == "gdp" and a["delta"] == 1e-5 and a["claimed_epsilon"] is None
+    assert a["formal"] is False and NO_CANARIES_NOTE in a["notes"]
+    model = build_report([entry], title="t")["models"][0]
+    assert model["summary"]["claimed_epsilon"] == "inf"
+    assert model["summary"]["verdict"] == "inconclusive"  # no claim: ε = ∞ cannot be refuted
+    assert model["utility"]["test_accuracy"] is not None
+
+
+def test_evaluate_run_audits_against_the_runs_claim(run_dir, tmp_path, monkeypatch):
+    """A run that claims (ε, δ) is audited at that δ against that ε, with the settings passed through."""
+    import shutil
+
+    import attacks.mia
+    import dpaudit.audit
+
+    dp_run = tmp_path / "claimed"
+    shutil.copytree(run_dir, dp_run)
+    meta = json.loads((dp_run / "checkpoint.json").read_text())
+    meta["privacy"] = {"epsilon": 2.0, "delta": 1e-6, "accountant": "rdp", "event": None}
+    (dp_run / "checkpoint.json").write_text(json.dumps(meta))
+    seen = {}
+    real_run_mia, real_audit = attacks.mia.run_mia, dpaudit.audit.audit_scores
+
+    def run_mia(run, **kwargs):
+        seen["mia"] = kwargs
+        return real_run_mia(run, **{**kwargs, "methods": ["loss"]})
+
+    def audit_scores(scores, member, **kwargs):
+        seen["audit"] = kwargs
+        return real_audit(scores, member, **kwargs)
+
+    monkeypatch.setattr(attacks.mia, "run_mia", run_mia)
+    monkeypatch.setattr(dpaudit.audit, "audit_scores", audit_scores)
+    entry = evaluate_run(
+        dp_run,
+        attacks=("loss",),
+        reference_models=3,
+        workers=1,
+        seed=7,
+        confidence=0.9,
+        audit_method="clopper-pearson",
+        cache_dir=tmp_path / "cache",
+    )
+    assert seen["mia"]["reference_models"] == 3 and seen["mia"]["seed"] == 7
+    assert seen["audit"]["delta"] == 1e-6 and seen["audit"]["claimed_epsilon"] == 2.0
+    assert seen["audit"]["method"] == "clopper-pearson" and seen["audit"]["confidence"] == 0.9
+    assert entry["claim"]["epsilon"] == 2.0
+    assert entry["audits"][0]["verdict"] in ("consistent", "inconclusive", "violation")
+
+
+def test_cli_on_a_run_directory(run_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # reference-model caches stay out of the repository
+    out = tmp_path / "reports" / "tiny"
+    result = CliRunner().invoke(
+        app, ["report", str(run_dir), "--attacks", "loss", "--out", str(out), "--format", "json,md"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == f"report written to {out}/ (report.json, report.md)"
+    report = load_report(out)
+    assert report["run"]["config"]["attacks"] == ["loss"]
+    assert [m["name"] for m in report["models"]] == ["tiny-logreg"]
+
+
+@pytest.mark.slow
+def test_evaluate_run_with_lira(run_dir, tmp_path):
+    entry = evaluate_run(run_dir, attacks=("loss", "lira"), reference_models=4, cache_dir=tmp_path / "cache")
+    assert [a["attack"] for a in entry["attacks"]["membership"]] == ["loss", "lira"]
+    assert [a["source"]["index"] for a in entry["audits"]] == [0, 1]
+    assert entry["attacks"]["membership"][1]["n_reference_models"] == 4
+    build_report([entry], title="t")
