@@ -20,6 +20,10 @@ def register(app: App) -> None:
     ) -> None:
         """Train, attack and audit models on the embedded digits data and write a report."""
         from dpaudit.demo import run_demo
+        from dpaudit.report.markdown import summary_table
 
         report = run_demo(out, quick=quick, force=force, progress=progress(json_output))
-        emit(report, f"report written to {out}/", json_flag=json_output)
+        table = "\n".join(summary_table(report))
+        emit(
+            report, f"{table}\n\nreport written to {out}/ (report.html, report.md, report.json)", json_flag=json_output
+        )

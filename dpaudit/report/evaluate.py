@@ -13,20 +13,6 @@ from typing import Any
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.report.build import NON_PRIVATE_DELTA, audit_entry, model_entry
 
-NO_CANARIES_NOTE = (
-    "members are the model's own training split, not canaries inserted at random into independent runs: "
-    "the records are not independent trials of the mechanism, so this bound estimates the leakage and is "
-    "not a formal DP lower bound (a formal audit needs canaries)"
-)
-
-
-def as_estimate(audit: dict[str, Any]) -> dict[str, Any]:
-    """An audit of membership scores on an ordinary model: formal=False, with the reason in its notes."""
-    notes = list(audit.get("notes") or [])
-    if NO_CANARIES_NOTE not in notes:
-        notes.append(NO_CANARIES_NOTE)
-    return {**audit, "formal": False, "notes": notes}
-
 
 def evaluate_run(
     run_path: Path | str,
@@ -51,6 +37,7 @@ def evaluate_run(
     """
     from attacks.mia import run_mia
     from dpaudit.audit import audit_scores
+    from dpaudit.auditing import as_estimate, canary_scores
     from dpaudit.checkpoint import load_run
 
     run = load_run(run_path)
@@ -80,6 +67,19 @@ def evaluate_run(
             seed=seed,
         ).to_dict()
         audits.append(audit_entry(as_estimate(audit), family="membership", attack=d["attack"], index=i))
+    if run.meta.get("canaries"):
+        # A formal one-run audit (Steinke, Nasr & Jagielski 2023): canaries included independently w.p. 1/2.
+        scores, included = canary_scores(run)
+        audit = audit_scores(
+            scores,
+            included,
+            method="one-run",
+            delta=audit_delta,
+            confidence=confidence,
+            claimed_epsilon=claimed_epsilon,
+            seed=seed,
+        ).to_dict()
+        audits.append(audit_entry(audit, family="membership", attack="canaries", index=None))
     return model_entry(
         run.meta,
         name=name or Path(run_path).resolve().name,

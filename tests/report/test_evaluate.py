@@ -7,9 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from dpaudit.auditing import NO_CANARIES_NOTE
 from dpaudit.cli.main import app
 from dpaudit.report import build_report, load_report
-from dpaudit.report.evaluate import NO_CANARIES_NOTE, evaluate_run
+from dpaudit.report.evaluate import evaluate_run
 
 pytest.importorskip("attacks.mia")
 audit = pytest.importorskip("dpaudit.audit")
