@@ -1,0 +1,116 @@
+"""``dpaudit report``: attack and audit runs, merge earlier reports, write report.{json,md,html}."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.errors import InputError
+
+
+def classify_input(path: Path) -> str:
+    """'run' for a run directory, 'report' for a report.json (or a directory holding one)."""
+    from dpaudit.checkpoint import CHECKPOINT_FILE
+    from dpaudit.report.build import REPORT_FILES
+
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir() and (path / CHECKPOINT_FILE).is_file():
+        return "run"
+    if (path.is_file() and path.suffix.lower() == ".json") or (
+        path.is_dir() and (path / REPORT_FILES["json"]).is_file()
+    ):
+        return "report"
+    raise InputError(f"{path}: neither a run directory (no {CHECKPOINT_FILE}) nor a report.json")
+
+
+def _parse_list(text: str, name: str) -> tuple[str, ...]:
+    items = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not items:
+        raise InputError(f"expected {name} as a comma-separated list, got {text!r}")
+    return items
+
+
+def register(app: App) -> None:
+    @app.command("report")
+    def report(
+        inputs: Annotated[
+            list[Path],
+            typer.Argument(help="Run directories (attacked and audited now) and/or report.json files (merged in)."),
+        ],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Report directory to write (e.g. reports/NAME).")],
+        formats: Annotated[str, typer.Option("--format", help="Comma-separated: json, md, html.")] = "json,md,html",
+        attacks: Annotated[str, typer.Option("--attacks", help="Membership attacks to run on each run.")] = "loss,lira",
+        reference_models: Annotated[
+            int, typer.Option("--reference-models", help="Reference models per run (LiRA).")
+        ] = 8,
+        audit_method: Annotated[
+            str, typer.Option("--audit-method", help="gdp | clopper-pearson (ε lower bound from scores).")
+        ] = "gdp",
+        confidence: Annotated[float, typer.Option("--confidence", help="Confidence of the lower bounds.")] = 0.95,
+        workers: Annotated[int, typer.Option("--workers", help="Parallel workers for reference models.")] = 1,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the attacks.")] = 0,
+        title: Annotated[str | None, typer.Option("--title", help="Report title.")] = None,
+        force: ForceFlag = False,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Attack and audit runs and write a leakage report (report.json, report.md, report.html)."""
+        from dpaudit.report import _format as F
+        from dpaudit.report.build import REPORT_FILES, build_report, load_report, parse_formats, write_report
+        from dpaudit.report.evaluate import evaluate_run
+        from dpaudit.validation import check_in_interval, check_positive_int
+
+        fmts = parse_formats(formats)
+        methods = _parse_list(attacks, "--attacks")
+        check_positive_int(reference_models=reference_models)
+        check_positive_int(workers=workers)
+        check_in_interval(0.0, 1.0, confidence=confidence)
+        if out.exists() and not force:  # fail before the (slow) attacks
+            raise InputError(f"{out} already exists; use --force to overwrite it")
+        kinds = [(p, classify_input(p)) for p in inputs]
+        reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
+        config = {
+            "attacks": list(methods),
+            "reference_models": reference_models,
+            "audit_method": audit_method,
+            "confidence": confidence,
+            "seed": seed,
+            "inputs": [str(p) for p in inputs],
+            "merged": [reports[p]["run"] for p, kind in kinds if kind == "report"],
+        }
+        models = []
+        for p, kind in kinds:
+            if kind == "report":
+                models += reports[p]["models"]
+                continue
+            info(f"attacking {p} ({', '.join(methods)}) …")
+            models.append(
+                evaluate_run(
+                    p,
+                    attacks=methods,
+                    reference_models=reference_models,
+                    audit_method=audit_method,
+                    confidence=confidence,
+                    workers=workers,
+                    seed=seed,
+                    progress=progress(json_output),
+                )
+            )
+        default_title = reports[kinds[0][0]]["title"] if kinds[0][1] == "report" else "dpaudit leakage report"
+        result = build_report(models, title=title or default_title, config=config)
+        write_report(result, out, fmts, force=force)
+        files = [str(out / REPORT_FILES[f]) for f in fmts]
+        rows = [{"name": m["name"], **m["summary"]} for m in result["models"]]
+        human = "\n".join(
+            f"{m['name']}: {F.VERDICT_TEXT[m['summary']['verdict']]}; claimed ε {F.claim_text(m['claim'])}; "
+            f"empirical ε {F.bound_text(m['summary'])}"
+            for m in result["models"]
+        )
+        emit(
+            {"out": str(out), "files": files, "models": rows},
+            (human + "\n" if human else "") + f"report written to {out}/ ({', '.join(Path(f).name for f in files)})",
+            json_flag=json_output,
+        )
