@@ -1,0 +1,478 @@
+"""From membership scores to ε lower bounds with valid confidence.
+
+Score convention: higher = member. ``member[i]`` says whether score i came from a run on the dataset
+with the target record (or canary) — "member" — or from the neighbouring dataset without it.
+
+Methods:
+
+* ``"clopper-pearson"`` — hypothesis-testing bound (Jagielski et al. 2020, arXiv:2006.07709; Nasr et
+  al. 2021, arXiv:2101.04535). Formal guarantee: holds with probability ≥ confidence whenever the
+  member scores are i.i.d. draws of a post-processing of M(D) and the non-member scores i.i.d. draws
+  of the same post-processing of M(D′) (e.g. one score per independent training run).
+* ``"gdp"`` — the tightest μ consistent with Clopper–Pearson bounds on (FPR, FNR), converted to
+  ε(δ) (Nasr et al. 2023, arXiv:2302.07956). Estimate: formal only if the mechanism's trade-off
+  curve is Gaussian (μ-GDP). Elsewhere it can exceed the true ε: the Laplace mechanism's curve is
+  flatter in the tails than the Gaussian fitted to its middle (``dpaudit audit selftest --method gdp``
+  shows the false alarms).
+* ``"one-run"`` — Steinke, Nasr & Jagielski 2023 (arXiv:2305.08846). Formal guarantee: holds when
+  each canary was included independently with probability 1/2 and the scores come from one run.
+
+Threshold (or guess-count) selection never reuses data without correction: ``holdout`` chooses on a
+seeded random half and evaluates on the other, ``bonferroni`` searches a grid fixed in advance on all
+data and splits α across every confidence bound involved, ``fixed`` uses a user-given value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import binomtest
+
+from dpaudit.accounting.gdp import gdp_epsilon
+from dpaudit.audit import one_run
+from dpaudit.audit.result import METHODS, THRESHOLD_SELECTIONS, AuditResult, decide_verdict
+from dpaudit.audit.stats import clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
+from dpaudit.errors import InputError
+from dpaudit.validation import check_choice, check_in_interval, check_non_negative
+
+# Candidate thresholds examined on the selection half of a holdout split (any number is valid there;
+# this only caps the cost).
+_MAX_HOLDOUT_CANDIDATES = 4096
+# On a holdout selection half, candidates are scored with confidence bounds at α / 20 rather than α:
+# the best of thousands of candidates is optimistic (winner's curse), and the stricter level favours
+# thresholds with enough counts to replicate on the evaluation half. Any rule is valid there; this
+# one only gains power (fewer extreme thresholds that collapse on the other half).
+_SELECTION_ALPHA_DIVISOR = 20.0
+_SEED_SALT = 0xA0D17  # see _as_rng
+# Ratio of the geometric grid of anchor ranks searched by the Bonferroni threshold selection.
+_RANK_RATIO = 1.5
+_GDP_NOTE = (
+    "estimate: the gdp method assumes the mechanism's trade-off curve is Gaussian (mu-GDP); the mu "
+    "lower bound is formal only under that assumption (Nasr et al. 2023, arXiv:2302.07956)"
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Threshold tests: predict "member" iff score >= t.
+
+
+def _objective(method: str, fpr_u, fnr_u, delta: float):
+    """Quantity maximised over thresholds: ε (clopper-pearson) or μ (gdp; ε(δ) increases in μ)."""
+    if method == "gdp":
+        return gdp_mu_lower_bound(fpr_u, fnr_u)
+    return hypothesis_test_epsilon(fpr_u, fnr_u, delta)
+
+
+def _counts_at(pos_sorted: np.ndarray, neg_sorted: np.ndarray, t):
+    fn = np.searchsorted(pos_sorted, t, side="left")  # members with score < t
+    fp = len(neg_sorted) - np.searchsorted(neg_sorted, t, side="left")  # non-members with score >= t
+    return fp, fn
+
+
+def rank_grid(n: int) -> np.ndarray:
+    """Anchor ranks 0, 1, 2, 3, 5, 7, 11, ... ≤ n/2 (geometric, ratio 1.5); depends on n only."""
+    ks = {0}
+    x = 1.0
+    while x <= n // 2:
+        ks.add(int(x))
+        x *= _RANK_RATIO
+    return np.array(sorted(k for k in ks if k <= n - 1), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _ThresholdOutcome:
+    value: float  # ε (clopper-pearson) or μ (gdp)
+    threshold: float
+    fp: int
+    fn: int
+    n_pos: int
+    n_neg: int
+    fpr_upper: float
+    fnr_upper: float
+    alpha_per_bound: float
+    n_thresholds: int
+
+
+def _evaluate_fixed(method, pos, neg, t, alpha, delta) -> _ThresholdOutcome:
+    pos_s, neg_s = np.sort(pos), np.sort(neg)
+    fp, fn = _counts_at(pos_s, neg_s, t)
+    a = alpha / 2.0  # union bound over the two Clopper–Pearson bounds (FPR and FNR)
+    fpr_u = clopper_pearson_upper(fp, len(neg), a)
+    fnr_u = clopper_pearson_upper(fn, len(pos), a)
+    return _ThresholdOutcome(
+        value=float(_objective(method, fpr_u, fnr_u, delta)), threshold=float(t), fp=int(fp), fn=int(fn),
+        n_pos=len(pos), n_neg=len(neg), fpr_upper=float(fpr_u), fnr_upper=float(fnr_u), alpha_per_bound=a,
+        n_thresholds=1,
+    )  # fmt: skip
+
+
+def _select_threshold(method, pos, neg, alpha, delta) -> float:
+    """Threshold maximising the bound on the selection half (any rule is valid on held-out data)."""
+    pos_s, neg_s = np.sort(pos), np.sort(neg)
+    # Every distinct ROC point: just above each non-member score, at each member score.
+    cand = np.unique(np.concatenate([np.nextafter(neg_s, np.inf), pos_s]))
+    if len(cand) > _MAX_HOLDOUT_CANDIDATES:
+        cand = cand[np.unique(np.linspace(0, len(cand) - 1, _MAX_HOLDOUT_CANDIDATES).round().astype(int))]
+    fp, fn = _counts_at(pos_s, neg_s, cand)
+    a = alpha / (2.0 * _SELECTION_ALPHA_DIVISOR)
+    obj = _objective(method, clopper_pearson_upper(fp, len(neg), a), clopper_pearson_upper(fn, len(pos), a), delta)
+    if np.max(obj) <= 0.0:  # nothing certifiable on this half: fall back to the best accuracy (Youden's J)
+        obj = (len(pos) - fn) / len(pos) - fp / len(neg)
+    # Ties (e.g. a run of thresholds inside a gap between the classes): take their median, away from
+    # the edges of the gap, where the held-out data are least likely to fall on the wrong side.
+    return float(np.median(cand[obj == np.max(obj)]))
+
+
+def _bonferroni_thresholds(method, pos, neg, alpha, delta) -> _ThresholdOutcome:
+    """Search thresholds anchored at order statistics with fixed ranks, Bonferroni-corrected.
+
+    Anchors: just above the (k+1)-th largest non-member score (so FP ≤ k) for k in rank_grid(n_neg),
+    and at the (k+1)-th smallest member score (so FN ≤ k) for k in rank_grid(n_pos). The ranks are
+    fixed by the sample sizes alone. For an anchored rate the event "true rate > CP_upper(k)" has
+    probability ≤ α' for each rank (order-statistic form of Clopper–Pearson: it happens only if at
+    most k of n draws exceed the level where the tail mass equals CP_upper(k)); the other rate is an
+    ordinary binomial count given the anchoring sample, which is independent of it. With K anchors
+    there are 2K confidence bounds, each at α' = α / (2K), so all hold at once with probability
+    ≥ 1 − α (union bound) and the maximum over anchors is a valid bound.
+    """
+    n_pos, n_neg = len(pos), len(neg)
+    pos_s, neg_s = np.sort(pos), np.sort(neg)
+    r_neg, r_pos = rank_grid(n_neg), rank_grid(n_pos)
+    k_total = len(r_neg) + len(r_pos)
+    a = alpha / (2.0 * k_total)
+    # Non-member anchors: t = next float above the (k+1)-th largest non-member score.
+    t_neg = np.nextafter(neg_s[n_neg - 1 - r_neg], np.inf)
+    fp_neg, fn_neg = _counts_at(pos_s, neg_s, t_neg)
+    fpr_u_neg = clopper_pearson_upper(r_neg, n_neg, a)  # the rank k, not the (tie-reduced) count
+    fnr_u_neg = clopper_pearson_upper(fn_neg, n_pos, a)
+    # Member anchors: t = the (k+1)-th smallest member score.
+    t_pos = pos_s[r_pos]
+    fp_pos, fn_pos = _counts_at(pos_s, neg_s, t_pos)
+    fpr_u_pos = clopper_pearson_upper(fp_pos, n_neg, a)
+    fnr_u_pos = clopper_pearson_upper(r_pos, n_pos, a)
+
+    t = np.concatenate([t_neg, t_pos])
+    fp = np.concatenate([fp_neg, fp_pos])
+    fn = np.concatenate([fn_neg, fn_pos])
+    fpr_u = np.concatenate([fpr_u_neg, fpr_u_pos])
+    fnr_u = np.concatenate([fnr_u_neg, fnr_u_pos])
+    obj = np.atleast_1d(_objective(method, fpr_u, fnr_u, delta))
+    i = int(np.argmax(obj))
+    return _ThresholdOutcome(
+        value=float(obj[i]), threshold=float(t[i]), fp=int(fp[i]), fn=int(fn[i]), n_pos=n_pos, n_neg=n_neg,
+        fpr_upper=float(fpr_u[i]), fnr_upper=float(fnr_u[i]), alpha_per_bound=a, n_thresholds=k_total,
+    )  # fmt: skip
+
+
+def _holdout_split(member: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Boolean mask of the selection half, floor(n/2) of each class; the rest is evaluated."""
+    sel = np.zeros(len(member), dtype=bool)
+    for idx in (np.flatnonzero(member), np.flatnonzero(~member)):
+        sel[rng.permutation(idx)[: len(idx) // 2]] = True
+    return sel
+
+
+def _threshold_max_certifiable(method, n_pos, n_neg, alpha_per_bound, delta) -> float:
+    """The bound of a perfect attack (FP = FN = 0) with these evaluation sizes and per-bound α."""
+    fpr_u = clopper_pearson_upper(0, n_neg, alpha_per_bound)
+    fnr_u = clopper_pearson_upper(0, n_pos, alpha_per_bound)
+    v = float(_objective(method, fpr_u, fnr_u, delta))
+    return _to_epsilon(method, v, delta)
+
+
+def _to_epsilon(method: str, value: float, delta: float) -> float:
+    return gdp_epsilon(value, delta) if method == "gdp" else value
+
+
+# --------------------------------------------------------------------------------------------------
+# Input handling.
+
+
+def _as_scores(scores) -> np.ndarray:
+    try:
+        s = np.asarray(scores, dtype=float)
+    except (TypeError, ValueError):
+        raise InputError("scores must be numeric") from None
+    if s.ndim != 1:
+        raise InputError(f"scores must be a 1-D array, got shape {s.shape}")
+    bad = np.flatnonzero(~np.isfinite(s))
+    if len(bad):
+        raise InputError(f"scores must be finite; found {len(bad)} NaN/inf value(s), first at index {bad[0]}")
+    return s
+
+
+def _as_member(member) -> np.ndarray:
+    try:
+        m = np.asarray(member)
+        mf = m.astype(float)
+    except (TypeError, ValueError):
+        raise InputError("member must be boolean or 0/1") from None
+    if m.ndim != 1:
+        raise InputError(f"member must be a 1-D array, got shape {m.shape}")
+    bad = np.flatnonzero(~np.isin(mf, (0.0, 1.0)))
+    if len(bad):
+        raise InputError(f"member must be boolean or 0/1; found {m[bad[0]]!r} at index {bad[0]}")
+    return mf.astype(bool)
+
+
+def _as_rng(seed) -> np.random.Generator:
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise InputError(f"expected seed to be a non-negative integer or numpy Generator, got {seed!r}")
+    # Salted so that the audit's stream differs from np.random.default_rng(seed): if the same integer
+    # also seeded the data (e.g. canary inclusion), unsalted tie-breaking keys would equal the
+    # inclusion draws and leak them into the guesses.
+    return np.random.default_rng([int(seed), _SEED_SALT])
+
+
+def _alpha(confidence: float) -> float:
+    """α = 1 − confidence, rounded *down* to 12 decimals (0.95 gives 0.05, not 0.050000000000000044)."""
+    a = 1.0 - confidence
+    rounded = math.floor(a * 1e12) / 1e12
+    return rounded if rounded > 0 else a
+
+
+def _as_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise InputError(f"expected {name} to be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _resolve_selection(method, threshold_selection, threshold, k_plus, k_minus) -> str:
+    sel = check_choice(THRESHOLD_SELECTIONS, threshold_selection=threshold_selection)
+    if method == "one-run":
+        if threshold is not None:
+            raise InputError("threshold does not apply to the one-run method; use k_plus/k_minus")
+        if k_plus is not None or k_minus is not None:
+            if sel == "bonferroni":
+                raise InputError("k_plus/k_minus fix the guess counts; drop threshold_selection='bonferroni'")
+            return "fixed"
+        if sel == "fixed":
+            raise InputError("threshold_selection='fixed' with the one-run method needs k_plus and/or k_minus")
+        return sel
+    if k_plus is not None or k_minus is not None:
+        raise InputError(f"k_plus/k_minus apply only to the one-run method, not {method!r}")
+    if threshold is not None:
+        if sel == "bonferroni":
+            raise InputError("a fixed threshold was given; drop threshold_selection='bonferroni'")
+        return "fixed"
+    if sel == "fixed":
+        raise InputError("threshold_selection='fixed' needs a threshold")
+    return sel
+
+
+# --------------------------------------------------------------------------------------------------
+# Public API.
+
+
+def audit_scores(
+    scores,
+    member,
+    *,
+    method: str = "clopper-pearson",
+    delta: float = 1e-5,
+    confidence: float = 0.95,
+    claimed_epsilon: float | None = None,
+    threshold_selection: str = "holdout",
+    threshold: float | None = None,
+    seed: int | np.random.Generator = 0,
+    k_plus: int | None = None,
+    k_minus: int | None = None,
+) -> AuditResult:
+    """ε lower bound (natural log) at ``delta`` from membership scores, and a verdict on a claim.
+
+    Args:
+        scores: 1-D float array, higher = member.
+        member: 1-D bool/0-1 array of the same length: True when the score came from a run with the
+            record/canary included.
+        method: "clopper-pearson" (formal), "gdp" (estimate under μ-GDP) or "one-run" (formal;
+            the entries are the m canaries of one run, each included with probability 1/2).
+        delta: δ in [0, 1) at which ε is bounded (the gdp method needs δ > 0).
+        confidence: 1 − α in (0, 1).
+        claimed_epsilon: the mechanism's claimed ε at ``delta``; gives a verdict.
+        threshold_selection: "holdout" (default; choose on a seeded random half, evaluate on the
+            other), "bonferroni" (search a fixed grid on all data with α split across every bound)
+            or "fixed" (implied by ``threshold`` / ``k_plus``/``k_minus``).
+        threshold: fixed decision threshold (predict member iff score ≥ threshold).
+        seed: seed (or Generator) for the holdout split and one-run tie-breaking.
+        k_plus, k_minus: fixed one-run guess counts (top k_plus guessed in, bottom k_minus out).
+
+    Returns:
+        AuditResult. Formal guarantee (clopper-pearson, one-run): P[epsilon_lower_bound > true ε] ≤
+        1 − confidence under the sampling assumptions in the module docstring.
+    """
+    method = check_choice(METHODS, method=method)
+    confidence = check_in_interval(0.0, 1.0, confidence=confidence)
+    delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
+    if claimed_epsilon is not None:
+        claimed_epsilon = check_non_negative(claimed_epsilon=claimed_epsilon)
+    if method == "gdp" and delta == 0.0:
+        raise InputError(
+            "the gdp method needs delta > 0 (a mu-GDP mechanism with mu > 0 has epsilon = inf at delta = 0)"
+        )
+    if threshold is not None:
+        threshold = check_in_interval(-math.inf, math.inf, threshold=threshold)
+    k_plus = None if k_plus is None else _as_count("k_plus", k_plus)
+    k_minus = None if k_minus is None else _as_count("k_minus", k_minus)
+    selection = _resolve_selection(method, threshold_selection, threshold, k_plus, k_minus)
+    s = _as_scores(scores)
+    mem = _as_member(member)
+    if len(s) != len(mem):
+        raise InputError(f"scores and member differ in length: {len(s)} vs {len(mem)}")
+    n_pos, n_neg = int(mem.sum()), int((~mem).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise InputError(
+            f"member has a single class ({n_pos} members, {n_neg} non-members); need both members and non-members"
+        )
+    rng = _as_rng(seed)
+    alpha = _alpha(confidence)
+    if method == "one-run":
+        return _audit_one_run(s, mem, delta, confidence, claimed_epsilon, selection, k_plus, k_minus, rng)
+    return _audit_threshold(s, mem, method, delta, alpha, confidence, claimed_epsilon, selection, threshold, rng)
+
+
+def _audit_threshold(s, mem, method, delta, alpha, confidence, claimed, selection, threshold, rng) -> AuditResult:
+    n_pos, n_neg = int(mem.sum()), int((~mem).sum())
+    notes: list[str] = []
+    if selection == "fixed":
+        out = _evaluate_fixed(method, s[mem], s[~mem], threshold, alpha, delta)
+    elif selection == "bonferroni":
+        out = _bonferroni_thresholds(method, s[mem], s[~mem], alpha, delta)
+        notes.append(
+            f"threshold searched over {out.n_thresholds} order-statistic anchors on all data; "
+            f"each of the {2 * out.n_thresholds} confidence bounds at alpha = {out.alpha_per_bound:.3g} (Bonferroni)"
+        )
+    else:
+        if n_pos < 2 or n_neg < 2:
+            raise InputError(
+                f"holdout threshold selection needs at least 2 members and 2 non-members, got {n_pos} and {n_neg}"
+            )
+        sel = _holdout_split(mem, rng)
+        t = _select_threshold(method, s[sel & mem], s[sel & ~mem], alpha, delta)
+        out = _evaluate_fixed(method, s[~sel & mem], s[~sel & ~mem], t, alpha, delta)
+        notes.append(
+            f"threshold chosen on a random half ({int(sel.sum())} records) and evaluated on the other "
+            f"{int((~sel).sum())}"
+        )
+    eps = _to_epsilon(method, out.value, delta)
+    max_cert = _threshold_max_certifiable(method, out.n_pos, out.n_neg, out.alpha_per_bound, delta)
+    details = {
+        "fpr_upper": out.fpr_upper,
+        "fnr_upper": out.fnr_upper,
+        "alpha_per_bound": out.alpha_per_bound,
+        "n_thresholds_tried": out.n_thresholds,
+    }
+    if method == "gdp":
+        details["mu_lower_bound"] = out.value
+        notes.insert(0, _GDP_NOTE)
+    counts = {
+        "n_members": n_pos,
+        "n_nonmembers": n_neg,
+        "n_eval_members": out.n_pos,
+        "n_eval_nonmembers": out.n_neg,
+        "tp": out.n_pos - out.fn,
+        "fp": out.fp,
+        "tn": out.n_neg - out.fp,
+        "fn": out.fn,
+    }
+    formal = method != "gdp"
+    return _finish(
+        eps, method, confidence, delta, claimed, max_cert, counts, out.threshold, selection, formal, notes, details
+    )
+
+
+def _audit_one_run(s, mem, delta, confidence, claimed, selection, k_plus, k_minus, rng) -> AuditResult:
+    m, n_in = len(s), int(mem.sum())
+    out = one_run.audit(
+        s, mem, delta=delta, alpha=_alpha(confidence), selection=selection, rng=rng, k_plus=k_plus, k_minus=k_minus
+    )
+    notes = [] if out.note is None else [out.note]
+    # Two-sided binomial test of the inclusion rate: the bound assumes Bernoulli(1/2) inclusion.
+    if binomtest(n_in, m, 0.5).pvalue < 1e-3:
+        notes.append(
+            f"{n_in} of {m} canaries are included; the one-run bound assumes each canary is included "
+            "independently with probability 1/2"
+        )
+    counts = {
+        "n_members": n_in,
+        "n_nonmembers": m - n_in,
+        "n_eval_canaries": out.n_eval,
+        "k_plus": out.k_plus,
+        "k_minus": out.k_minus,
+        "guesses": out.guesses,
+        "correct": out.correct,
+    }
+    details = {"alpha_per_test": out.alpha_per_test, "n_tests": out.n_tests}
+    return _finish(
+        out.epsilon, "one-run", confidence, delta, claimed, out.max_certifiable, counts, None, selection, True,
+        notes, details,
+    )  # fmt: skip
+
+
+def _finish(eps, method, confidence, delta, claimed, max_cert, counts, threshold, selection, formal, notes, details):
+    eps = float(max(0.0, eps))
+    max_cert = float(max_cert)
+    if claimed is not None and claimed >= max_cert and eps <= claimed:
+        notes.append(
+            f"design too small: max certifiable epsilon = {max_cert:.3g} <= claimed {claimed:g} -> inconclusive "
+            "(more runs/canaries, or a larger delta, are needed to refute this claim)"
+        )
+    return AuditResult(
+        epsilon_lower_bound=eps,
+        method=method,
+        confidence=confidence,
+        delta=delta,
+        claimed_epsilon=claimed,
+        verdict=decide_verdict(eps, claimed, max_cert),
+        max_certifiable_epsilon=max_cert,
+        counts=counts,
+        threshold=threshold,
+        threshold_selection=selection,
+        formal=formal,
+        notes=tuple(notes),
+        details=details,
+    )
+
+
+def max_certifiable_epsilon(
+    n_members: int,
+    n_nonmembers: int,
+    *,
+    method: str = "clopper-pearson",
+    delta: float = 1e-5,
+    confidence: float = 0.95,
+    threshold_selection: str = "holdout",
+    k_plus: int | None = None,
+    k_minus: int | None = None,
+) -> float:
+    """Largest ε this design could certify: the bound a perfect attack would give.
+
+    For threshold methods a perfect attack has FP = FN = 0 on the evaluation data (half of each class
+    under holdout); for one-run every guess is correct (with the guess counts the selection rule can
+    reach; for holdout, on the evaluation half). A claim at or above this value can never be refuted
+    by this design. For one-run, ``n_members + n_nonmembers`` is the number of canaries m.
+    """
+    method = check_choice(METHODS, method=method)
+    confidence = check_in_interval(0.0, 1.0, confidence=confidence)
+    delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
+    n_pos, n_neg = _as_count("n_members", n_members), _as_count("n_nonmembers", n_nonmembers)
+    if n_pos == 0 or n_neg == 0:
+        raise InputError("need at least one member and one non-member")
+    if method == "gdp" and delta == 0.0:
+        raise InputError("the gdp method needs delta > 0")
+    alpha = _alpha(confidence)
+    k_plus = None if k_plus is None else _as_count("k_plus", k_plus)
+    k_minus = None if k_minus is None else _as_count("k_minus", k_minus)
+    selection = check_choice(THRESHOLD_SELECTIONS, threshold_selection=threshold_selection)
+    if method == "one-run":
+        selection = _resolve_selection(method, threshold_selection, None, k_plus, k_minus)
+        return one_run.max_certifiable(n_pos + n_neg, delta, alpha, selection, k_plus, k_minus)
+    if selection == "bonferroni":
+        k_total = len(rank_grid(n_neg)) + len(rank_grid(n_pos))
+        return _threshold_max_certifiable(method, n_pos, n_neg, alpha / (2.0 * k_total), delta)
+    if selection == "holdout":
+        n_pos, n_neg = n_pos - n_pos // 2, n_neg - n_neg // 2
+    return _threshold_max_certifiable(method, n_pos, n_neg, alpha / 2.0, delta)

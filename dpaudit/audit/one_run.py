@@ -1,0 +1,305 @@
+"""Auditing with one training run (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846).
+
+Set-up: m canaries, each included in the training data independently with probability 1/2. After
+one run the auditor ranks the canaries by score (higher = more likely included), guesses "in" for
+the top k₊ and "out" for the bottom k₋ and abstains on the rest: r = k₊ + k₋ guesses of which v
+are correct. If the mechanism is (ε, δ)-DP, v is stochastically small:
+
+    P[V ≥ v] ≤ P[Binomial(r, q_ε) ≥ v] + 2mδ · max_{i=1..v} (1/i) P[v − i ≤ Binomial(r, q_ε) < v],
+    q_ε = e^ε / (1 + e^ε)
+
+(Theorem 3.1 for δ = 0, and its approximate-DP form with the δ term, Section 5 / Appendix,
+computed by their Algorithm 2 ``p_value_DP_audit``). The ε lower bound is the largest ε whose
+p-value is ≤ α = 1 − confidence. Everything here is computed exactly from binomial tails in log space.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, special
+
+from dpaudit.audit.stats import clopper_pearson_lower
+from dpaudit.errors import InputError
+
+# Width of the exact summation window around the binomial mean, in standard deviations; the mass
+# outside it is added back as an upper bound, so the window affects tightness only, never validity.
+_WINDOW_SD = 12.0
+_ROOT_TOL = 1e-7
+# Guess-count choice on a holdout selection half: candidates scored at α / 20 (see bounds.py), each
+# root search to 1e-3 and at most 16 exact evaluations — any rule is valid there, this one is cheap.
+_SELECTION_ALPHA_DIVISOR = 20.0
+_SELECTION_TOL = 1e-3
+_SELECTION_EVALUATIONS = 16
+
+
+def _log_binom_pmf(j: np.ndarray, r: int, q: float) -> np.ndarray:
+    # log C(r, j) + j log q + (r − j) log(1 − q), via log-gamma (no overflow for any r).
+    return (
+        special.gammaln(r + 1.0)
+        - special.gammaln(j + 1.0)
+        - special.gammaln(r - j + 1.0)
+        + j * math.log(q)
+        + (r - j) * math.log1p(-q)
+    )
+
+
+def _log_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    if v <= 0:
+        return 0.0
+    q = float(special.expit(epsilon))  # q_ε = e^ε/(1 + e^ε): accuracy of ε-DP randomised response
+    # β = P[Binomial(r, q) ≥ v]  (Steinke et al. 2023, Theorem 3.1). bdtrc has full relative precision
+    # down to ~1e-308; a β below that is negligible against any α and the δ term, so −inf is harmless.
+    with np.errstate(divide="ignore"):
+        log_beta = float(np.log(special.bdtrc(v - 1, r, q)))
+    if delta <= 0.0:
+        return min(0.0, log_beta)
+    sd = math.sqrt(max(r * q * (1.0 - q), 1.0))
+    lo = int(min(v, max(0, math.floor(r * q - _WINDOW_SD * sd))))
+    # S_i = P[v − i ≤ W < v] for i = 1..v−lo, accumulated from the top in log space.
+    log_s = np.logaddexp.accumulate(_log_binom_pmf(np.arange(v - 1, lo - 1, -1, dtype=float), r, q))
+    # α = max_i S_i / i  (Steinke et al. 2023, Section 5 / Algorithm 2, the δ term)
+    log_alpha = float(np.max(log_s - np.log(np.arange(1, len(log_s) + 1)))) if len(log_s) else -math.inf
+    if lo > 0:
+        # For i > v − lo: S_i/i ≤ S_{v−lo}/(v−lo) + P[W < lo], so adding that mass keeps an upper bound.
+        with np.errstate(divide="ignore"):  # a tail that underflows to 0 adds nothing
+            log_alpha = float(np.logaddexp(log_alpha, np.log(special.bdtr(lo - 1, r, q))))
+    # p = β + 2mδ·α  (Steinke et al. 2023, approximate-DP theorem of Section 5)
+    log_p = float(np.logaddexp(log_beta, log_alpha + math.log(2.0 * m * delta)))
+    return min(0.0, log_p)
+
+
+def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """Exact p-value of observing ≥ v correct out of r guesses under the (ε, δ)-DP null hypothesis.
+
+    Formal guarantee (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846, Theorem 3.1 and its
+    approximate-DP form in Section 5): for any (ε, δ)-DP mechanism and m canaries included
+    independently with probability 1/2, P[V ≥ v] ≤ this value.
+
+    Args:
+        m: number of canaries (each included independently with probability 1/2).
+        r: number of guesses (k₊ + k₋), 0 ≤ r ≤ m.
+        v: number of correct guesses, 0 ≤ v ≤ r.
+        epsilon: ε ≥ 0 of the null hypothesis.
+        delta: δ in [0, 1] of the null hypothesis.
+    """
+    if not (0 <= v <= r <= m):
+        raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
+    return math.exp(_log_p_value(int(m), int(r), int(v), float(epsilon), float(delta)))
+
+
+def one_run_pure_epsilon(r, v, alpha):
+    """ε lower bound of the pure-DP (δ = 0) one-run test, vectorised.
+
+    P[Binomial(r, q_ε) ≥ v] increases in ε, so the largest ε with p-value ≤ α has q_ε equal to the
+    Clopper–Pearson lower bound on the guess accuracy: ε = logit(q_lb) (Steinke et al. 2023,
+    Theorem 3.1 with δ = 0). It upper-bounds the δ > 0 bound, whose p-value is larger.
+    """
+    q_lb = clopper_pearson_lower(v, r, alpha)
+    with np.errstate(divide="ignore"):
+        eps = np.maximum(special.logit(np.maximum(q_lb, 0.5)), 0.0)
+    return eps
+
+
+def one_run_epsilon_lower_bound(m: int, r: int, v: int, delta: float, alpha: float, *, tol: float = _ROOT_TOL) -> float:
+    """ε lower bound of the one-run test at level alpha (0 when nothing is rejected).
+
+    Formal guarantee: if the mechanism is (ε*, δ)-DP, the returned value exceeds ε* with probability
+    ≤ alpha. Reason: an (ε*, δ)-DP mechanism is (ε', δ)-DP for every ε' ≥ ε*, so
+    p̂(ε*; v) = inf_{ε' ≥ ε*} p(ε'; v) also bounds P[V ≥ v] for every v and is a valid p-value;
+    any returned ε with p(ε) ≤ alpha and ε > ε* makes p̂(ε*) ≤ alpha. Hence every crossing of the
+    p-value with alpha is a valid bound, whether or not the δ term makes p monotone in ε. The crossing
+    is found by Brent's method between 0 and the pure-DP bound (where p ≥ β = alpha) and the returned
+    point is checked to satisfy p ≤ alpha.
+    """
+    if r <= 0 or v <= 0:
+        return 0.0
+    hi = float(one_run_pure_epsilon(r, v, alpha))
+    log_a = math.log(alpha)
+    if hi <= 0.0 or _log_p_value(m, r, v, 0.0, delta) > log_a:
+        return 0.0
+    if delta <= 0.0:
+        return hi
+
+    def f(e: float) -> float:
+        return _log_p_value(m, r, v, e, delta) - log_a
+
+    # f(0) <= 0 < f(hi) (p(hi) >= β(hi) = alpha): Brent's method finds a crossing in a few evaluations.
+    x = float(optimize.brentq(f, 0.0, hi, xtol=0.25 * tol * max(1.0, hi), maxiter=200))
+    step = tol * max(1.0, x)
+    while x > 0.0 and f(x) > 0.0:  # Brent may land just past the crossing: step back inside it
+        x = max(0.0, x - step)
+        step *= 2.0
+    return x
+
+
+def guess_counts(scores: np.ndarray, member: np.ndarray, tiebreak: np.ndarray):
+    """Cumulative correct-guess counts: (correct among the top k for every k, among the bottom k).
+
+    Ranks by score (descending) with ties broken by ``tiebreak`` — random keys independent of the
+    inclusion bits; breaking ties by position could leak the inclusion bits through the file order.
+    """
+    order = np.lexsort((tiebreak, -scores))
+    ranked = member[order].astype(np.int64)
+    top_in = np.concatenate(([0], np.cumsum(ranked)))  # members among the top k
+    bottom_out = np.concatenate(([0], np.cumsum(1 - ranked[::-1])))  # non-members among the bottom k
+    return top_in, bottom_out
+
+
+def bonferroni_pairs(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k₊, k₋) pairs searched under Bonferroni, fixed by m alone before seeing the data.
+
+    k runs over m/2, m/4, ... ≥ 1 (at most 10 values) in three patterns: (k, 0) "in" guesses only,
+    (0, k) "out" guesses only and (k, k) both. The grid is kept small on purpose: through the δ term
+    (Steinke et al. 2023, Section 5) even a perfect attack is capped at roughly ln(α_test / δ), so
+    every extra test costs certifiable ε.
+    """
+    ks = sorted({max(1, round(m / 2**j)) for j in range(1, 11)})
+    ks_arr = np.array(ks, dtype=np.int64)
+    zeros = np.zeros_like(ks_arr)
+    kp, km = np.concatenate([ks_arr, zeros, ks_arr]), np.concatenate([zeros, ks_arr, ks_arr])
+    keep = kp + km <= m
+    return kp[keep], km[keep]
+
+
+def best_bound_over_pairs(
+    m: int,
+    r: np.ndarray,
+    v: np.ndarray,
+    delta: float,
+    alpha: float,
+    *,
+    tol: float = _ROOT_TOL,
+    max_evaluations: int | None = None,
+) -> tuple[float, int]:
+    """max over candidate (r, v) pairs of the one-run bound at level alpha, and the arg-max index.
+
+    The pure-DP bound upper-bounds each δ bound, so distinct pairs are visited in decreasing order of
+    it and the search stops once no remaining pair can beat the best found. ``tol`` is the relative
+    accuracy of each root search; ``max_evaluations`` caps the exact evaluations (a heuristic for
+    choosing a pair on a selection half, where any rule is valid; never for a reported bound).
+    """
+    r, v = np.asarray(r, np.int64), np.asarray(v, np.int64)
+    pure = one_run_pure_epsilon(r, v, alpha)
+    best, best_i = 0.0, int(np.argmax(pure)) if len(pure) else 0
+    seen: set[tuple[int, int]] = set()
+    for i in np.argsort(-pure, kind="stable"):
+        if pure[i] <= best or (max_evaluations is not None and len(seen) >= max_evaluations):
+            break
+        if (int(r[i]), int(v[i])) in seen:
+            continue
+        seen.add((int(r[i]), int(v[i])))
+        e = one_run_epsilon_lower_bound(m, int(r[i]), int(v[i]), delta, alpha, tol=tol)
+        if e > best:
+            best, best_i = e, int(i)
+    return best, best_i
+
+
+# --------------------------------------------------------------------------------------------------
+# Designs: fixed guess counts, a Bonferroni-corrected search, or a holdout choice.
+
+
+@dataclass(frozen=True)
+class OneRunOutcome:
+    epsilon: float
+    max_certifiable: float
+    k_plus: int
+    k_minus: int
+    guesses: int
+    correct: int
+    n_eval: int  # canaries the bound was computed on
+    alpha_per_test: float
+    n_tests: int
+    note: str | None
+
+
+def check_guess_counts(k_plus: int, k_minus: int, m: int) -> None:
+    if k_plus + k_minus < 1:
+        raise InputError("k_plus + k_minus must be at least 1")
+    if k_plus + k_minus > m:
+        raise InputError(f"k_plus + k_minus must be at most the number of canaries ({m}), got {k_plus + k_minus}")
+
+
+def _fraction_pairs() -> tuple[np.ndarray, np.ndarray]:
+    """Guess fractions (f₊, f₋) tried on a holdout selection half: each 0 or 2^-j, j = 1..10."""
+    f = np.concatenate(([0.0], 2.0 ** -np.arange(1, 11)))
+    fp, fm = (a.ravel() for a in np.meshgrid(f, f, indexing="ij"))
+    keep = (fp + fm) > 0
+    return fp[keep], fm[keep]
+
+
+def _fractions_to_counts(fp: np.ndarray, fm: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.floor(fp * m).astype(np.int64), np.floor(fm * m).astype(np.int64)
+
+
+def max_certifiable(m: int, delta: float, alpha: float, selection: str, k_plus=None, k_minus=None) -> float:
+    """The bound of a perfect attack (every guess right) under a design; m canaries in all."""
+    if selection == "fixed":
+        kp, km = k_plus or 0, k_minus or 0
+        check_guess_counts(kp, km, m)
+        return one_run_epsilon_lower_bound(m, kp + km, kp + km, delta, alpha)
+    if selection == "bonferroni":
+        kp, km = bonferroni_pairs(m)
+        return best_bound_over_pairs(m, kp + km, kp + km, delta, alpha / len(kp))[0]
+    m_eval = m - m // 2  # the holdout split keeps floor(m/2) for selection
+    kp, km = _fractions_to_counts(*_fraction_pairs(), m_eval)
+    return best_bound_over_pairs(m_eval, kp + km, kp + km, delta, alpha)[0]
+
+
+def audit(
+    scores: np.ndarray,
+    member: np.ndarray,
+    *,
+    delta: float,
+    alpha: float,
+    selection: str,
+    rng: np.random.Generator,
+    k_plus: int | None = None,
+    k_minus: int | None = None,
+) -> OneRunOutcome:
+    """One-run bound for canary scores under a design ("fixed", "bonferroni" or "holdout").
+
+    fixed: the given (k₊, k₋) at level α. bonferroni: the best of :func:`bonferroni_pairs` with α
+    split equally (union bound). holdout: (k₊, k₋) fractions chosen on a random half of the canaries
+    (not stratified, so the other half's inclusion bits stay i.i.d. fair coins) and applied to the
+    other half at level α; the theorem applies to that half with the first half's bits held fixed.
+    """
+    m = len(scores)
+    tiebreak = rng.random(m)
+    mcert = max_certifiable(m, delta, alpha, selection, k_plus, k_minus)
+    if selection == "fixed":
+        kp, km = k_plus or 0, k_minus or 0
+        check_guess_counts(kp, km, m)
+        top, bottom = guess_counts(scores, member, tiebreak)
+        r, v = kp + km, int(top[kp] + bottom[km])
+        eps = one_run_epsilon_lower_bound(m, r, v, delta, alpha)
+        return OneRunOutcome(eps, mcert, kp, km, r, v, m, alpha, 1, None)
+    if selection == "bonferroni":
+        kp_grid, km_grid = bonferroni_pairs(m)
+        a = alpha / len(kp_grid)  # union bound over the grid, which m alone fixes
+        top, bottom = guess_counts(scores, member, tiebreak)
+        eps, i = best_bound_over_pairs(m, kp_grid + km_grid, top[kp_grid] + bottom[km_grid], delta, a)
+        kp, km = int(kp_grid[i]), int(km_grid[i])
+        note = f"guess counts searched over {len(kp_grid)} (k+, k-) pairs; each test at alpha = {a:.3g} (Bonferroni)"
+        return OneRunOutcome(eps, mcert, kp, km, kp + km, int(top[kp] + bottom[km]), m, a, len(kp_grid), note)
+    if m < 4:
+        raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
+    sel = np.zeros(m, dtype=bool)
+    sel[rng.permutation(m)[: m // 2]] = True
+    m_a, m_b = int(sel.sum()), int((~sel).sum())
+    fp, fm = _fraction_pairs()
+    kp_a, km_a = _fractions_to_counts(fp, fm, m_a)
+    top, bottom = guess_counts(scores[sel], member[sel], tiebreak[sel])
+    _, i = best_bound_over_pairs(
+        m_a, kp_a + km_a, top[kp_a] + bottom[km_a], delta, alpha / _SELECTION_ALPHA_DIVISOR,
+        tol=_SELECTION_TOL, max_evaluations=_SELECTION_EVALUATIONS,
+    )  # fmt: skip
+    kp_b, km_b = _fractions_to_counts(fp, fm, m_b)
+    kp, km = int(kp_b[i]), int(km_b[i])
+    top, bottom = guess_counts(scores[~sel], member[~sel], tiebreak[~sel])
+    r, v = kp + km, int(top[kp] + bottom[km])
+    eps = one_run_epsilon_lower_bound(m_b, r, v, delta, alpha)
+    note = f"guess counts chosen on a random half ({m_a} canaries) and evaluated on the other {m_b}"
+    return OneRunOutcome(eps, mcert, kp, km, r, v, m_b, alpha, 1, note)

@@ -1,0 +1,373 @@
+"""Self-test of the auditor: false alarms on correct mechanisms, detection of planted bugs.
+
+Every mechanism is simulated at the level of its released statistic with numpy (vectorised over
+trials) and observed by a white-box auditor that scores each run with the log-likelihood ratio of
+the *claimed* mechanism (its Neyman–Pearson test; higher = canary present). Each case runs
+``trials`` times with the canary and ``trials`` times without, per seed, and is audited with
+:func:`dpaudit.audit.audit_scores` against the ε the implementation would report.
+
+Correct mechanisms (claimed ε is exact, or an accountant's upper bound) should be flagged in at most
+a fraction 1 − confidence of seeds; planted bugs, each with a claimed ε ≤ 2, should be flagged in
+≥ 95% of seeds.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import special, stats
+
+from dpaudit.accounting.gdp import gdp_epsilon
+from dpaudit.audit.bounds import audit_scores
+from dpaudit.progress import Progress
+from dpaudit.validation import check_in_interval, check_positive_int
+
+Simulator = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
+
+# Planted bugs must be caught in at least this fraction of seeds.
+REQUIRED_DETECTION = 0.95
+
+
+@functools.cache
+def poisson_dpsgd_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    """ε(δ) the PLD accountant reports for Poisson-subsampled Gaussian DP-SGD (sensitivity = clip norm).
+
+    PLD (pessimistic) is the tightest formal upper bound available, so claims are as small as an
+    honest implementation could make them: the hardest setting for catching bugs.
+    """
+    from dpaudit.accounting import dpsgd_event, epsilon_for  # lazy: accounting is a sibling package
+
+    event = dpsgd_event(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
+    return float(epsilon_for(event, delta, accountant="pld"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Released statistics (scalar model, clip norm C = 1, the other records contribute 0: white box).
+
+
+def _gaussian(sigma: float) -> Simulator:
+    def sim(rng: np.random.Generator, n: int):
+        # Gaussian mechanism, sensitivity 1: release f(D) + N(0, σ²); the LLR is monotone in x.
+        return rng.normal(1.0, sigma, n), rng.normal(0.0, sigma, n)
+
+    return sim
+
+
+def _laplace(scale: float) -> Simulator:
+    def sim(rng: np.random.Generator, n: int):
+        # Laplace mechanism, sensitivity 1: release f(D) + Lap(scale); the LLR is monotone in x.
+        return rng.laplace(1.0, scale, n), rng.laplace(0.0, scale, n)
+
+    return sim
+
+
+def _dpsgd_llr(x: np.ndarray, q: float, sigma: float) -> np.ndarray:
+    # Log-likelihood ratio of T Poisson-subsampled Gaussian steps for a canary gradient of norm 1:
+    # Σ_t log(1 − q + q·exp((x_t − 1/2)/σ²)) (the mixture density ratio, e.g. Mironov, Talwar & Zhang
+    # 2019, arXiv:1908.10530, Section 3), in log space against overflow.
+    return np.logaddexp(math.log1p(-q), math.log(q) + (x - 0.5) / sigma**2).sum(axis=1)
+
+
+def _dpsgd(q: float, sigma: float, steps: int, *, noise_scale: float | None = None, grad: float = 1.0) -> Simulator:
+    """Scalar DP-SGD with Poisson sampling: per step, canary·grad·[sampled] + N(0, noise_scale²).
+
+    The released statistic of each step is the noisy sum of clipped gradients (Abadi et al. 2016,
+    arXiv:1607.00133, Algorithm 1); the other records contribute 0 here (white-box auditor with a
+    gradient canary, as in Nasr et al. 2023, arXiv:2302.07956).
+
+    ``noise_scale`` defaults to σ (noise multiplier × clip norm 1); ``grad`` is the canary's
+    contribution after (possibly missing) clipping. The auditor scores with the claimed σ.
+    """
+    s = sigma if noise_scale is None else noise_scale
+
+    def sim(rng: np.random.Generator, n: int):
+        sampled = rng.random((n, steps)) < q
+        x_in = grad * sampled + rng.normal(0.0, s, (n, steps))
+        x_out = rng.normal(0.0, s, (n, steps))
+        return _dpsgd_llr(x_in, q, sigma), _dpsgd_llr(x_out, q, sigma)
+
+    return sim
+
+
+def _persistent_shuffle(batches: int, epochs: int, sigma: float) -> Simulator:
+    """DP-SGD whose data are shuffled once and cut into ``batches`` batches reused every epoch.
+
+    A common shuffling implementation, reported with a Poisson accountant at q = 1/batches. Shuffled
+    batches put the canary in exactly one batch per epoch; with persistent shuffling it is the same
+    batch position π every epoch, so the epochs add up and the amplification that the Poisson claim
+    assumes is lost (Chua et al. 2024, "Scalable DP-SGD: Shuffling vs. Poisson Subsampling",
+    arXiv:2411.04205, persistent shuffling; single epoch: Chua et al. 2024, arXiv:2403.17673).
+    The per-position sums over epochs
+    y_p = Σ_e x_{e,p} ~ N(epochs·[p = π], epochs·σ²) are a sufficient statistic (simulated directly).
+    Auditor score: the LLR of "canary at a uniform unknown position", log Σ_p exp((y_p − E/2)/σ²).
+    """
+
+    def sim(rng: np.random.Generator, n: int):
+        sd = sigma * math.sqrt(epochs)
+        y_in = rng.normal(0.0, sd, (n, batches))
+        y_in[np.arange(n), rng.integers(0, batches, n)] += epochs
+        y_out = rng.normal(0.0, sd, (n, batches))
+
+        def llr(y):
+            return special.logsumexp((y - epochs / 2.0) / sigma**2, axis=1)
+
+        return llr(y_in), llr(y_out)
+
+    return sim
+
+
+# --------------------------------------------------------------------------------------------------
+# Cases.
+
+
+@dataclass(frozen=True)
+class SelftestCase:
+    """One mechanism: how to simulate it and the ε its implementation claims at δ."""
+
+    name: str
+    description: str
+    planted_bug: bool
+    claimed_epsilon: Callable[[float], float]  # δ -> claimed ε
+    simulate: Simulator
+
+
+def default_cases() -> list[SelftestCase]:
+    """Three correct mechanisms and five planted bugs (each bug's claim is ≤ 2 at δ = 1e-5)."""
+    q, sigma, steps = 0.1, 2.5, 100  # DP-SGD: 10 epochs of batches of 10% of the data
+    e_sigma, e_epoch, e_epochs = 1.5, 10, 50  # (e): 50 epochs of 10 steps run, 1 epoch reported
+    k, epochs, s_sigma = 100, 100, 2.5  # (d): 100 batches per epoch, 100 epochs
+
+    def dpsgd_claim(d: float) -> float:
+        return poisson_dpsgd_epsilon(q, sigma, steps, d)
+
+    return [
+        SelftestCase(
+            "gaussian",
+            "Gaussian mechanism, sigma = 1 (exact epsilon)",
+            False,
+            lambda d: gdp_epsilon(1.0, d),
+            _gaussian(1.0),
+        ),
+        SelftestCase(
+            "laplace", "Laplace mechanism, scale 1 (epsilon = 1 exactly)", False, lambda d: 1.0, _laplace(1.0)
+        ),
+        SelftestCase(
+            "dpsgd", f"DP-SGD, Poisson q={q}, sigma={sigma}, {steps} steps", False, dpsgd_claim, _dpsgd(q, sigma, steps)
+        ),
+        SelftestCase(
+            "bug-a-noise-over-batch",
+            "(a) DP-SGD noise divided by the batch size (100)",
+            True,
+            dpsgd_claim,
+            _dpsgd(q, sigma, steps, noise_scale=sigma / 100),
+        ),
+        SelftestCase(
+            "bug-b-no-clipping",
+            "(b) no clipping: canary gradient 50x the clip norm",
+            True,
+            dpsgd_claim,
+            _dpsgd(q, sigma, steps, grad=50.0),
+        ),
+        SelftestCase(
+            "bug-c-laplace-scale",
+            "(c) Laplace scale = epsilon (0.5) instead of 1/epsilon",
+            True,
+            lambda d: 0.5,
+            _laplace(0.5),
+        ),
+        SelftestCase(
+            "bug-d-shuffle-as-poisson",
+            f"(d) shuffled once ({k} batches, {epochs} epochs), accounted as Poisson q={1 / k:g}",
+            True,
+            lambda d: poisson_dpsgd_epsilon(1.0 / k, s_sigma, k * epochs, d),
+            _persistent_shuffle(k, epochs, s_sigma),
+        ),
+        SelftestCase(
+            "bug-e-steps-underreported",
+            f"(e) {e_epochs * e_epoch} steps run, epsilon reported for {e_epoch}",
+            True,
+            lambda d: poisson_dpsgd_epsilon(q, e_sigma, e_epoch, d),
+            _dpsgd(q, e_sigma, e_epochs * e_epoch),
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Running and reporting.
+
+
+@dataclass(frozen=True)
+class SelftestRow:
+    name: str
+    description: str
+    planted_bug: bool
+    claimed_epsilon: float
+    median_lower_bound: float
+    flagged_fraction: float
+    expected: str
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class SelftestReport:
+    rows: tuple[SelftestRow, ...]
+    seeds: int
+    trials: int
+    confidence: float
+    delta: float
+    method: str
+    threshold_selection: str
+    runtime_s: float
+
+    @property
+    def bugs_planted(self) -> int:
+        return sum(r.planted_bug for r in self.rows)
+
+    @property
+    def bugs_caught(self) -> int:
+        return sum(r.planted_bug and r.passed for r in self.rows)
+
+    @property
+    def mutation_score(self) -> float:
+        return self.bugs_caught / self.bugs_planted if self.bugs_planted else 1.0
+
+    @property
+    def false_alarm_rate(self) -> float:
+        """Flagged fraction pooled over all seeds of the correct mechanisms."""
+        correct = [r.flagged_fraction for r in self.rows if not r.planted_bug]
+        return float(np.mean(correct)) if correct else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [r.to_dict() for r in self.rows],
+            "seeds": self.seeds,
+            "trials": self.trials,
+            "confidence": self.confidence,
+            "delta": self.delta,
+            "method": self.method,
+            "threshold_selection": self.threshold_selection,
+            "false_alarm_rate": self.false_alarm_rate,
+            "bugs_caught": self.bugs_caught,
+            "bugs_planted": self.bugs_planted,
+            "mutation_score": self.mutation_score,
+            "passed": self.passed,
+            "runtime_s": self.runtime_s,
+        }
+
+    def table(self) -> str:
+        head = ("mechanism / bug", "claimed eps", "median lower bound", "flagged", "expected", "ok")
+        body = [
+            (
+                r.description,
+                f"{r.claimed_epsilon:.3f}",
+                f"{r.median_lower_bound:.3f}",
+                f"{r.flagged_fraction:.0%}",
+                r.expected,
+                "yes" if r.passed else "NO",
+            )
+            for r in self.rows
+        ]
+        widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines += [
+            "",
+            f"false-alarm rate on correct mechanisms: {self.false_alarm_rate:.1%} "
+            f"(allowed: {1 - self.confidence:.0%}, the confidence budget)",
+            f"mutation score: {self.bugs_caught}/{self.bugs_planted} planted bugs caught "
+            f"(each flagged in >= {REQUIRED_DETECTION:.0%} of seeds)",
+            f"{self.seeds} seeds x {self.trials} trials per side, {self.method} / {self.threshold_selection}, "
+            f"confidence {self.confidence:g}, delta {self.delta:g}; {self.runtime_s:.1f} s",
+        ]
+        return "\n".join(lines)
+
+
+def false_alarm_allowance(seeds: int, confidence: float) -> int:
+    """Most flagged seeds a correct mechanism may show: the 99.9% quantile of Binomial(seeds, α).
+
+    A correct auditor is flagged with probability ≤ α per seed, so exceeding this count has
+    probability ≤ 0.1% for it.
+    """
+    return int(stats.binom.ppf(0.999, seeds, 1.0 - confidence))
+
+
+def run_selftest(
+    *,
+    seeds: int = 50,
+    trials: int = 2000,
+    confidence: float = 0.95,
+    delta: float = 1e-5,
+    method: str = "clopper-pearson",
+    threshold_selection: str = "bonferroni",
+    cases: list[SelftestCase] | None = None,
+    progress: Progress | None = None,
+) -> SelftestReport:
+    """Audit every case ``seeds`` times; report flagged fractions, median bounds and the mutation score.
+
+    Args:
+        seeds: independent repetitions per case.
+        trials: runs with and runs without the canary, per seed.
+        confidence, delta, method, threshold_selection: passed to :func:`audit_scores`.
+        cases: mechanisms to audit (default: :func:`default_cases`).
+    """
+    seeds = check_positive_int(seeds=seeds)
+    trials = check_positive_int(trials=trials)
+    confidence = check_in_interval(0.0, 1.0, confidence=confidence)
+    cases = default_cases() if cases is None else cases
+    progress = progress or Progress()
+    allowance = false_alarm_allowance(seeds, confidence)
+    start = time.perf_counter()
+    rows = []
+    with progress.task("self-test", total=len(cases) * seeds) as advance:
+        for ci, case in enumerate(cases):
+            claimed = float(case.claimed_epsilon(delta))
+            bounds, flagged = [], 0
+            for seed in range(seeds):
+                rng = np.random.default_rng([seed, ci])
+                s_in, s_out = case.simulate(rng, trials)
+                res = audit_scores(
+                    np.concatenate([s_in, s_out]),
+                    np.r_[np.ones(len(s_in), bool), np.zeros(len(s_out), bool)],
+                    method=method,
+                    delta=delta,
+                    confidence=confidence,
+                    claimed_epsilon=claimed,
+                    threshold_selection=threshold_selection,
+                    seed=seed,
+                )
+                bounds.append(res.epsilon_lower_bound)
+                flagged += res.verdict == "violation"
+                advance(1)
+            frac = flagged / seeds
+            if case.planted_bug:
+                expected, ok = f">= {REQUIRED_DETECTION:.0%}", frac >= REQUIRED_DETECTION
+            else:
+                expected, ok = f"<= {1 - confidence:.0%}", flagged <= allowance
+            rows.append(
+                SelftestRow(
+                    case.name,
+                    case.description,
+                    case.planted_bug,
+                    claimed,
+                    float(np.median(bounds)),
+                    frac,
+                    expected,
+                    bool(ok),
+                )
+            )
+    return SelftestReport(
+        tuple(rows), seeds, trials, confidence, delta, method, threshold_selection, time.perf_counter() - start
+    )

@@ -1,0 +1,75 @@
+"""The auditor's self-test: power against planted bugs, false alarms on correct mechanisms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpaudit.audit.selftest import (
+    REQUIRED_DETECTION,
+    SelftestCase,
+    default_cases,
+    false_alarm_allowance,
+    poisson_dpsgd_epsilon,
+    run_selftest,
+)
+
+
+def test_false_alarm_allowance_is_the_binomial_quantile():
+    assert false_alarm_allowance(200, 0.95) == 21
+    assert false_alarm_allowance(50, 0.95) == int(stats.binom.ppf(0.999, 50, 0.05))
+    assert stats.binom.sf(false_alarm_allowance(50, 0.95), 50, 0.05) <= 1e-3
+
+
+def test_planted_bugs_claim_at_most_two():
+    # The brief's bar: every bug is caught at a claimed ε ≤ 2 (δ = 1e-5).
+    for case in default_cases():
+        if case.planted_bug:
+            assert case.claimed_epsilon(1e-5) <= 2.0, case.name
+
+
+def test_claims_come_from_the_accountant():
+    # DP-SGD claims are the PLD accountant's; more steps or less noise must cost more ε.
+    assert poisson_dpsgd_epsilon(0.1, 2.5, 100, 1e-5) < poisson_dpsgd_epsilon(0.1, 2.5, 200, 1e-5)
+    assert poisson_dpsgd_epsilon(0.1, 2.5, 100, 1e-5) < poisson_dpsgd_epsilon(0.1, 2.0, 100, 1e-5)
+
+
+def test_report_table_and_dict_on_tiny_cases():
+    cases = [
+        SelftestCase("null", "identical outputs", False, lambda d: 1.0,
+                     lambda rng, n: (rng.normal(size=n), rng.normal(size=n))),
+        SelftestCase("leak", "outputs reveal the bit", True, lambda d: 0.5,
+                     lambda rng, n: (rng.normal(10, 1, n), rng.normal(0, 1, n))),
+    ]  # fmt: skip
+    rep = run_selftest(seeds=3, trials=300, cases=cases)
+    assert [r.passed for r in rep.rows] == [True, True]
+    assert rep.mutation_score == 1.0 and rep.false_alarm_rate == 0.0 and rep.passed
+    table = rep.table()
+    assert "identical outputs" in table and "mutation score: 1/1" in table
+    d = rep.to_dict()
+    assert d["rows"][1]["flagged_fraction"] == 1.0 and d["bugs_caught"] == 1
+
+
+@pytest.mark.slow
+def test_default_selftest_catches_every_planted_bug():
+    rep = run_selftest()  # the defaults of `dpaudit audit selftest`
+    for row in rep.rows:
+        if row.planted_bug:
+            assert row.flagged_fraction >= REQUIRED_DETECTION, row
+            assert row.median_lower_bound > row.claimed_epsilon
+        else:
+            assert row.flagged_fraction * rep.seeds <= false_alarm_allowance(rep.seeds, rep.confidence), row
+    assert rep.mutation_score == 1.0 and rep.passed
+    assert rep.runtime_s < 120  # ~20 s on 2 cores; the brief's budget is ~1 minute
+
+
+@pytest.mark.slow
+def test_correct_mechanism_false_alarms_stay_within_the_confidence_budget_over_200_seeds():
+    # The correct cases alone, with enough seeds to measure a false-alarm rate against α = 5%.
+    cases = [c for c in default_cases() if not c.planted_bug]
+    rep = run_selftest(seeds=200, trials=1000, cases=cases)
+    allowed = false_alarm_allowance(200, 0.95)
+    for row in rep.rows:
+        assert round(row.flagged_fraction * 200) <= allowed, row
+    assert np.isfinite(rep.false_alarm_rate)

@@ -1,0 +1,128 @@
+"""Clopper–Pearson bounds and the two rate-to-privacy conversions, against independent oracles."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from dpaudit.accounting.gdp import gdp_delta
+from dpaudit.audit import clopper_pearson_lower, clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
+
+CASES = [(0, 1), (0, 10), (3, 10), (10, 10), (1, 1000), (500, 1000), (999, 1000), (7, 100_000)]
+
+
+@pytest.mark.parametrize(("k", "n"), CASES)
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+def test_clopper_pearson_matches_scipy_binomtest(k, n, alpha):
+    # scipy's exact one-sided intervals: alternative='less' gives [0, upper], 'greater' gives [lower, 1].
+    up = stats.binomtest(k, n, alternative="less").proportion_ci(1 - alpha, method="exact").high
+    lo = stats.binomtest(k, n, alternative="greater").proportion_ci(1 - alpha, method="exact").low
+    # rel 1e-6: scipy forms 1 − α first and is the less accurate of the two (see the mpmath test below).
+    assert clopper_pearson_upper(k, n, alpha) == pytest.approx(up, rel=1e-6, abs=1e-15)
+    assert clopper_pearson_lower(k, n, alpha) == pytest.approx(lo, rel=1e-6, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "alpha"), [(7, 100_000, 0.01), (0, 50, 1e-9), (1, 1000, 1e-6), (30, 60, 1e-4), (3, 20, 0.2)]
+)
+def test_clopper_pearson_solves_the_binomial_tail_equation_exactly(k, n, alpha):
+    # High-precision oracle: P[Bin(n, upper) <= k] = α and P[Bin(n, lower) >= k] = α.
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 40
+
+    def cdf(p, kk):
+        p = mp.mpf(p)
+        return mp.fsum(mp.binomial(n, j) * p**j * (1 - p) ** (n - j) for j in range(kk + 1))
+
+    up = clopper_pearson_upper(k, n, alpha)
+    assert float(cdf(up, k)) == pytest.approx(alpha, rel=1e-9)
+    if k > 0:
+        lo = clopper_pearson_lower(k, n, alpha)
+        assert float(1 - cdf(lo, k - 1)) == pytest.approx(alpha, rel=1e-9)
+
+
+@pytest.mark.parametrize(("k", "n"), [c for c in CASES if c[0] < c[1]])
+def test_clopper_pearson_upper_is_beta_quantile(k, n):
+    assert clopper_pearson_upper(k, n, 0.025) == pytest.approx(stats.beta.ppf(0.975, k + 1, n - k), rel=1e-9)
+
+
+def test_clopper_pearson_vectorised_and_edge_values():
+    k = np.array([0, 5, 10])
+    out = clopper_pearson_upper(k, 10, 0.05)
+    assert out.shape == (3,) and out[-1] == 1.0
+    assert out[0] == pytest.approx(1 - 0.05 ** (1 / 10), rel=1e-12)  # k = 0: 1 − α^(1/n)
+    assert clopper_pearson_lower(0, 10, 0.05) == 0.0
+
+
+@pytest.mark.parametrize("n", [5, 40, 200])
+@pytest.mark.parametrize("p", [0.01, 0.3, 0.5, 0.93])
+def test_clopper_pearson_exact_coverage(n, p):
+    # Exact coverage by enumeration: P_k~Bin(n,p)[upper(k) >= p] >= 1 − α (and the same for lower).
+    k = np.arange(n + 1)
+    pmf = stats.binom.pmf(k, n, p)
+    assert pmf[clopper_pearson_upper(k, n, 0.05) >= p].sum() >= 0.95 - 1e-12
+    assert pmf[clopper_pearson_lower(k, n, 0.05) <= p].sum() >= 0.95 - 1e-12
+
+
+def test_hypothesis_test_epsilon_values():
+    # ln((1 − δ − FPR)/FNR) and ln((1 − δ − FNR)/FPR), whichever is larger, clamped at 0.
+    assert hypothesis_test_epsilon(0.01, 0.5, 0.0) == pytest.approx(math.log(0.5 / 0.01))
+    assert hypothesis_test_epsilon(0.5, 0.01, 1e-3) == pytest.approx(math.log((1 - 1e-3 - 0.5) / 0.01))
+    assert hypothesis_test_epsilon(0.5, 0.5, 0.0) == 0.0
+    assert hypothesis_test_epsilon(0.7, 0.7, 0.0) == 0.0
+    assert hypothesis_test_epsilon(1.0, 1.0, 0.0) == 0.0
+
+
+def test_hypothesis_test_epsilon_is_tight_for_randomized_response():
+    # ε-DP randomised response: FPR = FNR = 1/(1+e^ε) at the threshold between its two outputs.
+    for eps in (0.1, 1.0, 3.0):
+        r = 1 / (1 + math.exp(eps))
+        assert hypothesis_test_epsilon(r, r, 0.0) == pytest.approx(eps, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(1e-6, 1.0),
+    st.floats(1e-6, 1.0),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 0.5),
+)
+def test_hypothesis_test_epsilon_decreases_in_rates(fpr, fnr, shrink, delta):
+    # Plugging in larger (upper-bound) rates can only lower the bound.
+    e = hypothesis_test_epsilon(fpr, fnr, delta)
+    assert e >= 0.0
+    assert hypothesis_test_epsilon(fpr * shrink, fnr, delta) >= e - 1e-12 or fpr * shrink == 0.0
+    assert hypothesis_test_epsilon(fpr, fnr * shrink, delta) >= e - 1e-12 or fnr * shrink == 0.0
+
+
+@pytest.mark.parametrize("mu", [0.1, 0.5, 1.0, 2.0, 4.0])
+@pytest.mark.parametrize("t", [-1.0, 0.3, 1.7])
+def test_gdp_mu_recovers_mu_from_exact_gaussian_rates(mu, t):
+    # Scores N(μ,1) (member) vs N(0,1), threshold t: FPR = 1 − Φ(t), FNR = Φ(t − μ).
+    fpr, fnr = stats.norm.sf(t), stats.norm.cdf(t - mu)
+    assert gdp_mu_lower_bound(fpr, fnr) == pytest.approx(mu, rel=1e-9)
+    assert gdp_mu_lower_bound(fnr, fpr) == pytest.approx(mu, rel=1e-9)  # symmetric
+
+
+def test_gdp_mu_is_zero_without_signal():
+    assert gdp_mu_lower_bound(0.5, 0.5) == 0.0
+    assert gdp_mu_lower_bound(0.8, 0.6) == 0.0  # FPR + FNR > 1 means "worse than guessing"
+    assert gdp_mu_lower_bound(1.0, 0.0) == 0.0
+
+
+def test_hypothesis_bound_never_exceeds_gdp_truth():
+    # For a μ-GDP curve every (FPR, FNR) pair respects (ε(δ), δ): the HT bound at exact rates ≤ ε(δ).
+    from dpaudit.accounting.gdp import gdp_epsilon
+
+    mu, delta = 1.5, 1e-3
+    eps = gdp_epsilon(mu, delta)
+    t = np.linspace(-6, 8, 2001)
+    e = hypothesis_test_epsilon(stats.norm.sf(t), stats.norm.cdf(t - mu), delta)
+    assert e.max() <= eps + 1e-9
+    assert e.max() == pytest.approx(eps, rel=1e-2)  # and the LR test at the right threshold attains it
+    assert gdp_delta(mu, e.max()) >= delta * (1 - 1e-6)
