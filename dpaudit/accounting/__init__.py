@@ -1,0 +1,121 @@
+"""Privacy accounting: accountants consume :mod:`dpaudit.events` and report (epsilon, delta).
+
+Pure numpy/scipy (no torch/jax). Convenience API used by the trainers::
+
+    event = dpsgd_event(noise_multiplier=1.1, sample_rate=256 / 60000, steps=14063)
+    epsilon_for(event, delta=1e-5)                      # RDP, add/remove neighbours
+    epsilon_for(event, delta=1e-5, accountant="pld")    # tighter
+    calibrate_noise_multiplier(target_epsilon=3.0, delta=1e-5,
+                               make_event=lambda s: dpsgd_event(noise_multiplier=s, sample_rate=q, steps=T))
+"""
+
+from __future__ import annotations
+
+from dpaudit.accounting.analytic_gaussian import (
+    analytic_gaussian_delta,
+    analytic_gaussian_epsilon,
+    analytic_gaussian_sigma,
+)
+from dpaudit.accounting.base import NEIGHBOURING, Accountant
+from dpaudit.accounting.calibration import calibrate_noise_multiplier as _calibrate_noise_multiplier
+from dpaudit.accounting.calibration import calibrate_sample_rate, calibrate_steps
+from dpaudit.accounting.classic import advanced_composition, amplification_by_subsampling, basic_composition
+from dpaudit.accounting.gdp import (
+    GdpAccountant,
+    epsilon_delta_tradeoff,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu_from_epsilon_delta,
+    gdp_mu_poisson_clt,
+    gdp_tradeoff,
+)
+from dpaudit.accounting.pld import PldAccountant
+from dpaudit.accounting.rdp import RdpAccountant
+from dpaudit.accounting.zcdp import ZcdpAccountant, zcdp_epsilon, zcdp_epsilon_simple
+from dpaudit.errors import InputError
+from dpaudit.events import Event, Gaussian, JLGaussian, PoissonSampled, SelfComposed
+from dpaudit.validation import check_in_interval, check_non_negative, check_positive_int
+
+__all__ = [
+    "ACCOUNTANTS",
+    "NEIGHBOURING",
+    "Accountant",
+    "GdpAccountant",
+    "PldAccountant",
+    "RdpAccountant",
+    "ZcdpAccountant",
+    "advanced_composition",
+    "amplification_by_subsampling",
+    "analytic_gaussian_delta",
+    "analytic_gaussian_epsilon",
+    "analytic_gaussian_sigma",
+    "basic_composition",
+    "calibrate_noise_multiplier",
+    "calibrate_sample_rate",
+    "calibrate_steps",
+    "dpsgd_event",
+    "epsilon_delta_tradeoff",
+    "epsilon_for",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu_from_epsilon_delta",
+    "gdp_mu_poisson_clt",
+    "gdp_tradeoff",
+    "make_accountant",
+    "zcdp_epsilon",
+    "zcdp_epsilon_simple",
+]
+
+ACCOUNTANTS: dict[str, type[Accountant]] = {
+    "rdp": RdpAccountant,
+    "pld": PldAccountant,
+    "gdp": GdpAccountant,
+    "zcdp": ZcdpAccountant,
+}
+
+
+def make_accountant(name: str, *, neighbouring: str = "add_remove") -> Accountant:
+    """A fresh accountant by name: ``"rdp"``, ``"pld"``, ``"gdp"`` (CLT for subsampling: approximate)
+    or ``"zcdp"``. Unknown names raise :class:`InputError` listing the valid ones."""
+    if name not in ACCOUNTANTS:
+        raise InputError(f"unknown accountant {name!r}; valid: {', '.join(ACCOUNTANTS)}")
+    return ACCOUNTANTS[name](neighbouring=neighbouring)
+
+
+def dpsgd_event(*, noise_multiplier: float, sample_rate: float, steps: int, jl_projections: int | None = None) -> Event:
+    """DP-SGD with Poisson sampling: SelfComposed(PoissonSampled(q, Gaussian(sigma)), T).
+
+    With ``jl_projections`` = r the inner mechanism is JLGaussian(sigma, r) (DP-SGD-JL; account
+    with ``"pld"``). sigma is relative to the clipping norm; sigma = 0 is allowed (epsilon = inf).
+    """
+    check_non_negative(noise_multiplier=noise_multiplier)
+    check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
+    steps = check_positive_int(steps=steps)
+    inner: Event = (
+        Gaussian(noise_multiplier)
+        if jl_projections is None
+        else JLGaussian(noise_multiplier, check_positive_int(jl_projections=jl_projections))
+    )
+    return SelfComposed(PoissonSampled(sample_rate, inner), steps)
+
+
+def epsilon_for(event: Event, delta: float, accountant: str = "rdp", *, neighbouring: str = "add_remove") -> float:
+    """epsilon(delta) of ``event`` with a fresh accountant of the given name (formal for rdp/pld/zcdp)."""
+    return make_accountant(accountant, neighbouring=neighbouring).compose(event).epsilon(delta)
+
+
+def calibrate_noise_multiplier(
+    *, target_epsilon, delta, make_event, accountant="rdp", neighbouring="add_remove"
+) -> float:
+    """Smallest noise multiplier with epsilon(make_event(sigma)) <= target_epsilon (verified).
+
+    See :func:`dpaudit.accounting.calibration.calibrate_noise_multiplier` for the tolerance and
+    bracket options. Raises :class:`~dpaudit.errors.UnreachableTargetError` if unreachable.
+    """
+    return _calibrate_noise_multiplier(
+        target_epsilon=target_epsilon,
+        delta=delta,
+        make_event=make_event,
+        accountant=accountant,
+        neighbouring=neighbouring,
+    )

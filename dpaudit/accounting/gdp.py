@@ -1,4 +1,4 @@
-"""Gaussian differential privacy (μ-GDP): conversions to (ε, δ).
+"""Gaussian differential privacy (μ-GDP): conversions to (ε, δ), tradeoff curves, accountant.
 
 Reference: Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022 (arXiv:1905.02383).
 """
@@ -6,11 +6,15 @@ Reference: Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022 (arXiv:
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy import optimize, special
 
-from dpaudit.validation import check_in_interval, check_non_negative
+from dpaudit.accounting.base import Accountant, effective_gaussian_noise_multiplier, replace_factor, unsupported
+from dpaudit.errors import InputError
+from dpaudit.events import Event, Gaussian, GNMax, JLGaussian, PoissonSampled
+from dpaudit.validation import check_in_interval, check_non_negative, check_positive_int
 
 
 def gdp_delta(mu: float, epsilon: float) -> float:
@@ -76,3 +80,144 @@ def gdp_mu_from_epsilon_delta(epsilon: float, delta: float) -> float:
         if hi > 1e4:
             return math.inf
     return float(optimize.brentq(lambda m: gdp_delta(m, epsilon) - delta, 1e-12, hi, xtol=1e-14))
+
+
+# --------------------------------------------------------------------------------------------
+# Tradeoff curves (f-DP), used by plots and audits
+# --------------------------------------------------------------------------------------------
+
+
+def gdp_tradeoff(mu: float, alpha):
+    """Type-II error beta = G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu) of the best test at type-I error alpha.
+
+    Dong, Roth & Su 2022, Def. 2.4 (G_mu = T(N(0,1), N(mu,1))). ``alpha`` may be an array; the
+    result has its shape. Computed as Phi(-(Phi^-1(alpha) + mu)) with scipy's ndtri/ndtr, which
+    is exact at alpha in {0, 1}.
+    """
+    mu = check_non_negative(mu=mu)
+    a = np.asarray(alpha, dtype=np.float64)
+    if np.any((a < 0.0) | (a > 1.0) | np.isnan(a)):
+        raise InputError("expected alpha in [0, 1]")
+    if math.isinf(mu):
+        out = np.zeros_like(a)
+    else:
+        out = special.ndtr(-(special.ndtri(a) + mu))
+    return out if out.ndim else float(out)
+
+
+def epsilon_delta_tradeoff(epsilon: float, delta: float, alpha):
+    """Tradeoff curve of (epsilon, delta)-DP: f(alpha) = max{0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha)}.
+
+    Dong, Roth & Su 2022 (arXiv:1905.02383), Prop. 2.5. ``alpha`` may be an array.
+    """
+    eps = check_non_negative(epsilon=epsilon)
+    dlt = check_in_interval(0.0, 1.0, lo_open=False, hi_open=False, delta=delta)
+    a = np.asarray(alpha, dtype=np.float64)
+    if np.any((a < 0.0) | (a > 1.0) | np.isnan(a)):
+        raise InputError("expected alpha in [0, 1]")
+    with np.errstate(over="ignore", invalid="ignore"):
+        first = np.where(a > 0.0, 1.0 - dlt - math.exp(min(eps, 700.0)) * a, 1.0 - dlt)
+    second = math.exp(-eps) * (1.0 - dlt - a)
+    out = np.maximum(0.0, np.maximum(first, second))
+    return out if out.ndim else float(out)
+
+
+def gdp_mu_poisson_clt(sample_rate: float, noise_multiplier: float, steps: int) -> float:
+    """Approximate mu of T Poisson-subsampled Gaussian steps by the central limit theorem.
+
+    Approximate (NOT a formal guarantee; can under-report epsilon, badly so for small T or large q):
+        mu = q sqrt(T (e^(1/sigma^2) - 1))
+    (Bu, Dong, Long & Su 2020, arXiv:1911.11607, Sec. 3 "mu_CLT"; seed paper Prop. B.3 with
+    chi^2(G_(1/sigma)) = e^(1/sigma^2) - 1). e^(1/sigma^2) - 1 is computed with expm1.
+    """
+    q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
+    sigma = check_non_negative(noise_multiplier=noise_multiplier)
+    steps = check_positive_int(steps=steps)
+    if sigma == 0.0:
+        return math.inf
+    inv = 1.0 / sigma
+    x = inv * inv
+    if x > 700.0:
+        return math.inf
+    return q * math.sqrt(steps * math.expm1(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Accountant
+# --------------------------------------------------------------------------------------------
+
+CLT_WARNING = (
+    "GDP accounting of Poisson-subsampled Gaussians uses the central limit theorem (Bu et al. 2020): "
+    "it is an approximation and can under-report epsilon; use the rdp or pld accountant for a formal guarantee"
+)
+
+
+class GdpAccountant(Accountant):
+    """mu-GDP accountant: composition adds mu^2 (Dong, Roth & Su 2022, Cor. 3.3).
+
+    Formal for Gaussian and GNMax leaves (Gaussian(sigma) is exactly (Delta/sigma)-GDP, ibid.
+    Thm. 2.7). Approximate for PoissonSampled(Gaussian) (CLT, emits a ``UserWarning`` each time
+    one is composed). JLGaussian is rejected: its chi^2(f) is infinite so the CLT does not apply
+    (seed paper, Prop. B.5).
+    """
+
+    name = "gdp"
+
+    def __init__(self, *, neighbouring: str = "add_remove") -> None:
+        super().__init__(neighbouring=neighbouring)
+        self.mu_squared = 0.0
+        self.approximate = False
+        self._empty = True
+
+    @property
+    def mu(self) -> float:
+        """Composed mu (sqrt of the sum of squared per-step mu)."""
+        return math.sqrt(self.mu_squared)
+
+    def _leaf(self, event: Event) -> tuple[float, bool]:
+        sens = replace_factor(self.neighbouring)
+        if isinstance(event, Gaussian):
+            s = event.noise_multiplier
+            return (math.inf if s == 0.0 else (sens / s) * (sens / s)), False
+        if isinstance(event, GNMax):
+            s = event.sigma
+            return (math.inf if s == 0.0 else 2.0 * (1.0 / s) * (1.0 / s)), False
+        if isinstance(event, PoissonSampled):
+            if self.neighbouring != "add_remove":
+                raise unsupported(self.name, event, "Poisson subsampling is accounted with neighbouring='add_remove'")
+            if isinstance(event.event, JLGaussian):
+                raise unsupported(
+                    self.name, event.event, "the GDP central limit theorem does not apply to DP-SGD-JL; use pld"
+                )
+            sigma = effective_gaussian_noise_multiplier(event.event)
+            if isinstance(sigma, Event):
+                raise unsupported(self.name, sigma, "only Gaussian mechanisms are supported inside subsampling")
+            if event.sample_rate == 1.0:  # no subsampling: exactly (1/sigma)-GDP, no CLT needed
+                return (math.inf if sigma == 0.0 else (1.0 / sigma) * (1.0 / sigma)), False
+            # Per-step contribution to mu^2 under the CLT: q^2 (e^(1/sigma^2) - 1).
+            mu1 = gdp_mu_poisson_clt(event.sample_rate, sigma, 1)
+            return mu1 * mu1, True
+        if isinstance(event, JLGaussian):
+            raise unsupported(
+                self.name, event, "DP-SGD-JL is not mu-GDP for any finite mu (seed paper Prop. B.5); use pld"
+            )
+        raise unsupported(self.name, event, "no GDP bound for this mechanism")
+
+    def _accumulate(self, rep: tuple[float, bool], count: int) -> None:
+        mu_sq, approximate = rep
+        if approximate:
+            warnings.warn(CLT_WARNING, UserWarning, stacklevel=4)
+            self.approximate = True
+        self.mu_squared = self.mu_squared + count * mu_sq
+        self._empty = False
+
+    def _is_empty(self) -> bool:
+        return self._empty
+
+    def _epsilon(self, delta: float) -> float:
+        if delta == 0.0:
+            return 0.0 if self.mu_squared == 0.0 else math.inf
+        return gdp_epsilon(self.mu, delta)
+
+    def _delta(self, epsilon: float) -> float:
+        return gdp_delta(self.mu, epsilon)

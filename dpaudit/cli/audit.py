@@ -168,5 +168,120 @@ def selftest_cmd(
         raise typer.Exit(EXIT_VIOLATION)
 
 
+def _emit_workflow(result: dict, *, json_flag: bool, fail_on_violation: bool) -> None:
+    from dpaudit.audit.result import AuditResult
+
+    audit = AuditResult(**{**result["audit"], "notes": tuple(result["audit"]["notes"])})
+    payload = {**result["audit"], **{k: v for k, v in result.items() if k != "audit"}}
+    emit(payload, f"source: {result['source']}\n" + describe(audit), json_flag=json_flag)
+    if fail_on_violation and audit.verdict == "violation":
+        raise typer.Exit(EXIT_VIOLATION)
+
+
+@audit_app.command("checkpoint")
+def checkpoint_cmd(
+    run: Annotated[Path, typer.Argument(help="Run directory written by `dpaudit train`.")],
+    delta: Annotated[float | None, typer.Option("--delta", help="delta (default: the claim's, else 1e-5).")] = None,
+    confidence: ConfidenceOpt = 0.95,
+    method: Annotated[
+        str | None,
+        typer.Option("--method", help="one-run (default with canaries) | clopper-pearson (default) | gdp."),
+    ] = None,
+    attack: Annotated[
+        str, typer.Option("--attack", help="Attack without canaries: loss | lira | shadow | ...")
+    ] = "loss",
+    claimed_epsilon: Annotated[
+        float | None, typer.Option("--claimed-epsilon", help="Claimed epsilon (default: the checkpoint's claim).")
+    ] = None,
+    reference_models: Annotated[int, typer.Option("--reference-models", help="For --attack lira.")] = 8,
+    workers: Annotated[int, typer.Option("--workers", help="Parallel reference-model training.")] = 1,
+    seed: SeedOpt = 0,
+    fail_on_violation: FailOnViolationOpt = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Audit a checkpoint: a formal one-run audit of its canaries, or an attack-based estimate without them."""
+    from dpaudit.auditing import audit_checkpoint
+
+    result = audit_checkpoint(
+        run,
+        method=method,
+        attack=attack,
+        delta=delta,
+        confidence=confidence,
+        claimed_epsilon=claimed_epsilon,
+        reference_models=reference_models,
+        workers=workers,
+        seed=seed,
+        progress=progress(json_output),
+    )
+    _emit_workflow(result, json_flag=json_output, fail_on_violation=fail_on_violation)
+
+
+@audit_app.command("train")
+def train_cmd(
+    runs: Annotated[int, typer.Option("--runs", help="Models trained with the canary (and as many without).")] = 100,
+    threat_model: Annotated[str, typer.Option("--threat-model", help="black-box | white-box.")] = "black-box",
+    canary_kind: Annotated[
+        str, typer.Option("--canary-kind", help="Black-box canary: clipbkd | mislabeled | outlier.")
+    ] = "clipbkd",
+    data: Annotated[str, typer.Option("--data", help="Dataset (as for dpaudit train).")] = "digits",
+    label_column: Annotated[str | None, typer.Option("--label-column")] = None,
+    model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "logreg",
+    train_size: Annotated[int | None, typer.Option("--train-size", help="Train on a subset of the members.")] = None,
+    algo: Annotated[str, typer.Option("--algo", help="sgd | adam | dpsgd | dpadam")] = "dpsgd",
+    epochs: Annotated[int, typer.Option("--epochs")] = 5,
+    steps: Annotated[int | None, typer.Option("--steps")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 64,
+    lr: Annotated[float, typer.Option("--lr")] = 1.0,
+    noise_multiplier: Annotated[float | None, typer.Option("--noise-multiplier")] = None,
+    epsilon: Annotated[float | None, typer.Option("--epsilon", help="Target epsilon (calibrates sigma).")] = None,
+    clip: Annotated[float, typer.Option("--clip")] = 1.0,
+    train_delta: Annotated[float, typer.Option("--train-delta", help="delta of the training claim.")] = 1e-5,
+    delta: Annotated[float | None, typer.Option("--delta", help="delta of the audit (default: the claim's).")] = None,
+    confidence: ConfidenceOpt = 0.95,
+    method: Annotated[str, typer.Option("--method", help="clopper-pearson | gdp.")] = "clopper-pearson",
+    claimed_epsilon: Annotated[
+        float | None, typer.Option("--claimed-epsilon", help="Claimed epsilon (default: the recipe's claim).")
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Parallel training processes.")] = 1,
+    seed: SeedOpt = 0,
+    fail_on_violation: FailOnViolationOpt = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Multi-run audit: train R models with and R without a canary, bound epsilon from their scores."""
+    from dpaudit.auditing import audit_training
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from dpaudit.validation import check_choice
+
+    check_choice(("clopper-pearson", "gdp"), method=method)
+    dp = None
+    if algo.startswith("dp"):
+        dp = DPConfig(clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, delta=train_delta)
+    elif noise_multiplier is not None or epsilon is not None:
+        raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
+    config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
+    ds = load_dataset(data, label_column=label_column)
+    spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
+    result = audit_training(
+        ds,
+        spec,
+        config,
+        runs=runs,
+        train_size=train_size,
+        threat_model=threat_model,
+        canary_kind=canary_kind,
+        method=method,
+        delta=delta,
+        confidence=confidence,
+        claimed_epsilon=claimed_epsilon,
+        seed=seed,
+        workers=workers,
+        progress=progress(json_output),
+    )
+    _emit_workflow(result, json_flag=json_output, fail_on_violation=fail_on_violation)
+
+
 def register(app: App) -> None:
     app.add_typer(audit_app, name="audit", help="Empirical privacy audits: epsilon lower bounds and verdicts.")

@@ -1,0 +1,163 @@
+"""Generic calibration: find the parameter that meets a privacy target, over (accountant, event) factories.
+
+Each function searches a monotone parameter (noise multiplier up = more private; steps or sample
+rate up = less private) with bracketing + bisection, and *verifies* the returned value with a
+fresh accountant before returning it: epsilon(result) <= target_epsilon always holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from dpaudit.accounting.base import Accountant
+from dpaudit.errors import DPAuditError, InputError, UnreachableTargetError
+from dpaudit.events import Event
+from dpaudit.validation import check_in_interval, check_positive, check_positive_int
+
+
+def _make(accountant: str | Callable[[], Accountant], neighbouring: str) -> Callable[[], Accountant]:
+    if callable(accountant):
+        return accountant
+    from dpaudit.accounting import make_accountant
+
+    make_accountant(accountant, neighbouring=neighbouring)  # validate the name now
+    return lambda: make_accountant(accountant, neighbouring=neighbouring)
+
+
+def _epsilon_of(factory: Callable[[], Accountant], event: Event, delta: float) -> float:
+    return factory().compose(event).epsilon(delta)
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    make_event: Callable[[float], Event],
+    accountant: str | Callable[[], Accountant] = "rdp",
+    neighbouring: str = "add_remove",
+    tol: float = 1e-4,
+    max_noise_multiplier: float = 1e4,
+) -> float:
+    """Smallest noise multiplier sigma (to relative tolerance ``tol``) with epsilon(make_event(sigma)) <= target.
+
+    Formal guarantee: the returned sigma is checked with a fresh accountant before it is returned.
+    Assumes epsilon decreases with sigma. Raises :class:`UnreachableTargetError` if even
+    ``max_noise_multiplier`` does not reach the target.
+    """
+    target = check_positive(target_epsilon=target_epsilon)
+    delta = check_in_interval(0.0, 1.0, delta=delta)
+    tol = check_in_interval(0.0, 1.0, tol=tol)
+    factory = _make(accountant, neighbouring)
+
+    def eps(sigma: float) -> float:
+        return _epsilon_of(factory, make_event(sigma), delta)
+
+    hi = 1.0
+    while eps(hi) > target:
+        hi *= 2.0
+        if hi > max_noise_multiplier:
+            raise UnreachableTargetError(
+                f"target epsilon {target:g} at delta {delta:g} is not reachable with noise_multiplier "
+                f"<= {max_noise_multiplier:g}"
+            )
+    lo = hi / 2.0
+    while eps(lo) <= target:
+        hi, lo = lo, lo / 2.0
+        if lo < 1e-8:
+            return _verified(hi, eps, target)
+    while (hi - lo) > tol * hi:
+        mid = math.sqrt(lo * hi) if hi / lo > 2.0 else 0.5 * (lo + hi)
+        if eps(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return _verified(hi, eps, target)
+
+
+def _verified(value, eps: Callable, target: float):
+    achieved = eps(value)
+    if not achieved <= target:  # also catches NaN
+        raise DPAuditError(f"calibration could not verify epsilon {achieved} <= {target}")  # pragma: no cover
+    return value
+
+
+def calibrate_steps(
+    *,
+    target_epsilon: float,
+    delta: float,
+    make_event: Callable[[int], Event],
+    accountant: str | Callable[[], Accountant] = "rdp",
+    neighbouring: str = "add_remove",
+    max_steps: int = 10**7,
+) -> int:
+    """Largest number of steps T <= max_steps with epsilon(make_event(T)) <= target.
+
+    Formal guarantee (verified). Assumes epsilon increases with T. Raises
+    :class:`UnreachableTargetError` when even one step exceeds the target.
+    """
+    target = check_positive(target_epsilon=target_epsilon)
+    delta = check_in_interval(0.0, 1.0, delta=delta)
+    max_steps = check_positive_int(max_steps=max_steps)
+    factory = _make(accountant, neighbouring)
+
+    def eps(t: int) -> float:
+        return _epsilon_of(factory, make_event(t), delta)
+
+    if eps(1) > target:
+        raise UnreachableTargetError(f"a single step already exceeds epsilon {target:g} at delta {delta:g}")
+    lo, hi = 1, 2
+    while hi <= max_steps and eps(hi) <= target:
+        lo, hi = hi, hi * 2
+    if hi > max_steps:
+        if eps(max_steps) <= target:
+            return max_steps
+        hi = max_steps
+    while hi - lo > 1:  # eps(lo) <= target < eps(hi)
+        mid = (lo + hi) // 2
+        if eps(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return _verified(lo, eps, target)
+
+
+def calibrate_sample_rate(
+    *,
+    target_epsilon: float,
+    delta: float,
+    make_event: Callable[[float], Event],
+    accountant: str | Callable[[], Accountant] = "rdp",
+    neighbouring: str = "add_remove",
+    tol: float = 1e-4,
+    min_sample_rate: float = 1e-9,
+) -> float:
+    """Largest sample rate q in (0, 1] (to relative tolerance ``tol``) with epsilon(make_event(q)) <= target.
+
+    Formal guarantee (verified). Assumes epsilon increases with q. Raises
+    :class:`UnreachableTargetError` when even ``min_sample_rate`` exceeds the target.
+    """
+    target = check_positive(target_epsilon=target_epsilon)
+    delta = check_in_interval(0.0, 1.0, delta=delta)
+    tol = check_in_interval(0.0, 1.0, tol=tol)
+    if not 0.0 < min_sample_rate < 1.0:
+        raise InputError(f"expected min_sample_rate in (0, 1), got {min_sample_rate}")
+    factory = _make(accountant, neighbouring)
+
+    def eps(q: float) -> float:
+        return _epsilon_of(factory, make_event(q), delta)
+
+    if eps(1.0) <= target:
+        return 1.0
+    if eps(min_sample_rate) > target:
+        raise UnreachableTargetError(
+            f"target epsilon {target:g} at delta {delta:g} is not reachable with sample_rate >= {min_sample_rate:g}"
+        )
+    lo, hi = min_sample_rate, 1.0  # eps(lo) <= target < eps(hi)
+    while (hi - lo) > tol * lo:
+        mid = math.sqrt(lo * hi) if hi / lo > 2.0 else 0.5 * (lo + hi)
+        if eps(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return _verified(lo, eps, target)

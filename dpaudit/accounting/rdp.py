@@ -1,0 +1,500 @@
+"""Rényi differential privacy (RDP) accountant.
+
+An (alpha, r)-RDP guarantee bounds the Rényi divergence D_alpha(M(D) || M(D')) <= r
+(Mironov 2017, arXiv:1702.07476, Def. 4). RDP composes by adding r at every order
+(ibid., Prop. 1); the accountant keeps one vector r(alpha) over a fixed grid of orders and converts
+to (epsilon, delta) at the end with the improved conversion of Canonne, Kamath & Steinke 2020
+(arXiv:2004.00010, Prop. 12) / Balle et al. 2020 (arXiv:1905.09982, Thm. 21).
+
+All values are natural-log units (nats). Numerics: moment sums are accumulated in log space
+(logsumexp) because the individual terms overflow float64 already at moderate orders.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import special
+
+from dpaudit.accounting.base import (
+    Accountant,
+    effective_gaussian_noise_multiplier,
+    replace_factor,
+    unsupported,
+)
+from dpaudit.events import (
+    ZCDP,
+    EpsilonDelta,
+    Event,
+    FixedSizeSampled,
+    Gaussian,
+    GNMax,
+    JLGaussian,
+    Laplace,
+    LNMax,
+    PoissonSampled,
+    RandomizedResponse,
+)
+from dpaudit.validation import check_in_interval, check_non_negative
+
+# The grid of dp_accounting's RdpAccountant (fine fractional orders near 1, all integers up to 63,
+# powers of two beyond), extended by 2048 and 4096 for very small per-step costs. Extra orders
+# can only lower (tighten) the reported epsilon, never raise it.
+DEFAULT_ORDERS: tuple[float, ...] = (
+    *(1.0 + x / 10.0 for x in range(1, 100)),
+    *(float(a) for a in range(11, 64)),
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+)
+
+# Orders up to which the sampling-without-replacement bound uses the tighter Theorem 27 of
+# Wang, Balle & Kasiviswanathan 2019 (cost grows quadratically with the order).
+_WOR_EXACT_MAX_ORDER = 256
+
+
+# --------------------------------------------------------------------------------------------
+# Per-mechanism RDP curves (vectorised over orders)
+# --------------------------------------------------------------------------------------------
+
+
+def _as_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
+    a = np.asarray(orders, dtype=np.float64)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError("orders must be a non-empty 1-D sequence")
+    if np.any(~(a > 1.0)):
+        raise ValueError("every RDP order must be > 1")
+    return a
+
+
+def rdp_gaussian(noise_multiplier: float, orders: Sequence[float], *, sensitivity: float = 1.0) -> np.ndarray:
+    """RDP of the Gaussian mechanism: alpha * Delta^2 / (2 sigma^2).
+
+    Formal guarantee (Mironov 2017, arXiv:1702.07476, Prop. 7). ``sensitivity`` Delta is in units
+    of the noise-multiplier's reference norm.
+    """
+    a = _as_orders(orders)
+    sigma = check_non_negative(noise_multiplier=noise_multiplier)
+    if sigma == 0.0:
+        return np.full_like(a, np.inf)
+    ratio = sensitivity / sigma  # may overflow to inf for denormal sigma: that is the right answer
+    return a * (0.5 * ratio * ratio)
+
+
+def _lse(x: np.ndarray) -> float:
+    # log(sum(exp(x))) without scipy's per-call overhead (this runs once per order and chunk).
+    m = float(np.max(x))
+    if not math.isfinite(m):
+        return m
+    return m + math.log(float(np.sum(np.exp(x - m))))
+
+
+def _log_abs_binom(n: float | np.ndarray, k: np.ndarray) -> np.ndarray:
+    # log |C(n, k)| via log|Gamma| (scipy's gammaln returns log|Gamma| for negative arguments too).
+    return special.gammaln(n + 1.0) - special.gammaln(k + 1.0) - special.gammaln(n - k + 1.0)
+
+
+def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
+    # Mironov, Talwar & Zhang 2019 (arXiv:1908.10530), Sec. 3.1, integer alpha:
+    #   A_alpha = sum_{k=0}^{alpha} C(alpha,k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2)).
+    k = np.arange(alpha + 1, dtype=np.float64)
+    log_terms = (
+        _log_abs_binom(float(alpha), k)
+        + k * math.log(q)
+        + (alpha - k) * math.log1p(-q)
+        + (k * k - k) / (2.0 * sigma**2)
+    )
+    return _lse(log_terms)
+
+
+def _log_a_fractional(q: float, sigma: float, alpha: float, *, max_terms: int = 1 << 14) -> float:
+    """Upper bound on log A_alpha for fractional alpha (Mironov, Talwar & Zhang 2019, Sec. 3.3).
+
+    A_alpha = E_{z~N(0,s^2)}[(1 - q + q exp((2z - 1)/(2 s^2)))^alpha] is split at
+    z0 = s^2 log(1/q - 1) + 1/2 and each half expanded in a binomial series (their Eq. for A_alpha
+    in Sec. 3.3). Summing |terms| gives an upper bound (as in dp_accounting). The series is cut at
+    N terms and the remainder is *added* as a rigorous bound: both term families are
+    |C(alpha,i)| times a factor that decreases in i (its log-derivative is -(x + phi(x)/Phi(x))/s < 0,
+    the inverse-Mills inequality), and |C(alpha,i)| <= |C(alpha,N)| ((N+1)/(i+1))^(alpha+1) for
+    i >= N > alpha, so the tail is at most (t0_N + t1_N) (N+1)^(alpha+1) N^(-alpha) / alpha.
+    """
+    s2 = sigma * sigma
+    log_q, log_1mq = math.log(q), math.log1p(-q)
+    z0 = s2 * (log_1mq - log_q) + 0.5
+
+    def log_terms(i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        j = alpha - i
+        log_c = _log_abs_binom(alpha, i)
+        t0 = log_c + i * log_q + j * log_1mq + (i * i - i) / (2 * s2) + special.log_ndtr((z0 - i) / sigma)
+        t1 = log_c + j * log_q + i * log_1mq + (j * j - j) / (2 * s2) + special.log_ndtr((j - z0) / sigma)
+        return t0, t1
+
+    start, n = 0, int(max(64, 2 * math.ceil(alpha) + 2))
+    partial = -math.inf
+    while True:
+        t0, t1 = log_terms(np.arange(start, n, dtype=np.float64))
+        partial = float(np.logaddexp(partial, _lse(np.concatenate([t0, t1]))))
+        # Remainder bound from the terms at index n (see docstring).
+        t0n, t1n = log_terms(np.array([float(n)]))
+        log_tail = (
+            float(np.logaddexp(t0n[0], t1n[0])) + (alpha + 1) * math.log(n + 1) - alpha * math.log(n) - math.log(alpha)
+        )
+        # Stop when the remainder is negligible next to A - 1 (what the RDP value is made of).
+        log_excess = partial + math.log(-math.expm1(-partial)) if partial > 0 else partial
+        if log_tail < min(partial, log_excess) - 25.0 or n >= max_terms:
+            return float(np.logaddexp(partial, log_tail))
+        start, n = n, 4 * n
+
+
+def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP of the Poisson-subsampled Gaussian mechanism (add/remove neighbours).
+
+    Formal guarantee: D_alpha <= log(A_alpha)/(alpha - 1) with A_alpha of Mironov, Talwar & Zhang
+    2019 (arXiv:1908.10530), Sec. 3 (they show A_alpha >= B_alpha, so the other direction is
+    covered); integer orders exactly (Sec. 3.1), fractional orders by the series of Sec. 3.3.
+    """
+    a = _as_orders(orders)
+    q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
+    sigma = check_non_negative(noise_multiplier=noise_multiplier)
+    if sigma == 0.0 or not math.isfinite(1.0 / (sigma * sigma)):
+        return np.full_like(a, np.inf)  # no noise, or so little that 1/sigma^2 overflows
+    if math.isinf(sigma):
+        return np.zeros_like(a)
+    if q == 1.0:
+        return rdp_gaussian(sigma, a)
+    out = np.empty_like(a)
+    for idx, alpha in enumerate(a):
+        if math.isinf(alpha):
+            out[idx] = np.inf
+        elif float(alpha).is_integer():
+            out[idx] = _log_a_integer(q, sigma, int(alpha)) / (alpha - 1.0)
+        else:
+            out[idx] = _log_a_fractional(q, sigma, float(alpha)) / (alpha - 1.0)
+    # A_alpha >= 1 (Jensen), so r >= 0; clamp float noise upward (never downward).
+    return np.maximum(out, 0.0)
+
+
+def rdp_laplace(epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """RDP of the Laplace mechanism with epsilon = Delta / b (sensitivity over scale).
+
+    Formal guarantee, tight (Mironov 2017, arXiv:1702.07476, Prop. 6):
+        r(alpha) = eps + log(1 + (alpha-1)/(2 alpha - 1) (exp(-(2 alpha - 1) eps) - 1)) / (alpha - 1),
+    written with log1p/expm1 so that small eps and orders near 1 keep their precision.
+    """
+    a = _as_orders(orders)
+    eps = check_non_negative(epsilon=epsilon)
+    if math.isinf(eps):
+        return np.full_like(a, np.inf)
+    return eps + np.log1p((a - 1.0) / (2.0 * a - 1.0) * np.expm1(-(2.0 * a - 1.0) * eps)) / (a - 1.0)
+
+
+def rdp_pure_dp(epsilon: float, orders: Sequence[float]) -> np.ndarray:
+    """Largest RDP of any epsilon-DP mechanism.
+
+    Formal guarantee: an (eps, 0)-DP pair is a post-processing of binary randomized response with
+    probabilities (e^eps, 1)/(1 + e^eps) (Dong, Roth & Su 2022, arXiv:1905.02383, Prop. 2.5 with
+    Blackwell's theorem, their Thm. 2.10); Rényi divergences obey data processing (van Erven &
+    Harremoës 2014, arXiv:1206.2459), so
+        D_alpha <= log((e^(alpha eps) + e^((1-alpha) eps)) / (1 + e^eps)) / (alpha - 1),
+    which is below both eps and alpha eps^2 / 2 (Bun & Steinke 2016, arXiv:1605.02065).
+    """
+    a = _as_orders(orders)
+    eps = check_non_negative(epsilon=epsilon)
+    if math.isinf(eps):
+        return np.full_like(a, np.inf)
+    if eps == 0.0:
+        return np.zeros_like(a)
+    out = (np.logaddexp(a * eps, (1.0 - a) * eps) - np.logaddexp(0.0, eps)) / (a - 1.0)
+    return np.clip(out, 0.0, eps)
+
+
+def rdp_randomized_response(noise_parameter: float, num_buckets: int, orders: Sequence[float]) -> np.ndarray:
+    """Exact RDP of k-ary randomized response under replace-one neighbours.
+
+    The output distributions are P = (1-p+p/k, p/k, ..., p/k) and Q with the first two entries
+    swapped; D_alpha(P||Q) = log(sum P^alpha Q^(1-alpha)) / (alpha - 1) (definition of the Rényi
+    divergence, Mironov 2017 Def. 3), evaluated in log space.
+    """
+    a = _as_orders(orders)
+    p = float(noise_parameter)
+    k = int(num_buckets)
+    if k == 1 or p == 1.0:
+        return np.zeros_like(a)
+    if p == 0.0:
+        return np.full_like(a, np.inf)
+    log_hi = math.log1p(-p + p / k)
+    log_lo = math.log(p / k)
+    terms = [a * log_hi + (1.0 - a) * log_lo, a * log_lo + (1.0 - a) * log_hi]
+    if k > 2:
+        terms.append(np.full_like(a, math.log((k - 2) * p / k)))
+    out = special.logsumexp(np.stack(terms), axis=0) / (a - 1.0)
+    return np.maximum(out, 0.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _even_central_moments(c: float, max_even: int) -> tuple[float, ...]:
+    """Upper bounds on log E[(X - 1)^m], m = 0, 2, ..., max_even, X = exp(sqrt(2c) Z - c), Z ~ N(0, 1).
+
+    E[X^l] = exp(c l (l - 1)), so E[(X-1)^m] = sum_i (-1)^(m-i) C(m, i) exp(c i (i - 1)): the m-th
+    forward difference of l -> exp((l - 1) eps(l)) at 0 for the Gaussian (eps(l) = c l). The
+    alternating sum cancels catastrophically in float64, so it is evaluated with mpmath at a
+    working precision chosen from the cancellation ratio sum|terms| / result: sum|terms| <= 2^m s_m
+    and, for even m, the result is at least max(Var(X)^(m/2), s_m - m s_(m-1)) (Jensen, and
+    (x-1)^m >= x^m - m x^(m-1) for x >= 0). With that precision the relative error is below 2^-60;
+    the result is rounded up by 2^-50 to stay an upper bound.
+    """
+    import mpmath
+
+    log_var = math.log(math.expm1(2.0 * c))
+    bits = 64
+    for m in range(2, max_even + 1, 2):
+        log_sm = c * m * (m - 1)
+        log_lower = 0.5 * m * log_var
+        log_gap = math.log(m) + c * (m - 1) * (m - 2) - log_sm
+        if log_gap < -1e-3:
+            log_lower = max(log_lower, log_sm + math.log1p(-math.exp(log_gap)))
+        need = m + (log_sm - log_lower) / math.log(2.0) + math.log2(m + 2) + 64
+        bits = max(bits, int(need) + 8)
+    out = []
+    with mpmath.workprec(bits):
+        s = [mpmath.exp(mpmath.mpf(c) * (i * (i - 1))) for i in range(max_even + 1)]
+        for m in range(0, max_even + 1, 2):
+            acc = mpmath.mpf(0)
+            for i in range(m + 1):
+                term = math.comb(m, i) * s[i]
+                acc = acc + term if (m - i) % 2 == 0 else acc - term
+            out.append(float(mpmath.log(acc)) + 2.0**-50)
+    return tuple(out)
+
+
+def _wor_log_a_integer(q: float, c: float, alpha: int) -> float:
+    """log of the bound inside Wang, Balle & Kasiviswanathan 2019 (arXiv:1808.00087), integer alpha.
+
+    Base mechanism with eps(l) = c l (Gaussian). Theorem 9 (general bound, eps(inf) = inf):
+        1 + q^2 C(alpha,2) min(4 (e^eps(2) - 1), 2 e^eps(2)) + sum_{j>=3} q^j C(alpha,j) 2 e^((j-1) eps(j)),
+    and for alpha <= 256 the strengthened Theorem 27, whose j-th term is additionally capped by
+    4 sqrt(E(X-1)^(2 floor(j/2)) E(X-1)^(2 ceil(j/2))) (Cauchy-Schwarz on E|X-1|^j).
+    """
+    j = np.arange(2, alpha + 1, dtype=np.float64)
+    log_binom = _log_abs_binom(float(alpha), j) + j * math.log(q)
+    log_generic = math.log(2.0) + c * j * (j - 1.0)  # 2 e^((j-1) eps(j))
+    # j = 2 term: min(4 (e^eps(2) - 1), 2 e^eps(2)), eps(2) = 2c.
+    log_generic[0] = min(math.log(4.0) + math.log(math.expm1(2.0 * c)), math.log(2.0) + 2.0 * c)
+    if alpha <= _WOR_EXACT_MAX_ORDER:
+        moments = _even_central_moments(c, 2 * ((alpha + 1) // 2))
+        ji = j.astype(int)
+        lo = np.array([moments[jj // 2] for jj in ji])
+        hi = np.array([moments[(jj + 1) // 2] for jj in ji])
+        log_cs = math.log(4.0) + 0.5 * (lo + hi)
+        log_generic = np.minimum(log_generic, log_cs)
+    return float(np.logaddexp(0.0, _lse(log_binom + log_generic)))
+
+
+def rdp_sampled_without_replacement_gaussian(
+    sample_rate: float, noise_multiplier: float, orders: Sequence[float]
+) -> np.ndarray:
+    """RDP of the Gaussian mechanism on a fixed-size subsample (without replacement), replace-one.
+
+    Formal guarantee: Wang, Balle & Kasiviswanathan 2019 (arXiv:1808.00087), Theorems 9/27 at
+    integer orders. Under replace-one the query moves by 2C, so the base mechanism has
+    eps(alpha) = alpha * 2^2 / (2 sigma^2). Fractional orders: (alpha - 1) D_alpha = log E_Q[(P/Q)^alpha]
+    is convex in alpha (Hölder's inequality), so linear
+    interpolation of (alpha - 1) r(alpha) between neighbouring integers (and alpha = 1, where it is
+    0) is an upper bound.
+    """
+    a = _as_orders(orders)
+    q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
+    sigma = check_non_negative(noise_multiplier=noise_multiplier)
+    if sigma == 0.0 or not math.isfinite(1.0 / (sigma * sigma)):
+        return np.full_like(a, np.inf)
+    if math.isinf(sigma):
+        return np.zeros_like(a)
+    sens = replace_factor("replace_one")
+    if q == 1.0:
+        return rdp_gaussian(sigma, a, sensitivity=sens)
+    c = sens**2 / (2.0 * sigma**2)
+
+    @functools.cache
+    def cgf(alpha: int) -> float:  # (alpha - 1) * r(alpha)
+        if alpha == 1:
+            return 0.0
+        return max(0.0, _wor_log_a_integer(q, c, alpha))
+
+    out = np.empty_like(a)
+    for idx, alpha in enumerate(a):
+        if math.isinf(alpha):
+            out[idx] = np.inf
+            continue
+        lo, hi = math.floor(alpha), math.ceil(alpha)
+        if lo == hi:
+            out[idx] = cgf(lo) / (alpha - 1.0)
+        else:
+            t = alpha - lo
+            out[idx] = ((1.0 - t) * cgf(lo) + t * cgf(hi)) / (alpha - 1.0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# RDP -> (epsilon, delta)
+# --------------------------------------------------------------------------------------------
+
+
+def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> tuple[float, float]:
+    """(epsilon, optimal order) from an RDP curve.
+
+    Formal guarantee. For each order, Canonne, Kamath & Steinke 2020 (arXiv:2004.00010, Prop. 12;
+    also Balle et al. 2020, arXiv:1905.09982, Thm. 21):
+        eps = r + log((alpha - 1)/alpha) - (log delta + log alpha) / (alpha - 1),
+    which improves Mironov 2017 Prop. 3 (r + log(1/delta)/(alpha - 1)). Orders below 1.01 are
+    skipped (the formula loses precision there). Independently, delta >= sqrt(1 - exp(-r)) implies
+    (0, delta)-DP: D_alpha >= KL for alpha >= 1 and TV <= sqrt(1 - exp(-KL)) (Bretagnolle–Huber
+    inequality; the same check is in dp_accounting).
+    """
+    a = _as_orders(orders)
+    r = np.asarray(rdp, dtype=np.float64)
+    if r.shape != a.shape:
+        raise ValueError("orders and rdp must have the same length")
+    delta = check_in_interval(0.0, 1.0, lo_open=False, hi_open=False, delta=delta)
+    r = np.maximum(r, 0.0)  # numerical noise below 0 is rounded up, never down
+    if delta >= 1.0:
+        return 0.0, float(a[0])
+    if delta == 0.0:
+        return (0.0, float(a[0])) if np.all(r == 0.0) else (math.inf, float(a[0]))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        eps = r + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
+        eps = np.where(a > 1.01, eps, np.inf)
+        eps = np.where(np.isnan(eps), np.inf, eps)
+        kl_ok = (delta**2 + np.expm1(-r)) > 0.0
+    eps = np.where(kl_ok, 0.0, eps)
+    idx = int(np.argmin(eps))
+    return max(0.0, float(eps[idx])), float(a[idx])
+
+
+def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) -> tuple[float, float]:
+    """(delta, optimal order) from an RDP curve; inverse view of :func:`rdp_to_epsilon`.
+
+    Formal guarantee (Canonne, Kamath & Steinke 2020, arXiv:2004.00010, Prop. 12):
+        delta = exp((alpha - 1)(r - eps + log(1 - 1/alpha))) / alpha,
+    combined with the Bretagnolle–Huber bound delta <= sqrt(1 - exp(-r)) (valid for every eps >= 0).
+    """
+    a = _as_orders(orders)
+    r = np.maximum(np.asarray(rdp, dtype=np.float64), 0.0)
+    if r.shape != a.shape:
+        raise ValueError("orders and rdp must have the same length")
+    eps = check_non_negative(epsilon=epsilon)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        log_kl = np.where(r > 0.0, 0.5 * np.log1p(-np.exp(-r)), -np.inf)
+        log_rdp = (a - 1.0) * (r - eps + np.log1p(-1.0 / a)) - np.log(a)
+        log_rdp = np.where(a > 1.01, log_rdp, np.inf)
+        log_rdp = np.where(np.isnan(log_rdp), np.inf, log_rdp)
+    log_delta = np.minimum(log_kl, log_rdp)
+    log_delta = np.where(np.isinf(r), np.inf, log_delta)
+    idx = int(np.argmin(log_delta))
+    return float(min(1.0, math.exp(min(0.0, float(log_delta[idx]))))), float(a[idx])
+
+
+# --------------------------------------------------------------------------------------------
+# Accountant
+# --------------------------------------------------------------------------------------------
+
+
+class RdpAccountant(Accountant):
+    """Rényi-DP accountant over a fixed grid of orders (default :data:`DEFAULT_ORDERS`).
+
+    Supported leaves: Gaussian, Laplace, GNMax, LNMax, ZCDP, EpsilonDelta with delta = 0,
+    RandomizedResponse (replace-one), PoissonSampled(Gaussian-composition) (add/remove),
+    FixedSizeSampled(Gaussian-composition) (replace-one). JLGaussian is not (use the PLD accountant).
+    """
+
+    name = "rdp"
+
+    def __init__(self, *, neighbouring: str = "add_remove", orders: Sequence[float] | None = None) -> None:
+        super().__init__(neighbouring=neighbouring)
+        self.orders = _as_orders(DEFAULT_ORDERS if orders is None else orders)
+        self._rdp = np.zeros_like(self.orders)
+        self._empty = True
+
+    @property
+    def rdp(self) -> np.ndarray:
+        """Accumulated RDP r(alpha) at :attr:`orders` (a copy)."""
+        return self._rdp.copy()
+
+    def _leaf(self, event: Event) -> np.ndarray:
+        o = self.orders
+        sens = replace_factor(self.neighbouring)
+        if isinstance(event, Gaussian):
+            return rdp_gaussian(event.noise_multiplier, o, sensitivity=sens)
+        if isinstance(event, Laplace):
+            b = event.noise_multiplier
+            return rdp_laplace(math.inf if b == 0.0 else sens / b, o)
+        if isinstance(event, GNMax):
+            # Papernot et al. 2018 (arXiv:1802.08908), Prop. 8: data-independent GNMax is
+            # (alpha, alpha / sigma^2)-RDP (one changed vote moves the histogram by sqrt(2)).
+            return rdp_gaussian(event.sigma, o, sensitivity=math.sqrt(2.0))
+        if isinstance(event, LNMax):
+            # Papernot et al. 2017 (arXiv:1610.05755), Sec. 3: Laplace(1/gamma) noisy max
+            # is (2 gamma, 0)-DP; here gamma = 1 / noise_scale.
+            b = event.noise_scale
+            return rdp_pure_dp(math.inf if b == 0.0 else 2.0 / b, o)
+        if isinstance(event, ZCDP):
+            # Bun & Steinke 2016 (arXiv:1605.02065), Def. 1.1: rho-zCDP is (alpha, rho alpha)-RDP.
+            return event.rho * o
+        if isinstance(event, EpsilonDelta):
+            if event.delta > 0.0:
+                raise unsupported(
+                    self.name, event, "(epsilon, delta)-DP with delta > 0 has no finite RDP; use the pld accountant"
+                )
+            return rdp_pure_dp(event.epsilon, o)
+        if isinstance(event, RandomizedResponse):
+            if self.neighbouring != "replace_one":
+                raise unsupported(self.name, event, "randomized response is accounted with neighbouring='replace_one'")
+            return rdp_randomized_response(event.noise_parameter, event.num_buckets, o)
+        if isinstance(event, JLGaussian):
+            raise unsupported(self.name, event, "no RDP analysis of DP-SGD-JL is implemented; use pld")
+        if isinstance(event, PoissonSampled):
+            if self.neighbouring != "add_remove":
+                raise unsupported(self.name, event, "Poisson subsampling is accounted with neighbouring='add_remove'")
+            sigma = self._inner_sigma(event)
+            return rdp_poisson_gaussian(event.sample_rate, sigma, o)
+        if isinstance(event, FixedSizeSampled):
+            if self.neighbouring != "replace_one":
+                raise unsupported(
+                    self.name, event, "sampling without replacement is accounted with neighbouring='replace_one'"
+                )
+            sigma = self._inner_sigma(event)
+            return rdp_sampled_without_replacement_gaussian(event.sample_rate, sigma, o)
+        raise unsupported(self.name, event, "no RDP bound for this mechanism")
+
+    def _inner_sigma(self, event: PoissonSampled | FixedSizeSampled) -> float:
+        sigma = effective_gaussian_noise_multiplier(event.event)
+        if isinstance(sigma, Event):
+            hint = "; use pld" if isinstance(sigma, JLGaussian) else ""
+            raise unsupported(self.name, sigma, f"only Gaussian mechanisms are supported inside subsampling{hint}")
+        return sigma
+
+    def _accumulate(self, rep: np.ndarray, count: int) -> None:
+        with np.errstate(invalid="ignore"):
+            self._rdp = self._rdp + count * rep
+        self._rdp = np.where(np.isnan(self._rdp), np.inf, self._rdp)
+        self._empty = False
+
+    def _is_empty(self) -> bool:
+        return self._empty
+
+    def _epsilon(self, delta: float) -> float:
+        return rdp_to_epsilon(self.orders, self._rdp, delta)[0]
+
+    def _delta(self, epsilon: float) -> float:
+        return rdp_to_delta(self.orders, self._rdp, epsilon)[0]
+
+    def epsilon_and_order(self, delta: float) -> tuple[float, float]:
+        """epsilon(delta) together with the order at which it is attained."""
+        if self._non_private:
+            return math.inf, math.nan
+        return rdp_to_epsilon(self.orders, self._rdp, delta)

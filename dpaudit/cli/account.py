@@ -1,0 +1,197 @@
+"""``dpaudit account``: privacy accounting of DP-SGD from the command line."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from fractions import Fraction
+from typing import Annotated
+
+import typer
+
+from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_for
+from dpaudit.cli._common import App, JsonFlag, emit, info
+from dpaudit.errors import InputError, UnsupportedEventError
+from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
+
+account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration.")
+
+ACCOUNTANT_HELP = "rdp | pld | gdp (CLT, approximate) | all (every accountant side by side)"
+FORMAL = ("rdp", "pld")
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.6g}"
+
+
+def _resolve_schedule(
+    sample_rate: float | None,
+    steps: int | None,
+    epochs: float | None,
+    dataset_size: int | None,
+    batch_size: int | None,
+) -> tuple[float, int]:
+    """(q, T) from --sample-rate/--steps or from --epochs/--dataset-size/--batch-size."""
+    by_rate = sample_rate is not None or steps is not None
+    by_epochs = epochs is not None or dataset_size is not None or batch_size is not None
+    if by_rate and by_epochs:
+        raise InputError("give either --sample-rate and --steps, or --epochs, --dataset-size and --batch-size")
+    if by_epochs:
+        if epochs is None or dataset_size is None or batch_size is None:
+            raise InputError("--epochs needs --dataset-size and --batch-size")
+        ep = check_positive(epochs=epochs)
+        n = check_positive_int(dataset_size=dataset_size)
+        b = check_positive_int(batch_size=batch_size)
+        if b > n:
+            raise InputError(f"expected batch_size <= dataset_size, got {b} > {n}")
+        # q = B/N and T = ceil(epochs * N / B), as in TF Privacy's compute_dp_sgd_privacy; exact
+        # rational arithmetic so that rounding can never drop a step.
+        return b / n, max(1, math.ceil(Fraction(ep) * n / b))
+    if sample_rate is None or steps is None:
+        raise InputError("give --sample-rate and --steps (or --epochs, --dataset-size and --batch-size)")
+    q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
+    return q, check_positive_int(steps=steps)
+
+
+def _check_common(noise_multiplier: float | None, delta: float, jl_projections: int | None) -> None:
+    if noise_multiplier is not None:
+        check_non_negative(noise_multiplier=noise_multiplier)
+    check_in_interval(0.0, 1.0, delta=delta)
+    if jl_projections is not None:
+        check_positive_int(jl_projections=jl_projections)
+
+
+def _epsilon(event, delta: float, accountant: str) -> float:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eps = epsilon_for(event, delta, accountant)
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            info(f"warning: {w.message}")
+    return eps
+
+
+SampleRate = Annotated[float | None, typer.Option("--sample-rate", help="Poisson sampling rate q in (0, 1].")]
+Steps = Annotated[int | None, typer.Option("--steps", help="Number of DP-SGD steps T.")]
+Delta = Annotated[float, typer.Option("--delta", help="Target delta in (0, 1).")]
+Jl = Annotated[int | None, typer.Option("--jl-projections", help="DP-SGD-JL with r projections (pld only).")]
+Epochs = Annotated[float | None, typer.Option("--epochs", help="Epochs (with --dataset-size, --batch-size).")]
+DatasetSize = Annotated[int | None, typer.Option("--dataset-size", help="Dataset size N (with --epochs).")]
+BatchSize = Annotated[int | None, typer.Option("--batch-size", help="Expected batch size B (with --epochs).")]
+
+
+@account_app.command("dpsgd")
+def dpsgd(
+    noise_multiplier: Annotated[float, typer.Option("--noise-multiplier", help="Noise std / clipping norm.")],
+    delta: Delta,
+    sample_rate: SampleRate = None,
+    steps: Steps = None,
+    accountant: Annotated[str, typer.Option("--accountant", help=ACCOUNTANT_HELP)] = "rdp",
+    jl_projections: Jl = None,
+    epochs: Epochs = None,
+    dataset_size: DatasetSize = None,
+    batch_size: BatchSize = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Epsilon of DP-SGD with Poisson sampling (add/remove neighbours) at the given delta."""
+    _check_common(noise_multiplier, delta, jl_projections)
+    valid = ("rdp", "pld", "gdp", "all")
+    if accountant not in valid:
+        raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
+    q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
+    event = dpsgd_event(noise_multiplier=noise_multiplier, sample_rate=q, steps=t, jl_projections=jl_projections)
+    data: dict = {
+        "accountant": accountant,
+        "delta": delta,
+        "noise_multiplier": noise_multiplier,
+        "sample_rate": q,
+        "steps": t,
+    }
+    if jl_projections is not None:
+        data["jl_projections"] = jl_projections
+    if accountant != "all":
+        eps = _epsilon(event, delta, accountant)
+        data = {"epsilon": eps, **data}
+        if accountant == "gdp":
+            data["approximate"] = True
+        label = f"{accountant}, approximate (CLT)" if accountant == "gdp" else accountant
+        emit(
+            data,
+            f"epsilon = {_fmt(eps)}  ({label}; delta = {delta:g}, noise_multiplier = {noise_multiplier:g}, "
+            f"sample_rate = {q:.6g}, steps = {t})",
+            json_flag=json_output,
+        )
+        return
+    results: dict[str, dict] = {}
+    for name in ("rdp", "pld", "gdp"):
+        try:
+            results[name] = {"epsilon": _epsilon(event, delta, name)}
+        except UnsupportedEventError as e:
+            results[name] = {"epsilon": None, "error": str(e)}
+        if name == "gdp":
+            results[name]["approximate"] = True
+    formal = [results[n]["epsilon"] for n in FORMAL if results[n]["epsilon"] is not None]
+    # Every formal accountant's epsilon is a valid upper bound, so the smallest one is too.
+    best = min(formal) if formal else math.inf
+    data = {"epsilon": best, **data, **results}
+    lines = [f"delta = {delta:g}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"]
+    for name in ("rdp", "pld", "gdp"):
+        r = results[name]
+        value = _fmt(r["epsilon"]) if r["epsilon"] is not None else "unsupported"
+        note = "  (approximate: CLT, can under-report)" if name == "gdp" else ""
+        lines.append(f"  {name:4s} epsilon = {value}{note}")
+    lines.append(f"  best formal epsilon = {_fmt(best)}")
+    emit(data, "\n".join(lines), json_flag=json_output)
+
+
+@account_app.command("calibrate")
+def calibrate(
+    epsilon: Annotated[float, typer.Option("--epsilon", help="Target epsilon > 0.")],
+    delta: Delta,
+    sample_rate: SampleRate = None,
+    steps: Steps = None,
+    accountant: Annotated[str, typer.Option("--accountant", help="rdp | pld | gdp (approximate)")] = "rdp",
+    jl_projections: Jl = None,
+    epochs: Epochs = None,
+    dataset_size: DatasetSize = None,
+    batch_size: BatchSize = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Smallest noise multiplier whose DP-SGD epsilon is at most the target (verified)."""
+    _check_common(None, delta, jl_projections)
+    target = check_positive(epsilon=epsilon)
+    valid = ("rdp", "pld", "gdp")
+    if accountant not in valid:
+        raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
+    q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
+
+    def make_event(sigma: float):
+        return dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=t, jl_projections=jl_projections)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=target, delta=delta, make_event=make_event, accountant=accountant
+        )
+    achieved = _epsilon(make_event(sigma), delta, accountant)
+    data = {
+        "noise_multiplier": sigma,
+        "epsilon": achieved,
+        "target_epsilon": target,
+        "delta": delta,
+        "accountant": accountant,
+        "sample_rate": q,
+        "steps": t,
+    }
+    if accountant == "gdp":
+        data["approximate"] = True
+    emit(
+        data,
+        f"noise_multiplier = {sigma:.6g}  (epsilon = {_fmt(achieved)} <= {target:g} at delta = {delta:g}, "
+        f"{accountant}, sample_rate = {q:.6g}, steps = {t})",
+        json_flag=json_output,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(account_app, name="account", help="Privacy accounting: epsilon of DP-SGD, noise calibration.")

@@ -1,0 +1,132 @@
+"""``dpaudit account``: exit codes, JSON keys, human output."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.cli.main import app
+
+runner = CliRunner()
+BASE = ["account", "dpsgd", "--noise-multiplier", "1.1", "--delta", "1e-5"]
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_dpsgd_json_rdp():
+    r = run(*BASE, "--sample-rate", "0.01", "--steps", "1000", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert set(data) >= {"epsilon", "delta", "accountant", "noise_multiplier", "sample_rate", "steps"}
+    event = dpsgd_event(noise_multiplier=1.1, sample_rate=0.01, steps=1000)
+    assert data["epsilon"] == pytest.approx(epsilon_for(event, 1e-5))
+    assert data["accountant"] == "rdp" and data["steps"] == 1000
+
+
+def test_dpsgd_all_and_epochs():
+    r = run(*BASE, "--epochs", "60", "--dataset-size", "60000", "--batch-size", "256", "--accountant", "all", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["steps"] == 14063 and data["sample_rate"] == pytest.approx(256 / 60000)
+    for name in ("rdp", "pld", "gdp"):
+        assert isinstance(data[name]["epsilon"], float)
+    assert data["gdp"]["approximate"] is True
+    assert data["epsilon"] == pytest.approx(min(data["rdp"]["epsilon"], data["pld"]["epsilon"]))
+    assert data["pld"]["epsilon"] < data["rdp"]["epsilon"]
+
+
+def test_epochs_never_drop_a_step():
+    # 3 epochs of N=1000, B=300: 10 steps (ceil(3000/300) = 10 exactly); 0.1 epoch of N=10, B=1: 1 step.
+    r = run(*BASE, "--epochs", "3", "--dataset-size", "1000", "--batch-size", "300", "--json")
+    assert json.loads(r.stdout)["steps"] == 10
+    r = run(*BASE, "--epochs", "0.1", "--dataset-size", "10", "--batch-size", "1", "--json")
+    assert json.loads(r.stdout)["steps"] >= 1
+
+
+def test_dpsgd_human_output():
+    r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "all")
+    assert r.exit_code == 0, r.output
+    assert "rdp" in r.stdout and "pld" in r.stdout and "approximate" in r.stdout
+
+
+def test_zero_noise_reports_inf():
+    r = run(
+        "account",
+        "dpsgd",
+        "--noise-multiplier",
+        "0",
+        "--delta",
+        "1e-5",
+        "--sample-rate",
+        "0.1",
+        "--steps",
+        "3",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["epsilon"] == "inf"
+    r = run("account", "dpsgd", "--noise-multiplier", "0", "--delta", "1e-5", "--sample-rate", "0.1", "--steps", "3")
+    assert r.exit_code == 0 and "inf" in r.stdout
+
+
+def test_jl_with_pld_and_all():
+    r = run(*BASE, "--sample-rate", "0.01", "--steps", "20", "--jl-projections", "200", "--accountant", "all", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["rdp"]["epsilon"] is None and "pld" in data["rdp"]["error"]
+    assert 0 < data["pld"]["epsilon"] < math.inf
+    assert data["epsilon"] == data["pld"]["epsilon"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["account", "dpsgd", "--noise-multiplier", "-1", "--delta", "1e-5", "--sample-rate", "0.1", "--steps", "3"],
+        [*BASE, "--sample-rate", "1.5", "--steps", "3"],
+        [*BASE, "--sample-rate", "0", "--steps", "3"],
+        ["account", "dpsgd", "--noise-multiplier", "1", "--delta", "1", "--sample-rate", "0.1", "--steps", "3"],
+        ["account", "dpsgd", "--noise-multiplier", "1", "--delta", "0", "--sample-rate", "0.1", "--steps", "3"],
+        [*BASE, "--sample-rate", "0.1", "--steps", "0"],
+        [*BASE, "--sample-rate", "0.1", "--steps", "3", "--jl-projections", "0"],
+        [*BASE, "--sample-rate", "0.1", "--steps", "3", "--accountant", "moments"],
+        [*BASE, "--sample-rate", "0.1"],
+        [*BASE, "--sample-rate", "0.1", "--steps", "3", "--epochs", "2"],
+        [*BASE, "--sample-rate", "0.1", "--steps", "3", "--jl-projections", "5"],  # rdp cannot do JL
+        ["account", "calibrate", "--epsilon", "1e-9", "--delta", "1e-5", "--sample-rate", "1", "--steps", "100000000"],
+        ["account", "calibrate", "--epsilon", "0", "--delta", "1e-5", "--sample-rate", "0.1", "--steps", "3"],
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()] if r.stderr else []
+    assert len(lines) <= 1 or "Usage" in r.output
+
+
+def test_calibrate_json():
+    r = run(
+        "account",
+        "calibrate",
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-5",
+        "--sample-rate",
+        "0.01",
+        "--steps",
+        "1000",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["epsilon"] <= 2.0
+    event = dpsgd_event(noise_multiplier=data["noise_multiplier"], sample_rate=0.01, steps=1000)
+    assert epsilon_for(event, 1e-5) <= 2.0
+    r = run("account", "calibrate", "--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "1000")
+    assert r.exit_code == 0 and "noise_multiplier" in r.stdout

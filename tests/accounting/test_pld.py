@@ -1,0 +1,227 @@
+"""PLD accountant: exact references (analytic Gaussian, closed-form pure-DP curves), pessimism, JL."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, special, stats
+
+from dpaudit.accounting import PldAccountant, RdpAccountant, analytic_gaussian_delta, analytic_gaussian_epsilon
+from dpaudit.accounting.pld import DiscretePLD
+from dpaudit.errors import UnsupportedEventError
+from dpaudit.events import (
+    Composed,
+    EpsilonDelta,
+    FixedSizeSampled,
+    Gaussian,
+    JLGaussian,
+    Laplace,
+    PoissonSampled,
+    RandomizedResponse,
+    SelfComposed,
+)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 0.8, 1.0, 2.0, 10.0])
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-9])
+def test_single_gaussian_matches_analytic_and_upper_bounds_it(sigma, delta):
+    exact = analytic_gaussian_epsilon(sigma, delta)
+    pld = PldAccountant().compose(Gaussian(sigma)).epsilon(delta)
+    assert pld == pytest.approx(exact, rel=1e-3)
+    assert pld >= exact * (1 - 1e-9)  # pessimistic (up to float rounding of the reference)
+    assert RdpAccountant().compose(Gaussian(sigma)).epsilon(delta) >= exact
+
+
+def test_composed_gaussians_are_one_gaussian():
+    # T Gaussians with sigma compose to one Gaussian with sigma / sqrt(T) (Dong, Roth & Su 2022, Cor. 3.3).
+    pld = PldAccountant().compose(Gaussian(3.0), 9).epsilon(1e-6)
+    assert pld == pytest.approx(analytic_gaussian_epsilon(1.0, 1e-6), rel=2e-3)
+    assert pld >= analytic_gaussian_epsilon(1.0, 1e-6) * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.8, 1.0])
+def test_delta_curve_of_gaussian(eps):
+    d = PldAccountant().compose(Gaussian(1.0)).delta(eps)
+    exact = analytic_gaussian_delta(1.0, eps)
+    # At grid points connect-the-dots is exact, so only float rounding (1e-12) separates the two.
+    assert exact * (1 - 1e-12) <= d <= exact * (1 + 1e-3)
+
+
+def test_laplace_delta_curve_closed_form():
+    # P = Lap(1, b), Q = Lap(0, b): delta(eps) = 1 - exp((eps - eps0)/2) for 0 <= eps <= eps0
+    # (Koskela et al. 2020), and 0 above eps0 = 1/b.
+    acc = PldAccountant().compose(Laplace(0.5))
+    for eps in (0.0, 0.5, 1.0, 1.9):
+        assert acc.delta(eps) == pytest.approx(-math.expm1((eps - 2.0) / 2), rel=1e-6, abs=1e-12)
+    assert acc.delta(2.0 + 1e-3) == 0.0
+    assert acc.epsilon(1e-12) == pytest.approx(2.0, abs=1e-4)
+
+
+def test_epsilon_delta_event_is_exact():
+    acc = PldAccountant().compose(EpsilonDelta(1.0, 1e-6))
+    assert acc.epsilon(1e-6) == pytest.approx(1.0, abs=1e-4)
+    assert acc.epsilon(1e-7) == math.inf
+    assert acc.delta(1.0) == pytest.approx(1e-6, rel=1e-9)
+
+
+def test_randomized_response_closed_form():
+    p, k = 0.4, 4
+    eps0 = math.log(k / p - k + 1)
+    acc = PldAccountant(neighbouring="replace_one").compose(RandomizedResponse(p, k))
+    assert acc.epsilon(1e-12) == pytest.approx(eps0, abs=1e-4)
+    # delta(0) = total variation = 1 - p (first two outcomes move 1 - p of mass).
+    assert acc.delta(0.0) == pytest.approx(1 - p, rel=1e-9)
+
+
+def test_subsampled_gaussian_delta_by_integration():
+    # Remove direction: delta(eps) = E_P[(1 - e^(eps - L))_+], P = (1-q)N(0,1) + q N(mu,1).
+    q, sigma, eps = 0.05, 0.8, 0.30005  # off the grid
+    mu = 1 / sigma
+
+    def ratio(x):
+        return 1 - q + q * math.exp(min(mu * x - mu * mu / 2, 700.0))
+
+    def integrand(x):
+        p_density = (1 - q) * stats.norm.pdf(x) + q * stats.norm.pdf(x - mu)
+        return p_density * max(0.0, 1 - math.exp(eps) / ratio(x))
+
+    x0 = (math.log((math.exp(eps) - 1 + q) / q) + mu * mu / 2) / mu
+    remove = integrate.quad(integrand, x0, np.inf, epsabs=1e-14, epsrel=1e-12)[0]
+
+    def integrand_add(x):
+        return stats.norm.pdf(x) * max(0.0, 1 - math.exp(eps) * ratio(x))
+
+    add = integrate.quad(integrand_add, -np.inf, 8, epsabs=1e-14, epsrel=1e-12)[0]
+    exact = max(remove, add)
+    ours = PldAccountant().compose(PoissonSampled(q, Gaussian(sigma))).delta(eps)
+    assert exact * (1 - 1e-12) <= ours <= exact * (1 + 1e-3)
+
+
+def test_round_trip_epsilon_delta():
+    acc = PldAccountant(value_discretization_interval=1e-3).compose(
+        SelfComposed(PoissonSampled(0.02, Gaussian(1.0)), 300)
+    )
+    for delta in (1e-3, 1e-6, 1e-9):
+        eps = acc.epsilon(delta)
+        assert acc.delta(eps) <= delta
+        assert acc.delta(eps * 0.99) > delta  # and it is the smallest such epsilon (to 1%)
+
+
+def test_self_composition_identity_is_exact():
+    e = PoissonSampled(0.01, Gaussian(1.2))
+    a = PldAccountant().compose(e, 30).compose(e, 70)
+    b = PldAccountant().compose(SelfComposed(e, 100))
+    assert a.epsilon(1e-6) == b.epsilon(1e-6)
+    assert a.ledger == [(e, 30), (e, 70)]
+
+
+def test_composition_order_independent():
+    g, lap = PoissonSampled(0.05, Gaussian(1.0)), Laplace(5.0)
+    a = PldAccountant().compose(Composed((g, lap, g))).epsilon(1e-6)
+    b = PldAccountant().compose(Composed((lap, g, g))).epsilon(1e-6)
+    c = PldAccountant().compose(lap).compose(g, 2).epsilon(1e-6)
+    assert a == pytest.approx(b, rel=1e-9)
+    assert a == pytest.approx(c, rel=1e-9)
+
+
+def test_pld_below_rdp_on_dpsgd():
+    for q, sigma, steps in [(0.01, 1.0, 1000), (0.004, 1.1, 2000), (0.1, 2.0, 200)]:
+        e = SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)
+        pld = PldAccountant(value_discretization_interval=1e-3).compose(e).epsilon(1e-5)
+        rdp = RdpAccountant().compose(e).epsilon(1e-5)
+        assert pld <= rdp
+
+
+def test_finer_grid_only_tightens():
+    e = SelfComposed(PoissonSampled(0.01, Gaussian(1.0)), 500)
+    coarse = PldAccountant(value_discretization_interval=1e-3).compose(e).epsilon(1e-5)
+    fine = PldAccountant(value_discretization_interval=1e-4).compose(e).epsilon(1e-5)
+    assert fine <= coarse * (1 + 1e-9)
+    assert coarse == pytest.approx(fine, rel=5e-3)
+
+
+def test_discrete_pld_queries():
+    # Two atoms: loss 1 (mass 0.6) and -1 (mass 0.3), +inf (mass 0.1).
+    pld = DiscretePLD(0.5, -2, np.array([0.3, 0.0, 0.0, 0.0, 0.6]), 0.1)
+    assert pld.delta(0.0) == pytest.approx(0.1 + 0.6 * (1 - math.exp(-1)))
+    assert pld.delta(1.0) == pytest.approx(0.1)
+    assert pld.epsilon(0.1) == pytest.approx(1.0)
+    assert pld.epsilon(0.05) == math.inf
+    eps = pld.epsilon(0.3)
+    # Between the atoms: 0.1 + 0.6 (1 - e^(eps - 1)) = 0.3  =>  eps = 1 + log(0.4 / 0.6).
+    assert eps == pytest.approx(1 + math.log(0.4 / 0.6), rel=1e-9)
+    assert pld.delta(eps) <= 0.3
+
+
+def test_unsupported_and_relations():
+    with pytest.raises(UnsupportedEventError, match="use rdp"):
+        PldAccountant(neighbouring="replace_one").compose(FixedSizeSampled(8, 100, Gaussian(1.0)))
+    with pytest.raises(UnsupportedEventError, match="add_remove"):
+        PldAccountant(neighbouring="replace_one").compose(PoissonSampled(0.1, Gaussian(1.0)))
+    with pytest.raises(UnsupportedEventError, match="Laplace"):
+        PldAccountant().compose(PoissonSampled(0.1, Laplace(1.0)))
+    # Replace-one doubles the sensitivity of an unsampled Gaussian.
+    rep = PldAccountant(neighbouring="replace_one").compose(Gaussian(2.0)).epsilon(1e-5)
+    assert rep == pytest.approx(PldAccountant().compose(Gaussian(1.0)).epsilon(1e-5), rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# DP-SGD-JL (seed paper, Lemma 4.3 / Thm. 4.1)
+# ---------------------------------------------------------------------------------------------
+
+
+def _jl_delta_oracle(sigma: float, r: int, eps: float) -> float:
+    """delta_Z(eps) = E_z[delta_(z/sigma)(eps)] (seed paper, proof of Lemma 4.2), by quadrature over Z_r."""
+
+    def integrand(u):
+        z = math.sqrt(r / stats.chi2.isf(u, r))  # P(Z_r <= z) = u
+        mu = z / sigma
+        return special.ndtr(-eps / mu + mu / 2) - math.exp(eps) * special.ndtr(-eps / mu - mu / 2)
+
+    return integrate.quad(integrand, 0, 1, limit=400, epsabs=1e-13, epsrel=1e-10)[0]
+
+
+@pytest.mark.parametrize(("sigma", "r", "eps"), [(1.0, 30, 1.0), (2.0, 5, 0.5), (1.3, 100, 2.0)])
+def test_jl_single_step_against_quadrature(sigma, r, eps):
+    exact = _jl_delta_oracle(sigma, r, eps)
+    acc = PldAccountant(value_discretization_interval=2e-3, jl_bins=200)
+    ours = acc.compose(JLGaussian(sigma, r)).delta(eps)
+    assert ours >= exact * (1 - 1e-9)  # the quantile binning of Z_r is pessimistic ...
+    assert ours <= exact * 1.02  # ... and tight to the bin width
+
+
+def test_jl_converges_to_dpsgd_and_heavy_tail_for_small_r():
+    q, sigma, steps, delta = 0.01, 1.3, 300, 1e-5
+    plain = (
+        PldAccountant(value_discretization_interval=1e-3)
+        .compose(SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps))
+        .epsilon(delta)
+    )
+    big_r = (
+        PldAccountant(value_discretization_interval=1e-3)
+        .compose(SelfComposed(PoissonSampled(q, JLGaussian(sigma, 20000)), steps))
+        .epsilon(delta)
+    )
+    assert big_r == pytest.approx(plain, rel=5e-3)
+    small_r = (
+        PldAccountant(value_discretization_interval=1e-3)
+        .compose(SelfComposed(PoissonSampled(q, JLGaussian(sigma, 30)), steps))
+        .epsilon(delta)
+    )
+    assert small_r > plain
+
+
+def test_jl_zero_noise_is_not_private():
+    acc = PldAccountant().compose(SelfComposed(PoissonSampled(0.01, JLGaussian(0.0, 5)), 10))
+    assert acc.epsilon(1e-5) == math.inf
+
+
+def test_subsampled_non_private_is_zero_q_dp():
+    # Releasing the record with probability q: total variation q, so (0, q)-DP and nothing below q.
+    from dpaudit.events import NonPrivate
+
+    acc = PldAccountant().compose(PoissonSampled(0.01, NonPrivate()))
+    assert acc.epsilon(0.0101) == 0.0
+    assert acc.epsilon(0.0099) == math.inf
