@@ -19,6 +19,9 @@ COMMAND_MODULES = [
     "dpaudit.cli.train",
     "dpaudit.cli.inspect",
     "dpaudit.cli.demo",
+    "dpaudit.cli.report",
+    "dpaudit.cli.audit",
+    "dpaudit.cli.account",
 ]
 
 
