@@ -203,6 +203,15 @@ def audit_training(
         idx_out = members
         canary_x, canary_y = canary.X, canary.y
         source = f"one {canary_kind} canary (black-box, logit-scaled confidence of the final model)"
+    if config.dp is not None and config.dp.target_epsilon is not None:
+        # Calibrate σ once, for the larger training set, and run every model with that fixed σ: the
+        # mechanism under audit is one algorithm with one noise multiplier on both neighbours.
+        from dpaudit.training.dpsgd import claim_for
+
+        sigma = claim_for(config, max(len(idx_in), len(idx_out)))["noise_multiplier"]
+        config = dataclasses.replace(
+            config, dp=dataclasses.replace(config.dp, noise_multiplier=sigma, target_epsilon=None)
+        )
     jobs = []
     for r in range(2 * runs):
         included = r < runs

@@ -18,6 +18,7 @@ can re-account, together with the ε it gives at the chosen δ.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,8 +205,12 @@ def set_private_gradients(
     batch_size: int,
     max_physical_batch: int | None,
     generator: torch.Generator,
+    before_noise: Callable[[list[torch.Tensor]], None] | None = None,
 ) -> None:
     """Set ``p.grad`` of every clipped parameter to (Σ_{i∈idx} clip_C(g_i) + N(0, noise_std² I)) / B.
+
+    ``before_noise`` (audits only) may add to the clipped sums before the noise, as one more record
+    would: the white-box gradient canary of :class:`GradientCanary`.
 
     The batch is processed in chunks of at most ``max_physical_batch`` examples whose clipped sums
     are added, so the result does not depend on the chunking (up to float rounding). The noise is
@@ -223,6 +228,8 @@ def set_private_gradients(
                 s.add_(g)
     if sums is None:
         sums = [torch.zeros_like(p) for p in clipper.params]
+    if before_noise is not None:
+        before_noise(sums)
     noise = _gaussian_like(sums, generator) if noise_std > 0 else [None] * len(sums)
     for p, s, z in zip(clipper.params, sums, noise, strict=True):
         if z is not None:
@@ -261,16 +268,19 @@ class DPTrainer(Trainer):
         *,
         progress: Progress = NULL_PROGRESS,
     ) -> TrainOutcome:
-        config, dp, perf = self.config, self.config.dp, self.perf
-        if dp is None:  # Trainer.__init__ refuses this already
-            raise InputError(f"algorithm {self.name!r} is private: give --noise-multiplier or --epsilon")
-        clip = check_positive(clip=dp.clip)
-        n = X.shape[0]
-        if n == 0:
-            raise InputError("the training set is empty")
+        return self._fit(model, X, y, progress=progress, canary=None)[0]
+
+    def fit_with_canary(
+        self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, canary: GradientCanary
+    ) -> tuple[TrainOutcome, float]:
+        """Train with a white-box gradient canary; returns the outcome and the canary's score."""
+        return self._fit(model, X, y, progress=NULL_PROGRESS, canary=canary)
+
+    def setting_for(self, n: int) -> PrivacySetting:
+        """The privacy setting of training on ``n`` records (σ calibrated when a target ε is given)."""
+        config, dp = self.config, self.config.dp
         if config.batch_size > n:
             raise InputError(f"batch size {config.batch_size} is larger than the training set ({n} records)")
-        check_no_batchnorm(model)
         setting = PrivacySetting(
             noise_multiplier=0.0 if dp.noise_multiplier is None else dp.noise_multiplier,
             batch_size=config.batch_size,
@@ -280,6 +290,26 @@ class DPTrainer(Trainer):
         )
         if dp.target_epsilon is not None:
             setting = setting.with_noise(calibrate(setting, dp))
+        return setting
+
+    def _fit(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        progress: Progress,
+        canary: GradientCanary | None,
+    ) -> tuple[TrainOutcome, float]:
+        config, dp, perf = self.config, self.config.dp, self.perf
+        if dp is None:  # Trainer.__init__ refuses this already
+            raise InputError(f"algorithm {self.name!r} is private: give --noise-multiplier or --epsilon")
+        clip = check_positive(clip=dp.clip)
+        n = X.shape[0]
+        if n == 0:
+            raise InputError("the training set is empty")
+        check_no_batchnorm(model)
+        setting = self.setting_for(n)
         claim = privacy_claim(setting, dp)  # before training: an unreachable claim fails fast
 
         clipper = make_clipper(model, perf.clipping)
@@ -293,6 +323,7 @@ class DPTrainer(Trainer):
         )
         noise_gen = noise_generator(X.device, config.seed + 2, dp.secure_noise)
 
+        hook, observe = (None, None) if canary is None else canary.attach(clipper, X, y, setting, clip)
         history: list[dict[str, float]] = []
         model.train()
         with progress.task(f"train {self.name}", setting.steps) as advance:
@@ -307,14 +338,116 @@ class DPTrainer(Trainer):
                     batch_size=config.batch_size,
                     max_physical_batch=perf.max_physical_batch,
                     generator=noise_gen,
+                    before_noise=hook,
                 )
+                if observe is not None:
+                    observe()
                 opt.step()
                 if (step + 1) % setting.steps_per_epoch == 0 or step == setting.steps - 1:
                     # No losses or batch sizes of the private data here: the claim does not cover them.
                     history.append({"epoch": -(-(step + 1) // setting.steps_per_epoch), "steps": step + 1})
                 advance(1)
         model.eval()
-        return TrainOutcome(model=model, privacy=claim, history=history)
+        score = canary.score() if canary is not None else math.nan
+        return TrainOutcome(model=model, privacy=claim, history=history), score
+
+
+class GradientCanary:
+    """A white-box Dirac gradient canary for auditing DP-SGD (Nasr et al. 2021, arXiv:2101.04535,
+    §4 "gradient canaries"; Nasr et al. 2023, arXiv:2302.07956, §3).
+
+    The canary is one extra "record" whose clipped gradient is C·e_j on a single coordinate j; when
+    ``included`` it is Poisson-sampled at rate q like every record and added to the clipped sum
+    before the noise. The auditor sees every noisy update (white-box threat model) and reads
+    o_t = (noisy sum)_j / C at each step. With the data's gradients vanishing at j,
+    o_t ~ N(b_t, σ²), b_t ~ Bernoulli(q) when included and o_t ~ N(0, σ²) otherwise, so the most
+    powerful test per step (Neyman–Pearson) has the log-likelihood ratio
+        log(1 − q + q·exp((o_t − 1/2)/σ²)),
+    summed over the independent steps to give the score (higher = included).
+
+    j is chosen before training, from the data only (never from the inclusion bit): the coordinate
+    of the smallest per-example gradient energy Σ_i g_ij² over (up to 256) training records at
+    initialisation — exactly zero, e.g., for first-layer weights of a constant feature.
+    """
+
+    def __init__(self, *, included: bool, seed: int) -> None:
+        self.included, self.seed = bool(included), int(seed)
+        self.observations: list[float] = []
+        self._q = self._sigma = 0.0
+
+    def attach(self, clipper: Clipper, X: torch.Tensor, y: torch.Tensor, setting: PrivacySetting, clip: float):
+        if setting.sampling != "poisson":
+            raise InputError("the gradient canary audit needs Poisson sampling")
+        param, flat = self._coordinate(clipper, X, y)
+        gen = torch.Generator().manual_seed(self.seed)
+        self._q, self._sigma = setting.sample_rate, setting.noise_multiplier
+        batch = setting.batch_size
+
+        def hook(sums: list[torch.Tensor]) -> None:
+            drawn = bool(torch.rand((), generator=gen, dtype=torch.float64) < self._q)
+            if self.included and drawn:
+                sums[param].view(-1)[flat] += clip
+
+        def observe() -> None:
+            self.observations.append(float(clipper.params[param].grad.reshape(-1)[flat]) * batch / clip)
+
+        return hook, observe
+
+    @staticmethod
+    def _coordinate(clipper: Clipper, X: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
+        from torch.func import functional_call, grad, vmap
+
+        model = clipper.model
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+        buffers = dict(model.named_buffers())
+
+        def loss(p, xi, yi):
+            out = functional_call(model, {**p, **buffers}, (xi.unsqueeze(0),))
+            return torch.nn.functional.cross_entropy(out, yi.unsqueeze(0))
+
+        k = min(len(X), 256)
+        g = vmap(grad(loss), in_dims=(None, 0, 0))(params, X[:k], y[:k])
+        energies = [g[n].pow(2).sum(0).reshape(-1) for n in names]
+        best = min(range(len(names)), key=lambda i: float(energies[i].min()))
+        return best, int(energies[best].argmin())
+
+    def score(self) -> float:
+        o = torch.tensor(self.observations, dtype=torch.float64)
+        if self._sigma == 0:
+            return float(o.sum())
+        # log(1 − q + q·exp(z)) = logaddexp(log(1 − q), log q + z), stable for large |z|.
+        z = (o - 0.5) / self._sigma**2
+        q = torch.tensor(self._q, dtype=torch.float64)
+        return float(torch.logaddexp(torch.log1p(-q), torch.log(q) + z).sum()) if self._q < 1 else float(z.sum())
+
+
+def fit_with_gradient_canary(dataset, train_idx, spec, config, perf, canary: GradientCanary) -> float:
+    """Train the recipe on ``train_idx`` with a white-box gradient canary; return the canary's score."""
+    import numpy as np
+
+    from dpaudit.data import fit_preprocessing
+    from dpaudit.models import build_model
+    from dpaudit.training.base import get_trainer
+    from dpaudit.training.config import resolve_device
+
+    trainer = get_trainer(config.algo)(config, perf)
+    if not isinstance(trainer, DPTrainer):
+        raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
+    device = resolve_device(perf.device)
+    pre = fit_preprocessing(dataset, train_idx)
+    X = torch.as_tensor(np.array(pre.transform(dataset.X[train_idx])), device=device)
+    y = torch.as_tensor(dataset.y[train_idx], device=device)
+    model = build_model(spec, seed=config.seed).to(device)
+    return trainer.fit_with_canary(model, X, y, canary)[1]
+
+
+def claim_for(config, n: int) -> dict[str, Any]:
+    """The privacy claim of training ``config`` on ``n`` records, without training."""
+    from dpaudit.training.base import get_trainer
+
+    trainer = get_trainer(config.algo)(config)
+    return privacy_claim(trainer.setting_for(n), config.dp)
 
 
 @register_trainer
