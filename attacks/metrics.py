@@ -143,9 +143,7 @@ def bootstrap_ci(
         return [float(lo), float(hi)]
 
     out: dict[str, Any] = {k: interval([r[k] for r in reps]) for k in ("auc", "balanced_accuracy", "advantage")}
-    out["tpr_at_fpr"] = {
-        fpr_key(t): interval([r["tpr_at_fpr"][fpr_key(t)] for r in reps]) for t in fpr_targets
-    }
+    out["tpr_at_fpr"] = {fpr_key(t): interval([r["tpr_at_fpr"][fpr_key(t)] for r in reps]) for t in fpr_targets}
     return out
 
 
@@ -176,28 +174,44 @@ def evaluate(
     return out
 
 
+def _corners(fpr: np.ndarray, tpr: np.ndarray) -> np.ndarray:
+    """Mask of the points a ROC polyline needs: the ends and every point where the direction changes.
+
+    A point collinear with its neighbours (inside a vertical run of members or a horizontal run of
+    non-members) lies on the segment between them, so dropping it leaves the curve unchanged.
+    The cross product is exactly 0 there in floating point (one of dx, dy is exactly 0 on both sides).
+    """
+    keep = np.ones(len(fpr), bool)
+    if len(fpr) > 2:
+        dx, dy = np.diff(fpr), np.diff(tpr)
+        keep[1:-1] = dx[:-1] * dy[1:] - dy[:-1] * dx[1:] != 0
+    return keep
+
+
 def downsample_roc(
     fpr: np.ndarray, tpr: np.ndarray, *, max_points: int = 500, keep_below: float = 0.01
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A ROC curve with at most about ``max_points`` points for plotting and JSON.
+    """A ROC curve with at most ``max_points`` points (for plots and JSON).
 
-    Every point with FPR <= ``keep_below`` is kept exactly (the low-FPR region is what matters,
-    and it is where TPR-at-FPR is read), as are the first and last points and the points that
-    attain each standard TPR-at-FPR value; the rest is thinned evenly by index. Thinning drops
-    points, it never invents any, so the curve stays an honest (slightly pessimistic) step.
+    First, points inside straight runs are dropped (lossless). If that is not enough, the region
+    FPR <= ``keep_below`` is kept exactly (it is where the low-FPR operating points lie, and is kept
+    even if it alone exceeds the budget), as are the ends and the points each standard TPR-at-FPR is
+    read from; the rest is thinned evenly by index. Thinning only drops points, so the curve never
+    shows an operating point the attack does not have.
     """
     fpr, tpr = np.asarray(fpr, np.float64), np.asarray(tpr, np.float64)
+    corners = _corners(fpr, tpr)
+    fpr, tpr = fpr[corners], tpr[corners]
     n = len(fpr)
     if n <= max_points:
-        return fpr.copy(), tpr.copy()
-    keep = np.zeros(n, bool)
-    keep[fpr <= keep_below] = True
+        return fpr, tpr
+    keep = fpr <= keep_below
     keep[[0, n - 1]] = True
     for t in FPR_TARGETS:  # the point each reported TPR@FPR is read from
         ok = np.flatnonzero(fpr <= t)
         keep[ok[np.argmax(tpr[ok])]] = True
-    budget = max(max_points - int(keep.sum()), 2)
+    budget = max_points - int(keep.sum())
     rest = np.flatnonzero(~keep)
-    if len(rest):
+    if budget > 0 and len(rest):
         keep[rest[np.unique(np.linspace(0, len(rest) - 1, min(budget, len(rest))).round().astype(int))]] = True
     return fpr[keep], tpr[keep]

@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "dpaudit.cli.report",
     "dpaudit.cli.audit",
     "dpaudit.cli.account",
+    "dpaudit.cli.attack",
 ]
 
 

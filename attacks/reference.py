@@ -1,0 +1,260 @@
+"""Training of reference (LiRA) and shadow (Shokri) models: cached, in parallel, on a cluster.
+
+Every reference model is an ordinary dpaudit run directory (safetensors + JSON + split.npz, trained by
+:func:`dpaudit.training.run.train_run` with the target's recipe) plus ``logits.npy``, its float64
+logits on every record of the dataset. Both live under ``<cache_dir>/models/<key>/`` where ``key`` is
+the sha256 of (data hash, model spec, training config including the seed, training index set), so a
+second attack on the same target, or another target with the same recipe, reuses them.
+
+Parallelism: joblib with the loky backend (``workers`` processes), or a Dask cluster through joblib's
+dask backend (``scheduler="tcp://host:port"``). Each job trains with one torch thread, so results are
+bit-identical whatever the number of workers, and workers do not oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run, write_atomic_file
+from dpaudit.data import Dataset, Splits
+from dpaudit.errors import InputError
+from dpaudit.models import ModelSpec
+from dpaudit.progress import NULL_PROGRESS, Progress
+from dpaudit.training.config import PerfConfig, TrainConfig
+from dpaudit.validation import check_positive_int
+
+DEFAULT_CACHE_DIR = Path(".dpaudit-cache")
+LOGITS_FILE = "logits.npy"
+CACHE_VERSION = 1
+DASK_CONNECT_TIMEOUT_S = 30
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: int, *, scheduler: str | None = None) -> int:
+    """Validate ``--workers``: a positive integer, at most the local cores (unless a cluster runs the jobs)."""
+    workers = check_positive_int(workers=workers)
+    cores = available_cores()
+    if scheduler is None and workers > cores:
+        raise InputError(f"--workers {workers} > {cores} CPU cores on this machine; use at most {cores}")
+    return workers
+
+
+@dataclass(frozen=True, eq=False)
+class Recipe:
+    """How the target was trained, to train reference models alike: its data, model spec, training
+    and performance configs (``configs_from_meta``), its test split (only for the reference checkpoints'
+    metrics) and its aux split (public data; where a private recipe fits its preprocessing)."""
+
+    dataset: Dataset
+    spec: ModelSpec
+    config: TrainConfig
+    perf: PerfConfig
+    test_idx: np.ndarray
+    aux_idx: np.ndarray
+    label_column: str | None = None
+
+    @classmethod
+    def from_run(cls, run: Run, dataset: Dataset | None = None) -> Recipe:
+        from dpaudit.training.run import configs_from_meta
+
+        config, perf = configs_from_meta(run.meta)
+        if perf.device == "cuda":  # performance-only: a GPU-trained target can be attacked on a CPU machine
+            import torch
+
+            if not torch.cuda.is_available():
+                perf = replace(perf, device="cpu")
+        return cls(
+            dataset=dataset if dataset is not None else run.dataset(),
+            spec=run.spec,
+            config=config,
+            perf=perf,
+            test_idx=run.splits.test,
+            aux_idx=run.splits.aux,
+            label_column=run.meta["data"].get("label_column"),
+        )
+
+    def with_seed(self, seed: int) -> TrainConfig:
+        return replace(self.config, seed=int(seed))
+
+
+def model_key(recipe: Recipe, train_idx: np.ndarray, seed: int) -> str:
+    """Cache key: sha256 of the data hash, model spec, training config (with ``seed``) and the sorted
+    training index set (and, for a private recipe, the aux set its preprocessing is fitted on).
+    Performance settings are left out: they never change what is trained."""
+    idx = np.unique(np.asarray(train_idx, dtype=np.int64))
+    payload = {
+        "cache_version": CACHE_VERSION,
+        "data_sha256": recipe.dataset.sha256,
+        "model": recipe.spec.to_dict(),
+        "training": recipe.with_seed(seed).to_dict(),
+        "train_idx_sha256": hashlib.sha256(idx.astype("<i8").tobytes()).hexdigest(),
+        "n_train": len(idx),
+    }
+    if recipe.config.dp is not None:  # a private recipe standardises on the aux split (see train_run)
+        aux = np.unique(np.asarray(recipe.aux_idx, dtype=np.int64))
+        payload["preprocessing_idx_sha256"] = hashlib.sha256(aux.astype("<i8").tobytes()).hexdigest()
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _checkpoint_ok(path: Path) -> bool:
+    """Whether the cache entry holds its checkpoint (written atomically, so present means complete)."""
+    return (path / CHECKPOINT_FILE).is_file()
+
+
+def _read_cached(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
+    """Logits of a complete cache entry, or None (missing or partial entries are redone).
+
+    The directory name is the cache key, so an entry is found only for the exact same data,
+    model, training config, seed and training set.
+    """
+    if not _checkpoint_ok(path):
+        return None
+    try:
+        logits = np.load(path / LOGITS_FILE, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    return logits if logits.shape == shape and logits.dtype == np.float64 else None
+
+
+def _logits_shape(recipe: Recipe) -> tuple[int, int]:
+    return (len(recipe.dataset), recipe.spec.n_classes)
+
+
+def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) -> np.ndarray:
+    """Train one reference model (or reuse the cached one) and return its float64 logits on every record.
+
+    Runs with a single torch thread (restored afterwards) so that the result does not depend on where
+    it runs, and parallel workers do not oversubscribe cores. Safe to call in a worker process.
+    """
+    import torch
+
+    from dpaudit.training.run import train_run
+
+    key = model_key(recipe, train_idx, seed)
+    path = Path(cache_dir) / "models" / key
+    shape = _logits_shape(recipe)
+    cached = _read_cached(path, shape)
+    if cached is not None:
+        return cached
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_idx = np.unique(np.asarray(train_idx, dtype=np.int64))
+        rest = np.setdiff1d(np.arange(len(recipe.dataset)), np.r_[train_idx, recipe.test_idx, recipe.aux_idx])
+        splits = Splits(
+            members=train_idx,
+            holdout=rest,  # records in none of the other sets (only for the checkpoint's holdout metrics)
+            # The target's aux split, public to the attacker: a private recipe fits its standardisation
+            # there (train_run), so a DP reference model gets exactly the target's preprocessing.
+            aux=np.asarray(recipe.aux_idx, np.int64),
+            test=np.asarray(recipe.test_idx, np.int64),
+            seed=int(seed),
+            fractions=(),
+        )
+        if not _checkpoint_ok(path):  # else only the logits file was missing
+            train_run(
+                recipe.dataset,
+                recipe.spec,
+                recipe.with_seed(seed),
+                recipe.perf,
+                out=path,
+                splits=splits,
+                label_column=recipe.label_column,
+                force=True,  # replaces a partial entry; concurrent writers of one key write the same model
+            )
+        logits = load_run(path).logits(recipe.dataset.X)
+    finally:
+        torch.set_num_threads(threads)
+    buf = io.BytesIO()
+    np.save(buf, logits.astype(np.float64), allow_pickle=False)
+    write_atomic_file(path / LOGITS_FILE, buf.getvalue(), force=True)
+    return logits
+
+
+def train_models(
+    recipe: Recipe,
+    train_sets: Sequence[np.ndarray],
+    seeds: Sequence[int],
+    *,
+    workers: int = 1,
+    scheduler: str | None = None,
+    cache_dir: Path | str = DEFAULT_CACHE_DIR,
+    progress: Progress = NULL_PROGRESS,
+    description: str = "reference models",
+) -> np.ndarray:
+    """Train one model per (train set, seed) with the recipe; return logits ``(n_models, n_records, k)``.
+
+    ``workers`` > 1: a local process pool (joblib/loky), at most the number of cores. ``scheduler``:
+    the address of a Dask scheduler (``tcp://host:port``); jobs then run on its workers through
+    joblib's dask backend, and ``cache_dir`` should be on a filesystem they share (the logits come
+    back to the caller either way). Cached models are not retrained.
+    """
+    from joblib import Parallel, delayed
+
+    if len(train_sets) != len(seeds):
+        raise InputError(f"got {len(train_sets)} training sets but {len(seeds)} seeds")
+    workers = check_workers(workers, scheduler=scheduler)
+    cache = str(Path(cache_dir).absolute())
+    shape = _logits_shape(recipe)
+    out: list[np.ndarray | None] = [None] * len(seeds)
+    todo = []
+    for j, (idx, seed) in enumerate(zip(train_sets, seeds, strict=True)):
+        key = model_key(recipe, idx, seed)
+        out[j] = _read_cached(Path(cache) / "models" / key, shape)
+        if out[j] is None:
+            todo.append(j)
+    with progress.task(f"{description} ({len(todo)} to train, {len(seeds) - len(todo)} cached)", len(seeds)) as adv:
+        adv(len(seeds) - len(todo))
+        jobs = (delayed(train_one)(recipe, train_sets[j], int(seeds[j]), cache) for j in todo)
+        if not todo:
+            results: Any = []
+        elif scheduler is not None:
+            results = _run_on_dask(scheduler, jobs)
+        elif workers == 1 or len(todo) == 1:
+            results = (train_one(recipe, train_sets[j], int(seeds[j]), cache) for j in todo)
+        else:
+            results = Parallel(n_jobs=min(workers, len(todo)), backend="loky", return_as="generator")(jobs)
+        for j, logits in zip(todo, results, strict=True):
+            out[j] = logits
+            adv(1)
+    return np.stack(out) if out else np.zeros((0, *shape))
+
+
+def _run_on_dask(scheduler: str, jobs) -> list[np.ndarray]:
+    import joblib
+
+    try:
+        from distributed import Client
+    except ImportError:
+        raise InputError("--scheduler needs dask.distributed: pip install 'dask[distributed]'") from None
+    try:
+        client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as e:
+        raise InputError(f"cannot reach the Dask scheduler at {scheduler} ({type(e).__name__}: {e})") from None
+    try:
+        with joblib.parallel_backend("dask"):
+            return list(joblib.Parallel(n_jobs=-1)(jobs))
+    finally:
+        client.close()
+
+
+def seeds_for(seed: int, role: str, n: int) -> list[int]:
+    """Distinct, reproducible training seeds for ``n`` models of one role ("lira", "shadow")."""
+    ss = np.random.SeedSequence([int(seed), *role.encode()])
+    return [int(s) for s in ss.generate_state(n, dtype=np.uint32) % (2**31 - 1)]

@@ -1,0 +1,181 @@
+"""LiRA on synthetic Gaussian signals: it must recover the Neyman–Pearson optimal ROC."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from attacks.lira import LiRA, balanced_membership, lira_from_logits, signals_matrix
+from attacks.metrics import evaluate
+from attacks.rmia import RMIA
+from dpaudit.errors import InputError
+
+
+def hanley_mcneil_se(auc: float, n1: int, n2: int) -> float:
+    """Standard error of an empirical AUC (Hanley & McNeil 1982, Radiology 143:29, eq. 2)."""
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    return math.sqrt((auc * (1 - auc) + (n1 - 1) * (q1 - auc**2) + (n2 - 1) * (q2 - auc**2)) / (n1 * n2))
+
+
+def gaussian_world(n: int, m: int, delta: float, s: float, tau: float, seed: int):
+    """Per-record means mu_i ~ N(0, tau^2); OUT signals ~ N(mu_i, s^2), IN ~ N(mu_i + delta, s^2)."""
+    rng = np.random.default_rng(seed)
+    mu = rng.normal(0, tau, n)
+    in_mask = balanced_membership(n, m, seed=rng)
+    signals = mu[:, None] + delta * in_mask + rng.normal(0, s, (n, m))
+    member = rng.random(n) < 0.5
+    target = mu + delta * member + rng.normal(0, s, n)
+    return signals, in_mask, target, member
+
+
+# Known per-record means make x - mu_i ~ N(delta, s^2) (IN) vs N(0, s^2) (OUT): the likelihood ratio
+# test is a threshold on x - mu_i, with AUC Phi(delta / (s sqrt 2)) and TPR(f) = Phi(delta/s - z_{1-f}).
+# LiRA must estimate mu_i from M/2 models per side; with M = 64 the estimate's noise widens the
+# effective variance from 2 s^2 to about 2 s^2 (1 + 1/M), an AUC bias below 0.002 here.
+N, M, DELTA, S, TAU = 6000, 64, 1.0, 1.0, 2.0
+OPT_AUC = norm.cdf(DELTA / (S * math.sqrt(2)))  # 0.760
+
+
+@pytest.fixture(scope="module")
+def world():
+    return gaussian_world(N, M, DELTA, S, TAU, seed=7)
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_recovers_neyman_pearson_auc(world, online):
+    signals, in_mask, target, member = world
+    lira = LiRA(online=online, global_variance=True)
+    auc = evaluate(lira.fit_score(signals, in_mask, target), member, n_bootstrap=0)["auc"]
+    se = hanley_mcneil_se(OPT_AUC, int(member.sum()), int((~member).sum()))  # ~0.0062
+    assert abs(auc - OPT_AUC) < 4 * se + 0.002
+    # A wrong model fails the same tolerance: ignoring per-record calibration (raw signal, the loss
+    # attack's analogue) has AUC Phi(delta / sqrt(2 (s^2 + tau^2))) = 0.62; a world with half the
+    # effect has 0.64.
+    raw = evaluate(target, member, n_bootstrap=0)["auc"]
+    assert abs(raw - norm.cdf(DELTA / math.sqrt(2 * (S**2 + TAU**2)))) < 4 * se
+    assert abs(raw - OPT_AUC) > 4 * se + 0.002
+    assert abs(norm.cdf(DELTA / 2 / (S * math.sqrt(2))) - OPT_AUC) > 4 * se + 0.002
+
+
+def test_recovers_optimal_tpr_at_10pct_fpr(world):
+    signals, in_mask, target, member = world
+    m = evaluate(LiRA(online=True).fit_score(signals, in_mask, target), member, n_bootstrap=0)
+    opt = norm.cdf(DELTA / S - norm.ppf(0.9))  # 0.389
+    se = math.sqrt(opt * (1 - opt) / member.sum())  # binomial, ~0.009; the threshold's noise adds less
+    assert abs(m["tpr_at_fpr"]["0.1"] - opt) < 5 * se
+
+
+def test_per_record_variance_beats_global_when_variances_differ():
+    # Records with very different spreads: per-record Gaussians (M >= 64, "auto") model them right.
+    rng = np.random.default_rng(3)
+    n, m = 4000, 128
+    s_i = np.where(rng.random(n) < 0.5, 0.3, 3.0)
+    in_mask = balanced_membership(n, m, seed=rng)
+    signals = 1.0 * in_mask + rng.normal(0, 1, (n, m)) * s_i[:, None]
+    member = rng.random(n) < 0.5
+    target = 1.0 * member + rng.normal(0, 1, n) * s_i
+    auto = LiRA()
+    a_auto = evaluate(auto.fit_score(signals, in_mask, target), member, n_bootstrap=0)
+    a_glob = evaluate(LiRA(global_variance=True).fit_score(signals, in_mask, target), member, n_bootstrap=0)
+    assert not auto.global_variance_
+    assert a_auto["tpr_at_fpr"]["0.01"] > a_glob["tpr_at_fpr"]["0.01"]
+
+
+def test_auto_variance_rule():
+    signals, in_mask, _, _ = gaussian_world(50, 16, 1.0, 1.0, 1.0, seed=0)
+    assert LiRA().fit(signals, in_mask).global_variance_  # 16 < 64 models: global (Carlini et al. §VI)
+    signals, in_mask, _, _ = gaussian_world(50, 64, 1.0, 1.0, 1.0, seed=0)
+    assert not LiRA().fit(signals, in_mask).global_variance_
+
+
+def test_balanced_membership():
+    in_mask = balanced_membership(1000, 16, seed=0)
+    assert in_mask.shape == (1000, 16)
+    np.testing.assert_array_equal(in_mask.sum(axis=1), 8)
+    assert np.all(np.abs(in_mask.sum(axis=0) - 500) < 80)  # each model trains on about half
+    odd = balanced_membership(1000, 5, seed=0).sum(axis=1)
+    assert set(np.unique(odd)) == {2, 3}
+    np.testing.assert_array_equal(balanced_membership(10, 4, seed=1), balanced_membership(10, 4, seed=1))
+
+
+class TestGuard:
+    def setup_method(self):
+        self.signals = np.random.default_rng(0).normal(size=(5, 4))
+        self.in_mask = np.array([[1, 1, 0, 0]] * 5, bool)
+        self.in_mask[3] = [1, 0, 0, 0]  # record 3: one IN model
+
+    def test_refuses_naming_records(self):
+        with pytest.raises(InputError, match=r"1 record\(s\) have fewer than 2 IN reference models.*103 \(1\)"):
+            LiRA(min_models=2).fit(self.signals, self.in_mask, record_ids=np.arange(100, 105))
+
+    def test_warns_loudly(self):
+        with pytest.warns(RuntimeWarning, match="fewer than 2 IN"):
+            scores = LiRA(on_insufficient="warn").fit_score(self.signals, self.in_mask, np.zeros(5))
+        assert np.all(np.isfinite(scores))
+
+    def test_zero_models_always_refused(self):
+        self.in_mask[2] = False
+        with pytest.raises(InputError, match="IN reference models"):
+            LiRA(on_insufficient="warn", min_models=1).fit(self.signals, self.in_mask)
+
+    def test_offline_needs_only_out(self):
+        self.in_mask[2] = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            LiRA(online=False, min_models=2).fit(self.signals, self.in_mask)
+        self.in_mask[1] = True  # no OUT model
+        with pytest.raises(InputError, match="OUT reference models"):
+            LiRA(online=False).fit(self.signals, self.in_mask)
+
+    def test_shapes(self):
+        with pytest.raises(InputError, match="IN matrix has shape"):
+            LiRA().fit(self.signals, self.in_mask[:, :3])
+        with pytest.raises(InputError, match="boolean"):
+            LiRA().fit(self.signals, self.in_mask.astype(int))
+        with pytest.raises(InputError, match="target signals"):
+            LiRA(min_models=1).fit(self.signals, self.in_mask).score(np.zeros(4))
+
+
+def test_constant_signals_do_not_divide_by_zero():
+    in_mask = balanced_membership(10, 4, seed=0)
+    scores = LiRA().fit_score(np.zeros((10, 4)), in_mask, np.zeros(10))
+    assert np.all(np.isfinite(scores))
+
+
+def test_from_logits_end_to_end():
+    # Reference logits where IN models are more confident on the true class.
+    rng = np.random.default_rng(1)
+    n, m = 400, 8
+    y = rng.integers(0, 3, n)
+    in_mask = balanced_membership(n, m, seed=rng)
+    base = rng.normal(0, 1, (m, n, 3))
+    base[np.arange(m)[:, None], np.arange(n)[None, :], y[None, :]] += 2.0 + 3.0 * in_mask.T
+    member = rng.random(n) < 0.5
+    target = rng.normal(0, 1, (n, 3))
+    target[np.arange(n), y] += 2.0 + 3.0 * member
+    assert signals_matrix(base, y).shape == (n, m)
+    scores = lira_from_logits(target, base, y, in_mask)
+    assert evaluate(scores, member, n_bootstrap=0)["auc"] > 0.9
+
+
+def test_rmia_ranks_like_its_pairwise_score():
+    rng = np.random.default_rng(2)
+    n, m = 300, 8
+    in_mask = balanced_membership(n, m, seed=rng)
+    mu = rng.normal(-1, 0.5, n)
+    sig = np.minimum(mu[:, None] + 0.8 * in_mask + rng.normal(0, 0.2, (n, m)), 0)
+    member = rng.random(n) < 0.5
+    target = np.minimum(mu + 0.8 * member + rng.normal(0, 0.2, n), 0)
+    rmia = RMIA().fit(sig, in_mask)
+    s = rmia.score(target)
+    assert evaluate(s, member, n_bootstrap=0)["auc"] > 0.8
+    pair = rmia.pairwise_score(target, sig, in_mask, target)
+    assert np.all((pair >= 0) & (pair <= 1))
+    order = np.argsort(s)
+    assert np.all(np.diff(pair[order]) >= 0)  # monotone in the likelihood ratio (same ranking up to ties)
+    off = RMIA(online=False).fit(sig, in_mask).score(target)
+    assert evaluate(off, member, n_bootstrap=0)["auc"] > 0.7

@@ -1,0 +1,93 @@
+"""Reference-model training: cache keys, cache reuse, determinism across workers, Dask."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from attacks.reference import Recipe, available_cores, check_workers, model_key, seeds_for, train_models
+from dpaudit.checkpoint import load_run
+from dpaudit.errors import InputError
+
+
+@pytest.fixture
+def recipe(tiny_run):
+    return Recipe.from_run(tiny_run)
+
+
+def train_sets(run, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    pop = np.union1d(run.splits.aux, run.splits.holdout)
+    return [np.sort(rng.choice(pop, 100, replace=False)) for _ in range(n)]
+
+
+def test_model_key(recipe, tiny_run):
+    a, b = train_sets(tiny_run, 2)
+    k = model_key(recipe, a, 1)
+    assert k == model_key(recipe, a[::-1], 1)  # a set: order does not matter
+    assert len({k, model_key(recipe, a, 2), model_key(recipe, b, 1)}) == 3
+
+
+def test_workers_1_and_2_identical_and_cached(recipe, tiny_run, tmp_path, monkeypatch):
+    sets, seeds = train_sets(tiny_run, 3), seeds_for(0, "reference", 3)
+    one = train_models(recipe, sets, seeds, workers=1, cache_dir=tmp_path / "c1")
+    two = train_models(recipe, sets, seeds, workers=2, cache_dir=tmp_path / "c2")
+    assert one.shape == (3, len(recipe.dataset), 3) and one.dtype == np.float64
+    np.testing.assert_array_equal(one, two)  # bit-identical: one torch thread per job everywhere
+    # Every model is an ordinary checkpoint whose logits are what we returned.
+    entries = sorted((tmp_path / "c1" / "models").iterdir())
+    assert len(entries) == 3
+    key = model_key(recipe, sets[0], seeds[0])
+    r = load_run(tmp_path / "c1" / "models" / key)
+    np.testing.assert_array_equal(np.sort(r.splits.members), sets[0])
+    np.testing.assert_allclose(r.logits(recipe.dataset.X), one[0])
+    # A second call trains nothing.
+    import dpaudit.training.run as run_mod
+
+    monkeypatch.setattr(run_mod, "train_run", lambda *a, **k: pytest.fail("retrained a cached model"))
+    np.testing.assert_array_equal(train_models(recipe, sets, seeds, cache_dir=tmp_path / "c1"), one)
+
+
+def test_partial_cache_entry_is_completed(recipe, tiny_run, tmp_path):
+    sets, seeds = train_sets(tiny_run, 1), seeds_for(0, "reference", 1)
+    first = train_models(recipe, sets, seeds, cache_dir=tmp_path)
+    (tmp_path / "models" / model_key(recipe, sets[0], seeds[0]) / "logits.npy").unlink()
+    np.testing.assert_array_equal(train_models(recipe, sets, seeds, cache_dir=tmp_path), first)
+
+
+def test_more_workers_than_cores():
+    n = available_cores()
+    assert check_workers(n) == n
+    with pytest.raises(InputError, match=f"--workers {n + 1} > {n} CPU cores"):
+        check_workers(n + 1)
+    assert check_workers(n + 1, scheduler="tcp://x:1") == n + 1  # a cluster has its own cores
+    with pytest.raises(InputError, match="workers >= 1"):
+        check_workers(0)
+
+
+def test_seeds_distinct_and_reproducible():
+    a = seeds_for(0, "reference", 16)
+    assert len(set(a)) == 16 and a == seeds_for(0, "reference", 16)
+    assert set(a).isdisjoint(seeds_for(0, "shadow", 16))
+
+
+def test_dask_cluster_matches_local(recipe, tiny_run, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    sets, seeds = train_sets(tiny_run, 2), seeds_for(0, "reference", 2)
+    local = train_models(recipe, sets, seeds, workers=1, cache_dir=tmp_path / "local")
+    t0 = time.perf_counter()
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        remote = train_models(recipe, sets, seeds, scheduler=cluster.scheduler_address, cache_dir=tmp_path / "dask")
+    np.testing.assert_array_equal(local, remote)
+    assert len(list((tmp_path / "dask" / "models").iterdir())) == 2
+    assert time.perf_counter() - t0 < 120
+
+
+def test_unreachable_scheduler(recipe, tiny_run, tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr("attacks.reference.DASK_CONNECT_TIMEOUT_S", 2)
+    sets = train_sets(tiny_run, 1)
+    with pytest.raises(InputError, match="cannot reach the Dask scheduler"):
+        train_models(recipe, sets, [1], scheduler="tcp://127.0.0.1:9", cache_dir=tmp_path)
