@@ -100,9 +100,7 @@ def _synthetic(spec: str, params: str) -> Dataset:
 
 def _synthetic_tokens(spec: str, params: str) -> Dataset:
     p = {"n": 1000, "length": 20, "vocab": 50, "classes": 2, "seed": 0}
-    p.update(
-        _parse_params(params, {"n": int, "length": int, "vocab": int, "classes": int, "seed": int}, spec)
-    )
+    p.update(_parse_params(params, {"n": int, "length": int, "vocab": int, "classes": int, "seed": int}, spec))
     if p["n"] < 2 or p["length"] < 1 or p["vocab"] < 2 or p["classes"] < 2:
         raise InputError(f"bad dataset spec {spec!r}: need n >= 2, length >= 1, vocab >= 2, classes >= 2")
     rng = np.random.default_rng(p["seed"])
@@ -175,9 +173,7 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     return _validated(path.stem, X.astype(np.float64), y, kind, spec)
 
 
-def _validated(
-    name: str, X: np.ndarray, y: np.ndarray, kind: str, spec: str, vocab_size: int | None = None
-) -> Dataset:
+def _validated(name: str, X: np.ndarray, y: np.ndarray, kind: str, spec: str, vocab_size: int | None = None) -> Dataset:
     if X.shape[0] == 0:
         raise DataError(f"{spec}: the dataset is empty")
     if X.shape[0] != y.shape[0]:
@@ -226,9 +222,7 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         if path.suffix.lower() == ".npz":
             return _from_npz(path, spec)
         raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
-    valid = ", ".join(
-        [*EMBEDDED, "synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz"]
-    )
+    valid = ", ".join([*EMBEDDED, "synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz"])
     raise InputError(f"unknown dataset {spec!r}; valid: {valid}")
 
 
@@ -254,9 +248,7 @@ class Splits:
 def make_splits(n: int, seed: int, fractions: tuple[float, ...] = DEFAULT_FRACTIONS) -> Splits:
     """Deterministic split of ``range(n)`` from ``seed`` into members/holdout/aux/test."""
     if len(fractions) != 4 or any((not math.isfinite(f)) or f < 0 for f in fractions):
-        raise InputError(
-            f"expected 4 non-negative split fractions (members,holdout,aux,test), got {fractions}"
-        )
+        raise InputError(f"expected 4 non-negative split fractions (members,holdout,aux,test), got {fractions}")
     total = float(sum(fractions))
     if not 0 < total <= 1 + 1e-9:
         raise InputError(f"split fractions must sum to at most 1, got {total:g}")

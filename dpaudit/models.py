@@ -164,9 +164,7 @@ class RNNClassifier(nn.Module):
         self.embedding = nn.Embedding(spec.vocab_size, spec.embed_dim)
         self.forward_rnn = RecurrentLayer(spec.cell, spec.embed_dim, spec.hidden_size)
         self.backward_rnn = (
-            RecurrentLayer(spec.cell, spec.embed_dim, spec.hidden_size, reverse=True)
-            if spec.bidirectional
-            else None
+            RecurrentLayer(spec.cell, spec.embed_dim, spec.hidden_size, reverse=True) if spec.bidirectional else None
         )
         self.head = nn.Linear(spec.hidden_size * (2 if spec.bidirectional else 1), spec.n_classes)
 

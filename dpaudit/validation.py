@@ -52,9 +52,7 @@ def check_positive_int(**kwargs: Any) -> int:
     return int(value)
 
 
-def check_in_interval(
-    lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = True, **kwargs: Any
-) -> float:
+def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = True, **kwargs: Any) -> float:
     """Check lo < value < hi (brackets controlled by lo_open/hi_open)."""
     name, value = _one(kwargs)
     v = _finite(name, value)

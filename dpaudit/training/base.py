@@ -36,9 +36,7 @@ class Trainer(ABC):
         if self.private and config.dp is None:
             raise InputError(f"algorithm {self.name!r} is private: give --noise-multiplier or --epsilon")
         if not self.private and config.dp is not None:
-            raise InputError(
-                f"algorithm {self.name!r} is not private; DP options need --algo dpsgd or dpadam"
-            )
+            raise InputError(f"algorithm {self.name!r} is not private; DP options need --algo dpsgd or dpadam")
 
     @abstractmethod
     def fit(
@@ -70,9 +68,7 @@ def get_trainer(algo: str) -> type[Trainer]:
 
 def make_optimizer(name: str, params, config: TrainConfig) -> torch.optim.Optimizer:
     if name == "sgd":
-        return torch.optim.SGD(
-            params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-        )
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     if name == "adam":
         return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
     raise InputError(f"unknown optimizer {name!r}")

@@ -118,7 +118,5 @@ def resolve_device(name: str):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise InputError(
-            "--device cuda requested but no CUDA device is available (install a CUDA torch build)"
-        )
+        raise InputError("--device cuda requested but no CUDA device is available (install a CUDA torch build)")
     return torch.device(name)

@@ -52,7 +52,7 @@ def test_model_spec_round_trip_and_no_batchnorm():
         default_spec("cnn", input_shape=(4,), n_classes=3)
     from dpaudit.models import check_no_batchnorm
 
-    with pytest.raises(InputError, match="BatchNorm.*GroupNorm"):
+    with pytest.raises(InputError, match=r"BatchNorm.*GroupNorm"):
         check_no_batchnorm(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)))
 
 
