@@ -171,3 +171,25 @@ def grouped_notes(audits: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
             if source not in sources:
                 sources.append(source)
     return [(", ".join(sources), note) for note, sources in groups.items()]
+
+
+SUMMARY_HEADER = (
+    "model",
+    "claimed ε",
+    "empirical ε lower bound (method, confidence)",
+    "best attack AUC",
+    "TPR@0.1% FPR",
+    "verdict",
+)
+
+
+def summary_cells(model: Mapping[str, Any]) -> list[str]:
+    """The summary row's text cells (all but the verdict), unescaped; each renderer escapes them."""
+    s = model["summary"]
+    return [
+        str(model["name"]),
+        claim_text(model["claim"]),
+        bound_text(s),
+        with_attack(num(s["best_auc"]), s["best_auc_attack"]),
+        with_attack(rate(s["tpr_at_low_fpr"]), s["tpr_at_low_fpr_attack"]),
+    ]

@@ -89,27 +89,10 @@ def _figure(data: bytes | None, alt: str, caption: str, wide: bool = False) -> s
 
 
 def _summary_table(report: Mapping[str, Any]) -> str:
-    header = [
-        "model",
-        "claimed ε",
-        "empirical ε lower bound (method, confidence)",
-        "best attack AUC",
-        "TPR@0.1% FPR",
-        "verdict",
-    ]
+    header = list(F.SUMMARY_HEADER)
     rows = []
     for m in report["models"]:
-        s = m["summary"]
-        rows.append(
-            [
-                _e(m["name"]),
-                _e(F.claim_text(m["claim"])),
-                _e(F.bound_text(s)),
-                _e(F.with_attack(F.num(s["best_auc"]), s["best_auc_attack"])),
-                _e(F.with_attack(F.rate(s["tpr_at_low_fpr"]), s["tpr_at_low_fpr_attack"])),
-                _badge(s["verdict"]),
-            ]
-        )
+        rows.append([*(_e(c) for c in F.summary_cells(m)), _badge(m["summary"]["verdict"])])
     return _table([_e(h) for h in header], rows)
 
 

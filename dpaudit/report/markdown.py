@@ -31,27 +31,8 @@ def _verdict(v: str | None) -> str:
 
 
 def summary_table(report: Mapping[str, Any]) -> list[str]:
-    header = [
-        "model",
-        "claimed ε",
-        "empirical ε lower bound (method, confidence)",
-        "best attack AUC",
-        "TPR@0.1% FPR",
-        "verdict",
-    ]
-    rows = []
-    for m in report["models"]:
-        s = m["summary"]
-        rows.append(
-            [
-                md(m["name"]),
-                md(F.claim_text(m["claim"])),
-                md(F.bound_text(s)),
-                md(F.with_attack(F.num(s["best_auc"]), s["best_auc_attack"])),
-                md(F.with_attack(F.rate(s["tpr_at_low_fpr"]), s["tpr_at_low_fpr_attack"])),
-                _verdict(s["verdict"]),
-            ]
-        )
+    header = list(F.SUMMARY_HEADER)
+    rows = [[*(md(c) for c in F.summary_cells(m)), _verdict(m["summary"]["verdict"])] for m in report["models"]]
     return _table(header, rows)
 
 
