@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from attacks.lira import LiRA, balanced_membership, signals_matrix
-from attacks.reference import DEFAULT_CACHE_DIR, Recipe, check_workers, seeds_for, train_models
+from attacks.reference import Recipe, check_workers, seeds_for, train_models
 from attacks.result import AttackResult
 from attacks.rmia import RMIA
 from attacks.shadow import ShadowAttack
@@ -164,7 +164,7 @@ def run_mia(
     workers: int = 1,
     scheduler: str | None = None,
     seed: int = 0,
-    cache_dir: Path | str = DEFAULT_CACHE_DIR,
+    cache_dir: Path | str | None = None,
     min_models: int = 2,
     shadow_classifier: str = "logreg",
     n_bootstrap: int = 200,
@@ -178,7 +178,8 @@ def run_mia(
     offline, ``reference_models`` reference models; records with fewer than ``min_models`` IN/OUT
     models are refused), rmia (Zarifzadeh et al., sharing LiRA's reference models), or "all".
     Reference training runs on ``workers`` local processes or the Dask ``scheduler`` and is cached
-    under ``cache_dir``. ``seed`` fixes the shadow/reference partitions, model seeds and bootstrap.
+    under ``cache_dir`` (None: :func:`dpaudit.cache.default_cache_dir`). ``seed`` fixes the
+    shadow/reference partitions, model seeds and bootstrap.
     """
     methods = parse_methods(methods)
     check_non_negative(seed=seed)

@@ -4,7 +4,9 @@ Every reference model is an ordinary dpaudit run directory (safetensors + JSON +
 :func:`dpaudit.training.run.train_run` with the target's recipe) plus ``logits.npy``, its float64
 logits on every record of the dataset. Both live under ``<cache_dir>/models/<key>/`` where ``key`` is
 the sha256 of (data hash, model spec, training config including the seed, training index set), so a
-second attack on the same target, or another target with the same recipe, reuses them.
+second attack on the same target, or another target with the same recipe, reuses them. ``cache_dir``
+defaults to :func:`dpaudit.cache.default_cache_dir` (``$DPAUDIT_CACHE_DIR``, else the user's cache
+directory; never the current directory).
 
 Parallelism: joblib with the loky backend (``workers`` processes), or a Dask cluster through joblib's
 dask backend (``scheduler="tcp://host:port"``). Each job trains with one torch thread, so results are
@@ -24,15 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run, write_atomic_file
+from dpaudit.cache import resolve_cache_dir
+from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run
 from dpaudit.data import Dataset, Splits
 from dpaudit.errors import InputError
+from dpaudit.fileio import write_atomic_file
 from dpaudit.models import ModelSpec
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import PerfConfig, TrainConfig
 from dpaudit.validation import check_positive_int
 
-DEFAULT_CACHE_DIR = Path(".dpaudit-cache")
 LOGITS_FILE = "logits.npy"
 CACHE_VERSION = 1
 DASK_CONNECT_TIMEOUT_S = 30
@@ -194,7 +197,7 @@ def train_models(
     *,
     workers: int = 1,
     scheduler: str | None = None,
-    cache_dir: Path | str = DEFAULT_CACHE_DIR,
+    cache_dir: Path | str | None = None,
     progress: Progress = NULL_PROGRESS,
     description: str = "reference models",
 ) -> np.ndarray:
@@ -203,14 +206,15 @@ def train_models(
     ``workers`` > 1: a local process pool (joblib/loky), at most the number of cores. ``scheduler``:
     the address of a Dask scheduler (``tcp://host:port``); jobs then run on its workers through
     joblib's dask backend, and ``cache_dir`` should be on a filesystem they share (the logits come
-    back to the caller either way). Cached models are not retrained.
+    back to the caller either way). ``cache_dir`` None: :func:`dpaudit.cache.default_cache_dir`.
+    Cached models are not retrained.
     """
     from joblib import Parallel, delayed
 
     if len(train_sets) != len(seeds):
         raise InputError(f"got {len(train_sets)} training sets but {len(seeds)} seeds")
     workers = check_workers(workers, scheduler=scheduler)
-    cache = str(Path(cache_dir).absolute())
+    cache = str(resolve_cache_dir(cache_dir).absolute())
     shape = _logits_shape(recipe)
     out: list[np.ndarray | None] = [None] * len(seeds)
     todo = []

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from attacks.metrics import check_scores, downsample_roc, evaluate
-from dpaudit.checkpoint import write_atomic_file
 from dpaudit.errors import InputError
+from dpaudit.fileio import write_atomic_file
 
 SCORE_COLUMNS = ("attack", "record_id", "member", "score")
 

@@ -1,6 +1,7 @@
 """Throughput of one DP-SGD step: our clipping methods and Opacus against non-private SGD.
 
     .venv/bin/python benchmarks/dpsgd_throughput.py [--threads 2] [--batch 256] [--rounds 7] [--loop]
+        [--device cpu|cuda]
 
 One step = gathering the batch, forward, backward, (per-example clipping, noise) and an SGD update
 on a batch of 256 (what the trainers do per step, data loading aside),
@@ -9,6 +10,10 @@ sequences (length 20, vocabulary 50). Every method runs on its own copy of the s
 batch, in interleaved rounds (so a change of machine load hits all methods alike); the table
 shows the median step time over rounds, examples per second, the ratio to non-private SGD measured
 in the same run, and the speed-up of our methods over Opacus' default hooks.
+
+With ``--device cuda`` models, batches, batch orders and noise generators live on the GPU (as in the
+trainers) and the clock is read only after ``torch.cuda.synchronize()``, so a time covers the
+kernels a step launched, not just their launch.
 
 Opacus (an optional peer: ``pip install opacus``) is used through its public PrivacyEngine with
 ``grad_sample_mode="hooks"`` (per-sample gradients from module hooks) and ``"ghost"`` (its fast
@@ -37,14 +42,14 @@ from dpaudit.training.dpsgd import set_private_gradients
 SIGMA, CLIP, LR = 1.0, 1.0, 0.1
 
 
-def workloads(batch: int) -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
+def workloads(batch: int, device: torch.device) -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)  # drawn on CPU, then moved: the same data on every device
     image = (1, 8, 8)
     x_img = torch.randn(batch, *image, generator=g)
     y10 = torch.randint(0, 10, (batch,), generator=g)
     tokens = torch.randint(0, 50, (batch, 20), generator=g)
     y2 = torch.randint(0, 2, (batch,), generator=g)
-    return {
+    out = {
         "mlp": (build_model(default_spec("mlp", input_shape=image, n_classes=10), seed=0), x_img, y10),
         "cnn": (build_model(default_spec("cnn", input_shape=image, n_classes=10), seed=0), x_img, y10),
         "lstm": (
@@ -53,16 +58,27 @@ def workloads(batch: int) -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tens
             y2,
         ),
     }
+    return {k: (m.to(device), x.to(device), y.to(device)) for k, (m, x, y) in out.items()}
 
 
-def _order(n: int) -> torch.Tensor:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(0))
+def _order(n: int, device: torch.device) -> torch.Tensor:
+    # The trainers move each batch's indices to the data's device before gathering.
+    return torch.randperm(n, generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _noise_gen(device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def nonprivate_step(model, x, y) -> Callable[[], None]:
     """What the non-private trainer does per step: gather the batch, forward, backward, update."""
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    idx = _order(len(x))
+    idx = _order(len(x), x.device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -75,8 +91,8 @@ def nonprivate_step(model, x, y) -> Callable[[], None]:
 def ours_step(model, x, y, method: str) -> Callable[[], None]:
     clipper = make_clipper(model, method)
     opt = torch.optim.SGD(clipper.params, lr=LR)
-    gen = torch.Generator().manual_seed(0)
-    idx = _order(len(x))
+    gen = _noise_gen(x.device)
+    idx = _order(len(x), x.device)
 
     def step() -> None:  # exactly the DP trainer's step: gather, clip, noise once, divide, update
         set_private_gradients(
@@ -100,8 +116,8 @@ def ghost_second_backward_step(model, x, y) -> Callable[[], None]:
     clipper = GhostClipper(model)
     clipper._checked = True  # the benchmark model is known to be supported
     opt = torch.optim.SGD(clipper.params, lr=LR)
-    gen = torch.Generator().manual_seed(0)
-    idx = _order(len(x))
+    gen = _noise_gen(x.device)
+    idx = _order(len(x), x.device)
 
     def step() -> None:
         xb, yb = x[idx], y[idx]
@@ -110,7 +126,7 @@ def ghost_second_backward_step(model, x, y) -> Callable[[], None]:
         losses = F.cross_entropy(model(xb), yb, reduction="none")
         grads = torch.autograd.grad((losses * c).sum(), clipper.params)
         for p, g in zip(clipper.params, grads, strict=True):
-            p.grad = g.add_(torch.randn(g.shape, generator=gen), alpha=SIGMA * CLIP).div_(len(x))
+            p.grad = g.add_(torch.randn(g.shape, generator=gen, device=g.device), alpha=SIGMA * CLIP).div_(len(x))
         opt.step()
 
     return step
@@ -141,7 +157,7 @@ def opacus_step(model, x, y, mode: str) -> Callable[[], None] | None:
             gsm, dp_opt, _ = engine.make_private(**kwargs)
             criterion = nn.CrossEntropyLoss()
 
-    idx = _order(len(x))
+    idx = _order(len(x), x.device)
 
     def step() -> None:
         dp_opt.zero_grad(set_to_none=True)
@@ -165,7 +181,9 @@ def makers(x: torch.Tensor, y: torch.Tensor, loop: bool) -> dict[str, Callable[[
     return out
 
 
-def measure(steps: dict[str, Callable[[], None]], rounds: int, per_round: dict[str, int]) -> dict[str, float]:
+def measure(
+    steps: dict[str, Callable[[], None]], rounds: int, per_round: dict[str, int], device: torch.device
+) -> dict[str, float]:
     for f in steps.values():  # warm-up (and the ghost self-check)
         f()
         f()
@@ -173,9 +191,11 @@ def measure(steps: dict[str, Callable[[], None]], rounds: int, per_round: dict[s
     for _ in range(rounds):
         for name, f in steps.items():
             n = per_round[name]
+            _sync(device)
             t = time.perf_counter()
             for _ in range(n):
                 f()
+            _sync(device)
             times[name].append((time.perf_counter() - t) / n)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -188,18 +208,25 @@ def main() -> None:
     parser.add_argument("--target-seconds", type=float, default=0.3, help="time per method per round")
     parser.add_argument("--loop", action="store_true", help="also time the one-example-at-a-time loop")
     parser.add_argument("--models", default="mlp,cnn,lstm")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # Opacus warns about its insecure RNG and full backward hooks
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    on = ""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device")
+        on = f", on {torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
-        f"median of {args.rounds} interleaved rounds"
+        f"median of {args.rounds} interleaved rounds{on}"
     )
     header = (
         f"{'model':<6} {'method':<14} {'ms/step':>9} {'examples/s':>11} {'x non-private':>14} {'vs Opacus hooks':>16}"
     )
     rows = []
-    for name, (model, x, y) in workloads(args.batch).items():
+    for name, (model, x, y) in workloads(args.batch, device).items():
         if name not in args.models.split(","):
             continue
         steps = {}
@@ -214,10 +241,12 @@ def main() -> None:
         # Calibrate the number of steps per round so every method runs about target-seconds.
         per_round = {}
         for k, f in steps.items():
+            _sync(device)
             t = time.perf_counter()
             f()
+            _sync(device)
             per_round[k] = max(1, int(args.target_seconds / max(time.perf_counter() - t, 1e-6)))
-        t = measure(steps, args.rounds, per_round)
+        t = measure(steps, args.rounds, per_round, device)
         base = t["non-private"]
         ref = t.get("opacus hooks")
         for k, v in t.items():

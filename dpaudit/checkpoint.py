@@ -8,10 +8,6 @@ fails loudly instead of giving silently wrong numbers.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +18,7 @@ from torch import nn
 
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict
 from dpaudit.errors import CheckpointError, InputError
+from dpaudit.fileio import write_atomic_dir
 from dpaudit.models import ModelSpec, build_model, model_spec_from_dict
 
 SCHEMA_VERSION = 1
@@ -39,50 +36,6 @@ REQUIRED_KEYS = (
     "metrics",
     "versions",
 )
-
-
-def write_atomic_dir(out: Path, write: Callable[[Path], None], *, force: bool) -> Path:
-    """Write a directory atomically: fill a temporary sibling, then rename it into place.
-
-    An existing ``out`` is refused unless ``force``; with ``force`` it is replaced only after the
-    new content is complete, so a failure never leaves a half-written directory behind.
-    """
-    out = Path(out)
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} exists and is not a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, trash / "old")
-            os.replace(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
-    path = Path(path)
-    if path.exists() and not force:
-        raise InputError(f"{path} already exists; use --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def versions() -> dict[str, str]:
@@ -139,8 +92,8 @@ class Run:
         return preprocessing_from_dict(self.meta["preprocessing"])
 
     def canaries(self):
-        """The run's canaries (:class:`~dpaudit.audit.canaries.CanarySet`), or None."""
-        from dpaudit.audit.canaries import CanarySet
+        """The run's canaries (:class:`~dpaudit.canaries.CanarySet`), or None."""
+        from dpaudit.canaries import CanarySet
 
         meta = self.meta.get("canaries")
         if not meta:

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpaudit.checkpoint import write_atomic_dir
 from dpaudit.errors import InputError
+from dpaudit.fileio import write_atomic_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import DPConfig, TrainConfig
+from dpaudit.workflows.checkpoint import DEFAULTS
 
 DATA = "digits"
 SPLIT_SEED = 0
@@ -31,8 +32,11 @@ class DemoSettings:
     attacks: tuple[str, ...]
 
 
-FULL = DemoSettings(epochs=60, dp_epochs=20, reference_models=16, attacks=("loss", "lira"))
-QUICK = DemoSettings(epochs=25, dp_epochs=10, reference_models=4, attacks=("loss", "lira"))
+# The full demo audits with the workflow's defaults (what `dpaudit audit checkpoint` and `dpaudit report`
+# use); --quick trains fewer epochs and fewer reference models.
+FULL = DemoSettings(epochs=60, dp_epochs=20, reference_models=DEFAULTS.reference_models, attacks=DEFAULTS.attacks)
+QUICK = DemoSettings(epochs=25, dp_epochs=10, reference_models=4, attacks=DEFAULTS.attacks)
+MARKER = ".dpaudit-demo"  # written into the demo's output, so a later demo may replace it without --force
 
 
 def demo_models(s: DemoSettings) -> list[tuple[str, TrainConfig]]:
@@ -56,22 +60,50 @@ def demo_models(s: DemoSettings) -> list[tuple[str, TrainConfig]]:
     ]
 
 
+def evaluate(
+    run_dir: Path,
+    settings: DemoSettings,
+    *,
+    name: str,
+    cache_dir: Path | str | None = None,
+    progress: Progress = NULL_PROGRESS,
+):
+    """The demo's audit of one of its runs: the shared workflow with the demo's attack settings."""
+    from dpaudit.workflows import audit_checkpoint
+
+    return audit_checkpoint(
+        run_dir,
+        attacks=settings.attacks,
+        reference_models=settings.reference_models,
+        name=name,
+        cache_dir=cache_dir,
+        progress=progress,
+    )
+
+
+def replaces_demo_output(out: Path) -> bool:
+    """True when ``out`` holds an earlier demo's output (which a new demo replaces without --force)."""
+    return (Path(out) / MARKER).is_file()
+
+
 def run_demo(
     out: Path, *, quick: bool = False, force: bool = False, progress: Progress = NULL_PROGRESS
 ) -> dict[str, Any]:
     """Run the demo and write ``out/report.{json,md,html}`` plus ``out/runs/<model>/`` checkpoints.
 
-    Returns the report (a dict following ``dpaudit/report/schema.json``)."""
-    from dpaudit.audit.canaries import make_canaries
+    An ``out`` holding an earlier demo's output is replaced (atomically, once the new one is
+    complete); anything else there is refused unless ``force``. Returns the report (a dict
+    following ``dpaudit/report/schema.json``)."""
+    from dpaudit.canaries import make_canaries
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
-    from dpaudit.report.build import build_report, render
-    from dpaudit.report.evaluate import evaluate_run
+    from dpaudit.report.build import build_report, model_entry_from, render
     from dpaudit.training.run import train_run
 
     out = Path(out)
+    force = force or replaces_demo_output(out)
     if out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")
+        raise InputError(f"{out} already exists and is not a demo output; use --force to overwrite it")
     settings = QUICK if quick else FULL
     ds = load_dataset(DATA)
     splits = make_splits(len(ds), SPLIT_SEED)
@@ -85,17 +117,8 @@ def run_demo(
             for name, config in demo_models(settings):
                 run_dir = tmp / "runs" / name
                 train_run(ds, spec, config, out=run_dir, splits=splits, canaries=canaries, progress=progress)
-                entries.append(
-                    evaluate_run(
-                        run_dir,
-                        attacks=settings.attacks,
-                        reference_models=settings.reference_models,
-                        name=name,
-                        cache_dir=cache,
-                        progress=progress,
-                    )
-                )
-                entries[-1]["path"] = str(out / "runs" / name)
+                audit = evaluate(run_dir, settings, name=name, cache_dir=cache, progress=progress)
+                entries.append(model_entry_from(audit, path=str(out / "runs" / name)))
         config = {
             "demo": "quick" if quick else "full",
             "data": DATA,
@@ -107,6 +130,7 @@ def run_demo(
         report = build_report(entries, title="dpaudit demo: digits MLP, non-private vs DP-SGD", config=config)
         for fname, text in render(report, ("json", "md", "html")).items():
             (tmp / fname).write_text(text, encoding="utf-8")
+        (tmp / MARKER).write_text("written by `dpaudit demo`; a later demo replaces this folder\n")
         tmp.chmod(0o755)
         result["report"] = report
 

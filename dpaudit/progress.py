@@ -1,14 +1,21 @@
 """Progress reporting that library code can use without knowing about terminals.
 
-Library functions take ``progress: Progress | None``; the CLI passes a rich-backed reporter that
-is silent under --quiet/--json or when stdout is not a TTY.
+Library functions take ``progress: Progress | None`` and use only ``progress.task(description,
+total)``. The CLI picks the reporter (:func:`make_progress`): silent under --quiet; rich bars on
+stderr when stderr is a terminal (and not --json); otherwise plain lines on stderr, one when a stage
+starts and one when it ends, so that CI logs show what runs and for how long while stdout stays
+clean (pure JSON under --json).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterator
+from typing import TextIO
+
+PREFIX = "dpaudit: "
 
 
 class Progress:
@@ -17,6 +24,30 @@ class Progress:
     @contextlib.contextmanager
     def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
         yield lambda n=1: None
+
+
+class PlainProgress(Progress):
+    """One line on stderr when a stage starts and one when it ends; no bars, no carriage returns.
+
+    ``stream``: where the lines go (default: ``sys.stderr`` as it is when a stage starts, so that
+    redirections made later, e.g. by a test runner, are honoured). A stage that raises prints no
+    "done" line: the error says what happened.
+    """
+
+    def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.stream = stream
+        self.clock = clock
+
+    def _line(self, text: str) -> None:
+        print(PREFIX + text, file=self.stream or sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        size = "" if total is None else f" ({total} item{'' if total == 1 else 's'})"
+        self._line(f"{description}{size} ...")
+        start = self.clock()
+        yield lambda n=1: None
+        self._line(f"{description}: done in {self.clock() - start:.1f} s")
 
 
 class RichProgress(Progress):
@@ -50,10 +81,21 @@ class RichProgress(Progress):
             yield lambda n=1: bar.advance(tid, n)
 
 
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def make_progress(*, quiet: bool, json_output: bool) -> Progress:
-    if quiet or json_output or not sys.stdout.isatty():
+    """The CLI's reporter: silent under ``quiet``; bars when stderr (where they go) is a terminal and
+    the output is not JSON; otherwise plain start/end lines on stderr (stdout is never touched)."""
+    if quiet:
         return Progress()
-    return RichProgress()
+    if not json_output and _isatty(sys.stderr):
+        return RichProgress()
+    return PlainProgress()
 
 
 NULL_PROGRESS = Progress()

@@ -8,36 +8,67 @@
     def test_my_mechanism_is_private():
         assert_dp(my_mechanism, np.array([1.0, 0.0]), np.array([0.0, 0.0]), epsilon=1.0, delta=1e-5, trials=20_000)
 
-The mechanism is run ``trials`` times on each of two neighbouring datasets; its outputs become
-membership scores ("member" = a run on ``data``) and are audited with
-:func:`dpaudit.audit.audit_scores`. A failed assertion is evidence (at the chosen confidence) that
-the claim is false; a pass only means this test could not refute it (see ``max_certifiable_epsilon``
-of the returned result for what the design could detect at all).
+The mechanism is run ``trials`` times on each of two neighbouring datasets, each run with its own
+``np.random.Generator`` (spawned from ``np.random.SeedSequence(seed)``, so results do not depend on
+``n_jobs``). The runs are independent trials of the mechanism, so the audit is formal
+(:func:`dpaudit.audit.audit_scores` with ``design="multi-run"``): its outputs become membership
+scores ("member" = a run on ``data``).
+
+What the outcome means:
+
+* a failed assertion with "violation" is evidence, at the chosen confidence, that the claim is false;
+* a pass means this test *could* have refuted the claim and did not;
+* a test that could never fail — the claim is at or above the largest ε that ``trials`` runs can
+  certify even with a perfect attack (``max_certifiable_epsilon``), verdict "inconclusive" — fails
+  by default with a message saying how many trials would be needed
+  (:func:`dpaudit.audit.trials_needed`): a powerless privacy test must not be a green build.
+  ``require_power=False`` lets it pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from dpaudit.audit.bounds import audit_scores
+from dpaudit.audit.plan import trials_needed
 from dpaudit.audit.result import AuditResult
 from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
 
 Mechanism = Callable[[Any, np.random.Generator], Any]
+Direction = str | Sequence[float] | np.ndarray
 
 PILOT_FRACTION = 0.2
 _MIN_TRIALS = 20
+_MIN_PILOT = 2
 
 
-def _run(mechanism: Mechanism, data: Any, trials: int, rng: np.random.Generator, which: str) -> np.ndarray:
-    rows = []
-    for i in range(trials):
-        out = mechanism(data, rng)
+def _trial_generators(seed: int, trials: int) -> tuple[list[np.random.Generator], list[np.random.Generator], Any]:
+    """One independent Generator per run (runs on ``data``, runs on ``neighbour``) and one for the audit.
+
+    Spawned children of ``np.random.SeedSequence(seed)`` (numpy's recommended way to get independent
+    streams): the i-th run gets the same stream whichever worker executes it.
+    """
+    ss_in, ss_out, ss_audit = np.random.SeedSequence(seed).spawn(3)
+    gens_in = [np.random.default_rng(s) for s in ss_in.spawn(trials)]
+    gens_out = [np.random.default_rng(s) for s in ss_out.spawn(trials)]
+    return gens_in, gens_out, np.random.default_rng(ss_audit)
+
+
+def _run(mechanism: Mechanism, data: Any, gens: list[np.random.Generator], which: str, n_jobs: int) -> np.ndarray:
+    if n_jobs == 1:
+        outputs = [mechanism(data, g) for g in gens]
+    else:
+        from joblib import Parallel, delayed
+
+        outputs = Parallel(n_jobs=n_jobs)(delayed(mechanism)(data, g) for g in gens)
+    rows: list[np.ndarray] = []
+    for i, out in enumerate(outputs):
         try:
             x = np.atleast_1d(np.asarray(out, dtype=float))
         except (TypeError, ValueError):
@@ -75,6 +106,46 @@ def _projection(pilot_in: np.ndarray, pilot_out: np.ndarray) -> np.ndarray:
     return w
 
 
+def _pilot_split(trials: int, n_pilot: int) -> tuple[slice, slice]:
+    """(pilot runs, audited runs) of each side: disjoint, so the statistic is never fit on audited data."""
+    return slice(0, n_pilot), slice(n_pilot, trials)
+
+
+def _n_pilot(trials: int) -> int:
+    return max(_MIN_PILOT, round(PILOT_FRACTION * trials))
+
+
+def _check_direction(direction: Direction | None) -> str | np.ndarray | None:
+    if direction is None:
+        return None
+    if isinstance(direction, str):
+        return check_choice(("greater", "less"), direction=direction)
+    try:
+        w = np.asarray(direction, dtype=float)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"direction must be 'greater', 'less' or a numeric projection vector, got {direction!r}"
+        ) from None
+    if w.ndim != 1 or len(w) == 0:
+        raise InputError(f"a projection direction must be a non-empty 1-D vector, got shape {w.shape}")
+    if not np.all(np.isfinite(w)) or not np.any(w):
+        raise InputError("a projection direction must be finite and not all zero")
+    return w
+
+
+def _fixed_projection(direction: str | np.ndarray, dim: int) -> np.ndarray:
+    if isinstance(direction, str):
+        if dim != 1:
+            raise InputError(
+                f"direction {direction!r} applies to scalar outputs; the mechanism returns {dim} values: "
+                f"pass a projection vector of length {dim}"
+            )
+        return np.array([1.0 if direction == "greater" else -1.0])
+    if len(direction) != dim:
+        raise InputError(f"the projection direction has length {len(direction)}; the mechanism returns {dim} values")
+    return direction
+
+
 def audit_mechanism(
     mechanism: Mechanism,
     data: Any,
@@ -86,34 +157,63 @@ def audit_mechanism(
     confidence: float = 0.95,
     seed: int = 0,
     method: str = "clopper-pearson",
+    direction: Direction | None = None,
+    n_jobs: int = 1,
 ) -> AuditResult:
     """Audit ``mechanism``'s claim of (epsilon, delta)-DP on one pair of neighbouring datasets.
 
     ``mechanism(data, rng) -> float | 1-D array`` is run ``trials`` times on ``data`` and ``trials``
-    times on ``neighbour`` with a ``np.random.Generator`` seeded by ``seed``. The first 20% of the runs
-    on each side (the pilot) only choose the test statistic: the outputs' projection on Fisher's
-    discriminant direction (just the sign for scalar outputs). The other 80% are scored with it and
-    audited by :func:`dpaudit.audit.audit_scores` (holdout threshold selection).
+    times on ``neighbour``; every run gets its own ``np.random.Generator`` spawned from
+    ``np.random.SeedSequence(seed)``, so the result is the same for every ``n_jobs``.
+
+    The test statistic (higher = run on ``data``) is the outputs' projection on a direction:
+
+    * ``direction=None`` (default): learned on a pilot — the first 20% of the runs on each side
+      choose Fisher's discriminant direction (just the sign for scalar outputs); only the other 80%
+      are audited.
+    * ``direction="greater"`` / ``"less"`` (scalar outputs: larger / smaller output on ``data``) or
+      a projection vector (vector outputs): fixed in advance, so no pilot is needed and all runs are
+      audited.
+
+    The scores are audited by :func:`dpaudit.audit.audit_scores` with holdout threshold selection and
+    ``design="multi-run"`` (the runs are independent trials).
+
+    Args:
+        n_jobs: runs executed in parallel with joblib (1: in this process; -1: every core). The
+            mechanism must then be picklable by joblib (lambdas and closures are).
 
     Formal guarantee (method "clopper-pearson"): if the mechanism is (epsilon, delta)-DP, the verdict
     is "violation" with probability ≤ 1 − confidence. Method "gdp" gives a tighter estimate that
-    assumes Gaussian trade-offs. Detecting a violation needs enough trials: the result's
-    ``max_certifiable_epsilon`` is the largest ε this many trials could ever refute.
+    assumes Gaussian trade-offs (verdict "estimate-exceeds-claim" when it exceeds the claim).
+    Detecting a violation needs enough trials: the result's ``max_certifiable_epsilon`` is the largest
+    ε this many trials could ever refute (see :func:`dpaudit.audit.trials_needed`).
     """
     epsilon = check_non_negative(epsilon=epsilon)
     trials = check_positive_int(trials=trials)
     check_in_interval(0.0, 1.0, confidence=confidence)
     method = check_choice(("clopper-pearson", "gdp"), method=method)
+    fixed = _check_direction(direction)
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int | np.integer) or n_jobs == 0:
+        raise InputError(f"expected n_jobs to be a non-zero integer (1: serial, -1: every core), got {n_jobs!r}")
     if trials < _MIN_TRIALS:
         raise InputError(f"expected trials >= {_MIN_TRIALS}, got {trials}")
-    rng = np.random.default_rng(seed)
-    x_in = _run(mechanism, data, trials, rng, "data")
-    x_out = _run(mechanism, neighbour, trials, rng, "neighbour")
+    gens_in, gens_out, audit_rng = _trial_generators(int(seed), trials)
+    x_in = _run(mechanism, data, gens_in, "data", int(n_jobs))
+    x_out = _run(mechanism, neighbour, gens_out, "neighbour", int(n_jobs))
     if x_in.shape[1] != x_out.shape[1]:
         raise InputError(f"mechanism output sizes differ: {x_in.shape[1]} on data, {x_out.shape[1]} on neighbour")
-    n_pilot = max(2, round(PILOT_FRACTION * trials))
-    w = _projection(x_in[:n_pilot], x_out[:n_pilot])
-    s_in, s_out = x_in[n_pilot:] @ w, x_out[n_pilot:] @ w
+    if fixed is None:
+        n_pilot = _n_pilot(trials)
+        pilot, audited = _pilot_split(trials, n_pilot)
+        w = _projection(x_in[pilot], x_out[pilot])
+        note = f"test statistic learned on a pilot of {n_pilot} runs per side; audited on the other {trials - n_pilot}"
+    else:
+        n_pilot, audited = 0, slice(0, trials)
+        w = _fixed_projection(fixed, x_in.shape[1])
+        note = f"test statistic fixed in advance (direction given); all {trials} runs per side audited"
+    s_in, s_out = x_in[audited] @ w, x_out[audited] @ w
     result = audit_scores(
         np.concatenate([s_in, s_out]),
         np.r_[np.ones(len(s_in), bool), np.zeros(len(s_out), bool)],
@@ -121,10 +221,28 @@ def audit_mechanism(
         delta=delta,
         confidence=confidence,
         claimed_epsilon=epsilon,
-        seed=rng,
+        seed=audit_rng,
+        design="multi-run",
     )
-    note = f"test statistic learned on a pilot of {n_pilot} runs per side; audited on the other {trials - n_pilot}"
     return dataclasses.replace(result, notes=(*result.notes, note), details={**result.details, "pilot_trials": n_pilot})
+
+
+def trials_for_power(
+    epsilon: float, *, delta: float, confidence: float = 0.95, method: str = "clopper-pearson", pilot: bool = True
+) -> int:
+    """Trials per side that :func:`audit_mechanism` needs before a perfect attack could refute ``epsilon``.
+
+    :func:`dpaudit.audit.trials_needed` for the audited runs (holdout selection), with the pilot's
+    share added back when the direction is learned (``pilot=True``). A lower bound: a real mechanism's
+    outputs overlap, so refuting a false claim takes more.
+    """
+    n_eval = trials_needed(epsilon, delta=delta, confidence=confidence, method=method, threshold_selection="holdout")
+    if not pilot:
+        return max(n_eval, _MIN_TRIALS)
+    t = max(_MIN_TRIALS, math.ceil(n_eval / (1.0 - PILOT_FRACTION)) - 2)
+    while t - _n_pilot(t) < n_eval:  # a few steps at most: the pilot is a rounded fraction of t
+        t += 1
+    return t
 
 
 def assert_dp(
@@ -138,24 +256,51 @@ def assert_dp(
     confidence: float = 0.95,
     seed: int = 0,
     method: str = "clopper-pearson",
+    direction: Direction | None = None,
+    n_jobs: int = 1,
+    require_power: bool = True,
 ) -> AuditResult:
     """Raise AssertionError when the audit refutes the (epsilon, delta)-DP claim; else return the result.
 
-    Same arguments and guarantee as :func:`audit_mechanism`. The message states the ε lower bound
-    and the claimed ε.
+    Same arguments and guarantee as :func:`audit_mechanism`. Fails when the bound exceeds the claim
+    (a formal "violation", or with method "gdp" an "estimate-exceeds-claim"); the message states the
+    ε lower bound and the claimed ε.
+
+    ``require_power`` (default True): also fail when the verdict is "inconclusive" — the claimed ε is
+    at or above the largest ε this many trials could certify even with a perfect attack, so the test
+    could never fail. The message names that max certifiable ε and about how many trials per side
+    would be needed (a lower bound; see :func:`trials_for_power`). ``require_power=False`` passes
+    such a test silently.
     """
     result = audit_mechanism(
         mechanism, data, neighbour, epsilon=epsilon, delta=delta, trials=trials,
-        confidence=confidence, seed=seed, method=method,
+        confidence=confidence, seed=seed, method=method, direction=direction, n_jobs=n_jobs,
     )  # fmt: skip
-    if result.verdict == "violation":
+    if result.verdict in ("violation", "estimate-exceeds-claim"):
         kind = "formal lower bound" if result.formal else "estimate"
         raise AssertionError(
             f"mechanism is not ({epsilon:g}, {delta:g})-DP: epsilon lower bound {result.epsilon_lower_bound:.4g} "
             f"> claimed epsilon {epsilon:g} ({kind}, {result.method}, confidence {result.confidence:g})\n"
             + result.summary()
         )
+    if result.verdict == "inconclusive" and require_power:
+        try:
+            needed = trials_for_power(
+                epsilon, delta=result.delta, confidence=confidence, method=method, pilot=direction is None
+            )
+            advice = (
+                f"about {needed} trials per side at least (a perfect attack could refute it then; a real one "
+                "needs more)"
+            )
+        except InputError as e:
+            advice = f"no practical number of trials ({e})"
+        raise AssertionError(
+            f"the test has no power against ({epsilon:g}, {delta:g})-DP: with {trials} trials per side the largest "
+            f"epsilon it can certify (max certifiable epsilon, perfect attack) is "
+            f"{result.max_certifiable_epsilon:.4g} <= claimed {epsilon:g}, so it could never fail. Needed: "
+            f"{advice}. Pass require_power=False to accept a powerless test.\n" + result.summary()
+        )
     return result
 
 
-__all__ = ["assert_dp", "audit_mechanism"]
+__all__ = ["assert_dp", "audit_mechanism", "trials_for_power"]

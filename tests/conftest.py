@@ -6,8 +6,21 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
 
 torch.set_num_threads(int(os.environ.get("DPAUDIT_TEST_THREADS", "2")))
+
+# Hypothesis: CI (which sets CI=true) runs a fixed, derandomized set of examples so a red build is
+# always reproducible; locally the default profile keeps drawing fresh random examples to find new bugs.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(tmp_path_factory, monkeypatch):
+    """Reference models cached during tests go to a temporary folder, never the user's cache."""
+    monkeypatch.setenv("DPAUDIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dpaudit-cache"))
 
 
 @pytest.fixture(autouse=True)

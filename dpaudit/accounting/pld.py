@@ -53,7 +53,7 @@ from dpaudit.events import (
     PoissonSampled,
     RandomizedResponse,
 )
-from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
+from dpaudit.validation import check_in_interval, check_positive, check_positive_int
 
 # --------------------------------------------------------------------------------------------
 # Discrete privacy-loss PMF
@@ -782,7 +782,3 @@ def subsampled_non_private_pairs(q: float) -> tuple[AtomPair, AtomPair | None]:
     lq = math.log1p(-q)
     return AtomPair([lq], [1.0 - q], q), AtomPair([-lq], [1.0])
 
-
-def pld_epsilon(event: Event, delta: float, **kwargs) -> float:
-    """Convenience: epsilon(delta) of ``event`` with a fresh :class:`PldAccountant`."""
-    return PldAccountant(**kwargs).compose(event).epsilon(check_non_negative(delta=delta))

@@ -17,9 +17,25 @@ Methods:
 * ``"one-run"`` — Steinke, Nasr & Jagielski 2023 (arXiv:2305.08846). Formal guarantee: holds when
   each canary was included independently with probability 1/2 and the scores come from one run.
 
+Designs — how the member bits were produced, which decides whether a bound is formal:
+
+* ``"multi-run"`` — one score per independent run of the mechanism on D (member) or D′ (non-member):
+  independent trials, so Clopper–Pearson is formal.
+* ``"canaries"`` — the m canaries of one run, each included independently with probability 1/2: the
+  one-run theorem applies; Clopper–Pearson does not (the scores share one run's randomness, so they
+  are not independent trials) and gives an estimate.
+* ``"membership"`` (default) — members and non-members of an ordinary model (e.g. a training set and
+  a holdout set): not independent trials of the mechanism on neighbouring datasets, so every method
+  gives an estimate.
+
 Threshold (or guess-count) selection never reuses data without correction: ``holdout`` chooses on a
 seeded random half and evaluates on the other, ``bonferroni`` searches a grid fixed in advance on all
 data and splits α across every confidence bound involved, ``fixed`` uses a user-given value.
+
+Direction: scores are "higher = member" (``alternative="greater"``) or "lower = member" ("less").
+When the direction is not known in advance, ``"two-sided"`` audits both the scores and their
+negation, each at level α/2, and reports the larger bound: by the union bound both directions' bounds
+hold at once with probability ≥ 1 − α (Bonferroni over the two directions).
 """
 
 from __future__ import annotations
@@ -32,7 +48,15 @@ from scipy.stats import binomtest
 
 from dpaudit.accounting.gdp import gdp_epsilon
 from dpaudit.audit import one_run
-from dpaudit.audit.result import METHODS, THRESHOLD_SELECTIONS, AuditResult, decide_verdict
+from dpaudit.audit.result import (
+    ALTERNATIVES,
+    DESIGNS,
+    METHODS,
+    THRESHOLD_SELECTIONS,
+    AuditResult,
+    decide_verdict,
+    is_formal,
+)
 from dpaudit.audit.stats import clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
 from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative
@@ -52,6 +76,18 @@ _GDP_NOTE = (
     "estimate: the gdp method assumes the mechanism's trade-off curve is Gaussian (mu-GDP); the mu "
     "lower bound is formal only under that assumption (Nasr et al. 2023, arXiv:2302.07956)"
 )
+_DESIGN_NOTES = {
+    "membership": (
+        "estimate: design='membership' - members and non-members of one model are not independent runs of "
+        "the mechanism on neighbouring datasets, so the sampling assumption of a formal bound does not hold; "
+        "use design='multi-run' (one score per independent run) or canaries with the one-run method"
+    ),
+    "canaries": (
+        "estimate: the canaries of one run are not independent trials (their scores share the run's "
+        "randomness), so a Clopper-Pearson bound on them is not formal; the one-run method is "
+        "(Steinke, Nasr & Jagielski 2023, arXiv:2305.08846)"
+    ),
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -120,9 +156,12 @@ def _select_threshold(method, pos, neg, alpha, delta) -> float:
     obj = _objective(method, clopper_pearson_upper(fp, len(neg), a), clopper_pearson_upper(fn, len(pos), a), delta)
     if np.max(obj) <= 0.0:  # nothing certifiable on this half: fall back to the best accuracy (Youden's J)
         obj = (len(pos) - fn) / len(pos) - fp / len(neg)
-    # Ties (e.g. a run of thresholds inside a gap between the classes): take their median, away from
-    # the edges of the gap, where the held-out data are least likely to fall on the wrong side.
-    return float(np.median(cand[obj == np.max(obj)]))
+    # Ties (e.g. a run of thresholds inside a gap between the classes): take the candidate at their
+    # median *index*, away from the edges of the gap, where the held-out data are least likely to fall
+    # on the wrong side. An index (not the median of the values) depends on the ranks only, so a
+    # strictly increasing transform of the scores selects the same test.
+    idx = np.flatnonzero(obj == np.max(obj))
+    return float(cand[idx[len(idx) // 2]])
 
 
 def _bonferroni_thresholds(method, pos, neg, alpha, delta) -> _ThresholdOutcome:
@@ -166,12 +205,26 @@ def _bonferroni_thresholds(method, pos, neg, alpha, delta) -> _ThresholdOutcome:
     )  # fmt: skip
 
 
-def _holdout_split(member: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Boolean mask of the selection half, floor(n/2) of each class; the rest is evaluated."""
+def _holdout_split(member: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (select, evaluate): floor(n/2) of each class select, the disjoint rest evaluates."""
     sel = np.zeros(len(member), dtype=bool)
     for idx in (np.flatnonzero(member), np.flatnonzero(~member)):
         sel[rng.permutation(idx)[: len(idx) // 2]] = True
-    return sel
+    return sel, ~sel
+
+
+def _direction_alpha(alpha: float, alternative: str) -> float:
+    """α of each direction's test: "two-sided" runs two tests, so each gets α/2 (union bound)."""
+    return alpha / 2.0 if alternative == "two-sided" else alpha
+
+
+def _directions(alternative: str) -> tuple[str, ...]:
+    return ("greater", "less") if alternative == "two-sided" else (alternative,)
+
+
+def _oriented(scores: np.ndarray, direction: str) -> np.ndarray:
+    """Scores in the "higher = member" orientation of ``direction`` (negated for "less")."""
+    return scores if direction == "greater" else -scores
 
 
 def _threshold_max_certifiable(method, n_pos, n_neg, alpha_per_bound, delta) -> float:
@@ -281,15 +334,17 @@ def audit_scores(
     seed: int | np.random.Generator = 0,
     k_plus: int | None = None,
     k_minus: int | None = None,
+    design: str = "membership",
+    alternative: str = "greater",
 ) -> AuditResult:
     """ε lower bound (natural log) at ``delta`` from membership scores, and a verdict on a claim.
 
     Args:
-        scores: 1-D float array, higher = member.
+        scores: 1-D float array, higher = member (see ``alternative``).
         member: 1-D bool/0-1 array of the same length: True when the score came from a run with the
             record/canary included.
-        method: "clopper-pearson" (formal), "gdp" (estimate under μ-GDP) or "one-run" (formal;
-            the entries are the m canaries of one run, each included with probability 1/2).
+        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (estimate under μ-GDP) or
+            "one-run" (the entries are the m canaries of one run, each included with probability 1/2).
         delta: δ in [0, 1) at which ε is bounded (the gdp method needs δ > 0).
         confidence: 1 − α in (0, 1).
         claimed_epsilon: the mechanism's claimed ε at ``delta``; gives a verdict.
@@ -299,12 +354,30 @@ def audit_scores(
         threshold: fixed decision threshold (predict member iff score ≥ threshold).
         seed: seed (or Generator) for the holdout split and one-run tie-breaking.
         k_plus, k_minus: fixed one-run guess counts (top k_plus guessed in, bottom k_minus out).
+        design: how the member bits were produced — "multi-run" (one score per independent run of
+            the mechanism on D or D′), "canaries" (canaries of one run, each included independently
+            with probability 1/2) or "membership" (members/non-members of an ordinary model; the
+            default, because it claims nothing about independence). See the module docstring.
+        alternative: "greater" (higher = member), "less" (lower = member) or "two-sided" (direction
+            unknown in advance: both directions are audited at α/2 each on the same holdout split and
+            the larger bound is reported; ``details["direction"]`` says which won).
 
     Returns:
-        AuditResult. Formal guarantee (clopper-pearson, one-run): P[epsilon_lower_bound > true ε] ≤
-        1 − confidence under the sampling assumptions in the module docstring.
+        AuditResult. ``formal`` is True only for ("clopper-pearson", "multi-run") and ("one-run",
+        "canaries"). Formal guarantee in those two cases: P[epsilon_lower_bound > true ε] ≤
+        1 − confidence under the sampling assumptions in the module docstring, so the verdict is
+        "violation" with probability ≤ 1 − confidence for a mechanism that meets its claim. Every
+        other pairing is an estimate: a bound above the claim gives "estimate-exceeds-claim", never
+        "violation", and a note says why it is not formal.
     """
     method = check_choice(METHODS, method=method)
+    design = check_choice(DESIGNS, design=design)
+    alternative = check_choice(ALTERNATIVES, alternative=alternative)
+    if method == "one-run" and design != "canaries":
+        raise InputError(
+            "the one-run method needs design='canaries' (the canaries of one run, each included independently "
+            f"with probability 1/2), got design={design!r}"
+        )
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
     delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
     if claimed_epsilon is not None:
@@ -329,67 +402,98 @@ def audit_scores(
         )
     rng = _as_rng(seed)
     alpha = _alpha(confidence)
+    setup = _Setup(method, design, alternative, delta, alpha, confidence, claimed_epsilon, selection)
     if method == "one-run":
-        return _audit_one_run(s, mem, delta, confidence, claimed_epsilon, selection, k_plus, k_minus, rng)
-    return _audit_threshold(s, mem, method, delta, alpha, confidence, claimed_epsilon, selection, threshold, rng)
+        return _audit_one_run(s, mem, setup, k_plus, k_minus, rng)
+    return _audit_threshold(s, mem, setup, threshold, rng)
 
 
-def _audit_threshold(s, mem, method, delta, alpha, confidence, claimed, selection, threshold, rng) -> AuditResult:
+@dataclass(frozen=True)
+class _Setup:
+    method: str
+    design: str
+    alternative: str
+    delta: float
+    alpha: float
+    confidence: float
+    claimed: float | None
+    selection: str
+
+
+def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
+    method, delta, selection = setup.method, setup.delta, setup.selection
     n_pos, n_neg = int(mem.sum()), int((~mem).sum())
-    notes: list[str] = []
-    if selection == "fixed":
-        out = _evaluate_fixed(method, s[mem], s[~mem], threshold, alpha, delta)
-    elif selection == "bonferroni":
-        out = _bonferroni_thresholds(method, s[mem], s[~mem], alpha, delta)
-        notes.append(
-            f"threshold searched over {out.n_thresholds} order-statistic anchors on all data; "
-            f"each of the {2 * out.n_thresholds} confidence bounds at alpha = {out.alpha_per_bound:.3g} (Bonferroni)"
-        )
-    else:
+    a_dir = _direction_alpha(setup.alpha, setup.alternative)
+    if selection == "holdout":
         if n_pos < 2 or n_neg < 2:
             raise InputError(
                 f"holdout threshold selection needs at least 2 members and 2 non-members, got {n_pos} and {n_neg}"
             )
-        sel = _holdout_split(mem, rng)
-        t = _select_threshold(method, s[sel & mem], s[sel & ~mem], alpha, delta)
-        out = _evaluate_fixed(method, s[~sel & mem], s[~sel & ~mem], t, alpha, delta)
+        sel, ev = _holdout_split(mem, rng)  # one split, shared by both directions of a two-sided test
+    best: _ThresholdOutcome | None = None
+    direction = setup.alternative
+    for d in _directions(setup.alternative):
+        x = _oriented(s, d)
+        if selection == "fixed":
+            out = _evaluate_fixed(method, x[mem], x[~mem], threshold if d == "greater" else -threshold, a_dir, delta)
+        elif selection == "bonferroni":
+            out = _bonferroni_thresholds(method, x[mem], x[~mem], a_dir, delta)
+        else:
+            t = _select_threshold(method, x[sel & mem], x[sel & ~mem], a_dir, delta)
+            out = _evaluate_fixed(method, x[ev & mem], x[ev & ~mem], t, a_dir, delta)
+        if best is None or out.value > best.value:
+            best, direction = out, d
+    assert best is not None
+    notes: list[str] = []
+    if selection == "bonferroni":
         notes.append(
-            f"threshold chosen on a random half ({int(sel.sum())} records) and evaluated on the other "
-            f"{int((~sel).sum())}"
+            f"threshold searched over {best.n_thresholds} order-statistic anchors on all data; "
+            f"each of the {2 * best.n_thresholds} confidence bounds at alpha = {best.alpha_per_bound:.3g} (Bonferroni)"
         )
-    eps = _to_epsilon(method, out.value, delta)
-    max_cert = _threshold_max_certifiable(method, out.n_pos, out.n_neg, out.alpha_per_bound, delta)
+    elif selection == "holdout":
+        notes.append(
+            f"threshold chosen on a random half ({int(sel.sum())} records) and evaluated on the other {int(ev.sum())}"
+        )
+    if setup.alternative == "two-sided":
+        notes.append(f"two-sided: both score directions audited at alpha/2 each; the {direction!r} direction won")
+    eps = _to_epsilon(method, best.value, delta)
+    max_cert = _threshold_max_certifiable(method, best.n_pos, best.n_neg, best.alpha_per_bound, delta)
     details = {
-        "fpr_upper": out.fpr_upper,
-        "fnr_upper": out.fnr_upper,
-        "alpha_per_bound": out.alpha_per_bound,
-        "n_thresholds_tried": out.n_thresholds,
+        "fpr_upper": best.fpr_upper,
+        "fnr_upper": best.fnr_upper,
+        "alpha_per_bound": best.alpha_per_bound,
+        "n_thresholds_tried": best.n_thresholds,
+        "alternative": setup.alternative,
+        "direction": direction,
     }
     if method == "gdp":
-        details["mu_lower_bound"] = out.value
-        notes.insert(0, _GDP_NOTE)
+        details["mu_lower_bound"] = best.value
     counts = {
         "n_members": n_pos,
         "n_nonmembers": n_neg,
-        "n_eval_members": out.n_pos,
-        "n_eval_nonmembers": out.n_neg,
-        "tp": out.n_pos - out.fn,
-        "fp": out.fp,
-        "tn": out.n_neg - out.fp,
-        "fn": out.fn,
+        "n_eval_members": best.n_pos,
+        "n_eval_nonmembers": best.n_neg,
+        "tp": best.n_pos - best.fn,
+        "fp": best.fp,
+        "tn": best.n_neg - best.fp,
+        "fn": best.fn,
     }
-    formal = method != "gdp"
-    return _finish(
-        eps, method, confidence, delta, claimed, max_cert, counts, out.threshold, selection, formal, notes, details
-    )
+    # The reported threshold is on the original scores: "less" predicts member iff score ≤ threshold.
+    t_out = best.threshold if direction == "greater" else -best.threshold
+    return _finish(setup, eps, max_cert, counts, t_out, notes, details)
 
 
-def _audit_one_run(s, mem, delta, confidence, claimed, selection, k_plus, k_minus, rng) -> AuditResult:
+def _audit_one_run(s, mem, setup: _Setup, k_plus, k_minus, rng) -> AuditResult:
     m, n_in = len(s), int(mem.sum())
     out = one_run.audit(
-        s, mem, delta=delta, alpha=_alpha(confidence), selection=selection, rng=rng, k_plus=k_plus, k_minus=k_minus
-    )
+        s, mem, delta=setup.delta, alpha=_direction_alpha(setup.alpha, setup.alternative), selection=setup.selection,
+        rng=rng, k_plus=k_plus, k_minus=k_minus, directions=_directions(setup.alternative),
+    )  # fmt: skip
     notes = [] if out.note is None else [out.note]
+    if setup.alternative == "two-sided":
+        notes.append(
+            f"two-sided: the ranking and its reverse audited at alpha/2 each; the {out.direction!r} direction won"
+        )
     # Two-sided binomial test of the inclusion rate: the bound assumes Bernoulli(1/2) inclusion.
     if binomtest(n_in, m, 0.5).pvalue < 1e-3:
         notes.append(
@@ -405,16 +509,26 @@ def _audit_one_run(s, mem, delta, confidence, claimed, selection, k_plus, k_minu
         "guesses": out.guesses,
         "correct": out.correct,
     }
-    details = {"alpha_per_test": out.alpha_per_test, "n_tests": out.n_tests}
-    return _finish(
-        out.epsilon, "one-run", confidence, delta, claimed, out.max_certifiable, counts, None, selection, True,
-        notes, details,
-    )  # fmt: skip
+    details = {
+        "alpha_per_test": out.alpha_per_test,
+        "n_tests": out.n_tests,
+        "alternative": setup.alternative,
+        "direction": out.direction,
+    }
+    return _finish(setup, out.epsilon, out.max_certifiable, counts, None, notes, details)
 
 
-def _finish(eps, method, confidence, delta, claimed, max_cert, counts, threshold, selection, formal, notes, details):
+def _finish(setup: _Setup, eps, max_cert, counts, threshold, notes, details) -> AuditResult:
     eps = float(max(0.0, eps))
     max_cert = float(max_cert)
+    claimed = setup.claimed
+    formal = is_formal(setup.method, setup.design)
+    caveats = []
+    if setup.method == "gdp":
+        caveats.append(_GDP_NOTE)
+    if not formal and setup.design in _DESIGN_NOTES:
+        caveats.append(_DESIGN_NOTES[setup.design])
+    notes = [*caveats, *notes]
     if claimed is not None and claimed >= max_cert and eps <= claimed:
         notes.append(
             f"design too small: max certifiable epsilon = {max_cert:.3g} <= claimed {claimed:g} -> inconclusive "
@@ -422,16 +536,17 @@ def _finish(eps, method, confidence, delta, claimed, max_cert, counts, threshold
         )
     return AuditResult(
         epsilon_lower_bound=eps,
-        method=method,
-        confidence=confidence,
-        delta=delta,
+        method=setup.method,
+        confidence=setup.confidence,
+        delta=setup.delta,
         claimed_epsilon=claimed,
-        verdict=decide_verdict(eps, claimed, max_cert),
+        verdict=decide_verdict(eps, claimed, max_cert, formal=formal),
         max_certifiable_epsilon=max_cert,
         counts=counts,
         threshold=threshold,
-        threshold_selection=selection,
+        threshold_selection=setup.selection,
         formal=formal,
+        design=setup.design,
         notes=tuple(notes),
         details=details,
     )
@@ -447,15 +562,18 @@ def max_certifiable_epsilon(
     threshold_selection: str = "holdout",
     k_plus: int | None = None,
     k_minus: int | None = None,
+    alternative: str = "greater",
 ) -> float:
     """Largest ε this design could certify: the bound a perfect attack would give.
 
     For threshold methods a perfect attack has FP = FN = 0 on the evaluation data (half of each class
     under holdout); for one-run every guess is correct (with the guess counts the selection rule can
     reach; for holdout, on the evaluation half). A claim at or above this value can never be refuted
-    by this design. For one-run, ``n_members + n_nonmembers`` is the number of canaries m.
+    by this design. For one-run, ``n_members + n_nonmembers`` is the number of canaries m. With
+    ``alternative="two-sided"`` each direction's test runs at α/2, as :func:`audit_scores` does.
     """
     method = check_choice(METHODS, method=method)
+    alternative = check_choice(ALTERNATIVES, alternative=alternative)
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
     delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
     n_pos, n_neg = _as_count("n_members", n_members), _as_count("n_nonmembers", n_nonmembers)
@@ -463,7 +581,7 @@ def max_certifiable_epsilon(
         raise InputError("need at least one member and one non-member")
     if method == "gdp" and delta == 0.0:
         raise InputError("the gdp method needs delta > 0")
-    alpha = _alpha(confidence)
+    alpha = _direction_alpha(_alpha(confidence), alternative)
     k_plus = None if k_plus is None else _as_count("k_plus", k_plus)
     k_minus = None if k_minus is None else _as_count("k_minus", k_minus)
     selection = check_choice(THRESHOLD_SELECTIONS, threshold_selection=threshold_selection)

@@ -213,6 +213,7 @@ class OneRunOutcome:
     alpha_per_test: float
     n_tests: int
     note: str | None
+    direction: str = "greater"  # "less": the ranking by negated score won
 
 
 def check_guess_counts(k_plus: int, k_minus: int, m: int) -> None:
@@ -258,6 +259,7 @@ def audit(
     rng: np.random.Generator,
     k_plus: int | None = None,
     k_minus: int | None = None,
+    directions: tuple[str, ...] = ("greater",),
 ) -> OneRunOutcome:
     """One-run bound for canary scores under a design ("fixed", "bonferroni" or "holdout").
 
@@ -265,17 +267,43 @@ def audit(
     split equally (union bound). holdout: (k₊, k₋) fractions chosen on a random half of the canaries
     (not stratified, so the other half's inclusion bits stay i.i.d. fair coins) and applied to the
     other half at level α; the theorem applies to that half with the first half's bits held fixed.
+
+    ``directions``: "greater" ranks by score (higher = more likely included), "less" by the negated
+    score. Each direction is audited at ``alpha`` with the same tie-breaking keys and holdout split
+    and the larger bound is returned; the caller splits α across directions (a two-sided audit
+    passes α/2 and both directions).
     """
     m = len(scores)
+    # All randomness is drawn once, before any direction is looked at: the same keys and split serve
+    # every direction.
     tiebreak = rng.random(m)
+    sel = None
+    if selection == "holdout":
+        if m < 4:
+            raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
+        sel = np.zeros(m, dtype=bool)
+        sel[rng.permutation(m)[: m // 2]] = True
     mcert = max_certifiable(m, delta, alpha, selection, k_plus, k_minus)
+    best: OneRunOutcome | None = None
+    for d in directions:
+        out = _audit_direction(scores if d == "greater" else -scores, member, delta, alpha, selection, tiebreak,
+                               sel, k_plus, k_minus, mcert, d)  # fmt: skip
+        if best is None or out.epsilon > best.epsilon:
+            best = out
+    if best is None:
+        raise InputError("need at least one direction")
+    return best
+
+
+def _audit_direction(scores, member, delta, alpha, selection, tiebreak, sel, k_plus, k_minus, mcert, direction):
+    m = len(scores)
     if selection == "fixed":
         kp, km = k_plus or 0, k_minus or 0
         check_guess_counts(kp, km, m)
         top, bottom = guess_counts(scores, member, tiebreak)
         r, v = kp + km, int(top[kp] + bottom[km])
         eps = one_run_epsilon_lower_bound(m, r, v, delta, alpha)
-        return OneRunOutcome(eps, mcert, kp, km, r, v, m, alpha, 1, None)
+        return OneRunOutcome(eps, mcert, kp, km, r, v, m, alpha, 1, None, direction)
     if selection == "bonferroni":
         kp_grid, km_grid = bonferroni_pairs(m)
         a = alpha / len(kp_grid)  # union bound over the grid, which m alone fixes
@@ -283,11 +311,8 @@ def audit(
         eps, i = best_bound_over_pairs(m, kp_grid + km_grid, top[kp_grid] + bottom[km_grid], delta, a)
         kp, km = int(kp_grid[i]), int(km_grid[i])
         note = f"guess counts searched over {len(kp_grid)} (k+, k-) pairs; each test at alpha = {a:.3g} (Bonferroni)"
-        return OneRunOutcome(eps, mcert, kp, km, kp + km, int(top[kp] + bottom[km]), m, a, len(kp_grid), note)
-    if m < 4:
-        raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
-    sel = np.zeros(m, dtype=bool)
-    sel[rng.permutation(m)[: m // 2]] = True
+        r, v = kp + km, int(top[kp] + bottom[km])
+        return OneRunOutcome(eps, mcert, kp, km, r, v, m, a, len(kp_grid), note, direction)
     m_a, m_b = int(sel.sum()), int((~sel).sum())
     fp, fm = _fraction_pairs()
     kp_a, km_a = _fractions_to_counts(fp, fm, m_a)
@@ -302,4 +327,4 @@ def audit(
     r, v = kp + km, int(top[kp] + bottom[km])
     eps = one_run_epsilon_lower_bound(m_b, r, v, delta, alpha)
     note = f"guess counts chosen on a random half ({m_a} canaries) and evaluated on the other {m_b}"
-    return OneRunOutcome(eps, mcert, kp, km, r, v, m_b, alpha, 1, note)
+    return OneRunOutcome(eps, mcert, kp, km, r, v, m_b, alpha, 1, note, direction)

@@ -8,23 +8,47 @@ from typing import Any, Literal
 
 Method = Literal["clopper-pearson", "gdp", "one-run"]
 ThresholdSelection = Literal["holdout", "bonferroni", "fixed"]
-Verdict = Literal["violation", "consistent", "inconclusive"]
+Design = Literal["membership", "canaries", "multi-run"]
+Alternative = Literal["greater", "less", "two-sided"]
+Verdict = Literal["violation", "estimate-exceeds-claim", "consistent", "inconclusive"]
 
 METHODS: tuple[str, ...] = ("clopper-pearson", "gdp", "one-run")
 THRESHOLD_SELECTIONS: tuple[str, ...] = ("holdout", "bonferroni", "fixed")
+# How the member bits were produced (see :func:`dpaudit.audit.audit_scores`):
+#   "multi-run"  — one score per independent run of the mechanism on D (member) or D′ (non-member);
+#   "canaries"   — the canaries of one run, each included independently with probability 1/2;
+#   "membership" — members/non-members of an ordinary model: not independent trials (the safe default).
+DESIGNS: tuple[str, ...] = ("membership", "canaries", "multi-run")
+# "greater": higher score = member; "less": lower score = member; "two-sided": either (α split in half).
+ALTERNATIVES: tuple[str, ...] = ("greater", "less", "two-sided")
+VERDICTS: tuple[str, ...] = ("violation", "estimate-exceeds-claim", "consistent", "inconclusive")
 
 
-def decide_verdict(lower_bound: float, claimed: float | None, max_certifiable: float) -> Verdict | None:
+def is_formal(method: str, design: str) -> bool:
+    """Whether ``method`` gives a formal lower bound on scores produced by ``design``.
+
+    Only two pairings meet their theorem's sampling assumption: Clopper–Pearson on independent runs
+    ("multi-run"; Jagielski et al. 2020, arXiv:2006.07709) and the one-run test on canaries included
+    independently with probability 1/2 ("canaries"; Steinke, Nasr & Jagielski 2023, arXiv:2305.08846,
+    Theorem 3.1). The gdp method is an estimate on any design (it assumes a Gaussian trade-off curve).
+    """
+    return (method, design) in {("clopper-pearson", "multi-run"), ("one-run", "canaries")}
+
+
+def decide_verdict(
+    lower_bound: float, claimed: float | None, max_certifiable: float, *, formal: bool = True
+) -> Verdict | None:
     """Compare a lower bound with a claimed ε.
 
-    ``violation`` when the bound exceeds the claim; ``inconclusive`` when the claim is at or above
-    what this design could ever certify (even a perfect attack could not refute it); otherwise
-    ``consistent``. ``None`` when there is no claim.
+    When the bound exceeds the claim: ``violation`` if the bound is formal, else
+    ``estimate-exceeds-claim`` (an estimate is evidence, never proof). Otherwise ``inconclusive`` when
+    the claim is at or above what this design could ever certify (even a perfect attack could not
+    refute it), else ``consistent``. ``None`` when there is no claim.
     """
     if claimed is None:
         return None
     if lower_bound > claimed:
-        return "violation"
+        return "violation" if formal else "estimate-exceeds-claim"
     if claimed >= max_certifiable:
         return "inconclusive"
     return "consistent"
@@ -42,15 +66,19 @@ class AuditResult:
         confidence: the confidence level 1 − α of the bound.
         delta: the δ at which ε is bounded.
         claimed_epsilon: the ε the mechanism claims, if any.
-        verdict: "violation" | "consistent" | "inconclusive", or None without a claim.
+        verdict: "violation" (formal bound above the claim) | "estimate-exceeds-claim" (an estimate
+            above the claim: evidence, not proof) | "consistent" | "inconclusive", or None without a
+            claim.
         max_certifiable_epsilon: the bound a perfect attack would give with this design (sample
-            sizes, confidence, threshold/guess selection).
+            sizes, confidence, threshold/guess selection, one- or two-sided).
         counts: n_members, n_nonmembers and the counts the bound was computed from.
-        threshold: the decision threshold (predict member iff score ≥ threshold), or None.
+        threshold: the decision threshold, or None. Predict member iff score ≥ threshold, or iff
+            score ≤ threshold when ``details["direction"]`` is "less".
         threshold_selection: "holdout", "bonferroni" or "fixed".
         formal: True for a formal high-confidence lower bound, False for an estimate.
+        design: how the member bits were produced: "multi-run", "canaries" or "membership".
         notes: human-readable caveats.
-        details: method-specific numbers (rate bounds, μ, per-test α, tests tried, ...).
+        details: method-specific numbers (rate bounds, μ, per-test α, tests tried, direction, ...).
     """
 
     epsilon_lower_bound: float
@@ -64,6 +92,7 @@ class AuditResult:
     threshold: float | None
     threshold_selection: ThresholdSelection
     formal: bool
+    design: Design = "membership"
     notes: tuple[str, ...] = ()
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -82,12 +111,15 @@ class AuditResult:
 
     def summary(self) -> str:
         """A few human-readable lines (used by the CLI and by assert_dp messages)."""
-        kind = "formal lower bound" if self.formal else "estimate"
+        if self.formal:
+            head = f"epsilon lower bound: {_fmt(self.epsilon_lower_bound)} (formal lower bound"
+        else:
+            head = f"epsilon estimate: {_fmt(self.epsilon_lower_bound)} (ESTIMATE, not a formal lower bound"
         lines = [
-            f"epsilon lower bound: {_fmt(self.epsilon_lower_bound)} ({kind}, {self.method}, "
-            f"confidence {self.confidence:g}, delta {self.delta:g})",
+            f"{head}, {self.method}, design {self.design}, confidence {self.confidence:g}, delta {self.delta:g})",
             f"threshold selection: {self.threshold_selection}"
-            + (f", threshold {self.threshold:.6g}" if self.threshold is not None else ""),
+            + (f", threshold {self.threshold:.6g}" if self.threshold is not None else "")
+            + (f", direction {self.details['direction']}" if self.details.get("alternative") == "two-sided" else ""),
             f"max certifiable epsilon (perfect attack, same design): {_fmt(self.max_certifiable_epsilon)}",
         ]
         if self.claimed_epsilon is not None:

@@ -7,10 +7,13 @@ Every command module builds on :class:`App`, whose ``command`` decorator turns a
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
+import re
 import sys
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -87,6 +90,79 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
     raise typer.Exit(code)
 
 
+# A parameter name as a whole word: not inside a longer identifier, an option (--x-y), a dotted name or
+# a path (a/b, a.json), nor a call (f(...)).
+_START = r"(?<![\w.\-/\\])"
+_END = r"(?![\w\-(/\\])(?!\.\w)"
+_NAME_LIST = re.compile(_START + r"([A-Za-z_]\w*(?:/[A-Za-z_]\w*)+)" + _END)
+_VALUE = r"""('[^']*'|"[^"]*"|[^\s,;)]+)"""
+_QUOTES = "'\""
+
+
+def with_option_names(message: str, params: Iterable[Any]) -> str:
+    """``message`` with the Python names of a command's options written as the options themselves.
+
+    Library messages name parameters as the validators do ("expected sample_rate in (0, 1], got 1.5",
+    "unknown threshold_selection 'x'", "drop threshold_selection='bonferroni'", "k_plus/k_minus ...");
+    a CLI user typed ``--sample-rate``. Rewritten: every whole-word occurrence of a name with an
+    underscore (``NAME='v'`` becomes ``--opt v``; ``a/b`` only when both are such options, else it
+    is a path), and a single-word name only right after "expected " (the validators' form), so that
+    prose such as "at delta = 1e-05" stays as it is. Arguments and names of other commands are left
+    alone. ``params``: the command's click parameters (``ctx.command.params``; read through their
+    public attributes, whichever click typer runs on).
+    """
+    options: dict[str, Any] = {}
+    for p in params:
+        if getattr(p, "param_type_name", None) == "option" and p.name and any(o.startswith("--") for o in p.opts):
+            options[p.name] = p
+
+    def flag(name: str) -> str:
+        return next(o for o in options[name].opts if o.startswith("--"))
+
+    def name_list(m: re.Match[str]) -> str:
+        parts = m.group(1).split("/")
+        alternatives = all(n in options and "_" in n for n in parts)
+        return "/".join(flag(n) for n in parts) if alternatives else m.group(0)
+
+    message = _NAME_LIST.sub(name_list, message)
+    for name, opt in options.items():
+        key = re.escape(name)
+        if "_" in name:
+            if not opt.is_flag:  # NAME='v' -> --opt v (a flag's NAME=True is left as written)
+                message = re.sub(
+                    _START + key + "=" + _VALUE,
+                    lambda m, n=name: f"{flag(n)} {m.group(1).strip(_QUOTES)}",
+                    message,
+                )
+            message = re.sub(_START + key + _END + "(?!=)", flag(name), message)
+        else:
+            message = re.sub(r"(?<=\bexpected )" + key + _END + "(?!=)", flag(name), message)
+    return message
+
+
+def _error_line(error: DPAuditError, ctx: typer.Context | None) -> str:
+    """The first line of a domain error, its parameter names written as the command's options."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return with_option_names(text, ctx.command.params) if ctx is not None else text
+
+
+_CONTEXT = "_dpaudit_context"
+
+
+def _with_context(f: Callable[..., Any]) -> tuple[inspect.Signature | None, str]:
+    """The signature typer should see for ``f`` (``f``'s plus a keyword-only ``typer.Context`` parameter,
+    which typer fills in; None when ``f`` takes one already) and that parameter's name."""
+    try:
+        sig = inspect.signature(f, eval_str=True)
+    except (NameError, TypeError):  # unresolvable annotations: typer would fail on them as well
+        sig = inspect.signature(f)
+    for p in sig.parameters.values():
+        if isinstance(p.annotation, type) and issubclass(p.annotation, typer.Context):
+            return None, p.name
+    ctx = inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    return sig.replace(parameters=[*sig.parameters.values(), ctx]), _CONTEXT
+
+
 class App(typer.Typer):
     """Typer app whose commands report domain errors as one line with exit code 2."""
 
@@ -100,8 +176,13 @@ class App(typer.Typer):
         decorator = super().command(*args, **kwargs)
 
         def wrap(f):
+            # typer passes the click context to a parameter annotated typer.Context: the error handler
+            # reads the command's options from it (typer has no public get_current_context).
+            signature, ctx_name = _with_context(f)
+
             @functools.wraps(f)
             def guarded(*a: Any, **k: Any) -> Any:
+                ctx = k.pop(ctx_name, None) if signature is not None else k.get(ctx_name)
                 try:
                     return f(*a, **k)
                 except typer.Exit:
@@ -109,7 +190,7 @@ class App(typer.Typer):
                 except DPAuditError as e:
                     if STATE.debug:
                         traceback.print_exc()
-                    fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    fail(_error_line(e, ctx))
                 except KeyboardInterrupt:
                     typer.echo("interrupted", err=True)
                     raise typer.Exit(130) from None
@@ -123,6 +204,8 @@ class App(typer.Typer):
                         )
                     raise typer.Exit(EXIT_INTERNAL) from None
 
+            if signature is not None:
+                guarded.__signature__ = signature  # type: ignore[attr-defined]
             return decorator(guarded)
 
         return wrap

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,12 +14,14 @@ from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
 attack_app = App()
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
 def human_table(results: list[Any]) -> str:
-    """attack | AUC | balanced acc | advantage | TPR@0.1% | TPR@1% | TPR@10% | #ref models."""
+    """attack | AUC | balanced acc | advantage | TPR@0.1% | TPR@1% | TPR@10% | #ref models.
+
+    Rates (balanced accuracy, TPR) as percentages, formatted as in the reports; AUC and advantage
+    (TPR - FPR) as plain numbers. The JSON output keeps every value a fraction.
+    """
+    from dpaudit.report._format import rate
+
     header = ("attack", "AUC", "balanced acc", "advantage", "TPR@0.1%", "TPR@1%", "TPR@10%", "#ref models")
     rows = [header]
     for r in results:
@@ -28,11 +32,11 @@ def human_table(results: list[Any]) -> str:
             (
                 d["attack"],
                 f"{d['auc']:.3f} [{lo:.3f}, {hi:.3f}]" if d["ci"] else f"{d['auc']:.3f}",
-                f"{d['balanced_accuracy']:.3f}",
+                rate(d["balanced_accuracy"]),
                 f"{d['advantage']:.3f}",
-                _pct(t["0.001"]),
-                _pct(t["0.01"]),
-                _pct(t["0.1"]),
+                rate(t["0.001"]),
+                rate(t["0.01"]),
+                rate(t["0.1"]),
                 str(d["n_reference_models"] or d["n_shadow_models"] or "-"),
             )
         )
@@ -70,7 +74,7 @@ def register(app: App) -> None:
             int | None,
             typer.Option(
                 "--shadow-models",
-                help="K shadow models (Shokri et al.) on disjoint parts of aux [default: as many as fit, up to 4].",
+                help="K shadow models (Shokri et al.) on disjoint parts of aux (default: as many as fit, up to 4).",
             ),
         ] = None,
         reference_models: Annotated[
@@ -87,8 +91,19 @@ def register(app: App) -> None:
             str | None, typer.Option("--scheduler", help="Dask scheduler address tcp://host:port (cluster).")
         ] = None,
         cache_dir: Annotated[
-            Path, typer.Option("--cache-dir", help="Cache of trained shadow/reference models.")
-        ] = Path(".dpaudit-cache"),
+            Path | None,
+            typer.Option(
+                "--cache-dir",
+                help="Cache of trained shadow/reference models (default: $DPAUDIT_CACHE_DIR, else "
+                "$XDG_CACHE_HOME/dpaudit, else ~/.cache/dpaudit).",
+            ),
+        ] = None,
+        no_cache: Annotated[
+            bool,
+            typer.Option(
+                "--no-cache", help="Train shadow/reference models in a temporary directory, deleted afterwards."
+            ),
+        ] = False,
         scores_out: Annotated[
             Path | None,
             typer.Option(
@@ -115,6 +130,13 @@ def register(app: App) -> None:
 
         methods = parse_methods(method)
         check_workers(workers, scheduler=scheduler)
+        if no_cache and cache_dir is not None:
+            raise InputError("give --cache-dir or --no-cache, not both")
+        if no_cache and scheduler is not None:
+            raise InputError(
+                "--no-cache keeps models in a temporary directory of this machine, which Dask workers "
+                "do not share; give --cache-dir on a filesystem they share instead"
+            )
         outputs = scores_paths(scores_out, methods) if scores_out is not None else {}
         for path in outputs.values():
             if path.suffix.lower() not in (".csv", ".npz"):
@@ -123,20 +145,23 @@ def register(app: App) -> None:
                 raise InputError(f"{path} already exists; use --force to overwrite it")  # before the work
         run = load_run(checkpoint)
         info(f"attacking {checkpoint} with {', '.join(methods)} …")
-        results = run_mia(
-            run,
-            methods,
-            shadow_models=shadow_models,
-            reference_models=reference_models,
-            online=online,
-            workers=workers,
-            scheduler=scheduler,
-            seed=seed,
-            cache_dir=cache_dir,
-            min_models=min_models,
-            n_bootstrap=bootstrap,
-            progress=progress(json_output),
-        )
+        with contextlib.ExitStack() as stack:
+            if no_cache:
+                cache_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpaudit-cache-")))
+            results = run_mia(
+                run,
+                methods,
+                shadow_models=shadow_models,
+                reference_models=reference_models,
+                online=online,
+                workers=workers,
+                scheduler=scheduler,
+                seed=seed,
+                cache_dir=cache_dir,
+                min_models=min_models,
+                n_bootstrap=bootstrap,
+                progress=progress(json_output),
+            )
         for r in results:
             if r.name in outputs:
                 r.save_scores(outputs[r.name], force=force)

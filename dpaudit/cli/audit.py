@@ -10,6 +10,7 @@ import typer
 
 from dpaudit.cli._common import App, JsonFlag, emit, json_mode, progress
 from dpaudit.errors import EXIT_VIOLATION, InputError
+from dpaudit.workflows.checkpoint import DEFAULTS
 
 if TYPE_CHECKING:
     from dpaudit.audit.result import AuditResult
@@ -98,6 +99,10 @@ def describe(result: AuditResult) -> str:
     lines = [result.summary()]
     if not result.formal:
         lines.append("warning: this is an estimate, not a formal lower bound (see the notes above)")
+    if result.verdict == "estimate-exceeds-claim":
+        lines.append(
+            "warning: the estimate exceeds the claim; not a formal violation (exit 0 unless --fail-on-estimate)"
+        )
     if result.design_too_small:
         lines.append(
             f"warning: the design is too small to refute the claim: at most epsilon = "
@@ -106,10 +111,18 @@ def describe(result: AuditResult) -> str:
     return "\n".join(lines)
 
 
-def emit_audit(result: AuditResult, *, json_flag: bool, fail_on_violation: bool) -> None:
-    """Print an audit result (JSON or human) and exit 1 on a violation when asked to."""
+def emit_audit(
+    result: AuditResult, *, json_flag: bool, fail_on_violation: bool, fail_on_estimate: bool = False
+) -> None:
+    """Print an audit result (JSON or human); exit 1 when asked to.
+
+    ``fail_on_violation``: exit 1 on a formal "violation" only. ``fail_on_estimate`` (opt-in): also
+    exit 1 on "estimate-exceeds-claim", an estimate above the claim (evidence, not proof).
+    """
     emit(result.to_dict(), describe(result), json_flag=json_flag)
-    if fail_on_violation and result.verdict == "violation":
+    if (fail_on_violation and result.verdict == "violation") or (
+        fail_on_estimate and result.verdict == "estimate-exceeds-claim"
+    ):
         raise typer.Exit(EXIT_VIOLATION)
 
 
@@ -125,7 +138,30 @@ def scores_cmd(
     claimed_epsilon: ClaimedOpt = None,
     threshold_selection: SelectionOpt = "holdout",
     seed: SeedOpt = 0,
-    fail_on_violation: FailOnViolationOpt = False,
+    design: Annotated[
+        str,
+        typer.Option(
+            "--design",
+            help="How the member bits were produced: membership (members/non-members of one model; default), "
+            "canaries (canaries of one run, each included w.p. 1/2) or multi-run (one score per independent "
+            "run on D or D'). Only multi-run with clopper-pearson and canaries with one-run are formal; "
+            "everything else is an estimate.",
+        ),
+    ] = "membership",
+    two_sided: Annotated[
+        bool,
+        typer.Option(
+            "--two-sided", help="Score direction unknown: audit both directions at alpha/2 each, report the larger."
+        ),
+    ] = False,
+    fail_on_violation: Annotated[
+        bool,
+        typer.Option("--fail-on-violation", help="Exit with code 1 when the verdict is 'violation' (formal bounds)."),
+    ] = False,
+    fail_on_estimate: Annotated[
+        bool,
+        typer.Option("--fail-on-estimate", help="Also exit with code 1 when an estimate exceeds the claim (opt-in)."),
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Lower-bound epsilon from membership scores and compare it with a claimed epsilon."""
@@ -141,8 +177,10 @@ def scores_cmd(
         claimed_epsilon=claimed_epsilon,
         threshold_selection=threshold_selection,
         seed=seed,
+        design=design,
+        alternative="two-sided" if two_sided else "greater",
     )
-    emit_audit(result, json_flag=json_output, fail_on_violation=fail_on_violation)
+    emit_audit(result, json_flag=json_output, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
 @audit_app.command("selftest")
@@ -168,53 +206,101 @@ def selftest_cmd(
         raise typer.Exit(EXIT_VIOLATION)
 
 
-def _emit_workflow(result: dict, *, json_flag: bool, fail_on_violation: bool) -> None:
-    from dpaudit.audit.result import AuditResult
+@audit_app.command("plan")
+def plan_cmd(
+    epsilon: Annotated[float, typer.Option("--epsilon", help="The claimed epsilon the audit must be able to refute.")],
+    delta: DeltaOpt = 1e-5,
+    confidence: ConfidenceOpt = 0.95,
+    method: MethodOpt = "clopper-pearson",
+    threshold_selection: SelectionOpt = "holdout",
+    two_sided: Annotated[
+        bool, typer.Option("--two-sided", help="Plan a two-sided audit (alpha/2 per direction).")
+    ] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Trials per side (one-run: canaries) needed before even a perfect attack could refute --epsilon."""
+    from dpaudit.audit import plan_design
 
-    audit = AuditResult(**{**result["audit"], "notes": tuple(result["audit"]["notes"])})
-    payload = {**result["audit"], **{k: v for k, v in result.items() if k != "audit"}}
-    emit(payload, f"source: {result['source']}\n" + describe(audit), json_flag=json_flag)
-    if fail_on_violation and audit.verdict == "violation":
+    plan = plan_design(
+        epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
+        alternative="two-sided" if two_sided else "greater",
+    )  # fmt: skip
+    emit(plan.to_dict(), plan.summary(), json_flag=json_output)
+
+
+def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool) -> None:
+    """Exit 1 on a formal violation (with --fail-on-violation) or, opted in, on an estimate above the claim."""
+    verdicts = set(verdicts)
+    if (fail_on_violation and "violation" in verdicts) or (fail_on_estimate and "estimate-exceeds-claim" in verdicts):
         raise typer.Exit(EXIT_VIOLATION)
+
+
+FailOnEstimateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fail-on-estimate",
+        help="Also exit with code 1 when an estimate (not a formal bound) exceeds the claim.",
+    ),
+]
 
 
 @audit_app.command("checkpoint")
 def checkpoint_cmd(
-    run: Annotated[Path, typer.Argument(help="Run directory written by `dpaudit train`.")],
+    run: Annotated[Path, typer.Argument(help="Run directory written by `dpaudit train` or `dpaudit import`.")],
     delta: Annotated[float | None, typer.Option("--delta", help="delta (default: the claim's, else 1e-5).")] = None,
-    confidence: ConfidenceOpt = 0.95,
-    method: Annotated[
-        str | None,
-        typer.Option("--method", help="one-run (default with canaries) | clopper-pearson (default) | gdp."),
-    ] = None,
-    attack: Annotated[
-        str, typer.Option("--attack", help="Attack without canaries: loss | lira | shadow | ...")
-    ] = "loss",
+    confidence: ConfidenceOpt = DEFAULTS.confidence,
+    attacks: Annotated[
+        str,
+        typer.Option(
+            "--attacks",
+            "--attack",
+            help="Membership attacks for the estimates, comma-separated (loss, lira, shadow, ...; 'none' for "
+            "a canary-only audit).",
+        ),
+    ] = ",".join(DEFAULTS.attacks),
+    estimate_method: Annotated[
+        str, typer.Option("--estimate-method", help="clopper-pearson | gdp, for the attacks' estimates.")
+    ] = DEFAULTS.estimate_method,
     claimed_epsilon: Annotated[
         float | None, typer.Option("--claimed-epsilon", help="Claimed epsilon (default: the checkpoint's claim).")
     ] = None,
-    reference_models: Annotated[int, typer.Option("--reference-models", help="For --attack lira.")] = 8,
+    reference_models: Annotated[
+        int, typer.Option("--reference-models", help="For --attacks lira.")
+    ] = DEFAULTS.reference_models,
     workers: Annotated[int, typer.Option("--workers", help="Parallel reference-model training.")] = 1,
-    seed: SeedOpt = 0,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="Where reference models are cached (default: user cache).")
+    ] = None,
+    seed: SeedOpt = DEFAULTS.seed,
     fail_on_violation: FailOnViolationOpt = False,
+    fail_on_estimate: FailOnEstimateOpt = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Audit a checkpoint: a formal one-run audit of its canaries, or an attack-based estimate without them."""
-    from dpaudit.auditing import audit_checkpoint
+    """Audit a checkpoint: a formal one-run audit of its canaries, and membership-attack estimates beside it.
 
+    The same workflow (and defaults) as `dpaudit report` and `dpaudit demo`: one checkpoint, one answer.
+    """
+    from dpaudit.validation import check_choice
+    from dpaudit.workflows import audit_checkpoint
+
+    check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
+    names = tuple(a.strip() for a in attacks.split(",") if a.strip() and a.strip() != "none")
     result = audit_checkpoint(
         run,
-        method=method,
-        attack=attack,
+        attacks=names,
+        estimate_method=estimate_method,
         delta=delta,
         confidence=confidence,
         claimed_epsilon=claimed_epsilon,
         reference_models=reference_models,
         workers=workers,
+        cache_dir=cache_dir,
         seed=seed,
         progress=progress(json_output),
     )
-    _emit_workflow(result, json_flag=json_output, fail_on_violation=fail_on_violation)
+    emit(result.to_dict(), result.summary(), json_flag=json_output)
+    verdicts = [a.result.verdict for a in result.audits]
+    _exit_code(verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
 @audit_app.command("train")
@@ -246,14 +332,19 @@ def train_cmd(
     workers: Annotated[int, typer.Option("--workers", help="Parallel training processes.")] = 1,
     seed: SeedOpt = 0,
     fail_on_violation: FailOnViolationOpt = False,
+    fail_on_estimate: FailOnEstimateOpt = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Multi-run audit: train R models with and R without a canary, bound epsilon from their scores."""
-    from dpaudit.auditing import audit_training
+    """Multi-run audit: train R models with and R without a canary, bound epsilon from their scores.
+
+    Every run trains the claimed pipeline (preprocessing from public data, same steps and sigma on both
+    sides, the claim's neighbouring relation), so the Clopper-Pearson bound is formal.
+    """
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
     from dpaudit.training.config import DPConfig, TrainConfig
     from dpaudit.validation import check_choice
+    from dpaudit.workflows import audit_training
 
     check_choice(("clopper-pearson", "gdp"), method=method)
     dp = None
@@ -280,7 +371,8 @@ def train_cmd(
         workers=workers,
         progress=progress(json_output),
     )
-    _emit_workflow(result, json_flag=json_output, fail_on_violation=fail_on_violation)
+    emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
+    _exit_code([result.result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
 def register(app: App) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, progress
+from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
 
 
 def register(app: App) -> None:
@@ -18,10 +18,15 @@ def register(app: App) -> None:
         force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
-        """Train, attack and audit models on the embedded digits data and write a report."""
-        from dpaudit.demo import run_demo
+        """Train, attack and audit models on the embedded digits data and write a report.
+
+        Run it again and it replaces its own earlier output (any other existing --out needs --force).
+        """
+        from dpaudit.demo import replaces_demo_output, run_demo
         from dpaudit.report.markdown import summary_table
 
+        if replaces_demo_output(out) and not force:
+            info(f"replacing the earlier demo output in {out}/", json_flag=json_output)
         report = run_demo(out, quick=quick, force=force, progress=progress(json_output))
         table = "\n".join(summary_table(report))
         emit(

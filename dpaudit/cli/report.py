@@ -9,6 +9,7 @@ import typer
 
 from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
 from dpaudit.errors import InputError
+from dpaudit.workflows.checkpoint import DEFAULTS
 
 
 def classify_input(path: Path) -> str:
@@ -43,31 +44,49 @@ def register(app: App) -> None:
         ],
         out: Annotated[Path, typer.Option("--out", "-o", help="Report directory to write (e.g. reports/NAME).")],
         formats: Annotated[str, typer.Option("--format", help="Comma-separated: json, md, html.")] = "json,md,html",
-        attacks: Annotated[str, typer.Option("--attacks", help="Membership attacks to run on each run.")] = "loss,lira",
+        attacks: Annotated[
+            str, typer.Option("--attacks", help="Membership attacks to run on each run (estimates).")
+        ] = ",".join(DEFAULTS.attacks),
         reference_models: Annotated[
             int, typer.Option("--reference-models", help="Reference models per run (LiRA).")
-        ] = 8,
-        audit_method: Annotated[
-            str, typer.Option("--audit-method", help="gdp | clopper-pearson (ε lower bound from scores).")
-        ] = "gdp",
-        confidence: Annotated[float, typer.Option("--confidence", help="Confidence of the lower bounds.")] = 0.95,
+        ] = DEFAULTS.reference_models,
+        estimate_method: Annotated[
+            str,
+            typer.Option(
+                "--estimate-method", help="clopper-pearson | gdp: bound on the attacks' scores (always an estimate)."
+            ),
+        ] = DEFAULTS.estimate_method,
+        confidence: Annotated[
+            float, typer.Option("--confidence", help="Confidence of the lower bounds.")
+        ] = DEFAULTS.confidence,
         workers: Annotated[int, typer.Option("--workers", help="Parallel workers for reference models.")] = 1,
-        seed: Annotated[int, typer.Option("--seed", help="Seed of the attacks.")] = 0,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the attacks.")] = DEFAULTS.seed,
+        cache_dir: Annotated[
+            Path | None, typer.Option("--cache-dir", help="Where reference models are cached (default: user cache).")
+        ] = None,
         title: Annotated[str | None, typer.Option("--title", help="Report title.")] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
         """Attack and audit runs and write a leakage report (report.json, report.md, report.html)."""
         from dpaudit.report import _format as F
-        from dpaudit.report.build import REPORT_FILES, build_report, load_report, parse_formats, write_report
-        from dpaudit.report.evaluate import evaluate_run
-        from dpaudit.validation import check_in_interval, check_positive_int
+        from dpaudit.report.build import (
+            REPORT_FILES,
+            build_report,
+            load_report,
+            model_entry_from,
+            parse_formats,
+            write_report,
+        )
+        from dpaudit.validation import check_choice, check_in_interval, check_positive_int
+        from dpaudit.workflows import audit_checkpoint
 
         fmts = parse_formats(formats)
         methods = _parse_list(attacks, "--attacks")
         check_positive_int(reference_models=reference_models)
         check_positive_int(workers=workers)
         check_in_interval(0.0, 1.0, confidence=confidence)
+        check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
         if out.exists() and not force:  # fail before the (slow) attacks
             raise InputError(f"{out} already exists; use --force to overwrite it")
         kinds = [(p, classify_input(p)) for p in inputs]
@@ -75,7 +94,7 @@ def register(app: App) -> None:
         config = {
             "attacks": list(methods),
             "reference_models": reference_models,
-            "audit_method": audit_method,
+            "estimate_method": estimate_method,
             "confidence": confidence,
             "seed": seed,
             "inputs": [str(p) for p in inputs],
@@ -87,27 +106,25 @@ def register(app: App) -> None:
                 models += reports[p]["models"]
                 continue
             info(f"attacking {p} ({', '.join(methods)}) …")
-            models.append(
-                evaluate_run(
-                    p,
-                    attacks=methods,
-                    reference_models=reference_models,
-                    audit_method=audit_method,
-                    confidence=confidence,
-                    workers=workers,
-                    seed=seed,
-                    progress=progress(json_output),
-                )
+            audit = audit_checkpoint(
+                p,
+                attacks=methods,
+                reference_models=reference_models,
+                estimate_method=estimate_method,
+                confidence=confidence,
+                workers=workers,
+                seed=seed,
+                cache_dir=cache_dir,
+                progress=progress(json_output),
             )
+            models.append(model_entry_from(audit, path=str(p)))
         default_title = reports[kinds[0][0]]["title"] if kinds[0][1] == "report" else "dpaudit leakage report"
         result = build_report(models, title=title or default_title, config=config)
         write_report(result, out, fmts, force=force)
         files = [str(out / REPORT_FILES[f]) for f in fmts]
         rows = [{"name": m["name"], **m["summary"]} for m in result["models"]]
         human = "\n".join(
-            f"{m['name']}: {F.VERDICT_TEXT[m['summary']['verdict']]}; claimed ε {F.claim_text(m['claim'])}; "
-            f"empirical ε {F.bound_text(m['summary'])}"
-            for m in result["models"]
+            f"{m['name']} (claimed ε {F.claim_text(m['claim'])}): {m['summary']['headline']}" for m in result["models"]
         )
         emit(
             {"out": str(out), "files": files, "models": rows},

@@ -31,9 +31,12 @@ def parse_ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def human_summary(s: dict) -> str:
+    """The run summary for humans: accuracies as percentages (the JSON keeps fractions)."""
+    from dpaudit.report._format import rate
+
     lines = [
         f"model      {s['model']} on {s['data']} ({s['n_members']} training records), algo {s['algo']}",
-        f"accuracy   train {s['train_accuracy']:.4f}   test {s['test_accuracy']:.4f}",
+        f"accuracy   train {rate(s['train_accuracy'])}   test {rate(s['test_accuracy'])}",
     ]
     if s["private"]:
         lines.append(f"privacy    ε = {s['epsilon']:.4g} at δ = {s['delta']:g} ({s['accountant']})")
@@ -143,7 +146,7 @@ def register(app: App) -> None:
         info(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …", json_flag=json_output)
         canary_set = None
         if canaries is not None:
-            from dpaudit.audit.canaries import make_canaries
+            from dpaudit.canaries import make_canaries
             from dpaudit.data import make_splits
 
             canary_set = make_canaries(

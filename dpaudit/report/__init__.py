@@ -1,7 +1,8 @@
 """Leakage reports: a versioned JSON document (``schema.json``) and its Markdown / HTML renderings.
 
-Computing and rendering are separate: :func:`evaluate_run` and :func:`build_report` produce the
-report dict; :func:`render_markdown` and :func:`render_html` read only that dict.
+Computing and rendering are separate: the audit workflows (:mod:`dpaudit.workflows`) attack and
+audit runs, :func:`model_entry_from` and :func:`build_report` turn their results into the report
+dict, and :func:`render_markdown` and :func:`render_html` read only that dict.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dpaudit.report.build import (
     build_report,
     load_report,
     merge_reports,
+    model_entry_from,
     validate_report,
     write_report,
 )
@@ -22,9 +24,9 @@ __all__ = [
     "ATTACK_FAMILIES",
     "SCHEMA_VERSION",
     "build_report",
-    "evaluate_run",
     "load_report",
     "merge_reports",
+    "model_entry_from",
     "render_html",
     "render_markdown",
     "validate_report",
@@ -34,7 +36,6 @@ __all__ = [
 _LAZY = {
     "render_markdown": "dpaudit.report.markdown",
     "render_html": "dpaudit.report.html",  # imports matplotlib
-    "evaluate_run": "dpaudit.report.evaluate",  # imports torch and the attacks
 }
 
 

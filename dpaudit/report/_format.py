@@ -12,9 +12,10 @@ DASH = "—"
 
 VERDICT_TEXT = {
     "violation": "violation",
+    "estimate-exceeds-claim": "estimate exceeds claim",
     "inconclusive": "inconclusive",
     "consistent": "consistent",
-    None: "no audit",
+    None: "no verdict",
 }
 
 FAMILY_TITLES = {
@@ -34,8 +35,13 @@ HOW_TO_READ = (
     ),
     (
         "violation",
-        "The lower bound exceeds the claimed ε: the claim (or its implementation) is wrong, with the "
-        "stated confidence when the audit is formal.",
+        "A formal lower bound exceeds the claimed ε: the claim (or its implementation) is wrong, with the "
+        "stated confidence. Only formal audits can give this verdict.",
+    ),
+    (
+        "estimate exceeds claim",
+        "An estimate (not a formal test) is above the claimed ε: worth investigating, not proof of a "
+        "violation. The summary's verdict never comes from an estimate.",
     ),
     (
         "consistent",
@@ -45,14 +51,16 @@ HOW_TO_READ = (
     (
         "inconclusive",
         "The bound stays below the claim, but the audit was too weak (too few samples) to certify a bound as "
-        "large as the claim, so it could not have detected a violation. A model without a claim counts as "
-        "ε = ∞ and is always inconclusive.",
+        "large as the claim, so it could not have detected a violation. A model without a claim gets no "
+        "verdict; its headline says what was shown ('leaks: ε ≥ …').",
     ),
     (
         "formal vs estimate",
-        "Audits on canaries inserted at training time are formal hypothesis tests. Audits on membership "
-        "scores of an ordinary model (members drawn from the data) are estimates: they assume the "
-        "members/non-members split behaves like the DP neighbouring relation.",
+        "Audits on canaries inserted at random at training time (one-run) and on many independent training "
+        "runs (multi-run) are formal hypothesis tests. Audits on membership scores of an ordinary model "
+        "(members drawn from the data) are estimates: they assume the members/non-members split behaves "
+        "like independent trials of the DP neighbouring relation. The summary's headline is the strongest "
+        "formal audit with its own verdict; the strongest estimate sits beside it.",
     ),
     (
         "Trade-off plot",
@@ -64,7 +72,11 @@ HOW_TO_READ = (
 
 
 def num(x: Any, spec: str = ".3f") -> str:
-    """A report number formatted with ``spec``; None → —, ±∞ → ±∞."""
+    """A report number formatted with ``spec``; None → —, ±∞ → ±∞, NaN → nan.
+
+    For unitless numbers (AUC, advantage, ε, δ, losses); fractions that mean "how often" go through
+    :func:`rate` or :func:`percent`, so that no bare 0.05 meaning 5% reaches a reader.
+    """
     v = as_float(x)
     if v is None:
         return DASH
@@ -80,12 +92,35 @@ def eps(x: Any) -> str:
 
 
 def rate(x: Any) -> str:
-    return num(x, ".3g")
+    """A rate in [0, 1] (TPR, FPR, FNR, accuracy) as a percentage with 3 significant digits.
+
+    0.0644 → 6.44%, 0.79 → 79.0%, 0.000123 → 0.0123%, 1 → 100%; None → —. The JSON keeps the fraction.
+    """
+    return percent(x, digits=3)
 
 
-def percent(x: Any) -> str:
+def percent(x: Any, digits: int | None = None) -> str:
+    """A fraction as a percentage with a % sign, in fixed notation (1e-05% reads badly).
+
+    ``digits`` None: as given, up to 6 significant digits and no trailing zeros (0.95 → 95%,
+    0.999 → 99.9%), for confidence levels; ``digits`` n: n significant digits (0.79 → 79.0% for
+    n = 3), for measured rates (see :func:`rate`). None → —, ±∞ → ±∞, NaN → nan (no % sign).
+    """
     v = as_float(x)
-    return DASH if v is None else f"{100 * v:g}%"
+    if v is None or not math.isfinite(v):
+        return num(v)
+    p = 100 * v
+    if p == 0:
+        return "0%"
+    # Decimals for the significant digits (6 of them absorb float noise such as 100 * 0.57 =
+    # 56.99999999999999), counted on the rounded value so that 99.96 gives 100, not 100.0.
+    n = digits or 6
+    decimals = max(0, n - 1 - math.floor(math.log10(abs(p))))
+    decimals = max(0, n - 1 - math.floor(math.log10(abs(round(p, decimals)))))
+    text = f"{p:.{decimals}f}"
+    if digits is None and "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{text}%"
 
 
 def interval(ci: Any, spec: str = ".3f") -> str:
@@ -100,14 +135,13 @@ def claim_text(claim: Mapping[str, Any] | None) -> str:
     return f"{eps(claim['epsilon'])} (δ = {num(claim['delta'], 'g')})"
 
 
-def bound_text(summary: Mapping[str, Any]) -> str:
-    """'≥ 3.41 (gdp, 95%, estimate)' for the summary's largest lower bound."""
-    if summary["epsilon_lower_bound"] is None:
+def bound_text(digest: Mapping[str, Any] | None) -> str:
+    """'≥ 3.41 (lira, gdp, 95%)' for a summary's formal or estimate digest; — without one."""
+    if digest is None:
         return DASH
-    kind = "formal" if summary["epsilon_lower_bound_formal"] else "estimate"
     return (
-        f"≥ {eps(summary['epsilon_lower_bound'])} ({summary['epsilon_lower_bound_method']}, "
-        f"{percent(summary['epsilon_lower_bound_confidence'])}, {kind})"
+        f"≥ {eps(digest['epsilon_lower_bound'])} ({digest['attack']}, {digest['method']}, "
+        f"{percent(digest['confidence'])})"
     )
 
 
@@ -176,7 +210,8 @@ def grouped_notes(audits: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
 SUMMARY_HEADER = (
     "model",
     "claimed ε",
-    "empirical ε lower bound (method, confidence)",
+    "formal ε lower bound",
+    "estimate (not a formal test)",
     "best attack AUC",
     "TPR@0.1% FPR",
     "verdict",
@@ -186,10 +221,25 @@ SUMMARY_HEADER = (
 def summary_cells(model: Mapping[str, Any]) -> list[str]:
     """The summary row's text cells (all but the verdict), unescaped; each renderer escapes them."""
     s = model["summary"]
+    estimate = bound_text(s["estimate"])
+    if s["estimate_verdict"] == "estimate-exceeds-claim":
+        estimate += " — exceeds the claim"
     return [
         str(model["name"]),
         claim_text(model["claim"]),
-        bound_text(s),
+        bound_text(s["formal"]),
+        estimate,
         with_attack(num(s["best_auc"]), s["best_auc_attack"]),
         with_attack(rate(s["tpr_at_low_fpr"]), s["tpr_at_low_fpr_attack"]),
     ]
+
+
+def verdict_label(model: Mapping[str, Any]) -> str:
+    """The summary's verdict in words; a model without a claim shows what was demonstrated."""
+    s = model["summary"]
+    if model["claim"] is None:
+        f = s["formal"]
+        if f is not None and (as_float(f["epsilon_lower_bound"]) or 0.0) > 0:
+            return f"leaks: ε ≥ {eps(f['epsilon_lower_bound'])} shown"
+        return "no claim"
+    return VERDICT_TEXT[s["verdict"]]

@@ -24,13 +24,13 @@ import numpy as np
 
 from dpaudit.audit import clopper_pearson_lower, clopper_pearson_upper, decide_verdict
 from dpaudit.errors import InputError
+from dpaudit.fileio import write_atomic_dir
+from dpaudit.workflows.result import ModelAudit, headline
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
 REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html"}
 ATTACK_FAMILIES = ("membership", "inversion", "extraction", "attribute", "cloak")
-VERDICT_SEVERITY = {"consistent": 0, "inconclusive": 1, "violation": 2}
 LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022, "MIA from first principles")
-NON_PRIVATE_DELTA = 1e-5  # δ used to audit a model that makes no claim
 
 
 # --------------------------------------------------------------------------- JSON helpers
@@ -120,18 +120,7 @@ def operating_point(counts: Mapping[str, Any] | None, confidence: float) -> dict
     }
 
 
-def worst_verdict(verdicts: Iterable[str | None]) -> str | None:
-    """violation > inconclusive > consistent; None when there is no verdict at all."""
-    known = [v for v in verdicts if v is not None]
-    return max(known, key=VERDICT_SEVERITY.__getitem__) if known else None
-
-
 # --------------------------------------------------------------------------- entries
-
-
-def audit_entry(audit: Mapping[str, Any], *, family: str, attack: str, index: int | None) -> dict[str, Any]:
-    """An audit result dict tagged with the attack whose scores it audited (attacks[family][index])."""
-    return {"source": {"family": family, "attack": attack, "index": index}, **dict(audit)}
 
 
 def model_entry(
@@ -158,6 +147,17 @@ def model_entry(
     }
 
 
+def model_entry_from(audit: ModelAudit, *, path: str | None = None) -> dict[str, Any]:
+    """The report entry of a workflow result (:func:`dpaudit.workflows.audit_checkpoint`)."""
+    return model_entry(
+        audit.meta,
+        name=audit.name,
+        path=str(audit.path) if path is None else path,
+        attacks={"membership": [r.to_dict(include_roc=True) for r in audit.attacks]},
+        audits=[a.to_dict() for a in audit.audits],
+    )
+
+
 def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
     claim = entry["claim"]
     membership = entry["attacks"].get("membership") or []
@@ -165,8 +165,8 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
     low = f"{LOW_FPR:g}"  # the key convention of tpr_at_fpr (attacks.metrics.fpr_key)
     tprs = [a for a in membership if a["tpr_at_fpr"].get(low) is not None]
     best_tpr = max(tprs, key=lambda a: a["tpr_at_fpr"][low], default=None)
-    bounded = [a for a in entry["audits"] if as_float(a["epsilon_lower_bound"]) is not None]
-    top = max(bounded, key=lambda a: as_float(a["epsilon_lower_bound"]), default=None)
+    # The headline reads each audit's verdict against the model's claim (effective_verdict).
+    audits = [{**a, "verdict": a["effective_verdict"]} for a in entry["audits"]]
     return {
         "claimed_epsilon": claim["epsilon"] if claim else "inf",
         "claimed_delta": claim["delta"] if claim else None,
@@ -175,12 +175,7 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
         "low_fpr": LOW_FPR,
         "tpr_at_low_fpr": best_tpr["tpr_at_fpr"][low] if best_tpr else None,
         "tpr_at_low_fpr_attack": best_tpr["attack"] if best_tpr else None,
-        "epsilon_lower_bound": top["epsilon_lower_bound"] if top else None,
-        "epsilon_lower_bound_method": top["method"] if top else None,
-        "epsilon_lower_bound_confidence": top["confidence"] if top else None,
-        "epsilon_lower_bound_attack": top["source"]["attack"] if top else None,
-        "epsilon_lower_bound_formal": top["formal"] if top else None,
-        "verdict": worst_verdict(a["effective_verdict"] for a in entry["audits"]),
+        **headline(audits, claim).to_dict(),
     }
 
 
@@ -189,16 +184,14 @@ def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) 
     a.setdefault("notes", [])
     a.setdefault("max_certifiable_epsilon", None)
     a["operating_point"] = operating_point(a.get("counts"), float(a["confidence"]))
-    if a.get("verdict") is not None:
-        a["effective_verdict"] = a["verdict"]
+    if a.get("verdict") is not None or claim is None:
+        a["effective_verdict"] = a.get("verdict")
     else:
-        # An audit run without a claim is judged against the model's claim; no claim counts as ε = ∞,
-        # which no finite design can refute (inconclusive). Unknown power counts as none.
-        claimed = as_float(a.get("claimed_epsilon"))
-        if claimed is None:
-            claimed = as_float(claim["epsilon"]) if claim else math.inf
+        # An audit run without a claim is judged against the model's claim; unknown power counts as none.
         power = as_float(a.get("max_certifiable_epsilon"))
-        a["effective_verdict"] = decide_verdict(as_float(a["epsilon_lower_bound"]), claimed, power or 0.0)
+        a["effective_verdict"] = decide_verdict(
+            as_float(a["epsilon_lower_bound"]), as_float(claim["epsilon"]), power or 0.0, formal=bool(a["formal"])
+        )
     return a
 
 
@@ -363,7 +356,6 @@ def write_report(
     An existing ``out_dir`` is refused unless ``force`` (then replaced only once the new one is
     complete). Everything is rendered before anything is written.
     """
-    from dpaudit.checkpoint import write_atomic_dir
 
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:

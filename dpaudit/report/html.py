@@ -33,6 +33,7 @@ h4 { font-size: 15px; margin: 18px 0 6px; }
 .badge .name { font-weight: 400; opacity: 0.95; }
 .v-violation { background: #c62828; } .v-inconclusive { background: #b86e00; }
 .v-consistent { background: #2e7d32; } .v-none { background: #757575; }
+.v-estimate-exceeds-claim { background: #6a1b9a; }
 .table-wrap { overflow-x: auto; }
 table { border-collapse: collapse; margin: 6px 0 10px; font-size: 14px; }
 th, td { border: 1px solid var(--line); padding: 5px 9px; text-align: left; vertical-align: top; }
@@ -61,9 +62,9 @@ def _e(text: Any) -> str:
     return escape(str(text), quote=True)
 
 
-def _badge(verdict: str | None, name: str | None = None) -> str:
+def _badge(verdict: str | None, name: str | None = None, label: str | None = None) -> str:
     cls = f"v-{verdict or 'none'}"
-    label = _e(F.VERDICT_TEXT[verdict])
+    label = _e(F.VERDICT_TEXT[verdict] if label is None else label)
     prefix = f'<span class="name">{_e(name)}:</span> ' if name is not None else ""
     return f'<span class="badge {cls}">{prefix}{label}</span>'
 
@@ -92,8 +93,15 @@ def _summary_table(report: Mapping[str, Any]) -> str:
     header = list(F.SUMMARY_HEADER)
     rows = []
     for m in report["models"]:
-        rows.append([*(_e(c) for c in F.summary_cells(m)), _badge(m["summary"]["verdict"])])
-    return _table([_e(h) for h in header], rows)
+        rows.append([*(_e(c) for c in F.summary_cells(m)), _model_badge(m)])
+    headlines = "".join(
+        f"<li><strong>{_e(m['name'])}:</strong> {_e(m['summary']['headline'])}</li>" for m in report["models"]
+    )
+    return _table([_e(h) for h in header], rows) + f'<ul class="notes">{headlines}</ul>'
+
+
+def _model_badge(m: Mapping[str, Any], name: str | None = None) -> str:
+    return _badge(m["summary"]["verdict"], name, F.verdict_label(m))
 
 
 def _membership_table(attacks: list[Mapping[str, Any]]) -> str:
@@ -108,7 +116,7 @@ def _membership_table(attacks: list[Mapping[str, Any]]) -> str:
                 _e(a["attack"]),
                 _e(F.num(a["auc"])),
                 _e(F.interval((a.get("ci") or {}).get("auc"))),
-                _e(F.num(a["balanced_accuracy"])),
+                _e(F.rate(a["balanced_accuracy"])),
                 _e(F.num(a["advantage"])),
                 *(_e(F.rate(a["tpr_at_fpr"].get(k))) for k in keys),
                 _e(f"{a['n_members']} / {a['n_nonmembers']}"),
@@ -144,10 +152,10 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(F.eps(a["epsilon_lower_bound"])),
                 _e(F.eps(a["claimed_epsilon"])),
                 _e(F.eps(a.get("max_certifiable_epsilon"))),
-                _e(F.rate(op["fpr"])) + f"<br><small>{_e(F.interval(op['fpr_interval'], '.3g'))}</small>"
+                _e(F.rate(op["fpr"])) + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
                 if op
                 else F.DASH,
-                _e(F.rate(op["fnr"])) + f"<br><small>{_e(F.interval(op['fnr_interval'], '.3g'))}</small>"
+                _e(F.rate(op["fnr"])) + f"<br><small>[{_e(F.rate(op['fnr_interval'][0]))}, {_e(F.rate(op['fnr_interval'][1]))}]</small>"
                 if op
                 else F.DASH,
                 _e(F.num(a.get("threshold"), ".4g"))
@@ -185,14 +193,14 @@ def _model_section(m: Mapping[str, Any], colors: Mapping[str, str]) -> str:
     utility = _table(
         ["split", "accuracy", "loss"],
         [
-            [split, _e(F.num(u.get(f"{split}_accuracy"))), _e(F.num(u.get(f"{split}_loss")))]
+            [split, _e(F.rate(u.get(f"{split}_accuracy"))), _e(F.num(u.get(f"{split}_loss")))]
             for split in ("train", "holdout", "test")
             if f"{split}_accuracy" in u
         ],
         numeric=(1, 2),
     )
     parts = [
-        f'<section class="model"><h3>{_e(m["name"])} {_badge(m["summary"]["verdict"])}</h3>',
+        f'<section class="model"><h3>{_e(m["name"])} {_model_badge(m)}</h3>',
         facts,
         "<h4>Utility</h4>",
         utility,
@@ -249,7 +257,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     """The report as a self-contained HTML page (header with verdict badges, summary, plots, details)."""
     colors = plots.attack_colors(report)
     models = report["models"]
-    badges = "".join(_badge(m["summary"]["verdict"], m["name"]) for m in models)
+    badges = "".join(_model_badge(m, m["name"]) for m in models)
     g = report["generated_by"]
     overview = [
         _figure(
@@ -273,7 +281,9 @@ def render_html(report: Mapping[str, Any]) -> str:
         "<h2>Summary</h2>",
         _summary_table(report),
         '<p class="meta">An empirical ε is a lower bound: the model leaks at least this much. '
-        "“estimate” marks bounds from membership scores without canaries (not a formal test).</p>",
+        "Only a formal bound (canaries inserted at random, or independent training runs) can give a "
+        "violation; “estimate” marks bounds from membership scores of the model's own members (not a formal "
+        "test), shown beside the formal one.</p>",
         '<div class="figs">' + "".join(overview) + "</div>",
         _explainer(),
         "<h2>Models</h2>",

@@ -32,8 +32,13 @@ def _verdict(v: str | None) -> str:
 
 def summary_table(report: Mapping[str, Any]) -> list[str]:
     header = list(F.SUMMARY_HEADER)
-    rows = [[*(md(c) for c in F.summary_cells(m)), _verdict(m["summary"]["verdict"])] for m in report["models"]]
-    return _table(header, rows)
+    rows = []
+    for m in report["models"]:
+        label = md(F.verdict_label(m))
+        rows.append([*(md(c) for c in F.summary_cells(m)), f"**{label.upper()}**" if label == "violation" else label])
+    lines = _table(header, rows)
+    lines += [""] + [f"- {md(m['name'])}: {md(m['summary']['headline'])}" for m in report["models"]]
+    return lines
 
 
 def _membership(attacks: list[Mapping[str, Any]]) -> list[str]:
@@ -55,7 +60,7 @@ def _membership(attacks: list[Mapping[str, Any]]) -> list[str]:
             [
                 md(a["attack"]),
                 f"{F.num(a['auc'])} {F.interval(ci)}" if ci else F.num(a["auc"]),
-                F.num(a["balanced_accuracy"]),
+                F.rate(a["balanced_accuracy"]),
                 F.num(a["advantage"]),
                 *(F.rate(a["tpr_at_fpr"].get(k)) for k in keys),
                 f"{a['n_members']} / {a['n_nonmembers']}",
@@ -131,7 +136,7 @@ def model_section(m: Mapping[str, Any]) -> list[str]:
         *_table(
             ["split", "accuracy", "loss"],
             [
-                [split, F.num(u.get(f"{split}_accuracy")), F.num(u.get(f"{split}_loss"))]
+                [split, F.rate(u.get(f"{split}_accuracy")), F.num(u.get(f"{split}_loss"))]
                 for split in ("train", "holdout", "test")
                 if f"{split}_accuracy" in u
             ],
@@ -161,10 +166,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "",
         *summary_table(report),
         "",
-        "Verdicts: **violation**: the empirical lower bound exceeds the claimed ε; consistent: it does not, "
-        "and the audit was strong enough to have detected a violation; inconclusive: the audit was too weak "
-        "to detect one (always so for non-private models, claimed ε = ∞). A lower bound marked *estimate* comes "
-        "from membership scores without canaries and is not a formal test.",
+        "Verdicts come from the strongest *formal* audit (canaries inserted at random, or independent training "
+        "runs): **violation**: its lower bound exceeds the claimed ε; consistent: it does not, and the audit was "
+        "strong enough to have detected a violation; inconclusive: the audit was too weak to detect one. A model "
+        "without a claim gets no verdict, only what was shown. An *estimate* (membership scores of the model's "
+        "own members) is not a formal test: above the claim it reads 'estimate exceeds claim', never violation.",
         "",
         "## Models",
     ]

@@ -27,7 +27,13 @@ from matplotlib.ticker import FixedLocator
 from dpaudit.report.build import LOW_FPR, as_float, tradeoff_curve
 
 DPI = 120
-VERDICT_COLORS = {"violation": "#c62828", "inconclusive": "#e08600", "consistent": "#2e7d32", None: "#757575"}
+VERDICT_COLORS = {
+    "violation": "#c62828",
+    "estimate-exceeds-claim": "#6a1b9a",
+    "inconclusive": "#e08600",
+    "consistent": "#2e7d32",
+    None: "#757575",
+}
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 _RC = {"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3}
 
@@ -147,6 +153,14 @@ def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figu
     return fig
 
 
+def _headline_bound(summary: Mapping[str, Any]) -> tuple[float | None, bool]:
+    """The formal headline bound, else the strongest estimate (drawn grey); and whether it is formal."""
+    for kind in ("formal", "estimate"):
+        if summary[kind] is not None:
+            return as_float(summary[kind]["epsilon_lower_bound"]), kind == "formal"
+    return None, False
+
+
 def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
     """Claimed ε (diamond) against the largest empirical lower bound (arrow from the bound upward), per model.
 
@@ -160,7 +174,7 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
         return None
     finite = []
     for m in models:
-        finite += [as_float(m["summary"]["claimed_epsilon"]), as_float(m["summary"]["epsilon_lower_bound"])]
+        finite += [as_float(m["summary"]["claimed_epsilon"]), _headline_bound(m["summary"])[0]]
         finite += [as_float(a.get("max_certifiable_epsilon")) for a in m["audits"]]
         finite += [as_float(a.get("claimed_epsilon")) for a in m["audits"]]
     top = max([2.0, *(v for v in finite if v is not None and math.isfinite(v))])
@@ -172,8 +186,8 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
     for row, m in enumerate(models):
         y = len(models) - 1 - row
         s = m["summary"]
-        lb = as_float(s["epsilon_lower_bound"])
-        color = VERDICT_COLORS[s["verdict"]]
+        lb, formal = _headline_bound(s)
+        color = VERDICT_COLORS[s["verdict"]] if formal else "#9e9e9e"
         if lb is not None:
             ax.annotate(
                 "", xy=(xmax, y), xytext=(place(lb), y), arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2.2}
@@ -196,7 +210,7 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
     handles = [
         Line2D([], [], marker="D", color="black", ls="none", label="claimed ε"),
         Line2D([], [], marker="D", mfc="white", mec="black", ls="none", label="ε tested by an audit"),
-        Line2D([], [], color="#555555", lw=2.2, marker=">", label="empirical lower bound (ε ≥ …)"),
+        Line2D([], [], color="#555555", lw=2.2, marker=">", label="formal lower bound (ε ≥ …; grey: estimate)"),
         Line2D([], [], color="#9e9e9e", lw=1, marker="|", ls="none", ms=10, label="largest certifiable ε"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)

@@ -422,8 +422,12 @@ class GradientCanary:
         return float(torch.logaddexp(torch.log1p(-q), torch.log(q) + z).sum()) if self._q < 1 else float(z.sum())
 
 
-def fit_with_gradient_canary(dataset, train_idx, spec, config, perf, canary: GradientCanary) -> float:
-    """Train the recipe on ``train_idx`` with a white-box gradient canary; return the canary's score."""
+def fit_with_gradient_canary(
+    dataset, train_idx, spec, config, perf, canary: GradientCanary, *, preprocessing_idx=None
+) -> float:
+    """Train the recipe on ``train_idx`` with a white-box gradient canary; return the canary's score.
+
+    The standardisation is fitted on ``preprocessing_idx`` (default: ``train_idx``)."""
     import numpy as np
 
     from dpaudit.data import fit_preprocessing
@@ -435,7 +439,7 @@ def fit_with_gradient_canary(dataset, train_idx, spec, config, perf, canary: Gra
     if not isinstance(trainer, DPTrainer):
         raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
     device = resolve_device(perf.device)
-    pre = fit_preprocessing(dataset, train_idx)
+    pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
     X = torch.as_tensor(np.array(pre.transform(dataset.X[train_idx])), device=device)
     y = torch.as_tensor(dataset.y[train_idx], device=device)
     model = build_model(spec, seed=config.seed).to(device)

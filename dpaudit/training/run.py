@@ -10,9 +10,17 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from dpaudit.audit.canaries import CANARY_FILE, CanarySet, with_canaries
+from dpaudit.canaries import CANARY_FILE, CanarySet, with_canaries
 from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
-from dpaudit.data import DEFAULT_FRACTIONS, Dataset, Splits, fit_preprocessing, make_splits
+from dpaudit.data import (
+    DEFAULT_FRACTIONS,
+    Dataset,
+    Identity,
+    Splits,
+    Standardizer,
+    fit_preprocessing,
+    make_splits,
+)
 from dpaudit.errors import InputError
 from dpaudit.models import ModelSpec, build_model
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -51,9 +59,10 @@ def fit_model(
     *,
     progress: Progress = NULL_PROGRESS,
     preprocessing_idx: np.ndarray | None = None,
+    preprocessing: Standardizer | Identity | None = None,
 ) -> FittedModel:
-    """Fit preprocessing on ``train_idx`` (or ``preprocessing_idx``), build the model from
-    ``config.seed`` and train it.
+    """Fit preprocessing on ``train_idx`` (or ``preprocessing_idx``) unless a fixed ``preprocessing``
+    is given, build the model from ``config.seed`` and train it.
 
     This is the one training entry point: target models, shadow and reference models all use it.
     Deterministic on CPU: same inputs and seed give bit-identical weights.
@@ -66,7 +75,9 @@ def fit_model(
     if config.batch_size > len(train_idx):
         raise InputError(f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)")
     device = resolve_device(perf.device)
-    pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
+    pre = preprocessing
+    if pre is None:
+        pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
     X, y = _tensors(dataset, train_idx, pre, device)
     model = build_model(spec, seed=config.seed).to(device)
     outcome = trainer.fit(model, X, y, progress=progress)
@@ -119,11 +130,21 @@ def train_run(
     if out is not None and Path(out).exists() and not force:
         raise InputError(f"{out} already exists; use --force to overwrite it")  # fail before training
     splits = splits or make_splits(len(dataset), split_seed, fractions)
-    pre_idx = splits.aux if config.dp is not None and len(splits.aux) else splits.members
     train_data, train_idx = dataset, splits.members
     if canaries is not None:
         train_data, train_idx, _ = with_canaries(dataset, splits, canaries)
-    fitted = fit_model(train_data, train_idx, spec, config, perf, progress=progress, preprocessing_idx=pre_idx)
+    if config.dp is None:
+        fitted_on, pre_idx = "members", splits.members
+    elif len(splits.aux):
+        fitted_on, pre_idx = "aux", splits.aux
+    else:
+        # No public split: a scaler fitted on members would be released with the model outside the DP
+        # claim, so a private run keeps the raw features (fixed, data-independent preprocessing).
+        fitted_on, pre_idx = "none", None
+    fitted = fit_model(
+        train_data, train_idx, spec, config, perf, progress=progress, preprocessing_idx=pre_idx,
+        preprocessing=Identity() if fitted_on == "none" else None,
+    )  # fmt: skip
     data_meta = dataset.describe()
     if label_column is not None:
         data_meta["label_column"] = label_column
@@ -132,7 +153,7 @@ def train_run(
         "model": spec.to_dict(),
         "data": data_meta,
         "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
-        "preprocessing": fitted.preprocessing.to_dict(),
+        "preprocessing": {**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
         "training": {
             **config.to_dict(),
             "steps_run": config.num_steps(len(train_idx)),

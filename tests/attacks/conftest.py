@@ -27,3 +27,10 @@ def tiny_run(tiny_run_dir):
     from dpaudit.checkpoint import load_run
 
     return load_run(tiny_run_dir)
+
+
+@pytest.fixture(autouse=True)
+def _cache_outside_home(monkeypatch, tmp_path_factory):
+    """Reference models trained without an explicit cache_dir go to a temporary cache, never to the
+    user's (``dpaudit.cache.default_cache_dir``)."""
+    monkeypatch.setenv("DPAUDIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dpaudit-cache"))

@@ -126,14 +126,66 @@ class TestCLI:
         assert r.exit_code == 0, r.output
         header = r.stdout.splitlines()[0].split()
         assert header[:3] == ["attack", "AUC", "balanced"] and "TPR@0.1%" in header and "TPR@10%" in header
-        assert r.stdout.splitlines()[2].startswith("loss")
+        row = r.stdout.splitlines()[2].split()
+        assert row[0] == "loss"
+        # Rates as percentages, formatted as in the reports; AUC and advantage plain numbers.
+        data = json.loads(
+            invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "loss", "--bootstrap", "0").stdout
+        )
+        a = data["attacks"][0]
+        assert 0 <= a["balanced_accuracy"] <= 1 and all(0 <= v <= 1 for v in a["tpr_at_fpr"].values())
+        from dpaudit.report._format import rate
+
+        tprs = [rate(a["tpr_at_fpr"][k]) for k in ("0.001", "0.01", "0.1")]
+        assert rate(a["balanced_accuracy"]) in row and row[-4:-1] == tprs
+        assert all(cell.endswith("%") for cell in tprs) and f"{a['advantage']:.3f}" in row
+
+    def test_cache_goes_to_the_user_cache_not_the_current_directory(self, tiny_run_dir, tmp_path, monkeypatch):
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        monkeypatch.chdir(cwd)
+        monkeypatch.setenv("DPAUDIT_CACHE_DIR", str(tmp_path / "env-cache"))
+        r = invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0")
+        assert r.exit_code == 0, r.output
+        assert len(list((tmp_path / "env-cache" / "models").iterdir())) == 2  # two shadow models
+        assert list(cwd.iterdir()) == []
+        # Without DPAUDIT_CACHE_DIR: $XDG_CACHE_HOME/dpaudit (served from there the second time).
+        monkeypatch.delenv("DPAUDIT_CACHE_DIR")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        r = invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0")
+        assert r.exit_code == 0, r.output
+        assert len(list((tmp_path / "xdg" / "dpaudit" / "models").iterdir())) == 2
+        assert list(cwd.iterdir()) == []
+        # --no-cache: a temporary directory, deleted afterwards; --cache-dir wins over the environment.
+        monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+        (tmp_path / "tmp").mkdir()
+        r = invoke("attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0", "--no-cache")
+        assert r.exit_code == 0, r.output
+        assert list((tmp_path / "tmp").iterdir()) == [] and list(cwd.iterdir()) == []
+        r = invoke("attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0", "--cache-dir", "here")
+        assert r.exit_code == 0, r.output
+        assert len(list((cwd / "here" / "models").iterdir())) == 2
 
     @pytest.mark.parametrize(
         ("args", "message"),
         [
-            (["-m", "shadow", "--shadow-models", "0"], "expected shadow_models >= 1, got 0"),
+            (["--no-cache", "--cache-dir", "x"], "give --cache-dir or --no-cache, not both"),
+            (["--no-cache", "--scheduler", "tcp://127.0.0.1:9"], "--no-cache keeps models in a temporary directory"),
+        ],
+    )
+    def test_no_cache_conflicts(self, tiny_run_dir, tmp_path, monkeypatch, args, message):
+        monkeypatch.chdir(tmp_path)
+        r = invoke("attack", "mia", "-c", tiny_run_dir, "-m", "loss", *args)
+        lines = r.stderr.splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), r.output
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["-m", "shadow", "--shadow-models", "0"], "expected --shadow-models >= 1, got 0"),
             (["-m", "shadow", "--shadow-models", "5"], "need at least"),
-            (["-m", "lira", "--reference-models", "0"], "expected reference_models >= 1"),
+            (["-m", "lira", "--reference-models", "0"], "expected --reference-models >= 1"),
             (["-m", "nope"], "unknown attack method"),
             (["-m", "loss", "--workers", str(available_cores() + 1)], "CPU cores on this machine"),
             (["-m", "loss", "--scores-out", "x.txt"], "use .csv or .npz"),

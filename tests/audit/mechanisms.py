@@ -94,3 +94,41 @@ def subsampled_gaussian(q: float, sigma: float, steps: int) -> Mechanism:
         return poisson_dpsgd_epsilon(q, sigma, steps, d)
 
     return Mechanism(f"subsampled-gaussian(q={q}, sigma={sigma}, T={steps})", sample, true_epsilon, False)
+
+
+def leak(delta: float) -> Mechanism:
+    """Publish the target record with probability δ, else nothing: exactly (0, δ)-DP.
+
+    Member runs output 1 with probability δ (the record is revealed) and 0 otherwise; non-member runs
+    always output 0. The total-variation distance is δ, so the mechanism is (0, δ)-DP and (ε, δ′)-DP
+    for no finite ε when δ′ < δ: the tightest case for the δ term of every bound.
+    """
+    return Mechanism(
+        f"leak(delta={delta})",
+        lambda rng, a, b: ((rng.random(a) < delta).astype(float), np.zeros(b)),
+        lambda d: 0.0 if d >= delta else math.inf,
+        False,
+    )
+
+
+def leaky_randomized_response(epsilon: float, delta: float) -> Mechanism:
+    """With probability δ reveal membership, else ε-randomised response: exactly (ε, δ)-DP.
+
+    Outputs: 2 ("member", revealed), −1 ("non-member", revealed), else one randomised-response bit
+    (1 = member) truthful with probability e^ε/(1 + e^ε). Its hockey-stick divergence at e^ε is
+    δ·1 + (1 − δ)·0 = δ (the revealed outputs carry all of it), so ε(δ) = ε exactly; at δ′ < δ
+    the privacy loss is unbounded.
+    """
+    p = 1.0 / (1.0 + math.exp(-epsilon))
+
+    def sample(rng: np.random.Generator, a: int, b: int):
+        s_in = np.where(rng.random(a) < delta, 2.0, (rng.random(a) < p).astype(float))
+        s_out = np.where(rng.random(b) < delta, -1.0, (rng.random(b) >= p).astype(float))
+        return s_in, s_out
+
+    return Mechanism(
+        f"leaky-randomized-response(eps={epsilon}, delta={delta})",
+        sample,
+        lambda d: epsilon if d >= delta else math.inf,
+        False,
+    )

@@ -1,4 +1,4 @@
-"""audit_scores: input validation, verdicts, power checks, pure noise and tightness."""
+"""audit_scores: input validation, designs and verdicts, directions, power checks, pure noise and tightness."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from scipy import stats
 
 from dpaudit.accounting.gdp import gdp_epsilon
 from dpaudit.audit import AuditResult, audit_scores, decide_verdict, max_certifiable_epsilon
+from dpaudit.audit.result import DESIGNS, METHODS, VERDICTS
 from dpaudit.errors import InputError
 
 from .mechanisms import gdp_scores
@@ -24,8 +25,10 @@ METHOD_SELECTIONS = [
 ]
 KEYS = {
     "epsilon_lower_bound", "method", "confidence", "delta", "claimed_epsilon", "verdict", "max_certifiable_epsilon",
-    "counts", "threshold", "threshold_selection", "formal", "notes",
+    "counts", "threshold", "threshold_selection", "formal", "design", "notes",
 }  # fmt: skip
+# The design under which each method can be formal (gdp never is).
+FORMAL_DESIGN = {"clopper-pearson": "multi-run", "gdp": "multi-run", "one-run": "canaries"}
 
 
 def _data(n=200, mu=1.0, seed=0):
@@ -58,12 +61,16 @@ BAD_INPUTS = [
     ({"threshold": 0.5, "threshold_selection": "bonferroni"}, "fixed threshold"),
     ({"threshold": float("nan")}, "threshold"),
     ({"k_plus": 3}, "one-run"),
-    ({"method": "one-run", "threshold": 0.1}, "k_plus"),
-    ({"method": "one-run", "k_plus": -1}, "k_plus"),
-    ({"method": "one-run", "k_plus": 0, "k_minus": 0}, "at least 1"),
-    ({"method": "one-run", "k_plus": 300, "k_minus": 300}, "at most"),
-    ({"method": "one-run", "threshold_selection": "fixed"}, "k_plus"),
+    ({"method": "one-run", "design": "canaries", "threshold": 0.1}, "k_plus"),
+    ({"method": "one-run", "design": "canaries", "k_plus": -1}, "k_plus"),
+    ({"method": "one-run", "design": "canaries", "k_plus": 0, "k_minus": 0}, "at least 1"),
+    ({"method": "one-run", "design": "canaries", "k_plus": 300, "k_minus": 300}, "at most"),
+    ({"method": "one-run", "design": "canaries", "threshold_selection": "fixed"}, "k_plus"),
     ({"seed": -3}, "seed"),
+    ({"design": "shadow"}, "design"),
+    ({"method": "one-run"}, "needs design='canaries'"),
+    ({"method": "one-run", "design": "multi-run"}, "needs design='canaries'"),
+    ({"alternative": "sideways"}, "alternative"),
 ]
 
 
@@ -85,12 +92,13 @@ def test_holdout_needs_two_of_each_class():
 
 @pytest.mark.parametrize(("method", "selection"), METHOD_SELECTIONS)
 def test_result_dict_has_the_documented_keys(method, selection):
-    res = audit_scores(S, M, method=method, threshold_selection=selection, claimed_epsilon=1.0)
+    design = FORMAL_DESIGN[method]
+    res = audit_scores(S, M, method=method, threshold_selection=selection, claimed_epsilon=1.0, design=design)
     d = res.to_dict()
     assert KEYS <= set(d)
-    assert d["method"] == method and d["threshold_selection"] == selection
+    assert d["method"] == method and d["threshold_selection"] == selection and d["design"] == design
     assert d["formal"] is (method != "gdp")
-    assert d["verdict"] in {"violation", "consistent", "inconclusive"}
+    assert d["verdict"] in VERDICTS
     assert d["epsilon_lower_bound"] >= 0.0
     assert d["epsilon_lower_bound"] <= d["max_certifiable_epsilon"]
     assert AuditResult(**{**d, "notes": tuple(d["notes"])}) == res  # round trip
@@ -110,6 +118,45 @@ def test_decide_verdict_rules():
     assert decide_verdict(0.5, 5.0, 5.0) == "inconclusive"  # at the design's ceiling
     assert decide_verdict(0.5, 8.0, 5.0) == "inconclusive"
     assert decide_verdict(6.0, 5.5, 5.0) == "violation"
+    # An estimate can exceed a claim but never makes a violation.
+    assert decide_verdict(2.0, 1.0, 5.0, formal=False) == "estimate-exceeds-claim"
+    assert decide_verdict(6.0, 5.5, 5.0, formal=False) == "estimate-exceeds-claim"
+    assert decide_verdict(2.0, 2.0, 5.0, formal=False) == "consistent"
+    assert decide_verdict(0.5, 8.0, 5.0, formal=False) == "inconclusive"
+    assert decide_verdict(2.0, None, 5.0, formal=False) is None
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("design", DESIGNS)
+def test_only_two_pairings_are_formal(method, design):
+    # Formal: Clopper–Pearson on independent runs, one-run on canaries. Everything else is an estimate
+    # with a note saying why, and an estimate far above the claim is never a "violation".
+    strong_s, strong_m = _data(500, mu=4.0, seed=2)
+    if method == "one-run":
+        strong_m = np.random.default_rng(2).random(1000) < 0.5
+        strong_s = np.random.default_rng(3).normal(size=1000) + 8.0 * strong_m
+    kwargs = {"method": method, "design": design, "claimed_epsilon": 0.1, "delta": 1e-3}
+    if method == "one-run" and design != "canaries":
+        with pytest.raises(InputError, match="needs design='canaries'"):
+            audit_scores(strong_s, strong_m, **kwargs)
+        return
+    res = audit_scores(strong_s, strong_m, **kwargs)
+    formal = (method, design) in {("clopper-pearson", "multi-run"), ("one-run", "canaries")}
+    assert res.formal is formal and res.design == design
+    assert res.epsilon_lower_bound > 1.0  # far above the claim of 0.1
+    assert res.verdict == ("violation" if formal else "estimate-exceeds-claim")
+    if not formal:
+        assert any(n.startswith("estimate:") for n in res.notes), res.notes
+        assert "ESTIMATE" in res.summary() and "verdict: estimate-exceeds-claim" in res.summary()
+    else:
+        assert not any(n.startswith("estimate:") for n in res.notes)
+        assert "formal lower bound" in res.summary()
+
+
+def test_default_design_is_membership_and_never_formal():
+    res = audit_scores(*_data(500, mu=4.0), claimed_epsilon=0.1)
+    assert res.design == "membership" and res.formal is False and res.verdict == "estimate-exceeds-claim"
+    assert any("design='membership'" in n for n in res.notes)
 
 
 def test_claim_beyond_design_is_inconclusive_with_a_note():
@@ -124,7 +171,9 @@ def test_perfect_attack_reaches_max_certifiable(method, selection):
     n = 300
     scores = np.r_[np.arange(n) + 1000.0, np.arange(n, dtype=float)]
     member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
-    res = audit_scores(scores, member, method=method, threshold_selection=selection, delta=1e-3)
+    res = audit_scores(
+        scores, member, method=method, threshold_selection=selection, delta=1e-3, design=FORMAL_DESIGN[method]
+    )
     predicted = max_certifiable_epsilon(n, n, method=method, threshold_selection=selection, delta=1e-3)
     assert res.max_certifiable_epsilon == pytest.approx(predicted, rel=1e-9)
     if method == "one-run" and selection == "holdout":
@@ -173,7 +222,7 @@ def test_inputs_as_lists_and_bools():
 def test_one_run_warns_when_inclusion_is_not_a_fair_coin():
     rng = np.random.default_rng(0)
     member = rng.random(1000) < 0.8
-    res = audit_scores(rng.normal(size=1000) + member, member, method="one-run")
+    res = audit_scores(rng.normal(size=1000) + member, member, method="one-run", design="canaries")
     assert any("probability 1/2" in n for n in res.notes)
 
 
@@ -183,8 +232,9 @@ def test_one_run_warns_when_inclusion_is_not_a_fair_coin():
 def test_identical_scores_give_zero():
     for method, selection in METHOD_SELECTIONS:
         res = audit_scores(
-            np.zeros(400), np.r_[np.ones(200), np.zeros(200)], method=method, threshold_selection=selection
-        )
+            np.zeros(400), np.r_[np.ones(200), np.zeros(200)], method=method, threshold_selection=selection,
+            design=FORMAL_DESIGN[method],
+        )  # fmt: skip
         assert res.epsilon_lower_bound == 0.0, (method, selection)
 
 
@@ -198,10 +248,10 @@ def test_pure_noise_gives_zero_in_at_least_confidence_of_runs(method, selection)
         rng = np.random.default_rng(seed)
         scores = rng.normal(size=400)
         member = rng.random(400) < 0.5 if method == "one-run" else np.r_[np.ones(200, bool), np.zeros(200, bool)]
-        positive += (
-            audit_scores(scores, member, method=method, threshold_selection=selection, seed=seed).epsilon_lower_bound
-            > 0
+        res = audit_scores(
+            scores, member, method=method, threshold_selection=selection, seed=seed, design=FORMAL_DESIGN[method]
         )
+        positive += res.epsilon_lower_bound > 0
     assert positive <= stats.binom.ppf(0.999, 200, 0.05)
 
 
@@ -232,8 +282,82 @@ def test_bounds_depend_on_ranks_only(seed, method_selection):
     if member.all() or not member.any():
         return
     scores = rng.normal(size=2 * n) + member * rng.uniform(0, 3)
-    a = audit_scores(scores, member, method=method, threshold_selection=selection, seed=seed)
-    b = audit_scores(np.exp(scores / 2) + 7.0, member, method=method, threshold_selection=selection, seed=seed)
+    kw = {"method": method, "threshold_selection": selection, "seed": seed, "design": FORMAL_DESIGN[method]}
+    a = audit_scores(scores, member, **kw)
+    b = audit_scores(np.exp(scores / 2) + 7.0, member, **kw)
     assert a.epsilon_lower_bound == pytest.approx(b.epsilon_lower_bound, rel=1e-12, abs=1e-12)
     assert a.counts == b.counts
     assert 0.0 <= a.epsilon_lower_bound <= a.max_certifiable_epsilon
+
+
+def test_tied_thresholds_are_chosen_by_rank_not_by_value():
+    # Two well-separated classes with one straggler each: on the selection half a run of thresholds
+    # inside the gap ties. The old rule (median of the tied *values*) moved under these transforms and changed
+    # the bound in 5 of these 60 seeds; the median *index* depends on the ranks only.
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        n = 40
+        s = np.r_[rng.uniform(2, 3, n), rng.uniform(0, 1, n)]
+        s[rng.integers(0, n)] = rng.uniform(0, 3)
+        s[n + rng.integers(0, n)] = rng.uniform(0, 3)
+        m = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+        for transform in (lambda x: np.exp(3 * x), lambda x: 5.0 * x - 2.0):
+            a = audit_scores(s, m, seed=seed)
+            b = audit_scores(transform(s), m, seed=seed)
+            assert a.epsilon_lower_bound == b.epsilon_lower_bound, seed
+            assert a.counts == b.counts, seed
+
+
+# ---- directions -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "selection"), METHOD_SELECTIONS)
+def test_two_sided_is_the_better_direction_at_half_alpha(method, selection):
+    # Oracle: a two-sided audit at 1 − α equals the larger of the two one-sided audits at 1 − α/2 on s
+    # and on −s, with the same seed (hence the same holdout split and tie-breaking keys).
+    rng = np.random.default_rng(4)
+    if method == "one-run":
+        member = rng.random(600) < 0.5
+    else:
+        member = np.r_[np.ones(300, bool), np.zeros(300, bool)]
+    design = FORMAL_DESIGN[method]
+    for sign in (1.0, -1.0):  # the signal in either direction
+        s = sign * (rng.normal(size=600) + 3.0 * member)
+        kw = {"method": method, "threshold_selection": selection, "seed": 9, "design": design, "delta": 1e-5}
+        two = audit_scores(s, member, alternative="two-sided", **kw)
+        up = audit_scores(s, member, confidence=0.975, **kw)
+        down = audit_scores(-s, member, confidence=0.975, **kw)
+        assert two.epsilon_lower_bound == max(up.epsilon_lower_bound, down.epsilon_lower_bound)
+        assert two.details["direction"] == ("greater" if sign > 0 else "less")
+        assert two.epsilon_lower_bound > 0.5
+        assert two.max_certifiable_epsilon == pytest.approx(up.max_certifiable_epsilon, rel=1e-12)
+        assert two.max_certifiable_epsilon == pytest.approx(
+            max_certifiable_epsilon(
+                int(member.sum()), int((~member).sum()), method=method, threshold_selection=selection,
+                delta=1e-5, alternative="two-sided",
+            ),
+            rel=1e-12,
+        )  # fmt: skip
+        # "less" on s is "greater" on −s.
+        less = audit_scores(s, member, alternative="less", **kw)
+        assert less.epsilon_lower_bound == audit_scores(-s, member, **kw).epsilon_lower_bound
+
+
+def test_two_sided_threshold_is_reported_on_the_original_scores():
+    s, m = _data(400, mu=2.0, seed=5)
+    res = audit_scores(-s, m, alternative="two-sided", design="multi-run", threshold_selection="bonferroni")
+    assert res.details == {**res.details, "direction": "less", "alternative": "two-sided"}
+    # Direction "less": predict member iff score ≤ threshold; that rule reproduces the counts.
+    pred = -s <= res.threshold
+    assert res.counts["tp"] == int((pred & m).sum()) and res.counts["fp"] == int((pred & ~m).sum())
+    assert "direction less" in res.summary()
+    fixed = audit_scores(-s, m, alternative="two-sided", threshold=res.threshold)
+    assert fixed.threshold == res.threshold and fixed.details["direction"] == "less"
+
+
+def test_two_sided_costs_alpha():
+    # Each direction runs at α/2, so the ceiling is lower than one-sided at the same confidence.
+    one = max_certifiable_epsilon(1000, 1000, delta=0.0)
+    two = max_certifiable_epsilon(1000, 1000, delta=0.0, alternative="two-sided")
+    assert two < one
+    assert two == pytest.approx(max_certifiable_epsilon(1000, 1000, delta=0.0, confidence=0.975), rel=1e-12)

@@ -1,4 +1,7 @@
-"""``dpaudit audit scores`` and ``dpaudit audit selftest`` through typer's CliRunner."""
+"""``dpaudit audit scores``, ``plan`` and ``selftest`` through typer's CliRunner.
+
+JSON is read from ``res.stdout`` (progress lines go to stderr, which ``res.output`` interleaves).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from dpaudit.cli.main import app
 runner = CliRunner()
 KEYS = {
     "epsilon_lower_bound", "method", "confidence", "delta", "claimed_epsilon", "verdict", "max_certifiable_epsilon",
-    "counts", "threshold", "threshold_selection", "formal", "notes",
+    "counts", "threshold", "threshold_selection", "formal", "design", "notes",
 }  # fmt: skip
 
 
@@ -31,30 +34,91 @@ def strong_csv(tmp_path):
 
 
 def test_scores_human_output(strong_csv):
-    res = runner.invoke(app, ["audit", "scores", str(strong_csv), "--claimed-epsilon", "1"])
+    res = runner.invoke(app, ["audit", "scores", str(strong_csv), "--claimed-epsilon", "1", "--design", "multi-run"])
     assert res.exit_code == 0, res.output
     assert "epsilon lower bound:" in res.output and "verdict: violation" in res.output
-    assert "max certifiable epsilon" in res.output
+    assert "max certifiable epsilon" in res.output and "warning" not in res.output
+
+
+def test_scores_default_design_reads_as_an_estimate(strong_csv):
+    res = runner.invoke(app, ["audit", "scores", str(strong_csv), "--claimed-epsilon", "1"])
+    assert res.exit_code == 0, res.output
+    assert "ESTIMATE" in res.output and "verdict: estimate-exceeds-claim" in res.output
+    assert "estimate exceeds the claim; not a formal violation (exit 0 unless --fail-on-estimate)" in res.output
 
 
 def test_scores_json_output_and_keys(strong_csv):
     res = runner.invoke(app, ["audit", "scores", str(strong_csv), "--json", "--method", "gdp", "--delta", "1e-4"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
     assert KEYS <= set(d)
     assert d["method"] == "gdp" and d["formal"] is False and d["delta"] == 1e-4 and d["verdict"] is None
 
 
 def test_global_json_flag_works_too(strong_csv):
     res = runner.invoke(app, ["--json", "audit", "scores", str(strong_csv), "--threshold-selection", "bonferroni"])
-    assert res.exit_code == 0 and json.loads(res.output)["threshold_selection"] == "bonferroni"
+    assert res.exit_code == 0 and json.loads(res.stdout)["threshold_selection"] == "bonferroni"
 
 
-def test_fail_on_violation_exits_1(strong_csv):
-    res = runner.invoke(app, ["audit", "scores", str(strong_csv), "--claimed-epsilon", "1", "--fail-on-violation"])
-    assert res.exit_code == 1
-    ok = runner.invoke(app, ["audit", "scores", str(strong_csv), "--claimed-epsilon", "9", "--fail-on-violation"])
+def test_fail_on_violation_exits_1_on_a_formal_violation(strong_csv):
+    args = ["audit", "scores", str(strong_csv), "--design", "multi-run", "--fail-on-violation"]
+    res = runner.invoke(app, [*args, "--claimed-epsilon", "1"])
+    assert res.exit_code == 1 and "verdict: violation" in res.output
+    ok = runner.invoke(app, [*args, "--claimed-epsilon", "9"])
     assert ok.exit_code == 0 and "inconclusive" in ok.output and "too small" in ok.output
+
+
+def test_scores_without_design_is_never_formal_and_never_fails_a_build(strong_csv):
+    # Means 3 sd apart, claim 0.1: the bound is far above the claim, but the default design
+    # ("membership") cannot know how member bits were assigned, so it is an estimate.
+    args = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "0.1", "--fail-on-violation"]
+    res = runner.invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["formal"] is False and d["design"] == "membership" and d["verdict"] == "estimate-exceeds-claim"
+    assert d["epsilon_lower_bound"] > 1.0
+    # The same with --design canaries and clopper-pearson: scores of one run are not independent trials.
+    res = runner.invoke(app, [*args, "--design", "canaries", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["formal"] is False
+
+
+def test_fail_on_estimate_is_opt_in(strong_csv):
+    args = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "1", "--fail-on-estimate"]
+    assert runner.invoke(app, args).exit_code == 1
+    assert runner.invoke(app, [*args, "--method", "gdp", "--design", "multi-run"]).exit_code == 1
+    # A formal violation is not an estimate: --fail-on-estimate alone does not fail on it.
+    assert runner.invoke(app, [*args, "--design", "multi-run"]).exit_code == 0
+    # Nor does an estimate below the claim.
+    low = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "5", "--fail-on-estimate"]
+    assert runner.invoke(app, low).exit_code == 0
+
+
+def test_two_sided_flag(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 1000
+    path = _write_csv(tmp_path / "reversed.csv", [1] * n + [0] * n, np.r_[rng.normal(-2, 1, n), rng.normal(0, 1, n)])
+    one = json.loads(runner.invoke(app, ["audit", "scores", str(path), "--json"]).stdout)
+    two = json.loads(runner.invoke(app, ["audit", "scores", str(path), "--two-sided", "--json"]).stdout)
+    assert one["epsilon_lower_bound"] == 0.0  # lower = member: the default direction sees nothing
+    assert two["epsilon_lower_bound"] > 1.0 and two["details"]["direction"] == "less"
+    assert two["details"]["alternative"] == "two-sided"
+
+
+def test_plan_command(tmp_path):
+    from dpaudit.audit import max_certifiable_epsilon, trials_needed
+
+    res = runner.invoke(app, ["audit", "plan", "--epsilon", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    n = d["trials"]
+    assert n == trials_needed(4.0) and d["unit"] == "trials per side"
+    assert max_certifiable_epsilon(n - 1, n - 1) <= 4.0 < max_certifiable_epsilon(n, n) == d["max_certifiable_epsilon"]
+    human = runner.invoke(app, ["audit", "plan", "--epsilon", "4", "--method", "one-run", "--two-sided"])
+    assert human.exit_code == 0 and "canaries needed to refute epsilon = 4" in human.output
+    assert "perfect attack" in human.output
+    # Unreachable: one line, exit 2.
+    bad = runner.invoke(app, ["audit", "plan", "--epsilon", "20", "--method", "one-run"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "out of reach" in bad.output
 
 
 def test_gdp_prints_an_estimate_warning(strong_csv):
@@ -67,10 +131,14 @@ def test_npz_input_and_one_run(tmp_path):
     member = rng.random(1000) < 0.5
     path = tmp_path / "canaries.npz"
     np.savez(path, member=member, score=rng.normal(size=1000) + 4 * member)
-    res = runner.invoke(app, ["audit", "scores", str(path), "--method", "one-run", "--json"])
+    res = runner.invoke(app, ["audit", "scores", str(path), "--method", "one-run", "--design", "canaries", "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
     assert d["method"] == "one-run" and d["epsilon_lower_bound"] > 1 and d["counts"]["guesses"] > 0
+    assert d["formal"] is True and d["design"] == "canaries"
+    # one-run without --design canaries is refused in one line.
+    res = runner.invoke(app, ["audit", "scores", str(path), "--method", "one-run"])
+    assert res.exit_code == 2 and "needs design='canaries'" in res.output
 
 
 @pytest.mark.parametrize(
@@ -115,11 +183,15 @@ def test_npz_missing_array_and_pickled_arrays(tmp_path):
         (["--method", "magic"], "method"),
         (["--threshold-selection", "peek"], "threshold_selection"),
         (["--claimed-epsilon", "-2"], "claimed_epsilon"),
+        (["--design", "guess"], "unknown design 'guess'; valid: membership, canaries, multi-run"),
     ],
 )
 def test_bad_options_exit_2(strong_csv, args, message):
     res = runner.invoke(app, ["audit", "scores", str(strong_csv), *args])
-    assert res.exit_code == 2 and message in res.output
+    # The CLI may write a parameter's name as its option (threshold_selection -> --threshold-selection).
+    assert res.exit_code == 2 and (message in res.output or message.replace("_", "-") in res.output), res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.output
 
 
 def test_selftest_json_small(monkeypatch):
@@ -129,7 +201,7 @@ def test_selftest_json_small(monkeypatch):
     monkeypatch.setattr(selftest, "poisson_dpsgd_epsilon", lambda q, s, t, d: 2.0)
     res = runner.invoke(app, ["audit", "selftest", "--seeds", "2", "--trials", "300", "--json"])
     assert res.exit_code in (0, 1), res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
     assert {"rows", "mutation_score", "false_alarm_rate", "bugs_planted", "runtime_s"} <= set(d)
     assert d["bugs_planted"] == 5 and len(d["rows"]) == 8
 

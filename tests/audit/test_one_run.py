@@ -112,7 +112,7 @@ def test_ties_are_broken_independently_of_file_order():
     # perfectly. Random tie-breaking must give no signal.
     m = 2000
     member = np.r_[np.ones(m // 2, bool), np.zeros(m // 2, bool)]
-    res = audit_scores(np.zeros(m), member, method="one-run", threshold_selection="bonferroni")
+    res = audit_scores(np.zeros(m), member, method="one-run", design="canaries", threshold_selection="bonferroni")
     assert res.epsilon_lower_bound == 0.0
 
 
@@ -132,6 +132,8 @@ def test_exhaustive_small_design_is_valid():
         member = np.array(bits)
         if member.all() or not member.any():
             continue  # a single class cannot be audited; such a vector gives no bound
-        res = audit_scores(np.ones(8), member, method="one-run", k_plus=4, k_minus=4, delta=0.0, seed=0)
+        res = audit_scores(
+            np.ones(8), member, method="one-run", design="canaries", k_plus=4, k_minus=4, delta=0.0, seed=0
+        )
         positive += res.epsilon_lower_bound > 0
     assert positive / 2**8 <= 0.05

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from dpaudit.accounting.gdp import gdp_mu_from_epsilon_delta
+from dpaudit.audit import max_certifiable_epsilon
 from dpaudit.errors import InputError
-from dpaudit.testing import assert_dp, audit_mechanism
+from dpaudit.testing import assert_dp, audit_mechanism, trials_for_power
 
 EPS, DELTA = 2.0, 1e-5
 # Gaussian noise calibrated exactly to (2, 1e-5) for sensitivity 1: σ = 1/μ(ε, δ) (μ-GDP ↔ (ε, δ)).
@@ -34,6 +35,8 @@ def test_correct_gaussian_mechanism_passes():
         res = assert_dp(gaussian_sum(SIGMA), D, D_PRIME, epsilon=EPS, delta=DELTA, trials=5000, method=method)
         assert res.verdict == "consistent"
         assert res.claimed_epsilon == EPS and res.details["pilot_trials"] == 1000
+        # Independent runs: the clopper-pearson bound is formal, the gdp one an estimate.
+        assert res.design == "multi-run" and res.formal is (method == "clopper-pearson")
 
 
 def test_half_the_noise_fails_the_gdp_audit():
@@ -60,8 +63,13 @@ def test_vector_outputs_use_a_learned_projection():
         return out
 
     res = audit_mechanism(mechanism, D, D_PRIME, epsilon=1.0, delta=DELTA, trials=4000, method="gdp")
-    assert res.verdict == "violation"
+    assert res.verdict == "estimate-exceeds-claim"  # gdp is an estimate: never a formal "violation"
     assert res.details["mu_lower_bound"] > 1.7
+    # The same projection given in advance skips the pilot: every run is audited.
+    w = np.array([0.0, 1.0, 0.0, 0.0, 0.0])
+    fixed = audit_mechanism(mechanism, D, D_PRIME, epsilon=1.0, delta=DELTA, trials=4000, method="gdp", direction=w)
+    assert fixed.details["pilot_trials"] == 0 and fixed.counts["n_members"] == 4000
+    assert fixed.details["mu_lower_bound"] > 1.7
 
 
 def test_audit_mechanism_is_reproducible():
@@ -70,9 +78,64 @@ def test_audit_mechanism_is_reproducible():
     assert a == b
 
 
+def noiseless(data, rng):
+    return float(np.sum(data))
+
+
+def test_a_powerless_test_fails_by_default():
+    # A noiseless mechanism is not DP at all, but 100 trials (80 audited per side, 40 evaluated after
+    # the holdout split) certify at most ≈ 2.3 < 5 even for this perfect attack: the test could never
+    # fail. By default that is an error naming the max certifiable ε and the trials needed.
+    with pytest.raises(AssertionError, match=r"max certifiable epsilon, perfect attack\) is 2\.3[0-9]* <= claimed 5"):
+        assert_dp(noiseless, D, D_PRIME, epsilon=5.0, delta=DELTA, trials=100)
+    with pytest.raises(AssertionError, match=r"about [0-9]+ trials per side"):
+        assert_dp(noiseless, D, D_PRIME, epsilon=5.0, delta=DELTA, trials=100)
+    res = assert_dp(noiseless, D, D_PRIME, epsilon=5.0, delta=DELTA, trials=100, require_power=False)
+    assert res.verdict == "inconclusive" and res.max_certifiable_epsilon < 5.0
+    assert res.max_certifiable_epsilon == pytest.approx(max_certifiable_epsilon(80, 80, delta=DELTA))
+
+
+@pytest.mark.parametrize("direction", [None, "greater"])
+def test_trials_for_power_is_exactly_enough_for_a_perfect_attack(direction):
+    # Oracle: the noiseless mechanism is a perfect attack, so with the advised number of trials the
+    # claim ε = 5 is refuted ("violation"), and with one trial fewer the test is powerless.
+    n = trials_for_power(5.0, delta=DELTA, pilot=direction is None)
+    kw = {"epsilon": 5.0, "delta": DELTA, "direction": direction}
+    assert audit_mechanism(noiseless, D, D_PRIME, trials=n, **kw).verdict == "violation"
+    assert audit_mechanism(noiseless, D, D_PRIME, trials=n - 1, **kw).verdict == "inconclusive"
+    with pytest.raises(AssertionError, match=f"about {n} trials per side"):
+        assert_dp(noiseless, D, D_PRIME, trials=n - 1, **kw)
+
+
+def test_results_do_not_depend_on_n_jobs():
+    # Every run has its own Generator spawned from SeedSequence(seed): parallel = serial, bit for bit.
+    a = audit_mechanism(gaussian_sum(1.0), D, D_PRIME, epsilon=EPS, delta=DELTA, trials=200, seed=3)
+    b = audit_mechanism(gaussian_sum(1.0), D, D_PRIME, epsilon=EPS, delta=DELTA, trials=200, seed=3, n_jobs=2)
+    assert a == b
+    c = audit_mechanism(gaussian_sum(1.0), D, D_PRIME, epsilon=EPS, delta=DELTA, trials=200, seed=4)
+    assert c != a
+
+
+def test_direction_less_audits_a_decreasing_mechanism_without_a_pilot():
+    def decreasing(data, rng):
+        return -float(np.sum(data)) + rng.laplace(0.0, 0.5)  # 2-DP, lower output on `data`
+
+    res = audit_mechanism(decreasing, D, D_PRIME, epsilon=1.0, delta=0.0, trials=3000, direction="less")
+    assert res.details["pilot_trials"] == 0 and res.counts["n_members"] == 3000
+    assert res.verdict == "violation" and res.formal
+    wrong = audit_mechanism(decreasing, D, D_PRIME, epsilon=1.0, delta=0.0, trials=3000, direction="greater")
+    assert wrong.epsilon_lower_bound == 0.0  # the wrong direction, fixed in advance, sees nothing
+
+
 @pytest.mark.parametrize(
     ("mechanism", "kwargs", "message"),
     [
+        (lambda d, rng: 0.0, {"direction": "up"}, "direction"),
+        (lambda d, rng: 0.0, {"direction": [0.0]}, "not all zero"),
+        (lambda d, rng: np.ones(3), {"direction": "greater"}, "projection vector of length 3"),
+        (lambda d, rng: np.ones(3), {"direction": [1.0, 2.0]}, "length 2"),
+        (lambda d, rng: 0.0, {"n_jobs": 0}, "n_jobs"),
+        (lambda d, rng: 0.0, {"seed": -1}, "seed"),
         (lambda d, rng: "x", {}, "float or a 1-D"),
         (lambda d, rng: np.ones((2, 2)), {}, "1-D array"),
         (lambda d, rng: np.nan, {}, "not finite"),

@@ -51,11 +51,11 @@ def _write(tmp_path, name, text):
         (["--data", "nope"], "unknown dataset 'nope'; valid: digits"),
         (["--model", "resnet"], "unknown model 'resnet'; valid: logreg, mlp, cnn, rnn"),
         (["--algo", "rmsprop"], "unknown algorithm 'rmsprop'; valid:"),
-        (["--epochs", "0"], "expected epochs >= 1, got 0"),
-        (["--epochs", "-3"], "expected epochs >= 1, got -3"),
-        (["--batch-size", "0"], "expected batch_size >= 1, got 0"),
-        (["--lr", "0"], "expected lr > 0, got 0"),
-        (["--lr", "-1"], "expected lr > 0, got -1"),
+        (["--epochs", "0"], "expected --epochs >= 1, got 0"),
+        (["--epochs", "-3"], "expected --epochs >= 1, got -3"),
+        (["--batch-size", "0"], "expected --batch-size >= 1, got 0"),
+        (["--lr", "0"], "expected --lr > 0, got 0"),
+        (["--lr", "-1"], "expected --lr > 0, got -1"),
         (["--batch-size", "100000"], "batch size 100000 is larger than the training set"),
         (["--model", "cnn", "--data", "wine"], "cnn needs image-shaped input"),
         (["--split", "0.5,0.5"], "four fractions"),
@@ -131,3 +131,87 @@ def test_console_script_subprocess(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"] == "mlp"
+
+
+# --- error messages name the CLI's options ------------------------------------------------------------
+
+ACCOUNT = ["account", "dpsgd", "--noise-multiplier", "1", "--delta", "1e-5"]
+SCHEDULE = ["--sample-rate", "0.1", "--steps", "3"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([*ACCOUNT, "--sample-rate", "1.5", "--steps", "3"], "error: expected --sample-rate in (0, 1], got 1.5"),
+        ([*ACCOUNT, *SCHEDULE, "--noise-multiplier", "-1"], "error: expected --noise-multiplier >= 0, got -1.0"),
+        ([*ACCOUNT, *SCHEDULE, "--delta", "1"], "error: expected --delta in (0, 1), got 1.0"),
+        ([*ACCOUNT, *SCHEDULE, "--jl-projections", "0"], "error: expected --jl-projections >= 1, got 0"),
+        ([*ACCOUNT, "--epochs", "1", "--dataset-size", "10", "--batch-size", "20"],
+         "error: expected --batch-size <= --dataset-size, got 20 > 10"),
+        (["account", "calibrate", "--epsilon", "0", "--delta", "1e-5", "--sample-rate", "0.1", "--steps", "3"],
+         "error: expected --epsilon > 0, got 0.0"),
+        (["train", "--out", "never", "--batch-size", "0"], "error: expected --batch-size >= 1, got 0"),
+        (["train", "--out", "never", "--algo", "dpsgd", "--noise-multiplier", "-2"],
+         "error: expected --noise-multiplier >= 0, got -2.0"),
+        # Prose is left alone: a single-word name only right after "expected".
+        (["train", "--out", "never", "--algo", "dpsgd", "--noise-multiplier", "1", "--sampling", "random"],
+         "error: unknown sampling 'random'; valid: poisson, shuffle"),
+    ],
+)  # fmt: skip
+def test_errors_name_options_not_python_arguments(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [message]
+    assert r.stdout == "" and not (tmp_path / "never").exists()
+
+
+def test_library_messages_keep_python_names():
+    from dpaudit.accounting import dpsgd_event
+    from dpaudit.errors import InputError
+    from dpaudit.validation import check_in_interval
+
+    with pytest.raises(InputError, match=r"^expected sample_rate in \(0, 1\], got 1.5$"):
+        check_in_interval(0.0, 1.0, hi_open=False, sample_rate=1.5)
+    with pytest.raises(InputError, match=r"expected sample_rate in"):
+        dpsgd_event(noise_multiplier=1.0, sample_rate=1.5, steps=3)
+
+
+def test_with_option_names_rules():
+    import click
+
+    from dpaudit.cli._common import with_option_names
+
+    params = [
+        click.Option(["--sample-rate"]),
+        click.Option(["--delta"]),
+        click.Option(["--threshold-selection"]),
+        click.Option(["--k-plus"]),
+        click.Option(["--k-minus"]),
+        click.Option(["--secure-noise"], is_flag=True),
+        click.Option(["--model-spec"]),
+        click.Option(["-c", "--checkpoint"]),
+        click.Argument(["run_dir"]),
+    ]
+    cases = {
+        "expected sample_rate in (0, 1], got 1.5": "expected --sample-rate in (0, 1], got 1.5",
+        "expected delta in (0, 1), got 1": "expected --delta in (0, 1), got 1",
+        "expected checkpoint to exist": "expected --checkpoint to exist",
+        "unknown threshold_selection 'x'; valid: a, b": "unknown --threshold-selection 'x'; valid: a, b",
+        "k_plus/k_minus fix the guess counts; drop threshold_selection='bonferroni'":
+            "--k-plus/--k-minus fix the guess counts; drop --threshold-selection bonferroni",
+        "k_plus + k_minus must be at least 1": "--k-plus + --k-minus must be at least 1",
+        "secure_noise is on": "--secure-noise is on",
+        # Left alone (None): prose, flags' NAME=value, paths, attributes, calls, longer identifiers,
+        # arguments, names of no option of this command, and options already written as such.
+        "no sigma reaches epsilon=3 at delta=1e-05": None,
+        "secure_noise=True needs a CSPRNG": None,
+        "runs/model_spec.json: no such file": None,
+        "cache/k_plus/x": None,
+        "self.sample_rate, check_sample_rate(), max_sample_rate": None,
+        "expected run_dir to exist": None,
+        "expected n_classes >= 2, got 1": None,
+        "give --sample-rate and --steps": None,
+    }  # fmt: skip
+    for message, expected in cases.items():
+        assert with_option_names(message, params) == (message if expected is None else expected)

@@ -17,7 +17,6 @@ from dpaudit.report.build import (
     operating_point,
     parse_formats,
     tradeoff_curve,
-    worst_verdict,
 )
 
 from .conftest import FIXTURE
@@ -26,7 +25,9 @@ from .conftest import FIXTURE
 def test_fixture_is_valid_and_has_the_three_verdicts(report):
     validate_report(report)
     verdicts = {m["name"]: m["summary"]["verdict"] for m in report["models"]}
-    assert verdicts == {"nonprivate-mlp": "violation", "dpsgd-eps1": "consistent", "dpsgd-eps8": "inconclusive"}
+    assert verdicts == {"nonprivate-mlp": None, "dpsgd-eps1": "consistent", "dpsgd-eps8": "inconclusive"}
+    # A model without a claim gets what was shown, not "inconclusive".
+    assert report["models"][0]["summary"]["headline"].startswith("leaks: ε ≥")
 
 
 def test_load_report_accepts_the_file_and_its_directory(report):
@@ -56,7 +57,7 @@ _DELETE = object()
 @pytest.mark.parametrize(
     ("path", "value", "expected"),
     [
-        (("schema_version",), 2, "report.schema_version: 1 was expected"),
+        (("schema_version",), 1, "report.schema_version: 2 was expected"),
         (("models", 0, "summary", "verdict"), "fine", "report.models[0].summary.verdict: 'fine' is not one of"),
         (("models", 1, "attacks", "membership", 0, "auc"), 1.5, "report.models[1].attacks.membership[0].auc"),
         (("models", 0, "data", "sha256"), "abc", "report.models[0].data.sha256: 'abc' does not match"),
@@ -95,43 +96,63 @@ def _entry(report, index=0, **changes):
     return m
 
 
-def test_summary_takes_best_attack_largest_bound_and_worst_verdict(report):
+def test_summary_headlines_the_strongest_formal_audit_and_keeps_estimates_apart(report):
     m = report["models"][0]
     s = m["summary"]
     assert s["claimed_epsilon"] == "inf"  # non-private: treated as ε = ∞
     assert s["best_auc"] == max(a["auc"] for a in m["attacks"]["membership"])
     assert s["tpr_at_low_fpr"] == max(a["tpr_at_fpr"]["0.001"] for a in m["attacks"]["membership"])
-    top = max(m["audits"], key=lambda a: a["epsilon_lower_bound"])
-    assert (s["epsilon_lower_bound"], s["epsilon_lower_bound_method"]) == (top["epsilon_lower_bound"], top["method"])
-    assert s["epsilon_lower_bound_formal"] is False
-    assert s["verdict"] == "violation"  # one violating audit outweighs the inconclusive ones
+    formal = [a for a in m["audits"] if a["formal"]]
+    estimates = [a for a in m["audits"] if not a["formal"]]
+    assert formal and estimates
+    top_formal = max(formal, key=lambda a: a["epsilon_lower_bound"])
+    top_estimate = max(estimates, key=lambda a: a["epsilon_lower_bound"])
+    assert top_estimate["epsilon_lower_bound"] > top_formal["epsilon_lower_bound"]  # the estimate is larger...
+    assert s["formal"]["epsilon_lower_bound"] == top_formal["epsilon_lower_bound"]  # ...but never the headline
+    assert s["estimate"]["epsilon_lower_bound"] == top_estimate["epsilon_lower_bound"]
+    assert m["audits"][s["formal"]["audit_index"]] is not None and s["formal"]["attack"] == "canaries"
+    # A CP estimate against ε = 1 exceeds it: labelled, and never a violation.
+    assert any(a["effective_verdict"] == "estimate-exceeds-claim" for a in estimates)
+    assert all(a["effective_verdict"] != "violation" for a in estimates)
 
 
-def test_model_without_claim_and_without_audit_verdict_is_inconclusive(report):
+def test_an_estimate_above_the_claim_never_sets_the_models_verdict(report):
+    entry = _entry(report, 1)  # claims ε ≈ 1; the canary audit (formal) is consistent
+    entry["audits"][1] |= {"epsilon_lower_bound": 50.0, "verdict": None}
+    out = build_report([entry], title="t")["models"][0]
+    assert out["audits"][1]["effective_verdict"] == "estimate-exceeds-claim"
+    assert out["summary"]["verdict"] == "consistent"
+    assert out["summary"]["estimate_verdict"] == "estimate-exceeds-claim"
+    assert "not a formal violation" in out["summary"]["headline"]
+
+
+def test_model_without_claim_gets_no_verdict_but_what_was_shown(report):
     entry = _entry(report, 0)
     entry["audits"] = [a for a in entry["audits"] if a["claimed_epsilon"] is None]
     for a in entry["audits"]:
         a.pop("effective_verdict")
     out = build_report([entry], title="t")["models"][0]
-    assert [a["effective_verdict"] for a in out["audits"]] == ["inconclusive", "inconclusive"]
-    assert out["summary"]["verdict"] == "inconclusive"
+    assert [a["effective_verdict"] for a in out["audits"]] == [None] * len(entry["audits"])
+    assert out["summary"]["verdict"] is None
+    assert out["summary"]["headline"].startswith("leaks: ε ≥")
 
 
 def test_model_without_audits_has_no_verdict(report):
     out = build_report([_entry(report, 1, audits=[])], title="t")["models"][0]
     assert out["summary"]["verdict"] is None
-    assert out["summary"]["epsilon_lower_bound"] is None
+    assert out["summary"]["formal"] is None and out["summary"]["estimate"] is None
 
 
 def test_non_finite_numbers_are_spelled_as_strings(report):
     entry = _entry(report, 1)
+    assert entry["audits"][0]["formal"]
     entry["audits"][0]["epsilon_lower_bound"] = math.inf
     entry["audits"][0]["verdict"] = None
     out = build_report([entry], title="t")
     a = out["models"][0]["audits"][0]
     assert a["epsilon_lower_bound"] == "inf"
     assert a["effective_verdict"] == "violation"
-    assert out["models"][0]["summary"]["epsilon_lower_bound"] == "inf"
+    assert out["models"][0]["summary"]["formal"]["epsilon_lower_bound"] == "inf"
     json.loads(dumps(out))  # strict JSON (allow_nan=False) succeeds
 
 
@@ -200,7 +221,7 @@ def test_tradeoff_curve_identities():
     [(2.0, 5.0, "violation"), (0.5, 5.0, "consistent"), (0.5, 0.9, "inconclusive"), (0.5, None, "inconclusive")],
 )
 def test_audit_without_verdict_is_judged_against_the_model_claim(report, lower_bound, power, expected):
-    """dpsgd-eps1 claims ε ≈ 1: an audit that came without a claim gets its verdict from the model's claim."""
+    """dpsgd-eps1 claims ε ≈ 1: a formal audit that came without a claim gets its verdict from the model's claim."""
     entry = _entry(report, 1)
     entry["audits"] = [
         {**entry["audits"][0], "claimed_epsilon": None, "verdict": None, "epsilon_lower_bound": lower_bound}
@@ -209,12 +230,6 @@ def test_audit_without_verdict_is_judged_against_the_model_claim(report, lower_b
     out = build_report([entry], title="t")["models"][0]
     assert out["audits"][0]["verdict"] is None  # the audit's own result is kept as it was
     assert out["audits"][0]["effective_verdict"] == out["summary"]["verdict"] == expected
-
-
-def test_worst_verdict_order():
-    assert worst_verdict(["consistent", "inconclusive", None]) == "inconclusive"
-    assert worst_verdict(["inconclusive", "violation", "consistent"]) == "violation"
-    assert worst_verdict([None, None]) is None
 
 
 def test_parse_formats():

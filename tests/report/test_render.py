@@ -21,28 +21,32 @@ def test_markdown_summary_table(report):
     text = render_markdown(report)
     lines = text.splitlines()
     header = (
-        "| model | claimed ε | empirical ε lower bound (method, confidence) "
+        "| model | claimed ε | formal ε lower bound | estimate (not a formal test) "
         "| best attack AUC | TPR@0.1% FPR | verdict |"
     )
     i = lines.index(header)
-    assert lines[i + 1] == "|---|---|---|---|---|---|"
+    assert lines[i + 1] == "|---|---|---|---|---|---|---|"
     assert lines[i + 2] == (
-        "| nonprivate-mlp | ∞ (non-private) | ≥ 6.86 (gdp, 95%, estimate) "
-        "| 0.875 (lira) | 0.312 (lira) | **VIOLATION** |"
+        "| nonprivate-mlp | ∞ (non-private) | ≥ 3.95 (canaries, one-run, 95%) | ≥ 6.6 (lira, gdp, 95%) "
+        "| 0.875 (lira) | 31.2% (lira) | leaks: ε ≥ 3.95 shown |"
     )
-    assert lines[i + 3].startswith("| dpsgd-eps1 | 0.999 (δ = 1e-05) | ≥ 0 (gdp, 95%, estimate) |")
+    assert lines[i + 3].startswith("| dpsgd-eps1 | 0.999 (δ = 1e-05) | ≥ 0 (canaries, one-run, 95%) |")
     assert lines[i + 3].endswith("| consistent |")
     assert lines[i + 4].endswith("| inconclusive |")
+    assert lines[i + 6].startswith("- nonprivate-mlp: leaks: ε ≥ 3.95 shown (formal, canaries")
 
 
 def test_markdown_details_show_attacks_audits_and_notes(report):
     text = render_markdown(report)
     for model in report["models"]:
         assert f"### {model['name']}" in text
-    assert "| lira | 0.875 [0.855, 0.890] | 0.815 | 0.630 | 0.312 | 0.417 | 0.709 | 629 / 359 | 8 / 0 |" in text
-    assert "| membership/lira | clopper-pearson | 95% | 2.25 | 1 | 4.43 | (0.00556, 0.657) | **VIOLATION** |" in text
-    assert "inconclusive (vs. model claim)" in text
-    assert "not a formal DP lower bound" in text  # the audit's notes are kept visible
+    assert "| lira | 0.875 [0.855, 0.890] | 81.5% | 0.630 | 31.2% | 41.7% | 70.9% | 629 / 359 | 8 / 0 |" in text
+    assert (
+        "| membership/lira | clopper-pearson | 95% | 2.49 | 1 | 4.43 | (0.556%, 57.5%) | estimate exceeds claim "
+        "| estimate |"
+    ) in text
+    assert "| membership/canaries | one-run | 95% | 3.95 | — | 5.1 | — | no verdict | formal |" in text
+    assert "not independent runs" in text  # the audit's notes are kept visible
 
 
 def test_markdown_is_deterministic_and_escapes_text(report):
@@ -74,9 +78,11 @@ def test_every_embedded_image_decodes_as_png(html_text, report):
 
 
 def test_html_shows_summary_badges_explainer_and_environment(html_text, report):
-    assert html_text.count('class="badge v-violation"') >= 2  # header badge, summary row, model heading
+    assert html_text.count('class="badge v-consistent"') >= 3  # header badge, summary row, model heading
     assert '<span class="name">dpsgd-eps8:</span> inconclusive' in html_text
-    assert "≥ 6.86 (gdp, 95%, estimate)" in html_text
+    assert '<span class="name">nonprivate-mlp:</span> leaks: ε ≥ 3.95 shown' in html_text
+    assert "≥ 6.6 (lira, gdp, 95%)" in html_text and "estimate (not a formal test)" in html_text
+    assert 'class="badge v-estimate-exceeds-claim"' in html_text
     assert "How to read this" in html_text and "lower bound" in html_text
     assert report["generated_by"]["numpy"] in html_text
     assert report["run"]["config_sha256"] in html_text

@@ -363,8 +363,8 @@ def test_cli_train_dpsgd_and_inspect(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--noise-multiplier", "1", "--clip", "0"], "expected clip > 0, got 0"),
-        (["--noise-multiplier", "-1"], "expected noise_multiplier >= 0, got -1"),
+        (["--noise-multiplier", "1", "--clip", "0"], "expected --clip > 0, got 0"),
+        (["--noise-multiplier", "-1"], "expected --noise-multiplier >= 0, got -1"),
         (["--noise-multiplier", "1", "--batch-size", "100000"], "larger than the training set"),
         (["--epsilon", "1e-9", "--sampling", "shuffle"], "unreachable for 5 steps"),
         ([], "give exactly one of --noise-multiplier or --epsilon"),

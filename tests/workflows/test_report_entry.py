@@ -1,4 +1,4 @@
-"""evaluate_run: attacks and audits of a real run directory, and the wiring of claims into audits."""
+"""The workflow's result as a report entry: attacks and audits of a real run, and claims wired into audits."""
 
 from __future__ import annotations
 
@@ -7,15 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dpaudit.auditing import NO_CANARIES_NOTE
 from dpaudit.cli.main import app
-from dpaudit.report import build_report, load_report
-from dpaudit.report.evaluate import evaluate_run
-
-pytest.importorskip("attacks.mia")
-audit = pytest.importorskip("dpaudit.audit")
-if not hasattr(audit, "audit_scores"):
-    pytest.skip("dpaudit.audit.audit_scores is not there yet", allow_module_level=True)
+from dpaudit.report import build_report, load_report, model_entry_from
+from dpaudit.workflows import audit_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -33,28 +27,31 @@ def run_dir(tmp_path_factory):
     return out
 
 
-def test_evaluate_run_gives_a_valid_model_entry(run_dir, tmp_path):
-    entry = evaluate_run(run_dir, attacks=("loss",), cache_dir=tmp_path / "cache")
+def test_model_entry_of_a_run_without_claim(run_dir, tmp_path):
+    entry = model_entry_from(audit_checkpoint(run_dir, attacks=("loss",), cache_dir=tmp_path / "cache"))
     assert entry["name"] == "tiny-logreg"
     assert entry["claim"] is None
     (attack,) = entry["attacks"]["membership"]
     assert attack["attack"] == "loss" and attack["roc"]["fpr"]
     (a,) = entry["audits"]
     assert a["source"] == {"family": "membership", "attack": "loss", "index": 0}
-    assert a["method"] == "gdp" and a["delta"] == 1e-5 and a["claimed_epsilon"] is None
-    assert a["formal"] is False and NO_CANARIES_NOTE in a["notes"]
+    assert a["method"] == "clopper-pearson" and a["delta"] == 1e-5 and a["claimed_epsilon"] is None
+    assert a["formal"] is False and a["design"] == "membership"
     model = build_report([entry], title="t")["models"][0]
-    assert model["summary"]["claimed_epsilon"] == "inf"
-    assert model["summary"]["verdict"] == "inconclusive"  # no claim: ε = ∞ cannot be refuted
+    s = model["summary"]
+    assert s["claimed_epsilon"] == "inf"
+    assert s["verdict"] is None and s["formal"] is None  # no claim, and no formal audit to headline
+    assert s["estimate"]["attack"] == "loss"
+    assert s["headline"].startswith("no formal audit")
     assert model["utility"]["test_accuracy"] is not None
 
 
-def test_evaluate_run_audits_against_the_runs_claim(run_dir, tmp_path, monkeypatch):
+def test_checkpoint_audit_uses_the_runs_claim_and_passes_settings(run_dir, tmp_path, monkeypatch):
     """A run that claims (ε, δ) is audited at that δ against that ε, with the settings passed through."""
     import shutil
 
     import attacks.mia
-    import dpaudit.audit
+    import dpaudit.workflows.checkpoint as wf
 
     dp_run = tmp_path / "claimed"
     shutil.copytree(run_dir, dp_run)
@@ -62,41 +59,48 @@ def test_evaluate_run_audits_against_the_runs_claim(run_dir, tmp_path, monkeypat
     meta["privacy"] = {"epsilon": 2.0, "delta": 1e-6, "accountant": "rdp", "event": None}
     (dp_run / "checkpoint.json").write_text(json.dumps(meta))
     seen = {}
-    real_run_mia, real_audit = attacks.mia.run_mia, dpaudit.audit.audit_scores
+    real_run_mia, real_audit = attacks.mia.run_mia, wf.audit_scores
 
-    def run_mia(run, **kwargs):
+    def run_mia(run, methods, **kwargs):
         seen["mia"] = kwargs
-        return real_run_mia(run, **{**kwargs, "methods": ["loss"]})
+        return real_run_mia(run, ["loss"], **kwargs)
 
     def audit_scores(scores, member, **kwargs):
         seen["audit"] = kwargs
         return real_audit(scores, member, **kwargs)
 
     monkeypatch.setattr(attacks.mia, "run_mia", run_mia)
-    monkeypatch.setattr(dpaudit.audit, "audit_scores", audit_scores)
-    entry = evaluate_run(
+    monkeypatch.setattr(wf, "audit_scores", audit_scores)
+    result = audit_checkpoint(
         dp_run,
         attacks=("loss",),
         reference_models=3,
         workers=1,
         seed=7,
         confidence=0.9,
-        audit_method="clopper-pearson",
+        estimate_method="gdp",
         cache_dir=tmp_path / "cache",
     )
     assert seen["mia"]["reference_models"] == 3 and seen["mia"]["seed"] == 7
+    assert seen["mia"]["cache_dir"] == tmp_path / "cache"
     assert seen["audit"]["delta"] == 1e-6 and seen["audit"]["claimed_epsilon"] == 2.0
-    assert seen["audit"]["method"] == "clopper-pearson" and seen["audit"]["confidence"] == 0.9
+    assert seen["audit"]["method"] == "gdp" and seen["audit"]["confidence"] == 0.9
+    assert seen["audit"]["design"] == "membership"
+    entry = model_entry_from(result)
     assert entry["claim"]["epsilon"] == 2.0
-    assert entry["audits"][0]["verdict"] in ("consistent", "inconclusive", "violation")
+    assert entry["audits"][0]["verdict"] in ("consistent", "inconclusive", "estimate-exceeds-claim")
 
 
 def test_cli_on_a_run_directory(run_dir, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # reference-model caches stay out of the repository
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "reports" / "tiny"
     result = CliRunner().invoke(
-        app, ["report", str(run_dir), "--attacks", "loss", "--out", str(out), "--format", "json,md"]
-    )
+        app,
+        [
+            "report", str(run_dir), "--attacks", "loss", "--out", str(out), "--format", "json,md",
+            "--cache-dir", str(tmp_path / "cache"),
+        ],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.output.strip().splitlines()[-1] == f"report written to {out}/ (report.json, report.md)"
     report = load_report(out)
@@ -105,8 +109,10 @@ def test_cli_on_a_run_directory(run_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_evaluate_run_with_lira(run_dir, tmp_path):
-    entry = evaluate_run(run_dir, attacks=("loss", "lira"), reference_models=4, cache_dir=tmp_path / "cache")
+def test_checkpoint_audit_with_lira(run_dir, tmp_path):
+    entry = model_entry_from(
+        audit_checkpoint(run_dir, attacks=("loss", "lira"), reference_models=4, cache_dir=tmp_path / "cache")
+    )
     assert [a["attack"] for a in entry["attacks"]["membership"]] == ["loss", "lira"]
     assert [a["source"]["index"] for a in entry["audits"]] == [0, 1]
     assert entry["attacks"]["membership"][1]["n_reference_models"] == 4

@@ -1,0 +1,222 @@
+"""Result objects of the audit workflows, and the headline every renderer shows.
+
+An :class:`AuditRecord` is one audit of one model: where its scores came from and its
+:class:`~dpaudit.audit.AuditResult`. :func:`headline` turns a model's audits into its summary — the
+strongest *formal* bound with that audit's own verdict, the strongest estimate beside it — and works
+on plain dicts, so the CLI (on fresh results) and the report (on its JSON) share it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.audit import AuditResult
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One audit of one model.
+
+    ``attack`` names the scores' origin ("canaries", "loss", "lira", "multi-run", ...); ``index`` is
+    the position of the attack's result in the model's membership attacks (None for canaries and
+    multi-run audits, which have no attack entry); ``description`` says in words what was audited.
+    """
+
+    attack: str
+    description: str
+    result: AuditResult
+    family: str = "membership"
+    index: int | None = None
+
+    @property
+    def formal(self) -> bool:
+        return self.result.formal
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's audit entry: ``source`` (family, attack, index), ``description`` and the result."""
+        return {
+            "source": {"family": self.family, "attack": self.attack, "index": self.index},
+            "description": self.description,
+            **self.result.to_dict(),
+        }
+
+
+def _num(x: Any) -> float | None:
+    return None if x is None else float(x)  # the report spells ∞ as "inf"; float() reads it back
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return "∞" if math.isinf(x) else f"{x:.3g}"
+
+
+def _pick(audits: Sequence[Mapping[str, Any]], formal: bool) -> tuple[int, Mapping[str, Any]] | None:
+    """The strongest audit of one kind: the largest lower bound; among equal bounds the most powerful design."""
+    pool = [(i, a) for i, a in enumerate(audits) if bool(a["formal"]) == formal]
+    if not pool:
+        return None
+    return max(
+        pool,
+        key=lambda ia: (_num(ia[1]["epsilon_lower_bound"]), _num(ia[1].get("max_certifiable_epsilon")) or 0.0),
+    )
+
+
+def _digest(i: int, a: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "audit_index": i,
+        "attack": a["source"]["attack"],
+        "method": a["method"],
+        "confidence": a["confidence"],
+        "epsilon_lower_bound": a["epsilon_lower_bound"],
+        "max_certifiable_epsilon": a.get("max_certifiable_epsilon"),
+        "claimed_epsilon": a.get("claimed_epsilon"),
+        "verdict": a.get("verdict"),
+    }
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A model's summary. ``verdict`` is the strongest formal audit's own verdict (None without a claim
+    or without a formal audit); ``estimate_verdict`` the strongest estimate's, never a violation."""
+
+    verdict: str | None
+    estimate_verdict: str | None
+    formal: dict[str, Any] | None
+    estimate: dict[str, Any] | None
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "estimate_verdict": self.estimate_verdict,
+            "formal": self.formal,
+            "estimate": self.estimate,
+            "headline": self.text,
+        }
+
+
+def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | None) -> Headline:
+    """The summary of a model's audits (dicts as :meth:`AuditRecord.to_dict` makes them).
+
+    Each audit is judged against the ε it was audited against (``claimed_epsilon``), else the model's
+    ``claim``. The headline bound is the strongest formal one with that audit's own verdict; an estimate never
+    sets the verdict and sits beside it, labelled. A model without a claim gets what was demonstrated
+    ("leaks: ε ≥ 1.16 shown") instead of a verdict.
+    """
+    f = _pick(audits, formal=True)
+    e = _pick(audits, formal=False)
+    formal = _digest(*f) if f else None
+    estimate = _digest(*e) if e else None
+    parts = []
+    if formal is None:
+        parts.append("no formal audit (train with canaries, or run `dpaudit audit train`)")
+    else:
+        b, m = _num(formal["epsilon_lower_bound"]), _num(formal["max_certifiable_epsilon"])
+        how = f"formal, {formal['attack']}, {formal['method']}, {100 * float(formal['confidence']):g}% confidence"
+        c = _num(formal["claimed_epsilon"])
+        if c is None and claim is not None:
+            c = _num(claim["epsilon"])
+        if c is None:
+            parts.append(
+                f"leaks: ε ≥ {_fmt(b)} shown ({how})"
+                if b and b > 0
+                else f"no leakage shown ({how}; this design certifies at most ε = {_fmt(m)})"
+            )
+        else:
+            v = formal["verdict"]
+            if v == "violation":
+                parts.append(f"violation: ε ≥ {_fmt(b)} > claimed {_fmt(c)} ({how})")
+            elif v == "consistent":
+                parts.append(f"consistent: ε ≥ {_fmt(b)} ≤ claimed {_fmt(c)} ({how}; could certify up to {_fmt(m)})")
+            else:
+                parts.append(
+                    f"inconclusive: ε ≥ {_fmt(b)}; this design certifies at most {_fmt(m)} ≤ claimed {_fmt(c)} ({how})"
+                )
+    if estimate is not None:
+        eb = _fmt(_num(estimate["epsilon_lower_bound"]))
+        what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
+        if estimate["verdict"] == "estimate-exceeds-claim":
+            what += " exceeds the claim — an estimate, not a formal violation"
+        parts.append(what)
+    return Headline(
+        verdict=formal["verdict"] if formal else None,
+        estimate_verdict=estimate["verdict"] if estimate else None,
+        formal=formal,
+        estimate=estimate,
+        text="; ".join(parts),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ModelAudit:
+    """Everything the workflow found about one checkpoint: its claim, membership attacks and audits."""
+
+    path: Path
+    name: str
+    meta: dict[str, Any] = field(repr=False)
+    attacks: tuple = ()  # attacks.result.AttackResult, in the order of the attack names asked for
+    audits: tuple[AuditRecord, ...] = ()
+
+    @property
+    def claim(self) -> dict[str, Any] | None:
+        return self.meta.get("privacy")
+
+    def headline(self) -> Headline:
+        return headline([a.to_dict() for a in self.audits], self.claim)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: path, claim, headline, audits and attack metrics (no ROC curves)."""
+        return {
+            "checkpoint": str(self.path),
+            "name": self.name,
+            "claim": self.claim,
+            **self.headline().to_dict(),
+            "audits": [a.to_dict() for a in self.audits],
+            "attacks": [r.to_dict(include_roc=False) for r in self.attacks],
+        }
+
+    def summary(self) -> str:
+        """Human-readable lines: the headline, then each audit's own summary."""
+        lines = [f"{self.name}: {self.headline().text}"]
+        for a in self.audits:
+            lines += ["", f"[{a.attack}] {a.description}", a.result.summary()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, eq=False)
+class TrainingAudit:
+    """A multi-run audit: ``runs`` trainings with the canary and ``runs`` without, one score each
+    (``scores[i]`` of run i, higher = canary included; ``member[i]`` whether run i had the canary)."""
+
+    audit: AuditRecord
+    threat_model: str
+    runs: int
+    claim: dict[str, Any] | None
+    neighbouring: str  # the experiment's relation: "add_remove" (D ∪ {c} vs D) or "replace_one" (vs D ∪ {z})
+    scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    member: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))
+
+    @property
+    def result(self) -> AuditResult:
+        return self.audit.result
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "threat_model": self.threat_model,
+            "runs": self.runs,
+            "neighbouring": self.neighbouring,
+            "claim": self.claim,
+            "scores": self.scores.tolist(),
+            "member": self.member.tolist(),
+            **self.audit.to_dict(),
+        }
+
+    def summary(self) -> str:
+        return f"source: {self.audit.description}\n" + self.result.summary()

@@ -1,0 +1,53 @@
+"""`dpaudit demo` end to end on tiny settings: the report, and README command 1 run twice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import dpaudit.demo as demo
+from dpaudit.cli.main import app
+from dpaudit.training.config import DPConfig, TrainConfig
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def tiny_demo(monkeypatch):
+    """The demo's pipeline with one small private model and the loss attack only (a few seconds)."""
+    monkeypatch.setattr(demo, "QUICK", demo.DemoSettings(epochs=2, dp_epochs=2, reference_models=4, attacks=("loss",)))
+    monkeypatch.setattr(
+        demo,
+        "demo_models",
+        lambda s: [
+            (
+                "dp",
+                TrainConfig(algo="dpsgd", epochs=s.dp_epochs, batch_size=128, lr=1.0, dp=DPConfig(target_epsilon=8.0)),
+            )
+        ],
+    )
+
+
+def test_demo_runs_twice_and_replaces_its_own_output(tiny_demo, tmp_path):
+    out = tmp_path / "reports" / "demo"
+    first = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    report = json.loads((out / "report.json").read_text())
+    (model,) = report["models"]
+    assert model["summary"]["formal"]["attack"] == "canaries"  # the headline is the formal canary audit
+    assert model["summary"]["estimate"]["attack"] == "loss"
+    second = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
+    assert second.exit_code == 0, second.output
+    assert f"replacing the earlier demo output in {out}/" in second.output
+    assert json.loads((out / "report.json").read_text())["models"] == report["models"]  # reproducible
+
+
+def test_demo_refuses_a_folder_it_did_not_write(tiny_demo, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    r = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
+    assert r.exit_code == 2 and "not a demo output" in r.output
+    assert (out / "notes.txt").read_text() == "keep me"

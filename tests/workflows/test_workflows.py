@@ -1,0 +1,261 @@
+"""Audit workflows on real training: one answer per checkpoint, formal vs estimate, multi-run audits."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.cli.main import app
+from dpaudit.data import load_dataset
+from dpaudit.models import default_spec
+from dpaudit.training.config import DPConfig, TrainConfig
+from dpaudit.workflows import audit_checkpoint, audit_training
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def canary_run(tmp_path_factory):
+    """A non-private MLP that memorises its 60 mislabeled canaries (about half included)."""
+    out = tmp_path_factory.mktemp("runs") / "canary"
+    args = ["train", "--out", str(out), "--canaries", "60", "--canary-kind", "mislabeled", "--epochs", "60"]
+    r = runner.invoke(app, [*args, "--hidden", "256", "--batch-size", "32"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    """A non-private logistic regression without canaries (members vs holdout: estimates only)."""
+    out = tmp_path_factory.mktemp("runs") / "plain"
+    assert runner.invoke(app, ["train", "--out", str(out), "--epochs", "30", "--lr", "1"]).exit_code == 0
+    return out
+
+
+def test_canaries_recorded_and_reloaded(canary_run):
+    from dpaudit.checkpoint import load_run
+
+    run = load_run(canary_run)
+    c = run.canaries()
+    assert len(c) == 60 and run.meta["canaries"]["n_included"] == int(c.included.sum())
+    # Members of the run are unchanged by the canaries (they are extra records, not part of the data).
+    assert run.meta["split"]["sizes"]["members"] == len(run.splits.members)
+
+
+def test_false_claim_is_a_formal_violation_exit_1(canary_run, tmp_path):
+    args = ["audit", "checkpoint", str(canary_run), "--claimed-epsilon", "0.5", "--attacks", "none"]
+    r = runner.invoke(app, [*args, "--fail-on-violation", "--json"])
+    assert r.exit_code == 1, r.output
+    d = json.loads(r.stdout)
+    (a,) = d["audits"]
+    assert a["verdict"] == "violation" and a["method"] == "one-run" and a["formal"] is True
+    assert a["design"] == "canaries" and a["epsilon_lower_bound"] > 0.5
+    assert d["verdict"] == "violation" and d["formal"]["attack"] == "canaries"
+    assert d["headline"].startswith("violation: ε ≥")
+    # Without --fail-on-violation the command succeeds and still says "violation".
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and "violation" in r.output
+
+
+def test_an_estimate_never_exits_1_without_opt_in(plain_run, tmp_path):
+    """An attack on the model's own members is an estimate: above the claim it is estimate-exceeds-claim,
+    exit 0 under --fail-on-violation, exit 1 only with --fail-on-estimate."""
+    args = ["audit", "checkpoint", str(plain_run), "--attacks", "loss", "--claimed-epsilon", "0.0"]
+    r = runner.invoke(app, [*args, "--fail-on-violation", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    (a,) = d["audits"]
+    assert a["formal"] is False and a["design"] == "membership"
+    assert a["epsilon_lower_bound"] > 0.0, "the planted claim must be exceeded for this test to bite"
+    assert a["verdict"] == "estimate-exceeds-claim" and d["verdict"] is None
+    assert "not a formal violation" in d["headline"]
+    r = runner.invoke(app, [*args, "--fail-on-estimate"])
+    assert r.exit_code == 1, r.output
+    assert "estimate" in r.output
+
+
+def test_one_checkpoint_one_answer(canary_run, tmp_path):
+    """Acceptance (issue 10): `audit checkpoint`, `report` and the demo's evaluation of the same
+    checkpoint give identical bounds and verdicts, and the same headline."""
+    from dpaudit.demo import QUICK, evaluate
+    from dpaudit.report import build_report, model_entry_from
+
+    cache = tmp_path / "cache"
+    settings = ["--attacks", "loss,lira", "--reference-models", str(QUICK.reference_models)]
+    r = runner.invoke(app, ["audit", "checkpoint", str(canary_run), *settings, "--cache-dir", str(cache), "--json"])
+    assert r.exit_code == 0, r.output
+    cli = json.loads(r.stdout)
+    out = tmp_path / "report"
+    r = runner.invoke(app, ["report", str(canary_run), *settings, "--cache-dir", str(cache), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "report.json").read_text())["models"][0]
+    demo = build_report([model_entry_from(evaluate(canary_run, QUICK, name="canary", cache_dir=cache))], title="t")
+    demo = demo["models"][0]
+
+    def key(audits):
+        return [
+            (a["source"]["attack"], a["method"], a["formal"], a["epsilon_lower_bound"], a["verdict"]) for a in audits
+        ]
+
+    assert key(cli["audits"]) == key(rep["audits"]) == key(demo["audits"])
+    assert [a["source"]["attack"] for a in cli["audits"]] == ["canaries", "loss", "lira"]
+    assert cli["headline"] == rep["summary"]["headline"] == demo["summary"]["headline"]
+    assert cli["headline"].startswith("leaks: ε ≥")  # non-private: what was shown, not "inconclusive"
+
+
+def test_multi_run_black_box_flags_non_private_training():
+    ds = load_dataset("digits")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=10)
+    config = TrainConfig(algo="sgd", epochs=20, batch_size=20, lr=0.5)
+    d = audit_training(ds, spec, config, runs=25, train_size=100, claimed_epsilon=0.5, seed=0)
+    a = d.result
+    assert a.formal is True and a.method == "clopper-pearson" and a.design == "multi-run"
+    assert a.epsilon_lower_bound > 0.5 and a.verdict == "violation"
+
+
+def _spy_fits(monkeypatch):
+    """Record what each multi-run training fits its preprocessing on and trains on."""
+    import dpaudit.training.run as run_mod
+
+    calls = []
+    real = run_mod.fit_model
+
+    def fit_model(dataset, train_idx, spec, config, perf=None, **kw):
+        calls.append(
+            (
+                np.asarray(train_idx).copy(),
+                None if kw.get("preprocessing_idx") is None else kw["preprocessing_idx"].copy(),
+                config,
+            )
+        )
+        return real(dataset, train_idx, spec, config, perf, **kw)
+
+    monkeypatch.setattr(run_mod, "fit_model", fit_model)
+    return calls
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "shuffle"])
+def test_multi_run_trains_the_claimed_pipeline(monkeypatch, sampling):
+    """The wire from the audit design into training: IN and OUT runs share the preprocessing (public aux
+    split, never a set holding the canary), the step count and σ; the neighbouring relation follows the
+    claim (add/remove for Poisson; replace-one — same size, canary swapped for a record — for shuffle)."""
+    from dpaudit.data import make_splits
+
+    calls = _spy_fits(monkeypatch)
+    ds = load_dataset("digits")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=10)
+    dp = DPConfig(clip=1.0, target_epsilon=2.0, delta=1e-5, sampling=sampling)
+    config = TrainConfig(algo="dpsgd", epochs=1, batch_size=50, lr=1.0, dp=dp)
+    d = audit_training(ds, spec, config, runs=2, train_size=100, seed=0)
+    aux = make_splits(len(ds), 0).aux
+    assert len(calls) == 4
+    for _, pre_idx, _ in calls:
+        np.testing.assert_array_equal(pre_idx, aux)
+    (in1, _, c_in), (in2, _, _), (out1, _, c_out), (out2, _, _) = calls
+    np.testing.assert_array_equal(in1, in2)
+    np.testing.assert_array_equal(out1, out2)
+    assert c_in.steps == c_out.steps and c_in.dp.noise_multiplier == c_out.dp.noise_multiplier
+    assert c_in.dp.target_epsilon is None
+    canary = len(ds)  # appended after the dataset's records
+    assert canary in in1 and canary not in out1
+    if sampling == "poisson":
+        assert d.neighbouring == "add_remove" and len(out1) == len(in1) - 1
+        assert set(out1) == set(in1) - {canary}
+    else:
+        assert d.neighbouring == "replace_one" and len(out1) == len(in1)
+        assert len(set(in1) ^ set(out1)) == 2
+    assert d.result.design == "multi-run" and d.result.formal
+
+
+def test_multi_run_preprocessing_never_sees_the_canary_without_aux(monkeypatch):
+    """With no public split, preprocessing is fitted on the records common to both neighbours."""
+    import dpaudit.workflows.training as wt
+    from dpaudit.data import make_splits
+
+    real = make_splits
+
+    def no_aux(n, seed, *a, **k):
+        s = real(n, seed, *a, **k)
+        import dataclasses
+
+        return dataclasses.replace(s, aux=np.array([], dtype=np.int64))
+
+    monkeypatch.setattr("dpaudit.data.make_splits", no_aux)
+    calls = _spy_fits(monkeypatch)
+    ds = load_dataset("digits")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=10)
+    config = TrainConfig(algo="sgd", epochs=1, batch_size=50, lr=0.5)
+    wt.audit_training(ds, spec, config, runs=2, train_size=100, seed=0)
+    _, _, (out_idx, pre_out, _), _ = calls
+    pre_in = calls[0][1]
+    np.testing.assert_array_equal(pre_in, pre_out)
+    assert len(ds) not in pre_in and set(pre_in) <= set(out_idx)
+
+
+def test_private_run_without_public_split_keeps_raw_features(tmp_path):
+    """A DP run with an empty auxiliary split does not fit its scaler on members; the checkpoint says so."""
+    r = runner.invoke(
+        app,
+        [
+            "train", "--algo", "dpsgd", "--noise-multiplier", "1.0", "--epochs", "1", "--out", str(tmp_path / "r"),
+            "--split", "0.6,0.2,0,0.2",
+        ],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "r" / "checkpoint.json").read_text())
+    assert meta["preprocessing"]["kind"] == "identity" and meta["preprocessing"]["fitted_on"] == "none"
+
+
+def test_replace_one_claim_is_not_refuted_by_add_remove_canaries(tmp_path):
+    """A shuffled-batch (replace-one) claim audited with add/remove canaries: reported as an estimate."""
+    out = tmp_path / "shuffle"
+    args = ["train", "--algo", "dpsgd", "--epsilon", "1", "--sampling", "shuffle", "--epochs", "1"]
+    r = runner.invoke(app, [*args, "--canaries", "20", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    (a,) = audit_checkpoint(out, attacks=()).audits
+    assert a.result.formal is False and any("replace-one" in n for n in a.result.notes)
+
+
+def test_white_box_needs_private_trainer():
+    r = runner.invoke(app, ["audit", "train", "--algo", "sgd", "--threat-model", "white-box", "--runs", "2"])
+    assert r.exit_code == 2 and "needs a private trainer" in r.output
+
+
+def _auc_bound(epsilon: float, delta: float) -> float:
+    """The largest AUC any test can reach against an (ε, δ)-DP mechanism: 1 − ∫₀¹ f_{ε,δ}(α) dα with
+    f_{ε,δ}(α) = max{0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)} (Dong, Roth & Su 2022, Prop. 2.5)."""
+    from scipy.integrate import quad
+
+    f = lambda a: max(0.0, 1 - delta - np.exp(epsilon) * a, np.exp(-epsilon) * (1 - delta - a))  # noqa: E731
+    kink = (1 - delta) / (1 + np.exp(epsilon))
+    return 1.0 - (quad(f, 0, kink)[0] + quad(f, kink, 1)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_multi_run_black_box_respects_a_correct_claim(seed):
+    """Acceptance (issue 10): a correct DP-SGD at claimed ε = 0.5; the IN/OUT AUC of the canary scores
+    lies within what (0.5, δ)-DP allows (both directions), up to sampling error: the Mann–Whitney AUC of
+    n + n scores has standard deviation at most sqrt((2n + 1) / (12 n²)) under equal laws (and less
+    otherwise), so 3.5 of those bound a correct pipeline's excursion with probability > 0.999."""
+    from sklearn.metrics import roc_auc_score
+
+    ds = load_dataset("digits")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=10)
+    dp = DPConfig(clip=1.0, target_epsilon=0.5, delta=1e-5)
+    config = TrainConfig(algo="dpsgd", epochs=2, batch_size=50, lr=1.0, dp=dp)
+    runs = 60
+    d = audit_training(ds, spec, config, runs=runs, train_size=200, seed=seed, workers=2, canary_kind="clipbkd")
+    assert d.result.verdict != "violation"
+    hi = _auc_bound(0.5, 1e-5)
+    tol = 3.5 * np.sqrt((2 * runs + 1) / (12 * runs**2))
+    auc = roc_auc_score(d.member, d.scores)
+    assert 1 - hi - tol <= auc <= hi + tol, (auc, hi, tol)
+    # The formal version of the same check, in both score directions (α split between them).
+    from dpaudit.audit import audit_scores
+
+    both = audit_scores(d.scores, d.member, design="multi-run", alternative="two-sided", claimed_epsilon=0.5)
+    assert both.verdict != "violation"
+    # This check is loose at 60 runs a side (a pipeline whose scaler saw the canary gave AUC 0.29-0.35
+    # here and passed it); the planted scaler mistake is caught by test_multi_run_trains_the_claimed_pipeline.
