@@ -48,7 +48,9 @@ _MIN_TRIALS = 20
 _MIN_PILOT = 2
 
 
-def _trial_generators(seed: int, trials: int) -> tuple[list[np.random.Generator], list[np.random.Generator], Any]:
+def _trial_generators(
+    seed: int, trials: int
+) -> tuple[list[np.random.Generator], list[np.random.Generator], np.random.Generator]:
     """One independent Generator per run (runs on ``data``, runs on ``neighbour``) and one for the audit.
 
     Spawned children of ``np.random.SeedSequence(seed)`` (numpy's recommended way to get independent

@@ -152,10 +152,12 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(F.eps(a["epsilon_lower_bound"])),
                 _e(F.eps(a["claimed_epsilon"])),
                 _e(F.eps(a.get("max_certifiable_epsilon"))),
-                _e(F.rate(op["fpr"])) + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
+                _e(F.rate(op["fpr"]))
+                + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
                 if op
                 else F.DASH,
-                _e(F.rate(op["fnr"])) + f"<br><small>[{_e(F.rate(op['fnr_interval'][0]))}, {_e(F.rate(op['fnr_interval'][1]))}]</small>"
+                _e(F.rate(op["fnr"]))
+                + f"<br><small>[{_e(F.rate(op['fnr_interval'][0]))}, {_e(F.rate(op['fnr_interval'][1]))}]</small>"
                 if op
                 else F.DASH,
                 _e(F.num(a.get("threshold"), ".4g"))
