@@ -8,6 +8,7 @@ fails loudly instead of giving silently wrong numbers.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,8 +186,41 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)")
 
 
+# Wrappers that prefix every parameter name: Opacus' GradSampleModule ("_module."), torch's
+# DistributedDataParallel / DataParallel ("module."), torch.compile ("_orig_mod."); they nest.
+WRAPPER_PREFIXES = ("_module.", "module.", "_orig_mod.")
+
+
+def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` with wrapper prefixes removed, as long as *every* key carries the same one."""
+    out = dict(state)
+    while out:
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in out)), None)
+        if prefix is None:
+            break
+        out = {k[len(prefix) :]: v for k, v in out.items()}
+    return out
+
+
+def as_state_dict(state: Mapping[str, Any], source: str) -> dict[str, torch.Tensor]:
+    """A foreign state dict (torch tensors or numpy arrays, wrapper prefixes allowed) as CPU tensors."""
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"{source}: expected a mapping of parameter names to arrays, got {type(state).__name__}")
+    out = {}
+    for k, v in strip_wrapper_prefixes(state).items():
+        if not isinstance(k, str):
+            raise CheckpointError(f"{source}: parameter names must be strings, got {k!r}")
+        try:
+            out[k] = v.detach().to("cpu") if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{source}: parameter {k} is not a numeric array ({e})") from None
+    return out
+
+
 def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> nn.Module:
-    """Copy ``state`` into ``model`` after checking names and shapes match exactly."""
+    """Copy ``state`` into ``model`` after checking names and shapes match exactly (wrapper prefixes
+    such as Opacus' ``_module.`` or DDP's ``module.`` are removed first)."""
+    state = as_state_dict(state, source)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
