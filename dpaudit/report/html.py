@@ -265,8 +265,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         _figure(
             plots.png(lambda: plots.epsilon_figure(report)),
             "Claimed ε against the empirical lower bound per model",
-            "Diamond: claimed ε (∞ without a claim). Arrow: the largest empirical lower bound, pointing up "
-            "because the true ε is at least that; colour = verdict. Grey bars: the largest ε each audit could "
+            "Diamond: claimed ε (∞ without a claim). Arrow: the strongest formal lower bound (grey: no formal "
+            "audit, the strongest estimate), pointing up because the true ε is at least that; colour = verdict. Grey bars: the largest ε each audit could "
             "have certified.",
         ),
         _figure(

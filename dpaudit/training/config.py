@@ -39,6 +39,10 @@ class DPConfig:
     sampling: str = "poisson"
     accountant: str = "rdp"
     secure_noise: bool = False
+    # A fixed Poisson sampling rate q (None: batch_size / N). The sampled Gaussian mechanism's
+    # add/remove analysis assumes q does not depend on the data; fixing it makes two neighbouring
+    # datasets of sizes N and N + 1 run exactly the same mechanism (what the multi-run audit needs).
+    sample_rate: float | None = None
 
     def __post_init__(self) -> None:
         check_positive(clip=self.clip)
@@ -51,6 +55,10 @@ class DPConfig:
         check_in_interval(0.0, 1.0, delta=self.delta)
         check_choice(SAMPLING, sampling=self.sampling)
         check_choice(("rdp", "pld"), accountant=self.accountant)
+        if self.sample_rate is not None:
+            check_in_interval(0.0, 1.0, hi_open=False, sample_rate=self.sample_rate)
+            if self.sampling != "poisson":
+                raise InputError("a fixed sample rate applies to Poisson sampling only")
 
 
 @dataclass(frozen=True)

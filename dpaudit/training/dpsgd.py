@@ -63,6 +63,7 @@ class PrivacySetting:
     dataset_size: int
     steps: int
     sampling: str
+    rate: float | None = None  # a fixed Poisson rate q; None: batch_size / dataset_size
 
     def __post_init__(self) -> None:
         check_non_negative(noise_multiplier=self.noise_multiplier)
@@ -76,7 +77,7 @@ class PrivacySetting:
 
     @property
     def sample_rate(self) -> float:
-        return self.batch_size / self.dataset_size
+        return self.batch_size / self.dataset_size if self.rate is None else self.rate
 
     @property
     def steps_per_epoch(self) -> int:
@@ -111,7 +112,9 @@ class PrivacySetting:
         return SelfComposed(Gaussian(self.noise_multiplier), self.epochs_touched)
 
     def with_noise(self, noise_multiplier: float) -> PrivacySetting:
-        return PrivacySetting(noise_multiplier, self.batch_size, self.dataset_size, self.steps, self.sampling)
+        return PrivacySetting(
+            noise_multiplier, self.batch_size, self.dataset_size, self.steps, self.sampling, self.rate
+        )
 
 
 def calibrate(setting: PrivacySetting, dp: DPConfig) -> float:
@@ -287,6 +290,7 @@ class DPTrainer(Trainer):
             dataset_size=n,
             steps=config.num_steps(n),
             sampling=dp.sampling,
+            rate=dp.sample_rate,
         )
         if dp.target_epsilon is not None:
             setting = setting.with_noise(calibrate(setting, dp))

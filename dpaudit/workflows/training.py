@@ -13,11 +13,18 @@ that to be the mechanism the claim covers:
 - the neighbouring relation matches the claim's: add/remove (D ∪ {canary} vs D) for Poisson
   sampling; for shuffled batches, whose claim is for replace-one neighbours, the canary is swapped
   for an ordinary record (D ∪ {canary} vs D ∪ {z}), so both datasets have the same size.
+
+A plug-in trainer (:mod:`dpaudit.plugins`: the user's ``function(X, y, seed) -> state dict``) takes
+the place of dpaudit's trainer in each run. dpaudit still owns everything the guarantee rests on:
+the neighbouring pair (the relation the user's claim names), the preprocessing (public aux split),
+the canary's random position in each IN dataset, each run's seed, the score and the statistics. The
+number of steps and the noise are the user's, so the audit tests the user's pipeline as it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,10 +54,44 @@ def _train_one(args: tuple) -> float:
     return float(logit_margin(fitted.logits(canary_x), canary_y)[0])
 
 
+def _train_plugin_one(args: tuple) -> float:
+    """One run of a plug-in trainer: train, load the returned state dict into the spec's model, score the canary."""
+    import torch
+
+    from attacks.threshold import logit_margin
+    from dpaudit.checkpoint import predict_logits
+    from dpaudit.plugins import call_trainer, load_trainer
+
+    trainer, name, X, y, run_seed, spec, canary_x, canary_y = args
+    torch.set_num_threads(1)
+    fn = load_trainer(trainer) if isinstance(trainer, str) else trainer
+    model = call_trainer(fn, X, y, run_seed, spec, name=name)
+    return float(logit_margin(predict_logits(model, canary_x), canary_y)[0])
+
+
+def _plugin_jobs(trainer, name, data, idx_in, idx_out, pre, spec, canary_x, canary_y, runs: int, seed: int):
+    """The 2R plug-in runs (IN first), built lazily so that only a few copies of X exist at a time.
+
+    Run r's randomness is ``SeedSequence(seed, spawn_key=(0x504C, r))`` spawned in two: one child
+    permutes the records (the canary's position is uniform), the other gives the trainer's seed (31
+    bits, so every framework accepts it). Spawn keys give independent streams (numpy docs, "Parallel
+    random number generation").
+    """
+    X_in, X_out = pre.transform(data.X[idx_in]), pre.transform(data.X[idx_out])
+    y_in, y_out = data.y[idx_in].astype(np.int64), data.y[idx_out].astype(np.int64)
+    canary_pre = pre.transform(canary_x)
+    for r in range(2 * runs):
+        X, y = (X_in, y_in) if r < runs else (X_out, y_out)
+        perm_ss, seed_ss = np.random.SeedSequence(seed, spawn_key=(0x504C, r)).spawn(2)
+        perm = np.random.default_rng(perm_ss).permutation(len(y))
+        run_seed = int(seed_ss.generate_state(1, np.uint32)[0] >> 1)
+        yield (trainer, name, np.ascontiguousarray(X[perm]), y[perm].copy(), run_seed, spec, canary_pre, canary_y)
+
+
 def audit_training(
     dataset,
     spec,
-    config,
+    config=None,
     perf=None,
     *,
     runs: int = 100,
@@ -65,8 +106,11 @@ def audit_training(
     seed: int = 0,
     workers: int = 1,
     progress: Progress = NULL_PROGRESS,
+    trainer: str | Callable[..., Any] | None = None,
+    neighbouring: str | None = None,
 ) -> TrainingAudit:
-    """Multi-run audit of the recipe ``config``: ``runs`` models with the canary, ``runs`` without.
+    """Multi-run audit of the recipe ``config`` (or of a plug-in ``trainer``): ``runs`` models with the
+    canary, ``runs`` without.
 
     Black-box: the canary is one input record (``canary_kind``, e.g. ClipBKD) and the score is its
     logit-scaled confidence under the final model (higher = member; the direction is fixed in
@@ -74,20 +118,60 @@ def audit_training(
     gradient canary C·e_j (Nasr et al. 2021, §4; Nasr et al. 2023) observed in every noisy update;
     the score is the per-step likelihood ratio (see ``dpaudit.training.dpsgd.GradientCanary``).
 
+    Plug-in training (``trainer``: a ``"package.module:function"`` path or a callable, see
+    :mod:`dpaudit.plugins` for the contract): the user's function trains each run and returns the
+    state dict of ``spec``'s model; ``config`` and ``perf`` are not used. The claim is the user's:
+    ``claimed_epsilon`` and ``delta`` are required, and ``neighbouring`` ("add_remove", the default,
+    or "replace_one") sets the experiment as the built-in path does. dpaudit builds each run's records
+    (preprocessed with the public aux split's scaler, shuffled by a seeded permutation so the canary
+    sits at a random position), draws the run's seed, and scores the canary. Black-box only.
+
+    ``neighbouring`` with the built-in trainer: None (default) follows the recipe (add/remove for
+    Poisson sampling, replace-one for shuffling); a value that contradicts it is an InputError.
+
     Formal guarantee (method "clopper-pearson"): with probability ≥ ``confidence`` the bound is below
     the true ε of the trained pipeline on this neighbouring pair (see the module docstring for why
-    that pipeline is the claimed one). Method "gdp" is an estimate.
+    that pipeline is the claimed one). Method "gdp" is an estimate. With a plug-in trainer the
+    guarantee also assumes that each run's randomness comes from its ``seed`` alone (runs independent).
     """
     from joblib import Parallel, delayed
 
     from dpaudit.canaries import make_canaries, with_canaries
-    from dpaudit.data import make_splits
+    from dpaudit.data import fit_preprocessing, make_splits
     from dpaudit.training.config import PerfConfig
-    from dpaudit.validation import check_choice, check_positive_int
+    from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
 
     runs = check_positive_int(runs=runs)
     check_choice(("black-box", "white-box"), threat_model=threat_model)
     check_choice(("clopper-pearson", "gdp"), method=method)
+    name = None
+    if trainer is not None:
+        from dpaudit.plugins import check_trainer, load_trainer, trainer_name
+
+        name = trainer_name(trainer)
+        if isinstance(trainer, str):
+            load_trainer(trainer)  # fail here, before any run, on a bad path or signature
+        else:
+            check_trainer(trainer, name)
+        if threat_model == "white-box":
+            raise InputError(
+                "the white-box gradient canary needs dpaudit's own trainer; audit a plug-in trainer black-box"
+            )
+        if claimed_epsilon is None or delta is None:
+            raise InputError("a plug-in trainer needs its claim: claimed_epsilon and delta")
+        check_non_negative(claimed_epsilon=claimed_epsilon)
+        check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+        relation = check_choice(("add_remove", "replace_one"), neighbouring=neighbouring or "add_remove")
+    else:
+        if config is None:
+            raise InputError("expected a training config, or a plug-in trainer")
+        relation = "add_remove" if config.dp is None or config.dp.sampling == "poisson" else "replace_one"
+        if neighbouring is not None and neighbouring != relation:
+            raise InputError(
+                f"neighbouring {neighbouring!r} does not match the recipe, whose claim is for {relation} neighbours"
+            )
     perf = perf or PerfConfig(device="cpu")
     splits = make_splits(len(dataset), split_seed)
     members = splits.members
@@ -100,7 +184,6 @@ def audit_training(
     base = dataclasses.replace(splits, members=members)
     # Preprocessing from public data, or from the records both neighbours share: never from the canary.
     pre_idx = splits.aux if len(splits.aux) else members
-    relation = "add_remove" if config.dp is None or config.dp.sampling == "poisson" else "replace_one"
     if threat_model == "white-box":
         if config.dp is None:
             raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
@@ -125,30 +208,29 @@ def audit_training(
         else:
             idx_out = members
             source = f"one {canary_kind} canary added or not (add/remove; black-box, final model)"
-    n_max = max(len(idx_in), len(idx_out))
-    # Same mechanism on both sides: the step count of the larger dataset, and σ calibrated once.
-    config = dataclasses.replace(config, steps=config.num_steps(n_max))
-    if config.dp is not None and config.dp.target_epsilon is not None:
-        from dpaudit.training.dpsgd import claim_for
-
-        sigma = claim_for(config, n_max)["noise_multiplier"]
-        config = dataclasses.replace(
-            config, dp=dataclasses.replace(config.dp, noise_multiplier=sigma, target_epsilon=None)
+    if trainer is not None:
+        source += f"; trained by {name}"
+        jobs = _plugin_jobs(
+            trainer, name, data, idx_in, idx_out, fit_preprocessing(data, pre_idx), spec, canary_x, canary_y, runs,
+            int(seed),
+        )  # fmt: skip
+        work = _train_plugin_one
+        claim: dict[str, Any] | None = {
+            "epsilon": float(claimed_epsilon), "delta": float(delta), "neighbouring": relation,
+        }  # fmt: skip
+    else:
+        config, claim = _prepare_recipe(config, idx_in, idx_out)
+        jobs = _recipe_jobs(
+            data, idx_in, idx_out, pre_idx, spec, config, perf, canary_x, canary_y, threat_model, runs, seed
         )
-    jobs = []
-    for r in range(2 * runs):
-        included = r < runs
-        cfg = dataclasses.replace(config, seed=seed * 1_000_003 + 3 * r + 11)
-        wb = {"included": included, "seed": cfg.seed + 5} if threat_model == "white-box" else None
-        jobs.append((data, idx_in if included else idx_out, pre_idx, spec, cfg, perf, canary_x, canary_y, wb))
+        work = _train_one
     with progress.task(f"audit: train {2 * runs} models", 2 * runs) as advance:
         scores = []
-        for s in Parallel(n_jobs=workers, return_as="generator")(delayed(_train_one)(j) for j in jobs):
+        for s in Parallel(n_jobs=workers, return_as="generator")(delayed(work)(j) for j in jobs):
             scores.append(s)
             advance(1)
     scores = np.asarray(scores, dtype=np.float64)
     member = np.arange(2 * runs) < runs
-    claim = _recipe_claim(config, idx_in, idx_out)
     claimed = claimed_epsilon if claimed_epsilon is not None else (claim or {}).get("epsilon")
     if delta is None:
         delta = (claim or {}).get("delta", 1e-5)
@@ -159,8 +241,39 @@ def audit_training(
     record = AuditRecord("multi-run", f"{2 * runs} training runs ({runs} with, {runs} without) — {source}", result)
     return TrainingAudit(
         audit=record, threat_model=threat_model, runs=runs, claim=claim, neighbouring=relation, scores=scores,
-        member=member,
+        member=member, trainer=name,
     )  # fmt: skip
+
+
+def _prepare_recipe(config, idx_in, idx_out):
+    """The recipe both sides run (the larger dataset's step count, σ calibrated once) and its claim."""
+    n_max = max(len(idx_in), len(idx_out))
+    # Same mechanism on both sides: the step count of the larger dataset, a fixed Poisson rate (so q does
+    # not depend on which neighbour is trained), and σ calibrated once.
+    config = dataclasses.replace(config, steps=config.num_steps(n_max))
+    if config.dp is not None and config.dp.sampling == "poisson" and config.dp.sample_rate is None:
+        config = dataclasses.replace(
+            config, dp=dataclasses.replace(config.dp, sample_rate=config.batch_size / n_max)
+        )
+    if config.dp is not None and config.dp.target_epsilon is not None:
+        from dpaudit.training.dpsgd import claim_for
+
+        sigma = claim_for(config, n_max)["noise_multiplier"]
+        config = dataclasses.replace(
+            config, dp=dataclasses.replace(config.dp, noise_multiplier=sigma, target_epsilon=None)
+        )
+    return config, _recipe_claim(config, idx_in, idx_out)
+
+
+def _recipe_jobs(data, idx_in, idx_out, pre_idx, spec, config, perf, canary_x, canary_y, threat_model, runs, seed):
+    """The 2R runs of dpaudit's own trainer (IN first), each with its own seed."""
+    jobs = []
+    for r in range(2 * runs):
+        included = r < runs
+        cfg = dataclasses.replace(config, seed=seed * 1_000_003 + 3 * r + 11)
+        wb = {"included": included, "seed": cfg.seed + 5} if threat_model == "white-box" else None
+        jobs.append((data, idx_in if included else idx_out, pre_idx, spec, cfg, perf, canary_x, canary_y, wb))
+    return jobs
 
 
 def _recipe_claim(config, idx_in, idx_out) -> dict[str, Any] | None:

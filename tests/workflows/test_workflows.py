@@ -161,6 +161,8 @@ def test_multi_run_trains_the_claimed_pipeline(monkeypatch, sampling):
     assert canary in in1 and canary not in out1
     if sampling == "poisson":
         assert d.neighbouring == "add_remove" and len(out1) == len(in1) - 1
+        # q fixed for both neighbours (B / N would differ between N and N + 1 records).
+        assert c_in.dp.sample_rate == c_out.dp.sample_rate == pytest.approx(50 / len(in1))
         assert set(out1) == set(in1) - {canary}
     else:
         assert d.neighbouring == "replace_one" and len(out1) == len(in1)
@@ -259,3 +261,22 @@ def test_multi_run_black_box_respects_a_correct_claim(seed):
     assert both.verdict != "violation"
     # This check is loose at 60 runs a side (a pipeline whose scaler saw the canary gave AUC 0.29-0.35
     # here and passed it); the planted scaler mistake is caught by test_multi_run_trains_the_claimed_pipeline.
+
+
+def test_fixed_sample_rate_makes_both_neighbours_one_mechanism():
+    """DPConfig.sample_rate pins q: training on N or N + 1 records is then the same sampled Gaussian
+    mechanism (same event, same ε); without it q = B/N differs."""
+    from dpaudit.training.dpsgd import claim_for
+
+    dp = DPConfig(clip=1.0, noise_multiplier=1.0, delta=1e-5)
+    config = TrainConfig(algo="dpsgd", steps=100, batch_size=50, lr=1.0, dp=dp)
+    free = [claim_for(config, n) for n in (200, 201)]
+    assert free[0]["sample_rate"] != free[1]["sample_rate"]
+    pinned = TrainConfig(
+        algo="dpsgd", steps=100, batch_size=50, lr=1.0, dp=DPConfig(noise_multiplier=1.0, sample_rate=0.25)
+    )
+    a, b = (claim_for(pinned, n) for n in (200, 201))
+    assert a["sample_rate"] == b["sample_rate"] == 0.25 and a["event"] == b["event"] and a["epsilon"] == b["epsilon"]
+    assert a["epsilon"] == free[0]["epsilon"]  # q = 50/200 either way
+    with pytest.raises(Exception, match="Poisson"):
+        DPConfig(noise_multiplier=1.0, sampling="shuffle", sample_rate=0.1)
