@@ -3,7 +3,8 @@
 Every reference model is an ordinary dpaudit run directory (safetensors + JSON + split.npz, trained by
 :func:`dpaudit.training.run.train_run` with the target's recipe) plus ``logits.npy``, its float64
 logits on every record of the dataset. Both live under ``<cache_dir>/models/<key>/`` where ``key`` is
-the sha256 of (data hash, model spec, training config including the seed, training index set), so a
+the sha256 of (data hash, model spec, training config including the seed, training index set, and a
+fixed preprocessing if the recipe has one), so a
 second attack on the same target, or another target with the same recipe, reuses them. ``cache_dir``
 defaults to :func:`dpaudit.cache.default_cache_dir` (``$DPAUDIT_CACHE_DIR``, else the user's cache
 directory; never the current directory).
@@ -28,7 +29,7 @@ import numpy as np
 
 from dpaudit.cache import resolve_cache_dir
 from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run
-from dpaudit.data import Dataset, Splits
+from dpaudit.data import Dataset, Identity, Splits, Standardizer
 from dpaudit.errors import InputError
 from dpaudit.fileio import write_atomic_file
 from dpaudit.models import ModelSpec
@@ -62,7 +63,12 @@ def check_workers(workers: int, *, scheduler: str | None = None) -> int:
 class Recipe:
     """How the target was trained, to train reference models alike: its data, model spec, training
     and performance configs (``configs_from_meta``), its test split (only for the reference checkpoints'
-    metrics) and its aux split (public data; where a private recipe fits its preprocessing)."""
+    metrics) and its aux split (public data; where a private recipe fits its preprocessing).
+
+    ``preprocessing``: a fixed preprocessing every reference model uses as it is (nothing fitted), or
+    None to fit it as ``train_run`` does. Imported runs set it to their recorded preprocessing (the
+    user's scaler, or none): their weights expect those features, and dpaudit never fitted anything.
+    """
 
     dataset: Dataset
     spec: ModelSpec
@@ -71,6 +77,7 @@ class Recipe:
     test_idx: np.ndarray
     aux_idx: np.ndarray
     label_column: str | None = None
+    preprocessing: Standardizer | Identity | None = None
 
     @classmethod
     def from_run(cls, run: Run, dataset: Dataset | None = None) -> Recipe:
@@ -90,6 +97,7 @@ class Recipe:
             test_idx=run.splits.test,
             aux_idx=run.splits.aux,
             label_column=run.meta["data"].get("label_column"),
+            preprocessing=run.preprocessing if run.meta.get("import") else None,
         )
 
     def with_seed(self, seed: int) -> TrainConfig:
@@ -98,7 +106,8 @@ class Recipe:
 
 def model_key(recipe: Recipe, train_idx: np.ndarray, seed: int) -> str:
     """Cache key: sha256 of the data hash, model spec, training config (with ``seed``) and the sorted
-    training index set (and, for a private recipe, the aux set its preprocessing is fitted on).
+    training index set (and a fixed preprocessing, or for a private recipe the aux set its preprocessing
+    is fitted on).
     Performance settings are left out: they never change what is trained."""
     idx = np.unique(np.asarray(train_idx, dtype=np.int64))
     payload = {
@@ -109,7 +118,9 @@ def model_key(recipe: Recipe, train_idx: np.ndarray, seed: int) -> str:
         "train_idx_sha256": hashlib.sha256(idx.astype("<i8").tobytes()).hexdigest(),
         "n_train": len(idx),
     }
-    if recipe.config.dp is not None:  # a private recipe standardises on the aux split (see train_run)
+    if recipe.preprocessing is not None:  # fixed (an imported run's): part of what is trained
+        payload["preprocessing"] = recipe.preprocessing.to_dict()
+    elif recipe.config.dp is not None:  # a private recipe standardises on the aux split (see train_run)
         aux = np.unique(np.asarray(recipe.aux_idx, dtype=np.int64))
         payload["preprocessing_idx_sha256"] = hashlib.sha256(aux.astype("<i8").tobytes()).hexdigest()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -179,6 +190,7 @@ def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) 
                 out=path,
                 splits=splits,
                 label_column=recipe.label_column,
+                preprocessing=recipe.preprocessing,
                 force=True,  # replaces a partial entry; concurrent writers of one key write the same model
             )
         logits = load_run(path).logits(recipe.dataset.X)

@@ -322,3 +322,137 @@ def preprocessing_from_dict(d: dict[str, Any]) -> Standardizer | Identity:
     if kind == "identity":
         return Identity()
     raise InputError(f"unknown preprocessing kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- imported models' splits
+
+# Shares of the non-member records (everything not in a user's member list) given to the holdout
+# (the attacks' non-member candidates), aux (the attacker's public pool: shadow/reference data) and
+# test (utility) splits of an imported run. Documented in `dpaudit import --help` and docs/model-spec.md.
+IMPORT_NON_MEMBER_SHARES = {"holdout": 0.4, "aux": 0.4, "test": 0.2}
+
+
+def check_member_indices(indices: np.ndarray, n: int, source: str) -> np.ndarray:
+    """``indices`` as sorted int64 record indices into a dataset of ``n`` records, or a one-line
+    :class:`DataError` naming ``source``: empty, out of range, duplicated, or covering every record
+    (no non-members left to attack or test with)."""
+    idx = np.asarray(indices)
+    if idx.ndim != 1:
+        raise DataError(f"{source}: expected a one-dimensional list of record indices, got shape {list(idx.shape)}")
+    if len(idx) == 0:
+        raise DataError(f"{source}: the member list is empty")
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise DataError(f"{source}: expected integer record indices, got dtype {idx.dtype}")
+    idx = idx.astype(np.int64)
+    bad = idx[(idx < 0) | (idx >= n)]
+    if len(bad):
+        shown = ", ".join(map(str, bad[:5].tolist())) + (", …" if len(bad) > 5 else "")
+        raise DataError(
+            f"{source}: {len(bad)} member index(es) out of range for data of {n} records (valid: 0 to {n - 1}): {shown}"
+        )
+    uniq, counts = np.unique(idx, return_counts=True)
+    dup = uniq[counts > 1]
+    if len(dup):
+        shown = ", ".join(map(str, dup[:5].tolist())) + (", …" if len(dup) > 5 else "")
+        raise DataError(f"{source}: {len(dup)} member index(es) listed more than once: {shown}")
+    if len(uniq) == n:
+        raise DataError(
+            f"{source}: the member list covers all {n} records, so no non-members are left for the holdout, "
+            "aux and test splits"
+        )
+    return uniq
+
+
+def read_member_indices(path: Path | str, n: int) -> np.ndarray:
+    """The training members of an imported model: 0-based record indices into a dataset of ``n``
+    records, from a text file (one integer per line; the first line may be a header; blank lines are
+    skipped) or an integer ``.npy`` array (read with ``allow_pickle=False``). Sorted, validated by
+    :func:`check_member_indices`."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    if path.suffix.lower() == ".npy":
+        try:
+            idx = np.load(path, allow_pickle=False)  # never unpickle a stranger's file
+        except ValueError as e:
+            raise DataError(f"{path}: not an integer .npy array (object arrays are refused: {e})") from None
+        except OSError as e:
+            raise DataError(f"{path}: not a readable .npy file ({e})") from None
+        if not isinstance(idx, np.ndarray) or not (np.issubdtype(idx.dtype, np.integer)):
+            dtype = getattr(idx, "dtype", type(idx).__name__)
+            raise DataError(f"{path}: expected an integer array of record indices, got dtype {dtype}")
+        return check_member_indices(idx, n, str(path))
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not a text file of record indices (use one integer per line, or a .npy)") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    values: list[int] = []
+    first = True
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            values.append(int(text))
+        except ValueError:
+            if first:  # a header line
+                first = False
+                continue
+            raise DataError(f"{path}: line {number}: expected a record index (an integer), got {text[:40]!r}") from None
+        first = False
+    return check_member_indices(np.asarray(values, dtype=np.int64), n, str(path))
+
+
+def splits_from_members(n: int, members: np.ndarray, seed: int) -> Splits:
+    """Splits of ``range(n)`` for a model trained on ``members`` (validated record indices).
+
+    Every other record is a non-member; those are shuffled with ``seed`` and cut into holdout, aux
+    and test by :data:`IMPORT_NON_MEMBER_SHARES` (40% / 40% / 20%, rounded down; the holdout gets at
+    least one record and test the remainder). ``Splits.fractions`` is empty: the members were not
+    drawn by dpaudit.
+    """
+    members = check_member_indices(members, n, "member list")
+    rest = np.setdiff1d(np.arange(n, dtype=np.int64), members)
+    perm = np.random.default_rng(seed).permutation(rest)
+    m = len(rest)
+    n_holdout = max(1, math.floor(IMPORT_NON_MEMBER_SHARES["holdout"] * m))
+    n_aux = min(math.floor(IMPORT_NON_MEMBER_SHARES["aux"] * m), m - n_holdout)
+    parts = (perm[:n_holdout], perm[n_holdout : n_holdout + n_aux], perm[n_holdout + n_aux :])
+    holdout, aux, test = (np.sort(p).astype(np.int64) for p in parts)
+    return Splits(members=members, holdout=holdout, aux=aux, test=test, seed=int(seed), fractions=())
+
+
+def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) -> Standardizer:
+    """A fixed, user-given standardisation ``(x - mean) / scale`` from a JSON object with lists
+    ``mean`` and ``scale`` of the feature shape (nested or flattened). Nothing is fitted here."""
+    if not isinstance(d, dict):
+        raise InputError(f"{source}: expected a JSON object with 'mean' and 'scale' lists")
+    unknown = sorted(set(d) - {"mean", "scale", "kind", "shape"})
+    if unknown:
+        raise InputError(f"{source}: unknown field(s) {', '.join(unknown)}; expected 'mean' and 'scale'")
+    if d.get("kind", "standardize") != "standardize":
+        raise InputError(f"{source}: unknown preprocessing kind {d.get('kind')!r}; expected 'standardize'")
+    size = math.prod(feature_shape)
+    out = {}
+    for key in ("mean", "scale"):
+        if key not in d:
+            raise InputError(f"{source}: missing {key!r} (a list of {size} numbers, one per feature)")
+        try:
+            a = np.asarray(d[key])
+        except (TypeError, ValueError):  # ragged nesting
+            a = np.asarray([None])
+        if a.dtype.kind not in "iuf":
+            raise InputError(f"{source}: {key!r} must be a list of numbers")
+        a = a.astype(np.float64)
+        if a.size != size:
+            raise InputError(
+                f"{source}: {key!r} has {a.size} values but the data has {size} features (shape {list(feature_shape)})"
+            )
+        if not np.all(np.isfinite(a)):
+            raise InputError(f"{source}: {key!r} contains NaN or inf")
+        out[key] = a.reshape(feature_shape)
+    if np.any(out["scale"] <= 0):
+        raise InputError(f"{source}: 'scale' must be positive everywhere (it divides the features)")
+    return Standardizer(out["mean"].astype(np.float32), out["scale"].astype(np.float32))

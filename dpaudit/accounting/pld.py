@@ -781,4 +781,3 @@ def subsampled_non_private_pairs(q: float) -> tuple[AtomPair, AtomPair | None]:
         return _non_private(), None
     lq = math.log1p(-q)
     return AtomPair([lq], [1.0 - q], q), AtomPair([-lq], [1.0])
-

@@ -303,8 +303,38 @@ def checkpoint_cmd(
     _exit_code(verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
+TrainerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--trainer",
+        help="Your own training function, 'package.module:function' (imported from the current directory too): "
+        "function(X, y, seed) -> state dict of the --model-spec model. Needs --claimed-epsilon and --delta; "
+        "dpaudit's trainer options (--algo, --lr, ...) do not apply.",
+    ),
+]
+ModelSpecOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--model-spec",
+        help='JSON model spec, as dpaudit.models.ModelSpec.to_dict() writes it ({"kind": "logreg", "input_shape": '
+        '[1, 8, 8], "n_classes": 10}); default: --model\'s default spec for the data.',
+    ),
+]
+NeighbouringOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--neighbouring",
+        help="With --trainer: the neighbouring relation of your claim, add_remove (default; canary added or not) "
+        "or replace_one (canary swapped for a record). dpaudit's own trainer follows its sampling.",
+    ),
+]
+# dpaudit-trainer options that a plug-in trainer replaces: refused when given together with --trainer.
+_RECIPE_OPTIONS = ("algo", "epochs", "steps", "batch_size", "lr", "noise_multiplier", "epsilon", "clip", "train_delta")
+
+
 @audit_app.command("train")
 def train_cmd(
+    ctx: typer.Context,
     runs: Annotated[int, typer.Option("--runs", help="Models trained with the canary (and as many without).")] = 100,
     threat_model: Annotated[str, typer.Option("--threat-model", help="black-box | white-box.")] = "black-box",
     canary_kind: Annotated[
@@ -313,6 +343,9 @@ def train_cmd(
     data: Annotated[str, typer.Option("--data", help="Dataset (as for dpaudit train).")] = "digits",
     label_column: Annotated[str | None, typer.Option("--label-column")] = None,
     model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "logreg",
+    model_spec: ModelSpecOpt = None,
+    trainer: TrainerOpt = None,
+    neighbouring: NeighbouringOpt = None,
     train_size: Annotated[int | None, typer.Option("--train-size", help="Train on a subset of the members.")] = None,
     algo: Annotated[str, typer.Option("--algo", help="sgd | adam | dpsgd | dpadam")] = "dpsgd",
     epochs: Annotated[int, typer.Option("--epochs")] = 5,
@@ -338,7 +371,8 @@ def train_cmd(
     """Multi-run audit: train R models with and R without a canary, bound epsilon from their scores.
 
     Every run trains the claimed pipeline (preprocessing from public data, same steps and sigma on both
-    sides, the claim's neighbouring relation), so the Clopper-Pearson bound is formal.
+    sides, the claim's neighbouring relation), so the Clopper-Pearson bound is formal. With --trainer,
+    your function trains each run (dpaudit still owns the canary, the seeds, the scores and the bound).
     """
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
@@ -347,14 +381,30 @@ def train_cmd(
     from dpaudit.workflows import audit_training
 
     check_choice(("clopper-pearson", "gdp"), method=method)
-    dp = None
-    if algo.startswith("dp"):
-        dp = DPConfig(clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, delta=train_delta)
-    elif noise_multiplier is not None or epsilon is not None:
-        raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
-    config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
+    given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name).name != "DEFAULT"}
+    if model_spec is not None and "model" in given:
+        raise InputError("give --model or --model-spec, not both")
+    if trainer is not None:
+        clash = [f"--{n.replace('_', '-')}" for n in _RECIPE_OPTIONS if n in given]
+        if clash:
+            raise InputError(f"{', '.join(clash)} configure dpaudit's trainer, which --trainer replaces: drop them")
+        if claimed_epsilon is None or delta is None:
+            raise InputError("--trainer needs your pipeline's claim: --claimed-epsilon E --delta D")
+        config = None
+    else:
+        dp = None
+        if algo.startswith("dp"):
+            dp = DPConfig(clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, delta=train_delta)
+        elif noise_multiplier is not None or epsilon is not None:
+            raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
+        config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
     ds = load_dataset(data, label_column=label_column)
-    spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
+    if model_spec is not None:
+        from dpaudit.plugins import load_model_spec
+
+        spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
+    else:
+        spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
     result = audit_training(
         ds,
         spec,
@@ -370,6 +420,8 @@ def train_cmd(
         seed=seed,
         workers=workers,
         progress=progress(json_output),
+        trainer=trainer,
+        neighbouring=neighbouring,
     )
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
     _exit_code([result.result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)

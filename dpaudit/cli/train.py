@@ -30,7 +30,7 @@ def parse_ints(text: str | None, name: str) -> tuple[int, ...] | None:
         raise InputError(f"expected {name} as comma-separated integers, got {text!r}") from None
 
 
-def human_summary(s: dict) -> str:
+def human_summary(s: dict, *, imported: bool = False) -> str:
     """The run summary for humans: accuracies as percentages (the JSON keeps fractions)."""
     from dpaudit.report._format import rate
 
@@ -39,9 +39,10 @@ def human_summary(s: dict) -> str:
         f"accuracy   train {rate(s['train_accuracy'])}   test {rate(s['test_accuracy'])}",
     ]
     if s["private"]:
-        lines.append(f"privacy    ε = {s['epsilon']:.4g} at δ = {s['delta']:g} ({s['accountant']})")
+        how = s["accountant"] or "stated, not accounted"
+        lines.append(f"privacy    ε = {s['epsilon']:.4g} at δ = {s['delta']:g} ({how})")
     else:
-        lines.append("privacy    none (non-private training)")
+        lines.append("privacy    no claim (imported weights)" if imported else "privacy    none (non-private training)")
     return "\n".join(lines)
 
 
@@ -169,49 +170,232 @@ def register(app: App) -> None:
         emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)
 
 
+_IMPORT_DOC = """Make a run directory from foreign weights plus a model spec (no unpickling).
+
+WEIGHTS is model.safetensors (or a .pt plain state_dict); Opacus' `_module.` and DDP's `module.`
+prefixes are removed. SPEC, the members file, claim.json, scaler.json and recipe.json are
+documented with examples in docs/model-spec.md.
+
+With --data DATA --members FILE (0-based record indices into DATA, one per line with an optional
+header line, or an integer .npy), every other record is a non-member: those are shuffled with
+--split-seed and split 40% holdout, 40% aux, 20% test (saved in split.npz), so every attack works
+as on a dpaudit run. A member list whose members do not look like training records (their loss not
+below the holdout's) gives a warning, and the run's membership estimates carry that note.
+
+Without --data and --members (legacy) the model is assumed to be trained on dpaudit's members split
+of digits (--split-seed, --split), with a warning.
+
+The claim (--claim claim.json, or --epsilon/--delta and optionally --noise-multiplier,
+--sample-rate, --steps): mechanism parameters are re-accounted with dpaudit's accountant and the
+larger of that and a stated epsilon is recorded; (epsilon, delta) alone is recorded as stated by
+the user. --recipe lets LiRA and shadow models be trained for the run, with its preprocessing.
+"""
+# Paragraphs as single lines: the help renderer re-wraps them to the terminal's width.
+IMPORT_HELP = "\n\n".join(" ".join(p.split()) for p in _IMPORT_DOC.split("\n\n"))
+
+
+def _read_json(path: Path, what: str):
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: expected a {what} JSON file, got a directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+
+
+def _from_file(parse, *args, **kwargs):
+    """``parse(...)`` of a JSON file's content; its errors name the file's fields, which are not this
+    command's options, so they are printed as they are (exit code 2) instead of being rewritten."""
+    from dpaudit.cli._common import fail
+    from dpaudit.errors import DPAuditError
+
+    try:
+        return parse(*args, **kwargs)
+    except DPAuditError as e:
+        fail(str(e).splitlines()[0])
+
+
+def _warn(message: str) -> None:
+    """A warning on stderr: shown even with --json (stdout stays machine-readable), not with --quiet."""
+    from dpaudit.cli._common import STATE
+
+    if not STATE.quiet:
+        typer.echo(f"warning: {message}", err=True)
+
+
 def register_import(app: App) -> None:
-    @app.command("import")
+    @app.command("import", help=IMPORT_HELP)
     def import_weights(
         weights: Annotated[Path, typer.Argument(help="model.safetensors, or a .pt plain state_dict.")],
         model_spec: Annotated[
-            Path, typer.Option("--model-spec", help="JSON model spec (see checkpoint.json 'model').")
+            Path, typer.Option("--model-spec", help="JSON model spec (docs/model-spec.md; checkpoint.json 'model').")
         ],
         out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
-        data: Annotated[str, typer.Option("--data", help="Dataset the model was trained on.")] = "digits",
-        label_column: Annotated[str | None, typer.Option("--label-column")] = None,
-        split_seed: Annotated[int, typer.Option("--split-seed")] = 0,
+        data: Annotated[
+            str | None,
+            typer.Option(
+                "--data",
+                help="The records the model saw: PATH.csv (with --label-column) | PATH.npz | digits | ... "
+                "(needs --members).",
+            ),
+        ] = None,
+        label_column: Annotated[str | None, typer.Option("--label-column", help="Label column of a CSV file.")] = None,
+        members: Annotated[
+            Path | None,
+            typer.Option(
+                "--members",
+                help="The training members: 0-based record indices into --data, one per line (a header line "
+                "allowed), or an integer .npy.",
+            ),
+        ] = None,
+        claim: Annotated[
+            Path | None,
+            typer.Option(
+                "--claim",
+                help="claim.json: epsilon, delta, optionally noise_multiplier, sample_rate, steps, accountant, "
+                "neighbouring (not with --epsilon etc.).",
+            ),
+        ] = None,
+        epsilon: Annotated[float | None, typer.Option("--epsilon", help="Claimed ε (>= 0).")] = None,
+        delta: Annotated[float | None, typer.Option("--delta", help="Claimed δ in (0, 1).")] = None,
+        noise_multiplier: Annotated[
+            float | None, typer.Option("--noise-multiplier", help="Claim: DP-SGD noise σ (re-accounted).")
+        ] = None,
+        sample_rate: Annotated[
+            float | None, typer.Option("--sample-rate", help="Claim: sampling rate q = B/N in (0, 1].")
+        ] = None,
+        steps: Annotated[int | None, typer.Option("--steps", help="Claim: number of DP-SGD steps T.")] = None,
+        accountant: Annotated[
+            str | None, typer.Option("--accountant", help="Claim: rdp | pld (default rdp; with σ, q, T).")
+        ] = None,
+        neighbouring: Annotated[
+            str | None,
+            typer.Option(
+                "--neighbouring",
+                help="Claim: add_remove (Poisson sampling; default) | replace_one (shuffled fixed-size batches).",
+            ),
+        ] = None,
+        preprocessing: Annotated[
+            str | None,
+            typer.Option(
+                "--preprocessing",
+                help="none (features as they are; default with --members) | scaler.json ('mean', 'scale'). "
+                "Legacy mode: standardize (default) | identity.",
+            ),
+        ] = None,
+        recipe: Annotated[
+            Path | None,
+            typer.Option(
+                "--recipe", help="recipe.json: how the model was trained (approximately), for LiRA/shadow models."
+            ),
+        ] = None,
+        split_seed: Annotated[
+            int, typer.Option("--split-seed", help="Seed of the non-members' holdout/aux/test split.")
+        ] = 0,
         split: Annotated[
-            str, typer.Option("--split", help="Fractions members,holdout,aux,test.")
-        ] = "0.35,0.2,0.25,0.2",
-        preprocessing: Annotated[str, typer.Option("--preprocessing", help="standardize | identity")] = "standardize",
+            str | None,
+            typer.Option("--split", help="Legacy mode only: fractions members,holdout,aux,test [0.35,0.2,0.25,0.2]."),
+        ] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
-        """Make a run directory from foreign weights plus a model spec (no unpickling)."""
-        import json
-
-        from dpaudit.data import load_dataset
+        from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
         from dpaudit.models import model_spec_from_dict
-        from dpaudit.training.run import import_run, summary
+        from dpaudit.training.run import StatedClaim, import_run, recipe_from_dict, summary
 
+        if out.exists() and not force:
+            raise InputError(f"{out} already exists; use --force to overwrite it")
+        if data is not None and members is None:
+            raise InputError(
+                "--data needs --members FILE, the indices of the records the model was trained on "
+                "(without both, the model is assumed to be trained on dpaudit's split of digits)"
+            )
+        if members is not None and data is None:
+            raise InputError("--members needs --data, the records the indices point into")
+        if members is not None and split is not None:
+            raise InputError(
+                "--split applies only without --members; the non-members are split 40% holdout, 40% aux, 20% test"
+            )
+        flags = {
+            "--epsilon": epsilon,
+            "--delta": delta,
+            "--noise-multiplier": noise_multiplier,
+            "--sample-rate": sample_rate,
+            "--steps": steps,
+            "--accountant": accountant,
+            "--neighbouring": neighbouring,
+        }
+        given = [k for k, v in flags.items() if v is not None]
+        if claim is not None and given:
+            raise InputError(f"--claim and {given[0]} are mutually exclusive (put everything in claim.json)")
+        stated = None
+        if claim is not None:
+            stated = _from_file(StatedClaim.from_dict, _read_json(claim, "claim"), str(claim))
+        elif given:
+            if delta is None:
+                raise InputError(f"{given[0]} needs --delta (the claim's δ)")
+            stated = StatedClaim(
+                delta=delta,
+                epsilon=epsilon,
+                noise_multiplier=noise_multiplier,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+                neighbouring=neighbouring,
+            )
         try:
-            spec_dict = json.loads(model_spec.read_text())
-        except FileNotFoundError:
-            raise InputError(f"{model_spec}: no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"{model_spec}: not valid JSON ({e})") from None
-        ds = load_dataset(data, label_column=label_column)
-        spec = model_spec_from_dict(spec_dict)
+            spec = model_spec_from_dict(_read_json(model_spec, "model spec"))
+        except InputError:
+            raise
+        except (TypeError, ValueError) as e:  # e.g. a string where a size belongs
+            raise InputError(f"{model_spec}: bad model spec ({e})") from None
+        config = None
+        if recipe is not None:
+            delta_default = stated.delta if stated is not None else None
+            config = _from_file(recipe_from_dict, _read_json(recipe, "recipe"), str(recipe), delta=delta_default)
+        ds = load_dataset(data if data is not None else "digits", label_column=label_column)
+        member_idx = read_member_indices(members, len(ds)) if members is not None else None
+        pre: object = preprocessing
+        if preprocessing is not None and preprocessing not in ("none", "identity", "standardize"):
+            path = Path(preprocessing)
+            if path.suffix.lower() != ".json" and not path.exists():
+                raise InputError(
+                    f"unknown --preprocessing {preprocessing!r}; valid: none, a scaler.json path "
+                    "(legacy mode: standardize, identity)"
+                )
+            pre = _from_file(standardizer_from_json, _read_json(path, "scaler"), ds.feature_shape, str(path))
+        info(f"importing {weights} ({spec.kind} on {ds.name}, {len(ds)} records) …", json_flag=json_output)
         meta = import_run(
             weights,
             spec,
             ds,
             out=out,
+            members=member_idx,
+            members_source=str(members) if members is not None else None,
             split_seed=split_seed,
-            fractions=parse_fractions(split),
-            preprocessing=preprocessing,
+            fractions=parse_fractions(split) if split is not None else DEFAULT_FRACTIONS,
+            preprocessing=pre,
+            claim=stated,
+            recipe=config,
             label_column=label_column,
             force=force,
         )
+        for message in meta["import"]["warnings"]:
+            _warn(message)
         s = summary(meta)
-        emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)
+        check = meta["import"]["member_check"]
+        lines = [human_summary(s, imported=True)]
+        if meta["privacy"] is not None:
+            lines.append(f"claim      {meta['privacy']['source']}")
+        if check["holdout_loss"] is not None:
+            lines.append(
+                f"members    loss {check['train_loss']:.4g} vs holdout {check['holdout_loss']:.4g}"
+                + ("  (SUSPICIOUS: see the warning)" if check["suspicious"] else "")
+            )
+        lines.append(f"saved      {out}")
+        data_out = {"out": str(out), **s, "claim": meta["privacy"], "import": meta["import"]}
+        emit(data_out, "\n".join(lines), json_flag=json_output)

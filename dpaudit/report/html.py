@@ -266,8 +266,8 @@ def render_html(report: Mapping[str, Any]) -> str:
             plots.png(lambda: plots.epsilon_figure(report)),
             "Claimed ε against the empirical lower bound per model",
             "Diamond: claimed ε (∞ without a claim). Arrow: the strongest formal lower bound (grey: no formal "
-            "audit, the strongest estimate), pointing up because the true ε is at least that; colour = verdict. Grey bars: the largest ε each audit could "
-            "have certified.",
+            "audit, the strongest estimate), pointing up because the true ε is at least that; colour = verdict. "
+            "Grey bars: the largest ε each audit could have certified.",
         ),
         _figure(
             plots.png(lambda: plots.privacy_utility_figure(report)),

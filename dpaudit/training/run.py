@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from dpaudit.data import (
     fit_preprocessing,
     make_splits,
 )
-from dpaudit.errors import InputError
+from dpaudit.errors import CheckpointError, InputError
 from dpaudit.models import ModelSpec, build_model
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import TrainOutcome, get_trainer
@@ -119,12 +120,15 @@ def train_run(
     progress: Progress = NULL_PROGRESS,
     splits: Splits | None = None,
     canaries: CanarySet | None = None,
+    preprocessing: Standardizer | Identity | None = None,
 ) -> dict[str, Any]:
     """Split, train on the members split (plus the included canaries), evaluate, and (if ``out``)
     save a run directory. Returns the checkpoint metadata (what ``checkpoint.json`` holds).
 
     Private algorithms fit the standardisation on the auxiliary split, treated as public data: its
     mean and scale are released with the model, and the DP claim covers only the training steps.
+    A fixed ``preprocessing`` (e.g. an imported target's, for its reference models) is used as given,
+    nothing fitted (``fitted_on: "given"``).
     """
     perf = perf or PerfConfig()
     if out is not None and Path(out).exists() and not force:
@@ -133,7 +137,9 @@ def train_run(
     train_data, train_idx = dataset, splits.members
     if canaries is not None:
         train_data, train_idx, _ = with_canaries(dataset, splits, canaries)
-    if config.dp is None:
+    if preprocessing is not None:
+        fitted_on, pre_idx = "given", None
+    elif config.dp is None:
         fitted_on, pre_idx = "members", splits.members
     elif len(splits.aux):
         fitted_on, pre_idx = "aux", splits.aux
@@ -143,7 +149,7 @@ def train_run(
         fitted_on, pre_idx = "none", None
     fitted = fit_model(
         train_data, train_idx, spec, config, perf, progress=progress, preprocessing_idx=pre_idx,
-        preprocessing=Identity() if fitted_on == "none" else None,
+        preprocessing=preprocessing if preprocessing is not None else (Identity() if fitted_on == "none" else None),
     )  # fmt: skip
     data_meta = dataset.describe()
     if label_column is not None:
@@ -201,10 +207,373 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
 def configs_from_meta(meta: dict[str, Any]) -> tuple[TrainConfig, PerfConfig]:
     """The training recipe recorded in a checkpoint (to train shadow/reference models alike)."""
     if meta["training"].get("algo") == "imported":
-        raise InputError("this run was imported from foreign weights; its training recipe is unknown")
+        raise InputError(
+            "this run was imported from foreign weights without a training recipe, so no shadow or reference "
+            "models can be trained for it; re-import it with --recipe recipe.json (see docs/model-spec.md), "
+            "or use reference-free attacks such as --attacks loss"
+        )
     t = {k: v for k, v in meta["training"].items() if k in TrainConfig.__dataclass_fields__}
     perf = {k: v for k, v in meta.get("performance", {}).items() if k in PerfConfig.__dataclass_fields__}
     return TrainConfig.from_dict(t), PerfConfig(**perf)
+
+
+# --------------------------------------------------------------------------- imported models
+
+STATED_SOURCE = "stated by the user"
+RECIPE_SOURCE = "user (the attacker's approximation of the target's training)"
+CLAIM_FIELDS = ("epsilon", "delta", "noise_multiplier", "sample_rate", "steps", "accountant", "neighbouring")
+MECHANISM_FIELDS = ("noise_multiplier", "sample_rate", "steps")
+IMPORT_ACCOUNTANTS = ("rdp", "pld")
+NEIGHBOURING = ("add_remove", "replace_one")
+
+
+def _json_field(source: str | None, name: str, check, value):
+    """``check(name=value)``; for a JSON file the message names the file and its field, not an option."""
+    try:
+        return check(**{name: value})
+    except InputError as e:
+        if source is None:
+            raise
+        raise InputError(f"{source}: field {name!r}: {str(e).replace(f'expected {name} ', 'expected ')}") from None
+
+
+def _finite_non_negative(**kwargs: Any) -> float:
+    from dpaudit.validation import check_non_negative
+
+    v = check_non_negative(**kwargs)
+    if math.isinf(v):
+        name, value = next(iter(kwargs.items()))
+        raise InputError(f"expected {name} to be finite, got {value}")
+    return v
+
+
+@dataclass(frozen=True)
+class StatedClaim:
+    """A privacy claim made for imported weights: (ε, δ) as stated, and/or the DP-SGD mechanism
+    parameters (noise multiplier σ, sampling rate q = B/N, steps T) that dpaudit re-accounts.
+
+    ``neighbouring`` ``add_remove`` (default) reads the parameters as Poisson-sampled DP-SGD;
+    ``replace_one`` as shuffled fixed-size batches (each record in one batch per epoch), accounted
+    without amplification by subsampling as dpaudit's own trainer does (:data:`SHUFFLE_ANALYSIS`).
+    ``source`` names the JSON file the claim came from (for messages), or None for CLI options.
+    """
+
+    delta: float
+    epsilon: float | None = None
+    noise_multiplier: float | None = None
+    sample_rate: float | None = None
+    steps: int | None = None
+    accountant: str | None = None
+    neighbouring: str | None = None
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int
+
+        src = self.source
+        _json_field(src, "delta", lambda **k: check_in_interval(0.0, 1.0, **k), self.delta)
+        if self.epsilon is not None:
+            _json_field(src, "epsilon", _finite_non_negative, self.epsilon)
+        given = [f for f in MECHANISM_FIELDS if getattr(self, f) is not None]
+        # Field names of claim.json, or the options they came from on the command line.
+        at = f"{src}: " if src else ""
+        name = (lambda f: f) if src else (lambda f: "--" + f.replace("_", "-"))
+        mechanism = f"{name('noise_multiplier')}, {name('sample_rate')} and {name('steps')}"
+        if given and len(given) != len(MECHANISM_FIELDS):
+            missing = [name(f) for f in MECHANISM_FIELDS if f not in given]
+            raise InputError(f"{at}the mechanism parameters {mechanism} go together; missing {', '.join(missing)}")
+        if not given and self.epsilon is None:
+            raise InputError(f"{at}a claim needs {name('epsilon')}, or the mechanism parameters {mechanism}")
+        if self.accountant is not None and not given:
+            raise InputError(f"{at}{name('accountant')} applies only to a re-accounted claim (with {mechanism})")
+        if given:
+            # sigma = 0 is no mechanism at all (epsilon = infinity): import without a claim instead.
+            _json_field(src, "noise_multiplier", check_positive, self.noise_multiplier)
+            in_unit = lambda **k: check_in_interval(0.0, 1.0, hi_open=False, **k)  # noqa: E731
+            _json_field(src, "sample_rate", in_unit, self.sample_rate)
+            _json_field(src, "steps", check_positive_int, self.steps)
+        if self.accountant is not None:
+            _json_field(src, "accountant", lambda **k: check_choice(IMPORT_ACCOUNTANTS, **k), self.accountant)
+        if self.neighbouring is not None:
+            _json_field(src, "neighbouring", lambda **k: check_choice(NEIGHBOURING, **k), self.neighbouring)
+
+    @property
+    def has_mechanism(self) -> bool:
+        return self.noise_multiplier is not None
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str) -> StatedClaim:
+        """A claim from ``claim.json``: ``epsilon``, ``delta`` and optionally ``noise_multiplier``,
+        ``sample_rate``, ``steps``, ``accountant`` (rdp | pld), ``neighbouring`` (add_remove | replace_one)."""
+        if not isinstance(d, dict):
+            raise InputError(f"{source}: expected a JSON object with 'epsilon' and 'delta'")
+        unknown = sorted(set(d) - set(CLAIM_FIELDS))
+        if unknown:
+            raise InputError(f"{source}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(CLAIM_FIELDS)}")
+        if "delta" not in d:
+            raise InputError(f"{source}: missing 'delta'")
+        return cls(**{k: d.get(k) for k in CLAIM_FIELDS}, source=source)
+
+
+def _shuffle_epochs(sample_rate: float, steps: int) -> int:
+    """Epochs touched by ``steps`` shuffled batches of B = qN records: an epoch is ⌈N/B⌉ = ⌈1/q⌉ steps.
+
+    1/q is rounded down by 1e-9 before the ceiling so that float error (1/0.1 = 10.000…02) can only
+    shorten an epoch, i.e. count more epochs: the claim errs towards a larger ε, never a smaller one.
+    """
+    steps_per_epoch = max(1, math.ceil(1.0 / sample_rate - 1e-9))
+    return -(-steps // steps_per_epoch)
+
+
+def claim_record(stated: StatedClaim, *, dataset_size: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The JSON-ready claim of an imported run and the warnings it raises.
+
+    With only (ε, δ): recorded as given, ``source: "stated by the user"``, no event. With mechanism
+    parameters: the event (as :func:`dpaudit.training.dpsgd.privacy_claim` builds it) is re-accounted
+    with dpaudit's accountant; the recorded ε is the larger of that and any stated ε, so a claim is
+    never under-reported; a stated ε below the accountant's gives a warning.
+    """
+    from dpaudit.accounting import dpsgd_event, epsilon_for
+    from dpaudit.events import Gaussian, SelfComposed
+    from dpaudit.training.dpsgd import POISSON_ANALYSIS, SHUFFLE_ANALYSIS
+
+    if not stated.has_mechanism:
+        claim = {
+            "epsilon": float(stated.epsilon),
+            "delta": float(stated.delta),
+            "accountant": None,
+            "neighbouring": stated.neighbouring,
+            "event": None,
+            "source": STATED_SOURCE,
+        }
+        return claim, ()
+    sigma, q, steps = float(stated.noise_multiplier), float(stated.sample_rate), int(stated.steps)
+    neighbouring = stated.neighbouring or "add_remove"
+    accountant = stated.accountant or "rdp"
+    extra: dict[str, Any] = {}
+    if neighbouring == "add_remove":
+        # Abadi et al. 2016 (arXiv:1607.00133), Alg. 1 with Poisson sampling at rate q, T steps:
+        # SelfComposed(PoissonSampled(q, Gaussian(σ)), T), as dpsgd.PrivacySetting.event builds it.
+        event = dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=steps)
+        sampling, analysis = "poisson", POISSON_ANALYSIS
+    else:
+        # Shuffled batches, no amplification: one Gaussian per epoch (sensitivity 2C, applied by the
+        # accountant for replace_one), composed over the epochs touched (dpsgd.PrivacySetting.event).
+        epochs = _shuffle_epochs(q, steps)
+        event, sampling, analysis = SelfComposed(Gaussian(sigma), epochs), "shuffle", SHUFFLE_ANALYSIS
+        extra["epochs_touched"] = epochs
+    accounted = float(epsilon_for(event, stated.delta, accountant, neighbouring=neighbouring))
+    warnings: list[str] = []
+    epsilon = accounted
+    source = f"re-accounted by dpaudit ({accountant}) from the mechanism parameters stated by the user"
+    if stated.epsilon is not None:
+        if accounted > stated.epsilon * (1 + 1e-9):
+            warnings.append(
+                f"the stated ε = {stated.epsilon:g} is smaller than dpaudit's {accountant} accountant gives for "
+                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {stated.delta:g} (ε = {accounted:.6g}); "
+                f"recording ε = {accounted:.6g}: a claim is never under-reported"
+            )
+        elif stated.epsilon > accounted:
+            epsilon = float(stated.epsilon)
+            source = (
+                f"stated by the user (larger than the ε = {accounted:.6g} dpaudit's {accountant} accountant gives "
+                "for the stated mechanism parameters; the larger is recorded)"
+            )
+    claim = {
+        "epsilon": epsilon,
+        "delta": float(stated.delta),
+        "accountant": accountant,
+        "neighbouring": neighbouring,
+        "event": event.to_dict(),
+        "noise_multiplier": sigma,
+        "sample_rate": q,
+        "steps": steps,
+        "sampling": sampling,
+        **extra,
+        "dataset_size": int(dataset_size),
+        "analysis": analysis,
+        "accounted_epsilon": accounted,
+        "stated_epsilon": None if stated.epsilon is None else float(stated.epsilon),
+        "source": source,
+    }
+    return claim, tuple(warnings)
+
+
+RECIPE_FIELDS = (
+    "algo", "optimizer", "epochs", "steps", "lr", "batch_size", "momentum", "weight_decay", "seed",
+    "clip", "noise_multiplier", "sampling", "sample_rate", "accountant", "delta",
+)  # fmt: skip
+DP_FIELDS = ("clip", "noise_multiplier", "sampling", "sample_rate", "accountant", "delta")
+
+
+def recipe_from_dict(d: Any, source: str, *, delta: float | None = None) -> TrainConfig:
+    """The attacker's approximation of how imported weights were trained (``recipe.json``), as a
+    :class:`TrainConfig` to train shadow/reference models alike.
+
+    Fields: ``algo`` (or ``optimizer``): sgd | adam | dpsgd | dpadam; ``epochs`` or ``steps``; ``lr``;
+    ``batch_size``; optional ``momentum``, ``weight_decay``, ``seed``; for dpsgd/dpadam ``clip`` and
+    ``noise_multiplier`` (optional ``sampling`` poisson | shuffle, ``sample_rate`` (a fixed Poisson
+    rate instead of batch_size / N), ``accountant``, ``delta``; δ
+    defaults to the claim's, else 1e-5: it only labels the reference models' own claims).
+    """
+    from dpaudit.training.config import DPConfig
+
+    if not isinstance(d, dict):
+        raise InputError(f"{source}: expected a JSON object (algo, epochs or steps, lr, batch_size, ...)")
+    unknown = sorted(set(d) - set(RECIPE_FIELDS))
+    if unknown:
+        raise InputError(f"{source}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(RECIPE_FIELDS)}")
+    if "algo" in d and "optimizer" in d:
+        raise InputError(f"{source}: give 'algo' or 'optimizer', not both")
+    algo = d.get("algo", d.get("optimizer"))
+    missing = [k for k in ("lr", "batch_size") if k not in d]
+    if algo is None:
+        missing.insert(0, "algo")
+    if "epochs" not in d and "steps" not in d:
+        missing.append("epochs or steps")
+    if missing:
+        raise InputError(f"{source}: missing {', '.join(missing)}")
+    if "epochs" in d and "steps" in d:
+        raise InputError(f"{source}: give 'epochs' or 'steps', not both")
+    private = isinstance(algo, str) and algo.startswith("dp")
+    dp = None
+    if private:
+        lacking = [k for k in ("clip", "noise_multiplier") if k not in d]
+        if lacking:
+            raise InputError(f"{source}: a private recipe ({algo}) needs {' and '.join(lacking)}")
+        dp_args = {k: d[k] for k in DP_FIELDS if k in d}
+        dp_args.setdefault("delta", delta if delta is not None else 1e-5)
+        try:
+            dp = DPConfig(**dp_args)
+        except InputError as e:
+            raise InputError(f"{source}: {e}") from None
+    else:
+        stray = [k for k in DP_FIELDS if k in d]
+        if stray:
+            raise InputError(
+                f"{source}: {', '.join(stray)} apply only to a private recipe (dpsgd, dpadam), not {algo!r}"
+            )
+    args = {k: d[k] for k in ("epochs", "steps", "lr", "batch_size", "momentum", "weight_decay", "seed") if k in d}
+    if "steps" in args:
+        args["epochs"] = 1  # unused when steps is set
+    try:
+        config = TrainConfig(algo=algo, dp=dp, **args)
+        get_trainer(config.algo)
+    except (InputError, TypeError) as e:
+        raise InputError(f"{source}: {e}") from None
+    return config
+
+
+def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
+    """The model spec must accept the data's records and have one output per class."""
+    shape = dataset.feature_shape
+    if spec.n_classes != dataset.n_classes:
+        raise InputError(
+            f"the model spec has n_classes {spec.n_classes} but the data {dataset.source!r} has {dataset.n_classes} "
+            "classes (class i is the i-th smallest distinct label)"
+        )
+    if (spec.kind == "rnn") != (dataset.kind == "tokens"):
+        need = "token sequences (e.g. synthetic-tokens:...)" if spec.kind == "rnn" else "numeric features"
+        raise InputError(f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}")
+    flat = spec.kind in ("logreg", "mlp")  # these flatten their input, so only the size must agree
+    if tuple(spec.input_shape) != shape and not (flat and math.prod(spec.input_shape) == math.prod(shape)):
+        raise InputError(
+            f"the model spec has input_shape {list(spec.input_shape)} but the data's records have shape {list(shape)}"
+        )
+    if spec.kind == "rnn" and int(dataset.X.max()) >= spec.vocab_size:
+        raise InputError(
+            f"the data has token ids up to {int(dataset.X.max())} but the model spec has vocab_size {spec.vocab_size}"
+        )
+
+
+def per_record_loss(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> np.ndarray:
+    """Cross-entropy loss of each record in ``idx`` (float64)."""
+    logits = torch.as_tensor(fitted.logits(dataset.X[idx]))
+    return F.cross_entropy(logits, torch.as_tensor(dataset.y[idx]), reduction="none").numpy()
+
+
+def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[str, Any]:
+    """Do the declared members look like the model's training records?
+
+    A trained model has lower loss on its training records than on unseen ones (the generalisation gap
+    the loss attack uses, Yeom et al. 2018, arXiv:1709.01604). Recorded: mean loss and accuracy on the
+    declared members and on the holdout records, the probability that a member's loss is below a holdout
+    record's (the loss attack's AUC, U / (n_members n_holdout) with U the Mann–Whitney statistic, Hanley &
+    McNeil 1982) and the one-sided Mann–Whitney p-value for "members' losses are smaller" (Mann & Whitney
+    1947). ``suspicious`` when the members' mean loss is not below the holdout's or the AUC is at most 1/2.
+    A wrong member list is detectable only where the model has a gap: a strongly private model may have
+    none, and is then flagged too (the note says so).
+    """
+    from scipy.stats import mannwhitneyu
+
+    if len(splits.members) == 0 or len(splits.holdout) == 0:
+        keys = ("train_loss", "holdout_loss", "train_accuracy", "holdout_accuracy", "auc", "p_value")
+        note = "no holdout records to compare the members with: the member list cannot be checked"
+        return {**dict.fromkeys(keys), "suspicious": False, "note": note}
+    member_loss = per_record_loss(fitted, dataset, splits.members)
+    holdout_loss = per_record_loss(fitted, dataset, splits.holdout)
+    u = mannwhitneyu(member_loss, holdout_loss, alternative="less")
+    # U counts pairs with member loss > holdout loss (ties 1/2), so P(member < holdout) = 1 - U / (n m).
+    auc = 1.0 - float(u.statistic) / (len(member_loss) * len(holdout_loss))
+    train, holdout = evaluate(fitted, dataset, splits.members), evaluate(fitted, dataset, splits.holdout)
+    train_loss, hold_loss = float(member_loss.mean()), float(holdout_loss.mean())
+    suspicious = bool(train_loss >= hold_loss or auc <= 0.5)
+    stats = (
+        f"mean loss {train_loss:.4g} on the {len(member_loss)} declared members vs {hold_loss:.4g} on the "
+        f"{len(holdout_loss)} holdout records; a member's loss is lower with probability {auc:.3f} "
+        f"(one-sided Mann–Whitney p = {float(u.pvalue):.3g})"
+    )
+    if suspicious:
+        note = (
+            f"imported member list looks wrong: {stats}. The member list may not be the records this model was "
+            "trained on (or the model shows no generalisation gap at all, as a strongly private one may); "
+            "membership estimates compare the declared members with the holdout records and mean nothing if "
+            "the member list is wrong"
+        )
+    else:
+        note = f"the declared members look like training records: {stats}"
+    return {
+        "train_loss": train_loss,
+        "holdout_loss": hold_loss,
+        "train_accuracy": train["accuracy"],
+        "holdout_accuracy": holdout["accuracy"],
+        "auc": auc,
+        "p_value": float(u.pvalue),
+        "suspicious": suspicious,
+        "note": note,
+    }
+
+
+def _sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _resolve_preprocessing(preprocessing, dataset: Dataset, splits: Splits, legacy: bool):
+    """(preprocessing, fitted_on) of an import: a fixed object as given; "none"/"identity": raw features;
+    "standardize" (only when the members are assumed to be dpaudit's split): fitted on those members."""
+    if isinstance(preprocessing, Standardizer):
+        if dataset.kind == "tokens":
+            raise InputError("token data takes no scaler; use --preprocessing none")
+        return preprocessing, "user"
+    if isinstance(preprocessing, Identity):
+        return preprocessing, "none"
+    name = preprocessing if preprocessing is not None else ("standardize" if legacy else "none")
+    if name in ("none", "identity"):
+        return Identity(), "none"
+    if name == "standardize":
+        if not legacy:
+            raise InputError(
+                "--preprocessing standardize would fit a scaler on your data behind your back; give the scaler your "
+                "model was trained with (scaler.json with 'mean' and 'scale'), or none"
+            )
+        return fit_preprocessing(dataset, splits.members), "members" if dataset.kind != "tokens" else "none"
+    raise InputError(f"unknown preprocessing {name!r}; valid: none, a scaler.json path (standardize, identity: legacy)")
 
 
 def import_run(
@@ -213,27 +582,79 @@ def import_run(
     dataset: Dataset,
     *,
     out: Path,
+    members: np.ndarray | None = None,
+    members_source: str | None = None,
     split_seed: int = 0,
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
-    preprocessing: str = "standardize",
+    preprocessing: Standardizer | Identity | str | None = None,
+    claim: StatedClaim | None = None,
+    recipe: TrainConfig | None = None,
     label_column: str | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
     """Make a run directory from foreign weights (safetensors, or a plain state_dict loaded with
-    ``weights_only=True``) plus a model spec. The model is assumed to have been trained on the members
-    split given by ``split_seed``/``fractions``; no privacy claim is recorded."""
+    ``weights_only=True``; Opacus ``_module.`` / DDP ``module.`` prefixes are removed) plus a model spec.
+
+    ``members``: indices into ``dataset`` of the records the weights were trained on; the other records
+    are split into holdout/aux/test by :func:`dpaudit.data.splits_from_members` with ``split_seed``.
+    Without ``members`` (legacy) the model is *assumed* trained on dpaudit's members split given by
+    ``split_seed``/``fractions``, with a warning. ``preprocessing``: a fixed :class:`Standardizer`
+    (the user's scaler), :class:`Identity`/"none" (features as they are; the default with members), or
+    "standardize" (legacy only: fitted on the assumed members). ``claim``: recorded by
+    :func:`claim_record` (None: no claim). ``recipe``: the attacker's approximation of the training, so
+    that LiRA/shadow models can be trained (with this run's preprocessing, see
+    :meth:`attacks.reference.Recipe.from_run`). Warnings are returned in ``meta["import"]["warnings"]``.
+    """
     from dpaudit.checkpoint import load_state_into, load_weights_file
-    from dpaudit.data import Identity
 
     if Path(out).exists() and not force:
         raise InputError(f"{out} already exists; use --force to overwrite it")
-    if preprocessing not in ("standardize", "identity"):
-        raise InputError(f"unknown preprocessing {preprocessing!r}; valid: standardize, identity")
-    splits = make_splits(len(dataset), split_seed, fractions)
+    check_spec_fits(spec, dataset)
+    warnings: list[str] = []
+    legacy = members is None
+    if legacy:
+        splits = make_splits(len(dataset), split_seed, fractions)
+        warnings.append(
+            f"no member list given: assuming the model was trained on dpaudit's members split of {dataset.source!r} "
+            f"(split seed {split_seed}, fractions {','.join(f'{f:g}' for f in fractions)}); if it was trained on "
+            "another split, the attacks compare the wrong records (give --data and --members)"
+        )
+        split_meta = {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()}
+        members_meta: dict[str, Any] = {"members": "assumed: dpaudit's split"}
+    else:
+        from dpaudit.data import IMPORT_NON_MEMBER_SHARES, splits_from_members
+
+        splits = splits_from_members(len(dataset), members, split_seed)
+        split_meta = {
+            "seed": splits.seed,
+            "fractions": [],
+            "sizes": splits.sizes(),
+            "members": "user",
+            "non_member_shares": dict(IMPORT_NON_MEMBER_SHARES),
+        }
+        members_meta = {
+            "members": "user",
+            "members_file": members_source,
+            "members_sha256": index_set_sha256(splits.members),
+        }
+    pre, fitted_on = _resolve_preprocessing(preprocessing, dataset, splits, legacy)
     model = build_model(spec)
     load_state_into(model, load_weights_file(Path(weights)), str(weights))
-    pre = fit_preprocessing(dataset, splits.members) if preprocessing == "standardize" else Identity()
+    model.eval()
     fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))
+    if not np.all(np.isfinite(fitted.logits(dataset.X[splits.members[:256]]))):
+        raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
+    check = member_check(fitted, dataset, splits)
+    if check["suspicious"]:
+        warnings.append(check["note"])
+    privacy = None
+    if claim is not None:
+        privacy, claim_warnings = claim_record(claim, dataset_size=len(splits.members))
+        warnings.extend(claim_warnings)
+    if recipe is not None:
+        training: dict[str, Any] = {**recipe.to_dict(), "recipe_source": RECIPE_SOURCE, "source": str(weights)}
+    else:
+        training = {"algo": "imported", "source": str(weights)}
     data_meta = dataset.describe()
     if label_column is not None:
         data_meta["label_column"] = label_column
@@ -241,14 +662,30 @@ def import_run(
         "schema_version": SCHEMA_VERSION,
         "model": spec.to_dict(),
         "data": data_meta,
-        "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
-        "preprocessing": pre.to_dict(),
-        "training": {"algo": "imported", "source": str(weights)},
+        "split": split_meta,
+        "preprocessing": {**pre.to_dict(), "fitted_on": fitted_on},
+        "training": training,
         "canaries": None,
-        "privacy": None,
+        "privacy": privacy,
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": None,
+        "import": {
+            "weights": str(weights),
+            "weights_sha256": _sha256_file(Path(weights)),
+            **members_meta,
+            "member_check": check,
+            "warnings": warnings,
+        },
         "versions": versions(),
     }
+    if recipe is not None:
+        meta["performance"] = PerfConfig().to_dict()
     save_run(Path(out), model=model, meta=meta, splits=splits, force=force)
     return meta
+
+
+def index_set_sha256(indices: np.ndarray) -> str:
+    """sha256 of a sorted index set (little-endian int64), to identify a member list."""
+    import hashlib
+
+    return hashlib.sha256(np.unique(np.asarray(indices, np.int64)).astype("<i8").tobytes()).hexdigest()

@@ -79,6 +79,13 @@ def canary_scores(run) -> tuple[np.ndarray, np.ndarray]:
     return logit_margin(run.logits(canaries.X), canaries.y), canaries.included
 
 
+def member_list_note(meta: dict) -> str | None:
+    """The caveat of an imported run whose declared members do not look like its training records
+    (``checkpoint.json`` ``import.member_check``, see :func:`dpaudit.training.run.member_check`), or None."""
+    check = (meta.get("import") or {}).get("member_check") or {}
+    return check.get("note") if check.get("suspicious") else None
+
+
 def audit_checkpoint(
     path: Path | str,
     *,
@@ -134,8 +141,11 @@ def audit_checkpoint(
             run, list(attacks), reference_models=reference_models, workers=workers, seed=seed, progress=progress,
             cache_dir=cache_dir,
         )  # fmt: skip
+        member_note = member_list_note(run.meta)  # never attack a doubtful member list silently
         for i, res in enumerate(results):
             result = audit_scores(res.scores, res.member, method=estimate_method, design="membership", **common)
+            if member_note is not None:
+                result = dataclasses.replace(result, notes=(*result.notes, member_note))
             n_in, n_out = int(res.member.sum()), int((~res.member).sum())
             records.append(
                 AuditRecord(

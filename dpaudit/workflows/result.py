@@ -193,7 +193,8 @@ class ModelAudit:
 @dataclass(frozen=True, eq=False)
 class TrainingAudit:
     """A multi-run audit: ``runs`` trainings with the canary and ``runs`` without, one score each
-    (``scores[i]`` of run i, higher = canary included; ``member[i]`` whether run i had the canary)."""
+    (``scores[i]`` of run i, higher = canary included; ``member[i]`` whether run i had the canary).
+    ``trainer``: the plug-in trainer that trained the runs (``"module:function"``), None for dpaudit's own."""
 
     audit: AuditRecord
     threat_model: str
@@ -202,6 +203,7 @@ class TrainingAudit:
     neighbouring: str  # the experiment's relation: "add_remove" (D ∪ {c} vs D) or "replace_one" (vs D ∪ {z})
     scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
     member: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))
+    trainer: str | None = None
 
     @property
     def result(self) -> AuditResult:
@@ -211,6 +213,7 @@ class TrainingAudit:
         return {
             "threat_model": self.threat_model,
             "runs": self.runs,
+            "trainer": self.trainer,
             "neighbouring": self.neighbouring,
             "claim": self.claim,
             "scores": self.scores.tolist(),

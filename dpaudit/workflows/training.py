@@ -252,9 +252,7 @@ def _prepare_recipe(config, idx_in, idx_out):
     # not depend on which neighbour is trained), and σ calibrated once.
     config = dataclasses.replace(config, steps=config.num_steps(n_max))
     if config.dp is not None and config.dp.sampling == "poisson" and config.dp.sample_rate is None:
-        config = dataclasses.replace(
-            config, dp=dataclasses.replace(config.dp, sample_rate=config.batch_size / n_max)
-        )
+        config = dataclasses.replace(config, dp=dataclasses.replace(config.dp, sample_rate=config.batch_size / n_max))
     if config.dp is not None and config.dp.target_epsilon is not None:
         from dpaudit.training.dpsgd import claim_for
 

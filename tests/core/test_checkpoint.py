@@ -159,3 +159,26 @@ def test_import_foreign_weights(tmp_path):
     bad_spec = default_spec("mlp", input_shape=ds.feature_shape, n_classes=10, hidden=(7,))
     with pytest.raises(CheckpointError, match="do not match the model spec"):
         import_run(out / WEIGHTS_FILE, bad_spec, ds, out=tmp_path / "imp2")
+
+
+@pytest.mark.peers
+def test_opacus_grad_sample_module_state_dict_loads(tmp_path):
+    """The real state_dict of an Opacus-wrapped model (GradSampleModule: every key under ``_module.``),
+    and of a DDP-style wrapper (``module.``), saved to safetensors, loads into the bare model."""
+    opacus = pytest.importorskip("opacus")
+    from safetensors.torch import save_file
+
+    from dpaudit.checkpoint import load_state_into
+
+    spec = default_spec("cnn", input_shape=(1, 8, 8), n_classes=3)
+    model = build_model(spec, seed=3)
+    wrapped = opacus.GradSampleModule(model)
+    state = wrapped.state_dict()
+    assert state and all(k.startswith("_module.") for k in state)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "opacus.safetensors"))
+    save_file({f"module.{k}": v.contiguous() for k, v in state.items()}, str(tmp_path / "ddp.safetensors"))
+    x = torch.randn(5, 1, 8, 8)
+    for name in ("opacus.safetensors", "ddp.safetensors"):
+        fresh = build_model(spec, seed=4)
+        load_state_into(fresh, load_weights_file(tmp_path / name), name)
+        torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)

@@ -1,0 +1,183 @@
+"""Plug-in trainers: users' own training code inside dpaudit's multi-run audit.
+
+The contract (users' CI files depend on it; it does not change)::
+
+    function(X: numpy.ndarray, y: numpy.ndarray, seed: int) -> Mapping[str, array-like]
+
+- ``X``: the training records, preprocessed as dpaudit records them — float32 features standardised
+  with the scaler fitted on the public auxiliary split (token ids stay int64), in the dataset's
+  feature shape (digits: ``(n, 1, 8, 8)``); in runs with the canary, dpaudit's canary is one of the
+  rows, at a random position.
+- ``y``: int64 labels in ``0 .. n_classes - 1``.
+- ``seed``: a non-negative int (< 2**31), different for every run; *all* the run's randomness
+  (initialisation, sampling, noise) must come from it — :mod:`dpaudit.seeding` derives framework
+  generators from it.
+- returns: the state dict of the model that the model spec describes
+  (:func:`dpaudit.models.build_model`), as torch tensors or numpy arrays; the wrapper prefixes of
+  Opacus (``_module.``) and DDP (``module.``) are accepted.
+
+dpaudit owns the experiment (canary, neighbouring datasets, randomisation, scoring, statistics); the
+function owns the training. A trainer is named by ``"package.module:function"`` (importable from the
+current directory, as with ``python -m``) or passed as a callable; in worker processes the callable
+must be picklable (a top-level function is).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpaudit.errors import CheckpointError, InputError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CONTRACT", "call_trainer", "check_trainer", "load_model_spec", "load_trainer", "trainer_name"]
+
+CONTRACT = "function(X: numpy.ndarray, y: numpy.ndarray, seed: int) -> Mapping[str, array-like]"
+
+_IDENT = r"[A-Za-z_]\w*"
+_PATH = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
+
+Trainer = Callable[[np.ndarray, np.ndarray, int], Mapping[str, Any]]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def trainer_name(trainer: str | Callable[..., Any]) -> str:
+    """``"module:qualname"`` of a trainer (the path itself for a string)."""
+    if isinstance(trainer, str):
+        return trainer
+    module = getattr(trainer, "__module__", None) or "?"
+    return f"{module}:{getattr(trainer, '__qualname__', None) or type(trainer).__name__}"
+
+
+def load_trainer(path: str) -> Trainer:
+    """The callable named by ``"package.module:function"`` (``function`` may be dotted: ``module:Cls.fn``).
+
+    The module is imported with the current directory at the front of ``sys.path`` for the duration of
+    the import (as ``python -m`` does), so ``examples.my_pipeline:train`` works from a project's root.
+    Raises :class:`InputError` (one line) when the path is malformed, the module does not import (and
+    why), the attribute is missing or not callable, or it cannot be called as ``f(X, y, seed)``.
+    """
+    if not isinstance(path, str) or not _PATH.match(path.strip()):
+        raise InputError(f"expected a trainer as 'package.module:function', got {path!r}")
+    module_name, _, attr = path.strip().partition(":")
+    cwd = os.getcwd()
+    # At the front even when already on sys.path further back: the project's package must win over an
+    # installed one of the same name. Only this entry is removed afterwards (the first occurrence).
+    sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # any failure of the user's module: missing, syntax error, error at import
+        why = _first_line(e) + _shadowed(module_name, e, cwd)
+        raise InputError(f"trainer {path}: cannot import module {module_name!r} ({why})") from e
+    finally:
+        if cwd in sys.path:
+            sys.path.remove(cwd)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(f"trainer {path}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    check_trainer(obj, path)
+    return obj
+
+
+def _shadowed(module_name: str, error: Exception, cwd: str) -> str:
+    """A hint when the top-level package was found outside the current directory: another distribution
+    may use its name (Opacus <= 1.6 installs a package called ``examples`` into site-packages)."""
+    top = module_name.split(".")[0]
+    found = getattr(sys.modules.get(top), "__file__", None)
+    if not isinstance(error, ModuleNotFoundError) or top == module_name or not found:
+        return ""
+    if os.path.abspath(found).startswith(os.path.join(os.path.abspath(cwd), "")):
+        return ""
+    return f"; {top!r} was imported from {found}, not from the current directory"
+
+
+def check_trainer(fn: Any, name: str | None = None) -> None:
+    """Raise :class:`InputError` unless ``fn`` is callable and its signature accepts ``(X, y, seed)``."""
+    name = name or trainer_name(fn)
+    if not callable(fn):
+        raise InputError(f"trainer {name} is a {type(fn).__name__}, not a function; expected {CONTRACT}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have no signature: let the call decide
+        return
+    try:
+        sig.bind(None, None, 0)
+    except TypeError:
+        raise InputError(f"trainer {name}{sig} cannot be called as {name}(X, y, seed); expected {CONTRACT}") from None
+
+
+def call_trainer(
+    fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, *, name: str | None = None
+) -> torch.nn.Module:
+    """Run ``fn(X, y, seed)`` and load what it returns into ``build_model(spec)`` (eval mode).
+
+    Raises :class:`InputError` naming the trainer when the function raises, returns something that is
+    not a mapping, returns names or shapes the spec does not have (listing them, and what was
+    expected) or non-finite weights. The error chains the trainer's own exception, so ``--debug``
+    shows its traceback.
+    """
+    from dpaudit.checkpoint import load_state_into
+    from dpaudit.models import build_model
+
+    name = name or trainer_name(fn)
+    try:
+        state = fn(X, y, seed)
+    except Exception as e:
+        raise InputError(f"trainer {name} failed (seed {seed}): {_first_line(e)}") from e
+    if not isinstance(state, Mapping):
+        raise InputError(
+            f"trainer {name} returned a {type(state).__name__}; expected a state dict (a mapping of parameter "
+            "names to arrays)"
+        )
+    model = build_model(spec)
+    try:
+        load_state_into(model, dict(state), f"trainer {name}")
+    except CheckpointError as e:
+        expected = ", ".join(f"{k} {list(v.shape)}" for k, v in model.state_dict().items())
+        raise InputError(f"{e}; the {spec.kind} spec expects: {expected}") from None
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(v.isfinite().all())]
+    if bad:
+        raise InputError(f"trainer {name} returned non-finite weights in {', '.join(bad[:5])} (seed {seed})")
+    return model.eval()
+
+
+def load_model_spec(path: str | Path, *, feature_shape: tuple[int, ...], n_classes: int):
+    """The model spec in a JSON file (``ModelSpec.to_dict()``'s format), checked against the data's
+    feature shape and number of classes; :class:`InputError` (one line, naming the file) otherwise."""
+    import json
+
+    from dpaudit.models import model_spec_from_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+    try:
+        spec = model_spec_from_dict(d)
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
+    if spec.input_shape != tuple(feature_shape) or spec.n_classes != n_classes:
+        raise InputError(
+            f"{path}: the spec is for input shape {list(spec.input_shape)} and {spec.n_classes} classes; the data "
+            f"has {list(feature_shape)} and {n_classes}"
+        )
+    return spec

@@ -1,0 +1,477 @@
+"""`dpaudit import` with the user's own data, member list, claim, preprocessing and recipe.
+
+Oracles: the imported model's logits equal the foreign model's own outputs; the recorded claim equals
+dpaudit's accountant on the stated mechanism; a member list known to be wrong (the complement of the
+training set) is flagged and the right one is not; LiRA runs on an imported run with a recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.checkpoint import CHECKPOINT_FILE, WEIGHTS_FILE, load_run
+from dpaudit.cli.main import app
+from dpaudit.data import IMPORT_NON_MEMBER_SHARES, Splits, load_dataset, read_member_indices, splits_from_members
+from dpaudit.errors import DataError
+from dpaudit.events import Gaussian, SelfComposed, event_from_dict
+from dpaudit.models import build_model, default_spec
+from dpaudit.training.config import TrainConfig
+from dpaudit.training.run import StatedClaim, _shuffle_epochs, claim_record, recipe_from_dict, train_run
+
+runner = CliRunner()
+DELTA = 1e-5
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def error_lines(r) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("error:")]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _member_file(path: Path, idx) -> Path:
+    return _write(path, "record_index\n" + "\n".join(str(int(i)) for i in idx) + "\n")
+
+
+def _meta(run: Path) -> dict:
+    return json.loads((run / CHECKPOINT_FILE).read_text())
+
+
+# --------------------------------------------------------------------------- a dpaudit-trained "foreign" model
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory):
+    """A non-private MLP trained (by dpaudit, standing in for any trainer) on records 0..599 of digits,
+    with its scaler written as scaler.json and its weights as a foreign safetensors file."""
+    tmp = tmp_path_factory.mktemp("foreign")
+    ds = load_dataset("digits")
+    spec = default_spec("mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, hidden=(64,))
+    members = np.arange(600)
+    rest = np.arange(600, len(ds))
+    splits = Splits(members=members, holdout=rest[:400], aux=rest[400:800], test=rest[800:], seed=0, fractions=())
+    meta = train_run(ds, spec, TrainConfig(epochs=10, batch_size=32, lr=0.1, seed=0), out=tmp / "orig", splits=splits)
+    pre = meta["preprocessing"]
+    scaler = _write(tmp / "scaler.json", json.dumps({"mean": pre["mean"], "scale": pre["scale"]}))
+    spec_file = _write(tmp / "spec.json", json.dumps(spec.to_dict()))
+    return {
+        "dir": tmp,
+        "weights": tmp / "orig" / WEIGHTS_FILE,
+        "spec": spec_file,
+        "scaler": scaler,
+        "members": _member_file(tmp / "members.txt", members),
+        "wrong": _member_file(tmp / "wrong.txt", np.arange(600, 1200)),  # the records it never saw
+        "meta": meta,
+        "n": len(ds),
+    }
+
+
+def _import(foreign, out, members, *extra):
+    return invoke(
+        "import", foreign["weights"], "--model-spec", foreign["spec"], "--data", "digits", "--members", members,
+        "--preprocessing", foreign["scaler"], "--out", out, *extra,
+    )  # fmt: skip
+
+
+def test_right_members_not_flagged_and_scaler_used_as_given(foreign, tmp_path):
+    out = tmp_path / "right"
+    r = _import(foreign, out, foreign["members"])
+    assert r.exit_code == 0, r.output
+    assert "warning" not in r.stderr
+    meta = _meta(out)
+    check = meta["import"]["member_check"]
+    assert check["suspicious"] is False and check["train_loss"] < check["holdout_loss"]
+    # The user's scaler, used as given (nothing refitted): the members' metrics are the original run's.
+    assert meta["preprocessing"]["fitted_on"] == "user"
+    assert meta["metrics"]["train_accuracy"] == foreign["meta"]["metrics"]["train_accuracy"]
+    assert meta["metrics"]["train_loss"] == pytest.approx(foreign["meta"]["metrics"]["train_loss"], rel=1e-6)
+    run = load_run(out)
+    np.testing.assert_array_equal(run.splits.members, np.arange(600))
+    # Non-members split 40/40/20 (rounded down), disjoint, covering every other record.
+    rest = foreign["n"] - 600
+    sizes = run.meta["split"]["sizes"]
+    assert sizes["holdout"] == math.floor(IMPORT_NON_MEMBER_SHARES["holdout"] * rest)
+    assert sizes["aux"] == math.floor(IMPORT_NON_MEMBER_SHARES["aux"] * rest)
+    parts = np.concatenate([run.splits.holdout, run.splits.aux, run.splits.test])
+    np.testing.assert_array_equal(np.sort(parts), np.arange(600, foreign["n"]))
+    assert meta["training"]["algo"] == "imported" and meta["privacy"] is None
+
+
+def test_wrong_members_flagged_and_noted_on_estimates(foreign, tmp_path):
+    from dpaudit.workflows import audit_checkpoint
+
+    out = tmp_path / "wrong"
+    r = _import(foreign, out, foreign["wrong"])
+    assert r.exit_code == 0, r.output
+    assert "warning: imported member list looks wrong" in r.stderr
+    check = _meta(out)["import"]["member_check"]
+    assert check["suspicious"] is True and check["train_loss"] > check["holdout_loss"]
+    assert check["auc"] < 0.5
+    audit = audit_checkpoint(out, attacks=("loss",))
+    assert [check["note"] in a.result.notes for a in audit.audits] == [True]
+    right = tmp_path / "right"
+    assert _import(foreign, right, foreign["members"]).exit_code == 0
+    audit = audit_checkpoint(right, attacks=("loss",))
+    assert not any("member list looks wrong" in n for a in audit.audits for n in a.result.notes)
+
+
+def test_imported_without_recipe_loss_and_report_work_lira_names_recipe(foreign, tmp_path):
+    out = tmp_path / "run"
+    assert _import(foreign, out, foreign["members"], "--epsilon", "3", "--delta", "1e-5").exit_code == 0
+    r = invoke("audit", "checkpoint", out, "--attacks", "loss", "--json")
+    assert r.exit_code == 0, r.output
+    r = invoke("report", out, "--out", tmp_path / "rep", "--attacks", "loss", "--format", "json")
+    assert r.exit_code == 0, r.output
+    model = json.loads((tmp_path / "rep" / "report.json").read_text())["models"][0]
+    assert model["claim"]["epsilon"] == 3.0 and model["claim"]["source"] == "stated by the user"
+    assert model["claim"]["event"] is None
+    r = invoke("audit", "checkpoint", out, "--attacks", "lira", "--reference-models", "4")
+    assert r.exit_code == 2 and "--recipe" in r.stderr and "Traceback" not in r.output
+
+
+def test_legacy_mode_warns_that_members_are_assumed(foreign, tmp_path):
+    # The old invocation (no --data, no --members) still works, with a warning.
+    r = invoke("import", foreign["weights"], "--model-spec", foreign["spec"], "--out", tmp_path / "legacy")
+    assert r.exit_code == 0, r.output
+    assert "warning: no member list given: assuming" in r.stderr
+    meta = _meta(tmp_path / "legacy")
+    assert meta["import"]["members"].startswith("assumed") and meta["preprocessing"]["fitted_on"] == "members"
+
+
+# --------------------------------------------------------------------------- bad input: exit 2, one line
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad")
+    ds = load_dataset("digits")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    from safetensors.torch import save_file
+
+    save_file(build_model(spec, seed=0).state_dict(), str(tmp / "w.safetensors"))
+    f = {"dir": tmp, "weights": tmp / "w.safetensors", "spec": _write(tmp / "spec.json", json.dumps(spec.to_dict()))}
+    f["members"] = _member_file(tmp / "members.txt", range(0, 1000, 2))
+    for name, array in (("float.npy", np.arange(10, dtype=np.float64)), ("object.npy", np.array([1, "a"], object))):
+        np.save(tmp / name, array, allow_pickle=True)  # the object array is pickled: what a stranger might send
+        f[name] = tmp / name
+    texts = {
+        "out_of_range.txt": "idx\n0\n5\n1797\n",
+        "negative.txt": "-1\n3\n",
+        "duplicates.txt": "idx\n1\n2\n2\n",
+        "empty.txt": "idx\n",
+        "all.txt": "\n".join(map(str, range(1797))),
+        "words.txt": "idx\n1\nabc\n",
+        "float.txt": "1\n2.5\n",
+        "claim_bad_delta.json": '{"epsilon": 1, "delta": 2}',
+        "claim_unknown.json": '{"epsilon": 1, "delta": 1e-5, "sigma": 1}',
+        "claim_no_delta.json": '{"epsilon": 1}',
+        "claim_partial.json": '{"delta": 1e-5, "noise_multiplier": 1.0}',
+        "scaler_short.json": '{"mean": [0, 1], "scale": [1, 1]}',
+        "scaler_zero.json": json.dumps({"mean": [0.0] * 64, "scale": [0.0] * 64}),
+        "recipe_no_lr.json": '{"algo": "sgd", "epochs": 3, "batch_size": 32}',
+        "recipe_dp_no_sigma.json": '{"algo": "dpsgd", "epochs": 3, "lr": 1, "batch_size": 32, "clip": 1}',
+        "recipe_unknown.json": '{"algo": "rmsprop", "epochs": 3, "lr": 1, "batch_size": 32}',
+        "spec_classes.json": json.dumps({**spec.to_dict(), "n_classes": 3}),
+        "not_json.json": "{",
+    }
+    for name, text in texts.items():
+        f[name] = _write(tmp / name, text)
+    return f
+
+
+BAD = [
+    (["--members", "out_of_range.txt"], "out of range for data of 1797 records"),
+    (["--members", "negative.txt"], "out of range"),
+    (["--members", "duplicates.txt"], "listed more than once: 2"),
+    (["--members", "empty.txt"], "the member list is empty"),
+    (["--members", "all.txt"], "covers all 1797 records"),
+    (["--members", "words.txt"], "line 3: expected a record index"),
+    (["--members", "float.txt"], "line 2: expected a record index"),
+    (["--members", "float.npy"], "expected an integer array"),
+    (["--members", "object.npy"], "object arrays are refused"),
+    (["--members", "missing.txt"], "no such file"),
+    (["--epsilon", "1", "--delta", "0"], "expected --delta in (0, 1), got 0"),
+    (["--epsilon", "1", "--delta", "1"], "expected --delta in (0, 1), got 1"),
+    (["--epsilon", "-1", "--delta", "1e-5"], "expected --epsilon >= 0, got -1"),
+    (["--epsilon", "1"], "--epsilon needs --delta"),
+    (["--claim", "claim_bad_delta.json", "--epsilon", "1"], "--claim and --epsilon are mutually exclusive"),
+    (["--claim", "claim_bad_delta.json"], "field 'delta': expected in (0, 1), got 2"),
+    (["--claim", "claim_unknown.json"], "unknown field(s) sigma"),
+    (["--claim", "claim_no_delta.json"], "missing 'delta'"),
+    (["--claim", "claim_partial.json"], "go together; missing sample_rate, steps"),
+    (["--claim", "not_json.json"], "not valid JSON"),
+    (["--noise-multiplier", "1", "--delta", "1e-5"], "go together; missing --sample-rate, --steps"),
+    (["--noise-multiplier", "0", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5"], "> 0, got 0"),
+    (["--noise-multiplier", "1", "--sample-rate", "1.5", "--steps", "10", "--delta", "1e-5"], "in (0, 1]"),
+    (
+        ["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5", "--accountant", "gdp"],
+        "unknown accountant 'gdp'; valid: rdp, pld",
+    ),
+    (["--epsilon", "1", "--delta", "1e-5", "--neighbouring", "swap"], "valid: add_remove, replace_one"),
+    (["--preprocessing", "scaler_short.json"], "'mean' has 2 values but the data has 64 features"),
+    (["--preprocessing", "scaler_zero.json"], "'scale' must be positive"),
+    (["--preprocessing", "standardize"], "would fit a scaler"),
+    (["--preprocessing", "zscore"], "unknown --preprocessing 'zscore'"),
+    (["--recipe", "recipe_no_lr.json"], "missing lr"),
+    (["--recipe", "recipe_dp_no_sigma.json"], "needs noise_multiplier"),
+    (["--recipe", "recipe_unknown.json"], "unknown algorithm 'rmsprop'"),
+    (["--model-spec", "spec_classes.json"], "n_classes 3 but the data 'digits' has 10 classes"),
+    (["--split", "0.5,0.2,0.2,0.1"], "--split applies only without --members"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[f"{i}-{m[:24]}" for i, (_, m) in enumerate(BAD)])
+def test_bad_input_exit_2_one_line(files, tmp_path, args, message):
+    args = [str(files["dir"] / a) if a in files or a == "missing.txt" else a for a in args]
+    base = {"--model-spec": files["spec"], "--members": files["members"]}
+    for key in list(base):
+        if key in args:
+            base.pop(key)
+    base_args = [x for kv in base.items() for x in kv]
+    out = tmp_path / "run"
+    r = invoke("import", files["weights"], "--data", "digits", "--out", out, *base_args, *args)
+    assert r.exit_code == 2, r.output
+    lines = error_lines(r)
+    assert len(lines) == 1 and r.stderr.strip().splitlines()[-1] == lines[0], r.stderr
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "digits"], "--data needs --members"),
+        (["--members", "members.txt"], "--members needs --data"),
+    ],
+)
+def test_data_and_members_go_together(files, tmp_path, args, message):
+    args = [str(files["dir"] / a) if a in files else a for a in args]
+    r = invoke("import", files["weights"], "--model-spec", files["spec"], "--out", tmp_path / "run", *args)
+    assert r.exit_code == 2 and len(error_lines(r)) == 1 and message in error_lines(r)[0], r.output
+
+
+def test_member_file_formats(tmp_path):
+    """Header line, blank lines, any order, CRLF; .npy of any integer dtype; results sorted."""
+    a = read_member_indices(_write(tmp_path / "m.csv", "index\r\n5\r\n\r\n1\r\n3\r\n"), 10)
+    np.save(tmp_path / "m.npy", np.array([5, 1, 3], dtype=np.int32))
+    b = read_member_indices(tmp_path / "m.npy", 10)
+    np.testing.assert_array_equal(a, [1, 3, 5])
+    np.testing.assert_array_equal(b, [1, 3, 5])
+    with pytest.raises(DataError, match="line 3"):  # only the first line may be a header
+        read_member_indices(_write(tmp_path / "h.txt", "index\n1\nindex\n"), 10)
+    s = splits_from_members(10, a, seed=0)
+    assert s.sizes() == {"members": 3, "holdout": 2, "aux": 2, "test": 3}
+    assert s == s and splits_from_members(10, a, seed=0).holdout.tolist() == s.holdout.tolist()  # seeded
+
+
+# --------------------------------------------------------------------------- the claim
+
+
+def test_claim_never_under_reported():
+    sigma, q, steps = 1.0, 0.1, 100
+    accounted = epsilon_for(dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=steps), DELTA, "rdp")
+    assert accounted > 7  # so that a stated 1.0 is an under-report
+    stated = StatedClaim(delta=DELTA, epsilon=1.0, noise_multiplier=sigma, sample_rate=q, steps=steps)
+    claim, warned = claim_record(stated, dataset_size=600)
+    assert claim["epsilon"] == accounted and claim["accounted_epsilon"] == accounted and claim["stated_epsilon"] == 1
+    assert len(warned) == 1 and "never under-reported" in warned[0]
+    # The event is recomputable: anyone re-accounting it gets the recorded ε.
+    assert epsilon_for(event_from_dict(claim["event"]), DELTA, claim["accountant"]) == claim["epsilon"]
+    # A stated ε above the accountant's is the user's (weaker) claim: the larger is recorded, no warning.
+    claim, warned = claim_record(
+        StatedClaim(delta=DELTA, epsilon=20.0, noise_multiplier=sigma, sample_rate=q, steps=steps), dataset_size=600
+    )
+    assert claim["epsilon"] == 20.0 and claim["accounted_epsilon"] == accounted and warned == ()
+    # PLD gives its own (tighter) ε for the same event.
+    claim, _ = claim_record(
+        StatedClaim(delta=DELTA, noise_multiplier=sigma, sample_rate=q, steps=steps, accountant="pld"), dataset_size=600
+    )
+    assert claim["epsilon"] == epsilon_for(
+        dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=steps), DELTA, "pld"
+    )
+    assert claim["epsilon"] < accounted
+
+
+def test_replace_one_claim_is_the_shuffle_analysis():
+    claim, _ = claim_record(
+        StatedClaim(delta=DELTA, noise_multiplier=2.0, sample_rate=0.1, steps=101, neighbouring="replace_one"),
+        dataset_size=1000,
+    )
+    # 101 steps of 10 per epoch touch 11 epochs: one Gaussian each, sensitivity 2C (replace-one).
+    event = SelfComposed(Gaussian(2.0), 11)
+    assert claim["event"] == event.to_dict() and claim["sampling"] == "shuffle"
+    assert claim["epsilon"] == epsilon_for(event, DELTA, "rdp", neighbouring="replace_one")
+    # 1/q in floats: 1/(1/49) = 49.00000000000001; an epoch is still 49 steps, so 99 steps touch 3 epochs.
+    assert 1 / (1 / 49) > 49 and _shuffle_epochs(1 / 49, 99) == 3
+
+
+def test_cli_claim_under_reported_is_raised_and_warned(foreign, tmp_path):
+    out = tmp_path / "run"
+    r = _import(
+        foreign, out, foreign["members"],
+        "--epsilon", "1", "--delta", "1e-5", "--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "100",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "warning: the stated ε = 1 is smaller than" in r.stderr
+    privacy = _meta(out)["privacy"]
+    assert privacy["epsilon"] == epsilon_for(dpsgd_event(noise_multiplier=1, sample_rate=0.1, steps=100), DELTA)
+
+
+def test_recipe_fields():
+    config = recipe_from_dict(
+        {"optimizer": "dpadam", "steps": 50, "lr": 0.01, "batch_size": 32, "clip": 0.5, "noise_multiplier": 1.2},
+        "r.json",
+        delta=1e-6,
+    )
+    assert (config.algo, config.steps, config.dp.clip, config.dp.noise_multiplier, config.dp.delta) == (
+        "dpadam", 50, 0.5, 1.2, 1e-6,
+    )  # fmt: skip
+    with pytest.raises(Exception, match="apply only to a private recipe"):
+        recipe_from_dict({"algo": "sgd", "epochs": 1, "lr": 1, "batch_size": 8, "clip": 1}, "r.json")
+
+
+# --------------------------------------------------------------------------- Opacus end to end
+
+
+@pytest.mark.peers
+def test_opacus_model_import_audit_report(tmp_path):
+    """An Opacus DP-SGD model (Poisson sampling) trained on a member subset of digits: imported with
+    its ``_module.``-prefixed state_dict, member list and (σ, q, T); LiRA runs with a recipe; the
+    report shows dpaudit's accountant's ε for those parameters."""
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+    from safetensors.torch import save_file
+
+    ds = load_dataset("digits")
+    spec = default_spec("mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, hidden=(64,))
+    members = np.sort(np.random.default_rng(0).choice(len(ds), 600, replace=False))
+    X = torch.as_tensor(np.array(ds.X[members]))
+    y = torch.as_tensor(ds.y[members])
+    model = build_model(spec, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=60)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus' notes about secure RNG and hooks
+        engine = PrivacyEngine(accountant="rdp")
+        model, optimizer, loader = engine.make_private(
+            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
+            poisson_sampling=True,
+        )  # fmt: skip
+        for _ in range(10):
+            for xb, yb in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                optimizer.step()
+    [(sigma, q, steps)] = engine.accountant.history
+    state = model.state_dict()
+    assert all(k.startswith("_module.") for k in state)
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp_path / "opacus.safetensors"))
+    _member_file(tmp_path / "members.txt", members)
+    _write(tmp_path / "spec.json", json.dumps(spec.to_dict()))
+    recipe = {"algo": "dpsgd", "epochs": 10, "lr": 1.0, "batch_size": 60, "clip": 1.0, "noise_multiplier": sigma}
+    _write(tmp_path / "recipe.json", json.dumps(recipe))
+
+    out = tmp_path / "runs" / "opacus"
+    r = invoke(
+        "import", tmp_path / "opacus.safetensors", "--model-spec", tmp_path / "spec.json", "--data", "digits",
+        "--members", tmp_path / "members.txt", "--noise-multiplier", sigma, "--sample-rate", q, "--steps", steps,
+        "--delta", DELTA, "--recipe", tmp_path / "recipe.json", "--out", out,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    accounted = epsilon_for(dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=steps), DELTA, "rdp")
+    meta = _meta(out)
+    assert meta["privacy"]["epsilon"] == accounted
+    assert meta["privacy"]["epsilon"] == pytest.approx(engine.get_epsilon(DELTA), rel=2e-2)  # Opacus' own RDP
+    assert meta["training"]["recipe_source"].startswith("user") and meta["preprocessing"]["fitted_on"] == "none"
+    # The imported model is the Opacus model: same outputs on every record.
+    run = load_run(out)
+    with torch.no_grad():
+        theirs = model(torch.as_tensor(np.array(ds.X))).double().numpy()
+    np.testing.assert_allclose(run.logits(ds.X), theirs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(run.splits.members, members)
+
+    cache = tmp_path / "cache"
+    r = invoke(
+        "audit", "checkpoint", out, "--attacks", "loss,lira", "--reference-models", 4, "--cache-dir", cache, "--json"
+    )
+    assert r.exit_code == 0, r.output
+    # Reference models used the imported run's preprocessing (none), not a scaler fitted by dpaudit.
+    ref = [json.loads(p.read_text())["preprocessing"] for p in (cache / "models").glob(f"*/{CHECKPOINT_FILE}")]
+    assert len(ref) == 4 and all(p == {"kind": "identity", "fitted_on": "given"} for p in ref)
+    r = invoke(
+        "report", out, "--out", tmp_path / "report", "--attacks", "loss,lira", "--reference-models", 4,
+        "--cache-dir", cache,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    model_entry = json.loads((tmp_path / "report" / "report.json").read_text())["models"][0]
+    assert model_entry["claim"]["epsilon"] == accounted
+    assert [a["attack"] for a in model_entry["attacks"]["membership"]] == ["loss", "lira"]
+    assert model_entry["summary"]["estimate"] is not None
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert re.search(r"claim: ε = 7\.9\d*, δ = 1e-05, accountant rdp", md), md
+
+
+# --------------------------------------------------------------------------- docs/model-spec.md
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "model-spec.md"
+
+
+def _doc_blocks() -> list[tuple[str, str]]:
+    doc = DOC.read_text()
+    return re.findall(r"```(json|text)\n(.*?)```", doc, flags=re.S)
+
+
+def test_model_spec_doc_examples_are_right():
+    """Every spec example is what ``default_spec(...).to_dict()`` gives (all fields spelled out) and the
+    parameter list after it is ``build_model(spec).state_dict()``'s; every model kind is shown; the
+    claim, scaler and recipe examples parse."""
+    from dpaudit.data import standardizer_from_json
+    from dpaudit.models import MODEL_KINDS, model_spec_from_dict
+
+    blocks = _doc_blocks()
+    kinds = []
+    for i, (lang, body) in enumerate(blocks):
+        if lang != "json":
+            continue
+        d = json.loads(body)
+        if "kind" in d:
+            spec = model_spec_from_dict(d)
+            assert spec.to_dict() == d
+            kinds.append(spec.kind)
+            lang_next, params = blocks[i + 1]
+            expected = [f"{k} {list(v.shape)}" for k, v in build_model(spec).state_dict().items()]
+            assert lang_next == "text" and params.strip().splitlines() == expected
+        elif "mean" in d:
+            standardizer_from_json(d, (3,), "doc")
+        elif "algo" in d:
+            recipe_from_dict(d, "doc")
+        else:
+            claim, warned = claim_record(StatedClaim.from_dict(d, "doc"), dataset_size=1000)
+            assert warned == ()
+            if "noise_multiplier" in d:  # the doc's number is the accountant's
+                assert f"ε = {claim['epsilon']:.2f} at δ = 1e-5" in DOC.read_text()
+    assert sorted(kinds) == sorted(MODEL_KINDS)
+
+
+def test_import_help_points_to_the_docs():
+    r = invoke("import", "--help")
+    assert r.exit_code == 0 and "docs/model-spec.md" in r.output and "40%" in r.output

@@ -1,0 +1,185 @@
+"""The examples run: Opacus and NumPy DP-SGD pipelines audited as plug-in trainers (a correct pipeline is
+not a violation; the same claim with B times too little noise, or without clipping, is), the Opacus unit
+test users copy, and the commands of the GitHub Actions workflow.
+
+Sizes from the math: the claim is ε ≈ 1.27 at δ = 1e-5 (σ = 4, q = 0.25, T = 20, RDP), and
+``trials_needed(1.27)`` runs per side is the least with which even a perfect attack could refute it;
+the audits use more, so a planted bug can be caught. Seeds fixed: the verdicts are deterministic.
+
+``examples/test_opacus_step.py`` is a file users copy; a plain ``pytest`` does not collect it
+(``testpaths = ["tests"]``), so its two tests are called from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.audit.plan import trials_needed
+from dpaudit.cli.main import app
+from dpaudit.data import Standardizer, load_dataset, make_splits
+from dpaudit.models import model_spec_from_dict
+from dpaudit.workflows import audit_training
+from examples import numpy_dpsgd
+
+ROOT = Path(__file__).resolve().parents[2]
+DELTA = 1e-5
+OPACUS_RUNS = 50  # per side; trials_needed(1.2717) = 29, and 50 certify up to ε ≈ 1.84
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+def _test_accuracy(trainer, ds, seeds=range(3)) -> float:
+    """Mean test accuracy of ``trainer`` on 200 aux-standardised members: the private pipeline must learn."""
+    from dpaudit.checkpoint import load_state_into, predict_logits
+    from dpaudit.models import build_model
+
+    splits = make_splits(len(ds), 0)
+    pre = Standardizer.fit(ds.X[splits.aux])
+    X, y = pre.transform(ds.X[splits.members[:200]]), ds.y[splits.members[:200]]
+    spec = model_spec_from_dict(numpy_dpsgd.MODEL_SPEC)
+    accs = []
+    for s in seeds:
+        model = load_state_into(build_model(spec), trainer(X, y, s), "example")
+        accs.append(
+            float((predict_logits(model, pre.transform(ds.X[splits.test])).argmax(1) == ds.y[splits.test]).mean())
+        )
+    return float(np.mean(accs))
+
+
+# ---- NumPy DP-SGD through the Python API ---------------------------------------------------------------
+
+
+def test_numpy_dpsgd_correct_vs_sigma_over_batch(digits):
+    spec = model_spec_from_dict(numpy_dpsgd.MODEL_SPEC)
+    claim = numpy_dpsgd.claimed_epsilon(DELTA)
+    runs = 40
+    assert trials_needed(claim, delta=DELTA) <= runs, "the design must be able to refute the claim"
+    kw = dict(claimed_epsilon=claim, delta=DELTA, runs=runs, train_size=200, seed=0)
+    ok = audit_training(digits, spec, trainer=numpy_dpsgd.train, **kw).result
+    bug = audit_training(digits, spec, trainer=numpy_dpsgd.train_sigma_over_batch, **kw).result
+    assert ok.formal and ok.verdict == "consistent" and ok.epsilon_lower_bound <= claim < ok.max_certifiable_epsilon
+    assert bug.verdict == "violation" and bug.epsilon_lower_bound > claim
+    assert _test_accuracy(numpy_dpsgd.train, digits) > 0.3  # private, and still learns (chance: 0.1)
+
+
+def test_numpy_dpsgd_without_clipping_is_caught_by_an_outlier_canary(digits):
+    """Without clipping one record's influence is unbounded; an outlier canary (3x the data's largest
+    norm) shows it. Cheap NumPy runs, so 400 per side."""
+    spec = model_spec_from_dict(numpy_dpsgd.MODEL_SPEC)
+    claim = numpy_dpsgd.claimed_epsilon(DELTA)
+    kw = dict(claimed_epsilon=claim, delta=DELTA, runs=400, train_size=200, seed=0, canary_kind="outlier")
+    bug = audit_training(digits, spec, trainer=numpy_dpsgd.train_without_clipping, **kw).result
+    ok = audit_training(digits, spec, trainer=numpy_dpsgd.train, **kw).result
+    assert bug.verdict == "violation" and bug.epsilon_lower_bound > claim
+    assert ok.verdict == "consistent"
+
+
+# ---- Opacus through the CLI --------------------------------------------------------------------------------
+
+
+def _opacus_audit(tmp_path: Path, trainer: str):
+    from examples import opacus_pipeline
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(opacus_pipeline.MODEL_SPEC))
+    claim = opacus_pipeline.claimed_epsilon(DELTA)
+    args = ["--trainer", f"examples.opacus_pipeline:{trainer}", "--model-spec", str(spec), "--train-size", "200"]
+    args += ["--runs", str(OPACUS_RUNS), "--claimed-epsilon", repr(claim), "--delta", str(DELTA)]
+    res = runner.invoke(app, ["--quiet", "audit", "train", *args, "--fail-on-violation", "--json"])
+    return res, claim
+
+
+@pytest.mark.peers
+def test_opacus_pipeline_correct_is_not_a_violation(tmp_path, digits):
+    pytest.importorskip("opacus")
+    from examples import opacus_pipeline
+
+    res, claim = _opacus_audit(tmp_path, "train")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert trials_needed(claim, delta=DELTA) <= OPACUS_RUNS
+    assert d["verdict"] == "consistent" and d["formal"] and d["trainer"] == "examples.opacus_pipeline:train"
+    assert d["epsilon_lower_bound"] <= claim < d["max_certifiable_epsilon"]
+    assert _test_accuracy(opacus_pipeline.train, digits) > 0.3  # private, and still learns (chance: 0.1)
+
+
+@pytest.mark.peers
+def test_opacus_sigma_over_batch_is_a_violation_exit_1(tmp_path):
+    pytest.importorskip("opacus")
+    res, claim = _opacus_audit(tmp_path, "train_sigma_over_batch")
+    assert res.exit_code == 1, res.output
+    d = json.loads(res.stdout)
+    assert d["verdict"] == "violation" and d["formal"] and d["epsilon_lower_bound"] > claim
+    assert d["claimed_epsilon"] == pytest.approx(claim) and d["neighbouring"] == "add_remove"
+
+
+@pytest.mark.peers
+def test_examples_claims_match_dpaudit_account():
+    """The pipelines' claims are what `dpaudit account dpsgd` says for their parameters."""
+    from examples import opacus_pipeline as op
+
+    for ex in (op, numpy_dpsgd):
+        args = ["--noise-multiplier", str(ex.NOISE_MULTIPLIER), "--sample-rate", str(ex.SAMPLE_RATE)]
+        res = runner.invoke(app, ["account", "dpsgd", *args, "--steps", str(ex.STEPS), "--delta", str(DELTA), "--json"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["epsilon"] == pytest.approx(ex.claimed_epsilon(DELTA), rel=1e-9)
+
+
+# ---- the copyable Opacus unit test ------------------------------------------------------------------------
+
+
+@pytest.mark.peers
+def test_opacus_step_example_correct_passes():
+    pytest.importorskip("opacus")
+    from examples import test_opacus_step as ex
+
+    assert ex.TRIALS >= trials_needed(ex.EPSILON, delta=ex.DELTA), "the example must have power"
+    ex.test_correct_step_is_private()
+
+
+@pytest.mark.peers
+def test_opacus_step_example_planted_bug_fails():
+    pytest.importorskip("opacus")
+    from examples import test_opacus_step as ex
+
+    ex.test_step_without_noise_fails()  # asserts internally that assert_dp raises AssertionError
+
+
+# ---- the GitHub Actions workflow's commands -------------------------------------------------------------------
+
+
+@pytest.mark.peers
+def test_github_workflow_commands_run(tmp_path):
+    """Run the workflow's own `run:` scripts (not the install step, not the actions) in a scratch
+    directory, with this environment's dpaudit and python: the audit must pass and leave its JSON."""
+    pytest.importorskip("opacus")
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((ROOT / "examples" / "ci" / "github-audit.yml").read_text())
+    steps = workflow["jobs"]["audit"]["steps"]
+    scripts = [s["run"] for s in steps if "run" in s and "pip install" not in s["run"]]
+    assert any("dpaudit audit train --trainer examples.opacus_pipeline:train" in s for s in scripts)
+    assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in steps)
+    bin_dir = Path(sys.executable).parent
+    assert shutil.which("dpaudit", path=str(bin_dir)), "dpaudit must be installed next to this python"
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT),
+           "GITHUB_STEP_SUMMARY": str(summary), "DPAUDIT_TEST_THREADS": "1"}  # fmt: skip
+    for script in scripts:
+        proc = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{script}\n{proc.stdout}\n{proc.stderr}"
+    d = json.loads((tmp_path / "audit.json").read_text())
+    assert d["verdict"] == "consistent" and d["trainer"] == "examples.opacus_pipeline:train"
+    assert (tmp_path / "spec.json").is_file() and "privacy audit: consistent" in summary.read_text()
