@@ -26,4 +26,5 @@ def register(app: App) -> None:
         r = load_run(run)
         r.dataset()  # verifies the data hash
         s = summary(r.meta)
-        emit(s, human_summary(s), json_flag=json_output)
+        imported = r.meta.get("import") is not None or r.meta["training"].get("algo") == "imported"
+        emit(s, human_summary(s, imported=imported), json_flag=json_output)
