@@ -56,7 +56,11 @@ def scores_paths(path: Path, methods: tuple[str, ...]) -> dict[str, Path]:
 
 
 def register(app: App) -> None:
-    app.add_typer(attack_app, name="attack", help="Privacy attacks against a checkpoint (membership inference).")
+    app.add_typer(
+        attack_app,
+        name="attack",
+        help="Privacy attacks against a checkpoint: membership inference, extraction, inversion, attribute inference.",
+    )
 
     @attack_app.command("mia")
     def mia(
@@ -168,3 +172,14 @@ def register(app: App) -> None:
                 info(f"{r.name} scores written to {outputs[r.name]}")
         data = {"checkpoint": str(checkpoint), "attacks": [r.to_dict(include_roc=roc) for r in results]}
         emit(data, human_table(results), json_flag=json_output)
+
+
+# ``dpaudit attack extract`` (model extraction): the command's options and body live in dpaudit.cli.extract.
+from dpaudit.cli.extract import extract  # noqa: E402
+
+attack_app.command("extract")(extract)
+
+from dpaudit.cli.inversion import attribute, inversion  # noqa: E402
+
+attack_app.command("inversion")(inversion)
+attack_app.command("attribute")(attribute)

@@ -64,6 +64,19 @@ def register(app: App) -> None:
         cache_dir: Annotated[
             Path | None, typer.Option("--cache-dir", help="Where reference models are cached (default: user cache).")
         ] = None,
+        inversion: Annotated[
+            bool, typer.Option("--inversion", help="Also run MI-FACE model inversion on every class.")
+        ] = False,
+        attribute: Annotated[
+            str | None,
+            typer.Option("--attribute", help="Also run attribute inference of this feature (name or index)."),
+        ] = None,
+        extraction_budget: Annotated[
+            int | None,
+            typer.Option(
+                "--extraction-budget", help="Also run model extraction with this many queries (full probabilities)."
+            ),
+        ] = None,
         title: Annotated[str | None, typer.Option("--title", help="Report title.")] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
@@ -89,6 +102,13 @@ def register(app: App) -> None:
         check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
         if out.exists() and not force:  # fail before the (slow) attacks
             raise InputError(f"{out} already exists; use --force to overwrite it")
+        families: dict[str, dict] = {}
+        if inversion:
+            families["inversion"] = {}
+        if attribute is not None:
+            families["attribute"] = {"feature": int(attribute) if attribute.strip().isdigit() else attribute}
+        if extraction_budget is not None:
+            families["extraction"] = {"budget": check_positive_int(extraction_budget=extraction_budget)}
         kinds = [(p, classify_input(p)) for p in inputs]
         reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
         config = {
@@ -98,6 +118,9 @@ def register(app: App) -> None:
             "confidence": confidence,
             "seed": seed,
             "inputs": [str(p) for p in inputs],
+            "inversion": inversion,
+            "attribute": attribute,
+            "extraction_budget": extraction_budget,
             "merged": [reports[p]["run"] for p, kind in kinds if kind == "report"],
         }
         models = []
@@ -115,6 +138,7 @@ def register(app: App) -> None:
                 workers=workers,
                 seed=seed,
                 cache_dir=cache_dir,
+                families=families,
                 progress=progress(json_output),
             )
             models.append(model_entry_from(audit, path=str(p)))

@@ -243,3 +243,18 @@ def verdict_label(model: Mapping[str, Any]) -> str:
             return f"leaks: ε ≥ {eps(f['epsilon_lower_bound'])} shown"
         return "no claim"
     return VERDICT_TEXT[s["verdict"]]
+
+
+def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """A result's numbers, nested dicts one level deep as ``group.key`` (e.g. ``members.advantage``)."""
+
+    def is_num(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    out = []
+    for k, v in result.items():
+        if is_num(v):
+            out.append((k, v))
+        elif isinstance(v, Mapping) and k != "params":
+            out += [(f"{k}.{kk}", vv) for kk, vv in v.items() if is_num(vv)]
+    return out

@@ -153,7 +153,7 @@ def model_entry_from(audit: ModelAudit, *, path: str | None = None) -> dict[str,
         audit.meta,
         name=audit.name,
         path=str(audit.path) if path is None else path,
-        attacks={"membership": [r.to_dict(include_roc=True) for r in audit.attacks]},
+        attacks={"membership": [r.to_dict(include_roc=True) for r in audit.attacks], **audit.families},
         audits=[a.to_dict() for a in audit.audits],
     )
 

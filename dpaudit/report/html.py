@@ -128,10 +128,26 @@ def _membership_table(attacks: list[Mapping[str, Any]]) -> str:
 
 
 def _other_family(attacks: list[Mapping[str, Any]]) -> str:
-    """Families without a dedicated layout yet: their results as JSON, so nothing is hidden."""
-    return "".join(
-        f"<h4>{_e(a['attack'])}</h4><pre>{_e(json.dumps(a, indent=2, ensure_ascii=False))}</pre>" for a in attacks
-    )
+    """Other attack families: a table of each result's scalar numbers, an inversion grid where there is
+    one, and the whole result as JSON (collapsed) so nothing is hidden."""
+    out = []
+    for a in attacks:
+        rows = [[_e(k), _e(F.num(v, ".4g"))] for k, v in F.scalar_results(a)]
+        out.append(f"<h4>{_e(a.get('attack', '?'))}</h4>")
+        if rows:
+            out.append(_table(["result", "value"], rows, numeric=(1,)))
+        out.append(
+            _figure(
+                plots.png(lambda a=a: plots.inversion_figure(a)),
+                "Model inversions per class",
+                "Each image is the input MI-FACE found for a class; the arrow gives the label an independently "
+                "trained evaluation classifier assigns to it.",
+                wide=True,
+            )
+        )
+        details = json.dumps({k: v for k, v in a.items() if k != "inversions"}, indent=2, ensure_ascii=False)
+        out.append(f"<details><summary>all results</summary><pre>{_e(details)}</pre></details>")
+    return "".join(out)
 
 
 def _audits(audits: list[Mapping[str, Any]]) -> str:

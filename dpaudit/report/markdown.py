@@ -74,9 +74,7 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> list[str]:
     """Attack families without a dedicated layout yet: one line per attack with its scalar results."""
     lines = []
     for a in attacks:
-        scalars = [
-            f"{md(k)} {F.num(v, '.4g')}" for k, v in a.items() if isinstance(v, int | float) and not isinstance(v, bool)
-        ]
+        scalars = [f"{md(k)} {F.num(v, '.4g')}" for k, v in F.scalar_results(a)]
         lines.append(f"- {md(a['attack'])}: " + (", ".join(scalars) or "no scalar results"))
     return lines
 

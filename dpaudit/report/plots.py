@@ -266,3 +266,26 @@ def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
         loc="lower right",
     )
     return fig
+
+
+def inversion_figure(result: Mapping[str, Any]) -> Figure | None:
+    """MI-FACE inversions (one per attacked class) as a row of images, each titled with its class and
+    what the independent evaluation classifier read; None unless the features are image-shaped."""
+    shape = result.get("feature_shape") or []
+    images = result.get("inversions")
+    if not images or len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
+        return None
+    h, w = shape[-2], shape[-1]
+    per_class = result.get("per_class") or []
+    n = len(images)
+    fig = Figure(figsize=(1.1 * n + 0.4, 1.6), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    for i, (ax, img) in enumerate(zip(axes, images, strict=True)):
+        ax.imshow(np.asarray(img, dtype=float).reshape(h, w), cmap="gray_r", interpolation="nearest")
+        c = per_class[i] if i < len(per_class) else {}
+        ax.set_title(f"{c.get('class', i)} → {c.get('identified_as', '?')}", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.grid(False)
+    fig.suptitle("MI-FACE inversions (class → evaluation classifier's label)", fontsize=9)
+    return fig

@@ -212,6 +212,11 @@ def configs_from_meta(meta: dict[str, Any]) -> tuple[TrainConfig, PerfConfig]:
             "models can be trained for it; re-import it with --recipe recipe.json (see docs/model-spec.md), "
             "or use reference-free attacks such as --attacks loss"
         )
+    if meta["training"].get("algo") == "extracted":
+        raise InputError(
+            "this run is a surrogate made by `dpaudit attack extract`: it has no training recipe of its own, so "
+            "no shadow or reference models can be trained for it; use reference-free attacks such as --attacks loss"
+        )
     t = {k: v for k, v in meta["training"].items() if k in TrainConfig.__dataclass_fields__}
     perf = {k: v for k, v in meta.get("performance", {}).items() if k in PerfConfig.__dataclass_fields__}
     return TrainConfig.from_dict(t), PerfConfig(**perf)

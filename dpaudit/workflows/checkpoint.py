@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +70,33 @@ def as_estimate(result: AuditResult, reason: str) -> AuditResult:
     return dataclasses.replace(result, formal=False, verdict=verdict, notes=(*result.notes, reason))
 
 
+def _inversion(run, options: Mapping[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
+    from attacks.inversion import run_inversion
+
+    classes = options.get("classes")
+    result = run_inversion(run, None if classes is None else tuple(classes), seed=seed, progress=progress)
+    return result.to_dict(include_inversions=True)
+
+
+def _attribute(run, options: Mapping[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
+    from attacks.attribute import run_attribute
+
+    if options.get("feature") is None:
+        raise InputError("attribute inference needs the hidden feature (name or index)")
+    return run_attribute(run, options["feature"], black_box=bool(options.get("black_box")), seed=seed).to_dict()
+
+
+def _extraction(run, options: Mapping[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
+    from attacks.extraction import extract
+
+    return extract(run, seed=seed, progress=progress, **dict(options)).result.to_dict()
+
+
+# Attack families beside membership inference, run on request: name -> runner(run, options, seed, progress)
+# returning the attack's JSON-ready result (the report stores it under attacks[name]).
+FAMILY_RUNNERS = {"inversion": _inversion, "attribute": _attribute, "extraction": _extraction}
+
+
 def canary_scores(run) -> tuple[np.ndarray, np.ndarray]:
     """Black-box scores of the run's canaries (logit-scaled confidence of the canary label, higher =
     more likely included; Carlini et al. 2022, arXiv:2112.03570, Eq. 4) and their inclusion."""
@@ -99,6 +128,7 @@ def audit_checkpoint(
     seed: int = DEFAULTS.seed,
     cache_dir: Path | str | None = None,
     name: str | None = None,
+    families: Mapping[str, Mapping[str, Any]] | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> ModelAudit:
     """Audit a run directory: canaries (formal, one-run) and membership ``attacks`` (estimates).
@@ -106,13 +136,19 @@ def audit_checkpoint(
     ``claimed_epsilon`` and ``delta`` default to the checkpoint's claim (δ = 1e-5 without one; a
     model without a claim gets bounds but no verdict). ``attacks`` may be empty for a canary-only
     audit. ``cache_dir``: where reference models are cached (None: :func:`dpaudit.cache.default_cache_dir`).
+    ``families`` runs other attack families too, e.g. ``{"inversion": {}, "attribute": {"feature": 3}}``
+    (see :data:`FAMILY_RUNNERS`); their results are reported, not audited (they bound no ε).
     """
     from dpaudit.checkpoint import load_run
 
     run = load_run(path)
     attacks = tuple(attacks)
     canaries = run.meta.get("canaries")
-    if not attacks and not canaries:
+    families = dict(families or {})
+    unknown = sorted(set(families) - set(FAMILY_RUNNERS))
+    if unknown:
+        raise InputError(f"unknown attack family {', '.join(unknown)}; valid: {', '.join(FAMILY_RUNNERS)}")
+    if not attacks and not canaries and not families:
         raise InputError(f"{path}: nothing to audit: the run has no canaries and no attack was asked for")
     privacy = run.privacy or {}
     claimed = claimed_epsilon if claimed_epsilon is not None else privacy.get("epsilon")
@@ -155,8 +191,10 @@ def audit_checkpoint(
                     index=i,
                 )
             )
+    others = {f: [FAMILY_RUNNERS[f](run, opts, seed, progress)] for f, opts in families.items()}
     return ModelAudit(
         path=Path(path),
+        families=others,
         name=name or Path(path).resolve().name,
         meta=run.meta,
         attacks=tuple(results),

@@ -163,6 +163,7 @@ class ModelAudit:
     meta: dict[str, Any] = field(repr=False)
     attacks: tuple = ()  # attacks.result.AttackResult, in the order of the attack names asked for
     audits: tuple[AuditRecord, ...] = ()
+    families: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # other attack families' results
 
     @property
     def claim(self) -> dict[str, Any] | None:
@@ -180,6 +181,7 @@ class ModelAudit:
             **self.headline().to_dict(),
             "audits": [a.to_dict() for a in self.audits],
             "attacks": [r.to_dict(include_roc=False) for r in self.attacks],
+            **({"families": self.families} if self.families else {}),
         }
 
     def summary(self) -> str:

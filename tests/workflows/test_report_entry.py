@@ -117,3 +117,38 @@ def test_checkpoint_audit_with_lira(run_dir, tmp_path):
     assert [a["source"]["index"] for a in entry["audits"]] == [0, 1]
     assert entry["attacks"]["membership"][1]["n_reference_models"] == 4
     build_report([entry], title="t")
+
+
+def test_report_carries_inversion_attribute_and_extraction_families(tmp_path):
+    """The wire from the other attack families into the report: results under attacks[family], rendered
+    in Markdown (scalars) and HTML (a table and the inversion grid)."""
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    ds = load_dataset("digits")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    run = tmp_path / "digits-logreg"
+    train_run(ds, spec, TrainConfig(algo="sgd", epochs=3, batch_size=64, lr=0.1), out=run)
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(
+        app,
+        [
+            "report", str(run), "--attacks", "loss", "--inversion", "--attribute", "pixel_3_4",
+            "--extraction-budget", "65", "--out", str(out),
+        ],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    model = load_report(out)["models"][0]
+    (inv,) = model["attacks"]["inversion"]
+    (attr,) = model["attacks"]["attribute"]
+    assert inv["attack"] == "mi-face" and len(inv["inversions"]) == 10 and 0 <= inv["identification_accuracy"] <= 1
+    assert attr["feature"] is not None
+    (ext,) = model["attacks"]["extraction"]  # logreg: equation solving from d + 1 = 65 queries
+    assert ext["queries"] == 65 and ext["fidelity"] == 1.0
+    md = (out / "report.md").read_text()
+    assert "#### Model inversion attacks" in md and r"identification\_accuracy" in md
+    assert r"members.advantage" in md.replace("\\", "")  # nested results flattened one level
+    html = (out / "report.html").read_text()
+    assert "Model inversions per class" in html  # the grid figure is embedded

@@ -1,0 +1,228 @@
+"""Attribute inference: recover one hidden (sensitive) feature of a record from the model.
+
+The attacker knows every other feature of the record and its true label, and either
+- ``"likelihood"`` (``black_box=False``; needs the model on counterfactual inputs): tries every
+  candidate value v of the hidden feature and picks argmax_v p_model(y | x_{-j}, v) * P(v), the
+  marginal-prior-weighted maximum-likelihood estimator of Fredrikson et al. 2014 (USENIX Security,
+  "Privacy in pharmacogenetics", Sec. 4) -- Yeom et al. 2018 (CSF, "Privacy risk in machine learning",
+  Sec. 5) use the same choice by smallest loss; or
+- ``"attack-model"`` (``black_box=True``; only the model's output on the real record): a logistic
+  regression trained on the aux split maps (other features, the model's probabilities, one-hot label)
+  to the hidden value.
+
+Hidden values: a feature with at most ``max_discrete`` distinct aux values is used as it is (its
+values are the candidates); a continuous feature is binarised at its aux median (``x > median``), the
+candidates then being the aux medians of each side. The prior baseline predicts the aux majority value.
+Accuracy and advantage (accuracy - baseline accuracy) are reported separately for the target's training
+members and its non-members (holdout); the member - non-member gap of the advantage is the leakage
+(Yeom et al. 2018, Sec. 5: attribute advantage beyond what the population gives).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpaudit.errors import InputError
+from dpaudit.validation import check_positive_int
+
+
+class AttributeInference:
+    """Infer feature ``feature`` (index into the flattened raw features) of records from a model.
+
+    ``fit(X_aux, y_aux, predict_proba)`` learns the hidden value's categories (``binarised_``,
+    ``threshold_``, ``candidates_``), their aux prior (``prior_``, ``majority_``) and, black-box, the
+    attack model (``attack_model_``). ``predict(X, y, predict_proba)`` returns inferred category indices;
+    ``categories(X)`` the true ones. ``predict_proba`` maps raw numpy records to class probabilities.
+    """
+
+    def __init__(self, feature: int, *, black_box: bool = False, max_discrete: int = 10, seed: int | None = 0) -> None:
+        self.feature = feature
+        self.black_box = black_box
+        self.max_discrete = max_discrete
+        self.seed = seed
+
+    def categories(self, X: np.ndarray) -> np.ndarray:
+        """The true hidden category index of each record."""
+        v = self._flat(X)[:, self.feature_]
+        if self.binarised_:
+            return (v > self.threshold_).astype(np.int64)
+        idx = np.searchsorted(self.candidates_, v)
+        idx = np.clip(idx, 0, len(self.candidates_) - 1)
+        return np.where(self.candidates_[idx] == v, idx, np.argmin(np.abs(v[:, None] - self.candidates_), axis=1))
+
+    @staticmethod
+    def _flat(X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, np.float64)
+        return X.reshape(len(X), -1)
+
+    def _features(self, X: np.ndarray, y: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        rest = np.delete(self._flat(X), self.feature_, axis=1)
+        onehot = np.eye(self.n_classes_)[np.asarray(y)]
+        return np.hstack([rest, probs, onehot])
+
+    def fit(self, X_aux: np.ndarray, y_aux: np.ndarray, predict_proba: Callable[[np.ndarray], np.ndarray]):
+        check_positive_int(max_discrete=self.max_discrete)
+        Xf = self._flat(X_aux)
+        d = Xf.shape[1]
+        if isinstance(self.feature, bool) or not isinstance(self.feature, int | np.integer):
+            raise InputError(f"expected feature to be an integer index, got {self.feature!r}")
+        if not 0 <= int(self.feature) < d:
+            raise InputError(f"feature index {self.feature} is outside the data's features 0..{d - 1}")
+        self.feature_ = int(self.feature)
+        v = Xf[:, self.feature_]
+        values = np.unique(v)
+        self.binarised_ = len(values) > self.max_discrete
+        if self.binarised_:
+            self.threshold_ = float(np.median(v))
+            lo, hi = v[v <= self.threshold_], v[v > self.threshold_]
+            if len(hi) == 0:
+                raise InputError(f"feature {self.feature_} cannot be binarised at its median (no value above it)")
+            self.candidates_ = np.array([np.median(lo), np.median(hi)])
+        else:
+            self.threshold_ = None
+            self.candidates_ = values
+        cats = self.categories(X_aux)
+        counts = np.bincount(cats, minlength=len(self.candidates_))
+        self.prior_ = counts / counts.sum()
+        self.majority_ = int(np.argmax(counts))
+        probs = np.asarray(predict_proba(np.asarray(X_aux, np.float64)))
+        self.n_classes_ = probs.shape[1]
+        if self.black_box:
+            from sklearn.linear_model import LogisticRegression
+            from sklearn.pipeline import make_pipeline
+            from sklearn.preprocessing import StandardScaler
+
+            if len(np.unique(cats)) < 2:
+                raise InputError(f"feature {self.feature_} takes a single value on the aux split")
+            self.attack_model_ = make_pipeline(
+                StandardScaler(), LogisticRegression(max_iter=2000, random_state=self.seed)
+            ).fit(self._features(X_aux, y_aux, probs), cats)
+        return self
+
+    def predict(self, X: np.ndarray, y: np.ndarray, predict_proba: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Inferred hidden category index of each record (the hidden value itself is never read)."""
+        if not hasattr(self, "candidates_"):
+            raise InputError("AttributeInference is not fitted; call fit first")
+        X = np.asarray(X, np.float64)
+        y = np.asarray(y)
+        if self.black_box:
+            return self.attack_model_.predict(self._features(X, y, np.asarray(predict_proba(X))))
+        scores = np.empty((len(X), len(self.candidates_)))
+        with np.errstate(divide="ignore"):
+            log_prior = np.log(self.prior_)
+        for k, value in enumerate(self.candidates_):
+            Xk = self._flat(X).copy()
+            Xk[:, self.feature_] = value  # the counterfactual record x_{-j}, v
+            p = np.asarray(predict_proba(Xk.reshape(X.shape)))[np.arange(len(X)), y]
+            # log p(y | x_{-j}, v) + log P(v) (Fredrikson et al. 2014, Sec. 4); log in float64, clamped at 1e-300.
+            scores[:, k] = np.log(np.maximum(p, 1e-300)) + log_prior[k]
+        return np.argmax(scores, axis=1)
+
+
+@dataclass(frozen=True)
+class AttributeResult:
+    """Attribute inference on the target's members and non-members.
+
+    ``groups["members"|"nonmembers"]``: ``n``, ``accuracy``, ``baseline_accuracy`` (always predicting the
+    aux majority value), ``advantage`` = accuracy - baseline. ``leakage`` = member advantage - non-member
+    advantage. Not a membership-score attack: the score convention of ``attacks/result.py`` does not apply.
+    """
+
+    feature: int
+    feature_name: str | None
+    method: str
+    binarised: bool
+    threshold: float | None
+    candidates: tuple[float, ...]
+    groups: dict[str, dict[str, float]]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def leakage(self) -> float:
+        return float(self.groups["members"]["advantage"] - self.groups["nonmembers"]["advantage"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attack": "attribute-inference",
+            "method": self.method,
+            "feature": self.feature,
+            "feature_name": self.feature_name,
+            "binarised": self.binarised,
+            "threshold": self.threshold,
+            "candidates": list(self.candidates),
+            "members": dict(self.groups["members"]),
+            "nonmembers": dict(self.groups["nonmembers"]),
+            "leakage": self.leakage,
+            "params": dict(self.params),
+        }
+
+
+def feature_names(dataset: Any) -> list[str] | None:
+    """Feature names of the embedded tabular datasets (scikit-learn's), ``pixel_R_C`` for digits; None otherwise."""
+    if dataset.name in ("breast-cancer", "wine") and dataset.source == dataset.name:
+        from sklearn import datasets as skd
+
+        loader = {"breast-cancer": skd.load_breast_cancer, "wine": skd.load_wine}[dataset.name]
+        return [str(n) for n in loader().feature_names]
+    if dataset.name == "digits" and dataset.source == "digits":
+        return [f"pixel_{r}_{c}" for r in range(8) for c in range(8)]
+    return None
+
+
+def resolve_feature(text: str | int, dataset: Any) -> tuple[int, str | None]:
+    """A feature given as an index or a name (case-insensitive, ``_`` for spaces) -> (index, name)."""
+    d = int(np.prod(dataset.X.shape[1:]))
+    names = feature_names(dataset)
+    s = str(text).strip()
+    try:
+        j = int(s)
+    except ValueError:
+        if names is None:
+            raise InputError(f"dataset {dataset.name!r} has no feature names; give the feature as an index") from None
+        key = s.lower().replace("_", " ")
+        match = [i for i, n in enumerate(names) if n.lower().replace("_", " ") == key]
+        if not match:
+            raise InputError(f"unknown feature {s!r}; valid: {', '.join(names[:10])}, …") from None
+        j = match[0]
+    if not 0 <= j < d:
+        raise InputError(f"feature index {j} is outside the data's features 0..{d - 1}")
+    return j, (names[j] if names else None)
+
+
+def _group(pred: np.ndarray, true: np.ndarray, majority: int) -> dict[str, float]:
+    acc = float(np.mean(pred == true)) if len(true) else float("nan")
+    base = float(np.mean(true == majority)) if len(true) else float("nan")
+    return {"n": len(true), "accuracy": acc, "baseline_accuracy": base, "advantage": acc - base}
+
+
+def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed: int = 0) -> AttributeResult:
+    """Attribute inference of ``feature`` against a loaded run: fit on aux, evaluate on members and holdout."""
+    from attacks.inversion import as_black_box, raw_probabilities
+
+    ds = run.dataset()
+    if ds.kind == "tokens":
+        raise InputError("attribute inference needs continuous or discrete features; token data is not supported")
+    j, name = resolve_feature(feature, ds)
+    X = np.asarray(ds.X, np.float64)
+    y = np.asarray(ds.y)
+    sp = run.splits
+    predict_proba = as_black_box(raw_probabilities(run))
+    att = AttributeInference(j, black_box=black_box, seed=seed).fit(X[sp.aux], y[sp.aux], predict_proba)
+    groups = {}
+    for g, idx in (("members", sp.members), ("nonmembers", sp.holdout)):
+        pred = att.predict(X[idx], y[idx], predict_proba)
+        groups[g] = _group(pred, att.categories(X[idx]), att.majority_)
+    return AttributeResult(
+        feature=j,
+        feature_name=name,
+        method="attack-model" if black_box else "likelihood",
+        binarised=bool(att.binarised_),
+        threshold=att.threshold_,
+        candidates=tuple(float(c) for c in att.candidates_),
+        groups=groups,
+        params={"black_box": bool(black_box), "seed": seed, "max_discrete": att.max_discrete},
+    )

@@ -1,0 +1,552 @@
+"""Model inversion: MI-FACE (Fredrikson, Jha & Ristenpart 2015, CCS, Algorithm 1) with quality metrics.
+
+The attacker works in the model's RAW feature space (what ``run.dataset().X`` holds); the target applies
+its own preprocessing (``run.preprocessing``) inside the model function, exactly as in deployment.
+``x_0 = PROCESS(0)``: the all-zero input of Algorithm 1, line 3, projected into the attacker's feature box
+(for digits, values in [0, 1], this is the blank image itself).
+
+Stopping rule (Algorithm 1, lines 6-9), read literally with one precision: the non-improvement test
+``c(x_i) >= max(c(x_{i-1}), ..., c(x_{i-beta}))`` is only applied once those beta earlier costs exist
+(``i >= beta``). The pseudo-code leaves ``c(x_{i-beta})`` for ``i < beta`` undefined; reading it as "the
+costs that exist" would stop at ``i = 1`` whenever the first step does not help, which is what happens for
+a class the model gives almost no probability (a flat cost). The threshold test ``c(x_i) <= gamma`` applies
+from the first step. The returned input is the argmin over all iterates ``x_0 .. x_last`` (line 10), not
+the last one.
+
+PROCESS clips to the feature box of the auxiliary split; the optional denoise/sharpen step of the paper
+is not implemented. AUXTERM is ``prior_weight`` times a prior in box units (each feature divided by its
+aux range): ``"tv"`` the (smoothed) anisotropic total variation of image-shaped data, ``"mean"`` the mean
+squared distance to the aux mean, or ``"none"``.
+
+Metrics (per class): MSE and SSIM (Wang et al. 2004) between the inversion and the mean of the target's
+training members of that class, and of its non-members (holdout split) for contrast, all in box units;
+identification accuracy: a logistic regression trained on the aux split only classifies the inversions.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpaudit.errors import InputError
+from dpaudit.progress import Progress
+from dpaudit.validation import (
+    check_choice,
+    check_in_interval,
+    check_non_negative,
+    check_positive,
+    check_positive_int,
+)
+
+PRIORS = ("none", "tv", "mean")
+STOP_REASONS = ("threshold", "no-improvement", "max-iterations", "budget")
+
+
+# --------------------------------------------------------------------------- the algorithm
+
+
+@dataclass(frozen=True, eq=False)
+class MIFaceTrace:
+    """One run of Algorithm 1: the argmin iterate, its cost, the cost of every iterate and why it stopped."""
+
+    x: np.ndarray
+    cost: float
+    costs: np.ndarray  # c(x_0), c(x_1), ..., c(x_last)
+    best_iteration: int
+    stop_reason: str
+
+    @property
+    def n_iterations(self) -> int:
+        return len(self.costs) - 1
+
+
+def mi_face(
+    cost: Callable[[np.ndarray], float],
+    gradient: Callable[[np.ndarray], np.ndarray],
+    x0: np.ndarray,
+    *,
+    iterations: int,
+    window: int,
+    threshold: float,
+    step: float,
+    process: Callable[[np.ndarray], np.ndarray] = lambda x: x,
+    can_step: Callable[[], bool] = lambda: True,
+) -> MIFaceTrace:
+    """MI-FACE, Fredrikson et al. 2015, Algorithm 1, on any cost: alpha = ``iterations``,
+    beta = ``window``, gamma = ``threshold``, lambda = ``step``.
+
+    ``can_step()`` is asked before each step (a query budget: False stops with ``"budget"``). See the
+    module docstring for the reading of the window at ``i < beta``.
+    """
+    check_positive_int(iterations=iterations)
+    check_positive_int(window=window)
+    check_positive(step=step)
+    x = np.asarray(x0, dtype=np.float64)
+    costs = [float(cost(x))]
+    best_x, best_c, best_i = x, costs[0], 0
+    reason = "max-iterations"
+    for i in range(1, iterations + 1):
+        if not can_step():
+            reason = "budget"
+            break
+        x = process(x - step * gradient(x))  # Algorithm 1, line 5
+        c = float(cost(x))
+        costs.append(c)
+        if c < best_c:
+            best_x, best_c, best_i = x, c, i
+        if i >= window and c >= max(costs[i - window : i]):  # line 6, once beta earlier costs exist
+            reason = "no-improvement"
+            break
+        if c <= threshold:  # line 8
+            reason = "threshold"
+            break
+    return MIFaceTrace(np.array(best_x), best_c, np.array(costs), best_i, reason)
+
+
+# --------------------------------------------------------------------------- the model as the attacker sees it
+
+
+def raw_probabilities(run: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Softmax probabilities of a loaded run on RAW features (float64 torch in, float64 out).
+
+    The run's preprocessing is applied inside, as a torch expression so autograd goes through it. A
+    float64 copy of the model: small probability changes are not rounded into flat stretches, which the
+    stopping rule would read as no improvement.
+    """
+    pre = run.preprocessing
+    model = copy.deepcopy(run.model).to("cpu").double().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if hasattr(pre, "mean"):
+        mean = torch.as_tensor(np.asarray(pre.mean, np.float64))
+        scale = torch.as_tensor(np.asarray(pre.scale, np.float64))
+    else:
+        mean, scale = torch.zeros(()), torch.ones(())
+
+    def probs(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(model((x - mean) / scale), dim=-1)
+
+    return probs
+
+
+class QueryCounter:
+    """A black-box oracle: numpy inputs in, probabilities out; ``queries`` counts the records asked."""
+
+    def __init__(self, predict_proba: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.predict_proba = predict_proba
+        self.queries = 0
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        self.queries += len(X)
+        return np.asarray(self.predict_proba(X), dtype=np.float64)
+
+
+def as_black_box(probs: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[np.ndarray], np.ndarray]:
+    """A torch probability function as a numpy-only prediction API (no gradients leave it)."""
+
+    def predict_proba(X: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return probs(torch.as_tensor(np.asarray(X, np.float64))).numpy()
+
+    return predict_proba
+
+
+# --------------------------------------------------------------------------- the estimator
+
+
+class MIFace:
+    """MI-FACE model inversion (Fredrikson et al. 2015, Algorithm 1), white- or black-box.
+
+    ``fit(X_aux)`` learns the attacker's feature box (``lower_``, ``upper_``: PROCESS clips to it) and
+    the aux mean (``mean_``, for the ``"mean"`` prior). ``invert(model, label)`` runs the algorithm:
+
+    - white-box: ``model`` maps a float64 torch batch of raw inputs to probabilities; the gradient of
+      ``c`` is autograd on the input.
+    - black-box (``black_box=True``): ``model`` maps a numpy batch to probabilities (wrap it in
+      :class:`QueryCounter` to count). The gradient of ``1 - f_label`` is the antithetic Gaussian
+      two-point estimate ``(1/n) sum_k [f(x + mu u_k) - f(x - mu u_k)] / (2 mu) u_k`` with
+      ``u_k ~ N(0, I)`` (Nesterov & Spokoiny 2017, "Random gradient-free minimization of convex
+      functions", Found. Comput. Math., Gaussian smoothing); AUXTERM is the attacker's own and is
+      differentiated exactly. Each step asks ``2 * directions + 1`` queries (the estimate, then
+      ``c(x_i)``), plus one for ``c(x_0)``; ``budget`` (per inversion) stops it before a step that would
+      exceed it.
+    """
+
+    def __init__(
+        self,
+        *,
+        iterations: int = 500,
+        window: int = 50,
+        threshold: float = 0.01,
+        step: float = 0.1,
+        prior: str = "none",
+        prior_weight: float = 0.0,
+        black_box: bool = False,
+        budget: int | None = None,
+        directions: int = 20,
+        smoothing: float = 0.01,
+        seed: int | np.random.Generator | None = 0,
+    ) -> None:
+        self.iterations = iterations
+        self.window = window
+        self.threshold = threshold
+        self.step = step
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self.black_box = black_box
+        self.budget = budget
+        self.directions = directions
+        self.smoothing = smoothing
+        self.seed = seed
+
+    def check(self) -> None:
+        """Validate the settings (named errors); fit calls it."""
+        check_positive_int(iterations=self.iterations)
+        check_positive_int(window=self.window)
+        check_positive(step=self.step)
+        check_choice(PRIORS, prior=self.prior)
+        check_non_negative(prior_weight=self.prior_weight)
+        check_in_interval(-math.inf, math.inf, threshold=self.threshold)
+        if self.black_box:
+            if self.budget is not None:
+                check_positive_int(budget=self.budget)
+            check_positive_int(directions=self.directions)
+            check_positive(smoothing=self.smoothing)
+        elif self.budget is not None:
+            raise InputError("a query budget applies to the black-box attack only; add black_box")
+
+    def fit(self, X_aux: np.ndarray) -> MIFace:
+        """Learn the feature box and mean of the attacker's auxiliary data (raw features)."""
+        self.check()
+        X = np.asarray(X_aux, dtype=np.float64)
+        if X.ndim < 2 or len(X) == 0:
+            raise InputError(f"expected a non-empty batch of aux records, got shape {X.shape}")
+        self.lower_ = X.min(axis=0)
+        self.upper_ = X.max(axis=0)
+        width = self.upper_ - self.lower_
+        self.width_ = np.where(width > 1e-12, width, 1.0)  # constant features: box units = raw units
+        self.mean_ = X.mean(axis=0)
+        if self.prior == "tv" and X.ndim < 3:
+            raise InputError("prior 'tv' needs image-shaped data (height x width); use 'mean' or 'none'")
+        return self
+
+    def process(self, x: np.ndarray) -> np.ndarray:
+        """PROCESS: clip to the aux feature box."""
+        return np.clip(x, self.lower_, self.upper_)
+
+    def _aux_term(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prior == "none" or self.prior_weight == 0:
+            return torch.zeros((), dtype=torch.float64)
+        z = (x - torch.as_tensor(self.lower_)) / torch.as_tensor(self.width_)  # box units
+        if self.prior == "mean":
+            m = (torch.as_tensor(self.mean_) - torch.as_tensor(self.lower_)) / torch.as_tensor(self.width_)
+            return self.prior_weight * ((z - m) ** 2).mean()
+        dh = z[..., 1:, :] - z[..., :-1, :]
+        dw = z[..., :, 1:] - z[..., :, :-1]
+        # Anisotropic total variation (Rudin, Osher & Fatemi 1992), sqrt(d^2 + 1e-8) so it is differentiable at 0.
+        return self.prior_weight * (torch.sqrt(dh**2 + 1e-8).mean() + torch.sqrt(dw**2 + 1e-8).mean())
+
+    def aux_term(self, x: np.ndarray) -> float:
+        return float(self._aux_term(torch.as_tensor(x, dtype=torch.float64)))
+
+    def invert(self, model: Callable[..., Any], label: int) -> MIFaceTrace:
+        """Run Algorithm 1 for class ``label`` against ``model`` (see the class docstring)."""
+        if not hasattr(self, "lower_"):
+            raise InputError("MIFace is not fitted; call fit(X_aux) first")
+        x0 = self.process(np.zeros_like(self.lower_))
+        kw = dict(iterations=self.iterations, window=self.window, threshold=self.threshold, step=self.step)
+        if not self.black_box:
+
+            def cost(x: np.ndarray) -> float:
+                with torch.no_grad():
+                    t = torch.as_tensor(x)
+                    return float(1.0 - model(t[None])[0, label] + self._aux_term(t))
+
+            def gradient(x: np.ndarray) -> np.ndarray:
+                t = torch.as_tensor(x).clone().requires_grad_(True)
+                c = 1.0 - model(t[None])[0, label] + self._aux_term(t)
+                (g,) = torch.autograd.grad(c, t)
+                return g.numpy()
+
+            return mi_face(cost, gradient, x0, process=self.process, **kw)
+
+        rng = np.random.default_rng(self.seed)
+        used = 0
+        n, mu = int(self.directions), float(self.smoothing)
+
+        def ask(X: np.ndarray) -> np.ndarray:
+            nonlocal used
+            used += len(X)
+            return np.asarray(model(X), dtype=np.float64)[:, label]
+
+        def cost(x: np.ndarray) -> float:
+            return float(1.0 - ask(x[None])[0] + self.aux_term(x))
+
+        def gradient(x: np.ndarray) -> np.ndarray:
+            u = rng.standard_normal((n, *x.shape))
+            f = ask(np.concatenate([x + mu * u, x - mu * u]))
+            coef = -(f[:n] - f[n:]) / (2 * mu)  # d(1 - f)/du_k, antithetic two-point estimate
+            g = np.tensordot(coef, u, axes=1) / n
+            t = torch.as_tensor(x).clone().requires_grad_(True)
+            a = self._aux_term(t)
+            if a.requires_grad:
+                g = g + torch.autograd.grad(a, t)[0].numpy()
+            return g
+
+        def can_step() -> bool:
+            return self.budget is None or used + 2 * n + 1 <= self.budget
+
+        trace = mi_face(cost, gradient, x0, process=self.process, can_step=can_step, **kw)
+        self.queries_ = used
+        return trace
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def ssim(a: np.ndarray, b: np.ndarray, *, data_range: float = 1.0, win_size: int = 7) -> float:
+    """Mean structural similarity (Wang, Bovik, Sheikh & Simoncelli 2004, IEEE TIP 13(4), eq. 13 per
+    window, averaged as MSSIM, eq. 17) with K1 = 0.01, K2 = 0.03 (ibid.) and uniform square windows of
+    side ``min(win_size, height, width)`` at every valid position; population (1/N) statistics.
+
+    2-D inputs (or ``(..., H, W)`` with leading axes of size 1) are images; anything else is compared as
+    one window over all its values.
+    """
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        raise InputError(f"ssim needs equal shapes, got {a.shape} and {b.shape}")
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    img = a.squeeze().ndim == 2
+
+    def windows(x: np.ndarray) -> np.ndarray:
+        if not img:
+            return x.reshape(1, -1)
+        x = x.squeeze()
+        k = min(win_size, *x.shape)
+        w = np.lib.stride_tricks.sliding_window_view(x, (k, k))
+        return w.reshape(-1, k * k)
+
+    wa, wb = windows(a), windows(b)
+    ma, mb = wa.mean(axis=1), wb.mean(axis=1)
+    va, vb = wa.var(axis=1), wb.var(axis=1)
+    cov = ((wa - ma[:, None]) * (wb - mb[:, None])).mean(axis=1)
+    s = ((2 * ma * mb + c1) * (2 * cov + c2)) / ((ma**2 + mb**2 + c1) * (va + vb + c2))  # eq. 13
+    return float(s.mean())  # eq. 17
+
+
+# --------------------------------------------------------------------------- results and the run-level attack
+
+
+@dataclass(frozen=True, eq=False)
+class InversionResult:
+    """MI-FACE against one model: per-class inversions (raw features), their costs and quality metrics.
+
+    Not a membership attack: no membership scores, so the score convention of ``attacks/result.py``
+    does not apply. ``per_class[k]`` holds ``mse``/``ssim`` (to the mean of the target's training members
+    of class k), ``mse_nonmembers``/``ssim_nonmembers`` (to the holdout's class mean), ``mse_other`` (mean
+    MSE to the member means of the other classes), ``nearest_class`` (the class whose member mean is
+    closest), ``identified_as`` (the evaluation classifier's label), cost, iterations, stop reason and
+    queries. MSE and SSIM in box units (each feature divided by its aux range; SSIM data range 1).
+    """
+
+    classes: tuple[int, ...]
+    inversions: np.ndarray
+    per_class: tuple[dict[str, Any], ...]
+    identification_accuracy: float
+    nearest_mean_accuracy: float
+    eval_classifier_accuracy: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        inv = np.array(self.inversions, dtype=np.float64, copy=True)
+        inv.setflags(write=False)
+        object.__setattr__(self, "inversions", inv)
+
+    def to_dict(self, include_inversions: bool = True) -> dict[str, Any]:
+        def mean(key: str) -> float:
+            return float(np.mean([c[key] for c in self.per_class]))
+
+        out: dict[str, Any] = {
+            "attack": "mi-face",
+            "params": dict(self.params),
+            "classes": list(self.classes),
+            "identification_accuracy": float(self.identification_accuracy),
+            "nearest_mean_accuracy": float(self.nearest_mean_accuracy),
+            "eval_classifier_accuracy": float(self.eval_classifier_accuracy),
+            "mean_mse": mean("mse"),
+            "mean_ssim": mean("ssim"),
+            "mean_mse_nonmembers": mean("mse_nonmembers"),
+            "mean_ssim_nonmembers": mean("ssim_nonmembers"),
+            "per_class": [dict(c) for c in self.per_class],
+        }
+        if include_inversions:
+            out["feature_shape"] = list(self.inversions.shape[1:])
+            out["inversions"] = self.inversions.reshape(len(self.inversions), -1).tolist()
+        return out
+
+
+def parse_classes(text: str | None, n_classes: int) -> tuple[int, ...]:
+    """``"0,1,2"`` -> (0, 1, 2), each in ``[0, n_classes)``; None or empty: every class."""
+    if text is None or not str(text).strip():
+        return tuple(range(n_classes))
+    out = []
+    for part in str(text).split(","):
+        try:
+            k = int(part.strip())
+        except ValueError:
+            raise InputError(f"expected classes as comma-separated integers, got {text!r}") from None
+        if not 0 <= k < n_classes:
+            raise InputError(f"class {k} is outside the model's classes 0..{n_classes - 1}")
+        out.append(k)
+    if len(set(out)) != len(out):
+        raise InputError(f"classes repeat in {text!r}")
+    return tuple(out)
+
+
+def _class_means(X: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
+    means = np.full((n_classes, *X.shape[1:]), np.nan)
+    for k in range(n_classes):
+        if np.any(y == k):
+            means[k] = X[y == k].mean(axis=0)
+    return means
+
+
+def eval_classifier(X_aux: np.ndarray, y_aux: np.ndarray, seed: int = 0):
+    """The identification oracle: standardise + logistic regression, trained on the aux split only."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, random_state=seed))
+    return clf.fit(X_aux.reshape(len(X_aux), -1), y_aux)
+
+
+def _invert_one(attack, target, k, clf, members, nonmembers, box) -> dict[str, Any]:
+    before = getattr(target, "queries", 0)
+    trace = attack.invert(target, k)
+    x = trace.x
+    finite = [bool(np.all(np.isfinite(m))) for m in members]
+    mse_all = np.array(
+        [np.mean((box(x) - box(m)) ** 2) if ok else np.inf for m, ok in zip(members, finite, strict=True)]
+    )
+    has_nm = bool(np.all(np.isfinite(nonmembers[k])))
+    others = [v for i, v in enumerate(mse_all) if i != k and np.isfinite(v)]
+    return {
+        "class": k,
+        "mse": float(mse_all[k]),
+        "ssim": ssim(box(x), box(members[k])),
+        "mse_nonmembers": float(np.mean((box(x) - box(nonmembers[k])) ** 2)) if has_nm else None,
+        "ssim_nonmembers": ssim(box(x), box(nonmembers[k])) if has_nm else None,
+        "mse_other": float(np.mean(others)) if others else None,
+        "nearest_class": int(np.argmin(mse_all)),
+        "identified_as": int(clf.predict(x.reshape(1, -1))[0]),
+        "cost": float(trace.cost),
+        "confidence": float(1.0 - trace.cost + attack.aux_term(x)),  # f_label at the argmin
+        "iterations": int(trace.n_iterations),
+        "best_iteration": int(trace.best_iteration),
+        "stop_reason": trace.stop_reason,
+        "queries": int(getattr(target, "queries", 0) - before),
+        "x": x,
+    }
+
+
+def run_inversion(
+    run: Any,
+    classes: tuple[int, ...] | None = None,
+    *,
+    attack: MIFace | None = None,
+    seed: int = 0,
+    progress: Any = None,
+) -> InversionResult:
+    """Invert every class in ``classes`` of a loaded run (default: all) and score the inversions."""
+    attack = attack if attack is not None else MIFace(seed=seed)
+    n_classes = int(run.spec.n_classes)
+    classes = tuple(range(n_classes)) if classes is None else tuple(classes)
+    for k in classes:
+        if not 0 <= int(k) < n_classes:
+            raise InputError(f"class {k} is outside the model's classes 0..{n_classes - 1}")
+    ds = run.dataset()
+    if ds.kind == "tokens":
+        raise InputError("model inversion needs continuous features; token data is not supported")
+    X = np.asarray(ds.X, np.float64)
+    y = np.asarray(ds.y)
+    sp = run.splits
+    attack.fit(X[sp.aux])
+    probs = raw_probabilities(run)
+    target: Callable[..., Any] = probs
+    if attack.black_box:
+        target = QueryCounter(as_black_box(probs))
+    clf = eval_classifier(X[sp.aux], y[sp.aux], seed=seed)
+    eval_acc = float(clf.score(X[sp.test].reshape(len(sp.test), -1), y[sp.test])) if len(sp.test) else float("nan")
+
+    def box(x: np.ndarray) -> np.ndarray:
+        return (x - attack.lower_) / attack.width_
+
+    members = _class_means(X[sp.members], y[sp.members], n_classes)
+    nonmembers = _class_means(X[sp.holdout], y[sp.holdout], n_classes)
+    inversions, per_class = [], []
+    with (progress or Progress()).task("MI-FACE inversion", len(classes)) as advance:
+        for k in classes:
+            per_class.append(_invert_one(attack, target, int(k), clf, members, nonmembers, box))
+            inversions.append(per_class[-1].pop("x"))
+            advance(1)
+    ident = float(np.mean([c["identified_as"] == c["class"] for c in per_class]))
+    nearest = float(np.mean([c["nearest_class"] == c["class"] for c in per_class]))
+    params = {
+        "iterations": attack.iterations,
+        "window": attack.window,
+        "threshold": attack.threshold,
+        "step": attack.step,
+        "prior": attack.prior,
+        "prior_weight": attack.prior_weight,
+        "black_box": bool(attack.black_box),
+        "budget": attack.budget,
+        "directions": attack.directions if attack.black_box else None,
+        "start": "x0 = PROCESS(0) in raw feature space",
+        "seed": seed,
+    }
+    return InversionResult(classes, np.stack(inversions), tuple(per_class), ident, nearest, eval_acc, params)
+
+
+def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | None = None) -> None:
+    """A PNG grid of the inversions (one column per class; image-shaped features only, else a bar-code
+    row per class); ``member_means`` adds a second row with the target members' class means."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    inv = result.inversions
+    rows = 1 if member_means is None else 2
+    n = len(result.classes)
+    fig, axes = plt.subplots(rows, n, figsize=(1.2 * n, 1.3 * rows), squeeze=False)
+
+    def image(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x).squeeze()
+        return x if x.ndim == 2 else x.reshape(1, -1)
+
+    for j, k in enumerate(result.classes):
+        axes[0, j].imshow(image(inv[j]), cmap="gray_r", aspect="auto")
+        axes[0, j].set_title(str(k), fontsize=8)
+        if member_means is not None:
+            axes[1, j].imshow(image(member_means[k]), cmap="gray_r", aspect="auto")
+        for r in range(rows):
+            axes[r, j].axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def member_class_means(run: Any) -> np.ndarray:
+    """The mean of the target's training members per class (raw features), for the grid's second row."""
+    ds = run.dataset()
+    m = run.splits.members
+    return _class_means(np.asarray(ds.X, np.float64)[m], np.asarray(ds.y)[m], int(run.spec.n_classes))

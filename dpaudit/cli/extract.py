@@ -1,0 +1,126 @@
+"""``dpaudit attack extract``: model extraction through a checkpoint's prediction API.
+
+The command function lives here; :mod:`dpaudit.cli.attack` attaches it to the ``attack`` group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dpaudit.cli._common import ForceFlag, JsonFlag, emit, info, progress
+
+
+def _number(x: Any, fmt: str = ".3g") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def human_summary(result: Any) -> str:
+    """Fidelities and accuracies as percentages (the JSON keeps fractions), the curve as a table."""
+    from dpaudit.report._format import rate
+
+    d = result.to_dict()
+    lines = [
+        f"extraction  {d['method']} via api {d['api']}: {d['queries']} queries (budget {d['budget']}), "
+        f"pool {d['params'].get('pool')}",
+        f"fidelity    test {rate(d['fidelity'])}   uniform {rate(d['fidelity_uniform'])}   (agreement with the target)",
+        f"accuracy    surrogate {rate(d['surrogate_accuracy'])}   target {rate(d['target_accuracy'])}   (test split)",
+    ]
+    if d["parameter_relative_error"] is not None:
+        lines.append(
+            f"parameters  relative error {d['parameter_relative_error']:.3g} (each class minus the last class: "
+            "softmax parameters are identifiable only up to a shift shared by all classes)"
+        )
+    if len(d["curve"]) > 1:
+        lines.append("curve       queries  fidelity  uniform  rel. error")
+        for p in d["curve"]:
+            lines.append(
+                f"            {p['queries']:>7}  {rate(p['fidelity']):>8}  {rate(p['fidelity_uniform']):>7}  "
+                f"{_number(p['parameter_relative_error']):>10}"
+            )
+    return "\n".join(lines)
+
+
+def extract(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Run directory of the target model.")],
+    budget: Annotated[int, typer.Option("--budget", "-b", help="Queries the attacker may send (each input is one).")],
+    api: Annotated[
+        str,
+        typer.Option(
+            "--api", help="What the API answers: probs | rounded:K (K decimals) | labels (top-1 only) | logits."
+        ),
+    ] = "probs",
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method",
+            "-m",
+            help="equations (linear models: solve log-probability ratios, exact from d+1 queries) | learning "
+            "(train a surrogate on the answers, any model) | auto (equations where they apply).",
+        ),
+    ] = "auto",
+    surrogate: Annotated[
+        str, typer.Option("--surrogate", help="Surrogate architecture for --method learning: logreg | mlp | cnn.")
+    ] = "mlp",
+    pool: Annotated[
+        str,
+        typer.Option(
+            "--pool",
+            help="Where queries come from: aux (the attacker's records) | uniform (in the aux feature box) | "
+            "synthetic (a Gaussian fitted to aux).",
+        ),
+    ] = "synthetic",
+    adaptive: Annotated[
+        bool,
+        typer.Option("--adaptive", help="Learning: query in rounds where the current surrogate is least certain."),
+    ] = False,
+    curve_points: Annotated[
+        int,
+        typer.Option("--curve-points", help="Points of the fidelity-vs-queries curve (refits on query prefixes)."),
+    ] = 4,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Save the extracted model as a run directory (attackable in turn)."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the queries and the surrogate's training.")] = 0,
+    force: ForceFlag = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Model extraction: steal a checkpoint's model through its prediction API under a query budget.
+
+    JSON: checkpoint, out, attack, params, method, api, budget, queries, parameter_relative_error (linear
+    models, else null), fidelity (agreement on test inputs), fidelity_uniform, surrogate_accuracy,
+    target_accuracy, curve (a list of {queries, fidelity, fidelity_uniform, parameter_relative_error}).
+    """
+    from attacks.extraction import extract as run_extraction
+    from attacks.extraction import save_surrogate
+    from attacks.query_api import ApiMode
+    from dpaudit.checkpoint import load_run
+    from dpaudit.errors import InputError
+
+    mode = ApiMode.parse(api)  # bad modes fail before the checkpoint is loaded
+    if out is not None and out.exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")  # before the work
+    run = load_run(checkpoint)
+    dataset = run.dataset()
+    info(f"extracting {checkpoint} through api {mode} with at most {budget} queries …")
+    extraction = run_extraction(
+        run,
+        budget=budget,
+        api=mode,
+        method=method,
+        surrogate=surrogate,
+        pool=pool,
+        adaptive=adaptive,
+        seed=seed,
+        curve_points=curve_points,
+        dataset=dataset,
+        progress=progress(json_output),
+    )
+    if out is not None:
+        save_surrogate(out, run, extraction, dataset=dataset, force=force)
+        info(f"extracted model written to {out}")
+    data = {"checkpoint": str(checkpoint), "out": None if out is None else str(out), **extraction.result.to_dict()}
+    emit(data, human_summary(extraction.result), json_flag=json_output)

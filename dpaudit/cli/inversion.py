@@ -1,0 +1,167 @@
+"""``dpaudit attack inversion`` (MI-FACE model inversion) and ``dpaudit attack attribute`` (attribute inference).
+
+The command functions live here; :mod:`dpaudit.cli.attack` attaches them to the ``attack`` group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dpaudit.cli._common import ForceFlag, JsonFlag, emit, info, progress
+
+GRID_FILE = "inversions.png"
+
+
+def _num(x: Any, fmt: str = ".3f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def inversion_table(result: Any) -> str:
+    """class | f_label | MSE members | MSE non-members | MSE other | SSIM members | nearest | identified | stop."""
+    from dpaudit.report._format import rate
+
+    d = result.to_dict(include_inversions=False)
+    header = ("class", "confidence", "MSE", "MSE non-mem", "MSE other", "SSIM", "SSIM non-mem", "nearest", "identified",
+              "iters", "stop", "queries")  # fmt: skip
+    rows = [header]
+    for c in d["per_class"]:
+        rows.append(
+            (
+                str(c["class"]),
+                _num(c["confidence"]),
+                _num(c["mse"], ".4f"),
+                _num(c["mse_nonmembers"], ".4f"),
+                _num(c["mse_other"], ".4f"),
+                _num(c["ssim"]),
+                _num(c["ssim_nonmembers"]),
+                str(c["nearest_class"]),
+                str(c["identified_as"]),
+                str(c["iterations"]),
+                c["stop_reason"],
+                str(c["queries"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(
+        f"identification accuracy {rate(d['identification_accuracy'])} (evaluation classifier trained on aux; "
+        f"its test accuracy {rate(d['eval_classifier_accuracy'])}); nearest own class mean "
+        f"{rate(d['nearest_mean_accuracy'])}. MSE/SSIM in box units, against the class mean of the target's members."
+    )
+    return "\n".join(lines)
+
+
+def inversion(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Run directory of the target model.")],
+    classes: Annotated[
+        str | None, typer.Option("--classes", help="Classes to invert, comma-separated (default: all).")
+    ] = None,
+    black_box: Annotated[
+        bool,
+        typer.Option("--black-box", help="Estimate gradients from probability queries instead of autograd."),
+    ] = False,
+    budget: Annotated[
+        int | None, typer.Option("--budget", help="Black-box: queries allowed per inverted class (default: no limit).")
+    ] = None,
+    iterations: Annotated[int, typer.Option("--iterations", help="alpha: maximum gradient steps.")] = 500,
+    window: Annotated[
+        int, typer.Option("--window", help="beta: stop when the cost has not improved over beta steps.")
+    ] = 50,
+    threshold: Annotated[float, typer.Option("--threshold", help="gamma: stop once the cost is at most gamma.")] = 0.01,
+    step: Annotated[float, typer.Option("--step", help="lambda: gradient step size (raw feature units).")] = 0.1,
+    prior: Annotated[str, typer.Option("--prior", help="AUXTERM: none | tv (images) | mean (aux mean).")] = "none",
+    prior_weight: Annotated[float, typer.Option("--prior-weight", help="Weight of the AUXTERM prior.")] = 0.0,
+    directions: Annotated[
+        int, typer.Option("--directions", help="Black-box: random directions per gradient estimate.")
+    ] = 20,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out-dir", help=f"Write the inversions as a PNG grid ({GRID_FILE}) here.")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the black-box directions and the evaluation classifier.")
+    ] = 0,
+    force: ForceFlag = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Model inversion (MI-FACE, Fredrikson et al. 2015): reconstruct a representative input per class.
+
+    JSON: checkpoint, png (or null), attack, params, classes, identification_accuracy, nearest_mean_accuracy,
+    eval_classifier_accuracy, mean_mse, mean_ssim, mean_mse_nonmembers, mean_ssim_nonmembers, per_class (a list of
+    {class, mse, ssim, mse_nonmembers, ssim_nonmembers, mse_other, nearest_class, identified_as, cost, confidence,
+    iterations, best_iteration, stop_reason, queries}), feature_shape, inversions (raw features, flattened).
+    """
+    from attacks.inversion import MIFace, member_class_means, parse_classes, run_inversion, save_grid
+    from dpaudit.checkpoint import load_run
+    from dpaudit.errors import InputError
+
+    attack = MIFace(
+        iterations=iterations,
+        window=window,
+        threshold=threshold,
+        step=step,
+        prior=prior,
+        prior_weight=prior_weight,
+        black_box=black_box,
+        budget=budget,
+        directions=directions,
+        seed=seed,
+    )
+    attack.check()  # bad settings fail before the checkpoint is loaded
+    png = out_dir / GRID_FILE if out_dir is not None else None
+    if png is not None and png.exists() and not force:
+        raise InputError(f"{png} already exists; use --force to overwrite it")
+    run = load_run(checkpoint)
+    chosen = parse_classes(classes, int(run.spec.n_classes))
+    info(f"inverting {len(chosen)} classes of {checkpoint} ({'black' if black_box else 'white'}-box) …")
+    result = run_inversion(run, chosen, attack=attack, seed=seed, progress=progress(json_output))
+    if png is not None:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        save_grid(result, png, member_means=member_class_means(run))
+        info(f"inversions written to {png} (top: inversions; bottom: members' class means)")
+    data = {"checkpoint": str(checkpoint), "png": None if png is None else str(png), **result.to_dict()}
+    emit(data, inversion_table(result), json_flag=json_output)
+
+
+def attribute(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Run directory of the target model.")],
+    feature: Annotated[
+        str, typer.Option("--feature", "-f", help="The hidden feature: index (flattened) or name (embedded datasets).")
+    ],
+    black_box: Annotated[
+        bool,
+        typer.Option(
+            "--black-box",
+            help="Attack model on the model's outputs (trained on aux) instead of likelihood over candidate values.",
+        ),
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the attack model.")] = 0,
+    json_output: JsonFlag = False,
+) -> None:
+    """Attribute inference (Fredrikson et al. 2014; Yeom et al. 2018): infer a hidden feature of members and
+    non-members; the member - non-member gap of the advantage over the prior baseline is the leakage.
+
+    JSON: checkpoint, attack, method, feature, feature_name, binarised, threshold, candidates, members and
+    nonmembers ({n, accuracy, baseline_accuracy, advantage}), leakage, params.
+    """
+    from attacks.attribute import run_attribute
+    from dpaudit.checkpoint import load_run
+    from dpaudit.report._format import rate
+
+    run = load_run(checkpoint)
+    result = run_attribute(run, feature, black_box=black_box, seed=seed)
+    d = result.to_dict()
+    name = f" ({d['feature_name']})" if d["feature_name"] else ""
+    hidden = f"binarised at {d['threshold']:.4g}" if d["binarised"] else f"{len(d['candidates'])} values"
+    lines = [f"attribute inference, {d['method']}: feature {d['feature']}{name}, {hidden}",
+             "group        n  accuracy  baseline  advantage"]  # fmt: skip
+    for g in ("members", "nonmembers"):
+        r = d[g]
+        lines.append(
+            f"{g:<10} {r['n']:>4}  {rate(r['accuracy']):>8}  {rate(r['baseline_accuracy']):>8}  {r['advantage']:>9.3f}"
+        )
+    lines.append(f"leakage (member - non-member advantage): {d['leakage']:.3f}")
+    emit({"checkpoint": str(checkpoint), **d}, "\n".join(lines), json_flag=json_output)

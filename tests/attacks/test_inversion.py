@@ -1,0 +1,234 @@
+"""MI-FACE (Fredrikson et al. 2015, Algorithm 1): stopping rule, argmin, query counting, digits quality."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attacks.inversion import MIFace, QueryCounter, as_black_box, mi_face, parse_classes, run_inversion, ssim
+from dpaudit.errors import InputError
+
+# --------------------------------------------------------------------------- the stopping rule on known trajectories
+
+
+def scripted(costs: list[float], **kw):
+    """x_i = i exactly (gradient -1, step 1, PROCESS the identity), so c(x_i) = costs[i] is scripted."""
+    table = np.asarray(costs, dtype=np.float64)
+    return mi_face(
+        lambda x: float(table[round(float(x[0]))]),
+        lambda x: -np.ones(1),
+        np.zeros(1),
+        step=1.0,
+        **{"iterations": len(costs) - 1, **kw},
+    )
+
+
+def test_stops_when_no_improvement_over_the_window():
+    # i=3: 0.8 < max(1, .9, .8)?  no: 0.8 < 1.0 -> go on; i=4: 0.8 < max(.9, .8, .8) -> go on;
+    # i=5: 0.8 >= max(.8, .8, .8) -> stop (Algorithm 1, line 6).
+    t = scripted([1.0, 0.9, 0.8, 0.8, 0.8, 0.8, 0.1, 0.1], window=3, threshold=0.0)
+    assert t.stop_reason == "no-improvement"
+    assert t.n_iterations == 5
+    assert t.best_iteration == 2 and t.cost == pytest.approx(0.8)
+
+
+def test_stops_at_threshold_and_keeps_stepping_while_improving():
+    t = scripted([1.0, 0.5, 0.2, 0.05, 0.01, 0.0], window=2, threshold=0.1)
+    assert (t.stop_reason, t.n_iterations, t.best_iteration) == ("threshold", 3, 3)
+    # an inverted rule (break when the cost improves) would stop at i = 1 here
+    t = scripted([1.0, 0.9, 0.8, 0.7, 0.6], window=1, threshold=0.0)
+    assert (t.stop_reason, t.n_iterations) == ("max-iterations", 4)
+
+
+def test_flat_start_of_a_low_confidence_class_does_not_stop_at_the_first_step():
+    # c(x_1) = c(x_0): "c has not improved over the last beta steps" needs beta earlier costs.
+    t = scripted([1.0, 1.0, 1.0, 1.0, 0.5, 0.05, 0.0], window=5, threshold=0.1)
+    assert (t.stop_reason, t.n_iterations, t.best_iteration) == ("threshold", 5, 5)
+    t = scripted([1.0] * 12, window=5, threshold=0.1)
+    assert (t.stop_reason, t.n_iterations, t.best_iteration) == ("no-improvement", 5, 0)
+
+
+def test_returns_the_argmin_not_the_last_iterate():
+    t = scripted([1.0, 0.3, 0.5, 0.6, 0.7, 0.8], window=3, threshold=0.0)
+    assert t.stop_reason == "no-improvement" and t.n_iterations == 4  # 0.7 >= max(.3, .5, .6)
+    assert t.best_iteration == 1 and t.cost == pytest.approx(0.3)
+    np.testing.assert_allclose(t.x, [1.0])
+    np.testing.assert_allclose(t.costs, [1.0, 0.3, 0.5, 0.6, 0.7])
+
+
+def two_class_model(bias: float):
+    """logits (0, x_0 + x_1 - bias): class 1 has probability sigmoid(sum(x) - bias)."""
+
+    def probs(x: torch.Tensor) -> torch.Tensor:
+        z = x.reshape(len(x), -1).sum(dim=1) - bias
+        return torch.softmax(torch.stack([torch.zeros_like(z), z], dim=1), dim=1)
+
+    return probs
+
+
+BOX = np.array([[0.0, 0.0], [5.0, 5.0]])
+
+
+def test_white_box_on_a_toy_model_with_a_known_trajectory():
+    # Class 1 with bias 40: p = sigmoid(-40) ~ 4e-18, so 1 - p == 1.0 in float64: the cost is flat.
+    # The rule must wait for the full window (not stop at i = 1) and return x_0.
+    t = MIFace(iterations=100, window=7, threshold=0.01, step=0.5).fit(BOX).invert(two_class_model(40.0), 1)
+    assert (t.stop_reason, t.n_iterations, t.best_iteration) == ("no-improvement", 7, 0)
+    # Bias 3: gradient ascent on p reaches p >= 0.99 (x_0 + x_1 >= 3 + log 99 ~ 7.6) inside the box.
+    t = MIFace(iterations=2000, window=50, threshold=0.01, step=5.0).fit(BOX).invert(two_class_model(3.0), 1)
+    assert t.stop_reason == "threshold" and t.cost <= 0.01
+    assert float(t.x.sum()) >= 3 + np.log(99) - 1e-9
+    assert np.all(np.diff(t.costs) <= 0)  # ascending a sigmoid of a linear function: monotone
+
+
+@pytest.mark.parametrize(("budget", "directions"), [(1, 3), (50, 3), (101, 5), (1000, 2)])
+def test_black_box_query_counter_is_exact(budget, directions):
+    counter = QueryCounter(as_black_box(two_class_model(40.0)))
+    attack = MIFace(iterations=10**6, window=10**6, threshold=-1.0, black_box=True, budget=budget,
+                    directions=directions, seed=0)  # fmt: skip
+    t = attack.fit(BOX).invert(counter, 1)
+    per_step = 2 * directions + 1
+    assert t.stop_reason == "budget"
+    assert t.n_iterations == (budget - 1) // per_step
+    assert counter.queries == attack.queries_ == 1 + t.n_iterations * per_step <= budget
+
+
+def test_black_box_gradient_estimate_moves_towards_the_class():
+    counter = QueryCounter(as_black_box(two_class_model(3.0)))
+    attack = MIFace(iterations=500, window=50, step=5.0, black_box=True, budget=5000, directions=8, seed=1)
+    t = attack.fit(BOX).invert(counter, 1)
+    assert t.cost < 0.05 and counter.queries <= 5000
+
+
+def test_settings_are_validated_with_names():
+    with pytest.raises(InputError, match="budget >= 1"):
+        MIFace(black_box=True, budget=0).fit(BOX)
+    with pytest.raises(InputError, match="black-box"):
+        MIFace(budget=10).fit(BOX)
+    with pytest.raises(InputError, match="window >= 1"):
+        MIFace(window=0).fit(BOX)
+    with pytest.raises(InputError, match="image-shaped"):
+        MIFace(prior="tv", prior_weight=1.0).fit(BOX)
+    with pytest.raises(InputError, match=r"outside the model's classes 0\.\.9"):
+        parse_classes("0,10", 10)
+    assert parse_classes(None, 3) == (0, 1, 2) and parse_classes("2, 0", 3) == (2, 0)
+
+
+# --------------------------------------------------------------------------- SSIM
+
+
+def naive_ssim(a: np.ndarray, b: np.ndarray, k: int, L: float = 1.0) -> float:
+    """Wang et al. 2004, eq. 13 per k x k window by explicit loops, averaged (eq. 17)."""
+    c1, c2 = (0.01 * L) ** 2, (0.03 * L) ** 2
+    vals = []
+    for r in range(a.shape[0] - k + 1):
+        for c in range(a.shape[1] - k + 1):
+            x, y = a[r : r + k, c : c + k].ravel(), b[r : r + k, c : c + k].ravel()
+            mx, my = x.mean(), y.mean()
+            sxy = np.mean((x - mx) * (y - my))
+            vals.append((2 * mx * my + c1) * (2 * sxy + c2) / ((mx**2 + my**2 + c1) * (x.var() + y.var() + c2)))
+    return float(np.mean(vals))
+
+
+def test_ssim_matches_a_loop_oracle_and_its_identities():
+    rng = np.random.default_rng(0)
+    a, b = rng.random((8, 8)), rng.random((8, 8))
+    assert ssim(a, b) == pytest.approx(naive_ssim(a, b, 7), rel=1e-12)
+    assert ssim(a[None], b[None], win_size=3) == pytest.approx(naive_ssim(a, b, 3), rel=1e-12)
+    assert ssim(a, a) == pytest.approx(1.0)
+    assert ssim(a, b) == pytest.approx(ssim(b, a))
+    assert ssim(a, b) < 0.5 < ssim(a, a + 0.01 * rng.standard_normal((8, 8)))
+    v, w = a.ravel(), b.ravel()  # non-images: one window over everything
+    assert ssim(v, w) == pytest.approx(naive_ssim(v.reshape(8, 8), w.reshape(8, 8), 8), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- digits
+
+
+@pytest.fixture(scope="module")
+def digits_run_dir(tmp_path_factory):
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    ds = load_dataset("digits")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    out = tmp_path_factory.mktemp("digits") / "run"
+    train_run(ds, spec, TrainConfig(epochs=8, batch_size=32, lr=0.1, seed=0), out=out)
+    return out
+
+
+def test_digits_inversions_are_identified_and_near_their_class_mean(digits_run_dir):
+    from dpaudit.checkpoint import load_run
+
+    r = run_inversion(load_run(digits_run_dir), attack=MIFace(seed=0))
+    d = r.to_dict()
+    assert d["eval_classifier_accuracy"] > 0.9
+    assert d["identification_accuracy"] >= 0.4  # chance: 0.1
+    assert d["nearest_mean_accuracy"] >= 0.7
+    own = np.array([c["mse"] for c in d["per_class"]])
+    other = np.array([c["mse_other"] for c in d["per_class"]])
+    assert np.mean(own < other) >= 0.8 and own.mean() < other.mean() - 0.01
+    assert all(c["confidence"] >= 0.99 - 1e-9 for c in d["per_class"])  # threshold gamma = 0.01 reached
+    assert r.inversions.shape == (10, 1, 8, 8) and np.all((r.inversions >= 0) & (r.inversions <= 1))
+    json.dumps(d)
+
+
+def test_a_model_that_learned_nothing_gives_unidentifiable_inversions(digits_run_dir, tmp_path):
+    """The wrong thing fails: shuffled labels -> inversions no longer land on their own class mean."""
+    from dpaudit.checkpoint import load_run
+
+    run = load_run(digits_run_dir)
+    with torch.no_grad():
+        for p in run.model.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.01)
+    d = run_inversion(run, attack=MIFace(seed=0)).to_dict()
+    assert d["nearest_mean_accuracy"] <= 0.5
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def cli(*args):
+    from dpaudit.cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_inversion_json_and_png(digits_run_dir, tmp_path):
+    res = cli("attack", "inversion", "-c", str(digits_run_dir), "--classes", "0,1,2", "--iterations", "50",
+              "--out-dir", str(tmp_path / "png"), "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["classes"] == [0, 1, 2] and 0 <= d["identification_accuracy"] <= 1
+    assert {"mse", "ssim", "mse_nonmembers", "ssim_nonmembers"} <= set(d["per_class"][0])
+    assert (tmp_path / "png" / "inversions.png").stat().st_size > 0
+
+
+def test_cli_black_box_counts_queries(digits_run_dir):
+    res = cli("attack", "inversion", "-c", str(digits_run_dir), "--classes", "3", "--black-box", "--budget", "205",
+              "--directions", "10", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    c = json.loads(res.stdout)["per_class"][0]
+    assert c["queries"] == 1 + 21 * c["iterations"] <= 205
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--classes", "0,10"), "outside the model's classes"),
+        (("--classes", "-1"), "outside the model's classes"),
+        (("--black-box", "--budget", "0"), "--budget >= 1"),
+        (("--budget", "10"), "black-box"),
+        (("--window", "0"), "--window >= 1"),
+    ],
+)
+def test_cli_bad_input_exits_2(digits_run_dir, args, message):
+    res = cli("attack", "inversion", "-c", str(digits_run_dir), *args)
+    assert res.exit_code == 2
+    assert message in res.output and "Traceback" not in res.output
