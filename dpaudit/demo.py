@@ -2,8 +2,9 @@
 
 Trains a non-private MLP and DP-SGD MLPs at ε = 1 and ε = 8 on the digits data (each with
 mislabeled canaries, included independently with probability 1/2), attacks each model with
-membership inference (loss threshold and LiRA), audits every claim (an estimate from the attacks'
-scores and a formal one-run bound from the canaries) and writes ``report.{json,md,html}``.
+membership inference (loss threshold and LiRA), model inversion (MI-FACE) and learning-based
+extraction, audits every claim (an estimate from the attacks' scores and a formal one-run bound from
+the canaries) and writes ``report.{json,md,html}``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ class DemoSettings:
     dp_epochs: int
     reference_models: int
     attacks: tuple[str, ...]
+    extraction_budget: int  # learning-based extraction through the probability API (0: none)
 
 
 # The full demo audits with the workflow's defaults (what `dpaudit audit checkpoint` and `dpaudit report`
 # use); --quick trains fewer epochs and fewer reference models.
-FULL = DemoSettings(epochs=60, dp_epochs=20, reference_models=DEFAULTS.reference_models, attacks=DEFAULTS.attacks)
-QUICK = DemoSettings(epochs=25, dp_epochs=10, reference_models=4, attacks=DEFAULTS.attacks)
+FULL = DemoSettings(
+    epochs=60, dp_epochs=20, reference_models=DEFAULTS.reference_models, attacks=DEFAULTS.attacks,
+    extraction_budget=1000,
+)  # fmt: skip
+QUICK = DemoSettings(epochs=25, dp_epochs=10, reference_models=4, attacks=DEFAULTS.attacks, extraction_budget=300)
 MARKER = ".dpaudit-demo"  # written into the demo's output, so a later demo may replace it without --force
 
 
@@ -71,12 +76,16 @@ def evaluate(
     """The demo's audit of one of its runs: the shared workflow with the demo's attack settings."""
     from dpaudit.workflows import audit_checkpoint
 
+    families: dict[str, dict[str, Any]] = {"inversion": {}}  # MI-FACE on every class (white-box, ~1 s)
+    if settings.extraction_budget:
+        families["extraction"] = {"budget": settings.extraction_budget, "method": "learning"}
     return audit_checkpoint(
         run_dir,
         attacks=settings.attacks,
         reference_models=settings.reference_models,
         name=name,
         cache_dir=cache_dir,
+        families=families,
         progress=progress,
     )
 

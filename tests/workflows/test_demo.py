@@ -17,7 +17,11 @@ runner = CliRunner()
 @pytest.fixture
 def tiny_demo(monkeypatch):
     """The demo's pipeline with one small private model and the loss attack only (a few seconds)."""
-    monkeypatch.setattr(demo, "QUICK", demo.DemoSettings(epochs=2, dp_epochs=2, reference_models=4, attacks=("loss",)))
+    monkeypatch.setattr(
+        demo,
+        "QUICK",
+        demo.DemoSettings(epochs=2, dp_epochs=2, reference_models=4, attacks=("loss",), extraction_budget=100),
+    )
     monkeypatch.setattr(
         demo,
         "demo_models",
@@ -38,6 +42,8 @@ def test_demo_runs_twice_and_replaces_its_own_output(tiny_demo, tmp_path):
     (model,) = report["models"]
     assert model["summary"]["formal"]["attack"] == "canaries"  # the headline is the formal canary audit
     assert model["summary"]["estimate"]["attack"] == "loss"
+    assert model["attacks"]["inversion"][0]["attack"] == "mi-face"
+    assert model["attacks"]["extraction"][0]["queries"] <= 100
     second = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
     assert second.exit_code == 0, second.output
     assert f"replacing the earlier demo output in {out}/" in second.output
