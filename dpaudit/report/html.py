@@ -145,6 +145,14 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
                 wide=True,
             )
         )
+        out.append(
+            _figure(
+                plots.png(lambda a=a: plots.extraction_figure(a)),
+                "Extraction fidelity against queries",
+                "Agreement of the extracted model's predictions with the target's, on test inputs and on uniform "
+                "inputs in the feature box, as the query budget grows.",
+            )
+        )
         details = json.dumps({k: v for k, v in a.items() if k != "inversions"}, indent=2, ensure_ascii=False)
         out.append(f"<details><summary>all results</summary><pre>{_e(details)}</pre></details>")
     return "".join(out)

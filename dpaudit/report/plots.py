@@ -289,3 +289,23 @@ def inversion_figure(result: Mapping[str, Any]) -> Figure | None:
         ax.grid(False)
     fig.suptitle("MI-FACE inversions (class → evaluation classifier's label)", fontsize=9)
     return fig
+
+
+def extraction_figure(result: Mapping[str, Any]) -> Figure | None:
+    """Fidelity of the extracted model against the number of queries (test inputs and uniform inputs in
+    the feature box), from the extraction's ``curve``; None without at least two points."""
+    curve = result.get("curve") or []
+    if len(curve) < 2:
+        return None
+    q = [c["queries"] for c in curve]
+    fig = Figure(figsize=(4.6, 2.8), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(q, [c["fidelity"] for c in curve], marker="o", label="test inputs")
+    if all(c.get("fidelity_uniform") is not None for c in curve):
+        ax.plot(q, [c["fidelity_uniform"] for c in curve], marker="s", ls="--", label="uniform in the feature box")
+    ax.set(
+        xscale="log", ylim=(0, 1.02), xlabel="queries", ylabel="fidelity (agreement with the target)",
+        title=f"Extraction ({result.get('method', '?')}, api {result.get('api', '?')})",
+    )  # fmt: skip
+    ax.legend(loc="lower right")
+    return fig

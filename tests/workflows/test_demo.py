@@ -44,6 +44,8 @@ def test_demo_runs_twice_and_replaces_its_own_output(tiny_demo, tmp_path):
     assert model["summary"]["estimate"]["attack"] == "loss"
     assert model["attacks"]["inversion"][0]["attack"] == "mi-face"
     assert model["attacks"]["extraction"][0]["queries"] <= 100
+    html = (out / "report.html").read_text()
+    assert "Model inversions per class" in html and "Extraction fidelity against queries" in html
     second = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
     assert second.exit_code == 0, second.output
     assert f"replacing the earlier demo output in {out}/" in second.output

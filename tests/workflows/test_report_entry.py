@@ -152,3 +152,4 @@ def test_report_carries_inversion_attribute_and_extraction_families(tmp_path):
     assert r"members.advantage" in md.replace("\\", "")  # nested results flattened one level
     html = (out / "report.html").read_text()
     assert "Model inversions per class" in html  # the grid figure is embedded
+    assert ("Extraction fidelity against queries" in html) == (len(ext.get("curve") or []) >= 2)
