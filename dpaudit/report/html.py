@@ -42,6 +42,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 .figs { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
 figure { margin: 8px 0; flex: 1 1 480px; max-width: 100%; }
 figure.wide { flex-basis: 100%; }
+figure.narrow { flex: 0 1 560px; }
 figure img { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; }
 figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
 .explainer { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; padding: 10px 16px; }
@@ -81,11 +82,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequen
     return f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def _figure(data: bytes | None, alt: str, caption: str, wide: bool = False) -> str:
+def _figure(data: bytes | None, alt: str, caption: str, wide: bool = False, narrow: bool = False) -> str:
     if data is None:
         return ""
     uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-    cls = ' class="wide"' if wide else ""
+    cls = ' class="wide"' if wide else (' class="narrow"' if narrow else "")
     return f'<figure{cls}><img alt="{_e(alt)}" src="{uri}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
@@ -145,14 +146,14 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
                 wide=True,
             )
         )
-        out.append(
-            _figure(
-                plots.png(lambda a=a: plots.extraction_figure(a)),
-                "Extraction fidelity against queries",
-                "Agreement of the extracted model's predictions with the target's, on test inputs and on uniform "
-                "inputs in the feature box, as the query budget grows.",
-            )
+        curve = _figure(
+            plots.png(lambda a=a: plots.extraction_figure(a)),
+            "Extraction fidelity against queries",
+            "Agreement of the extracted model's predictions with the target's, on test inputs and on uniform "
+            "inputs in the feature box, as the query budget grows.",
+            narrow=True,
         )
+        out.append(f'<div class="figs">{curve}</div>' if curve else "")
         details = json.dumps({k: v for k, v in a.items() if k != "inversions"}, indent=2, ensure_ascii=False)
         out.append(f"<details><summary>all results</summary><pre>{_e(details)}</pre></details>")
     return "".join(out)
