@@ -49,8 +49,20 @@ def workloads(batch: int, device: torch.device) -> dict[str, tuple[nn.Module, to
     y10 = torch.randint(0, 10, (batch,), generator=g)
     tokens = torch.randint(0, 50, (batch, 20), generator=g)
     y2 = torch.randint(0, 2, (batch,), generator=g)
+    mnist = (1, 28, 28)  # MNIST-sized workloads (--models mlp-large,cnn-large): enough work for a GPU
+    x_big = torch.randn(batch, *mnist, generator=g)
     out = {
         "mlp": (build_model(default_spec("mlp", input_shape=image, n_classes=10), seed=0), x_img, y10),
+        "mlp-large": (
+            build_model(default_spec("mlp", input_shape=mnist, n_classes=10, hidden=(1024, 1024)), seed=0),
+            x_big,
+            y10,
+        ),
+        "cnn-large": (
+            build_model(default_spec("cnn", input_shape=mnist, n_classes=10, channels=(32, 64)), seed=0),
+            x_big,
+            y10,
+        ),
         "cnn": (build_model(default_spec("cnn", input_shape=image, n_classes=10), seed=0), x_img, y10),
         "lstm": (
             build_model(default_spec("rnn", input_shape=(20,), n_classes=2, vocab_size=50), seed=0),
@@ -223,7 +235,7 @@ def main() -> None:
         f"median of {args.rounds} interleaved rounds{on}"
     )
     header = (
-        f"{'model':<6} {'method':<14} {'ms/step':>9} {'examples/s':>11} {'x non-private':>14} {'vs Opacus hooks':>16}"
+        f"{'model':<9} {'method':<14} {'ms/step':>9} {'examples/s':>11} {'x non-private':>14} {'vs Opacus hooks':>16}"
     )
     rows = []
     for name, (model, x, y) in workloads(args.batch, device).items():
@@ -251,7 +263,7 @@ def main() -> None:
         ref = t.get("opacus hooks")
         for k, v in t.items():
             vs = f"{ref / v:.2f}x faster" if ref is not None and k.startswith("ours") else ""
-            rows.append(f"{name:<6} {k:<14} {v * 1e3:9.2f} {args.batch / v:11.0f} {v / base:14.2f} {vs:>16}")
+            rows.append(f"{name:<9} {k:<14} {v * 1e3:9.2f} {args.batch / v:11.0f} {v / base:14.2f} {vs:>16}")
     print(header)
     print("-" * len(header))
     print("\n".join(rows))
