@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -201,6 +202,28 @@ class RNNSpec(ModelSpec):
 
 
 SPECS: dict[str, type[ModelSpec]] = {s.kind: s for s in (LogRegSpec, MLPSpec, CNNSpec, RNNSpec)}
+
+
+def read_model_spec(path: str | Path) -> ModelSpec:
+    """A model spec from a JSON file in :meth:`ModelSpec.to_dict`'s format (``docs/model-spec.md``);
+    any problem is one :class:`InputError` line naming the file."""
+    import json
+
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: expected a model spec JSON file, got a directory")
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+    try:
+        return model_spec_from_dict(d)
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
+    except (TypeError, ValueError) as e:  # e.g. a string where a size belongs
+        raise InputError(f"{path}: bad model spec ({e})") from None
 
 
 def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:

@@ -160,21 +160,10 @@ def call_trainer(
 def load_model_spec(path: str | Path, *, feature_shape: tuple[int, ...], n_classes: int):
     """The model spec in a JSON file (``ModelSpec.to_dict()``'s format), checked against the data's
     feature shape and number of classes; :class:`InputError` (one line, naming the file) otherwise."""
-    import json
-
-    from dpaudit.models import model_spec_from_dict
+    from dpaudit.models import read_model_spec
 
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
-    try:
-        spec = model_spec_from_dict(d)
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from None
+    spec = read_model_spec(path)
     if spec.input_shape != tuple(feature_shape) or spec.n_classes != n_classes:
         raise InputError(
             f"{path}: the spec is for input shape {list(spec.input_shape)} and {spec.n_classes} classes; the data "

@@ -304,7 +304,7 @@ def register_import(app: App) -> None:
         json_output: JsonFlag = False,
     ) -> None:
         from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
-        from dpaudit.models import model_spec_from_dict
+        from dpaudit.models import read_model_spec
         from dpaudit.training.run import StatedClaim, import_run, recipe_from_dict, summary
 
         if out.exists() and not force:
@@ -347,12 +347,7 @@ def register_import(app: App) -> None:
                 accountant=accountant,
                 neighbouring=neighbouring,
             )
-        try:
-            spec = model_spec_from_dict(_read_json(model_spec, "model spec"))
-        except InputError:
-            raise
-        except (TypeError, ValueError) as e:  # e.g. a string where a size belongs
-            raise InputError(f"{model_spec}: bad model spec ({e})") from None
+        spec = read_model_spec(model_spec)
         config = None
         if recipe is not None:
             delta_default = stated.delta if stated is not None else None
