@@ -1,7 +1,8 @@
 """Accounting benchmarks: our RDP/PLD accountants against dp_accounting's, measured in the same run.
 
     .venv/bin/python benchmarks/accounting.py            # timing table (DP-SGD, 1e3/1e4/1e5 steps)
-    .venv/bin/python benchmarks/accounting.py --jl       # + DP-SGD-JL privacy vs JL dimension (seed Fig. 8)
+
+(DP-SGD-JL's ε against the JL dimension, the seed's Figure 8: ``benchmarks/jl_privacy.py``.)
 
 Each timing is the median of ``--repeats`` runs of: fresh accountant, compose
 SelfComposed(PoissonSampled(q, Gaussian(sigma)), T), epsilon(delta). The ratio column is
@@ -17,7 +18,6 @@ import time
 from collections.abc import Callable
 
 from dpaudit.accounting import PldAccountant, RdpAccountant, dpsgd_event
-from dpaudit.events import Gaussian, JLGaussian, PoissonSampled
 
 
 def _median_time(fn: Callable[[], float], repeats: int) -> tuple[float, float]:
@@ -64,41 +64,11 @@ def timing_table(q: float, sigma: float, delta: float, steps_list: list[int], re
             print(f"{name:10s} {steps:7d} {t_ours:9.3f} {t_theirs:10.3f} {ratio} {e_ours:12.6f} {e_theirs:12.6f} {rel}")
 
 
-def jl_table(delta: float, interval: float, jl_bins: int) -> None:
-    """epsilon of DP-SGD-JL after 1..5 epochs for several JL dimensions r (seed paper, Figure 8 settings)."""
-    panels = [(60000, 256, 1.3), (25000, 64, 0.5)]
-    dims = [1, 2, 3, 5, 10, 20, 30, 50, 100, 300, 1000, 10000]
-    for n, b, sigma in panels:
-        q = b / n
-        steps_per_epoch = math.ceil(n / b)
-        print(f"\nDP-SGD-JL: N={n}, B={b}, sigma={sigma}, delta={delta:g} (PLD, grid {interval:g}, {jl_bins} Z_r bins)")
-        print(f"{'r':>8s} " + " ".join(f"{'epoch ' + str(e):>10s}" for e in range(1, 6)) + f" {'time (s)':>9s}")
-        rows = [("no JL", Gaussian(sigma))] + [(str(r), JLGaussian(sigma, r)) for r in dims]
-        for label, inner in rows:
-            t0 = time.perf_counter()
-            acc = PldAccountant(value_discretization_interval=interval, jl_bins=jl_bins)
-            rem, add = acc.compose(PoissonSampled(q, inner)).privacy_loss_distributions()
-            eps = []
-            for epoch in range(1, 6):
-                steps = epoch * steps_per_epoch
-                e = max(
-                    rem.self_compose(steps, acc.tail).epsilon(delta), add.self_compose(steps, acc.tail).epsilon(delta)
-                )
-                eps.append(e)
-            cells = " ".join(f"{e:10.4f}" if math.isfinite(e) else f"{'inf':>10s}" for e in eps)
-            print(f"{label:>8s} {cells} {time.perf_counter() - t0:9.1f}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--jl", action="store_true", help="also print the DP-SGD-JL table (slow, minutes)")
-    parser.add_argument("--jl-interval", type=float, default=1e-3)
-    parser.add_argument("--jl-bins", type=int, default=1000)
     args = parser.parse_args()
     timing_table(256 / 60000, 1.1, 1e-5, [1_000, 10_000, 100_000], args.repeats)
-    if args.jl:
-        jl_table(1e-5, args.jl_interval, args.jl_bins)
 
 
 if __name__ == "__main__":

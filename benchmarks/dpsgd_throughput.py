@@ -1,7 +1,7 @@
 """Throughput of one DP-SGD step: our clipping methods and Opacus against non-private SGD.
 
     .venv/bin/python benchmarks/dpsgd_throughput.py [--threads 2] [--batch 256] [--rounds 7] [--loop]
-        [--device cpu|cuda]
+        [--device cpu|cuda] [--jax]
 
 One step = gathering the batch, forward, backward, (per-example clipping, noise) and an SGD update
 on a batch of 256 (what the trainers do per step, data loading aside),
@@ -20,6 +20,10 @@ Opacus (an optional peer: ``pip install opacus``) is used through its public Pri
 gradient clipping, two backward passes). Our ``ghost`` is ghost norms + book-keeping (one
 backward, no parameter gradients); ``ghost-2bw`` is the same norms followed by Li et al.'s second,
 re-weighted backward pass, measured here only to justify the choice of book-keeping.
+
+``--jax`` adds the JAX backend's jit-compiled steps (non-private, DP-SGD, DP-SGD-JL with one
+projection) on the same models and batches, in the same interleaved rounds, and a second table
+with their compile time (first call minus steady-state step) and ratios to JAX non-private.
 """
 
 from __future__ import annotations
@@ -179,7 +183,51 @@ def opacus_step(model, x, y, mode: str) -> Callable[[], None] | None:
     return step
 
 
-def makers(x: torch.Tensor, y: torch.Tensor, loop: bool) -> dict[str, Callable[[nn.Module], Callable[[], None] | None]]:
+class JaxStep:
+    """One step of the JAX backend's compiled program (``kind``: ``sgd`` non-private, ``dp`` DP-SGD,
+    ``jl`` DP-SGD-JL with r = 1) on the same model, batch and batch order; the batch is one padded
+    chunk of exactly B records (mask all ones). JAX dispatches asynchronously, so every call waits
+    for its result. ``first_call_s`` is the first call (trace + XLA compile + one step): the compile
+    time reported is that minus the steady-state step time."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        from dpaudit.training import jax_backend as jb
+        from dpaudit.training.config import TrainConfig
+
+        self.jax, self.first_call_s = jax, None
+        self.params = jb.params_from_torch(model)
+        config = TrainConfig(algo="sgd", lr=LR, batch_size=len(x))
+        self.prog = jb.StepProgram(
+            jb.jax_forward(model), self.params, config, kind=kind, optimizer="sgd", clip=CLIP,
+            noise_std=0.0 if kind == "sgd" else SIGMA * CLIP, jl_projections=1,
+            noise_key=jax.random.key(0), jl_key=jax.random.key(1),
+        )  # fmt: skip
+        self.state = self.prog.init_state(self.params)
+        self.X, self.Y = jnp.asarray(x.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype("int32"))
+        self.idx = jnp.asarray(_order(len(x), torch.device("cpu")).numpy().astype("int32"))
+        self.mask = jnp.ones(len(x), dtype=bool)
+        self.t, self.divisor = 0, float(len(x))
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        self.params, self.state = self.prog.step(
+            self.params, self.state, self.X, self.Y, self.idx, self.mask, self.prog.zeros, self.t, self.divisor
+        )
+        self.jax.block_until_ready(self.params)
+        self.t += 1
+        if self.first_call_s is None:
+            self.first_call_s = time.perf_counter() - start
+
+
+JAX_ROWS = {"jax non-private": "sgd", "jax dpsgd": "dp", "jax jl(1)": "jl"}
+
+
+def makers(
+    x: torch.Tensor, y: torch.Tensor, loop: bool, jax_rows: bool = False
+) -> dict[str, Callable[[nn.Module], Callable[[], None] | None]]:
     out = {
         "non-private": lambda m: nonprivate_step(m, x, y),
         "ours ghost": lambda m: ours_step(m, x, y, "ghost"),
@@ -190,6 +238,8 @@ def makers(x: torch.Tensor, y: torch.Tensor, loop: bool) -> dict[str, Callable[[
     }
     if loop:
         out["ours loop"] = lambda m: ours_step(m, x, y, "loop")
+    if jax_rows:  # --jax: the JAX backend (dpaudit.training.jax_backend) on the same workloads
+        out.update({k: (lambda m, kind=kind: JaxStep(m, x, y, kind)) for k, kind in JAX_ROWS.items()})
     return out
 
 
@@ -221,6 +271,9 @@ def main() -> None:
     parser.add_argument("--loop", action="store_true", help="also time the one-example-at-a-time loop")
     parser.add_argument("--models", default="mlp,cnn,lstm")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--jax", action="store_true", help="add JAX rows (non-private, DP-SGD, JL(1)); JAX picks its own device"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # Opacus warns about its insecure RNG and full backward hooks
     torch.set_num_threads(args.threads)
@@ -237,12 +290,12 @@ def main() -> None:
     header = (
         f"{'model':<9} {'method':<14} {'ms/step':>9} {'examples/s':>11} {'x non-private':>14} {'vs Opacus hooks':>16}"
     )
-    rows = []
+    rows, jax_rows = [], []
     for name, (model, x, y) in workloads(args.batch, device).items():
         if name not in args.models.split(","):
             continue
         steps = {}
-        for k, make in makers(x, y, args.loop).items():
+        for k, make in makers(x, y, args.loop, args.jax).items():
             try:
                 f = make(copy.deepcopy(model))
                 if f is not None:
@@ -264,9 +317,24 @@ def main() -> None:
         for k, v in t.items():
             vs = f"{ref / v:.2f}x faster" if ref is not None and k.startswith("ours") else ""
             rows.append(f"{name:<9} {k:<14} {v * 1e3:9.2f} {args.batch / v:11.0f} {v / base:14.2f} {vs:>16}")
+        if "jax non-private" in t:  # JAX: compile time apart from steady state, ratios to JAX non-private
+            for k in JAX_ROWS:
+                if k in t:
+                    compile_s = steps[k].first_call_s - t[k]
+                    jax_rows.append(
+                        f"{name:<9} {k:<16} {compile_s:10.2f} {t[k] * 1e3:9.2f} {t[k] / t['jax non-private']:18.2f}"
+                    )
     print(header)
     print("-" * len(header))
     print("\n".join(rows))
+    if jax_rows:
+        import jax
+
+        jax_header = f"{'model':<9} {'JAX step':<16} {'compile s':>10} {'ms/step':>9} {'x JAX non-private':>18}"
+        print(f"\nJAX {jax.__version__} on {jax.devices()[0].platform}: compile time = first call - steady-state step")
+        print(jax_header)
+        print("-" * len(jax_header))
+        print("\n".join(jax_rows))
 
 
 if __name__ == "__main__":

@@ -101,6 +101,22 @@ class Run:
             return None
         return CanarySet.load(self.path / meta["file"], meta)
 
+    def whitebox_canaries(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Scores and inclusion bits of the run's white-box Dirac canaries
+        (:mod:`dpaudit.training.dirac`), or None when it was trained without them."""
+        meta = self.meta.get("whitebox_canaries")
+        if not meta:
+            return None
+        path = self.path / meta["file"]
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                scores, included = np.asarray(z["scores"], dtype=np.float64), z["included"].astype(bool)
+        except (OSError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{path}: cannot read the white-box canaries ({e})") from None
+        if scores.shape != included.shape or scores.shape != (int(meta["m"]),):
+            raise CheckpointError(f"{path}: expected {meta['m']} white-box canary scores and bits")
+        return scores, included
+
     def dataset(self) -> Dataset:
         """Reload the training data and check it is byte-for-byte the data the model saw."""
         d = self.meta["data"]

@@ -123,6 +123,20 @@ def _embedded(name: str) -> Dataset:
     return _validated(name, b.data.astype(np.float32), b.target, "tabular", name)
 
 
+def _class_subset(ds: Dataset, params: str, spec: str) -> Dataset:
+    """``NAME:a,b,...``: the records of an embedded dataset whose original labels are a, b, ... (e.g.
+    ``digits:3,8``, a binary task); labels renumbered 0.. in increasing order of the original label."""
+    try:
+        keep = sorted({int(p) for p in params.split(",") if p.strip()})
+    except ValueError:
+        raise InputError(f"expected {spec!r} as NAME:LABEL,LABEL,... (e.g. digits:3,8)") from None
+    bad = [k for k in keep if not 0 <= k < ds.n_classes]
+    if len(keep) < 2 or bad:
+        raise InputError(f"{spec!r}: give at least two labels of {ds.name} (0..{ds.n_classes - 1})")
+    mask = np.isin(ds.y, keep)
+    return _validated(f"{ds.name}:{','.join(map(str, keep))}", ds.X[mask], ds.y[mask], ds.kind, spec)
+
+
 def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
     import pandas as pd
 
@@ -203,6 +217,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     if spec in EMBEDDED:
         return _embedded(spec)
     head, _, params = spec.partition(":")
+    if head in EMBEDDED:
+        return _class_subset(_embedded(head), params, spec)
     if head == "synthetic":
         return _synthetic(spec, params)
     if head == "synthetic-tokens":

@@ -1,10 +1,13 @@
 """``dpaudit demo``: the end-to-end job on embedded data.
 
-Trains a non-private MLP and DP-SGD MLPs at ε = 1 and ε = 8 on the digits data (each with
-mislabeled canaries, included independently with probability 1/2), attacks each model with
-membership inference (loss threshold and LiRA), model inversion (MI-FACE) and learning-based
-extraction, audits every claim (an estimate from the attacks' scores and a formal one-run bound from
-the canaries) and writes ``report.{json,md,html}``.
+Trains a non-private MLP and DP-SGD MLPs at ε = 1 and ε = 8 on the digits data, plus one DP-SGD
+MLP with a planted bug (noise divided by the batch size, claim computed for the intended σ, claimed
+ε = 2). Every model gets 100 mislabeled canaries (included independently with probability 1/2; a
+black-box one-run audit); the DP models also get 1000 white-box Dirac gradient canaries (a
+white-box one-run audit that observes every update). Each model is attacked with membership
+inference (loss threshold and LiRA), model inversion (MI-FACE) and learning-based extraction; every
+claim is audited (estimates from the attacks' scores, formal one-run bounds from the canaries) and
+``report.{json,md,html}`` is written. The planted bug's audit reads "violation".
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from dpaudit.errors import InputError
 from dpaudit.fileio import write_atomic_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import DPConfig, TrainConfig
+from dpaudit.training.dirac import DiracCanaries
+from dpaudit.training.dpsgd import DPSGDTrainer
 from dpaudit.workflows.checkpoint import DEFAULTS
 
 DATA = "digits"
 SPLIT_SEED = 0
 CANARIES = 100
+# White-box Dirac gradient canaries per DP model: a one-run audit that can certify up to ε ≈ 5.1 at
+# δ = 1e-5, 95% (enough to refute the planted bug's claimed ε = 2; not the correct ε = 8 model's).
+WHITEBOX_CANARIES = 1000
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,32 @@ QUICK = DemoSettings(epochs=25, dp_epochs=10, reference_models=4, attacks=DEFAUL
 MARKER = ".dpaudit-demo"  # written into the demo's output, so a later demo may replace it without --force
 
 
-def demo_models(s: DemoSettings) -> list[tuple[str, TrainConfig]]:
-    """The demo's models: name and training recipe (the DP ones calibrate σ to their target ε)."""
+@dataclass(frozen=True)
+class DemoModel:
+    """One of the demo's models: its name, training recipe, and whether it carries the planted bug."""
+
+    name: str
+    config: TrainConfig
+    planted_bug: bool = False
+
+    @property
+    def whitebox(self) -> bool:
+        return self.config.dp is not None  # white-box Dirac canaries need DP-SGD's clipped sums
+
+
+class PlantedNoiseBug(DPSGDTrainer):
+    """DP-SGD with a realistic planted bug: the noise is divided by the batch size twice (std σC/B on the
+    clipped *sum*, which is then divided by B again), while the claim is computed for the intended σ.
+
+    It is never registered as an algorithm; the demo trains it to show that the audit catches it.
+    """
+
+    def noise_std(self, setting, clip: float) -> float:
+        return setting.noise_multiplier * clip / self.config.batch_size
+
+
+def demo_models(s: DemoSettings) -> list[DemoModel]:
+    """The demo's models (the DP ones calibrate σ to their target ε)."""
 
     def dp(eps: float, lr: float) -> TrainConfig:
         # Tuned on the holdout split (benchmarks/RESULTS.md, utility table): batch 128, clip 1, tanh MLP.
@@ -59,9 +91,10 @@ def demo_models(s: DemoSettings) -> list[tuple[str, TrainConfig]]:
         )
 
     return [
-        ("non-private", TrainConfig(algo="sgd", epochs=s.epochs, batch_size=32, lr=0.1, seed=0)),
-        ("dp-sgd-eps8", dp(8.0, lr=1.0)),
-        ("dp-sgd-eps1", dp(1.0, lr=0.25)),
+        DemoModel("non-private", TrainConfig(algo="sgd", epochs=s.epochs, batch_size=32, lr=0.1, seed=0)),
+        DemoModel("dp-sgd-eps8", dp(8.0, lr=1.0)),
+        DemoModel("dp-sgd-eps1", dp(1.0, lr=0.25)),
+        DemoModel("dp-sgd-eps2-planted-bug", dp(2.0, lr=0.5), planted_bug=True),
     ]
 
 
@@ -123,17 +156,23 @@ def run_demo(
 
     def write(tmp: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="dpaudit-demo-cache-") as cache:
-            for name, config in demo_models(settings):
-                run_dir = tmp / "runs" / name
-                train_run(ds, spec, config, out=run_dir, splits=splits, canaries=canaries, progress=progress)
-                audit = evaluate(run_dir, settings, name=name, cache_dir=cache, progress=progress)
-                entries.append(model_entry_from(audit, path=str(out / "runs" / name)))
+            for model in demo_models(settings):
+                run_dir = tmp / "runs" / model.name
+                train_run(
+                    ds, spec, model.config, out=run_dir, splits=splits, canaries=canaries, progress=progress,
+                    trainer=PlantedNoiseBug(model.config) if model.planted_bug else None,
+                    whitebox=DiracCanaries(m=WHITEBOX_CANARIES, seed=0) if model.whitebox else None,
+                )  # fmt: skip
+                audit = evaluate(run_dir, settings, name=model.name, cache_dir=cache, progress=progress)
+                entries.append(model_entry_from(audit, path=str(out / "runs" / model.name)))
         config = {
             "demo": "quick" if quick else "full",
             "data": DATA,
             "split_seed": SPLIT_SEED,
             "seed": 0,
             "canaries": CANARIES,
+            "whitebox_canaries": WHITEBOX_CANARIES,
+            "planted_bug": [m.name for m in demo_models(settings) if m.planted_bug],
             **settings.__dict__,
         }
         report = build_report(entries, title="dpaudit demo: digits MLP, non-private vs DP-SGD", config=config)

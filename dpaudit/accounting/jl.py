@@ -8,11 +8,21 @@ Given Z_r = z the pair is N(z/sigma, 1) vs N(0, 1), so the privacy-loss distribu
 mixture over z of Gaussian PLDs, and after Poisson subsampling (Thm. 4.1, via Prop. 4.5) the
 mixture over z of subsampled-Gaussian PLDs (Z_r has the same law under both hypotheses).
 
-Pessimistic discretisation of Z_r: its range is cut at survival levels (uniform in probability in
-the bulk, geometric in the upper tail) and every bin is represented by its *upper* edge. Larger z
-is less private (Lemma 4.2: a coupling Z >= Z' gives T(Z...) <= T(Z'...)), so this upper-bounds
-the privacy loss. The top bin Z > z_cap is treated as mu = infinity (P and Q mutually singular).
-The central limit theorem of Bu et al. 2019 does not apply here: chi^2(f) = inf (Prop. B.5).
+Pessimistic discretisation of Z_r (``z_r_bins``): geometric bins in z, z_(k+1) = z_k e^(1/bins_per_e),
+from the lower quantile at ``tail`` up to a cap z_cap, refined by 500 equal-probability edges (so
+large r, where Z_r ~ 1 +- 1/sqrt(2r), is resolved too), with *exact* chi^2 bin masses; every bin is
+represented by its *upper* edge (the mass below the first edge goes to the first edge). Larger z
+is less private (seed paper Lemma 4.2: a coupling Z >= Z' gives T(Z...) <= T(Z'...)), so this
+upper-bounds the privacy loss; the relative error in z is at most e^(1/bins_per_e) - 1 (0.25% at
+the default 400 bins per e-fold), i.e. about that much in epsilon.
+
+Heavy tail: P(Z_r > z) ~ (r/2)^(r/2) z^-r / Gamma(r/2 + 1) (Prop. B.4 integrated), so a single step's
+delta(eps) decays only like K_r eps^(-r/2), K_r = (r/(4 sigma^2))^(r/2)/Gamma(r/2+1) (the q=1 tail:
+P(mu^2/2 > eps) with mu = Z_r/sigma). The mass P(Z_r > z_cap) is computed exactly (chi^2 CDF) and
+represented by z = inf (P, Q mutually singular): it is charged to delta in full, never dropped. The
+accountant chooses the loss cap per query so that it lies above the epsilon being sought by a
+margin (pld.PldAccountant), which keeps the charge tight. The central limit theorem of Bu et al.
+2019 does not apply here: chi^2(f) = inf (Prop. B.5).
 """
 
 from __future__ import annotations
@@ -20,9 +30,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from dpaudit.accounting.pld import (
+    AtomPair,
     GaussianPair,
     LossPair,
     MixturePair,
@@ -30,14 +41,27 @@ from dpaudit.accounting.pld import (
     SubsampledGaussianRemove,
     subsampled_non_private_pairs,
 )
-from dpaudit.validation import check_non_negative, check_positive_int
+from dpaudit.validation import check_non_negative, check_positive, check_positive_int
+
+# Grid points per mixture component of weight >= 1e-3 (heavy) and below (light); wider components
+# use a coarser multiple of the PLD grid (connect-the-dots is pessimistic on any grid).
+JL_COMPONENT_POINTS = (10_000, 2000)
+# Equal-probability Z_r edges added to the geometric ones (z_r_bins).
+JL_QUANTILE_BINS = 500
 
 
 def z_r_survival(r: int, z: np.ndarray) -> np.ndarray:
-    """P(Z_r > z) = P(chi2_r < r / z^2) (Prop. B.4 gives the density of Z_r)."""
+    """P(Z_r > z) = P(chi2_r < r / z^2) (Prop. B.4 gives the density of Z_r); accurate in the upper tail."""
     z = np.asarray(z, dtype=np.float64)
     with np.errstate(divide="ignore"):
         return stats.chi2.cdf(r / (z * z), r)
+
+
+def z_r_cdf(r: int, z: np.ndarray) -> np.ndarray:
+    """P(Z_r <= z) = P(chi2_r >= r / z^2); accurate in the lower tail."""
+    z = np.asarray(z, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return stats.chi2.sf(r / (z * z), r)
 
 
 def z_r_quantile_upper(r: int, s: np.ndarray) -> np.ndarray:
@@ -47,65 +71,103 @@ def z_r_quantile_upper(r: int, s: np.ndarray) -> np.ndarray:
         return np.sqrt(r / stats.chi2.ppf(s, r))
 
 
-def z_r_bins(r: int, *, n_bulk: int, z_cap: float, tail: float) -> tuple[np.ndarray, np.ndarray, float]:
+def z_r_quantile_lower(r: int, s: np.ndarray) -> np.ndarray:
+    """z with P(Z_r <= z) = s (accurate for small s)."""
+    s = np.asarray(s, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.sqrt(r / stats.chi2.isf(s, r))
+
+
+def single_step_tail_constant(noise_multiplier: float, projections: int) -> float:
+    """K_r with delta_single(eps) ~ K_r eps^(-r/2) for one unsubsampled step, eps -> inf.
+
+    delta(eps) -> P(mu^2/2 > eps) for mu = Z_r/sigma (the Gaussian hockey-stick tends to 1 when
+    mu^2/2 >> eps and to 0 when mu^2/2 << eps), and P(Z_r > z) ~ (r/2)^(r/2) z^-r / Gamma(r/2+1)
+    (chi^2_r CDF near 0: (x/2)^(r/2) / Gamma(r/2+1)); hence K_r = (r/(4 sigma^2))^(r/2) / Gamma(r/2+1).
+    """
+    sigma = check_positive(noise_multiplier=noise_multiplier)
+    r = check_positive_int(projections=projections)
+    return math.exp(0.5 * r * math.log(r / (4.0 * sigma * sigma)) - special.gammaln(0.5 * r + 1.0))
+
+
+def z_r_bins(r: int, *, bins_per_e: int, z_cap: float, tail: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Pessimistic discretisation of Z_r: (bin weights, bin upper edges, mass above z_cap).
 
-    Survival levels: 1 - k/n_bulk in the bulk, then geometric (ratio 0.8) down to ``tail``; levels
-    whose quantile exceeds ``z_cap`` are replaced by z_cap itself, whose survival mass becomes the
-    infinite-sensitivity top bin. Weights are exact differences of survival levels.
+    Edges are geometric (ratio e^(1/bins_per_e)) from the lower quantile at ``tail`` to z_cap, plus
+    the JL_QUANTILE_BINS-quantiles of Z_r below z_cap; the first bin holds all the mass below its
+    edge. Weights are exact chi^2 masses, differenced from the CDF below the median and from the
+    survival function above it (no cancellation in either tail). The weights plus the returned
+    P(Z_r > z_cap) sum to 1 (to rounding).
     """
     r = check_positive_int(projections=r)
-    bulk = 1.0 - np.arange(1, n_bulk) / n_bulk
-    geo = []
-    s = 1.0 / n_bulk
-    while s > tail:
-        s *= 0.8
-        geo.append(max(s, tail))
-    levels = np.concatenate([bulk, np.array(geo)])
-    edges = z_r_quantile_upper(r, levels)
-    s_cap = float(z_r_survival(r, np.array([z_cap]))[0])
-    keep = (edges < z_cap) & (levels > s_cap)
-    levels, edges = levels[keep], edges[keep]
-    levels = np.append(levels, s_cap)
-    edges = np.append(edges, z_cap)
-    weights = -np.diff(np.concatenate([[1.0], levels]))
+    z_lo = float(z_r_quantile_lower(r, np.array([tail]))[0])
+    if not z_lo < z_cap:
+        return (
+            np.array([1.0 - float(z_r_survival(r, np.array([z_cap]))[0])]),
+            np.array([z_cap]),
+            float(z_r_survival(r, np.array([z_cap]))[0]),
+        )
+    n = max(1, math.ceil(math.log(z_cap / z_lo) * bins_per_e))
+    geometric = z_lo * np.exp(np.arange(n) / bins_per_e)
+    # Plus equal-probability edges: for large r, Z_r is concentrated near 1 and the geometric step
+    # alone would inflate every z by up to e^(1/bins_per_e) - 1 (0.25%), i.e. ~0.7% in epsilon.
+    quantiles = z_r_quantile_lower(r, np.arange(1, JL_QUANTILE_BINS) / JL_QUANTILE_BINS)
+    edges = np.unique(np.concatenate([geometric, quantiles]))
+    edges = np.append(edges[edges < z_cap], z_cap)
+    cdf, sf = z_r_cdf(r, edges), z_r_survival(r, edges)
+    from_cdf = np.diff(cdf)
+    from_sf = -np.diff(sf)
+    weights = np.concatenate([[cdf[0]], np.where(cdf[1:] <= 0.5, from_cdf, from_sf)])
+    weights = np.maximum(weights, 0.0)
+    s_cap = float(sf[-1])
     good = weights > 0.0
     return weights[good], edges[good], s_cap
 
 
+def jl_mu_cap(sample_rate: float, max_loss: float) -> float:
+    """mu beyond which a (subsampled) Gaussian component's loss exceeds ``max_loss`` except with
+    probability < Phi(-8) ~ 6e-16: log q + mu^2/2 - 8 mu >= max_loss."""
+    extra = -math.log(sample_rate) if sample_rate < 1.0 else 0.0
+    return 8.0 + math.sqrt(64.0 + 2.0 * (max_loss + extra))
+
+
 def jl_pairs(
-    noise_multiplier: float, projections: int, sample_rate: float, max_loss: float, n_bulk: int, tail: float
+    noise_multiplier: float, projections: int, sample_rate: float, max_loss: float, bins_per_e: int, tail: float
 ) -> tuple[LossPair, LossPair | None]:
     """(remove, add) dominating pairs of one Poisson-subsampled DP-SGD-JL step (add/remove neighbours).
 
-    Formal guarantee (seed paper Lemma 4.3, Thm. 4.1) up to the pessimistic discretisation of Z_r
-    described in the module docstring. ``sample_rate = 1`` gives the unsubsampled step (symmetric).
+    Formal guarantee (seed paper Lemma 4.3, Thm. 4.1) with the pessimistic discretisation of Z_r
+    described in the module docstring: z > z_cap is represented by z = inf, where z_cap puts the
+    components' losses beyond ``max_loss`` (or Z_r's mass beyond it below ``tail`` * 1e-3).
+    ``sample_rate = 1`` gives the unsubsampled step (symmetric).
     """
     sigma = check_non_negative(noise_multiplier=noise_multiplier)
     q = float(sample_rate)
     if sigma == 0.0:
         return subsampled_non_private_pairs(q)
-    # Beyond mu_cap the (subsampled) loss exceeds max_loss with overwhelming probability, so those
-    # z are lumped into the infinite-sensitivity top bin (its mass goes to +inf anyway).
-    extra = -math.log(q) if q < 1.0 else 0.0
-    mu_cap = 8.0 + math.sqrt(64.0 + 2.0 * (max_loss + extra))
-    z_tail = float(z_r_quantile_upper(projections, np.array([tail * 1e-3]))[0])
-    z_cap = min(sigma * mu_cap, z_tail) if math.isfinite(sigma) else z_tail
-    weights, edges, s_cap = z_r_bins(projections, n_bulk=n_bulk, z_cap=z_cap, tail=tail * 1e-3)
     if math.isinf(sigma):
-        from dpaudit.accounting.pld import AtomPair
-
         return AtomPair([0.0], [1.0]), None
+    z_tail = float(z_r_quantile_upper(projections, np.array([tail * 1e-3]))[0])
+    z_cap = min(sigma * jl_mu_cap(q, max_loss), z_tail)
+    weights, edges, s_cap = z_r_bins(projections, bins_per_e=bins_per_e, z_cap=z_cap, tail=tail * 1e-3)
     mus = edges / sigma
     top_rem, top_add = subsampled_non_private_pairs(q)
     if q >= 1.0:
-        rem = MixturePair([(w, GaussianPair(m)) for w, m in zip(weights, mus, strict=True)] + [(s_cap, top_rem)])
+        rem = MixturePair(
+            [(w, GaussianPair(m)) for w, m in zip(weights, mus, strict=True)] + [(s_cap, top_rem)],
+            JL_COMPONENT_POINTS[0],
+            light_points=JL_COMPONENT_POINTS[1],
+        )
         return rem, None
     rem = MixturePair(
-        [(w, SubsampledGaussianRemove(m, q)) for w, m in zip(weights, mus, strict=True)] + [(s_cap, top_rem)]
+        [(w, SubsampledGaussianRemove(m, q)) for w, m in zip(weights, mus, strict=True)] + [(s_cap, top_rem)],
+        JL_COMPONENT_POINTS[0],
+        light_points=JL_COMPONENT_POINTS[1],
     )
     assert top_add is not None
     add = MixturePair(
-        [(w, SubsampledGaussianAdd(m, q)) for w, m in zip(weights, mus, strict=True)] + [(s_cap, top_add)]
+        [(w, SubsampledGaussianAdd(m, q)) for w, m in zip(weights, mus, strict=True)] + [(s_cap, top_add)],
+        JL_COMPONENT_POINTS[0],
+        light_points=JL_COMPONENT_POINTS[1],
     )
     return rem, add

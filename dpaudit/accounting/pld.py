@@ -200,7 +200,7 @@ def _chernoff_window(p: np.ndarray, count: int, tail: float, interval: float) ->
 
     Chernoff: mass(S >= h) <= exp(count K(lam) - lam h) and mass(S <= l) <= exp(count K(-lam) + lam l)
     for every lam > 0, with K the log-MGF of one PMF in index units; the best of a log-spaced grid
-    of lam (0.01 to 1e5 per nat) is used. Any lam gives a valid bound.
+    of lam (0.01 to 1e5 per nat, and 0.1/max_idx to 1 per index) is used. Any lam gives a valid bound.
     """
     n = p.size
     max_idx = count * (n - 1)
@@ -215,8 +215,10 @@ def _chernoff_window(p: np.ndarray, count: int, tail: float, interval: float) ->
     idx_lo = starts[nz]
     log_tail = math.log(tail)
     best_hi, best_lo = math.inf, -math.inf
-    for lam_nat in np.geomspace(1e-2, 1e5, 45):
-        lam = lam_nat * interval  # per index unit
+    # lam per nat from 1e-2 to 1e5, plus lam per index unit down to ~1/max_idx: heavy-tailed PMFs
+    # spread over many nats (DP-SGD-JL with small r) need lam far below 1e-2 per nat.
+    lams = np.concatenate([np.geomspace(1e-2, 1e5, 45) * interval, np.geomspace(0.1 / max(max_idx, 1), 1.0, 30)])
+    for lam in lams:  # per index unit
         k_pos = _logsumexp(logp + lam * idx_hi)
         best_hi = min(best_hi, math.ceil((count * k_pos - log_tail) / lam))
         k_neg = _logsumexp(logp - lam * idx_lo)
@@ -428,9 +430,14 @@ class GaussianPair(LossPair):
 
 def _ginv(t: np.ndarray, q: float) -> np.ndarray:
     # Inverse of g(l) = log(1 - q + q e^l): g^-1(t) = log(e^t - 1 + q) - log q (expm1 keeps precision
-    # just above t = log(1 - q), where almost all the mass of a subsampled loss sits).
+    # just above t = log(1 - q), where almost all the mass of a subsampled loss sits). For t > 1 it is
+    # t + log1p((q - 1) e^-t) - log q instead: expm1 overflows beyond ~709 nats, which would put
+    # every larger loss at CDF 1 (an under-report).
+    t = np.asarray(t, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return np.log(np.expm1(t) + q) - math.log(q)
+        small = np.log(np.expm1(np.minimum(t, 1.0)) + q)
+        large = t + np.log1p((q - 1.0) * np.exp(-np.maximum(t, 1.0)))
+        return np.where(t > 1.0, large, small) - math.log(q)
 
 
 class SubsampledGaussianRemove(LossPair):
@@ -552,10 +559,20 @@ class MixturePair(LossPair):
     of the component PLDs, and connect-the-dots is linear in the interval masses, so components
     are discretised separately and added (each with the full tail budget scaled by its weight)."""
 
-    def __init__(self, components: list[tuple[float, LossPair]], max_points: int = 10_000) -> None:
+    def __init__(
+        self,
+        components: list[tuple[float, LossPair]],
+        max_points: int = 10_000,
+        *,
+        light_points: int | None = None,
+        light_weight: float = 1e-3,
+    ) -> None:
         self.components = [(float(wt), c) for wt, c in components if wt > 0.0]
         self.p_inf = 0.0
         self.max_points = max_points
+        # Components of weight < light_weight may use a coarser grid (light_points per component).
+        self.light_points = max_points if light_points is None else light_points
+        self.light_weight = light_weight
 
     def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
         rs = [c.loss_range(tail, max_loss) for _, c in self.components]
@@ -567,20 +584,17 @@ class MixturePair(LossPair):
             # Wide components are discretised on a coarser grid (a multiple of ``interval``, so its
             # points are grid points too); connect-the-dots is pessimistic on any grid.
             lo, hi = c.loss_range(tail, max_loss)
-            mult = max(1, math.ceil((hi - lo) / (interval * self.max_points)))
-            part = c.discretise(interval * mult, tail, max_loss)
-            if mult > 1:
-                fine = np.zeros((part.probs.size - 1) * mult + 1)
-                fine[::mult] = part.probs
-                part = DiscretePLD(interval, part.offset * mult, fine, part.inf_mass)
-            parts.append((wt, part))
-        offset = min(p.offset for _, p in parts)
-        top = max(p.offset + p.probs.size for _, p in parts)
+            points = self.max_points if wt >= self.light_weight else self.light_points
+            mult = max(1, math.ceil((hi - lo) / (interval * points)))
+            parts.append((wt, mult, c.discretise(interval * mult, tail, max_loss)))
+        # Part k sits at fine-grid indices (offset + i) * mult: added with a stride (no upsampled copy).
+        offset = min(p.offset * m for _, m, p in parts)
+        top = max((p.offset + p.probs.size - 1) * m + 1 for _, m, p in parts)
         probs = np.zeros(top - offset)
         inf_mass = 0.0
-        for wt, part in parts:
-            start = part.offset - offset
-            probs[start : start + part.probs.size] += wt * part.probs
+        for wt, mult, part in parts:
+            start = part.offset * mult - offset
+            probs[start : start + (part.probs.size - 1) * mult + 1 : mult] += wt * part.probs
             inf_mass += wt * part.inf_mass
         return DiscretePLD(interval, offset, probs, inf_mass)
 
@@ -598,6 +612,15 @@ class PldAccountant(Accountant):
     points. ``tail_mass_truncation``: mass allowed outside FFT windows per composition (default
     1e-15). ``max_loss``: losses beyond +-max_loss nats are treated as +inf / rounded up.
 
+    DP-SGD-JL (JLGaussian leaves) has a heavy-tailed per-step loss (seed paper Prop. B.5; see
+    :mod:`dpaudit.accounting.jl`), so its loss cap is chosen *per query* instead: for epsilon(delta)
+    it starts at ``jl_initial_cap`` nats and is raised until it lies at least ``JL_CAP_MARGIN`` nats
+    above the certified epsilon; for delta(eps) it is max(jl_initial_cap, eps + JL_CAP_MARGIN). The
+    loss mass above the cap is sent to +inf (charged to delta in full); with the cap that far above
+    eps this over-charges delta by at most e^-JL_CAP_MARGIN times the charged mass (the true term
+    is E[1 - e^(eps - L - S)] >= 1 - e^(eps - cap) E_P[e^-S], E_P[e^-S] <= 1). Every cap gives a
+    valid bound. ``jl_bins``: Z_r bins per e-fold of z (relative z error e^(1/jl_bins) - 1).
+
     Supported leaves: Gaussian, GNMax, Laplace, LNMax, EpsilonDelta, RandomizedResponse
     (replace-one), JLGaussian (add/remove), PoissonSampled(Gaussian composition | JLGaussian)
     (add/remove). FixedSizeSampled is not (use rdp).
@@ -613,7 +636,8 @@ class PldAccountant(Accountant):
         tail_mass_truncation: float = 1e-15,
         max_loss: float = 1000.0,
         max_bins: int = 2_000_000,
-        jl_bins: int = 256,
+        jl_bins: int = 400,
+        jl_initial_cap: float = 200.0,
     ) -> None:
         super().__init__(neighbouring=neighbouring)
         self.interval = check_positive(value_discretization_interval=value_discretization_interval)
@@ -621,11 +645,9 @@ class PldAccountant(Accountant):
         self.max_loss = check_positive(max_loss=max_loss)
         self.max_bins = check_positive_int(max_bins=max_bins)
         self.jl_bins = check_positive_int(jl_bins=jl_bins)
-        # DP-SGD-JL has heavy-tailed per-step losses; losses above this are treated as +inf there
-        # (pessimistic) to keep the grid small.
-        self._jl_max_loss = min(self.max_loss, 200.0)
+        self.jl_initial_cap = check_positive(jl_initial_cap=jl_initial_cap)
         self._counts: dict[Event, int] = {}
-        self._cache: tuple[DiscretePLD, DiscretePLD | None] | None = None
+        self._cache: dict[float, tuple[DiscretePLD, DiscretePLD | None]] = {}
 
     # -- leaves ------------------------------------------------------------------------------
 
@@ -657,12 +679,22 @@ class PldAccountant(Accountant):
 
     def _accumulate(self, rep: Event, count: int) -> None:
         self._counts[rep] = self._counts.get(rep, 0) + count
-        self._cache = None
+        self._cache = {}
 
     def _is_empty(self) -> bool:
         return not self._counts
 
-    def _pairs(self, event: Event) -> tuple[LossPair, LossPair | None]:
+    def _jl_leaves(self) -> list[tuple[JLGaussian, float, int]]:
+        """(JL mechanism, sample rate, count) of every DP-SGD-JL leaf in the ledger."""
+        out = []
+        for e, c in self._counts.items():
+            if isinstance(e, JLGaussian):
+                out.append((e, 1.0, c))
+            elif isinstance(e, PoissonSampled) and isinstance(e.event, JLGaussian):
+                out.append((e.event, e.sample_rate, c))
+        return out
+
+    def _pairs(self, event: Event, jl_cap: float) -> tuple[LossPair, LossPair | None]:
         """(remove-direction pair, add-direction pair or None when symmetric)."""
         sens = replace_factor(self.neighbouring)
         if isinstance(event, Gaussian):
@@ -684,16 +716,14 @@ class PldAccountant(Accountant):
         if isinstance(event, JLGaussian):
             from dpaudit.accounting.jl import jl_pairs
 
-            return jl_pairs(event.noise_multiplier, event.projections, 1.0, self._jl_max_loss, self.jl_bins, self.tail)
+            return jl_pairs(event.noise_multiplier, event.projections, 1.0, jl_cap, self.jl_bins, self.tail)
         if isinstance(event, PoissonSampled):
             q = event.sample_rate
             inner = event.event
             if isinstance(inner, JLGaussian):
                 from dpaudit.accounting.jl import jl_pairs
 
-                return jl_pairs(
-                    inner.noise_multiplier, inner.projections, q, self._jl_max_loss, self.jl_bins, self.tail
-                )
+                return jl_pairs(inner.noise_multiplier, inner.projections, q, jl_cap, self.jl_bins, self.tail)
             assert isinstance(inner, Gaussian)
             s = inner.noise_multiplier
             if s == 0.0:
@@ -710,55 +740,98 @@ class PldAccountant(Accountant):
 
     # -- evaluation --------------------------------------------------------------------------
 
-    def _composed(self) -> tuple[DiscretePLD, DiscretePLD | None]:
-        if self._cache is not None:
-            return self._cache
-        pairs = [(self._pairs(e), c) for e, c in self._counts.items()]
+    def _composed(self, jl_cap: float | None = None) -> tuple[DiscretePLD, DiscretePLD | None]:
+        """Composed (remove, add-or-None) PMFs; JL leaves use the loss cap ``jl_cap`` (nats)."""
+        jl_cap = self.jl_initial_cap if jl_cap is None else float(jl_cap)
+        if jl_cap in self._cache:
+            return self._cache[jl_cap]
+        jl_events = {e for e, c in self._counts.items() if _is_jl(e)}
+        pairs = [
+            (self._pairs(e, jl_cap), c, jl_cap if e in jl_events else self.max_loss) for e, c in self._counts.items()
+        ]
         # One grid step for all leaves (composition needs a common grid); enlarge it if some
         # mechanism's loss range would need more than max_bins points.
         interval = self.interval
-        for (rem, add), _ in pairs:
+        for (rem, add), _, max_loss in pairs:
             for pr in (rem, add):
                 if pr is not None:
-                    lo, hi = pr.loss_range(self.tail, self.max_loss)
+                    lo, hi = pr.loss_range(self.tail, max_loss)
                     interval = max(interval, (hi - lo) / self.max_bins)
-        symmetric = all(add is None for (_, add), _ in pairs)
+        symmetric = all(add is None for (_, add), _, _ in pairs)
         total_rem: DiscretePLD | None = None
         total_add: DiscretePLD | None = None
-        for (rem, add), count in pairs:
-            d_rem = rem.discretise(interval, self.tail * 1e-5, self.max_loss).self_compose(count, self.tail)
+        for (rem, add), count, max_loss in pairs:
+            d_rem = rem.discretise(interval, self.tail * 1e-5, max_loss).self_compose(count, self.tail)
             total_rem = d_rem if total_rem is None else total_rem.compose(d_rem, self.tail)
             if not symmetric:
                 d_add = (
                     d_rem
                     if add is None
-                    else add.discretise(interval, self.tail * 1e-5, self.max_loss).self_compose(count, self.tail)
+                    else add.discretise(interval, self.tail * 1e-5, max_loss).self_compose(count, self.tail)
                 )
                 total_add = d_add if total_add is None else total_add.compose(d_add, self.tail)
         assert total_rem is not None
-        self._cache = (total_rem, total_add)
-        return self._cache
+        self._cache[jl_cap] = (total_rem, total_add)
+        return self._cache[jl_cap]
 
-    def privacy_loss_distributions(self) -> tuple[DiscretePLD, DiscretePLD]:
-        """The composed (remove, add) PMFs (identical objects when every leaf is symmetric)."""
+    def privacy_loss_distributions(self, jl_cap: float | None = None) -> tuple[DiscretePLD, DiscretePLD]:
+        """The composed (remove, add) PMFs (identical objects when every leaf is symmetric).
+
+        ``jl_cap``: loss cap (nats) for DP-SGD-JL leaves (default ``jl_initial_cap``); losses above
+        it are in ``inf_mass``. Queries on these PMFs are valid for every cap.
+        """
         if self._non_private:
             raise InputError("the ledger contains a non-private event (epsilon = inf)")
-        rem, add = self._composed()
+        rem, add = self._composed(jl_cap)
         return rem, rem if add is None else add
 
-    def _epsilon(self, delta: float) -> float:
-        rem, add = self._composed()
-        eps = rem.epsilon(delta)
+    def _eps_at(self, delta: float, jl_cap: float | None) -> tuple[float, float]:
+        # (epsilon, +inf mass of the worse direction's composed PMF) at this JL cap.
+        rem, add = self._composed(jl_cap)
+        eps, inf_mass = rem.epsilon(delta), rem.inf_mass
         if add is not None:
             eps = max(eps, add.epsilon(delta))
-        return eps
+            inf_mass = max(inf_mass, add.inf_mass)
+        return eps, inf_mass
+
+    def _epsilon(self, delta: float) -> float:
+        jl = self._jl_leaves()
+        if not jl:
+            return self._eps_at(delta, None)[0]
+        # Per-query JL cap (class docstring): every eps below is a valid bound, so the smallest is
+        # returned; the loop stops once the cap is JL_CAP_MARGIN nats above the certified eps.
+        r_min = min(e.projections for e, _, _ in jl)
+        cap = self.jl_initial_cap
+        best = math.inf
+        for _ in range(JL_MAX_WIDENINGS):
+            eps, inf_mass = self._eps_at(delta, cap)
+            best = min(best, eps)
+            if best + JL_CAP_MARGIN <= cap:
+                break
+            if math.isfinite(best):
+                cap = best * (1.0 + 1e-3) + JL_CAP_MARGIN
+            else:
+                # The charged mass exceeds delta. The per-step tail decays like cap^(-r/2) (jl module
+                # docstring), so aim at charging delta/2; any factor is valid, this one is a guess.
+                ratio = max(inf_mass / (0.5 * delta), 1.0)
+                cap = cap * max(4.0, 1.5 * ratio ** (2.0 / r_min)) + JL_CAP_MARGIN
+        return best
 
     def _delta(self, epsilon: float) -> float:
-        rem, add = self._composed()
+        cap = max(self.jl_initial_cap, epsilon + JL_CAP_MARGIN) if self._jl_leaves() else None
+        rem, add = self._composed(cap)
         d = rem.delta(epsilon)
         if add is not None:
             d = max(d, add.delta(epsilon))
         return d
+
+
+JL_CAP_MARGIN = 25.0  # nats between a certified epsilon and the JL loss cap (PldAccountant docstring)
+JL_MAX_WIDENINGS = 8
+
+
+def _is_jl(event: Event) -> bool:
+    return isinstance(event, JLGaussian) or (isinstance(event, PoissonSampled) and isinstance(event.event, JLGaussian))
 
 
 def _non_private() -> AtomPair:

@@ -16,6 +16,9 @@ Methods:
   shows the false alarms).
 * ``"one-run"`` — Steinke, Nasr & Jagielski 2023 (arXiv:2305.08846). Formal guarantee: holds when
   each canary was included independently with probability 1/2 and the scores come from one run.
+* ``"one-run-fdp"`` — the same design tested against a trade-off curve family (Mahloujifar, Melis &
+  Chaudhuri 2025, arXiv:2410.22235; :mod:`dpaudit.audit.fdp_one_run`): ``tradeoff="gdp"`` (an estimate
+  of ε), ``"epsilon-delta"`` (formal) or the claim's own curve, e.g. ``dpsgd_family(q, T)`` (formal).
 
 Designs — how the member bits were produced, which decides whether a bound is formal:
 
@@ -47,7 +50,7 @@ import numpy as np
 from scipy.stats import binomtest
 
 from dpaudit.accounting.gdp import gdp_epsilon
-from dpaudit.audit import one_run
+from dpaudit.audit import fdp_one_run, one_run
 from dpaudit.audit.result import (
     ALTERNATIVES,
     DESIGNS,
@@ -296,7 +299,7 @@ def _as_count(name: str, value) -> int:
 
 def _resolve_selection(method, threshold_selection, threshold, k_plus, k_minus) -> str:
     sel = check_choice(THRESHOLD_SELECTIONS, threshold_selection=threshold_selection)
-    if method == "one-run":
+    if method in ("one-run", "one-run-fdp"):
         if threshold is not None:
             raise InputError("threshold does not apply to the one-run method; use k_plus/k_minus")
         if k_plus is not None or k_minus is not None:
@@ -336,6 +339,7 @@ def audit_scores(
     k_minus: int | None = None,
     design: str = "membership",
     alternative: str = "greater",
+    tradeoff="gdp",
 ) -> AuditResult:
     """ε lower bound (natural log) at ``delta`` from membership scores, and a verdict on a claim.
 
@@ -361,6 +365,10 @@ def audit_scores(
         alternative: "greater" (higher = member), "less" (lower = member) or "two-sided" (direction
             unknown in advance: both directions are audited at α/2 each on the same holdout split and
             the larger bound is reported; ``details["direction"]`` says which won).
+        tradeoff: method "one-run-fdp" only: the hypothesised trade-off family — "gdp" (μ-GDP; the ε of
+            the refuted μ is an estimate), "epsilon-delta" (formal ε lower bound) or a
+            :class:`dpaudit.audit.fdp_one_run.TradeoffFamily` such as ``dpsgd_family(q, T)`` (the
+            claim's own curve; formal).
 
     Returns:
         AuditResult. ``formal`` is True only for ("clopper-pearson", "multi-run") and ("one-run",
@@ -373,18 +381,18 @@ def audit_scores(
     method = check_choice(METHODS, method=method)
     design = check_choice(DESIGNS, design=design)
     alternative = check_choice(ALTERNATIVES, alternative=alternative)
-    if method == "one-run" and design != "canaries":
+    if method in ("one-run", "one-run-fdp") and design != "canaries":
         raise InputError(
-            "the one-run method needs design='canaries' (the canaries of one run, each included independently "
+            f"the {method} method needs design='canaries' (the canaries of one run, each included independently "
             f"with probability 1/2), got design={design!r}"
         )
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
     delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
     if claimed_epsilon is not None:
         claimed_epsilon = check_non_negative(claimed_epsilon=claimed_epsilon)
-    if method == "gdp" and delta == 0.0:
+    if method in ("gdp", "one-run-fdp") and delta == 0.0:
         raise InputError(
-            "the gdp method needs delta > 0 (a mu-GDP mechanism with mu > 0 has epsilon = inf at delta = 0)"
+            f"the {method} method needs delta > 0 (a mu-GDP mechanism with mu > 0 has epsilon = inf at delta = 0)"
         )
     if threshold is not None:
         threshold = check_in_interval(-math.inf, math.inf, threshold=threshold)
@@ -405,6 +413,8 @@ def audit_scores(
     setup = _Setup(method, design, alternative, delta, alpha, confidence, claimed_epsilon, selection)
     if method == "one-run":
         return _audit_one_run(s, mem, setup, k_plus, k_minus, rng)
+    if method == "one-run-fdp":
+        return _audit_one_run(s, mem, setup, k_plus, k_minus, rng, fdp_one_run.resolve_family(tradeoff, delta))
     return _audit_threshold(s, mem, setup, threshold, rng)
 
 
@@ -483,13 +493,16 @@ def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
     return _finish(setup, eps, max_cert, counts, t_out, notes, details)
 
 
-def _audit_one_run(s, mem, setup: _Setup, k_plus, k_minus, rng) -> AuditResult:
+def _audit_one_run(s, mem, setup: _Setup, k_plus, k_minus, rng, family=None) -> AuditResult:
+    """The one-run design: the (ε, δ) analysis (``family`` None) or the f-DP one against ``family``."""
     m, n_in = len(s), int(mem.sum())
-    out = one_run.audit(
-        s, mem, delta=setup.delta, alpha=_direction_alpha(setup.alpha, setup.alternative), selection=setup.selection,
-        rng=rng, k_plus=k_plus, k_minus=k_minus, directions=_directions(setup.alternative),
-    )  # fmt: skip
-    notes = [] if out.note is None else [out.note]
+    common = {
+        "delta": setup.delta, "alpha": _direction_alpha(setup.alpha, setup.alternative), "rng": rng,
+        "selection": setup.selection, "k_plus": k_plus, "k_minus": k_minus,
+        "directions": _directions(setup.alternative),
+    }  # fmt: skip
+    out = one_run.audit(s, mem, **common) if family is None else fdp_one_run.audit(s, mem, family=family, **common)
+    notes = ([] if family is None else [family.note]) + ([] if out.note is None else [out.note])
     if setup.alternative == "two-sided":
         notes.append(
             f"two-sided: the ranking and its reverse audited at alpha/2 each; the {out.direction!r} direction won"
@@ -501,32 +514,33 @@ def _audit_one_run(s, mem, setup: _Setup, k_plus, k_minus, rng) -> AuditResult:
             "independently with probability 1/2"
         )
     counts = {
-        "n_members": n_in,
-        "n_nonmembers": m - n_in,
-        "n_eval_canaries": out.n_eval,
-        "k_plus": out.k_plus,
-        "k_minus": out.k_minus,
-        "guesses": out.guesses,
-        "correct": out.correct,
-    }
+        "n_members": n_in, "n_nonmembers": m - n_in, "n_eval_canaries": out.n_eval, "k_plus": out.k_plus,
+        "k_minus": out.k_minus, "guesses": out.guesses, "correct": out.correct,
+    }  # fmt: skip
     details = {
-        "alpha_per_test": out.alpha_per_test,
-        "n_tests": out.n_tests,
-        "alternative": setup.alternative,
+        "alpha_per_test": out.alpha_per_test, "n_tests": out.n_tests, "alternative": setup.alternative,
         "direction": out.direction,
-    }
-    return _finish(setup, out.epsilon, out.max_certifiable, counts, None, notes, details)
+    }  # fmt: skip
+    if family is None:
+        return _finish(setup, out.epsilon, out.max_certifiable, counts, None, notes, details)
+    details |= {
+        "tradeoff": family.name, "parameter": family.parameter, "parameter_lower_bound": out.parameter,
+        "max_certifiable_parameter": out.max_parameter,
+    }  # fmt: skip
+    if family.name == "gdp":
+        details["mu_lower_bound"] = out.parameter
+    return _finish(setup, out.epsilon, out.max_certifiable, counts, None, notes, details, formal=family.formal)
 
 
-def _finish(setup: _Setup, eps, max_cert, counts, threshold, notes, details) -> AuditResult:
+def _finish(setup: _Setup, eps, max_cert, counts, threshold, notes, details, *, formal: bool = True) -> AuditResult:
     eps = float(max(0.0, eps))
     max_cert = float(max_cert)
     claimed = setup.claimed
-    formal = is_formal(setup.method, setup.design)
+    formal = formal and is_formal(setup.method, setup.design)
     caveats = []
     if setup.method == "gdp":
         caveats.append(_GDP_NOTE)
-    if not formal and setup.design in _DESIGN_NOTES:
+    if not formal and setup.design in _DESIGN_NOTES and setup.method != "one-run-fdp":
         caveats.append(_DESIGN_NOTES[setup.design])
     notes = [*caveats, *notes]
     if claimed is not None and claimed >= max_cert and eps <= claimed:
@@ -563,6 +577,7 @@ def max_certifiable_epsilon(
     k_plus: int | None = None,
     k_minus: int | None = None,
     alternative: str = "greater",
+    tradeoff="gdp",
 ) -> float:
     """Largest ε this design could certify: the bound a perfect attack would give.
 
@@ -588,6 +603,12 @@ def max_certifiable_epsilon(
     if method == "one-run":
         selection = _resolve_selection(method, threshold_selection, None, k_plus, k_minus)
         return one_run.max_certifiable(n_pos + n_neg, delta, alpha, selection, k_plus, k_minus)
+    if method == "one-run-fdp":
+        if delta == 0.0:
+            raise InputError("the one-run-fdp method needs delta > 0")
+        selection = _resolve_selection(method, threshold_selection, None, k_plus, k_minus)
+        family = fdp_one_run.resolve_family(tradeoff, delta)
+        return fdp_one_run.max_certifiable(n_pos + n_neg, family, delta, alpha, selection, k_plus, k_minus)[1]
     if selection == "bonferroni":
         k_total = len(rank_grid(n_neg)) + len(rank_grid(n_pos))
         return _threshold_max_certifiable(method, n_pos, n_neg, alpha / (2.0 * k_total), delta)

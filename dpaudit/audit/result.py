@@ -6,13 +6,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Method = Literal["clopper-pearson", "gdp", "one-run"]
+Method = Literal["clopper-pearson", "gdp", "one-run", "one-run-fdp"]
 ThresholdSelection = Literal["holdout", "bonferroni", "fixed"]
 Design = Literal["membership", "canaries", "multi-run"]
 Alternative = Literal["greater", "less", "two-sided"]
 Verdict = Literal["violation", "estimate-exceeds-claim", "consistent", "inconclusive"]
 
-METHODS: tuple[str, ...] = ("clopper-pearson", "gdp", "one-run")
+METHODS: tuple[str, ...] = ("clopper-pearson", "gdp", "one-run", "one-run-fdp")
 THRESHOLD_SELECTIONS: tuple[str, ...] = ("holdout", "bonferroni", "fixed")
 # How the member bits were produced (see :func:`dpaudit.audit.audit_scores`):
 #   "multi-run"  — one score per independent run of the mechanism on D (member) or D′ (non-member);
@@ -31,8 +31,11 @@ def is_formal(method: str, design: str) -> bool:
     ("multi-run"; Jagielski et al. 2020, arXiv:2006.07709) and the one-run test on canaries included
     independently with probability 1/2 ("canaries"; Steinke, Nasr & Jagielski 2023, arXiv:2305.08846,
     Theorem 3.1). The gdp method is an estimate on any design (it assumes a Gaussian trade-off curve).
+    The one-run f-DP test ("one-run-fdp" on "canaries"; Mahloujifar, Melis & Chaudhuri 2025,
+    arXiv:2410.22235) is formal here; :func:`dpaudit.audit.audit_scores` downgrades it to an estimate
+    for trade-off families whose ε conversion assumes the curve's shape (the GDP family).
     """
-    return (method, design) in {("clopper-pearson", "multi-run"), ("one-run", "canaries")}
+    return (method, design) in {("clopper-pearson", "multi-run"), ("one-run", "canaries"), ("one-run-fdp", "canaries")}
 
 
 def decide_verdict(

@@ -25,8 +25,8 @@ MethodOpt = Annotated[
     str,
     typer.Option(
         "--method",
-        help="clopper-pearson (formal), gdp (estimate, assumes mu-GDP) or one-run "
-        "(formal; canaries included w.p. 1/2).",
+        help="clopper-pearson (formal), gdp (estimate, assumes mu-GDP), one-run (formal; canaries included "
+        "w.p. 1/2) or one-run-fdp (the one-run design against a trade-off curve, see --tradeoff).",
     ),
 ]
 ClaimedOpt = Annotated[
@@ -154,6 +154,15 @@ def scores_cmd(
             "--two-sided", help="Score direction unknown: audit both directions at alpha/2 each, report the larger."
         ),
     ] = False,
+    tradeoff: Annotated[
+        str,
+        typer.Option(
+            "--tradeoff",
+            help="one-run-fdp: the hypothesised curves: epsilon-delta (formal epsilon lower bound), gdp (mu-GDP; "
+            "epsilon is an estimate) or dpsgd:Q,T (DP-SGD's curves at Poisson rate Q and T steps, the noise "
+            "multiplier varied; formal).",
+        ),
+    ] = "epsilon-delta",
     fail_on_violation: Annotated[
         bool,
         typer.Option("--fail-on-violation", help="Exit with code 1 when the verdict is 'violation' (formal bounds)."),
@@ -179,8 +188,24 @@ def scores_cmd(
         seed=seed,
         design=design,
         alternative="two-sided" if two_sided else "greater",
+        tradeoff=parse_tradeoff(tradeoff),
     )
     emit_audit(result, json_flag=json_output, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
+
+
+def parse_tradeoff(text: str):
+    """--tradeoff: "epsilon-delta", "gdp" or "dpsgd:Q,T" (a :class:`~dpaudit.audit.fdp_one_run.TradeoffFamily`)."""
+    if not text.startswith("dpsgd:"):
+        return text  # validated by audit_scores
+    from dpaudit.audit.fdp_one_run import dpsgd_family
+    from dpaudit.validation import check_in_interval, check_positive_int
+
+    try:
+        q_text, t_text = text.removeprefix("dpsgd:").split(",")
+        q, steps = float(q_text), int(t_text)
+    except ValueError:
+        raise InputError(f"expected --tradeoff dpsgd:Q,T (e.g. dpsgd:0.01,1000), got {text!r}") from None
+    return dpsgd_family(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=q), check_positive_int(steps=steps))
 
 
 @audit_app.command("selftest")
@@ -208,7 +233,10 @@ def selftest_cmd(
 
 @audit_app.command("plan")
 def plan_cmd(
-    epsilon: Annotated[float, typer.Option("--epsilon", help="The claimed epsilon the audit must be able to refute.")],
+    epsilon: Annotated[
+        float,
+        typer.Option("--epsilon", "--claimed-epsilon", help="The claimed epsilon the audit must be able to refute."),
+    ],
     delta: DeltaOpt = 1e-5,
     confidence: ConfidenceOpt = 0.95,
     method: MethodOpt = "clopper-pearson",
@@ -338,8 +366,28 @@ def train_cmd(
     runs: Annotated[int, typer.Option("--runs", help="Models trained with the canary (and as many without).")] = 100,
     threat_model: Annotated[str, typer.Option("--threat-model", help="black-box | white-box.")] = "black-box",
     canary_kind: Annotated[
-        str, typer.Option("--canary-kind", help="Black-box canary: clipbkd | mislabeled | outlier.")
+        str,
+        typer.Option(
+            "--canary-kind",
+            help="Black-box canary: clipbkd | mislabeled | outlier | crafted (built from the public aux split "
+            "for the final-model threat model).",
+        ),
     ] = "clipbkd",
+    init: Annotated[
+        str,
+        typer.Option(
+            "--init",
+            help="random (each run's own seed) | adversarial (every run starts from one fixed model pre-trained "
+            "on the public aux split; DP-SGD's claim holds for any fixed start).",
+        ),
+    ] = "random",
+    allow_inconclusive: Annotated[
+        bool,
+        typer.Option(
+            "--allow-inconclusive",
+            help="Run even when --runs is too few to refute the claim (otherwise refused with exit 2).",
+        ),
+    ] = False,
     data: Annotated[str, typer.Option("--data", help="Dataset (as for dpaudit train).")] = "digits",
     label_column: Annotated[str | None, typer.Option("--label-column")] = None,
     model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "logreg",
@@ -422,6 +470,8 @@ def train_cmd(
         progress=progress(json_output),
         trainer=trainer,
         neighbouring=neighbouring,
+        init=init,
+        allow_inconclusive=allow_inconclusive,
     )
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
     _exit_code([result.result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)

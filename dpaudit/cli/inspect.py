@@ -18,7 +18,17 @@ def register(app: App) -> None:
     ) -> None:
         """Summarise a checkpoint. JSON keys (stable): schema_version, model, data, data_sha256, algo, private,
         epsilon, delta, accountant, train_accuracy, test_accuracy, holdout_accuracy, train_loss, test_loss,
-        n_members, seed, versions."""
+        n_members, seed, versions. A cloak checkpoint (`dpaudit train --algo cloak`): kind, lambda,
+        suppression_ratio, suppression_threshold, accuracy_loss, clean_accuracy, cloaked_accuracy,
+        composed_epsilon, median_feature_epsilon, delta, target, target_weights_sha256, data, feature_shape."""
+        from dpaudit.training.cloak import CLOAK_FILE
+
+        if (run / CLOAK_FILE).is_file():
+            from dpaudit.cli.cloak import human_cloak
+            from dpaudit.training.cloak import cloak_summary, load_cloak
+
+            s = cloak_summary(load_cloak(run))
+            return emit(s, human_cloak(s), json_flag=json_output)
         from dpaudit.checkpoint import load_run
         from dpaudit.cli.train import human_summary
         from dpaudit.training.run import summary
@@ -27,4 +37,8 @@ def register(app: App) -> None:
         r.dataset()  # verifies the data hash
         s = summary(r.meta)
         imported = r.meta.get("import") is not None or r.meta["training"].get("algo") == "imported"
-        emit(s, human_summary(s, imported=imported), json_flag=json_output)
+        text = human_summary(s, imported=imported)
+        jl = (r.meta.get("privacy") or {}).get("jl")
+        if jl:  # DP-SGD-JL: which AD path estimated the norms (the claim is the JL event's)
+            text += f"\njl         {jl['projections']} projection(s), per-example norms by {jl['ad_path']}"
+        emit(s, text, json_flag=json_output)

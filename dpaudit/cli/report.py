@@ -77,6 +77,17 @@ def register(app: App) -> None:
                 "--extraction-budget", help="Also run model extraction with this many queries (full probabilities)."
             ),
         ] = None,
+        cloak: Annotated[
+            str | None,
+            typer.Option(
+                "--cloak",
+                help="Also measure what a Cloak leaks: a cloak checkpoint trained for the run (`dpaudit train "
+                "--algo cloak`), or a λ > 0 to train one per run.",
+            ),
+        ] = None,
+        icl: Annotated[
+            bool, typer.Option("--icl", help="Also run the ICL membership attack and canary audit (dp-icl runs).")
+        ] = False,
         title: Annotated[str | None, typer.Option("--title", help="Report title.")] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
@@ -109,6 +120,12 @@ def register(app: App) -> None:
             families["attribute"] = {"feature": int(attribute) if attribute.strip().isdigit() else attribute}
         if extraction_budget is not None:
             families["extraction"] = {"budget": check_positive_int(extraction_budget=extraction_budget)}
+        if cloak is not None:
+            from dpaudit.training.cloak import cloak_option
+
+            families["cloak"] = cloak_option(cloak)
+        if icl:
+            families["icl"] = {}
         kinds = [(p, classify_input(p)) for p in inputs]
         reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
         config = {
@@ -121,6 +138,7 @@ def register(app: App) -> None:
             "inversion": inversion,
             "attribute": attribute,
             "extraction_budget": extraction_budget,
+            "cloak": cloak,
             "merged": [reports[p]["run"] for p, kind in kinds if kind == "report"],
         }
         models = []

@@ -63,13 +63,27 @@ def register(app: App) -> None:
         model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "mlp",
         hidden: Annotated[str | None, typer.Option("--hidden", help="MLP hidden sizes, e.g. 128,64.")] = None,
         activation: Annotated[str | None, typer.Option("--activation", help="tanh | relu | gelu | elu")] = None,
-        algo: Annotated[str, typer.Option("--algo", help="sgd | adam | dpsgd | dpadam")] = "sgd",
+        algo: Annotated[
+            str,
+            typer.Option(
+                "--algo",
+                help="sgd | adam | dpsgd | dpadam | dpsgd-jl | dpadam-jl | pate | dp-icl | outpert | objpert | dpagd "
+                "| cloak (with --target, --lambda)",
+            ),
+        ] = "sgd",
         epochs: Annotated[int, typer.Option("--epochs", help="Passes over the training split.")] = 30,
         steps: Annotated[int | None, typer.Option("--steps", help="Number of steps (overrides --epochs).")] = None,
         batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size (expected size for Poisson).")] = 64,
         lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.1,
         momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.0,
         weight_decay: Annotated[float, typer.Option("--weight-decay")] = 0.0,
+        l2: Annotated[
+            float | None, typer.Option("--l2", help="outpert/objpert/dpagd: λ of the penalty (λ/2)‖w‖² (weight decay).")
+        ] = None,
+        mechanism: Annotated[
+            str | None, typer.Option("--mechanism", help="outpert: laplace (norm mechanism, pure ε) | gaussian (ε, δ).")
+        ] = None,
+        objective: Annotated[str | None, typer.Option("--objective", help="dpagd: logistic | huber (SVM).")] = None,
         seed: Annotated[int, typer.Option("--seed", help="Seed for initialisation and batches.")] = 0,
         split_seed: Annotated[int, typer.Option("--split-seed", help="Seed of the data split.")] = 0,
         split: Annotated[
@@ -80,20 +94,78 @@ def register(app: App) -> None:
         delta: Annotated[float, typer.Option("--delta", help="DP: δ of the claim.")] = 1e-5,
         clip: Annotated[float, typer.Option("--clip", help="DP: per-example clipping norm C.")] = 1.0,
         sampling: Annotated[str, typer.Option("--sampling", help="DP: poisson | shuffle.")] = "poisson",
-        accountant: Annotated[str, typer.Option("--accountant", help="DP: rdp | pld.")] = "rdp",
+        accountant: Annotated[
+            str | None, typer.Option("--accountant", help="DP: rdp | pld (default: rdp; pld for the -jl algorithms).")
+        ] = None,
+        jl_projections: Annotated[
+            int | None,
+            typer.Option(
+                "--jl-projections",
+                help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl).",
+            ),
+        ] = None,
         secure_noise: Annotated[
             bool, typer.Option("--secure-noise", help="DP: cryptographically seeded noise.")
         ] = False,
         clipping: Annotated[str, typer.Option("--clipping", help="auto | ghost | vmap | loop.")] = "auto",
+        backend: Annotated[
+            str, typer.Option("--backend", help="torch | jax (logreg/mlp/cnn; pip install 'dpaudit[jax]').")
+        ] = "torch",
         max_physical_batch: Annotated[int | None, typer.Option("--max-physical-batch")] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
         canaries: Annotated[
             int | None, typer.Option("--canaries", help="Audit: insert M canaries, each included w.p. 1/2.")
         ] = None,
         canary_kind: Annotated[
-            str, typer.Option("--canary-kind", help="mislabeled | outlier | clipbkd")
+            str,
+            typer.Option(
+                "--canary-kind",
+                help="mislabeled | outlier | clipbkd | crafted (from the public aux split, for the final-model "
+                "threat model).",
+            ),
         ] = "mislabeled",
         canary_seed: Annotated[int, typer.Option("--canary-seed", help="Seed of canaries and inclusion.")] = 0,
+        allow_inconclusive: Annotated[
+            bool,
+            typer.Option(
+                "--allow-inconclusive",
+                help="Train even when --canaries is too few for their one-run audit to refute the claim "
+                "(otherwise refused with exit 2).",
+            ),
+        ] = False,
+        whitebox_canaries: Annotated[
+            int | None,
+            typer.Option(
+                "--whitebox-canaries",
+                help="Audit (DP-SGD, Poisson): M white-box Dirac gradient canaries, each included w.p. 1/2, "
+                "every update observed; `dpaudit audit checkpoint` audits them (one run, formal).",
+            ),
+        ] = None,
+        teachers: Annotated[int | None, typer.Option("--teachers", help="PATE/DP-ICL: number of teachers K.")] = None,
+        aggregator: Annotated[
+            str, typer.Option("--aggregator", help="PATE/DP-ICL: lnmax | gnmax | confident-gnmax | argmax.")
+        ] = "gnmax",
+        queries: Annotated[int | None, typer.Option("--queries", help="PATE/DP-ICL: public queries Q.")] = None,
+        sigma: Annotated[
+            float | None, typer.Option("--sigma", help="PATE/DP-ICL: answer noise (Laplace b; Gaussian σ, σ2).")
+        ] = None,
+        sigma1: Annotated[float | None, typer.Option("--sigma1", help="Confident-GNMax: threshold noise σ1.")] = None,
+        threshold: Annotated[float | None, typer.Option("--threshold", help="Confident-GNMax: threshold T.")] = None,
+        max_answers: Annotated[int | None, typer.Option("--max-answers", help="Confident-GNMax: answer cap.")] = None,
+        shots: Annotated[int | None, typer.Option("--shots", help="DP-ICL: exemplars per teacher k.")] = None,
+        predictor: Annotated[
+            str, typer.Option("--predictor", help="DP-ICL: knn | prototype | PATH (local embedding model).")
+        ] = "knn",
+        workers: Annotated[int, typer.Option("--workers", help="PATE: teachers trained in parallel.")] = 1,
+        target: Annotated[
+            Path | None, typer.Option("--target", help="Cloak: the frozen model's run directory.")
+        ] = None,
+        lambdas: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--lambda", metavar="L[,L2…]", help="Cloak: weight λ of the task loss (> 0); several: a sweep."
+            ),
+        ] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
@@ -101,13 +173,46 @@ def register(app: App) -> None:
         from dpaudit.data import load_dataset
         from dpaudit.models import default_spec
         from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
+        from dpaudit.training.dirac import DiracCanaries
         from dpaudit.training.run import summary, train_run
 
         fractions = parse_fractions(split)
+        if algo == "cloak" or target is not None or lambdas:  # learned input noise (dpaudit/training/cloak.py)
+            from dpaudit.cli.cloak import train_cloak_command
+
+            opts = dict(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, force=force, json_output=json_output)
+            return train_cloak_command(algo, target, lambdas or [], out, **opts)
+        if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
+            if noise_multiplier is not None or jl_projections is not None or whitebox_canaries is not None:
+                raise InputError(
+                    f"--algo {algo} adds noise to the votes: use --sigma/--sigma1 or --epsilon "
+                    "(not --noise-multiplier, --jl-projections or --whitebox-canaries)"
+                )
+            from dpaudit.training.pate import train_from_options
+
+            opts = dict(teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1)
+            opts.update(threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon)
+            opts.update(delta=delta, seed=seed, data=data, label_column=label_column, model=model, algo=algo)
+            opts.update(hidden=parse_ints(hidden, "--hidden"))
+            opts.update(activation=activation, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr)
+            opts.update(momentum=momentum, weight_decay=weight_decay, split_seed=split_seed, fractions=fractions)
+            meta = train_from_options(out, **opts, workers=workers, force=force, progress=progress(json_output))
+            s = summary(meta)
+            emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)
+            return
         dp_given = noise_multiplier is not None or epsilon is not None
-        private = algo.startswith("dp")
+        if l2 is not None:  # convex learners (dpaudit/training/convex.py): λ is the weight decay
+            if weight_decay not in (0.0, l2):
+                raise InputError("give --l2 or --weight-decay, not both")
+            weight_decay = l2
+        from dpaudit.training.convex import CONVEX_ALGOS, resolve_algo
+
+        algo = resolve_algo(algo, mechanism, objective)
+        private = algo.startswith("dp") or algo in CONVEX_ALGOS
         if dp_given and not private:
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
+        if jl_projections is not None and not algo.endswith("-jl"):
+            raise InputError(f"--jl-projections needs --algo dpsgd-jl or dpadam-jl, not {algo!r}")
         dp = (
             DPConfig(
                 clip=clip,
@@ -115,7 +220,8 @@ def register(app: App) -> None:
                 target_epsilon=epsilon,
                 delta=delta,
                 sampling=sampling,
-                accountant=accountant,
+                accountant=accountant or ("pld" if jl_projections is not None else "rdp"),
+                jl_projections=jl_projections,
                 secure_noise=secure_noise,
             )
             if private
@@ -132,7 +238,7 @@ def register(app: App) -> None:
             seed=seed,
             dp=dp,
         )
-        perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping)
+        perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
         if out.exists() and not force:
             raise InputError(f"{out} already exists; use --force to overwrite it")
         ds = load_dataset(data, label_column=label_column)
@@ -153,6 +259,11 @@ def register(app: App) -> None:
             canary_set = make_canaries(
                 ds, make_splits(len(ds), split_seed, fractions), m=canaries, kind=canary_kind, seed=canary_seed
             )
+            if not allow_inconclusive:
+                from dpaudit.workflows.training import require_refutable_canaries
+
+                n_train = len(make_splits(len(ds), split_seed, fractions).members) + int(canary_set.included.sum())
+                require_refutable_canaries(config, n_train, canaries)
         meta = train_run(
             ds,
             spec,
@@ -165,6 +276,7 @@ def register(app: App) -> None:
             force=force,
             progress=progress(json_output),
             canaries=canary_set,
+            whitebox=None if whitebox_canaries is None else DiracCanaries(m=whitebox_canaries, seed=canary_seed),
         )
         s = summary(meta)
         emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)

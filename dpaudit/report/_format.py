@@ -24,6 +24,7 @@ FAMILY_TITLES = {
     "extraction": "Model extraction",
     "attribute": "Attribute inference",
     "cloak": "Cloak",
+    "icl": "In-context learning membership (DP-ICL)",
 }
 
 HOW_TO_READ = (
@@ -188,6 +189,9 @@ def claim_details(claim: Mapping[str, Any] | None) -> str:
     for key, label in (("noise_multiplier", "σ"), ("sample_rate", "q"), ("steps", "steps"), ("clip", "C")):
         if claim.get(key) is not None:
             parts.append(f"{label} {claim[key]}")
+    dd = claim.get("data_dependent")  # PATE / DP-ICL (dpaudit/aggregation.py): beside the claim, never it
+    if isinstance(dd, Mapping) and dd.get("epsilon") is not None:
+        parts.append(f"data-dependent ε = {eps(dd['epsilon'])} (not itself private, not the claim)")
     return ", ".join(parts)
 
 

@@ -29,7 +29,7 @@ from dpaudit.workflows.result import ModelAudit, headline
 
 SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
 REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html"}
-ATTACK_FAMILIES = ("membership", "inversion", "extraction", "attribute", "cloak")
+ATTACK_FAMILIES = ("membership", "inversion", "extraction", "attribute", "cloak", "icl")
 LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022, "MIA from first principles")
 
 

@@ -154,6 +154,24 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
             narrow=True,
         )
         out.append(f'<div class="figs">{curve}</div>' if curve else "")
+        if a.get("attack") == "cloak":
+            sigma = _figure(
+                plots.png(lambda a=a: plots.cloak_figure(a)),
+                "Cloak noise per feature",
+                "σ of the learned noise relative to each feature's range: bright features are drowned in noise, "
+                "dark ones are what the model needs (Cloak, seed 'Noisy Representation').",
+                narrow=True,
+            )
+            out.append(f'<div class="figs">{sigma}</div>' if sigma else "")
+        if a.get("attack") == "icl":
+            icl = _figure(
+                plots.png(lambda a=a: plots.icl_figure(a)),
+                "ICL membership: AUC and canary ε lower bound",
+                "Was a record a prompt exemplar? One noise-free prompt against DP-ICL's noisy vote at the run's ε "
+                "(AUC: estimate; canary bound: formal one-run audit).",
+                narrow=True,
+            )
+            out.append(f'<div class="figs">{icl}</div>' if icl else "")
         details = json.dumps({k: v for k, v in a.items() if k != "inversions"}, indent=2, ensure_ascii=False)
         out.append(f"<details><summary>all results</summary><pre>{_e(details)}</pre></details>")
     return "".join(out)

@@ -121,7 +121,7 @@ def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figu
     for i, (e, d, label) in enumerate(claims):
         ax.plot(alpha, tradeoff_curve(alpha, e, d), color="black", lw=1.5, ls="-" if i == 0 else "--", label=label)
     # Different shapes, hollow but for gdp, so audits of the same scores at the same threshold stay visible.
-    markers = {"gdp": ("o", 6), "clopper-pearson": ("s", 10), "one-run": ("^", 9)}
+    markers = {"gdp": ("o", 6), "clopper-pearson": ("s", 10), "one-run": ("^", 9), "one-run-fdp": ("D", 8)}
     for a in audits:
         op = a["operating_point"]
         (x0, x1), (y0, y1) = op["fpr_interval"], op["fnr_interval"]
@@ -310,4 +310,58 @@ def extraction_figure(result: Mapping[str, Any]) -> Figure | None:
     ax.set_xticks(q, [f"{x:g}" for x in q])  # the budgets measured, not powers of ten
     ax.xaxis.set_minor_locator(FixedLocator([]))
     ax.legend(loc="lower right")
+    return fig
+
+
+def cloak_figure(result: Mapping[str, Any]) -> Figure | None:
+    """A cloak's sigma / feature range per input feature (seed "Cloak: Noisy Representation": a larger
+    sigma means a less important feature): a heatmap for image-shaped features, bars otherwise."""
+    sigma = result.get("sigma_map")
+    if not sigma:
+        return None
+    shape = result.get("feature_shape") or [len(sigma)]
+    rel = np.asarray(sigma, dtype=float)
+    lam, supp = result.get("lambda", float("nan")), result.get("suppression_ratio", 0.0)
+    title = f"Cloak σ / range (λ = {lam:g}, suppressed {supp:.0%})"
+    if len(shape) in (2, 3) and (len(shape) == 2 or shape[0] == 1):
+        fig = Figure(figsize=(3.6, 3.0), layout="constrained")
+        ax = fig.add_subplot()
+        im = ax.imshow(rel.reshape(shape[-2], shape[-1]), cmap="viridis", vmin=0, interpolation="nearest")
+        fig.colorbar(im, ax=ax, label="σ / feature range")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.grid(False)
+    else:
+        fig = Figure(figsize=(4.6, 2.6), layout="constrained")
+        ax = fig.add_subplot()
+        ax.bar(np.arange(len(rel)), rel)
+        ax.set(xlabel="feature", ylabel="σ / feature range")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def icl_figure(result: Mapping[str, Any]) -> Figure | None:
+    """The ICL membership attack's AUC and the canary one-run ε lower bound per setting (one noise-free
+    prompt, DP-ICL at the run's ε), from ``attacks.icl.run_icl``; None without settings."""
+    rows = result.get("settings") or []
+    if not rows:
+        return None
+    eps = [float(r["epsilon"]) for r in rows]  # the report spells infinity "inf"
+    labels = [f"ε = {'∞' if not np.isfinite(e) else format(e, '.3g')}" for e in eps]
+    fig = Figure(figsize=(4.6, 2.8), layout="constrained")
+    ax, ax2 = fig.subplots(1, 2)
+    x = np.arange(len(rows))
+    ax.bar(x, [float(r["auc"]) for r in rows])
+    ax.axhline(0.5, color="grey", ls="--", lw=1)
+    ax.set(xticks=x, ylim=(0, 1.02), ylabel="attack AUC (estimate)")
+    ax.set_xticklabels(labels)
+    ax2.bar(x, [float(r["canary_epsilon_lower_bound"]) for r in rows], color="tab:orange")
+    finite = [(i, e) for i, e in enumerate(eps) if np.isfinite(e)]
+    if finite:  # the claim each bound is compared with (a bound above it would be a violation)
+        ax2.scatter(*zip(*finite, strict=True), marker="_", s=400, color="black")
+        for i, e in finite:
+            ax2.annotate("claimed ε", (i, e), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
+    ax2.set(xticks=x, ylabel="canary ε lower bound (formal)")
+    ax2.set_xticklabels(labels)
+    fig.suptitle(f"ICL membership ({result.get('shots', '?')} shots)", fontsize=9)
     return fig

@@ -1,3 +1,3 @@
 """Import every trainer module so that each registers its algorithm name."""
 
-from dpaudit.training import dpsgd, nonprivate  # noqa: F401
+from dpaudit.training import convex, dpagd, dpsgd, jl, nonprivate  # noqa: F401

@@ -22,6 +22,7 @@ from dpaudit.validation import (
 
 SAMPLING = ("poisson", "shuffle")
 CLIPPING = ("auto", "ghost", "vmap", "loop")
+BACKENDS = ("torch", "jax")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class DPConfig:
     # add/remove analysis assumes q does not depend on the data; fixing it makes two neighbouring
     # datasets of sizes N and N + 1 run exactly the same mechanism (what the multi-run audit needs).
     sample_rate: float | None = None
+    # DP-SGD-JL (Bu et al. 2021, arXiv:2102.03013): the number r of JL projections that estimate the
+    # per-example norms; privacy-relevant (the claim is the JLGaussian event's). None: exact norms.
+    jl_projections: int | None = None
 
     def __post_init__(self) -> None:
         check_positive(clip=self.clip)
@@ -59,6 +63,14 @@ class DPConfig:
             check_in_interval(0.0, 1.0, hi_open=False, sample_rate=self.sample_rate)
             if self.sampling != "poisson":
                 raise InputError("a fixed sample rate applies to Poisson sampling only")
+        if self.jl_projections is not None:
+            check_positive_int(jl_projections=self.jl_projections)
+            if self.sampling != "poisson":
+                raise InputError("DP-SGD-JL is analysed for Poisson sampling only (Bu et al. 2021, Lemma 4.3)")
+            if self.accountant != "pld":
+                raise InputError(
+                    "DP-SGD-JL is accounted with PLD only (no RDP bound for its mechanism): use --accountant pld"
+                )
 
 
 @dataclass(frozen=True)
@@ -109,10 +121,14 @@ class PerfConfig:
     device: str = "auto"
     max_physical_batch: int | None = None
     clipping: str = "auto"
+    # "jax": the same algorithm, batches and claim in jit-compiled JAX (dpaudit.training.jax_backend);
+    # only the noise generator differs. max_physical_batch is then the fixed padded chunk size.
+    backend: str = "torch"
 
     def __post_init__(self) -> None:
         check_choice(("auto", "cpu", "cuda"), device=self.device)
         check_choice(CLIPPING, clipping=self.clipping)
+        check_choice(BACKENDS, backend=self.backend)
         if self.max_physical_batch is not None:
             check_positive_int(max_physical_batch=self.max_physical_batch)
 

@@ -48,6 +48,13 @@ SHUFFLE_ANALYSIS = (
     "replace-one neighbours (clipped-sum sensitivity 2C) each epoch is one Gaussian mechanism with noise "
     "multiplier σ/2, composed over the epochs touched."
 )
+JL_ANALYSIS = (
+    "DP-SGD-JL with Poisson subsampling at rate q = B/N, composed over all steps: per-example norms are "
+    "estimated with r JL projections, so a record's clipped gradient has norm up to C·Z_r, "
+    "Z_r = 1/sqrt(chi2_r/r); each step is f-DP with f = T(Z_r, N(Z_r/σ, 1) || Z_r, N(0, 1)) before "
+    "subsampling (Bu et al. 2021, arXiv:2102.03013, Lemma 4.3, Thm 4.1), accounted with PLD under add/remove "
+    "neighbours. Not the plain DP-SGD formula, which under-reports ε for this mechanism."
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,7 @@ class PrivacySetting:
     steps: int
     sampling: str
     rate: float | None = None  # a fixed Poisson rate q; None: batch_size / dataset_size
+    jl_projections: int | None = None  # DP-SGD-JL: r JL projections (the JLGaussian event)
 
     def __post_init__(self) -> None:
         check_non_negative(noise_multiplier=self.noise_multiplier)
@@ -108,12 +116,25 @@ class PrivacySetting:
         the event as well would count the factor twice and under-report ε.
         """
         if self.sampling == "poisson":
-            return dpsgd_event(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, steps=self.steps)
+            return dpsgd_event(
+                noise_multiplier=self.noise_multiplier,
+                sample_rate=self.sample_rate,
+                steps=self.steps,
+                jl_projections=self.jl_projections,  # DP-SGD-JL: Bu et al. 2021, Lemma 4.3 / Thm 4.1
+            )
+        if self.jl_projections is not None:
+            raise InputError("DP-SGD-JL is analysed for Poisson sampling only (Bu et al. 2021, Lemma 4.3)")
         return SelfComposed(Gaussian(self.noise_multiplier), self.epochs_touched)
 
     def with_noise(self, noise_multiplier: float) -> PrivacySetting:
         return PrivacySetting(
-            noise_multiplier, self.batch_size, self.dataset_size, self.steps, self.sampling, self.rate
+            noise_multiplier,
+            self.batch_size,
+            self.dataset_size,
+            self.steps,
+            self.sampling,
+            self.rate,
+            self.jl_projections,
         )
 
 
@@ -154,8 +175,16 @@ def privacy_claim(setting: PrivacySetting, dp: DPConfig) -> dict[str, Any]:
         "batch_size": setting.batch_size,
         "dataset_size": setting.dataset_size,
         "sampling": setting.sampling,
-        "analysis": POISSON_ANALYSIS if setting.sampling == "poisson" else SHUFFLE_ANALYSIS,
+        "analysis": (
+            JL_ANALYSIS
+            if setting.jl_projections is not None
+            else POISSON_ANALYSIS
+            if setting.sampling == "poisson"
+            else SHUFFLE_ANALYSIS
+        ),
         "secure_noise": dp.secure_noise,
+        # DP-SGD-JL only (other claims keep their keys): the r of the JLGaussian event
+        **({"jl_projections": setting.jl_projections} if setting.jl_projections is not None else {}),
     }
 
 
@@ -262,6 +291,11 @@ class DPTrainer(Trainer):
 
     private = True
     optimizer: ClassVar[str]
+    jl: ClassVar[bool] = False  # DP-SGD-JL (dpaudit.training.jl): norms estimated by JL projections
+
+    def make_clipper(self, model: nn.Module) -> Clipper:
+        """The per-example clipping of this algorithm (exact, by ``PerfConfig.clipping``)."""
+        return make_clipper(model, self.perf.clipping)
 
     def fit(
         self,
@@ -279,6 +313,11 @@ class DPTrainer(Trainer):
         """Train with a white-box gradient canary; returns the outcome and the canary's score."""
         return self._fit(model, X, y, progress=NULL_PROGRESS, canary=canary)
 
+    def noise_std(self, setting: PrivacySetting, clip: float) -> float:
+        """Standard deviation of the Gaussian noise added to the clipped sum: σ·C (Abadi et al. 2016,
+        Alg. 1). One place, so an audit's planted-bug trainer (``dpaudit demo``) can get it wrong."""
+        return setting.noise_multiplier * clip
+
     def setting_for(self, n: int) -> PrivacySetting:
         """The privacy setting of training on ``n`` records (σ calibrated when a target ε is given)."""
         config, dp = self.config, self.config.dp
@@ -291,7 +330,14 @@ class DPTrainer(Trainer):
             steps=config.num_steps(n),
             sampling=dp.sampling,
             rate=dp.sample_rate,
+            jl_projections=dp.jl_projections,
         )
+        if (dp.jl_projections is not None) != self.jl:
+            raise InputError(
+                f"--algo {self.name} needs --jl-projections R"
+                if self.jl
+                else f"--jl-projections needs --algo dpsgd-jl or dpadam-jl, not {self.name}"
+            )
         if dp.target_epsilon is not None:
             setting = setting.with_noise(calibrate(setting, dp))
         return setting
@@ -316,7 +362,7 @@ class DPTrainer(Trainer):
         setting = self.setting_for(n)
         claim = privacy_claim(setting, dp)  # before training: an unreachable claim fails fast
 
-        clipper = make_clipper(model, perf.clipping)
+        clipper = self.make_clipper(model)
         params = clipper.params
         opt = make_optimizer(self.optimizer, params, config)
         batch_gen = torch.Generator().manual_seed(config.seed + 1)
@@ -338,7 +384,7 @@ class DPTrainer(Trainer):
                     y,
                     sample().to(X.device),
                     clip=clip,
-                    noise_std=setting.noise_multiplier * clip,
+                    noise_std=self.noise_std(setting, clip),
                     batch_size=config.batch_size,
                     max_physical_batch=perf.max_physical_batch,
                     generator=noise_gen,
@@ -352,6 +398,8 @@ class DPTrainer(Trainer):
                     history.append({"epoch": -(-(step + 1) // setting.steps_per_epoch), "steps": step + 1})
                 advance(1)
         model.eval()
+        if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)
+            claim["jl"] = {"projections": dp.jl_projections, "ad_path": getattr(clipper, "ad_path_", None)}
         score = canary.score() if canary is not None else math.nan
         return TrainOutcome(model=model, privacy=claim, history=history), score
 
@@ -374,9 +422,17 @@ class GradientCanary:
     initialisation — exactly zero, e.g., for first-layer weights of a constant feature.
     """
 
-    def __init__(self, *, included: bool, seed: int) -> None:
-        self.included, self.seed = bool(included), int(seed)
+    # Per-step mode (Nasr et al. 2023, arXiv:2302.07956, §3): at every step the canary is offered
+    # independently with probability 1/2 — the auditor's coin, drawn from its own stream (seed, salt),
+    # independent of the data, the sampling and the noise, so fixed before training in distribution —
+    # and, when offered, Poisson-sampled at rate q like any record. ``inserted[t]`` is step t's coin;
+    # the steps are the trials of :mod:`dpaudit.audit.whitebox`.
+    _COIN_SALT = 0x57E9
+
+    def __init__(self, *, included: bool, seed: int, per_step: bool = False) -> None:
+        self.included, self.seed, self.per_step = bool(included), int(seed), bool(per_step)
         self.observations: list[float] = []
+        self.inserted: list[bool] = []
         self._q = self._sigma = 0.0
 
     def attach(self, clipper: Clipper, X: torch.Tensor, y: torch.Tensor, setting: PrivacySetting, clip: float):
@@ -384,12 +440,19 @@ class GradientCanary:
             raise InputError("the gradient canary audit needs Poisson sampling")
         param, flat = self._coordinate(clipper, X, y)
         gen = torch.Generator().manual_seed(self.seed)
+        import numpy as np
+
+        coins = np.random.default_rng([self.seed, self._COIN_SALT])
         self._q, self._sigma = setting.sample_rate, setting.noise_multiplier
         batch = setting.batch_size
 
         def hook(sums: list[torch.Tensor]) -> None:
             drawn = bool(torch.rand((), generator=gen, dtype=torch.float64) < self._q)
-            if self.included and drawn:
+            offered = self.included
+            if self.per_step:
+                offered = bool(coins.random() < 0.5)
+                self.inserted.append(offered)
+            if offered and drawn:
                 sums[param].view(-1)[flat] += clip
 
         def observe() -> None:
@@ -399,22 +462,15 @@ class GradientCanary:
 
     @staticmethod
     def _coordinate(clipper: Clipper, X: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
-        from torch.func import functional_call, grad, vmap
+        from dpaudit.training.dirac import low_energy_coordinates
 
-        model = clipper.model
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-        buffers = dict(model.named_buffers())
-
-        def loss(p, xi, yi):
-            out = functional_call(model, {**p, **buffers}, (xi.unsqueeze(0),))
-            return torch.nn.functional.cross_entropy(out, yi.unsqueeze(0))
-
-        k = min(len(X), 256)
-        g = vmap(grad(loss), in_dims=(None, 0, 0))(params, X[:k], y[:k])
-        energies = [g[n].pow(2).sum(0).reshape(-1) for n in names]
-        best = min(range(len(names)), key=lambda i: float(energies[i].min()))
-        return best, int(energies[best].argmin())
+        # The flat index over the trainable parameters, split into (parameter, index within it).
+        (j,) = low_energy_coordinates(clipper.model, X, y, 1)
+        for i, p in enumerate(clipper.params):
+            if j < p.numel():
+                return i, int(j)
+            j -= p.numel()
+        raise AssertionError("unreachable: the coordinate lies within the parameters")
 
     def score(self) -> float:
         o = torch.tensor(self.observations, dtype=torch.float64)

@@ -25,8 +25,9 @@ from dpaudit.data import (
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.models import ModelSpec, build_model
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import TrainOutcome, get_trainer
+from dpaudit.training.base import Trainer, TrainOutcome, get_trainer
 from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
+from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
 
 
 @dataclass
@@ -36,6 +37,7 @@ class FittedModel:
     outcome: TrainOutcome
     preprocessing: Any
     device: torch.device
+    whitebox_scores: np.ndarray | None = None  # scores of white-box Dirac canaries, when trained with them
 
     @property
     def model(self) -> torch.nn.Module:
@@ -51,6 +53,17 @@ def _tensors(dataset: Dataset, idx: np.ndarray, pre, device: torch.device) -> tu
     return X, y
 
 
+def default_trainer(config: TrainConfig, perf: PerfConfig) -> Trainer:
+    """The registered trainer of ``config.algo``, or its JAX twin for ``perf.backend == "jax"``
+    (imported only then: JAX is an optional extra; without it this is an InputError naming the
+    pip command)."""
+    if perf.backend == "jax":
+        from dpaudit.training.jax_backend import JaxTrainer
+
+        return JaxTrainer(config, perf)
+    return get_trainer(config.algo)(config, perf)
+
+
 def fit_model(
     dataset: Dataset,
     train_idx: np.ndarray,
@@ -61,28 +74,42 @@ def fit_model(
     progress: Progress = NULL_PROGRESS,
     preprocessing_idx: np.ndarray | None = None,
     preprocessing: Standardizer | Identity | None = None,
+    trainer: Trainer | None = None,
+    whitebox: DiracCanaries | None = None,
+    init_state: dict[str, np.ndarray] | None = None,
 ) -> FittedModel:
     """Fit preprocessing on ``train_idx`` (or ``preprocessing_idx``) unless a fixed ``preprocessing``
-    is given, build the model from ``config.seed`` and train it.
+    is given, build the model from ``config.seed`` and train it (with ``trainer``, default: the
+    registered trainer of ``config.algo``). ``init_state``: a fixed initial state dict used instead of
+    the seeded initialisation (e.g. an audit's adversarial init; the same for every run).
 
     This is the one training entry point: target models, shadow and reference models all use it.
     Deterministic on CPU: same inputs and seed give bit-identical weights.
     """
     perf = perf or PerfConfig()
-    trainer = get_trainer(config.algo)(config, perf)
+    trainer = trainer if trainer is not None else default_trainer(config, perf)
     train_idx = np.asarray(train_idx, dtype=np.int64)
     if len(train_idx) == 0:
         raise InputError("the training split is empty")
     if config.batch_size > len(train_idx):
         raise InputError(f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)")
-    device = resolve_device(perf.device)
+    # The JAX backend places its own arrays (PerfConfig.device); the torch side stays on the CPU.
+    device = resolve_device(perf.device) if perf.backend == "torch" else torch.device("cpu")
     pre = preprocessing
     if pre is None:
         pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
     X, y = _tensors(dataset, train_idx, pre, device)
-    model = build_model(spec, seed=config.seed).to(device)
-    outcome = trainer.fit(model, X, y, progress=progress)
-    return FittedModel(outcome=outcome, preprocessing=pre, device=device)
+    model = build_model(spec, seed=config.seed)
+    if init_state is not None:
+        model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in init_state.items()})
+    model = model.to(device)
+    if whitebox is None:
+        return FittedModel(outcome=trainer.fit(model, X, y, progress=progress), preprocessing=pre, device=device)
+    if not hasattr(trainer, "fit_with_canary"):
+        backend = " with --backend torch" if perf.backend != "torch" else ""
+        raise InputError(f"white-box canaries need a DP-SGD trainer{backend}, not {config.algo!r}")
+    outcome, scores = trainer.fit_with_canary(model, X, y, whitebox)
+    return FittedModel(outcome=outcome, preprocessing=pre, device=device, whitebox_scores=scores)
 
 
 def evaluate(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> dict[str, float]:
@@ -121,6 +148,8 @@ def train_run(
     splits: Splits | None = None,
     canaries: CanarySet | None = None,
     preprocessing: Standardizer | Identity | None = None,
+    trainer: Trainer | None = None,
+    whitebox: DiracCanaries | None = None,
 ) -> dict[str, Any]:
     """Split, train on the members split (plus the included canaries), evaluate, and (if ``out``)
     save a run directory. Returns the checkpoint metadata (what ``checkpoint.json`` holds).
@@ -150,6 +179,7 @@ def train_run(
     fitted = fit_model(
         train_data, train_idx, spec, config, perf, progress=progress, preprocessing_idx=pre_idx,
         preprocessing=preprocessing if preprocessing is not None else (Identity() if fitted_on == "none" else None),
+        trainer=trainer, whitebox=whitebox,
     )  # fmt: skip
     data_meta = dataset.describe()
     if label_column is not None:
@@ -170,10 +200,13 @@ def train_run(
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": config.seed,
         "canaries": canaries.describe() if canaries is not None else None,
+        "whitebox_canaries": None if whitebox is None else {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"},
         "versions": versions(),
     }
     if out is not None:
-        arrays = {CANARY_FILE: canaries.arrays()} if canaries is not None else None
+        arrays = {CANARY_FILE: canaries.arrays()} if canaries is not None else {}
+        if whitebox is not None:
+            arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
         save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force, arrays=arrays)
     return meta
 
@@ -201,6 +234,8 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
         "n_members": meta["split"]["sizes"]["members"],
         "seed": meta.get("seed"),
         "versions": meta["versions"],
+        # DP-SGD-JL only: the AD path that computed the JL projections ("jvp" or "double-vjp")
+        **({"jl_ad_path": privacy["jl"].get("ad_path")} if isinstance(privacy.get("jl"), dict) else {}),
     }
 
 
@@ -216,6 +251,12 @@ def configs_from_meta(meta: dict[str, Any]) -> tuple[TrainConfig, PerfConfig]:
         raise InputError(
             "this run is a surrogate made by `dpaudit attack extract`: it has no training recipe of its own, so "
             "no shadow or reference models can be trained for it; use reference-free attacks such as --attacks loss"
+        )
+    if meta["training"].get("algo") in ("pate", "dp-icl"):
+        raise InputError(
+            f"this run was trained with {meta['training']['algo']} (noisy teacher votes): reference or shadow models "
+            "would have to rerun the whole teacher ensemble, which is not implemented; use reference-free attacks "
+            "such as --attacks loss (and `dpaudit report --icl` for a dp-icl run)"
         )
     t = {k: v for k, v in meta["training"].items() if k in TrainConfig.__dataclass_fields__}
     perf = {k: v for k, v in meta.get("performance", {}).items() if k in PerfConfig.__dataclass_fields__}

@@ -19,6 +19,15 @@ the place of dpaudit's trainer in each run. dpaudit still owns everything the gu
 the neighbouring pair (the relation the user's claim names), the preprocessing (public aux split),
 the canary's random position in each IN dataset, each run's seed, the score and the statistics. The
 number of steps and the noise are the user's, so the audit tests the user's pipeline as it is.
+
+Adversarial initialisation (``init="adversarial"``; Annamalai & De Cristofaro 2024, arXiv:2405.14106):
+every run, IN and OUT, starts from one fixed model pre-trained on the public aux split instead of
+a fresh random one. DP-SGD's guarantee holds for every fixed initial model (the accountant composes
+the per-step Gaussian mechanisms given the previous iterate; the start θ₀ is a constant of the
+mechanism: Abadi et al. 2016, arXiv:1607.00133, Alg. 1 takes θ₀ as an input), so the audited
+mechanism is still the claimed one; the fixed start only removes the run-to-run variance that a
+random init adds to the canary's score, and the pre-training makes the ordinary records' gradients
+small so that the canary's stands out.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ def _train_one(args: tuple) -> float:
     from attacks.threshold import logit_margin
     from dpaudit.training.run import fit_model
 
-    dataset, train_idx, pre_idx, spec, config, perf, canary_x, canary_y, whitebox = args
+    dataset, train_idx, pre_idx, spec, config, perf, canary_x, canary_y, whitebox, init_state = args
     torch.set_num_threads(1)
     if whitebox is not None:
         from dpaudit.training.dpsgd import GradientCanary, fit_with_gradient_canary
@@ -50,7 +59,7 @@ def _train_one(args: tuple) -> float:
         return fit_with_gradient_canary(
             dataset, train_idx, spec, config, perf, GradientCanary(**whitebox), preprocessing_idx=pre_idx
         )
-    fitted = fit_model(dataset, train_idx, spec, config, perf, preprocessing_idx=pre_idx)
+    fitted = fit_model(dataset, train_idx, spec, config, perf, preprocessing_idx=pre_idx, init_state=init_state)
     return float(logit_margin(fitted.logits(canary_x), canary_y)[0])
 
 
@@ -108,6 +117,8 @@ def audit_training(
     progress: Progress = NULL_PROGRESS,
     trainer: str | Callable[..., Any] | None = None,
     neighbouring: str | None = None,
+    init: str = "random",
+    allow_inconclusive: bool = True,
 ) -> TrainingAudit:
     """Multi-run audit of the recipe ``config`` (or of a plug-in ``trainer``): ``runs`` models with the
     canary, ``runs`` without.
@@ -129,6 +140,14 @@ def audit_training(
     ``neighbouring`` with the built-in trainer: None (default) follows the recipe (add/remove for
     Poisson sampling, replace-one for shuffling); a value that contradicts it is an InputError.
 
+    ``init``: "random" (each run initialised from its own seed) or "adversarial" (black-box with
+    dpaudit's trainer: every run starts from :func:`adversarial_init`, one fixed model pre-trained on
+    the public aux split; see the module docstring for why the claim still covers it). Pair it with
+    ``canary_kind="crafted"`` (:func:`dpaudit.canaries.craft_canaries`).
+
+    ``allow_inconclusive=False`` (what ``dpaudit audit train`` does unless --allow-inconclusive): refuse,
+    before training, a design that cannot refute the claim (:func:`require_refutable`).
+
     Formal guarantee (method "clopper-pearson"): with probability ≥ ``confidence`` the bound is below
     the true ε of the trained pipeline on this neighbouring pair (see the module docstring for why
     that pipeline is the claimed one). Method "gdp" is an estimate. With a plug-in trainer the
@@ -144,6 +163,9 @@ def audit_training(
     runs = check_positive_int(runs=runs)
     check_choice(("black-box", "white-box"), threat_model=threat_model)
     check_choice(("clopper-pearson", "gdp"), method=method)
+    check_choice(("random", "adversarial"), init=init)
+    if init == "adversarial" and (trainer is not None or threat_model != "black-box"):
+        raise InputError("init 'adversarial' needs dpaudit's own trainer and the black-box threat model")
     name = None
     if trainer is not None:
         from dpaudit.plugins import check_trainer, load_trainer, trainer_name
@@ -184,6 +206,7 @@ def audit_training(
     base = dataclasses.replace(splits, members=members)
     # Preprocessing from public data, or from the records both neighbours share: never from the canary.
     pre_idx = splits.aux if len(splits.aux) else members
+    init_state = None
     if threat_model == "white-box":
         if config.dp is None:
             raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
@@ -195,6 +218,17 @@ def audit_training(
     else:
         canary = make_canaries(dataset, base, m=1, kind=canary_kind, seed=seed)
         canary = dataclasses.replace(canary, included=np.array([True]))
+        if init == "adversarial":
+            if len(splits.aux) == 0:
+                raise InputError("init 'adversarial' pre-trains on the public auxiliary split, which is empty")
+            init_state = adversarial_init(dataset, spec, splits.aux, seed=seed)
+            if canary_kind == "crafted":
+                # Loss-maximising label (Yoon, Jeung & No 2024, arXiv:2412.01756): the class the fixed
+                # start finds least likely at the canary, so its clipped gradient stays at norm C for longest.
+                # Public inputs only: the init (aux) and the canary (aux).
+                canary = dataclasses.replace(
+                    canary, y=_least_likely_label(spec, init_state, dataset, pre_idx, canary.X)
+                )
         data, idx_in, _ = with_canaries(dataset, base, canary)
         canary_x, canary_y = canary.X, canary.y
         if relation == "replace_one":
@@ -220,10 +254,18 @@ def audit_training(
         }  # fmt: skip
     else:
         config, claim = _prepare_recipe(config, idx_in, idx_out)
+        if init_state is not None:
+            source += "; adversarial init (fixed, pre-trained on the public aux split)"
         jobs = _recipe_jobs(
-            data, idx_in, idx_out, pre_idx, spec, config, perf, canary_x, canary_y, threat_model, runs, seed
-        )
+            data, idx_in, idx_out, pre_idx, spec, config, perf, canary_x, canary_y, threat_model, runs, seed,
+            init_state,
+        )  # fmt: skip
         work = _train_one
+    claimed = claimed_epsilon if claimed_epsilon is not None else (claim or {}).get("epsilon")
+    if delta is None:
+        delta = (claim or {}).get("delta", 1e-5)
+    if not allow_inconclusive and claimed is not None:
+        require_refutable(claimed, runs, method=method, delta=delta, confidence=confidence)
     with progress.task(f"audit: train {2 * runs} models", 2 * runs) as advance:
         scores = []
         for s in Parallel(n_jobs=workers, return_as="generator")(delayed(work)(j) for j in jobs):
@@ -231,9 +273,6 @@ def audit_training(
             advance(1)
     scores = np.asarray(scores, dtype=np.float64)
     member = np.arange(2 * runs) < runs
-    claimed = claimed_epsilon if claimed_epsilon is not None else (claim or {}).get("epsilon")
-    if delta is None:
-        delta = (claim or {}).get("delta", 1e-5)
     result = audit_scores(
         scores, member, method=method, design="multi-run", delta=delta, confidence=confidence,
         claimed_epsilon=claimed, seed=seed,
@@ -263,14 +302,17 @@ def _prepare_recipe(config, idx_in, idx_out):
     return config, _recipe_claim(config, idx_in, idx_out)
 
 
-def _recipe_jobs(data, idx_in, idx_out, pre_idx, spec, config, perf, canary_x, canary_y, threat_model, runs, seed):
-    """The 2R runs of dpaudit's own trainer (IN first), each with its own seed."""
+def _recipe_jobs(
+    data, idx_in, idx_out, pre_idx, spec, config, perf, canary_x, canary_y, threat_model, runs, seed, init_state=None
+):
+    """The 2R runs of dpaudit's own trainer (IN first), each with its own seed (and the same init_state)."""
     jobs = []
     for r in range(2 * runs):
         included = r < runs
         cfg = dataclasses.replace(config, seed=seed * 1_000_003 + 3 * r + 11)
         wb = {"included": included, "seed": cfg.seed + 5} if threat_model == "white-box" else None
-        jobs.append((data, idx_in if included else idx_out, pre_idx, spec, cfg, perf, canary_x, canary_y, wb))
+        idx = idx_in if included else idx_out
+        jobs.append((data, idx, pre_idx, spec, cfg, perf, canary_x, canary_y, wb, init_state))
     return jobs
 
 
@@ -282,3 +324,99 @@ def _recipe_claim(config, idx_in, idx_out) -> dict[str, Any] | None:
 
     claims = [claim_for(config, len(idx)) for idx in (idx_in, idx_out)]
     return max(claims, key=lambda c: c["epsilon"])
+
+
+ADVERSARIAL_INIT_EPOCHS = 30
+
+
+def adversarial_init(dataset, spec, aux_idx: np.ndarray, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """A fixed initial model for audit runs: ``spec``'s model pre-trained (non-private SGD, seeded) on
+    the public aux split, standardised with the aux scaler as the audited runs are.
+
+    Annamalai & De Cristofaro 2024 (arXiv:2405.14106) start DP-SGD from a model pre-trained on
+    data disjoint from the target's, so that the ordinary records' gradients are small and the
+    canary's dominates the final model. Uses public data and ``seed`` only; deterministic on CPU (same
+    inputs and seed, same weights). Returns a state dict of numpy arrays.
+    """
+    import torch
+
+    from dpaudit.training.config import PerfConfig, TrainConfig
+    from dpaudit.training.run import fit_model
+
+    aux_idx = np.asarray(aux_idx, dtype=np.int64)
+    config = TrainConfig(
+        algo="sgd", epochs=ADVERSARIAL_INIT_EPOCHS, batch_size=min(32, len(aux_idx)), lr=0.1, seed=seed * 7 + 0xAD
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # float sums depend on the thread count: one thread, the same weights anywhere
+    try:
+        with torch.random.fork_rng(devices=[]):
+            fitted = fit_model(dataset, aux_idx, spec, config, PerfConfig(device="cpu"), preprocessing_idx=aux_idx)
+    finally:
+        torch.set_num_threads(threads)
+    return {k: v.detach().cpu().numpy().copy() for k, v in fitted.model.state_dict().items()}
+
+
+def _least_likely_label(spec, init_state, dataset, pre_idx, X) -> np.ndarray:
+    """For each record of ``X``, the class to which the model in ``init_state`` gives the lowest logit."""
+    import torch
+
+    from dpaudit.checkpoint import predict_logits
+    from dpaudit.data import fit_preprocessing
+    from dpaudit.models import build_model
+
+    model = build_model(spec, seed=0)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in init_state.items()})
+    return predict_logits(model, fit_preprocessing(dataset, pre_idx).transform(X)).argmin(1).astype(np.int64)
+
+
+def require_refutable(
+    claimed_epsilon: float,
+    size: int,
+    *,
+    method: str,
+    delta: float,
+    confidence: float = 0.95,
+    flag: str = "--allow-inconclusive",
+) -> float:
+    """Raise InputError (exit 2 at the CLI) when a design of ``size`` cannot refute ``claimed_epsilon``.
+
+    ``size``: runs per side (methods "clopper-pearson", "gdp"; holdout threshold selection, one-sided,
+    as :func:`audit_training` audits) or canaries in one run ("one-run"). The design can refute the claim
+    only if its max certifiable ε — the bound of a perfect attack (:func:`dpaudit.audit.max_certifiable_epsilon`)
+    — exceeds it; otherwise the verdict is "inconclusive" whatever the models do. The message names the
+    size needed (:func:`dpaudit.audit.trials_needed`, itself a lower bound: real attacks err). Returns
+    the max certifiable ε.
+    """
+    from dpaudit.audit import max_certifiable_epsilon, trials_needed
+
+    n_pos, n_neg = (size - size // 2, size // 2) if method == "one-run" else (size, size)
+    best = max_certifiable_epsilon(n_pos, n_neg, method=method, delta=delta, confidence=confidence)
+    if best > claimed_epsilon:
+        return best
+    unit = "canaries" if method == "one-run" else "runs per side"
+    try:
+        n = trials_needed(claimed_epsilon, delta=delta, confidence=confidence, method=method)
+        need = f"at least {n} {unit} are needed"
+    except InputError as e:  # out of reach of this method (e.g. the one-run ceiling at delta > 0)
+        need = str(e)
+    raise InputError(
+        f"this audit cannot refute epsilon = {claimed_epsilon:g}: {size} {unit} certify at most {best:.3g} even "
+        f"with a perfect attack ({method}, confidence {confidence:g}, delta {delta:g}); {need} "
+        f"(see `dpaudit audit plan --epsilon {claimed_epsilon:g}`); pass {flag} to run it anyway"
+    )
+
+
+def require_refutable_canaries(config, n_train: int, m: int) -> float | None:
+    """``dpaudit train --canaries m``: refuse (InputError) a canary design whose one-run audit
+    (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) cannot refute the recipe's claim for ``n_train``
+    records (members plus included canaries). None when there is no claim to check before training: a
+    non-private recipe, or a trainer outside the DP-SGD family (no ``setting_for`` to compute it from)."""
+    from dpaudit.training.base import get_trainer
+    from dpaudit.training.dpsgd import claim_for
+
+    if config.dp is None or not hasattr(get_trainer(config.algo), "setting_for"):
+        return None
+
+    claim = claim_for(config, n_train)
+    return require_refutable(claim["epsilon"], m, method="one-run", delta=claim["delta"])

@@ -161,7 +161,15 @@ def test_later_attack_families_fit_without_changing_old_keys(report):
     entry["attacks"]["inversion"] = [{"attack": "mi-face", "params": {"steps": 100}, "mse": 0.031}]
     entry["attacks"]["membership_v2"] = [{"attack": "future", "score": 1.0}]
     out = build_report([entry], title="t")["models"][0]
-    assert list(out["attacks"]) == ["membership", "inversion", "extraction", "attribute", "cloak", "membership_v2"]
+    assert list(out["attacks"]) == [
+        "membership",
+        "inversion",
+        "extraction",
+        "attribute",
+        "cloak",
+        "icl",
+        "membership_v2",
+    ]
     assert out["attacks"]["cloak"] is None
 
 

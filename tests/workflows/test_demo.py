@@ -26,7 +26,7 @@ def tiny_demo(monkeypatch):
         demo,
         "demo_models",
         lambda s: [
-            (
+            demo.DemoModel(
                 "dp",
                 TrainConfig(algo="dpsgd", epochs=s.dp_epochs, batch_size=128, lr=1.0, dp=DPConfig(target_epsilon=8.0)),
             )
@@ -40,7 +40,9 @@ def test_demo_runs_twice_and_replaces_its_own_output(tiny_demo, tmp_path):
     assert first.exit_code == 0, first.output
     report = json.loads((out / "report.json").read_text())
     (model,) = report["models"]
-    assert model["summary"]["formal"]["attack"] == "canaries"  # the headline is the formal canary audit
+    # The headline is the strongest formal audit: the white-box canaries' (the mislabeled ones' beside it).
+    assert model["summary"]["formal"]["attack"] == "whitebox-canaries"
+    assert {a["source"]["attack"] for a in model["audits"]} >= {"canaries", "whitebox-canaries"}
     assert model["summary"]["estimate"]["attack"] == "loss"
     assert model["attacks"]["inversion"][0]["attack"] == "mi-face"
     assert model["attacks"]["extraction"][0]["queries"] <= 100
@@ -59,3 +61,26 @@ def test_demo_refuses_a_folder_it_did_not_write(tiny_demo, tmp_path):
     r = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
     assert r.exit_code == 2 and "not a demo output" in r.output
     assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_the_demo_catches_its_planted_bug(monkeypatch, tmp_path):
+    """The demo's planted-bug model (noise / B, claim for the intended σ) is flagged "violation" by its
+    formal white-box audit; the correct model trained the same way is not."""
+    monkeypatch.setattr(
+        demo,
+        "QUICK",
+        demo.DemoSettings(epochs=2, dp_epochs=4, reference_models=4, attacks=("loss",), extraction_budget=0),
+    )
+    full = {m.name: m for m in demo.demo_models(demo.QUICK)}
+    bug = full["dp-sgd-eps2-planted-bug"]
+    assert bug.planted_bug and bug.config.dp.target_epsilon == 2.0
+    correct = demo.DemoModel("correct-eps2", bug.config)
+    monkeypatch.setattr(demo, "demo_models", lambda s: [bug, correct])
+    out = tmp_path / "demo"
+    r = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
+    assert r.exit_code == 0, r.output  # the demo reports; only `audit ... --fail-on-violation` fails CI
+    report = json.loads((out / "report.json").read_text())
+    verdicts = {m["name"]: m["summary"]["verdict"] for m in report["models"]}
+    assert verdicts["dp-sgd-eps2-planted-bug"] == "violation", verdicts
+    assert verdicts["correct-eps2"] != "violation", verdicts
+    assert "dp-sgd-eps2-planted-bug" in report["run"]["config"]["planted_bug"]

@@ -1,0 +1,195 @@
+"""Membership inference on in-context learning: was this record among the prompt's exemplars?
+
+Threat model (Wu et al. 2024, arXiv:2305.01639, Sec. 5; Duan et al. 2023, "On the privacy risk of
+in-context learning"): the attacker queries the deployed predictor with a candidate record and scores
+how confidently it returns the record's label; an in-context learner that copies its exemplars answers
+its own exemplars more confidently. Score convention (attacks/result.py): higher = member.
+
+* One prompt, no noise (epsilon = infinity): score = predicted probability of the candidate's label.
+* DP-ICL (K prompts of k disjoint exemplars, noisy vote of :mod:`dpaudit.aggregation`): the attacker
+  sees only the released label, score = 1[answer == label]. The aggregator is calibrated so that *all*
+  the attacker's queries of one trial together meet the target epsilon (data-independent).
+
+Each trial uses fresh records (members = the exemplars, non-members = as many unused records), so the
+trials compose in parallel. Exemplar canaries (:func:`icl_canary_audit`) give a formal one-run audit
+(Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) of the aggregator's claim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from attacks.result import AttackResult
+from dpaudit.aggregation import AggregatorConfig, aggregate, calibrate_aggregator, vote_histogram
+from dpaudit.errors import InputError
+from dpaudit.seeding import derive_seed
+from dpaudit.training.icl import make_predictor
+from dpaudit.validation import check_positive_int
+
+
+def _private_answers(predictor, ex_X, ex_y, parts, queries_X, n_classes, epsilon, delta, seed) -> np.ndarray:
+    from dpaudit.training.pate import icl_votes
+
+    hist = vote_histogram(icl_votes(predictor, ex_X, ex_y, parts, queries_X), n_classes)
+    agg = calibrate_aggregator(
+        AggregatorConfig("gnmax", sigma=1.0), target_epsilon=epsilon, delta=delta, n_queries=len(queries_X),
+        n_classes=n_classes,
+    )  # fmt: skip
+    return aggregate(hist, agg, seed)
+
+
+def icl_membership(
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    *,
+    shots: int,
+    teachers: int = 1,
+    epsilon: float = math.inf,
+    delta: float = 1e-5,
+    trials: int = 20,
+    predictor: str = "knn",
+    seed: int = 0,
+) -> AttackResult:
+    """The ICL membership attack on records (X, y) (already preprocessed features).
+
+    ``epsilon = inf`` with ``teachers = 1``: one non-private prompt of ``shots`` exemplars, probability
+    scores. Finite ``epsilon``: DP-ICL with ``teachers`` prompts and GNMax calibrated to ``epsilon`` over
+    the 2 * teachers * shots queries of a trial. Up to ``trials`` trials on disjoint records."""
+    shots, teachers, trials = (check_positive_int(shots=shots), check_positive_int(teachers=teachers),
+                               check_positive_int(trials=trials))  # fmt: skip
+    X, y = np.asarray(X), np.asarray(y, dtype=np.int64)
+    per_trial = 2 * shots * teachers
+    n_trials = min(trials, len(X) // per_trial)
+    if n_trials < 1:
+        raise InputError(f"the ICL attack needs {per_trial} records per trial, the data has {len(X)}")
+    pred = make_predictor(predictor, n_classes)
+    perm = np.random.default_rng(derive_seed(seed, stream=10)).permutation(len(X))
+    scores, member, ids = [], [], []
+    for r in range(n_trials):
+        idx = perm[r * per_trial : (r + 1) * per_trial]
+        ex, out = idx[: per_trial // 2], idx[per_trial // 2 :]
+        cand = np.concatenate([ex, out])
+        parts = [np.arange(t * shots, (t + 1) * shots) for t in range(teachers)]
+        if math.isinf(epsilon):
+            if teachers != 1:
+                raise InputError("the non-private ICL attack uses one prompt (teachers = 1)")
+            proba = pred.predict_proba(X[ex], y[ex], X[cand])
+            s = proba[np.arange(len(cand)), y[cand]]
+        else:
+            answers = _private_answers(pred, X[ex], y[ex], parts, X[cand], n_classes, epsilon, delta,
+                                       derive_seed(seed, stream=1000 + r))  # fmt: skip
+            s = (answers == y[cand]).astype(np.float64)
+        scores.append(s)
+        member.append(np.r_[np.ones(len(ex), bool), np.zeros(len(out), bool)])
+        ids.append(cand)
+    params = {"shots": shots, "teachers": teachers, "epsilon": epsilon, "delta": delta, "trials": n_trials,
+              "predictor": predictor, "aggregator": None if math.isinf(epsilon) else "gnmax"}  # fmt: skip
+    return AttackResult.from_scores(
+        "icl", np.concatenate(scores), np.concatenate(member), np.concatenate(ids), params, seed=seed
+    )
+
+
+def icl_canary_audit(
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    *,
+    canaries: int,
+    shots: int,
+    teachers: int = 1,
+    epsilon: float = math.inf,
+    delta: float = 1e-5,
+    confidence: float = 0.95,
+    predictor: str = "knn",
+    seed: int = 0,
+):
+    """One-run audit of (DP-)ICL with mislabeled exemplar canaries (formal; Steinke et al. 2023, Thm. 3.1).
+
+    ``teachers * shots`` ordinary exemplars fill the prompts; then ``canaries`` further records get a
+    random wrong label and a fixed teacher each (chosen before inclusion), and each is added to its
+    teacher's prompt independently with probability 1/2. Every canary is queried once; the score is
+    1[answer == the canary's wrong label] (probability of that label for the non-private one prompt).
+    The claim audited: the aggregator's epsilon over the ``canaries`` queries; adding a canary changes one
+    teacher's prompt, which the one-vote analysis covers, so the bound is formal."""
+    from dpaudit.audit import audit_scores
+
+    m = check_positive_int(canaries=canaries)
+    n_ex = shots * teachers
+    if n_ex + m > len(X):
+        raise InputError(f"{n_ex} exemplars + {m} canaries exceed the {len(X)} records")
+    rng = np.random.default_rng(derive_seed(seed, stream=20))
+    perm = rng.permutation(len(X))
+    ex, can = perm[:n_ex], perm[n_ex : n_ex + m]
+    y_can = (y[can] + rng.integers(1, n_classes, size=m)) % n_classes  # a wrong label (mislabeled canary)
+    owner = rng.integers(0, teachers, size=m)
+    included = rng.random(m) < 0.5
+    ex_X = np.concatenate([X[ex], X[can][included]])
+    ex_y = np.concatenate([y[ex], y_can[included]])
+    own = np.concatenate([np.repeat(np.arange(teachers), shots), owner[included]])
+    parts = [np.flatnonzero(own == t) for t in range(teachers)]
+    pred = make_predictor(predictor, n_classes)
+    if math.isinf(epsilon):
+        if teachers != 1:
+            raise InputError("the non-private ICL audit uses one prompt (teachers = 1)")
+        scores = pred.predict_proba(ex_X, ex_y, X[can])[np.arange(m), y_can]
+    else:
+        answers = _private_answers(pred, ex_X, ex_y, parts, X[can], n_classes, epsilon, delta,
+                                   derive_seed(seed, stream=21))  # fmt: skip
+        scores = (answers == y_can).astype(np.float64)
+    claimed = None if math.isinf(epsilon) else epsilon
+    return audit_scores(scores, included, method="one-run", design="canaries", delta=delta, confidence=confidence,
+                        claimed_epsilon=claimed, seed=seed)  # fmt: skip
+
+
+def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20) -> dict[str, Any]:
+    """The ICL family's report entry for a ``dpaudit train --algo dp-icl`` run (JSON-ready).
+
+    With the run's recipe (shots, teachers, predictor, delta) on fresh prompts drawn from its holdout,
+    auxiliary and test records (never its private exemplars): the attack's AUC (an estimate) and the
+    one-run canary audit (formal) for one non-private prompt (epsilon = inf) and for DP-ICL at the run's
+    claimed epsilon. The student checkpoint is post-processing of the answers, so it is not attacked here."""
+    from dpaudit.data import Standardizer
+
+    agg = ((run.meta.get("training") or {}).get("aggregation") or {}).get("recipe")
+    if run.meta["training"].get("algo") != "dp-icl" or agg is None:
+        raise InputError(f"{run.path}: the ICL attack needs a run trained with --algo dp-icl")
+    ds = run.dataset()
+    idx = np.concatenate([run.splits.holdout, run.splits.aux, run.splits.test])
+    X = Standardizer.fit(ds.X[run.splits.aux]).transform(ds.X[idx])
+    y = ds.y[idx]
+    privacy = run.privacy or {}
+    eps = float(privacy.get("epsilon", math.inf))
+    delta = float(agg["delta"])
+    shots, teachers, predictor = int(agg["shots"]), int(agg["teachers"]), agg["predictor"]
+    per_trial_private = 2 * shots * teachers
+    while teachers > 1 and per_trial_private > len(X):  # the public records bound the simulated ensemble
+        teachers //= 2
+        per_trial_private = 2 * shots * teachers
+    common = {"n_classes": ds.n_classes, "shots": shots, "predictor": predictor, "seed": seed}
+    settings = [("one prompt, no noise", 1, math.inf)]
+    if math.isfinite(eps):
+        settings.append((f"DP-ICL, {teachers} teachers, GNMax", teachers, eps))
+    rows = []
+    for label, k, e in settings:
+        attack = icl_membership(X, y, teachers=k, epsilon=e, delta=delta, trials=trials, **common)
+        m = min(canaries, len(X) - shots * k)
+        audit = icl_canary_audit(X, y, canaries=m, teachers=k, epsilon=e, delta=delta, **common)
+        rows.append({
+            "setting": label, "teachers": k, "epsilon": e, "auc": float(attack.metrics["auc"]),
+            "advantage": float(attack.metrics["advantage"]), "n_records": len(attack.scores),
+            "canary_epsilon_lower_bound": float(audit.epsilon_lower_bound), "canary_audit": audit.to_dict(),
+        })  # fmt: skip
+    out: dict[str, Any] = {"attack": "icl", "shots": shots, "predictor": predictor, "settings": rows}
+    out["auc_non_private"] = rows[0]["auc"]
+    if len(rows) > 1:
+        out["auc_private"] = rows[1]["auc"]
+        out["canary_epsilon_lower_bound_private"] = rows[1]["canary_epsilon_lower_bound"]
+    out["note"] = (
+        "AUC: estimate (records drawn per trial, not one fixed neighbouring pair). Canary bound: formal one-run "
+        "audit (Steinke, Nasr & Jagielski 2023) of the aggregator's data-independent claim over the canary queries."
+    )
+    return out

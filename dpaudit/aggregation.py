@@ -1,0 +1,381 @@
+"""Private aggregation of teacher votes (PATE, DP-ICL): noisy argmax of a vote histogram, and its accounting.
+
+One implementation serves PATE (teachers are models trained on disjoint partitions; Papernot et al.
+2017, arXiv:1610.05755; 2018, arXiv:1802.08908) and DP-ICL (teachers are in-context predictors, each
+prompted with a disjoint subset of the private exemplars; Wu et al. 2024, arXiv:2305.01639). Only the
+teachers differ; every query is answered from the histogram ``n(x)`` of the K teachers' votes:
+
+* ``lnmax``: argmax_j n_j(x) + Lap(b) (Papernot et al. 2017, Eq. 1, b = 1/gamma).
+* ``gnmax``: argmax_j n_j(x) + N(0, sigma^2) (Papernot et al. 2018, Sec. 4.1).
+* ``confident-gnmax``: answer only if max_j n_j(x) + N(0, sigma1^2) >= T, then GNMax with sigma2
+  (Papernot et al. 2018, Alg. 1); unanswered queries are reported as -1.
+* ``argmax``: no noise (the non-private baseline, epsilon = infinity).
+
+Privacy unit: one record of the private set. Records are assigned to teachers by position in a seeded
+permutation, so replacing one record (replace-one neighbours, the relation recorded in the claim) changes
+one teacher and that teacher's single vote per query: the histogram moves by at most 1 in two coordinates
+(sqrt(2) in L2, 2 in L1) and max_j n_j by at most 1. The events are therefore accounted in units of one
+changed vote (the threshold's Gaussian with C = 1 under the accountant's add/remove convention, i.e. no
+factor 2), which is what ``privacy_record["event"]`` means; recomputing it with replace-one would only
+over-state the threshold's cost.
+
+Accounting (pure numpy/scipy, no torch):
+
+* Data-independent (the claim): events from :mod:`dpaudit.events` accounted by the RDP accountant,
+  and for LNMax also pure-DP basic composition (the smaller epsilon is claimed; both are formal).
+  Confident-GNMax's threshold step is a Gaussian mechanism on a sensitivity-1 scalar, run on every
+  query; its GNMax step runs only on answered queries, at most ``max_answers`` of them (the aggregator
+  stops answering after that). Composing only the answered GNMax steps with a cap fixed in advance is
+  the Rényi filter of Feldman & Zrnic 2021 (arXiv:2008.11193, Thm. 3.1), applied at each order.
+* Data-dependent (Papernot et al. 2018, Thm. 6, Prop. 7 and 10): smaller on consensus histograms, but a
+  function of the private votes, so *not itself differentially private* unless sanitised with smooth
+  sensitivity (ibid. Sec. 4.3, not implemented here). It is recorded beside the claim, labelled as such.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy import special, stats
+
+from dpaudit.errors import InputError
+from dpaudit.events import Composed, Event, Gaussian, GNMax, LNMax, NonPrivate, SelfComposed
+from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive, check_positive_int
+
+__all__ = [
+    "AGGREGATORS",
+    "AggregatorConfig",
+    "aggregate",
+    "aggregator_event",
+    "calibrate_aggregator",
+    "data_dependent_epsilon",
+    "data_dependent_rdp",
+    "log_q_gnmax",
+    "privacy_record",
+    "rdp_gnmax_data_dependent",
+    "rdp_threshold_data_dependent",
+    "vote_histogram",
+]
+
+AGGREGATORS = ("lnmax", "gnmax", "confident-gnmax", "argmax")
+NEIGHBOURING_NOTE = (
+    "one record changes at most one teacher's vote per query: records are assigned to teachers by their "
+    "position in a seeded permutation, so replacing one record changes one teacher's data (replace-one); "
+    "adding or removing one exemplar of a fixed teacher is covered too"
+)
+DATA_DEPENDENT_NOTE = (
+    "data-dependent analysis (Papernot et al. 2018, arXiv:1802.08908, Thm. 6 with Prop. 7/10): computed "
+    "from the private vote histograms, so this epsilon is itself NOT differentially private (not sanitised "
+    "with smooth sensitivity); it is not the claim"
+)
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    """Settings of the noisy aggregator (all privacy-relevant).
+
+    ``sigma``: the noise of the answer step: Laplace scale b = 1/gamma for ``lnmax``, the Gaussian
+    sigma for ``gnmax``, sigma2 for ``confident-gnmax``; ignored (must be None) for ``argmax``.
+    ``sigma1`` and ``threshold`` T: Confident-GNMax's noisy threshold check (only for it).
+    ``max_answers``: Confident-GNMax stops answering after this many answers (None: no cap, i.e. the
+    claim assumes every query may be answered).
+    """
+
+    name: str
+    sigma: float | None = None
+    sigma1: float | None = None
+    threshold: float | None = None
+    max_answers: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(AGGREGATORS, aggregator=self.name)
+        if self.name == "argmax":
+            if self.sigma is not None:
+                raise InputError("the argmax aggregator adds no noise; give no --sigma")
+        else:
+            if self.sigma is None:
+                raise InputError(f"the {self.name} aggregator needs --sigma (its noise scale)")
+            check_positive(sigma=self.sigma)
+        confident = self.name == "confident-gnmax"
+        if confident:
+            if self.sigma1 is None or self.threshold is None:
+                raise InputError("confident-gnmax needs --sigma1 and --threshold")
+            check_positive(sigma1=self.sigma1)
+            check_non_negative(threshold=self.threshold)
+        elif self.sigma1 is not None or self.threshold is not None or self.max_answers is not None:
+            raise InputError("--sigma1, --threshold and --max-answers apply only to confident-gnmax")
+        if self.max_answers is not None:
+            check_positive_int(max_answers=self.max_answers)
+
+    def check_teachers(self, n_teachers: int) -> None:
+        """The threshold must lie in [0, K] (a count of teacher votes)."""
+        if self.threshold is not None and self.threshold > n_teachers:
+            raise InputError(
+                f"expected threshold in [0, {n_teachers}] (the number of teachers), got {self.threshold:g}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def vote_histogram(votes: np.ndarray, n_classes: int) -> np.ndarray:
+    """(n_queries, n_classes) counts from a (n_teachers, n_queries) array of class votes in [0, n_classes)."""
+    v = np.asarray(votes)
+    if v.ndim != 2 or not np.issubdtype(v.dtype, np.integer):
+        raise InputError(f"expected votes as a 2-D integer array (teachers, queries), got {v.dtype} {v.shape}")
+    if v.size and (v.min() < 0 or v.max() >= n_classes):
+        raise InputError(f"expected votes in [0, {n_classes}), got values in [{v.min()}, {v.max()}]")
+    hist = np.zeros((v.shape[1], n_classes), dtype=np.int64)
+    for t in range(v.shape[0]):
+        np.add.at(hist, (np.arange(v.shape[1]), v[t]), 1)
+    return hist
+
+
+def _check_hist(hist: np.ndarray) -> np.ndarray:
+    h = np.asarray(hist)
+    if h.ndim != 2 or h.shape[1] < 2:
+        raise InputError(f"expected a (queries, classes >= 2) vote histogram, got shape {h.shape}")
+    if np.any(h < 0) or not np.all(np.isfinite(h)):
+        raise InputError("vote counts must be finite and non-negative")
+    return h.astype(np.float64)
+
+
+def aggregate(hist: np.ndarray, config: AggregatorConfig, seed: int | np.random.Generator) -> np.ndarray:
+    """Noisy answers (class index, or -1 when Confident-GNMax declines) for each row of ``hist``.
+
+    The noise is drawn in one fixed order from ``np.random.default_rng(seed)`` (deterministic).
+    Ties of the noisy argmax (probability 0 with continuous noise) go to the smallest class index.
+    """
+    h = _check_hist(hist)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    q, c = h.shape
+    if config.name == "argmax":
+        return h.argmax(1).astype(np.int64)
+    if config.name == "lnmax":
+        # Papernot et al. 2017 (arXiv:1610.05755), Eq. 1: argmax_j n_j + Lap(1/gamma).
+        return (h + rng.laplace(0.0, config.sigma, size=(q, c))).argmax(1).astype(np.int64)
+    if config.name == "gnmax":
+        # Papernot et al. 2018 (arXiv:1802.08908), Sec. 4.1: argmax_j n_j + N(0, sigma^2).
+        return (h + rng.normal(0.0, config.sigma, size=(q, c))).argmax(1).astype(np.int64)
+    # Confident-GNMax, Papernot et al. 2018, Alg. 1: if max_j n_j + N(0, sigma1^2) >= T then
+    # argmax_j n_j + N(0, sigma2^2) else decline. All noise drawn up front (fixed order).
+    check_noise = rng.normal(0.0, config.sigma1, size=q)
+    answer_noise = rng.normal(0.0, config.sigma, size=(q, c))
+    passed = h.max(1) + check_noise >= config.threshold
+    answers = np.where(passed, (h + answer_noise).argmax(1), -1).astype(np.int64)
+    if config.max_answers is not None:
+        answered = np.flatnonzero(answers >= 0)
+        answers[answered[config.max_answers :]] = -1  # the cap: stop answering (queries are sequential)
+    return answers
+
+
+# ------------------------------------------------------------------------- data-independent claim
+
+
+def aggregator_event(config: AggregatorConfig, n_queries: int, n_classes: int) -> Event:
+    """The data-independent mechanism of answering ``n_queries`` queries (what the claim accounts)."""
+    n_queries = check_positive_int(n_queries=n_queries)
+    if config.name == "argmax":
+        return NonPrivate()
+    if config.name == "lnmax":
+        return SelfComposed(LNMax(config.sigma, n_classes), n_queries)
+    if config.name == "gnmax":
+        return SelfComposed(GNMax(config.sigma, n_classes), n_queries)
+    # The threshold check: Gaussian noise on max_j n_j, which one record moves by at most 1 (sensitivity 1
+    # under either neighbouring relation; accounted as add/remove with C = 1: alpha / (2 sigma1^2) RDP).
+    answers = n_queries if config.max_answers is None else min(config.max_answers, n_queries)
+    return Composed(
+        (SelfComposed(Gaussian(config.sigma1), n_queries), SelfComposed(GNMax(config.sigma, n_classes), answers))
+    )
+
+
+def _rdp_curve(event: Event) -> tuple[np.ndarray, np.ndarray]:
+    from dpaudit.accounting import RdpAccountant
+
+    acc = RdpAccountant(neighbouring="add_remove").compose(event)
+    return acc.orders.copy(), acc.rdp
+
+
+def data_independent_epsilon(config: AggregatorConfig, n_queries: int, n_classes: int, delta: float) -> dict[str, Any]:
+    """(epsilon, how) of the data-independent analysis. Formal guarantee.
+
+    LNMax: the smaller of pure-DP basic composition n_queries * 2/b at delta = 0 (Papernot et al. 2017,
+    Sec. 3: one query is (2 gamma, 0)-DP; Dwork & Roth 2014, Thm. 3.16) and the RDP accountant at delta.
+    GNMax / Confident-GNMax: the RDP accountant (Papernot et al. 2018, Prop. 8: alpha / sigma^2 per query).
+    """
+    from dpaudit.accounting import epsilon_for
+
+    delta = check_in_interval(0.0, 1.0, delta=delta)
+    event = aggregator_event(config, n_queries, n_classes)
+    if config.name == "argmax":
+        return {"epsilon": math.inf, "accountant": None, "event": event.to_dict()}
+    eps_rdp = float(epsilon_for(event, delta, "rdp"))
+    out = {"epsilon": eps_rdp, "accountant": "rdp", "event": event.to_dict()}
+    if config.name == "lnmax":
+        pure = n_queries * 2.0 / config.sigma  # basic composition of (2/b, 0)-DP queries
+        out["pure_dp_epsilon"] = pure
+        if pure <= eps_rdp:
+            out.update(epsilon=pure, accountant="pure-dp basic composition")
+    return out
+
+
+def calibrate_aggregator(
+    config: AggregatorConfig, *, target_epsilon: float, delta: float, n_queries: int, n_classes: int
+) -> AggregatorConfig:
+    """The config with the smallest answer-step noise ``sigma`` meeting ``target_epsilon`` (verified).
+
+    For Confident-GNMax ``sigma1`` is kept; the target must exceed the threshold step's own cost.
+    """
+    import dataclasses
+
+    from dpaudit.accounting.calibration import calibrate_noise_multiplier
+
+    if config.name == "argmax":
+        raise InputError("the argmax aggregator is not private; a target epsilon needs lnmax, gnmax or confident-gnmax")
+
+    def make(s: float) -> Event:  # calibrate_noise_multiplier only tries s > 0
+        return aggregator_event(dataclasses.replace(config, sigma=s), n_queries, n_classes)
+
+    # The claim is never above the RDP epsilon (LNMax claims min(pure, RDP)), so meeting the target under
+    # RDP meets it for the claim.
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target_epsilon, delta=delta, make_event=make, max_noise_multiplier=1e7
+    )
+    return dataclasses.replace(config, sigma=sigma)
+
+
+# ------------------------------------------------------------------------- data-dependent analysis
+
+
+def log_q_gnmax(hist: np.ndarray, sigma: float) -> np.ndarray:
+    """Upper bound on log Pr[GNMax(n) != argmax n] per row (Papernot et al. 2018, Prop. 7):
+    q <= sum_{i != i*} Pr[n_i + N(0, s^2) >= n_i* + N(0, s^2)] = sum_{i != i*} (1/2) erfc((n_i* - n_i) / (2 s)),
+    capped at 1 - 1/C (the paper's footnote: a useful bound must be below that). Log-space (logsf) so that
+    consensus histograms give q far below float64's smallest normal number without underflow."""
+    h = _check_hist(hist)
+    top = h.argmax(1)
+    gap = h[np.arange(len(h)), top][:, None] - h  # n_i* - n_i >= 0
+    # Pr[N(0, 2 s^2) >= gap] as a log: the difference of two independent N(0, s^2) has variance 2 s^2.
+    logp = stats.norm.logsf(gap, scale=math.sqrt(2.0) * sigma)
+    logp[np.arange(len(h)), top] = -np.inf
+    logq = special.logsumexp(logp, axis=1)
+    return np.minimum(logq, math.log1p(-1.0 / h.shape[1]))
+
+
+def _log1mexp(x: np.ndarray | float) -> np.ndarray:
+    """log(1 - e^x) for x <= 0, accurate near 0 and for very negative x (Maechler 2012)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
+
+
+def rdp_gnmax_data_dependent(log_q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """Data-dependent RDP of one GNMax answer at orders ``orders`` given log q (an upper bound on
+    Pr[output != i*] at the private dataset), never above the data-independent alpha / sigma^2.
+
+    Papernot et al. 2018 (arXiv:1802.08908), Thm. 6 with Prop. 10: take mu2 = sigma sqrt(log(1/q)),
+    mu1 = mu2 + 1, eps_i = mu_i / sigma^2. Where lambda <= mu1, mu2 > 1, q e^{eps2} < 1 and
+    q <= e^{(mu2 - 1) eps2} / (mu1/(mu1 - 1) * mu2/(mu2 - 1))^{mu2},
+        eps(lambda) <= 1/(lambda - 1) log((1 - q) A^{lambda - 1} + q B^{lambda - 1}),
+        A = (1 - q) / (1 - (q e^{eps2})^{(mu2 - 1)/mu2}),  B = e^{eps1} / q^{1/(mu1 - 1)}.
+    Everything is evaluated in log space (q may be 1e-300)."""
+    orders = np.asarray(orders, dtype=np.float64)
+    base = orders / sigma**2  # Prop. 8, data-independent
+    logq = min(0.0, float(log_q))
+    if math.isinf(logq):  # the output is certain: 0-RDP
+        return np.zeros_like(orders)
+    mu2 = sigma * math.sqrt(-logq)
+    mu1 = mu2 + 1.0
+    if mu2 <= 1.0:
+        return base
+    eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
+    log_cond = (mu2 - 1.0) * eps2 - mu2 * (math.log(mu1 / (mu1 - 1.0)) + math.log(mu2 / (mu2 - 1.0)))
+    if not (logq <= log_cond and -logq > eps2):
+        return base
+    log1q = float(_log1mexp(logq))
+    log_a = log1q - float(_log1mexp((logq + eps2) * (1.0 - 1.0 / mu2)))  # log A
+    log_b = eps1 - logq / (mu1 - 1.0)  # log B
+    lam1 = orders - 1.0
+    log_s = np.logaddexp(log1q + lam1 * log_a, logq + lam1 * log_b)
+    dd = log_s / lam1
+    mask = orders <= mu1
+    return np.where(mask, np.minimum(base, dd), base)
+
+
+def rdp_threshold_data_dependent(max_count: float, threshold: float, sigma1: float, orders: np.ndarray) -> np.ndarray:
+    """Data-dependent RDP of Confident-GNMax's threshold check on one query.
+
+    The check releases one bit, 1[max_j n_j + N(0, sigma1^2) >= T]; it is (lambda, lambda / (2 sigma1^2))-RDP
+    (sensitivity 1), i.e. the curve of GNMax with sigma = sqrt(2) sigma1, and the less likely of its two
+    outcomes has probability q = min(p, 1 - p), p = Pr[N(0, sigma1^2) >= T - max n]; Thm. 6 applies with
+    that q (Papernot et al. 2018, Sec. 4.2 and App. B; the authors' pate_2018 analysis does the same)."""
+    logp = float(stats.norm.logsf(threshold - max_count, scale=sigma1))
+    logq = min(logp, float(_log1mexp(logp)))
+    return rdp_gnmax_data_dependent(logq, math.sqrt(2.0) * sigma1, orders)
+
+
+def data_dependent_rdp(hist: np.ndarray, answers: np.ndarray, config: AggregatorConfig, orders) -> np.ndarray:
+    """Total data-dependent RDP curve of answering the rows of ``hist`` (GNMax / Confident-GNMax only).
+
+    Confident-GNMax: every query pays the threshold check, answered ones (``answers >= 0``) also GNMax."""
+    h = _check_hist(hist)
+    orders = np.asarray(orders, dtype=np.float64)
+    answers = np.asarray(answers)
+    if config.name not in ("gnmax", "confident-gnmax"):
+        raise InputError(f"the data-dependent analysis covers gnmax and confident-gnmax, not {config.name}")
+    total = np.zeros_like(orders)
+    if config.name == "confident-gnmax":
+        for m in h.max(1):
+            total += rdp_threshold_data_dependent(float(m), config.threshold, config.sigma1, orders)
+        rows = np.flatnonzero(answers >= 0)
+    else:
+        rows = np.arange(len(h))
+    if len(rows):
+        for lq in log_q_gnmax(h[rows], config.sigma):
+            total += rdp_gnmax_data_dependent(float(lq), config.sigma, orders)
+    return total
+
+
+def data_dependent_epsilon(hist: np.ndarray, answers: np.ndarray, config: AggregatorConfig, delta: float) -> float:
+    """epsilon(delta) of :func:`data_dependent_rdp` (RDP-to-DP conversion of the accounting layer).
+    NOT a differential-privacy guarantee by itself: it depends on the private votes."""
+    from dpaudit.accounting.rdp import DEFAULT_ORDERS, rdp_to_epsilon
+
+    orders = np.asarray(DEFAULT_ORDERS)
+    return float(rdp_to_epsilon(orders, data_dependent_rdp(hist, answers, config, orders), delta)[0])
+
+
+def privacy_record(
+    config: AggregatorConfig, hist: np.ndarray, answers: np.ndarray, *, delta: float, n_teachers: int
+) -> dict[str, Any] | None:
+    """The checkpoint's privacy claim: the data-independent epsilon (the claim), with the data-dependent
+    epsilon beside it, labelled as not private. None for the non-private ``argmax`` aggregator."""
+    if config.name == "argmax":
+        return None
+    h = _check_hist(hist)
+    n_queries, n_classes = h.shape
+    di = data_independent_epsilon(config, n_queries, n_classes, delta)
+    record: dict[str, Any] = {
+        "epsilon": di["epsilon"],
+        "delta": delta,
+        "accountant": di["accountant"],
+        "neighbouring": "replace_one",
+        "event": di["event"],
+        "aggregator": config.to_dict(),
+        "n_teachers": int(n_teachers),
+        "n_queries": int(n_queries),
+        "n_answered": int(np.sum(np.asarray(answers) >= 0)),
+        "analysis": "data-independent (formal): " + NEIGHBOURING_NOTE,
+    }
+    if "pure_dp_epsilon" in di:
+        record["pure_dp_epsilon"] = di["pure_dp_epsilon"]
+    if config.name in ("gnmax", "confident-gnmax"):
+        record["data_dependent"] = {
+            "epsilon": min(data_dependent_epsilon(h, answers, config, delta), di["epsilon"]),
+            "private": False,
+            "note": DATA_DEPENDENT_NOTE,
+        }
+    return record

@@ -1,0 +1,77 @@
+"""``dpaudit train --algo cloak``: learn Cloak noise for a frozen target run (thin: parse, call, print)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpaudit.cli._common import emit, info, progress
+from dpaudit.errors import InputError
+
+
+def sigma_png(cloak) -> bytes | None:
+    """The cloak's sigma map as PNG bytes (the report's plot), or None when matplotlib has nothing to draw."""
+    from dpaudit.report import plots
+
+    d = {
+        "sigma_map": [float(v) for v in cloak.relative_sigma().ravel()],
+        "feature_shape": list(cloak.mu.shape),
+        "lambda": cloak.lam,
+        "suppression_ratio": cloak.meta["metrics"]["suppression_ratio"],
+    }
+    return plots.png(lambda: plots.cloak_figure(d))
+
+
+def human_cloak(s: dict[str, Any]) -> str:
+    from dpaudit.report._format import rate
+
+    return "\n".join(
+        [
+            f"cloak      λ = {s['lambda']:g} for {s['target']} ({s['data']})",
+            f"suppressed {rate(s['suppression_ratio'])} of the features (σ >= {s['suppression_threshold']:g} × range)",
+            f"accuracy   clean {rate(s['clean_accuracy'])}   cloaked {rate(s['cloaked_accuracy'])}   "
+            f"loss {rate(s['accuracy_loss'])}",
+            f"local DP   ε = {s['composed_epsilon']:.4g} at δ = {s['delta']:g} for one release "
+            f"(median feature ε = {s['median_feature_epsilon']:.4g})",
+        ]
+    )
+
+
+def train_cloak_command(
+    algo: str,
+    target: Path | None,
+    lambdas: list[str],
+    out: Path,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    force: bool,
+    json_output: bool,
+) -> None:
+    from dpaudit.training.cloak import CloakConfig, cloak_summary, curve_row, parse_lambdas, train_cloak_sweep
+
+    if algo != "cloak":
+        raise InputError(f"--target/--lambda need --algo cloak, not {algo!r}")
+    if target is None:
+        raise InputError("--algo cloak needs --target RUN (the frozen model's run directory)")
+    lams = parse_lambdas(lambdas)
+    base = CloakConfig(lam=lams[0], epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+    info(f"training {len(lams)} cloak(s) for {target} …", json_flag=json_output)
+    cloaks = train_cloak_sweep(
+        target, lams, out=out, base=base, force=force, figure=sigma_png, progress=progress(json_output)
+    )
+    if len(cloaks) == 1:
+        s = cloak_summary(cloaks[0])
+        emit({"out": str(out), **s}, human_cloak(s) + f"\nsaved      {out}", json_flag=json_output)
+        return
+    rows = [curve_row(c) for c in cloaks]
+    lines = ["λ          suppressed  clean acc  cloaked acc  composed ε"]
+    lines += [
+        f"{r['lambda']:<10g} {r['suppression_ratio']:>10.3f} {r['clean_accuracy']:>10.3f} "
+        f"{r['cloaked_accuracy']:>12.3f} {r['composed_epsilon']:>11.4g}"
+        for r in rows
+    ]
+    lines.append(f"saved      {out} (curve.json, curve.csv, lambda_*/)")
+    emit({"out": str(out), "curve": rows}, "\n".join(lines), json_flag=json_output)

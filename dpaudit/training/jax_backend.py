@@ -1,0 +1,507 @@
+"""The JAX backend: SGD, DP-SGD and DP-SGD-JL for the zoo's logreg, mlp and cnn, compiled with ``jit``.
+
+Imported only for ``PerfConfig.backend == "jax"`` (``dpaudit train --backend jax``); JAX is an
+optional extra (``pip install 'dpaudit[jax]'``). The mechanism is the torch trainers' one, so the
+privacy claim is computed by the same code (:func:`dpaudit.training.dpsgd.privacy_claim` through
+the registered trainer's ``setting_for``), and the backend is a performance setting only:
+
+* The model is the torch zoo's module (built from the spec and ``config.seed`` by the caller).
+  Its parameters become a dict ``{torch parameter name: jax array}`` in torch's layout (linear
+  weights (out, in), conv kernels OIHW), the forward pass is re-written in ``jax.numpy`` /
+  ``jax.lax`` from the module's layer list, and the trained arrays are copied back into the same
+  module, so the checkpoint is the torch one (safetensors, same names) and loads into the torch
+  model unchanged.
+* Per-example gradients by ``vmap(grad(ℓ))`` under ``jit`` (the DP-SGD-in-JAX recipe of the
+  seed lecture "private non-convex learning"; Subramani et al. 2021, arXiv:2010.09063), clipped
+  to g_i / max(1, ‖g_i‖/C) (Abadi et al. 2016, arXiv:1607.00133, Alg. 1), summed, N(0, σ²C²I)
+  added once to the sum, divided by the expected batch size B, then an SGD or Adam step.
+* DP-SGD-JL (the JL projections paper, Algorithms 1-2): r directions v_j ~ N(0, I_d) per step,
+  P_ij = ⟨∇ℓ_i, v_j⟩ for the whole batch by one forward-mode ``jax.jvp`` of the vector of
+  per-example losses per direction, M_i = sqrt(mean_j P_ij²) (E[M_i²] = ‖∇ℓ_i‖²),
+  w_i = min(1, C/M_i), one gradient of Σ_i w_i ℓ_i, noise and division as in DP-SGD.
+* Batches are drawn by the torch trainers' own samplers (:func:`~dpaudit.training.dpsgd.poisson_sampler`,
+  :func:`~dpaudit.training.dpsgd.shuffle_sampler`, the non-private epoch permutation) from the
+  same seeds, so the two backends see identical batches; the noise (and the JL directions) come
+  from ``jax.random`` keys derived from ``config.seed + 2`` (``+ 3``), folded with the step number.
+
+Padding and privacy: a Poisson batch has a random size, and ``jit`` compiles one program per
+shape. Every batch is therefore cut into chunks of a fixed size P (``PerfConfig.max_physical_batch``,
+default :func:`pad_size`), each chunk padded with masked-out slots (weight exactly 0) to P. A batch
+larger than P is processed as several chunks whose clipped sums are added, never truncated, and
+the noise is added once to the total: the released quantity is exactly Σ_{i∈batch} clip_C(g_i) +
+N(0, σ²C²I), whatever P is. P depends only on the public (B, q), never on the data, so it changes
+neither the mechanism nor the claim, only the shape of the compiled program (and how often a
+second chunk runs). Run time is not covered by the claim, as with the torch trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpaudit.errors import InputError
+from dpaudit.progress import NULL_PROGRESS, Progress
+from dpaudit.training.base import Trainer, TrainOutcome, get_trainer
+from dpaudit.training.config import PerfConfig, TrainConfig
+
+JAX_INSTALL = "pip install 'dpaudit[jax]' (or: pip install jax jaxlib)"
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+except ImportError:  # pragma: no cover - exercised only without the extra
+    raise InputError(f"--backend jax needs JAX, which is not installed: {JAX_INSTALL}") from None
+
+ALGOS = ("sgd", "adam", "dpsgd", "dpadam", "dpsgd-jl", "dpadam-jl")
+# On GPUs JAX's default float32 matmul/conv precision is TF32 (10-bit mantissa): per-example norms
+# would be off by ~1e-3 relative, so a "clipped" gradient could exceed C by that much (sensitivity
+# under-stated) and the torch/JAX agreement fails. HIGHEST keeps true float32 products everywhere.
+PRECISION = lax.Precision.HIGHEST
+Params = dict[str, Any]  # {torch parameter name: jax array in torch's layout}
+Apply = Callable[[Params, Any], Any]  # (params, x of shape (n, *input_shape)) -> logits (n, classes)
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+def _linear(name: str) -> Callable:
+    def f(p, x):
+        # torch.nn.Linear: x Wᵀ + b, W (out, in); full float32 precision (see PRECISION)
+        return jnp.matmul(x, p[f"{name}.weight"].T, precision=PRECISION) + p[f"{name}.bias"]
+
+    return f
+
+
+def _conv(name: str, m: nn.Conv2d) -> Callable:
+    if m.groups != 1 or m.dilation != (1, 1) or m.padding_mode != "zeros" or isinstance(m.padding, str):
+        raise InputError(f"layer {name} (Conv2d): the JAX backend supports groups=1, no dilation, zero padding")
+    pad = tuple((int(p), int(p)) for p in m.padding)
+    stride = tuple(int(s) for s in m.stride)
+
+    def f(p, x):
+        out = lax.conv_general_dilated(
+            x, p[f"{name}.weight"], stride, pad, dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=PRECISION
+        )  # torch.nn.Conv2d (cross-correlation), kernel OIHW
+        b = p.get(f"{name}.bias")
+        return out if b is None else out + b[None, :, None, None]
+
+    return f
+
+
+def _group_norm(name: str, m: nn.GroupNorm) -> Callable:
+    g, eps = m.num_groups, m.eps
+
+    def f(p, x):
+        # torch.nn.GroupNorm (Wu & He 2018, arXiv:1803.08494, Eq. 1): biased variance per (example, group).
+        n, c = x.shape[:2]
+        z = x.reshape(n, g, -1)
+        mu = z.mean(-1, keepdims=True)
+        var = jnp.square(z - mu).mean(-1, keepdims=True)
+        z = ((z - mu) / jnp.sqrt(var + eps)).reshape(x.shape)
+        shape = (1, c) + (1,) * (x.ndim - 2)
+        return z * p[f"{name}.weight"].reshape(shape) + p[f"{name}.bias"].reshape(shape)
+
+    return f
+
+
+def _avg_pool(name: str, m: nn.AvgPool2d) -> Callable:
+    k = m.kernel_size if isinstance(m.kernel_size, int) else None
+    s = m.stride if isinstance(m.stride, int) else None
+    if k is None or s != k or m.padding not in (0, (0, 0)) or m.ceil_mode:
+        raise InputError(f"layer {name} (AvgPool2d): the JAX backend supports square non-overlapping pooling only")
+
+    def f(p, x):  # floor mode, as torch: the trailing rows/columns that do not fill a window are dropped
+        n, c, h, w = x.shape
+        x = x[:, :, : h // k * k, : w // k * k]
+        return x.reshape(n, c, h // k, k, w // k, k).mean((3, 5))
+
+    return f
+
+
+def _adaptive_avg_pool(name: str, m: nn.AdaptiveAvgPool2d) -> Callable:
+    if m.output_size not in (1, (1, 1)):
+        raise InputError(f"layer {name} (AdaptiveAvgPool2d): the JAX backend supports output size 1 only")
+    return lambda p, x: x.mean((2, 3), keepdims=True)
+
+
+_ACTIVATIONS: dict[type, Callable] = {
+    nn.Tanh: jnp.tanh,
+    nn.ReLU: jax.nn.relu,
+    nn.GELU: partial(jax.nn.gelu, approximate=False),  # torch's default GELU is the exact (erf) one
+    nn.ELU: jax.nn.elu,  # alpha = 1, torch's default
+}
+
+
+def jax_forward(model: nn.Module) -> Apply:
+    """The forward pass of a zoo ``nn.Sequential`` (logreg, mlp, cnn) as a pure JAX function of
+    ``{torch parameter name: array}``; an unsupported layer is an :class:`InputError` naming it."""
+    if not isinstance(model, nn.Sequential):
+        raise InputError(
+            f"the JAX backend supports the zoo's logreg, mlp and cnn (nn.Sequential), not {type(model).__name__}"
+        )
+    layers: list[Callable] = []
+    for name, m in model.named_children():
+        if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
+            layers.append(lambda p, x: x.reshape(x.shape[0], -1))
+        elif isinstance(m, nn.Linear):
+            layers.append(_linear(name))
+        elif isinstance(m, nn.Conv2d):
+            layers.append(_conv(name, m))
+        elif isinstance(m, nn.GroupNorm) and m.affine:
+            layers.append(_group_norm(name, m))
+        elif isinstance(m, nn.AvgPool2d):
+            layers.append(_avg_pool(name, m))
+        elif isinstance(m, nn.AdaptiveAvgPool2d):
+            layers.append(_adaptive_avg_pool(name, m))
+        elif type(m) in _ACTIVATIONS and not (isinstance(m, nn.ELU) and m.alpha != 1.0):
+            act = _ACTIVATIONS[type(m)]
+            layers.append(lambda p, x, act=act: act(x))
+        else:
+            raise InputError(f"layer {name} ({type(m).__name__}) is not supported by the JAX backend")
+
+    def apply(params: Params, x):
+        for f in layers:
+            x = f(params, x)
+        return x
+
+    return apply
+
+
+def params_from_torch(model: nn.Module) -> Params:
+    """The trainable parameters as JAX arrays, same names, layout and dtype as torch's."""
+    return {n: jnp.asarray(p.detach().cpu().numpy()) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def params_to_torch(model: nn.Module, params: Params) -> None:
+    """Copy ``params`` back into the torch module's parameters (in place, no reshaping needed)."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in params:
+                p.copy_(torch.from_numpy(np.array(params[n])))
+
+
+# ------------------------------------------------------------------------- gradients and clipping
+
+
+def _losses(apply: Apply, params: Params, x, y):
+    # Per-example cross-entropy ℓ_i = logsumexp(z_i) − z_{i,y_i} (torch.nn.functional.cross_entropy).
+    z = apply(params, x)
+    return jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0]
+
+
+def per_example_grads(apply: Apply, params: Params, x, y) -> Params:
+    """∇_θ ℓ_i for every example, stacked on a leading axis: ``vmap(grad(ℓ))`` (one example at a time
+    through the model, as a batch of one)."""
+
+    def one(p, xi, yi):
+        return _losses(apply, p, xi[None], yi[None])[0]
+
+    return jax.vmap(jax.grad(one), in_axes=(None, 0, 0))(params, x, y)
+
+
+def _tree_sq_norms(tree: Params):
+    return sum(jnp.square(g).reshape(g.shape[0], -1).sum(1) for g in tree.values())
+
+
+@partial(jax.jit, static_argnums=0)  # apply (a Python function) is static: one compile per model
+def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None) -> tuple[Params, Any]:
+    """Σ_i m_i g_i / max(1, ‖g_i‖/C) and the per-example norms ‖g_i‖ (Abadi et al. 2016,
+    arXiv:1607.00133, Alg. 1, "clip gradient"); ‖g_i‖ is the norm of the whole flattened
+    per-example gradient, as :mod:`dpaudit.training.clipping`. ``mask`` (0/1 per example; default
+    all 1) zeroes padded slots: their weight is exactly 0, so they add exactly 0 (their gradients
+    are those of a real record, hence finite).
+
+    Two passes: the norms from ``vmap(grad)`` (only their squared sums are used, which XLA can
+    fuse without storing the B×d per-example gradients), then Σ_i w_i g_i = ∇_θ Σ_i w_i ℓ_i with
+    w_i held fixed, one ordinary backward pass (the re-weighted second pass of Li et al. 2021,
+    arXiv:2110.05679, §4). On an H200 this ran the MNIST-sized MLP's DP step at 1.4x the
+    non-private step (see benchmarks/dpsgd_throughput.py --jax).
+    """
+    norms = jnp.sqrt(_tree_sq_norms(per_example_grads(apply, params, x, y)))
+    w = 1.0 / jnp.maximum(norms / clip, 1.0)  # 1/max(1, ‖g‖/C): no 0/0 for a zero gradient
+    if mask is not None:
+        w = jnp.where(mask, w, 0.0)
+    w = lax.stop_gradient(w)
+    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y), precision=PRECISION))(params), norms
+
+
+@partial(jax.jit, static_argnums=0)
+def jl_norm_estimates(apply: Apply, params: Params, x, y, directions: list[Params]):
+    """M_i = sqrt((1/r) Σ_j ⟨∇ℓ_i, v_j⟩²) for the r ``directions`` (dicts shaped like ``params``):
+    the JL estimate of ‖∇ℓ_i‖ (E[M_i²] = ‖∇ℓ_i‖² for v_j ~ N(0, I); JL projections paper, Alg. 1).
+    Each ⟨∇ℓ_i, v_j⟩, for the whole batch at once, is the forward-mode derivative (``jax.jvp``) of
+    the vector of per-example losses in direction v_j: no per-example gradient is materialised."""
+    f = partial(_losses, apply, x=x, y=y)
+    proj = jnp.stack([jax.jvp(lambda p: f(p), (params,), (v,))[1] for v in directions])  # (r, n)
+    return jnp.sqrt(jnp.mean(jnp.square(proj), axis=0))
+
+
+@partial(jax.jit, static_argnums=0)
+def jl_clipped_sum(apply: Apply, params: Params, x, y, clip: float, directions: list[Params], mask=None):
+    """∇_θ Σ_i m_i w_i ℓ_i with w_i = min(1, C/M_i) held fixed (one reverse pass), and M_i
+    (:func:`jl_norm_estimates`); the clipped sum of DP-SGD-JL (JL projections paper, Alg. 2)."""
+    m = jl_norm_estimates(apply, params, x, y, directions)
+    w = lax.stop_gradient(1.0 / jnp.maximum(m / clip, 1.0))
+    if mask is not None:
+        w = jnp.where(mask, w, 0.0)
+    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y), precision=PRECISION))(params), m
+
+
+# ------------------------------------------------------------------------------------ optimizers
+
+
+def _opt_init(name: str, params: Params) -> dict[str, Any]:
+    zeros = {k: jnp.zeros_like(v) for k, v in params.items()}
+    return {"buf": zeros} if name == "sgd" else {"m": zeros, "v": dict(zeros), "t": jnp.zeros((), jnp.int32)}
+
+
+def _opt_update(name: str, config: TrainConfig, params: Params, grads: Params, state: dict[str, Any]):
+    """torch.optim.SGD / torch.optim.Adam (defaults betas (0.9, 0.999), eps 1e-8), same update
+    order, weight decay added to the gradient as torch does (L2, not decoupled)."""
+    lr, wd = config.lr, config.weight_decay
+    if name == "sgd":
+        new_p, new_buf = {}, {}
+        for k, p in params.items():
+            g = grads[k] + wd * p if wd else grads[k]
+            b = config.momentum * state["buf"][k] + g if config.momentum else g  # dampening 0, buf₀ = g₀
+            new_buf[k], new_p[k] = b, p - lr * b
+        return new_p, {"buf": new_buf}
+    b1, b2, eps = 0.9, 0.999, 1e-8  # Kingma & Ba 2015, arXiv:1412.6980, Alg. 1 (torch's form of the step)
+    t = state["t"] + 1
+    tf = t.astype(next(iter(params.values())).dtype)
+    new_p, new_m, new_v = {}, {}, {}
+    for k, p in params.items():
+        g = grads[k] + wd * p if wd else grads[k]
+        m = b1 * state["m"][k] + (1 - b1) * g
+        v = b2 * state["v"][k] + (1 - b2) * jnp.square(g)
+        denom = jnp.sqrt(v) / jnp.sqrt(1 - b2**tf) + eps
+        new_p[k], new_m[k], new_v[k] = p - (lr / (1 - b1**tf)) * m / denom, m, v
+    return new_p, {"m": new_m, "v": new_v, "t": t}
+
+
+# ----------------------------------------------------------------------------------- the program
+
+
+def pad_size(batch_size: int, sample_rate: float) -> int:
+    """Default chunk size for Poisson batches: B + 4·sqrt(B(1−q)) + 1, rounded up to a multiple of 8.
+
+    The batch size is Binomial(N, q) with mean B and variance B(1−q), so a batch exceeds this
+    (and needs a second chunk) with probability about 3e-5 per step (normal tail at 4 sd). The
+    bound is a function of (B, q) only, which are public; it affects run time, never the result.
+    """
+    p = batch_size + 4.0 * math.sqrt(batch_size * (1.0 - sample_rate)) + 1.0
+    return int(math.ceil(p / 8.0) * 8)
+
+
+class StepProgram:
+    """The jit-compiled pieces of one training run; every call has fixed shapes (chunks of ``pad``
+    indices plus a 0/1 mask), so nothing recompiles after the first step.
+
+    ``kind``: ``"sgd"`` (non-private: mean loss over the masked batch), ``"dp"`` (DP-SGD) or
+    ``"jl"`` (DP-SGD-JL with ``jl_projections`` directions per step).
+    """
+
+    def __init__(
+        self,
+        apply: Apply,
+        params: Params,
+        config: TrainConfig,
+        *,
+        kind: str,
+        optimizer: str,
+        clip: float = 1.0,
+        noise_std: float = 0.0,
+        jl_projections: int = 1,
+        noise_key=None,
+        jl_key=None,
+    ) -> None:
+        self.apply, self.kind, self.optimizer = apply, kind, optimizer
+        self.config, self.clip, self.noise_std = config, clip, noise_std
+        self.r, self.noise_key, self.jl_key = jl_projections, noise_key, jl_key
+        self.zeros = {k: jnp.zeros_like(v) for k, v in params.items()}
+        self.chunk = jax.jit(self._chunk)
+        self.step = jax.jit(self._step)
+
+    def init_state(self, params: Params) -> dict[str, Any]:
+        return _opt_init(self.optimizer, params)
+
+    def _directions(self, params: Params, t) -> list[Params]:
+        # v_j ~ N(0, I_d) over all trainable coordinates, fresh each step (fold_in of the step number),
+        # the same for every chunk of the step: one set of directions per logical batch.
+        keys = jax.random.split(jax.random.fold_in(self.jl_key, t), self.r * len(params))
+        it = iter(keys)
+        return [{k: jax.random.normal(next(it), v.shape, v.dtype) for k, v in params.items()} for _ in range(self.r)]
+
+    def _chunk(self, params: Params, X, y, idx, mask, t) -> Params:
+        """The (clipped) gradient sum over one padded chunk; padded slots have mask 0."""
+        xb, yb = X[idx], y[idx]
+        if self.kind == "sgd":
+            return jax.grad(
+                lambda p: jnp.dot(mask.astype(xb.dtype), _losses(self.apply, p, xb, yb), precision=PRECISION)
+            )(params)
+        if self.kind == "jl":
+            return jl_clipped_sum(self.apply, params, xb, yb, self.clip, self._directions(params, t), mask)[0]
+        return clipped_sum(self.apply, params, xb, yb, self.clip, mask)[0]
+
+    def _step(self, params: Params, state, X, y, idx, mask, extra: Params, t, divisor):
+        """One logical step: this chunk's sum plus ``extra`` (the other chunks' sums, zeros for a batch
+        that fits one chunk), noise N(0, σ²C²I) once (DP), division, optimizer update."""
+        s = self._chunk(params, X, y, idx, mask, t)
+        s = {k: s[k] + extra[k] for k in s}
+        if self.kind != "sgd" and self.noise_std > 0:
+            keys = jax.random.split(jax.random.fold_in(self.noise_key, t), len(s))
+            # Abadi et al. 2016, arXiv:1607.00133, Alg. 1, "add noise": one draw per coordinate per step.
+            s = {
+                k: v + self.noise_std * jax.random.normal(kk, v.shape, v.dtype)
+                for (k, v), kk in zip(s.items(), keys, strict=True)
+            }
+        grads = {k: v / divisor.astype(v.dtype) for k, v in s.items()}
+        return _opt_update(self.optimizer, self.config, params, grads, state)
+
+    def run_step(self, params: Params, state, X, y, batch: np.ndarray, pad: int, t: int, divisor: float):
+        """Apply one step to the batch of record indices ``batch`` (any length, possibly 0): cut into
+        chunks of ``pad``, the last one padded with masked slots; all but the last summed first."""
+        chunks = [batch[i : i + pad] for i in range(0, len(batch), pad)] or [batch[:0]]
+        extra = self.zeros
+        for c in chunks[:-1]:  # a batch larger than the pad: several chunks, never truncated
+            part = self.chunk(params, X, y, *_padded(c, pad), t)
+            extra = {k: extra[k] + part[k] for k in extra}
+        return self.step(params, state, X, y, *_padded(chunks[-1], pad), extra, t, np.float64(divisor))
+
+
+def _padded(idx: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    out = np.zeros(pad, dtype=np.int32)
+    out[: len(idx)] = idx
+    mask = np.zeros(pad, dtype=bool)
+    mask[: len(idx)] = True
+    return out, mask
+
+
+def _jax_key(seed: int, secure: bool):
+    if secure:  # 64 bits from os.urandom, as the torch trainer's secure noise
+        return jax.random.wrap_key_data(np.array([secrets.randbits(32), secrets.randbits(32)], dtype=np.uint32))
+    return jax.random.key(seed)
+
+
+def _jax_device(name: str):
+    if name == "cpu":
+        return jax.devices("cpu")[0]
+    if name == "cuda":
+        try:
+            return jax.devices("gpu")[0]
+        except RuntimeError:
+            raise InputError("--device cuda requested but JAX sees no GPU (install jax[cuda12])") from None
+    return jax.devices()[0]
+
+
+# -------------------------------------------------------------------------------------- trainer
+
+
+class JaxTrainer(Trainer):
+    """Any of :data:`ALGOS` with the JAX backend. Same batches (torch samplers, same seeds), same
+    claim (the registered torch trainer's ``setting_for`` and :func:`privacy_claim`) as the torch
+    trainer of ``config.algo``; only the noise generator differs (``jax.random`` from
+    ``config.seed + 2``)."""
+
+    name = "jax"
+
+    def __init__(self, config: TrainConfig, perf: PerfConfig | None = None) -> None:
+        if config.algo not in ALGOS:
+            raise InputError(f"--backend jax supports --algo {', '.join(ALGOS)}, not {config.algo!r}")
+        self.config, self.perf = config, perf or PerfConfig()
+        self.reference = get_trainer(config.algo)(config, self.perf)  # validation, setting, claim
+        self.private = self.reference.private
+
+    def fit(
+        self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, progress: Progress = NULL_PROGRESS
+    ) -> TrainOutcome:
+        dtype = next(model.parameters()).dtype
+        with jax.enable_x64(dtype == torch.float64), jax.default_device(_jax_device(self.perf.device)):
+            return self._fit(model, X, y, progress)
+
+    def _fit(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, progress: Progress) -> TrainOutcome:
+        from dpaudit.models import check_no_batchnorm
+        from dpaudit.training.dpsgd import poisson_sampler, privacy_claim, shuffle_sampler
+        from dpaudit.validation import check_positive
+
+        config, dp = self.config, self.config.dp
+        n = X.shape[0]
+        if n == 0:
+            raise InputError("the training set is empty")
+        if config.batch_size > n:
+            raise InputError(f"batch size {config.batch_size} is larger than the training set ({n} records)")
+        check_no_batchnorm(model)
+        apply = jax_forward(model)
+        params = params_from_torch(model)
+        Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))
+        optimizer = "adam" if config.algo in ("adam", "dpadam", "dpadam-jl") else "sgd"
+        batch_gen = torch.Generator().manual_seed(config.seed + 1)  # the torch trainers' batch seed
+        history: list[dict[str, float]] = []
+        if not self.private:
+            program = StepProgram(apply, params, config, kind="sgd", optimizer=optimizer)
+            steps, claim, pad = config.num_steps(n), None, config.batch_size
+            sample = None
+        else:
+            clip = check_positive(clip=dp.clip)
+            setting = self.reference.setting_for(n)
+            claim = privacy_claim(setting, dp)  # the same event and ε as the torch trainer, before training
+            jl = getattr(dp, "jl_projections", None) if config.algo.endswith("-jl") else None
+            if config.algo.endswith("-jl") and not jl:
+                raise InputError(f"--algo {config.algo} needs --jl-projections R (R >= 1)")
+            if jl:  # as the torch JL trainer records its AD path: here forward mode, jax.jvp
+                claim = {**claim, "jl": {"projections": jl, "ad_path": "jax.jvp"}}
+            program = StepProgram(
+                apply,
+                params,
+                config,
+                kind="jl" if jl else "dp",
+                optimizer=optimizer,
+                clip=clip,
+                noise_std=setting.noise_multiplier * clip,
+                jl_projections=jl or 1,
+                noise_key=_jax_key(config.seed + 2, dp.secure_noise),
+                jl_key=_jax_key(config.seed + 3, dp.secure_noise),
+            )
+            steps = setting.steps
+            poisson = dp.sampling == "poisson"
+            sample = (
+                poisson_sampler(n, setting.sample_rate, batch_gen)
+                if poisson
+                else shuffle_sampler(n, config.batch_size, batch_gen)
+            )
+            pad = self.perf.max_physical_batch or (
+                pad_size(config.batch_size, setting.sample_rate) if poisson else config.batch_size
+            )
+        state = program.init_state(params)
+        with progress.task(f"train {config.algo} (jax)", steps) as advance:
+            if self.private:
+                for t in range(steps):
+                    batch = sample().numpy()
+                    params, state = program.run_step(params, state, Xj, yj, batch, pad, t, config.batch_size)
+                    if (t + 1) % setting.steps_per_epoch == 0 or t == steps - 1:
+                        history.append({"epoch": -(-(t + 1) // setting.steps_per_epoch), "steps": t + 1})
+                    advance(1)
+            else:
+                t = 0
+                while t < steps:  # the non-private trainer's epochs: a fresh permutation, batches of B
+                    perm = torch.randperm(n, generator=batch_gen).numpy()
+                    for start in range(0, n, config.batch_size):
+                        if t >= steps:
+                            break
+                        batch = perm[start : start + config.batch_size]
+                        # mean loss over the (possibly shorter last) batch, as F.cross_entropy's default
+                        params, state = program.run_step(params, state, Xj, yj, batch, pad, t, len(batch))
+                        t += 1
+                        advance(1)
+                    history.append({"steps": t})
+        params_to_torch(model, params)
+        model.eval()
+        return TrainOutcome(model=model, privacy=claim, history=history)

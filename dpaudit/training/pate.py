@@ -1,0 +1,306 @@
+"""PATE and DP-ICL: teachers on disjoint parts of the private data, a noisy vote, a student on public data.
+
+Algorithm (Papernot et al. 2017, arXiv:1610.05755, Sec. 2; 2018, arXiv:1802.08908, Sec. 3; DP-ICL:
+Wu et al. 2024, arXiv:2305.01639, Sec. 3):
+
+1. The members split (private) is permuted with the seed and cut into K disjoint parts.
+   ``pate``: part t trains teacher t (any zoo model, non-private; teachers train in parallel with
+   joblib, each seeded from (seed, t), so the result does not depend on ``workers``).
+   ``dp-icl``: part t is the k exemplars ("shots") of in-context predictor t (:mod:`dpaudit.training.icl`).
+2. Q unlabeled queries are drawn (seeded) from the auxiliary split, treated as public; each teacher votes
+   its argmax class on each query.
+3. The vote histograms are aggregated with noise (:mod:`dpaudit.aggregation`: LNMax, GNMax,
+   Confident-GNMax); the answers are saved with the run (``answers.npz``).
+4. The student (a zoo model) is trained non-privately on the answered queries with the noisy labels.
+   Post-processing: the student's claim is the aggregator's (data-independent; the data-dependent epsilon
+   is recorded beside it, labelled as not private).
+
+Features are standardised with a scaler fitted on the auxiliary (public) split: a scaler fitted on the
+members would let one record influence every teacher (and be released with the student).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.aggregation import AggregatorConfig, aggregate, calibrate_aggregator, privacy_record, vote_histogram
+from dpaudit.data import DEFAULT_FRACTIONS, Dataset, Splits, Standardizer, fit_preprocessing, make_splits
+from dpaudit.errors import InputError
+from dpaudit.progress import NULL_PROGRESS, Progress
+from dpaudit.seeding import derive_seed
+from dpaudit.training.config import PerfConfig, TrainConfig
+from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int
+
+ALGOS = ("pate", "dp-icl")
+ANSWERS_FILE = "answers.npz"
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """The PATE / DP-ICL recipe (privacy-relevant settings; ``workers`` is a performance setting apart).
+
+    ``target_epsilon``: calibrate the aggregator's answer noise (``aggregator.sigma``) to this
+    data-independent epsilon at ``delta`` over ``queries`` queries (the given sigma is then replaced).
+    """
+
+    algo: str
+    teachers: int
+    aggregator: AggregatorConfig
+    queries: int
+    shots: int | None = None
+    predictor: str = "knn"
+    delta: float = 1e-5
+    target_epsilon: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice(ALGOS, algo=self.algo)
+        check_positive_int(teachers=self.teachers)
+        check_positive_int(queries=self.queries)
+        if not isinstance(self.aggregator, AggregatorConfig):
+            raise InputError("expected aggregator to be an AggregatorConfig")
+        self.aggregator.check_teachers(self.teachers)
+        if self.algo == "dp-icl":
+            if self.shots is None:
+                raise InputError("--algo dp-icl needs --shots k (exemplars per teacher)")
+            check_positive_int(shots=self.shots)
+        elif self.shots is not None:
+            raise InputError("--shots applies only to --algo dp-icl")
+        check_in_interval(0.0, 1.0, delta=self.delta)
+        if self.target_epsilon is not None:
+            check_positive(epsilon=self.target_epsilon)
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise InputError(f"expected seed to be a non-negative integer, got {self.seed!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "aggregator": self.aggregator.to_dict()}
+
+
+def teacher_parts(n_members: int, config: AggregationConfig) -> list[np.ndarray]:
+    """Positions (into the members split) of each teacher's disjoint part."""
+    k = config.teachers
+    if k > n_members:
+        raise InputError(f"more teachers ({k}) than private training records ({n_members})")
+    perm = np.random.default_rng(derive_seed(config.seed, stream=1)).permutation(n_members)
+    if config.algo == "dp-icl":
+        if k * config.shots > n_members:
+            raise InputError(
+                f"--shots {config.shots} x --teachers {k} = {k * config.shots} exemplars, but the private set "
+                f"has {n_members} records"
+            )
+        return [np.sort(perm[t * config.shots : (t + 1) * config.shots]) for t in range(k)]
+    return [np.sort(p) for p in np.array_split(perm, k)]
+
+
+def query_indices(splits: Splits, config: AggregationConfig) -> np.ndarray:
+    """The first Q records of the auxiliary (public) split in a seeded random order."""
+    if config.queries > len(splits.aux):
+        raise InputError(f"--queries {config.queries} exceeds the auxiliary (public) split ({len(splits.aux)} records)")
+    perm = np.random.default_rng(derive_seed(config.seed, stream=2)).permutation(len(splits.aux))
+    return splits.aux[perm[: config.queries]]
+
+
+def _teacher_votes(dataset, idx, spec, config: TrainConfig, pre, queries_X: np.ndarray) -> np.ndarray:
+    """Train one teacher on ``idx`` and return its argmax votes (module level, for joblib workers)."""
+    import torch
+
+    from dpaudit.training.run import fit_model
+
+    torch.set_num_threads(1)
+    config = dataclasses.replace(config, batch_size=min(config.batch_size, len(idx)))
+    fitted = fit_model(dataset, idx, spec, config, PerfConfig(device="cpu"), preprocessing=pre)
+    return fitted.logits(queries_X).argmax(1).astype(np.int64)
+
+
+def pate_votes(dataset, members, parts, spec, teacher: TrainConfig, pre, queries_X, *, workers: int = 1) -> np.ndarray:
+    """(K, Q) votes of K teachers trained on ``members[parts[t]]`` (seed (teacher.seed, t))."""
+    from joblib import Parallel, delayed
+
+    configs = [dataclasses.replace(teacher, seed=derive_seed(teacher.seed, stream=100 + t)) for t in range(len(parts))]
+    jobs = (
+        delayed(_teacher_votes)(dataset, members[p], spec, c, pre, queries_X)
+        for p, c in zip(parts, configs, strict=True)
+    )
+    return np.stack(Parallel(n_jobs=workers)(jobs))
+
+
+def icl_votes(predictor, ex_X: np.ndarray, ex_y: np.ndarray, parts, queries_X: np.ndarray) -> np.ndarray:
+    """(K, Q) votes of K in-context predictors, teacher t prompted with exemplars ``parts[t]`` only."""
+    return np.stack([predictor.predict_proba(ex_X[p], ex_y[p], queries_X).argmax(1) for p in parts]).astype(np.int64)
+
+
+def public_preprocessing(dataset: Dataset, splits: Splits):
+    if len(splits.aux) == 0:
+        raise InputError("PATE and DP-ICL need a non-empty auxiliary split (the public query pool): see --split")
+    return fit_preprocessing(dataset, splits.aux)
+
+
+def train_aggregation_run(
+    dataset: Dataset,
+    spec,
+    config: AggregationConfig,
+    student: TrainConfig,
+    *,
+    out: Path | None,
+    workers: int = 1,
+    split_seed: int = 0,
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+    label_column: str | None = None,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+) -> dict[str, Any]:
+    """Run PATE or DP-ICL end to end and (if ``out``) save the student as a run directory.
+
+    ``student``: how the student (and, for PATE, each teacher) is trained (a non-private algo: sgd, adam).
+    Returns the checkpoint metadata; ``training.aggregation`` holds the recipe and label statistics.
+    """
+    from dpaudit.checkpoint import SCHEMA_VERSION, save_run, versions
+    from dpaudit.training.run import FittedModel, check_spec_fits, fit_model, metrics_for
+
+    if student.dp is not None or student.algo not in ("sgd", "adam"):
+        raise InputError(f"the student and teachers train non-privately (sgd or adam), not {student.algo!r}")
+    check_positive_int(workers=workers)
+    if out is not None and Path(out).exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+    check_spec_fits(spec, dataset)
+    splits = make_splits(len(dataset), split_seed, fractions)
+    pre = public_preprocessing(dataset, splits)
+    parts = teacher_parts(len(splits.members), config)
+    q_idx = query_indices(splits, config)
+    queries_X = dataset.X[q_idx]
+    with progress.task(f"{config.algo}: {config.teachers} teachers", 1) as advance:
+        if config.algo == "pate":
+            votes = pate_votes(dataset, splits.members, parts, spec, student, pre, queries_X, workers=workers)
+        else:
+            from dpaudit.training.icl import make_predictor
+
+            predictor = make_predictor(config.predictor, dataset.n_classes)
+            ex_X = pre.transform(dataset.X[splits.members])
+            votes = icl_votes(predictor, ex_X, dataset.y[splits.members], parts, pre.transform(queries_X))
+        advance(1)
+    hist = vote_histogram(votes, dataset.n_classes)
+    agg = config.aggregator
+    if config.target_epsilon is not None:
+        agg = calibrate_aggregator(
+            agg, target_epsilon=config.target_epsilon, delta=config.delta, n_queries=len(q_idx),
+            n_classes=dataset.n_classes,
+        )  # fmt: skip
+    answers = aggregate(hist, agg, derive_seed(config.seed, stream=3))
+    answered = answers >= 0
+    if not answered.any():
+        raise InputError("the aggregator answered no query; lower --threshold or --sigma1, or ask more --queries")
+    true = dataset.y[q_idx]
+    student_data = Dataset(
+        name=f"{dataset.name} (noisy labels)", X=dataset.X[q_idx[answered]], y=answers[answered],
+        n_classes=dataset.n_classes, kind=dataset.kind, source=dataset.source,
+    )  # fmt: skip
+    student_cfg = dataclasses.replace(student, batch_size=min(student.batch_size, int(answered.sum())))
+    fitted = fit_model(student_data, np.arange(len(student_data)), spec, student_cfg, PerfConfig(), preprocessing=pre)
+    privacy = privacy_record(agg, hist, answers, delta=config.delta, n_teachers=config.teachers)
+    stats = {
+        "recipe": {**config.to_dict(), "aggregator": agg.to_dict()},
+        "n_queries": len(q_idx),
+        "n_answered": int(answered.sum()),
+        "answer_accuracy": float(np.mean(answers[answered] == true[answered])),
+        # Diagnostics from the private votes (not differentially private; for the experimenter only).
+        "diagnostics_not_private": {
+            "vote_accuracy": float(np.mean(hist.argmax(1) == true)),
+            "teacher_accuracy": float(np.mean(votes == true[None, :])),
+        },
+        "answers_file": ANSWERS_FILE,
+    }
+    data_meta = dataset.describe()
+    if label_column is not None:
+        data_meta["label_column"] = label_column
+    training = {**student_cfg.to_dict(), "algo": config.algo, "student_algo": student.algo}
+    training.update(steps_run=student_cfg.num_steps(len(student_data)), history=fitted.outcome.history)
+    training["aggregation"] = stats
+    meta: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "model": spec.to_dict(),
+        "data": data_meta,
+        "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
+        "preprocessing": {**pre.to_dict(), "fitted_on": "aux"} if isinstance(pre, Standardizer) else pre.to_dict(),
+        "training": training,
+        "performance": {**PerfConfig().to_dict(), "workers": workers},
+        "privacy": privacy,
+        "metrics": metrics_for(FittedModel(fitted.outcome, pre, fitted.device), dataset, splits),
+        "seed": config.seed,
+        "canaries": None,
+        "versions": versions(),
+    }
+    if out is not None:
+        arrays = {ANSWERS_FILE: {"query_idx": q_idx, "answers": answers}}
+        save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force, arrays=arrays)
+    return meta
+
+
+def train_from_options(
+    out: Path,
+    *,
+    algo: str,
+    teachers: int | None,
+    aggregator: str,
+    queries: int | None,
+    sigma: float | None,
+    sigma1: float | None,
+    threshold: float | None,
+    max_answers: int | None,
+    shots: int | None,
+    predictor: str,
+    epsilon: float | None,
+    delta: float,
+    seed: int,
+    data: str,
+    label_column: str | None,
+    model: str,
+    hidden: tuple[int, ...] | None,
+    activation: str | None,
+    epochs: int,
+    steps: int | None,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    split_seed: int,
+    fractions: tuple[float, ...],
+    workers: int = 1,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+) -> dict[str, Any]:
+    """``dpaudit train --algo pate|dp-icl``: build the configs from the command's options and run.
+
+    The student (and each PATE teacher) is trained with SGD at ``lr``/``momentum``. With ``epsilon`` the
+    answer noise is calibrated (``sigma`` may then be omitted; for lnmax/gnmax it is ignored)."""
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+
+    if teachers is None or queries is None:
+        raise InputError("--algo pate / dp-icl needs --teachers K and --queries Q")
+    if epsilon is not None and sigma is None and aggregator != "argmax":
+        sigma = 1.0  # placeholder, replaced by the calibration
+    agg = AggregatorConfig(aggregator, sigma=sigma, sigma1=sigma1, threshold=threshold, max_answers=max_answers)
+    config = AggregationConfig(
+        algo=algo, teachers=teachers, aggregator=agg, queries=queries, shots=shots, predictor=predictor, delta=delta,
+        target_epsilon=epsilon, seed=seed,
+    )  # fmt: skip
+    student = TrainConfig(
+        algo="sgd", epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
+        weight_decay=weight_decay, seed=seed,
+    )  # fmt: skip
+    if out.exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+    ds = load_dataset(data, label_column=label_column)
+    spec = default_spec(
+        model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
+        hidden=hidden, activation=activation,
+    )  # fmt: skip
+    return train_aggregation_run(
+        ds, spec, config, student, out=out, workers=workers, split_seed=split_seed, fractions=fractions,
+        label_column=label_column, force=force, progress=progress,
+    )  # fmt: skip

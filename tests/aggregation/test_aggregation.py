@@ -1,0 +1,236 @@
+"""Noisy-vote aggregation (PATE / DP-ICL): mechanism audits, closed forms, data-dependent soundness."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from dpaudit.aggregation import (
+    AggregatorConfig,
+    aggregate,
+    aggregator_event,
+    calibrate_aggregator,
+    data_dependent_epsilon,
+    data_independent_epsilon,
+    log_q_gnmax,
+    privacy_record,
+    rdp_gnmax_data_dependent,
+    rdp_threshold_data_dependent,
+    vote_histogram,
+)
+from dpaudit.audit import audit_scores
+from dpaudit.errors import InputError
+from dpaudit.events import event_from_dict
+
+ORDERS = np.array([1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0])
+
+
+# --- two-histogram audits: output frequencies respect the claim, half the noise does not -------------
+
+
+def _two_histogram_audit(config_run, config_claim, h_in, h_out, delta, n=400_000, seed=0):
+    """Run the aggregator n times on each of two histograms that differ in one teacher's vote and bound
+    epsilon from the event "output = class 1" (fixed in advance: no selection) with Clopper-Pearson."""
+    hist = np.array([h_in] * n + [h_out] * n)
+    answers = aggregate(hist, config_run, seed)
+    scores = (answers == 1).astype(np.float64)
+    member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+    claim = data_independent_epsilon(config_claim, 1, len(h_in), delta)["epsilon"]
+    return audit_scores(
+        scores, member, method="clopper-pearson", design="multi-run", delta=delta, claimed_epsilon=claim,
+        threshold=0.5, threshold_selection="fixed",
+    )  # fmt: skip
+
+
+def test_gnmax_two_histogram_audit_respects_claim_and_half_sigma_violates():
+    # Two classes: output 1 iff n1 + Z1 > n0 + Z0, Z1 - Z0 ~ N(0, 2 sigma^2); moving one vote shifts the gap
+    # by 2. Gaps 3 (h_in) vs 5 (h_out), sigma = 2, delta = 0.01: the event's true ratio gives log((0.144 -
+    # 0.01) / 0.0386) = 1.24 < claim 1.76; with sigma = 1 the same event gives ~3.5, far above (n = 4e5
+    # per side puts the Clopper-Pearson bounds within a few percent).
+    right = AggregatorConfig("gnmax", sigma=2.0)
+    result = _two_histogram_audit(right, right, [5, 2], [6, 1], delta=0.01)
+    assert result.formal and result.verdict == "consistent"
+    assert 0.9 < result.epsilon_lower_bound < result.claimed_epsilon
+    planted = AggregatorConfig("gnmax", sigma=1.0)  # half the noise, same claim
+    bad = _two_histogram_audit(planted, right, [5, 2], [6, 1], delta=0.01)
+    assert bad.verdict == "violation" and bad.epsilon_lower_bound > 1.5 * bad.claimed_epsilon
+
+
+def test_lnmax_two_histogram_audit_respects_pure_claim_and_half_scale_violates():
+    # LNMax is (2/b, 0)-DP per query (Papernot et al. 2017); the difference of two Laplace(b) has tail
+    # (1/4)(2 + g/b) e^{-g/b}, so gaps 2 vs 4 give log ratio 0.71 at b = 2 (claim 1) and 1.6 at b = 1.
+    right = AggregatorConfig("lnmax", sigma=2.0)
+    result = _two_histogram_audit(right, right, [4, 2], [5, 1], delta=1e-5)
+    assert result.claimed_epsilon == pytest.approx(1.0)
+    assert result.verdict == "consistent" and 0.5 < result.epsilon_lower_bound < 1.0
+    bad = _two_histogram_audit(AggregatorConfig("lnmax", sigma=1.0), right, [4, 2], [5, 1], delta=1e-5)
+    assert bad.verdict == "violation"
+
+
+# --- closed forms ------------------------------------------------------------------------------------
+
+
+def test_data_independent_claims_match_closed_forms():
+    from dpaudit.accounting.rdp import DEFAULT_ORDERS, rdp_to_epsilon
+
+    o = np.asarray(DEFAULT_ORDERS)
+    # GNMax: alpha / sigma^2 per query (Papernot et al. 2018, Prop. 8), Q queries compose additively.
+    got = data_independent_epsilon(AggregatorConfig("gnmax", sigma=40.0), 300, 10, 1e-5)["epsilon"]
+    assert got == pytest.approx(rdp_to_epsilon(o, 300 * o / 40.0**2, 1e-5)[0], rel=1e-9)
+    # Confident-GNMax: Q threshold checks alpha / (2 sigma1^2) + A answers alpha / sigma2^2.
+    c = AggregatorConfig("confident-gnmax", sigma=40.0, sigma1=150.0, threshold=200.0, max_answers=50)
+    got = data_independent_epsilon(c, 300, 10, 1e-5)["epsilon"]
+    curve = 300 * o / (2 * 150.0**2) + 50 * o / 40.0**2
+    assert got == pytest.approx(rdp_to_epsilon(o, curve, 1e-5)[0], rel=1e-9)
+    # LNMax: the smaller of basic composition Q * 2 / b and the RDP route.
+    few = data_independent_epsilon(AggregatorConfig("lnmax", sigma=20.0), 3, 10, 1e-5)
+    assert few["epsilon"] == pytest.approx(0.3) and few["accountant"].startswith("pure-dp")
+    many = data_independent_epsilon(AggregatorConfig("lnmax", sigma=20.0), 1000, 10, 1e-5)
+    assert many["epsilon"] < many["pure_dp_epsilon"] == pytest.approx(100.0)
+
+
+def test_event_round_trip_and_calibration_meets_target():
+    c = AggregatorConfig("confident-gnmax", sigma=40.0, sigma1=150.0, threshold=200.0)
+    e = aggregator_event(c, 100, 10)
+    assert event_from_dict(e.to_dict()) == e
+    g = calibrate_aggregator(
+        AggregatorConfig("gnmax", sigma=1.0), target_epsilon=2.0, delta=1e-5, n_queries=500, n_classes=10
+    )
+    eps = data_independent_epsilon(g, 500, 10, 1e-5)["epsilon"]
+    assert eps <= 2.0 and eps > 1.99
+    assert data_independent_epsilon(
+        AggregatorConfig("gnmax", sigma=g.sigma * 0.999), 500, 10, 1e-5
+    )["epsilon"] > 2.0  # fmt: skip
+
+
+def test_log_q_gnmax_closed_form_and_monte_carlo():
+    sigma = 3.0
+    h = np.array([[10, 7, 0], [10, 4, 3], [2, 1, 0]])
+    # Prop. 7: q <= sum_{i != i*} (1/2) erfc((n_i* - n_i) / (2 sigma)).
+    expect = [sum(0.5 * math.erfc((r.max() - x) / (2 * sigma)) for j, x in enumerate(r) if j != r.argmax()) for r in h]
+    assert np.exp(log_q_gnmax(h, sigma)) == pytest.approx(np.minimum(expect, 2 / 3), rel=1e-12)
+    # The bound is above the true Pr[GNMax != argmax] (union bound): check against 2e5 runs.
+    n = 200_000
+    for row, lq in zip(h, log_q_gnmax(h, sigma), strict=True):
+        miss = np.mean(aggregate(np.repeat(row[None], n, 0), AggregatorConfig("gnmax", sigma=sigma), 1) != row.argmax())
+        assert miss <= math.exp(lq) + 4 * math.sqrt(miss * (1 - miss) / n)
+
+
+def _theorem6_mpmath(q, sigma, lam):
+    """Papernot et al. 2018, Thm. 6 with Prop. 10, evaluated directly in 50-digit arithmetic."""
+    mpmath.mp.dps = 50
+    q, s, lam = mpmath.mpf(q), mpmath.mpf(sigma), mpmath.mpf(lam)
+    mu2 = s * mpmath.sqrt(mpmath.log(1 / q))
+    mu1 = mu2 + 1
+    e1, e2 = mu1 / s**2, mu2 / s**2
+    a = (1 - q) / (1 - (q * mpmath.exp(e2)) ** ((mu2 - 1) / mu2))
+    b = mpmath.exp(e1) / q ** (1 / (mu1 - 1))
+    return float(mpmath.log((1 - q) * a ** (lam - 1) + q * b ** (lam - 1)) / (lam - 1))
+
+
+@pytest.mark.parametrize(("q", "sigma", "lam"), [(1e-6, 10.0, 5.0), (1e-12, 20.0, 8.0), (1e-30, 40.0, 32.0)])
+def test_data_dependent_rdp_matches_theorem6_in_mpmath(q, sigma, lam):
+    got = rdp_gnmax_data_dependent(math.log(q), sigma, np.array([lam]))[0]
+    want = _theorem6_mpmath(q, sigma, lam)
+    assert got == pytest.approx(min(want, lam / sigma**2), rel=1e-9)
+    assert got < lam / sigma**2  # in these cases the data-dependent bound is the smaller one
+
+
+def _binary_renyi(p, p2, lam):
+    """D_lam(Bern(p) || Bern(p2)), exact (log-sum-exp in float64)."""
+    t = np.array([lam * math.log(p) + (1 - lam) * math.log(p2), lam * math.log1p(-p) + (1 - lam) * math.log1p(-p2)])
+    return float(np.logaddexp(*t) / (lam - 1))
+
+
+@pytest.mark.parametrize("gap", [4, 8, 12])
+def test_data_dependent_rdp_upper_bounds_exact_divergence(gap):
+    # Two classes: the output is Bern(p), p = Pr[N(0, 2 sigma^2) > gap]; the neighbour moves one vote
+    # (gap -> gap - 2). The exact Renyi divergence must lie below the data-dependent bound at every order.
+    sigma = 2.0
+    lq = float(log_q_gnmax(np.array([[gap + 2, 2]]), sigma)[0])
+    p = math.exp(lq)
+    p2 = norm.sf((gap - 2) / (math.sqrt(2) * sigma))
+    bound = rdp_gnmax_data_dependent(lq, sigma, ORDERS)
+    exact = np.array([_binary_renyi(p, p2, a) for a in ORDERS])
+    assert np.all(exact <= bound + 1e-12)
+    # Planted mistake: q under-estimated 1e4-fold (e.g. a union bound dropped) gives a "bound" below truth.
+    wrong = rdp_gnmax_data_dependent(lq - math.log(1e4), sigma, ORDERS)
+    assert np.any(exact > wrong)
+
+
+def test_data_dependent_below_data_independent_on_consensus():
+    rng = np.random.default_rng(0)
+    k, q, c = 250, 200, 10
+    hist = np.zeros((q, c), np.int64)
+    hist[:, 0] = k - 5
+    hist[np.arange(q), rng.integers(1, c, q)] += 5  # strong consensus: 245 vs 5
+    for cfg in (AggregatorConfig("gnmax", sigma=40.0),
+                AggregatorConfig("confident-gnmax", sigma=40.0, sigma1=150.0, threshold=200.0)):  # fmt: skip
+        answers = aggregate(hist, cfg, 0)
+        dd = data_dependent_epsilon(hist, answers, cfg, 1e-5)
+        di = data_independent_epsilon(cfg, q, c, 1e-5)["epsilon"]
+        assert dd < 0.5 * di
+        rec = privacy_record(cfg, hist, answers, delta=1e-5, n_teachers=k)
+        assert rec["epsilon"] == di and rec["data_dependent"]["private"] is False
+        assert "NOT differentially private" in rec["data_dependent"]["note"]
+    # No consensus (uniform votes): the data-dependent bound falls back to the data-independent one.
+    flat = np.full((q, c), k // c)
+    g = AggregatorConfig("gnmax", sigma=40.0)
+    assert data_dependent_epsilon(flat, aggregate(flat, g, 0), g, 1e-5) == pytest.approx(
+        data_independent_epsilon(g, q, c, 1e-5)["epsilon"], rel=1e-9
+    )
+
+
+def test_threshold_data_dependent_bounds_exact_divergence():
+    sigma1, t = 10.0, 50.0
+    for m in (100.0, 55.0, 10.0):  # far above, near and far below the threshold
+        p = norm.sf((t - m) / sigma1)
+        bound = rdp_threshold_data_dependent(m, t, sigma1, ORDERS)
+        assert np.all(bound <= ORDERS / (2 * sigma1**2) + 1e-15)
+        for m2 in (m - 1.0, m + 1.0):
+            exact = np.array([_binary_renyi(p, norm.sf((t - m2) / sigma1), a) for a in ORDERS])
+            assert np.all(exact <= bound + 1e-12)
+
+
+# --- mechanics, determinism, bad input ---------------------------------------------------------------
+
+
+def test_vote_histogram_and_aggregate_determinism():
+    votes = np.array([[0, 1, 2], [0, 1, 1], [0, 2, 1]])
+    h = vote_histogram(votes, 3)
+    assert h.tolist() == [[3, 0, 0], [0, 2, 1], [0, 2, 1]]
+    cfg = AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=1.0, threshold=2.5, max_answers=1)
+    a, b = aggregate(h, cfg, 7), aggregate(h, cfg, 7)
+    assert np.array_equal(a, b) and np.sum(a >= 0) <= 1
+    assert aggregate(h, AggregatorConfig("argmax"), 0).tolist() == [0, 1, 1]
+    assert privacy_record(AggregatorConfig("argmax"), h, a, delta=1e-5, n_teachers=3) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "gnmax", "sigma": 0.0}, "sigma > 0"),
+        ({"name": "lnmax", "sigma": -1.0}, "sigma > 0"),
+        ({"name": "gnmax"}, "needs --sigma"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 1.0}, "--threshold"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 1.0, "threshold": -1.0}, "threshold >= 0"),
+        ({"name": "gnmax", "sigma": 1.0, "threshold": 3.0}, "only to confident-gnmax"),
+        ({"name": "argmax", "sigma": 1.0}, "no noise"),
+        ({"name": "rnm", "sigma": 1.0}, "aggregator"),
+    ],
+)
+def test_bad_aggregator_config(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        AggregatorConfig(**kwargs)
+
+
+def test_threshold_above_teacher_count_is_rejected():
+    from dpaudit.training.pate import AggregationConfig
+
+    agg = AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=1.0, threshold=30.0)
+    with pytest.raises(InputError, match=r"threshold in \[0, 20\]"):
+        AggregationConfig(algo="pate", teachers=20, aggregator=agg, queries=10)

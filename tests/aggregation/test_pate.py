@@ -1,0 +1,139 @@
+"""PATE / DP-ICL runs, the CLI, and the ICL membership attack."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.aggregation import AggregatorConfig
+from dpaudit.data import Standardizer, load_dataset
+from dpaudit.errors import InputError
+from dpaudit.models import default_spec
+from dpaudit.training.config import TrainConfig
+from dpaudit.training.pate import AggregationConfig, train_aggregation_run
+
+DATA = "synthetic:n=400,d=6,classes=3"
+STUDENT = TrainConfig(algo="sgd", epochs=3, batch_size=32, lr=0.1)
+
+
+def _run(algo="pate", workers=1, out=None, **kw):
+    ds = load_dataset(DATA)
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    agg = kw.pop("aggregator", AggregatorConfig("gnmax", sigma=2.0))
+    cfg = AggregationConfig(algo=algo, teachers=kw.pop("teachers", 4), aggregator=agg, queries=40, seed=3, **kw)
+    return train_aggregation_run(ds, spec, cfg, STUDENT, out=out, workers=workers)
+
+
+@pytest.mark.slow  # joblib starts worker processes that import torch
+def test_pate_is_deterministic_across_workers(tmp_path):
+    a = _run(workers=1, out=tmp_path / "a")
+    b = _run(workers=2, out=tmp_path / "b")
+    assert a["metrics"] == b["metrics"] and a["privacy"] == b["privacy"]
+    za, zb = np.load(tmp_path / "a" / "answers.npz"), np.load(tmp_path / "b" / "answers.npz")
+    assert np.array_equal(za["answers"], zb["answers"]) and np.array_equal(za["query_idx"], zb["query_idx"])
+
+
+def test_pate_run_records_claim_and_answers(tmp_path):
+    a = _run(out=tmp_path / "a")
+    assert np.load(tmp_path / "a" / "answers.npz")["answers"].shape == (40,)
+    agg = a["training"]["aggregation"]
+    assert a["training"]["algo"] == "pate" and agg["n_queries"] == 40 == agg["n_answered"]
+    assert a["privacy"]["neighbouring"] == "replace_one" and a["privacy"]["data_dependent"]["private"] is False
+    assert a["preprocessing"]["fitted_on"] == "aux"  # never the members: one record would touch every teacher
+    from dpaudit.training.run import configs_from_meta
+
+    with pytest.raises(InputError, match="noisy teacher votes"):  # no reference models for LiRA
+        configs_from_meta(a)
+
+
+def test_dp_icl_run_and_calibrated_claim():
+    meta = _run(algo="dp-icl", teachers=10, shots=8, target_epsilon=2.0)
+    assert meta["training"]["algo"] == "dp-icl"
+    assert 1.99 < meta["privacy"]["epsilon"] <= 2.0
+    assert meta["metrics"]["test_accuracy"] > 1 / 3  # better than chance on 3 classes
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"teachers": 500}, "more teachers"),
+        ({"algo": "dp-icl", "teachers": 50, "shots": 10}, "exemplars, but the private set"),
+        ({"algo": "dp-icl", "shots": 2, "predictor": "/no/such/model"}, "no such model directory"),
+        ({"algo": "dp-icl"}, "needs --shots"),
+        ({"shots": 3}, "only to --algo dp-icl"),
+    ],
+)
+def test_bad_run_input(kw, message):
+    with pytest.raises(InputError, match=message):
+        _run(**kw)
+
+
+def test_cli_train_pate_and_bad_input_exit_2(tmp_path):
+    from dpaudit.cli.main import app
+
+    runner = CliRunner()
+    base = ["train", "--data", DATA, "--model", "logreg", "--epochs", "2", "--queries", "30"]
+    out = tmp_path / "run"
+    r = runner.invoke(
+        app, [*base, "--algo", "dp-icl", "--shots", "5", "--teachers", "8", "--sigma", "2", "-o", str(out), "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert (out / "answers.npz").exists()
+    for extra in (
+        ["--sigma", "0"],
+        ["--sigma", "1", "--aggregator", "confident-gnmax", "--sigma1", "1", "--threshold", "99"],
+        ["--sigma", "1", "--noise-multiplier", "1"],  # a DP-SGD option: refused, never silently ignored
+    ):
+        r = runner.invoke(app, [*base, "--algo", "pate", "--teachers", "8", *extra, "-o", str(tmp_path / "x")])
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+
+
+def _digits():
+    ds = load_dataset("digits")
+    return Standardizer.fit(ds.X).transform(ds.X), ds.y, ds.n_classes
+
+
+def test_icl_attack_non_private_is_strong_and_dp_icl_near_chance():
+    from attacks.icl import icl_membership
+
+    X, y, c = _digits()
+    open_ = icl_membership(X, y, c, shots=20, trials=20, seed=0)
+    assert open_.metrics["auc"] > 0.9  # a nearest-exemplar prompt answers its own exemplars with certainty
+    private = icl_membership(X, y, c, shots=20, teachers=10, epsilon=1.0, trials=2, seed=0)
+    # eps = 1 bounds the AUC: TPR <= e^eps FPR + delta gives AUC <= 1 - e^-eps / 2 ~ 0.82 (Kairouz et al.
+    # 2015 region); with 800 records the AUC's standard error is ~0.02, so 0.62 is > 5 SE above 1/2.
+    assert abs(private.metrics["auc"] - 0.5) < 0.12
+    assert np.all(np.diff(np.sort(open_.record_ids)) > 0)
+
+
+def test_icl_canary_audit_formal_and_consistent():
+    from attacks.icl import icl_canary_audit
+
+    X, y, c = _digits()
+    loose = icl_canary_audit(X, y, c, canaries=200, shots=20, seed=0)
+    assert loose.formal and loose.epsilon_lower_bound > 1.0 and loose.claimed_epsilon is None
+    tight = icl_canary_audit(X, y, c, canaries=200, shots=20, teachers=10, epsilon=1.0, seed=0)
+    assert tight.formal and tight.verdict == "consistent" and tight.epsilon_lower_bound <= 1.0
+    assert not math.isinf(tight.claimed_epsilon)
+
+
+def test_icl_family_runner_and_figure(tmp_path):
+    from dpaudit.checkpoint import load_run
+    from dpaudit.report import plots
+    from dpaudit.workflows.checkpoint import FAMILY_RUNNERS
+
+    _run(algo="dp-icl", teachers=5, shots=4, target_epsilon=1.0, out=tmp_path / "icl")
+    result = FAMILY_RUNNERS["icl"](load_run(tmp_path / "icl"), {"canaries": 40, "trials": 5}, 0, None)
+    assert [r["epsilon"] for r in result["settings"]] == [math.inf, pytest.approx(1.0, rel=1e-3)]
+    assert result["settings"][1]["canary_audit"]["formal"] is True
+    assert plots.icl_figure(result) is not None
+    with pytest.raises(InputError, match="--algo dp-icl"):
+        FAMILY_RUNNERS["icl"](load_run(_pate_dir(tmp_path)), {}, 0, None)
+
+
+def _pate_dir(tmp_path):
+    _run(out=tmp_path / "pate")
+    return tmp_path / "pate"

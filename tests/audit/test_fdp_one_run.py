@@ -1,0 +1,183 @@
+"""One-run f-DP audit (Mahloujifar, Melis & Chaudhuri 2025, arXiv:2410.22235): exact oracles, the
+closed-form one-step curve against the PLD accountant, soundness over 200 seeds, power, planted mistakes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from dpaudit.accounting import dpsgd_event, make_accountant
+from dpaudit.audit import audit_scores, max_certifiable_epsilon, one_run_epsilon_lower_bound
+from dpaudit.audit import fdp_one_run as F
+
+ALPHA = 0.05
+
+
+def _binomial_slack(n: int, p: float) -> float:
+    """p + 3 binomial standard deviations: an exceedance rate above it has probability < 0.2% if the
+    true rate is p (normal approximation; at n = 200, p = 0.05 this is 0.096)."""
+    return p + 3.0 * math.sqrt(p * (1 - p) / n)
+
+
+def _rejects_with_wrong_factor(m, k, v, g, alpha):
+    """Planted mistake: the recursion's i/(k − i) written (i + 1)/(k − i)."""
+    r, h = alpha * v / m, alpha * (k - v) / m
+    for i in range(v - 1, -1, -1):
+        h_new = max(h, g(r))
+        if h_new == h:
+            break
+        r, h = min(1.0, r + (i + 1) / (k - i) * (h_new - h)), h_new
+    return r + h > k / m
+
+
+def test_two_canaries_no_leakage_is_exact():
+    """f = identity (no leakage), m = k = v = 2: P[both right] = 1/4 exactly, and the recursion rejects
+    iff alpha > 1/4; m = 2, k = v = 1: P = 1/2, rejected iff alpha > 1/2."""
+    g = F._gdp_g(0.0)
+    assert not F.fdp_rejects(2, 2, 2, g, 0.249) and F.fdp_rejects(2, 2, 2, g, 0.251)
+    assert not F.fdp_rejects(2, 1, 1, g, 0.499) and F.fdp_rejects(2, 1, 1, g, 0.501)
+
+
+def _rr_unsound_cases(rejects) -> list:
+    """Cases where ``rejects`` refutes ε-DP although ε-randomised response on each canary (which is
+    ε-DP) has P[V ≥ v] = P[Bin(k, e^ε/(1 + e^ε)) ≥ v] > α: the test would reject a true null more
+    often than α."""
+    bad = []
+    for eps in (0.0, 0.5, 1.0, 2.0):
+        g = F._eps_delta_g(eps, 0.0)
+        q = special.expit(eps)
+        for m in (4, 10, 25):
+            for k in range(1, m + 1):
+                for v in range(1, k + 1):
+                    for alpha in (0.05, 0.3):
+                        if rejects(m, k, v, g, alpha) and stats.binom.sf(v - 1, k, q) > alpha * (1 + 1e-9):
+                            bad.append((eps, m, k, v, alpha))
+    return bad
+
+
+def test_recursion_is_sound_against_randomised_response_exactly():
+    assert _rr_unsound_cases(F.fdp_rejects) == []
+
+
+def test_planted_wrong_recursion_factor_is_caught():
+    assert _rr_unsound_cases(_rejects_with_wrong_factor)
+
+
+@pytest.mark.parametrize("q,sigma", [(1.0, 1.0), (0.05, 1.0), (0.3, 0.7), (0.01, 0.5)])
+def test_one_step_curve_matches_pld(q, sigma):
+    """The closed-form δ(ε) of one Poisson-sampled Gaussian step equals the PLD accountant's (to its
+    1e-4-nat discretisation, pessimistic side), and so does the family's ε(δ)."""
+    acc = make_accountant("pld").compose(dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=1))
+    eps = np.array([0.0, 0.05, 0.5, 1.0, 2.0, 3.0])
+    ours = F._sampled_gaussian_step_delta(eps, 1.0 / sigma, q)
+    pld = np.array([acc.delta(float(e)) for e in eps])
+    assert np.all(ours <= pld + 1e-12) and np.allclose(ours, pld, rtol=2e-3, atol=1e-12)
+    eps = F.sampled_gaussian_step_family(q).epsilon(1.0 / sigma, 1e-5)
+    assert eps == pytest.approx(acc.epsilon(1e-5), abs=2e-3) and eps <= acc.epsilon(1e-5)
+
+
+def _gaussian_canaries(rng, m, mu):
+    member = rng.random(m) < 0.5
+    return rng.normal(mu * member, 1.0), member  # each canary's score is its own μ-GDP Gaussian
+
+
+def test_soundness_gdp_family_200_seeds():
+    """Each canary independently μ-GDP (μ = 1.5, a strong likelihood-ratio ranking): the rate at which
+    the refuted μ exceeds the true μ stays within α + binomial slack (observed: 0)."""
+    n, mu = 200, 1.5
+    over = 0
+    for seed in range(n):
+        rng = np.random.default_rng(seed)
+        s, mem = _gaussian_canaries(rng, 300, mu)
+        r = audit_scores(s, mem, method="one-run-fdp", design="canaries", tradeoff="gdp", seed=seed,
+                         threshold_selection="bonferroni")  # fmt: skip
+        over += r.details["mu_lower_bound"] > mu
+    assert over / n <= _binomial_slack(n, ALPHA)
+
+
+def test_power_leaky_mechanism_refutes_claim():
+    """μ = 4 per canary (ε(1e-5) ≈ 24) audited with 1000 canaries against a claim of ε = 2: violation
+    with the formal (ε, δ) family and with the claim's own curve (one Gaussian step, q = 1)."""
+    rng = np.random.default_rng(0)
+    s, mem = _gaussian_canaries(rng, 1000, 4.0)
+    for tradeoff in ("epsilon-delta", F.sampled_gaussian_step_family(1.0)):
+        r = audit_scores(s, mem, method="one-run-fdp", design="canaries", tradeoff=tradeoff, claimed_epsilon=2.0,
+                         threshold_selection="bonferroni")  # fmt: skip
+        assert r.formal and r.verdict == "violation", r.summary()
+    g = audit_scores(s, mem, method="one-run-fdp", design="canaries", claimed_epsilon=2.0)
+    assert not g.formal and g.verdict == "estimate-exceeds-claim"
+
+
+def test_fdp_is_tighter_than_epsilon_delta_one_run_on_gaussian_canaries():
+    """The point of the paper: on Gaussian canaries the GDP-family bound beats Steinke et al.'s."""
+    rng = np.random.default_rng(1)
+    s, mem = _gaussian_canaries(rng, 1000, 2.0)
+    kw = dict(design="canaries", threshold_selection="bonferroni", seed=0)
+    fdp = audit_scores(s, mem, method="one-run-fdp", **kw).epsilon_lower_bound
+    steinke = audit_scores(s, mem, method="one-run", **kw).epsilon_lower_bound
+    assert fdp > steinke + 0.5, (fdp, steinke)
+
+
+def test_max_certifiable_and_inputs():
+    """A perfect attack's bound is the max certifiable; more canaries certify more; bad inputs raise."""
+    m1 = max_certifiable_epsilon(50, 50, method="one-run-fdp", threshold_selection="bonferroni")
+    m2 = max_certifiable_epsilon(500, 500, method="one-run-fdp", threshold_selection="bonferroni")
+    assert 0 < m1 < m2
+    mem = np.arange(100) % 2 == 0
+    perfect = audit_scores(mem.astype(float), mem, method="one-run-fdp", design="canaries",
+                           threshold_selection="bonferroni")  # fmt: skip
+    assert perfect.epsilon_lower_bound == pytest.approx(m1, rel=1e-6)
+    from dpaudit.errors import InputError
+
+    with pytest.raises(InputError):
+        audit_scores(mem.astype(float), mem, method="one-run-fdp", design="membership")
+    with pytest.raises(InputError):
+        audit_scores(mem.astype(float), mem, method="one-run-fdp", design="canaries", tradeoff="laplace")
+    with pytest.raises(InputError):
+        audit_scores(mem.astype(float), mem, method="one-run-fdp", design="canaries", delta=0.0)
+
+
+def test_epsilon_delta_family_close_to_steinke_on_randomised_response():
+    """Pure ε-DP randomised response: the (ε, δ) family and Steinke et al. test the same curve; the f-DP
+    bound is sound (below the true ε = 2 here) and within 0.6 of Steinke's with fixed guess counts."""
+    rng = np.random.default_rng(3)
+    m, eps = 2000, 2.0
+    mem = rng.random(m) < 0.5
+    keep = rng.random(m) < special.expit(eps)
+    s = np.where(keep, mem, ~mem).astype(float) + 1e-3 * rng.random(m)
+    kw = dict(design="canaries", k_plus=200, k_minus=200, seed=0, delta=1e-5)
+    fdp = audit_scores(s, mem, method="one-run-fdp", tradeoff="epsilon-delta", **kw).epsilon_lower_bound
+    r = audit_scores(s, mem, method="one-run", **kw)
+    assert fdp <= eps and abs(fdp - r.epsilon_lower_bound) < 0.6, (fdp, r.epsilon_lower_bound)
+    assert one_run_epsilon_lower_bound(m, 400, r.counts["correct"], 1e-5, 0.05) == pytest.approx(r.epsilon_lower_bound)
+
+
+def test_soundness_subsampled_gaussian_step_family_200_seeds():
+    """Each canary one Poisson-sampled Gaussian step (q = 0.3, σ = 0.5: in the batch w.p. q, then
+    N(1, σ²) vs N(0, σ²)): the refuted 1/σ' exceeds the true 1/σ = 2 at a rate within α + slack."""
+    n, q, sigma = 200, 0.3, 0.5
+    fam = F.sampled_gaussian_step_family(q)
+    over = 0
+    for seed in range(n):
+        rng = np.random.default_rng(10_000 + seed)
+        mem = rng.random(300) < 0.5
+        s = rng.normal(mem * (rng.random(300) < q), sigma)
+        v = int(mem[np.argsort(-s)[:30]].sum())  # top 30 guessed "in" (no ties: continuous scores)
+        over += F.largest_refuted(300, [30], [v], fam, ALPHA)[0] > 1.0 / sigma
+    assert over / n <= _binomial_slack(n, ALPHA)
+
+
+@pytest.mark.slow
+def test_dpsgd_family_matches_the_gaussian_for_one_full_batch_step():
+    """dpsgd_family(q = 1, T = 1) (PLD accountant) is the Gaussian curve: same refuted parameter as the
+    closed-form one-step family, up to the ε-grid and discretisation (both sound)."""
+    rng = np.random.default_rng(2)
+    s, mem = _gaussian_canaries(rng, 1000, 2.0)
+    kw = dict(design="canaries", k_plus=100, k_minus=100, seed=0)
+    a = audit_scores(s, mem, method="one-run-fdp", tradeoff=F.dpsgd_family(1.0, 1), **kw)
+    b = audit_scores(s, mem, method="one-run-fdp", tradeoff=F.sampled_gaussian_step_family(1.0), **kw)
+    assert a.details["parameter_lower_bound"] == pytest.approx(b.details["parameter_lower_bound"], rel=0.03)
+    assert a.epsilon_lower_bound == pytest.approx(b.epsilon_lower_bound, rel=0.03)

@@ -1,0 +1,186 @@
+"""Cloak training, application, checkpoints, the local-DP reading and the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.errors import CheckpointError, InputError
+from dpaudit.training.cloak import (
+    CLOAK_FILE,
+    CLOAK_TENSORS,
+    Cloak,
+    apply_cloak,
+    load_cloak,
+    local_dp_reading,
+    parse_lambdas,
+    save_cloak,
+    train_cloak_sweep,
+)
+from tests.cloak.conftest import LAMBDAS
+
+
+def test_smaller_lambda_suppresses_more_and_costs_accuracy(tiny_cloaks):
+    """Monotone within noise: suppression falls and cloaked accuracy rises as lambda grows; the clean accuracy is
+    the frozen target's, the same for every lambda. 120 test records: accuracy s.e. <= 0.046, so the ends of
+    the sweep must differ by more than 0.2 and neighbours may not reverse by more than 0.05."""
+    m = [tiny_cloaks[lam].meta["metrics"] for lam in LAMBDAS]
+    supp = [x["suppression_ratio"] for x in m]
+    acc = [x["cloaked_accuracy"] for x in m]
+    assert all(a >= b for a, b in itertools.pairwise(supp))
+    assert supp[0] - supp[-1] >= 0.25
+    assert all(b >= a - 0.05 for a, b in itertools.pairwise(acc))
+    assert acc[-1] - acc[0] > 0.2
+    assert len({x["clean_accuracy"] for x in m}) == 1
+    for x in m:
+        assert x["accuracy_loss"] == pytest.approx(x["clean_accuracy"] - x["cloaked_accuracy"])
+
+
+def test_apply_cloak_is_clip_plus_gaussian(tiny_cloaks):
+    """Per feature, the cloaked values of one record have mean clip(x) + mu and sd sigma: z-tests at n = 4000
+    (|z| < 5), and the same test rejects half the noise (sd ratio 0.5, ~30 standard errors off)."""
+    c = tiny_cloaks[LAMBDAS[0]]
+    x = np.where(np.arange(c.mu.size) % 2 == 0, c.hi + 3.0, c.lo - 1.0).astype(np.float32)  # outside: clipped
+    rep = apply_cloak(c, np.repeat(x[None], 4000, 0), seed=1)
+    center = np.clip(x, c.lo, c.hi) + c.mu
+    z_mean = (rep.mean(0) - center) / (c.sigma / np.sqrt(4000))
+    sd = rep.std(0, ddof=1)
+    z_sd = (sd / c.sigma - 1) / np.sqrt(1 / (2 * 3999))
+    assert np.all(np.abs(z_mean) < 5) and np.all(np.abs(z_sd) < 5)
+    half = Cloak(c.mu, c.sigma / 2, c.lo, c.hi, c.meta)
+    z_half = (apply_cloak(half, np.repeat(x[None], 4000, 0), seed=1).std(0, ddof=1) / c.sigma - 1) * np.sqrt(7998)
+    assert np.all(np.abs(z_half) > 5)
+    assert np.array_equal(apply_cloak(c, x[None], seed=3), apply_cloak(c, x[None], seed=3))
+
+
+def test_local_dp_reading_matches_the_analytic_gaussian(tiny_cloaks):
+    """Per feature: the analytic Gaussian mechanism (Balle & Wang 2018, arXiv:1805.06530, Thm. 8) with
+    sensitivity = range; composed: one Gaussian with L2 sensitivity sqrt(sum_i range_i^2 / sigma_i^2) at
+    sigma 1. Reading the sensitivity as half the range (a planted mistake) under-reports and is caught."""
+    from dpaudit.accounting import analytic_gaussian_epsilon
+
+    c = tiny_cloaks[LAMBDAS[1]]
+    delta = 1e-5
+    ldp = local_dp_reading(c, delta)
+    r, s = c.feature_range, c.sigma.astype(np.float64)
+    oracle = [analytic_gaussian_epsilon(float(s[i]), delta, sensitivity=float(r[i])) for i in range(len(r))]
+    np.testing.assert_allclose(ldp["per_feature_epsilon"], oracle, rtol=1e-4)
+    composed = analytic_gaussian_epsilon(1.0, delta, sensitivity=float(np.sqrt(np.sum((r / s) ** 2))))
+    assert ldp["composed_epsilon"] == pytest.approx(composed, rel=1e-4)
+    assert ldp["formal"] is True and ldp["composed_epsilon"] >= ldp["max_feature_epsilon"]
+    wrong = [analytic_gaussian_epsilon(float(s[i]), delta, sensitivity=float(r[i]) / 2) for i in range(len(r))]
+    assert not np.allclose(ldp["per_feature_epsilon"], wrong, rtol=1e-2)
+
+
+def test_constant_features_cost_nothing_and_get_no_noise():
+    meta = {"lambda": 1.0, "metrics": {}}
+    one = np.ones(3, np.float32)
+    c = Cloak(
+        mu=0 * one,
+        sigma=np.array([1.0, 0.0, 2.0], np.float32),
+        lo=0 * one,
+        hi=np.array([1, 0, 1], np.float32),
+        meta=meta,
+    )
+    ldp = local_dp_reading(c, 1e-5)
+    assert ldp["n_features"] == 2 and ldp["per_feature_epsilon"][1] == 0.0
+
+
+def test_checkpoint_round_trip_without_pickle(tiny_cloaks, tmp_path):
+    c = tiny_cloaks[LAMBDAS[1]]
+    out = save_cloak(tmp_path / "c", c)
+    assert sorted(p.name for p in out.iterdir()) == sorted([CLOAK_FILE, CLOAK_TENSORS])
+    for p in out.iterdir():
+        assert not p.read_bytes().startswith(b"\x80")  # no pickle protocol header anywhere
+    back = load_cloak(out)
+    for k in ("mu", "sigma", "lo", "hi"):
+        assert np.array_equal(getattr(back, k), getattr(c, k))
+    assert back.meta == json.loads(json.dumps(c.meta))
+    x = np.zeros((3, *c.mu.shape), np.float32)
+    assert np.array_equal(apply_cloak(back, x, seed=0), apply_cloak(c, x, seed=0))
+    with pytest.raises(InputError, match="already exists"):
+        save_cloak(out, c)
+    (out / CLOAK_TENSORS).write_bytes(b"junk")
+    with pytest.raises(CheckpointError):
+        load_cloak(out)
+    with pytest.raises(CheckpointError, match="not a cloak"):
+        load_cloak(tmp_path)
+
+
+def test_bad_input_is_an_input_error(tiny_target_dir, tmp_path):
+    with pytest.raises(InputError, match="--target"):
+        train_cloak_sweep(None, [1.0], out=tmp_path / "a")
+    with pytest.raises(InputError, match="no such run"):
+        train_cloak_sweep(tmp_path / "missing", [1.0], out=tmp_path / "b")
+    (tmp_path / "notarun").mkdir()
+    with pytest.raises(InputError, match="not a dpaudit run"):
+        train_cloak_sweep(tmp_path / "notarun", [1.0], out=tmp_path / "c")
+    for bad in (["0"], ["-1"], ["1,x"], ["1,1"], []):
+        with pytest.raises(InputError):
+            parse_lambdas(bad)
+    with pytest.raises(InputError, match="lambda"):
+        train_cloak_sweep(tiny_target_dir, [0.0], out=tmp_path / "d")
+    assert parse_lambdas(["1,0.5", "2"]) == (1.0, 0.5, 2.0)
+
+
+def invoke(*args):
+    from dpaudit.cli.main import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_sweep_inspect_and_errors(tiny_target_dir, tmp_path):
+    out = tmp_path / "sweep"
+    r = invoke(
+        "--json",
+        "train",
+        "--algo",
+        "cloak",
+        "--target",
+        tiny_target_dir,
+        "--lambda",
+        "0.3,100",
+        "--epochs",
+        "3",
+        "--out",
+        out,
+    )
+    assert r.exit_code == 0, r.output
+    rows = json.loads((out / "curve.json").read_text())["rows"]
+    assert [row["lambda"] for row in rows] == [0.3, 100.0]
+    assert (out / "curve.csv").read_text().splitlines()[0].startswith("lambda,suppression_ratio")
+    r = invoke("--json", "inspect", out / "lambda_0.3")
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["lambda"] == 0.3 and {"suppression_ratio", "accuracy_loss"} <= set(s)
+    assert s["suppression_ratio"] == rows[0]["suppression_ratio"]
+    for args in (
+        ["--lambda", "0"],
+        ["--lambda", "-2"],
+        [],
+    ):
+        r = invoke("train", "--algo", "cloak", "--target", tiny_target_dir, *args, "--out", tmp_path / "x")
+        assert r.exit_code == 2 and "Traceback" not in r.output
+    r = invoke("train", "--algo", "cloak", "--lambda", "1", "--out", tmp_path / "y")
+    assert r.exit_code == 2 and "--target" in r.output
+    r = invoke("train", "--algo", "cloak", "--target", tmp_path / "nope", "--lambda", "1", "--out", tmp_path / "z")
+    assert r.exit_code == 2
+    r = invoke("train", "--target", tiny_target_dir, "--lambda", "1", "--out", tmp_path / "w")
+    assert r.exit_code == 2 and "--algo cloak" in r.output
+    r = invoke("train", "--algo", "cloak", "--target", tiny_target_dir, "--lambda", "1", "--out", out)
+    assert r.exit_code == 2 and "exists" in r.output
+
+
+def test_report_cloak_option(tiny_cloaks, tmp_path):
+    from dpaudit.training.cloak import cloak_option
+
+    assert cloak_option("2") == {"lambda": 2.0}
+    path = save_cloak(tmp_path / "c", tiny_cloaks[LAMBDAS[1]])
+    assert cloak_option(str(path)) == {"cloak": str(path)}
+    for bad in ("0", "-1", "inf", "nope", str(tmp_path)):
+        with pytest.raises(InputError):
+            cloak_option(bad)

@@ -1,0 +1,82 @@
+"""Crafted canaries (dpaudit.canaries.craft_canaries): public data only, the geometry they promise."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dpaudit.canaries import CRAFTED_NORM_FACTOR, craft_canaries, make_canaries
+from dpaudit.data import load_dataset, make_splits
+from dpaudit.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def digits():
+    ds = load_dataset("digits")
+    return ds, make_splits(len(ds), 0)
+
+
+def _scrambled_private_data(ds, splits):
+    """The same dataset with every non-aux record (members, holdout, test) replaced by noise."""
+    rng = np.random.default_rng(1)
+    X, y = ds.X.copy(), ds.y.copy()
+    private = np.setdiff1d(np.arange(len(ds)), splits.aux)
+    X[private] = rng.uniform(0, 16, size=X[private].shape).astype(X.dtype)
+    y[private] = rng.integers(0, ds.n_classes, size=len(private))
+    return dataclasses.replace(ds, X=X, y=y)
+
+
+def test_crafted_records_depend_on_public_data_and_seed_only(digits):
+    """The records are a function of (aux split, seed): scrambling every private record and drawing other
+    inclusion bits changes nothing. The check bites: ClipBKD, which reads the members, does change."""
+    ds, splits = digits
+    a = make_canaries(ds, splits, m=50, kind="crafted", seed=3)
+    b = make_canaries(_scrambled_private_data(ds, splits), splits, m=50, kind="crafted", seed=3)
+    np.testing.assert_array_equal(a.X, b.X)
+    np.testing.assert_array_equal(a.y, b.y)
+    X, y = craft_canaries(ds.X[splits.aux], ds.y[splits.aux], m=50, n_classes=ds.n_classes, seed=3)
+    np.testing.assert_array_equal(a.X, X)  # no inclusion bits in the crafting function's inputs
+    np.testing.assert_array_equal(a.y, y)
+    assert 10 < a.included.sum() < 40  # the bits are drawn (each w.p. 1/2), just not used for the records
+    c = make_canaries(ds, splits, m=50, kind="clipbkd", seed=3)
+    d = make_canaries(_scrambled_private_data(ds, splits), splits, m=50, kind="clipbkd", seed=3)
+    assert not np.array_equal(c.X, d.X)
+
+
+def test_crafted_canary_is_orthogonal_to_the_public_data_at_a_large_norm(digits):
+    """In the aux-standardised space the audited pipelines use: the single canary lies along a direction
+    in which the aux records do not vary (digits has constant pixels, so the least variance is 0 up to
+    rounding), at CRAFTED_NORM_FACTOR × the largest aux norm, with the least frequent aux label. Hence a
+    linear model's per-example gradients of the aux records, (p − e_y)(x, 1)ᵀ, have inner product with
+    the canary's of at most ‖p_d − e_{y_d}‖·‖p_c − e_{y_c}‖·(|x_d·x_c| + 1) ≤ 2 here (up to float32)."""
+    ds, splits = digits
+    c = make_canaries(ds, splits, m=1, kind="crafted", seed=0)
+    A = ds.X[splits.aux].reshape(len(splits.aux), -1).astype(np.float64)
+    mean, std = A.mean(0), A.std(0)
+    std = np.where(std > 1e-12, std, 1.0)
+    Z = (A - mean) / std
+    zc = ((c.X.reshape(1, -1).astype(np.float64) - mean) / std)[0]
+    radius = np.linalg.norm(zc)
+    assert radius == pytest.approx(CRAFTED_NORM_FACTOR * np.linalg.norm(Z, axis=1).max(), rel=1e-5)
+    u = zc / radius
+    assert np.abs(Z @ u).max() < 1e-3  # float32 rounding of the raw canary; a data direction gives O(1)
+    counts = np.bincount(ds.y[splits.aux], minlength=ds.n_classes)
+    assert counts[c.y[0]] == counts.min()
+    # The planted alternative: the *most*-variance direction is nothing like orthogonal to the data.
+    top = np.linalg.svd(Z - Z.mean(0), full_matrices=False)[2][0]
+    assert np.abs(Z @ top).max() > 1.0
+
+
+def test_several_crafted_canaries_spread_labels_and_directions(digits):
+    ds, splits = digits
+    c = make_canaries(ds, splits, m=20, kind="crafted", seed=0)
+    assert set(c.y.tolist()) == set(range(ds.n_classes))  # labels cycle over the classes
+    flat = c.X.reshape(20, -1)
+    assert len(np.unique(flat, axis=0)) == 20
+
+
+def test_crafted_needs_the_public_split(digits):
+    ds, splits = digits
+    no_aux = dataclasses.replace(splits, aux=np.array([], dtype=np.int64))
+    with pytest.raises(InputError, match="public auxiliary split"):
+        make_canaries(ds, no_aux, m=5, kind="crafted")

@@ -1,0 +1,265 @@
+"""Output and objective perturbation (dpaudit/training/convex.py): sensitivity, noise laws, claims, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpaudit.errors import InputError
+from dpaudit.training.convex import (
+    ConvexLearner,
+    class_signs,
+    linear_weights,
+    logistic_objective,
+    multirun_audit,
+    norm_mechanism_noise,
+    objpert_parameters,
+    output_sensitivity,
+    resolve_algo,
+    solve_logistic,
+    unit_ball_features,
+    worst_case_neighbour,
+)
+
+
+def _data(n, d, seed):
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(n, d))
+    Z /= np.maximum(1.0, np.linalg.norm(Z, axis=1, keepdims=True))
+    return Z, np.where(rng.random(n) < 0.5, 1.0, -1.0)
+
+
+def test_unit_ball_features_norms_and_released_model_predicts_the_same_class():
+    rng = np.random.default_rng(0)
+    X = rng.normal(scale=3.0, size=(200, 6))
+    Z = unit_ball_features(X)
+    assert np.all(np.linalg.norm(Z, axis=1) <= 1 + 1e-12)
+    w = rng.normal(size=7)
+    weight, bias = linear_weights(w[None], 6)
+    # The projection scales each record by a positive factor: the released linear model agrees in sign.
+    assert np.array_equal(np.sign(Z @ w), np.sign(X @ weight[0] + bias[0]))
+
+
+def test_solver_reaches_the_exact_minimiser():
+    Z, s = _data(80, 4, 1)
+    w = solve_logistic(Z, s, 0.05)
+    assert np.linalg.norm(logistic_objective(w, Z, s, 0.05)[1]) <= 1e-10
+
+
+def test_minimisers_of_neighbours_differ_by_at_most_two_over_n_lambda():
+    # Chaudhuri, Monteleoni & Sarwate 2011, Cor. 8: ||w*(D) - w*(D')|| <= 2/(N lambda), D' = D with one
+    # record replaced; random and adversarial (flipped label, opposite direction) replacements.
+    rng = np.random.default_rng(2)
+    worst = 0.0
+    for trial in range(60):
+        n, lam = 20, [0.01, 0.1, 1.0][trial % 3]
+        Z, s = _data(n, 3, 100 + trial)
+        w = solve_logistic(Z, s, lam)
+        Z2, s2 = Z.copy(), s.copy()
+        i = rng.integers(n)
+        if trial % 2:
+            Z2[i], s2[i] = -Z[i] / np.linalg.norm(Z[i]), s[i]
+        else:
+            x = rng.normal(size=3)
+            Z2[i], s2[i] = x / np.linalg.norm(x), -s[i]
+        ratio = np.linalg.norm(w - solve_logistic(Z2, s2, lam)) / output_sensitivity(n, lam)
+        assert ratio <= 1.0 + 1e-9
+        worst = max(worst, ratio)
+    assert worst > 0.2  # the test exercises the bound (a wrong, 10x smaller bound would fail it)
+
+
+def test_norm_mechanism_norm_is_gamma_and_direction_uniform():
+    rng = np.random.default_rng(3)
+    d, scale = 6, 0.7
+    draws = np.stack([norm_mechanism_noise(d, scale, rng) for _ in range(3000)])
+    norms = np.linalg.norm(draws, axis=1)
+    assert stats.kstest(norms, stats.gamma(d, scale=scale).cdf).pvalue > 1e-3
+    # A uniform direction u on S^{d-1} has u_1^2 ~ Beta(1/2, (d-1)/2).
+    assert stats.kstest((draws[:, 0] / norms) ** 2, stats.beta(0.5, (d - 1) / 2).cdf).pvalue > 1e-3
+    # Planted mistakes: twice the scale, or shape 1 (a scalar Laplace-like norm), are rejected.
+    assert stats.kstest(norms, stats.gamma(d, scale=2 * scale).cdf).pvalue < 1e-6
+    wrong = np.array([np.linalg.norm(norm_mechanism_noise(d, scale, rng, shape=1.0)) for _ in range(3000)])
+    assert stats.kstest(wrong, stats.gamma(d, scale=scale).cdf).pvalue < 1e-6
+
+
+def test_outpert_noise_in_the_pipeline_is_gamma_d_delta_over_eps():
+    Z, s = _data(40, 3, 4)
+    lam, eps = 0.1, 0.5
+    w_star = solve_logistic(Z, s, lam)
+    right = ConvexLearner("outpert", lam, eps)
+    rng = np.random.default_rng(5)
+    norms = np.array([np.linalg.norm(right.perturb(w_star[None], 40, rng) - w_star) for _ in range(2000)])
+    law = stats.gamma(3, scale=output_sensitivity(40, lam) / eps)
+    assert stats.kstest(norms, law.cdf).pvalue > 1e-3
+    buggy = ConvexLearner("outpert", lam, eps, sensitivity_factor=0.5)  # the 1/(N lambda) mistake
+    bad = np.array([np.linalg.norm(buggy.perturb(w_star[None], 40, rng) - w_star) for _ in range(2000)])
+    assert stats.kstest(bad, law.cdf).pvalue < 1e-6
+    # fit() = exact minimiser + that noise (same generator state gives the same draw)
+    w_fit = right.fit(Z, s[:, None], np.random.default_rng(9))
+    assert np.allclose(w_fit, right.perturb(w_star[None], 40, np.random.default_rng(9)), atol=1e-9)
+
+
+def test_objpert_parameters_closed_form():
+    # Chaudhuri et al. 2011, Alg. 2 with c = 1/4: eps' = eps - log(1 + 2c/(N lam) + c^2/(N lam)^2).
+    eps_p, extra = objpert_parameters(1.0, 1000, 0.01)
+    assert eps_p == pytest.approx(1.0 - math.log(1 + 0.5 / 10 + 0.0625 / 100)) and extra == 0.0
+    eps_p, extra = objpert_parameters(0.1, 100, 0.01)  # eps' <= 0: the extra regulariser branch
+    assert eps_p == 0.05 and extra == pytest.approx(0.25 / (100 * math.expm1(0.025)) - 0.01)
+
+
+def test_objpert_linear_noise_recovered_from_the_solution_is_gamma():
+    # At the exact minimiser grad J(w) + b/N + Delta' w = 0, so b = -N (grad J(w) + Delta' w): its norm
+    # must follow Gamma(d, 2/eps') (Chaudhuri et al. 2011, Alg. 2, beta = eps'/2).
+    n, lam, eps = 30, 0.05, 1.0
+    Z, s = _data(n, 2, 6)
+    eps_p, extra = objpert_parameters(eps, n, lam)
+    law = stats.gamma(2, scale=2.0 / eps_p)
+
+    def recovered(learner, seed):
+        w = learner.fit(Z, s[:, None], np.random.default_rng(seed))[0]
+        return np.linalg.norm(-n * (logistic_objective(w, Z, s, lam)[1] + extra * w))
+
+    right = np.array([recovered(ConvexLearner("objpert", lam, eps), k) for k in range(400)])
+    assert stats.kstest(right, law.cdf).pvalue > 1e-3
+    wrong = np.array([recovered(ConvexLearner("objpert", lam, eps, noise_shape=1.0), k) for k in range(400)])
+    assert stats.kstest(wrong, law.cdf).pvalue < 1e-4
+
+
+def test_gaussian_outpert_sigma_meets_the_analytic_gaussian():
+    from dpaudit.accounting import analytic_gaussian_sigma
+
+    n, lam, eps, delta = 100, 0.1, 1.0, 1e-5
+    learner = ConvexLearner("outpert-gaussian", lam, eps, delta)
+    claim = learner.claim(n, 5, 1)
+    exact = analytic_gaussian_sigma(eps, delta, sensitivity=output_sensitivity(n, lam))  # Balle & Wang 2018
+    assert exact <= claim["noise_std"] <= 1.02 * exact
+    assert claim["epsilon"] <= eps * (1 + 1e-6) and claim["neighbouring"] == "replace_one"
+    # the released noise has that standard deviation (a planted 1/(N lambda) sensitivity halves it)
+    w_star = np.zeros((1, 5))
+    draws = np.concatenate([learner.perturb(w_star, n, np.random.default_rng(k)).ravel() for k in range(400)])
+    tol = 4 * math.sqrt(2 / len(draws))
+    assert abs(draws.var() / claim["noise_std"] ** 2 - 1) < tol
+    buggy = ConvexLearner("outpert-gaussian", lam, eps, delta, sensitivity_factor=0.5)
+    bad = np.concatenate([buggy.perturb(w_star, n, np.random.default_rng(k)).ravel() for k in range(400)])
+    assert abs(bad.var() / claim["noise_std"] ** 2 - 1) > tol
+    # one-vs-rest with K classifiers: one composed Gaussian, sensitivity sqrt(K) Delta overall
+    k4 = learner.claim(n, 5, 4)["noise_std"]
+    assert k4 >= analytic_gaussian_sigma(eps, delta, sensitivity=2 * output_sensitivity(n, lam))
+
+
+def test_one_vs_rest_pure_claim_composes_over_classes():
+    claim = ConvexLearner("outpert", 0.1, 2.0).claim(50, 4, 5)
+    assert claim["epsilon"] == 2.0 and claim["delta"] == 0.0
+    assert claim["event"] == {
+        "type": "self_composed",
+        "event": {"type": "epsilon_delta", "epsilon": 0.4, "delta": 0.0},
+        "count": 5,
+    }
+    assert claim["noise_scale"] == pytest.approx(output_sensitivity(50, 0.1) * 5 / 2.0)
+    assert class_signs(np.array([0, 2, 1]), 3).tolist() == [[1, -1, -1], [-1, -1, 1], [-1, 1, -1]]
+
+
+def test_trainer_records_the_claim_and_loads_the_logreg():
+    from dpaudit.data import load_dataset, make_splits
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from dpaudit.training.run import fit_model
+
+    torch.set_num_threads(1)
+    ds = load_dataset("breast-cancer")
+    splits = make_splits(len(ds), 0)
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    config = TrainConfig(algo="outpert", weight_decay=0.05, dp=DPConfig(target_epsilon=4.0))
+    fitted = fit_model(ds, splits.members, spec, config, preprocessing_idx=splits.aux)
+    claim = fitted.outcome.privacy
+    assert claim["epsilon"] == 4.0 and claim["sensitivity"] == pytest.approx(2 / (len(splits.members) * 0.05))
+    acc = (fitted.logits(ds.X[splits.test]).argmax(1) == ds.y[splits.test]).mean()
+    assert acc > 0.8
+
+
+def test_bad_input_is_an_input_error():
+    with pytest.raises(InputError, match="lambda > 0"):
+        ConvexLearner("outpert", 0.0, 1.0)
+    with pytest.raises(InputError, match="lambda > 0"):
+        ConvexLearner("objpert", -1.0, 1.0)
+    with pytest.raises(InputError, match="NaN or inf"):
+        unit_ball_features(np.array([[np.nan, 1.0]]))
+    with pytest.raises(InputError, match="--mechanism"):
+        resolve_algo("dpsgd", "gaussian", None)
+    assert resolve_algo("outpert", "gaussian", None) == "outpert-gaussian"
+    from dpaudit.data import load_dataset
+
+    sub = load_dataset("digits:3,8")  # the binary subset option: labels 3 -> 0, 8 -> 1
+    assert sub.n_classes == 2 and len(sub) == 357 and set(np.unique(sub.y)) == {0, 1}
+    for spec in ("digits:3", "digits:3,x", "wine:0,7"):
+        with pytest.raises(InputError):
+            load_dataset(spec)
+    from dpaudit.models import build_model, default_spec
+    from dpaudit.training.base import get_trainer
+    from dpaudit.training.config import DPConfig, TrainConfig
+
+    mlp = build_model(default_spec("mlp", input_shape=(3,), n_classes=2))
+    trainer = get_trainer("outpert")(TrainConfig(algo="outpert", weight_decay=0.1, dp=DPConfig(target_epsilon=1.0)))
+    with pytest.raises(InputError, match="logreg"):
+        trainer.fit(mlp, torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64))
+    sigma_given = get_trainer("outpert")(
+        TrainConfig(algo="outpert", weight_decay=0.1, dp=DPConfig(noise_multiplier=1.0))
+    )
+    logreg = build_model(default_spec("logreg", input_shape=(3,), n_classes=2))
+    with pytest.raises(InputError, match="--epsilon"):
+        sigma_given.fit(logreg, torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64))
+
+
+def test_cli_refuses_lambda_zero_with_exit_code_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+
+    result = CliRunner().invoke(
+        app, ["train", "--out", str(tmp_path / "r"), "--data", "breast-cancer", "--model", "logreg",
+              "--algo", "outpert", "--epsilon", "1", "--l2", "0"],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+
+
+@pytest.mark.slow
+def test_multirun_audit_passes_correct_outpert_and_catches_a_planted_bug():
+    # Direct multi-run audit on a worst-case replace-one pair, score <w, u> with u fixed from the data.
+    n, d, lam, eps = 50, 8, 0.1, 1.0
+    Z, s = _data(n, d, 7)
+    Z_in, s_in, u = worst_case_neighbour(Z, s, lam)
+    w_in, w_out = solve_logistic(Z_in, s_in, lam)[None], solve_logistic(Z, s, lam)[None]
+
+    def audit(learner):
+        fit = lambda Z_, s_, rng: learner.perturb(w_in if Z_ is Z_in else w_out, n, rng)  # noqa: E731
+        return multirun_audit(fit, ((Z_in, s_in), (Z, s)), -u, runs=4000, claimed_epsilon=eps, delta=0.0, seed=1)
+
+    right = audit(ConvexLearner("outpert", lam, eps)).result
+    assert right.verdict != "violation" and right.epsilon_lower_bound <= eps
+    wrong = audit(ConvexLearner("outpert", lam, eps, noise_shape=1.0)).result  # Gamma(1, .) instead of Gamma(d, .)
+    assert wrong.verdict == "violation", wrong.summary()
+
+
+def test_plugin_trainer_runs_in_the_workflow_audit_and_builtin_path_refuses():
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from dpaudit.training.convex import ConvexPluginTrainer
+    from dpaudit.training.dpsgd import claim_for
+    from dpaudit.workflows.training import audit_training
+
+    torch.set_num_threads(1)
+    ds = load_dataset("breast-cancer")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    config = TrainConfig(algo="outpert", weight_decay=0.1, dp=DPConfig(target_epsilon=1.0))
+    res = audit_training(
+        ds, spec, runs=4, trainer=ConvexPluginTrainer(config), claimed_epsilon=1.0, delta=0.0,
+        neighbouring="replace_one", train_size=60,
+    )  # fmt: skip
+    assert res.neighbouring == "replace_one" and len(res.scores) == 8 and np.all(np.isfinite(res.scores))
+    with pytest.raises(InputError, match="plug-in"):
+        claim_for(config, 100)
