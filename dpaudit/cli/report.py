@@ -88,6 +88,14 @@ def register(app: App) -> None:
         icl: Annotated[
             bool, typer.Option("--icl", help="Also run the ICL membership attack and canary audit (dp-icl runs).")
         ] = False,
+        jl_step: Annotated[
+            bool,
+            typer.Option(
+                "--jl-step",
+                help="Also audit one DP-SGD-JL step at the run's σ and r against the plain DP-SGD formula's claim "
+                "and the JL accountant's (dpsgd-jl/dpadam-jl runs; the JL claim's PLD takes up to a minute).",
+            ),
+        ] = False,
         title: Annotated[str | None, typer.Option("--title", help="Report title.")] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
@@ -126,6 +134,8 @@ def register(app: App) -> None:
             families["cloak"] = cloak_option(cloak)
         if icl:
             families["icl"] = {}
+        if jl_step:
+            families["jl-step"] = {}
         kinds = [(p, classify_input(p)) for p in inputs]
         reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
         config = {
@@ -139,6 +149,8 @@ def register(app: App) -> None:
             "attribute": attribute,
             "extraction_budget": extraction_budget,
             "cloak": cloak,
+            "icl": icl,
+            "jl_step": jl_step,
             "merged": [reports[p]["run"] for p, kind in kinds if kind == "report"],
         }
         models = []

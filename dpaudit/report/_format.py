@@ -25,6 +25,7 @@ FAMILY_TITLES = {
     "attribute": "Attribute inference",
     "cloak": "Cloak",
     "icl": "In-context learning membership (DP-ICL)",
+    "jl-step": "DP-SGD-JL step audit (what JL norm estimates leak)",
 }
 
 HOW_TO_READ = (

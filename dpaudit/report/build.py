@@ -92,8 +92,8 @@ def tradeoff_curve(alpha: np.ndarray, epsilon: float, delta: float) -> np.ndarra
     A test (FPR, FNR) strictly below this curve contradicts the (ε, δ) claim.
     """
     alpha = np.asarray(alpha, dtype=np.float64)
-    if math.isinf(epsilon):
-        return np.where(alpha > 0, 0.0, 1.0 - delta)
+    if epsilon > 700.0:  # e^ε overflows a float (JL claims reach 1e9): at that ε the curve is 0 for α > 0
+        return np.where(alpha > 0, np.maximum(0.0, 1.0 - delta - np.exp(min(epsilon, 700.0)) * alpha), 1.0 - delta)
     return np.maximum.reduce(
         [np.zeros_like(alpha), 1.0 - delta - math.exp(epsilon) * alpha, math.exp(-epsilon) * (1.0 - delta - alpha)]
     )

@@ -75,6 +75,7 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> list[str]:
     lines = []
     for a in attacks:
         scalars = [f"{md(k)} {F.num(v, '.4g')}" for k, v in F.scalar_results(a)]
+        scalars += [f"{md(k)} **{md(v)}**" for k, v in a.items() if k.startswith("verdict") and isinstance(v, str)]
         lines.append(f"- {md(a['attack'])}: " + (", ".join(scalars) or "no scalar results"))
     return lines
 

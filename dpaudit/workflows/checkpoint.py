@@ -106,8 +106,15 @@ def _icl(run, options: Mapping[str, Any], seed: int, progress: Progress) -> dict
     return run_icl(run, seed=seed, **dict(options))
 
 
+def _jl_step(run, options: Mapping[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
+    from dpaudit.workflows.jl_audit import jl_step_family
+
+    return jl_step_family(run, options, seed, progress)
+
+
 FAMILY_RUNNERS = {
     "inversion": _inversion, "attribute": _attribute, "extraction": _extraction, "cloak": _cloak, "icl": _icl,
+    "jl-step": _jl_step,
 }  # fmt: skip
 
 

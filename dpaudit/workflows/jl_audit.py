@@ -184,3 +184,35 @@ def jl_audits(cfg: JLStepAudit | None = None) -> dict[str, AuditRecord]:
             result=result,
         )
     return out
+
+
+def jl_step_family(run, options, seed: int, progress) -> dict:
+    """The report's "jl-step" section for a DP-SGD-JL run: the one-step audit above at the run's σ and r
+    (``options``: ``trials``), against the plain DP-SGD formula's claim and the JL accountant's, as a
+    JSON-ready result (both bounds formal, multi-run Clopper–Pearson)."""
+    from dpaudit.errors import InputError
+
+    privacy = run.privacy or {}
+    r = privacy.get("jl_projections")
+    if not r:
+        raise InputError(f"{run.path}: the JL step audit needs a DP-SGD-JL run (--algo dpsgd-jl/dpadam-jl)")
+    cfg = JLStepAudit(
+        noise_multiplier=float(privacy["noise_multiplier"]), projections=int(r),
+        trials=int(options.get("trials", 8000)), delta=float(privacy.get("delta", 1e-5)), seed=seed,
+    )  # fmt: skip
+    audits = jl_audits(cfg)
+    res = audits["plain"].result
+    return {
+        "attack": "jl-step-audit",
+        "params": {"noise_multiplier": cfg.noise_multiplier, "projections": cfg.projections, "trials": cfg.trials},
+        "description": (
+            f"one DP-SGD-JL step (q = 1, T = 1) at the run's σ and r, {cfg.trials} runs, white-box read-out "
+            "along a gradient canary whose JL norm estimate can be tiny; formal multi-run bound"
+        ),
+        "epsilon_lower_bound": res.epsilon_lower_bound,
+        "max_certifiable_epsilon": res.max_certifiable_epsilon,
+        "plain_formula_claim": res.claimed_epsilon,
+        "jl_accountant_claim": audits["jl"].result.claimed_epsilon,
+        "verdict_vs_plain_formula": res.verdict,
+        "verdict_vs_jl_accountant": audits["jl"].result.verdict,
+    }

@@ -222,6 +222,8 @@ def test_tradeoff_curve_identities():
     np.testing.assert_allclose(tradeoff_curve(f, 1.3, 0.0), alpha, atol=1e-12)
     assert np.all(np.diff(tradeoff_curve(alpha, 0.5, 1e-5)) <= 0)
     np.testing.assert_array_equal(tradeoff_curve(np.array([0.0, 0.1]), math.inf, 0.0), [1.0, 0.0])
+    # A huge finite claim (DP-SGD-JL(1) claims ε ≈ 1e9) must not overflow e^ε: the curve is then 0 for α > 0.
+    np.testing.assert_array_equal(tradeoff_curve(np.array([0.0, 1e-6, 0.5]), 8.3e8, 1e-5), [1 - 1e-5, 0.0, 0.0])
 
 
 @pytest.mark.parametrize(

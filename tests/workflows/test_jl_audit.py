@@ -48,3 +48,29 @@ def test_jl1_violates_the_plain_claim_but_not_the_jl_claim():
     # plain claim, so the violation is JL's unbounded weight, not the audit.
     exact = jl_audits(JLStepAudit(exact_norms=True, verify=4))["plain"].result
     assert exact.verdict != "violation"
+
+
+def test_jl_step_family_refuses_a_run_without_jl():
+    from types import SimpleNamespace
+
+    from dpaudit.errors import InputError
+    from dpaudit.workflows.checkpoint import FAMILY_RUNNERS
+
+    run = SimpleNamespace(path="runs/dp", privacy={"noise_multiplier": 1.0, "delta": 1e-5})
+    with pytest.raises(InputError, match="DP-SGD-JL run"):
+        FAMILY_RUNNERS["jl-step"](run, {}, 0, None)
+
+
+@pytest.mark.slow
+def test_jl_step_family_reports_both_verdicts_for_a_jl1_run():
+    """The wire from a JL checkpoint's claim (σ, r) to the report's jl-step section."""
+    from types import SimpleNamespace
+
+    from dpaudit.workflows.checkpoint import FAMILY_RUNNERS
+
+    run = SimpleNamespace(path="runs/jl1", privacy={"noise_multiplier": 2.0, "jl_projections": 1, "delta": 1e-5})
+    out = FAMILY_RUNNERS["jl-step"](run, {"trials": 8000}, 0, None)
+    assert out["params"] == {"noise_multiplier": 2.0, "projections": 1, "trials": 8000}
+    assert out["verdict_vs_plain_formula"] == "violation"
+    assert out["verdict_vs_jl_accountant"] != "violation"
+    assert out["epsilon_lower_bound"] > out["plain_formula_claim"]
