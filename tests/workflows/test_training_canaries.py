@@ -142,15 +142,21 @@ def test_audit_train_refuses_an_inconclusive_design_exit_2():
 
 
 def test_train_with_canaries_refuses_an_inconclusive_design_exit_2(tmp_path):
-    args = ["--quiet", "train", "--model", "logreg", "--algo", "dpsgd", "--epsilon", "8", "--epochs", "1"]
-    args += ["--canaries", "100"]
+    base = ["--quiet", "train", "--model", "logreg", "--algo", "dpsgd", "--epsilon", "8", "--epochs", "1"]
+    args = [*base, "--canaries", "20"]
     r = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
     assert r.exit_code == 2 and "one-run" in r.output and "--allow-inconclusive" in r.output, r.output
+    assert "f-DP analysis against the claim's own curve" in r.output
     assert not (tmp_path / "a").exists()
     r = runner.invoke(app, [*args, "--canary-kind", "crafted", "--allow-inconclusive", "--out", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "b" / "checkpoint.json").read_text())
-    assert meta["canaries"]["kind"] == "crafted" and meta["canaries"]["m"] == 100
+    assert meta["canaries"]["kind"] == "crafted" and meta["canaries"]["m"] == 20
+    # 100 canaries cannot refute ε = 8 in the (ε, δ) analysis (at most 2.78) but can against the claim's
+    # own DP-SGD curve (the f-DP record `audit checkpoint` adds): accepted without the flag.
+    assert max_certifiable_epsilon(50, 50, method="one-run", delta=1e-5) < 8
+    r = runner.invoke(app, [*base, "--canaries", "100", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
 
 
 # ---- crafted canaries bite -----------------------------------------------------------------------------
