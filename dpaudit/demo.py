@@ -7,7 +7,8 @@ black-box one-run audit); the DP models also get 1000 white-box Dirac gradient c
 white-box one-run audit that observes every update). Each model is attacked with membership
 inference (loss threshold and LiRA), model inversion (MI-FACE) and learning-based extraction; every
 claim is audited (estimates from the attacks' scores, formal one-run bounds from the canaries) and
-``report.{json,md,html}`` is written. The planted bug's audit reads "violation".
+``report.{json,md,html}`` is written. The planted bug's audit reads "violation". A Cloak (learned input
+noise) for the non-private model and a DP-ICL model with its membership attack complete the tour.
 """
 
 from __future__ import annotations
@@ -40,15 +41,20 @@ class DemoSettings:
     reference_models: int
     attacks: tuple[str, ...]
     extraction_budget: int  # learning-based extraction through the probability API (0: none)
+    cloak_lambda: float | None = None  # a Cloak (λ) learned for the non-private model, and what it leaks
+    icl: bool = False  # a DP-ICL model (noisy votes of in-context predictors) with its membership attack
 
 
 # The full demo audits with the workflow's defaults (what `dpaudit audit checkpoint` and `dpaudit report`
 # use); --quick trains fewer epochs and fewer reference models.
 FULL = DemoSettings(
     epochs=60, dp_epochs=20, reference_models=DEFAULTS.reference_models, attacks=DEFAULTS.attacks,
-    extraction_budget=1000,
+    extraction_budget=1000, cloak_lambda=2.0, icl=True,
 )  # fmt: skip
-QUICK = DemoSettings(epochs=25, dp_epochs=10, reference_models=4, attacks=DEFAULTS.attacks, extraction_budget=300)
+QUICK = DemoSettings(
+    epochs=25, dp_epochs=10, reference_models=4, attacks=DEFAULTS.attacks, extraction_budget=300, cloak_lambda=2.0,
+    icl=True,
+)  # fmt: skip
 MARKER = ".dpaudit-demo"  # written into the demo's output, so a later demo may replace it without --force
 
 
@@ -112,6 +118,8 @@ def evaluate(
     families: dict[str, dict[str, Any]] = {"inversion": {}}  # MI-FACE on every class (white-box, ~1 s)
     if settings.extraction_budget:
         families["extraction"] = {"budget": settings.extraction_budget, "method": "learning"}
+    if settings.cloak_lambda is not None and name == "non-private":
+        families["cloak"] = {"lambda": settings.cloak_lambda}  # learned input noise for this model, and its leakage
     return audit_checkpoint(
         run_dir,
         attacks=settings.attacks,
@@ -120,6 +128,33 @@ def evaluate(
         cache_dir=cache_dir,
         families=families,
         progress=progress,
+    )
+
+
+ICL_NAME = "dp-icl-eps8"
+
+
+def icl_model(ds, splits, run_dir: Path, *, progress: Progress = NULL_PROGRESS):
+    """DP-ICL (Wu et al. 2024): 40 nearest-exemplar in-context predictors, each prompted with 10 disjoint
+    private exemplars, their votes on 100 public queries aggregated by GNMax calibrated to ε = 8; a logreg
+    student trained on the answers. Audited with the loss attack (an estimate) and the ICL membership
+    attack with its exemplar-canary one-run audit (formal; ``attacks.icl.run_icl``)."""
+    from dpaudit.aggregation import AggregatorConfig
+    from dpaudit.models import default_spec
+    from dpaudit.training.pate import AggregationConfig, train_aggregation_run
+    from dpaudit.workflows import audit_checkpoint
+
+    config = AggregationConfig(
+        algo="dp-icl", teachers=40, shots=10, aggregator=AggregatorConfig("gnmax", sigma=1.0), queries=100,
+        target_epsilon=8.0,
+    )  # fmt: skip
+    student = TrainConfig(algo="sgd", epochs=40, batch_size=32, lr=0.05, momentum=0.9, seed=0)
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    train_aggregation_run(
+        ds, spec, config, student, out=run_dir, split_seed=splits.seed, fractions=splits.fractions, progress=progress
+    )
+    return audit_checkpoint(
+        run_dir, attacks=("loss",), name=ICL_NAME, families={"icl": {"canaries": 100, "trials": 10}}, progress=progress
     )
 
 
@@ -165,6 +200,9 @@ def run_demo(
                 )  # fmt: skip
                 audit = evaluate(run_dir, settings, name=model.name, cache_dir=cache, progress=progress)
                 entries.append(model_entry_from(audit, path=str(out / "runs" / model.name)))
+            if settings.icl:
+                audit = icl_model(ds, splits, tmp / "runs" / ICL_NAME, progress=progress)
+                entries.append(model_entry_from(audit, path=str(out / "runs" / ICL_NAME)))
         config = {
             "demo": "quick" if quick else "full",
             "data": DATA,

@@ -84,3 +84,34 @@ def test_the_demo_catches_its_planted_bug(monkeypatch, tmp_path):
     assert verdicts["dp-sgd-eps2-planted-bug"] == "violation", verdicts
     assert verdicts["correct-eps2"] != "violation", verdicts
     assert "dp-sgd-eps2-planted-bug" in report["run"]["config"]["planted_bug"]
+
+
+def test_the_demo_shows_a_cloak_and_dp_icl(monkeypatch, tmp_path):
+    """The demo's wires to the Cloak family (on the non-private model) and to the DP-ICL entry."""
+    monkeypatch.setattr(
+        demo,
+        "QUICK",
+        demo.DemoSettings(
+            epochs=2,
+            dp_epochs=2,
+            reference_models=4,
+            attacks=("loss",),
+            extraction_budget=0,
+            cloak_lambda=2.0,
+            icl=True,
+        ),
+    )
+    monkeypatch.setattr(
+        demo, "demo_models", lambda s: [demo.DemoModel("non-private", TrainConfig(algo="sgd", epochs=s.epochs))]
+    )
+    out = tmp_path / "demo"
+    r = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "report.json").read_text())
+    models = {m["name"]: m for m in report["models"]}
+    assert set(models) == {"non-private", demo.ICL_NAME}
+    (cloak,) = models["non-private"]["attacks"]["cloak"]
+    assert cloak["lambda"] == 2.0 and 0.0 <= cloak["suppression_ratio"] <= 1.0
+    (icl,) = models[demo.ICL_NAME]["attacks"]["icl"]
+    assert icl["auc_non_private"] > 0.8  # one noise-free prompt is clearly attackable
+    assert models[demo.ICL_NAME]["claim"]["epsilon"] == pytest.approx(8.0, rel=1e-3)
