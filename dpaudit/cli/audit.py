@@ -364,7 +364,14 @@ _RECIPE_OPTIONS = ("algo", "epochs", "steps", "batch_size", "lr", "noise_multipl
 def train_cmd(
     ctx: typer.Context,
     runs: Annotated[int, typer.Option("--runs", help="Models trained with the canary (and as many without).")] = 100,
-    threat_model: Annotated[str, typer.Option("--threat-model", help="black-box | white-box.")] = "black-box",
+    threat_model: Annotated[
+        str,
+        typer.Option(
+            "--threat-model",
+            help="black-box | white-box (multi-run) | white-box-steps (ONE run, a Dirac canary offered at each step "
+            "w.p. 1/2: a formal per-step bound and a composed estimate; Nasr et al. 2023; --runs is not used).",
+        ),
+    ] = "black-box",
     canary_kind: Annotated[
         str,
         typer.Option(
@@ -453,6 +460,22 @@ def train_cmd(
         spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
     else:
         spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
+    if threat_model == "white-box-steps":
+        from dpaudit.workflows.whitebox import audit_whitebox_steps
+
+        if trainer is not None:
+            raise InputError("the per-step white-box audit needs dpaudit's own DP-SGD trainer, not --trainer")
+        steps_audit = audit_whitebox_steps(
+            ds, spec, config, train_size=train_size, confidence=confidence, claimed_epsilon=claimed_epsilon, seed=seed
+        )
+        record = steps_audit.record
+        emit(
+            {"description": record.description, **record.result.to_dict(), "steps": steps_audit.steps.to_dict()},
+            f"source: {record.description}\n{describe(record.result)}\n{steps_audit.steps.summary()}",
+            json_flag=json_output,
+        )
+        _exit_code([record.result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
+        return
     result = audit_training(
         ds,
         spec,

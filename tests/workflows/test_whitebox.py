@@ -39,3 +39,23 @@ def test_per_step_runner_needs_a_private_poisson_recipe():
     spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=10)
     with pytest.raises(InputError):
         audit_whitebox_steps(ds, spec, TrainConfig(algo="sgd", epochs=1))
+
+
+def test_cli_audit_train_white_box_steps():
+    """`dpaudit audit train --threat-model white-box-steps`: one run, the per-step record and its statistics."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+
+    args = ["audit", "train", "--threat-model", "white-box-steps", "--model", "logreg", "--epsilon", "4"]
+    args += ["--epochs", "3", "--batch-size", "64", "--json"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["formal"] is True and d["method"] == "one-run-fdp" and "composed" in d["description"]
+    assert "steps" in d
+    plugin = ["audit", "train", "--threat-model", "white-box-steps", "--trainer", "os:getcwd"]
+    r = CliRunner().invoke(app, [*plugin, "--claimed-epsilon", "1", "--delta", "1e-5"])
+    assert r.exit_code == 2 and "own DP-SGD trainer" in r.output, r.output
