@@ -355,13 +355,7 @@ def audit(scores, member, *, family: TradeoffFamily, delta: float, alpha: float,
     Each direction is audited at ``alpha``; the caller splits α across directions.
     """
     m = len(scores)
-    tiebreak = rng.random(m)
-    sel = None
-    if selection == "holdout":
-        if m < 4:
-            raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
-        sel = np.zeros(m, dtype=bool)
-        sel[rng.permutation(m)[: m // 2]] = True
+    tiebreak, sel = one_run.draw_design(m, selection, rng)
     t_cert, eps_cert = max_certifiable(m, family, delta, alpha, selection, k_plus, k_minus)
     best: FdpOutcome | None = None
     for d in directions:

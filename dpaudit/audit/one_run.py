@@ -249,6 +249,20 @@ def max_certifiable(m: int, delta: float, alpha: float, selection: str, k_plus=N
     return best_bound_over_pairs(m_eval, kp + km, kp + km, delta, alpha)[0]
 
 
+def draw_design(m: int, selection: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+    """The design's randomness, drawn once before any direction is looked at (the same keys and split
+    serve every direction): tie-breaking keys, and for "holdout" the selection half (a random half of
+    the canaries, not stratified, so the other half's inclusion bits stay i.i.d. fair coins)."""
+    tiebreak = rng.random(m)
+    if selection != "holdout":
+        return tiebreak, None
+    if m < 4:
+        raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
+    sel = np.zeros(m, dtype=bool)
+    sel[rng.permutation(m)[: m // 2]] = True
+    return tiebreak, sel
+
+
 def audit(
     scores: np.ndarray,
     member: np.ndarray,
@@ -274,15 +288,7 @@ def audit(
     passes α/2 and both directions).
     """
     m = len(scores)
-    # All randomness is drawn once, before any direction is looked at: the same keys and split serve
-    # every direction.
-    tiebreak = rng.random(m)
-    sel = None
-    if selection == "holdout":
-        if m < 4:
-            raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
-        sel = np.zeros(m, dtype=bool)
-        sel[rng.permutation(m)[: m // 2]] = True
+    tiebreak, sel = draw_design(m, selection, rng)
     mcert = max_certifiable(m, delta, alpha, selection, k_plus, k_minus)
     best: OneRunOutcome | None = None
     for d in directions:

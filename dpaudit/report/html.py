@@ -128,6 +128,23 @@ def _membership_table(attacks: list[Mapping[str, Any]]) -> str:
     return _table([_e(h) for h in header], rows, numeric=range(1, 5 + len(keys)))
 
 
+# Figures of attack families' results, by the result's "attack": (plot, title, caption).
+_FAMILY_FIGURES = {
+    "cloak": (
+        plots.cloak_figure,
+        "Cloak noise per feature",
+        "σ of the learned noise relative to each feature's range: bright features are drowned in noise, "
+        "dark ones are what the model needs (Cloak, seed 'Noisy Representation').",
+    ),
+    "icl": (
+        plots.icl_figure,
+        "ICL membership: AUC and canary ε lower bound",
+        "Was a record a prompt exemplar? One noise-free prompt against DP-ICL's noisy vote at the run's ε "
+        "(AUC: estimate; canary bound: formal one-run audit).",
+    ),
+}
+
+
 def _other_family(attacks: list[Mapping[str, Any]]) -> str:
     """Other attack families: a table of each result's scalar numbers, an inversion grid where there is
     one, and the whole result as JSON (collapsed) so nothing is hidden."""
@@ -154,24 +171,10 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
             narrow=True,
         )
         out.append(f'<div class="figs">{curve}</div>' if curve else "")
-        if a.get("attack") == "cloak":
-            sigma = _figure(
-                plots.png(lambda a=a: plots.cloak_figure(a)),
-                "Cloak noise per feature",
-                "σ of the learned noise relative to each feature's range: bright features are drowned in noise, "
-                "dark ones are what the model needs (Cloak, seed 'Noisy Representation').",
-                narrow=True,
-            )
-            out.append(f'<div class="figs">{sigma}</div>' if sigma else "")
-        if a.get("attack") == "icl":
-            icl = _figure(
-                plots.png(lambda a=a: plots.icl_figure(a)),
-                "ICL membership: AUC and canary ε lower bound",
-                "Was a record a prompt exemplar? One noise-free prompt against DP-ICL's noisy vote at the run's ε "
-                "(AUC: estimate; canary bound: formal one-run audit).",
-                narrow=True,
-            )
-            out.append(f'<div class="figs">{icl}</div>' if icl else "")
+        if a.get("attack") in _FAMILY_FIGURES:
+            make, title, caption = _FAMILY_FIGURES[a["attack"]]
+            fig = _figure(plots.png(lambda a=a, make=make: make(a)), title, caption, narrow=True)
+            out.append(f'<div class="figs">{fig}</div>' if fig else "")
         details = json.dumps({k: v for k, v in a.items() if k != "inversions"}, indent=2, ensure_ascii=False)
         out.append(f"<details><summary>all results</summary><pre>{_e(details)}</pre></details>")
     return "".join(out)
