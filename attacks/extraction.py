@@ -53,6 +53,7 @@ from torch import nn
 from attacks.query_api import ApiMode, FeatureBox, PredictionAPI
 from dpaudit.data import Dataset, Identity, Standardizer
 from dpaudit.errors import InputError
+from dpaudit.fileio import check_output_dir
 from dpaudit.models import LogRegSpec, ModelSpec, build_model, default_spec
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.validation import check_choice, check_non_negative, check_positive_int
@@ -797,8 +798,7 @@ def save_surrogate(
     from dpaudit.training.run import FittedModel, metrics_for
 
     out = Path(out)
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")
+    check_output_dir(out, force=force, inputs=[run.path])
     ds = dataset if dataset is not None else run.dataset()
     s = extraction.surrogate
     fitted = FittedModel(TrainOutcome(model=s.model, privacy=None), s.preprocessing, torch.device("cpu"))
@@ -826,4 +826,4 @@ def save_surrogate(
         "canaries": None,
         "versions": versions(),
     }
-    return save_run(out, model=s.model, meta=meta, splits=run.splits, force=force)
+    return save_run(out, model=s.model, meta=meta, splits=run.splits, force=force, inputs=[run.path])

@@ -27,18 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from dpaudit.cache import resolve_cache_dir
+from dpaudit.cache import check_cache_dir, discard_entry, entry_problem, resolve_cache_dir, write_hashed_file
 from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run
 from dpaudit.data import Dataset, Identity, Splits, Standardizer
-from dpaudit.errors import InputError
-from dpaudit.fileio import write_atomic_file
+from dpaudit.errors import InputError, OutputBusyError
+from dpaudit.fileio import wait_for_writer
 from dpaudit.models import ModelSpec
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import PerfConfig, TrainConfig
 from dpaudit.validation import check_positive_int
 
 LOGITS_FILE = "logits.npy"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries carry a manifest and logits.npy.sha256 (verified on read)
 DASK_CONNECT_TIMEOUT_S = 30
 
 
@@ -132,12 +132,17 @@ def _checkpoint_ok(path: Path) -> bool:
 
 
 def _read_cached(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
-    """Logits of a complete cache entry, or None (missing or partial entries are redone).
+    """Logits of a complete, intact cache entry, or None (missing or partial entries are redone; an
+    entry whose files differ from the sha256 written with them is removed, with an IntegrityWarning).
 
     The directory name is the cache key, so an entry is found only for the exact same data,
     model, training config, seed and training set.
     """
     if not _checkpoint_ok(path):
+        return None
+    problem = entry_problem(path, hashed=(LOGITS_FILE,))
+    if problem is not None:
+        discard_entry(path, problem)
         return None
     try:
         logits = np.load(path / LOGITS_FILE, allow_pickle=False)
@@ -181,24 +186,30 @@ def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) 
             seed=int(seed),
             fractions=(),
         )
+        if path.exists() and not _checkpoint_ok(path):
+            discard_entry(path, f"no {CHECKPOINT_FILE}")
         if not _checkpoint_ok(path):  # else only the logits file was missing
-            train_run(
-                recipe.dataset,
-                recipe.spec,
-                recipe.with_seed(seed),
-                recipe.perf,
-                out=path,
-                splits=splits,
-                label_column=recipe.label_column,
-                preprocessing=recipe.preprocessing,
-                force=True,  # replaces a partial entry; concurrent writers of one key write the same model
-            )
+            try:
+                train_run(
+                    recipe.dataset,
+                    recipe.spec,
+                    recipe.with_seed(seed),
+                    recipe.perf,
+                    out=path,
+                    splits=splits,
+                    label_column=recipe.label_column,
+                    preprocessing=recipe.preprocessing,
+                )
+            except OutputBusyError:  # another process trains the same key: use its model once written
+                wait_for_writer(path)
+                if not _checkpoint_ok(path):
+                    raise
         logits = load_run(path).logits(recipe.dataset.X)
     finally:
         torch.set_num_threads(threads)
     buf = io.BytesIO()
     np.save(buf, logits.astype(np.float64), allow_pickle=False)
-    write_atomic_file(path / LOGITS_FILE, buf.getvalue(), force=True)
+    write_hashed_file(path, LOGITS_FILE, buf.getvalue())
     return logits
 
 
@@ -226,7 +237,7 @@ def train_models(
     if len(train_sets) != len(seeds):
         raise InputError(f"got {len(train_sets)} training sets but {len(seeds)} seeds")
     workers = check_workers(workers, scheduler=scheduler)
-    cache = str(resolve_cache_dir(cache_dir).absolute())
+    cache = str(check_cache_dir(resolve_cache_dir(cache_dir)).absolute())
     shape = _logits_shape(recipe)
     out: list[np.ndarray | None] = [None] * len(seeds)
     todo = []

@@ -3,13 +3,21 @@
 The default follows the XDG base directory convention, never the current directory, so that running
 an attack in a source tree leaves nothing behind: ``$DPAUDIT_CACHE_DIR`` if set, else
 ``$XDG_CACHE_HOME/dpaudit``, else ``~/.cache/dpaudit``. Every cache entry is keyed by a hash of what
-produced it (see :func:`attacks.reference.model_key`), so a cache may be shared, moved or deleted.
+produced it (see :func:`attacks.reference.model_key`), so a cache may be moved or deleted, and shared
+with people you trust: every entry's files carry the sha256 written with them, verified on each read (a
+changed entry is recomputed, with a warning). Entries are created with the user's umask (readable by
+others under the usual 022, writable only by their owner).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import warnings
 from pathlib import Path
+
+from dpaudit.errors import InputError, IntegrityWarning
+from dpaudit.fileio import check_writable_parent, foreign_files, sha256_bytes, sha256_file, write_atomic_file
 
 CACHE_DIR_ENV = "DPAUDIT_CACHE_DIR"
 
@@ -32,3 +40,60 @@ def default_cache_dir() -> Path:
 def resolve_cache_dir(cache_dir: Path | str | None) -> Path:
     """``cache_dir`` as a path, or :func:`default_cache_dir` when it is None."""
     return default_cache_dir() if cache_dir is None else Path(cache_dir)
+
+
+def check_cache_dir(cache_dir: Path | str) -> Path:
+    """Refuse (one line, exit code 2) a cache directory that is a file or cannot be written, before any work."""
+    path = Path(cache_dir)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"cache_dir {path} is not a directory")
+    check_writable_parent(path / "models")
+    return path
+
+
+# --------------------------------------------------------------------------- verified entries
+#
+# A cache entry is a directory written atomically by dpaudit (its manifest records every file's sha256,
+# :mod:`dpaudit.fileio`) plus files added later, each with the sha256 written beside it
+# (``NAME.sha256``). Reading an entry checks both: a file changed since it was written (bit rot, an edit,
+# a partial copy) makes the entry untrusted, and the caller recomputes it with an IntegrityWarning.
+# The hashes live in the entry itself: they catch corruption and an edit of one file, not someone who
+# rewrites an entry together with its hashes (share a cache only with people you trust; README "Security").
+
+HASH_SUFFIX = ".sha256"
+
+
+def write_hashed_file(entry: Path, name: str, data: bytes) -> Path:
+    """Write ``entry/name`` and ``entry/name.sha256`` (each atomically; the hash last)."""
+    entry = Path(entry)
+    write_atomic_file(entry / name, data, force=True)
+    write_atomic_file(entry / (name + HASH_SUFFIX), sha256_bytes(data) + "\n", force=True)
+    return entry / name
+
+
+def entry_problem(entry: Path, hashed: tuple[str, ...] = ()) -> str | None:
+    """Why ``entry`` cannot be trusted (a file changed since it was written, a hashed file without its
+    recorded hash or with another one), or None when it is intact. Missing hashed files are not a problem
+    (the caller recomputes just them)."""
+    entry = Path(entry)
+    extra = set(hashed) | {h + HASH_SUFFIX for h in hashed}
+    changed = [f for f in foreign_files(entry) if f not in extra]
+    if changed:
+        return f"{', '.join(changed[:3])} changed since it was written"
+    for name in hashed:
+        f = entry / name
+        if not f.exists():
+            continue
+        try:
+            recorded = (entry / (name + HASH_SUFFIX)).read_text().strip()
+        except OSError:
+            return f"{name} has no recorded sha256"
+        if not f.is_file() or sha256_file(f) != recorded:
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def discard_entry(entry: Path, problem: str) -> None:
+    """Warn (IntegrityWarning) that a cache entry is untrusted and remove it, so it is recomputed."""
+    warnings.warn(f"cache entry {entry} is untrusted ({problem}); recomputing it", IntegrityWarning, stacklevel=3)
+    shutil.rmtree(entry, ignore_errors=True)

@@ -8,7 +8,7 @@ fails loudly instead of giving silently wrong numbers.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,12 @@ def save_run(
     splits: Splits,
     force: bool = False,
     arrays: dict[str, dict[str, np.ndarray]] | None = None,
+    inputs: Iterable[Path | str] = (),
 ) -> Path:
-    """Save a run directory atomically. ``arrays`` maps extra ``.npz`` file names to their arrays
-    (e.g. canaries); they are read back with ``allow_pickle=False``."""
+    """Save a run directory atomically (:func:`dpaudit.fileio.write_atomic_dir`: a forced replacement
+    only of an earlier dpaudit output holding none of ``inputs`` nor the run's data file). ``arrays``
+    maps extra ``.npz`` file names to their arrays (e.g. canaries); they are read back with
+    ``allow_pickle=False``."""
     from safetensors.torch import save_file
 
     meta = {**meta, "schema_version": SCHEMA_VERSION, "versions": meta.get("versions") or versions()}
@@ -71,7 +74,8 @@ def save_run(
         for fname, content in (arrays or {}).items():
             np.savez(tmp / fname, **content)
 
-    return write_atomic_dir(Path(out), write, force=force)
+    data_source = (meta.get("data") or {}).get("spec")
+    return write_atomic_dir(Path(out), write, force=force, inputs=[*inputs, data_source], written_by="run")
 
 
 @dataclass

@@ -13,13 +13,13 @@ noise) for the non-private model and a DP-ICL model with its membership attack c
 
 from __future__ import annotations
 
-import tempfile
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dpaudit.errors import InputError
-from dpaudit.fileio import write_atomic_dir
+from dpaudit.fileio import check_output_dir, write_atomic_dir, writer_of
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import DPConfig, TrainConfig
 from dpaudit.training.dirac import DiracCanaries
@@ -55,7 +55,7 @@ QUICK = DemoSettings(
     epochs=25, dp_epochs=10, reference_models=4, attacks=DEFAULTS.attacks, extraction_budget=300, cloak_lambda=2.0,
     icl=True,
 )  # fmt: skip
-MARKER = ".dpaudit-demo"  # written into the demo's output, so a later demo may replace it without --force
+DEMO_WRITER = "demo"  # the manifest's writer of a demo output, which a later demo replaces without --force
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,20 @@ def icl_model(ds, splits, run_dir: Path, *, progress: Progress = NULL_PROGRESS):
 
 
 def replaces_demo_output(out: Path) -> bool:
-    """True when ``out`` holds an earlier demo's output (which a new demo replaces without --force)."""
-    return (Path(out) / MARKER).is_file()
+    """True when ``out``'s manifest says an earlier demo wrote it (a new demo replaces it without --force,
+    as long as it holds nothing else: :func:`dpaudit.fileio.check_output_dir`)."""
+    return writer_of(out) == DEMO_WRITER
+
+
+def check_demo_output(out: Path, *, force: bool) -> bool:
+    """Refuse an ``out`` the demo may not write (before any work); True when it replaces an earlier demo's
+    output there."""
+    out = Path(out)
+    replaces = replaces_demo_output(out)
+    if out.exists() and not (force or replaces):
+        raise InputError(f"{out} already exists and is not a demo output; use --force to overwrite it")
+    check_output_dir(out, force=force or replaces)
+    return replaces
 
 
 def run_demo(
@@ -168,9 +180,10 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo and write ``out/report.{json,md,html}`` plus ``out/runs/<model>/`` checkpoints.
 
-    An ``out`` holding an earlier demo's output is replaced (atomically, once the new one is
-    complete); anything else there is refused unless ``force``. Returns the report (a dict
-    following ``dpaudit/report/schema.json``)."""
+    An ``out`` holding an earlier demo's output, and nothing else, is replaced (atomically, once the
+    new one is complete); any other existing ``out`` is refused unless ``force``, and even then when
+    it holds a file dpaudit did not write (:func:`dpaudit.fileio.check_output_dir`). Returns the
+    report (a dict following ``dpaudit/report/schema.json``)."""
     from dpaudit.canaries import make_canaries
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
@@ -178,9 +191,7 @@ def run_demo(
     from dpaudit.training.run import train_run
 
     out = Path(out)
-    force = force or replaces_demo_output(out)
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists and is not a demo output; use --force to overwrite it")
+    force = check_demo_output(out, force=force) or force
     settings = QUICK if quick else FULL
     ds = load_dataset(DATA)
     splits = make_splits(len(ds), SPLIT_SEED)
@@ -190,7 +201,10 @@ def run_demo(
     result: dict[str, Any] = {}
 
     def write(tmp: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="dpaudit-demo-cache-") as cache:
+        # The reference models' cache lives in the temporary output (removed below, or with it by the
+        # next run after a kill), never in a system folder that a killed demo would leave behind.
+        cache = tmp / ".reference-cache"
+        try:
             for model in demo_models(settings):
                 run_dir = tmp / "runs" / model.name
                 train_run(
@@ -203,6 +217,8 @@ def run_demo(
             if settings.icl:
                 audit = icl_model(ds, splits, tmp / "runs" / ICL_NAME, progress=progress)
                 entries.append(model_entry_from(audit, path=str(out / "runs" / ICL_NAME)))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
         config = {
             "demo": "quick" if quick else "full",
             "data": DATA,
@@ -216,9 +232,8 @@ def run_demo(
         report = build_report(entries, title="dpaudit demo: digits MLP, non-private vs DP-SGD", config=config)
         for fname, text in render(report, ("json", "md", "html")).items():
             (tmp / fname).write_text(text, encoding="utf-8")
-        (tmp / MARKER).write_text("written by `dpaudit demo`; a later demo replaces this folder\n")
         tmp.chmod(0o755)
         result["report"] = report
 
-    write_atomic_dir(out, write, force=force)
+    write_atomic_dir(out, write, force=force, written_by=DEMO_WRITER)
     return result["report"]

@@ -25,9 +25,23 @@ class CheckpointError(DPAuditError):
     """A checkpoint is missing, corrupt, unsafe or does not match its spec."""
 
 
+class OutputError(DPAuditError):
+    """An output cannot be written: permission denied, read-only file system, disk full, a parent that
+    is a file. The message names the user's path."""
+
+
+class OutputBusyError(InputError):
+    """Another dpaudit process is writing the same output (it holds the output's lock)."""
+
+
 class UnsupportedEventError(DPAuditError, NotImplementedError):
     """An accountant cannot handle a (sub-)event."""
 
 
 class UnreachableTargetError(InputError):
     """A calibration target (e.g. epsilon) cannot be reached with the given settings."""
+
+
+class IntegrityWarning(UserWarning):
+    """A stored file did not match the hash written with it (or a claim its recorded mechanism); the
+    value was recomputed or the mismatch is reported beside the result."""

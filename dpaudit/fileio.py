@@ -1,59 +1,367 @@
-"""Atomic writes: a file or a directory appears complete or not at all (no torch, no numpy).
+"""Safe outputs: a file or a directory appears complete or not at all, and dpaudit replaces only
+what it wrote itself (no torch, no numpy).
 
-Nothing existing is overwritten unless ``force``; with ``force`` the old content is replaced only
-once the new one is complete, so a failure never leaves a half-written output behind.
+Every output directory carries a manifest (``.dpaudit-manifest.json``) of the files dpaudit wrote
+there, with their sha256. Replacing a directory (``--force``, or a demo rerunning into its own
+output) is refused, with exit code 2 and the names of the files in question, when the directory
+holds anything the manifest does not list (a file the user added, or one changed since), when an
+input of the command lies inside it, or when it contains the working directory.
+
+A directory is written into a hidden temporary sibling and renamed into place. While that happens a
+lock file beside it (``.NAME.dpaudit-lock``, holding the writer's pid) keeps a second dpaudit process
+from writing the same output; the checks are repeated under the lock right before the rename, so an
+output created meanwhile (by the user or another run) is never replaced. A forced replacement moves
+the old directory aside, renames the new one in, and only then deletes the old one: on a failure or
+an interrupt in between the old directory is moved back, and a writer killed outright (SIGKILL)
+leaves a hidden sibling that the next write of the same output restores or removes.
+
+The OS's own errors (permission denied, read-only file system, disk full, a parent that is a file)
+become :class:`~dpaudit.errors.OutputError` (exit code 2) naming the user's path, never a temporary
+one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
+import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from dpaudit.errors import InputError
+from dpaudit.errors import InputError, OutputBusyError, OutputError
+
+MANIFEST = ".dpaudit-manifest.json"
+MANIFEST_VERSION = 1
+_LOCK = ".dpaudit-lock"
+_TMP = ".dpaudit-tmp"
+_OLD = ".dpaudit-old"
+_SHOWN = 3  # foreign files named in a refusal
 
 
-def write_atomic_dir(out: Path, write: Callable[[Path], None], *, force: bool) -> Path:
-    """Write a directory atomically: fill a temporary sibling, then rename it into place.
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
-    An existing ``out`` is refused unless ``force``; with ``force`` it is replaced only after the
-    new content is complete, so a failure never leaves a half-written directory behind.
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- environment errors
+
+
+def output_error(e: OSError, out: Path, tmp: Path | None = None) -> OutputError:
+    """``e`` as one line naming ``out`` (a path inside the temporary ``tmp`` is shown inside ``out``)."""
+    where = Path(e.filename) if e.filename else out
+    if tmp is not None:
+        with contextlib.suppress(ValueError):
+            where = out / Path(where).relative_to(tmp)
+    reason = e.strerror or os.strerror(e.errno or 0) or type(e).__name__
+    if e.errno == errno.ENOSPC:
+        reason = "no space left on device"
+    return OutputError(f"cannot write {out}: {reason} ({where})" if where != out else f"cannot write {out}: {reason}")
+
+
+def check_writable_parent(out: Path) -> None:
+    """Refuse (OutputError) an output whose nearest existing ancestor is not a writable directory."""
+    out = Path(out)
+    anc = out.absolute().parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise OutputError(f"cannot write {out}: {anc} is not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {out}: {anc} is not writable (permission denied)")
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def _files(root: Path) -> list[str]:
+    """Every non-directory entry under ``root`` (files, links, pipes...), as sorted relative posix paths.
+    Links are listed, never followed."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        links = [d for d in dirnames if (base / d).is_symlink()]
+        for name in filenames + links:
+            out.append((base / name).relative_to(root).as_posix())
+    return sorted(out)
+
+
+def write_manifest(directory: Path, *, written_by: str) -> None:
+    """Record every file now in ``directory`` (with its sha256) as written by dpaudit (``written_by``:
+    the command, e.g. ``"train"``)."""
+    directory = Path(directory)
+    files = {rel: sha256_file(directory / rel) for rel in _files(directory) if rel != MANIFEST}
+    data = {"schema_version": MANIFEST_VERSION, "written_by": written_by, "files": files}
+    (directory / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """The manifest of ``directory`` (``{"written_by": str, "files": {path: sha256}}``), or None when it has
+    none or an unreadable one (then nothing there counts as dpaudit's)."""
+    f = Path(directory) / MANIFEST
+    if not f.is_file() or f.is_symlink():
+        return None
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return None
+    return {"written_by": str(data.get("written_by", "")), "files": files}
+
+
+def writer_of(directory: Path) -> str | None:
+    """The command recorded in ``directory``'s manifest (e.g. ``"demo"``), or None."""
+    m = read_manifest(directory)
+    return m["written_by"] if m else None
+
+
+def foreign_files(directory: Path) -> list[str]:
+    """Files in ``directory`` that dpaudit did not write there: not in its manifest, changed since (other
+    sha256), or not regular files. Empty directories do not count."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    recorded = manifest["files"] if manifest else {}
+    foreign = []
+    for rel in _files(directory):
+        if rel == MANIFEST and manifest is not None:
+            continue
+        p = directory / rel
+        if rel not in recorded or p.is_symlink() or not p.is_file() or sha256_file(p) != recorded[rel]:
+            foreign.append(rel)
+    return foreign
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def check_output_dir(out: Path, *, force: bool, inputs: Iterable[Path | str | None] = ()) -> Path:
+    """Refuse, before any work, an output directory dpaudit may not write.
+
+    A missing ``out`` needs a writable ancestor. An existing one needs ``force`` and may then hold
+    only the files dpaudit wrote there (its manifest); it may hold neither an input of the command
+    (``inputs``) nor the working directory. Raises InputError/OutputError with one line.
     """
     out = Path(out)
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")
-    if out.exists() and not out.is_dir():
+    check_writable_parent(out)
+    if not (out.exists() or out.is_symlink()):
+        return out
+    if out.is_symlink() or not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, trash / "old")
-            os.replace(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    if not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+    real = out.resolve()
+    if real == Path.cwd().resolve() or real in Path.cwd().resolve().parents:
+        raise InputError(f"refusing to replace {out}: it contains the working directory")
+    for p in inputs:
+        if p is None or str(p) == "":
+            continue
+        rp = Path(p).resolve()
+        if rp == real or real in rp.parents:
+            raise InputError(
+                f"refusing to replace {out}: it contains {p}, an input of this command; choose another --out"
+            )
+    foreign = foreign_files(out)
+    if foreign:
+        raise InputError(
+            f"refusing to replace {out}: it holds files dpaudit did not write ({_listing(foreign)}); "
+            "move them away or choose another --out"
+        )
     return out
 
 
-def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
+# --------------------------------------------------------------------------- lock and leftovers
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold ``.NAME.dpaudit-lock`` beside ``out`` (O_EXCL; a lock whose pid is dead is stale and taken
+    over). A live holder means another dpaudit process writes ``out``: InputError."""
+    out = Path(out)
+    lock = _lock_path(out)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _pid_alive(pid):
+                raise OutputBusyError(
+                    f"{out} is being written by another dpaudit process (pid {pid}); wait or choose another --out"
+                ) from None
+            lock.unlink(missing_ok=True)  # stale: its writer died
+            continue
+        except OSError as e:
+            raise output_error(e, out) from None
+        break
+    else:
+        raise InputError(f"{out} is being written by another dpaudit process ({lock}); wait for it")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _lock_path(out: Path) -> Path:
+    return out.parent / f".{out.name}{_LOCK}"
+
+
+def wait_for_writer(out: Path, *, timeout_s: float = 3600.0, poll_s: float = 0.5) -> None:
+    """Wait until no live process holds ``out``'s lock (or ``timeout_s`` passed)."""
+    import time
+
+    lock, end = _lock_path(Path(out)), time.monotonic() + timeout_s
+    while lock.exists() and time.monotonic() < end:
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and not _pid_alive(pid):
+            return
+        time.sleep(poll_s)
+
+
+def _siblings(out: Path, kind: str) -> list[Path]:
+    # mkdtemp(prefix=".NAME.", suffix=KIND) puts 8 random characters in between; nothing else matches.
+    pattern = re.compile(r"\." + re.escape(out.name) + r"\.[A-Za-z0-9_]{8}" + re.escape(kind))
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+
+
+def recover_leftovers(out: Path) -> None:
+    """Under the lock: put back an old output a killed replacement left aside (when ``out`` is gone),
+    and remove the temporary directories of killed writers of ``out``."""
+    out = Path(out)
+    for old in _siblings(out, _OLD):
+        if (old / "old").is_dir() and not (out.exists() or out.is_symlink()):
+            os.replace(old / "old", out)
+        shutil.rmtree(old, ignore_errors=True)
+    for tmp in _siblings(out, _TMP):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and moved back on any failure."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=_OLD, dir=out.parent))
+    os.replace(out, aside / "old")
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if not out.exists():
+            os.replace(aside / "old", out)  # roll back: the old output stays in place
+            shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- writers
+
+
+def write_atomic_dir(
+    out: Path,
+    write: Callable[[Path], None],
+    *,
+    force: bool,
+    inputs: Iterable[Path | str | None] = (),
+    written_by: str = "dpaudit",
+) -> Path:
+    """Write a directory atomically: fill a temporary sibling, record its manifest, rename it into place.
+
+    ``out`` must pass :func:`check_output_dir` both before ``write`` runs and again right before the
+    rename (under the output's lock); a forced replacement is rolled back on any failure.
+    """
+    out = Path(out)
+    inputs = list(inputs)
+    check_output_dir(out, force=force, inputs=inputs)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(e, out) from None
+    with output_lock(out):
+        recover_leftovers(out)
+        check_output_dir(out, force=force, inputs=inputs)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=_TMP, dir=out.parent))
+        except OSError as e:
+            raise output_error(e, out) from None
+        try:
+            try:
+                write(tmp)
+                write_manifest(tmp, written_by=written_by)
+            except OSError as e:
+                raise output_error(e, out, tmp) from None
+            check_output_dir(out, force=force, inputs=inputs)  # again: it may have appeared meanwhile
+            try:
+                _swap_in(tmp, out)
+            except OSError as e:
+                raise output_error(e, out, tmp) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def check_output_file(path: Path, *, force: bool) -> Path:
+    """Refuse, before any work, an output file that exists (unless ``force``), is a directory, or whose
+    parent cannot be written."""
     path = Path(path)
+    check_writable_parent(path)
+    if path.is_dir():
+        raise InputError(f"{path} is a directory; expected a file path")
     if path.exists() and not force:
         raise InputError(f"{path} already exists; use --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    return path
+
+
+def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
+    """Write a file atomically (a temporary sibling renamed into place)."""
+    path = Path(path)
+    check_output_file(path, force=force)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent)
+    except OSError as e:
+        raise output_error(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as e:
+        raise output_error(e, path, Path(tmp)) from None
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
     return path

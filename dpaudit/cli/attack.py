@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.fileio import check_output_file
 
 attack_app = App()
 
@@ -145,8 +146,7 @@ def register(app: App) -> None:
         for path in outputs.values():
             if path.suffix.lower() not in (".csv", ".npz"):
                 raise InputError(f"{path}: unsupported scores file type; use .csv or .npz")
-            if path.exists() and not force:
-                raise InputError(f"{path} already exists; use --force to overwrite it")  # before the work
+            check_output_file(path, force=force)  # before the work
         run = load_run(checkpoint)
         info(f"attacking {checkpoint} with {', '.join(methods)} …")
         with contextlib.ExitStack() as stack:

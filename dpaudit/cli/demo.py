@@ -22,10 +22,10 @@ def register(app: App) -> None:
 
         Run it again and it replaces its own earlier output (any other existing --out needs --force).
         """
-        from dpaudit.demo import replaces_demo_output, run_demo
+        from dpaudit.demo import check_demo_output, run_demo
         from dpaudit.report.markdown import summary_table
 
-        if replaces_demo_output(out) and not force:
+        if check_demo_output(out, force=force) and not force:
             info(f"replacing the earlier demo output in {out}/", json_flag=json_output)
         report = run_demo(out, quick=quick, force=force, progress=progress(json_output))
         table = "\n".join(summary_table(report))

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from dpaudit.cli._common import ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.fileio import check_output_dir
 
 
 def _number(x: Any, fmt: str = ".3g") -> str:
@@ -98,11 +99,10 @@ def extract(
     from attacks.extraction import save_surrogate
     from attacks.query_api import ApiMode
     from dpaudit.checkpoint import load_run
-    from dpaudit.errors import InputError
 
     mode = ApiMode.parse(api)  # bad modes fail before the checkpoint is loaded
-    if out is not None and out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")  # before the work
+    if out is not None:
+        check_output_dir(out, force=force, inputs=[checkpoint])  # before the work
     run = load_run(checkpoint)
     dataset = run.dataset()
     info(f"extracting {checkpoint} through api {mode} with at most {budget} queries …")

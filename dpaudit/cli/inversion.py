@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from dpaudit.cli._common import ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.fileio import check_output_file
 
 GRID_FILE = "inversions.png"
 
@@ -96,7 +97,6 @@ def inversion(
     """
     from attacks.inversion import MIFace, member_class_means, parse_classes, run_inversion, save_grid
     from dpaudit.checkpoint import load_run
-    from dpaudit.errors import InputError
 
     attack = MIFace(
         iterations=iterations,
@@ -112,8 +112,8 @@ def inversion(
     )
     attack.check()  # bad settings fail before the checkpoint is loaded
     png = out_dir / GRID_FILE if out_dir is not None else None
-    if png is not None and png.exists() and not force:
-        raise InputError(f"{png} already exists; use --force to overwrite it")
+    if png is not None:
+        check_output_file(png, force=force)
     run = load_run(checkpoint)
     chosen = parse_classes(classes, int(run.spec.n_classes))
     info(f"inverting {len(chosen)} classes of {checkpoint} ({'black' if black_box else 'white'}-box) …")

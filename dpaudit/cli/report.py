@@ -9,6 +9,7 @@ import typer
 
 from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
 from dpaudit.errors import InputError
+from dpaudit.fileio import check_output_dir
 from dpaudit.workflows.checkpoint import DEFAULTS
 
 
@@ -119,8 +120,7 @@ def register(app: App) -> None:
         check_positive_int(workers=workers)
         check_in_interval(0.0, 1.0, confidence=confidence)
         check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
-        if out.exists() and not force:  # fail before the (slow) attacks
-            raise InputError(f"{out} already exists; use --force to overwrite it")
+        check_output_dir(out, force=force, inputs=inputs)  # fail before the (slow) attacks
         families: dict[str, dict] = {}
         if inversion:
             families["inversion"] = {}
@@ -174,7 +174,7 @@ def register(app: App) -> None:
             models.append(model_entry_from(audit, path=str(p)))
         default_title = reports[kinds[0][0]]["title"] if kinds[0][1] == "report" else "dpaudit leakage report"
         result = build_report(models, title=title or default_title, config=config)
-        write_report(result, out, fmts, force=force)
+        write_report(result, out, fmts, force=force, inputs=inputs)
         files = [str(out / REPORT_FILES[f]) for f in fmts]
         rows = [{"name": m["name"], **m["summary"]} for m in result["models"]]
         human = "\n".join(

@@ -9,6 +9,7 @@ import typer
 
 from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
 from dpaudit.errors import InputError
+from dpaudit.fileio import check_output_dir
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
@@ -239,8 +240,7 @@ def register(app: App) -> None:
             dp=dp,
         )
         perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
-        if out.exists() and not force:
-            raise InputError(f"{out} already exists; use --force to overwrite it")
+        check_output_dir(out, force=force, inputs=[data])
         ds = load_dataset(data, label_column=label_column)
         spec = default_spec(
             model,
@@ -419,8 +419,7 @@ def register_import(app: App) -> None:
         from dpaudit.models import read_model_spec
         from dpaudit.training.run import StatedClaim, import_run, recipe_from_dict, summary
 
-        if out.exists() and not force:
-            raise InputError(f"{out} already exists; use --force to overwrite it")
+        check_output_dir(out, force=force, inputs=[weights, model_spec, data, members, claim])
         if data is not None and members is None:
             raise InputError(
                 "--data needs --members FILE, the indices of the records the model was trained on "

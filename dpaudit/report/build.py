@@ -24,7 +24,7 @@ import numpy as np
 
 from dpaudit.audit import clopper_pearson_lower, clopper_pearson_upper, decide_verdict
 from dpaudit.errors import InputError
-from dpaudit.fileio import write_atomic_dir
+from dpaudit.fileio import check_output_dir, write_atomic_dir
 from dpaudit.workflows.result import ModelAudit, headline
 
 SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
@@ -350,16 +350,19 @@ def write_report(
     out_dir: Path | str,
     formats: Iterable[str] = ("json", "md", "html"),
     force: bool = False,
+    inputs: Iterable[Path | str] = (),
 ) -> Path:
     """Validate, render and write ``report.{json,md,html}`` into ``out_dir`` atomically.
 
-    An existing ``out_dir`` is refused unless ``force`` (then replaced only once the new one is
-    complete). Everything is rendered before anything is written.
+    An existing ``out_dir`` is refused unless ``force``, and then replaced only when it holds nothing
+    but an earlier dpaudit output and none of ``inputs`` (the runs and reports the report reads), once
+    the new one is complete (:func:`dpaudit.fileio.write_atomic_dir`). Everything is rendered before
+    anything is written.
     """
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise InputError(f"{out_dir} already exists; use --force to overwrite it")
+    inputs = list(inputs)
+    check_output_dir(out_dir, force=force, inputs=inputs)
     validate_report(report)
     files = render(report, formats)
 
@@ -368,4 +371,4 @@ def write_report(
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
 
-    return write_atomic_dir(out_dir, write, force=force)
+    return write_atomic_dir(out_dir, write, force=force, inputs=inputs, written_by="report")

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.fileio import write_atomic_dir
+from dpaudit.fileio import check_output_dir, write_atomic_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.validation import check_in_interval, check_positive, check_positive_int
 
@@ -406,7 +406,7 @@ def _write_cloak(directory: Path, cloak: Cloak, figure: Callable[[Cloak], bytes 
 def save_cloak(out: Path | str, cloak: Cloak, *, force: bool = False, figure=None) -> Path:
     """Write a cloak checkpoint directory atomically: ``cloak.safetensors`` (mu, sigma, lo, hi) and
     ``cloak.json``; ``figure(cloak)`` may add ``sigma.png`` (PNG bytes, or None)."""
-    return write_atomic_dir(Path(out), lambda tmp: _write_cloak(tmp, cloak, figure), force=force)
+    return write_atomic_dir(Path(out), lambda tmp: _write_cloak(tmp, cloak, figure), force=force, written_by="cloak")
 
 
 def load_cloak(path: Path | str) -> Cloak:
@@ -500,8 +500,7 @@ def train_cloak_sweep(
 
     lambdas = parse_lambdas([repr(v) if isinstance(v, float) else str(v) for v in lambdas])
     out = Path(out)
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")  # fail before training
+    check_output_dir(out, force=force, inputs=[target])  # fail before training
     run = load_target(target)
     base = base or CloakConfig(lam=lambdas[0])
     cloaks = [train_cloak(run, dataclasses.replace(base, lam=float(lam)), progress=progress) for lam in lambdas]
@@ -522,7 +521,7 @@ def train_cloak_sweep(
             w.writerow([repr(float(r[k])) for k in CURVE_COLUMNS])
         (tmp / CURVE_CSV).write_text(text.getvalue())
 
-    write_atomic_dir(out, write, force=force)
+    write_atomic_dir(out, write, force=force, inputs=[target], written_by="cloak")
     return cloaks
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from dpaudit.aggregation import AggregatorConfig, aggregate, calibrate_aggregator, privacy_record, vote_histogram
 from dpaudit.data import DEFAULT_FRACTIONS, Dataset, Splits, Standardizer, fit_preprocessing, make_splits
 from dpaudit.errors import InputError
+from dpaudit.fileio import check_output_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.seeding import derive_seed
 from dpaudit.training.config import PerfConfig, TrainConfig
@@ -165,8 +166,8 @@ def train_aggregation_run(
     if student.dp is not None or student.algo not in ("sgd", "adam"):
         raise InputError(f"the student and teachers train non-privately (sgd or adam), not {student.algo!r}")
     check_positive_int(workers=workers)
-    if out is not None and Path(out).exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")
+    if out is not None:
+        check_output_dir(out, force=force, inputs=[dataset.source])
     check_spec_fits(spec, dataset)
     splits = make_splits(len(dataset), split_seed, fractions)
     pre = public_preprocessing(dataset, splits)
@@ -293,8 +294,7 @@ def train_from_options(
         algo="sgd", epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
         weight_decay=weight_decay, seed=seed,
     )  # fmt: skip
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")
+    check_output_dir(out, force=force, inputs=[data])
     ds = load_dataset(data, label_column=label_column)
     spec = default_spec(
         model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,

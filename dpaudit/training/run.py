@@ -23,6 +23,7 @@ from dpaudit.data import (
     make_splits,
 )
 from dpaudit.errors import CheckpointError, InputError
+from dpaudit.fileio import check_output_dir
 from dpaudit.models import ModelSpec, build_model
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome, get_trainer
@@ -160,8 +161,8 @@ def train_run(
     nothing fitted (``fitted_on: "given"``).
     """
     perf = perf or PerfConfig()
-    if out is not None and Path(out).exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")  # fail before training
+    if out is not None:
+        check_output_dir(out, force=force, inputs=[dataset.source])  # fail before training
     splits = splits or make_splits(len(dataset), split_seed, fractions)
     train_data, train_idx = dataset, splits.members
     if canaries is not None:
@@ -653,8 +654,7 @@ def import_run(
     """
     from dpaudit.checkpoint import load_state_into, load_weights_file
 
-    if Path(out).exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")
+    check_output_dir(out, force=force, inputs=[dataset.source])
     check_spec_fits(spec, dataset)
     warnings: list[str] = []
     legacy = members is None

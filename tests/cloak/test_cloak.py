@@ -93,7 +93,7 @@ def test_constant_features_cost_nothing_and_get_no_noise():
 def test_checkpoint_round_trip_without_pickle(tiny_cloaks, tmp_path):
     c = tiny_cloaks[LAMBDAS[1]]
     out = save_cloak(tmp_path / "c", c)
-    assert sorted(p.name for p in out.iterdir()) == sorted([CLOAK_FILE, CLOAK_TENSORS])
+    assert sorted(p.name for p in out.iterdir()) == sorted([CLOAK_FILE, CLOAK_TENSORS, ".dpaudit-manifest.json"])
     for p in out.iterdir():
         assert not p.read_bytes().startswith(b"\x80")  # no pickle protocol header anywhere
     back = load_cloak(out)

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from dpaudit.cli.main import app
 from dpaudit.errors import InputError
+from dpaudit.fileio import MANIFEST
 from dpaudit.report import build as build_module
 from dpaudit.report import load_report, write_report
 
@@ -19,12 +20,13 @@ runner = CliRunner()
 
 
 def _listing(path):
-    return sorted(p.name for p in path.iterdir())
+    return sorted(p.name for p in path.iterdir() if p.name != MANIFEST)
 
 
 def test_write_report_writes_the_requested_formats(report, tmp_path):
     out = write_report(report, tmp_path / "r", formats=("md", "json"))
     assert _listing(out) == ["report.json", "report.md"]
+    assert (out / MANIFEST).is_file()  # the list of dpaudit's own files there
     assert load_report(out) == report  # JSON round trip
     assert (out / "report.md").read_text(encoding="utf-8").startswith(f"# {report['title']}\n")
     assert oct(out.stat().st_mode & 0o777) == "0o755"
@@ -134,6 +136,11 @@ def test_cli_refuses_existing_out_dir_without_force(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {out} already exists; use --force to overwrite it"
     assert _listing(out) == ["keep"]
+    # --force replaces only what dpaudit wrote: a folder holding the user's file is refused (issue 30).
+    result = runner.invoke(app, ["report", str(FIXTURE), "--out", str(out), "--format", "json", "--force"])
+    assert result.exit_code == 2 and "holds files dpaudit did not write (keep)" in result.output
+    assert _listing(out) == ["keep"]
+    (out / "keep").unlink()
     result = runner.invoke(app, ["report", str(FIXTURE), "--out", str(out), "--format", "json", "--force"])
     assert result.exit_code == 0, result.output
     assert _listing(out) == ["report.json"]

@@ -1,0 +1,275 @@
+"""Outputs that cannot destroy data (issue 30): dpaudit replaces only what its manifest says it wrote,
+refuses a folder holding anything else or an input of the command, locks an output while writing it,
+rolls a forced replacement back, and turns the OS's errors into one line with exit code 2."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit import fileio
+from dpaudit.cli.main import app
+from dpaudit.errors import InputError, OutputError
+from dpaudit.fileio import MANIFEST, check_output_dir, foreign_files, write_atomic_dir
+
+runner = CliRunner()
+FAST = ["--epochs", "1", "--batch-size", "64"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(r, code=2):
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == code, r.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    return lines[0]
+
+
+def writer(files: dict[str, str]):
+    def write(tmp: Path) -> None:
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+
+    return write
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".dpaudit-" in p.name)
+
+
+# --------------------------------------------------------------------------- manifest and --force
+
+
+def test_manifest_lists_what_dpaudit_wrote_and_force_replaces_only_that(tmp_path):
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"a.txt": "1", "sub/b.txt": "2"}), force=False)
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert sorted(manifest["files"]) == ["a.txt", "sub/b.txt"]
+    assert foreign_files(out) == []
+    write_atomic_dir(out, writer({"c.txt": "3"}), force=True)
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "c.txt"]
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("plant", ["added", "changed", "no-manifest"])
+def test_force_refuses_a_folder_with_foreign_files_and_names_them(tmp_path, plant):
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"report.md": "ours"}), force=False)
+    if plant == "added":
+        (out / "NOTES.md").write_text("mine")
+        name = "NOTES.md"
+    elif plant == "changed":
+        (out / "report.md").write_text("edited by the user")
+        name = "report.md"
+    else:
+        (out / MANIFEST).unlink()
+        name = "report.md"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(InputError, match=f"holds files dpaudit did not write \\({name}"):
+        write_atomic_dir(out, writer({"x": "y"}), force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_train_force_into_the_working_directory_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "thesis.tex").write_text("years of work")
+    line = one_line_error(invoke("train", "--out", tmp_path, *FAST, "--force"))
+    assert "working directory" in line
+    assert (tmp_path / "thesis.tex").read_text() == "years of work"
+    # An ancestor of the working directory as well, even an empty one.
+    (tmp_path / "empty" / "inner").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "empty" / "inner")
+    assert "working directory" in one_line_error(invoke("train", "--out", tmp_path / "empty", *FAST, "--force"))
+
+
+def test_report_force_over_the_folder_of_its_input_is_refused(tmp_path):
+    runs = tmp_path / "runs"
+    assert invoke("train", "--out", runs / "mlp", *FAST).exit_code == 0
+    files = sorted(p.relative_to(runs) for p in runs.rglob("*"))
+    line = one_line_error(invoke("report", runs / "mlp", "--out", runs, "--force", "--attacks", "loss"))
+    assert "an input of this command" in line
+    assert sorted(p.relative_to(runs) for p in runs.rglob("*")) == files
+    # The run itself as --out: also an input.
+    assert "an input" in one_line_error(
+        invoke("report", runs / "mlp", "--out", runs / "mlp", "--force", "--attacks", "loss")
+    )
+
+
+def test_train_force_replaces_its_own_run(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("train", "--out", out, *FAST).exit_code == 0
+    assert (out / MANIFEST).is_file()
+    assert invoke("train", "--out", out, *FAST, "--force").exit_code == 0
+    (out / "mine.txt").write_text("keep")
+    assert "mine.txt" in one_line_error(invoke("train", "--out", out, *FAST, "--force"))
+    assert (out / "mine.txt").read_text() == "keep"
+
+
+# --------------------------------------------------------------------------- the demo's rerun
+
+
+def fake_demo_output(out: Path) -> None:
+    write_atomic_dir(
+        out, writer({"report.json": "{}", "runs/dp/checkpoint.json": "{}"}), force=False, written_by="demo"
+    )
+
+
+def test_demo_rerun_refuses_a_user_file_in_its_output(tmp_path):
+    out = tmp_path / "d"
+    fake_demo_output(out)
+    (out / "NOTES.md").write_text("mine")
+    line = one_line_error(invoke("demo", "--quick", "--out", out))
+    assert "NOTES.md" in line
+    assert (out / "NOTES.md").read_text() == "mine" and (out / "report.json").is_file()
+
+
+def test_demo_rerun_refuses_a_run_trained_into_its_output(tmp_path):
+    out = tmp_path / "d"
+    fake_demo_output(out)
+    write_atomic_dir(out / "runs" / "mine", writer({"checkpoint.json": "{}"}), force=False)
+    line = one_line_error(invoke("demo", "--quick", "--out", out))
+    assert "runs/mine/checkpoint.json" in line
+    assert (out / "runs" / "mine" / "checkpoint.json").is_file()
+
+
+@pytest.mark.parametrize("marker", [".dpaudit-demo", MANIFEST])
+def test_a_copied_marker_does_not_make_a_folder_deletable(tmp_path, marker):
+    demo_out = tmp_path / "d"
+    fake_demo_output(demo_out)
+    (demo_out / ".dpaudit-demo").write_text("an old demo's marker")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "data.csv").write_text("a,b\n1,2\n")
+    shutil.copy(demo_out / marker, mine / marker)
+    r = invoke("demo", "--quick", "--out", mine)
+    assert r.exit_code == 2, r.output
+    assert (mine / "data.csv").read_text() == "a,b\n1,2\n"
+
+
+# --------------------------------------------------------------------------- final check, lock, rollback
+
+
+def test_an_output_created_during_the_work_is_not_replaced(tmp_path):
+    out = tmp_path / "out"
+
+    def slow_write(tmp: Path) -> None:
+        (tmp / "report.md").write_text("new")
+        out.mkdir()  # the user creates the folder while dpaudit works
+        (out / "mine.txt").write_text("keep")
+
+    with pytest.raises(InputError, match="already exists"):
+        write_atomic_dir(out, slow_write, force=False)
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+    assert leftovers(tmp_path) == []
+
+
+def test_a_second_writer_of_the_same_output_is_refused_while_the_first_works(tmp_path):
+    out = tmp_path / "out"
+    seen = {}
+
+    def write(tmp: Path) -> None:
+        try:
+            write_atomic_dir(out, writer({"b": "2"}), force=False)
+        except InputError as e:
+            seen["error"] = str(e)
+        (tmp / "a").write_text("1")
+
+    write_atomic_dir(out, write, force=False)
+    assert "being written by another dpaudit process" in seen["error"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "a"]
+    assert leftovers(tmp_path) == []
+
+
+def test_a_stale_lock_of_a_dead_writer_is_taken_over(tmp_path):
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".out.dpaudit-lock").write_text(dead.stdout)
+    write_atomic_dir(out, writer({"a": "1"}), force=False)
+    assert (out / "a").read_text() == "1" and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, OSError])
+def test_an_interrupted_forced_replacement_leaves_the_old_output_in_place(tmp_path, monkeypatch, interrupt):
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"old.txt": "old"}), force=False)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:  # between moving the old output aside and moving the new one in
+            raise interrupt()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    with pytest.raises((KeyboardInterrupt, OutputError)):
+        write_atomic_dir(out, writer({"new.txt": "new"}), force=True)
+    assert len(calls) >= 2
+    assert (out / "old.txt").read_text() == "old" and not (out / "new.txt").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_killed_replacement_is_restored_and_temporary_folders_removed_by_the_next_run(tmp_path):
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"old.txt": "old"}), force=False)
+    # What SIGKILL between the two renames leaves: the old output aside, the new one half-written.
+    aside = Path(tempfile.mkdtemp(prefix=".out.", suffix=".dpaudit-old", dir=tmp_path))
+    os.replace(out, aside / "old")
+    Path(tempfile.mkdtemp(prefix=".out.", suffix=".dpaudit-tmp", dir=tmp_path))
+    (tmp_path / ".outx.12345678.dpaudit-tmp").mkdir()  # another output's: left alone
+    with pytest.raises(InputError, match="already exists"):
+        write_atomic_dir(out, writer({"new.txt": "new"}), force=False)
+    assert (out / "old.txt").read_text() == "old"
+    assert leftovers(tmp_path) == [".outx.12345678.dpaudit-tmp"]
+
+
+# --------------------------------------------------------------------------- environment errors
+
+
+def test_disk_full_is_one_line_naming_the_users_path(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def full(state, filename, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    out = tmp_path / "run"
+    line = one_line_error(invoke("--quiet", "train", "--out", out, *FAST))
+    assert f"cannot write {out}: no space left on device ({out}/model.safetensors)" in line
+    assert "dpaudit-tmp" not in line and not out.exists() and leftovers(tmp_path) == []
+
+
+def test_read_only_and_unwritable_outputs_are_refused_before_the_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(fileio.os, "access", lambda p, mode: False)  # tests run as root: simulate
+    trained = []
+    monkeypatch.setattr("dpaudit.training.run.fit_model", lambda *a, **k: trained.append(1))
+    line = one_line_error(invoke("train", "--out", tmp_path / "run", *FAST))
+    assert "is not writable" in line and trained == []
+
+
+def test_read_only_file_system_at_the_final_write_is_exit_2(tmp_path, monkeypatch):
+    def rofs(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(fileio.tempfile, "mkdtemp", rofs)
+    with pytest.raises(OutputError, match=f"cannot write {tmp_path / 'out'}: Read-only file system"):
+        write_atomic_dir(tmp_path / "out", writer({"a": "1"}), force=False)
+
+
+def test_a_parent_that_is_a_file_is_exit_2(tmp_path):
+    (tmp_path / "file").write_text("x")
+    line = one_line_error(invoke("train", "--out", tmp_path / "file" / "run", *FAST))
+    assert "is not a directory" in line
+    with pytest.raises(InputError, match="exists and is not a directory"):
+        check_output_dir(tmp_path / "file", force=True)
