@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from attacks.query_api import ApiMode, FeatureBox, PredictionAPI
+from dpaudit.budget import Cost, check_cost
 from dpaudit.data import Dataset, Identity, Standardizer
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir
@@ -705,6 +706,9 @@ def extract(
     """
     mode = ApiMode.parse(api)
     budget = check_positive_int(budget=budget)
+    # Each query holds a record and the API's answer (float64), kept for the surrogate's training.
+    width = math.prod(run.spec.input_shape) + int(run.spec.n_classes)
+    check_cost(Cost("extraction", budget, "queries", bytes_per_unit=4 * 8 * width))
     check_non_negative(seed=seed)
     seed = int(seed)
     if isinstance(curve_points, bool) or not isinstance(curve_points, int) or curve_points < 0:

@@ -246,6 +246,15 @@ def train_models(
         out[j] = _read_cached(Path(cache) / "models" / key, shape)
         if out[j] is None:
             todo.append(j)
+    if todo:  # before the first one: refuse what cannot fit, ask (--yes) before what takes hours
+        from dpaudit.budget import check_trainings, model_parameters, training_cost
+
+        n_train = int(np.mean([len(train_sets[j]) for j in todo[:100]]))
+        one = training_cost(
+            description, model_parameters(recipe.spec), recipe.config.num_steps(max(n_train, 1)),
+            recipe.config.batch_size, private=recipe.config.dp is not None,
+        )  # fmt: skip
+        check_trainings(description, len(todo) / max(1, workers), one)
     with progress.task(f"{description} ({len(todo)} to train, {len(seeds) - len(todo)} cached)", len(seeds)) as adv:
         adv(len(seeds) - len(todo))
         jobs = (delayed(train_one)(recipe, train_sets[j], int(seeds[j]), cache) for j in todo)

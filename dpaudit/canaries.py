@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit.budget import Cost, check_cost
 from dpaudit.data import Dataset, Splits
 from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_positive_int
@@ -75,6 +76,8 @@ def make_canaries(dataset: Dataset, splits: Splits, *, m: int, kind: str, seed: 
     """Build ``m`` canaries of ``kind`` from the dataset and draw their inclusion (each w.p. 1/2)."""
     m = check_positive_int(canaries=m)
     check_choice(CANARY_KINDS, canary_kind=kind)
+    # A canary is a record (float64 features, a label, an inclusion bit), copied a few times while built.
+    check_cost(Cost("canaries", m, "canaries", bytes_per_unit=4 * 8 * (math.prod(dataset.feature_shape) + 2)))
     rng = np.random.default_rng([seed, 0xCA4A])
     k = dataset.n_classes
     if dataset.kind == "tokens" and kind != "mislabeled":

@@ -21,6 +21,7 @@ from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessi
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import write_atomic_dir
 from dpaudit.models import ModelSpec, build_model, model_spec_from_dict
+from dpaudit.validation import check_json_type, read_json
 
 SCHEMA_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.json"
@@ -103,7 +104,33 @@ class Run:
         meta = self.meta.get("canaries")
         if not meta:
             return None
-        return CanarySet.load(self.path / meta["file"], meta)
+        return CanarySet.load(self.file(meta.get("file"), "canaries.file"), meta)
+
+    def file(self, name: Any, key: str) -> Path:
+        """The run's file ``name`` (recorded at ``key`` in checkpoint.json), checked before it is read: a
+        plain name of a regular file inside the run folder (no absolute or ``../`` path, no link, no pipe or
+        device), whose content matches the sha256 in the run's manifest when it has one."""
+        import stat
+
+        from dpaudit.fileio import read_manifest, sha256_file
+
+        where = f"{self.path / CHECKPOINT_FILE}: {key}"
+        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+            raise CheckpointError(f"{where} must name a file inside the run folder, got {name!r}")
+        path = self.path / name
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            raise CheckpointError(f"{where}: {path} is missing") from None
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(f"{where}: {path} is not a regular file")
+        manifest = read_manifest(self.path)
+        if manifest is not None and name in manifest["files"] and sha256_file(path) != manifest["files"][name]:
+            raise CheckpointError(
+                f"{path} changed since the run was written (its sha256 differs from the run's manifest); "
+                "it cannot be recomputed without retraining, so it is not trusted"
+            )
+        return path
 
     def whitebox_canaries(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Scores and inclusion bits of the run's white-box Dirac canaries
@@ -111,7 +138,7 @@ class Run:
         meta = self.meta.get("whitebox_canaries")
         if not meta:
             return None
-        path = self.path / meta["file"]
+        path = self.file(meta.get("file"), "whitebox_canaries.file")
         try:
             with np.load(path, allow_pickle=False) as z:
                 scores, included = np.asarray(z["scores"], dtype=np.float64), z["included"].astype(bool)
@@ -154,16 +181,27 @@ def predict_logits(model: nn.Module, X: np.ndarray, batch: int = 2048) -> np.nda
     return np.concatenate(out) if out else np.zeros((0, 0))
 
 
+# The JSON type of each top-level section of checkpoint.json (a stranger's file is checked before use).
+SECTION_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (dict,),
+    "data": (dict,),
+    "split": (dict,),
+    "preprocessing": (dict,),
+    "training": (dict,),
+    "privacy": (dict, type(None)),
+    "metrics": (dict,),
+    "versions": (dict,),
+    "canaries": (dict, type(None)),
+    "whitebox_canaries": (dict, type(None)),
+}
+
+
 def _read_meta(path: Path) -> dict[str, Any]:
     f = path / CHECKPOINT_FILE
     if not f.is_file():
         raise CheckpointError(f"{path}: not a dpaudit run directory (no {CHECKPOINT_FILE})")
-    try:
-        meta = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{f}: expected a JSON object")
+    meta = read_json(f, error=CheckpointError)  # size, depth and number limits
+    check_json_type(meta, dict, str(f), error=CheckpointError)
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise CheckpointError(
             f"{f}: unknown schema_version {meta.get('schema_version')!r} (this dpaudit reads {SCHEMA_VERSION})"
@@ -171,7 +209,89 @@ def _read_meta(path: Path) -> dict[str, Any]:
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
         raise CheckpointError(f"{f}: missing key(s) {', '.join(missing)}")
+    for key, types in SECTION_TYPES.items():
+        if key in meta:
+            check_json_type(meta[key], types, f"{f}: {key}", error=CheckpointError)
+    d = meta["data"]
+    for key, types in (("spec", (str,)), ("sha256", (str,)), ("n", (int, type(None)))):
+        check_json_type(d.get(key), types, f"{f}: data.{key}", error=CheckpointError)
+    if meta["privacy"] is not None:
+        for key in ("epsilon", "delta"):
+            if key in meta["privacy"]:
+                check_json_type(meta["privacy"][key], (float, type(None)), f"{f}: privacy.{key}", error=CheckpointError)
     return meta
+
+
+def check_split_indices(parts: Mapping[str, np.ndarray], n: int | None, source: str) -> dict[str, np.ndarray]:
+    """The splits as int64 arrays after checking they are integers (not floats, which would be truncated),
+    in ``[0, n)`` (a negative index would wrap around to another record) and unique within each split.
+    Splits may share records (a reference model's members are drawn from the target's public aux split).
+    One CheckpointError line otherwise."""
+    out = {}
+    for name, a in parts.items():
+        a = np.asarray(a)
+        if a.ndim != 1 or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
+            raise CheckpointError(f"{source}: {name} must be a 1-d array of integer indices, got {a.dtype} {a.shape}")
+        a = a.astype(np.int64)
+        if a.size and a.min() < 0:
+            raise CheckpointError(f"{source}: {name} holds a negative index ({int(a.min())})")
+        if n is not None and a.size and a.max() >= n:
+            raise CheckpointError(f"{source}: {name} holds index {int(a.max())}, out of range for {n} records")
+        if len(np.unique(a)) != len(a):
+            raise CheckpointError(f"{source}: {name} holds a repeated index")
+        out[name] = a
+    return out
+
+
+# Relative tolerance between a recorded ε and the same accountant's ε of the recorded event: the record is
+# written from that very computation, so only float noise separates them.
+CLAIM_RTOL = 1e-6
+
+
+def reaccount_claim(privacy: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Re-account a run's privacy claim from its recorded mechanism (``privacy.event``, the ledger of
+    :mod:`dpaudit.events`, with the recorded accountant, neighbouring relation and δ).
+
+    None when nothing can be re-accounted (no claim, no recorded event, an accountant or event this dpaudit
+    cannot evaluate); else ``{"recorded", "recomputed", "accountant", "delta", "match"}``. Formal: the
+    recomputed ε is the accountant's bound for the recorded mechanism."""
+    from dpaudit.accounting import ACCOUNTANTS, make_accountant
+    from dpaudit.errors import DPAuditError
+    from dpaudit.events import event_from_dict
+
+    if not privacy or not isinstance(privacy.get("event"), dict):
+        return None
+    accountant = privacy.get("accountant", "rdp")
+    recorded, delta = privacy.get("epsilon"), privacy.get("delta")
+    if accountant not in ACCOUNTANTS or not isinstance(recorded, int | float) or not isinstance(delta, int | float):
+        return None
+    try:
+        event = event_from_dict(privacy["event"])
+        acc = make_accountant(accountant, neighbouring=privacy.get("neighbouring", "add_remove"))
+        recomputed = float(acc.compose(event).epsilon(float(delta)))
+    except (DPAuditError, ValueError, TypeError, KeyError):
+        return None
+    recorded = float(recorded)
+    match = (recorded == recomputed) or bool(np.isclose(recorded, recomputed, rtol=CLAIM_RTOL, atol=0.0))
+    return {
+        "recorded": recorded,
+        "recomputed": recomputed,
+        "accountant": accountant,
+        "delta": float(delta),
+        "match": match,
+    }
+
+
+def claim_mismatch_note(privacy: Mapping[str, Any] | None) -> str | None:
+    """One line for every audit and report when a run's recorded ε differs from its recorded mechanism's."""
+    check = reaccount_claim(privacy)
+    if check is None or check["match"]:
+        return None
+    return (
+        f"claim mismatch: checkpoint.json records ε = {check['recorded']:.6g}, but its recorded mechanism "
+        f"re-accounts to ε = {check['recomputed']:.6g} ({check['accountant']}, δ = {check['delta']:g}); "
+        "the file was edited or written by other software. This audit tests the claim as recorded."
+    )
 
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
@@ -180,8 +300,10 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     Pickle files (.pkl/.pickle) are refused: unpickling runs arbitrary code.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"{path}: no such file")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file")
     suffix = path.suffix.lower()
     if suffix in (".pkl", ".pickle", ".joblib"):
         raise CheckpointError(f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors")
@@ -196,9 +318,11 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     if suffix in (".pt", ".pth", ".bin"):
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)  # safe: tensors and primitives only
-        except Exception as e:
+        except Exception:  # torch's own message advises weights_only=False, i.e. running the file's pickle
             raise CheckpointError(
-                f"{path}: cannot load with weights_only=True (not a plain state_dict?): {str(e).splitlines()[0]}"
+                f"{path}: not a plain state_dict of tensors; loading it would need pickle, which can run "
+                "arbitrary code and which dpaudit never does: save the weights with safetensors, or "
+                "torch.save(model.state_dict())"
             ) from None
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
             raise CheckpointError(f"{path}: expected a plain state_dict (name -> tensor)")
@@ -263,6 +387,17 @@ def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: st
     return model
 
 
+def check_weights_fit_spec(spec: ModelSpec, state: Mapping[str, Any], source: str) -> None:
+    """Refuse weights whose number of values differs from the spec's parameter count, counted without
+    building the model (a spec of 10^9 parameters beside 38 KB of weights fails before 6 GB are allocated)."""
+    from dpaudit.budget import model_parameters
+
+    have = sum(int(np.prod(getattr(v, "shape", ()))) for v in state.values())
+    want = model_parameters(spec)
+    if have != want:
+        raise CheckpointError(f"{source}: weights hold {have} values but the model spec has {want} parameters")
+
+
 def load_run(path: Path | str) -> Run:
     """Load and validate a run directory (no unpickling anywhere)."""
     path = Path(path)
@@ -280,17 +415,20 @@ def load_run(path: Path | str) -> Run:
         spec = model_spec_from_dict(meta["model"])
     except InputError as e:
         raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
+    state = load_weights_file(path / WEIGHTS_FILE)
+    check_weights_fit_spec(spec, strip_wrapper_prefixes(state), str(path / WEIGHTS_FILE))
     model = build_model(spec)
-    load_state_into(model, load_weights_file(path / WEIGHTS_FILE), str(path / WEIGHTS_FILE))
+    load_state_into(model, state, str(path / WEIGHTS_FILE))
     model.eval()
     split_file = path / SPLIT_FILE
     if not split_file.is_file():
         raise CheckpointError(f"{path}: missing {SPLIT_FILE} (the member list)")
     try:
         with np.load(split_file, allow_pickle=False) as z:
-            parts = {name: z[name].astype(np.int64) for name in SPLIT_NAMES}
+            parts = {name: np.asarray(z[name]) for name in SPLIT_NAMES}
     except Exception as e:
         raise CheckpointError(f"{split_file}: corrupt split file ({type(e).__name__}: {e})") from None
+    parts = check_split_indices(parts, meta["data"].get("n"), str(split_file))
     s = meta["split"]
     splits = Splits(**parts, seed=int(s.get("seed", 0)), fractions=tuple(s.get("fractions", ())))
     return Run(path=path, meta=meta, spec=spec, model=model, splits=splits)

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from dpaudit.errors import InputError
 from dpaudit.validation import (
     check_in_interval,
+    check_noise_multiplier,
     check_non_negative,
     check_positive_int,
 )
@@ -132,7 +133,7 @@ class Gaussian(Event):
     noise_multiplier: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", check_non_negative(noise_multiplier=self.noise_multiplier))
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(noise_multiplier=self.noise_multiplier))
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class Laplace(Event):
     noise_multiplier: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", check_non_negative(noise_multiplier=self.noise_multiplier))
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(noise_multiplier=self.noise_multiplier))
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ class JLGaussian(Event):
     projections: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", check_non_negative(noise_multiplier=self.noise_multiplier))
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(noise_multiplier=self.noise_multiplier))
         object.__setattr__(self, "projections", check_positive_int(projections=self.projections))
 
 

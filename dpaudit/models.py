@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dpaudit.errors import InputError
+from dpaudit.validation import check_int_fields
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn")
@@ -35,6 +36,7 @@ class ModelSpec:
     n_classes: int
 
     def __post_init__(self) -> None:
+        check_int_fields(self)  # types and sizes of a spec read from JSON, before any is used
         object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
         if self.n_classes < 2:
             raise InputError(f"expected n_classes >= 2, got {self.n_classes}")

@@ -6,9 +6,19 @@ check_positive(clip=0.0)  ->  InputError("expected clip > 0, got 0.0")
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from dpaudit.errors import InputError
+
+
+def shown(value: Any) -> str:
+    """A value as a message shows it: numpy scalars as plain numbers (``2.0``, not ``np.float64(2.0)``)."""
+    item = getattr(value, "item", None)
+    if item is not None and getattr(value, "shape", None) == ():
+        value = item()
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:40] + f"… ({len(text)} characters)"
 
 
 def _one(kwargs: dict[str, Any]) -> tuple[str, Any]:
@@ -21,17 +31,57 @@ def _finite(name: str, value: Any) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"expected {name} to be a number, got {value!r}") from None
+        raise InputError(f"expected {name} to be a number, got {shown(value)}") from None
     if math.isnan(v):
         raise InputError(f"expected {name} to be a number, got NaN")
     return v
 
 
-def check_positive(**kwargs: Any) -> float:
+def check_positive(*, finite: bool = False, **kwargs: Any) -> float:
+    """value > 0 (and, with ``finite``, not infinite)."""
     name, value = _one(kwargs)
     v = _finite(name, value)
     if not v > 0:
-        raise InputError(f"expected {name} > 0, got {value}")
+        raise InputError(f"expected {name} > 0, got {shown(value)}")
+    if finite and math.isinf(v):
+        raise InputError(f"expected {name} to be finite, got {shown(value)}")
+    return v
+
+
+# Below this a Gaussian/Laplace noise multiplier makes the privacy loss overflow float64 (1/σ² with
+# σ = 1e-300 is a ZeroDivisionError); ε is already ~1e13 at σ = 1e-6 (RDP, q = 0.01, T = 100): such a
+# mechanism adds no meaningful noise, and σ = 0 (no noise, ε = ∞) says so exactly.
+MIN_NOISE_MULTIPLIER = 1e-6
+# A claim's δ above this is no privacy guarantee: with δ >= 1/n a mechanism may publish a random record
+# outright (Dwork & Roth 2014, "The Algorithmic Foundations of DP", §2.3, which asks δ << 1/n); at δ = 0.999
+# every mechanism is (0, δ)-DP. A loose sanity cap for claims and calibration, not a recommendation.
+MAX_CLAIM_DELTA = 0.1
+
+
+def check_noise_multiplier(**kwargs: Any) -> float:
+    """A finite noise multiplier: 0 (no noise) or at least :data:`MIN_NOISE_MULTIPLIER`."""
+    name, value = _one(kwargs)
+    v = _finite(name, value)
+    if v < 0:
+        raise InputError(f"expected {name} >= 0, got {shown(value)}")
+    if math.isinf(v):
+        raise InputError(f"expected {name} to be finite, got {shown(value)}")
+    if 0 < v < MIN_NOISE_MULTIPLIER:
+        raise InputError(
+            f"expected {name} = 0 (no noise) or >= {MIN_NOISE_MULTIPLIER:g}, got {shown(value)} "
+            "(a smaller noise protects nothing and overflows the accountants)"
+        )
+    return v
+
+
+def check_claim_delta(**kwargs: Any) -> float:
+    """δ of a privacy claim (or a calibration target): in (0, :data:`MAX_CLAIM_DELTA`]."""
+    name, value = _one(kwargs)
+    v = _finite(name, value)
+    if not 0 < v <= MAX_CLAIM_DELTA:
+        raise InputError(
+            f"expected {name} in (0, {MAX_CLAIM_DELTA:g}], got {shown(value)} (a larger delta is no privacy guarantee)"
+        )
     return v
 
 
@@ -39,16 +89,16 @@ def check_non_negative(**kwargs: Any) -> float:
     name, value = _one(kwargs)
     v = _finite(name, value)
     if v < 0:
-        raise InputError(f"expected {name} >= 0, got {value}")
+        raise InputError(f"expected {name} >= 0, got {shown(value)}")
     return v
 
 
 def check_positive_int(**kwargs: Any) -> int:
     name, value = _one(kwargs)
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise InputError(f"expected {name} to be an integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value:
+        raise InputError(f"expected {name} to be an integer, got {shown(value)}")
     if value < 1:
-        raise InputError(f"expected {name} >= 1, got {value}")
+        raise InputError(f"expected {name} >= 1, got {shown(value)}")
     return int(value)
 
 
@@ -61,7 +111,7 @@ def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bo
     if not (ok_lo and ok_hi):
         lb = "(" if lo_open else "["
         rb = ")" if hi_open else "]"
-        raise InputError(f"expected {name} in {lb}{lo:g}, {hi:g}{rb}, got {value}")
+        raise InputError(f"expected {name} in {lb}{lo:g}, {hi:g}{rb}, got {shown(value)}")
     return v
 
 
@@ -70,3 +120,115 @@ def check_choice(choices: list[str] | tuple[str, ...], **kwargs: Any) -> str:
     if value not in choices:
         raise InputError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
     return value
+
+
+# --------------------------------------------------------------------------- untrusted JSON
+
+MAX_JSON_BYTES = 64 * 2**20  # a checkpoint.json/claim.json/spec.json is a few KB; a report a few MB
+MAX_JSON_DEPTH = 64  # dpaudit's own files nest at most ~8 deep
+MAX_JSON_DIGITS = 40  # an integer literal longer than this is no size, seed or count dpaudit reads
+
+
+def _int_literal(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_DIGITS:
+        raise InputError(f"an integer with {len(text)} digits")
+    return int(text)
+
+
+def _float_literal(text: str) -> float:
+    v = float(text)
+    if math.isinf(v):
+        raise InputError(f"the number {text[:20]} overflows a float")
+    return v
+
+
+def _depth(obj: Any) -> int:
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(o, dict):
+            stack += [(v, d + 1) for v in o.values()]
+        elif isinstance(o, list):
+            stack += [(v, d + 1) for v in o]
+    return deepest
+
+
+def parse_json(text: str | bytes, source: str, *, error: type[Exception] = InputError) -> Any:
+    """Parse JSON from an untrusted file with limits: at most :data:`MAX_JSON_BYTES`, nesting depth
+    :data:`MAX_JSON_DEPTH`, integer literals of :data:`MAX_JSON_DIGITS` digits and no float that
+    overflows (``Infinity``/``NaN``, which dpaudit writes for unbounded values, are allowed). Any
+    problem is one ``error`` line naming ``source``."""
+    import json
+
+    if len(text) > MAX_JSON_BYTES:
+        raise error(f"{source}: JSON larger than {MAX_JSON_BYTES // 2**20} MiB")
+    try:
+        obj = json.loads(text, parse_int=_int_literal, parse_float=_float_literal)
+    except RecursionError:
+        raise error(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except InputError as e:
+        raise error(f"{source}: not accepted: {e}") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise error(f"{source}: not valid JSON ({e})") from None
+    if _depth(obj) > MAX_JSON_DEPTH:
+        raise error(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return obj
+
+
+def read_json(path: Any, *, error: type[Exception] = InputError) -> Any:
+    """:func:`parse_json` of a file (a missing, unreadable or special file is one ``error`` line)."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise error(f"{path}: JSON larger than {MAX_JSON_BYTES // 2**20} MiB")
+        return parse_json(path.read_bytes(), str(path), error=error)
+    except OSError as e:
+        raise error(f"{path}: cannot read ({e.strerror})") from None
+
+
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}
+
+
+def check_json_type(value: Any, expected: type | tuple[type, ...], where: str, *, error: type[Exception] = InputError):
+    """``value`` if it has the JSON type ``expected`` (``int`` excludes bools and floats such as 10.0;
+    ``float`` accepts integers; ``type(None)`` allows null), else one ``error`` line naming ``where``."""
+    types = expected if isinstance(expected, tuple) else (expected,)
+    ok = any(
+        (t is int and isinstance(value, int) and not isinstance(value, bool))
+        or (t is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (t not in (int, float) and isinstance(value, t))
+        for t in types
+    )
+    if not ok:
+        names = " or ".join("null" if t is type(None) else _JSON_TYPES.get(t, t.__name__) for t in types)
+        raise error(f"{where}: expected {names}, got {type(value).__name__} {str(value)[:40]}")
+    return value
+
+
+MAX_SIZE = 2**31 - 1  # a layer width, shape or count beyond this is no model a machine can hold
+
+
+def check_int_fields(obj: Any) -> None:
+    """Every field of the dataclass ``obj`` annotated ``int`` or ``tuple[int, ...]`` holds integers (not
+    bools, not floats such as 10.0) in ``[0, MAX_SIZE]``: a spec from JSON fails here in one line rather
+    than deep inside torch (``hidden: [10**400]`` used to dump a C++ stack)."""
+    import dataclasses
+
+    for f in dataclasses.fields(obj):
+        kind = str(f.type).replace(" ", "")
+        if kind not in ("int", "tuple[int,...]"):
+            continue
+        value = getattr(obj, f.name)
+        items = list(value) if kind != "int" and isinstance(value, list | tuple) else [value]
+        if kind != "int" and not isinstance(value, list | tuple):
+            raise InputError(f"expected {f.name} to be a list of integers, got {shown(value)}")
+        for v in items:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InputError(f"expected {f.name} to hold integers, got {shown(v)}")
+            if not 0 <= v <= MAX_SIZE:
+                raise InputError(f"expected {f.name} in [0, {MAX_SIZE}], got {shown(v)}")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dpaudit.accounting.base import Accountant
 from dpaudit.errors import DPAuditError, InputError, UnreachableTargetError
 from dpaudit.events import Event
-from dpaudit.validation import check_in_interval, check_positive, check_positive_int
+from dpaudit.validation import check_claim_delta, check_in_interval, check_positive, check_positive_int
 
 
 def _make(accountant: str | Callable[[], Accountant], neighbouring: str) -> Callable[[], Accountant]:
@@ -45,8 +45,8 @@ def calibrate_noise_multiplier(
     Assumes epsilon decreases with sigma. Raises :class:`UnreachableTargetError` if even
     ``max_noise_multiplier`` does not reach the target.
     """
-    target = check_positive(target_epsilon=target_epsilon)
-    delta = check_in_interval(0.0, 1.0, delta=delta)
+    target = check_positive(target_epsilon=target_epsilon, finite=True)
+    delta = check_claim_delta(delta=delta)
     tol = check_in_interval(0.0, 1.0, tol=tol)
     factory = _make(accountant, neighbouring)
 
@@ -96,8 +96,8 @@ def calibrate_steps(
     Formal guarantee (verified). Assumes epsilon increases with T. Raises
     :class:`UnreachableTargetError` when even one step exceeds the target.
     """
-    target = check_positive(target_epsilon=target_epsilon)
-    delta = check_in_interval(0.0, 1.0, delta=delta)
+    target = check_positive(target_epsilon=target_epsilon, finite=True)
+    delta = check_claim_delta(delta=delta)
     max_steps = check_positive_int(max_steps=max_steps)
     factory = _make(accountant, neighbouring)
 
@@ -137,8 +137,8 @@ def calibrate_sample_rate(
     Formal guarantee (verified). Assumes epsilon increases with q. Raises
     :class:`UnreachableTargetError` when even ``min_sample_rate`` exceeds the target.
     """
-    target = check_positive(target_epsilon=target_epsilon)
-    delta = check_in_interval(0.0, 1.0, delta=delta)
+    target = check_positive(target_epsilon=target_epsilon, finite=True)
+    delta = check_claim_delta(delta=delta)
     tol = check_in_interval(0.0, 1.0, tol=tol)
     if not 0.0 < min_sample_rate < 1.0:
         raise InputError(f"expected min_sample_rate in (0, 1), got {min_sample_rate}")

@@ -108,7 +108,7 @@ def trials_needed(
             best_n, best_v = max(history, key=lambda t: t[1])
             raise InputError(
                 f"epsilon = {target:g} is not certifiable with up to {max_trials} "
-                f"{_unit(method)}: at most {best_v:.3g} (at {best_n}); raise max_trials or lower the confidence"
+                f"{_unit(method)}: at most {best_v:.3g} (at {best_n}); lower the confidence or the target epsilon"
             )
         hi = min(2 * hi, max_trials)
         v_hi = f(hi)

@@ -40,10 +40,17 @@ def _global(
     json_output: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and results.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Start work estimated to take over an hour (dpaudit.budget) without asking.")
+    ] = False,
 ) -> None:
     STATE.json = json_output
     STATE.quiet = quiet
     STATE.debug = debug
+    if yes:
+        from dpaudit.budget import set_allow_long_work
+
+        set_allow_long_work(True)
 
 
 for _name in COMMAND_MODULES:

@@ -14,7 +14,9 @@ from typing import Any
 from dpaudit.errors import InputError
 from dpaudit.validation import (
     check_choice,
+    check_claim_delta,
     check_in_interval,
+    check_noise_multiplier,
     check_non_negative,
     check_positive,
     check_positive_int,
@@ -49,14 +51,14 @@ class DPConfig:
     jl_projections: int | None = None
 
     def __post_init__(self) -> None:
-        check_positive(clip=self.clip)
+        check_positive(clip=self.clip, finite=True)
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise InputError("give exactly one of --noise-multiplier or --epsilon for private training")
         if self.noise_multiplier is not None:
-            check_non_negative(noise_multiplier=self.noise_multiplier)
+            check_noise_multiplier(noise_multiplier=self.noise_multiplier)
         if self.target_epsilon is not None:
-            check_positive(epsilon=self.target_epsilon)
-        check_in_interval(0.0, 1.0, delta=self.delta)
+            check_positive(epsilon=self.target_epsilon, finite=True)
+        check_claim_delta(delta=self.delta)
         check_choice(SAMPLING, sampling=self.sampling)
         check_choice(("rdp", "pld"), accountant=self.accountant)
         if self.sample_rate is not None:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from dpaudit.budget import check_cost, check_model_size, training_cost
 from dpaudit.canaries import CANARY_FILE, CanarySet, with_canaries
 from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
 from dpaudit.data import (
@@ -99,6 +100,9 @@ def fit_model(
     pre = preprocessing
     if pre is None:
         pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
+    n_params = check_model_size(spec)  # before any tensor is allocated
+    steps = config.num_steps(len(train_idx))
+    check_cost(training_cost("training", n_params, steps, config.batch_size, private=config.dp is not None))
     X, y = _tensors(dataset, train_idx, pre, device)
     model = build_model(spec, seed=config.seed)
     if init_state is not None:
@@ -652,7 +656,7 @@ def import_run(
     that LiRA/shadow models can be trained (with this run's preprocessing, see
     :meth:`attacks.reference.Recipe.from_run`). Warnings are returned in ``meta["import"]["warnings"]``.
     """
-    from dpaudit.checkpoint import load_state_into, load_weights_file
+    from dpaudit.checkpoint import check_weights_fit_spec, load_state_into, load_weights_file
 
     check_output_dir(out, force=force, inputs=[dataset.source])
     check_spec_fits(spec, dataset)
@@ -684,8 +688,10 @@ def import_run(
             "members_sha256": index_set_sha256(splits.members),
         }
     pre, fitted_on = _resolve_preprocessing(preprocessing, dataset, splits, legacy)
+    state = load_weights_file(Path(weights))
+    check_weights_fit_spec(spec, state, str(weights))  # before the model is built: a huge spec fails here
     model = build_model(spec)
-    load_state_into(model, load_weights_file(Path(weights)), str(weights))
+    load_state_into(model, state, str(weights))
     model.eval()
     fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))
     if not np.all(np.isfinite(fitted.logits(dataset.X[splits.members[:256]]))):

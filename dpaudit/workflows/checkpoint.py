@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.audit import AuditResult, audit_scores, decide_verdict
+from dpaudit.checkpoint import claim_mismatch_note
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.workflows.result import AuditRecord, ModelAudit
@@ -244,6 +245,12 @@ def audit_checkpoint(
                     index=i,
                 )
             )
+    mismatch = claim_mismatch_note(run.privacy)  # a tampered claim is tested as recorded, and said so
+    if mismatch is not None and claimed_epsilon is None:
+        records = [
+            dataclasses.replace(r, result=dataclasses.replace(r.result, notes=(*r.result.notes, mismatch)))
+            for r in records
+        ]
     others = {f: [FAMILY_RUNNERS[f](run, opts, seed, progress)] for f, opts in families.items()}
     return ModelAudit(
         path=Path(path),

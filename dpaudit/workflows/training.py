@@ -253,6 +253,13 @@ def audit_training(
             "epsilon": float(claimed_epsilon), "delta": float(delta), "neighbouring": relation,
         }  # fmt: skip
     else:
+        from dpaudit.budget import check_trainings, model_parameters, training_cost
+
+        one = training_cost(
+            "audit train", model_parameters(spec), config.num_steps(len(idx_in)), config.batch_size,
+            private=config.dp is not None,
+        )  # fmt: skip
+        check_trainings("audit train", 2 * runs, one)  # before any run: refuse or ask for --yes
         config, claim = _prepare_recipe(config, idx_in, idx_out)
         if init_state is not None:
             source += "; adversarial init (fixed, pre-trained on the public aux split)"

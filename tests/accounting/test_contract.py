@@ -30,6 +30,7 @@ from dpaudit.events import (
     PoissonSampled,
     SelfComposed,
 )
+from dpaudit.validation import MIN_NOISE_MULTIPLIER
 
 warnings.filterwarnings("ignore", message="GDP accounting", category=UserWarning)
 
@@ -193,7 +194,12 @@ def test_pld_below_rdp_plus_slack_and_monotone(sigma, q, t, delta):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.floats(0.0, 20.0), st.floats(1e-12, 1.0), st.integers(1, 10**6), st.sampled_from(["rdp", "gdp", "zcdp"]))
+@given(
+    st.one_of(st.just(0.0), st.floats(MIN_NOISE_MULTIPLIER, 20.0)),
+    st.floats(1e-12, 1.0),
+    st.integers(1, 10**6),
+    st.sampled_from(["rdp", "gdp", "zcdp"]),
+)
 def test_never_nan_or_negative(sigma, delta, t, name):
     event = SelfComposed(Gaussian(sigma), t)
     acc = make_accountant(name).compose(event)

@@ -28,11 +28,14 @@ from dpaudit.events import (
     SelfComposed,
     event_from_dict,
 )
+from dpaudit.validation import MIN_NOISE_MULTIPLIER
 
+# A noise multiplier is 0 (no noise) or at least MIN_NOISE_MULTIPLIER (below it the accountants overflow).
+noise = st.one_of(st.just(0.0), st.floats(MIN_NOISE_MULTIPLIER, 50.0))
 leaves = st.one_of(
-    st.floats(0.0, 50.0).map(Gaussian),
-    st.floats(0.0, 50.0).map(Laplace),
-    st.builds(JLGaussian, st.floats(0.0, 10.0), st.integers(1, 1000)),
+    noise.map(Gaussian),
+    noise.map(Laplace),
+    st.builds(JLGaussian, st.one_of(st.just(0.0), st.floats(MIN_NOISE_MULTIPLIER, 10.0)), st.integers(1, 1000)),
     st.floats(0.0, 5.0).map(ZCDP),
     st.builds(EpsilonDelta, st.floats(0.0, 20.0), st.floats(0.0, 1.0)),
     st.builds(RandomizedResponse, st.floats(0.0, 1.0), st.integers(1, 100)),
@@ -101,6 +104,8 @@ def test_composed_accepts_list_and_stores_tuple():
     ("factory", "message"),
     [
         (lambda: Gaussian(-1.0), "expected noise_multiplier >= 0, got -1.0"),
+        (lambda: Gaussian(1e-300), "expected noise_multiplier = 0 (no noise) or >= 1e-06, got 1e-300"),
+        (lambda: Gaussian(float("inf")), "expected noise_multiplier to be finite, got inf"),
         (lambda: Gaussian(float("nan")), "noise_multiplier"),
         (lambda: PoissonSampled(1.5, Gaussian(1.0)), "expected sample_rate in (0, 1], got 1.5"),
         (lambda: PoissonSampled(0.0, Gaussian(1.0)), "sample_rate"),

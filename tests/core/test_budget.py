@@ -1,0 +1,116 @@
+"""Impossible work refused early (issue 30): a cost estimate before anything large starts, refusing what
+cannot fit in memory and asking for --yes above an hour; each case answers at once (exit code 2 and one
+line) without training anything."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit import budget
+from dpaudit.budget import Cost, allow_long_work, check_cost
+from dpaudit.cli.main import app
+from dpaudit.errors import InputError
+
+runner = CliRunner()
+GiB = 2**30
+
+
+def invoke(*args):
+    return runner.invoke(app, ["--quiet", *[str(a) for a in args]])
+
+
+def one_line_error(r):
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2, r.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def eight_gib(monkeypatch):
+    """A fixed machine (8 GiB available), and no training at all: every case must be refused before it."""
+    monkeypatch.setattr(budget, "available_memory", lambda: 8 * GiB)
+    monkeypatch.delenv(budget.YES_ENV, raising=False)
+
+    def no_training(*a, **k):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr("dpaudit.training.run._tensors", no_training)
+
+
+def test_check_cost_refuses_memory_and_asks_before_long_work():
+    check_cost(Cost("x", 10, "units", bytes_per_unit=GiB / 10, seconds_per_unit=1.0))
+    with pytest.raises(InputError, match="need about 5 GiB of memory, more than 50% of the 8 GiB available"):
+        check_cost(Cost("x", 5, "units", bytes_per_unit=GiB))
+    long = Cost("x", 2, "units", seconds_per_unit=3000.0)
+    with pytest.raises(InputError, match="would take about 1.67 hours .* rerun with dpaudit --yes"):
+        check_cost(long)
+    with allow_long_work():
+        check_cost(long)
+    with pytest.raises(InputError):  # the go-ahead ends with its block
+        check_cost(long)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "--epochs", 10**9], "training steps would take about"),
+        (["train", "--steps", 10**12], "training steps would take about"),
+        (["train", "--hidden", "40000,40000"], "parameters need about"),
+        (["train", "--canaries", 10**7], "canaries need about"),
+        (
+            ["audit", "train", "--runs", 10**9, "--algo", "sgd", "--epochs", "1"],
+            "audit train: 2e\\+09 trainings would take",
+        ),
+    ],
+)
+def test_exhaustion_cases_are_refused_before_any_work(tmp_path, args, message):
+    out = ["--out", tmp_path / "run"] if args[0] == "train" else []
+    line = one_line_error(invoke(*args, *out))
+    assert __import__("re").search(message, line), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_yes_lets_long_work_start(tmp_path):
+    r = runner.invoke(app, ["--yes", "train", "--epochs", str(10**9), "--out", str(tmp_path / "run")])
+    assert "training started" in r.output  # past the check: the fixture's stand-in for training ran
+
+
+def test_many_reference_models_ask_for_yes():
+    from dpaudit.budget import check_trainings, training_cost
+
+    one = training_cost("reference models", 10**6, 10**4, 64, private=False)
+    with pytest.raises(InputError, match="reference models: 1e\\+04 trainings would take"):
+        check_trainings("reference models", 10_000, one)
+
+
+def test_a_huge_spec_beside_small_weights_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+    import torch
+
+    save_file({"0.weight": torch.zeros(3, 3)}, str(tmp_path / "w.safetensors"))
+    spec = {"kind": "mlp", "input_shape": [64], "n_classes": 10, "hidden": [40000, 40000]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    monkeypatch.setattr("dpaudit.models.MLPSpec.build", lambda self: pytest.fail("built the model"))
+    monkeypatch.setattr(budget, "model_parameters", lambda spec: 1_602_970_410)
+    line = one_line_error(
+        invoke("import", tmp_path / "w.safetensors", "--model-spec", tmp_path / "spec.json", "--out", tmp_path / "r")
+    )
+    assert "weights hold 9 values but the model spec has 1602970410 parameters" in line
+
+
+@pytest.mark.parametrize(
+    ("hidden", "message"),
+    [([10**400], "expected hidden in \\[0, 2147483647\\]"), ([10.5], "expected hidden to hold integers")],
+)
+def test_absurd_spec_values_are_one_line(tmp_path, hidden, message):
+    from dpaudit.models import read_model_spec
+
+    (tmp_path / "spec.json").write_text(
+        '{"kind": "mlp", "input_shape": [64], "n_classes": 10, "hidden": [%s]}' % hidden[0]
+    )
+    with pytest.raises(InputError, match=message):
+        read_model_spec(tmp_path / "spec.json")
