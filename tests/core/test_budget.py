@@ -46,7 +46,7 @@ def test_check_cost_refuses_memory_and_asks_before_long_work():
     with pytest.raises(InputError, match="need about 5 GiB of memory, more than 50% of the 8 GiB available"):
         check_cost(Cost("x", 5, "units", bytes_per_unit=GiB))
     long = Cost("x", 2, "units", seconds_per_unit=3000.0)
-    with pytest.raises(InputError, match="would take about 1.67 hours .* rerun with dpaudit --yes"):
+    with pytest.raises(InputError, match=r"would take about 1\.67 hours .* rerun with dpaudit --yes"):
         check_cost(long)
     with allow_long_work():
         check_cost(long)
@@ -88,8 +88,8 @@ def test_many_reference_models_ask_for_yes():
 
 
 def test_a_huge_spec_beside_small_weights_is_refused_before_it_is_built(tmp_path, monkeypatch):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"0.weight": torch.zeros(3, 3)}, str(tmp_path / "w.safetensors"))
     spec = {"kind": "mlp", "input_shape": [64], "n_classes": 10, "hidden": [40000, 40000]}
@@ -110,7 +110,7 @@ def test_absurd_spec_values_are_one_line(tmp_path, hidden, message):
     from dpaudit.models import read_model_spec
 
     (tmp_path / "spec.json").write_text(
-        '{"kind": "mlp", "input_shape": [64], "n_classes": 10, "hidden": [%s]}' % hidden[0]
+        '{"kind": "mlp", "input_shape": [64], "n_classes": 10, "hidden": [' + str(hidden[0]) + "]}"
     )
     with pytest.raises(InputError, match=message):
         read_model_spec(tmp_path / "spec.json")
