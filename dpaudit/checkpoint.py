@@ -395,7 +395,7 @@ def check_weights_fit_spec(spec: ModelSpec, state: Mapping[str, Any], source: st
     have = sum(int(np.prod(getattr(v, "shape", ()))) for v in state.values())
     want = model_parameters(spec)
     if have != want:
-        raise CheckpointError(f"{source}: weights hold {have} values but the model spec has {want} parameters")
+        raise CheckpointError(f"{source}: weights do not match the model spec: they hold {have} values, the spec {want} parameters")
 
 
 def load_run(path: Path | str) -> Run:

@@ -191,6 +191,11 @@ class App(typer.Typer):
                     if STATE.debug:
                         traceback.print_exc()
                     fail(_error_line(e, ctx))
+                except OSError as e:  # the environment, not a bug: permissions, disk full, read-only, ...
+                    if STATE.debug:
+                        traceback.print_exc()
+                    where = f" ({e.filename})" if e.filename else ""
+                    fail(f"{e.strerror or type(e).__name__}{where}")
                 except KeyboardInterrupt:
                     typer.echo("interrupted", err=True)
                     raise typer.Exit(130) from None

@@ -93,7 +93,12 @@ def register(app: App) -> None:
         ] = 2,
         workers: Annotated[int, typer.Option("--workers", help="Local processes training reference models.")] = 1,
         scheduler: Annotated[
-            str | None, typer.Option("--scheduler", help="Dask scheduler address tcp://host:port (cluster).")
+            str | None,
+            typer.Option(
+                "--scheduler",
+                help="Dask scheduler address tcp://host:port (cluster). Dask exchanges pickles: "
+                "connect only to your own.",
+            ),
         ] = None,
         cache_dir: Annotated[
             Path | None,

@@ -337,7 +337,8 @@ TrainerOpt = Annotated[
         "--trainer",
         help="Your own training function, 'package.module:function' (imported from the current directory too): "
         "function(X, y, seed) -> state dict of the --model-spec model. Needs --claimed-epsilon and --delta; "
-        "dpaudit's trainer options (--algo, --lr, ...) do not apply.",
+        "dpaudit's trainer options (--algo, --lr, ...) do not apply. Its module is imported and run: "
+        "give only your own code.",
     ),
 ]
 ModelSpecOpt = Annotated[
