@@ -8,6 +8,7 @@ fails loudly instead of giving silently wrong numbers.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -317,7 +318,9 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
     if suffix in (".pt", ".pth", ".bin"):
         try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)  # safe: tensors and primitives only
+            with warnings.catch_warnings():  # torch's own warnings about the pickle inside: our line says it
+                warnings.simplefilter("ignore")
+                obj = torch.load(path, map_location="cpu", weights_only=True)  # safe: tensors and primitives only
         except Exception:  # torch's own message advises weights_only=False, i.e. running the file's pickle
             raise CheckpointError(
                 f"{path}: not a plain state_dict of tensors; loading it would need pickle, which can run "
@@ -395,7 +398,9 @@ def check_weights_fit_spec(spec: ModelSpec, state: Mapping[str, Any], source: st
     have = sum(int(np.prod(getattr(v, "shape", ()))) for v in state.values())
     want = model_parameters(spec)
     if have != want:
-        raise CheckpointError(f"{source}: weights do not match the model spec: they hold {have} values, the spec {want} parameters")
+        raise CheckpointError(
+            f"{source}: weights do not match the model spec: they hold {have} values, the spec {want} parameters"
+        )
 
 
 def load_run(path: Path | str) -> Run:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dpaudit.errors import InputError
-from dpaudit.validation import check_int_fields
+from dpaudit.validation import check_int_fields, read_json
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn")
@@ -209,17 +209,13 @@ SPECS: dict[str, type[ModelSpec]] = {s.kind: s for s in (LogRegSpec, MLPSpec, CN
 def read_model_spec(path: str | Path) -> ModelSpec:
     """A model spec from a JSON file in :meth:`ModelSpec.to_dict`'s format (``docs/model-spec.md``);
     any problem is one :class:`InputError` line naming the file."""
-    import json
 
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: expected a model spec JSON file, got a directory")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
+    d = read_json(path)  # size, depth and number limits
     try:
         return model_spec_from_dict(d)
     except InputError as e:

@@ -40,6 +40,7 @@ from dpaudit.accounting.base import (
     replace_factor,
     unsupported,
 )
+from dpaudit.budget import Cost, check_cost
 from dpaudit.errors import InputError
 from dpaudit.events import (
     EpsilonDelta,
@@ -154,6 +155,9 @@ class DiscretePLD:
             return DiscretePLD(self.interval, self.offset * count, np.zeros(1), min(inf_mass, tot**count))
         lo, hi, tail_lo, tail_hi = _chernoff_window(p, count, tail, self.interval)
         size = hi - lo + 1
+        # Before the FFT: the window's arrays (real input, complex spectrum, output: ~48 bytes a point)
+        # must fit, and a window taking hours asks for --yes (2 µs a point, measured on a 2-core CPU).
+        check_cost(Cost(f"PLD accounting of {count} compositions", size, "grid points", 48.0, 2e-6))
         length = sp_fft.next_fast_len(size, real=True)
         folded = (
             np.bincount(np.arange(n) % length, weights=p, minlength=length)

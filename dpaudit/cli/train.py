@@ -307,16 +307,11 @@ IMPORT_HELP = "\n\n".join(" ".join(p.split()) for p in _IMPORT_DOC.split("\n\n")
 
 
 def _read_json(path: Path, what: str):
-    import json
+    from dpaudit.validation import read_json
 
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: expected a {what} JSON file, got a directory") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
+    if path.is_dir():
+        raise InputError(f"{path}: expected a {what} JSON file, got a directory")
+    return read_json(path)  # size, depth and number limits
 
 
 def _from_file(parse, *args, **kwargs):

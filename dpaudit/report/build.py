@@ -25,6 +25,7 @@ import numpy as np
 from dpaudit.audit import clopper_pearson_lower, clopper_pearson_upper, decide_verdict
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir, write_atomic_dir
+from dpaudit.validation import read_json
 from dpaudit.workflows.result import ModelAudit, headline
 
 SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
@@ -315,10 +316,7 @@ def load_report(path: Path | str) -> dict[str, Any]:
         path = path / REPORT_FILES["json"]
     if not path.is_file():
         raise InputError(f"{path}: no such report file")
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
+    report = read_json(path)  # size, depth and number limits
     try:
         validate_report(report)
     except InputError as e:

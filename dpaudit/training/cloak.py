@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir, write_atomic_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.validation import check_in_interval, check_positive, check_positive_int
+from dpaudit.validation import check_in_interval, check_positive, check_positive_int, read_json
 
 CLOAK_SCHEMA_VERSION = 1
 CLOAK_FILE = "cloak.json"
@@ -418,10 +418,7 @@ def load_cloak(path: Path | str) -> Cloak:
     f = path / CLOAK_FILE
     if not f.is_file():
         raise CheckpointError(f"{path}: not a cloak checkpoint (no {CLOAK_FILE})")
-    try:
-        meta = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    meta = read_json(f, error=CheckpointError)  # size, depth and number limits
     if not isinstance(meta, dict) or meta.get("kind") != "cloak":
         raise CheckpointError(
             f"{f}: not a cloak checkpoint (kind {meta.get('kind') if isinstance(meta, dict) else None!r})"
