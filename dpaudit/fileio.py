@@ -272,6 +272,20 @@ def recover_leftovers(out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (else set and restored)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _swap_in(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and moved back on any failure."""
     if not out.exists():
@@ -317,6 +331,7 @@ def write_atomic_dir(
         check_output_dir(out, force=force, inputs=inputs)
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=_TMP, dir=out.parent))
+            tmp.chmod(0o777 & ~_umask())  # mkdtemp is owner-only; the output gets an ordinary folder's mode
         except OSError as e:
             raise output_error(e, out) from None
         try:

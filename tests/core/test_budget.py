@@ -104,7 +104,11 @@ def test_a_huge_spec_beside_small_weights_is_refused_before_it_is_built(tmp_path
 
 @pytest.mark.parametrize(
     ("hidden", "message"),
-    [([10**400], "expected hidden in \\[0, 2147483647\\]"), ([10.5], "expected hidden to hold integers")],
+    [
+        ([10**400], "an integer with 401 digits"),  # the JSON reader's limit
+        ([2**40], "expected hidden in \\[0, 2147483647\\]"),  # the spec's
+        ([10.5], "expected hidden to hold integers"),
+    ],
 )
 def test_absurd_spec_values_are_one_line(tmp_path, hidden, message):
     from dpaudit.models import read_model_spec

@@ -273,3 +273,12 @@ def test_a_parent_that_is_a_file_is_exit_2(tmp_path):
     assert "is not a directory" in line
     with pytest.raises(InputError, match="exists and is not a directory"):
         check_output_dir(tmp_path / "file", force=True)
+
+
+def test_outputs_get_an_ordinary_folders_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = write_atomic_dir(tmp_path / "out", writer({"a": "1"}), force=False)
+    finally:
+        os.umask(old)
+    assert oct(out.stat().st_mode & 0o777) == "0o755"  # a shared cache entry is readable, not writable, by others
