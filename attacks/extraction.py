@@ -413,7 +413,7 @@ def train_surrogate(
     -Σ_k p_k log q_k, the KL divergence to the target's answers up to the answers' entropy (Hinton et
     al. 2015, arXiv:1503.02531; Orekondy et al. 2019). Deterministic on CPU for a given seed.
     """
-    from dpaudit.training.base import get_trainer
+    from dpaudit.training.algorithms import get_trainer
     from dpaudit.training.config import PerfConfig, TrainConfig
 
     n = len(X)

@@ -91,8 +91,9 @@ def utility(datasets: list[str], seeds: int) -> None:
 
 def audits(runs: int) -> None:
     """Bound / claim of a direct multi-run audit of each learner (see the module docstring)."""
-    from dpaudit.training.convex import ConvexLearner, multirun_audit, output_sensitivity, worst_case_neighbour
+    from dpaudit.training.convex import ConvexLearner, output_sensitivity, worst_case_neighbour
     from dpaudit.training.dpagd import DPAGDConfig, dpagd
+    from dpaudit.workflows.training import multirun_audit
 
     rng = np.random.default_rng(0)
     print("\n### Direct multi-run audits (95% Clopper–Pearson lower bound on ε; bound / claim)\n")

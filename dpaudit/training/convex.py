@@ -46,7 +46,7 @@ from torch import nn
 from dpaudit.errors import InputError
 from dpaudit.events import EpsilonDelta, Gaussian, SelfComposed
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, register_trainer
+from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.validation import check_in_interval, check_positive
 
 LOGISTIC_CURVATURE = 0.25  # sup |ℓ''(z)| of the logistic loss (Chaudhuri et al. 2011, §3.4.1: c = 1/4)
@@ -381,7 +381,8 @@ def no_builtin_audit(trainer: Trainer, n: int):
     pointer to the plug-in path, instead of an internal error."""
     raise InputError(
         f"the built-in multi-run audit trains DP-SGD recipes; audit --algo {trainer.name} with the plug-in path "
-        "(dpaudit.training.convex.ConvexPluginTrainer as audit_training's trainer=, with its claim and neighbouring)"
+        "(dpaudit.training.algorithms.ConvexPluginTrainer as audit_training's trainer=, with its claim and "
+        "neighbouring)"
     )
 
 
@@ -412,19 +413,16 @@ class ConvexTrainer(Trainer):
         return TrainOutcome(model=model, privacy=claim, history=[{"classifiers": S.shape[1]}])
 
 
-@register_trainer
 class OutputPerturbationTrainer(ConvexTrainer):
     name = "outpert"
     learner = "outpert"
 
 
-@register_trainer
 class GaussianOutputPerturbationTrainer(ConvexTrainer):
     name = "outpert-gaussian"
     learner = "outpert-gaussian"
 
 
-@register_trainer
 class ObjectivePerturbationTrainer(ConvexTrainer):
     name = "objpert"
     learner = "objpert"
@@ -479,61 +477,3 @@ def worst_case_neighbour(Z: np.ndarray, s: np.ndarray, lam: float) -> tuple[np.n
         if np.linalg.norm(diff) > best[0]:
             best = (float(np.linalg.norm(diff)), Z2, s2, diff)
     return best[1], best[2], best[3] / best[0]
-
-
-def multirun_audit(
-    fit,
-    pair: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
-    direction: np.ndarray,
-    *,
-    runs: int,
-    claimed_epsilon: float,
-    delta: float,
-    seed: int = 0,
-    confidence: float = 0.95,
-):
-    """Run ``fit(Z, s, rng) -> weights`` ``runs`` times on each dataset of ``pair`` (IN first) with fresh
-    noise, score each run by ⟨w, direction⟩ (higher = IN; the direction is fixed before the runs) and
-    audit the scores with :func:`dpaudit.audit.audit_scores` (Clopper–Pearson, multi-run design: a formal
-    lower bound on ε for this neighbouring pair; Jagielski, Ullman & Oprea 2020, arXiv:2006.07709).
-    Returns the :class:`dpaudit.workflows.result.AuditRecord`."""
-    from dpaudit.audit import audit_scores
-    from dpaudit.workflows.result import AuditRecord
-
-    (Z_in, s_in), (Z_out, s_out) = pair
-    seeds = np.random.SeedSequence(seed).spawn(2 * runs)
-    scores = np.empty(2 * runs)
-    for r in range(2 * runs):
-        Z, s = (Z_in, s_in) if r < runs else (Z_out, s_out)
-        scores[r] = float(np.ravel(fit(Z, s, np.random.default_rng(seeds[r])))[: len(direction)] @ direction)
-    member = np.arange(2 * runs) < runs
-    result = audit_scores(
-        scores, member, method="clopper-pearson", design="multi-run", delta=delta, confidence=confidence,
-        claimed_epsilon=claimed_epsilon, seed=seed,
-    )  # fmt: skip
-    return AuditRecord("multi-run", f"{2 * runs} runs of the learner on a worst-case replace-one pair", result)
-
-
-@dataclass(frozen=True)
-class ConvexPluginTrainer:
-    """A learner of this module (or DP-AGD) as a plug-in trainer for
-    :func:`dpaudit.workflows.training.audit_training` (``trainer=``): ``(X, y, seed) -> state dict`` of
-    the zoo's logreg with ``n_classes`` outputs. ``config`` is the :class:`TrainConfig` (algo outpert,
-    outpert-gaussian, objpert, dpagd or dpagd-huber); the run's seed replaces ``config.seed``. Picklable,
-    so the audit may run it in worker processes. Pass the claim (ε, δ and ``neighbouring``: replace_one
-    for outpert/objpert, add_remove for DP-AGD) to the audit."""
-
-    config: Any
-    n_classes: int = 2
-
-    def __call__(self, X: np.ndarray, y: np.ndarray, seed: int) -> dict[str, torch.Tensor]:
-        import dataclasses
-
-        from dpaudit.models import build_model, default_spec
-        from dpaudit.training.base import get_trainer
-
-        config = dataclasses.replace(self.config, seed=int(seed))
-        model = build_model(default_spec("logreg", input_shape=tuple(X.shape[1:]), n_classes=self.n_classes))
-        trainer = get_trainer(config.algo)(config)
-        trainer.fit(model, torch.as_tensor(np.asarray(X, np.float32)), torch.as_tensor(np.asarray(y, np.int64)))
-        return model.state_dict()

@@ -42,7 +42,7 @@ from torch import nn
 from dpaudit.errors import InputError
 from dpaudit.events import ZCDP
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, register_trainer
+from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.training.convex import (
     _arrays,
     _sigmoid,
@@ -330,13 +330,11 @@ class DPAGDTrainer(Trainer):
         return TrainOutcome(model=model, privacy=claim, history=[{"steps": result.steps, **claim["ledger"]["count"]}])
 
 
-@register_trainer
 class DPAGDLogisticTrainer(DPAGDTrainer):
     name = "dpagd"
     objective = "logistic"
 
 
-@register_trainer
 class DPAGDHuberTrainer(DPAGDTrainer):
     name = "dpagd-huber"
     objective = "huber"

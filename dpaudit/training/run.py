@@ -25,7 +25,8 @@ from dpaudit.data import (
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.models import ModelSpec, build_model
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, get_trainer
+from dpaudit.training.algorithms import get_trainer
+from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
 from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
 

@@ -15,7 +15,6 @@ from dpaudit.training.convex import (
     class_signs,
     linear_weights,
     logistic_objective,
-    multirun_audit,
     norm_mechanism_noise,
     objpert_parameters,
     output_sensitivity,
@@ -24,6 +23,7 @@ from dpaudit.training.convex import (
     unit_ball_features,
     worst_case_neighbour,
 )
+from dpaudit.workflows.training import multirun_audit
 
 
 def _data(n, d, seed):
@@ -199,7 +199,7 @@ def test_bad_input_is_an_input_error():
         with pytest.raises(InputError):
             load_dataset(spec)
     from dpaudit.models import build_model, default_spec
-    from dpaudit.training.base import get_trainer
+    from dpaudit.training.algorithms import get_trainer
     from dpaudit.training.config import DPConfig, TrainConfig
 
     mlp = build_model(default_spec("mlp", input_shape=(3,), n_classes=2))
@@ -247,9 +247,8 @@ def test_multirun_audit_passes_correct_outpert_and_catches_a_planted_bug():
 def test_plugin_trainer_runs_in_the_workflow_audit_and_builtin_path_refuses():
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
+    from dpaudit.training.algorithms import ConvexPluginTrainer, claim_for
     from dpaudit.training.config import DPConfig, TrainConfig
-    from dpaudit.training.convex import ConvexPluginTrainer
-    from dpaudit.training.dpsgd import claim_for
     from dpaudit.workflows.training import audit_training
 
     torch.set_num_threads(1)
