@@ -188,16 +188,14 @@ def output_sensitivity(n: int, lam: float) -> float:
     return 2.0 / (n * lam)
 
 
-def norm_mechanism_noise(d: int, scale: float, rng: np.random.Generator, *, shape: float | None = None) -> np.ndarray:
+def norm_mechanism_noise(d: int, scale: float, rng: np.random.Generator) -> np.ndarray:
     """A draw with density ∝ exp(−‖η‖/scale) on R^d: direction uniform on the sphere (a normalised
     Gaussian), norm ~ Gamma(d, scale) (Chaudhuri et al. 2011, Alg. 1: the density ∝ e^{−β‖b‖} has
     ‖b‖ ~ Gamma(d, 1/β) by the polar change of variables, area element ∝ r^{d−1}).
-
-    ``shape`` (tests only) replaces the Gamma shape d, to plant the classic mistake Gamma(1, ·).
     """
     direction = rng.standard_normal(d)
     direction /= np.linalg.norm(direction)
-    return direction * rng.gamma(d if shape is None else shape, scale)
+    return direction * rng.gamma(d, scale)
 
 
 def gaussian_outpert_sigma(epsilon: float, delta: float, n_classifiers: int, contribution: float) -> float:
@@ -245,16 +243,14 @@ class ConvexLearner:
 
     ``algo``: "outpert" (norm mechanism), "outpert-gaussian" or "objpert"; ``epsilon`` (and ``delta``
     for the Gaussian) is the whole claim over the K = S.shape[1] classifiers.
-    ``noise_shape`` (tests/audits only) plants the mistake Gamma(noise_shape, ·) in the norm mechanism;
-    ``sensitivity_factor`` (tests/audits only) scales the Δ used for the noise (0.5: the 1/(Nλ) bug).
+    The mechanism's two ingredients are methods, :meth:`sensitivity` and :meth:`norm_noise`, so that a
+    test or an audit plants a mistake by subclassing (the 1/(Nλ) sensitivity, a Gamma(1, ·) norm).
     """
 
     algo: str
     lam: float
     epsilon: float
     delta: float = 0.0
-    noise_shape: float | None = None
-    sensitivity_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.algo not in ("outpert", "outpert-gaussian", "objpert"):
@@ -274,12 +270,20 @@ class ConvexLearner:
         if self.algo == "objpert":
             eps_p, extra = objpert_parameters(self.epsilon / k, n, self.lam)
             for j in range(k):
-                b = norm_mechanism_noise(d, 2.0 / eps_p, rng, shape=self.noise_shape)
+                b = self.norm_noise(d, 2.0 / eps_p, rng)
                 W[j] = solve_logistic(Z, S[:, j], self.lam, linear=b, extra_l2=extra)
             return W
         for j in range(k):
             W[j] = solve_logistic(Z, S[:, j], self.lam)
         return self.perturb(W, n, rng)
+
+    def sensitivity(self, n: int) -> float:
+        """Δ of the minimiser over ``n`` records (:func:`output_sensitivity`)."""
+        return output_sensitivity(n, self.lam)
+
+    def norm_noise(self, d: int, scale: float, rng: np.random.Generator) -> np.ndarray:
+        """One draw of the norm mechanism's noise (:func:`norm_mechanism_noise`)."""
+        return norm_mechanism_noise(d, scale, rng)
 
     def perturb(self, W: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
         """Output perturbation of the exact minimisers W (K × d) of N records: the mechanism's only
@@ -287,10 +291,10 @@ class ConvexLearner:
         if self.algo == "objpert":
             raise InputError("objpert perturbs the objective, not the output")
         k, d = W.shape
-        delta_w = self.sensitivity_factor * output_sensitivity(n, self.lam)
+        delta_w = self.sensitivity(n)
         if self.algo == "outpert":
             scale = delta_w / (self.epsilon / k)
-            return W + np.stack([norm_mechanism_noise(d, scale, rng, shape=self.noise_shape) for _ in range(k)])
+            return W + np.stack([self.norm_noise(d, scale, rng) for _ in range(k)])
         sigma = gaussian_outpert_sigma(self.epsilon, self.delta, k, delta_w / 2.0)
         return W + sigma * rng.standard_normal((k, d))
 
