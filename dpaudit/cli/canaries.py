@@ -24,7 +24,8 @@ def register(app: App) -> None:
             typer.Option("--noise-multiplier", help="The claim's sigma: adds the f-DP audit and the noise check."),
         ] = None,
         sample_rate: Annotated[
-            float | None, typer.Option("--sample-rate", help="The claim's Poisson rate q (checked against the canaries').")
+            float | None,
+            typer.Option("--sample-rate", help="The claim's Poisson rate q (checked against the canaries')."),
         ] = None,
         steps: Annotated[
             int | None, typer.Option("--steps", help="The claim's number of steps T (checked against those observed).")

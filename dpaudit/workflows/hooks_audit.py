@@ -58,7 +58,8 @@ class CanaryRunAudit:
         lines = [f"{self.path}: {self.count} gradient canaries over {self.steps} steps -> verdict: {self.verdict}"]
         for a in self.audits:
             lines += ["", f"[{a.attack}] {a.description}", a.result.summary()]
-        lines += ["", self.noise.summary() if self.noise is not None else "noise check: not run (give --noise-multiplier)"]
+        no_check = "noise check: not run (give --noise-multiplier)"
+        lines += ["", self.noise.summary() if self.noise is not None else no_check]
         return "\n".join(lines)
 
 
@@ -128,4 +129,3 @@ def audit_canaries(
     else:
         verdict = "consistent"
     return CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count)
-
