@@ -68,21 +68,6 @@ def composed_epsilon(ratio: float, sample_rate: float, steps: int, delta: float)
     return float(epsilon_for(event, delta, "pld"))
 
 
-def dirac_scores(observations, sample_rate: float, noise_multiplier: float) -> np.ndarray:
-    """Scores of Dirac gradient canaries from their per-step observations o_{t,k} = (noisy sum)_{j_k}/C
-    (shape (T,) or (T, M)): Σ_t log(1 − q + q·exp((o_t − 1/2)/σ²)), the Neyman–Pearson log-likelihood
-    ratio of N(b, σ²), b ~ Bernoulli(q), against N(0, σ²) summed over the steps (higher = more likely
-    included; Nasr et al. 2023, arXiv:2302.07956, §3). logaddexp keeps it finite for large |o|; σ = 0
-    gives Σ_t o_t (the count of draws)."""
-    o = np.asarray(observations, dtype=np.float64)
-    if noise_multiplier == 0:
-        return o.sum(axis=0)
-    z = (o - 0.5) / noise_multiplier**2
-    if sample_rate >= 1:
-        return z.sum(axis=0)
-    return np.logaddexp(np.log1p(-sample_rate), np.log(sample_rate) + z).sum(axis=0)
-
-
 @dataclass(frozen=True)
 class RatioEstimate:
     """Per-step shift b (in clipping norms) and noise σ, their ratio and its lower confidence bound."""

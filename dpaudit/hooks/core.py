@@ -57,6 +57,26 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def inclusion_bits(count: int, seed: int) -> np.ndarray:
+    """The canaries' secret inclusion bits: fair coins from ``seed``'s own stream (bool, ``count``)."""
+    return np.random.default_rng([int(seed), _INCLUDED]).random(int(count)) < 0.5
+
+
+def dirac_scores(observations, sample_rate: float, noise_multiplier: float) -> np.ndarray:
+    """Scores of Dirac gradient canaries from their per-step observations o_{t,k} = (noisy sum)_{j_k}/C
+    (shape (T,) or (T, M)): Σ_t log(1 − q + q·exp((o_t − 1/2)/σ²)), the Neyman–Pearson log-likelihood
+    ratio of N(b, σ²), b ~ Bernoulli(q), against N(0, σ²) summed over the steps (higher = more likely
+    included; Nasr et al. 2023, arXiv:2302.07956, §3). logaddexp keeps it finite for large |o|; σ = 0
+    gives Σ_t o_t (the count of draws)."""
+    o = np.asarray(observations, dtype=np.float64)
+    if noise_multiplier == 0:
+        return o.sum(axis=0)
+    z = (o - 0.5) / noise_multiplier**2
+    if sample_rate >= 1:
+        return z.sum(axis=0)
+    return np.logaddexp(np.log1p(-sample_rate), np.log(sample_rate) + z).sum(axis=0)
+
+
 def _framework(x: Any) -> str:
     mod = type(x).__module__
     if mod.startswith("torch"):
@@ -187,7 +207,7 @@ class GradientCanaries:
         if self.count > total:
             raise InputError(f"{self.count} gradient canaries need as many parameters; the model has {total}")
         # The auditor's fair coins first, from their own stream (as dpaudit's trainer has always drawn them).
-        coins = np.random.default_rng([self.seed, _INCLUDED]).random(self.count) < 0.5
+        coins = inclusion_bits(self.count, self.seed)
         if included is None:
             self.included_ = coins
         else:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from dpaudit.audit.noise import NoiseCheck, noise_check
-from dpaudit.audit.whitebox import dirac_scores
 from dpaudit.errors import InputError
+from dpaudit.hooks.core import dirac_scores
 from dpaudit.validation import check_in_interval, check_positive, check_positive_int
 from dpaudit.workflows.result import AuditRecord
 
