@@ -7,11 +7,13 @@ from typing import Annotated
 
 import typer
 
-from dpaudit.cli._common import App, JsonFlag, emit
+from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit
 from dpaudit.cli.audit import ClaimedOpt, ConfidenceOpt, FailOnViolationOpt, SeedOpt, _exit_code, audit_app
 
 
 def register(app: App) -> None:
+    app.add_typer(canaries_app, name="canaries", help="Canaries for models you train yourself.")
+
     @audit_app.command("canaries")
     def canaries_cmd(
         directory: Annotated[
@@ -48,3 +50,30 @@ def register(app: App) -> None:
         )  # fmt: skip
         emit(result.to_dict(), result.summary(), json_flag=json_output)
         _exit_code([result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=False)
+
+
+canaries_app = App(help="Canaries for models you train yourself (then `dpaudit import --canaries`).")
+
+
+@canaries_app.command("make")
+def make_cmd(
+    data: Annotated[str, typer.Option("--data", help="The records you will train on: PATH.csv | PATH.npz | digits.")],
+    count: Annotated[int, typer.Option("--count", help="Number of canaries M (each included w.p. 1/2).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (keep canaries.safetensors secret).")],
+    kind: Annotated[str, typer.Option("--kind", help="mislabeled | outlier | clipbkd | crafted.")] = "mislabeled",
+    members: Annotated[
+        Path | None, typer.Option("--members", help="Indices into --data of the records you will train on.")
+    ] = None,
+    label_column: Annotated[str | None, typer.Option("--label-column", help="Label column of a CSV file.")] = None,
+    seed: SeedOpt = 0,
+    force: ForceFlag = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Make canaries for your own training: add the records in OUT/insert.npz to your training set, train,
+    then `dpaudit import ... --canaries OUT` and `dpaudit audit checkpoint` for the formal one-run audit."""
+    from dpaudit.canaries import make_canary_dir
+
+    d = make_canary_dir(
+        data, count=count, kind=kind, out=out, seed=seed, members=members, label_column=label_column, force=force
+    )
+    emit(d, f"{d['m']} {d['kind']} canaries, {d['n_included']} to insert: {d['insert']}", json_flag=json_output)

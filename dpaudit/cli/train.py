@@ -412,9 +412,18 @@ def register_import(app: App) -> None:
             str | None,
             typer.Option("--split", help="Legacy mode only: fractions members,holdout,aux,test [0.35,0.2,0.25,0.2]."),
         ] = None,
+        canaries: Annotated[
+            Path | None,
+            typer.Option(
+                "--canaries",
+                help="Directory from `dpaudit canaries make`: its included canaries were added to the training set; "
+                "`audit checkpoint` then gives the formal one-run audit.",
+            ),
+        ] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
+        from dpaudit.canaries import read_canary_dir
         from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
         from dpaudit.models import read_model_spec
         from dpaudit.training.run import StatedClaim, import_run, recipe_from_dict, summary
@@ -490,6 +499,7 @@ def register_import(app: App) -> None:
             recipe=config,
             label_column=label_column,
             force=force,
+            canaries=None if canaries is None else read_canary_dir(canaries, ds),
         )
         for message in meta["import"]["warnings"]:
             _warn(message)

@@ -147,3 +147,33 @@ def test_jax_loop_correct_and_reused_noise(tmp_path):
     assert ok.verdict != "violation"
     assert bug.verdict == "violation" and bug.noise.independence_p_value == 0.0
     assert np.all(np.isfinite(ok.noise.variance_p_value))
+
+
+def test_import_with_canaries_gives_a_formal_one_run_audit(tmp_path):
+    """make -> insert -> own training -> import --canaries -> audit checkpoint: a formal one-run record; the
+    non-private model refutes a claim of ε = 1 (exit 1). Bad input: canaries made for other data, exit 2."""
+    from examples import import_with_canaries as ex
+
+    def invoke(args):
+        r = runner.invoke(app, args)
+        return r.exit_code, r.stdout
+
+    d = ex.run(tmp_path, invoke)
+    assert d["exit_code"] == 1
+    records = [a for a in d["audits"] if a["source"]["attack"] == "canaries"]
+    assert records and all(a["formal"] for a in records) and records[0]["method"] == "one-run"
+    assert records[0]["verdict"] == "violation" and records[0]["epsilon_lower_bound"] > 1.0
+    assert "imported run" in records[0]["description"]
+    # The secret bits are not in the file the trainer gets: insert.npz holds the included canaries only.
+    with np.load(tmp_path / "canaries" / "insert.npz", allow_pickle=False) as z:
+        assert set(z.files) == {"X", "y"} and 0 < len(z["y"]) < 200
+    np.savez(tmp_path / "other.npz", X=np.zeros((30, 5)), y=np.arange(30, dtype=np.int64) % 10)
+    (tmp_path / "m.txt").write_text("\n".join(map(str, range(20))) + "\n")
+    r = runner.invoke(app, ["import", str(tmp_path / "model.safetensors"), "--model-spec", str(tmp_path / "spec.json"),
+                            "--data", str(tmp_path / "other.npz"), "--members", str(tmp_path / "m.txt"),
+                            "--canaries", str(tmp_path / "canaries"), "--out", str(tmp_path / "r2")])  # fmt: skip
+    assert r.exit_code == 2
+    r = runner.invoke(
+        app, ["canaries", "make", "--data", "digits", "--count", "5", "--out", str(tmp_path / "canaries")]
+    )
+    assert r.exit_code == 2 and "already exists" in r.output
