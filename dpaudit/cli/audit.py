@@ -11,6 +11,7 @@ import typer
 from dpaudit.cli._common import App, JsonFlag, emit, json_mode, progress
 from dpaudit.errors import EXIT_VIOLATION, InputError
 from dpaudit.workflows.checkpoint import DEFAULTS
+from dpaudit.workflows.training import PLUGIN_SCORE_HELP as SCORE_HELP
 
 if TYPE_CHECKING:
     from dpaudit.audit.result import AuditResult
@@ -401,6 +402,12 @@ def train_cmd(
     model_spec: ModelSpecOpt = None,
     trainer: TrainerOpt = None,
     neighbouring: NeighbouringOpt = None,
+    score: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--score", help="With --trainer, repeatable (Bonferroni over them; default margin). " + SCORE_HELP
+        ),
+    ] = None,
     train_size: Annotated[int | None, typer.Option("--train-size", help="Train on a subset of the members.")] = None,
     algo: Annotated[str, typer.Option("--algo", help="sgd | adam | dpsgd | dpadam")] = "dpsgd",
     epochs: Annotated[int, typer.Option("--epochs")] = 5,
@@ -495,9 +502,11 @@ def train_cmd(
         neighbouring=neighbouring,
         init=init,
         allow_inconclusive=allow_inconclusive,
+        scores=tuple(score) if score else ("margin",),
     )
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
-    _exit_code([result.result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
+    verdicts = [a.result.verdict for a in result.audits or (result.audit,)]
+    _exit_code(verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
 def register(app: App) -> None:
