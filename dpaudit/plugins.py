@@ -12,6 +12,12 @@ The contract (users' CI files depend on it; it does not change)::
 - ``seed``: a non-negative int (< 2**31), different for every run; *all* the run's randomness
   (initialisation, sampling, noise) must come from it — :mod:`dpaudit.seeding` derives framework
   generators from it.
+- ``reference_size`` (optional keyword, passed only when the function accepts it): the dataset size N the
+  mechanism is defined for, the same in every run of an audit, IN or OUT. Use it — never ``len(X)`` — for
+  the sampling rate (q = B / reference_size) and for any division (by the expected batch size
+  q · reference_size). A trainer that divides by ``len(X)`` or sets q = B / len(X) runs a different
+  mechanism on the two neighbouring datasets (N vs N + 1 records), so even its "correct" version can
+  truly exceed its claim, and an audit then measures the wrong thing.
 - returns: the state dict of the model that the model spec describes
   (:func:`dpaudit.models.build_model`), as torch tensors or numpy arrays; the wrapper prefixes of
   Opacus (``_module.``) and DDP (``module.``) are accepted.
@@ -122,10 +128,27 @@ def check_trainer(fn: Any, name: str | None = None) -> None:
         raise InputError(f"trainer {name}{sig} cannot be called as {name}(X, y, seed); expected {CONTRACT}") from None
 
 
+def accepts_reference_size(fn: Any) -> bool:
+    """Whether ``fn`` can be called with the optional keyword ``reference_size`` (see the contract)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "reference_size" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 def call_trainer(
-    fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, *, name: str | None = None
+    fn: Trainer,
+    X: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    spec,
+    *,
+    name: str | None = None,
+    reference_size: int | None = None,
 ) -> torch.nn.Module:
-    """Run ``fn(X, y, seed)`` and load what it returns into ``build_model(spec)`` (eval mode).
+    """Run ``fn(X, y, seed)`` (with ``reference_size=`` when given and ``fn`` accepts it) and load what it
+    returns into ``build_model(spec)`` (eval mode).
 
     Raises :class:`InputError` naming the trainer when the function raises, returns something that is
     not a mapping, returns names or shapes the spec does not have (listing them, and what was
@@ -137,7 +160,10 @@ def call_trainer(
 
     name = name or trainer_name(fn)
     try:
-        state = fn(X, y, seed)
+        if reference_size is not None and accepts_reference_size(fn):
+            state = fn(X, y, seed, reference_size=int(reference_size))
+        else:
+            state = fn(X, y, seed)
     except Exception as e:
         raise InputError(f"trainer {name} failed (seed {seed}): {_first_line(e)}") from e
     if not isinstance(state, Mapping):

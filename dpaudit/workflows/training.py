@@ -119,10 +119,10 @@ def _train_plugin_one(args: tuple) -> tuple[float, ...]:
 
     from dpaudit.plugins import call_trainer, load_trainer
 
-    trainer, name, X, y, run_seed, spec, canary_x, canary_y, scores = args
+    trainer, name, X, y, run_seed, spec, canary_x, canary_y, scores, reference_size = args
     torch.set_num_threads(1)
     fn = load_trainer(trainer) if isinstance(trainer, str) else trainer
-    model = call_trainer(fn, X, y, run_seed, spec, name=name)
+    model = call_trainer(fn, X, y, run_seed, spec, name=name, reference_size=reference_size)
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     return tuple(_score_one(s, model, state, canary_x, canary_y) for s in _score_fns(scores))
 
@@ -138,13 +138,14 @@ def _plugin_jobs(trainer, name, data, idx_in, idx_out, pre, spec, canary_x, cana
     X_in, X_out = pre.transform(data.X[idx_in]), pre.transform(data.X[idx_out])
     y_in, y_out = data.y[idx_in].astype(np.int64), data.y[idx_out].astype(np.int64)
     canary_pre = pre.transform(canary_x)
+    reference_size = max(len(idx_in), len(idx_out))  # one N for both neighbours (the plug-in contract)
     for r in range(2 * runs):
         X, y = (X_in, y_in) if r < runs else (X_out, y_out)
         perm_ss, seed_ss = np.random.SeedSequence(seed, spawn_key=(0x504C, r)).spawn(2)
         perm = np.random.default_rng(perm_ss).permutation(len(y))
         run_seed = int(seed_ss.generate_state(1, np.uint32)[0] >> 1)
         yield (trainer, name, np.ascontiguousarray(X[perm]), y[perm].copy(), run_seed, spec, canary_pre, canary_y,
-               scores)  # fmt: skip
+               scores, reference_size)  # fmt: skip
 
 
 def audit_training(

@@ -83,3 +83,21 @@ def test_cli_several_scores_exit_1_on_any_violation():
     assert r.exit_code == 1, r.output
     d = json.loads(r.stdout)
     assert [a["verdict"] for a in d["score_audits"]] == ["consistent", "violation"]
+
+
+SIZES: list[tuple[int, int]] = []
+
+
+def sized_trainer(X, y, seed, *, reference_size):
+    """Records (len(X), reference_size); a zero logreg."""
+    SIZES.append((len(X), reference_size))
+    return {"1.weight": np.zeros((10, 64), np.float32), "1.bias": np.zeros(10, np.float32)}
+
+
+def test_reference_size_is_one_n_for_both_neighbours(digits):
+    """The contract's optional keyword: IN (N + 1 records) and OUT (N) runs get the same reference size, the
+    larger one; a trainer without the keyword is called as before (the other tests)."""
+    ds, spec = digits
+    SIZES.clear()
+    audit_training(ds, spec, trainer=sized_trainer, claimed_epsilon=1.0, delta=1e-5, runs=2, train_size=50)
+    assert sorted(SIZES) == [(50, 51), (50, 51), (51, 51), (51, 51)]
