@@ -123,7 +123,10 @@ def check_trainer(fn: Any, name: str | None = None) -> None:
     except (TypeError, ValueError):  # some builtins and C callables have no signature: let the call decide
         return
     try:
-        sig.bind(None, None, 0)
+        if "reference_size" in sig.parameters:
+            sig.bind(None, None, 0, reference_size=0)
+        else:
+            sig.bind(None, None, 0)
     except TypeError:
         raise InputError(f"trainer {name}{sig} cannot be called as {name}(X, y, seed); expected {CONTRACT}") from None
 
