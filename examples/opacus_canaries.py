@@ -1,14 +1,15 @@
 """An unchanged Opacus training loop carrying dpaudit's gradient canaries, audited from ONE run.
 
-The only dpaudit lines in the loop are the two marked ``# dpaudit``: build the canaries, attach them
-to the optimizer ``make_private`` returned, and save what they saw. Then::
+The only dpaudit lines in the loop are those marked ``# dpaudit``: build the canaries, attach them to
+the optimizer ``make_private`` returned, and save what they saw. Then::
 
     python -m examples.opacus_canaries --out run-canaries            # the correct pipeline
-    dpaudit audit canaries run-canaries --claimed-epsilon 2.06 --delta 1e-5 \\
+    dpaudit audit canaries run-canaries --claimed-epsilon 7.16 --delta 1e-5 \\
         --noise-multiplier 1.0 --fail-on-violation
 
-(2.06 is ``claimed_epsilon(1e-5)``.) ``--bug`` plants one of three mistakes that a black-box audit
-needs about a million trainings to see, and that the noise check sees in one run:
+(7.16 is ``claimed_epsilon(1e-5)``: σ = 1, q = 0.1, T = 80.) ``--bug`` plants one of three mistakes
+that black-box audits with hundreds of trainings miss (for σC/√2 even a perfect score needs about 10⁶
+trainings per side), and that the noise check sees in one run:
 
 - ``sqrt2``: noise σC/√2 (e.g. two micro-batches each noised with σC/2 and summed) under the claim σ;
 - ``bias``: the noise added to the weights but not to the biases (a hand-written ``add_noise``);
