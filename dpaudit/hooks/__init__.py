@@ -6,12 +6,6 @@
 - JAX: :func:`dpaudit.hooks.jax_adapter.pytree_hooks` on gradient pytrees.
 """
 
-from dpaudit.hooks.core import (
-    CanaryObservations,
-    GradientCanaries,
-    check_same_model,
-    load_observations,
-    save_observations,
-)
+from dpaudit.hooks.core import CanaryObservations, GradientCanaries, load_observations, save_observations
 
-__all__ = ["CanaryObservations", "GradientCanaries", "check_same_model", "load_observations", "save_observations"]
+__all__ = ["CanaryObservations", "GradientCanaries", "load_observations", "save_observations"]

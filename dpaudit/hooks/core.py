@@ -461,11 +461,3 @@ def load_observations(directory: Path | str) -> CanaryObservations:
     if (obs.inclusion == "step") != (obs.coins is not None) or (obs.coins is not None and obs.coins.shape != (T, M)):
         raise CheckpointError(f"{d}: per-step coins missing or malformed")
     return obs
-
-
-def check_same_model(obs: CanaryObservations, param_shapes: Mapping[str, Sequence[int]]) -> None:
-    """Refuse canaries designed for another model (names or shapes differ)."""
-    mine = {canonical_name(str(n)): tuple(int(x) for x in s) for n, s in param_shapes.items()}
-    if mine != obs.param_shapes:
-        diff = sorted(set(mine.items()) ^ set(obs.param_shapes.items()))[:2]
-        raise InputError(f"the canaries were designed for another model (parameters differ: {diff})")
