@@ -17,7 +17,9 @@ The contract (users' CI files depend on it; it does not change)::
   the sampling rate (q = B / reference_size) and for any division (by the expected batch size
   q · reference_size). A trainer that divides by ``len(X)`` or sets q = B / len(X) runs a different
   mechanism on the two neighbouring datasets (N vs N + 1 records), so even its "correct" version can
-  truly exceed its claim, and an audit then measures the wrong thing.
+  truly exceed its claim, and an audit then measures the wrong thing. Before the runs, a trainer that takes
+  the keyword is trained twice on the same records and seed with N and 2N; identical weights are reported
+  in the audit's notes (the keyword seems ignored), as is a trainer without it (it cannot be checked).
 - returns: the state dict of the model that the model spec describes
   (:func:`dpaudit.models.build_model`), as torch tensors or numpy arrays; the wrapper prefixes of
   Opacus (``_module.``) and DDP (``module.``) are accepted.
@@ -137,7 +139,33 @@ def accepts_reference_size(fn: Any) -> bool:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.name == "reference_size" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return any(p.name == "reference_size" for p in params)
+
+
+def reference_size_note(fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, reference_size: int, *,
+                        name: str | None = None) -> str | None:  # fmt: skip
+    """Why the trainer may run different mechanisms on the two neighbours, or None when nothing is seen.
+
+    A trainer without the ``reference_size`` keyword cannot be checked (it may use ``len(X)``). One with it
+    is trained twice on the same records and seed, with ``reference_size`` N and 2N: a sampling rate
+    B / reference_size or a divisor q · reference_size changes the weights; bit-identical weights mean the
+    keyword is ignored (and ``len(X)`` presumably used). A detection, not a proof: a trainer that needs
+    neither (full-batch training with a fixed divisor) also gives identical weights."""
+    name = name or trainer_name(fn)
+    if not accepts_reference_size(fn):
+        return (
+            f"trainer {name} does not take reference_size: if it uses len(X) for its sampling rate or divisor, "
+            "the two neighbouring datasets run different mechanisms (see dpaudit.plugins)"
+        )
+    a = call_trainer(fn, X, y, seed, spec, name=name, reference_size=reference_size).state_dict()
+    b = call_trainer(fn, X, y, seed, spec, name=name, reference_size=2 * reference_size).state_dict()
+    if all(bool((a[k] == b[k]).all()) for k in a):
+        return (
+            f"trainer {name} returned the same weights for reference_size {reference_size} and {2 * reference_size} "
+            "(same records and seed): it seems to ignore it, and to use len(X) instead, which makes the two "
+            "neighbouring datasets run different mechanisms"
+        )
+    return None
 
 
 def call_trainer(

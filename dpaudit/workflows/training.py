@@ -305,8 +305,16 @@ def audit_training(
         else:
             idx_out = members
             source = f"one {canary_kind} canary added or not (add/remove; black-box, final model)"
+    contract_note = None
     if trainer is not None:
+        from dpaudit.plugins import load_trainer, reference_size_note
+
         source += f"; trained by {name}"
+        X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
+        contract_note = reference_size_note(
+            load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out, data.y[idx_out].astype(np.int64),
+            int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
+        )  # fmt: skip
         jobs = _plugin_jobs(
             trainer, name, data, idx_in, idx_out, fit_preprocessing(data, pre_idx), spec, canary_x, canary_y, runs,
             int(seed), scores,
@@ -346,6 +354,8 @@ def audit_training(
             table[:, j], member, method=method, design="multi-run", delta=delta, confidence=level,
             claimed_epsilon=claimed, seed=seed,
         )  # fmt: skip
+        if contract_note is not None:
+            result = dataclasses.replace(result, notes=(*result.notes, contract_note))
         what = f"; score {names[j]} ({j + 1} of {k}, Bonferroni)" if k > 1 else ""
         records.append(
             AuditRecord("multi-run", f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}", result)
