@@ -205,7 +205,7 @@ def run_mia(
     ds = run.dataset()  # verifies the data hash: the checkpoint must match the data it was trained on
     ids, member = candidates(run)
     y = ds.y[ids]
-    target_logits = run.logits(ds.X[ids])
+    target_logits = run.logits(ds.view(ids))  # read and preprocessed a batch at a time
     recipe = Recipe.from_run(run, ds) if ("shadow" in methods or needs_refs) else None
     results: list[AttackResult] = []
 

@@ -40,7 +40,15 @@ from dpaudit.errors import CheckpointError, InputError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CONTRACT", "call_trainer", "check_trainer", "load_model_spec", "load_trainer", "trainer_name"]
+__all__ = [
+    "CONTRACT",
+    "call_trainer",
+    "check_trainer",
+    "load_model_spec",
+    "load_object",
+    "load_trainer",
+    "trainer_name",
+]
 
 CONTRACT = "function(X: numpy.ndarray, y: numpy.ndarray, seed: int) -> Mapping[str, array-like]"
 
@@ -71,8 +79,19 @@ def load_trainer(path: str) -> Trainer:
     Raises :class:`InputError` (one line) when the path is malformed, the module does not import (and
     why), the attribute is missing or not callable, or it cannot be called as ``f(X, y, seed)``.
     """
+    obj = load_object(path, "trainer", "'package.module:function'")
+    check_trainer(obj, path)
+    return obj
+
+
+def load_object(path: str, what: str, form: str) -> Any:
+    """The object named by ``"package.module:attr"`` (``attr`` may be dotted), imported with the current
+    directory at the front of ``sys.path`` (as ``python -m`` does). ``what`` names it in the one-line
+    :class:`InputError` raised when the path is malformed (``form``: the expected shape), the module
+    does not import (and why) or the attribute is missing. Importing runs the module's code: the user's
+    own, trusted as a script they run (``--trainer``, a model spec's ``factory``)."""
     if not isinstance(path, str) or not _PATH.match(path.strip()):
-        raise InputError(f"expected a trainer as 'package.module:function', got {path!r}")
+        raise InputError(f"expected a {what} as {form}, got {path!r}")
     module_name, _, attr = path.strip().partition(":")
     cwd = os.getcwd()
     # At the front even when already on sys.path further back: the project's package must win over an
@@ -82,16 +101,15 @@ def load_trainer(path: str) -> Trainer:
         module = importlib.import_module(module_name)
     except Exception as e:  # any failure of the user's module: missing, syntax error, error at import
         why = _first_line(e) + _shadowed(module_name, e, cwd)
-        raise InputError(f"trainer {path}: cannot import module {module_name!r} ({why})") from e
+        raise InputError(f"{what} {path}: cannot import module {module_name!r} ({why})") from e
     finally:
         if cwd in sys.path:
             sys.path.remove(cwd)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise InputError(f"trainer {path}: module {module_name!r} has no attribute {attr!r}")
+            raise InputError(f"{what} {path}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    check_trainer(obj, path)
     return obj
 
 

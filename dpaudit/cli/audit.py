@@ -9,6 +9,7 @@ import numpy as np
 import typer
 
 from dpaudit.cli._common import App, JsonFlag, emit, json_mode, progress
+from dpaudit.data import DATA_HELP
 from dpaudit.errors import EXIT_VIOLATION, InputError
 from dpaudit.workflows.checkpoint import DEFAULTS
 
@@ -345,7 +346,8 @@ ModelSpecOpt = Annotated[
     typer.Option(
         "--model-spec",
         help='JSON model spec, as dpaudit.models.ModelSpec.to_dict() writes it ({"kind": "logreg", "input_shape": '
-        '[1, 8, 8], "n_classes": 10}); default: --model\'s default spec for the data.',
+        '[1, 8, 8], "n_classes": 10}), or your own module {"kind": "python", "factory": "pkg.mod:fn", ...} '
+        "(docs/model-spec.md); default: --model's default spec for the data.",
     ),
 ]
 NeighbouringOpt = Annotated[
@@ -395,7 +397,7 @@ def train_cmd(
             help="Run even when --runs is too few to refute the claim (otherwise refused with exit 2).",
         ),
     ] = False,
-    data: Annotated[str, typer.Option("--data", help="Dataset (as for dpaudit train).")] = "digits",
+    data: Annotated[str, typer.Option("--data", help="Dataset (as for dpaudit train): " + DATA_HELP)] = "digits",
     label_column: Annotated[str | None, typer.Option("--label-column")] = None,
     model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "logreg",
     model_spec: ModelSpecOpt = None,

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.data import DATA_HELP
 from dpaudit.errors import InputError
 
 
@@ -54,13 +55,19 @@ def register(app: App) -> None:
         out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write (e.g. runs/NAME).")],
         data: Annotated[
             str,
-            typer.Option(
-                "--data",
-                help="digits | breast-cancer | wine | synthetic:... | synthetic-tokens:... | PATH.csv | PATH.npz",
-            ),
+            typer.Option("--data", help=DATA_HELP),
         ] = "digits",
         label_column: Annotated[str | None, typer.Option("--label-column", help="Label column of a CSV file.")] = None,
-        model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "mlp",
+        model: Annotated[str | None, typer.Option("--model", help="logreg | mlp | cnn | rnn [mlp]")] = None,
+        model_spec: Annotated[
+            Path | None,
+            typer.Option(
+                "--model-spec",
+                help='JSON model spec instead of --model: a zoo kind, or your own module {"kind": "python", '
+                '"factory": "package.module:function", "kwargs": {...}, "input_shape": [...], "n_classes": K} '
+                "(docs/model-spec.md; importing the factory runs its module, as --trainer does).",
+            ),
+        ] = None,
         hidden: Annotated[str | None, typer.Option("--hidden", help="MLP hidden sizes, e.g. 128,64.")] = None,
         activation: Annotated[str | None, typer.Option("--activation", help="tanh | relu | gelu | elu")] = None,
         algo: Annotated[
@@ -192,7 +199,9 @@ def register(app: App) -> None:
 
             opts = dict(teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1)
             opts.update(threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon)
-            opts.update(delta=delta, seed=seed, data=data, label_column=label_column, model=model, algo=algo)
+            if model_spec is not None:
+                raise InputError(f"--algo {algo} trains its teachers from --model; --model-spec is not supported")
+            opts.update(delta=delta, seed=seed, data=data, label_column=label_column, model=model or "mlp", algo=algo)
             opts.update(hidden=parse_ints(hidden, "--hidden"))
             opts.update(activation=activation, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr)
             opts.update(momentum=momentum, weight_decay=weight_decay, split_seed=split_seed, fractions=fractions)
@@ -241,16 +250,23 @@ def register(app: App) -> None:
         perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
         if out.exists() and not force:
             raise InputError(f"{out} already exists; use --force to overwrite it")
+        if model_spec is not None and (model is not None or hidden is not None or activation is not None):
+            raise InputError("give --model-spec or --model (with --hidden, --activation), not both")
         ds = load_dataset(data, label_column=label_column)
-        spec = default_spec(
-            model,
-            input_shape=ds.feature_shape,
-            n_classes=ds.n_classes,
-            vocab_size=ds.vocab_size,
-            hidden=parse_ints(hidden, "--hidden"),
-            activation=activation,
-        )
-        info(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …", json_flag=json_output)
+        if model_spec is not None:
+            from dpaudit.plugins import load_model_spec
+
+            spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
+        else:
+            spec = default_spec(
+                model or "mlp",
+                input_shape=ds.feature_shape,
+                n_classes=ds.n_classes,
+                vocab_size=ds.vocab_size,
+                hidden=parse_ints(hidden, "--hidden"),
+                activation=activation,
+            )
+        info(f"training {spec.kind} on {ds.name} ({len(ds)} records) with {algo} …", json_flag=json_output)
         canary_set = None
         if canaries is not None:
             from dpaudit.canaries import make_canaries
@@ -344,15 +360,19 @@ def register_import(app: App) -> None:
     def import_weights(
         weights: Annotated[Path, typer.Argument(help="model.safetensors, or a .pt plain state_dict.")],
         model_spec: Annotated[
-            Path, typer.Option("--model-spec", help="JSON model spec (docs/model-spec.md; checkpoint.json 'model').")
+            Path,
+            typer.Option(
+                "--model-spec",
+                help="JSON model spec: a zoo kind or your own module by factory, kind 'python' (docs/model-spec.md; "
+                "checkpoint.json 'model').",
+            ),
         ],
         out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
         data: Annotated[
             str | None,
             typer.Option(
                 "--data",
-                help="The records the model saw: PATH.csv (with --label-column) | PATH.npz | digits | ... "
-                "(needs --members).",
+                help="The records the model saw (needs --members): " + DATA_HELP,
             ),
         ] = None,
         label_column: Annotated[str | None, typer.Option("--label-column", help="Label column of a CSV file.")] = None,

@@ -15,6 +15,7 @@ from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer, registe
 
 class NonPrivateTrainer(Trainer):
     optimizer: ClassVar[str]
+    streams = True
 
     def fit(
         self,
