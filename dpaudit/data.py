@@ -413,10 +413,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         if path.suffix.lower() == ".npz":
             return _from_npz(path, spec)
         raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
-    valid = ", ".join(
-        [*EMBEDDED, "synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz"]
-        + ["DIR (X.npy, y.npy)"]
-    )
+    forms = ("synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz", "DIR (X.npy, y.npy)")
+    valid = ", ".join([*EMBEDDED, *forms])
     raise InputError(f"unknown dataset {spec!r}; valid: {valid}")
 
 

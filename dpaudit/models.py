@@ -335,7 +335,10 @@ def read_model_spec(path: str | Path) -> ModelSpec:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not valid JSON ({e})") from None
     try:
-        return model_spec_from_dict(d)
+        spec = model_spec_from_dict(d)
+        if isinstance(spec, PythonSpec):
+            spec.build()  # the factory's failures surface now, before any data is read or trained on
+        return spec
     except InputError as e:
         raise InputError(f"{path}: {e}") from None
     except (TypeError, ValueError) as e:  # e.g. a string where a size belongs
