@@ -206,8 +206,8 @@ def main() -> None:
               f"{out['param_bytes'] / 2**20:.2f} MiB, a batch {out['batch_bytes'] / 2**20:.1f} MiB; ratio of the "
               f"growth to the file {grown / out['file_bytes']:.2f}")  # fmt: skip
         print(
-            f"           (model + 4 batches = {need / 2**20:.1f} MiB; the rest is the 64 MiB page-release window, "
-            "per-example gradients and the allocator)"
+            f"           (model + 4 batches = {need / 2**20:.1f} MiB; the rest: a batch's activations and their "
+            "gradients, the allocator's pools)"
         )
 
 

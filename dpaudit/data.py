@@ -57,9 +57,10 @@ class MappedFile:
     a reader has touched from piling up in the process's resident memory.
 
     Pages of a file mapping count in the resident set while mapped, although they are the kernel's
-    page cache (reclaimable, shared); after every :data:`RELEASE_EVERY_BYTES` read,
-    ``madvise(MADV_DONTNEED)`` unmaps them from this process (the file and the cache are untouched;
-    the next read faults them back in), so resident memory stays at a few batches."""
+    page cache (reclaimable, shared); ``madvise(MADV_DONTNEED)`` unmaps them from this process (the
+    file and the cache are untouched; the next read faults them back in): after every batch of rows
+    (:meth:`Dataset.rows`) and every :data:`RELEASE_EVERY_BYTES` of a sequential pass (validation,
+    hashing), so resident memory stays at a few batches."""
 
     def __init__(self, path: Path, mm: mmap.mmap) -> None:
         self.path, self._mm, self._read = path, mm, 0
@@ -114,11 +115,13 @@ class Dataset:
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """A copy of the rows ``idx`` of ``X`` (in that order). For a memory-mapped ``X`` the pages
-        read are released as the reading goes on, so streaming the data batch by batch keeps resident
-        memory at a few batches (:class:`MappedFile`)."""
+        read are released after each call, so streaming the data batch by batch keeps resident memory
+        at a few batches (:class:`MappedFile`)."""
         out = self.X[np.asarray(idx, dtype=np.int64)]
         if self.mapped is not None:
-            self.mapped.note_read(out.nbytes)
+            # Scattered rows map far more than their bytes (the kernel maps the pages around each fault),
+            # so a batch's pages are released right away; madvise over mostly-unmapped ranges is cheap.
+            self.mapped.release()
         return out
 
     def __reduce_ex__(self, protocol):

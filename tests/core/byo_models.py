@@ -39,3 +39,19 @@ def wrong_logits(d: int, n_classes: int) -> nn.Module:
 
 def raises(d: int, n_classes: int) -> nn.Module:
     raise RuntimeError("out of coffee")
+
+
+def train_residual(X, y, seed: int):
+    """A plug-in trainer (dpaudit.plugins' contract) for ``residual_mlp(6, 2)``: plain full-batch Adam."""
+    import torch
+    from torch.nn import functional as F
+
+    torch.manual_seed(seed)
+    model = residual_mlp(X.shape[1], 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
+    for _ in range(20):
+        opt.zero_grad()
+        F.cross_entropy(model(Xt), yt).backward()
+        opt.step()
+    return model.state_dict()
