@@ -18,9 +18,10 @@ Printed, all measured in this run on this device:
 - LiRA reference models per hour: 3600 / the wall time of training one reference model with the
   target's recipe (DP-SGD, one epoch, on half of the candidate pool) and computing its logits on
   every record, as ``dpaudit attack mia -m lira`` does for each;
-- with ``--measure-rss``: in a fresh process, the peak resident set (``VmHWM``, and ``ru_maxrss``)
-  of loading the directory and one DP-SGD epoch over all of it, against the process before the
-  data was opened, and what the model and a few batches need.
+- with ``--measure-rss``: in a fresh process, the peak resident set (``VmHWM``) of loading the
+  directory and one DP-SGD epoch over all of it, against the peak of the same training on four
+  batches held in memory (what the model and a few batches need, measured), both from the same
+  starting point; the difference is what the data costs.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 SIZES = {"full": (50_000, 32, (16, 32, 64)), "small": (4_000, 16, (8, 16, 32)), "tiny": (1_000, 16, (4, 8))}
 BATCH = 256
+BASELINE_STEPS = 30
 
 
 def spec_dict(size: int, widths) -> dict:
@@ -68,8 +70,21 @@ def _status_kb(field: str) -> int | None:
     return None
 
 
+def _reset_peak() -> None:
+    try:  # reset VmHWM to the current RSS (Linux >= 4.0), so the next peak is the next phase's alone
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def rss_child(data: str, size: int, widths, device: str) -> None:
-    """One DP-SGD epoch over the whole directory; prints JSON with the resident-memory numbers."""
+    """Peak resident memory of DP-SGD on the memory-mapped directory against the same training on a
+    few batches held in memory (the model's needs plus a few batches, by construction); prints JSON.
+
+    Both phases are measured from the same starting RSS (after imports and building the model), each
+    with VmHWM reset first: (1) ``BASELINE_STEPS`` steps on ``4 * BATCH`` in-memory records, enough for
+    the allocator's pools and the clipper's buffers to reach their plateau; (2) loading the directory
+    (validation) and one DP-SGD epoch over all of it, scaler fitted on it (streamed) included."""
     import resource
 
     import numpy as np
@@ -83,18 +98,16 @@ def rss_child(data: str, size: int, widths, device: str) -> None:
     model = build_model(spec)
     config = TrainConfig(algo="dpsgd", epochs=1, batch_size=BATCH, lr=1.0, dp=DPConfig(noise_multiplier=1.0))
     perf = PerfConfig(device=device, clipping="auto")
-    # Warm-up on 2 * BATCH in-memory records: libraries imported lazily, allocator pools, the clipper's
-    # self-check; the memory they take is the program's, not the data's.
     rng = np.random.default_rng(0)
-    Xw = rng.standard_normal((2 * BATCH, 3, size, size), dtype=np.float32)
-    warm = Dataset("warm-up", Xw, rng.integers(0, 10, 2 * BATCH), 10, "image", "warm-up")
-    fit_model(warm, np.arange(2 * BATCH), spec, TrainConfig(**{**config.to_dict(), "dp": config.dp, "steps": 3}), perf)
-    del warm, Xw
-    try:  # reset VmHWM to the current RSS (Linux >= 4.0), so the peak below is this epoch's alone
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    Xm = rng.standard_normal((4 * BATCH, 3, size, size), dtype=np.float32)
+    in_memory = Dataset("in-memory", Xm, rng.integers(0, 10, 4 * BATCH), 10, "image", "in-memory")
+    steps = TrainConfig(**{**config.to_dict(), "dp": config.dp, "steps": BASELINE_STEPS})
     before = _status_kb("VmRSS")
+    _reset_peak()
+    fit_model(in_memory, np.arange(4 * BATCH), spec, steps, perf)
+    baseline_peak = _status_kb("VmHWM")
+    del in_memory, Xm
+    _reset_peak()
     ds = load_dataset(data)
     n = len(ds)
     t = time.perf_counter()
@@ -106,8 +119,9 @@ def rss_child(data: str, size: int, widths, device: str) -> None:
             {
                 "n": n,
                 "file_bytes": int(ds.X.nbytes),
-                "rss_before_data_kb": before,
-                "vm_hwm_kb": _status_kb("VmHWM"),
+                "rss_before_kb": before,
+                "baseline_peak_kb": baseline_peak,
+                "mapped_peak_kb": _status_kb("VmHWM"),
                 "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                 "param_bytes": params,
                 "batch_bytes": BATCH * 3 * size * size * 4,
@@ -198,17 +212,16 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--rss-child", "--size", a.size, "--device", a.device, "--data", str(data)]
         cmd += ["--widths", ",".join(map(str, widths))]
         out = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
-        grown = (out["vm_hwm_kb"] - out["rss_before_data_kb"]) * 1024
-        need = out["param_bytes"] + 4 * out["batch_bytes"]
-        print(f"memory     X.npy {out['file_bytes'] / 2**20:,.0f} MiB; one DP-SGD epoch ({out['epoch_seconds']:.0f} s) "
-              f"peak RSS {out['vm_hwm_kb'] / 1024:,.0f} MiB (ru_maxrss {out['ru_maxrss_kb'] / 1024:,.0f} MiB), "
-              f"{grown / 2**20:,.0f} MiB above the process before the data was opened; model parameters "
-              f"{out['param_bytes'] / 2**20:.2f} MiB, a batch {out['batch_bytes'] / 2**20:.1f} MiB; ratio of the "
-              f"growth to the file {grown / out['file_bytes']:.2f}")  # fmt: skip
-        print(
-            f"           (model + 4 batches = {need / 2**20:.1f} MiB; the rest: a batch's activations and their "
-            "gradients, the allocator's pools)"
-        )
+        base = (out["baseline_peak_kb"] - out["rss_before_kb"]) * 1024
+        grown = (out["mapped_peak_kb"] - out["rss_before_kb"]) * 1024
+        mib = out["file_bytes"] / 2**20
+        print(f"memory     X.npy {mib:,.0f} MiB, one DP-SGD epoch over it ({out['epoch_seconds']:.0f} s): "
+              f"peak RSS {out['mapped_peak_kb'] / 1024:,.0f} MiB, {grown / 2**20:,.0f} MiB above the process before; "
+              f"the same training on {4 * BATCH} records in memory: {base / 2**20:,.0f} MiB above it")  # fmt: skip
+        extra = grown - base
+        print(f"           data-attributable peak {extra / 2**20:,.0f} MiB = {extra / out['file_bytes']:.3f} "
+              f"of the file; a batch is {out['batch_bytes'] / 2**20:.1f} MiB, the parameters "
+              f"{out['param_bytes'] / 2**20:.2f} MiB (ru_maxrss {out['ru_maxrss_kb'] / 1024:,.0f} MiB)")  # fmt: skip
 
 
 if __name__ == "__main__":
