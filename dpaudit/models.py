@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from dpaudit.errors import InputError
+from dpaudit.user_code import first_line, load_object
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn", "python")
@@ -248,7 +249,7 @@ class PythonSpec(ModelSpec):
         try:
             model = fn(**self.kwargs)
         except Exception as e:  # the user's code: any failure is one line naming the factory
-            raise InputError(f"model factory {self.factory}(**{self.kwargs}) failed: {_first_line(e)}") from e
+            raise InputError(f"model factory {self.factory}(**{self.kwargs}) failed: {first_line(e)}") from e
         if not isinstance(model, nn.Module):
             raise InputError(
                 f"model factory {self.factory} returned a {type(model).__name__}; expected a torch.nn.Module"
@@ -267,7 +268,7 @@ class PythonSpec(ModelSpec):
         except Exception as e:
             raise InputError(
                 f"model factory {self.factory}: forward on a batch of shape {[2, *self.input_shape]} failed: "
-                f"{_first_line(e)}"
+                f"{first_line(e)}"
             ) from e
         finally:
             model.train(was_training)
@@ -281,15 +282,8 @@ class PythonSpec(ModelSpec):
             )
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
 def load_factory(path: str):
     """The callable named by ``"package.module:function"`` (see :class:`PythonSpec`)."""
-    from dpaudit.plugins import load_object
-
     fn = load_object(path, "model factory", "'package.module:function'")
     if not callable(fn):
         raise InputError(f"model factory {path} is a {type(fn).__name__}, not callable")
