@@ -40,7 +40,6 @@ sys.path.insert(0, str(ROOT))
 
 SIZES = {"full": (50_000, 32, (16, 32, 64)), "small": (4_000, 16, (8, 16, 32)), "tiny": (1_000, 16, (4, 8))}
 BATCH = 256
-BASELINE_STEPS = 30
 
 
 def spec_dict(size: int, widths) -> dict:
@@ -82,9 +81,10 @@ def rss_child(data: str, size: int, widths, device: str) -> None:
     few batches held in memory (the model's needs plus a few batches, by construction); prints JSON.
 
     Both phases are measured from the same starting RSS (after imports and building the model), each
-    with VmHWM reset first: (1) ``BASELINE_STEPS`` steps on ``4 * BATCH`` in-memory records, enough for
-    the allocator's pools and the clipper's buffers to reach their plateau; (2) loading the directory
-    (validation) and one DP-SGD epoch over all of it, scaler fitted on it (streamed) included."""
+    with VmHWM reset first: (1) DP-SGD on ``4 * BATCH`` in-memory records; (2) loading the directory
+    (validation) and one DP-SGD epoch over all of it, scaler fitted on it (streamed) included. Phase (1)
+    runs as many steps as the epoch (``ceil(n / BATCH)``), so both see the same spread of Poisson batch
+    sizes and the same allocator history."""
     import resource
 
     import numpy as np
@@ -101,7 +101,9 @@ def rss_child(data: str, size: int, widths, device: str) -> None:
     rng = np.random.default_rng(0)
     Xm = rng.standard_normal((4 * BATCH, 3, size, size), dtype=np.float32)
     in_memory = Dataset("in-memory", Xm, rng.integers(0, 10, 4 * BATCH), 10, "image", "in-memory")
-    steps = TrainConfig(**{**config.to_dict(), "dp": config.dp, "steps": BASELINE_STEPS})
+    n = int(np.load(data + "/X.npy", mmap_mode="r").shape[0])  # the header only
+    # As many steps as the epoch, so both phases see the same spread of Poisson batch sizes.
+    steps = TrainConfig(**{**config.to_dict(), "dp": config.dp, "steps": config.num_steps(n)})
     before = _status_kb("VmRSS")
     _reset_peak()
     fit_model(in_memory, np.arange(4 * BATCH), spec, steps, perf)
@@ -109,7 +111,6 @@ def rss_child(data: str, size: int, widths, device: str) -> None:
     del in_memory, Xm
     _reset_peak()
     ds = load_dataset(data)
-    n = len(ds)
     t = time.perf_counter()
     fit_model(ds, np.arange(n), spec, config, perf)
     seconds = time.perf_counter() - t
@@ -120,6 +121,7 @@ def rss_child(data: str, size: int, widths, device: str) -> None:
                 "n": n,
                 "file_bytes": int(ds.X.nbytes),
                 "rss_before_kb": before,
+                "rss_file_after_kb": _status_kb("RssFile"),
                 "baseline_peak_kb": baseline_peak,
                 "mapped_peak_kb": _status_kb("VmHWM"),
                 "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
