@@ -179,6 +179,8 @@ def _blocks(a: np.ndarray, mapped: MappedFile | None = None) -> Iterator[np.ndar
         yield block
         if mapped is not None:
             mapped.note_read(block.nbytes)
+    if mapped is not None:
+        mapped.release()  # the pass's last window too
 
 
 def _parse_params(text: str, allowed: dict[str, type], spec: str) -> dict[str, Any]:
