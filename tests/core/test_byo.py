@@ -335,8 +335,15 @@ def test_npy_dir_is_memory_mapped_and_hashed_like_the_same_arrays(tmp_path, monk
     monkeypatch.setattr(data_module, "RELEASE_EVERY_BYTES", 10 * X[0].nbytes + 7)  # 31 chunks, the last partial
     ds = load_dataset(str(_npy_dir(tmp_path / "d", X, y)))
     assert ds.mapped is not None and not ds.X.flags.owndata and not ds.X.flags.writeable
+    import hashlib
+
+    whole = hashlib.sha256()  # the oracle: every byte at once
+    for a in (X, ds.y):
+        whole.update(f"{a.dtype.str}{a.shape}".encode())
+        whole.update(a.tobytes())
+    assert ds.sha256 == whole.hexdigest()  # chunked digest == all bytes at once
     np.savez(tmp_path / "d.npz", X=X, y=y)
-    assert ds.sha256 == load_dataset(str(tmp_path / "d.npz")).sha256  # chunked digest == all bytes at once
+    assert ds.sha256 == load_dataset(str(tmp_path / "d.npz")).sha256  # same arrays in memory, same hash
     assert len(pickle.dumps(ds)) < 1000  # workers map the file again; X is not in the pickle
     assert pickle.loads(pickle.dumps(ds)).sha256 == ds.sha256
     d = ds.describe()
