@@ -300,6 +300,7 @@ class DPTrainer(Trainer):
     """
 
     private = True
+    streams = True
     optimizer: ClassVar[str]
     jl: ClassVar[bool] = False  # DP-SGD-JL (dpaudit.training.jl): norms estimated by JL projections
 
