@@ -1177,3 +1177,12 @@ def clipped_gradient_sum(
 ) -> ClippedGradients:
     """One-shot convenience: ``make_clipper(model, method)(x, y, clip)``."""
     return make_clipper(model, method)(x, y, clip)
+
+
+def clipping_text(described: dict[str, Any]) -> str:
+    """A human-readable rendering of :meth:`Clipper.describe` (for ``dpaudit inspect``)."""
+    requested = f" (--clipping {described['requested']})" if described.get("requested") else ""
+    lines = [f"clipping   {described.get('method')}{requested}"]
+    lines += [f"  {name}: {how}" for name, how in described.get("layers", {}).items()]
+    lines += [f"  tried {t}" for t in described.get("tried", [])]
+    return "\n".join(lines)

@@ -401,7 +401,10 @@ class DPTrainer(Trainer):
         if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)
             claim["jl"] = {"projections": dp.jl_projections, "ad_path": getattr(clipper, "ad_path_", None)}
         score = canary.score() if canary is not None else math.nan
-        return TrainOutcome(model=model, privacy=claim, history=history), score
+        outcome = TrainOutcome(
+            model=model, privacy=claim, history=history, performance={"clipping_used": clipper.describe()}
+        )
+        return outcome, score
 
 
 class GradientCanary:

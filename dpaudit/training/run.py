@@ -195,7 +195,7 @@ def train_run(
             "steps_run": config.num_steps(len(train_idx)),
             "history": fitted.outcome.history,
         },
-        "performance": perf.to_dict(),
+        "performance": {**perf.to_dict(), **fitted.outcome.performance},
         "privacy": fitted.outcome.privacy,
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": config.seed,
@@ -236,6 +236,8 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
         "versions": meta["versions"],
         # DP-SGD-JL only: the AD path that computed the JL projections ("jvp" or "double-vjp")
         **({"jl_ad_path": privacy["jl"].get("ad_path")} if isinstance(privacy.get("jl"), dict) else {}),
+        # DP-SGD: the per-example clipping method that ran (what --clipping auto chose)
+        **({"clipping": used.get("method")} if (used := meta.get("performance", {}).get("clipping_used")) else {}),
     }
 
 
