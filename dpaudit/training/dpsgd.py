@@ -401,9 +401,9 @@ class DPTrainer(Trainer):
         if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)
             claim["jl"] = {"projections": dp.jl_projections, "ad_path": getattr(clipper, "ad_path_", None)}
         score = canary.score() if canary is not None else math.nan
-        outcome = TrainOutcome(
-            model=model, privacy=claim, history=history, performance={"clipping_used": clipper.describe()}
-        )
+        describe = getattr(clipper, "describe", None)  # what --clipping auto chose (performance only)
+        used = {"clipping_used": describe()} if describe is not None else {}
+        outcome = TrainOutcome(model=model, privacy=claim, history=history, performance=used)
         return outcome, score
 
 
