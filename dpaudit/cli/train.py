@@ -112,6 +112,9 @@ def register(app: App) -> None:
             str, typer.Option("--backend", help="torch | jax (logreg/mlp/cnn; pip install 'dpaudit[jax]').")
         ] = "torch",
         max_physical_batch: Annotated[int | None, typer.Option("--max-physical-batch")] = None,
+        autocast: Annotated[
+            str | None, typer.Option("--autocast", help="DP-SGD: bf16 forward/backward; norms and clipping in fp32.")
+        ] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
         canaries: Annotated[
             int | None, typer.Option("--canaries", help="Audit: insert M canaries, each included w.p. 1/2.")
@@ -238,7 +241,9 @@ def register(app: App) -> None:
             seed=seed,
             dp=dp,
         )
-        perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
+        perf = PerfConfig(
+            device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend, autocast=autocast
+        )
         if out.exists() and not force:
             raise InputError(f"{out} already exists; use --force to overwrite it")
         ds = load_dataset(data, label_column=label_column)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,10 +91,59 @@ def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     return 1.0 / torch.clamp(norms / clip, min=1.0)
 
 
-def _per_example_loss_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _per_example_loss_sum(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None = None
+) -> torch.Tensor:
     # Σ_i ℓ_i: with reduction="sum" the gradient of the total w.r.t. anything computed from example
     # i alone is the gradient of ℓ_i (examples do not interact), which the ghost method relies on.
-    return F.cross_entropy(model(x), y, reduction="sum")
+    with _autocast(x, autocast):
+        logits = model(x)
+    return _loss_from_logits(logits, y, autocast)
+
+
+def _autocast(x: torch.Tensor, dtype: torch.dtype | None):
+    """Mixed precision for the forward pass only (``PerfConfig.autocast``); a no-op when None."""
+    return torch.autocast(device_type=x.device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def _loss_from_logits(logits: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None) -> torch.Tensor:
+    # Under autocast the loss is taken in float32 (bf16 logits would round the loss to 3 digits).
+    return F.cross_entropy(logits.float() if autocast is not None else logits, y, reduction="sum")
+
+
+@contextmanager
+def exact_matmuls():
+    """No TF32 inside: per-example norms and the clipped sum must be computed in full float32.
+
+    Why: DP-SGD's guarantee needs every clipped contribution c_i g_i to have norm <= C. TF32 (the
+    default for cuDNN convolutions on Ampere and later GPUs) and bf16 keep 10 and 7 mantissa bits,
+    so a norm or a weighted sum computed in them can be off by ~1e-3 relative, i.e. overshoot C
+    (as seen in the JAX backend); in float32 the overshoot is ~1e-7 relative, the rounding every
+    implementation accepts. The forward and backward passes may use TF32/bf16 freely: only the
+    norms and the sums must be computed from the same tensors in full precision.
+    """
+    if not torch.cuda.is_available():
+        yield
+        return
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+AUTOCAST = {"bf16": torch.bfloat16}
+
+
+def check_autocast(name: str | None, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``--autocast NAME`` on ``device``; refuses a device without it."""
+    if name is None:
+        return None
+    check_choice(tuple(AUTOCAST), autocast=name)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise InputError(f"--autocast {name}: this CUDA device has no bfloat16 support (needs compute capability 8.0+)")
+    return AUTOCAST[name]
 
 
 class Clipper(ABC):
@@ -101,9 +151,10 @@ class Clipper(ABC):
 
     method: str
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         check_no_batchnorm(model)
         self.model = model
+        self.autocast = autocast  # mixed precision for forward/backward; norms and sums in float32
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
@@ -140,13 +191,14 @@ class LoopClipper(Clipper):
         sums = [torch.zeros_like(p) for p in self.params]
         norms = []
         for i in range(x.shape[0]):
-            loss = _per_example_loss_sum(self.model, x[i : i + 1], y[i : i + 1])
+            loss = _per_example_loss_sum(self.model, x[i : i + 1], y[i : i + 1], self.autocast)
             gs = torch.autograd.grad(loss, self.params, allow_unused=True)
             gs = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, gs, strict=True)]
-            norm = torch.sqrt(sum(g.square().sum() for g in gs))
-            c = clip_factors(norm, clip)
-            for s, g in zip(sums, gs, strict=True):
-                s.add_(g * c)
+            with exact_matmuls():
+                norm = torch.sqrt(sum(g.square().sum() for g in gs))
+                c = clip_factors(norm, clip)
+                for s, g in zip(sums, gs, strict=True):
+                    s.add_(g * c)
             norms.append(norm)
         return ClippedGradients(grads=tuple(sums), norms=torch.stack(norms))
 
@@ -154,7 +206,9 @@ class LoopClipper(Clipper):
 # --------------------------------------------------------------------------------------------- vmap
 
 
-def _per_example_grads(model: nn.Module, names: Sequence[str], x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+def _per_example_grads(
+    model: nn.Module, names: Sequence[str], x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None = None
+) -> list[torch.Tensor]:
     """Per-example gradients (B, *p.shape) of ℓ_i w.r.t. the named parameters, by vmap over grad.
 
     Every other parameter and buffer enters ``functional_call`` as a constant. ``randomness=
@@ -165,8 +219,9 @@ def _per_example_grads(model: nn.Module, names: Sequence[str], x: torch.Tensor, 
     buffers = dict(model.named_buffers())
 
     def loss_one(d: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, ({**fixed, **d}, buffers), (xi.unsqueeze(0),))
-        return F.cross_entropy(out, yi.unsqueeze(0), reduction="sum")
+        with _autocast(xi, autocast):
+            out = functional_call(model, ({**fixed, **d}, buffers), (xi.unsqueeze(0),))
+        return _loss_from_logits(out, yi.unsqueeze(0), autocast)
 
     g = vmap(grad(loss_one), in_dims=(None, 0, 0), randomness="different")(diff, x, y)
     return [g[n] for n in names]
@@ -186,16 +241,17 @@ class VmapClipper(Clipper):
 
     method = "vmap"
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
+    def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
+        super().__init__(model, autocast=autocast)
         ids = {id(p) for p in self.params}
         self.names = [n for n, p in model.named_parameters() if id(p) in ids]
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        per_example = _per_example_grads(self.model, self.names, x, y)
-        norms = torch.sqrt(_sq_norms(per_example))
-        c = clip_factors(norms, clip)
-        return ClippedGradients(grads=tuple(_weighted_sum(c, g) for g in per_example), norms=norms)
+        per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
+        with exact_matmuls():
+            norms = torch.sqrt(_sq_norms(per_example))
+            c = clip_factors(norms, clip)
+            return ClippedGradients(grads=tuple(_weighted_sum(c, g) for g in per_example), norms=norms)
 
 
 # -------------------------------------------------------------------------------------------- ghost
@@ -867,6 +923,11 @@ def _local_per_example(
     return {n: total.get(n, diff[n].new_zeros(B, *diff[n].shape)) for n in unit.names}
 
 
+def _full(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    # A recorded activation or output gradient in the parameters' precision (bf16 under autocast).
+    return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != dtype else t
+
+
 def _loop_per_example(model: nn.Module, params: list[nn.Parameter], x: torch.Tensor, y: torch.Tensor):
     """Per-example gradients (B, *p.shape) by one backward pass per example: the reference."""
     rows = []
@@ -905,8 +966,8 @@ class GhostClipper(Clipper):
     method = "ghost"
     CHECK_EXAMPLES = 4
 
-    def __init__(self, model: nn.Module, *, check: bool = True) -> None:
-        super().__init__(model)
+    def __init__(self, model: nn.Module, *, check: bool = True, autocast: torch.dtype | None = None) -> None:
+        super().__init__(model, autocast=autocast)
         self.check = check
         self.plan_: GhostPlan | None = None
         self._how: dict[int, str] = {}
@@ -923,14 +984,17 @@ class GhostClipper(Clipper):
 
     def _make_plan(self, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
         plan = build_ghost_plan(self.model, x, self.params)
-        was_training = self.model.training
-        self.model.eval()  # no dropout: the checks compare deterministic functions
+        was_training, autocast = self.model.training, self.autocast
+        # No dropout and full precision: the checks compare deterministic functions to rounding.
+        self.model.eval()
+        self.autocast = None
         try:
             plan = self._verify_expansion(plan, x)
             if self.check:
                 plan = self._check(plan, x[: self.CHECK_EXAMPLES], y[: self.CHECK_EXAMPLES])
         finally:
             self.model.train(was_training)
+            self.autocast = autocast
         return plan
 
     def _verify_expansion(self, plan: GhostPlan, x: torch.Tensor) -> GhostPlan:
@@ -1014,7 +1078,8 @@ class GhostClipper(Clipper):
             unit.module.register_forward_hook(make(u, unit), with_kwargs=True) for u, unit in enumerate(plan.units)
         ]
         try:
-            out = self.model(x)
+            with _autocast(x, self.autocast):
+                out = self.model(x)
         finally:
             for h in handles:
                 h.remove()
@@ -1025,7 +1090,7 @@ class GhostClipper(Clipper):
     def _norm_parts(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor):
         B = x.shape[0]
         store: list[list[_Record]] = [[] for _ in plan.units]
-        loss = F.cross_entropy(self._forward(plan, x, store), y, reduction="sum")
+        loss = _loss_from_logits(self._forward(plan, x, store), y, self.autocast)
         outs = [o for recs in store for r in recs for o in r.outs if o is not None and o.requires_grad]
         # Gradients w.r.t. the layer outputs only: autograd then skips the parameter-gradient
         # matmuls (book-keeping needs a and g, never ∇θ of the batch; Bu et al. 2023).
@@ -1036,40 +1101,44 @@ class GhostClipper(Clipper):
         def add(k: int, g: torch.Tensor) -> None:
             pe[k] = g if k not in pe else pe[k] + g
 
-        for u, (unit, recs) in enumerate(zip(plan.units, store, strict=True)):
-            grads = []
-            for r in recs:
-                row = []
-                for o in r.outs:
-                    g = next(flat) if o is not None and o.requires_grad else None
-                    row.append(torch.zeros_like(o) if g is None and o is not None else g)
-                grads.append(row)
-            if unit.handler is None:
-                for n, g in _local_per_example(unit, recs, grads, B).items():
-                    add(plan.index[(u, n)], g)
-                continue
-            ins = [
-                _batch_first(r.inputs[0][1], lay.ins[0], lay.expand[0], B)
-                for r, lay in zip(recs, unit.layouts, strict=True)
-            ]
-            gs = [
-                _batch_first(g[0], 0 if lay.outs[0] is None else lay.outs[0], None, B)
-                for g, lay in zip(grads, unit.layouts, strict=True)
-            ]
-            ghost = plan.ghost_names(u)
-            if ghost:
-                parts[u] = unit.handler.part(unit.module, ins, gs, ghost)
-                self._how[u] = parts[u].how
-            else:
-                self._how[u] = "instantiate (tied weight)"
-            for n in unit.names:
-                if n not in ghost:
-                    add(plan.index[(u, n)], unit.handler.per_example(unit.module, ins, gs, n))
-        sq = None
-        for term in [p.sq_norm for p in parts.values()] + ([_sq_norms(list(pe.values()))] if pe else []):
-            sq = term if sq is None else sq + term
-        if sq is None:
-            sq = torch.zeros(B, dtype=self.params[0].dtype, device=self.params[0].device)
+        # Everything from here on in full precision (see exact_matmuls), from the same a and g.
+        dtype = self.params[0].dtype
+        with exact_matmuls():
+            for u, (unit, recs) in enumerate(zip(plan.units, store, strict=True)):
+                grads = []
+                for r in recs:
+                    row = []
+                    for o in r.outs:
+                        g = next(flat) if o is not None and o.requires_grad else None
+                        row.append(_full(torch.zeros_like(o) if g is None and o is not None else g, dtype))
+                    grads.append(row)
+                recs = [_Record([(k, _full(t, dtype)) for k, t in r.inputs], r.args, r.kwargs, r.outs) for r in recs]
+                if unit.handler is None:
+                    for n, g in _local_per_example(unit, recs, grads, B).items():
+                        add(plan.index[(u, n)], g)
+                    continue
+                ins = [
+                    _batch_first(r.inputs[0][1], lay.ins[0], lay.expand[0], B)
+                    for r, lay in zip(recs, unit.layouts, strict=True)
+                ]
+                gs = [
+                    _batch_first(g[0], 0 if lay.outs[0] is None else lay.outs[0], None, B)
+                    for g, lay in zip(grads, unit.layouts, strict=True)
+                ]
+                ghost = plan.ghost_names(u)
+                if ghost:
+                    parts[u] = unit.handler.part(unit.module, ins, gs, ghost)
+                    self._how[u] = parts[u].how
+                else:
+                    self._how[u] = "instantiate (tied weight)"
+                for n in unit.names:
+                    if n not in ghost:
+                        add(plan.index[(u, n)], unit.handler.per_example(unit.module, ins, gs, n))
+            sq = None
+            for term in [p.sq_norm for p in parts.values()] + ([_sq_norms(list(pe.values()))] if pe else []):
+                sq = term if sq is None else sq + term
+            if sq is None:
+                sq = torch.zeros(B, dtype=self.params[0].dtype, device=self.params[0].device)
         # Σ_{t,s}(a_t·a_s)(g_t·g_s) is ≥ 0 exactly but may round below 0: clamp before the sqrt.
         return parts, pe, torch.clamp(sq, min=0.0).sqrt_()
 
@@ -1077,11 +1146,12 @@ class GhostClipper(Clipper):
         parts, pe, norms = self._norm_parts(plan, x, y)
         c = clip_factors(norms, clip)
         grads: list[torch.Tensor | None] = [None] * len(self.params)
-        for u, part in parts.items():
-            for n, v in part.clipped(c).items():
-                grads[plan.index[(u, n)]] = v
-        for k, G in pe.items():
-            grads[k] = _weighted_sum(c, G)
+        with exact_matmuls():
+            for u, part in parts.items():
+                for n, v in part.clipped(c).items():
+                    grads[plan.index[(u, n)]] = v
+            for k, G in pe.items():
+                grads[k] = _weighted_sum(c, G)
         out = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads, strict=True))
         return ClippedGradients(grads=out, norms=norms)
 
@@ -1118,8 +1188,8 @@ class AutoClipper(Clipper):
 
     method = "auto"
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
+    def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
+        super().__init__(model, autocast=autocast)
         self.chosen_: Clipper | None = None
         self.tried_: list[str] = []
 
@@ -1127,7 +1197,7 @@ class AutoClipper(Clipper):
         if self.chosen_ is not None:
             return self.chosen_._compute(x, y, clip)
         for cls in (GhostClipper, VmapClipper, LoopClipper):
-            impl = cls(self.model)
+            impl = cls(self.model, autocast=self.autocast)
             try:
                 if isinstance(impl, GhostClipper):
                     impl.plan_ = impl._make_plan(x, y)
@@ -1160,7 +1230,7 @@ _CLIPPERS: dict[str, type[Clipper]] = {
 }
 
 
-def make_clipper(model: nn.Module, method: str = "auto") -> Clipper:
+def make_clipper(model: nn.Module, method: str = "auto", *, autocast: torch.dtype | None = None) -> Clipper:
     """A :class:`Clipper` for ``model`` by name: ``auto | ghost | vmap | loop``.
 
     ``auto`` decides on the first batch (ghost, mixed per layer, where it is exact; else vmap;
@@ -1169,7 +1239,7 @@ def make_clipper(model: nn.Module, method: str = "auto") -> Clipper:
     per-example clipping no longer bounds one example's influence; use GroupNorm/LayerNorm).
     """
     check_choice(CLIPPING, clipping=method)
-    return _CLIPPERS[method](model)
+    return _CLIPPERS[method](model, autocast=autocast)
 
 
 def clipped_gradient_sum(

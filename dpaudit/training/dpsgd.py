@@ -33,7 +33,7 @@ from dpaudit.events import Event, Gaussian, SelfComposed
 from dpaudit.models import check_no_batchnorm
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer, register_trainer
-from dpaudit.training.clipping import Clipper, make_clipper
+from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
 from dpaudit.training.config import DPConfig
 from dpaudit.validation import check_non_negative, check_positive, check_positive_int
 
@@ -295,7 +295,8 @@ class DPTrainer(Trainer):
 
     def make_clipper(self, model: nn.Module) -> Clipper:
         """The per-example clipping of this algorithm (exact, by ``PerfConfig.clipping``)."""
-        return make_clipper(model, self.perf.clipping)
+        device = next(model.parameters()).device
+        return make_clipper(model, self.perf.clipping, autocast=check_autocast(self.perf.autocast, device))
 
     def fit(
         self,
