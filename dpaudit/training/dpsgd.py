@@ -295,6 +295,8 @@ class DPTrainer(Trainer):
 
     def make_clipper(self, model: nn.Module) -> Clipper:
         """The per-example clipping of this algorithm (exact, by ``PerfConfig.clipping``)."""
+        if self.perf.autocast is None:
+            return make_clipper(model, self.perf.clipping)
         device = next(model.parameters()).device
         return make_clipper(model, self.perf.clipping, autocast=check_autocast(self.perf.autocast, device))
 
