@@ -78,3 +78,37 @@ def test_a_model_no_method_can_run_is_refused_with_what_was_tried():
     clipper = make_clipper(Broken(), "auto")
     with pytest.raises(InputError, match=r"tried --clipping ghost, vmap, loop\).*cannot run"):
         clipper(torch.randn(4, 3), torch.randint(0, 2, (4,)), 1.0)
+
+
+@pytest.fixture
+def no_tf32():
+    # Exact float32 everywhere (the forward/backward too) so that CUDA can be compared with the
+    # float64 CPU reference at float32 rounding.
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["auto", "ghost"])
+def test_cuda_architectures_match_the_cpu_loop(method, no_tf32):
+    for model, x, y in _cases():
+        ref = make_clipper(model.double(), "loop")(x.double() if x.is_floating_point() else x, y, 0.05)
+        model = model.float().cuda()
+        got = make_clipper(model, method)(x.cuda(), y.cuda(), 0.05)
+        for g, r in zip(got.grads, ref.grads, strict=True):
+            assert float((g.double().cpu() - r).norm() / r.norm().clamp(min=1e-30)) < 1e-4
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()), reason="needs a CUDA device with bf16"
+)
+def test_cuda_bf16_contributions_never_exceed_the_clip_norm():
+    for model, x, y in _cases():
+        model = model.cuda()
+        clipper = make_clipper(model, "ghost", autocast=torch.bfloat16)
+        for i in range(len(x)):
+            out = clipper(x[i : i + 1].cuda(), y[i : i + 1].cuda(), 1e-3)
+            norm = torch.sqrt(sum(g.double().square().sum() for g in out.grads))
+            assert float(norm) <= 1e-3 * (1 + 1e-5)
