@@ -14,31 +14,50 @@ Methods (chosen by name, ``PerfConfig.clipping``):
 * ``loop``  – one example at a time; the reference the others are tested against.
 * ``vmap``  – ``torch.func.vmap(grad(...))`` over ``functional_call``: materialises per-example
   gradients for any model (the multiple-copies idea of Goodfellow 2015, vectorised).
-* ``ghost`` – per-example norms from layer activations ``a`` and output gradients ``g`` captured
-  with module hooks, without materialising per-example gradients (Goodfellow 2015,
-  arXiv:1510.01799; Rochette et al. 2019, arXiv:1912.06015 for convolutions; ghost norms of
-  Li et al. 2021, arXiv:2110.05679 for sequences), then the clipped sum by book-keeping from the
-  same ``a`` and ``g`` (Bu et al. 2023, arXiv:2210.00038): one forward and one backward pass that
-  skips the parameter gradients. Supported: ``Linear`` (any number of leading dims, any number
-  of calls per forward), ``Conv2d`` (groups 1, zero padding), ``Embedding``, ``LayerNorm``,
-  ``GroupNorm``. Parameters of other modules fall back to vmap and their norms are combined
-  exactly (squared norms add over disjoint parameter sets).
-* ``auto``  – ``ghost`` when every trainable parameter belongs to a supported module, else ``vmap``.
+* ``ghost`` – mixed per-layer clipping in one forward and one backward pass (:class:`GhostClipper`):
+  module hooks record each layer's input ``a`` and output gradient ``g`` (the backward pass skips
+  the parameter gradients); per layer the cost model picks the ghost norm (Goodfellow 2015,
+  arXiv:1510.01799; Rochette et al. 2019, arXiv:1912.06015 for convolutions; Li et al. 2021,
+  arXiv:2110.05679 for sequences) or instantiating the per-example gradient, whichever is cheaper
+  (2T² vs p·d; Bu et al. 2022, arXiv:2205.10683; Bu et al. 2023, arXiv:2210.00038), then the
+  clipped sum by book-keeping from the same ``a`` and ``g`` (Bu et al. 2023). Rules: ``Linear``
+  (any leading dims, any number of calls), ``Conv2d`` (groups 1, zero padding), ``Embedding``,
+  ``LayerNorm``, ``GroupNorm``. Beyond them:
+
+  - a layer applied to a tensor without the batch dimension (a positional embedding of
+    ``torch.arange(T)``, a Linear on a shared query) has its output expanded to the batch (a
+    view) in the clipping forward, so its gradient is per example: the per-example gradient is
+    the per-example output gradient contracted with the shared input;
+  - a weight shared by several layers (tied embedding / output head) is instantiated per use and
+    the uses' contributions summed before the norm (the norm of a sum, cross terms included);
+  - a module without a rule that owns parameters (``nn.MultiheadAttention``'s packed in-projection,
+    a custom block with a bare ``nn.Parameter``) gets per-example gradients by a vmap over that
+    module alone, from its recorded inputs and output gradients; a bare parameter of the model
+    itself, or one used outside its module's forward, by a vmap over the model.
+
+  Squared norms over disjoint parameter sets add, so the combination is exact. (In training
+  mode a vmap re-runs its module with fresh dropout masks: the result is still a function of
+  example i alone with its norm computed exactly, which is all the clipping bound needs.)
+* ``auto``  – decided on the first batch: ``ghost`` when its plan has a layer with a rule and
+  passes the first-call check, else ``vmap``, else ``loop``; ``describe()`` says what it chose,
+  per layer, and is recorded in the checkpoint (``dpaudit inspect`` prints it).
 
 Assumptions shared by all methods (checked where possible):
 
 * The loss of example ``i`` depends on example ``i`` only: no BatchNorm or other layer that mixes
   examples (refused by :func:`dpaudit.models.check_no_batchnorm`).
-* ``ghost``: each parameter of a supported module is used only through that module's forward and
-  the module's output is not modified in place; parameters are not shared between modules (shared
-  ones fall back to vmap). The first call checks ghost norms against vmap on a few examples and
-  refuses the model if they disagree, so a violated assumption fails loudly instead of clipping
-  wrongly.
+* ``ghost``: a probe at batch sizes 2 and 3 finds each layer's batch dimension; the first call
+  compares every layer's result on the first few examples with the one-example-at-a-time
+  reference and moves a disagreeing parameter (used outside its module's forward, an output
+  changed in place) to a vmap over the model; if the norms still disagree the model is refused
+  (:class:`GhostMismatchError`), so a violated assumption fails loudly instead of clipping wrongly.
 
-Numerics: norms are computed in the parameters' dtype, as in Opacus. The methods agree to
-rounding (~1e-15 relative in float64, ~1e-6 in float32), so a clipped gradient may exceed C by
-that relative amount; the ghost Gram sum Σ(a_t·a_s)(g_t·g_s) is clamped at 0 before the square
-root. Everything is device- and dtype-agnostic (float32/float64, CPU/CUDA); nothing leaves the device.
+Numerics: norms and clipped sums are computed in the parameters' dtype from the same tensors, with
+TF32 off (:func:`exact_matmuls`); under ``autocast`` (bf16 forward/backward) the recorded ``a`` and
+``g`` are cast to the parameters' dtype first, so each clipped contribution has norm <= C up to
+float32 rounding. The methods agree to rounding (~1e-15 relative in float64, ~1e-6 in float32);
+the ghost Gram sum Σ(a_t·a_s)(g_t·g_s) is clamped at 0 before the square root. Everything is
+device- and dtype-agnostic (float32/float64, CPU/CUDA); nothing leaves the device.
 """
 
 from __future__ import annotations
