@@ -1214,7 +1214,12 @@ class AutoClipper(Clipper):
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         if self.chosen_ is not None:
-            return self.chosen_._compute(x, y, clip)
+            try:
+                return self.chosen_._compute(x, y, clip)
+            except GhostMismatchError as e:  # a module called a different number of times than planned
+                self.tried_.append(f"ghost (later batch): {_first_line(e)}")
+                self.chosen_ = VmapClipper(self.model, autocast=self.autocast)
+                return self.chosen_._compute(x, y, clip)
         for cls in (GhostClipper, VmapClipper, LoopClipper):
             impl = cls(self.model, autocast=self.autocast)
             try:

@@ -369,3 +369,28 @@ def test_auto_falls_back_to_the_loop_when_vmap_cannot_run():
         assert _rel(g, r) < RTOL
     desc = clipper.describe()
     assert desc["method"] == "loop" and [t.split(":")[0] for t in desc["tried"]] == ["ghost", "vmap"]
+
+
+def test_auto_switches_to_vmap_when_a_later_batch_changes_the_call_pattern():
+    class Variable(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.head = nn.Linear(3, 2)
+
+        def forward(self, x):
+            h = x
+            for _ in range(1 if x.shape[0] < 5 else 2):  # depends on the batch size only
+                h = torch.tanh(self.lin(h))
+            return self.head(h)
+
+    model = Variable().double()
+    x, y = torch.randn(N, 3, dtype=torch.float64), torch.randint(0, 2, (N,))
+    clipper = make_clipper(model, "auto")
+    clipper(x[:4], y[:4], 0.5)
+    assert clipper.describe()["method"] == "ghost"
+    got = clipper(x, y, 0.5)  # 6 examples: lin is called twice, not as planned
+    ref = LoopClipper(model)(x, y, 0.5)
+    for g, r in zip(got.grads, ref.grads, strict=True):
+        assert _rel(g, r) < RTOL
+    assert clipper.describe()["method"] == "vmap" and clipper.describe()["tried"][0].startswith("ghost (later")
