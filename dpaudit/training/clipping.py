@@ -264,9 +264,15 @@ class VmapClipper(Clipper):
         super().__init__(model, autocast=autocast)
         ids = {id(p) for p in self.params}
         self.names = [n for n, p in model.named_parameters() if id(p) in ids]
+        self._ran = False
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
+        if not self._ran:  # an operation vmap cannot batch: one line naming the way out
+            with _refusing("vmap", "try --clipping loop"):
+                per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
+            self._ran = True
+        else:
+            per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
         with exact_matmuls():
             norms = torch.sqrt(_sq_norms(per_example))
             c = clip_factors(norms, clip)
@@ -947,6 +953,18 @@ def _full(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != dtype else t
 
 
+@contextmanager
+def _refusing(method: str, hint: str):
+    """A model ``--clipping METHOD`` cannot run (an error from the model's own code under it): one
+    line naming the method tried and the way out, instead of a traceback. Out-of-memory passes."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise GhostMismatchError(f"--clipping {method} cannot run this model ({_first_line(e)}); {hint}") from e
+
+
 def _loop_per_example(model: nn.Module, params: list[nn.Parameter], x: torch.Tensor, y: torch.Tensor):
     """Per-example gradients (B, *p.shape) by one backward pass per example: the reference."""
     rows = []
@@ -1002,6 +1020,10 @@ class GhostClipper(Clipper):
     # -- the plan
 
     def _make_plan(self, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
+        with _refusing("ghost", "try --clipping vmap or loop"):
+            return self._plan(x, y)
+
+    def _plan(self, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
         plan = build_ghost_plan(self.model, x, self.params)
         was_training, autocast = self.model.training, self.autocast
         # No dropout and full precision: the checks compare deterministic functions to rounding.

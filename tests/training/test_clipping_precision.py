@@ -112,3 +112,20 @@ def test_cuda_bf16_contributions_never_exceed_the_clip_norm():
             out = clipper(x[i : i + 1].cuda(), y[i : i + 1].cuda(), 1e-3)
             norm = torch.sqrt(sum(g.double().square().sum() for g in out.grads))
             assert float(norm) <= 1e-3 * (1 + 1e-5)
+
+
+def test_a_pinned_method_that_cannot_run_the_model_is_one_line():
+    class ItemBranch(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+            self.gain = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            h = self.lin(x) * self.gain
+            return h if float(h.sum()) > -1e9 else -h  # .item() on data: vmap cannot trace it
+
+    x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+    for method in ("vmap", "ghost"):  # ghost: its plan needs a vmap over the model for `gain`
+        with pytest.raises(InputError, match=rf"--clipping {method} cannot run this model .*try --clipping"):
+            make_clipper(ItemBranch(), method)(x, y, 1.0)
