@@ -965,6 +965,64 @@ def _refusing(method: str, hint: str):
         raise GhostMismatchError(f"--clipping {method} cannot run this model ({_first_line(e)}); {hint}") from e
 
 
+_MHA_NAMES = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
+
+
+def _mha_per_example(
+    unit: _Unit, records: list[_Record], grads: list[list[torch.Tensor | None]], B: int
+) -> dict[str, torch.Tensor] | None:
+    """Per-example gradients of an ``nn.MultiheadAttention`` without vmap, or None when its call
+    is not the plain case (packed in-projection, no masks, no attention weights returned, no
+    dropout, no bias_k/bias_v or zero attention).
+
+    The attention is recomputed from the recorded (batch-first) query, key and value: with the
+    projections P = x W_pᵀ + b_p (p = q, k, v; the row blocks of ``in_proj_weight``) as leaves,
+    one batched backward of softmax(QKᵀ/√d_h)V (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1, per
+    head) from the output gradient through ``out_proj`` gives every example's ∂ℓ_i/∂P (examples do
+    not interact); the per-example weight gradients are then Σ_t (∂ℓ_i/∂P_t) x_tᵀ per block, and
+    Σ_t g_t A_tᵀ for ``out_proj`` (A: the concatenated heads). The first-call check compares the
+    result with the one-example-at-a-time reference like every other rule.
+    """
+    m = unit.module
+    if (
+        type(m) is not nn.MultiheadAttention
+        or set(unit.names) != _MHA_NAMES
+        or m.in_proj_weight is None
+        or m.bias_k is not None
+        or m.add_zero_attn
+        or (m.dropout > 0 and m.training)
+    ):
+        return None
+    E, h = m.embed_dim, m.num_heads
+    W, bias = m.in_proj_weight.detach(), m.in_proj_bias.detach()
+    Wo = m.out_proj.weight.detach()
+    out = {n: 0.0 for n in _MHA_NAMES}
+    for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
+        keys = [k for k, _ in rec.inputs]
+        if keys != [0, 1, 2] or rec.kwargs.get("need_weights", True):  # query, key, value only
+            return None
+        if rec.kwargs.get("is_causal") or rec.kwargs.get("attn_mask") is not None or len(gs) < 1 or gs[0] is None:
+            return None
+        if None in lay.ins or FOLDED in lay.ins or lay.outs[0] in (None, FOLDED):
+            return None
+        xs = [t.movedim(d, 0) for (_, t), d in zip(rec.inputs, lay.ins, strict=True)]  # (B, L|S, E)
+        g = gs[0].movedim(lay.outs[0], 0)  # (B, L, E)
+        with torch.enable_grad():
+            P = [
+                F.linear(x, W[i * E : (i + 1) * E], bias[i * E : (i + 1) * E]).detach().requires_grad_()
+                for i, x in enumerate(xs)
+            ]
+            q, k, v = (p.reshape(B, p.shape[1], h, E // h).transpose(1, 2) for p in P)
+            A = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, -1, E)
+            dP = torch.autograd.grad(A, P, g @ Wo)
+        blocks = [torch.bmm(d.transpose(1, 2), x) for d, x in zip(dP, xs, strict=True)]
+        out["in_proj_weight"] = out["in_proj_weight"] + torch.cat(blocks, dim=1)
+        out["in_proj_bias"] = out["in_proj_bias"] + torch.cat([d.sum(1) for d in dP], dim=1)
+        out["out_proj.weight"] = out["out_proj.weight"] + torch.bmm(g.transpose(1, 2), A.detach())
+        out["out_proj.bias"] = out["out_proj.bias"] + g.sum(1)
+    return out
+
+
 def _loop_per_example(model: nn.Module, params: list[nn.Parameter], x: torch.Tensor, y: torch.Tensor):
     """Per-example gradients (B, *p.shape) by one backward pass per example: the reference."""
     rows = []
@@ -1155,7 +1213,9 @@ class GhostClipper(Clipper):
                     grads.append(row)
                 recs = [_Record([(k, _full(t, dtype)) for k, t in r.inputs], r.args, r.kwargs, r.outs) for r in recs]
                 if unit.handler is None:
-                    for n, g in _local_per_example(unit, recs, grads, B).items():
+                    fast = _mha_per_example(unit, recs, grads, B)
+                    self._how[u] = "per-example by recomputing the attention" if fast else unit.how
+                    for n, g in (fast or _local_per_example(unit, recs, grads, B)).items():
                         add(plan.index[(u, n)], g)
                     continue
                 ins = [
@@ -1205,7 +1265,7 @@ class GhostClipper(Clipper):
         for u, unit in enumerate(self.plan_.units):
             label = unit.name or "(model)"
             if unit.handler is None:
-                layers[label] = f"{unit.how}: {', '.join(unit.names)}"
+                layers[label] = f"{self._how.get(u, unit.how)}: {', '.join(unit.names)}"
             else:
                 layers[label] = self._how.get(u, "not called yet")
         for k, us in self.plan_.uses.items():

@@ -251,13 +251,16 @@ def test_arange_positional_embedding_stays_on_the_ghost_path(oracle):
     assert not any(v.startswith("vmap") for v in layers.values())
 
 
-def test_multihead_attention_is_routed_to_a_vmap_over_the_module_alone(oracle):
-    for name, label in (("transformer-mha", "attn"), ("mha-seq-first", "attn")):
-        layers = _layers(name, oracle)
-        assert layers[label] == (
-            "vmap over the module: in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias"
-        ), layers
-        assert sum(v.startswith("vmap") for v in layers.values()) == 1
+def test_multihead_attention_routes(oracle):
+    params = "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias"
+    # The plain self-attention call: per-example gradients by recomputing the attention (no vmap).
+    layers = _layers("transformer-mha", oracle)
+    assert layers["attn"] == f"per-example by recomputing the attention: {params}", layers
+    assert not any(v.startswith("vmap") for v in layers.values())
+    # With a key padding mask (and the default need_weights): a vmap over the attention module alone.
+    layers = _layers("mha-seq-first", oracle)
+    assert layers["attn"] == f"vmap over the module: {params}", layers
+    assert sum(v.startswith("vmap") for v in layers.values()) == 1
 
 
 def test_tied_weights_are_instantiated_and_summed(oracle):
