@@ -30,10 +30,12 @@ Methods (chosen by name, ``PerfConfig.clipping``):
     the per-example output gradient contracted with the shared input;
   - a weight shared by several layers (tied embedding / output head) is instantiated per use and
     the uses' contributions summed before the norm (the norm of a sum, cross terms included);
-  - a module without a rule that owns parameters (``nn.MultiheadAttention``'s packed in-projection,
-    a custom block with a bare ``nn.Parameter``) gets per-example gradients by a vmap over that
-    module alone, from its recorded inputs and output gradients; a bare parameter of the model
-    itself, or one used outside its module's forward, by a vmap over the model.
+  - ``nn.MultiheadAttention`` (packed in-projection, called on query/key/value without masks):
+    per-example gradients by recomputing the attention from its recorded inputs (:func:`_mha_per_example`);
+  - any other module that owns parameters without a rule (MHA with masks, a custom block with a
+    bare ``nn.Parameter``) gets per-example gradients by a vmap over that module alone, from its
+    recorded inputs and output gradients; a bare parameter of the model itself, or one used
+    outside its module's forward, by a vmap over the model.
 
   Squared norms over disjoint parameter sets add, so the combination is exact. (In training
   mode a vmap re-runs its module with fresh dropout masks: the result is still a function of
