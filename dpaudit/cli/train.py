@@ -76,6 +76,7 @@ PERFORMANCE = (
     opt("backend", str, "torch", help="torch | jax (logreg/mlp/cnn; pip install 'dpaudit[jax]')."),
     opt("max_physical_batch", int | None, None),
     opt("device", str, "auto", help="auto | cpu | cuda."),
+    opt("autocast", str | None, None, help="DP-SGD: bf16 forward/backward; norms and clipping stay float32."),
 )
 CANARIES = (
     opt("canaries", int | None, None, help="Audit: insert M canaries, each included w.p. 1/2."),

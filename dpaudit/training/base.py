@@ -23,6 +23,9 @@ class TrainOutcome:
     model: nn.Module
     privacy: dict[str, Any] | None
     history: list[dict[str, float]] = field(default_factory=list)
+    # How it was computed (performance only, never part of the claim): e.g. the clipping method
+    # ``--clipping auto`` chose and its per-layer plan, recorded under the checkpoint's "performance".
+    performance: dict[str, Any] = field(default_factory=dict)
 
 
 class StreamedFeatures:

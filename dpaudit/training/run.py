@@ -201,7 +201,8 @@ def train_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
         training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
-        performance=perf.to_dict(), privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
+        performance={**perf.to_dict(), **fitted.outcome.performance},
+        privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
         seed=config.seed, canaries=canaries.describe() if canaries is not None else None,
         extra={"whitebox_canaries": wb_meta},
         arrays=arrays, force=force,
@@ -280,6 +281,8 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
         "versions": meta["versions"],
         # DP-SGD-JL only: the AD path that computed the JL projections ("jvp" or "double-vjp")
         **({"jl_ad_path": privacy["jl"].get("ad_path")} if isinstance(privacy.get("jl"), dict) else {}),
+        # DP-SGD: the per-example clipping method that ran (what --clipping auto chose)
+        **({"clipping": used.get("method")} if (used := meta.get("performance", {}).get("clipping_used")) else {}),
     }
 
 

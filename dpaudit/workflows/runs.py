@@ -97,6 +97,7 @@ def train_from_options(
     shots: int | None,
     predictor: str,
     workers: int,
+    autocast: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = _silent,
@@ -156,7 +157,9 @@ def train_from_options(
         algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
         weight_decay=weight_decay, seed=seed, dp=dp,
     )  # fmt: skip
-    perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
+    perf = PerfConfig(
+        device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend, autocast=autocast
+    )
     _refuse_existing(out, force)
     ds = load_dataset(data, label_column=label_column)
     if model_spec is not None:
