@@ -157,7 +157,6 @@ def main() -> None:
     from attacks.reference import Recipe, train_models
     from dpaudit.data import fit_preprocessing, load_dataset
     from dpaudit.models import model_spec_from_dict
-    from dpaudit.training.clipping import resolve_method
     from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
     from dpaudit.training.run import fit_model
     from examples.byo_cifar_shaped.make_data import write
@@ -191,7 +190,8 @@ def main() -> None:
         _sync(a.device)
         rates[name] = len(idx) / (time.perf_counter() - t)
         if name == "dpsgd":
-            print(f"clipping   --clipping auto resolves to {resolve_method(fitted.model, 'auto')}")
+            used = fitted.outcome.performance.get("clipping_used", {})
+            print(f"clipping   --clipping auto chose {used.get('method', '?')}")
     print(f"training   sgd {rates['sgd']:,.0f} examples/s   dpsgd {rates['dpsgd']:,.0f} examples/s   ratio dpsgd/sgd "
           f"{rates['dpsgd'] / rates['sgd']:.2f}")  # fmt: skip
 
