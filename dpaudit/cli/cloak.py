@@ -43,9 +43,9 @@ def train_cloak_command(
     lambdas: list[str],
     out: Path,
     *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
+    epochs: int | None,
+    batch_size: int | None,
+    lr: float | None,
     seed: int,
     force: bool,
     json_output: bool,
@@ -57,7 +57,8 @@ def train_cloak_command(
     if target is None:
         raise InputError("--algo cloak needs --target RUN (the frozen model's run directory)")
     lams = parse_lambdas(lambdas)
-    base = CloakConfig(lam=lams[0], epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+    given = {"epochs": epochs, "batch_size": batch_size, "lr": lr}  # None: CloakConfig's default
+    base = CloakConfig(lam=lams[0], seed=seed, **{k: v for k, v in given.items() if v is not None})
     info(f"training {len(lams)} cloak(s) for {target} …", json_flag=json_output)
     cloaks = train_cloak_sweep(
         target, lams, out=out, base=base, force=force, figure=sigma_png, progress=progress(json_output)

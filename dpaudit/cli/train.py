@@ -9,6 +9,9 @@ import typer
 
 from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
 from dpaudit.errors import InputError
+from dpaudit.training.config import recipe_help
+
+RECIPE_HELP = recipe_help()
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
@@ -71,14 +74,21 @@ def register(app: App) -> None:
                 "| cloak (with --target, --lambda)",
             ),
         ] = "sgd",
-        epochs: Annotated[int, typer.Option("--epochs", help="Passes over the training split.")] = 30,
+        epochs: Annotated[
+            int | None, typer.Option("--epochs", help="Passes over the training split (default: per algo/model).")
+        ] = None,
         steps: Annotated[int | None, typer.Option("--steps", help="Number of steps (overrides --epochs).")] = None,
-        batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size (expected size for Poisson).")] = 64,
-        lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.1,
-        momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.0,
+        batch_size: Annotated[
+            int | None, typer.Option("--batch-size", help="Batch size (expected size for Poisson).")
+        ] = None,
+        lr: Annotated[float | None, typer.Option("--lr", help=f"Learning rate. {RECIPE_HELP}")] = None,
+        momentum: Annotated[float | None, typer.Option("--momentum", help="SGD momentum (default 0).")] = None,
         weight_decay: Annotated[float, typer.Option("--weight-decay")] = 0.0,
         l2: Annotated[
-            float | None, typer.Option("--l2", help="outpert/objpert/dpagd: λ of the penalty (λ/2)‖w‖² (weight decay).")
+            float | None,
+            typer.Option(
+                "--l2", help="outpert/objpert/dpagd: λ of the penalty (λ/2)‖w‖² (default 0.01 for outpert/objpert)."
+            ),
         ] = None,
         mechanism: Annotated[
             str | None, typer.Option("--mechanism", help="outpert: laplace (norm mechanism, pure ε) | gaussian (ε, δ).")
@@ -172,7 +182,7 @@ def register(app: App) -> None:
         """Train a model on a dataset split and save it as a run directory."""
         from dpaudit.data import load_dataset
         from dpaudit.models import default_spec
-        from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
+        from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig, fill_recipe
         from dpaudit.training.dirac import DiracCanaries
         from dpaudit.training.run import summary, train_run
 
@@ -208,6 +218,10 @@ def register(app: App) -> None:
         from dpaudit.training.convex import CONVEX_ALGOS, resolve_algo
 
         algo = resolve_algo(algo, mechanism, objective)
+        r = fill_recipe(algo, model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
+        epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
+        if l2 is None and weight_decay == 0.0:
+            weight_decay = r["l2"]
         private = algo.startswith("dp") or algo in CONVEX_ALGOS
         if dp_given and not private:
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")

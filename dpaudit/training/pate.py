@@ -38,6 +38,13 @@ from dpaudit.validation import check_choice, check_in_interval, check_positive, 
 
 ALGOS = ("pate", "dp-icl")
 ANSWERS_FILE = "answers.npz"
+# Defaults of ``train --algo pate|dp-icl`` (chosen on digits, benchmarks/RESULTS.md "Default recipes"):
+# more teachers make the vote gaps larger relative to the answer noise (the data-dependent analysis
+# needs consensus, Papernot et al. 2018, Sec. 4), fewer make each teacher better; Q queries cost
+# privacy linearly in the data-independent analysis.
+DEFAULT_TEACHERS = {"pate": 25, "dp-icl": 20}
+DEFAULT_QUERIES = 100
+DEFAULT_SHOTS = 10
 
 
 @dataclass(frozen=True)
@@ -261,11 +268,11 @@ def train_from_options(
     model: str,
     hidden: tuple[int, ...] | None,
     activation: str | None,
-    epochs: int,
+    epochs: int | None,
     steps: int | None,
-    batch_size: int,
-    lr: float,
-    momentum: float,
+    batch_size: int | None,
+    lr: float | None,
+    momentum: float | None,
     weight_decay: float,
     split_seed: int,
     fractions: tuple[float, ...],
@@ -279,11 +286,18 @@ def train_from_options(
     answer noise is calibrated (``sigma`` may then be omitted; for lnmax/gnmax it is ignored)."""
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
+    from dpaudit.training.config import fill_recipe
 
-    if teachers is None or queries is None:
-        raise InputError("--algo pate / dp-icl needs --teachers K and --queries Q")
+    teachers = DEFAULT_TEACHERS[algo] if teachers is None and algo in DEFAULT_TEACHERS else teachers
+    queries = DEFAULT_QUERIES if queries is None else queries
+    if algo == "dp-icl" and shots is None:
+        shots = DEFAULT_SHOTS
+    if epsilon is None and sigma is None and aggregator != "argmax":
+        raise InputError(f"--algo {algo} needs --epsilon (calibrates the vote noise) or --sigma")
     if epsilon is not None and sigma is None and aggregator != "argmax":
         sigma = 1.0  # placeholder, replaced by the calibration
+    r = fill_recipe("sgd", model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum)
+    epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
     agg = AggregatorConfig(aggregator, sigma=sigma, sigma1=sigma1, threshold=threshold, max_answers=max_answers)
     config = AggregationConfig(
         algo=algo, teachers=teachers, aggregator=agg, queries=queries, shots=shots, predictor=predictor, delta=delta,
