@@ -421,15 +421,19 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
         order = choose_order(kind, n_q, int(answered.sum()), m, n_teachers, params, config, delta)
     beta = config.beta_factor / order
     raw = per_query_rdp(kind, h, answered, params, order)
+    # A(d) summed over queries; identical histograms (sorted, as the bounds depend on nothing else) once each.
     ls = np.zeros(n_teachers)
     if kind == "confident-gnmax":
-        for mx in h.max(1):
-            ls += np.maximum.accumulate(
+        tops, counts = np.unique(h.max(1), return_counts=True)
+        for mx, c in zip(tops, counts, strict=True):
+            ls += c * np.maximum.accumulate(
                 local_sensitivity_threshold(mx, n_teachers, params["threshold"], params["sigma1"], order)
             )
     rows = np.flatnonzero(answered) if kind == "confident-gnmax" else np.arange(n_q)
-    for r in rows:
-        ls += np.maximum.accumulate(local_sensitivity_gnmax(h[r], n_teachers, params["sigma"], order))
+    if len(rows):
+        hists, counts = np.unique(-np.sort(-h[rows], axis=1), axis=0, return_counts=True)
+        for v, c in zip(hists, counts, strict=True):
+            ls += c * np.maximum.accumulate(local_sensitivity_gnmax(v, n_teachers, params["sigma"], order))
     ss = smooth_sensitivity(ls, beta)
     z = float(stats.norm.isf(delta / 4.0))
     log_s_noisy = math.log(max(ss, 1e-300)) + config.tau * float(rng.standard_normal())

@@ -167,6 +167,21 @@ def register(app: App) -> None:
             str, typer.Option("--predictor", help="DP-ICL: knn | prototype | PATH (local embedding model).")
         ] = "knn",
         workers: Annotated[int, typer.Option("--workers", help="PATE: teachers trained in parallel.")] = 1,
+        claim: Annotated[
+            str,
+            typer.Option(
+                "--claim",
+                help="PATE/DP-ICL: data-independent | data-dependent (sanitised with smooth sensitivity, "
+                "Papernot et al. 2018; gnmax/confident-gnmax).",
+            ),
+        ] = "data-independent",
+        keep_private_diagnostics: Annotated[
+            bool,
+            typer.Option(
+                "--keep-private-diagnostics",
+                help="PATE/DP-ICL: also save values computed from the private votes (not DP) in checkpoint.json.",
+            ),
+        ] = False,
         target: Annotated[
             Path | None, typer.Option("--target", help="Cloak: the frozen model's run directory.")
         ] = None,
@@ -206,6 +221,7 @@ def register(app: App) -> None:
             opts.update(hidden=parse_ints(hidden, "--hidden"))
             opts.update(activation=activation, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr)
             opts.update(momentum=momentum, weight_decay=weight_decay, split_seed=split_seed, fractions=fractions)
+            opts.update(claim=claim, keep_private_diagnostics=keep_private_diagnostics)
             meta = train_from_options(out, **opts, workers=workers, force=force, progress=progress(json_output))
             s = summary(meta)
             emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)

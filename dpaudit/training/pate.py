@@ -12,8 +12,8 @@ Wu et al. 2024, arXiv:2305.01639, Sec. 3):
 3. The vote histograms are aggregated with noise (:mod:`dpaudit.aggregation`: LNMax, GNMax,
    Confident-GNMax); the answers are saved with the run (``answers.npz``).
 4. The student (a zoo model) is trained non-privately on the answered queries with the noisy labels.
-   Post-processing: the student's claim is the aggregator's (data-independent; the data-dependent epsilon
-   is recorded beside it, labelled as not private).
+   Post-processing: the student's claim is the aggregator's (data-independent; or, asked for, the
+   data-dependent one sanitised with smooth sensitivity; raw vote-derived values only when asked for).
 
 Features are standardised with a scaler fitted on the auxiliary (public) split: a scaler fitted on the
 members would let one record influence every teacher (and be released with the student).
@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from dpaudit.aggregation import AggregatorConfig, aggregate, calibrate_aggregator, privacy_record, vote_histogram
+from dpaudit.aggregation import (
+    CLAIMS,
+    AggregatorConfig,
+    aggregate,
+    calibrate_aggregator,
+    privacy_record,
+    private_diagnostics,
+    vote_histogram,
+)
 from dpaudit.data import DEFAULT_FRACTIONS, Dataset, Splits, Standardizer, fit_preprocessing, make_splits
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -53,6 +61,8 @@ class AggregationConfig:
 
     ``target_epsilon``: calibrate the aggregator's answer noise (``aggregator.sigma``) to this
     data-independent epsilon at ``delta`` over ``queries`` queries (the given sigma is then replaced).
+    ``claim``: ``data-independent`` (default) or ``data-dependent`` (sanitised with smooth sensitivity,
+    :func:`dpaudit.aggregation.privacy_record`).
     """
 
     algo: str
@@ -64,9 +74,11 @@ class AggregationConfig:
     delta: float = 1e-5
     target_epsilon: float | None = None
     seed: int = 0
+    claim: str = "data-independent"
 
     def __post_init__(self) -> None:
         check_choice(ALGOS, algo=self.algo)
+        check_choice(CLAIMS, claim=self.claim)
         check_positive_int(teachers=self.teachers)
         check_positive_int(queries=self.queries)
         if not isinstance(self.aggregator, AggregatorConfig):
@@ -160,11 +172,14 @@ def train_aggregation_run(
     label_column: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
+    keep_private_diagnostics: bool = False,
 ) -> dict[str, Any]:
     """Run PATE or DP-ICL end to end and (if ``out``) save the student as a run directory.
 
     ``student``: how the student (and, for PATE, each teacher) is trained (a non-private algo: sgd, adam).
     Returns the checkpoint metadata; ``training.aggregation`` holds the recipe and label statistics.
+    Values computed from the private votes (raw data-dependent epsilon, vote and teacher accuracy) are kept
+    out of it unless ``keep_private_diagnostics`` (then under ``private_diagnostics``, labelled).
     """
     from dpaudit.checkpoint import SCHEMA_VERSION, save_run, versions
     from dpaudit.training.run import FittedModel, check_spec_fits, fit_model, metrics_for
@@ -208,19 +223,24 @@ def train_aggregation_run(
     )  # fmt: skip
     student_cfg = dataclasses.replace(student, batch_size=min(student.batch_size, int(answered.sum())))
     fitted = fit_model(student_data, np.arange(len(student_data)), spec, student_cfg, PerfConfig(), preprocessing=pre)
-    privacy = privacy_record(agg, hist, answers, delta=config.delta, n_teachers=config.teachers)
+    privacy = privacy_record(
+        agg, hist, answers, delta=config.delta, n_teachers=config.teachers, claim=config.claim,
+        seed=derive_seed(config.seed, stream=4),
+    )  # fmt: skip
     stats = {
         "recipe": {**config.to_dict(), "aggregator": agg.to_dict()},
         "n_queries": len(q_idx),
         "n_answered": int(answered.sum()),
+        # the answers are the mechanism's output and the queries' labels are public: not a private value
         "answer_accuracy": float(np.mean(answers[answered] == true[answered])),
-        # Diagnostics from the private votes (not differentially private; for the experimenter only).
-        "diagnostics_not_private": {
-            "vote_accuracy": float(np.mean(hist.argmax(1) == true)),
-            "teacher_accuracy": float(np.mean(votes == true[None, :])),
-        },
         "answers_file": ANSWERS_FILE,
     }
+    if keep_private_diagnostics:  # computed from the private votes: NOT differentially private
+        stats["private_diagnostics"] = {
+            **private_diagnostics(agg, hist, answers, delta=config.delta, n_teachers=config.teachers),
+            "vote_accuracy": float(np.mean(hist.argmax(1) == true)),
+            "teacher_accuracy": float(np.mean(votes == true[None, :])),
+        }
     data_meta = dataset.describe()
     if label_column is not None:
         data_meta["label_column"] = label_column
@@ -279,6 +299,8 @@ def train_from_options(
     workers: int = 1,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
+    claim: str = "data-independent",
+    keep_private_diagnostics: bool = False,
 ) -> dict[str, Any]:
     """``dpaudit train --algo pate|dp-icl``: build the configs from the command's options and run.
 
@@ -301,7 +323,7 @@ def train_from_options(
     agg = AggregatorConfig(aggregator, sigma=sigma, sigma1=sigma1, threshold=threshold, max_answers=max_answers)
     config = AggregationConfig(
         algo=algo, teachers=teachers, aggregator=agg, queries=queries, shots=shots, predictor=predictor, delta=delta,
-        target_epsilon=epsilon, seed=seed,
+        target_epsilon=epsilon, seed=seed, claim=claim,
     )  # fmt: skip
     student = TrainConfig(
         algo="sgd", epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -316,5 +338,5 @@ def train_from_options(
     )  # fmt: skip
     return train_aggregation_run(
         ds, spec, config, student, out=out, workers=workers, split_seed=split_seed, fractions=fractions,
-        label_column=label_column, force=force, progress=progress,
+        label_column=label_column, force=force, progress=progress, keep_private_diagnostics=keep_private_diagnostics,
     )  # fmt: skip
