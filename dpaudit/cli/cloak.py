@@ -50,7 +50,7 @@ def train_cloak_command(
     force: bool,
     json_output: bool,
 ) -> None:
-    from dpaudit.training.cloak import CloakConfig, cloak_summary, curve_row, parse_lambdas, train_cloak_sweep
+    from dpaudit.training.cloak import CloakConfig, cloak_summary, curve_row, knee, parse_lambdas, train_cloak_sweep
 
     if algo != "cloak":
         raise InputError(f"--target/--lambda need --algo cloak, not {algo!r}")
@@ -68,11 +68,12 @@ def train_cloak_command(
         emit({"out": str(out), **s}, human_cloak(s) + f"\nsaved      {out}", json_flag=json_output)
         return
     rows = [curve_row(c) for c in cloaks]
+    at = knee(rows)
     lines = ["λ          suppressed  clean acc  cloaked acc  composed ε"]
     lines += [
         f"{r['lambda']:<10g} {r['suppression_ratio']:>10.3f} {r['clean_accuracy']:>10.3f} "
-        f"{r['cloaked_accuracy']:>12.3f} {r['composed_epsilon']:>11.4g}"
+        f"{r['cloaked_accuracy']:>12.3f} {r['composed_epsilon']:>11.4g}" + ("  <- knee" if r["lambda"] == at else "")
         for r in rows
     ]
     lines.append(f"saved      {out} (curve.json, curve.csv, lambda_*/)")
-    emit({"out": str(out), "curve": rows}, "\n".join(lines), json_flag=json_output)
+    emit({"out": str(out), "curve": rows, "knee": at}, "\n".join(lines), json_flag=json_output)
