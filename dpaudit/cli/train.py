@@ -111,7 +111,8 @@ def register(app: App) -> None:
             int | None,
             typer.Option(
                 "--jl-projections",
-                help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl).",
+                help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl; "
+                "default 16).",
             ),
         ] = None,
         secure_noise: Annotated[
@@ -238,6 +239,10 @@ def register(app: App) -> None:
         epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
         if l2 is None and weight_decay == 0.0:
             weight_decay = r["l2"]
+        if algo.endswith("-jl") and jl_projections is None:
+            from dpaudit.training.config import DEFAULT_JL_PROJECTIONS
+
+            jl_projections = DEFAULT_JL_PROJECTIONS
         private = algo.startswith("dp") or algo in CONVEX_ALGOS
         if dp_given and not private:
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
