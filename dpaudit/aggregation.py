@@ -52,7 +52,7 @@ from dpaudit.accounting.pate_smooth import (
     sanitised_claim,
 )
 from dpaudit.errors import InputError
-from dpaudit.events import Composed, Event, Gaussian, GNMax, LNMax, NonPrivate, SelfComposed
+from dpaudit.events import Composed, Event, Gaussian, GNMax, LNMax, NonPrivate, PoissonSampled, SelfComposed
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive, check_positive_int
 
 __all__ = [
@@ -82,6 +82,11 @@ DATA_DEPENDENT_NOTE = (
     "et al. 2017, Thm. 3): computed from the private vote histograms, so these values are themselves NOT "
     "differentially private (not sanitised); kept only with --keep-private-diagnostics"
 )
+SUBSAMPLED_NOTE = (
+    "each private record has a fixed, data-independent teacher (an i.i.d. uniform draw) and joins that teacher's "
+    "prompt for a query with probability q, independently per query: adding or removing one record changes at "
+    "most one vote per query, and only on the queries that sampled it (add/remove neighbours)"
+)
 SANITISED_NOTE = (
     "data-dependent, sanitised (Papernot et al. 2018, arXiv:1802.08908, Sec. 4.3 and App. C): the data-dependent "
     "RDP at one order is released with Gaussian noise scaled by its smooth sensitivity (GNSS, Thm. 23), raised "
@@ -100,6 +105,9 @@ class AggregatorConfig:
     ``sigma1`` and ``threshold`` T: Confident-GNMax's noisy threshold check (only for it).
     ``max_answers``: Confident-GNMax stops answering after this many answers (None: no cap, i.e. the
     claim assumes every query may be answered).
+    ``sample_rate`` q (GNMax only; DP-ICL): every query is answered by teachers that see a fresh Poisson
+    sample of the private records (each kept with probability q; Wu et al. 2024, arXiv:2305.01639, Sec. 3),
+    accounted with amplification by subsampling under add/remove neighbours (:func:`aggregator_event`).
     """
 
     name: str
@@ -107,6 +115,7 @@ class AggregatorConfig:
     sigma1: float | None = None
     threshold: float | None = None
     max_answers: int | None = None
+    sample_rate: float | None = None
 
     def __post_init__(self) -> None:
         check_choice(AGGREGATORS, aggregator=self.name)
@@ -127,6 +136,10 @@ class AggregatorConfig:
             raise InputError("--sigma1, --threshold and --max-answers apply only to confident-gnmax")
         if self.max_answers is not None:
             check_positive_int(max_answers=self.max_answers)
+        if self.sample_rate is not None:
+            if self.name != "gnmax":
+                raise InputError(f"--subsample applies to the gnmax aggregator, not {self.name}")
+            check_in_interval(0.0, 1.0, hi_open=False, sample_rate=self.sample_rate)
 
     def check_teachers(self, n_teachers: int) -> None:
         """The threshold must lie in [0, K] (a count of teacher votes)."""
@@ -200,6 +213,12 @@ def aggregator_event(config: AggregatorConfig, n_queries: int, n_classes: int) -
         return NonPrivate()
     if config.name == "lnmax":
         return SelfComposed(LNMax(config.sigma, n_classes), n_queries)
+    if config.name == "gnmax" and config.sample_rate is not None:
+        # One added record joins its (data-independent) teacher's prompt only when sampled; that teacher's vote
+        # moves the histogram by at most sqrt(2) in L2, so GNMax is post-processing of a Gaussian release of
+        # the histogram with noise multiplier sigma / sqrt(2) (Papernot et al. 2018, Prop. 8), Poisson-
+        # subsampled per query: the sampled Gaussian mechanism (Mironov, Talwar & Zhang 2019), add/remove.
+        return SelfComposed(PoissonSampled(config.sample_rate, Gaussian(config.sigma / math.sqrt(2.0))), n_queries)
     if config.name == "gnmax":
         return SelfComposed(GNMax(config.sigma, n_classes), n_queries)
     # The threshold check: Gaussian noise on max_j n_j, which one record moves by at most 1 (sensitivity 1
@@ -339,20 +358,21 @@ def privacy_record(
         "epsilon": di["epsilon"],
         "delta": delta,
         "accountant": di["accountant"],
-        "neighbouring": "replace_one",
+        "neighbouring": "replace_one" if config.sample_rate is None else "add_remove",
         "event": di["event"],
         "aggregator": config.to_dict(),
         "n_teachers": int(n_teachers),
         "n_queries": int(n_queries),
         "n_answered": int(answered.sum()),
         "claim": claim,
-        "analysis": "data-independent (formal): " + NEIGHBOURING_NOTE,
+        "analysis": "data-independent (formal): "
+        + (NEIGHBOURING_NOTE if config.sample_rate is None else SUBSAMPLED_NOTE),
     }
     if "pure_dp_epsilon" in di:
         record["pure_dp_epsilon"] = di["pure_dp_epsilon"]
     if claim == "data-independent":
         return record
-    if config.name not in ("gnmax", "confident-gnmax"):
+    if config.name not in ("gnmax", "confident-gnmax") or config.sample_rate is not None:
         raise InputError(
             f"--claim data-dependent needs gnmax or confident-gnmax (the smooth-sensitivity sanitiser of Papernot "
             f"et al. 2018 covers those), not {config.name}"

@@ -176,6 +176,14 @@ def register(app: App) -> None:
                 "Papernot et al. 2018; gnmax/confident-gnmax).",
             ),
         ] = "data-independent",
+        subsample: Annotated[
+            float | None,
+            typer.Option(
+                "--subsample",
+                help="DP-ICL (gnmax): each query's teachers see a fresh Poisson sample of the exemplars at this "
+                "rate (accounted with amplification; replaces --shots).",
+            ),
+        ] = None,
         keep_private_diagnostics: Annotated[
             bool,
             typer.Option(
@@ -222,7 +230,7 @@ def register(app: App) -> None:
             opts.update(hidden=parse_ints(hidden, "--hidden"))
             opts.update(activation=activation, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr)
             opts.update(momentum=momentum, weight_decay=weight_decay, split_seed=split_seed, fractions=fractions)
-            opts.update(claim=claim, keep_private_diagnostics=keep_private_diagnostics)
+            opts.update(claim=claim, keep_private_diagnostics=keep_private_diagnostics, subsample=subsample)
             meta = train_from_options(out, **opts, workers=workers, force=force, progress=progress(json_output))
             s = summary(meta)
             emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)

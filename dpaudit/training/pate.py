@@ -84,7 +84,12 @@ class AggregationConfig:
         if not isinstance(self.aggregator, AggregatorConfig):
             raise InputError("expected aggregator to be an AggregatorConfig")
         self.aggregator.check_teachers(self.teachers)
-        if self.algo == "dp-icl":
+        if self.aggregator.sample_rate is not None:
+            if self.algo != "dp-icl":
+                raise InputError("--subsample applies to --algo dp-icl (per-query sampling of exemplars)")
+            if self.shots is not None:
+                raise InputError("--subsample replaces --shots: each teacher's prompt is a Poisson sample")
+        elif self.algo == "dp-icl":
             if self.shots is None:
                 raise InputError("--algo dp-icl needs --shots k (exemplars per teacher)")
             check_positive_int(shots=self.shots)
@@ -153,6 +158,26 @@ def icl_votes(predictor, ex_X: np.ndarray, ex_y: np.ndarray, parts, queries_X: n
     return np.stack([predictor.predict_proba(ex_X[p], ex_y[p], queries_X).argmax(1) for p in parts]).astype(np.int64)
 
 
+def subsampled_icl_hist(predictor, ex_X, ex_y, queries_X, config: AggregationConfig, n_classes: int) -> np.ndarray:
+    """(Q, C) vote histogram of DP-ICL with per-query Poisson subsampling (Wu et al. 2024, Sec. 3).
+
+    Each private record gets a teacher id drawn i.i.d. uniform in [0, K) (data-independent); for every query a
+    fresh Poisson sample keeps each record with probability q, and teacher t is prompted with its sampled
+    records only. A teacher whose sample is empty abstains (its vote is not counted: adding a record then moves
+    one count by 1, within the analysis' sqrt(2))."""
+    k, q = config.teachers, config.aggregator.sample_rate
+    rng = np.random.default_rng(derive_seed(config.seed, stream=5))
+    owner = rng.integers(0, k, size=len(ex_X))
+    hist = np.zeros((len(queries_X), n_classes), dtype=np.int64)
+    for j in range(len(queries_X)):
+        kept = rng.random(len(ex_X)) < q
+        for t in range(k):
+            p = np.flatnonzero(kept & (owner == t))
+            if len(p):
+                hist[j, int(predictor.predict_proba(ex_X[p], ex_y[p], queries_X[j : j + 1])[0].argmax())] += 1
+    return hist
+
+
 def public_preprocessing(dataset: Dataset, splits: Splits):
     if len(splits.aux) == 0:
         raise InputError("PATE and DP-ICL need a non-empty auxiliary split (the public query pool): see --split")
@@ -192,9 +217,11 @@ def train_aggregation_run(
     check_spec_fits(spec, dataset)
     splits = make_splits(len(dataset), split_seed, fractions)
     pre = public_preprocessing(dataset, splits)
-    parts = teacher_parts(len(splits.members), config)
+    subsampled = config.aggregator.sample_rate is not None
+    parts = None if subsampled else teacher_parts(len(splits.members), config)
     q_idx = query_indices(splits, config)
     queries_X = dataset.X[q_idx]
+    votes = None  # (K, Q) teacher votes; none with per-query subsampling (each query has its own teachers)
     with progress.task(f"{config.algo}: {config.teachers} teachers", 1) as advance:
         if config.algo == "pate":
             votes = pate_votes(dataset, splits.members, parts, spec, student, pre, queries_X, workers=workers)
@@ -202,10 +229,14 @@ def train_aggregation_run(
             from dpaudit.training.icl import make_predictor
 
             predictor = make_predictor(config.predictor, dataset.n_classes)
-            ex_X = pre.transform(dataset.X[splits.members])
-            votes = icl_votes(predictor, ex_X, dataset.y[splits.members], parts, pre.transform(queries_X))
+            ex_X, ex_y = pre.transform(dataset.X[splits.members]), dataset.y[splits.members]
+            if subsampled:
+                hist = subsampled_icl_hist(predictor, ex_X, ex_y, pre.transform(queries_X), config, dataset.n_classes)
+            else:
+                votes = icl_votes(predictor, ex_X, ex_y, parts, pre.transform(queries_X))
         advance(1)
-    hist = vote_histogram(votes, dataset.n_classes)
+    if votes is not None:
+        hist = vote_histogram(votes, dataset.n_classes)
     agg = config.aggregator
     if config.target_epsilon is not None:
         agg = calibrate_aggregator(
@@ -239,7 +270,7 @@ def train_aggregation_run(
         stats["private_diagnostics"] = {
             **private_diagnostics(agg, hist, answers, delta=config.delta, n_teachers=config.teachers),
             "vote_accuracy": float(np.mean(hist.argmax(1) == true)),
-            "teacher_accuracy": float(np.mean(votes == true[None, :])),
+            "teacher_accuracy": None if votes is None else float(np.mean(votes == true[None, :])),
         }
     data_meta = dataset.describe()
     if label_column is not None:
@@ -301,6 +332,7 @@ def train_from_options(
     progress: Progress = NULL_PROGRESS,
     claim: str = "data-independent",
     keep_private_diagnostics: bool = False,
+    subsample: float | None = None,
 ) -> dict[str, Any]:
     """``dpaudit train --algo pate|dp-icl``: build the configs from the command's options and run.
 
@@ -312,7 +344,7 @@ def train_from_options(
 
     teachers = DEFAULT_TEACHERS[algo] if teachers is None and algo in DEFAULT_TEACHERS else teachers
     queries = DEFAULT_QUERIES if queries is None else queries
-    if algo == "dp-icl" and shots is None:
+    if algo == "dp-icl" and shots is None and subsample is None:
         shots = DEFAULT_SHOTS
     if epsilon is None and sigma is None and aggregator != "argmax":
         raise InputError(f"--algo {algo} needs --epsilon (calibrates the vote noise) or --sigma")
@@ -320,7 +352,9 @@ def train_from_options(
         sigma = 1.0  # placeholder, replaced by the calibration
     r = fill_recipe("sgd", model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum)
     epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
-    agg = AggregatorConfig(aggregator, sigma=sigma, sigma1=sigma1, threshold=threshold, max_answers=max_answers)
+    agg = AggregatorConfig(
+        aggregator, sigma=sigma, sigma1=sigma1, threshold=threshold, max_answers=max_answers, sample_rate=subsample
+    )
     config = AggregationConfig(
         algo=algo, teachers=teachers, aggregator=agg, queries=queries, shots=shots, predictor=predictor, delta=delta,
         target_epsilon=epsilon, seed=seed, claim=claim,
