@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dpaudit.errors import UnreachableTargetError
-from dpaudit.training.base import TRAINERS, get_trainer
+from dpaudit.training.algorithms import TRAINERS, get_trainer
 from dpaudit.training.config import DP_RECIPES, NONPRIVATE_RECIPE, default_recipe, fill_recipe
 
 LINEAR_ONLY = {"outpert", "outpert-gaussian", "objpert", "dpagd", "dpagd-huber"}
