@@ -115,19 +115,9 @@ def inversion(
     from dpaudit.errors import InputError
 
     attack = MIFace(
-        iterations=iterations,
-        window=window,
-        threshold=threshold,
-        step=step,
-        prior=prior,
-        prior_weight=prior_weight,
-        black_box=black_box,
-        budget=budget,
-        directions=directions,
-        variant=variant,
-        restarts=restarts,
-        seed=seed,
-    )
+        iterations=iterations, window=window, threshold=threshold, step=step, prior=prior, prior_weight=prior_weight,
+        black_box=black_box, budget=budget, directions=directions, variant=variant, restarts=restarts, seed=seed,
+    )  # fmt: skip
     attack.check()  # bad settings fail before the checkpoint is loaded
     png = out_dir / GRID_FILE if out_dir is not None else None
     if png is not None and png.exists() and not force:
