@@ -12,6 +12,14 @@ The contract (users' CI files depend on it; it does not change)::
 - ``seed``: a non-negative int (< 2**31), different for every run; *all* the run's randomness
   (initialisation, sampling, noise) must come from it — :mod:`dpaudit.seeding` derives framework
   generators from it.
+- ``reference_size`` (optional keyword, passed only when the function accepts it): the dataset size N the
+  mechanism is defined for, the same in every run of an audit, IN or OUT. Use it — never ``len(X)`` — for
+  the sampling rate (q = B / reference_size) and for any division (by the expected batch size
+  q · reference_size). A trainer that divides by ``len(X)`` or sets q = B / len(X) runs a different
+  mechanism on the two neighbouring datasets (N vs N + 1 records), so even its "correct" version can
+  truly exceed its claim, and an audit then measures the wrong thing. Before the runs, a trainer that takes
+  the keyword is trained twice on the same records and seed with N and 2N; identical weights are reported
+  in the audit's notes (the keyword seems ignored), as is a trainer without it (it cannot be checked).
 - returns: the state dict of the model that the model spec describes
   (:func:`dpaudit.models.build_model`), as torch tensors or numpy arrays; the wrapper prefixes of
   Opacus (``_module.``) and DDP (``module.``) are accepted.
@@ -117,15 +125,61 @@ def check_trainer(fn: Any, name: str | None = None) -> None:
     except (TypeError, ValueError):  # some builtins and C callables have no signature: let the call decide
         return
     try:
-        sig.bind(None, None, 0)
+        if "reference_size" in sig.parameters:
+            sig.bind(None, None, 0, reference_size=0)
+        else:
+            sig.bind(None, None, 0)
     except TypeError:
         raise InputError(f"trainer {name}{sig} cannot be called as {name}(X, y, seed); expected {CONTRACT}") from None
 
 
+def accepts_reference_size(fn: Any) -> bool:
+    """Whether ``fn`` can be called with the optional keyword ``reference_size`` (see the contract)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "reference_size" for p in params)
+
+
+def reference_size_note(fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, reference_size: int, *,
+                        name: str | None = None) -> str | None:  # fmt: skip
+    """Why the trainer may run different mechanisms on the two neighbours, or None when nothing is seen.
+
+    A trainer without the ``reference_size`` keyword cannot be checked (it may use ``len(X)``). One with it
+    is trained twice on the same records and seed, with ``reference_size`` N and 2N: a sampling rate
+    B / reference_size or a divisor q · reference_size changes the weights; bit-identical weights mean the
+    keyword is ignored (and ``len(X)`` presumably used). A detection, not a proof: a trainer that needs
+    neither (full-batch training with a fixed divisor) also gives identical weights."""
+    name = name or trainer_name(fn)
+    if not accepts_reference_size(fn):
+        return (
+            f"trainer {name} does not take reference_size: if it uses len(X) for its sampling rate or divisor, "
+            "the two neighbouring datasets run different mechanisms (see dpaudit.plugins)"
+        )
+    a = call_trainer(fn, X, y, seed, spec, name=name, reference_size=reference_size).state_dict()
+    b = call_trainer(fn, X, y, seed, spec, name=name, reference_size=2 * reference_size).state_dict()
+    if all(bool((a[k] == b[k]).all()) for k in a):
+        return (
+            f"trainer {name} returned the same weights for reference_size {reference_size} and {2 * reference_size} "
+            "(same records and seed): it seems to ignore it, and to use len(X) instead, which makes the two "
+            "neighbouring datasets run different mechanisms"
+        )
+    return None
+
+
 def call_trainer(
-    fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, *, name: str | None = None
+    fn: Trainer,
+    X: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    spec,
+    *,
+    name: str | None = None,
+    reference_size: int | None = None,
 ) -> torch.nn.Module:
-    """Run ``fn(X, y, seed)`` and load what it returns into ``build_model(spec)`` (eval mode).
+    """Run ``fn(X, y, seed)`` (with ``reference_size=`` when given and ``fn`` accepts it) and load what it
+    returns into ``build_model(spec)`` (eval mode).
 
     Raises :class:`InputError` naming the trainer when the function raises, returns something that is
     not a mapping, returns names or shapes the spec does not have (listing them, and what was
@@ -137,7 +191,10 @@ def call_trainer(
 
     name = name or trainer_name(fn)
     try:
-        state = fn(X, y, seed)
+        if reference_size is not None and accepts_reference_size(fn):
+            state = fn(X, y, seed, reference_size=int(reference_size))
+        else:
+            state = fn(X, y, seed)
     except Exception as e:
         raise InputError(f"trainer {name} failed (seed {seed}): {_first_line(e)}") from e
     if not isinstance(state, Mapping):

@@ -24,6 +24,7 @@ from dpaudit.cli._common import (
 )
 from dpaudit.errors import EXIT_VIOLATION, InputError
 from dpaudit.workflows.checkpoint import DEFAULTS
+from dpaudit.workflows.training import PLUGIN_SCORE_HELP
 
 if TYPE_CHECKING:
     from dpaudit.audit.result import AuditResult
@@ -407,6 +408,12 @@ AUDIT_TRAIN_PIPELINE = (
         help="With --trainer: the neighbouring relation of your claim, add_remove (default; canary added or not) "
         "or replace_one (canary swapped for a record). dpaudit's own trainer follows its sampling.",
     ),
+    opt(
+        "score",
+        list[str] | None,
+        None,
+        help="With --trainer; repeatable (Bonferroni over the scores; default margin). " + PLUGIN_SCORE_HELP,
+    ),
     opt("train_size", int | None, None, help="Train on a subset of the members."),
     opt("algo", str, "dpsgd", help="sgd | adam | dpsgd | dpadam"),
     *RECIPE,
@@ -448,7 +455,7 @@ def train_cmd(ctx: typer.Context, **o) -> None:
         )
         return _exit_code([record.result.verdict], **exits)
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
-    _exit_code([result.result.verdict], **exits)
+    _exit_code([a.result.verdict for a in result.audits or (result.audit,)], **exits)
 
 
 def register(app: App) -> None:

@@ -255,6 +255,13 @@ IMPORT_EXTRAS = (
     ),
     opt("split_seed", int, 0, help="Seed of the non-members' holdout/aux/test split."),
     opt("split", str | None, None, help="Legacy mode only: fractions members,holdout,aux,test [0.35,0.2,0.25,0.2]."),
+    opt(
+        "canaries",
+        Path | None,
+        None,
+        help="Directory from `dpaudit canaries make`: its included canaries were added to the training set; "
+        "`audit checkpoint` then gives the formal one-run audit.",
+    ),
 )
 
 

@@ -657,6 +657,9 @@ def _resolve_preprocessing(preprocessing, dataset: Dataset, splits: Splits, lega
     raise InputError(f"unknown preprocessing {name!r}; valid: none, a scaler.json path (standardize, identity: legacy)")
 
 
+IMPORTED_CANARIES = "the imported run's own training (dpaudit canaries make; included ones added to its training set)"
+
+
 def import_run(
     weights: Path,
     spec: ModelSpec,
@@ -672,6 +675,7 @@ def import_run(
     recipe: TrainConfig | None = None,
     label_column: str | None = None,
     force: bool = False,
+    canaries: CanarySet | None = None,
 ) -> dict[str, Any]:
     """Make a run directory from foreign weights (safetensors, or a plain state_dict loaded with
     ``weights_only=True``; Opacus ``_module.`` / DDP ``module.`` prefixes are removed) plus a model spec.
@@ -685,6 +689,8 @@ def import_run(
     :func:`claim_record` (None: no claim). ``recipe``: the attacker's approximation of the training, so
     that LiRA/shadow models can be trained (with this run's preprocessing, see
     :meth:`attacks.reference.Recipe.from_run`). Warnings are returned in ``meta["import"]["warnings"]``.
+    ``canaries``: the records of ``dpaudit canaries make`` whose included ones the user's training added to
+    its training set (each with probability 1/2); ``audit checkpoint`` then gives the formal one-run audit.
     """
     from dpaudit.checkpoint import load_state_into, load_weights_file
 
@@ -746,7 +752,9 @@ def import_run(
         "split": split_meta,
         "preprocessing": {**pre.to_dict(), "fitted_on": fitted_on},
         "training": training,
-        "canaries": None,
+        "canaries": None
+        if canaries is None
+        else {**canaries.describe(), "inserted_by": "the imported run's own training"},
         "privacy": privacy,
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": None,
@@ -761,7 +769,8 @@ def import_run(
     }
     if recipe is not None:
         meta["performance"] = PerfConfig().to_dict()
-    save_run(Path(out), model=model, meta=meta, splits=splits, force=force)
+    arrays = None if canaries is None else {CANARY_FILE: canaries.arrays()}
+    save_run(Path(out), model=model, meta=meta, splits=splits, force=force, arrays=arrays)
     return meta
 
 

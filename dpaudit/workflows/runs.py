@@ -227,13 +227,16 @@ def import_from_options(
     recipe: Path | None,
     split_seed: int,
     split: str | None,
+    canaries: Path | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = _silent,
 ) -> dict[str, Any]:
     """``dpaudit import``: a run directory from foreign weights, a model spec, the members (optional), a
     stated claim and a recipe (optional); returns its metadata (``meta["import"]["warnings"]`` lists what
-    the user should hear)."""
+    the user should hear). ``canaries``: a directory from ``dpaudit canaries make`` whose included records
+    the training added (checked against the data), for the formal one-run audit of ``audit checkpoint``."""
+    from dpaudit.canaries import read_canary_dir
     from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
     from dpaudit.models import read_model_spec
     from dpaudit.training.run import import_run, recipe_from_dict
@@ -272,6 +275,7 @@ def import_from_options(
         weights, spec, ds, out=out, members=member_idx, members_source=str(members) if members is not None else None,
         split_seed=split_seed, fractions=parse_fractions(split) if split is not None else DEFAULT_FRACTIONS,
         preprocessing=pre, claim=stated, recipe=config, label_column=label_column, force=force,
+        canaries=None if canaries is None else read_canary_dir(canaries, ds),
     )  # fmt: skip
 
 
@@ -331,6 +335,7 @@ def audit_training_from_options(
     claimed_epsilon: float | None,
     workers: int,
     seed: int,
+    score: list[str] | None = None,
     given: frozenset[str] | set[str] = frozenset(),
     progress: Progress = NULL_PROGRESS,
 ):
@@ -338,7 +343,8 @@ def audit_training_from_options(
     the multi-run audit (:func:`dpaudit.workflows.training.audit_training`, a ``TrainingAudit``), or for
     ``threat_model="white-box-steps"`` the per-step white-box audit of one run
     (:func:`dpaudit.workflows.whitebox.audit_whitebox_steps`). ``given``: the options the user gave
-    explicitly (recipe options beside ``trainer`` are refused)."""
+    explicitly (recipe options beside ``trainer`` are refused). ``score``: the scores of a plug-in audit
+    (:data:`dpaudit.workflows.training.PLUGIN_SCORES` or "module:function"; default the canary's margin)."""
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
     from dpaudit.training.config import DPConfig, TrainConfig
@@ -382,5 +388,5 @@ def audit_training_from_options(
         ds, spec, config, runs=runs, train_size=train_size, threat_model=threat_model, canary_kind=canary_kind,
         method=method, delta=delta, confidence=confidence, claimed_epsilon=claimed_epsilon, seed=seed,
         workers=workers, progress=progress, trainer=trainer, neighbouring=neighbouring, init=init,
-        allow_inconclusive=allow_inconclusive,
+        allow_inconclusive=allow_inconclusive, scores=tuple(score) if score else ("margin",),
     )  # fmt: skip
