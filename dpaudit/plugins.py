@@ -32,11 +32,7 @@ must be picklable (a top-level function is).
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import re
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,23 +40,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpaudit.errors import CheckpointError, InputError
+from dpaudit.user_code import first_line, load_object
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CONTRACT", "call_trainer", "check_trainer", "load_model_spec", "load_trainer", "trainer_name"]
+__all__ = [
+    "CONTRACT",
+    "call_trainer",
+    "check_trainer",
+    "load_model_spec",
+    "load_trainer",
+    "trainer_name",
+]
 
 CONTRACT = "function(X: numpy.ndarray, y: numpy.ndarray, seed: int) -> Mapping[str, array-like]"
 
-_IDENT = r"[A-Za-z_]\w*"
-_PATH = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 
 Trainer = Callable[[np.ndarray, np.ndarray, int], Mapping[str, Any]]
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def trainer_name(trainer: str | Callable[..., Any]) -> str:
@@ -79,40 +76,9 @@ def load_trainer(path: str) -> Trainer:
     Raises :class:`InputError` (one line) when the path is malformed, the module does not import (and
     why), the attribute is missing or not callable, or it cannot be called as ``f(X, y, seed)``.
     """
-    if not isinstance(path, str) or not _PATH.match(path.strip()):
-        raise InputError(f"expected a trainer as 'package.module:function', got {path!r}")
-    module_name, _, attr = path.strip().partition(":")
-    cwd = os.getcwd()
-    # At the front even when already on sys.path further back: the project's package must win over an
-    # installed one of the same name. Only this entry is removed afterwards (the first occurrence).
-    sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # any failure of the user's module: missing, syntax error, error at import
-        why = _first_line(e) + _shadowed(module_name, e, cwd)
-        raise InputError(f"trainer {path}: cannot import module {module_name!r} ({why})") from e
-    finally:
-        if cwd in sys.path:
-            sys.path.remove(cwd)
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise InputError(f"trainer {path}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = load_object(path, "trainer", "'package.module:function'")
     check_trainer(obj, path)
     return obj
-
-
-def _shadowed(module_name: str, error: Exception, cwd: str) -> str:
-    """A hint when the top-level package was found outside the current directory: another distribution
-    may use its name (Opacus <= 1.6 installs a package called ``examples`` into site-packages)."""
-    top = module_name.split(".")[0]
-    found = getattr(sys.modules.get(top), "__file__", None)
-    if not isinstance(error, ModuleNotFoundError) or top == module_name or not found:
-        return ""
-    if os.path.abspath(found).startswith(os.path.join(os.path.abspath(cwd), "")):
-        return ""
-    return f"; {top!r} was imported from {found}, not from the current directory"
 
 
 def check_trainer(fn: Any, name: str | None = None) -> None:
@@ -196,7 +162,7 @@ def call_trainer(
         else:
             state = fn(X, y, seed)
     except Exception as e:
-        raise InputError(f"trainer {name} failed (seed {seed}): {_first_line(e)}") from e
+        raise InputError(f"trainer {name} failed (seed {seed}): {first_line(e)}") from e
     if not isinstance(state, Mapping):
         raise InputError(
             f"trainer {name} returned a {type(state).__name__}; expected a state dict (a mapping of parameter "

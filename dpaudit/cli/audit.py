@@ -391,7 +391,8 @@ AUDIT_TRAIN_PIPELINE = (
         Path | None,
         None,
         help='JSON model spec, as dpaudit.models.ModelSpec.to_dict() writes it ({"kind": "logreg", "input_shape": '
-        '[1, 8, 8], "n_classes": 10}); default: --model\'s default spec for the data.',
+        '[1, 8, 8], "n_classes": 10}), or your own module {"kind": "python", "factory": "pkg.mod:fn", ...} '
+        "(docs/model-spec.md); default: --model's default spec for the data.",
     ),
     opt(
         "trainer",

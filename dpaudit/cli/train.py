@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpaudit.cli._common import DATA, DP, OUTPUT, RECIPE, STATE, App, arg, emit, info, opt, options, progress
+from dpaudit.data import DATA_HELP
 from dpaudit.training.config import recipe_help
 
 
@@ -25,7 +26,15 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
 
 
 MODEL = (
-    opt("model", str, "mlp", help="logreg | mlp | cnn | rnn"),
+    opt("model", str | None, None, help="logreg | mlp | cnn | rnn [mlp]"),
+    opt(
+        "model_spec",
+        Path | None,
+        None,
+        help='JSON model spec instead of --model: a zoo kind, or your own module {"kind": "python", "factory": '
+        '"package.module:function", "kwargs": {...}, "input_shape": [...], "n_classes": K} (docs/model-spec.md; '
+        "importing the factory runs its module, as --trainer does).",
+    ),
     opt("hidden", str | None, None, help="MLP hidden sizes, e.g. 128,64."),
     opt("activation", str | None, None, help="tanh | relu | gelu | elu"),
 )
@@ -78,6 +87,7 @@ PERFORMANCE = (
     opt("backend", str, "torch", help="torch | jax (logreg/mlp/cnn; pip install 'dpaudit[jax]')."),
     opt("max_physical_batch", int | None, None),
     opt("device", str, "auto", help="auto | cpu | cuda."),
+    opt("autocast", str | None, None, help="DP-SGD: bf16 forward/backward; norms and clipping stay float32."),
 )
 CANARIES = (
     opt("canaries", int | None, None, help="Audit: insert M canaries, each included w.p. 1/2."),
@@ -201,13 +211,19 @@ IMPORT_HELP = "\n\n".join(" ".join(p.split()) for p in _IMPORT_DOC.split("\n\n")
 
 IMPORT = (
     arg("weights", Path, help="model.safetensors, or a .pt plain state_dict."),
-    opt("model_spec", Path, ..., help="JSON model spec (docs/model-spec.md; checkpoint.json 'model')."),
+    opt(
+        "model_spec",
+        Path,
+        ...,
+        help="JSON model spec: a zoo kind or your own module by factory, kind 'python' (docs/model-spec.md; "
+        "checkpoint.json 'model').",
+    ),
     opt("out", Path, ..., "--out", "-o", help="Run directory to write."),
     opt(
         "data",
         str | None,
         None,
-        help="The records the model saw: PATH.csv (with --label-column) | PATH.npz | digits | ... (needs --members).",
+        help="The records the model saw (needs --members): " + DATA_HELP,
     ),
     DATA[1],
     opt(

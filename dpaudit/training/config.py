@@ -124,9 +124,14 @@ class PerfConfig:
     # "jax": the same algorithm, batches and claim in jit-compiled JAX (dpaudit.training.jax_backend);
     # only the noise generator differs. max_physical_batch is then the fixed padded chunk size.
     backend: str = "torch"
+    # "bf16": the forward/backward passes of DP-SGD under torch.autocast(bfloat16); per-example
+    # norms and the clipped sum stay in float32 (dpaudit.training.clipping.exact_matmuls says why).
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         check_choice(("auto", "cpu", "cuda"), device=self.device)
+        if self.autocast is not None:
+            check_choice(("bf16",), autocast=self.autocast)
         check_choice(CLIPPING, clipping=self.clipping)
         check_choice(BACKENDS, backend=self.backend)
         if self.max_physical_batch is not None:

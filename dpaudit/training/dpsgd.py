@@ -34,7 +34,7 @@ from dpaudit.events import Event, Gaussian, SelfComposed
 from dpaudit.models import check_no_batchnorm
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
-from dpaudit.training.clipping import Clipper, make_clipper
+from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
 from dpaudit.training.config import DPConfig
 from dpaudit.validation import check_non_negative, check_positive, check_positive_int
 
@@ -313,12 +313,16 @@ class DPTrainer(Trainer):
     """
 
     private = True
+    streams = True
     optimizer: ClassVar[str]
     jl: ClassVar[bool] = False  # DP-SGD-JL (dpaudit.training.jl): norms estimated by JL projections
 
     def make_clipper(self, model: nn.Module) -> Clipper:
         """The per-example clipping of this algorithm (exact, by ``PerfConfig.clipping``)."""
-        return make_clipper(model, self.perf.clipping)
+        if self.perf.autocast is None:
+            return make_clipper(model, self.perf.clipping)
+        device = next(model.parameters()).device
+        return make_clipper(model, self.perf.clipping, autocast=check_autocast(self.perf.autocast, device))
 
     def fit(
         self,
@@ -423,7 +427,10 @@ class DPTrainer(Trainer):
         if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)
             claim["jl"] = {"projections": dp.jl_projections, "ad_path": getattr(clipper, "ad_path_", None)}
         score = canary.score() if canary is not None else math.nan
-        return TrainOutcome(model=model, privacy=claim, history=history), score
+        describe = getattr(clipper, "describe", None)  # what --clipping auto chose (performance only)
+        used = {"clipping_used": describe()} if describe is not None else {}
+        outcome = TrainOutcome(model=model, privacy=claim, history=history, performance=used)
+        return outcome, score
 
 
 class GradientCanary:

@@ -53,7 +53,8 @@ def train_from_options(
     *,
     data: str,
     label_column: str | None,
-    model: str,
+    model: str | None,
+    model_spec: Path | None,
     hidden: str | None,
     activation: str | None,
     algo: str,
@@ -99,26 +100,33 @@ def train_from_options(
     claim: str = "data-independent",
     keep_private_diagnostics: bool = False,
     subsample: float | None = None,
+    autocast: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = _silent,
 ) -> dict[str, Any]:
     """``dpaudit train`` (every algorithm but cloak, :func:`dpaudit.training.cloak.train_cloak_sweep`):
     build the configs from the command's options, train and save the run; returns its metadata.
-    ``notify`` receives a status line (the CLI prints it on stderr)."""
+    ``model_spec``: a JSON spec file (any kind, ``python`` included) instead of ``model`` (default
+    ``mlp``) with ``hidden``/``activation``. ``notify`` receives a status line (the CLI prints it on
+    stderr)."""
     fractions = parse_fractions(split)
+    if model_spec is not None and (model is not None or hidden is not None or activation is not None):
+        raise InputError("give --model-spec or --model (with --hidden, --activation), not both")
     if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
         if noise_multiplier is not None or jl_projections is not None or whitebox_canaries is not None:
             raise InputError(
                 f"--algo {algo} adds noise to the votes: use --sigma/--sigma1 or --epsilon "
                 "(not --noise-multiplier, --jl-projections or --whitebox-canaries)"
             )
+        if model_spec is not None:
+            raise InputError(f"--algo {algo} trains its teachers from --model; --model-spec is not supported")
         from dpaudit.training.pate import train_from_options as train_aggregation
 
         return train_aggregation(
             out, algo=algo, teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1,
             threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon,
-            delta=delta, seed=seed, data=data, label_column=label_column, model=model,
+            delta=delta, seed=seed, data=data, label_column=label_column, model=model or "mlp",
             hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
             fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
@@ -138,7 +146,7 @@ def train_from_options(
         weight_decay = l2
     algo = resolve_algo(algo, mechanism, objective)
     # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
-    r = fill_recipe(algo, model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
+    r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
     epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
     if l2 is None and weight_decay == 0.0:
         weight_decay = r["l2"]
@@ -162,14 +170,21 @@ def train_from_options(
         algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
         weight_decay=weight_decay, seed=seed, dp=dp,
     )  # fmt: skip
-    perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
+    perf = PerfConfig(
+        device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend, autocast=autocast
+    )
     _refuse_existing(out, force)
     ds = load_dataset(data, label_column=label_column)
-    spec = default_spec(
-        model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
-        hidden=parse_ints(hidden, "--hidden"), activation=activation,
-    )  # fmt: skip
-    notify(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …")
+    if model_spec is not None:
+        from dpaudit.plugins import load_model_spec
+
+        spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
+    else:
+        spec = default_spec(
+            model or "mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
+            hidden=parse_ints(hidden, "--hidden"), activation=activation,
+        )  # fmt: skip
+    notify(f"training {spec.kind} on {ds.name} ({len(ds)} records) with {algo} …")
     canary_set = None
     if canaries is not None:
         from dpaudit.canaries import make_canaries
