@@ -6,6 +6,7 @@ from pathlib import Path
 
 from dpaudit.cli._common import DATA, DP, OUTPUT, RECIPE, STATE, App, arg, emit, info, opt, options, progress
 from dpaudit.data import DATA_HELP
+from dpaudit.training.config import recipe_help
 
 
 def human_summary(s: dict, *, imported: bool = False) -> str:
@@ -45,10 +46,19 @@ ALGORITHM = (
         help="sgd | adam | dpsgd | dpadam | dpsgd-jl | dpadam-jl | pate | dp-icl | outpert | objpert | dpagd "
         "| cloak (with --target, --lambda)",
     ),
-    *RECIPE,
-    opt("momentum", float, 0.0, help="SGD momentum."),
+    # None: the default of the algorithm and model kind (dpaudit/training/config.py, stated in RECIPE_HELP)
+    opt("epochs", int | None, None, help="Passes over the training split (default: per algorithm and model)."),
+    RECIPE[1],
+    opt("batch_size", int | None, None, help="Batch size (expected size for Poisson; default: per algorithm)."),
+    opt("lr", float | None, None, help=f"Learning rate. {recipe_help()}"),
+    opt("momentum", float | None, None, help="SGD momentum (default 0, or the algorithm's)."),
     opt("weight_decay", float, 0.0),
-    opt("l2", float | None, None, help="outpert/objpert/dpagd: λ of the penalty (λ/2)‖w‖² (weight decay)."),
+    opt(
+        "l2",
+        float | None,
+        None,
+        help="outpert/objpert/dpagd: λ of the penalty (λ/2)‖w‖² (weight decay; default 0.1 for outpert/objpert).",
+    ),
     opt("mechanism", str | None, None, help="outpert: laplace (norm mechanism, pure ε) | gaussian (ε, δ)."),
     opt("objective", str | None, None, help="dpagd: logistic | huber (SVM)."),
 )
@@ -67,7 +77,8 @@ PRIVACY = (
         "jl_projections",
         int | None,
         None,
-        help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl).",
+        help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl; "
+        "default 16).",
     ),
     opt("secure_noise", bool, False, help="DP: cryptographically seeded noise."),
 )
@@ -113,6 +124,26 @@ AGGREGATION = (
     opt("shots", int | None, None, help="DP-ICL: exemplars per teacher k."),
     opt("predictor", str, "knn", help="DP-ICL: knn | prototype | PATH (local embedding model)."),
     opt("workers", int, 1, help="PATE: teachers trained in parallel."),
+    opt(
+        "claim",
+        str,
+        "data-independent",
+        help="PATE/DP-ICL: data-independent | data-dependent (sanitised with smooth sensitivity, Papernot et al. "
+        "2018; gnmax/confident-gnmax).",
+    ),
+    opt(
+        "keep_private_diagnostics",
+        bool,
+        False,
+        help="PATE/DP-ICL: also save values computed from the private votes (not DP) in checkpoint.json.",
+    ),
+    opt(
+        "subsample",
+        float | None,
+        None,
+        help="DP-ICL (gnmax): each query's teachers see a fresh Poisson sample of the exemplars at this rate "
+        "(accounted with amplification; replaces --shots).",
+    ),
 )
 CLOAK = (
     opt("target", Path | None, None, help="Cloak: the frozen model's run directory."),

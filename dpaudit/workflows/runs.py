@@ -58,11 +58,11 @@ def train_from_options(
     hidden: str | None,
     activation: str | None,
     algo: str,
-    epochs: int,
+    epochs: int | None,
     steps: int | None,
-    batch_size: int,
-    lr: float,
-    momentum: float,
+    batch_size: int | None,
+    lr: float | None,
+    momentum: float | None,
     weight_decay: float,
     l2: float | None,
     mechanism: str | None,
@@ -97,6 +97,9 @@ def train_from_options(
     shots: int | None,
     predictor: str,
     workers: int,
+    claim: str = "data-independent",
+    keep_private_diagnostics: bool = False,
+    subsample: float | None = None,
     autocast: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
@@ -126,11 +129,12 @@ def train_from_options(
             delta=delta, seed=seed, data=data, label_column=label_column, model=model or "mlp",
             hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
-            fractions=fractions, workers=workers, force=force, progress=progress,
+            fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
+            keep_private_diagnostics=keep_private_diagnostics, subsample=subsample,
         )  # fmt: skip
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
-    from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
+    from dpaudit.training.config import DEFAULT_JL_PROJECTIONS, DPConfig, PerfConfig, TrainConfig, fill_recipe
     from dpaudit.training.convex import CONVEX_ALGOS, resolve_algo
     from dpaudit.training.dirac import DiracCanaries
     from dpaudit.training.run import train_run
@@ -141,6 +145,15 @@ def train_from_options(
             raise InputError("give --l2 or --weight-decay, not both")
         weight_decay = l2
     algo = resolve_algo(algo, mechanism, objective)
+    # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
+    r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
+    epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
+    if l2 is None and weight_decay == 0.0:
+        weight_decay = r["l2"]
+    if algo.endswith("-jl") and jl_projections is None:
+        jl_projections = DEFAULT_JL_PROJECTIONS
+    if claim != "data-independent" or keep_private_diagnostics or subsample is not None:
+        raise InputError("--claim, --keep-private-diagnostics and --subsample apply to --algo pate / dp-icl")
     private = algo.startswith("dp") or algo in CONVEX_ALGOS
     if dp_given and not private:
         raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
