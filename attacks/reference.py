@@ -204,7 +204,7 @@ def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) 
                 wait_for_writer(path)
                 if not _checkpoint_ok(path):
                     raise
-        logits = load_run(path).logits(recipe.dataset.X)
+        logits = load_run(path).logits(recipe.dataset.view())
     finally:
         torch.set_num_threads(threads)
     buf = io.BytesIO()

@@ -19,6 +19,7 @@ Kinds:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 from dpaudit.budget import Cost, check_cost
 from dpaudit.data import Dataset, Splits
 from dpaudit.errors import InputError
+from dpaudit.fileio import check_output_dir
 from dpaudit.validation import check_choice, check_positive_int
 
 CANARY_KINDS = ("mislabeled", "outlier", "clipbkd", "crafted")
@@ -185,112 +187,100 @@ def with_canaries(dataset: Dataset, splits: Splits, canaries: CanarySet) -> tupl
     return aug, train_idx, canary_idx
 
 
-# The designs compared by :func:`crafted_row`: (canary kind, initialisation), today's first.
-BLACKBOX_DESIGNS = (("mislabeled", "random"), ("clipbkd", "random"), ("crafted", "random"), ("crafted", "adversarial"))
+# ---- canaries for a model trained outside dpaudit (dpaudit canaries make -> dpaudit import --canaries) ----
+
+CANARY_DIR_FORMAT = "dpaudit-canaries/1"
+CANARY_DESIGN_FILE = "canaries.json"  # the design (kind, count, seed, data it was made for)
+CANARY_SECRET_FILE = "canaries.safetensors"  # every canary and its secret inclusion bit: keep it from the trainer
+CANARY_INSERT_FILE = "insert.npz"  # the records to add to the training set: the included canaries only
 
 
-def crafted_row(
-    claimed_epsilon: float,
+def make_import_canaries(
+    dataset: Dataset, *, count: int, kind: str, seed: int = 0, members: np.ndarray | None = None
+) -> CanarySet:
+    """Canaries for a model you train yourself: :func:`make_canaries` on ``dataset`` with ``members`` (default:
+    every record) as the training set; mislabeled canaries copy records that are not members, or members when
+    there are none (a mislabeled copy is another record, so its inclusion is still one add/remove change)."""
+    n = len(dataset)
+    mem = np.arange(n, dtype=np.int64) if members is None else np.sort(np.asarray(members, dtype=np.int64))
+    rest = np.setdiff1d(np.arange(n, dtype=np.int64), mem)
+    empty = np.zeros(0, np.int64)
+    splits = Splits(
+        members=mem, holdout=empty, aux=rest if len(rest) else mem, test=empty, seed=int(seed), fractions=()
+    )
+    return make_canaries(dataset, splits, m=count, kind=kind, seed=seed)
+
+
+def write_canary_dir(canaries: CanarySet, dataset: Dataset, out: Path, *, force: bool = False) -> Path:
+    """Write ``out``: the design (JSON), all canaries with their secret bits (safetensors) and the records to
+    insert (``insert.npz``: the included canaries, in raw feature space, labels int64). Atomic; no pickle."""
+    from safetensors.numpy import save_file
+
+    from dpaudit.fileio import write_atomic_dir
+
+    design = {
+        "format": CANARY_DIR_FORMAT, **canaries.describe(), "file": CANARY_SECRET_FILE, "data": dataset.describe(),
+        "feature_shape": list(dataset.feature_shape), "n_classes": int(dataset.n_classes),
+    }  # fmt: skip
+    inc = canaries.included
+
+    def write(tmp: Path) -> None:
+        save_file(
+            {"X": np.ascontiguousarray(canaries.X), "y": canaries.y.astype(np.int64), "included": inc.astype(np.int8)},
+            str(tmp / CANARY_SECRET_FILE),
+        )
+        np.savez(tmp / CANARY_INSERT_FILE, X=canaries.X[inc], y=canaries.y[inc].astype(np.int64))
+        (tmp / CANARY_DESIGN_FILE).write_text(json.dumps(design, indent=2) + "\n")
+
+    return write_atomic_dir(Path(out), write, force=force, written_by="canaries")
+
+
+def read_canary_dir(path: Path, dataset: Dataset) -> CanarySet:
+    """The canaries ``dpaudit canaries make`` wrote to ``path``, checked against the data they are declared for."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    if not (path / CANARY_DESIGN_FILE).is_file() or not (path / CANARY_SECRET_FILE).is_file():
+        raise InputError(f"{path}: not a canary directory from `dpaudit canaries make`")
+    try:
+        design = json.loads((path / CANARY_DESIGN_FILE).read_text())
+        a = load_file(str(path / CANARY_SECRET_FILE))
+        cs = CanarySet(design["kind"], a["X"], a["y"].astype(np.int64), a["included"].astype(bool), int(design["seed"]))
+    except (OSError, json.JSONDecodeError, SafetensorError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{path}: unreadable canary directory ({e})") from None
+    if design.get("format") != CANARY_DIR_FORMAT or len(cs.y) != design.get("m") or len(cs.included) != len(cs.y):
+        raise InputError(f"{path}: malformed canary directory")
+    shape = tuple(int(d) for d in design.get("feature_shape", ()))
+    if shape != tuple(dataset.feature_shape) or tuple(cs.X.shape[1:]) != shape:
+        raise InputError(
+            f"{path}: the canaries were made for features of shape {shape}, the data has {tuple(dataset.feature_shape)}"
+        )
+    if int(design.get("n_classes", -1)) != dataset.n_classes or (len(cs.y) and cs.y.max() >= dataset.n_classes):
+        raise InputError(
+            f"{path}: the canaries were made for {design.get('n_classes')} classes, not {dataset.n_classes}"
+        )
+    return cs
+
+
+def make_canary_dir(
+    data: str,
     *,
-    designs: tuple[tuple[str, str], ...] = BLACKBOX_DESIGNS,
-    runs: int = 200,
-    delta: float = 1e-5,
-    train_size: int = 200,
-    epochs: int = 10,
-    batch_size: int | None = None,
-    lr: float = 1.0,
+    count: int,
+    kind: str,
+    out: Path,
     seed: int = 0,
-    workers: int = 1,
+    members: Path | None = None,
+    label_column: str | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Row (d) of the tightness table: black-box (final-model) multi-run audits of DP-SGD on digits at
-    ``claimed_epsilon`` (δ = ``delta``), one per (canary kind, init) design, all at the same budget
-    (``runs`` models with the canary and as many without, the same recipe and seeds).
+    """``dpaudit canaries make``: canaries for the data ``data`` (a dataset spec, as ``dpaudit import --data``),
+    written to ``out``; returns the design. ``members``: the indices of the records you will train on."""
+    from dpaudit.data import load_dataset, read_member_indices
 
-    Recipe: logistic regression on ``train_size`` members, Poisson-sampled DP-SGD with σ calibrated to
-    the claim, ``epochs`` epochs; ``batch_size`` None means full batch (q = 1), where the claim is
-    exactly μ-GDP with μ = √T/σ (Dong, Roth & Su 2022, arXiv:1905.02383, Cor. 3.3) and a canary whose
-    clipped gradient is orthogonal to the data's can reach it from the final model alone.
-
-    Returns plain data: per design the formal Clopper–Pearson lower bound and its ratio to the claim,
-    the threshold GDP estimate (not formal), the design's max certifiable ε, the IN/OUT AUC, the score separation
-    μ̂ (IN/OUT mean difference over the pooled standard deviation: the μ of a Gaussian shift fitted to
-    the scores, with its standard error) and its ε at ``delta`` (an estimate: assumes Gaussian scores),
-    and the wall time in seconds (measure it on an idle machine). ``claim_mu``: the claim's μ, exact
-    for q = 1 (√T/σ), else the CLT approximation (Bu et al. 2020, arXiv:1911.11607, "mu_CLT"). ``best`` names
-    the design with the largest formal bound (ties: the largest μ̂).
-    """
-    import time
-
-    from dpaudit.accounting.gdp import gdp_epsilon, gdp_mu_poisson_clt
-    from dpaudit.audit import audit_scores
-    from dpaudit.data import load_dataset
-    from dpaudit.models import default_spec
-    from dpaudit.training.config import DPConfig, TrainConfig
-    from dpaudit.workflows.training import audit_training
-
-    ds = load_dataset("digits")
-    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
-    # Full batch: q pinned to 1 on both neighbours (B/N would be 200/201 on the IN side).
-    rate = 1.0 if batch_size is None else None
-    dp = DPConfig(clip=1.0, target_epsilon=claimed_epsilon, delta=delta, sampling="poisson", sample_rate=rate)
-    config = TrainConfig(algo="dpsgd", epochs=epochs, batch_size=batch_size or train_size, lr=lr, seed=seed, dp=dp)
-    rows = []
-    for kind, init in designs:
-        t0 = time.perf_counter()
-        d = audit_training(
-            ds, spec, config, runs=runs, train_size=train_size, canary_kind=kind, init=init, delta=delta,
-            claimed_epsilon=claimed_epsilon, seed=seed, workers=workers,
-        )  # fmt: skip
-        wall = time.perf_counter() - t0
-        gdp = audit_scores(d.scores, d.member, method="gdp", design="multi-run", delta=delta, seed=seed)
-        mu, se = score_separation(d.scores, d.member)
-        a, b = d.scores[d.member], d.scores[~d.member]
-        auc = float((a[:, None] > b[None, :]).mean() + 0.5 * (a[:, None] == b[None, :]).mean())  # Mann–Whitney
-        r = d.result
-        rows.append({
-            "canary_kind": kind,
-            "init": init,
-            "epsilon_lower_bound": r.epsilon_lower_bound,
-            "ratio": r.epsilon_lower_bound / claimed_epsilon,
-            "gdp_estimate": gdp.epsilon_lower_bound,
-            "max_certifiable_epsilon": r.max_certifiable_epsilon,
-            "auc": auc,
-            "mu_hat": mu,
-            "mu_se": se,
-            "mu_epsilon_estimate": gdp_epsilon(max(mu, 0.0), delta),
-            "verdict": r.verdict,
-            "wall_s": wall,
-        })  # fmt: skip
-    best = max(rows, key=lambda x: (x["epsilon_lower_bound"], x["mu_hat"]))
-    c = d.claim
-    q, sigma, steps = c["sample_rate"], c["noise_multiplier"], c["steps"]
-    claim_mu = float(np.sqrt(steps) / sigma) if q == 1.0 else gdp_mu_poisson_clt(q, sigma, steps)
-    return {
-        "row": "(d) black-box crafted canaries",
-        "claimed_epsilon": float(claimed_epsilon),
-        "delta": float(delta),
-        "runs": runs,
-        "recipe": {"train_size": train_size, "epochs": epochs, "batch_size": batch_size or train_size, "lr": lr},
-        "claim_mu": claim_mu,
-        "claim_mu_exact": q == 1.0,
-        "designs": rows,
-        "best": f"{best['canary_kind']}+{best['init']} init",
-    }
-
-
-def score_separation(scores: np.ndarray, member: np.ndarray) -> tuple[float, float]:
-    """μ̂ = (mean IN − mean OUT) / pooled SD and its large-sample standard error
-    √((n₁ + n₀)/(n₁n₀) + μ̂²/(2(n₁ + n₀))) (Hedges & Olkin 1985, "Statistical Methods for
-    Meta-Analysis", ch. 5, the large-sample variance of the standardised mean difference). For two Gaussian score
-    laws with equal variance, μ̂ estimates the μ of the μ-GDP trade-off between them (Dong, Roth &
-    Su 2022, arXiv:1905.02383, Def. 2.4: G_μ = T(N(0, 1), N(μ, 1))). An estimate, not a bound."""
-    scores, member = np.asarray(scores, dtype=np.float64), np.asarray(member, dtype=bool)
-    a, b = scores[member], scores[~member]
-    n1, n0 = len(a), len(b)
-    pooled = np.sqrt(((n1 - 1) * a.var(ddof=1) + (n0 - 1) * b.var(ddof=1)) / (n1 + n0 - 2))
-    diff = float(a.mean() - b.mean())
-    if pooled == 0:  # degenerate: constant scores on each side
-        return (math.copysign(math.inf, diff) if diff else 0.0), math.inf
-    mu = diff / float(pooled)
-    se = float(np.sqrt((n1 + n0) / (n1 * n0) + mu * mu / (2 * (n1 + n0))))
-    return mu, se
+    check_output_dir(out, force=force, inputs=[data, members])
+    ds = load_dataset(data, label_column=label_column)
+    member_idx = read_member_indices(members, len(ds)) if members is not None else None
+    cs = make_import_canaries(ds, count=count, kind=kind, seed=seed, members=member_idx)
+    write_canary_dir(cs, ds, Path(out), force=force)
+    return {**cs.describe(), "out": str(out), "insert": str(Path(out) / CANARY_INSERT_FILE)}

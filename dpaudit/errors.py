@@ -45,3 +45,8 @@ class UnreachableTargetError(InputError):
 class IntegrityWarning(UserWarning):
     """A stored file did not match the hash written with it (or a claim its recorded mechanism); the
     value was recomputed or the mismatch is reported beside the result."""
+
+
+class FileContentError(InputError):
+    """A file the user gave has bad content: the message names the file's own fields, not a command's
+    options, so the CLI prints it as it is (see ``dpaudit.cli._common``)."""

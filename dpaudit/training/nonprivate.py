@@ -10,11 +10,12 @@ from torch.nn import functional as F
 
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer, register_trainer
+from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
 
 
 class NonPrivateTrainer(Trainer):
     optimizer: ClassVar[str]
+    streams = True
 
     def fit(
         self,
@@ -55,13 +56,11 @@ class NonPrivateTrainer(Trainer):
         return TrainOutcome(model=model, privacy=None, history=history)
 
 
-@register_trainer
 class SGDTrainer(NonPrivateTrainer):
     name = "sgd"
     optimizer = "sgd"
 
 
-@register_trainer
 class AdamTrainer(NonPrivateTrainer):
     name = "adam"
     optimizer = "adam"

@@ -25,9 +25,10 @@ from dpaudit.data import (
 )
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.models import ModelSpec, build_model
+from dpaudit.models import ModelSpec, build_model, check_no_batchnorm
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, get_trainer
+from dpaudit.training.algorithms import get_trainer
+from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
 from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
 
@@ -46,12 +47,21 @@ class FittedModel:
         return self.outcome.model
 
     def logits(self, X: np.ndarray) -> np.ndarray:
-        return predict_logits(self.model, self.preprocessing.transform(X))
+        """Logits on raw features (an array or a lazy ``dataset.view(idx)``), preprocessed per batch."""
+        return predict_logits(self.model, X, transform=self.preprocessing.transform)
 
 
-def _tensors(dataset: Dataset, idx: np.ndarray, pre, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    X = torch.as_tensor(np.array(pre.transform(dataset.X[idx])), device=device)
+def _tensors(
+    dataset: Dataset, idx: np.ndarray, pre, device: torch.device, trainer: Trainer
+) -> tuple[torch.Tensor | StreamedFeatures, torch.Tensor]:
+    """The training split for ``trainer``: streamed batch by batch from a memory-mapped dataset when
+    the trainer can take it (:attr:`Trainer.streams`), one preprocessed tensor otherwise."""
     y = torch.as_tensor(dataset.y[idx], device=device)
+    if dataset.mapped is not None and trainer.streams:
+        return StreamedFeatures(dataset, idx, pre, device), y
+    X = torch.as_tensor(np.array(pre.transform(dataset.rows(idx))), device=device)
+    if dataset.mapped is not None and X.is_floating_point():
+        X = X.float()  # a mapped X keeps the file's float dtype until here
     return X, y
 
 
@@ -103,7 +113,7 @@ def fit_model(
     n_params = check_model_size(spec)  # before any tensor is allocated
     steps = config.num_steps(len(train_idx))
     check_cost(training_cost("training", n_params, steps, config.batch_size, private=config.dp is not None))
-    X, y = _tensors(dataset, train_idx, pre, device)
+    X, y = _tensors(dataset, train_idx, pre, device, trainer)
     model = build_model(spec, seed=config.seed)
     if init_state is not None:
         model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in init_state.items()})
@@ -121,7 +131,7 @@ def evaluate(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> dict[str
     """Accuracy and mean cross-entropy loss on ``idx`` (None for an empty split)."""
     if len(idx) == 0:
         return {"accuracy": None, "loss": None}
-    logits = torch.as_tensor(fitted.logits(dataset.X[idx]))
+    logits = torch.as_tensor(fitted.logits(dataset.view(idx)))
     y = torch.as_tensor(dataset.y[idx])
     return {
         "accuracy": float((logits.argmax(1) == y).double().mean()),
@@ -186,6 +196,48 @@ def train_run(
         preprocessing=preprocessing if preprocessing is not None else (Identity() if fitted_on == "none" else None),
         trainer=trainer, whitebox=whitebox,
     )  # fmt: skip
+    arrays = {CANARY_FILE: canaries.arrays()} if canaries is not None else {}
+    wb_meta = None
+    if whitebox is not None:
+        wb_meta = {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"}
+        if out is not None:
+            arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
+    return record_run(
+        out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
+        preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
+        training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
+        performance={**perf.to_dict(), **fitted.outcome.performance},
+        privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
+        seed=config.seed, canaries=canaries.describe() if canaries is not None else None,
+        extra={"whitebox_canaries": wb_meta},
+        arrays=arrays, force=force,
+    )  # fmt: skip
+
+
+def record_run(
+    out: Path | None,
+    *,
+    model: torch.nn.Module,
+    spec: ModelSpec,
+    dataset: Dataset,
+    splits: Splits,
+    preprocessing: dict[str, Any],
+    training: dict[str, Any],
+    performance: dict[str, Any],
+    privacy: dict[str, Any] | None,
+    metrics: dict[str, float | None],
+    seed: int,
+    label_column: str | None = None,
+    canaries: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    arrays: dict[str, dict[str, np.ndarray]] | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """The one way a trained model becomes a run, whatever the algorithm: the checkpoint metadata
+    (what ``checkpoint.json`` holds: model spec, data, split, preprocessing, training, performance,
+    privacy claim, metrics, seed, canaries, versions, plus an algorithm's ``extra`` fields) and, if
+    ``out``, the run directory written atomically with the weights, the split and ``arrays``
+    (:func:`dpaudit.checkpoint.save_run`). Returns the metadata."""
     data_meta = dataset.describe()
     if label_column is not None:
         data_meta["label_column"] = label_column
@@ -194,25 +246,18 @@ def train_run(
         "model": spec.to_dict(),
         "data": data_meta,
         "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
-        "preprocessing": {**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
-        "training": {
-            **config.to_dict(),
-            "steps_run": config.num_steps(len(train_idx)),
-            "history": fitted.outcome.history,
-        },
-        "performance": perf.to_dict(),
-        "privacy": fitted.outcome.privacy,
-        "metrics": metrics_for(fitted, dataset, splits),
-        "seed": config.seed,
-        "canaries": canaries.describe() if canaries is not None else None,
-        "whitebox_canaries": None if whitebox is None else {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"},
+        "preprocessing": preprocessing,
+        "training": training,
+        "performance": performance,
+        "privacy": privacy,
+        "metrics": metrics,
+        "seed": seed,
+        "canaries": canaries,
+        **(extra or {}),
         "versions": versions(),
     }
     if out is not None:
-        arrays = {CANARY_FILE: canaries.arrays()} if canaries is not None else {}
-        if whitebox is not None:
-            arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
-        save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force, arrays=arrays)
+        save_run(Path(out), model=model, meta=meta, splits=splits, force=force, arrays=arrays)
     return meta
 
 
@@ -241,6 +286,8 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
         "versions": meta["versions"],
         # DP-SGD-JL only: the AD path that computed the JL projections ("jvp" or "double-vjp")
         **({"jl_ad_path": privacy["jl"].get("ad_path")} if isinstance(privacy.get("jl"), dict) else {}),
+        # DP-SGD: the per-example clipping method that ran (what --clipping auto chose)
+        **({"clipping": used.get("method")} if (used := meta.get("performance", {}).get("clipping_used")) else {}),
     }
 
 
@@ -539,7 +586,7 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
 
 def per_record_loss(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> np.ndarray:
     """Cross-entropy loss of each record in ``idx`` (float64)."""
-    logits = torch.as_tensor(fitted.logits(dataset.X[idx]))
+    logits = torch.as_tensor(fitted.logits(dataset.view(idx)))
     return F.cross_entropy(logits, torch.as_tensor(dataset.y[idx]), reduction="none").numpy()
 
 
@@ -627,6 +674,9 @@ def _resolve_preprocessing(preprocessing, dataset: Dataset, splits: Splits, lega
     raise InputError(f"unknown preprocessing {name!r}; valid: none, a scaler.json path (standardize, identity: legacy)")
 
 
+IMPORTED_CANARIES = "the imported run's own training (dpaudit canaries make; included ones added to its training set)"
+
+
 def import_run(
     weights: Path,
     spec: ModelSpec,
@@ -642,6 +692,7 @@ def import_run(
     recipe: TrainConfig | None = None,
     label_column: str | None = None,
     force: bool = False,
+    canaries: CanarySet | None = None,
 ) -> dict[str, Any]:
     """Make a run directory from foreign weights (safetensors, or a plain state_dict loaded with
     ``weights_only=True``; Opacus ``_module.`` / DDP ``module.`` prefixes are removed) plus a model spec.
@@ -655,6 +706,8 @@ def import_run(
     :func:`claim_record` (None: no claim). ``recipe``: the attacker's approximation of the training, so
     that LiRA/shadow models can be trained (with this run's preprocessing, see
     :meth:`attacks.reference.Recipe.from_run`). Warnings are returned in ``meta["import"]["warnings"]``.
+    ``canaries``: the records of ``dpaudit canaries make`` whose included ones the user's training added to
+    its training set (each with probability 1/2); ``audit checkpoint`` then gives the formal one-run audit.
     """
     from dpaudit.checkpoint import check_weights_fit_spec, load_state_into, load_weights_file
 
@@ -691,10 +744,12 @@ def import_run(
     state = load_weights_file(Path(weights))
     check_weights_fit_spec(spec, state, str(weights))  # before the model is built: a huge spec fails here
     model = build_model(spec)
+    if claim is not None:  # a DP claim for a model that mixes the examples of a batch cannot hold
+        check_no_batchnorm(model)
     load_state_into(model, state, str(weights))
     model.eval()
     fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))
-    if not np.all(np.isfinite(fitted.logits(dataset.X[splits.members[:256]]))):
+    if not np.all(np.isfinite(fitted.logits(dataset.view(splits.members[:256])))):
         raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
@@ -717,7 +772,9 @@ def import_run(
         "split": split_meta,
         "preprocessing": {**pre.to_dict(), "fitted_on": fitted_on},
         "training": training,
-        "canaries": None,
+        "canaries": None
+        if canaries is None
+        else {**canaries.describe(), "inserted_by": "the imported run's own training"},
         "privacy": privacy,
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": None,
@@ -732,7 +789,8 @@ def import_run(
     }
     if recipe is not None:
         meta["performance"] = PerfConfig().to_dict()
-    save_run(Path(out), model=model, meta=meta, splits=splits, force=force)
+    arrays = None if canaries is None else {CANARY_FILE: canaries.arrays()}
+    save_run(Path(out), model=model, meta=meta, splits=splits, force=force, arrays=arrays)
     return meta
 
 

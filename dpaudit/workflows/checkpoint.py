@@ -102,7 +102,7 @@ def _cloak(run, options: Mapping[str, Any], seed: int, progress: Progress) -> di
 
 
 def _icl(run, options: Mapping[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
-    from attacks.icl import run_icl
+    from dpaudit.workflows.icl import run_icl
 
     return run_icl(run, seed=seed, **dict(options))
 
@@ -215,6 +215,8 @@ def audit_checkpoint(
         scores, included = canary_scores(run)
         note = relation_note(privacy.get("neighbouring"), "add_remove")
         what = f"{len(scores)} {canaries['kind']} canaries, each included w.p. 1/2 (black-box, logit-scaled confidence)"
+        if canaries.get("inserted_by"):  # an imported run: formal if its training added the included ones as declared
+            what += f"; inserted by {canaries['inserted_by']}"
         records += one_run_records("canaries", what, scores, included, common, curve, note)
     whitebox = run.whitebox_canaries()
     if whitebox is not None:
