@@ -41,7 +41,12 @@ SelectionOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the holdout split and tie-breaking.")]
 FailOnViolationOpt = Annotated[
-    bool, typer.Option("--fail-on-violation", help="Exit with code 1 when the verdict is 'violation'.")
+    bool,
+    typer.Option(
+        "--fail-on-violation",
+        help="Exit with code 1 on a formal refutation: verdict 'violation' (a formal epsilon lower bound above the "
+        "claim) or 'curve-refuted' (the claimed trade-off curve refuted).",
+    ),
 ]
 
 
@@ -116,14 +121,12 @@ def emit_audit(
 ) -> None:
     """Print an audit result (JSON or human); exit 1 when asked to.
 
-    ``fail_on_violation``: exit 1 on a formal "violation" only. ``fail_on_estimate`` (opt-in): also
-    exit 1 on "estimate-exceeds-claim", an estimate above the claim (evidence, not proof).
+    ``fail_on_violation``: exit 1 on a formal refutation only ("violation" or "curve-refuted"; see
+    :data:`dpaudit.audit.result.FORMAL_REFUTATIONS`). ``fail_on_estimate`` (opt-in): also exit 1 on
+    "estimate-exceeds-claim", an estimate above the claim (evidence, not proof).
     """
     emit(result.to_dict(), describe(result), json_flag=json_flag)
-    if (fail_on_violation and result.verdict == "violation") or (
-        fail_on_estimate and result.verdict == "estimate-exceeds-claim"
-    ):
-        raise typer.Exit(EXIT_VIOLATION)
+    _exit_code([result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
 # ---- commands -----------------------------------------------------------------------------------
@@ -163,10 +166,7 @@ def scores_cmd(
             "multiplier varied; formal).",
         ),
     ] = "epsilon-delta",
-    fail_on_violation: Annotated[
-        bool,
-        typer.Option("--fail-on-violation", help="Exit with code 1 when the verdict is 'violation' (formal bounds)."),
-    ] = False,
+    fail_on_violation: FailOnViolationOpt = False,
     fail_on_estimate: Annotated[
         bool,
         typer.Option("--fail-on-estimate", help="Also exit with code 1 when an estimate exceeds the claim (opt-in)."),
@@ -257,9 +257,14 @@ def plan_cmd(
 
 
 def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool) -> None:
-    """Exit 1 on a formal violation (with --fail-on-violation) or, opted in, on an estimate above the claim."""
+    """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
+    claimed curve refuted) or, opted in, on an estimate above the claim."""
+    from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
+
     verdicts = set(verdicts)
-    if (fail_on_violation and "violation" in verdicts) or (fail_on_estimate and "estimate-exceeds-claim" in verdicts):
+    if (fail_on_violation and verdicts & set(FORMAL_REFUTATIONS)) or (
+        fail_on_estimate and verdicts & set(ESTIMATE_REFUTATIONS)
+    ):
         raise typer.Exit(EXIT_VIOLATION)
 
 
@@ -474,7 +479,7 @@ def train_cmd(
             f"source: {record.description}\n{describe(record.result)}\n{steps_audit.steps.summary()}",
             json_flag=json_output,
         )
-        _exit_code([record.result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
+        _exit_code(steps_audit.steps.verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
         return
     result = audit_training(
         ds,

@@ -84,7 +84,8 @@ def _digest(i: int, a: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Headline:
     """A model's summary. ``verdict`` is the strongest formal audit's own verdict (None without a claim
-    or without a formal audit); ``estimate_verdict`` the strongest estimate's, never a violation."""
+    or without a formal audit), or "curve-refuted" when no formal ε bound refutes the claim but an audit
+    refuted the claimed trade-off curve; ``estimate_verdict`` the strongest estimate's, never a violation."""
 
     verdict: str | None
     estimate_verdict: str | None
@@ -139,6 +140,17 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
                 parts.append(
                     f"inconclusive: ε ≥ {_fmt(b)}; this design certifies at most {_fmt(m)} ≤ claimed {_fmt(c)} ({how})"
                 )
+    verdict = formal["verdict"] if formal else None
+    # A formal refutation of the claimed trade-off curve (one-run f-DP against the claim's own curve
+    # family) is named as what it is, and sets the verdict unless a formal ε bound already refutes the claim.
+    curve = [(i, a) for i, a in enumerate(audits) if a.get("verdict") == "curve-refuted" and a.get("refutation")]
+    if curve and verdict != "violation":
+        i, a = curve[0]
+        verdict = "curve-refuted"
+        parts.append(
+            f"curve refuted: {a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, "
+            f"{100 * float(a['confidence']):g}% confidence)"
+        )
     if estimate is not None:
         eb = _fmt(_num(estimate["epsilon_lower_bound"]))
         what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
@@ -146,7 +158,7 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
             what += " exceeds the claim — an estimate, not a formal violation"
         parts.append(what)
     return Headline(
-        verdict=formal["verdict"] if formal else None,
+        verdict=verdict,
         estimate_verdict=estimate["verdict"] if estimate else None,
         formal=formal,
         estimate=estimate,

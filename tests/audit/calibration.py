@@ -164,10 +164,10 @@ OFFLINE_RUNS = {name: runs for name, (_, runs) in P0.items()}
 # Planted mistakes: each replaces one internal function of the real auditor.
 
 
-def _select_on_evaluation_half(member, rng):
-    # (a) the threshold is chosen on the very half it is evaluated on
-    _, evaluate = _ORIGINAL["split"](member, rng)
-    return evaluate, evaluate
+def _choose_on_evaluation_part(select, arrays, choose, evaluate):
+    # (a), (e): the test (threshold, guess counts) is chosen on the very part it is evaluated on
+    ev = tuple(a[~select] for a in arrays)
+    return evaluate(choose(*ev), *ev)
 
 
 def _drop_delta(fpr_upper, fnr_upper, delta):
@@ -191,7 +191,6 @@ def _pilot_also_audited(trials, n_pilot):
 
 
 _ORIGINAL = {
-    "split": bounds._holdout_split,
     "hte": bounds.hypothesis_test_epsilon,
     "one_run": one_run.one_run_epsilon_lower_bound,
 }
@@ -211,7 +210,7 @@ def _mutants() -> list[Mutant]:
     from dpaudit import testing
 
     return [
-        Mutant("a-select-on-eval", "laplace-holdout", bounds, "_holdout_split", _select_on_evaluation_half,
+        Mutant("a-select-on-eval", "laplace-holdout", bounds, "select_then_evaluate", _choose_on_evaluation_part,
                "threshold chosen on the evaluation half"),
         Mutant("b-drop-delta", "leak-delta", bounds, "hypothesis_test_epsilon", _drop_delta,
                "delta dropped from the hypothesis-testing bound"),
