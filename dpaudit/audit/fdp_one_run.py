@@ -162,9 +162,7 @@ def _grid_g(eps: np.ndarray, dlt: np.ndarray) -> BlowupInverse:
     return g
 
 
-def event_family(
-    make_event: Callable[[float], object], name: str = "event", curve: str = "claimed"
-) -> TradeoffFamily:
+def event_family(make_event: Callable[[float], object], name: str = "event", curve: str = "claimed") -> TradeoffFamily:
     """The claim's own curve family: ``make_event(noise_multiplier)`` accounted with the PLD accountant.
 
     The parameter is t = 1 / noise_multiplier (t = 0: no leakage). Add/remove neighbours.
@@ -400,6 +398,7 @@ def _audit_direction(scores, member, family, delta, alpha, selection, tiebreak, 
         k_p, k_m = int(kp[i]), int(km[i])
         return FdpOutcome(t, family.epsilon(t, delta), t_cert, eps_cert, k_p, k_m, k_p + k_m,
                           int(top[k_p] + bottom[k_m]), m, a, len(kp), note, direction)  # fmt: skip
+
     def criterion(m_a, kp_a, km_a, correct) -> int:
         # scored with the (cheap) GDP family at α / 20: any rule is valid on the selection part
         return largest_refuted(m_a, kp_a + km_a, correct, gdp_family(), alpha / _SELECTION_ALPHA_DIVISOR, tol=1e-2)[1]

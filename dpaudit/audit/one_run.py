@@ -346,6 +346,7 @@ def _audit_direction(scores, member, delta, alpha, selection, tiebreak, sel, k_p
         note = f"guess counts searched over {len(kp_grid)} (k+, k-) pairs; each test at alpha = {a:.3g} (Bonferroni)"
         r, v = kp + km, int(top[kp] + bottom[km])
         return OneRunOutcome(eps, mcert, kp, km, r, v, m, a, len(kp_grid), note, direction)
+
     def criterion(m_a, kp_a, km_a, correct) -> int:
         return best_bound_over_pairs(
             m_a, kp_a + km_a, correct, delta, alpha / _SELECTION_ALPHA_DIVISOR, tol=_SELECTION_TOL,

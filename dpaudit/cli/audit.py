@@ -244,14 +244,35 @@ def plan_cmd(
     two_sided: Annotated[
         bool, typer.Option("--two-sided", help="Plan a two-sided audit (alpha/2 per direction).")
     ] = False,
+    true_epsilon: Annotated[
+        float | None,
+        typer.Option("--true-epsilon", help="Hypothesised leak: the mechanism's true epsilon (default: 2x --epsilon)."),
+    ] = None,
+    mu: Annotated[float | None, typer.Option("--mu", help="Hypothesised leak as mu (gaussian family).")] = None,
+    family: Annotated[
+        str | None,
+        typer.Option(
+            "--family",
+            help="Leak family: gaussian (mu-GDP scores) or randomized-response (exactly (eps, 0)-DP; the default "
+            "without --mu: the most detectable leak of its epsilon).",
+        ),
+    ] = None,
+    power: Annotated[float, typer.Option("--power", help="Probability of refuting the claim to plan for.")] = 0.8,
+    simulations: Annotated[int, typer.Option("--simulations", help="Simulated audits per design size.")] = 200,
+    tradeoff: Annotated[
+        str, typer.Option("--tradeoff", help="one-run-fdp: the trade-off family audited (as for audit scores).")
+    ] = "epsilon-delta",
+    seed: SeedOpt = 0,
     json_output: JsonFlag = False,
 ) -> None:
-    """Trials per side (one-run: canaries) needed before even a perfect attack could refute --epsilon."""
+    """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power against a hypothesised
+    leak, by simulating the audit; the perfect-attack minimum beside it."""
     from dpaudit.audit import plan_design
 
     plan = plan_design(
         epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
-        alternative="two-sided" if two_sided else "greater",
+        alternative="two-sided" if two_sided else "greater", true_epsilon=true_epsilon, mu=mu, family=family,
+        power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff), seed=seed,
     )  # fmt: skip
     emit(plan.to_dict(), plan.summary(), json_flag=json_output)
 

@@ -190,7 +190,10 @@ def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) 
         # An audit run without a claim is judged against the model's claim; unknown power counts as none.
         power = as_float(a.get("max_certifiable_epsilon"))
         a["effective_verdict"] = decide_verdict(
-            as_float(a["epsilon_lower_bound"]), as_float(claim["epsilon"]), power or 0.0, formal=bool(a["formal"]),
+            as_float(a["epsilon_lower_bound"]),
+            as_float(claim["epsilon"]),
+            power or 0.0,
+            formal=bool(a["formal"]),
             refutes_curve=a.get("refutation") is not None,
         )
     return a

@@ -143,9 +143,9 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
     verdict = formal["verdict"] if formal else None
     # A formal refutation of the claimed trade-off curve (one-run f-DP against the claim's own curve
     # family) is named as what it is, and sets the verdict unless a formal ε bound already refutes the claim.
-    curve = [(i, a) for i, a in enumerate(audits) if a.get("verdict") == "curve-refuted" and a.get("refutation")]
+    curve = [a for a in audits if a.get("verdict") == "curve-refuted" and a.get("refutation")]
     if curve and verdict != "violation":
-        i, a = curve[0]
+        a = curve[0]
         verdict = "curve-refuted"
         parts.append(
             f"curve refuted: {a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, "
