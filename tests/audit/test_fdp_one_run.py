@@ -217,3 +217,39 @@ def test_claim_curve_refutation_is_never_an_epsilon_lower_bound():
             assert "formal lower bound" not in text.replace("not a formal lower bound", "")
             assert "epsilon estimate" in text
     assert refuted >= 4  # the refutation is what the audit shows on this mechanism (30 of 30 seeds in issue 27)
+
+
+@pytest.mark.parametrize("method", ["clopper-pearson", "one-run", "one-run-fdp"])
+def test_holdout_choice_depends_on_the_selection_part_only(method):
+    """The holdout selection (one helper for every method, dpaudit.audit.holdout) must choose the test —
+    the threshold, or the guess counts — from the selection part alone: rewriting every evaluation-part
+    score and bit leaves the choice unchanged. Choosing on the evaluation part (issue 27's surviving
+    mutant for the f-DP audit, unsound: bound above the true ε in ~14% of runs at α = 0.05) fails this."""
+    from dpaudit.audit import bounds, holdout, one_run
+
+    m, seed = 400, 3
+    s, mem = _gaussian_canaries(np.random.default_rng(0), m, 2.0)
+    kw = {"method": method, "seed": seed, "claimed_epsilon": 1.0}
+    if method == "clopper-pearson":
+        sel = holdout.split(mem, bounds._as_rng(seed), stratified=True)
+        kw["design"] = "multi-run"
+    else:
+        _, sel = one_run.draw_design(m, "holdout", bounds._as_rng(seed))
+        kw["design"] = "canaries"
+    if method == "one-run-fdp":
+        kw["tradeoff"] = "epsilon-delta"
+    a = audit_scores(s, mem, **kw)
+    s2, mem2 = s.copy(), mem.copy()
+    rng = np.random.default_rng(1)
+    ev = ~sel
+    if method == "clopper-pearson":  # keep the class sizes: a multi-run design has them fixed
+        s2[ev] = rng.normal(0.0, 1.0, ev.sum()) + 6.0 * mem[ev]
+    else:
+        mem2[ev] = rng.random(ev.sum()) < 0.5
+        s2[ev] = rng.normal(0.0, 1.0, ev.sum()) + 6.0 * mem2[ev]
+    b = audit_scores(s2, mem2, **kw)
+    if method == "clopper-pearson":
+        assert a.threshold == b.threshold
+    else:
+        assert (a.counts["k_plus"], a.counts["k_minus"]) == (b.counts["k_plus"], b.counts["k_minus"])
+    assert b.epsilon_lower_bound > a.epsilon_lower_bound  # the evaluation part did change
