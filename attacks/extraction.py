@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -413,7 +413,7 @@ def train_surrogate(
     -Σ_k p_k log q_k, the KL divergence to the target's answers up to the answers' entropy (Hinton et
     al. 2015, arXiv:1503.02531; Orekondy et al. 2019). Deterministic on CPU for a given seed.
     """
-    from dpaudit.training.base import get_trainer
+    from dpaudit.training.algorithms import get_trainer
     from dpaudit.training.config import PerfConfig, TrainConfig
 
     n = len(X)
@@ -827,3 +827,40 @@ def save_surrogate(
         "versions": versions(),
     }
     return save_run(out, model=s.model, meta=meta, splits=run.splits, force=force)
+
+
+def extract_checkpoint(
+    checkpoint: Path,
+    *,
+    budget: int,
+    api: str = "probs",
+    method: str = "auto",
+    surrogate: str = "mlp",
+    pool: str = "synthetic",
+    adaptive: bool = False,
+    curve_points: int = 4,
+    out: Path | None = None,
+    seed: int = 0,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    notify: Callable[[str], None] = lambda message: None,
+):
+    """``dpaudit attack extract``: load the run at ``checkpoint``, extract its model through the API mode
+    ``api`` (parsed, like ``out`` refused unless ``force``, before any work) with :func:`extract`, and
+    save the surrogate as a run directory at ``out`` when given. Returns the extraction."""
+    from dpaudit.checkpoint import load_run
+
+    mode = ApiMode.parse(api)  # bad modes fail before the checkpoint is loaded
+    if out is not None and out.exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")  # before the work
+    run = load_run(checkpoint)
+    dataset = run.dataset()
+    notify(f"extracting {checkpoint} through api {mode} with at most {budget} queries …")
+    extraction = extract(
+        run, budget=budget, api=mode, method=method, surrogate=surrogate, pool=pool, adaptive=adaptive, seed=seed,
+        curve_points=curve_points, dataset=dataset, progress=progress,
+    )  # fmt: skip
+    if out is not None:
+        save_surrogate(out, run, extraction, dataset=dataset, force=force)
+        notify(f"extracted model written to {out}")
+    return extraction

@@ -11,14 +11,13 @@ its own exemplars more confidently. Score convention (attacks/result.py): higher
   the attacker's queries of one trial together meet the target epsilon (data-independent).
 
 Each trial uses fresh records (members = the exemplars, non-members = as many unused records), so the
-trials compose in parallel. Exemplar canaries (:func:`icl_canary_audit`) give a formal one-run audit
+trials compose in parallel. Exemplar canaries (:func:`icl_canary_scores`) give a formal one-run audit
 (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) of the aggregator's claim.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -93,7 +92,7 @@ def icl_membership(
     )
 
 
-def icl_canary_audit(
+def icl_canary_scores(
     X: np.ndarray,
     y: np.ndarray,
     n_classes: int,
@@ -103,19 +102,18 @@ def icl_canary_audit(
     teachers: int = 1,
     epsilon: float = math.inf,
     delta: float = 1e-5,
-    confidence: float = 0.95,
     predictor: str = "knn",
     seed: int = 0,
-):
-    """One-run audit of (DP-)ICL with mislabeled exemplar canaries (formal; Steinke et al. 2023, Thm. 3.1).
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and inclusion bits of mislabeled exemplar canaries in (DP-)ICL, for a one-run audit
+    (:func:`dpaudit.workflows.icl.icl_canary_audit`; Steinke, Nasr & Jagielski 2023, Thm. 3.1).
 
     ``teachers * shots`` ordinary exemplars fill the prompts; then ``canaries`` further records get a
     random wrong label and a fixed teacher each (chosen before inclusion), and each is added to its
     teacher's prompt independently with probability 1/2. Every canary is queried once; the score is
     1[answer == the canary's wrong label] (probability of that label for the non-private one prompt).
-    The claim audited: the aggregator's epsilon over the ``canaries`` queries; adding a canary changes one
-    teacher's prompt, which the one-vote analysis covers, so the bound is formal."""
-    from dpaudit.audit import audit_scores
+    Adding a canary changes one teacher's prompt, which the aggregator's one-vote analysis covers.
+    Returns ``(scores, included)`` (higher = member)."""
 
     m = check_positive_int(canaries=canaries)
     n_ex = shots * teachers
@@ -140,56 +138,4 @@ def icl_canary_audit(
         answers = _private_answers(pred, ex_X, ex_y, parts, X[can], n_classes, epsilon, delta,
                                    derive_seed(seed, stream=21))  # fmt: skip
         scores = (answers == y_can).astype(np.float64)
-    claimed = None if math.isinf(epsilon) else epsilon
-    return audit_scores(scores, included, method="one-run", design="canaries", delta=delta, confidence=confidence,
-                        claimed_epsilon=claimed, seed=seed)  # fmt: skip
-
-
-def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20) -> dict[str, Any]:
-    """The ICL family's report entry for a ``dpaudit train --algo dp-icl`` run (JSON-ready).
-
-    With the run's recipe (shots, teachers, predictor, delta) on fresh prompts drawn from its holdout,
-    auxiliary and test records (never its private exemplars): the attack's AUC (an estimate) and the
-    one-run canary audit (formal) for one non-private prompt (epsilon = inf) and for DP-ICL at the run's
-    claimed epsilon. The student checkpoint is post-processing of the answers, so it is not attacked here."""
-    from dpaudit.data import Standardizer
-
-    agg = ((run.meta.get("training") or {}).get("aggregation") or {}).get("recipe")
-    if run.meta["training"].get("algo") != "dp-icl" or agg is None:
-        raise InputError(f"{run.path}: the ICL attack needs a run trained with --algo dp-icl")
-    ds = run.dataset()
-    idx = np.concatenate([run.splits.holdout, run.splits.aux, run.splits.test])
-    X = Standardizer.fit(ds.X[run.splits.aux]).transform(ds.X[idx])
-    y = ds.y[idx]
-    privacy = run.privacy or {}
-    eps = float(privacy.get("epsilon", math.inf))
-    delta = float(agg["delta"])
-    shots, teachers, predictor = int(agg["shots"]), int(agg["teachers"]), agg["predictor"]
-    per_trial_private = 2 * shots * teachers
-    while teachers > 1 and per_trial_private > len(X):  # the public records bound the simulated ensemble
-        teachers //= 2
-        per_trial_private = 2 * shots * teachers
-    common = {"n_classes": ds.n_classes, "shots": shots, "predictor": predictor, "seed": seed}
-    settings = [("one prompt, no noise", 1, math.inf)]
-    if math.isfinite(eps):
-        settings.append((f"DP-ICL, {teachers} teachers, GNMax", teachers, eps))
-    rows = []
-    for label, k, e in settings:
-        attack = icl_membership(X, y, teachers=k, epsilon=e, delta=delta, trials=trials, **common)
-        m = min(canaries, len(X) - shots * k)
-        audit = icl_canary_audit(X, y, canaries=m, teachers=k, epsilon=e, delta=delta, **common)
-        rows.append({
-            "setting": label, "teachers": k, "epsilon": e, "auc": float(attack.metrics["auc"]),
-            "advantage": float(attack.metrics["advantage"]), "n_records": len(attack.scores),
-            "canary_epsilon_lower_bound": float(audit.epsilon_lower_bound), "canary_audit": audit.to_dict(),
-        })  # fmt: skip
-    out: dict[str, Any] = {"attack": "icl", "shots": shots, "predictor": predictor, "settings": rows}
-    out["auc_non_private"] = rows[0]["auc"]
-    if len(rows) > 1:
-        out["auc_private"] = rows[1]["auc"]
-        out["canary_epsilon_lower_bound_private"] = rows[1]["canary_epsilon_lower_bound"]
-    out["note"] = (
-        "AUC: estimate (records drawn per trial, not one fixed neighbouring pair). Canary bound: formal one-run "
-        "audit (Steinke, Nasr & Jagielski 2023) of the aggregator's data-independent claim over the canary queries."
-    )
-    return out
+    return scores, included

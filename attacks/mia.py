@@ -11,7 +11,11 @@ with a different seed per model, so a DP target gets DP reference models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -185,9 +189,44 @@ def run_mia(
     check_non_negative(seed=seed)
     seed = int(seed)
     needs_refs = any(m in ("lira", "rmia") for m in methods)
+    _check_options(run, methods, shadow_models, reference_models, min_models)
+    workers = check_workers(workers, scheduler=scheduler)
+    ds = run.dataset()  # verifies the data hash: the checkpoint must match the data it was trained on
+    ids, member = candidates(run)
+    target = _Target(ids, ds.y[ids], run.logits(ds.X[ids]))
+    recipe = Recipe.from_run(run, ds) if ("shadow" in methods or needs_refs) else None
+    train = functools.partial(
+        train_models, workers=workers, scheduler=scheduler, cache_dir=cache_dir, progress=progress
+    )
+    scored = [(m, threshold_scores(m, target.logits, target.y), {}) for m in methods if m in THRESHOLD_METHODS]
+    if "shadow" in methods:
+        scored.append(_shadow_attack(run, ds, recipe, target, shadow_models, shadow_classifier, seed, train))
+    if needs_refs:
+        scored += _reference_attacks(run, recipe, target, methods, reference_models, online, min_models, seed, train)
+    order = {m: i for i, m in enumerate(methods)}
+    results = [
+        AttackResult.from_scores(
+            name, scores, member, ids, {"method": name, **params}, n_bootstrap=n_bootstrap, seed=seed
+        )
+        for name, scores, params in scored
+    ]
+    return sorted(results, key=lambda r: order[r.name])
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The candidates' record ids, labels and the target model's logits on them."""
+
+    ids: np.ndarray
+    y: np.ndarray
+    logits: np.ndarray
+
+
+def _check_options(run: Run, methods, shadow_models, reference_models, min_models) -> None:
+    """Refuse bad attack options before anything is trained."""
     if "shadow" in methods and shadow_models is not None:
         check_positive_int(shadow_models=shadow_models)
-    if needs_refs:
+    if any(m in ("lira", "rmia") for m in methods):
         check_positive_int(reference_models=reference_models)
         check_positive_int(min_models=min_models)
         if "lira" in methods and reference_models // 2 < min_models:  # fail before training anything
@@ -195,97 +234,128 @@ def run_mia(
                 f"{reference_models} reference models give each record {reference_models // 2} IN and as many OUT "
                 f"models, fewer than min_models {min_models}; use at least {2 * min_models} reference models"
             )
-    workers = check_workers(workers, scheduler=scheduler)
     if len(run.splits.members) == 0 or len(run.splits.holdout) == 0:
         raise InputError(
             f"{run.path}: attacks need members and holdout records (the split has "
             f"{len(run.splits.members)} members, {len(run.splits.holdout)} holdout)"
         )
 
-    ds = run.dataset()  # verifies the data hash: the checkpoint must match the data it was trained on
-    ids, member = candidates(run)
-    y = ds.y[ids]
-    target_logits = run.logits(ds.X[ids])
-    recipe = Recipe.from_run(run, ds) if ("shadow" in methods or needs_refs) else None
-    results: list[AttackResult] = []
 
-    def add(name: str, scores: np.ndarray, params: dict) -> None:
-        results.append(
-            AttackResult.from_scores(
-                name, scores, member, ids, {"method": name, **params}, n_bootstrap=n_bootstrap, seed=seed
-            )
-        )
+def _shadow_attack(run: Run, ds, recipe, target: _Target, shadow_models, classifier, seed, train):
+    """Shokri et al.'s shadow-model attack: (name, scores, params)."""
+    if shadow_models is None:  # as many as fit (at least 1, so that a too-small aux still says why)
+        shadow_models = min(AUTO_SHADOW_MODELS, max(1, len(run.splits.aux) // (2 * recipe.config.batch_size)))
+    shadow_in = shadow_partition(
+        run.splits.aux,
+        shadow_models,
+        n_target_train=len(run.splits.members),
+        batch_size=recipe.config.batch_size,
+        seed=seed,
+    )
+    logits = train(recipe, shadow_in, seeds_for(seed, "shadow", shadow_models), description="shadow models")
+    attack, shadow_params = fit_shadow_attack(logits, shadow_in, run.splits.aux, ds.y, classifier=classifier, seed=seed)
+    # The shadow models never saw a candidate, so all of them are OUT references for calibration.
+    reference = (
+        np.mean([logit_margin(lg[target.ids], target.y) for lg in logits], axis=0) if attack.calibrated_ else None
+    )
+    scores = attack.score(target.logits, target.y, reference)
+    return "shadow", scores, {"n_shadow_models": shadow_models, **shadow_params}
 
-    for method in methods:
-        if method in THRESHOLD_METHODS:
-            add(method, threshold_scores(method, target_logits, y), {})
 
-    if "shadow" in methods:
-        assert recipe is not None
-        if shadow_models is None:  # as many as fit (at least 1, so that a too-small aux still says why)
-            shadow_models = min(AUTO_SHADOW_MODELS, max(1, len(run.splits.aux) // (2 * recipe.config.batch_size)))
-        shadow_in = shadow_partition(
-            run.splits.aux,
-            shadow_models,
-            n_target_train=len(run.splits.members),
-            batch_size=recipe.config.batch_size,
-            seed=seed,
-        )
-        logits = train_models(
-            recipe,
-            shadow_in,
-            seeds_for(seed, "shadow", shadow_models),
-            workers=workers,
-            scheduler=scheduler,
-            cache_dir=cache_dir,
-            progress=progress,
-            description="shadow models",
-        )
-        attack, shadow_params = fit_shadow_attack(
-            logits, shadow_in, run.splits.aux, ds.y, classifier=shadow_classifier, seed=seed
-        )
-        # The shadow models never saw a candidate, so all of them are OUT references for calibration.
-        reference = np.mean([logit_margin(lg[ids], y) for lg in logits], axis=0) if attack.calibrated_ else None
-        add("shadow", attack.score(target_logits, y, reference), {"n_shadow_models": shadow_models, **shadow_params})
+def _reference_attacks(run: Run, recipe, target: _Target, methods, reference_models, online, min_models, seed, train):
+    """LiRA and RMIA on one set of reference models: [(name, scores, params)]."""
+    ids, y = target.ids, target.y
+    population = reference_population(ids, run.splits.aux, len(run.splits.members), seed=seed)
+    in_pop = balanced_membership(len(population), reference_models, seed=np.random.default_rng([seed, 1]))
+    logits = train(
+        recipe,
+        [population[in_pop[:, j]] for j in range(reference_models)],
+        seeds_for(seed, "reference", reference_models),
+        description="reference models",
+    )
+    rows = np.searchsorted(population, ids)
+    ref = logits[:, ids]  # (M, n_candidates, k)
+    in_mask = in_pop[rows]
+    common = {"n_reference_models": reference_models, "online": online}
+    scored = []
+    if "lira" in methods:
+        lira = LiRA(online=online, min_models=min_models)
+        scores = lira.fit_score(signals_matrix(ref, y), in_mask, logit_margin(target.logits, y), record_ids=ids)
+        params = {
+            **common,
+            "global_variance": lira.global_variance_,
+            "min_models": min_models,
+            "signal": "logit-scaled confidence",
+        }
+        scored.append(("lira", scores, params))
+    if "rmia" in methods:
+        ref_lp = np.stack([loss_score(r, y) for r in ref], axis=1)
+        rmia = RMIA(online=online).fit(ref_lp, in_mask)
+        params = {**common, "offline_a": rmia.offline_a, "signal": "log p_y"}
+        scored.append(("rmia", rmia.score(loss_score(target.logits, y)), params))
+    return scored
 
-    if needs_refs:
-        assert recipe is not None
-        population = reference_population(ids, run.splits.aux, len(run.splits.members), seed=seed)
-        in_pop = balanced_membership(len(population), reference_models, seed=np.random.default_rng([seed, 1]))
-        logits = train_models(
-            recipe,
-            [population[in_pop[:, j]] for j in range(reference_models)],
-            seeds_for(seed, "reference", reference_models),
-            workers=workers,
-            scheduler=scheduler,
-            cache_dir=cache_dir,
-            progress=progress,
-            description="reference models",
+
+def scores_paths(path: Path, methods: tuple[str, ...]) -> dict[str, Path]:
+    """Where each attack's scores go: ``path`` itself for one attack; ``NAME.ATTACK.csv`` for several,
+    so that every file holds one attack's scores (what ``dpaudit audit scores`` reads)."""
+    if len(methods) == 1:
+        return {methods[0]: path}
+    return {m: path.with_name(f"{path.stem}.{m}{path.suffix}") for m in methods}
+
+
+def attack_checkpoint(
+    checkpoint: Path,
+    *,
+    method: str,
+    shadow_models: int | None,
+    reference_models: int,
+    online: bool,
+    min_models: int,
+    workers: int,
+    scheduler: str | None,
+    cache_dir: Path | None,
+    no_cache: bool,
+    scores_out: Path | None,
+    bootstrap: int,
+    seed: int,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    notify: Callable[[str], None] = lambda message: None,
+) -> list[AttackResult]:
+    """``dpaudit attack mia``: load the run at ``checkpoint``, run the attacks of ``method`` (comma-separated)
+    with :func:`run_mia` and write each attack's per-record scores under ``scores_out`` (see
+    :func:`scores_paths`). ``no_cache``: reference models in a temporary directory, deleted afterwards.
+    Every option is checked, and every output path refused unless ``force``, before anything is trained."""
+    from dpaudit.checkpoint import load_run
+
+    methods = parse_methods(method)
+    check_workers(workers, scheduler=scheduler)
+    if no_cache and cache_dir is not None:
+        raise InputError("give --cache-dir or --no-cache, not both")
+    if no_cache and scheduler is not None:
+        raise InputError(
+            "--no-cache keeps models in a temporary directory of this machine, which Dask workers "
+            "do not share; give --cache-dir on a filesystem they share instead"
         )
-        rows = np.searchsorted(population, ids)
-        ref = logits[:, ids]  # (M, n_candidates, k)
-        in_mask = in_pop[rows]
-        common = {"n_reference_models": reference_models, "online": online}
-        if "lira" in methods:
-            lira = LiRA(online=online, min_models=min_models)
-            scores = lira.fit_score(signals_matrix(ref, y), in_mask, logit_margin(target_logits, y), record_ids=ids)
-            add(
-                "lira",
-                scores,
-                {
-                    **common,
-                    "global_variance": lira.global_variance_,
-                    "min_models": min_models,
-                    "signal": "logit-scaled confidence",
-                },
-            )
-        if "rmia" in methods:
-            ref_lp = np.stack([loss_score(r, y) for r in ref], axis=1)
-            rmia = RMIA(online=online).fit(ref_lp, in_mask)
-            add(
-                "rmia",
-                rmia.score(loss_score(target_logits, y)),
-                {**common, "offline_a": rmia.offline_a, "signal": "log p_y"},
-            )
-    order = {m: i for i, m in enumerate(methods)}
-    return sorted(results, key=lambda r: order[r.name])
+    outputs = scores_paths(scores_out, methods) if scores_out is not None else {}
+    for path in outputs.values():
+        if path.suffix.lower() not in (".csv", ".npz"):
+            raise InputError(f"{path}: unsupported scores file type; use .csv or .npz")
+        if path.exists() and not force:
+            raise InputError(f"{path} already exists; use --force to overwrite it")  # before the work
+    run = load_run(checkpoint)
+    notify(f"attacking {checkpoint} with {', '.join(methods)} …")
+    with contextlib.ExitStack() as stack:
+        if no_cache:
+            cache_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpaudit-cache-")))
+        results = run_mia(
+            run, methods, shadow_models=shadow_models, reference_models=reference_models, online=online,
+            workers=workers, scheduler=scheduler, seed=seed, cache_dir=cache_dir, min_models=min_models,
+            n_bootstrap=bootstrap, progress=progress,
+        )  # fmt: skip
+    for r in results:
+        if r.name in outputs:
+            r.save_scores(outputs[r.name], force=force)
+            notify(f"{r.name} scores written to {outputs[r.name]}")
+    return results

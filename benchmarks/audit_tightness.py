@@ -8,7 +8,7 @@ Rows (issue 12):
   (c) per-step white-box audit (Nasr et al. 2023), one run with a per-step Dirac gradient canary:
       (c) composed ε estimate (assumes a Gaussian per-step trade-off) and (c-formal) the formal
       per-step bound over the per-step claim;
-  (d) black-box crafted canaries: :func:`dpaudit.canaries.crafted_row` (helper "canary12"), with
+  (d) black-box crafted canaries: :func:`blackbox_canaries.crafted_row` (helper "canary12"), with
       ``--crafted`` (multi-run: expensive).
 
 Wall times are printed as multiples of one plain training run of the same recipe measured in the same
@@ -31,6 +31,16 @@ import torch
 # Run as a script, this folder comes first on sys.path and benchmarks/attacks.py would shadow the
 # `attacks` package: drop it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+
+def _sibling(name: str):
+    """The module ``benchmarks/NAME.py`` (loaded by path: this folder is off sys.path, see above)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _recipe(eps: float, args):
@@ -97,14 +107,10 @@ def _whitebox_row(ds, spec, eps, args) -> dict:
     }
 
 
-def crafted_rows(eps: float, args) -> dict | None:
-    """(d): black-box crafted canaries from :func:`dpaudit.canaries.crafted_row` (helper canary12).
-
-    The place for row (d): everything it needs is passed here; None when the function is absent."""
-    try:
-        from dpaudit.canaries import crafted_row
-    except ImportError:
-        return None
+def crafted_rows(eps: float, args) -> dict:
+    """(d): black-box crafted canaries from :func:`blackbox_canaries.crafted_row` (helper canary12),
+    the experiment driver beside this script."""
+    crafted_row = _sibling("blackbox_canaries").crafted_row
     t0 = time.perf_counter()
     row = crafted_row(eps, delta=args.delta, runs=args.crafted_runs, seed=args.seed, workers=args.workers)
     row["wall_s"] = time.perf_counter() - t0

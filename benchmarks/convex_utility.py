@@ -28,12 +28,27 @@ import torch
 from dpaudit.data import fit_preprocessing, load_dataset, make_splits
 from dpaudit.models import build_model, default_spec
 from dpaudit.training.config import DPConfig, TrainConfig
-from dpaudit.training.convex import load_logreg, solve_logistic, unit_ball_features
+from dpaudit.training.convex import ConvexLearner, load_logreg, solve_logistic, unit_ball_features
 from dpaudit.training.run import fit_model
 
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 4.0)
 FRACTIONS = (0.6, 0.0, 0.2, 0.2)
 DELTA = 1e-5
+
+
+class _HalfSensitivity(ConvexLearner):
+    """Planted bug: the sensitivity 1/(Nλ) instead of 2/(Nλ)."""
+
+    def sensitivity(self, n):
+        return 0.5 * super().sensitivity(n)
+
+
+class _GammaOneNorm(ConvexLearner):
+    """Planted bug: the norm mechanism's norm drawn from Gamma(1, ·) instead of Gamma(d, ·)."""
+
+    def norm_noise(self, d, scale, rng):
+        direction = rng.standard_normal(d)
+        return direction / np.linalg.norm(direction) * rng.gamma(1.0, scale)
 
 
 def _accuracy(fitted_logits, y) -> float:
@@ -91,8 +106,9 @@ def utility(datasets: list[str], seeds: int) -> None:
 
 def audits(runs: int) -> None:
     """Bound / claim of a direct multi-run audit of each learner (see the module docstring)."""
-    from dpaudit.training.convex import ConvexLearner, multirun_audit, output_sensitivity, worst_case_neighbour
+    from dpaudit.training.convex import output_sensitivity, worst_case_neighbour
     from dpaudit.training.dpagd import DPAGDConfig, dpagd
+    from dpaudit.workflows.training import multirun_audit
 
     rng = np.random.default_rng(0)
     print("\n### Direct multi-run audits (95% Clopper–Pearson lower bound on ε; bound / claim)\n")
@@ -107,8 +123,8 @@ def audits(runs: int) -> None:
         shift = float(np.linalg.norm(w_in - w_out)) / output_sensitivity(n, lam)
         variants = [
             ("outpert", ConvexLearner("outpert", lam, eps)),
-            ("outpert, bug Δ = 1/(Nλ)", ConvexLearner("outpert", lam, eps, sensitivity_factor=0.5)),
-            ("outpert, bug Gamma(1, Δ/ε)", ConvexLearner("outpert", lam, eps, noise_shape=1.0)),
+            ("outpert, bug Δ = 1/(Nλ)", _HalfSensitivity("outpert", lam, eps)),
+            ("outpert, bug Gamma(1, Δ/ε)", _GammaOneNorm("outpert", lam, eps)),
         ]
         for label, learner in variants:
             fit = lambda Z_, s_, r, L=learner, a=(Z_in, w_in, w_out, n): L.perturb(  # noqa: E731

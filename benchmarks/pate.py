@@ -128,8 +128,9 @@ def icl_table(quick: bool) -> None:
 
 
 def attack_table(quick: bool) -> None:
-    from attacks.icl import icl_canary_audit, icl_membership
+    from attacks.icl import icl_membership
     from dpaudit.data import Standardizer
+    from dpaudit.workflows.icl import icl_canary_audit
 
     print("\n### ICL membership attack (was this record an exemplar?)\n")
     print("| data | setting | ε | attack AUC (estimate) | canary one-run ε lower bound (formal, 95%) |")

@@ -138,7 +138,7 @@ def icl_model(ds, splits, run_dir: Path, *, progress: Progress = NULL_PROGRESS):
     """DP-ICL (Wu et al. 2024): 40 nearest-exemplar in-context predictors, each prompted with 10 disjoint
     private exemplars, their votes on 100 public queries aggregated by GNMax calibrated to ε = 8; a logreg
     student trained on the answers. Audited with the loss attack (an estimate) and the ICL membership
-    attack with its exemplar-canary one-run audit (formal; ``attacks.icl.run_icl``)."""
+    attack with its exemplar-canary one-run audit (formal; ``dpaudit.workflows.icl.run_icl``)."""
     from dpaudit.aggregation import AggregatorConfig
     from dpaudit.models import default_spec
     from dpaudit.training.pate import AggregationConfig, train_aggregation_run

@@ -31,3 +31,8 @@ class UnsupportedEventError(DPAuditError, NotImplementedError):
 
 class UnreachableTargetError(InputError):
     """A calibration target (e.g. epsilon) cannot be reached with the given settings."""
+
+
+class FileContentError(InputError):
+    """A file the user gave has bad content: the message names the file's own fields, not a command's
+    options, so the CLI prints it as it is (see ``dpaudit.cli._common``)."""

@@ -31,8 +31,8 @@ from dpaudit.accounting.gdp import (
 )
 from dpaudit.accounting.pld import PldAccountant
 from dpaudit.accounting.rdp import RdpAccountant
+from dpaudit.accounting.registry import ACCOUNTANTS, make_accountant
 from dpaudit.accounting.zcdp import ZcdpAccountant, zcdp_epsilon, zcdp_epsilon_simple
-from dpaudit.errors import InputError
 from dpaudit.events import Event, Gaussian, JLGaussian, PoissonSampled, SelfComposed
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive_int
 
@@ -65,21 +65,6 @@ __all__ = [
     "zcdp_epsilon",
     "zcdp_epsilon_simple",
 ]
-
-ACCOUNTANTS: dict[str, type[Accountant]] = {
-    "rdp": RdpAccountant,
-    "pld": PldAccountant,
-    "gdp": GdpAccountant,
-    "zcdp": ZcdpAccountant,
-}
-
-
-def make_accountant(name: str, *, neighbouring: str = "add_remove") -> Accountant:
-    """A fresh accountant by name: ``"rdp"``, ``"pld"``, ``"gdp"`` (CLT for subsampling: approximate)
-    or ``"zcdp"``. Unknown names raise :class:`InputError` listing the valid ones."""
-    if name not in ACCOUNTANTS:
-        raise InputError(f"unknown accountant {name!r}; valid: {', '.join(ACCOUNTANTS)}")
-    return ACCOUNTANTS[name](neighbouring=neighbouring)
 
 
 def dpsgd_event(*, noise_multiplier: float, sample_rate: float, steps: int, jl_projections: int | None = None) -> Event:

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 from dpaudit.accounting.base import Accountant
+from dpaudit.accounting.registry import make_accountant
 from dpaudit.errors import DPAuditError, InputError, UnreachableTargetError
 from dpaudit.events import Event
 from dpaudit.validation import check_in_interval, check_positive, check_positive_int
@@ -19,8 +20,6 @@ from dpaudit.validation import check_in_interval, check_positive, check_positive
 def _make(accountant: str | Callable[[], Accountant], neighbouring: str) -> Callable[[], Accountant]:
     if callable(accountant):
         return accountant
-    from dpaudit.accounting import make_accountant
-
     make_accountant(accountant, neighbouring=neighbouring)  # validate the name now
     return lambda: make_accountant(accountant, neighbouring=neighbouring)
 

@@ -32,13 +32,14 @@ import math
 import numpy as np
 from scipy import special, stats
 
-from dpaudit.accounting.pld import (
+from dpaudit.accounting.pld_pairs import (
     AtomPair,
     GaussianPair,
     LossPair,
     MixturePair,
     SubsampledGaussianAdd,
     SubsampledGaussianRemove,
+    interval_masses,
     subsampled_non_private_pairs,
 )
 from dpaudit.validation import check_non_negative, check_positive, check_positive_int
@@ -115,10 +116,7 @@ def z_r_bins(r: int, *, bins_per_e: int, z_cap: float, tail: float) -> tuple[np.
     edges = np.unique(np.concatenate([geometric, quantiles]))
     edges = np.append(edges[edges < z_cap], z_cap)
     cdf, sf = z_r_cdf(r, edges), z_r_survival(r, edges)
-    from_cdf = np.diff(cdf)
-    from_sf = -np.diff(sf)
-    weights = np.concatenate([[cdf[0]], np.where(cdf[1:] <= 0.5, from_cdf, from_sf)])
-    weights = np.maximum(weights, 0.0)
+    weights = np.concatenate([[max(float(cdf[0]), 0.0)], interval_masses(cdf, sf)])
     s_cap = float(sf[-1])
     good = weights > 0.0
     return weights[good], edges[good], s_cap

@@ -15,12 +15,13 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
 
-from dpaudit.errors import EXIT_USAGE, DPAuditError
+from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError
 from dpaudit.progress import Progress, make_progress
 
 EXIT_INTERNAL = 3
@@ -141,9 +142,12 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
 
 
 def _error_line(error: DPAuditError, ctx: typer.Context | None) -> str:
-    """The first line of a domain error, its parameter names written as the command's options."""
+    """The first line of a domain error, its parameter names written as the command's options (not for a
+    :class:`FileContentError`, whose names are a file's fields)."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return with_option_names(text, ctx.command.params) if ctx is not None else text
+    if ctx is None or isinstance(error, FileContentError):
+        return text
+    return with_option_names(text, ctx.command.params)
 
 
 _CONTEXT = "_dpaudit_context"
@@ -209,3 +213,87 @@ class App(typer.Typer):
             return decorator(guarded)
 
         return wrap
+
+
+# ---- option groups: declared once, shared by the commands ---------------------------------------------
+#
+# A command with many options takes them as ``**options`` and declares them with :func:`options`, which
+# gives typer the signature built from the groups below. A group is a tuple of keyword parameters; the
+# same group (e.g. the data options) means the same flags, types and help in every command that uses it,
+# and a command may change a default by name (``options(DATA, RECIPE, epochs=5)``). The command body
+# stays a few lines: it passes the options to one library function and prints what it returns.
+
+
+def opt(name: str, kind: Any, default: Any, *flags: str, help: str | None = None, **extra: Any) -> inspect.Parameter:
+    """A keyword option ``name`` of type ``kind`` (flags default to ``--name-with-dashes``)."""
+    flags = flags or (f"--{name.replace('_', '-')}",)
+    option = typer.Option(*flags, help=help, **extra)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
+
+
+def arg(name: str, kind: Any, *, help: str) -> inspect.Parameter:
+    """A required positional argument ``name`` of type ``kind``."""
+    argument = typer.Argument(help=help)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[kind, argument])
+
+
+def options(
+    *groups: tuple[inspect.Parameter, ...], **defaults: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the command takes the options of ``groups`` (in order), with ``defaults`` changed by name."""
+    params = [p for group in groups for p in group]
+    names = [p.name for p in params]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    unknown = sorted(set(defaults) - set(names))
+    if repeated or unknown:
+        raise TypeError(f"option groups: repeated {repeated}, unknown defaults {unknown}")  # a bug, at import
+    params = [p.replace(default=defaults[p.name]) if p.name in defaults else p for p in params]
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        # The command's own named parameters (a typer.Context) come first, then the groups' options.
+        own = [p for p in inspect.signature(f, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        f.__signature__ = inspect.Signature([*own, *params])  # type: ignore[attr-defined]
+        return f
+
+    return decorate
+
+
+def given_options(ctx: typer.Context) -> set[str]:
+    """Names of the options the user gave on the command line (not left at their defaults)."""
+    return {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name).name != "DEFAULT"}
+
+
+OUTPUT = (
+    opt("force", bool, False, "--force", help="Overwrite an existing output."),
+    opt("json_output", bool, False, "--json", help="Machine-readable JSON on stdout."),
+)
+JSON_ONLY = OUTPUT[1:]
+DATA = (
+    opt(
+        "data",
+        str,
+        "digits",
+        help="digits | breast-cancer | wine | synthetic:... | synthetic-tokens:... | PATH.csv | PATH.npz",
+    ),
+    opt("label_column", str | None, None, help="Label column of a CSV file."),
+)
+RECIPE = (
+    opt("epochs", int, 30, help="Passes over the training split."),
+    opt("steps", int | None, None, help="Number of steps (overrides --epochs)."),
+    opt("batch_size", int, 64, help="Batch size (expected size for Poisson)."),
+    opt("lr", float, 0.1, help="Learning rate."),
+)
+DP = (
+    opt("noise_multiplier", float | None, None, help="DP: noise σ."),
+    opt("epsilon", float | None, None, help="DP: target ε (calibrates σ)."),
+    opt("clip", float, 1.0, help="DP: per-example clipping norm C."),
+)
+CACHE_DIR = (
+    opt(
+        "cache_dir",
+        Path | None,
+        None,
+        help="Cache of trained shadow/reference models (default: $DPAUDIT_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/dpaudit, else ~/.cache/dpaudit).",
+    ),
+)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.cli._common import CACHE_DIR, OUTPUT, App, emit, info, opt, options, progress
 
 attack_app = App()
 
@@ -47,12 +43,56 @@ def human_table(results: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def scores_paths(path: Path, methods: tuple[str, ...]) -> dict[str, Path]:
-    """Where each attack's scores go: ``path`` itself for one attack; ``NAME.ATTACK.csv`` for several,
-    so that every file holds one attack's scores (what ``dpaudit audit scores`` reads)."""
-    if len(methods) == 1:
-        return {methods[0]: path}
-    return {m: path.with_name(f"{path.stem}.{m}{path.suffix}") for m in methods}
+MIA = (
+    opt("checkpoint", Path, ..., "--checkpoint", "-c", help="Run directory of the target model."),
+    opt(
+        "method",
+        str,
+        "loss,shadow,lira",
+        "--method",
+        "-m",
+        help="loss | confidence | entropy | modified-entropy | shadow | lira | rmia | all "
+        "(comma-separated for several).",
+    ),
+    opt(
+        "shadow_models",
+        int | None,
+        None,
+        help="K shadow models (Shokri et al.) on disjoint parts of aux (default: as many as fit, up to 4).",
+    ),
+    opt("reference_models", int, 16, help="M reference models (LiRA/RMIA)."),
+    opt("online", bool, True, "--online/--offline", help="LiRA/RMIA with IN and OUT models, or OUT only."),
+    opt("min_models", int, 2, help="LiRA: refuse records with fewer IN/OUT reference models."),
+    opt("workers", int, 1, help="Local processes training reference models."),
+    opt("scheduler", str | None, None, help="Dask scheduler address tcp://host:port (cluster)."),
+    *CACHE_DIR,
+    opt("no_cache", bool, False, help="Train shadow/reference models in a temporary directory, deleted afterwards."),
+    opt(
+        "scores_out",
+        Path | None,
+        None,
+        help="Per-record scores (columns attack, record_id, member, score) to FILE.csv or FILE.npz; "
+        "with several attacks, one file each: FILE.ATTACK.csv.",
+    ),
+    opt("bootstrap", int, 200, help="Bootstrap replicates for CIs (0: none)."),
+    opt("seed", int, 0, help="Seed of partitions, model seeds and bootstrap."),
+    opt("roc", bool, False, help="Include ROC curves in the JSON output."),
+)
+
+
+@options(MIA, OUTPUT)
+def mia(**o) -> None:
+    """Membership inference: score every member and holdout record of the target, evaluate.
+
+    JSON: {"checkpoint", "attacks": [{attack, params, n_members, n_nonmembers, auc, balanced_accuracy,
+    advantage, tpr_at_fpr, ci, n_reference_models, n_shadow_models} ...]} (plus "roc" with --roc).
+    """
+    from attacks.mia import attack_checkpoint
+
+    json_output, roc = o.pop("json_output"), o.pop("roc")
+    results = attack_checkpoint(**o, progress=progress(json_output), notify=info)
+    data = {"checkpoint": str(o["checkpoint"]), "attacks": [r.to_dict(include_roc=roc) for r in results]}
+    emit(data, human_table(results), json_flag=json_output)
 
 
 def register(app: App) -> None:
@@ -61,117 +101,7 @@ def register(app: App) -> None:
         name="attack",
         help="Privacy attacks against a checkpoint: membership inference, extraction, inversion, attribute inference.",
     )
-
-    @attack_app.command("mia")
-    def mia(
-        checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Run directory of the target model.")],
-        method: Annotated[
-            str,
-            typer.Option(
-                "--method",
-                "-m",
-                help="loss | confidence | entropy | modified-entropy | shadow | lira | rmia | all "
-                "(comma-separated for several).",
-            ),
-        ] = "loss,shadow,lira",
-        shadow_models: Annotated[
-            int | None,
-            typer.Option(
-                "--shadow-models",
-                help="K shadow models (Shokri et al.) on disjoint parts of aux (default: as many as fit, up to 4).",
-            ),
-        ] = None,
-        reference_models: Annotated[
-            int, typer.Option("--reference-models", help="M reference models (LiRA/RMIA).")
-        ] = 16,
-        online: Annotated[
-            bool, typer.Option("--online/--offline", help="LiRA/RMIA with IN and OUT models, or OUT only.")
-        ] = True,
-        min_models: Annotated[
-            int, typer.Option("--min-models", help="LiRA: refuse records with fewer IN/OUT reference models.")
-        ] = 2,
-        workers: Annotated[int, typer.Option("--workers", help="Local processes training reference models.")] = 1,
-        scheduler: Annotated[
-            str | None, typer.Option("--scheduler", help="Dask scheduler address tcp://host:port (cluster).")
-        ] = None,
-        cache_dir: Annotated[
-            Path | None,
-            typer.Option(
-                "--cache-dir",
-                help="Cache of trained shadow/reference models (default: $DPAUDIT_CACHE_DIR, else "
-                "$XDG_CACHE_HOME/dpaudit, else ~/.cache/dpaudit).",
-            ),
-        ] = None,
-        no_cache: Annotated[
-            bool,
-            typer.Option(
-                "--no-cache", help="Train shadow/reference models in a temporary directory, deleted afterwards."
-            ),
-        ] = False,
-        scores_out: Annotated[
-            Path | None,
-            typer.Option(
-                "--scores-out",
-                help="Per-record scores (columns attack, record_id, member, score) to FILE.csv or FILE.npz; "
-                "with several attacks, one file each: FILE.ATTACK.csv.",
-            ),
-        ] = None,
-        bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap replicates for CIs (0: none).")] = 200,
-        seed: Annotated[int, typer.Option("--seed", help="Seed of partitions, model seeds and bootstrap.")] = 0,
-        roc: Annotated[bool, typer.Option("--roc", help="Include ROC curves in the JSON output.")] = False,
-        force: ForceFlag = False,
-        json_output: JsonFlag = False,
-    ) -> None:
-        """Membership inference: score every member and holdout record of the target, evaluate.
-
-        JSON: {"checkpoint", "attacks": [{attack, params, n_members, n_nonmembers, auc, balanced_accuracy,
-        advantage, tpr_at_fpr, ci, n_reference_models, n_shadow_models} ...]} (plus "roc" with --roc).
-        """
-        from attacks.mia import parse_methods, run_mia
-        from attacks.reference import check_workers
-        from dpaudit.checkpoint import load_run
-        from dpaudit.errors import InputError
-
-        methods = parse_methods(method)
-        check_workers(workers, scheduler=scheduler)
-        if no_cache and cache_dir is not None:
-            raise InputError("give --cache-dir or --no-cache, not both")
-        if no_cache and scheduler is not None:
-            raise InputError(
-                "--no-cache keeps models in a temporary directory of this machine, which Dask workers "
-                "do not share; give --cache-dir on a filesystem they share instead"
-            )
-        outputs = scores_paths(scores_out, methods) if scores_out is not None else {}
-        for path in outputs.values():
-            if path.suffix.lower() not in (".csv", ".npz"):
-                raise InputError(f"{path}: unsupported scores file type; use .csv or .npz")
-            if path.exists() and not force:
-                raise InputError(f"{path} already exists; use --force to overwrite it")  # before the work
-        run = load_run(checkpoint)
-        info(f"attacking {checkpoint} with {', '.join(methods)} …")
-        with contextlib.ExitStack() as stack:
-            if no_cache:
-                cache_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpaudit-cache-")))
-            results = run_mia(
-                run,
-                methods,
-                shadow_models=shadow_models,
-                reference_models=reference_models,
-                online=online,
-                workers=workers,
-                scheduler=scheduler,
-                seed=seed,
-                cache_dir=cache_dir,
-                min_models=min_models,
-                n_bootstrap=bootstrap,
-                progress=progress(json_output),
-            )
-        for r in results:
-            if r.name in outputs:
-                r.save_scores(outputs[r.name], force=force)
-                info(f"{r.name} scores written to {outputs[r.name]}")
-        data = {"checkpoint": str(checkpoint), "attacks": [r.to_dict(include_roc=roc) for r in results]}
-        emit(data, human_table(results), json_flag=json_output)
+    attack_app.command("mia")(mia)
 
 
 # ``dpaudit attack extract`` (model extraction): the command's options and body live in dpaudit.cli.extract.

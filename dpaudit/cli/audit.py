@@ -8,7 +8,20 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 import typer
 
-from dpaudit.cli._common import App, JsonFlag, emit, json_mode, progress
+from dpaudit.cli._common import (
+    DATA,
+    DP,
+    JSON_ONLY,
+    RECIPE,
+    App,
+    JsonFlag,
+    emit,
+    given_options,
+    json_mode,
+    opt,
+    options,
+    progress,
+)
 from dpaudit.errors import EXIT_VIOLATION, InputError
 from dpaudit.workflows.checkpoint import DEFAULTS
 
@@ -296,6 +309,14 @@ FailOnEstimateOpt = Annotated[
         help="Also exit with code 1 when an estimate (not a formal bound) exceeds the claim.",
     ),
 ]
+# The same two flags as option-group entries (for the commands declared with ``options``).
+FAIL_ON_VIOLATION = opt("fail_on_violation", bool, False, help="Exit with code 1 when the verdict is 'violation'.")
+FAIL_ON_ESTIMATE = opt(
+    "fail_on_estimate",
+    bool,
+    False,
+    help="Also exit with code 1 when an estimate (not a formal bound) exceeds the claim.",
+)
 
 
 @audit_app.command("checkpoint")
@@ -357,173 +378,103 @@ def checkpoint_cmd(
     _exit_code(verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
-TrainerOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--trainer",
+AUDIT_TRAIN_DESIGN = (
+    opt("runs", int, 100, help="Models trained with the canary (and as many without)."),
+    opt(
+        "threat_model",
+        str,
+        "black-box",
+        help="black-box | white-box (multi-run) | white-box-steps (ONE run, a Dirac canary offered at each step "
+        "w.p. 1/2: a formal per-step bound and a composed estimate; Nasr et al. 2023; --runs is not used).",
+    ),
+    opt(
+        "canary_kind",
+        str,
+        "clipbkd",
+        help="Black-box canary: clipbkd | mislabeled | outlier | crafted (built from the public aux split "
+        "for the final-model threat model).",
+    ),
+    opt(
+        "init",
+        str,
+        "random",
+        help="random (each run's own seed) | adversarial (every run starts from one fixed model pre-trained "
+        "on the public aux split; DP-SGD's claim holds for any fixed start).",
+    ),
+    opt(
+        "allow_inconclusive",
+        bool,
+        False,
+        help="Run even when --runs is too few to refute the claim (otherwise refused with exit 2).",
+    ),
+)
+AUDIT_TRAIN_PIPELINE = (
+    *DATA,
+    opt("model", str, "logreg", help="logreg | mlp | cnn | rnn"),
+    opt(
+        "model_spec",
+        Path | None,
+        None,
+        help='JSON model spec, as dpaudit.models.ModelSpec.to_dict() writes it ({"kind": "logreg", "input_shape": '
+        '[1, 8, 8], "n_classes": 10}); default: --model\'s default spec for the data.',
+    ),
+    opt(
+        "trainer",
+        str | None,
+        None,
         help="Your own training function, 'package.module:function' (imported from the current directory too): "
         "function(X, y, seed) -> state dict of the --model-spec model. Needs --claimed-epsilon and --delta; "
         "dpaudit's trainer options (--algo, --lr, ...) do not apply.",
     ),
-]
-ModelSpecOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--model-spec",
-        help='JSON model spec, as dpaudit.models.ModelSpec.to_dict() writes it ({"kind": "logreg", "input_shape": '
-        '[1, 8, 8], "n_classes": 10}); default: --model\'s default spec for the data.',
-    ),
-]
-NeighbouringOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--neighbouring",
+    opt(
+        "neighbouring",
+        str | None,
+        None,
         help="With --trainer: the neighbouring relation of your claim, add_remove (default; canary added or not) "
         "or replace_one (canary swapped for a record). dpaudit's own trainer follows its sampling.",
     ),
-]
-# dpaudit-trainer options that a plug-in trainer replaces: refused when given together with --trainer.
-_RECIPE_OPTIONS = ("algo", "epochs", "steps", "batch_size", "lr", "noise_multiplier", "epsilon", "clip", "train_delta")
+    opt("train_size", int | None, None, help="Train on a subset of the members."),
+    opt("algo", str, "dpsgd", help="sgd | adam | dpsgd | dpadam"),
+    *RECIPE,
+    *DP,
+    opt("train_delta", float, 1e-5, help="delta of the training claim."),
+)
+AUDIT_TRAIN_AUDIT = (
+    opt("delta", float | None, None, help="delta of the audit (default: the claim's)."),
+    opt("confidence", float, 0.95, help="Confidence level of the lower bound."),
+    opt("method", str, "clopper-pearson", help="clopper-pearson | gdp."),
+    opt("claimed_epsilon", float | None, None, help="Claimed epsilon (default: the recipe's claim)."),
+    opt("workers", int, 1, help="Parallel training processes."),
+    opt("seed", int, 0, help="Seed of the holdout split and tie-breaking."),
+    FAIL_ON_VIOLATION,
+    FAIL_ON_ESTIMATE,
+)
 
 
 @audit_app.command("train")
-def train_cmd(
-    ctx: typer.Context,
-    runs: Annotated[int, typer.Option("--runs", help="Models trained with the canary (and as many without).")] = 100,
-    threat_model: Annotated[
-        str,
-        typer.Option(
-            "--threat-model",
-            help="black-box | white-box (multi-run) | white-box-steps (ONE run, a Dirac canary offered at each step "
-            "w.p. 1/2: a formal per-step bound and a composed estimate; Nasr et al. 2023; --runs is not used).",
-        ),
-    ] = "black-box",
-    canary_kind: Annotated[
-        str,
-        typer.Option(
-            "--canary-kind",
-            help="Black-box canary: clipbkd | mislabeled | outlier | crafted (built from the public aux split "
-            "for the final-model threat model).",
-        ),
-    ] = "clipbkd",
-    init: Annotated[
-        str,
-        typer.Option(
-            "--init",
-            help="random (each run's own seed) | adversarial (every run starts from one fixed model pre-trained "
-            "on the public aux split; DP-SGD's claim holds for any fixed start).",
-        ),
-    ] = "random",
-    allow_inconclusive: Annotated[
-        bool,
-        typer.Option(
-            "--allow-inconclusive",
-            help="Run even when --runs is too few to refute the claim (otherwise refused with exit 2).",
-        ),
-    ] = False,
-    data: Annotated[str, typer.Option("--data", help="Dataset (as for dpaudit train).")] = "digits",
-    label_column: Annotated[str | None, typer.Option("--label-column")] = None,
-    model: Annotated[str, typer.Option("--model", help="logreg | mlp | cnn | rnn")] = "logreg",
-    model_spec: ModelSpecOpt = None,
-    trainer: TrainerOpt = None,
-    neighbouring: NeighbouringOpt = None,
-    train_size: Annotated[int | None, typer.Option("--train-size", help="Train on a subset of the members.")] = None,
-    algo: Annotated[str, typer.Option("--algo", help="sgd | adam | dpsgd | dpadam")] = "dpsgd",
-    epochs: Annotated[int, typer.Option("--epochs")] = 5,
-    steps: Annotated[int | None, typer.Option("--steps")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size")] = 64,
-    lr: Annotated[float, typer.Option("--lr")] = 1.0,
-    noise_multiplier: Annotated[float | None, typer.Option("--noise-multiplier")] = None,
-    epsilon: Annotated[float | None, typer.Option("--epsilon", help="Target epsilon (calibrates sigma).")] = None,
-    clip: Annotated[float, typer.Option("--clip")] = 1.0,
-    train_delta: Annotated[float, typer.Option("--train-delta", help="delta of the training claim.")] = 1e-5,
-    delta: Annotated[float | None, typer.Option("--delta", help="delta of the audit (default: the claim's).")] = None,
-    confidence: ConfidenceOpt = 0.95,
-    method: Annotated[str, typer.Option("--method", help="clopper-pearson | gdp.")] = "clopper-pearson",
-    claimed_epsilon: Annotated[
-        float | None, typer.Option("--claimed-epsilon", help="Claimed epsilon (default: the recipe's claim).")
-    ] = None,
-    workers: Annotated[int, typer.Option("--workers", help="Parallel training processes.")] = 1,
-    seed: SeedOpt = 0,
-    fail_on_violation: FailOnViolationOpt = False,
-    fail_on_estimate: FailOnEstimateOpt = False,
-    json_output: JsonFlag = False,
-) -> None:
+@options(AUDIT_TRAIN_DESIGN, AUDIT_TRAIN_PIPELINE, AUDIT_TRAIN_AUDIT, JSON_ONLY, epochs=5, lr=1.0)
+def train_cmd(ctx: typer.Context, **o) -> None:
     """Multi-run audit: train R models with and R without a canary, bound epsilon from their scores.
 
     Every run trains the claimed pipeline (preprocessing from public data, same steps and sigma on both
     sides, the claim's neighbouring relation), so the Clopper-Pearson bound is formal. With --trainer,
     your function trains each run (dpaudit still owns the canary, the seeds, the scores and the bound).
     """
-    from dpaudit.data import load_dataset
-    from dpaudit.models import default_spec
-    from dpaudit.training.config import DPConfig, TrainConfig
-    from dpaudit.validation import check_choice
-    from dpaudit.workflows import audit_training
+    from dpaudit.workflows.runs import audit_training_from_options
 
-    check_choice(("clopper-pearson", "gdp"), method=method)
-    given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name).name != "DEFAULT"}
-    if model_spec is not None and "model" in given:
-        raise InputError("give --model or --model-spec, not both")
-    if trainer is not None:
-        clash = [f"--{n.replace('_', '-')}" for n in _RECIPE_OPTIONS if n in given]
-        if clash:
-            raise InputError(f"{', '.join(clash)} configure dpaudit's trainer, which --trainer replaces: drop them")
-        if claimed_epsilon is None or delta is None:
-            raise InputError("--trainer needs your pipeline's claim: --claimed-epsilon E --delta D")
-        config = None
-    else:
-        dp = None
-        if algo.startswith("dp"):
-            dp = DPConfig(clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, delta=train_delta)
-        elif noise_multiplier is not None or epsilon is not None:
-            raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
-        config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
-    ds = load_dataset(data, label_column=label_column)
-    if model_spec is not None:
-        from dpaudit.plugins import load_model_spec
-
-        spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
-    else:
-        spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
-    if threat_model == "white-box-steps":
-        from dpaudit.workflows.whitebox import audit_whitebox_steps
-
-        if trainer is not None:
-            raise InputError("the per-step white-box audit needs dpaudit's own DP-SGD trainer, not --trainer")
-        steps_audit = audit_whitebox_steps(
-            ds, spec, config, train_size=train_size, confidence=confidence, claimed_epsilon=claimed_epsilon, seed=seed
-        )
-        record = steps_audit.record
+    json_output = o.pop("json_output")
+    exits = {"fail_on_violation": o.pop("fail_on_violation"), "fail_on_estimate": o.pop("fail_on_estimate")}
+    result = audit_training_from_options(**o, given=given_options(ctx), progress=progress(json_output))
+    if o["threat_model"] == "white-box-steps":
+        record = result.record
         emit(
-            {"description": record.description, **record.result.to_dict(), "steps": steps_audit.steps.to_dict()},
-            f"source: {record.description}\n{describe(record.result)}\n{steps_audit.steps.summary()}",
+            {"description": record.description, **record.result.to_dict(), "steps": result.steps.to_dict()},
+            f"source: {record.description}\n{describe(record.result)}\n{result.steps.summary()}",
             json_flag=json_output,
         )
-        _exit_code(steps_audit.steps.verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
-        return
-    result = audit_training(
-        ds,
-        spec,
-        config,
-        runs=runs,
-        train_size=train_size,
-        threat_model=threat_model,
-        canary_kind=canary_kind,
-        method=method,
-        delta=delta,
-        confidence=confidence,
-        claimed_epsilon=claimed_epsilon,
-        seed=seed,
-        workers=workers,
-        progress=progress(json_output),
-        trainer=trainer,
-        neighbouring=neighbouring,
-        init=init,
-        allow_inconclusive=allow_inconclusive,
-    )
+        return _exit_code(result.steps.verdicts, **exits)
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
-    _exit_code([result.result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
+    _exit_code([result.result.verdict], **exits)
 
 
 def register(app: App) -> None:

@@ -94,33 +94,11 @@ def extract(
     models, else null), fidelity (agreement on test inputs), fidelity_uniform, surrogate_accuracy,
     target_accuracy, curve (a list of {queries, fidelity, fidelity_uniform, parameter_relative_error}).
     """
-    from attacks.extraction import extract as run_extraction
-    from attacks.extraction import save_surrogate
-    from attacks.query_api import ApiMode
-    from dpaudit.checkpoint import load_run
-    from dpaudit.errors import InputError
+    from attacks.extraction import extract_checkpoint
 
-    mode = ApiMode.parse(api)  # bad modes fail before the checkpoint is loaded
-    if out is not None and out.exists() and not force:
-        raise InputError(f"{out} already exists; use --force to overwrite it")  # before the work
-    run = load_run(checkpoint)
-    dataset = run.dataset()
-    info(f"extracting {checkpoint} through api {mode} with at most {budget} queries …")
-    extraction = run_extraction(
-        run,
-        budget=budget,
-        api=mode,
-        method=method,
-        surrogate=surrogate,
-        pool=pool,
-        adaptive=adaptive,
-        seed=seed,
-        curve_points=curve_points,
-        dataset=dataset,
-        progress=progress(json_output),
-    )
-    if out is not None:
-        save_surrogate(out, run, extraction, dataset=dataset, force=force)
-        info(f"extracted model written to {out}")
+    extraction = extract_checkpoint(
+        checkpoint, budget=budget, api=api, method=method, surrogate=surrogate, pool=pool, adaptive=adaptive,
+        curve_points=curve_points, out=out, seed=seed, force=force, progress=progress(json_output), notify=info,
+    )  # fmt: skip
     data = {"checkpoint": str(checkpoint), "out": None if out is None else str(out), **extraction.result.to_dict()}
     emit(data, human_summary(extraction.result), json_flag=json_output)

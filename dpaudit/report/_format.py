@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dpaudit.report.build import as_float
+from dpaudit.report._data import as_float
 
 DASH = "—"
 

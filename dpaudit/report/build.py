@@ -3,7 +3,9 @@
 A report is plain JSON-ready data (see ``schema.json``): renderers (:mod:`dpaudit.report.markdown`,
 :mod:`dpaudit.report.html`, :mod:`dpaudit.report.plots`) read only this dict and never touch runs,
 attacks or audits. Everything derived here (operating points, confidence boxes, summary rows,
-verdicts) is computed once, stored in the report, and rendered as is.
+verdicts) is computed once, stored in the report, and rendered as is; the decisions themselves
+(intervals, verdicts, the headline) are the workflows' (:mod:`dpaudit.workflows.result`): this package
+imports nothing from :mod:`dpaudit.audit` or :mod:`dpaudit.training` (tests/test_architecture.py).
 
 Non-finite numbers are spelled ``"inf"`` / ``"-inf"`` / ``"nan"`` because JSON has none; read them
 back with :func:`as_float`.
@@ -11,9 +13,7 @@ back with :func:`as_float`.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import platform
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata, resources
@@ -22,102 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from dpaudit.audit import clopper_pearson_lower, clopper_pearson_upper, decide_verdict
 from dpaudit.errors import InputError
 from dpaudit.fileio import write_atomic_dir
-from dpaudit.workflows.result import ModelAudit, headline
+from dpaudit.report._data import LOW_FPR, dumps, jsonable, sha256_json
+from dpaudit.workflows.result import ModelAudit, effective_verdict, headline, operating_point
 
 SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
 REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html"}
 ATTACK_FAMILIES = ("membership", "inversion", "extraction", "attribute", "cloak", "icl")
-LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022, "MIA from first principles")
-
-
-# --------------------------------------------------------------------------- JSON helpers
-
-
-def as_float(x: Any) -> float | None:
-    """A report number as a float: ``"inf"``/``"-inf"``/``"nan"`` map back to non-finite floats."""
-    if x is None:
-        return None
-    return float(x)
-
-
-def jsonable(obj: Any) -> Any:
-    """A JSON-ready copy: numpy scalars/arrays to Python, non-finite floats to strings, keys to str."""
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    return obj
-
-
-def dumps(report: Mapping[str, Any]) -> str:
-    """The canonical text of a report (deterministic: the same report gives the same bytes)."""
-    return json.dumps(jsonable(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def sha256_json(obj: Any) -> str:
-    """SHA-256 of canonical JSON (sorted keys, no whitespace), so equal configs hash equally."""
-    text = json.dumps(jsonable(obj), sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
-    """Two-sided Clopper–Pearson interval for a binomial proportion k/n (Clopper & Pearson 1934).
-
-    Each end is a one-sided bound at level (1 − confidence)/2, so the pair covers with probability
-    ≥ confidence; the one-sided bounds are the audit layer's (:mod:`dpaudit.audit.stats`).
-    """
-    if n <= 0 or not 0 <= k <= n:
-        raise InputError(f"expected 0 <= k <= n with n > 0, got k={k}, n={n}")
-    tail = (1.0 - confidence) / 2
-    return float(clopper_pearson_lower(k, n, tail)), float(clopper_pearson_upper(k, n, tail))
-
-
-def tradeoff_curve(alpha: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
-    """The (ε, δ)-DP trade-off function: the least type-II error (FNR) at type-I error (FPR) α.
-
-    Dong, Roth & Su 2022, "Gaussian Differential Privacy", JRSS-B (arXiv:1905.02383), Prop. 2.5:
-        f_{ε,δ}(α) = max{0, 1 − δ − e^ε α, e^{−ε} (1 − δ − α)}.
-    A test (FPR, FNR) strictly below this curve contradicts the (ε, δ) claim.
-    """
-    alpha = np.asarray(alpha, dtype=np.float64)
-    if epsilon > 700.0:  # e^ε overflows a float (JL claims reach 1e9): at that ε the curve is 0 for α > 0
-        return np.where(alpha > 0, np.maximum(0.0, 1.0 - delta - np.exp(min(epsilon, 700.0)) * alpha), 1.0 - delta)
-    return np.maximum.reduce(
-        [np.zeros_like(alpha), 1.0 - delta - math.exp(epsilon) * alpha, math.exp(-epsilon) * (1.0 - delta - alpha)]
-    )
-
-
-def operating_point(counts: Mapping[str, Any] | None, confidence: float) -> dict[str, Any] | None:
-    """(FPR, FNR) at the audit's threshold with per-coordinate Clopper–Pearson intervals.
-
-    FPR = fp / (fp + tn), FNR = fn / (fn + tp). Each interval has two-sided coverage ``confidence``;
-    the box they span covers both rates jointly with probability ≥ 2·confidence − 1 (Bonferroni).
-    None when the counts are missing or a class is empty.
-    """
-    if not counts or any(counts.get(k) is None for k in ("tp", "fp", "tn", "fn")):
-        return None
-    tp, fp, tn, fn = (int(counts[k]) for k in ("tp", "fp", "tn", "fn"))
-    if fp + tn == 0 or fn + tp == 0:
-        return None
-    return {
-        "fpr": fp / (fp + tn),
-        "fnr": fn / (fn + tp),
-        "fpr_interval": list(clopper_pearson(fp, fp + tn, confidence)),
-        "fnr_interval": list(clopper_pearson(fn, fn + tp, confidence)),
-        "confidence": confidence,
-    }
 
 
 # --------------------------------------------------------------------------- entries
@@ -184,18 +96,7 @@ def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) 
     a.setdefault("notes", [])
     a.setdefault("max_certifiable_epsilon", None)
     a["operating_point"] = operating_point(a.get("counts"), float(a["confidence"]))
-    if a.get("verdict") is not None or claim is None:
-        a["effective_verdict"] = a.get("verdict")
-    else:
-        # An audit run without a claim is judged against the model's claim; unknown power counts as none.
-        power = as_float(a.get("max_certifiable_epsilon"))
-        a["effective_verdict"] = decide_verdict(
-            as_float(a["epsilon_lower_bound"]),
-            as_float(claim["epsilon"]),
-            power or 0.0,
-            formal=bool(a["formal"]),
-            refutes_curve=a.get("refutation") is not None,
-        )
+    a["effective_verdict"] = effective_verdict(a, claim)
     return a
 
 

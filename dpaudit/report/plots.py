@@ -24,7 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator
 
-from dpaudit.report.build import LOW_FPR, as_float, tradeoff_curve
+from dpaudit.report._data import LOW_FPR, as_float, tradeoff_curve
 
 DPI = 120
 VERDICT_COLORS = {
@@ -342,7 +342,7 @@ def cloak_figure(result: Mapping[str, Any]) -> Figure | None:
 
 def icl_figure(result: Mapping[str, Any]) -> Figure | None:
     """The ICL membership attack's AUC and the canary one-run ε lower bound per setting (one noise-free
-    prompt, DP-ICL at the run's ε), from ``attacks.icl.run_icl``; None without settings."""
+    prompt, DP-ICL at the run's ε), from ``dpaudit.workflows.icl.run_icl``; None without settings."""
     rows = result.get("settings") or []
     if not rows:
         return None

@@ -50,22 +50,6 @@ class Trainer(ABC):
         """Train ``model`` in place on (X, y) (already preprocessed, on the right device)."""
 
 
-TRAINERS: dict[str, type[Trainer]] = {}
-
-
-def register_trainer(cls: type[Trainer]) -> type[Trainer]:
-    TRAINERS[cls.name] = cls
-    return cls
-
-
-def get_trainer(algo: str) -> type[Trainer]:
-    import dpaudit.training.algorithms  # noqa: F401  (registers every trainer)
-
-    if algo not in TRAINERS:
-        raise InputError(f"unknown algorithm {algo!r}; valid: {', '.join(sorted(TRAINERS))}")
-    return TRAINERS[algo]
-
-
 def make_optimizer(name: str, params, config: TrainConfig) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)

@@ -46,7 +46,7 @@ from torch import nn
 from dpaudit.errors import InputError
 from dpaudit.events import EpsilonDelta, Gaussian, SelfComposed
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, register_trainer
+from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.validation import check_in_interval, check_positive
 
 LOGISTIC_CURVATURE = 0.25  # sup |ℓ''(z)| of the logistic loss (Chaudhuri et al. 2011, §3.4.1: c = 1/4)
@@ -188,16 +188,14 @@ def output_sensitivity(n: int, lam: float) -> float:
     return 2.0 / (n * lam)
 
 
-def norm_mechanism_noise(d: int, scale: float, rng: np.random.Generator, *, shape: float | None = None) -> np.ndarray:
+def norm_mechanism_noise(d: int, scale: float, rng: np.random.Generator) -> np.ndarray:
     """A draw with density ∝ exp(−‖η‖/scale) on R^d: direction uniform on the sphere (a normalised
     Gaussian), norm ~ Gamma(d, scale) (Chaudhuri et al. 2011, Alg. 1: the density ∝ e^{−β‖b‖} has
     ‖b‖ ~ Gamma(d, 1/β) by the polar change of variables, area element ∝ r^{d−1}).
-
-    ``shape`` (tests only) replaces the Gamma shape d, to plant the classic mistake Gamma(1, ·).
     """
     direction = rng.standard_normal(d)
     direction /= np.linalg.norm(direction)
-    return direction * rng.gamma(d if shape is None else shape, scale)
+    return direction * rng.gamma(d, scale)
 
 
 def gaussian_outpert_sigma(epsilon: float, delta: float, n_classifiers: int, contribution: float) -> float:
@@ -245,16 +243,14 @@ class ConvexLearner:
 
     ``algo``: "outpert" (norm mechanism), "outpert-gaussian" or "objpert"; ``epsilon`` (and ``delta``
     for the Gaussian) is the whole claim over the K = S.shape[1] classifiers.
-    ``noise_shape`` (tests/audits only) plants the mistake Gamma(noise_shape, ·) in the norm mechanism;
-    ``sensitivity_factor`` (tests/audits only) scales the Δ used for the noise (0.5: the 1/(Nλ) bug).
+    The mechanism's two ingredients are methods, :meth:`sensitivity` and :meth:`norm_noise`, so that a
+    test or an audit plants a mistake by subclassing (the 1/(Nλ) sensitivity, a Gamma(1, ·) norm).
     """
 
     algo: str
     lam: float
     epsilon: float
     delta: float = 0.0
-    noise_shape: float | None = None
-    sensitivity_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.algo not in ("outpert", "outpert-gaussian", "objpert"):
@@ -274,12 +270,20 @@ class ConvexLearner:
         if self.algo == "objpert":
             eps_p, extra = objpert_parameters(self.epsilon / k, n, self.lam)
             for j in range(k):
-                b = norm_mechanism_noise(d, 2.0 / eps_p, rng, shape=self.noise_shape)
+                b = self.norm_noise(d, 2.0 / eps_p, rng)
                 W[j] = solve_logistic(Z, S[:, j], self.lam, linear=b, extra_l2=extra)
             return W
         for j in range(k):
             W[j] = solve_logistic(Z, S[:, j], self.lam)
         return self.perturb(W, n, rng)
+
+    def sensitivity(self, n: int) -> float:
+        """Δ of the minimiser over ``n`` records (:func:`output_sensitivity`)."""
+        return output_sensitivity(n, self.lam)
+
+    def norm_noise(self, d: int, scale: float, rng: np.random.Generator) -> np.ndarray:
+        """One draw of the norm mechanism's noise (:func:`norm_mechanism_noise`)."""
+        return norm_mechanism_noise(d, scale, rng)
 
     def perturb(self, W: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
         """Output perturbation of the exact minimisers W (K × d) of N records: the mechanism's only
@@ -287,10 +291,10 @@ class ConvexLearner:
         if self.algo == "objpert":
             raise InputError("objpert perturbs the objective, not the output")
         k, d = W.shape
-        delta_w = self.sensitivity_factor * output_sensitivity(n, self.lam)
+        delta_w = self.sensitivity(n)
         if self.algo == "outpert":
             scale = delta_w / (self.epsilon / k)
-            return W + np.stack([norm_mechanism_noise(d, scale, rng, shape=self.noise_shape) for _ in range(k)])
+            return W + np.stack([self.norm_noise(d, scale, rng) for _ in range(k)])
         sigma = gaussian_outpert_sigma(self.epsilon, self.delta, k, delta_w / 2.0)
         return W + sigma * rng.standard_normal((k, d))
 
@@ -381,7 +385,8 @@ def no_builtin_audit(trainer: Trainer, n: int):
     pointer to the plug-in path, instead of an internal error."""
     raise InputError(
         f"the built-in multi-run audit trains DP-SGD recipes; audit --algo {trainer.name} with the plug-in path "
-        "(dpaudit.training.convex.ConvexPluginTrainer as audit_training's trainer=, with its claim and neighbouring)"
+        "(dpaudit.training.algorithms.ConvexPluginTrainer as audit_training's trainer=, with its claim and "
+        "neighbouring)"
     )
 
 
@@ -412,19 +417,16 @@ class ConvexTrainer(Trainer):
         return TrainOutcome(model=model, privacy=claim, history=[{"classifiers": S.shape[1]}])
 
 
-@register_trainer
 class OutputPerturbationTrainer(ConvexTrainer):
     name = "outpert"
     learner = "outpert"
 
 
-@register_trainer
 class GaussianOutputPerturbationTrainer(ConvexTrainer):
     name = "outpert-gaussian"
     learner = "outpert-gaussian"
 
 
-@register_trainer
 class ObjectivePerturbationTrainer(ConvexTrainer):
     name = "objpert"
     learner = "objpert"
@@ -479,61 +481,3 @@ def worst_case_neighbour(Z: np.ndarray, s: np.ndarray, lam: float) -> tuple[np.n
         if np.linalg.norm(diff) > best[0]:
             best = (float(np.linalg.norm(diff)), Z2, s2, diff)
     return best[1], best[2], best[3] / best[0]
-
-
-def multirun_audit(
-    fit,
-    pair: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
-    direction: np.ndarray,
-    *,
-    runs: int,
-    claimed_epsilon: float,
-    delta: float,
-    seed: int = 0,
-    confidence: float = 0.95,
-):
-    """Run ``fit(Z, s, rng) -> weights`` ``runs`` times on each dataset of ``pair`` (IN first) with fresh
-    noise, score each run by ⟨w, direction⟩ (higher = IN; the direction is fixed before the runs) and
-    audit the scores with :func:`dpaudit.audit.audit_scores` (Clopper–Pearson, multi-run design: a formal
-    lower bound on ε for this neighbouring pair; Jagielski, Ullman & Oprea 2020, arXiv:2006.07709).
-    Returns the :class:`dpaudit.workflows.result.AuditRecord`."""
-    from dpaudit.audit import audit_scores
-    from dpaudit.workflows.result import AuditRecord
-
-    (Z_in, s_in), (Z_out, s_out) = pair
-    seeds = np.random.SeedSequence(seed).spawn(2 * runs)
-    scores = np.empty(2 * runs)
-    for r in range(2 * runs):
-        Z, s = (Z_in, s_in) if r < runs else (Z_out, s_out)
-        scores[r] = float(np.ravel(fit(Z, s, np.random.default_rng(seeds[r])))[: len(direction)] @ direction)
-    member = np.arange(2 * runs) < runs
-    result = audit_scores(
-        scores, member, method="clopper-pearson", design="multi-run", delta=delta, confidence=confidence,
-        claimed_epsilon=claimed_epsilon, seed=seed,
-    )  # fmt: skip
-    return AuditRecord("multi-run", f"{2 * runs} runs of the learner on a worst-case replace-one pair", result)
-
-
-@dataclass(frozen=True)
-class ConvexPluginTrainer:
-    """A learner of this module (or DP-AGD) as a plug-in trainer for
-    :func:`dpaudit.workflows.training.audit_training` (``trainer=``): ``(X, y, seed) -> state dict`` of
-    the zoo's logreg with ``n_classes`` outputs. ``config`` is the :class:`TrainConfig` (algo outpert,
-    outpert-gaussian, objpert, dpagd or dpagd-huber); the run's seed replaces ``config.seed``. Picklable,
-    so the audit may run it in worker processes. Pass the claim (ε, δ and ``neighbouring``: replace_one
-    for outpert/objpert, add_remove for DP-AGD) to the audit."""
-
-    config: Any
-    n_classes: int = 2
-
-    def __call__(self, X: np.ndarray, y: np.ndarray, seed: int) -> dict[str, torch.Tensor]:
-        import dataclasses
-
-        from dpaudit.models import build_model, default_spec
-        from dpaudit.training.base import get_trainer
-
-        config = dataclasses.replace(self.config, seed=int(seed))
-        model = build_model(default_spec("logreg", input_shape=tuple(X.shape[1:]), n_classes=self.n_classes))
-        trainer = get_trainer(config.algo)(config)
-        trainer.fit(model, torch.as_tensor(np.asarray(X, np.float32)), torch.as_tensor(np.asarray(y, np.int64)))
-        return model.state_dict()

@@ -42,7 +42,7 @@ from torch import nn
 from dpaudit.errors import InputError
 from dpaudit.events import ZCDP
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, register_trainer
+from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.training.convex import (
     _arrays,
     _sigmoid,
@@ -133,7 +133,6 @@ class DPAGDConfig:
     eta: float = 0.1
     alpha_max: float = 2.0
     update_every: int = 10
-    nmax_scale_factor: float = 1.0  # tests only: < 1 plants a NoisyMax with too little noise
 
     def __post_init__(self) -> None:
         check_positive(epsilon=self.epsilon)
@@ -227,7 +226,7 @@ def dpagd(Z: np.ndarray, s: np.ndarray, config: DPAGDConfig, rng: np.random.Gene
     w = np.zeros(d)
     alpha_max, chosen, steps, scales = config.alpha_max, [], 0, []
     m = config.candidates
-    nmax_scale = config.nmax_scale_factor * config.c_obj / math.sqrt(2.0 * rho_nmax)  # slides Alg. 2, line 12
+    nmax_scale = config.c_obj / math.sqrt(2.0 * rho_nmax)  # slides Alg. 2, line 12
     while ledger.can(rho_ng, rho_nmax):
         g = clip_rows(gradients(w, Z, s, config.objective, config.lam), config.c_grad).sum(0)  # line 5
         noisy = g + rng.normal(0.0, config.c_grad / math.sqrt(2.0 * rho_ng), size=d)  # line 6
@@ -330,13 +329,11 @@ class DPAGDTrainer(Trainer):
         return TrainOutcome(model=model, privacy=claim, history=[{"steps": result.steps, **claim["ledger"]["count"]}])
 
 
-@register_trainer
 class DPAGDLogisticTrainer(DPAGDTrainer):
     name = "dpagd"
     objective = "logistic"
 
 
-@register_trainer
 class DPAGDHuberTrainer(DPAGDTrainer):
     name = "dpagd-huber"
     objective = "huber"

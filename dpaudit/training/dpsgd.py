@@ -32,7 +32,7 @@ from dpaudit.errors import InputError, UnreachableTargetError
 from dpaudit.events import Event, Gaussian, SelfComposed
 from dpaudit.models import check_no_batchnorm
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer, register_trainer
+from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
 from dpaudit.training.clipping import Clipper, make_clipper
 from dpaudit.training.config import DPConfig
 from dpaudit.validation import check_non_negative, check_positive, check_positive_int
@@ -482,45 +482,11 @@ class GradientCanary:
         return float(torch.logaddexp(torch.log1p(-q), torch.log(q) + z).sum()) if self._q < 1 else float(z.sum())
 
 
-def fit_with_gradient_canary(
-    dataset, train_idx, spec, config, perf, canary: GradientCanary, *, preprocessing_idx=None
-) -> float:
-    """Train the recipe on ``train_idx`` with a white-box gradient canary; return the canary's score.
-
-    The standardisation is fitted on ``preprocessing_idx`` (default: ``train_idx``)."""
-    import numpy as np
-
-    from dpaudit.data import fit_preprocessing
-    from dpaudit.models import build_model
-    from dpaudit.training.base import get_trainer
-    from dpaudit.training.config import resolve_device
-
-    trainer = get_trainer(config.algo)(config, perf)
-    if not isinstance(trainer, DPTrainer):
-        raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
-    device = resolve_device(perf.device)
-    pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
-    X = torch.as_tensor(np.array(pre.transform(dataset.X[train_idx])), device=device)
-    y = torch.as_tensor(dataset.y[train_idx], device=device)
-    model = build_model(spec, seed=config.seed).to(device)
-    return trainer.fit_with_canary(model, X, y, canary)[1]
-
-
-def claim_for(config, n: int) -> dict[str, Any]:
-    """The privacy claim of training ``config`` on ``n`` records, without training."""
-    from dpaudit.training.base import get_trainer
-
-    trainer = get_trainer(config.algo)(config)
-    return privacy_claim(trainer.setting_for(n), config.dp)
-
-
-@register_trainer
 class DPSGDTrainer(DPTrainer):
     name = "dpsgd"
     optimizer = "sgd"
 
 
-@register_trainer
 class DPAdamTrainer(DPTrainer):
     name = "dpadam"
     optimizer = "adam"

@@ -48,7 +48,8 @@ from torch import nn
 
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, get_trainer
+from dpaudit.training.algorithms import get_trainer
+from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig
 
 JAX_INSTALL = "pip install 'dpaudit[jax]' (or: pip install jax jaxlib)"

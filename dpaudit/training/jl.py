@@ -40,7 +40,6 @@ from torch.func import functional_call, jvp, vmap
 from torch.nn import functional as F
 
 from dpaudit.errors import InputError
-from dpaudit.training.base import register_trainer
 from dpaudit.training.clipping import ClippedGradients, Clipper, clip_factors
 from dpaudit.training.dpsgd import DPTrainer
 from dpaudit.validation import check_positive_int
@@ -363,7 +362,6 @@ class _JLTrainer(DPTrainer):
         return make_jl_clipper(model, self.config.dp.jl_projections, self.config.seed + 3)
 
 
-@register_trainer
 class DPSGDJLTrainer(_JLTrainer):
     """DP-SGD-JL (Bu et al. 2021, arXiv:2102.03013, Alg. 1)."""
 
@@ -371,7 +369,6 @@ class DPSGDJLTrainer(_JLTrainer):
     optimizer = "sgd"
 
 
-@register_trainer
 class DPAdamJLTrainer(_JLTrainer):
     """DP-Adam-JL (Bu et al. 2021, Alg. 3): Adam (β = 0.9, 0.999, ε = 1e-8, torch's bias-corrected
     form) on the privatised gradient, post-processing of DP-SGD-JL's noisy gradient, same claim."""

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer, register_trainer
+from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
 
 
 class NonPrivateTrainer(Trainer):
@@ -55,13 +55,11 @@ class NonPrivateTrainer(Trainer):
         return TrainOutcome(model=model, privacy=None, history=history)
 
 
-@register_trainer
 class SGDTrainer(NonPrivateTrainer):
     name = "sgd"
     optimizer = "sgd"
 
 
-@register_trainer
 class AdamTrainer(NonPrivateTrainer):
     name = "adam"
     optimizer = "adam"

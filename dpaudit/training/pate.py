@@ -159,8 +159,7 @@ def train_aggregation_run(
     ``student``: how the student (and, for PATE, each teacher) is trained (a non-private algo: sgd, adam).
     Returns the checkpoint metadata; ``training.aggregation`` holds the recipe and label statistics.
     """
-    from dpaudit.checkpoint import SCHEMA_VERSION, save_run, versions
-    from dpaudit.training.run import FittedModel, check_spec_fits, fit_model, metrics_for
+    from dpaudit.training.run import FittedModel, check_spec_fits, fit_model, metrics_for, record_run
 
     if student.dp is not None or student.algo not in ("sgd", "adam"):
         raise InputError(f"the student and teachers train non-privately (sgd or adam), not {student.algo!r}")
@@ -214,30 +213,16 @@ def train_aggregation_run(
         },
         "answers_file": ANSWERS_FILE,
     }
-    data_meta = dataset.describe()
-    if label_column is not None:
-        data_meta["label_column"] = label_column
     training = {**student_cfg.to_dict(), "algo": config.algo, "student_algo": student.algo}
     training.update(steps_run=student_cfg.num_steps(len(student_data)), history=fitted.outcome.history)
     training["aggregation"] = stats
-    meta: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "model": spec.to_dict(),
-        "data": data_meta,
-        "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
-        "preprocessing": {**pre.to_dict(), "fitted_on": "aux"} if isinstance(pre, Standardizer) else pre.to_dict(),
-        "training": training,
-        "performance": {**PerfConfig().to_dict(), "workers": workers},
-        "privacy": privacy,
-        "metrics": metrics_for(FittedModel(fitted.outcome, pre, fitted.device), dataset, splits),
-        "seed": config.seed,
-        "canaries": None,
-        "versions": versions(),
-    }
-    if out is not None:
-        arrays = {ANSWERS_FILE: {"query_idx": q_idx, "answers": answers}}
-        save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force, arrays=arrays)
-    return meta
+    return record_run(
+        out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
+        preprocessing={**pre.to_dict(), "fitted_on": "aux"} if isinstance(pre, Standardizer) else pre.to_dict(),
+        training=training, performance={**PerfConfig().to_dict(), "workers": workers}, privacy=privacy,
+        metrics=metrics_for(FittedModel(fitted.outcome, pre, fitted.device), dataset, splits), seed=config.seed,
+        arrays={ANSWERS_FILE: {"query_idx": q_idx, "answers": answers}}, force=force,
+    )  # fmt: skip
 
 
 def train_from_options(

@@ -25,7 +25,8 @@ from dpaudit.data import (
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.models import ModelSpec, build_model
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, get_trainer
+from dpaudit.training.algorithms import get_trainer
+from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
 from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
 
@@ -181,6 +182,47 @@ def train_run(
         preprocessing=preprocessing if preprocessing is not None else (Identity() if fitted_on == "none" else None),
         trainer=trainer, whitebox=whitebox,
     )  # fmt: skip
+    arrays = {CANARY_FILE: canaries.arrays()} if canaries is not None else {}
+    wb_meta = None
+    if whitebox is not None:
+        wb_meta = {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"}
+        if out is not None:
+            arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
+    return record_run(
+        out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
+        preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
+        training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
+        performance=perf.to_dict(), privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
+        seed=config.seed, canaries=canaries.describe() if canaries is not None else None,
+        extra={"whitebox_canaries": wb_meta},
+        arrays=arrays, force=force,
+    )  # fmt: skip
+
+
+def record_run(
+    out: Path | None,
+    *,
+    model: torch.nn.Module,
+    spec: ModelSpec,
+    dataset: Dataset,
+    splits: Splits,
+    preprocessing: dict[str, Any],
+    training: dict[str, Any],
+    performance: dict[str, Any],
+    privacy: dict[str, Any] | None,
+    metrics: dict[str, float | None],
+    seed: int,
+    label_column: str | None = None,
+    canaries: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    arrays: dict[str, dict[str, np.ndarray]] | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """The one way a trained model becomes a run, whatever the algorithm: the checkpoint metadata
+    (what ``checkpoint.json`` holds: model spec, data, split, preprocessing, training, performance,
+    privacy claim, metrics, seed, canaries, versions, plus an algorithm's ``extra`` fields) and, if
+    ``out``, the run directory written atomically with the weights, the split and ``arrays``
+    (:func:`dpaudit.checkpoint.save_run`). Returns the metadata."""
     data_meta = dataset.describe()
     if label_column is not None:
         data_meta["label_column"] = label_column
@@ -189,25 +231,18 @@ def train_run(
         "model": spec.to_dict(),
         "data": data_meta,
         "split": {"seed": splits.seed, "fractions": list(splits.fractions), "sizes": splits.sizes()},
-        "preprocessing": {**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
-        "training": {
-            **config.to_dict(),
-            "steps_run": config.num_steps(len(train_idx)),
-            "history": fitted.outcome.history,
-        },
-        "performance": perf.to_dict(),
-        "privacy": fitted.outcome.privacy,
-        "metrics": metrics_for(fitted, dataset, splits),
-        "seed": config.seed,
-        "canaries": canaries.describe() if canaries is not None else None,
-        "whitebox_canaries": None if whitebox is None else {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"},
+        "preprocessing": preprocessing,
+        "training": training,
+        "performance": performance,
+        "privacy": privacy,
+        "metrics": metrics,
+        "seed": seed,
+        "canaries": canaries,
+        **(extra or {}),
         "versions": versions(),
     }
     if out is not None:
-        arrays = {CANARY_FILE: canaries.arrays()} if canaries is not None else {}
-        if whitebox is not None:
-            arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
-        save_run(Path(out), model=fitted.model, meta=meta, splits=splits, force=force, arrays=arrays)
+        save_run(Path(out), model=model, meta=meta, splits=splits, force=force, arrays=arrays)
     return meta
 
 

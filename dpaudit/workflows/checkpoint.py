@@ -101,7 +101,7 @@ def _cloak(run, options: Mapping[str, Any], seed: int, progress: Progress) -> di
 
 
 def _icl(run, options: Mapping[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
-    from attacks.icl import run_icl
+    from dpaudit.workflows.icl import run_icl
 
     return run_icl(run, seed=seed, **dict(options))
 

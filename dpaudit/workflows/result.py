@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from dpaudit.audit import AuditResult
+from dpaudit.audit import AuditResult, clopper_pearson_lower, clopper_pearson_upper, decide_verdict
+from dpaudit.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,52 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
         estimate=estimate,
         text="; ".join(parts),
     )
+
+
+def clopper_pearson_interval(k: int, n: int, confidence: float) -> tuple[float, float]:
+    """Two-sided Clopper–Pearson interval for a binomial proportion k/n (Clopper & Pearson 1934).
+
+    Each end is a one-sided bound at level (1 − confidence)/2, so the pair covers with probability
+    ≥ confidence; the one-sided bounds are the audit layer's (:mod:`dpaudit.audit.stats`).
+    """
+    if n <= 0 or not 0 <= k <= n:
+        raise InputError(f"expected 0 <= k <= n with n > 0, got k={k}, n={n}")
+    tail = (1.0 - confidence) / 2
+    return float(clopper_pearson_lower(k, n, tail)), float(clopper_pearson_upper(k, n, tail))
+
+
+def operating_point(counts: Mapping[str, Any] | None, confidence: float) -> dict[str, Any] | None:
+    """(FPR, FNR) at the audit's threshold with per-coordinate Clopper–Pearson intervals.
+
+    FPR = fp / (fp + tn), FNR = fn / (fn + tp). Each interval has two-sided coverage ``confidence``;
+    the box they span covers both rates jointly with probability ≥ 2·confidence − 1 (Bonferroni).
+    None when the counts are missing or a class is empty.
+    """
+    if not counts or any(counts.get(k) is None for k in ("tp", "fp", "tn", "fn")):
+        return None
+    tp, fp, tn, fn = (int(counts[k]) for k in ("tp", "fp", "tn", "fn"))
+    if fp + tn == 0 or fn + tp == 0:
+        return None
+    return {
+        "fpr": fp / (fp + tn),
+        "fnr": fn / (fn + tp),
+        "fpr_interval": list(clopper_pearson_interval(fp, fp + tn, confidence)),
+        "fnr_interval": list(clopper_pearson_interval(fn, fn + tp, confidence)),
+        "confidence": confidence,
+    }
+
+
+def effective_verdict(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) -> str | None:
+    """The verdict an audit entry (a dict, as in a report) is read with: its own, or when it was run
+    without a claim, the one :func:`~dpaudit.audit.decide_verdict` gives against the model's ``claim``
+    (unknown power counts as none). None when neither has a claim."""
+    if audit.get("verdict") is not None or claim is None:
+        return audit.get("verdict")
+    power = _num(audit.get("max_certifiable_epsilon"))
+    return decide_verdict(
+        _num(audit["epsilon_lower_bound"]), _num(claim["epsilon"]), power or 0.0, formal=bool(audit["formal"]),
+        refutes_curve=audit.get("refutation") is not None,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)

@@ -54,7 +54,8 @@ def _train_one(args: tuple) -> float:
     dataset, train_idx, pre_idx, spec, config, perf, canary_x, canary_y, whitebox, init_state = args
     torch.set_num_threads(1)
     if whitebox is not None:
-        from dpaudit.training.dpsgd import GradientCanary, fit_with_gradient_canary
+        from dpaudit.training.algorithms import fit_with_gradient_canary
+        from dpaudit.training.dpsgd import GradientCanary
 
         return fit_with_gradient_canary(
             dataset, train_idx, spec, config, perf, GradientCanary(**whitebox), preprocessing_idx=pre_idx
@@ -293,7 +294,7 @@ def _prepare_recipe(config, idx_in, idx_out):
     if config.dp is not None and config.dp.sampling == "poisson" and config.dp.sample_rate is None:
         config = dataclasses.replace(config, dp=dataclasses.replace(config.dp, sample_rate=config.batch_size / n_max))
     if config.dp is not None and config.dp.target_epsilon is not None:
-        from dpaudit.training.dpsgd import claim_for
+        from dpaudit.training.algorithms import claim_for
 
         sigma = claim_for(config, n_max)["noise_multiplier"]
         config = dataclasses.replace(
@@ -320,7 +321,7 @@ def _recipe_claim(config, idx_in, idx_out) -> dict[str, Any] | None:
     """The privacy claim of the recipe (the larger ε of the two dataset sizes), without training."""
     if config.dp is None:
         return None
-    from dpaudit.training.dpsgd import claim_for
+    from dpaudit.training.algorithms import claim_for
 
     claims = [claim_for(config, len(idx)) for idx in (idx_in, idx_out)]
     return max(claims, key=lambda c: c["epsilon"])
@@ -409,8 +410,7 @@ def require_refutable_canaries(config, n_train: int, m: int) -> float | None:
     (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) cannot refute the recipe's claim for ``n_train``
     records (members plus included canaries). None when there is no claim to check before training: a
     non-private recipe, or a trainer outside the DP-SGD family (no ``setting_for`` to compute it from)."""
-    from dpaudit.training.base import get_trainer
-    from dpaudit.training.dpsgd import claim_for
+    from dpaudit.training.algorithms import claim_for, get_trainer
 
     if config.dp is None or not hasattr(get_trainer(config.algo), "setting_for"):
         return None
@@ -435,3 +435,36 @@ def require_refutable_canaries(config, n_train: int, m: int) -> float | None:
                 f"most {best:.3g} with {m} canaries)"
             ) from None
         raise
+
+
+def multirun_audit(
+    fit,
+    pair: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+    direction: np.ndarray,
+    *,
+    runs: int,
+    claimed_epsilon: float,
+    delta: float,
+    seed: int = 0,
+    confidence: float = 0.95,
+):
+    """Run ``fit(Z, s, rng) -> weights`` ``runs`` times on each dataset of ``pair`` (IN first) with fresh
+    noise, score each run by ⟨w, direction⟩ (higher = IN; the direction is fixed before the runs) and
+    audit the scores with :func:`dpaudit.audit.audit_scores` (Clopper–Pearson, multi-run design: a formal
+    lower bound on ε for this neighbouring pair; Jagielski, Ullman & Oprea 2020, arXiv:2006.07709).
+    Returns the :class:`~dpaudit.workflows.result.AuditRecord`.
+
+    Used for the convex learners (:mod:`dpaudit.training.convex`, with
+    :func:`~dpaudit.training.convex.worst_case_neighbour`), whose fit is a closed-form function of the data."""
+    (Z_in, s_in), (Z_out, s_out) = pair
+    seeds = np.random.SeedSequence(seed).spawn(2 * runs)
+    scores = np.empty(2 * runs)
+    for r in range(2 * runs):
+        Z, s = (Z_in, s_in) if r < runs else (Z_out, s_out)
+        scores[r] = float(np.ravel(fit(Z, s, np.random.default_rng(seeds[r])))[: len(direction)] @ direction)
+    member = np.arange(2 * runs) < runs
+    result = audit_scores(
+        scores, member, method="clopper-pearson", design="multi-run", delta=delta, confidence=confidence,
+        claimed_epsilon=claimed_epsilon, seed=seed,
+    )  # fmt: skip
+    return AuditRecord("multi-run", f"{2 * runs} runs of the learner on a worst-case replace-one pair", result)

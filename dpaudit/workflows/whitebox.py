@@ -51,8 +51,9 @@ def audit_whitebox_steps(
     """
 
     from dpaudit.data import make_splits
+    from dpaudit.training.algorithms import fit_with_gradient_canary
     from dpaudit.training.config import PerfConfig
-    from dpaudit.training.dpsgd import GradientCanary, fit_with_gradient_canary
+    from dpaudit.training.dpsgd import GradientCanary
     from dpaudit.validation import check_positive_int
     from dpaudit.workflows.training import _prepare_recipe
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from dpaudit.accounting import PldAccountant, calibrate_noise_multiplier, dpsgd_event
 from dpaudit.accounting.jl import jl_pairs, single_step_tail_constant, z_r_bins, z_r_cdf, z_r_survival
-from dpaudit.accounting.pld import MixturePair
+from dpaudit.accounting.pld_pairs import MixturePair
 from dpaudit.events import Gaussian, JLGaussian, PoissonSampled, SelfComposed
 from tests.accounting.test_jl_oracle import BracketPLD, MixtureLoss, single_step_delta
 

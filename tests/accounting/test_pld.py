@@ -9,7 +9,7 @@ import pytest
 from scipy import integrate, special, stats
 
 from dpaudit.accounting import PldAccountant, RdpAccountant, analytic_gaussian_delta, analytic_gaussian_epsilon
-from dpaudit.accounting.pld import DiscretePLD
+from dpaudit.accounting.pld_pairs import DiscretePLD
 from dpaudit.errors import UnsupportedEventError
 from dpaudit.events import (
     Composed,

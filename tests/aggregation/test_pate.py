@@ -110,7 +110,7 @@ def test_icl_attack_non_private_is_strong_and_dp_icl_near_chance():
 
 
 def test_icl_canary_audit_formal_and_consistent():
-    from attacks.icl import icl_canary_audit
+    from dpaudit.workflows.icl import icl_canary_audit
 
     X, y, c = _digits()
     loose = icl_canary_audit(X, y, c, canaries=200, shots=20, seed=0)

@@ -243,15 +243,34 @@ def test_equations_refused_where_they_cannot_work(digits_mlp, digits_logreg):
 
 
 def test_more_queries_give_higher_fidelity(digits_mlp):
+    """More queries from the default (synthetic) pool give higher fidelity on the test split, the
+    distribution the synthetic pool imitates: 0.83 -> 0.96 at seed 0 (0.90 -> 0.97 at seed 1), while
+    the paired standard error of a difference of agreements on 359 test records is at most
+    sqrt(1/359) / 2 ~= 0.026, so a margin of 0.05 is about two standard errors below the gap.
+
+    Agreement on uniform inputs in the feature box (``fidelity_uniform``) measures how the surrogate
+    extrapolates away from the queries' distribution and is not monotone in the budget for the
+    synthetic pool (seed 0: 0.61, 0.26, 0.58 at 100, 500, 2000 queries); it is asserted below only
+    where queries and evaluation share the uniform distribution."""
     run = _load(digits_mlp)
     small = extract(run, budget=100, api="probs", method="learning", curve_points=1).result
     again = extract(run, budget=100, api="probs", method="learning", curve_points=1).result
     large = extract(run, budget=2000, api="probs", method="learning", curve_points=1).result
     assert small.to_dict() == again.to_dict()  # fixed seeds: reproducible
-    assert large.fidelity > small.fidelity
-    assert large.fidelity_uniform > small.fidelity_uniform
+    assert large.fidelity > small.fidelity + 0.05
     assert large.parameter_relative_error is None  # an MLP has no comparable parameters
     assert small.queries == 100 and large.queries == 2000
+
+
+def test_uniform_queries_raise_uniform_fidelity(digits_mlp):
+    """Queried and evaluated on the same uniform distribution, more queries fit that distribution
+    better: 0.77 -> 0.94 (seed 0) and 0.77 -> 0.92 (seed 1) from 100 to 2000 queries; the agreement
+    is measured on 10,000 uniform inputs (standard error <= 0.005), so a margin of 0.05 is ten
+    standard errors below the gap."""
+    run = _load(digits_mlp)
+    small = extract(run, budget=100, api="probs", method="learning", pool="uniform", curve_points=1).result
+    large = extract(run, budget=2000, api="probs", method="learning", pool="uniform", curve_points=1).result
+    assert large.fidelity_uniform > small.fidelity_uniform + 0.05
 
 
 def test_label_only_extraction_works(digits_mlp):

@@ -99,8 +99,15 @@ def test_right_members_not_flagged_and_scaler_used_as_given(foreign, tmp_path):
     assert check["suspicious"] is False and check["train_loss"] < check["holdout_loss"]
     # The user's scaler, used as given (nothing refitted): the members' metrics are the original run's.
     assert meta["preprocessing"]["fitted_on"] == "user"
-    assert meta["metrics"]["train_accuracy"] == foreign["meta"]["metrics"]["train_accuracy"]
-    assert meta["metrics"]["train_loss"] == pytest.approx(foreign["meta"]["metrics"]["train_loss"], rel=1e-6)
+    # Exact on CPU; on a GPU (TF32 matmuls) a record at the decision boundary may flip, so the accuracy
+    # may move by one record of the 600 members and the mean loss by a relative 1e-4.
+    gpu = torch.cuda.is_available()
+    assert meta["metrics"]["train_accuracy"] == pytest.approx(
+        foreign["meta"]["metrics"]["train_accuracy"], abs=1 / 600 if gpu else 1e-12
+    )
+    assert meta["metrics"]["train_loss"] == pytest.approx(
+        foreign["meta"]["metrics"]["train_loss"], rel=1e-4 if gpu else 1e-6
+    )
     run = load_run(out)
     np.testing.assert_array_equal(run.splits.members, np.arange(600))
     # Non-members split 40/40/20 (rounded down), disjoint, covering every other record.

@@ -11,13 +11,10 @@ import pytest
 
 from dpaudit.errors import InputError
 from dpaudit.report import build_report, load_report, merge_reports, validate_report
-from dpaudit.report.build import (
-    clopper_pearson,
-    dumps,
-    operating_point,
-    parse_formats,
-    tradeoff_curve,
-)
+from dpaudit.report._data import tradeoff_curve
+from dpaudit.report.build import dumps, parse_formats
+from dpaudit.workflows.result import clopper_pearson_interval as clopper_pearson
+from dpaudit.workflows.result import operating_point
 
 from .conftest import FIXTURE
 

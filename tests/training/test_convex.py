@@ -15,7 +15,6 @@ from dpaudit.training.convex import (
     class_signs,
     linear_weights,
     logistic_objective,
-    multirun_audit,
     norm_mechanism_noise,
     objpert_parameters,
     output_sensitivity,
@@ -24,6 +23,7 @@ from dpaudit.training.convex import (
     unit_ball_features,
     worst_case_neighbour,
 )
+from dpaudit.workflows.training import multirun_audit
 
 
 def _data(n, d, seed):
@@ -72,6 +72,27 @@ def test_minimisers_of_neighbours_differ_by_at_most_two_over_n_lambda():
     assert worst > 0.2  # the test exercises the bound (a wrong, 10x smaller bound would fail it)
 
 
+# ---- planted mistakes, by subclassing the learner (production code carries no knob for them) ----------
+
+
+def _gamma_one_noise(d: int, scale: float, rng: np.random.Generator) -> np.ndarray:
+    """The classic mistake in the norm mechanism: its norm drawn from Gamma(1, scale) instead of Gamma(d, scale)."""
+    direction = rng.standard_normal(d)
+    return direction / np.linalg.norm(direction) * rng.gamma(1.0, scale)
+
+
+class _GammaOneNorm(ConvexLearner):
+    def norm_noise(self, d, scale, rng):
+        return _gamma_one_noise(d, scale, rng)
+
+
+class _HalfSensitivity(ConvexLearner):
+    """The 1/(N lambda) mistake: half the sensitivity 2/(N lambda)."""
+
+    def sensitivity(self, n):
+        return 0.5 * super().sensitivity(n)
+
+
 def test_norm_mechanism_norm_is_gamma_and_direction_uniform():
     rng = np.random.default_rng(3)
     d, scale = 6, 0.7
@@ -82,7 +103,7 @@ def test_norm_mechanism_norm_is_gamma_and_direction_uniform():
     assert stats.kstest((draws[:, 0] / norms) ** 2, stats.beta(0.5, (d - 1) / 2).cdf).pvalue > 1e-3
     # Planted mistakes: twice the scale, or shape 1 (a scalar Laplace-like norm), are rejected.
     assert stats.kstest(norms, stats.gamma(d, scale=2 * scale).cdf).pvalue < 1e-6
-    wrong = np.array([np.linalg.norm(norm_mechanism_noise(d, scale, rng, shape=1.0)) for _ in range(3000)])
+    wrong = np.array([np.linalg.norm(_gamma_one_noise(d, scale, rng)) for _ in range(3000)])
     assert stats.kstest(wrong, stats.gamma(d, scale=scale).cdf).pvalue < 1e-6
 
 
@@ -95,7 +116,7 @@ def test_outpert_noise_in_the_pipeline_is_gamma_d_delta_over_eps():
     norms = np.array([np.linalg.norm(right.perturb(w_star[None], 40, rng) - w_star) for _ in range(2000)])
     law = stats.gamma(3, scale=output_sensitivity(40, lam) / eps)
     assert stats.kstest(norms, law.cdf).pvalue > 1e-3
-    buggy = ConvexLearner("outpert", lam, eps, sensitivity_factor=0.5)  # the 1/(N lambda) mistake
+    buggy = _HalfSensitivity("outpert", lam, eps)  # the 1/(N lambda) mistake
     bad = np.array([np.linalg.norm(buggy.perturb(w_star[None], 40, rng) - w_star) for _ in range(2000)])
     assert stats.kstest(bad, law.cdf).pvalue < 1e-6
     # fit() = exact minimiser + that noise (same generator state gives the same draw)
@@ -125,7 +146,7 @@ def test_objpert_linear_noise_recovered_from_the_solution_is_gamma():
 
     right = np.array([recovered(ConvexLearner("objpert", lam, eps), k) for k in range(400)])
     assert stats.kstest(right, law.cdf).pvalue > 1e-3
-    wrong = np.array([recovered(ConvexLearner("objpert", lam, eps, noise_shape=1.0), k) for k in range(400)])
+    wrong = np.array([recovered(_GammaOneNorm("objpert", lam, eps), k) for k in range(400)])
     assert stats.kstest(wrong, law.cdf).pvalue < 1e-4
 
 
@@ -143,7 +164,7 @@ def test_gaussian_outpert_sigma_meets_the_analytic_gaussian():
     draws = np.concatenate([learner.perturb(w_star, n, np.random.default_rng(k)).ravel() for k in range(400)])
     tol = 4 * math.sqrt(2 / len(draws))
     assert abs(draws.var() / claim["noise_std"] ** 2 - 1) < tol
-    buggy = ConvexLearner("outpert-gaussian", lam, eps, delta, sensitivity_factor=0.5)
+    buggy = _HalfSensitivity("outpert-gaussian", lam, eps, delta)
     bad = np.concatenate([buggy.perturb(w_star, n, np.random.default_rng(k)).ravel() for k in range(400)])
     assert abs(bad.var() / claim["noise_std"] ** 2 - 1) > tol
     # one-vs-rest with K classifiers: one composed Gaussian, sensitivity sqrt(K) Delta overall
@@ -199,7 +220,7 @@ def test_bad_input_is_an_input_error():
         with pytest.raises(InputError):
             load_dataset(spec)
     from dpaudit.models import build_model, default_spec
-    from dpaudit.training.base import get_trainer
+    from dpaudit.training.algorithms import get_trainer
     from dpaudit.training.config import DPConfig, TrainConfig
 
     mlp = build_model(default_spec("mlp", input_shape=(3,), n_classes=2))
@@ -240,16 +261,15 @@ def test_multirun_audit_passes_correct_outpert_and_catches_a_planted_bug():
 
     right = audit(ConvexLearner("outpert", lam, eps)).result
     assert right.verdict != "violation" and right.epsilon_lower_bound <= eps
-    wrong = audit(ConvexLearner("outpert", lam, eps, noise_shape=1.0)).result  # Gamma(1, .) instead of Gamma(d, .)
+    wrong = audit(_GammaOneNorm("outpert", lam, eps)).result  # Gamma(1, .) instead of Gamma(d, .)
     assert wrong.verdict == "violation", wrong.summary()
 
 
 def test_plugin_trainer_runs_in_the_workflow_audit_and_builtin_path_refuses():
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
+    from dpaudit.training.algorithms import ConvexPluginTrainer, claim_for
     from dpaudit.training.config import DPConfig, TrainConfig
-    from dpaudit.training.convex import ConvexPluginTrainer
-    from dpaudit.training.dpsgd import claim_for
     from dpaudit.workflows.training import audit_training
 
     torch.set_num_threads(1)

@@ -151,7 +151,7 @@ def test_bad_input_is_an_input_error():
     with pytest.raises(InputError):
         DPAGDConfig(epsilon=1.0, delta=1e-5, lam=-0.1)
     from dpaudit.models import build_model, default_spec
-    from dpaudit.training.base import get_trainer
+    from dpaudit.training.algorithms import get_trainer
     from dpaudit.training.config import DPConfig, TrainConfig
 
     model = build_model(default_spec("logreg", input_shape=(2,), n_classes=3))

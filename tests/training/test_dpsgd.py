@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dpaudit.errors import InputError, UnreachableTargetError
 from dpaudit.models import build_model, default_spec
 from dpaudit.training import dpsgd
-from dpaudit.training.base import get_trainer
+from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
 from dpaudit.training.dpsgd import PrivacySetting, poisson_sampler, set_private_gradients
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from dpaudit.models import build_model, default_spec  # noqa: E402
 from dpaudit.training import jax_backend as jb  # noqa: E402
-from dpaudit.training.base import get_trainer  # noqa: E402
+from dpaudit.training.algorithms import get_trainer  # noqa: E402
 from dpaudit.training.clipping import make_clipper  # noqa: E402
 from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig  # noqa: E402
 
@@ -388,7 +388,7 @@ def _invoke(*args):
 @pytest.mark.slow
 def test_cli_jax_dp_checkpoint_inspect_and_membership_attack(tmp_path):
     from dpaudit.checkpoint import load_run
-    from dpaudit.training.dpsgd import claim_for
+    from dpaudit.training.algorithms import claim_for
     from dpaudit.training.run import configs_from_meta
 
     out = tmp_path / "run"

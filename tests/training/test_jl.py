@@ -330,7 +330,7 @@ def test_dpadam_jl_and_the_jl_flag_pairing(recorded_accounting):
     X, y = tiny_data()
     model = build_model(default_spec("logreg", input_shape=(5,), n_classes=2), seed=0)
     assert DPAdamJLTrainer(config("dpadam-jl", r=1)).fit(model, X, y).privacy["jl"]["projections"] == 1
-    from dpaudit.training.base import get_trainer
+    from dpaudit.training.algorithms import get_trainer
 
     with pytest.raises(InputError, match="needs --jl-projections"):
         get_trainer("dpsgd-jl")(config(jl_projections=None, accountant="rdp")).fit(model, X, y)

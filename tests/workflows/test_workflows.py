@@ -266,7 +266,7 @@ def test_multi_run_black_box_respects_a_correct_claim(seed):
 def test_fixed_sample_rate_makes_both_neighbours_one_mechanism():
     """DPConfig.sample_rate pins q: training on N or N + 1 records is then the same sampled Gaussian
     mechanism (same event, same ε); without it q = B/N differs."""
-    from dpaudit.training.dpsgd import claim_for
+    from dpaudit.training.algorithms import claim_for
 
     dp = DPConfig(clip=1.0, noise_multiplier=1.0, delta=1e-5)
     config = TrainConfig(algo="dpsgd", steps=100, batch_size=50, lr=1.0, dp=dp)

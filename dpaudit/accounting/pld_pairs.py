@@ -1,0 +1,584 @@
+"""Privacy loss distributions: the discrete PMF, the dominating pairs of the mechanisms and their
+pessimistic "connect-the-dots" discretisation, as used by :class:`dpaudit.accounting.pld.PldAccountant`
+(see that module's docstring for the pessimism argument, step by step).
+
+Split out of ``pld.py`` (issue 23) so that :mod:`dpaudit.accounting.jl` builds its pairs from here and
+the accountant imports both, instead of ``jl.py`` and ``pld.py`` importing each other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import fft as sp_fft
+from scipy import signal, special
+
+# --------------------------------------------------------------------------------------------
+# Discrete privacy-loss PMF
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class DiscretePLD:
+    """Privacy-loss PMF: mass ``probs[i]`` at loss ``(offset + i) * interval`` (nats), plus
+    ``inf_mass`` at +infinity. Total mass may exceed 1 slightly (pessimistic bookkeeping)."""
+
+    interval: float
+    offset: int
+    probs: np.ndarray
+    inf_mass: float
+
+    @property
+    def losses(self) -> np.ndarray:
+        return (self.offset + np.arange(self.probs.size)) * self.interval
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def delta(self, epsilon: float) -> float:
+        """Hockey-stick divergence delta(eps) = inf_mass + sum_{l > eps} p_l (1 - e^(eps - l))."""
+        losses = self.losses
+        start = int(np.searchsorted(losses, epsilon, side="right"))
+        tail = self.probs[start:]
+        # 1 - e^x for x <= 0 via -expm1 keeps full relative precision when l is close to eps.
+        val = float(np.sum(tail * -np.expm1(epsilon - losses[start:])))
+        return min(1.0, self.inf_mass + max(0.0, val))
+
+    def epsilon(self, delta: float) -> float:
+        """Smallest eps >= 0 with delta(eps) <= ``delta`` (inf if the +inf mass exceeds delta)."""
+        if self.inf_mass > delta:
+            return math.inf
+        p = self.probs
+        n = p.size
+        if n == 0 or self.delta(0.0) <= delta:
+            return 0.0
+        losses = self.losses
+        a = math.exp(-self.interval)
+        # suffix[k] = sum_{i >= k} p_i ; w[k] = sum_{i >= k} p_i e^-(l_i - l_k) (first-order recursion
+        # w[k] = p_k + a w[k+1], run as a stable IIR filter on the reversed array).
+        suffix = np.cumsum(p[::-1])[::-1]
+        w = signal.lfilter([1.0], [1.0, -a], p[::-1])[::-1]
+        # delta at grid point l_k uses the terms i > k: inf + suffix[k+1] - (w[k] - p_k).
+        s_next = np.append(suffix[1:], 0.0)
+        d_grid = self.inf_mass + s_next - (w - p)
+        ok = np.nonzero(d_grid <= delta)[0]
+        k = int(ok[0]) if ok.size else n - 1
+        # The answer lies in [l_(k-1), l_k]; there delta(eps) = inf + A - e^(eps - l_k) B with
+        # A = sum_{i >= k} p_i, B = sum_{i >= k} p_i e^-(l_i - l_k).
+        A, B = float(suffix[k]), float(w[k])
+        num = self.inf_mass + A - delta
+        eps = float(losses[k]) if (num <= 0.0 or B <= 0.0) else float(losses[k]) + math.log(num / B)
+        eps = min(max(eps, 0.0), float(losses[k]))
+        # Never under-report: step up until the guarantee provably holds on this PMF.
+        step = max(abs(eps), 1.0) * 1e-12
+        while self.delta(eps) > delta:
+            eps += step
+            step *= 2.0
+        return eps
+
+    # -- composition -------------------------------------------------------------------------
+
+    def compose(self, other: DiscretePLD, tail: float) -> DiscretePLD:
+        """PMF of the sum of the two losses (linear convolution by FFT), tails truncated pessimistically."""
+        if not math.isclose(self.interval, other.interval, rel_tol=0.0, abs_tol=0.0):
+            raise ValueError("cannot compose PLDs with different discretisation intervals")
+        conv = (
+            signal.fftconvolve(self.probs, other.probs)
+            if min(self.probs.size, other.probs.size) > 64
+            else (np.convolve(self.probs, other.probs))
+        )
+        conv = np.maximum(conv, 0.0)
+        fin_a, fin_b = float(self.probs.sum()), float(other.probs.sum())
+        tot_a, tot_b = fin_a + self.inf_mass, fin_b + other.inf_mass
+        inf_mass = tot_a * tot_b - fin_a * fin_b
+        return _truncate(DiscretePLD(self.interval, self.offset + other.offset, conv, inf_mass), tail)
+
+    def self_compose(self, count: int, tail: float) -> DiscretePLD:
+        """PMF of the sum of ``count`` iid losses, by exponentiation in the Fourier domain.
+
+        The output window [lo, hi] comes from Chernoff bounds: mass(S >= h) <= e^(count K(lam) - lam h)
+        with K(lam) = log sum p_i e^(lam i) (valid for any positive measure), so the mass outside
+        the window is at most ``tail`` on each side; it is added to +inf (above) and to the lowest
+        bin (below). Cyclic wrap-around of the FFT only adds non-negative mass inside the window.
+        """
+        count = int(count)
+        if count == 1:
+            return self
+        p = self.probs
+        n = p.size
+        fin = float(p.sum())
+        tot = fin + self.inf_mass
+        inf_mass = tot**count - fin**count
+        if n == 0 or fin == 0.0:
+            return DiscretePLD(self.interval, self.offset * count, np.zeros(1), min(inf_mass, tot**count))
+        lo, hi, tail_lo, tail_hi = _chernoff_window(p, count, tail, self.interval)
+        size = hi - lo + 1
+        length = sp_fft.next_fast_len(size, real=True)
+        folded = (
+            np.bincount(np.arange(n) % length, weights=p, minlength=length)
+            if n > length
+            else (np.pad(p, (0, length - n)))
+        )
+        spec = sp_fft.rfft(folded)
+        # Exponentiate in the Fourier domain; the error of phi^count at frequency k is
+        # ~count * 1e-16 * |phi_k|^count, i.e. relative to the peak mass (see module docstring).
+        spec = spec**count
+        res = sp_fft.irfft(spec, n=length)
+        out = np.roll(res, -(lo % length))[:size]
+        out = np.maximum(out, 0.0)
+        out[0] += tail_lo
+        return DiscretePLD(self.interval, self.offset * count + lo, out, inf_mass + tail_hi)
+
+
+def _truncate(pld: DiscretePLD, tail: float) -> DiscretePLD:
+    # Drop an upper tail of mass <= tail to +inf, and move a lower tail of mass <= tail up to the
+    # first kept bin (both pessimistic).
+    p = pld.probs
+    if p.size <= 1:
+        return pld
+    csum = np.cumsum(p)
+    total = float(csum[-1])
+    lo = int(np.searchsorted(csum, tail, side="right"))  # first index with prefix mass > tail
+    rsum = total - np.concatenate(([0.0], csum[:-1]))  # mass at indices >= i
+    above = np.nonzero(rsum > tail)[0]
+    hi = int(above[-1]) if above.size else p.size - 1
+    lo = min(lo, hi)
+    kept = p[lo : hi + 1].copy()
+    kept[0] += float(csum[lo - 1]) if lo > 0 else 0.0
+    moved_up = total - float(csum[hi])
+    return DiscretePLD(pld.interval, pld.offset + lo, kept, pld.inf_mass + moved_up)
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(np.max(x))
+    return m + math.log(float(np.sum(np.exp(x - m))))
+
+
+def _chernoff_window(p: np.ndarray, count: int, tail: float, interval: float) -> tuple[int, int, float, float]:
+    """Index window [lo, hi] (relative to count * offset) holding all but <= tail mass on each side.
+
+    Chernoff: mass(S >= h) <= exp(count K(lam) - lam h) and mass(S <= l) <= exp(count K(-lam) + lam l)
+    for every lam > 0, with K the log-MGF of one PMF in index units; the best of a log-spaced grid
+    of lam (0.01 to 1e5 per nat, and 0.1/max_idx to 1 per index) is used. Any lam gives a valid bound.
+    """
+    n = p.size
+    max_idx = count * (n - 1)
+    # Coarse-grain into <= 4096 blocks: using each block's largest (smallest) index for the upper
+    # (lower) tail only increases the log-MGF, so the bounds stay valid, and it is ~25x cheaper.
+    block = max(1, math.ceil(n / 4096))
+    sums = np.add.reduceat(p, np.arange(0, n, block))
+    starts = np.arange(0, n, block, dtype=np.float64)
+    nz = np.nonzero(sums > 0.0)[0]
+    logp = np.log(sums[nz])
+    idx_hi = np.minimum(starts[nz] + block - 1, n - 1)
+    idx_lo = starts[nz]
+    log_tail = math.log(tail)
+    best_hi, best_lo = math.inf, -math.inf
+    # lam per nat from 1e-2 to 1e5, plus lam per index unit down to ~1/max_idx: heavy-tailed PMFs
+    # spread over many nats (DP-SGD-JL with small r) need lam far below 1e-2 per nat.
+    lams = np.concatenate([np.geomspace(1e-2, 1e5, 45) * interval, np.geomspace(0.1 / max(max_idx, 1), 1.0, 30)])
+    for lam in lams:  # per index unit
+        k_pos = _logsumexp(logp + lam * idx_hi)
+        best_hi = min(best_hi, math.ceil((count * k_pos - log_tail) / lam))
+        k_neg = _logsumexp(logp - lam * idx_lo)
+        best_lo = max(best_lo, math.floor((log_tail - count * k_neg) / lam))
+    hi, tail_hi = (int(best_hi), tail) if best_hi < max_idx else (max_idx, 0.0)
+    lo, tail_lo = (int(best_lo), tail) if best_lo > 0 else (0, 0.0)
+    if lo > hi:  # degenerate (nearly a point mass): keep the full support
+        lo, hi, tail_lo, tail_hi = 0, max_idx, 0.0, 0.0
+    return lo, hi, tail_lo, tail_hi
+
+
+# --------------------------------------------------------------------------------------------
+# Dominating pairs and their pessimistic discretisation
+# --------------------------------------------------------------------------------------------
+
+
+class LossPair:
+    """A dominating pair (P, Q) described by the distribution of L = log dP/dQ.
+
+    Subclasses give, vectorised over t (nats): p_cdf(t) = P(L <= t), p_sf(t) = P(t < L < inf),
+    q_cdf(t) = Q(L <= t), q_sf(t) = Q(t < L < inf) (right-continuous, so atoms are fine), the
+    support [lo, hi] of L under P and the mass ``p_inf`` = P(L = +inf).
+    """
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    p_inf: float = 0.0
+
+    def p_cdf(self, t: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def p_sf(self, t: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def q_cdf(self, t: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def q_sf(self, t: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def cdfs(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(p_cdf, p_sf, q_cdf, q_sf) at t; subclasses may share work between the four."""
+        return self.p_cdf(t), self.p_sf(t), self.q_cdf(t), self.q_sf(t)
+
+    def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
+        """[t_lo, t_hi] with P(L < t_lo) <= tail and P(t_hi < L < inf) <= tail, clipped to +-max_loss."""
+        t_hi = self.hi if math.isfinite(self.hi) else _search(lambda t: self.p_sf(t) <= tail, up=True)
+        t_lo = self.lo if math.isfinite(self.lo) else _search(lambda t: self.p_cdf(t) <= tail, up=False)
+        return _clip_range(t_lo, t_hi, max_loss)
+
+    def discretise(self, interval: float, tail: float, max_loss: float) -> DiscretePLD:
+        t_lo, t_hi = self.loss_range(tail, max_loss)
+        return _ctd_continuous(self, interval, t_lo, t_hi)
+
+
+def _clip_range(lo: float, hi: float, max_loss: float) -> tuple[float, float]:
+    hi = min(hi, max_loss)
+    lo = max(lo, -max_loss)
+    return min(lo, hi), hi
+
+
+def _search(pred, *, up: bool) -> float:
+    # Smallest |t| (upwards: smallest t >= 0; downwards: largest t <= 0) with pred(t), by doubling
+    # then bisection; bounded by 1e4 nats (beyond that the caller clips anyway).
+    sign = 1.0 if up else -1.0
+    a, b = 0.0, 1.0
+    if pred(np.array([0.0]))[0]:
+        return 0.0
+    while not pred(np.array([sign * b]))[0]:
+        a, b = b, 2.0 * b
+        if b > 1e4:
+            return sign * b
+    for _ in range(60):
+        m = 0.5 * (a + b)
+        if pred(np.array([sign * m]))[0]:
+            b = m
+        else:
+            a = m
+    return sign * b
+
+
+def interval_masses(cdf: np.ndarray, sf: np.ndarray) -> np.ndarray:
+    """Masses of the intervals (t_k, t_(k+1)] from the CDF and the survival function at the edges t_k:
+    the CDF is differenced in the lower half and the survival function in the upper half, so that
+    neither tail loses its relative precision (a difference of two numbers near 1 keeps no digits of a
+    mass near 1e-16); negative rounding is clamped to 0. The one helper for every such mass in the
+    accounting (PLD discretisation here, the JL norm-ratio bins in :mod:`dpaudit.accounting.jl`)."""
+    from_cdf = cdf[1:] - cdf[:-1]
+    from_sf = sf[:-1] - sf[1:]
+    return np.maximum(np.where(cdf[1:] <= 0.5, from_cdf, from_sf), 0.0)
+
+
+def _ctd_continuous(pair: LossPair, interval: float, t_lo: float, t_hi: float) -> DiscretePLD:
+    i_lo = math.floor(t_lo / interval)
+    i_hi = max(math.ceil(t_hi / interval), i_lo + 1)
+    grid = (i_lo + np.arange(i_hi - i_lo + 1)) * interval
+    pc, ps, qc, qs = pair.cdfs(grid)
+    m = interval_masses(pc, ps)
+    w = interval_masses(qc, qs)
+    probs = np.zeros(grid.size)
+    probs[0] += max(0.0, float(pc[0]))  # mass at or below the grid: rounded up to l_0
+    inf_mass = pair.p_inf + max(0.0, float(ps[-1]))  # mass above the grid: to +inf
+    probs += _split(m, w, grid, interval)
+    return DiscretePLD(interval, i_lo, probs, inf_mass)
+
+
+def _split(m: np.ndarray, w: np.ndarray, grid: np.ndarray, interval: float) -> np.ndarray:
+    """Connect-the-dots split of interval masses onto the end points (Doroshenko et al. 2022, Sec. 3).
+
+    For P-mass m and Q-mass w in [l_k, l_(k+1)], the upper end gets
+        b = (m e^-l_k - w) / (e^-l_k - e^-l_(k+1)) = m (1 - (w/m) e^l_k) / (1 - e^-interval)
+    and the lower end a = m - b, which preserves m and w. Computed through log(w/m) + l_k so that
+    large losses do not overflow; b is clipped to [0, m] (float noise only; clipping up is pessimistic
+    when w underflows to 0).
+    """
+    out = np.zeros(m.size + 1)
+    pos = m > 0.0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_ratio = np.where(pos & (w > 0.0), np.log(w) - np.log(np.where(pos, m, 1.0)), -np.inf) + grid[:-1]
+        frac_up = -np.expm1(log_ratio) / -np.expm1(-interval)
+    frac_up = np.where(np.isnan(frac_up), 1.0, np.clip(frac_up, 0.0, 1.0))
+    b = np.where(pos, m * frac_up, 0.0)
+    a = m - b
+    out[:-1] += a
+    out[1:] += b
+    return out
+
+
+def _ctd_atoms(losses: list[float], masses: list[float], p_inf: float, interval: float) -> DiscretePLD:
+    """Connect-the-dots discretisation of a PMF with finitely many atoms (Q-mass e^-l per unit P-mass)."""
+    finite = [(lv, mv) for lv, mv in zip(losses, masses, strict=True) if mv > 0.0 and math.isfinite(lv)]
+    p_inf = p_inf + sum(mv for lv, mv in zip(losses, masses, strict=True) if mv > 0.0 and lv == math.inf)
+    if not finite:
+        return DiscretePLD(interval, 0, np.zeros(1), p_inf)
+    ks = [math.floor(lv / interval) for lv, _ in finite]
+    offset, top = min(ks), max(ks) + 1
+    probs = np.zeros(top - offset + 1)
+    for (lv, mv), k in zip(finite, ks, strict=True):
+        lower = k * interval
+        frac_up = 0.0 if lv <= lower else min(1.0, -math.expm1(lower - lv) / -math.expm1(-interval))
+        probs[k - offset] += mv * (1.0 - frac_up)
+        probs[k + 1 - offset] += mv * frac_up
+    return DiscretePLD(interval, offset, probs, p_inf)
+
+
+class AtomPair(LossPair):
+    """A pair whose loss takes finitely many values (randomized response, (eps, delta)-DP, ...)."""
+
+    def __init__(self, losses: list[float], masses: list[float], p_inf: float = 0.0) -> None:
+        self.losses, self.masses, self.p_inf = list(losses), list(masses), float(p_inf)
+        finite = [lv for lv, mv in zip(self.losses, self.masses, strict=True) if mv > 0 and math.isfinite(lv)]
+        self.lo = min(finite) if finite else 0.0
+        self.hi = max(finite) if finite else 0.0
+
+    def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
+        return max(self.lo, -max_loss), min(self.hi, max_loss)
+
+    def discretise(self, interval: float, tail: float, max_loss: float) -> DiscretePLD:
+        losses = [lv if lv <= max_loss else math.inf for lv in self.losses]
+        losses = [max(lv, -max_loss) for lv in losses]
+        return _ctd_atoms(losses, self.masses, self.p_inf, interval)
+
+
+def epsilon_delta_pair(epsilon: float, delta: float) -> AtomPair:
+    """The dominating pair of (eps, delta)-DP: losses +inf (mass delta), eps and -eps.
+
+    Dong, Roth & Su 2022 (arXiv:1905.02383), Prop. 2.5: f_(eps,delta) is the tradeoff function of
+    P = (delta, (1-delta) e^eps/(1+e^eps), (1-delta)/(1+e^eps), 0) vs Q = reversed P.
+    """
+    if epsilon == 0.0:
+        return AtomPair([0.0], [1.0 - delta], delta)
+    hi = (1.0 - delta) / (1.0 + math.exp(-epsilon))
+    lo = (1.0 - delta) / (1.0 + math.exp(epsilon))
+    return AtomPair([epsilon, -epsilon], [hi, lo], delta)
+
+
+def randomized_response_pair(noise_parameter: float, num_buckets: int) -> AtomPair:
+    """Exact pair of k-ary randomized response under replace-one: P = (1-p+p/k, p/k, ..., p/k),
+    Q with the first two entries swapped (losses log(a/b), log(b/a) and 0)."""
+    p, k = noise_parameter, num_buckets
+    if k == 1 or p == 1.0:
+        return AtomPair([0.0], [1.0])
+    if p == 0.0:
+        return AtomPair([], [], 1.0)
+    a, b = 1.0 - p + p / k, p / k
+    return AtomPair([math.log(a / b), math.log(b / a), 0.0], [a, b, (k - 2) * b])
+
+
+class GaussianPair(LossPair):
+    """P = N(mu, 1), Q = N(0, 1): L ~ N(mu^2/2, mu^2) under P and N(-mu^2/2, mu^2) under Q (symmetric)."""
+
+    def __init__(self, mu: float) -> None:
+        self.mu = float(mu)
+
+    def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
+        z = -float(special.ndtri(tail))  # P(N(0,1) > z) = tail
+        lo, hi = 0.5 * self.mu**2 - self.mu * z, 0.5 * self.mu**2 + self.mu * z
+        return _clip_range(lo, hi, max_loss)
+
+    def p_cdf(self, t):
+        return special.ndtr((t - 0.5 * self.mu**2) / self.mu)
+
+    def p_sf(self, t):
+        return special.ndtr(-(t - 0.5 * self.mu**2) / self.mu)
+
+    def q_cdf(self, t):
+        return special.ndtr((t + 0.5 * self.mu**2) / self.mu)
+
+    def q_sf(self, t):
+        return special.ndtr(-(t + 0.5 * self.mu**2) / self.mu)
+
+
+def _ginv(t: np.ndarray, q: float) -> np.ndarray:
+    # Inverse of g(l) = log(1 - q + q e^l): g^-1(t) = log(e^t - 1 + q) - log q (expm1 keeps precision
+    # just above t = log(1 - q), where almost all the mass of a subsampled loss sits). For t > 1 it is
+    # t + log1p((q - 1) e^-t) - log q instead: expm1 overflows beyond ~709 nats, which would put
+    # every larger loss at CDF 1 (an under-report).
+    t = np.asarray(t, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        small = np.log(np.expm1(np.minimum(t, 1.0)) + q)
+        large = t + np.log1p((q - 1.0) * np.exp(-np.maximum(t, 1.0)))
+        return np.where(t > 1.0, large, small) - math.log(q)
+
+
+class SubsampledGaussianRemove(LossPair):
+    """Poisson-subsampled Gaussian, remove direction: P = (1-q) N(0,1) + q N(mu,1), Q = N(0,1).
+
+    L(x) = log(1 - q + q e^(mu x - mu^2/2)) is increasing in x, so CDFs are Gaussian CDFs at
+    x(t) = (g^-1(t) + mu^2/2) / mu. (P, Q) and its reverse below are the dominating pairs of
+    Poisson subsampling under add/remove (Zhu, Dong & Wang 2022, arXiv:2106.08567; Koskela et al.
+    2020, arXiv:1906.03049).
+    """
+
+    def __init__(self, mu: float, q: float) -> None:
+        self.mu, self.q = float(mu), float(q)
+        self.lo = math.log1p(-q)
+
+    def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
+        # P(L > L(x)) <= Phi(mu - x) <= tail for x = mu + z_tail (both mixture parts are below it).
+        z = -float(special.ndtri(tail))
+        hi = float(np.logaddexp(self.lo, math.log(self.q) + 0.5 * self.mu**2 + self.mu * z))
+        return _clip_range(self.lo, hi, max_loss)
+
+    def _x(self, t):
+        t = np.asarray(t, dtype=np.float64)
+        x = (_ginv(t, self.q) + 0.5 * self.mu**2) / self.mu
+        return np.where(t <= self.lo, -np.inf, x)
+
+    def p_cdf(self, t):
+        x = self._x(t)
+        return (1.0 - self.q) * special.ndtr(x) + self.q * special.ndtr(x - self.mu)
+
+    def p_sf(self, t):
+        x = self._x(t)
+        return (1.0 - self.q) * special.ndtr(-x) + self.q * special.ndtr(self.mu - x)
+
+    def q_cdf(self, t):
+        return special.ndtr(self._x(t))
+
+    def q_sf(self, t):
+        return special.ndtr(-self._x(t))
+
+    def cdfs(self, t):
+        x = self._x(t)
+        a, na = special.ndtr(x), special.ndtr(-x)
+        b, nb = special.ndtr(x - self.mu), special.ndtr(self.mu - x)
+        return (1.0 - self.q) * a + self.q * b, (1.0 - self.q) * na + self.q * nb, a, na
+
+
+class SubsampledGaussianAdd(LossPair):
+    """Poisson-subsampled Gaussian, add direction: P = N(0,1), Q = (1-q) N(0,1) + q N(mu,1).
+
+    L(x) = -log(1 - q + q e^(mu x - mu^2/2)) is decreasing in x; L <= t iff x >= x(-t).
+    """
+
+    def __init__(self, mu: float, q: float) -> None:
+        self.mu, self.q = float(mu), float(q)
+        self.hi = -math.log1p(-q)
+
+    def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
+        # P(L < L(x)) = P(N(0,1) > x) = tail at x = z_tail.
+        z = -float(special.ndtri(tail))
+        lo = -float(np.logaddexp(math.log1p(-self.q), math.log(self.q) + self.mu * z - 0.5 * self.mu**2))
+        return _clip_range(lo, self.hi, max_loss)
+
+    def _x(self, t):
+        t = np.asarray(t, dtype=np.float64)
+        x = (_ginv(-t, self.q) + 0.5 * self.mu**2) / self.mu
+        return np.where(t >= self.hi, -np.inf, x)
+
+    def p_cdf(self, t):
+        return special.ndtr(-self._x(t))
+
+    def p_sf(self, t):
+        return special.ndtr(self._x(t))
+
+    def q_cdf(self, t):
+        x = self._x(t)
+        return (1.0 - self.q) * special.ndtr(-x) + self.q * special.ndtr(self.mu - x)
+
+    def q_sf(self, t):
+        x = self._x(t)
+        return (1.0 - self.q) * special.ndtr(x) + self.q * special.ndtr(x - self.mu)
+
+    def cdfs(self, t):
+        x = self._x(t)
+        a, na = special.ndtr(x), special.ndtr(-x)
+        b, nb = special.ndtr(x - self.mu), special.ndtr(self.mu - x)
+        return na, a, (1.0 - self.q) * na + self.q * nb, (1.0 - self.q) * a + self.q * b
+
+
+class LaplacePair(LossPair):
+    """P = Lap(1, b), Q = Lap(0, b) with eps0 = 1/b: L = (|x| - |x-1|)/b in [-eps0, eps0] with atoms
+    at both ends (Koskela, Jälkö & Honkela 2020, arXiv:1906.03049). Symmetric."""
+
+    def __init__(self, eps0: float) -> None:
+        self.eps0 = float(eps0)
+        self.lo, self.hi = -self.eps0, self.eps0
+
+    def p_cdf(self, t):
+        t = np.asarray(t, dtype=np.float64)
+        mid = 0.5 * np.exp(np.minimum(0.5 * (t - self.eps0), 0.0))
+        return np.where(t < -self.eps0, 0.0, np.where(t >= self.eps0, 1.0, mid))
+
+    def p_sf(self, t):
+        return 1.0 - self.p_cdf(t)
+
+    def q_cdf(self, t):
+        t = np.asarray(t, dtype=np.float64)
+        mid = 1.0 - 0.5 * np.exp(np.minimum(-0.5 * (t + self.eps0), 0.0))
+        return np.where(t < -self.eps0, 0.0, np.where(t >= self.eps0, 1.0, mid))
+
+    def q_sf(self, t):
+        t = np.asarray(t, dtype=np.float64)
+        mid = 0.5 * np.exp(np.minimum(-0.5 * (t + self.eps0), 0.0))
+        return np.where(t < -self.eps0, 1.0, np.where(t >= self.eps0, 0.0, mid))
+
+
+class MixturePair(LossPair):
+    """Pair whose P and Q are mixtures sharing a *public* mixing variable: the PLD is the mixture
+    of the component PLDs, and connect-the-dots is linear in the interval masses, so components
+    are discretised separately and added (each with the full tail budget scaled by its weight)."""
+
+    def __init__(
+        self,
+        components: list[tuple[float, LossPair]],
+        max_points: int = 10_000,
+        *,
+        light_points: int | None = None,
+        light_weight: float = 1e-3,
+    ) -> None:
+        self.components = [(float(wt), c) for wt, c in components if wt > 0.0]
+        self.p_inf = 0.0
+        self.max_points = max_points
+        # Components of weight < light_weight may use a coarser grid (light_points per component).
+        self.light_points = max_points if light_points is None else light_points
+        self.light_weight = light_weight
+
+    def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
+        rs = [c.loss_range(tail, max_loss) for _, c in self.components]
+        return min(r[0] for r in rs), max(r[1] for r in rs)
+
+    def discretise(self, interval: float, tail: float, max_loss: float) -> DiscretePLD:
+        parts = []
+        for wt, c in self.components:
+            # Wide components are discretised on a coarser grid (a multiple of ``interval``, so its
+            # points are grid points too); connect-the-dots is pessimistic on any grid.
+            lo, hi = c.loss_range(tail, max_loss)
+            points = self.max_points if wt >= self.light_weight else self.light_points
+            mult = max(1, math.ceil((hi - lo) / (interval * points)))
+            parts.append((wt, mult, c.discretise(interval * mult, tail, max_loss)))
+        # Part k sits at fine-grid indices (offset + i) * mult: added with a stride (no upsampled copy).
+        offset = min(p.offset * m for _, m, p in parts)
+        top = max((p.offset + p.probs.size - 1) * m + 1 for _, m, p in parts)
+        probs = np.zeros(top - offset)
+        inf_mass = 0.0
+        for wt, mult, part in parts:
+            start = part.offset * mult - offset
+            probs[start : start + (part.probs.size - 1) * mult + 1 : mult] += wt * part.probs
+            inf_mass += wt * part.inf_mass
+        return DiscretePLD(interval, offset, probs, inf_mass)
+
+
+def non_private_pair() -> AtomPair:
+    return AtomPair([], [], 1.0)
+
+
+def gaussian_or_trivial_pair(mu: float) -> LossPair:
+    if not math.isfinite(mu):
+        return non_private_pair()
+    return AtomPair([0.0], [1.0]) if mu == 0.0 else GaussianPair(mu)
+
+
+def subsampled_non_private_pairs(q: float) -> tuple[AtomPair, AtomPair | None]:
+    """Poisson subsampling (rate q) of a mechanism with P, Q mutually singular (mu = inf).
+
+    Remove: P = (1-q) Q0 + q P1 vs Q0 -> loss +inf (mass q), log(1-q) (mass 1-q).
+    Add: P = Q0 vs (1-q) Q0 + q P1 -> loss -log(1-q) (mass 1). For q = 1 both are +inf.
+    """
+    if q >= 1.0:
+        return non_private_pair(), None
+    lq = math.log1p(-q)
+    return AtomPair([lq], [1.0 - q], q), AtomPair([-lq], [1.0])

@@ -1,0 +1,134 @@
+"""The ``dpaudit report`` pipeline: attack and audit run directories (:mod:`dpaudit.workflows`), merge
+earlier reports, and build and write the report (:mod:`dpaudit.report`).
+
+Above both: the workflows decide, the report package renders what it is given, and this module only
+strings them together (as :mod:`dpaudit.demo` does for the demo), so the CLI command is one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dpaudit.errors import InputError
+from dpaudit.progress import NULL_PROGRESS, Progress
+
+
+def classify_input(path: Path) -> str:
+    """'run' for a run directory, 'report' for a report.json (or a directory holding one)."""
+    from dpaudit.checkpoint import CHECKPOINT_FILE
+    from dpaudit.report.build import REPORT_FILES
+
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir() and (path / CHECKPOINT_FILE).is_file():
+        return "run"
+    if (path.is_file() and path.suffix.lower() == ".json") or (
+        path.is_dir() and (path / REPORT_FILES["json"]).is_file()
+    ):
+        return "report"
+    raise InputError(f"{path}: neither a run directory (no {CHECKPOINT_FILE}) nor a report.json")
+
+
+def _parse_list(text: str, name: str) -> tuple[str, ...]:
+    items = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not items:
+        raise InputError(f"expected {name} as a comma-separated list, got {text!r}")
+    return items
+
+
+def _families(
+    inversion: bool, attribute: str | None, extraction_budget: int | None, cloak: str | None, icl: bool, jl_step: bool
+) -> dict[str, dict]:
+    """The attack families beside membership inference that the options ask for, with their options."""
+    from dpaudit.validation import check_positive_int
+
+    families: dict[str, dict] = {}
+    if inversion:
+        families["inversion"] = {}
+    if attribute is not None:
+        families["attribute"] = {"feature": int(attribute) if attribute.strip().isdigit() else attribute}
+    if extraction_budget is not None:
+        families["extraction"] = {"budget": check_positive_int(extraction_budget=extraction_budget)}
+    if cloak is not None:
+        from dpaudit.training.cloak import cloak_option
+
+        families["cloak"] = cloak_option(cloak)
+    if icl:
+        families["icl"] = {}
+    if jl_step:
+        families["jl-step"] = {}
+    return families
+
+
+def report_from_options(
+    inputs: Sequence[Path],
+    *,
+    out: Path,
+    formats: str,
+    attacks: str,
+    reference_models: int,
+    estimate_method: str,
+    confidence: float,
+    workers: int,
+    seed: int,
+    cache_dir: Path | None,
+    inversion: bool,
+    attribute: str | None,
+    extraction_budget: int | None,
+    cloak: str | None,
+    icl: bool,
+    jl_step: bool,
+    title: str | None,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    notify: Callable[[str], None] = lambda message: None,
+) -> tuple[dict[str, Any], list[Path]]:
+    """``dpaudit report``: attack and audit every run of ``inputs`` (with :func:`dpaudit.workflows.
+    audit_checkpoint`'s defaults), merge the reports among them, write the report to ``out`` in
+    ``formats``; returns the report and the files written. ``notify`` receives a status line per run."""
+    from dpaudit.report.build import (
+        REPORT_FILES,
+        build_report,
+        load_report,
+        model_entry_from,
+        parse_formats,
+        write_report,
+    )
+    from dpaudit.validation import check_choice, check_in_interval, check_positive_int
+    from dpaudit.workflows import audit_checkpoint
+
+    fmts = parse_formats(formats)
+    methods = _parse_list(attacks, "--attacks")
+    check_positive_int(reference_models=reference_models)
+    check_positive_int(workers=workers)
+    check_in_interval(0.0, 1.0, confidence=confidence)
+    check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
+    if out.exists() and not force:  # fail before the (slow) attacks
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+    families = _families(inversion, attribute, extraction_budget, cloak, icl, jl_step)
+    kinds = [(p, classify_input(p)) for p in inputs]
+    reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
+    config = {
+        "attacks": list(methods), "reference_models": reference_models, "estimate_method": estimate_method,
+        "confidence": confidence, "seed": seed, "inputs": [str(p) for p in inputs], "inversion": inversion,
+        "attribute": attribute, "extraction_budget": extraction_budget, "cloak": cloak, "icl": icl,
+        "jl_step": jl_step, "merged": [reports[p]["run"] for p, kind in kinds if kind == "report"],
+    }  # fmt: skip
+    models = []
+    for p, kind in kinds:
+        if kind == "report":
+            models += reports[p]["models"]
+            continue
+        notify(f"attacking {p} ({', '.join(methods)}) …")
+        audit = audit_checkpoint(
+            p, attacks=methods, reference_models=reference_models, estimate_method=estimate_method,
+            confidence=confidence, workers=workers, seed=seed, cache_dir=cache_dir, families=families,
+            progress=progress,
+        )  # fmt: skip
+        models.append(model_entry_from(audit, path=str(p)))
+    default_title = reports[kinds[0][0]]["title"] if kinds[0][1] == "report" else "dpaudit leakage report"
+    result = build_report(models, title=title or default_title, config=config)
+    write_report(result, out, fmts, force=force)
+    return result, [out / REPORT_FILES[f] for f in fmts]

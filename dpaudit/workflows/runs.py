@@ -1,0 +1,373 @@
+"""The library side of the commands that make runs from their options: ``dpaudit train`` (every
+algorithm), ``dpaudit import`` (foreign weights plus a stated claim) and ``dpaudit audit train`` (the
+multi-run audit, which trains its own runs).
+
+The CLI parses the options and calls one function here; the run itself is written by the run layer
+(:mod:`dpaudit.training.run`; :mod:`dpaudit.training.pate` for the noisy-vote algorithms). This module
+sits in workflows because a run trained with canaries is refused when its one-run audit could not
+refute the claim (:func:`dpaudit.workflows.training.require_refutable_canaries`), a decision of the
+audit workflows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dpaudit.errors import DPAuditError, FileContentError, InputError
+from dpaudit.progress import NULL_PROGRESS, Progress
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    try:
+        parts = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise InputError(f"expected --split as four fractions members,holdout,aux,test, got {text!r}") from None
+    if len(parts) != 4:
+        raise InputError(f"expected --split as four fractions members,holdout,aux,test, got {text!r}")
+    return parts
+
+
+def parse_ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise InputError(f"expected {name} as comma-separated integers, got {text!r}") from None
+
+
+def _silent(message: str) -> None:
+    """The default ``notify``: status lines (what is being trained or imported) go nowhere."""
+
+
+def _refuse_existing(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+
+
+def train_from_options(
+    out: Path,
+    *,
+    data: str,
+    label_column: str | None,
+    model: str,
+    hidden: str | None,
+    activation: str | None,
+    algo: str,
+    epochs: int,
+    steps: int | None,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    l2: float | None,
+    mechanism: str | None,
+    objective: str | None,
+    seed: int,
+    split_seed: int,
+    split: str,
+    noise_multiplier: float | None,
+    epsilon: float | None,
+    delta: float,
+    clip: float,
+    sampling: str,
+    accountant: str | None,
+    jl_projections: int | None,
+    secure_noise: bool,
+    clipping: str,
+    backend: str,
+    max_physical_batch: int | None,
+    device: str,
+    canaries: int | None,
+    canary_kind: str,
+    canary_seed: int,
+    allow_inconclusive: bool,
+    whitebox_canaries: int | None,
+    teachers: int | None,
+    aggregator: str,
+    queries: int | None,
+    sigma: float | None,
+    sigma1: float | None,
+    threshold: float | None,
+    max_answers: int | None,
+    shots: int | None,
+    predictor: str,
+    workers: int,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    notify: Callable[[str], None] = _silent,
+) -> dict[str, Any]:
+    """``dpaudit train`` (every algorithm but cloak, :func:`dpaudit.training.cloak.train_cloak_sweep`):
+    build the configs from the command's options, train and save the run; returns its metadata.
+    ``notify`` receives a status line (the CLI prints it on stderr)."""
+    fractions = parse_fractions(split)
+    if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
+        if noise_multiplier is not None or jl_projections is not None or whitebox_canaries is not None:
+            raise InputError(
+                f"--algo {algo} adds noise to the votes: use --sigma/--sigma1 or --epsilon "
+                "(not --noise-multiplier, --jl-projections or --whitebox-canaries)"
+            )
+        from dpaudit.training.pate import train_from_options as train_aggregation
+
+        return train_aggregation(
+            out, algo=algo, teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1,
+            threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon,
+            delta=delta, seed=seed, data=data, label_column=label_column, model=model,
+            hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
+            batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
+            fractions=fractions, workers=workers, force=force, progress=progress,
+        )  # fmt: skip
+    from dpaudit.data import load_dataset, make_splits
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
+    from dpaudit.training.convex import CONVEX_ALGOS, resolve_algo
+    from dpaudit.training.dirac import DiracCanaries
+    from dpaudit.training.run import train_run
+
+    dp_given = noise_multiplier is not None or epsilon is not None
+    if l2 is not None:  # convex learners (dpaudit/training/convex.py): λ is the weight decay
+        if weight_decay not in (0.0, l2):
+            raise InputError("give --l2 or --weight-decay, not both")
+        weight_decay = l2
+    algo = resolve_algo(algo, mechanism, objective)
+    private = algo.startswith("dp") or algo in CONVEX_ALGOS
+    if dp_given and not private:
+        raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
+    if jl_projections is not None and not algo.endswith("-jl"):
+        raise InputError(f"--jl-projections needs --algo dpsgd-jl or dpadam-jl, not {algo!r}")
+    dp = None
+    if private:
+        dp = DPConfig(
+            clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, delta=delta, sampling=sampling,
+            accountant=accountant or ("pld" if jl_projections is not None else "rdp"),
+            jl_projections=jl_projections, secure_noise=secure_noise,
+        )  # fmt: skip
+    config = TrainConfig(
+        algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
+        weight_decay=weight_decay, seed=seed, dp=dp,
+    )  # fmt: skip
+    perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
+    _refuse_existing(out, force)
+    ds = load_dataset(data, label_column=label_column)
+    spec = default_spec(
+        model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
+        hidden=parse_ints(hidden, "--hidden"), activation=activation,
+    )  # fmt: skip
+    notify(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …")
+    canary_set = None
+    if canaries is not None:
+        from dpaudit.canaries import make_canaries
+
+        splits = make_splits(len(ds), split_seed, fractions)
+        canary_set = make_canaries(ds, splits, m=canaries, kind=canary_kind, seed=canary_seed)
+        if not allow_inconclusive:
+            from dpaudit.workflows.training import require_refutable_canaries
+
+            require_refutable_canaries(config, len(splits.members) + int(canary_set.included.sum()), canaries)
+    return train_run(
+        ds, spec, config, perf, out=out, split_seed=split_seed, fractions=fractions, label_column=label_column,
+        force=force, progress=progress, canaries=canary_set,
+        whitebox=None if whitebox_canaries is None else DiracCanaries(m=whitebox_canaries, seed=canary_seed),
+    )  # fmt: skip
+
+
+def read_json_file(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: expected a {what} JSON file, got a directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+
+
+def _from_file(parse, *args, **kwargs):
+    """``parse(...)`` of a JSON file's content; its errors name the file's fields, not the command's
+    options, so they are raised as :class:`FileContentError` (printed as they are)."""
+    try:
+        return parse(*args, **kwargs)
+    except DPAuditError as e:
+        raise FileContentError(str(e).splitlines()[0]) from None
+
+
+def import_from_options(
+    weights: Path,
+    *,
+    model_spec: Path,
+    out: Path,
+    data: str | None,
+    label_column: str | None,
+    members: Path | None,
+    claim: Path | None,
+    epsilon: float | None,
+    delta: float | None,
+    noise_multiplier: float | None,
+    sample_rate: float | None,
+    steps: int | None,
+    accountant: str | None,
+    neighbouring: str | None,
+    preprocessing: str | None,
+    recipe: Path | None,
+    split_seed: int,
+    split: str | None,
+    force: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    notify: Callable[[str], None] = _silent,
+) -> dict[str, Any]:
+    """``dpaudit import``: a run directory from foreign weights, a model spec, the members (optional), a
+    stated claim and a recipe (optional); returns its metadata (``meta["import"]["warnings"]`` lists what
+    the user should hear)."""
+    from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
+    from dpaudit.models import read_model_spec
+    from dpaudit.training.run import import_run, recipe_from_dict
+
+    _refuse_existing(out, force)
+    if data is not None and members is None:
+        raise InputError(
+            "--data needs --members FILE, the indices of the records the model was trained on "
+            "(without both, the model is assumed to be trained on dpaudit's split of digits)"
+        )
+    if members is not None and data is None:
+        raise InputError("--members needs --data, the records the indices point into")
+    if members is not None and split is not None:
+        raise InputError(
+            "--split applies only without --members; the non-members are split 40% holdout, 40% aux, 20% test"
+        )
+    stated = _stated_claim(claim, epsilon, delta, noise_multiplier, sample_rate, steps, accountant, neighbouring)
+    spec = read_model_spec(model_spec)
+    config = None
+    if recipe is not None:
+        delta_default = stated.delta if stated is not None else None
+        config = _from_file(recipe_from_dict, read_json_file(recipe, "recipe"), str(recipe), delta=delta_default)
+    ds = load_dataset(data if data is not None else "digits", label_column=label_column)
+    member_idx = read_member_indices(members, len(ds)) if members is not None else None
+    pre: object = preprocessing
+    if preprocessing is not None and preprocessing not in ("none", "identity", "standardize"):
+        path = Path(preprocessing)
+        if path.suffix.lower() != ".json" and not path.exists():
+            raise InputError(
+                f"unknown --preprocessing {preprocessing!r}; valid: none, a scaler.json path "
+                "(legacy mode: standardize, identity)"
+            )
+        pre = _from_file(standardizer_from_json, read_json_file(path, "scaler"), ds.feature_shape, str(path))
+    notify(f"importing {weights} ({spec.kind} on {ds.name}, {len(ds)} records) …")
+    return import_run(
+        weights, spec, ds, out=out, members=member_idx, members_source=str(members) if members is not None else None,
+        split_seed=split_seed, fractions=parse_fractions(split) if split is not None else DEFAULT_FRACTIONS,
+        preprocessing=pre, claim=stated, recipe=config, label_column=label_column, force=force,
+    )  # fmt: skip
+
+
+def _stated_claim(claim, epsilon, delta, noise_multiplier, sample_rate, steps, accountant, neighbouring):
+    """The claim of ``dpaudit import``: from claim.json, or from the flags (which need --delta), or None."""
+    from dpaudit.training.run import StatedClaim
+
+    flags = {
+        "--epsilon": epsilon, "--delta": delta, "--noise-multiplier": noise_multiplier, "--sample-rate": sample_rate,
+        "--steps": steps, "--accountant": accountant, "--neighbouring": neighbouring,
+    }  # fmt: skip
+    given = [k for k, v in flags.items() if v is not None]
+    if claim is not None and given:
+        raise InputError(f"--claim and {given[0]} are mutually exclusive (put everything in claim.json)")
+    if claim is not None:
+        return _from_file(StatedClaim.from_dict, read_json_file(claim, "claim"), str(claim))
+    if not given:
+        return None
+    if delta is None:
+        raise InputError(f"{given[0]} needs --delta (the claim's δ)")
+    return StatedClaim(
+        delta=delta, epsilon=epsilon, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+        accountant=accountant, neighbouring=neighbouring,
+    )  # fmt: skip
+
+
+# dpaudit-trainer options that a plug-in trainer replaces: refused when given together with ``trainer``.
+RECIPE_OPTIONS = ("algo", "epochs", "steps", "batch_size", "lr", "noise_multiplier", "epsilon", "clip", "train_delta")
+
+
+def audit_training_from_options(
+    *,
+    runs: int,
+    threat_model: str,
+    canary_kind: str,
+    init: str,
+    allow_inconclusive: bool,
+    data: str,
+    label_column: str | None,
+    model: str,
+    model_spec: Any,
+    trainer: str | None,
+    neighbouring: str | None,
+    train_size: int | None,
+    algo: str,
+    epochs: int,
+    steps: int | None,
+    batch_size: int,
+    lr: float,
+    noise_multiplier: float | None,
+    epsilon: float | None,
+    clip: float,
+    train_delta: float,
+    delta: float | None,
+    confidence: float,
+    method: str,
+    claimed_epsilon: float | None,
+    workers: int,
+    seed: int,
+    given: frozenset[str] | set[str] = frozenset(),
+    progress: Progress = NULL_PROGRESS,
+):
+    """``dpaudit audit train``: the recipe (or the plug-in ``trainer``) from the command's options, then
+    the multi-run audit (:func:`dpaudit.workflows.training.audit_training`, a ``TrainingAudit``), or for
+    ``threat_model="white-box-steps"`` the per-step white-box audit of one run
+    (:func:`dpaudit.workflows.whitebox.audit_whitebox_steps`). ``given``: the options the user gave
+    explicitly (recipe options beside ``trainer`` are refused)."""
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from dpaudit.validation import check_choice
+
+    check_choice(("clopper-pearson", "gdp"), method=method)
+    if model_spec is not None and "model" in given:
+        raise InputError("give --model or --model-spec, not both")
+    config = None
+    if trainer is not None:
+        clash = [f"--{n.replace('_', '-')}" for n in RECIPE_OPTIONS if n in given]
+        if clash:
+            raise InputError(f"{', '.join(clash)} configure dpaudit's trainer, which --trainer replaces: drop them")
+        if claimed_epsilon is None or delta is None:
+            raise InputError("--trainer needs your pipeline's claim: --claimed-epsilon E --delta D")
+    else:
+        dp = None
+        if algo.startswith("dp"):
+            dp = DPConfig(clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, delta=train_delta)
+        elif noise_multiplier is not None or epsilon is not None:
+            raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
+        config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
+    ds = load_dataset(data, label_column=label_column)
+    if model_spec is not None:
+        from dpaudit.plugins import load_model_spec
+
+        spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
+    else:
+        spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
+    if threat_model == "white-box-steps":
+        from dpaudit.workflows.whitebox import audit_whitebox_steps
+
+        if trainer is not None:
+            raise InputError("the per-step white-box audit needs dpaudit's own DP-SGD trainer, not --trainer")
+        return audit_whitebox_steps(
+            ds, spec, config, train_size=train_size, confidence=confidence, claimed_epsilon=claimed_epsilon, seed=seed
+        )
+    from dpaudit.workflows.training import audit_training
+
+    return audit_training(
+        ds, spec, config, runs=runs, train_size=train_size, threat_model=threat_model, canary_kind=canary_kind,
+        method=method, delta=delta, confidence=confidence, claimed_epsilon=claimed_epsilon, seed=seed,
+        workers=workers, progress=progress, trainer=trainer, neighbouring=neighbouring, init=init,
+        allow_inconclusive=allow_inconclusive,
+    )  # fmt: skip
