@@ -274,7 +274,8 @@ def _power_shortfall(
         return None
     try:
         n0 = trials_needed(epsilon, delta=result.delta, confidence=result.confidence, method=method)
-        n, _ = size_for_power(epsilon, leak, power=power, start=max(n0, n_eval), seed=seed, **audit)
+        start = max(n0, n_eval)
+        n, _ = size_for_power(epsilon, leak, power=power, start=start, seed=seed, max_size=64 * start, **audit)
         needed = (
             f"about {_with_pilot(n, pilot)} trials per side for {power:.0%} power against this leak (simulated; at "
             f"least {_with_pilot(n0, pilot)} even for a perfect attack)"

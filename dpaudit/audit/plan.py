@@ -30,6 +30,7 @@ from dpaudit.audit.power import (
     DEFAULT_ALTERNATIVE_FAMILY,
     DEFAULT_POWER,
     DEFAULT_SIMULATIONS,
+    MAX_SIMULATED_SIZE,
     ONE_RUN_METHODS,
     hypothesised_leak,
     size_for_power,
@@ -39,6 +40,8 @@ from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
 
 DEFAULT_MAX_TRIALS = 10**8
+# size_advice simulates designs up to this size only (a refusal message must come at once).
+ADVICE_MAX_SIMULATED = 5000
 
 
 def _one_run(method: str) -> bool:
@@ -243,6 +246,7 @@ def plan_design(
     simulations: int = DEFAULT_SIMULATIONS,
     seed: int = 0,
     max_trials: int = DEFAULT_MAX_TRIALS,
+    max_size: int = MAX_SIMULATED_SIZE,
 ) -> DesignPlan:
     """The size an audit of ``target_epsilon`` needs for ``power`` against a hypothesised leak.
 
@@ -273,7 +277,9 @@ def plan_design(
     }  # fmt: skip
     if method == "one-run-fdp":
         audit["tradeoff"] = tradeoff
-    n, p = size_for_power(target, leak, power=power, start=n0, simulations=simulations, seed=seed, **audit)
+    n, p = size_for_power(
+        target, leak, power=power, start=n0, simulations=simulations, seed=seed, max_size=max_size, **audit
+    )
     if _one_run(method):
         note = (
             "canaries of one run, each included independently with probability 1/2 (so the simulated inclusion "
@@ -302,12 +308,28 @@ def plan_design(
 def size_advice(claimed_epsilon: float, *, method: str, delta: float, confidence: float = 0.95, **plan: Any) -> str:
     """One phrase naming the size an audit of ``claimed_epsilon`` needs (for refusals and assertion messages):
     the size for 80% power against the default alternative (randomized response at twice the claim) and
-    the perfect-attack minimum; ``plan``: further :func:`plan_design` arguments."""
+    the perfect-attack minimum; ``plan``: further :func:`plan_design` arguments.
+
+    A refusal must answer at once, so the simulation is bounded: 100 draws per size, designs up to
+    :data:`ADVICE_MAX_SIMULATED` (above it only the perfect-attack minimum is named, with a pointer to
+    ``dpaudit audit plan``) and at most 32 times the perfect-attack size."""
     unit = _unit(method)
     try:
-        p = plan_design(claimed_epsilon, method=method, delta=delta, confidence=confidence, **plan)
+        n0 = trials_needed(claimed_epsilon, method=method, delta=delta, confidence=confidence)
     except InputError as e:  # out of reach of this method (e.g. the one-run ceiling at delta > 0)
         return str(e)
+    if n0 > ADVICE_MAX_SIMULATED:
+        return (
+            f"at least {n0} {unit} even for a perfect attack, and more for a real one (see `dpaudit audit plan "
+            f"--epsilon {claimed_epsilon:g}` for the size with power)"
+        )
+    try:
+        p = plan_design(
+            claimed_epsilon, method=method, delta=delta, confidence=confidence, simulations=100, max_size=32 * n0,
+            **plan,
+        )  # fmt: skip
+    except InputError as e:
+        return f"at least {n0} {unit} even for a perfect attack ({e})"
     return (
         f"about {p.size} {unit} are needed for {p.power:.0%} power against a leak of {p.leak['epsilon']:.3g} "
         f"({p.leak['family']}, simulated), and at least {p.perfect_attack_size} {unit} even for a perfect attack"

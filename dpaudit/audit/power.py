@@ -233,6 +233,7 @@ __all__ = [
     "DEFAULT_POWER",
     "DEFAULT_SIMULATIONS",
     "FAMILIES",
+    "MAX_SIMULATED_SIZE",
     "Leak",
     "hypothesised_leak",
     "simulated_power",
