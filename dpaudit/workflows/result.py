@@ -59,8 +59,10 @@ def _fmt(x: float | None) -> str:
 
 
 def _pick(audits: Sequence[Mapping[str, Any]], formal: bool) -> tuple[int, Mapping[str, Any]] | None:
-    """The strongest audit of one kind: the largest lower bound; among equal bounds the most powerful design."""
-    pool = [(i, a) for i, a in enumerate(audits) if bool(a["formal"]) == formal]
+    """The strongest audit of one kind: the largest lower bound; among equal bounds the most powerful design.
+    A claim-curve audit (``refutation`` set) is neither: its formal result is the curve refutation, which the
+    headline names on its own, and its ε is not an attack's estimate."""
+    pool = [(i, a) for i, a in enumerate(audits) if bool(a["formal"]) == formal and not a.get("refutation")]
     if not pool:
         return None
     return max(
