@@ -46,6 +46,15 @@ from dpaudit.validation import (
 
 PRIORS = ("none", "tv", "mean")
 STOP_REASONS = ("threshold", "no-improvement", "max-iterations", "budget")
+# What is descended on (the MI-FACE cost c(x) = 1 - f_y(x) + AUXTERM(x) is always the one reported and the
+# one the threshold gamma tests):
+# - "mi-face": c itself (Fredrikson et al. 2015, Algorithm 1, line 5). On a confident model f_y(x_0) is
+#   ~1e-9 and its gradient f_y (1 - f_y) grad log f_y vanishes with it: the attack never starts.
+# - "log-softmax" (default): -log f_y(x) + AUXTERM(x), the cross-entropy of the target class, whose
+#   gradient -grad logit_y + sum_j f_j grad logit_j does not vanish when f_y does (the standard remedy,
+#   e.g. Zhang et al. 2020, "The Secret Revealer", arXiv:1911.07135, Eq. 3 identity loss).
+# - "margin": max_{j != y} logit_j - logit_y + AUXTERM(x) (Carlini & Wagner 2017, arXiv:1608.04644, f_6).
+VARIANTS = ("log-softmax", "margin", "mi-face")
 
 
 # --------------------------------------------------------------------------- the algorithm
@@ -53,13 +62,15 @@ STOP_REASONS = ("threshold", "no-improvement", "max-iterations", "budget")
 
 @dataclass(frozen=True, eq=False)
 class MIFaceTrace:
-    """One run of Algorithm 1: the argmin iterate, its cost, the cost of every iterate and why it stopped."""
+    """One run of Algorithm 1: the argmin iterate, its MI-FACE cost c, the descended objective of every
+    iterate and why it stopped (``objective`` and ``costs`` are c itself for the seed's variant)."""
 
     x: np.ndarray
-    cost: float
-    costs: np.ndarray  # c(x_0), c(x_1), ..., c(x_last)
+    cost: float  # c(x) = 1 - f_y(x) + AUXTERM(x) at the returned x (MI-FACE's terms)
+    costs: np.ndarray  # d(x_0), d(x_1), ..., d(x_last): the descended objective
     best_iteration: int
     stop_reason: str
+    objective: float | None = None  # d at the returned x (None: d = c)
 
     @property
     def n_iterations(self) -> int:
@@ -81,32 +92,40 @@ def mi_face(
     """MI-FACE, Fredrikson et al. 2015, Algorithm 1, on any cost: alpha = ``iterations``,
     beta = ``window``, gamma = ``threshold``, lambda = ``step``.
 
-    ``can_step()`` is asked before each step (a query budget: False stops with ``"budget"``). See the
-    module docstring for the reading of the window at ``i < beta``.
+    ``cost(x)`` returns c(x), or a pair (d(x), c(x)): then ``gradient`` is d's, the no-improvement window
+    and the argmin (lines 6 and 10) read d, and the threshold (line 8) reads c, MI-FACE's own cost, so that
+    gamma keeps its meaning. ``can_step()`` is asked before each step (a query budget: False stops with
+    ``"budget"``). See the module docstring for the reading of the window at ``i < beta``.
     """
     check_positive_int(iterations=iterations)
     check_positive_int(window=window)
     check_positive(step=step)
+
+    def pair(x: np.ndarray) -> tuple[float, float]:
+        v = cost(x)
+        return (float(v[0]), float(v[1])) if isinstance(v, tuple) else (float(v), float(v))
+
     x = np.asarray(x0, dtype=np.float64)
-    costs = [float(cost(x))]
-    best_x, best_c, best_i = x, costs[0], 0
+    d, c = pair(x)
+    costs = [d]
+    best_x, best_d, best_c, best_i = x, d, c, 0
     reason = "max-iterations"
     for i in range(1, iterations + 1):
         if not can_step():
             reason = "budget"
             break
         x = process(x - step * gradient(x))  # Algorithm 1, line 5
-        c = float(cost(x))
-        costs.append(c)
-        if c < best_c:
-            best_x, best_c, best_i = x, c, i
-        if i >= window and c >= max(costs[i - window : i]):  # line 6, once beta earlier costs exist
+        d, c = pair(x)
+        costs.append(d)
+        if d < best_d:
+            best_x, best_d, best_c, best_i = x, d, c, i
+        if i >= window and d >= max(costs[i - window : i]):  # line 6, once beta earlier costs exist
             reason = "no-improvement"
             break
-        if c <= threshold:  # line 8
+        if c <= threshold:  # line 8, in MI-FACE's cost
             reason = "threshold"
             break
-    return MIFaceTrace(np.array(best_x), best_c, np.array(costs), best_i, reason)
+    return MIFaceTrace(np.array(best_x), best_c, np.array(costs), best_i, reason, best_d)
 
 
 # --------------------------------------------------------------------------- the model as the attacker sees it
@@ -170,13 +189,18 @@ class MIFace:
     - white-box: ``model`` maps a float64 torch batch of raw inputs to probabilities; the gradient of
       ``c`` is autograd on the input.
     - black-box (``black_box=True``): ``model`` maps a numpy batch to probabilities (wrap it in
-      :class:`QueryCounter` to count). The gradient of ``1 - f_label`` is the antithetic Gaussian
+      :class:`QueryCounter` to count). The gradient of the descended objective is the antithetic Gaussian
       two-point estimate ``(1/n) sum_k [f(x + mu u_k) - f(x - mu u_k)] / (2 mu) u_k`` with
       ``u_k ~ N(0, I)`` (Nesterov & Spokoiny 2017, "Random gradient-free minimization of convex
       functions", Found. Comput. Math., Gaussian smoothing); AUXTERM is the attacker's own and is
       differentiated exactly. Each step asks ``2 * directions + 1`` queries (the estimate, then
       ``c(x_i)``), plus one for ``c(x_0)``; ``budget`` (per inversion) stops it before a step that would
       exceed it.
+
+    ``variant`` picks what is descended (:data:`VARIANTS`; ``"mi-face"`` is the seed's Algorithm 1 as
+    published); the stopping rule, gamma and the reported cost are MI-FACE's in every variant.
+    ``restarts`` R: Algorithm 1 is run from x_0 = PROCESS(0) and from R - 1 starts drawn uniformly in the
+    aux box (seeded); the run with the smallest MI-FACE cost is returned (black-box: the budget is shared).
     """
 
     def __init__(
@@ -192,6 +216,8 @@ class MIFace:
         budget: int | None = None,
         directions: int = 20,
         smoothing: float = 0.01,
+        variant: str = "log-softmax",
+        restarts: int = 4,
         seed: int | np.random.Generator | None = 0,
     ) -> None:
         self.iterations = iterations
@@ -204,6 +230,8 @@ class MIFace:
         self.budget = budget
         self.directions = directions
         self.smoothing = smoothing
+        self.variant = variant
+        self.restarts = restarts
         self.seed = seed
 
     def check(self) -> None:
@@ -212,6 +240,8 @@ class MIFace:
         check_positive_int(window=self.window)
         check_positive(step=self.step)
         check_choice(PRIORS, prior=self.prior)
+        check_choice(VARIANTS, variant=self.variant)
+        check_positive_int(restarts=self.restarts)
         check_non_negative(prior_weight=self.prior_weight)
         check_in_interval(-math.inf, math.inf, threshold=self.threshold)
         if self.black_box:
@@ -256,26 +286,47 @@ class MIFace:
     def aux_term(self, x: np.ndarray) -> float:
         return float(self._aux_term(torch.as_tensor(x, dtype=torch.float64)))
 
+    def _objective(self, p: torch.Tensor, label: int) -> torch.Tensor:
+        """The descended objective d without AUXTERM, from a probability vector (float64)."""
+        if self.variant == "mi-face":
+            return 1.0 - p[label]
+        # log-probabilities differ from the logits by a constant, so the margin is a logit margin; the clamp
+        # only guards log(0) (a probability below 1e-300 in float64)
+        logp = torch.log(p.clamp_min(1e-300))
+        if self.variant == "log-softmax":
+            return -logp[label]
+        others = torch.cat([logp[:label], logp[label + 1 :]])
+        return others.max() - logp[label]
+
+    def starts(self) -> list[np.ndarray]:
+        """x_0 = PROCESS(0) (Algorithm 1, line 3), then ``restarts - 1`` uniform draws in the aux box."""
+        rng = np.random.default_rng(derive_start_seed(self.seed))
+        x0 = self.process(np.zeros_like(self.lower_))
+        return [x0] + [rng.uniform(self.lower_, self.upper_) for _ in range(self.restarts - 1)]
+
     def invert(self, model: Callable[..., Any], label: int) -> MIFaceTrace:
-        """Run Algorithm 1 for class ``label`` against ``model`` (see the class docstring)."""
+        """Run Algorithm 1 for class ``label`` against ``model`` from each start (see the class docstring)
+        and return the trace with the smallest MI-FACE cost."""
         if not hasattr(self, "lower_"):
             raise InputError("MIFace is not fitted; call fit(X_aux) first")
-        x0 = self.process(np.zeros_like(self.lower_))
         kw = dict(iterations=self.iterations, window=self.window, threshold=self.threshold, step=self.step)
         if not self.black_box:
 
-            def cost(x: np.ndarray) -> float:
+            def cost(x: np.ndarray) -> tuple[float, float]:
                 with torch.no_grad():
                     t = torch.as_tensor(x)
-                    return float(1.0 - model(t[None])[0, label] + self._aux_term(t))
+                    p = model(t[None])[0]
+                    a = self._aux_term(t)
+                    return float(self._objective(p, label) + a), float(1.0 - p[label] + a)
 
             def gradient(x: np.ndarray) -> np.ndarray:
                 t = torch.as_tensor(x).clone().requires_grad_(True)
-                c = 1.0 - model(t[None])[0, label] + self._aux_term(t)
-                (g,) = torch.autograd.grad(c, t)
+                d = self._objective(model(t[None])[0], label) + self._aux_term(t)
+                (g,) = torch.autograd.grad(d, t)
                 return g.numpy()
 
-            return mi_face(cost, gradient, x0, process=self.process, **kw)
+            traces = [mi_face(cost, gradient, x0, process=self.process, **kw) for x0 in self.starts()]
+            return min(traces, key=lambda t: (t.cost, t.objective))
 
         rng = np.random.default_rng(self.seed)
         used = 0
@@ -284,15 +335,21 @@ class MIFace:
         def ask(X: np.ndarray) -> np.ndarray:
             nonlocal used
             used += len(X)
-            return np.asarray(model(X), dtype=np.float64)[:, label]
+            return np.asarray(model(X), dtype=np.float64)
 
-        def cost(x: np.ndarray) -> float:
-            return float(1.0 - ask(x[None])[0] + self.aux_term(x))
+        def objective(P: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return np.array([float(self._objective(torch.as_tensor(p), label)) for p in P])
+
+        def cost(x: np.ndarray) -> tuple[float, float]:
+            p = ask(x[None])
+            a = self.aux_term(x)
+            return float(objective(p)[0] + a), float(1.0 - p[0, label] + a)
 
         def gradient(x: np.ndarray) -> np.ndarray:
             u = rng.standard_normal((n, *x.shape))
-            f = ask(np.concatenate([x + mu * u, x - mu * u]))
-            coef = -(f[:n] - f[n:]) / (2 * mu)  # d(1 - f)/du_k, antithetic two-point estimate
+            f = objective(ask(np.concatenate([x + mu * u, x - mu * u])))
+            coef = (f[:n] - f[n:]) / (2 * mu)  # dd/du_k, antithetic two-point estimate
             g = np.tensordot(coef, u, axes=1) / n
             t = torch.as_tensor(x).clone().requires_grad_(True)
             a = self._aux_term(t)
@@ -303,9 +360,22 @@ class MIFace:
         def can_step() -> bool:
             return self.budget is None or used + 2 * n + 1 <= self.budget
 
-        trace = mi_face(cost, gradient, x0, process=self.process, can_step=can_step, **kw)
+        traces = []
+        for x0 in self.starts():
+            if traces and self.budget is not None and used + 1 > self.budget:
+                break  # no query left for c(x_0) of another start
+            traces.append(mi_face(cost, gradient, x0, process=self.process, can_step=can_step, **kw))
         self.queries_ = used
-        return trace
+        return min(traces, key=lambda t: (t.cost, t.objective))
+
+
+def derive_start_seed(seed: int | np.random.Generator | None) -> int | np.random.Generator | None:
+    """The random starts' stream: apart from the black-box directions' (same seed, another stream)."""
+    if isinstance(seed, int):
+        from dpaudit.seeding import derive_seed
+
+        return derive_seed(seed, stream=7)
+    return seed
 
 
 # --------------------------------------------------------------------------- metrics
@@ -450,6 +520,7 @@ def _invert_one(attack, target, k, clf, members, nonmembers, box) -> dict[str, A
         "identified_as": int(clf.predict(x.reshape(1, -1))[0]),
         "cost": float(trace.cost),
         "confidence": float(1.0 - trace.cost + attack.aux_term(x)),  # f_label at the argmin
+        "objective": float(trace.cost if trace.objective is None else trace.objective),
         "iterations": int(trace.n_iterations),
         "best_iteration": int(trace.best_iteration),
         "stop_reason": trace.stop_reason,
@@ -510,7 +581,9 @@ def run_inversion(
         "black_box": bool(attack.black_box),
         "budget": attack.budget,
         "directions": attack.directions if attack.black_box else None,
-        "start": "x0 = PROCESS(0) in raw feature space",
+        "variant": attack.variant,
+        "restarts": attack.restarts,
+        "start": "x0 = PROCESS(0) in raw feature space, then restarts - 1 uniform draws in the aux box",
         "seed": seed,
     }
     return InversionResult(classes, np.stack(inversions), tuple(per_class), ident, nearest, eval_acc, params)

@@ -193,7 +193,7 @@ def run_mia(
     workers = check_workers(workers, scheduler=scheduler)
     ds = run.dataset()  # verifies the data hash: the checkpoint must match the data it was trained on
     ids, member = candidates(run)
-    target = _Target(ids, ds.y[ids], run.logits(ds.X[ids]))
+    target = _Target(ids, ds.y[ids], run.logits(ds.view(ids)))  # read and preprocessed a batch at a time
     recipe = Recipe.from_run(run, ds) if ("shadow" in methods or needs_refs) else None
     train = functools.partial(
         train_models, workers=workers, scheduler=scheduler, cache_dir=cache_dir, progress=progress

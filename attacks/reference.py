@@ -193,7 +193,7 @@ def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) 
                 preprocessing=recipe.preprocessing,
                 force=True,  # replaces a partial entry; concurrent writers of one key write the same model
             )
-        logits = load_run(path).logits(recipe.dataset.X)
+        logits = load_run(path).logits(recipe.dataset.view())
     finally:
         torch.set_num_threads(threads)
     buf = io.BytesIO()

@@ -46,7 +46,93 @@ from dpaudit.training.dpsgd import set_private_gradients
 SIGMA, CLIP, LR = 1.0, 1.0, 0.1
 
 
-def workloads(batch: int, device: torch.device) -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:
+class CifarGroupNormCNN(nn.Module):
+    """A CIFAR-sized residual CNN with GroupNorm (channels w, 2w, 4w: 64-256 at full size)."""
+
+    def __init__(self, w: int, n_classes: int = 10) -> None:
+        super().__init__()
+
+        def gn(c: int) -> nn.GroupNorm:
+            return nn.GroupNorm(8 if c >= 8 else 1, c)
+
+        self.stem, self.n0 = nn.Conv2d(3, w, 3, padding=1), gn(w)
+        self.c1, self.n1 = nn.Conv2d(w, w, 3, padding=1), gn(w)
+        self.c2, self.n2 = nn.Conv2d(w, w, 3, padding=1), gn(w)
+        self.d1, self.n3 = nn.Conv2d(w, 2 * w, 3, stride=2, padding=1), gn(2 * w)
+        self.d2, self.n4 = nn.Conv2d(2 * w, 4 * w, 3, stride=2, padding=1), gn(4 * w)
+        self.head = nn.Linear(4 * w, n_classes)
+
+    def forward(self, x):
+        h = F.relu(self.n0(self.stem(x)))
+        h = F.relu(h + self.n2(self.c2(F.relu(self.n1(self.c1(h))))))  # residual block
+        h = F.relu(self.n4(self.d2(F.relu(self.n3(self.d1(h))))))
+        return self.head(h.mean((2, 3)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block; attention from Linear layers + scaled_dot_product_attention, or
+    ``nn.MultiheadAttention`` (packed in-projection) with ``mha=True``."""
+
+    def __init__(self, d: int, heads: int, mha: bool) -> None:
+        super().__init__()
+        self.heads, self.mha = heads, mha
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        if mha:
+            self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        else:
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, h):
+        a = self.ln1(h)
+        if self.mha:
+            a = self.attn(a, a, a, need_weights=False)[0]
+        else:
+            B, T, d = a.shape
+            q, k, v = self.qkv(a).view(B, T, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            a = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, d))
+        h = h + a
+        return h + self.mlp(self.ln2(h))
+
+
+class ArangeTransformer(nn.Module):
+    """2-layer transformer classifier; the positional embedding is called on torch.arange(T)."""
+
+    def __init__(self, vocab: int, d: int, T: int, n_classes: int = 2, mha: bool = False) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(T, d)
+        self.blocks = nn.Sequential(Block(d, 4, mha), Block(d, 4, mha))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        h = self.tok(tok) + self.pos(torch.arange(tok.shape[1], device=tok.device))
+        return self.head(self.ln(self.blocks(h)).mean(1))
+
+
+class TiedModel(nn.Module):
+    """Embedding and output head share one weight (predict a token class from a sequence)."""
+
+    def __init__(self, vocab: int, d: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tok):
+        return self.head(self.mix(self.emb(tok)).mean(1))
+
+
+# Sizes of the new workloads: "full" as in the issue (GPU), "small" for the 2-core CPU.
+SIZES = {
+    "full": {"width": 64, "image": 32, "vocab": 1000, "d": 128, "T": 64},
+    "small": {"width": 16, "image": 16, "vocab": 200, "d": 64, "T": 32},
+}
+
+
+def workloads(
+    batch: int, device: torch.device, size: str = "full"
+) -> dict[str, tuple[nn.Module, torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)  # drawn on CPU, then moved: the same data on every device
     image = (1, 8, 8)
     x_img = torch.randn(batch, *image, generator=g)
@@ -74,6 +160,17 @@ def workloads(batch: int, device: torch.device) -> dict[str, tuple[nn.Module, to
             y2,
         ),
     }
+    z = SIZES[size]
+    torch.manual_seed(0)
+    seq = torch.randint(0, z["vocab"], (batch, z["T"]), generator=g)
+    out["cifar-gn"] = (
+        CifarGroupNormCNN(z["width"]),
+        torch.randn(batch, 3, z["image"], z["image"], generator=g),
+        y10,
+    )
+    out["transformer"] = (ArangeTransformer(z["vocab"], z["d"], z["T"]), seq, y2)
+    out["transformer-mha"] = (ArangeTransformer(z["vocab"], z["d"], z["T"], mha=True), seq, y2)
+    out["tied"] = (TiedModel(z["vocab"], z["d"]), seq, torch.randint(0, z["vocab"], (batch,), generator=g))
     return {k: (m.to(device), x.to(device), y.to(device)) for k, (m, x, y) in out.items()}
 
 
@@ -104,8 +201,10 @@ def nonprivate_step(model, x, y) -> Callable[[], None]:
     return step
 
 
-def ours_step(model, x, y, method: str) -> Callable[[], None]:
+def ours_step(model, x, y, method: str, plans: dict | None = None) -> Callable[[], None]:
     clipper = make_clipper(model, method)
+    if plans is not None:
+        plans[method] = clipper  # describe() after the first step: the per-layer choice
     opt = torch.optim.SGD(clipper.params, lr=LR)
     gen = _noise_gen(x.device)
     idx = _order(len(x), x.device)
@@ -130,14 +229,14 @@ def ours_step(model, x, y, method: str) -> Callable[[], None]:
 def ghost_second_backward_step(model, x, y) -> Callable[[], None]:
     """Ghost norms, then Σ_i c_i ℓ_i backpropagated again (Li et al. 2021, arXiv:2110.05679, Sec. 4)."""
     clipper = GhostClipper(model)
-    clipper._checked = True  # the benchmark model is known to be supported
+    idx = _order(len(x), x.device)
+    clipper(x[idx], y[idx], CLIP)  # builds and checks the plan
     opt = torch.optim.SGD(clipper.params, lr=LR)
     gen = _noise_gen(x.device)
-    idx = _order(len(x), x.device)
 
     def step() -> None:
         xb, yb = x[idx], y[idx]
-        norms = clipper._norm_parts(xb, yb)[2]
+        norms = clipper._norm_parts(clipper.plan_, xb, yb)[2]
         c = clip_factors(norms, CLIP)
         losses = F.cross_entropy(model(xb), yb, reduction="none")
         grads = torch.autograd.grad((losses * c).sum(), clipper.params)
@@ -226,11 +325,11 @@ JAX_ROWS = {"jax non-private": "sgd", "jax dpsgd": "dp", "jax jl(1)": "jl"}
 
 
 def makers(
-    x: torch.Tensor, y: torch.Tensor, loop: bool, jax_rows: bool = False
+    x: torch.Tensor, y: torch.Tensor, loop: bool, jax_rows: bool = False, plans: dict | None = None
 ) -> dict[str, Callable[[nn.Module], Callable[[], None] | None]]:
     out = {
         "non-private": lambda m: nonprivate_step(m, x, y),
-        "ours ghost": lambda m: ours_step(m, x, y, "ghost"),
+        "ours ghost": lambda m: ours_step(m, x, y, "ghost", plans),
         "ours ghost-2bw": lambda m: ghost_second_backward_step(m, x, y),
         "ours vmap": lambda m: ours_step(m, x, y, "vmap"),
         "opacus hooks": lambda m: opacus_step(m, x, y, "hooks"),
@@ -262,6 +361,54 @@ def measure(
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _proc_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def memory_child(spec: str, args) -> None:
+    """One (workload, method) in a fresh process: the peak RSS two steps add above the RSS with the
+    model and batch built (the high-water mark reset first through /proc/self/clear_refs)."""
+    import json
+
+    name, method = spec.split(":", 1)
+    model, x, y = workloads(args.batch, torch.device("cpu"), args.size)[name]
+    f = makers(x, y, loop=True)[method](model)
+    if f is None:
+        print(json.dumps({"peak_mib": None}))
+        return
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
+    rss0 = _proc_kib("VmRSS")
+    f()
+    f()
+    print(json.dumps({"peak_mib": (_proc_kib("VmHWM") - rss0) / 1024}))
+
+
+def cpu_peak_mib(name: str, method: str, args) -> float | None:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, __file__, "--memory-child", f"{name}:{method}", "--batch", str(args.batch)]
+    cmd += ["--size", args.size, "--threads", str(args.threads)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])["peak_mib"]
+    except (IndexError, ValueError, KeyError):
+        return None
+
+
+def gpu_peak_mib(f: Callable[[], None], device: torch.device) -> float:
+    """Peak CUDA memory one step allocates above what is resident before it (models, batches)."""
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    f()
+    _sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -274,7 +421,18 @@ def main() -> None:
     parser.add_argument(
         "--jax", action="store_true", help="add JAX rows (non-private, DP-SGD, JL(1)); JAX picks its own device"
     )
+    parser.add_argument("--size", choices=tuple(SIZES), default="full", help="size of cifar-gn/transformer*/tied")
+    parser.add_argument("--methods", default=None, help="comma-separated subset of the methods (default: all)")
+    parser.add_argument(
+        "--memory", action="store_true", help="peak memory per method (CUDA: in process; CPU: one process each)"
+    )
+    parser.add_argument("--plan", action="store_true", help="print ours ghost's per-layer choice per workload")
+    parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_child:
+        torch.set_num_threads(args.threads)
+        warnings.filterwarnings("ignore")
+        return memory_child(args.memory_child, args)
     warnings.filterwarnings("ignore")  # Opacus warns about its insecure RNG and full backward hooks
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -288,14 +446,19 @@ def main() -> None:
         f"median of {args.rounds} interleaved rounds{on}"
     )
     header = (
-        f"{'model':<9} {'method':<14} {'ms/step':>9} {'examples/s':>11} {'x non-private':>14} {'vs Opacus hooks':>16}"
+        f"{'model':<15} {'method':<14} {'ms/step':>9} {'examples/s':>11} {'x non-private':>14} {'vs Opacus hooks':>16}"
     )
-    rows, jax_rows = [], []
-    for name, (model, x, y) in workloads(args.batch, device).items():
+    if args.memory:
+        header += f" {'peak MiB':>9} {'x mem':>6}"
+    rows, jax_rows, plan_lines = [], [], []
+    wanted = set(args.methods.split(",")) if args.methods else None
+    for name, (model, x, y) in workloads(args.batch, device, args.size).items():
         if name not in args.models.split(","):
             continue
-        steps = {}
-        for k, make in makers(x, y, args.loop, args.jax).items():
+        steps, plans = {}, {}
+        for k, make in makers(x, y, args.loop, args.jax, plans).items():
+            if wanted is not None and k not in wanted:
+                continue
             try:
                 f = make(copy.deepcopy(model))
                 if f is not None:
@@ -312,11 +475,24 @@ def main() -> None:
             _sync(device)
             per_round[k] = max(1, int(args.target_seconds / max(time.perf_counter() - t, 1e-6)))
         t = measure(steps, args.rounds, per_round, device)
+        mem: dict[str, float | None] = {}
+        if args.memory:
+            for k, f in steps.items():
+                mem[k] = gpu_peak_mib(f, device) if device.type == "cuda" else cpu_peak_mib(name, k, args)
         base = t["non-private"]
         ref = t.get("opacus hooks")
         for k, v in t.items():
             vs = f"{ref / v:.2f}x faster" if ref is not None and k.startswith("ours") else ""
-            rows.append(f"{name:<9} {k:<14} {v * 1e3:9.2f} {args.batch / v:11.0f} {v / base:14.2f} {vs:>16}")
+            row = f"{name:<15} {k:<14} {v * 1e3:9.2f} {args.batch / v:11.0f} {v / base:14.2f} {vs:>16}"
+            if args.memory:
+                m, m0 = mem.get(k), mem.get("non-private")
+                row += f" {m:9.1f}" if m is not None else f" {'-':>9}"
+                row += f" {m / m0:6.2f}" if m is not None and m0 else f" {'-':>6}"
+            rows.append(row)
+        if args.plan and "ghost" in plans:
+            from dpaudit.training.clipping import clipping_text
+
+            plan_lines.append(f"{name}: " + clipping_text(plans["ghost"].describe()))
         if "jax non-private" in t:  # JAX: compile time apart from steady state, ratios to JAX non-private
             for k in JAX_ROWS:
                 if k in t:
@@ -327,6 +503,14 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     print("\n".join(rows))
+    if args.memory:
+        print(
+            "peak MiB: memory one step adds above the resident model and batch "
+            + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda" else "(peak RSS of a fresh process, VmHWM)")
+        )
+    if plan_lines:
+        print("\nper-layer choice of ours ghost (cost model: ghost norm when 2T² <= p·d):")
+        print("\n".join(plan_lines))
     if jax_rows:
         import jax
 

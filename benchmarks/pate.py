@@ -26,12 +26,26 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from dpaudit.aggregation import AggregatorConfig, aggregate, calibrate_aggregator, privacy_record, vote_histogram  # noqa: E402
+from dpaudit.aggregation import (  # noqa: E402
+    AggregatorConfig,
+    aggregate,
+    calibrate_aggregator,
+    privacy_record,
+    private_diagnostics,
+    vote_histogram,
+)
 from dpaudit.data import Dataset, load_dataset, make_splits  # noqa: E402
 from dpaudit.models import default_spec  # noqa: E402
 from dpaudit.training.config import PerfConfig, TrainConfig  # noqa: E402
 from dpaudit.training.icl import make_predictor  # noqa: E402
-from dpaudit.training.pate import AggregationConfig, icl_votes, pate_votes, public_preprocessing, teacher_parts  # noqa: E402
+from dpaudit.training.pate import (  # noqa: E402
+    AggregationConfig,
+    icl_votes,
+    pate_votes,
+    public_preprocessing,
+    subsampled_icl_hist,
+    teacher_parts,
+)
 from dpaudit.training.run import evaluate, fit_model  # noqa: E402
 
 SPLIT = (0.6, 0.05, 0.25, 0.1)  # members (private), holdout, aux (public queries), test
@@ -49,13 +63,14 @@ def _student_accuracy(ds, spec, pre, q_idx, answers, test_idx) -> float:
     return evaluate(fitted, ds, test_idx)["accuracy"]
 
 
-def _row(name, q, ans, rec, acc, true):
+def _row(name, q, ans, rec, diag, sanitised, acc, true):
     ok = ans >= 0
     di = math.inf if rec is None else rec["epsilon"]
-    dd = (rec or {}).get("data_dependent", {}).get("epsilon")
+    dd = (diag or {}).get("data_dependent_epsilon")
     dd_text = "—" if dd is None else f"{dd:.2f}"
+    san_text = "—" if sanitised is None else f"{sanitised:.2f}"
     label_acc = float(np.mean(ans[ok] == true[ok])) if ok.any() else math.nan
-    return f"| {name} | {q} | {int(ok.sum())} | {di:.2f} | {dd_text} | {label_acc:.3f} | {acc:.3f} |"
+    return f"| {name} | {q} | {int(ok.sum())} | {di:.2f} | {dd_text} | {san_text} | {label_acc:.3f} | {acc:.3f} |"
 
 
 def pate_table(quick: bool) -> None:
@@ -78,9 +93,9 @@ def pate_table(quick: bool) -> None:
     teacher_acc, vote_acc = np.mean(votes == true_all[None]), np.mean(hist_all.argmax(1) == true_all)
     print(f"(teacher accuracy on the queries {teacher_acc:.3f}, plurality vote {vote_acc:.3f}; both from the "
           "private votes, for the reader only)\n")  # fmt: skip
-    print("| aggregator | queries | answered | ε (claim, data-indep.) | ε data-dep. (not private) | label acc. "
-          "| student test acc. |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| aggregator | queries | answered | ε (claim, data-indep.) | ε data-dep. (not private) "
+          "| ε sanitised (--claim data-dependent) | label acc. | student test acc. |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     qs = (50, 150) if quick else (50, 100, 200, 400)
     rows = [(f"LNMax b={k / 20:g}", AggregatorConfig("lnmax", sigma=k / 20), q) for q in qs]
     rows += [(f"GNMax σ={k / 10:g}", AggregatorConfig("gnmax", sigma=k / 10), q) for q in qs]
@@ -93,13 +108,17 @@ def pate_table(quick: bool) -> None:
         hist, true, q_idx = hist_all[:q], true_all[:q], q_all[:q]
         ans = aggregate(hist, agg, 1)
         rec = privacy_record(agg, hist, ans, delta=DELTA, n_teachers=k)
+        diag = private_diagnostics(agg, hist, ans, delta=DELTA, n_teachers=k)  # NOT private: for the reader
+        sanitised = None
+        if agg.name in ("gnmax", "confident-gnmax"):
+            sanitised = privacy_record(agg, hist, ans, delta=DELTA, n_teachers=k, claim="data-dependent")["epsilon"]
         acc = _student_accuracy(ds, spec, pre, q_idx, ans, splits.test)
-        print(_row(name, q, ans, rec, acc, true))
+        print(_row(name, q, ans, rec, diag, sanitised, acc, true))
 
 
 def icl_table(quick: bool) -> None:
     print(f"\n### DP-ICL (nearest-exemplar in-context predictor), GNMax calibrated to ε at δ = {DELTA:g}\n")
-    print("| data | teachers × shots | queries | ε | label acc. | student test acc. |")
+    print("| data | teachers | queries | ε | label acc. | student test acc. |")
     print("|---|---|---|---|---|---|")
     for data, shots, k in (("digits", 10, 40), ("breast-cancer", 4, 40)):
         ds = load_dataset(data)
@@ -124,7 +143,23 @@ def icl_table(quick: bool) -> None:
             ans = aggregate(hist, agg, 1)
             acc = _student_accuracy(ds, spec, pre, q_idx, ans, splits.test)
             label_acc = float(np.mean(ans == ds.y[q_idx]))
-            print(f"| {data} | {k} × {shots} | {q} | {eps:g} | {label_acc:.3f} | {acc:.3f} |")
+            print(f"| {data} | fixed {k} × {shots} | {q} | {eps:g} | {label_acc:.3f} | {acc:.3f} |")
+        # Per-query Poisson subsampling with the same expected prompt size (q N / K = shots), issue 28.
+        rate = min(1.0, shots * k / len(splits.members))
+        ex_X, ex_y = pre.transform(ds.X[splits.members]), ds.y[splits.members]
+        for eps in (1.0, 3.0, 8.0, math.inf):
+            base = AggregatorConfig("gnmax", sigma=1.0, sample_rate=rate)
+            sub = AggregationConfig(algo="dp-icl", teachers=k, aggregator=base, queries=q, seed=0)
+            hist_s = subsampled_icl_hist(make_predictor("knn", ds.n_classes), ex_X, ex_y, pre.transform(ds.X[q_idx]),
+                                         sub, ds.n_classes)  # fmt: skip
+            if math.isinf(eps):
+                agg = AggregatorConfig("argmax")
+            else:
+                agg = calibrate_aggregator(base, target_epsilon=eps, delta=DELTA, n_queries=q, n_classes=ds.n_classes)
+            ans = aggregate(hist_s, agg, 1)
+            acc = _student_accuracy(ds, spec, pre, q_idx, ans, splits.test)
+            label_acc = float(np.mean(ans == ds.y[q_idx]))
+            print(f"| {data} | Poisson q={rate:.2f}, {k} teachers | {q} | {eps:g} | {label_acc:.3f} | {acc:.3f} |")
 
 
 def attack_table(quick: bool) -> None:

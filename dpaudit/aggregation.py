@@ -27,9 +27,11 @@ Accounting (pure numpy/scipy, no torch):
   query; its GNMax step runs only on answered queries, at most ``max_answers`` of them (the aggregator
   stops answering after that). Composing only the answered GNMax steps with a cap fixed in advance is
   the Rényi filter of Feldman & Zrnic 2021 (arXiv:2008.11193, Thm. 3.1), applied at each order.
-* Data-dependent (Papernot et al. 2018, Thm. 6, Prop. 7 and 10): smaller on consensus histograms, but a
-  function of the private votes, so *not itself differentially private* unless sanitised with smooth
-  sensitivity (ibid. Sec. 4.3, not implemented here). It is recorded beside the claim, labelled as such.
+* Data-dependent (Papernot et al. 2018, Thm. 6, Prop. 7 and 10; LNMax: Papernot et al. 2017, Thm. 3):
+  smaller on consensus histograms, but a function of the private votes, so *not itself differentially
+  private*. ``claim="data-dependent"`` releases it sanitised with smooth sensitivity (ibid. Sec. 4.3 and
+  App. C; :mod:`dpaudit.accounting.pate_smooth`), which is then the claim; the raw values are kept out
+  of the checkpoint unless asked for (:func:`private_diagnostics`).
 """
 
 from __future__ import annotations
@@ -39,10 +41,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import special, stats
 
+from dpaudit.accounting.pate_smooth import (
+    SanitiserConfig,
+    log_q_gnmax,
+    log_q_lnmax,
+    rdp_gnmax_data_dependent,
+    rdp_lnmax_data_dependent,
+    rdp_threshold_data_dependent,
+    sanitised_claim,
+)
 from dpaudit.errors import InputError
-from dpaudit.events import Composed, Event, Gaussian, GNMax, LNMax, NonPrivate, SelfComposed
+from dpaudit.events import Composed, Event, Gaussian, GNMax, LNMax, NonPrivate, PoissonSampled, SelfComposed
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive, check_positive_int
 
 __all__ = [
@@ -55,6 +65,7 @@ __all__ = [
     "data_dependent_rdp",
     "log_q_gnmax",
     "privacy_record",
+    "private_diagnostics",
     "rdp_gnmax_data_dependent",
     "rdp_threshold_data_dependent",
     "vote_histogram",
@@ -67,9 +78,21 @@ NEIGHBOURING_NOTE = (
     "adding or removing one exemplar of a fixed teacher is covered too"
 )
 DATA_DEPENDENT_NOTE = (
-    "data-dependent analysis (Papernot et al. 2018, arXiv:1802.08908, Thm. 6 with Prop. 7/10): computed "
-    "from the private vote histograms, so this epsilon is itself NOT differentially private (not sanitised "
-    "with smooth sensitivity); it is not the claim"
+    "data-dependent analysis (Papernot et al. 2018, arXiv:1802.08908, Thm. 6 with Prop. 7/10; LNMax: Papernot "
+    "et al. 2017, Thm. 3): computed from the private vote histograms, so these values are themselves NOT "
+    "differentially private (not sanitised); kept only with --keep-private-diagnostics"
+)
+SUBSAMPLED_NOTE = (
+    "each private record has a fixed, data-independent teacher (an i.i.d. uniform draw) and joins that teacher's "
+    "prompt for a query with probability q, independently per query: adding or removing one record changes at "
+    "most one vote per query, and only on the queries that sampled it (add/remove neighbours)"
+)
+SANITISED_NOTE = (
+    "data-dependent, sanitised (Papernot et al. 2018, arXiv:1802.08908, Sec. 4.3 and App. C): the data-dependent "
+    "RDP at one order is released with Gaussian noise scaled by its smooth sensitivity (GNSS, Thm. 23), raised "
+    "by a margin from a released bound on that sensitivity so that it is not below the data-dependent RDP except "
+    "with probability delta/2; both releases are charged, and RDP is converted at delta/2 (formal for this "
+    "dataset's neighbours: the claim holds with the stated delta)."
 )
 
 
@@ -82,6 +105,9 @@ class AggregatorConfig:
     ``sigma1`` and ``threshold`` T: Confident-GNMax's noisy threshold check (only for it).
     ``max_answers``: Confident-GNMax stops answering after this many answers (None: no cap, i.e. the
     claim assumes every query may be answered).
+    ``sample_rate`` q (GNMax only; DP-ICL): every query is answered by teachers that see a fresh Poisson
+    sample of the private records (each kept with probability q; Wu et al. 2024, arXiv:2305.01639, Sec. 3),
+    accounted with amplification by subsampling under add/remove neighbours (:func:`aggregator_event`).
     """
 
     name: str
@@ -89,6 +115,7 @@ class AggregatorConfig:
     sigma1: float | None = None
     threshold: float | None = None
     max_answers: int | None = None
+    sample_rate: float | None = None
 
     def __post_init__(self) -> None:
         check_choice(AGGREGATORS, aggregator=self.name)
@@ -109,6 +136,10 @@ class AggregatorConfig:
             raise InputError("--sigma1, --threshold and --max-answers apply only to confident-gnmax")
         if self.max_answers is not None:
             check_positive_int(max_answers=self.max_answers)
+        if self.sample_rate is not None:
+            if self.name != "gnmax":
+                raise InputError(f"--subsample applies to the gnmax aggregator, not {self.name}")
+            check_in_interval(0.0, 1.0, hi_open=False, sample_rate=self.sample_rate)
 
     def check_teachers(self, n_teachers: int) -> None:
         """The threshold must lie in [0, K] (a count of teacher votes)."""
@@ -182,6 +213,12 @@ def aggregator_event(config: AggregatorConfig, n_queries: int, n_classes: int) -
         return NonPrivate()
     if config.name == "lnmax":
         return SelfComposed(LNMax(config.sigma, n_classes), n_queries)
+    if config.name == "gnmax" and config.sample_rate is not None:
+        # One added record joins its (data-independent) teacher's prompt only when sampled; that teacher's vote
+        # moves the histogram by at most sqrt(2) in L2, so GNMax is post-processing of a Gaussian release of
+        # the histogram with noise multiplier sigma / sqrt(2) (Papernot et al. 2018, Prop. 8), Poisson-
+        # subsampled per query: the sampled Gaussian mechanism (Mironov, Talwar & Zhang 2019), add/remove.
+        return SelfComposed(PoissonSampled(config.sample_rate, Gaussian(config.sigma / math.sqrt(2.0))), n_queries)
     if config.name == "gnmax":
         return SelfComposed(GNMax(config.sigma, n_classes), n_queries)
     # The threshold check: Gaussian noise on max_j n_j, which one record moves by at most 1 (sensitivity 1
@@ -250,83 +287,21 @@ def calibrate_aggregator(
 # ------------------------------------------------------------------------- data-dependent analysis
 
 
-def log_q_gnmax(hist: np.ndarray, sigma: float) -> np.ndarray:
-    """Upper bound on log Pr[GNMax(n) != argmax n] per row (Papernot et al. 2018, Prop. 7):
-    q <= sum_{i != i*} Pr[n_i + N(0, s^2) >= n_i* + N(0, s^2)] = sum_{i != i*} (1/2) erfc((n_i* - n_i) / (2 s)),
-    capped at 1 - 1/C (the paper's footnote: a useful bound must be below that). Log-space (logsf) so that
-    consensus histograms give q far below float64's smallest normal number without underflow."""
-    h = _check_hist(hist)
-    top = h.argmax(1)
-    gap = h[np.arange(len(h)), top][:, None] - h  # n_i* - n_i >= 0
-    # Pr[N(0, 2 s^2) >= gap] as a log: the difference of two independent N(0, s^2) has variance 2 s^2.
-    logp = stats.norm.logsf(gap, scale=math.sqrt(2.0) * sigma)
-    logp[np.arange(len(h)), top] = -np.inf
-    logq = special.logsumexp(logp, axis=1)
-    return np.minimum(logq, math.log1p(-1.0 / h.shape[1]))
-
-
-def _log1mexp(x: np.ndarray | float) -> np.ndarray:
-    """log(1 - e^x) for x <= 0, accurate near 0 and for very negative x (Maechler 2012)."""
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
-
-
-def rdp_gnmax_data_dependent(log_q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
-    """Data-dependent RDP of one GNMax answer at orders ``orders`` given log q (an upper bound on
-    Pr[output != i*] at the private dataset), never above the data-independent alpha / sigma^2.
-
-    Papernot et al. 2018 (arXiv:1802.08908), Thm. 6 with Prop. 10: take mu2 = sigma sqrt(log(1/q)),
-    mu1 = mu2 + 1, eps_i = mu_i / sigma^2. Where lambda <= mu1, mu2 > 1, q e^{eps2} < 1 and
-    q <= e^{(mu2 - 1) eps2} / (mu1/(mu1 - 1) * mu2/(mu2 - 1))^{mu2},
-        eps(lambda) <= 1/(lambda - 1) log((1 - q) A^{lambda - 1} + q B^{lambda - 1}),
-        A = (1 - q) / (1 - (q e^{eps2})^{(mu2 - 1)/mu2}),  B = e^{eps1} / q^{1/(mu1 - 1)}.
-    Everything is evaluated in log space (q may be 1e-300)."""
-    orders = np.asarray(orders, dtype=np.float64)
-    base = orders / sigma**2  # Prop. 8, data-independent
-    logq = min(0.0, float(log_q))
-    if math.isinf(logq):  # the output is certain: 0-RDP
-        return np.zeros_like(orders)
-    mu2 = sigma * math.sqrt(-logq)
-    mu1 = mu2 + 1.0
-    if mu2 <= 1.0:
-        return base
-    eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
-    log_cond = (mu2 - 1.0) * eps2 - mu2 * (math.log(mu1 / (mu1 - 1.0)) + math.log(mu2 / (mu2 - 1.0)))
-    if not (logq <= log_cond and -logq > eps2):
-        return base
-    log1q = float(_log1mexp(logq))
-    log_a = log1q - float(_log1mexp((logq + eps2) * (1.0 - 1.0 / mu2)))  # log A
-    log_b = eps1 - logq / (mu1 - 1.0)  # log B
-    lam1 = orders - 1.0
-    log_s = np.logaddexp(log1q + lam1 * log_a, logq + lam1 * log_b)
-    dd = log_s / lam1
-    mask = orders <= mu1
-    return np.where(mask, np.minimum(base, dd), base)
-
-
-def rdp_threshold_data_dependent(max_count: float, threshold: float, sigma1: float, orders: np.ndarray) -> np.ndarray:
-    """Data-dependent RDP of Confident-GNMax's threshold check on one query.
-
-    The check releases one bit, 1[max_j n_j + N(0, sigma1^2) >= T]; it is (lambda, lambda / (2 sigma1^2))-RDP
-    (sensitivity 1), i.e. the curve of GNMax with sigma = sqrt(2) sigma1, and the less likely of its two
-    outcomes has probability q = min(p, 1 - p), p = Pr[N(0, sigma1^2) >= T - max n]; Thm. 6 applies with
-    that q (Papernot et al. 2018, Sec. 4.2 and App. B; the authors' pate_2018 analysis does the same)."""
-    logp = float(stats.norm.logsf(threshold - max_count, scale=sigma1))
-    logq = min(logp, float(_log1mexp(logp)))
-    return rdp_gnmax_data_dependent(logq, math.sqrt(2.0) * sigma1, orders)
-
-
 def data_dependent_rdp(hist: np.ndarray, answers: np.ndarray, config: AggregatorConfig, orders) -> np.ndarray:
-    """Total data-dependent RDP curve of answering the rows of ``hist`` (GNMax / Confident-GNMax only).
+    """Total data-dependent RDP curve of answering the rows of ``hist`` (:mod:`dpaudit.accounting.pate_smooth`).
 
-    Confident-GNMax: every query pays the threshold check, answered ones (``answers >= 0``) also GNMax."""
+    Confident-GNMax: every query pays the threshold check, answered ones (``answers >= 0``) also GNMax.
+    LNMax: Papernot et al. 2017, Thm. 3 per query with Lemma 4's q (pure eps = 2/b per query)."""
     h = _check_hist(hist)
     orders = np.asarray(orders, dtype=np.float64)
     answers = np.asarray(answers)
-    if config.name not in ("gnmax", "confident-gnmax"):
-        raise InputError(f"the data-dependent analysis covers gnmax and confident-gnmax, not {config.name}")
+    if config.name not in ("gnmax", "confident-gnmax", "lnmax"):
+        raise InputError(f"the data-dependent analysis covers lnmax, gnmax and confident-gnmax, not {config.name}")
     total = np.zeros_like(orders)
+    if config.name == "lnmax":
+        for lq in log_q_lnmax(h, config.sigma):
+            total += rdp_lnmax_data_dependent(float(lq), 2.0 / config.sigma, orders)
+        return total
     if config.name == "confident-gnmax":
         for m in h.max(1):
             total += rdp_threshold_data_dependent(float(m), config.threshold, config.sigma1, orders)
@@ -348,34 +323,94 @@ def data_dependent_epsilon(hist: np.ndarray, answers: np.ndarray, config: Aggreg
     return float(rdp_to_epsilon(orders, data_dependent_rdp(hist, answers, config, orders), delta)[0])
 
 
+CLAIMS = ("data-independent", "data-dependent")
+
+
 def privacy_record(
-    config: AggregatorConfig, hist: np.ndarray, answers: np.ndarray, *, delta: float, n_teachers: int
+    config: AggregatorConfig,
+    hist: np.ndarray,
+    answers: np.ndarray,
+    *,
+    delta: float,
+    n_teachers: int,
+    claim: str = "data-independent",
+    sanitiser: SanitiserConfig | None = None,
+    seed: int | np.random.Generator = 0,
 ) -> dict[str, Any] | None:
-    """The checkpoint's privacy claim: the data-independent epsilon (the claim), with the data-dependent
-    epsilon beside it, labelled as not private. None for the non-private ``argmax`` aggregator."""
+    """The checkpoint's privacy claim (None for the non-private ``argmax`` aggregator).
+
+    ``claim="data-independent"`` (default): the formal data-independent epsilon; nothing computed from the
+    votes is recorded (see :func:`private_diagnostics`). ``claim="data-dependent"``: the data-dependent
+    analysis released through smooth sensitivity (:func:`dpaudit.accounting.pate_smooth.sanitised_claim`,
+    Papernot et al. 2018, Sec. 4.3 and App. C; GNMax / Confident-GNMax), with its own (epsilon, delta): the
+    sanitiser's releases are charged, and the claimed value is not below the data-dependent epsilon except
+    with probability delta/2 (inside the claim's delta). The data-independent epsilon is recorded beside it.
+    ``seed``: the sanitiser's noise.
+    """
+    check_choice(CLAIMS, claim=claim)
     if config.name == "argmax":
         return None
     h = _check_hist(hist)
     n_queries, n_classes = h.shape
     di = data_independent_epsilon(config, n_queries, n_classes, delta)
+    answered = np.asarray(answers) >= 0
     record: dict[str, Any] = {
         "epsilon": di["epsilon"],
         "delta": delta,
         "accountant": di["accountant"],
-        "neighbouring": "replace_one",
+        "neighbouring": "replace_one" if config.sample_rate is None else "add_remove",
         "event": di["event"],
         "aggregator": config.to_dict(),
         "n_teachers": int(n_teachers),
         "n_queries": int(n_queries),
-        "n_answered": int(np.sum(np.asarray(answers) >= 0)),
-        "analysis": "data-independent (formal): " + NEIGHBOURING_NOTE,
+        "n_answered": int(answered.sum()),
+        "claim": claim,
+        "analysis": "data-independent (formal): "
+        + (NEIGHBOURING_NOTE if config.sample_rate is None else SUBSAMPLED_NOTE),
     }
     if "pure_dp_epsilon" in di:
         record["pure_dp_epsilon"] = di["pure_dp_epsilon"]
-    if config.name in ("gnmax", "confident-gnmax"):
-        record["data_dependent"] = {
-            "epsilon": min(data_dependent_epsilon(h, answers, config, delta), di["epsilon"]),
-            "private": False,
-            "note": DATA_DEPENDENT_NOTE,
-        }
+    if claim == "data-independent":
+        return record
+    if config.name not in ("gnmax", "confident-gnmax") or config.sample_rate is not None:
+        raise InputError(
+            f"--claim data-dependent needs gnmax or confident-gnmax (the smooth-sensitivity sanitiser of Papernot "
+            f"et al. 2018 covers those), not {config.name}"
+        )
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    params = {"sigma": config.sigma, "sigma1": config.sigma1 or 0.0, "threshold": config.threshold or 0.0}
+    s = sanitised_claim(
+        config.name, h, answered, n_teachers=n_teachers, params=params, delta=delta,
+        config=sanitiser or SanitiserConfig(), rng=rng,
+    )  # fmt: skip
+    record.update(
+        epsilon=s["public"]["epsilon"],
+        accountant="rdp, data-dependent, sanitised with smooth sensitivity",
+        data_independent_epsilon=di["epsilon"],
+        sanitised=s["public"],
+        sanitiser=(sanitiser or SanitiserConfig()).to_dict(),
+        analysis=SANITISED_NOTE + " " + NEIGHBOURING_NOTE,
+    )
     return record
+
+
+def private_diagnostics(config: AggregatorConfig, hist: np.ndarray, answers: np.ndarray, *, delta: float,
+                        n_teachers: int, sanitiser: SanitiserConfig | None = None) -> dict[str, Any]:  # fmt: skip
+    """Values computed from the private votes, NOT differentially private (for the experimenter only; a run
+    keeps them only when asked, ``--keep-private-diagnostics``): the raw data-dependent epsilon (Papernot et
+    al. 2018, Thm. 6 with Prop. 7/10; LNMax: Papernot et al. 2017, Thm. 3) and, for GNMax / Confident-GNMax,
+    the raw RDP and smooth sensitivity the sanitiser hid."""
+    out: dict[str, Any] = {"private": False, "note": DATA_DEPENDENT_NOTE}
+    if config.name == "argmax":
+        return out
+    h = _check_hist(hist)
+    di = data_independent_epsilon(config, h.shape[0], h.shape[1], delta)["epsilon"]
+    out["data_dependent_epsilon"] = min(data_dependent_epsilon(h, answers, config, delta), di)
+    if config.name in ("gnmax", "confident-gnmax"):
+        params = {"sigma": config.sigma, "sigma1": config.sigma1 or 0.0, "threshold": config.threshold or 0.0}
+        s = sanitised_claim(
+            config.name, h, np.asarray(answers) >= 0, n_teachers=n_teachers, params=params, delta=delta,
+            config=sanitiser or SanitiserConfig(), rng=np.random.default_rng(0),
+        )  # fmt: skip
+        out.update(s["private"], order=s["public"]["order"])
+    return out

@@ -19,6 +19,7 @@ Kinds:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,103 @@ def with_canaries(dataset: Dataset, splits: Splits, canaries: CanarySet) -> tupl
     canary_idx = n + np.arange(len(canaries))
     train_idx = np.concatenate([splits.members, canary_idx[canaries.included]])
     return aug, train_idx, canary_idx
+
+
+# ---- canaries for a model trained outside dpaudit (dpaudit canaries make -> dpaudit import --canaries) ----
+
+CANARY_DIR_FORMAT = "dpaudit-canaries/1"
+CANARY_DESIGN_FILE = "canaries.json"  # the design (kind, count, seed, data it was made for)
+CANARY_SECRET_FILE = "canaries.safetensors"  # every canary and its secret inclusion bit: keep it from the trainer
+CANARY_INSERT_FILE = "insert.npz"  # the records to add to the training set: the included canaries only
+
+
+def make_import_canaries(
+    dataset: Dataset, *, count: int, kind: str, seed: int = 0, members: np.ndarray | None = None
+) -> CanarySet:
+    """Canaries for a model you train yourself: :func:`make_canaries` on ``dataset`` with ``members`` (default:
+    every record) as the training set; mislabeled canaries copy records that are not members, or members when
+    there are none (a mislabeled copy is another record, so its inclusion is still one add/remove change)."""
+    n = len(dataset)
+    mem = np.arange(n, dtype=np.int64) if members is None else np.sort(np.asarray(members, dtype=np.int64))
+    rest = np.setdiff1d(np.arange(n, dtype=np.int64), mem)
+    empty = np.zeros(0, np.int64)
+    splits = Splits(
+        members=mem, holdout=empty, aux=rest if len(rest) else mem, test=empty, seed=int(seed), fractions=()
+    )
+    return make_canaries(dataset, splits, m=count, kind=kind, seed=seed)
+
+
+def write_canary_dir(canaries: CanarySet, dataset: Dataset, out: Path, *, force: bool = False) -> Path:
+    """Write ``out``: the design (JSON), all canaries with their secret bits (safetensors) and the records to
+    insert (``insert.npz``: the included canaries, in raw feature space, labels int64). Atomic; no pickle."""
+    from safetensors.numpy import save_file
+
+    from dpaudit.fileio import write_atomic_dir
+
+    design = {
+        "format": CANARY_DIR_FORMAT, **canaries.describe(), "file": CANARY_SECRET_FILE, "data": dataset.describe(),
+        "feature_shape": list(dataset.feature_shape), "n_classes": int(dataset.n_classes),
+    }  # fmt: skip
+    inc = canaries.included
+
+    def write(tmp: Path) -> None:
+        save_file(
+            {"X": np.ascontiguousarray(canaries.X), "y": canaries.y.astype(np.int64), "included": inc.astype(np.int8)},
+            str(tmp / CANARY_SECRET_FILE),
+        )
+        np.savez(tmp / CANARY_INSERT_FILE, X=canaries.X[inc], y=canaries.y[inc].astype(np.int64))
+        (tmp / CANARY_DESIGN_FILE).write_text(json.dumps(design, indent=2) + "\n")
+
+    return write_atomic_dir(Path(out), write, force=force)
+
+
+def read_canary_dir(path: Path, dataset: Dataset) -> CanarySet:
+    """The canaries ``dpaudit canaries make`` wrote to ``path``, checked against the data they are declared for."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    if not (path / CANARY_DESIGN_FILE).is_file() or not (path / CANARY_SECRET_FILE).is_file():
+        raise InputError(f"{path}: not a canary directory from `dpaudit canaries make`")
+    try:
+        design = json.loads((path / CANARY_DESIGN_FILE).read_text())
+        a = load_file(str(path / CANARY_SECRET_FILE))
+        cs = CanarySet(design["kind"], a["X"], a["y"].astype(np.int64), a["included"].astype(bool), int(design["seed"]))
+    except (OSError, json.JSONDecodeError, SafetensorError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{path}: unreadable canary directory ({e})") from None
+    if design.get("format") != CANARY_DIR_FORMAT or len(cs.y) != design.get("m") or len(cs.included) != len(cs.y):
+        raise InputError(f"{path}: malformed canary directory")
+    shape = tuple(int(d) for d in design.get("feature_shape", ()))
+    if shape != tuple(dataset.feature_shape) or tuple(cs.X.shape[1:]) != shape:
+        raise InputError(
+            f"{path}: the canaries were made for features of shape {shape}, the data has {tuple(dataset.feature_shape)}"
+        )
+    if int(design.get("n_classes", -1)) != dataset.n_classes or (len(cs.y) and cs.y.max() >= dataset.n_classes):
+        raise InputError(
+            f"{path}: the canaries were made for {design.get('n_classes')} classes, not {dataset.n_classes}"
+        )
+    return cs
+
+
+def make_canary_dir(
+    data: str,
+    *,
+    count: int,
+    kind: str,
+    out: Path,
+    seed: int = 0,
+    members: Path | None = None,
+    label_column: str | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """``dpaudit canaries make``: canaries for the data ``data`` (a dataset spec, as ``dpaudit import --data``),
+    written to ``out``; returns the design. ``members``: the indices of the records you will train on."""
+    from dpaudit.data import load_dataset, read_member_indices
+
+    if Path(out).exists() and not force:
+        raise InputError(f"{out} already exists; use --force to overwrite it")
+    ds = load_dataset(data, label_column=label_column)
+    member_idx = read_member_indices(members, len(ds)) if members is not None else None
+    cs = make_import_canaries(ds, count=count, kind=kind, seed=seed, members=member_idx)
+    write_canary_dir(cs, ds, Path(out), force=force)
+    return {**cs.describe(), "out": str(out), "insert": str(Path(out) / CANARY_INSERT_FILE)}

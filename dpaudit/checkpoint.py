@@ -132,18 +132,23 @@ class Run:
         return ds
 
     def logits(self, X: np.ndarray, batch: int = 2048) -> np.ndarray:
-        """Model logits (float64) on raw (unpreprocessed) features."""
-        return predict_logits(self.model, self.preprocessing.transform(X), batch=batch)
+        """Model logits (float64) on raw (unpreprocessed) features: an array, or a lazy
+        :class:`~dpaudit.data.RowView` (``dataset.view(idx)``) read and preprocessed a batch at a time."""
+        return predict_logits(self.model, X, batch=batch, transform=self.preprocessing.transform)
 
 
-def predict_logits(model: nn.Module, X: np.ndarray, batch: int = 2048) -> np.ndarray:
-    """Logits in float64 for preprocessed features, evaluated in eval mode without gradients."""
+def predict_logits(model: nn.Module, X: np.ndarray, batch: int = 2048, transform=None) -> np.ndarray:
+    """Logits in float64, evaluated in eval mode without gradients, ``batch`` rows at a time.
+
+    ``X``: preprocessed features, or raw ones with ``transform`` (the preprocessing, applied per
+    batch); anything sliceable with a length (an array, a :class:`~dpaudit.data.RowView`)."""
     model.eval()
     param = next(model.parameters())
     out = []
     with torch.no_grad():
         for s in range(0, len(X), batch):
-            xb = torch.as_tensor(np.array(X[s : s + batch]), device=param.device)
+            xb = X[s : s + batch]
+            xb = torch.as_tensor(np.array(xb if transform is None else transform(xb)), device=param.device)
             if xb.is_floating_point():
                 xb = xb.to(param.dtype)
             out.append(model(xb).double().cpu().numpy())
@@ -233,6 +238,10 @@ def as_state_dict(state: Mapping[str, Any], source: str) -> dict[str, torch.Tens
     return out
 
 
+def _listed(items: list[str], limit: int = 10, sep: str = ", ") -> str:
+    return sep.join(items[:limit]) + (f", … ({len(items) - limit} more)" if len(items) > limit else "")
+
+
 def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> nn.Module:
     """Copy ``state`` into ``model`` after checking names and shapes match exactly (wrapper prefixes
     such as Opacus' ``_module.`` or DDP's ``module.`` are removed first)."""
@@ -240,19 +249,21 @@ def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: st
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
+    shapes = [
+        f"{k} has shape {list(state[k].shape)}, expected {list(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    if missing or unexpected or shapes:
         parts = []
         if missing:
-            parts.append(f"missing {', '.join(missing[:5])}")
+            parts.append(f"missing {_listed(missing)}")
         if unexpected:
-            parts.append(f"unexpected {', '.join(unexpected[:5])}")
+            parts.append(f"unexpected {_listed(unexpected)}")
+        if shapes:
+            parts.append(_listed(shapes, sep="; "))
         raise CheckpointError(f"{source}: weights do not match the model spec ({'; '.join(parts)})")
     for k, v in expected.items():
-        if tuple(state[k].shape) != tuple(v.shape):
-            raise CheckpointError(
-                f"{source}: weights do not match the model spec: {k} has shape {list(state[k].shape)}, "
-                f"expected {list(v.shape)}"
-            )
         if not state[k].is_floating_point() == v.is_floating_point():
             raise CheckpointError(f"{source}: tensor {k} has dtype {state[k].dtype}, expected {v.dtype}")
     model.load_state_dict({k: state[k].to(expected[k].dtype) for k in expected})
@@ -273,10 +284,12 @@ def load_run(path: Path | str) -> Run:
         raise CheckpointError(f"{path}: expected a run directory, got a file")
     meta = _read_meta(path)
     try:
+        # A python spec imports and calls its factory here: the user's code, the only code a run names
+        # (same trust as --trainer); every other field is data.
         spec = model_spec_from_dict(meta["model"])
+        model = build_model(spec)
     except InputError as e:
         raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
-    model = build_model(spec)
     load_state_into(model, load_weights_file(path / WEIGHTS_FILE), str(path / WEIGHTS_FILE))
     model.eval()
     split_file = path / SPLIT_FILE

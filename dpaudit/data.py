@@ -1,17 +1,22 @@
 """Datasets, deterministic splits and preprocessing.
 
-Embedded datasets need no download: scikit-learn's bundled ``digits`` (8x8 images, 10 classes),
-``breast-cancer`` (tabular, binary) and ``wine`` (tabular, 3 classes); seeded synthetic data
+Embedded datasets need no download (exactly what each holds: :data:`EMBEDDED_DESCRIPTIONS`):
+scikit-learn's bundled ``digits``, ``breast-cancer`` and ``wine``; seeded synthetic data
 (``synthetic:n=1000,d=20,classes=2,seed=0``) and synthetic token sequences for RNNs
-(``synthetic-tokens:n=1000,length=20,vocab=50,classes=2,seed=0``). User data: a CSV file
-(with ``label_column``) or an NPZ file holding arrays ``X`` and ``y``.
+(``synthetic-tokens:n=1000,length=20,vocab=50,classes=2,seed=0``). User data: a CSV file (with
+``label_column``), an NPZ file holding arrays ``X`` and ``y`` (read into memory), or a directory
+holding ``X.npy`` and ``y.npy``, whose ``X`` is memory-mapped (read-only) and never copied whole:
+training, evaluation and the attacks read it a batch of rows at a time (:meth:`Dataset.rows`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import mmap
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,52 @@ EMBEDDED = ("digits", "breast-cancer", "wine")
 SYNTHETIC = ("synthetic", "synthetic-tokens")
 SPLIT_NAMES = ("members", "holdout", "aux", "test")
 DEFAULT_FRACTIONS = (0.35, 0.2, 0.25, 0.2)
+
+# What each embedded dataset holds, exactly (shown by `dpaudit train --help` and docs/data.md).
+EMBEDDED_DESCRIPTIONS = {
+    "digits": "scikit-learn's load_digits: 1,797 images, shape 1 x 8 x 8 (channels, height, width), pixel "
+    "counts 0..16 divided by 16 so values are in [0, 1] (float32); 10 classes, labels 0-9",
+    "breast-cancer": "scikit-learn's load_breast_cancer: 569 records, 30 raw float features (float32, "
+    "not scaled); 2 classes (0 malignant, 1 benign)",
+    "wine": "scikit-learn's load_wine: 178 records, 13 raw float features (float32, not scaled); 3 classes",
+    "synthetic:n=,d=,classes=,seed=,sep=": "n records of d float32 features: Gaussian class centres "
+    "N(0, sep^2 I), unit-variance noise around them",
+    "synthetic-tokens:n=,length=,vocab=,classes=,seed=": "n int64 token sequences of the given length; "
+    "each class draws tokens from its own Dirichlet(0.3) distribution over the vocabulary",
+}
+# The --data option's help (train, import, audit train): every form, and what each embedded set holds.
+DATA_HELP = (
+    "PATH.csv (with --label-column) | PATH.npz (arrays X, y; any record shape; read into memory) | DIR holding "
+    "X.npy (float, memory-mapped, streamed a batch at a time) and y.npy (integer labels) | "
+    + " | ".join(f"{name}: {text}" for name, text in EMBEDDED_DESCRIPTIONS.items())
+    + ". Labels are renumbered 0..K-1 in sorted order."
+)
+# Bytes read from a memory-mapped X between two releases of its pages (see Dataset.rows).
+RELEASE_EVERY_BYTES = 64 << 20
+
+
+class MappedFile:
+    """The read-only memory map under a dataset's ``X.npy``, and the bookkeeping that keeps the pages
+    a reader has touched from piling up in the process's resident memory.
+
+    Pages of a file mapping count in the resident set while mapped, although they are the kernel's
+    page cache (reclaimable, shared); ``madvise(MADV_DONTNEED)`` unmaps them from this process (the
+    file and the cache are untouched; the next read faults them back in): after every batch of rows
+    (:meth:`Dataset.rows`) and every :data:`RELEASE_EVERY_BYTES` of a sequential pass (validation,
+    hashing), so resident memory stays at a few batches."""
+
+    def __init__(self, path: Path, mm: mmap.mmap) -> None:
+        self.path, self._mm, self._read = path, mm, 0
+
+    def note_read(self, nbytes: int) -> None:
+        self._read += int(nbytes)
+        if self._read >= RELEASE_EVERY_BYTES:
+            self.release()
+
+    def release(self) -> None:
+        self._read = 0
+        if hasattr(mmap, "MADV_DONTNEED"):  # Linux, macOS; elsewhere the kernel reclaims when it must
+            self._mm.madvise(mmap.MADV_DONTNEED)
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +87,8 @@ class Dataset:
     kind: str  # "image" | "tabular" | "tokens"
     source: str  # the spec string it was loaded from
     vocab_size: int | None = None
+    # A directory dataset: X is a read-only view of this memory map (X.npy), in the file's dtype.
+    mapped: MappedFile | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
@@ -44,15 +97,43 @@ class Dataset:
     def __len__(self) -> int:
         return int(self.X.shape[0])
 
-    @property
+    @cached_property
     def sha256(self) -> str:
-        """Content hash of the arrays (dtype, shape and bytes of X and y)."""
+        """Content hash of the arrays (dtype, shape and bytes of X and y), hashed a chunk of rows at a
+        time (the same digest as hashing all the bytes at once); computed once per object."""
         h = hashlib.sha256()
         for a in (self.X, self.y):
-            a = np.ascontiguousarray(a)
             h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(a.tobytes())
+            for chunk in self.chunks(a):
+                h.update(np.ascontiguousarray(chunk).tobytes())
         return h.hexdigest()
+
+    def chunks(self, a: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """Consecutive blocks of rows of ``a`` (default ``X``) of about :data:`RELEASE_EVERY_BYTES`."""
+        a = self.X if a is None else a
+        return _blocks(a, self.mapped if a is self.X else None)
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """A copy of the rows ``idx`` of ``X`` (in that order). For a memory-mapped ``X`` the pages
+        read are released after each call, so streaming the data batch by batch keeps resident memory
+        at a few batches (:class:`MappedFile`)."""
+        out = self.X[np.asarray(idx, dtype=np.int64)]
+        if self.mapped is not None:
+            # Scattered rows map far more than their bytes (the kernel maps the pages around each fault),
+            # so a batch's pages are released right away; madvise over mostly-unmapped ranges is cheap.
+            self.mapped.release()
+        return out
+
+    def __reduce_ex__(self, protocol):
+        # A memory-mapped dataset travels to worker processes as its spec and is mapped again there
+        # (no copy of X in the pickle); the worker's load validates it as any load does.
+        if self.mapped is not None:
+            return (load_dataset, (self.source,))
+        return super().__reduce_ex__(protocol)
+
+    def view(self, idx: np.ndarray | None = None) -> RowView:
+        """The rows ``idx`` (default: all) of ``X`` as a lazy sequence read a slice at a time."""
+        return RowView(self, None if idx is None else np.asarray(idx, dtype=np.int64))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -61,10 +142,45 @@ class Dataset:
             "kind": self.kind,
             "n": len(self),
             "feature_shape": list(self.feature_shape),
+            "dtype": str(self.X.dtype),
             "n_classes": self.n_classes,
             "vocab_size": self.vocab_size,
+            "memory_mapped": self.mapped is not None,
             "sha256": self.sha256,
         }
+
+
+@dataclass(frozen=True, eq=False)
+class RowView:
+    """Rows ``idx`` (None: all) of a dataset's ``X``, read when sliced (``view[s:e]`` is a copy of those
+    rows, via :meth:`Dataset.rows`), so a model can be evaluated on them a batch at a time."""
+
+    dataset: Dataset
+    idx: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.dataset) if self.idx is None else len(self.idx)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self), *self.dataset.feature_shape)
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError("a RowView is read by slices")
+        idx = np.arange(len(self))[key] if self.idx is None else self.idx[key]
+        return self.dataset.rows(idx)
+
+
+def _blocks(a: np.ndarray, mapped: MappedFile | None = None) -> Iterator[np.ndarray]:
+    step = max(1, RELEASE_EVERY_BYTES // max(1, a[:1].nbytes))
+    for start in range(0, len(a), step):
+        block = a[start : start + step]
+        yield block
+        if mapped is not None:
+            mapped.note_read(block.nbytes)
+    if mapped is not None:
+        mapped.release()  # the pass's last window too
 
 
 def _parse_params(text: str, allowed: dict[str, type], spec: str) -> dict[str, Any]:
@@ -183,18 +299,78 @@ def _from_npz(path: Path, spec: str) -> Dataset:
         raise DataError(f"{path}: not a readable NPZ file ({type(e).__name__})") from None
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
         raise DataError(f"{path}: X must be numeric, got dtype {X.dtype}")
+    _check_integer_labels(y, str(path))
     kind = "image" if X.ndim == 4 else "tabular"
     return _validated(path.stem, X.astype(np.float64), y, kind, spec)
 
 
-def _validated(name: str, X: np.ndarray, y: np.ndarray, kind: str, spec: str, vocab_size: int | None = None) -> Dataset:
+def _check_integer_labels(y: np.ndarray, source: str) -> None:
+    """Labels of NPZ/NPY data must be integers (an integer or bool dtype, or floats with integral values)."""
+    if np.issubdtype(y.dtype, np.integer) or y.dtype == bool:
+        return
+    if np.issubdtype(y.dtype, np.floating):
+        frac = y[np.isfinite(y) & (y != np.round(y))]
+        if len(frac) == 0:
+            return
+        raise DataError(
+            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {frac[0]:g})"
+        )
+    raise DataError(f"{source}: labels must be integers, got dtype {y.dtype}")
+
+
+def _from_npy_dir(path: Path, spec: str) -> Dataset:
+    """``path/X.npy`` memory-mapped (read-only, never copied whole) and ``path/y.npy`` read into memory."""
+    files = {name: path / f"{name}.npy" for name in ("X", "y")}
+    missing = [f.name for f in files.values() if not f.is_file()]
+    if missing:
+        raise DataError(f"{path}: a data directory must hold X.npy and y.npy (missing: {', '.join(missing)})")
+    try:
+        header = np.load(files["X"], mmap_mode="r", allow_pickle=False)  # reads the header only
+        y = np.load(files["y"], allow_pickle=False)  # never unpickle data from strangers
+    except ValueError as e:
+        raise DataError(f"{path}: X.npy/y.npy must be plain numeric arrays (object arrays are refused: {e})") from None
+    except OSError as e:
+        raise DataError(f"{path}: not a readable .npy file ({e})") from None
+    if not isinstance(header, np.memmap) or not np.issubdtype(header.dtype, np.floating):
+        raise DataError(
+            f"{files['X']}: X must be a floating-point array (float16/32/64), got dtype {header.dtype}; "
+            "convert the features first, e.g. X.astype('float32') / 255 for 8-bit images"
+        )
+    if header.ndim < 2:
+        raise DataError(f"{files['X']}: X must have one row per record, got shape {list(header.shape)}")
+    shape, dtype, offset = header.shape, header.dtype, int(header.offset)
+    order = "F" if header.flags.f_contiguous and not header.flags.c_contiguous else "C"
+    del header
+    with open(files["X"], "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # our own map, so its pages can be released
+    X = np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset, order=order)
+    _check_integer_labels(y, str(files["y"]))
+    if y.shape[:1] != X.shape[:1]:
+        raise DataError(f"{path}: X.npy has {X.shape[0]} rows but y.npy has {y.shape[0] if y.ndim else 0}")
+    kind = "image" if X.ndim == 4 else "tabular"
+    mapped = MappedFile(files["X"], mm)
+    return _validated(path.name, X, y, kind, spec, mapped=mapped)
+
+
+def _validated(
+    name: str,
+    X: np.ndarray,
+    y: np.ndarray,
+    kind: str,
+    spec: str,
+    vocab_size: int | None = None,
+    mapped: MappedFile | None = None,
+) -> Dataset:
     if X.shape[0] == 0:
         raise DataError(f"{spec}: the dataset is empty")
     if X.shape[0] != y.shape[0]:
         raise DataError(f"{spec}: X has {X.shape[0]} rows but y has {y.shape[0]}")
     if y.ndim != 1:
         raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}")
-    if kind != "tokens" and not np.all(np.isfinite(X)):
+    if mapped is not None:  # a memory-mapped X: checked a block of rows at a time, kept as it is
+        if not all(np.all(np.isfinite(block)) for block in _blocks(X, mapped)):
+            raise DataError(f"{spec}: features contain NaN or inf")
+    elif kind != "tokens" and not np.all(np.isfinite(X)):
         raise DataError(f"{spec}: features contain NaN or inf")
     if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
         raise DataError(f"{spec}: labels contain NaN or inf")
@@ -203,15 +379,17 @@ def _validated(name: str, X: np.ndarray, y: np.ndarray, kind: str, spec: str, vo
     classes, y_idx = np.unique(y, return_inverse=True)
     if len(classes) < 2:
         raise DataError(f"{spec}: labels have a single class ({classes[0]!r}); need at least 2")
-    X = X.astype(np.int64 if kind == "tokens" else np.float32)
-    X.setflags(write=False)
+    if mapped is None:
+        X = X.astype(np.int64 if kind == "tokens" else np.float32)
+        X.setflags(write=False)
     y_idx = y_idx.astype(np.int64)
     y_idx.setflags(write=False)
-    return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size)
+    return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size, mapped)
 
 
 def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
-    """Load a dataset from a spec: an embedded name, ``synthetic:...``, or a CSV/NPZ path."""
+    """Load a dataset from a spec: an embedded name, ``synthetic:...``, a CSV/NPZ path, or a directory
+    holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped)."""
     if not isinstance(spec, str) or not spec:
         raise InputError("expected a dataset name or path")
     if spec in EMBEDDED:
@@ -224,6 +402,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     if head == "synthetic-tokens":
         return _synthetic_tokens(spec, params)
     path = Path(spec)
+    if path.is_dir():
+        return _from_npy_dir(path, spec)
     if path.suffix.lower() in (".csv", ".npz") or path.exists():
         if not path.exists():
             raise DataError(f"{path}: no such file")
@@ -238,7 +418,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         if path.suffix.lower() == ".npz":
             return _from_npz(path, spec)
         raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
-    valid = ", ".join([*EMBEDDED, "synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz"])
+    forms = ("synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz", "DIR (X.npy, y.npy)")
+    valid = ", ".join([*EMBEDDED, *forms])
     raise InputError(f"unknown dataset {spec!r}; valid: {valid}")
 
 
@@ -294,6 +475,25 @@ class Standardizer:
         scale = np.where(std > 1e-12, std, 1.0)  # constant features (e.g. blank pixels) pass through
         return cls(mean.astype(np.float32), scale.astype(np.float32))
 
+    @classmethod
+    def fit_streamed(cls, dataset: Dataset, idx: np.ndarray, batch: int = 1024) -> Standardizer:
+        """:meth:`fit` on ``dataset.X[idx]`` read ``batch`` rows at a time (for a memory-mapped X): two
+        passes in float64, the mean and then the mean squared deviation from it (the two-pass variance,
+        as accurate as ``X.std``; no sum-of-squares cancellation)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if len(idx) == 0:
+            raise InputError("cannot fit a standardisation on an empty split")
+        total = np.zeros(dataset.feature_shape)
+        for s in range(0, len(idx), batch):
+            total += dataset.rows(idx[s : s + batch]).sum(axis=0, dtype=np.float64)
+        mean = total / len(idx)
+        sq = np.zeros(dataset.feature_shape)
+        for s in range(0, len(idx), batch):
+            sq += np.square(dataset.rows(idx[s : s + batch]) - mean).sum(axis=0)
+        std = np.sqrt(sq / len(idx))
+        scale = np.where(std > 1e-12, std, 1.0)
+        return cls(mean.astype(np.float32), scale.astype(np.float32))
+
     def transform(self, X: np.ndarray) -> np.ndarray:
         return ((np.asarray(X, dtype=np.float32) - self.mean) / self.scale).astype(np.float32)
 
@@ -328,6 +528,8 @@ class Identity:
 def fit_preprocessing(dataset: Dataset, train_idx: np.ndarray) -> Standardizer | Identity:
     if dataset.kind == "tokens":
         return Identity()
+    if dataset.mapped is not None:
+        return Standardizer.fit_streamed(dataset, train_idx)
     return Standardizer.fit(dataset.X[train_idx])
 
 

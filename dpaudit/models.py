@@ -1,14 +1,18 @@
-"""A small model zoo built from JSON-serialisable specs.
+"""A small model zoo built from JSON-serialisable specs, and users' own modules by factory.
 
-No BatchNorm anywhere: it mixes examples within a batch, so one example's gradient depends on
+No BatchNorm in the zoo: it mixes examples within a batch, so one example's gradient depends on
 the others and per-example clipping no longer bounds its influence. GroupNorm/LayerNorm are
-per-example and safe.
+per-example and safe. A user's module (kind ``python``) may hold BatchNorm for non-private
+training; the private trainers refuse it (:func:`check_no_batchnorm`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,9 +20,10 @@ import torch
 from torch import nn
 
 from dpaudit.errors import InputError
+from dpaudit.user_code import first_line, load_object
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
-MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn")
+MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn", "python")
 
 
 def _check_activation(name: str) -> None:
@@ -201,7 +206,112 @@ class RNNSpec(ModelSpec):
         return RNNClassifier(self)
 
 
-SPECS: dict[str, type[ModelSpec]] = {s.kind: s for s in (LogRegSpec, MLPSpec, CNNSpec, RNNSpec)}
+@dataclass(frozen=True)
+class PythonSpec(ModelSpec):
+    """A user's own ``nn.Module``: ``factory`` names ``"package.module:function"`` (imported with the
+    current directory first, as ``--trainer``), called as ``function(**kwargs)``; the module must map a
+    float32 batch ``(B, *input_shape)`` to logits ``(B, n_classes)`` (checked with a forward pass on
+    zeros at every build).
+
+    ``source_sha256``: the sha256 of the factory's source file, recorded when the spec is made; a
+    checkpoint whose factory source changed since still loads when the parameter names and shapes
+    match (they are checked), with a warning. Trust: building the model imports and runs the named
+    factory's module, the user's own code, exactly as ``--trainer`` does; nothing else is executed.
+    """
+
+    kind: ClassVar[str] = "python"
+    factory: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    source_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.kwargs, dict):
+            raise InputError(f"'kwargs' of a python model must be a JSON object, got {type(self.kwargs).__name__}")
+        try:
+            object.__setattr__(self, "kwargs", json.loads(json.dumps(self.kwargs)))  # a private, JSON-only copy
+        except (TypeError, ValueError) as e:
+            raise InputError(f"'kwargs' of a python model must be JSON-serialisable ({e})") from None
+        current = factory_source_sha256(self.factory)  # imports the factory's module: fails early when it cannot
+        if self.source_sha256 is None:
+            object.__setattr__(self, "source_sha256", current)
+        elif current != self.source_sha256:
+            warnings.warn(
+                f"the source file of model factory {self.factory} changed since this spec was recorded "
+                f"(sha256 {current[:12]}… != {self.source_sha256[:12]}…); the weights are still checked "
+                "name by name and shape by shape",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def build(self) -> nn.Module:
+        fn = load_factory(self.factory)
+        try:
+            model = fn(**self.kwargs)
+        except Exception as e:  # the user's code: any failure is one line naming the factory
+            raise InputError(f"model factory {self.factory}(**{self.kwargs}) failed: {first_line(e)}") from e
+        if not isinstance(model, nn.Module):
+            raise InputError(
+                f"model factory {self.factory} returned a {type(model).__name__}; expected a torch.nn.Module"
+            )
+        self._check_logits(model)
+        return model
+
+    def _check_logits(self, model: nn.Module) -> None:
+        """A forward pass on two zero records must give logits of shape (2, n_classes)."""
+        expected = (2, self.n_classes)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = model(torch.zeros((2, *self.input_shape)))
+        except Exception as e:
+            raise InputError(
+                f"model factory {self.factory}: forward on a batch of shape {[2, *self.input_shape]} failed: "
+                f"{first_line(e)}"
+            ) from e
+        finally:
+            model.train(was_training)
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        if shape != expected:
+            got = list(shape) if shape is not None else type(out).__name__
+            raise InputError(
+                f"model factory {self.factory}: a batch of shape {[2, *self.input_shape]} gives output {got}; "
+                f"expected logits of shape {list(expected)} (input_shape {list(self.input_shape)}, "
+                f"n_classes {self.n_classes})"
+            )
+
+
+def load_factory(path: str):
+    """The callable named by ``"package.module:function"`` (see :class:`PythonSpec`)."""
+    fn = load_object(path, "model factory", "'package.module:function'")
+    if not callable(fn):
+        raise InputError(f"model factory {path} is a {type(fn).__name__}, not callable")
+    return fn
+
+
+def factory_source_sha256(path: str) -> str:
+    """sha256 of the source file that defines the factory (its module's file when it has none)."""
+    import inspect
+    import sys
+
+    fn = load_factory(path)
+    source = None
+    try:
+        source = inspect.getsourcefile(fn)
+    except TypeError:  # a builtin or C callable
+        pass
+    source = source or getattr(sys.modules.get(getattr(fn, "__module__", "") or ""), "__file__", None)
+    if not source:
+        raise InputError(f"model factory {path}: cannot find its source file to record its hash")
+    h = hashlib.sha256()
+    with open(source, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+SPECS: dict[str, type[ModelSpec]] = {s.kind: s for s in (LogRegSpec, MLPSpec, CNNSpec, RNNSpec, PythonSpec)}
 
 
 def read_model_spec(path: str | Path) -> ModelSpec:
@@ -219,7 +329,10 @@ def read_model_spec(path: str | Path) -> ModelSpec:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not valid JSON ({e})") from None
     try:
-        return model_spec_from_dict(d)
+        spec = model_spec_from_dict(d)
+        if isinstance(spec, PythonSpec):
+            spec.build()  # the factory's failures surface now, before any data is read or trained on
+        return spec
     except InputError as e:
         raise InputError(f"{path}: {e}") from None
     except (TypeError, ValueError) as e:  # e.g. a string where a size belongs
@@ -263,14 +376,15 @@ def build_model(spec: ModelSpec, *, seed: int | None = None, dtype: torch.dtype 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = spec.build()
-    check_no_batchnorm(model)
     return model.to(dtype)
 
 
 def check_no_batchnorm(model: nn.Module) -> None:
+    """Refuse BatchNorm for private training (the DP trainers, the clippers, a DP claim at import)."""
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             raise InputError(
                 f"layer {name or type(m).__name__} is BatchNorm, which mixes examples in a batch so no "
-                "per-example clipping can bound one example's influence; use GroupNorm or LayerNorm"
+                "per-example clipping can bound one example's influence (no DP claim holds); use GroupNorm "
+                "or LayerNorm"
             )

@@ -12,6 +12,14 @@ The contract (users' CI files depend on it; it does not change)::
 - ``seed``: a non-negative int (< 2**31), different for every run; *all* the run's randomness
   (initialisation, sampling, noise) must come from it — :mod:`dpaudit.seeding` derives framework
   generators from it.
+- ``reference_size`` (optional keyword, passed only when the function accepts it): the dataset size N the
+  mechanism is defined for, the same in every run of an audit, IN or OUT. Use it — never ``len(X)`` — for
+  the sampling rate (q = B / reference_size) and for any division (by the expected batch size
+  q · reference_size). A trainer that divides by ``len(X)`` or sets q = B / len(X) runs a different
+  mechanism on the two neighbouring datasets (N vs N + 1 records), so even its "correct" version can
+  truly exceed its claim, and an audit then measures the wrong thing. Before the runs, a trainer that takes
+  the keyword is trained twice on the same records and seed with N and 2N; identical weights are reported
+  in the audit's notes (the keyword seems ignored), as is a trainer without it (it cannot be checked).
 - returns: the state dict of the model that the model spec describes
   (:func:`dpaudit.models.build_model`), as torch tensors or numpy arrays; the wrapper prefixes of
   Opacus (``_module.``) and DDP (``module.``) are accepted.
@@ -24,11 +32,7 @@ must be picklable (a top-level function is).
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import re
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,23 +40,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpaudit.errors import CheckpointError, InputError
+from dpaudit.user_code import first_line, load_object
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CONTRACT", "call_trainer", "check_trainer", "load_model_spec", "load_trainer", "trainer_name"]
+__all__ = [
+    "CONTRACT",
+    "call_trainer",
+    "check_trainer",
+    "load_model_spec",
+    "load_trainer",
+    "trainer_name",
+]
 
 CONTRACT = "function(X: numpy.ndarray, y: numpy.ndarray, seed: int) -> Mapping[str, array-like]"
 
-_IDENT = r"[A-Za-z_]\w*"
-_PATH = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 
 Trainer = Callable[[np.ndarray, np.ndarray, int], Mapping[str, Any]]
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def trainer_name(trainer: str | Callable[..., Any]) -> str:
@@ -71,40 +76,9 @@ def load_trainer(path: str) -> Trainer:
     Raises :class:`InputError` (one line) when the path is malformed, the module does not import (and
     why), the attribute is missing or not callable, or it cannot be called as ``f(X, y, seed)``.
     """
-    if not isinstance(path, str) or not _PATH.match(path.strip()):
-        raise InputError(f"expected a trainer as 'package.module:function', got {path!r}")
-    module_name, _, attr = path.strip().partition(":")
-    cwd = os.getcwd()
-    # At the front even when already on sys.path further back: the project's package must win over an
-    # installed one of the same name. Only this entry is removed afterwards (the first occurrence).
-    sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # any failure of the user's module: missing, syntax error, error at import
-        why = _first_line(e) + _shadowed(module_name, e, cwd)
-        raise InputError(f"trainer {path}: cannot import module {module_name!r} ({why})") from e
-    finally:
-        if cwd in sys.path:
-            sys.path.remove(cwd)
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise InputError(f"trainer {path}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = load_object(path, "trainer", "'package.module:function'")
     check_trainer(obj, path)
     return obj
-
-
-def _shadowed(module_name: str, error: Exception, cwd: str) -> str:
-    """A hint when the top-level package was found outside the current directory: another distribution
-    may use its name (Opacus <= 1.6 installs a package called ``examples`` into site-packages)."""
-    top = module_name.split(".")[0]
-    found = getattr(sys.modules.get(top), "__file__", None)
-    if not isinstance(error, ModuleNotFoundError) or top == module_name or not found:
-        return ""
-    if os.path.abspath(found).startswith(os.path.join(os.path.abspath(cwd), "")):
-        return ""
-    return f"; {top!r} was imported from {found}, not from the current directory"
 
 
 def check_trainer(fn: Any, name: str | None = None) -> None:
@@ -117,15 +91,61 @@ def check_trainer(fn: Any, name: str | None = None) -> None:
     except (TypeError, ValueError):  # some builtins and C callables have no signature: let the call decide
         return
     try:
-        sig.bind(None, None, 0)
+        if "reference_size" in sig.parameters:
+            sig.bind(None, None, 0, reference_size=0)
+        else:
+            sig.bind(None, None, 0)
     except TypeError:
         raise InputError(f"trainer {name}{sig} cannot be called as {name}(X, y, seed); expected {CONTRACT}") from None
 
 
+def accepts_reference_size(fn: Any) -> bool:
+    """Whether ``fn`` can be called with the optional keyword ``reference_size`` (see the contract)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "reference_size" for p in params)
+
+
+def reference_size_note(fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, reference_size: int, *,
+                        name: str | None = None) -> str | None:  # fmt: skip
+    """Why the trainer may run different mechanisms on the two neighbours, or None when nothing is seen.
+
+    A trainer without the ``reference_size`` keyword cannot be checked (it may use ``len(X)``). One with it
+    is trained twice on the same records and seed, with ``reference_size`` N and 2N: a sampling rate
+    B / reference_size or a divisor q · reference_size changes the weights; bit-identical weights mean the
+    keyword is ignored (and ``len(X)`` presumably used). A detection, not a proof: a trainer that needs
+    neither (full-batch training with a fixed divisor) also gives identical weights."""
+    name = name or trainer_name(fn)
+    if not accepts_reference_size(fn):
+        return (
+            f"trainer {name} does not take reference_size: if it uses len(X) for its sampling rate or divisor, "
+            "the two neighbouring datasets run different mechanisms (see dpaudit.plugins)"
+        )
+    a = call_trainer(fn, X, y, seed, spec, name=name, reference_size=reference_size).state_dict()
+    b = call_trainer(fn, X, y, seed, spec, name=name, reference_size=2 * reference_size).state_dict()
+    if all(bool((a[k] == b[k]).all()) for k in a):
+        return (
+            f"trainer {name} returned the same weights for reference_size {reference_size} and {2 * reference_size} "
+            "(same records and seed): it seems to ignore it, and to use len(X) instead, which makes the two "
+            "neighbouring datasets run different mechanisms"
+        )
+    return None
+
+
 def call_trainer(
-    fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, *, name: str | None = None
+    fn: Trainer,
+    X: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    spec,
+    *,
+    name: str | None = None,
+    reference_size: int | None = None,
 ) -> torch.nn.Module:
-    """Run ``fn(X, y, seed)`` and load what it returns into ``build_model(spec)`` (eval mode).
+    """Run ``fn(X, y, seed)`` (with ``reference_size=`` when given and ``fn`` accepts it) and load what it
+    returns into ``build_model(spec)`` (eval mode).
 
     Raises :class:`InputError` naming the trainer when the function raises, returns something that is
     not a mapping, returns names or shapes the spec does not have (listing them, and what was
@@ -137,9 +157,12 @@ def call_trainer(
 
     name = name or trainer_name(fn)
     try:
-        state = fn(X, y, seed)
+        if reference_size is not None and accepts_reference_size(fn):
+            state = fn(X, y, seed, reference_size=int(reference_size))
+        else:
+            state = fn(X, y, seed)
     except Exception as e:
-        raise InputError(f"trainer {name} failed (seed {seed}): {_first_line(e)}") from e
+        raise InputError(f"trainer {name} failed (seed {seed}): {first_line(e)}") from e
     if not isinstance(state, Mapping):
         raise InputError(
             f"trainer {name} returned a {type(state).__name__}; expected a state dict (a mapping of parameter "

@@ -20,7 +20,15 @@ PACKAGES = ("dpaudit", "attacks")
 # Floors, lowest first: a module may import from its own floor or below, never above. A room is a package
 # (or a top-level module of dpaudit); the longest matching prefix gives a module its room.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("dpaudit", "dpaudit.errors", "dpaudit.validation", "dpaudit.fileio", "dpaudit.seeding", "dpaudit.progress"),
+    (
+        "dpaudit",
+        "dpaudit.errors",
+        "dpaudit.validation",
+        "dpaudit.fileio",
+        "dpaudit.seeding",
+        "dpaudit.progress",
+        "dpaudit.user_code",
+    ),
     ("dpaudit.events",),
     ("dpaudit.accounting",),
     ("dpaudit.audit", "dpaudit.testing"),

@@ -90,7 +90,7 @@ def epsilon_for(event: Event, delta: float, accountant: str = "rdp", *, neighbou
 
 
 def calibrate_noise_multiplier(
-    *, target_epsilon, delta, make_event, accountant="rdp", neighbouring="add_remove"
+    *, target_epsilon, delta, make_event, accountant="rdp", neighbouring="add_remove", **options
 ) -> float:
     """Smallest noise multiplier with epsilon(make_event(sigma)) <= target_epsilon (verified).
 
@@ -103,4 +103,5 @@ def calibrate_noise_multiplier(
         make_event=make_event,
         accountant=accountant,
         neighbouring=neighbouring,
+        **options,  # tol, max_noise_multiplier, lower_bound
     )

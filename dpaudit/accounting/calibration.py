@@ -37,12 +37,19 @@ def calibrate_noise_multiplier(
     neighbouring: str = "add_remove",
     tol: float = 1e-4,
     max_noise_multiplier: float = 1e4,
+    lower_bound: Callable[[float], float] | None = None,
 ) -> float:
     """Smallest noise multiplier sigma (to relative tolerance ``tol``) with epsilon(make_event(sigma)) <= target.
 
     Formal guarantee: the returned sigma is checked with a fresh accountant before it is returned.
     Assumes epsilon decreases with sigma. Raises :class:`UnreachableTargetError` if even
     ``max_noise_multiplier`` does not reach the target.
+
+    ``lower_bound(sigma)``: a fast function never above epsilon(make_event(sigma)) (e.g.
+    :func:`dpaudit.accounting.jl.epsilon_lower_bound`). It is asked first at ``max_noise_multiplier``: a
+    target below it is unreachable, said at once with the smallest epsilon any sigma in range could reach
+    (at least the bound), instead of after the slow accountant's whole search; it also skips the slow
+    evaluations of the bracket where it already exceeds the target.
     """
     target = check_positive(target_epsilon=target_epsilon)
     delta = check_in_interval(0.0, 1.0, delta=delta)
@@ -52,7 +59,16 @@ def calibrate_noise_multiplier(
     def eps(sigma: float) -> float:
         return _epsilon_of(factory, make_event(sigma), delta)
 
+    if lower_bound is not None:
+        floor = float(lower_bound(max_noise_multiplier))
+        if floor > target:
+            raise UnreachableTargetError(
+                f"target epsilon {target:g} at delta {delta:g} is not reachable with noise_multiplier "
+                f"<= {max_noise_multiplier:g}: even that much noise gives epsilon >= {floor:.4g} (a formal lower bound)"
+            )
     hi = 1.0
+    while lower_bound is not None and lower_bound(hi) > target and hi < max_noise_multiplier:
+        hi *= 2.0  # certainly too little noise: no slow evaluation needed
     while eps(hi) > target:
         hi *= 2.0
         if hi > max_noise_multiplier:

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from dpaudit.data import DATA_HELP
 from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError
 from dpaudit.progress import Progress, make_progress
 
@@ -273,7 +274,7 @@ DATA = (
         "data",
         str,
         "digits",
-        help="digits | breast-cancer | wine | synthetic:... | synthetic-tokens:... | PATH.csv | PATH.npz",
+        help=DATA_HELP,
     ),
     opt("label_column", str | None, None, help="Label column of a CSV file."),
 )

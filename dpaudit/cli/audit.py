@@ -24,6 +24,7 @@ from dpaudit.cli._common import (
 )
 from dpaudit.errors import EXIT_VIOLATION, InputError
 from dpaudit.workflows.checkpoint import DEFAULTS
+from dpaudit.workflows.training import PLUGIN_SCORE_HELP
 
 if TYPE_CHECKING:
     from dpaudit.audit.result import AuditResult
@@ -416,7 +417,8 @@ AUDIT_TRAIN_PIPELINE = (
         Path | None,
         None,
         help='JSON model spec, as dpaudit.models.ModelSpec.to_dict() writes it ({"kind": "logreg", "input_shape": '
-        '[1, 8, 8], "n_classes": 10}); default: --model\'s default spec for the data.',
+        '[1, 8, 8], "n_classes": 10}), or your own module {"kind": "python", "factory": "pkg.mod:fn", ...} '
+        "(docs/model-spec.md); default: --model's default spec for the data.",
     ),
     opt(
         "trainer",
@@ -432,6 +434,12 @@ AUDIT_TRAIN_PIPELINE = (
         None,
         help="With --trainer: the neighbouring relation of your claim, add_remove (default; canary added or not) "
         "or replace_one (canary swapped for a record). dpaudit's own trainer follows its sampling.",
+    ),
+    opt(
+        "score",
+        list[str] | None,
+        None,
+        help="With --trainer; repeatable (Bonferroni over the scores; default margin). " + PLUGIN_SCORE_HELP,
     ),
     opt("train_size", int | None, None, help="Train on a subset of the members."),
     opt("algo", str, "dpsgd", help="sgd | adam | dpsgd | dpadam"),
@@ -474,7 +482,7 @@ def train_cmd(ctx: typer.Context, **o) -> None:
         )
         return _exit_code(result.steps.verdicts, **exits)
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
-    _exit_code([result.result.verdict], **exits)
+    _exit_code([a.result.verdict for a in result.audits or (result.audit,)], **exits)
 
 
 def register(app: App) -> None:

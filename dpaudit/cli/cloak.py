@@ -43,21 +43,22 @@ def train_cloak_command(
     lambdas: list[str],
     out: Path,
     *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
+    epochs: int | None,
+    batch_size: int | None,
+    lr: float | None,
     seed: int,
     force: bool,
     json_output: bool,
 ) -> None:
-    from dpaudit.training.cloak import CloakConfig, cloak_summary, curve_row, parse_lambdas, train_cloak_sweep
+    from dpaudit.training.cloak import CloakConfig, cloak_summary, curve_row, knee, parse_lambdas, train_cloak_sweep
 
     if algo != "cloak":
         raise InputError(f"--target/--lambda need --algo cloak, not {algo!r}")
     if target is None:
         raise InputError("--algo cloak needs --target RUN (the frozen model's run directory)")
     lams = parse_lambdas(lambdas)
-    base = CloakConfig(lam=lams[0], epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+    given = {"epochs": epochs, "batch_size": batch_size, "lr": lr}  # None: CloakConfig's default
+    base = CloakConfig(lam=lams[0], seed=seed, **{k: v for k, v in given.items() if v is not None})
     info(f"training {len(lams)} cloak(s) for {target} …", json_flag=json_output)
     cloaks = train_cloak_sweep(
         target, lams, out=out, base=base, force=force, figure=sigma_png, progress=progress(json_output)
@@ -67,11 +68,12 @@ def train_cloak_command(
         emit({"out": str(out), **s}, human_cloak(s) + f"\nsaved      {out}", json_flag=json_output)
         return
     rows = [curve_row(c) for c in cloaks]
+    at = knee(rows)
     lines = ["λ          suppressed  clean acc  cloaked acc  composed ε"]
     lines += [
         f"{r['lambda']:<10g} {r['suppression_ratio']:>10.3f} {r['clean_accuracy']:>10.3f} "
-        f"{r['cloaked_accuracy']:>12.3f} {r['composed_epsilon']:>11.4g}"
+        f"{r['cloaked_accuracy']:>12.3f} {r['composed_epsilon']:>11.4g}" + ("  <- knee" if r["lambda"] == at else "")
         for r in rows
     ]
     lines.append(f"saved      {out} (curve.json, curve.csv, lambda_*/)")
-    emit({"out": str(out), "curve": rows}, "\n".join(lines), json_flag=json_output)
+    emit({"out": str(out), "curve": rows, "knee": at}, "\n".join(lines), json_flag=json_output)

@@ -31,6 +31,7 @@ def register(app: App) -> None:
             return emit(s, human_cloak(s), json_flag=json_output)
         from dpaudit.checkpoint import load_run
         from dpaudit.cli.train import human_summary
+        from dpaudit.training.clipping import clipping_text
         from dpaudit.training.run import summary
 
         r = load_run(run)
@@ -41,4 +42,6 @@ def register(app: App) -> None:
         jl = (r.meta.get("privacy") or {}).get("jl")
         if jl:  # DP-SGD-JL: which AD path estimated the norms (the claim is the JL event's)
             text += f"\njl         {jl['projections']} projection(s), per-example norms by {jl['ad_path']}"
+        if s.get("clipping"):  # which per-example clipping ran, per layer (performance only)
+            text += "\n" + clipping_text(r.meta["performance"]["clipping_used"])
         emit(s, text, json_flag=json_output)

@@ -47,6 +47,8 @@ def inversion_table(result: Any) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    p = d["params"]
+    lines.insert(0, f"MI-FACE variant {p['variant']} ({p['restarts']} start(s) per class); cost c = 1 - f_y + AUXTERM")
     lines.append(
         f"identification accuracy {rate(d['identification_accuracy'])} (evaluation classifier trained on aux; "
         f"its test accuracy {rate(d['eval_classifier_accuracy'])}); nearest own class mean "
@@ -78,6 +80,17 @@ def inversion(
     directions: Annotated[
         int, typer.Option("--directions", help="Black-box: random directions per gradient estimate.")
     ] = 20,
+    variant: Annotated[
+        str,
+        typer.Option(
+            "--variant",
+            help="What is descended: log-softmax (-log f_y; works on confident models) | margin (logit margin) "
+            "| mi-face (1 - f_y, the published Algorithm 1). Stopping rule and reported cost: MI-FACE's.",
+        ),
+    ] = "log-softmax",
+    restarts: Annotated[
+        int, typer.Option("--restarts", help="Starts per class: x0 = PROCESS(0), then uniform in the aux box.")
+    ] = 4,
     out_dir: Annotated[
         Path | None, typer.Option("--out-dir", help=f"Write the inversions as a PNG grid ({GRID_FILE}) here.")
     ] = None,
@@ -89,6 +102,9 @@ def inversion(
 ) -> None:
     """Model inversion (MI-FACE, Fredrikson et al. 2015): reconstruct a representative input per class.
 
+    The default descends on -log f_y from several starts (the published cost 1 - f_y has no gradient once a
+    confident model's softmax saturates); --variant mi-face runs Algorithm 1 as published.
+
     JSON: checkpoint, png (or null), attack, params, classes, identification_accuracy, nearest_mean_accuracy,
     eval_classifier_accuracy, mean_mse, mean_ssim, mean_mse_nonmembers, mean_ssim_nonmembers, per_class (a list of
     {class, mse, ssim, mse_nonmembers, ssim_nonmembers, mse_other, nearest_class, identified_as, cost, confidence,
@@ -99,17 +115,9 @@ def inversion(
     from dpaudit.errors import InputError
 
     attack = MIFace(
-        iterations=iterations,
-        window=window,
-        threshold=threshold,
-        step=step,
-        prior=prior,
-        prior_weight=prior_weight,
-        black_box=black_box,
-        budget=budget,
-        directions=directions,
-        seed=seed,
-    )
+        iterations=iterations, window=window, threshold=threshold, step=step, prior=prior, prior_weight=prior_weight,
+        black_box=black_box, budget=budget, directions=directions, variant=variant, restarts=restarts, seed=seed,
+    )  # fmt: skip
     attack.check()  # bad settings fail before the checkpoint is loaded
     png = out_dir / GRID_FILE if out_dir is not None else None
     if png is not None and png.exists() and not force:

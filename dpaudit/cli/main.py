@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "dpaudit.cli.demo",
     "dpaudit.cli.report",
     "dpaudit.cli.audit",
+    "dpaudit.cli.canaries",
     "dpaudit.cli.account",
     "dpaudit.cli.attack",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpaudit.cli._common import DATA, DP, OUTPUT, RECIPE, STATE, App, arg, emit, info, opt, options, progress
+from dpaudit.data import DATA_HELP
+from dpaudit.training.config import recipe_help
 
 
 def human_summary(s: dict, *, imported: bool = False) -> str:
@@ -24,7 +26,15 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
 
 
 MODEL = (
-    opt("model", str, "mlp", help="logreg | mlp | cnn | rnn"),
+    opt("model", str | None, None, help="logreg | mlp | cnn | rnn [mlp]"),
+    opt(
+        "model_spec",
+        Path | None,
+        None,
+        help='JSON model spec instead of --model: a zoo kind, or your own module {"kind": "python", "factory": '
+        '"package.module:function", "kwargs": {...}, "input_shape": [...], "n_classes": K} (docs/model-spec.md; '
+        "importing the factory runs its module, as --trainer does).",
+    ),
     opt("hidden", str | None, None, help="MLP hidden sizes, e.g. 128,64."),
     opt("activation", str | None, None, help="tanh | relu | gelu | elu"),
 )
@@ -36,10 +46,19 @@ ALGORITHM = (
         help="sgd | adam | dpsgd | dpadam | dpsgd-jl | dpadam-jl | pate | dp-icl | outpert | objpert | dpagd "
         "| cloak (with --target, --lambda)",
     ),
-    *RECIPE,
-    opt("momentum", float, 0.0, help="SGD momentum."),
+    # None: the default of the algorithm and model kind (dpaudit/training/config.py, stated in RECIPE_HELP)
+    opt("epochs", int | None, None, help="Passes over the training split (default: per algorithm and model)."),
+    RECIPE[1],
+    opt("batch_size", int | None, None, help="Batch size (expected size for Poisson; default: per algorithm)."),
+    opt("lr", float | None, None, help=f"Learning rate. {recipe_help()}"),
+    opt("momentum", float | None, None, help="SGD momentum (default 0, or the algorithm's)."),
     opt("weight_decay", float, 0.0),
-    opt("l2", float | None, None, help="outpert/objpert/dpagd: λ of the penalty (λ/2)‖w‖² (weight decay)."),
+    opt(
+        "l2",
+        float | None,
+        None,
+        help="outpert/objpert/dpagd: λ of the penalty (λ/2)‖w‖² (weight decay; default 0.1 for outpert/objpert).",
+    ),
     opt("mechanism", str | None, None, help="outpert: laplace (norm mechanism, pure ε) | gaussian (ε, δ)."),
     opt("objective", str | None, None, help="dpagd: logistic | huber (SVM)."),
 )
@@ -58,7 +77,8 @@ PRIVACY = (
         "jl_projections",
         int | None,
         None,
-        help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl).",
+        help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl; "
+        "default 16).",
     ),
     opt("secure_noise", bool, False, help="DP: cryptographically seeded noise."),
 )
@@ -67,6 +87,7 @@ PERFORMANCE = (
     opt("backend", str, "torch", help="torch | jax (logreg/mlp/cnn; pip install 'dpaudit[jax]')."),
     opt("max_physical_batch", int | None, None),
     opt("device", str, "auto", help="auto | cpu | cuda."),
+    opt("autocast", str | None, None, help="DP-SGD: bf16 forward/backward; norms and clipping stay float32."),
 )
 CANARIES = (
     opt("canaries", int | None, None, help="Audit: insert M canaries, each included w.p. 1/2."),
@@ -103,6 +124,26 @@ AGGREGATION = (
     opt("shots", int | None, None, help="DP-ICL: exemplars per teacher k."),
     opt("predictor", str, "knn", help="DP-ICL: knn | prototype | PATH (local embedding model)."),
     opt("workers", int, 1, help="PATE: teachers trained in parallel."),
+    opt(
+        "claim",
+        str,
+        "data-independent",
+        help="PATE/DP-ICL: data-independent | data-dependent (sanitised with smooth sensitivity, Papernot et al. "
+        "2018; gnmax/confident-gnmax).",
+    ),
+    opt(
+        "keep_private_diagnostics",
+        bool,
+        False,
+        help="PATE/DP-ICL: also save values computed from the private votes (not DP) in checkpoint.json.",
+    ),
+    opt(
+        "subsample",
+        float | None,
+        None,
+        help="DP-ICL (gnmax): each query's teachers see a fresh Poisson sample of the exemplars at this rate "
+        "(accounted with amplification; replaces --shots).",
+    ),
 )
 CLOAK = (
     opt("target", Path | None, None, help="Cloak: the frozen model's run directory."),
@@ -170,13 +211,19 @@ IMPORT_HELP = "\n\n".join(" ".join(p.split()) for p in _IMPORT_DOC.split("\n\n")
 
 IMPORT = (
     arg("weights", Path, help="model.safetensors, or a .pt plain state_dict."),
-    opt("model_spec", Path, ..., help="JSON model spec (docs/model-spec.md; checkpoint.json 'model')."),
+    opt(
+        "model_spec",
+        Path,
+        ...,
+        help="JSON model spec: a zoo kind or your own module by factory, kind 'python' (docs/model-spec.md; "
+        "checkpoint.json 'model').",
+    ),
     opt("out", Path, ..., "--out", "-o", help="Run directory to write."),
     opt(
         "data",
         str | None,
         None,
-        help="The records the model saw: PATH.csv (with --label-column) | PATH.npz | digits | ... (needs --members).",
+        help="The records the model saw (needs --members): " + DATA_HELP,
     ),
     DATA[1],
     opt(
@@ -224,6 +271,13 @@ IMPORT_EXTRAS = (
     ),
     opt("split_seed", int, 0, help="Seed of the non-members' holdout/aux/test split."),
     opt("split", str | None, None, help="Legacy mode only: fractions members,holdout,aux,test [0.35,0.2,0.25,0.2]."),
+    opt(
+        "canaries",
+        Path | None,
+        None,
+        help="Directory from `dpaudit canaries make`: its included canaries were added to the training set; "
+        "`audit checkpoint` then gives the formal one-run audit.",
+    ),
 )
 
 

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -22,13 +23,45 @@ class TrainOutcome:
     model: nn.Module
     privacy: dict[str, Any] | None
     history: list[dict[str, float]] = field(default_factory=list)
+    # How it was computed (performance only, never part of the claim): e.g. the clipping method
+    # ``--clipping auto`` chose and its per-layer plan, recorded under the checkpoint's "performance".
+    performance: dict[str, Any] = field(default_factory=dict)
+
+
+class StreamedFeatures:
+    """The preprocessed features of rows ``idx`` of a memory-mapped dataset, as a trainer indexes them:
+    ``X[batch]`` (a tensor of row positions, a slice) reads those rows from the file, applies the
+    preprocessing and returns a float32 tensor on ``device``; nothing else is held in memory.
+    ``X.shape``, ``X.device``, ``len(X)`` as for a tensor."""
+
+    dtype = torch.float32
+
+    def __init__(self, dataset, idx: np.ndarray, preprocessing, device: torch.device) -> None:
+        self.dataset, self.idx, self.preprocessing = dataset, np.asarray(idx, dtype=np.int64), preprocessing
+        self.device = torch.device(device)
+        self.shape = torch.Size((len(self.idx), *dataset.feature_shape))
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, key) -> torch.Tensor:
+        if isinstance(key, torch.Tensor):
+            key = key.cpu().numpy()
+        rows = self.dataset.rows(self.idx[key])
+        x = np.asarray(self.preprocessing.transform(rows), dtype=np.float32)
+        return torch.as_tensor(x, device=self.device)
 
 
 class Trainer(ABC):
-    """One training algorithm. Subclasses set ``name`` and ``private`` and register themselves."""
+    """One training algorithm. Subclasses set ``name`` and ``private`` and register themselves.
+
+    ``streams``: the trainer reads its training features only as ``X[batch]`` (plus ``X.shape``,
+    ``X.device``), so it can be given a :class:`StreamedFeatures` for a memory-mapped dataset;
+    the others get the training split as one tensor."""
 
     name: ClassVar[str]
     private: ClassVar[bool] = False
+    streams: ClassVar[bool] = False
 
     def __init__(self, config: TrainConfig, perf: PerfConfig | None = None) -> None:
         self.config = config
@@ -47,7 +80,8 @@ class Trainer(ABC):
         *,
         progress: Progress = NULL_PROGRESS,
     ) -> TrainOutcome:
-        """Train ``model`` in place on (X, y) (already preprocessed, on the right device)."""
+        """Train ``model`` in place on (X, y) (already preprocessed, on the right device; ``X`` a
+        :class:`StreamedFeatures` when ``streams`` and the data is memory-mapped)."""
 
 
 def make_optimizer(name: str, params, config: TrainConfig) -> torch.optim.Optimizer:

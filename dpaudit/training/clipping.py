@@ -14,38 +14,61 @@ Methods (chosen by name, ``PerfConfig.clipping``):
 * ``loop``  – one example at a time; the reference the others are tested against.
 * ``vmap``  – ``torch.func.vmap(grad(...))`` over ``functional_call``: materialises per-example
   gradients for any model (the multiple-copies idea of Goodfellow 2015, vectorised).
-* ``ghost`` – per-example norms from layer activations ``a`` and output gradients ``g`` captured
-  with module hooks, without materialising per-example gradients (Goodfellow 2015,
-  arXiv:1510.01799; Rochette et al. 2019, arXiv:1912.06015 for convolutions; ghost norms of
-  Li et al. 2021, arXiv:2110.05679 for sequences), then the clipped sum by book-keeping from the
-  same ``a`` and ``g`` (Bu et al. 2023, arXiv:2210.00038): one forward and one backward pass that
-  skips the parameter gradients. Supported: ``Linear`` (any number of leading dims, any number
-  of calls per forward), ``Conv2d`` (groups 1, zero padding), ``Embedding``, ``LayerNorm``,
-  ``GroupNorm``. Parameters of other modules fall back to vmap and their norms are combined
-  exactly (squared norms add over disjoint parameter sets).
-* ``auto``  – ``ghost`` when every trainable parameter belongs to a supported module, else ``vmap``.
+* ``ghost`` – mixed per-layer clipping in one forward and one backward pass (:class:`GhostClipper`):
+  module hooks record each layer's input ``a`` and output gradient ``g`` (the backward pass skips
+  the parameter gradients); per layer the cost model picks the ghost norm (Goodfellow 2015,
+  arXiv:1510.01799; Rochette et al. 2019, arXiv:1912.06015 for convolutions; Li et al. 2021,
+  arXiv:2110.05679 for sequences) or instantiating the per-example gradient, whichever is cheaper
+  (2T² vs p·d; Bu et al. 2022, arXiv:2205.10683; Bu et al. 2023, arXiv:2210.00038), then the
+  clipped sum by book-keeping from the same ``a`` and ``g`` (Bu et al. 2023). Rules: ``Linear``
+  (any leading dims, any number of calls), ``Conv2d`` (groups 1, zero padding), ``Embedding``,
+  ``LayerNorm``, ``GroupNorm``. Beyond them:
+
+  - a layer applied to a tensor without the batch dimension (a positional embedding of
+    ``torch.arange(T)``, a Linear on a shared query) has its output expanded to the batch (a
+    view) in the clipping forward, so its gradient is per example: the per-example gradient is
+    the per-example output gradient contracted with the shared input;
+  - a weight shared by several layers (tied embedding / output head) is instantiated per use and
+    the uses' contributions summed before the norm (the norm of a sum, cross terms included);
+  - ``nn.MultiheadAttention`` (packed in-projection, called on query/key/value without masks):
+    per-example gradients by recomputing the attention from its recorded inputs (:func:`_mha_per_example`);
+  - any other module that owns parameters without a rule (MHA with masks, a custom block with a
+    bare ``nn.Parameter``) gets per-example gradients by a vmap over that module alone, from its
+    recorded inputs and output gradients; a bare parameter of the model itself, or one used
+    outside its module's forward, by a vmap over the model.
+
+  Squared norms over disjoint parameter sets add, so the combination is exact. (In training
+  mode a vmap re-runs its module with fresh dropout masks: the result is still a function of
+  example i alone with its norm computed exactly, which is all the clipping bound needs.)
+* ``auto``  – decided on the first batch: ``ghost`` when its plan has a layer with a rule and
+  passes the first-call check, else ``vmap``, else ``loop``; ``describe()`` says what it chose,
+  per layer, and is recorded in the checkpoint (``dpaudit inspect`` prints it).
 
 Assumptions shared by all methods (checked where possible):
 
 * The loss of example ``i`` depends on example ``i`` only: no BatchNorm or other layer that mixes
   examples (refused by :func:`dpaudit.models.check_no_batchnorm`).
-* ``ghost``: each parameter of a supported module is used only through that module's forward and
-  the module's output is not modified in place; parameters are not shared between modules (shared
-  ones fall back to vmap). The first call checks ghost norms against vmap on a few examples and
-  refuses the model if they disagree, so a violated assumption fails loudly instead of clipping
-  wrongly.
+* ``ghost``: a probe at batch sizes 2 and 3 finds each layer's batch dimension; the first call
+  compares every layer's result on the first few examples with the one-example-at-a-time
+  reference and moves a disagreeing parameter (used outside its module's forward, an output
+  changed in place) to a vmap over the model; if the norms still disagree the model is refused
+  (:class:`GhostMismatchError`), so a violated assumption fails loudly instead of clipping wrongly.
 
-Numerics: norms are computed in the parameters' dtype, as in Opacus. The methods agree to
-rounding (~1e-15 relative in float64, ~1e-6 in float32), so a clipped gradient may exceed C by
-that relative amount; the ghost Gram sum Σ(a_t·a_s)(g_t·g_s) is clamped at 0 before the square
-root. Everything is device- and dtype-agnostic (float32/float64, CPU/CUDA); nothing leaves the device.
+Numerics: norms and clipped sums are computed in the parameters' dtype from the same tensors, with
+TF32 off (:func:`exact_matmuls`); under ``autocast`` (bf16 forward/backward) the recorded ``a`` and
+``g`` are cast to the parameters' dtype first, so each clipped contribution has norm <= C up to
+float32 rounding. The methods agree to rounding (~1e-15 relative in float64, ~1e-6 in float32);
+the ghost Gram sum Σ(a_t·a_s)(g_t·g_s) is clamped at 0 before the square root. Everything is
+device- and dtype-agnostic (float32/float64, CPU/CUDA); nothing leaves the device.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -89,10 +112,59 @@ def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     return 1.0 / torch.clamp(norms / clip, min=1.0)
 
 
-def _per_example_loss_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _per_example_loss_sum(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None = None
+) -> torch.Tensor:
     # Σ_i ℓ_i: with reduction="sum" the gradient of the total w.r.t. anything computed from example
     # i alone is the gradient of ℓ_i (examples do not interact), which the ghost method relies on.
-    return F.cross_entropy(model(x), y, reduction="sum")
+    with _autocast(x, autocast):
+        logits = model(x)
+    return _loss_from_logits(logits, y, autocast)
+
+
+def _autocast(x: torch.Tensor, dtype: torch.dtype | None):
+    """Mixed precision for the forward pass only (``PerfConfig.autocast``); a no-op when None."""
+    return torch.autocast(device_type=x.device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def _loss_from_logits(logits: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None) -> torch.Tensor:
+    # Under autocast the loss is taken in float32 (bf16 logits would round the loss to 3 digits).
+    return F.cross_entropy(logits.float() if autocast is not None else logits, y, reduction="sum")
+
+
+@contextmanager
+def exact_matmuls():
+    """No TF32 inside: per-example norms and the clipped sum must be computed in full float32.
+
+    Why: DP-SGD's guarantee needs every clipped contribution c_i g_i to have norm <= C. TF32 (the
+    default for cuDNN convolutions on Ampere and later GPUs) and bf16 keep 10 and 7 mantissa bits,
+    so a norm or a weighted sum computed in them can be off by ~1e-3 relative, i.e. overshoot C
+    (as seen in the JAX backend); in float32 the overshoot is ~1e-7 relative, the rounding every
+    implementation accepts. The forward and backward passes may use TF32/bf16 freely: only the
+    norms and the sums must be computed from the same tensors in full precision.
+    """
+    if not torch.cuda.is_available():
+        yield
+        return
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+AUTOCAST = {"bf16": torch.bfloat16}
+
+
+def check_autocast(name: str | None, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``--autocast NAME`` on ``device``; refuses a device without it."""
+    if name is None:
+        return None
+    check_choice(tuple(AUTOCAST), autocast=name)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise InputError(f"--autocast {name}: this CUDA device has no bfloat16 support (needs compute capability 8.0+)")
+    return AUTOCAST[name]
 
 
 class Clipper(ABC):
@@ -100,9 +172,10 @@ class Clipper(ABC):
 
     method: str
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         check_no_batchnorm(model)
         self.model = model
+        self.autocast = autocast  # mixed precision for forward/backward; norms and sums in float32
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
@@ -122,6 +195,10 @@ class Clipper(ABC):
     @abstractmethod
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients: ...
 
+    def describe(self) -> dict[str, Any]:
+        """What computed the clipped sums (JSON-ready; recorded in the checkpoint's ``performance``)."""
+        return {"method": self.method}
+
 
 # --------------------------------------------------------------------------------------------- loop
 
@@ -135,13 +212,14 @@ class LoopClipper(Clipper):
         sums = [torch.zeros_like(p) for p in self.params]
         norms = []
         for i in range(x.shape[0]):
-            loss = _per_example_loss_sum(self.model, x[i : i + 1], y[i : i + 1])
+            loss = _per_example_loss_sum(self.model, x[i : i + 1], y[i : i + 1], self.autocast)
             gs = torch.autograd.grad(loss, self.params, allow_unused=True)
             gs = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, gs, strict=True)]
-            norm = torch.sqrt(sum(g.square().sum() for g in gs))
-            c = clip_factors(norm, clip)
-            for s, g in zip(sums, gs, strict=True):
-                s.add_(g * c)
+            with exact_matmuls():
+                norm = torch.sqrt(sum(g.square().sum() for g in gs))
+                c = clip_factors(norm, clip)
+                for s, g in zip(sums, gs, strict=True):
+                    s.add_(g * c)
             norms.append(norm)
         return ClippedGradients(grads=tuple(sums), norms=torch.stack(norms))
 
@@ -149,7 +227,9 @@ class LoopClipper(Clipper):
 # --------------------------------------------------------------------------------------------- vmap
 
 
-def _per_example_grads(model: nn.Module, names: Sequence[str], x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+def _per_example_grads(
+    model: nn.Module, names: Sequence[str], x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None = None
+) -> list[torch.Tensor]:
     """Per-example gradients (B, *p.shape) of ℓ_i w.r.t. the named parameters, by vmap over grad.
 
     Every other parameter and buffer enters ``functional_call`` as a constant. ``randomness=
@@ -160,8 +240,9 @@ def _per_example_grads(model: nn.Module, names: Sequence[str], x: torch.Tensor, 
     buffers = dict(model.named_buffers())
 
     def loss_one(d: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, ({**fixed, **d}, buffers), (xi.unsqueeze(0),))
-        return F.cross_entropy(out, yi.unsqueeze(0), reduction="sum")
+        with _autocast(xi, autocast):
+            out = functional_call(model, ({**fixed, **d}, buffers), (xi.unsqueeze(0),))
+        return _loss_from_logits(out, yi.unsqueeze(0), autocast)
 
     g = vmap(grad(loss_one), in_dims=(None, 0, 0), randomness="different")(diff, x, y)
     return [g[n] for n in names]
@@ -181,16 +262,23 @@ class VmapClipper(Clipper):
 
     method = "vmap"
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
+    def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
+        super().__init__(model, autocast=autocast)
         ids = {id(p) for p in self.params}
         self.names = [n for n, p in model.named_parameters() if id(p) in ids]
+        self._ran = False
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        per_example = _per_example_grads(self.model, self.names, x, y)
-        norms = torch.sqrt(_sq_norms(per_example))
-        c = clip_factors(norms, clip)
-        return ClippedGradients(grads=tuple(_weighted_sum(c, g) for g in per_example), norms=norms)
+        if not self._ran:  # an operation vmap cannot batch: one line naming the way out
+            with _refusing("vmap", "try --clipping loop"):
+                per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
+            self._ran = True
+        else:
+            per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
+        with exact_matmuls():
+            norms = torch.sqrt(_sq_norms(per_example))
+            c = clip_factors(norms, clip)
+            return ClippedGradients(grads=tuple(_weighted_sum(c, g) for g in per_example), norms=norms)
 
 
 # -------------------------------------------------------------------------------------------- ghost
@@ -198,11 +286,22 @@ class VmapClipper(Clipper):
 
 @dataclass
 class _LayerPart:
-    """One module's contribution: per-example squared norm (B,) and a function c -> clipped sums
-    (a dict from the module's parameter name to Σ_i c_i ∇_p ℓ_i)."""
+    """One layer's contribution for the parameters it handles without per-example gradients:
+    per-example squared norm (B,), a function c -> clipped sums (parameter name -> Σ_i c_i ∇_p ℓ_i)
+    and the per-layer method the cost model chose (recorded by :meth:`GhostClipper.describe`)."""
 
     sq_norm: torch.Tensor
     clipped: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+    how: str
+
+
+def _ghost_is_cheaper(T: int, d_in: int, d_out: int) -> bool:
+    """The layerwise choice of mixed ghost clipping / hybrid book-keeping: ghost norm when
+    2T² < p·d (Bu et al. 2022, arXiv:2205.10683, Sec. 4 "mixed ghost clipping"; Bu et al. 2023,
+    arXiv:2210.00038, Sec. 3.3 "hybrid BK"). Time: the ghost norm costs O(B·T²·(d_in + d_out)),
+    instantiation O(B·T·d_in·d_out); memory: B·2T² for the two Gram matrices against B·d_in·d_out
+    for the per-example gradients; both comparisons reduce to 2T² vs d_in·d_out up to constants."""
+    return 2 * T * T <= d_in * d_out
 
 
 def _factored_linear(
@@ -224,25 +323,26 @@ def _factored_linear(
     d_out = gT.shape[1]
     G = None
     gb = (gT[:, :, 0] if T == 1 else gT.sum(2)) if bias else None
-    if weight_shape is not None and T == 1:
+    if weight_shape is None:
+        how = "bias only"
+        sq = gb.square().sum(1) if gb is not None else aT.new_zeros(B)
+    elif T == 1:
         # Rank one: ‖g aᵀ‖_F² = ‖g‖² ‖a‖², and with the bias ‖g‖²(‖a‖² + 1) (Goodfellow 2015,
         # arXiv:1510.01799).
-        g1, a1 = gT[:, :, 0], aT[:, :, 0]
-        g_sq = g1.square().sum(1)
-        a_sq = a1.square().sum(1)
+        how = "rank-one"
+        g_sq = gT[:, :, 0].square().sum(1)
+        a_sq = aT[:, :, 0].square().sum(1)
         sq = g_sq * (a_sq + 1.0) if bias else g_sq * a_sq
     else:
         sq = gb.square().sum(1) if gb is not None else aT.new_zeros(B)
-        if weight_shape is None:
-            pass
-        elif 2 * T * T <= d_in * d_out:
+        if _ghost_is_cheaper(T, d_in, d_out):
             # Ghost norm: ‖Σ_t g_t a_tᵀ‖_F² = Σ_{t,s} (a_t·a_s)(g_t·g_s)  (Li et al. 2021,
-            # arXiv:2110.05679, Sec. 4); O(T²(d_in+d_out)) per example, the cheaper side when
-            # 2T² < d_in·d_out (ibid.; "mixed ghost clipping" of Bu et al. 2022, arXiv:2205.10683,
-            # picks the cheaper of the two per layer).
+            # arXiv:2110.05679, Sec. 4).
+            how = f"ghost-norm (T={T}: 2T²={2 * T * T} <= p·d={d_in * d_out})"
             sq = sq + (torch.bmm(aT.transpose(1, 2), aT) * torch.bmm(gT.transpose(1, 2), gT)).sum((1, 2))
         else:
-            # Materialise G_i = Σ_t g_t a_tᵀ (B, d_out, d_in) when that is the cheaper side.
+            # Instantiate G_i = Σ_t g_t a_tᵀ (B, d_out, d_in) when that is the cheaper side.
+            how = f"instantiate (T={T}: 2T²={2 * T * T} > p·d={d_in * d_out})"
             G = torch.bmm(gT, aT.transpose(1, 2))
             sq = sq + G.square().sum((1, 2))
 
@@ -254,7 +354,7 @@ def _factored_linear(
             elif weight_sum is not None:
                 w = weight_sum(c)
             else:
-                # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038): Σ_i c_i Σ_t g_it a_itᵀ
+                # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
                 # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
                 # c multiplies whichever factor is smaller.
                 ci = c[:, None, None]
@@ -265,7 +365,7 @@ def _factored_linear(
             out["bias"] = c @ gb
         return out
 
-    return _LayerPart(sq_norm=sq, clipped=clipped)
+    return _LayerPart(sq_norm=sq, clipped=clipped, how=how)
 
 
 def _cat_positions(parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
@@ -274,13 +374,13 @@ def _cat_positions(parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
-def _trainable(module: nn.Module, name: str) -> bool:
-    p = getattr(module, name, None)
-    return isinstance(p, nn.Parameter) and p.requires_grad
-
-
 class _Handler(ABC):
-    """Ghost-norm support for one module type."""
+    """Ghost-norm support for one module type. ``inputs`` and ``grads`` are the module's first input
+    and the gradient of Σ_i ℓ_i w.r.t. its output, one entry per call, batch first (B, ...); an input
+    shared by the batch arrives expanded to (B, ...) (a view). ``names``: the trainable parameters
+    handled here (a parameter shared with another module is instantiated with :meth:`per_example`)."""
+
+    batch_first_only = False  # True: the module needs its batch at dim 0 (Conv2d, GroupNorm)
 
     @staticmethod
     def supports(module: nn.Module) -> bool:
@@ -288,7 +388,12 @@ class _Handler(ABC):
 
     @staticmethod
     @abstractmethod
-    def part(module: nn.Module, inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> _LayerPart: ...
+    def part(module, inputs: list[torch.Tensor], grads: list[torch.Tensor], names: frozenset[str]) -> _LayerPart: ...
+
+    @staticmethod
+    @abstractmethod
+    def per_example(module, inputs: list[torch.Tensor], grads: list[torch.Tensor], name: str) -> torch.Tensor:
+        """The per-example gradients (B, *p.shape) of the parameter ``name`` through this module."""
 
 
 def _rank_one_linear(a: torch.Tensor, g: torch.Tensor, weight: bool, bias: bool) -> _LayerPart:
@@ -305,26 +410,36 @@ def _rank_one_linear(a: torch.Tensor, g: torch.Tensor, weight: bool, bias: bool)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
-        if weight:  # book-keeping (Bu et al. 2023): Σ_i c_i g_i a_iᵀ = (c ⊙ g)ᵀ a
+        if weight:  # book-keeping (Bu et al. 2023, arXiv:2210.00038): Σ_i c_i g_i a_iᵀ = (c ⊙ g)ᵀ a
             ci = c.unsqueeze(1)
             out["weight"] = (g * ci).T @ a if g.shape[1] <= a.shape[1] else g.T @ (a * ci)
         if bias:
             out["bias"] = c @ g
         return out
 
-    return _LayerPart(sq_norm=sq, clipped=clipped)
+    return _LayerPart(sq_norm=sq, clipped=clipped, how="rank-one" if weight else "bias only")
+
+
+def _linear_positions(module, inputs, grads) -> tuple[torch.Tensor, torch.Tensor]:
+    B = inputs[0].shape[0]
+    a = _cat_positions([t.reshape(B, -1, module.in_features) for t in inputs])
+    g = _cat_positions([t.reshape(B, -1, module.out_features) for t in grads])
+    return a, g
 
 
 class _LinearHandler(_Handler):
     @staticmethod
-    def part(module, inputs, grads):
-        weight, bias = _trainable(module, "weight"), _trainable(module, "bias")
+    def part(module, inputs, grads, names):
+        weight, bias = "weight" in names, "bias" in names
         if len(inputs) == 1 and inputs[0].dim() == 2:
             return _rank_one_linear(inputs[0], grads[0], weight, bias)
-        B = inputs[0].shape[0]
-        a = _cat_positions([t.reshape(B, -1, module.in_features) for t in inputs])
-        g = _cat_positions([t.reshape(B, -1, module.out_features) for t in grads])
+        a, g = _linear_positions(module, inputs, grads)
         return _factored_linear(a.transpose(1, 2), g.transpose(1, 2), module.weight.shape if weight else None, bias)
+
+    @staticmethod
+    def per_example(module, inputs, grads, name):
+        a, g = _linear_positions(module, inputs, grads)
+        return torch.bmm(g.transpose(1, 2), a) if name == "weight" else g.sum(1)
 
 
 def _im2col(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -346,32 +461,40 @@ class _Conv2dHandler(_Handler):
     """Conv2d as a Linear map applied at every output position of the unfolded input
     (Rochette et al. 2019, arXiv:1912.06015: per-example gradients of convolutions via unfolding)."""
 
+    batch_first_only = True
+
     @staticmethod
     def supports(module):
         return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
 
     @staticmethod
-    def part(module, inputs, grads):
+    def _positions(module, inputs, grads):
         B = inputs[0].shape[0]
-        geometry = (module.stride, module.padding, module.dilation)
         aT = _cat_positions([_im2col(t, module) for t in inputs], dim=2)
         gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
+        return aT, gT
+
+    @staticmethod
+    def part(module, inputs, grads, names):
+        geometry = (module.stride, module.padding, module.dilation)
+        aT, gT = _Conv2dHandler._positions(module, inputs, grads)
 
         def weight_sum(c: torch.Tensor) -> torch.Tensor:
             # Book-keeping through the convolution's own weight-gradient kernel: Σ_i c_i ∇_W ℓ_i is
             # the batch weight gradient for output gradients c_i g_i (book-keeping, Bu et al. 2023).
             return sum(
-                conv2d_weight(x, module.weight.shape, g * c.view(-1, 1, 1, 1), *geometry)
+                conv2d_weight(x.contiguous(), module.weight.shape, g * c.view(-1, 1, 1, 1), *geometry)
                 for x, g in zip(inputs, grads, strict=True)
             )
 
-        return _factored_linear(
-            aT,
-            gT,
-            module.weight.shape if _trainable(module, "weight") else None,
-            _trainable(module, "bias"),
-            weight_sum,
-        )
+        return _factored_linear(aT, gT, module.weight.shape if "weight" in names else None, "bias" in names, weight_sum)
+
+    @staticmethod
+    def per_example(module, inputs, grads, name):
+        aT, gT = _Conv2dHandler._positions(module, inputs, grads)
+        if name == "bias":
+            return gT.sum(2)
+        return torch.bmm(gT, aT.transpose(1, 2)).reshape(gT.shape[0], *module.weight.shape)
 
 
 class _EmbeddingHandler(_Handler):
@@ -384,20 +507,33 @@ class _EmbeddingHandler(_Handler):
         return module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
 
     @staticmethod
-    def part(module, inputs, grads):
+    def _positions(module, inputs, grads):
         B = inputs[0].shape[0]
-        V, d = module.weight.shape
+        d = module.weight.shape[1]
         tok = _cat_positions([t.reshape(B, -1) for t in inputs])
         g = _cat_positions([t.reshape(B, -1, d) for t in grads])
         if module.padding_idx is not None:  # the padding row receives no gradient (torch semantics)
             g = g * (tok != module.padding_idx).unsqueeze(-1).to(g.dtype)
+        return tok, g
+
+    @staticmethod
+    def _scatter(module, tok, g):
+        B, (V, d) = tok.shape[0], module.weight.shape
+        return g.new_zeros(B, V, d).scatter_add_(1, tok.unsqueeze(-1).expand(-1, -1, d), g)
+
+    @staticmethod
+    def part(module, inputs, grads, names):
+        V, d = module.weight.shape
+        tok, g = _EmbeddingHandler._positions(module, inputs, grads)
         T = tok.shape[1]
-        if T * T <= V * d:
+        if T * T <= V * d:  # the same cost rule as _ghost_is_cheaper with one-hot inputs (d_in = V)
+            how = f"ghost-norm (T={T}: T²={T * T} <= V·d={V * d})"
             same = (tok.unsqueeze(2) == tok.unsqueeze(1)).to(g.dtype)
             sq = (same * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
             G = None
         else:  # materialise the (B, V, d) per-example gradients when that is smaller
-            G = g.new_zeros(B, V, d).scatter_add_(1, tok.unsqueeze(-1).expand(-1, -1, d), g)
+            how = f"instantiate (T={T}: T²={T * T} > V·d={V * d})"
+            G = _EmbeddingHandler._scatter(module, tok, g)
             sq = G.square().sum((1, 2))
 
         def clipped(c):
@@ -406,39 +542,75 @@ class _EmbeddingHandler(_Handler):
             w = g.new_zeros(V, d).index_add_(0, tok.reshape(-1), (g * c[:, None, None]).reshape(-1, d))
             return {"weight": w}
 
-        return _LayerPart(sq_norm=sq, clipped=clipped)
+        return _LayerPart(sq_norm=sq, clipped=clipped, how=how)
+
+    @staticmethod
+    def per_example(module, inputs, grads, name):
+        return _EmbeddingHandler._scatter(module, *_EmbeddingHandler._positions(module, inputs, grads))
 
 
-def _affine_norm_part(module, normalized: list[torch.Tensor], grads: list[torch.Tensor], reduce_dims) -> _LayerPart:
+def _affine_norm_per_example(normalized, grads, name, reduce_dims) -> torch.Tensor:
     # y = x̂ ⊙ γ + β elementwise, so ∇_γ ℓ_i = Σ g ⊙ x̂ and ∇_β ℓ_i = Σ g over the positions that
     # share a parameter; the parameters are small, so per-example gradients are materialised
     # (as Opacus does for its norm layers).
-    per: dict[str, torch.Tensor] = {}
-    if _trainable(module, "weight"):
-        per["weight"] = sum((g * xh).sum(reduce_dims(g)) for g, xh in zip(grads, normalized, strict=True))
-    if _trainable(module, "bias"):
-        per["bias"] = sum(g.sum(reduce_dims(g)) for g in grads)
+    if name == "weight":
+        return sum((g * xh).sum(reduce_dims(g)) for g, xh in zip(grads, normalized, strict=True))
+    return sum(g.sum(reduce_dims(g)) for g in grads)
+
+
+def _affine_norm_part(normalized, grads, names, reduce_dims) -> _LayerPart:
+    per = {n: _affine_norm_per_example(normalized, grads, n, reduce_dims) for n in sorted(names)}
     sq = _sq_norms(list(per.values()))
-    return _LayerPart(sq_norm=sq, clipped=lambda c: {k: _weighted_sum(c, v) for k, v in per.items()})
+    return _LayerPart(
+        sq_norm=sq, clipped=lambda c: {k: _weighted_sum(c, v) for k, v in per.items()}, how="per-example (small)"
+    )
+
+
+def _group_dims(g):
+    return tuple(range(2, g.dim()))
 
 
 class _GroupNormHandler(_Handler):
+    batch_first_only = True
+
     @staticmethod
-    def part(module, inputs, grads):
-        xh = [F.group_norm(t, module.num_groups, eps=module.eps) for t in inputs]
-        return _affine_norm_part(module, xh, grads, lambda g: tuple(range(2, g.dim())))
+    def _normalized(module, inputs):
+        return [F.group_norm(t, module.num_groups, eps=module.eps) for t in inputs]
+
+    @staticmethod
+    def part(module, inputs, grads, names):
+        return _affine_norm_part(_GroupNormHandler._normalized(module, inputs), grads, names, _group_dims)
+
+    @staticmethod
+    def per_example(module, inputs, grads, name):
+        xh = _GroupNormHandler._normalized(module, inputs)
+        return _affine_norm_per_example(xh, grads, name, _group_dims)
 
 
 class _LayerNormHandler(_Handler):
     @staticmethod
-    def part(module, inputs, grads):
+    def _normalized(module, inputs):
+        return [F.layer_norm(t, module.normalized_shape, eps=module.eps) for t in inputs]
+
+    @staticmethod
+    def _dims(module):
         k = len(module.normalized_shape)
-        xh = [F.layer_norm(t, module.normalized_shape, eps=module.eps) for t in inputs]
-        return _affine_norm_part(module, xh, grads, lambda g: tuple(range(1, g.dim() - k)))
+        return lambda g: tuple(range(1, g.dim() - k))
+
+    @staticmethod
+    def part(module, inputs, grads, names):
+        xh = _LayerNormHandler._normalized(module, inputs)
+        return _affine_norm_part(xh, grads, names, _LayerNormHandler._dims(module))
+
+    @staticmethod
+    def per_example(module, inputs, grads, name):
+        xh = _LayerNormHandler._normalized(module, inputs)
+        return _affine_norm_per_example(xh, grads, name, _LayerNormHandler._dims(module))
 
 
 # Exact types: a subclass may use its parameters outside ``forward`` (e.g. the out_proj of
-# nn.MultiheadAttention is a Linear subclass whose weight is used functionally), so it falls back.
+# nn.MultiheadAttention is a Linear subclass whose weight is used functionally); such modules get
+# per-example gradients from a vmap over the module (or its caller) instead.
 HANDLERS: dict[type[nn.Module], type[_Handler]] = {
     nn.Linear: _LinearHandler,
     nn.Conv2d: _Conv2dHandler,
@@ -447,195 +619,735 @@ HANDLERS: dict[type[nn.Module], type[_Handler]] = {
     nn.LayerNorm: _LayerNormHandler,
 }
 
+# ----------------------------------------------------------------- where is the batch: the probe
+
+FOLDED = -1  # the batch is folded into dim 0 with other positions, (B·k, ...), batch-major
+ABSENT = -2  # an output that is not a tensor (e.g. the attention weights nn.MultiheadAttention may skip)
+
+
+class _NoBatchDim(Exception):
+    pass
+
+
+def _batch_dim(s2: tuple[int, ...], s3: tuple[int, ...]) -> int | None:
+    """The batch dimension of a tensor seen with batch sizes 2 and 3: None when its shape does not
+    change (shared by the batch), the one dimension that goes 2 -> 3, or FOLDED for (2k,...) -> (3k,...)."""
+    if s2 == s3:
+        return None
+    if len(s2) == len(s3):
+        diff = [d for d in range(len(s2)) if s2[d] != s3[d]]
+        if len(diff) == 1:
+            d = diff[0]
+            if (s2[d], s3[d]) == (2, 3):
+                return d
+            if d == 0 and s2[0] % 2 == 0 and 3 * s2[0] == 2 * s3[0]:
+                return FOLDED
+    raise _NoBatchDim(f"cannot locate the batch dimension (shapes {list(s2)} and {list(s3)} at batch sizes 2, 3)")
+
+
+def _flat_inputs(args: tuple, kwargs: dict) -> list[tuple[int | str, torch.Tensor]]:
+    out: list[tuple[int | str, torch.Tensor]] = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    return out + [(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+
+
+def _flat_outputs(output) -> list[torch.Tensor | None]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [o if isinstance(o, torch.Tensor) else None for o in output]
+    raise _NoBatchDim(f"its output is a {type(output).__name__}, not a tensor or a tuple of tensors")
+
+
+def _rebuild_output(output, new: list[torch.Tensor | None]):
+    if isinstance(output, torch.Tensor):
+        return new[0]
+    return type(output)(n if n is not None else o for o, n in zip(output, new, strict=True))
+
 
 @dataclass(frozen=True)
+class _Layout:
+    """One call of a module: the batch dimension of each tensor input and output (None: shared by
+    the batch; FOLDED), and how a shared output is given a batch dimension in the clipping forward
+    ("prepend": (B, *s); "replace": s[0] = 1 becomes B) so its gradient is per example."""
+
+    ins: tuple[int | None, ...]
+    outs: tuple[int | None, ...]
+    expand: tuple[str | None, ...] = ()
+
+
+def _expand(t: torch.Tensor, mode: str | None, B: int) -> torch.Tensor:
+    # A view: the per-example copies of a shared tensor cost no memory.
+    if mode == "prepend":
+        return t.expand(B, *t.shape)
+    return t.expand(B, *t.shape[1:])
+
+
+def _probe(model: nn.Module, x: torch.Tensor) -> dict[nn.Module, list]:
+    """The tensor shapes every module sees at batch sizes 2 and 3 (the first example repeated),
+    without gradients: per module, per call, (input shapes, output shapes or the exception text)."""
+    seen: dict[int, list[list]] = {}
+    modules = {id(m): m for _, m in model.named_modules()}
+
+    def hook(module, args, kwargs, output):
+        try:
+            outs = tuple(None if o is None else tuple(o.shape) for o in _flat_outputs(output))
+        except _NoBatchDim as e:
+            outs = str(e)
+        seen[id(module)][-1].append((tuple(tuple(t.shape) for _, t in _flat_inputs(args, kwargs)), outs))
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in modules.values()]
+    try:
+        for n in (2, 3):
+            for v in seen.values():
+                v.append([])
+            for k in modules:
+                seen.setdefault(k, [[]] if n == 2 else [[], []])
+            with torch.no_grad():
+                model(x[:1].repeat(n, *([1] * (x.dim() - 1))))
+    finally:
+        for h in handles:
+            h.remove()
+    return {modules[k]: v for k, v in seen.items()}
+
+
+def _layouts(calls: list) -> list[_Layout]:
+    """Per call, the batch dimensions of a module's tensors from its probe record (raises _NoBatchDim)."""
+    at2, at3 = calls
+    if len(at2) != len(at3):
+        raise _NoBatchDim(f"it is called {len(at2)} times at batch size 2 but {len(at3)} at batch size 3")
+    out = []
+    for (in2, o2), (in3, o3) in zip(at2, at3, strict=True):
+        for o in (o2, o3):
+            if isinstance(o, str):
+                raise _NoBatchDim(o)
+        if len(in2) != len(in3) or len(o2) != len(o3):
+            raise _NoBatchDim("its inputs differ between batch sizes")
+        ins = tuple(_batch_dim(a, b) for a, b in zip(in2, in3, strict=True))
+        outs = tuple(ABSENT if a is None else _batch_dim(a, b) for a, b in zip(o2, o3, strict=True))
+        if all(d in (None, ABSENT) for d in outs) and any(d is not None for d in ins):
+            raise _NoBatchDim("its output does not depend on the batch size")
+        # A shared output gets "prepend" first; _verify_expansion may switch it to "replace".
+        out.append(_Layout(ins=ins, outs=outs, expand=tuple("prepend" if d is None else None for d in outs)))
+    return out
+
+
+def _specific_layout_ok(handler: type[_Handler], layouts: list[_Layout]) -> bool:
+    for lay in layouts:
+        if len(lay.ins) != 1 or len(lay.outs) != 1:
+            return False
+        (i,), (o,) = lay.ins, lay.outs
+        if handler.batch_first_only and (i not in (0, None) or o not in (0, None)):
+            return False
+        if (i is None) != (o is None):
+            return False
+    return True
+
+
+def _generic_layout_ok(layouts: list[_Layout]) -> bool:
+    return all(FOLDED not in lay.ins and FOLDED not in lay.outs for lay in layouts)
+
+
+def _batch_first(t: torch.Tensor, bdim: int | None, mode: str | None, B: int) -> torch.Tensor:
+    """A recorded tensor with its batch at dim 0: moved there, expanded from a shared tensor, or a
+    folded (B·k, ...) reshaped to (B, k, ...)."""
+    if bdim is None:
+        return _expand(t, mode, B)
+    if bdim == FOLDED:
+        return t.reshape(B, -1, *t.shape[1:])
+    return t if bdim == 0 else t.movedim(bdim, 0)
+
+
+# ------------------------------------------------------------------------------ the ghost plan
+
+
+@dataclass
+class _Unit:
+    """A module whose calls are recorded: ``handler`` gives ghost norms / instantiation for the
+    parameters ``names`` (relative to the module); ``handler=None`` computes their per-example
+    gradients by a vmap over the module alone (with the recorded inputs and output gradients)."""
+
+    name: str
+    module: nn.Module
+    handler: type[_Handler] | None
+    names: list[str]
+    layouts: list[_Layout]
+
+    @property
+    def how(self) -> str:
+        return "vmap over the module" if self.name else "vmap over the model"
+
+
+@dataclass
 class GhostPlan:
-    """Which modules get ghost norms (with their trainable parameters' names) and which parameters
-    fall back to vmap (by qualified name), with the reason for each fallback."""
+    """How each trainable parameter gets its per-example norm and clipped sum.
 
-    modules: tuple[tuple[nn.Module, tuple[str, ...]], ...]
-    fallback: tuple[str, ...]
-    reasons: tuple[str, ...]
+    ``units``: the recorded modules; ``uses``: parameter index -> [(unit index, name in unit)];
+    a parameter with one use in a unit with a handler gets ghost norm / book-keeping, every other
+    parameter per-example gradients (summed over its uses: a tied weight's per-example gradient is
+    the sum of its uses' contributions). ``notes``: why a module was routed where it was.
+    """
+
+    units: list[_Unit]
+    uses: dict[int, list[tuple[int, str]]]
+    notes: list[str]
+    root_layouts: list[_Layout]
+
+    def __post_init__(self) -> None:
+        self.index = {(u, n): k for k, us in self.uses.items() for u, n in us}
+
+    def ghost_names(self, u: int) -> frozenset[str]:
+        return frozenset(n for p, us in self.uses.items() if len(us) == 1 and us[0][0] == u for _, n in us)
 
 
-def ghost_plan(model: nn.Module) -> GhostPlan:
-    """Split the trainable parameters into ghost-supported modules and vmap fallbacks."""
-    owners: dict[int, int] = {}
-    for _, m in model.named_modules():
-        for _, p in m.named_parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
-    inplace = [n for n, m in model.named_modules() if getattr(m, "inplace", False)]
-    modules, fallback_ids, reasons = [], set(), []
-    for mname, m in model.named_modules():
-        own = [n for n, p in m.named_parameters(recurse=False) if p.requires_grad]
+def _qualified(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def build_ghost_plan(model: nn.Module, x: torch.Tensor, params: list[nn.Parameter]) -> GhostPlan:
+    """The plan for ``model`` on inputs like ``x`` (only the first example is used, at batch sizes
+    2 and 3, to find where each module's batch dimension is).
+
+    Modules with a ghost-norm rule (exact types in HANDLERS, batch dimension found) get it; a module
+    with trainable parameters of another type gets per-example gradients by a vmap over that module
+    alone; a module never called, or whose batch dimension cannot be found, hands its parameters to
+    the nearest recorded ancestor (at worst the model, i.e. plain vmap for those parameters).
+    """
+    probe = _probe(model, x)
+    index = {id(p): k for k, p in enumerate(params)}
+    named = dict(model.named_modules())
+    notes: list[str] = []
+    specific: dict[str, _Unit] = {}
+    generic: dict[str, list[str]] = {}  # module name -> qualified parameter names
+    layouts: dict[str, list[_Layout]] = {}
+
+    def layouts_of(name: str) -> list[_Layout] | None:
+        if name not in layouts:
+            try:
+                layouts[name] = _layouts(probe[named[name]])
+            except _NoBatchDim as e:
+                notes.append(f"{name or '(model)'}: {e}")
+                layouts[name] = None
+        return layouts[name]
+
+    root_layouts = layouts_of("")
+    if not root_layouts or root_layouts[0].outs[0] != 0:
+        raise GhostMismatchError("the model's logits have no batch dimension at dim 0")
+
+    def owner(name: str) -> str:
+        # The nearest ancestor (or the module itself) that was called with a batch we can locate.
+        while True:
+            lay = layouts_of(name)
+            if lay and _generic_layout_ok(lay):
+                return name
+            if not name:
+                raise GhostMismatchError("the model's own output has no batch dimension")
+            name = name.rsplit(".", 1)[0] if "." in name else ""
+
+    for mname, m in named.items():
+        own = [n for n, p in m.named_parameters(recurse=False) if id(p) in index]
         if not own:
             continue
         handler = HANDLERS.get(type(m))
-        why = None
-        if handler is None:
-            why = f"{type(m).__name__} has no ghost-norm rule"
-        elif not handler.supports(m):
-            why = f"{type(m).__name__} with these options has no ghost-norm rule"
-        elif any(owners[id(getattr(m, n))] > 1 for n in own):
-            why = "its parameters are shared with another module"
-        elif inplace:
-            # An in-place op after a hooked module would overwrite the output whose gradient we read.
-            why = f"the model has in-place modules ({', '.join(inplace)})"
-        if why is None:
-            modules.append((m, tuple(own)))
-        else:
-            fallback_ids |= {id(getattr(m, n)) for n in own}
-            reasons.append(f"{mname or '(root)'}: {why}")
-    # Canonical names (model.named_parameters() lists a shared parameter once, under its first name).
-    fallback = tuple(n for n, p in model.named_parameters() if id(p) in fallback_ids)
-    return GhostPlan(modules=tuple(modules), fallback=fallback, reasons=tuple(reasons))
+        lay = layouts_of(mname)
+        if lay == []:  # never called: its parameters are used by an ancestor's forward
+            notes.append(f"{mname}: not called as a module; its parameters go with its caller")
+        if handler is not None and handler.supports(m) and lay and _specific_layout_ok(handler, lay):
+            specific[mname] = _Unit(mname, m, handler, own, lay)
+            continue
+        if handler is not None and lay:
+            notes.append(f"{mname}: {type(m).__name__} with these options or input layout has no ghost-norm rule")
+        target = owner(mname) if lay else owner(mname.rsplit(".", 1)[0] if "." in mname else "")
+        generic.setdefault(target, []).extend(_qualified(mname, n) for n in own)
+        if target != mname and lay:
+            notes.append(f"{mname}: parameters handled by vmap over {target or '(model)'}")
+
+    units = list(specific.values())
+    for target, qnames in generic.items():
+        cut = len(target) + 1 if target else 0
+        units.append(_Unit(target, named[target], None, [q[cut:] for q in qnames], layouts[target]))
+    uses: dict[int, list[tuple[int, str]]] = {}
+    for u, unit in enumerate(units):
+        for n in unit.names:
+            p = unit.module.get_parameter(n)
+            uses.setdefault(index[id(p)], []).append((u, n))
+    return GhostPlan(units=units, uses=uses, notes=notes, root_layouts=root_layouts)
+
+
+def _reroute(plan: GhostPlan, model: nn.Module, params: list[nn.Parameter], bad: set[int], why: str) -> GhostPlan:
+    """Move the parameters ``bad`` (indices) from their units to a vmap over the whole model."""
+    if not bad:
+        return plan
+    qual = {id(p): n for n, p in model.named_parameters()}
+    index = {id(p): k for k, p in enumerate(params)}
+    units = []
+    for unit in plan.units:
+        keep = [n for n in unit.names if index[id(unit.module.get_parameter(n))] not in bad]
+        if keep and unit.name != "":
+            units.append(_Unit(unit.name, unit.module, unit.handler, keep, unit.layouts))
+    root = next((u for u in plan.units if u.name == "" and u.handler is None), None)
+    root_names = [n for n in (root.names if root else []) if index[id(model.get_parameter(n))] not in bad]
+    root_names += [qual[id(params[k])] for k in sorted(bad)]
+    units.append(_Unit("", model, None, root_names, plan.root_layouts))
+    index = {id(p): k for k, p in enumerate(params)}
+    uses: dict[int, list[tuple[int, str]]] = {}
+    for u, unit in enumerate(units):
+        for n in unit.names:
+            uses.setdefault(index[id(unit.module.get_parameter(n))], []).append((u, n))
+    notes = plan.notes + [
+        f"{qual[id(params[k])]}: {why}; per-example gradients by vmap over the model" for k in sorted(bad)
+    ]
+    return GhostPlan(units=units, uses=uses, notes=notes, root_layouts=plan.root_layouts)
+
+
+@dataclass
+class _Record:
+    """One recorded call: its tensor inputs (detached), its arguments (to replay it under vmap) and
+    the output tensors whose gradients are read (a shared output already expanded to the batch)."""
+
+    inputs: list[tuple[int | str, torch.Tensor]]
+    args: tuple
+    kwargs: dict
+    outs: list[torch.Tensor | None]
+
+
+def _local_per_example(
+    unit: _Unit, records: list[_Record], grads: list[list[torch.Tensor | None]], B: int
+) -> dict[str, torch.Tensor]:
+    """Per-example gradients (B, *p.shape) of the unit's parameters: for every recorded call, a
+    vmap over the examples of the gradient of <module(inputs_i), ∂(Σ_j ℓ_j)/∂output_i> (a
+    vector-Jacobian product; the output gradient of example i is ∂ℓ_i/∂output_i because examples do
+    not interact), summed over the calls. Only the module is re-run, not the model, unless the unit is
+    the model itself (then this is the ``vmap`` method for these parameters)."""
+    m = unit.module
+    diff = {n: m.get_parameter(n).detach() for n in unit.names}
+    total: dict[str, torch.Tensor] = {}
+    for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
+        keys = [k for k, _ in rec.inputs]
+        sel = [
+            (j, _batch_first(g, 0 if lay.outs[j] is None else lay.outs[j], None, B))
+            for j, g in enumerate(gs)
+            if g is not None
+        ]
+        if not sel:
+            continue
+
+        def vjp(d, ts, gl, rec=rec, lay=lay, keys=keys, sel=sel):
+            args, kwargs = list(rec.args), dict(rec.kwargs)
+            for key, t, bd in zip(keys, ts, lay.ins, strict=True):
+                t = t if bd is None else t.unsqueeze(bd)  # the example as a batch of one
+                if isinstance(key, int):
+                    args[key] = t
+                else:
+                    kwargs[key] = t
+            out = _flat_outputs(functional_call(m, d, tuple(args), kwargs))
+            return sum((out[j].reshape(g.shape) * g).sum() for (j, _), g in zip(sel, gl, strict=True))
+
+        per = vmap(grad(vjp), in_dims=(None, list(lay.ins), [0] * len(sel)), randomness="different")(
+            diff, [t for _, t in rec.inputs], [g for _, g in sel]
+        )
+        for n, v in per.items():
+            total[n] = v if n not in total else total[n] + v
+    return {n: total.get(n, diff[n].new_zeros(B, *diff[n].shape)) for n in unit.names}
+
+
+def _full(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    # A recorded activation or output gradient in the parameters' precision (bf16 under autocast).
+    return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != dtype else t
+
+
+@contextmanager
+def _refusing(method: str, hint: str):
+    """A model ``--clipping METHOD`` cannot run (an error from the model's own code under it): one
+    line naming the method tried and the way out, instead of a traceback. Out-of-memory passes."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise GhostMismatchError(f"--clipping {method} cannot run this model ({_first_line(e)}); {hint}") from e
+
+
+_MHA_NAMES = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
+
+
+def _mha_per_example(
+    unit: _Unit, records: list[_Record], grads: list[list[torch.Tensor | None]], B: int
+) -> dict[str, torch.Tensor] | None:
+    """Per-example gradients of an ``nn.MultiheadAttention`` without vmap, or None when its call
+    is not the plain case (packed in-projection, no masks, no attention weights returned, no
+    dropout, no bias_k/bias_v or zero attention).
+
+    The attention is recomputed from the recorded (batch-first) query, key and value: with the
+    projections P = x W_pᵀ + b_p (p = q, k, v; the row blocks of ``in_proj_weight``) as leaves,
+    one batched backward of softmax(QKᵀ/√d_h)V (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1, per
+    head) from the output gradient through ``out_proj`` gives every example's ∂ℓ_i/∂P (examples do
+    not interact); the per-example weight gradients are then Σ_t (∂ℓ_i/∂P_t) x_tᵀ per block, and
+    Σ_t g_t A_tᵀ for ``out_proj`` (A: the concatenated heads). The first-call check compares the
+    result with the one-example-at-a-time reference like every other rule.
+    """
+    m = unit.module
+    if (
+        type(m) is not nn.MultiheadAttention
+        or set(unit.names) != _MHA_NAMES
+        or m.in_proj_weight is None
+        or m.bias_k is not None
+        or m.add_zero_attn
+        or (m.dropout > 0 and m.training)
+    ):
+        return None
+    E, h = m.embed_dim, m.num_heads
+    W, bias = m.in_proj_weight.detach(), m.in_proj_bias.detach()
+    Wo = m.out_proj.weight.detach()
+    out = {n: 0.0 for n in _MHA_NAMES}
+    for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
+        keys = [k for k, _ in rec.inputs]
+        if keys != [0, 1, 2] or rec.kwargs.get("need_weights", True):  # query, key, value only
+            return None
+        if rec.kwargs.get("is_causal") or rec.kwargs.get("attn_mask") is not None or len(gs) < 1 or gs[0] is None:
+            return None
+        if None in lay.ins or FOLDED in lay.ins or lay.outs[0] in (None, FOLDED):
+            return None
+        xs = [t.movedim(d, 0) for (_, t), d in zip(rec.inputs, lay.ins, strict=True)]  # (B, L|S, E)
+        g = gs[0].movedim(lay.outs[0], 0)  # (B, L, E)
+        with torch.enable_grad():
+            P = [
+                F.linear(x, W[i * E : (i + 1) * E], bias[i * E : (i + 1) * E]).detach().requires_grad_()
+                for i, x in enumerate(xs)
+            ]
+            q, k, v = (p.reshape(B, p.shape[1], h, E // h).transpose(1, 2) for p in P)
+            A = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, -1, E)
+            dP = torch.autograd.grad(A, P, g @ Wo)
+        blocks = [torch.bmm(d.transpose(1, 2), x) for d, x in zip(dP, xs, strict=True)]
+        out["in_proj_weight"] = out["in_proj_weight"] + torch.cat(blocks, dim=1)
+        out["in_proj_bias"] = out["in_proj_bias"] + torch.cat([d.sum(1) for d in dP], dim=1)
+        out["out_proj.weight"] = out["out_proj.weight"] + torch.bmm(g.transpose(1, 2), A.detach())
+        out["out_proj.bias"] = out["out_proj.bias"] + g.sum(1)
+    return out
+
+
+def _loop_per_example(model: nn.Module, params: list[nn.Parameter], x: torch.Tensor, y: torch.Tensor):
+    """Per-example gradients (B, *p.shape) by one backward pass per example: the reference."""
+    rows = []
+    for i in range(x.shape[0]):
+        gs = torch.autograd.grad(_per_example_loss_sum(model, x[i : i + 1], y[i : i + 1]), params, allow_unused=True)
+        rows.append([torch.zeros_like(p) if g is None else g for p, g in zip(params, gs, strict=True)])
+    return [torch.stack([r[k] for r in rows]) for k in range(len(params))]
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    # Rounding only: ~1e-15 relative in float64; float32 (and TF32 matmuls on GPUs) ~1e-4.
+    tol = 1e-8 if ref.dtype == torch.float64 else 1e-3
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    return got.shape == ref.shape and bool(torch.allclose(got, ref, rtol=tol, atol=tol * max(scale, 1e-30)))
 
 
 class GhostClipper(Clipper):
-    """Ghost norms + book-keeping clipped sums; unsupported parameters via vmap (norms combined).
+    """Ghost norms + book-keeping clipped sums, per layer mixed with per-example instantiation.
 
-    Cost: one forward and one backward pass that computes output gradients only (no parameter
-    gradients), plus per supported layer a norm computation and one matmul for the clipped sum.
+    One forward pass with module hooks records each layer's input and (a view of) its output; one
+    backward pass computes the gradients w.r.t. those outputs only (no parameter gradients). Then,
+    per layer, the cost model (:func:`_ghost_is_cheaper`) picks ghost norm or instantiation
+    (Bu et al. 2023, arXiv:2210.00038, "hybrid BK"), parameters shared between layers (tied weights)
+    are instantiated per use and summed, modules without a rule get per-example gradients by a vmap
+    over the module alone, and the squared norms of the disjoint parameter sets are added (exact).
+
+    The plan (``plan_``) is built on the first call: a probe at batch sizes 2 and 3 locates each
+    layer's batch dimension (a layer applied to a tensor without one, e.g. a positional embedding
+    of ``torch.arange(T)``, has its output expanded to the batch in the clipping forward, a view, so
+    that its output gradient is per example), and with ``check=True`` the layer results on the first
+    few examples are compared with the one-example-at-a-time reference: a parameter whose result
+    disagrees (used outside its module's forward, an output changed in place) is moved to a vmap
+    over the model, and if the norms still disagree the model is refused (GhostMismatchError).
     """
 
     method = "ghost"
-    SELF_CHECK_EXAMPLES = 4
+    CHECK_EXAMPLES = 4
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.plan = ghost_plan(model)
-        self._checked = False
-        index = {id(p): k for k, p in enumerate(self.params)}
-        named = dict(model.named_parameters())
-        self._fallback_index = [index[id(named[n])] for n in self.plan.fallback]
-        self._module_index = [[index[id(getattr(m, n))] for n in names] for m, names in self.plan.modules]
+    def __init__(self, model: nn.Module, *, check: bool = True, autocast: torch.dtype | None = None) -> None:
+        super().__init__(model, autocast=autocast)
+        self.check = check
+        self.plan_: GhostPlan | None = None
+        self._how: dict[int, str] = {}
+        # An in-place module after a hooked one would overwrite the output whose gradient we read:
+        # hand the rest of the model a copy instead.
+        self._clone = any(getattr(m, "inplace", False) for m in model.modules())
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        if not self._checked:
-            self._self_check(x[: self.SELF_CHECK_EXAMPLES], y[: self.SELF_CHECK_EXAMPLES])
-            self._checked = True
-        return self._clip(x, y, clip)
+        if self.plan_ is None:
+            self.plan_ = self._make_plan(x, y)
+        return self._clip(self.plan_, x, y, clip)
 
-    def _norm_parts(self, x: torch.Tensor, y: torch.Tensor):
-        records: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in self.plan.modules]
+    # -- the plan
 
-        def recorder(store):
+    def _make_plan(self, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
+        with _refusing("ghost", "try --clipping vmap or loop"):
+            return self._plan(x, y)
+
+    def _plan(self, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
+        plan = build_ghost_plan(self.model, x, self.params)
+        was_training, autocast = self.model.training, self.autocast
+        # No dropout and full precision: the checks compare deterministic functions to rounding.
+        self.model.eval()
+        self.autocast = None
+        try:
+            plan = self._verify_expansion(plan, x)
+            if self.check:
+                plan = self._check(plan, x[: self.CHECK_EXAMPLES], y[: self.CHECK_EXAMPLES])
+        finally:
+            self.model.train(was_training)
+            self.autocast = autocast
+        return plan
+
+    def _verify_expansion(self, plan: GhostPlan, x: torch.Tensor) -> GhostPlan:
+        """A shared output expanded to (B, ...) must leave the model's output unchanged (it does when
+        the model broadcasts it against batched tensors); try (B, *s), then s[0] = 1 -> B, else reroute."""
+        bad: set[int] = set()
+        inputs = [x[:1].repeat(n, *([1] * (x.dim() - 1))) for n in (2, 3)]
+        with torch.no_grad():
+            ref = [self.model(xs) for xs in inputs]
+            for u, unit in enumerate(plan.units):
+                if not any(e for lay in unit.layouts for e in lay.expand):
+                    continue
+                for mode in ("prepend", "replace"):
+                    lays = [_Layout(lay.ins, lay.outs, tuple(e and mode for e in lay.expand)) for lay in unit.layouts]
+                    trial = GhostPlan([_Unit(unit.name, unit.module, unit.handler, unit.names, lays)], {}, [], [])
+                    try:
+                        ok = all(_close(self._forward(trial, xs, None), r) for xs, r in zip(inputs, ref, strict=True))
+                    except (RuntimeError, IndexError, ValueError):
+                        ok = False
+                    if ok:
+                        unit.layouts = lays
+                        break
+                else:
+                    bad |= {plan.index[(u, n)] for n in unit.names}
+        return _reroute(plan, self.model, self.params, bad, "expanding its batch-less output changes the model")
+
+    def _check(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
+        ref = _loop_per_example(self.model, self.params, x, y)
+        for attempt in range(2):
+            parts, pe, norms = self._norm_parts(plan, x, y)
+            bad: set[int] = set()
+            for u, part in parts.items():
+                idx = {n: plan.index[(u, n)] for n in plan.ghost_names(u)}
+                sums = part.clipped(torch.ones_like(norms))
+                # The batch sums localise the culprit; a norm mismatch alone blames the whole layer.
+                wrong = {idx[n] for n in sums if not _close(sums[n], ref[idx[n]].sum(0))}
+                if not wrong and not _close(part.sq_norm, _sq_norms([ref[k] for k in idx.values()])):
+                    wrong = set(idx.values())
+                bad |= wrong
+            bad |= {k for k, G in pe.items() if not _close(G, ref[k])}
+            if not bad and _close(norms, torch.sqrt(_sq_norms(ref))):
+                return plan
+            if attempt == 0:
+                why = "its per-example gradient disagreed with the reference (used outside its module's forward?)"
+                plan = _reroute(plan, self.model, self.params, bad, why)
+        qual = {id(p): n for n, p in self.model.named_parameters()}
+        names = ", ".join(qual[id(self.params[k])] for k in sorted(bad)) or "(the norms)"
+        raise GhostMismatchError(
+            f"ghost clipping disagrees with per-example gradients for {names} (a parameter used outside its "
+            "module's forward, or a layer output changed in place); use --clipping vmap or loop"
+        )
+
+    # -- one clipping pass
+
+    def _forward(self, plan: GhostPlan, x: torch.Tensor, store: list[list[_Record]] | None) -> torch.Tensor:
+        """model(x) with the plan's hooks: shared outputs expanded to the batch, calls recorded in ``store``."""
+        B = x.shape[0]
+        counts = [0] * len(plan.units)
+
+        def make(u: int, unit: _Unit):
             def hook(module, args, kwargs, output):
-                if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
-                    store.append((args[0] if args else kwargs["input"], output))
+                k = counts[u]
+                counts[u] += 1
+                if k >= len(unit.layouts):
+                    raise GhostMismatchError(f"{unit.name or '(model)'} is called more often than in the probe")
+                lay = unit.layouts[k]
+                outs = _flat_outputs(output)
+                new = [o if o is None or e is None else _expand(o, e, B) for o, e in zip(outs, lay.expand, strict=True)]
+                back = [o.clone() if o is not None and self._clone else o for o in new]
+                if store is not None:
+                    store[u].append(
+                        _Record([(i, t.detach()) for i, t in _flat_inputs(args, kwargs)], args, kwargs, new)
+                    )
+                return (
+                    _rebuild_output(output, back) if any(a is not b for a, b in zip(back, outs, strict=True)) else None
+                )
 
             return hook
 
         handles = [
-            m.register_forward_hook(recorder(store), with_kwargs=True)
-            for (m, _), store in zip(self.plan.modules, records, strict=True)
+            unit.module.register_forward_hook(make(u, unit), with_kwargs=True) for u, unit in enumerate(plan.units)
         ]
         try:
-            loss = _per_example_loss_sum(self.model, x, y)
+            with _autocast(x, self.autocast):
+                out = self.model(x)
         finally:
             for h in handles:
                 h.remove()
-        outs = [o for store in records for _, o in store]
+        if store is not None and counts != [len(unit.layouts) for unit in plan.units]:
+            raise GhostMismatchError("the modules are called a different number of times than in the probe")
+        return out
+
+    def _norm_parts(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor):
+        B = x.shape[0]
+        store: list[list[_Record]] = [[] for _ in plan.units]
+        loss = _loss_from_logits(self._forward(plan, x, store), y, self.autocast)
+        outs = [o for recs in store for r in recs for o in r.outs if o is not None and o.requires_grad]
         # Gradients w.r.t. the layer outputs only: autograd then skips the parameter-gradient
         # matmuls (book-keeping needs a and g, never ∇θ of the batch; Bu et al. 2023).
-        g_outs = list(torch.autograd.grad(loss, outs, allow_unused=True)) if outs else []
-        parts: list[_LayerPart | None] = []
-        k = 0
-        for (m, _), store in zip(self.plan.modules, records, strict=True):
-            gs = [
-                torch.zeros_like(o) if g is None else g
-                for (_, o), g in zip(store, g_outs[k : k + len(store)], strict=True)
-            ]
-            k += len(store)
-            parts.append(HANDLERS[type(m)].part(m, [a.detach() for a, _ in store], gs) if store else None)
-        fb = _per_example_grads(self.model, self.plan.fallback, x, y) if self.plan.fallback else []
-        sq = None
-        for term in [p.sq_norm for p in parts if p is not None] + ([_sq_norms(fb)] if fb else []):
-            sq = term if sq is None else sq + term
-        if sq is None:  # no supported module was called: every gradient is zero
-            sq = torch.zeros(x.shape[0], dtype=self.params[0].dtype, device=self.params[0].device)
-        # Σ_{t,s}(a_t·a_s)(g_t·g_s) is ≥ 0 exactly but may round below 0: clamp before the sqrt.
-        return parts, fb, torch.clamp(sq, min=0.0).sqrt_()
+        flat = iter(torch.autograd.grad(loss, outs, allow_unused=True) if outs else [])
+        parts: dict[int, _LayerPart] = {}
+        pe: dict[int, torch.Tensor] = {}
 
-    def _clip(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        parts, fb, norms = self._norm_parts(x, y)
+        def add(k: int, g: torch.Tensor) -> None:
+            pe[k] = g if k not in pe else pe[k] + g
+
+        # Everything from here on in full precision (see exact_matmuls), from the same a and g.
+        dtype = self.params[0].dtype
+        with exact_matmuls():
+            for u, (unit, recs) in enumerate(zip(plan.units, store, strict=True)):
+                grads = []
+                for r in recs:
+                    row = []
+                    for o in r.outs:
+                        g = next(flat) if o is not None and o.requires_grad else None
+                        row.append(_full(torch.zeros_like(o) if g is None and o is not None else g, dtype))
+                    grads.append(row)
+                recs = [_Record([(k, _full(t, dtype)) for k, t in r.inputs], r.args, r.kwargs, r.outs) for r in recs]
+                if unit.handler is None:
+                    fast = _mha_per_example(unit, recs, grads, B)
+                    self._how[u] = "per-example by recomputing the attention" if fast else unit.how
+                    for n, g in (fast or _local_per_example(unit, recs, grads, B)).items():
+                        add(plan.index[(u, n)], g)
+                    continue
+                ins = [
+                    _batch_first(r.inputs[0][1], lay.ins[0], lay.expand[0], B)
+                    for r, lay in zip(recs, unit.layouts, strict=True)
+                ]
+                gs = [
+                    _batch_first(g[0], 0 if lay.outs[0] is None else lay.outs[0], None, B)
+                    for g, lay in zip(grads, unit.layouts, strict=True)
+                ]
+                ghost = plan.ghost_names(u)
+                if ghost:
+                    parts[u] = unit.handler.part(unit.module, ins, gs, ghost)
+                    self._how[u] = parts[u].how
+                else:
+                    self._how[u] = "instantiate (tied weight)"
+                for n in unit.names:
+                    if n not in ghost:
+                        add(plan.index[(u, n)], unit.handler.per_example(unit.module, ins, gs, n))
+            sq = None
+            for term in [p.sq_norm for p in parts.values()] + ([_sq_norms(list(pe.values()))] if pe else []):
+                sq = term if sq is None else sq + term
+            if sq is None:
+                sq = torch.zeros(B, dtype=self.params[0].dtype, device=self.params[0].device)
+        # Σ_{t,s}(a_t·a_s)(g_t·g_s) is ≥ 0 exactly but may round below 0: clamp before the sqrt.
+        return parts, pe, torch.clamp(sq, min=0.0).sqrt_()
+
+    def _clip(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
+        parts, pe, norms = self._norm_parts(plan, x, y)
         c = clip_factors(norms, clip)
         grads: list[torch.Tensor | None] = [None] * len(self.params)
-        for (_, names), idx, part in zip(self.plan.modules, self._module_index, parts, strict=True):
-            sums = part.clipped(c) if part is not None else {}
-            for n, i in zip(names, idx, strict=True):
-                grads[i] = sums.get(n)
-        for i, g in zip(self._fallback_index, fb, strict=True):
-            grads[i] = _weighted_sum(c, g)
+        with exact_matmuls():
+            for u, part in parts.items():
+                for n, v in part.clipped(c).items():
+                    grads[plan.index[(u, n)]] = v
+            for k, G in pe.items():
+                grads[k] = _weighted_sum(c, G)
         out = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads, strict=True))
         return ClippedGradients(grads=out, norms=norms)
 
-    def _self_check(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        # A parameter used outside its module's forward, or an output changed in place, would make
-        # the hooks see the wrong thing and clipping silently wrong: compare with vmap once. In eval
-        # mode, so that dropout draws cannot make the two differ.
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            ghost = self._norm_parts(x, y)[2]
-            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-            ref = torch.sqrt(_sq_norms(_per_example_grads(self.model, names, x, y)))
-        finally:
-            self.model.train(was_training)
-        tol = 1e-3 if ref.dtype in (torch.float16, torch.bfloat16, torch.float32) else 1e-8
-        if not torch.allclose(ghost, ref, rtol=tol, atol=tol * float(ref.max().clamp(min=1e-30))):
-            raise GhostMismatchError(
-                "ghost clipping disagrees with per-example gradients for this model (a parameter is used "
-                "outside its module's forward, or a layer output is changed in place); use --clipping vmap"
-            )
+    def describe(self) -> dict[str, Any]:
+        """The method, and per layer what was chosen on the last call (JSON-ready)."""
+        if self.plan_ is None:
+            return {"method": self.method, "layers": {}}
+        qual = {id(p): n for n, p in self.model.named_parameters()}
+        layers: dict[str, str] = {}
+        for u, unit in enumerate(self.plan_.units):
+            label = unit.name or "(model)"
+            if unit.handler is None:
+                layers[label] = f"{self._how.get(u, unit.how)}: {', '.join(unit.names)}"
+            else:
+                layers[label] = self._how.get(u, "not called yet")
+        for k, us in self.plan_.uses.items():
+            if len(us) > 1:
+                users = ", ".join(self.plan_.units[u].name or "(model)" for u, _ in us)
+                layers[qual[id(self.params[k])]] = f"instantiate, summed over its uses (tied: {users})"
+        return {"method": self.method, "layers": layers, "notes": list(self.plan_.notes)}
 
 
 # ---------------------------------------------------------------------------------------- factory
 
 
-class AutoClipper(GhostClipper):
-    """``auto``: ghost clipping, switching to vmap for good if the first-call self-check finds
-    that the hooks cannot see how this model uses its parameters."""
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
+class AutoClipper(Clipper):
+    """``auto``: on the first call, ghost (mixed per layer) if its plan has at least one layer with
+    a ghost-norm rule and passes its check, else vmap, else the loop; the choice and the reasons are
+    kept (``describe``). A model on which even the loop fails is refused with the reasons."""
 
     method = "auto"
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self._vmap: VmapClipper | None = None
+    def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
+        super().__init__(model, autocast=autocast)
+        self.chosen_: Clipper | None = None
+        self.tried_: list[str] = []
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        if self._vmap is None:
+        if self.chosen_ is not None:
             try:
-                return super()._compute(x, y, clip)
-            except GhostMismatchError:
-                self._vmap = VmapClipper(self.model)
-        return self._vmap._compute(x, y, clip)
+                return self.chosen_._compute(x, y, clip)
+            except GhostMismatchError as e:  # a module called a different number of times than planned
+                self.tried_.append(f"ghost (later batch): {_first_line(e)}")
+                self.chosen_ = VmapClipper(self.model, autocast=self.autocast)
+                return self.chosen_._compute(x, y, clip)
+        for cls in (GhostClipper, VmapClipper, LoopClipper):
+            impl = cls(self.model, autocast=self.autocast)
+            try:
+                if isinstance(impl, GhostClipper):
+                    impl.plan_ = impl._make_plan(x, y)
+                    if not any(u.handler is not None for u in impl.plan_.units):
+                        self.tried_.append("ghost: no layer has a ghost-norm rule")
+                        continue
+                out = impl._compute(x, y, clip)
+            except torch.OutOfMemoryError:
+                raise
+            except (InputError, RuntimeError, ValueError, TypeError, IndexError) as e:
+                self.tried_.append(f"{cls.method}: {_first_line(e)}")
+                continue
+            self.chosen_ = impl
+            return out
+        raise InputError(
+            "no per-example clipping method runs on this model (tried --clipping ghost, vmap, loop): "
+            + "; ".join(self.tried_)
+        )
+
+    def describe(self) -> dict[str, Any]:
+        inner = self.chosen_.describe() if self.chosen_ is not None else {"method": None}
+        return {**inner, "requested": "auto", "tried": list(self.tried_)}
 
 
-_CLIPPERS: dict[str, type[Clipper]] = {"loop": LoopClipper, "vmap": VmapClipper, "ghost": GhostClipper}
+_CLIPPERS: dict[str, type[Clipper]] = {
+    "auto": AutoClipper,
+    "loop": LoopClipper,
+    "vmap": VmapClipper,
+    "ghost": GhostClipper,
+}
 
 
-def resolve_method(model: nn.Module, method: str = "auto") -> str:
-    """The concrete method for ``method``: ``auto`` is ``ghost`` when every trainable parameter
-    belongs to a module with a ghost-norm rule, else ``vmap``."""
-    check_choice(CLIPPING, clipping=method)
-    if method != "auto":
-        return method
-    return "ghost" if not ghost_plan(model).fallback else "vmap"
-
-
-def make_clipper(model: nn.Module, method: str = "auto") -> Clipper:
+def make_clipper(model: nn.Module, method: str = "auto", *, autocast: torch.dtype | None = None) -> Clipper:
     """A :class:`Clipper` for ``model`` by name: ``auto | ghost | vmap | loop``.
 
-    ``auto`` is ghost clipping when every trainable parameter belongs to a supported module (and
-    the first call's self-check passes; otherwise it switches to vmap), else vmap.
-    Raises :class:`~dpaudit.errors.InputError` for BatchNorm models (BatchNorm mixes examples, so
+    ``auto`` decides on the first batch (ghost, mixed per layer, where it is exact; else vmap;
+    else the loop) and says what it chose in ``describe()``. Raises
+    :class:`~dpaudit.errors.InputError` for BatchNorm models (BatchNorm mixes examples, so
     per-example clipping no longer bounds one example's influence; use GroupNorm/LayerNorm).
     """
-    resolved = resolve_method(model, method)
-    if method == "auto" and resolved == "ghost":
-        return AutoClipper(model)
-    return _CLIPPERS[resolved](model)
+    check_choice(CLIPPING, clipping=method)
+    return _CLIPPERS[method](model, autocast=autocast)
 
 
 def clipped_gradient_sum(
@@ -643,3 +1355,12 @@ def clipped_gradient_sum(
 ) -> ClippedGradients:
     """One-shot convenience: ``make_clipper(model, method)(x, y, clip)``."""
     return make_clipper(model, method)(x, y, clip)
+
+
+def clipping_text(described: dict[str, Any]) -> str:
+    """A human-readable rendering of :meth:`Clipper.describe` (for ``dpaudit inspect``)."""
+    requested = f" (--clipping {described['requested']})" if described.get("requested") else ""
+    lines = [f"clipping   {described.get('method')}{requested}"]
+    lines += [f"  {name}: {how}" for name, how in described.get("layers", {}).items()]
+    lines += [f"  tried {t}" for t in described.get("tried", [])]
+    return "\n".join(lines)

@@ -124,9 +124,14 @@ class PerfConfig:
     # "jax": the same algorithm, batches and claim in jit-compiled JAX (dpaudit.training.jax_backend);
     # only the noise generator differs. max_physical_batch is then the fixed padded chunk size.
     backend: str = "torch"
+    # "bf16": the forward/backward passes of DP-SGD under torch.autocast(bfloat16); per-example
+    # norms and the clipped sum stay in float32 (dpaudit.training.clipping.exact_matmuls says why).
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         check_choice(("auto", "cpu", "cuda"), device=self.device)
+        if self.autocast is not None:
+            check_choice(("bf16",), autocast=self.autocast)
         check_choice(CLIPPING, clipping=self.clipping)
         check_choice(BACKENDS, backend=self.backend)
         if self.max_physical_batch is not None:
@@ -134,6 +139,78 @@ class PerfConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# ----------------------------------------------------------------------------- default recipes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Optimisation defaults of one (algorithm family, model kind): what ``dpaudit train`` uses for any of
+    --epochs, --batch-size, --lr, --momentum, --l2 left out."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    l2: float = 0.0
+
+
+NONPRIVATE_RECIPE = Recipe(epochs=30, batch_size=64, lr=0.1)
+# DP-SGD defaults, measured on digits at epsilon = 8 (benchmarks/RESULTS.md, "Default recipes"): noise
+# on the clipped gradient sum is sigma * C / B per step, so DP training wants larger batches and larger
+# steps than non-private training (De et al. 2022, arXiv:2204.13650, Sec. 3; Ponomareva et al. 2023,
+# "How to DP-fy ML", arXiv:2303.00654, Sec. 5.4). Adam's step is scale-free, hence its small lr.
+DP_RECIPES: dict[tuple[str, str], Recipe] = {
+    ("sgd", "logreg"): Recipe(epochs=30, batch_size=64, lr=0.5),
+    ("sgd", "mlp"): Recipe(epochs=30, batch_size=64, lr=0.1),
+    ("sgd", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.5, momentum=0.9),
+    ("sgd", "rnn"): Recipe(epochs=30, batch_size=64, lr=0.5),
+    ("adam", "logreg"): Recipe(epochs=30, batch_size=64, lr=0.01),
+    ("adam", "mlp"): Recipe(epochs=30, batch_size=64, lr=0.005),
+    ("adam", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.05),
+    ("adam", "rnn"): Recipe(epochs=30, batch_size=64, lr=0.01),
+}
+# The convex learners (output/objective perturbation) need lambda > 0: their sensitivity is 2/(N lambda)
+# (Chaudhuri, Monteleoni & Sarwate 2011, Cor. 8 and Thm. 9). On digits at epsilon 8 (~600 records, ten
+# one-vs-rest classifiers) lambda in [0.01, 0.3] gave 0.20-0.35 test accuracy, best at the large end.
+CONVEX_L2 = 0.1
+PERTURBATION_ALGOS = ("outpert", "outpert-gaussian", "objpert")
+
+
+# DP-SGD-JL: the number r of JL projections when --jl-projections is not given. The per-step sensitivity
+# Z_r = 1/sqrt(chi2_r / r) is heavy-tailed for small r (P(Z_r > z) ~ z^-r, Bu et al. 2021, Prop. B.4), so
+# r = 1 cannot reach epsilon 8 on digits with any noise (the calibration says so at once); r = 16 reaches it
+# with test accuracy 0.92 on digits (mlp), at the cost of 16 Jacobian-vector products per step.
+DEFAULT_JL_PROJECTIONS = 16
+
+
+def default_recipe(algo: str, model_kind: str) -> Recipe:
+    """The defaults of ``algo`` on a ``model_kind`` model (see :data:`DP_RECIPES`)."""
+    if algo in PERTURBATION_ALGOS:
+        return Recipe(epochs=1, batch_size=64, lr=0.1, l2=CONVEX_L2)  # closed-form learners: no SGD settings
+    if algo.startswith("dp") and not algo.startswith("dpagd"):
+        family = "adam" if algo.startswith("dpadam") else "sgd"
+        return DP_RECIPES.get((family, model_kind), DP_RECIPES[(family, "mlp")])
+    return NONPRIVATE_RECIPE
+
+
+def recipe_help() -> str:
+    """One line for --help: the defaults per algorithm family and model kind."""
+    parts = [
+        f"non-private {NONPRIVATE_RECIPE.epochs} ep, B {NONPRIVATE_RECIPE.batch_size}, lr {NONPRIVATE_RECIPE.lr:g}"
+    ]
+    for fam in ("sgd", "adam"):
+        kinds = ", ".join(f"{k} {r.epochs}/{r.batch_size}/{r.lr:g}" for (f, k), r in DP_RECIPES.items() if f == fam)
+        parts.append(f"dp{fam} (epochs/B/lr) {kinds}")
+    parts.append(f"outpert/objpert --l2 {CONVEX_L2:g}; -jl --jl-projections {DEFAULT_JL_PROJECTIONS}")
+    return "Defaults: " + "; ".join(parts) + "."
+
+
+def fill_recipe(algo: str, model_kind: str, **given: Any) -> dict[str, Any]:
+    """``given`` (epochs, batch_size, lr, momentum, l2: None = not given) with the defaults filled in."""
+    r = asdict(default_recipe(algo, model_kind))
+    return {k: (r[k] if v is None else v) for k, v in given.items()}
 
 
 def resolve_device(name: str):

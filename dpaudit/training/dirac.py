@@ -7,8 +7,10 @@ DP-SGD's analysis covers it like any record: the claim holds for every set of cl
 An included canary is Poisson-sampled at each step with the same rate q as every record and, when
 drawn, added to the clipped sum before the noise. The auditor reads o_{t,k} = (noisy sum)_{j_k} / C
 at every step t and scores canary k with the per-step Neyman–Pearson log-likelihood ratio of
-N(b, σ²), b ~ Bernoulli(q), against N(0, σ²) (as :class:`dpaudit.training.dpsgd.GradientCanary`),
-summed over the steps: higher = more likely included. The coordinates are chosen before training
+N(b, σ²), b ~ Bernoulli(q), against N(0, σ²) (:func:`dpaudit.hooks.core.dirac_scores`),
+summed over the steps: higher = more likely included. The mechanism (inclusion bits, per-step Poisson
+draws, injection before the noise, observation after it) is :class:`dpaudit.hooks.GradientCanaries`,
+the one every white-box canary of dpaudit and of users' own loops shares. The coordinates are chosen before training
 from the data only (never from the inclusion bits): those of smallest per-example gradient energy
 at initialisation, where the data's own gradients disturb the reading least.
 
@@ -25,6 +27,8 @@ import numpy as np
 import torch
 
 from dpaudit.errors import InputError
+from dpaudit.hooks import GradientCanaries
+from dpaudit.hooks.core import dirac_scores, inclusion_bits
 from dpaudit.validation import check_positive_int
 
 WHITEBOX_FILE = "whitebox_canaries"  # arrays saved beside the weights: included, scores, coordinates
@@ -52,9 +56,21 @@ def low_energy_coordinates(model: torch.nn.Module, X: torch.Tensor, y: torch.Ten
     return np.sort(np.argsort(energy, kind="stable")[:k])
 
 
+def canary_hooks(clipper, setting, clip: float, *, seed: int, coordinates, **kw) -> GradientCanaries:
+    """The :class:`dpaudit.hooks.GradientCanaries` of a dpaudit trainer: parameters named and ordered as
+    the clipper's (the model's trainable ``named_parameters``), sampled at the setting's rate q."""
+    names = [n for n, p in clipper.model.named_parameters() if p.requires_grad]
+    shapes = {n: tuple(p.shape) for n, p in zip(names, clipper.params, strict=True)}
+    return GradientCanaries(
+        shapes, count=len(coordinates), sample_rate=setting.sample_rate, clip=clip, seed=seed,
+        coordinates=coordinates, **kw,
+    )  # fmt: skip
+
+
 class DiracCanaries:
-    """``m`` white-box Dirac gradient canaries (see the module docstring); attach to a DP trainer with
-    :meth:`dpaudit.training.dpsgd.DPTrainer.fit_with_canary`.
+    """``m`` white-box Dirac gradient canaries (see the module docstring) of one training run: the
+    coordinates of :func:`low_energy_coordinates` carried by :class:`dpaudit.hooks.GradientCanaries`;
+    attach to a DP trainer with :meth:`dpaudit.training.dpsgd.DPTrainer.fit_with_canary`.
 
     After training: ``included_`` (bool, m), ``coordinates_`` (flat indices, m) and :meth:`score`
     (float64, m; higher = more likely included).
@@ -63,57 +79,23 @@ class DiracCanaries:
     def __init__(self, *, m: int, seed: int) -> None:
         self.m = check_positive_int(whitebox_canaries=m)
         self.seed = int(seed)
-        rng = np.random.default_rng([self.seed, 0xD12AC])
-        self.included_ = rng.random(self.m) < 0.5  # the auditor's fair coins, drawn before anything else
+        self.included_ = inclusion_bits(self.m, self.seed)  # the auditor's fair coins, drawn before anything else
         self.coordinates_: np.ndarray | None = None
-        self._scores = np.zeros(self.m)
+        self.hooks_: GradientCanaries | None = None
         self._q = self._sigma = 0.0
 
-    def attach(self, clipper, X: torch.Tensor, y: torch.Tensor, setting, clip: float):
+    def attach(self, clipper, X: torch.Tensor, y: torch.Tensor, setting, clip: float) -> GradientCanaries:
         if setting.sampling != "poisson":
             raise InputError("white-box canaries need Poisson sampling (--sampling poisson)")
         self.coordinates_ = low_energy_coordinates(clipper.model, X, y, self.m)
-        sizes = [p.numel() for p in clipper.params]
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        which = np.searchsorted(offsets, self.coordinates_, side="right") - 1
-        groups = [
-            (i, torch.as_tensor(self.coordinates_[which == i] - offsets[i]), np.flatnonzero(which == i))
-            for i in range(len(sizes))
-            if np.any(which == i)
-        ]
         self._q, self._sigma = setting.sample_rate, setting.noise_multiplier
-        batch = setting.batch_size
-        gen = torch.Generator().manual_seed(self.seed)
-        included = torch.as_tensor(self.included_)
-
-        def hook(sums: list[torch.Tensor]) -> None:
-            # Poisson sampling of each included canary at rate q, as for every record.
-            drawn = (torch.rand(self.m, generator=gen, dtype=torch.float64) < self._q) & included
-            for i, flat, members in groups:
-                add = drawn[members].to(sums[i].dtype).to(sums[i].device) * clip
-                sums[i].view(-1).index_add_(0, flat.to(sums[i].device), add)
-
-        def observe() -> None:
-            o = np.empty(self.m)
-            for i, flat, members in groups:
-                g = clipper.params[i].grad.reshape(-1)[flat.to(clipper.params[i].grad.device)]
-                o[members] = g.detach().double().cpu().numpy() * batch / clip
-            self._scores += self._step_llr(o)
-
-        return hook, observe
-
-    def _step_llr(self, o: np.ndarray) -> np.ndarray:
-        # log(1 − q + q·exp((o − 1/2)/σ²)), the log-likelihood ratio of N(b, σ²), b ~ Bernoulli(q),
-        # against N(0, σ²) at one step (Neyman–Pearson); logaddexp keeps it finite for large |o|.
-        if self._sigma == 0:
-            return o
-        z = (o - 0.5) / self._sigma**2
-        if self._q >= 1:
-            return z
-        return np.logaddexp(np.log1p(-self._q), np.log(self._q) + z)
+        self.hooks_ = canary_hooks(clipper, setting, clip, seed=self.seed, coordinates=self.coordinates_)
+        return self.hooks_
 
     def score(self) -> np.ndarray:
-        return self._scores.copy()
+        if self.hooks_ is None:
+            return np.zeros(self.m)
+        return dirac_scores(self.hooks_.observations().observations, self._q, self._sigma)
 
     def arrays(self, scores: np.ndarray) -> dict[str, np.ndarray]:
         """What a run directory stores (safetensors-ready numeric arrays)."""

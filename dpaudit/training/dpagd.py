@@ -26,7 +26,8 @@ would need twice the noise). The regulariser (λ/2)‖w‖² is part of each rec
 the algorithm depends on N.
 
 Objectives: logistic loss, or the Huber hinge of the SVM (Chaudhuri, Monteleoni & Sarwate 2011,
-Eq. (7), h = 0.5), on features scaled as in :mod:`dpaudit.training.convex` (binary labels only).
+Eq. (7), h = 0.5), on features scaled as in :mod:`dpaudit.training.convex`. More than two classes:
+one-vs-rest, K binary runs sharing the budget (ρ/K each; :func:`per_classifier_config`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dpaudit.training.convex import (
     _arrays,
     _sigmoid,
     check_epsilon_only,
+    class_signs,
     load_logreg,
     no_builtin_audit,
     noise_rng,
@@ -69,6 +71,13 @@ def rho_from_epsilon(epsilon: float, delta: float) -> float:
     check_in_interval(0.0, 1.0, delta=delta)
     L = math.log(1.0 / delta)
     return (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
+
+
+def epsilon_from_rho(rho: float, delta: float) -> float:
+    """ε = ρ + 2√(ρ log(1/δ)) (slides Eq. (5); Bun & Steinke 2016, Prop. 1.3): the inverse of
+    :func:`rho_from_epsilon`."""
+    check_positive(rho=rho)
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
 def initial_budgets(epsilon: float, delta: float, splits: int, c_grad: float) -> tuple[float, float]:
@@ -263,12 +272,29 @@ def dpagd(Z: np.ndarray, s: np.ndarray, config: DPAGDConfig, rng: np.random.Gene
     return AGDResult(w=w, ledger=ledger, steps=steps, nmax_scales=scales, rho_ng_final=rho_ng)
 
 
-def dpagd_claim(config: DPAGDConfig, result: AGDResult | None, n: int) -> dict[str, Any]:
-    """The JSON-ready claim: the budget ρ as a ZCDP event, ε at δ by the zCDP accountant, and the ledger."""
+def per_classifier_config(config: DPAGDConfig, classifiers: int) -> DPAGDConfig:
+    """The config of each of ``classifiers`` one-vs-rest DP-AGD runs sharing the budget ρ: each gets
+    ρ/K, so the K runs together are ρ-zCDP (zCDP composition, Bun & Steinke 2016, Lemma 1.7; every run
+    sees every record, so the budgets add up); expressed as the ε_K whose ρ (slides Eq. (5)) is ρ/K."""
+    import dataclasses
+
+    if classifiers == 1:
+        return config
+    return dataclasses.replace(config, epsilon=epsilon_from_rho(config.rho / classifiers, config.delta))
+
+
+def dpagd_claim(
+    config: DPAGDConfig, result: AGDResult | list[AGDResult] | None, n: int, classifiers: int = 1
+) -> dict[str, Any]:
+    """The JSON-ready claim: the budget ρ as a ZCDP event, ε at δ by the zCDP accountant, and the ledger.
+
+    ``classifiers`` K > 1: K one-vs-rest runs with :func:`per_classifier_config`; the claim is the sum of
+    their budgets (K ρ_K, equal to ρ up to rounding, never below what was run)."""
     from dpaudit.accounting import epsilon_for
 
-    event = ZCDP(config.rho)
-    rho_nmax, rho_ng = initial_budgets(config.epsilon, config.delta, config.splits, config.c_grad)
+    sub = per_classifier_config(config, classifiers)
+    event = ZCDP(config.rho if classifiers == 1 else classifiers * sub.rho)
+    rho_nmax, rho_ng = initial_budgets(sub.epsilon, sub.delta, sub.splits, sub.c_grad)
     claim = {
         "epsilon": float(epsilon_for(event, config.delta, "zcdp")),
         "delta": config.delta,
@@ -288,9 +314,19 @@ def dpagd_claim(config: DPAGDConfig, result: AGDResult | None, n: int) -> dict[s
         "dataset_size": int(n),
         "analysis": DPAGD_ANALYSIS,
     }
-    if result is not None:
+    if classifiers > 1:
+        claim["classifiers"] = classifiers
+        claim["rho_per_classifier"] = sub.rho
+        claim["analysis"] += (
+            f" One-vs-rest: {classifiers} binary classifiers, each run with budget rho/{classifiers}; "
+            "their sum is the claim (zCDP composition, Bun & Steinke 2016, Lemma 1.7)."
+        )
+    if isinstance(result, AGDResult):
         claim["ledger"] = result.ledger.totals()
         claim["steps"] = result.steps
+    elif result is not None:
+        claim["ledger"] = [r.ledger.totals() for r in result]
+        claim["steps"] = [r.steps for r in result]
     return claim
 
 
@@ -314,19 +350,26 @@ class DPAGDTrainer(Trainer):
     ) -> TrainOutcome:
         config = self.dpagd_config()
         X_np, y_np, n_classes = _arrays(model, X, y)
-        if n_classes != 2:
-            raise InputError(
-                f"DP-AGD here is a binary learner (logistic regression / Huber SVM), the data has {n_classes} "
-                "classes: pick two, e.g. --data digits:3,8"
-            )
-        Z, s = unit_ball_features(X_np), 2.0 * y_np - 1.0
-        with progress.task(f"train {self.name}", 1) as advance:
-            result = dpagd(Z, s, config, noise_rng(self.config.seed + 2, self.config.dp.secure_noise))
-            advance(1)
-        load_logreg(model, result.w[None, :], 2)
+        Z, S = unit_ball_features(X_np), class_signs(y_np, n_classes)  # K > 2 classes: one-vs-rest
+        k = S.shape[1]
+        sub = per_classifier_config(config, k)
+        rng = noise_rng(self.config.seed + 2, self.config.dp.secure_noise)
+        with progress.task(f"train {self.name}", k) as advance:
+            results = []
+            for j in range(k):
+                results.append(dpagd(Z, S[:, j], sub, rng))
+                advance(1)
+        load_logreg(model, np.stack([r.w for r in results]), n_classes)
         model.eval()
-        claim = dpagd_claim(config, result, len(Z))
-        return TrainOutcome(model=model, privacy=claim, history=[{"steps": result.steps, **claim["ledger"]["count"]}])
+        if k == 1:
+            claim = dpagd_claim(config, results[0], len(Z))
+            return TrainOutcome(
+                model=model, privacy=claim, history=[{"steps": results[0].steps, **claim["ledger"]["count"]}]
+            )
+        claim = dpagd_claim(config, results, len(Z), classifiers=k)
+        return TrainOutcome(
+            model=model, privacy=claim, history=[{"classifier": j, "steps": r.steps} for j, r in enumerate(results)]
+        )
 
 
 class DPAGDLogisticTrainer(DPAGDTrainer):

@@ -22,8 +22,9 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -33,9 +34,13 @@ from dpaudit.events import Event, Gaussian, SelfComposed
 from dpaudit.models import check_no_batchnorm
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
-from dpaudit.training.clipping import Clipper, make_clipper
+from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
 from dpaudit.training.config import DPConfig
 from dpaudit.validation import check_non_negative, check_positive, check_positive_int
+
+if TYPE_CHECKING:
+    from dpaudit.hooks import GradientCanaries
+    from dpaudit.training.dirac import DiracCanaries
 
 POISSON_ANALYSIS = (
     "DP-SGD with Poisson subsampling at rate q = B/N, composed over all steps: the subsampled Gaussian "
@@ -141,6 +146,18 @@ class PrivacySetting:
 def calibrate(setting: PrivacySetting, dp: DPConfig) -> float:
     """The smallest noise multiplier whose claim meets ``dp.target_epsilon`` at ``dp.delta``
     (the accounting layer's calibration; the result provably meets the target)."""
+    extra: dict[str, Any] = {}
+    if setting.jl_projections is not None:
+        from dpaudit.accounting.jl import epsilon_lower_bound
+
+        q = setting.with_noise(1.0).event().event.sample_rate  # SelfComposed(PoissonSampled(q, JLGaussian))
+
+        def floor(s: float) -> float:
+            return epsilon_lower_bound(s, setting.jl_projections, q, setting.steps, dp.delta)
+
+        # Each PLD evaluation of the JL mixture takes tens of seconds: a fast formal lower bound answers an
+        # unreachable target at once, and sigma to 1% (the claim is verified whatever the tolerance).
+        extra = {"lower_bound": floor, "tol": 1e-2}
     try:
         return float(
             calibrate_noise_multiplier(
@@ -149,6 +166,7 @@ def calibrate(setting: PrivacySetting, dp: DPConfig) -> float:
                 make_event=lambda s: setting.with_noise(s).event(),
                 accountant=dp.accountant,
                 neighbouring=setting.neighbouring,
+                **extra,
             )
         )
     except UnreachableTargetError as e:
@@ -237,12 +255,14 @@ def set_private_gradients(
     batch_size: int,
     max_physical_batch: int | None,
     generator: torch.Generator,
-    before_noise: Callable[[list[torch.Tensor]], None] | None = None,
+    canaries: GradientCanaries | None = None,
+    step: int = 0,
 ) -> None:
     """Set ``p.grad`` of every clipped parameter to (Σ_{i∈idx} clip_C(g_i) + N(0, noise_std² I)) / B.
 
-    ``before_noise`` (audits only) may add to the clipped sums before the noise, as one more record
-    would: the white-box gradient canary of :class:`GradientCanary`.
+    ``canaries`` (audits only; :class:`dpaudit.hooks.GradientCanaries`): the white-box gradient
+    canaries of step ``step`` are added to the clipped sums before the noise, as more records would
+    be, and the noisy sums are observed before the division by B.
 
     The batch is processed in chunks of at most ``max_physical_batch`` examples whose clipped sums
     are added, so the result does not depend on the chunking (up to float rounding). The noise is
@@ -260,12 +280,15 @@ def set_private_gradients(
                 s.add_(g)
     if sums is None:
         sums = [torch.zeros_like(p) for p in clipper.params]
-    if before_noise is not None:
-        before_noise(sums)
+    if canaries is not None:
+        sums = list(canaries.inject(step, sums))
     noise = _gaussian_like(sums, generator) if noise_std > 0 else [None] * len(sums)
-    for p, s, z in zip(clipper.params, sums, noise, strict=True):
+    for s, z in zip(sums, noise, strict=True):
         if z is not None:
             s.add_(z, alpha=noise_std)
+    if canaries is not None:
+        canaries.observe(step, sums)
+    for p, s in zip(clipper.params, sums, strict=True):
         p.grad = s.div_(batch_size)
 
 
@@ -290,12 +313,16 @@ class DPTrainer(Trainer):
     """
 
     private = True
+    streams = True
     optimizer: ClassVar[str]
     jl: ClassVar[bool] = False  # DP-SGD-JL (dpaudit.training.jl): norms estimated by JL projections
 
     def make_clipper(self, model: nn.Module) -> Clipper:
         """The per-example clipping of this algorithm (exact, by ``PerfConfig.clipping``)."""
-        return make_clipper(model, self.perf.clipping)
+        if self.perf.autocast is None:
+            return make_clipper(model, self.perf.clipping)
+        device = next(model.parameters()).device
+        return make_clipper(model, self.perf.clipping, autocast=check_autocast(self.perf.autocast, device))
 
     def fit(
         self,
@@ -349,8 +376,8 @@ class DPTrainer(Trainer):
         y: torch.Tensor,
         *,
         progress: Progress,
-        canary: GradientCanary | None,
-    ) -> tuple[TrainOutcome, float]:
+        canary: GradientCanary | DiracCanaries | None,
+    ) -> tuple[TrainOutcome, Any]:
         config, dp, perf = self.config, self.config.dp, self.perf
         if dp is None:  # Trainer.__init__ refuses this already
             raise InputError(f"algorithm {self.name!r} is private: give --noise-multiplier or --epsilon")
@@ -373,7 +400,7 @@ class DPTrainer(Trainer):
         )
         noise_gen = noise_generator(X.device, config.seed + 2, dp.secure_noise)
 
-        hook, observe = (None, None) if canary is None else canary.attach(clipper, X, y, setting, clip)
+        hooks = None if canary is None else canary.attach(clipper, X, y, setting, clip)
         history: list[dict[str, float]] = []
         model.train()
         with progress.task(f"train {self.name}", setting.steps) as advance:
@@ -388,10 +415,9 @@ class DPTrainer(Trainer):
                     batch_size=config.batch_size,
                     max_physical_batch=perf.max_physical_batch,
                     generator=noise_gen,
-                    before_noise=hook,
+                    canaries=hooks,
+                    step=step,
                 )
-                if observe is not None:
-                    observe()
                 opt.step()
                 if (step + 1) % setting.steps_per_epoch == 0 or step == setting.steps - 1:
                     # No losses or batch sizes of the private data here: the claim does not cover them.
@@ -401,12 +427,16 @@ class DPTrainer(Trainer):
         if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)
             claim["jl"] = {"projections": dp.jl_projections, "ad_path": getattr(clipper, "ad_path_", None)}
         score = canary.score() if canary is not None else math.nan
-        return TrainOutcome(model=model, privacy=claim, history=history), score
+        describe = getattr(clipper, "describe", None)  # what --clipping auto chose (performance only)
+        used = {"clipping_used": describe()} if describe is not None else {}
+        outcome = TrainOutcome(model=model, privacy=claim, history=history, performance=used)
+        return outcome, score
 
 
 class GradientCanary:
     """A white-box Dirac gradient canary for auditing DP-SGD (Nasr et al. 2021, arXiv:2101.04535,
-    §4 "gradient canaries"; Nasr et al. 2023, arXiv:2302.07956, §3).
+    §4 "gradient canaries"; Nasr et al. 2023, arXiv:2302.07956, §3): one canary of
+    :class:`dpaudit.hooks.GradientCanaries`, the mechanism every white-box canary of dpaudit shares.
 
     The canary is one extra "record" whose clipped gradient is C·e_j on a single coordinate j; when
     ``included`` it is Poisson-sampled at rate q like every record and added to the clipped sum
@@ -415,71 +445,50 @@ class GradientCanary:
     o_t ~ N(b_t, σ²), b_t ~ Bernoulli(q) when included and o_t ~ N(0, σ²) otherwise, so the most
     powerful test per step (Neyman–Pearson) has the log-likelihood ratio
         log(1 − q + q·exp((o_t − 1/2)/σ²)),
-    summed over the independent steps to give the score (higher = included).
+    summed over the independent steps to give the score (higher = included;
+    :func:`dpaudit.hooks.core.dirac_scores`).
 
     j is chosen before training, from the data only (never from the inclusion bit): the coordinate
     of the smallest per-example gradient energy Σ_i g_ij² over (up to 256) training records at
     initialisation — exactly zero, e.g., for first-layer weights of a constant feature.
-    """
 
-    # Per-step mode (Nasr et al. 2023, arXiv:2302.07956, §3): at every step the canary is offered
-    # independently with probability 1/2 — the auditor's coin, drawn from its own stream (seed, salt),
-    # independent of the data, the sampling and the noise, so fixed before training in distribution —
-    # and, when offered, Poisson-sampled at rate q like any record. ``inserted[t]`` is step t's coin;
-    # the steps are the trials of :mod:`dpaudit.audit.whitebox`.
-    _COIN_SALT = 0x57E9
+    Per-step mode (Nasr et al. 2023, §3): at every step the canary is offered independently with
+    probability 1/2 — the auditor's coin, from its own stream of ``seed`` — and, when offered,
+    Poisson-sampled at rate q like any record. ``inserted[t]`` is step t's coin; the steps are the
+    trials of :mod:`dpaudit.audit.whitebox`.
+    """
 
     def __init__(self, *, included: bool, seed: int, per_step: bool = False) -> None:
         self.included, self.seed, self.per_step = bool(included), int(seed), bool(per_step)
-        self.observations: list[float] = []
-        self.inserted: list[bool] = []
+        self.hooks_: GradientCanaries | None = None
         self._q = self._sigma = 0.0
 
     def attach(self, clipper: Clipper, X: torch.Tensor, y: torch.Tensor, setting: PrivacySetting, clip: float):
+        from dpaudit.training.dirac import canary_hooks, low_energy_coordinates
+
         if setting.sampling != "poisson":
             raise InputError("the gradient canary audit needs Poisson sampling")
-        param, flat = self._coordinate(clipper, X, y)
-        gen = torch.Generator().manual_seed(self.seed)
-        import numpy as np
-
-        coins = np.random.default_rng([self.seed, self._COIN_SALT])
         self._q, self._sigma = setting.sample_rate, setting.noise_multiplier
-        batch = setting.batch_size
+        self.hooks_ = canary_hooks(
+            clipper, setting, clip, seed=self.seed, coordinates=low_energy_coordinates(clipper.model, X, y, 1),
+            included=[self.included], inclusion="step" if self.per_step else "run",
+        )  # fmt: skip
+        return self.hooks_
 
-        def hook(sums: list[torch.Tensor]) -> None:
-            drawn = bool(torch.rand((), generator=gen, dtype=torch.float64) < self._q)
-            offered = self.included
-            if self.per_step:
-                offered = bool(coins.random() < 0.5)
-                self.inserted.append(offered)
-            if offered and drawn:
-                sums[param].view(-1)[flat] += clip
+    @property
+    def observations(self) -> list[float]:
+        return [] if self.hooks_ is None else self.hooks_.observations().observations[:, 0].tolist()
 
-        def observe() -> None:
-            self.observations.append(float(clipper.params[param].grad.reshape(-1)[flat]) * batch / clip)
-
-        return hook, observe
-
-    @staticmethod
-    def _coordinate(clipper: Clipper, X: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
-        from dpaudit.training.dirac import low_energy_coordinates
-
-        # The flat index over the trainable parameters, split into (parameter, index within it).
-        (j,) = low_energy_coordinates(clipper.model, X, y, 1)
-        for i, p in enumerate(clipper.params):
-            if j < p.numel():
-                return i, int(j)
-            j -= p.numel()
-        raise AssertionError("unreachable: the coordinate lies within the parameters")
+    @property
+    def inserted(self) -> list[bool]:
+        if self.hooks_ is None or not self.per_step:
+            return []
+        return self.hooks_.observations().coins[:, 0].tolist()
 
     def score(self) -> float:
-        o = torch.tensor(self.observations, dtype=torch.float64)
-        if self._sigma == 0:
-            return float(o.sum())
-        # log(1 − q + q·exp(z)) = logaddexp(log(1 − q), log q + z), stable for large |z|.
-        z = (o - 0.5) / self._sigma**2
-        q = torch.tensor(self._q, dtype=torch.float64)
-        return float(torch.logaddexp(torch.log1p(-q), torch.log(q) + z).sum()) if self._q < 1 else float(z.sum())
+        from dpaudit.hooks.core import dirac_scores
+
+        return float(dirac_scores(np.asarray(self.observations), self._q, self._sigma))
 
 
 class DPSGDTrainer(DPTrainer):

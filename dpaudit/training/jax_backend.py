@@ -97,20 +97,22 @@ def _conv(name: str, m: nn.Conv2d) -> Callable:
     return f
 
 
+def _group_normalize(m: nn.GroupNorm, x):
+    # torch.nn.GroupNorm (Wu & He 2018, arXiv:1803.08494, Eq. 1): biased variance per (example, group).
+    n = x.shape[0]
+    z = x.reshape(n, m.num_groups, -1)
+    mu = z.mean(-1, keepdims=True)
+    var = jnp.square(z - mu).mean(-1, keepdims=True)
+    return ((z - mu) / jnp.sqrt(var + m.eps)).reshape(x.shape)
+
+
+def _group_affine(name: str, p, z):
+    shape = (1, z.shape[1]) + (1,) * (z.ndim - 2)
+    return z * p[f"{name}.weight"].reshape(shape) + p[f"{name}.bias"].reshape(shape)
+
+
 def _group_norm(name: str, m: nn.GroupNorm) -> Callable:
-    g, eps = m.num_groups, m.eps
-
-    def f(p, x):
-        # torch.nn.GroupNorm (Wu & He 2018, arXiv:1803.08494, Eq. 1): biased variance per (example, group).
-        n, c = x.shape[:2]
-        z = x.reshape(n, g, -1)
-        mu = z.mean(-1, keepdims=True)
-        var = jnp.square(z - mu).mean(-1, keepdims=True)
-        z = ((z - mu) / jnp.sqrt(var + eps)).reshape(x.shape)
-        shape = (1, c) + (1,) * (x.ndim - 2)
-        return z * p[f"{name}.weight"].reshape(shape) + p[f"{name}.bias"].reshape(shape)
-
-    return f
+    return lambda p, x: _group_affine(name, p, _group_normalize(m, x))
 
 
 def _avg_pool(name: str, m: nn.AvgPool2d) -> Callable:
@@ -141,7 +143,20 @@ _ACTIVATIONS: dict[type, Callable] = {
 }
 
 
-def jax_forward(model: nn.Module) -> Apply:
+class JaxModel:
+    """A zoo model's forward pass in JAX: ``model(params, x) -> logits``, with ``layers`` the
+    (name, torch module, function) list it runs (what the ghost clipping below taps)."""
+
+    def __init__(self, layers: list[tuple[str, nn.Module, Callable]]) -> None:
+        self.layers = layers
+
+    def __call__(self, params: Params, x):
+        for _, _, f in self.layers:
+            x = f(params, x)
+        return x
+
+
+def jax_forward(model: nn.Module) -> JaxModel:
     """The forward pass of a zoo ``nn.Sequential`` (logreg, mlp, cnn) as a pure JAX function of
     ``{torch parameter name: array}``; an unsupported layer is an :class:`InputError` naming it."""
     if not isinstance(model, nn.Sequential):
@@ -149,7 +164,8 @@ def jax_forward(model: nn.Module) -> Apply:
             f"the JAX backend supports the zoo's logreg, mlp and cnn (nn.Sequential), not {type(model).__name__}"
         )
     layers: list[Callable] = []
-    for name, m in model.named_children():
+    modules = list(model.named_children())
+    for name, m in modules:
         if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
             layers.append(lambda p, x: x.reshape(x.shape[0], -1))
         elif isinstance(m, nn.Linear):
@@ -167,13 +183,7 @@ def jax_forward(model: nn.Module) -> Apply:
             layers.append(lambda p, x, act=act: act(x))
         else:
             raise InputError(f"layer {name} ({type(m).__name__}) is not supported by the JAX backend")
-
-    def apply(params: Params, x):
-        for f in layers:
-            x = f(params, x)
-        return x
-
-    return apply
+    return JaxModel([(name, m, f) for (name, m), f in zip(modules, layers, strict=True)])
 
 
 def params_from_torch(model: nn.Module) -> Params:
@@ -194,8 +204,7 @@ def params_to_torch(model: nn.Module, params: Params) -> None:
 
 def _losses(apply: Apply, params: Params, x, y):
     # Per-example cross-entropy ℓ_i = logsumexp(z_i) − z_{i,y_i} (torch.nn.functional.cross_entropy).
-    z = apply(params, x)
-    return jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0]
+    return _per_example_losses(apply(params, x), y)
 
 
 def per_example_grads(apply: Apply, params: Params, x, y) -> Params:
@@ -232,6 +241,119 @@ def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None) -> t
         w = jnp.where(mask, w, 0.0)
     w = lax.stop_gradient(w)
     return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y), precision=PRECISION))(params), norms
+
+
+_TAPPED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
+
+
+def _bdot(a, b):
+    # Per example: a (B, i, j), b (B, k, j) -> (B, i, k), in full float32 precision.
+    return jnp.einsum("bij,bkj->bik", a, b, precision=PRECISION)
+
+
+def _conv_only(m: nn.Conv2d, kernel, a):
+    return lax.conv_general_dilated(
+        a, kernel, tuple(int(v) for v in m.stride), tuple((int(v), int(v)) for v in m.padding),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=PRECISION,
+    )  # fmt: skip
+
+
+def _layer_outputs(apply: JaxModel, params: Params, x) -> list:
+    outs, h = [], x
+    for _, m, f in apply.layers:
+        h = f(params, h)
+        if isinstance(m, _TAPPED):
+            outs.append(h)
+    return outs
+
+
+@partial(jax.jit, static_argnums=0)
+def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=None) -> tuple[Params, Any]:
+    """The same result as :func:`clipped_sum` without materialising per-example gradients of the
+    Linear and Conv2d layers: ghost norms and book-keeping (Bu et al. 2023, arXiv:2210.00038,
+    Alg. 1), as :class:`dpaudit.training.clipping.GhostClipper` does in torch.
+
+    One forward pass taps every parametrised layer: its input a (for GroupNorm the normalised x̂)
+    is kept, and a zero z is added to its output; the gradient of Σ_i ℓ_i w.r.t. the z's is every
+    layer's per-example output gradient g (examples do not interact), in one backward pass that
+    computes no parameter gradient. Per example: a Linear's gradient g aᵀ is rank one,
+    ‖g aᵀ‖² = ‖g‖²‖a‖² (Goodfellow 2015, arXiv:1510.01799); a Conv2d is a Linear map on the T
+    patches of its input (Rochette et al. 2019, arXiv:1912.06015) with ‖Σ_t g_t a_tᵀ‖² =
+    Σ_{t,s}(a_t·a_s)(g_t·g_s) (Li et al. 2021, arXiv:2110.05679) when 2T² <= p·d, else the
+    (C_out, p) gradient is instantiated (the mixed choice of Bu et al. 2022, arXiv:2205.10683);
+    GroupNorm's γ, β gradients are small and instantiated. Then with w_i = 1/max(1, ‖g_i‖/C)
+    (zero on padded slots), Σ_i w_i ∇ℓ_i per layer: (w ⊙ g)ᵀ a for a Linear, the convolution's
+    weight gradient (its vjp) for the cotangent w ⊙ g, Σ_i w_i g_i for the small ones.
+    """
+
+    def forward(zs, p):
+        acts, h, z = [], x, iter(zs)
+        for name, m, f in apply.layers:
+            if isinstance(m, nn.GroupNorm):
+                xh = _group_normalize(m, h)
+                acts.append(xh)
+                h = _group_affine(name, p, xh) + next(z)
+            elif isinstance(m, _TAPPED):
+                acts.append(h)
+                h = f(p, h) + next(z)
+            else:
+                h = f(p, h)
+        return jnp.sum(_per_example_losses(h, y)), acts
+
+    shapes = jax.eval_shape(lambda p: _layer_outputs(apply, p, x), params)
+    zs = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+    gs, acts = jax.grad(forward, has_aux=True)(zs, lax.stop_gradient(params))
+    tapped = [(name, m) for name, m, _ in apply.layers if isinstance(m, _TAPPED)]
+    sq, small = jnp.zeros(x.shape[0], x.dtype), {}
+    for (name, m), a, g in zip(tapped, acts, gs, strict=True):
+        has_bias = f"{name}.bias" in params
+        if isinstance(m, nn.Linear):  # a (B, d_in), g (B, d_out): rank one
+            sq = sq + jnp.square(g).sum(1) * (jnp.square(a).sum(1) + (1.0 if has_bias else 0.0))
+        elif isinstance(m, nn.Conv2d):
+            B, c_out = g.shape[:2]
+            patches = lax.conv_general_dilated_patches(
+                a,
+                m.kernel_size,
+                tuple(int(v) for v in m.stride),
+                tuple((int(v), int(v)) for v in m.padding),
+                dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                precision=PRECISION,
+            ).reshape(B, -1, g.shape[2] * g.shape[3])  # (B, p, T): the order of p does not change norms
+            gt = g.reshape(B, c_out, -1)  # (B, C_out, T)
+            T, p_in = gt.shape[2], patches.shape[1]
+            if 2 * T * T <= p_in * c_out:  # ghost norm: Σ_{t,s} (a_t·a_s)(g_t·g_s)
+                at, gtt = patches.transpose(0, 2, 1), gt.transpose(0, 2, 1)
+                sq = sq + (_bdot(at, at) * _bdot(gtt, gtt)).sum((1, 2))
+            else:  # instantiate the (C_out, p) per-example gradient Σ_t g_t a_tᵀ
+                sq = sq + jnp.square(_bdot(gt, patches)).sum((1, 2))
+            if has_bias:
+                sq = sq + jnp.square(gt.sum(2)).sum(1)
+        else:  # GroupNorm: per-example γ, β gradients (B, C)
+            red = tuple(range(2, g.ndim))
+            small[name] = {"weight": (g * a).sum(red), "bias": g.sum(red)}
+            sq = sq + sum(jnp.square(v).sum(1) for v in small[name].values())  # fmt: skip
+    norms = jnp.sqrt(jnp.maximum(sq, 0.0))  # ghost Gram sums may round below 0
+    w = 1.0 / jnp.maximum(norms / clip, 1.0)
+    if mask is not None:
+        w = jnp.where(mask, w, 0.0)
+    out: Params = {}
+    for (name, m), a, g in zip(tapped, acts, gs, strict=True):
+        if name in small:
+            out.update({f"{name}.{k}": jnp.dot(w, v, precision=PRECISION) for k, v in small[name].items()})
+            continue
+        wg = g * w.reshape((-1,) + (1,) * (g.ndim - 1))
+        if isinstance(m, nn.Linear):  # book-keeping: Σ_i w_i g_i a_iᵀ = (w ⊙ g)ᵀ a
+            out[f"{name}.weight"] = jnp.matmul(wg.T, a, precision=PRECISION)
+        else:  # the convolution's own weight gradient for the output gradients w_i g_i
+            _, vjp = jax.vjp(lambda k, a=a, m=m: _conv_only(m, k, a), params[f"{name}.weight"])
+            out[f"{name}.weight"] = vjp(wg)[0]
+        if f"{name}.bias" in params:
+            out[f"{name}.bias"] = wg.sum(tuple(d for d in range(wg.ndim) if d != 1))
+    return {k: out[k] for k in params}, norms
+
+
+def _per_example_losses(z, y):
+    return jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0]
 
 
 @partial(jax.jit, static_argnums=0)
@@ -350,7 +472,9 @@ class StepProgram:
             )(params)
         if self.kind == "jl":
             return jl_clipped_sum(self.apply, params, xb, yb, self.clip, self._directions(params, t), mask)[0]
-        return clipped_sum(self.apply, params, xb, yb, self.clip, mask)[0]
+        # Ghost norms + book-keeping for the zoo's layers; vmap(grad) for any other forward function.
+        clip_fn = ghost_clipped_sum if isinstance(self.apply, JaxModel) else clipped_sum
+        return clip_fn(self.apply, params, xb, yb, self.clip, mask)[0]
 
     def _step(self, params: Params, state, X, y, idx, mask, extra: Params, t, divisor):
         """One logical step: this chunk's sum plus ``extra`` (the other chunks' sums, zeros for a batch

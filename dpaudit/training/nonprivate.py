@@ -15,6 +15,7 @@ from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
 
 class NonPrivateTrainer(Trainer):
     optimizer: ClassVar[str]
+    streams = True
 
     def fit(
         self,

@@ -12,8 +12,8 @@ Wu et al. 2024, arXiv:2305.01639, Sec. 3):
 3. The vote histograms are aggregated with noise (:mod:`dpaudit.aggregation`: LNMax, GNMax,
    Confident-GNMax); the answers are saved with the run (``answers.npz``).
 4. The student (a zoo model) is trained non-privately on the answered queries with the noisy labels.
-   Post-processing: the student's claim is the aggregator's (data-independent; the data-dependent epsilon
-   is recorded beside it, labelled as not private).
+   Post-processing: the student's claim is the aggregator's (data-independent; or, asked for, the
+   data-dependent one sanitised with smooth sensitivity; raw vote-derived values only when asked for).
 
 Features are standardised with a scaler fitted on the auxiliary (public) split: a scaler fitted on the
 members would let one record influence every teacher (and be released with the student).
@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from dpaudit.aggregation import AggregatorConfig, aggregate, calibrate_aggregator, privacy_record, vote_histogram
+from dpaudit.aggregation import (
+    CLAIMS,
+    AggregatorConfig,
+    aggregate,
+    calibrate_aggregator,
+    privacy_record,
+    private_diagnostics,
+    vote_histogram,
+)
 from dpaudit.data import DEFAULT_FRACTIONS, Dataset, Splits, Standardizer, fit_preprocessing, make_splits
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -38,6 +46,13 @@ from dpaudit.validation import check_choice, check_in_interval, check_positive, 
 
 ALGOS = ("pate", "dp-icl")
 ANSWERS_FILE = "answers.npz"
+# Defaults of ``train --algo pate|dp-icl`` (chosen on digits, benchmarks/RESULTS.md "Default recipes"):
+# more teachers make the vote gaps larger relative to the answer noise (the data-dependent analysis
+# needs consensus, Papernot et al. 2018, Sec. 4), fewer make each teacher better; Q queries cost
+# privacy linearly in the data-independent analysis.
+DEFAULT_TEACHERS = {"pate": 25, "dp-icl": 20}
+DEFAULT_QUERIES = 100
+DEFAULT_SHOTS = 10
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,8 @@ class AggregationConfig:
 
     ``target_epsilon``: calibrate the aggregator's answer noise (``aggregator.sigma``) to this
     data-independent epsilon at ``delta`` over ``queries`` queries (the given sigma is then replaced).
+    ``claim``: ``data-independent`` (default) or ``data-dependent`` (sanitised with smooth sensitivity,
+    :func:`dpaudit.aggregation.privacy_record`).
     """
 
     algo: str
@@ -57,15 +74,22 @@ class AggregationConfig:
     delta: float = 1e-5
     target_epsilon: float | None = None
     seed: int = 0
+    claim: str = "data-independent"
 
     def __post_init__(self) -> None:
         check_choice(ALGOS, algo=self.algo)
+        check_choice(CLAIMS, claim=self.claim)
         check_positive_int(teachers=self.teachers)
         check_positive_int(queries=self.queries)
         if not isinstance(self.aggregator, AggregatorConfig):
             raise InputError("expected aggregator to be an AggregatorConfig")
         self.aggregator.check_teachers(self.teachers)
-        if self.algo == "dp-icl":
+        if self.aggregator.sample_rate is not None:
+            if self.algo != "dp-icl":
+                raise InputError("--subsample applies to --algo dp-icl (per-query sampling of exemplars)")
+            if self.shots is not None:
+                raise InputError("--subsample replaces --shots: each teacher's prompt is a Poisson sample")
+        elif self.algo == "dp-icl":
             if self.shots is None:
                 raise InputError("--algo dp-icl needs --shots k (exemplars per teacher)")
             check_positive_int(shots=self.shots)
@@ -134,6 +158,26 @@ def icl_votes(predictor, ex_X: np.ndarray, ex_y: np.ndarray, parts, queries_X: n
     return np.stack([predictor.predict_proba(ex_X[p], ex_y[p], queries_X).argmax(1) for p in parts]).astype(np.int64)
 
 
+def subsampled_icl_hist(predictor, ex_X, ex_y, queries_X, config: AggregationConfig, n_classes: int) -> np.ndarray:
+    """(Q, C) vote histogram of DP-ICL with per-query Poisson subsampling (Wu et al. 2024, Sec. 3).
+
+    Each private record gets a teacher id drawn i.i.d. uniform in [0, K) (data-independent); for every query a
+    fresh Poisson sample keeps each record with probability q, and teacher t is prompted with its sampled
+    records only. A teacher whose sample is empty abstains (its vote is not counted: adding a record then moves
+    one count by 1, within the analysis' sqrt(2))."""
+    k, q = config.teachers, config.aggregator.sample_rate
+    rng = np.random.default_rng(derive_seed(config.seed, stream=5))
+    owner = rng.integers(0, k, size=len(ex_X))
+    hist = np.zeros((len(queries_X), n_classes), dtype=np.int64)
+    for j in range(len(queries_X)):
+        kept = rng.random(len(ex_X)) < q
+        for t in range(k):
+            p = np.flatnonzero(kept & (owner == t))
+            if len(p):
+                hist[j, int(predictor.predict_proba(ex_X[p], ex_y[p], queries_X[j : j + 1])[0].argmax())] += 1
+    return hist
+
+
 def public_preprocessing(dataset: Dataset, splits: Splits):
     if len(splits.aux) == 0:
         raise InputError("PATE and DP-ICL need a non-empty auxiliary split (the public query pool): see --split")
@@ -153,11 +197,14 @@ def train_aggregation_run(
     label_column: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
+    keep_private_diagnostics: bool = False,
 ) -> dict[str, Any]:
     """Run PATE or DP-ICL end to end and (if ``out``) save the student as a run directory.
 
     ``student``: how the student (and, for PATE, each teacher) is trained (a non-private algo: sgd, adam).
     Returns the checkpoint metadata; ``training.aggregation`` holds the recipe and label statistics.
+    Values computed from the private votes (raw data-dependent epsilon, vote and teacher accuracy) are kept
+    out of it unless ``keep_private_diagnostics`` (then under ``private_diagnostics``, labelled).
     """
     from dpaudit.training.run import FittedModel, check_spec_fits, fit_model, metrics_for, record_run
 
@@ -169,9 +216,11 @@ def train_aggregation_run(
     check_spec_fits(spec, dataset)
     splits = make_splits(len(dataset), split_seed, fractions)
     pre = public_preprocessing(dataset, splits)
-    parts = teacher_parts(len(splits.members), config)
+    subsampled = config.aggregator.sample_rate is not None
+    parts = None if subsampled else teacher_parts(len(splits.members), config)
     q_idx = query_indices(splits, config)
     queries_X = dataset.X[q_idx]
+    votes = None  # (K, Q) teacher votes; none with per-query subsampling (each query has its own teachers)
     with progress.task(f"{config.algo}: {config.teachers} teachers", 1) as advance:
         if config.algo == "pate":
             votes = pate_votes(dataset, splits.members, parts, spec, student, pre, queries_X, workers=workers)
@@ -179,10 +228,14 @@ def train_aggregation_run(
             from dpaudit.training.icl import make_predictor
 
             predictor = make_predictor(config.predictor, dataset.n_classes)
-            ex_X = pre.transform(dataset.X[splits.members])
-            votes = icl_votes(predictor, ex_X, dataset.y[splits.members], parts, pre.transform(queries_X))
+            ex_X, ex_y = pre.transform(dataset.X[splits.members]), dataset.y[splits.members]
+            if subsampled:
+                hist = subsampled_icl_hist(predictor, ex_X, ex_y, pre.transform(queries_X), config, dataset.n_classes)
+            else:
+                votes = icl_votes(predictor, ex_X, ex_y, parts, pre.transform(queries_X))
         advance(1)
-    hist = vote_histogram(votes, dataset.n_classes)
+    if votes is not None:
+        hist = vote_histogram(votes, dataset.n_classes)
     agg = config.aggregator
     if config.target_epsilon is not None:
         agg = calibrate_aggregator(
@@ -200,19 +253,24 @@ def train_aggregation_run(
     )  # fmt: skip
     student_cfg = dataclasses.replace(student, batch_size=min(student.batch_size, int(answered.sum())))
     fitted = fit_model(student_data, np.arange(len(student_data)), spec, student_cfg, PerfConfig(), preprocessing=pre)
-    privacy = privacy_record(agg, hist, answers, delta=config.delta, n_teachers=config.teachers)
+    privacy = privacy_record(
+        agg, hist, answers, delta=config.delta, n_teachers=config.teachers, claim=config.claim,
+        seed=derive_seed(config.seed, stream=4),
+    )  # fmt: skip
     stats = {
         "recipe": {**config.to_dict(), "aggregator": agg.to_dict()},
         "n_queries": len(q_idx),
         "n_answered": int(answered.sum()),
+        # the answers are the mechanism's output and the queries' labels are public: not a private value
         "answer_accuracy": float(np.mean(answers[answered] == true[answered])),
-        # Diagnostics from the private votes (not differentially private; for the experimenter only).
-        "diagnostics_not_private": {
-            "vote_accuracy": float(np.mean(hist.argmax(1) == true)),
-            "teacher_accuracy": float(np.mean(votes == true[None, :])),
-        },
         "answers_file": ANSWERS_FILE,
     }
+    if keep_private_diagnostics:  # computed from the private votes: NOT differentially private
+        stats["private_diagnostics"] = {
+            **private_diagnostics(agg, hist, answers, delta=config.delta, n_teachers=config.teachers),
+            "vote_accuracy": float(np.mean(hist.argmax(1) == true)),
+            "teacher_accuracy": None if votes is None else float(np.mean(votes == true[None, :])),
+        }
     training = {**student_cfg.to_dict(), "algo": config.algo, "student_algo": student.algo}
     training.update(steps_run=student_cfg.num_steps(len(student_data)), history=fitted.outcome.history)
     training["aggregation"] = stats
@@ -246,17 +304,20 @@ def train_from_options(
     model: str,
     hidden: tuple[int, ...] | None,
     activation: str | None,
-    epochs: int,
+    epochs: int | None,
     steps: int | None,
-    batch_size: int,
-    lr: float,
-    momentum: float,
+    batch_size: int | None,
+    lr: float | None,
+    momentum: float | None,
     weight_decay: float,
     split_seed: int,
     fractions: tuple[float, ...],
     workers: int = 1,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
+    claim: str = "data-independent",
+    keep_private_diagnostics: bool = False,
+    subsample: float | None = None,
 ) -> dict[str, Any]:
     """``dpaudit train --algo pate|dp-icl``: build the configs from the command's options and run.
 
@@ -264,15 +325,24 @@ def train_from_options(
     answer noise is calibrated (``sigma`` may then be omitted; for lnmax/gnmax it is ignored)."""
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
+    from dpaudit.training.config import fill_recipe
 
-    if teachers is None or queries is None:
-        raise InputError("--algo pate / dp-icl needs --teachers K and --queries Q")
+    teachers = DEFAULT_TEACHERS[algo] if teachers is None and algo in DEFAULT_TEACHERS else teachers
+    queries = DEFAULT_QUERIES if queries is None else queries
+    if algo == "dp-icl" and shots is None and subsample is None:
+        shots = DEFAULT_SHOTS
+    if epsilon is None and sigma is None and aggregator != "argmax":
+        raise InputError(f"--algo {algo} needs --epsilon (calibrates the vote noise) or --sigma")
     if epsilon is not None and sigma is None and aggregator != "argmax":
         sigma = 1.0  # placeholder, replaced by the calibration
-    agg = AggregatorConfig(aggregator, sigma=sigma, sigma1=sigma1, threshold=threshold, max_answers=max_answers)
+    r = fill_recipe("sgd", model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum)
+    epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
+    agg = AggregatorConfig(
+        aggregator, sigma=sigma, sigma1=sigma1, threshold=threshold, max_answers=max_answers, sample_rate=subsample
+    )
     config = AggregationConfig(
         algo=algo, teachers=teachers, aggregator=agg, queries=queries, shots=shots, predictor=predictor, delta=delta,
-        target_epsilon=epsilon, seed=seed,
+        target_epsilon=epsilon, seed=seed, claim=claim,
     )  # fmt: skip
     student = TrainConfig(
         algo="sgd", epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -287,5 +357,5 @@ def train_from_options(
     )  # fmt: skip
     return train_aggregation_run(
         ds, spec, config, student, out=out, workers=workers, split_seed=split_seed, fractions=fractions,
-        label_column=label_column, force=force, progress=progress,
+        label_column=label_column, force=force, progress=progress, keep_private_diagnostics=keep_private_diagnostics,
     )  # fmt: skip

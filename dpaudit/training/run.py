@@ -23,10 +23,10 @@ from dpaudit.data import (
     make_splits,
 )
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.models import ModelSpec, build_model
+from dpaudit.models import ModelSpec, build_model, check_no_batchnorm
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
-from dpaudit.training.base import Trainer, TrainOutcome
+from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
 from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
 
@@ -45,12 +45,21 @@ class FittedModel:
         return self.outcome.model
 
     def logits(self, X: np.ndarray) -> np.ndarray:
-        return predict_logits(self.model, self.preprocessing.transform(X))
+        """Logits on raw features (an array or a lazy ``dataset.view(idx)``), preprocessed per batch."""
+        return predict_logits(self.model, X, transform=self.preprocessing.transform)
 
 
-def _tensors(dataset: Dataset, idx: np.ndarray, pre, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    X = torch.as_tensor(np.array(pre.transform(dataset.X[idx])), device=device)
+def _tensors(
+    dataset: Dataset, idx: np.ndarray, pre, device: torch.device, trainer: Trainer
+) -> tuple[torch.Tensor | StreamedFeatures, torch.Tensor]:
+    """The training split for ``trainer``: streamed batch by batch from a memory-mapped dataset when
+    the trainer can take it (:attr:`Trainer.streams`), one preprocessed tensor otherwise."""
     y = torch.as_tensor(dataset.y[idx], device=device)
+    if dataset.mapped is not None and trainer.streams:
+        return StreamedFeatures(dataset, idx, pre, device), y
+    X = torch.as_tensor(np.array(pre.transform(dataset.rows(idx))), device=device)
+    if dataset.mapped is not None and X.is_floating_point():
+        X = X.float()  # a mapped X keeps the file's float dtype until here
     return X, y
 
 
@@ -99,7 +108,7 @@ def fit_model(
     pre = preprocessing
     if pre is None:
         pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
-    X, y = _tensors(dataset, train_idx, pre, device)
+    X, y = _tensors(dataset, train_idx, pre, device, trainer)
     model = build_model(spec, seed=config.seed)
     if init_state is not None:
         model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in init_state.items()})
@@ -117,7 +126,7 @@ def evaluate(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> dict[str
     """Accuracy and mean cross-entropy loss on ``idx`` (None for an empty split)."""
     if len(idx) == 0:
         return {"accuracy": None, "loss": None}
-    logits = torch.as_tensor(fitted.logits(dataset.X[idx]))
+    logits = torch.as_tensor(fitted.logits(dataset.view(idx)))
     y = torch.as_tensor(dataset.y[idx])
     return {
         "accuracy": float((logits.argmax(1) == y).double().mean()),
@@ -192,7 +201,8 @@ def train_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
         training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
-        performance=perf.to_dict(), privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
+        performance={**perf.to_dict(), **fitted.outcome.performance},
+        privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
         seed=config.seed, canaries=canaries.describe() if canaries is not None else None,
         extra={"whitebox_canaries": wb_meta},
         arrays=arrays, force=force,
@@ -271,6 +281,8 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
         "versions": meta["versions"],
         # DP-SGD-JL only: the AD path that computed the JL projections ("jvp" or "double-vjp")
         **({"jl_ad_path": privacy["jl"].get("ad_path")} if isinstance(privacy.get("jl"), dict) else {}),
+        # DP-SGD: the per-example clipping method that ran (what --clipping auto chose)
+        **({"clipping": used.get("method")} if (used := meta.get("performance", {}).get("clipping_used")) else {}),
     }
 
 
@@ -569,7 +581,7 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
 
 def per_record_loss(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> np.ndarray:
     """Cross-entropy loss of each record in ``idx`` (float64)."""
-    logits = torch.as_tensor(fitted.logits(dataset.X[idx]))
+    logits = torch.as_tensor(fitted.logits(dataset.view(idx)))
     return F.cross_entropy(logits, torch.as_tensor(dataset.y[idx]), reduction="none").numpy()
 
 
@@ -657,6 +669,9 @@ def _resolve_preprocessing(preprocessing, dataset: Dataset, splits: Splits, lega
     raise InputError(f"unknown preprocessing {name!r}; valid: none, a scaler.json path (standardize, identity: legacy)")
 
 
+IMPORTED_CANARIES = "the imported run's own training (dpaudit canaries make; included ones added to its training set)"
+
+
 def import_run(
     weights: Path,
     spec: ModelSpec,
@@ -672,6 +687,7 @@ def import_run(
     recipe: TrainConfig | None = None,
     label_column: str | None = None,
     force: bool = False,
+    canaries: CanarySet | None = None,
 ) -> dict[str, Any]:
     """Make a run directory from foreign weights (safetensors, or a plain state_dict loaded with
     ``weights_only=True``; Opacus ``_module.`` / DDP ``module.`` prefixes are removed) plus a model spec.
@@ -685,6 +701,8 @@ def import_run(
     :func:`claim_record` (None: no claim). ``recipe``: the attacker's approximation of the training, so
     that LiRA/shadow models can be trained (with this run's preprocessing, see
     :meth:`attacks.reference.Recipe.from_run`). Warnings are returned in ``meta["import"]["warnings"]``.
+    ``canaries``: the records of ``dpaudit canaries make`` whose included ones the user's training added to
+    its training set (each with probability 1/2); ``audit checkpoint`` then gives the formal one-run audit.
     """
     from dpaudit.checkpoint import load_state_into, load_weights_file
 
@@ -720,10 +738,12 @@ def import_run(
         }
     pre, fitted_on = _resolve_preprocessing(preprocessing, dataset, splits, legacy)
     model = build_model(spec)
+    if claim is not None:  # a DP claim for a model that mixes the examples of a batch cannot hold
+        check_no_batchnorm(model)
     load_state_into(model, load_weights_file(Path(weights)), str(weights))
     model.eval()
     fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))
-    if not np.all(np.isfinite(fitted.logits(dataset.X[splits.members[:256]]))):
+    if not np.all(np.isfinite(fitted.logits(dataset.view(splits.members[:256])))):
         raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
@@ -746,7 +766,9 @@ def import_run(
         "split": split_meta,
         "preprocessing": {**pre.to_dict(), "fitted_on": fitted_on},
         "training": training,
-        "canaries": None,
+        "canaries": None
+        if canaries is None
+        else {**canaries.describe(), "inserted_by": "the imported run's own training"},
         "privacy": privacy,
         "metrics": metrics_for(fitted, dataset, splits),
         "seed": None,
@@ -761,7 +783,8 @@ def import_run(
     }
     if recipe is not None:
         meta["performance"] = PerfConfig().to_dict()
-    save_run(Path(out), model=model, meta=meta, splits=splits, force=force)
+    arrays = None if canaries is None else {CANARY_FILE: canaries.arrays()}
+    save_run(Path(out), model=model, meta=meta, splits=splits, force=force, arrays=arrays)
     return meta
 
 

@@ -214,6 +214,8 @@ def audit_checkpoint(
         scores, included = canary_scores(run)
         note = relation_note(privacy.get("neighbouring"), "add_remove")
         what = f"{len(scores)} {canaries['kind']} canaries, each included w.p. 1/2 (black-box, logit-scaled confidence)"
+        if canaries.get("inserted_by"):  # an imported run: formal if its training added the included ones as declared
+            what += f"; inserted by {canaries['inserted_by']}"
         records += one_run_records("canaries", what, scores, included, common, curve, note)
     whitebox = run.whitebox_canaries()
     if whitebox is not None:

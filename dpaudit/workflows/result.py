@@ -267,6 +267,7 @@ class TrainingAudit:
     scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
     member: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))
     trainer: str | None = None
+    audits: tuple[AuditRecord, ...] = ()  # with several scores: one record per score (``audit`` is the strongest)
 
     @property
     def result(self) -> AuditResult:
@@ -282,6 +283,7 @@ class TrainingAudit:
             "scores": self.scores.tolist(),
             "member": self.member.tolist(),
             **self.audit.to_dict(),
+            **({"score_audits": [a.to_dict() for a in self.audits]} if self.audits else {}),
         }
 
     def summary(self) -> str:

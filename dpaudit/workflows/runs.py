@@ -53,15 +53,16 @@ def train_from_options(
     *,
     data: str,
     label_column: str | None,
-    model: str,
+    model: str | None,
+    model_spec: Path | None,
     hidden: str | None,
     activation: str | None,
     algo: str,
-    epochs: int,
+    epochs: int | None,
     steps: int | None,
-    batch_size: int,
-    lr: float,
-    momentum: float,
+    batch_size: int | None,
+    lr: float | None,
+    momentum: float | None,
     weight_decay: float,
     l2: float | None,
     mechanism: str | None,
@@ -96,33 +97,44 @@ def train_from_options(
     shots: int | None,
     predictor: str,
     workers: int,
+    claim: str = "data-independent",
+    keep_private_diagnostics: bool = False,
+    subsample: float | None = None,
+    autocast: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = _silent,
 ) -> dict[str, Any]:
     """``dpaudit train`` (every algorithm but cloak, :func:`dpaudit.training.cloak.train_cloak_sweep`):
     build the configs from the command's options, train and save the run; returns its metadata.
-    ``notify`` receives a status line (the CLI prints it on stderr)."""
+    ``model_spec``: a JSON spec file (any kind, ``python`` included) instead of ``model`` (default
+    ``mlp``) with ``hidden``/``activation``. ``notify`` receives a status line (the CLI prints it on
+    stderr)."""
     fractions = parse_fractions(split)
+    if model_spec is not None and (model is not None or hidden is not None or activation is not None):
+        raise InputError("give --model-spec or --model (with --hidden, --activation), not both")
     if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
         if noise_multiplier is not None or jl_projections is not None or whitebox_canaries is not None:
             raise InputError(
                 f"--algo {algo} adds noise to the votes: use --sigma/--sigma1 or --epsilon "
                 "(not --noise-multiplier, --jl-projections or --whitebox-canaries)"
             )
+        if model_spec is not None:
+            raise InputError(f"--algo {algo} trains its teachers from --model; --model-spec is not supported")
         from dpaudit.training.pate import train_from_options as train_aggregation
 
         return train_aggregation(
             out, algo=algo, teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1,
             threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon,
-            delta=delta, seed=seed, data=data, label_column=label_column, model=model,
+            delta=delta, seed=seed, data=data, label_column=label_column, model=model or "mlp",
             hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
-            fractions=fractions, workers=workers, force=force, progress=progress,
+            fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
+            keep_private_diagnostics=keep_private_diagnostics, subsample=subsample,
         )  # fmt: skip
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
-    from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
+    from dpaudit.training.config import DEFAULT_JL_PROJECTIONS, DPConfig, PerfConfig, TrainConfig, fill_recipe
     from dpaudit.training.convex import CONVEX_ALGOS, resolve_algo
     from dpaudit.training.dirac import DiracCanaries
     from dpaudit.training.run import train_run
@@ -133,6 +145,15 @@ def train_from_options(
             raise InputError("give --l2 or --weight-decay, not both")
         weight_decay = l2
     algo = resolve_algo(algo, mechanism, objective)
+    # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
+    r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
+    epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
+    if l2 is None and weight_decay == 0.0:
+        weight_decay = r["l2"]
+    if algo.endswith("-jl") and jl_projections is None:
+        jl_projections = DEFAULT_JL_PROJECTIONS
+    if claim != "data-independent" or keep_private_diagnostics or subsample is not None:
+        raise InputError("--claim, --keep-private-diagnostics and --subsample apply to --algo pate / dp-icl")
     private = algo.startswith("dp") or algo in CONVEX_ALGOS
     if dp_given and not private:
         raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
@@ -149,14 +170,21 @@ def train_from_options(
         algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
         weight_decay=weight_decay, seed=seed, dp=dp,
     )  # fmt: skip
-    perf = PerfConfig(device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend)
+    perf = PerfConfig(
+        device=device, max_physical_batch=max_physical_batch, clipping=clipping, backend=backend, autocast=autocast
+    )
     _refuse_existing(out, force)
     ds = load_dataset(data, label_column=label_column)
-    spec = default_spec(
-        model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
-        hidden=parse_ints(hidden, "--hidden"), activation=activation,
-    )  # fmt: skip
-    notify(f"training {model} on {ds.name} ({len(ds)} records) with {algo} …")
+    if model_spec is not None:
+        from dpaudit.plugins import load_model_spec
+
+        spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
+    else:
+        spec = default_spec(
+            model or "mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
+            hidden=parse_ints(hidden, "--hidden"), activation=activation,
+        )  # fmt: skip
+    notify(f"training {spec.kind} on {ds.name} ({len(ds)} records) with {algo} …")
     canary_set = None
     if canaries is not None:
         from dpaudit.canaries import make_canaries
@@ -214,13 +242,16 @@ def import_from_options(
     recipe: Path | None,
     split_seed: int,
     split: str | None,
+    canaries: Path | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = _silent,
 ) -> dict[str, Any]:
     """``dpaudit import``: a run directory from foreign weights, a model spec, the members (optional), a
     stated claim and a recipe (optional); returns its metadata (``meta["import"]["warnings"]`` lists what
-    the user should hear)."""
+    the user should hear). ``canaries``: a directory from ``dpaudit canaries make`` whose included records
+    the training added (checked against the data), for the formal one-run audit of ``audit checkpoint``."""
+    from dpaudit.canaries import read_canary_dir
     from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
     from dpaudit.models import read_model_spec
     from dpaudit.training.run import import_run, recipe_from_dict
@@ -259,6 +290,7 @@ def import_from_options(
         weights, spec, ds, out=out, members=member_idx, members_source=str(members) if members is not None else None,
         split_seed=split_seed, fractions=parse_fractions(split) if split is not None else DEFAULT_FRACTIONS,
         preprocessing=pre, claim=stated, recipe=config, label_column=label_column, force=force,
+        canaries=None if canaries is None else read_canary_dir(canaries, ds),
     )  # fmt: skip
 
 
@@ -318,6 +350,7 @@ def audit_training_from_options(
     claimed_epsilon: float | None,
     workers: int,
     seed: int,
+    score: list[str] | None = None,
     given: frozenset[str] | set[str] = frozenset(),
     progress: Progress = NULL_PROGRESS,
 ):
@@ -325,7 +358,8 @@ def audit_training_from_options(
     the multi-run audit (:func:`dpaudit.workflows.training.audit_training`, a ``TrainingAudit``), or for
     ``threat_model="white-box-steps"`` the per-step white-box audit of one run
     (:func:`dpaudit.workflows.whitebox.audit_whitebox_steps`). ``given``: the options the user gave
-    explicitly (recipe options beside ``trainer`` are refused)."""
+    explicitly (recipe options beside ``trainer`` are refused). ``score``: the scores of a plug-in audit
+    (:data:`dpaudit.workflows.training.PLUGIN_SCORES` or "module:function"; default the canary's margin)."""
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
     from dpaudit.training.config import DPConfig, TrainConfig
@@ -369,5 +403,5 @@ def audit_training_from_options(
         ds, spec, config, runs=runs, train_size=train_size, threat_model=threat_model, canary_kind=canary_kind,
         method=method, delta=delta, confidence=confidence, claimed_epsilon=claimed_epsilon, seed=seed,
         workers=workers, progress=progress, trainer=trainer, neighbouring=neighbouring, init=init,
-        allow_inconclusive=allow_inconclusive,
+        allow_inconclusive=allow_inconclusive, scores=tuple(score) if score else ("margin",),
     )  # fmt: skip

@@ -64,22 +64,71 @@ def _train_one(args: tuple) -> float:
     return float(logit_margin(fitted.logits(canary_x), canary_y)[0])
 
 
-def _train_plugin_one(args: tuple) -> float:
-    """One run of a plug-in trainer: train, load the returned state dict into the spec's model, score the canary."""
+# Built-in scores of a trained model on the canary (higher = canary included; fixed before any run).
+PLUGIN_SCORES = ("margin", "loss", "probe")
+PLUGIN_SCORE_HELP = (
+    "margin: logit-scaled confidence of the canary's label at the canary (Carlini et al. 2022, arXiv:2112.03570); "
+    "loss: minus its cross-entropy (Yeom et al. 2018, arXiv:1709.01604); probe: the logit-scaled confidence of "
+    "the canary's label at a fixed probe input (all zeros after the public standardisation, the aux mean), which "
+    "moves with an un-noised bias however the canary looks; or 'module:function', "
+    "function(state_dict, x, y) -> float (x: the preprocessed canary, shape (1, *feature_shape); y: its label)."
+)
+
+
+def _score_fns(scores: tuple) -> list:
+    from dpaudit.plugins import load_trainer
+
+    out = []
+    for s in scores:
+        if isinstance(s, str) and s not in PLUGIN_SCORES:
+            out.append(load_trainer(s))  # "module:function": imported as trainers are (current directory first)
+        else:
+            out.append(s)
+    return out
+
+
+def _score_one(score, model, state, canary_x, canary_y) -> float:
+    from attacks.threshold import logit_margin, loss_score
+    from dpaudit.checkpoint import predict_logits
+
+    if score == "margin":
+        return float(logit_margin(predict_logits(model, canary_x), canary_y)[0])
+    if score == "loss":
+        return float(loss_score(predict_logits(model, canary_x), canary_y)[0])
+    if score == "probe":
+        return float(logit_margin(predict_logits(model, np.zeros_like(canary_x)), canary_y)[0])
+    try:
+        value = float(score(state, canary_x, int(canary_y[0])))
+    except Exception as e:
+        raise InputError(f"score function {getattr(score, '__name__', score)!r} failed: {e}") from e
+    if not np.isfinite(value):
+        raise InputError(f"score function {getattr(score, '__name__', score)!r} returned {value}")
+    return value
+
+
+def scores_names(scores: tuple) -> list[str]:
+    """How the scores are named in descriptions: the built-in name, or "module:function"."""
+    from dpaudit.plugins import trainer_name
+
+    return [s if isinstance(s, str) else trainer_name(s) for s in scores]
+
+
+def _train_plugin_one(args: tuple) -> tuple[float, ...]:
+    """One run of a plug-in trainer: train, load the returned state dict into the spec's model, score the canary
+    with every score asked for."""
     import torch
 
-    from attacks.threshold import logit_margin
-    from dpaudit.checkpoint import predict_logits
     from dpaudit.plugins import call_trainer, load_trainer
 
-    trainer, name, X, y, run_seed, spec, canary_x, canary_y = args
+    trainer, name, X, y, run_seed, spec, canary_x, canary_y, scores, reference_size = args
     torch.set_num_threads(1)
     fn = load_trainer(trainer) if isinstance(trainer, str) else trainer
-    model = call_trainer(fn, X, y, run_seed, spec, name=name)
-    return float(logit_margin(predict_logits(model, canary_x), canary_y)[0])
+    model = call_trainer(fn, X, y, run_seed, spec, name=name, reference_size=reference_size)
+    state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    return tuple(_score_one(s, model, state, canary_x, canary_y) for s in _score_fns(scores))
 
 
-def _plugin_jobs(trainer, name, data, idx_in, idx_out, pre, spec, canary_x, canary_y, runs: int, seed: int):
+def _plugin_jobs(trainer, name, data, idx_in, idx_out, pre, spec, canary_x, canary_y, runs: int, seed: int, scores):
     """The 2R plug-in runs (IN first), built lazily so that only a few copies of X exist at a time.
 
     Run r's randomness is ``SeedSequence(seed, spawn_key=(0x504C, r))`` spawned in two: one child
@@ -90,12 +139,14 @@ def _plugin_jobs(trainer, name, data, idx_in, idx_out, pre, spec, canary_x, cana
     X_in, X_out = pre.transform(data.X[idx_in]), pre.transform(data.X[idx_out])
     y_in, y_out = data.y[idx_in].astype(np.int64), data.y[idx_out].astype(np.int64)
     canary_pre = pre.transform(canary_x)
+    reference_size = max(len(idx_in), len(idx_out))  # one N for both neighbours (the plug-in contract)
     for r in range(2 * runs):
         X, y = (X_in, y_in) if r < runs else (X_out, y_out)
         perm_ss, seed_ss = np.random.SeedSequence(seed, spawn_key=(0x504C, r)).spawn(2)
         perm = np.random.default_rng(perm_ss).permutation(len(y))
         run_seed = int(seed_ss.generate_state(1, np.uint32)[0] >> 1)
-        yield (trainer, name, np.ascontiguousarray(X[perm]), y[perm].copy(), run_seed, spec, canary_pre, canary_y)
+        yield (trainer, name, np.ascontiguousarray(X[perm]), y[perm].copy(), run_seed, spec, canary_pre, canary_y,
+               scores, reference_size)  # fmt: skip
 
 
 def audit_training(
@@ -120,6 +171,7 @@ def audit_training(
     neighbouring: str | None = None,
     init: str = "random",
     allow_inconclusive: bool = True,
+    scores: tuple[str | Callable[..., float], ...] = ("margin",),
 ) -> TrainingAudit:
     """Multi-run audit of the recipe ``config`` (or of a plug-in ``trainer``): ``runs`` models with the
     canary, ``runs`` without.
@@ -146,6 +198,10 @@ def audit_training(
     the public aux split; see the module docstring for why the claim still covers it). Pair it with
     ``canary_kind="crafted"`` (:func:`dpaudit.canaries.craft_canaries`).
 
+    ``scores`` (plug-in trainers; see :data:`PLUGIN_SCORE_HELP`): every score is computed on every run and
+    audited at confidence 1 − α/k for k scores (Bonferroni), so all k bounds hold at once with probability
+    ≥ ``confidence`` and the strongest is reported (the others in ``TrainingAudit.audits``).
+
     ``allow_inconclusive=False`` (what ``dpaudit audit train`` does unless --allow-inconclusive): refuse,
     before training, a design that cannot refute the claim (:func:`require_refutable`).
 
@@ -168,6 +224,12 @@ def audit_training(
     if init == "adversarial" and (trainer is not None or threat_model != "black-box"):
         raise InputError("init 'adversarial' needs dpaudit's own trainer and the black-box threat model")
     name = None
+    scores = tuple(scores)
+    if not scores:
+        raise InputError("expected at least one score")
+    if scores != ("margin",) and trainer is None:
+        raise InputError("scores other than the canary's margin are for plug-in trainers (--trainer)")
+    _score_fns(scores)  # fail here, before any run, on a bad "module:function"
     if trainer is not None:
         from dpaudit.plugins import check_trainer, load_trainer, trainer_name
 
@@ -243,11 +305,19 @@ def audit_training(
         else:
             idx_out = members
             source = f"one {canary_kind} canary added or not (add/remove; black-box, final model)"
+    contract_note = None
     if trainer is not None:
+        from dpaudit.plugins import load_trainer, reference_size_note
+
         source += f"; trained by {name}"
+        X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
+        contract_note = reference_size_note(
+            load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out, data.y[idx_out].astype(np.int64),
+            int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
+        )  # fmt: skip
         jobs = _plugin_jobs(
             trainer, name, data, idx_in, idx_out, fit_preprocessing(data, pre_idx), spec, canary_x, canary_y, runs,
-            int(seed),
+            int(seed), scores,
         )  # fmt: skip
         work = _train_plugin_one
         claim: dict[str, Any] | None = {
@@ -266,22 +336,34 @@ def audit_training(
     if delta is None:
         delta = (claim or {}).get("delta", 1e-5)
     if not allow_inconclusive and claimed is not None:
-        require_refutable(claimed, runs, method=method, delta=delta, confidence=confidence)
+        level = 1.0 - (1.0 - confidence) / len(scores)  # each score's level (Bonferroni, see below)
+        require_refutable(claimed, runs, method=method, delta=delta, confidence=level)
     with progress.task(f"audit: train {2 * runs} models", 2 * runs) as advance:
-        scores = []
+        rows = []
         for s in Parallel(n_jobs=workers, return_as="generator")(delayed(work)(j) for j in jobs):
-            scores.append(s)
+            rows.append(s)
             advance(1)
-    scores = np.asarray(scores, dtype=np.float64)
     member = np.arange(2 * runs) < runs
-    result = audit_scores(
-        scores, member, method=method, design="multi-run", delta=delta, confidence=confidence,
-        claimed_epsilon=claimed, seed=seed,
-    )  # fmt: skip
-    record = AuditRecord("multi-run", f"{2 * runs} training runs ({runs} with, {runs} without) — {source}", result)
+    table = np.asarray(rows, dtype=np.float64).reshape(2 * runs, -1)  # one column per score
+    k = table.shape[1]
+    level = 1.0 - (1.0 - confidence) / k  # Bonferroni over the k scores: all bounds hold at once w.p. ≥ confidence
+    names = scores_names(scores)
+    records = []
+    for j in range(k):
+        result = audit_scores(
+            table[:, j], member, method=method, design="multi-run", delta=delta, confidence=level,
+            claimed_epsilon=claimed, seed=seed,
+        )  # fmt: skip
+        if contract_note is not None:
+            result = dataclasses.replace(result, notes=(*result.notes, contract_note))
+        what = f"; score {names[j]} ({j + 1} of {k}, Bonferroni)" if k > 1 else ""
+        records.append(
+            AuditRecord("multi-run", f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}", result)
+        )
+    best = max(range(len(records)), key=lambda j: records[j].result.epsilon_lower_bound)
     return TrainingAudit(
-        audit=record, threat_model=threat_model, runs=runs, claim=claim, neighbouring=relation, scores=scores,
-        member=member, trainer=name,
+        audit=records[best], threat_model=threat_model, runs=runs, claim=claim, neighbouring=relation,
+        scores=table[:, best].copy(), member=member, trainer=name, audits=tuple(records) if k > 1 else (),
     )  # fmt: skip
 
 

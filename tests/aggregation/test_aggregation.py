@@ -18,6 +18,7 @@ from dpaudit.aggregation import (
     data_independent_epsilon,
     log_q_gnmax,
     privacy_record,
+    private_diagnostics,
     rdp_gnmax_data_dependent,
     rdp_threshold_data_dependent,
     vote_histogram,
@@ -175,8 +176,11 @@ def test_data_dependent_below_data_independent_on_consensus():
         di = data_independent_epsilon(cfg, q, c, 1e-5)["epsilon"]
         assert dd < 0.5 * di
         rec = privacy_record(cfg, hist, answers, delta=1e-5, n_teachers=k)
-        assert rec["epsilon"] == di and rec["data_dependent"]["private"] is False
-        assert "NOT differentially private" in rec["data_dependent"]["note"]
+        assert rec["epsilon"] == di and rec["claim"] == "data-independent"
+        assert "data_dependent" not in rec and "sanitised" not in rec  # nothing from the votes in the claim
+        diag = private_diagnostics(cfg, hist, answers, delta=1e-5, n_teachers=k)
+        assert diag["private"] is False and "NOT differentially private" in diag["note"]
+        assert diag["data_dependent_epsilon"] == pytest.approx(dd)
     # No consensus (uniform votes): the data-dependent bound falls back to the data-independent one.
     flat = np.full((q, c), k // c)
     g = AggregatorConfig("gnmax", sigma=40.0)

@@ -41,7 +41,8 @@ def test_pate_run_records_claim_and_answers(tmp_path):
     assert np.load(tmp_path / "a" / "answers.npz")["answers"].shape == (40,)
     agg = a["training"]["aggregation"]
     assert a["training"]["algo"] == "pate" and agg["n_queries"] == 40 == agg["n_answered"]
-    assert a["privacy"]["neighbouring"] == "replace_one" and a["privacy"]["data_dependent"]["private"] is False
+    assert a["privacy"]["neighbouring"] == "replace_one" and a["privacy"]["claim"] == "data-independent"
+    assert "private_diagnostics" not in agg and "data_dependent" not in a["privacy"]  # kept out unless asked
     assert a["preprocessing"]["fitted_on"] == "aux"  # never the members: one record would touch every teacher
     from dpaudit.training.run import configs_from_meta
 

@@ -76,20 +76,71 @@ BOX = np.array([[0.0, 0.0], [5.0, 5.0]])
 def test_white_box_on_a_toy_model_with_a_known_trajectory():
     # Class 1 with bias 40: p = sigmoid(-40) ~ 4e-18, so 1 - p == 1.0 in float64: the cost is flat.
     # The rule must wait for the full window (not stop at i = 1) and return x_0.
-    t = MIFace(iterations=100, window=7, threshold=0.01, step=0.5).fit(BOX).invert(two_class_model(40.0), 1)
+    seed_alg = dict(variant="mi-face", restarts=1)  # the published Algorithm 1 from x_0 = PROCESS(0)
+    t = MIFace(iterations=100, window=7, threshold=0.01, step=0.5, **seed_alg).fit(BOX).invert(two_class_model(40.0), 1)
     assert (t.stop_reason, t.n_iterations, t.best_iteration) == ("no-improvement", 7, 0)
     # Bias 3: gradient ascent on p reaches p >= 0.99 (x_0 + x_1 >= 3 + log 99 ~ 7.6) inside the box.
-    t = MIFace(iterations=2000, window=50, threshold=0.01, step=5.0).fit(BOX).invert(two_class_model(3.0), 1)
+    t = (
+        MIFace(iterations=2000, window=50, threshold=0.01, step=5.0, **seed_alg)
+        .fit(BOX)
+        .invert(two_class_model(3.0), 1)
+    )
     assert t.stop_reason == "threshold" and t.cost <= 0.01
     assert float(t.x.sum()) >= 3 + np.log(99) - 1e-9
     assert np.all(np.diff(t.costs) <= 0)  # ascending a sigmoid of a linear function: monotone
+
+
+BIG_BOX = np.array([[0.0, 0.0], [30.0, 30.0]])
+
+
+@pytest.mark.parametrize("black_box", [False, True])
+def test_default_variant_inverts_a_confident_model_where_the_seed_algorithm_stalls(black_box):
+    # Bias 40: f_1(x_0) = sigmoid(-40) ~ 4e-18, so 1 - f_1 is flat in float64 and its gradient ~0: the published
+    # cost never moves. -log f_1 has gradient ~ -1 per coordinate whatever f_1 is, and reaches f_1 >= 0.99
+    # (x_0 + x_1 >= 40 + log 99 ~ 44.6) inside the box; the stopping rule and the reported cost are MI-FACE's.
+    kw = dict(
+        iterations=400, window=20, threshold=0.01, step=1.0, restarts=1, black_box=black_box, directions=8, seed=0
+    )
+    model = two_class_model(40.0)
+    target = QueryCounter(as_black_box(model)) if black_box else model
+    stalled = MIFace(variant="mi-face", **kw).fit(BIG_BOX).invert(target, 1)
+    assert stalled.stop_reason == "no-improvement" and stalled.cost == 1.0 and stalled.best_iteration == 0
+    for variant in ("log-softmax", "margin"):
+        t = MIFace(variant=variant, **kw).fit(BIG_BOX).invert(target, 1)
+        assert t.stop_reason == "threshold" and t.cost <= 0.01
+        p1 = float(model(torch.as_tensor(t.x)[None])[0, 1])
+        assert t.cost == pytest.approx(1.0 - p1, abs=1e-12)  # reported in MI-FACE's terms, not -log f_1
+        assert float(t.x.sum()) >= 40 + np.log(99) - 1e-6
+        if variant == "log-softmax":
+            assert t.objective == pytest.approx(-np.log(p1), rel=1e-9)
+
+
+def test_restarts_start_at_process_zero_then_in_the_box_and_return_the_best():
+    attack = MIFace(restarts=5, seed=3).fit(BIG_BOX)
+    starts = attack.starts()
+    assert len(starts) == 5 and np.array_equal(starts[0], np.zeros(2))
+    assert all(np.all((s >= 0) & (s <= 30)) for s in starts)
+    assert all(
+        np.array_equal(a, b) for a, b in zip(starts, MIFace(restarts=5, seed=3).fit(BIG_BOX).starts(), strict=True)
+    )
+    # Bias 55 and few steps: no start reaches the threshold, so the best is the one that started highest.
+    t = MIFace(iterations=3, window=50, step=0.5, restarts=5, seed=3).fit(BIG_BOX).invert(two_class_model(55.0), 1)
+    singles = [MIFace(iterations=3, window=50, step=0.5).fit(BIG_BOX) for _ in starts]
+    costs = [mi_face_from(a, s) for a, s in zip(singles, starts, strict=True)]
+    assert t.cost == pytest.approx(min(costs), rel=1e-12)
+
+
+def mi_face_from(attack, x0):
+    """The cost MIFace reaches from one given start (the oracle for the restart choice)."""
+    attack.starts = lambda: [x0]
+    return attack.invert(two_class_model(55.0), 1).cost
 
 
 @pytest.mark.parametrize(("budget", "directions"), [(1, 3), (50, 3), (101, 5), (1000, 2)])
 def test_black_box_query_counter_is_exact(budget, directions):
     counter = QueryCounter(as_black_box(two_class_model(40.0)))
     attack = MIFace(iterations=10**6, window=10**6, threshold=-1.0, black_box=True, budget=budget,
-                    directions=directions, seed=0)  # fmt: skip
+                    directions=directions, restarts=1, seed=0)  # fmt: skip
     t = attack.fit(BOX).invert(counter, 1)
     per_step = 2 * directions + 1
     assert t.stop_reason == "budget"
@@ -212,7 +263,7 @@ def test_cli_inversion_json_and_png(digits_run_dir, tmp_path):
 
 def test_cli_black_box_counts_queries(digits_run_dir):
     res = cli("attack", "inversion", "-c", str(digits_run_dir), "--classes", "3", "--black-box", "--budget", "205",
-              "--directions", "10", "--json")  # fmt: skip
+              "--directions", "10", "--restarts", "1", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     c = json.loads(res.stdout)["per_class"][0]
     assert c["queries"] == 1 + 21 * c["iterations"] <= 205
@@ -232,3 +283,26 @@ def test_cli_bad_input_exits_2(digits_run_dir, args, message):
     res = cli("attack", "inversion", "-c", str(digits_run_dir), *args)
     assert res.exit_code == 2
     assert message in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.slow  # trains two digits models for 30 epochs
+@pytest.mark.parametrize("kind", ["logreg", "mlp"])
+def test_defaults_identify_classes_of_confidently_trained_models(tmp_path, kind):
+    """Issue 28's acceptance: `--algo adam --epochs 30` (confident) models, attack defaults: identification
+    >= 0.5 (chance 0.1); the published variant stays well below that on the same models."""
+    from dpaudit.checkpoint import load_run
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import NONPRIVATE_RECIPE, TrainConfig
+    from dpaudit.training.run import train_run
+
+    ds = load_dataset("digits")
+    spec = default_spec(kind, input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    r = NONPRIVATE_RECIPE
+    config = TrainConfig(algo="adam", epochs=30, batch_size=r.batch_size, lr=r.lr, seed=0)
+    train_run(ds, spec, config, out=tmp_path / "run")
+    run = load_run(tmp_path / "run")
+    d = run_inversion(run, seed=0).to_dict()
+    assert d["params"]["variant"] == "log-softmax" and d["identification_accuracy"] >= 0.5
+    seed_alg = run_inversion(run, attack=MIFace(variant="mi-face", restarts=1, seed=0), seed=0).to_dict()
+    assert seed_alg["identification_accuracy"] <= 0.3

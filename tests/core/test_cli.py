@@ -120,7 +120,7 @@ def test_console_script_subprocess(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: unknown dataset 'nope'; valid: digits, breast-cancer, wine, "
-        "synthetic:n=..,d=..,classes=.., synthetic-tokens:..., PATH.csv, PATH.npz"
+        "synthetic:n=..,d=..,classes=.., synthetic-tokens:..., PATH.csv, PATH.npz, DIR (X.npy, y.npy)"
     ]
     import shutil
 

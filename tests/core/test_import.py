@@ -462,7 +462,8 @@ def test_model_spec_doc_examples_are_right():
         d = json.loads(body)
         if "kind" in d:
             spec = model_spec_from_dict(d)
-            assert spec.to_dict() == d
+            # a python spec adds the hash of its factory's source file, which the doc cannot pin
+            assert {k: v for k, v in spec.to_dict().items() if k != "source_sha256"} == d
             kinds.append(spec.kind)
             lang_next, params = blocks[i + 1]
             expected = [f"{k} {list(v.shape)}" for k, v in build_model(spec).state_dict().items()]

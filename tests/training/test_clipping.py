@@ -9,12 +9,11 @@ from torch import nn
 from dpaudit.errors import InputError
 from dpaudit.models import build_model, default_spec
 from dpaudit.training.clipping import (
+    AutoClipper,
     GhostClipper,
     clip_factors,
     clipped_gradient_sum,
-    ghost_plan,
     make_clipper,
-    resolve_method,
 )
 
 RTOL = 1e-5  # float64 throughout: the methods differ only by rounding (observed ~1e-15)
@@ -92,11 +91,24 @@ def test_zoo_matches_oracle(zoo_cases, kind, options, method):
     assert_matches_oracle(model, x, y, method, per_example)
 
 
+def chosen(model, x, y, method: str = "auto") -> dict:
+    """What ``method`` chose for the model on the batch (x, y): ``describe()`` after one call."""
+    clipper = make_clipper(model, method)
+    clipper(x, y, 1.0)
+    return clipper.describe()
+
+
+def vmapped(desc: dict) -> list[str]:
+    """The layers a ghost plan handed to a vmap."""
+    return [k for k, v in desc["layers"].items() if v.startswith("vmap")]
+
+
 def test_auto_picks_ghost_for_the_whole_zoo():
     for kind in ("logreg", "mlp", "cnn", "rnn"):
-        model = _batch(kind, n=2)[0]
-        assert resolve_method(model, "auto") == "ghost"
-        assert not ghost_plan(model).fallback
+        model, x, y = _batch(kind, n=4)
+        desc = chosen(model, x, y)
+        assert desc["method"] == "ghost" and desc["requested"] == "auto"
+        assert not vmapped(desc), desc
 
 
 def test_clip_factor_formula():
@@ -189,11 +201,10 @@ def test_unsupported_parameters_fall_back_to_vmap_with_exact_norms():
         Scaled(48),
         nn.Linear(48, 3),
     ).double()
-    plan = ghost_plan(model)
-    assert plan.fallback == ("5.scale",)
-    assert resolve_method(model, "auto") == "vmap"
     x = torch.randn(8, 1, 8, 8, dtype=torch.float64)
     y = torch.randint(0, 3, (8,))
+    desc = chosen(model, x, y)
+    assert desc["method"] == "ghost" and vmapped(desc) == ["5"]  # a vmap over the Scaled module alone
     assert_matches_oracle(model, x, y, "ghost")
     assert_matches_oracle(model, x, y, "auto")
 
@@ -205,9 +216,11 @@ def test_shared_parameters_fall_back():
     tied = nn.Linear(5, 5)
     tied.weight = a.weight  # the same parameter in two modules
     model = nn.Sequential(a, nn.Tanh(), tied, nn.Tanh(), b).double()
-    assert set(ghost_plan(model).fallback) == {"0.weight", "0.bias", "2.bias"}
     x = torch.randn(8, 5, dtype=torch.float64)
     y = torch.randint(0, 3, (8,))
+    desc = chosen(model, x, y, "ghost")
+    assert desc["layers"]["0.weight"].startswith("instantiate, summed over its uses (tied: 0, 2)")
+    assert not vmapped(desc)
     assert_matches_oracle(model, x, y, "ghost")
 
 
@@ -230,20 +243,22 @@ class OutsideForward(nn.Module):
         return self.lin(x) + torch.nn.functional.linear(x, self.lin.weight)
 
 
-def test_ghost_self_check_refuses_what_hooks_cannot_see():
+def test_ghost_check_reroutes_what_hooks_cannot_see():
     model = OutsideForward().double()
     x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
-    with pytest.raises(InputError, match="--clipping vmap"):
-        clipped_gradient_sum(model, x, y, 1.0, method="ghost")
-    assert_matches_oracle(model, x, y, "vmap")
-    assert_matches_oracle(model, x, y, "auto")  # auto notices and switches to vmap
+    desc = chosen(model, x, y, "ghost")
+    # lin.weight is also used outside lin's forward: the check moves it to a vmap over the model;
+    # lin.bias stays on the ghost path.
+    assert desc["layers"]["(model)"] == "vmap over the model: lin.weight" and desc["layers"]["lin"] == "bias only"
+    for method in ("ghost", "vmap", "auto"):
+        assert_matches_oracle(model, x, y, method)
 
 
-def test_inplace_modules_disable_ghost():
+def test_inplace_modules_keep_ghost_exact():
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 3)).double()
-    assert resolve_method(model, "auto") == "vmap"
     x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
-    assert_matches_oracle(model, x, y, "ghost")  # everything falls back, still exact
+    assert not vmapped(chosen(model, x, y, "ghost"))  # outputs handed on as copies: still ghost
+    assert_matches_oracle(model, x, y, "ghost")
 
 
 def test_batchnorm_is_refused_with_a_reason():
@@ -266,12 +281,15 @@ def test_float32_and_empty_batch(method):
     assert empty.norms.shape == (0,) and all(not g.any() for g in empty.grads)
 
 
-def test_ghost_clipper_skips_the_self_check_after_the_first_call():
+def test_auto_decides_once_on_the_first_call():
     model, x, y = _batch("mlp")
     c = make_clipper(model, "auto")
-    assert isinstance(c, GhostClipper) and not c._checked
+    assert isinstance(c, AutoClipper) and c.chosen_ is None
     c(x, y, 1.0)
-    assert c._checked
+    assert isinstance(c.chosen_, GhostClipper) and c.chosen_.plan_ is not None
+    plan = c.chosen_.plan_
+    c(x, y, 1.0)
+    assert c.chosen_.plan_ is plan
 
 
 def test_bad_clip_and_method():

@@ -156,5 +156,7 @@ def test_bad_input_is_an_input_error():
 
     model = build_model(default_spec("logreg", input_shape=(2,), n_classes=3))
     trainer = get_trainer("dpagd")(TrainConfig(algo="dpagd", dp=DPConfig(target_epsilon=1.0)))
-    with pytest.raises(InputError, match="binary"):
-        trainer.fit(model, torch.zeros(6, 2), torch.tensor([0, 1, 2, 0, 1, 2]))
+    # three classes: one-vs-rest, three runs at rho/3 each (issue 28), the claim their sum
+    out = trainer.fit(model, torch.zeros(6, 2), torch.tensor([0, 1, 2, 0, 1, 2]))
+    assert out.privacy["classifiers"] == 3 and out.privacy["epsilon"] <= 1.0 * (1 + 1e-12)
+    assert out.privacy["rho_per_classifier"] == pytest.approx(out.privacy["rho_budget"] / 3, rel=1e-12)

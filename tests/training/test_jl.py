@@ -364,14 +364,18 @@ def test_epsilon_target_calibrates_sigma_for_the_jl_event(monkeypatch):
 
     seen = {}
 
-    def fake(*, target_epsilon, delta, make_event, accountant, neighbouring):
-        seen.update(event=make_event(1.5), accountant=accountant, target=target_epsilon)
+    def fake(*, target_epsilon, delta, make_event, accountant, neighbouring, **options):
+        seen.update(event=make_event(1.5), accountant=accountant, target=target_epsilon, options=options)
         return 3.0
 
     monkeypatch.setattr(dpsgd, "calibrate_noise_multiplier", fake)
     setting = DPSGDJLTrainer(config(r=8, noise_multiplier=None, target_epsilon=8.0)).setting_for(40)
     assert seen["event"] == dpsgd_event(noise_multiplier=1.5, sample_rate=0.2, steps=3, jl_projections=8)
     assert seen["accountant"] == "pld" and seen["target"] == 8.0
+    # issue 28: the fast formal lower bound lets an unreachable target be refused at once
+    from dpaudit.accounting.jl import epsilon_lower_bound
+
+    assert seen["options"]["lower_bound"](1.5) == epsilon_lower_bound(1.5, 8, 0.2, 3, 1e-5)
     assert setting.noise_multiplier == 3.0 and setting.event() == dpsgd_event(
         noise_multiplier=3.0, sample_rate=0.2, steps=3, jl_projections=8
     )

@@ -1,0 +1,460 @@
+"""PATE's data-dependent privacy analysis and its smooth-sensitivity sanitiser (numpy/scipy only).
+
+Data-dependent RDP (a function of the private vote histograms):
+
+* GNMax: Papernot et al. 2018, "Scalable Private Learning with PATE" (arXiv:1802.08908), Prop. 7
+  (q bound), Thm. 6 with Prop. 10 (RDP given q), Prop. 8 (data-independent alpha / sigma^2).
+* Confident-GNMax's threshold check: the same Thm. 6 for a sensitivity-1 Gaussian (ibid. Sec. 4.2).
+* LNMax: Papernot et al. 2017, "Semi-supervised Knowledge Transfer ..." (arXiv:1610.05755), Lemma 4
+  (q bound for Laplace noisy max) and Thm. 3 (RDP of a pure-eps mechanism that is likely to output
+  its mode), with the Bun & Steinke 2016 (arXiv:1605.02065, Prop. 1.4) bound eps^2 alpha / 2 and the
+  pure-DP bound eps.
+
+Because these values depend on the votes, publishing them leaks; Papernot et al. 2018 (Sec. 4.3 and
+App. C) release them through smooth sensitivity (Nissim, Raskhodnikova & Smith 2007):
+
+1. At a fixed Renyi order lambda, the total data-dependent RDP is eps_lambda(D) = sum over queries.
+2. Its local sensitivity at distance d (d teachers' votes changed) is bounded per query: GNMax by
+   App. C, Alg. 3 (Prop. 13) walked over histograms at distance d (Algs. 4-5); the threshold check by
+   the largest change of its RDP when max_j n_j moves by one, within d of the current max.
+3. The smooth sensitivity SS_beta(D) = max_d e^(-beta d) A(d), A(d) = sum over queries of the
+   per-query bound at distance <= d (NRS07, Def. 2.1 and Lemma 2.3: beta-smooth upper bounds).
+4. GNSS: eps_lambda(D) + SS_beta(D) sigma_s N(0, 1) is released; it is (lambda, c(beta, sigma_s,
+   lambda))-RDP with c = lambda e^(2 beta) / sigma_s^2 + (-log(1 - 2 lambda beta)/2 + beta lambda)/(lambda - 1)
+   for 1 < lambda < 1/(2 beta) (Papernot et al. 2018, App. C, Thm. 23).
+
+The paper publishes the GNSS value itself; a value drawn around eps_lambda(D) is below it half of the
+time. :func:`sanitised_claim` turns it into a claim that is not below eps_lambda(D) except with
+probability delta/2 (our addition, stated where it is made): log SS_beta(D) has sensitivity beta
+(beta-smoothness, NRS07 Def. 2.1), so it is released with a Gaussian mechanism first, and the GNSS
+value is raised by a margin from that released bound. Every release is charged in the claim.
+
+Sources of the reference values in the tests: the authors' code (tensorflow/privacy,
+research/pate_2018, ``smooth_sensitivity_test.py``) published local-sensitivity arrays for fixed vote
+histograms; this module is written from the paper and reproduces them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy import optimize, special, stats
+
+from dpaudit.errors import InputError
+from dpaudit.validation import check_in_interval, check_positive
+
+__all__ = [
+    "SanitiserConfig",
+    "gnss_rdp",
+    "local_sensitivity_gnmax",
+    "local_sensitivity_threshold",
+    "log_q_gnmax",
+    "log_q_lnmax",
+    "rdp_gnmax_data_dependent",
+    "rdp_lnmax_data_dependent",
+    "rdp_threshold_data_dependent",
+    "sanitised_claim",
+    "smooth_sensitivity",
+]
+
+
+# ----------------------------------------------------------------------------- per-query data-dependent RDP
+
+
+def log1mexp(x: np.ndarray | float) -> np.ndarray:
+    """log(1 - e^x) for x <= 0, accurate near 0 and for very negative x (Maechler 2012)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
+
+
+def _hist(hist: np.ndarray) -> np.ndarray:
+    h = np.asarray(hist, dtype=np.float64)
+    if h.ndim == 1:
+        h = h[None, :]
+    if h.ndim != 2 or h.shape[1] < 2:
+        raise InputError(f"expected a (queries, classes >= 2) vote histogram, got shape {h.shape}")
+    return h
+
+
+def log_q_gnmax(hist: np.ndarray, sigma: float) -> np.ndarray:
+    """Upper bound on log Pr[GNMax(n) != argmax n] per row (Papernot et al. 2018, Prop. 7):
+    q <= sum_{i != i*} Pr[n_i + N(0, s^2) >= n_i* + N(0, s^2)] = sum_{i != i*} (1/2) erfc((n_i* - n_i) / (2 s)),
+    capped at 1 - 1/C (the paper's footnote: a useful bound must be below that). Log-space (logsf) so that
+    consensus histograms give q far below float64's smallest normal number without underflow."""
+    h = _hist(hist)
+    top = h.argmax(1)
+    gap = h[np.arange(len(h)), top][:, None] - h  # n_i* - n_i >= 0
+    # Pr[N(0, 2 s^2) >= gap] as a log: the difference of two independent N(0, s^2) has variance 2 s^2.
+    logp = stats.norm.logsf(gap, scale=math.sqrt(2.0) * sigma)
+    logp[np.arange(len(h)), top] = -np.inf
+    logq = special.logsumexp(logp, axis=1)
+    return np.minimum(logq, math.log1p(-1.0 / h.shape[1]))
+
+
+def log_q_lnmax(hist: np.ndarray, b: float) -> np.ndarray:
+    """Upper bound on log Pr[LNMax(n) != argmax n] per row with Laplace(b) noise (Papernot et al. 2017,
+    Lemma 4): Pr[n_i + Lap(b) >= n_i* + Lap(b)] = (2 + g/b) / 4 e^(-g/b), g = n_i* - n_i; union bound over
+    i != i*, capped at 1 - 1/C."""
+    h = _hist(hist)
+    top = h.argmax(1)
+    g = (h[np.arange(len(h)), top][:, None] - h) / b
+    logp = np.log(2.0 + g) - math.log(4.0) - g
+    logp[np.arange(len(h)), top] = -np.inf
+    return np.minimum(special.logsumexp(logp, axis=1), math.log1p(-1.0 / h.shape[1]))
+
+
+def rdp_gnmax_data_dependent(log_q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """Data-dependent RDP of one GNMax answer at orders ``orders`` given log q (an upper bound on
+    Pr[output != i*] at the private dataset), never above the data-independent alpha / sigma^2.
+
+    Papernot et al. 2018 (arXiv:1802.08908), Thm. 6 with Prop. 10: take mu2 = sigma sqrt(log(1/q)),
+    mu1 = mu2 + 1, eps_i = mu_i / sigma^2. Where lambda <= mu1, mu2 > 1, q e^{eps2} < 1 and
+    q <= e^{(mu2 - 1) eps2} / (mu1/(mu1 - 1) * mu2/(mu2 - 1))^{mu2},
+        eps(lambda) <= 1/(lambda - 1) log((1 - q) A^{lambda - 1} + q B^{lambda - 1}),
+        A = (1 - q) / (1 - (q e^{eps2})^{(mu2 - 1)/mu2}),  B = e^{eps1} / q^{1/(mu1 - 1)}.
+    Everything is evaluated in log space (q may be 1e-300)."""
+    orders = np.asarray(orders, dtype=np.float64)
+    base = orders / sigma**2  # Prop. 8, data-independent
+    logq = min(0.0, float(log_q))
+    if math.isinf(logq):  # the output is certain: 0-RDP
+        return np.zeros_like(orders)
+    mu2 = sigma * math.sqrt(-logq)
+    mu1 = mu2 + 1.0
+    if mu2 <= 1.0:
+        return base
+    eps2 = mu2 / sigma**2
+    log_cond = (mu2 - 1.0) * eps2 - mu2 * (math.log(mu1 / (mu1 - 1.0)) + math.log(mu2 / (mu2 - 1.0)))
+    if not (logq <= log_cond and -logq > eps2):
+        return base
+    dd = _thm6(logq, sigma, orders)
+    return np.where(orders <= mu1, np.minimum(base, dd), base)
+
+
+def _thm6(logq: float, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """The bound of Thm. 6 with Prop. 10's mu1, mu2 (no validity checks: the callers make them)."""
+    mu2 = sigma * math.sqrt(-logq)
+    mu1 = mu2 + 1.0
+    eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
+    log1q = float(log1mexp(logq))
+    log_a = log1q - float(log1mexp((logq + eps2) * (1.0 - 1.0 / mu2)))  # log A
+    log_b = eps1 - logq / (mu1 - 1.0)  # log B
+    lam1 = np.asarray(orders, dtype=np.float64) - 1.0
+    return np.logaddexp(log1q + lam1 * log_a, logq + lam1 * log_b) / lam1
+
+
+def rdp_threshold_data_dependent(max_count: float, threshold: float, sigma1: float, orders: np.ndarray) -> np.ndarray:
+    """Data-dependent RDP of Confident-GNMax's threshold check on one query.
+
+    The check releases one bit, 1[max_j n_j + N(0, sigma1^2) >= T]; it is (lambda, lambda / (2 sigma1^2))-RDP
+    (sensitivity 1), i.e. the curve of GNMax with sigma = sqrt(2) sigma1, and the less likely of its two
+    outcomes has probability q = min(p, 1 - p), p = Pr[N(0, sigma1^2) >= T - max n]; Thm. 6 applies with
+    that q (Papernot et al. 2018, Sec. 4.2 and App. B; the authors' pate_2018 analysis does the same)."""
+    logp = float(stats.norm.logsf(threshold - max_count, scale=sigma1))
+    logq = min(logp, float(log1mexp(logp)))
+    return rdp_gnmax_data_dependent(logq, math.sqrt(2.0) * sigma1, orders)
+
+
+def rdp_lnmax_data_dependent(log_q: float, pure_eps: float, orders: np.ndarray) -> np.ndarray:
+    """Data-dependent RDP of one LNMax answer, an eps-DP mechanism (eps = 2/b) whose output differs from
+    the mode with probability at most q: the minimum of eps^2 lambda / 2 (Bun & Steinke 2016, Prop. 1.4),
+    eps (pure DP) and, when q <= 1/(e^eps + 1), Papernot et al. 2017 (arXiv:1610.05755), Thm. 3:
+        (1/(lambda - 1)) log((1 - q) ((1 - q)/(1 - e^eps q))^(lambda - 1) + q e^(eps (lambda - 1)))."""
+    orders = np.asarray(orders, dtype=np.float64)
+    out = np.minimum(0.5 * pure_eps**2 * orders, pure_eps)
+    logq = min(0.0, float(log_q))
+    if math.isinf(logq):
+        return np.zeros_like(orders)
+    if logq <= -math.log1p(math.exp(pure_eps)):
+        log1q = float(log1mexp(logq))
+        lam1 = orders - 1.0
+        t1 = log1q + (log1q - float(log1mexp(pure_eps + logq))) * lam1
+        t2 = logq + pure_eps * lam1
+        out = np.minimum(out, np.logaddexp(t1, t2) / lam1)
+    return out
+
+
+# ----------------------------------------------------------------------------- GNMax: q0, q1, local sensitivity
+
+
+def _rdp_di(sigma: float, order: float) -> float:
+    return order / sigma**2  # Papernot et al. 2018, Prop. 8
+
+
+def _valid(logq: float, sigma: float, order: float) -> bool:
+    """Thm. 6's conditions at Prop. 10's mu1, mu2, and lambda <= mu1."""
+    mu2 = sigma * math.sqrt(-logq)
+    mu1 = mu2 + 1.0
+    if mu1 < order or mu2 <= 1.0:
+        return False
+    eps2 = mu2 / sigma**2
+    return logq <= (mu2 - 1.0) * eps2 - mu2 * math.log(mu1 / (mu1 - 1.0) * mu2 / (mu2 - 1.0))
+
+
+@lru_cache(maxsize=256)
+def log_q0(sigma: float, order: float) -> float:
+    """log q0: below q0 the data-dependent bound of Thm. 6 is used, above it the data-independent one
+    (Papernot et al. 2018, App. C: beta(q) is then non-decreasing, condition C5). The root in log q of
+    Thm. 6 minus Prop. 8, bracketed below the natural upper bound min(-(1 + 1/s)^2, -((lambda - .99)/s)^2,
+    -1/s^2), where Prop. 10's mu1 >= lambda and mu2 > 1 hold."""
+    ub = min(-((1.0 + 1.0 / sigma) ** 2), -(((order - 0.99) / sigma) ** 2), -1.0 / sigma**2)
+
+    def diff(logq: float) -> float:
+        return float(_thm6(logq, sigma, np.array([order]))[0]) - _rdp_di(sigma, order)
+
+    if diff(ub) < 0:
+        return ub
+    lb = 2.0 * ub
+    while diff(lb) > 0:
+        lb *= 1.5
+        if lb < -1e6:
+            raise InputError(f"no data-dependent regime for GNMax at sigma {sigma:g}, order {order:g}")
+    root = float(optimize.brentq(diff, lb, ub, xtol=1e-12))
+    if not _valid(root, sigma, order):  # pragma: no cover - the bracket keeps mu1 >= lambda
+        raise InputError(f"Thm. 6 does not apply at q0 for sigma {sigma:g}, order {order:g}")
+    return root
+
+
+def _beta_gnmax(logq: float, sigma: float, order: float) -> float:
+    """beta(q): Thm. 6 below q0, Prop. 8 above (the function whose sensitivity App. C bounds)."""
+    if math.isinf(logq) and logq < 0:
+        return 0.0
+    if logq >= log_q0(sigma, order):
+        return _rdp_di(sigma, order)
+    return float(_thm6(logq, sigma, np.array([order]))[0])
+
+
+def _bl(q: float, sigma: float, m: int) -> float:
+    """Smallest q at a histogram one vote away (App. C, Prop. 12): (m-1)/2 erfc(1/s + erfcinv(2q/(m-1)))."""
+    return (m - 1) / 2.0 * float(special.erfc(1.0 / sigma + special.erfcinv(2.0 * q / (m - 1))))
+
+
+def _bu(q: float, sigma: float, m: int) -> float:
+    """Largest q at a histogram one vote away (App. C, Prop. 12), capped at 1."""
+    return min(1.0, (m - 1) / 2.0 * float(special.erfc(-1.0 / sigma + special.erfcinv(2.0 * q / (m - 1)))))
+
+
+def _ls_at(logq: float, sigma: float, m: int, order: float) -> float:
+    """Local sensitivity of beta at a histogram with bound q (App. C, Alg. 3, Prop. 13): the larger of
+    beta(bu(q)) - beta(q) and beta(q) - beta(bl(q)); on [q1, q0], q1 = bl(q0), q is replaced by q1."""
+    lq0 = log_q0(sigma, order)
+    lq1 = math.log(_bl(math.exp(lq0), sigma, m))
+    if lq1 <= logq <= lq0:
+        logq = lq1
+    q = math.exp(logq)
+    b = _beta_gnmax(logq, sigma, order)
+    up = _beta_gnmax(math.log(_bu(q, sigma, m)), sigma, order)
+    lo_q = _bl(q, sigma, m)
+    lo = _beta_gnmax(math.log(lo_q) if lo_q > 0 else -math.inf, sigma, order)
+    return max(up - b, b - lo)
+
+
+def local_sensitivity_gnmax(votes: np.ndarray, n_teachers: int, sigma: float, order: float) -> np.ndarray:
+    """Bounds on the local sensitivity of one GNMax query's beta at distance d = 0 .. K - 1 (App. C,
+    Algs. 4-5): histograms d votes away are walked towards q1..q0, the plateau where the sensitivity is
+    largest (moving a vote from the top class to the runner-up raises q; the other way lowers it). Past the
+    walk every entry is the plateau value."""
+    v = np.sort(np.asarray(votes, dtype=np.float64))[::-1].copy()
+    m = len(v)
+    lq0 = log_q0(sigma, order)
+    lq1 = math.log(_bl(math.exp(lq0), sigma, m))
+    plateau = _ls_at(lq1, sigma, m, order)
+    out = np.full(n_teachers, plateau)
+    logq = float(log_q_gnmax(v, sigma)[0])
+    if lq1 <= logq <= lq0:
+        return out
+    out[0] = _ls_at(logq, sigma, m, order)
+    left = logq > lq0  # q above q0: widen the gap (q falls); below q1: narrow it (q rises)
+    d = 0
+    while d + 1 < n_teachers and ((left and logq > lq0 and v[1] > 0) or (not left and logq < lq1)):
+        d += 1
+        if left:
+            v[0] += 1.0
+            v[1] -= 1.0
+            v[1:] = np.sort(v[1:])[::-1]
+        else:
+            v[0] -= 1.0
+            v[1] += 1.0
+        logq = float(log_q_gnmax(v, sigma)[0])
+        out[d] = _ls_at(logq, sigma, m, order)
+    return out
+
+
+def local_sensitivity_threshold(
+    max_count: float, n_teachers: int, threshold: float, sigma1: float, order: float
+) -> np.ndarray:
+    """Bounds on the local sensitivity of the threshold check's RDP at distance d = 0 .. K - 1: its RDP
+    depends on max_j n_j only, which one changed teacher moves by at most 1, so at distance d it is the
+    largest change between neighbouring counts v, v +- 1 with v = max n +- d (App. C, threshold case)."""
+    k = int(n_teachers)
+    rdp = np.array(
+        [float(rdp_threshold_data_dependent(v, threshold, sigma1, np.array([order]))[0]) for v in range(k + 1)]
+    )
+
+    def ls(v: int) -> float:
+        down = abs(rdp[v - 1] - rdp[v]) if v > 0 else -math.inf
+        up = abs(rdp[v + 1] - rdp[v]) if v < k else -math.inf
+        return max(down, up)
+
+    cur = round(float(max_count))
+    out = np.zeros(k)
+    for d in range(min(k, max(cur, k - cur))):
+        a = ls(cur + d) if cur + d <= k else -math.inf
+        b = ls(cur - d) if cur - d >= 0 else -math.inf
+        out[d] = max(a, b)
+    return out
+
+
+def smooth_sensitivity(ls_at_distance: np.ndarray, beta: float) -> float:
+    """SS_beta = max_d e^(-beta d) A(d), A(d) = max_{d' <= d} LS(d') (NRS07, Def. 2.1 / Lemma 2.3)."""
+    a = np.maximum.accumulate(np.asarray(ls_at_distance, dtype=np.float64))
+    return float(np.max(a * np.exp(-beta * np.arange(len(a))))) if len(a) else 0.0
+
+
+def gnss_rdp(beta: float, sigma_s: float, order: float) -> float:
+    """RDP at ``order`` of releasing f(D) + SS_beta(D) sigma_s N(0, 1) (Papernot et al. 2018, App. C,
+    Thm. 23): lambda e^(2 beta)/sigma_s^2 + (-log(1 - 2 lambda beta)/2 + beta lambda)/(lambda - 1),
+    for 1 < lambda < 1/(2 beta)."""
+    if not 1.0 < order < 1.0 / (2.0 * beta):
+        raise InputError(f"GNSS needs 1 < order < 1/(2 beta) = {1 / (2 * beta):g}, got order {order:g}")
+    return order * math.exp(2.0 * beta) / sigma_s**2 + (-0.5 * math.log1p(-2.0 * order * beta) + beta * order) / (
+        order - 1.0
+    )
+
+
+# ----------------------------------------------------------------------------- the sanitised claim
+
+
+@dataclass(frozen=True)
+class SanitiserConfig:
+    """Public parameters of the sanitiser, fixed before the votes are seen.
+
+    ``order``: the Renyi order lambda (None: :func:`choose_order` picks it from public quantities only).
+    ``beta_factor``: beta = beta_factor / lambda (the authors search 0.3/lambda .. 0.495/lambda).
+    ``sigma_s``: the GNSS noise multiplier; ``tau``: the noise of the released log SS (sensitivity beta).
+    """
+
+    order: float | None = None
+    beta_factor: float = 0.4
+    sigma_s: float = 10.0
+    tau: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.order is not None and not self.order > 1.0:
+            raise InputError(f"expected order > 1, got {self.order}")
+        check_in_interval(0.0, 0.5, beta_factor=self.beta_factor)
+        check_positive(sigma_s=self.sigma_s)
+        check_positive(tau=self.tau)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ORDER_GRID = tuple(float(x) for x in (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 64, 80, 100))
+
+
+def per_query_rdp(kind: str, hist: np.ndarray, answered: np.ndarray, params: dict[str, float], order: float) -> float:
+    """Total data-dependent RDP at ``order`` of the answered queries (``kind``: gnmax, confident-gnmax,
+    lnmax); Confident-GNMax also pays its threshold check on every query."""
+    h = _hist(hist)
+    o = np.array([order])
+    total = 0.0
+    if kind == "confident-gnmax":
+        for mx in h.max(1):
+            total += float(rdp_threshold_data_dependent(float(mx), params["threshold"], params["sigma1"], o)[0])
+    rows = np.flatnonzero(answered) if kind == "confident-gnmax" else np.arange(len(h))
+    if kind == "lnmax":
+        for lq in log_q_lnmax(h[rows], params["sigma"]):
+            total += float(rdp_lnmax_data_dependent(float(lq), 2.0 / params["sigma"], o)[0])
+        return total
+    for lq in log_q_gnmax(h[rows], params["sigma"]):
+        total += _beta_gnmax(float(lq), params["sigma"], order)
+    return total
+
+
+def choose_order(kind: str, n_queries: int, n_answered: int, n_classes: int, n_teachers: int,
+                 params: dict[str, float], config: SanitiserConfig, delta: float) -> float:  # fmt: skip
+    """The order from public quantities only: the lambda of :data:`ORDER_GRID` minimising the claim of a
+    run whose answered queries were all unanimous (the best case the sanitiser can certify), i.e. the
+    data-dependent cost of unanimous histograms plus the sanitiser's own costs plus log(2/delta)/(lambda - 1)."""
+    unanimous = np.zeros((n_queries, n_classes))
+    unanimous[:, 0] = n_teachers
+    answered = np.zeros(n_queries, dtype=bool)
+    answered[:n_answered] = True
+    best, best_val = None, math.inf
+    for order in ORDER_GRID:
+        beta = config.beta_factor / order
+        val = per_query_rdp(kind, unanimous, answered, params, order) + gnss_rdp(beta, config.sigma_s, order)
+        val += order * beta**2 / (2.0 * config.tau**2) + math.log(2.0 / delta) / (order - 1.0)
+        if val < best_val:
+            best, best_val = order, val
+    return float(best)
+
+
+def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teachers: int, params: dict[str, float],
+                    delta: float, config: SanitiserConfig, rng: np.random.Generator) -> dict[str, Any]:  # fmt: skip
+    """A sanitised data-dependent (epsilon, delta) claim for GNMax or Confident-GNMax answers.
+
+    Releases (all charged at the order lambda, composed adaptively in RDP):
+      1. log S~ = log SS_beta(D) + N(0, tau^2): sensitivity beta (SS_beta is beta-smooth), so
+         (lambda, lambda beta^2 / (2 tau^2))-RDP (Gaussian mechanism, Mironov 2017, Prop. 7);
+      2. E~ = eps_lambda(D) + SS_beta(D) sigma_s N(0, 1): GNSS, :func:`gnss_rdp` (Thm. 23).
+    With z = Phi^-1(1 - delta/4): S^ = S~ e^(beta tau z) >= SS_beta(D) except with probability delta/4, and
+    SS_beta(D) sigma_s N(0, 1) >= -z sigma_s SS_beta(D) except with probability delta/4, so
+        U = E~ + z sigma_s S^ >= eps_lambda(D)  except with probability delta/2 (union bound).
+    The claim: epsilon = U + (the two releases' RDP) + log(2/delta)/(lambda - 1) (RDP conversion at delta/2,
+    Mironov 2017, Prop. 3), delta = delta/2 + delta/2. Returns the public record and, apart, the private
+    values (raw eps_lambda(D), SS) for ``--keep-private-diagnostics``.
+    """
+    if kind not in ("gnmax", "confident-gnmax"):
+        raise InputError(f"the smooth-sensitivity sanitiser covers gnmax and confident-gnmax, not {kind}")
+    delta = check_in_interval(0.0, 1.0, delta=delta)
+    h = _hist(hist)
+    answered = np.asarray(answered, dtype=bool)
+    n_q, m = h.shape
+    order = config.order
+    if order is None:
+        order = choose_order(kind, n_q, int(answered.sum()), m, n_teachers, params, config, delta)
+    beta = config.beta_factor / order
+    raw = per_query_rdp(kind, h, answered, params, order)
+    # A(d) summed over queries; identical histograms (sorted, as the bounds depend on nothing else) once each.
+    ls = np.zeros(n_teachers)
+    if kind == "confident-gnmax":
+        tops, counts = np.unique(h.max(1), return_counts=True)
+        for mx, c in zip(tops, counts, strict=True):
+            ls += c * np.maximum.accumulate(
+                local_sensitivity_threshold(mx, n_teachers, params["threshold"], params["sigma1"], order)
+            )
+    rows = np.flatnonzero(answered) if kind == "confident-gnmax" else np.arange(n_q)
+    if len(rows):
+        hists, counts = np.unique(-np.sort(-h[rows], axis=1), axis=0, return_counts=True)
+        for v, c in zip(hists, counts, strict=True):
+            ls += c * np.maximum.accumulate(local_sensitivity_gnmax(v, n_teachers, params["sigma"], order))
+    ss = smooth_sensitivity(ls, beta)
+    z = float(stats.norm.isf(delta / 4.0))
+    log_s_noisy = math.log(max(ss, 1e-300)) + config.tau * float(rng.standard_normal())
+    s_hat = math.exp(log_s_noisy + beta * config.tau * z)
+    released = raw + ss * config.sigma_s * float(rng.standard_normal())
+    upper = released + z * config.sigma_s * s_hat
+    cost_ss = order * beta**2 / (2.0 * config.tau**2)
+    cost_gnss = gnss_rdp(beta, config.sigma_s, order)
+    epsilon = max(upper, 0.0) + cost_ss + cost_gnss + math.log(2.0 / delta) / (order - 1.0)
+    public = {
+        "epsilon": float(epsilon),
+        "delta": float(delta),
+        "order": float(order),
+        "beta": float(beta),
+        "sigma_s": float(config.sigma_s),
+        "tau": float(config.tau),
+        "released_rdp": float(released),
+        "released_smooth_sensitivity_bound": float(s_hat),
+        "upper_rdp": float(upper),
+        "sanitiser_rdp": float(cost_ss + cost_gnss),
+        "conversion": float(math.log(2.0 / delta) / (order - 1.0)),
+    }
+    private = {"data_dependent_rdp": float(raw), "smooth_sensitivity": float(ss)}
+    return {"public": public, "private": private}

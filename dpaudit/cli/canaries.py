@@ -1,0 +1,79 @@
+"""``dpaudit audit canaries DIR``: the one-run audits and the noise check of a user's own training loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit
+from dpaudit.cli.audit import ClaimedOpt, ConfidenceOpt, FailOnViolationOpt, SeedOpt, _exit_code, audit_app
+
+
+def register(app: App) -> None:
+    app.add_typer(canaries_app, name="canaries", help="Canaries for models you train yourself.")
+
+    @audit_app.command("canaries")
+    def canaries_cmd(
+        directory: Annotated[
+            Path, typer.Argument(help="Directory written by dpaudit.hooks.GradientCanaries.save() after training.")
+        ],
+        claimed_epsilon: ClaimedOpt = None,
+        delta: Annotated[float | None, typer.Option("--delta", help="delta of the claim.")] = None,
+        noise_multiplier: Annotated[
+            float | None,
+            typer.Option("--noise-multiplier", help="The claim's sigma: adds the f-DP audit and the noise check."),
+        ] = None,
+        sample_rate: Annotated[
+            float | None,
+            typer.Option("--sample-rate", help="The claim's Poisson rate q (checked against the canaries')."),
+        ] = None,
+        steps: Annotated[
+            int | None, typer.Option("--steps", help="The claim's number of steps T (checked against those observed).")
+        ] = None,
+        confidence: ConfidenceOpt = 0.95,
+        seed: SeedOpt = 0,
+        fail_on_violation: FailOnViolationOpt = False,
+        json_output: JsonFlag = False,
+    ) -> None:
+        """Formal one-run audits of gradient canaries from your own training loop (Opacus, JAX, NumPy), and a
+        formal check of the noise that was actually added. See docs/own-training-loop.md."""
+        from dpaudit.errors import InputError
+        from dpaudit.workflows.hooks_audit import audit_canaries
+
+        if claimed_epsilon is None or delta is None:
+            raise InputError("audit canaries needs the claim: --claimed-epsilon E --delta D")
+        result = audit_canaries(
+            directory, claimed_epsilon=claimed_epsilon, delta=delta, noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate, steps=steps, confidence=confidence, seed=seed,
+        )  # fmt: skip
+        emit(result.to_dict(), result.summary(), json_flag=json_output)
+        _exit_code([result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=False)
+
+
+canaries_app = App(help="Canaries for models you train yourself (then `dpaudit import --canaries`).")
+
+
+@canaries_app.command("make")
+def make_cmd(
+    data: Annotated[str, typer.Option("--data", help="The records you will train on: PATH.csv | PATH.npz | digits.")],
+    count: Annotated[int, typer.Option("--count", help="Number of canaries M (each included w.p. 1/2).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (keep canaries.safetensors secret).")],
+    kind: Annotated[str, typer.Option("--kind", help="mislabeled | outlier | clipbkd | crafted.")] = "mislabeled",
+    members: Annotated[
+        Path | None, typer.Option("--members", help="Indices into --data of the records you will train on.")
+    ] = None,
+    label_column: Annotated[str | None, typer.Option("--label-column", help="Label column of a CSV file.")] = None,
+    seed: SeedOpt = 0,
+    force: ForceFlag = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Make canaries for your own training: add the records in OUT/insert.npz to your training set, train,
+    then `dpaudit import ... --canaries OUT` and `dpaudit audit checkpoint` for the formal one-run audit."""
+    from dpaudit.canaries import make_canary_dir
+
+    d = make_canary_dir(
+        data, count=count, kind=kind, out=out, seed=seed, members=members, label_column=label_column, force=force
+    )
+    emit(d, f"{d['m']} {d['kind']} canaries, {d['n_included']} to insert: {d['insert']}", json_flag=json_output)

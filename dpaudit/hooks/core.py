@@ -1,0 +1,463 @@
+"""Gradient canaries for any DP-SGD loop: the framework-neutral core (NumPy; torch/JAX arrays converted).
+
+The mechanism audited is DP-SGD's step (Abadi et al. 2016, arXiv:1607.00133, Alg. 1):
+noisy_sum_t = Σ_{i ∈ batch_t} clip_C(g_i) + N(0, σ²C² I). Two hooks bracket the noise:
+
+- ``inject(t, summed_clipped_grads)`` adds the canaries' clipped gradients to the clipped sum before
+  the noise. Canary k is a "record" whose clipped gradient is C·e_{j_k} on its own coordinate j_k
+  (norm C, so the claim covers it like any record). Canary k takes part in the run with its secret
+  inclusion bit (probability 1/2, drawn before anything else) and, when it does, is Poisson-sampled
+  at every step at rate q, as every record is (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846, §6,
+  white-box canaries; Nasr et al. 2023, arXiv:2302.07956, §3, Dirac canaries). With
+  ``inclusion="step"`` each canary instead gets a fresh coin at every step (the per-step design of
+  Nasr et al. 2023, §3).
+- ``observe(t, noisy_grads)`` reads the noisy sum after the noise: o_{t,k} = noisy_{j_k} / C per
+  canary (the one-run audit's observations), and, because the sum the noise was added to is known
+  (it is what ``inject`` returned), the noise actually added, z_t = noisy_t − injected_t. Of z_t it
+  keeps a sufficient summary for the noise check (:mod:`dpaudit.audit.noise`): per parameter group,
+  Σ z_j² and the count over the coordinates no canary touches (so the summary is independent of the
+  inclusion bits), and K projections of z_t on fixed random vectors with disjoint supports (to test
+  that the noise is independent across steps).
+
+Randomness: every draw comes from ``seed`` through its own numpy stream (inclusion bits, coordinates,
+per-step Poisson draws, per-step coins, projections), all fixed before training and independent of
+the data and of the noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.errors import CheckpointError, InputError
+from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int
+
+DESIGN_FILE = "canaries.json"
+ARRAYS_FILE = "canaries.safetensors"
+FORMAT = "dpaudit-gradient-canaries/1"
+INCLUSIONS = ("run", "step")
+OPACUS_PREFIX = "_module."
+PROJECTIONS = 8  # K projections for the independence test (see dpaudit.audit.noise.independence_test)
+PROJECTION_SUPPORT = 512  # at most this many coordinates per projection
+
+# numpy streams of ``seed`` (one per purpose, so changing one use never shifts another's draws)
+_INCLUDED, _COINS, _COORDS, _DRAWS, _PROJ = 0xD12AC, 0x57E9, 0xC00D, 0x5A3D, 0x9E0
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name without Opacus' ``_module.`` prefix(es) (GradSampleModule wraps the model)."""
+    while name.startswith(OPACUS_PREFIX):
+        name = name[len(OPACUS_PREFIX) :]
+    return name
+
+
+def inclusion_bits(count: int, seed: int) -> np.ndarray:
+    """The canaries' secret inclusion bits: fair coins from ``seed``'s own stream (bool, ``count``)."""
+    return np.random.default_rng([int(seed), _INCLUDED]).random(int(count)) < 0.5
+
+
+def dirac_scores(observations, sample_rate: float, noise_multiplier: float) -> np.ndarray:
+    """Scores of Dirac gradient canaries from their per-step observations o_{t,k} = (noisy sum)_{j_k}/C
+    (shape (T,) or (T, M)): Σ_t log(1 − q + q·exp((o_t − 1/2)/σ²)), the Neyman–Pearson log-likelihood
+    ratio of N(b, σ²), b ~ Bernoulli(q), against N(0, σ²) summed over the steps (higher = more likely
+    included; Nasr et al. 2023, arXiv:2302.07956, §3). logaddexp keeps it finite for large |o|; σ = 0
+    gives Σ_t o_t (the count of draws)."""
+    o = np.asarray(observations, dtype=np.float64)
+    if noise_multiplier == 0:
+        return o.sum(axis=0)
+    z = (o - 0.5) / noise_multiplier**2
+    if sample_rate >= 1:
+        return z.sum(axis=0)
+    return np.logaddexp(np.log1p(-sample_rate), np.log(sample_rate) + z).sum(axis=0)
+
+
+def _framework(x: Any) -> str:
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith(("jax", "jaxlib")):
+        return "jax"
+    return "numpy"
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
+    if _framework(x) == "torch":
+        x = x.detach().to("cpu")
+        return x.double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:
+    """``x`` (same framework, dtype, device and shape) with ``values`` added at the flat indices ``flat``."""
+    kind = _framework(x)
+    if kind == "torch":
+        import torch
+
+        out = x.detach().clone()
+        if len(flat):
+            idx = torch.as_tensor(flat, dtype=torch.int64, device=out.device)
+            out.view(-1).index_add_(0, idx, torch.as_tensor(values, dtype=out.dtype, device=out.device))
+        return out
+    if kind == "jax":
+        return x.reshape(-1).at[flat].add(values.astype(x.dtype)).reshape(x.shape)
+    out = np.array(x, copy=True)
+    out.reshape(-1)[flat] += values.astype(out.dtype)  # the coordinates are distinct: no repeated index
+    return out
+
+
+@dataclass(frozen=True)
+class CanaryObservations:
+    """What a run with gradient canaries leaves for the auditor (plain arrays; see :meth:`GradientCanaries.save`).
+
+    ``observations[t, k]`` = (noisy sum at canary k's coordinate at step t) / C; ``included[k]`` the
+    secret bit (``inclusion == "run"``) or ``coins[t, k]`` the per-step coins (``"step"``);
+    ``noise_ss[t, g]`` Σ z² over the ``noise_count[g]`` coordinates of group g no canary touches;
+    ``projections[t, k]`` the noise projected on K fixed vectors with disjoint supports.
+    """
+
+    param_shapes: dict[str, tuple[int, ...]]
+    count: int
+    sample_rate: float
+    clip: float
+    seed: int
+    inclusion: str
+    coordinates: np.ndarray
+    included: np.ndarray
+    observations: np.ndarray
+    coins: np.ndarray | None
+    noise_ss: np.ndarray
+    noise_count: np.ndarray
+    projections: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return int(self.observations.shape[0])
+
+
+class GradientCanaries:
+    """``count`` white-box gradient canaries for a DP-SGD loop (see the module docstring).
+
+    Args:
+        param_shapes: parameter name -> shape, in the order the loop passes gradients (e.g.
+            ``{n: p.shape for n, p in model.named_parameters() if p.requires_grad}``). Opacus'
+            ``_module.`` prefix is ignored, here and in the gradients' names.
+        count: M canaries (distinct coordinates; at most the number of parameters).
+        sample_rate: the claimed Poisson rate q; each included canary is drawn at every step with
+            probability q, as a record is.
+        clip: C, the clipping norm (each canary's clipped gradient is C·e_j). None: set by an adapter
+            (Opacus: the optimizer's ``max_grad_norm``).
+        seed: all of the canaries' randomness.
+        coordinates: flat indices (over the parameters in ``param_shapes`` order) of the canaries, chosen
+            before training from anything but the inclusion bits; default: M distinct coordinates drawn
+            uniformly from ``seed``. Coordinates where the data's gradients are small make the canary
+            easier to see (:func:`dpaudit.training.dirac.low_energy_coordinates` chooses such).
+        included: the inclusion bits (bool, M), for an experiment that sets them itself (the multi-run
+            white-box audit); default: fair coins from ``seed``.
+        inclusion: "run" (one bit per canary for the whole run; the one-run audit) or "step" (a fresh
+            coin per canary and step; the per-step audit of :mod:`dpaudit.audit.whitebox`).
+        projections: K, the number of noise projections kept per step (0: none).
+
+    Formal guarantee: the one-run audit of the saved observations is a formal lower bound on ε for an
+    add/remove claim, because each canary's presence is one add/remove change of the training set
+    (Steinke, Nasr & Jagielski 2023, Theorem 3.1); it assumes the canaries are added exactly where
+    the loop's records are (the clipped sum before the noise) — the adapters do this.
+    """
+
+    def __init__(
+        self,
+        param_shapes: Mapping[str, Sequence[int]],
+        *,
+        count: int,
+        sample_rate: float,
+        clip: float | None,
+        seed: int,
+        coordinates: Sequence[int] | np.ndarray | None = None,
+        included: Sequence[bool] | np.ndarray | None = None,
+        inclusion: str = "run",
+        projections: int = PROJECTIONS,
+    ) -> None:
+        if not isinstance(param_shapes, Mapping) or not param_shapes:
+            raise InputError("param_shapes must be a non-empty mapping of parameter name -> shape")
+        self.param_shapes = {canonical_name(str(n)): tuple(int(d) for d in s) for n, s in param_shapes.items()}
+        if len(self.param_shapes) != len(param_shapes):
+            raise InputError("param_shapes names collide once Opacus' '_module.' prefix is removed")
+        self.count = check_positive_int(count=count)
+        self.sample_rate = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
+        self.clip = None if clip is None else check_positive(clip=clip)
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+        self.seed = int(seed)
+        self.inclusion = check_choice(INCLUSIONS, inclusion=inclusion)
+        self.n_projections = int(projections)
+        if self.n_projections < 0:
+            raise InputError(f"expected projections >= 0, got {projections!r}")
+
+        self.names_ = list(self.param_shapes)
+        sizes = [math.prod(s) for s in self.param_shapes.values()]
+        self.offsets_ = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        total = int(self.offsets_[-1])
+        if self.count > total:
+            raise InputError(f"{self.count} gradient canaries need as many parameters; the model has {total}")
+        # The auditor's fair coins first, from their own stream (as dpaudit's trainer has always drawn them).
+        coins = inclusion_bits(self.count, self.seed)
+        if included is None:
+            self.included_ = coins
+        else:
+            self.included_ = np.asarray(included, dtype=bool).reshape(-1)
+            if self.included_.shape != (self.count,):
+                raise InputError(f"included must have {self.count} entries, got {self.included_.size}")
+        if coordinates is None:
+            chosen = np.random.default_rng([self.seed, _COORDS]).choice(total, size=self.count, replace=False)
+            self.coordinates_ = np.sort(chosen).astype(np.int64)
+        else:
+            c = np.asarray(coordinates, dtype=np.int64).reshape(-1)
+            if c.shape != (self.count,) or len(np.unique(c)) != self.count or c.min() < 0 or c.max() >= total:
+                raise InputError(f"coordinates must be {self.count} distinct flat indices in [0, {total})")
+            self.coordinates_ = c
+        which = np.searchsorted(self.offsets_, self.coordinates_, side="right") - 1
+        # per group: (flat indices within the group, positions among the canaries)
+        self._groups = [
+            (self.coordinates_[which == g] - self.offsets_[g], np.flatnonzero(which == g)) for g in range(len(sizes))
+        ]
+        self._untouched = []
+        for g, size in enumerate(sizes):
+            keep = np.ones(size, dtype=bool)
+            keep[self._groups[g][0]] = False
+            self._untouched.append(keep)
+        self._projection_plan(sizes)
+        self._draws = np.random.default_rng([self.seed, _DRAWS])
+        self._coins = np.random.default_rng([self.seed, _COINS])
+        self._pending: tuple[int, list[np.ndarray]] | None = None
+        self._obs: list[np.ndarray] = []
+        self._step_coins: list[np.ndarray] = []
+        self._ss: list[np.ndarray] = []
+        self._proj: list[np.ndarray] = []
+        self.meta: dict[str, Any] = {}
+
+    # ---- the design ---------------------------------------------------------------------------------------
+
+    def _projection_plan(self, sizes: list[int]) -> None:
+        # K disjoint random supports over the untouched coordinates (all groups), Gaussian weights: the K
+        # projections of independent per-coordinate noise are then independent of each other whatever the
+        # per-group variances (disjoint supports), and i.i.d. across steps when the noise is.
+        rng = np.random.default_rng([self.seed, _PROJ])
+        free = np.concatenate([np.flatnonzero(k) + self.offsets_[g] for g, k in enumerate(self._untouched)])
+        k = min(self.n_projections, len(free))
+        per = min(PROJECTION_SUPPORT, len(free) // k) if k else 0
+        chosen = rng.permutation(free)[: k * per].reshape(k, per) if k else np.zeros((0, 0), np.int64)
+        self._proj_index = chosen
+        self._proj_weight = rng.standard_normal(chosen.shape)
+
+    @property
+    def steps_(self) -> int:
+        """Steps observed so far."""
+        return len(self._obs)
+
+    def _as_list(self, grads: Any, what: str) -> tuple[list[Any], list[str] | None]:
+        """The gradients in ``param_shapes`` order (from a name -> array mapping or a sequence), checked."""
+        if isinstance(grads, Mapping):
+            named = {canonical_name(str(n)): v for n, v in grads.items()}
+            if set(named) != set(self.names_):
+                missing = sorted(set(self.names_) - set(named))[:3]
+                extra = sorted(set(named) - set(self.names_))[:3]
+                raise InputError(
+                    f"{what}: the gradients' names do not match the canaries' parameters "
+                    f"(missing {missing}, unexpected {extra}): canaries designed for another model?"
+                )
+            keys = list(grads)
+            order = {canonical_name(str(n)): n for n in keys}
+            arrays, names = [named[n] for n in self.names_], [order[n] for n in self.names_]
+        else:
+            arrays, names = list(grads), None
+            if len(arrays) != len(self.names_):
+                raise InputError(
+                    f"{what}: {len(arrays)} gradient arrays for {len(self.names_)} parameters: "
+                    "canaries designed for another model?"
+                )
+        for n, a in zip(self.names_, arrays, strict=True):
+            shape = tuple(int(d) for d in a.shape)
+            if math.prod(shape) != math.prod(self.param_shapes[n]):
+                raise InputError(
+                    f"{what}: parameter {n!r} has shape {shape}, the canaries were designed for "
+                    f"{self.param_shapes[n]}: canaries designed for another model?"
+                )
+        return arrays, names
+
+    @staticmethod
+    def _as_input_type(grads: Any, arrays: list[Any], names: list[str] | None) -> Any:
+        if names is not None:
+            out = dict(grads)  # keep the caller's order and any extra structure of the mapping type
+            out.update(zip(names, arrays, strict=True))
+            return out
+        return tuple(arrays) if isinstance(grads, tuple) else list(arrays)
+
+    def _check_step(self, step: int, expected: int, what: str) -> int:
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or int(step) != expected:
+            raise InputError(f"{what}(step={step!r}): expected step {expected} (steps are 0, 1, 2, ... in order)")
+        return int(step)
+
+    # ---- the hooks ----------------------------------------------------------------------------------------
+
+    def inject(self, step: int, summed_clipped_grads: Any) -> Any:
+        """The clipped sum of step ``step`` plus the canaries drawn at this step (C at each drawn canary's
+        coordinate), in the caller's format: a name -> array mapping or a sequence in ``param_shapes``
+        order; torch tensors, NumPy or JAX arrays (same dtype and device back). Call it on the sum of
+        the clipped per-example gradients *before* the noise, then add the noise to what it returns."""
+        if self.clip is None:
+            raise InputError("the canaries' clip norm is not set: give clip=C (or attach them to an optimizer)")
+        if self._pending is not None:
+            raise InputError(f"inject(step={step}) again before observe(step={self._pending[0]})")
+        step = self._check_step(step, self.steps_, "inject")
+        arrays, names = self._as_list(summed_clipped_grads, "inject")
+        drawn = self._draws.random(self.count) < self.sample_rate  # Poisson sampling at rate q, as a record
+        if self.inclusion == "run":
+            offered = self.included_
+        else:
+            offered = self._coins.random(self.count) < 0.5
+            self._step_coins.append(offered)
+        add = (drawn & offered).astype(np.float64) * self.clip
+        out = [_add_at(a, flat, add[members]) for a, (flat, members) in zip(arrays, self._groups, strict=True)]
+        self._pending = (step, [to_numpy(a).reshape(-1) for a in out])
+        return self._as_input_type(summed_clipped_grads, out, names)
+
+    def observe(self, step: int, noisy_grads: Any) -> None:
+        """Record step ``step``'s noisy sum (clipped sum + canaries + noise, before any division by the
+        batch size) in the same format as :meth:`inject`'s input."""
+        if self._pending is None:
+            raise InputError(f"observe(step={step}) before inject(step={step}): inject the canaries first")
+        step = self._check_step(step, self._pending[0], "observe")
+        arrays, _ = self._as_list(noisy_grads, "observe")
+        noisy = [to_numpy(a).reshape(-1) for a in arrays]
+        o = np.empty(self.count)
+        ss = np.empty(len(noisy))
+        for g, (v, pre, (flat, members)) in enumerate(zip(noisy, self._pending[1], self._groups, strict=True)):
+            o[members] = v[flat] / self.clip
+            z = (v - pre)[self._untouched[g]]  # the noise actually added, where no canary sits
+            ss[g] = float(z @ z)
+        if len(self._proj_index):
+            z_all = np.concatenate(noisy) - np.concatenate(self._pending[1])
+            self._proj.append((z_all[self._proj_index] * self._proj_weight).sum(axis=1))
+        self._obs.append(o)
+        self._ss.append(ss)
+        self._pending = None
+
+    # ---- results ------------------------------------------------------------------------------------------
+
+    def observations(self) -> CanaryObservations:
+        """The design and everything observed so far, as plain arrays."""
+        if self._pending is not None:
+            raise InputError(f"step {self._pending[0]} was injected but never observed")
+        T, G = self.steps_, len(self.names_)
+        return CanaryObservations(
+            param_shapes=dict(self.param_shapes),
+            count=self.count,
+            sample_rate=self.sample_rate,
+            clip=float(self.clip) if self.clip is not None else math.nan,
+            seed=self.seed,
+            inclusion=self.inclusion,
+            coordinates=self.coordinates_.copy(),
+            included=self.included_.copy(),
+            observations=np.array(self._obs, dtype=np.float64).reshape(T, self.count),
+            coins=np.array(self._step_coins, dtype=bool).reshape(T, self.count) if self.inclusion == "step" else None,
+            noise_ss=np.array(self._ss, dtype=np.float64).reshape(T, G),
+            noise_count=np.array([int(k.sum()) for k in self._untouched], dtype=np.int64),
+            projections=np.array(self._proj, dtype=np.float64).reshape(T, len(self._proj_index)),
+            meta=dict(self.meta),
+        )
+
+    def save(self, directory: Path | str, *, force: bool = False) -> Path:
+        """Write the design and the observations to ``directory`` (``canaries.json`` + ``canaries.safetensors``;
+        no pickle), atomically; an existing directory is refused unless ``force``."""
+        return save_observations(self.observations(), directory, force=force)
+
+    def attach(self, optimizer: Any, *, module: Any = None) -> Any:
+        """Carry the canaries through an Opacus ``DPOptimizer`` (see :mod:`dpaudit.hooks.opacus_adapter`)."""
+        from dpaudit.hooks.opacus_adapter import attach
+
+        return attach(self, optimizer, module=module)
+
+
+def save_observations(obs: CanaryObservations, directory: Path | str, *, force: bool = False) -> Path:
+    """Write ``obs`` to ``directory`` atomically (refused if it exists, unless ``force``)."""
+    from safetensors.numpy import save_file
+
+    from dpaudit.fileio import write_atomic_dir
+
+    if obs.steps == 0:
+        raise InputError("no step was observed: nothing to save")
+    design = {
+        "format": FORMAT,
+        "param_shapes": {n: list(s) for n, s in obs.param_shapes.items()},
+        "count": obs.count,
+        "sample_rate": obs.sample_rate,
+        "clip": obs.clip,
+        "seed": obs.seed,
+        "inclusion": obs.inclusion,
+        "steps": obs.steps,
+        "meta": obs.meta,
+    }
+    arrays = {
+        "coordinates": obs.coordinates.astype(np.int64),
+        "included": obs.included.astype(np.int8),
+        "observations": obs.observations,
+        "noise_ss": obs.noise_ss,
+        "noise_count": obs.noise_count,
+        "projections": obs.projections,
+    }
+    if obs.coins is not None:
+        arrays["coins"] = obs.coins.astype(np.int8)
+
+    def write(tmp: Path) -> None:
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / ARRAYS_FILE))
+        (tmp / DESIGN_FILE).write_text(json.dumps(design, indent=2) + "\n")
+
+    return write_atomic_dir(Path(directory), write, force=force)
+
+
+def load_observations(directory: Path | str) -> CanaryObservations:
+    """Read what :func:`save_observations` wrote, checked for consistency (a :class:`CheckpointError` otherwise)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    d = Path(directory)
+    if not (d / DESIGN_FILE).is_file() or not (d / ARRAYS_FILE).is_file():
+        raise InputError(f"{d}: not a gradient-canary directory (expected {DESIGN_FILE} and {ARRAYS_FILE})")
+    try:
+        design = json.loads((d / DESIGN_FILE).read_text())
+        a = load_file(str(d / ARRAYS_FILE))
+    except (json.JSONDecodeError, SafetensorError, OSError) as e:
+        raise CheckpointError(f"{d}: unreadable gradient-canary files ({e})") from None
+    if design.get("format") != FORMAT:
+        raise CheckpointError(f"{d}: unknown gradient-canary format {design.get('format')!r} (expected {FORMAT})")
+    try:
+        T, M = int(design["steps"]), int(design["count"])
+        shapes = {n: tuple(int(x) for x in s) for n, s in design["param_shapes"].items()}
+        obs = CanaryObservations(
+            param_shapes=shapes, count=M, sample_rate=float(design["sample_rate"]), clip=float(design["clip"]),
+            seed=int(design["seed"]), inclusion=str(design["inclusion"]), coordinates=a["coordinates"],
+            included=a["included"].astype(bool), observations=a["observations"],
+            coins=a["coins"].astype(bool) if "coins" in a else None, noise_ss=a["noise_ss"],
+            noise_count=a["noise_count"], projections=a["projections"], meta=dict(design.get("meta") or {}),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{d}: malformed gradient-canary design ({e})") from None
+    G = len(shapes)
+    expected = {
+        "coordinates": (M,), "included": (M,), "observations": (T, M), "noise_ss": (T, G), "noise_count": (G,),
+    }  # fmt: skip
+    for k, shape in expected.items():
+        if tuple(a[k].shape) != shape:
+            raise CheckpointError(f"{d}: {k} has shape {tuple(a[k].shape)}, expected {shape}")
+    if obs.projections.ndim != 2 or obs.projections.shape[0] != T:
+        raise CheckpointError(f"{d}: projections have shape {obs.projections.shape}, expected ({T}, K)")
+    if (obs.inclusion == "step") != (obs.coins is not None) or (obs.coins is not None and obs.coins.shape != (T, M)):
+        raise CheckpointError(f"{d}: per-step coins missing or malformed")
+    return obs

@@ -1,0 +1,94 @@
+"""Opacus adapter: gradient canaries inside an unchanged Opacus training loop.
+
+``optimizer = canaries.attach(optimizer)`` on the ``DPOptimizer`` that ``PrivacyEngine.make_private``
+returns. Opacus' ``DPOptimizer.pre_step`` runs ``clip_and_accumulate()`` (the clipped per-example
+gradients summed into ``p.summed_grad``), then ``add_noise()`` (``p.grad = p.summed_grad + N(0, σ²C²)``),
+then ``scale_grad()`` (division by the expected batch size). The adapter wraps the instance's public
+``add_noise`` method: before it, the canaries are added to ``p.summed_grad`` in place
+(:meth:`GradientCanaries.inject`); after it, ``p.grad`` — the noisy sum, not yet divided — is observed
+(:meth:`GradientCanaries.observe`). A step Opacus skips (gradient accumulation, ``signal_skip_step``)
+never reaches ``add_noise`` and so is not a step here either; accumulated micro-batches are one
+step, as in Opacus' accounting. No private attribute is touched: ``params``, ``summed_grad``,
+``grad``, ``max_grad_norm`` and ``add_noise`` are the documented interface of ``DPOptimizer``.
+
+Tested with Opacus 1.6.0 (``DPOptimizer``, Poisson sampling, one process). Distributed and per-layer
+optimizers (``DistributedDPOptimizer``, ``DPPerLayerOptimizer``) add their noise differently and are
+not covered by the tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpaudit.errors import InputError
+
+WRAPPED = "_dpaudit_canaries"  # the attribute marking an optimizer that already carries canaries
+
+
+def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
+    """Wrap ``optimizer.add_noise`` so every noisy step carries ``canaries``; returns the optimizer.
+
+    The optimizer's parameters are matched to ``canaries.param_shapes`` by name when ``module`` (the
+    model, Opacus' ``GradSampleModule`` or the original) is given, else by position (the order of
+    ``named_parameters``, which is the optimizer's unless its parameter groups were reordered); the
+    shapes must agree either way. The canaries' clip is the optimizer's ``max_grad_norm`` unless set.
+    """
+    try:
+        from opacus.optimizers import DPOptimizer
+    except ImportError:
+        raise InputError("the Opacus adapter needs Opacus: pip install opacus (or dpaudit[peers])") from None
+    if not isinstance(optimizer, DPOptimizer):
+        raise InputError(
+            f"attach() needs an Opacus DPOptimizer (from PrivacyEngine.make_private), got {type(optimizer).__name__}"
+        )
+    if getattr(optimizer, WRAPPED, None) is not None:
+        raise InputError("this optimizer already carries gradient canaries")
+    params = list(optimizer.params)
+    if module is not None:
+        by_id = {id(p): n for n, p in module.named_parameters()}
+        missing = [i for i, p in enumerate(params) if id(p) not in by_id]
+        if missing:
+            raise InputError("the optimizer updates parameters the module does not have: pass the model it trains")
+        names = [by_id[id(p)] for p in params]
+        shapes = {n: tuple(p.shape) for n, p in zip(names, params, strict=True)}
+        from dpaudit.hooks.core import canonical_name
+
+        if {canonical_name(n) for n in names} != set(canaries.names_):
+            raise InputError("the canaries were designed for another model (parameter names differ)")
+    else:
+        names = None
+        shapes = [tuple(p.shape) for p in params]
+    expected = [canaries.param_shapes[n] for n in canaries.names_]
+    if names is None and shapes != expected:
+        raise InputError(
+            f"the canaries were designed for another model: the optimizer's parameter shapes {shapes[:4]} "
+            f"differ from {expected[:4]}"
+        )
+    if names is not None:
+        from dpaudit.hooks.core import canonical_name
+
+        if any(shapes[n] != canaries.param_shapes[canonical_name(n)] for n in names):
+            raise InputError("the canaries were designed for another model (parameter shapes differ)")
+    if canaries.clip is None:
+        canaries.clip = float(optimizer.max_grad_norm)
+    canaries.meta.setdefault("framework", "opacus")
+    canaries.meta.setdefault("implementation_noise_multiplier", float(optimizer.noise_multiplier))
+    canaries.meta.setdefault("implementation_max_grad_norm", float(optimizer.max_grad_norm))
+    original = optimizer.add_noise
+
+    def _grads(attr: str):
+        values = [getattr(p, attr) for p in params]
+        return dict(zip(names, values, strict=True)) if names is not None else values
+
+    def add_noise() -> None:
+        step = canaries.steps_
+        injected = canaries.inject(step, _grads("summed_grad"))
+        for i, p in enumerate(params):
+            new = injected[names[i]] if names is not None else injected[i]
+            p.summed_grad.copy_(new)  # in place: Opacus' bookkeeping flags on the tensor stay as they were
+        original()
+        canaries.observe(step, _grads("grad"))
+
+    optimizer.add_noise = add_noise
+    setattr(optimizer, WRAPPED, canaries)
+    return optimizer

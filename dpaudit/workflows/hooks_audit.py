@@ -1,0 +1,131 @@
+"""Audit what gradient-canary hooks saw in a user's own training loop (``dpaudit audit canaries DIR``).
+
+One training run with :class:`dpaudit.hooks.GradientCanaries` leaves the canaries' per-step
+observations and a summary of the noise actually added. Against the user's claim (ε, δ) and, when
+given, its mechanism (σ, q, T) this runs:
+
+1. the one-run (ε, δ) audit of the canaries (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846,
+   Theorem 3.1) — formal for an add/remove claim: each canary's presence is one add/remove change;
+2. with σ known, the one-run f-DP audit against DP-SGD's own curve at the claim's q and T
+   (Mahloujifar, Melis & Chaudhuri 2025, arXiv:2410.22235) — formal;
+3. with σ known, the noise check (:mod:`dpaudit.audit.noise`) — formal: a test of the claim that
+   N(0, σ²C²) was added independently on every coordinate at every step.
+
+Multiplicity: the level α = 1 − confidence is split evenly (Bonferroni) between the tests run, so the
+chance that a correct pipeline gets any "violation" is at most α.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpaudit.audit.noise import NoiseCheck, noise_check
+from dpaudit.errors import InputError
+from dpaudit.hooks.core import dirac_scores
+from dpaudit.validation import check_in_interval, check_positive, check_positive_int
+from dpaudit.workflows.result import AuditRecord
+
+
+@dataclass(frozen=True)
+class CanaryRunAudit:
+    """The audits of one run with gradient canaries: formal records, the noise check, the verdict."""
+
+    path: Path
+    claim: dict[str, Any]
+    audits: tuple[AuditRecord, ...]
+    noise: NoiseCheck | None
+    verdict: str  # "violation" (some formal test refutes the claim) | "consistent" | "inconclusive"
+    steps: int
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "canaries": str(self.path),
+            "claim": self.claim,
+            "verdict": self.verdict,
+            "formal": True,
+            "steps": self.steps,
+            "count": self.count,
+            "audits": [a.to_dict() for a in self.audits],
+            "noise_check": None if self.noise is None else self.noise.to_dict(),
+        }
+
+    def summary(self) -> str:
+        lines = [f"{self.path}: {self.count} gradient canaries over {self.steps} steps -> verdict: {self.verdict}"]
+        for a in self.audits:
+            lines += ["", f"[{a.attack}] {a.description}", a.result.summary()]
+        no_check = "noise check: not run (give --noise-multiplier)"
+        lines += ["", self.noise.summary() if self.noise is not None else no_check]
+        return "\n".join(lines)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def audit_canaries(
+    directory: Path | str,
+    *,
+    claimed_epsilon: float,
+    delta: float,
+    noise_multiplier: float | None = None,
+    sample_rate: float | None = None,
+    steps: int | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> CanaryRunAudit:
+    """Audit a directory written by :meth:`dpaudit.hooks.GradientCanaries.save` (see the module docstring).
+
+    ``sample_rate`` and ``steps`` default to the canaries' own (q) and the number of steps observed;
+    given, they must agree with them (a claim for another q or T is not the run that was observed).
+    ``noise_multiplier`` (σ, the claim's) enables the f-DP audit against DP-SGD's curve and the noise
+    check. Add/remove neighbours (each canary is one record present or absent)."""
+    from dpaudit.hooks import load_observations
+    from dpaudit.workflows.checkpoint import claim_tradeoff, one_run_records
+
+    claimed = check_positive(claimed_epsilon=claimed_epsilon)
+    delta = check_in_interval(0.0, 1.0, delta=delta)
+    confidence = check_in_interval(0.0, 1.0, confidence=confidence)
+    obs = load_observations(directory)
+    if obs.inclusion != "run":
+        raise InputError(f"{directory}: per-step canaries (inclusion='step') are audited per step, not here")
+    if steps is not None and check_positive_int(steps=steps) != obs.steps:
+        raise InputError(f"the claim says T = {steps} steps, but the canaries observed {obs.steps} noisy steps")
+    q = obs.sample_rate
+    if sample_rate is not None and not _close(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate), q):
+        raise InputError(
+            f"the claim says q = {sample_rate:g}, but the canaries were Poisson-sampled at q = {q:g}: "
+            "they would not behave like the run's records"
+        )
+    sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
+    claim = {"epsilon": claimed, "delta": delta, "neighbouring": "add_remove", "sampling": "poisson",
+             "sample_rate": q, "steps": obs.steps, "noise_multiplier": sigma, "clip": obs.clip}  # fmt: skip
+    curve = claim_tradeoff(claim) if sigma is not None else None
+    n_tests = 1 + (curve is not None) + (sigma is not None)
+    alpha = (1.0 - confidence) / n_tests  # Bonferroni over the formal tests run
+    # Scores fixed before the bits are looked at: the per-step likelihood ratio at the claimed σ (Σ_t o_t without σ).
+    scores = dirac_scores(obs.observations, q, 0.0 if sigma is None else sigma)
+    what = (
+        f"{obs.count} white-box gradient canaries from the user's training loop, each included w.p. 1/2, "
+        f"{obs.steps} noisy steps observed"
+    )
+    common = {"delta": delta, "confidence": 1.0 - alpha, "claimed_epsilon": claimed, "seed": seed}
+    records = one_run_records("gradient-canaries", what, scores, obs.included, common, curve, None)
+    records = [dataclasses.replace(r, family="white-box") for r in records]
+    noise = None
+    if sigma is not None:
+        noise = noise_check(
+            obs.noise_ss, obs.noise_count, obs.projections, noise_std=sigma * obs.clip, alpha=alpha,
+            names=list(obs.param_shapes),
+        )  # fmt: skip
+    if any(r.result.verdict == "violation" for r in records) or (noise is not None and noise.verdict == "violation"):
+        verdict = "violation"
+    elif all(r.result.verdict == "inconclusive" for r in records) and noise is None:
+        verdict = "inconclusive"
+    else:
+        verdict = "consistent"
+    return CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count)

@@ -1,0 +1,129 @@
+"""The noise check: exact level under the claim, power at the resolution it states, and the planted mistakes.
+
+Level: under the claim (independent N(0, σ²C²) on every coordinate and step) the variance p-value
+is uniform, so over N seeds the rejections at level a are Binomial(N, a); tolerances are 5 sd of
+that binomial. Planted mistakes caught: degrees of freedom n − 1 instead of n (the mean is known,
+not estimated), the pooled count T instead of T·n, σ estimated on the coordinates a canary touches,
+reused noise, and a scale-dependent independence test (which would call *more* noise a violation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpaudit.audit.noise import independence_p_value, noise_check, resolvable_noise_ratio, variance_p_value
+from dpaudit.errors import InputError
+
+N_SIM = 4000
+
+
+def _binomial_ok(rejections: int, n: int, a: float) -> bool:
+    return abs(rejections - n * a) <= 5 * math.sqrt(n * a * (1 - a))
+
+
+@pytest.mark.parametrize("dof", [1, 3, 40])
+def test_variance_p_value_is_exactly_uniform_under_the_claim_and_wrong_dof_is_not(dof):
+    rng = np.random.default_rng(dof)
+    std = 1.7
+    S = (rng.normal(scale=std, size=(N_SIM, dof)) ** 2).sum(axis=1)
+    p = np.array([variance_p_value(s, dof, std) for s in S])
+    assert stats.kstest(p, "uniform").pvalue > 1e-3
+    for a in (0.01, 0.05, 0.2):
+        assert _binomial_ok(int((p <= a).sum()), N_SIM, a)
+    if dof <= 3:
+        # Planted mistake: n − 1 degrees of freedom (as if the mean were estimated). It matters where few
+        # values are pooled (a bias of a few coordinates over few steps): the level is then far off.
+        wrong = stats.chi2.cdf(S / std**2, dof - 1) if dof > 1 else np.ones(N_SIM)
+        assert not _binomial_ok(int((wrong <= 0.05).sum()), N_SIM, 0.05)
+
+
+def test_noise_check_level_over_2000_seeds_of_a_correct_mechanism():
+    """The whole check (variance over 3 groups + independence) at α = 0.1: at most α, at most 5 sd above."""
+    rng = np.random.default_rng(0)
+    T, counts, K, std, alpha = 20, np.array([30, 5, 1]), 4, 0.8, 0.1
+    n = 2000
+    rejections = 0
+    for _ in range(n):
+        z = [rng.normal(scale=std, size=(T, c)) for c in counts]
+        ss = np.stack([(x**2).sum(axis=1) for x in z], axis=1)
+        proj = rng.normal(scale=3.0, size=(T, K))
+        rejections += noise_check(ss, counts, proj, noise_std=std, alpha=alpha).verdict == "violation"
+    assert rejections <= n * alpha + 5 * math.sqrt(n * alpha * (1 - alpha))
+    assert rejections >= n * alpha / 4  # Bonferroni costs little here: the check is not vacuous
+
+
+def test_pooled_count_must_be_steps_times_coordinates():
+    """Planted mistake: the degrees of freedom taken as T (steps) instead of T·n (values): with n = 50
+    coordinates the sum of squares is ~50 times the claimed count, so σC/√2 would never be flagged."""
+    rng = np.random.default_rng(1)
+    T, n, std = 30, 50, 1.0
+    ss = (rng.normal(scale=std / math.sqrt(2), size=(T, n)) ** 2).sum(axis=1, keepdims=True)
+    ok = noise_check(ss, np.array([n]), np.zeros((T, 0)), noise_std=std)
+    assert ok.verdict == "violation" and ok.groups[0].ratio == pytest.approx(1 / math.sqrt(2), rel=0.05)
+    assert variance_p_value(float(ss.sum()), T, std) > 0.5  # the wrong count sees no deficit at all
+
+
+@pytest.mark.parametrize("dof", [100, 10_000])
+def test_resolution_formula_is_the_power_one_half_point(dof):
+    """At r = resolvable_noise_ratio(dof, α) the test rejects with probability 1/2 (simulated, 5 sd)."""
+    a = 0.01
+    r = resolvable_noise_ratio(dof, a)
+    assert r < 1
+    rng = np.random.default_rng(dof)
+    S = stats.chi2.rvs(dof, size=N_SIM, random_state=rng) * r**2  # noise std r·σC, σC = 1
+    rejected = int((stats.chi2.cdf(S, dof) <= a).sum())
+    assert _binomial_ok(rejected, N_SIM, 0.5)
+    # the normal approximation 1 − (z_α + z_½)/√(2n) quoted in the docs, within 2%
+    assert r == pytest.approx(1 - stats.norm.isf(a) / math.sqrt(2 * dof), rel=0.02)
+
+
+def test_independence_test_is_calibrated_scale_free_and_catches_reuse():
+    rng = np.random.default_rng(2)
+    p = np.array([independence_p_value(rng.normal(size=(12, 8))) for _ in range(N_SIM)])
+    assert stats.kstest(p, "uniform").pvalue > 1e-3
+    # scale-free: more noise than claimed (or different scales per projection) changes nothing
+    P = rng.normal(size=(50, 8))
+    assert independence_p_value(P * np.arange(1, 9) * 100) == pytest.approx(independence_p_value(P), rel=1e-9)
+    # the same draw every step: no spread across steps -> p = 0
+    reused = np.tile(rng.normal(size=(1, 8)), (50, 1)) + rng.normal(scale=1e-9, size=(50, 8))
+    assert independence_p_value(reused) == 0.0
+    # the same draw reused for 10 steps at a time (a generator re-seeded per epoch): still caught
+    blocks = np.repeat(rng.normal(size=(10, 8)), 10, axis=0)
+    assert independence_p_value(blocks) < 1e-3
+    assert independence_p_value(P[:2]) is None
+
+
+def test_canary_coordinates_cannot_mask_a_noise_deficit():
+    """Planted mistake: σ estimated on all coordinates, the canaries' included. A loop whose noise is
+    σC/√2 except on the canary coordinates (where its own bug puts far more) passes a check that pools
+    them and fails ours, which reads only the untouched coordinates."""
+    from dpaudit.hooks import GradientCanaries
+
+    shapes = {"w": (40,)}
+    c = GradientCanaries(shapes, count=10, sample_rate=0.5, clip=1.0, seed=0)
+    rng = np.random.default_rng(3)
+    touched = np.zeros(40, bool)
+    touched[c.coordinates_] = True
+    pooled_ss = 0.0
+    for t in range(30):
+        g = c.inject(t, {"w": np.zeros(40)})
+        z = np.where(touched, 30.0, 1 / math.sqrt(2)) * rng.normal(size=40)
+        pooled_ss += float(z @ z)
+        c.observe(t, {"w": g["w"] + z})
+    obs = c.observations()
+    ours = noise_check(obs.noise_ss, obs.noise_count, obs.projections, noise_std=1.0)
+    assert ours.verdict == "violation"
+    assert variance_p_value(pooled_ss, 30 * 40, 1.0) > 0.5  # the pooled estimate sees no deficit
+
+
+def test_inputs():
+    with pytest.raises(InputError):
+        noise_check(np.ones((3, 2)), np.array([1]), np.zeros((3, 0)), noise_std=1.0)
+    with pytest.raises(InputError):
+        noise_check(np.ones((3, 1)), np.array([1]), np.zeros((3, 0)), noise_std=0.0)
+    with pytest.raises(InputError):
+        noise_check(-np.ones((3, 1)), np.array([1]), np.zeros((3, 0)), noise_std=1.0)

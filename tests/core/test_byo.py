@@ -1,0 +1,446 @@
+"""Bring your own model (a spec of kind ``python``: a factory) and data (NPZ, a directory of .npy files
+memory-mapped and streamed batch by batch).
+
+Oracles: a module not in the zoo goes through train -> attack (loss, LiRA with 4 reference models) ->
+audit -> report -> inspect with the commands a zoo model uses, and so do its weights trained by a plain
+torch loop and imported; streamed training is bit-identical to training on the same rows in memory; the
+chunked content hash equals the hash of all bytes at once; resident memory while streaming a
+memory-mapped file stays far below the file's size. Every bad input is one line, exit code 2, nothing
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch.nn import functional as F
+from typer.testing import CliRunner
+
+from dpaudit.checkpoint import CHECKPOINT_FILE, load_run
+from dpaudit.cli.main import app
+from dpaudit.data import Standardizer, load_dataset
+from dpaudit.errors import CheckpointError, InputError
+from dpaudit.models import PythonSpec, build_model, model_spec_from_dict
+from dpaudit.training.config import DPConfig, TrainConfig
+from dpaudit.training.run import fit_model
+
+ROOT = Path(__file__).resolve().parents[2]
+FACTORY = "tests.core.byo_models:residual_mlp"
+D, K = 6, 2
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # factories are imported from the current directory, as with --trainer
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error(r) -> str:
+    """The single error line of a refused command (exit code 2, no traceback; progress lines aside)."""
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.output, r.stderr
+    return lines[0]
+
+
+def _data(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, D)).astype(np.float32)
+    y = (X[:, 0] + 0.5 * X[:, 1] > 0) ^ (rng.random(n) < 0.2)  # 20% label noise: something to memorise
+    return X, y.astype(np.int64)
+
+
+def _spec_file(path: Path, factory: str = FACTORY, **kwargs) -> Path:
+    spec = {"kind": "python", "factory": factory, "kwargs": {"d": D, "n_classes": K, **kwargs}}
+    path.write_text(json.dumps({**spec, "input_shape": [D], "n_classes": K}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory) -> Path:
+    X, y = _data()
+    path = tmp_path_factory.mktemp("byo") / "data.npz"
+    np.savez(path, X=X, y=y)
+    return path
+
+
+# --------------------------------------------------------------------------- acceptance: dpaudit-trained
+
+
+def test_factory_module_trains_dp_and_is_attacked_audited_reported(npz, tmp_path):
+    spec = _spec_file(tmp_path / "spec.json")
+    run = tmp_path / "run"
+    r = invoke(
+        "train", "--data", npz, "--model-spec", spec, "--algo", "dpsgd", "--epsilon", 4,
+        "--epochs", 2, "--batch-size", 32, "--lr", 0.5, "--out", run,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    meta = json.loads((run / CHECKPOINT_FILE).read_text())
+    assert meta["model"]["kind"] == "python" and meta["model"]["factory"] == FACTORY
+    assert meta["model"]["kwargs"] == {"d": D, "n_classes": K}
+    import hashlib
+
+    source = (ROOT / "tests" / "core" / "byo_models.py").read_bytes()
+    assert meta["model"]["source_sha256"] == hashlib.sha256(source).hexdigest()
+    assert meta["privacy"]["epsilon"] == pytest.approx(4, rel=1e-3) and meta["privacy"]["epsilon"] <= 4
+    loaded = load_run(run)
+    assert type(loaded.model).__name__ == "ResidualMLP"
+
+    r = invoke("attack", "mia", "-c", run, "-m", "loss,lira", "--reference-models", 4, "--min-models", 2, "--json")
+    assert r.exit_code == 0, r.output
+    attacks = {a["attack"]: a for a in json.loads(r.stdout)["attacks"]}
+    assert set(attacks) == {"loss", "lira"}
+    # the reference models were built by the same factory: their cached checkpoints say so
+    cache = Path(__import__("os").environ["DPAUDIT_CACHE_DIR"]) / "models"
+    kinds = {json.loads((p / CHECKPOINT_FILE).read_text())["model"]["factory"] for p in cache.iterdir()}
+    assert FACTORY in kinds
+
+    r = invoke("audit", "checkpoint", run, "--attacks", "loss,lira", "--reference-models", 4, "--json")
+    assert r.exit_code == 0, r.output
+    r = invoke("report", run, "--out", tmp_path / "report", "--attacks", "loss,lira", "--reference-models", 4)
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "report" / "report.json").is_file()
+    r = invoke("inspect", run, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "python"
+
+
+# --------------------------------------------------------------------------- acceptance: the user's own loop
+
+
+def test_weights_from_a_plain_torch_loop_import_and_are_attacked(npz, tmp_path):
+    X, y = _data()
+    members = np.arange(0, len(y), 2)
+    torch.manual_seed(0)
+    from tests.core.byo_models import residual_mlp
+
+    model = residual_mlp(D, K, width=64)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    Xt, yt = torch.as_tensor(X[members]), torch.as_tensor(y[members])
+    for _ in range(400):  # overfit, so the members are visibly members
+        opt.zero_grad()
+        F.cross_entropy(model(Xt), yt).backward()
+        opt.step()
+    weights = tmp_path / "weights.safetensors"
+    save_file({f"_module.{k}": v.contiguous() for k, v in model.state_dict().items()}, str(weights))  # Opacus-style
+    (tmp_path / "members.txt").write_text("\n".join(map(str, members)))
+    (tmp_path / "recipe.json").write_text(json.dumps({"algo": "adam", "steps": 50, "lr": 0.02, "batch_size": 64}))
+    run = tmp_path / "imported"
+    r = invoke(
+        "import", weights, "--model-spec", _spec_file(tmp_path / "spec.json", width=64), "--data", npz,
+        "--members", tmp_path / "members.txt", "--recipe", tmp_path / "recipe.json", "--out", run, "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["import"]["member_check"]["suspicious"] is False
+    loaded = load_run(run)
+    own = model(torch.as_tensor(X[:20])).detach().double().numpy()
+    np.testing.assert_allclose(loaded.logits(X[:20]), own, rtol=1e-6)
+    r = invoke("attack", "mia", "-c", run, "-m", "loss,lira", "--reference-models", 4, "--min-models", 2, "--json")
+    assert r.exit_code == 0, r.output
+    auc = {a["attack"]: a["auc"] for a in json.loads(r.stdout)["attacks"]}
+    assert auc["loss"] > 0.6  # the overfitted loop leaks
+    r = invoke("report", run, "--out", tmp_path / "report", "--attacks", "loss")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("trainer", [None, "tests.core.byo_models:train_residual"])
+def test_audit_train_takes_a_factory_spec(npz, tmp_path, trainer):
+    args = ["--trainer", trainer, "--claimed-epsilon", 4, "--delta", 1e-5] if trainer else ["--noise-multiplier", 1]
+    if trainer is None:
+        args += ["--epochs", 1]
+    r = invoke(
+        "audit", "train", "--data", npz, "--model-spec", _spec_file(tmp_path / "spec.json"), "--runs", 4,
+        "--allow-inconclusive", "--json", *args,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["verdict"] == "inconclusive"  # 4 runs per side certify nothing; it ran
+
+
+def test_other_attacks_load_a_factory_run(trained_run):
+    for args in (["extract", "-b", 200], ["attribute", "-f", 0], ["inversion"]):
+        r = invoke("attack", args[0], "-c", trained_run, *args[1:])
+        assert r.exit_code == 0, (args, r.output)
+
+
+# --------------------------------------------------------------------------- bad input: one line, exit 2
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("tests.core.no_such_module_x:f", "cannot import module 'tests.core.no_such_module_x'"),
+        ("tests.core.byo_models:NOT_CALLABLE", "is a int, not callable"),
+        ("tests.core.byo_models:missing", "has no attribute 'missing'"),
+        ("tests.core.byo_models:not_a_module", "returned a dict; expected a torch.nn.Module"),
+        ("tests.core.byo_models:wrong_logits", "gives output [2, 3]; expected logits of shape [2, 2]"),
+        ("tests.core.byo_models:raises", "failed: RuntimeError: out of coffee"),
+        ("no colon", "expected a model factory as 'package.module:function'"),
+    ],
+)
+def test_bad_factories_are_one_line(npz, tmp_path, factory, message):
+    spec = _spec_file(tmp_path / "spec.json", factory)
+    r = invoke("train", "--data", npz, "--model-spec", spec, "--epochs", 1, "--out", tmp_path / "run")
+    assert message in one_error(r)
+    assert not (tmp_path / "run").exists()
+    r = invoke("import", tmp_path / "w.safetensors", "--model-spec", spec, "--out", tmp_path / "imp")
+    assert message in one_error(r)
+    assert not (tmp_path / "imp").exists()
+
+
+def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
+    spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:with_batchnorm")
+    r = invoke(
+        "train", "--data", npz, "--model-spec", spec, "--algo", "dpsgd", "--epsilon", 4, "--epochs", 1,
+        "--out", tmp_path / "dp",
+    )  # fmt: skip
+    assert "is BatchNorm, which mixes examples in a batch" in one_error(r)
+    assert not (tmp_path / "dp").exists()
+    r = invoke("train", "--data", npz, "--model-spec", spec, "--algo", "sgd", "--epochs", 1, "--out", tmp_path / "sgd")
+    assert r.exit_code == 0, r.output  # non-private training makes no per-example claim
+
+
+def test_weights_that_do_not_match_the_module_list_the_differences(npz, tmp_path):
+    from tests.core.byo_models import residual_mlp
+
+    state = residual_mlp(D, K, width=8).state_dict()  # other widths
+    state["extra.weight"] = torch.zeros(1)
+    del state["head.bias"]
+    save_file(state, str(tmp_path / "w.safetensors"))
+    (tmp_path / "members.txt").write_text("0\n1\n2\n")
+    r = invoke(
+        "import", tmp_path / "w.safetensors", "--model-spec", _spec_file(tmp_path / "spec.json"), "--data", npz,
+        "--members", tmp_path / "members.txt", "--out", tmp_path / "imp",
+    )  # fmt: skip
+    line = one_error(r)
+    assert "missing head.bias" in line and "unexpected extra.weight" in line
+    assert "inp.weight has shape [8, 6], expected [16, 6]" in line and "head.weight has shape" in line
+    assert not (tmp_path / "imp").exists()
+
+
+@pytest.fixture(scope="module")
+def trained_run(npz, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("run")
+    run = tmp / "run"
+    r = invoke("train", "--data", npz, "--model-spec", _spec_file(tmp / "spec.json"), "--epochs", 1, "--out", run)
+    assert r.exit_code == 0, r.output
+    return run
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"factory": "tests.core.no_such_module_y:f"}, "cannot import module 'tests.core.no_such_module_y'"),
+        ({"kwargs": {"d": D, "n_classes": K, "width": 4}}, "inp.weight has shape [16, 6], expected [4, 6]"),
+    ],
+)
+def test_a_run_whose_factory_no_longer_fits_refuses_to_load(trained_run, tmp_path, change, message):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    meta = json.loads((run / CHECKPOINT_FILE).read_text())
+    meta["model"].update(change)
+    (run / CHECKPOINT_FILE).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"weights do not match|cannot import"):
+        load_run(run)
+    r = invoke("inspect", run)
+    assert r.exit_code in (0, 2)  # inspect reads the JSON only; attacking needs the model:
+    r = invoke("attack", "mia", "-c", run, "-m", "loss")
+    assert message in one_error(r)
+
+
+def test_a_changed_factory_source_warns_but_loads(trained_run):
+    meta = json.loads((trained_run / CHECKPOINT_FILE).read_text())
+    with pytest.warns(UserWarning, match="source file of model factory .* changed"):
+        model_spec_from_dict({**meta["model"], "source_sha256": "0" * 64})
+
+
+def test_python_spec_validation():
+    with pytest.raises(InputError, match="must be a JSON object"):
+        PythonSpec(input_shape=(D,), n_classes=K, factory=FACTORY, kwargs=[1])
+    with pytest.raises(InputError, match="JSON-serialisable"):
+        PythonSpec(input_shape=(D,), n_classes=K, factory=FACTORY, kwargs={"d": object()})
+    spec = PythonSpec(input_shape=(D,), n_classes=K, factory=FACTORY, kwargs={"d": D, "n_classes": K})
+    # same seed, same initialisation (the factory runs under the seeded generator)
+    a, b = build_model(spec, seed=3).state_dict(), build_model(spec, seed=3).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _npy_dir(path: Path, X: np.ndarray, y: np.ndarray) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    np.save(path / "X.npy", X)
+    np.save(path / "y.npy", y)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"X": np.zeros((4, 2))}, "must hold arrays 'X' and 'y'"),
+        ({"X": np.zeros((4, 2)), "y": np.array([0, 1, 0])}, "X has 4 rows but y has 3"),
+        ({"X": np.zeros((4, 2)), "y": np.array([0.0, 1.5, 0.0, 1.0])}, "labels must be integers"),
+        ({"X": np.zeros((4, 2)), "y": np.array(["a", "b", "a", "b"])}, "labels must be integers, got dtype <U1"),
+    ],
+)
+def test_bad_npz(tmp_path, arrays, message):
+    np.savez(tmp_path / "d.npz", **arrays)
+    r = invoke("train", "--data", tmp_path / "d.npz", "--epochs", 1, "--out", tmp_path / "run")
+    assert message in one_error(r)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("X", "y", "message"),
+    [
+        (np.zeros((4, 2), np.float32), np.array([0, 1, 0]), "X.npy has 4 rows but y.npy has 3"),
+        (np.zeros((4, 2), np.float32), np.array([0.5, 1, 0, 1]), "labels must be integers"),
+        (np.zeros((4, 2), np.uint8), np.array([0, 1, 0, 1]), "X must be a floating-point array"),
+        (np.full((4, 2), np.nan, np.float32), np.array([0, 1, 0, 1]), "features contain NaN or inf"),
+        (None, np.array([0, 1, 0, 1]), "must hold X.npy and y.npy (missing: X.npy)"),
+    ],
+)
+def test_bad_npy_dir(tmp_path, X, y, message):
+    d = tmp_path / "data"
+    d.mkdir()
+    np.save(d / "y.npy", y)
+    if X is not None:
+        np.save(d / "X.npy", X)
+    r = invoke("train", "--data", d, "--epochs", 1, "--out", tmp_path / "run")
+    assert message in one_error(r)
+    assert not (tmp_path / "run").exists()
+
+
+def test_npy_dir_is_memory_mapped_and_hashed_like_the_same_arrays(tmp_path, monkeypatch):
+    import pickle
+
+    import dpaudit.data as data_module
+
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(301, 3, 4, 4)).astype(np.float32), rng.integers(0, 3, 301)
+    monkeypatch.setattr(data_module, "RELEASE_EVERY_BYTES", 10 * X[0].nbytes + 7)  # 31 chunks, the last partial
+    ds = load_dataset(str(_npy_dir(tmp_path / "d", X, y)))
+    assert ds.mapped is not None and not ds.X.flags.owndata and not ds.X.flags.writeable
+    import hashlib
+
+    whole = hashlib.sha256()  # the oracle: every byte at once
+    for a in (X, ds.y):
+        whole.update(f"{a.dtype.str}{a.shape}".encode())
+        whole.update(a.tobytes())
+    assert ds.sha256 == whole.hexdigest()  # chunked digest == all bytes at once
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    assert ds.sha256 == load_dataset(str(tmp_path / "d.npz")).sha256  # same arrays in memory, same hash
+    assert len(pickle.dumps(ds)) < 1000  # workers map the file again; X is not in the pickle
+    assert pickle.loads(pickle.dumps(ds)).sha256 == ds.sha256
+    d = ds.describe()
+    assert d["feature_shape"] == [3, 4, 4] and d["dtype"] == "float32" and d["memory_mapped"] is True
+
+
+def test_streamed_training_is_bit_identical_to_in_memory(tmp_path):
+    """The trainers read a memory-mapped X a batch at a time (StreamedFeatures); with the same
+    preprocessing they must produce exactly the weights of training on the rows held in memory."""
+    X, y = _data(300, seed=2)
+    mapped = load_dataset(str(_npy_dir(tmp_path / "d", X, y)))
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    memory = load_dataset(str(tmp_path / "d.npz"))
+    idx = np.arange(0, 300, 3)
+    spec = model_spec_from_dict(
+        {"kind": "python", "factory": FACTORY, "kwargs": {"d": D, "n_classes": K}, "input_shape": [D], "n_classes": K}
+    )
+    pre = Standardizer.fit(X[idx])
+    for config in (
+        TrainConfig(algo="sgd", epochs=2, batch_size=16, lr=0.1),
+        TrainConfig(algo="dpsgd", epochs=2, batch_size=16, lr=0.5, dp=DPConfig(noise_multiplier=1.0, clip=0.5)),
+    ):
+        a = fit_model(mapped, idx, spec, config, preprocessing=pre).model.state_dict()
+        b = fit_model(memory, idx, spec, config, preprocessing=pre).model.state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), config.algo
+
+
+def test_streamed_standardizer_matches_in_memory_fit(tmp_path):
+    rng = np.random.default_rng(3)
+    X = (rng.normal(size=(500, 2, 3, 3)) * 5 + 100).astype(np.float32)
+    X[:, 0, 0, 0] = 7.0  # a constant feature passes through (scale 1)
+    ds = load_dataset(str(_npy_dir(tmp_path / "d", X, rng.integers(0, 2, 500))))
+    idx = rng.choice(500, 300, replace=False)
+    a, b = Standardizer.fit_streamed(ds, idx, batch=64), Standardizer.fit(X[idx])
+    np.testing.assert_allclose(a.mean, b.mean, rtol=1e-6)
+    np.testing.assert_allclose(a.scale, b.scale, rtol=1e-5)
+    assert a.scale[0, 0, 0] == 1.0
+
+
+def test_a_changed_npy_file_is_detected(tmp_path):
+    X, y = _data(200)
+    d = _npy_dir(tmp_path / "d", X, y)
+    run = tmp_path / "run"
+    assert invoke("train", "--data", d, "--model", "logreg", "--epochs", 1, "--out", run).exit_code == 0
+    X[5, 0] += 1
+    np.save(d / "X.npy", X)
+    assert "changed since training" in one_error(invoke("attack", "mia", "-c", run, "-m", "loss"))
+
+
+RSS_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np
+    import dpaudit.data as data
+    from dpaudit.data import load_dataset
+    if sys.argv[2] == "never":  # planted mistake: the mapped pages are never released
+        data.MappedFile.release = lambda self: None
+    def rss():
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+        return int(fields["VmRSS"].split()[0]) * 1024
+    base = rss()
+    ds = load_dataset(sys.argv[1])  # validates X a block at a time
+    peak = rss()
+    rng = np.random.default_rng(0)
+    for _ in range(len(ds) // 64):  # scattered batches, as Poisson sampling reads them
+        ds.rows(rng.choice(len(ds), 64, replace=False))
+        peak = max(peak, rss())
+    print(peak - base, ds.X.nbytes)
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_streaming_a_mapped_file_keeps_resident_memory_small(tmp_path):
+    """Loading (validation) a 164 MB X.npy and reading random batches of rows from it grow the resident
+    set by far less than the file (pages are released after each batch and every 64 MiB of a pass);
+    never releasing them (planted) grows it by nearly the whole file: each scattered row maps the pages
+    around it too, which a release every 64 MiB *read* did not account for (a bug this test caught)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    X = np.lib.format.open_memmap(d / "X.npy", mode="w+", dtype=np.float32, shape=(10_000, 4096))
+    for s in range(0, 10_000, 1000):
+        X[s : s + 1000] = 1.0
+    X.flush()
+    del X
+    np.save(d / "y.npy", np.arange(10_000) % 2)
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    grown = {}
+    for mode in ("release", "never"):
+        out = subprocess.run(
+            [sys.executable, "-c", RSS_SCRIPT, str(d), mode], capture_output=True, text=True, env=env, check=True
+        ).stdout.split()
+        grown[mode], size = int(out[0]), int(out[1])
+    assert grown["release"] < 0.6 * size, grown  # 64 MiB + a batch of a 164 MB file
+    assert grown["never"] > 0.9 * size, grown  # the planted mistake is visible to this test
+
+
+def test_help_says_what_digits_is():
+    r = invoke("train", "--help")
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "divided by 16" in text and "1 x 8 x 8" in text and "memory-mapped" in text

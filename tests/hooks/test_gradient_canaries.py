@@ -1,0 +1,177 @@
+"""The gradient-canary hooks: what inject adds, what observe records, the formats, and the refusals.
+
+Oracles: with zero gradients and no noise, an observation is exactly the canary's draw (1 or 0), so the
+draws can be counted against Binomial(T, q); the noise summary is recomputed by a plain loop over
+the untouched coordinates from the noise the test itself added.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpaudit.errors import InputError
+from dpaudit.hooks import GradientCanaries, load_observations
+from dpaudit.hooks.core import dirac_scores
+
+SHAPES = {"fc.weight": (20, 10), "fc.bias": (10,)}
+
+
+def _loop(canaries, T, *, sigma=0.0, seed=1, kind="numpy", as_dict=True):
+    """A hand-written loop: random 'clipped sums', the hooks around N(0, σ²C²) noise; returns the noise."""
+    rng = np.random.default_rng(seed)
+    noises = []
+    for t in range(T):
+        g = {n: rng.normal(size=s) * 0.0 for n, s in SHAPES.items()}
+        z = {n: rng.normal(size=s) * sigma * canaries.clip for n, s in SHAPES.items()}
+        if kind == "torch":
+            import torch
+
+            g = {n: torch.as_tensor(v, dtype=torch.float32) for n, v in g.items()}
+        elif kind == "jax":
+            import jax.numpy as jnp
+
+            g = {n: jnp.asarray(v, dtype=jnp.float32) for n, v in g.items()}
+        grads = g if as_dict else list(g.values())
+        out = canaries.inject(t, grads)
+        vals = out if as_dict else dict(zip(SHAPES, out, strict=True))
+        if kind == "torch":
+            import torch
+
+            noisy = {n: vals[n] + torch.as_tensor(z[n], dtype=vals[n].dtype) for n in SHAPES}
+        elif kind == "jax":
+            noisy = {n: vals[n] + jnp.asarray(z[n], dtype=vals[n].dtype) for n in SHAPES}
+        else:
+            noisy = {n: vals[n] + z[n] for n in SHAPES}
+        canaries.observe(t, noisy if as_dict else [noisy[n] for n in SHAPES])
+        noises.append(z)
+    return noises
+
+
+def test_inject_adds_c_at_drawn_included_canaries_only():
+    T, q = 400, 0.25
+    c = GradientCanaries(SHAPES, count=40, sample_rate=q, clip=2.0, seed=3)
+    _loop(c, T)
+    obs = c.observations()
+    o = obs.observations
+    assert set(np.unique(o)) <= {0.0, 1.0}  # noise-free: exactly C/C at a drawn canary, else 0
+    assert np.all(o[:, ~obs.included] == 0)
+    draws = o[:, obs.included].sum(axis=0)
+    # Each included canary is drawn Binomial(T, q) times: all within 5 sd (bound 1 - 40·P(|Z| > 5) ≈ 1).
+    assert np.all(np.abs(draws - q * T) <= 5 * np.sqrt(T * q * (1 - q)))
+    assert 10 <= obs.included.sum() <= 30
+    # with σ = 0 the score is the count of draws
+    assert np.array_equal(dirac_scores(o, q, 0.0), o.sum(axis=0))
+
+
+@pytest.mark.parametrize("kind", ["torch", "jax"])
+def test_frameworks_give_the_numpy_observations(kind):
+    pytest.importorskip(kind)
+    ref = GradientCanaries(SHAPES, count=30, sample_rate=0.3, clip=1.0, seed=5)
+    _loop(ref, 20, sigma=1.0)
+    other = GradientCanaries(SHAPES, count=30, sample_rate=0.3, clip=1.0, seed=5)
+    _loop(other, 20, sigma=1.0, kind=kind)
+    a, b = ref.observations(), other.observations()
+    np.testing.assert_allclose(b.observations, a.observations, rtol=1e-5, atol=1e-5)  # float32 round trip
+    np.testing.assert_allclose(b.noise_ss, a.noise_ss, rtol=1e-5)
+
+
+def test_torch_keeps_dtype_and_sequence_input_gives_sequence():
+    torch = pytest.importorskip("torch")
+    c = GradientCanaries(SHAPES, count=5, sample_rate=1.0, clip=1.0, seed=0)
+    grads = [torch.zeros(s, dtype=torch.float64) for s in SHAPES.values()]
+    out = c.inject(0, grads)
+    assert isinstance(out, list) and all(o.dtype == torch.float64 for o in out)
+    assert all(float(g.abs().sum()) == 0 for g in grads)  # the caller's tensors are not modified
+    assert sum(float(o.sum()) for o in out) == c.included_.sum()  # q = 1: every included canary drawn
+
+
+def test_noise_summary_matches_a_plain_loop_over_untouched_coordinates():
+    c = GradientCanaries(SHAPES, count=25, sample_rate=0.5, clip=1.5, seed=2)
+    noises = _loop(c, 6, sigma=1.3, seed=9)
+    obs = c.observations()
+    offsets = {"fc.weight": 0, "fc.bias": 200}
+    touched = set(obs.coordinates.tolist())
+    for g, (name, shape) in enumerate(SHAPES.items()):
+        free = [j for j in range(int(np.prod(shape))) if offsets[name] + j not in touched]
+        assert obs.noise_count[g] == len(free)
+        for t in range(6):
+            z = noises[t][name].reshape(-1)
+            assert obs.noise_ss[t, g] == pytest.approx(sum(z[j] ** 2 for j in free), rel=1e-9)
+
+
+def test_prefix_and_names(tmp_path):
+    c = GradientCanaries({"_module." + n: s for n, s in SHAPES.items()}, count=3, sample_rate=0.5, clip=1, seed=0)
+    assert list(c.param_shapes) == list(SHAPES)
+    out = c.inject(0, {"_module." + n: np.zeros(s) for n, s in SHAPES.items()})
+    assert set(out) == {"_module." + n for n in SHAPES}  # the caller's names come back
+    c.observe(0, out)
+
+
+def test_bad_input_is_one_line_input_error(tmp_path):
+    c = GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    zeros = {n: np.zeros(s) for n, s in SHAPES.items()}
+    with pytest.raises(InputError, match="before inject"):
+        c.observe(0, zeros)
+    with pytest.raises(InputError, match="expected step 0"):
+        c.inject(1, zeros)
+    c.inject(0, zeros)
+    with pytest.raises(InputError, match="again before observe"):
+        c.inject(1, zeros)
+    with pytest.raises(InputError, match="expected step 0"):
+        c.observe(1, zeros)
+    with pytest.raises(InputError, match="another model"):
+        c.observe(0, {"fc.weight": np.zeros((20, 11)), "fc.bias": np.zeros(10)})
+    with pytest.raises(InputError, match="another model"):
+        c.observe(0, {"other": np.zeros(3)})
+    with pytest.raises(InputError, match="never observed"):
+        c.observations()
+    with pytest.raises(InputError, match="parameters"):
+        GradientCanaries(SHAPES, count=1000, sample_rate=0.5, clip=1.0, seed=0)
+    with pytest.raises(InputError, match="sample_rate"):
+        GradientCanaries(SHAPES, count=3, sample_rate=1.5, clip=1.0, seed=0)
+    with pytest.raises(InputError, match="clip"):
+        GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=None, seed=0).inject(0, zeros)
+
+
+def test_save_load_round_trip_never_overwrites(tmp_path):
+    c = GradientCanaries(SHAPES, count=8, sample_rate=0.5, clip=1.0, seed=4)
+    _loop(c, 5, sigma=1.0)
+    c.save(tmp_path / "c")
+    back = load_observations(tmp_path / "c")
+    a = c.observations()
+    assert back.steps == 5 and back.param_shapes == a.param_shapes
+    for k in ("coordinates", "included", "observations", "noise_ss", "noise_count", "projections"):
+        np.testing.assert_array_equal(getattr(back, k), getattr(a, k))
+    assert not any(p.suffix in {".pkl", ".pt", ".npy"} for p in (tmp_path / "c").iterdir())
+    with pytest.raises(InputError, match="already exists"):
+        c.save(tmp_path / "c")
+    c.save(tmp_path / "c", force=True)
+    with pytest.raises(InputError, match="not a gradient-canary directory"):
+        load_observations(tmp_path)
+
+
+def test_design_is_fixed_by_the_seed_and_coins_do_not_move_coordinates():
+    a = GradientCanaries(SHAPES, count=10, sample_rate=0.5, clip=1.0, seed=0)
+    b = GradientCanaries(SHAPES, count=10, sample_rate=0.5, clip=1.0, seed=0, included=np.ones(10, bool))
+    assert np.array_equal(a.coordinates_, b.coordinates_) and b.included_.all()
+    assert not np.array_equal(
+        a.included_, GradientCanaries(SHAPES, count=10, sample_rate=0.5, clip=1, seed=1).included_
+    )
+
+
+def test_jax_pytree_hooks_match_the_dict_api():
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from dpaudit.hooks.jax_adapter import pytree_hooks, pytree_shapes
+
+    params = {"fc": {"w": jnp.zeros((20, 10)), "b": jnp.zeros(10)}}
+    shapes = pytree_shapes(params)
+    assert shapes == {"['fc']['b']": (10,), "['fc']['w']": (20, 10)}
+    c = GradientCanaries(shapes, count=12, sample_rate=1.0, clip=1.0, seed=0)
+    inject, observe = pytree_hooks(c)
+    g = inject(0, params)
+    assert float(g["fc"]["w"].sum() + g["fc"]["b"].sum()) == c.included_.sum()
+    observe(0, g)
+    np.testing.assert_array_equal(c.observations().observations[0], c.included_.astype(float))

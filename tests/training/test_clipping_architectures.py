@@ -1,0 +1,399 @@
+"""Per-example clipping on architectures users bring (issue 24 item 2, issue 26 items 1-2).
+
+Every method, and ``auto``'s choice, against the loop clipper's clipped sum (the oracle), in float64
+at ``RTOL = 1e-6``: a residual CNN with GroupNorm, a transformer classifier whose positional
+embedding is called on ``torch.arange(T)`` (a layer whose input has no batch dimension), a model
+with a tied weight (embedding = output head), a module with a bare ``nn.Parameter`` used in
+``forward``, ``nn.MultiheadAttention`` (packed in-projection) in both batch layouts, and attention
+built from Linear layers and ``scaled_dot_product_attention``.
+
+``GhostClipper(model, check=False)`` runs the ghost plan without its first-call check (which would
+reroute a wrong layer to a vmap and so hide the mistake): these tests are the ones that catch a
+wrong ghost rule. The ``describe()`` assertions pin the route each layer takes, so a layer that
+silently leaves the ghost path fails too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dpaudit.training.clipping import GhostClipper, LoopClipper, make_clipper
+
+RTOL = 1e-6  # float64: the methods differ by rounding only (observed ~1e-14)
+N = 6
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-300))
+
+
+class ResidualGroupNormCNN(nn.Module):
+    """A small ResNet-style CNN: conv stem, one residual block with GroupNorm, pooled linear head."""
+
+    def __init__(self, width: int = 8, n_classes: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.gn1 = nn.GroupNorm(2, width)
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1)
+        self.gn2 = nn.GroupNorm(2, width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.down = nn.Conv2d(width, 2 * width, 1, stride=2)
+        self.head = nn.Linear(2 * width, n_classes)
+
+    def forward(self, x):
+        h = F.relu(self.gn1(self.stem(x)))
+        h = h + self.conv2(F.relu(self.gn2(self.conv1(h))))  # residual connection
+        return self.head(self.down(F.relu(h)).mean((2, 3)))
+
+
+class SelfAttention(nn.Module):
+    """Attention from Linear layers and F.scaled_dot_product_attention (no parameters of its own)."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(B, T, d))
+
+
+class ArangeTransformer(nn.Module):
+    """A transformer classifier as most code writes it: positions are ``arange(T)`` (no batch dim)."""
+
+    def __init__(self, vocab: int = 11, d: int = 8, T: int = 5, n_classes: int = 3, attention: str = "sdpa") -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(T, d)
+        self.ln1 = nn.LayerNorm(d)
+        self.attention = attention
+        self.attn = SelfAttention(d, 2) if attention == "sdpa" else nn.MultiheadAttention(d, 2, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        h = self.tok(tok) + self.pos(torch.arange(tok.shape[1], device=tok.device))
+        a = self.ln1(h)
+        h = h + (self.attn(a) if self.attention == "sdpa" else self.attn(a, a, a, need_weights=False)[0])
+        h = h + self.mlp(self.ln2(h))
+        return self.head(h.mean(1))
+
+
+class TiedLM(nn.Module):
+    """Token classifier whose output head is the embedding matrix (weight tying), as a module
+    (``head.weight = emb.weight``) or functionally (``h @ emb.weight.T``)."""
+
+    def __init__(self, vocab: int = 9, d: int = 6, functional: bool = False) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d)
+        self.functional = functional
+        if not functional:
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.head.weight = self.emb.weight
+
+    def forward(self, tok):
+        h = torch.tanh(self.mix(self.emb(tok))).mean(1)
+        return h @ self.emb.weight.T if self.functional else self.head(h)
+
+
+class BareParameter(nn.Module):
+    """A learned positional table, a CLS token and a scale used directly in ``forward``."""
+
+    def __init__(self, d: int = 6, T: int = 4, n_classes: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(5, d)
+        self.pos = nn.Parameter(torch.randn(T, d) * 0.5)
+        self.cls = nn.Parameter(torch.randn(1, 1, d) * 0.5)
+        self.block = ScaledBlock(d)
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, x):
+        h = self.inp(x) + self.pos  # (B, T, d) + (T, d)
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), h], dim=1)
+        return self.head(self.block(h)[:, 0])
+
+
+class ScaledBlock(nn.Module):
+    """A submodule owning a bare parameter and a Linear child."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, h):
+        return torch.tanh(self.lin(h) * self.gain) + h
+
+
+class SeqFirstMHA(nn.Module):
+    """nn.MultiheadAttention in its default (T, B, d) layout, with a key padding mask (batch at dim 0)."""
+
+    def __init__(self, d: int = 8, n_classes: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, d)
+        self.attn = nn.MultiheadAttention(d, 2)
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, x):
+        h = self.inp(x).transpose(0, 1)  # (T, B, d)
+        mask = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool, device=x.device)
+        mask[:, -1] = True
+        o, _ = self.attn(h, h, h, key_padding_mask=mask)
+        return self.head(o.mean(0))
+
+
+def _case(name: str):
+    g = torch.Generator().manual_seed(7)
+    torch.manual_seed(7)
+    if name == "resnet-groupnorm":
+        model, x = ResidualGroupNormCNN(), torch.randn(N, 3, 8, 8, generator=g)
+    elif name == "transformer-arange":
+        model, x = ArangeTransformer(), torch.randint(0, 11, (N, 5), generator=g)
+    elif name == "transformer-mha":
+        model, x = ArangeTransformer(attention="mha"), torch.randint(0, 11, (N, 5), generator=g)
+    elif name == "tied-module":
+        model, x = TiedLM(), torch.randint(0, 9, (N, 4), generator=g)
+    elif name == "tied-functional":
+        model, x = TiedLM(functional=True), torch.randint(0, 9, (N, 4), generator=g)
+    elif name == "bare-parameter":
+        model, x = BareParameter(), torch.randn(N, 4, 5, generator=g)
+    elif name == "mha-seq-first":
+        model, x = SeqFirstMHA(), torch.randn(N, 5, 4, generator=g)
+    else:
+        raise KeyError(name)
+    model = model.double().eval()
+    x = x.double() if x.is_floating_point() else x
+    n_classes = 9 if name.startswith("tied") else 3
+    return model, x, torch.randint(0, n_classes, (N,), generator=g)
+
+
+CASES = [
+    "resnet-groupnorm",
+    "transformer-arange",
+    "transformer-mha",
+    "tied-module",
+    "tied-functional",
+    "bare-parameter",
+    "mha-seq-first",
+]
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    """Per case: model, batch, a clip norm between the smallest and largest per-example norm, and
+    the loop clipper's result (the oracle)."""
+    out = {}
+    for name in CASES:
+        model, x, y = _case(name)
+        norms = LoopClipper(model)(x, y, 1.0).norms
+        clip = float(norms.min() + norms.max()) / 2
+        assert (norms < clip).any() and (norms > clip).any()  # both branches of the clip factor run
+        out[name] = (model, x, y, clip, LoopClipper(model)(x, y, clip))
+    return out
+
+
+def assert_oracle(clipper, case) -> None:
+    _, x, y, clip, ref = case
+    got = clipper(x, y, clip)
+    assert _rel(got.norms, ref.norms) < RTOL
+    for g, r in zip(got.grads, ref.grads, strict=True):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        assert _rel(g, r) < RTOL
+
+
+@pytest.mark.parametrize("name", [c for c in CASES if c != "tied-functional"])  # hooks cannot see that use
+def test_ghost_plan_without_its_check_matches_the_loop(oracle, name):
+    model = oracle[name][0]
+    assert_oracle(GhostClipper(model, check=False), oracle[name])
+
+
+@pytest.mark.parametrize("method", ["auto", "ghost", "vmap"])
+@pytest.mark.parametrize("name", CASES)
+def test_every_method_matches_the_loop(oracle, name, method):
+    assert_oracle(make_clipper(oracle[name][0], method), oracle[name])
+
+
+def _layers(name: str, oracle) -> dict[str, str]:
+    model, x, y, clip, _ = oracle[name]
+    clipper = make_clipper(model, "auto")
+    clipper(x, y, clip)
+    desc = clipper.describe()
+    assert desc["method"] == "ghost" and desc["requested"] == "auto", desc
+    return desc["layers"]
+
+
+def test_resnet_every_layer_on_the_ghost_path(oracle):
+    layers = _layers("resnet-groupnorm", oracle)
+    assert set(layers) == {"stem", "gn1", "conv1", "gn2", "conv2", "down", "head"}
+    assert not any(v.startswith("vmap") for v in layers.values())
+    # 8x8 images, T = 64 positions: 2T² = 8192 > p·d = 72·8 for a 3x3 convolution of 8 channels,
+    # so the cost model instantiates; the pooled head is rank one.
+    assert layers["conv1"].startswith("instantiate (T=64")
+    assert layers["head"] == "rank-one"
+    assert layers["gn1"] == "per-example (small)"
+
+
+def test_arange_positional_embedding_stays_on_the_ghost_path(oracle):
+    layers = _layers("transformer-arange", oracle)
+    assert layers["pos"].startswith("ghost-norm") and layers["tok"].startswith("ghost-norm")
+    assert layers["attn.qkv"].startswith("ghost-norm (T=5")
+    assert not any(v.startswith("vmap") for v in layers.values())
+
+
+def test_multihead_attention_routes(oracle):
+    params = "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias"
+    # The plain self-attention call: per-example gradients by recomputing the attention (no vmap).
+    layers = _layers("transformer-mha", oracle)
+    assert layers["attn"] == f"per-example by recomputing the attention: {params}", layers
+    assert not any(v.startswith("vmap") for v in layers.values())
+    # With a key padding mask (and the default need_weights): a vmap over the attention module alone.
+    layers = _layers("mha-seq-first", oracle)
+    assert layers["attn"] == f"vmap over the module: {params}", layers
+    assert sum(v.startswith("vmap") for v in layers.values()) == 1
+
+
+def test_tied_weights_are_instantiated_and_summed(oracle):
+    layers = _layers("tied-module", oracle)
+    assert layers["emb.weight"] == "instantiate, summed over its uses (tied: emb, head)"
+    assert not any(v.startswith("vmap") for v in layers.values())
+    # Used functionally outside the embedding's forward: found by the first-call check and moved to
+    # a vmap over the model; the rest stays on the ghost path.
+    layers = _layers("tied-functional", oracle)
+    assert layers["(model)"] == "vmap over the model: emb.weight" and layers["mix"].startswith("ghost-norm")
+
+
+def test_bare_parameters(oracle):
+    layers = _layers("bare-parameter", oracle)
+    assert layers["(model)"] == "vmap over the model: pos, cls"
+    assert layers["block"] == "vmap over the module: gain"
+    assert layers["inp"].startswith("instantiate") and layers["block.lin"].startswith("instantiate")
+
+
+class TwoCosts(nn.Module):
+    """One sequence, two Linear layers on the cost model's two sides: 2T² = 800 > 3·4 (instantiate)
+    and 2T² = 800 <= 32·32 (ghost norm), in the same backward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.narrow = nn.Linear(3, 32)
+        self.wide = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.wide(torch.tanh(self.narrow(x)))).mean(1))
+
+
+def test_mixed_per_layer_choice_in_one_pass():
+    torch.manual_seed(3)
+    model = TwoCosts().double()
+    x, y = torch.randn(N, 20, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    case = (model, x, y, clip, LoopClipper(model)(x, y, clip))
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, case)
+    layers = clipper.describe()["layers"]
+    assert layers["narrow"] == "instantiate (T=20: 2T²=800 > p·d=96)"
+    assert layers["wide"] == "ghost-norm (T=20: 2T²=800 <= p·d=1024)"
+    assert layers["head"] == "rank-one"
+
+
+def test_shared_input_counted_once_not_once_per_example():
+    """A Linear applied to a batch-less tensor: its per-example gradient is g_i contracted with the
+    shared input, and the clipped sum Σ_i c_i g_i aᵀ has each example once. Here every example has
+    the same output gradient direction, so the clipped sum is exactly B·min(1, C/‖g‖)·g aᵀ."""
+
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(3, 4, bias=False)
+            self.register_buffer("a", torch.ones(2, 3, dtype=torch.float64))
+
+        def forward(self, x):
+            return (x.unsqueeze(1) * self.q(self.a)).sum(1)  # (B, 2, 4) * (2, 4) -> (B, 4)
+
+    model = Shared().double()
+    x = torch.ones(5, 4, dtype=torch.float64)
+    y = torch.zeros(5, dtype=torch.long)
+    ref = LoopClipper(model)(x, y, 0.1)
+    got = GhostClipper(model, check=False)(x, y, 0.1)
+    assert _rel(got.grads[0], ref.grads[0]) < RTOL and _rel(got.norms, ref.norms) < RTOL
+    # Each example is clipped to norm C = 0.1: the sum over 5 identical examples has norm 0.5.
+    assert math.isclose(float(got.grads[0].norm()), 0.5, rel_tol=RTOL)
+
+
+def test_a_wrong_ghost_rule_is_rerouted_by_the_check(monkeypatch, oracle):
+    """The first-call check is the safety net: a planted wrong rule (a LayerNorm gradient scaled by
+    2) sends that layer to a vmap (still exact), and without the check the result is wrong."""
+    from dpaudit.training import clipping
+
+    model, x, y, clip, ref = oracle["transformer-arange"]
+    real = clipping._LayerNormHandler.part
+
+    def wrong(module, inputs, grads, names):
+        return real(module, inputs, [2 * g for g in grads], names)
+
+    monkeypatch.setattr(clipping._LayerNormHandler, "part", staticmethod(wrong))
+    checked = GhostClipper(model)
+    assert_oracle(checked, oracle["transformer-arange"])
+    assert checked.describe()["layers"]["(model)"].startswith("vmap over the model: ln1.weight")
+    unchecked = GhostClipper(model, check=False)(x, y, clip)
+    assert _rel(unchecked.norms, ref.norms) > 1e-3
+
+
+def test_auto_falls_back_to_the_loop_when_vmap_cannot_run():
+    class DataDependent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+            self.scale = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            h = self.lin(x) * self.scale
+            return h if float(h.sum()) > -1e9 else -h  # a Python branch on data: vmap cannot trace it
+
+    model = DataDependent().double()
+    x, y = torch.randn(N, 3, dtype=torch.float64), torch.randint(0, 2, (N,))
+    clipper = make_clipper(model, "auto")
+    ref = LoopClipper(model)(x, y, 0.5)
+    got = clipper(x, y, 0.5)
+    for g, r in zip(got.grads, ref.grads, strict=True):
+        assert _rel(g, r) < RTOL
+    desc = clipper.describe()
+    assert desc["method"] == "loop" and [t.split(":")[0] for t in desc["tried"]] == ["ghost", "vmap"]
+
+
+def test_auto_switches_to_vmap_when_a_later_batch_changes_the_call_pattern():
+    class Variable(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.head = nn.Linear(3, 2)
+
+        def forward(self, x):
+            h = x
+            for _ in range(1 if x.shape[0] < 5 else 2):  # depends on the batch size only
+                h = torch.tanh(self.lin(h))
+            return self.head(h)
+
+    model = Variable().double()
+    x, y = torch.randn(N, 3, dtype=torch.float64), torch.randint(0, 2, (N,))
+    clipper = make_clipper(model, "auto")
+    clipper(x[:4], y[:4], 0.5)
+    assert clipper.describe()["method"] == "ghost"
+    got = clipper(x, y, 0.5)  # 6 examples: lin is called twice, not as planned
+    ref = LoopClipper(model)(x, y, 0.5)
+    for g, r in zip(got.grads, ref.grads, strict=True):
+        assert _rel(g, r) < RTOL
+    assert clipper.describe()["method"] == "vmap" and clipper.describe()["tried"][0].startswith("ghost (later")

@@ -1,0 +1,105 @@
+"""`dpaudit audit canaries`: the one-run audits and the noise check of a run's gradient canaries.
+
+The simulated mechanism is DP-SGD exactly as claimed on a model whose data gradients vanish (every
+update is canaries + noise), through the hooks: correct, it must not be a violation (over 200 seeds,
+at most at the stated α: slow); with σC/√2 it must be one from one run (fast).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.cli.main import app
+from dpaudit.errors import InputError
+from dpaudit.hooks import GradientCanaries
+from dpaudit.workflows.hooks_audit import audit_canaries
+
+SHAPES = {"w": (60, 10), "b": (10,)}
+SIGMA, Q, T, DELTA = 1.0, 0.5, 10, 1e-5
+
+
+def claim() -> float:
+    return float(epsilon_for(dpsgd_event(noise_multiplier=SIGMA, sample_rate=Q, steps=T), DELTA, "pld"))
+
+
+def simulate(seed: int, out, *, factor: float = 1.0, count: int = 500, inclusion: str = "run"):
+    c = GradientCanaries(SHAPES, count=count, sample_rate=Q, clip=1.0, seed=seed, inclusion=inclusion)
+    rng = np.random.default_rng([seed, 99])
+    for t in range(T):
+        g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
+        c.observe(t, {n: v + factor * SIGMA * rng.normal(size=v.shape) for n, v in g.items()})
+    return c.save(out)
+
+
+def test_correct_is_not_a_violation_and_sqrt2_is(tmp_path):
+    ok = audit_canaries(simulate(0, tmp_path / "ok"), claimed_epsilon=claim(), delta=DELTA, noise_multiplier=SIGMA)
+    assert ok.verdict == "consistent" and ok.noise.verdict == "consistent"
+    # Bonferroni over the three formal tests: each at α/3
+    assert [a.result.confidence for a in ok.audits] == pytest.approx([1 - 0.05 / 3] * 2)
+    assert ok.noise.alpha == pytest.approx(0.05 / 3)
+    bug = audit_canaries(
+        simulate(0, tmp_path / "bug", factor=1 / math.sqrt(2)), claimed_epsilon=claim(), delta=DELTA,
+        noise_multiplier=SIGMA,
+    )  # fmt: skip
+    assert bug.verdict == "violation" and bug.noise.verdict == "violation"
+    # Without σ there is no curve and no noise check: the (ε, δ) one-run audit alone, at the full level.
+    alone = audit_canaries(tmp_path / "ok", claimed_epsilon=claim(), delta=DELTA)
+    assert alone.noise is None and [a.result.method for a in alone.audits] == ["one-run"]
+    assert alone.audits[0].result.confidence == pytest.approx(0.95)
+
+
+def test_canaries_reveal_a_model_that_is_not_private(tmp_path):
+    """(Almost) no noise: the canaries' own audit, without the noise check, refutes a claim of ε = 1."""
+    d = simulate(1, tmp_path / "c", factor=1e-6)
+    r = audit_canaries(d, claimed_epsilon=1.0, delta=DELTA)
+    assert r.noise is None and r.verdict == "violation" and r.audits[0].result.epsilon_lower_bound > 1.0
+
+
+def test_cli_json_and_bad_input(tmp_path):
+    simulate(0, tmp_path / "c")
+    base = ["audit", "canaries", str(tmp_path / "c"), "--claimed-epsilon", str(claim()), "--delta", str(DELTA)]
+    r = CliRunner().invoke(app, [*base, "--noise-multiplier", str(SIGMA), "--steps", str(T), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "consistent" and d["noise_check"]["verdict"] == "consistent" and d["steps"] == T
+    for extra, msg in [(["--steps", "11"], "observed 10"), (["--sample-rate", "0.25"], "q = 0.5"),
+                       (["--noise-multiplier", "0"], "--noise-multiplier")]:  # fmt: skip
+        r = CliRunner().invoke(app, [*base, *extra])
+        assert r.exit_code == 2 and msg in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    r = CliRunner().invoke(app, ["audit", "canaries", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "--claimed-epsilon" in r.output
+    simulate(0, tmp_path / "s", inclusion="step")
+    with pytest.raises(InputError, match="per step"):
+        audit_canaries(tmp_path / "s", claimed_epsilon=1.0, delta=DELTA)
+    (tmp_path / "c" / "canaries.json").write_text("{")
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 2 and "unreadable" in r.output
+
+
+@pytest.mark.slow
+def test_soundness_200_seeds_of_a_correct_mechanism(tmp_path, monkeypatch):
+    """200 correct runs: 'violation' (any of the three formal tests) is a false alarm of probability at most
+    α = 0.05, so the count is at most Binomial(200, 0.05)'s 99.9% quantile (21).
+
+    A violation depends only on the lower bounds (audit.result.decide_verdict), never on the largest ε the
+    design could certify, so that search (most of an audit's time) is replaced by +inf here."""
+    from scipy import stats
+
+    from dpaudit.audit import fdp_one_run, one_run
+
+    monkeypatch.setattr(fdp_one_run, "max_certifiable", lambda *a, **k: (math.inf, math.inf))
+    monkeypatch.setattr(one_run, "max_certifiable", lambda *a, **k: math.inf)
+
+    n = 200
+    alarms = sum(
+        audit_canaries(simulate(s, tmp_path / str(s), count=200), claimed_epsilon=claim(), delta=DELTA,
+                       noise_multiplier=SIGMA, seed=s).verdict == "violation"
+        for s in range(n)
+    )  # fmt: skip
+    assert alarms <= stats.binom.ppf(0.999, n, 0.05)
