@@ -18,11 +18,11 @@ What the outcome means:
 
 * a failed assertion with "violation" is evidence, at the chosen confidence, that the claim is false;
 * a pass means this test *could* have refuted the claim and did not;
-* a test that could never fail — the claim is at or above the largest ε that ``trials`` runs can
-  certify even with a perfect attack (``max_certifiable_epsilon``), verdict "inconclusive" — fails
-  by default with a message saying how many trials would be needed
-  (:func:`dpaudit.audit.trials_needed`): a powerless privacy test must not be a green build.
-  ``require_power=False`` lets it pass.
+* a test without power fails by default: :func:`assert_dp` simulates its own audit against a stated
+  alternative — by default randomized response at twice the claimed ε, the most detectable leak of
+  that size (:mod:`dpaudit.audit.power`) — and fails, naming the trials needed, when the audit would
+  catch that leak with probability below ``power`` (0.8). A green test then means the test could
+  have caught a 2x error and did not. ``require_power=False`` lets an underpowered test pass.
 """
 
 from __future__ import annotations
@@ -36,6 +36,14 @@ import numpy as np
 
 from dpaudit.audit.bounds import audit_scores
 from dpaudit.audit.plan import trials_needed
+from dpaudit.audit.power import (
+    DEFAULT_ALTERNATIVE_FACTOR,
+    DEFAULT_ALTERNATIVE_FAMILY,
+    DEFAULT_POWER,
+    hypothesised_leak,
+    simulated_power,
+    size_for_power,
+)
 from dpaudit.audit.result import AuditResult
 from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
@@ -239,12 +247,46 @@ def trials_for_power(
     outputs overlap, so refuting a false claim takes more.
     """
     n_eval = trials_needed(epsilon, delta=delta, confidence=confidence, method=method, threshold_selection="holdout")
+    return _with_pilot(n_eval, pilot)
+
+
+def _with_pilot(n_eval: int, pilot: bool) -> int:
+    """Trials per side whose audited share (after the pilot, when there is one) is at least ``n_eval``."""
     if not pilot:
         return max(n_eval, _MIN_TRIALS)
     t = max(_MIN_TRIALS, math.ceil(n_eval / (1.0 - PILOT_FRACTION)) - 2)
     while t - _n_pilot(t) < n_eval:  # a few steps at most: the pilot is a rounded fraction of t
         t += 1
     return t
+
+
+def _power_shortfall(
+    result: AuditResult, *, epsilon: float, trials: int, pilot: bool, method: str, power: float, leak, seed: int
+) -> str | None:
+    """None when the audit of ``trials`` per side refutes ``epsilon`` with probability ≥ ``power`` against
+    ``leak`` (simulated, :func:`dpaudit.audit.power.simulated_power`, on the audited runs with the same
+    method, δ, confidence and holdout selection; the pilot is assumed to learn the right direction); else
+    the failure message's core, naming the trials needed."""
+    n_eval = trials - (_n_pilot(trials) if pilot else 0)
+    audit = {"method": method, "delta": result.delta, "confidence": result.confidence}
+    p = simulated_power(n_eval, epsilon, leak, **audit, seed=seed) if result.max_certifiable_epsilon > epsilon else 0.0
+    if p >= power:
+        return None
+    try:
+        n0 = trials_needed(epsilon, delta=result.delta, confidence=result.confidence, method=method)
+        start = max(n0, n_eval)
+        n, _ = size_for_power(epsilon, leak, power=power, start=start, seed=seed, max_size=64 * start, **audit)
+        needed = (
+            f"about {_with_pilot(n, pilot)} trials per side for {power:.0%} power against this leak (simulated; at "
+            f"least {_with_pilot(n0, pilot)} even for a perfect attack)"
+        )
+    except InputError as e:
+        needed = f"no practical number of trials ({e})"
+    return (
+        f"the test has too little power against ({epsilon:g}, {result.delta:g})-DP: against {leak.describe()} it "
+        f"refutes the claim with probability {p:.2f} < {power:g} with {trials} trials per side (simulated audits; "
+        f"max certifiable epsilon {result.max_certifiable_epsilon:.4g}). Needed: {needed}"
+    )
 
 
 def assert_dp(
@@ -261,6 +303,9 @@ def assert_dp(
     direction: Direction | None = None,
     n_jobs: int = 1,
     require_power: bool = True,
+    power: float = DEFAULT_POWER,
+    alternative_epsilon: float | None = None,
+    alternative_family: str = DEFAULT_ALTERNATIVE_FAMILY,
 ) -> AuditResult:
     """Raise AssertionError when the audit refutes the (epsilon, delta)-DP claim; else return the result.
 
@@ -268,11 +313,15 @@ def assert_dp(
     (a formal "violation", or with method "gdp" an "estimate-exceeds-claim"); the message states the
     ε lower bound and the claimed ε.
 
-    ``require_power`` (default True): also fail when the verdict is "inconclusive" — the claimed ε is
-    at or above the largest ε this many trials could certify even with a perfect attack, so the test
-    could never fail. The message names that max certifiable ε and about how many trials per side
-    would be needed (a lower bound; see :func:`trials_for_power`). ``require_power=False`` passes
-    such a test silently.
+    ``require_power`` (default True): also fail when the test is powerless against the alternative
+    ``alternative_epsilon`` (default twice ``epsilon``) of ``alternative_family`` (default randomized
+    response, the most detectable leak of that ε; "gaussian" asks for power against a μ-GDP leak, which
+    needs far more trials): when this audit, simulated on that leak, would refute the claim with
+    probability below ``power`` (0.8). Not a perfect attack: the simulated attack is the likelihood-ratio
+    test on the alternative's scores, with this audit's own holdout split and threshold selection. The
+    message names the simulated power and about how many trials per side would reach ``power``
+    (:func:`dpaudit.audit.power.size_for_power`, the pilot's share added back). ``require_power=False``
+    passes such a test silently.
     """
     result = audit_mechanism(
         mechanism, data, neighbour, epsilon=epsilon, delta=delta, trials=trials,
@@ -285,23 +334,19 @@ def assert_dp(
             f"> claimed epsilon {epsilon:g} ({kind}, {result.method}, confidence {result.confidence:g})\n"
             + result.summary()
         )
-    if result.verdict == "inconclusive" and require_power:
-        try:
-            needed = trials_for_power(
-                epsilon, delta=result.delta, confidence=confidence, method=method, pilot=direction is None
+    if require_power:
+        alt = DEFAULT_ALTERNATIVE_FACTOR * epsilon if alternative_epsilon is None else alternative_epsilon
+        if not alt > epsilon:
+            raise InputError(f"expected alternative_epsilon > epsilon = {epsilon:g}, got {alt:g}")
+        leak = hypothesised_leak(family=alternative_family, epsilon=alt, delta=result.delta)
+        shortfall = _power_shortfall(
+            result, epsilon=epsilon, trials=trials, pilot=direction is None, method=method,
+            power=check_in_interval(0.0, 1.0, power=power), leak=leak, seed=seed,
+        )  # fmt: skip
+        if shortfall is not None:
+            raise AssertionError(
+                f"{shortfall}. Pass require_power=False to accept an underpowered test.\n" + result.summary()
             )
-            advice = (
-                f"about {needed} trials per side at least (a perfect attack could refute it then; a real one "
-                "needs more)"
-            )
-        except InputError as e:
-            advice = f"no practical number of trials ({e})"
-        raise AssertionError(
-            f"the test has no power against ({epsilon:g}, {delta:g})-DP: with {trials} trials per side the largest "
-            f"epsilon it can certify (max certifiable epsilon, perfect attack) is "
-            f"{result.max_certifiable_epsilon:.4g} <= claimed {epsilon:g}, so it could never fail. Needed: "
-            f"{advice}. Pass require_power=False to accept a powerless test.\n" + result.summary()
-        )
     return result
 
 

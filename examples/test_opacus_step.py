@@ -17,9 +17,11 @@ Gaussian's (Balle & Wang 2018, arXiv:1805.06530, Thm. 8), :data:`EPSILON` below.
 output is larger (shifted by lr·C), so the direction is known in advance (``direction="greater"``:
 no pilot runs, every trial audited).
 
-Trials: :func:`dpaudit.audit.plan.trials_needed` is the least number per side with which even a
-perfect attack could refute EPSILON; twice that gives the test room. The correct step passes; the
-same step with the noise removed — a planted bug — fails with "not (ε, δ)-DP".
+Trials: :func:`dpaudit.audit.plan.plan_design` gives the number per side with which the audit catches a
+leak of twice EPSILON (randomized response, the most detectable leak of that size) 80% of the time, by
+simulating the audit — the power ``assert_dp`` requires by default (the perfect-attack minimum,
+``trials_needed``, is far too few: such a test would almost never catch a real 2x error). The correct
+step passes; the same step with the noise removed — a planted bug — fails with "not (ε, δ)-DP".
 
 Run it with ``pytest examples/test_opacus_step.py`` (needs Opacus; skipped without it). About 2 s.
 """
@@ -32,7 +34,7 @@ import numpy as np
 import pytest
 
 from dpaudit.accounting import analytic_gaussian_epsilon
-from dpaudit.audit.plan import trials_needed
+from dpaudit.audit.plan import plan_design
 from dpaudit.seeding import torch_generator
 from dpaudit.testing import assert_dp
 
@@ -42,7 +44,7 @@ NOISE_MULTIPLIER = 4.0
 CLIP = 1.0
 DELTA = 1e-5
 EPSILON = analytic_gaussian_epsilon(NOISE_MULTIPLIER, DELTA)  # ≈ 0.93: one Gaussian step, sensitivity C
-TRIALS = 2 * trials_needed(EPSILON, delta=DELTA)  # per side; trials_needed alone is the bare minimum
+TRIALS = plan_design(EPSILON, delta=DELTA).size  # per side, for 80% power against a leak of 2 * EPSILON
 
 # Records (x, y): nine with zero gradient at w = 0, and the one the neighbour lacks.
 DATA = np.array([[1.0, 0.0]] * 9 + [[1.0, 1.0]])

@@ -51,6 +51,7 @@ from scipy.stats import binomtest
 
 from dpaudit.accounting.gdp import gdp_epsilon
 from dpaudit.audit import fdp_one_run, one_run
+from dpaudit.audit.holdout import select_then_evaluate, split
 from dpaudit.audit.result import (
     ALTERNATIVES,
     DESIGNS,
@@ -206,14 +207,6 @@ def _bonferroni_thresholds(method, pos, neg, alpha, delta) -> _ThresholdOutcome:
         value=float(obj[i]), threshold=float(t[i]), fp=int(fp[i]), fn=int(fn[i]), n_pos=n_pos, n_neg=n_neg,
         fpr_upper=float(fpr_u[i]), fnr_upper=float(fnr_u[i]), alpha_per_bound=a, n_thresholds=k_total,
     )  # fmt: skip
-
-
-def _holdout_split(member: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean masks (select, evaluate): floor(n/2) of each class select, the disjoint rest evaluates."""
-    sel = np.zeros(len(member), dtype=bool)
-    for idx in (np.flatnonzero(member), np.flatnonzero(~member)):
-        sel[rng.permutation(idx)[: len(idx) // 2]] = True
-    return sel, ~sel
 
 
 def _direction_alpha(alpha: float, alternative: str) -> float:
@@ -439,7 +432,8 @@ def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
             raise InputError(
                 f"holdout threshold selection needs at least 2 members and 2 non-members, got {n_pos} and {n_neg}"
             )
-        sel, ev = _holdout_split(mem, rng)  # one split, shared by both directions of a two-sided test
+        sel = split(mem, rng, stratified=True)  # one split, shared by both directions of a two-sided test
+        ev = ~sel
     best: _ThresholdOutcome | None = None
     direction = setup.alternative
     for d in _directions(setup.alternative):
@@ -449,8 +443,11 @@ def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
         elif selection == "bonferroni":
             out = _bonferroni_thresholds(method, x[mem], x[~mem], a_dir, delta)
         else:
-            t = _select_threshold(method, x[sel & mem], x[sel & ~mem], a_dir, delta)
-            out = _evaluate_fixed(method, x[ev & mem], x[ev & ~mem], t, a_dir, delta)
+            out = select_then_evaluate(
+                sel, (x, mem),
+                choose=lambda xs, ms: _select_threshold(method, xs[ms], xs[~ms], a_dir, delta),
+                evaluate=lambda t, xe, me: _evaluate_fixed(method, xe[me], xe[~me], t, a_dir, delta),
+            )  # fmt: skip
         if best is None or out.value > best.value:
             best, direction = out, d
     assert best is not None
@@ -529,20 +526,61 @@ def _audit_one_run(s, mem, setup: _Setup, k_plus, k_minus, rng, family=None) -> 
     }  # fmt: skip
     if family.name == "gdp":
         details["mu_lower_bound"] = out.parameter
-    return _finish(setup, out.epsilon, out.max_certifiable, counts, None, notes, details, formal=family.formal)
+    refutation = None if family.claim_curve is None else _curve_refutation(family, out, setup)
+    return _finish(
+        setup, out.epsilon, out.max_certifiable, counts, None, notes, details, formal=family.formal,
+        refutation=refutation,
+    )  # fmt: skip
 
 
-def _finish(setup: _Setup, eps, max_cert, counts, threshold, notes, details, *, formal: bool = True) -> AuditResult:
+def _curve_refutation(family: fdp_one_run.TradeoffFamily, out: fdp_one_run.FdpOutcome, setup: _Setup) -> dict:
+    """What the one-run f-DP audit against the claim's own curve family shows: a refutation of curves.
+
+    The family is nested (a larger t = 1/noise multiplier is a leakier curve, a weaker guarantee): a
+    mechanism that is not f_t-DP is not f_s-DP for any s ≤ t either, so every curve with a noise
+    multiplier ≥ 1/t is refuted with the largest refuted t (:func:`dpaudit.audit.fdp_one_run.largest_refuted`).
+    Its ε(δ) increases in t, so the curve whose ε(δ) is the claim is refuted exactly when the refuted
+    curve's ε exceeds the claim.
+    """
+    t, eps = out.parameter, max(0.0, out.epsilon)
+    sigma = 1.0 / t if t > 0 else None
+    curve, name, claimed = family.claim_curve, family.name, setup.claimed
+    refuted = None if claimed is None else eps > claimed
+    if sigma is None:
+        shown = f"no {name} curve is refuted"
+    else:
+        shown = f"every {name} curve with noise multiplier >= {sigma:.4g} is refuted (each with epsilon <= {eps:.4g})"
+    if refuted is None:
+        statement = shown[0].upper() + shown[1:]
+    elif refuted:
+        statement = (
+            f"the claimed {curve} curve is refuted: {shown}, and the claim (epsilon = {claimed:g} at delta = "
+            f"{setup.delta:g}) is one of them; a refutation of the curve, not an epsilon lower bound"
+        )
+    else:
+        statement = f"the claimed {curve} curve is not refuted: {shown}, not the claim's (epsilon = {claimed:g})"
+    return {
+        "statement": statement, "family": name, "curve": curve, "parameter": "noise_multiplier",
+        "refuted_noise_multiplier_from": sigma, "claimed_curve_refuted": refuted,
+    }  # fmt: skip
+
+
+def _finish(
+    setup: _Setup, eps, max_cert, counts, threshold, notes, details, *, formal: bool = True, refutation=None
+) -> AuditResult:
     eps = float(max(0.0, eps))
     max_cert = float(max_cert)
     claimed = setup.claimed
     formal = formal and is_formal(setup.method, setup.design)
+    # A claim-curve refutation is formal only where the one-run design is (canaries).
+    refutes_curve = refutation is not None and is_formal(setup.method, setup.design)
     caveats = []
     if setup.method == "gdp":
         caveats.append(_GDP_NOTE)
     if not formal and setup.design in _DESIGN_NOTES and setup.method != "one-run-fdp":
         caveats.append(_DESIGN_NOTES[setup.design])
-    notes = [*caveats, *notes]
+    # The refutation's statement leads the notes, so every renderer of notes (Markdown, HTML) shows it.
+    notes = [*([] if refutation is None else [refutation["statement"]]), *caveats, *notes]
     if claimed is not None and claimed >= max_cert and eps <= claimed:
         notes.append(
             f"design too small: max certifiable epsilon = {max_cert:.3g} <= claimed {claimed:g} -> inconclusive "
@@ -554,7 +592,7 @@ def _finish(setup: _Setup, eps, max_cert, counts, threshold, notes, details, *, 
         confidence=setup.confidence,
         delta=setup.delta,
         claimed_epsilon=claimed,
-        verdict=decide_verdict(eps, claimed, max_cert, formal=formal),
+        verdict=decide_verdict(eps, claimed, max_cert, formal=formal, refutes_curve=refutes_curve),
         max_certifiable_epsilon=max_cert,
         counts=counts,
         threshold=threshold,
@@ -563,6 +601,7 @@ def _finish(setup: _Setup, eps, max_cert, counts, threshold, notes, details, *, 
         design=setup.design,
         notes=tuple(notes),
         details=details,
+        refutation=refutation,
     )
 
 

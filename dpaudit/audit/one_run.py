@@ -16,11 +16,13 @@ p-value is ≤ α = 1 − confidence. Everything here is computed exactly from b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize, special
 
+from dpaudit.audit.holdout import select_then_evaluate, split
 from dpaudit.audit.stats import clopper_pearson_lower
 from dpaudit.errors import InputError
 
@@ -258,9 +260,34 @@ def draw_design(m: int, selection: str, rng: np.random.Generator) -> tuple[np.nd
         return tiebreak, None
     if m < 4:
         raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
-    sel = np.zeros(m, dtype=bool)
-    sel[rng.permutation(m)[: m // 2]] = True
-    return tiebreak, sel
+    return tiebreak, split(np.zeros(m, dtype=bool), rng, stratified=False)  # the bits are not looked at
+
+
+def choose_guess_fractions(criterion: Callable[[int, np.ndarray, np.ndarray, np.ndarray], int]):
+    """A chooser for :func:`dpaudit.audit.holdout.select_then_evaluate`, shared by the (ε, δ) and f-DP
+    one-run audits: on the selection part (scores, member bits, tie-breaking keys) it returns the guess
+    fractions (f₊, f₋) of :func:`_fraction_pairs` whose counts there maximise
+    ``criterion(m_part, k_plus, k_minus, correct) -> index`` (any rule keeps the level; see
+    :mod:`dpaudit.audit.holdout` for why a count chosen from the same run is valid)."""
+
+    def choose(scores: np.ndarray, member: np.ndarray, tiebreak: np.ndarray) -> tuple[float, float]:
+        fp, fm = _fraction_pairs()
+        kp, km = _fractions_to_counts(fp, fm, len(scores))
+        top, bottom = guess_counts(scores, member, tiebreak)
+        i = criterion(len(scores), kp, km, top[kp] + bottom[km])
+        return float(fp[i]), float(fm[i])
+
+    return choose
+
+
+def apply_guess_fractions(
+    fractions: tuple[float, float], scores: np.ndarray, member: np.ndarray, tiebreak: np.ndarray
+) -> tuple[int, int, int, int]:
+    """(k₊, k₋, correct, m_part) of the chosen fractions on the evaluation part (counts floor(f·m_part))."""
+    m_part = len(scores)
+    kp, km = (int(x[0]) for x in _fractions_to_counts(np.array([fractions[0]]), np.array([fractions[1]]), m_part))
+    top, bottom = guess_counts(scores, member, tiebreak)
+    return kp, km, int(top[kp] + bottom[km]), m_part
 
 
 def audit(
@@ -319,18 +346,17 @@ def _audit_direction(scores, member, delta, alpha, selection, tiebreak, sel, k_p
         note = f"guess counts searched over {len(kp_grid)} (k+, k-) pairs; each test at alpha = {a:.3g} (Bonferroni)"
         r, v = kp + km, int(top[kp] + bottom[km])
         return OneRunOutcome(eps, mcert, kp, km, r, v, m, a, len(kp_grid), note, direction)
-    m_a, m_b = int(sel.sum()), int((~sel).sum())
-    fp, fm = _fraction_pairs()
-    kp_a, km_a = _fractions_to_counts(fp, fm, m_a)
-    top, bottom = guess_counts(scores[sel], member[sel], tiebreak[sel])
-    _, i = best_bound_over_pairs(
-        m_a, kp_a + km_a, top[kp_a] + bottom[km_a], delta, alpha / _SELECTION_ALPHA_DIVISOR,
-        tol=_SELECTION_TOL, max_evaluations=_SELECTION_EVALUATIONS,
-    )  # fmt: skip
-    kp_b, km_b = _fractions_to_counts(fp, fm, m_b)
-    kp, km = int(kp_b[i]), int(km_b[i])
-    top, bottom = guess_counts(scores[~sel], member[~sel], tiebreak[~sel])
-    r, v = kp + km, int(top[kp] + bottom[km])
+
+    def criterion(m_a, kp_a, km_a, correct) -> int:
+        return best_bound_over_pairs(
+            m_a, kp_a + km_a, correct, delta, alpha / _SELECTION_ALPHA_DIVISOR, tol=_SELECTION_TOL,
+            max_evaluations=_SELECTION_EVALUATIONS,
+        )[1]  # fmt: skip
+
+    kp, km, v, m_b = select_then_evaluate(
+        sel, (scores, member, tiebreak), choose_guess_fractions(criterion), apply_guess_fractions
+    )
+    r = kp + km
     eps = one_run_epsilon_lower_bound(m_b, r, v, delta, alpha)
-    note = f"guess counts chosen on a random half ({m_a} canaries) and evaluated on the other {m_b}"
+    note = f"guess counts chosen on a random half ({m - m_b} canaries) and evaluated on the other {m_b}"
     return OneRunOutcome(eps, mcert, kp, km, r, v, m_b, alpha, 1, note, direction)

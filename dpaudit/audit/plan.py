@@ -1,13 +1,17 @@
-"""Planning an audit: how many runs (or canaries) a design needs before it can refute a claim.
+"""Planning an audit: how many runs (or canaries) a design needs to refute a claim.
 
-An audit can only refute a claimed ε below its *max certifiable ε* — the bound a perfect attack
-would give with the same sample sizes, confidence, threshold selection and direction
-(:func:`dpaudit.audit.max_certifiable_epsilon`). A claim at or above it is "inconclusive" whatever
-the data say. :func:`trials_needed` inverts that: the smallest size whose max certifiable ε exceeds a
-target, so that a test of the target claim has at least the *possibility* of failing.
+Two numbers, in the design's unit — runs per side for the multi-run methods (clopper-pearson, gdp:
+runs with the record and as many without), canaries for the one-run methods (one-run, one-run-fdp):
 
-Because it assumes a perfect attack (every test decision right), the answer is a lower bound on what
-a real audit needs: a real attack's error rates make the bound smaller, often much smaller.
+* :func:`plan_design` — the size at which the audit refutes the claim with a stated power (default
+  0.8) if the mechanism leaks like a stated hypothesis (a true ε or μ of a gaussian or
+  randomized-response family), found by simulating the audit itself (:mod:`dpaudit.audit.power`).
+  This is the number to plan with.
+* :func:`trials_needed` — the size below which not even a perfect attack could refute the claim:
+  the smallest size whose *max certifiable ε* (:func:`dpaudit.audit.max_certifiable_epsilon`, the
+  bound of an attack that never errs) exceeds the claim. Below it the verdict is "inconclusive"
+  whatever the data say; at it a real attack usually still fails (the perfect-attack number is a
+  lower bound, often 3-30x too small).
 
     >>> from dpaudit.audit import trials_needed
     >>> trials_needed(2.0, delta=1e-5)  # runs with and runs without the record, each
@@ -21,26 +25,44 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dpaudit.audit.bounds import max_certifiable_epsilon
+from dpaudit.audit.power import (
+    DEFAULT_ALTERNATIVE_FACTOR,
+    DEFAULT_ALTERNATIVE_FAMILY,
+    DEFAULT_POWER,
+    DEFAULT_SIMULATIONS,
+    MAX_SIMULATED_SIZE,
+    ONE_RUN_METHODS,
+    hypothesised_leak,
+    size_for_power,
+)
 from dpaudit.audit.result import ALTERNATIVES, METHODS, THRESHOLD_SELECTIONS
 from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
 
 DEFAULT_MAX_TRIALS = 10**8
+# size_advice simulates designs up to this size only (a refusal message must come at once).
+ADVICE_MAX_SIMULATED = 5000
+
+
+def _one_run(method: str) -> bool:
+    return method in ONE_RUN_METHODS
 
 
 def _smallest_size(method: str, selection: str) -> int:
-    """Smallest trials per side (one-run: canaries) that the design accepts."""
-    if method == "one-run":
+    """Smallest runs per side (one-run methods: canaries) that the design accepts."""
+    if _one_run(method):
         return 4 if selection == "holdout" else 2  # the one-run holdout split needs ≥ 4 canaries
     return 2 if selection == "holdout" else 1  # holdout needs ≥ 2 of each class
 
 
-def _certifiable(n: int, method: str, delta: float, confidence: float, selection: str, alternative: str) -> float:
-    """max certifiable ε with n trials per side (one-run: n canaries, about half of them included)."""
-    n_pos, n_neg = (n - n // 2, n // 2) if method == "one-run" else (n, n)
+def _certifiable(
+    n: int, method: str, delta: float, confidence: float, selection: str, alternative: str, tradeoff
+) -> float:
+    """max certifiable ε with n runs per side (one-run methods: n canaries, about half of them included)."""
+    n_pos, n_neg = (n - n // 2, n // 2) if _one_run(method) else (n, n)
     return max_certifiable_epsilon(
         n_pos, n_neg, method=method, delta=delta, confidence=confidence, threshold_selection=selection,
-        alternative=alternative,
+        alternative=alternative, tradeoff=tradeoff,
     )  # fmt: skip
 
 
@@ -53,11 +75,14 @@ def trials_needed(
     threshold_selection: str = "holdout",
     alternative: str = "greater",
     max_trials: int = DEFAULT_MAX_TRIALS,
+    tradeoff="epsilon-delta",
 ) -> int:
     """Smallest design size whose max certifiable ε exceeds ``target_epsilon``.
 
-    The size is the number of trials *per side* (runs with the record and, as many, runs without it)
-    for the threshold methods ("clopper-pearson", "gdp"), and the number of canaries m for "one-run".
+    The size is the number of runs *per side* (runs with the record and, as many, runs without it)
+    for the threshold methods ("clopper-pearson", "gdp"), and the number of canaries m for "one-run"
+    and "one-run-fdp" (the latter against ``tradeoff``, by default the (ε, δ) family as in
+    ``dpaudit audit scores``).
     With fewer, even a perfect attack leaves a claim of ``target_epsilon`` "inconclusive"
     (:func:`dpaudit.audit.decide_verdict`).
 
@@ -86,13 +111,13 @@ def trials_needed(
     selection = check_choice(THRESHOLD_SELECTIONS, threshold_selection=threshold_selection)
     alternative = check_choice(ALTERNATIVES, alternative=alternative)
     max_trials = check_positive_int(max_trials=max_trials)
-    if method == "gdp" and delta == 0.0:
-        raise InputError("the gdp method needs delta > 0")
-    if method == "one-run" and selection == "fixed":
-        raise InputError("plan a one-run design with threshold_selection 'holdout' or 'bonferroni'")
+    if method in ("gdp", "one-run-fdp") and delta == 0.0:
+        raise InputError(f"the {method} method needs delta > 0")
+    if _one_run(method) and selection == "fixed":
+        raise InputError(f"plan a {method} design with threshold_selection 'holdout' or 'bonferroni'")
 
     def f(n: int) -> float:
-        return _certifiable(n, method, delta, confidence, selection, alternative)
+        return _certifiable(n, method, delta, confidence, selection, alternative, tradeoff)
 
     lo = _smallest_size(method, selection)
     if lo > max_trials:
@@ -115,12 +140,12 @@ def trials_needed(
         if v_hi > target:
             break
         history.append((hi, v_hi))
-        if method == "one-run" and delta > 0.0 and len(history) >= 3:
+        if _one_run(method) and delta > 0.0 and len(history) >= 3:
             (_, a), (_, b), (_, c) = history[-3:]
             if 0.0 < a and c < b < a:  # past the peak: the δ term 2mδ now dominates
                 best_n, best_v = max(history, key=lambda t: t[1])
                 raise InputError(
-                    f"epsilon = {target:g} is out of reach of the one-run method at delta = {delta:g}: its max "
+                    f"epsilon = {target:g} is out of reach of the {method} method at delta = {delta:g}: its max "
                     f"certifiable epsilon peaks at about {best_v:.3g} (near {best_n} canaries) and decreases for "
                     "more canaries (the 2*m*delta term of Steinke et al. 2023); audit independent runs instead "
                     "(clopper-pearson, design multi-run)"
@@ -137,42 +162,70 @@ def trials_needed(
 
 
 def _unit(method: str) -> str:
-    return "canaries" if method == "one-run" else "trials per side"
+    return "canaries" if _one_run(method) else "runs per side"
 
 
 @dataclass(frozen=True)
 class DesignPlan:
-    """The smallest design that could refute a claim of ``target_epsilon`` (see :func:`plan_design`).
+    """The design size an audit needs against a hypothesised leak (see :func:`plan_design`).
 
     Attributes:
-        target_epsilon: the ε the audit must be able to refute.
-        method, threshold_selection, alternative: the audit's design, as for ``audit_scores``.
-        trials: runs per side (threshold methods) or canaries (one-run).
-        unit: "trials per side" or "canaries".
-        max_certifiable_epsilon: what a perfect attack certifies at ``trials`` (> target_epsilon).
-        confidence, delta: as for ``audit_scores``.
-        note: what the number means and assumes.
+        target_epsilon: the claimed ε the audit must refute.
+        method, threshold_selection, alternative, confidence, delta: the audit's design, as for
+            ``audit_scores``; tradeoff: the one-run f-DP family (its name), None for other methods.
+        unit: "runs per side" (multi-run methods: runs with the record and as many without) or
+            "canaries" (one-run methods: canaries of one run, each included with probability 1/2).
+        size: the size for ``power``, by simulation of the audit (JSON key ``runs_per_side`` or
+            ``canaries``).
+        simulated_power: the simulated power at ``size`` (≥ power), from ``simulations`` draws.
+        leak: the hypothesised leak (family, epsilon, delta, mu).
+        perfect_attack_size: the smallest size at which even a perfect attack could refute the claim
+            (:func:`trials_needed`), with ``max_certifiable_epsilon`` there: a lower bound on ``size``.
+        note: what the numbers mean and assume.
     """
 
     target_epsilon: float
     method: str
     threshold_selection: str
     alternative: str
-    trials: int
-    unit: str
-    max_certifiable_epsilon: float
     confidence: float
     delta: float
+    tradeoff: str | None
+    unit: str
+    size: int
+    power: float
+    simulated_power: float
+    simulations: int
+    leak: dict[str, Any]
+    perfect_attack_size: int
+    max_certifiable_epsilon: float
     note: str
 
+    @property
+    def key(self) -> str:
+        return "canaries" if self.unit == "canaries" else "runs_per_side"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        size, perfect = d.pop("size"), d.pop("perfect_attack_size")
+        return {self.key: size, f"perfect_attack_{self.key}": perfect, **d}
 
     def summary(self) -> str:
+        leak = self.leak
+        what = (
+            f"gaussian leak mu = {leak['mu']:.4g} (true epsilon {leak['epsilon']:.4g} at delta {leak['delta']:g})"
+            if leak["family"] == "gaussian"
+            else f"randomized response at true epsilon = {leak['epsilon']:.4g}"
+        )
+        design = f"{self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
+        design += f"delta {self.delta:g}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
         return (
-            f"{self.trials} {self.unit} needed to refute epsilon = {self.target_epsilon:g} "
-            f"({self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
-            f"delta {self.delta:g}); max certifiable epsilon there: {self.max_certifiable_epsilon:.4g}\n"
+            f"{self.size} {self.unit} needed to refute epsilon = {self.target_epsilon:g} with power {self.power:g} "
+            f"against a {what}: the simulated audit refuted it in {self.simulated_power:.0%} of {self.simulations} "
+            f"draws\n"
+            f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
+            f"{self.max_certifiable_epsilon:.4g}); a real attack needs more\n"
+            f"design: {design}\n"
             f"note: {self.note}"
         )
 
@@ -185,37 +238,102 @@ def plan_design(
     method: str = "clopper-pearson",
     threshold_selection: str = "holdout",
     alternative: str = "greater",
+    tradeoff="epsilon-delta",
+    true_epsilon: float | None = None,
+    mu: float | None = None,
+    family: str | None = None,
+    power: float = DEFAULT_POWER,
+    simulations: int = DEFAULT_SIMULATIONS,
+    seed: int = 0,
     max_trials: int = DEFAULT_MAX_TRIALS,
+    max_size: int = MAX_SIMULATED_SIZE,
 ) -> DesignPlan:
-    """:func:`trials_needed` with the design it was computed for, as plain data (for the CLI)."""
-    n = trials_needed(
-        target_epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
-        alternative=alternative, max_trials=max_trials,
+    """The size an audit of ``target_epsilon`` needs for ``power`` against a hypothesised leak.
+
+    The leak is ``true_epsilon`` (at ``delta``) or ``mu`` (gaussian family) of ``family``
+    (:func:`dpaudit.audit.power.hypothesised_leak`; default "gaussian" with ``mu``, else
+    "randomized-response"); with neither, randomized response at twice the claimed ε (the default
+    alternative of :func:`dpaudit.testing.assert_dp`: the most detectable leak of that size, see
+    :data:`dpaudit.audit.power.DEFAULT_ALTERNATIVE_FAMILY`). The size is found by simulating
+    the audit itself (:func:`dpaudit.audit.power.size_for_power`: random inclusion for one-run designs,
+    the holdout split, the threshold or guess-count selection), starting from the perfect-attack size
+    (:func:`trials_needed`), which is reported beside it.
+    """
+    target = check_non_negative(target_epsilon=target_epsilon)
+    if true_epsilon is None and mu is None:
+        if target == 0.0:
+            raise InputError("a claim of epsilon = 0 needs a stated leak to plan against: give true_epsilon or mu")
+        true_epsilon = DEFAULT_ALTERNATIVE_FACTOR * target
+    if family is None:
+        family = "gaussian" if mu is not None else DEFAULT_ALTERNATIVE_FAMILY
+    leak = hypothesised_leak(family=family, epsilon=true_epsilon, mu=mu, delta=delta)
+    n0 = trials_needed(
+        target, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
+        alternative=alternative, max_trials=max_trials, tradeoff=tradeoff,
     )  # fmt: skip
-    if method == "one-run":
+    audit = {
+        "method": method, "delta": delta, "confidence": confidence, "threshold_selection": threshold_selection,
+        "alternative": alternative,
+    }  # fmt: skip
+    if method == "one-run-fdp":
+        audit["tradeoff"] = tradeoff
+    n, p = size_for_power(
+        target, leak, power=power, start=n0, simulations=simulations, seed=seed, max_size=max_size, **audit
+    )
+    if _one_run(method):
         note = (
-            "canaries in one run, each included independently with probability 1/2; assumes a perfect attack "
-            "(every guess right), so a real audit needs more"
+            "canaries of one run, each included independently with probability 1/2 (so the simulated inclusion "
+            "count varies, as it will); scores drawn from the hypothesised leak, the likelihood-ratio statistic, "
+            "so the simulated attack is the strongest against it; a weaker attack needs more"
         )
     else:
         note = (
-            "independent runs with the record and as many without it; assumes a perfect attack (no test "
-            "errors), so a real audit needs more"
+            "independent runs with the record and as many without; scores drawn from the hypothesised leak, the "
+            "likelihood-ratio statistic, so the simulated attack is the strongest against it; a weaker attack "
+            "needs more"
         )
+    tname = None if not method == "one-run-fdp" else getattr(tradeoff, "name", str(tradeoff))
     return DesignPlan(
-        target_epsilon=float(target_epsilon),
-        method=method,
-        threshold_selection=threshold_selection,
-        alternative=alternative,
-        trials=n,
-        unit=_unit(method),
+        target_epsilon=float(target), method=method, threshold_selection=threshold_selection,
+        alternative=alternative, confidence=float(confidence), delta=float(delta), tradeoff=tname,
+        unit=_unit(method), size=n, power=float(power), simulated_power=float(p), simulations=int(simulations),
+        leak=leak.to_dict(), perfect_attack_size=n0,
         max_certifiable_epsilon=float(
-            _certifiable(n, method, float(delta), float(confidence), threshold_selection, alternative)
+            _certifiable(n0, method, float(delta), float(confidence), threshold_selection, alternative, tradeoff)
         ),
-        confidence=float(confidence),
-        delta=float(delta),
         note=note,
+    )  # fmt: skip
+
+
+def size_advice(claimed_epsilon: float, *, method: str, delta: float, confidence: float = 0.95, **plan: Any) -> str:
+    """One phrase naming the size an audit of ``claimed_epsilon`` needs (for refusals and assertion messages):
+    the size for 80% power against the default alternative (randomized response at twice the claim) and
+    the perfect-attack minimum; ``plan``: further :func:`plan_design` arguments.
+
+    A refusal must answer at once, so the simulation is bounded: 100 draws per size, designs up to
+    :data:`ADVICE_MAX_SIMULATED` (above it only the perfect-attack minimum is named, with a pointer to
+    ``dpaudit audit plan``) and at most 32 times the perfect-attack size."""
+    unit = _unit(method)
+    try:
+        n0 = trials_needed(claimed_epsilon, method=method, delta=delta, confidence=confidence)
+    except InputError as e:  # out of reach of this method (e.g. the one-run ceiling at delta > 0)
+        return str(e)
+    if n0 > ADVICE_MAX_SIMULATED:
+        return (
+            f"at least {n0} {unit} even for a perfect attack, and more for a real one (see `dpaudit audit plan "
+            f"--epsilon {claimed_epsilon:g}` for the size with power)"
+        )
+    try:
+        p = plan_design(
+            claimed_epsilon, method=method, delta=delta, confidence=confidence, simulations=100, max_size=32 * n0,
+            **plan,
+        )  # fmt: skip
+    except InputError as e:
+        return f"at least {n0} {unit} even for a perfect attack ({e})"
+    return (
+        f"about {p.size} {unit} are needed for {p.power:.0%} power against a leak of {p.leak['epsilon']:.3g} "
+        f"({p.leak['family']}, simulated), and at least {p.perfect_attack_size} {unit} even for a perfect attack"
     )
 
 
-__all__ = ["DEFAULT_MAX_TRIALS", "DesignPlan", "plan_design", "trials_needed"]
+__all__ = ["DEFAULT_MAX_TRIALS", "DesignPlan", "plan_design", "size_advice", "trials_needed"]

@@ -10,7 +10,7 @@ Method = Literal["clopper-pearson", "gdp", "one-run", "one-run-fdp"]
 ThresholdSelection = Literal["holdout", "bonferroni", "fixed"]
 Design = Literal["membership", "canaries", "multi-run"]
 Alternative = Literal["greater", "less", "two-sided"]
-Verdict = Literal["violation", "estimate-exceeds-claim", "consistent", "inconclusive"]
+Verdict = Literal["violation", "curve-refuted", "estimate-exceeds-claim", "consistent", "inconclusive"]
 
 METHODS: tuple[str, ...] = ("clopper-pearson", "gdp", "one-run", "one-run-fdp")
 THRESHOLD_SELECTIONS: tuple[str, ...] = ("holdout", "bonferroni", "fixed")
@@ -21,7 +21,14 @@ THRESHOLD_SELECTIONS: tuple[str, ...] = ("holdout", "bonferroni", "fixed")
 DESIGNS: tuple[str, ...] = ("membership", "canaries", "multi-run")
 # "greater": higher score = member; "less": lower score = member; "two-sided": either (α split in half).
 ALTERNATIVES: tuple[str, ...] = ("greater", "less", "two-sided")
-VERDICTS: tuple[str, ...] = ("violation", "estimate-exceeds-claim", "consistent", "inconclusive")
+VERDICTS: tuple[str, ...] = ("violation", "curve-refuted", "estimate-exceeds-claim", "consistent", "inconclusive")
+# What exit code 1 stands for (``--fail-on-violation``): a formal refutation of the claim as stated —
+# a formal ε lower bound above the claimed ε ("violation") or the claimed trade-off curve refuted
+# ("curve-refuted", the one-run f-DP audit against the claim's own curve family). The two verdicts
+# say which was shown; neither is ever given by an estimate.
+FORMAL_REFUTATIONS: tuple[str, ...] = ("violation", "curve-refuted")
+# Opt-in exit code 1 (``--fail-on-estimate``): an estimate above the claim.
+ESTIMATE_REFUTATIONS: tuple[str, ...] = ("estimate-exceeds-claim",)
 
 
 def is_formal(method: str, design: str) -> bool:
@@ -32,18 +39,28 @@ def is_formal(method: str, design: str) -> bool:
     independently with probability 1/2 ("canaries"; Steinke, Nasr & Jagielski 2023, arXiv:2305.08846,
     Theorem 3.1). The gdp method is an estimate on any design (it assumes a Gaussian trade-off curve).
     The one-run f-DP test ("one-run-fdp" on "canaries"; Mahloujifar, Melis & Chaudhuri 2025,
-    arXiv:2410.22235) is formal here; :func:`dpaudit.audit.audit_scores` downgrades it to an estimate
-    for trade-off families whose ε conversion assumes the curve's shape (the GDP family).
+    arXiv:2410.22235) is formal here; :func:`dpaudit.audit.audit_scores` downgrades its ε to an
+    estimate for every trade-off family whose ε conversion assumes the curve's shape: the GDP family
+    and the claim's own curve families (DP-SGD, one DP-SGD step), whose refutation is formal but is a
+    refutation of a *curve*, not an ε lower bound for every mechanism (see ``AuditResult.refutation``).
     """
     return (method, design) in {("clopper-pearson", "multi-run"), ("one-run", "canaries"), ("one-run-fdp", "canaries")}
 
 
 def decide_verdict(
-    lower_bound: float, claimed: float | None, max_certifiable: float, *, formal: bool = True
+    lower_bound: float,
+    claimed: float | None,
+    max_certifiable: float,
+    *,
+    formal: bool = True,
+    refutes_curve: bool = False,
 ) -> Verdict | None:
     """Compare a lower bound with a claimed ε.
 
-    When the bound exceeds the claim: ``violation`` if the bound is formal, else
+    When the bound exceeds the claim: ``violation`` if the bound is a formal ε lower bound;
+    ``curve-refuted`` if it is the ε of a refuted curve of the claim's own family (``refutes_curve``:
+    the family is nested and its ε(δ) increases with the parameter, so a refuted curve whose ε exceeds
+    the claim means the claimed curve itself is refuted — formal, but about the curve, not ε); else
     ``estimate-exceeds-claim`` (an estimate is evidence, never proof). Otherwise ``inconclusive`` when
     the claim is at or above what this design could ever certify (even a perfect attack could not
     refute it), else ``consistent``. ``None`` when there is no claim.
@@ -51,7 +68,9 @@ def decide_verdict(
     if claimed is None:
         return None
     if lower_bound > claimed:
-        return "violation" if formal else "estimate-exceeds-claim"
+        if formal:
+            return "violation"
+        return "curve-refuted" if refutes_curve else "estimate-exceeds-claim"
     if claimed >= max_certifiable:
         return "inconclusive"
     return "consistent"
@@ -69,9 +88,10 @@ class AuditResult:
         confidence: the confidence level 1 − α of the bound.
         delta: the δ at which ε is bounded.
         claimed_epsilon: the ε the mechanism claims, if any.
-        verdict: "violation" (formal bound above the claim) | "estimate-exceeds-claim" (an estimate
-            above the claim: evidence, not proof) | "consistent" | "inconclusive", or None without a
-            claim.
+        verdict: "violation" (formal ε lower bound above the claim) | "curve-refuted" (the claimed
+            trade-off curve is formally refuted; see ``refutation``) | "estimate-exceeds-claim" (an
+            estimate above the claim: evidence, not proof) | "consistent" | "inconclusive", or None
+            without a claim.
         max_certifiable_epsilon: the bound a perfect attack would give with this design (sample
             sizes, confidence, threshold/guess selection, one- or two-sided).
         counts: n_members, n_nonmembers and the counts the bound was computed from.
@@ -82,6 +102,14 @@ class AuditResult:
         design: how the member bits were produced: "multi-run", "canaries" or "membership".
         notes: human-readable caveats.
         details: method-specific numbers (rate bounds, μ, per-test α, tests tried, direction, ...).
+        refutation: set by the one-run f-DP audit against the claim's own curve family (DP-SGD's curves,
+            one DP-SGD step's): what was formally shown about *curves* — ``statement`` (one sentence),
+            ``family``, ``curve`` (e.g. "DP-SGD"), ``parameter`` ("noise_multiplier"),
+            ``refuted_noise_multiplier_from`` (every curve of the family with a noise multiplier at
+            least this is refuted at ``confidence``; None when none is), ``claimed_curve_refuted`` (None
+            without a claim).
+            ``epsilon_lower_bound`` is then the ε of the leakiest refuted curve: an estimate (an ε lower
+            bound only for mechanisms whose curve has the family's shape), and ``formal`` is False.
     """
 
     epsilon_lower_bound: float
@@ -98,6 +126,7 @@ class AuditResult:
     design: Design = "membership"
     notes: tuple[str, ...] = ()
     details: dict[str, Any] = field(default_factory=dict)
+    refutation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -114,11 +143,14 @@ class AuditResult:
 
     def summary(self) -> str:
         """A few human-readable lines (used by the CLI and by assert_dp messages)."""
+        lines = []
+        if self.refutation is not None:
+            lines.append(f"{self.refutation['statement']} (formal, confidence {self.confidence:g})")
         if self.formal:
             head = f"epsilon lower bound: {_fmt(self.epsilon_lower_bound)} (formal lower bound"
         else:
             head = f"epsilon estimate: {_fmt(self.epsilon_lower_bound)} (ESTIMATE, not a formal lower bound"
-        lines = [
+        lines += [
             f"{head}, {self.method}, design {self.design}, confidence {self.confidence:g}, delta {self.delta:g})",
             f"threshold selection: {self.threshold_selection}"
             + (f", threshold {self.threshold:.6g}" if self.threshold is not None else "")
@@ -128,7 +160,8 @@ class AuditResult:
         if self.claimed_epsilon is not None:
             lines.append(f"claimed epsilon: {_fmt(self.claimed_epsilon)}  ->  verdict: {self.verdict}")
         for note in self.notes:
-            lines.append(f"note: {note}")
+            if self.refutation is None or note != self.refutation["statement"]:  # already the first line
+                lines.append(f"note: {note}")
         return "\n".join(lines)
 
 

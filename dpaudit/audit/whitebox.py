@@ -107,7 +107,7 @@ def estimate_ratio(observations, inserted, sample_rate: float, alpha: float) -> 
 class StepAudit:
     """Result of the per-step white-box audit: (a) formal per step, (b) composed estimate."""
 
-    per_step: AuditResult  # formal: one-run f-DP on the T coins, one-step DP-SGD curve family
+    per_step: AuditResult  # one-run f-DP on the T coins against one step's curve: a formal curve refutation
     per_step_claimed_epsilon: float
     ratio: RatioEstimate
     composed_epsilon_estimate: float  # ε(δ) over T steps at the lower confidence bound of b/σ
@@ -140,11 +140,17 @@ class StepAudit:
             "notes": list(self.notes),
         }
 
+    @property
+    def verdicts(self) -> tuple[str | None, ...]:
+        """Both verdicts: (a) the per-step curve refutation (formal) and (b) the composed estimate's."""
+        return (self.per_step.verdict, self.composed_verdict)
+
     def summary(self) -> str:
         ps = self.per_step
+        shown = ps.refutation["statement"] if ps.refutation else f"epsilon_step >= {ps.epsilon_lower_bound:.4g}"
         lines = [
-            f"(a) per step, formal: epsilon_step >= {ps.epsilon_lower_bound:.4g} "
-            f"(claimed per step {self.per_step_claimed_epsilon:.4g}, verdict {ps.verdict}; {self.steps} trials)",
+            f"(a) per step, formal: {shown} (verdict {ps.verdict}; {self.steps} trials); epsilon_step estimate "
+            f"{ps.epsilon_lower_bound:.4g} vs claimed per step {self.per_step_claimed_epsilon:.4g}",
             f"(b) composed over {self.steps} steps, {self.label}: epsilon >= {self.composed_epsilon_estimate:.4g} "
             f"(point {self.composed_epsilon_point:.4g}; shift/sigma >= {self.ratio.ratio_lower:.4g}, "
             f"point {self.ratio.ratio:.4g})",

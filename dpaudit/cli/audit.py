@@ -55,7 +55,12 @@ SelectionOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the holdout split and tie-breaking.")]
 FailOnViolationOpt = Annotated[
-    bool, typer.Option("--fail-on-violation", help="Exit with code 1 when the verdict is 'violation'.")
+    bool,
+    typer.Option(
+        "--fail-on-violation",
+        help="Exit with code 1 on a formal refutation: verdict 'violation' (a formal epsilon lower bound above the "
+        "claim) or 'curve-refuted' (the claimed trade-off curve refuted).",
+    ),
 ]
 
 
@@ -130,14 +135,12 @@ def emit_audit(
 ) -> None:
     """Print an audit result (JSON or human); exit 1 when asked to.
 
-    ``fail_on_violation``: exit 1 on a formal "violation" only. ``fail_on_estimate`` (opt-in): also
-    exit 1 on "estimate-exceeds-claim", an estimate above the claim (evidence, not proof).
+    ``fail_on_violation``: exit 1 on a formal refutation only ("violation" or "curve-refuted"; see
+    :data:`dpaudit.audit.result.FORMAL_REFUTATIONS`). ``fail_on_estimate`` (opt-in): also exit 1 on
+    "estimate-exceeds-claim", an estimate above the claim (evidence, not proof).
     """
     emit(result.to_dict(), describe(result), json_flag=json_flag)
-    if (fail_on_violation and result.verdict == "violation") or (
-        fail_on_estimate and result.verdict == "estimate-exceeds-claim"
-    ):
-        raise typer.Exit(EXIT_VIOLATION)
+    _exit_code([result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
 # ---- commands -----------------------------------------------------------------------------------
@@ -177,10 +180,7 @@ def scores_cmd(
             "multiplier varied; formal).",
         ),
     ] = "epsilon-delta",
-    fail_on_violation: Annotated[
-        bool,
-        typer.Option("--fail-on-violation", help="Exit with code 1 when the verdict is 'violation' (formal bounds)."),
-    ] = False,
+    fail_on_violation: FailOnViolationOpt = False,
     fail_on_estimate: Annotated[
         bool,
         typer.Option("--fail-on-estimate", help="Also exit with code 1 when an estimate exceeds the claim (opt-in)."),
@@ -258,22 +258,48 @@ def plan_cmd(
     two_sided: Annotated[
         bool, typer.Option("--two-sided", help="Plan a two-sided audit (alpha/2 per direction).")
     ] = False,
+    true_epsilon: Annotated[
+        float | None,
+        typer.Option("--true-epsilon", help="Hypothesised leak: the mechanism's true epsilon (default: 2x --epsilon)."),
+    ] = None,
+    mu: Annotated[float | None, typer.Option("--mu", help="Hypothesised leak as mu (gaussian family).")] = None,
+    family: Annotated[
+        str | None,
+        typer.Option(
+            "--family",
+            help="Leak family: gaussian (mu-GDP scores) or randomized-response (exactly (eps, 0)-DP; the default "
+            "without --mu: the most detectable leak of its epsilon).",
+        ),
+    ] = None,
+    power: Annotated[float, typer.Option("--power", help="Probability of refuting the claim to plan for.")] = 0.8,
+    simulations: Annotated[int, typer.Option("--simulations", help="Simulated audits per design size.")] = 200,
+    tradeoff: Annotated[
+        str, typer.Option("--tradeoff", help="one-run-fdp: the trade-off family audited (as for audit scores).")
+    ] = "epsilon-delta",
+    seed: SeedOpt = 0,
     json_output: JsonFlag = False,
 ) -> None:
-    """Trials per side (one-run: canaries) needed before even a perfect attack could refute --epsilon."""
+    """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power against a hypothesised
+    leak, by simulating the audit; the perfect-attack minimum beside it."""
     from dpaudit.audit import plan_design
 
     plan = plan_design(
         epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
-        alternative="two-sided" if two_sided else "greater",
+        alternative="two-sided" if two_sided else "greater", true_epsilon=true_epsilon, mu=mu, family=family,
+        power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff), seed=seed,
     )  # fmt: skip
     emit(plan.to_dict(), plan.summary(), json_flag=json_output)
 
 
 def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool) -> None:
-    """Exit 1 on a formal violation (with --fail-on-violation) or, opted in, on an estimate above the claim."""
+    """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
+    claimed curve refuted) or, opted in, on an estimate above the claim."""
+    from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
+
     verdicts = set(verdicts)
-    if (fail_on_violation and "violation" in verdicts) or (fail_on_estimate and "estimate-exceeds-claim" in verdicts):
+    if (fail_on_violation and verdicts & set(FORMAL_REFUTATIONS)) or (
+        fail_on_estimate and verdicts & set(ESTIMATE_REFUTATIONS)
+    ):
         raise typer.Exit(EXIT_VIOLATION)
 
 
@@ -455,7 +481,7 @@ def train_cmd(ctx: typer.Context, **o) -> None:
             f"source: {record.description}\n{describe(record.result)}\n{result.steps.summary()}",
             json_flag=json_output,
         )
-        return _exit_code([record.result.verdict], **exits)
+        return _exit_code(result.steps.verdicts, **exits)
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
     _exit_code([a.result.verdict for a in result.audits or (result.audit,)], **exits)
 

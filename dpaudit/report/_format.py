@@ -12,6 +12,7 @@ DASH = "—"
 
 VERDICT_TEXT = {
     "violation": "violation",
+    "curve-refuted": "claimed curve refuted",
     "estimate-exceeds-claim": "estimate exceeds claim",
     "inconclusive": "inconclusive",
     "consistent": "consistent",
@@ -39,6 +40,12 @@ HOW_TO_READ = (
         "violation",
         "A formal lower bound exceeds the claimed ε: the claim (or its implementation) is wrong, with the "
         "stated confidence. Only formal audits can give this verdict.",
+    ),
+    (
+        "claimed curve refuted",
+        "The one-run f-DP audit against the claim's own trade-off curve (DP-SGD's) refuted the claimed curve, "
+        "with the stated confidence: the claim, as a curve, is wrong. It is not an ε lower bound (the ε shown "
+        "beside it is an estimate: it assumes the mechanism's curve has DP-SGD's shape).",
     ),
     (
         "estimate exceeds claim",

@@ -33,7 +33,7 @@ h4 { font-size: 15px; margin: 18px 0 6px; }
 .badge .name { font-weight: 400; opacity: 0.95; }
 .v-violation { background: #c62828; } .v-inconclusive { background: #b86e00; }
 .v-consistent { background: #2e7d32; } .v-none { background: #757575; }
-.v-estimate-exceeds-claim { background: #6a1b9a; }
+.v-estimate-exceeds-claim { background: #6a1b9a; } .v-curve-refuted { background: #ad1457; }
 .table-wrap { overflow-x: auto; }
 table { border-collapse: collapse; margin: 6px 0 10px; font-size: 14px; }
 th, td { border: 1px solid var(--line); padding: 5px 9px; text-align: left; vertical-align: top; }

@@ -38,7 +38,7 @@ class CanaryRunAudit:
     claim: dict[str, Any]
     audits: tuple[AuditRecord, ...]
     noise: NoiseCheck | None
-    verdict: str  # "violation" (some formal test refutes the claim) | "consistent" | "inconclusive"
+    verdict: str  # "violation" (a formal ε bound or the noise check refutes the claim) | "curve-refuted" | ...
     steps: int
     count: int
 
@@ -122,8 +122,11 @@ def audit_canaries(
             obs.noise_ss, obs.noise_count, obs.projections, noise_std=sigma * obs.clip, alpha=alpha,
             names=list(obs.param_shapes),
         )  # fmt: skip
-    if any(r.result.verdict == "violation" for r in records) or (noise is not None and noise.verdict == "violation"):
+    verdicts = {r.result.verdict for r in records} | ({noise.verdict} if noise is not None else set())
+    if "violation" in verdicts:
         verdict = "violation"
+    elif "curve-refuted" in verdicts:  # only the claimed DP-SGD curve is refuted (issue 27): said so
+        verdict = "curve-refuted"
     elif all(r.result.verdict == "inconclusive" for r in records) and noise is None:
         verdict = "inconclusive"
     else:

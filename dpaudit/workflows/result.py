@@ -59,8 +59,10 @@ def _fmt(x: float | None) -> str:
 
 
 def _pick(audits: Sequence[Mapping[str, Any]], formal: bool) -> tuple[int, Mapping[str, Any]] | None:
-    """The strongest audit of one kind: the largest lower bound; among equal bounds the most powerful design."""
-    pool = [(i, a) for i, a in enumerate(audits) if bool(a["formal"]) == formal]
+    """The strongest audit of one kind: the largest lower bound; among equal bounds the most powerful design.
+    A claim-curve audit (``refutation`` set) is neither: its formal result is the curve refutation, which the
+    headline names on its own, and its ε is not an attack's estimate."""
+    pool = [(i, a) for i, a in enumerate(audits) if bool(a["formal"]) == formal and not a.get("refutation")]
     if not pool:
         return None
     return max(
@@ -85,7 +87,8 @@ def _digest(i: int, a: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Headline:
     """A model's summary. ``verdict`` is the strongest formal audit's own verdict (None without a claim
-    or without a formal audit); ``estimate_verdict`` the strongest estimate's, never a violation."""
+    or without a formal audit), or "curve-refuted" when no formal ε bound refutes the claim but an audit
+    refuted the claimed trade-off curve; ``estimate_verdict`` the strongest estimate's, never a violation."""
 
     verdict: str | None
     estimate_verdict: str | None
@@ -140,6 +143,17 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
                 parts.append(
                     f"inconclusive: ε ≥ {_fmt(b)}; this design certifies at most {_fmt(m)} ≤ claimed {_fmt(c)} ({how})"
                 )
+    verdict = formal["verdict"] if formal else None
+    # A formal refutation of the claimed trade-off curve (one-run f-DP against the claim's own curve
+    # family) is named as what it is, and sets the verdict unless a formal ε bound already refutes the claim.
+    curve = [a for a in audits if a.get("verdict") == "curve-refuted" and a.get("refutation")]
+    if curve and verdict != "violation":
+        a = curve[0]
+        verdict = "curve-refuted"
+        parts.append(
+            f"curve refuted: {a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, "
+            f"{100 * float(a['confidence']):g}% confidence)"
+        )
     if estimate is not None:
         eb = _fmt(_num(estimate["epsilon_lower_bound"]))
         what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
@@ -147,7 +161,7 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
             what += " exceeds the claim — an estimate, not a formal violation"
         parts.append(what)
     return Headline(
-        verdict=formal["verdict"] if formal else None,
+        verdict=verdict,
         estimate_verdict=estimate["verdict"] if estimate else None,
         formal=formal,
         estimate=estimate,
@@ -196,8 +210,9 @@ def effective_verdict(audit: Mapping[str, Any], claim: Mapping[str, Any] | None)
         return audit.get("verdict")
     power = _num(audit.get("max_certifiable_epsilon"))
     return decide_verdict(
-        _num(audit["epsilon_lower_bound"]), _num(claim["epsilon"]), power or 0.0, formal=bool(audit["formal"])
-    )
+        _num(audit["epsilon_lower_bound"]), _num(claim["epsilon"]), power or 0.0, formal=bool(audit["formal"]),
+        refutes_curve=audit.get("refutation") is not None,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)

@@ -475,21 +475,18 @@ def require_refutable(
     as :func:`audit_training` audits) or canaries in one run ("one-run"). The design can refute the claim
     only if its max certifiable ε — the bound of a perfect attack (:func:`dpaudit.audit.max_certifiable_epsilon`)
     — exceeds it; otherwise the verdict is "inconclusive" whatever the models do. The message names the
-    size needed (:func:`dpaudit.audit.trials_needed`, itself a lower bound: real attacks err). Returns
-    the max certifiable ε.
+    size needed for 80% power against a leak of twice the claim (simulated audits,
+    :func:`dpaudit.audit.plan.size_advice`) and the perfect-attack minimum. Returns the max certifiable ε.
     """
-    from dpaudit.audit import max_certifiable_epsilon, trials_needed
+    from dpaudit.audit import max_certifiable_epsilon
+    from dpaudit.audit.plan import size_advice
 
     n_pos, n_neg = (size - size // 2, size // 2) if method == "one-run" else (size, size)
     best = max_certifiable_epsilon(n_pos, n_neg, method=method, delta=delta, confidence=confidence)
     if best > claimed_epsilon:
         return best
     unit = "canaries" if method == "one-run" else "runs per side"
-    try:
-        n = trials_needed(claimed_epsilon, delta=delta, confidence=confidence, method=method)
-        need = f"at least {n} {unit} are needed"
-    except InputError as e:  # out of reach of this method (e.g. the one-run ceiling at delta > 0)
-        need = str(e)
+    need = size_advice(claimed_epsilon, method=method, delta=delta, confidence=confidence)
     raise InputError(
         f"this audit cannot refute epsilon = {claimed_epsilon:g}: {size} {unit} certify at most {best:.3g} even "
         f"with a perfect attack ({method}, confidence {confidence:g}, delta {delta:g}); {need} "

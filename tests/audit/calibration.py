@@ -73,7 +73,7 @@ class TightCase:
 
 def scores_case(name: str, mechanism: mech.Mechanism, delta: float, n: int, seeds: int, **audit: Any) -> TightCase:
     """``audit_scores`` on n runs per side (one-run: n canaries), design "multi-run" or "canaries"."""
-    one = audit.get("method") == "one-run"
+    one = audit.get("method") in ("one-run", "one-run-fdp")
     audit = {"design": "canaries" if one else "multi-run", **audit}
 
     def bound(seed: int) -> float:
@@ -82,6 +82,27 @@ def scores_case(name: str, mechanism: mech.Mechanism, delta: float, n: int, seed
         return audit_scores(scores, member, delta=delta, seed=seed, **audit).epsilon_lower_bound
 
     return TightCase(name, mechanism.true_epsilon(delta), bound, seeds, 1.0 - audit.get("confidence", 0.95))
+
+
+def regimes_case(name: str, epsilon: float, m: int, seeds: int) -> TightCase:
+    """Item 3 of issue 27, the stress of a guess count chosen from the same run: one-run (δ = 0, holdout)
+    on a mechanism whose leakage switches between runs. A fair coin, independent of the canaries, picks
+    the regime: every canary reported by ε-randomised response, or only a random 10% of them (the rest
+    score 0.5, uninformative). Each regime is ε-DP in every canary and the coin is independent of the
+    bits, so the mixture is ε-DP; the holdout's chosen guess count swings between most and a tenth of
+    the canaries with the run, i.e. it depends on the output. The bound must still exceed ε with
+    probability at most α (see dpaudit/audit/holdout.py for the argument)."""
+
+    def bound(seed: int) -> float:
+        rng = np.random.default_rng([seed, 20261126])
+        member = rng.random(m) < 0.5
+        truthful = rng.random(m) < np.exp(epsilon) / (1.0 + np.exp(epsilon))
+        scores = np.where(truthful, member, ~member).astype(float)
+        if rng.random() < 0.5:
+            scores[rng.random(m) >= 0.1] = 0.5
+        return audit_scores(scores, member, method="one-run", design="canaries", delta=0.0, seed=seed).epsilon_lower_bound
+
+    return TightCase(name, epsilon, bound, seeds, 0.05)
 
 
 def null_vector_mechanism(dim: int) -> Callable[[Any, np.random.Generator], np.ndarray]:
@@ -135,6 +156,12 @@ CASES: dict[str, TightCase] = {
         # (one-run, δ = 0, 1000 canaries, ~2.9 ms) and μ-GDP scores under the gdp method (~2.4 ms).
         scores_case("rr-one-run", mech.randomized_response(1.0), 0.0, 1000, 300, method="one-run"),
         scores_case("gdp-scores", mech.gdp_scores(1.0), 1e-3, 500, 300, method="gdp"),
+        # The one-run f-DP audit's holdout path ((ε, δ) family) on ε-randomised-response canaries
+        # (ε = 1, 200 canaries, δ = 1e-5); ~70 ms. Choosing the guess counts on the evaluation half
+        # exceeds ε in 136/1000 runs; its fast catch is test_fdp_one_run's invariance test.
+        scores_case("rr-fdp-holdout", mech.randomized_response(1.0), 1e-5, 200, 200, method="one-run-fdp",
+                    tradeoff="epsilon-delta"),  # fmt: skip
+        regimes_case("rr-regimes-one-run", 2.0, 1000, 300),
     ]
 }
 
@@ -148,6 +175,8 @@ CASES: dict[str, TightCase] = {
 #   null-vector-pilot    6/4000  = 0.00150  (p0+ 0.00451)  allowance  6 of  300 (α-based  28)
 #   rr-one-run         302/10000 = 0.0302   (p0+ 0.0359)   allowance 22 of  300 (α-based  28)
 #   gdp-scores          32/10000 = 0.00320  (p0+ 0.00536)  allowance  7 of  300 (α-based  28)
+#   rr-fdp-holdout      18/1000  = 0.018    (p0+ 0.0350)   allowance 16 of  200 (α-based  21)
+#   rr-regimes-one-run  40/2000  = 0.020    (p0+ 0.0316)   allowance 20 of  300 (α-based  28)
 P0: dict[str, tuple[int, int]] = {
     "laplace-holdout": (57, 20_000),
     "leak-delta": (6, 5_000),
@@ -156,6 +185,8 @@ P0: dict[str, tuple[int, int]] = {
     "null-vector-pilot": (6, 4_000),
     "rr-one-run": (302, 10_000),
     "gdp-scores": (32, 10_000),
+    "rr-fdp-holdout": (18, 1_000),
+    "rr-regimes-one-run": (40, 2_000),
 }
 OFFLINE_RUNS = {name: runs for name, (_, runs) in P0.items()}
 
@@ -164,10 +195,10 @@ OFFLINE_RUNS = {name: runs for name, (_, runs) in P0.items()}
 # Planted mistakes: each replaces one internal function of the real auditor.
 
 
-def _select_on_evaluation_half(member, rng):
-    # (a) the threshold is chosen on the very half it is evaluated on
-    _, evaluate = _ORIGINAL["split"](member, rng)
-    return evaluate, evaluate
+def _choose_on_evaluation_part(select, arrays, choose, evaluate):
+    # (a), (e): the test (threshold, guess counts) is chosen on the very part it is evaluated on
+    ev = tuple(a[~select] for a in arrays)
+    return evaluate(choose(*ev), *ev)
 
 
 def _drop_delta(fpr_upper, fnr_upper, delta):
@@ -191,7 +222,6 @@ def _pilot_also_audited(trials, n_pilot):
 
 
 _ORIGINAL = {
-    "split": bounds._holdout_split,
     "hte": bounds.hypothesis_test_epsilon,
     "one_run": one_run.one_run_epsilon_lower_bound,
 }
@@ -211,7 +241,7 @@ def _mutants() -> list[Mutant]:
     from dpaudit import testing
 
     return [
-        Mutant("a-select-on-eval", "laplace-holdout", bounds, "_holdout_split", _select_on_evaluation_half,
+        Mutant("a-select-on-eval", "laplace-holdout", bounds, "select_then_evaluate", _choose_on_evaluation_part,
                "threshold chosen on the evaluation half"),
         Mutant("b-drop-delta", "leak-delta", bounds, "hypothesis_test_epsilon", _drop_delta,
                "delta dropped from the hypothesis-testing bound"),

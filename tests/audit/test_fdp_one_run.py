@@ -100,13 +100,16 @@ def test_soundness_gdp_family_200_seeds():
 
 def test_power_leaky_mechanism_refutes_claim():
     """μ = 4 per canary (ε(1e-5) ≈ 24) audited with 1000 canaries against a claim of ε = 2: violation
-    with the formal (ε, δ) family and with the claim's own curve (one Gaussian step, q = 1)."""
+    with the formal (ε, δ) family; the claim's own curve (one Gaussian step, q = 1) refuted, named so."""
     rng = np.random.default_rng(0)
     s, mem = _gaussian_canaries(rng, 1000, 4.0)
-    for tradeoff in ("epsilon-delta", F.sampled_gaussian_step_family(1.0)):
-        r = audit_scores(s, mem, method="one-run-fdp", design="canaries", tradeoff=tradeoff, claimed_epsilon=2.0,
-                         threshold_selection="bonferroni")  # fmt: skip
-        assert r.formal and r.verdict == "violation", r.summary()
+    kw = dict(method="one-run-fdp", design="canaries", claimed_epsilon=2.0, threshold_selection="bonferroni")
+    r = audit_scores(s, mem, tradeoff="epsilon-delta", **kw)
+    assert r.formal and r.verdict == "violation" and r.refutation is None, r.summary()
+    r = audit_scores(s, mem, tradeoff=F.sampled_gaussian_step_family(1.0), **kw)
+    assert not r.formal and r.verdict == "curve-refuted", r.summary()
+    assert r.refutation["claimed_curve_refuted"] and r.refutation["curve"] == "DP-SGD step"
+    assert r.summary().startswith("the claimed DP-SGD step curve is refuted")
     g = audit_scores(s, mem, method="one-run-fdp", design="canaries", claimed_epsilon=2.0)
     assert not g.formal and g.verdict == "estimate-exceeds-claim"
 
@@ -181,3 +184,72 @@ def test_dpsgd_family_matches_the_gaussian_for_one_full_batch_step():
     b = audit_scores(s, mem, method="one-run-fdp", tradeoff=F.sampled_gaussian_step_family(1.0), **kw)
     assert a.details["parameter_lower_bound"] == pytest.approx(b.details["parameter_lower_bound"], rel=0.03)
     assert a.epsilon_lower_bound == pytest.approx(b.epsilon_lower_bound, rel=0.03)
+
+
+def _rr_canaries(rng, m, eps):
+    """Randomised response on each canary's inclusion bit: exactly (ε, 0)-DP per canary."""
+    member = rng.random(m) < 0.5
+    keep = rng.random(m) < special.expit(eps)
+    return np.where(keep, member, ~member).astype(float), member
+
+
+def test_claim_curve_refutation_is_never_an_epsilon_lower_bound():
+    """Issue 27: randomised response exactly (2, 0)-DP, one-run f-DP against DP-SGD(q=1, T=1) with a claim
+    of ε = 2. The DP-SGD curve is refuted (RR is not f-DP for the Gaussian curve with ε(δ) = 2), so the
+    ε of the refuted curve exceeds 2; it must be labelled an estimate and the verdict must name the curve,
+    in the result object, its JSON and its summary (every renderer reads those)."""
+    from dpaudit.cli.audit import parse_tradeoff
+
+    family = parse_tradeoff("dpsgd:1,1")
+    refuted = 0
+    for seed in range(5):
+        s, mem = _rr_canaries(np.random.default_rng(seed), 1000, 2.0)
+        r = audit_scores(s, mem, method="one-run-fdp", design="canaries", tradeoff=family, claimed_epsilon=2.0,
+                         seed=seed)  # fmt: skip
+        assert not r.formal and r.verdict != "violation"
+        d = r.to_dict()
+        assert d["formal"] is False and d["refutation"]["curve"] == "DP-SGD"
+        if r.epsilon_lower_bound > 2.0:
+            refuted += 1
+            assert r.verdict == "curve-refuted" and d["refutation"]["claimed_curve_refuted"] is True
+            text = r.summary()
+            assert text.startswith("the claimed DP-SGD curve is refuted")
+            assert "formal lower bound" not in text.replace("not a formal lower bound", "")
+            assert "epsilon estimate" in text
+    assert refuted >= 4  # the refutation is what the audit shows on this mechanism (30 of 30 seeds in issue 27)
+
+
+@pytest.mark.parametrize("method", ["clopper-pearson", "one-run", "one-run-fdp"])
+def test_holdout_choice_depends_on_the_selection_part_only(method):
+    """The holdout selection (one helper for every method, dpaudit.audit.holdout) must choose the test —
+    the threshold, or the guess counts — from the selection part alone: rewriting every evaluation-part
+    score and bit leaves the choice unchanged. Choosing on the evaluation part (issue 27's surviving
+    mutant for the f-DP audit, unsound: bound above the true ε in ~14% of runs at α = 0.05) fails this."""
+    from dpaudit.audit import bounds, holdout, one_run
+
+    m, seed = 400, 3
+    s, mem = _gaussian_canaries(np.random.default_rng(0), m, 2.0)
+    kw = {"method": method, "seed": seed, "claimed_epsilon": 1.0}
+    if method == "clopper-pearson":
+        sel = holdout.split(mem, bounds._as_rng(seed), stratified=True)
+        kw["design"] = "multi-run"
+    else:
+        _, sel = one_run.draw_design(m, "holdout", bounds._as_rng(seed))
+        kw["design"] = "canaries"
+    if method == "one-run-fdp":
+        kw["tradeoff"] = "epsilon-delta"
+    a = audit_scores(s, mem, **kw)
+    s2, mem2 = s.copy(), mem.copy()
+    rng = np.random.default_rng(1)
+    ev = ~sel
+    if method == "clopper-pearson":  # keep the class sizes: a multi-run design has them fixed
+        s2[ev] = rng.normal(0.0, 1.0, ev.sum()) + 6.0 * mem[ev]
+    else:
+        mem2[ev] = rng.random(ev.sum()) < 0.5
+        s2[ev] = rng.normal(0.0, 1.0, ev.sum()) + 6.0 * mem2[ev]
+    b = audit_scores(s2, mem2, **kw)
+    if method == "clopper-pearson":
+        assert a.threshold == b.threshold
+    else:
+        assert (a.counts["k_plus"], a.counts["k_minus"]) == (b.counts["k_plus"], b.counts["k_minus"])
+    assert b.epsilon_lower_bound > a.epsilon_lower_bound  # the evaluation part did change

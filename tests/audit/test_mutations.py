@@ -43,3 +43,125 @@ def test_each_planted_mistake_is_caught_by_the_calibrated_check(name, monkeypatc
     mutated = case.exceedances(range(case.seeds))
     assert correct <= allowance, f"the correct auditor fails {case.name}: {correct} > {allowance}"
     assert mutated > allowance, f"{mutant.description} not caught on {case.name}: {mutated} <= {allowance}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Planted mistakes caught by a fast targeted test (issue 27's survivors): each mutant wraps one function
+# of the real code; the named test, run under the mutant, must fail. The same tests pass unmutated in
+# their own files.
+
+
+def _fdp_choose_on_evaluation_part(original):
+    from .calibration import _choose_on_evaluation_part
+
+    return _choose_on_evaluation_part
+
+
+def _gnmax_answer_noise_halved(original):
+    import dataclasses
+
+    def aggregate(hist, config, seed):
+        if config.name == "confident-gnmax":
+            config = dataclasses.replace(config, sigma=config.sigma / 2)
+        return original(hist, config, seed)
+
+    return aggregate
+
+
+def _objpert_delta_prime_dropped(original):
+    def objpert_parameters(epsilon, n, lam, *args, **kwargs):
+        return original(epsilon, n, lam, *args, **kwargs)[0], 0.0
+
+    return objpert_parameters
+
+
+def _noisymax_rerun_uncharged(original):
+    def charge(self, kind, rho):
+        if kind == "noisy_max" and self.charges and self.charges[-1][0] == "gradavg":
+            return  # the NoisyMax re-run after GRADAVG goes unrecorded
+        original(self, kind, rho)
+
+    return charge
+
+
+def _scaler_fitted_on_members(original):
+    def fit_model(*args, **kwargs):
+        kwargs["preprocessing_idx"] = None  # fitted on the training records, still labelled "aux"
+        return original(*args, **kwargs)
+
+    return fit_model
+
+
+def _steps_left_to_each_side(original):
+    import dataclasses
+
+    def prepare(config, idx_in, idx_out):
+        cfg, claim = original(config, idx_in, idx_out)
+        return dataclasses.replace(cfg, steps=config.steps), claim  # each side: ceil(epochs N / B) of its own N
+
+    return prepare
+
+
+def _lira_masks_swapped(original):
+    def fit_score(self, signals, in_mask, *args, **kwargs):
+        return original(self, signals, ~in_mask, *args, **kwargs)
+
+    return fit_score
+
+
+def _check(module: str, test: str, *args):
+    def run(monkeypatch):
+        import importlib
+
+        fn = getattr(importlib.import_module(module), test)
+        fn(*args, **({"monkeypatch": monkeypatch} if "monkeypatch" in fn.__code__.co_varnames else {}))
+
+    return run
+
+
+FAST_MUTANTS = {
+    # name: (module, attribute path, make_replacement(original), the check that must fail)
+    "e-fdp-select-on-eval": (
+        "dpaudit.audit.fdp_one_run", "select_then_evaluate", _fdp_choose_on_evaluation_part,
+        _check("tests.audit.test_fdp_one_run", "test_holdout_choice_depends_on_the_selection_part_only", "one-run-fdp"),
+    ),
+    "f-gnmax-answer-noise-halved": (
+        "dpaudit.aggregation", "aggregate", _gnmax_answer_noise_halved,
+        _check("tests.aggregation.test_confident_gnmax_noise", "test_confident_gnmax_answer_frequency_matches_phi"),
+    ),
+    "g-objpert-delta-prime-dropped": (
+        "dpaudit.training.convex", "objpert_parameters", _objpert_delta_prime_dropped,
+        _check("tests.training.test_objpert_noise_law", "test_objpert_delta_prime_branch_noise_has_its_gamma_law"),
+    ),
+    "h-dpagd-noisymax-rerun-uncharged": (
+        "dpaudit.training.dpagd", "Ledger.charge", _noisymax_rerun_uncharged,
+        _check("tests.training.test_dpagd_ledger",
+               "test_every_noisy_max_run_is_charged_including_the_rerun_after_gradavg"),
+    ),
+    "i-scaler-fitted-on-members": (
+        "dpaudit.training.run", "fit_model", _scaler_fitted_on_members,
+        _check("tests.training.test_preprocessing_public", "test_dp_run_preprocessing_statistics_equal_the_aux_splits"),
+    ),
+    "j-in-out-steps-differ": (
+        "dpaudit.workflows.training", "_prepare_recipe", _steps_left_to_each_side,
+        _check("tests.workflows.test_recipe_steps", "test_in_and_out_runs_train_the_same_number_of_steps"),
+    ),
+    "k-lira-masks-swapped": (
+        "attacks.lira", "LiRA.fit_score", _lira_masks_swapped,
+        _check("tests.attacks.test_lira_fast", "test_lira_beats_the_loss_attack_end_to_end"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FAST_MUTANTS))
+def test_each_planted_mistake_is_caught_by_its_fast_test(name, monkeypatch):
+    import importlib
+
+    module, attribute, make, check = FAST_MUTANTS[name]
+    owner = importlib.import_module(module)
+    *path, leaf = attribute.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    monkeypatch.setattr(owner, leaf, make(getattr(owner, leaf)))
+    with pytest.raises(AssertionError):
+        check(monkeypatch)

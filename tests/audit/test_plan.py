@@ -20,11 +20,12 @@ SETTINGS = [
     (3.0, {"method": "one-run", "delta": 0.0}),
     (3.0, {"method": "one-run"}),
     (2.0, {"method": "one-run", "threshold_selection": "bonferroni", "alternative": "two-sided"}),
+    (2.0, {"method": "one-run-fdp", "tradeoff": "epsilon-delta"}),
 ]
 
 
 def _certifiable(n, kwargs):
-    if kwargs.get("method") == "one-run":  # n canaries, about half included
+    if kwargs.get("method") in ("one-run", "one-run-fdp"):  # n canaries, about half included
         return max_certifiable_epsilon(n - n // 2, n // 2, **kwargs)
     return max_certifiable_epsilon(n, n, **kwargs)
 
@@ -34,12 +35,57 @@ def test_one_fewer_trial_does_not_certify_and_the_answer_does(target, kwargs):
     n = trials_needed(target, **kwargs)
     assert _certifiable(n, kwargs) > target
     assert _certifiable(n - 1, kwargs) <= target
-    plan = plan_design(target, **kwargs)
-    assert isinstance(plan, DesignPlan) and plan.trials == n
+    assert "perfect attack" in trials_needed.__doc__
+
+
+@pytest.mark.parametrize(
+    ("target", "kwargs"), [s for s in SETTINGS if s[1].get("delta", 1e-5) > 0][:6:2] + SETTINGS[-2:]
+)
+def test_plan_reports_the_perfect_attack_size_beside_the_powered_one_in_the_right_unit(target, kwargs):
+    # Against randomized response at 3x the claim (cheap to simulate): the powered size is at least the
+    # perfect-attack size, which is trials_needed; the JSON key names the unit.
+    plan = plan_design(target, true_epsilon=3 * target, family="randomized-response", simulations=60, **kwargs)
+    n = trials_needed(target, **kwargs)
+    one_run = kwargs.get("method", "").startswith("one-run")
+    assert isinstance(plan, DesignPlan) and plan.perfect_attack_size == n <= plan.size
     assert plan.max_certifiable_epsilon == _certifiable(n, kwargs) > target
-    assert plan.unit == ("canaries" if kwargs.get("method") == "one-run" else "trials per side")
-    assert "perfect attack" in plan.note and "perfect attack" in trials_needed.__doc__
-    assert plan.to_dict()["trials"] == n
+    assert plan.unit == ("canaries" if one_run else "runs per side") and plan.simulated_power >= 0.8
+    d = plan.to_dict()
+    key = "canaries" if one_run else "runs_per_side"
+    assert d[key] == plan.size and d[f"perfect_attack_{key}"] == n and ("trials" not in d)
+    assert "perfect attack" in plan.summary()
+
+
+def test_acceptance_rr_3_vs_claim_2_power_is_what_the_plan_says():
+    """Issue 27 acceptance: multi-run Clopper-Pearson (holdout), true randomized-response ε = 3, claim 2.
+    The plan's run count, checked by an independent simulation of the real audit (600 fresh draws of
+    randomized-response scores, n runs per side, audit_scores with design multi-run and fresh seeds):
+    the claim is refuted with probability in [0.7, 0.95] (600 draws: sd 0.016 at 0.8)."""
+    from dpaudit.audit import audit_scores
+
+    plan = plan_design(2.0, true_epsilon=3.0, family="randomized-response")
+    n = plan.size
+    assert 59 < n < 400 and plan.perfect_attack_size == 59
+    rng = np.random.default_rng(2027)
+    member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+    q = np.exp(3.0) / (1 + np.exp(3.0))
+    refuted = 0
+    for i in range(600):
+        scores = np.where(rng.random(2 * n) < q, member, ~member).astype(float)
+        refuted += (
+            audit_scores(scores, member, claimed_epsilon=2.0, design="multi-run", seed=10_000 + i).verdict
+            == "violation"
+        )
+    assert 0.7 <= refuted / 600 <= 0.95, refuted / 600
+
+
+def test_no_power_against_a_leak_that_is_not_above_the_claim():
+    with pytest.raises(InputError, match="does not exceed the claim"):
+        plan_design(2.0, true_epsilon=2.0, family="randomized-response")
+    with pytest.raises(InputError, match="exactly one"):
+        plan_design(2.0, true_epsilon=3.0, mu=1.0)
+    with pytest.raises(InputError, match="not mu"):
+        plan_design(2.0, mu=1.0, family="randomized-response")
 
 
 def test_more_confidence_or_two_sides_cost_trials():
@@ -74,7 +120,7 @@ def test_one_run_with_delta_has_a_ceiling():
 
 
 def test_unreachable_within_max_trials():
-    with pytest.raises(InputError, match=r"not certifiable with up to 1000 trials per side: at most 4\.91 \(at 1000\)"):
+    with pytest.raises(InputError, match=r"not certifiable with up to 1000 runs per side: at most 4\.91 \(at 1000\)"):
         trials_needed(8.0, max_trials=1000)
     assert trials_needed(4.0, max_trials=10**8) == trials_needed(4.0, max_trials=407)
 

@@ -77,13 +77,18 @@ def test_composed_estimate_is_sound_for_sampled_steps_and_catches_ignoring_q():
 
 def test_noise_bug_is_flagged_formally_per_step_and_by_the_composed_estimate():
     """A planted implementation bug — the noise divided by the batch size (64), the claim for σ = 2 —
-    gives a formal per-step violation and a composed estimate above the claim, for q = 1 and q = 0.1."""
+    gives a formal per-step refutation of the claimed step curve (named as such, with its ε an estimate)
+    and a composed estimate above the claim, for q = 1 and q = 0.1; both verdicts reach ``verdicts`` (what
+    ``--fail-on-violation`` / ``--fail-on-estimate`` read)."""
     for q, T in ((1.0, 200), (0.1, 400)):
         claim = composed_epsilon(0.5, q, T, DELTA)
         o, c = _run(np.random.default_rng(5), T, q, 2.0 / 64)
         r = audit_steps(o, c, sample_rate=q, noise_multiplier=2.0, delta=DELTA, claimed_epsilon=claim)
-        assert r.per_step.formal and r.per_step.verdict == "violation", r.summary()
+        assert not r.per_step.formal and r.per_step.verdict == "curve-refuted", r.summary()
+        assert r.per_step.refutation["claimed_curve_refuted"]
+        assert "the claimed DP-SGD step curve is refuted" in r.summary()
         assert r.composed_verdict == "estimate-exceeds-claim"
+        assert r.verdicts == ("curve-refuted", "estimate-exceeds-claim")
 
 
 def test_correct_run_is_not_flagged_and_is_tight():

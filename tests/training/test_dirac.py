@@ -148,10 +148,12 @@ def test_checkpoint_audit_adds_the_claims_own_fdp_curve(digits, tmp_path):
     train_run(ds, spec, config, out=tmp_path / "r", splits=splits, whitebox=DiracCanaries(m=64, seed=5))
     privacy = load_run(tmp_path / "r").privacy
     curve = claim_tradeoff(privacy)
-    assert curve.name == f"dpsgd(q={privacy['sample_rate']:.4g}, T={privacy['steps']})" and curve.formal
+    assert curve.name == f"dpsgd(q={privacy['sample_rate']:.4g}, T={privacy['steps']})"
+    assert curve.claim_curve == "DP-SGD" and not curve.formal  # a curve refutation, its epsilon an estimate
     audit = audit_checkpoint(tmp_path / "r", attacks=())
     methods = [(a.attack, a.result.method, a.formal) for a in audit.audits]
-    assert methods == [("whitebox-canaries", "one-run", True), ("whitebox-canaries", "one-run-fdp", True)]
+    assert methods == [("whitebox-canaries", "one-run", True), ("whitebox-canaries", "one-run-fdp", False)]
+    assert audit.audits[1].result.refutation["curve"] == "DP-SGD"
     assert curve.name in audit.audits[1].description
     assert claim_tradeoff({**privacy, "sampling": "shuffle"}) is None
     assert claim_tradeoff({**privacy, "jl_projections": 4}) is None

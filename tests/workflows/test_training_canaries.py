@@ -132,9 +132,10 @@ def test_audit_train_refuses_an_inconclusive_design_exit_2():
     d = json.loads(r.stdout)
     assert d["verdict"] == "inconclusive" and d["claimed_epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert "crafted canary" in d["description"] and "adversarial init" in d["description"]
-    # The size the refusal names is the one `audit plan` prints.
-    r = runner.invoke(app, ["audit", "plan", "--claimed-epsilon", "2", "--json"])
-    assert r.exit_code == 0 and json.loads(r.stdout)["trials"] == trials_needed(2.0)
+    # The perfect-attack size the refusal names is the one `audit plan` prints beside its powered size.
+    r = runner.invoke(app, ["audit", "plan", "--claimed-epsilon", "2", "--json", "--simulations", "50"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["perfect_attack_runs_per_side"] == trials_needed(2.0)
+    assert "for 80% power against a leak of" in lines[0]
     # A non-private recipe has no claim to refute: nothing to refuse.
     from dpaudit.workflows.training import require_refutable_canaries
 

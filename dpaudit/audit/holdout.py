@@ -1,0 +1,89 @@
+"""Holdout selection, once for every audit: choose the test on one part of the data, evaluate it on the rest.
+
+Every method that picks its test from the data — the threshold of a Clopper–Pearson or GDP audit,
+the guess counts (k₊, k₋) of a one-run audit, (ε, δ) or f-DP — does it here: :func:`split` draws the
+selection part, :func:`select_then_evaluate` hands the selection part (and only it) to the chooser
+and the evaluation part (and only it) to the evaluator. A chooser therefore cannot see the data its
+choice is evaluated on, by construction.
+
+Why this keeps the level.
+
+* Independent runs (multi-run designs, stratified split). The evaluation runs are independent of the
+  selection runs, so given the selection part the chosen threshold is a fixed number and the
+  Clopper–Pearson bounds on the evaluation runs hold at their level (Jagielski et al. 2020,
+  arXiv:2006.07709; the usual sample-splitting argument).
+
+* One run with canaries (one-run designs, unstratified split). Here the two parts share one output Y
+  of the mechanism, so the chosen guess counts depend on Y and, through Y, on the evaluation part's
+  inclusion bits: the number of guesses r on the evaluation part is data-dependent, while the one-run
+  p-value is written for a number of guesses r. The level still holds:
+
+  1. Condition on the selection part's inclusion bits S_A = s_A (the split is drawn independently of
+     the bits, and the bits are i.i.d. fair coins, so the evaluation bits S_B stay i.i.d. fair coins).
+     S_B ↦ M(s_A, S_B) is (ε, δ)-DP (or f-DP) in each coordinate of S_B: two neighbouring S_B are two
+     neighbouring inclusion vectors of the canaries.
+  2. The evaluation guesses T_B ∈ {−1, 0, 1}^{m_B} are a randomised function of the output Y and s_A
+     (the chooser reads Y's selection-part scores and s_A; the guesses rank Y's evaluation-part scores;
+     the tie-breaking keys are independent of everything). That is an arbitrary post-processing
+     "A(M(S))" as in the one-run game, with r = ‖T_B‖₁ a function of the output.
+  3. The one-run theorems bound the correct guesses *given the guesses*: for every t in the support
+     of T, P[W ≥ v | T = t] ≤ p(ε, δ; m, ‖t‖₁, v) (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846,
+     Theorem 3.1, whose proof conditions on the output and uses only that each guessed bit, given the
+     output and the other bits, is a coin with bias at most e^ε/(1 + e^ε); its approximate-DP form in
+     Section 5 is proved through the same conditioning, with the 2mδ term). The f-DP recursion of
+     Mahloujifar, Melis & Chaudhuri 2025 (arXiv:2410.22235) is likewise a bound for a given guess
+     vector.
+  4. Hence P[reject | S_A = s_A] = E[ P[W ≥ v_α(‖T_B‖₁) | T_B] ] ≤ α, and averaging over s_A keeps it.
+
+  So a data-dependent count is as valid as a fixed one *provided the chooser sees only the selection
+  part* (step 2: choosing on the evaluation part makes T_B depend on S_B directly, not through Y, and
+  breaks step 3 — tests/audit/test_mutations.py plants exactly that). The calibrated stress case
+  ``rr-regimes-one-run`` in tests/audit/calibration.py runs mechanisms whose leakage switches between
+  runs, so the chosen count swings between a few and most of the canaries, and checks the exceedance
+  rate against α.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+def split(member: np.ndarray, rng: np.random.Generator, *, stratified: bool) -> np.ndarray:
+    """Boolean mask of the selection part; its complement is the evaluation part.
+
+    ``stratified=True`` (independent runs): floor(n/2) of each class select, so both parts keep both
+    classes. ``stratified=False`` (canaries of one run): a uniformly random floor(m/2) of the canaries,
+    drawn without looking at the inclusion bits, so the evaluation part's bits stay i.i.d. fair coins.
+    """
+    member = np.asarray(member, bool)
+    sel = np.zeros(len(member), dtype=bool)
+    if stratified:
+        for idx in (np.flatnonzero(member), np.flatnonzero(~member)):
+            sel[rng.permutation(idx)[: len(idx) // 2]] = True
+    else:
+        sel[rng.permutation(len(member))[: len(member) // 2]] = True
+    return sel
+
+
+def select_then_evaluate(
+    select: np.ndarray,
+    arrays: Sequence[np.ndarray],
+    choose: Callable[..., C],
+    evaluate: Callable[..., R],
+) -> R:
+    """``evaluate(choose(*selection parts), *evaluation parts)``: the only route from data to a choice.
+
+    ``arrays`` are aligned per record (scores, member bits, tie-breaking keys, ...); ``choose`` gets
+    each restricted to ``select``, ``evaluate`` gets the choice and each restricted to ``~select``.
+    """
+    chosen = choose(*(a[select] for a in arrays))
+    return evaluate(chosen, *(a[~select] for a in arrays))
+
+
+__all__ = ["select_then_evaluate", "split"]
