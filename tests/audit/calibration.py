@@ -100,7 +100,8 @@ def regimes_case(name: str, epsilon: float, m: int, seeds: int) -> TightCase:
         scores = np.where(truthful, member, ~member).astype(float)
         if rng.random() < 0.5:
             scores[rng.random(m) >= 0.1] = 0.5
-        return audit_scores(scores, member, method="one-run", design="canaries", delta=0.0, seed=seed).epsilon_lower_bound
+        result = audit_scores(scores, member, method="one-run", design="canaries", delta=0.0, seed=seed)
+        return result.epsilon_lower_bound
 
     return TightCase(name, epsilon, bound, seeds, 0.05)
 
@@ -159,8 +160,15 @@ CASES: dict[str, TightCase] = {
         # The one-run f-DP audit's holdout path ((ε, δ) family) on ε-randomised-response canaries
         # (ε = 1, 200 canaries, δ = 1e-5); ~70 ms. Choosing the guess counts on the evaluation half
         # exceeds ε in 136/1000 runs; its fast catch is test_fdp_one_run's invariance test.
-        scores_case("rr-fdp-holdout", mech.randomized_response(1.0), 1e-5, 200, 200, method="one-run-fdp",
-                    tradeoff="epsilon-delta"),  # fmt: skip
+        scores_case(
+            "rr-fdp-holdout",
+            mech.randomized_response(1.0),
+            1e-5,
+            200,
+            200,
+            method="one-run-fdp",
+            tradeoff="epsilon-delta",
+        ),
         regimes_case("rr-regimes-one-run", 2.0, 1000, 300),
     ]
 }
