@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from dpaudit.errors import InputError
 
 MEMORY_FRACTION = 0.5  # of the memory available now: what one dpaudit process may plan to use
 CONFIRM_SECONDS = 3600.0  # estimated work above one hour needs --yes
+NOTICE_SECONDS = 60.0  # estimated work above a minute is announced (one line on stderr) before it starts
 FLOPS = 1e9  # floating-point operations per second assumed for a training step (one CPU core, conservative)
 DP_OVERHEAD = 3.0  # per-example gradients and clipping versus a plain step (Opacus-style, order of magnitude)
 
@@ -122,6 +124,13 @@ def check_cost(cost: Cost, *, memory: int | None = None) -> Cost:
         raise InputError(
             f"{cost.what}: {cost.units:.4g} {cost.unit} would take about {_duration(cost.seconds)} "
             f"(an estimate: {_duration(cost.seconds_per_unit)} each); rerun with dpaudit --yes to start it anyway"
+        )
+    if cost.seconds > NOTICE_SECONDS:
+        # Said before the work starts, so that nothing long begins without an estimate (progress line style).
+        print(
+            f"dpaudit: {cost.what}: about {_duration(cost.seconds)} and {_bytes(cost.memory)} of memory (an estimate)",
+            file=sys.stderr,
+            flush=True,
         )
     return cost
 

@@ -127,3 +127,13 @@ def test_a_pld_window_that_cannot_fit_is_refused_before_the_fft(monkeypatch):
     with pytest.raises(InputError, match=r"PLD accounting of 1000000 compositions: .* grid points need about"):
         epsilon_for(dpsgd_event(noise_multiplier=1.0, sample_rate=0.01, steps=10**6), 1e-5, "pld")
     assert epsilon_for(dpsgd_event(noise_multiplier=1.0, sample_rate=0.01, steps=100), 1e-5, "pld") > 0
+
+
+def test_long_work_is_announced_with_its_estimate_before_it_starts(capsys):
+    from dpaudit.budget import NOTICE_SECONDS, Cost, check_cost
+
+    check_cost(Cost("short work", 10, "steps", 8.0, NOTICE_SECONDS / 20))
+    assert capsys.readouterr().err == ""
+    check_cost(Cost("PLD accounting of 10000000 compositions", 1.27e8, "grid points", 48.0, 2e-6), memory=2**40)
+    err = capsys.readouterr().err
+    assert err.startswith("dpaudit: PLD accounting of 10000000 compositions: about ") and "(an estimate)" in err
