@@ -121,6 +121,9 @@ def test_checkpoint_round_trip_feeds_audit_checkpoint(digits, tmp_path):
     assert record.attack == "whitebox-canaries" and record.formal and record.result.method == "one-run"
     assert record.result.claimed_epsilon == pytest.approx(run.privacy["epsilon"])
     np.savez(tmp_path / "r" / "whitebox_canaries.npz", scores=scores[:10], included=included[:10])
+    with pytest.raises(CheckpointError, match="changed since the run was written"):  # the manifest's sha256
+        load_run(tmp_path / "r").whitebox_canaries()
+    (tmp_path / "r" / ".dpaudit-manifest.json").unlink()  # a run written before manifests: the shapes are checked
     with pytest.raises(CheckpointError, match="white-box canary"):
         load_run(tmp_path / "r").whitebox_canaries()
 
