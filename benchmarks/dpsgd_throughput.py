@@ -175,7 +175,7 @@ def workloads(
 
 
 def _order(n: int, device: torch.device) -> torch.Tensor:
-    # The trainers move each batch's indices to the data's device before gathering.
+    # A fixed batch order; the DP trainers draw indices on the host and send them per step.
     return torch.randperm(n, generator=torch.Generator().manual_seed(0)).to(device)
 
 
@@ -207,7 +207,7 @@ def ours_step(model, x, y, method: str, plans: dict | None = None) -> Callable[[
         plans[method] = clipper  # describe() after the first step: the per-layer choice
     opt = torch.optim.SGD(clipper.params, lr=LR)
     gen = _noise_gen(x.device)
-    idx = _order(len(x), x.device)
+    idx = _order(len(x), torch.device("cpu"))  # host indices, sent to the device per step as the trainer does
 
     def step() -> None:  # exactly the DP trainer's step: gather, clip, noise once, divide, update
         set_private_gradients(
