@@ -305,62 +305,83 @@ def _ghost_is_cheaper(T: int, d_in: int, d_out: int) -> bool:
 
 
 def _factored_linear(
-    aT: torch.Tensor,
+    aT: torch.Tensor | Callable[[int, int], torch.Tensor],
     gT: torch.Tensor,
     weight_shape: torch.Size | None,
     bias: bool,
     weight_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk: int | None = None,
 ) -> _LayerPart:
     """A linear map s_t = W a_t + b applied at T positions per example.
 
     aT: (B, d_in, T) inputs and gT: (B, d_out, T) gradients of Σ_i ℓ_i w.r.t. the outputs, in
-    any strides (a Linear passes transposed views, a convolution the natural layouts of im2col and
-    of its output, so nothing is copied). The per-example gradients are ∇_W ℓ_i = Σ_t g_it a_itᵀ
-    and ∇_b ℓ_i = Σ_t g_it. ``weight_sum(c)``, when given, computes Σ_i c_i ∇_W ℓ_i in a way
-    cheaper for the layer than the generic matmul.
+    any strides (a Linear passes transposed views, so nothing is copied). The per-example gradients
+    are ∇_W ℓ_i = Σ_t g_it a_itᵀ and ∇_b ℓ_i = Σ_t g_it. ``weight_sum(c)``, when given, computes
+    Σ_i c_i ∇_W ℓ_i in a way cheaper for the layer than the generic matmul.
+
+    ``aT`` may instead be a function (lo, hi) -> the (hi - lo, d_in, T) inputs of examples lo..hi-1,
+    called ``chunk`` examples at a time (a convolution's unfolded patches, up to kh·kw times the
+    size of its input: built per chunk and dropped, they never all exist at once); then
+    ``weight_sum`` is required, since the clipped sum must not need them again.
     """
-    B, d_in, T = aT.shape
-    d_out = gT.shape[1]
+    lazy = callable(aT)
+    B, d_out, T = gT.shape
+    d_in = (weight_shape.numel() // d_out if weight_shape is not None else 0) if lazy else aT.shape[1]
+    step = chunk or B
+
+    def inputs(lo: int, hi: int) -> torch.Tensor:
+        return aT(lo, hi) if lazy else aT[lo:hi]
+
     G = None
     gb = (gT[:, :, 0] if T == 1 else gT.sum(2)) if bias else None
+    sq = gb.square().sum(1) if gb is not None else gT.new_zeros(B)
     if weight_shape is None:
         how = "bias only"
-        sq = gb.square().sum(1) if gb is not None else aT.new_zeros(B)
     elif T == 1:
         # Rank one: ‖g aᵀ‖_F² = ‖g‖² ‖a‖², and with the bias ‖g‖²(‖a‖² + 1) (Goodfellow 2015,
         # arXiv:1510.01799).
         how = "rank-one"
         g_sq = gT[:, :, 0].square().sum(1)
-        a_sq = aT[:, :, 0].square().sum(1)
+        a_sq = inputs(0, B)[:, :, 0].square().sum(1)
         sq = g_sq * (a_sq + 1.0) if bias else g_sq * a_sq
     else:
-        sq = gb.square().sum(1) if gb is not None else aT.new_zeros(B)
-        if _ghost_is_cheaper(T, d_in, d_out):
+        ghost = _ghost_is_cheaper(T, d_in, d_out)
+        if ghost:
             # Ghost norm: ‖Σ_t g_t a_tᵀ‖_F² = Σ_{t,s} (a_t·a_s)(g_t·g_s)  (Li et al. 2021,
             # arXiv:2110.05679, Sec. 4).
             how = f"ghost-norm (T={T}: 2T²={2 * T * T} <= p·d={d_in * d_out})"
-            sq = sq + (torch.bmm(aT.transpose(1, 2), aT) * torch.bmm(gT.transpose(1, 2), gT)).sum((1, 2))
         else:
             # Instantiate G_i = Σ_t g_t a_tᵀ (B, d_out, d_in) when that is the cheaper side.
             how = f"instantiate (T={T}: 2T²={2 * T * T} > p·d={d_in * d_out})"
-            G = torch.bmm(gT, aT.transpose(1, 2))
-            sq = sq + G.square().sum((1, 2))
+            G = gT.new_empty(B, d_out, d_in)
+        terms = []
+        for lo in range(0, B, step):
+            hi = min(B, lo + step)
+            a, g = inputs(lo, hi), gT[lo:hi]
+            if ghost:
+                terms.append((torch.bmm(a.transpose(1, 2), a) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2)))
+            else:
+                terms.append(torch.bmm(g, a.transpose(1, 2), out=G[lo:hi]).square().sum((1, 2)))
+        sq = sq + _cat_positions(terms, dim=0)
+        if step < B:
+            how += f", in chunks of {step} examples"
+
+    def weight(c: torch.Tensor) -> torch.Tensor:
+        if G is not None:
+            return _weighted_sum(c, G)
+        if weight_sum is not None:
+            return weight_sum(c)
+        # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
+        # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
+        # c multiplies whichever factor is smaller.
+        ci = c[:, None, None]
+        gc, ac = (gT * ci, aT) if d_out <= d_in else (gT, aT * ci)
+        return gc.transpose(0, 1).reshape(d_out, B * T) @ ac.transpose(1, 2).reshape(B * T, d_in)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         if weight_shape is not None:
-            if G is not None:
-                w = _weighted_sum(c, G)
-            elif weight_sum is not None:
-                w = weight_sum(c)
-            else:
-                # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
-                # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
-                # c multiplies whichever factor is smaller.
-                ci = c[:, None, None]
-                gc, ac = (gT * ci, aT) if d_out <= d_in else (gT, aT * ci)
-                w = gc.transpose(0, 1).reshape(d_out, B * T) @ ac.transpose(1, 2).reshape(B * T, d_in)
-            out["weight"] = w.reshape(weight_shape)
+            out["weight"] = weight(c).reshape(weight_shape)
         if gb is not None:
             out["bias"] = c @ gb
         return out
@@ -467,17 +488,29 @@ class _Conv2dHandler(_Handler):
     def supports(module):
         return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
 
+    MIN_CHUNK = 32  # examples: smaller batched matmuls would cost more launches than they save memory
+
+    @staticmethod
+    def _patches(module, inputs, lo: int, hi: int) -> torch.Tensor:
+        return _cat_positions([_im2col(t[lo:hi], module) for t in inputs], dim=2)
+
     @staticmethod
     def _positions(module, inputs, grads):
         B = inputs[0].shape[0]
-        aT = _cat_positions([_im2col(t, module) for t in inputs], dim=2)
+        aT = _Conv2dHandler._patches(module, inputs, 0, B)
         gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
         return aT, gT
 
     @staticmethod
     def part(module, inputs, grads, names):
         geometry = (module.stride, module.padding, module.dilation)
-        aT, gT = _Conv2dHandler._positions(module, inputs, grads)
+        B = inputs[0].shape[0]
+        gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
+        # The patches of a chunk of examples take at most the memory of the layer's input (kh·kw
+        # times less than all patches at once for a stride-1 convolution), and chunks have at least
+        # MIN_CHUNK examples.
+        per_example = module.weight[0].numel() * gT.shape[2]
+        chunk = max(_Conv2dHandler.MIN_CHUNK, B * sum(t[0].numel() for t in inputs) // per_example)
 
         def weight_sum(c: torch.Tensor) -> torch.Tensor:
             # Book-keeping through the convolution's own weight-gradient kernel: Σ_i c_i ∇_W ℓ_i is
@@ -487,7 +520,14 @@ class _Conv2dHandler(_Handler):
                 for x, g in zip(inputs, grads, strict=True)
             )
 
-        return _factored_linear(aT, gT, module.weight.shape if "weight" in names else None, "bias" in names, weight_sum)
+        return _factored_linear(
+            lambda lo, hi: _Conv2dHandler._patches(module, inputs, lo, hi),
+            gT,
+            module.weight.shape if "weight" in names else None,
+            "bias" in names,
+            weight_sum,
+            chunk=min(chunk, B),
+        )
 
     @staticmethod
     def per_example(module, inputs, grads, name):
@@ -794,9 +834,11 @@ class GhostPlan:
 
     def __post_init__(self) -> None:
         self.index = {(u, n): k for k, us in self.uses.items() for u, n in us}
+        single = [us[0] for us in self.uses.values() if len(us) == 1]
+        self._ghost = [frozenset(n for v, n in single if v == u) for u in range(len(self.units))]
 
     def ghost_names(self, u: int) -> frozenset[str]:
-        return frozenset(n for p, us in self.uses.items() if len(us) == 1 and us[0][0] == u for _, n in us)
+        return self._ghost[u]
 
 
 def _qualified(prefix: str, name: str) -> str:

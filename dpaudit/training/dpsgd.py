@@ -291,20 +291,20 @@ def set_private_gradients(
         if sums is None:
             sums = list(grads)  # fresh tensors owned by us: accumulate in place
         else:
-            for s, g in zip(sums, grads, strict=True):
-                s.add_(g)
+            torch._foreach_add_(sums, list(grads))
     if sums is None:
         sums = [torch.zeros_like(p) for p in clipper.params]
     if canaries is not None:
         sums = list(canaries.inject(step, sums))
-    noise = _gaussian_like(sums, generator) if noise_std > 0 else [None] * len(sums)
-    for s, z in zip(sums, noise, strict=True):
-        if z is not None:
-            s.add_(z, alpha=noise_std)
+    # One multi-tensor kernel per operation over all parameters (torch's foreach ops; on a GPU a
+    # launch per parameter would cost more host time than the arithmetic), same values as a loop.
+    if noise_std > 0:
+        torch._foreach_add_(sums, _gaussian_like(sums, generator), alpha=noise_std)
     if canaries is not None:
         canaries.observe(step, sums)
+    torch._foreach_div_(sums, batch_size)
     for p, s in zip(clipper.params, sums, strict=True):
-        p.grad = s.div_(batch_size)
+        p.grad = s
 
 
 def _gaussian_like(tensors: list[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:

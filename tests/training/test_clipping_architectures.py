@@ -309,6 +309,39 @@ def test_mixed_per_layer_choice_in_one_pass():
     assert layers["head"] == "rank-one"
 
 
+class ChunkedConvs(nn.Module):
+    """Two convolutions whose unfolded patches outgrow their inputs (3x3, stride 1): one on the
+    instantiate side (T = 36: 2T² > p·d = 27·4), one on the ghost side (T = 4: 2T² <= 36·16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Conv2d(3, 4, 3, padding=1)
+        self.deep = nn.Conv2d(4, 16, 3, padding=1)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = F.avg_pool2d(torch.tanh(self.wide(x)), 3)  # 6x6 -> 2x2
+        return self.head(torch.tanh(self.deep(h)).mean((2, 3)))
+
+
+def test_convolutions_in_chunks_of_examples_match_the_loop(monkeypatch):
+    # Patches are built a chunk of examples at a time (at most the memory of the layer's input);
+    # with the chunk floor at 1 both convolutions run one example per chunk, on both cost sides.
+    from dpaudit.training.clipping import _Conv2dHandler
+
+    monkeypatch.setattr(_Conv2dHandler, "MIN_CHUNK", 1)
+    torch.manual_seed(5)
+    model = ChunkedConvs().double()
+    x, y = torch.randn(N, 3, 6, 6, dtype=torch.float64), torch.randint(0, 3, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    layers = clipper.describe()["layers"]
+    assert layers["wide"] == "instantiate (T=36: 2T²=2592 > p·d=108), in chunks of 1 examples"
+    assert layers["deep"] == "ghost-norm (T=4: 2T²=32 <= p·d=576), in chunks of 1 examples"
+
+
 def test_shared_input_counted_once_not_once_per_example():
     """A Linear applied to a batch-less tensor: its per-example gradient is g_i contracted with the
     shared input, and the clipped sum Σ_i c_i g_i aᵀ has each example once. Here every example has
