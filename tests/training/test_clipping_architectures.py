@@ -263,14 +263,54 @@ def test_multihead_attention_routes(oracle):
     assert sum(v.startswith("vmap") for v in layers.values()) == 1
 
 
-def test_tied_weights_are_instantiated_and_summed(oracle):
+def test_tied_weights_get_the_norm_of_the_sum_of_their_uses(oracle):
+    # T = 4 token positions + 1 head position: 2T² = 50 <= p·d = 9·6, so the norm of the sum of the
+    # two uses comes from ghost norms and cross terms (exactness: the oracle tests above).
     layers = _layers("tied-module", oracle)
-    assert layers["emb.weight"] == "instantiate, summed over its uses (tied: emb, head)"
+    how = "ghost-norm over its 2 uses with cross terms (T=5: 2T²=50 <= p·d=54) (tied: emb, head)"
+    assert layers["emb.weight"] == how
     assert not any(v.startswith("vmap") for v in layers.values())
     # Used functionally outside the embedding's forward: found by the first-call check and moved to
     # a vmap over the model; the rest stays on the ghost path.
     layers = _layers("tied-functional", oracle)
     assert layers["(model)"] == "vmap over the model: emb.weight" and layers["mix"].startswith("ghost-norm")
+    # A vocabulary too small for the ghost side (2T² = 50 > 3·2): each use instantiated and summed.
+    torch.manual_seed(2)
+    model = TiedLM(vocab=3, d=2).double()
+    x, y = torch.randint(0, 3, (N, 4)), torch.randint(0, 3, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    assert clipper.describe()["layers"]["emb.weight"] == "instantiate, summed over its uses (tied: emb, head)"
+
+
+class TiedPerPosition(nn.Module):
+    """The tied head applied at every position (a language-model head): both uses have T = 4, and
+    the positions' logits are weighted differently, so their output gradients differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 12)
+        self.mix = nn.Linear(12, 12)
+        self.head = nn.Linear(12, 11, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("w", torch.linspace(0.5, 2.0, 4).unsqueeze(1))
+
+    def forward(self, tok):
+        return (self.head(torch.tanh(self.mix(self.emb(tok)))) * self.w).sum(1)
+
+
+def test_tied_weight_used_at_every_position():
+    torch.manual_seed(6)
+    model = TiedPerPosition().double()
+    x, y = torch.randint(0, 11, (N, 4)), torch.randint(0, 11, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    how = "ghost-norm over its 2 uses with cross terms (T=8: 2T²=128 <= p·d=132) (tied: emb, head)"
+    assert clipper.describe()["layers"]["emb.weight"] == how
 
 
 def test_bare_parameters(oracle):
