@@ -21,7 +21,9 @@ Methods (chosen by name, ``PerfConfig.clipping``):
   arXiv:2110.05679 for sequences) or instantiating the per-example gradient, whichever is cheaper
   (2T² vs p·d; Bu et al. 2022, arXiv:2205.10683; Bu et al. 2023, arXiv:2210.00038), then the
   clipped sum by book-keeping from the same ``a`` and ``g`` (Bu et al. 2023). Rules: ``Linear``
-  (any leading dims, any number of calls), ``Conv2d`` (groups 1, zero padding), ``Embedding``,
+  (any leading dims, any number of calls), ``Conv2d`` (groups 1, zero padding; its unfolded
+  patches, kh·kw times its input at stride 1, are built a chunk of examples at a time and dropped
+  after the norms, so they never take more than about the input's memory), ``Embedding``,
   ``LayerNorm``, ``GroupNorm``. Beyond them:
 
   - a layer applied to a tensor without the batch dimension (a positional embedding of
