@@ -307,6 +307,7 @@ def import_weights(**o) -> None:
         lines.append(
             f"members    loss {check['train_loss']:.4g} vs holdout {check['holdout_loss']:.4g}"
             + ("  (SUSPICIOUS: see the warning)" if check["suspicious"] else "")
+            + ("  (member check inconclusive)" if check.get("outcome") == "inconclusive" else "")
         )
     lines.append(f"saved      {out}")
     data_out = {"out": str(out), **s, "claim": meta["privacy"], "import": meta["import"]}

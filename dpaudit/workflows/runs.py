@@ -249,7 +249,13 @@ def import_from_options(
     the user should hear). ``canaries``: a directory from ``dpaudit canaries make`` whose included records
     the training added (checked against the data), for the formal one-run audit of ``audit checkpoint``."""
     from dpaudit.canaries import read_canary_dir
-    from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
+    from dpaudit.data import (
+        DEFAULT_FRACTIONS,
+        check_feature_names,
+        load_dataset,
+        read_member_indices,
+        standardizer_from_json,
+    )
     from dpaudit.models import read_model_spec
     from dpaudit.training.run import import_run, recipe_from_dict
 
@@ -281,7 +287,12 @@ def import_from_options(
                 f"unknown --preprocessing {preprocessing!r}; valid: none, a scaler.json path "
                 "(legacy mode: standardize, identity)"
             )
-        pre = _from_file(standardizer_from_json, read_json_file(path, "scaler"), ds.feature_shape, str(path))
+        scaler = read_json_file(path, "scaler")
+        pre = _from_file(standardizer_from_json, scaler, ds.feature_shape, str(path))
+        if isinstance(scaler, dict) and "feature_names" in scaler and ds.feature_names is not None:
+            check_feature_names(ds.feature_names, scaler["feature_names"], data=str(data), source=str(path))
+    if spec.feature_names is not None and ds.feature_names is not None:
+        check_feature_names(ds.feature_names, spec.feature_names, data=str(data), source=str(model_spec))
     notify(f"importing {weights} ({spec.kind} on {ds.name}, {len(ds)} records) …")
     return import_run(
         weights, spec, ds, out=out, members=member_idx, members_source=str(members) if members is not None else None,
