@@ -302,6 +302,24 @@ def import_from_options(
     )  # fmt: skip
 
 
+def inspect_summary(run: Any) -> dict[str, Any]:
+    """``dpaudit inspect``: a loaded run's summary (:func:`dpaudit.training.run.summary`, after its data hash
+    is verified), with its claim re-accounted from the recorded mechanism (``privacy.event``, as every audit
+    and report does, :func:`dpaudit.checkpoint.reaccount_claim`): ``epsilon_recomputed`` (None when the claim
+    cannot be re-accounted: no claim, or a claim stated without a mechanism) and ``claim_mismatch`` (True when
+    the recorded ε differs from it: the file was edited or written by other software). Both ε are shown; the
+    recorded one stays ``epsilon``, the claim that audits test."""
+    from dpaudit.checkpoint import reaccount_claim
+    from dpaudit.training.run import summary
+
+    run.dataset()  # verifies the data hash
+    s = summary(run.meta)
+    check = reaccount_claim(run.privacy)
+    s["epsilon_recomputed"] = None if check is None else check["recomputed"]
+    s["claim_mismatch"] = check is not None and not check["match"]
+    return s
+
+
 def _stated_claim(claim, epsilon, delta, noise_multiplier, sample_rate, steps, accountant, neighbouring):
     """The claim of ``dpaudit import``: from claim.json, or from the flags (which need --delta), or None."""
     from dpaudit.training.run import StatedClaim
