@@ -675,6 +675,12 @@ def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[
     }
 
 
+_FIT_QUESTION = (
+    "are the feature columns the ones it was trained on, in the same order and scale (or did it learn next to "
+    "nothing, as a very strongly private model may)?"
+)
+
+
 def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
     """Warnings when a model does not fit the records it was declared to be trained on (see member_check)."""
     from scipy.stats import binom
@@ -690,7 +696,7 @@ def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
         out.append(
             f"the model's accuracy on its declared training records, {accuracy:.1%} ({correct} of {n}), is not above "
             f"chance ({chance:.1%} by always predicting the most frequent class; one-sided binomial p = {p:.3g}): "
-            "are the feature columns the ones it was trained on, in the same order and scale?"
+            f"{_FIT_QUESTION}"
         )
     # Cross-entropy of the constant prediction of the members' class frequencies on the members is their
     # entropy H = -sum f log f (Cover & Thomas, Elements of Information Theory, eq. 2.1); a model trained
@@ -699,8 +705,7 @@ def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
     if loss > constant:
         out.append(
             f"the model's mean loss on its declared training records, {loss:.4g}, is above {constant:.3g}, the loss "
-            "of predicting the class frequencies without looking at the features: are the feature columns the "
-            "ones it was trained on, in the same order and scale?"
+            f"of predicting the class frequencies without looking at the features: {_FIT_QUESTION}"
         )
     return out
 
