@@ -9,6 +9,8 @@ result then says the design was declared by the user.
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,3 +95,14 @@ def test_a_file_with_several_attacks_is_refused(tmp_path):
     path = save_scores([_attack("loss"), _attack("lira", seed=1)], tmp_path / "both.csv")
     res = runner.invoke(app, ["audit", "scores", str(path)])
     assert res.exit_code == 2 and "2 attacks (lira, loss)" in res.output
+
+
+def test_the_readme_sequence_is_refused():
+    """`attack mia --scores-out s.csv` then `audit scores s.csv --design multi-run --fail-on-violation`: a
+    bound from one model's membership scores would be called formal and fail a build. (No fixtures, so
+    that tests/audit/test_mutations.py can run it under the planted mistake "provenance ignored".)"""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_scores([_attack("lira")], Path(tmp) / "s.csv")
+        args = ["audit", "scores", str(path), "--design", "multi-run", "--claimed-epsilon", "1", "--fail-on-violation"]
+        res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "written by `dpaudit attack mia`" in res.output, res.output
