@@ -665,7 +665,7 @@ class _EmbeddingHandler(_Handler):
     @staticmethod
     def factors(module, inputs, grads, name):
         tok, g = _EmbeddingHandler._positions(module, inputs, grads)
-        return _Factors(left=tok, right=g)
+        return _Factors(left=tok.long(), right=g)  # gather needs int64 (nn.Embedding also takes int32)
 
 
 def _affine_norm_per_example(normalized, grads, name, reduce_dims) -> torch.Tensor:
