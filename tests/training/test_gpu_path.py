@@ -130,7 +130,8 @@ def _train(monkeypatch, name, device, strict, *, noise=1.0, algo="dpsgd"):
     try:
         get_trainer(algo)(config, PerfConfig(max_physical_batch=3, clipping="ghost")).fit(model, X, y)
     finally:
-        made[-1].close()
+        for clipper in reversed(made):  # every strict context entered, the sync debug mode restored
+            clipper.close()
     return model, made[-1]
 
 
