@@ -170,7 +170,7 @@ DP_RECIPES: dict[tuple[str, str], Recipe] = {
     ("sgd", "rnn"): Recipe(epochs=30, batch_size=64, lr=0.5),
     ("adam", "logreg"): Recipe(epochs=30, batch_size=64, lr=0.01),
     ("adam", "mlp"): Recipe(epochs=30, batch_size=64, lr=0.005),
-    ("adam", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.05),
+    ("adam", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.02),
     ("adam", "rnn"): Recipe(epochs=30, batch_size=64, lr=0.01),
 }
 # The convex learners (output/objective perturbation) need lambda > 0: their sensitivity is 2/(N lambda)
