@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dpaudit.accounting.pate_smooth import SanitiserConfig
 from dpaudit.aggregation import AggregatorConfig
 from dpaudit.data import Standardizer, load_dataset
 from dpaudit.errors import InputError
@@ -65,6 +66,7 @@ def test_dp_icl_run_and_calibrated_claim():
         ({"algo": "dp-icl", "shots": 2, "predictor": "/no/such/model"}, "no such model directory"),
         ({"algo": "dp-icl"}, "needs --shots"),
         ({"shots": 3}, "only to --algo dp-icl"),
+        ({"sanitiser": SanitiserConfig(order=3.0)}, "--sanitiser applies to --claim data-dependent"),
     ],
 )
 def test_bad_run_input(kw, message):
@@ -145,7 +147,6 @@ def test_sanitised_data_dependent_claim_is_below_the_data_independent_one_on_dig
     T = 42 of 50, sigma1 = 10, sigma2 = 5, 200 public queries): the data-dependent claim, sanitised with
     smooth sensitivity and every release charged, is below the data-independent claim of the same mechanism
     (28.05) for every sanitiser draw tried (benchmarks/RESULTS.md: 17.7 with the student at 0.79)."""
-    from dpaudit.accounting.pate_smooth import SanitiserConfig
     from dpaudit.aggregation import aggregate, privacy_record, vote_histogram
     from dpaudit.data import make_splits
     from dpaudit.training.pate import pate_votes, public_preprocessing, query_indices, teacher_parts
