@@ -563,6 +563,10 @@ class _Conv2dHandler(_Handler):
         return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
 
     MIN_CHUNK = 32  # examples: smaller batched matmuls would cost more launches than they save memory
+    # Patches of one chunk may also take up to this many elements (256 MiB in float32) when that is
+    # more than the layer's input: chunks of 32 examples cost an H200 ~30% of the DP step on
+    # cifar-gn against unchunked patches (benchmarks/RESULTS.md, issue 26, second session).
+    CHUNK_ELEMENTS = 64 * 2**20
 
     @staticmethod
     def _patches(module, inputs, lo: int, hi: int) -> torch.Tensor:
@@ -581,10 +585,11 @@ class _Conv2dHandler(_Handler):
         B = inputs[0].shape[0]
         gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
         # The patches of a chunk of examples take at most the memory of the layer's input (kh·kw
-        # times less than all patches at once for a stride-1 convolution), and chunks have at least
-        # MIN_CHUNK examples.
+        # times less than all patches at once for a stride-1 convolution) or CHUNK_ELEMENTS,
+        # whichever is larger, and chunks have at least MIN_CHUNK examples.
         per_example = module.weight[0].numel() * gT.shape[2]
-        chunk = max(_Conv2dHandler.MIN_CHUNK, B * sum(t[0].numel() for t in inputs) // per_example)
+        budget = max(B * sum(t[0].numel() for t in inputs), _Conv2dHandler.CHUNK_ELEMENTS)
+        chunk = max(_Conv2dHandler.MIN_CHUNK, budget // per_example)
 
         def weight_sum(c: torch.Tensor) -> torch.Tensor:
             # Book-keeping through the convolution's own weight-gradient kernel: Σ_i c_i ∇_W ℓ_i is

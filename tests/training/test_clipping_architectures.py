@@ -370,6 +370,7 @@ def test_convolutions_in_chunks_of_examples_match_the_loop(monkeypatch):
     from dpaudit.training.clipping import _Conv2dHandler
 
     monkeypatch.setattr(_Conv2dHandler, "MIN_CHUNK", 1)
+    monkeypatch.setattr(_Conv2dHandler, "CHUNK_ELEMENTS", 0)
     torch.manual_seed(5)
     model = ChunkedConvs().double()
     x, y = torch.randn(N, 3, 6, 6, dtype=torch.float64), torch.randint(0, 3, (N,))
