@@ -216,7 +216,14 @@ _CONVEX_ALGOS = ("outpert", "outpert-gaussian", "objpert")  # closed-form learne
 def training_text(training: Mapping[str, Any]) -> str:
     """The training line in the algorithm's own terms: SGD settings for (DP-)SGD; teachers, shots, queries
     and the aggregator's noise for PATE / DP-ICL (whose student is post-processing of the answers); the L2
-    coefficient λ for the closed-form convex learners; steps and canaries for the user's own loop."""
+    coefficient λ for the closed-form convex learners; steps and canaries for the user's own loop. An
+    imported run (``dpaudit import``) says so, and that its recipe, if any, is the attacker's approximation."""
+    if training.get("source") is not None:  # dpaudit.training.run.import_run
+        imported = f"imported from {training['source']}"
+        if training["algo"] == "imported":
+            return f"{imported} (trained outside dpaudit; no recipe given)"
+        rest = {k: v for k, v in training.items() if k not in ("source", "recipe_source")}
+        return f"{imported}; recipe from the {training.get('recipe_source', 'user')}: {training_text(rest)}"
     algo = str(training["algo"])
     agg = training.get("aggregation")
     if isinstance(agg, Mapping):  # PATE / DP-ICL (dpaudit.training.pate): the private step is the aggregator
