@@ -43,7 +43,10 @@ class CanaryRunAudit:
     count: int
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; ``kind`` marks a saved result that ``dpaudit report`` reads like any other audit
+        (:func:`dpaudit.report.build.canary_run_entry`)."""
         return {
+            "kind": KIND,
             "canaries": str(self.path),
             "claim": self.claim,
             "verdict": self.verdict,
@@ -51,7 +54,7 @@ class CanaryRunAudit:
             "steps": self.steps,
             "count": self.count,
             "audits": [a.to_dict() for a in self.audits],
-            "noise_check": None if self.noise is None else self.noise.to_dict(),
+            "noise_check": None if self.noise is None else noise_check_entry(self.noise),
         }
 
     def summary(self) -> str:
@@ -61,6 +64,26 @@ class CanaryRunAudit:
         no_check = "noise check: not run (give --noise-multiplier)"
         lines += ["", self.noise.summary() if self.noise is not None else no_check]
         return "\n".join(lines)
+
+
+KIND = "gradient-canary-audit"  # the ``kind`` of a saved :class:`CanaryRunAudit`
+
+
+def noise_check_entry(noise: NoiseCheck) -> dict[str, Any]:
+    """The noise check as the report (and :func:`dpaudit.workflows.result.headline`) reads it: its numbers
+    and ``statement``, one sentence saying what it showed."""
+    worst = min(noise.groups, key=lambda g: g.p_value, default=None)
+    if noise.verdict == "violation":
+        what = f"the noise check rejects the claimed noise std σC = {noise.noise_std:.4g}"
+        if worst is not None and noise.variance_p_value <= noise.details.get("alpha_variance", noise.alpha):
+            what += f" (group {worst.name}: estimated std / σC = {worst.ratio:.3g}, variance test p = "
+            what += f"{noise.variance_p_value:.3g})"
+        elif noise.independence_p_value is not None:
+            what += f" (noise not independent across steps, p = {noise.independence_p_value:.3g})"
+    else:
+        what = f"the noise check finds no less noise than the claimed σC = {noise.noise_std:.4g}"
+    statement = f"{what} (formal, gradient-canaries noise check, level {noise.alpha:.3g})"
+    return {**noise.to_dict(), "source": "gradient-canaries", "statement": statement}
 
 
 def _close(a: float, b: float) -> bool:

@@ -364,9 +364,8 @@ def audit_training(
         if contract_note is not None:
             result = dataclasses.replace(result, notes=(*result.notes, contract_note))
         what = f"; score {names[j]} ({j + 1} of {k}, Bonferroni)" if k > 1 else ""
-        records.append(
-            AuditRecord("multi-run", f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}", result)
-        )
+        what = f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}"
+        records.append(AuditRecord("multi-run", what, result, threat_model=f"{threat_model}, many runs"))
     best = max(range(len(records)), key=lambda j: records[j].result.epsilon_lower_bound)
     return TrainingAudit(
         audit=records[best], threat_model=threat_model, runs=runs, claim=claim, neighbouring=relation,
