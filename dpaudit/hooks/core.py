@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,6 +241,7 @@ class GradientCanaries:
         self._ss: list[np.ndarray] = []
         self._proj: list[np.ndarray] = []
         self.meta: dict[str, Any] = {}
+        self._flush: Callable[[], None] | None = None  # an adapter's wait for steps still in flight (JAX)
 
     # ---- the design ---------------------------------------------------------------------------------------
 
@@ -353,6 +354,8 @@ class GradientCanaries:
 
     def observations(self) -> CanaryObservations:
         """The design and everything observed so far, as plain arrays."""
+        if self._flush is not None:
+            self._flush()
         if self._pending is not None:
             raise InputError(f"step {self._pending[0]} was injected but never observed")
         T, G = self.steps_, len(self.names_)
@@ -383,6 +386,20 @@ class GradientCanaries:
         from dpaudit.hooks.opacus_adapter import attach
 
         return attach(self, optimizer, module=module)
+
+    def optax_inject(self) -> Any:
+        """An ``optax.GradientTransformation`` adding the canaries, for ``optax.chain`` right before the noise
+        (see :mod:`dpaudit.hooks.jax_adapter`)."""
+        from dpaudit.hooks.jax_adapter import optax_inject
+
+        return optax_inject(self)
+
+    def optax_observe(self) -> Any:
+        """An ``optax.GradientTransformation`` recording the noisy sum, for ``optax.chain`` right after the
+        noise (see :mod:`dpaudit.hooks.jax_adapter`)."""
+        from dpaudit.hooks.jax_adapter import optax_observe
+
+        return optax_observe(self)
 
 
 def save_observations(obs: CanaryObservations, directory: Path | str, *, force: bool = False) -> Path:
