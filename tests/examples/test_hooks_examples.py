@@ -104,6 +104,16 @@ def test_opacus_adapter_refusals(opacus_example, tmp_path):
         other.attach(opt)
     with pytest.raises(InputError, match="another model"):
         GradientCanaries({"w": (2, 4), "b": (2,)}, count=2, sample_rate=0.5, clip=None, seed=0).attach(opt, module=m)
+    with pytest.raises(InputError, match="differs from the optimizer's max_grad_norm"):  # a canary must be a record
+        GradientCanaries(shapes, count=2, sample_rate=0.5, clip=5.0, seed=0).attach(opt)
+    from opacus.optimizers import DPPerLayerOptimizer
+
+    per_layer = DPPerLayerOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=[1.0, 1.0],
+        expected_batch_size=4,
+    )  # fmt: skip
+    with pytest.raises(InputError, match="DPPerLayerOptimizer: per-layer clipping"):
+        GradientCanaries(shapes, count=2, sample_rate=0.5, clip=None, seed=0).attach(per_layer)
     assert canaries.attach(opt, module=m) is opt and canaries.clip == 2.5  # clip = max_grad_norm
     with pytest.raises(InputError, match="already"):
         canaries.attach(opt)

@@ -79,7 +79,7 @@ def test_cli_json_and_bad_input(tmp_path):
         audit_canaries(tmp_path / "s", claimed_epsilon=1.0, delta=DELTA)
     (tmp_path / "c" / "canaries.json").write_text("{")
     r = CliRunner().invoke(app, base)
-    assert r.exit_code == 2 and "unreadable" in r.output
+    assert r.exit_code == 2 and "not valid JSON" in r.output and len(r.output.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
