@@ -75,7 +75,7 @@ def test_cli_json_and_bad_input(tmp_path):
     r = CliRunner().invoke(app, ["audit", "canaries", str(tmp_path / "c")])
     assert r.exit_code == 2 and "--claimed-epsilon" in r.output
     simulate(0, tmp_path / "s", inclusion="step")
-    with pytest.raises(InputError, match="per-step canaries .*give --noise-multiplier"):
+    with pytest.raises(InputError, match=r"per-step canaries .*give --noise-multiplier"):
         audit_canaries(tmp_path / "s", claimed_epsilon=1.0, delta=DELTA)
     (tmp_path / "c" / "canaries.json").write_text("{")
     r = CliRunner().invoke(app, base)
