@@ -167,8 +167,9 @@ def optax_inject(canaries):
         leaves = jax.tree_util.tree_leaves(updates)
         dtypes = [np.dtype(v.dtype) for v in leaves]
 
-        def host(step: np.ndarray, arrays: list[np.ndarray]) -> list[np.ndarray]:
-            out = canaries.inject(int(step), dict(zip(names, arrays, strict=True)))
+        def host(step: Any, arrays: list[Any]) -> list[np.ndarray]:
+            # JAX may hand the callback its own arrays: NumPy here, else every step dispatches eager JAX ops
+            out = canaries.inject(int(step), dict(zip(names, map(np.asarray, arrays), strict=True)))
             return [np.asarray(out[n], dtype=d) for n, d in zip(names, dtypes, strict=True)]
 
         if _concrete(step, leaves):  # not traced: call the host directly (errors stay dpaudit's InputError)
@@ -190,8 +191,8 @@ def optax_observe(canaries):
     def update(step: Any, updates: Any) -> Any:
         _, names = _check_tree(canaries, updates, "optax_observe")
 
-        def host(step: np.ndarray, arrays: list[np.ndarray]) -> None:
-            canaries.observe(int(step), dict(zip(names, arrays, strict=True)))
+        def host(step: Any, arrays: list[Any]) -> None:
+            canaries.observe(int(step), dict(zip(names, map(np.asarray, arrays), strict=True)))
 
         leaves = jax.tree_util.tree_leaves(updates)
         if _concrete(step, leaves):
