@@ -39,6 +39,10 @@ class ModelSpec:
     kind: ClassVar[str] = ""
     input_shape: tuple[int, ...]
     n_classes: int
+    # Optional names of the input features, in the order the model reads them (tabular data): `dpaudit
+    # import` checks a CSV's header against them (dpaudit.data.check_feature_names). Not architecture:
+    # left out of to_dict when None, so specs without names serialise as before.
+    feature_names: tuple[str, ...] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         check_int_fields(self)  # types and sizes of a spec read from JSON, before any is used
@@ -48,10 +52,21 @@ class ModelSpec:
         for k, v in asdict(self).items():
             if isinstance(v, list):
                 object.__setattr__(self, k, tuple(v))
+        names = self.feature_names
+        if names is not None:
+            if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+                raise InputError("expected feature_names to be a list of column names")
+            if len(set(names)) != len(names) or len(names) != math.prod(self.input_shape):
+                raise InputError(
+                    f"expected feature_names to hold {math.prod(self.input_shape)} distinct names (one per input "
+                    f"feature), got {len(names)}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": self.kind}
         for k, v in asdict(self).items():
+            if k == "feature_names" and v is None:
+                continue
             d[k] = list(v) if isinstance(v, tuple) else v
         return d
 
