@@ -138,6 +138,13 @@ AGGREGATION = (
         "2018; gnmax/confident-gnmax).",
     ),
     opt(
+        "sanitiser",
+        str | None,
+        None,
+        help="--claim data-dependent: the sanitiser's public settings, e.g. order=3,sigma_s=1.5,beta_factor=0.49 "
+        "(also tau; defaults: order from the public settings, sigma_s 10, beta_factor 0.4, tau 1).",
+    ),
+    opt(
         "keep_private_diagnostics",
         bool,
         False,

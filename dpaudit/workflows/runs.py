@@ -100,6 +100,7 @@ def train_from_options(
     claim: str = "data-independent",
     keep_private_diagnostics: bool = False,
     subsample: float | None = None,
+    sanitiser: str | None = None,
     autocast: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
@@ -130,7 +131,7 @@ def train_from_options(
             hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
             fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
-            keep_private_diagnostics=keep_private_diagnostics, subsample=subsample,
+            keep_private_diagnostics=keep_private_diagnostics, subsample=subsample, sanitiser=sanitiser,
         )  # fmt: skip
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
@@ -152,8 +153,10 @@ def train_from_options(
         weight_decay = r["l2"]
     if algo.endswith("-jl") and jl_projections is None:
         jl_projections = DEFAULT_JL_PROJECTIONS
-    if claim != "data-independent" or keep_private_diagnostics or subsample is not None:
-        raise InputError("--claim, --keep-private-diagnostics and --subsample apply to --algo pate / dp-icl")
+    if claim != "data-independent" or keep_private_diagnostics or subsample is not None or sanitiser is not None:
+        raise InputError(
+            "--claim, --sanitiser, --keep-private-diagnostics and --subsample apply to --algo pate / dp-icl"
+        )
     private = algo.startswith("dp") or algo in CONVEX_ALGOS
     if dp_given and not private:
         raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
