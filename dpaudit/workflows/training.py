@@ -310,11 +310,12 @@ def audit_training(
         from dpaudit.plugins import load_trainer, reference_size_note
 
         source += f"; trained by {name}"
-        X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
-        contract_note = reference_size_note(
-            load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out, data.y[idx_out].astype(np.int64),
-            int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
-        )  # fmt: skip
+        if relation == "add_remove":  # replace-one neighbours have the same size: len(X) cannot tell them apart
+            X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
+            contract_note = reference_size_note(
+                load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out,
+                data.y[idx_out].astype(np.int64), int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
+            )  # fmt: skip
         jobs = _plugin_jobs(
             trainer, name, data, idx_in, idx_out, fit_preprocessing(data, pre_idx), spec, canary_x, canary_y, runs,
             int(seed), scores,
