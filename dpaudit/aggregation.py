@@ -92,7 +92,9 @@ SANITISED_NOTE = (
     "RDP at one order is released with Gaussian noise scaled by its smooth sensitivity (GNSS, Thm. 23), raised "
     "by a margin from a released bound on that sensitivity so that it is not below the data-dependent RDP except "
     "with probability delta/2; both releases are charged, and RDP is converted at delta/2 (formal for this "
-    "dataset's neighbours: the claim holds with the stated delta)."
+    "dataset's neighbours: the claim holds with the stated delta). The sanitiser's settings not fixed by the user "
+    "were chosen by a public rule (a function of the public settings only, never of the votes: "
+    "sanitised.chosen_by_public_rule); settings fixed by the user are honest only if fixed before the votes were seen."
 )
 
 

@@ -141,8 +141,9 @@ AGGREGATION = (
         "sanitiser",
         str | None,
         None,
-        help="--claim data-dependent: the sanitiser's public settings, e.g. order=3,sigma_s=1.5,beta_factor=0.49 "
-        "(also tau; defaults: order from the public settings, sigma_s 10, beta_factor 0.4, tau 1).",
+        help="--claim data-dependent: auto (default: every setting chosen by a public rule, never from the votes) "
+        "or key=value pairs order, beta_factor, sigma_s, tau (must be fixed before seeing the data; the rest auto), "
+        "prior_top (the rule's prior consensus).",
     ),
     opt(
         "keep_private_diagnostics",
