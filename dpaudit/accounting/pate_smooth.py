@@ -544,26 +544,30 @@ def choose_sanitiser(kind: str, *, n_queries: int, max_answers: int | None, n_cl
     "cannot be released": pate_2018 ICLR2018/smooth_sensitivity_table.py, ``_find_optimal_smooth_sensitivity_
     parameters``). The order runs over :data:`ORDER_GRID`, beta_factor over :data:`BETA_FACTORS` (the authors'
     range, ibid. ``betas = np.arange(.3 / order, .495 / order, .01 / order)``); sigma_s and tau by
-    :func:`_best_sigma_tau`."""
-    fixed = fixed or SanitiserConfig()
+    :func:`_best_sigma_tau`. Pure in its arguments, so cached (repeated claims on one run pay it once)."""
+    key = tuple(sorted((k, params.get(k)) for k in ("sigma", "sigma1", "threshold")))
+    return _choose(kind, int(n_queries), max_answers, int(n_classes), int(n_teachers), key, float(delta),
+                   fixed or SanitiserConfig())  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def _choose(kind: str, n_queries: int, max_answers: int | None, n_classes: int, n_teachers: int,
+            params_key: tuple, delta: float, fixed: SanitiserConfig) -> SanitiserConfig:  # fmt: skip
+    params = dict(params_key)
     hist, weights = prior_histogram(kind, n_queries, max_answers, n_classes, n_teachers, params, fixed.prior_top)
     orders = ORDER_GRID if fixed.order is None else (fixed.order,)
     factors = BETA_FACTORS if fixed.beta_factor is None else (fixed.beta_factor,)
-    best, best_val = None, math.inf
+    best, best_val = fixed, math.inf
     for order in orders:
         raw = _prior_rdp(kind, hist, weights, params, order)
         ls = _ls_sum(kind, hist, weights, n_teachers, params, order)
-        for bf in factors:
-            if not order < 1.0 / (2.0 * bf / order):  # pragma: no cover - bf < 1/2 keeps lambda < 1/(2 beta)
-                continue
+        for bf in factors:  # bf < 1/2 keeps lambda < 1/(2 beta) = lambda / (2 bf), as Thm. 23 needs
             ss = smooth_sensitivity(ls, bf / order)
             sigma_s, tau = _best_sigma_tau(ss, order, bf, fixed.sigma_s, fixed.tau, delta)
             val = expected_claim(raw, ss, order, bf, sigma_s, tau, delta)
             if val < best_val:
                 best_val = val
                 best = SanitiserConfig(order=order, beta_factor=bf, sigma_s=sigma_s, tau=tau, prior_top=fixed.prior_top)
-    if best is None:  # pragma: no cover - the grids are non-empty
-        raise InputError("no sanitiser setting satisfies 1 < order < 1/(2 beta)")
     return best
 
 
