@@ -365,8 +365,8 @@ class SanitiserConfig:
             check_positive(sigma_s=self.sigma_s)
         if self.tau is not None:
             check_positive(tau=self.tau)
-        if self.prior_top is not None:
-            check_in_interval(0.0, 1.0, prior_top=self.prior_top)
+        if self.prior_top is not None and not 0.0 < self.prior_top <= 1.0:
+            raise InputError(f"expected prior_top in (0, 1], got {self.prior_top}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
