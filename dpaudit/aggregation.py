@@ -87,6 +87,11 @@ SUBSAMPLED_NOTE = (
     "prompt for a query with probability q, independently per query: adding or removing one record changes at "
     "most one vote per query, and only on the queries that sampled it (add/remove neighbours)"
 )
+SANITISER_RULE_NOTE = (
+    "settings given as null were chosen by the public rule dpaudit.accounting.pate_smooth.choose_sanitiser (the "
+    "expected claim minimised on a prior vote histogram built from the public settings: T votes on top for "
+    "confident-gnmax, prior_top of the teachers otherwise); settings given as numbers were fixed by the user"
+)
 SANITISED_NOTE = (
     "data-dependent, sanitised (Papernot et al. 2018, arXiv:1802.08908, Sec. 4.3 and App. C): the data-dependent "
     "RDP at one order is released with Gaussian noise scaled by its smooth sensitivity (GNSS, Thm. 23), raised "
@@ -397,7 +402,7 @@ def privacy_record(
         accountant="rdp, data-dependent, sanitised with smooth sensitivity",
         data_independent_epsilon=di["epsilon"],
         sanitised=s["public"],
-        sanitiser=(sanitiser or SanitiserConfig()).to_dict(),
+        sanitiser={**(sanitiser or SanitiserConfig()).to_dict(), "rule": SANITISER_RULE_NOTE},
         analysis=SANITISED_NOTE + " " + NEIGHBOURING_NOTE,
     )
     return record

@@ -178,7 +178,14 @@ def test_sanitiser_settings_parse_and_bad_ones_are_one_line_errors():
     assert SanitiserConfig.parse("order=3, sigma_s=1.5,beta_factor=0.49,tau=0.5") == SanitiserConfig(
         order=3.0, sigma_s=1.5, beta_factor=0.49, tau=0.5
     )
-    for bad, message in (("order3", "key=value"), ("sigma=2", "key=value"), ("tau=x", "number"), ("order=1", "> 1"), ("prior_top=0", "prior_top"), ("beta_factor=0.5", "beta_factor")):
+    for bad, message in (
+        ("order3", "key=value"),
+        ("sigma=2", "key=value"),
+        ("tau=x", "number"),
+        ("order=1", "> 1"),
+        ("prior_top=0", "prior_top"),
+        ("beta_factor=0.5", "beta_factor"),
+    ):
         with pytest.raises(InputError, match=message):
             SanitiserConfig.parse(bad)
 
