@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpaudit.cli._common import OUTPUT, App, arg, emit, info, opt, options, progress
-from dpaudit.workflows.checkpoint import DEFAULTS
+from dpaudit.defaults import DEFAULTS
 
 REPORT_INPUTS = (
     arg("inputs", list[Path], help="Run directories (attacked and audited now) and/or report.json files (merged in)."),
