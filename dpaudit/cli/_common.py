@@ -161,7 +161,7 @@ def _error_line(error: DPAuditError, ctx: typer.Context | None) -> str:
 
 _CONTEXT = "_dpaudit_context"
 _QUIET = "_dpaudit_quiet"
-QUIET_HELP = "Hide progress and notices (never results, warnings or errors); before or after the command."
+QUIET_HELP = "Hide progress and notices (never results or errors); before or after the command."
 _QUIET_PARAM = inspect.Parameter(
     _QUIET,
     inspect.Parameter.KEYWORD_ONLY,
