@@ -7,7 +7,7 @@ environment's ``dpaudit`` and ``python`` first on PATH and the clone on PYTHONPA
 clone's root"; ``examples.*`` imports from it). A line whose comment says ``exits 1`` must exit with 1
 (a caught bug), every other line with 0.
 
-Sizes. The README shows what a user runs (about half an hour on 2 cores); the slow test runs the same
+Sizes. The README shows what a user runs (minutes per multi-run audit); the slow test runs the same
 commands with the smaller sizes of :data:`SMALL` (fewer epochs, runs, reference models, queries,
 self-test trials), each substitution a flag a user can give too. The fast test checks what needs no
 running: every file a line reads was made by an earlier line, no placeholder, no deprecated spelling.
