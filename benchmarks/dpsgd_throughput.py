@@ -19,7 +19,9 @@ Opacus (an optional peer: ``pip install opacus``) is used through its public Pri
 ``grad_sample_mode="hooks"`` (per-sample gradients from module hooks) and ``"ghost"`` (its fast
 gradient clipping, two backward passes). Our ``ghost`` is ghost norms + book-keeping (one
 backward, no parameter gradients); ``ghost-2bw`` is the same norms followed by Li et al.'s second,
-re-weighted backward pass, measured here only to justify the choice of book-keeping.
+re-weighted backward pass, measured here only to justify the choice of book-keeping. ``ours
+poisson`` is the DP trainer's whole step: a Poisson batch (rate 1/4 of four copies of the batch)
+drawn on the host, sent to the device, gathered there and clipped.
 
 ``--jax`` adds the JAX backend's jit-compiled steps (non-private, DP-SGD, DP-SGD-JL with one
 projection) on the same models and batches, in the same interleaved rounds, and a second table
@@ -41,7 +43,7 @@ from torch.nn import functional as F
 
 from dpaudit.models import build_model, default_spec
 from dpaudit.training.clipping import GhostClipper, clip_factors, make_clipper
-from dpaudit.training.dpsgd import set_private_gradients
+from dpaudit.training.dpsgd import poisson_sampler, set_private_gradients
 
 SIGMA, CLIP, LR = 1.0, 1.0, 0.1
 
@@ -175,7 +177,7 @@ def workloads(
 
 
 def _order(n: int, device: torch.device) -> torch.Tensor:
-    # The trainers move each batch's indices to the data's device before gathering.
+    # A fixed batch order; the DP trainers draw indices on the host and send them per step.
     return torch.randperm(n, generator=torch.Generator().manual_seed(0)).to(device)
 
 
@@ -207,7 +209,7 @@ def ours_step(model, x, y, method: str, plans: dict | None = None) -> Callable[[
         plans[method] = clipper  # describe() after the first step: the per-layer choice
     opt = torch.optim.SGD(clipper.params, lr=LR)
     gen = _noise_gen(x.device)
-    idx = _order(len(x), x.device)
+    idx = _order(len(x), torch.device("cpu"))  # host indices, sent to the device per step as the trainer does
 
     def step() -> None:  # exactly the DP trainer's step: gather, clip, noise once, divide, update
         set_private_gradients(
@@ -215,6 +217,34 @@ def ours_step(model, x, y, method: str, plans: dict | None = None) -> Callable[[
             x,
             y,
             idx,
+            clip=CLIP,
+            noise_std=SIGMA * CLIP,
+            batch_size=len(x),
+            max_physical_batch=None,
+            generator=gen,
+        )
+        opt.step()
+
+    return step
+
+
+def ours_poisson_step(model, x, y) -> Callable[[], None]:
+    """The DP trainer's whole step (``dpaudit.training.dpsgd.DPTrainer``, default settings): a Poisson
+    batch at rate 1/4 from a training set of 4 copies of the batch (expected size = the batch), drawn
+    on the host and sent to the device, gathered there, ghost clipping, no physical batch cap (a cap
+    at the expected batch size would split about half the batches in two passes)."""
+    X, Y = x.repeat(4, *([1] * (x.dim() - 1))), y.repeat(4)
+    sample = poisson_sampler(len(X), len(x) / len(X), torch.Generator().manual_seed(0))
+    clipper = make_clipper(model, "ghost")
+    opt = torch.optim.SGD(clipper.params, lr=LR)
+    gen = _noise_gen(x.device)
+
+    def step() -> None:
+        set_private_gradients(
+            clipper,
+            X,
+            Y,
+            sample(),
             clip=CLIP,
             noise_std=SIGMA * CLIP,
             batch_size=len(x),
@@ -330,6 +360,7 @@ def makers(
     out = {
         "non-private": lambda m: nonprivate_step(m, x, y),
         "ours ghost": lambda m: ours_step(m, x, y, "ghost", plans),
+        "ours poisson": lambda m: ours_poisson_step(m, x, y),
         "ours ghost-2bw": lambda m: ghost_second_backward_step(m, x, y),
         "ours vmap": lambda m: ours_step(m, x, y, "vmap"),
         "opacus hooks": lambda m: opacus_step(m, x, y, "hooks"),
@@ -427,6 +458,7 @@ def main() -> None:
         "--memory", action="store_true", help="peak memory per method (CUDA: in process; CPU: one process each)"
     )
     parser.add_argument("--plan", action="store_true", help="print ours ghost's per-layer choice per workload")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown (RESULTS.md)")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -450,7 +482,7 @@ def main() -> None:
     )
     if args.memory:
         header += f" {'peak MiB':>9} {'x mem':>6}"
-    rows, jax_rows, plan_lines = [], [], []
+    rows, jax_rows, plan_lines, md_rows = [], [], [], []
     wanted = set(args.methods.split(",")) if args.methods else None
     for name, (model, x, y) in workloads(args.batch, device, args.size).items():
         if name not in args.models.split(","):
@@ -489,6 +521,11 @@ def main() -> None:
                 row += f" {m:9.1f}" if m is not None else f" {'-':>9}"
                 row += f" {m / m0:6.2f}" if m is not None and m0 else f" {'-':>6}"
             rows.append(row)
+            cells = [name, k, f"{v * 1e3:.2f}", f"{v / base:.2f}", vs.replace("x faster", "× faster")]
+            if args.memory:
+                m, m0 = mem.get(k), mem.get("non-private")
+                cells += [f"{m:.1f}" if m is not None else "-", f"{m / m0:.2f}" if m is not None and m0 else "-"]
+            md_rows.append("| " + " | ".join(cells) + " |")
         if args.plan and "ghost" in plans:
             from dpaudit.training.clipping import clipping_text
 
@@ -508,6 +545,12 @@ def main() -> None:
             "peak MiB: memory one step adds above the resident model and batch "
             + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda" else "(peak RSS of a fresh process, VmHWM)")
         )
+    if args.markdown:
+        cols = ["workload", "method", "ms/step", "× non-private", "vs Opacus hooks"]
+        cols += ["peak MiB", "× memory"] if args.memory else []
+        print(f"\nMarkdown ({on.lstrip(', ') or 'CPU'}, batch {args.batch}):")
+        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+        print("\n".join(md_rows))
     if plan_lines:
         print("\nper-layer choice of ours ghost (cost model: ghost norm when 2T² <= p·d):")
         print("\n".join(plan_lines))

@@ -326,6 +326,14 @@ def data_dependent_epsilon(hist: np.ndarray, answers: np.ndarray, config: Aggreg
 CLAIMS = ("data-independent", "data-dependent")
 
 
+def _sanitiser_params(config: AggregatorConfig) -> dict[str, Any]:
+    """The aggregator's public settings as :func:`dpaudit.accounting.pate_smooth.sanitised_claim` takes them."""
+    return {
+        "sigma": config.sigma, "sigma1": config.sigma1 or 0.0, "threshold": config.threshold or 0.0,
+        "max_answers": config.max_answers,
+    }  # fmt: skip
+
+
 def privacy_record(
     config: AggregatorConfig,
     hist: np.ndarray,
@@ -378,9 +386,8 @@ def privacy_record(
             f"et al. 2018 covers those), not {config.name}"
         )
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    params = {"sigma": config.sigma, "sigma1": config.sigma1 or 0.0, "threshold": config.threshold or 0.0}
     s = sanitised_claim(
-        config.name, h, answered, n_teachers=n_teachers, params=params, delta=delta,
+        config.name, h, answered, n_teachers=n_teachers, params=_sanitiser_params(config), delta=delta,
         config=sanitiser or SanitiserConfig(), rng=rng,
     )  # fmt: skip
     record.update(
@@ -407,10 +414,9 @@ def private_diagnostics(config: AggregatorConfig, hist: np.ndarray, answers: np.
     di = data_independent_epsilon(config, h.shape[0], h.shape[1], delta)["epsilon"]
     out["data_dependent_epsilon"] = min(data_dependent_epsilon(h, answers, config, delta), di)
     if config.name in ("gnmax", "confident-gnmax"):
-        params = {"sigma": config.sigma, "sigma1": config.sigma1 or 0.0, "threshold": config.threshold or 0.0}
         s = sanitised_claim(
-            config.name, h, np.asarray(answers) >= 0, n_teachers=n_teachers, params=params, delta=delta,
-            config=sanitiser or SanitiserConfig(), rng=np.random.default_rng(0),
+            config.name, h, np.asarray(answers) >= 0, n_teachers=n_teachers, params=_sanitiser_params(config),
+            delta=delta, config=sanitiser or SanitiserConfig(), rng=np.random.default_rng(0),
         )  # fmt: skip
         out.update(s["private"], order=s["public"]["order"])
     return out

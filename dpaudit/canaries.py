@@ -31,7 +31,7 @@ from dpaudit.budget import Cost, check_cost
 from dpaudit.data import Dataset, Splits
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.validation import check_choice, check_positive_int
+from dpaudit.validation import check_choice, check_positive_int, read_json
 
 CANARY_KINDS = ("mislabeled", "outlier", "clipbkd", "crafted")
 # Norm of a crafted canary (standardised units) as a multiple of the largest aux norm; see craft_canaries.
@@ -243,8 +243,13 @@ def read_canary_dir(path: Path, dataset: Dataset) -> CanarySet:
     path = Path(path)
     if not (path / CANARY_DESIGN_FILE).is_file() or not (path / CANARY_SECRET_FILE).is_file():
         raise InputError(f"{path}: not a canary directory from `dpaudit canaries make`")
+    design = read_json(path / CANARY_DESIGN_FILE)  # bounded parsing of an untrusted file
+    if isinstance(design, dict) and design.get("format") == "dpaudit-gradient-canaries/1":  # dpaudit.hooks.core.FORMAT
+        raise InputError(
+            f"{path}: gradient canaries from dpaudit.hooks (a training loop's observations), not records to insert: "
+            "audit them with `dpaudit audit canaries`"
+        )
     try:
-        design = json.loads((path / CANARY_DESIGN_FILE).read_text())
         a = load_file(str(path / CANARY_SECRET_FILE))
         cs = CanarySet(design["kind"], a["X"], a["y"].astype(np.int64), a["included"].astype(bool), int(design["seed"]))
     except (OSError, json.JSONDecodeError, SafetensorError, KeyError, TypeError, ValueError) as e:

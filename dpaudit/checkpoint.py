@@ -21,7 +21,7 @@ from torch import nn
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import write_atomic_dir
-from dpaudit.models import ModelSpec, build_model, model_spec_from_dict
+from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
 from dpaudit.validation import check_json_type, read_json
 
 SCHEMA_VERSION = 1
@@ -435,7 +435,7 @@ def load_run(path: Path | str) -> Run:
     try:
         # A python spec imports and calls its factory here: the user's code, the only code a run names
         # (same trust as --trainer); every other field is data.
-        spec = model_spec_from_dict(meta["model"])
+        spec = model_spec_from_checkpoint(meta["model"])
         state = load_weights_file(path / WEIGHTS_FILE)
         # before the model is built: a huge spec beside small weights fails here, not after allocating it
         check_weights_fit_spec(spec, strip_wrapper_prefixes(state), str(path / WEIGHTS_FILE))

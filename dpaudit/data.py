@@ -11,10 +11,11 @@ training, evaluation and the attacks read it a batch of rows at a time (:meth:`D
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import mmap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -89,6 +90,9 @@ class Dataset:
     vocab_size: int | None = None
     # A directory dataset: X is a read-only view of this memory map (X.npy), in the file's dtype.
     mapped: MappedFile | None = None
+    # A CSV dataset: its feature columns' header names, in file order (checked on import, see
+    # check_feature_names); None for data without a header.
+    feature_names: tuple[str, ...] | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
@@ -278,7 +282,8 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
     labels = df[label_column]
     if labels.isna().any():
         raise DataError(f"{path}: label column {label_column!r} has missing values")
-    return _validated(path.stem, features.to_numpy(dtype=np.float64), labels.to_numpy(), "tabular", spec)
+    ds = _validated(path.stem, features.to_numpy(dtype=np.float64), labels.to_numpy(), "tabular", spec)
+    return dataclasses.replace(ds, feature_names=tuple(str(c).strip() for c in features.columns))
 
 
 def _from_npz(path: Path, spec: str) -> Dataset:
@@ -647,7 +652,7 @@ def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) 
     ``mean`` and ``scale`` of the feature shape (nested or flattened). Nothing is fitted here."""
     if not isinstance(d, dict):
         raise InputError(f"{source}: expected a JSON object with 'mean' and 'scale' lists")
-    unknown = sorted(set(d) - {"mean", "scale", "kind", "shape"})
+    unknown = sorted(set(d) - {"mean", "scale", "kind", "shape", "feature_names"})  # names: check_feature_names
     if unknown:
         raise InputError(f"{source}: unknown field(s) {', '.join(unknown)}; expected 'mean' and 'scale'")
     if d.get("kind", "standardize") != "standardize":
@@ -674,3 +679,32 @@ def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) 
     if np.any(out["scale"] <= 0):
         raise InputError(f"{source}: 'scale' must be positive everywhere (it divides the features)")
     return Standardizer(out["mean"].astype(np.float32), out["scale"].astype(np.float32))
+
+
+def check_feature_names(found: Sequence[str], expected: Any, *, data: str, source: str) -> None:
+    """The data's feature columns ``found`` must be ``expected`` (a model spec's or scaler's
+    ``feature_names``: the features in the order the model reads them), or one :class:`InputError` line
+    naming the columns: a model reads features by position, so reordered or renamed columns give a model
+    that runs and means nothing."""
+    if not isinstance(expected, list | tuple) or not all(isinstance(n, str) for n in expected):
+        raise InputError(f"{source}: 'feature_names' must be a list of column names")
+    found, expected = tuple(found), tuple(expected)
+    if found == expected:
+        return
+    head = f"{data}: the feature columns do not match {source}'s feature_names"
+    if sorted(found) == sorted(expected):
+        if found == expected[::-1]:
+            raise InputError(f"{head}: they are in reverse order ({found[0]!r} first, {expected[0]!r} expected)")
+        i = next(i for i, (a, b) in enumerate(zip(found, expected, strict=True)) if a != b)
+        raise InputError(f"{head}: column {i + 1} is {found[i]!r} where {expected[i]!r} is expected (reordered)")
+    extra = [c for c in found if c not in expected]
+    missing = [c for c in expected if c not in found]
+    raise InputError(
+        f"{head}: not expected: {_names(extra)}; expected but absent: {_names(missing)}"
+        + (f" ({len(found)} columns, {len(expected)} expected)" if len(found) != len(expected) else "")
+    )
+
+
+def _names(names: list[str], at_most: int = 5) -> str:
+    shown_names = ", ".join(repr(n) for n in names[:at_most])
+    return (shown_names + f" and {len(names) - at_most} more" if len(names) > at_most else shown_names) or "none"

@@ -17,9 +17,11 @@ The contract (users' CI files depend on it; it does not change)::
   the sampling rate (q = B / reference_size) and for any division (by the expected batch size
   q · reference_size). A trainer that divides by ``len(X)`` or sets q = B / len(X) runs a different
   mechanism on the two neighbouring datasets (N vs N + 1 records), so even its "correct" version can
-  truly exceed its claim, and an audit then measures the wrong thing. Before the runs, a trainer that takes
-  the keyword is trained twice on the same records and seed with N and 2N; identical weights are reported
-  in the audit's notes (the keyword seems ignored), as is a trainer without it (it cannot be checked).
+  truly exceed its claim, and an audit then measures the wrong thing. Before an add/remove audit's runs, a
+  trainer that takes the keyword is trained on the smaller neighbour's N records with the same seed, told
+  the mechanism is for N + 1 records and for N (with and without the extra record); the same weights
+  (confirmed with 2(N + 1)) are reported in the audit's notes (the keyword seems ignored), as is a trainer
+  without it (it cannot be checked). See :func:`reference_size_note` for what this can and cannot see.
 - returns: the state dict of the model that the model spec describes
   (:func:`dpaudit.models.build_model`), as torch tensors or numpy arrays; the wrapper prefixes of
   Opacus (``_module.``) and DDP (``module.``) are accepted.
@@ -118,28 +120,50 @@ def accepts_reference_size(fn: Any) -> bool:
 
 def reference_size_note(fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, spec, reference_size: int, *,
                         name: str | None = None) -> str | None:  # fmt: skip
-    """Why the trainer may run different mechanisms on the two neighbours, or None when nothing is seen.
+    """Why the trainer may run different mechanisms on the two add/remove neighbours, or None when nothing is seen.
 
-    A trainer without the ``reference_size`` keyword cannot be checked (it may use ``len(X)``). One with it
-    is trained twice on the same records and seed, with ``reference_size`` N and 2N: a sampling rate
-    B / reference_size or a divisor q · reference_size changes the weights; bit-identical weights mean the
-    keyword is ignored (and ``len(X)`` presumably used). A detection, not a proof: a trainer that needs
-    neither (full-batch training with a fixed divisor) also gives identical weights."""
+    ``X, y``: the smaller neighbour's records (N = ``len(X)``); ``reference_size``: the N + 1 the audit passes
+    on both sides. The question is the issue's: does the trainer's output on the same seed change with and
+    without one extra record *in the mechanism's definition*? A trainer without the keyword cannot be asked
+    (it may use ``len(X)``). One with it is trained on these N records with the same seed, told the mechanism
+    is for N + 1 records (as the audit runs it) and for N: a sampling rate B / reference_size or a divisor
+    q · reference_size moves the weights; the same weights bit for bit mean the trainer cannot tell N from
+    N + 1, so on the real neighbours (N and N + 1 records) it runs whatever ``len(X)`` makes it run.
+
+    The records themselves are held fixed: adding the record itself would change every trainer's output (its
+    gradient, and the random draws shifted by one row), so that comparison cannot separate a correct trainer
+    from one using ``len(X)``. A correct trainer's weights can also coincide for N and N + 1 by chance —
+    Poisson draws u < B/(N+1) and u < B/N agree unless some u falls between, which with T steps of N draws
+    has probability about 1 − exp(−T·B/N) — so coinciding weights are confirmed with 2(N + 1) (q halved,
+    which moves any trainer that uses the keyword) before the note is given.
+
+    A detection, not a proof: a trainer that needs neither (fixed q and a fixed divisor) also gives identical
+    weights; one that takes q from the keyword but divides by ``len(X)`` is not seen (only ``len(X)``
+    changing with the records fixed would show it, and the trainer is never given that)."""
     name = name or trainer_name(fn)
     if not accepts_reference_size(fn):
         return (
             f"trainer {name} does not take reference_size: if it uses len(X) for its sampling rate or divisor, "
             "the two neighbouring datasets run different mechanisms (see dpaudit.plugins)"
         )
-    a = call_trainer(fn, X, y, seed, spec, name=name, reference_size=reference_size).state_dict()
-    b = call_trainer(fn, X, y, seed, spec, name=name, reference_size=2 * reference_size).state_dict()
-    if all(bool((a[k] == b[k]).all()) for k in a):
-        return (
-            f"trainer {name} returned the same weights for reference_size {reference_size} and {2 * reference_size} "
-            "(same records and seed): it seems to ignore it, and to use len(X) instead, which makes the two "
-            "neighbouring datasets run different mechanisms"
-        )
-    return None
+    n = len(X)
+    if reference_size <= n:
+        raise InputError(f"the reference size {reference_size} must exceed the smaller neighbour's {n} records")
+
+    def weights(size: int) -> dict[str, Any]:
+        return call_trainer(fn, X, y, seed, spec, name=name, reference_size=size).state_dict()
+
+    def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+        return all(bool((a[k] == b[k]).all()) for k in a)
+
+    with_extra = weights(reference_size)
+    if not same(weights(n), with_extra) or not same(weights(2 * reference_size), with_extra):
+        return None
+    return (
+        f"trainer {name} returned the same weights for reference_size {n}, {reference_size} and "
+        f"{2 * reference_size} (the same {n} records and seed): it seems to ignore it and to use len(X) instead, "
+        "which makes the two neighbouring datasets (N and N + 1 records) run different mechanisms"
+    )
 
 
 def call_trainer(

@@ -17,19 +17,48 @@ from dpaudit.progress import NULL_PROGRESS, Progress
 
 
 def classify_input(path: Path) -> str:
-    """'run' for a run directory, 'report' for a report.json (or a directory holding one)."""
+    """'run' for a run directory, 'canaries' for a saved gradient-canary audit (``dpaudit audit canaries
+    --out FILE``), 'report' for a report.json (or a directory holding one)."""
     from dpaudit.checkpoint import CHECKPOINT_FILE
     from dpaudit.report.build import REPORT_FILES
+    from dpaudit.validation import read_json
+    from dpaudit.workflows.hooks_audit import KIND
 
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     if path.is_dir() and (path / CHECKPOINT_FILE).is_file():
         return "run"
-    if (path.is_file() and path.suffix.lower() == ".json") or (
-        path.is_dir() and (path / REPORT_FILES["json"]).is_file()
-    ):
+    if path.is_file() and path.suffix.lower() == ".json":
+        doc = read_json(path)  # size, depth and number limits
+        return "canaries" if isinstance(doc, dict) and doc.get("kind") == KIND else "report"
+    if path.is_dir() and (path / REPORT_FILES["json"]).is_file():
         return "report"
-    raise InputError(f"{path}: neither a run directory (no {CHECKPOINT_FILE}) nor a report.json")
+    raise InputError(
+        f"{path}: neither a run directory (no {CHECKPOINT_FILE}), a report.json nor a saved canary audit "
+        "(`dpaudit audit canaries DIR --out FILE.json`)"
+    )
+
+
+def save_canary_audit(result, out: Path, *, force: bool = False) -> Path:
+    """Write a :class:`~dpaudit.workflows.hooks_audit.CanaryRunAudit` as JSON to ``out`` atomically (an existing
+    file only with ``force``), for ``dpaudit report OUT``, which renders it like any other audit."""
+    from dpaudit.fileio import write_atomic_file
+    from dpaudit.report._data import dumps
+
+    return write_atomic_file(Path(out), dumps(result.to_dict()), force=force)
+
+
+def load_canary_audit(path: Path) -> dict[str, Any]:
+    """The report entry of a saved gradient-canary audit (:func:`dpaudit.report.build.canary_run_entry`);
+    a file that is not one, or misses what the entry needs, is refused in one line."""
+    from dpaudit.report.build import canary_run_entry
+    from dpaudit.validation import read_json
+
+    doc = read_json(path)
+    try:
+        return canary_run_entry(doc, path=str(path))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"{path}: not a complete saved canary audit ({type(e).__name__}: {e})") from None
 
 
 def _parse_list(text: str, name: str) -> tuple[str, ...]:
@@ -110,6 +139,7 @@ def report_from_options(
     families = _families(inversion, attribute, extraction_budget, cloak, icl, jl_step)
     kinds = [(p, classify_input(p)) for p in inputs]
     reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
+    saved = {p: load_canary_audit(p) for p, kind in kinds if kind == "canaries"}
     config = {
         "attacks": list(methods), "reference_models": reference_models, "estimate_method": estimate_method,
         "confidence": confidence, "seed": seed, "inputs": [str(p) for p in inputs], "inversion": inversion,
@@ -120,6 +150,9 @@ def report_from_options(
     for p, kind in kinds:
         if kind == "report":
             models += reports[p]["models"]
+            continue
+        if kind == "canaries":  # audited already (`dpaudit audit canaries --out`): rendered like any other audit
+            models.append(saved[p])
             continue
         notify(f"attacking {p} ({', '.join(methods)}) …")
         audit = audit_checkpoint(

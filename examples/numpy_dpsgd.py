@@ -12,8 +12,11 @@ where ``spec.json`` holds :data:`MODEL_SPEC` and 1.2717 is ``claimed_epsilon(1e-
                    claimed_epsilon=claimed_epsilon(1e-5), delta=1e-5, runs=40, train_size=200)
 
 Every trainer here follows dpaudit's plug-in contract (:mod:`dpaudit.plugins`):
-``train(X, y, seed) -> {"1.weight": (K, d) array, "1.bias": (K,) array}`` — the parameter names of
-dpaudit's ``logreg`` model (``nn.Sequential(nn.Flatten(), nn.Linear(d, K))``).
+``train(X, y, seed, *, reference_size=200) -> {"1.weight": (K, d) array, "1.bias": (K,) array}`` — the
+parameter names of dpaudit's ``logreg`` model (``nn.Sequential(nn.Flatten(), nn.Linear(d, K))``).
+``reference_size`` is the contract's optional keyword: the one dataset size N the mechanism is defined
+for, the same on both neighbours (the audit passes N + 1 to the runs with N and with N + 1 records);
+the divisor of step 5 is built from it, never from ``len(X)``.
 
 The algorithm (DP-SGD, Abadi et al. 2016, arXiv:1607.00133, Algorithm 1, with Poisson sampling as in
 its privacy analysis and Mironov et al. 2019, arXiv:1908.10530), for T = ``STEPS`` steps:
@@ -24,9 +27,9 @@ its privacy analysis and Mironov et al. 2019, arXiv:1908.10530), for T = ``STEPS
    ‖p − e_y‖ · sqrt(‖x‖² + 1) (the Frobenius norm of a rank-one matrix u xᵀ is ‖u‖ ‖x‖).
 3. Clipping each to norm ≤ C = ``CLIP`` (factor min(1, C / norm)).
 4. The sum of clipped gradients plus Gaussian noise N(0, σ² C² I), σ = ``NOISE_MULTIPLIER``.
-5. A step of size ``LR`` on that noisy sum divided by ``BATCH_NORMALISER``, a constant (the expected
-   batch size of a 200-record training set): dividing by the actual batch size would leak it, and by
-   q·n would make the update depend on n, which add/remove neighbours differ in.
+5. A step of size ``LR`` on that noisy sum divided by q · ``reference_size`` (the expected batch size
+   of the reference dataset; 50 for the default 200): dividing by the actual batch size would leak it,
+   and by q · len(X) would make the update depend on n, which add/remove neighbours differ in.
 
 The claim (:func:`claimed_epsilon`) is dpaudit's RDP accounting of exactly this mechanism:
 T-fold composition of the Poisson-subsampled Gaussian with rate q and noise multiplier σ
@@ -55,7 +58,7 @@ EPOCHS = 5
 STEPS = round(EPOCHS / SAMPLE_RATE)  # 20 steps: each record is sampled about EPOCHS times
 CLIP = 1.0
 LR = 2.0
-BATCH_NORMALISER = 50.0  # = SAMPLE_RATE * 200, fixed in advance (see step 5 in the module docstring)
+REFERENCE_SIZE = 200  # the default N the mechanism is defined for (see step 5 in the module docstring)
 
 
 def claimed_epsilon(delta: float, accountant: str = "rdp") -> float:
@@ -65,9 +68,12 @@ def claimed_epsilon(delta: float, accountant: str = "rdp") -> float:
     return epsilon_for(event, delta, accountant)
 
 
-def _dpsgd(X: np.ndarray, y: np.ndarray, seed: int, *, noise_std: float, clip: float | None) -> dict[str, np.ndarray]:
+def _dpsgd(
+    X: np.ndarray, y: np.ndarray, seed: int, *, noise_std: float, clip: float | None, reference_size: int
+) -> dict[str, np.ndarray]:
     """DP-SGD as in the module docstring; ``noise_std`` is the noise on the gradient *sum*, ``clip`` None
     skips clipping (a planted bug)."""
+    batch_normaliser = SAMPLE_RATE * reference_size  # the expected batch size of the reference dataset
     X = np.asarray(X, dtype=np.float64).reshape(len(X), -1)  # float64: the small noise is not lost to rounding
     y = np.asarray(y, dtype=np.int64)
     n, d = X.shape
@@ -88,21 +94,26 @@ def _dpsgd(X: np.ndarray, y: np.ndarray, seed: int, *, noise_std: float, clip: f
             g = g * np.minimum(1.0, clip / np.maximum(norms, 1e-12))[:, None]  # step 3
         grad_W = g.T @ Xb + noise.normal(0.0, noise_std, size=W.shape)  # step 4
         grad_b = g.sum(axis=0) + noise.normal(0.0, noise_std, size=b.shape)
-        W -= LR * grad_W / BATCH_NORMALISER  # step 5
-        b -= LR * grad_b / BATCH_NORMALISER
+        W -= LR * grad_W / batch_normaliser  # step 5
+        b -= LR * grad_b / batch_normaliser
     return {"1.weight": W.astype(np.float32), "1.bias": b.astype(np.float32)}
 
 
-def train(X: np.ndarray, y: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+def train(X: np.ndarray, y: np.ndarray, seed: int, *, reference_size: int = REFERENCE_SIZE) -> dict[str, np.ndarray]:
     """Correct DP-SGD: noise N(0, σ² C²) on the sum of clipped per-example gradients."""
-    return _dpsgd(X, y, seed, noise_std=NOISE_MULTIPLIER * CLIP, clip=CLIP)
+    return _dpsgd(X, y, seed, noise_std=NOISE_MULTIPLIER * CLIP, clip=CLIP, reference_size=reference_size)
 
 
-def train_sigma_over_batch(X: np.ndarray, y: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+def train_sigma_over_batch(
+    X: np.ndarray, y: np.ndarray, seed: int, *, reference_size: int = REFERENCE_SIZE
+) -> dict[str, np.ndarray]:
     """Planted bug: the noise std divided by the (expected) batch size — σ C / B on the sum."""
-    return _dpsgd(X, y, seed, noise_std=NOISE_MULTIPLIER * CLIP / BATCH_NORMALISER, clip=CLIP)
+    batch = SAMPLE_RATE * reference_size
+    return _dpsgd(X, y, seed, noise_std=NOISE_MULTIPLIER * CLIP / batch, clip=CLIP, reference_size=reference_size)
 
 
-def train_without_clipping(X: np.ndarray, y: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+def train_without_clipping(
+    X: np.ndarray, y: np.ndarray, seed: int, *, reference_size: int = REFERENCE_SIZE
+) -> dict[str, np.ndarray]:
     """Planted bug: no per-example clipping (the noise still assumes sensitivity C)."""
-    return _dpsgd(X, y, seed, noise_std=NOISE_MULTIPLIER * CLIP, clip=None)
+    return _dpsgd(X, y, seed, noise_std=NOISE_MULTIPLIER * CLIP, clip=None, reference_size=reference_size)

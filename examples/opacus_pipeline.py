@@ -25,6 +25,11 @@ Opacus' public API only — ``PrivacyEngine.make_private`` with ``poisson_sampli
   their sum, divided by the expected batch size (Opacus' DPOptimizer);
 - T = ``EPOCHS`` / q steps (each epoch is len(data_loader) = 1/q Poisson batches).
 
+It does not take the contract's ``reference_size`` keyword: Opacus derives q (1 / len(data_loader)) and
+the expected batch size (int(q · len(dataset))) from the dataset it is given, and the loader's batch size
+is chosen so that both are the same for the audit's N = 200 and N + 1 = 201 records (q is checked at
+run time), so both neighbours run one mechanism. The audit's notes say the keyword is absent.
+
 The claim (:func:`claimed_epsilon`) is dpaudit's RDP accounting of that mechanism: the T-fold
 composition of the Poisson-subsampled Gaussian (Abadi et al. 2016, arXiv:1607.00133; Mironov et al.
 2019, arXiv:1908.10530), add/remove neighbours — the relation dpaudit's audit uses by default.

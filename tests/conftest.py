@@ -23,6 +23,18 @@ def _private_cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DPAUDIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dpaudit-cache"))
 
 
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """Training with device "auto" runs on the CPU in this process, as on a machine without a GPU.
+
+    For tests of exact same-seed reproducibility and of round trips compared bit for bit: those are
+    CPU guarantees (one thread per op, fixed reduction order). On CUDA the same seed need not give the
+    same bits (cuDNN/TF32 kernels, atomic reductions), and metrics recorded while training on the GPU
+    differ in the last bits from the same model evaluated on the CPU after a reload. Worker processes
+    (joblib) are not covered: a test with workers > 1 that compares bits must be tolerant on CUDA."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 @pytest.fixture(autouse=True)
 def _reset_cli_state():
     """The CLI keeps global options in a module-level object; reset it between tests."""

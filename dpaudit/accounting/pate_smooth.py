@@ -353,6 +353,22 @@ class SanitiserConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def parse(cls, text: str) -> SanitiserConfig:
+        """``"order=2,sigma_s=0.75"``: any of the fields as comma-separated key=value pairs (the rest default)."""
+        fields = {f: float for f in ("order", "beta_factor", "sigma_s", "tau")}
+        given: dict[str, float] = {}
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            key, sep, value = part.partition("=")
+            if not sep or key.strip() not in fields:
+                keys = ", ".join(fields)
+                raise InputError(f"expected the sanitiser as key=value pairs with keys {keys}, got {part!r}")
+            try:
+                given[key.strip()] = float(value)
+            except ValueError:
+                raise InputError(f"expected a number for sanitiser {key.strip()}, got {value!r}") from None
+        return cls(**given)
+
 
 ORDER_GRID = tuple(float(x) for x in (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 64, 80, 100))
 
@@ -376,20 +392,29 @@ def per_query_rdp(kind: str, hist: np.ndarray, answered: np.ndarray, params: dic
     return total
 
 
-def choose_order(kind: str, n_queries: int, n_answered: int, n_classes: int, n_teachers: int,
+def conversion(order: float, delta: float) -> float:
+    """epsilon - RDP of the conversion of a (lambda, r)-RDP bound to (epsilon, delta) at one order: Canonne,
+    Kamath & Steinke 2020 (arXiv:2004.00010, Prop. 12; Balle et al. 2020, Thm. 21), as the accounting layer's
+    :func:`dpaudit.accounting.rdp.rdp_to_epsilon`: log((lambda - 1)/lambda) - (log delta + log lambda)/(lambda - 1),
+    below Mironov 2017's log(1/delta)/(lambda - 1) (Prop. 3) by log(lambda)/(lambda - 1) - log(1 - 1/lambda)."""
+    return math.log1p(-1.0 / order) - (math.log(delta) + math.log(order)) / (order - 1.0)
+
+
+def choose_order(kind: str, n_queries: int, max_answers: int | None, n_classes: int, n_teachers: int,
                  params: dict[str, float], config: SanitiserConfig, delta: float) -> float:  # fmt: skip
-    """The order from public quantities only: the lambda of :data:`ORDER_GRID` minimising the claim of a
-    run whose answered queries were all unanimous (the best case the sanitiser can certify), i.e. the
-    data-dependent cost of unanimous histograms plus the sanitiser's own costs plus log(2/delta)/(lambda - 1)."""
+    """The order from quantities fixed before the votes are seen (not the answered count, an output): the
+    lambda of :data:`ORDER_GRID` minimising the claim of a run whose queries were all unanimous and answered up
+    to the cap (the best case the sanitiser can certify), i.e. the data-dependent cost of unanimous histograms
+    plus the sanitiser's own costs plus the conversion at delta/2."""
     unanimous = np.zeros((n_queries, n_classes))
     unanimous[:, 0] = n_teachers
     answered = np.zeros(n_queries, dtype=bool)
-    answered[:n_answered] = True
+    answered[: n_queries if max_answers is None else max_answers] = True
     best, best_val = None, math.inf
     for order in ORDER_GRID:
         beta = config.beta_factor / order
         val = per_query_rdp(kind, unanimous, answered, params, order) + gnss_rdp(beta, config.sigma_s, order)
-        val += order * beta**2 / (2.0 * config.tau**2) + math.log(2.0 / delta) / (order - 1.0)
+        val += order * beta**2 / (2.0 * config.tau**2) + conversion(order, delta / 2.0)
         if val < best_val:
             best, best_val = order, val
     return float(best)
@@ -406,8 +431,10 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
     With z = Phi^-1(1 - delta/4): S^ = S~ e^(beta tau z) >= SS_beta(D) except with probability delta/4, and
     SS_beta(D) sigma_s N(0, 1) >= -z sigma_s SS_beta(D) except with probability delta/4, so
         U = E~ + z sigma_s S^ >= eps_lambda(D)  except with probability delta/2 (union bound).
-    The claim: epsilon = U + (the two releases' RDP) + log(2/delta)/(lambda - 1) (RDP conversion at delta/2,
-    Mironov 2017, Prop. 3), delta = delta/2 + delta/2. Returns the public record and, apart, the private
+    The claim: epsilon = U + (the two releases' RDP) + :func:`conversion` at delta/2 (Canonne, Kamath & Steinke
+    2020, Prop. 12, the accounting layer's conversion), delta = delta/2 + delta/2. The order is ``config.order``
+    or :func:`choose_order`'s, from quantities fixed in advance (``params["max_answers"]``: the cap, if any).
+    Returns the public record and, apart, the private
     values (raw eps_lambda(D), SS) for ``--keep-private-diagnostics``.
     """
     if kind not in ("gnmax", "confident-gnmax"):
@@ -418,7 +445,7 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
     n_q, m = h.shape
     order = config.order
     if order is None:
-        order = choose_order(kind, n_q, int(answered.sum()), m, n_teachers, params, config, delta)
+        order = choose_order(kind, n_q, params.get("max_answers"), m, n_teachers, params, config, delta)
     beta = config.beta_factor / order
     raw = per_query_rdp(kind, h, answered, params, order)
     # A(d) summed over queries; identical histograms (sorted, as the bounds depend on nothing else) once each.
@@ -442,7 +469,8 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
     upper = released + z * config.sigma_s * s_hat
     cost_ss = order * beta**2 / (2.0 * config.tau**2)
     cost_gnss = gnss_rdp(beta, config.sigma_s, order)
-    epsilon = max(upper, 0.0) + cost_ss + cost_gnss + math.log(2.0 / delta) / (order - 1.0)
+    conv = conversion(order, delta / 2.0)
+    epsilon = max(max(upper, 0.0) + cost_ss + cost_gnss + conv, 0.0)
     public = {
         "epsilon": float(epsilon),
         "delta": float(delta),
@@ -454,7 +482,7 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
         "released_smooth_sensitivity_bound": float(s_hat),
         "upper_rdp": float(upper),
         "sanitiser_rdp": float(cost_ss + cost_gnss),
-        "conversion": float(math.log(2.0 / delta) / (order - 1.0)),
+        "conversion": float(conv),
     }
     private = {"data_dependent_rdp": float(raw), "smooth_sensitivity": float(ss)}
     return {"public": public, "private": private}

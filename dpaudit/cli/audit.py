@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 
 from dpaudit.cli._common import (
@@ -64,55 +63,6 @@ FailOnViolationOpt = Annotated[
         "claim) or 'curve-refuted' (the claimed trade-off curve refuted).",
     ),
 ]
-
-
-def load_scores_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read ``member`` (0/1) and ``score`` columns from a CSV file or arrays from an NPZ file."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    if path.suffix.lower() == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                missing = [k for k in ("member", "score") if k not in npz.files]
-                if missing:
-                    raise InputError(
-                        f"{path}: missing array(s) {', '.join(missing)}; found {', '.join(npz.files) or 'none'}"
-                    )
-                member, score = npz["member"], npz["score"]
-        except InputError:
-            raise
-        except Exception as e:  # not a zip, object arrays (pickles refused), truncated file, ...
-            raise InputError(f"{path}: not a readable NPZ file ({type(e).__name__}: {e})") from None
-        return _numeric(path, "member", member), _numeric(path, "score", score)
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(path)
-    except Exception as e:
-        raise InputError(f"{path}: not a readable CSV file ({type(e).__name__}: {e})") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in ("member", "score") if c not in df.columns]
-    if missing:
-        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(df.columns) or 'none'}")
-    return _numeric(path, "member", df["member"].to_numpy()), _numeric(path, "score", df["score"].to_numpy())
-
-
-def _numeric(path: Path, name: str, values: np.ndarray) -> np.ndarray:
-    values = np.asarray(values)
-    if values.ndim != 1:
-        raise InputError(f"{path}: {name} must be one-dimensional, got shape {values.shape}")
-    if values.dtype == bool:
-        return values
-    try:
-        return values.astype(float)
-    except (TypeError, ValueError):
-        pass
-    for i, v in enumerate(values):
-        try:
-            float(v)
-        except (TypeError, ValueError):
-            raise InputError(f"{path}: non-numeric {name} {v!r} in row {i + 1}") from None
-    raise InputError(f"{path}: {name} is not numeric")
 
 
 def describe(result: AuditResult) -> str:
@@ -182,6 +132,15 @@ def scores_cmd(
             "multiplier varied; formal).",
         ),
     ] = "epsilon-delta",
+    trust_design: Annotated[
+        bool,
+        typer.Option(
+            "--trust-design",
+            help="Audit a file written by `attack mia` (one model's members vs holdout) under --design multi-run "
+            "or canaries anyway: you vouch that its scores were produced that way; the result says the design "
+            "was declared by you, not checked.",
+        ),
+    ] = False,
     fail_on_violation: FailOnViolationOpt = False,
     fail_on_estimate: Annotated[
         bool,
@@ -190,12 +149,11 @@ def scores_cmd(
     json_output: JsonFlag = False,
 ) -> None:
     """Lower-bound epsilon from membership scores and compare it with a claimed epsilon."""
-    from dpaudit.audit import audit_scores
+    from dpaudit.workflows.scores import audit_score_file
 
-    member, score = load_scores_file(file)
-    result = audit_scores(
-        score,
-        member,
+    result = audit_score_file(
+        file,
+        trust_design=trust_design,
         method=method,
         delta=delta,
         confidence=confidence,

@@ -35,6 +35,11 @@ def register(app: App) -> None:
         confidence: ConfidenceOpt = 0.95,
         seed: SeedOpt = 0,
         fail_on_violation: FailOnViolationOpt = False,
+        out: Annotated[
+            Path | None,
+            typer.Option("--out", "-o", help="Also save the result as JSON, for `dpaudit report FILE.json`."),
+        ] = None,
+        force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
         """Formal one-run audits of gradient canaries from your own training loop (Opacus, JAX, NumPy), and a
@@ -44,10 +49,18 @@ def register(app: App) -> None:
 
         if claimed_epsilon is None or delta is None:
             raise InputError("audit canaries needs the claim: --claimed-epsilon E --delta D")
+        if out is not None:
+            from dpaudit.fileio import check_output_file
+
+            check_output_file(out, force=force)  # before the audit, not after
         result = audit_canaries(
             directory, claimed_epsilon=claimed_epsilon, delta=delta, noise_multiplier=noise_multiplier,
             sample_rate=sample_rate, steps=steps, confidence=confidence, seed=seed,
         )  # fmt: skip
+        if out is not None:
+            from dpaudit.reporting import save_canary_audit
+
+            save_canary_audit(result, out, force=force)
         emit(result.to_dict(), result.summary(), json_flag=json_output)
         _exit_code([result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=False)
 

@@ -18,9 +18,11 @@ def register(app: App) -> None:
     ) -> None:
         """Summarise a checkpoint. JSON keys (stable): schema_version, model, data, data_sha256, algo, private,
         epsilon, delta, accountant, train_accuracy, test_accuracy, holdout_accuracy, train_loss, test_loss,
-        n_members, seed, versions. A cloak checkpoint (`dpaudit train --algo cloak`): kind, lambda,
-        suppression_ratio, suppression_threshold, accuracy_loss, clean_accuracy, cloaked_accuracy,
-        composed_epsilon, median_feature_epsilon, delta, target, target_weights_sha256, data, feature_shape."""
+        n_members, seed, versions, epsilon_recomputed (ε re-accounted from the recorded mechanism, or null),
+        claim_mismatch (true when the recorded ε differs from it). A cloak checkpoint (`dpaudit train --algo
+        cloak`): kind, lambda, suppression_ratio, suppression_threshold, accuracy_loss, clean_accuracy,
+        cloaked_accuracy, composed_epsilon, median_feature_epsilon, delta, target, target_weights_sha256, data,
+        feature_shape."""
         from dpaudit.training.cloak import CLOAK_FILE
 
         if (run / CLOAK_FILE).is_file():
@@ -32,11 +34,10 @@ def register(app: App) -> None:
         from dpaudit.checkpoint import load_run
         from dpaudit.cli.train import human_summary
         from dpaudit.training.clipping import clipping_text
-        from dpaudit.training.run import summary
+        from dpaudit.workflows.runs import inspect_summary
 
         r = load_run(run)
-        r.dataset()  # verifies the data hash
-        s = summary(r.meta)
+        s = inspect_summary(r)
         imported = r.meta.get("import") is not None or r.meta["training"].get("algo") == "imported"
         text = human_summary(s, imported=imported)
         jl = (r.meta.get("privacy") or {}).get("jl")

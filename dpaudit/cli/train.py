@@ -34,6 +34,12 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
     if s["private"]:
         how = s["accountant"] or "stated, not accounted"
         lines.append(f"privacy    ε = {s['epsilon']:.4g} at δ = {s['delta']:g} ({how})")
+        if s.get("claim_mismatch"):  # inspect: the recorded ε is not what its recorded mechanism gives
+            lines.append(
+                f"CLAIM MISMATCH: checkpoint.json records ε = {s['epsilon']:.6g}, but its recorded mechanism "
+                f"(privacy.event) re-accounts to ε = {s['epsilon_recomputed']:.6g} ({how}, δ = {s['delta']:g}); "
+                "the file was edited or written by other software, and audits test the claim as recorded"
+            )
     else:
         lines.append("privacy    no claim (imported weights)" if imported else "privacy    none (non-private training)")
     return "\n".join(lines)
@@ -144,6 +150,13 @@ AGGREGATION = (
         "data-independent",
         help="PATE/DP-ICL: data-independent | data-dependent (sanitised with smooth sensitivity, Papernot et al. "
         "2018; gnmax/confident-gnmax).",
+    ),
+    opt(
+        "sanitiser",
+        str | None,
+        None,
+        help="--claim data-dependent: the sanitiser's public settings, e.g. order=3,sigma_s=1.5,beta_factor=0.49 "
+        "(also tau; defaults: order from the public settings, sigma_s 10, beta_factor 0.4, tau 1).",
     ),
     opt(
         "keep_private_diagnostics",
@@ -321,6 +334,7 @@ def import_weights(**o) -> None:
         lines.append(
             f"members    loss {check['train_loss']:.4g} vs holdout {check['holdout_loss']:.4g}"
             + ("  (SUSPICIOUS: see the warning)" if check["suspicious"] else "")
+            + ("  (member check inconclusive)" if check.get("outcome") == "inconclusive" else "")
         )
     lines.append(f"saved      {out}")
     data_out = {"out": str(out), **s, "claim": meta["privacy"], "import": meta["import"]}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int
+from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int, read_json
 
 DESIGN_FILE = "canaries.json"
 ARRAYS_FILE = "canaries.safetensors"
@@ -241,6 +241,7 @@ class GradientCanaries:
         self._ss: list[np.ndarray] = []
         self._proj: list[np.ndarray] = []
         self.meta: dict[str, Any] = {}
+        self._flush: Callable[[], None] | None = None  # an adapter's wait for steps still in flight (JAX)
 
     # ---- the design ---------------------------------------------------------------------------------------
 
@@ -353,6 +354,8 @@ class GradientCanaries:
 
     def observations(self) -> CanaryObservations:
         """The design and everything observed so far, as plain arrays."""
+        if self._flush is not None:
+            self._flush()
         if self._pending is not None:
             raise InputError(f"step {self._pending[0]} was injected but never observed")
         T, G = self.steps_, len(self.names_)
@@ -383,6 +386,20 @@ class GradientCanaries:
         from dpaudit.hooks.opacus_adapter import attach
 
         return attach(self, optimizer, module=module)
+
+    def optax_inject(self) -> Any:
+        """An ``optax.GradientTransformation`` adding the canaries, for ``optax.chain`` right before the noise
+        (see :mod:`dpaudit.hooks.jax_adapter`)."""
+        from dpaudit.hooks.jax_adapter import optax_inject
+
+        return optax_inject(self)
+
+    def optax_observe(self) -> Any:
+        """An ``optax.GradientTransformation`` recording the noisy sum, for ``optax.chain`` right after the
+        noise (see :mod:`dpaudit.hooks.jax_adapter`)."""
+        from dpaudit.hooks.jax_adapter import optax_observe
+
+        return optax_observe(self)
 
 
 def save_observations(obs: CanaryObservations, directory: Path | str, *, force: bool = False) -> Path:
@@ -430,13 +447,19 @@ def load_observations(directory: Path | str) -> CanaryObservations:
     d = Path(directory)
     if not (d / DESIGN_FILE).is_file() or not (d / ARRAYS_FILE).is_file():
         raise InputError(f"{d}: not a gradient-canary directory (expected {DESIGN_FILE} and {ARRAYS_FILE})")
+    design = read_json(d / DESIGN_FILE, error=CheckpointError)  # bounded parsing of an untrusted file
     try:
-        design = json.loads((d / DESIGN_FILE).read_text())
         a = load_file(str(d / ARRAYS_FILE))
-    except (json.JSONDecodeError, SafetensorError, OSError) as e:
+    except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{d}: unreadable gradient-canary files ({e})") from None
-    if design.get("format") != FORMAT:
-        raise CheckpointError(f"{d}: unknown gradient-canary format {design.get('format')!r} (expected {FORMAT})")
+    if isinstance(design, dict) and design.get("format") == "dpaudit-canaries/1":  # dpaudit.canaries.CANARY_DIR_FORMAT
+        raise InputError(
+            f"{d}: record canaries from `dpaudit canaries make`, not gradient canaries: register them with "
+            "`dpaudit import --canaries` and audit with `dpaudit audit checkpoint`"
+        )
+    if not isinstance(design, dict) or design.get("format") != FORMAT:
+        found = design.get("format") if isinstance(design, dict) else None
+        raise CheckpointError(f"{d}: unknown gradient-canary format {found!r} (expected {FORMAT})")
     try:
         T, M = int(design["steps"]), int(design["count"])
         shapes = {n: tuple(int(x) for x in s) for n, s in design["param_shapes"].items()}
@@ -456,6 +479,22 @@ def load_observations(directory: Path | str) -> CanaryObservations:
     for k, shape in expected.items():
         if tuple(a[k].shape) != shape:
             raise CheckpointError(f"{d}: {k} has shape {tuple(a[k].shape)}, expected {shape}")
+    # The design must be one model's: the coordinates inside its parameters, and each group's noise count
+    # what those coordinates leave (files from different runs or models do not fit together).
+    sizes = np.array([math.prod(s) for s in shapes.values()], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    c = obs.coordinates.astype(np.int64)
+    if len(np.unique(c)) != M or (M and (c.min() < 0 or c.max() >= offsets[-1])):
+        raise CheckpointError(
+            f"{d}: the canaries' coordinates do not fit the {int(offsets[-1])} parameters of the model in "
+            f"{DESIGN_FILE}: files from another model?"
+        )
+    touched = np.bincount(np.searchsorted(offsets, c, side="right") - 1, minlength=G)
+    if not np.array_equal(obs.noise_count, sizes - touched):
+        raise CheckpointError(
+            f"{d}: the noise counts {obs.noise_count.tolist()} do not fit the parameter shapes in {DESIGN_FILE}: "
+            "files from another model?"
+        )
     if obs.projections.ndim != 2 or obs.projections.shape[0] != T:
         raise CheckpointError(f"{d}: projections have shape {obs.projections.shape}, expected ({T}, K)")
     if (obs.inclusion == "step") != (obs.coins is not None) or (obs.coins is not None and obs.coins.shape != (T, M)):

@@ -1,28 +1,49 @@
-"""JAX adapter: gradient canaries around the noise step of a JAX DP-SGD loop, on pytrees.
+"""JAX adapters: gradient canaries around the noise step of a JAX DP-SGD loop, on pytrees.
 
-optax is not a dependency of dpaudit (and is not installed where this was tested), so the adapter is
-a pair of plain functions on gradient pytrees rather than an ``optax.GradientTransformation``; wrap
-them in one if your loop is built from optax transformations::
+Two ways in, one mechanism (:class:`dpaudit.hooks.GradientCanaries` does all the work on the host):
 
-    shapes = pytree_shapes(params)
-    canaries = GradientCanaries(shapes, count=1000, sample_rate=q, clip=C, seed=0)
-    inject, observe = pytree_hooks(canaries)
-    ...
-    summed = clipped_sum(params, batch)            # Σ_i clip_C(g_i), a pytree like params
-    summed = inject(step, summed)                  # + the canaries drawn at this step
-    noisy = add_noise(summed, key)                 # + N(0, σ²C²) on every leaf
-    observe(step, noisy)                           # before dividing by the batch size
-    params = update(params, noisy / B)
+- **optax** (``optax>=0.2``; tested with optax 0.2.8 and JAX 0.10.2 on CPU): a pair of gradient
+  transformations around your noise transformation, usable in ``optax.chain`` and under ``jax.jit``
+  (also inside ``jax.lax.scan``)::
 
-The hooks convert the arrays to NumPy, so they run outside ``jax.jit`` (jit the clipped sum and the
-update, not the two calls). Leaves are named by ``jax.tree_util.keystr`` of their path. Tested with
-JAX 0.10.2 on CPU.
+      canaries = GradientCanaries(pytree_shapes(params), count=1000, sample_rate=q, clip=C, seed=0)
+      tx = optax.chain(
+          clip_and_sum(C),            # yours: per-example gradients -> Σ_i clip_C(g_i)
+          canaries.optax_inject(),    # + the canaries drawn at this step
+          add_gaussian_noise(σ * C),  # yours: + N(0, σ²C²) on every leaf
+          canaries.optax_observe(),   # the noisy SUM, before any division by the batch size
+          optax.scale(1 / B), optax.sgd(lr),
+      )
+
+  Each transformation's state is its step counter (``CanaryStepState``). The canaries' bookkeeping is
+  host-side NumPy, reached through ``jax.experimental.io_callback(..., ordered=True)``: an ordered
+  effect, so under ``jit`` the calls run once per executed step, in program order, and are never
+  removed as dead code. Each step copies the clipped sum and the noisy sum to the host once each
+  (the noise summary needs every coordinate); cheap next to per-example gradients for the models an
+  audit trains, but a cost on a large model. ``canaries.save()`` / ``observations()`` first wait for
+  every dispatched step (``jax.effects_barrier``). Not supported: ``vmap`` over the transformation
+  (ordered callbacks cannot be batched) and several devices (``pmap``/sharded updates).
+  ``optax.contrib.differentially_private_aggregate`` fuses clipping, the sum, the noise and the
+  division by the batch size in one function, so the hooks cannot sit between them: write the chain
+  from its parts as above (:func:`optax.per_example_global_norm_clip` gives the clipped sum).
+- **plain pytree functions** for a loop without optax (:func:`pytree_hooks`); they convert to NumPy,
+  so call them between jitted pieces.
+
+Leaves are named by ``jax.tree_util.keystr`` of their path (:func:`pytree_shapes`). A tree whose names
+or shapes differ from the canaries' (canaries designed for another model) is refused with a one-line
+:class:`InputError` when the transformation is initialised or traced. Misuse that only the running
+loop can show — observe before inject (the chain in the wrong order), a step counter that restarts
+(the optimizer state re-initialised mid-run) — raises dpaudit's one-line ``InputError`` before anything
+is recorded: directly when the chain runs eagerly; under ``jit`` from inside the callback, which JAX
+re-raises as a ``JaxRuntimeError`` whose message ends with that line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from dpaudit.errors import InputError
 
@@ -35,6 +56,14 @@ def _jax():
     return jax
 
 
+def _optax():
+    try:
+        import optax
+    except ImportError:
+        raise InputError("the optax adapter needs optax: pip install optax (or dpaudit[jax])") from None
+    return optax
+
+
 def pytree_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """Leaf name (``jax.tree_util.keystr`` of its path) -> shape, in ``tree_flatten`` order."""
     jax = _jax()
@@ -42,14 +71,23 @@ def pytree_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
 
 
-def pytree_hooks(canaries) -> tuple[Callable[[int, Any], Any], Callable[[int, Any], None]]:
-    """``(inject, observe)`` on pytrees with ``canaries.param_shapes``'s structure (see the module docstring)."""
+def _named(tree: Any) -> tuple[dict[str, Any], Any, list[str]]:
+    """(leaf name -> leaf, treedef, names in flatten order)."""
     jax = _jax()
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    names = [jax.tree_util.keystr(p) for p, _ in leaves]
+    return dict(zip(names, (v for _, v in leaves), strict=True)), treedef, names
 
-    def _named(tree: Any) -> tuple[dict[str, Any], Any, list[str]]:
-        leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        names = [jax.tree_util.keystr(p) for p, _ in leaves]
-        return dict(zip(names, (v for _, v in leaves), strict=True)), treedef, names
+
+def pytree_hooks(canaries) -> tuple[Callable[[int, Any], Any], Callable[[int, Any], None]]:
+    """``(inject, observe)`` on pytrees with ``canaries.param_shapes``'s structure, for a loop without optax::
+
+        summed = inject(step, clipped_sum(params, batch))  # Σ_i clip_C(g_i) + the canaries drawn
+        noisy = add_noise(summed, key)                       # + N(0, σ²C²) on every leaf
+        observe(step, noisy)                                 # before dividing by the batch size
+
+    They read NumPy, so they run outside ``jax.jit`` (jit the clipped sum and the update, not them)."""
+    jax = _jax()
 
     def inject(step: int, summed_clipped_grads: Any) -> Any:
         named, treedef, names = _named(summed_clipped_grads)
@@ -61,3 +99,106 @@ def pytree_hooks(canaries) -> tuple[Callable[[int, Any], Any], Callable[[int, An
 
     canaries.meta.setdefault("framework", "jax")
     return inject, observe
+
+
+class CanaryStepState(NamedTuple):
+    """The state of :func:`optax_inject` / :func:`optax_observe`: the number of steps they have seen (int32)."""
+
+    step: Any
+
+
+def _check_tree(canaries, tree: Any, what: str) -> tuple[Any, list[str]]:
+    """(treedef, names) of ``tree``, refused (one line) unless its leaves are the canaries' parameters and shapes."""
+    named, treedef, names = _named(tree)
+    if set(names) != set(canaries.names_):
+        missing = sorted(set(canaries.names_) - set(names))[:3]
+        extra = sorted(set(names) - set(canaries.names_))[:3]
+        raise InputError(
+            f"{what}: the tree's leaves do not match the canaries' parameters (missing {missing}, unexpected "
+            f"{extra}): canaries designed for another model? (build them with pytree_shapes(params))"
+        )
+    for n in names:
+        if tuple(named[n].shape) != canaries.param_shapes[n]:
+            raise InputError(
+                f"{what}: leaf {n} has shape {tuple(named[n].shape)}, the canaries were designed for "
+                f"{canaries.param_shapes[n]}: canaries designed for another model?"
+            )
+    return treedef, names
+
+
+def _concrete(step: Any, leaves: list[Any]) -> bool:
+    """Whether the update runs eagerly (no tracer among its inputs), so the host can be called directly."""
+    jax = _jax()
+    return not any(isinstance(x, jax.core.Tracer) for x in (step, *leaves))
+
+
+def _transformation(canaries, what: str, update: Callable[[Any, Any], Any]):
+    """An ``optax.GradientTransformation`` with a step counter for state and ``update(step, updates)`` as update."""
+    optax = _optax()
+    jax = _jax()
+    import jax.numpy as jnp
+
+    def init_fn(params: Any) -> CanaryStepState:
+        _check_tree(canaries, params, f"{what}.init")
+        return CanaryStepState(step=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates: Any, state: CanaryStepState, params: Any = None):
+        del params
+        return update(state.step, updates), CanaryStepState(step=state.step + 1)
+
+    canaries.meta.setdefault("framework", "optax")
+    canaries._flush = jax.effects_barrier  # observations() waits for the steps already dispatched
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def optax_inject(canaries):
+    """The optax transformation that adds the canaries to the clipped sum (place it right before the noise).
+
+    Its input is Σ_i clip_C(g_i), a tree like the parameters; its output the same plus C at each canary
+    drawn at this step (:meth:`GradientCanaries.inject`), same dtypes. jit-compatible (see the module
+    docstring)."""
+    if canaries.clip is None:
+        raise InputError("the canaries' clip norm is not set: give clip=C when building them")
+    jax = _jax()
+    from jax.experimental import io_callback
+
+    def update(step: Any, updates: Any) -> Any:
+        treedef, names = _check_tree(canaries, updates, "optax_inject")
+        leaves = jax.tree_util.tree_leaves(updates)
+        dtypes = [np.dtype(v.dtype) for v in leaves]
+
+        def host(step: Any, arrays: list[Any]) -> list[np.ndarray]:
+            # JAX may hand the callback its own arrays: NumPy here, else every step dispatches eager JAX ops
+            out = canaries.inject(int(step), dict(zip(names, map(np.asarray, arrays), strict=True)))
+            return [np.asarray(out[n], dtype=d) for n, d in zip(names, dtypes, strict=True)]
+
+        if _concrete(step, leaves):  # not traced: call the host directly (errors stay dpaudit's InputError)
+            new = [jax.numpy.asarray(a) for a in host(np.asarray(step), [np.asarray(v) for v in leaves])]
+        else:
+            shapes = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in leaves]
+            new = io_callback(host, shapes, step, leaves, ordered=True)
+        return jax.tree_util.tree_unflatten(treedef, new)
+
+    return _transformation(canaries, "optax_inject", update)
+
+
+def optax_observe(canaries):
+    """The optax transformation that records the noisy sum (place it right after the noise, before any
+    division by the batch size); it passes its input through unchanged (:meth:`GradientCanaries.observe`)."""
+    jax = _jax()
+    from jax.experimental import io_callback
+
+    def update(step: Any, updates: Any) -> Any:
+        _, names = _check_tree(canaries, updates, "optax_observe")
+
+        def host(step: Any, arrays: list[Any]) -> None:
+            canaries.observe(int(step), dict(zip(names, map(np.asarray, arrays), strict=True)))
+
+        leaves = jax.tree_util.tree_leaves(updates)
+        if _concrete(step, leaves):
+            host(np.asarray(step), [np.asarray(v) for v in leaves])
+        else:
+            io_callback(host, None, step, leaves, ordered=True)
+        return updates
+
+    return _transformation(canaries, "optax_observe", update)

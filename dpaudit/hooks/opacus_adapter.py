@@ -11,18 +11,38 @@ never reaches ``add_noise`` and so is not a step here either; accumulated micro-
 step, as in Opacus' accounting. No private attribute is touched: ``params``, ``summed_grad``,
 ``grad``, ``max_grad_norm`` and ``add_noise`` are the documented interface of ``DPOptimizer``.
 
-Tested with Opacus 1.6.0 (``DPOptimizer``, Poisson sampling, one process). Distributed and per-layer
-optimizers (``DistributedDPOptimizer``, ``DPPerLayerOptimizer``) add their noise differently and are
-not covered by the tests.
+Tested with Opacus 1.6.0 (``DPOptimizer``, Poisson sampling, one process). Per-layer, adaptive-clip,
+distributed and FSDP optimizers (``DPPerLayerOptimizer``, ``AdaClipDPOptimizer``, ``DistributedDPOptimizer``,
+...) clip or noise differently and are refused with one line; ``DPOptimizerFastGradientClipping`` (ghost
+clipping) has the same ``summed_grad``/``add_noise`` interface but is not covered by the tests.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dpaudit.errors import InputError
 
 WRAPPED = "_dpaudit_canaries"  # the attribute marking an optimizer that already carries canaries
+
+
+def _unsupported(optimizer: Any) -> str | None:
+    """Why the canaries cannot be carried by this kind of DPOptimizer, or None (by class name along the MRO, so
+    subclasses and classes Opacus does not export are covered too)."""
+    reasons = {
+        "DPPerLayerOptimizer": "per-layer clipping bounds each layer at its own norm, so a canary of norm C on one "
+        "coordinate is no record the claim covers",
+        "DistributedPerLayerOptimizer": "per-layer clipping across processes",
+        "AdaClipDPOptimizer": "the clip norm adapts during training, a canary's is fixed",
+        "DistributedDPOptimizer": "several processes add the noise (only one process is covered)",
+        "DistributedDPOptimizerFastGradientClipping": "several processes add the noise (only one process is covered)",
+        "FSDPOptimizerFastGradientClipping": "sharded parameters (only one process is covered)",
+    }
+    for cls in type(optimizer).__mro__:
+        if cls.__name__ in reasons and cls.__module__.startswith("opacus"):
+            return reasons[cls.__name__]
+    return None
 
 
 def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
@@ -31,7 +51,9 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
     The optimizer's parameters are matched to ``canaries.param_shapes`` by name when ``module`` (the
     model, Opacus' ``GradSampleModule`` or the original) is given, else by position (the order of
     ``named_parameters``, which is the optimizer's unless its parameter groups were reordered); the
-    shapes must agree either way. The canaries' clip is the optimizer's ``max_grad_norm`` unless set.
+    shapes must agree either way. The canaries' clip is the optimizer's ``max_grad_norm``; one set to another value is
+    refused (a canary must be exactly a record: above the clip it is not covered by the claim, below it the audit
+    and the noise check test less than the claim).
     """
     try:
         from opacus.optimizers import DPOptimizer
@@ -40,6 +62,12 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
     if not isinstance(optimizer, DPOptimizer):
         raise InputError(
             f"attach() needs an Opacus DPOptimizer (from PrivacyEngine.make_private), got {type(optimizer).__name__}"
+        )
+    unsupported = _unsupported(optimizer)
+    if unsupported is not None:
+        raise InputError(
+            f"attach() does not support Opacus' {type(optimizer).__name__}: {unsupported} (use a plain DPOptimizer, "
+            "one process, one clip for the whole model)"
         )
     if getattr(optimizer, WRAPPED, None) is not None:
         raise InputError("this optimizer already carries gradient canaries")
@@ -71,6 +99,13 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
             raise InputError("the canaries were designed for another model (parameter shapes differ)")
     if canaries.clip is None:
         canaries.clip = float(optimizer.max_grad_norm)
+    elif not math.isclose(canaries.clip, float(optimizer.max_grad_norm), rel_tol=1e-9):
+        # A canary of norm above the records' clip is no record the claim covers (the one-run audit could then
+        # "refute" a correct claim); below it, the canaries and the noise check (σ·clip) test less than the claim.
+        raise InputError(
+            f"the canaries' clip {canaries.clip:g} differs from the optimizer's max_grad_norm "
+            f"{float(optimizer.max_grad_norm):g}: give clip=None (or the same value) so a canary is exactly a record"
+        )
     canaries.meta.setdefault("framework", "opacus")
     canaries.meta.setdefault("implementation_noise_multiplier", float(optimizer.noise_multiplier))
     canaries.meta.setdefault("implementation_max_grad_norm", float(optimizer.max_grad_norm))

@@ -19,6 +19,13 @@ import numpy as np
 LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022, "MIA from first principles")
 
 
+def nonmembers_needed(fpr: float) -> int:
+    """The fewest non-members at which a TPR at false-positive rate ``fpr`` means something: with n
+    non-members the smallest non-zero FPR is 1/n, so below it the "TPR at ``fpr``" is the TPR at zero
+    false positives, whatever ``fpr`` says (1e-9 absorbs 1/0.001 = 1000.0000000000001)."""
+    return math.ceil(1.0 / float(fpr) - 1e-9)
+
+
 # --------------------------------------------------------------------------- JSON helpers
 
 
@@ -71,3 +78,65 @@ def tradeoff_curve(alpha: np.ndarray, epsilon: float, delta: float) -> np.ndarra
     return np.maximum.reduce(
         [np.zeros_like(alpha), 1.0 - delta - math.exp(epsilon) * alpha, math.exp(-epsilon) * (1.0 - delta - alpha)]
     )
+
+
+# --------------------------------------------------------------------------- what the plots draw
+
+_VERDICT_WORDS = {"violation": "VIOLATION", "curve-refuted": "claimed curve refuted", None: "no verdict"}
+
+
+def _verdict_words(v: str | None) -> str:
+    return _VERDICT_WORDS.get(v, str(v).replace("-", " "))
+
+
+def claims_to_draw(model: Mapping[str, Any]) -> list[tuple[float, float, str]]:
+    """(ε, δ, label) of the model's claim and of any different claim an audit was checked against."""
+    claims: list[tuple[float, float, str]] = []
+    if model["claim"] is not None:
+        e, d = as_float(model["claim"]["epsilon"]), float(model["claim"]["delta"])
+        claims.append((e, d, f"claimed ε = {e:g}, δ = {d:g}"))
+    for a in model["audits"]:
+        e = as_float(a.get("claimed_epsilon"))
+        d = float(a["delta"])
+        if e is not None and math.isfinite(e) and all(abs(e - c[0]) > 1e-12 or d != c[1] for c in claims):
+            claims.append((e, d, f"ε = {e:g}, δ = {d:g} (checked by an audit)"))
+    return claims
+
+
+def tradeoff_layers(model: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """What a model's trade-off plot draws, from its report entry alone (:func:`dpaudit.report.plots.
+    tradeoff_figure` draws exactly this, so a test of the data is a test of the plot):
+
+    - ``claims``: the claimed (ε, δ) curves;
+    - ``points``: audits with an operating point (FPR, FNR) and its confidence box, formal or estimate;
+    - ``formal_bounds``: every formal ε bound without an operating point (one-run audits: the guesses of
+      Steinke, Nasr & Jagielski 2023 give no single (FPR, FNR)), drawn as the (ε, δ) curve at the bound,
+      which the mechanism's true trade-off curve must go below somewhere (Dong, Roth & Su 2022, Prop. 2.5);
+      a bound of 0 shows nothing and is listed (``drawn`` False), not drawn;
+    - ``refutations``: formal refutations of the claimed curve (one-run f-DP audits), listed.
+
+    Every formal audit of the model is in ``points`` or ``formal_bounds``, so the audit behind the verdict is
+    always on the plot, labelled formal and with its threat model."""
+    claims = [{"epsilon": e, "delta": d, "label": label} for e, d, label in claims_to_draw(model)]
+    points, bounds, refutations = [], [], []
+    for i, a in enumerate(model["audits"]):
+        kind = "formal" if a["formal"] else "estimate"
+        threat = a.get("threat_model") or "?"
+        lb = as_float(a["epsilon_lower_bound"])
+        verdict = a.get("effective_verdict", a.get("verdict"))
+        common = {"audit_index": i, "attack": a["source"]["attack"], "method": a["method"], "formal": a["formal"],
+                  "threat_model": threat, "verdict": verdict, "epsilon_lower_bound": lb}  # fmt: skip
+        if a.get("refutation") and verdict == "curve-refuted":
+            label = f"formal [{threat}] {a['source']['attack']} / {a['method']}: claimed curve refuted"
+            refutations.append({**common, "label": label, "statement": a["refutation"].get("statement")})
+        if a.get("operating_point"):
+            label = (
+                f"{kind} [{threat}] {a['source']['attack']} / {a['method']}: ε ≥ {lb:.3g} ({_verdict_words(verdict)})"
+            )
+            points.append({**common, "label": label, "operating_point": a["operating_point"]})
+        elif a["formal"]:
+            drawn = lb is not None and math.isfinite(lb) and lb > 0
+            what = f"not ({lb:.3g}, δ = {float(a['delta']):g})-DP" if drawn else "ε ≥ 0, nothing shown"
+            label = f"formal [{threat}] {a['source']['attack']} / {a['method']}: {what} ({_verdict_words(verdict)})"
+            bounds.append({**common, "label": label, "delta": float(a["delta"]), "drawn": drawn})
+    return {"claims": claims, "points": points, "formal_bounds": bounds, "refutations": refutations}

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dpaudit.report._data import as_float
+from dpaudit.report._data import as_float, nonmembers_needed
 
 DASH = "—"
 
@@ -72,10 +72,24 @@ HOW_TO_READ = (
         "formal audit with its own verdict; the strongest estimate sits beside it.",
     ),
     (
+        "threat model",
+        "What the auditor saw and how many trainings the bound rests on: black-box (the final model's outputs) "
+        "or white-box (every noisy update); one run (canaries inserted at random into one training) or many runs "
+        "(independent trainings). A white-box bound can be far larger than a black-box one on the same model, so "
+        "bounds are compared only under the same threat model, which is printed beside each.",
+    ),
+    (
+        "noise check",
+        "Gradient canaries in your own training loop see the clipped sum before the noise and the update after "
+        "it, so the noise actually added is known: a χ² test per parameter group (noise std / σC below 1 "
+        "rejects the claim) and a test of independence across steps. A rejection is a formal violation.",
+    ),
+    (
         "Trade-off plot",
         "The curve is the best (FPR, FNR) any test can reach against an (ε, δ)-DP mechanism "
         "(Dong, Roth & Su 2022, Prop. 2.5). An audit point with its confidence box entirely below the "
-        "curve is a violation.",
+        "curve contradicts the claim. A formal one-run audit has no single (FPR, FNR): it is drawn as the "
+        "curve of (ε, δ) at its lower bound, which the mechanism's true curve goes below somewhere.",
     ),
 )
 
@@ -98,6 +112,12 @@ def num(x: Any, spec: str = ".3f") -> str:
 
 def eps(x: Any) -> str:
     return num(x, ".3g")
+
+
+def claim_eps(x: Any) -> str:
+    """A claimed ε, printed one way everywhere: ``:g`` as the audit notes and headlines print it (7.99954,
+    never 8 in a table beside 7.99954 in a note)."""
+    return num(x, "g")
 
 
 def rate(x: Any) -> str:
@@ -141,17 +161,33 @@ def interval(ci: Any, spec: str = ".3f") -> str:
 def claim_text(claim: Mapping[str, Any] | None) -> str:
     if claim is None:
         return "∞ (non-private)"
-    return f"{eps(claim['epsilon'])} (δ = {num(claim['delta'], 'g')})"
+    return f"{claim_eps(claim['epsilon'])} (δ = {num(claim['delta'], 'g')})"
 
 
 def bound_text(digest: Mapping[str, Any] | None) -> str:
-    """'≥ 3.41 (lira, gdp, 95%)' for a summary's formal or estimate digest; — without one."""
+    """'≥ 3.41 [white-box, one run] (whitebox-canaries, one-run, 95%)' for a summary's formal or estimate
+    digest (its threat model first: bounds under different ones are not comparable); — without one."""
     if digest is None:
         return DASH
+    threat = f"[{digest['threat_model']}] " if digest.get("threat_model") else ""
     return (
-        f"≥ {eps(digest['epsilon_lower_bound'])} ({digest['attack']}, {digest['method']}, "
+        f"≥ {eps(digest['epsilon_lower_bound'])} {threat}({digest['attack']}, {digest['method']}, "
         f"{percent(digest['confidence'])})"
     )
+
+
+def audit_kind(audit: Mapping[str, Any]) -> str:
+    """'formal (white-box, one run)' or 'estimate (black-box, model's members)'."""
+    kind = "formal" if audit["formal"] else "estimate"
+    return f"{kind} ({audit['threat_model']})" if audit.get("threat_model") else kind
+
+
+def tpr_cell(attack: Mapping[str, Any], key: str) -> str:
+    """The TPR at FPR ``key`` of a membership attack, or why its sample cannot resolve that FPR."""
+    needed = nonmembers_needed(float(key))
+    if attack["n_nonmembers"] < needed:
+        return f"n/a: needs ≥ {needed} non-members"
+    return rate(attack["tpr_at_fpr"].get(key))
 
 
 def with_attack(value: str, attack: str | None) -> str:
@@ -168,29 +204,58 @@ def fpr_label(key: str) -> str:
     return f"TPR@{100 * float(key):g}% FPR"
 
 
+def _labelled(d: Mapping[str, Any], keys: tuple[tuple[str, str], ...]) -> list[str]:
+    return [f"{label} {d[key]}" for key, label in keys if d.get(key) is not None]
+
+
+_SGD_KEYS = (("epochs", "epochs"), ("steps", "steps"), ("batch_size", "batch"), ("lr", "lr"), ("seed", "seed"))
+_DP_KEYS = (("noise_multiplier", "σ"), ("clip", "C"), ("sample_rate", "q"), ("sampling", "sampling"))
+_CONVEX_ALGOS = ("outpert", "outpert-gaussian", "objpert")  # closed-form learners (dpaudit.training.convex)
+
+
 def training_text(training: Mapping[str, Any]) -> str:
-    parts = [str(training["algo"])]
-    for key, label in (
-        ("epochs", "epochs"),
-        ("steps", "steps"),
-        ("batch_size", "batch"),
-        ("lr", "lr"),
-        ("seed", "seed"),
-    ):
-        if training.get(key) is not None:
-            parts.append(f"{label} {training[key]}")
-    dp = training.get("dp")
-    if dp:
-        for key, label in (("noise_multiplier", "σ"), ("clip", "C"), ("sampling", "sampling")):
-            if dp.get(key) is not None:
-                parts.append(f"{label} {dp[key]}")
-    return ", ".join(parts)
+    """The training line in the algorithm's own terms: SGD settings for (DP-)SGD; teachers, shots, queries
+    and the aggregator's noise for PATE / DP-ICL (whose student is post-processing of the answers); the L2
+    coefficient λ for the closed-form convex learners; steps and canaries for the user's own loop. An
+    imported run (``dpaudit import``) says so, and that its recipe, if any, is the attacker's approximation."""
+    if training.get("source") is not None:  # dpaudit.training.run.import_run
+        imported = f"imported from {training['source']}"
+        if training["algo"] == "imported":
+            return f"{imported} (trained outside dpaudit; no recipe given)"
+        rest = {k: v for k, v in training.items() if k not in ("source", "recipe_source")}
+        return f"{imported}; recipe from the {training.get('recipe_source', 'user')}: {training_text(rest)}"
+    algo = str(training["algo"])
+    agg = training.get("aggregation")
+    if isinstance(agg, Mapping):  # PATE / DP-ICL (dpaudit.training.pate): the private step is the aggregator
+        recipe = agg.get("recipe") or {}
+        aggregator = recipe.get("aggregator") or {}
+        parts = [algo, *_labelled(recipe, (("teachers", "teachers"), ("shots", "shots"), ("queries", "queries")))]
+        if aggregator.get("name"):
+            parts.append(f"aggregator {aggregator['name']}")
+        parts += _labelled(aggregator, (("sigma", "σ"), ("sigma1", "σ1"), ("threshold", "T"), ("sample_rate", "q")))
+        if agg.get("n_answered") is not None:
+            parts.append(f"answered {agg['n_answered']} of {agg.get('n_queries', '?')}")
+        student = training.get("student_algo")
+        if student and algo == "pate":  # PATE's student is part of the recipe; DP-ICL's only post-processes
+            parts.append(f"student {student} ({', '.join(_labelled(training, _SGD_KEYS))})")
+        elif student:
+            parts.append(f"student {student} trained on the answers (post-processing)")
+        return ", ".join(parts)
+    if algo in _CONVEX_ALGOS:
+        return ", ".join([algo, *_labelled(training, (("weight_decay", "λ (L2)"), ("seed", "seed")))])
+    if algo == "own-loop":  # a saved gradient-canary audit (dpaudit.report.build.canary_run_entry)
+        parts = [
+            "your own training loop",
+            *_labelled(training, (("steps", "steps"), ("gradient_canaries", "canaries"))),
+        ]
+        return ", ".join(parts + _labelled(training.get("dp") or {}, _DP_KEYS))
+    return ", ".join([algo, *_labelled(training, _SGD_KEYS), *_labelled(training.get("dp") or {}, _DP_KEYS)])
 
 
 def claim_details(claim: Mapping[str, Any] | None) -> str:
     if claim is None:
         return "none (non-private training; treated as ε = ∞)"
-    parts = [f"ε = {eps(claim['epsilon'])}, δ = {num(claim['delta'], 'g')}"]
+    parts = [f"ε = {claim_eps(claim['epsilon'])}, δ = {num(claim['delta'], 'g')}"]
     for key, label in (("accountant", "accountant"), ("neighbouring", "neighbouring")):
         if claim.get(key):
             parts.append(f"{label} {claim[key]}")
@@ -242,8 +307,16 @@ def summary_cells(model: Mapping[str, Any]) -> list[str]:
         bound_text(s["formal"]),
         estimate,
         with_attack(num(s["best_auc"]), s["best_auc_attack"]),
-        with_attack(rate(s["tpr_at_low_fpr"]), s["tpr_at_low_fpr_attack"]),
+        tpr_summary(s),
     ]
+
+
+def tpr_summary(s: Mapping[str, Any]) -> str:
+    """The summary's TPR at the low FPR, or why no attack's sample resolves it."""
+    unresolved = s.get("tpr_at_low_fpr_unresolved")
+    if s["tpr_at_low_fpr"] is None and unresolved:
+        return f"n/a: needs ≥ {unresolved['nonmembers_needed']} non-members ({unresolved['nonmembers']} here)"
+    return with_attack(rate(s["tpr_at_low_fpr"]), s["tpr_at_low_fpr_attack"])
 
 
 def verdict_label(model: Mapping[str, Any]) -> str:
@@ -252,7 +325,8 @@ def verdict_label(model: Mapping[str, Any]) -> str:
     if model["claim"] is None:
         f = s["formal"]
         if f is not None and (as_float(f["epsilon_lower_bound"]) or 0.0) > 0:
-            return f"leaks: ε ≥ {eps(f['epsilon_lower_bound'])} shown"
+            threat = f" ({f['threat_model']})" if f.get("threat_model") else ""
+            return f"leaks: ε ≥ {eps(f['epsilon_lower_bound'])} shown{threat}"
         return "no claim"
     return VERDICT_TEXT[s["verdict"]]
 
@@ -270,3 +344,33 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
         elif isinstance(v, Mapping) and k != "params":
             out += [(f"{k}.{kk}", vv) for kk, vv in v.items() if is_num(vv)]
     return out
+
+
+NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")
+
+
+def noise_rows(check: Mapping[str, Any]) -> list[list[str]]:
+    """One row per parameter group of a noise check (unescaped text)."""
+    return [
+        [
+            str(g["name"]),
+            str(g["dof"]),
+            num(g["ratio"], ".4g"),
+            num(g.get("ratio_upper"), ".4g"),
+            num(g["p_value"], ".3g"),
+            num(g.get("resolvable_ratio"), ".4g"),
+        ]
+        for g in check["groups"]
+    ]
+
+
+def noise_lines(check: Mapping[str, Any]) -> list[str]:
+    """The noise check's verdict and its two tests' p-values, in words (unescaped)."""
+    indep = check.get("independence_p_value")
+    return [
+        f"{check['statement']}: {VERDICT_TEXT[check['verdict']]}",
+        f"claimed noise std σC = {num(check['noise_std'], '.4g')}; variance test p = "
+        f"{num(check['variance_p_value'], '.3g')} (Bonferroni over groups); independence across steps "
+        + (f"p = {num(indep, '.3g')}" if indep is not None else "not tested"),
+        *(str(n) for n in check.get("notes") or []),
+    ]

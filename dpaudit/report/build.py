@@ -24,9 +24,9 @@ import numpy as np
 
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir, write_atomic_dir
-from dpaudit.report._data import LOW_FPR, dumps, jsonable, sha256_json
+from dpaudit.report._data import LOW_FPR, dumps, jsonable, nonmembers_needed, sha256_json
 from dpaudit.validation import read_json
-from dpaudit.workflows.result import ModelAudit, effective_verdict, headline, operating_point
+from dpaudit.workflows.result import ModelAudit, effective_verdict, headline, operating_point, threat_model
 
 SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
 REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html"}
@@ -71,13 +71,44 @@ def model_entry_from(audit: ModelAudit, *, path: str | None = None) -> dict[str,
     )
 
 
+def canary_run_entry(result: Mapping[str, Any], *, name: str | None = None, path: str | None = None) -> dict[str, Any]:
+    """A report model entry from a saved gradient-canary audit of a user's own training loop
+    (:meth:`dpaudit.workflows.hooks_audit.CanaryRunAudit.to_dict`, ``dpaudit audit canaries --out``): its
+    formal audits, its noise check and the claim it was audited against. The model, data and utility are the
+    user's and were not given to dpaudit, and the report says so."""
+    claim = dict(result["claim"])
+    where = str(result["canaries"])
+    return {
+        "name": name or Path(where).name or where,
+        "path": path if path is not None else where,
+        "model": {"kind": "your own training loop", "spec": {}},
+        "data": {"spec": "not given to dpaudit (your own training loop)", "sha256": None},
+        "training": {
+            "algo": "own-loop",
+            "steps": result["steps"],
+            "gradient_canaries": result["count"],
+            "dp": {k: claim.get(k) for k in ("noise_multiplier", "clip", "sample_rate", "sampling")},
+        },
+        "claim": claim,
+        "utility": {"train_accuracy": None, "test_accuracy": None},
+        "attacks": {"membership": None},
+        "audits": [dict(a) for a in result["audits"]],
+        "noise_checks": [dict(result["noise_check"])] if result.get("noise_check") else [],
+    }
+
+
 def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
     claim = entry["claim"]
     membership = entry["attacks"].get("membership") or []
     best = max(membership, key=lambda a: a["auc"], default=None)
     low = f"{LOW_FPR:g}"  # the key convention of tpr_at_fpr (attacks.metrics.fpr_key)
-    tprs = [a for a in membership if a["tpr_at_fpr"].get(low) is not None]
+    # Below 1/#non-members the TPR "at 0.1% FPR" is the TPR at zero false positives: not that metric.
+    needed = nonmembers_needed(LOW_FPR)
+    tprs = [a for a in membership if a["tpr_at_fpr"].get(low) is not None and a["n_nonmembers"] >= needed]
     best_tpr = max(tprs, key=lambda a: a["tpr_at_fpr"][low], default=None)
+    unresolved = None
+    if best_tpr is None and membership:
+        unresolved = {"nonmembers_needed": needed, "nonmembers": max(a["n_nonmembers"] for a in membership)}
     # The headline reads each audit's verdict against the model's claim (effective_verdict).
     audits = [{**a, "verdict": a["effective_verdict"]} for a in entry["audits"]]
     return {
@@ -88,7 +119,8 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
         "low_fpr": LOW_FPR,
         "tpr_at_low_fpr": best_tpr["tpr_at_fpr"][low] if best_tpr else None,
         "tpr_at_low_fpr_attack": best_tpr["attack"] if best_tpr else None,
-        **headline(audits, claim).to_dict(),
+        "tpr_at_low_fpr_unresolved": unresolved,
+        **headline(audits, claim, entry.get("noise_checks") or ()).to_dict(),
     }
 
 
@@ -96,6 +128,7 @@ def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) 
     a = dict(audit)
     a.setdefault("notes", [])
     a.setdefault("max_certifiable_epsilon", None)
+    a["threat_model"] = threat_model(a)  # reports written before threat models were labelled get the default
     a["operating_point"] = operating_point(a.get("counts"), float(a["confidence"]))
     a["effective_verdict"] = effective_verdict(a, claim)
     return a
@@ -118,6 +151,7 @@ def _normalise_model(entry: Mapping[str, Any]) -> dict[str, Any]:
         "utility": e["utility"],
         "attacks": attacks,
         "audits": [_normalise_audit(a, e["claim"]) for a in e.get("audits") or []],
+        "noise_checks": e.get("noise_checks") or [],
     }
     out["summary"] = _summary(out)
     return jsonable(out)
@@ -172,7 +206,7 @@ def build_report(
             "seed": config.get("seed") if config else None,
             "config_sha256": sha256_json(config),
             "config": config,
-            "data_sha256": sorted({m["data"]["sha256"] for m in entries}),
+            "data_sha256": sorted({m["data"]["sha256"] for m in entries} - {None}),
         },
         "models": entries,
     }

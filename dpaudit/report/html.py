@@ -119,7 +119,7 @@ def _membership_table(attacks: list[Mapping[str, Any]]) -> str:
                 _e(F.interval((a.get("ci") or {}).get("auc"))),
                 _e(F.rate(a["balanced_accuracy"])),
                 _e(F.num(a["advantage"])),
-                *(_e(F.rate(a["tpr_at_fpr"].get(k))) for k in keys),
+                *(_e(F.tpr_cell(a, k)) for k in keys),
                 _e(f"{a['n_members']} / {a['n_nonmembers']}"),
                 _e(f"{a.get('n_reference_models') or 0} / {a.get('n_shadow_models') or 0}"),
                 f"<code>{_e(params)}</code>",
@@ -196,7 +196,7 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(f"{a['source']['family']} / {a['source']['attack']}"),
                 _e(f"{a['method']}, {F.percent(a['confidence'])}"),
                 _e(F.eps(a["epsilon_lower_bound"])),
-                _e(F.eps(a["claimed_epsilon"])),
+                _e(F.claim_eps(a["claimed_epsilon"])),
                 _e(F.eps(a.get("max_certifiable_epsilon"))),
                 _e(F.rate(op["fpr"]))
                 + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
@@ -209,7 +209,7 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(F.num(a.get("threshold"), ".4g"))
                 + (f"<br><small>{_e(a['threshold_selection'])}</small>" if a.get("threshold_selection") else ""),
                 verdict,
-                "formal" if a["formal"] else "<strong>estimate</strong>",
+                _e(F.audit_kind(a)) if a["formal"] else f"<strong>{_e(F.audit_kind(a))}</strong>",
             ]
         )
     out = _table([_e(h) for h in header], rows, numeric=range(2, 8))
@@ -259,6 +259,14 @@ def _model_section(m: Mapping[str, Any], colors: Mapping[str, str]) -> str:
         parts.append(f"<h4>{_e(F.FAMILY_TITLES.get(family, family))} attacks</h4>")
         parts.append(_membership_table(attacks) if family == "membership" else _other_family(attacks))
     parts += ["<h4>Audits</h4>", _audits(m["audits"])]
+    for check in m.get("noise_checks") or []:
+        items = "".join(f"<li>{_e(line)}</li>" for line in F.noise_lines(check))
+        rows = [[_e(c) for c in row] for row in F.noise_rows(check)]
+        parts += [
+            f"<h4>Noise check (formal) {_badge(check['verdict'])}</h4>",
+            f'<ul class="notes">{items}</ul>',
+            _table([_e(h) for h in F.NOISE_HEADER], rows, numeric=range(1, 6)),
+        ]
     figs = [
         _figure(
             plots.png(lambda: plots.roc_figure(m, colors)),
@@ -268,8 +276,10 @@ def _model_section(m: Mapping[str, Any], colors: Mapping[str, str]) -> str:
         _figure(
             plots.png(lambda: plots.tradeoff_figure(m, colors)),
             f"Trade-off curve and audit points for {m['name']}",
-            "Claimed (ε, δ) trade-off curve (Dong, Roth & Su 2022, Prop. 2.5) and each audit's (FPR, FNR) at its "
-            "threshold with its Clopper–Pearson box. A box below the curve is a violation.",
+            "Claimed (ε, δ) trade-off curve (Dong, Roth & Su 2022, Prop. 2.5), each audit's (FPR, FNR) at its "
+            "threshold with its Clopper–Pearson box (formal or estimate, as labelled), and each formal one-run bound "
+            "as the dash-dotted (ε, δ) curve at the bound, which the mechanism's true curve goes below somewhere. "
+            "Square brackets: the threat model.",
         ),
     ]
     if any(figs):
@@ -312,13 +322,16 @@ def render_html(report: Mapping[str, Any]) -> str:
             plots.png(lambda: plots.epsilon_figure(report)),
             "Claimed ε against the empirical lower bound per model",
             "Diamond: claimed ε (∞ without a claim). Arrow: the strongest formal lower bound (grey: no formal "
-            "audit, the strongest estimate), pointing up because the true ε is at least that; colour = verdict. "
-            "Grey bars: the largest ε each audit could have certified.",
+            "audit, the strongest estimate), pointing up because the true ε is at least that; colour = verdict; "
+            "a bound of 0 (nothing shown) is a hollow circle. Each bound names its threat model: a white-box bound "
+            "and a black-box one are not comparable. Grey bars: the largest ε each audit could have certified.",
         ),
         _figure(
             plots.png(lambda: plots.privacy_utility_figure(report)),
             "Test accuracy against claimed ε",
-            "Test (filled) and train (hollow) accuracy against the claimed ε; non-private models at ∞.",
+            "Test (filled) and train (hollow) accuracy against the claimed ε, one point per model (separately "
+            "trained models form no frontier); colour = verdict; a cross marks a claim a formal audit refuted, "
+            "whose claimed ε is not its privacy. Non-private models at ∞.",
         ),
     ]
     body = [

@@ -62,7 +62,7 @@ def _membership(attacks: list[Mapping[str, Any]]) -> list[str]:
                 f"{F.num(a['auc'])} {F.interval(ci)}" if ci else F.num(a["auc"]),
                 F.rate(a["balanced_accuracy"]),
                 F.num(a["advantage"]),
-                *(F.rate(a["tpr_at_fpr"].get(k)) for k in keys),
+                *(F.tpr_cell(a, k) for k in keys),
                 f"{a['n_members']} / {a['n_nonmembers']}",
                 models,
             ]
@@ -104,11 +104,11 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
                 md(a["method"]),
                 F.percent(a["confidence"]),
                 F.eps(a["epsilon_lower_bound"]),
-                F.eps(a["claimed_epsilon"]),
+                F.claim_eps(a["claimed_epsilon"]),
                 F.eps(a.get("max_certifiable_epsilon")),
                 f"({F.rate(op['fpr'])}, {F.rate(op['fnr'])})" if op else F.DASH,
                 verdict,
-                "formal" if a["formal"] else "estimate",
+                md(F.audit_kind(a)),
             ]
         )
     lines = _table(header, rows)
@@ -148,6 +148,10 @@ def model_section(m: Mapping[str, Any]) -> list[str]:
         lines += _membership(attacks) if family == "membership" else _other_family(attacks)
     lines += ["", "#### Audits", ""]
     lines += _audits(m["audits"]) if m["audits"] else ["No audits."]
+    for check in m.get("noise_checks") or []:
+        lines += ["", "#### Noise check (formal)", ""]
+        lines += [f"- {md(line)}" for line in F.noise_lines(check)] + [""]
+        lines += _table(F.NOISE_HEADER, [[md(c) for c in row] for row in F.noise_rows(check)])
     return lines
 
 

@@ -24,12 +24,13 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator
 
-from dpaudit.report._data import LOW_FPR, as_float, tradeoff_curve
+from dpaudit.report._data import LOW_FPR, as_float, tradeoff_curve, tradeoff_layers
 
 DPI = 120
 VERDICT_COLORS = {
     "violation": "#c62828",
     "estimate-exceeds-claim": "#6a1b9a",
+    "curve-refuted": "#ad1457",
     "inconclusive": "#e08600",
     "consistent": "#2e7d32",
     None: "#757575",
@@ -87,87 +88,96 @@ def roc_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figure | 
     return fig
 
 
-def _claims_to_draw(model: Mapping[str, Any]) -> list[tuple[float, float, str]]:
-    """(ε, δ, label) of the model's claim and of any different claim an audit was checked against."""
-    claims: list[tuple[float, float, str]] = []
-    if model["claim"] is not None:
-        e, d = as_float(model["claim"]["epsilon"]), float(model["claim"]["delta"])
-        claims.append((e, d, f"claimed ε = {e:.3g}, δ = {d:g}"))
-    for a in model["audits"]:
-        e = as_float(a.get("claimed_epsilon"))
-        d = float(a["delta"])
-        if e is not None and math.isfinite(e) and all(abs(e - c[0]) > 1e-12 or d != c[1] for c in claims):
-            claims.append((e, d, f"ε = {e:.3g}, δ = {d:g} (checked by an audit)"))
-    return claims
-
-
 def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figure | None:
-    """The claimed (ε, δ) trade-off curve with each audit's (FPR, FNR) point and confidence box.
+    """The claimed (ε, δ) trade-off curve with what :func:`~dpaudit.report._data.tradeoff_layers` lists: each
+    audit's (FPR, FNR) point and confidence box, and each formal bound without one as the (ε, δ) curve at
+    the bound (dash-dotted, in its verdict's colour), so the formal audit behind the verdict is always shown.
 
-    A point whose box lies below the curve contradicts the claim (Dong, Roth & Su 2022, Prop. 2.5).
+    A point whose box lies below the claimed curve contradicts the claim (Dong, Roth & Su 2022, Prop. 2.5).
     FPR is on a log axis so that the low-FPR region where strong audits live stays visible.
     """
-    audits = [a for a in model["audits"] if a.get("operating_point")]
-    if not audits:
+    layers = tradeoff_layers(model)
+    points, bounds, refuted = layers["points"], layers["formal_bounds"], layers["refutations"]
+    if not (points or bounds or refuted):
         return None
-    claims = _claims_to_draw(model)
+    claims = [(c["epsilon"], c["delta"], c["label"]) for c in layers["claims"]]
+    audits = model["audits"]
     # Left limit: below the smallest resolvable FPR, and far enough left to show each curve's knee
     # (the curve reaches FNR 0.5 near α = 0.5 e^{−ε}).
-    lo = min([1.0 / (a["counts"]["fp"] + a["counts"]["tn"]) / 3 for a in audits] + [1e-3])
-    lo = max(1e-6, min([lo] + [0.1 * math.exp(-e) for e, _, _ in claims]))
-    fig = Figure(figsize=(5.2, 4.4 + 0.17 * (len(claims) + len(audits))), layout="constrained")
+    curves = claims + [(b["epsilon_lower_bound"], b["delta"], "") for b in bounds if b["drawn"]]
+    counts = [audits[p["audit_index"]]["counts"] for p in points]
+    lo = min([1.0 / (c["fp"] + c["tn"]) / 3 for c in counts] + [1e-3])
+    lo = max(1e-6, min([lo] + [0.1 * math.exp(-min(e, 700.0)) for e, _, _ in curves]))
+    n_entries = len(claims) + len(points) + len(bounds) + len(refuted)
+    fig = Figure(figsize=(5.6, 4.4 + 0.17 * n_entries), layout="constrained")
     ax = fig.add_subplot()
     alpha = np.geomspace(lo, 1.0, 400)
     for i, (e, d, label) in enumerate(claims):
         ax.plot(alpha, tradeoff_curve(alpha, e, d), color="black", lw=1.5, ls="-" if i == 0 else "--", label=label)
+    for b in bounds:  # formal one-run bounds: the mechanism's curve goes below this one somewhere
+        color = VERDICT_COLORS.get(b["verdict"], VERDICT_COLORS[None])
+        if b["drawn"]:
+            curve = tradeoff_curve(alpha, b["epsilon_lower_bound"], b["delta"])
+            ax.plot(alpha, curve, color=color, lw=2.0, ls="-.", label=b["label"])
+        else:  # ε ≥ 0 bounds nothing: listed, not drawn
+            ax.plot([], [], ls="none", label=b["label"])
+    for r in refuted:
+        ax.plot([], [], ls="none", label=r["label"])
     # Different shapes, hollow but for gdp, so audits of the same scores at the same threshold stay visible.
     markers = {"gdp": ("o", 6), "clopper-pearson": ("s", 10), "one-run": ("^", 9), "one-run-fdp": ("D", 8)}
-    for a in audits:
-        op = a["operating_point"]
+    for p in points:
+        op = p["operating_point"]
         (x0, x1), (y0, y1) = op["fpr_interval"], op["fnr_interval"]
-        color = colors.get(a["source"]["attack"], "#444444")
+        color = colors.get(p["attack"], "#444444")
         ax.add_patch(
             Rectangle(
                 (max(x0, lo), y0), x1 - max(x0, lo), y1 - y0, facecolor=color, alpha=0.15, edgecolor=color, lw=0.8
             )
         )
-        marker, size = markers.get(a["method"], ("D", 8))
+        marker, size = markers.get(p["method"], ("D", 8))
         ax.plot(
             max(op["fpr"], lo),
             op["fnr"],
             marker=marker,
             ms=size,
             mew=1.6,
-            mfc=color if a["method"] == "gdp" else "none",
+            mfc=color if p["method"] == "gdp" else "none",
             color=color,
             ls="none",
             clip_on=False,
-            label=f"{a['source']['attack']} / {a['method']}: ε ≥ {as_float(a['epsilon_lower_bound']):.3g} "
-            f"({a['effective_verdict'] or 'no verdict'})",
+            label=p["label"],
         )
     ax.set(xscale="log", xlim=(lo, 1.4), ylim=(-0.04, 1.04))  # a little room so points at (1, 0) stay visible
     title = f"Trade-off: {model['name']}" + (" (no claim: ε = ∞)" if model["claim"] is None else "")
     ax.set(xlabel="false positive rate (α)", ylabel="false negative rate (β)", title=title)
-    conf = audits[0]["operating_point"]["confidence"]
-    fig.legend(loc="outside lower center", title=f"boxes: {100 * conf:g}% Clopper–Pearson per axis", title_fontsize=7)
+    legend_title = "[threat model]; dash-dot: formal bound"
+    if points:
+        conf = points[0]["operating_point"]["confidence"]
+        legend_title = f"boxes: {100 * conf:g}% Clopper–Pearson per axis; " + legend_title
+    fig.legend(loc="outside lower center", title=legend_title, title_fontsize=7)
     return fig
 
 
-def _headline_bound(summary: Mapping[str, Any]) -> tuple[float | None, bool]:
-    """The formal headline bound, else the strongest estimate (drawn grey); and whether it is formal."""
+def _headline_bound(summary: Mapping[str, Any]) -> tuple[float | None, bool, str | None]:
+    """The formal headline bound, else the strongest estimate (drawn grey); whether it is formal; its threat
+    model."""
     for kind in ("formal", "estimate"):
         if summary[kind] is not None:
-            return as_float(summary[kind]["epsilon_lower_bound"]), kind == "formal"
-    return None, False
+            d = summary[kind]
+            return as_float(d["epsilon_lower_bound"]), kind == "formal", d.get("threat_model")
+    return None, False, None
 
 
 def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
     """Claimed ε (diamond) against the largest empirical lower bound (arrow from the bound upward), per model.
 
     The bound says "ε is at least this much", hence an arrow towards +∞; the claim violates it when
-    the diamond sits left of the arrow's start. Thin bars mark the largest ε each audit could have
+    the diamond sits left of the arrow's start. Each bound is labelled with its threat model: bounds under
+    different threat models (white-box vs black-box, one run vs many) are not comparable. A bound of 0 shows
+    nothing and gets a hollow tick, not an arrow. Thin bars mark the largest ε each audit could have
     certified (its power). The ε axis is linear up to 1 and logarithmic above (symlog), so ε = 0.5 and
-    ε = 30 both stay readable; ∞ sits one step right of the largest finite value.
+    ε = 30 both stay readable; ∞ sits one step right of the largest finite value. The legend lists only
+    what is drawn.
     """
     models = report["models"]
     if not models:
@@ -180,51 +190,79 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
     top = max([2.0, *(v for v in finite if v is not None and math.isfinite(v))])
     x_inf, xmax = top * 1.8, top * 2.6
     place = lambda v: x_inf if math.isinf(v) else v  # noqa: E731
-    fig = Figure(figsize=(6.2, 1.9 + 0.55 * len(models)), layout="constrained")
+    fig = Figure(figsize=(6.6, 1.9 + 0.6 * len(models)), layout="constrained")
     ax = fig.add_subplot()
     ax.set_xscale("symlog", linthresh=1.0, linscale=0.8)
+    drawn: set[str] = set()
     for row, m in enumerate(models):
         y = len(models) - 1 - row
         s = m["summary"]
-        lb, formal = _headline_bound(s)
-        color = VERDICT_COLORS[s["verdict"]] if formal else "#9e9e9e"
-        if lb is not None:
+        lb, formal, threat = _headline_bound(s)
+        color = VERDICT_COLORS.get(s["verdict"], VERDICT_COLORS[None]) if formal else "#9e9e9e"
+        if lb is not None and lb > 0:
             ax.annotate(
                 "", xy=(xmax, y), xytext=(place(lb), y), arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2.2}
             )
             ax.plot([place(lb)] * 2, [y - 0.18, y + 0.18], color=color, lw=2.2)
+            drawn.add("formal" if formal else "estimate")
+        elif lb is not None:  # ε ≥ 0: nothing shown, so no arrow
+            ax.plot(0, y, marker="o", ms=7, mfc="white", mec=color, ls="none", clip_on=False)
+            drawn.add("zero")
+        if lb is not None:
+            what = ("formal" if formal else "estimate") + (f", {threat}" if threat else "")
+            text = f"ε ≥ {lb:.3g} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
+            ax.annotate(text, (place(lb), y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color)
         for a in m["audits"]:
             cert = as_float(a.get("max_certifiable_epsilon"))
             if cert is not None:
                 ax.plot([place(cert)] * 2, [y - 0.12, y + 0.12], color="#9e9e9e", lw=1)
+                drawn.add("cert")
             claimed = as_float(a.get("claimed_epsilon"))
             if claimed is not None and m["claim"] is None:
                 ax.plot(place(claimed), y, marker="D", ms=7, mfc="white", mec="black", ls="none")
+                drawn.add("tested")
         ax.plot(place(as_float(s["claimed_epsilon"])), y, marker="D", ms=8, color="black", ls="none")
     ticks = [t for t in (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top * 1.2]
     ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞"])
     ax.xaxis.set_minor_locator(FixedLocator([]))
     ax.set_yticks(range(len(models)), [m["name"] for m in reversed(models)])
-    ax.set(xlim=(0, xmax), ylim=(-0.7, len(models) - 0.3), xlabel="ε", title="Claimed ε vs empirical lower bound")
+    ax.set(
+        xlim=(0, xmax), ylim=(-0.7, len(models) - 0.3), xlabel="ε",
+        title="Claimed ε vs empirical lower bound (each under its own threat model)",
+    )  # fmt: skip
     ax.grid(axis="y", visible=False)
-    handles = [
-        Line2D([], [], marker="D", color="black", ls="none", label="claimed ε"),
-        Line2D([], [], marker="D", mfc="white", mec="black", ls="none", label="ε tested by an audit"),
-        Line2D([], [], color="#555555", lw=2.2, marker=">", label="formal lower bound (ε ≥ …; grey: estimate)"),
-        Line2D([], [], color="#9e9e9e", lw=1, marker="|", ls="none", ms=10, label="largest certifiable ε"),
-    ]
+    entries = {
+        "formal": Line2D(
+            [], [], color="#555555", lw=2.2, marker=">", label="formal lower bound (ε ≥ …), verdict colour"
+        ),
+        "estimate": Line2D([], [], color="#9e9e9e", lw=2.2, marker=">", label="estimate (no formal audit)"),
+        "zero": Line2D([], [], marker="o", mfc="white", mec="#555555", ls="none", label="bound ε ≥ 0 (nothing shown)"),
+        "tested": Line2D([], [], marker="D", mfc="white", mec="black", ls="none", label="ε tested by an audit"),
+        "cert": Line2D([], [], color="#9e9e9e", lw=1, marker="|", ls="none", ms=10, label="largest certifiable ε"),
+    }
+    handles = [Line2D([], [], marker="D", color="black", ls="none", label="claimed ε")]
+    handles += [h for key, h in entries.items() if key in drawn]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
     return fig
 
 
 def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
-    """Test accuracy against claimed ε across models (log ε axis; non-private models at "∞", right)."""
+    """Test accuracy against claimed ε, one point per model, coloured by its verdict (log ε axis; non-private
+    models at "∞", right). Models are not joined: separately trained models form no frontier. A model whose
+    claim a formal audit refuted (violation, claimed curve refuted) is marked with a cross and "claim
+    refuted": its claimed ε is not its privacy. The legend lists only what is drawn."""
     points = []
     for m in report["models"]:
         acc = m["utility"].get("test_accuracy")
         if acc is not None:
             points.append(
-                (as_float(m["summary"]["claimed_epsilon"]), float(acc), m["name"], m["utility"].get("train_accuracy"))
+                (
+                    as_float(m["summary"]["claimed_epsilon"]),
+                    float(acc),
+                    m["name"],
+                    m["utility"].get("train_accuracy"),
+                    m["summary"]["verdict"],
+                )
             )
     if not points:
         return None
@@ -234,22 +272,26 @@ def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
     xs = [x_inf if math.isinf(e) else max(e, lo / 4) for e, *_ in points]
     fig = Figure(figsize=(6.2, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    order = np.argsort(xs, kind="stable")
-    ax.plot([xs[i] for i in order], [points[i][1] for i in order], color="#90a4ae", lw=1, ls="--", zorder=1)
-    for x, (_, acc, name, train) in zip(xs, points, strict=True):
+    drawn: set[str] = set()
+    for x, (_, acc, name, train, verdict) in zip(xs, points, strict=True):
+        color = VERDICT_COLORS.get(verdict, VERDICT_COLORS[None])
+        refuted = verdict in ("violation", "curve-refuted")
         if train is not None:
             ax.plot([x, x], [acc, train], color="#b0bec5", lw=1, zorder=1)
-            ax.plot(x, train, marker="o", mfc="white", mec="#1f77b4", ls="none", zorder=2)
-        ax.plot(x, acc, marker="o", color="#1f77b4", ls="none", zorder=3)
+            ax.plot(x, train, marker="o", mfc="white", mec=color, ls="none", zorder=2)
+            drawn.add("train")
+        ax.plot(x, acc, marker="X" if refuted else "o", ms=9 if refuted else 6, color=color, ls="none", zorder=3)
+        drawn.add("refuted" if refuted else "test")
         right = x == max(xs)  # the right-most label goes left of its point so it stays inside the axes
         ax.annotate(
-            name,
+            name + (" (claim refuted)" if refuted else ""),
             (x, acc),
             xytext=(-7 if right else 7, 0),
             textcoords="offset points",
             fontsize=7,
             ha="right" if right else "left",
             va="center",
+            color=VERDICT_COLORS["violation"] if refuted else "black",
         )
     ax.set_xscale("log")
     ax.set_xlim(lo / 2.5, x_inf * 2)
@@ -257,14 +299,16 @@ def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
     ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞\n(non-private)"])
     ax.minorticks_off()
     ax.margins(y=0.1)
-    ax.set(xlabel="claimed ε (δ as claimed)", ylabel="accuracy", title="Privacy–utility")
-    ax.legend(
-        handles=[
-            Line2D([], [], marker="o", color="#1f77b4", ls="none", label="test accuracy"),
-            Line2D([], [], marker="o", mfc="white", mec="#1f77b4", ls="none", label="train accuracy"),
-        ],
-        loc="lower right",
-    )
+    ax.set(xlabel="claimed ε (δ as claimed)", ylabel="accuracy", title="Privacy–utility (one point per model)")
+    entries = {
+        "test": Line2D([], [], marker="o", color="#555555", ls="none", label="test accuracy (colour: verdict)"),
+        "refuted": Line2D(
+            [], [], marker="X", ms=9, color=VERDICT_COLORS["violation"], ls="none", label="test accuracy, claim refuted"
+        ),
+        "train": Line2D([], [], marker="o", mfc="white", mec="#555555", ls="none", label="train accuracy"),
+    }
+    handles = [h for key, h in entries.items() if key in drawn]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     return fig
 
 

@@ -15,6 +15,19 @@ from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import PerfConfig, TrainConfig
 
 
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The host tensor ``t`` on ``device`` without making the host wait for the device.
+
+    A copy from ordinary (pageable) host memory to a GPU blocks the host until the device has
+    finished the work queued before it, so a per-step copy of batch indices or features would stall
+    the training loop every step. Staged through page-locked memory, the copy is queued like a
+    kernel (``non_blocking``; torch's pinned-memory allocator keeps the staging buffer alive until
+    the copy has run). On the CPU this is ``t`` itself (or ``t.to(device)``)."""
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class TrainOutcome:
     """What a trainer returns: the trained model, its privacy claim (None when non-private; a
@@ -46,10 +59,10 @@ class StreamedFeatures:
 
     def __getitem__(self, key) -> torch.Tensor:
         if isinstance(key, torch.Tensor):
-            key = key.cpu().numpy()
+            key = key.cpu().numpy()  # host indices (the DP trainer passes them; no device round trip)
         rows = self.dataset.rows(self.idx[key])
         x = np.asarray(self.preprocessing.transform(rows), dtype=np.float32)
-        return torch.as_tensor(x, device=self.device)
+        return host_to_device(torch.from_numpy(x), self.device)
 
 
 class Trainer(ABC):

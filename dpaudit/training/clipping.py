@@ -21,15 +21,19 @@ Methods (chosen by name, ``PerfConfig.clipping``):
   arXiv:2110.05679 for sequences) or instantiating the per-example gradient, whichever is cheaper
   (2T² vs p·d; Bu et al. 2022, arXiv:2205.10683; Bu et al. 2023, arXiv:2210.00038), then the
   clipped sum by book-keeping from the same ``a`` and ``g`` (Bu et al. 2023). Rules: ``Linear``
-  (any leading dims, any number of calls), ``Conv2d`` (groups 1, zero padding), ``Embedding``,
+  (any leading dims, any number of calls), ``Conv2d`` (groups 1, zero padding; its unfolded
+  patches, kh·kw times its input at stride 1, are built a chunk of examples at a time and dropped
+  after the norms, so they never take more than about the input's memory), ``Embedding``,
   ``LayerNorm``, ``GroupNorm``. Beyond them:
 
   - a layer applied to a tensor without the batch dimension (a positional embedding of
     ``torch.arange(T)``, a Linear on a shared query) has its output expanded to the batch (a
     view) in the clipping forward, so its gradient is per example: the per-example gradient is
     the per-example output gradient contracted with the shared input;
-  - a weight shared by several layers (tied embedding / output head) is instantiated per use and
-    the uses' contributions summed before the norm (the norm of a sum, cross terms included);
+  - a weight shared by several layers (tied embedding / output head) gets the norm of the sum of
+    its uses' gradients: by the ghost norm over all the uses' positions, cross terms included
+    (:func:`_tied_part`), or, when that is dearer (or a use has no factored form), by instantiating
+    each use and summing;
   - ``nn.MultiheadAttention`` (packed in-projection, called on query/key/value without masks):
     per-example gradients by recomputing the attention from its recorded inputs (:func:`_mha_per_example`);
   - any other module that owns parameters without a rule (MHA with masks, a custom block with a
@@ -305,62 +309,83 @@ def _ghost_is_cheaper(T: int, d_in: int, d_out: int) -> bool:
 
 
 def _factored_linear(
-    aT: torch.Tensor,
+    aT: torch.Tensor | Callable[[int, int], torch.Tensor],
     gT: torch.Tensor,
     weight_shape: torch.Size | None,
     bias: bool,
     weight_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk: int | None = None,
 ) -> _LayerPart:
     """A linear map s_t = W a_t + b applied at T positions per example.
 
     aT: (B, d_in, T) inputs and gT: (B, d_out, T) gradients of Σ_i ℓ_i w.r.t. the outputs, in
-    any strides (a Linear passes transposed views, a convolution the natural layouts of im2col and
-    of its output, so nothing is copied). The per-example gradients are ∇_W ℓ_i = Σ_t g_it a_itᵀ
-    and ∇_b ℓ_i = Σ_t g_it. ``weight_sum(c)``, when given, computes Σ_i c_i ∇_W ℓ_i in a way
-    cheaper for the layer than the generic matmul.
+    any strides (a Linear passes transposed views, so nothing is copied). The per-example gradients
+    are ∇_W ℓ_i = Σ_t g_it a_itᵀ and ∇_b ℓ_i = Σ_t g_it. ``weight_sum(c)``, when given, computes
+    Σ_i c_i ∇_W ℓ_i in a way cheaper for the layer than the generic matmul.
+
+    ``aT`` may instead be a function (lo, hi) -> the (hi - lo, d_in, T) inputs of examples lo..hi-1,
+    called ``chunk`` examples at a time (a convolution's unfolded patches, up to kh·kw times the
+    size of its input: built per chunk and dropped, they never all exist at once); then
+    ``weight_sum`` is required, since the clipped sum must not need them again.
     """
-    B, d_in, T = aT.shape
-    d_out = gT.shape[1]
+    lazy = callable(aT)
+    B, d_out, T = gT.shape
+    d_in = (weight_shape.numel() // d_out if weight_shape is not None else 0) if lazy else aT.shape[1]
+    step = chunk or B
+
+    def inputs(lo: int, hi: int) -> torch.Tensor:
+        return aT(lo, hi) if lazy else aT[lo:hi]
+
     G = None
     gb = (gT[:, :, 0] if T == 1 else gT.sum(2)) if bias else None
+    sq = gb.square().sum(1) if gb is not None else gT.new_zeros(B)
     if weight_shape is None:
         how = "bias only"
-        sq = gb.square().sum(1) if gb is not None else aT.new_zeros(B)
     elif T == 1:
         # Rank one: ‖g aᵀ‖_F² = ‖g‖² ‖a‖², and with the bias ‖g‖²(‖a‖² + 1) (Goodfellow 2015,
         # arXiv:1510.01799).
         how = "rank-one"
         g_sq = gT[:, :, 0].square().sum(1)
-        a_sq = aT[:, :, 0].square().sum(1)
+        a_sq = inputs(0, B)[:, :, 0].square().sum(1)
         sq = g_sq * (a_sq + 1.0) if bias else g_sq * a_sq
     else:
-        sq = gb.square().sum(1) if gb is not None else aT.new_zeros(B)
-        if _ghost_is_cheaper(T, d_in, d_out):
+        ghost = _ghost_is_cheaper(T, d_in, d_out)
+        if ghost:
             # Ghost norm: ‖Σ_t g_t a_tᵀ‖_F² = Σ_{t,s} (a_t·a_s)(g_t·g_s)  (Li et al. 2021,
             # arXiv:2110.05679, Sec. 4).
             how = f"ghost-norm (T={T}: 2T²={2 * T * T} <= p·d={d_in * d_out})"
-            sq = sq + (torch.bmm(aT.transpose(1, 2), aT) * torch.bmm(gT.transpose(1, 2), gT)).sum((1, 2))
         else:
             # Instantiate G_i = Σ_t g_t a_tᵀ (B, d_out, d_in) when that is the cheaper side.
             how = f"instantiate (T={T}: 2T²={2 * T * T} > p·d={d_in * d_out})"
-            G = torch.bmm(gT, aT.transpose(1, 2))
-            sq = sq + G.square().sum((1, 2))
+            G = gT.new_empty(B, d_out, d_in)
+        terms = []
+        for lo in range(0, B, step):
+            hi = min(B, lo + step)
+            a, g = inputs(lo, hi), gT[lo:hi]
+            if ghost:
+                terms.append((torch.bmm(a.transpose(1, 2), a) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2)))
+            else:
+                terms.append(torch.bmm(g, a.transpose(1, 2), out=G[lo:hi]).square().sum((1, 2)))
+        sq = sq + _cat_positions(terms, dim=0)
+        if step < B:
+            how += f", in chunks of {step} examples"
+
+    def weight(c: torch.Tensor) -> torch.Tensor:
+        if G is not None:
+            return _weighted_sum(c, G)
+        if weight_sum is not None:
+            return weight_sum(c)
+        # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
+        # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
+        # c multiplies whichever factor is smaller.
+        ci = c[:, None, None]
+        gc, ac = (gT * ci, aT) if d_out <= d_in else (gT, aT * ci)
+        return gc.transpose(0, 1).reshape(d_out, B * T) @ ac.transpose(1, 2).reshape(B * T, d_in)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         if weight_shape is not None:
-            if G is not None:
-                w = _weighted_sum(c, G)
-            elif weight_sum is not None:
-                w = weight_sum(c)
-            else:
-                # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
-                # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
-                # c multiplies whichever factor is smaller.
-                ci = c[:, None, None]
-                gc, ac = (gT * ci, aT) if d_out <= d_in else (gT, aT * ci)
-                w = gc.transpose(0, 1).reshape(d_out, B * T) @ ac.transpose(1, 2).reshape(B * T, d_in)
-            out["weight"] = w.reshape(weight_shape)
+            out["weight"] = weight(c).reshape(weight_shape)
         if gb is not None:
             out["bias"] = c @ gb
         return out
@@ -378,7 +403,8 @@ class _Handler(ABC):
     """Ghost-norm support for one module type. ``inputs`` and ``grads`` are the module's first input
     and the gradient of Σ_i ℓ_i w.r.t. its output, one entry per call, batch first (B, ...); an input
     shared by the batch arrives expanded to (B, ...) (a view). ``names``: the trainable parameters
-    handled here (a parameter shared with another module is instantiated with :meth:`per_example`)."""
+    handled here (a parameter shared with another module goes through :meth:`factors` or
+    :meth:`per_example`, see :func:`_tied_part`)."""
 
     batch_first_only = False  # True: the module needs its batch at dim 0 (Conv2d, GroupNorm)
 
@@ -394,6 +420,68 @@ class _Handler(ABC):
     @abstractmethod
     def per_example(module, inputs: list[torch.Tensor], grads: list[torch.Tensor], name: str) -> torch.Tensor:
         """The per-example gradients (B, *p.shape) of the parameter ``name`` through this module."""
+
+    @staticmethod
+    def factors(module, inputs: list[torch.Tensor], grads: list[torch.Tensor], name: str) -> _Factors | None:
+        """The per-example gradient of the 2-d parameter ``name`` through this module as a sum of
+        outer products over positions (:class:`_Factors`), or None when the rule has no such form."""
+        return None
+
+
+@dataclass(frozen=True)
+class _Factors:
+    """∇_W ℓ_i = Σ_t left_it right_itᵀ for a weight W of shape (rows, cols): ``left`` (B, T, rows),
+    or (B, T) token indices standing for the one-hot rows e_tok (an embedding), and ``right``
+    (B, T, cols). A Linear gives (output gradients, inputs), an embedding (tokens, output gradients)."""
+
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+def _left_gram(u: _Factors, v: _Factors) -> torch.Tensor:
+    # (B, T_u, T_v) of left_ut · left_vs; a one-hot row e_tok against a dense row L_s is L_s[tok].
+    # Token factors come first (_tied_part sorts the uses), so v has tokens only if u has.
+    lu, lv = u.left, v.left
+    if lu.dim() == 2 and lv.dim() == 2:
+        return (lu.unsqueeze(2) == lv.unsqueeze(1)).to(u.right.dtype)
+    if lu.dim() == 2:
+        return lv.transpose(1, 2).gather(1, lu.unsqueeze(2).expand(-1, -1, lv.shape[1]))
+    return torch.bmm(lu, lv.transpose(1, 2))
+
+
+def _tied_part(uses: list[_Factors], shape: torch.Size) -> _LayerPart | None:
+    """A weight used by several layers (tied embedding and output head): the norm of the *sum* of
+    its uses' per-example gradients without instantiating them, or None when instantiation is
+    cheaper. The uses are one linear map applied at the positions of all uses together, so the
+    ghost norm of the concatenated positions (Li et al. 2021, arXiv:2110.05679, Sec. 4) is
+    ‖Σ_u Σ_t l_ut r_utᵀ‖² = Σ_{u,v} Σ_{t,s} (l_ut·l_vs)(r_ut·r_vs): the uses' own ghost norms plus
+    twice the cross terms u < v. Chosen by the same rule as one layer (2T² <= p·d with T the
+    positions of all uses); the clipped sum is the uses' book-keeping sums added (Bu et al. 2023)."""
+    rows, cols = shape[0], shape[1:].numel()
+    uses = sorted(uses, key=lambda f: f.left.dim())  # token factors first (see _left_gram)
+    T = sum(f.right.shape[1] for f in uses)
+    if not _ghost_is_cheaper(T, rows, cols):
+        return None
+    sq = None
+    for i, u in enumerate(uses):
+        for j in range(i, len(uses)):
+            v = uses[j]
+            term = (_left_gram(u, v) * torch.bmm(u.right, v.right.transpose(1, 2))).sum((1, 2))
+            term = term if i == j else 2 * term
+            sq = term if sq is None else sq + term
+
+    def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+        w = uses[0].right.new_zeros(rows, cols)
+        for f in uses:
+            rc = (f.right * c[:, None, None]).reshape(-1, cols)
+            if f.left.dim() == 2:  # Σ_i c_i Σ_t e_tok r_tᵀ: rows tok accumulate c_i r_t
+                w.index_add_(0, f.left.reshape(-1), rc)
+            else:
+                w += f.left.reshape(-1, rows).T @ rc
+        return {"": w.reshape(shape)}
+
+    how = f"ghost-norm over its {len(uses)} uses with cross terms (T={T}: 2T²={2 * T * T} <= p·d={rows * cols})"
+    return _LayerPart(sq_norm=sq, clipped=clipped, how=how)
 
 
 def _rank_one_linear(a: torch.Tensor, g: torch.Tensor, weight: bool, bias: bool) -> _LayerPart:
@@ -441,6 +529,13 @@ class _LinearHandler(_Handler):
         a, g = _linear_positions(module, inputs, grads)
         return torch.bmm(g.transpose(1, 2), a) if name == "weight" else g.sum(1)
 
+    @staticmethod
+    def factors(module, inputs, grads, name):
+        if name != "weight":
+            return None
+        a, g = _linear_positions(module, inputs, grads)
+        return _Factors(left=g, right=a)
+
 
 def _im2col(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     """The (B, C_in·kh·kw, L) input patches of ``conv`` (L = H'·W' output positions), ordered
@@ -467,17 +562,34 @@ class _Conv2dHandler(_Handler):
     def supports(module):
         return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
 
+    MIN_CHUNK = 32  # examples: smaller batched matmuls would cost more launches than they save memory
+    # Patches of one chunk may also take up to this many elements (256 MiB in float32) when that is
+    # more than the layer's input: chunks of 32 examples cost an H200 ~30% of the DP step on
+    # cifar-gn against unchunked patches (benchmarks/RESULTS.md, issue 26, second session).
+    CHUNK_ELEMENTS = 64 * 2**20
+
+    @staticmethod
+    def _patches(module, inputs, lo: int, hi: int) -> torch.Tensor:
+        return _cat_positions([_im2col(t[lo:hi], module) for t in inputs], dim=2)
+
     @staticmethod
     def _positions(module, inputs, grads):
         B = inputs[0].shape[0]
-        aT = _cat_positions([_im2col(t, module) for t in inputs], dim=2)
+        aT = _Conv2dHandler._patches(module, inputs, 0, B)
         gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
         return aT, gT
 
     @staticmethod
     def part(module, inputs, grads, names):
         geometry = (module.stride, module.padding, module.dilation)
-        aT, gT = _Conv2dHandler._positions(module, inputs, grads)
+        B = inputs[0].shape[0]
+        gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
+        # The patches of a chunk of examples take at most the memory of the layer's input (kh·kw
+        # times less than all patches at once for a stride-1 convolution) or CHUNK_ELEMENTS,
+        # whichever is larger, and chunks have at least MIN_CHUNK examples.
+        per_example = module.weight[0].numel() * gT.shape[2]
+        budget = max(B * sum(t[0].numel() for t in inputs), _Conv2dHandler.CHUNK_ELEMENTS)
+        chunk = max(_Conv2dHandler.MIN_CHUNK, budget // per_example)
 
         def weight_sum(c: torch.Tensor) -> torch.Tensor:
             # Book-keeping through the convolution's own weight-gradient kernel: Σ_i c_i ∇_W ℓ_i is
@@ -487,7 +599,14 @@ class _Conv2dHandler(_Handler):
                 for x, g in zip(inputs, grads, strict=True)
             )
 
-        return _factored_linear(aT, gT, module.weight.shape if "weight" in names else None, "bias" in names, weight_sum)
+        return _factored_linear(
+            lambda lo, hi: _Conv2dHandler._patches(module, inputs, lo, hi),
+            gT,
+            module.weight.shape if "weight" in names else None,
+            "bias" in names,
+            weight_sum,
+            chunk=min(chunk, B),
+        )
 
     @staticmethod
     def per_example(module, inputs, grads, name):
@@ -547,6 +666,11 @@ class _EmbeddingHandler(_Handler):
     @staticmethod
     def per_example(module, inputs, grads, name):
         return _EmbeddingHandler._scatter(module, *_EmbeddingHandler._positions(module, inputs, grads))
+
+    @staticmethod
+    def factors(module, inputs, grads, name):
+        tok, g = _EmbeddingHandler._positions(module, inputs, grads)
+        return _Factors(left=tok.long(), right=g)  # gather needs int64 (nn.Embedding also takes int32)
 
 
 def _affine_norm_per_example(normalized, grads, name, reduce_dims) -> torch.Tensor:
@@ -782,9 +906,10 @@ class GhostPlan:
     """How each trainable parameter gets its per-example norm and clipped sum.
 
     ``units``: the recorded modules; ``uses``: parameter index -> [(unit index, name in unit)];
-    a parameter with one use in a unit with a handler gets ghost norm / book-keeping, every other
-    parameter per-example gradients (summed over its uses: a tied weight's per-example gradient is
-    the sum of its uses' contributions). ``notes``: why a module was routed where it was.
+    a parameter with one use in a unit with a handler gets ghost norm / book-keeping; a parameter
+    used by several units with handlers (tied) the ghost norm of the sum of its uses or their
+    per-example gradients summed (:func:`_tied_part`); every other parameter per-example gradients.
+    ``notes``: why a module was routed where it was.
     """
 
     units: list[_Unit]
@@ -794,9 +919,11 @@ class GhostPlan:
 
     def __post_init__(self) -> None:
         self.index = {(u, n): k for k, us in self.uses.items() for u, n in us}
+        single = [us[0] for us in self.uses.values() if len(us) == 1]
+        self._ghost = [frozenset(n for v, n in single if v == u) for u in range(len(self.units))]
 
     def ghost_names(self, u: int) -> frozenset[str]:
-        return frozenset(n for p, us in self.uses.items() if len(us) == 1 and us[0][0] == u for _, n in us)
+        return self._ghost[u]
 
 
 def _qualified(prefix: str, name: str) -> str:
@@ -1048,7 +1175,8 @@ class GhostClipper(Clipper):
     backward pass computes the gradients w.r.t. those outputs only (no parameter gradients). Then,
     per layer, the cost model (:func:`_ghost_is_cheaper`) picks ghost norm or instantiation
     (Bu et al. 2023, arXiv:2210.00038, "hybrid BK"), parameters shared between layers (tied weights)
-    are instantiated per use and summed, modules without a rule get per-example gradients by a vmap
+    get the ghost norm of the sum of their uses (or are instantiated per use and summed, by the same
+    cost rule), modules without a rule get per-example gradients by a vmap
     over the module alone, and the squared norms of the disjoint parameter sets are added (exact).
 
     The plan (``plan_``) is built on the first call: a probe at batch sizes 2 and 3 locates each
@@ -1068,6 +1196,7 @@ class GhostClipper(Clipper):
         self.check = check
         self.plan_: GhostPlan | None = None
         self._how: dict[int, str] = {}
+        self._how_tied: dict[int, str] = {}  # parameter index -> how a weight shared by layers was handled
         # An in-place module after a hooked one would overwrite the output whose gradient we read:
         # hand the rest of the model a copy instead.
         self._clone = any(getattr(m, "inplace", False) for m in model.modules())
@@ -1127,8 +1256,7 @@ class GhostClipper(Clipper):
         for attempt in range(2):
             parts, pe, norms = self._norm_parts(plan, x, y)
             bad: set[int] = set()
-            for u, part in parts.items():
-                idx = {n: plan.index[(u, n)] for n in plan.ghost_names(u)}
+            for part, idx in parts:
                 sums = part.clipped(torch.ones_like(norms))
                 # The batch sums localise the culprit; a norm mismatch alone blames the whole layer.
                 wrong = {idx[n] for n in sums if not _close(sums[n], ref[idx[n]].sum(0))}
@@ -1196,8 +1324,11 @@ class GhostClipper(Clipper):
         # Gradients w.r.t. the layer outputs only: autograd then skips the parameter-gradient
         # matmuls (book-keeping needs a and g, never ∇θ of the batch; Bu et al. 2023).
         flat = iter(torch.autograd.grad(loss, outs, allow_unused=True) if outs else [])
-        parts: dict[int, _LayerPart] = {}
+        # (part, its clipped-sum key -> parameter index); per-example gradients by parameter index;
+        # the uses (unit, inputs, grads, name) of parameters shared by layers with rules.
+        parts: list[tuple[_LayerPart, dict[str, int]]] = []
         pe: dict[int, torch.Tensor] = {}
+        shared: dict[int, list[tuple[_Unit, list[torch.Tensor], list[torch.Tensor], str]]] = {}
 
         def add(k: int, g: torch.Tensor) -> None:
             pe[k] = g if k not in pe else pe[k] + g
@@ -1230,15 +1361,27 @@ class GhostClipper(Clipper):
                 ]
                 ghost = plan.ghost_names(u)
                 if ghost:
-                    parts[u] = unit.handler.part(unit.module, ins, gs, ghost)
-                    self._how[u] = parts[u].how
+                    part = unit.handler.part(unit.module, ins, gs, ghost)
+                    parts.append((part, {n: plan.index[(u, n)] for n in ghost}))
+                    self._how[u] = part.how
                 else:
-                    self._how[u] = "instantiate (tied weight)"
+                    self._how[u] = "tied weight only"
                 for n in unit.names:
                     if n not in ghost:
-                        add(plan.index[(u, n)], unit.handler.per_example(unit.module, ins, gs, n))
+                        shared.setdefault(plan.index[(u, n)], []).append((unit, ins, gs, n))
+            for k, uses in shared.items():
+                # A tied weight: ghost norm with cross terms when every use has a factored form
+                # (and no use went through a vmap), else its uses' per-example gradients summed.
+                fs = [unit.handler.factors(unit.module, ins, gs, n) for unit, ins, gs, n in uses]
+                part = None if k in pe or None in fs else _tied_part(fs, self.params[k].shape)
+                self._how_tied[k] = part.how if part is not None else "instantiate, summed over its uses"
+                if part is not None:
+                    parts.append((part, {"": k}))
+                    continue
+                for unit, ins, gs, n in uses:
+                    add(k, unit.handler.per_example(unit.module, ins, gs, n))
             sq = None
-            for term in [p.sq_norm for p in parts.values()] + ([_sq_norms(list(pe.values()))] if pe else []):
+            for term in [p.sq_norm for p, _ in parts] + ([_sq_norms(list(pe.values()))] if pe else []):
                 sq = term if sq is None else sq + term
             if sq is None:
                 sq = torch.zeros(B, dtype=self.params[0].dtype, device=self.params[0].device)
@@ -1250,9 +1393,9 @@ class GhostClipper(Clipper):
         c = clip_factors(norms, clip)
         grads: list[torch.Tensor | None] = [None] * len(self.params)
         with exact_matmuls():
-            for u, part in parts.items():
+            for part, idx in parts:
                 for n, v in part.clipped(c).items():
-                    grads[plan.index[(u, n)]] = v
+                    grads[idx[n]] = v
             for k, G in pe.items():
                 grads[k] = _weighted_sum(c, G)
         out = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads, strict=True))
@@ -1273,7 +1416,8 @@ class GhostClipper(Clipper):
         for k, us in self.plan_.uses.items():
             if len(us) > 1:
                 users = ", ".join(self.plan_.units[u].name or "(model)" for u, _ in us)
-                layers[qual[id(self.params[k])]] = f"instantiate, summed over its uses (tied: {users})"
+                how = self._how_tied.get(k, "not called yet")
+                layers[qual[id(self.params[k])]] = f"{how} (tied: {users})"
         return {"method": self.method, "layers": layers, "notes": list(self.plan_.notes)}
 
 

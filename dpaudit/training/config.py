@@ -166,11 +166,11 @@ NONPRIVATE_RECIPE = Recipe(epochs=30, batch_size=64, lr=0.1)
 DP_RECIPES: dict[tuple[str, str], Recipe] = {
     ("sgd", "logreg"): Recipe(epochs=30, batch_size=64, lr=0.5),
     ("sgd", "mlp"): Recipe(epochs=30, batch_size=64, lr=0.1),
-    ("sgd", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.5, momentum=0.9),
+    ("sgd", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.25, momentum=0.9),
     ("sgd", "rnn"): Recipe(epochs=30, batch_size=64, lr=0.5),
     ("adam", "logreg"): Recipe(epochs=30, batch_size=64, lr=0.01),
     ("adam", "mlp"): Recipe(epochs=30, batch_size=64, lr=0.005),
-    ("adam", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.05),
+    ("adam", "cnn"): Recipe(epochs=60, batch_size=256, lr=0.02),
     ("adam", "rnn"): Recipe(epochs=30, batch_size=64, lr=0.01),
 }
 # The convex learners (output/objective perturbation) need lambda > 0: their sensitivity is 2/(N lambda)
@@ -203,7 +203,11 @@ def recipe_help() -> str:
         f"non-private {NONPRIVATE_RECIPE.epochs} ep, B {NONPRIVATE_RECIPE.batch_size}, lr {NONPRIVATE_RECIPE.lr:g}"
     ]
     for fam in ("sgd", "adam"):
-        kinds = ", ".join(f"{k} {r.epochs}/{r.batch_size}/{r.lr:g}" for (f, k), r in DP_RECIPES.items() if f == fam)
+        kinds = ", ".join(
+            f"{k} {r.epochs}/{r.batch_size}/{r.lr:g}" + (f" momentum {r.momentum:g}" if r.momentum else "")
+            for (f, k), r in DP_RECIPES.items()
+            if f == fam
+        )
         parts.append(f"dp{fam} (epochs/B/lr) {kinds}")
     parts.append(f"outpert/objpert --l2 {CONVEX_L2:g}; -jl --jl-projections {DEFAULT_JL_PROJECTIONS}")
     return "Defaults: " + "; ".join(parts) + "."

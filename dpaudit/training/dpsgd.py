@@ -33,7 +33,7 @@ from dpaudit.errors import InputError, UnreachableTargetError
 from dpaudit.events import Event, Gaussian, SelfComposed
 from dpaudit.models import check_no_batchnorm
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
+from dpaudit.training.base import Trainer, TrainOutcome, host_to_device, make_optimizer
 from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
 from dpaudit.training.config import DPConfig
 from dpaudit.validation import check_non_negative, check_positive, check_positive_int
@@ -211,6 +211,12 @@ def poisson_sampler(n: int, q: float, generator: torch.Generator) -> Callable[[]
 
     Uniforms are drawn in float64 so that P(u < q) = q up to 2⁻⁵³ (float32 would round q to a
     multiple of 2⁻²⁴). The batch may be empty; it is never padded or resized.
+
+    Drawn on the host (a CPU generator) whatever the training device: the batch size must be known
+    on the host to shape the step, and a draw on a GPU would need a device-to-host sync per step
+    (``nonzero``) to learn it; on the host the draw (n uniforms, ~1 ms per 10⁵ records) overlaps the
+    GPU's queued work, and the same seed gives the same batches on every device. The indices reach
+    the data's device in :func:`set_private_gradients` with one non-blocking copy.
     """
 
     def sample() -> torch.Tensor:
@@ -264,32 +270,41 @@ def set_private_gradients(
     canaries of step ``step`` are added to the clipped sums before the noise, as more records would
     be, and the noisy sums are observed before the division by B.
 
-    The batch is processed in chunks of at most ``max_physical_batch`` examples whose clipped sums
-    are added, so the result does not depend on the chunking (up to float rounding). The noise is
+    ``idx``: the batch's record indices on the host (as drawn by the samplers; indices already on
+    the data's device are used as they are). The batch is processed in chunks of at most
+    ``max_physical_batch`` examples (the physical batch cap: a Poisson batch of any size runs in
+    bounded memory) whose clipped sums are added, so the result does not depend on the chunking
+    (up to float rounding). The noise is
     added once, to the sum over the whole logical batch (Abadi et al. 2016, arXiv:1607.00133,
     Alg. 1, "add noise"), and the divisor is the expected batch size B, a constant (ibid., 1/L).
     An empty batch gives a noise-only step.
     """
     sums: list[torch.Tensor] | None = None
-    for part in idx.split(max_physical_batch or max(len(idx), 1)):
-        grads = clipper(X[part], y[part], clip).grads
+    chunk = max_physical_batch or max(len(idx), 1)
+    # ``idx`` is drawn on the host (:func:`poisson_sampler`), so its size, and the chunks' sizes,
+    # are known there without asking the device; it is sent to the data's device with one queued
+    # copy per step (no host sync), while a memory-mapped X (StreamedFeatures) reads rows by the
+    # host indices. Chunks are eager torch calls of varying size: nothing is compiled per shape.
+    on_device = host_to_device(idx, y.device)
+    for part, dev in zip(idx.split(chunk), on_device.split(chunk), strict=True):
+        grads = clipper(X[dev] if isinstance(X, torch.Tensor) else X[part], y[dev], clip).grads
         if sums is None:
             sums = list(grads)  # fresh tensors owned by us: accumulate in place
         else:
-            for s, g in zip(sums, grads, strict=True):
-                s.add_(g)
+            torch._foreach_add_(sums, list(grads))
     if sums is None:
         sums = [torch.zeros_like(p) for p in clipper.params]
     if canaries is not None:
         sums = list(canaries.inject(step, sums))
-    noise = _gaussian_like(sums, generator) if noise_std > 0 else [None] * len(sums)
-    for s, z in zip(sums, noise, strict=True):
-        if z is not None:
-            s.add_(z, alpha=noise_std)
+    # One multi-tensor kernel per operation over all parameters (torch's foreach ops; on a GPU a
+    # launch per parameter would cost more host time than the arithmetic), same values as a loop.
+    if noise_std > 0:
+        torch._foreach_add_(sums, _gaussian_like(sums, generator), alpha=noise_std)
     if canaries is not None:
         canaries.observe(step, sums)
+    torch._foreach_div_(sums, batch_size)
     for p, s in zip(clipper.params, sums, strict=True):
-        p.grad = s.div_(batch_size)
+        p.grad = s
 
 
 def _gaussian_like(tensors: list[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:
@@ -409,7 +424,7 @@ class DPTrainer(Trainer):
                     clipper,
                     X,
                     y,
-                    sample().to(X.device),
+                    sample(),
                     clip=clip,
                     noise_std=self.noise_std(setting, clip),
                     batch_size=config.batch_size,

@@ -130,9 +130,21 @@ def _avg_pool(name: str, m: nn.AvgPool2d) -> Callable:
 
 
 def _adaptive_avg_pool(name: str, m: nn.AdaptiveAvgPool2d) -> Callable:
-    if m.output_size not in (1, (1, 1)):
-        raise InputError(f"layer {name} (AdaptiveAvgPool2d): the JAX backend supports output size 1 only")
-    return lambda p, x: x.mean((2, 3), keepdims=True)
+    size = m.output_size if isinstance(m.output_size, tuple) else (m.output_size, m.output_size)
+    if len(set(size)) != 1 or not isinstance(size[0], int):
+        raise InputError(f"layer {name} (AdaptiveAvgPool2d): the JAX backend supports a square output size only")
+    o = size[0]
+
+    def f(p, x):  # torch's adaptive windows are equal, non-overlapping blocks when o divides the side
+        n, c, h, w = x.shape
+        if h % o or w % o:
+            raise InputError(
+                f"layer {name} (AdaptiveAvgPool2d({o})): the JAX backend needs the output size to divide the "
+                f"input's {h}x{w}"
+            )
+        return x.reshape(n, c, o, h // o, o, w // o).mean((3, 5))
+
+    return f
 
 
 _ACTIVATIONS: dict[type, Callable] = {

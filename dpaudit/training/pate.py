@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit.accounting.pate_smooth import SanitiserConfig
 from dpaudit.aggregation import (
     CLAIMS,
     AggregatorConfig,
@@ -63,7 +64,7 @@ class AggregationConfig:
     ``target_epsilon``: calibrate the aggregator's answer noise (``aggregator.sigma``) to this
     data-independent epsilon at ``delta`` over ``queries`` queries (the given sigma is then replaced).
     ``claim``: ``data-independent`` (default) or ``data-dependent`` (sanitised with smooth sensitivity,
-    :func:`dpaudit.aggregation.privacy_record`).
+    :func:`dpaudit.aggregation.privacy_record`); ``sanitiser``: its public settings (None: the defaults).
     """
 
     algo: str
@@ -76,10 +77,13 @@ class AggregationConfig:
     target_epsilon: float | None = None
     seed: int = 0
     claim: str = "data-independent"
+    sanitiser: SanitiserConfig | None = None
 
     def __post_init__(self) -> None:
         check_choice(ALGOS, algo=self.algo)
         check_choice(CLAIMS, claim=self.claim)
+        if self.sanitiser is not None and self.claim != "data-dependent":
+            raise InputError("--sanitiser applies to --claim data-dependent")
         check_positive_int(teachers=self.teachers)
         check_positive_int(queries=self.queries)
         if not isinstance(self.aggregator, AggregatorConfig):
@@ -103,7 +107,8 @@ class AggregationConfig:
             raise InputError(f"expected seed to be a non-negative integer, got {self.seed!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "aggregator": self.aggregator.to_dict()}
+        sanitiser = None if self.sanitiser is None else self.sanitiser.to_dict()
+        return {**dataclasses.asdict(self), "aggregator": self.aggregator.to_dict(), "sanitiser": sanitiser}
 
 
 def teacher_parts(n_members: int, config: AggregationConfig) -> list[np.ndarray]:
@@ -256,7 +261,7 @@ def train_aggregation_run(
     fitted = fit_model(student_data, np.arange(len(student_data)), spec, student_cfg, PerfConfig(), preprocessing=pre)
     privacy = privacy_record(
         agg, hist, answers, delta=config.delta, n_teachers=config.teachers, claim=config.claim,
-        seed=derive_seed(config.seed, stream=4),
+        sanitiser=config.sanitiser, seed=derive_seed(config.seed, stream=4),
     )  # fmt: skip
     stats = {
         "recipe": {**config.to_dict(), "aggregator": agg.to_dict()},
@@ -268,7 +273,9 @@ def train_aggregation_run(
     }
     if keep_private_diagnostics:  # computed from the private votes: NOT differentially private
         stats["private_diagnostics"] = {
-            **private_diagnostics(agg, hist, answers, delta=config.delta, n_teachers=config.teachers),
+            **private_diagnostics(
+                agg, hist, answers, delta=config.delta, n_teachers=config.teachers, sanitiser=config.sanitiser
+            ),
             "vote_accuracy": float(np.mean(hist.argmax(1) == true)),
             "teacher_accuracy": None if votes is None else float(np.mean(votes == true[None, :])),
         }
@@ -319,6 +326,7 @@ def train_from_options(
     claim: str = "data-independent",
     keep_private_diagnostics: bool = False,
     subsample: float | None = None,
+    sanitiser: str | None = None,
 ) -> dict[str, Any]:
     """``dpaudit train --algo pate|dp-icl``: build the configs from the command's options and run.
 
@@ -344,6 +352,7 @@ def train_from_options(
     config = AggregationConfig(
         algo=algo, teachers=teachers, aggregator=agg, queries=queries, shots=shots, predictor=predictor, delta=delta,
         target_epsilon=epsilon, seed=seed, claim=claim,
+        sanitiser=None if sanitiser is None else SanitiserConfig.parse(sanitiser),
     )  # fmt: skip
     student = TrainConfig(
         algo="sgd", epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,

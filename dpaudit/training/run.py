@@ -590,45 +590,76 @@ def per_record_loss(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> n
     return F.cross_entropy(logits, torch.as_tensor(dataset.y[idx]), reduction="none").numpy()
 
 
+# Level of the member check's tests (the Mann–Whitney test of the member list, the binomial test of the
+# members' accuracy against chance): below it a test is significant, at or above it inconclusive.
+MEMBER_CHECK_ALPHA = 0.05
+
+
 def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[str, Any]:
-    """Do the declared members look like the model's training records?
+    """Do the declared members look like the model's training records, and does the model fit them at all?
 
     A trained model has lower loss on its training records than on unseen ones (the generalisation gap
     the loss attack uses, Yeom et al. 2018, arXiv:1709.01604). Recorded: mean loss and accuracy on the
     declared members and on the holdout records, the probability that a member's loss is below a holdout
     record's (the loss attack's AUC, U / (n_members n_holdout) with U the Mann–Whitney statistic, Hanley &
     McNeil 1982) and the one-sided Mann–Whitney p-value for "members' losses are smaller" (Mann & Whitney
-    1947). ``suspicious`` when the members' mean loss is not below the holdout's or the AUC is at most 1/2.
-    A wrong member list is detectable only where the model has a gap: a strongly private model may have
-    none, and is then flagged too (the note says so).
+    1947). ``outcome``: "suspicious" when the members' mean loss is not below the holdout's or the AUC is at
+    most 1/2 (``suspicious`` True); "inconclusive" when the test is not significant at
+    :data:`MEMBER_CHECK_ALPHA` (the members are not told apart from the holdout records: no evidence either
+    way) or the model does not fit its members at all (``fit_warnings``; its losses then rank records by
+    something other than training); else "consistent". A wrong member list is detectable only where the
+    model has a gap: a strongly private model may have none, and is then flagged or inconclusive (the note
+    says so).
+
+    ``fit_warnings``: the model does not fit its declared training records at all — its accuracy on them is
+    not significantly above chance (the most frequent class's share; one-sided binomial test) or its mean
+    loss is above a constant prediction's. Either points at features that are not what the model was trained
+    on (columns reordered or renamed) or weights that do not belong to this data.
     """
     from scipy.stats import mannwhitneyu
 
     if len(splits.members) == 0 or len(splits.holdout) == 0:
         keys = ("train_loss", "holdout_loss", "train_accuracy", "holdout_accuracy", "auc", "p_value")
         note = "no holdout records to compare the members with: the member list cannot be checked"
-        return {**dict.fromkeys(keys), "suspicious": False, "note": note}
+        return {**dict.fromkeys(keys), "suspicious": False, "outcome": "inconclusive", "note": note,
+                "fit_warnings": []}  # fmt: skip
     member_loss = per_record_loss(fitted, dataset, splits.members)
     holdout_loss = per_record_loss(fitted, dataset, splits.holdout)
     u = mannwhitneyu(member_loss, holdout_loss, alternative="less")
     # U counts pairs with member loss > holdout loss (ties 1/2), so P(member < holdout) = 1 - U / (n m).
     auc = 1.0 - float(u.statistic) / (len(member_loss) * len(holdout_loss))
     train, holdout = evaluate(fitted, dataset, splits.members), evaluate(fitted, dataset, splits.holdout)
-    train_loss, hold_loss = float(member_loss.mean()), float(holdout_loss.mean())
+    train_loss, hold_loss, p_value = float(member_loss.mean()), float(holdout_loss.mean()), float(u.pvalue)
     suspicious = bool(train_loss >= hold_loss or auc <= 0.5)
+    fit_warnings = _fit_warnings(dataset.y[splits.members], train["accuracy"], train_loss)
     stats = (
         f"mean loss {train_loss:.4g} on the {len(member_loss)} declared members vs {hold_loss:.4g} on the "
         f"{len(holdout_loss)} holdout records; a member's loss is lower with probability {auc:.3f} "
-        f"(one-sided Mann–Whitney p = {float(u.pvalue):.3g})"
+        f"(one-sided Mann–Whitney p = {p_value:.3g})"
     )
     if suspicious:
+        outcome = "suspicious"
         note = (
             f"imported member list looks wrong: {stats}. The member list may not be the records this model was "
             "trained on (or the model shows no generalisation gap at all, as a strongly private one may); "
             "membership estimates compare the declared members with the holdout records and mean nothing if "
             "the member list is wrong"
         )
+    elif fit_warnings:
+        outcome = "inconclusive"
+        note = (
+            f"member check inconclusive: the model does not fit its declared training records (see the warnings), "
+            f"so its losses say nothing about which records it was trained on: {stats}"
+        )
+    elif p_value >= MEMBER_CHECK_ALPHA:
+        outcome = "inconclusive"
+        note = (
+            f"member check inconclusive: {stats}, not significant at {MEMBER_CHECK_ALPHA:g}: the declared members "
+            "cannot be told from the holdout records (a model with no generalisation gap, as a strongly private "
+            "one, gives no evidence either way)"
+        )
     else:
+        outcome = "consistent"
         note = f"the declared members look like training records: {stats}"
     return {
         "train_loss": train_loss,
@@ -636,10 +667,47 @@ def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[
         "train_accuracy": train["accuracy"],
         "holdout_accuracy": holdout["accuracy"],
         "auc": auc,
-        "p_value": float(u.pvalue),
+        "p_value": p_value,
         "suspicious": suspicious,
+        "outcome": outcome,
         "note": note,
+        "fit_warnings": fit_warnings,
     }
+
+
+_FIT_QUESTION = (
+    "are the feature columns the ones it was trained on, in the same order and scale (or did it learn next to "
+    "nothing, as a very strongly private model may)?"
+)
+
+
+def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
+    """Warnings when a model does not fit the records it was declared to be trained on (see member_check)."""
+    from scipy.stats import binom
+
+    n = len(y)
+    freq = np.bincount(y) / n
+    chance = float(freq.max())  # the accuracy of always predicting the most frequent class
+    correct = round(accuracy * n)
+    # One-sided exact binomial test of H0: accuracy <= chance; p = P(Bin(n, chance) >= correct).
+    p = float(binom.sf(correct - 1, n, chance))
+    out = []
+    if p >= MEMBER_CHECK_ALPHA:
+        out.append(
+            f"the model's accuracy on its declared training records, {accuracy:.1%} ({correct} of {n}), is not above "
+            f"chance ({chance:.1%} by always predicting the most frequent class; one-sided binomial p = {p:.3g}): "
+            f"{_FIT_QUESTION}"
+        )
+    # Cross-entropy of the constant prediction of the members' class frequencies on the members is their
+    # entropy H = -sum f log f (Cover & Thomas, Elements of Information Theory, eq. 2.1); a model trained
+    # to minimise cross-entropy on these records does better unless its inputs carry nothing it learned.
+    constant = float(-(freq[freq > 0] * np.log(freq[freq > 0])).sum())
+    if loss > constant:
+        out.append(
+            f"the model's mean loss on its declared training records, {loss:.4g}, is above {constant:.3g}, the loss "
+            f"of predicting the class frequencies without looking at the features: {_FIT_QUESTION}"
+        )
+    return out
 
 
 def _sha256_file(path: Path) -> str:
@@ -754,6 +822,7 @@ def import_run(
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
         warnings.append(check["note"])
+    warnings.extend(check["fit_warnings"])
     privacy = None
     if claim is not None:
         privacy, claim_warnings = claim_record(claim, dataset_size=len(splits.members))

@@ -105,6 +105,17 @@ FAMILY_RUNNERS = {
 }  # fmt: skip
 
 
+def _icl_audits(result: Mapping[str, Any]) -> list[AuditRecord]:
+    from dpaudit.workflows.icl import icl_audit_records
+
+    return icl_audit_records(result)
+
+
+# Formal audits of the model's own claim that a family's result carries: name -> records(result). They join
+# the model's audits, so that its headline (the strongest formal audit) uses them like any other.
+FAMILY_AUDITS = {"icl": _icl_audits}
+
+
 def claim_tradeoff(privacy: Mapping[str, Any]):
     """The claim's own trade-off curve family for the one-run f-DP audit, or None when the claim is not
     a Poisson-sampled DP-SGD event with exact norms (add/remove neighbours): DP-SGD's curves with the
@@ -249,6 +260,8 @@ def audit_checkpoint(
             for r in records
         ]
     others = {f: [FAMILY_RUNNERS[f](run, opts, seed, progress)] for f, opts in families.items()}
+    for f, (result,) in others.items():
+        records += FAMILY_AUDITS.get(f, lambda r: [])(result)
     return ModelAudit(
         path=Path(path),
         families=others,

@@ -11,6 +11,9 @@ given, its mechanism (σ, q, T) this runs:
 3. with σ known, the noise check (:mod:`dpaudit.audit.noise`) — formal: a test of the claim that
    N(0, σ²C²) was added independently on every coordinate at every step.
 
+Canaries with a fresh coin per step (``inclusion="step"``) get, instead of 1 and 2, the per-step audit
+(:func:`_per_step_record`: formal against one step's curve, with a composed estimate), beside 3.
+
 Multiplicity: the level α = 1 − confidence is split evenly (Bonferroni) between the tests run, so the
 chance that a correct pipeline gets any "violation" is at most α.
 """
@@ -43,7 +46,10 @@ class CanaryRunAudit:
     count: int
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; ``kind`` marks a saved result that ``dpaudit report`` reads like any other audit
+        (:func:`dpaudit.report.build.canary_run_entry`)."""
         return {
+            "kind": KIND,
             "canaries": str(self.path),
             "claim": self.claim,
             "verdict": self.verdict,
@@ -51,7 +57,7 @@ class CanaryRunAudit:
             "steps": self.steps,
             "count": self.count,
             "audits": [a.to_dict() for a in self.audits],
-            "noise_check": None if self.noise is None else self.noise.to_dict(),
+            "noise_check": None if self.noise is None else noise_check_entry(self.noise),
         }
 
     def summary(self) -> str:
@@ -61,6 +67,26 @@ class CanaryRunAudit:
         no_check = "noise check: not run (give --noise-multiplier)"
         lines += ["", self.noise.summary() if self.noise is not None else no_check]
         return "\n".join(lines)
+
+
+KIND = "gradient-canary-audit"  # the ``kind`` of a saved :class:`CanaryRunAudit`
+
+
+def noise_check_entry(noise: NoiseCheck) -> dict[str, Any]:
+    """The noise check as the report (and :func:`dpaudit.workflows.result.headline`) reads it: its numbers
+    and ``statement``, one sentence saying what it showed."""
+    worst = min(noise.groups, key=lambda g: g.p_value, default=None)
+    if noise.verdict == "violation":
+        what = f"the noise check rejects the claimed noise std σC = {noise.noise_std:.4g}"
+        if worst is not None and noise.variance_p_value <= noise.details.get("alpha_variance", noise.alpha):
+            what += f" (group {worst.name}: estimated std / σC = {worst.ratio:.3g}, variance test p = "
+            what += f"{noise.variance_p_value:.3g})"
+        elif noise.independence_p_value is not None:
+            what += f" (noise not independent across steps, p = {noise.independence_p_value:.3g})"
+    else:
+        what = f"the noise check finds no less noise than the claimed σC = {noise.noise_std:.4g}"
+    statement = f"{what} (formal, gradient-canaries noise check, level {noise.alpha:.3g})"
+    return {**noise.to_dict(), "source": "gradient-canaries", "statement": statement}
 
 
 def _close(a: float, b: float) -> bool:
@@ -91,8 +117,6 @@ def audit_canaries(
     delta = check_in_interval(0.0, 1.0, delta=delta)
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
     obs = load_observations(directory)
-    if obs.inclusion != "run":
-        raise InputError(f"{directory}: per-step canaries (inclusion='step') are audited per step, not here")
     if steps is not None and check_positive_int(steps=steps) != obs.steps:
         raise InputError(f"the claim says T = {steps} steps, but the canaries observed {obs.steps} noisy steps")
     q = obs.sample_rate
@@ -104,18 +128,27 @@ def audit_canaries(
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
     claim = {"epsilon": claimed, "delta": delta, "neighbouring": "add_remove", "sampling": "poisson",
              "sample_rate": q, "steps": obs.steps, "noise_multiplier": sigma, "clip": obs.clip}  # fmt: skip
-    curve = claim_tradeoff(claim) if sigma is not None else None
-    n_tests = 1 + (curve is not None) + (sigma is not None)
-    alpha = (1.0 - confidence) / n_tests  # Bonferroni over the formal tests run
-    # Scores fixed before the bits are looked at: the per-step likelihood ratio at the claimed σ (Σ_t o_t without σ).
-    scores = dirac_scores(obs.observations, q, 0.0 if sigma is None else sigma)
-    what = (
-        f"{obs.count} white-box gradient canaries from the user's training loop, each included w.p. 1/2, "
-        f"{obs.steps} noisy steps observed"
-    )
-    common = {"delta": delta, "confidence": 1.0 - alpha, "claimed_epsilon": claimed, "seed": seed}
-    records = one_run_records("gradient-canaries", what, scores, obs.included, common, curve, None)
-    records = [dataclasses.replace(r, family="white-box") for r in records]
+    if obs.inclusion == "step":
+        if sigma is None:
+            raise InputError(
+                f"{directory}: per-step canaries are audited against one step's claimed curve: give --noise-multiplier"
+            )
+        alpha = (1.0 - confidence) / 2  # Bonferroni: the per-step audit and the noise check
+        records = [_per_step_record(obs, q, sigma, delta, 1.0 - alpha, claimed, seed)]
+    else:
+        curve = claim_tradeoff(claim) if sigma is not None else None
+        n_tests = 1 + (curve is not None) + (sigma is not None)
+        alpha = (1.0 - confidence) / n_tests  # Bonferroni over the formal tests run
+        # Scores fixed before the bits are looked at: the per-step likelihood ratio at the claimed σ (Σ_t o_t
+        # without σ).
+        scores = dirac_scores(obs.observations, q, 0.0 if sigma is None else sigma)
+        what = (
+            f"{obs.count} white-box gradient canaries from the user's training loop, each included w.p. 1/2, "
+            f"{obs.steps} noisy steps observed"
+        )
+        common = {"delta": delta, "confidence": 1.0 - alpha, "claimed_epsilon": claimed, "seed": seed}
+        records = one_run_records("gradient-canaries", what, scores, obs.included, common, curve, None)
+        records = [dataclasses.replace(r, family="white-box") for r in records]
     noise = None
     if sigma is not None:
         noise = noise_check(
@@ -132,3 +165,25 @@ def audit_canaries(
     else:
         verdict = "consistent"
     return CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count)
+
+
+def _per_step_record(obs, q: float, sigma: float, delta: float, confidence: float, claimed: float, seed: int):
+    """The per-step audit (:func:`dpaudit.audit.whitebox.audit_steps`) of canaries with a fresh coin per step.
+
+    Formal part: with respect to coin c_{t,k} the whole transcript is one step of DP-SGD (canary k offered
+    at step t only) followed by post-processing with independent randomness, so each of the T·M coins is
+    one canary of the one-run f-DP game against the one-step curve (Nasr et al. 2023, arXiv:2302.07956,
+    §3; Mahloujifar, Melis & Chaudhuri 2025, arXiv:2410.22235) — M canaries per step change nothing, as
+    the game needs f-DP with respect to each canary alone. The composed part is an estimate, labelled."""
+    from dpaudit.audit.whitebox import audit_steps
+    from dpaudit.workflows.whitebox import steps_record
+
+    stats = audit_steps(
+        obs.observations.reshape(-1), obs.coins.reshape(-1), sample_rate=q, noise_multiplier=sigma, delta=delta,
+        confidence=confidence, claimed_epsilon=claimed, steps=obs.steps, seed=seed,
+    )  # fmt: skip
+    what = (
+        f"{obs.count} white-box gradient canaries from the user's training loop, each offered at each of "
+        f"{obs.steps} steps w.p. 1/2 ({int(obs.coins.sum())} of {obs.coins.size} offered)"
+    )
+    return steps_record("gradient-canaries", what, stats)

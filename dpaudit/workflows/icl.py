@@ -6,6 +6,7 @@ returns scores; the audit and its verdict are decided here (issue 23).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from attacks.icl import icl_canary_scores, icl_membership
 from dpaudit.audit import AuditResult, audit_scores
 from dpaudit.errors import InputError
+from dpaudit.workflows.result import AuditRecord
 
 
 def icl_canary_audit(
@@ -92,3 +94,21 @@ def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20) -> dic
         "audit (Steinke, Nasr & Jagielski 2023) of the aggregator's data-independent claim over the canary queries."
     )
     return out
+
+
+def icl_audit_records(result: Mapping[str, Any]) -> list[AuditRecord]:
+    """The model's own formal audits among an ICL result's (:func:`run_icl`): the canary audit of the setting
+    at the run's claimed ε (DP-ICL as trained), so that the model's headline uses it like any other audit.
+    The noise-free setting is another mechanism (no claim covers it) and stays in the ICL section only."""
+    records = []
+    for row in result.get("settings") or []:
+        if math.isinf(float(row["epsilon"])):
+            continue
+        d = dict(row["canary_audit"])
+        audit = AuditResult(**{**d, "notes": tuple(d.get("notes") or ())})  # the AuditResult run_icl wrote
+        what = (
+            f"{audit.counts.get('n_eval_canaries', '?')} mislabeled exemplar canaries, each included w.p. 1/2, "
+            f"through the run's DP-ICL recipe ({row['setting']}) on fresh public prompts"
+        )
+        records.append(AuditRecord("icl-canaries", what, audit, family="icl", threat_model="black-box, one run"))
+    return records

@@ -176,6 +176,7 @@ def jl_audits(cfg: JLStepAudit | None = None) -> dict[str, AuditRecord]:
         out[which] = AuditRecord(
             attack="multi-run",
             family="jl-step",
+            threat_model="white-box, many runs",  # the read-out along the canary's weights sees the noisy update
             description=(
                 f"one DP-SGD-JL({cfg.projections}) step, q = 1, σ = {cfg.noise_multiplier:g}, {cfg.trials} runs "
                 f"(half with a gradient-norm canary), white-box read-out along the canary's weights; "

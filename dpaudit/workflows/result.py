@@ -34,18 +34,43 @@ class AuditRecord:
     result: AuditResult
     family: str = "membership"
     index: int | None = None
+    threat_model: str | None = None  # None: the default of the scores' origin (:func:`threat_model`)
 
     @property
     def formal(self) -> bool:
         return self.result.formal
 
     def to_dict(self) -> dict[str, Any]:
-        """The report's audit entry: ``source`` (family, attack, index), ``description`` and the result."""
-        return {
+        """The report's audit entry: ``source`` (family, attack, index), ``description``, ``threat_model``
+        and the result."""
+        d = {
             "source": {"family": self.family, "attack": self.attack, "index": self.index},
             "description": self.description,
             **self.result.to_dict(),
         }
+        d["threat_model"] = self.threat_model or threat_model(d)
+        return d
+
+
+# What the auditor sees and how many trainings the bound rests on, by the scores' origin. Bounds under
+# different threat models answer different questions (a white-box bound reads every noisy update, a
+# black-box one only the final model), so they are labelled and never compared without their label.
+THREAT_MODELS = {
+    "canaries": "black-box, one run",
+    "icl-canaries": "black-box, one run",
+    "whitebox-canaries": "white-box, one run",
+    "gradient-canaries": "white-box, one run",
+    "white-box-steps": "white-box, one run",
+    "multi-run": "black-box, many runs",
+}
+
+
+def threat_model(audit: Mapping[str, Any]) -> str:
+    """An audit entry's threat model: its own ``threat_model``, else the default of its scores' origin
+    (:data:`THREAT_MODELS`); membership scores of a model's own members are "black-box, model's members"."""
+    if audit.get("threat_model"):
+        return str(audit["threat_model"])
+    return THREAT_MODELS.get(audit["source"]["attack"], "black-box, model's members")
 
 
 def _num(x: Any) -> float | None:
@@ -56,6 +81,14 @@ def _fmt(x: float | None) -> str:
     if x is None:
         return "?"
     return "∞" if math.isinf(x) else f"{x:.3g}"
+
+
+def claim_text(x: float | None) -> str:
+    """A claimed ε as every output prints it (the audit notes' ``:g``), so that a claim reads the same in
+    tables, headlines, plots and notes (7.99954, not 8 in one place and 7.99954 in another)."""
+    if x is None:
+        return "?"
+    return "∞" if math.isinf(x) else f"{x:g}"
 
 
 def _pick(audits: Sequence[Mapping[str, Any]], formal: bool) -> tuple[int, Mapping[str, Any]] | None:
@@ -81,6 +114,7 @@ def _digest(i: int, a: Mapping[str, Any]) -> dict[str, Any]:
         "max_certifiable_epsilon": a.get("max_certifiable_epsilon"),
         "claimed_epsilon": a.get("claimed_epsilon"),
         "verdict": a.get("verdict"),
+        "threat_model": threat_model(a),
     }
 
 
@@ -106,13 +140,19 @@ class Headline:
         }
 
 
-def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | None) -> Headline:
+def headline(
+    audits: Sequence[Mapping[str, Any]],
+    claim: Mapping[str, Any] | None,
+    checks: Sequence[Mapping[str, Any]] = (),
+) -> Headline:
     """The summary of a model's audits (dicts as :meth:`AuditRecord.to_dict` makes them).
 
     Each audit is judged against the ε it was audited against (``claimed_epsilon``), else the model's
     ``claim``. The headline bound is the strongest formal one with that audit's own verdict; an estimate never
     sets the verdict and sits beside it, labelled. A model without a claim gets what was demonstrated
-    ("leaks: ε ≥ 1.16 shown") instead of a verdict.
+    ("leaks: ε ≥ 1.16 shown") instead of a verdict. ``checks``: formal tests of the claimed mechanism that
+    bound no ε (the noise check, as :func:`dpaudit.workflows.hooks_audit.noise_check_entry` writes it); one
+    that rejects the claim makes the verdict "violation", named as what it is.
     """
     f = _pick(audits, formal=True)
     e = _pick(audits, formal=False)
@@ -123,7 +163,10 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
         parts.append("no formal audit (train with canaries, or run `dpaudit audit train`)")
     else:
         b, m = _num(formal["epsilon_lower_bound"]), _num(formal["max_certifiable_epsilon"])
-        how = f"formal, {formal['attack']}, {formal['method']}, {100 * float(formal['confidence']):g}% confidence"
+        how = (
+            f"formal, {formal['attack']}, {formal['method']}, {formal['threat_model']}, "
+            f"{100 * float(formal['confidence']):g}% confidence"
+        )
         c = _num(formal["claimed_epsilon"])
         if c is None and claim is not None:
             c = _num(claim["epsilon"])
@@ -136,16 +179,23 @@ def headline(audits: Sequence[Mapping[str, Any]], claim: Mapping[str, Any] | Non
         else:
             v = formal["verdict"]
             if v == "violation":
-                parts.append(f"violation: ε ≥ {_fmt(b)} > claimed {_fmt(c)} ({how})")
+                parts.append(f"violation: ε ≥ {_fmt(b)} > claimed {claim_text(c)} ({how})")
             elif v == "consistent":
-                parts.append(f"consistent: ε ≥ {_fmt(b)} ≤ claimed {_fmt(c)} ({how}; could certify up to {_fmt(m)})")
+                parts.append(
+                    f"consistent: ε ≥ {_fmt(b)} ≤ claimed {claim_text(c)} ({how}; could certify up to {_fmt(m)})"
+                )
             else:
                 parts.append(
-                    f"inconclusive: ε ≥ {_fmt(b)}; this design certifies at most {_fmt(m)} ≤ claimed {_fmt(c)} ({how})"
+                    f"inconclusive: ε ≥ {_fmt(b)}; this design certifies at most {_fmt(m)} ≤ claimed "
+                    f"{claim_text(c)} ({how})"
                 )
     verdict = formal["verdict"] if formal else None
     # A formal refutation of the claimed trade-off curve (one-run f-DP against the claim's own curve
     # family) is named as what it is, and sets the verdict unless a formal ε bound already refutes the claim.
+    rejected = [c for c in checks if c.get("formal") and c.get("verdict") == "violation"]
+    if rejected and verdict != "violation":
+        verdict = "violation"
+        parts.insert(0, f"violation: {rejected[0]['statement']}")
     curve = [a for a in audits if a.get("verdict") == "curve-refuted" and a.get("refutation")]
     if curve and verdict != "violation":
         a = curve[0]

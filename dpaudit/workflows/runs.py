@@ -100,6 +100,7 @@ def train_from_options(
     claim: str = "data-independent",
     keep_private_diagnostics: bool = False,
     subsample: float | None = None,
+    sanitiser: str | None = None,
     autocast: str | None = None,
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
@@ -130,7 +131,7 @@ def train_from_options(
             hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
             fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
-            keep_private_diagnostics=keep_private_diagnostics, subsample=subsample,
+            keep_private_diagnostics=keep_private_diagnostics, subsample=subsample, sanitiser=sanitiser,
         )  # fmt: skip
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
@@ -152,8 +153,10 @@ def train_from_options(
         weight_decay = r["l2"]
     if algo.endswith("-jl") and jl_projections is None:
         jl_projections = DEFAULT_JL_PROJECTIONS
-    if claim != "data-independent" or keep_private_diagnostics or subsample is not None:
-        raise InputError("--claim, --keep-private-diagnostics and --subsample apply to --algo pate / dp-icl")
+    if claim != "data-independent" or keep_private_diagnostics or subsample is not None or sanitiser is not None:
+        raise InputError(
+            "--claim, --sanitiser, --keep-private-diagnostics and --subsample apply to --algo pate / dp-icl"
+        )
     private = algo.startswith("dp") or algo in CONVEX_ALGOS
     if dp_given and not private:
         raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
@@ -249,7 +252,13 @@ def import_from_options(
     the user should hear). ``canaries``: a directory from ``dpaudit canaries make`` whose included records
     the training added (checked against the data), for the formal one-run audit of ``audit checkpoint``."""
     from dpaudit.canaries import read_canary_dir
-    from dpaudit.data import DEFAULT_FRACTIONS, load_dataset, read_member_indices, standardizer_from_json
+    from dpaudit.data import (
+        DEFAULT_FRACTIONS,
+        check_feature_names,
+        load_dataset,
+        read_member_indices,
+        standardizer_from_json,
+    )
     from dpaudit.models import read_model_spec
     from dpaudit.training.run import import_run, recipe_from_dict
 
@@ -281,7 +290,12 @@ def import_from_options(
                 f"unknown --preprocessing {preprocessing!r}; valid: none, a scaler.json path "
                 "(legacy mode: standardize, identity)"
             )
-        pre = _from_file(standardizer_from_json, read_json_file(path, "scaler"), ds.feature_shape, str(path))
+        scaler = read_json_file(path, "scaler")
+        pre = _from_file(standardizer_from_json, scaler, ds.feature_shape, str(path))
+        if isinstance(scaler, dict) and "feature_names" in scaler and ds.feature_names is not None:
+            check_feature_names(ds.feature_names, scaler["feature_names"], data=str(data), source=str(path))
+    if spec.feature_names is not None and ds.feature_names is not None:
+        check_feature_names(ds.feature_names, spec.feature_names, data=str(data), source=str(model_spec))
     notify(f"importing {weights} ({spec.kind} on {ds.name}, {len(ds)} records) …")
     return import_run(
         weights, spec, ds, out=out, members=member_idx, members_source=str(members) if members is not None else None,
@@ -289,6 +303,24 @@ def import_from_options(
         preprocessing=pre, claim=stated, recipe=config, label_column=label_column, force=force,
         canaries=None if canaries is None else read_canary_dir(canaries, ds),
     )  # fmt: skip
+
+
+def inspect_summary(run: Any) -> dict[str, Any]:
+    """``dpaudit inspect``: a loaded run's summary (:func:`dpaudit.training.run.summary`, after its data hash
+    is verified), with its claim re-accounted from the recorded mechanism (``privacy.event``, as every audit
+    and report does, :func:`dpaudit.checkpoint.reaccount_claim`): ``epsilon_recomputed`` (None when the claim
+    cannot be re-accounted: no claim, or a claim stated without a mechanism) and ``claim_mismatch`` (True when
+    the recorded ε differs from it: the file was edited or written by other software). Both ε are shown; the
+    recorded one stays ``epsilon``, the claim that audits test."""
+    from dpaudit.checkpoint import reaccount_claim
+    from dpaudit.training.run import summary
+
+    run.dataset()  # verifies the data hash
+    s = summary(run.meta)
+    check = reaccount_claim(run.privacy)
+    s["epsilon_recomputed"] = None if check is None else check["recomputed"]
+    s["claim_mismatch"] = check is not None and not check["match"]
+    return s
 
 
 def _stated_claim(claim, epsilon, delta, noise_multiplier, sample_rate, steps, accountant, neighbouring):

@@ -304,11 +304,12 @@ def audit_training(
         from dpaudit.plugins import load_trainer, reference_size_note
 
         source += f"; trained by {name}"
-        X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
-        contract_note = reference_size_note(
-            load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out, data.y[idx_out].astype(np.int64),
-            int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
-        )  # fmt: skip
+        if relation == "add_remove":  # replace-one neighbours have the same size: len(X) cannot tell them apart
+            X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
+            contract_note = reference_size_note(
+                load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out,
+                data.y[idx_out].astype(np.int64), int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
+            )  # fmt: skip
         jobs = _plugin_jobs(
             trainer, name, data, idx_in, idx_out, fit_preprocessing(data, pre_idx), spec, canary_x, canary_y, runs,
             int(seed), scores,
@@ -358,9 +359,8 @@ def audit_training(
         if contract_note is not None:
             result = dataclasses.replace(result, notes=(*result.notes, contract_note))
         what = f"; score {names[j]} ({j + 1} of {k}, Bonferroni)" if k > 1 else ""
-        records.append(
-            AuditRecord("multi-run", f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}", result)
-        )
+        what = f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}"
+        records.append(AuditRecord("multi-run", what, result, threat_model=f"{threat_model}, many runs"))
     best = max(range(len(records)), key=lambda j: records[j].result.epsilon_lower_bound)
     return TrainingAudit(
         audit=records[best], threat_model=threat_model, runs=runs, claim=claim, neighbouring=relation,

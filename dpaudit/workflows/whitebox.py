@@ -84,22 +84,31 @@ def audit_whitebox_steps(
         delta=float(claim["delta"]), confidence=confidence, claimed_epsilon=claimed, steps=len(obs),
         seed=seed,
     )  # fmt: skip
+    what = (
+        f"one training run, {len(obs)} steps; Dirac gradient canary offered at each step with probability 1/2 "
+        f"({int(ins.sum())} offered)"
+    )
+    record = steps_record("white-box-steps", what, stats)
+    return WhiteboxStepsAudit(record, stats, claim, obs, ins)
+
+
+def steps_record(attack: str, what: str, stats: StepAudit) -> AuditRecord:
+    """The :class:`AuditRecord` of a per-step audit: (a) the formal per-step result, (b) the composed
+    estimate in its details (``what`` says what was observed)."""
     details = {
         **stats.per_step.details,
         "per_step_claimed_epsilon": stats.per_step_claimed_epsilon,
         "composed_epsilon_estimate": stats.composed_epsilon_estimate,
         "composed_epsilon_point": stats.composed_epsilon_point,
         "composed_label": stats.label,
-        "composed_claimed_epsilon": claimed,
+        "composed_claimed_epsilon": stats.claimed_epsilon,
         "composed_verdict": stats.composed_verdict,
         "shift_per_clip": stats.ratio.shift,
         "noise_sd_per_clip": stats.ratio.sigma,
     }
     result = dataclasses.replace(stats.per_step, details=details, notes=(*stats.per_step.notes, *stats.notes))
     description = (
-        f"one training run, {len(obs)} steps; Dirac gradient canary offered at each step with probability 1/2 "
-        f"({int(ins.sum())} offered); per-step one-run f-DP test (formal, vs the one-step claim) and composed "
-        f"estimate {stats.composed_epsilon_estimate:.3g} vs claimed {claimed:.3g} ({stats.label})"
+        f"{what}; per-step one-run f-DP test (formal, vs the one-step claim) and composed estimate "
+        f"{stats.composed_epsilon_estimate:.3g} vs claimed {stats.claimed_epsilon:.3g} ({stats.label})"
     )
-    record = AuditRecord("white-box-steps", description, result, family="white-box")
-    return WhiteboxStepsAudit(record, stats, claim, obs, ins)
+    return AuditRecord(attack, description, result, family="white-box")

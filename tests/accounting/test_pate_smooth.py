@@ -143,3 +143,55 @@ def test_data_dependent_claim_is_refused_for_lnmax():
     hist = _consensus(50, 10, 1.0)
     with pytest.raises(InputError, match="gnmax or confident-gnmax"):
         privacy_record(cfg, hist, aggregate(hist, cfg, 0), delta=1e-5, n_teachers=50, claim="data-dependent")
+
+
+def test_conversion_is_the_accounting_layers_and_the_order_ignores_the_answered_count():
+    """The claim converts RDP at delta/2 as the data-independent claim does (Canonne, Kamath & Steinke 2020),
+    not with Mironov's looser log(1/delta)/(lambda - 1); the order is fixed by public settings (the cap, not
+    how many queries the private votes let through)."""
+    from dpaudit.accounting.pate_smooth import conversion
+    from dpaudit.accounting.rdp import rdp_to_epsilon
+
+    for order in (2.0, 3.0, 8.0, 30.0):
+        assert conversion(order, 5e-6) + 1.0 == pytest.approx(rdp_to_epsilon([order], [1.0], 5e-6)[0], rel=1e-12)
+        assert conversion(order, 5e-6) < math.log(1 / 5e-6) / (order - 1)
+    # 400 queries at sigma 20: were the order fitted to the answered count, 3 answers would give 4, 400 give 3
+    hist = _consensus(50, 400, 0.9)
+    params = {"sigma": 20.0, "sigma1": 10.0, "threshold": 42.0}
+    few, many = np.zeros(400, bool), np.ones(400, bool)
+    few[:3] = True
+
+    def order(mask: np.ndarray) -> float:
+        rng = np.random.default_rng(0)
+        s = sanitised_claim("confident-gnmax", hist, mask, n_teachers=50, params=params, delta=1e-5,
+                            config=SanitiserConfig(), rng=rng)  # fmt: skip
+        return s["public"]["order"]
+
+    assert order(few) == order(many)
+    s = sanitised_claim("gnmax", hist, many, n_teachers=50, params=params, delta=1e-5,
+                        config=SanitiserConfig(order=8.0), rng=np.random.default_rng(0))["public"]  # fmt: skip
+    assert s["conversion"] == pytest.approx(conversion(8.0, 5e-6), rel=1e-12)
+    assert s["epsilon"] == pytest.approx(s["upper_rdp"] + s["sanitiser_rdp"] + s["conversion"], rel=1e-12)
+
+
+def test_sanitiser_settings_parse_and_bad_ones_are_one_line_errors():
+    assert SanitiserConfig.parse("order=3, sigma_s=1.5,beta_factor=0.49,tau=0.5") == SanitiserConfig(
+        order=3.0, sigma_s=1.5, beta_factor=0.49, tau=0.5
+    )
+    for bad, message in (("order3", "key=value"), ("sigma=2", "key=value"), ("tau=x", "number"), ("order=1", "> 1")):
+        with pytest.raises(InputError, match=message):
+            SanitiserConfig.parse(bad)
+
+
+def test_declined_queries_pay_only_the_threshold_check():
+    """Confident-GNMax's data-dependent cost (Papernot et al. 2018, Sec. 4.2): every query pays the noisy
+    threshold check, only the answered ones also pay GNMax."""
+    from dpaudit.accounting.pate_smooth import per_query_rdp, rdp_threshold_data_dependent
+
+    hist = np.array([[30, 15, 5], [48, 1, 1], [20, 20, 10]])
+    params = {"sigma": 5.0, "sigma1": 10.0, "threshold": 42.0}
+    threshold = sum(float(rdp_threshold_data_dependent(m, 42.0, 10.0, np.array([3.0]))[0]) for m in hist.max(1))
+    none = per_query_rdp("confident-gnmax", hist, np.zeros(3, bool), params, 3.0)
+    assert none == pytest.approx(threshold, rel=1e-12) and none > 0
+    one = per_query_rdp("confident-gnmax", hist, np.array([False, False, True]), params, 3.0)
+    assert one > none + 0.1  # the tied third histogram costs GNMax almost its data-independent 3/25

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dpaudit.accounting.pate_smooth import SanitiserConfig
 from dpaudit.aggregation import AggregatorConfig
 from dpaudit.data import Standardizer, load_dataset
 from dpaudit.errors import InputError
@@ -65,6 +66,7 @@ def test_dp_icl_run_and_calibrated_claim():
         ({"algo": "dp-icl", "shots": 2, "predictor": "/no/such/model"}, "no such model directory"),
         ({"algo": "dp-icl"}, "needs --shots"),
         ({"shots": 3}, "only to --algo dp-icl"),
+        ({"sanitiser": SanitiserConfig(order=3.0)}, "--sanitiser applies to --claim data-dependent"),
     ],
 )
 def test_bad_run_input(kw, message):
@@ -138,3 +140,32 @@ def test_icl_family_runner_and_figure(tmp_path):
 def _pate_dir(tmp_path):
     _run(out=tmp_path / "pate")
     return tmp_path / "pate"
+
+
+def test_sanitised_data_dependent_claim_is_below_the_data_independent_one_on_digits():
+    """Issue 28: a consensus-rich digits run (50 logreg teachers on 1257 private records, Confident-GNMax
+    T = 42 of 50, sigma1 = 10, sigma2 = 5, 200 public queries): the data-dependent claim, sanitised with
+    smooth sensitivity and every release charged, is below the data-independent claim of the same mechanism
+    (28.05) for every sanitiser draw tried (benchmarks/RESULTS.md: 17.7 with the student at 0.79)."""
+    from dpaudit.aggregation import aggregate, privacy_record, vote_histogram
+    from dpaudit.data import make_splits
+    from dpaudit.training.pate import pate_votes, public_preprocessing, query_indices, teacher_parts
+
+    ds = load_dataset("digits")
+    splits = make_splits(len(ds), 0, (0.7, 0.0, 0.2, 0.1))
+    agg = AggregatorConfig("confident-gnmax", sigma=5.0, sigma1=10.0, threshold=42)
+    cfg = AggregationConfig(algo="pate", teachers=50, aggregator=agg, queries=200, claim="data-dependent")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    teacher = TrainConfig(algo="sgd", epochs=30, batch_size=64, lr=0.1)
+    q = query_indices(splits, cfg)
+    votes = pate_votes(ds, splits.members, teacher_parts(len(splits.members), cfg), spec, teacher,
+                       public_preprocessing(ds, splits), ds.X[q])  # fmt: skip
+    hist = vote_histogram(votes, ds.n_classes)
+    answers = aggregate(hist, agg, 3)
+    assert 30 <= (answers >= 0).sum() <= 80 and np.mean(answers[answers >= 0] == ds.y[q][answers >= 0]) > 0.9
+    sanitiser = SanitiserConfig.parse("order=3,sigma_s=1.5,beta_factor=0.49,tau=0.5")
+    for seed in range(5):
+        rec = privacy_record(agg, hist, answers, delta=1e-5, n_teachers=50, claim="data-dependent",
+                             sanitiser=sanitiser, seed=seed)  # fmt: skip
+        assert rec["epsilon"] < rec["data_independent_epsilon"], (seed, rec["epsilon"])
+    assert rec["data_independent_epsilon"] == pytest.approx(28.045, abs=0.01)

@@ -207,6 +207,10 @@ def test_lira_beats_loss_on_an_overfit_target(tmp_path):
 
     Observed (seed 0): AUC 0.66 vs 0.62, TPR@1%FPR 0.12 vs 0.006. With 179 members the binomial SE
     of a TPR near 0.12 is ~0.024, so the 0.05 margin at 1% FPR sits ~3 SE below the observed gap.
+    LiRA's claim is the low-FPR one (Carlini et al. 2022, arXiv:2112.03570, Sec. IV); the AUCs differ by
+    0.04, about one standard error of an AUC on 179 + 179 records (Hanley & McNeil 1982:
+    sqrt((n + m + 1) / (12 n m)) ~= 0.031 under no signal), too little to order them on every machine, so
+    the AUC is only required to beat the loss attack's by no less than -2 such errors, and chance by 3.
     """
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
@@ -220,6 +224,8 @@ def test_lira_beats_loss_on_an_overfit_target(tmp_path):
     res = {r.name: r for r in run_mia(load_run(out), ["loss", "lira"], reference_models=8, workers=available_cores(),
                                       cache_dir=tmp_path / "cache", n_bootstrap=0)}  # fmt: skip
     loss, lira = res["loss"].metrics, res["lira"].metrics
-    assert lira["auc"] > 0.6
-    assert lira["auc"] > loss["auc"]
+    n, m = lira["n_members"], lira["n_nonmembers"]
+    se = np.sqrt((n + m + 1) / (12 * n * m))
+    assert lira["auc"] > 0.5 + 3 * se
+    assert lira["auc"] > loss["auc"] - 2 * se
     assert lira["tpr_at_fpr"]["0.01"] > loss["tpr_at_fpr"]["0.01"] + 0.05

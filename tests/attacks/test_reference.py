@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+import torch
 
 from attacks.reference import Recipe, available_cores, check_workers, model_key, seeds_for, train_models
 from dpaudit.checkpoint import load_run
@@ -42,7 +41,11 @@ def test_workers_1_and_2_identical_and_cached(recipe, tiny_run, tmp_path, monkey
     key = model_key(recipe, sets[0], seeds[0])
     r = load_run(tmp_path / "c1" / "models" / key)
     np.testing.assert_array_equal(np.sort(r.splits.members), sets[0])
-    np.testing.assert_allclose(r.logits(recipe.dataset.X), one[0])
+    # Exact up to float64 printing on the CPU; with the models trained on a GPU, ``one`` comes from CUDA
+    # kernels and the reload runs on the CPU: float32 sums in another order, relative error ~1e-6 (a few
+    # ulps of float32, 1.2e-7 each, over sums of up to a few hundred terms).
+    gpu = torch.cuda.is_available()
+    np.testing.assert_allclose(r.logits(recipe.dataset.X), one[0], rtol=1e-5 if gpu else 1e-7, atol=1e-6 if gpu else 0)
     # A second call trains nothing.
     import dpaudit.training.run as run_mod
 
@@ -77,12 +80,10 @@ def test_dask_cluster_matches_local(recipe, tiny_run, tmp_path):
     distributed = pytest.importorskip("distributed")
     sets, seeds = train_sets(tiny_run, 2), seeds_for(0, "reference", 2)
     local = train_models(recipe, sets, seeds, workers=1, cache_dir=tmp_path / "local")
-    t0 = time.perf_counter()
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         remote = train_models(recipe, sets, seeds, scheduler=cluster.scheduler_address, cache_dir=tmp_path / "dask")
     np.testing.assert_array_equal(local, remote)
-    assert len(list((tmp_path / "dask" / "models").iterdir())) == 2
-    assert time.perf_counter() - t0 < 120
+    assert len(list((tmp_path / "dask" / "models").iterdir())) == 2  # (no wall-clock bound: machines differ)
 
 
 def test_unreachable_scheduler(recipe, tiny_run, tmp_path, monkeypatch):

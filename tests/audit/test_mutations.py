@@ -109,6 +109,19 @@ def _lira_masks_swapped(original):
     return fit_score
 
 
+def _score_provenance_ignored(original):
+    import dataclasses
+
+    def read_score_file(path):
+        return dataclasses.replace(original(path), source=None)  # every file taken as the user's own
+
+    return read_score_file
+
+
+def _member_check_never_inconclusive(original):
+    return 1.01  # no p-value reaches it: "the declared members look like training records" at any p
+
+
 def _check(module: str, test: str, *args):
     def run(monkeypatch):
         import importlib
@@ -149,6 +162,15 @@ FAST_MUTANTS = {
     "k-lira-masks-swapped": (
         "attacks.lira", "LiRA.fit_score", _lira_masks_swapped,
         _check("tests.attacks.test_lira_fast", "test_lira_beats_the_loss_attack_end_to_end"),
+    ),
+    "l-score-file-provenance-ignored": (
+        "dpaudit.workflows.scores", "read_score_file", _score_provenance_ignored,
+        _check("tests.audit.test_score_provenance", "test_the_readme_sequence_is_refused"),
+    ),
+    "m-member-check-never-inconclusive": (
+        "dpaudit.training.run", "MEMBER_CHECK_ALPHA", _member_check_never_inconclusive,
+        _check("tests.core.test_import_features",
+               "test_member_check_says_inconclusive_when_its_test_is_not_significant"),
     ),
 }  # fmt: skip
 

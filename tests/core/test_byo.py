@@ -350,7 +350,7 @@ def test_npy_dir_is_memory_mapped_and_hashed_like_the_same_arrays(tmp_path, monk
     assert d["feature_shape"] == [3, 4, 4] and d["dtype"] == "float32" and d["memory_mapped"] is True
 
 
-def test_streamed_training_is_bit_identical_to_in_memory(tmp_path):
+def test_streamed_training_is_bit_identical_to_in_memory(tmp_path, cpu_only):
     """The trainers read a memory-mapped X a batch at a time (StreamedFeatures); with the same
     preprocessing they must produce exactly the weights of training on the rows held in memory."""
     X, y = _data(300, seed=2)

@@ -28,14 +28,21 @@ def _train(tmp_path, kind="mlp", seed=0, name="run", epochs=2):
     return ds, out, meta
 
 
+def test_cpu_only_pins_auto_to_the_cpu(cpu_only):
+    # The bit-for-bit tests below rely on it: on a GPU machine "auto" would otherwise train on CUDA.
+    from dpaudit.training.config import resolve_device
+
+    assert resolve_device("auto").type == "cpu"
+
+
 @pytest.mark.parametrize("kind", list(CASES))
-def test_round_trip_predictions_identical(tmp_path, kind):
+def test_round_trip_predictions_identical(tmp_path, kind, cpu_only):
     ds, out, meta = _train(tmp_path, kind)
     run = load_run(out)
     assert run.meta["model"] == meta["model"]
     assert run.privacy is None
     ds2 = run.dataset()
-    # Predictions from the reloaded checkpoint equal those recorded at training time.
+    # Predictions from the reloaded checkpoint equal those recorded at training time (both on the CPU).
     logits = run.logits(ds2.X[run.splits.test])
     acc = float((logits.argmax(1) == ds2.y[run.splits.test]).mean())
     assert acc == pytest.approx(meta["metrics"]["test_accuracy"], abs=0)

@@ -66,6 +66,22 @@ def test_an_intact_claim_re_accounts_to_itself(dp_run):
     assert claim_mismatch_note(load_run(dp_run).privacy) is None
 
 
+def test_inspect_shows_a_claim_mismatch_with_both_epsilons(dp_run, run_copy):
+    intact = json.loads(invoke("--json", "inspect", dp_run).stdout)
+    assert intact["claim_mismatch"] is False and intact["epsilon_recomputed"] == pytest.approx(intact["epsilon"])
+    assert "MISMATCH" not in invoke("inspect", dp_run).output
+    true_eps = intact["epsilon"]
+    edit_meta(run_copy, lambda m: m["privacy"].update(epsilon=20.0))
+    r = invoke("--json", "inspect", run_copy)
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["epsilon"] == 20.0 and s["claim_mismatch"] is True  # the record as it is, beside the recomputed ε
+    assert s["epsilon_recomputed"] == pytest.approx(true_eps, rel=1e-9)
+    human = invoke("inspect", run_copy).output
+    line = next(x for x in human.splitlines() if x.startswith("CLAIM MISMATCH"))
+    assert "records ε = 20" in line and f"re-accounts to ε = {true_eps:.6g}" in line
+
+
 def test_a_tampered_epsilon_is_reported_in_the_audit_and_the_report(run_copy, tmp_path):
     true_eps = load_run(run_copy).privacy["epsilon"]
     edit_meta(run_copy, lambda m: m["privacy"].update(epsilon=20.0))

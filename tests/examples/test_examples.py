@@ -71,6 +71,7 @@ def test_numpy_dpsgd_correct_vs_sigma_over_batch(digits):
     ok = audit_training(digits, spec, trainer=numpy_dpsgd.train, **kw).result
     bug = audit_training(digits, spec, trainer=numpy_dpsgd.train_sigma_over_batch, **kw).result
     assert ok.formal and ok.verdict == "consistent" and ok.epsilon_lower_bound <= claim < ok.max_certifiable_epsilon
+    assert not any("reference_size" in n for n in ok.notes)  # it divides by q·reference_size, not q·len(X)
     assert bug.verdict == "violation" and bug.epsilon_lower_bound > claim
     assert _test_accuracy(numpy_dpsgd.train, digits) > 0.3  # private, and still learns (chance: 0.1)
 

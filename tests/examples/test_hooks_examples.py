@@ -2,7 +2,7 @@
 
 An unchanged Opacus loop with ``canaries.attach(optimizer)``: the correct pipeline is not a violation
 over seeds 0, 1, 2; noise σC/√2, a bias without noise and the same noise draw at every step are each a
-formal violation (exit 1 under --fail-on-violation). The NumPy and JAX loops the same way. Seeds fixed:
+formal violation (exit 1 under --fail-on-violation). The NumPy, JAX and JAX/optax loops the same way. Seeds fixed:
 the verdicts are deterministic. The noise check's sizes: the groups here have 72–2 880 coordinates ×
 80 steps, so a noise std below ≈ 0.99·σC is resolved (docs/own-training-loop.md), √2 by far.
 """
@@ -104,6 +104,16 @@ def test_opacus_adapter_refusals(opacus_example, tmp_path):
         other.attach(opt)
     with pytest.raises(InputError, match="another model"):
         GradientCanaries({"w": (2, 4), "b": (2,)}, count=2, sample_rate=0.5, clip=None, seed=0).attach(opt, module=m)
+    with pytest.raises(InputError, match="differs from the optimizer's max_grad_norm"):  # a canary must be a record
+        GradientCanaries(shapes, count=2, sample_rate=0.5, clip=5.0, seed=0).attach(opt)
+    from opacus.optimizers import DPPerLayerOptimizer
+
+    per_layer = DPPerLayerOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=[1.0, 1.0],
+        expected_batch_size=4,
+    )  # fmt: skip
+    with pytest.raises(InputError, match="DPPerLayerOptimizer: per-layer clipping"):
+        GradientCanaries(shapes, count=2, sample_rate=0.5, clip=None, seed=0).attach(per_layer)
     assert canaries.attach(opt, module=m) is opt and canaries.clip == 2.5  # clip = max_grad_norm
     with pytest.raises(InputError, match="already"):
         canaries.attach(opt)
@@ -149,6 +159,33 @@ def test_jax_loop_correct_and_reused_noise(tmp_path):
     assert ok.verdict != "violation"
     assert bug.verdict == "violation" and bug.noise.independence_p_value == 0.0
     assert np.all(np.isfinite(ok.noise.variance_p_value))
+
+
+def test_optax_loop_correct_is_not_a_violation_and_sqrt2_is_exit_1(tmp_path):
+    """The jitted JAX/optax loop (canaries.optax_inject()/optax_observe() in an optax.chain), ONE run each.
+    Sizes from the math: every parameter group has >= 360 noise values, and at its level (0.05/3 for the
+    noise check, /2 for the variance test, /4 groups) the χ² test resolves a noise std up to r·σC with
+    probability 0.999 for r above 1/√2 — so σC/√2 is caught in each group with probability >= 0.999."""
+    pytest.importorskip("optax")
+    from dpaudit.audit.noise import resolvable_noise_ratio
+    from examples import optax_canaries as ex
+
+    ok = _audit_cli(ex.train(0, tmp_path / "ok"), ex, "--steps", str(ex.STEPS), "--sample-rate", str(ex.SAMPLE_RATE))
+    assert ok.exit_code == 0, ok.output
+    d = json.loads(ok.stdout)
+    assert d["verdict"] != "violation" and d["noise_check"]["verdict"] == "consistent" and d["steps"] == ex.STEPS
+    for g in d["noise_check"]["groups"]:  # the noise the chain added is σC: each ratio within its 99.9% band
+        assert abs(g["ratio"] - 1) <= 3.3 / math.sqrt(2 * g["dof"]), g
+    bug = _audit_cli(ex.train(0, tmp_path / "bug", bug="sqrt2"), ex)
+    assert bug.exit_code == 1, bug.output
+    noise = json.loads(bug.stdout)["noise_check"]
+    assert noise["verdict"] == "violation" and noise["formal"]
+    a_group = noise["details"]["alpha_per_group"]
+    assert a_group == pytest.approx(0.05 / 3 / 2 / 4)
+    for g in noise["groups"]:
+        assert resolvable_noise_ratio(g["dof"], a_group, power=0.999) > 1 / math.sqrt(2), g
+        assert abs(g["ratio"] - 1 / math.sqrt(2)) <= 3.3 / math.sqrt(2 * g["dof"]), g
+        assert g["p_value"] <= a_group, g
 
 
 def test_import_with_canaries_gives_a_formal_one_run_audit(tmp_path):

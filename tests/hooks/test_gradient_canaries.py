@@ -175,3 +175,56 @@ def test_jax_pytree_hooks_match_the_dict_api():
     assert float(g["fc"]["w"].sum() + g["fc"]["b"].sum()) == c.included_.sum()
     observe(0, g)
     np.testing.assert_array_equal(c.observations().observations[0], c.included_.astype(float))
+
+
+def test_a_canary_directory_from_another_model_is_refused(tmp_path):
+    """Files that do not fit one model (design from one run, arrays from another; shapes edited) are refused
+    on load, one line, naming the reason; through the CLI, exit 2."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+    from dpaudit.errors import CheckpointError
+
+    a = GradientCanaries(SHAPES, count=8, sample_rate=0.5, clip=1.0, seed=0)
+    _loop(a, 4, sigma=1.0)
+    a.save(tmp_path / "a")
+    other = {"w": (2000,), "b": (10,)}  # two groups and 8 canaries too, so every array has the same shape
+    b = GradientCanaries(other, count=8, sample_rate=0.5, clip=1.0, seed=0)
+    for t in range(4):
+        b.observe(t, b.inject(t, {n: np.zeros(s) for n, s in other.items()}))
+    b.save(tmp_path / "b")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "canaries.json").write_bytes((tmp_path / "a" / "canaries.json").read_bytes())
+    (mixed / "canaries.safetensors").write_bytes((tmp_path / "b" / "canaries.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match="another model"):
+        load_observations(mixed)
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    design = json.loads((tmp_path / "a" / "canaries.json").read_text())
+    design["param_shapes"] = {"fc.weight": [20, 9], "fc.bias": [10]}
+    (edited / "canaries.json").write_text(json.dumps(design))
+    (edited / "canaries.safetensors").write_bytes((tmp_path / "a" / "canaries.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match="another model"):
+        load_observations(edited)
+    for d in (mixed, edited):
+        r = CliRunner().invoke(app, ["audit", "canaries", str(d), "--claimed-epsilon", "1", "--delta", "1e-5"])
+        assert r.exit_code == 2 and "another model" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert load_observations(tmp_path / "a").steps == 4  # the untouched directory still loads
+
+
+def test_record_and_gradient_canary_directories_are_not_confused(tmp_path):
+    """`canaries make` and the hooks both write canaries.json + canaries.safetensors: each reader names the other."""
+    from dpaudit.canaries import make_canary_dir, read_canary_dir
+    from dpaudit.data import load_dataset
+
+    make_canary_dir("digits", count=5, kind="mislabeled", out=tmp_path / "records")
+    with pytest.raises(InputError, match=r"dpaudit canaries make.*dpaudit import --canaries"):
+        load_observations(tmp_path / "records")
+    c = GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    _loop(c, 2)
+    c.save(tmp_path / "grad")
+    with pytest.raises(InputError, match="dpaudit audit canaries"):
+        read_canary_dir(tmp_path / "grad", load_dataset("digits"))

@@ -213,13 +213,14 @@ def test_shared_parameters_fall_back():
     torch.manual_seed(4)
     a, b = nn.Linear(5, 5), nn.Linear(5, 3)
     b.weight = nn.Parameter(a.weight[:3].detach().clone())
-    tied = nn.Linear(5, 5)
-    tied.weight = a.weight  # the same parameter in two modules
-    model = nn.Sequential(a, nn.Tanh(), tied, nn.Tanh(), b).double()
+    tied, tied2 = nn.Linear(5, 5), nn.Linear(5, 5)
+    tied.weight = tied2.weight = a.weight  # the same parameter in three modules
+    model = nn.Sequential(a, nn.Tanh(), tied, nn.Tanh(), tied2, nn.Tanh(), b).double()
     x = torch.randn(8, 5, dtype=torch.float64)
     y = torch.randint(0, 3, (8,))
     desc = chosen(model, x, y, "ghost")
-    assert desc["layers"]["0.weight"].startswith("instantiate, summed over its uses (tied: 0, 2)")
+    how = "ghost-norm over its 3 uses with cross terms (T=3: 2T²=18 <= p·d=25) (tied: 0, 2, 4)"
+    assert desc["layers"]["0.weight"] == how
     assert not vmapped(desc)
     assert_matches_oracle(model, x, y, "ghost")
 

@@ -263,14 +263,54 @@ def test_multihead_attention_routes(oracle):
     assert sum(v.startswith("vmap") for v in layers.values()) == 1
 
 
-def test_tied_weights_are_instantiated_and_summed(oracle):
+def test_tied_weights_get_the_norm_of_the_sum_of_their_uses(oracle):
+    # T = 4 token positions + 1 head position: 2T² = 50 <= p·d = 9·6, so the norm of the sum of the
+    # two uses comes from ghost norms and cross terms (exactness: the oracle tests above).
     layers = _layers("tied-module", oracle)
-    assert layers["emb.weight"] == "instantiate, summed over its uses (tied: emb, head)"
+    how = "ghost-norm over its 2 uses with cross terms (T=5: 2T²=50 <= p·d=54) (tied: emb, head)"
+    assert layers["emb.weight"] == how
     assert not any(v.startswith("vmap") for v in layers.values())
     # Used functionally outside the embedding's forward: found by the first-call check and moved to
     # a vmap over the model; the rest stays on the ghost path.
     layers = _layers("tied-functional", oracle)
     assert layers["(model)"] == "vmap over the model: emb.weight" and layers["mix"].startswith("ghost-norm")
+    # A vocabulary too small for the ghost side (2T² = 50 > 3·2): each use instantiated and summed.
+    torch.manual_seed(2)
+    model = TiedLM(vocab=3, d=2).double()
+    x, y = torch.randint(0, 3, (N, 4)), torch.randint(0, 3, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    assert clipper.describe()["layers"]["emb.weight"] == "instantiate, summed over its uses (tied: emb, head)"
+
+
+class TiedPerPosition(nn.Module):
+    """The tied head applied at every position (a language-model head): both uses have T = 4, and
+    the positions' logits are weighted differently, so their output gradients differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 12)
+        self.mix = nn.Linear(12, 12)
+        self.head = nn.Linear(12, 11, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("w", torch.linspace(0.5, 2.0, 4).unsqueeze(1))
+
+    def forward(self, tok):
+        return (self.head(torch.tanh(self.mix(self.emb(tok)))) * self.w).sum(1)
+
+
+def test_tied_weight_used_at_every_position():
+    torch.manual_seed(6)
+    model = TiedPerPosition().double()
+    x, y = torch.randint(0, 11, (N, 4)), torch.randint(0, 11, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    how = "ghost-norm over its 2 uses with cross terms (T=8: 2T²=128 <= p·d=132) (tied: emb, head)"
+    assert clipper.describe()["layers"]["emb.weight"] == how
 
 
 def test_bare_parameters(oracle):
@@ -307,6 +347,40 @@ def test_mixed_per_layer_choice_in_one_pass():
     assert layers["narrow"] == "instantiate (T=20: 2T²=800 > p·d=96)"
     assert layers["wide"] == "ghost-norm (T=20: 2T²=800 <= p·d=1024)"
     assert layers["head"] == "rank-one"
+
+
+class ChunkedConvs(nn.Module):
+    """Two convolutions whose unfolded patches outgrow their inputs (3x3, stride 1): one on the
+    instantiate side (T = 36: 2T² > p·d = 27·4), one on the ghost side (T = 4: 2T² <= 36·16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Conv2d(3, 4, 3, padding=1)
+        self.deep = nn.Conv2d(4, 16, 3, padding=1)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = F.avg_pool2d(torch.tanh(self.wide(x)), 3)  # 6x6 -> 2x2
+        return self.head(torch.tanh(self.deep(h)).mean((2, 3)))
+
+
+def test_convolutions_in_chunks_of_examples_match_the_loop(monkeypatch):
+    # Patches are built a chunk of examples at a time (at most the memory of the layer's input);
+    # with the chunk floor at 1 both convolutions run one example per chunk, on both cost sides.
+    from dpaudit.training.clipping import _Conv2dHandler
+
+    monkeypatch.setattr(_Conv2dHandler, "MIN_CHUNK", 1)
+    monkeypatch.setattr(_Conv2dHandler, "CHUNK_ELEMENTS", 0)
+    torch.manual_seed(5)
+    model = ChunkedConvs().double()
+    x, y = torch.randn(N, 3, 6, 6, dtype=torch.float64), torch.randint(0, 3, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    layers = clipper.describe()["layers"]
+    assert layers["wide"] == "instantiate (T=36: 2T²=2592 > p·d=108), in chunks of 1 examples"
+    assert layers["deep"] == "ghost-norm (T=4: 2T²=32 <= p·d=576), in chunks of 1 examples"
 
 
 def test_shared_input_counted_once_not_once_per_example():

@@ -107,3 +107,18 @@ def test_default_recipes_reach_their_accuracy(tmp_path):
     for algo in sorted(JL):
         out = train(tmp_path / algo, algo, "--epochs", "3")
         assert out["private"] and out["epsilon"] <= 8.0 + 1e-9
+
+
+def test_the_cnn_keeps_a_pooled_grid_and_old_checkpoints_keep_global_pooling():
+    """The zoo CNN pools to 2 x 2 before its head (global average pooling capped digits near 0.85 even
+    without noise); a checkpoint.json written before the field existed holds no "pool" and was built with
+    global average pooling, so it is read back as pool = 1 and its 32-input head still loads."""
+    from dpaudit.models import build_model, default_spec, model_spec_from_checkpoint, model_spec_from_dict
+
+    spec = default_spec("cnn", input_shape=(1, 8, 8), n_classes=10)
+    assert spec.pool == 2 and build_model(spec)[-1].in_features == 32 * 4
+    old = {k: v for k, v in spec.to_dict().items() if k != "pool"}
+    legacy = model_spec_from_checkpoint(old)
+    assert legacy.pool == 1 and build_model(legacy)[-1].in_features == 32
+    assert model_spec_from_dict(old).pool == 2  # a spec file written today means today's default
+    assert model_spec_from_checkpoint(spec.to_dict()) == spec

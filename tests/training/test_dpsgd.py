@@ -199,7 +199,7 @@ def test_same_seed_same_bytes(algo):
     assert runs[0] != runs[2]
 
 
-def test_fit_model_is_bit_reproducible_end_to_end():
+def test_fit_model_is_bit_reproducible_end_to_end(cpu_only):
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.training.run import fit_model
 

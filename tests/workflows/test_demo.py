@@ -34,7 +34,7 @@ def tiny_demo(monkeypatch):
     )
 
 
-def test_demo_runs_twice_and_replaces_its_own_output(tiny_demo, tmp_path):
+def test_demo_runs_twice_and_replaces_its_own_output(tiny_demo, tmp_path, cpu_only):
     out = tmp_path / "reports" / "demo"
     first = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
     assert first.exit_code == 0, first.output

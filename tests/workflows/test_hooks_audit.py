@@ -75,11 +75,31 @@ def test_cli_json_and_bad_input(tmp_path):
     r = CliRunner().invoke(app, ["audit", "canaries", str(tmp_path / "c")])
     assert r.exit_code == 2 and "--claimed-epsilon" in r.output
     simulate(0, tmp_path / "s", inclusion="step")
-    with pytest.raises(InputError, match="per step"):
+    with pytest.raises(InputError, match=r"per-step canaries .*give --noise-multiplier"):
         audit_canaries(tmp_path / "s", claimed_epsilon=1.0, delta=DELTA)
     (tmp_path / "c" / "canaries.json").write_text("{")
     r = CliRunner().invoke(app, base)
-    assert r.exit_code == 2 and "unreadable" in r.output
+    assert r.exit_code == 2 and "not valid JSON" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_per_step_canaries_get_the_per_step_audit_and_the_noise_check(tmp_path):
+    """inclusion="step" (a fresh coin per canary and step): each of the T·M coins is one canary of the one-run
+    f-DP game against ONE step's curve (formal), beside the noise check, Bonferroni α/2 each. Correct: not a
+    violation; no noise to speak of: the per-step curve is refuted from one run; σC/√2: the noise check."""
+    kw = dict(claimed_epsilon=claim(), delta=DELTA, noise_multiplier=SIGMA)
+    ok = audit_canaries(simulate(0, tmp_path / "ok", inclusion="step"), **kw)
+    (rec,) = ok.audits
+    assert rec.result.method == "one-run-fdp" and rec.attack == "gradient-canaries" and rec.family == "white-box"
+    assert rec.result.confidence == pytest.approx(1 - 0.05 / 2 / 2)  # audit_steps halves its share for (a), (b)
+    assert ok.noise.alpha == pytest.approx(0.05 / 2)
+    assert ok.verdict == "consistent" and rec.result.verdict == "consistent"
+    step_claim = float(epsilon_for(dpsgd_event(noise_multiplier=SIGMA, sample_rate=Q, steps=1), DELTA, "pld"))
+    assert rec.result.details["per_step_claimed_epsilon"] == pytest.approx(step_claim)
+    assert rec.result.details["composed_epsilon_estimate"] <= claim()  # the estimate, from a correct run
+    leak = audit_canaries(simulate(0, tmp_path / "leak", inclusion="step", factor=1e-6), **kw)
+    assert leak.audits[0].result.verdict == "curve-refuted" and leak.verdict == "violation"
+    bug = audit_canaries(simulate(0, tmp_path / "bug", inclusion="step", factor=1 / math.sqrt(2)), **kw)
+    assert bug.verdict == "violation" and bug.noise.verdict == "violation"
 
 
 @pytest.mark.slow

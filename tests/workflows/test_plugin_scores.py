@@ -83,32 +83,3 @@ def test_cli_several_scores_exit_1_on_any_violation():
     assert r.exit_code == 1, r.output
     d = json.loads(r.stdout)
     assert [a["verdict"] for a in d["score_audits"]] == ["consistent", "violation"]
-
-
-SIZES: list[tuple[int, int]] = []
-
-
-def sized_trainer(X, y, seed, *, reference_size):
-    """Records (len(X), reference_size); a zero logreg."""
-    SIZES.append((len(X), reference_size))
-    return {"1.weight": np.zeros((10, 64), np.float32), "1.bias": np.zeros(10, np.float32)}
-
-
-def scaled_trainer(X, y, seed, *, reference_size):
-    """Uses the keyword (its 'divisor'); weights otherwise zero."""
-    return {"1.weight": np.zeros((10, 64), np.float32), "1.bias": np.full(10, 1.0 / reference_size, np.float32)}
-
-
-def test_reference_size_is_one_n_for_both_neighbours(digits):
-    """The contract's optional keyword: IN (N + 1 records) and OUT (N) runs get the same reference size, the
-    larger one. Before the runs, the OUT records are trained with N + 1 and 2(N + 1) to see whether the
-    keyword is used; this trainer ignores it, which the result's notes say."""
-    ds, spec = digits
-    SIZES.clear()
-    d = audit_training(ds, spec, trainer=sized_trainer, claimed_epsilon=1.0, delta=1e-5, runs=2, train_size=50)
-    assert sorted(SIZES) == [(50, 51), (50, 51), (50, 51), (50, 102), (51, 51), (51, 51)]
-    assert any("seems to ignore it" in n for n in d.result.notes)
-    used = audit_training(ds, spec, trainer=scaled_trainer, claimed_epsilon=1.0, delta=1e-5, runs=2, train_size=50)
-    assert not any("reference_size" in n for n in used.result.notes)
-    plain = audit_training(ds, spec, trainer=bias_leak_trainer, claimed_epsilon=1.0, delta=1e-5, runs=2, train_size=50)
-    assert any("does not take reference_size" in n for n in plain.result.notes)

@@ -1,0 +1,149 @@
+"""``dpaudit audit scores``: read a scores file, check what its provenance allows, audit it.
+
+A scores file says how much it can about where its member bits came from. One written by
+``dpaudit attack mia --scores-out`` carries the columns ``attack`` and ``record_id``
+(:data:`attacks.result.SCORE_COLUMNS`): its bits are the members and holdout records of *one*
+trained model. Those are not independent trials of one neighbouring pair (what ``--design
+multi-run`` asserts; Jagielski et al. 2020, arXiv:2006.07709) nor canaries included independently
+with probability 1/2 in one run (``--design canaries``; Steinke, Nasr & Jagielski 2023,
+arXiv:2305.08846, Theorem 3.1), so a bound from them is an estimate. Such a file is audited under a
+formal design only when the user vouches for it (``trust_design``), and the result then says the
+design was declared by the user, not checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attacks.result import SCORE_COLUMNS
+from dpaudit.errors import InputError
+
+# The designs whose bound is formal (see dpaudit.audit.result.is_formal): the ones a file's
+# provenance can contradict.
+FORMAL_DESIGNS = ("multi-run", "canaries")
+ATTACK_MIA = "attack-mia"
+
+
+@dataclass(frozen=True)
+class ScoreFile:
+    """The ``member`` (0/1) and ``score`` columns of a scores file and what produced them.
+
+    ``source`` is "attack-mia" for a file written by ``dpaudit attack mia --scores-out`` (it has the
+    ``attack`` and ``record_id`` columns), else None (a file of the user's own making); ``attack``
+    names the attack whose scores it holds (None when unknown).
+    """
+
+    path: Path
+    member: np.ndarray
+    score: np.ndarray
+    source: str | None = None
+    attack: str | None = None
+
+
+def read_score_file(path: Path) -> ScoreFile:
+    """Read a CSV (columns ``member``, ``score``) or NPZ (arrays of those names) scores file.
+
+    The ``attack``/``record_id`` columns that ``attack mia`` writes are recognised as its provenance.
+    A file holding several attacks' scores is refused: each record would count once per attack.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    columns = _read_columns(path)
+    member, score = _numeric(path, "member", columns["member"]), _numeric(path, "score", columns["score"])
+    if not all(c in columns for c in SCORE_COLUMNS):
+        return ScoreFile(path, member, score)
+    attacks = sorted({str(a) for a in np.asarray(columns["attack"]).tolist()})
+    if len(attacks) > 1:
+        raise InputError(
+            f"{path}: holds the scores of {len(attacks)} attacks ({', '.join(attacks)}); each record would count "
+            "once per attack: audit one attack's scores at a time"
+        )
+    return ScoreFile(path, member, score, source=ATTACK_MIA, attack=attacks[0] if attacks else None)
+
+
+def audit_score_file(path: Path, *, design: str = "membership", trust_design: bool = False, **audit_kwargs: Any):
+    """:func:`dpaudit.audit.audit_scores` on a scores file, refusing a formal design its provenance contradicts.
+
+    ``design`` "multi-run" or "canaries" on a file written by ``attack mia`` raises :class:`InputError`
+    (its bits are one model's members and holdout records, so the bound is an estimate) unless
+    ``trust_design``; with it, the result's notes and ``details["design_declared_by_user"]`` say that
+    the design was declared by the user and not checked. ``audit_kwargs`` go to ``audit_scores``.
+    """
+    from dpaudit.audit import audit_scores
+
+    scores = read_score_file(path)
+    contradicted = scores.source == ATTACK_MIA and design in FORMAL_DESIGNS
+    if contradicted and not trust_design:
+        raise InputError(
+            f"{path} was written by `dpaudit attack mia` ({scores.attack} scores with record ids): its member bits "
+            f"are the members and holdout records of one model, not {_DESIGN_WORDS[design]}, so a bound from it is "
+            "an estimate; use --design membership, or --trust-design if you really produced these scores that way"
+        )
+    result = audit_scores(scores.score, scores.member, design=design, **audit_kwargs)
+    details = {**result.details, "score_file_source": scores.source}
+    if not contradicted:
+        return dataclasses.replace(result, details=details)
+    note = (
+        f"design {design!r} declared by the user (--trust-design) for a file written by `dpaudit attack mia` "
+        f"({scores.attack} scores): not checked; the bound is formal only if the scores really are "
+        f"{_DESIGN_WORDS[design]}"
+    )
+    details["design_declared_by_user"] = True
+    return dataclasses.replace(result, notes=(note, *result.notes), details=details)
+
+
+_DESIGN_WORDS = {
+    "multi-run": "one score per independent training run on D or D' (multi-run)",
+    "canaries": "canaries of one run each included independently with probability 1/2 (canaries)",
+}
+
+
+def _read_columns(path: Path) -> dict[str, np.ndarray]:
+    if path.suffix.lower() == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                missing = [k for k in ("member", "score") if k not in npz.files]
+                if missing:
+                    raise InputError(
+                        f"{path}: missing array(s) {', '.join(missing)}; found {', '.join(npz.files) or 'none'}"
+                    )
+                return {k: npz[k] for k in npz.files}
+        except InputError:
+            raise
+        except Exception as e:  # not a zip, object arrays (pickles refused), truncated file, ...
+            raise InputError(f"{path}: not a readable NPZ file ({type(e).__name__}: {e})") from None
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path)
+    except Exception as e:
+        raise InputError(f"{path}: not a readable CSV file ({type(e).__name__}: {e})") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in ("member", "score") if c not in df.columns]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(df.columns) or 'none'}")
+    return {c: df[c].to_numpy() for c in df.columns}
+
+
+def _numeric(path: Path, name: str, values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise InputError(f"{path}: {name} must be one-dimensional, got shape {values.shape}")
+    if values.dtype == bool:
+        return values
+    try:
+        return values.astype(float)
+    except (TypeError, ValueError):
+        pass
+    for i, v in enumerate(values):
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            raise InputError(f"{path}: non-numeric {name} {v!r} in row {i + 1}") from None
+    raise InputError(f"{path}: {name} is not numeric")

@@ -1,0 +1,138 @@
+"""The optax adapter: ``canaries.optax_inject()`` / ``optax_observe()`` in an ``optax.chain``, jitted.
+
+Oracle: the framework-neutral core called by hand (the dict API) on the same clipped sums and the same
+noise, with canaries built from the same seed; the optax pair must record exactly the same observations,
+noise sums of squares and projections — eagerly, under ``jax.jit`` and inside ``jax.lax.scan``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpaudit.errors import InputError
+from dpaudit.hooks import GradientCanaries
+
+jax = pytest.importorskip("jax")
+optax = pytest.importorskip("optax")
+jnp = jax.numpy
+
+T = 6
+PARAMS = {"fc": {"w": np.zeros((20, 10), np.float32), "b": np.zeros(10, np.float32)}}
+
+
+def _data(seed: int = 3):
+    """T clipped sums and T noise draws (float32 trees like PARAMS)."""
+    rng = np.random.default_rng(seed)
+
+    def tree():
+        return {"fc": {"w": rng.normal(size=(20, 10)).astype(np.float32), "b": rng.normal(size=10).astype(np.float32)}}
+
+    return [tree() for _ in range(T)], [tree() for _ in range(T)]
+
+
+def _canaries(seed: int = 0):
+    from dpaudit.hooks.jax_adapter import pytree_shapes
+
+    return GradientCanaries(pytree_shapes(PARAMS), count=15, sample_rate=0.5, clip=1.5, seed=seed)
+
+
+def _known_noise(noise):
+    """optax: + the t-th of the given noise trees at step t (so the oracle can add the same)."""
+    stacked = jax.tree_util.tree_map(lambda *v: jnp.stack(v), *noise)
+
+    def init(params):
+        return jnp.zeros([], jnp.int32)
+
+    def update(updates, count, params=None):
+        z = jax.tree_util.tree_map(lambda s: s[count], stacked)
+        return jax.tree_util.tree_map(jnp.add, updates, z), count + 1
+
+    return optax.GradientTransformation(init, update)
+
+
+def _oracle(sums, noise):
+    c = _canaries()
+    for t in range(T):
+        named = {"['fc']['w']": sums[t]["fc"]["w"], "['fc']['b']": sums[t]["fc"]["b"]}
+        out = c.inject(t, named)
+        c.observe(t, {n: out[n] + z for n, z in zip(named, (noise[t]["fc"]["w"], noise[t]["fc"]["b"]), strict=True)})
+    return c.observations()
+
+
+def _assert_same(a, b):
+    for k in ("coordinates", "included", "observations", "noise_ss", "noise_count", "projections"):
+        np.testing.assert_array_equal(getattr(a, k), getattr(b, k), err_msg=k)
+
+
+@pytest.mark.parametrize("how", ["eager", "jit", "scan"])
+def test_optax_pair_records_what_the_core_records(how, tmp_path):
+    sums, noise = _data()
+    c = _canaries()
+    tx = optax.chain(c.optax_inject(), _known_noise(noise), c.optax_observe())
+    state = tx.init(PARAMS)
+    if how == "scan":
+
+        @jax.jit
+        def run(state):
+            def body(s, g):
+                u, s = tx.update(g, s, PARAMS)
+                return s, u
+
+            return jax.lax.scan(body, state, jax.tree_util.tree_map(lambda *v: jnp.stack(v), *sums))
+
+        state, outs = run(state)
+        last = jax.tree_util.tree_map(lambda v: v[-1], outs)
+    else:
+        update = jax.jit(tx.update) if how == "jit" else tx.update
+        for t in range(T):
+            last, state = update(sums[t], state, PARAMS)
+    got = c.observations()  # no explicit barrier: observations() waits for the dispatched steps
+    assert got.steps == T and int(state[0].step) == T and int(state[2].step) == T  # the step counters
+    want = _oracle(sums, noise)
+    _assert_same(got, want)
+    # What the chain hands on is the noisy sum: the clipped sum + C at each drawn canary + the noise.
+    flat = np.concatenate([np.asarray(last["fc"]["b"]).ravel(), np.asarray(last["fc"]["w"]).ravel()])
+    plain = np.concatenate([(sums[-1]["fc"][k] + noise[-1]["fc"][k]).ravel() for k in ("b", "w")])
+    added = (flat - plain)[want.coordinates] / 1.5  # canaries' coordinates first in (b, w) = flatten order
+    assert np.all(np.isin(np.round(added, 4), [0.0, 1.0])) and added.sum() > 0
+    np.testing.assert_allclose(np.delete(flat, want.coordinates), np.delete(plain, want.coordinates), rtol=0, atol=0)
+    c.save(tmp_path / "c")
+    assert (tmp_path / "c" / "canaries.json").is_file() and c.meta["framework"] == "optax"
+
+
+def test_optax_refusals():
+    c = _canaries()
+    other = {"fc": {"w": np.zeros((20, 11), np.float32), "b": np.zeros(10, np.float32)}}
+    with pytest.raises(InputError, match="another model"):
+        optax.chain(c.optax_inject(), c.optax_observe()).init(other)
+    with pytest.raises(InputError, match="another model"):
+        c.optax_inject().init({"conv": np.zeros(3, np.float32)})
+    tx = optax.chain(c.optax_inject(), c.optax_observe())
+    state = tx.init(PARAMS)
+    with pytest.raises(InputError, match="another model"):  # at trace time, before anything runs
+        jax.jit(tx.update)(other, state)
+    with pytest.raises(InputError, match="clip"):
+        GradientCanaries({"w": (3,)}, count=1, sample_rate=0.5, clip=None, seed=0).optax_inject()
+
+
+def test_optax_misuse_at_run_time_is_dpaudits_one_line_message():
+    """The chain in the wrong order (observe before inject) and an optimizer state re-initialised mid-run
+    (steps out of order): dpaudit's one-line message, eagerly an InputError, under jit the last line of
+    JAX's error; nothing is recorded by the refused call."""
+    sums, noise = _data()
+    c = _canaries()
+    wrong = optax.chain(c.optax_observe(), _known_noise(noise), c.optax_inject())
+    with pytest.raises(InputError, match=r"observe\(step=0\) before inject"):
+        wrong.update(sums[0], wrong.init(PARAMS))
+    c = _canaries()
+    tx = optax.chain(c.optax_inject(), _known_noise(noise), c.optax_observe())
+    update = jax.jit(tx.update)
+    state = tx.init(PARAMS)
+    for t in range(2):
+        _, state = update(sums[t], state)
+    with pytest.raises(Exception, match=r"InputError: inject\(step=0\): expected step 2") as err:
+        jax.block_until_ready(update(sums[0], tx.init(PARAMS)))  # a fresh state: its counter restarts at 0
+        jax.effects_barrier()
+    assert str(err.value).strip().splitlines()[-1].startswith("InputError: inject(step=0)")
+    assert c.observations().steps == 2

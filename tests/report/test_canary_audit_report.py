@@ -1,0 +1,113 @@
+"""Gradient-canary audits of a user's own loop (`dpaudit audit canaries DIR --out FILE`) and canaries of an
+imported checkpoint appear in a report like any other audit: formal bounds, the noise check, the verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit.cli.main import app
+from dpaudit.report.build import build_report
+
+from ..workflows.test_hooks_audit import DELTA, SIGMA, claim, simulate
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Two saved audits: the correct mechanism and the σC/√2 bug (one run each, as in test_hooks_audit)."""
+    tmp = tmp_path_factory.mktemp("canaries")
+    files = {}
+    for name, factor in (("correct", 1.0), ("sqrt2-bug", 1 / math.sqrt(2))):
+        d = simulate(0, tmp / name, factor=factor)
+        out = tmp / f"{name}.json"
+        args = ["audit", "canaries", str(d), "--claimed-epsilon", repr(claim()), "--delta", repr(DELTA)]
+        r = runner.invoke(app, [*args, "--noise-multiplier", repr(SIGMA), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        files[name] = out
+    return files
+
+
+def test_saved_canary_audits_render_in_a_report(saved, tmp_path):
+    out = tmp_path / "rep"
+    r = runner.invoke(app, ["report", str(saved["correct"]), str(saved["sqrt2-bug"]), "--out", str(out),
+                            "--format", "json,md,html"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "report.json").read_text())
+    models = {m["name"]: m for m in report["models"]}
+    bug, ok = models["sqrt2-bug"], models["correct"]
+    saved_bug = json.loads(saved["sqrt2-bug"].read_text())
+    assert bug["summary"]["verdict"] == saved_bug["verdict"] == "violation"  # the audit's own verdict
+    assert ok["summary"]["verdict"] in ("consistent", "inconclusive")
+    (check,) = bug["noise_checks"]
+    assert check["verdict"] == "violation" and check["formal"]
+    assert {g["name"] for g in check["groups"]} == {"w", "b"}
+    # The estimated std / σC of the best-resolved group: sd ≈ r/√(2n) for n values (delta method on χ²_n/n).
+    g = max(check["groups"], key=lambda g: g["dof"])
+    r = 1 / math.sqrt(2)
+    assert abs(g["ratio"] - r) <= 4 * r / math.sqrt(2 * g["dof"]), g
+    assert all(a["threat_model"] == "white-box, one run" for a in bug["audits"])
+    assert [a["method"] for a in bug["audits"] if a["formal"]] == ["one-run"]  # f-DP: a curve refutation
+    assert bug["summary"]["formal"]["attack"] == "gradient-canaries"
+    md = (out / "report.md").read_text()
+    assert "#### Noise check (formal)" in md and "your own training loop" in md
+    assert "the noise check rejects the claimed noise std" in md
+    html = (out / "report.html").read_text()
+    assert "Noise check (formal)" in html and "noise std / σC (estimate)" in html
+
+
+def test_a_failed_noise_check_sets_the_verdict(saved):
+    """Planted: a summary that ignores the noise check. The √2 bug's ε audits alone need not refute the claim;
+    the noise check does, and the headline says so."""
+    from dpaudit.report.build import canary_run_entry
+
+    entry = canary_run_entry(json.loads(saved["sqrt2-bug"].read_text()))
+    for a in entry["audits"]:  # keep only what the ε audits show, whatever it was
+        a["verdict"] = "inconclusive" if a["verdict"] == "violation" else a["verdict"]
+    model = build_report([entry], title="t")["models"][0]
+    assert model["summary"]["verdict"] == "violation"
+    assert model["summary"]["headline"].startswith("violation: the noise check rejects")
+    without = build_report([{**entry, "noise_checks": []}], title="t")["models"][0]
+    assert without["summary"]["verdict"] != "violation"
+
+
+def test_audit_canaries_out_is_not_overwritten_and_bad_files_are_refused(saved, tmp_path):
+    before = saved["correct"].read_bytes()
+    d = simulate(0, tmp_path / "again")
+    args = ["audit", "canaries", str(d), "--claimed-epsilon", "1", "--delta", "1e-5", "--out", str(saved["correct"])]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "already exists" in r.output
+    assert saved["correct"].read_bytes() == before
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"kind": "gradient-canary-audit", "canaries": "x"}))
+    r = runner.invoke(app, ["report", str(broken), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 2 and "not a complete saved canary audit" in r.output
+    assert not (tmp_path / "rep").exists()
+
+
+def test_an_imported_checkpoint_with_canaries_gets_its_formal_one_run_bound_in_the_report(tmp_path):
+    """make -> insert -> own training -> import --canaries -> report: the formal one-run bound is the
+    headline, and the report says the run is imported (issue 25, acceptance 3)."""
+    from examples import import_with_canaries as ex
+
+    def invoke(args):
+        r = runner.invoke(app, args)
+        return r.exit_code, r.stdout
+
+    ex.run(tmp_path, invoke)
+    out = tmp_path / "rep"
+    r = runner.invoke(
+        app, ["report", str(tmp_path / "run"), "--attacks", "loss", "--out", str(out), "--format", "json,md"]
+    )
+    assert r.exit_code == 0, r.output
+    (model,) = json.loads((out / "report.json").read_text())["models"]
+    formal = model["summary"]["formal"]
+    assert formal["attack"] == "canaries" and formal["method"] == "one-run" and formal["verdict"] == "violation"
+    assert formal["threat_model"] == "black-box, one run"
+    assert "imported run" in model["audits"][formal["audit_index"]]["description"]
+    assert model["summary"]["verdict"] == "violation"
+    assert "imported from" in (out / "report.md").read_text()
