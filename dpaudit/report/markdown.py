@@ -104,7 +104,7 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
                 md(a["method"]),
                 F.percent(a["confidence"]),
                 F.eps(a["epsilon_lower_bound"]),
-                F.claim_eps(a["claimed_epsilon"]),
+                F.audit_claim(a),
                 F.eps(a.get("max_certifiable_epsilon")),
                 f"({F.rate(op['fpr'])}, {F.rate(op['fnr'])})" if op else F.DASH,
                 verdict,
@@ -120,7 +120,6 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
 
 
 def model_section(m: Mapping[str, Any]) -> list[str]:
-    u = m["utility"]
     lines = [
         f"### {md(m['name'])}",
         "",
@@ -132,14 +131,7 @@ def model_section(m: Mapping[str, Any]) -> list[str]:
         "",
         "Utility:",
         "",
-        *_table(
-            ["split", "accuracy", "loss"],
-            [
-                [split, F.rate(u.get(f"{split}_accuracy")), F.num(u.get(f"{split}_loss"))]
-                for split in ("train", "holdout", "test")
-                if f"{split}_accuracy" in u
-            ],
-        ),
+        *_table(["split", "accuracy", "loss"], [[md(c) for c in row] for row in F.utility_rows(m)]),
     ]
     for family, attacks in m["attacks"].items():
         if not attacks:
