@@ -292,6 +292,9 @@ def claim_details(claim: Mapping[str, Any] | None) -> str:
     for key, label in (("noise_multiplier", "σ"), ("sample_rate", "q"), ("steps", "steps"), ("clip", "C")):
         if claim.get(key) is not None:
             parts.append(f"{label} {claim[key]}")
+    accounting = claim.get("accounting")  # a saved canary audit's claim check (dpaudit.workflows.hooks_audit)
+    if isinstance(accounting, Mapping) and accounting.get("statement"):
+        parts.append(f"claim check: {accounting['statement']}")
     dd = claim.get("data_dependent")  # PATE / DP-ICL (dpaudit/aggregation.py): beside the claim, never it
     if isinstance(dd, Mapping) and dd.get("epsilon") is not None:
         parts.append(f"data-dependent ε = {eps(dd['epsilon'])} (not itself private, not the claim)")

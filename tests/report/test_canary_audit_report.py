@@ -56,6 +56,8 @@ def test_saved_canary_audits_render_in_a_report(saved, tmp_path):
     assert bug["summary"]["formal"]["attack"] == "gradient-canaries"
     md = (out / "report.md").read_text()
     assert "#### Noise check (formal)" in md and "your own training loop" in md
+    assert ok["claim"]["accounting"]["relation"] == "matches"  # the claim is what (σ, q, T) account to
+    assert f"claim check: the claimed ε = {claim():g} matches what (σ = {SIGMA:g}" in md
     assert "the noise check rejects the claimed noise std" in md
     html = (out / "report.html").read_text()
     assert "Noise check (formal)" in html and "noise std / σC (estimate)" in html
