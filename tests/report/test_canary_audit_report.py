@@ -189,3 +189,10 @@ def test_per_step_canary_audits_render_with_their_own_verdict(per_step):
     entry["audits"][0]["refutation"] = None
     blind = build_report([{**entry, "noise_checks": []}], title="t")["models"][0]["summary"]
     assert blind["verdict"] is None and blind["headline"].startswith("no formal audit")
+
+
+def test_report_help_names_saved_canary_audits():
+    r = runner.invoke(app, ["report", "--help"], terminal_width=100)
+    assert r.exit_code == 0
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "saved canary audits (`dpaudit audit canaries DIR --out FILE.json`" in text
