@@ -26,7 +26,7 @@ FAMILY_TITLES = {
     "attribute": "Attribute inference",
     "cloak": "Cloak",
     "icl": "In-context learning membership (DP-ICL)",
-    "jl-step": "DP-SGD-JL step audit (what JL norm estimates leak)",
+    "jl-step": "DP-SGD-JL step audit (what JL norm estimates leak; one step at q = 1, not the model's claim)",
 }
 
 HOW_TO_READ = (

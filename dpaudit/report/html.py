@@ -152,6 +152,8 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
     for a in attacks:
         rows = [[_e(k), _e(F.num(v, ".4g"))] for k, v in F.scalar_results(a)]
         out.append(f"<h4>{_e(a.get('attack', '?'))}</h4>")
+        if isinstance(a.get("note"), str):  # what the result's numbers and verdicts are about
+            out.append(f'<p class="note">{_e(a["note"])}</p>')
         if rows:
             out.append(_table(["result", "value"], rows, numeric=(1,)))
         out.append(
