@@ -198,9 +198,10 @@ def jl_step_family(run, options, seed: int, progress) -> dict:
     Bu et al. 2021 (Lemma 4.3) subsampled at the run's q and composed T times (Thm. 4.1). This audit tests
     ONE step at q = 1 on a simulated logistic regression: a statement about the per-step mechanism at the
     run's σ and r, which the run's (q, T) claim neither implies (the run's steps are subsampled at its q, on
-    its own model) nor is implied by (a bound on one step at q = 1 says nothing about T subsampled steps). A formal violation of the JL accountant's one-step ε would show that the per-step analysis
-    the run's claim is built on is wrong at this σ and r — a reason to distrust the claim, not a refutation
-    of the run's (ε, δ); the plain formula's claim is no one's claim for a JL run."""
+    its own model) nor is implied by (a bound on one step at q = 1 says nothing about T subsampled steps).
+    A formal violation of the JL accountant's one-step ε would show that the per-step analysis the run's
+    claim is built on is wrong at this σ and r — a reason to distrust the claim, not a refutation of the
+    run's (ε, δ); the plain formula's claim is no one's claim for a JL run."""
     from dpaudit.errors import InputError
 
     privacy = run.privacy or {}
