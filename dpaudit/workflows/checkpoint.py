@@ -112,7 +112,9 @@ def _icl_audits(result: Mapping[str, Any]) -> list[AuditRecord]:
 
 
 # Formal audits of the model's own claim that a family's result carries: name -> records(result). They join
-# the model's audits, so that its headline (the strongest formal audit) uses them like any other.
+# the model's audits, so that its headline (the strongest formal audit) uses them like any other. "jl-step"
+# is absent on purpose: it tests one JL step at q = 1 against one-step claims, not the run's (q, T) claim
+# (:func:`dpaudit.workflows.jl_audit.jl_step_family`), so its verdicts stay in its own section.
 FAMILY_AUDITS = {"icl": _icl_audits}
 
 
