@@ -23,6 +23,10 @@ App. C) release them through smooth sensitivity (Nissim, Raskhodnikova & Smith 2
    lambda))-RDP with c = lambda e^(2 beta) / sigma_s^2 + (-log(1 - 2 lambda beta)/2 + beta lambda)/(lambda - 1)
    for 1 < lambda < 1/(2 beta) (Papernot et al. 2018, App. C, Thm. 23).
 
+The sanitiser's settings (lambda, beta, sigma_s, tau) are chosen by :func:`choose_sanitiser`, a public rule: the
+expected claim minimised on a prior vote histogram built from public settings only (never the votes, whose use
+would be an unaccounted release); settings a user fixes in advance replace the rule's.
+
 The paper publishes the GNSS value itself; a value drawn around eps_lambda(D) is below it half of the
 time. :func:`sanitised_claim` turns it into a claim that is not below eps_lambda(D) except with
 probability delta/2 (our addition, stated where it is made): log SS_beta(D) has sensitivity beta
@@ -511,7 +515,7 @@ def _best_sigma_tau(ss: float, order: float, beta_factor: float, sigma_s: float 
     """sigma_s and tau minimising :func:`expected_claim` at fixed order and beta (those given are kept).
     For fixed tau the sigma_s terms are a sigma + b / sigma^2 with a = z SS e^(beta tau z + tau^2/2) and
     b = lambda e^(2 beta) (Thm. 23), minimised at sigma = (2 b / a)^(1/3) (the authors minimise the same form with
-    a = 2 SS: pate_2018 ICLR2018/smooth_sensitivity_table.py, ``sigma_ss = ((order * exp(2 beta)) / ss)**(1/3)``);
+    a = 2 SS: pate_2018 ICLR2018/smooth_sensitivity_table.py, line 216, ``sigma_ss = ((order * exp(2 beta)) / ss)**(1/3)``);
     tau, a scalar, by bounded search in log tau."""
     beta = beta_factor / order
     z = margin_quantile(delta)
@@ -541,9 +545,9 @@ def choose_sanitiser(kind: str, *, n_queries: int, max_answers: int | None, n_cl
     (:func:`expected_claim`) on :func:`prior_histogram`'s votes. It takes public quantities only (the number of
     queries, classes and teachers, the cap, the aggregator's sigmas and threshold, delta), never the votes, so
     choosing it releases nothing (the authors' own search over beta and sigma_s runs on the private votes and
-    "cannot be released": pate_2018 ICLR2018/smooth_sensitivity_table.py, ``_find_optimal_smooth_sensitivity_
-    parameters``). The order runs over :data:`ORDER_GRID`, beta_factor over :data:`BETA_FACTORS` (the authors'
-    range, ibid. ``betas = np.arange(.3 / order, .495 / order, .01 / order)``); sigma_s and tau by
+    "cannot be released": pate_2018 ICLR2018/smooth_sensitivity_table.py, lines 161-162,
+    ``_find_optimal_smooth_sensitivity_parameters``). The order runs over :data:`ORDER_GRID`, beta_factor over :data:`BETA_FACTORS` (the authors'
+    range, ibid. line 169: ``betas = np.arange(.3 / order, .495 / order, .01 / order)``); sigma_s and tau by
     :func:`_best_sigma_tau`. Pure in its arguments, so cached (repeated claims on one run pay it once)."""
     key = tuple(sorted((k, params.get(k)) for k in ("sigma", "sigma1", "threshold")))
     return _choose(kind, int(n_queries), max_answers, int(n_classes), int(n_teachers), key, float(delta),
