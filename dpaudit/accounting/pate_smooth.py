@@ -515,7 +515,8 @@ def _best_sigma_tau(ss: float, order: float, beta_factor: float, sigma_s: float 
     """sigma_s and tau minimising :func:`expected_claim` at fixed order and beta (those given are kept).
     For fixed tau the sigma_s terms are a sigma + b / sigma^2 with a = z SS e^(beta tau z + tau^2/2) and
     b = lambda e^(2 beta) (Thm. 23), minimised at sigma = (2 b / a)^(1/3) (the authors minimise the same form with
-    a = 2 SS: pate_2018 ICLR2018/smooth_sensitivity_table.py, line 216, ``sigma_ss = ((order * exp(2 beta)) / ss)**(1/3)``);
+    a = 2 SS: pate_2018 ICLR2018/smooth_sensitivity_table.py, line 216,
+    ``sigma_ss = ((order * exp(2 beta)) / ss)**(1/3)``);
     tau, a scalar, by bounded search in log tau."""
     beta = beta_factor / order
     z = margin_quantile(delta)
@@ -546,8 +547,9 @@ def choose_sanitiser(kind: str, *, n_queries: int, max_answers: int | None, n_cl
     queries, classes and teachers, the cap, the aggregator's sigmas and threshold, delta), never the votes, so
     choosing it releases nothing (the authors' own search over beta and sigma_s runs on the private votes and
     "cannot be released": pate_2018 ICLR2018/smooth_sensitivity_table.py, lines 161-162,
-    ``_find_optimal_smooth_sensitivity_parameters``). The order runs over :data:`ORDER_GRID`, beta_factor over :data:`BETA_FACTORS` (the authors'
-    range, ibid. line 169: ``betas = np.arange(.3 / order, .495 / order, .01 / order)``); sigma_s and tau by
+    ``_find_optimal_smooth_sensitivity_parameters``). The order runs over :data:`ORDER_GRID`, beta_factor over
+    :data:`BETA_FACTORS` (the authors' range, ibid. line 169: ``betas = np.arange(.3 / order, .495 / order,
+    .01 / order)``); sigma_s and tau by
     :func:`_best_sigma_tau`. Pure in its arguments, so cached (repeated claims on one run pay it once)."""
     key = tuple(sorted((k, params.get(k)) for k in ("sigma", "sigma1", "threshold")))
     return _choose(kind, int(n_queries), max_answers, int(n_classes), int(n_teachers), key, float(delta),
