@@ -175,6 +175,9 @@ class Clipper(ABC):
     """Computes :class:`ClippedGradients` for batches; built once per model by :func:`make_clipper`."""
 
     method: str
+    # True: the method honours ``valid`` (rows after the first ``valid`` are padding whose clip factor
+    # is exactly 0, see :meth:`_clip_factors`); a method that does not (JL) is never given padding.
+    pads = False
 
     def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         check_no_batchnorm(model)
@@ -183,18 +186,48 @@ class Clipper(ABC):
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
+        self._valid = 0  # real rows of the batch being clipped (set per call)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        """Clipped-gradient sum and per-example norms for the batch (x, y) at clipping norm ``clip``."""
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, clip: float, *, valid: int | None = None) -> ClippedGradients:
+        """Clipped-gradient sum and per-example norms for the batch (x, y) at clipping norm ``clip``.
+
+        ``valid``: only the first ``valid`` rows are examples; the others are padding (copies of a
+        real row, so their gradients are finite), which gets clip factor exactly 0 and adds exactly
+        0 to every sum (a padded physical batch: a few fixed shapes instead of one per Poisson batch
+        size). ``norms`` then has the ``valid`` real rows only."""
         clip = check_positive(clip=clip)
-        if x.shape[0] != y.shape[0]:
-            raise InputError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
-        if x.shape[0] == 0:
+        n = x.shape[0]
+        if n != y.shape[0]:
+            raise InputError(f"x has {n} examples but y has {y.shape[0]}")
+        valid = n if valid is None else int(valid)
+        if not 0 <= valid <= n:
+            raise InputError(f"expected valid in [0, {n}], got {valid}")
+        if valid < n and not self.pads:
+            raise InputError(f"--clipping {self.method} does not take padded batches")
+        if valid == 0:
             return ClippedGradients(
                 grads=tuple(torch.zeros_like(p) for p in self.params),
                 norms=torch.zeros(0, dtype=self.params[0].dtype, device=self.params[0].device),
             )
-        return self._compute(x, y, clip)
+        self._valid = valid
+        out = self._compute(x, y, clip)
+        return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
+
+    def _clip_factors(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
+        """:func:`clip_factors` of the rows, with every padding row's factor set to exactly 0.
+
+        Why the clipped sum is then exactly the unpadded one: Σ_i c_i g_i over the padded batch is the
+        real rows' terms plus 0·g_j for each padding row j, and 0·g_j = 0 for finite g_j (a padding
+        row is a copy of a real row, so its gradient is finite whenever theirs are). The real rows'
+        own g_i are unchanged by the padding because the loss is Σ_i ℓ_i and ℓ_i depends on row i
+        only (no layer mixes examples: BatchNorm is refused, GroupNorm/LayerNorm normalise within an
+        example, and the ghost check compares every layer with the one-example reference), so the
+        output gradient of row i is ∂ℓ_i/∂out_i whatever the other rows are. Only the summation
+        order (rounding) can differ. The norms of padding rows are computed but never returned."""
+        c = clip_factors(norms, clip)
+        if self._valid < norms.shape[0]:
+            c[self._valid :] = 0.0  # a slice fill: no host read
+        return c
 
     @abstractmethod
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients: ...
@@ -211,11 +244,12 @@ class LoopClipper(Clipper):
     """One backward pass per example: slow, obviously correct; the test reference."""
 
     method = "loop"
+    pads = True  # padding rows are simply skipped
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         sums = [torch.zeros_like(p) for p in self.params]
         norms = []
-        for i in range(x.shape[0]):
+        for i in range(self._valid):
             loss = _per_example_loss_sum(self.model, x[i : i + 1], y[i : i + 1], self.autocast)
             gs = torch.autograd.grad(loss, self.params, allow_unused=True)
             gs = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, gs, strict=True)]
@@ -265,6 +299,7 @@ class VmapClipper(Clipper):
     """Materialised per-example gradients with ``torch.func`` (works for any functional model)."""
 
     method = "vmap"
+    pads = True
 
     def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         super().__init__(model, autocast=autocast)
@@ -281,7 +316,7 @@ class VmapClipper(Clipper):
             per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
         with exact_matmuls():
             norms = torch.sqrt(_sq_norms(per_example))
-            c = clip_factors(norms, clip)
+            c = self._clip_factors(norms, clip)
             return ClippedGradients(grads=tuple(_weighted_sum(c, g) for g in per_example), norms=norms)
 
 
@@ -1189,6 +1224,7 @@ class GhostClipper(Clipper):
     """
 
     method = "ghost"
+    pads = True
     CHECK_EXAMPLES = 4
 
     def __init__(self, model: nn.Module, *, check: bool = True, autocast: torch.dtype | None = None) -> None:
@@ -1390,7 +1426,7 @@ class GhostClipper(Clipper):
 
     def _clip(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         parts, pe, norms = self._norm_parts(plan, x, y)
-        c = clip_factors(norms, clip)
+        c = self._clip_factors(norms, clip)
         grads: list[torch.Tensor | None] = [None] * len(self.params)
         with exact_matmuls():
             for part, idx in parts:
@@ -1434,6 +1470,7 @@ class AutoClipper(Clipper):
     kept (``describe``). A model on which even the loop fails is refused with the reasons."""
 
     method = "auto"
+    pads = True  # every method it may choose pads
 
     def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         super().__init__(model, autocast=autocast)
@@ -1442,14 +1479,17 @@ class AutoClipper(Clipper):
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         if self.chosen_ is not None:
+            self.chosen_._valid = self._valid
             try:
                 return self.chosen_._compute(x, y, clip)
             except GhostMismatchError as e:  # a module called a different number of times than planned
                 self.tried_.append(f"ghost (later batch): {_first_line(e)}")
                 self.chosen_ = VmapClipper(self.model, autocast=self.autocast)
+                self.chosen_._valid = self._valid
                 return self.chosen_._compute(x, y, clip)
         for cls in (GhostClipper, VmapClipper, LoopClipper):
             impl = cls(self.model, autocast=self.autocast)
+            impl._valid = self._valid
             try:
                 if isinstance(impl, GhostClipper):
                     impl.plan_ = impl._make_plan(x, y)
