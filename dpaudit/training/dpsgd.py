@@ -5,7 +5,8 @@ One logical step (Abadi et al. 2016, arXiv:1607.00133, Alg. 1):
 1. sample a batch: Poisson (every record independently with probability q = B/N) or, with
    ``sampling="shuffle"``, the next B records of a fresh per-epoch permutation;
 2. Σ_i g_i / max(1, ‖g_i‖/C) over the batch (:mod:`dpaudit.training.clipping`, split into
-   physical chunks of at most ``PerfConfig.max_physical_batch`` examples, chunk sums added);
+   physical chunks of at most ``PerfConfig.max_physical_batch`` examples, chunk sums added; on CUDA
+   each chunk is padded to one of a few sizes, :func:`padded_size`, with rows of clip factor 0);
 3. add N(0, σ²C²I) once to that sum and divide by the *expected* batch size B (not the realised
    Poisson size, which would make the divisor data dependent);
 4. an SGD or Adam step on the result. The step is post-processing of the noisy gradient, so DP-Adam
