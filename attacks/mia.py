@@ -308,7 +308,7 @@ def scores_paths(path: Path, methods: tuple[str, ...]) -> dict[str, Path]:
 def attack_checkpoint(
     checkpoint: Path,
     *,
-    method: str,
+    attacks: str,
     shadow_models: int | None,
     reference_models: int,
     online: bool,
@@ -324,13 +324,13 @@ def attack_checkpoint(
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = lambda message: None,
 ) -> list[AttackResult]:
-    """``dpaudit attack mia``: load the run at ``checkpoint``, run the attacks of ``method`` (comma-separated)
+    """``dpaudit attack mia``: load the run at ``checkpoint``, run the attacks named in ``attacks`` (comma-separated)
     with :func:`run_mia` and write each attack's per-record scores under ``scores_out`` (see
     :func:`scores_paths`). ``no_cache``: reference models in a temporary directory, deleted afterwards.
     Every option is checked, and every output path refused unless ``force``, before anything is trained."""
     from dpaudit.checkpoint import load_run
 
-    methods = parse_methods(method)
+    methods = parse_methods(attacks)
     check_workers(workers, scheduler=scheduler)
     if no_cache and cache_dir is not None:
         raise InputError("give --cache-dir or --no-cache, not both")

@@ -17,7 +17,7 @@ Printed, all measured in this run on this device:
   ``--clipping auto``; the clipping method it chose is printed), and their ratio;
 - LiRA reference models per hour: 3600 / the wall time of training one reference model with the
   target's recipe (DP-SGD, one epoch, on half of the candidate pool) and computing its logits on
-  every record, as ``dpaudit attack mia -m lira`` does for each;
+  every record, as ``dpaudit attack mia --attacks lira`` does for each;
 - with ``--measure-rss``: in a fresh process, the peak resident set (``VmHWM``) of loading the
   directory and one DP-SGD epoch over all of it, against the peak of the same training on four
   batches held in memory (what the model and a few batches need, measured), both from the same

@@ -87,12 +87,19 @@ SUBSAMPLED_NOTE = (
     "prompt for a query with probability q, independently per query: adding or removing one record changes at "
     "most one vote per query, and only on the queries that sampled it (add/remove neighbours)"
 )
+SANITISER_RULE_NOTE = (
+    "settings given as null were chosen by the public rule dpaudit.accounting.pate_smooth.choose_sanitiser (the "
+    "expected claim minimised on a prior vote histogram built from the public settings: T votes on top for "
+    "confident-gnmax, prior_top of the teachers otherwise); settings given as numbers were fixed by the user"
+)
 SANITISED_NOTE = (
     "data-dependent, sanitised (Papernot et al. 2018, arXiv:1802.08908, Sec. 4.3 and App. C): the data-dependent "
     "RDP at one order is released with Gaussian noise scaled by its smooth sensitivity (GNSS, Thm. 23), raised "
     "by a margin from a released bound on that sensitivity so that it is not below the data-dependent RDP except "
     "with probability delta/2; both releases are charged, and RDP is converted at delta/2 (formal for this "
-    "dataset's neighbours: the claim holds with the stated delta)."
+    "dataset's neighbours: the claim holds with the stated delta). The sanitiser's settings not fixed by the user "
+    "were chosen by a public rule (a function of the public settings only, never of the votes: "
+    "sanitised.chosen_by_public_rule); settings fixed by the user are honest only if fixed before the votes were seen."
 )
 
 
@@ -395,7 +402,7 @@ def privacy_record(
         accountant="rdp, data-dependent, sanitised with smooth sensitivity",
         data_independent_epsilon=di["epsilon"],
         sanitised=s["public"],
-        sanitiser=(sanitiser or SanitiserConfig()).to_dict(),
+        sanitiser={**(sanitiser or SanitiserConfig()).to_dict(), "rule": SANITISER_RULE_NOTE},
         analysis=SANITISED_NOTE + " " + NEIGHBOURING_NOTE,
     )
     return record

@@ -17,11 +17,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dpaudit.errors import InputError
+from dpaudit.progress import announce
 
 MEMORY_FRACTION = 0.5  # of the memory available now: what one dpaudit process may plan to use
 CONFIRM_SECONDS = 3600.0  # estimated work above one hour needs --yes
@@ -126,12 +126,9 @@ def check_cost(cost: Cost, *, memory: int | None = None) -> Cost:
             f"(an estimate: {_duration(cost.seconds_per_unit)} each); rerun with dpaudit --yes to start it anyway"
         )
     if cost.seconds > NOTICE_SECONDS:
-        # Said before the work starts, so that nothing long begins without an estimate (progress line style).
-        print(
-            f"dpaudit: {cost.what}: about {_duration(cost.seconds)} and {_bytes(cost.memory)} of memory (an estimate)",
-            file=sys.stderr,
-            flush=True,
-        )
+        # Said before the work starts, so that nothing long begins without an estimate (the CLI's notice
+        # reporter: silent under --quiet, each estimate once per command).
+        announce(f"{cost.what}: about {_duration(cost.seconds)} and {_bytes(cost.memory)} of memory (an estimate)")
     return cost
 
 

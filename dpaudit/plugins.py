@@ -57,6 +57,14 @@ __all__ = [
 ]
 
 CONTRACT = "function(X: numpy.ndarray, y: numpy.ndarray, seed: int) -> Mapping[str, array-like]"
+# What `audit train --score` computes on each run (the help of the option; implemented in workflows/training.py).
+PLUGIN_SCORE_HELP = (
+    "margin: logit-scaled confidence of the canary's label at the canary (Carlini et al. 2022, arXiv:2112.03570); "
+    "loss: minus its cross-entropy (Yeom et al. 2018, arXiv:1709.01604); probe: the logit-scaled confidence of "
+    "the canary's label at a fixed probe input (all zeros after the public standardisation, the aux mean), which "
+    "moves with an un-noised bias however the canary looks; or 'module:function', "
+    "function(state_dict, x, y) -> float (x: the preprocessed canary, shape (1, *feature_shape); y: its label)."
+)
 
 
 Trainer = Callable[[np.ndarray, np.ndarray, int], Mapping[str, Any]]

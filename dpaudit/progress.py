@@ -10,6 +10,7 @@ clean (pure JSON under --json).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -99,3 +100,44 @@ def make_progress(*, quiet: bool, json_output: bool) -> Progress:
 
 
 NULL_PROGRESS = Progress()
+
+
+# ---- notices: one line before long work starts (dpaudit.budget's estimates) ------------------------------
+#
+# Library code calls :func:`announce`; whoever runs it decides where the line goes. The CLI wraps each command
+# in :func:`notices` with its reporter (silent under --quiet), and each distinct notice is then said once per
+# command, not once per training of a multi-run audit. Worker processes started inside the block inherit
+# ``NOTICES_ENV`` and stay silent: their parent has announced the work as a whole before starting them.
+
+NOTICES_ENV = "DPAUDIT_NOTICES_BY_PARENT"
+_reporter: list[Callable[[str], None]] = []
+_said: list[set[str]] = []
+
+
+def announce(message: str) -> None:
+    """Say ``message`` (one line) through the active :func:`notices` reporter, once per block; without one,
+    on stderr with the progress prefix (silent in a worker process whose parent reports notices)."""
+    if _reporter:
+        if message not in _said[-1]:
+            _said[-1].add(message)
+            _reporter[-1](PREFIX + message)
+    elif os.environ.get(NOTICES_ENV) != "1":
+        print(PREFIX + message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def notices(reporter: Callable[[str], None]) -> Iterator[None]:
+    """Within this block, :func:`announce` goes to ``reporter``, each distinct message once."""
+    old = os.environ.get(NOTICES_ENV)
+    os.environ[NOTICES_ENV] = "1"
+    _reporter.append(reporter)
+    _said.append(set())
+    try:
+        yield
+    finally:
+        _reporter.pop()
+        _said.pop()
+        if old is None:
+            os.environ.pop(NOTICES_ENV, None)
+        else:
+            os.environ[NOTICES_ENV] = old

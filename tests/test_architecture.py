@@ -23,6 +23,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     (
         "dpaudit",
         "dpaudit.errors",
+        "dpaudit.defaults",
         "dpaudit.validation",
         "dpaudit.fileio",
         "dpaudit.seeding",

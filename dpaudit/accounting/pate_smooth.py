@@ -23,6 +23,10 @@ App. C) release them through smooth sensitivity (Nissim, Raskhodnikova & Smith 2
    lambda))-RDP with c = lambda e^(2 beta) / sigma_s^2 + (-log(1 - 2 lambda beta)/2 + beta lambda)/(lambda - 1)
    for 1 < lambda < 1/(2 beta) (Papernot et al. 2018, App. C, Thm. 23).
 
+The sanitiser's settings (lambda, beta, sigma_s, tau) are chosen by :func:`choose_sanitiser`, a public rule: the
+expected claim minimised on a prior vote histogram built from public settings only (never the votes, whose use
+would be an unaccounted release); settings a user fixes in advance replace the rule's.
+
 The paper publishes the GNSS value itself; a value drawn around eps_lambda(D) is below it half of the
 time. :func:`sanitised_claim` turns it into a claim that is not below eps_lambda(D) except with
 probability delta/2 (our addition, stated where it is made): log SS_beta(D) has sensitivity beta
@@ -49,11 +53,14 @@ from dpaudit.validation import check_in_interval, check_positive
 
 __all__ = [
     "SanitiserConfig",
+    "choose_sanitiser",
+    "expected_claim",
     "gnss_rdp",
     "local_sensitivity_gnmax",
     "local_sensitivity_threshold",
     "log_q_gnmax",
     "log_q_lnmax",
+    "prior_histogram",
     "rdp_gnmax_data_dependent",
     "rdp_lnmax_data_dependent",
     "rdp_threshold_data_dependent",
@@ -329,40 +336,62 @@ def gnss_rdp(beta: float, sigma_s: float, order: float) -> float:
 # ----------------------------------------------------------------------------- the sanitised claim
 
 
+MECHANISM_SETTINGS = ("order", "beta_factor", "sigma_s", "tau")
+
+
 @dataclass(frozen=True)
 class SanitiserConfig:
-    """Public parameters of the sanitiser, fixed before the votes are seen.
+    """Public parameters of the sanitiser. Each one is either fixed by the user, which is honest only if it was
+    fixed before the votes were seen, or None: chosen by :func:`choose_sanitiser` from public quantities only.
 
-    ``order``: the Renyi order lambda (None: :func:`choose_order` picks it from public quantities only).
-    ``beta_factor``: beta = beta_factor / lambda (the authors search 0.3/lambda .. 0.495/lambda).
-    ``sigma_s``: the GNSS noise multiplier; ``tau``: the noise of the released log SS (sensitivity beta).
+    ``order``: the Renyi order lambda; ``beta_factor``: beta = beta_factor / lambda (in (0, 1/2): GNSS needs
+    lambda < 1/(2 beta), Thm. 23); ``sigma_s``: the GNSS noise multiplier; ``tau``: the noise of the released
+    log SS (whose sensitivity is beta). ``prior_top``: not a mechanism setting but the public rule's prior, the
+    fraction of teachers in each query's top class (None: :func:`prior_histogram`'s default).
     """
 
     order: float | None = None
-    beta_factor: float = 0.4
-    sigma_s: float = 10.0
-    tau: float = 1.0
+    beta_factor: float | None = None
+    sigma_s: float | None = None
+    tau: float | None = None
+    prior_top: float | None = None
 
     def __post_init__(self) -> None:
         if self.order is not None and not self.order > 1.0:
             raise InputError(f"expected order > 1, got {self.order}")
-        check_in_interval(0.0, 0.5, beta_factor=self.beta_factor)
-        check_positive(sigma_s=self.sigma_s)
-        check_positive(tau=self.tau)
+        if self.beta_factor is not None:
+            check_in_interval(0.0, 0.5, beta_factor=self.beta_factor)
+            if self.beta_factor >= 0.5:
+                raise InputError(
+                    f"expected beta_factor < 0.5 (Thm. 23 needs lambda < 1/(2 beta)), got {self.beta_factor}"
+                )
+        if self.sigma_s is not None:
+            check_positive(sigma_s=self.sigma_s)
+        if self.tau is not None:
+            check_positive(tau=self.tau)
+        if self.prior_top is not None and not 0.0 < self.prior_top <= 1.0:
+            raise InputError(f"expected prior_top in (0, 1], got {self.prior_top}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def free(self) -> tuple[str, ...]:
+        """The mechanism settings left to the public rule."""
+        return tuple(k for k in MECHANISM_SETTINGS if getattr(self, k) is None)
+
     @classmethod
     def parse(cls, text: str) -> SanitiserConfig:
-        """``"order=2,sigma_s=0.75"``: any of the fields as comma-separated key=value pairs (the rest default)."""
-        fields = {f: float for f in ("order", "beta_factor", "sigma_s", "tau")}
+        """``"auto"``: every field from the public rule; ``"order=2,sigma_s=0.75"``: those fields fixed (they must
+        have been fixed before the votes were seen), the others from the public rule."""
+        if text.strip() == "auto":
+            return cls()
+        fields = {f: float for f in (*MECHANISM_SETTINGS, "prior_top")}
         given: dict[str, float] = {}
         for part in (p.strip() for p in text.split(",") if p.strip()):
             key, sep, value = part.partition("=")
             if not sep or key.strip() not in fields:
                 keys = ", ".join(fields)
-                raise InputError(f"expected the sanitiser as key=value pairs with keys {keys}, got {part!r}")
+                raise InputError(f"expected the sanitiser as auto or key=value pairs with keys {keys}, got {part!r}")
             try:
                 given[key.strip()] = float(value)
             except ValueError:
@@ -370,7 +399,8 @@ class SanitiserConfig:
         return cls(**given)
 
 
-ORDER_GRID = tuple(float(x) for x in (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 64, 80, 100))
+ORDER_GRID = tuple(float(x) for x in (1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 64, 80, 100))
+BETA_FACTORS = (0.3, 0.35, 0.4, 0.45, 0.49)  # the authors' search range 0.3/lambda .. 0.495/lambda (see below)
 
 
 def per_query_rdp(kind: str, hist: np.ndarray, answered: np.ndarray, params: dict[str, float], order: float) -> float:
@@ -400,24 +430,160 @@ def conversion(order: float, delta: float) -> float:
     return math.log1p(-1.0 / order) - (math.log(delta) + math.log(order)) / (order - 1.0)
 
 
-def choose_order(kind: str, n_queries: int, max_answers: int | None, n_classes: int, n_teachers: int,
-                 params: dict[str, float], config: SanitiserConfig, delta: float) -> float:  # fmt: skip
-    """The order from quantities fixed before the votes are seen (not the answered count, an output): the
-    lambda of :data:`ORDER_GRID` minimising the claim of a run whose queries were all unanimous and answered up
-    to the cap (the best case the sanitiser can certify), i.e. the data-dependent cost of unanimous histograms
-    plus the sanitiser's own costs plus the conversion at delta/2."""
-    unanimous = np.zeros((n_queries, n_classes))
-    unanimous[:, 0] = n_teachers
-    answered = np.zeros(n_queries, dtype=bool)
-    answered[: n_queries if max_answers is None else max_answers] = True
-    best, best_val = None, math.inf
-    for order in ORDER_GRID:
-        beta = config.beta_factor / order
-        val = per_query_rdp(kind, unanimous, answered, params, order) + gnss_rdp(beta, config.sigma_s, order)
-        val += order * beta**2 / (2.0 * config.tau**2) + conversion(order, delta / 2.0)
-        if val < best_val:
-            best, best_val = order, val
-    return float(best)
+def _ls_sum(kind: str, h: np.ndarray, weights: np.ndarray, n_teachers: int, params: dict[str, float],
+            order: float) -> np.ndarray:  # fmt: skip
+    """A(d) of :func:`smooth_sensitivity`: the sum over queries of each query's local-sensitivity bound at
+    distance <= d, the threshold check on every query and GNMax on the rows weighted by ``weights`` (1 for an
+    answered query, 0 for a declined one; the public rule's prior uses Pr[answered]). Identical (sorted)
+    histograms are computed once, as the bounds depend on nothing else."""
+    ls = np.zeros(n_teachers)
+    if kind == "confident-gnmax":
+        tops, counts = np.unique(h.max(1), return_counts=True)
+        for mx, c in zip(tops, counts, strict=True):
+            ls += c * np.maximum.accumulate(
+                local_sensitivity_threshold(mx, n_teachers, params["threshold"], params["sigma1"], order)
+            )
+    rows = np.flatnonzero(weights > 0)
+    if len(rows):
+        hists, inverse = np.unique(-np.sort(-h[rows], axis=1), axis=0, return_inverse=True)
+        w = np.bincount(np.ravel(inverse), weights=weights[rows], minlength=len(hists))
+        for v, c in zip(hists, w, strict=True):
+            ls += c * np.maximum.accumulate(local_sensitivity_gnmax(v, n_teachers, params["sigma"], order))
+    return ls
+
+
+def margin_quantile(delta: float) -> float:
+    """z = Phi^-1(1 - delta/4): each of the sanitiser's two Gaussian draws falls below -z with probability delta/4."""
+    return float(stats.norm.isf(delta / 4.0))
+
+
+GNMAX_PRIOR_TOP = 0.8  # plain GNMax has no threshold to anchor the prior: 4 in 5 teachers agree (fixed in advance)
+
+
+def prior_histogram(
+    kind: str,
+    n_queries: int,
+    max_answers: int | None,
+    n_classes: int,
+    n_teachers: int,
+    params: dict[str, float],
+    prior_top: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The public rule's prior of the votes, built from public settings only: every query has the same histogram,
+    top count n1 = round(prior_top K) and the other K - n1 votes on one runner-up (for a given top count, the
+    histogram nearest a tie, so the largest GNMax sensitivity).
+
+    ``prior_top`` None: Confident-GNMax's threshold, n1 = T (T is the designer's statement of the consensus a
+    query needs to be answered); plain GNMax, :data:`GNMAX_PRIOR_TOP`. Confident-GNMax answers a query of the
+    prior with Pr[n1 + N(0, sigma1^2) >= T] (1/2 at n1 = T), so GNMax's local sensitivity and RDP are weighted by
+    it, as the authors' expected local sensitivity (pate_2018 ICLR2018/smooth_sensitivity_table.py, lines
+    201-202: ``ls_cum += ls_step1 + pr_answered * ls_step2``), and the expected answers are capped at the cap.
+    Returns (histograms (Q, C), weights (Q,)): the expected number of answered queries is the weights' sum."""
+    k = int(n_teachers)
+    if prior_top is not None:
+        n1 = round(prior_top * k)
+    elif kind == "confident-gnmax":
+        n1 = math.ceil(params["threshold"])
+    else:
+        n1 = round(GNMAX_PRIOR_TOP * k)
+    n1 = min(k, max(n1, math.ceil((k + 1) / 2)))  # a plurality: at least a bare majority in the prior
+    if kind == "confident-gnmax":
+        p_answer = float(stats.norm.sf(params["threshold"] - n1, scale=params["sigma1"]))
+    else:
+        p_answer = 1.0
+    hist = np.zeros((n_queries, n_classes))
+    hist[:, 0], hist[:, 1] = n1, k - n1
+    expected = n_queries * p_answer if max_answers is None else min(n_queries * p_answer, float(max_answers))
+    return hist, np.full(n_queries, expected / n_queries)
+
+
+def expected_claim(raw: float, ss: float, order: float, beta_factor: float, sigma_s: float, tau: float,
+                   delta: float) -> float:  # fmt: skip
+    """The expected value of :func:`sanitised_claim`'s epsilon over the sanitiser's noise, given the data-dependent
+    RDP ``raw`` and smooth sensitivity ``ss``: E[U] = raw + z sigma_s SS e^(beta tau z) E[e^(tau N)] with
+    E[e^(tau N)] = e^(tau^2 / 2) (log-normal mean), plus both releases' RDP and the conversion."""
+    beta = beta_factor / order
+    z = margin_quantile(delta)
+    margin = z * sigma_s * ss * math.exp(beta * tau * z + 0.5 * tau**2)
+    return (
+        raw + margin + gnss_rdp(beta, sigma_s, order) + order * beta**2 / (2.0 * tau**2) + conversion(order, delta / 2)
+    )
+
+
+def _best_sigma_tau(ss: float, order: float, beta_factor: float, sigma_s: float | None, tau: float | None,
+                    delta: float) -> tuple[float, float]:  # fmt: skip
+    """sigma_s and tau minimising :func:`expected_claim` at fixed order and beta (those given are kept).
+    For fixed tau the sigma_s terms are a sigma + b / sigma^2 with a = z SS e^(beta tau z + tau^2/2) and
+    b = lambda e^(2 beta) (Thm. 23), minimised at sigma = (2 b / a)^(1/3) (the authors minimise the same form with
+    a = 2 SS: pate_2018 ICLR2018/smooth_sensitivity_table.py, line 216,
+    ``sigma_ss = ((order * exp(2 beta)) / ss)**(1/3)``);
+    tau, a scalar, by bounded search in log tau."""
+    beta = beta_factor / order
+    z = margin_quantile(delta)
+    b = order * math.exp(2.0 * beta)
+
+    def sigma_for(t: float) -> float:
+        if sigma_s is not None:
+            return sigma_s
+        return (2.0 * b / (z * max(ss, 1e-300) * math.exp(beta * t * z + 0.5 * t**2))) ** (1.0 / 3.0)
+
+    if tau is not None:
+        return sigma_for(tau), tau
+
+    def cost(log_t: float) -> float:
+        t = math.exp(log_t)
+        return expected_claim(0.0, ss, order, beta_factor, sigma_for(t), t, delta)
+
+    res = optimize.minimize_scalar(cost, bounds=(math.log(1e-3), math.log(10.0)), method="bounded")
+    t = math.exp(float(res.x))
+    return sigma_for(t), t
+
+
+def choose_sanitiser(kind: str, *, n_queries: int, max_answers: int | None, n_classes: int, n_teachers: int,
+                     params: dict[str, float], delta: float,
+                     fixed: SanitiserConfig | None = None) -> SanitiserConfig:  # fmt: skip
+    """The public rule: the sanitiser's free settings (those ``fixed`` leaves None) minimising the expected claim
+    (:func:`expected_claim`) on :func:`prior_histogram`'s votes. It takes public quantities only (the number of
+    queries, classes and teachers, the cap, the aggregator's sigmas and threshold, delta), never the votes, so
+    choosing it releases nothing (the authors' own search over beta and sigma_s runs on the private votes and
+    "cannot be released": pate_2018 ICLR2018/smooth_sensitivity_table.py, lines 161-162,
+    ``_find_optimal_smooth_sensitivity_parameters``). The order runs over :data:`ORDER_GRID`, beta_factor over
+    :data:`BETA_FACTORS` (the authors' range, ibid. line 169: ``betas = np.arange(.3 / order, .495 / order,
+    .01 / order)``); sigma_s and tau by
+    :func:`_best_sigma_tau`. Pure in its arguments, so cached (repeated claims on one run pay it once)."""
+    key = tuple(sorted((k, params.get(k)) for k in ("sigma", "sigma1", "threshold")))
+    return _choose(kind, int(n_queries), max_answers, int(n_classes), int(n_teachers), key, float(delta),
+                   fixed or SanitiserConfig())  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def _choose(kind: str, n_queries: int, max_answers: int | None, n_classes: int, n_teachers: int,
+            params_key: tuple, delta: float, fixed: SanitiserConfig) -> SanitiserConfig:  # fmt: skip
+    params = dict(params_key)
+    hist, weights = prior_histogram(kind, n_queries, max_answers, n_classes, n_teachers, params, fixed.prior_top)
+    orders = ORDER_GRID if fixed.order is None else (fixed.order,)
+    factors = BETA_FACTORS if fixed.beta_factor is None else (fixed.beta_factor,)
+    best, best_val = fixed, math.inf
+    for order in orders:
+        raw = _prior_rdp(kind, hist, weights, params, order)
+        ls = _ls_sum(kind, hist, weights, n_teachers, params, order)
+        for bf in factors:  # bf < 1/2 keeps lambda < 1/(2 beta) = lambda / (2 bf), as Thm. 23 needs
+            ss = smooth_sensitivity(ls, bf / order)
+            sigma_s, tau = _best_sigma_tau(ss, order, bf, fixed.sigma_s, fixed.tau, delta)
+            val = expected_claim(raw, ss, order, bf, sigma_s, tau, delta)
+            if val < best_val:
+                best_val = val
+                best = SanitiserConfig(order=order, beta_factor=bf, sigma_s=sigma_s, tau=tau, prior_top=fixed.prior_top)
+    return best
+
+
+def _prior_rdp(kind: str, hist: np.ndarray, weights: np.ndarray, params: dict[str, float], order: float) -> float:
+    """The prior's expected data-dependent RDP: the threshold check on every query, GNMax weighted by Pr[answered]."""
+    threshold = (
+        per_query_rdp(kind, hist, np.zeros(len(hist), bool), params, order) if kind == "confident-gnmax" else 0.0
+    )
+    gnmax = per_query_rdp("gnmax", hist[:1], np.ones(1, bool), params, order)
+    return threshold + float(weights.sum()) * gnmax
 
 
 def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teachers: int, params: dict[str, float],
@@ -432,8 +598,9 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
     SS_beta(D) sigma_s N(0, 1) >= -z sigma_s SS_beta(D) except with probability delta/4, so
         U = E~ + z sigma_s S^ >= eps_lambda(D)  except with probability delta/2 (union bound).
     The claim: epsilon = U + (the two releases' RDP) + :func:`conversion` at delta/2 (Canonne, Kamath & Steinke
-    2020, Prop. 12, the accounting layer's conversion), delta = delta/2 + delta/2. The order is ``config.order``
-    or :func:`choose_order`'s, from quantities fixed in advance (``params["max_answers"]``: the cap, if any).
+    2020, Prop. 12, the accounting layer's conversion), delta = delta/2 + delta/2. The settings are ``config``'s
+    where given (honest only if fixed before the votes were seen) and otherwise :func:`choose_sanitiser`'s, a rule
+    of public quantities (``params["max_answers"]``: the cap, if any); the record says which were which.
     Returns the public record and, apart, the private
     values (raw eps_lambda(D), SS) for ``--keep-private-diagnostics``.
     """
@@ -443,32 +610,21 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
     h = _hist(hist)
     answered = np.asarray(answered, dtype=bool)
     n_q, m = h.shape
-    order = config.order
-    if order is None:
-        order = choose_order(kind, n_q, params.get("max_answers"), m, n_teachers, params, config, delta)
-    beta = config.beta_factor / order
+    # the public rule sees the shape (queries and classes: public) and the public settings, never the votes
+    rule = choose_sanitiser(kind, n_queries=n_q, max_answers=params.get("max_answers"), n_classes=m,
+                            n_teachers=n_teachers, params=params, delta=delta, fixed=config)  # fmt: skip
+    order, beta = float(rule.order), rule.beta_factor / rule.order
     raw = per_query_rdp(kind, h, answered, params, order)
-    # A(d) summed over queries; identical histograms (sorted, as the bounds depend on nothing else) once each.
-    ls = np.zeros(n_teachers)
-    if kind == "confident-gnmax":
-        tops, counts = np.unique(h.max(1), return_counts=True)
-        for mx, c in zip(tops, counts, strict=True):
-            ls += c * np.maximum.accumulate(
-                local_sensitivity_threshold(mx, n_teachers, params["threshold"], params["sigma1"], order)
-            )
-    rows = np.flatnonzero(answered) if kind == "confident-gnmax" else np.arange(n_q)
-    if len(rows):
-        hists, counts = np.unique(-np.sort(-h[rows], axis=1), axis=0, return_counts=True)
-        for v, c in zip(hists, counts, strict=True):
-            ls += c * np.maximum.accumulate(local_sensitivity_gnmax(v, n_teachers, params["sigma"], order))
+    weights = (answered if kind == "confident-gnmax" else np.ones(n_q, bool)).astype(np.float64)
+    ls = _ls_sum(kind, h, weights, n_teachers, params, order)
     ss = smooth_sensitivity(ls, beta)
-    z = float(stats.norm.isf(delta / 4.0))
-    log_s_noisy = math.log(max(ss, 1e-300)) + config.tau * float(rng.standard_normal())
-    s_hat = math.exp(log_s_noisy + beta * config.tau * z)
-    released = raw + ss * config.sigma_s * float(rng.standard_normal())
-    upper = released + z * config.sigma_s * s_hat
-    cost_ss = order * beta**2 / (2.0 * config.tau**2)
-    cost_gnss = gnss_rdp(beta, config.sigma_s, order)
+    z = margin_quantile(delta)
+    log_s_noisy = math.log(max(ss, 1e-300)) + rule.tau * float(rng.standard_normal())
+    s_hat = math.exp(log_s_noisy + beta * rule.tau * z)
+    released = raw + ss * rule.sigma_s * float(rng.standard_normal())
+    upper = released + z * rule.sigma_s * s_hat
+    cost_ss = order * beta**2 / (2.0 * rule.tau**2)
+    cost_gnss = gnss_rdp(beta, rule.sigma_s, order)
     conv = conversion(order, delta / 2.0)
     epsilon = max(max(upper, 0.0) + cost_ss + cost_gnss + conv, 0.0)
     public = {
@@ -476,8 +632,12 @@ def sanitised_claim(kind: str, hist: np.ndarray, answered: np.ndarray, *, n_teac
         "delta": float(delta),
         "order": float(order),
         "beta": float(beta),
-        "sigma_s": float(config.sigma_s),
-        "tau": float(config.tau),
+        "beta_factor": float(rule.beta_factor),
+        "sigma_s": float(rule.sigma_s),
+        "tau": float(rule.tau),
+        "chosen_by_public_rule": list(config.free()),
+        "fixed_by_user": [k for k in MECHANISM_SETTINGS if k not in config.free()],
+        "public_rule_prior_top": config.prior_top,
         "released_rdp": float(released),
         "released_smooth_sensitivity_bound": float(s_hat),
         "upper_rdp": float(upper),

@@ -20,10 +20,11 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
+from typer.core import TyperGroup
 
 from dpaudit.data import DATA_HELP
-from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError
-from dpaudit.progress import Progress, make_progress
+from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError, InputError
+from dpaudit.progress import Progress, make_progress, notices
 
 EXIT_INTERNAL = 3
 
@@ -74,10 +75,10 @@ def dumps(data: Any) -> str:
 
 
 def emit(data: Any, human: str | None = None, *, json_flag: bool = False) -> None:
-    """Print ``data`` as JSON in JSON mode, otherwise ``human`` (unless --quiet)."""
+    """Print the result: ``data`` as JSON in JSON mode, otherwise ``human``. --quiet never hides a result."""
     if json_mode(json_flag):
         typer.echo(dumps(data))
-    elif not STATE.quiet and human is not None:
+    elif human is not None:
         typer.echo(human)
 
 
@@ -87,9 +88,16 @@ def info(message: str, *, json_flag: bool = False) -> None:
         typer.echo(message, err=True)
 
 
+def notice(message: str) -> None:
+    """A notice on stderr that the user should see before work starts (a cost estimate, a deprecated
+    option): shown with --json too (stdout stays machine-readable), silent under --quiet."""
+    if not STATE.quiet:
+        typer.echo(message, err=True)
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+    """The one-line error and exit ``code``; with --json also ``{"error", "exit_code"}`` on stdout."""
+    _report_error(f"error: {message}", code)
 
 
 # A parameter name as a whole word: not inside a longer identifier, an option (--x-y), a dotted name or
@@ -152,20 +160,90 @@ def _error_line(error: DPAuditError, ctx: typer.Context | None) -> str:
 
 
 _CONTEXT = "_dpaudit_context"
+_QUIET = "_dpaudit_quiet"
+QUIET_HELP = "Hide progress and notices (never results or errors); before or after the command."
+_QUIET_PARAM = inspect.Parameter(
+    _QUIET,
+    inspect.Parameter.KEYWORD_ONLY,
+    default=False,
+    annotation=Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)],
+)
 
 
-def _with_context(f: Callable[..., Any]) -> tuple[inspect.Signature | None, str]:
-    """The signature typer should see for ``f`` (``f``'s plus a keyword-only ``typer.Context`` parameter,
-    which typer fills in; None when ``f`` takes one already) and that parameter's name."""
+def _with_context(f: Callable[..., Any]) -> tuple[inspect.Signature, str | None]:
+    """The signature typer should see for ``f``: ``f``'s, plus ``--quiet`` (every command takes it after its
+    name, as the app takes it before) and a keyword-only ``typer.Context`` parameter that typer fills in
+    (unless ``f`` takes one already: then the second value, the added parameter's name, is None)."""
     try:
         sig = inspect.signature(f, eval_str=True)
     except (NameError, TypeError):  # unresolvable annotations: typer would fail on them as well
         sig = inspect.signature(f)
-    for p in sig.parameters.values():
-        if isinstance(p.annotation, type) and issubclass(p.annotation, typer.Context):
-            return None, p.name
-    ctx = inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-    return sig.replace(parameters=[*sig.parameters.values(), ctx]), _CONTEXT
+    added = [_QUIET_PARAM]
+    own_context = any(
+        isinstance(p.annotation, type) and issubclass(p.annotation, typer.Context) for p in sig.parameters.values()
+    )
+    if not own_context:
+        added.append(inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+    return sig.replace(parameters=[*sig.parameters.values(), *added]), None if own_context else _CONTEXT
+
+
+def _context_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> typer.Context | None:
+    return next((v for v in (*args, *kwargs.values()) if isinstance(v, typer.Context)), None)
+
+
+def _report_error(line: str, code: int) -> None:
+    """One line on stderr (``line``) and exit ``code``; with --json also ``{"error", "exit_code"}`` on stdout."""
+    if STATE.json:
+        typer.echo(dumps({"error": line.removeprefix("error: "), "exit_code": code}))
+    typer.echo(line, err=True)
+    raise typer.Exit(code)
+
+
+def usage_error_line(error: Exception) -> str:
+    """A click usage error (unknown option or command, missing or bad value) as one line, click's suggestion
+    kept: "no such option --epoch (did you mean --epochs?); see dpaudit train --help"."""
+    ctx = getattr(error, "ctx", None)
+    name = getattr(error, "option_name", None)
+    possibilities = getattr(error, "possibilities", None)
+    if name and possibilities is not None:  # click's NoSuchOption
+        text = f"no such option {name}"
+        if possibilities:
+            text += f" (did you mean {' or '.join(sorted(possibilities))}?)"
+    else:
+        message = error.format_message() if hasattr(error, "format_message") else str(error)
+        text = re.sub(r"\. Did you mean (.+)\?$", r" (did you mean \1?)", " ".join(message.split())).rstrip(".")
+        text = text[:1].lower() + text[1:]
+    where = f"; see {ctx.command_path} --help" if ctx is not None and getattr(ctx, "command_path", None) else ""
+    return f"error: {text}{where}"
+
+
+class Group(TyperGroup):
+    """The app's click group: a usage error (a typo'd option or command, a missing argument) is one line on
+    stderr with click's suggestion and exit code 2, as a domain error is (not click's multi-line box);
+    with --json, ``{"error", "exit_code"}`` on stdout as well."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            code = super().main(argv, prog_name, complete_var, False, **extra)
+        except typer.Exit as e:
+            code = e.exit_code
+        except typer.Abort:
+            typer.echo("aborted", err=True)
+            code = 1
+        except typer.TyperException as e:  # click's ClickException and its usage errors
+            if type(e).__name__ == "NoArgsIsHelpError":  # `dpaudit attack`: the help is the answer
+                typer.echo(e.format_message(), err=True)
+                sys.exit(EXIT_USAGE)
+            STATE.json = STATE.json or "--json" in argv
+            try:
+                _report_error(usage_error_line(e), getattr(e, "exit_code", EXIT_USAGE))
+            except typer.Exit as exit_:
+                code = exit_.exit_code
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 class App(typer.Typer):
@@ -175,6 +253,7 @@ class App(typer.Typer):
         kwargs.setdefault("pretty_exceptions_enable", False)
         kwargs.setdefault("no_args_is_help", True)
         kwargs.setdefault("add_completion", False)
+        kwargs.setdefault("cls", Group)
         super().__init__(**kwargs)
 
     def command(self, *args: Any, **kwargs: Any):  # type: ignore[override]
@@ -187,9 +266,13 @@ class App(typer.Typer):
 
             @functools.wraps(f)
             def guarded(*a: Any, **k: Any) -> Any:
-                ctx = k.pop(ctx_name, None) if signature is not None else k.get(ctx_name)
+                ctx = k.pop(ctx_name, None) if ctx_name is not None else _context_of(a, k)
+                quiet = k.pop(_QUIET, False)  # --quiet after the command's name
+                STATE.quiet = STATE.quiet or quiet
+                STATE.json = STATE.json or bool(k.get("json_output"))
                 try:
-                    return f(*a, **k)
+                    with notices(notice):
+                        return f(*a, **k)
                 except typer.Exit:
                     raise
                 except DPAuditError as e:
@@ -207,15 +290,10 @@ class App(typer.Typer):
                 except Exception as e:  # a bug, not bad input: still one line unless --debug
                     if STATE.debug:
                         traceback.print_exc()
-                    else:
-                        print(
-                            f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
-                            file=sys.stderr,
-                        )
-                    raise typer.Exit(EXIT_INTERNAL) from None
+                    line = f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)"
+                    _report_error(" ".join(line.split()), EXIT_INTERNAL)
 
-            if signature is not None:
-                guarded.__signature__ = signature  # type: ignore[attr-defined]
+            guarded.__signature__ = signature  # type: ignore[attr-defined]
             return decorator(guarded)
 
         return wrap
@@ -303,3 +381,37 @@ CACHE_DIR = (
         "$XDG_CACHE_HOME/dpaudit, else ~/.cache/dpaudit).",
     ),
 )
+
+
+# ---- the target run: one positional RUN everywhere ---------------------------------------------------------
+
+RUN_HELP = "Run directory of the target model (required; written by `dpaudit train` or `dpaudit import`)."
+RunArgument = Annotated[Path | None, typer.Argument(metavar="RUN", help=RUN_HELP, show_default=False)]
+CheckpointAlias = Annotated[
+    Path | None,
+    typer.Option("--checkpoint", "-c", hidden=True, help="Deprecated spelling of RUN (kept for old scripts)."),
+]
+TARGET = (
+    inspect.Parameter("run", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunArgument),
+    inspect.Parameter("checkpoint", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=CheckpointAlias),
+)
+
+
+def target_run(run: Path | None, checkpoint: Path | None) -> Path:
+    """The target run, given as RUN (or, deprecated, as --checkpoint/-c: still works, with a notice)."""
+    if checkpoint is not None:
+        if run is not None:
+            raise InputError("give the run once, as RUN (--checkpoint is its deprecated spelling)")
+        notice("dpaudit: --checkpoint/-c is deprecated; give the run directory as RUN, the first argument")
+        return checkpoint
+    if run is None:
+        raise InputError("missing argument RUN (the target model's run directory)")
+    return run
+
+
+def deprecated_alias(old: str, new: str) -> None:
+    """The one-line notice for a deprecated option spelling that still works."""
+    notice(f"dpaudit: {old} is deprecated; use {new}")
+
+
+DELTA_HELP = "δ of the privacy claim (ε, δ)"

@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_for
-from dpaudit.cli._common import App, JsonFlag, emit, info
+from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, info
 from dpaudit.errors import InputError, UnsupportedEventError
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 
@@ -62,6 +61,8 @@ def _check_common(noise_multiplier: float | None, delta: float, jl_projections: 
 
 
 def _epsilon(event, delta: float, accountant: str) -> float:
+    from dpaudit.accounting import epsilon_for
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         eps = epsilon_for(event, delta, accountant)
@@ -73,7 +74,7 @@ def _epsilon(event, delta: float, accountant: str) -> float:
 
 SampleRate = Annotated[float | None, typer.Option("--sample-rate", help="Poisson sampling rate q in (0, 1].")]
 Steps = Annotated[int | None, typer.Option("--steps", help="Number of DP-SGD steps T.")]
-Delta = Annotated[float, typer.Option("--delta", help="Target delta in (0, 1).")]
+Delta = Annotated[float, typer.Option("--delta", help=f"{DELTA_HELP}, in (0, 1): epsilon is computed at it.")]
 Jl = Annotated[int | None, typer.Option("--jl-projections", help="DP-SGD-JL with r projections (pld only).")]
 Epochs = Annotated[float | None, typer.Option("--epochs", help="Epochs (with --dataset-size, --batch-size).")]
 DatasetSize = Annotated[int | None, typer.Option("--dataset-size", help="Dataset size N (with --epochs).")]
@@ -94,6 +95,8 @@ def dpsgd(
     json_output: JsonFlag = False,
 ) -> None:
     """Epsilon of DP-SGD with Poisson sampling (add/remove neighbours) at the given delta."""
+    from dpaudit.accounting import dpsgd_event
+
     _check_common(noise_multiplier, delta, jl_projections)
     valid = ("rdp", "pld", "gdp", "all")
     if accountant not in valid:
@@ -158,6 +161,8 @@ def calibrate(
     json_output: JsonFlag = False,
 ) -> None:
     """Smallest noise multiplier whose DP-SGD epsilon is at most the target (verified)."""
+    from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event
+
     _check_common(None, delta, jl_projections)
     target = check_positive(epsilon=epsilon)
     valid = ("rdp", "pld", "gdp")

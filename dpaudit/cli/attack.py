@@ -5,7 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpaudit.cli._common import CACHE_DIR, OUTPUT, App, emit, info, opt, options, progress
+from dpaudit.cli._common import (
+    CACHE_DIR,
+    OUTPUT,
+    TARGET,
+    App,
+    deprecated_alias,
+    emit,
+    info,
+    opt,
+    options,
+    progress,
+    target_run,
+)
+from dpaudit.defaults import DEFAULTS
 
 attack_app = App()
 
@@ -44,23 +57,22 @@ def human_table(results: list[Any]) -> str:
 
 
 MIA = (
-    opt("checkpoint", Path, ..., "--checkpoint", "-c", help="Run directory of the target model."),
+    *TARGET,
     opt(
-        "method",
+        "attacks",
         str,
-        "loss,shadow,lira",
-        "--method",
-        "-m",
+        ",".join(DEFAULTS.attacks),
         help="loss | confidence | entropy | modified-entropy | shadow | lira | rmia | all "
-        "(comma-separated for several).",
+        "(comma-separated for several; the same default as `audit checkpoint` and `report`).",
     ),
+    opt("method", str | None, None, "--method", "-m", hidden=True, help="Deprecated spelling of --attacks."),
     opt(
         "shadow_models",
         int | None,
         None,
         help="K shadow models (Shokri et al.) on disjoint parts of aux (default: as many as fit, up to 4).",
     ),
-    opt("reference_models", int, 16, help="M reference models (LiRA/RMIA)."),
+    opt("reference_models", int, DEFAULTS.reference_models, help="M reference models (LiRA/RMIA)."),
     opt("online", bool, True, "--online/--offline", help="LiRA/RMIA with IN and OUT models, or OUT only."),
     opt("min_models", int, 2, help="LiRA: refuse records with fewer IN/OUT reference models."),
     opt("workers", int, 1, help="Local processes training reference models."),
@@ -82,7 +94,7 @@ MIA = (
 
 @options(MIA, OUTPUT)
 def mia(**o) -> None:
-    """Membership inference: score every member and holdout record of the target, evaluate.
+    """Membership inference: score every member and holdout record of the target run, evaluate.
 
     JSON: {"checkpoint", "attacks": [{attack, params, n_members, n_nonmembers, auc, balanced_accuracy,
     advantage, tpr_at_fpr, ci, n_reference_models, n_shadow_models} ...]} (plus "roc" with --roc).
@@ -90,8 +102,12 @@ def mia(**o) -> None:
     from attacks.mia import attack_checkpoint
 
     json_output, roc = o.pop("json_output"), o.pop("roc")
-    results = attack_checkpoint(**o, progress=progress(json_output), notify=info)
-    data = {"checkpoint": str(o["checkpoint"]), "attacks": [r.to_dict(include_roc=roc) for r in results]}
+    run = target_run(o.pop("run"), o.pop("checkpoint"))
+    if (method := o.pop("method")) is not None:
+        deprecated_alias("--method/-m", "--attacks")
+        o["attacks"] = method
+    results = attack_checkpoint(run, **o, progress=progress(json_output), notify=info)
+    data = {"checkpoint": str(run), "attacks": [r.to_dict(include_roc=roc) for r in results]}
     emit(data, human_table(results), json_flag=json_output)
 
 

@@ -9,11 +9,13 @@ import typer
 
 from dpaudit.cli._common import (
     DATA,
+    DELTA_HELP,
     DP,
     JSON_ONLY,
     RECIPE,
     App,
     JsonFlag,
+    deprecated_alias,
     emit,
     given_options,
     json_mode,
@@ -21,9 +23,9 @@ from dpaudit.cli._common import (
     options,
     progress,
 )
+from dpaudit.defaults import DEFAULTS
 from dpaudit.errors import EXIT_VIOLATION, InputError
-from dpaudit.workflows.checkpoint import DEFAULTS
-from dpaudit.workflows.training import PLUGIN_SCORE_HELP
+from dpaudit.plugins import PLUGIN_SCORE_HELP
 
 if TYPE_CHECKING:
     from dpaudit.audit.result import AuditResult
@@ -32,7 +34,7 @@ audit_app = App(help="Empirical privacy audits: epsilon lower bounds from scores
 
 # ---- options shared by the audit commands ---------------------------------------------------------
 
-DeltaOpt = Annotated[float, typer.Option("--delta", help="delta at which epsilon is bounded.")]
+DeltaOpt = Annotated[float, typer.Option("--delta", help=f"{DELTA_HELP} being tested (epsilon is bounded at it).")]
 ConfidenceOpt = Annotated[float, typer.Option("--confidence", help="Confidence level of the lower bound.")]
 MethodOpt = Annotated[
     str,
@@ -281,7 +283,9 @@ FAIL_ON_ESTIMATE = opt(
 @audit_app.command("checkpoint")
 def checkpoint_cmd(
     run: Annotated[Path, typer.Argument(help="Run directory written by `dpaudit train` or `dpaudit import`.")],
-    delta: Annotated[float | None, typer.Option("--delta", help="delta (default: the claim's, else 1e-5).")] = None,
+    delta: Annotated[
+        float | None, typer.Option("--delta", help=f"{DELTA_HELP} being tested (default: the run's claim, else 1e-5).")
+    ] = None,
     confidence: ConfidenceOpt = DEFAULTS.confidence,
     attacks: Annotated[
         str,
@@ -404,10 +408,16 @@ AUDIT_TRAIN_PIPELINE = (
     opt("algo", str, "dpsgd", help="sgd | adam | dpsgd | dpadam"),
     *RECIPE,
     *DP,
-    opt("train_delta", float, 1e-5, help="delta of the training claim."),
+    opt(
+        "delta",
+        float | None,
+        None,
+        help=f"{DELTA_HELP}: dpaudit's recipe is accounted at it and the audit tests (ε, δ) (default 1e-5); "
+        "with --trainer, your pipeline's δ (required).",
+    ),
+    opt("train_delta", float | None, None, hidden=True, help="Deprecated spelling of --delta."),
 )
 AUDIT_TRAIN_AUDIT = (
-    opt("delta", float | None, None, help="delta of the audit (default: the claim's)."),
     opt("confidence", float, 0.95, help="Confidence level of the lower bound."),
     opt("method", str, "clopper-pearson", help="clopper-pearson | gdp."),
     opt("claimed_epsilon", float | None, None, help="Claimed epsilon (default: the recipe's claim)."),
@@ -431,6 +441,11 @@ def train_cmd(ctx: typer.Context, **o) -> None:
 
     json_output = o.pop("json_output")
     exits = {"fail_on_violation": o.pop("fail_on_violation"), "fail_on_estimate": o.pop("fail_on_estimate")}
+    if (train_delta := o.pop("train_delta")) is not None:
+        deprecated_alias("--train-delta", "--delta (one δ: the claim's, accounted and audited)")
+        if o["delta"] not in (None, train_delta):
+            raise InputError("--train-delta and --delta differ: a claim has one δ; give --delta only")
+        o["delta"] = train_delta
     result = audit_training_from_options(**o, given=given_options(ctx), progress=progress(json_output))
     if o["threat_model"] == "white-box-steps":
         record = result.record

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dpaudit.cli._common import App, ForceFlag, JsonFlag, emit
+from dpaudit.cli._common import DELTA_HELP, App, ForceFlag, JsonFlag, emit
 from dpaudit.cli.audit import ClaimedOpt, ConfidenceOpt, FailOnViolationOpt, SeedOpt, _exit_code, audit_app
 
 
@@ -20,7 +20,7 @@ def register(app: App) -> None:
             Path, typer.Argument(help="Directory written by dpaudit.hooks.GradientCanaries.save() after training.")
         ],
         claimed_epsilon: ClaimedOpt = None,
-        delta: Annotated[float | None, typer.Option("--delta", help="delta of the claim.")] = None,
+        delta: Annotated[float | None, typer.Option("--delta", help=f"{DELTA_HELP} being tested.")] = None,
         noise_multiplier: Annotated[
             float | None,
             typer.Option("--noise-multiplier", help="The claim's sigma: adds the f-DP audit and the noise check."),

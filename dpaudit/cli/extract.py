@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dpaudit.cli._common import ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.cli._common import CheckpointAlias, ForceFlag, JsonFlag, RunArgument, emit, info, progress, target_run
 
 
 def _number(x: Any, fmt: str = ".3g") -> str:
@@ -44,8 +44,8 @@ def human_summary(result: Any) -> str:
 
 
 def extract(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Run directory of the target model.")],
     budget: Annotated[int, typer.Option("--budget", "-b", help="Queries the attacker may send (each input is one).")],
+    run: RunArgument = None,
     api: Annotated[
         str,
         typer.Option(
@@ -87,8 +87,9 @@ def extract(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the queries and the surrogate's training.")] = 0,
     force: ForceFlag = False,
     json_output: JsonFlag = False,
+    checkpoint: CheckpointAlias = None,
 ) -> None:
-    """Model extraction: steal a checkpoint's model through its prediction API under a query budget.
+    """Model extraction: steal the model of a run through its prediction API under a query budget.
 
     JSON: checkpoint, out, attack, params, method, api, budget, queries, parameter_relative_error (linear
     models, else null), fidelity (agreement on test inputs), fidelity_uniform, surrogate_accuracy,
@@ -96,9 +97,10 @@ def extract(
     """
     from attacks.extraction import extract_checkpoint
 
+    run = target_run(run, checkpoint)
     extraction = extract_checkpoint(
-        checkpoint, budget=budget, api=api, method=method, surrogate=surrogate, pool=pool, adaptive=adaptive,
+        run, budget=budget, api=api, method=method, surrogate=surrogate, pool=pool, adaptive=adaptive,
         curve_points=curve_points, out=out, seed=seed, force=force, progress=progress(json_output), notify=info,
     )  # fmt: skip
-    data = {"checkpoint": str(checkpoint), "out": None if out is None else str(out), **extraction.result.to_dict()}
+    data = {"checkpoint": str(run), "out": None if out is None else str(out), **extraction.result.to_dict()}
     emit(data, human_summary(extraction.result), json_flag=json_output)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dpaudit.cli._common import ForceFlag, JsonFlag, emit, info, progress
+from dpaudit.cli._common import CheckpointAlias, ForceFlag, JsonFlag, RunArgument, emit, info, progress, target_run
 from dpaudit.fileio import check_output_file
 
 GRID_FILE = "inversions.png"
@@ -59,7 +59,7 @@ def inversion_table(result: Any) -> str:
 
 
 def inversion(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Run directory of the target model.")],
+    run: RunArgument = None,
     classes: Annotated[
         str | None, typer.Option("--classes", help="Classes to invert, comma-separated (default: all).")
     ] = None,
@@ -100,6 +100,7 @@ def inversion(
     ] = 0,
     force: ForceFlag = False,
     json_output: JsonFlag = False,
+    checkpoint: CheckpointAlias = None,
 ) -> None:
     """Model inversion (MI-FACE, Fredrikson et al. 2015): reconstruct a representative input per class.
 
@@ -119,26 +120,27 @@ def inversion(
         black_box=black_box, budget=budget, directions=directions, variant=variant, restarts=restarts, seed=seed,
     )  # fmt: skip
     attack.check()  # bad settings fail before the checkpoint is loaded
+    path = target_run(run, checkpoint)
     png = out_dir / GRID_FILE if out_dir is not None else None
     if png is not None:
         check_output_file(png, force=force)
-    run = load_run(checkpoint)
-    chosen = parse_classes(classes, int(run.spec.n_classes))
-    info(f"inverting {len(chosen)} classes of {checkpoint} ({'black' if black_box else 'white'}-box) …")
-    result = run_inversion(run, chosen, attack=attack, seed=seed, progress=progress(json_output))
+    target = load_run(path)
+    chosen = parse_classes(classes, int(target.spec.n_classes))
+    info(f"inverting {len(chosen)} classes of {path} ({'black' if black_box else 'white'}-box) …")
+    result = run_inversion(target, chosen, attack=attack, seed=seed, progress=progress(json_output))
     if png is not None:
         png.parent.mkdir(parents=True, exist_ok=True)
-        save_grid(result, png, member_means=member_class_means(run))
+        save_grid(result, png, member_means=member_class_means(target))
         info(f"inversions written to {png} (top: inversions; bottom: members' class means)")
-    data = {"checkpoint": str(checkpoint), "png": None if png is None else str(png), **result.to_dict()}
+    data = {"checkpoint": str(path), "png": None if png is None else str(png), **result.to_dict()}
     emit(data, inversion_table(result), json_flag=json_output)
 
 
 def attribute(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Run directory of the target model.")],
     feature: Annotated[
         str, typer.Option("--feature", "-f", help="The hidden feature: index (flattened) or name (embedded datasets).")
     ],
+    run: RunArgument = None,
     black_box: Annotated[
         bool,
         typer.Option(
@@ -148,6 +150,7 @@ def attribute(
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the attack model.")] = 0,
     json_output: JsonFlag = False,
+    checkpoint: CheckpointAlias = None,
 ) -> None:
     """Attribute inference (Fredrikson et al. 2014; Yeom et al. 2018): infer a hidden feature of members and
     non-members; the member - non-member gap of the advantage over the prior baseline is the leakage.
@@ -159,8 +162,8 @@ def attribute(
     from dpaudit.checkpoint import load_run
     from dpaudit.report._format import rate
 
-    run = load_run(checkpoint)
-    result = run_attribute(run, feature, black_box=black_box, seed=seed)
+    path = target_run(run, checkpoint)
+    result = run_attribute(load_run(path), feature, black_box=black_box, seed=seed)
     d = result.to_dict()
     name = f" ({d['feature_name']})" if d["feature_name"] else ""
     hidden = f"binarised at {d['threshold']:.4g}" if d["binarised"] else f"{len(d['candidates'])} values"
@@ -172,4 +175,4 @@ def attribute(
             f"{g:<10} {r['n']:>4}  {rate(r['accuracy']):>8}  {rate(r['baseline_accuracy']):>8}  {r['advantage']:>9.3f}"
         )
     lines.append(f"leakage (member - non-member advantage): {d['leakage']:.3f}")
-    emit({"checkpoint": str(checkpoint), **d}, "\n".join(lines), json_flag=json_output)
+    emit({"checkpoint": str(path), **d}, "\n".join(lines), json_flag=json_output)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from dpaudit import __version__
-from dpaudit.cli._common import EXIT_CODES_HELP, STATE, App
+from dpaudit.cli._common import EXIT_CODES_HELP, QUIET_HELP, STATE, App
 
 app = App(
     help="Train, attack and audit differentially private models.\n\n" + EXIT_CODES_HELP,
@@ -39,7 +39,7 @@ def _global(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
     ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and results.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
     yes: Annotated[
         bool, typer.Option("--yes", help="Start work estimated to take over an hour (dpaudit.budget) without asking.")

@@ -5,10 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpaudit.cli._common import OUTPUT, App, arg, emit, info, opt, options, progress
-from dpaudit.workflows.checkpoint import DEFAULTS
+from dpaudit.defaults import DEFAULTS
 
 REPORT_INPUTS = (
-    arg("inputs", list[Path], help="Run directories (attacked and audited now) and/or report.json files (merged in)."),
+    arg(
+        "inputs",
+        list[Path],
+        help="Run directories (attacked and audited now), report.json files (merged in) and/or saved canary audits "
+        "(`dpaudit audit canaries DIR --out FILE.json`, shown as audited).",
+    ),
     opt("out", Path, ..., "--out", "-o", help="Report directory to write (e.g. reports/NAME)."),
     opt("formats", str, "json,md,html", "--format", help="Comma-separated: json, md, html."),
 )

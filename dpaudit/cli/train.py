@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpaudit.cli._common import DATA, DP, OUTPUT, RECIPE, STATE, App, arg, emit, info, opt, options, progress
+from dpaudit.cli._common import (
+    DATA,
+    DELTA_HELP,
+    DP,
+    OUTPUT,
+    RECIPE,
+    STATE,
+    App,
+    arg,
+    emit,
+    info,
+    opt,
+    options,
+    progress,
+)
 from dpaudit.data import DATA_HELP
 from dpaudit.training.config import recipe_help
 
@@ -75,7 +89,7 @@ SPLIT = (
 )
 PRIVACY = (
     *DP[:2],
-    opt("delta", float, 1e-5, help="DP: δ of the claim."),
+    opt("delta", float, 1e-5, help=f"DP: {DELTA_HELP}; the run is accounted at it."),
     DP[2],
     opt("sampling", str, "poisson", help="DP: poisson | shuffle."),
     opt("accountant", str | None, None, help="DP: rdp | pld (default: rdp; pld for the -jl algorithms)."),
@@ -90,7 +104,7 @@ PRIVACY = (
 )
 PERFORMANCE = (
     opt("clipping", str, "auto", help="auto | ghost | vmap | loop."),
-    opt("backend", str, "torch", help="torch | jax (logreg/mlp/cnn; pip install 'dpaudit[jax]')."),
+    opt("backend", str, "torch", help="torch | jax (logreg/mlp/cnn; needs the jax extra: pip install '.[jax]')."),
     opt("max_physical_batch", int | None, None),
     opt("device", str, "auto", help="auto | cpu | cuda."),
     opt("autocast", str | None, None, help="DP-SGD: bf16 forward/backward; norms and clipping stay float32."),
@@ -141,8 +155,9 @@ AGGREGATION = (
         "sanitiser",
         str | None,
         None,
-        help="--claim data-dependent: the sanitiser's public settings, e.g. order=3,sigma_s=1.5,beta_factor=0.49 "
-        "(also tau; defaults: order from the public settings, sigma_s 10, beta_factor 0.4, tau 1).",
+        help="--claim data-dependent: auto (default: every setting chosen by a public rule, never from the votes) "
+        "or key=value pairs order, beta_factor, sigma_s, tau (must be fixed before seeing the data; the rest auto), "
+        "prior_top (the rule's prior consensus).",
     ),
     opt(
         "keep_private_diagnostics",
@@ -256,7 +271,7 @@ STATED_CLAIM = (
         "neighbouring (not with --epsilon etc.).",
     ),
     opt("epsilon", float | None, None, help="Claimed ε (>= 0)."),
-    opt("delta", float | None, None, help="Claimed δ in (0, 1)."),
+    opt("delta", float | None, None, help=f"{DELTA_HELP}, in (0, 1)."),
     opt("noise_multiplier", float | None, None, help="Claim: DP-SGD noise σ (re-accounted)."),
     opt("sample_rate", float | None, None, help="Claim: sampling rate q = B/N in (0, 1]."),
     opt("steps", int | None, None, help="Claim: number of DP-SGD steps T."),

@@ -89,6 +89,11 @@ def _verdict_words(v: str | None) -> str:
     return _VERDICT_WORDS.get(v, str(v).replace("-", " "))
 
 
+def is_per_step(audit: Mapping[str, Any]) -> bool:
+    """Whether an audit entry tests one step's claim (its ``claimed_epsilon`` is that step's, not the model's)."""
+    return (audit.get("details") or {}).get("per_step_claimed_epsilon") is not None
+
+
 def claims_to_draw(model: Mapping[str, Any]) -> list[tuple[float, float, str]]:
     """(ε, δ, label) of the model's claim and of any different claim an audit was checked against."""
     claims: list[tuple[float, float, str]] = []
@@ -98,8 +103,10 @@ def claims_to_draw(model: Mapping[str, Any]) -> list[tuple[float, float, str]]:
     for a in model["audits"]:
         e = as_float(a.get("claimed_epsilon"))
         d = float(a["delta"])
+        # A per-step audit (dpaudit.workflows.whitebox.steps_record) checks ONE step's claim, not the model's.
+        what = "one step's claim, checked by the per-step audit" if is_per_step(a) else "checked by an audit"
         if e is not None and math.isfinite(e) and all(abs(e - c[0]) > 1e-12 or d != c[1] for c in claims):
-            claims.append((e, d, f"ε = {e:g}, δ = {d:g} (checked by an audit)"))
+            claims.append((e, d, f"ε = {e:g}, δ = {d:g} ({what})"))
     return claims
 
 
@@ -113,7 +120,9 @@ def tradeoff_layers(model: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]
       Steinke, Nasr & Jagielski 2023 give no single (FPR, FNR)), drawn as the (ε, δ) curve at the bound,
       which the mechanism's true trade-off curve must go below somewhere (Dong, Roth & Su 2022, Prop. 2.5);
       a bound of 0 shows nothing and is listed (``drawn`` False), not drawn;
-    - ``refutations``: formal refutations of the claimed curve (one-run f-DP audits), listed.
+    - ``refutations``: every formal test of the claimed curve (one-run f-DP audits against the claim's own
+      curve family, or one step's for a per-step audit), listed with what it showed: refuted or not. A test
+      that refutes nothing is still the formal audit behind a verdict when no ε bound is (per-step canaries).
 
     Every formal audit of the model is in ``points`` or ``formal_bounds``, so the audit behind the verdict is
     always on the plot, labelled formal and with its threat model."""
@@ -126,8 +135,10 @@ def tradeoff_layers(model: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]
         verdict = a.get("effective_verdict", a.get("verdict"))
         common = {"audit_index": i, "attack": a["source"]["attack"], "method": a["method"], "formal": a["formal"],
                   "threat_model": threat, "verdict": verdict, "epsilon_lower_bound": lb}  # fmt: skip
-        if a.get("refutation") and verdict == "curve-refuted":
-            label = f"formal [{threat}] {a['source']['attack']} / {a['method']}: claimed curve refuted"
+        if a.get("refutation"):
+            curve = "claimed step curve" if is_per_step(a) else "claimed curve"
+            result = "refuted" if verdict == "curve-refuted" else f"not refuted ({_verdict_words(verdict)})"
+            label = f"formal [{threat}] {a['source']['attack']} / {a['method']}: {curve} {result}"
             refutations.append({**common, "label": label, "statement": a["refutation"].get("statement")})
         if a.get("operating_point"):
             label = (

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dpaudit.report._data import as_float, nonmembers_needed
+from dpaudit.report._data import as_float, is_per_step, nonmembers_needed
 
 DASH = "—"
 
@@ -26,7 +26,7 @@ FAMILY_TITLES = {
     "attribute": "Attribute inference",
     "cloak": "Cloak",
     "icl": "In-context learning membership (DP-ICL)",
-    "jl-step": "DP-SGD-JL step audit (what JL norm estimates leak)",
+    "jl-step": "DP-SGD-JL step audit (what JL norm estimates leak; one step at q = 1, not the model's claim)",
 }
 
 HOW_TO_READ = (
@@ -120,6 +120,12 @@ def claim_eps(x: Any) -> str:
     return num(x, "g")
 
 
+def audit_claim(audit: Mapping[str, Any]) -> str:
+    """The ε an audit was judged against; a per-step audit's is ONE step's claim, and says so."""
+    text = claim_eps(audit["claimed_epsilon"])
+    return f"{text} (one step)" if is_per_step(audit) and text != DASH else text
+
+
 def rate(x: Any) -> str:
     """A rate in [0, 1] (TPR, FPR, FNR, accuracy) as a percentage with 3 significant digits.
 
@@ -177,8 +183,11 @@ def bound_text(digest: Mapping[str, Any] | None) -> str:
 
 
 def audit_kind(audit: Mapping[str, Any]) -> str:
-    """'formal (white-box, one run)' or 'estimate (black-box, model's members)'."""
+    """'formal (white-box, one run)' or 'estimate (black-box, model's members)'; a test of the claimed curve
+    (one-run f-DP against the claim's own curve family) is formal as a test, its ε an estimate."""
     kind = "formal" if audit["formal"] else "estimate"
+    if audit.get("refutation") and not audit["formal"]:
+        kind = "formal curve test, ε an estimate"
     return f"{kind} ({audit['threat_model']})" if audit.get("threat_model") else kind
 
 
@@ -252,6 +261,27 @@ def training_text(training: Mapping[str, Any]) -> str:
     return ", ".join([algo, *_labelled(training, _SGD_KEYS), *_labelled(training.get("dp") or {}, _DP_KEYS)])
 
 
+NOT_MEASURED = "not measured (own training loop)"  # a saved canary audit: dpaudit never saw the model or data
+
+
+def utility_rows(model: Mapping[str, Any]) -> list[list[str]]:
+    """The utility table's rows (split, accuracy, loss), unescaped. A saved gradient-canary audit of the user's
+    own loop has no model or data here, so its utility reads as not measured, not as a missing number."""
+    u = model["utility"]
+    own = model["training"].get("algo") == "own-loop"
+    rows = []
+    for split in ("train", "holdout", "test"):
+        if f"{split}_accuracy" not in u:
+            continue
+        acc, loss = u.get(f"{split}_accuracy"), u.get(f"{split}_loss")
+        rows.append([
+            split,
+            NOT_MEASURED if own and acc is None else rate(acc),
+            NOT_MEASURED if own and loss is None else num(loss),
+        ])  # fmt: skip
+    return rows
+
+
 def claim_details(claim: Mapping[str, Any] | None) -> str:
     if claim is None:
         return "none (non-private training; treated as ε = ∞)"
@@ -262,6 +292,9 @@ def claim_details(claim: Mapping[str, Any] | None) -> str:
     for key, label in (("noise_multiplier", "σ"), ("sample_rate", "q"), ("steps", "steps"), ("clip", "C")):
         if claim.get(key) is not None:
             parts.append(f"{label} {claim[key]}")
+    accounting = claim.get("accounting")  # a saved canary audit's claim check (dpaudit.workflows.hooks_audit)
+    if isinstance(accounting, Mapping) and accounting.get("statement"):
+        parts.append(f"claim check: {accounting['statement']}")
     dd = claim.get("data_dependent")  # PATE / DP-ICL (dpaudit/aggregation.py): beside the claim, never it
     if isinstance(dd, Mapping) and dd.get("epsilon") is not None:
         parts.append(f"data-dependent ε = {eps(dd['epsilon'])} (not itself private, not the claim)")

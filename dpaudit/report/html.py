@@ -152,6 +152,8 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
     for a in attacks:
         rows = [[_e(k), _e(F.num(v, ".4g"))] for k, v in F.scalar_results(a)]
         out.append(f"<h4>{_e(a.get('attack', '?'))}</h4>")
+        if isinstance(a.get("note"), str):  # what the result's numbers and verdicts are about
+            out.append(f'<p class="note">{_e(a["note"])}</p>')
         if rows:
             out.append(_table(["result", "value"], rows, numeric=(1,)))
         out.append(
@@ -196,7 +198,7 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(f"{a['source']['family']} / {a['source']['attack']}"),
                 _e(f"{a['method']}, {F.percent(a['confidence'])}"),
                 _e(F.eps(a["epsilon_lower_bound"])),
-                _e(F.claim_eps(a["claimed_epsilon"])),
+                _e(F.audit_claim(a)),
                 _e(F.eps(a.get("max_certifiable_epsilon"))),
                 _e(F.rate(op["fpr"]))
                 + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
@@ -225,7 +227,6 @@ def _facts(pairs: Sequence[tuple[str, str]]) -> str:
 
 
 def _model_section(m: Mapping[str, Any], colors: Mapping[str, str]) -> str:
-    u = m["utility"]
     facts = _facts(
         [
             ("path", f"<code>{_e(m['path'] or F.DASH)}</code>"),
@@ -238,15 +239,7 @@ def _model_section(m: Mapping[str, Any], colors: Mapping[str, str]) -> str:
             ("claim", _e(F.claim_details(m["claim"]))),
         ]
     )
-    utility = _table(
-        ["split", "accuracy", "loss"],
-        [
-            [split, _e(F.rate(u.get(f"{split}_accuracy"))), _e(F.num(u.get(f"{split}_loss")))]
-            for split in ("train", "holdout", "test")
-            if f"{split}_accuracy" in u
-        ],
-        numeric=(1, 2),
-    )
+    utility = _table(["split", "accuracy", "loss"], [[_e(c) for c in row] for row in F.utility_rows(m)], numeric=(1, 2))
     parts = [
         f'<section class="model"><h3>{_e(m["name"])} {_model_badge(m)}</h3>',
         facts,

@@ -77,6 +77,8 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> list[str]:
         scalars = [f"{md(k)} {F.num(v, '.4g')}" for k, v in F.scalar_results(a)]
         scalars += [f"{md(k)} **{md(v)}**" for k, v in a.items() if k.startswith("verdict") and isinstance(v, str)]
         lines.append(f"- {md(a['attack'])}: " + (", ".join(scalars) or "no scalar results"))
+        if isinstance(a.get("note"), str):  # what the result's numbers and verdicts are about (e.g. jl-step's claims)
+            lines.append(f"  - note: {md(a['note'])}")
     return lines
 
 
@@ -104,7 +106,7 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
                 md(a["method"]),
                 F.percent(a["confidence"]),
                 F.eps(a["epsilon_lower_bound"]),
-                F.claim_eps(a["claimed_epsilon"]),
+                F.audit_claim(a),
                 F.eps(a.get("max_certifiable_epsilon")),
                 f"({F.rate(op['fpr'])}, {F.rate(op['fnr'])})" if op else F.DASH,
                 verdict,
@@ -120,7 +122,6 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
 
 
 def model_section(m: Mapping[str, Any]) -> list[str]:
-    u = m["utility"]
     lines = [
         f"### {md(m['name'])}",
         "",
@@ -132,14 +133,7 @@ def model_section(m: Mapping[str, Any]) -> list[str]:
         "",
         "Utility:",
         "",
-        *_table(
-            ["split", "accuracy", "loss"],
-            [
-                [split, F.rate(u.get(f"{split}_accuracy")), F.num(u.get(f"{split}_loss"))]
-                for split in ("train", "holdout", "test")
-                if f"{split}_accuracy" in u
-            ],
-        ),
+        *_table(["split", "accuracy", "loss"], [[md(c) for c in row] for row in F.utility_rows(m)]),
     ]
     for family, attacks in m["attacks"].items():
         if not attacks:

@@ -64,7 +64,9 @@ class AggregationConfig:
     ``target_epsilon``: calibrate the aggregator's answer noise (``aggregator.sigma``) to this
     data-independent epsilon at ``delta`` over ``queries`` queries (the given sigma is then replaced).
     ``claim``: ``data-independent`` (default) or ``data-dependent`` (sanitised with smooth sensitivity,
-    :func:`dpaudit.aggregation.privacy_record`); ``sanitiser``: its public settings (None: the defaults).
+    :func:`dpaudit.aggregation.privacy_record`); ``sanitiser``: its settings (None, or a None field: chosen by the
+    public rule :func:`dpaudit.accounting.pate_smooth.choose_sanitiser`; a given one must be fixed before the votes
+    are seen).
     """
 
     algo: str

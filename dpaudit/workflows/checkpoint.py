@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +21,12 @@ import numpy as np
 
 from dpaudit.audit import AuditResult, audit_scores, decide_verdict
 from dpaudit.checkpoint import claim_mismatch_note
+from dpaudit.defaults import DEFAULTS, AuditDefaults  # noqa: F401 (AuditDefaults: re-exported)
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.workflows.result import AuditRecord, ModelAudit
 
 NON_PRIVATE_DELTA = 1e-5  # δ at which a model that makes no claim is audited
-
-
-@dataclass(frozen=True)
-class AuditDefaults:
-    """The defaults every entry point (CLI, report, demo) uses, so one checkpoint gets one answer."""
-
-    attacks: tuple[str, ...] = ("loss", "lira")
-    estimate_method: str = "clopper-pearson"
-    reference_models: int = 8
-    confidence: float = 0.95
-    seed: int = 0
-
-
-DEFAULTS = AuditDefaults()
 
 
 def relation_note(claim_relation: str | None, experiment: str) -> str | None:
@@ -126,7 +112,9 @@ def _icl_audits(result: Mapping[str, Any]) -> list[AuditRecord]:
 
 
 # Formal audits of the model's own claim that a family's result carries: name -> records(result). They join
-# the model's audits, so that its headline (the strongest formal audit) uses them like any other.
+# the model's audits, so that its headline (the strongest formal audit) uses them like any other. "jl-step"
+# is absent on purpose: it tests one JL step at q = 1 against one-step claims, not the run's (q, T) claim
+# (:func:`dpaudit.workflows.jl_audit.jl_step_family`), so its verdicts stay in its own section.
 FAMILY_AUDITS = {"icl": _icl_audits}
 
 
@@ -200,8 +188,10 @@ def audit_checkpoint(
     """Audit a run directory: canaries (formal, one-run) and membership ``attacks`` (estimates).
 
     ``claimed_epsilon`` and ``delta`` default to the checkpoint's claim (δ = 1e-5 without one; a
-    model without a claim gets bounds but no verdict). ``attacks`` may be empty for a canary-only
-    audit. ``cache_dir``: where reference models are cached (None: :func:`dpaudit.cache.default_cache_dir`).
+    model without a claim gets bounds but no verdict). ``delta`` is the δ of the claim tested: without
+    ``claimed_epsilon``, one below the run's own δ is refused (the run's ε is no claim there).
+    ``attacks`` may be empty for a canary-only audit. ``cache_dir``: where reference models are cached
+    (None: :func:`dpaudit.cache.default_cache_dir`).
     ``families`` runs other attack families too, e.g. ``{"inversion": {}, "attribute": {"feature": 3}}``
     (see :data:`FAMILY_RUNNERS`); their results are reported, not audited (they bound no ε).
     """
@@ -218,6 +208,13 @@ def audit_checkpoint(
         raise InputError(f"{path}: nothing to audit: the run has no canaries and no attack was asked for")
     privacy = run.privacy or {}
     claimed = claimed_epsilon if claimed_epsilon is not None else privacy.get("epsilon")
+    if claimed_epsilon is None and delta is not None and privacy.get("delta") is not None and delta < privacy["delta"]:
+        # (ε, δ_c)-DP implies (ε, δ)-DP for δ ≥ δ_c only: at a smaller δ the run's ε is no claim, and testing it
+        # there could report a violation of a claim nobody made.
+        raise InputError(
+            f"the run's claim is at δ = {privacy['delta']:g}; its ε says nothing at the "
+            f"smaller δ = {delta:g}: give the claim to test as claimed_epsilon with that delta"
+        )
     delta = float(delta if delta is not None else privacy.get("delta", NON_PRIVATE_DELTA))
     common = {"delta": delta, "confidence": confidence, "claimed_epsilon": claimed, "seed": seed}
     records: list[AuditRecord] = []

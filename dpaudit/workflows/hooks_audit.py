@@ -16,6 +16,10 @@ Canaries with a fresh coin per step (``inclusion="step"``) get, instead of 1 and
 
 Multiplicity: the level α = 1 − confidence is split evenly (Bonferroni) between the tests run, so the
 chance that a correct pipeline gets any "violation" is at most α.
+
+With σ known the claim is also checked against what (σ, q, T) account to (:func:`claim_accounting`): a
+claimed ε below the accountant's is reported as a claim the mechanism's analysis does not support, one far
+above it is noted; the audits test the claim as given either way, and neither is a verdict.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class CanaryRunAudit:
     verdict: str  # "violation" (a formal ε bound or the noise check refutes the claim) | "curve-refuted" | ...
     steps: int
     count: int
+    accounting: dict[str, Any] | None = None  # :func:`claim_accounting`, with σ known; also in ``claim``
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; ``kind`` marks a saved result that ``dpaudit report`` reads like any other audit
@@ -62,6 +67,8 @@ class CanaryRunAudit:
 
     def summary(self) -> str:
         lines = [f"{self.path}: {self.count} gradient canaries over {self.steps} steps -> verdict: {self.verdict}"]
+        if self.accounting is not None:
+            lines.append(f"claim check: {self.accounting['statement']}")
         for a in self.audits:
             lines += ["", f"[{a.attack}] {a.description}", a.result.summary()]
         no_check = "noise check: not run (give --noise-multiplier)"
@@ -87,6 +94,55 @@ def noise_check_entry(noise: NoiseCheck) -> dict[str, Any]:
         what = f"the noise check finds no less noise than the claimed σC = {noise.noise_std:.4g}"
     statement = f"{what} (formal, gradient-canaries noise check, level {noise.alpha:.3g})"
     return {**noise.to_dict(), "source": "gradient-canaries", "statement": statement}
+
+
+# A claim within this fraction below the accountant's ε is taken as the same claim: numerical accountants of
+# one mechanism differ by their discretisation (dpaudit's PLD is pessimistic on a 1e-4-nat grid; other tools'
+# PLD/PRV grids and bounds differ), and users round the ε they state.
+CLAIM_RTOL = 0.01
+FAR_ABOVE = 1.5  # a claim above this multiple of the accountant's ε is noted: the audit tests a much weaker claim
+
+
+def claim_accounting(claimed: float, delta: float, noise_multiplier: float, sample_rate: float, steps: int):
+    """What the DP-SGD mechanism (σ, q, T) accounts to at ``delta``, compared with the ``claimed`` ε.
+
+    The accounted ε is dpaudit's PLD accountant's for SelfComposed(PoissonSampled(q, Gaussian(σ)), T) under
+    add/remove neighbours (Abadi et al. 2016, Alg. 1; the PLD of the Poisson-subsampled Gaussian's dominating
+    pair, Zhu, Dong & Wang 2022, arXiv:2106.08567, composed by FFT) — the claim DP-SGD makes for these
+    settings. ``relation``:
+
+    - "below" (claimed < (1 − CLAIM_RTOL)·accounted): the mechanism's analysis does not support the claim. Not a
+      violation by itself: the accountant's ε is an upper bound on the mechanism's (a sufficient condition, with
+      pessimistic discretisation), so the mechanism's true ε may still be at most the claim; only a formal test
+      of the mechanism refutes a claim. The audits test the claim as given;
+    - "far-above" (claimed > FAR_ABOVE·accounted): the claim is much weaker than what (σ, q, T) support, so the
+      audits test a weaker claim than the mechanism's (a refutation is still one; a pass says less);
+    - "matches" otherwise.
+    """
+    from dpaudit.accounting import dpsgd_event, epsilon_for
+
+    event = dpsgd_event(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+    accounted = float(epsilon_for(event, delta, "pld"))
+    what = (
+        f"(σ = {noise_multiplier:g}, q = {sample_rate:g}, T = {steps}) account to ε = {accounted:.4g} at δ = {delta:g}"
+    )
+    if claimed < (1.0 - CLAIM_RTOL) * accounted:
+        relation = "below"
+        statement = (
+            f"the claimed ε = {claimed:g} is below what {what} (PLD accountant): the mechanism's analysis does not "
+            "support this claim. Not a violation by itself (the accountant's ε is an upper bound, so the true ε may "
+            "be lower; only a formal audit refutes a claim); the audits test the claim as given"
+        )
+    elif claimed > FAR_ABOVE * accounted:
+        relation = "far-above"
+        statement = (
+            f"the claimed ε = {claimed:g} is far above what {what} (PLD accountant): the audits test this weaker "
+            f"claim, not the ε = {accounted:.4g} the mechanism supports"
+        )
+    else:
+        relation = "matches"
+        statement = f"the claimed ε = {claimed:g} matches what {what} (PLD accountant)"
+    return {"accountant": "pld", "epsilon": accounted, "relation": relation, "statement": statement}
 
 
 def _close(a: float, b: float) -> bool:
@@ -128,6 +184,11 @@ def audit_canaries(
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
     claim = {"epsilon": claimed, "delta": delta, "neighbouring": "add_remove", "sampling": "poisson",
              "sample_rate": q, "steps": obs.steps, "noise_multiplier": sigma, "clip": obs.clip}  # fmt: skip
+    # With σ the mechanism is fully stated (q and T are the observed ones, which a given --sample-rate/--steps
+    # must equal): say whether the claimed ε is what it accounts to. Reported, never a verdict.
+    accounting = None if sigma is None else claim_accounting(claimed, delta, sigma, q, obs.steps)
+    if accounting is not None:
+        claim["accounting"] = accounting
     if obs.inclusion == "step":
         if sigma is None:
             raise InputError(
@@ -164,7 +225,7 @@ def audit_canaries(
         verdict = "inconclusive"
     else:
         verdict = "consistent"
-    return CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count)
+    return CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count, accounting)
 
 
 def _per_step_record(obs, q: float, sigma: float, delta: float, confidence: float, claimed: float, seed: int):

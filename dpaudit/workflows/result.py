@@ -159,7 +159,13 @@ def headline(
     formal = _digest(*f) if f else None
     estimate = _digest(*e) if e else None
     parts = []
-    if formal is None:
+    # Formal tests that bound no ε: refutation tests of the claimed curve (e.g. the per-step audit of canaries
+    # with a fresh coin per step, against ONE step's curve) and checks of the claimed mechanism (the noise check).
+    curve_tests = [a for a in audits if a.get("refutation")]
+    formal_checks = [c for c in checks if c.get("formal")]
+    if formal is None and (curve_tests or formal_checks):
+        parts.append(_tests_text(curve_tests, formal_checks))
+    elif formal is None:
         parts.append("no formal audit (train with canaries, or run `dpaudit audit train`)")
     else:
         b, m = _num(formal["epsilon_lower_bound"]), _num(formal["max_certifiable_epsilon"])
@@ -190,6 +196,12 @@ def headline(
                     f"{claim_text(c)} ({how})"
                 )
     verdict = formal["verdict"] if formal else None
+    if verdict is None and claim is not None and (curve_tests or formal_checks):
+        # The verdict of formal tests that refute nothing (as :func:`dpaudit.workflows.hooks_audit.audit_canaries`
+        # decides it): inconclusive when every curve test was too weak to refute the claimed curve and no
+        # check ran, else consistent. A refutation below overrides it.
+        weak = all(a.get("verdict") == "inconclusive" for a in curve_tests) and not formal_checks
+        verdict = "inconclusive" if weak else "consistent"
     # A formal refutation of the claimed trade-off curve (one-run f-DP against the claim's own curve
     # family) is named as what it is, and sets the verdict unless a formal ε bound already refutes the claim.
     rejected = [c for c in checks if c.get("formal") and c.get("verdict") == "violation"]
@@ -204,18 +216,45 @@ def headline(
             f"curve refuted: {a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, "
             f"{100 * float(a['confidence']):g}% confidence)"
         )
+    estimate_verdict = estimate["verdict"] if estimate else None
     if estimate is not None:
         eb = _fmt(_num(estimate["epsilon_lower_bound"]))
         what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
         if estimate["verdict"] == "estimate-exceeds-claim":
             what += " exceeds the claim — an estimate, not a formal violation"
         parts.append(what)
+    else:  # a per-step audit's composed ε (whitebox.steps_record) is the only estimate of the whole run's ε
+        composed = [a for a in curve_tests if (a.get("details") or {}).get("composed_epsilon_estimate") is not None]
+        if composed:
+            d = composed[0]["details"]
+            what = (
+                f"estimate ε ≥ {_fmt(_num(d['composed_epsilon_estimate']))} composed over all steps vs claimed "
+                f"{claim_text(_num(d.get('composed_claimed_epsilon')))} ({d.get('composed_label', 'estimate')})"
+            )
+            if d.get("composed_verdict") == "estimate-exceeds-claim":
+                what += " exceeds the claim — an estimate, not a formal violation"
+            parts.append(what)
+            estimate_verdict = d.get("composed_verdict")
     return Headline(
         verdict=verdict,
-        estimate_verdict=estimate["verdict"] if estimate else None,
+        estimate_verdict=estimate_verdict,
         formal=formal,
         estimate=estimate,
         text="; ".join(parts),
+    )
+
+
+def _tests_text(curve_tests: Sequence[Mapping[str, Any]], checks: Sequence[Mapping[str, Any]]) -> str:
+    """What formal tests that bound no ε showed, when no formal ε bound exists, in words: each curve test's
+    statement (with its audit and confidence) and each check's statement; refutations are named elsewhere."""
+    texts = [
+        f"{a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, {threat_model(a)}, "
+        f"{100 * float(a['confidence']):g}% confidence)"
+        for a in curve_tests
+        if a.get("verdict") != "curve-refuted"  # a refutation is named by the headline on its own
+    ]
+    return "; ".join(
+        ["no formal ε bound"] + texts + [str(c["statement"]) for c in checks if c["verdict"] != "violation"]
     )
 
 

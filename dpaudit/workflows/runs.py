@@ -347,7 +347,7 @@ def _stated_claim(claim, epsilon, delta, noise_multiplier, sample_rate, steps, a
 
 
 # dpaudit-trainer options that a plug-in trainer replaces: refused when given together with ``trainer``.
-RECIPE_OPTIONS = ("algo", "epochs", "steps", "batch_size", "lr", "noise_multiplier", "epsilon", "clip", "train_delta")
+RECIPE_OPTIONS = ("algo", "epochs", "steps", "batch_size", "lr", "noise_multiplier", "epsilon", "clip")
 
 
 def audit_training_from_options(
@@ -372,7 +372,6 @@ def audit_training_from_options(
     noise_multiplier: float | None,
     epsilon: float | None,
     clip: float,
-    train_delta: float,
     delta: float | None,
     confidence: float,
     method: str,
@@ -387,7 +386,9 @@ def audit_training_from_options(
     the multi-run audit (:func:`dpaudit.workflows.training.audit_training`, a ``TrainingAudit``), or for
     ``threat_model="white-box-steps"`` the per-step white-box audit of one run
     (:func:`dpaudit.workflows.whitebox.audit_whitebox_steps`). ``given``: the options the user gave
-    explicitly (recipe options beside ``trainer`` are refused). ``score``: the scores of a plug-in audit
+    explicitly (recipe options beside ``trainer`` are refused). ``delta``: the δ of the claim (ε, δ), one value
+    for both sides: dpaudit's recipe is accounted at it (default 1e-5) and the audit tests (ε, δ); a plug-in
+    trainer's claim needs it. ``score``: the scores of a plug-in audit
     (:data:`dpaudit.workflows.training.PLUGIN_SCORES` or "module:function"; default the canary's margin)."""
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
@@ -407,7 +408,9 @@ def audit_training_from_options(
     else:
         dp = None
         if algo.startswith("dp"):
-            dp = DPConfig(clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, delta=train_delta)
+            given_delta = {} if delta is None else {"delta": delta}  # None: DPConfig's default
+            dp = DPConfig(clip=clip, noise_multiplier=noise_multiplier, target_epsilon=epsilon, **given_delta)
+            delta = dp.delta  # the claim's δ: the recipe is accounted at it and the audit tests (ε, δ)
         elif noise_multiplier is not None or epsilon is not None:
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
         config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)

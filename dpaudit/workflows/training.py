@@ -40,6 +40,7 @@ import numpy as np
 
 from dpaudit.audit import audit_scores
 from dpaudit.errors import InputError
+from dpaudit.plugins import PLUGIN_SCORE_HELP  # noqa: F401 (re-exported)
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.workflows.result import AuditRecord, TrainingAudit
 
@@ -66,13 +67,6 @@ def _train_one(args: tuple) -> float:
 
 # Built-in scores of a trained model on the canary (higher = canary included; fixed before any run).
 PLUGIN_SCORES = ("margin", "loss", "probe")
-PLUGIN_SCORE_HELP = (
-    "margin: logit-scaled confidence of the canary's label at the canary (Carlini et al. 2022, arXiv:2112.03570); "
-    "loss: minus its cross-entropy (Yeom et al. 2018, arXiv:1709.01604); probe: the logit-scaled confidence of "
-    "the canary's label at a fixed probe input (all zeros after the public standardisation, the aux mean), which "
-    "moves with an un-noised bias however the canary looks; or 'module:function', "
-    "function(state_dict, x, y) -> float (x: the preprocessed canary, shape (1, *feature_shape); y: its label)."
-)
 
 
 def _score_fns(scores: tuple) -> list:

@@ -37,7 +37,7 @@ $DPAUDIT train --data "$WORK/data" --model-spec "$WORK/spec.json" --algo dpsgd -
     --out "$WORK/dp" --force
 
 # 4. Attack it (loss, and LiRA with reference models trained through the same factory), audit, report.
-$DPAUDIT attack mia -c "$WORK/dp" -m loss,lira --reference-models "$REFS" --min-models $((REFS / 2))
+$DPAUDIT attack mia "$WORK/dp" --attacks loss,lira --reference-models "$REFS" --min-models $((REFS / 2))
 $DPAUDIT audit checkpoint "$WORK/dp" --attacks loss,lira --reference-models "$REFS"
 $DPAUDIT report "$WORK/dp" --out "$WORK/report_dp" --attacks loss,lira --reference-models "$REFS" --force
 
@@ -48,7 +48,7 @@ echo "{\"algo\": \"sgd\", \"epochs\": $((EPOCHS + 3)), \"lr\": 0.1, \"batch_size
     > "$WORK/recipe.json"
 $DPAUDIT import "$WORK/plain/weights.safetensors" --model-spec "$WORK/spec.json" --data "$WORK/data" \
     --members "$WORK/plain/members.txt" --recipe "$WORK/recipe.json" --out "$WORK/plain_run" --force
-$DPAUDIT attack mia -c "$WORK/plain_run" -m loss,lira --reference-models "$REFS" --min-models $((REFS / 2))
+$DPAUDIT attack mia "$WORK/plain_run" --attacks loss,lira --reference-models "$REFS" --min-models $((REFS / 2))
 $DPAUDIT report "$WORK/plain_run" --out "$WORK/report_plain" --attacks loss,lira --reference-models "$REFS" --force
 
 echo "done: runs, reports and the reference-model cache are in $WORK"

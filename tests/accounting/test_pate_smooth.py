@@ -178,7 +178,14 @@ def test_sanitiser_settings_parse_and_bad_ones_are_one_line_errors():
     assert SanitiserConfig.parse("order=3, sigma_s=1.5,beta_factor=0.49,tau=0.5") == SanitiserConfig(
         order=3.0, sigma_s=1.5, beta_factor=0.49, tau=0.5
     )
-    for bad, message in (("order3", "key=value"), ("sigma=2", "key=value"), ("tau=x", "number"), ("order=1", "> 1")):
+    for bad, message in (
+        ("order3", "key=value"),
+        ("sigma=2", "key=value"),
+        ("tau=x", "number"),
+        ("order=1", "> 1"),
+        ("prior_top=0", "prior_top"),
+        ("beta_factor=0.5", "beta_factor"),
+    ):
         with pytest.raises(InputError, match=message):
             SanitiserConfig.parse(bad)
 
@@ -195,3 +202,91 @@ def test_declined_queries_pay_only_the_threshold_check():
     assert none == pytest.approx(threshold, rel=1e-12) and none > 0
     one = per_query_rdp("confident-gnmax", hist, np.array([False, False, True]), params, 3.0)
     assert one > none + 0.1  # the tied third histogram costs GNMax almost its data-independent 3/25
+
+
+# --------------------------------------------------------------------------- the public rule (--sanitiser auto)
+
+CONFIDENT = {"sigma": 5.0, "sigma1": 10.0, "threshold": 42.0, "max_answers": None}
+SETTINGS = ("order", "beta_factor", "sigma_s", "tau")
+
+
+def _auto_settings(hist: np.ndarray, answered: np.ndarray, config: SanitiserConfig | None = None) -> dict:
+    s = sanitised_claim("confident-gnmax", hist, answered, n_teachers=50, params=CONFIDENT, delta=1e-5,
+                        config=config or SanitiserConfig(), rng=np.random.default_rng(0))["public"]  # fmt: skip
+    return {k: s[k] for k in (*SETTINGS, "chosen_by_public_rule", "fixed_by_user")}
+
+
+def test_public_rule_does_not_read_the_votes():
+    """The sanitiser's settings chosen by the public rule are identical for two very different vote histograms
+    (and answered sets) with the same public settings, so choosing them releases nothing; the same votes with
+    another public setting (a cap) change them, so the test would see a rule that ignored its inputs too."""
+    rng = np.random.default_rng(1)
+    unanimous = _consensus(50, 60, 1.0)
+    noisy = np.stack([np.bincount(rng.integers(0, 10, 50), minlength=10) for _ in range(60)])
+    a = _auto_settings(unanimous, np.ones(60, bool))
+    b = _auto_settings(noisy, np.zeros(60, bool) | (np.arange(60) < 3))
+    assert a == b
+    assert a["chosen_by_public_rule"] == list(SETTINGS) and a["fixed_by_user"] == []
+    capped = sanitised_claim("confident-gnmax", noisy, np.arange(60) < 3, n_teachers=50,
+                             params={**CONFIDENT, "max_answers": 2}, delta=1e-5, config=SanitiserConfig(),
+                             rng=np.random.default_rng(0))["public"]  # fmt: skip
+    assert (capped["sigma_s"], capped["tau"]) != (a["sigma_s"], a["tau"])
+
+
+def test_user_fixed_settings_are_kept_and_recorded_and_the_rest_come_from_the_rule():
+    hist = _consensus(50, 60, 0.9)
+    answered = np.ones(60, bool)
+    fixed = _auto_settings(hist, answered, SanitiserConfig.parse("order=3,sigma_s=1.5,beta_factor=0.49,tau=0.5"))
+    assert (fixed["order"], fixed["beta_factor"], fixed["sigma_s"], fixed["tau"]) == (3.0, 0.49, 1.5, 0.5)
+    assert fixed["fixed_by_user"] == list(SETTINGS) and fixed["chosen_by_public_rule"] == []
+    part = _auto_settings(hist, answered, SanitiserConfig(order=3.0))
+    assert part["order"] == 3.0 and part["chosen_by_public_rule"] == ["beta_factor", "sigma_s", "tau"]
+    assert SanitiserConfig.parse("auto") == SanitiserConfig()
+
+
+def test_prior_is_the_threshold_consensus_answered_half_the_time_and_capped():
+    """Confident-GNMax's prior: every query has T votes on top and K - T on a runner-up, answered with probability
+    Pr[N(0, sigma1^2) >= 0] = 1/2 (so 100 expected answers of 200), never more than the cap."""
+    from dpaudit.accounting.pate_smooth import GNMAX_PRIOR_TOP, prior_histogram
+
+    hist, w = prior_histogram("confident-gnmax", 200, None, 10, 50, CONFIDENT)
+    assert hist.shape == (200, 10) and np.all(hist[:, 0] == 42) and np.all(hist[:, 1] == 8) and hist[:, 2:].sum() == 0
+    assert w.sum() == pytest.approx(100.0, rel=1e-12)
+    assert prior_histogram("confident-gnmax", 200, 30, 10, 50, CONFIDENT)[1].sum() == pytest.approx(30.0, rel=1e-12)
+    gn, w = prior_histogram("gnmax", 5, None, 3, 1000, {"sigma": 100.0})
+    assert np.all(gn[:, 0] == round(GNMAX_PRIOR_TOP * 1000)) and w.sum() == 5.0
+    assert prior_histogram("gnmax", 5, None, 3, 1000, {"sigma": 100.0}, prior_top=0.95)[0][0, 0] == 950
+
+
+def test_rule_sigma_s_is_the_minimiser_of_the_expected_claim():
+    """sigma_s = (2 b / a)^(1/3) minimises a sigma + b / sigma^2 (the expected margin plus GNSS's lambda e^(2 beta)
+    / sigma^2, Thm. 23): nudging it either way by 5% raises the expected claim, and so does nudging tau."""
+    from dpaudit.accounting.pate_smooth import _best_sigma_tau, expected_claim
+
+    for ss, order, bf in ((0.4, 3.0, 0.45), (2e-3, 20.0, 0.49), (30.0, 2.0, 0.3)):
+        sigma_s, tau = _best_sigma_tau(ss, order, bf, None, None, 1e-5)
+        best = expected_claim(1.0, ss, order, bf, sigma_s, tau, 1e-5)
+        for f in (0.95, 1.05):
+            assert expected_claim(1.0, ss, order, bf, sigma_s * f, tau, 1e-5) > best
+            assert expected_claim(1.0, ss, order, bf, sigma_s, tau * f, 1e-5) > best - 1e-9 * best
+
+
+def test_rule_expected_claim_matches_the_mean_of_sanitised_draws():
+    """expected_claim is what the rule minimises: over 200 sanitiser draws the mean claim agrees with it within 4
+    standard errors (the claim's spread, ~1.4 here, is its two Gaussian draws times sigma_s SS; fixed seeds)."""
+    from dpaudit.accounting.pate_smooth import _ls_sum, expected_claim, per_query_rdp
+
+    hist = _consensus(50, 60, 0.9)
+    answered = np.ones(60, bool)
+    eps = [sanitised_claim("confident-gnmax", hist, answered, n_teachers=50, params=CONFIDENT, delta=1e-5,
+                           config=SanitiserConfig(), rng=np.random.default_rng(s)) for s in range(200)]  # fmt: skip
+    p = eps[0]["public"]
+    want = expected_claim(eps[0]["private"]["data_dependent_rdp"], eps[0]["private"]["smooth_sensitivity"],
+                          p["order"], p["beta_factor"], p["sigma_s"], p["tau"], 1e-5)  # fmt: skip
+    claims = np.array([e["public"]["epsilon"] for e in eps])
+    assert abs(claims.mean() - want) < 4.0 * claims.std() / math.sqrt(len(claims))
+    assert claims.std() > 0.5  # the bound is not vacuous: the draws do spread
+    raw = per_query_rdp("confident-gnmax", hist, answered, CONFIDENT, p["order"])
+    ls = _ls_sum("confident-gnmax", hist, answered.astype(float), 50, CONFIDENT, p["order"])
+    assert eps[0]["private"]["smooth_sensitivity"] == pytest.approx(smooth_sensitivity(ls, p["beta"]), rel=1e-12)
+    assert eps[0]["private"]["data_dependent_rdp"] == pytest.approx(raw, rel=1e-12)

@@ -146,7 +146,8 @@ def test_sanitised_data_dependent_claim_is_below_the_data_independent_one_on_dig
     """Issue 28: a consensus-rich digits run (50 logreg teachers on 1257 private records, Confident-GNMax
     T = 42 of 50, sigma1 = 10, sigma2 = 5, 200 public queries): the data-dependent claim, sanitised with
     smooth sensitivity and every release charged, is below the data-independent claim of the same mechanism
-    (28.05) for every sanitiser draw tried (benchmarks/RESULTS.md: 17.7 with the student at 0.79)."""
+    (28.05) for every sanitiser draw tried, with the default sanitiser (every setting chosen by the public rule,
+    never from these votes; benchmarks/RESULTS.md: 15.5-17.0 on four runs)."""
     from dpaudit.aggregation import aggregate, privacy_record, vote_histogram
     from dpaudit.data import make_splits
     from dpaudit.training.pate import pate_votes, public_preprocessing, query_indices, teacher_parts
@@ -163,9 +164,8 @@ def test_sanitised_data_dependent_claim_is_below_the_data_independent_one_on_dig
     hist = vote_histogram(votes, ds.n_classes)
     answers = aggregate(hist, agg, 3)
     assert 30 <= (answers >= 0).sum() <= 80 and np.mean(answers[answers >= 0] == ds.y[q][answers >= 0]) > 0.9
-    sanitiser = SanitiserConfig.parse("order=3,sigma_s=1.5,beta_factor=0.49,tau=0.5")
     for seed in range(5):
-        rec = privacy_record(agg, hist, answers, delta=1e-5, n_teachers=50, claim="data-dependent",
-                             sanitiser=sanitiser, seed=seed)  # fmt: skip
-        assert rec["epsilon"] < rec["data_independent_epsilon"], (seed, rec["epsilon"])
+        rec = privacy_record(agg, hist, answers, delta=1e-5, n_teachers=50, claim="data-dependent", seed=seed)
+        assert rec["epsilon"] < 0.7 * rec["data_independent_epsilon"], (seed, rec["epsilon"])
+        assert rec["sanitised"]["chosen_by_public_rule"] == ["order", "beta_factor", "sigma_s", "tau"]
     assert rec["data_independent_epsilon"] == pytest.approx(28.045, abs=0.01)

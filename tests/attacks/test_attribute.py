@@ -108,7 +108,7 @@ def cli(*args):
 
 
 def test_cli_attribute_json(bc_run_dir):
-    res = cli("attack", "attribute", "-c", str(bc_run_dir), "--feature", "3", "--json")
+    res = cli("attack", "attribute", str(bc_run_dir), "--feature", "3", "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["feature_name"] == "mean area" and d["method"] == "likelihood"
@@ -120,6 +120,6 @@ def test_cli_attribute_json(bc_run_dir):
     [("30", "outside the data's features 0..29"), ("-1", "outside the data's features"), ("nope", "unknown feature")],
 )
 def test_cli_attribute_bad_feature_exits_2(bc_run_dir, feature, message):
-    res = cli("attack", "attribute", "-c", str(bc_run_dir), "--feature", feature)
+    res = cli("attack", "attribute", str(bc_run_dir), "--feature", feature)
     assert res.exit_code == 2
     assert message in res.output and "Traceback" not in res.output

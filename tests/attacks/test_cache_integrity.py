@@ -53,8 +53,6 @@ def test_a_cache_dir_that_is_a_file_is_exit_2(recipe, tiny_run, tiny_run_dir, tm
     f.write_text("not a folder")
     with pytest.raises(InputError, match="is not a directory"):
         train_models(recipe, one_set(tiny_run), seeds_for(0, "reference", 1), cache_dir=f)
-    r = CliRunner().invoke(
-        app, ["attack", "mia", "--checkpoint", str(tiny_run_dir), "--method", "lira", "--cache-dir", str(f)]
-    )
+    r = CliRunner().invoke(app, ["attack", "mia", str(tiny_run_dir), "--attacks", "lira", "--cache-dir", str(f)])
     assert r.exit_code == 2, r.output
     assert r.output.strip().splitlines()[-1] == f"error: --cache-dir {f} is not a directory"

@@ -372,26 +372,26 @@ def _cli(*args):
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(digits_logreg, args, message):
-    r = _cli("attack", "extract", "-c", digits_logreg, *args)
+    r = _cli("attack", "extract", digits_logreg, *args)
     assert r.exit_code == 2, r.output
     assert message in r.output
     assert "Traceback" not in r.output
 
 
 def test_cli_refuses_equations_on_an_mlp(digits_mlp):
-    r = _cli("attack", "extract", "-c", digits_mlp, "--budget", "500", "--method", "equations")
+    r = _cli("attack", "extract", digits_mlp, "--budget", "500", "--method", "equations")
     assert r.exit_code == 2
     assert "use --method learning" in r.output and "Traceback" not in r.output
 
 
 def test_cli_json_and_out(digits_logreg, tmp_path):
     out = tmp_path / "stolen"
-    r = _cli("--json", "attack", "extract", "-c", digits_logreg, "--budget", "65", "--out", out)
+    r = _cli("--json", "attack", "extract", digits_logreg, "--budget", "65", "--out", out)
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["queries"] == 65 and data["fidelity"] == 1.0 and data["parameter_relative_error"] < 1e-6
     assert data["out"] == str(out)
-    r = _cli("attack", "extract", "-c", digits_logreg, "--budget", "65", "--out", out)
+    r = _cli("attack", "extract", digits_logreg, "--budget", "65", "--out", out)
     assert r.exit_code == 2 and "already exists" in r.output
-    r = _cli("--json", "attack", "mia", "-c", out, "--method", "loss", "--bootstrap", "0")
+    r = _cli("--json", "attack", "mia", out, "--attacks", "loss", "--bootstrap", "0")
     assert r.exit_code == 0, r.output

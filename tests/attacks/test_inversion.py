@@ -255,7 +255,7 @@ def cli(*args):
 
 
 def test_cli_inversion_json_and_png(digits_run_dir, tmp_path):
-    res = cli("attack", "inversion", "-c", str(digits_run_dir), "--classes", "0,1,2", "--iterations", "50",
+    res = cli("attack", "inversion", str(digits_run_dir), "--classes", "0,1,2", "--iterations", "50",
               "--out-dir", str(tmp_path / "png"), "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
@@ -265,7 +265,7 @@ def test_cli_inversion_json_and_png(digits_run_dir, tmp_path):
 
 
 def test_cli_black_box_counts_queries(digits_run_dir):
-    res = cli("attack", "inversion", "-c", str(digits_run_dir), "--classes", "3", "--black-box", "--budget", "205",
+    res = cli("attack", "inversion", str(digits_run_dir), "--classes", "3", "--black-box", "--budget", "205",
               "--directions", "10", "--restarts", "1", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     c = json.loads(res.stdout)["per_class"][0]
@@ -283,7 +283,7 @@ def test_cli_black_box_counts_queries(digits_run_dir):
     ],
 )
 def test_cli_bad_input_exits_2(digits_run_dir, args, message):
-    res = cli("attack", "inversion", "-c", str(digits_run_dir), *args)
+    res = cli("attack", "inversion", str(digits_run_dir), *args)
     assert res.exit_code == 2
     assert message in res.output and "Traceback" not in res.output
 

@@ -91,7 +91,7 @@ def test_checkpoint_without_member_list(tiny_run_dir, tmp_path):
 class TestCLI:
     def test_json_all(self, tiny_run_dir, tmp_path):
         scores = tmp_path / "scores.csv"
-        r = invoke("attack", "mia", "--checkpoint", tiny_run_dir, "--method", "all", *SMALL,
+        r = invoke("attack", "mia", tiny_run_dir, "--attacks", "all", *SMALL,
                    "--cache-dir", tmp_path / "cache", "--scores-out", scores, "--json")  # fmt: skip
         assert r.exit_code == 0, r.output
         out = json.loads(r.stdout)
@@ -107,9 +107,9 @@ class TestCLI:
         # One attack: exactly the given file. An existing file is refused without --force (before
         # any work) and replaced with it.
         single = tmp_path / "scores.lira.csv"
-        r = invoke("attack", "mia", "--checkpoint", tiny_run_dir, "--method", "lira", "--scores-out", single)
+        r = invoke("attack", "mia", tiny_run_dir, "--attacks", "lira", "--scores-out", single)
         assert r.exit_code == 2 and "already exists" in r.output
-        r = invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "loss", "--scores-out", single, "--force",
+        r = invoke("--json", "attack", "mia", tiny_run_dir, "--attacks", "loss", "--scores-out", single, "--force",
                    "--roc", "--cache-dir", tmp_path / "cache")  # fmt: skip
         assert r.exit_code == 0, r.output
         assert "roc" in json.loads(r.stdout)["attacks"][0]
@@ -117,12 +117,12 @@ class TestCLI:
 
     def test_default_shadow_models_fit_the_aux_split(self, tiny_run_dir, tmp_path):
         # aux 150 records, batch 32: 2 shadow models fit (4 would need 256); the default takes 2.
-        r = invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--cache-dir", tmp_path)
+        r = invoke("--json", "attack", "mia", tiny_run_dir, "--attacks", "shadow", "--cache-dir", tmp_path)
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["attacks"][0]["n_shadow_models"] == 2
 
     def test_human_table(self, tiny_run_dir, tmp_path):
-        r = invoke("attack", "mia", "-c", tiny_run_dir, "-m", "loss,entropy", "--cache-dir", tmp_path)
+        r = invoke("attack", "mia", tiny_run_dir, "--attacks", "loss,entropy", "--cache-dir", tmp_path)
         assert r.exit_code == 0, r.output
         header = r.stdout.splitlines()[0].split()
         assert header[:3] == ["attack", "AUC", "balanced"] and "TPR@0.1%" in header and "TPR@10%" in header
@@ -130,7 +130,7 @@ class TestCLI:
         assert row[0] == "loss"
         # Rates as percentages, formatted as in the reports; AUC and advantage plain numbers.
         data = json.loads(
-            invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "loss", "--bootstrap", "0").stdout
+            invoke("--json", "attack", "mia", tiny_run_dir, "--attacks", "loss", "--bootstrap", "0").stdout
         )
         a = data["attacks"][0]
         assert 0 <= a["balanced_accuracy"] <= 1 and all(0 <= v <= 1 for v in a["tpr_at_fpr"].values())
@@ -145,24 +145,24 @@ class TestCLI:
         cwd.mkdir()
         monkeypatch.chdir(cwd)
         monkeypatch.setenv("DPAUDIT_CACHE_DIR", str(tmp_path / "env-cache"))
-        r = invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0")
+        r = invoke("--json", "attack", "mia", tiny_run_dir, "--attacks", "shadow", "--bootstrap", "0")
         assert r.exit_code == 0, r.output
         assert len(list((tmp_path / "env-cache" / "models").iterdir())) == 2  # two shadow models
         assert list(cwd.iterdir()) == []
         # Without DPAUDIT_CACHE_DIR: $XDG_CACHE_HOME/dpaudit (served from there the second time).
         monkeypatch.delenv("DPAUDIT_CACHE_DIR")
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-        r = invoke("--json", "attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0")
+        r = invoke("--json", "attack", "mia", tiny_run_dir, "--attacks", "shadow", "--bootstrap", "0")
         assert r.exit_code == 0, r.output
         assert len(list((tmp_path / "xdg" / "dpaudit" / "models").iterdir())) == 2
         assert list(cwd.iterdir()) == []
         # --no-cache: a temporary directory, deleted afterwards; --cache-dir wins over the environment.
         monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
         (tmp_path / "tmp").mkdir()
-        r = invoke("attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0", "--no-cache")
+        r = invoke("attack", "mia", tiny_run_dir, "--attacks", "shadow", "--bootstrap", "0", "--no-cache")
         assert r.exit_code == 0, r.output
         assert list((tmp_path / "tmp").iterdir()) == [] and list(cwd.iterdir()) == []
-        r = invoke("attack", "mia", "-c", tiny_run_dir, "-m", "shadow", "--bootstrap", "0", "--cache-dir", "here")
+        r = invoke("attack", "mia", tiny_run_dir, "--attacks", "shadow", "--bootstrap", "0", "--cache-dir", "here")
         assert r.exit_code == 0, r.output
         assert len(list((cwd / "here" / "models").iterdir())) == 2
 
@@ -175,7 +175,7 @@ class TestCLI:
     )
     def test_no_cache_conflicts(self, tiny_run_dir, tmp_path, monkeypatch, args, message):
         monkeypatch.chdir(tmp_path)
-        r = invoke("attack", "mia", "-c", tiny_run_dir, "-m", "loss", *args)
+        r = invoke("attack", "mia", tiny_run_dir, "--attacks", "loss", *args)
         lines = r.stderr.splitlines()
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), r.output
         assert list(tmp_path.iterdir()) == []
@@ -183,21 +183,21 @@ class TestCLI:
     @pytest.mark.parametrize(
         ("args", "message"),
         [
-            (["-m", "shadow", "--shadow-models", "0"], "expected --shadow-models >= 1, got 0"),
-            (["-m", "shadow", "--shadow-models", "5"], "need at least"),
-            (["-m", "lira", "--reference-models", "0"], "expected --reference-models >= 1"),
-            (["-m", "nope"], "unknown attack method"),
-            (["-m", "loss", "--workers", str(available_cores() + 1)], "CPU cores on this machine"),
-            (["-m", "loss", "--scores-out", "x.txt"], "use .csv or .npz"),
+            (["--attacks", "shadow", "--shadow-models", "0"], "expected --shadow-models >= 1, got 0"),
+            (["--attacks", "shadow", "--shadow-models", "5"], "need at least"),
+            (["--attacks", "lira", "--reference-models", "0"], "expected --reference-models >= 1"),
+            (["--attacks", "nope"], "unknown attack method"),
+            (["--attacks", "loss", "--workers", str(available_cores() + 1)], "CPU cores on this machine"),
+            (["--attacks", "loss", "--scores-out", "x.txt"], "use .csv or .npz"),
         ],
     )
     def test_bad_input_exit_2(self, tiny_run_dir, tmp_path, args, message):
-        r = invoke("attack", "mia", "-c", tiny_run_dir, "--cache-dir", tmp_path, *args)
+        r = invoke("attack", "mia", tiny_run_dir, "--cache-dir", tmp_path, *args)
         assert r.exit_code == 2, r.output
         assert message in r.output and "Traceback" not in r.output
 
     def test_missing_checkpoint(self, tmp_path):
-        r = invoke("attack", "mia", "-c", tmp_path / "nope", "-m", "loss")
+        r = invoke("attack", "mia", tmp_path / "nope", "--attacks", "loss")
         assert r.exit_code == 2 and "no such run directory" in r.output
 
 

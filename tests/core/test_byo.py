@@ -98,7 +98,7 @@ def test_factory_module_trains_dp_and_is_attacked_audited_reported(npz, tmp_path
     loaded = load_run(run)
     assert type(loaded.model).__name__ == "ResidualMLP"
 
-    r = invoke("attack", "mia", "-c", run, "-m", "loss,lira", "--reference-models", 4, "--min-models", 2, "--json")
+    r = invoke("attack", "mia", run, "--attacks", "loss,lira", "--reference-models", 4, "--min-models", 2, "--json")
     assert r.exit_code == 0, r.output
     attacks = {a["attack"]: a for a in json.loads(r.stdout)["attacks"]}
     assert set(attacks) == {"loss", "lira"}
@@ -147,7 +147,7 @@ def test_weights_from_a_plain_torch_loop_import_and_are_attacked(npz, tmp_path):
     loaded = load_run(run)
     own = model(torch.as_tensor(X[:20])).detach().double().numpy()
     np.testing.assert_allclose(loaded.logits(X[:20]), own, rtol=1e-6)
-    r = invoke("attack", "mia", "-c", run, "-m", "loss,lira", "--reference-models", 4, "--min-models", 2, "--json")
+    r = invoke("attack", "mia", run, "--attacks", "loss,lira", "--reference-models", 4, "--min-models", 2, "--json")
     assert r.exit_code == 0, r.output
     auc = {a["attack"]: a["auc"] for a in json.loads(r.stdout)["attacks"]}
     assert auc["loss"] > 0.6  # the overfitted loop leaks
@@ -170,7 +170,7 @@ def test_audit_train_takes_a_factory_spec(npz, tmp_path, trainer):
 
 def test_other_attacks_load_a_factory_run(trained_run):
     for args in (["extract", "-b", 200], ["attribute", "-f", 0], ["inversion"]):
-        r = invoke("attack", args[0], "-c", trained_run, *args[1:])
+        r = invoke("attack", args[0], trained_run, *args[1:])
         assert r.exit_code == 0, (args, r.output)
 
 
@@ -257,7 +257,7 @@ def test_a_run_whose_factory_no_longer_fits_refuses_to_load(trained_run, tmp_pat
         load_run(run)
     r = invoke("inspect", run)
     assert r.exit_code in (0, 2)  # inspect reads the JSON only; attacking needs the model:
-    r = invoke("attack", "mia", "-c", run, "-m", "loss")
+    r = invoke("attack", "mia", run, "--attacks", "loss")
     assert message in one_error(r)
 
 
@@ -390,7 +390,7 @@ def test_a_changed_npy_file_is_detected(tmp_path):
     assert invoke("train", "--data", d, "--model", "logreg", "--epochs", 1, "--out", run).exit_code == 0
     X[5, 0] += 1
     np.save(d / "X.npy", X)
-    assert "changed since training" in one_error(invoke("attack", "mia", "-c", run, "-m", "loss"))
+    assert "changed since training" in one_error(invoke("attack", "mia", run, "--attacks", "loss"))
 
 
 RSS_SCRIPT = textwrap.dedent(

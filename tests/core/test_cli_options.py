@@ -29,7 +29,8 @@ def test_options_build_the_signature_typer_reads():
     assert seen == {"data": "wine", "label_column": "y", "force": False, "json_output": True,
                     "given": {"label_column", "json_output"}}  # fmt: skip
     params = inspect.signature(go).parameters
-    assert list(params) == ["ctx", "data", "label_column", "force", "json_output"]
+    # App adds --quiet to every command (after its name, as before it), last
+    assert list(params) == ["ctx", "data", "label_column", "force", "json_output", "_dpaudit_quiet"]
     assert DATA[0].default == "digits"  # the shared group is not changed by one command's default
 
 

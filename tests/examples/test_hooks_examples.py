@@ -129,7 +129,8 @@ def test_audit_canaries_bad_input_exit_2(opacus_example, digits_small, tmp_path)
         (["--sample-rate", "0.2"], "Poisson-sampled at q"),
     ]:
         res = _audit_cli(tmp_path / "c", ex, *extra)
-        assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
+        assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
+        assert message in json.loads(res.stdout)["error"]  # --json: the error as JSON on stdout too
     res = runner.invoke(app, ["audit", "canaries", str(tmp_path), "--claimed-epsilon", "1", "--delta", "1e-5"])
     assert res.exit_code == 2 and "not a gradient-canary directory" in res.output
     with pytest.raises(InputError, match="already exists"):

@@ -9,10 +9,11 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from dpaudit.accounting import dpsgd_event, epsilon_for
 from dpaudit.cli.main import app
-from dpaudit.report.build import build_report
+from dpaudit.report.build import build_report, canary_run_entry
 
-from ..workflows.test_hooks_audit import DELTA, SIGMA, claim, simulate
+from ..workflows.test_hooks_audit import DELTA, SIGMA, Q, claim, simulate
 
 runner = CliRunner()
 
@@ -55,6 +56,8 @@ def test_saved_canary_audits_render_in_a_report(saved, tmp_path):
     assert bug["summary"]["formal"]["attack"] == "gradient-canaries"
     md = (out / "report.md").read_text()
     assert "#### Noise check (formal)" in md and "your own training loop" in md
+    assert ok["claim"]["accounting"]["relation"] == "matches"  # the claim is what (σ, q, T) account to
+    assert f"claim check: the claimed ε = {claim():g} matches what (σ = {SIGMA:g}" in md
     assert "the noise check rejects the claimed noise std" in md
     html = (out / "report.html").read_text()
     assert "Noise check (formal)" in html and "noise std / σC (estimate)" in html
@@ -111,3 +114,85 @@ def test_an_imported_checkpoint_with_canaries_gets_its_formal_one_run_bound_in_t
     assert "imported run" in model["audits"][formal["audit_index"]]["description"]
     assert model["summary"]["verdict"] == "violation"
     assert "imported from" in (out / "report.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def per_step(tmp_path_factory):
+    """Saved audits of canaries with a fresh coin per step (inclusion="step"): the correct mechanism, and one
+    with (almost) no noise, whose one-step curve the per-step audit refutes from one run."""
+    tmp = tmp_path_factory.mktemp("per-step")
+    files = {}
+    for name, factor in (("step-correct", 1.0), ("step-leak", 1e-6)):
+        d = simulate(0, tmp / name, factor=factor, inclusion="step")
+        out = tmp / f"{name}.json"
+        args = ["audit", "canaries", str(d), "--claimed-epsilon", repr(claim()), "--delta", repr(DELTA)]
+        r = runner.invoke(app, [*args, "--noise-multiplier", repr(SIGMA), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        files[name] = out
+    rep = tmp / "rep"
+    r = runner.invoke(app, ["report", *map(str, files.values()), "--out", str(rep), "--format", "json,md,html"])
+    assert r.exit_code == 0, r.output
+    return files, rep
+
+
+def test_per_step_canary_audits_render_with_their_own_verdict(per_step):
+    """The per-step record (one-run f-DP against ONE step's curve, formal as a test, its ε an estimate; the
+    composed ε an estimate) is the formal audit behind the verdict: the summary, the plot data and the tables
+    say what it tested, and the one-step claim is never shown as the model's."""
+    from dpaudit.report._data import tradeoff_layers
+
+    files, rep = per_step
+    report = json.loads((rep / "report.json").read_text())
+    models = {m["name"]: m for m in report["models"]}
+    step_claim = float(epsilon_for(dpsgd_event(noise_multiplier=SIGMA, sample_rate=Q, steps=1), DELTA, "pld"))
+    for name in files:
+        saved = json.loads(files[name].read_text())
+        m = models[name]
+        (audit,) = m["audits"]
+        assert audit["method"] == "one-run-fdp" and audit["refutation"] is not None
+        assert audit["claimed_epsilon"] == pytest.approx(step_claim) and step_claim < 0.5 * claim()
+        assert m["claim"]["epsilon"] == pytest.approx(claim())  # the model's claim stays the T-step one
+        assert m["summary"]["verdict"] == saved["verdict"], name  # the saved audit's own verdict
+        assert "no formal audit" not in m["summary"]["headline"]
+        layers = tradeoff_layers(m)
+        (test,) = layers["refutations"]  # the formal test is on the plot, labelled with what it showed
+        assert test["audit_index"] == 0 and test["label"].startswith("formal [white-box, one run]")
+        assert "claimed step curve" in test["label"]
+        (step,) = [c for c in layers["claims"] if "one step" in c["label"]]
+        assert step["epsilon"] == pytest.approx(step_claim)
+    ok, leak = models["step-correct"], models["step-leak"]
+    assert ok["summary"]["verdict"] == "consistent"
+    assert "not refuted (consistent)" in tradeoff_layers(ok)["refutations"][0]["label"]
+    assert ok["summary"]["headline"].startswith("no formal ε bound; the claimed DP-SGD step curve is not refuted")
+    assert "the noise check finds no less noise" in ok["summary"]["headline"]
+    # The composed ε over all steps is an estimate, labelled, against the model's (T-step) claim.
+    composed = ok["audits"][0]["details"]["composed_epsilon_estimate"]
+    assert f"estimate ε ≥ {composed:.3g} composed over all steps vs claimed {claim():g}" in ok["summary"]["headline"]
+    assert ok["summary"]["estimate_verdict"] == "consistent"
+    assert leak["summary"]["verdict"] == "violation" and leak["audits"][0]["verdict"] == "curve-refuted"
+    assert tradeoff_layers(leak)["refutations"][0]["label"].endswith("claimed step curve refuted")
+    md = (rep / "report.md").read_text()
+    assert f"| {step_claim:g} (one step) |" in md and "formal curve test, ε an estimate" in md
+    assert "| train | not measured (own training loop) | not measured (own training loop) |" in md
+    html = (rep / "report.html").read_text()
+    assert "not measured (own training loop)" in html and f"{step_claim:g} (one step)" in html
+
+    # Planted: without the noise check the step curve's refutation alone sets the verdict (curve-refuted) ...
+    entry = canary_run_entry(json.loads(files["step-leak"].read_text()))
+    alone = build_report([{**entry, "noise_checks": []}], title="t")["models"][0]["summary"]
+    assert (
+        alone["verdict"] == "curve-refuted"
+        and "curve refuted: the claimed DP-SGD step curve is refuted" in alone["headline"]
+    )
+    # ... and a summary blind to formal tests that bound no ε would say what the issue saw: "no formal audit".
+    entry = canary_run_entry(json.loads(files["step-correct"].read_text()))
+    entry["audits"][0]["refutation"] = None
+    blind = build_report([{**entry, "noise_checks": []}], title="t")["models"][0]["summary"]
+    assert blind["verdict"] is None and blind["headline"].startswith("no formal audit")
+
+
+def test_report_help_names_saved_canary_audits():
+    r = runner.invoke(app, ["report", "--help"], terminal_width=100)
+    assert r.exit_code == 0
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "saved canary audits (`dpaudit audit canaries DIR --out FILE.json`" in text

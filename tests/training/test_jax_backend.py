@@ -407,7 +407,7 @@ def test_cli_jax_dp_checkpoint_inspect_and_membership_attack(tmp_path):
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert s["private"] and s["epsilon"] == meta["privacy"]["epsilon"]
-    r = _invoke("--json", "attack", "mia", "-c", out, "-m", "loss")
+    r = _invoke("--json", "attack", "mia", out, "--attacks", "loss")
     assert r.exit_code == 0, r.output
     auc = json.loads(r.stdout)["attacks"][0]["auc"]
     assert 0.0 <= auc <= 1.0

@@ -123,3 +123,35 @@ def test_soundness_200_seeds_of_a_correct_mechanism(tmp_path, monkeypatch):
         for s in range(n)
     )  # fmt: skip
     assert alarms <= stats.binom.ppf(0.999, n, 0.05)
+
+
+def test_the_claim_is_checked_against_what_sigma_q_t_account_to(tmp_path):
+    """With σ given, the claimed ε is compared with the PLD ε of (σ, q, T) (what DP-SGD claims for them): below
+    it (by more than CLAIM_RTOL) is reported as unsupported, far above it is noted, and either way the audits
+    test the claim as given and the verdict is the formal tests' alone."""
+    from dpaudit.workflows.hooks_audit import CLAIM_RTOL, FAR_ABOVE
+
+    d = simulate(0, tmp_path / "c")
+    accounted = claim()
+    kw = dict(delta=DELTA, noise_multiplier=SIGMA, sample_rate=Q, steps=T)
+    same = audit_canaries(d, claimed_epsilon=accounted, **kw)
+    assert same.accounting["relation"] == "matches" and same.accounting["epsilon"] == pytest.approx(accounted)
+    assert same.claim["accounting"] == same.accounting and "claim check: " in same.summary()
+
+    low = 0.97 * accounted  # 3% below: unsupported by the accountant, yet no formal test of 500 canaries refutes it
+    assert low < (1 - CLAIM_RTOL) * accounted
+    below = audit_canaries(d, claimed_epsilon=low, **kw)
+    assert below.accounting["relation"] == "below" and "does not support this claim" in below.accounting["statement"]
+    assert "Not a violation by itself" in below.accounting["statement"]
+    assert all(a.result.claimed_epsilon == low for a in below.audits)  # the claim as given
+    assert below.verdict == "consistent"  # unsupported is not refuted: the formal tests decide
+    rounded = audit_canaries(d, claimed_epsilon=(1 - CLAIM_RTOL / 2) * accounted, **kw)
+    assert rounded.accounting["relation"] == "matches"  # within the accountants' tolerance
+
+    far = audit_canaries(d, claimed_epsilon=1.01 * FAR_ABOVE * accounted, **kw)
+    assert far.accounting["relation"] == "far-above" and "weaker claim" in far.accounting["statement"]
+    assert audit_canaries(d, claimed_epsilon=0.99 * FAR_ABOVE * accounted, **kw).accounting["relation"] == "matches"
+    r = CliRunner().invoke(app, ["audit", "canaries", str(d), "--claimed-epsilon", str(low), "--delta", str(DELTA),
+                                 "--noise-multiplier", str(SIGMA), "--json"])  # fmt: skip
+    assert r.exit_code == 0 and json.loads(r.stdout)["claim"]["accounting"]["relation"] == "below"
+    assert audit_canaries(d, claimed_epsilon=low, delta=DELTA).accounting is None  # no σ: no mechanism to account

@@ -74,3 +74,65 @@ def test_jl_step_family_reports_both_verdicts_for_a_jl1_run():
     assert out["verdict_vs_plain_formula"] == "violation"
     assert out["verdict_vs_jl_accountant"] != "violation"
     assert out["epsilon_lower_bound"] > out["plain_formula_claim"]
+
+
+def test_jl_step_verdicts_are_not_the_models(tmp_path, monkeypatch):
+    """The jl-step audit tests ONE JL step at q = 1 (one-step claims), not the run's claim at (q, T): its section
+    says so and its verdicts never reach the model's audits, headline or plot. The audit itself is replaced by
+    a formal violation of both one-step claims (its real numbers are the slow tests' above).
+    Planted: registering jl-step among FAMILY_AUDITS makes that violation the model's verdict."""
+    from types import SimpleNamespace
+
+    from dpaudit.audit import audit_scores
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.report._data import tradeoff_layers
+    from dpaudit.report.build import build_report, model_entry_from
+    from dpaudit.report.markdown import render_markdown
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+    from dpaudit.workflows import audit_checkpoint, jl_audit
+    from dpaudit.workflows.checkpoint import FAMILY_AUDITS, FAMILY_RUNNERS
+    from dpaudit.workflows.result import AuditRecord
+
+    member = np.arange(400) % 2 == 0
+    scores = member * 10.0 + np.random.default_rng(0).normal(size=400)
+
+    def fake(cfg):
+        claims = {"plain": 0.5, "jl": 0.9}  # one-step claims, both below what these scores show
+        out = {}
+        for k, e in claims.items():
+            res = audit_scores(scores, member, method="clopper-pearson", design="multi-run", claimed_epsilon=e)
+            out[k] = AuditRecord("multi-run", f"one step vs {k}", res, family="jl-step")
+        return out
+
+    monkeypatch.setattr(jl_audit, "jl_audits", fake)
+    privacy = {"noise_multiplier": 2.0, "jl_projections": 1, "delta": 1e-5, "epsilon": 3.0, "sample_rate": 0.01,
+               "steps": 500}  # fmt: skip
+    result = FAMILY_RUNNERS["jl-step"](SimpleNamespace(path="runs/jl1", privacy=privacy), {"trials": 400}, 0, None)
+    assert result["verdict_vs_jl_accountant"] == "violation" and result["enters_model_verdict"] is False
+    assert result["model_claim"] == 3.0
+    assert "ONE DP-SGD-JL step at q = 1, T = 1" in result["note"]
+    assert "not the model's claim (ε = 3 at q = 0.01, T = 500 steps)" in result["note"]
+
+    ds = load_dataset("synthetic:n=300,d=5,classes=2,seed=1")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=32, lr=0.1, seed=0), out=tmp_path / "run")
+    monkeypatch.setitem(FAMILY_RUNNERS, "jl-step", lambda run, opts, seed, progress: result)
+
+    def model():
+        audit = audit_checkpoint(tmp_path / "run", attacks=(), families={"jl-step": {}})
+        return build_report([model_entry_from(audit)], title="t")
+
+    report = model()
+    m = report["models"][0]
+    assert m["audits"] == [] and m["summary"]["verdict"] is None and m["summary"]["formal"] is None
+    assert tradeoff_layers(m)["formal_bounds"] == [] and tradeoff_layers(m)["points"] == []
+    text = render_markdown(report)
+    assert "one step at q = 1, not the model's claim" in text and "so these verdicts are not the model's" in text
+
+    def as_records(r):  # the planted mistake: the one-step audits read as the model's
+        return [AuditRecord("multi-run", "jl", fake(None)["jl"].result, family="jl-step")]
+
+    monkeypatch.setitem(FAMILY_AUDITS, "jl-step", as_records)
+    assert model()["models"][0]["summary"]["verdict"] == "violation"

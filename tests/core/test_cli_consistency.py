@@ -1,0 +1,270 @@
+"""One consistent CLI (issue 29): the target run is RUN everywhere, one attack-set option with one default,
+--delta is the claim's δ, --quiet keeps results (before or after the command), errors are one line (JSON
+with --json), and the help imports no deep-learning framework."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from dpaudit import budget
+from dpaudit.cli.main import app
+from dpaudit.defaults import DEFAULTS
+from dpaudit.progress import NOTICES_ENV, announce, notices
+
+runner = CliRunner()
+ACCOUNT = ["account", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "100", "--delta", "1e-5"]
+TINY = ["--data", "synthetic:n=400,d=8,classes=2,seed=0", "--model", "logreg", "--epochs", "1", "--batch-size", "32"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def command(path: list[str]):
+    """The click command at ``path`` (e.g. ["attack", "mia"]) of the app."""
+    import typer.main
+
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
+def option(path: list[str], name: str):
+    return next(p for p in command(path).params if p.name == name)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("consistency") / "run"
+    r = invoke("--quiet", "train", *TINY, "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def dp_run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("consistency") / "dp"
+    r = invoke("--quiet", "train", *TINY, "--algo", "dpsgd", "--epsilon", "4", "--delta", "1e-4", "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+# ---- help without torch --------------------------------------------------------------------------------
+
+HELP_SCRIPT = """
+import sys
+from typer.testing import CliRunner
+from dpaudit.cli.main import app
+for args in ([], ["train"], ["import"], ["attack", "mia"], ["attack", "extract"], ["audit", "train"],
+             ["audit", "checkpoint"], ["report"], ["account", "dpsgd"], ["demo"]):
+    r = CliRunner().invoke(app, [*args, "--help"])
+    assert r.exit_code == 0, (args, r.output)
+heavy = sorted(m for m in ("torch", "jax", "sklearn", "scipy", "pandas", "matplotlib") if m in sys.modules)
+print(",".join(heavy))
+"""
+
+
+def test_help_imports_no_framework():
+    """`dpaudit --help` and every `dpaudit CMD --help` are answered without importing torch, jax, scikit-learn
+    (or scipy, pandas, matplotlib): the CLI imports them lazily, in the commands that use them."""
+    r = subprocess.run([sys.executable, "-c", HELP_SCRIPT], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"imported by the help: {r.stdout.strip()}"
+
+
+def test_backend_help_names_the_extra():
+    assert "pip install '.[jax]'" in option(["train"], "backend").help
+
+
+# ---- errors: one line, JSON with --json ------------------------------------------------------------------
+
+
+def test_a_typo_is_one_line_with_the_suggestion():
+    r = invoke("train", "--epoch", "3")
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [
+        "error: no such option --epoch (did you mean --epochs or --epsilon?); see root train --help"
+    ]
+    r = invoke("trian")
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        "error: no such command 'trian' (did you mean 'train'?); see root --help"
+    ]
+    r = invoke("attack", "mia", "--attack", "loss")  # an option of another command
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "--attacks" in r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--json", "train", "--epoch", "3"],  # a usage error, --json before the command
+        ["train", "--epoch", "3", "--json"],  # ... and after it
+        ["--json", *ACCOUNT[:-1], "2"],  # a domain error (δ out of range)
+        [*ACCOUNT[:-1], "2", "--json"],
+    ],
+)
+def test_json_errors_are_json_on_stdout_exit_2(args):
+    r = invoke(*args)
+    assert r.exit_code == 2
+    d = json.loads(r.stdout)
+    assert set(d) == {"error", "exit_code"} and d["exit_code"] == 2 and d["error"]
+    lines = r.stderr.strip().splitlines()  # the one human line stays on stderr
+    assert len(lines) == 1 and lines[0] == f"error: {d['error']}"
+
+
+def test_without_json_the_error_is_one_line_on_stderr_only():
+    r = invoke(*ACCOUNT[:-1], "2")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == ["error: expected --delta in (0, 1), got 2.0"]
+
+
+# ---- --quiet: before or after the command, never hides results -------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_keeps_results(where):
+    args = ["--quiet", *ACCOUNT] if where == "before" else [*ACCOUNT, "--quiet"]
+    r = invoke(*args)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("epsilon = ") and r.stderr == ""
+
+
+def test_quiet_after_the_command_silences_progress(tmp_path):
+    loud = invoke("train", *TINY, "--out", tmp_path / "a")
+    assert loud.exit_code == 0 and "dpaudit: " in loud.stderr  # progress lines (not a terminal)
+    quiet = invoke("train", *TINY, "--out", tmp_path / "b", "-q")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    assert quiet.stdout == loud.stdout.replace(str(tmp_path / "a"), str(tmp_path / "b"))  # same result
+
+
+# ---- cost notices: through the CLI's reporter, once per command, silent with --quiet -----------------------
+
+
+def test_cost_notices_once_per_command_and_quiet(monkeypatch, tmp_path):
+    """Every training announces its estimate (NOTICE_SECONDS = 0 here); a multi-run audit of 4 trainings
+    still says each estimate once, and --quiet says none."""
+    monkeypatch.setattr(budget, "NOTICE_SECONDS", 0.0)
+    args = [
+        "audit",
+        "train",
+        *TINY,
+        "--algo",
+        "sgd",
+        "--train-size",
+        "60",
+        "--runs",
+        "2",
+        "--allow-inconclusive",
+        "--json",
+    ]
+    r = invoke(*args)
+    assert r.exit_code == 0, r.output
+    notices_seen = [line for line in r.stderr.splitlines() if "(an estimate)" in line]
+    assert [line.split(":")[1] for line in notices_seen] == [" audit train", " training"], r.stderr
+    r = invoke(*args, "--quiet")
+    assert r.exit_code == 0 and "(an estimate)" not in r.stderr
+    assert json.loads(r.stdout)["runs"] == 2  # the result is still there
+
+
+def test_announce_dedupes_within_a_block_and_silences_workers(monkeypatch, capsys):
+    monkeypatch.delenv(NOTICES_ENV, raising=False)
+    said = []
+    with notices(said.append):
+        announce("x: about 2 minutes")
+        announce("x: about 2 minutes")
+        announce("y: about 3 minutes")
+        import os
+
+        assert os.environ[NOTICES_ENV] == "1"  # inherited by worker processes started in the block
+    assert said == ["dpaudit: x: about 2 minutes", "dpaudit: y: about 3 minutes"]
+    announce("z")  # no reporter: stderr, as before (library use)
+    assert capsys.readouterr().err == "dpaudit: z\n"
+    monkeypatch.setenv(NOTICES_ENV, "1")  # a worker whose parent reports notices
+    announce("z")
+    assert capsys.readouterr().err == ""
+
+
+# ---- the target run: RUN, and --checkpoint/-c still working, deprecated ------------------------------------
+
+
+def test_attacks_take_the_run_as_argument(run_dir):
+    new = invoke("--json", "attack", "mia", run_dir, "--attacks", "loss", "--bootstrap", "0")
+    assert new.exit_code == 0, new.output
+    assert "deprecated" not in new.stderr
+    old = invoke("--json", "attack", "mia", "-c", run_dir, "--method", "loss", "--bootstrap", "0")
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout) == json.loads(new.stdout)
+    assert "--checkpoint/-c is deprecated" in old.stderr and "--method/-m is deprecated; use --attacks" in old.stderr
+    assert "deprecated" not in invoke("--quiet", "attack", "mia", "-c", run_dir, "--attacks", "loss").stderr
+
+
+@pytest.mark.parametrize("sub", [["mia"], ["extract", "--budget", "10"], ["inversion"], ["attribute", "-f", "0"]])
+def test_every_attack_names_the_run_the_same_way(sub, run_dir):
+    usage = invoke("attack", sub[0], "--help").output
+    assert "RUN" in usage and "--checkpoint" not in usage  # the alias is hidden
+    r = invoke("attack", *sub)
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        "error: missing argument RUN (the target model's run directory)"
+    ]
+    r = invoke("attack", *sub, run_dir, "--checkpoint", run_dir)
+    assert r.exit_code == 2 and "give the run once" in r.output
+
+
+def test_run_is_positional_in_every_command_that_reads_one():
+    for path in (["attack", "mia"], ["attack", "extract"], ["attack", "inversion"], ["attack", "attribute"],
+                 ["audit", "checkpoint"], ["inspect"]):  # fmt: skip
+        arguments = [p for p in command(path).params if p.param_type_name == "argument"]
+        assert [p.name for p in arguments] == ["run"], path
+
+
+# ---- one attack set, one default ------------------------------------------------------------------------------
+
+
+def test_attack_set_has_one_name_and_one_default():
+    default = ",".join(DEFAULTS.attacks)
+    for path in (["attack", "mia"], ["audit", "checkpoint"], ["report"]):
+        assert option(path, "attacks").opts[0] == "--attacks" and option(path, "attacks").default == default, path
+        assert option(path, "reference_models").default == DEFAULTS.reference_models, path
+    assert option(["attack", "mia"], "method").hidden
+
+
+# ---- --delta: the δ of the claim --------------------------------------------------------------------------------
+
+
+def test_audit_train_delta_is_the_claims(tmp_path):
+    """One δ: the recipe is accounted at --delta and the audit tests (ε, δ) at it; --train-delta still works."""
+    base = ["--quiet", "audit", "train", *TINY, "--algo", "dpsgd", "--epsilon", "4", "--train-size", "60",
+            "--runs", "2", "--allow-inconclusive", "--json"]  # fmt: skip
+    r = invoke(*base, "--delta", "1e-3")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["delta"] == 1e-3 and d["claim"]["delta"] == 1e-3
+    old = invoke(*base, "--train-delta", "1e-3")
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["delta"] == 1e-3
+    r = invoke(*base, "--train-delta", "1e-3", "--delta", "1e-4")
+    assert r.exit_code == 2 and "a claim has one δ" in r.output
+    assert not option(["audit", "train"], "delta").hidden and option(["audit", "train"], "train_delta").hidden
+
+
+def test_audit_checkpoint_refuses_a_delta_below_the_claims(dp_run_dir):
+    """(ε, 1e-4)-DP says nothing about (ε, 1e-6): testing the run's ε there could call a violation of a claim
+    nobody made. With --claimed-epsilon the user states the claim (ε, δ) to test."""
+    r = invoke("audit", "checkpoint", dp_run_dir, "--attacks", "loss", "--delta", "1e-6")
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert "δ = 0.0001" in r.output and "--claimed-epsilon" in r.output
+    r = invoke("--json", "audit", "checkpoint", dp_run_dir, "--attacks", "loss", "--delta", "1e-6",
+               "--claimed-epsilon", "40")  # fmt: skip
+    assert r.exit_code == 0, r.output
+
+
+def test_delta_help_says_the_same_everywhere():
+    paths = (["train"], ["import"], ["account", "dpsgd"], ["account", "calibrate"], ["audit", "scores"],
+             ["audit", "plan"], ["audit", "checkpoint"], ["audit", "train"], ["audit", "canaries"])  # fmt: skip
+    for path in paths:
+        assert "δ of the privacy claim (ε, δ)" in option(path, "delta").help, path
