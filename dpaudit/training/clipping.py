@@ -355,7 +355,9 @@ class _PerExample:
     ‖·‖² over disjoint parameter sets add, so Σ_k ‖G_k,i‖² = ‖M_i‖² (one kernel), and
     Σ_i c_i G_k,i is the slice of cᵀM (one matrix-vector product) for every k at once."""
 
-    POOL = 1 << 16  # larger ones (instantiated weights) are not copied into M
+    # Larger ones (instantiated or vmap'd weights) are not copied into M: the copy would add their
+    # memory again for nothing (their norm and sum are one or two kernels each anyway).
+    POOL = 4096
 
     def __init__(self, grads: dict[int, torch.Tensor], B: int) -> None:
         self.grads, self.B = grads, B

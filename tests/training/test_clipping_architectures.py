@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpaudit.errors import InputError
+from dpaudit.training import clipping
 from dpaudit.training.clipping import GhostClipper, LoopClipper, make_clipper
 
 RTOL = 1e-6  # float64: the methods differ by rounding only (observed ~1e-14)
@@ -492,3 +493,12 @@ def test_padding_rows_add_exactly_nothing(oracle, name, method):
     assert torch.equal(clipper(x, y, clip, valid=0).grads[0], torch.zeros_like(ref.grads[0]))
     with pytest.raises(InputError, match="valid"):
         clipper(x, y, clip, valid=N + 1)
+
+
+@pytest.mark.parametrize("pool", [0, 1 << 30])
+def test_pooled_and_separate_per_example_gradients_agree(monkeypatch, oracle, pool):
+    """Small per-example gradients are pooled into one matrix for their norms and clipped sums
+    (_PerExample): pooling none (POOL = 0) and everything must both give the loop's result."""
+    monkeypatch.setattr(clipping._PerExample, "POOL", pool)
+    for name in ("resnet-groupnorm", "transformer-mha", "tied-module"):
+        assert_oracle(GhostClipper(oracle[name][0], check=False), oracle[name])
