@@ -221,9 +221,11 @@ class Clipper(ABC):
         row is a copy of a real row, so its gradient is finite whenever theirs are). The real rows'
         own g_i are unchanged by the padding because the loss is Σ_i ℓ_i and ℓ_i depends on row i
         only (no layer mixes examples: BatchNorm is refused, GroupNorm/LayerNorm normalise within an
-        example, and the ghost check compares every layer with the one-example reference), so the
-        output gradient of row i is ∂ℓ_i/∂out_i whatever the other rows are. Only the summation
-        order (rounding) can differ. The norms of padding rows are computed but never returned."""
+        example, and the ghost check compares every layer with the one-example reference; vmap runs
+        each example as a batch of one and the loop skips padding rows), so the output gradient of row
+        i is ∂ℓ_i/∂out_i whatever the other rows are. Only the summation order (rounding) can differ,
+        and, with dropout, which random masks the real rows draw (still independent of the data).
+        The norms of padding rows are computed but never returned."""
         c = clip_factors(norms, clip)
         if self._valid < norms.shape[0]:
             c[self._valid :] = 0.0  # a slice fill: no host read
