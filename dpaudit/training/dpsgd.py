@@ -300,7 +300,7 @@ def set_private_gradients(
     on_device = host_to_device(idx, y.device)
     for part, dev in zip(idx.split(chunk), on_device.split(chunk), strict=True):
         n = len(part)
-        size = padded_size(n, max_physical_batch or n + max(8, n // 8)) if pad else n
+        size = padded_size(n, max_physical_batch) if pad else n
         if size > n:  # padding rows: copies of the chunk's first row (a real, in-range record)
             dev = torch.cat([dev, dev[:1].expand(size - n)])
             part = part if isinstance(X, torch.Tensor) else torch.cat([part, part[:1].expand(size - n)])
@@ -325,13 +325,14 @@ def set_private_gradients(
         p.grad = s
 
 
-def padded_size(n: int, cap: int) -> int:
-    """The physical size of a chunk of ``n`` <= ``cap`` rows: n rounded up to a multiple of
-    max(8, 2^(⌊log2 n⌋ − 3)), at most ``cap``. At most 8 sizes per octave of n (and the 8 multiples
-    of 8 up to 64), so sizes up to N take at most 8·max(1, ⌈log2 N⌉ − 5) + 8 + 1 values; the padding is
-    < 12.5% of n for n >= 64 (at most 7 rows below)."""
+def padded_size(n: int, cap: int | None = None) -> int:
+    """The physical size of a chunk of ``n`` (<= ``cap``) rows: n rounded up to a multiple of
+    max(8, 2^(⌊log2 n⌋ − 3)), at most ``cap`` (None: no cap). At most 8 sizes per octave of n (and
+    the 8 multiples of 8 up to 64), so sizes up to N take at most 8·max(1, ⌈log2 N⌉ − 5) + 9 values;
+    the padding is < 12.5% of n for n >= 64 and < 8 rows below."""
     step = max(8, 1 << max(n.bit_length() - 4, 0))
-    return min(-(-n // step) * step, cap) if n > 0 else 0
+    size = -(-n // step) * step if n > 0 else 0
+    return size if cap is None else min(size, cap)
 
 
 def _gaussian_like(tensors: list[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:
