@@ -460,6 +460,7 @@ class DPTrainer(Trainer):
                     generator=noise_gen,
                     canaries=hooks,
                     step=step,
+                    pad=None if dp.sampling == "poisson" else False,  # shuffled batches: <= 2 sizes already
                 )
                 opt.step()
                 if (step + 1) % setting.steps_per_epoch == 0 or step == setting.steps - 1:

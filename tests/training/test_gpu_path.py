@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager, nullcontext
-from functools import partial
 
 import pytest
 import torch
@@ -125,7 +124,8 @@ def _train(monkeypatch, name, device, strict, *, noise=1.0, algo="dpsgd", pad=No
     model, X, y = _workload(name, device)
     real = dpsgd.make_clipper
     if pad is not None:  # force padded chunks on or off (the default: on CUDA only)
-        monkeypatch.setattr(dpsgd, "set_private_gradients", partial(dpsgd.set_private_gradients, pad=pad))
+        forced = dpsgd.set_private_gradients
+        monkeypatch.setattr(dpsgd, "set_private_gradients", lambda *a, **kw: forced(*a, **{**kw, "pad": pad}))
     made: list[_StrictAfterFirstCall] = []
 
     def make(model, method="auto", **kw):
