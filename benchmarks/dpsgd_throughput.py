@@ -21,7 +21,9 @@ gradient clipping, two backward passes). Our ``ghost`` is ghost norms + book-kee
 backward, no parameter gradients); ``ghost-2bw`` is the same norms followed by Li et al.'s second,
 re-weighted backward pass, measured here only to justify the choice of book-keeping. ``ours
 poisson`` is the DP trainer's whole step: a Poisson batch (rate 1/4 of four copies of the batch)
-drawn on the host, sent to the device, gathered there and clipped.
+drawn on the host, sent to the device, gathered there and clipped; ``ours poisson pad`` / ``nopad``
+force its padded physical chunks on / off (the trainer pads on CUDA only). ``host ms`` is the CPU
+time the calling thread spends per step (launches and Python; the device sync excluded).
 
 ``--jax`` adds the JAX backend's jit-compiled steps (non-private, DP-SGD, DP-SGD-JL with one
 projection) on the same models and batches, in the same interleaved rounds, and a second table
@@ -228,11 +230,13 @@ def ours_step(model, x, y, method: str, plans: dict | None = None) -> Callable[[
     return step
 
 
-def ours_poisson_step(model, x, y) -> Callable[[], None]:
+def ours_poisson_step(model, x, y, pad: bool | None = None) -> Callable[[], None]:
     """The DP trainer's whole step (``dpaudit.training.dpsgd.DPTrainer``, default settings): a Poisson
     batch at rate 1/4 from a training set of 4 copies of the batch (expected size = the batch), drawn
     on the host and sent to the device, gathered there, ghost clipping, no physical batch cap (a cap
-    at the expected batch size would split about half the batches in two passes)."""
+    at the expected batch size would split about half the batches in two passes). ``pad``: padded
+    physical chunks (:func:`dpaudit.training.dpsgd.padded_size`) forced on or off; None = the
+    trainer's default (on CUDA only)."""
     X, Y = x.repeat(4, *([1] * (x.dim() - 1))), y.repeat(4)
     sample = poisson_sampler(len(X), len(x) / len(X), torch.Generator().manual_seed(0))
     clipper = make_clipper(model, "ghost")
@@ -250,9 +254,11 @@ def ours_poisson_step(model, x, y) -> Callable[[], None]:
             batch_size=len(x),
             max_physical_batch=None,
             generator=gen,
+            pad=pad,
         )
         opt.step()
 
+    step.poisson = True  # many warm-up steps: the batch sizes (and shapes) vary per step
     return step
 
 
@@ -361,6 +367,8 @@ def makers(
         "non-private": lambda m: nonprivate_step(m, x, y),
         "ours ghost": lambda m: ours_step(m, x, y, "ghost", plans),
         "ours poisson": lambda m: ours_poisson_step(m, x, y),
+        "ours poisson pad": lambda m: ours_poisson_step(m, x, y, pad=True),
+        "ours poisson nopad": lambda m: ours_poisson_step(m, x, y, pad=False),
         "ours ghost-2bw": lambda m: ghost_second_backward_step(m, x, y),
         "ours vmap": lambda m: ours_step(m, x, y, "vmap"),
         "opacus hooks": lambda m: opacus_step(m, x, y, "hooks"),
@@ -373,23 +381,33 @@ def makers(
     return out
 
 
+POISSON_WARMUP = 30  # warm-up steps of the Poisson rows: new batch sizes are new shapes (cuDNN plans)
+
+
 def measure(
     steps: dict[str, Callable[[], None]], rounds: int, per_round: dict[str, int], device: torch.device
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall time per step over the rounds, and median host time per step: the CPU time the
+    calling thread spends in the steps (``time.thread_time``, the final device sync excluded), i.e.
+    what launching a step costs the host; on a GPU a step with host time above its wall time of
+    kernels is host-bound."""
     for f in steps.values():  # warm-up (and the ghost self-check)
-        f()
-        f()
+        for _ in range(POISSON_WARMUP if getattr(f, "poisson", False) else 2):
+            f()
     times: dict[str, list[float]] = {k: [] for k in steps}
+    host: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(rounds):
         for name, f in steps.items():
             n = per_round[name]
             _sync(device)
-            t = time.perf_counter()
+            t, h = time.perf_counter(), time.thread_time()
             for _ in range(n):
                 f()
+            h = time.thread_time() - h
             _sync(device)
             times[name].append((time.perf_counter() - t) / n)
-    return {k: statistics.median(v) for k, v in times.items()}
+            host[name].append(h / n)
+    return {k: statistics.median(v) for k, v in times.items()}, {k: statistics.median(v) for k, v in host.items()}
 
 
 def _proc_kib(field: str) -> int:
@@ -478,7 +496,8 @@ def main() -> None:
         f"median of {args.rounds} interleaved rounds{on}"
     )
     header = (
-        f"{'model':<15} {'method':<14} {'ms/step':>9} {'examples/s':>11} {'x non-private':>14} {'vs Opacus hooks':>16}"
+        f"{'model':<15} {'method':<18} {'ms/step':>9} {'host ms':>8} {'examples/s':>11} {'x non-private':>14} "
+        f"{'vs Opacus hooks':>16}"
     )
     if args.memory:
         header += f" {'peak MiB':>9} {'x mem':>6}"
@@ -506,7 +525,7 @@ def main() -> None:
             f()
             _sync(device)
             per_round[k] = max(1, int(args.target_seconds / max(time.perf_counter() - t, 1e-6)))
-        t = measure(steps, args.rounds, per_round, device)
+        t, host = measure(steps, args.rounds, per_round, device)
         mem: dict[str, float | None] = {}
         if args.memory:
             for k, f in steps.items():
@@ -515,13 +534,21 @@ def main() -> None:
         ref = t.get("opacus hooks")
         for k, v in t.items():
             vs = f"{ref / v:.2f}x faster" if ref is not None and k.startswith("ours") else ""
-            row = f"{name:<15} {k:<14} {v * 1e3:9.2f} {args.batch / v:11.0f} {v / base:14.2f} {vs:>16}"
+            row = f"{name:<15} {k:<18} {v * 1e3:9.2f} {host[k] * 1e3:8.2f} {args.batch / v:11.0f}"
+            row += f" {v / base:14.2f} {vs:>16}"
             if args.memory:
                 m, m0 = mem.get(k), mem.get("non-private")
                 row += f" {m:9.1f}" if m is not None else f" {'-':>9}"
                 row += f" {m / m0:6.2f}" if m is not None and m0 else f" {'-':>6}"
             rows.append(row)
-            cells = [name, k, f"{v * 1e3:.2f}", f"{v / base:.2f}", vs.replace("x faster", "× faster")]
+            cells = [
+                name,
+                k,
+                f"{v * 1e3:.2f}",
+                f"{host[k] * 1e3:.2f}",
+                f"{v / base:.2f}",
+                vs.replace("x faster", "× faster"),
+            ]
             if args.memory:
                 m, m0 = mem.get(k), mem.get("non-private")
                 cells += [f"{m:.1f}" if m is not None else "-", f"{m / m0:.2f}" if m is not None and m0 else "-"]
@@ -546,7 +573,7 @@ def main() -> None:
             + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda" else "(peak RSS of a fresh process, VmHWM)")
         )
     if args.markdown:
-        cols = ["workload", "method", "ms/step", "× non-private", "vs Opacus hooks"]
+        cols = ["workload", "method", "ms/step", "host ms/step", "× non-private", "vs Opacus hooks"]
         cols += ["peak MiB", "× memory"] if args.memory else []
         print(f"\nMarkdown ({on.lstrip(', ') or 'CPU'}, batch {args.batch}):")
         print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))

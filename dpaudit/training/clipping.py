@@ -71,7 +71,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -175,6 +175,9 @@ class Clipper(ABC):
     """Computes :class:`ClippedGradients` for batches; built once per model by :func:`make_clipper`."""
 
     method: str
+    # True: the method honours ``valid`` (rows after the first ``valid`` are padding whose clip factor
+    # is exactly 0, see :meth:`_clip_factors`); a method that does not (JL) is never given padding.
+    pads = False
 
     def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         check_no_batchnorm(model)
@@ -183,18 +186,50 @@ class Clipper(ABC):
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
+        self._valid = 0  # real rows of the batch being clipped (set per call)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
-        """Clipped-gradient sum and per-example norms for the batch (x, y) at clipping norm ``clip``."""
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, clip: float, *, valid: int | None = None) -> ClippedGradients:
+        """Clipped-gradient sum and per-example norms for the batch (x, y) at clipping norm ``clip``.
+
+        ``valid``: only the first ``valid`` rows are examples; the others are padding (copies of a
+        real row, so their gradients are finite), which gets clip factor exactly 0 and adds exactly
+        0 to every sum (a padded physical batch: a few fixed shapes instead of one per Poisson batch
+        size). ``norms`` then has the ``valid`` real rows only."""
         clip = check_positive(clip=clip)
-        if x.shape[0] != y.shape[0]:
-            raise InputError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
-        if x.shape[0] == 0:
+        n = x.shape[0]
+        if n != y.shape[0]:
+            raise InputError(f"x has {n} examples but y has {y.shape[0]}")
+        valid = n if valid is None else int(valid)
+        if not 0 <= valid <= n:
+            raise InputError(f"expected valid in [0, {n}], got {valid}")
+        if valid < n and not self.pads:
+            raise InputError(f"--clipping {self.method} does not take padded batches")
+        if valid == 0:
             return ClippedGradients(
                 grads=tuple(torch.zeros_like(p) for p in self.params),
                 norms=torch.zeros(0, dtype=self.params[0].dtype, device=self.params[0].device),
             )
-        return self._compute(x, y, clip)
+        self._valid = valid
+        out = self._compute(x, y, clip)
+        return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
+
+    def _clip_factors(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
+        """:func:`clip_factors` of the rows, with every padding row's factor set to exactly 0.
+
+        Why the clipped sum is then exactly the unpadded one: Σ_i c_i g_i over the padded batch is the
+        real rows' terms plus 0·g_j for each padding row j, and 0·g_j = 0 for finite g_j (a padding
+        row is a copy of a real row, so its gradient is finite whenever theirs are). The real rows'
+        own g_i are unchanged by the padding because the loss is Σ_i ℓ_i and ℓ_i depends on row i
+        only (no layer mixes examples: BatchNorm is refused, GroupNorm/LayerNorm normalise within an
+        example, and the ghost check compares every layer with the one-example reference; vmap runs
+        each example as a batch of one and the loop skips padding rows), so the output gradient of row
+        i is ∂ℓ_i/∂out_i whatever the other rows are. Only the summation order (rounding) can differ,
+        and, with dropout, which random masks the real rows draw (still independent of the data).
+        The norms of padding rows are computed but never returned."""
+        c = clip_factors(norms, clip)
+        if self._valid < norms.shape[0]:
+            c[self._valid :] = 0.0  # a slice fill: no host read
+        return c
 
     @abstractmethod
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients: ...
@@ -211,11 +246,12 @@ class LoopClipper(Clipper):
     """One backward pass per example: slow, obviously correct; the test reference."""
 
     method = "loop"
+    pads = True  # padding rows are simply skipped
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         sums = [torch.zeros_like(p) for p in self.params]
         norms = []
-        for i in range(x.shape[0]):
+        for i in range(self._valid):
             loss = _per_example_loss_sum(self.model, x[i : i + 1], y[i : i + 1], self.autocast)
             gs = torch.autograd.grad(loss, self.params, allow_unused=True)
             gs = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, gs, strict=True)]
@@ -252,8 +288,17 @@ def _per_example_grads(
     return [g[n] for n in names]
 
 
+def _total(terms) -> torch.Tensor:
+    # Σ of tensors without the 0 + t0 that builtin sum() starts with (one more kernel launch each time).
+    it = iter(terms)
+    out = next(it)
+    for t in it:
+        out = out + t
+    return out
+
+
 def _sq_norms(per_example: Sequence[torch.Tensor]) -> torch.Tensor:
-    return sum(g.reshape(g.shape[0], -1).square().sum(1) for g in per_example)
+    return _total(g.reshape(g.shape[0], -1).square().sum(1) for g in per_example)
 
 
 def _weighted_sum(c: torch.Tensor, per_example: torch.Tensor) -> torch.Tensor:
@@ -265,6 +310,7 @@ class VmapClipper(Clipper):
     """Materialised per-example gradients with ``torch.func`` (works for any functional model)."""
 
     method = "vmap"
+    pads = True
 
     def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         super().__init__(model, autocast=autocast)
@@ -281,7 +327,7 @@ class VmapClipper(Clipper):
             per_example = _per_example_grads(self.model, self.names, x, y, self.autocast)
         with exact_matmuls():
             norms = torch.sqrt(_sq_norms(per_example))
-            c = clip_factors(norms, clip)
+            c = self._clip_factors(norms, clip)
             return ClippedGradients(grads=tuple(_weighted_sum(c, g) for g in per_example), norms=norms)
 
 
@@ -292,11 +338,46 @@ class VmapClipper(Clipper):
 class _LayerPart:
     """One layer's contribution for the parameters it handles without per-example gradients:
     per-example squared norm (B,), a function c -> clipped sums (parameter name -> Σ_i c_i ∇_p ℓ_i)
-    and the per-layer method the cost model chose (recorded by :meth:`GhostClipper.describe`)."""
+    and the per-layer method the cost model chose (recorded by :meth:`GhostClipper.describe`).
 
-    sq_norm: torch.Tensor
+    ``small``: per-example gradients (B, *p.shape) of small parameters of the layer (biases over
+    positions, norm-layer affines), left out of ``sq_norm`` and ``clipped``: the clipper pools them
+    with every other layer's (:class:`_PerExample`), one kernel for all their norms and one for all
+    their clipped sums instead of a few per parameter (per-op launch cost dominates such layers)."""
+
+    sq_norm: torch.Tensor | None
     clipped: Callable[[torch.Tensor], dict[str, torch.Tensor]]
     how: str
+    small: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class _PerExample:
+    """Per-example gradients (B, *p.shape) by parameter index, with their squared norms and clipped
+    sums. Those of at most ``POOL`` elements per example are concatenated into one (B, Σp) matrix M:
+    ‖·‖² over disjoint parameter sets add, so Σ_k ‖G_k,i‖² = ‖M_i‖² (one kernel), and
+    Σ_i c_i G_k,i is the slice of cᵀM (one matrix-vector product) for every k at once."""
+
+    # Larger ones (instantiated or vmap'd weights) are not copied into M: the copy would add their
+    # memory again for nothing (their norm and sum are one or two kernels each anyway).
+    POOL = 4096
+
+    def __init__(self, grads: dict[int, torch.Tensor], B: int) -> None:
+        self.grads, self.B = grads, B
+        self.pooled = [k for k, G in grads.items() if G.numel() <= self.POOL * B]
+        flat = [grads[k].reshape(B, -1) for k in self.pooled]
+        self.M = (torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]) if flat else None
+        self.sizes = [f.shape[1] for f in flat]
+
+    def sq_norms(self) -> list[torch.Tensor]:
+        out = [self.M.square().sum(1)] if self.M is not None else []
+        return out + [_sq_norms([G]) for k, G in self.grads.items() if k not in self.pooled]
+
+    def clipped(self, c: torch.Tensor) -> dict[int, torch.Tensor]:
+        out = {k: _weighted_sum(c, G) for k, G in self.grads.items() if k not in self.pooled}
+        if self.M is not None:
+            for k, v in zip(self.pooled, (c @ self.M).split(self.sizes), strict=True):
+                out[k] = v.view(self.grads[k].shape[1:])
+        return out
 
 
 def _ghost_is_cheaper(T: int, d_in: int, d_out: int) -> bool:
@@ -334,20 +415,17 @@ def _factored_linear(
     step = chunk or B
 
     def inputs(lo: int, hi: int) -> torch.Tensor:
-        return aT(lo, hi) if lazy else aT[lo:hi]
+        return aT(lo, hi) if lazy else aT if (lo, hi) == (0, B) else aT[lo:hi]
 
     G = None
     gb = (gT[:, :, 0] if T == 1 else gT.sum(2)) if bias else None
-    sq = gb.square().sum(1) if gb is not None else gT.new_zeros(B)
+    sq = None
     if weight_shape is None:
         how = "bias only"
     elif T == 1:
-        # Rank one: ‖g aᵀ‖_F² = ‖g‖² ‖a‖², and with the bias ‖g‖²(‖a‖² + 1) (Goodfellow 2015,
-        # arXiv:1510.01799).
+        # Rank one: ‖g aᵀ‖_F² = ‖g‖² ‖a‖² (Goodfellow 2015, arXiv:1510.01799); the bias is pooled.
         how = "rank-one"
-        g_sq = gT[:, :, 0].square().sum(1)
-        a_sq = inputs(0, B)[:, :, 0].square().sum(1)
-        sq = g_sq * (a_sq + 1.0) if bias else g_sq * a_sq
+        sq = gT[:, :, 0].square().sum(1) * inputs(0, B)[:, :, 0].square().sum(1)
     else:
         ghost = _ghost_is_cheaper(T, d_in, d_out)
         if ghost:
@@ -361,12 +439,12 @@ def _factored_linear(
         terms = []
         for lo in range(0, B, step):
             hi = min(B, lo + step)
-            a, g = inputs(lo, hi), gT[lo:hi]
+            a, g = inputs(lo, hi), gT if (lo, hi) == (0, B) else gT[lo:hi]
             if ghost:
                 terms.append((torch.bmm(a.transpose(1, 2), a) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2)))
             else:
                 terms.append(torch.bmm(g, a.transpose(1, 2), out=G[lo:hi]).square().sum((1, 2)))
-        sq = sq + _cat_positions(terms, dim=0)
+        sq = _cat_positions(terms, dim=0)
         if step < B:
             how += f", in chunks of {step} examples"
 
@@ -378,19 +456,15 @@ def _factored_linear(
         # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
         # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
         # c multiplies whichever factor is smaller.
-        ci = c[:, None, None]
+        ci = c.view(-1, 1, 1)
         gc, ac = (gT * ci, aT) if d_out <= d_in else (gT, aT * ci)
         return gc.transpose(0, 1).reshape(d_out, B * T) @ ac.transpose(1, 2).reshape(B * T, d_in)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        if weight_shape is not None:
-            out["weight"] = weight(c).reshape(weight_shape)
-        if gb is not None:
-            out["bias"] = c @ gb
-        return out
+        return {"weight": weight(c).reshape(weight_shape)} if weight_shape is not None else {}
 
-    return _LayerPart(sq_norm=sq, clipped=clipped, how=how)
+    # The bias's per-example gradient Σ_t g_it is small: pooled by the clipper (see _LayerPart).
+    return _LayerPart(sq_norm=sq, clipped=clipped, how=how, small={"bias": gb} if gb is not None else {})
 
 
 def _cat_positions(parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
@@ -570,7 +644,8 @@ class _Conv2dHandler(_Handler):
 
     @staticmethod
     def _patches(module, inputs, lo: int, hi: int) -> torch.Tensor:
-        return _cat_positions([_im2col(t[lo:hi], module) for t in inputs], dim=2)
+        whole = (lo, hi) == (0, inputs[0].shape[0])  # no slicing ops for the usual single chunk
+        return _cat_positions([_im2col(t if whole else t[lo:hi], module) for t in inputs], dim=2)
 
     @staticmethod
     def _positions(module, inputs, grads):
@@ -587,14 +662,15 @@ class _Conv2dHandler(_Handler):
         # The patches of a chunk of examples take at most the memory of the layer's input (kh·kw
         # times less than all patches at once for a stride-1 convolution) or CHUNK_ELEMENTS,
         # whichever is larger, and chunks have at least MIN_CHUNK examples.
-        per_example = module.weight[0].numel() * gT.shape[2]
-        budget = max(B * sum(t[0].numel() for t in inputs), _Conv2dHandler.CHUNK_ELEMENTS)
+        # (sizes from shapes: indexing a tensor for its size would be one more dispatched op per layer)
+        per_example = module.weight.numel() // module.weight.shape[0] * gT.shape[2]
+        budget = max(sum(t.numel() for t in inputs), _Conv2dHandler.CHUNK_ELEMENTS)
         chunk = max(_Conv2dHandler.MIN_CHUNK, budget // per_example)
 
         def weight_sum(c: torch.Tensor) -> torch.Tensor:
             # Book-keeping through the convolution's own weight-gradient kernel: Σ_i c_i ∇_W ℓ_i is
             # the batch weight gradient for output gradients c_i g_i (book-keeping, Bu et al. 2023).
-            return sum(
+            return _total(
                 conv2d_weight(x.contiguous(), module.weight.shape, g * c.view(-1, 1, 1, 1), *geometry)
                 for x, g in zip(inputs, grads, strict=True)
             )
@@ -678,16 +754,13 @@ def _affine_norm_per_example(normalized, grads, name, reduce_dims) -> torch.Tens
     # share a parameter; the parameters are small, so per-example gradients are materialised
     # (as Opacus does for its norm layers).
     if name == "weight":
-        return sum((g * xh).sum(reduce_dims(g)) for g, xh in zip(grads, normalized, strict=True))
-    return sum(g.sum(reduce_dims(g)) for g in grads)
+        return _total((g * xh).sum(reduce_dims(g)) for g, xh in zip(grads, normalized, strict=True))
+    return _total(g.sum(reduce_dims(g)) for g in grads)
 
 
 def _affine_norm_part(normalized, grads, names, reduce_dims) -> _LayerPart:
     per = {n: _affine_norm_per_example(normalized, grads, n, reduce_dims) for n in sorted(names)}
-    sq = _sq_norms(list(per.values()))
-    return _LayerPart(
-        sq_norm=sq, clipped=lambda c: {k: _weighted_sum(c, v) for k, v in per.items()}, how="per-example (small)"
-    )
+    return _LayerPart(sq_norm=None, clipped=lambda c: {}, how="per-example (small)", small=per)
 
 
 def _group_dims(g):
@@ -1189,6 +1262,7 @@ class GhostClipper(Clipper):
     """
 
     method = "ghost"
+    pads = True
     CHECK_EXAMPLES = 4
 
     def __init__(self, model: nn.Module, *, check: bool = True, autocast: torch.dtype | None = None) -> None:
@@ -1263,7 +1337,7 @@ class GhostClipper(Clipper):
                 if not wrong and not _close(part.sq_norm, _sq_norms([ref[k] for k in idx.values()])):
                     wrong = set(idx.values())
                 bad |= wrong
-            bad |= {k for k, G in pe.items() if not _close(G, ref[k])}
+            bad |= {k for k, G in pe.grads.items() if not _close(G, ref[k])}
             if not bad and _close(norms, torch.sqrt(_sq_norms(ref))):
                 return plan
             if attempt == 0:
@@ -1362,7 +1436,10 @@ class GhostClipper(Clipper):
                 ghost = plan.ghost_names(u)
                 if ghost:
                     part = unit.handler.part(unit.module, ins, gs, ghost)
-                    parts.append((part, {n: plan.index[(u, n)] for n in ghost}))
+                    for n, G in part.small.items():
+                        add(plan.index[(u, n)], G)
+                    if part.sq_norm is not None:
+                        parts.append((part, {n: plan.index[(u, n)] for n in ghost if n not in part.small}))
                     self._how[u] = part.how
                 else:
                     self._how[u] = "tied weight only"
@@ -1380,24 +1457,25 @@ class GhostClipper(Clipper):
                     continue
                 for unit, ins, gs, n in uses:
                     add(k, unit.handler.per_example(unit.module, ins, gs, n))
-            sq = None
-            for term in [p.sq_norm for p, _ in parts] + ([_sq_norms(list(pe.values()))] if pe else []):
-                sq = term if sq is None else sq + term
-            if sq is None:
+            pooled = _PerExample(pe, B)
+            terms = [p.sq_norm for p, _ in parts] + pooled.sq_norms()  # one sum over all layers
+            if not terms:
                 sq = torch.zeros(B, dtype=self.params[0].dtype, device=self.params[0].device)
+            else:
+                sq = sum(terms[1:], terms[0]) if len(terms) <= 2 else torch.stack(terms).sum(0)
         # Σ_{t,s}(a_t·a_s)(g_t·g_s) is ≥ 0 exactly but may round below 0: clamp before the sqrt.
-        return parts, pe, torch.clamp(sq, min=0.0).sqrt_()
+        return parts, pooled, torch.clamp(sq, min=0.0).sqrt_()
 
     def _clip(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         parts, pe, norms = self._norm_parts(plan, x, y)
-        c = clip_factors(norms, clip)
+        c = self._clip_factors(norms, clip)
         grads: list[torch.Tensor | None] = [None] * len(self.params)
         with exact_matmuls():
             for part, idx in parts:
                 for n, v in part.clipped(c).items():
                     grads[idx[n]] = v
-            for k, G in pe.items():
-                grads[k] = _weighted_sum(c, G)
+            for k, v in pe.clipped(c).items():
+                grads[k] = v
         out = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads, strict=True))
         return ClippedGradients(grads=out, norms=norms)
 
@@ -1434,6 +1512,7 @@ class AutoClipper(Clipper):
     kept (``describe``). A model on which even the loop fails is refused with the reasons."""
 
     method = "auto"
+    pads = True  # every method it may choose pads
 
     def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
         super().__init__(model, autocast=autocast)
@@ -1442,14 +1521,17 @@ class AutoClipper(Clipper):
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         if self.chosen_ is not None:
+            self.chosen_._valid = self._valid
             try:
                 return self.chosen_._compute(x, y, clip)
             except GhostMismatchError as e:  # a module called a different number of times than planned
                 self.tried_.append(f"ghost (later batch): {_first_line(e)}")
                 self.chosen_ = VmapClipper(self.model, autocast=self.autocast)
+                self.chosen_._valid = self._valid
                 return self.chosen_._compute(x, y, clip)
         for cls in (GhostClipper, VmapClipper, LoopClipper):
             impl = cls(self.model, autocast=self.autocast)
+            impl._valid = self._valid
             try:
                 if isinstance(impl, GhostClipper):
                     impl.plan_ = impl._make_plan(x, y)

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpaudit.errors import InputError
+from dpaudit.training import clipping
 from dpaudit.training.clipping import GhostClipper, LoopClipper, make_clipper
 
 RTOL = 1e-6  # float64: the methods differ by rounding only (observed ~1e-14)
@@ -471,3 +473,32 @@ def test_auto_switches_to_vmap_when_a_later_batch_changes_the_call_pattern():
     for g, r in zip(got.grads, ref.grads, strict=True):
         assert _rel(g, r) < RTOL
     assert clipper.describe()["method"] == "vmap" and clipper.describe()["tried"][0].startswith("ghost (later")
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap", "loop", "auto"])
+@pytest.mark.parametrize("name", ["resnet-groupnorm", "transformer-arange", "tied-module"])
+def test_padding_rows_add_exactly_nothing(oracle, name, method):
+    """A padded physical batch (issue 26, variable Poisson sizes): rows after ``valid`` get clip
+    factor 0, so the clipped sum equals the unpadded one to rounding (float64, 1e-12) and their
+    norms are not returned. The padding rows here are large (x 1e3 for real features: norms far
+    above C, so an unmasked row would dominate the sum) to make a leak visible."""
+    model, x, y, clip, ref = oracle[name]
+    pad = x[[1, 0, 1]] * 1e3 if x.is_floating_point() else x[[1, 0, 1]].flip(1)
+    xp, yp = torch.cat([x, pad]), torch.cat([y, y[[2, 0, 1]]])
+    clipper = GhostClipper(model, check=False) if method == "ghost" else make_clipper(model, method)
+    got = clipper(xp, yp, clip, valid=N)
+    assert got.norms.shape == (N,) and _rel(got.norms, ref.norms) < 1e-12
+    for g, r in zip(got.grads, ref.grads, strict=True):
+        assert _rel(g, r) < 1e-12
+    assert torch.equal(clipper(x, y, clip, valid=0).grads[0], torch.zeros_like(ref.grads[0]))
+    with pytest.raises(InputError, match="valid"):
+        clipper(x, y, clip, valid=N + 1)
+
+
+@pytest.mark.parametrize("pool", [0, 1 << 30])
+def test_pooled_and_separate_per_example_gradients_agree(monkeypatch, oracle, pool):
+    """Small per-example gradients are pooled into one matrix for their norms and clipped sums
+    (_PerExample): pooling none (POOL = 0) and everything must both give the loop's result."""
+    monkeypatch.setattr(clipping._PerExample, "POOL", pool)
+    for name in ("resnet-groupnorm", "transformer-mha", "tied-module"):
+        assert_oracle(GhostClipper(oracle[name][0], check=False), oracle[name])

@@ -16,7 +16,8 @@ run's weights (σ = 0, float64) so batches, chunks and sums are the same computa
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import math
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from dpaudit.models import build_model, default_spec
 from dpaudit.training import dpsgd
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import host_to_device
+from dpaudit.training.clipping import make_clipper
 from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig
 from tests.training.test_clipping_architectures import ArangeTransformer, ResidualGroupNormCNN, TiedLM
 
@@ -66,16 +68,19 @@ def _cuda_syncs_raise():
 class _StrictAfterFirstCall:
     """Wraps the trainer's clipper: the first call (plan, probe, first-call check) runs freely, then
     ``strict()`` is entered and stays on for the rest of training (sampling, transfer, gather,
-    clipping, noise and the optimizer step of every later step), recording each chunk's size."""
+    clipping, noise and the optimizer step of every later step), recording each chunk's size (real
+    rows) and physical size (with padding)."""
 
     def __init__(self, inner, strict):
-        self.inner, self.params, self.strict = inner, inner.params, strict
+        self.inner, self.params, self.strict, self.pads = inner, inner.params, strict, inner.pads
         self.sizes: list[int] = []
+        self.physical: list[int] = []
         self.ctx = None
 
-    def __call__(self, x, y, clip):
-        self.sizes.append(x.shape[0])
-        out = self.inner(x, y, clip)
+    def __call__(self, x, y, clip, *, valid=None):
+        self.sizes.append(x.shape[0] if valid is None else valid)
+        self.physical.append(x.shape[0])
+        out = self.inner(x, y, clip, valid=valid)
         if self.ctx is None:
             self.ctx = self.strict()
             self.ctx.__enter__()
@@ -115,9 +120,12 @@ def _workload(name: str, device: torch.device):
 WORKLOADS = ["mlp", "resnet-groupnorm", "transformer-arange", "transformer-mha", "tied"]
 
 
-def _train(monkeypatch, name, device, strict, *, noise=1.0, algo="dpsgd"):
+def _train(monkeypatch, name, device, strict, *, noise=1.0, algo="dpsgd", pad=None):
     model, X, y = _workload(name, device)
     real = dpsgd.make_clipper
+    if pad is not None:  # force padded chunks on or off (the default: on CUDA only)
+        forced = dpsgd.set_private_gradients
+        monkeypatch.setattr(dpsgd, "set_private_gradients", lambda *a, **kw: forced(*a, **{**kw, "pad": pad}))
     made: list[_StrictAfterFirstCall] = []
 
     def make(model, method="auto", **kw):
@@ -137,11 +145,63 @@ def _train(monkeypatch, name, device, strict, *, noise=1.0, algo="dpsgd"):
     return model, made[-1]
 
 
+@pytest.mark.parametrize("pad", [None, True])
 @pytest.mark.parametrize("name", WORKLOADS)
-def test_a_step_reads_nothing_back_from_the_device(monkeypatch, name):
-    _, clipper = _train(monkeypatch, name, torch.device("cpu"), _host_reads_raise)
+def test_a_step_reads_nothing_back_from_the_device(monkeypatch, name, pad):
+    _, clipper = _train(monkeypatch, name, torch.device("cpu"), _host_reads_raise, pad=pad)
     assert max(clipper.sizes) == 3 and len(clipper.sizes) > 6  # chunked: several chunks per step
     assert clipper.inner.describe()["method"] == "ghost"
+    # Padded: every chunk has the cap's size (padded_size(n, 3) = 3); the CPU default pads nothing.
+    assert set(clipper.physical) == ({3} if pad else set(clipper.sizes))
+
+
+def test_padded_size_bounds_the_shapes():
+    for N in (1, 8, 64, 256, 1000, 4096):
+        sizes = {dpsgd.padded_size(n, N) for n in range(1, N + 1)}
+        assert len(sizes) <= 8 * max(1, math.ceil(math.log2(max(N, 2))) - 5) + 9
+    for n in range(1, 5000):
+        p = dpsgd.padded_size(n)
+        assert n <= p < n + max(8, n / 8) and p % 8 == 0  # never truncates; < 12.5% extra from 64 on
+        assert dpsgd.padded_size(n, n) == n  # the cap (a full chunk) is never exceeded
+    assert dpsgd.padded_size(0, 5) == 0
+
+
+@pytest.mark.parametrize("name", ["resnet-groupnorm", "transformer-arange", "tied"])
+def test_padded_chunks_give_the_unpadded_sum_with_few_shapes(name):
+    """Padding (copies of a real row, clip factor 0) leaves the clipped sum unchanged to float64
+    rounding (1e-12) over Poisson batches of varying size, whole and under a physical cap, and the
+    physical sizes are the few of padded_size, not one per batch size."""
+    model, X, y = _workload(name, torch.device("cpu"))
+    X, y = torch.cat([X] * 5), torch.cat([y] * 5)  # 200 records, expected batch 50
+    sample = dpsgd.poisson_sampler(len(X), 0.25, torch.Generator().manual_seed(0))
+    clipper = _StrictAfterFirstCall(make_clipper(model, "ghost"), nullcontext)
+    kw = dict(clip=0.5, noise_std=0.0, batch_size=50, generator=torch.Generator())
+    real, physical = set(), set()
+    for _ in range(12):
+        idx = sample()
+        for cap in (None, 16):
+            got = []
+            for pad in (False, True):
+                clipper.sizes, clipper.physical = [], []
+                dpsgd.set_private_gradients(clipper, X, y, idx, max_physical_batch=cap, pad=pad, **kw)
+                got.append([p.grad.clone() for p in clipper.params])
+                assert clipper.sizes == [len(c) for c in idx.split(cap or len(idx))]
+                (real if not pad else physical).update(clipper.physical if cap is None else [])
+            for a, b in zip(*got, strict=True):
+                torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)
+    assert len(physical) <= len(real) / 2 and all(p % 8 == 0 for p in physical), (real, physical)
+
+
+def test_padded_training_is_reproducible_and_equals_the_unpadded_run(monkeypatch):
+    runs = [_train(monkeypatch, "resnet-groupnorm", torch.device("cpu"), nullcontext, pad=p)[0] for p in (True, True)]
+    for a, b in zip(*[m.parameters() for m in runs], strict=True):
+        assert torch.equal(a, b)  # same seed, same checkpoint
+    flat = [
+        _train(monkeypatch, "resnet-groupnorm", torch.device("cpu"), nullcontext, pad=p, noise=0.0)[0]
+        for p in (False, True)
+    ]
+    for a, b in zip(*[m.parameters() for m in flat], strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
 
 
 def test_the_strict_mode_bites(monkeypatch):
@@ -176,6 +236,7 @@ def test_cuda_training_steps_never_sync_and_match_the_cpu_run(monkeypatch, name)
     cuda_model, cuda_clipper = _train(monkeypatch, name, torch.device("cuda"), _cuda_syncs_raise, noise=0.0)
     cpu_model, cpu_clipper = _train(monkeypatch, name, torch.device("cpu"), _host_reads_raise, noise=0.0)
     assert cuda_clipper.sizes == cpu_clipper.sizes  # the same Poisson batches, the same chunks
+    assert set(cuda_clipper.physical) == {3}  # padded on CUDA by default: one physical size under the cap
     for a, b in zip(cuda_model.parameters(), cpu_model.parameters(), strict=True):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-9, atol=1e-12)
 
