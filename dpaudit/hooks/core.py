@@ -242,6 +242,7 @@ class GradientCanaries:
         self._proj: list[np.ndarray] = []
         self.meta: dict[str, Any] = {}
         self._flush: Callable[[], None] | None = None  # an adapter's wait for steps still in flight (JAX)
+        self._refused: str | None = None  # the last refusal raised inside an adapter's callback (JAX)
 
     # ---- the design ---------------------------------------------------------------------------------------
 

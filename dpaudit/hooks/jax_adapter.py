@@ -135,7 +135,7 @@ def _concrete(step: Any, leaves: list[Any]) -> bool:
 def _transformation(canaries, what: str, update: Callable[[Any, Any], Any]):
     """An ``optax.GradientTransformation`` with a step counter for state and ``update(step, updates)`` as update."""
     optax = _optax()
-    jax = _jax()
+    _jax()  # a one-line error when JAX is missing
     import jax.numpy as jnp
 
     def init_fn(params: Any) -> CanaryStepState:
@@ -147,8 +147,29 @@ def _transformation(canaries, what: str, update: Callable[[Any, Any], Any]):
         return update(state.step, updates), CanaryStepState(step=state.step + 1)
 
     canaries.meta.setdefault("framework", "optax")
-    canaries._flush = jax.effects_barrier  # observations() waits for the steps already dispatched
+    canaries._flush = lambda: _barrier(canaries)  # observations() waits for the steps already dispatched
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _refusing(canaries, call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)`` from a host callback, remembering a refusal (an :class:`InputError`) it raises."""
+    try:
+        return call(*args)
+    except InputError as e:
+        canaries._refused = str(e)
+        raise
+
+
+def _barrier(canaries) -> None:
+    """Wait for every dispatched step (``jax.effects_barrier``). A call the hooks refused has already raised
+    its error where the user made it, and recorded nothing; on a GPU the runtime's ordered-effects token
+    keeps that error and the barrier would raise it again in ``observations()``/``save()`` (seen on an
+    H200), so an error carrying that refusal is not raised twice. Any other error is."""
+    try:
+        _jax().effects_barrier()
+    except Exception as e:
+        if canaries._refused is None or canaries._refused not in str(e):
+            raise
 
 
 def optax_inject(canaries):
@@ -169,7 +190,9 @@ def optax_inject(canaries):
 
         def host(step: Any, arrays: list[Any]) -> list[np.ndarray]:
             # JAX may hand the callback its own arrays: NumPy here, else every step dispatches eager JAX ops
-            out = canaries.inject(int(step), dict(zip(names, map(np.asarray, arrays), strict=True)))
+            out = _refusing(
+                canaries, canaries.inject, int(step), dict(zip(names, map(np.asarray, arrays), strict=True))
+            )
             return [np.asarray(out[n], dtype=d) for n, d in zip(names, dtypes, strict=True)]
 
         if _concrete(step, leaves):  # not traced: call the host directly (errors stay dpaudit's InputError)
@@ -192,7 +215,7 @@ def optax_observe(canaries):
         _, names = _check_tree(canaries, updates, "optax_observe")
 
         def host(step: Any, arrays: list[Any]) -> None:
-            canaries.observe(int(step), dict(zip(names, map(np.asarray, arrays), strict=True)))
+            _refusing(canaries, canaries.observe, int(step), dict(zip(names, map(np.asarray, arrays), strict=True)))
 
         leaves = jax.tree_util.tree_leaves(updates)
         if _concrete(step, leaves):

@@ -429,7 +429,8 @@ def test_streaming_a_mapped_file_keeps_resident_memory_small(tmp_path):
     X.flush()
     del X
     np.save(d / "y.npy", np.arange(10_000) % 2)
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    environ = __import__("os").environ
+    env = {**environ, "PYTHONPATH": __import__("os").pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))}
     grown = {}
     for mode in ("release", "never"):
         out = subprocess.run(

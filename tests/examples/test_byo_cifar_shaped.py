@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_run_sh_small(tmp_path):
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "PYTHON": sys.executable,
         "WORK": str(tmp_path),
         "N": "2000",

@@ -176,7 +176,8 @@ def test_github_workflow_commands_run(tmp_path):
     bin_dir = Path(sys.executable).parent
     assert shutil.which("dpaudit", path=str(bin_dir)), "dpaudit must be installed next to this python"
     summary = tmp_path / "summary.md"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT),
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the user's kept
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": pythonpath,
            "GITHUB_STEP_SUMMARY": str(summary), "DPAUDIT_TEST_THREADS": "1"}  # fmt: skip
     for script in scripts:
         proc = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -141,7 +141,8 @@ def test_small_sizes_only_shrink_what_the_readme_shows():
 def test_readme_blocks_run_top_to_bottom(tmp_path):
     bin_dir = Path(sys.executable).parent
     assert shutil.which("dpaudit", path=str(bin_dir)), "dpaudit must be installed next to this python"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT),
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the user's kept
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": pythonpath,
            "DPAUDIT_CACHE_DIR": str(tmp_path / "cache"), "DPAUDIT_TEST_THREADS": "1"}  # fmt: skip
     ran = 0
     for block in blocks():

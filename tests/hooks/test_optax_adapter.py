@@ -136,3 +136,33 @@ def test_optax_misuse_at_run_time_is_dpaudits_one_line_message():
         jax.effects_barrier()
     assert str(err.value).strip().splitlines()[-1].startswith("InputError: inject(step=0)")
     assert c.observations().steps == 2
+
+
+def test_the_barrier_does_not_raise_a_refusal_twice_but_raises_anything_else(monkeypatch):
+    """On a GPU the runtime keeps a refused callback's error in its ordered-effects token, and
+    ``jax.effects_barrier`` (what ``observations()`` waits on) raises it again (seen on an H200). That
+    refusal was already raised at the user's call and recorded nothing, so it is not raised twice; any
+    other runtime error still is. Simulated here: the CPU runtime does not keep callback errors."""
+    sums, noise = _data()
+    c = _canaries()
+    tx = optax.chain(c.optax_inject(), _known_noise(noise), c.optax_observe())
+    update = jax.jit(tx.update)
+    state = tx.init(PARAMS)
+    for t in range(2):
+        _, state = update(sums[t], state)
+    with pytest.raises(Exception, match=r"expected step 2"):
+        jax.block_until_ready(update(sums[0], tx.init(PARAMS)))
+        jax.effects_barrier()
+    kept = f"INTERNAL: CpuCallback error calling callback: ... InputError: {c._refused} [executable_name='jit']"
+
+    def barrier_keeping(message):
+        def barrier():
+            raise RuntimeError(message)
+
+        return barrier
+
+    monkeypatch.setattr(jax, "effects_barrier", barrier_keeping(kept))
+    assert c.observations().steps == 2
+    monkeypatch.setattr(jax, "effects_barrier", barrier_keeping("INTERNAL: device lost"))
+    with pytest.raises(RuntimeError, match="device lost"):
+        c.observations()

@@ -117,15 +117,21 @@ def _workload(name: str, device: torch.device):
     return model.to(device), x.to(device), y.to(device)
 
 
+_REAL_MAKE_CLIPPER, _REAL_SET_PRIVATE_GRADIENTS = dpsgd.make_clipper, dpsgd.set_private_gradients
+
 WORKLOADS = ["mlp", "resnet-groupnorm", "transformer-arange", "transformer-mha", "tied"]
 
 
 def _train(monkeypatch, name, device, strict, *, noise=1.0, algo="dpsgd", pad=None):
     model, X, y = _workload(name, device)
-    real = dpsgd.make_clipper
+    # The originals, not dpsgd's attributes: a second _train in one test would otherwise wrap the first
+    # one's wrapper (monkeypatch restores only at teardown), and the CUDA run's strict context would stay
+    # entered through the CPU run (seen on an H200: the sync debug mode left on "error").
+    real = _REAL_MAKE_CLIPPER
     if pad is not None:  # force padded chunks on or off (the default: on CUDA only)
-        forced = dpsgd.set_private_gradients
-        monkeypatch.setattr(dpsgd, "set_private_gradients", lambda *a, **kw: forced(*a, **{**kw, "pad": pad}))
+        monkeypatch.setattr(
+            dpsgd, "set_private_gradients", lambda *a, **kw: _REAL_SET_PRIVATE_GRADIENTS(*a, **{**kw, "pad": pad})
+        )
     made: list[_StrictAfterFirstCall] = []
 
     def make(model, method="auto", **kw):
@@ -140,8 +146,6 @@ def _train(monkeypatch, name, device, strict, *, noise=1.0, algo="dpsgd", pad=No
     finally:
         for clipper in reversed(made):  # every strict context entered, the sync debug mode restored
             clipper.close()
-        if device.type == "cuda":
-            torch.cuda.set_sync_debug_mode("default")  # whatever the trainer left, the test's own reads may sync
     return model, made[-1]
 
 
@@ -202,6 +206,22 @@ def test_padded_training_is_reproducible_and_equals_the_unpadded_run(monkeypatch
     ]
     for a, b in zip(*[m.parameters() for m in flat], strict=True):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
+def test_every_strict_context_is_closed_when_a_test_trains_twice(monkeypatch):
+    # Two trainings in one test (CUDA then CPU): each strict context entered is left again, so the
+    # CUDA sync debug mode cannot stay on "error" for the test's own reads or the next test.
+    depth = []
+
+    @contextmanager
+    def counting():
+        depth.append(+1)
+        yield
+        depth.append(-1)
+
+    for _ in range(2):
+        _train(monkeypatch, "mlp", torch.device("cpu"), counting)
+    assert depth.count(+1) == 2 and sum(depth) == 0, depth
 
 
 def test_the_strict_mode_bites(monkeypatch):
