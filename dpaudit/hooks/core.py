@@ -263,17 +263,21 @@ class GradientCanaries:
         """Steps observed so far."""
         return len(self._obs)
 
+    def _check_names(self, names: Any, what: str, hint: str = "") -> None:
+        """Refuse (one line) names that are not exactly the canaries' parameters."""
+        if set(names) != set(self.names_):
+            missing = sorted(set(self.names_) - set(names))[:3]
+            extra = sorted(set(names) - set(self.names_))[:3]
+            raise InputError(
+                f"{what} do not match the canaries' parameters (missing {missing}, unexpected {extra}): "
+                f"canaries designed for another model?{hint}"
+            )
+
     def _as_list(self, grads: Any, what: str) -> tuple[list[Any], list[str] | None]:
         """The gradients in ``param_shapes`` order (from a name -> array mapping or a sequence), checked."""
         if isinstance(grads, Mapping):
             named = {canonical_name(str(n)): v for n, v in grads.items()}
-            if set(named) != set(self.names_):
-                missing = sorted(set(self.names_) - set(named))[:3]
-                extra = sorted(set(named) - set(self.names_))[:3]
-                raise InputError(
-                    f"{what}: the gradients' names do not match the canaries' parameters "
-                    f"(missing {missing}, unexpected {extra}): canaries designed for another model?"
-                )
+            self._check_names(named, f"{what}: the gradients' names")
             keys = list(grads)
             order = {canonical_name(str(n)): n for n in keys}
             arrays, names = [named[n] for n in self.names_], [order[n] for n in self.names_]

@@ -110,13 +110,7 @@ class CanaryStepState(NamedTuple):
 def _check_tree(canaries, tree: Any, what: str) -> tuple[Any, list[str]]:
     """(treedef, names) of ``tree``, refused (one line) unless its leaves are the canaries' parameters and shapes."""
     named, treedef, names = _named(tree)
-    if set(names) != set(canaries.names_):
-        missing = sorted(set(canaries.names_) - set(names))[:3]
-        extra = sorted(set(names) - set(canaries.names_))[:3]
-        raise InputError(
-            f"{what}: the tree's leaves do not match the canaries' parameters (missing {missing}, unexpected "
-            f"{extra}): canaries designed for another model? (build them with pytree_shapes(params))"
-        )
+    canaries._check_names(names, f"{what}: the tree's leaves", " (build them with pytree_shapes(params))")
     for n in names:
         if tuple(named[n].shape) != canaries.param_shapes[n]:
             raise InputError(
