@@ -68,6 +68,7 @@ device- and dtype-agnostic (float32/float64, CPU/CUDA); nothing leaves the devic
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
@@ -234,6 +235,11 @@ class Clipper(ABC):
     @abstractmethod
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients: ...
 
+    def close(self) -> None:
+        """Release what the clipper installed on the model (the ghost method's forward hooks); the
+        trainers call it when training ends. A no-op for methods that install nothing."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What computed the clipped sums (JSON-ready; recorded in the checkpoint's ``performance``)."""
         return {"method": self.method}
@@ -364,7 +370,7 @@ class _PerExample:
     def __init__(self, grads: dict[int, torch.Tensor], B: int) -> None:
         self.grads, self.B = grads, B
         self.pooled = [k for k, G in grads.items() if G.numel() <= self.POOL * B]
-        flat = [grads[k].reshape(B, -1) for k in self.pooled]
+        flat = [G if G.dim() == 2 else G.reshape(B, -1) for G in (grads[k] for k in self.pooled)]
         self.M = (torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]) if flat else None
         self.sizes = [f.shape[1] for f in flat]
 
@@ -375,8 +381,10 @@ class _PerExample:
     def clipped(self, c: torch.Tensor) -> dict[int, torch.Tensor]:
         out = {k: _weighted_sum(c, G) for k, G in self.grads.items() if k not in self.pooled}
         if self.M is not None:
-            for k, v in zip(self.pooled, (c @ self.M).split(self.sizes), strict=True):
-                out[k] = v.view(self.grads[k].shape[1:])
+            sums = c @ self.M
+            for k, v in zip(self.pooled, sums.split(self.sizes) if len(self.sizes) > 1 else [sums], strict=True):
+                shape = self.grads[k].shape[1:]
+                out[k] = v if v.shape == shape else v.view(shape)
         return out
 
 
@@ -390,8 +398,8 @@ def _ghost_is_cheaper(T: int, d_in: int, d_out: int) -> bool:
 
 
 def _factored_linear(
-    aT: torch.Tensor | Callable[[int, int], torch.Tensor],
-    gT: torch.Tensor,
+    a: torch.Tensor | Callable[[int, int], torch.Tensor],
+    g: torch.Tensor,
     weight_shape: torch.Size | None,
     bias: bool,
     weight_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -399,33 +407,34 @@ def _factored_linear(
 ) -> _LayerPart:
     """A linear map s_t = W a_t + b applied at T positions per example.
 
-    aT: (B, d_in, T) inputs and gT: (B, d_out, T) gradients of Σ_i ℓ_i w.r.t. the outputs, in
-    any strides (a Linear passes transposed views, so nothing is copied). The per-example gradients
-    are ∇_W ℓ_i = Σ_t g_it a_itᵀ and ∇_b ℓ_i = Σ_t g_it. ``weight_sum(c)``, when given, computes
-    Σ_i c_i ∇_W ℓ_i in a way cheaper for the layer than the generic matmul.
+    a: (B, T, d_in) inputs and g: (B, T, d_out) gradients of Σ_i ℓ_i w.r.t. the outputs, in any
+    strides (a convolution passes transposed views of its (B, d, T) patches and output gradients,
+    so nothing is copied). The per-example gradients are ∇_W ℓ_i = Σ_t g_it a_itᵀ and
+    ∇_b ℓ_i = Σ_t g_it. ``weight_sum(c)``, when given, computes Σ_i c_i ∇_W ℓ_i in a way cheaper
+    for the layer than the generic matmul.
 
-    ``aT`` may instead be a function (lo, hi) -> the (hi - lo, d_in, T) inputs of examples lo..hi-1,
+    ``a`` may instead be a function (lo, hi) -> the (hi - lo, T, d_in) inputs of examples lo..hi-1,
     called ``chunk`` examples at a time (a convolution's unfolded patches, up to kh·kw times the
     size of its input: built per chunk and dropped, they never all exist at once); then
     ``weight_sum`` is required, since the clipped sum must not need them again.
     """
-    lazy = callable(aT)
-    B, d_out, T = gT.shape
-    d_in = (weight_shape.numel() // d_out if weight_shape is not None else 0) if lazy else aT.shape[1]
+    lazy = callable(a)
+    B, T, d_out = g.shape
+    d_in = (weight_shape.numel() // d_out if weight_shape is not None else 0) if lazy else a.shape[2]
     step = chunk or B
 
     def inputs(lo: int, hi: int) -> torch.Tensor:
-        return aT(lo, hi) if lazy else aT if (lo, hi) == (0, B) else aT[lo:hi]
+        return a(lo, hi) if lazy else a if (lo, hi) == (0, B) else a[lo:hi]
 
     G = None
-    gb = (gT[:, :, 0] if T == 1 else gT.sum(2)) if bias else None
+    gb = (g[:, 0] if T == 1 else g.sum(1)) if bias else None
     sq = None
     if weight_shape is None:
         how = "bias only"
     elif T == 1:
         # Rank one: ‖g aᵀ‖_F² = ‖g‖² ‖a‖² (Goodfellow 2015, arXiv:1510.01799); the bias is pooled.
         how = "rank-one"
-        sq = gT[:, :, 0].square().sum(1) * inputs(0, B)[:, :, 0].square().sum(1)
+        sq = g[:, 0].square().sum(1) * inputs(0, B)[:, 0].square().sum(1)
     else:
         ghost = _ghost_is_cheaper(T, d_in, d_out)
         if ghost:
@@ -435,15 +444,16 @@ def _factored_linear(
         else:
             # Instantiate G_i = Σ_t g_t a_tᵀ (B, d_out, d_in) when that is the cheaper side.
             how = f"instantiate (T={T}: 2T²={2 * T * T} > p·d={d_in * d_out})"
-            G = gT.new_empty(B, d_out, d_in)
+            G = g.new_empty(B, d_out, d_in)
         terms = []
         for lo in range(0, B, step):
             hi = min(B, lo + step)
-            a, g = inputs(lo, hi), gT if (lo, hi) == (0, B) else gT[lo:hi]
+            whole = (lo, hi) == (0, B)  # no slicing ops for the usual single chunk
+            x, gx = inputs(lo, hi), g if whole else g[lo:hi]
             if ghost:
-                terms.append((torch.bmm(a.transpose(1, 2), a) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2)))
+                terms.append((torch.bmm(x, x.mT) * torch.bmm(gx, gx.mT)).sum((1, 2)))
             else:
-                terms.append(torch.bmm(g, a.transpose(1, 2), out=G[lo:hi]).square().sum((1, 2)))
+                terms.append(torch.bmm(gx.mT, x, out=G if whole else G[lo:hi]).square().sum((1, 2)))
         sq = _cat_positions(terms, dim=0)
         if step < B:
             how += f", in chunks of {step} examples"
@@ -457,11 +467,14 @@ def _factored_linear(
         # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
         # c multiplies whichever factor is smaller.
         ci = c.view(-1, 1, 1)
-        gc, ac = (gT * ci, aT) if d_out <= d_in else (gT, aT * ci)
-        return gc.transpose(0, 1).reshape(d_out, B * T) @ ac.transpose(1, 2).reshape(B * T, d_in)
+        gc, ac = (g * ci, a) if d_out <= d_in else (g, a * ci)
+        return gc.reshape(B * T, d_out).T @ ac.reshape(B * T, d_in)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"weight": weight(c).reshape(weight_shape)} if weight_shape is not None else {}
+        if weight_shape is None:
+            return {}
+        w = weight(c)
+        return {"weight": w if w.shape == weight_shape else w.reshape(weight_shape)}
 
     # The bias's per-example gradient Σ_t g_it is small: pooled by the clipper (see _LayerPart).
     return _LayerPart(sq_norm=sq, clipped=clipped, how=how, small={"bias": gb} if gb is not None else {})
@@ -547,7 +560,7 @@ def _tied_part(uses: list[_Factors], shape: torch.Size) -> _LayerPart | None:
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         w = uses[0].right.new_zeros(rows, cols)
         for f in uses:
-            rc = (f.right * c[:, None, None]).reshape(-1, cols)
+            rc = (f.right * c.view(-1, 1, 1)).reshape(-1, cols)
             if f.left.dim() == 2:  # Σ_i c_i Σ_t e_tok r_tᵀ: rows tok accumulate c_i r_t
                 w.index_add_(0, f.left.reshape(-1), rc)
             else:
@@ -582,11 +595,14 @@ def _rank_one_linear(a: torch.Tensor, g: torch.Tensor, weight: bool, bias: bool)
     return _LayerPart(sq_norm=sq, clipped=clipped, how="rank-one" if weight else "bias only")
 
 
+def _positions(ts: list[torch.Tensor], B: int, d: int) -> torch.Tensor:
+    # (B, T, d) positions of one module's calls; a 3-d tensor is already that (no reshape op).
+    return _cat_positions([t if t.dim() == 3 else t.reshape(B, -1, d) for t in ts])
+
+
 def _linear_positions(module, inputs, grads) -> tuple[torch.Tensor, torch.Tensor]:
     B = inputs[0].shape[0]
-    a = _cat_positions([t.reshape(B, -1, module.in_features) for t in inputs])
-    g = _cat_positions([t.reshape(B, -1, module.out_features) for t in grads])
-    return a, g
+    return _positions(inputs, B, module.in_features), _positions(grads, B, module.out_features)
 
 
 class _LinearHandler(_Handler):
@@ -596,7 +612,7 @@ class _LinearHandler(_Handler):
         if len(inputs) == 1 and inputs[0].dim() == 2:
             return _rank_one_linear(inputs[0], grads[0], weight, bias)
         a, g = _linear_positions(module, inputs, grads)
-        return _factored_linear(a.transpose(1, 2), g.transpose(1, 2), module.weight.shape if weight else None, bias)
+        return _factored_linear(a, g, module.weight.shape if weight else None, bias)
 
     @staticmethod
     def per_example(module, inputs, grads, name):
@@ -675,9 +691,9 @@ class _Conv2dHandler(_Handler):
                 for x, g in zip(inputs, grads, strict=True)
             )
 
-        return _factored_linear(
-            lambda lo, hi: _Conv2dHandler._patches(module, inputs, lo, hi),
-            gT,
+        return _factored_linear(  # positions-major views of the (B, d, T) patches and gradients
+            lambda lo, hi: _Conv2dHandler._patches(module, inputs, lo, hi).mT,
+            gT.mT,
             module.weight.shape if "weight" in names else None,
             "bias" in names,
             weight_sum,
@@ -705,8 +721,8 @@ class _EmbeddingHandler(_Handler):
     def _positions(module, inputs, grads):
         B = inputs[0].shape[0]
         d = module.weight.shape[1]
-        tok = _cat_positions([t.reshape(B, -1) for t in inputs])
-        g = _cat_positions([t.reshape(B, -1, d) for t in grads])
+        tok = _cat_positions([t if t.dim() == 2 else t.reshape(B, -1) for t in inputs])
+        g = _positions(grads, B, d)
         if module.padding_idx is not None:  # the padding row receives no gradient (torch semantics)
             g = g * (tok != module.padding_idx).unsqueeze(-1).to(g.dtype)
         return tok, g
@@ -723,7 +739,7 @@ class _EmbeddingHandler(_Handler):
         T = tok.shape[1]
         if T * T <= V * d:  # the same cost rule as _ghost_is_cheaper with one-hot inputs (d_in = V)
             how = f"ghost-norm (T={T}: T²={T * T} <= V·d={V * d})"
-            same = (tok.unsqueeze(2) == tok.unsqueeze(1)).to(g.dtype)
+            same = tok.unsqueeze(2) == tok.unsqueeze(1)  # bool: multiplies as exact 0/1, no cast op
             sq = (same * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
             G = None
         else:  # materialise the (B, V, d) per-example gradients when that is smaller
@@ -734,7 +750,7 @@ class _EmbeddingHandler(_Handler):
         def clipped(c):
             if G is not None:
                 return {"weight": _weighted_sum(c, G)}
-            w = g.new_zeros(V, d).index_add_(0, tok.reshape(-1), (g * c[:, None, None]).reshape(-1, d))
+            w = g.new_zeros(V, d).index_add_(0, tok.reshape(-1), (g * c.view(-1, 1, 1)).reshape(-1, d))
             return {"weight": w}
 
         return _LayerPart(sq_norm=sq, clipped=clipped, how=how)
@@ -1101,13 +1117,81 @@ def _reroute(plan: GhostPlan, model: nn.Module, params: list[nn.Parameter], bad:
 
 @dataclass
 class _Record:
-    """One recorded call: its tensor inputs (detached), its arguments (to replay it under vmap) and
-    the output tensors whose gradients are read (a shared output already expanded to the batch)."""
+    """One recorded call: its tensor inputs, its arguments (to replay it under vmap) and the output
+    tensors whose gradients are read (a shared output already expanded to the batch). The inputs of
+    a unit without a rule are detached (a vmap replays the module on them); the single input of a
+    unit with a rule is not: everything computed from it runs under ``no_grad``."""
 
     inputs: list[tuple[int | str, torch.Tensor]]
     args: tuple
     kwargs: dict
     outs: list[torch.Tensor | None]
+
+
+class _Recorder:
+    """The plan's forward hooks, registered once per plan (not per step: registering and removing a
+    hook per unit and step was host time on every step) and active only inside :meth:`recording`,
+    i.e. during the clipper's own forward pass. Anywhere else (the user's forward calls, the probe,
+    the first-call check's reference, a vmap over a module) a hook returns at once: no recording,
+    no expansion, the module's output unchanged. :meth:`close` removes the hooks (the clipper calls
+    it when its plan changes, when it is closed or garbage-collected)."""
+
+    def __init__(self, plan: GhostPlan, clone: bool) -> None:
+        self.plan, self.clone = plan, clone
+        self.calls: list[list[_Record]] | None = None  # per unit, this forward's calls; None: inactive
+        self.B = 0
+        self.counts = [len(unit.layouts) for unit in plan.units]
+        self._handles = [
+            unit.module.register_forward_hook(self._hook(u, unit), with_kwargs=True)
+            for u, unit in enumerate(plan.units)
+        ]
+
+    @contextmanager
+    def recording(self, B: int):
+        """Inside: shared outputs are expanded to the batch ``B`` and every call of a unit is recorded
+        in ``self.calls`` (yielded)."""
+        self.calls, self.B = [[] for _ in self.plan.units], B
+        try:
+            yield self.calls
+        finally:
+            self.calls = None
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _hook(self, u: int, unit: _Unit):
+        name = unit.name or "(model)"
+        # A unit with a rule whose outputs are never expanded nor cloned records its one input and
+        # its output as they are (the common case, so the fewest Python steps per call).
+        plain = unit.handler is not None and not self.clone and not any(e for lay in unit.layouts for e in lay.expand)
+
+        def hook(module, args, kwargs, output):
+            calls = self.calls
+            if calls is None:
+                return None  # not the clipping forward: the module behaves as if unhooked
+            mine = calls[u]
+            k = len(mine)
+            if k >= len(unit.layouts):
+                raise GhostMismatchError(f"{name} is called more often than in the probe")
+            if plain:
+                ins = [(0, args[0])] if args and isinstance(args[0], torch.Tensor) else _flat_inputs(args, kwargs)
+                outs = [output] if isinstance(output, torch.Tensor) else _flat_outputs(output)
+                mine.append(_Record(ins, args, kwargs, outs))
+                return None
+            outs = _flat_outputs(output)
+            B = self.B
+            new = [
+                o if o is None or e is None else _expand(o, e, B)
+                for o, e in zip(outs, unit.layouts[k].expand, strict=True)
+            ]
+            back = [o.clone() if o is not None and self.clone else o for o in new]
+            ins = _flat_inputs(args, kwargs)
+            mine.append(_Record([(i, t.detach()) for i, t in ins] if unit.handler is None else ins, args, kwargs, new))
+            return _rebuild_output(output, back) if any(a is not b for a, b in zip(back, outs, strict=True)) else None
+
+        return hook
 
 
 def _local_per_example(
@@ -1153,6 +1237,15 @@ def _local_per_example(
 def _full(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     # A recorded activation or output gradient in the parameters' precision (bf16 under autocast).
     return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != dtype else t
+
+
+def _output_grad(o: torch.Tensor | None, flat, dtype: torch.dtype) -> torch.Tensor | None:
+    # The gradient read for one recorded output (the next of ``flat`` when it requires grad; zeros
+    # when the loss does not use it), in the parameters' precision.
+    if o is None:
+        return None
+    g = next(flat) if o.requires_grad else None
+    return _full(torch.zeros_like(o) if g is None else g, dtype)
 
 
 @contextmanager
@@ -1274,6 +1367,25 @@ class GhostClipper(Clipper):
         # An in-place module after a hooked one would overwrite the output whose gradient we read:
         # hand the rest of the model a copy instead.
         self._clone = any(getattr(m, "inplace", False) for m in model.modules())
+        self._recorder: _Recorder | None = None  # the hooks of the plan last run (see _recorder_for)
+        self._release: weakref.finalize | None = None
+
+    def close(self) -> None:
+        """Remove the clipper's forward hooks from the model (also done when the clipper is
+        garbage-collected; the hooks do nothing outside the clipper's own forward pass anyway)."""
+        if self._release is not None:
+            self._release()  # calls the recorder's close once
+        self._recorder = self._release = None
+
+    def _recorder_for(self, plan: GhostPlan) -> _Recorder:
+        # Hooks are registered once per plan; a rerouted plan replaces them (no stale hooks left).
+        if self._recorder is None or self._recorder.plan is not plan:
+            self.close()
+            self._recorder = _Recorder(plan, self._clone)
+            # The hooks hold the recorder, never the clipper: a dropped clipper is collected and
+            # its hooks removed by this finaliser.
+            self._release = weakref.finalize(self, self._recorder.close)
+        return self._recorder
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         if self.plan_ is None:
@@ -1283,8 +1395,12 @@ class GhostClipper(Clipper):
     # -- the plan
 
     def _make_plan(self, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
-        with _refusing("ghost", "try --clipping vmap or loop"):
-            return self._plan(x, y)
+        try:
+            with _refusing("ghost", "try --clipping vmap or loop"):
+                return self._plan(x, y)
+        except BaseException:
+            self.close()  # a refused model keeps no hooks
+            raise
 
     def _plan(self, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
         plan = build_ghost_plan(self.model, x, self.params)
@@ -1314,10 +1430,13 @@ class GhostClipper(Clipper):
                 for mode in ("prepend", "replace"):
                     lays = [_Layout(lay.ins, lay.outs, tuple(e and mode for e in lay.expand)) for lay in unit.layouts]
                     trial = GhostPlan([_Unit(unit.name, unit.module, unit.handler, unit.names, lays)], {}, [], [])
+                    recorder = _Recorder(trial, self._clone)
                     try:
-                        ok = all(_close(self._forward(trial, xs, None), r) for xs, r in zip(inputs, ref, strict=True))
+                        ok = all(_close(self._forward(recorder, xs)[0], r) for xs, r in zip(inputs, ref, strict=True))
                     except (RuntimeError, IndexError, ValueError):
                         ok = False
+                    finally:
+                        recorder.close()
                     if ok:
                         unit.layouts = lays
                         break
@@ -1331,7 +1450,8 @@ class GhostClipper(Clipper):
             parts, pe, norms = self._norm_parts(plan, x, y)
             bad: set[int] = set()
             for part, idx in parts:
-                sums = part.clipped(torch.ones_like(norms))
+                with torch.no_grad():  # the recorded inputs are not detached
+                    sums = part.clipped(torch.ones_like(norms))
                 # The batch sums localise the culprit; a norm mismatch alone blames the whole layer.
                 wrong = {idx[n] for n in sums if not _close(sums[n], ref[idx[n]].sum(0))}
                 if not wrong and not _close(part.sq_norm, _sq_norms([ref[k] for k in idx.values()])):
@@ -1352,48 +1472,19 @@ class GhostClipper(Clipper):
 
     # -- one clipping pass
 
-    def _forward(self, plan: GhostPlan, x: torch.Tensor, store: list[list[_Record]] | None) -> torch.Tensor:
-        """model(x) with the plan's hooks: shared outputs expanded to the batch, calls recorded in ``store``."""
-        B = x.shape[0]
-        counts = [0] * len(plan.units)
-
-        def make(u: int, unit: _Unit):
-            def hook(module, args, kwargs, output):
-                k = counts[u]
-                counts[u] += 1
-                if k >= len(unit.layouts):
-                    raise GhostMismatchError(f"{unit.name or '(model)'} is called more often than in the probe")
-                lay = unit.layouts[k]
-                outs = _flat_outputs(output)
-                new = [o if o is None or e is None else _expand(o, e, B) for o, e in zip(outs, lay.expand, strict=True)]
-                back = [o.clone() if o is not None and self._clone else o for o in new]
-                if store is not None:
-                    store[u].append(
-                        _Record([(i, t.detach()) for i, t in _flat_inputs(args, kwargs)], args, kwargs, new)
-                    )
-                return (
-                    _rebuild_output(output, back) if any(a is not b for a, b in zip(back, outs, strict=True)) else None
-                )
-
-            return hook
-
-        handles = [
-            unit.module.register_forward_hook(make(u, unit), with_kwargs=True) for u, unit in enumerate(plan.units)
-        ]
-        try:
-            with _autocast(x, self.autocast):
-                out = self.model(x)
-        finally:
-            for h in handles:
-                h.remove()
-        if store is not None and counts != [len(unit.layouts) for unit in plan.units]:
-            raise GhostMismatchError("the modules are called a different number of times than in the probe")
-        return out
+    def _forward(self, recorder: _Recorder, x: torch.Tensor) -> tuple[torch.Tensor, list[list[_Record]]]:
+        """model(x) with the recorder's hooks active: shared outputs expanded to the batch, calls recorded."""
+        with recorder.recording(x.shape[0]) as calls, _autocast(x, self.autocast):
+            out = self.model(x)
+        return out, calls
 
     def _norm_parts(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor):
         B = x.shape[0]
-        store: list[list[_Record]] = [[] for _ in plan.units]
-        loss = _loss_from_logits(self._forward(plan, x, store), y, self.autocast)
+        recorder = self._recorder_for(plan)
+        logits, store = self._forward(recorder, x)
+        if [len(recs) for recs in store] != recorder.counts:
+            raise GhostMismatchError("the modules are called a different number of times than in the probe")
+        loss = _loss_from_logits(logits, y, self.autocast)
         outs = [o for recs in store for r in recs for o in r.outs if o is not None and o.requires_grad]
         # Gradients w.r.t. the layer outputs only: autograd then skips the parameter-gradient
         # matmuls (book-keeping needs a and g, never ∇θ of the batch; Bu et al. 2023).
@@ -1407,26 +1498,23 @@ class GhostClipper(Clipper):
         def add(k: int, g: torch.Tensor) -> None:
             pe[k] = g if k not in pe else pe[k] + g
 
-        # Everything from here on in full precision (see exact_matmuls), from the same a and g.
+        # Everything from here on in full precision (see exact_matmuls), from the same a and g, and
+        # without autograd recording (the recorded inputs are not detached).
         dtype = self.params[0].dtype
-        with exact_matmuls():
+        with exact_matmuls(), torch.no_grad():
             for u, (unit, recs) in enumerate(zip(plan.units, store, strict=True)):
-                grads = []
-                for r in recs:
-                    row = []
-                    for o in r.outs:
-                        g = next(flat) if o is not None and o.requires_grad else None
-                        row.append(_full(torch.zeros_like(o) if g is None and o is not None else g, dtype))
-                    grads.append(row)
-                recs = [_Record([(k, _full(t, dtype)) for k, t in r.inputs], r.args, r.kwargs, r.outs) for r in recs]
+                grads = [[_output_grad(o, flat, dtype) for o in r.outs] for r in recs]
                 if unit.handler is None:
+                    recs = [
+                        _Record([(k, _full(t, dtype)) for k, t in r.inputs], r.args, r.kwargs, r.outs) for r in recs
+                    ]
                     fast = _mha_per_example(unit, recs, grads, B)
                     self._how[u] = "per-example by recomputing the attention" if fast else unit.how
                     for n, g in (fast or _local_per_example(unit, recs, grads, B)).items():
                         add(plan.index[(u, n)], g)
                     continue
                 ins = [
-                    _batch_first(r.inputs[0][1], lay.ins[0], lay.expand[0], B)
+                    _batch_first(_full(r.inputs[0][1], dtype), lay.ins[0], lay.expand[0], B)
                     for r, lay in zip(recs, unit.layouts, strict=True)
                 ]
                 gs = [
@@ -1470,7 +1558,7 @@ class GhostClipper(Clipper):
         parts, pe, norms = self._norm_parts(plan, x, y)
         c = self._clip_factors(norms, clip)
         grads: list[torch.Tensor | None] = [None] * len(self.params)
-        with exact_matmuls():
+        with exact_matmuls(), torch.no_grad():  # the recorded inputs are not detached
             for part, idx in parts:
                 for n, v in part.clipped(c).items():
                     grads[idx[n]] = v
@@ -1526,6 +1614,7 @@ class AutoClipper(Clipper):
                 return self.chosen_._compute(x, y, clip)
             except GhostMismatchError as e:  # a module called a different number of times than planned
                 self.tried_.append(f"ghost (later batch): {_first_line(e)}")
+                self.chosen_.close()
                 self.chosen_ = VmapClipper(self.model, autocast=self.autocast)
                 self.chosen_._valid = self._valid
                 return self.chosen_._compute(x, y, clip)
@@ -1537,12 +1626,14 @@ class AutoClipper(Clipper):
                     impl.plan_ = impl._make_plan(x, y)
                     if not any(u.handler is not None for u in impl.plan_.units):
                         self.tried_.append("ghost: no layer has a ghost-norm rule")
+                        impl.close()
                         continue
                 out = impl._compute(x, y, clip)
             except torch.OutOfMemoryError:
                 raise
             except (InputError, RuntimeError, ValueError, TypeError, IndexError) as e:
                 self.tried_.append(f"{cls.method}: {_first_line(e)}")
+                impl.close()
                 continue
             self.chosen_ = impl
             return out
@@ -1550,6 +1641,10 @@ class AutoClipper(Clipper):
             "no per-example clipping method runs on this model (tried --clipping ghost, vmap, loop): "
             + "; ".join(self.tried_)
         )
+
+    def close(self) -> None:
+        if self.chosen_ is not None:
+            self.chosen_.close()
 
     def describe(self) -> dict[str, Any]:
         inner = self.chosen_.describe() if self.chosen_ is not None else {"method": None}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -298,7 +299,8 @@ def set_private_gradients(
     # copy per step (no host sync), while a memory-mapped X (StreamedFeatures) reads rows by the
     # host indices. Chunks are eager torch calls; padded, they take few distinct sizes.
     on_device = host_to_device(idx, y.device)
-    for part, dev in zip(idx.split(chunk), on_device.split(chunk), strict=True):
+    one = len(idx) <= chunk  # one chunk: no split ops
+    for part, dev in [(idx, on_device)] if one else zip(idx.split(chunk), on_device.split(chunk), strict=True):
         n = len(part)
         size = padded_size(n, max_physical_batch) if pad else n
         if size > n:  # padding rows: copies of the chunk's first row (a real, in-range record)
@@ -446,7 +448,8 @@ class DPTrainer(Trainer):
         hooks = None if canary is None else canary.attach(clipper, X, y, setting, clip)
         history: list[dict[str, float]] = []
         model.train()
-        with progress.task(f"train {self.name}", setting.steps) as advance:
+        # closing: the ghost clipper's forward hooks leave the model with the training loop
+        with progress.task(f"train {self.name}", setting.steps) as advance, closing(clipper):
             for step in range(setting.steps):
                 set_private_gradients(
                     clipper,
