@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -448,8 +448,10 @@ class DPTrainer(Trainer):
         hooks = None if canary is None else canary.attach(clipper, X, y, setting, clip)
         history: list[dict[str, float]] = []
         model.train()
-        # closing: the ghost clipper's forward hooks leave the model with the training loop
-        with progress.task(f"train {self.name}", setting.steps) as advance, closing(clipper):
+        # The ghost clipper's forward hooks leave the model with the training loop (a wrapper
+        # around a clipper may have no close(), as it may have no describe() below).
+        release = closing(clipper) if hasattr(clipper, "close") else nullcontext()
+        with progress.task(f"train {self.name}", setting.steps) as advance, release:
             for step in range(setting.steps):
                 set_private_gradients(
                     clipper,
