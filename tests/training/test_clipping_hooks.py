@@ -152,7 +152,10 @@ def test_a_refused_model_keeps_no_hooks(monkeypatch):
     model = PosModel().double()
     x, y = _batch()
 
-    def disagree(self, plan, x, y):
+    real = GhostClipper._check
+
+    def disagree(self, plan, x, y):  # after a clipping forward has installed the hooks
+        real(self, plan, x, y)
         raise clipping.GhostMismatchError("planted disagreement")
 
     clipper = GhostClipper(model)
@@ -187,9 +190,13 @@ def test_an_error_inside_the_clipping_forward_leaves_the_hooks_inactive():
 
 
 @pytest.mark.parametrize("method", ["ghost", "auto"])
-def test_the_trainer_removes_its_hooks(method):
+def test_the_trainer_removes_its_hooks(monkeypatch, method):
     model = PosModel()
     x, y = _batch(n=16)
     config = TrainConfig(algo="dpsgd", steps=3, batch_size=4, lr=0.1, seed=0, dp=DPConfig(noise_multiplier=1.0))
-    get_trainer("dpsgd")(config, PerfConfig(clipping=method)).fit(model, x, y)
-    assert _n_hooks(model) == 0  # the returned model carries none of the clipper's hooks
+    trainer = get_trainer("dpsgd")(config, PerfConfig(clipping=method))
+    kept = []  # the clipper stays alive (as a caller's reference would keep it): no garbage collection
+    make = type(trainer).make_clipper
+    monkeypatch.setattr(type(trainer), "make_clipper", lambda self, m: kept.append(make(self, m)) or kept[-1])
+    trainer.fit(model, x, y)
+    assert kept and _n_hooks(model) == 0  # the returned model carries none of the clipper's hooks
