@@ -11,8 +11,11 @@ The steps are those of ``dpsgd_throughput.py`` (``non-private``, ``ours ghost``:
 on a fixed batch, ``ours poisson``: its whole Poisson step), run in interleaved rounds; the table
 gives the median host ms per step, the extra host ms over non-private SGD of the same run and the
 ratio to it, and the number of torch ops dispatched per step (forward, backward, clipping, noise,
-update; counted with a ``TorchDispatchMode``, so views count too; the Poisson row averages its
-varying batch sizes over the counted steps).
+update; counted with a ``TorchDispatchMode``, so views count too; on a fresh copy of the step, so
+the Poisson row's batch sizes are the same in every run and tree). ``noise draw`` is the host time
+of drawing the Gaussian noise for all parameters alone (part of every DP row): on a CPU it is
+arithmetic, on a GPU one kernel launch, so it says how much of a CPU row's extra time a GPU would
+not pay as host time.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import time
 import warnings
 
 import torch
-from dpsgd_throughput import makers, measure, workloads
+from dpsgd_throughput import _noise_gen, makers, measure, workloads
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from dpaudit.training.dpsgd import _gaussian_like
 
 METHODS = ("non-private", "ours ghost", "ours poisson")
 
@@ -39,8 +44,9 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ops_per_step(step, steps: int = 4) -> float:
-    """Torch ops dispatched per call of ``step`` (mean over ``steps`` calls)."""
+def ops_per_step(step, steps: int = 8) -> float:
+    """Torch ops dispatched per call of ``step`` (mean over ``steps`` calls, after one warm-up call)."""
+    step()  # builds and checks the ghost plan
     with _CountOps() as count:
         for _ in range(steps):
             step()
@@ -68,9 +74,12 @@ def main() -> None:
         if name not in args.models.split(","):
             continue
         make = makers(x, y, loop=False)
+        ops = {k: ops_per_step(make[k](copy.deepcopy(model))) for k in methods}
         steps = {k: make[k](copy.deepcopy(model)) for k in methods}
         for f in steps.values():
             f()  # builds and checks the ghost plan
+        params, gen = [p for p in model.parameters() if p.requires_grad], _noise_gen(device)
+        steps["noise draw"] = lambda params=params, gen=gen: _gaussian_like(params, gen)
         per_round = {}
         for k, f in steps.items():
             t = time.thread_time()
@@ -78,12 +87,12 @@ def main() -> None:
             per_round[k] = max(1, int(args.target_seconds / max(time.thread_time() - t, 1e-6)))
         _, host = measure(steps, args.rounds, per_round, device)
         base = host["non-private"]
-        for k, f in steps.items():
-            ops = ops_per_step(f)
+        for k in methods:
             print(
                 f"{name:<16} {k:<14} {host[k] * 1e3:8.3f} {(host[k] - base) * 1e3:9.3f} "
-                f"{host[k] / base:7.2f} {ops:9.1f}"
+                f"{host[k] / base:7.2f} {ops[k]:9.1f}"
             )
+        print(f"{name:<16} {'noise draw':<14} {host['noise draw'] * 1e3:8.3f} {'-':>9} {'-':>7} {'-':>9}")
 
 
 if __name__ == "__main__":
