@@ -530,7 +530,7 @@ def _left_gram(u: _Factors, v: _Factors) -> torch.Tensor:
     # Token factors come first (_tied_part sorts the uses), so v has tokens only if u has.
     lu, lv = u.left, v.left
     if lu.dim() == 2 and lv.dim() == 2:
-        return (lu.unsqueeze(2) == lv.unsqueeze(1)).to(u.right.dtype)
+        return lu.unsqueeze(2) == lv.unsqueeze(1)  # bool: multiplies as exact 0/1, no cast op
     if lu.dim() == 2:
         return lv.transpose(1, 2).gather(1, lu.unsqueeze(2).expand(-1, -1, lv.shape[1]))
     return torch.bmm(lu, lv.transpose(1, 2))
@@ -1291,7 +1291,12 @@ def _mha_per_example(
     E, h = m.embed_dim, m.num_heads
     W, bias = m.in_proj_weight.detach(), m.in_proj_bias.detach()
     Wo = m.out_proj.weight.detach()
-    out = {n: 0.0 for n in _MHA_NAMES}
+    Wp, bp = W.split(E), bias.split(E)  # the q, k, v blocks
+    out: dict[str, torch.Tensor] = {}
+
+    def add(n: str, v: torch.Tensor) -> None:  # several calls add (no 0 + v op for the first)
+        out[n] = v if n not in out else out[n] + v
+
     for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
         keys = [k for k, _ in rec.inputs]
         if keys != [0, 1, 2] or rec.kwargs.get("need_weights", True):  # query, key, value only
@@ -1300,21 +1305,18 @@ def _mha_per_example(
             return None
         if None in lay.ins or FOLDED in lay.ins or lay.outs[0] in (None, FOLDED):
             return None
-        xs = [t.movedim(d, 0) for (_, t), d in zip(rec.inputs, lay.ins, strict=True)]  # (B, L|S, E)
-        g = gs[0].movedim(lay.outs[0], 0)  # (B, L, E)
+        xs = [t if d == 0 else t.movedim(d, 0) for (_, t), d in zip(rec.inputs, lay.ins, strict=True)]  # (B, L|S, E)
+        g = gs[0] if lay.outs[0] == 0 else gs[0].movedim(lay.outs[0], 0)  # (B, L, E)
         with torch.enable_grad():
-            P = [
-                F.linear(x, W[i * E : (i + 1) * E], bias[i * E : (i + 1) * E]).detach().requires_grad_()
-                for i, x in enumerate(xs)
-            ]
+            P = [F.linear(x, Wp[i], bp[i]).detach().requires_grad_() for i, x in enumerate(xs)]
             q, k, v = (p.reshape(B, p.shape[1], h, E // h).transpose(1, 2) for p in P)
             A = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, -1, E)
             dP = torch.autograd.grad(A, P, g @ Wo)
         blocks = [torch.bmm(d.transpose(1, 2), x) for d, x in zip(dP, xs, strict=True)]
-        out["in_proj_weight"] = out["in_proj_weight"] + torch.cat(blocks, dim=1)
-        out["in_proj_bias"] = out["in_proj_bias"] + torch.cat([d.sum(1) for d in dP], dim=1)
-        out["out_proj.weight"] = out["out_proj.weight"] + torch.bmm(g.transpose(1, 2), A.detach())
-        out["out_proj.bias"] = out["out_proj.bias"] + g.sum(1)
+        add("in_proj_weight", torch.cat(blocks, dim=1))
+        add("in_proj_bias", torch.cat([d.sum(1) for d in dP], dim=1))
+        add("out_proj.weight", torch.bmm(g.transpose(1, 2), A.detach()))
+        add("out_proj.bias", g.sum(1))
     return out
 
 
