@@ -1305,8 +1305,9 @@ def _mha_per_example(
             return None
         if None in lay.ins or FOLDED in lay.ins or lay.outs[0] in (None, FOLDED):
             return None
-        xs = [t if d == 0 else t.movedim(d, 0) for (_, t), d in zip(rec.inputs, lay.ins, strict=True)]  # (B, L|S, E)
-        g = gs[0] if lay.outs[0] == 0 else gs[0].movedim(lay.outs[0], 0)  # (B, L, E)
+        # (B, L|S, E) inputs and the (B, L, E) output gradient (no op when already batch first)
+        xs = [t if d == 0 else t.movedim(d, 0) for (_, t), d in zip(rec.inputs, lay.ins, strict=True)]
+        g = gs[0] if lay.outs[0] == 0 else gs[0].movedim(lay.outs[0], 0)
         with torch.enable_grad():
             P = [F.linear(x, Wp[i], bp[i]).detach().requires_grad_() for i, x in enumerate(xs)]
             q, k, v = (p.reshape(B, p.shape[1], h, E // h).transpose(1, 2) for p in P)

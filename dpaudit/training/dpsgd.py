@@ -343,7 +343,8 @@ def _gaussian_like(tensors: list[torch.Tensor], generator: torch.Generator) -> l
     t0 = tensors[0]
     if all(t.dtype == t0.dtype and t.device == t0.device for t in tensors):
         flat = torch.randn(sum(t.numel() for t in tensors), generator=generator, device=t0.device, dtype=t0.dtype)
-        return [z.view_as(t) for z, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)]
+        pieces = flat.split([t.numel() for t in tensors])  # 1-d pieces: a vector needs no view op
+        return [z if t.dim() == 1 else z.view_as(t) for z, t in zip(pieces, tensors, strict=True)]
     return [torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype) for t in tensors]
 
 
