@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check (issue 26): the CUDA tests of per-example clipping and the DP-SGD throughput / peak-memory
 # benchmark on the issue's workloads, as ONE short script (about 3 minutes on an H100/H200; each step
-# has its own limit: 350 s at most in all, pip aside).
+# has its own limit: 410 s at most in all, pip aside).
 #
 #   bash benchmarks/gpu_check.sh          # from the repository root, on a machine with a GPU
 #   JAX=1 bash benchmarks/gpu_check.sh    # also the JAX backend's rows
@@ -78,6 +78,11 @@ step bench-256 240 python3 benchmarks/dpsgd_throughput.py --device cuda --thread
     --target-seconds 0.2 --memory --plan --markdown \
     --models mlp-large,cnn-large,cifar-gn,transformer,transformer-mha,tied \
     --methods "non-private,ours ghost,ours poisson,ours poisson nopad,opacus hooks"
+
+# Host cost of one step at batch 256 (issue 26, fourth pass): CPU time of the launching thread and
+# torch ops dispatched per step, ours ghost and the trainer's Poisson step against non-private SGD.
+step host-256 60 python3 benchmarks/host_overhead.py --device cuda --batch 256 --size full --rounds 3 \
+    --target-seconds 0.1 --models cifar-gn,transformer,tied
 
 # JAX rows (unchanged since the H200 run of 2026-11-26): only with JAX=1, to keep the check short.
 if [ "${JAX:-0}" = 1 ] && python3 -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else 1)" 2>/dev/null; then
