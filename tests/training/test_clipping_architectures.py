@@ -502,3 +502,28 @@ def test_pooled_and_separate_per_example_gradients_agree(monkeypatch, oracle, po
     monkeypatch.setattr(clipping._PerExample, "POOL", pool)
     for name in ("resnet-groupnorm", "transformer-mha", "tied-module"):
         assert_oracle(GhostClipper(oracle[name][0], check=False), oracle[name])
+
+
+class TwiceMHA(nn.Module):
+    """One ``nn.MultiheadAttention`` called twice in a forward (weights shared across two layers)."""
+
+    def __init__(self, d: int = 8, n_classes: int = 3) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, x):
+        h = x + self.attn(x, x, x, need_weights=False)[0]
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        return self.head(h.mean(1))
+
+
+def test_multihead_attention_called_twice_adds_both_calls():
+    torch.manual_seed(0)
+    model = TwiceMHA().double()
+    x, y = torch.randn(N, 5, 8, dtype=torch.float64), torch.randint(0, 3, (N,))
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    clipper = GhostClipper(model, check=False)
+    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    assert clipper.describe()["layers"]["attn"].startswith("per-example by recomputing the attention")
