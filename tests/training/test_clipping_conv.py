@@ -205,3 +205,15 @@ def test_cpu_default_route_and_unknown_route():
     assert clipper.describe()["layers"]["conv"].startswith("instantiate by grouped convolution")
     with pytest.raises(InputError, match="conv_route"):
         GhostClipper(model, conv_route="im2col")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("route", ["patches", "grouped"])
+def test_cuda_routes_match_the_cpu_loop(route):
+    # cuDNN's grouped weight gradient (groups = B·groups) against the CPU loop, float64.
+    for name in ("stride2-pad1", "same-even", "groups2", "reflect"):
+        model, x, y, clip, ref = _case(name)
+        got = GhostClipper(model.cuda(), check=False, conv_route=route)(x.cuda(), y.cuda(), clip)
+        assert _rel(got.norms.cpu(), ref.norms) < RTOL
+        for g, r in zip(got.grads, ref.grads, strict=True):
+            assert _rel(g.cpu(), r) < RTOL
