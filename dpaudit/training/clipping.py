@@ -752,8 +752,10 @@ class _Conv2dHandler(_Handler):
         T, d_out = gT.shape[2], module.weight.shape[0]
         d_in = module.weight.numel() // d_out
         route = _Conv2dHandler._route(module, inputs, route)
-        if "weight" in names and (
-            module.groups > 1 or (T > 1 and route == "grouped" and not _ghost_is_cheaper(T, d_in, d_out))
+        if (
+            "weight" in names
+            and route == "grouped"
+            and (module.groups > 1 or (T > 1 and not _ghost_is_cheaper(T, d_in, d_out)))
         ):
             return _Conv2dHandler._grouped_part(module, inputs, grads, gT, "bias" in names)
         # The patches of a chunk of examples take at most the memory of the layer's input (kh·kw
