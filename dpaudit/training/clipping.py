@@ -678,7 +678,7 @@ def _grouped_conv_weight_grads(conv: nn.Conv2d, x: torch.Tensor, g: torch.Tensor
     return G.view(B, *conv.weight.shape)
 
 
-ROUTES = ("patches", "grouped")
+CONV_ROUTES = ("patches", "grouped")
 
 
 class _Conv2dHandler(_Handler):
@@ -690,7 +690,7 @@ class _Conv2dHandler(_Handler):
     ``grouped`` (the patch route and the ghost norm are written for groups = 1)."""
 
     batch_first_only = True
-    routes = ROUTES
+    routes = CONV_ROUTES
 
     MIN_CHUNK = 32  # examples: smaller batched matmuls would cost more launches than they save memory
     # Patches of one chunk may also take up to this many elements (256 MiB in float32) when that is
@@ -1404,7 +1404,7 @@ class GhostClipper(Clipper):
         self.check = check
         # How instantiated Conv2d layers get their per-example gradients ("patches" | "grouped",
         # see _Conv2dHandler); None: the default for the device. Performance only: same results.
-        self.conv_route = None if conv_route is None else check_choice(ROUTES, conv_route=conv_route)
+        self.conv_route = None if conv_route is None else check_choice(CONV_ROUTES, conv_route=conv_route)
         self.plan_: GhostPlan | None = None
         self._how: dict[int, str] = {}
         self._how_tied: dict[int, str] = {}  # parameter index -> how a weight shared by layers was handled
