@@ -14,9 +14,10 @@ squared norms of the weight gradients, then the clipped sum Σ_i c_i ∇_W ℓ_i
   arXiv:1912.06015), no patches;
 
 against the baseline measured in the same run: the layer's batch weight gradient (what non-private
-SGD's backward computes for it). Time: median over interleaved rounds. Peak memory above the resident
-input and output gradient: CPU, peak RSS (VmHWM) of a fresh process per (batch, route); CUDA,
-``torch.cuda.max_memory_allocated``. The two routes' results are compared (relative difference).
+SGD's backward computes for it), all in full float32 (TF32 off on a GPU, as the clipper computes).
+Time: median over interleaved rounds. Peak memory above the resident input and output gradient:
+CPU, peak RSS (VmHWM) of a fresh process per (batch, route); CUDA, ``torch.cuda.max_memory_allocated``.
+The two routes' results are compared (relative difference).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn.grad import conv2d_weight
 
-from dpaudit.training.clipping import _Conv2dHandler, clip_factors
+from dpaudit.training.clipping import _Conv2dHandler, clip_factors, exact_matmuls
 
 ROUTES = ("baseline", "patches", "grouped")
 
@@ -46,13 +47,14 @@ def setup(batch: int, channels: int, image: int, device: torch.device):
 
 
 def work(route: str, conv, x, g):
-    """The layer's share of one step by ``route``: (norms, clipped weight sum), or the baseline's
-    batch weight gradient (norms None)."""
-    if route == "baseline":
-        return None, conv2d_weight(x, conv.weight.shape, g, conv.stride, conv.padding)
-    part = _Conv2dHandler.part(conv, [x], [g], frozenset({"weight"}), route=route)
-    norms = part.sq_norm.sqrt()
-    return part, norms, part.clipped(clip_factors(norms, 1.0))["weight"]
+    """The layer's share of one step by ``route``: (its part, norms, clipped weight sum), or the
+    baseline's batch weight gradient. In full float32 (no TF32 on a GPU), as the clipper computes."""
+    with torch.no_grad(), exact_matmuls():
+        if route == "baseline":
+            return conv2d_weight(x, conv.weight.shape, g, conv.stride, conv.padding)
+        part = _Conv2dHandler.part(conv, [x], [g], frozenset({"weight"}), route=route)
+        norms = part.sq_norm.sqrt()
+        return part, norms, part.clipped(clip_factors(norms, 1.0))["weight"]
 
 
 def _sync(device: torch.device) -> None:
@@ -69,11 +71,10 @@ def child(route: str, args) -> None:
     """Peak RSS one call adds above the resident layer, input and output gradient (fresh process)."""
     torch.set_num_threads(args.threads)
     conv, x, g = setup(args.child_batch, args.channels, args.image, torch.device("cpu"))
-    with torch.no_grad():
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-        rss0 = _kib("VmRSS")
-        work(route, conv, x, g)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
+    rss0 = _kib("VmRSS")
+    work(route, conv, x, g)
     print(json.dumps({"peak_mib": (_kib("VmHWM") - rss0) / 1024}))
 
 
@@ -82,8 +83,7 @@ def peak_mib(route: str, batch: int, args, conv, x, g, device: torch.device) -> 
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        with torch.no_grad():
-            work(route, conv, x, g)
+        work(route, conv, x, g)
         _sync(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     cmd = [sys.executable, __file__, "--child", route, "--child-batch", str(batch), "--threads", str(args.threads)]
@@ -117,15 +117,14 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         conv, x, g = setup(batch, args.channels, args.image, device)
         times: dict[str, list[float]] = {r: [] for r in ROUTES}
-        with torch.no_grad():
-            out = {r: work(r, conv, x, g) for r in ROUTES}  # warm-up, and the results compared below
-            for _ in range(args.rounds):
-                for r in ROUTES:
-                    _sync(device)
-                    t = time.perf_counter()
-                    work(r, conv, x, g)
-                    _sync(device)
-                    times[r].append(time.perf_counter() - t)
+        out = {r: work(r, conv, x, g) for r in ROUTES}  # warm-up, and the results compared below
+        for _ in range(args.rounds):
+            for r in ROUTES:
+                _sync(device)
+                t = time.perf_counter()
+                work(r, conv, x, g)
+                _sync(device)
+                times[r].append(time.perf_counter() - t)
         (_, n_p, s_p), (_, n_g, s_g) = out["patches"], out["grouped"]
         diff = max(float((n_p - n_g).norm() / n_p.norm()), float((s_p - s_g).norm() / s_p.norm()))
         t0 = statistics.median(times["baseline"])
