@@ -217,3 +217,24 @@ def test_cuda_routes_match_the_cpu_loop(route):
         assert _rel(got.norms.cpu(), ref.norms) < RTOL
         for g, r in zip(got.grads, ref.grads, strict=True):
             assert _rel(g.cpu(), r) < RTOL
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"kernel_size": (4, 2), "padding": "same"},
+        {"kernel_size": 3, "padding": 1, "padding_mode": "reflect"},
+        {"kernel_size": 3, "padding": "same", "padding_mode": "circular", "bias": False},
+    ],
+)
+def test_ghost_side_with_string_padding_and_padding_modes(kw):
+    # 8 -> 16 channels on 4x4: T = 16, 2T² = 512 <= p·d (>= 16·72): ghost norm over the patches of
+    # the explicitly padded input, clipped sum by book-keeping on it (no instantiation, either route).
+    torch.manual_seed(6)
+    model = ConvNet(nn.Conv2d(8, 16, **kw).double()).double()
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(N, 8, 4, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (N,), generator=g)
+    clip = float(LoopClipper(model)(x, y, 1.0).norms.median())
+    clipper = GhostClipper(model, check=False)
+    _assert_matches_loop(clipper, x, y, clip, LoopClipper(model)(x, y, clip))
+    assert clipper.describe()["layers"]["conv"].startswith("ghost-norm (T=16"), clipper.describe()
