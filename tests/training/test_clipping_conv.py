@@ -25,6 +25,7 @@ from dpaudit.training.clipping import (
     _conv_padded,
     _grouped_conv_weight_grads,
 )
+from tests.training.test_gpu_path import _cuda_syncs_raise, _host_reads_raise
 
 RTOL = 1e-6  # float64: the routes and the loop differ by rounding only
 N = 6
@@ -207,13 +208,29 @@ def test_cpu_default_route_and_unknown_route():
         GhostClipper(model, conv_route="im2col")
 
 
+@pytest.mark.parametrize("route", ["patches", "grouped"])
+def test_no_host_reads_after_the_first_call(route):
+    # A call after the first (the plan's probes) reads nothing back to the host: a sync on a GPU.
+    model, x, y, clip, ref = _case("groups2" if route == "grouped" else "stride2-pad1")
+    clipper = GhostClipper(model, check=False, conv_route=route)
+    clipper(x, y, clip)
+    with _host_reads_raise():
+        got = clipper(x, y, clip)
+    assert _rel(got.norms, ref.norms) < RTOL
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("route", ["patches", "grouped"])
 def test_cuda_routes_match_the_cpu_loop(route):
-    # cuDNN's grouped weight gradient (groups = B·groups) against the CPU loop, float64.
+    # cuDNN's grouped weight gradient (groups = B·groups) against the CPU loop, float64; after the
+    # first call, no call synchronises with the host.
     for name in ("stride2-pad1", "same-even", "groups2", "reflect"):
         model, x, y, clip, ref = _case(name)
-        got = GhostClipper(model.cuda(), check=False, conv_route=route)(x.cuda(), y.cuda(), clip)
+        clipper = GhostClipper(model.cuda(), check=False, conv_route=route)
+        xc, yc = x.cuda(), y.cuda()
+        clipper(xc, yc, clip)
+        with _cuda_syncs_raise():
+            got = clipper(xc, yc, clip)
         assert _rel(got.norms.cpu(), ref.norms) < RTOL
         for g, r in zip(got.grads, ref.grads, strict=True):
             assert _rel(g.cpu(), r) < RTOL
