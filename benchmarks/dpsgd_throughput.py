@@ -22,8 +22,8 @@ backward, no parameter gradients); ``ghost-2bw`` is the same norms followed by L
 re-weighted backward pass, measured here only to justify the choice of book-keeping. ``ours ghost
 patches`` / ``grouped`` force the route by which instantiated Conv2d layers get their per-example
 gradients (unfolded patches / one grouped convolution, no patches); ``ours ghost`` takes the
-device's default. ``ours
-poisson`` is the DP trainer's whole step: a Poisson batch (rate 1/4 of four copies of the batch)
+device's default.
+``ours poisson`` is the DP trainer's whole step: a Poisson batch (rate 1/4 of four copies of the batch)
 drawn on the host, sent to the device, gathered there and clipped; ``ours poisson pad`` / ``nopad``
 force its padded physical chunks on / off (the trainer pads on CUDA only). ``host ms`` is the CPU
 time the calling thread spends per step (launches and Python; the device sync excluded).
