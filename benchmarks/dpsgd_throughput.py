@@ -27,7 +27,8 @@ time the calling thread spends per step (launches and Python; the device sync ex
 
 ``--jax`` adds the JAX backend's jit-compiled steps (non-private, DP-SGD, DP-SGD-JL with one
 projection) on the same models and batches, in the same interleaved rounds, and a second table
-with their compile time (first call minus steady-state step) and ratios to JAX non-private.
+with their compile time (first call minus steady-state step) and ratios to JAX non-private. On the
+CPU it also pins the process to ``--threads`` CPUs, the only way to hold XLA:CPU to that many.
 """
 
 from __future__ import annotations
@@ -458,6 +459,17 @@ def gpu_peak_mib(f: Callable[[], None], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+def _limit_cpus(n: int) -> None:
+    """Run this process (JAX's rows included) on ``n`` of the CPUs it may use. XLA:CPU has no thread-count
+    flag: it splits large loops into as many parallel tasks as the process has CPUs (read once, when
+    JAX's CPU client starts, so this must run before the first JAX call), and ``--threads`` would
+    otherwise cap torch only."""
+    import os
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:n])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -485,6 +497,8 @@ def main() -> None:
         return memory_child(args.memory_child, args)
     warnings.filterwarnings("ignore")  # Opacus warns about its insecure RNG and full backward hooks
     torch.set_num_threads(args.threads)
+    if args.jax and args.device == "cpu":
+        _limit_cpus(args.threads)
     device = torch.device(args.device)
     on = ""
     if device.type == "cuda":
@@ -530,12 +544,12 @@ def main() -> None:
         if args.memory:
             for k, f in steps.items():
                 mem[k] = gpu_peak_mib(f, device) if device.type == "cuda" else cpu_peak_mib(name, k, args)
-        base = t["non-private"]
+        base = t.get("non-private")  # absent when --methods leaves it out: no ratio column then
         ref = t.get("opacus hooks")
         for k, v in t.items():
             vs = f"{ref / v:.2f}x faster" if ref is not None and k.startswith("ours") else ""
             row = f"{name:<15} {k:<18} {v * 1e3:9.2f} {host[k] * 1e3:8.2f} {args.batch / v:11.0f}"
-            row += f" {v / base:14.2f} {vs:>16}"
+            row += f" {v / base:14.2f} {vs:>16}" if base else f" {'-':>14} {vs:>16}"
             if args.memory:
                 m, m0 = mem.get(k), mem.get("non-private")
                 row += f" {m:9.1f}" if m is not None else f" {'-':>9}"
@@ -546,7 +560,7 @@ def main() -> None:
                 k,
                 f"{v * 1e3:.2f}",
                 f"{host[k] * 1e3:.2f}",
-                f"{v / base:.2f}",
+                f"{v / base:.2f}" if base else "-",
                 vs.replace("x faster", "× faster"),
             ]
             if args.memory:
