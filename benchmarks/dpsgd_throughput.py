@@ -387,7 +387,7 @@ POISSON_WARMUP = 30  # warm-up steps of the Poisson rows: new batch sizes are ne
 
 def measure(
     steps: dict[str, Callable[[], None]], rounds: int, per_round: dict[str, int], device: torch.device
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Median wall time per step over the rounds, and median host time per step: the CPU time the
     calling thread spends in the steps (``time.thread_time``, the final device sync excluded), i.e.
     what launching a step costs the host; on a GPU a step with host time above its wall time of
@@ -397,18 +397,20 @@ def measure(
             f()
     times: dict[str, list[float]] = {k: [] for k in steps}
     host: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(rounds):
         for name, f in steps.items():
             n = per_round[name]
             _sync(device)
-            t, h = time.perf_counter(), time.thread_time()
+            t, h, c = time.perf_counter(), time.thread_time(), time.process_time()
             for _ in range(n):
                 f()
-            h = time.thread_time() - h
+            h, c = time.thread_time() - h, time.process_time() - c
             _sync(device)
             times[name].append((time.perf_counter() - t) / n)
             host[name].append(h / n)
-    return {k: statistics.median(v) for k, v in times.items()}, {k: statistics.median(v) for k, v in host.items()}
+            cpu[name].append(c / n)
+    return tuple({k: statistics.median(v) for k, v in d.items()} for d in (times, host, cpu))
 
 
 def _proc_kib(field: str) -> int:
@@ -539,7 +541,7 @@ def main() -> None:
             f()
             _sync(device)
             per_round[k] = max(1, int(args.target_seconds / max(time.perf_counter() - t, 1e-6)))
-        t, host = measure(steps, args.rounds, per_round, device)
+        t, host, cpu = measure(steps, args.rounds, per_round, device)
         mem: dict[str, float | None] = {}
         if args.memory:
             for k, f in steps.items():
@@ -577,6 +579,7 @@ def main() -> None:
                     compile_s = steps[k].first_call_s - t[k]
                     jax_rows.append(
                         f"{name:<9} {k:<16} {compile_s:10.2f} {t[k] * 1e3:9.2f} {t[k] / t['jax non-private']:18.2f}"
+                        f" {cpu[k] * 1e3:10.2f} {cpu[k] / cpu['jax non-private']:8.2f}"
                     )
     print(header)
     print("-" * len(header))
@@ -599,7 +602,9 @@ def main() -> None:
         import jax
 
         jax_header = f"{'model':<9} {'JAX step':<16} {'compile s':>10} {'ms/step':>9} {'x JAX non-private':>18}"
+        jax_header += f" {'CPU ms':>10} {'x (CPU)':>8}"
         print(f"\nJAX {jax.__version__} on {jax.devices()[0].platform}: compile time = first call - steady-state step")
+        print("CPU ms: process CPU time per step, all threads (XLA runs off the calling thread); robust to other jobs")
         print(jax_header)
         print("-" * len(jax_header))
         print("\n".join(jax_rows))
