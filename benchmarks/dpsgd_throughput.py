@@ -19,8 +19,11 @@ Opacus (an optional peer: ``pip install opacus``) is used through its public Pri
 ``grad_sample_mode="hooks"`` (per-sample gradients from module hooks) and ``"ghost"`` (its fast
 gradient clipping, two backward passes). Our ``ghost`` is ghost norms + book-keeping (one
 backward, no parameter gradients); ``ghost-2bw`` is the same norms followed by Li et al.'s second,
-re-weighted backward pass, measured here only to justify the choice of book-keeping. ``ours
-poisson`` is the DP trainer's whole step: a Poisson batch (rate 1/4 of four copies of the batch)
+re-weighted backward pass, measured here only to justify the choice of book-keeping. ``ours ghost
+patches`` / ``grouped`` force the route by which instantiated Conv2d layers get their per-example
+gradients (unfolded patches / one grouped convolution, no patches); ``ours ghost`` takes the
+device's default.
+``ours poisson`` is the DP trainer's whole step: a Poisson batch (rate 1/4 of four copies of the batch)
 drawn on the host, sent to the device, gathered there and clipped; ``ours poisson pad`` / ``nopad``
 force its padded physical chunks on / off (the trainer pads on CUDA only). ``host ms`` is the CPU
 time the calling thread spends per step (launches and Python; the device sync excluded).
@@ -206,10 +209,10 @@ def nonprivate_step(model, x, y) -> Callable[[], None]:
     return step
 
 
-def ours_step(model, x, y, method: str, plans: dict | None = None) -> Callable[[], None]:
-    clipper = make_clipper(model, method)
-    if plans is not None:
-        plans[method] = clipper  # describe() after the first step: the per-layer choice
+def ours_step(model, x, y, method: str, plans: dict | None = None, conv_route: str | None = None) -> Callable[[], None]:
+    clipper = make_clipper(model, method) if conv_route is None else GhostClipper(model, conv_route=conv_route)
+    if plans is not None:  # describe() after the first step: the per-layer choice
+        plans[method if conv_route is None else f"{method} {conv_route}"] = clipper
     opt = torch.optim.SGD(clipper.params, lr=LR)
     gen = _noise_gen(x.device)
     idx = _order(len(x), torch.device("cpu"))  # host indices, sent to the device per step as the trainer does
@@ -367,6 +370,8 @@ def makers(
     out = {
         "non-private": lambda m: nonprivate_step(m, x, y),
         "ours ghost": lambda m: ours_step(m, x, y, "ghost", plans),
+        "ours ghost patches": lambda m: ours_step(m, x, y, "ghost", plans, conv_route="patches"),
+        "ours ghost grouped": lambda m: ours_step(m, x, y, "ghost", plans, conv_route="grouped"),
         "ours poisson": lambda m: ours_poisson_step(m, x, y),
         "ours poisson pad": lambda m: ours_poisson_step(m, x, y, pad=True),
         "ours poisson nopad": lambda m: ours_poisson_step(m, x, y, pad=False),
@@ -569,10 +574,12 @@ def main() -> None:
                 m, m0 = mem.get(k), mem.get("non-private")
                 cells += [f"{m:.1f}" if m is not None else "-", f"{m / m0:.2f}" if m is not None and m0 else "-"]
             md_rows.append("| " + " | ".join(cells) + " |")
-        if args.plan and "ghost" in plans:
+        if args.plan:
             from dpaudit.training.clipping import clipping_text
 
-            plan_lines.append(f"{name}: " + clipping_text(plans["ghost"].describe()))
+            for key, clipper in plans.items():  # ours ghost, and each forced conv route that ran
+                if key.startswith("ghost"):
+                    plan_lines.append(f"{name} (ours {key}): " + clipping_text(clipper.describe()))
         if "jax non-private" in t:  # JAX: compile time apart from steady state, ratios to JAX non-private
             for k in JAX_ROWS:
                 if k in t:

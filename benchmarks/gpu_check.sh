@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check (issue 26): the CUDA tests of per-example clipping and the DP-SGD throughput / peak-memory
 # benchmark on the issue's workloads, as ONE short script (about 3 minutes on an H100/H200; each step
-# has its own limit: 350 s at most in all, pip aside).
+# has its own limit: 450 s at most in all, pip aside).
 #
 #   bash benchmarks/gpu_check.sh          # from the repository root, on a machine with a GPU
 #   JAX=1 bash benchmarks/gpu_check.sh    # also the JAX backend's rows
@@ -63,7 +63,8 @@ for mod in (\"opacus\", \"jax\"):
 # steps after the first never synchronise with the host (torch.cuda.set_sync_debug_mode("error")),
 # and a CUDA run (float64, sigma 0) gives the CPU run's weights: same Poisson batches and chunks.
 step tests-cuda 90 python3 -m pytest -v -p no:cacheprovider -W ignore::UserWarning \
-    tests/training/test_clipping.py tests/training/test_clipping_precision.py tests/training/test_gpu_path.py -k cuda
+    tests/training/test_clipping.py tests/training/test_clipping_precision.py tests/training/test_gpu_path.py \
+    tests/training/test_clipping_conv.py -k cuda
 
 # Throughput and peak memory at batch 256: the issue's workloads at full size (CIFAR-sized GroupNorm
 # CNN 64-256 channels on 3x32x32; 2-layer transformers with the arange positional embedding, T = 64,
@@ -78,6 +79,18 @@ step bench-256 240 python3 benchmarks/dpsgd_throughput.py --device cuda --thread
     --target-seconds 0.2 --memory --plan --markdown \
     --models mlp-large,cnn-large,cifar-gn,transformer,transformer-mha,tied \
     --methods "non-private,ours ghost,ours poisson,ours poisson nopad,opacus hooks"
+
+# The two routes by which instantiated Conv2d layers get their per-example gradients (issue 26, memory;
+# benchmarks/RESULTS.md "Per-example conv gradients without patches"): unfolded patches (the CUDA
+# default) against one grouped convolution over the examples (no patches; the CPU default), forced per
+# row, on the conv workloads, then the 64-channel 3x3 layer of cifar-gn alone (time and peak memory of
+# its norms + clipped sum against its batch weight gradient). Decides the CUDA default
+# (_Conv2dHandler.DEFAULT_ROUTE). Separate steps with their own limits, so that a slow route cannot
+# cost the table above.
+step bench-conv-routes 60 python3 benchmarks/dpsgd_throughput.py --device cuda --threads 8 --batch 256 --rounds 3 \
+    --target-seconds 0.2 --memory --plan --markdown --models cnn-large,cifar-gn \
+    --methods "non-private,ours ghost patches,ours ghost grouped"
+step conv-routes-layer 40 python3 benchmarks/conv_routes.py --device cuda --threads 8 --batches 64,256 --rounds 5
 
 # JAX rows (unchanged since the H200 run of 2026-11-26): only with JAX=1, to keep the check short.
 if [ "${JAX:-0}" = 1 ] && python3 -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else 1)" 2>/dev/null; then

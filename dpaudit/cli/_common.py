@@ -95,6 +95,12 @@ def notice(message: str) -> None:
         typer.echo(message, err=True)
 
 
+def warn(message: str) -> None:
+    """``warning: message`` on stderr, always: a check's finding is part of the result, so neither
+    --quiet nor --json hides it (stdout stays machine-readable)."""
+    typer.echo(f"warning: {message}", err=True)
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> None:
     """The one-line error and exit ``code``; with --json also ``{"error", "exit_code"}`` on stdout."""
     _report_error(f"error: {message}", code)
@@ -161,7 +167,7 @@ def _error_line(error: DPAuditError, ctx: typer.Context | None) -> str:
 
 _CONTEXT = "_dpaudit_context"
 _QUIET = "_dpaudit_quiet"
-QUIET_HELP = "Hide progress and notices (never results or errors); before or after the command."
+QUIET_HELP = "Hide progress and notices (never results, warnings or errors); before or after the command."
 _QUIET_PARAM = inspect.Parameter(
     _QUIET,
     inspect.Parameter.KEYWORD_ONLY,

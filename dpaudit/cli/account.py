@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, info
+from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, warn
 from dpaudit.errors import InputError, UnsupportedEventError
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 
@@ -68,7 +68,7 @@ def _epsilon(event, delta: float, accountant: str) -> float:
         eps = epsilon_for(event, delta, accountant)
     for w in caught:
         if issubclass(w.category, UserWarning):
-            info(f"warning: {w.message}")
+            warn(str(w.message))
     return eps
 
 

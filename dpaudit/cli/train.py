@@ -10,7 +10,6 @@ from dpaudit.cli._common import (
     DP,
     OUTPUT,
     RECIPE,
-    STATE,
     App,
     arg,
     emit,
@@ -18,6 +17,7 @@ from dpaudit.cli._common import (
     opt,
     options,
     progress,
+    warn,
 )
 from dpaudit.data import DATA_HELP
 from dpaudit.training.config import recipe_help
@@ -309,14 +309,6 @@ IMPORT_EXTRAS = (
 )
 
 
-def _warn(message: str) -> None:
-    """A warning on stderr: shown even with --json (stdout stays machine-readable), not with --quiet."""
-    import typer
-
-    if not STATE.quiet:
-        typer.echo(f"warning: {message}", err=True)
-
-
 @options(IMPORT, STATED_CLAIM, IMPORT_EXTRAS, OUTPUT)
 def import_weights(**o) -> None:
     from dpaudit.training.run import summary
@@ -325,7 +317,7 @@ def import_weights(**o) -> None:
     out, json_output = o["out"], o.pop("json_output")
     meta = import_from_options(**o, notify=lambda m: info(m, json_flag=json_output))
     for message in meta["import"]["warnings"]:
-        _warn(message)
+        warn(message)
     s = summary(meta)
     check = meta["import"]["member_check"]
     lines = [human_summary(s, imported=True)]

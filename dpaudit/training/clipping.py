@@ -21,9 +21,11 @@ Methods (chosen by name, ``PerfConfig.clipping``):
   arXiv:2110.05679 for sequences) or instantiating the per-example gradient, whichever is cheaper
   (2T² vs p·d; Bu et al. 2022, arXiv:2205.10683; Bu et al. 2023, arXiv:2210.00038), then the
   clipped sum by book-keeping from the same ``a`` and ``g`` (Bu et al. 2023). Rules: ``Linear``
-  (any leading dims, any number of calls), ``Conv2d`` (groups 1, zero padding; its unfolded
-  patches, kh·kw times its input at stride 1, are built a chunk of examples at a time and dropped
-  after the norms, so they never take more than about the input's memory), ``Embedding``,
+  (any leading dims, any number of calls), ``Conv2d`` (any stride, padding, padding mode and
+  dilation; on the instantiate side its per-example gradients come either from its unfolded
+  patches, kh·kw times its input at stride 1, built a chunk of examples at a time and dropped after
+  the norms, or from one grouped convolution over the examples, with no patches at all (Rochette et
+  al. 2019); groups > 1 takes the latter always), ``Embedding``,
   ``LayerNorm``, ``GroupNorm``. Beyond them:
 
   - a layer applied to a tensor without the batch dimension (a positional embedding of
@@ -72,6 +74,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -481,6 +484,9 @@ class _Handler(ABC):
     :meth:`per_example`, see :func:`_tied_part`)."""
 
     batch_first_only = False  # True: the module needs its batch at dim 0 (Conv2d, GroupNorm)
+    # Instantiation routes the handler offers: then ``part`` and ``per_example`` take ``route``
+    # (one of them, or None for the handler's default on the inputs' device).
+    routes: tuple[str, ...] = ()
 
     @staticmethod
     def supports(module: nn.Module) -> bool:
@@ -611,12 +617,36 @@ class _LinearHandler(_Handler):
         return _Factors(left=g, right=a)
 
 
-def _im2col(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+def _conv_padded(x: torch.Tensor, conv: nn.Conv2d) -> tuple[torch.Tensor, tuple[int, int]]:
+    """``x`` padded the way ``conv``'s forward pads it, and the symmetric zero padding left to the
+    convolution kernels: ``padding_mode`` other than zeros and asymmetric ``padding='same'`` are
+    applied here (F.pad), so every rule below sees integer zero padding. 'same' splits the total
+    dilation·(k - 1) as nn.Conv2d does: total // 2 before, the rest after."""
+    pad: list[int] = []  # F.pad order: (left, right, top, bottom)
+    for i in (1, 0):
+        k, d, p = conv.kernel_size[i], conv.dilation[i], conv.padding
+        if p == "valid":
+            pad += [0, 0]
+        elif p == "same":
+            total = d * (k - 1)
+            pad += [total // 2, total - total // 2]
+        else:
+            pad += [p[i], p[i]]
+    if conv.padding_mode != "zeros":
+        return F.pad(x, pad, mode=conv.padding_mode), (0, 0)
+    if pad[0] == pad[1] and pad[2] == pad[3]:
+        return x, (pad[2], pad[0])
+    return F.pad(x, pad), (0, 0)
+
+
+def _im2col(x: torch.Tensor, conv: nn.Conv2d, padding: tuple[int, int] | None = None) -> torch.Tensor:
     """The (B, C_in·kh·kw, L) input patches of ``conv`` (L = H'·W' output positions), ordered
     (C_in, kh, kw) as in ``weight.reshape(C_out, -1)``: equal to ``F.unfold``, built from strided
     views with one copy (``F.unfold`` on CPU loops over the batch in a parallel region per example,
-    which was up to 20x slower here with 2 threads on a loaded machine, and no faster when idle)."""
-    (kh, kw), (dh, dw), (sh, sw), (ph, pw) = conv.kernel_size, conv.dilation, conv.stride, conv.padding
+    which was up to 20x slower here with 2 threads on a loaded machine, and no faster when idle).
+    ``padding``: zero padding to apply (default ``conv.padding``; :func:`_conv_padded` gives it)."""
+    (kh, kw), (dh, dw), (sh, sw) = conv.kernel_size, conv.dilation, conv.stride
+    ph, pw = conv.padding if padding is None else padding
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
     win = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)  # (B, C, H', W', eh, ew)
@@ -626,70 +656,167 @@ def _im2col(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     return win.permute(0, 1, 4, 5, 2, 3).reshape(B, C * kh * kw, -1)
 
 
+def _grouped_conv_weight_grads(conv: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The per-example weight gradients (B, *weight.shape) of ``conv`` for inputs ``x`` (B, C_in, H,
+    W) and output gradients ``g`` (B, C_out, H', W'), without patches: they are the weight gradient of
+    one convolution with groups = B·groups over the examples stacked as channels, input (1, B·C_in,
+    H, W), output gradient (1, B·C_out, H', W'), weight (B·C_out, C_in/groups, kh, kw) (Rochette et
+    al. 2019, arXiv:1912.06015, Sec. 3). Memory: the B·p result plus the backend's workspace (cuDNN
+    and oneDNN run it as an implicit GEMM; no (B, T, C_in·k²) patches)."""
+    x, padding = _conv_padded(x, conv)
+    B = x.shape[0]
+    shape = (B * conv.out_channels, *conv.weight.shape[1:])
+    G = conv2d_weight(
+        x.reshape(1, B * x.shape[1], *x.shape[2:]),
+        shape,
+        g.reshape(1, B * g.shape[1], *g.shape[2:]),
+        conv.stride,
+        padding,
+        conv.dilation,
+        B * conv.groups,
+    )
+    return G.view(B, *conv.weight.shape)
+
+
+CONV_ROUTES = ("patches", "grouped")
+
+
 class _Conv2dHandler(_Handler):
-    """Conv2d as a Linear map applied at every output position of the unfolded input
-    (Rochette et al. 2019, arXiv:1912.06015: per-example gradients of convolutions via unfolding)."""
+    """Conv2d as a Linear map applied at every output position of the unfolded input (Rochette et
+    al. 2019, arXiv:1912.06015: per-example gradients of convolutions via unfolding). A layer on the
+    instantiate side of the cost model gets its per-example weight gradients by one of two routes:
+    ``patches`` (a batched matmul over the unfolded patches, built a chunk of examples at a time) or
+    ``grouped`` (:func:`_grouped_conv_weight_grads`: no patches at all); ``groups > 1`` always takes
+    ``grouped`` (the patch route and the ghost norm are written for groups = 1)."""
 
     batch_first_only = True
-
-    @staticmethod
-    def supports(module):
-        return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
+    routes = CONV_ROUTES
 
     MIN_CHUNK = 32  # examples: smaller batched matmuls would cost more launches than they save memory
     # Patches of one chunk may also take up to this many elements (256 MiB in float32) when that is
     # more than the layer's input: chunks of 32 examples cost an H200 ~30% of the DP step on
     # cifar-gn against unchunked patches (benchmarks/RESULTS.md, issue 26, second session).
+    # The grouped route stores the B·p per-example gradients when they fit the same budget, else it
+    # computes their norms a chunk of examples at a time and the clipped sum by book-keeping.
     CHUNK_ELEMENTS = 64 * 2**20
+    # Route by device type when the clipper names none (benchmarks/RESULTS.md, "Per-example conv
+    # gradients without patches (issue 26, memory)"): on this CPU the grouped route was faster;
+    # on CUDA the patch route stays until a GPU run measures the grouped one (benchmarks/gpu_check.sh).
+    DEFAULT_ROUTE = MappingProxyType({"cpu": "grouped"})
+
+    @staticmethod
+    def _route(module, inputs, route: str | None) -> str:
+        if module.groups > 1:
+            return "grouped"
+        return route or _Conv2dHandler.DEFAULT_ROUTE.get(inputs[0].device.type, "patches")
+
+    @staticmethod
+    def _budget(inputs) -> int:
+        # (sizes from shapes: indexing a tensor for its size would be one more dispatched op per layer)
+        return max(sum(t.numel() for t in inputs), _Conv2dHandler.CHUNK_ELEMENTS)
 
     @staticmethod
     def _patches(module, inputs, lo: int, hi: int) -> torch.Tensor:
         whole = (lo, hi) == (0, inputs[0].shape[0])  # no slicing ops for the usual single chunk
-        return _cat_positions([_im2col(t if whole else t[lo:hi], module) for t in inputs], dim=2)
+        padded = [_conv_padded(t if whole else t[lo:hi], module) for t in inputs]
+        return _cat_positions([_im2col(x, module, padding) for x, padding in padded], dim=2)
 
     @staticmethod
-    def _positions(module, inputs, grads):
-        B = inputs[0].shape[0]
-        aT = _Conv2dHandler._patches(module, inputs, 0, B)
-        gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
-        return aT, gT
+    def _weight_grads(module, inputs, grads, lo: int, hi: int) -> torch.Tensor:
+        # Grouped route, examples lo..hi-1; several calls of the layer add their gradients.
+        whole = (lo, hi) == (0, inputs[0].shape[0])
+        return _total(
+            _grouped_conv_weight_grads(module, x if whole else x[lo:hi], g if whole else g[lo:hi])
+            for x, g in zip(inputs, grads, strict=True)
+        )
 
     @staticmethod
-    def part(module, inputs, grads, names):
-        geometry = (module.stride, module.padding, module.dilation)
+    def _weight_sum(module, inputs, grads, c: torch.Tensor) -> torch.Tensor:
+        # Book-keeping through the convolution's own weight-gradient kernel: Σ_i c_i ∇_W ℓ_i is
+        # the batch weight gradient for output gradients c_i g_i (book-keeping, Bu et al. 2023).
+        out = []
+        for x, g in zip(inputs, grads, strict=True):
+            xp, padding = _conv_padded(x, module)
+            gc = g * c.view(-1, 1, 1, 1)
+            out.append(
+                conv2d_weight(
+                    xp.contiguous(), module.weight.shape, gc, module.stride, padding, module.dilation, module.groups
+                )
+            )
+        return _total(out)
+
+    @staticmethod
+    def part(module, inputs, grads, names, route: str | None = None):
         B = inputs[0].shape[0]
         gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
+        T, d_out = gT.shape[2], module.weight.shape[0]
+        d_in = module.weight.numel() // d_out
+        route = _Conv2dHandler._route(module, inputs, route)
+        if (
+            "weight" in names
+            and route == "grouped"
+            and (module.groups > 1 or (T > 1 and not _ghost_is_cheaper(T, d_in, d_out)))
+        ):
+            return _Conv2dHandler._grouped_part(module, inputs, grads, gT, "bias" in names)
         # The patches of a chunk of examples take at most the memory of the layer's input (kh·kw
         # times less than all patches at once for a stride-1 convolution) or CHUNK_ELEMENTS,
         # whichever is larger, and chunks have at least MIN_CHUNK examples.
-        # (sizes from shapes: indexing a tensor for its size would be one more dispatched op per layer)
-        per_example = module.weight.numel() // module.weight.shape[0] * gT.shape[2]
-        budget = max(sum(t.numel() for t in inputs), _Conv2dHandler.CHUNK_ELEMENTS)
-        chunk = max(_Conv2dHandler.MIN_CHUNK, budget // per_example)
-
-        def weight_sum(c: torch.Tensor) -> torch.Tensor:
-            # Book-keeping through the convolution's own weight-gradient kernel: Σ_i c_i ∇_W ℓ_i is
-            # the batch weight gradient for output gradients c_i g_i (book-keeping, Bu et al. 2023).
-            return _total(
-                conv2d_weight(x.contiguous(), module.weight.shape, g * c.view(-1, 1, 1, 1), *geometry)
-                for x, g in zip(inputs, grads, strict=True)
-            )
-
-        return _factored_linear(
+        chunk = max(_Conv2dHandler.MIN_CHUNK, _Conv2dHandler._budget(inputs) // (d_in * T))
+        part = _factored_linear(
             lambda lo, hi: _Conv2dHandler._patches(module, inputs, lo, hi),
             gT,
             module.weight.shape if "weight" in names else None,
             "bias" in names,
-            weight_sum,
+            lambda c: _Conv2dHandler._weight_sum(module, inputs, grads, c),
             chunk=min(chunk, B),
         )
+        if part.how.startswith("instantiate"):
+            part.how = "instantiate by patches" + part.how.removeprefix("instantiate")
+        return part
 
     @staticmethod
-    def per_example(module, inputs, grads, name):
-        aT, gT = _Conv2dHandler._positions(module, inputs, grads)
+    def _grouped_part(module, inputs, grads, gT: torch.Tensor, bias: bool) -> _LayerPart:
+        """Instantiation by the grouped route: all B·p per-example gradients at once when they fit
+        the chunk budget (the clipped sum is then their weighted sum), else their norms a chunk of
+        examples at a time and the clipped sum by book-keeping (one more weight-gradient kernel)."""
+        B, T = gT.shape[0], gT.shape[2]
+        p = module.weight.numel()
+        chunk = max(1, _Conv2dHandler._budget(inputs) // p)
+        how = "instantiate by grouped convolution " + (
+            f"(groups={module.groups}: the ghost norm takes groups=1 only)"
+            if module.groups > 1
+            else f"(T={T}: 2T²={2 * T * T} > p·d={p})"
+        )
+        G = None
+        if chunk >= B:
+            G = _Conv2dHandler._weight_grads(module, inputs, grads, 0, B)
+            sq = _sq_norms([G])
+        else:
+            how += f", in chunks of {chunk} examples"
+            sq = torch.cat(
+                [
+                    _sq_norms([_Conv2dHandler._weight_grads(module, inputs, grads, lo, min(B, lo + chunk))])
+                    for lo in range(0, B, chunk)
+                ]
+            )
+
+        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+            if G is not None:
+                return {"weight": _weighted_sum(c, G)}
+            return {"weight": _Conv2dHandler._weight_sum(module, inputs, grads, c)}
+
+        return _LayerPart(sq_norm=sq, clipped=clipped, how=how, small={"bias": gT.sum(2)} if bias else {})
+
+    @staticmethod
+    def per_example(module, inputs, grads, name, route: str | None = None):
+        B = inputs[0].shape[0]
+        gT = _cat_positions([t.reshape(B, module.out_channels, -1) for t in grads], dim=2)
         if name == "bias":
             return gT.sum(2)
-        return torch.bmm(gT, aT.transpose(1, 2)).reshape(gT.shape[0], *module.weight.shape)
+        if _Conv2dHandler._route(module, inputs, route) == "grouped":
+            return _Conv2dHandler._weight_grads(module, inputs, grads, 0, B)
+        aT = _Conv2dHandler._patches(module, inputs, 0, B)
+        return torch.bmm(gT, aT.transpose(1, 2)).reshape(B, *module.weight.shape)
 
 
 class _EmbeddingHandler(_Handler):
@@ -1265,9 +1392,19 @@ class GhostClipper(Clipper):
     pads = True
     CHECK_EXAMPLES = 4
 
-    def __init__(self, model: nn.Module, *, check: bool = True, autocast: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        check: bool = True,
+        autocast: torch.dtype | None = None,
+        conv_route: str | None = None,
+    ) -> None:
         super().__init__(model, autocast=autocast)
         self.check = check
+        # How instantiated Conv2d layers get their per-example gradients ("patches" | "grouped",
+        # see _Conv2dHandler); None: the default for the device. Performance only: same results.
+        self.conv_route = None if conv_route is None else check_choice(CONV_ROUTES, conv_route=conv_route)
         self.plan_: GhostPlan | None = None
         self._how: dict[int, str] = {}
         self._how_tied: dict[int, str] = {}  # parameter index -> how a weight shared by layers was handled
@@ -1435,7 +1572,7 @@ class GhostClipper(Clipper):
                 ]
                 ghost = plan.ghost_names(u)
                 if ghost:
-                    part = unit.handler.part(unit.module, ins, gs, ghost)
+                    part = unit.handler.part(unit.module, ins, gs, ghost, **self._options(unit.handler))
                     for n, G in part.small.items():
                         add(plan.index[(u, n)], G)
                     if part.sq_norm is not None:
@@ -1456,7 +1593,7 @@ class GhostClipper(Clipper):
                     parts.append((part, {"": k}))
                     continue
                 for unit, ins, gs, n in uses:
-                    add(k, unit.handler.per_example(unit.module, ins, gs, n))
+                    add(k, unit.handler.per_example(unit.module, ins, gs, n, **self._options(unit.handler)))
             pooled = _PerExample(pe, B)
             terms = [p.sq_norm for p, _ in parts] + pooled.sq_norms()  # one sum over all layers
             if not terms:
@@ -1465,6 +1602,9 @@ class GhostClipper(Clipper):
                 sq = sum(terms[1:], terms[0]) if len(terms) <= 2 else torch.stack(terms).sum(0)
         # Σ_{t,s}(a_t·a_s)(g_t·g_s) is ≥ 0 exactly but may round below 0: clamp before the sqrt.
         return parts, pooled, torch.clamp(sq, min=0.0).sqrt_()
+
+    def _options(self, handler: type[_Handler]) -> dict[str, Any]:
+        return {"route": self.conv_route} if handler.routes else {}
 
     def _clip(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
         parts, pe, norms = self._norm_parts(plan, x, y)

@@ -124,9 +124,12 @@ def test_wrong_members_flagged_and_noted_on_estimates(foreign, tmp_path):
     from dpaudit.workflows import audit_checkpoint
 
     out = tmp_path / "wrong"
-    r = _import(foreign, out, foreign["wrong"])
+    r = _import(foreign, out, foreign["wrong"], "--quiet")
     assert r.exit_code == 0, r.output
+    # A check's finding is part of the result: --quiet hides progress, never the warning the
+    # summary line ("SUSPICIOUS: see the warning") points to.
     assert "warning: imported member list looks wrong" in r.stderr
+    assert "SUSPICIOUS: see the warning" in r.stdout
     check = _meta(out)["import"]["member_check"]
     assert check["suspicious"] is True and check["train_loss"] > check["holdout_loss"]
     assert check["auc"] < 0.5

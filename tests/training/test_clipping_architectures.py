@@ -241,7 +241,7 @@ def test_resnet_every_layer_on_the_ghost_path(oracle):
     assert not any(v.startswith("vmap") for v in layers.values())
     # 8x8 images, T = 64 positions: 2T² = 8192 > p·d = 72·8 for a 3x3 convolution of 8 channels,
     # so the cost model instantiates; the pooled head is rank one.
-    assert layers["conv1"].startswith("instantiate (T=64")
+    assert layers["conv1"] == "instantiate by grouped convolution (T=64: 2T²=8192 > p·d=576)"  # the CPU default
     assert layers["head"] == "rank-one"
     assert layers["gn1"] == "per-example (small)"
 
@@ -378,10 +378,10 @@ def test_convolutions_in_chunks_of_examples_match_the_loop(monkeypatch):
     x, y = torch.randn(N, 3, 6, 6, dtype=torch.float64), torch.randint(0, 3, (N,))
     norms = LoopClipper(model)(x, y, 1.0).norms
     clip = float(norms.min() + norms.max()) / 2
-    clipper = GhostClipper(model, check=False)
+    clipper = GhostClipper(model, check=False, conv_route="patches")
     assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
     layers = clipper.describe()["layers"]
-    assert layers["wide"] == "instantiate (T=36: 2T²=2592 > p·d=108), in chunks of 1 examples"
+    assert layers["wide"] == "instantiate by patches (T=36: 2T²=2592 > p·d=108), in chunks of 1 examples"
     assert layers["deep"] == "ghost-norm (T=4: 2T²=32 <= p·d=576), in chunks of 1 examples"
 
 
