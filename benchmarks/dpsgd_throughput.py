@@ -30,7 +30,8 @@ time the calling thread spends per step (launches and Python; the device sync ex
 
 ``--jax`` adds the JAX backend's jit-compiled steps (non-private, DP-SGD, DP-SGD-JL with one
 projection) on the same models and batches, in the same interleaved rounds, and a second table
-with their compile time (first call minus steady-state step) and ratios to JAX non-private.
+with their compile time (first call minus steady-state step) and ratios to JAX non-private. On the
+CPU it also pins the process to ``--threads`` CPUs, the only way to hold XLA:CPU to that many.
 """
 
 from __future__ import annotations
@@ -391,7 +392,7 @@ POISSON_WARMUP = 30  # warm-up steps of the Poisson rows: new batch sizes are ne
 
 def measure(
     steps: dict[str, Callable[[], None]], rounds: int, per_round: dict[str, int], device: torch.device
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Median wall time per step over the rounds, and median host time per step: the CPU time the
     calling thread spends in the steps (``time.thread_time``, the final device sync excluded), i.e.
     what launching a step costs the host; on a GPU a step with host time above its wall time of
@@ -401,18 +402,20 @@ def measure(
             f()
     times: dict[str, list[float]] = {k: [] for k in steps}
     host: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(rounds):
         for name, f in steps.items():
             n = per_round[name]
             _sync(device)
-            t, h = time.perf_counter(), time.thread_time()
+            t, h, c = time.perf_counter(), time.thread_time(), time.process_time()
             for _ in range(n):
                 f()
-            h = time.thread_time() - h
+            h, c = time.thread_time() - h, time.process_time() - c
             _sync(device)
             times[name].append((time.perf_counter() - t) / n)
             host[name].append(h / n)
-    return {k: statistics.median(v) for k, v in times.items()}, {k: statistics.median(v) for k, v in host.items()}
+            cpu[name].append(c / n)
+    return tuple({k: statistics.median(v) for k, v in d.items()} for d in (times, host, cpu))
 
 
 def _proc_kib(field: str) -> int:
@@ -463,6 +466,17 @@ def gpu_peak_mib(f: Callable[[], None], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+def _limit_cpus(n: int) -> None:
+    """Run this process (JAX's rows included) on ``n`` of the CPUs it may use. XLA:CPU has no thread-count
+    flag: it splits large loops into as many parallel tasks as the process has CPUs (read once, when
+    JAX's CPU client starts, so this must run before the first JAX call), and ``--threads`` would
+    otherwise cap torch only."""
+    import os
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:n])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -490,6 +504,8 @@ def main() -> None:
         return memory_child(args.memory_child, args)
     warnings.filterwarnings("ignore")  # Opacus warns about its insecure RNG and full backward hooks
     torch.set_num_threads(args.threads)
+    if args.jax and args.device == "cpu":
+        _limit_cpus(args.threads)
     device = torch.device(args.device)
     on = ""
     if device.type == "cuda":
@@ -530,17 +546,17 @@ def main() -> None:
             f()
             _sync(device)
             per_round[k] = max(1, int(args.target_seconds / max(time.perf_counter() - t, 1e-6)))
-        t, host = measure(steps, args.rounds, per_round, device)
+        t, host, cpu = measure(steps, args.rounds, per_round, device)
         mem: dict[str, float | None] = {}
         if args.memory:
             for k, f in steps.items():
                 mem[k] = gpu_peak_mib(f, device) if device.type == "cuda" else cpu_peak_mib(name, k, args)
-        base = t["non-private"]
+        base = t.get("non-private")  # absent when --methods leaves it out: no ratio column then
         ref = t.get("opacus hooks")
         for k, v in t.items():
             vs = f"{ref / v:.2f}x faster" if ref is not None and k.startswith("ours") else ""
             row = f"{name:<15} {k:<18} {v * 1e3:9.2f} {host[k] * 1e3:8.2f} {args.batch / v:11.0f}"
-            row += f" {v / base:14.2f} {vs:>16}"
+            row += f" {v / base:14.2f} {vs:>16}" if base else f" {'-':>14} {vs:>16}"
             if args.memory:
                 m, m0 = mem.get(k), mem.get("non-private")
                 row += f" {m:9.1f}" if m is not None else f" {'-':>9}"
@@ -551,7 +567,7 @@ def main() -> None:
                 k,
                 f"{v * 1e3:.2f}",
                 f"{host[k] * 1e3:.2f}",
-                f"{v / base:.2f}",
+                f"{v / base:.2f}" if base else "-",
                 vs.replace("x faster", "× faster"),
             ]
             if args.memory:
@@ -570,6 +586,7 @@ def main() -> None:
                     compile_s = steps[k].first_call_s - t[k]
                     jax_rows.append(
                         f"{name:<9} {k:<16} {compile_s:10.2f} {t[k] * 1e3:9.2f} {t[k] / t['jax non-private']:18.2f}"
+                        f" {cpu[k] * 1e3:10.2f} {cpu[k] / cpu['jax non-private']:8.2f}"
                     )
     print(header)
     print("-" * len(header))
@@ -592,7 +609,9 @@ def main() -> None:
         import jax
 
         jax_header = f"{'model':<9} {'JAX step':<16} {'compile s':>10} {'ms/step':>9} {'x JAX non-private':>18}"
+        jax_header += f" {'CPU ms':>10} {'x (CPU)':>8}"
         print(f"\nJAX {jax.__version__} on {jax.devices()[0].platform}: compile time = first call - steady-state step")
+        print("CPU ms: process CPU time per step, all threads (XLA runs off the calling thread); robust to other jobs")
         print(jax_header)
         print("-" * len(jax_header))
         print("\n".join(jax_rows))

@@ -59,3 +59,20 @@ def test_the_trainer_uses_ghost_for_dp_steps():
         ref, _ = jb.clipped_sum(apply, params, xj[idx], yj[idx], 0.3, jnp.asarray(mask))
         for k in ref:
             np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("c_in", "kernel", "stride", "padding", "side"),
+    [(1, 3, 1, 1, 8), (3, 3, 2, 1, 9), (2, (3, 2), (2, 1), (0, 1), 7), (4, 5, 3, 2, 11)],
+)
+def test_patches_by_slicing_equal_jax_patches(c_in, kernel, stride, padding, side):
+    """The ghost norms' im2col (strided slices of the padded input) equals JAX's
+    conv_general_dilated_patches exactly, values and order, for strides, rectangular kernels, padding."""
+    m = torch.nn.Conv2d(c_in, 2, kernel, stride=stride, padding=padding)
+    a = jax.random.normal(jax.random.key(0), (3, c_in, side, side))
+    ref = jax.lax.conv_general_dilated_patches(
+        a, m.kernel_size, m.stride, tuple((p, p) for p in m.padding), dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        precision=jb.PRECISION,
+    )  # fmt: skip
+    got = jb._patches(m, a, ref.shape[2:])
+    np.testing.assert_array_equal(np.asarray(got).reshape(ref.shape), np.asarray(ref))
