@@ -85,7 +85,7 @@ def main() -> None:
             t = time.thread_time()
             f()
             per_round[k] = max(1, int(args.target_seconds / max(time.thread_time() - t, 1e-6)))
-        _, host = measure(steps, args.rounds, per_round, device)
+        host = measure(steps, args.rounds, per_round, device)[1]
         base = host["non-private"]
         for k in methods:
             print(
