@@ -92,8 +92,10 @@ step bench-conv-routes 60 python3 benchmarks/dpsgd_throughput.py --device cuda -
     --methods "non-private,ours ghost patches,ours ghost grouped"
 step conv-routes-layer 40 python3 benchmarks/conv_routes.py --device cuda --threads 8 --batches 64,256 --rounds 5
 
-# JAX rows (unchanged since the H200 run of 2026-11-26): only with JAX=1, to keep the check short.
+# JAX rows: only with JAX=1, to keep the check short. The noise tests first: on a GPU the noise takes
+# JAX's own Threefry kernel (the written-out rounds are the CPU's), checked bit for bit there.
 if [ "${JAX:-0}" = 1 ] && python3 -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else 1)" 2>/dev/null; then
+    step tests-jax 90 python3 -m pytest -q -p no:cacheprovider tests/training/test_jax_noise.py
     step bench-jax 120 python3 benchmarks/dpsgd_throughput.py --device cuda --threads 8 --batch 256 --rounds 3 \
         --target-seconds 0.2 --jax --models mlp-large,cnn-large --methods "non-private,jax non-private,jax dpsgd"
 else
