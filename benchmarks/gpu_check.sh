@@ -97,8 +97,10 @@ step conv-routes-layer 40 python3 benchmarks/conv_routes.py --device cuda --thre
 step host-256 60 python3 benchmarks/host_overhead.py --device cuda --batch 256 --size full --rounds 3 \
     --target-seconds 0.1 --models cifar-gn,transformer,tied
 
-# JAX rows (unchanged since the H200 run of 2026-11-26): only with JAX=1, to keep the check short.
+# JAX rows: only with JAX=1, to keep the check short. The noise tests first: on a GPU the noise takes
+# JAX's own Threefry kernel (the written-out rounds are the CPU's), checked bit for bit there.
 if [ "${JAX:-0}" = 1 ] && python3 -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else 1)" 2>/dev/null; then
+    step tests-jax 90 python3 -m pytest -q -p no:cacheprovider tests/training/test_jax_noise.py
     step bench-jax 120 python3 benchmarks/dpsgd_throughput.py --device cuda --threads 8 --batch 256 --rounds 3 \
         --target-seconds 0.2 --jax --models mlp-large,cnn-large --methods "non-private,jax non-private,jax dpsgd"
 else

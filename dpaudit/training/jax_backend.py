@@ -603,7 +603,7 @@ def _jax_key(seed: int, secure: bool):
         return jax.random.wrap_key_data(
             np.array([secrets.randbits(32), secrets.randbits(32)], dtype=np.uint32), impl="threefry2x32"
         )
-    return jax.random.key(seed, impl="threefry2x32")  # whatever jax_default_prng_impl says: see normal()
+    return jax.random.key(seed, impl="threefry2x32")  # gaussian_noise needs threefry2x32, not the default impl
 
 
 def _jax_device(name: str):
