@@ -22,7 +22,9 @@ backward, no parameter gradients); ``ghost-2bw`` is the same norms followed by L
 re-weighted backward pass, measured here only to justify the choice of book-keeping. ``ours ghost
 patches`` / ``grouped`` force the route by which instantiated Conv2d layers get their per-example
 gradients (unfolded patches / one grouped convolution, no patches); ``ours ghost`` takes the
-device's default.
+device's default. ``ours ghost graphed`` (CUDA only; elsewhere reported unavailable) is ``ours
+ghost`` on a fixed device-side batch captured once into a CUDA graph and replayed per step
+(benchmarks/cuda_graph_step.py; prepared for the host-bound GPU step, not yet run on a GPU).
 ``ours poisson`` is the DP trainer's whole step: a Poisson batch (rate 1/4 of four copies of the batch)
 drawn on the host, sent to the device, gathered there and clipped; ``ours poisson pad`` / ``nopad``
 force its padded physical chunks on / off (the trainer pads on CUDA only). ``host ms`` is the CPU
@@ -44,6 +46,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from cuda_graph_step import GraphedDPStep
 from torch import nn
 from torch.nn import functional as F
 
@@ -234,6 +237,17 @@ def ours_step(model, x, y, method: str, plans: dict | None = None, conv_route: s
     return step
 
 
+def ours_graphed_step(model, x, y) -> Callable[[], None]:
+    """``ours ghost`` on a fixed batch (an index buffer on the device) captured once into a CUDA graph
+    and replayed per step (:class:`cuda_graph_step.GraphedDPStep`; CUDA only, NOT YET RUN ON A GPU)."""
+    clipper = make_clipper(model, "ghost")
+    opt = torch.optim.SGD(clipper.params, lr=LR)
+    idx = _order(len(x), x.device)
+    return GraphedDPStep(
+        clipper, opt, x, y, idx, clip=CLIP, noise_std=SIGMA * CLIP, batch_size=len(x), generator=_noise_gen(x.device)
+    )
+
+
 def ours_poisson_step(model, x, y, pad: bool | None = None) -> Callable[[], None]:
     """The DP trainer's whole step (``dpaudit.training.dpsgd.DPTrainer``, default settings): a Poisson
     batch at rate 1/4 from a training set of 4 copies of the batch (expected size = the batch), drawn
@@ -372,6 +386,7 @@ def makers(
         "ours ghost": lambda m: ours_step(m, x, y, "ghost", plans),
         "ours ghost patches": lambda m: ours_step(m, x, y, "ghost", plans, conv_route="patches"),
         "ours ghost grouped": lambda m: ours_step(m, x, y, "ghost", plans, conv_route="grouped"),
+        "ours ghost graphed": lambda m: ours_graphed_step(m, x, y),  # CUDA only: raises on the CPU
         "ours poisson": lambda m: ours_poisson_step(m, x, y),
         "ours poisson pad": lambda m: ours_poisson_step(m, x, y, pad=True),
         "ours poisson nopad": lambda m: ours_poisson_step(m, x, y, pad=False),
@@ -457,7 +472,10 @@ def cpu_peak_mib(name: str, method: str, args) -> float | None:
 
 
 def gpu_peak_mib(f: Callable[[], None], device: torch.device) -> float:
-    """Peak CUDA memory one step allocates above what is resident before it (models, batches)."""
+    """Peak CUDA memory one step allocates above what is resident before it (models, batches). A CUDA
+    graph's replay allocates nothing: its row reports the memory its private pool reserved at capture."""
+    if hasattr(f, "pool_mib"):
+        return f.pool_mib
     _sync(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
