@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check (issue 26): the CUDA tests of per-example clipping and the DP-SGD throughput / peak-memory
 # benchmark on the issue's workloads, as ONE short script (about 3 minutes on an H100/H200; each step
-# has its own limit: 510 s at most in all, pip aside).
+# has its own limit: 570 s at most in all, pip aside).
 #
 #   bash benchmarks/gpu_check.sh          # from the repository root, on a machine with a GPU
 #   JAX=1 bash benchmarks/gpu_check.sh    # also the JAX backend's rows
@@ -64,7 +64,7 @@ for mod in (\"opacus\", \"jax\"):
 # and a CUDA run (float64, sigma 0) gives the CPU run's weights: same Poisson batches and chunks.
 step tests-cuda 90 python3 -m pytest -v -p no:cacheprovider -W ignore::UserWarning \
     tests/training/test_clipping.py tests/training/test_clipping_precision.py tests/training/test_gpu_path.py \
-    tests/training/test_clipping_conv.py -k cuda
+    tests/training/test_clipping_conv.py tests/training/test_cuda_graph_step.py -k cuda
 
 # Throughput and peak memory at batch 256: the issue's workloads at full size (CIFAR-sized GroupNorm
 # CNN 64-256 channels on 3x32x32; 2-layer transformers with the arange positional embedding, T = 64,
@@ -79,6 +79,14 @@ step bench-256 240 python3 benchmarks/dpsgd_throughput.py --device cuda --thread
     --target-seconds 0.2 --memory --plan --markdown \
     --models mlp-large,cnn-large,cifar-gn,transformer,transformer-mha,tied \
     --methods "non-private,ours ghost,ours poisson,ours poisson nopad,opacus hooks"
+
+# CUDA graphs (issue 26, host-bound step; benchmarks/cuda_graph_step.py, NOT run on a GPU before this
+# script): "ours ghost graphed" = ours ghost on a fixed device-side batch, captured once and replayed per
+# step, beside non-private and ours ghost. Its peak-MiB cell is the graph's private pool (reserved at
+# capture), not a per-step peak. Own step and limit, so a capture failure costs nothing else.
+step bench-graphed 60 python3 benchmarks/dpsgd_throughput.py --device cuda --threads 8 --batch 256 --rounds 3 \
+    --target-seconds 0.1 --memory --markdown --models mlp-large,cnn-large,cifar-gn,transformer,tied \
+    --methods "non-private,ours ghost,ours ghost graphed"
 
 # The two routes by which instantiated Conv2d layers get their per-example gradients (issue 26, memory;
 # benchmarks/RESULTS.md "Per-example conv gradients without patches"): unfolded patches (the CUDA
