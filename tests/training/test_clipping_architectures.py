@@ -195,14 +195,16 @@ CASES = [
 def oracle():
     """Per case: model, batch, a clip norm between the smallest and largest per-example norm, and
     the loop clipper's result (the oracle)."""
-    out = {}
-    for name in CASES:
-        model, x, y = _case(name)
-        norms = LoopClipper(model)(x, y, 1.0).norms
-        clip = float(norms.min() + norms.max()) / 2
-        assert (norms < clip).any() and (norms > clip).any()  # both branches of the clip factor run
-        out[name] = (model, x, y, clip, LoopClipper(model)(x, y, clip))
-    return out
+    return {name: _with_oracle(*_case(name)) for name in CASES}
+
+
+def _with_oracle(model, x, y):
+    """(model, x, y, clip, the loop clipper's result at clip), clip between the smallest and largest
+    per-example norm, so that both branches of the clip factor run."""
+    norms = LoopClipper(model)(x, y, 1.0).norms
+    clip = float(norms.min() + norms.max()) / 2
+    assert (norms < clip).any() and (norms > clip).any()
+    return model, x, y, clip, LoopClipper(model)(x, y, clip)
 
 
 def assert_oracle(clipper, case) -> None:
@@ -280,10 +282,8 @@ def test_tied_weights_get_the_norm_of_the_sum_of_their_uses(oracle):
     torch.manual_seed(2)
     model = TiedLM(vocab=3, d=2).double()
     x, y = torch.randint(0, 3, (N, 4)), torch.randint(0, 3, (N,))
-    norms = LoopClipper(model)(x, y, 1.0).norms
-    clip = float(norms.min() + norms.max()) / 2
     clipper = GhostClipper(model, check=False)
-    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    assert_oracle(clipper, _with_oracle(model, x, y))
     assert clipper.describe()["layers"]["emb.weight"] == "instantiate, summed over its uses (tied: emb, head)"
 
 
@@ -307,10 +307,8 @@ def test_tied_weight_used_at_every_position():
     torch.manual_seed(6)
     model = TiedPerPosition().double()
     x, y = torch.randint(0, 11, (N, 4)), torch.randint(0, 11, (N,))
-    norms = LoopClipper(model)(x, y, 1.0).norms
-    clip = float(norms.min() + norms.max()) / 2
     clipper = GhostClipper(model, check=False)
-    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    assert_oracle(clipper, _with_oracle(model, x, y))
     how = "ghost-norm over its 2 uses with cross terms (T=8: 2T²=128 <= p·d=132) (tied: emb, head)"
     assert clipper.describe()["layers"]["emb.weight"] == how
 
@@ -340,9 +338,7 @@ def test_mixed_per_layer_choice_in_one_pass():
     torch.manual_seed(3)
     model = TwoCosts().double()
     x, y = torch.randn(N, 20, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
-    norms = LoopClipper(model)(x, y, 1.0).norms
-    clip = float(norms.min() + norms.max()) / 2
-    case = (model, x, y, clip, LoopClipper(model)(x, y, clip))
+    case = _with_oracle(model, x, y)
     clipper = GhostClipper(model, check=False)
     assert_oracle(clipper, case)
     layers = clipper.describe()["layers"]
@@ -376,10 +372,8 @@ def test_convolutions_in_chunks_of_examples_match_the_loop(monkeypatch):
     torch.manual_seed(5)
     model = ChunkedConvs().double()
     x, y = torch.randn(N, 3, 6, 6, dtype=torch.float64), torch.randint(0, 3, (N,))
-    norms = LoopClipper(model)(x, y, 1.0).norms
-    clip = float(norms.min() + norms.max()) / 2
     clipper = GhostClipper(model, check=False, conv_route="patches")
-    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    assert_oracle(clipper, _with_oracle(model, x, y))
     layers = clipper.describe()["layers"]
     assert layers["wide"] == "instantiate by patches (T=36: 2T²=2592 > p·d=108), in chunks of 1 examples"
     assert layers["deep"] == "ghost-norm (T=4: 2T²=32 <= p·d=576), in chunks of 1 examples"
@@ -522,8 +516,6 @@ def test_multihead_attention_called_twice_adds_both_calls():
     torch.manual_seed(0)
     model = TwiceMHA().double()
     x, y = torch.randn(N, 5, 8, dtype=torch.float64), torch.randint(0, 3, (N,))
-    norms = LoopClipper(model)(x, y, 1.0).norms
-    clip = float(norms.min() + norms.max()) / 2
     clipper = GhostClipper(model, check=False)
-    assert_oracle(clipper, (model, x, y, clip, LoopClipper(model)(x, y, clip)))
+    assert_oracle(clipper, _with_oracle(model, x, y))
     assert clipper.describe()["layers"]["attn"].startswith("per-example by recomputing the attention")
