@@ -23,7 +23,7 @@ def sigma_png(cloak) -> bytes | None:
 
 
 def human_cloak(s: dict[str, Any]) -> str:
-    from dpaudit.report._format import rate
+    from dpaudit.report._format import claim_eps, rate
 
     return "\n".join(
         [
@@ -31,7 +31,7 @@ def human_cloak(s: dict[str, Any]) -> str:
             f"suppressed {rate(s['suppression_ratio'])} of the features (σ >= {s['suppression_threshold']:g} × range)",
             f"accuracy   clean {rate(s['clean_accuracy'])}   cloaked {rate(s['cloaked_accuracy'])}   "
             f"loss {rate(s['accuracy_loss'])}",
-            f"local DP   ε = {s['composed_epsilon']:.4g} at δ = {s['delta']:g} for one release "
+            f"local DP   ε = {claim_eps(s['composed_epsilon'])} at δ = {s['delta']:g} for one release "
             f"(median feature ε = {s['median_feature_epsilon']:.4g})",
         ]
     )

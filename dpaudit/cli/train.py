@@ -25,7 +25,7 @@ from dpaudit.training.config import recipe_help
 
 def human_summary(s: dict, *, imported: bool = False) -> str:
     """The run summary for humans: accuracies as percentages (the JSON keeps fractions)."""
-    from dpaudit.report._format import rate
+    from dpaudit.report._format import claim_eps, rate
 
     lines = [
         f"model      {s['model']} on {s['data']} ({s['n_members']} training records), algo {s['algo']}",
@@ -33,7 +33,8 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
     ]
     if s["private"]:
         how = s["accountant"] or "stated, not accounted"
-        lines.append(f"privacy    ε = {s['epsilon']:.4g} at δ = {s['delta']:g} ({how})")
+        # The claim as the report and the audit notes print it (one rounding everywhere, issue 29).
+        lines.append(f"privacy    ε = {claim_eps(s['epsilon'])} at δ = {s['delta']:g} ({how})")
         if s.get("claim_mismatch"):  # inspect: the recorded ε is not what its recorded mechanism gives
             lines.append(
                 f"CLAIM MISMATCH: checkpoint.json records ε = {s['epsilon']:.6g}, but its recorded mechanism "

@@ -69,7 +69,10 @@ def test_an_intact_claim_re_accounts_to_itself(dp_run):
 def test_inspect_shows_a_claim_mismatch_with_both_epsilons(dp_run, run_copy):
     intact = json.loads(invoke("--json", "inspect", dp_run).stdout)
     assert intact["claim_mismatch"] is False and intact["epsilon_recomputed"] == pytest.approx(intact["epsilon"])
-    assert "MISMATCH" not in invoke("inspect", dp_run).output
+    human = invoke("inspect", dp_run).output
+    assert "MISMATCH" not in human
+    # The claim as the report and the audit notes print it (:g, one rounding everywhere), not to 4 digits.
+    assert f"privacy    ε = {intact['epsilon']:g} at δ" in human
     true_eps = intact["epsilon"]
     edit_meta(run_copy, lambda m: m["privacy"].update(epsilon=20.0))
     r = invoke("--json", "inspect", run_copy)
