@@ -116,6 +116,16 @@ def test_optax_refusals():
         GradientCanaries({"w": (3,)}, count=1, sample_rate=0.5, clip=None, seed=0).optax_inject()
 
 
+def _two_jitted_steps(c, sums, noise):
+    """The canaries' chain, jitted, after two steps in order: (its jitted update, the chain)."""
+    tx = optax.chain(c.optax_inject(), _known_noise(noise), c.optax_observe())
+    update = jax.jit(tx.update)
+    state = tx.init(PARAMS)
+    for t in range(2):
+        _, state = update(sums[t], state)
+    return update, tx
+
+
 def test_optax_misuse_at_run_time_is_dpaudits_one_line_message():
     """The chain in the wrong order (observe before inject) and an optimizer state re-initialised mid-run
     (steps out of order): dpaudit's one-line message, eagerly an InputError, under jit the last line of
@@ -126,11 +136,7 @@ def test_optax_misuse_at_run_time_is_dpaudits_one_line_message():
     with pytest.raises(InputError, match=r"observe\(step=0\) before inject"):
         wrong.update(sums[0], wrong.init(PARAMS))
     c = _canaries()
-    tx = optax.chain(c.optax_inject(), _known_noise(noise), c.optax_observe())
-    update = jax.jit(tx.update)
-    state = tx.init(PARAMS)
-    for t in range(2):
-        _, state = update(sums[t], state)
+    update, tx = _two_jitted_steps(c, sums, noise)
     with pytest.raises(Exception, match=r"InputError: inject\(step=0\): expected step 2") as err:
         jax.block_until_ready(update(sums[0], tx.init(PARAMS)))  # a fresh state: its counter restarts at 0
         jax.effects_barrier()
@@ -145,11 +151,7 @@ def test_the_barrier_does_not_raise_a_refusal_twice_but_raises_anything_else(mon
     other runtime error still is. Simulated here: the CPU runtime does not keep callback errors."""
     sums, noise = _data()
     c = _canaries()
-    tx = optax.chain(c.optax_inject(), _known_noise(noise), c.optax_observe())
-    update = jax.jit(tx.update)
-    state = tx.init(PARAMS)
-    for t in range(2):
-        _, state = update(sums[t], state)
+    update, tx = _two_jitted_steps(c, sums, noise)
     with pytest.raises(Exception, match=r"expected step 2"):
         jax.block_until_ready(update(sums[0], tx.init(PARAMS)))
         jax.effects_barrier()
