@@ -134,6 +134,24 @@ def test_a_huge_value_is_not_echoed_whole():
     assert line.endswith("characters)")
 
 
+def test_attack_mia_table_does_not_show_an_unresolvable_tpr():
+    """The report said "n/a: needs ≥ 1000 non-members" where `attack mia` printed TPR@0.1% = 0.159% from 359."""
+    from dpaudit.cli.attack import human_table
+
+    class Result:
+        def __init__(self, n_nonmembers):
+            self.n = n_nonmembers
+
+        def to_dict(self, include_roc):
+            return {"attack": "loss", "auc": 0.5, "ci": {}, "balanced_accuracy": 0.5, "advantage": 0.0,
+                    "tpr_at_fpr": {"0.001": 0.0159, "0.01": 0.02, "0.1": 0.1}, "n_nonmembers": self.n,
+                    "n_reference_models": 0, "n_shadow_models": 0}  # fmt: skip
+
+    small, large = (human_table([Result(n)]).splitlines()[2] for n in (359, 1000))
+    assert "n/a: needs ≥ 1000 non-members" in small and "1.59%" not in small
+    assert "1.59%" in large and "n/a" not in large
+
+
 def test_seed_range_is_one_rule():
     from dpaudit.validation import MAX_SEED, check_seed
 
