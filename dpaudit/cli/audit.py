@@ -207,7 +207,7 @@ def selftest_cmd(
 
 @audit_app.command("plan")
 def plan_cmd(
-    epsilon: Annotated[
+    target_epsilon: Annotated[  # plan_design's name, so that its messages name --epsilon
         float,
         typer.Option("--epsilon", "--claimed-epsilon", help="The claimed epsilon the audit must be able to refute."),
     ],
@@ -244,7 +244,7 @@ def plan_cmd(
     from dpaudit.audit import plan_design
 
     plan = plan_design(
-        epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
+        target_epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
         alternative="two-sided" if two_sided else "greater", true_epsilon=true_epsilon, mu=mu, family=family,
         power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff), seed=seed,
     )  # fmt: skip

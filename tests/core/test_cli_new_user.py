@@ -54,6 +54,7 @@ def one_line_error(*args) -> str:
         (["canaries", "make", "--data", "digits", "--count", "0", "--out", "never"],
          "error: expected --count >= 1, got 0"),
         (["attack", "mia", "nowhere", "--bootstrap", "-1"], "error: expected --bootstrap >= 0, got -1"),
+        (["audit", "plan", "--claimed-epsilon", "-1"], "error: expected --epsilon >= 0, got -1.0"),
         # a command with its own typer.Context (audit train) named Python parameters
         (["audit", "train", "--epsilon", "2", "--lr", "inf"], "error: expected --lr to be finite, got inf"),
     ],
