@@ -31,6 +31,7 @@ from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
 from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
+from dpaudit.user_code import first_line
 
 
 @dataclass
@@ -177,6 +178,7 @@ def train_run(
     perf = perf or PerfConfig()
     if out is not None:
         check_output_dir(out, force=force, inputs=[dataset.source])  # fail before training
+    check_spec_fits(spec, dataset)
     splits = splits or make_splits(len(dataset), split_seed, fractions)
     train_data, train_idx = dataset, splits.members
     if canaries is not None:
@@ -570,9 +572,23 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
             f"the model spec has n_classes {spec.n_classes} but the data {dataset.source!r} has {dataset.n_classes} "
             "classes (class i is the i-th smallest distinct label)"
         )
-    if (spec.kind == "rnn") != (dataset.kind == "tokens"):
-        need = "token sequences (e.g. synthetic-tokens:...)" if spec.kind == "rnn" else "numeric features"
-        raise InputError(f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}")
+    takes_tokens = spec.kind == "rnn" or getattr(spec, "input_dtype", None) == "int64"
+    if takes_tokens != (dataset.kind == "tokens"):
+        if takes_tokens:
+            need = "token sequences (an integer X of ids, or synthetic-tokens:...)"
+        elif spec.kind == "python":
+            need = 'float input (its spec says "input_dtype": "float32"; "int64" for a model over token ids)'
+        else:
+            need = "numeric features"
+        raise InputError(
+            f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}"
+            + (
+                " (an integer 2-D X is read as token ids; token models: --model rnn or your own module; "
+                "numeric features: save X as floats)"
+                if dataset.kind == "tokens"
+                else ""
+            )
+        )
     flat = spec.kind in ("logreg", "mlp")  # these flatten their input, so only the size must agree
     if tuple(spec.input_shape) != shape and not (flat and math.prod(spec.input_shape) == math.prod(shape)):
         raise InputError(
@@ -582,6 +598,23 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
         raise InputError(
             f"the data has token ids up to {int(dataset.X.max())} but the model spec has vocab_size {spec.vocab_size}"
         )
+    if spec.kind == "python" and dataset.kind == "tokens":
+        _check_runs_on_ids(spec, dataset)
+
+
+def _check_runs_on_ids(spec: ModelSpec, dataset: Dataset) -> None:
+    """A user's module over token ids must take the data's largest id (its Embedding's size is the
+    user's choice, unknown to the spec): a forward pass on the record holding it, before any training."""
+    row = int(np.argmax(dataset.X.max(axis=1)))
+    model = spec.build().eval()
+    try:
+        with torch.no_grad():
+            model(torch.as_tensor(np.array(dataset.X[row : row + 1], dtype=np.int64)))
+    except Exception as e:  # the user's code: any failure is one line
+        raise InputError(
+            f"model factory {spec.factory} fails on record {row} of {dataset.source!r} (token ids up to "
+            f"{int(dataset.X.max())}; is its vocabulary smaller?): {first_line(e)}"
+        ) from e
 
 
 def per_record_loss(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> np.ndarray:

@@ -224,6 +224,9 @@ def audit_training(
     if scores != ("margin",) and trainer is None:
         raise InputError("scores other than the canary's margin are for plug-in trainers (--trainer)")
     _score_fns(scores)  # fail here, before any run, on a bad "module:function"
+    from dpaudit.training.run import check_spec_fits
+
+    check_spec_fits(spec, dataset)  # e.g. a model over token ids given float features: one line, before any run
     if trainer is not None:
         from dpaudit.plugins import check_trainer, load_trainer, trainer_name
 
