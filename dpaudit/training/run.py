@@ -204,14 +204,25 @@ def train_run(
         wb_meta = {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"}
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
+    metrics = metrics_for(fitted, dataset, splits)
+    learned = {}
+    if len(splits.members):  # a model at chance on its own training records: attacks on it measure noise
+        found = _fit_warnings(
+            dataset.y[splits.members],
+            metrics["train_accuracy"],
+            metrics["train_loss"],
+            question=_LEARN_QUESTION,
+            records="training records",
+        )
+        learned = {"fit_warnings": found} if found else {}
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
         training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
         performance={**perf.to_dict(), **fitted.outcome.performance},
-        privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
+        privacy=fitted.outcome.privacy, metrics=metrics,
         seed=config.seed, canaries=canaries.describe() if canaries is not None else None,
-        extra={"whitebox_canaries": wb_meta},
+        extra={"whitebox_canaries": wb_meta, **learned},
         arrays=arrays, force=force,
     )  # fmt: skip
 
@@ -714,8 +725,22 @@ _FIT_QUESTION = (
 )
 
 
-def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
-    """Warnings when a model does not fit the records it was declared to be trained on (see member_check)."""
+# A model dpaudit trained that fits its own training records no better than a constant (checkpoint.json
+# "fit_warnings"): membership attacks and audits on it say little about what the training leaks.
+_LEARN_QUESTION = (
+    "the model learned next to nothing, so membership attacks on it measure little (train longer, with a larger "
+    "learning rate, more data or a larger epsilon, or check the data)"
+)
+
+
+def _fit_warnings(
+    y: np.ndarray,
+    accuracy: float,
+    loss: float,
+    question: str = _FIT_QUESTION,
+    records: str = "declared training records",
+) -> list[str]:
+    """Warnings when a model does not fit the records it was (declared to be) trained on (see member_check)."""
     from scipy.stats import binom
 
     n = len(y)
@@ -727,9 +752,9 @@ def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
     out = []
     if p >= MEMBER_CHECK_ALPHA:
         out.append(
-            f"the model's accuracy on its declared training records, {accuracy:.1%} ({correct} of {n}), is not above "
+            f"the model's accuracy on its {records}, {accuracy:.1%} ({correct} of {n}), is not above "
             f"chance ({chance:.1%} by always predicting the most frequent class; one-sided binomial p = {p:.3g}): "
-            f"{_FIT_QUESTION}"
+            f"{question}"
         )
     # Cross-entropy of the constant prediction of the members' class frequencies on the members is their
     # entropy H = -sum f log f (Cover & Thomas, Elements of Information Theory, eq. 2.1); a model trained
@@ -737,8 +762,8 @@ def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
     constant = float(-(freq[freq > 0] * np.log(freq[freq > 0])).sum())
     if loss > constant:
         out.append(
-            f"the model's mean loss on its declared training records, {loss:.4g}, is above {constant:.3g}, the loss "
-            f"of predicting the class frequencies without looking at the features: {_FIT_QUESTION}"
+            f"the model's mean loss on its {records}, {loss:.4g}, is above {constant:.3g}, the loss "
+            f"of predicting the class frequencies without looking at the features: {question}"
         )
     return out
 
