@@ -356,7 +356,7 @@ def audit_training_from_options(
     *,
     runs: int,
     threat_model: str,
-    canary_kind: str,
+    canary_kind: str | None,
     init: str,
     allow_inconclusive: bool,
     data: str,

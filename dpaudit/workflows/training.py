@@ -152,7 +152,7 @@ def audit_training(
     runs: int = 100,
     train_size: int | None = None,
     threat_model: str = "black-box",
-    canary_kind: str = "clipbkd",
+    canary_kind: str | None = None,
     method: str = "clopper-pearson",
     delta: float | None = None,
     confidence: float = 0.95,
@@ -170,7 +170,8 @@ def audit_training(
     """Multi-run audit of the recipe ``config`` (or of a plug-in ``trainer``): ``runs`` models with the
     canary, ``runs`` without.
 
-    Black-box: the canary is one input record (``canary_kind``, e.g. ClipBKD) and the score is its
+    Black-box: the canary is one input record (``canary_kind``; None: ClipBKD, or a mislabeled record for
+    token data, which ClipBKD cannot perturb) and the score is its
     logit-scaled confidence under the final model (higher = member; the direction is fixed in
     advance, so the test is one-sided). White-box (DP trainers with Poisson sampling only): a Dirac
     gradient canary C·e_j (Nasr et al. 2021, §4; Nasr et al. 2023) observed in every noisy update;
@@ -276,6 +277,8 @@ def audit_training(
         canary_x = canary_y = None
         source = "Dirac gradient canary (white-box: every noisy update observed)"
     else:
+        if canary_kind is None:  # ClipBKD needs real-valued features; token ids take a mislabeled record
+            canary_kind = "mislabeled" if dataset.kind == "tokens" else "clipbkd"
         canary = make_canaries(dataset, base, m=1, kind=canary_kind, seed=seed)
         canary = dataclasses.replace(canary, included=np.array([True]))
         if init == "adversarial":

@@ -222,3 +222,14 @@ def test_a_model_that_learned_nothing_says_so(tmp_path):
     assert r.exit_code == 0, r.output
     (loss,) = json.loads(r.stdout)["audits"]
     assert any("learned next to nothing" in n for n in loss["notes"])
+
+
+def test_audit_train_on_token_ids_takes_a_canary_that_fits_them(tok, tmp_path):
+    """ClipBKD (the default canary) perturbs real-valued features; on token ids the default is a mislabeled record."""
+    spec = _spec(tmp_path / "spec.json", "transformer")
+    r = invoke(
+        "audit", "train", "--data", tok, "--model-spec", spec, "--runs", 2, "--train-size", 80, "--noise-multiplier", 1,
+        "--epochs", 1, "--allow-inconclusive", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "one mislabeled canary added or not" in json.loads(r.stdout)["description"]
