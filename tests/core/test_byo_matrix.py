@@ -218,6 +218,8 @@ def test_a_model_that_learned_nothing_says_so(tmp_path):
     assert "warning: the model's accuracy on its training records" in r.stderr and "learned next to nothing" in r.stderr
     meta = json.loads((run / CHECKPOINT_FILE).read_text())
     assert meta["fit_warnings"]
+    r = invoke("attack", "mia", run, "--attacks", "loss", "--quiet")
+    assert r.exit_code == 0 and "learned next to nothing" in r.stderr, r.output  # a warning, even with --quiet
     r = invoke("audit", "checkpoint", run, "--attacks", "loss", "--json")
     assert r.exit_code == 0, r.output
     (loss,) = json.loads(r.stdout)["audits"]
@@ -233,3 +235,31 @@ def test_audit_train_on_token_ids_takes_a_canary_that_fits_them(tok, tmp_path):
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "one mislabeled canary added or not" in json.loads(r.stdout)["description"]
+
+
+@pytest.mark.slow
+def test_bare_parameter_cnn_on_a_memory_mapped_image_directory(tmp_path):
+    """A module adding bare nn.Parameters in forward (an input offset, a channel gain) on CIFAR-shaped records
+    (3 x 32 x 32) memory-mapped from X.npy: DP-SGD with the defaults, attacked by loss and LiRA, reported."""
+    rng = np.random.default_rng(0)
+    n = 300
+    y = rng.integers(0, 2, n)
+    grating = np.sin(np.arange(32) * 0.8)[None, :, None] * np.ones((3, 32, 32))
+    X = rng.normal(size=(n, 3, 32, 32)) + 2.0 * np.where(y == 1, 1.0, -1.0)[:, None, None, None] * grating
+    d = tmp_path / "data"
+    d.mkdir()
+    np.save(d / "X.npy", X.astype(np.float32))
+    np.save(d / "y.npy", y)
+    spec = {"kind": "python", "factory": "tests.core.byo_models:bare_parameter_cnn"}
+    spec |= {"kwargs": {"channels": 3, "size": 32, "n_classes": 2}, "input_shape": [3, 32, 32], "n_classes": 2}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run = tmp_path / "run"
+    r = invoke("train", "--data", d, "--model-spec", tmp_path / "spec.json", "--algo", "dpsgd", "--epsilon", 4,
+               "--out", run)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    meta = json.loads((run / CHECKPOINT_FILE).read_text())
+    assert meta["data"]["memory_mapped"] is True and meta["privacy"]["epsilon"] <= 4
+    r = invoke("attack", "mia", run, "--attacks", "loss,lira", "--reference-models", 2, "--min-models", 1, "--json")
+    assert r.exit_code == 0, r.output
+    r = invoke("report", run, "--out", tmp_path / "report", "--attacks", "loss")
+    assert r.exit_code == 0, r.output
