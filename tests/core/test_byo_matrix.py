@@ -154,6 +154,13 @@ def test_attacks_that_need_real_valued_inputs_refuse_token_runs(transformer_run,
     assert why in line and "dpaudit attack mia" in line
 
 
+def test_cloak_refuses_a_token_run(transformer_run, tmp_path):
+    line = one_error(
+        invoke("train", "--algo", "cloak", "--target", transformer_run, "--lambda", 1, "--out", tmp_path / "c")
+    )
+    assert "token ids are discrete" in line and "--algo dpsgd" in line
+
+
 def test_a_zoo_model_on_token_ids_is_one_line(tok, tmp_path):
     line = one_error(invoke("train", "--data", tok, "--epochs", 1, "--out", tmp_path / "run"))  # default: mlp
     assert "a mlp model needs numeric features" in line and "read as token ids" in line
