@@ -377,6 +377,11 @@ def audit_training(
 def _prepare_recipe(config, idx_in, idx_out):
     """The recipe both sides run (the larger dataset's step count, σ calibrated once) and its claim."""
     n_max = max(len(idx_in), len(idx_out))
+    if config.batch_size > n_max:  # before it becomes a sampling rate q = B / N above 1
+        raise InputError(
+            f"batch size {config.batch_size} is larger than the training set ({n_max} records); "
+            "give a smaller --batch-size or a larger --train-size"
+        )
     # Same mechanism on both sides: the step count of the larger dataset, a fixed Poisson rate (so q does
     # not depend on which neighbour is trained), and σ calibrated once.
     config = dataclasses.replace(config, steps=config.num_steps(n_max))

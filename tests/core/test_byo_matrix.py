@@ -270,3 +270,11 @@ def test_bare_parameter_cnn_on_a_memory_mapped_image_directory(tmp_path):
     assert r.exit_code == 0, r.output
     r = invoke("report", run, "--out", tmp_path / "report", "--attacks", "loss")
     assert r.exit_code == 0, r.output
+
+
+def test_audit_train_with_a_default_batch_above_the_train_size_says_so(tok, tmp_path):
+    spec = _spec(tmp_path / "spec.json", "transformer")
+    args = ["--runs", 2, "--train-size", 40, "--noise-multiplier", 1]
+    # was: "expected sample_rate in (0, 1], got 1.56", an option the user never gave
+    line = one_error(invoke("audit", "train", "--data", tok, "--model-spec", spec, *args))
+    assert "batch size 64 is larger than the training set (41 records)" in line
