@@ -30,6 +30,8 @@ same per-example gradient, which two independent dropout masks would not give (r
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import warnings
 from collections.abc import Sequence
@@ -187,6 +189,28 @@ def _check_directions(names: list[str], model: nn.Module, directions: Directions
                 raise InputError(f"direction {j}[{n!r}] has shape {list(v[n].shape)}, expected {list(shapes[n])}")
 
 
+def _math_attention(fn):
+    """Run ``fn`` with ``F.scaled_dot_product_attention`` (and so ``nn.MultiheadAttention``) on its math
+    kernel, which is built from differentiable primitives: the fused kernels (flash, memory-efficient) have
+    neither a forward-mode derivative nor a double backward (PyTorch 2.13, CPU), and the JL projections
+    need one of them. The math kernel computes the same softmax(QKᵀ/√d)V (Vaswani et al. 2017, Eq. 1); the
+    forward, the projections and the clipped backward of a step all run on it, so they see one function."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+        except ImportError:  # torch < 2.3: no kernel selection (fused kernels then fail with one line)
+            context = contextlib.nullcontext()
+        else:
+            context = sdpa_kernel(SDPBackend.MATH)
+        with context:
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@_math_attention
 def _step(
     model: nn.Module,
     x: torch.Tensor,
@@ -214,6 +238,7 @@ def _step(
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)], M.detach()
 
 
+@_math_attention
 def resolve_ad_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ad_path: str = "auto") -> str:
     """The AD path that works for ``model``: ``jvp`` when every layer has a forward-mode derivative,
     else ``double-vjp`` (with a warning), tried on one example. Raises InputError naming the layer
@@ -255,6 +280,7 @@ def resolve_ad_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ad_path:
     )
 
 
+@_math_attention
 def jl_projection_matrix(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, directions: Directions, *, ad_path: str = "auto"
 ) -> torch.Tensor:
