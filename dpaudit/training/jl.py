@@ -21,7 +21,9 @@ shows empirically that a claim made with the plain DP-SGD formula is violated at
 Where a layer has no forward-mode derivative (PyTorch's fused ``nn.LSTM`` on CPU), the products are
 computed by the "double-vjp trick" (ibid. §2.1): with u ∈ R^B a dummy cotangent,
 G(u) = uᵀ∇_θF is linear in u, and the vjp of G with cotangent v is (∇_θF)·v. The path that ran is
-recorded in the checkpoint's claim (``jl.ad_path``) and logged.
+recorded in the checkpoint's claim (``jl.ad_path``) and logged. Attention (``F.scaled_dot_product_attention``,
+``nn.MultiheadAttention``) runs on its math kernel throughout a step: the fused kernels have neither
+derivative.
 
 Assumptions: the loss of record i depends on record i only (no BatchNorm), and the forward pass is
 deterministic in training mode (no dropout): the estimate and the clipped backward pass must see the
