@@ -149,8 +149,8 @@ def trials_needed(
                 raise InputError(
                     f"epsilon = {numfmt.upper(target)} is out of reach of the {method} method at delta = {delta:g}: "
                     f"its max certifiable epsilon peaks at about {numfmt.upper(best_v, 3)} (near {best_n} canaries) "
-                    "and decreases for more canaries (the 2*m*delta term of Steinke et al. 2023); audit independent runs instead "
-                    "(clopper-pearson, design multi-run)"
+                    "and decreases for more canaries (the 2*m*delta term of Steinke et al. 2023); audit independent "
+                    "runs instead (clopper-pearson, design multi-run)"
                 )
         lo = hi
     # Bisection keeps f(lo) <= target < f(hi).
