@@ -70,14 +70,14 @@ def ordered(
     left_up: bool = False,
     right_up: bool = True,
 ) -> tuple[str, str]:
-    """``left`` and ``right`` printed so that the printed decimals compare as the numbers do: printed left >
-    printed right exactly when ``left > right``.
+    """``left`` and ``right`` printed so that the printed decimals compare as the numbers do (<, = or >).
 
     For a line that states an order, such as a headline "ε ≥ b > claimed c" (b a lower bound, rounded down;
-    c a claim, rounded up) or "certifies at most m ≤ claimed c" (``left_up=True``): directed rounding alone
-    keeps "≤" true, but can print b > c as "8 > 8" or, with fewer digits for b than for c, as "8 > 8.00001";
-    so both get one more digit at a time, up to :data:`MAX_DIGITS`, where the printed decimals are the
-    numbers' own round-trip decimals and compare as the floats do. Both must be finite floats.
+    c a claim, rounded up) or "certifies at most m ≤ claimed c" (``left_up=True``). Each is rounded in its own
+    safe direction at its own digits first; directed rounding alone keeps "b < c" true, but can print b > c as
+    "8 > 8" or, with fewer digits for b than for c, as "8 > 8.00001", and b = c as "7.99 = 7.99996"; so both
+    get one more digit at a time, up to :data:`MAX_DIGITS`, where each prints its own round-trip decimal
+    (``repr``), and those compare as the floats do. Non-finite numbers are printed without the search.
     """
     left, right = float(left), float(right)
     for extra in range(MAX_DIGITS):
@@ -86,11 +86,15 @@ def ordered(
         b = upper(right, rd) if right_up else lower(right, rd)
         if not (math.isfinite(left) and math.isfinite(right)):
             return a, b
-        if (Decimal(a) > Decimal(b)) == (left > right):
+        if _sign(Decimal(a) - Decimal(b)) == _sign(left - right):
             return a, b
         if ld == rd == MAX_DIGITS:
             break
     return a, b  # unreachable for finite floats: at 17 digits each prints its own repr, which keeps their order
+
+
+def _sign(x: Any) -> int:
+    return (x > 0) - (x < 0)
 
 
 def _show(x: Any, digits: int, rounding: str, missing: str) -> str:
