@@ -70,14 +70,16 @@ def ordered(
     left_up: bool = False,
     right_up: bool = True,
 ) -> tuple[str, str]:
-    """``left`` and ``right`` printed so that the printed decimals compare as the numbers do (<, = or >).
+    """``left`` and ``right`` printed so that the printed decimals keep the numbers' order: printed left >
+    printed right when ``left > right``, < when ``left < right``, and ≤ when they are equal (lines state
+    "b > c" or "b ≤ c", so an equal pair need not print equal: "ε ≥ 7.99 ≤ claimed 7.99996" is true).
 
     For a line that states an order, such as a headline "ε ≥ b > claimed c" (b a lower bound, rounded down;
     c a claim, rounded up) or "certifies at most m ≤ claimed c" (``left_up=True``). Each is rounded in its own
-    safe direction at its own digits first; directed rounding alone keeps "b < c" true, but can print b > c as
-    "8 > 8" or, with fewer digits for b than for c, as "8 > 8.00001", and b = c as "7.99 = 7.99996"; so both
-    get one more digit at a time, up to :data:`MAX_DIGITS`, where each prints its own round-trip decimal
-    (``repr``), and those compare as the floats do. Non-finite numbers are printed without the search.
+    safe direction at its own digits first; that alone can print b > c as "8 > 8", or m = c (both rounded up,
+    m at fewer digits) as "8 ≤ 7.99996"; so both get one more digit at a time, up to :data:`MAX_DIGITS`, where
+    each prints its own round-trip decimal (``repr``), and those compare as the floats do. Non-finite numbers
+    are printed without the search.
     """
     left, right = float(left), float(right)
     for extra in range(MAX_DIGITS):
@@ -86,7 +88,8 @@ def ordered(
         b = upper(right, rd) if right_up else lower(right, rd)
         if not (math.isfinite(left) and math.isfinite(right)):
             return a, b
-        if _sign(Decimal(a) - Decimal(b)) == _sign(left - right):
+        shown = _sign(Decimal(a) - Decimal(b))
+        if shown == _sign(left - right) or (left == right and shown < 0):
             return a, b
         if ld == rd == MAX_DIGITS:
             break
