@@ -168,7 +168,8 @@ def test_per_step_canary_audits_render_with_their_own_verdict(per_step):
     assert "the noise check finds no less noise" in ok["summary"]["headline"]
     # The composed ε over all steps is an estimate, labelled, against the model's (T-step) claim.
     composed = ok["audits"][0]["details"]["composed_epsilon_estimate"]
-    assert f"estimate ε ≥ {numfmt.lower(composed)} composed over all steps vs claimed {numfmt.upper(claim())}" in ok["summary"]["headline"]
+    shown = f"estimate ε ≥ {numfmt.lower(composed)} composed over all steps vs claimed {numfmt.upper(claim())}"
+    assert shown in ok["summary"]["headline"]
     assert ok["summary"]["estimate_verdict"] == "consistent"
     assert leak["summary"]["verdict"] == "violation" and leak["audits"][0]["verdict"] == "curve-refuted"
     assert tradeoff_layers(leak)["refutations"][0]["label"].endswith("claimed step curve refuted")
