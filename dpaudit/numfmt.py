@@ -22,8 +22,8 @@ either direction: it is the decimal the float stands for (``--epsilon 0.1`` stor
 0.1000000000000000055…), less than half a unit in the last place (1.1e-16 relative) away, which float64
 cannot tell apart from it. Without it every claim of 0.1 would print 0.100001.
 
-Output reads as Python's ``format(x, "g")`` does (trailing zeros dropped, exponent past 1e-4 and 10**digits):
-7.99996, 8, 1e-05, 1.00001e-05; ∞ and −∞ for infinities, nan, and ``missing`` for None. JSON keeps full floats.
+Output reads as Python's ``format(x, f".{digits}g")`` does (trailing zeros dropped, scientific below 1e-4 and
+from 10**digits): 7.99996, 8, 1e-05, 1.00001e-05, 2.707e+04 at 4 digits; ∞ and −∞ for infinities, nan, and ``missing`` for None. JSON keeps full floats.
 """
 
 from __future__ import annotations
@@ -114,17 +114,17 @@ def _show(x: Any, digits: int, rounding: str, missing: str) -> str:
         return "0"
     short = Decimal(repr(v))  # the shortest decimal that reads back as v (Python's float repr)
     if len(short.normalize().as_tuple().digits) <= digits:
-        return _g(short)
-    return _g(Context(prec=digits, rounding=rounding).plus(Decimal(v)))  # Decimal(v): v's exact binary value
+        return _g(short, digits)
+    return _g(Context(prec=digits, rounding=rounding).plus(Decimal(v)), digits)  # Decimal(v): v's exact value
 
 
-def _g(d: Decimal) -> str:
-    """A finite nonzero Decimal as ``format(float, "g")`` writes it: fixed point for exponents in [-4, p),
-    p the number of significant digits shown (at least 6, as ``g`` without a precision), else scientific."""
+def _g(d: Decimal, digits: int) -> str:
+    """A finite nonzero Decimal of at most ``digits`` significant digits as ``format(x, f".{digits}g")`` writes
+    it: fixed point for exponents in [-4, digits), else scientific; trailing zeros dropped."""
     d = d.normalize()
     sign, coeff, _ = d.as_tuple()
     e = d.adjusted()
-    if -4 <= e < max(len(coeff), CLAIM_DIGITS):
+    if -4 <= e < digits:
         text = format(d, "f")
     else:
         mantissa = "".join(map(str, coeff))
