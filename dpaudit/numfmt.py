@@ -23,7 +23,8 @@ either direction: it is the decimal the float stands for (``--epsilon 0.1`` stor
 cannot tell apart from it. Without it every claim of 0.1 would print 0.100001.
 
 Output reads as Python's ``format(x, f".{digits}g")`` does (trailing zeros dropped, scientific below 1e-4 and
-from 10**digits): 7.99996, 8, 1e-05, 1.00001e-05, 2.707e+04 at 4 digits; ∞ and −∞ for infinities, nan, and ``missing`` for None. JSON keeps full floats.
+from 10**digits): 7.99996, 8, 1e-05, 1.00001e-05, 2.707e+04 at 4 digits; ∞ and −∞ for infinities, nan, and
+``missing`` for None. JSON keeps full floats.
 """
 
 from __future__ import annotations
