@@ -391,6 +391,20 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
+def scalar_text(key: str, value: Any) -> str:
+    """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
+    rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) rounded up at claim precision, a
+    max certifiable ε rounded up (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to nearest."""
+    leaf = key.rpartition(".")[2]
+    if "lower_bound" in leaf:
+        return numfmt.lower(value, 4)
+    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon", "delta"):
+        return numfmt.upper(value)
+    if leaf.startswith("max_certifiable"):
+        return numfmt.upper(value, 4)
+    return num(value, ".4g")
+
+
 NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")
 
 

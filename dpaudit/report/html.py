@@ -150,7 +150,7 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
     one, and the whole result as JSON (collapsed) so nothing is hidden."""
     out = []
     for a in attacks:
-        rows = [[_e(k), _e(F.num(v, ".4g"))] for k, v in F.scalar_results(a)]
+        rows = [[_e(k), _e(F.scalar_text(k, v))] for k, v in F.scalar_results(a)]
         out.append(f"<h4>{_e(a.get('attack', '?'))}</h4>")
         if isinstance(a.get("note"), str):  # what the result's numbers and verdicts are about
             out.append(f'<p class="note">{_e(a["note"])}</p>')

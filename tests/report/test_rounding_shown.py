@@ -132,3 +132,16 @@ def test_the_cli_summaries_print_the_claim_rounded_up():
         "delta": 1e-5, "median_feature_epsilon": 0.5,
     }  # fmt: skip
     assert "local DP   ε = 7.99996 at δ = 1e-05" in human_cloak(cloak)
+
+
+def test_family_results_round_their_epsilons_by_what_they_are():
+    """The generic layout of a family result (JL step audit, cloak, ICL) prints each ε by its key."""
+    from dpaudit.report._format import scalar_text
+
+    assert scalar_text("epsilon_lower_bound", BOUND) == "4.815"
+    assert scalar_text("members.epsilon_lower_bound", 4.81519) == "4.815"  # nearest would print 4.815 too ...
+    assert scalar_text("epsilon_lower_bound", 4.81599) == "4.815"  # ... but not here (4.816)
+    for key in ("jl_accountant_claim", "plain_formula_claim", "model_claim", "composed_epsilon", "epsilon"):
+        assert scalar_text(key, CLAIM) == "7.99996", key
+    assert scalar_text("max_certifiable_epsilon", 2.783308493421825) == "2.784"
+    assert scalar_text("auc", 0.666666) == "0.6667"  # not an ε: as before
