@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpaudit import numfmt
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import write_atomic_dir
@@ -293,9 +294,11 @@ def claim_mismatch_note(privacy: Mapping[str, Any] | None) -> str | None:
     check = reaccount_claim(privacy)
     if check is None or check["match"]:
         return None
+    # Both claims, rounded up and printed in the order computed (dpaudit.numfmt.ordered): never "8 but 8".
+    recorded, recomputed = numfmt.ordered(check["recorded"], check["recomputed"], left_up=True, right_digits=6)
     return (
-        f"claim mismatch: checkpoint.json records ε = {check['recorded']:.6g}, but its recorded mechanism "
-        f"re-accounts to ε = {check['recomputed']:.6g} ({check['accountant']}, δ = {check['delta']:g}); "
+        f"claim mismatch: checkpoint.json records ε = {recorded}, but its recorded mechanism "
+        f"re-accounts to ε = {recomputed} ({check['accountant']}, δ = {check['delta']:g}); "
         "the file was edited or written by other software. This audit tests the claim as recorded."
     )
 

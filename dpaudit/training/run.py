@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from dpaudit import numfmt
 from dpaudit.budget import check_cost, check_model_size, training_cost
 from dpaudit.canaries import CANARY_FILE, CanarySet, with_canaries
 from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
@@ -466,16 +467,18 @@ def claim_record(stated: StatedClaim, *, dataset_size: int) -> tuple[dict[str, A
     source = f"re-accounted by dpaudit ({accountant}) from the mechanism parameters stated by the user"
     if stated.epsilon is not None:
         if accounted > stated.epsilon * (1 + 1e-9):
+            # Both upper bounds on ε, rounded up and printed in the order computed (dpaudit.numfmt.ordered).
+            shown, acc = numfmt.ordered(stated.epsilon, accounted, left_up=True)
             warnings.append(
-                f"the stated ε = {stated.epsilon:g} is smaller than dpaudit's {accountant} accountant gives for "
-                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {stated.delta:g} (ε = {accounted:.6g}); "
-                f"recording ε = {accounted:.6g}: a claim is never under-reported"
+                f"the stated ε = {shown} is smaller than dpaudit's {accountant} accountant gives for "
+                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {stated.delta:g} (ε = {acc}); "
+                f"recording ε = {acc}: a claim is never under-reported"
             )
         elif stated.epsilon > accounted:
             epsilon = float(stated.epsilon)
             source = (
-                f"stated by the user (larger than the ε = {accounted:.6g} dpaudit's {accountant} accountant gives "
-                "for the stated mechanism parameters; the larger is recorded)"
+                f"stated by the user (larger than the ε = {numfmt.upper(accounted)} dpaudit's {accountant} accountant "
+                "gives for the stated mechanism parameters; the larger is recorded)"
             )
     claim = {
         "epsilon": epsilon,

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit import numfmt
 from dpaudit.audit import audit_scores
 from dpaudit.errors import InputError
 from dpaudit.plugins import PLUGIN_SCORE_HELP  # noqa: F401 (re-exported)
@@ -481,10 +482,11 @@ def require_refutable(
         return best
     unit = "canaries" if method == "one-run" else "runs per side"
     need = size_advice(claimed_epsilon, method=method, delta=delta, confidence=confidence)
+    most, claim = numfmt.ordered(best, claimed_epsilon, left_up=True)  # both upper bounds, in the order computed
     raise InputError(
-        f"this audit cannot refute epsilon = {claimed_epsilon:g}: {size} {unit} certify at most {best:.3g} even "
+        f"this audit cannot refute epsilon = {claim}: {size} {unit} certify at most {most} even "
         f"with a perfect attack ({method}, confidence {confidence:g}, delta {delta:g}); {need} "
-        f"(see `dpaudit audit plan --epsilon {claimed_epsilon:g}`); pass {flag} to run it anyway"
+        f"(see `dpaudit audit plan --epsilon {numfmt.upper(claimed_epsilon)}`); pass {flag} to run it anyway"
     )
 
 
