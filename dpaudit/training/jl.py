@@ -32,7 +32,6 @@ same per-example gradient, which two independent dropout masks would not give (r
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import warnings
@@ -42,6 +41,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3 (the floor is 2.4)
 
 from dpaudit.errors import InputError
 from dpaudit.training.clipping import ClippedGradients, Clipper, clip_factors
@@ -200,13 +200,7 @@ def _math_attention(fn):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-        except ImportError:  # torch < 2.3: no kernel selection (fused kernels then fail with one line)
-            context = contextlib.nullcontext()
-        else:
-            context = sdpa_kernel(SDPBackend.MATH)
-        with context:
+        with sdpa_kernel(SDPBackend.MATH):
             return fn(*args, **kwargs)
 
     return wrapped
