@@ -353,10 +353,10 @@ AUDIT_TRAIN_DESIGN = (
     ),
     opt(
         "canary_kind",
-        str,
-        "clipbkd",
+        str | None,
+        None,
         help="Black-box canary: clipbkd | mislabeled | outlier | crafted (built from the public aux split "
-        "for the final-model threat model).",
+        "for the final-model threat model). Default: clipbkd; mislabeled for token data.",
     ),
     opt(
         "init",

@@ -207,6 +207,8 @@ def train(**o) -> None:
 
     del o["target"], o["lambdas"]
     meta = train_from_options(**o, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output))
+    for message in meta.get("fit_warnings", ()):
+        warn(message)
     s = summary(meta)
     emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)
 

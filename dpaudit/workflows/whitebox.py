@@ -55,6 +55,7 @@ def audit_whitebox_steps(
     from dpaudit.training.algorithms import fit_with_gradient_canary
     from dpaudit.training.config import PerfConfig
     from dpaudit.training.dpsgd import GradientCanary
+    from dpaudit.training.run import check_spec_fits
     from dpaudit.validation import check_positive_int
     from dpaudit.workflows.training import _prepare_recipe
 
@@ -64,6 +65,7 @@ def audit_whitebox_steps(
         raise InputError("the per-step white-box audit needs Poisson sampling (--sampling poisson)")
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+    check_spec_fits(spec, dataset)
     perf = perf or PerfConfig(device="cpu")
     splits = make_splits(len(dataset), split_seed)
     members = splits.members
