@@ -312,9 +312,11 @@ def _from_npz(path: Path, spec: str) -> Dataset:
 
 
 def _holds_tokens(X: np.ndarray) -> bool:
-    """An integer 2-D ``X`` (one sequence of ids per row) is token data, as a tokenizer writes it; numeric
-    features are stored as floats (``X.astype('float32')``), images as 4-D arrays."""
-    return X.ndim == 2 and np.issubdtype(X.dtype, np.integer)
+    """An integer 2-D ``X`` (one sequence of ids per row) is token data, as a tokenizer writes it (int32,
+    int64, uint16, ...); numeric features are stored as floats (``X.astype('float32')``), images as 4-D
+    arrays. Except uint8 (and bool): 8-bit pixels of flattened images (MNIST as ``(n, 784)`` uint8) and
+    binary features stay numeric features, as they always were; no tokenizer's vocabulary fits in 8 bits."""
+    return X.ndim == 2 and np.issubdtype(X.dtype, np.integer) and X.dtype != np.uint8
 
 
 def _tokens(name: str, X: np.ndarray, y: np.ndarray, spec: str, source: str) -> Dataset:

@@ -115,6 +115,16 @@ def test_integer_arrays_are_token_ids(tmp_path):
     assert load_dataset(str(tmp_path / "f.npz")).kind == "tabular"
 
 
+def test_uint8_matrices_stay_pixels(tmp_path):
+    """Flattened 8-bit images (MNIST as (n, 784) uint8) were numeric features before token ids existed and
+    still are: a zoo mlp trains on them; only wider integer types are token ids."""
+    X, y = _tokens(40)
+    np.savez(tmp_path / "px.npz", X=X.astype(np.uint8), y=y)
+    ds = load_dataset(str(tmp_path / "px.npz"))
+    assert ds.kind == "tabular" and ds.X.dtype.kind == "f"
+    np.testing.assert_array_equal(ds.X, X.astype(np.uint8))
+
+
 @pytest.mark.slow
 def test_transformer_over_token_ids_trains_with_dp_by_factory(tok, tmp_path):
     """The newcomer's command: DP-SGD at epsilon 4, every optimisation setting left at its default."""
