@@ -205,7 +205,11 @@ def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed
 
     ds = run.dataset()
     if ds.kind == "tokens":
-        raise InputError("attribute inference needs continuous or discrete features; token data is not supported")
+        raise InputError(
+            "attribute inference fills in one feature of a record from a small set of values it can enumerate; a "
+            "token position ranges over the whole vocabulary: refused for token data; use `dpaudit attack mia` "
+            "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
+        )
     j, name = resolve_feature(feature, ds)
     X = np.asarray(ds.X, np.float64)
     y = np.asarray(ds.y)

@@ -714,7 +714,11 @@ def extract(
     if isinstance(curve_points, bool) or not isinstance(curve_points, int) or curve_points < 0:
         raise InputError(f"expected curve_points to be a non-negative integer, got {curve_points!r}")
     if run.meta["data"].get("kind") == "tokens":
-        raise InputError("extraction needs real-valued features; token data (rnn models) is not supported")
+        raise InputError(
+            "extraction synthesises real-valued queries and fits real-valued surrogates, and token ids are "
+            "discrete: refused for token data (an rnn or a python model over token ids); use "
+            "`dpaudit attack mia` (membership) or canaries (`dpaudit train --canaries`)"
+        )
     method = resolve_method("learning" if adaptive and method == "auto" else method, run, mode)
     pool = pool if pool is not None else "synthetic"
     check_choice(POOLS, pool=pool)

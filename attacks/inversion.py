@@ -545,7 +545,11 @@ def run_inversion(
             raise InputError(f"class {k} is outside the model's classes 0..{n_classes - 1}")
     ds = run.dataset()
     if ds.kind == "tokens":
-        raise InputError("model inversion needs continuous features; token data is not supported")
+        raise InputError(
+            "model inversion (MI-FACE) climbs the gradient of a class's confidence with respect to the input, and "
+            "token ids are discrete (no gradient to follow): refused for token data; use `dpaudit attack mia` "
+            "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
+        )
     X = np.asarray(ds.X, np.float64)
     y = np.asarray(ds.y)
     sp = run.splits

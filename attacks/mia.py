@@ -323,10 +323,12 @@ def attack_checkpoint(
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = lambda message: None,
+    warn: Callable[[str], None] = lambda message: None,
 ) -> list[AttackResult]:
     """``dpaudit attack mia``: load the run at ``checkpoint``, run the attacks named in ``attacks`` (comma-separated)
     with :func:`run_mia` and write each attack's per-record scores under ``scores_out`` (see
     :func:`scores_paths`). ``no_cache``: reference models in a temporary directory, deleted afterwards.
+    ``warn`` receives the run's ``fit_warnings`` (a model that learned nothing: its AUCs measure little).
     Every option is checked, and every output path refused unless ``force``, before anything is trained."""
     from dpaudit.checkpoint import load_run
 
@@ -348,6 +350,8 @@ def attack_checkpoint(
         check_output_file(path, force=force)  # before the work
     run = load_run(checkpoint)
     notify(f"attacking {checkpoint} with {', '.join(methods)} …")
+    for message in run.meta.get("fit_warnings", ()):
+        warn(message)
     with contextlib.ExitStack() as stack:
         if no_cache:
             cache_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpaudit-cache-")))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpaudit import numfmt
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import write_atomic_dir
@@ -67,7 +68,7 @@ def save_run(
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
         raise ValueError(f"checkpoint meta misses {missing}")
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    state = _unshared_state(model)
 
     def write(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS_FILE))
@@ -293,9 +294,11 @@ def claim_mismatch_note(privacy: Mapping[str, Any] | None) -> str | None:
     check = reaccount_claim(privacy)
     if check is None or check["match"]:
         return None
+    # Both claims, rounded up and printed in the order computed (dpaudit.numfmt.ordered): never "8 but 8".
+    recorded, recomputed = numfmt.ordered(check["recorded"], check["recomputed"], left_up=True, right_digits=6)
     return (
-        f"claim mismatch: checkpoint.json records ε = {check['recorded']:.6g}, but its recorded mechanism "
-        f"re-accounts to ε = {check['recomputed']:.6g} ({check['accountant']}, δ = {check['delta']:g}); "
+        f"claim mismatch: checkpoint.json records ε = {recorded}, but its recorded mechanism "
+        f"re-accounts to ε = {recomputed} ({check['accountant']}, δ = {check['delta']:g}); "
         "the file was edited or written by other software. This audit tests the claim as recorded."
     )
 
@@ -354,6 +357,27 @@ def strip_wrapper_prefixes(state: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unshared_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict on the CPU with every name holding its own copy: safetensors refuses
+    tensors that share memory, as tied weights do (``head.weight = emb.weight``); the file then holds
+    both names with equal values, as ``model.state_dict()`` shows them."""
+    state, seen = {}, set()
+    for k, v in model.state_dict().items():
+        t = v.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        state[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return state
+
+
+def _tied_names(model: nn.Module) -> list[list[str]]:
+    """Groups of state-dict names that are one tensor in ``model`` (tied weights)."""
+    groups: dict[tuple, list[str]] = {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        groups.setdefault((v.data_ptr(), tuple(v.shape), v.stride()), []).append(k)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def as_state_dict(state: Mapping[str, Any], source: str) -> dict[str, torch.Tensor]:
     """A foreign state dict (torch tensors or numpy arrays, wrapper prefixes allowed) as CPU tensors."""
     if not isinstance(state, Mapping):
@@ -378,6 +402,17 @@ def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: st
     such as Opacus' ``_module.`` or DDP's ``module.`` are removed first)."""
     state = as_state_dict(state, source)
     expected = model.state_dict()
+    for names in _tied_names(model):  # tied weights: a file may hold one name of each (safetensors' save_model)
+        given = [k for k in names if k in state]
+        for k in given[1:]:
+            same_shape = state[k].shape == state[given[0]].shape
+            if not same_shape or not torch.equal(state[k], state[given[0]]):
+                raise CheckpointError(
+                    f"{source}: {given[0]} and {k} are one tied tensor in the model but differ in the weights"
+                )
+        for k in names:
+            if given and k not in state:
+                state[k] = state[given[0]]
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     shapes = [

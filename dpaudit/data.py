@@ -305,8 +305,30 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
         raise DataError(f"{path}: X must be numeric, got dtype {X.dtype}")
     _check_integer_labels(y, str(path))
+    if _holds_tokens(X):
+        return _tokens(path.stem, X, y, spec, str(path))
     kind = "image" if X.ndim == 4 else "tabular"
     return _validated(path.stem, X.astype(np.float64), y, kind, spec)
+
+
+def _holds_tokens(X: np.ndarray) -> bool:
+    """An integer 2-D ``X`` (one sequence of ids per row) is token data, as a tokenizer writes it (int32,
+    int64, uint16, ...); numeric features are stored as floats (``X.astype('float32')``), images as 4-D
+    arrays. Except uint8 (and bool): 8-bit pixels of flattened images (MNIST as ``(n, 784)`` uint8) and
+    binary features stay numeric features, as they always were; no tokenizer's vocabulary fits in 8 bits."""
+    return X.ndim == 2 and np.issubdtype(X.dtype, np.integer) and X.dtype != np.uint8
+
+
+def _tokens(name: str, X: np.ndarray, y: np.ndarray, spec: str, source: str) -> Dataset:
+    """Token sequences from a user's file: ids must be >= 0; the vocabulary is 0 .. max id."""
+    low = int(X.min()) if X.size else 0
+    if low < 0:
+        raise DataError(
+            f"{source}: an integer X is read as token ids, which must be >= 0 (found {low}); "
+            "for numeric features save X as floats, e.g. X.astype('float32')"
+        )
+    vocab = int(X.max()) + 1 if X.size else 1
+    return _validated(name, np.asarray(X), y, "tokens", spec, vocab_size=vocab)
 
 
 def _check_integer_labels(y: np.ndarray, source: str) -> None:
@@ -336,10 +358,15 @@ def _from_npy_dir(path: Path, spec: str) -> Dataset:
         raise DataError(f"{path}: X.npy/y.npy must be plain numeric arrays (object arrays are refused: {e})") from None
     except OSError as e:
         raise DataError(f"{path}: not a readable .npy file ({e})") from None
+    if isinstance(header, np.memmap) and _holds_tokens(header):  # token ids: n x T integers, read into memory
+        del header
+        _check_integer_labels(y, str(files["y"]))
+        return _tokens(path.name, np.load(files["X"], allow_pickle=False), y, spec, str(files["X"]))
     if not isinstance(header, np.memmap) or not np.issubdtype(header.dtype, np.floating):
         raise DataError(
-            f"{files['X']}: X must be a floating-point array (float16/32/64), got dtype {header.dtype}; "
-            "convert the features first, e.g. X.astype('float32') / 255 for 8-bit images"
+            f"{files['X']}: X must be a floating-point array (float16/32/64), or 2-D integer token ids, got "
+            f"dtype {header.dtype} with shape {list(header.shape)}; convert the features first, e.g. "
+            "X.astype('float32') / 255 for 8-bit images"
         )
     if header.ndim < 2:
         raise DataError(f"{files['X']}: X must have one row per record, got shape {list(header.shape)}")

@@ -25,6 +25,7 @@ from dpaudit.validation import check_int_fields, read_json
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn", "python")
+INPUT_DTYPES = ("float32", "int64")  # of a python model's input: features, or token ids
 
 
 def _check_activation(name: str) -> None:
@@ -65,7 +66,7 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": self.kind}
         for k, v in asdict(self).items():
-            if k == "feature_names" and v is None:
+            if (k == "feature_names" and v is None) or (k == "input_dtype" and v == "float32"):
                 continue
             d[k] = list(v) if isinstance(v, tuple) else v
         return d
@@ -235,8 +236,8 @@ class RNNSpec(ModelSpec):
 class PythonSpec(ModelSpec):
     """A user's own ``nn.Module``: ``factory`` names ``"package.module:function"`` (imported with the
     current directory first, as ``--trainer``), called as ``function(**kwargs)``; the module must map a
-    float32 batch ``(B, *input_shape)`` to logits ``(B, n_classes)`` (checked with a forward pass on
-    zeros at every build).
+    batch ``(B, *input_shape)`` of ``input_dtype`` (``float32``, or ``int64`` token ids) to logits
+    ``(B, n_classes)`` (checked with a forward pass on zeros at every build).
 
     ``source_sha256``: the sha256 of the factory's source file, recorded when the spec is made; a
     checkpoint whose factory source changed since still loads when the parameter names and shapes
@@ -248,9 +249,14 @@ class PythonSpec(ModelSpec):
     factory: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     source_sha256: str | None = None
+    # What the module reads: float32 features, or int64 token ids (an Embedding first). Left out of
+    # to_dict when float32, so the specs of runs saved before this field existed read the same.
+    input_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.input_dtype not in INPUT_DTYPES:
+            raise InputError(f"expected input_dtype 'float32' or 'int64' (token ids), got {self.input_dtype!r}")
         if not isinstance(self.kwargs, dict):
             raise InputError(f"'kwargs' of a python model must be a JSON object, got {type(self.kwargs).__name__}")
         try:
@@ -282,6 +288,17 @@ class PythonSpec(ModelSpec):
         self._check_logits(model)
         return model
 
+    def _zeros(self, dtype: str) -> torch.Tensor:
+        return torch.zeros((2, *self.input_shape), dtype=getattr(torch, dtype))
+
+    def _runs_on(self, model: nn.Module, dtype: str) -> bool:
+        try:
+            with torch.no_grad():
+                model(self._zeros(dtype))
+        except Exception:  # the user's code: any failure means no
+            return False
+        return True
+
     def _check_logits(self, model: nn.Module) -> None:
         """A forward pass on two zero records must give logits of shape (2, n_classes)."""
         expected = (2, self.n_classes)
@@ -289,11 +306,14 @@ class PythonSpec(ModelSpec):
         model.eval()
         try:
             with torch.no_grad():
-                out = model(torch.zeros((2, *self.input_shape)))
+                out = model(self._zeros(self.input_dtype))
         except Exception as e:
+            hint = ""
+            if self.input_dtype == "float32" and self._runs_on(model, "int64"):  # e.g. an Embedding first
+                hint = '; it runs on int64 token ids: give the spec "input_dtype": "int64" (or token data)'
             raise InputError(
-                f"model factory {self.factory}: forward on a batch of shape {[2, *self.input_shape]} failed: "
-                f"{first_line(e)}"
+                f"model factory {self.factory}: forward on a {self.input_dtype} batch of shape "
+                f"{[2, *self.input_shape]} failed: {first_line(e)}{hint}"
             ) from e
         finally:
             model.train(was_training)
@@ -339,9 +359,11 @@ def factory_source_sha256(path: str) -> str:
 SPECS: dict[str, type[ModelSpec]] = {s.kind: s for s in (LogRegSpec, MLPSpec, CNNSpec, RNNSpec, PythonSpec)}
 
 
-def read_model_spec(path: str | Path) -> ModelSpec:
+def read_model_spec(path: str | Path, *, tokens: bool = False) -> ModelSpec:
     """A model spec from a JSON file in :meth:`ModelSpec.to_dict`'s format (``docs/model-spec.md``);
-    any problem is one :class:`InputError` line naming the file."""
+    any problem is one :class:`InputError` line naming the file. ``tokens``: the data are token ids, so
+    a ``python`` spec that does not say its ``input_dtype`` reads ``int64`` (one that says ``float32``
+    is refused by the data check, :func:`dpaudit.training.run.check_spec_fits`)."""
 
     path = Path(path)
     if path.is_dir():
@@ -349,6 +371,8 @@ def read_model_spec(path: str | Path) -> ModelSpec:
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     d = read_json(path)  # size, depth and number limits
+    if tokens and isinstance(d, dict) and d.get("kind") == "python" and "input_dtype" not in d:
+        d = {**d, "input_dtype": "int64"}
     try:
         spec = model_spec_from_dict(d)
         if isinstance(spec, PythonSpec):

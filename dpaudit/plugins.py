@@ -212,13 +212,14 @@ def call_trainer(
     return model.eval()
 
 
-def load_model_spec(path: str | Path, *, feature_shape: tuple[int, ...], n_classes: int):
+def load_model_spec(path: str | Path, *, feature_shape: tuple[int, ...], n_classes: int, tokens: bool = False):
     """The model spec in a JSON file (``ModelSpec.to_dict()``'s format), checked against the data's
-    feature shape and number of classes; :class:`InputError` (one line, naming the file) otherwise."""
+    feature shape and number of classes; :class:`InputError` (one line, naming the file) otherwise.
+    ``tokens``: the data are token ids (see :func:`dpaudit.models.read_model_spec`)."""
     from dpaudit.models import read_model_spec
 
     path = Path(path)
-    spec = read_model_spec(path)
+    spec = read_model_spec(path, tokens=tokens)
     if spec.input_shape != tuple(feature_shape) or spec.n_classes != n_classes:
         raise InputError(
             f"{path}: the spec is for input shape {list(spec.input_shape)} and {spec.n_classes} classes; the data "

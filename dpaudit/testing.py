@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit import numfmt
 from dpaudit.audit.bounds import audit_scores
 from dpaudit.audit.plan import trials_needed
 from dpaudit.audit.power import (
@@ -283,9 +284,10 @@ def _power_shortfall(
     except InputError as e:
         needed = f"no practical number of trials ({e})"
     return (
-        f"the test has too little power against ({epsilon:g}, {result.delta:g})-DP: against {leak.describe()} it "
+        f"the test has too little power against ({numfmt.upper(epsilon)}, {numfmt.upper(result.delta)})-DP: "
+        f"against {leak.describe()} it "
         f"refutes the claim with probability {p:.2f} < {power:g} with {trials} trials per side (simulated audits; "
-        f"max certifiable epsilon {result.max_certifiable_epsilon:.4g}). Needed: {needed}"
+        f"max certifiable epsilon {numfmt.upper(result.max_certifiable_epsilon, 4)}). Needed: {needed}"
     )
 
 
@@ -329,15 +331,16 @@ def assert_dp(
     )  # fmt: skip
     if result.verdict in ("violation", "estimate-exceeds-claim"):
         kind = "formal lower bound" if result.formal else "estimate"
+        bound, claim = numfmt.ordered(result.epsilon_lower_bound, epsilon, left_digits=4)  # the order computed
         raise AssertionError(
-            f"mechanism is not ({epsilon:g}, {delta:g})-DP: epsilon lower bound {result.epsilon_lower_bound:.4g} "
-            f"> claimed epsilon {epsilon:g} ({kind}, {result.method}, confidence {result.confidence:g})\n"
+            f"mechanism is not ({claim}, {numfmt.upper(delta)})-DP: epsilon lower bound {bound} "
+            f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})\n"
             + result.summary()
         )
     if require_power:
         alt = DEFAULT_ALTERNATIVE_FACTOR * epsilon if alternative_epsilon is None else alternative_epsilon
         if not alt > epsilon:
-            raise InputError(f"expected alternative_epsilon > epsilon = {epsilon:g}, got {alt:g}")
+            raise InputError(f"expected alternative_epsilon > epsilon = {numfmt.upper(epsilon)}, got {alt:g}")
         leak = hypothesised_leak(family=alternative_family, epsilon=alt, delta=result.delta)
         shortfall = _power_shortfall(
             result, epsilon=epsilon, trials=trials, pilot=direction is None, method=method,

@@ -29,6 +29,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "dpaudit.seeding",
         "dpaudit.progress",
         "dpaudit.user_code",
+        "dpaudit.numfmt",
     ),
     ("dpaudit.events",),
     ("dpaudit.accounting",),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from dpaudit import numfmt
 from dpaudit.accounting.base import Accountant
 from dpaudit.accounting.registry import make_accountant
 from dpaudit.errors import DPAuditError, InputError, UnreachableTargetError
@@ -62,9 +63,11 @@ def calibrate_noise_multiplier(
     if lower_bound is not None:
         floor = float(lower_bound(max_noise_multiplier))
         if floor > target:
+            # The formal lower bound rounded down, the target up, in the order computed (dpaudit.numfmt.ordered).
+            shown, goal = numfmt.ordered(floor, target, left_digits=4)
             raise UnreachableTargetError(
-                f"target epsilon {target:g} at delta {delta:g} is not reachable with noise_multiplier "
-                f"<= {max_noise_multiplier:g}: even that much noise gives epsilon >= {floor:.4g} (a formal lower bound)"
+                f"target epsilon {goal} at delta {delta:g} is not reachable with noise_multiplier "
+                f"<= {max_noise_multiplier:g}: even that much noise gives epsilon >= {shown} (a formal lower bound)"
             )
     hi = 1.0
     while lower_bound is not None and lower_bound(hi) > target and hi < max_noise_multiplier:

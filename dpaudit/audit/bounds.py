@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binomtest
 
+from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon
 from dpaudit.audit import fdp_one_run, one_run
 from dpaudit.audit.holdout import select_then_evaluate, split
@@ -560,16 +561,24 @@ def _curve_refutation(family: fdp_one_run.TradeoffFamily, out: fdp_one_run.FdpOu
     if sigma is None:
         shown = f"no {name} curve is refuted"
     else:
-        shown = f"every {name} curve with noise multiplier >= {sigma:.4g} is refuted (each with epsilon <= {eps:.4g})"
+        # Rounded up, both (dpaudit.numfmt.upper): the refuted curves are those with σ >= sigma, each with ε <= eps,
+        # so a printed threshold at or above sigma and a printed ε at or above eps keep the sentence true.
+        shown = (
+            f"every {name} curve with noise multiplier >= {numfmt.upper(sigma, 4)} is refuted "
+            f"(each with epsilon <= {numfmt.upper(eps, 4)})"
+        )
     if refuted is None:
         statement = shown[0].upper() + shown[1:]
     elif refuted:
         statement = (
-            f"the claimed {curve} curve is refuted: {shown}, and the claim (epsilon = {claimed:g} at delta = "
+            f"the claimed {curve} curve is refuted: {shown}, and the claim (epsilon = {numfmt.upper(claimed)} at "
+            f"delta = "
             f"{setup.delta:g}) is one of them; a refutation of the curve, not an epsilon lower bound"
         )
     else:
-        statement = f"the claimed {curve} curve is not refuted: {shown}, not the claim's (epsilon = {claimed:g})"
+        statement = (
+            f"the claimed {curve} curve is not refuted: {shown}, not the claim's (epsilon = {numfmt.upper(claimed)})"
+        )
     return {
         "statement": statement, "family": name, "curve": curve, "parameter": "noise_multiplier",
         "refuted_noise_multiplier_from": sigma, "claimed_curve_refuted": refuted,
@@ -593,8 +602,9 @@ def _finish(
     # The refutation's statement leads the notes, so every renderer of notes (Markdown, HTML) shows it.
     notes = [*([] if refutation is None else [refutation["statement"]]), *caveats, *notes]
     if claimed is not None and claimed >= max_cert and eps <= claimed:
+        most, claim = numfmt.ordered(max_cert, claimed, left_up=True)  # both upper bounds, in the order computed
         notes.append(
-            f"design too small: max certifiable epsilon = {max_cert:.3g} <= claimed {claimed:g} -> inconclusive "
+            f"design too small: max certifiable epsilon = {most} <= claimed {claim} -> inconclusive "
             "(more runs/canaries, or a larger delta, are needed to refute this claim)"
         )
     return AuditResult(

@@ -24,6 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dpaudit import numfmt
 from dpaudit.audit.bounds import max_certifiable_epsilon
 from dpaudit.audit.power import (
     DEFAULT_ALTERNATIVE_FACTOR,
@@ -132,8 +133,9 @@ def trials_needed(
         if hi >= max_trials:
             best_n, best_v = max(history, key=lambda t: t[1])
             raise InputError(
-                f"epsilon = {target:g} is not certifiable with up to {max_trials} "
-                f"{_unit(method)}: at most {best_v:.3g} (at {best_n}); lower the confidence or the target epsilon"
+                f"epsilon = {numfmt.upper(target)} is not certifiable with up to {max_trials} "
+                f"{_unit(method)}: at most {numfmt.upper(best_v, 3)} (at {best_n}); lower the confidence or the target "
+                "epsilon"
             )
         hi = min(2 * hi, max_trials)
         v_hi = f(hi)
@@ -145,10 +147,10 @@ def trials_needed(
             if 0.0 < a and c < b < a:  # past the peak: the δ term 2mδ now dominates
                 best_n, best_v = max(history, key=lambda t: t[1])
                 raise InputError(
-                    f"epsilon = {target:g} is out of reach of the {method} method at delta = {delta:g}: its max "
-                    f"certifiable epsilon peaks at about {best_v:.3g} (near {best_n} canaries) and decreases for "
-                    "more canaries (the 2*m*delta term of Steinke et al. 2023); audit independent runs instead "
-                    "(clopper-pearson, design multi-run)"
+                    f"epsilon = {numfmt.upper(target)} is out of reach of the {method} method at delta = {delta:g}: "
+                    f"its max certifiable epsilon peaks at about {numfmt.upper(best_v, 3)} (near {best_n} canaries) "
+                    "and decreases for more canaries (the 2*m*delta term of Steinke et al. 2023); audit independent "
+                    "runs instead (clopper-pearson, design multi-run)"
                 )
         lo = hi
     # Bisection keeps f(lo) <= target < f(hi).
@@ -213,18 +215,20 @@ class DesignPlan:
     def summary(self) -> str:
         leak = self.leak
         what = (
-            f"gaussian leak mu = {leak['mu']:.4g} (true epsilon {leak['epsilon']:.4g} at delta {leak['delta']:g})"
-            if leak["family"] == "gaussian"
-            else f"randomized response at true epsilon = {leak['epsilon']:.4g}"
+            f"gaussian leak mu = {leak['mu']:.4g} (true epsilon {numfmt.nearest(leak['epsilon'], 4)} at delta "
+            f"{leak['delta']:g})"
+            if leak["family"] == "gaussian"  # a hypothesised leak: a parameter, not a bound (to nearest)
+            else f"randomized response at true epsilon = {numfmt.nearest(leak['epsilon'], 4)}"
         )
         design = f"{self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
         design += f"delta {self.delta:g}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
         return (
-            f"{self.size} {self.unit} needed to refute epsilon = {self.target_epsilon:g} with power {self.power:g} "
+            f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "
+            f"{self.power:g} "
             f"against a {what}: the simulated audit refuted it in {self.simulated_power:.0%} of {self.simulations} "
             f"draws\n"
             f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
-            f"{self.max_certifiable_epsilon:.4g}); a real attack needs more\n"
+            f"{numfmt.upper(self.max_certifiable_epsilon, 4)}); a real attack needs more\n"
             f"design: {design}\n"
             f"note: {self.note}"
         )
@@ -323,7 +327,7 @@ def size_advice(claimed_epsilon: float, *, method: str, delta: float, confidence
     if n0 > ADVICE_MAX_SIMULATED:
         return (
             f"at least {n0} {unit} even for a perfect attack, and more for a real one (see `dpaudit audit plan "
-            f"--epsilon {claimed_epsilon:g}` for the size with power)"
+            f"--epsilon {numfmt.upper(claimed_epsilon)}` for the size with power)"
         )
     try:
         p = plan_design(
@@ -333,7 +337,8 @@ def size_advice(claimed_epsilon: float, *, method: str, delta: float, confidence
     except InputError as e:
         return f"at least {n0} {unit} even for a perfect attack ({e})"
     return (
-        f"about {p.size} {unit} are needed for {p.power:.0%} power against a leak of {p.leak['epsilon']:.3g} "
+        f"about {p.size} {unit} are needed for {p.power:.0%} power against a leak of "
+        f"{numfmt.nearest(p.leak['epsilon'])} "
         f"({p.leak['family']}, simulated), and at least {p.perfect_attack_size} {unit} even for a perfect attack"
     )
 

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon, gdp_mu_from_epsilon_delta
 from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
 from dpaudit.errors import InputError
@@ -95,8 +96,11 @@ class Leak:
 
     def describe(self) -> str:
         if self.family == "gaussian":
-            return f"gaussian leak mu = {self.mu:.4g} (epsilon {self.epsilon:.4g} at delta {self.delta:g})"
-        return f"randomized response at epsilon = {self.epsilon:.4g} (exactly (epsilon, 0)-DP)"
+            # A hypothesised leak: a parameter, not a bound, so to nearest (dpaudit.numfmt.nearest).
+            return (
+                f"gaussian leak mu = {self.mu:.4g} (epsilon {numfmt.nearest(self.epsilon, 4)} at delta {self.delta:g})"
+            )
+        return f"randomized response at epsilon = {numfmt.nearest(self.epsilon, 4)} (exactly (epsilon, 0)-DP)"
 
 
 def hypothesised_leak(
@@ -186,8 +190,9 @@ def size_for_power(
     power = check_in_interval(0.0, 1.0, power=power)
     claimed = check_non_negative(claimed_epsilon=claimed_epsilon)
     if leak.epsilon <= claimed:
+        shown, claim = numfmt.ordered(leak.epsilon, claimed, left_digits=4, left_up=True)
         raise InputError(
-            f"the hypothesised leak (epsilon = {leak.epsilon:.4g}) does not exceed the claim ({claimed:g}): a sound "
+            f"the hypothesised leak (epsilon = {shown}) does not exceed the claim ({claim}): a sound "
             "audit refutes a true claim with probability at most 1 - confidence, whatever the design size"
         )
 

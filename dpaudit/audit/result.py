@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from dpaudit import numfmt
 
 Method = Literal["clopper-pearson", "gdp", "one-run", "one-run-fdp"]
 ThresholdSelection = Literal["holdout", "bonferroni", "fixed"]
@@ -144,26 +145,28 @@ class AuditResult:
     def summary(self) -> str:
         """A few human-readable lines (used by the CLI and by assert_dp messages)."""
         lines = []
+        # dpaudit.numfmt: the bound rounded down (what is printed must be implied by what was computed), the claim
+        # and the max certifiable ε up (a claim is never under-reported), the pair in the order computed.
+        if self.claimed_epsilon is None:
+            bound, claimed = numfmt.lower(self.epsilon_lower_bound, 4), None
+        else:
+            bound, claimed = numfmt.ordered(self.epsilon_lower_bound, self.claimed_epsilon, left_digits=4)
         if self.refutation is not None:
             lines.append(f"{self.refutation['statement']} (formal, confidence {self.confidence:g})")
         if self.formal:
-            head = f"epsilon lower bound: {_fmt(self.epsilon_lower_bound)} (formal lower bound"
+            head = f"epsilon lower bound: {bound} (formal lower bound"
         else:
-            head = f"epsilon estimate: {_fmt(self.epsilon_lower_bound)} (ESTIMATE, not a formal lower bound"
+            head = f"epsilon estimate: {bound} (ESTIMATE, not a formal lower bound"
         lines += [
             f"{head}, {self.method}, design {self.design}, confidence {self.confidence:g}, delta {self.delta:g})",
             f"threshold selection: {self.threshold_selection}"
             + (f", threshold {self.threshold:.6g}" if self.threshold is not None else "")
             + (f", direction {self.details['direction']}" if self.details.get("alternative") == "two-sided" else ""),
-            f"max certifiable epsilon (perfect attack, same design): {_fmt(self.max_certifiable_epsilon)}",
+            f"max certifiable epsilon (perfect attack, same design): {numfmt.upper(self.max_certifiable_epsilon, 4)}",
         ]
         if self.claimed_epsilon is not None:
-            lines.append(f"claimed epsilon: {_fmt(self.claimed_epsilon)}  ->  verdict: {self.verdict}")
+            lines.append(f"claimed epsilon: {claimed}  ->  verdict: {self.verdict}")
         for note in self.notes:
             if self.refutation is None or note != self.refutation["statement"]:  # already the first line
                 lines.append(f"note: {note}")
         return "\n".join(lines)
-
-
-def _fmt(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:.4g}"

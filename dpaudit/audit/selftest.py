@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
+from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon
 from dpaudit.audit.bounds import audit_scores
 from dpaudit.progress import Progress
@@ -273,8 +274,8 @@ class SelftestReport:
         body = [
             (
                 r.description,
-                f"{r.claimed_epsilon:.3f}",
-                f"{r.median_lower_bound:.3f}",
+                numfmt.upper(r.claimed_epsilon, 4),  # a claim: rounded up (dpaudit.numfmt)
+                numfmt.lower(r.median_lower_bound, 4),  # a median of lower bounds: rounded down
                 f"{r.flagged_fraction:.0%}",
                 r.expected,
                 "yes" if r.passed else "NO",

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
+from dpaudit import numfmt
 from dpaudit.accounting import dpsgd_event, epsilon_for, gdp_epsilon
 from dpaudit.audit.bounds import _alpha, audit_scores
 from dpaudit.audit.fdp_one_run import sampled_gaussian_step_family
@@ -147,16 +148,21 @@ class StepAudit:
 
     def summary(self) -> str:
         ps = self.per_step
-        shown = ps.refutation["statement"] if ps.refutation else f"epsilon_step >= {ps.epsilon_lower_bound:.4g}"
+        # dpaudit.numfmt: bounds (">=") rounded down, claims up, point estimates to nearest.
+        step_bound, step_claim = numfmt.ordered(ps.epsilon_lower_bound, self.per_step_claimed_epsilon, left_digits=4)
+        shown = ps.refutation["statement"] if ps.refutation else f"epsilon_step >= {step_bound}"
         lines = [
             f"(a) per step, formal: {shown} (verdict {ps.verdict}; {self.steps} trials); epsilon_step estimate "
-            f"{ps.epsilon_lower_bound:.4g} vs claimed per step {self.per_step_claimed_epsilon:.4g}",
-            f"(b) composed over {self.steps} steps, {self.label}: epsilon >= {self.composed_epsilon_estimate:.4g} "
-            f"(point {self.composed_epsilon_point:.4g}; shift/sigma >= {self.ratio.ratio_lower:.4g}, "
-            f"point {self.ratio.ratio:.4g})",
+            f"{step_bound} vs claimed per step {step_claim}",
+            f"(b) composed over {self.steps} steps, {self.label}: epsilon >= "
+            f"{numfmt.lower(self.composed_epsilon_estimate, 4)} "
+            f"(point {numfmt.nearest(self.composed_epsilon_point, 4)}; "
+            f"shift/sigma >= {numfmt.lower(self.ratio.ratio_lower, 4)}, point {numfmt.nearest(self.ratio.ratio, 4)})",
         ]
         if self.claimed_epsilon is not None:
-            lines.append(f"claimed epsilon: {self.claimed_epsilon:g}  ->  composed verdict: {self.composed_verdict}")
+            lines.append(
+                f"claimed epsilon: {numfmt.upper(self.claimed_epsilon)}  ->  composed verdict: {self.composed_verdict}"
+            )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -211,8 +217,8 @@ def audit_steps(
         r_lo, r_pt, label = 1.0 / est.sigma_upper, 1.0 / est.sigma, ESTIMATE_LABEL_SAMPLED
         if est.shift_lower > 1.0:
             notes.append(
-                f"the canary's estimated shift b is above 1 (lower bound {est.shift_lower:.3g}): the canary is "
-                "sampled more often, or added with a larger norm, than claimed"
+                f"the canary's estimated shift b is above 1 (lower bound {numfmt.lower(est.shift_lower)}): the canary "
+                "is sampled more often, or added with a larger norm, than claimed"
             )
     eps_lo = composed_epsilon(r_lo, q, T, delta)
     eps_pt = composed_epsilon(r_pt, q, T, delta) if math.isfinite(r_pt) else math.inf

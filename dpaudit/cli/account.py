@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from dpaudit import numfmt
 from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, warn
 from dpaudit.errors import InputError, UnsupportedEventError
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
@@ -17,10 +18,6 @@ account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration
 
 ACCOUNTANT_HELP = "rdp | pld | gdp (CLT, approximate) | all (every accountant side by side)"
 FORMAL = ("rdp", "pld")
-
-
-def _fmt(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:.6g}"
 
 
 def _resolve_schedule(
@@ -120,7 +117,7 @@ def dpsgd(
         label = f"{accountant}, approximate (CLT)" if accountant == "gdp" else accountant
         emit(
             data,
-            f"epsilon = {_fmt(eps)}  ({label}; delta = {delta:g}, noise_multiplier = {noise_multiplier:g}, "
+            f"epsilon = {numfmt.upper(eps)}  ({label}; delta = {delta:g}, noise_multiplier = {noise_multiplier:g}, "
             f"sample_rate = {q:.6g}, steps = {t})",
             json_flag=json_output,
         )
@@ -140,10 +137,10 @@ def dpsgd(
     lines = [f"delta = {delta:g}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"]
     for name in ("rdp", "pld", "gdp"):
         r = results[name]
-        value = _fmt(r["epsilon"]) if r["epsilon"] is not None else "unsupported"
+        value = numfmt.upper(r["epsilon"], missing="unsupported")
         note = "  (approximate: CLT, can under-report)" if name == "gdp" else ""
         lines.append(f"  {name:4s} epsilon = {value}{note}")
-    lines.append(f"  best formal epsilon = {_fmt(best)}")
+    lines.append(f"  best formal epsilon = {numfmt.upper(best)}")
     emit(data, "\n".join(lines), json_flag=json_output)
 
 
@@ -190,9 +187,12 @@ def calibrate(
     }
     if accountant == "gdp":
         data["approximate"] = True
+    # Rounded up (dpaudit.numfmt): more noise than calibrated never costs privacy, and ε ≤ target shows as such.
+    achieved_shown, target_shown = numfmt.ordered(achieved, target, left_up=True, left_digits=6)
     emit(
         data,
-        f"noise_multiplier = {sigma:.6g}  (epsilon = {_fmt(achieved)} <= {target:g} at delta = {delta:g}, "
+        f"noise_multiplier = {numfmt.upper(sigma)}  (epsilon = {achieved_shown} <= {target_shown} at delta = "
+        f"{delta:g}, "
         f"{accountant}, sample_rate = {q:.6g}, steps = {t})",
         json_flag=json_output,
     )

@@ -17,6 +17,7 @@ from dpaudit.cli._common import (
     options,
     progress,
     target_run,
+    warn,
 )
 from dpaudit.defaults import DEFAULTS
 
@@ -104,7 +105,7 @@ def mia(**o) -> None:
     if (method := o.pop("method")) is not None:
         deprecated_alias("--method/-m", "--attacks")
         o["attacks"] = method
-    results = attack_checkpoint(run, **o, progress=progress(json_output), notify=info)
+    results = attack_checkpoint(run, **o, progress=progress(json_output), notify=info, warn=warn)
     data = {"checkpoint": str(run), "attacks": [r.to_dict(include_roc=roc) for r in results]}
     emit(data, human_table(results), json_flag=json_output)
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from dpaudit import numfmt
 from dpaudit.cli._common import (
     DATA,
     DELTA_HELP,
@@ -77,7 +78,7 @@ def describe(result: AuditResult) -> str:
     if result.design_too_small:
         lines.append(
             f"warning: the design is too small to refute the claim: at most epsilon = "
-            f"{result.max_certifiable_epsilon:.3g} could be certified"
+            f"{numfmt.upper(result.max_certifiable_epsilon, 3)} could be certified"
         )
     return "\n".join(lines)
 
@@ -352,10 +353,10 @@ AUDIT_TRAIN_DESIGN = (
     ),
     opt(
         "canary_kind",
-        str,
-        "clipbkd",
+        str | None,
+        None,
         help="Black-box canary: clipbkd | mislabeled | outlier | crafted (built from the public aux split "
-        "for the final-model threat model).",
+        "for the final-model threat model). Default: clipbkd; mislabeled for token data.",
     ),
     opt(
         "init",

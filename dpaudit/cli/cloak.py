@@ -23,7 +23,8 @@ def sigma_png(cloak) -> bytes | None:
 
 
 def human_cloak(s: dict[str, Any]) -> str:
-    from dpaudit.report._format import claim_eps, rate
+    from dpaudit import numfmt
+    from dpaudit.report._format import rate
 
     return "\n".join(
         [
@@ -31,8 +32,8 @@ def human_cloak(s: dict[str, Any]) -> str:
             f"suppressed {rate(s['suppression_ratio'])} of the features (σ >= {s['suppression_threshold']:g} × range)",
             f"accuracy   clean {rate(s['clean_accuracy'])}   cloaked {rate(s['cloaked_accuracy'])}   "
             f"loss {rate(s['accuracy_loss'])}",
-            f"local DP   ε = {claim_eps(s['composed_epsilon'])} at δ = {s['delta']:g} for one release "
-            f"(median feature ε = {s['median_feature_epsilon']:.4g})",
+            f"local DP   ε = {numfmt.upper(s['composed_epsilon'])} at δ = {numfmt.upper(s['delta'])} for one release "
+            f"(median feature ε = {numfmt.nearest(s['median_feature_epsilon'], 4)})",  # a median, not a bound
         ]
     )
 

@@ -25,7 +25,8 @@ from dpaudit.training.config import recipe_help
 
 def human_summary(s: dict, *, imported: bool = False) -> str:
     """The run summary for humans: accuracies as percentages (the JSON keeps fractions)."""
-    from dpaudit.report._format import claim_eps, rate
+    from dpaudit import numfmt
+    from dpaudit.report._format import rate
 
     lines = [
         f"model      {s['model']} on {s['data']} ({s['n_members']} training records), algo {s['algo']}",
@@ -34,11 +35,12 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
     if s["private"]:
         how = s["accountant"] or "stated, not accounted"
         # The claim as the report and the audit notes print it (one rounding everywhere, issue 29).
-        lines.append(f"privacy    ε = {claim_eps(s['epsilon'])} at δ = {s['delta']:g} ({how})")
+        lines.append(f"privacy    ε = {numfmt.upper(s['epsilon'])} at δ = {numfmt.upper(s['delta'])} ({how})")
         if s.get("claim_mismatch"):  # inspect: the recorded ε is not what its recorded mechanism gives
+            recorded, recomputed = numfmt.ordered(s["epsilon"], s["epsilon_recomputed"], left_up=True, left_digits=6)
             lines.append(
-                f"CLAIM MISMATCH: checkpoint.json records ε = {s['epsilon']:.6g}, but its recorded mechanism "
-                f"(privacy.event) re-accounts to ε = {s['epsilon_recomputed']:.6g} ({how}, δ = {s['delta']:g}); "
+                f"CLAIM MISMATCH: checkpoint.json records ε = {recorded}, but its recorded mechanism "
+                f"(privacy.event) re-accounts to ε = {recomputed} ({how}, δ = {s['delta']:g}); "
                 "the file was edited or written by other software, and audits test the claim as recorded"
             )
     else:
@@ -205,6 +207,8 @@ def train(**o) -> None:
 
     del o["target"], o["lambdas"]
     meta = train_from_options(**o, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output))
+    for message in meta.get("fit_warnings", ()):
+        warn(message)
     s = summary(meta)
     emit({"out": str(out), **s}, human_summary(s) + f"\nsaved      {out}", json_flag=json_output)
 

@@ -2,9 +2,9 @@
 
 Two ways in, one mechanism (:class:`dpaudit.hooks.GradientCanaries` does all the work on the host):
 
-- **optax** (``optax>=0.2``; tested with optax 0.2.8 and JAX 0.10.2 on CPU): a pair of gradient
-  transformations around your noise transformation, usable in ``optax.chain`` and under ``jax.jit``
-  (also inside ``jax.lax.scan``)::
+- **optax** (``optax>=0.2``, ``jax>=0.8``; tested with optax 0.2.8 and JAX 0.10.2, and optax 0.2.0 with
+  JAX 0.8.0, on CPU): a pair of gradient transformations around your noise transformation, usable in
+  ``optax.chain`` and under ``jax.jit`` (also inside ``jax.lax.scan``)::
 
       canaries = GradientCanaries(pytree_shapes(params), count=1000, sample_rate=q, clip=C, seed=0)
       tx = optax.chain(

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit import numfmt
+
 LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022, "MIA from first principles")
 
 
@@ -99,14 +101,14 @@ def claims_to_draw(model: Mapping[str, Any]) -> list[tuple[float, float, str]]:
     claims: list[tuple[float, float, str]] = []
     if model["claim"] is not None:
         e, d = as_float(model["claim"]["epsilon"]), float(model["claim"]["delta"])
-        claims.append((e, d, f"claimed ε = {e:g}, δ = {d:g}"))
+        claims.append((e, d, f"claimed ε = {numfmt.upper(e)}, δ = {numfmt.upper(d)}"))
     for a in model["audits"]:
         e = as_float(a.get("claimed_epsilon"))
         d = float(a["delta"])
         # A per-step audit (dpaudit.workflows.whitebox.steps_record) checks ONE step's claim, not the model's.
         what = "one step's claim, checked by the per-step audit" if is_per_step(a) else "checked by an audit"
         if e is not None and math.isfinite(e) and all(abs(e - c[0]) > 1e-12 or d != c[1] for c in claims):
-            claims.append((e, d, f"ε = {e:g}, δ = {d:g} ({what})"))
+            claims.append((e, d, f"ε = {numfmt.upper(e)}, δ = {numfmt.upper(d)} ({what})"))
     return claims
 
 
@@ -142,12 +144,13 @@ def tradeoff_layers(model: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]
             refutations.append({**common, "label": label, "statement": a["refutation"].get("statement")})
         if a.get("operating_point"):
             label = (
-                f"{kind} [{threat}] {a['source']['attack']} / {a['method']}: ε ≥ {lb:.3g} ({_verdict_words(verdict)})"
+                f"{kind} [{threat}] {a['source']['attack']} / {a['method']}: ε ≥ {numfmt.lower(lb)} "
+                f"({_verdict_words(verdict)})"
             )
             points.append({**common, "label": label, "operating_point": a["operating_point"]})
         elif a["formal"]:
             drawn = lb is not None and math.isfinite(lb) and lb > 0
-            what = f"not ({lb:.3g}, δ = {float(a['delta']):g})-DP" if drawn else "ε ≥ 0, nothing shown"
+            what = f"not ({numfmt.lower(lb)}, δ = {float(a['delta']):g})-DP" if drawn else "ε ≥ 0, nothing shown"
             label = f"formal [{threat}] {a['source']['attack']} / {a['method']}: {what} ({_verdict_words(verdict)})"
             bounds.append({**common, "label": label, "delta": float(a["delta"]), "drawn": drawn})
     return {"claims": claims, "points": points, "formal_bounds": bounds, "refutations": refutations}

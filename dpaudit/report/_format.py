@@ -6,9 +6,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from dpaudit import numfmt
 from dpaudit.report._data import as_float, is_per_step, nonmembers_needed
 
-DASH = "—"
+DASH = numfmt.DASH
+# Every ε and δ of the report is printed by dpaudit.numfmt: claims rounded up at 6 significant digits, lower
+# bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed one).
+BOUND_DIGITS = 3
 
 VERDICT_TEXT = {
     "violation": "violation",
@@ -110,20 +114,26 @@ def num(x: Any, spec: str = ".3f") -> str:
     return format(v, spec)
 
 
-def eps(x: Any) -> str:
-    return num(x, ".3g")
+def bound_eps(x: Any) -> str:
+    """An ε LOWER bound (formal or estimated, shown after "≥"), rounded down (:func:`dpaudit.numfmt.lower`)."""
+    return numfmt.lower(x, BOUND_DIGITS)
 
 
-def claim_eps(x: Any) -> str:
-    """A claimed ε, printed one way everywhere: ``:g`` as the audit notes and headlines print it (7.99954,
-    never 8 in a table beside 7.99954 in a note)."""
-    return num(x, "g")
+def most_eps(x: Any) -> str:
+    """An ε UPPER bound at bound precision ("certifies at most", max certifiable), rounded up."""
+    return numfmt.upper(x, BOUND_DIGITS)
 
 
-def audit_claim(audit: Mapping[str, Any]) -> str:
-    """The ε an audit was judged against; a per-step audit's is ONE step's claim, and says so."""
-    text = claim_eps(audit["claimed_epsilon"])
-    return f"{text} (one step)" if is_per_step(audit) and text != DASH else text
+def audit_eps(audit: Mapping[str, Any]) -> tuple[str, str]:
+    """An audit row's ε lower bound (rounded down) and the ε it was judged against (rounded up), with digits
+    enough that the two compare as the computed numbers do (:func:`dpaudit.numfmt.ordered`): a violation
+    never reads "7.99 | 7.99995". A per-step audit's claim is ONE step's claim, and says so."""
+    b, c = as_float(audit["epsilon_lower_bound"]), as_float(audit.get("claimed_epsilon"))
+    if b is None or c is None:
+        bound, claim = bound_eps(b), numfmt.upper(c)
+    else:
+        bound, claim = numfmt.ordered(b, c, left_digits=BOUND_DIGITS)
+    return bound, (f"{claim} (one step)" if is_per_step(audit) and claim != DASH else claim)
 
 
 def rate(x: Any) -> str:
@@ -165,9 +175,10 @@ def interval(ci: Any, spec: str = ".3f") -> str:
 
 
 def claim_text(claim: Mapping[str, Any] | None) -> str:
+    """A model's claim, '7.99996 (δ = 1e-05)': both rounded up (:func:`dpaudit.numfmt.upper`)."""
     if claim is None:
         return "∞ (non-private)"
-    return f"{claim_eps(claim['epsilon'])} (δ = {num(claim['delta'], 'g')})"
+    return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.upper(claim['delta'])})"
 
 
 def bound_text(digest: Mapping[str, Any] | None) -> str:
@@ -177,7 +188,7 @@ def bound_text(digest: Mapping[str, Any] | None) -> str:
         return DASH
     threat = f"[{digest['threat_model']}] " if digest.get("threat_model") else ""
     return (
-        f"≥ {eps(digest['epsilon_lower_bound'])} {threat}({digest['attack']}, {digest['method']}, "
+        f"≥ {bound_eps(digest['epsilon_lower_bound'])} {threat}({digest['attack']}, {digest['method']}, "
         f"{percent(digest['confidence'])})"
     )
 
@@ -285,7 +296,7 @@ def utility_rows(model: Mapping[str, Any]) -> list[list[str]]:
 def claim_details(claim: Mapping[str, Any] | None) -> str:
     if claim is None:
         return "none (non-private training; treated as ε = ∞)"
-    parts = [f"ε = {claim_eps(claim['epsilon'])}, δ = {num(claim['delta'], 'g')}"]
+    parts = [f"ε = {numfmt.upper(claim['epsilon'])}, δ = {numfmt.upper(claim['delta'])}"]
     for key, label in (("accountant", "accountant"), ("neighbouring", "neighbouring")):
         if claim.get(key):
             parts.append(f"{label} {claim[key]}")
@@ -297,7 +308,8 @@ def claim_details(claim: Mapping[str, Any] | None) -> str:
         parts.append(f"claim check: {accounting['statement']}")
     dd = claim.get("data_dependent")  # PATE / DP-ICL (dpaudit/aggregation.py): beside the claim, never it
     if isinstance(dd, Mapping) and dd.get("epsilon") is not None:
-        parts.append(f"data-dependent ε = {eps(dd['epsilon'])} (not itself private, not the claim)")
+        # not itself private and not the claim: an estimate, rounded to nearest (dpaudit.numfmt.nearest)
+        parts.append(f"data-dependent ε = {numfmt.nearest(dd['epsilon'])} (not itself private, not the claim)")
     return ", ".join(parts)
 
 
@@ -359,7 +371,7 @@ def verdict_label(model: Mapping[str, Any]) -> str:
         f = s["formal"]
         if f is not None and (as_float(f["epsilon_lower_bound"]) or 0.0) > 0:
             threat = f" ({f['threat_model']})" if f.get("threat_model") else ""
-            return f"leaks: ε ≥ {eps(f['epsilon_lower_bound'])} shown{threat}"
+            return f"leaks: ε ≥ {bound_eps(f['epsilon_lower_bound'])} shown{threat}"
         return "no claim"
     return VERDICT_TEXT[s["verdict"]]
 
@@ -377,6 +389,20 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
         elif isinstance(v, Mapping) and k != "params":
             out += [(f"{k}.{kk}", vv) for kk, vv in v.items() if is_num(vv)]
     return out
+
+
+def scalar_text(key: str, value: Any) -> str:
+    """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
+    rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) rounded up at claim precision, a
+    max certifiable ε rounded up (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to nearest."""
+    leaf = key.rpartition(".")[2]
+    if "lower_bound" in leaf:
+        return numfmt.lower(value, 4)
+    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon", "delta"):
+        return numfmt.upper(value)
+    if leaf.startswith("max_certifiable"):
+        return numfmt.upper(value, 4)
+    return num(value, ".4g")
 
 
 NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")

@@ -150,7 +150,7 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> str:
     one, and the whole result as JSON (collapsed) so nothing is hidden."""
     out = []
     for a in attacks:
-        rows = [[_e(k), _e(F.num(v, ".4g"))] for k, v in F.scalar_results(a)]
+        rows = [[_e(k), _e(F.scalar_text(k, v))] for k, v in F.scalar_results(a)]
         out.append(f"<h4>{_e(a.get('attack', '?'))}</h4>")
         if isinstance(a.get("note"), str):  # what the result's numbers and verdicts are about
             out.append(f'<p class="note">{_e(a["note"])}</p>')
@@ -197,9 +197,8 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
             [
                 _e(f"{a['source']['family']} / {a['source']['attack']}"),
                 _e(f"{a['method']}, {F.percent(a['confidence'])}"),
-                _e(F.eps(a["epsilon_lower_bound"])),
-                _e(F.audit_claim(a)),
-                _e(F.eps(a.get("max_certifiable_epsilon"))),
+                *map(_e, F.audit_eps(a)),
+                _e(F.most_eps(a.get("max_certifiable_epsilon"))),
                 _e(F.rate(op["fpr"]))
                 + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
                 if op

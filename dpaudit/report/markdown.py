@@ -74,7 +74,7 @@ def _other_family(attacks: list[Mapping[str, Any]]) -> list[str]:
     """Attack families without a dedicated layout yet: one line per attack with its scalar results."""
     lines = []
     for a in attacks:
-        scalars = [f"{md(k)} {F.num(v, '.4g')}" for k, v in F.scalar_results(a)]
+        scalars = [f"{md(k)} {F.scalar_text(k, v)}" for k, v in F.scalar_results(a)]
         scalars += [f"{md(k)} **{md(v)}**" for k, v in a.items() if k.startswith("verdict") and isinstance(v, str)]
         lines.append(f"- {md(a['attack'])}: " + (", ".join(scalars) or "no scalar results"))
         if isinstance(a.get("note"), str):  # what the result's numbers and verdicts are about (e.g. jl-step's claims)
@@ -105,9 +105,8 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
                 md(f"{a['source']['family']}/{a['source']['attack']}"),
                 md(a["method"]),
                 F.percent(a["confidence"]),
-                F.eps(a["epsilon_lower_bound"]),
-                F.audit_claim(a),
-                F.eps(a.get("max_certifiable_epsilon")),
+                *F.audit_eps(a),
+                F.most_eps(a.get("max_certifiable_epsilon")),
                 f"({F.rate(op['fpr'])}, {F.rate(op['fnr'])})" if op else F.DASH,
                 verdict,
                 md(F.audit_kind(a)),

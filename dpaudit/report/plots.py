@@ -24,6 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator
 
+from dpaudit import numfmt
 from dpaudit.report._data import LOW_FPR, as_float, tradeoff_curve, tradeoff_layers
 
 DPI = 120
@@ -210,7 +211,7 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
             drawn.add("zero")
         if lb is not None:
             what = ("formal" if formal else "estimate") + (f", {threat}" if threat else "")
-            text = f"ε ≥ {lb:.3g} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
+            text = f"ε ≥ {numfmt.lower(lb)} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
             ax.annotate(text, (place(lb), y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color)
         for a in m["audits"]:
             cert = as_float(a.get("max_certifiable_epsilon"))
@@ -391,7 +392,7 @@ def icl_figure(result: Mapping[str, Any]) -> Figure | None:
     if not rows:
         return None
     eps = [float(r["epsilon"]) for r in rows]  # the report spells infinity "inf"
-    labels = [f"ε = {'∞' if not np.isfinite(e) else format(e, '.3g')}" for e in eps]
+    labels = [f"ε = {numfmt.upper(e)}" for e in eps]  # each setting's claimed ε, rounded up
     fig = Figure(figsize=(4.6, 2.8), layout="constrained")
     ax, ax2 = fig.subplots(1, 2)
     x = np.arange(len(rows))

@@ -245,7 +245,11 @@ def load_target(target: Path | str | None):
     except _CE as e:
         raise InputError(f"--target {path}: not a dpaudit run ({str(e).splitlines()[0]})") from None
     if run.dataset().kind == "tokens":
-        raise InputError(f"--target {path}: Cloak needs continuous features; token data is not supported")
+        raise InputError(
+            f"--target {path}: Cloak learns Gaussian noise added to real-valued input features, and token ids are "
+            "discrete (noise on an id is no token): refused for token data; train the model over tokens with "
+            "--algo dpsgd or dpadam for a privacy guarantee"
+        )
     return run
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpaudit import numfmt
 from dpaudit.errors import InputError
 from dpaudit.events import EpsilonDelta, Gaussian, SelfComposed
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -330,7 +331,7 @@ class ConvexLearner:
             sens = output_sensitivity(n, self.lam)
             noise = (
                 f"noise density proportional to exp(-eps ||eta|| / Delta) (norm ~ Gamma(d, Delta/eps), uniform "
-                f"direction), epsilon-DP with eps = {per:g} per classifier, {k} composed."
+                f"direction), epsilon-DP with eps = {numfmt.upper(per)} per classifier, {k} composed."
             )
             return {
                 **out, "mechanism": "norm (laplace-type)", "sensitivity": sens,

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpaudit import numfmt
 from dpaudit.errors import InputError
 from dpaudit.events import ZCDP
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -228,7 +229,8 @@ def dpagd(Z: np.ndarray, s: np.ndarray, config: DPAGDConfig, rng: np.random.Gene
     ledger = Ledger(config.rho)
     if not ledger.can(rho_ng, rho_nmax):
         raise InputError(
-            f"the budget rho = {ledger.budget:.3g} (epsilon {config.epsilon:g}, delta {config.delta:g}) is too small "
+            f"the budget rho = {ledger.budget:.3g} (epsilon {numfmt.upper(config.epsilon)}, delta "
+            f"{numfmt.upper(config.delta)}) is too small "
             f"for one DP-AGD iteration (rho_ng + rho_nmax = {rho_ng + rho_nmax:.3g}); raise --epsilon or lower --steps"
         )
     d = Z.shape[1]

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpaudit import numfmt
 from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_for
 from dpaudit.errors import InputError, UnreachableTargetError
 from dpaudit.events import Event, Gaussian, SelfComposed
@@ -173,7 +174,8 @@ def calibrate(setting: PrivacySetting, dp: DPConfig) -> float:
         )
     except UnreachableTargetError as e:
         raise UnreachableTargetError(
-            f"ε = {dp.target_epsilon:g} at δ = {dp.delta:g} is unreachable for {setting.steps} steps "
+            f"ε = {numfmt.upper(dp.target_epsilon)} at δ = {numfmt.upper(dp.delta)} is unreachable for "
+            f"{setting.steps} steps "
             f"({setting.sampling} sampling, batch {setting.batch_size} of {setting.dataset_size}): {e}"
         ) from None
 

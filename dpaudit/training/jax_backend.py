@@ -38,6 +38,7 @@ second chunk runs). Run time is not covered by the claim, as with the torch trai
 from __future__ import annotations
 
 import math
+import re
 import secrets
 from collections.abc import Callable
 from functools import partial
@@ -54,9 +55,28 @@ from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig
 
 JAX_INSTALL = "pip install 'dpaudit[jax]' (or: pip install jax jaxlib)"
+# The oldest JAX this backend runs on: 0.8.0 made ``jax.enable_x64`` a top-level context manager
+# (``JaxTrainer.fit``); an older JAX would get through the import and fail deep inside training.
+# The same version is the jax extra's floor in pyproject.toml (tests/test_dependency_floors.py).
+JAX_MIN = (0, 8, 0)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string: "0.12.0.1" -> (0, 12, 0, 1), "0.9.0.dev2" -> (0, 9, 0)."""
+    return tuple(int(part) for part in re.match(r"\d+(?:\.\d+)*", version).group().split("."))
+
+
+def check_jax_version(version: str) -> None:
+    """Refuse a JAX older than :data:`JAX_MIN` with one line (an :class:`InputError`)."""
+    if release(version) < JAX_MIN:
+        need = ".".join(map(str, JAX_MIN))
+        raise InputError(f"--backend jax needs JAX >= {need}, found {version}: pip install -U 'dpaudit[jax]'")
+
 
 try:
     import jax
+
+    check_jax_version(jax.__version__)  # before the submodules, which an older JAX may not have
     import jax.extend.random
     import jax.numpy as jnp
     from jax import lax

@@ -21,7 +21,9 @@ shows empirically that a claim made with the plain DP-SGD formula is violated at
 Where a layer has no forward-mode derivative (PyTorch's fused ``nn.LSTM`` on CPU), the products are
 computed by the "double-vjp trick" (ibid. §2.1): with u ∈ R^B a dummy cotangent,
 G(u) = uᵀ∇_θF is linear in u, and the vjp of G with cotangent v is (∇_θF)·v. The path that ran is
-recorded in the checkpoint's claim (``jl.ad_path``) and logged.
+recorded in the checkpoint's claim (``jl.ad_path``) and logged. Attention (``F.scaled_dot_product_attention``,
+``nn.MultiheadAttention``) runs on its math kernel throughout a step: the fused kernels have neither
+derivative.
 
 Assumptions: the loss of record i depends on record i only (no BatchNorm), and the forward pass is
 deterministic in training mode (no dropout): the estimate and the clipped backward pass must see the
@@ -30,6 +32,7 @@ same per-example gradient, which two independent dropout masks would not give (r
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Sequence
@@ -38,6 +41,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3 (the floor is 2.4)
 
 from dpaudit.errors import InputError
 from dpaudit.training.clipping import ClippedGradients, Clipper, clip_factors
@@ -187,6 +191,22 @@ def _check_directions(names: list[str], model: nn.Module, directions: Directions
                 raise InputError(f"direction {j}[{n!r}] has shape {list(v[n].shape)}, expected {list(shapes[n])}")
 
 
+def _math_attention(fn):
+    """Run ``fn`` with ``F.scaled_dot_product_attention`` (and so ``nn.MultiheadAttention``) on its math
+    kernel, which is built from differentiable primitives: the fused kernels (flash, memory-efficient) have
+    neither a forward-mode derivative nor a double backward (PyTorch 2.13, CPU), and the JL projections
+    need one of them. The math kernel computes the same softmax(QKᵀ/√d)V (Vaswani et al. 2017, Eq. 1); the
+    forward, the projections and the clipped backward of a step all run on it, so they see one function."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with sdpa_kernel(SDPBackend.MATH):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@_math_attention
 def _step(
     model: nn.Module,
     x: torch.Tensor,
@@ -214,6 +234,7 @@ def _step(
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)], M.detach()
 
 
+@_math_attention
 def resolve_ad_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ad_path: str = "auto") -> str:
     """The AD path that works for ``model``: ``jvp`` when every layer has a forward-mode derivative,
     else ``double-vjp`` (with a warning), tried on one example. Raises InputError naming the layer
@@ -255,6 +276,7 @@ def resolve_ad_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ad_path:
     )
 
 
+@_math_attention
 def jl_projection_matrix(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, directions: Directions, *, ad_path: str = "auto"
 ) -> torch.Tensor:

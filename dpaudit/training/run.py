@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from dpaudit import numfmt
 from dpaudit.budget import check_cost, check_model_size, training_cost
 from dpaudit.canaries import CANARY_FILE, CanarySet, with_canaries
 from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
@@ -31,6 +32,7 @@ from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
 from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
 from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
+from dpaudit.user_code import first_line
 
 
 @dataclass
@@ -177,6 +179,7 @@ def train_run(
     perf = perf or PerfConfig()
     if out is not None:
         check_output_dir(out, force=force, inputs=[dataset.source])  # fail before training
+    check_spec_fits(spec, dataset)
     splits = splits or make_splits(len(dataset), split_seed, fractions)
     train_data, train_idx = dataset, splits.members
     if canaries is not None:
@@ -202,14 +205,25 @@ def train_run(
         wb_meta = {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"}
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
+    metrics = metrics_for(fitted, dataset, splits)
+    learned = {}
+    if len(splits.members):  # a model at chance on its own training records: attacks on it measure noise
+        found = _fit_warnings(
+            dataset.y[splits.members],
+            metrics["train_accuracy"],
+            metrics["train_loss"],
+            question=_LEARN_QUESTION,
+            records="training records",
+        )
+        learned = {"fit_warnings": found} if found else {}
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
         training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
         performance={**perf.to_dict(), **fitted.outcome.performance},
-        privacy=fitted.outcome.privacy, metrics=metrics_for(fitted, dataset, splits),
+        privacy=fitted.outcome.privacy, metrics=metrics,
         seed=config.seed, canaries=canaries.describe() if canaries is not None else None,
-        extra={"whitebox_canaries": wb_meta},
+        extra={"whitebox_canaries": wb_meta, **learned},
         arrays=arrays, force=force,
     )  # fmt: skip
 
@@ -466,16 +480,18 @@ def claim_record(stated: StatedClaim, *, dataset_size: int) -> tuple[dict[str, A
     source = f"re-accounted by dpaudit ({accountant}) from the mechanism parameters stated by the user"
     if stated.epsilon is not None:
         if accounted > stated.epsilon * (1 + 1e-9):
+            # Both upper bounds on ε, rounded up and printed in the order computed (dpaudit.numfmt.ordered).
+            shown, acc = numfmt.ordered(stated.epsilon, accounted, left_up=True)
             warnings.append(
-                f"the stated ε = {stated.epsilon:g} is smaller than dpaudit's {accountant} accountant gives for "
-                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {stated.delta:g} (ε = {accounted:.6g}); "
-                f"recording ε = {accounted:.6g}: a claim is never under-reported"
+                f"the stated ε = {shown} is smaller than dpaudit's {accountant} accountant gives for "
+                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {stated.delta:g} (ε = {acc}); "
+                f"recording ε = {acc}: a claim is never under-reported"
             )
         elif stated.epsilon > accounted:
             epsilon = float(stated.epsilon)
             source = (
-                f"stated by the user (larger than the ε = {accounted:.6g} dpaudit's {accountant} accountant gives "
-                "for the stated mechanism parameters; the larger is recorded)"
+                f"stated by the user (larger than the ε = {numfmt.upper(accounted)} dpaudit's {accountant} accountant "
+                "gives for the stated mechanism parameters; the larger is recorded)"
             )
     claim = {
         "epsilon": epsilon,
@@ -570,9 +586,23 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
             f"the model spec has n_classes {spec.n_classes} but the data {dataset.source!r} has {dataset.n_classes} "
             "classes (class i is the i-th smallest distinct label)"
         )
-    if (spec.kind == "rnn") != (dataset.kind == "tokens"):
-        need = "token sequences (e.g. synthetic-tokens:...)" if spec.kind == "rnn" else "numeric features"
-        raise InputError(f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}")
+    takes_tokens = spec.kind == "rnn" or getattr(spec, "input_dtype", None) == "int64"
+    if takes_tokens != (dataset.kind == "tokens"):
+        if takes_tokens:
+            need = "token sequences (an integer X of ids, or synthetic-tokens:...)"
+        elif spec.kind == "python":
+            need = 'float input (its spec says "input_dtype": "float32"; "int64" for a model over token ids)'
+        else:
+            need = "numeric features"
+        raise InputError(
+            f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}"
+            + (
+                " (an integer 2-D X is read as token ids; token models: --model rnn or your own module; "
+                "numeric features: save X as floats)"
+                if dataset.kind == "tokens"
+                else ""
+            )
+        )
     flat = spec.kind in ("logreg", "mlp")  # these flatten their input, so only the size must agree
     if tuple(spec.input_shape) != shape and not (flat and math.prod(spec.input_shape) == math.prod(shape)):
         raise InputError(
@@ -582,6 +612,23 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
         raise InputError(
             f"the data has token ids up to {int(dataset.X.max())} but the model spec has vocab_size {spec.vocab_size}"
         )
+    if spec.kind == "python" and dataset.kind == "tokens":
+        _check_runs_on_ids(spec, dataset)
+
+
+def _check_runs_on_ids(spec: ModelSpec, dataset: Dataset) -> None:
+    """A user's module over token ids must take the data's largest id (its Embedding's size is the
+    user's choice, unknown to the spec): a forward pass on the record holding it, before any training."""
+    row = int(np.argmax(dataset.X.max(axis=1)))
+    model = spec.build().eval()
+    try:
+        with torch.no_grad():
+            model(torch.as_tensor(np.array(dataset.X[row : row + 1], dtype=np.int64)))
+    except Exception as e:  # the user's code: any failure is one line
+        raise InputError(
+            f"model factory {spec.factory} fails on record {row} of {dataset.source!r} (token ids up to "
+            f"{int(dataset.X.max())}; is its vocabulary smaller?): {first_line(e)}"
+        ) from e
 
 
 def per_record_loss(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> np.ndarray:
@@ -681,8 +728,22 @@ _FIT_QUESTION = (
 )
 
 
-def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
-    """Warnings when a model does not fit the records it was declared to be trained on (see member_check)."""
+# A model dpaudit trained that fits its own training records no better than a constant (checkpoint.json
+# "fit_warnings"): membership attacks and audits on it say little about what the training leaks.
+_LEARN_QUESTION = (
+    "the model learned next to nothing, so membership attacks on it measure little (train longer, with a larger "
+    "learning rate, more data or a larger epsilon, or check the data)"
+)
+
+
+def _fit_warnings(
+    y: np.ndarray,
+    accuracy: float,
+    loss: float,
+    question: str = _FIT_QUESTION,
+    records: str = "declared training records",
+) -> list[str]:
+    """Warnings when a model does not fit the records it was (declared to be) trained on (see member_check)."""
     from scipy.stats import binom
 
     n = len(y)
@@ -694,9 +755,9 @@ def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
     out = []
     if p >= MEMBER_CHECK_ALPHA:
         out.append(
-            f"the model's accuracy on its declared training records, {accuracy:.1%} ({correct} of {n}), is not above "
+            f"the model's accuracy on its {records}, {accuracy:.1%} ({correct} of {n}), is not above "
             f"chance ({chance:.1%} by always predicting the most frequent class; one-sided binomial p = {p:.3g}): "
-            f"{_FIT_QUESTION}"
+            f"{question}"
         )
     # Cross-entropy of the constant prediction of the members' class frequencies on the members is their
     # entropy H = -sum f log f (Cover & Thomas, Elements of Information Theory, eq. 2.1); a model trained
@@ -704,8 +765,8 @@ def _fit_warnings(y: np.ndarray, accuracy: float, loss: float) -> list[str]:
     constant = float(-(freq[freq > 0] * np.log(freq[freq > 0])).sum())
     if loss > constant:
         out.append(
-            f"the model's mean loss on its declared training records, {loss:.4g}, is above {constant:.3g}, the loss "
-            f"of predicting the class frequencies without looking at the features: {_FIT_QUESTION}"
+            f"the model's mean loss on its {records}, {loss:.4g}, is above {constant:.3g}, the loss "
+            f"of predicting the class frequencies without looking at the features: {question}"
         )
     return out
 

@@ -242,11 +242,12 @@ def audit_checkpoint(
             run, list(attacks), reference_models=reference_models, workers=workers, seed=seed, progress=progress,
             cache_dir=cache_dir,
         )  # fmt: skip
-        member_note = member_list_note(run.meta)  # never attack a doubtful member list silently
+        # never attack a doubtful member list, or a model that learned nothing, silently
+        caveats = tuple(n for n in (member_list_note(run.meta), *run.meta.get("fit_warnings", ())) if n)
         for i, res in enumerate(results):
             result = audit_scores(res.scores, res.member, method=estimate_method, design="membership", **common)
-            if member_note is not None:
-                result = dataclasses.replace(result, notes=(*result.notes, member_note))
+            if caveats:
+                result = dataclasses.replace(result, notes=(*result.notes, *caveats))
             n_in, n_out = int(res.member.sum()), int((~res.member).sum())
             records.append(
                 AuditRecord(

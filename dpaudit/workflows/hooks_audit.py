@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
 from dpaudit.errors import InputError
 from dpaudit.hooks.core import dirac_scores
@@ -123,25 +124,25 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
 
     event = dpsgd_event(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
     accounted = float(epsilon_for(event, delta, "pld"))
-    what = (
-        f"(σ = {noise_multiplier:g}, q = {sample_rate:g}, T = {steps}) account to ε = {accounted:.4g} at δ = {delta:g}"
-    )
+    # Both upper bounds on ε (a claim; an accountant's ε), rounded up, in the order computed (dpaudit.numfmt).
+    shown, acc = numfmt.ordered(claimed, accounted, left_digits=numfmt.CLAIM_DIGITS, right_digits=4, left_up=True)
+    what = f"(σ = {noise_multiplier:g}, q = {sample_rate:g}, T = {steps}) account to ε = {acc} at δ = {delta:g}"
     if claimed < (1.0 - CLAIM_RTOL) * accounted:
         relation = "below"
         statement = (
-            f"the claimed ε = {claimed:g} is below what {what} (PLD accountant): the mechanism's analysis does not "
+            f"the claimed ε = {shown} is below what {what} (PLD accountant): the mechanism's analysis does not "
             "support this claim. Not a violation by itself (the accountant's ε is an upper bound, so the true ε may "
             "be lower; only a formal audit refutes a claim); the audits test the claim as given"
         )
     elif claimed > FAR_ABOVE * accounted:
         relation = "far-above"
         statement = (
-            f"the claimed ε = {claimed:g} is far above what {what} (PLD accountant): the audits test this weaker "
-            f"claim, not the ε = {accounted:.4g} the mechanism supports"
+            f"the claimed ε = {shown} is far above what {what} (PLD accountant): the audits test this weaker "
+            f"claim, not the ε = {acc} the mechanism supports"
         )
     else:
         relation = "matches"
-        statement = f"the claimed ε = {claimed:g} matches what {what} (PLD accountant)"
+        statement = f"the claimed ε = {shown} matches what {what} (PLD accountant)"
     return {"accountant": "pld", "epsilon": accounted, "relation": relation, "statement": statement}
 
 

@@ -8,7 +8,6 @@ on plain dicts, so the CLI (on fresh results) and the report (on its JSON) share
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit import numfmt
 from dpaudit.audit import AuditResult, clopper_pearson_lower, clopper_pearson_upper, decide_verdict
 from dpaudit.errors import InputError
 
@@ -77,18 +77,13 @@ def _num(x: Any) -> float | None:
     return None if x is None else float(x)  # the report spells ∞ as "inf"; float() reads it back
 
 
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "?"
-    return "∞" if math.isinf(x) else f"{x:.3g}"
-
-
-def claim_text(x: float | None) -> str:
-    """A claimed ε as every output prints it (the audit notes' ``:g``), so that a claim reads the same in
-    tables, headlines, plots and notes (7.99954, not 8 in one place and 7.99954 in another)."""
-    if x is None:
-        return "?"
-    return "∞" if math.isinf(x) else f"{x:g}"
+def _shown(x: float | None, claim: float | None, *, up: bool = False) -> tuple[str, str]:
+    """A bound (``up``: an upper bound such as "certifies at most", else a lower bound) and a claim as the
+    headline prints them (dpaudit.numfmt: bounds at 3 significant digits, rounded down or up; claims at 6,
+    rounded up; more digits where needed for the printed pair to compare as the numbers do); "?" if missing."""
+    if x is None or claim is None:
+        return (numfmt.upper if up else numfmt.lower)(x, 3, missing="?"), numfmt.upper(claim, missing="?")
+    return numfmt.ordered(x, claim, left_up=up)
 
 
 def _pick(audits: Sequence[Mapping[str, Any]], formal: bool) -> tuple[int, Mapping[str, Any]] | None:
@@ -178,22 +173,23 @@ def headline(
             c = _num(claim["epsilon"])
         if c is None:
             parts.append(
-                f"leaks: ε ≥ {_fmt(b)} shown ({how})"
+                f"leaks: ε ≥ {numfmt.lower(b, missing='?')} shown ({how})"
                 if b and b > 0
-                else f"no leakage shown ({how}; this design certifies at most ε = {_fmt(m)})"
+                else f"no leakage shown ({how}; this design certifies at most ε = {numfmt.upper(m, 3, missing='?')})"
             )
         else:
             v = formal["verdict"]
+            bound, claimed = _shown(b, c)
             if v == "violation":
-                parts.append(f"violation: ε ≥ {_fmt(b)} > claimed {claim_text(c)} ({how})")
+                parts.append(f"violation: ε ≥ {bound} > claimed {claimed} ({how})")
             elif v == "consistent":
-                parts.append(
-                    f"consistent: ε ≥ {_fmt(b)} ≤ claimed {claim_text(c)} ({how}; could certify up to {_fmt(m)})"
-                )
+                most = numfmt.upper(m, 3, missing="?")
+                parts.append(f"consistent: ε ≥ {bound} ≤ claimed {claimed} ({how}; could certify up to {most})")
             else:
+                most, claimed = _shown(m, c, up=True)
                 parts.append(
-                    f"inconclusive: ε ≥ {_fmt(b)}; this design certifies at most {_fmt(m)} ≤ claimed "
-                    f"{claim_text(c)} ({how})"
+                    f"inconclusive: ε ≥ {numfmt.lower(b, missing='?')}; this design certifies at most {most} ≤ "
+                    f"claimed {claimed} ({how})"
                 )
     verdict = formal["verdict"] if formal else None
     if verdict is None and claim is not None and (curve_tests or formal_checks):
@@ -218,7 +214,7 @@ def headline(
         )
     estimate_verdict = estimate["verdict"] if estimate else None
     if estimate is not None:
-        eb = _fmt(_num(estimate["epsilon_lower_bound"]))
+        eb = numfmt.lower(_num(estimate["epsilon_lower_bound"]), missing="?")
         what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
         if estimate["verdict"] == "estimate-exceeds-claim":
             what += " exceeds the claim — an estimate, not a formal violation"
@@ -227,9 +223,10 @@ def headline(
         composed = [a for a in curve_tests if (a.get("details") or {}).get("composed_epsilon_estimate") is not None]
         if composed:
             d = composed[0]["details"]
+            est, claimed = _shown(_num(d["composed_epsilon_estimate"]), _num(d.get("composed_claimed_epsilon")))
             what = (
-                f"estimate ε ≥ {_fmt(_num(d['composed_epsilon_estimate']))} composed over all steps vs claimed "
-                f"{claim_text(_num(d.get('composed_claimed_epsilon')))} ({d.get('composed_label', 'estimate')})"
+                f"estimate ε ≥ {est} composed over all steps vs claimed {claimed} "
+                f"({d.get('composed_label', 'estimate')})"
             )
             if d.get("composed_verdict") == "estimate-exceeds-claim":
                 what += " exceeds the claim — an estimate, not a formal violation"

@@ -186,7 +186,9 @@ def train_from_options(
     if model_spec is not None:
         from dpaudit.plugins import load_model_spec
 
-        spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
+        spec = load_model_spec(
+            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens"
+        )
     else:
         spec = default_spec(
             model or "mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
@@ -280,12 +282,12 @@ def import_from_options(
             "--split applies only without --members; the non-members are split 40% holdout, 40% aux, 20% test"
         )
     stated = _stated_claim(claim, epsilon, delta, noise_multiplier, sample_rate, steps, accountant, neighbouring)
-    spec = read_model_spec(model_spec)
     config = None
     if recipe is not None:
         delta_default = stated.delta if stated is not None else None
         config = _from_file(recipe_from_dict, read_json_file(recipe, "recipe"), str(recipe), delta=delta_default)
     ds = load_dataset(data if data is not None else "digits", label_column=label_column)
+    spec = read_model_spec(model_spec, tokens=ds.kind == "tokens")
     member_idx = read_member_indices(members, len(ds)) if members is not None else None
     pre: object = preprocessing
     if preprocessing is not None and preprocessing not in ("none", "identity", "standardize"):
@@ -359,7 +361,7 @@ def audit_training_from_options(
     *,
     runs: int,
     threat_model: str,
-    canary_kind: str,
+    canary_kind: str | None,
     init: str,
     allow_inconclusive: bool,
     data: str,
@@ -423,7 +425,9 @@ def audit_training_from_options(
     if model_spec is not None:
         from dpaudit.plugins import load_model_spec
 
-        spec = load_model_spec(model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes)
+        spec = load_model_spec(
+            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens"
+        )
     else:
         spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
     if threat_model == "white-box-steps":

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit import numfmt
 from dpaudit.audit import audit_scores, check_audit_claim
 from dpaudit.errors import InputError
 from dpaudit.plugins import PLUGIN_SCORE_HELP  # noqa: F401 (re-exported)
@@ -152,7 +153,7 @@ def audit_training(
     runs: int = 100,
     train_size: int | None = None,
     threat_model: str = "black-box",
-    canary_kind: str = "clipbkd",
+    canary_kind: str | None = None,
     method: str = "clopper-pearson",
     delta: float | None = None,
     confidence: float = 0.95,
@@ -170,7 +171,8 @@ def audit_training(
     """Multi-run audit of the recipe ``config`` (or of a plug-in ``trainer``): ``runs`` models with the
     canary, ``runs`` without.
 
-    Black-box: the canary is one input record (``canary_kind``, e.g. ClipBKD) and the score is its
+    Black-box: the canary is one input record (``canary_kind``; None: ClipBKD, or a mislabeled record for
+    token data, which ClipBKD cannot perturb) and the score is its
     logit-scaled confidence under the final model (higher = member; the direction is fixed in
     advance, so the test is one-sided). White-box (DP trainers with Poisson sampling only): a Dirac
     gradient canary C·e_j (Nasr et al. 2021, §4; Nasr et al. 2023) observed in every noisy update;
@@ -224,6 +226,9 @@ def audit_training(
     if scores != ("margin",) and trainer is None:
         raise InputError("scores other than the canary's margin are for plug-in trainers (--trainer)")
     _score_fns(scores)  # fail here, before any run, on a bad "module:function"
+    from dpaudit.training.run import check_spec_fits
+
+    check_spec_fits(spec, dataset)  # e.g. a model over token ids given float features: one line, before any run
     if trainer is not None:
         from dpaudit.plugins import check_trainer, load_trainer, trainer_name
 
@@ -273,6 +278,8 @@ def audit_training(
         canary_x = canary_y = None
         source = "Dirac gradient canary (white-box: every noisy update observed)"
     else:
+        if canary_kind is None:  # ClipBKD needs real-valued features; token ids take a mislabeled record
+            canary_kind = "mislabeled" if dataset.kind == "tokens" else "clipbkd"
         canary = make_canaries(dataset, base, m=1, kind=canary_kind, seed=seed)
         canary = dataclasses.replace(canary, included=np.array([True]))
         if init == "adversarial":
@@ -372,6 +379,11 @@ def audit_training(
 def _prepare_recipe(config, idx_in, idx_out):
     """The recipe both sides run (the larger dataset's step count, σ calibrated once) and its claim."""
     n_max = max(len(idx_in), len(idx_out))
+    if config.batch_size > n_max:  # before it becomes a sampling rate q = B / N above 1
+        raise InputError(
+            f"batch size {config.batch_size} is larger than the training set ({n_max} records); "
+            "give a smaller --batch-size or a larger --train-size"
+        )
     # Same mechanism on both sides: the step count of the larger dataset, a fixed Poisson rate (so q does
     # not depend on which neighbour is trained), and σ calibrated once.
     config = dataclasses.replace(config, steps=config.num_steps(n_max))
@@ -482,10 +494,11 @@ def require_refutable(
         return best
     unit = "canaries" if method == "one-run" else "runs per side"
     need = size_advice(claimed_epsilon, method=method, delta=delta, confidence=confidence)
+    most, claim = numfmt.ordered(best, claimed_epsilon, left_up=True)  # both upper bounds, in the order computed
     raise InputError(
-        f"this audit cannot refute epsilon = {claimed_epsilon:g}: {size} {unit} certify at most {best:.3g} even "
+        f"this audit cannot refute epsilon = {claim}: {size} {unit} certify at most {most} even "
         f"with a perfect attack ({method}, confidence {confidence:g}, delta {delta:g}); {need} "
-        f"(see `dpaudit audit plan --epsilon {claimed_epsilon:g}`); pass {flag} to run it anyway"
+        f"(see `dpaudit audit plan --epsilon {numfmt.upper(claimed_epsilon)}`); pass {flag} to run it anyway"
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpaudit import numfmt
 from dpaudit.audit.whitebox import StepAudit, audit_steps
 from dpaudit.errors import InputError
 from dpaudit.workflows.result import AuditRecord
@@ -54,6 +55,7 @@ def audit_whitebox_steps(
     from dpaudit.training.algorithms import fit_with_gradient_canary
     from dpaudit.training.config import PerfConfig
     from dpaudit.training.dpsgd import GradientCanary
+    from dpaudit.training.run import check_spec_fits
     from dpaudit.validation import check_positive_int
     from dpaudit.workflows.training import _prepare_recipe
 
@@ -63,6 +65,7 @@ def audit_whitebox_steps(
         raise InputError("the per-step white-box audit needs Poisson sampling (--sampling poisson)")
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+    check_spec_fits(spec, dataset)
     perf = perf or PerfConfig(device="cpu")
     splits = make_splits(len(dataset), split_seed)
     members = splits.members
@@ -107,8 +110,13 @@ def steps_record(attack: str, what: str, stats: StepAudit) -> AuditRecord:
         "noise_sd_per_clip": stats.ratio.sigma,
     }
     result = dataclasses.replace(stats.per_step, details=details, notes=(*stats.per_step.notes, *stats.notes))
+    est, claim = (  # dpaudit.numfmt: the estimate's ε ≥ rounded down, the claim up, in the order computed
+        (numfmt.lower(stats.composed_epsilon_estimate), numfmt.upper(stats.claimed_epsilon))
+        if stats.claimed_epsilon is None
+        else numfmt.ordered(stats.composed_epsilon_estimate, stats.claimed_epsilon)
+    )
     description = (
         f"{what}; per-step one-run f-DP test (formal, vs the one-step claim) and composed estimate "
-        f"{stats.composed_epsilon_estimate:.3g} vs claimed {stats.claimed_epsilon:.3g} ({stats.label})"
+        f"{est} vs claimed {claim} ({stats.label})"
     )
     return AuditRecord(attack, description, result, family="white-box")

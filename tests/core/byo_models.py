@@ -55,3 +55,94 @@ def train_residual(X, y, seed: int):
         F.cross_entropy(model(Xt), yt).backward()
         opt.step()
     return model.state_dict()
+
+
+# --------------------------------------------------------------------------- models outside the zoo
+# (tests/core/test_byo_matrix.py): as users write them, nothing here knows about dpaudit.
+
+
+class ArangeTransformer(nn.Module):
+    """A one-block transformer classifier over token ids; positions are ``pos(torch.arange(T))``."""
+
+    def __init__(self, vocab: int, length: int, n_classes: int, d: int = 16, mha: bool = False) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(length, d)
+        self.ln1 = nn.LayerNorm(d)
+        self.mha = mha
+        if mha:
+            self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+        else:
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        import torch
+        from torch.nn import functional as F
+
+        B, T = tok.shape
+        h = self.tok(tok) + self.pos(torch.arange(T, device=tok.device))
+        a = self.ln1(h)
+        if self.mha:
+            h = h + self.attn(a, a, a, need_weights=False)[0]
+        else:
+            q, k, v = self.qkv(a).view(B, T, 3, 2, -1).permute(2, 0, 3, 1, 4)
+            h = h + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, -1))
+        h = h + self.mlp(self.ln2(h))
+        return self.head(h.mean(1))
+
+
+def transformer(vocab: int, length: int, n_classes: int, d: int = 16) -> nn.Module:
+    return ArangeTransformer(vocab, length, n_classes, d)
+
+
+def mha_transformer(vocab: int, length: int, n_classes: int, d: int = 16) -> nn.Module:
+    return ArangeTransformer(vocab, length, n_classes, d, mha=True)
+
+
+class TiedLM(nn.Module):
+    """LM-ish classifier: next-token logits through the embedding matrix (tied), restricted to the
+    first ``n_classes`` tokens of the vocabulary (the class tokens)."""
+
+    def __init__(self, vocab: int, n_classes: int, d: int = 16) -> None:
+        super().__init__()
+        self.n_classes = n_classes
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tok):
+        import torch
+
+        h = torch.tanh(self.mix(self.emb(tok))).mean(1)
+        return self.head(h)[:, : self.n_classes]
+
+
+def tied_lm(vocab: int, n_classes: int, d: int = 16) -> nn.Module:
+    return TiedLM(vocab, n_classes, d)
+
+
+class BareParameterCNN(nn.Module):
+    """An image model with a learned input offset and a per-channel gain: bare ``nn.Parameter``s in forward."""
+
+    def __init__(self, channels: int, size: int, n_classes: int, width: int = 8) -> None:
+        super().__init__()
+        import torch
+
+        self.offset = nn.Parameter(torch.zeros(channels, size, size))
+        self.conv = nn.Conv2d(channels, width, 3, stride=2, padding=1)
+        self.norm = nn.GroupNorm(2, width)
+        self.gain = nn.Parameter(torch.ones(width))
+        self.head = nn.Linear(width, n_classes)
+
+    def forward(self, x):
+        h = self.norm(self.conv(x + self.offset)).relu() * self.gain[:, None, None]
+        return self.head(h.mean((2, 3)))
+
+
+def bare_parameter_cnn(channels: int, size: int, n_classes: int, width: int = 8) -> nn.Module:
+    return BareParameterCNN(channels, size, n_classes, width)

@@ -309,7 +309,7 @@ def test_bad_npz(tmp_path, arrays, message):
     [
         (np.zeros((4, 2), np.float32), np.array([0, 1, 0]), "X.npy has 4 rows but y.npy has 3"),
         (np.zeros((4, 2), np.float32), np.array([0.5, 1, 0, 1]), "labels must be integers"),
-        (np.zeros((4, 2), np.uint8), np.array([0, 1, 0, 1]), "X must be a floating-point array"),
+        (np.zeros((4, 1, 2, 2), np.uint8), np.array([0, 1, 0, 1]), "X must be a floating-point array"),
         (np.full((4, 2), np.nan, np.float32), np.array([0, 1, 0, 1]), "features contain NaN or inf"),
         (None, np.array([0, 1, 0, 1]), "must hold X.npy and y.npy (missing: X.npy)"),
     ],

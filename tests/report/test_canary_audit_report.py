@@ -9,6 +9,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from dpaudit import numfmt
 from dpaudit.accounting import dpsgd_event, epsilon_for
 from dpaudit.cli.main import app
 from dpaudit.report.build import build_report, canary_run_entry
@@ -57,7 +58,7 @@ def test_saved_canary_audits_render_in_a_report(saved, tmp_path):
     md = (out / "report.md").read_text()
     assert "#### Noise check (formal)" in md and "your own training loop" in md
     assert ok["claim"]["accounting"]["relation"] == "matches"  # the claim is what (σ, q, T) account to
-    assert f"claim check: the claimed ε = {claim():g} matches what (σ = {SIGMA:g}" in md
+    assert f"claim check: the claimed ε = {numfmt.upper(claim())} matches what (σ = {SIGMA:g}" in md
     assert "the noise check rejects the claimed noise std" in md
     html = (out / "report.html").read_text()
     assert "Noise check (formal)" in html and "noise std / σC (estimate)" in html
@@ -167,15 +168,16 @@ def test_per_step_canary_audits_render_with_their_own_verdict(per_step):
     assert "the noise check finds no less noise" in ok["summary"]["headline"]
     # The composed ε over all steps is an estimate, labelled, against the model's (T-step) claim.
     composed = ok["audits"][0]["details"]["composed_epsilon_estimate"]
-    assert f"estimate ε ≥ {composed:.3g} composed over all steps vs claimed {claim():g}" in ok["summary"]["headline"]
+    shown = f"estimate ε ≥ {numfmt.lower(composed)} composed over all steps vs claimed {numfmt.upper(claim())}"
+    assert shown in ok["summary"]["headline"]
     assert ok["summary"]["estimate_verdict"] == "consistent"
     assert leak["summary"]["verdict"] == "violation" and leak["audits"][0]["verdict"] == "curve-refuted"
     assert tradeoff_layers(leak)["refutations"][0]["label"].endswith("claimed step curve refuted")
     md = (rep / "report.md").read_text()
-    assert f"| {step_claim:g} (one step) |" in md and "formal curve test, ε an estimate" in md
+    assert f"| {numfmt.upper(step_claim)} (one step) |" in md and "formal curve test, ε an estimate" in md
     assert "| train | not measured (own training loop) | not measured (own training loop) |" in md
     html = (rep / "report.html").read_text()
-    assert "not measured (own training loop)" in html and f"{step_claim:g} (one step)" in html
+    assert "not measured (own training loop)" in html and f"{numfmt.upper(step_claim)} (one step)" in html
 
     # Planted: without the noise check the step curve's refutation alone sets the verdict (curve-refuted) ...
     entry = canary_run_entry(json.loads(files["step-leak"].read_text()))

@@ -27,15 +27,15 @@ def test_markdown_summary_table(report):
     i = lines.index(header)
     assert lines[i + 1] == "|---|---|---|---|---|---|---|"
     assert lines[i + 2] == (
-        "| nonprivate-mlp | ∞ (non-private) | ≥ 3.95 \\[black-box, one run\\] (canaries, one-run, 95%) "
-        "| ≥ 6.6 \\[black-box, model's members\\] (lira, gdp, 95%) "
-        "| 0.875 (lira) | n/a: needs ≥ 1000 non-members (359 here) | leaks: ε ≥ 3.95 shown (black-box, one run) |"
+        "| nonprivate-mlp | ∞ (non-private) | ≥ 3.94 \\[black-box, one run\\] (canaries, one-run, 95%) "
+        "| ≥ 6.59 \\[black-box, model's members\\] (lira, gdp, 95%) "
+        "| 0.875 (lira) | n/a: needs ≥ 1000 non-members (359 here) | leaks: ε ≥ 3.94 shown (black-box, one run) |"
     )
     # The claim prints as the notes print it (one rounding everywhere).
     assert lines[i + 3].startswith("| dpsgd-eps1 | 0.9987 (δ = 1e-05) | ≥ 0 \\[black-box, one run\\] (canaries")
     assert lines[i + 3].endswith("| consistent |")
     assert lines[i + 4].endswith("| inconclusive |")
-    assert lines[i + 6].startswith("- nonprivate-mlp: leaks: ε ≥ 3.95 shown (formal, canaries")
+    assert lines[i + 6].startswith("- nonprivate-mlp: leaks: ε ≥ 3.94 shown (formal, canaries")
 
 
 def test_markdown_details_show_attacks_audits_and_notes(report):
@@ -47,11 +47,11 @@ def test_markdown_details_show_attacks_audits_and_notes(report):
         "| 629 / 359 | 8 / 0 |"
     ) in text
     assert (
-        "| membership/lira | clopper-pearson | 95% | 2.49 | 1 | 4.43 | (0.556%, 57.5%) | estimate exceeds claim "
+        "| membership/lira | clopper-pearson | 95% | 2.49 | 1 | 4.44 | (0.556%, 57.5%) | estimate exceeds claim "
         "| estimate (black-box, model's members) |"
     ) in text
     assert (
-        "| membership/canaries | one-run | 95% | 3.95 | — | 5.1 | — | no verdict | formal (black-box, one run) |"
+        "| membership/canaries | one-run | 95% | 3.94 | — | 5.11 | — | no verdict | formal (black-box, one run) |"
     ) in text
     assert "not independent runs" in text  # the audit's notes are kept visible
 
@@ -87,9 +87,9 @@ def test_every_embedded_image_decodes_as_png(html_text, report):
 def test_html_shows_summary_badges_explainer_and_environment(html_text, report):
     assert html_text.count('class="badge v-consistent"') >= 3  # header badge, summary row, model heading
     assert '<span class="name">dpsgd-eps8:</span> inconclusive' in html_text
-    assert '<span class="name">nonprivate-mlp:</span> leaks: ε ≥ 3.95 shown' in html_text
+    assert '<span class="name">nonprivate-mlp:</span> leaks: ε ≥ 3.94 shown' in html_text
     assert (
-        "≥ 6.6 [black-box, model&#x27;s members] (lira, gdp, 95%)" in html_text
+        "≥ 6.59 [black-box, model&#x27;s members] (lira, gdp, 95%)" in html_text
         and "estimate (not a formal test)" in html_text
     )
     assert 'class="badge v-estimate-exceeds-claim"' in html_text

@@ -174,7 +174,7 @@ def test_audit_checkpoint_adds_a_familys_formal_audits_to_the_models(tiny_run_di
 
 def test_bounds_name_their_threat_model_and_are_not_compared_bare(report):
     text = render_markdown(report)
-    assert "leaks: ε ≥ 3.95 shown (black-box, one run)" in text
+    assert "leaks: ε ≥ 3.94 shown (black-box, one run)" in text
     for model in report["models"]:
         for kind in ("formal", "estimate"):
             if model["summary"][kind] is not None:

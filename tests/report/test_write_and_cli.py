@@ -86,7 +86,7 @@ def test_cli_merges_a_report_and_writes_all_formats(tmp_path, report):
     assert result.exit_code == 0, result.output
     last = result.output.strip().splitlines()[-1]
     assert last == f"report written to {out}/ (report.json, report.md, report.html)"
-    assert "nonprivate-mlp (claimed ε ∞ (non-private)): leaks: ε ≥ 3.95 shown" in result.output
+    assert "nonprivate-mlp (claimed ε ∞ (non-private)): leaks: ε ≥ 3.94 shown" in result.output
     assert _listing(out) == ["report.html", "report.json", "report.md"]
     written = load_report(out)
     assert [m["name"] for m in written["models"]] == [m["name"] for m in report["models"]]

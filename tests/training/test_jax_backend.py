@@ -422,6 +422,30 @@ def test_cli_backend_jax_without_jax_exits_2(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("old", ["0.7.2", "0.4.38"])
+def test_cli_backend_jax_with_too_old_jax_exits_2_in_one_line(tmp_path, monkeypatch, old):
+    """An installed JAX older than JAX_MIN is refused when the backend is selected (0.7.2 would get
+    through the import and fail deep inside training: no ``jax.enable_x64`` context manager)."""
+    monkeypatch.setattr(jax, "__version__", old)
+    monkeypatch.delitem(sys.modules, "dpaudit.training.jax_backend", raising=False)  # re-run its import checks
+    r = _invoke(*TRAIN, "--backend", "jax", "--out", tmp_path / "run")
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()  # the progress line "training logreg on digits ...", then the error
+    assert lines[-1] == f"error: --backend jax needs JAX >= 0.8.0, found {old}: pip install -U 'dpaudit[jax]'"
+    assert "Traceback" not in r.output and sum(line.startswith("error") for line in lines) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_jax_version_check_accepts_the_floor_and_later_releases():
+    assert jb.release("0.12.0.1") == (0, 12, 0, 1) and jb.release("0.9.0.dev20260101") == (0, 9, 0)
+    for version in ("0.8.0", "0.8.1", "0.10.2", "0.12.0.1", "1.0"):
+        jb.check_jax_version(version)
+    from dpaudit.errors import InputError
+
+    with pytest.raises(InputError, match=r"found 0\.7\.2"):
+        jb.check_jax_version("0.7.2")
+
+
 def test_cli_unknown_backend_exits_2(tmp_path):
     r = _invoke(*TRAIN, "--backend", "tensorflow", "--out", tmp_path / "run")
     assert r.exit_code == 2 and "backend" in r.output

@@ -1,0 +1,290 @@
+"""Models and data users bring, with the defaults a newcomer uses (no tuning flags): a transformer over
+token ids (``pos(torch.arange(T))``), a tied-weight LM-ish classifier and nn.MultiheadAttention, by
+factory (tests/core/byo_models.py), on token ids saved as an integer NPZ / a directory of .npy files.
+
+Oracles: integer 2-D arrays are token ids (int64, never floats; the spec's ``input_dtype`` follows the
+data); a DP transformer at epsilon 4 with the default recipe beats chance by far (binomial test);
+tied weights survive save -> load as one tensor; a zoo model on token ids, a float module on token ids,
+a vocabulary smaller than the data, and the attacks that cannot apply to token ids (MI-FACE gradient
+ascent, attribute inference, extraction) are each one line naming why and what to use instead, exit
+code 2; a model that learned nothing is said to have learned nothing, at training and beside every
+membership estimate made on it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import binom
+from typer.testing import CliRunner
+
+from dpaudit.checkpoint import CHECKPOINT_FILE, load_run, load_state_into
+from dpaudit.cli.main import app
+from dpaudit.data import load_dataset
+from dpaudit.errors import CheckpointError, DataError
+from tests.core import byo_models
+
+ROOT = Path(__file__).resolve().parents[2]
+V, T, K = 20, 8, 2
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # factories are imported from the current directory
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error(r) -> str:
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    return lines[0]
+
+
+def _tokens(n: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Each class draws its tokens from its own Dirichlet(0.3) distribution over the vocabulary."""
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.full(V, 0.3), K)
+    y = rng.integers(0, K, n)
+    return np.stack([rng.choice(V, T, p=probs[c]) for c in y]).astype(np.int64), y
+
+
+def _spec(path: Path, factory: str, **extra) -> Path:
+    kwargs = {"vocab": V, "n_classes": K} if factory == "tied_lm" else {"vocab": V, "length": T, "n_classes": K}
+    spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": kwargs}
+    path.write_text(json.dumps({**spec, "input_shape": [T], "n_classes": K, **extra}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Path:
+    X, y = _tokens()
+    path = tmp_path_factory.mktemp("tok") / "tok.npz"
+    np.savez(path, X=X, y=y)
+    return path
+
+
+def _train(base: Path, data: Path, *args) -> Path:
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # a module-scoped fixture runs outside the autouse chdir
+    try:
+        run = base / "run"
+        spec = _spec(base / "spec.json", "transformer")
+        r = invoke("train", "--data", data, "--model-spec", spec, *args, "--out", run)
+    finally:
+        os.chdir(cwd)
+    assert r.exit_code == 0, r.output
+    return run
+
+
+@pytest.fixture(scope="module")
+def transformer_run(tok, tmp_path_factory) -> Path:
+    """A transformer over token ids trained one epoch with canaries (mislabeled, the default kind: they
+    fit any record shape) for the formal audit."""
+    return _train(tmp_path_factory.mktemp("tf"), tok, "--epochs", 1, "--canaries", 40, "--allow-inconclusive")
+
+
+# --------------------------------------------------------------------------- token data
+
+
+def test_integer_arrays_are_token_ids(tmp_path):
+    X, y = _tokens(40)
+    np.savez(tmp_path / "t.npz", X=X.astype(np.int32), y=y)
+    d = tmp_path / "dir"
+    d.mkdir()
+    np.save(d / "X.npy", X.astype(np.uint16))
+    np.save(d / "y.npy", y)
+    for source in (tmp_path / "t.npz", d):
+        ds = load_dataset(str(source))
+        assert ds.kind == "tokens" and ds.X.dtype == np.int64 and ds.vocab_size == int(X.max()) + 1
+        np.testing.assert_array_equal(ds.X, X)
+    np.savez(tmp_path / "neg.npz", X=X - 1, y=y)
+    with pytest.raises(DataError, match=r"token ids, which must be >= 0 \(found -1\).*X.astype\('float32'\)"):
+        load_dataset(str(tmp_path / "neg.npz"))
+    np.savez(tmp_path / "f.npz", X=X.astype(np.float32), y=y)  # floats stay numeric features
+    assert load_dataset(str(tmp_path / "f.npz")).kind == "tabular"
+
+
+def test_uint8_matrices_stay_pixels(tmp_path):
+    """Flattened 8-bit images (MNIST as (n, 784) uint8) were numeric features before token ids existed and
+    still are: a zoo mlp trains on them; only wider integer types are token ids."""
+    X, y = _tokens(40)
+    np.savez(tmp_path / "px.npz", X=X.astype(np.uint8), y=y)
+    ds = load_dataset(str(tmp_path / "px.npz"))
+    assert ds.kind == "tabular" and ds.X.dtype.kind == "f"
+    np.testing.assert_array_equal(ds.X, X.astype(np.uint8))
+
+
+@pytest.mark.slow
+def test_transformer_over_token_ids_trains_with_dp_by_factory(tok, tmp_path):
+    """The newcomer's command: DP-SGD at epsilon 4, every optimisation setting left at its default."""
+    run = _train(tmp_path, tok, "--algo", "dpsgd", "--epsilon", 4)
+    meta = json.loads((run / CHECKPOINT_FILE).read_text())
+    assert meta["model"]["input_dtype"] == "int64"  # inferred from the data, recorded
+    assert meta["data"]["kind"] == "tokens" and meta["privacy"]["epsilon"] <= 4
+    assert "fit_warnings" not in meta
+    loaded = load_run(run)
+    assert type(loaded.model).__name__ == "ArangeTransformer"
+    y_test = loaded.dataset().y[loaded.splits.test]
+    n, chance = len(y_test), np.bincount(y_test).max() / len(y_test)
+    correct = round(meta["metrics"]["test_accuracy"] * n)
+    assert binom.sf(correct - 1, n, chance) < 1e-3, (correct, n)  # far above always guessing the majority class
+
+
+def test_a_token_run_is_attacked_and_its_canaries_audited(transformer_run):
+    r = invoke("attack", "mia", transformer_run, "--attacks", "loss", "--json")
+    assert r.exit_code == 0, r.output
+    assert 0.0 <= json.loads(r.stdout)["attacks"][0]["auc"] <= 1.0
+    r = invoke("audit", "checkpoint", transformer_run, "--attacks", "loss", "--json")
+    assert r.exit_code == 0, r.output
+    audits = json.loads(r.stdout)["audits"]
+    assert audits[0]["source"]["attack"] == "canaries" and "40 mislabeled canaries" in audits[0]["description"]
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["inversion"], "token ids are discrete (no gradient to follow)"),
+        (["attribute", "-f", 0], "a token position ranges over the whole vocabulary"),
+        (["extract", "-b", 50], "token ids are discrete"),
+    ],
+)
+def test_attacks_that_need_real_valued_inputs_refuse_token_runs(transformer_run, args, why):
+    line = one_error(invoke("attack", *args[:1], transformer_run, *args[1:]))
+    assert why in line and "dpaudit attack mia" in line
+
+
+def test_cloak_refuses_a_token_run(transformer_run, tmp_path):
+    line = one_error(
+        invoke("train", "--algo", "cloak", "--target", transformer_run, "--lambda", 1, "--out", tmp_path / "c")
+    )
+    assert "token ids are discrete" in line and "--algo dpsgd" in line
+
+
+def test_a_zoo_model_on_token_ids_is_one_line(tok, tmp_path):
+    line = one_error(invoke("train", "--data", tok, "--epochs", 1, "--out", tmp_path / "run"))  # default: mlp
+    assert "a mlp model needs numeric features" in line and "read as token ids" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_input_dtype_mismatches_are_one_line(tok, tmp_path):
+    spec = _spec(tmp_path / "f.json", "transformer", input_dtype="float32")
+    line = one_error(invoke("train", "--data", tok, "--model-spec", spec, "--epochs", 1, "--out", tmp_path / "r"))
+    assert 'it runs on int64 token ids: give the spec "input_dtype": "int64"' in line
+    spec = _spec(tmp_path / "b.json", "transformer", input_dtype="int8")
+    line = one_error(invoke("train", "--data", tok, "--model-spec", spec, "--epochs", 1, "--out", tmp_path / "r"))
+    assert "expected input_dtype 'float32' or 'int64' (token ids), got 'int8'" in line
+    small = json.loads(_spec(tmp_path / "s.json", "transformer").read_text())
+    small["kwargs"]["vocab"] = V // 2  # the user's Embedding is smaller than the data's ids
+    (tmp_path / "s.json").write_text(json.dumps(small))
+    line = one_error(
+        invoke("train", "--data", tok, "--model-spec", tmp_path / "s.json", "--epochs", 1, "--out", tmp_path / "r")
+    )
+    assert "fails on record" in line and "is its vocabulary smaller?" in line
+    assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------- tied weights
+
+
+def test_tied_weights_save_and_load_as_one_tensor(tok, tmp_path):
+    run = tmp_path / "tied"
+    spec = _spec(tmp_path / "spec.json", "tied_lm")
+    r = invoke("train", "--data", tok, "--model-spec", spec, "--epochs", 2, "--out", run)
+    assert r.exit_code == 0, r.output  # was: safetensors refused the shared tensors, exit code 3
+    loaded = load_run(run)
+    assert loaded.model.head.weight is loaded.model.emb.weight
+    X, _ = _tokens(10, seed=1)
+    trained = loaded.model.state_dict()
+    # a file holding one name of the tie (safetensors' save_model drops the other) loads the same model
+    fresh = byo_models.tied_lm(V, K)
+    load_state_into(fresh, {k: v for k, v in trained.items() if k != "head.weight"}, "one-name")
+    assert fresh.head.weight is fresh.emb.weight
+    with torch.no_grad():
+        np.testing.assert_array_equal(fresh(torch.as_tensor(X)).numpy(), loaded.model(torch.as_tensor(X)).numpy())
+    bad = {**trained, "head.weight": trained["head.weight"] + 1}
+    with pytest.raises(CheckpointError, match=r"emb\.weight and head\.weight are one tied tensor"):
+        load_state_into(byo_models.tied_lm(V, K), bad, "differ")
+
+
+# --------------------------------------------------------------------------- a model that learned nothing
+
+
+def test_a_model_that_learned_nothing_says_so(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 6)).astype(np.float32)
+    np.savez(tmp_path / "noise.npz", X=X, y=rng.integers(0, 2, 300))  # labels independent of the features
+    spec = {"kind": "python", "factory": "tests.core.byo_models:residual_mlp", "kwargs": {"d": 6, "n_classes": 2}}
+    (tmp_path / "spec.json").write_text(json.dumps({**spec, "input_shape": [6], "n_classes": 2}))
+    run = tmp_path / "run"
+    r = invoke(
+        "train", "--data", tmp_path / "noise.npz", "--model-spec", tmp_path / "spec.json", "--algo", "dpsgd",
+        "--epsilon", 0.5, "--epochs", 2, "--out", run,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "warning: the model's accuracy on its training records" in r.stderr and "learned next to nothing" in r.stderr
+    meta = json.loads((run / CHECKPOINT_FILE).read_text())
+    assert meta["fit_warnings"]
+    r = invoke("attack", "mia", run, "--attacks", "loss", "--quiet")
+    assert r.exit_code == 0 and "learned next to nothing" in r.stderr, r.output  # a warning, even with --quiet
+    r = invoke("audit", "checkpoint", run, "--attacks", "loss", "--json")
+    assert r.exit_code == 0, r.output
+    (loss,) = json.loads(r.stdout)["audits"]
+    assert any("learned next to nothing" in n for n in loss["notes"])
+
+
+def test_audit_train_on_token_ids_takes_a_canary_that_fits_them(tok, tmp_path):
+    """ClipBKD (the default canary) perturbs real-valued features; on token ids the default is a mislabeled record."""
+    spec = _spec(tmp_path / "spec.json", "transformer")
+    r = invoke(
+        "audit", "train", "--data", tok, "--model-spec", spec, "--runs", 2, "--train-size", 80, "--noise-multiplier", 1,
+        "--epochs", 1, "--allow-inconclusive", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "one mislabeled canary added or not" in json.loads(r.stdout)["description"]
+
+
+@pytest.mark.slow
+def test_bare_parameter_cnn_on_a_memory_mapped_image_directory(tmp_path):
+    """A module adding bare nn.Parameters in forward (an input offset, a channel gain) on CIFAR-shaped records
+    (3 x 32 x 32) memory-mapped from X.npy: DP-SGD with the defaults, attacked by loss and LiRA, reported."""
+    rng = np.random.default_rng(0)
+    n = 300
+    y = rng.integers(0, 2, n)
+    grating = np.sin(np.arange(32) * 0.8)[None, :, None] * np.ones((3, 32, 32))
+    X = rng.normal(size=(n, 3, 32, 32)) + 2.0 * np.where(y == 1, 1.0, -1.0)[:, None, None, None] * grating
+    d = tmp_path / "data"
+    d.mkdir()
+    np.save(d / "X.npy", X.astype(np.float32))
+    np.save(d / "y.npy", y)
+    spec = {"kind": "python", "factory": "tests.core.byo_models:bare_parameter_cnn"}
+    spec |= {"kwargs": {"channels": 3, "size": 32, "n_classes": 2}, "input_shape": [3, 32, 32], "n_classes": 2}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run = tmp_path / "run"
+    r = invoke("train", "--data", d, "--model-spec", tmp_path / "spec.json", "--algo", "dpsgd", "--epsilon", 4,
+               "--out", run)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    meta = json.loads((run / CHECKPOINT_FILE).read_text())
+    assert meta["data"]["memory_mapped"] is True and meta["privacy"]["epsilon"] <= 4
+    r = invoke("attack", "mia", run, "--attacks", "loss,lira", "--reference-models", 2, "--min-models", 1, "--json")
+    assert r.exit_code == 0, r.output
+    r = invoke("report", run, "--out", tmp_path / "report", "--attacks", "loss")
+    assert r.exit_code == 0, r.output
+
+
+def test_audit_train_with_a_default_batch_above_the_train_size_says_so(tok, tmp_path):
+    spec = _spec(tmp_path / "spec.json", "transformer")
+    args = ["--runs", 2, "--train-size", 40, "--noise-multiplier", 1]
+    # was: "expected sample_rate in (0, 1], got 1.56", an option the user never gave
+    line = one_error(invoke("audit", "train", "--data", tok, "--model-spec", spec, *args))
+    assert "batch size 64 is larger than the training set (41 records)" in line

@@ -1,0 +1,143 @@
+"""dpaudit.numfmt: every ε a user reads is rounded in the safe direction, exactly.
+
+Oracles: the exact binary value of each float (``Decimal(x)``) rounded with ROUND_CEILING / ROUND_FLOOR at the
+significant digit; Python's ``format(x, ".{d}g")`` for the spelling of short decimals. Planted mistakes each test
+catches are named in its docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpaudit import numfmt
+from dpaudit.numfmt import lower, nearest, ordered, upper
+
+finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300)
+positive = st.floats(allow_nan=False, allow_infinity=False, min_value=1e-300, max_value=1e300)
+digits = st.integers(1, numfmt.MAX_DIGITS)
+
+
+def _short(x: float, d: int) -> bool:
+    """Whether x's shortest round-trip decimal has at most d significant digits (the module's stated exception)."""
+    return len(Decimal(repr(x)).normalize().as_tuple().digits) <= d
+
+
+def _oracle(x: float, d: int, rounding: str) -> Decimal:
+    if _short(x, d):
+        return Decimal(repr(x))
+    return Context(prec=d, rounding=rounding).plus(Decimal(x))
+
+
+@pytest.mark.parametrize(
+    ("x", "d", "up", "down"),
+    [
+        (7.999954, 6, "7.99996", "7.99995"),  # the accounted ε of the brief: never 7.99995 as a claim
+        (4.8151, 3, "4.82", "4.81"),  # a lower bound: never 4.82, which nothing showed
+        (8.0, 6, "8", "8"),
+        (0.1, 6, "0.1", "0.1"),  # the float nearest 0.1 is the user's 0.1, not 0.100001
+        (1e-05, 6, "1e-05", "1e-05"),
+        (1.0000000000000002, 6, "1.00001", "1"),  # one ulp above 1 is above 1
+        (math.nextafter(1.0, 0.0), 6, "1", "0.999999"),
+        (6.9920100000000005, 6, "6.99202", "6.99201"),  # float ceil(x * 1e5) / 1e5 gives 6.99201 < x
+        (0.015399999999999999, 3, "0.0154", "0.0153"),  # float floor(x * 1e4) / 1e4 gives 0.0154 > x
+        (9.999996, 6, "10", "9.99999"),  # rounding up past a power of ten
+        (27070.3, 4, "2.708e+04", "2.707e+04"),  # spelled as format(x, ".4g") spells it
+        (-0.123456789, 3, "-0.123", "-0.124"),
+    ],
+)
+def test_directed_rounding_table(x, d, up, down):
+    """Planted: rounding to nearest (7.999954 → 7.99995), directions swapped, or float arithmetic
+    ``math.ceil(x * 10**k) / 10**k`` (6.9920100000000005 → 6.99201 < x) each fails a row."""
+    assert upper(x, d) == up and lower(x, d) == down
+
+
+def test_specials():
+    for f in (upper, lower, nearest):
+        assert f(None) == "—" and f(None, missing="?") == "?"
+        assert f(math.inf) == "∞" and f(-math.inf) == "−∞" and f(math.nan) == "nan"
+        assert f(0.0) == "0" and f(-0.0) == "0" and f(0) == "0"
+        assert f("inf") == "∞"  # the report spells infinity "inf"
+    with pytest.raises(ValueError, match="digits"):
+        upper(1.0, 0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(finite, digits)
+def test_upper_is_at_least_x_and_lower_at_most_x_exactly(x, d):
+    """As exact decimals: upper(x) ≥ x ≥ lower(x), each the directed rounding of x's exact binary value (or x's
+    own short decimal, which reads back as x). Planted: float arithmetic or a swapped direction fails here."""
+    up, down = Decimal(upper(x, d)), Decimal(lower(x, d))
+    assert up == _oracle(x, d, ROUND_CEILING) and down == _oracle(x, d, ROUND_FLOOR)
+    if _short(x, d):
+        assert float(upper(x, d)) == x == float(lower(x, d))
+    else:
+        assert down < Decimal(x) < up
+    assert len(up.normalize().as_tuple().digits) <= d and len(down.normalize().as_tuple().digits) <= d
+
+
+@settings(max_examples=300, deadline=None)
+@given(finite, st.integers(1, 15))
+def test_nearest_is_round_half_even_of_the_exact_value(x, d):
+    assert Decimal(nearest(x, d)) == _oracle(x, d, ROUND_HALF_EVEN)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 999_999), st.integers(-12, 12))
+def test_short_decimals_are_shown_as_themselves(mantissa, exponent):
+    """A decimal of at most 6 significant digits reads back as itself in both directions (a claim of 0.3 prints
+    0.3), spelled as ``:g`` spells it, and printing is idempotent."""
+    x = float(Decimal(mantissa).scaleb(exponent))
+    assert upper(x) == lower(x, 6) == format(x, "g")
+    for d in (3, 6, 10):
+        assert upper(float(upper(x, d)), d) == upper(x, d) and lower(float(lower(x, d)), d) == lower(x, d)
+
+
+@settings(max_examples=300, deadline=None)
+@given(finite, finite, digits)
+def test_monotone(x, y, d):
+    x, y = min(x, y), max(x, y)
+    assert Decimal(upper(x, d)) <= Decimal(upper(y, d)) and Decimal(lower(x, d)) <= Decimal(lower(y, d))
+
+
+def _order(a, b) -> int:
+    return (a > b) - (a < b)
+
+
+def _neighbours():
+    """Pairs as close as float64 allows, or agreeing to 6 digits: where rounding alone prints them equal."""
+    base = st.sampled_from([8.0, 7.999954, 0.1, 1.0, 4.8151, 1e-5, 123456.7])
+    return st.tuples(base, st.integers(-3, 3)).map(lambda t: (t[0], _step(t[0], t[1])))
+
+
+def _step(x: float, n: int) -> float:
+    for _ in range(abs(n)):
+        x = math.nextafter(x, math.inf if n > 0 else -math.inf)
+    return x
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_neighbours(), st.tuples(positive, positive)), st.booleans(), st.integers(1, 6))
+def test_ordered_prints_the_order_computed(pair, left_up, left_digits):
+    """The printed pair compares as the numbers do (equal numbers may print left below right), each still rounded
+    in its own direction. Planted: plain lower()/upper() without the digit search prints 8 > 8 for
+    nextafter(8) > 8, and fails here."""
+    a, b = pair
+    sa, sb = ordered(a, b, left_digits=left_digits, left_up=left_up)
+    shown = _order(Decimal(sa), Decimal(sb))
+    assert shown == _order(a, b) or (a == b and shown < 0), (a, b, sa, sb)
+    assert (Decimal(sa) >= Decimal(a) if left_up else Decimal(sa) <= Decimal(a)) or float(sa) == a
+    assert Decimal(sb) >= Decimal(b) or float(sb) == b
+
+
+def test_ordered_examples():
+    """The brief's example, and a line that keeps its digits when rounding already shows the order."""
+    assert ordered(8.00001, 8.0) == ("8.00001", "8")
+    assert ordered(math.nextafter(8.0, 9.0), 8.0) == ("8.000000000000002", "8")
+    assert ordered(4.8151, 8.0) == ("4.81", "8")
+    assert ordered(7.999954, 7.999954, left_up=True) == ("7.999954", "7.999954")  # not "8 ≤ 7.99996"
+    assert ordered(math.inf, 8.0) == ("∞", "8")

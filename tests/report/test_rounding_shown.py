@@ -1,0 +1,147 @@
+"""Every ε a reader sees is rounded in the safe direction (dpaudit.numfmt), end to end: the report's Markdown and
+HTML, the headline, the CLI summaries. A claim rounds up (7.999954 → 7.99996, never 7.99995), a lower bound down
+(4.8151 → 4.81, never 4.82), and a line that states an order shows it (never "ε ≥ 8 > claimed 8").
+
+Planted and caught here: a claim printed with ``:g`` (round to nearest) in the report's claim_text, in the headline
+or in the CLI summary; the headline's bound rounded to nearest; the headline printing bound and claim without
+:func:`dpaudit.numfmt.ordered`.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+import pytest
+
+from dpaudit.cli.cloak import human_cloak
+from dpaudit.cli.train import human_summary
+from dpaudit.report.build import build_report
+from dpaudit.report.html import render_html
+from dpaudit.report.markdown import render_markdown
+from dpaudit.workflows.result import headline
+
+CLAIM = 7.999954  # an accounted ε: round to nearest would print 7.99995, under-reporting it
+BOUND = 4.8151  # a lower bound: round to nearest would print 4.82, which nothing showed
+
+
+def _rebuilt(report: dict) -> dict:
+    """The fixture with the ε = 8 model's claim set to CLAIM and the non-private model's formal bound to BOUND,
+    rebuilt so that every derived line (headline, verdicts) is recomputed from them."""
+    models = report["models"]
+    eps8, nonprivate = models[2], models[0]
+    eps8["claim"]["epsilon"] = CLAIM
+    for a in eps8["audits"]:
+        a["claimed_epsilon"] = CLAIM
+    canaries = next(a for a in nonprivate["audits"] if a["formal"])
+    canaries["epsilon_lower_bound"] = BOUND
+    return build_report(models, title=report["title"], config=report["run"]["config"])
+
+
+def test_a_claim_rounds_up_and_a_bound_down_in_markdown_html_and_headline(report):
+    rebuilt = _rebuilt(report)
+    md, html = render_markdown(rebuilt), render_html(rebuilt)
+    eps8, nonprivate = rebuilt["models"][2], rebuilt["models"][0]
+    assert "claimed 7.99996 " in eps8["summary"]["headline"]
+    assert "| dpsgd-eps8 | 7.99996 (δ = 1e-05)" in md  # the summary table
+    assert "ε = 7.99996, δ = 1e-05" in md  # the model's claim details
+    assert "| 7.99996 |" in md  # each audit row's claimed ε
+    assert "7.99996 (δ = 1e-05)" in html
+    assert "7.99995" not in md and "7.99995" not in html
+    assert nonprivate["summary"]["headline"].startswith("leaks: ε ≥ 4.81 shown")
+    assert "≥ 4.81 \\[black-box, one run\\]" in md and "leaks: ε ≥ 4.81 shown" in html
+    assert "4.82" not in md and "4.82" not in html
+
+
+def test_the_plot_labels_round_in_the_same_directions(report):
+    from dpaudit.report._data import tradeoff_layers
+
+    rebuilt = _rebuilt(report)
+    layers = tradeoff_layers(rebuilt["models"][2])
+    assert layers["claims"][0]["label"] == "claimed ε = 7.99996, δ = 1e-05"
+    bounds = tradeoff_layers(rebuilt["models"][0])["formal_bounds"]
+    assert any("not (4.81, δ = 1e-05)-DP" in b["label"] for b in bounds), bounds
+
+
+def _audit(bound: float, claim: float, max_cert: float, verdict: str) -> dict:
+    return {
+        "source": {"family": "membership", "attack": "canaries", "index": None},
+        "method": "one-run",
+        "confidence": 0.95,
+        "formal": True,
+        "epsilon_lower_bound": bound,
+        "max_certifiable_epsilon": max_cert,
+        "claimed_epsilon": claim,
+        "verdict": verdict,
+        "threat_model": "black-box, one run",
+    }
+
+
+def _below(shown: Decimal, x: float) -> bool:
+    """Printed at or below x: exactly, or x's own short decimal (dpaudit.numfmt's stated exception)."""
+    return shown <= Decimal(x) or float(shown) == x
+
+
+def _above(shown: Decimal, x: float) -> bool:
+    return shown >= Decimal(x) or float(shown) == x
+
+
+def _pair(text: str, pattern: str) -> tuple[Decimal, Decimal]:
+    m = re.search(pattern, text)
+    assert m, text
+    return Decimal(m.group(1)), Decimal(m.group(2))
+
+
+@pytest.mark.parametrize(
+    ("bound", "claim"),
+    [(8.0000004, 8.0000001), (8.00001, 8.0), (7.9999996, 7.9999992), (4.8151, 4.815)],
+)
+def test_a_violation_headline_shows_the_bound_above_the_claim(bound, claim):
+    """Bound and claim agree to 6 digits: rounding alone would print "ε ≥ 8 > claimed 8" (or worse, the bound
+    below the claim); the headline adds digits until the printed numbers say what the verdict says."""
+    text = headline([_audit(bound, claim, 20.0, "violation")], {"epsilon": claim, "delta": 1e-5}).text
+    b, c = _pair(text, r"violation: ε ≥ (\S+) > claimed (\S+) ")
+    assert b > c and _below(b, bound) and _above(c, claim), text
+
+
+@pytest.mark.parametrize(("bound", "claim"), [(7.999954, 7.999954), (7.9999539, 7.999954), (4.8151, 4.8152)])
+def test_consistent_and_inconclusive_headlines_keep_their_order(bound, claim):
+    text = headline([_audit(bound, claim, 20.0, "consistent")], {"epsilon": claim, "delta": 1e-5}).text
+    b, c = _pair(text, r"consistent: ε ≥ (\S+) ≤ claimed (\S+) ")
+    assert b <= c and _below(b, bound) and _above(c, claim), text
+    # Inconclusive: "certifies at most m ≤ claimed c", both rounded up: m = c must not print as "8 ≤ 7.99996".
+    text = headline([_audit(0.5, claim, bound, "inconclusive")], {"epsilon": claim, "delta": 1e-5}).text
+    m, c = _pair(text, r"certifies at most (\S+) ≤ claimed (\S+) ")
+    assert m <= c and _above(m, bound) and _above(c, claim), text
+
+
+def test_the_cli_summaries_print_the_claim_rounded_up():
+    s = {
+        "model": "mlp", "data": "digits", "n_members": 100, "algo": "dpsgd", "train_accuracy": 0.9,
+        "test_accuracy": 0.8, "private": True, "accountant": "pld", "epsilon": CLAIM, "delta": 1e-5,
+        "claim_mismatch": True, "epsilon_recomputed": 7.9999541,
+    }  # fmt: skip
+    text = human_summary(s)
+    assert "privacy    ε = 7.99996 at δ = 1e-05 (pld)" in text
+    # A mismatch line never prints two equal numbers for two different claims (7.99996 vs 7.99996).
+    recorded, recomputed = _pair(text, r"records ε = (\S+), but .* re-accounts to ε = (\S+) ")
+    assert recorded < recomputed and _above(recorded, CLAIM)
+    cloak = {
+        "lambda": 1.0, "target": "t", "data": "digits", "suppression_ratio": 0.5, "suppression_threshold": 1.0,
+        "clean_accuracy": 0.9, "cloaked_accuracy": 0.8, "accuracy_loss": 0.1, "composed_epsilon": CLAIM,
+        "delta": 1e-5, "median_feature_epsilon": 0.5,
+    }  # fmt: skip
+    assert "local DP   ε = 7.99996 at δ = 1e-05" in human_cloak(cloak)
+
+
+def test_family_results_round_their_epsilons_by_what_they_are():
+    """The generic layout of a family result (JL step audit, cloak, ICL) prints each ε by its key."""
+    from dpaudit.report._format import scalar_text
+
+    assert scalar_text("epsilon_lower_bound", BOUND) == "4.815"
+    assert scalar_text("members.epsilon_lower_bound", 4.81519) == "4.815"  # nearest would print 4.815 too ...
+    assert scalar_text("epsilon_lower_bound", 4.81599) == "4.815"  # ... but not here (4.816)
+    for key in ("jl_accountant_claim", "plain_formula_claim", "model_claim", "composed_epsilon", "epsilon"):
+        assert scalar_text(key, CLAIM) == "7.99996", key
+    assert scalar_text("max_certifiable_epsilon", 2.783308493421825) == "2.784"
+    assert scalar_text("auc", 0.666666) == "0.6667"  # not an ε: as before
