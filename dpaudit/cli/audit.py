@@ -180,7 +180,10 @@ def parse_tradeoff(text: str):
         q, steps = float(q_text), int(t_text)
     except ValueError:
         raise InputError(f"expected --tradeoff dpsgd:Q,T (e.g. dpsgd:0.01,1000), got {text!r}") from None
-    return dpsgd_family(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=q), check_positive_int(steps=steps))
+    try:  # Q and T are parts of --tradeoff, not options of their own: the message says where they came from
+        return dpsgd_family(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=q), check_positive_int(steps=steps))
+    except InputError as e:
+        raise InputError(f"--tradeoff {text}: {e}") from None
 
 
 @audit_app.command("selftest")

@@ -55,6 +55,9 @@ def one_line_error(*args) -> str:
          "error: expected --count >= 1, got 0"),
         (["attack", "mia", "nowhere", "--bootstrap", "-1"], "error: expected --bootstrap >= 0, got -1"),
         (["audit", "plan", "--claimed-epsilon", "-1"], "error: expected --epsilon >= 0, got -1.0"),
+        (["audit", "scores", "nowhere.csv", "--method", "one-run-fdp", "--design", "canaries",
+          "--tradeoff", "dpsgd:2,10"],
+         "error: --tradeoff dpsgd:2,10: expected sample_rate in (0, 1], got 2.0"),
         # a command with its own typer.Context (audit train) named Python parameters
         (["audit", "train", "--epsilon", "2", "--lr", "inf"], "error: expected --lr to be finite, got inf"),
     ],
