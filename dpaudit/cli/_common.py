@@ -293,7 +293,7 @@ class App(typer.Typer):
                 STATE.json = STATE.json or bool(k.get("json_output"))
                 try:
                     for name, value in k.items():  # one range for every seed option (see check_seed)
-                        if name == "seed" or name.endswith("_seed"):
+                        if (name == "seed" or name.endswith("_seed")) and value is not None:
                             check_seed(**{name: value})
                     with notices(notice):
                         return f(*a, **k)
