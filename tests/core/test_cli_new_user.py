@@ -3,6 +3,8 @@ user typed named, and refused before any work; no traceback when stdout itself f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -154,6 +156,14 @@ def test_attack_mia_table_does_not_show_an_unresolvable_tpr():
     small, large = (human_table([Result(n)]).splitlines()[2] for n in (359, 1000))
     assert "n/a: needs ≥ 1000 non-members" in small and "1.59%" not in small
     assert "1.59%" in large and "n/a" not in large
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_the_file_system_refuses_is_refused_before_training(tmp_path):
+    """access() lets root "write" into /proc: `train --out /proc/run` trained, then failed at the rename."""
+    line = one_line_error("train", "--model", "logreg", "--epochs", "1", "--out", "/proc/dpaudit-test-run")
+    # root: "/proc accepts no new file (...)"; anyone else: "/proc is not writable (permission denied)"
+    assert line.startswith("error: cannot write /proc/dpaudit-test-run: /proc "), line
 
 
 def test_seed_range_is_one_rule():
