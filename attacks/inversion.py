@@ -39,7 +39,6 @@ from dpaudit.progress import Progress
 from dpaudit.validation import (
     check_choice,
     check_in_interval,
-    check_non_negative,
     check_positive,
     check_positive_int,
 )
@@ -99,7 +98,7 @@ def mi_face(
     """
     check_positive_int(iterations=iterations)
     check_positive_int(window=window)
-    check_positive(step=step)
+    check_positive(finite=True, step=step)
 
     def pair(x: np.ndarray) -> tuple[float, float]:
         v = cost(x)
@@ -238,11 +237,11 @@ class MIFace:
         """Validate the settings (named errors); fit calls it."""
         check_positive_int(iterations=self.iterations)
         check_positive_int(window=self.window)
-        check_positive(step=self.step)
+        check_positive(finite=True, step=self.step)
         check_choice(PRIORS, prior=self.prior)
         check_choice(VARIANTS, variant=self.variant)
         check_positive_int(restarts=self.restarts)
-        check_non_negative(prior_weight=self.prior_weight)
+        check_in_interval(0.0, math.inf, lo_open=False, prior_weight=self.prior_weight)
         check_in_interval(-math.inf, math.inf, threshold=self.threshold)
         if self.black_box:
             if self.budget is not None:

@@ -30,7 +30,7 @@ from dpaudit.checkpoint import Run
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_file
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.validation import check_non_negative, check_positive_int
+from dpaudit.validation import check_non_negative, check_positive_int, shown
 
 METHODS = (*THRESHOLD_METHODS, "shadow", "lira", "rmia")
 AUTO_SHADOW_MODELS = 4
@@ -334,6 +334,8 @@ def attack_checkpoint(
 
     methods = parse_methods(attacks)
     check_workers(workers, scheduler=scheduler)
+    if bootstrap != 0 and check_non_negative(bootstrap=bootstrap) != int(bootstrap):  # 0: no confidence intervals
+        raise InputError(f"expected bootstrap to be an integer, got {shown(bootstrap)}")
     if no_cache and cache_dir is not None:
         raise InputError("give --cache-dir or --no-cache, not both")
     if no_cache and scheduler is not None:

@@ -132,12 +132,12 @@ class AggregatorConfig:
         else:
             if self.sigma is None:
                 raise InputError(f"the {self.name} aggregator needs --sigma (its noise scale)")
-            check_positive(sigma=self.sigma)
+            check_positive(finite=True, sigma=self.sigma)
         confident = self.name == "confident-gnmax"
         if confident:
             if self.sigma1 is None or self.threshold is None:
                 raise InputError("confident-gnmax needs --sigma1 and --threshold")
-            check_positive(sigma1=self.sigma1)
+            check_positive(finite=True, sigma1=self.sigma1)
             check_non_negative(threshold=self.threshold)
         elif self.sigma1 is not None or self.threshold is not None or self.max_answers is not None:
             raise InputError("--sigma1, --threshold and --max-answers apply only to confident-gnmax")

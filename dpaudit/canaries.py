@@ -283,6 +283,8 @@ def make_canary_dir(
     written to ``out``; returns the design. ``members``: the indices of the records you will train on."""
     from dpaudit.data import load_dataset, read_member_indices
 
+    check_positive_int(count=count)  # checked as named here, not as the canaries/canary_kind they become below
+    check_choice(CANARY_KINDS, kind=kind)
     check_output_dir(out, force=force, inputs=[data, members])
     ds = load_dataset(data, label_column=label_column)
     member_idx = read_member_indices(members, len(ds)) if members is not None else None

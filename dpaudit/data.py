@@ -647,12 +647,20 @@ def read_member_indices(path: Path | str, n: int) -> np.ndarray:
         try:
             values.append(int(text))
         except ValueError:
-            if first:  # a header line
+            if first and not _is_number(text):  # a header line (a number such as 1.5 is a bad index, not a header)
                 first = False
                 continue
             raise DataError(f"{path}: line {number}: expected a record index (an integer), got {text[:40]!r}") from None
         first = False
     return check_member_indices(np.asarray(values, dtype=np.int64), n, str(path))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def splits_from_members(n: int, members: np.ndarray, seed: int) -> Splits:

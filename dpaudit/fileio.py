@@ -81,6 +81,15 @@ def check_writable_parent(out: Path) -> None:
         raise OutputError(f"cannot write {out}: {anc} is not a directory")
     if not os.access(anc, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {out}: {anc} is not writable (permission denied)")
+    # access() answers for the permission bits only: root is "allowed" into /proc, /sys and other file systems
+    # that refuse every new file, and would find out after the training. An unnamed file (O_TMPFILE on Linux;
+    # elsewhere created and unlinked at once) asks the file system itself and leaves nothing behind.
+    try:
+        with tempfile.TemporaryFile(dir=anc):
+            pass
+    except OSError as e:
+        reason = "no space left on device" if e.errno == errno.ENOSPC else e.strerror or type(e).__name__
+        raise OutputError(f"cannot write {out}: {anc} accepts no new file ({reason})") from None
 
 
 # --------------------------------------------------------------------------- manifests

@@ -115,10 +115,23 @@ def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bo
     return v
 
 
+# The largest seed every library a seed reaches accepts as is: scikit-learn's ``random_state`` and numpy's
+# legacy ``RandomState`` take [0, 2**32 - 1]; torch.manual_seed takes < 2**64 (dpaudit also adds small offsets).
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(**kwargs: Any) -> int:
+    """A seed: an integer in [0, :data:`MAX_SEED`]."""
+    name, value = _one(kwargs)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= MAX_SEED:
+        raise InputError(f"expected {name} to be an integer in [0, {MAX_SEED}], got {shown(value)}")
+    return int(value)
+
+
 def check_choice(choices: list[str] | tuple[str, ...], **kwargs: Any) -> str:
     name, value = _one(kwargs)
     if value not in choices:
-        raise InputError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
+        raise InputError(f"unknown {name} {shown(value)}; valid: {', '.join(choices)}")
     return value
 
 

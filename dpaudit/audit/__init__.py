@@ -7,7 +7,7 @@ Pure numpy/scipy. Start with :func:`audit_scores` (say how the member bits were 
 checks the auditor itself.
 """
 
-from dpaudit.audit.bounds import audit_scores, max_certifiable_epsilon
+from dpaudit.audit.bounds import audit_scores, check_audit_claim, max_certifiable_epsilon
 from dpaudit.audit.one_run import one_run_epsilon_lower_bound, one_run_p_value
 from dpaudit.audit.plan import DesignPlan, plan_design, trials_needed
 from dpaudit.audit.result import ALTERNATIVES, DESIGNS, VERDICTS, AuditResult, decide_verdict, is_formal
@@ -25,6 +25,7 @@ __all__ = [
     "AuditResult",
     "DesignPlan",
     "audit_scores",
+    "check_audit_claim",
     "clopper_pearson_lower",
     "clopper_pearson_upper",
     "decide_verdict",

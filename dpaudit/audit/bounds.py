@@ -64,7 +64,7 @@ from dpaudit.audit.result import (
 )
 from dpaudit.audit.stats import clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative
+from dpaudit.validation import check_choice, check_in_interval, check_non_negative, shown
 
 # Candidate thresholds examined on the selection half of a holdout split (any number is valid there;
 # this only caps the cost).
@@ -263,7 +263,7 @@ def _as_member(member) -> np.ndarray:
         raise InputError(f"member must be a 1-D array, got shape {m.shape}")
     bad = np.flatnonzero(~np.isin(mf, (0.0, 1.0)))
     if len(bad):
-        raise InputError(f"member must be boolean or 0/1; found {m[bad[0]]!r} at index {bad[0]}")
+        raise InputError(f"member must be boolean or 0/1; found {shown(m[bad[0]])} at index {bad[0]}")
     return mf.astype(bool)
 
 
@@ -316,6 +316,18 @@ def _resolve_selection(method, threshold_selection, threshold, k_plus, k_minus) 
 
 # --------------------------------------------------------------------------------------------------
 # Public API.
+
+
+def check_audit_claim(
+    *, delta: float, confidence: float, claimed_epsilon: float | None
+) -> tuple[float, float, float | None]:
+    """The claim an audit tests and its confidence, validated as :func:`audit_scores` does: workflows call it
+    before training reference models or runs, so that a bad value costs no work."""
+    confidence = check_in_interval(0.0, 1.0, confidence=confidence)
+    delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
+    if claimed_epsilon is not None:
+        claimed_epsilon = check_non_negative(claimed_epsilon=claimed_epsilon)
+    return delta, confidence, claimed_epsilon
 
 
 def audit_scores(
@@ -380,10 +392,9 @@ def audit_scores(
             f"the {method} method needs design='canaries' (the canaries of one run, each included independently "
             f"with probability 1/2), got design={design!r}"
         )
-    confidence = check_in_interval(0.0, 1.0, confidence=confidence)
-    delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
-    if claimed_epsilon is not None:
-        claimed_epsilon = check_non_negative(claimed_epsilon=claimed_epsilon)
+    delta, confidence, claimed_epsilon = check_audit_claim(
+        delta=delta, confidence=confidence, claimed_epsilon=claimed_epsilon
+    )
     if method in ("gdp", "one-run-fdp") and delta == 0.0:
         raise InputError(
             f"the {method} method needs delta > 0 (a mu-GDP mechanism with mu > 0 has epsilon = inf at delta = 0)"

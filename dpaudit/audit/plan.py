@@ -264,6 +264,8 @@ def plan_design(
     (:func:`trials_needed`), which is reported beside it.
     """
     target = check_non_negative(target_epsilon=target_epsilon)
+    if math.isinf(target):
+        raise InputError("expected a finite claimed epsilon to plan for, got inf (no audit refutes an infinite claim)")
     if true_epsilon is None and mu is None:
         if target == 0.0:
             raise InputError("a claim of epsilon = 0 needs a stated leak to plan against: give true_epsilon or mu")

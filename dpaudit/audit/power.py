@@ -121,7 +121,7 @@ def hypothesised_leak(
     if delta == 0.0:
         raise InputError("the gaussian family needs delta > 0 (a mu-GDP mechanism with mu > 0 has epsilon = inf)")
     if mu is not None:
-        mu = check_non_negative(mu=mu)
+        mu = check_in_interval(0.0, math.inf, lo_open=False, mu=mu)
         return Leak(family, float(gdp_epsilon(mu, delta)), float(delta), float(mu))
     eps = check_non_negative(true_epsilon=epsilon)
     if math.isinf(eps):

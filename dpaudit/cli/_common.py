@@ -20,11 +20,13 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from typer.core import TyperGroup
+from rich.markup import escape as escape_markup
+from typer.core import DEFAULT_MARKUP_MODE, TyperGroup
 
 from dpaudit.data import DATA_HELP
 from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError, InputError
 from dpaudit.progress import Progress, make_progress, notices
+from dpaudit.validation import check_seed
 
 EXIT_INTERNAL = 3
 
@@ -176,31 +178,44 @@ _QUIET_PARAM = inspect.Parameter(
 )
 
 
-def _with_context(f: Callable[..., Any]) -> tuple[inspect.Signature, str | None]:
+def _with_context(f: Callable[..., Any]) -> tuple[inspect.Signature, str, bool]:
     """The signature typer should see for ``f``: ``f``'s, plus ``--quiet`` (every command takes it after its
     name, as the app takes it before) and a keyword-only ``typer.Context`` parameter that typer fills in
-    (unless ``f`` takes one already: then the second value, the added parameter's name, is None)."""
+    (unless ``f`` takes one already). Also the name of the context parameter, and whether it was added (then
+    the command does not receive it)."""
     try:
         sig = inspect.signature(f, eval_str=True)
     except (NameError, TypeError):  # unresolvable annotations: typer would fail on them as well
         sig = inspect.signature(f)
     added = [_QUIET_PARAM]
-    own_context = any(
-        isinstance(p.annotation, type) and issubclass(p.annotation, typer.Context) for p in sig.parameters.values()
+    # Found by its annotation, not by the type of the object typer passes: that is click's context class,
+    # which typer.Context only subclasses (an isinstance check missed it, and `audit train` printed Python names).
+    own = next(
+        (
+            n
+            for n, p in sig.parameters.items()
+            if isinstance(p.annotation, type) and issubclass(p.annotation, typer.Context)
+        ),
+        None,
     )
-    if not own_context:
+    if own is None:
         added.append(inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
-    return sig.replace(parameters=[*sig.parameters.values(), *added]), None if own_context else _CONTEXT
+    return sig.replace(parameters=[*sig.parameters.values(), *added]), own or _CONTEXT, own is None
 
 
-def _context_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> typer.Context | None:
-    return next((v for v in (*args, *kwargs.values()) if isinstance(v, typer.Context)), None)
+MAX_ERROR_CHARS = 2000  # a pasted 100 kB option value is not echoed back whole
 
 
 def _report_error(line: str, code: int) -> None:
-    """One line on stderr (``line``) and exit ``code``; with --json also ``{"error", "exit_code"}`` on stdout."""
+    """One line on stderr (``line``) and exit ``code``; with --json also ``{"error", "exit_code"}`` on stdout
+    (unless stdout itself is what failed: a full disk, a closed pipe; the line on stderr still says so)."""
+    if len(line) > MAX_ERROR_CHARS:
+        line = f"{line[: MAX_ERROR_CHARS // 2]}… ({len(line)} characters)"
     if STATE.json:
-        typer.echo(dumps({"error": line.removeprefix("error: "), "exit_code": code}))
+        try:
+            typer.echo(dumps({"error": line.removeprefix("error: "), "exit_code": code}))
+        except OSError:
+            pass
     typer.echo(line, err=True)
     raise typer.Exit(code)
 
@@ -268,15 +283,18 @@ class App(typer.Typer):
         def wrap(f):
             # typer passes the click context to a parameter annotated typer.Context: the error handler
             # reads the command's options from it (typer has no public get_current_context).
-            signature, ctx_name = _with_context(f)
+            signature, ctx_name, ctx_added = _with_context(f)
 
             @functools.wraps(f)
             def guarded(*a: Any, **k: Any) -> Any:
-                ctx = k.pop(ctx_name, None) if ctx_name is not None else _context_of(a, k)
+                ctx = k.pop(ctx_name, None) if ctx_added else k.get(ctx_name)
                 quiet = k.pop(_QUIET, False)  # --quiet after the command's name
                 STATE.quiet = STATE.quiet or quiet
                 STATE.json = STATE.json or bool(k.get("json_output"))
                 try:
+                    for name, value in k.items():  # one range for every seed option (see check_seed)
+                        if (name == "seed" or name.endswith("_seed")) and value is not None:
+                            check_seed(**{name: value})
                     with notices(notice):
                         return f(*a, **k)
                 except typer.Exit:
@@ -317,6 +335,8 @@ class App(typer.Typer):
 def opt(name: str, kind: Any, default: Any, *flags: str, help: str | None = None, **extra: Any) -> inspect.Parameter:
     """A keyword option ``name`` of type ``kind`` (flags default to ``--name-with-dashes``)."""
     flags = flags or (f"--{name.replace('_', '-')}",)
+    if help is not None and DEFAULT_MARKUP_MODE == "rich":  # rich would read "[jax]" in '.[jax]' as a style tag
+        help = escape_markup(help)
     option = typer.Option(*flags, help=help, **extra)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
 

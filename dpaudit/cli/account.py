@@ -35,7 +35,7 @@ def _resolve_schedule(
     if by_epochs:
         if epochs is None or dataset_size is None or batch_size is None:
             raise InputError("--epochs needs --dataset-size and --batch-size")
-        ep = check_positive(epochs=epochs)
+        ep = check_positive(finite=True, epochs=epochs)
         n = check_positive_int(dataset_size=dataset_size)
         b = check_positive_int(batch_size=batch_size)
         if b > n:
@@ -161,7 +161,7 @@ def calibrate(
     from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event
 
     _check_common(None, delta, jl_projections)
-    target = check_positive(epsilon=epsilon)
+    target = check_positive(finite=True, epsilon=epsilon)
     valid = ("rdp", "pld", "gdp")
     if accountant not in valid:
         raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")

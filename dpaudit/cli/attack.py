@@ -27,26 +27,24 @@ attack_app = App()
 def human_table(results: list[Any]) -> str:
     """attack | AUC | balanced acc | advantage | TPR@0.1% | TPR@1% | TPR@10% | #ref models.
 
-    Rates (balanced accuracy, TPR) as percentages, formatted as in the reports; AUC and advantage
+    Rates (balanced accuracy, TPR) as percentages, formatted as in the reports (a TPR at an FPR below
+    1 / non-members reads "n/a": it would be the TPR at zero false positives); AUC and advantage
     (TPR - FPR) as plain numbers. The JSON output keeps every value a fraction.
     """
-    from dpaudit.report._format import rate
+    from dpaudit.report._format import rate, tpr_cell
 
     header = ("attack", "AUC", "balanced acc", "advantage", "TPR@0.1%", "TPR@1%", "TPR@10%", "#ref models")
     rows = [header]
     for r in results:
         d = r.to_dict(include_roc=False)
         lo, hi = d["ci"].get("auc", [float("nan")] * 2)
-        t = d["tpr_at_fpr"]
         rows.append(
             (
                 d["attack"],
                 f"{d['auc']:.3f} [{lo:.3f}, {hi:.3f}]" if d["ci"] else f"{d['auc']:.3f}",
                 rate(d["balanced_accuracy"]),
                 f"{d['advantage']:.3f}",
-                rate(t["0.001"]),
-                rate(t["0.01"]),
-                rate(t["0.1"]),
+                *(tpr_cell(d, key) for key in ("0.001", "0.01", "0.1")),  # n/a where the non-members cannot resolve it
                 str(d["n_reference_models"] or d["n_shadow_models"] or "-"),
             )
         )

@@ -180,7 +180,10 @@ def parse_tradeoff(text: str):
         q, steps = float(q_text), int(t_text)
     except ValueError:
         raise InputError(f"expected --tradeoff dpsgd:Q,T (e.g. dpsgd:0.01,1000), got {text!r}") from None
-    return dpsgd_family(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=q), check_positive_int(steps=steps))
+    try:  # Q and T are parts of --tradeoff, not options of their own: the message says where they came from
+        return dpsgd_family(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=q), check_positive_int(steps=steps))
+    except InputError as e:
+        raise InputError(f"--tradeoff {text}: {e}") from None
 
 
 @audit_app.command("selftest")
@@ -208,7 +211,7 @@ def selftest_cmd(
 
 @audit_app.command("plan")
 def plan_cmd(
-    epsilon: Annotated[
+    target_epsilon: Annotated[  # plan_design's name, so that its messages name --epsilon
         float,
         typer.Option("--epsilon", "--claimed-epsilon", help="The claimed epsilon the audit must be able to refute."),
     ],
@@ -245,7 +248,7 @@ def plan_cmd(
     from dpaudit.audit import plan_design
 
     plan = plan_design(
-        epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
+        target_epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
         alternative="two-sided" if two_sided else "greater", true_epsilon=true_epsilon, mu=mu, family=family,
         power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff), seed=seed,
     )  # fmt: skip

@@ -78,7 +78,7 @@ def make_cmd(
         Path | None, typer.Option("--members", help="Indices into --data of the records you will train on.")
     ] = None,
     label_column: Annotated[str | None, typer.Option("--label-column", help="Label column of a CSV file.")] = None,
-    seed: SeedOpt = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the canaries and of which are included.")] = 0,
     force: ForceFlag = False,
     json_output: JsonFlag = False,
 ) -> None:

@@ -101,7 +101,7 @@ class CloakConfig:
             raise InputError(f"expected a finite lambda > 0, got {self.lam!r}")
         check_positive_int(epochs=self.epochs)
         check_positive_int(batch_size=self.batch_size)
-        check_positive(lr=self.lr)
+        check_positive(finite=True, lr=self.lr)
         check_positive(sigma_cap=self.sigma_cap)
         check_positive(threshold=self.threshold)
         check_in_interval(0.0, 1.0, init_sigma=self.init_sigma)

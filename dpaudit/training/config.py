@@ -8,6 +8,7 @@ change a privacy claim.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -17,7 +18,6 @@ from dpaudit.validation import (
     check_claim_delta,
     check_in_interval,
     check_noise_multiplier,
-    check_non_negative,
     check_positive,
     check_positive_int,
 )
@@ -94,9 +94,9 @@ class TrainConfig:
         if self.steps is not None:
             check_positive_int(steps=self.steps)
         check_positive_int(batch_size=self.batch_size)
-        check_positive(lr=self.lr)
+        check_positive(finite=True, lr=self.lr)
         check_in_interval(0.0, 1.0, lo_open=False, momentum=self.momentum)
-        check_non_negative(weight_decay=self.weight_decay)
+        check_in_interval(0.0, math.inf, lo_open=False, weight_decay=self.weight_decay)
         if not isinstance(self.seed, int) or self.seed < 0:
             raise InputError(f"expected seed to be a non-negative integer, got {self.seed!r}")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dpaudit.audit import AuditResult, audit_scores, decide_verdict
+from dpaudit.audit import AuditResult, audit_scores, check_audit_claim, decide_verdict
 from dpaudit.checkpoint import claim_mismatch_note
 from dpaudit.defaults import DEFAULTS, AuditDefaults  # noqa: F401 (AuditDefaults: re-exported)
 from dpaudit.errors import InputError
@@ -216,6 +216,7 @@ def audit_checkpoint(
             f"smaller δ = {delta:g}: give the claim to test as claimed_epsilon with that delta"
         )
     delta = float(delta if delta is not None else privacy.get("delta", NON_PRIVATE_DELTA))
+    check_audit_claim(delta=delta, confidence=confidence, claimed_epsilon=claimed)  # before any model is trained
     common = {"delta": delta, "confidence": confidence, "claimed_epsilon": claimed, "seed": seed}
     records: list[AuditRecord] = []
     curve = claim_tradeoff(privacy) if claimed_epsilon is None else None

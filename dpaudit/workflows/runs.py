@@ -11,12 +11,14 @@ audit workflows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dpaudit.errors import DPAuditError, FileContentError, InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
+from dpaudit.validation import check_in_interval
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
@@ -122,6 +124,8 @@ def train_from_options(
             )
         if model_spec is not None:
             raise InputError(f"--algo {algo} trains its teachers from --model; --model-spec is not supported")
+        if subsample is not None:  # named as given (it becomes the aggregator's sample_rate)
+            check_in_interval(0.0, 1.0, hi_open=False, subsample=subsample)
         from dpaudit.training.pate import train_from_options as train_aggregation
 
         return train_aggregation(
@@ -142,6 +146,7 @@ def train_from_options(
 
     dp_given = noise_multiplier is not None or epsilon is not None
     if l2 is not None:  # convex learners (dpaudit/training/convex.py): λ is the weight decay
+        check_in_interval(0.0, math.inf, lo_open=False, l2=l2)  # named as given, not as the weight decay it sets
         if weight_decay not in (0.0, l2):
             raise InputError("give --l2 or --weight-decay, not both")
         weight_decay = l2

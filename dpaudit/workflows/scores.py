@@ -52,6 +52,8 @@ def read_score_file(path: Path) -> ScoreFile:
     A file holding several attacks' scores is refused: each record would count once per attack.
     """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: expected a CSV or NPZ file of scores, got a directory")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     columns = _read_columns(path)

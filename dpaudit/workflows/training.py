@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit import numfmt
-from dpaudit.audit import audit_scores
+from dpaudit.audit import audit_scores, check_audit_claim
 from dpaudit.errors import InputError
 from dpaudit.plugins import PLUGIN_SCORE_HELP  # noqa: F401 (re-exported)
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -344,6 +344,7 @@ def audit_training(
     claimed = claimed_epsilon if claimed_epsilon is not None else (claim or {}).get("epsilon")
     if delta is None:
         delta = (claim or {}).get("delta", 1e-5)
+    check_audit_claim(delta=delta, confidence=confidence, claimed_epsilon=claimed)  # before any run
     if not allow_inconclusive and claimed is not None:
         level = 1.0 - (1.0 - confidence) / len(scores)  # each score's level (Bonferroni, see below)
         require_refutable(claimed, runs, method=method, delta=delta, confidence=level)

@@ -79,7 +79,10 @@ def test_help_imports_no_framework():
 
 
 def test_backend_help_names_the_extra():
-    assert "pip install '.[jax]'" in option(["train"], "backend").help
+    """As rendered: rich read "[jax]" in '.[jax]' (and the "[mlp]" default) as style tags and dropped them."""
+    r = runner.invoke(app, ["train", "--help"], terminal_width=200)
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "pip install '.[jax]'" in text and "logreg | mlp | cnn | rnn [mlp]" in text
 
 
 # ---- errors: one line, JSON with --json ------------------------------------------------------------------
