@@ -118,7 +118,9 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
       of the mechanism refutes a claim. The audits test the claim as given;
     - "far-above" (claimed > FAR_ABOVE·accounted): the claim is much weaker than what (σ, q, T) support, so the
       audits test a weaker claim than the mechanism's (a refutation is still one; a pass says less);
-    - "matches" otherwise.
+    - "above" (accounted·(1 + CLAIM_RTOL) < claimed ≤ FAR_ABOVE·accounted): a weaker claim than (σ, q, T) support,
+      as an RDP accountant (Opacus' default) gives for the same mechanism; the audits test the claim as given;
+    - "matches" otherwise (within CLAIM_RTOL of the accountant's ε).
     """
     from dpaudit.accounting import dpsgd_event, epsilon_for
 
@@ -139,6 +141,12 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
         statement = (
             f"the claimed ε = {shown} is far above what {what} (PLD accountant): the audits test this weaker "
             f"claim, not the ε = {acc} the mechanism supports"
+        )
+    elif claimed > (1.0 + CLAIM_RTOL) * accounted:
+        relation = "above"
+        statement = (
+            f"the claimed ε = {shown} is above what {what} (PLD accountant; RDP accountants, Opacus' default, give "
+            "more for the same mechanism): the audits test this claim, a little weaker than the mechanism's"
         )
     else:
         relation = "matches"
