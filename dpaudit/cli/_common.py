@@ -124,10 +124,10 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
     "unknown threshold_selection 'x'", "drop threshold_selection='bonferroni'", "k_plus/k_minus ...");
     a CLI user typed ``--sample-rate``. Rewritten: every whole-word occurrence of a name with an
     underscore (``NAME='v'`` becomes ``--opt v``; ``a/b`` only when both are such options, else it
-    is a path), and a single-word name only right after "expected " (the validators' form), so that
-    prose such as "at delta = 1e-05" stays as it is. Arguments and names of other commands are left
-    alone. ``params``: the command's click parameters (``ctx.command.params``; read through their
-    public attributes, whichever click typer runs on).
+    is a path), and a single-word name only right after "expected ", or between "unknown " and a
+    quoted value (the validators' forms), so that prose such as "at delta = 1e-05" stays as it is.
+    Arguments and names of other commands are left alone. ``params``: the command's click parameters
+    (``ctx.command.params``; read through their public attributes, whichever click typer runs on).
     """
     options: dict[str, Any] = {}
     for p in params:
@@ -154,7 +154,9 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
                 )
             message = re.sub(_START + key + _END + "(?!=)", flag(name), message)
         else:
+            # After "expected " (check_in_interval & co.), or check_choice's "unknown kind 'x'" (a quoted value next).
             message = re.sub(r"(?<=\bexpected )" + key + _END + "(?!=)", flag(name), message)
+            message = re.sub(r"(?<=\bunknown )" + key + r"(?= ['\"])", flag(name), message)
     return message
 
 
