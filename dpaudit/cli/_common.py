@@ -29,10 +29,14 @@ from dpaudit.progress import Progress, make_progress, notices
 from dpaudit.validation import check_seed
 
 EXIT_INTERNAL = 3
+# The reader of stdout went away (`dpaudit ... --help | head -1`): the status of a command killed by SIGPIPE
+# (128 + 13), as `yes | head -1` gives; never 0 or 1, so a cut output never reads as success or a violation.
+EXIT_STDOUT_CLOSED = 141
 
 EXIT_CODES_HELP = (
     "Exit codes (all commands): 0 success; 1 an audit/check found a violation or failed its check; "
-    "2 bad usage or bad input; 3 internal error (a bug: rerun with --debug and report it)."
+    "2 bad usage or bad input; 3 internal error (a bug: rerun with --debug and report it); 141 (silently) stdout "
+    "closed early, as by `| head`."
 )
 
 
@@ -240,6 +244,27 @@ def usage_error_line(error: Exception) -> str:
     return f"error: {text}{where}"
 
 
+class _StdoutClosed(Exception):
+    """stdout's reader went away. Not an OSError, so that click does not turn it into its exit 1."""
+
+
+def _quiet_exit_on_closed_stdout() -> None:
+    """Exit with EXIT_STDOUT_CLOSED, silently: stdout pointed at /dev/null so that the interpreter's final
+    flush finds no broken pipe (the recipe of the Python docs, signal module, "Note on SIGPIPE")."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (an in-process runner): nothing to flush
+        pass
+    sys.exit(EXIT_STDOUT_CLOSED)
+
+
+def _closed_stdout(e: BaseException) -> bool:
+    return isinstance(e, BrokenPipeError) or (isinstance(e, SystemExit) and isinstance(e.__context__, BrokenPipeError))
+
+
 class Group(TyperGroup):
     """The app's click group: a usage error (a typo'd option or command, a missing argument) is one line on
     stderr with click's suggestion and exit code 2, as a domain error is (not click's multi-line box);
@@ -252,6 +277,8 @@ class Group(TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         try:
             code = super().main(argv, prog_name, complete_var, False, **extra)
+        except _StdoutClosed:
+            _quiet_exit_on_closed_stdout()
         except typer.Exit as e:
             code = e.exit_code
         except typer.Abort:
@@ -267,6 +294,26 @@ class Group(TyperGroup):
             except typer.Exit as exit_:
                 code = exit_.exit_code
         sys.exit(code if isinstance(code, int) else 0)
+
+    # Help and output are written while click makes a command's context or invokes it; a closed stdout there
+    # leaves as _StdoutClosed (each nested group wraps its own; converting twice is harmless). Rich, which
+    # writes the help, meets it with SystemExit(1) raised inside its `except BrokenPipeError`
+    # (rich.console.Console.on_broken_pipe): recognised by that context.
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except (BrokenPipeError, SystemExit) as e:
+            if _closed_stdout(e):
+                raise _StdoutClosed from e
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (BrokenPipeError, SystemExit) as e:
+            if _closed_stdout(e):
+                raise _StdoutClosed from e
+            raise
 
 
 class App(typer.Typer):
@@ -300,6 +347,8 @@ class App(typer.Typer):
                     with notices(notice):
                         return f(*a, **k)
                 except typer.Exit:
+                    raise
+                except BrokenPipeError:  # stdout closed by its reader: not an error (Group exits quietly)
                     raise
                 except DPAuditError as e:
                     if STATE.debug:

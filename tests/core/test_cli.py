@@ -225,3 +225,29 @@ def test_an_unknown_choice_names_its_option_and_the_valid_values(tmp_path):
     r = invoke("canaries", "make", "--data", "digits", "--count", "4", "--out", tmp_path / "c", "--kind", "foo")
     assert r.exit_code == 2
     assert "unknown --kind 'foo'; valid: mislabeled, outlier, clipbkd, crafted" in r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["audit", "plan", "--help"],
+        ["account", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10", "--delta", "1e-5"],
+        ["--json", "account", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10", "--delta",
+         "1e-5"],
+    ],
+)  # fmt: skip
+def test_a_closed_stdout_exits_141_silently(args):
+    # `dpaudit ... | head -1`: the reader goes away. Made deterministic by a pipe whose read end is closed
+    # before dpaudit writes: every write meets EPIPE. Exit 141 (as a command killed by SIGPIPE), nothing on
+    # stderr (no traceback, no "error" line, no "Exception ignored" at the interpreter's last flush).
+    import os
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "dpaudit", *args], stdout=w, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 141, p.stderr.decode()
+    assert p.stderr == b""
