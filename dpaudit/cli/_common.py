@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 from rich.markup import escape as escape_markup
-from typer.core import DEFAULT_MARKUP_MODE, TyperGroup
+from typer.core import DEFAULT_MARKUP_MODE, TyperCommand, TyperGroup
 
 from dpaudit.data import DATA_HELP
 from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError, InputError
@@ -316,6 +316,23 @@ class Group(TyperGroup):
             raise
 
 
+class Command(TyperCommand):
+    """A command whose usage line spells its arguments one way, in capitals: ``dpaudit inspect [OPTIONS] RUN``
+    (typer writes a required argument as ``{run}``, an optional one as ``[RUN]``). RUN is written bare in every
+    command (README: "every command names the run it reads as its first argument, RUN"), also where only its
+    deprecated ``--checkpoint`` alias makes it optional to click; another optional argument is ``[NAME]``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name != "argument":
+                pieces.extend(p.get_usage_pieces(ctx))
+                continue
+            name = (p.metavar or p.name).upper() + ("..." if p.nargs != 1 else "")
+            pieces.append(name if p.required or p.name == "run" else f"[{name}]")
+        return pieces
+
+
 class App(typer.Typer):
     """Typer app whose commands report domain errors as one line with exit code 2."""
 
@@ -327,6 +344,7 @@ class App(typer.Typer):
         super().__init__(**kwargs)
 
     def command(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        kwargs.setdefault("cls", Command)
         decorator = super().command(*args, **kwargs)
 
         def wrap(f):

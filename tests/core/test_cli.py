@@ -251,3 +251,30 @@ def test_a_closed_stdout_exits_141_silently(args):
         os.close(w)
     assert p.returncode == 141, p.stderr.decode()
     assert p.stderr == b""
+
+
+def _commands(group, path=()):
+    ctx = group.make_context("dpaudit", ["--help"], resilient_parsing=True)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        yield from _commands(cmd, (*path, name)) if hasattr(cmd, "list_commands") else [((*path, name), cmd)]
+
+
+def test_every_usage_line_spells_the_run_argument_RUN():
+    # README: "Every command names the run it reads as its first argument, RUN" -- in every usage line and
+    # arguments panel, not `{run}` (typer's required argument) in some and `[RUN]` (optional) in others.
+    import re
+
+    import typer
+
+    commands = list(_commands(typer.main.get_command(app)))
+    with_run = [path for path, cmd in commands if any(p.name == "run" for p in cmd.params)]
+    assert len(with_run) >= 6  # inspect, audit checkpoint, attack mia/extract/inversion/attribute
+    for path, _cmd in commands:
+        r = invoke(*path, "--help")
+        assert r.exit_code == 0, (path, r.output)
+        usage = next(line for line in r.output.splitlines() if "Usage:" in line).split()
+        assert not any("{" in piece for piece in usage), (path, usage)
+        if path in with_run:
+            assert usage[-1] == "RUN" and "[RUN]" not in usage, (path, usage)
+            assert re.search(r"^│[\s*]+RUN\s", r.output, re.M) and not re.search(r"^│[\s*]+run\s", r.output, re.M), path
