@@ -236,13 +236,6 @@ def aggregator_event(config: AggregatorConfig, n_queries: int, n_classes: int) -
     )
 
 
-def _rdp_curve(event: Event) -> tuple[np.ndarray, np.ndarray]:
-    from dpaudit.accounting import RdpAccountant
-
-    acc = RdpAccountant(neighbouring="add_remove").compose(event)
-    return acc.orders.copy(), acc.rdp
-
-
 def data_independent_epsilon(config: AggregatorConfig, n_queries: int, n_classes: int, delta: float) -> dict[str, Any]:
     """(epsilon, how) of the data-independent analysis. Formal guarantee.
 

@@ -26,7 +26,6 @@ import numpy as np
 from dpaudit.errors import DataError, InputError
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
-SYNTHETIC = ("synthetic", "synthetic-tokens")
 SPLIT_NAMES = ("members", "holdout", "aux", "test")
 DEFAULT_FRACTIONS = (0.35, 0.2, 0.25, 0.2)
 

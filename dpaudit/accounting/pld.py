@@ -49,7 +49,6 @@ from dpaudit.accounting.pld_pairs import (
     randomized_response_pair,
     subsampled_non_private_pairs,
 )
-from dpaudit.errors import InputError
 from dpaudit.events import (
     EpsilonDelta,
     Event,
@@ -238,17 +237,6 @@ class PldAccountant(Accountant):
         assert total_rem is not None
         self._cache[jl_cap] = (total_rem, total_add)
         return self._cache[jl_cap]
-
-    def privacy_loss_distributions(self, jl_cap: float | None = None) -> tuple[DiscretePLD, DiscretePLD]:
-        """The composed (remove, add) PMFs (identical objects when every leaf is symmetric).
-
-        ``jl_cap``: loss cap (nats) for DP-SGD-JL leaves (default ``jl_initial_cap``); losses above
-        it are in ``inf_mass``. Queries on these PMFs are valid for every cap.
-        """
-        if self.non_private_pair:
-            raise InputError("the ledger contains a non-private event (epsilon = inf)")
-        rem, add = self._composed(jl_cap)
-        return rem, rem if add is None else add
 
     def _eps_at(self, delta: float, jl_cap: float | None) -> tuple[float, float]:
         # (epsilon, +inf mass of the worse direction's composed PMF) at this JL cap.

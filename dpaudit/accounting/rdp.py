@@ -492,9 +492,3 @@ class RdpAccountant(Accountant):
 
     def _delta(self, epsilon: float) -> float:
         return rdp_to_delta(self.orders, self._rdp, epsilon)[0]
-
-    def epsilon_and_order(self, delta: float) -> tuple[float, float]:
-        """epsilon(delta) together with the order at which it is attained."""
-        if self._non_private:
-            return math.inf, math.nan
-        return rdp_to_epsilon(self.orders, self._rdp, delta)

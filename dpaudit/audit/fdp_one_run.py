@@ -118,9 +118,6 @@ class TradeoffFamily:
     note: str
     claim_curve: str | None = None
 
-    def mu_or_none(self, t: float) -> float | None:
-        return t if self.name == "gdp" else None
-
 
 def _gdp_g(mu: float) -> BlowupInverse:
     # g(y) = 1 − G_μ⁻¹... for symmetric G_μ: g(y) = G_μ(1 − y) = Φ(Φ⁻¹(y) − μ)  (Dong et al. 2022, Def. 2.4)

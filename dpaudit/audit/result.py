@@ -135,10 +135,6 @@ class AuditResult:
         return d
 
     @property
-    def is_estimate(self) -> bool:
-        return not self.formal
-
-    @property
     def design_too_small(self) -> bool:
         return self.claimed_epsilon is not None and self.claimed_epsilon >= self.max_certifiable_epsilon
 

@@ -803,9 +803,6 @@ def _resolve_preprocessing(preprocessing, dataset: Dataset, splits: Splits, lega
     raise InputError(f"unknown preprocessing {name!r}; valid: none, a scaler.json path (standardize, identity: legacy)")
 
 
-IMPORTED_CANARIES = "the imported run's own training (dpaudit canaries make; included ones added to its training set)"
-
-
 def import_run(
     weights: Path,
     spec: ModelSpec,
