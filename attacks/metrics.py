@@ -26,6 +26,19 @@ def fpr_key(target: float) -> str:
     return f"{target:g}"
 
 
+def nonmembers_needed(fpr: float) -> int:
+    """The fewest non-members at which a TPR at false-positive rate ``fpr`` means something: with n
+    non-members the smallest non-zero FPR is 1/n, so below it the "TPR at ``fpr``" is the TPR at zero
+    false positives, whatever ``fpr`` says (1e-9 absorbs 1/0.001 = 1000.0000000000001)."""
+    return math.ceil(1.0 / float(fpr) - 1e-9)
+
+
+def tpr_at_fpr_resolved(keys: Any, n_nonmembers: int) -> dict[str, bool]:
+    """For each FPR key of ``tpr_at_fpr``: whether ``n_nonmembers`` resolve it (:func:`nonmembers_needed`);
+    an unresolved TPR is the TPR at zero false positives, and tables show it as "n/a"."""
+    return {k: int(n_nonmembers) >= nonmembers_needed(float(k)) for k in keys}
+
+
 def check_scores(scores: Any, member: Any) -> tuple[np.ndarray, np.ndarray]:
     """Validate a (scores, member) pair: 1-D, same length, no NaN, both classes present."""
     s = np.asarray(scores, dtype=np.float64)

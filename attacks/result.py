@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from attacks.metrics import check_scores, downsample_roc, evaluate
+from attacks.metrics import check_scores, downsample_roc, evaluate, tpr_at_fpr_resolved
 from dpaudit.errors import InputError
 from dpaudit.fileio import write_atomic_file
 
@@ -83,6 +83,9 @@ class AttackResult:
             "balanced_accuracy": float(m["balanced_accuracy"]),
             "advantage": float(m["advantage"]),
             "tpr_at_fpr": {k: float(v) for k, v in m["tpr_at_fpr"].items()},
+            # Whether n_nonmembers can resolve each FPR (>= 1/FPR non-members); False: the TPR is the TPR at zero
+            # false positives, shown "n/a" in tables and reports.
+            "tpr_at_fpr_resolved": tpr_at_fpr_resolved(m["tpr_at_fpr"], m["n_nonmembers"]),
             "ci": m.get("ci", {}),
         }
         if include_roc:

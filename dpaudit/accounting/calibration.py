@@ -15,7 +15,13 @@ from dpaudit.accounting.base import Accountant
 from dpaudit.accounting.registry import make_accountant
 from dpaudit.errors import DPAuditError, InputError, UnreachableTargetError
 from dpaudit.events import Event
-from dpaudit.validation import check_claim_delta, check_in_interval, check_positive, check_positive_int
+from dpaudit.validation import (
+    MIN_NOISE_MULTIPLIER,
+    check_claim_delta,
+    check_in_interval,
+    check_positive,
+    check_positive_int,
+)
 
 
 def _make(accountant: str | Callable[[], Accountant], neighbouring: str) -> Callable[[], Accountant]:
@@ -81,9 +87,15 @@ def calibrate_noise_multiplier(
             )
     lo = hi / 2.0
     while eps(lo) <= target:
-        hi, lo = lo, lo / 2.0
-        if lo < 1e-8:
-            return _verified(hi, eps, target)
+        if lo <= MIN_NOISE_MULTIPLIER:  # even the least noise an event accepts meets the target
+            least = eps(lo)
+            raise InputError(
+                f"the target epsilon {numfmt.upper(target)} is too large to calibrate: even the least noise accepted "
+                f"(a noise multiplier of {MIN_NOISE_MULTIPLIER:g}) gives epsilon {numfmt.upper(least)} at delta "
+                f"{delta:g}, within it, so no smallest noise multiplier meets it (such a target protects nothing); "
+                f"expected epsilon < {numfmt.lower(least)}"
+            )
+        hi, lo = lo, max(lo / 2.0, MIN_NOISE_MULTIPLIER)
     while (hi - lo) > tol * hi:
         mid = math.sqrt(lo * hi) if hi / lo > 2.0 else 0.5 * (lo + hi)
         if eps(mid) <= target:

@@ -33,7 +33,9 @@ from dpaudit.audit.power import (
     DEFAULT_SIMULATIONS,
     MAX_SIMULATED_SIZE,
     ONE_RUN_METHODS,
+    POWER_SLACK,
     hypothesised_leak,
+    power_interval,
     size_for_power,
 )
 from dpaudit.audit.result import ALTERNATIVES, METHODS, THRESHOLD_SELECTIONS
@@ -179,7 +181,11 @@ class DesignPlan:
             "canaries" (one-run methods: canaries of one run, each included with probability 1/2).
         size: the size for ``power``, by simulation of the audit (JSON key ``runs_per_side`` or
             ``canaries``).
-        simulated_power: the simulated power at ``size`` (≥ power), from ``simulations`` draws.
+        simulated_power: the simulated power at ``size`` (≥ power), from ``simulations`` draws: an
+            estimate, with ``simulated_power_interval`` its Clopper-Pearson interval at ``confidence``
+            (:func:`dpaudit.audit.power.power_interval`).
+        power_warning: one line when the interval's lower end is more than POWER_SLACK below ``power``
+            (too few simulations to support the size for that power), else None.
         leak: the hypothesised leak (family, epsilon, delta, mu).
         perfect_attack_size: the smallest size at which even a perfect attack could refute the claim
             (:func:`trials_needed`), with ``max_certifiable_epsilon`` there: a lower bound on ``size``.
@@ -198,6 +204,8 @@ class DesignPlan:
     power: float
     simulated_power: float
     simulations: int
+    simulated_power_interval: tuple[float, float]
+    power_warning: str | None
     leak: dict[str, Any]
     perfect_attack_size: int
     max_certifiable_epsilon: float
@@ -220,14 +228,16 @@ class DesignPlan:
             if leak["family"] == "gaussian"  # a hypothesised leak: a parameter, not a bound (to nearest)
             else f"randomized response at true epsilon = {numfmt.nearest(leak['epsilon'], 4)}"
         )
+        lo, hi = self.simulated_power_interval
         design = f"{self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
         design += f"delta {self.delta:g}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
         return (
             f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "
-            f"{self.power:g} "
-            f"against a {what}: the simulated audit refuted it in {self.simulated_power:.0%} of {self.simulations} "
-            f"draws\n"
-            f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
+            f"{self.power:g} against a {what}: estimated power {self.simulated_power:.0%} (the simulated audit "
+            f"refuted it in {round(self.simulated_power * self.simulations)} of {self.simulations} draws; "
+            f"{self.confidence:.0%} Clopper-Pearson interval {numfmt.lower(lo, 2)} to {numfmt.upper(hi, 2)})\n"
+            + (f"warning: {self.power_warning}\n" if self.power_warning else "")
+            + f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
             f"{numfmt.upper(self.max_certifiable_epsilon, 4)}); a real attack needs more\n"
             f"design: {design}\n"
             f"note: {self.note}"
@@ -299,10 +309,19 @@ def plan_design(
             "needs more"
         )
     tname = None if not method == "one-run-fdp" else getattr(tradeoff, "name", str(tradeoff))
+    interval = power_interval(round(p * simulations), simulations, confidence)
+    warning = None
+    if interval[0] < power - POWER_SLACK:
+        warning = (
+            f"{simulations} simulations are too few to support this size: the power at {n} {_unit(method)} may be "
+            f"as low as {numfmt.lower(interval[0], 2)} (lower end of the interval), far below {power:g}; raise "
+            "--simulations"
+        )
     return DesignPlan(
         target_epsilon=float(target), method=method, threshold_selection=threshold_selection,
         alternative=alternative, confidence=float(confidence), delta=float(delta), tradeoff=tname,
         unit=_unit(method), size=n, power=float(power), simulated_power=float(p), simulations=int(simulations),
+        simulated_power_interval=interval, power_warning=warning,
         leak=leak.to_dict(), perfect_attack_size=n0,
         max_certifiable_epsilon=float(
             _certifiable(n0, method, float(delta), float(confidence), threshold_selection, alternative, tradeoff)

@@ -62,6 +62,10 @@ DEFAULT_SIMULATIONS = 200
 DEFAULT_POWER = 0.8
 # Largest design the search simulates (runs per side, or canaries): beyond it each draw costs too much.
 MAX_SIMULATED_SIZE = 1_000_000
+# A plan's size is "not supported" by its simulations when the power there may be this far below the power
+# asked for (the lower end of the power's confidence interval, power_interval): 200 draws at an estimate
+# of 0.8 give about 0.74 at 95% (within it), 5 draws all refuted give 0.48 (far below).
+POWER_SLACK = 0.1
 # Bisection stops once the bracket is within this fraction of the size (the power estimate's own
 # noise makes a finer answer meaningless).
 _SIZE_RTOL = 0.05
@@ -135,6 +139,20 @@ def _draw(leak: Leak, size: int, one_run: bool, rng: np.random.Generator) -> tup
     else:
         member = np.r_[np.ones(size, bool), np.zeros(size, bool)]
     return leak.sample(member, rng), member
+
+
+def power_interval(refuted: int, simulations: int, confidence: float) -> tuple[float, float]:
+    """Two-sided confidence interval, at ``confidence``, on the power estimated as ``refuted / simulations``.
+
+    The draws are independent, so ``refuted`` ~ Binomial(simulations, power): the exact interval of
+    Clopper & Pearson (1934), Biometrika 26(4), α/2 on each side (dpaudit.audit.stats).
+    """
+    from dpaudit.audit.stats import clopper_pearson_lower, clopper_pearson_upper
+
+    alpha = (1.0 - check_in_interval(0.0, 1.0, confidence=confidence)) / 2.0
+    return float(clopper_pearson_lower(refuted, simulations, alpha)), float(
+        clopper_pearson_upper(refuted, simulations, alpha)
+    )
 
 
 def simulated_power(
@@ -239,8 +257,10 @@ __all__ = [
     "DEFAULT_SIMULATIONS",
     "FAMILIES",
     "MAX_SIMULATED_SIZE",
+    "POWER_SLACK",
     "Leak",
     "hypothesised_leak",
+    "power_interval",
     "simulated_power",
     "size_for_power",
 ]

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 from rich.markup import escape as escape_markup
-from typer.core import DEFAULT_MARKUP_MODE, TyperGroup
+from typer.core import DEFAULT_MARKUP_MODE, TyperCommand, TyperGroup
 
 from dpaudit.data import DATA_HELP
 from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError, InputError
@@ -29,10 +29,14 @@ from dpaudit.progress import Progress, make_progress, notices
 from dpaudit.validation import check_seed
 
 EXIT_INTERNAL = 3
+# The reader of stdout went away (`dpaudit ... --help | head -1`): the status of a command killed by SIGPIPE
+# (128 + 13), as `yes | head -1` gives; never 0 or 1, so a cut output never reads as success or a violation.
+EXIT_STDOUT_CLOSED = 141
 
 EXIT_CODES_HELP = (
     "Exit codes (all commands): 0 success; 1 an audit/check found a violation or failed its check; "
-    "2 bad usage or bad input; 3 internal error (a bug: rerun with --debug and report it)."
+    "2 bad usage or bad input; 3 internal error (a bug: rerun with --debug and report it); 141 (silently) stdout "
+    "closed early, as by `| head`."
 )
 
 
@@ -124,10 +128,10 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
     "unknown threshold_selection 'x'", "drop threshold_selection='bonferroni'", "k_plus/k_minus ...");
     a CLI user typed ``--sample-rate``. Rewritten: every whole-word occurrence of a name with an
     underscore (``NAME='v'`` becomes ``--opt v``; ``a/b`` only when both are such options, else it
-    is a path), and a single-word name only right after "expected " (the validators' form), so that
-    prose such as "at delta = 1e-05" stays as it is. Arguments and names of other commands are left
-    alone. ``params``: the command's click parameters (``ctx.command.params``; read through their
-    public attributes, whichever click typer runs on).
+    is a path), and a single-word name only right after "expected ", or between "unknown " and a
+    quoted value (the validators' forms), so that prose such as "at delta = 1e-05" stays as it is.
+    Arguments and names of other commands are left alone. ``params``: the command's click parameters
+    (``ctx.command.params``; read through their public attributes, whichever click typer runs on).
     """
     options: dict[str, Any] = {}
     for p in params:
@@ -154,7 +158,9 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
                 )
             message = re.sub(_START + key + _END + "(?!=)", flag(name), message)
         else:
+            # After "expected " (check_in_interval & co.), or check_choice's "unknown kind 'x'" (a quoted value next).
             message = re.sub(r"(?<=\bexpected )" + key + _END + "(?!=)", flag(name), message)
+            message = re.sub(r"(?<=\bunknown )" + key + r"(?= ['\"])", flag(name), message)
     return message
 
 
@@ -238,6 +244,27 @@ def usage_error_line(error: Exception) -> str:
     return f"error: {text}{where}"
 
 
+class _StdoutClosed(Exception):
+    """stdout's reader went away. Not an OSError, so that click does not turn it into its exit 1."""
+
+
+def _quiet_exit_on_closed_stdout() -> None:
+    """Exit with EXIT_STDOUT_CLOSED, silently: stdout pointed at /dev/null so that the interpreter's final
+    flush finds no broken pipe (the recipe of the Python docs, signal module, "Note on SIGPIPE")."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (an in-process runner): nothing to flush
+        pass
+    sys.exit(EXIT_STDOUT_CLOSED)
+
+
+def _closed_stdout(e: BaseException) -> bool:
+    return isinstance(e, BrokenPipeError) or (isinstance(e, SystemExit) and isinstance(e.__context__, BrokenPipeError))
+
+
 class Group(TyperGroup):
     """The app's click group: a usage error (a typo'd option or command, a missing argument) is one line on
     stderr with click's suggestion and exit code 2, as a domain error is (not click's multi-line box);
@@ -250,6 +277,8 @@ class Group(TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         try:
             code = super().main(argv, prog_name, complete_var, False, **extra)
+        except _StdoutClosed:
+            _quiet_exit_on_closed_stdout()
         except typer.Exit as e:
             code = e.exit_code
         except typer.Abort:
@@ -266,6 +295,43 @@ class Group(TyperGroup):
                 code = exit_.exit_code
         sys.exit(code if isinstance(code, int) else 0)
 
+    # Help and output are written while click makes a command's context or invokes it; a closed stdout there
+    # leaves as _StdoutClosed (each nested group wraps its own; converting twice is harmless). Rich, which
+    # writes the help, meets it with SystemExit(1) raised inside its `except BrokenPipeError`
+    # (rich.console.Console.on_broken_pipe): recognised by that context.
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except (BrokenPipeError, SystemExit) as e:
+            if _closed_stdout(e):
+                raise _StdoutClosed from e
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (BrokenPipeError, SystemExit) as e:
+            if _closed_stdout(e):
+                raise _StdoutClosed from e
+            raise
+
+
+class Command(TyperCommand):
+    """A command whose usage line spells its arguments one way, in capitals: ``dpaudit inspect [OPTIONS] RUN``
+    (typer writes a required argument as ``{run}``, an optional one as ``[RUN]``). RUN is written bare in every
+    command (README: "every command names the run it reads as its first argument, RUN"), also where only its
+    deprecated ``--checkpoint`` alias makes it optional to click; another optional argument is ``[NAME]``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name != "argument":
+                pieces.extend(p.get_usage_pieces(ctx))
+                continue
+            name = (p.metavar or p.name).upper() + ("..." if p.nargs != 1 else "")
+            pieces.append(name if p.required or p.name == "run" else f"[{name}]")
+        return pieces
+
 
 class App(typer.Typer):
     """Typer app whose commands report domain errors as one line with exit code 2."""
@@ -278,6 +344,7 @@ class App(typer.Typer):
         super().__init__(**kwargs)
 
     def command(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        kwargs.setdefault("cls", Command)
         decorator = super().command(*args, **kwargs)
 
         def wrap(f):
@@ -298,6 +365,8 @@ class App(typer.Typer):
                     with notices(notice):
                         return f(*a, **k)
                 except typer.Exit:
+                    raise
+                except BrokenPipeError:  # stdout closed by its reader: not an error (Group exits quietly)
                     raise
                 except DPAuditError as e:
                     if STATE.debug:

@@ -96,7 +96,8 @@ def mia(**o) -> None:
     """Membership inference: score every member and holdout record of the target run, evaluate.
 
     JSON: {"checkpoint", "attacks": [{attack, params, n_members, n_nonmembers, auc, balanced_accuracy,
-    advantage, tpr_at_fpr, ci, n_reference_models, n_shadow_models} ...]} (plus "roc" with --roc).
+    advantage, tpr_at_fpr, tpr_at_fpr_resolved (False: fewer than 1/FPR non-members, shown n/a), ci,
+    n_reference_models, n_shadow_models} ...]} (plus "roc" with --roc).
     """
     from attacks.mia import attack_checkpoint
 

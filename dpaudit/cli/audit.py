@@ -286,7 +286,9 @@ FAIL_ON_ESTIMATE = opt(
 
 @audit_app.command("checkpoint")
 def checkpoint_cmd(
-    run: Annotated[Path, typer.Argument(help="Run directory written by `dpaudit train` or `dpaudit import`.")],
+    run: Annotated[
+        Path, typer.Argument(metavar="RUN", help="Run directory written by `dpaudit train` or `dpaudit import`.")
+    ],
     delta: Annotated[
         float | None, typer.Option("--delta", help=f"{DELTA_HELP} being tested (default: the run's claim, else 1e-5).")
     ] = None,

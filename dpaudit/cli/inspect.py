@@ -13,7 +13,7 @@ from dpaudit.cli._common import App, JsonFlag, emit
 def register(app: App) -> None:
     @app.command("inspect")
     def inspect(
-        run: Annotated[Path, typer.Argument(help="Run directory written by `dpaudit train`.")],
+        run: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory written by `dpaudit train`.")],
         json_output: JsonFlag = False,
     ) -> None:
         """Summarise a checkpoint. JSON keys (stable): schema_version, model, data, data_sha256, algo, private,

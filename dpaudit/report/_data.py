@@ -21,13 +21,6 @@ from dpaudit import numfmt
 LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022, "MIA from first principles")
 
 
-def nonmembers_needed(fpr: float) -> int:
-    """The fewest non-members at which a TPR at false-positive rate ``fpr`` means something: with n
-    non-members the smallest non-zero FPR is 1/n, so below it the "TPR at ``fpr``" is the TPR at zero
-    false positives, whatever ``fpr`` says (1e-9 absorbs 1/0.001 = 1000.0000000000001)."""
-    return math.ceil(1.0 / float(fpr) - 1e-9)
-
-
 # --------------------------------------------------------------------------- JSON helpers
 
 

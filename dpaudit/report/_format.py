@@ -6,8 +6,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from attacks.metrics import nonmembers_needed  # the one low-FPR rule, shared with the attacks' JSON
 from dpaudit import numfmt
-from dpaudit.report._data import as_float, is_per_step, nonmembers_needed
+from dpaudit.report._data import as_float, is_per_step
 
 DASH = numfmt.DASH
 # Every ε and δ of the report is printed by dpaudit.numfmt: claims rounded up at 6 significant digits, lower

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from attacks.metrics import nonmembers_needed
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir, write_atomic_dir
-from dpaudit.report._data import LOW_FPR, dumps, jsonable, nonmembers_needed, sha256_json
+from dpaudit.report._data import LOW_FPR, dumps, jsonable, sha256_json
 from dpaudit.validation import read_json
 from dpaudit.workflows.result import ModelAudit, effective_verdict, headline, operating_point, threat_model
 

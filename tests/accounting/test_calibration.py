@@ -73,3 +73,17 @@ def test_sample_rate():
     assert epsilon_for(make(q * 1.001), 1e-5) > 1.5
     assert calibrate_sample_rate(target_epsilon=1e6, delta=1e-5, make_event=make) == 1.0
     assert math.isfinite(q)
+
+
+def test_a_target_met_by_the_least_accepted_noise_is_refused_as_too_large():
+    # ε(σ = 1e-6) at q = 0.01, T = 100 is ~5.5e12 (RDP): a larger target is met by every noise multiplier the
+    # events accept, so there is no smallest one; the error is about the target, not a rejected noise value.
+    def make(s):
+        return dpsgd_event(noise_multiplier=s, sample_rate=0.01, steps=100)
+
+    least = epsilon_for(make(1e-6), 1e-5)
+    for target in (1e300, 2 * least):
+        with pytest.raises(InputError, match=r"^the target epsilon .* is too large to calibrate.*expected epsilon < "):
+            calibrate_noise_multiplier(target_epsilon=target, delta=1e-5, make_event=make)
+    sigma = calibrate_noise_multiplier(target_epsilon=least / 2, delta=1e-5, make_event=make)
+    assert 1e-6 < sigma and epsilon_for(make(sigma), 1e-5) <= least / 2

@@ -109,6 +109,14 @@ def test_bad_input_exits_2_with_one_line(args):
     assert len(lines) <= 1 or "Usage" in r.output
 
 
+def test_calibrate_a_too_large_target_names_epsilon():
+    r = run("account", "calibrate", "--epsilon", "1e300", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "100")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: the target epsilon 1e+300 is too large to calibrate")
+    assert "expected --epsilon < " in r.stderr
+    assert "noise_multiplier" not in r.stderr and "--noise-multiplier" not in r.stderr
+
+
 def test_calibrate_json():
     r = run(
         "account",

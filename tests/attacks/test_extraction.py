@@ -410,7 +410,7 @@ def _cli(*args):
         (("--budget", "100", "--api", "soft"), "unknown api mode 'soft'"),
         (("--budget", "100", "--api", "rounded:x"), "rounded needs a number of decimals"),
         (("--budget", "0"), "expected --budget >= 1"),
-        (("--budget", "100", "--pool", "web"), "unknown pool 'web'"),
+        (("--budget", "100", "--pool", "web"), "unknown --pool 'web'"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(digits_logreg, args, message):

@@ -200,7 +200,7 @@ class TestAttackResult:
         d = self.result().to_dict()
         assert list(d) == [
             "attack", "params", "n_members", "n_nonmembers", "auc", "balanced_accuracy", "advantage",
-            "tpr_at_fpr", "ci", "roc", "n_reference_models", "n_shadow_models",
+            "tpr_at_fpr", "tpr_at_fpr_resolved", "ci", "roc", "n_reference_models", "n_shadow_models",
         ]  # fmt: skip
         assert d["auc"] == 1.0 and d["n_members"] == 2 and d["n_nonmembers"] == 3
         assert d["n_reference_models"] == 3 and d["n_shadow_models"] == 0
@@ -209,6 +209,28 @@ class TestAttackResult:
         import json
 
         json.dumps(d)  # plain JSON types only
+
+    @pytest.mark.parametrize(
+        ("n_out", "resolved"),
+        [
+            (359, [False, True, True]),
+            (999, [False, True, True]),
+            (1000, [True, True, True]),
+            (99, [False] * 2 + [True]),
+        ],
+    )
+    def test_json_says_which_fprs_the_nonmembers_resolve_by_the_tables_rule(self, n_out, resolved):
+        # n non-members resolve an FPR of at least 1/n only; the JSON states it per key, by the same rule
+        # as the tables' "n/a" (report._format.tpr_cell).
+        from dpaudit.report._format import tpr_cell
+
+        rng = np.random.default_rng(0)
+        member = np.r_[np.ones(50, bool), np.zeros(n_out, bool)]
+        d = AttackResult.from_scores("loss", rng.normal(size=len(member)) + member, member, np.arange(len(member)),
+                                     n_bootstrap=0).to_dict(include_roc=False)  # fmt: skip
+        assert d["n_nonmembers"] == n_out and list(d["tpr_at_fpr_resolved"]) == list(d["tpr_at_fpr"])
+        assert list(d["tpr_at_fpr_resolved"].values()) == resolved
+        assert [not tpr_cell(d, k).startswith("n/a") for k in d["tpr_at_fpr"]] == resolved
 
     def test_arrays_are_frozen_and_validated(self):
         r = self.result()

@@ -20,7 +20,7 @@ runner = CliRunner()
 SMALL = ["--shadow-models", "2", "--reference-models", "4", "--bootstrap", "20"]
 KEYS = [
     "attack", "params", "n_members", "n_nonmembers", "auc", "balanced_accuracy", "advantage",
-    "tpr_at_fpr", "ci", "n_reference_models", "n_shadow_models",
+    "tpr_at_fpr", "tpr_at_fpr_resolved", "ci", "n_reference_models", "n_shadow_models",
 ]  # fmt: skip
 
 

@@ -188,7 +188,7 @@ def test_npz_missing_array_and_pickled_arrays(tmp_path):
         (["--method", "magic"], "method"),
         (["--threshold-selection", "peek"], "threshold_selection"),
         (["--claimed-epsilon", "-2"], "claimed_epsilon"),
-        (["--design", "guess"], "unknown design 'guess'; valid: membership, canaries, multi-run"),
+        (["--design", "guess"], "unknown --design 'guess'; valid: membership, canaries, multi-run"),
     ],
 )
 def test_bad_options_exit_2(strong_csv, args, message):

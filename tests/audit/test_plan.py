@@ -144,3 +144,22 @@ def test_unreachable_within_max_trials():
 def test_bad_inputs(args, kwargs, message):
     with pytest.raises(InputError, match=message):
         trials_needed(*args, **kwargs)
+
+
+def test_simulated_power_is_reported_with_its_clopper_pearson_interval_and_too_few_draws_are_named():
+    # Power from k of n simulated audits is a binomial estimate: its exact two-sided interval at the
+    # plan's confidence is [Beta(k, n-k+1).ppf(α/2), Beta(k+1, n-k).ppf(1-α/2)] (Clopper & Pearson 1934).
+    from scipy import stats
+
+    few = plan_design(2.0, true_epsilon=6.0, family="randomized-response", simulations=5)
+    k, n = round(few.simulated_power * 5), 5
+    lo, hi = few.simulated_power_interval
+    assert lo == pytest.approx(stats.beta.ppf(0.025, k, n - k + 1) if k else 0.0, rel=1e-9)
+    assert hi == pytest.approx(stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0, rel=1e-9)
+    assert lo < 0.7 and few.power_warning and "5 simulations are too few" in few.power_warning
+    assert "warning: 5 simulations are too few" in few.summary() and "estimated power" in few.summary()
+    d = few.to_dict()
+    assert d["simulated_power"] == few.simulated_power and tuple(d["simulated_power_interval"]) == (lo, hi)
+    many = plan_design(2.0, true_epsilon=6.0, family="randomized-response", simulations=400)
+    lo, hi = many.simulated_power_interval
+    assert lo <= many.simulated_power <= hi and lo >= 0.7 and many.power_warning is None

@@ -49,7 +49,7 @@ def _write(tmp_path, name, text):
     [
         (["--data", "/nope/missing.csv"], "no such file"),
         (["--data", "nope"], "unknown dataset 'nope'; valid: digits"),
-        (["--model", "resnet"], "unknown model 'resnet'; valid: logreg, mlp, cnn, rnn"),
+        (["--model", "resnet"], "unknown --model 'resnet'; valid: logreg, mlp, cnn, rnn"),
         (["--algo", "rmsprop"], "unknown algorithm 'rmsprop'; valid:"),
         (["--epochs", "0"], "expected --epochs >= 1, got 0"),
         (["--epochs", "-3"], "expected --epochs >= 1, got -3"),
@@ -155,7 +155,7 @@ SCHEDULE = ["--sample-rate", "0.1", "--steps", "3"]
          "error: expected --noise-multiplier >= 0, got -2.0"),
         # Prose is left alone: a single-word name only right after "expected".
         (["train", "--out", "never", "--algo", "dpsgd", "--noise-multiplier", "1", "--sampling", "random"],
-         "error: unknown sampling 'random'; valid: poisson, shuffle"),
+         "error: unknown --sampling 'random'; valid: poisson, shuffle"),
     ],
 )  # fmt: skip
 def test_errors_name_options_not_python_arguments(tmp_path, monkeypatch, args, message):
@@ -185,6 +185,7 @@ def test_with_option_names_rules():
     params = [
         click.Option(["--sample-rate"]),
         click.Option(["--delta"]),
+        click.Option(["--kind"]),
         click.Option(["--threshold-selection"]),
         click.Option(["--k-plus"]),
         click.Option(["--k-minus"]),
@@ -198,6 +199,8 @@ def test_with_option_names_rules():
         "expected delta in (0, 1), got 1": "expected --delta in (0, 1), got 1",
         "expected checkpoint to exist": "expected --checkpoint to exist",
         "unknown threshold_selection 'x'; valid: a, b": "unknown --threshold-selection 'x'; valid: a, b",
+        "unknown kind 'foo'; valid: mislabeled, outlier": "unknown --kind 'foo'; valid: mislabeled, outlier",
+        "unknown kind mode 'soft'": None,
         "k_plus/k_minus fix the guess counts; drop threshold_selection='bonferroni'":
             "--k-plus/--k-minus fix the guess counts; drop --threshold-selection bonferroni",
         "k_plus + k_minus must be at least 1": "--k-plus + --k-minus must be at least 1",
@@ -215,3 +218,63 @@ def test_with_option_names_rules():
     }  # fmt: skip
     for message, expected in cases.items():
         assert with_option_names(message, params) == (message if expected is None else expected)
+
+
+def test_an_unknown_choice_names_its_option_and_the_valid_values(tmp_path):
+    # check_choice says "unknown kind 'foo'"; the user typed --kind (as every other choice error names it).
+    r = invoke("canaries", "make", "--data", "digits", "--count", "4", "--out", tmp_path / "c", "--kind", "foo")
+    assert r.exit_code == 2
+    assert "unknown --kind 'foo'; valid: mislabeled, outlier, clipbkd, crafted" in r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["audit", "plan", "--help"],
+        ["account", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10", "--delta", "1e-5"],
+        ["--json", "account", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10", "--delta",
+         "1e-5"],
+    ],
+)  # fmt: skip
+def test_a_closed_stdout_exits_141_silently(args):
+    # `dpaudit ... | head -1`: the reader goes away. Made deterministic by a pipe whose read end is closed
+    # before dpaudit writes: every write meets EPIPE. Exit 141 (as a command killed by SIGPIPE), nothing on
+    # stderr (no traceback, no "error" line, no "Exception ignored" at the interpreter's last flush).
+    import os
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "dpaudit", *args], stdout=w, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 141, p.stderr.decode()
+    assert p.stderr == b""
+
+
+def _commands(group, path=()):
+    ctx = group.make_context("dpaudit", ["--help"], resilient_parsing=True)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        yield from _commands(cmd, (*path, name)) if hasattr(cmd, "list_commands") else [((*path, name), cmd)]
+
+
+def test_every_usage_line_spells_the_run_argument_RUN():
+    # README: "Every command names the run it reads as its first argument, RUN" -- in every usage line and
+    # arguments panel, not `{run}` (typer's required argument) in some and `[RUN]` (optional) in others.
+    import re
+
+    import typer
+
+    commands = list(_commands(typer.main.get_command(app)))
+    with_run = [path for path, cmd in commands if any(p.name == "run" for p in cmd.params)]
+    assert len(with_run) >= 6  # inspect, audit checkpoint, attack mia/extract/inversion/attribute
+    for path, _cmd in commands:
+        r = invoke(*path, "--help")
+        assert r.exit_code == 0, (path, r.output)
+        usage = next(line for line in r.output.splitlines() if "Usage:" in line).split()
+        assert not any("{" in piece for piece in usage), (path, usage)
+        if path in with_run:
+            assert usage[-1] == "RUN" and "[RUN]" not in usage, (path, usage)
+            assert re.search(r"^│[\s*]+RUN\s", r.output, re.M) and not re.search(r"^│[\s*]+run\s", r.output, re.M), path

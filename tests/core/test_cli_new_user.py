@@ -136,7 +136,7 @@ def test_json_error_when_stdout_fails(monkeypatch):
 
 def test_a_huge_value_is_not_echoed_whole():
     line = one_line_error("account", "dpsgd", "--noise-multiplier", "1", *SCHEDULE, "--accountant", "x" * 100_000)
-    assert line.startswith("error: unknown accountant 'xxx") and len(line) < 2_100
+    assert line.startswith("error: unknown --accountant 'xxx") and len(line) < 2_100
     assert line.endswith("characters)")
 
 

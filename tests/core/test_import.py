@@ -231,7 +231,7 @@ BAD = [
     (["--noise-multiplier", "1", "--sample-rate", "1.5", "--steps", "10", "--delta", "1e-5"], "in (0, 1]"),
     (
         ["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5", "--accountant", "gdp"],
-        "unknown accountant 'gdp'; valid: rdp, pld",
+        "unknown --accountant 'gdp'; valid: rdp, pld",
     ),
     (["--epsilon", "1", "--delta", "1e-5", "--neighbouring", "swap"], "valid: add_remove, replace_one"),
     (["--preprocessing", "scaler_short.json"], "'mean' has 2 values but the data has 64 features"),

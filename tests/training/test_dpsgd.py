@@ -368,8 +368,8 @@ def test_cli_train_dpsgd_and_inspect(tmp_path):
         (["--noise-multiplier", "1", "--batch-size", "100000"], "larger than the training set"),
         (["--epsilon", "1e-9", "--sampling", "shuffle"], "unreachable for 5 steps"),
         ([], "give exactly one of --noise-multiplier or --epsilon"),
-        (["--noise-multiplier", "1", "--sampling", "random"], "unknown sampling 'random'"),
-        (["--noise-multiplier", "1", "--clipping", "fast"], "unknown clipping 'fast'"),
+        (["--noise-multiplier", "1", "--sampling", "random"], "unknown --sampling 'random'"),
+        (["--noise-multiplier", "1", "--clipping", "fast"], "unknown --clipping 'fast'"),
     ],
 )
 def test_cli_bad_dp_input_exits_2(tmp_path, args, message):

@@ -291,7 +291,7 @@ CLAIM = ("--claimed-epsilon", "1", "--delta", "1e-5")
         (("--trainer", f"{HERE}:recording_trainer"), "--trainer needs your pipeline's claim"),
         (("--trainer", f"{HERE}:recording_trainer", "--claimed-epsilon", "1"), "--claimed-epsilon E --delta D"),
         (("--trainer", f"{HERE}:recording_trainer", "--algo", "sgd", "--lr", "0.1", *CLAIM), "--algo, --lr configure"),
-        (("--trainer", f"{HERE}:recording_trainer", "--neighbouring", "swap", *CLAIM), "unknown neighbouring 'swap'"),
+        (("--trainer", f"{HERE}:recording_trainer", "--neighbouring", "swap", *CLAIM), "unknown --neighbouring 'swap'"),
         (("--trainer", f"{HERE}:recording_trainer", "--model-spec", "nope.json", *CLAIM), "nope.json: no such file"),
     ],
 )
