@@ -22,37 +22,23 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from torch.nn import functional as F
-from typer.testing import CliRunner
 
 from dpaudit.checkpoint import CHECKPOINT_FILE, load_run
-from dpaudit.cli.main import app
 from dpaudit.data import Standardizer, load_dataset
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.models import PythonSpec, build_model, model_spec_from_dict
 from dpaudit.training.config import DPConfig, TrainConfig
 from dpaudit.training.run import fit_model
+from tests.core.cli_errors import invoke, one_error
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTORY = "tests.core.byo_models:residual_mlp"
 D, K = 6, 2
-runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
 def _at_root(monkeypatch):
     monkeypatch.chdir(ROOT)  # factories are imported from the current directory, as with --trainer
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error(r) -> str:
-    """The single error line of a refused command (exit code 2, no traceback; progress lines aside)."""
-    assert r.exit_code == 2, r.output
-    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in r.output, r.stderr
-    return lines[0]
 
 
 def _data(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

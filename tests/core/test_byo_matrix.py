@@ -20,33 +20,20 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import binom
-from typer.testing import CliRunner
 
 from dpaudit.checkpoint import CHECKPOINT_FILE, load_run, load_state_into
-from dpaudit.cli.main import app
 from dpaudit.data import load_dataset
 from dpaudit.errors import CheckpointError, DataError
 from tests.core import byo_models
+from tests.core.cli_errors import invoke, one_error
 
 ROOT = Path(__file__).resolve().parents[2]
 V, T, K = 20, 8, 2
-runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
 def _at_root(monkeypatch):
     monkeypatch.chdir(ROOT)  # factories are imported from the current directory
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error(r) -> str:
-    assert r.exit_code == 2, r.output
-    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in r.output, r.output
-    return lines[0]
 
 
 def _tokens(n: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

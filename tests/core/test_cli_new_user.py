@@ -7,22 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from dpaudit.cli.main import app
 from dpaudit.errors import DataError
+from tests.core.cli_errors import one_line_error, runner
 
-runner = CliRunner()
 HUGE_SEED = str(2**64)  # beyond torch.manual_seed's range, and scikit-learn's 2**32 - 1
 SCHEDULE = ["--sample-rate", "0.01", "--steps", "100", "--delta", "1e-5"]
-
-
-def one_line_error(*args) -> str:
-    r = runner.invoke(app, ["--quiet", *[str(a) for a in args]])
-    lines = r.output.strip().splitlines()
-    assert r.exit_code == 2, r.output
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
-    return lines[0]
 
 
 @pytest.mark.parametrize(

@@ -11,25 +11,14 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from dpaudit.cli.main import app
 from dpaudit.errors import InputError
 from dpaudit.validation import check_in_interval, check_positive_int
-
-runner = CliRunner()
+from tests.core.cli_errors import one_line_error
 
 
 class Payload:
     """An arbitrary object: torch.load(weights_only=True) refuses to unpickle it."""
-
-
-def one_line_error(*args) -> str:
-    r = runner.invoke(app, ["--quiet", *[str(a) for a in args]])
-    lines = r.output.strip().splitlines()
-    assert r.exit_code == 2, r.output
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
-    return lines[0]
 
 
 ACCOUNT = ["--sample-rate", "0.01", "--steps", "100", "--delta", "1e-5"]
