@@ -117,7 +117,11 @@ def test_cli_attribute_json(bc_run_dir):
 
 @pytest.mark.parametrize(
     ("feature", "message"),
-    [("30", "outside the data's features 0..29"), ("-1", "outside the data's features"), ("nope", "unknown feature")],
+    [
+        ("30", "outside the data's features 0..29"),
+        ("-1", "outside the data's features"),
+        ("nope", "unknown --feature 'nope'"),
+    ],
 )
 def test_cli_attribute_bad_feature_exits_2(bc_run_dir, feature, message):
     res = cli("attack", "attribute", str(bc_run_dir), "--feature", feature)
