@@ -75,11 +75,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 from torch.nn.grad import conv2d_weight
@@ -461,17 +463,24 @@ def _factored_linear(
         if step < B:
             how += f", in chunks of {step} examples"
 
-    def weight(c: torch.Tensor) -> torch.Tensor:
-        if G is not None:
+    # The clipped sum's closure holds only what it reads: with G instantiated, neither a nor g (nor
+    # ``weight_sum``, which holds a convolution's inputs and output gradients) is kept alive.
+    if G is not None:
+
+        def weight(c: torch.Tensor) -> torch.Tensor:
             return _weighted_sum(c, G)
-        if weight_sum is not None:
-            return weight_sum(c)
-        # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
-        # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
-        # c multiplies whichever factor is smaller.
-        ci = c.view(-1, 1, 1)
-        gc, ac = (g * ci, a) if d_out <= d_in else (g, a * ci)
-        return gc.reshape(B * T, d_out).T @ ac.reshape(B * T, d_in)
+
+    elif weight_sum is not None:
+        weight = weight_sum
+    else:
+
+        def weight(c: torch.Tensor) -> torch.Tensor:
+            # Book-keeping (BK; Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i c_i Σ_t g_it a_itᵀ
+            # = (c ⊙ g)ᵀ a over all (i, t): one matmul, no per-example gradients, no 2nd backward.
+            # c multiplies whichever factor is smaller.
+            ci = c.view(-1, 1, 1)
+            gc, ac = (g * ci, a) if d_out <= d_in else (g, a * ci)
+            return gc.reshape(B * T, d_out).T @ ac.reshape(B * T, d_in)
 
     def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
         if weight_shape is None:
@@ -816,10 +825,16 @@ class _Conv2dHandler(_Handler):
                 ]
             )
 
-        def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
-            if G is not None:
+        # Only what the clipped sum reads is held: G, or (chunked) the inputs and output gradients.
+        if G is not None:
+
+            def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
                 return {"weight": _weighted_sum(c, G)}
-            return {"weight": _Conv2dHandler._weight_sum(module, inputs, grads, c)}
+
+        else:
+
+            def clipped(c: torch.Tensor) -> dict[str, torch.Tensor]:
+                return {"weight": _Conv2dHandler._weight_sum(module, inputs, grads, c)}
 
         return _LayerPart(sq_norm=sq, clipped=clipped, how=how, small={"bias": gT.sum(2)} if bias else {})
 
@@ -874,11 +889,16 @@ class _EmbeddingHandler(_Handler):
             G = _EmbeddingHandler._scatter(module, tok, g)
             sq = G.square().sum((1, 2))
 
-        def clipped(c):
-            if G is not None:
+        if G is not None:  # the closure holds only what it reads (G, or the tokens and g)
+
+            def clipped(c):
                 return {"weight": _weighted_sum(c, G)}
-            w = g.new_zeros(V, d).index_add_(0, tok.reshape(-1), (g * c.view(-1, 1, 1)).reshape(-1, d))
-            return {"weight": w}
+
+        else:
+
+            def clipped(c):
+                w = g.new_zeros(V, d).index_add_(0, tok.reshape(-1), (g * c.view(-1, 1, 1)).reshape(-1, d))
+                return {"weight": w}
 
         return _LayerPart(sq_norm=sq, clipped=clipped, how=how)
 
@@ -1242,17 +1262,34 @@ def _reroute(plan: GhostPlan, model: nn.Module, params: list[nn.Parameter], bad:
     return GhostPlan(units=units, uses=uses, notes=notes, root_layouts=plan.root_layouts)
 
 
+@dataclass(frozen=True)
+class _Out:
+    """What a recorded output tensor leaves behind: enough for a zero gradient when the loss does not
+    use it. The tensor itself is not kept (one that autograd does not save, e.g. a GroupNorm output
+    before a ReLU, is freed during the forward pass as without the clipper)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+def _zeros(o: _Out) -> torch.Tensor:
+    # The gradient of an output the loss does not use.
+    return torch.zeros(o.shape, dtype=o.dtype, device=o.device)
+
+
 @dataclass
 class _Record:
-    """One recorded call: its tensor inputs, its arguments (to replay it under vmap) and the output
-    tensors whose gradients are read (a shared output already expanded to the batch). The inputs of
-    a unit without a rule are detached (a vmap replays the module on them); the single input of a
-    unit with a rule is not: everything computed from it runs under ``no_grad``."""
+    """One recorded call: its tensor inputs, its arguments (to replay it under vmap) and its outputs
+    whose gradients are read (a shared output already expanded to the batch), as :class:`_Out`. The
+    inputs of a unit without a rule are detached (a vmap replays the module on them); the single
+    input of a unit with a rule is not: everything computed from it runs under ``no_grad``."""
 
     inputs: list[tuple[int | str, torch.Tensor]]
     args: tuple
     kwargs: dict
-    outs: list[torch.Tensor | None]
+    outs: list[_Out | None]
 
 
 class _Recorder:
@@ -1267,6 +1304,14 @@ class _Recorder:
         self.plan, self.clone = plan, clone
         self.calls: list[list[_Record]] | None = None  # per unit, this forward's calls; None: inactive
         self.B = 0
+        # Inside recording(on_grad=f): f(u, k, j, grad) is hooked on output j of call k of unit u
+        # (fired by the backward pass once that gradient is complete), and ``edges`` collects the
+        # outputs' gradient edges, what the backward pass is asked to reach (see GhostClipper).
+        self.on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None
+        self.edges: list = []
+        # Recorded outputs that are leaves (a module returning a parameter as it is): the backward
+        # pass accumulates their gradient into .grad, which the clipper restores afterwards.
+        self.leaves: list[torch.Tensor] = []
         self.counts = [len(unit.layouts) for unit in plan.units]
         self._handles = [
             unit.module.register_forward_hook(self._hook(u, unit), with_kwargs=True)
@@ -1274,14 +1319,30 @@ class _Recorder:
         ]
 
     @contextmanager
-    def recording(self, B: int):
+    def recording(self, B: int, on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None):
         """Inside: shared outputs are expanded to the batch ``B`` and every call of a unit is recorded
-        in ``self.calls`` (yielded)."""
-        self.calls, self.B = [[] for _ in self.plan.units], B
+        in ``self.calls`` (yielded); with ``on_grad``, its outputs' gradients go to it (see __init__)."""
+        self.calls, self.B, self.on_grad = [[] for _ in self.plan.units], B, on_grad
+        self.edges, self.leaves = [], []
         try:
             yield self.calls
         finally:
-            self.calls = None
+            self.calls = self.on_grad = None
+
+    def _outs(self, u: int, k: int, outs: list[torch.Tensor | None]) -> list[_Out | None]:
+        # Hook the outputs that need a gradient; keep only their shapes (see _Out).
+        on_grad, meta = self.on_grad, []
+        for j, o in enumerate(outs):
+            if o is None:
+                meta.append(None)
+                continue
+            if on_grad is not None and o.requires_grad:
+                o.register_hook(partial(on_grad, u, k, j))
+                self.edges.append(get_gradient_edge(o))
+                if o.grad_fn is None:
+                    self.leaves.append(o)
+            meta.append(_Out(o.shape, o.dtype, o.device, o.requires_grad))
+        return meta
 
     def close(self) -> None:
         for h in self._handles:
@@ -1305,7 +1366,7 @@ class _Recorder:
             if plain:
                 ins = [(0, args[0])] if args and isinstance(args[0], torch.Tensor) else _flat_inputs(args, kwargs)
                 outs = [output] if isinstance(output, torch.Tensor) else _flat_outputs(output)
-                mine.append(_Record(ins, args, kwargs, outs))
+                mine.append(_Record(ins, args, kwargs, self._outs(u, k, outs)))
                 return None
             outs = _flat_outputs(output)
             B = self.B
@@ -1315,7 +1376,8 @@ class _Recorder:
             ]
             back = [o.clone() if o is not None and self.clone else o for o in new]
             ins = _flat_inputs(args, kwargs)
-            mine.append(_Record([(i, t.detach()) for i, t in ins] if unit.handler is None else ins, args, kwargs, new))
+            recorded = [(i, t.detach()) for i, t in ins] if unit.handler is None else ins
+            mine.append(_Record(recorded, args, kwargs, self._outs(u, k, new)))
             return _rebuild_output(output, back) if any(a is not b for a, b in zip(back, outs, strict=True)) else None
 
         return hook
@@ -1364,15 +1426,6 @@ def _local_per_example(
 def _full(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     # A recorded activation or output gradient in the parameters' precision (bf16 under autocast).
     return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != dtype else t
-
-
-def _output_grad(o: torch.Tensor | None, flat, dtype: torch.dtype) -> torch.Tensor | None:
-    # The gradient read for one recorded output (the next of ``flat`` when it requires grad; zeros
-    # when the loss does not use it), in the parameters' precision.
-    if o is None:
-        return None
-    g = next(flat) if o.requires_grad else None
-    return _full(torch.zeros_like(o) if g is None else g, dtype)
 
 
 @contextmanager
@@ -1612,47 +1665,70 @@ class GhostClipper(Clipper):
 
     # -- one clipping pass
 
-    def _forward(self, recorder: _Recorder, x: torch.Tensor) -> tuple[torch.Tensor, list[list[_Record]]]:
+    def _forward(
+        self, recorder: _Recorder, x: torch.Tensor, on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None
+    ) -> tuple[torch.Tensor, list[list[_Record]]]:
         """model(x) with the recorder's hooks active: shared outputs expanded to the batch, calls recorded."""
-        with recorder.recording(x.shape[0]) as calls, _autocast(x, self.autocast):
+        with recorder.recording(x.shape[0], on_grad) as calls, _autocast(x, self.autocast):
             out = self.model(x)
         return out, calls
 
     def _norm_parts(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor):
+        """The per-example norms and what the clipped sums need, from one forward and one backward pass.
+
+        Memory: each unit with a rule is handled inside the backward pass, as soon as its output
+        gradients are complete (a tensor hook per recorded output), and keeps only what its clipped
+        sum needs (book-keeping: its inputs and output gradients; instantiation: the per-example
+        gradients; a norm layer: its small per-example gradients); its records and output gradients
+        are released there, before the backward pass reaches the layers below. The backward pass is
+        asked for the outputs' gradient edges (``torch.autograd.backward(inputs=edges)``): nothing is
+        accumulated or kept for them (asking ``autograd.grad`` for the outputs themselves would hold
+        every layer's output gradient until the pass ends), and autograd still skips the
+        parameter-gradient matmuls (book-keeping needs a and g, never ∇θ of the batch; Bu et al.
+        2023). Units without a rule (a vmap over the module), and the uses of tied weights, are
+        handled after the pass, as before. Results are assembled in the plan's unit order, so every
+        sum is formed in the same order as when all units were handled after the pass."""
         B = x.shape[0]
         recorder = self._recorder_for(plan)
-        logits, store = self._forward(recorder, x)
-        if [len(recs) for recs in store] != recorder.counts:
-            raise GhostMismatchError("the modules are called a different number of times than in the probe")
-        loss = _loss_from_logits(logits, y, self.autocast)
-        outs = [o for recs in store for r in recs for o in r.outs if o is not None and o.requires_grad]
-        # Gradients w.r.t. the layer outputs only: autograd then skips the parameter-gradient
-        # matmuls (book-keeping needs a and g, never ∇θ of the batch; Bu et al. 2023).
-        flat = iter(torch.autograd.grad(loss, outs, allow_unused=True) if outs else [])
-        # (part, its clipped-sum key -> parameter index); per-example gradients by parameter index;
-        # the uses (unit, inputs, grads, name) of parameters shared by layers with rules.
-        parts: list[tuple[_LayerPart, dict[str, int]]] = []
-        pe: dict[int, torch.Tensor] = {}
-        shared: dict[int, list[tuple[_Unit, list[torch.Tensor], list[torch.Tensor], str]]] = {}
-
-        def add(k: int, g: torch.Tensor) -> None:
-            pe[k] = g if k not in pe else pe[k] + g
-
-        # Everything from here on in full precision (see exact_matmuls), from the same a and g, and
-        # without autograd recording (the recorded inputs are not detached).
+        n_units = len(plan.units)
+        got: list[dict[tuple[int, int], torch.Tensor] | None] = [{} for _ in range(n_units)]
+        missing = [0] * n_units
+        # per unit: (per-example gradients to add by parameter index, its part, its tied-weight uses)
+        done: list[tuple[list, tuple[_LayerPart, dict[str, int]] | None, list] | None] = [None] * n_units
+        store: list[list[_Record] | None] = []
         dtype = self.params[0].dtype
-        with exact_matmuls(), torch.no_grad():
-            for u, (unit, recs) in enumerate(zip(plan.units, store, strict=True)):
-                grads = [[_output_grad(o, flat, dtype) for o in r.outs] for r in recs]
+
+        def unit_grads(u: int) -> list[list[torch.Tensor | None]]:
+            # The gradient of each recorded output (zeros when the loss does not use it), in the
+            # parameters' precision; the unit's received gradients are released from ``got``.
+            g, got[u] = got[u], None
+            return [
+                [
+                    None if o is None else _full(g[(k, j)] if (k, j) in g else _zeros(o), dtype)
+                    for j, o in enumerate(r.outs)
+                ]
+                for k, r in enumerate(store[u])
+            ]
+
+        def process(u: int) -> None:
+            unit = plan.units[u]
+            grads, recs = unit_grads(u), store[u]
+            store[u] = None  # the records go with this call: parts keep what they need
+            adds: list[tuple[int, torch.Tensor]] = []
+            entry, uses = None, []
+            # Everything from here on in full precision (see exact_matmuls), from the same a and g,
+            # and without autograd recording (the recorded inputs are not detached).
+            with exact_matmuls(), torch.no_grad():
                 if unit.handler is None:
                     recs = [
                         _Record([(k, _full(t, dtype)) for k, t in r.inputs], r.args, r.kwargs, r.outs) for r in recs
                     ]
                     fast = _mha_per_example(unit, recs, grads, B)
                     self._how[u] = "per-example by recomputing the attention" if fast else unit.how
-                    for n, g in (fast or _local_per_example(unit, recs, grads, B)).items():
-                        add(plan.index[(u, n)], g)
-                    continue
+                    per = fast or _local_per_example(unit, recs, grads, B)
+                    adds = [(plan.index[(u, n)], g) for n, g in per.items()]
+                    done[u] = (adds, None, [])
+                    return
                 ins = [
                     _batch_first(_full(r.inputs[0][1], dtype), lay.ins[0], lay.expand[0], B)
                     for r, lay in zip(recs, unit.layouts, strict=True)
@@ -1661,19 +1737,56 @@ class GhostClipper(Clipper):
                     _batch_first(g[0], 0 if lay.outs[0] is None else lay.outs[0], None, B)
                     for g, lay in zip(grads, unit.layouts, strict=True)
                 ]
+                del recs, grads
                 ghost = plan.ghost_names(u)
                 if ghost:
                     part = unit.handler.part(unit.module, ins, gs, ghost, **self._options(unit.handler))
-                    for n, G in part.small.items():
-                        add(plan.index[(u, n)], G)
+                    adds = [(plan.index[(u, n)], G) for n, G in part.small.items()]
                     if part.sq_norm is not None:
-                        parts.append((part, {n: plan.index[(u, n)] for n in ghost if n not in part.small}))
+                        entry = (part, {n: plan.index[(u, n)] for n in ghost if n not in part.small})
                     self._how[u] = part.how
                 else:
                     self._how[u] = "tied weight only"
-                for n in unit.names:
-                    if n not in ghost:
-                        shared.setdefault(plan.index[(u, n)], []).append((unit, ins, gs, n))
+                uses = [(plan.index[(u, n)], (unit, ins, gs, n)) for n in unit.names if n not in ghost]
+            done[u] = (adds, entry, uses)
+
+        def on_grad(u: int, k: int, j: int, g: torch.Tensor) -> None:
+            # Called by the backward pass with the complete gradient of output j of call k of unit u.
+            got[u][(k, j)] = g
+            missing[u] -= 1
+            if missing[u] == 0 and plan.units[u].handler is not None:
+                process(u)
+
+        logits, calls = self._forward(recorder, x, on_grad)
+        store.extend(calls)
+        edges, recorder.edges = recorder.edges, []
+        leaves, recorder.leaves = [(t, t.grad) for t in recorder.leaves], []
+        if [len(recs) for recs in store] != recorder.counts:
+            raise GhostMismatchError("the modules are called a different number of times than in the probe")
+        for u, recs in enumerate(store):
+            missing[u] = sum(o is not None and o.requires_grad for r in recs for o in r.outs)
+        loss = _loss_from_logits(logits, y, self.autocast)
+        del logits, calls
+        if edges:
+            torch.autograd.backward(loss, inputs=edges)
+        del loss
+        for t, g in leaves:  # what the pass accumulated into a leaf output's .grad is not ours
+            t.grad = g
+        for u in range(n_units):  # units without a rule, and outputs the loss did not reach
+            if done[u] is None:
+                process(u)
+        parts: list[tuple[_LayerPart, dict[str, int]]] = []
+        pe: dict[int, torch.Tensor] = {}
+        shared: dict[int, list[tuple[_Unit, list[torch.Tensor], list[torch.Tensor], str]]] = {}
+        for adds, entry, uses in done:  # in unit order (the order of every sum below)
+            for k, g in adds:
+                pe[k] = g if k not in pe else pe[k] + g
+            if entry is not None:
+                parts.append(entry)
+            for k, use in uses:
+                shared.setdefault(k, []).append(use)
+        done.clear()
+        with exact_matmuls(), torch.no_grad():
             for k, uses in shared.items():
                 # A tied weight: ghost norm with cross terms when every use has a factored form
                 # (and no use went through a vmap), else its uses' per-example gradients summed.
@@ -1684,7 +1797,9 @@ class GhostClipper(Clipper):
                     parts.append((part, {"": k}))
                     continue
                 for unit, ins, gs, n in uses:
-                    add(k, unit.handler.per_example(unit.module, ins, gs, n, **self._options(unit.handler)))
+                    g = unit.handler.per_example(unit.module, ins, gs, n, **self._options(unit.handler))
+                    pe[k] = g if k not in pe else pe[k] + g
+            shared = uses = fs = None  # tied uses not kept by a part go now
             pooled = _PerExample(pe, B)
             terms = [p.sq_norm for p, _ in parts] + pooled.sq_norms()  # one sum over all layers
             if not terms:
@@ -1702,11 +1817,16 @@ class GhostClipper(Clipper):
         c = self._clip_factors(norms, clip)
         grads: list[torch.Tensor | None] = [None] * len(self.params)
         with exact_matmuls(), torch.no_grad():  # the recorded inputs are not detached
-            for part, idx in parts:
-                for n, v in part.clipped(c).items():
-                    grads[idx[n]] = v
+            # Each holder of per-example gradients, inputs and output gradients is released once
+            # its sums are formed, before the next one's temporaries (the sums are independent).
             for k, v in pe.clipped(c).items():
                 grads[k] = v
+            del pe
+            while parts:
+                part, idx = parts.pop()
+                for n, v in part.clipped(c).items():
+                    grads[idx[n]] = v
+                del part
         out = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads, strict=True))
         return ClippedGradients(grads=out, norms=norms)
 
