@@ -1309,9 +1309,6 @@ class _Recorder:
         # outputs' gradient edges, what the backward pass is asked to reach (see GhostClipper).
         self.on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None
         self.edges: list = []
-        # Recorded outputs that are leaves (a module returning a parameter as it is): the backward
-        # pass accumulates their gradient into .grad, which the clipper restores afterwards.
-        self.leaves: list[torch.Tensor] = []
         self.counts = [len(unit.layouts) for unit in plan.units]
         self._handles = [
             unit.module.register_forward_hook(self._hook(u, unit), with_kwargs=True)
@@ -1322,8 +1319,7 @@ class _Recorder:
     def recording(self, B: int, on_grad: Callable[[int, int, int, torch.Tensor], None] | None = None):
         """Inside: shared outputs are expanded to the batch ``B`` and every call of a unit is recorded
         in ``self.calls`` (yielded); with ``on_grad``, its outputs' gradients go to it (see __init__)."""
-        self.calls, self.B, self.on_grad = [[] for _ in self.plan.units], B, on_grad
-        self.edges, self.leaves = [], []
+        self.calls, self.B, self.on_grad, self.edges = [[] for _ in self.plan.units], B, on_grad, []
         try:
             yield self.calls
         finally:
@@ -1338,9 +1334,9 @@ class _Recorder:
                 continue
             if on_grad is not None and o.requires_grad:
                 o.register_hook(partial(on_grad, u, k, j))
+                # Never a leaf's (AccumulateGrad) edge: an output that needs a gradient is computed
+                # from the parameters, or a parameter without the batch dimension, expanded (a view).
                 self.edges.append(get_gradient_edge(o))
-                if o.grad_fn is None:
-                    self.leaves.append(o)
             meta.append(_Out(o.shape, o.dtype, o.device, o.requires_grad))
         return meta
 
@@ -1760,7 +1756,6 @@ class GhostClipper(Clipper):
         logits, calls = self._forward(recorder, x, on_grad)
         store.extend(calls)
         edges, recorder.edges = recorder.edges, []
-        leaves, recorder.leaves = [(t, t.grad) for t in recorder.leaves], []
         if [len(recs) for recs in store] != recorder.counts:
             raise GhostMismatchError("the modules are called a different number of times than in the probe")
         for u, recs in enumerate(store):
@@ -1770,8 +1765,6 @@ class GhostClipper(Clipper):
         if edges:
             torch.autograd.backward(loss, inputs=edges)
         del loss
-        for t, g in leaves:  # what the pass accumulated into a leaf output's .grad is not ours
-            t.grad = g
         for u in range(n_units):  # units without a rule, and outputs the loss did not reach
             if done[u] is None:
                 process(u)
