@@ -1489,8 +1489,12 @@ def _mha_per_example(
             q, k, v = (p.reshape(B, p.shape[1], h, E // h).transpose(1, 2) for p in P)
             A = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, -1, E)
             dP = torch.autograd.grad(A, P, g @ Wo)
-        blocks = [torch.bmm(d.transpose(1, 2), x) for d, x in zip(dP, xs, strict=True)]
-        add("in_proj_weight", torch.cat(blocks, dim=1))
+        # Each block's product is written into its rows of the (B, 3E, E) result: one block's
+        # temporary at a time instead of all three blocks and their concatenation.
+        G = g.new_empty(B, 3 * E, E)
+        for i, (d, x) in enumerate(zip(dP, xs, strict=True)):
+            torch.bmm(d.transpose(1, 2), x, out=G[:, i * E : (i + 1) * E])
+        add("in_proj_weight", G)
         add("in_proj_bias", torch.cat([d.sum(1) for d in dP], dim=1))
         add("out_proj.weight", torch.bmm(g.transpose(1, 2), A.detach()))
         add("out_proj.bias", g.sum(1))
