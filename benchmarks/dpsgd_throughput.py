@@ -30,6 +30,10 @@ drawn on the host, sent to the device, gathered there and clipped; ``ours poisso
 force its padded physical chunks on / off (the trainer pads on CUDA only). ``host ms`` is the CPU
 time the calling thread spends per step (launches and Python; the device sync excluded).
 
+``--memory`` measures each step's peak memory (CUDA: ``max_memory_allocated``; CPU: peak RSS of a fresh
+process per row); ``--tensor-memory`` adds the peak of live tensor storage one step creates, tracked op
+by op in process (deterministic on the CPU, where RSS moves with the allocator and page rounding).
+
 ``--jax`` adds the JAX backend's jit-compiled steps (non-private, DP-SGD, DP-SGD-JL with one
 projection) on the same models and batches, in the same interleaved rounds, and a second table
 with their compile time (first call minus steady-state step) and ratios to JAX non-private. On the
@@ -471,6 +475,42 @@ def cpu_peak_mib(name: str, method: str, args) -> float | None:
         return None
 
 
+def tensor_peak_mib(f: Callable[[], None]) -> float:
+    """Peak bytes of live tensor storage one step creates (``--tensor-memory``): every storage an op
+    dispatched in the step returns (forward, backward, the clipper's and optimizer's own ops) counts
+    from its creation until it is freed. Deterministic (no allocator caching, page rounding or other
+    processes in it, unlike RSS), the CPU's analogue of ``torch.cuda.max_memory_allocated``; slow
+    (Python per op), so only for memory."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveBytes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+            self.peak = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    key = st.data_ptr()
+                    if key not in self.live or self.live[key][0].expired():
+                        self.live[key] = (StorageWeakRef(st), st.nbytes())
+            self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
+            self.peak = max(self.peak, sum(n for _, n in self.live.values()))
+            return out
+
+    import gc
+
+    gc.collect()
+    with LiveBytes() as tracker:
+        f()
+    return tracker.peak / 2**20
+
+
 def gpu_peak_mib(f: Callable[[], None], device: torch.device) -> float:
     """Peak CUDA memory one step allocates above what is resident before it (models, batches). A CUDA
     graph's replay allocates nothing: its row reports the memory its private pool reserved at capture."""
@@ -512,6 +552,11 @@ def main() -> None:
     parser.add_argument(
         "--memory", action="store_true", help="peak memory per method (CUDA: in process; CPU: one process each)"
     )
+    parser.add_argument(
+        "--tensor-memory",
+        action="store_true",
+        help="peak live tensor bytes one step creates, in process (deterministic; slow: Python per op)",
+    )
     parser.add_argument("--plan", action="store_true", help="print ours ghost's per-layer choice per workload")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown (RESULTS.md)")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -540,6 +585,8 @@ def main() -> None:
     )
     if args.memory:
         header += f" {'peak MiB':>9} {'x mem':>6}"
+    if args.tensor_memory:
+        header += f" {'tensor MiB':>10} {'x tensor':>8}"
     rows, jax_rows, plan_lines, md_rows = [], [], [], []
     wanted = set(args.methods.split(",")) if args.methods else None
     for name, (model, x, y) in workloads(args.batch, device, args.size).items():
@@ -569,6 +616,7 @@ def main() -> None:
         if args.memory:
             for k, f in steps.items():
                 mem[k] = gpu_peak_mib(f, device) if device.type == "cuda" else cpu_peak_mib(name, k, args)
+        tmem = {k: tensor_peak_mib(f) for k, f in steps.items()} if args.tensor_memory else {}
         base = t.get("non-private")  # absent when --methods leaves it out: no ratio column then
         ref = t.get("opacus hooks")
         for k, v in t.items():
@@ -579,6 +627,9 @@ def main() -> None:
                 m, m0 = mem.get(k), mem.get("non-private")
                 row += f" {m:9.1f}" if m is not None else f" {'-':>9}"
                 row += f" {m / m0:6.2f}" if m is not None and m0 else f" {'-':>6}"
+            if args.tensor_memory:
+                m, m0 = tmem[k], tmem.get("non-private")
+                row += f" {m:10.1f}" + (f" {m / m0:8.2f}" if m0 else f" {'-':>8}")
             rows.append(row)
             cells = [
                 name,
@@ -591,6 +642,9 @@ def main() -> None:
             if args.memory:
                 m, m0 = mem.get(k), mem.get("non-private")
                 cells += [f"{m:.1f}" if m is not None else "-", f"{m / m0:.2f}" if m is not None and m0 else "-"]
+            if args.tensor_memory:
+                m, m0 = tmem[k], tmem.get("non-private")
+                cells += [f"{m:.1f}", f"{m / m0:.2f}" if m0 else "-"]
             md_rows.append("| " + " | ".join(cells) + " |")
         if args.plan:
             from dpaudit.training.clipping import clipping_text
@@ -614,9 +668,12 @@ def main() -> None:
             "peak MiB: memory one step adds above the resident model and batch "
             + ("(torch.cuda.max_memory_allocated)" if device.type == "cuda" else "(peak RSS of a fresh process, VmHWM)")
         )
+    if args.tensor_memory:
+        print("tensor MiB: peak live tensor storage one step creates (in process, every dispatched op tracked)")
     if args.markdown:
         cols = ["workload", "method", "ms/step", "host ms/step", "× non-private", "vs Opacus hooks"]
         cols += ["peak MiB", "× memory"] if args.memory else []
+        cols += ["tensor MiB", "× tensor"] if args.tensor_memory else []
         print(f"\nMarkdown ({on.lstrip(', ') or 'CPU'}, batch {args.batch}):")
         print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
         print("\n".join(md_rows))
