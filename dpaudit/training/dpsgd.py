@@ -291,6 +291,10 @@ def set_private_gradients(
     padding depends only on the batch size the host already knows, adds exactly 0 to the released
     sum, and changes neither the mechanism nor the claim.
     """
+    # The previous step's gradients are replaced below and read by nothing before: release them now
+    # rather than hold them through the clipping (non-private SGD sets them to None before its backward).
+    for p in clipper.params:
+        p.grad = None
     sums: list[torch.Tensor] | None = None
     chunk = max_physical_batch or max(len(idx), 1)
     if pad is None:
