@@ -239,3 +239,28 @@ def test_nothing_recorded_outlives_the_call():
     assert clipper._recorder.calls is None and clipper._recorder.on_grad is None
     assert clipper._recorder.edges == []
     assert all(g.grad_fn is None for g in out.grads)
+
+
+def test_the_previous_steps_gradients_are_released_before_clipping():
+    """Non-private SGD sets its gradients to None before the backward pass; the DP step must not hold
+    the previous step's (one more copy of the parameters) through the clipping either."""
+    from dpaudit.training.dpsgd import set_private_gradients
+
+    m, x, y = _data("instantiate")
+    clipper = GhostClipper(m)
+    kw = dict(clip=1.0, noise_std=1.0, batch_size=8, max_physical_batch=None, generator=torch.Generator())
+    set_private_gradients(clipper, x, y, torch.arange(8), **kw)
+    old = [weakref.ref(p.grad) for p in clipper.params]
+    seen: list[bool] = []
+
+    class Watching:
+        params, pads = clipper.params, clipper.pads
+
+        def __call__(self, *args, **kwargs):
+            gc.collect()
+            seen.extend(r() is not None for r in old)
+            return clipper(*args, **kwargs)
+
+    set_private_gradients(Watching(), x, y, torch.arange(8), **kw)
+    assert seen and not any(seen)
+    assert all(p.grad is not None for p in clipper.params)
