@@ -47,7 +47,7 @@ from dpaudit.audit.power import (
 )
 from dpaudit.audit.result import AuditResult
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
+from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
 
 Mechanism = Callable[[Any, np.random.Generator], Any]
 Direction = str | Sequence[float] | np.ndarray
@@ -204,8 +204,7 @@ def audit_mechanism(
     check_in_interval(0.0, 1.0, confidence=confidence)
     method = check_choice(("clopper-pearson", "gdp"), method=method)
     fixed = _check_direction(direction)
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+    check_seed(seed=seed)
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, int | np.integer) or n_jobs == 0:
         raise InputError(f"expected n_jobs to be a non-zero integer (1: serial, -1: every core), got {n_jobs!r}")
     if trials < _MIN_TRIALS:
