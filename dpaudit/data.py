@@ -451,7 +451,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
     forms = ("synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz", "DIR (X.npy, y.npy)")
     valid = ", ".join([*EMBEDDED, *forms])
-    raise InputError(f"unknown dataset {spec!r}; valid: {valid}")
+    # Named as the workflows' parameter ``data``: the CLI shows it as --data (cli._common.with_option_names).
+    raise InputError(f"unknown data {spec!r}; valid: {valid}")
 
 
 @dataclass(frozen=True)
