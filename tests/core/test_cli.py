@@ -243,9 +243,9 @@ def test_unknown_data_and_algo_name_the_option_and_refuse_before_any_work(tmp_pa
     from dpaudit.errors import InputError
     from dpaudit.training.algorithms import get_trainer
 
-    with pytest.raises(InputError, match="^unknown data 'nope'; valid: digits"):
+    with pytest.raises(InputError, match=r"^unknown data 'nope'; valid: digits"):
         load_dataset("nope")
-    with pytest.raises(InputError, match="^unknown algo 'rmsprop'; valid: adam, "):
+    with pytest.raises(InputError, match=r"^unknown algo 'rmsprop'; valid: adam, "):
         get_trainer("rmsprop")
     extra = ["--out", tmp_path / "run"] if args[0] == "train" else ["--epochs", "1", "--runs", "2"]
     r = invoke(*args, *extra)
