@@ -26,6 +26,8 @@ import numpy as np
 from dpaudit.errors import DataError, InputError
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
+# The built-in token data set's name (synthetic-tokens:...): its int64 X is token ids by construction.
+SYNTHETIC_TOKENS = "synthetic-tokens"
 SPLIT_NAMES = ("members", "holdout", "aux", "test")
 DEFAULT_FRACTIONS = (0.35, 0.2, 0.25, 0.2)
 
@@ -227,7 +229,7 @@ def _synthetic_tokens(spec: str, params: str) -> Dataset:
     probs = rng.dirichlet(np.full(p["vocab"], 0.3), size=p["classes"])
     y = rng.integers(0, p["classes"], size=p["n"])
     X = np.stack([rng.choice(p["vocab"], size=p["length"], p=probs[c]) for c in y]).astype(np.int64)
-    return _validated("synthetic-tokens", X, y, "tokens", spec, vocab_size=p["vocab"])
+    return _validated(SYNTHETIC_TOKENS, X, y, "tokens", spec, vocab_size=p["vocab"])
 
 
 def _embedded(name: str) -> Dataset:
@@ -430,7 +432,7 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         return _class_subset(_embedded(head), params, spec)
     if head == "synthetic":
         return _synthetic(spec, params)
-    if head == "synthetic-tokens":
+    if head == SYNTHETIC_TOKENS:
         return _synthetic_tokens(spec, params)
     path = Path(spec)
     if path.is_dir():
