@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import DataError, InputError
+from dpaudit.validation import check_seed
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
 # The built-in token data set's name (synthetic-tokens:...): its int64 X is token ids by construction.
@@ -485,6 +486,8 @@ def make_splits(n: int, seed: int, fractions: tuple[float, ...] = DEFAULT_FRACTI
         raise InputError(f"split fractions must sum to at most 1, got {total:g}")
     if fractions[0] <= 0:
         raise InputError("the members split must be non-empty")
+    # Named as every caller's parameter (split_seed; the CLI's --split-seed): the one seed rule.
+    seed = check_seed(split_seed=seed)
     perm = np.random.default_rng(seed).permutation(n)
     counts = [math.floor(f * n) for f in fractions]
     if counts[0] < 2:

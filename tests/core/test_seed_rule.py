@@ -14,6 +14,7 @@ from dpaudit.validation import MAX_DERIVED_SEED, MAX_SEED
 def _entry_points():
     from dpaudit.aggregation import AggregatorConfig
     from dpaudit.audit import audit_scores
+    from dpaudit.data import make_splits
     from dpaudit.hooks.core import GradientCanaries
     from dpaudit.seeding import derive_seed, numpy_rng
     from dpaudit.testing import audit_mechanism
@@ -30,6 +31,7 @@ def _entry_points():
         "audit_mechanism": lambda s: audit_mechanism(
             lambda d, rng: 0.0, 0, 1, epsilon=1.0, delta=1e-5, trials=10, seed=s
         ),
+        "make_splits": lambda s: make_splits(100, s),
         "audit_whitebox_steps": lambda s: audit_whitebox_steps(None, None, TrainConfig(algo="dpsgd", dp=dp), seed=s),
     }
     derived = {
@@ -49,7 +51,8 @@ def test_every_seed_check_is_the_one_rule():
                 with pytest.raises(InputError) as e:
                     call(bad)
                 shown = repr(bad) if isinstance(bad, str) else str(bad)
-                assert str(e.value) == f"expected seed to be an integer in [0, {limits}], got {shown}", (name, bad)
+                what = "split_seed" if name == "make_splits" else "seed"
+                assert str(e.value) == f"expected {what} to be an integer in [0, {limits}], got {shown}", (name, bad)
 
 
 def test_derived_seeds_are_accepted_where_they_arrive():
