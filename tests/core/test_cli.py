@@ -305,3 +305,17 @@ def test_every_usage_line_spells_the_run_argument_RUN():
         if path in with_run:
             assert usage[-1] == "RUN" and "[RUN]" not in usage, (path, usage)
             assert re.search(r"^│[\s*]+RUN\s", r.output, re.M) and not re.search(r"^│[\s*]+run\s", r.output, re.M), path
+
+
+def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
+    """`train --algo cloak --target RUN` has a --data option, but RUN's recorded data spec is no --data the user
+    typed: a CheckpointError's names are the file's, left as written (as a FileContentError's)."""
+    from tests.core.cli_errors import one_error
+
+    run = tmp_path / "run"
+    assert invoke("--quiet", "train", "--model", "logreg", "--epochs", "1", "--out", run).exit_code == 0
+    meta = json.loads((run / "checkpoint.json").read_text())
+    meta["data"]["spec"] = "nope"
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+    line = one_error(invoke("train", "--algo", "cloak", "--target", run, "--lambda", "1", "--out", tmp_path / "c"))
+    assert "cannot reload the run's data: unknown data 'nope'; valid: digits" in line, line
