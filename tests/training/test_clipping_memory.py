@@ -264,3 +264,30 @@ def test_the_previous_steps_gradients_are_released_before_clipping():
     set_private_gradients(Watching(), x, y, torch.arange(8), **kw)
     assert seen and not any(seen)
     assert all(p.grad is not None for p in clipper.params)
+
+
+class UnusedBranch(nn.Module):
+    """A layer whose output the loss never reaches: its gradient hook never fires, so its part is
+    formed after the backward pass from zero output gradients (zero per-example gradients)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        self.unused(x)  # computed, then dropped
+        return self.used(x)
+
+
+def test_a_layer_the_loss_does_not_reach_gets_zero_gradients():
+    torch.manual_seed(0)
+    m = UnusedBranch().double()
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    ref = LoopClipper(m)(x, y, 1.0)
+    clipper = GhostClipper(m, check=False)
+    for _ in range(2):
+        got = clipper(x, y, 1.0)
+        assert all(float(g.abs().max()) == 0.0 for g in got.grads[2:])  # unused.weight, unused.bias
+        for g, r in zip(got.grads[:2], ref.grads[:2], strict=True):
+            assert float((g - r).norm() / r.norm()) < RTOL
+        assert float((got.norms - ref.norms).norm() / ref.norms.norm()) < RTOL
