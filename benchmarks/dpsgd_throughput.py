@@ -31,7 +31,8 @@ force its padded physical chunks on / off (the trainer pads on CUDA only). ``hos
 time the calling thread spends per step (launches and Python; the device sync excluded).
 
 ``--memory`` measures each step's peak memory (CUDA: ``max_memory_allocated``; CPU: peak RSS of a fresh
-process per row); ``--tensor-memory`` adds the peak of live tensor storage one step creates, tracked op
+process per row, the first step's one-time work included, or with ``--memory-warm`` steady-state steps
+only); ``--tensor-memory`` adds the peak of live tensor storage one step creates, tracked op
 by op in process (deterministic on the CPU, where RSS moves with the allocator and page rounding).
 
 ``--jax`` adds the JAX backend's jit-compiled steps (non-private, DP-SGD, DP-SGD-JL with one
@@ -444,7 +445,10 @@ def _proc_kib(field: str) -> int:
 
 def memory_child(spec: str, args) -> None:
     """One (workload, method) in a fresh process: the peak RSS two steps add above the RSS with the
-    model and batch built (the high-water mark reset first through /proc/self/clear_refs)."""
+    model and batch built (the high-water mark reset first through /proc/self/clear_refs). The first
+    step includes what is done once (ghost: building and checking the plan). With ``--memory-warm``
+    one step runs first and the C allocator returns its free memory to the system (glibc's
+    malloc_trim), so the two steps measured are steady-state steps."""
     import json
 
     name, method = spec.split(":", 1)
@@ -453,6 +457,16 @@ def memory_child(spec: str, args) -> None:
     if f is None:
         print(json.dumps({"peak_mib": None}))
         return
+    if args.memory_warm:
+        import ctypes
+        import gc
+
+        f()
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc: freed memory may stay resident and hide a peak
+            pass
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
     rss0 = _proc_kib("VmRSS")
@@ -467,7 +481,7 @@ def cpu_peak_mib(name: str, method: str, args) -> float | None:
     import sys
 
     cmd = [sys.executable, __file__, "--memory-child", f"{name}:{method}", "--batch", str(args.batch)]
-    cmd += ["--size", args.size, "--threads", str(args.threads)]
+    cmd += ["--size", args.size, "--threads", str(args.threads)] + (["--memory-warm"] if args.memory_warm else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])["peak_mib"]
@@ -551,6 +565,11 @@ def main() -> None:
     parser.add_argument("--methods", default=None, help="comma-separated subset of the methods (default: all)")
     parser.add_argument(
         "--memory", action="store_true", help="peak memory per method (CUDA: in process; CPU: one process each)"
+    )
+    parser.add_argument(
+        "--memory-warm",
+        action="store_true",
+        help="CPU --memory: measure steady-state steps (one step and malloc_trim first; no plan building)",
     )
     parser.add_argument(
         "--tensor-memory",
