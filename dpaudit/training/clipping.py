@@ -77,7 +77,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -1262,8 +1262,7 @@ def _reroute(plan: GhostPlan, model: nn.Module, params: list[nn.Parameter], bad:
     return GhostPlan(units=units, uses=uses, notes=notes, root_layouts=plan.root_layouts)
 
 
-@dataclass(frozen=True)
-class _Out:
+class _Out(NamedTuple):  # a NamedTuple: built per recorded output and step, cheaper than a dataclass
     """What a recorded output tensor leaves behind: enough for a zero gradient when the loss does not
     use it. The tensor itself is not kept (one that autograd does not save, e.g. a GroupNorm output
     before a ReLU, is freed during the forward pass as without the clipper)."""
