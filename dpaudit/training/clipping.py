@@ -373,22 +373,34 @@ class _PerExample:
     POOL = 4096
 
     def __init__(self, grads: dict[int, torch.Tensor], B: int) -> None:
-        self.grads, self.B = grads, B
+        self.B = B
         self.pooled = [k for k, G in grads.items() if G.numel() <= self.POOL * B]
         flat = [G if G.dim() == 2 else G.reshape(B, -1) for G in (grads[k] for k in self.pooled)]
         self.M = (torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]) if flat else None
         self.sizes = [f.shape[1] for f in flat]
+        self.shapes = {k: grads[k].shape[1:] for k in self.pooled}
+        # Only the unpooled gradients are kept apart: the pooled ones live in M (a copy when several
+        # are concatenated; their originals go with the caller's dict, not held twice).
+        self.grads = {k: G for k, G in grads.items() if k not in self.shapes}
+
+    def all(self) -> dict[int, torch.Tensor]:
+        """Every per-example gradient (B, *p.shape) by parameter index (the pooled ones from M)."""
+        out = dict(self.grads)
+        if self.M is not None:
+            cols = self.M.split(self.sizes, dim=1) if len(self.sizes) > 1 else [self.M]
+            out.update({k: v.reshape(self.B, *self.shapes[k]) for k, v in zip(self.pooled, cols, strict=True)})
+        return out
 
     def sq_norms(self) -> list[torch.Tensor]:
         out = [self.M.square().sum(1)] if self.M is not None else []
-        return out + [_sq_norms([G]) for k, G in self.grads.items() if k not in self.pooled]
+        return out + [_sq_norms([G]) for G in self.grads.values()]
 
     def clipped(self, c: torch.Tensor) -> dict[int, torch.Tensor]:
-        out = {k: _weighted_sum(c, G) for k, G in self.grads.items() if k not in self.pooled}
+        out = {k: _weighted_sum(c, G) for k, G in self.grads.items()}
         if self.M is not None:
             sums = c @ self.M
             for k, v in zip(self.pooled, sums.split(self.sizes) if len(self.sizes) > 1 else [sums], strict=True):
-                shape = self.grads[k].shape[1:]
+                shape = self.shapes[k]
                 out[k] = v if v.shape == shape else v.view(shape)
         return out
 
@@ -1649,7 +1661,7 @@ class GhostClipper(Clipper):
                 if not wrong and not _close(part.sq_norm, _sq_norms([ref[k] for k in idx.values()])):
                     wrong = set(idx.values())
                 bad |= wrong
-            bad |= {k for k, G in pe.grads.items() if not _close(G, ref[k])}
+            bad |= {k for k, G in pe.all().items() if not _close(G, ref[k])}
             if not bad and _close(norms, torch.sqrt(_sq_norms(ref))):
                 return plan
             if attempt == 0:
@@ -1774,14 +1786,16 @@ class GhostClipper(Clipper):
         parts: list[tuple[_LayerPart, dict[str, int]]] = []
         pe: dict[int, torch.Tensor] = {}
         shared: dict[int, list[tuple[_Unit, list[torch.Tensor], list[torch.Tensor], str]]] = {}
-        for adds, entry, uses in done:  # in unit order (the order of every sum below)
-            for k, g in adds:
+        while done:  # in unit order (the order of every sum below); no loop variable keeps a tensor
+            adds, entry, uses = done.pop(0)
+            while adds:
+                k, g = adds.pop(0)
                 pe[k] = g if k not in pe else pe[k] + g
             if entry is not None:
                 parts.append(entry)
             for k, use in uses:
                 shared.setdefault(k, []).append(use)
-        done.clear()
+        g = entry = uses = None
         with exact_matmuls(), torch.no_grad():
             for k, uses in shared.items():
                 # A tied weight: ghost norm with cross terms when every use has a factored form
@@ -1795,8 +1809,9 @@ class GhostClipper(Clipper):
                 for unit, ins, gs, n in uses:
                     g = unit.handler.per_example(unit.module, ins, gs, n, **self._options(unit.handler))
                     pe[k] = g if k not in pe else pe[k] + g
-            shared = uses = fs = None  # tied uses not kept by a part go now
+            shared = uses = fs = g = ins = gs = None  # tied uses not kept by a part go now
             pooled = _PerExample(pe, B)
+            pe = None  # the pooled originals: M holds their values
             terms = [p.sq_norm for p, _ in parts] + pooled.sq_norms()  # one sum over all layers
             if not terms:
                 sq = torch.zeros(B, dtype=self.params[0].dtype, device=self.params[0].device)
