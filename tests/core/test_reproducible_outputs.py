@@ -41,7 +41,20 @@ TRAINERS = {
     "dpadam": ["--model", "mlp", "--hidden", "8", "--algo", "dpadam", *DP],
     "dpsgd-jl": ["--model", "mlp", "--hidden", "8", "--algo", "dpsgd-jl", *DP, "--jl-projections", "2"],
     "dpadam-jl": ["--model", "logreg", "--algo", "dpadam-jl", *DP, "--jl-projections", "2"],
-    "pate": ["--model", "logreg", "--algo", "pate", "--teachers", "3", "--queries", "10", "--sigma", "2", "--epochs", "1"],
+    "pate": [
+        "--model",
+        "logreg",
+        "--algo",
+        "pate",
+        "--teachers",
+        "3",
+        "--queries",
+        "10",
+        "--sigma",
+        "2",
+        "--epochs",
+        "1",
+    ],
     "dp-icl": ["--algo", "dp-icl", "--teachers", "3", "--queries", "10", "--sigma", "2", "--shots", "2"],
     "outpert": ["--model", "logreg", "--algo", "outpert", "--epsilon", "2", "--epochs", "1"],
     "objpert": ["--model", "logreg", "--algo", "objpert", "--epsilon", "2", "--epochs", "1"],
@@ -55,7 +68,7 @@ def _scramble_global_generators(seed: int) -> None:
     """Put every global generator in a state of ``seed``'s: a draw from one of them that is not derived
     from the command's --seed then differs between two runs."""
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 (the legacy global state is what an unseeded draw reads)
     torch.manual_seed(seed)
 
 
@@ -134,32 +147,107 @@ def test_every_trainer_gives_the_same_checkpoint_from_the_same_seed(algo, inputs
 # name -> (args, output written relative to the working folder, or None: stdout only)
 COMMANDS = {
     "attack mia": (
-        ["--json", "attack", "mia", "{base}", "--attacks", "loss,shadow", "--shadow-models", "2", "--bootstrap", "5",
-         "--scores-out", "s.npz", "--roc"], None),  # fmt: skip
-    "attack mia csv": (["attack", "mia", "{base}", "--attacks", "loss", "--bootstrap", "0", "--scores-out", "s.csv"], "s.csv"),
+        [
+            "--json",
+            "attack",
+            "mia",
+            "{base}",
+            "--attacks",
+            "loss,shadow",
+            "--shadow-models",
+            "2",
+            "--bootstrap",
+            "5",
+            "--scores-out",
+            "s.npz",
+            "--roc",
+        ],
+        None,
+    ),
+    "attack mia csv": (
+        ["attack", "mia", "{base}", "--attacks", "loss", "--bootstrap", "0", "--scores-out", "s.csv"],
+        "s.csv",
+    ),
     "attack inversion": (
-        ["--json", "attack", "inversion", "{base}", "--iterations", "5", "--restarts", "1", "--out-dir", "png"], "png"),
+        ["--json", "attack", "inversion", "{base}", "--iterations", "5", "--restarts", "1", "--out-dir", "png"],
+        "png",
+    ),
     "attack inversion black-box": (
-        ["--json", "attack", "inversion", "{base}", "--black-box", "--iterations", "3", "--restarts", "1",
-         "--directions", "2"], None),  # fmt: skip
+        [
+            "--json",
+            "attack",
+            "inversion",
+            "{base}",
+            "--black-box",
+            "--iterations",
+            "3",
+            "--restarts",
+            "1",
+            "--directions",
+            "2",
+        ],
+        None,
+    ),
     "attack attribute": (["--json", "attack", "attribute", "{base}", "--feature", "0"], None),
     "attack attribute black-box": (["--json", "attack", "attribute", "{base}", "--feature", "1", "--black-box"], None),
     "attack extract": (
-        ["--json", "attack", "extract", "{base}", "--budget", "40", "--method", "learning", "--curve-points", "2",
-         "--out", "ex"], "ex"),  # fmt: skip
+        [
+            "--json",
+            "attack",
+            "extract",
+            "{base}",
+            "--budget",
+            "40",
+            "--method",
+            "learning",
+            "--curve-points",
+            "2",
+            "--out",
+            "ex",
+        ],
+        "ex",
+    ),
     "audit scores": (["--json", "audit", "scores", "{scores}", "--claimed-epsilon", "1"], None),
     "audit plan": (["--json", "audit", "plan", "--epsilon", "2", "--simulations", "10"], None),
     "audit canaries": (
         ["--json", "audit", "canaries", "{canaries}", "--claimed-epsilon", "1", "--delta", "1e-5", "--out", "c.json"],
-        "c.json"),  # fmt: skip
+        "c.json",
+    ),
     "account dpsgd": (
-        ["--json", "account", "dpsgd", "--noise-multiplier", "1", "--delta", "1e-5", "--sample-rate", "0.01",
-         "--steps", "50", "--accountant", "all"], None),  # fmt: skip
+        [
+            "--json",
+            "account",
+            "dpsgd",
+            "--noise-multiplier",
+            "1",
+            "--delta",
+            "1e-5",
+            "--sample-rate",
+            "0.01",
+            "--steps",
+            "50",
+            "--accountant",
+            "all",
+        ],
+        None,
+    ),
     "inspect": (["--json", "inspect", "{base}"], None),
     "canaries make": (["--json", "canaries", "make", "--data", "digits", "--count", "4", "--out", "cm"], "cm"),
     "import": (
-        ["--json", "import", "{base}/model.safetensors", "--model-spec", "{spec}", *DATA, "--members", "{members}",
-         "--out", "imp"], "imp"),  # fmt: skip
+        [
+            "--json",
+            "import",
+            "{base}/model.safetensors",
+            "--model-spec",
+            "{spec}",
+            *DATA,
+            "--members",
+            "{members}",
+            "--out",
+            "imp",
+        ],
+        "imp",
+    ),
     "report": (["--quiet", "report", "{base}", "--out", "rep", "--attacks", "loss", "--format", "json,md,html"], "rep"),
 }
 
@@ -178,19 +266,50 @@ def test_every_command_gives_the_same_bytes_from_the_same_seed(name, inputs, tmp
 # name -> (args writing OUT, the output: "dir" for a directory OUT, else a file path relative to OUT's parent)
 WRITERS = {
     "train": (["train", "--out", "{out}", *DATA, "--model", "logreg", "--algo", "dpsgd", *DP], "dir"),
-    "train cloak": (["train", "--out", "{out}", *DATA, "--algo", "cloak", "--target", "{base}", "--lambda", "1",
-                     "--epochs", "1"], "dir"),  # fmt: skip
-    "import": (["import", "{base}/model.safetensors", "--model-spec", "{spec}", *DATA, "--members", "{members}",
-                "--out", "{out}"], "dir"),  # fmt: skip
+    "train cloak": (
+        ["train", "--out", "{out}", *DATA, "--algo", "cloak", "--target", "{base}", "--lambda", "1", "--epochs", "1"],
+        "dir",
+    ),
+    "import": (
+        [
+            "import",
+            "{base}/model.safetensors",
+            "--model-spec",
+            "{spec}",
+            *DATA,
+            "--members",
+            "{members}",
+            "--out",
+            "{out}",
+        ],
+        "dir",
+    ),
     "canaries make": (["canaries", "make", "--data", "digits", "--count", "4", "--out", "{out}"], "dir"),
-    "attack extract": (["attack", "extract", "{base}", "--budget", "20", "--method", "learning", "--curve-points",
-                        "1", "--out", "{out}"], "dir"),  # fmt: skip
+    "attack extract": (
+        [
+            "attack",
+            "extract",
+            "{base}",
+            "--budget",
+            "20",
+            "--method",
+            "learning",
+            "--curve-points",
+            "1",
+            "--out",
+            "{out}",
+        ],
+        "dir",
+    ),
     "report": (["report", "{base}", "--out", "{out}", "--attacks", "loss", "--format", "json,md"], "dir"),
     "attack mia --scores-out": (
-        ["attack", "mia", "{base}", "--attacks", "loss", "--bootstrap", "0", "--scores-out", "{out}.csv"], "out.csv"),
+        ["attack", "mia", "{base}", "--attacks", "loss", "--bootstrap", "0", "--scores-out", "{out}.csv"],
+        "out.csv",
+    ),
     "attack inversion --out-dir": (
         ["attack", "inversion", "{base}", "--iterations", "2", "--restarts", "1", "--out-dir", "{out}"],
-        "out/inversions.png"),  # fmt: skip
+        "out/inversions.png",
+    ),
     "audit canaries --out": (
         ["audit", "canaries", "{canaries}", "--claimed-epsilon", "1", "--delta", "1e-5", "--out", "{out}.json"],
         "out.json",
