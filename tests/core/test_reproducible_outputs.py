@@ -17,6 +17,9 @@ import errno
 import json
 import os
 import random
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,7 @@ from tests.core.cli_errors import invoke, one_error
 
 DATA = ["--data", "synthetic:n=200,d=6,classes=2"]
 DP = ["--noise-multiplier", "1", "--steps", "2"]
+BASE_DATA = ["--data", "synthetic:n=400,d=6,classes=2"]  # enough aux records for 4 LiRA reference models
 
 # --------------------------------------------------------------------------- trainers
 
@@ -59,7 +63,7 @@ TRAINERS = {
     "outpert": ["--model", "logreg", "--algo", "outpert", "--epsilon", "2", "--epochs", "1"],
     "objpert": ["--model", "logreg", "--algo", "objpert", "--epsilon", "2", "--epochs", "1"],
     "dpagd": ["--model", "logreg", "--algo", "dpagd", "--epsilon", "2", "--steps", "3"],
-    "cloak": ["--algo", "cloak", "--target", "{base}", "--lambda", "1", "--epochs", "1"],
+    "cloak": [*BASE_DATA, "--algo", "cloak", "--target", "{base}", "--lambda", "1", "--epochs", "1"],
     "jax-dpsgd": ["--model", "logreg", "--algo", "dpsgd", "--backend", "jax", *DP],
 }
 
@@ -98,7 +102,7 @@ def inputs(tmp_path_factory):
     """A small non-private MLP (the cloak's target and the attacks' victim) and its member scores."""
     tmp = tmp_path_factory.mktemp("inputs")
     base = tmp / "base"
-    r = invoke("--quiet", "train", "--out", base, *DATA, "--model", "mlp", "--hidden", "8", "--epochs", "2")
+    r = invoke("--quiet", "train", "--out", base, *BASE_DATA, "--model", "mlp", "--hidden", "8", "--epochs", "2")
     assert r.exit_code == 0, r.output
     scores = tmp / "scores.csv"
     r = invoke("--quiet", "attack", "mia", base, "--attacks", "loss", "--bootstrap", "0", "--scores-out", scores)
@@ -130,7 +134,13 @@ def _fill(args: list[str], inputs: dict) -> list[str]:
     return [a.format(**{k: str(v) for k, v in inputs.items()}) for a in args]
 
 
-@pytest.mark.parametrize("algo", list(TRAINERS))
+# The -jl algorithms are accounted with PLD only, ~10 s per run on this machine.
+SLOW_TRAINERS = {"dpsgd-jl", "dpadam-jl"}
+
+
+@pytest.mark.parametrize(
+    "algo", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_TRAINERS else a for a in TRAINERS]
+)
 def test_every_trainer_gives_the_same_checkpoint_from_the_same_seed(algo, inputs, tmp_path, monkeypatch, cpu_only):
     if algo.startswith("jax"):
         pytest.importorskip("jax")
@@ -153,9 +163,11 @@ COMMANDS = {
             "mia",
             "{base}",
             "--attacks",
-            "loss,shadow",
-            "--shadow-models",
-            "2",
+            "loss,lira",
+            "--reference-models",
+            "4",
+            "--min-models",
+            "1",
             "--bootstrap",
             "5",
             "--scores-out",
@@ -200,6 +212,8 @@ COMMANDS = {
             "40",
             "--method",
             "learning",
+            "--surrogate",
+            "logreg",
             "--curve-points",
             "2",
             "--out",
@@ -240,7 +254,7 @@ COMMANDS = {
             "{base}/model.safetensors",
             "--model-spec",
             "{spec}",
-            *DATA,
+            *BASE_DATA,
             "--members",
             "{members}",
             "--out",
@@ -267,7 +281,20 @@ def test_every_command_gives_the_same_bytes_from_the_same_seed(name, inputs, tmp
 WRITERS = {
     "train": (["train", "--out", "{out}", *DATA, "--model", "logreg", "--algo", "dpsgd", *DP], "dir"),
     "train cloak": (
-        ["train", "--out", "{out}", *DATA, "--algo", "cloak", "--target", "{base}", "--lambda", "1", "--epochs", "1"],
+        [
+            "train",
+            "--out",
+            "{out}",
+            *BASE_DATA,
+            "--algo",
+            "cloak",
+            "--target",
+            "{base}",
+            "--lambda",
+            "1",
+            "--epochs",
+            "1",
+        ],
         "dir",
     ),
     "import": (
@@ -276,7 +303,7 @@ WRITERS = {
             "{base}/model.safetensors",
             "--model-spec",
             "{spec}",
-            *DATA,
+            *BASE_DATA,
             "--members",
             "{members}",
             "--out",
@@ -294,6 +321,8 @@ WRITERS = {
             "20",
             "--method",
             "learning",
+            "--surrogate",
+            "logreg",
             "--curve-points",
             "1",
             "--out",
@@ -393,3 +422,52 @@ def test_every_writer_refuses_without_force_replaces_with_it_and_is_atomic(
     assert target.stat().st_ino != before[""] and _leftovers(parent) == []
     if target.is_dir():
         assert foreign_files(target) == []
+    _assert_no_pickle(target)
+
+
+PICKLE_PROTOCOLS = {bytes([0x80, p]) for p in range(2, 6)}
+
+
+def _assert_no_pickle(path: Path) -> None:
+    """No file under ``path`` is (or, zipped, holds) a pickle; every .npz loads with ``allow_pickle=False``."""
+    for p in [path] if path.is_file() else sorted(path.rglob("*")):
+        if not p.is_file():
+            continue
+        head = p.read_bytes()[:2]
+        assert head not in PICKLE_PROTOCOLS, f"{p} is a pickle"
+        if zipfile.is_zipfile(p):
+            names = zipfile.ZipFile(p).namelist()
+            assert not any(n.endswith(".pkl") for n in names), f"{p} holds a pickle (torch.save?): {names}"
+        if p.suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                for k in z.files:
+                    z[k]  # object arrays (pickled) raise here
+
+
+# The process-wide sources a single in-process run cannot vary: str hashes (set iteration order) and the
+# thread count. Two fresh interpreters with PYTHONHASHSEED 1 and 2 train, attack and report the same bytes.
+
+
+@pytest.mark.slow  # two interpreters, 10-30 s
+def test_fresh_processes_with_other_hash_seeds_write_the_same_run_and_report(tmp_path):
+    train = ["train", "--out", "run", *DATA, "--model", "logreg", "--algo", "dpsgd", *DP, "--canaries", "8",
+             "--allow-inconclusive"]  # fmt: skip
+    report = ["report", "run", "--out", "rep", "--attacks", "loss", "--format", "json,md"]
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from dpaudit.cli.main import app\n"
+        f"for args in ({train!r}, {report!r}):\n"
+        "    r = CliRunner().invoke(app, ['--quiet', *args])\n"
+        "    assert r.exit_code == 0, r.output\n"
+    )
+    trees = []
+    for seed in ("1", "2"):
+        cwd = tmp_path / seed
+        cwd.mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(Path(__file__).parents[2])}
+        done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        trees.append({**_tree(cwd / "run"), **{"rep/" + k: v for k, v in _tree(cwd / "rep").items()}})
+    assert sorted(trees[0]) == sorted(trees[1])
+    assert [k for k in trees[0] if trees[0][k] != trees[1][k]] == []
