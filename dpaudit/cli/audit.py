@@ -249,7 +249,8 @@ def plan_cmd(
     json_output: JsonFlag = False,
 ) -> None:
     """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power against a hypothesised
-    leak, by simulating the audit; the perfect-attack minimum beside it."""
+    leak, by simulating the audit; the perfect-attack minimum beside it. A size counts only when the lower end of
+    its power's Clopper-Pearson interval (at --confidence) reaches --power, never on the estimate alone."""
     from dpaudit.audit import plan_design
 
     plan = plan_design(
