@@ -222,7 +222,7 @@ COMMANDS = {
         "ex",
     ),
     "audit scores": (["--json", "audit", "scores", "{scores}", "--claimed-epsilon", "1"], None),
-    "audit plan": (["--json", "audit", "plan", "--epsilon", "2", "--simulations", "10"], None),
+    "audit plan": (["--json", "audit", "plan", "--epsilon", "2", "--simulations", "20"], None),
     "audit canaries": (
         ["--json", "audit", "canaries", "{canaries}", "--claimed-epsilon", "1", "--delta", "1e-5", "--out", "c.json"],
         "c.json",
