@@ -297,6 +297,23 @@ WRITERS = {
         ],
         "dir",
     ),
+    "train cloak sweep": (
+        [
+            "train",
+            "--out",
+            "{out}",
+            *BASE_DATA,
+            "--algo",
+            "cloak",
+            "--target",
+            "{base}",
+            "--lambda",
+            "0.5,2",
+            "--epochs",
+            "1",
+        ],
+        "dir",
+    ),
     "import": (
         [
             "import",
