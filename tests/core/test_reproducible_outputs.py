@@ -488,3 +488,41 @@ def test_fresh_processes_with_other_hash_seeds_write_the_same_run_and_report(tmp
         trees.append({**_tree(cwd / "run"), **{"rep/" + k: v for k, v in _tree(cwd / "rep").items()}})
     assert sorted(trees[0]) == sorted(trees[1])
     assert [k for k in trees[0] if trees[0][k] != trees[1][k]] == []
+
+
+# --------------------------------------------------------------------------- loaders never unpickle
+
+
+class _Payload:
+    """Unpickling this touches ``marker``: the proof that a loader ran a file's pickle."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize(
+    ("algo", "npz", "command"),
+    [
+        ("dpsgd-canaries", "split.npz", ["inspect", "{run}"]),
+        ("dpsgd-canaries", "canaries.npz", ["audit", "checkpoint", "{run}", "--attacks", "none"]),
+        ("dpsgd-whitebox", "whitebox_canaries.npz", ["audit", "checkpoint", "{run}", "--attacks", "none"]),
+    ],
+)
+def test_a_run_whose_arrays_hold_a_pickle_is_refused_without_unpickling(algo, npz, command, tmp_path, inputs):
+    """A stranger's run folder (manifest rewritten to match) with an object array in one of its .npz files:
+    one line, exit code 2, and the pickle never runs."""
+    from dpaudit.fileio import write_manifest
+
+    run = tmp_path / "run"
+    assert invoke("--quiet", "train", "--out", run, *DATA, *_fill(TRAINERS[algo], inputs)).exit_code == 0
+    marker = tmp_path / "pwned"
+    with np.load(run / npz, allow_pickle=False) as z:
+        arrays = dict.fromkeys(z.files)
+    arrays = {k: np.array([_Payload(marker)], dtype=object) for k in arrays}  # whichever array is read first
+    np.savez(run / npz, **arrays)
+    write_manifest(run, written_by="run")
+    one_error(invoke("--quiet", *[a.format(run=run) for a in command]))
+    assert not marker.exists()
