@@ -371,13 +371,30 @@ def check_output_file(path: Path, *, force: bool) -> Path:
     return path
 
 
+def _remove_dead_writers_files(path: Path) -> None:
+    """Remove the temporary siblings (``.NAME.PID.XXXXXXXX.dpaudit-tmp``) that writers of ``path`` killed
+    outright (SIGKILL, power loss) left behind: those whose pid is no longer alive. A live writer's is kept."""
+    pattern = re.compile(r"\." + re.escape(path.name) + r"\.(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP))
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = pattern.fullmatch(p.name)
+        if m and int(m[1]) != os.getpid() and not p.is_symlink() and p.is_file() and not _pid_alive(int(m[1])):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
 def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
-    """Write a file atomically (a temporary sibling renamed into place)."""
+    """Write a file atomically (a temporary sibling, named with the writer's pid, renamed into place; the
+    temporary files of killed writers of the same path are removed first)."""
     path = Path(path)
     check_output_file(path, force=force)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent)
+        _remove_dead_writers_files(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_TMP, dir=path.parent)
     except OSError as e:
         raise output_error(e, path) from None
     try:

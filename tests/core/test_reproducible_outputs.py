@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpaudit.fileio import foreign_files
+from dpaudit.fileio import foreign_files, write_atomic_file
 from tests.core.cli_errors import invoke, one_error
 
 DATA = ["--data", "synthetic:n=200,d=6,classes=2"]
@@ -526,3 +526,26 @@ def test_a_run_whose_arrays_hold_a_pickle_is_refused_without_unpickling(algo, np
     write_manifest(run, written_by="run")
     one_error(invoke("--quiet", *[a.format(run=run) for a in command]))
     assert not marker.exists()
+
+
+def test_a_killed_file_writer_leaves_a_temporary_file_that_the_next_write_removes(tmp_path):
+    """SIGKILL between writing the temporary file and renaming it: nothing at the output, and the next write
+    of the same path removes the dead writer's temporary file (a live writer's, and other outputs', stay)."""
+    out = tmp_path / "scores.csv"
+    code = (
+        "import os, signal, sys\n"
+        "from dpaudit import fileio\n"
+        "os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "fileio.write_atomic_file(sys.argv[1], 'half', force=False)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    killed = subprocess.Popen([sys.executable, "-c", code, str(out)], env=env, stderr=subprocess.PIPE)
+    assert killed.wait() == -9, killed.stderr.read()
+    assert not out.exists() and len(_leftovers(tmp_path)) == 1
+    live = tmp_path / f".scores.csv.{os.getppid()}.abcdefgh.dpaudit-tmp"  # a writer still running
+    other = tmp_path / f".other.csv.{killed.pid}.abcdefgh.dpaudit-tmp"  # another output's (its writer is dead too)
+    live.write_text("x")
+    other.write_text("x")
+    write_atomic_file(out, "whole", force=False)
+    assert out.read_text() == "whole"
+    assert _leftovers(tmp_path) == sorted([live.name, other.name])
