@@ -347,6 +347,7 @@ def write_atomic_dir(
             try:
                 write(tmp)
                 write_manifest(tmp, written_by=written_by)
+                _ordinary_modes(tmp)
             except OSError as e:
                 raise output_error(e, out, tmp) from None
             check_output_dir(out, force=force, inputs=inputs)  # again: it may have appeared meanwhile
@@ -357,6 +358,19 @@ def write_atomic_dir(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+_FILE_MODE = 0o666  # what open(path, "w") asks for; the umask takes its share
+
+
+def _ordinary_modes(folder: Path) -> None:
+    """Give every file written into ``folder`` the mode ``open(path, "w")`` would have given it: writers
+    that go through a temporary file of their own (safetensors' ``save_file``, ``mkstemp``) leave it
+    owner-only (0600), so a run's weights were unreadable to the group beside its 0644 JSON."""
+    mode = _FILE_MODE & ~_umask()
+    for p in folder.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            p.chmod(mode)
 
 
 def check_output_file(path: Path, *, force: bool) -> Path:
@@ -400,6 +414,7 @@ def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
         os.replace(tmp, path)
     except OSError as e:
         raise output_error(e, path, Path(tmp)) from None
