@@ -28,7 +28,7 @@ draws refuted (its standard error is at most 0.5/√simulations; 0.028 near 0.8 
 :func:`size_for_power` searches the smallest size whose simulated power reaches the target, deciding
 on a conservative rule, never on the point estimate: a size is enough when the lower end of the power's
 Clopper-Pearson interval (:func:`power_interval`, at the audit's confidence) reaches the target, i.e.
-when at least :func:`refutations_needed` of the draws refute the claim (171 of 200 for power 0.8 at 95%).
+when at least :func:`refutations_needed` of the draws refute the claim (172 of 200 for power 0.8 at 95%).
 It searches from the
 perfect-attack size (below it the power is 0), doubling, then narrowing the bracket to within 5% of
 the size, alternating bisection with a secant step on Φ⁻¹(power) against √size (the normal

@@ -194,7 +194,12 @@ def selftest_cmd(
     method: Annotated[str, typer.Option("--method", help="clopper-pearson or gdp.")] = "clopper-pearson",
     json_output: JsonFlag = False,
 ) -> None:
-    """Check the auditor: false alarms on correct mechanisms, detection of planted bugs (exit 1 on failure)."""
+    """Check the auditor: false alarms on correct mechanisms, detection of planted bugs (exit 1 on failure).
+
+    JSON: rows, seeds, trials, confidence, delta, method, threshold_selection, false_alarm_rate, bugs_caught,
+    bugs_planted, mutation_score, passed, runtime_s (wall-clock seconds: the one field that differs between two
+    runs with the same settings).
+    """
     from dpaudit.audit.selftest import run_selftest
     from dpaudit.validation import check_choice
 
