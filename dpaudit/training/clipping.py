@@ -16,7 +16,8 @@ Methods (chosen by name, ``PerfConfig.clipping``):
   gradients for any model (the multiple-copies idea of Goodfellow 2015, vectorised).
 * ``ghost`` – mixed per-layer clipping in one forward and one backward pass (:class:`GhostClipper`):
   module hooks record each layer's input ``a`` and output gradient ``g`` (the backward pass skips
-  the parameter gradients); per layer the cost model picks the ghost norm (Goodfellow 2015,
+  the parameter gradients, and forms each layer's part as its ``g`` arrives, releasing what the
+  clipped sum does not need); per layer the cost model picks the ghost norm (Goodfellow 2015,
   arXiv:1510.01799; Rochette et al. 2019, arXiv:1912.06015 for convolutions; Li et al. 2021,
   arXiv:2110.05679 for sequences) or instantiating the per-example gradient, whichever is cheaper
   (2T² vs p·d; Bu et al. 2022, arXiv:2205.10683; Bu et al. 2023, arXiv:2210.00038), then the
@@ -1531,10 +1532,12 @@ def _close(got: torch.Tensor, ref: torch.Tensor) -> bool:
 class GhostClipper(Clipper):
     """Ghost norms + book-keeping clipped sums, per layer mixed with per-example instantiation.
 
-    One forward pass with module hooks records each layer's input and (a view of) its output; one
-    backward pass computes the gradients w.r.t. those outputs only (no parameter gradients). Then,
-    per layer, the cost model (:func:`_ghost_is_cheaper`) picks ghost norm or instantiation
-    (Bu et al. 2023, arXiv:2210.00038, "hybrid BK"), parameters shared between layers (tied weights)
+    One forward pass with module hooks records each layer's input and hooks (a view of) its output;
+    one backward pass computes the gradients w.r.t. those outputs only (no parameter gradients), and
+    each layer's part is formed inside it as soon as its output gradient is complete, keeping only
+    what its clipped sum needs (see :meth:`_norm_parts`: peak memory). Per layer, the cost model
+    (:func:`_ghost_is_cheaper`) picks ghost norm or instantiation (Bu et al. 2023, arXiv:2210.00038,
+    "hybrid BK"), parameters shared between layers (tied weights)
     get the ghost norm of the sum of their uses (or are instantiated per use and summed, by the same
     cost rule), modules without a rule get per-example gradients by a vmap
     over the module alone, and the squared norms of the disjoint parameter sets are added (exact).
