@@ -104,24 +104,26 @@ def _log_abs_binom(n: float | np.ndarray, k: np.ndarray) -> np.ndarray:
 _U = 2.0**-53
 
 
-def _rounding_margin(log_weight: float, log_sum: float, n: int) -> float:
-    """Upper bound on the float64 error of a log-sum-exp as computed here, in nats.
+def _lse_rounded_up(log_terms: np.ndarray) -> float:
+    """log(sum(exp(log_terms))) plus an upper bound on its float64 error, in nats.
 
-    Each log term t_i is a sum of a few float64 values (gammaln, k log q, ...), each within a few
-    ulps, so its absolute error is below 16 u (1 + |t_i|); exponentiating turns that into the same
-    relative error of the term, and summing n positive terms adds at most n u relative (Higham 2002,
-    Eq. (4.4)). So the error of log(sum e^t_i) is below 16 u W / S + n u with S = sum e^t_i and
-    W = sum e^t_i (1 + |t_i|); ``log_weight`` = log W, ``log_sum`` = log S. Rounding every log A up by
-    this margin keeps the RDP curve an upper bound in float64 too (benchmarks/accounting_fuzz.py
-    found the plain sums up to 1.7e-7 relative below the exact value at q = 1e-5, where
-    A - 1 ~ 1e-10 was the difference of two numbers near 1).
+    The sum of the scaled terms is correctly rounded (``math.fsum``). Each log term t_i is a sum of a
+    few float64 values (gammaln, k log q, log_ndtr, ...), each within a few ulps, so we take its
+    absolute error below 16 u (1 + |t_i|), u = 2^-53 (Higham 2002, "Accuracy and Stability of
+    Numerical Algorithms", Sec. 2.1); exponentiating turns that into the same relative error of the
+    term, so the error of the log-sum is below 16 u W / S + 4 u with S = sum e^t_i and
+    W = sum e^t_i (1 + |t_i|) (the 4 u for exp, fsum and log of the result). Rounding log A up by it
+    keeps the RDP curve an upper bound in float64 too: benchmarks/accounting_fuzz.py found the plain
+    log-sum-exp up to 1.7e-7 relative below the exact value at q = 1e-5 (A - 1 ~ 1e-10 was lost in
+    the difference of two numbers near 1).
     """
-    return _U * (16.0 * math.exp(log_weight - log_sum) + 4.0 * n)
-
-
-def _log_weight(log_terms: np.ndarray) -> float:
-    # log sum e^t (1 + |t|), the W of _rounding_margin.
-    return _lse(log_terms + np.log1p(np.abs(np.where(np.isfinite(log_terms), log_terms, 0.0))))
+    m = float(np.max(log_terms))
+    if not math.isfinite(m):
+        return m
+    scaled = np.exp(log_terms - m)
+    s = math.fsum(scaled)
+    w = math.fsum(scaled * (1.0 + np.abs(np.where(np.isfinite(log_terms), log_terms, 0.0))))
+    return m + math.log(s) + _U * (16.0 * w / s + 4.0)
 
 
 def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
@@ -137,9 +139,7 @@ def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
     with np.errstate(divide="ignore"):
         log_expm1 = x + np.log(-np.expm1(-x))  # log(e^x - 1) for x > 0, without overflow
     log_terms = _log_abs_binom(float(alpha), k) + k * math.log(q) + (alpha - k) * math.log1p(-q) + log_expm1
-    log_sum = _lse(log_terms)
-    log_excess = log_sum + _rounding_margin(_log_weight(log_terms), log_sum, log_terms.size)
-    return float(np.logaddexp(0.0, log_excess))
+    return float(np.logaddexp(0.0, _lse_rounded_up(log_terms))) * (1.0 + 4.0 * _U)
 
 
 def _log_a_fractional(q: float, sigma: float, alpha: float, *, max_terms: int = 1 << 14) -> float:
@@ -165,12 +165,12 @@ def _log_a_fractional(q: float, sigma: float, alpha: float, *, max_terms: int = 
         return t0, t1
 
     start, n = 0, int(max(64, 2 * math.ceil(alpha) + 2))
-    partial = weight = -math.inf
+    chunks: list[np.ndarray] = []
+    partial = -math.inf
     while True:
         t0, t1 = log_terms(np.arange(start, n, dtype=np.float64))
-        chunk = np.concatenate([t0, t1])
-        partial = float(np.logaddexp(partial, _lse(chunk)))
-        weight = float(np.logaddexp(weight, _log_weight(chunk)))
+        chunks.append(np.concatenate([t0, t1]))
+        partial = float(np.logaddexp(partial, _lse(chunks[-1])))
         # Remainder bound from the terms at index n (see docstring).
         t0n, t1n = log_terms(np.array([float(n)]))
         log_tail = (
@@ -179,8 +179,9 @@ def _log_a_fractional(q: float, sigma: float, alpha: float, *, max_terms: int = 
         # Stop when the remainder is negligible next to A - 1 (what the RDP value is made of).
         log_excess = partial + math.log(-math.expm1(-partial)) if partial > 0 else partial
         if log_tail < min(partial, log_excess) - 25.0 or n >= max_terms:
-            # Rounded up by the float64 error of the sums (see _rounding_margin): A ~ 1 + tiny for small q.
-            return float(np.logaddexp(partial, log_tail)) + _rounding_margin(weight, partial, 2 * n)
+            # The sum again, rounded up by its float64 error (see _lse_rounded_up): A ~ 1 + tiny for small q.
+            total = _lse_rounded_up(np.concatenate(chunks))
+            return float(np.logaddexp(total, log_tail)) * (1.0 + 4.0 * _U)
 
         start, n = n, 4 * n
 
