@@ -634,11 +634,11 @@ SECTIONS = {
     "rdp_order": (sec_rdp_order, 400),
     "rdp_eps": (sec_rdp_eps, 600),
     "pld_t1": (sec_pld_t1, 300),
-    "pld_eps": (sec_pld_eps, 250),
+    "pld_eps": (sec_pld_eps, 40),
     "pld_hetero": (sec_pld_hetero, 300),
     "gdp_zcdp": (sec_gdp_zcdp, 200),
-    "calibration": (sec_calibration, 60),
-    "properties": (sec_properties, 120),
+    "calibration": (sec_calibration, 40),
+    "properties": (sec_properties, 40),
 }
 
 
@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every section's number of settings")
     parser.add_argument("--sections", default=",".join(SECTIONS))
-    parser.add_argument("--pld-max-steps", type=float, default=1e5, help="largest T drawn for the PLD section")
+    parser.add_argument("--pld-max-steps", type=float, default=2e4, help="largest T drawn for the PLD section")
     args = parser.parse_args(argv)
     print(f"accounting fuzz: seed {args.seed}, scale {args.scale}, pid {os.getpid()}", flush=True)
     for name in args.sections.split(","):
