@@ -20,7 +20,6 @@ _EXPORTS = {
     "Extraction": "attacks.extraction",
     "ExtractionResult": "attacks.extraction",
     "extract": "attacks.extraction",
-    "fidelity_curve": "attacks.extraction",
     "save_surrogate": "attacks.extraction",
 }
 

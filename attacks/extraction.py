@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -785,11 +785,6 @@ def extract(
         params={**settings, "n_test": len(evaluator.X_test), "n_uniform": N_UNIFORM},
     )
     return Extraction(result, model)
-
-
-def fidelity_curve(run: Any, budgets: Sequence[int], **options: Any) -> list[ExtractionResult]:
-    """One independent extraction per budget (fresh API and queries each), e.g. 100, 1000, 10000."""
-    return [extract(run, budget=b, curve_points=1, **options).result for b in budgets]
 
 
 def save_surrogate(

@@ -29,6 +29,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -592,33 +593,45 @@ def run_inversion(
     return InversionResult(classes, np.stack(inversions), tuple(per_class), ident, nearest, eval_acc, params)
 
 
-def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | None = None) -> None:
+def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | None = None, force: bool) -> Path:
     """A PNG grid of the inversions (one column per class; image-shaped features only, else a bar-code
-    row per class); ``member_means`` adds a second row with the target members' class means."""
+    row per class); ``member_means`` adds a second row with the target members' class means.
+
+    Written atomically (:func:`dpaudit.fileio.write_atomic_file`; an existing file needs ``force``). The
+    bytes depend on the result only: matplotlib's default style (not the user's matplotlibrc), fixed dpi,
+    no "Software" metadata."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import style
+    from matplotlib.figure import Figure
+
+    from dpaudit.fileio import write_atomic_file
 
     inv = result.inversions
     rows = 1 if member_means is None else 2
     n = len(result.classes)
-    fig, axes = plt.subplots(rows, n, figsize=(1.2 * n, 1.3 * rows), squeeze=False)
 
     def image(x: np.ndarray) -> np.ndarray:
         x = np.asarray(x).squeeze()
         return x if x.ndim == 2 else x.reshape(1, -1)
 
-    for j, k in enumerate(result.classes):
-        axes[0, j].imshow(image(inv[j]), cmap="gray_r", aspect="auto")
-        axes[0, j].set_title(str(k), fontsize=8)
-        if member_means is not None:
-            axes[1, j].imshow(image(member_means[k]), cmap="gray_r", aspect="auto")
-        for r in range(rows):
-            axes[r, j].axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with style.context("default"):
+        fig = Figure(figsize=(1.2 * n, 1.3 * rows))  # object API: no pyplot registry to leak figures into
+        axes = fig.subplots(rows, n, squeeze=False)
+        for j, k in enumerate(result.classes):
+            axes[0, j].imshow(image(inv[j]), cmap="gray_r", aspect="auto")
+            axes[0, j].set_title(str(k), fontsize=8)
+            if member_means is not None:
+                axes[1, j].imshow(image(member_means[k]), cmap="gray_r", aspect="auto")
+            for r in range(rows):
+                axes[r, j].axis("off")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return write_atomic_file(Path(path), buf.getvalue(), force=force)
 
 
 def member_class_means(run: Any) -> np.ndarray:

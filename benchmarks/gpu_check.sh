@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check (issue 26): the CUDA tests of per-example clipping and the DP-SGD throughput / peak-memory
-# benchmark on the issue's workloads, as ONE short script (about 3 minutes on an H100/H200; each step
-# has its own limit: 570 s at most in all, pip aside).
+# benchmark on the issue's workloads, as ONE short script (about 4 minutes on an H100/H200; each step
+# has its own limit: 600 s at most in all, pip aside).
 #
 #   bash benchmarks/gpu_check.sh          # from the repository root, on a machine with a GPU
 #   JAX=1 bash benchmarks/gpu_check.sh    # also the JAX backend's rows
@@ -80,11 +80,19 @@ step bench-256 240 python3 benchmarks/dpsgd_throughput.py --device cuda --thread
     --models mlp-large,cnn-large,cifar-gn,transformer,transformer-mha,tied \
     --methods "non-private,ours ghost,ours poisson,ours poisson nopad,opacus hooks"
 
+# Host-bound or device-bound? (benchmarks/step_profile.py) The H200's "host ms" at 80-85% of the DP
+# step's wall time has two readings: the GPU idles while the host launches (fewer launches would
+# help), or the launches block on a full queue and the spin counts as CPU time (cheaper kernels would
+# help). The profiler's kernel time per step ("busy" = kernel ms / wall ms) and the longest single
+# launch call tell them apart; then the top host costs of the ghost step.
+step profile 45 python3 benchmarks/step_profile.py --device cuda --threads 8 --batch 256 --size full --steps 20 \
+    --models cifar-gn,transformer,tied --methods "non-private,ours ghost" --top 15
+
 # CUDA graphs (issue 26, host-bound step; benchmarks/cuda_graph_step.py, NOT run on a GPU before this
 # script): "ours ghost graphed" = ours ghost on a fixed device-side batch, captured once and replayed per
 # step, beside non-private and ours ghost. Its peak-MiB cell is the graph's private pool (reserved at
 # capture), not a per-step peak. Own step and limit, so a capture failure costs nothing else.
-step bench-graphed 60 python3 benchmarks/dpsgd_throughput.py --device cuda --threads 8 --batch 256 --rounds 3 \
+step bench-graphed 50 python3 benchmarks/dpsgd_throughput.py --device cuda --threads 8 --batch 256 --rounds 3 \
     --target-seconds 0.1 --memory --markdown --models mlp-large,cnn-large,cifar-gn,transformer,tied \
     --methods "non-private,ours ghost,ours ghost graphed"
 
@@ -102,7 +110,7 @@ step conv-routes-layer 40 python3 benchmarks/conv_routes.py --device cuda --thre
 
 # Host cost of one step at batch 256 (issue 26, fourth pass): CPU time of the launching thread and
 # torch ops dispatched per step, ours ghost and the trainer's Poisson step against non-private SGD.
-step host-256 60 python3 benchmarks/host_overhead.py --device cuda --batch 256 --size full --rounds 3 \
+step host-256 45 python3 benchmarks/host_overhead.py --device cuda --batch 256 --size full --rounds 3 \
     --target-seconds 0.1 --models cifar-gn,transformer,tied
 
 # JAX rows: only with JAX=1, to keep the check short. The noise tests first: on a GPU the noise takes

@@ -87,7 +87,7 @@ def main() -> None:
                 if not bb and args.grid_dir is not None:
                     args.grid_dir.mkdir(parents=True, exist_ok=True)
                     grid = args.grid_dir / f"inversion-{name.replace(' ', '').replace('=', '').replace('ε', 'eps')}.png"
-                    save_grid(r, grid, member_means=member_class_means(run))
+                    save_grid(r, grid, member_means=member_class_means(run), force=True)
         print(f"\n### Attribute inference, breast-cancer logreg, hidden {args.feature!r} binarised at its aux median\n")
         print(
             "| model | test acc | method | members acc (baseline) | members adv | non-members acc (baseline) | non-members adv | leakage |"  # noqa: E501

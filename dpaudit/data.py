@@ -24,8 +24,11 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import DataError, InputError
+from dpaudit.validation import check_seed
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
+# The built-in token data set's name (synthetic-tokens:...): its int64 X is token ids by construction.
+SYNTHETIC_TOKENS = "synthetic-tokens"
 SPLIT_NAMES = ("members", "holdout", "aux", "test")
 DEFAULT_FRACTIONS = (0.35, 0.2, 0.25, 0.2)
 
@@ -227,7 +230,7 @@ def _synthetic_tokens(spec: str, params: str) -> Dataset:
     probs = rng.dirichlet(np.full(p["vocab"], 0.3), size=p["classes"])
     y = rng.integers(0, p["classes"], size=p["n"])
     X = np.stack([rng.choice(p["vocab"], size=p["length"], p=probs[c]) for c in y]).astype(np.int64)
-    return _validated("synthetic-tokens", X, y, "tokens", spec, vocab_size=p["vocab"])
+    return _validated(SYNTHETIC_TOKENS, X, y, "tokens", spec, vocab_size=p["vocab"])
 
 
 def _embedded(name: str) -> Dataset:
@@ -430,7 +433,7 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         return _class_subset(_embedded(head), params, spec)
     if head == "synthetic":
         return _synthetic(spec, params)
-    if head == "synthetic-tokens":
+    if head == SYNTHETIC_TOKENS:
         return _synthetic_tokens(spec, params)
     path = Path(spec)
     if path.is_dir():
@@ -451,7 +454,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
     forms = ("synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz", "DIR (X.npy, y.npy)")
     valid = ", ".join([*EMBEDDED, *forms])
-    raise InputError(f"unknown dataset {spec!r}; valid: {valid}")
+    # Named as the workflows' parameter ``data``: the CLI shows it as --data (cli._common.with_option_names).
+    raise InputError(f"unknown data {spec!r}; valid: {valid}")
 
 
 @dataclass(frozen=True)
@@ -482,6 +486,8 @@ def make_splits(n: int, seed: int, fractions: tuple[float, ...] = DEFAULT_FRACTI
         raise InputError(f"split fractions must sum to at most 1, got {total:g}")
     if fractions[0] <= 0:
         raise InputError("the members split must be non-empty")
+    # Named as every caller's parameter (split_seed; the CLI's --split-seed): the one seed rule.
+    seed = check_seed(split_seed=seed)
     perm = np.random.default_rng(seed).permutation(n)
     counts = [math.floor(f * n) for f in fractions]
     if counts[0] < 2:

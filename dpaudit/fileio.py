@@ -347,6 +347,7 @@ def write_atomic_dir(
             try:
                 write(tmp)
                 write_manifest(tmp, written_by=written_by)
+                _ordinary_modes(tmp)
             except OSError as e:
                 raise output_error(e, out, tmp) from None
             check_output_dir(out, force=force, inputs=inputs)  # again: it may have appeared meanwhile
@@ -357,6 +358,19 @@ def write_atomic_dir(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+_FILE_MODE = 0o666  # what open(path, "w") asks for; the umask takes its share
+
+
+def _ordinary_modes(folder: Path) -> None:
+    """Give every file written into ``folder`` the mode ``open(path, "w")`` would have given it: writers
+    that go through a temporary file of their own (safetensors' ``save_file``, ``mkstemp``) leave it
+    owner-only (0600), so a run's weights were unreadable to the group beside its 0644 JSON."""
+    mode = _FILE_MODE & ~_umask()
+    for p in folder.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            p.chmod(mode)
 
 
 def check_output_file(path: Path, *, force: bool) -> Path:
@@ -371,18 +385,36 @@ def check_output_file(path: Path, *, force: bool) -> Path:
     return path
 
 
+def _remove_dead_writers_files(path: Path) -> None:
+    """Remove the temporary siblings (``.NAME.PID.XXXXXXXX.dpaudit-tmp``) that writers of ``path`` killed
+    outright (SIGKILL, power loss) left behind: those whose pid is no longer alive. A live writer's is kept."""
+    pattern = re.compile(r"\." + re.escape(path.name) + r"\.(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP))
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = pattern.fullmatch(p.name)
+        if m and int(m[1]) != os.getpid() and not p.is_symlink() and p.is_file() and not _pid_alive(int(m[1])):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
 def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
-    """Write a file atomically (a temporary sibling renamed into place)."""
+    """Write a file atomically (a temporary sibling, named with the writer's pid, renamed into place; the
+    temporary files of killed writers of the same path are removed first)."""
     path = Path(path)
     check_output_file(path, force=force)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent)
+        _remove_dead_writers_files(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_TMP, dir=path.parent)
     except OSError as e:
         raise output_error(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
         os.replace(tmp, path)
     except OSError as e:
         raise output_error(e, path, Path(tmp)) from None

@@ -20,17 +20,19 @@ PCG) so that distinct (seed, tag, stream) triples give unrelated states — dist
 streams of one seed, give independent streams with overwhelming probability — while the same triple
 always gives the same stream.
 
-Seeds must be non-negative integers (SeedSequence's requirement); :class:`~dpaudit.errors.InputError`
-otherwise.
+Seeds and streams are integers in [0, 2**63 - 1] (:func:`dpaudit.validation.check_seed`, dpaudit's one seed
+rule, with the range of the seeds dpaudit derives, so an output of :func:`derive_seed` may be passed back);
+:class:`~dpaudit.errors.InputError` otherwise.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpaudit.errors import InputError
+from dpaudit.validation import MAX_DERIVED_SEED, check_seed
 
 if TYPE_CHECKING:
     import torch
@@ -42,14 +44,10 @@ _NUMPY, _INT, _JAX = 0x6E70, 0x696E, 0x6A78
 __all__ = ["derive_seed", "jax_key", "numpy_rng", "seed_torch", "torch_generator"]
 
 
-def _check(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise InputError(f"expected {name} to be a non-negative integer, got {value!r}")
-    return int(value)
-
-
 def _sequence(seed: int, tag: int, stream: int) -> np.random.SeedSequence:
-    return np.random.SeedSequence(_check("seed", seed), spawn_key=(tag, _check("stream", stream)))
+    # The one seed rule, with the range of seeds dpaudit derives (a derive_seed output may come back here).
+    seed = check_seed(limit=MAX_DERIVED_SEED, seed=seed)
+    return np.random.SeedSequence(seed, spawn_key=(tag, check_seed(limit=MAX_DERIVED_SEED, stream=stream)))
 
 
 def derive_seed(seed: int, *, stream: int = 0, bits: int = 63) -> int:

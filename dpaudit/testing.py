@@ -41,13 +41,17 @@ from dpaudit.audit.power import (
     DEFAULT_ALTERNATIVE_FACTOR,
     DEFAULT_ALTERNATIVE_FAMILY,
     DEFAULT_POWER,
+    DEFAULT_SIMULATIONS,
     hypothesised_leak,
+    power_interval,
+    refutations_needed,
     simulated_power,
+    simulations_needed,
     size_for_power,
 )
 from dpaudit.audit.result import AuditResult
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
+from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
 
 Mechanism = Callable[[Any, np.random.Generator], Any]
 Direction = str | Sequence[float] | np.ndarray
@@ -204,8 +208,7 @@ def audit_mechanism(
     check_in_interval(0.0, 1.0, confidence=confidence)
     method = check_choice(("clopper-pearson", "gdp"), method=method)
     fixed = _check_direction(direction)
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+    check_seed(seed=seed)
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, int | np.integer) or n_jobs == 0:
         raise InputError(f"expected n_jobs to be a non-zero integer (1: serial, -1: every core), got {n_jobs!r}")
     if trials < _MIN_TRIALS:
@@ -264,30 +267,49 @@ def _with_pilot(n_eval: int, pilot: bool) -> int:
 def _power_shortfall(
     result: AuditResult, *, epsilon: float, trials: int, pilot: bool, method: str, power: float, leak, seed: int
 ) -> str | None:
-    """None when the audit of ``trials`` per side refutes ``epsilon`` with probability ≥ ``power`` against
-    ``leak`` (simulated, :func:`dpaudit.audit.power.simulated_power`, on the audited runs with the same
-    method, δ, confidence and holdout selection; the pilot is assumed to learn the right direction); else
-    the failure message's core, naming the trials needed."""
+    """None when the audit of ``trials`` per side is shown to refute ``epsilon`` with probability ≥ ``power``
+    against ``leak``; else the failure message's core, naming the trials needed.
+
+    The power is an estimate (:func:`dpaudit.audit.power.simulated_power`, on the audited runs with the same
+    method, δ, confidence and holdout selection; the pilot is assumed to learn the right direction), and the
+    check decides on its Clopper-Pearson interval, as ``dpaudit audit plan`` does: it passes only when the
+    interval's lower end reaches ``power`` (:func:`dpaudit.audit.power.refutations_needed`), so an estimate
+    whose interval cannot support "powerful enough" fails. Simulations: 200, or more when 200 draws cannot
+    show ``power`` at all (:func:`dpaudit.audit.power.simulations_needed`)."""
     n_eval = trials - (_n_pilot(trials) if pilot else 0)
     audit = {"method": method, "delta": result.delta, "confidence": result.confidence}
-    p = simulated_power(n_eval, epsilon, leak, **audit, seed=seed) if result.max_certifiable_epsilon > epsilon else 0.0
-    if p >= power:
+    sims = max(DEFAULT_SIMULATIONS, simulations_needed(power, result.confidence))
+    k_needed = refutations_needed(power, sims, result.confidence)
+    can_refute = result.max_certifiable_epsilon > epsilon
+    p = simulated_power(n_eval, epsilon, leak, simulations=sims, **audit, seed=seed) if can_refute else 0.0
+    refuted = round(p * sims)
+    if refuted >= k_needed:
         return None
+    lo, hi = power_interval(refuted, sims, result.confidence)
     try:
         n0 = trials_needed(epsilon, delta=result.delta, confidence=result.confidence, method=method)
         start = max(n0, n_eval)
-        n, _ = size_for_power(epsilon, leak, power=power, start=start, seed=seed, max_size=64 * start, **audit)
+        n, _ = size_for_power(
+            epsilon, leak, power=power, start=start, simulations=sims, seed=seed, max_size=64 * start, **audit
+        )
         needed = (
-            f"about {_with_pilot(n, pilot)} trials per side for {power:.0%} power against this leak (simulated; at "
-            f"least {_with_pilot(n0, pilot)} even for a perfect attack)"
+            f"about {_with_pilot(n, pilot)} trials per side for {power:.0%} power against this leak (simulated, "
+            f"chosen by the same rule; at least {_with_pilot(n0, pilot)} even for a perfect attack)"
         )
     except InputError as e:
         needed = f"no practical number of trials ({e})"
     return (
         f"the test has too little power against ({numfmt.upper(epsilon)}, {numfmt.upper(result.delta)})-DP: "
-        f"against {leak.describe()} it "
-        f"refutes the claim with probability {p:.2f} < {power:g} with {trials} trials per side (simulated audits; "
-        f"max certifiable epsilon {numfmt.upper(result.max_certifiable_epsilon, 4)}). Needed: {needed}"
+        + (
+            f"against {leak.describe()} it refutes the claim with estimated probability {p:.2f} with {trials} "
+            f"trials per side (the simulated audit refuted it in {refuted} of {sims} draws; "
+            f"{result.confidence:.0%} Clopper-Pearson interval {numfmt.lower(lo, 2)} to {numfmt.upper(hi, 2)}), "
+            f"which does not show power >= {power:g} (the interval's lower end must reach it: at least {k_needed} "
+            f"of {sims} draws; "
+            if can_refute
+            else f"it can never refute the claim with {trials} trials per side, against any leak (power 0; "
+        )
+        + f"max certifiable epsilon {numfmt.upper(result.max_certifiable_epsilon, 4)}). Needed: {needed}"
     )
 
 
@@ -315,15 +337,20 @@ def assert_dp(
     (a formal "violation", or with method "gdp" an "estimate-exceeds-claim"); the message states the
     ε lower bound and the claimed ε.
 
-    ``require_power`` (default True): also fail when the test is powerless against the alternative
-    ``alternative_epsilon`` (default twice ``epsilon``) of ``alternative_family`` (default randomized
-    response, the most detectable leak of that ε; "gaussian" asks for power against a μ-GDP leak, which
-    needs far more trials): when this audit, simulated on that leak, would refute the claim with
-    probability below ``power`` (0.8). Not a perfect attack: the simulated attack is the likelihood-ratio
-    test on the alternative's scores, with this audit's own holdout split and threshold selection. The
-    message names the simulated power and about how many trials per side would reach ``power``
-    (:func:`dpaudit.audit.power.size_for_power`, the pilot's share added back). ``require_power=False``
-    passes such a test silently.
+    Always fails, whatever ``require_power``, when the verdict is "inconclusive": the design cannot refute
+    the claim at all (its max certifiable ε, that of a perfect attack, is at most ``epsilon``), so passing
+    would say nothing; the message names the trials a perfect attack needs (:func:`trials_for_power`).
+
+    ``require_power`` (default True): also fail when the test is not shown to be powerful against the
+    alternative ``alternative_epsilon`` (default twice ``epsilon``) of ``alternative_family`` (default
+    randomized response, the most detectable leak of that ε; "gaussian" asks for power against a μ-GDP
+    leak, which needs far more trials): when this audit, simulated on that leak, refutes the claim in too
+    few draws for the lower end of the power's Clopper-Pearson interval (at ``confidence``) to reach
+    ``power`` (0.8). Not a perfect attack: the simulated attack is the likelihood-ratio test on the
+    alternative's scores, with this audit's own holdout split and threshold selection. The message names
+    the estimated power, its interval, and about how many trials per side are shown to reach ``power`` by
+    the same rule (:func:`dpaudit.audit.power.size_for_power`, the pilot's share added back).
+    ``require_power=False`` skips this check (a design that can refute the claim but may be weak).
     """
     result = audit_mechanism(
         mechanism, data, neighbour, epsilon=epsilon, delta=delta, trials=trials,
@@ -336,6 +363,17 @@ def assert_dp(
             f"mechanism is not ({claim}, {numfmt.upper(delta)})-DP: epsilon lower bound {bound} "
             f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})\n"
             + result.summary()
+        )
+    if result.verdict == "inconclusive" and not require_power:  # (with require_power the message below says it)
+        need = trials_for_power(
+            epsilon, delta=result.delta, confidence=result.confidence, method=method, pilot=direction is None
+        )
+        raise AssertionError(
+            f"inconclusive: the test cannot refute ({numfmt.upper(epsilon)}, {numfmt.upper(result.delta)})-DP "
+            f"with {trials} trials per side (max certifiable epsilon "
+            f"{numfmt.upper(result.max_certifiable_epsilon, 4)}, that of a perfect attack, does not exceed the "
+            f"claim), so passing would say nothing. Needed: at least {need} trials per side even for a perfect "
+            "attack\n" + result.summary()
         )
     if require_power:
         alt = DEFAULT_ALTERNATIVE_FACTOR * epsilon if alternative_epsilon is None else alternative_epsilon

@@ -115,16 +115,23 @@ def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bo
     return v
 
 
+# The one seed rule (every seed dpaudit takes goes through :func:`check_seed`, one message).
 # The largest seed every library a seed reaches accepts as is: scikit-learn's ``random_state`` and numpy's
 # legacy ``RandomState`` take [0, 2**32 - 1]; torch.manual_seed takes < 2**64 (dpaudit also adds small offsets).
 MAX_SEED = 2**32 - 1
+# Seeds dpaudit derives itself and passes on: :func:`dpaudit.seeding.derive_seed` (63 bits by default; PATE's
+# teacher configs), an audit run's ``seed * 1_000_003 + 3r + 11`` and its canary's ``+ 5``. Only the objects
+# that receive such seeds take this wider range (TrainConfig, GradientCanaries, dpaudit.seeding); their seeds
+# reach only torch.manual_seed (< 2**64, after offsets <= 5) and numpy's SeedSequence (any size).
+MAX_DERIVED_SEED = 2**63 - 1
 
 
-def check_seed(**kwargs: Any) -> int:
-    """A seed: an integer in [0, :data:`MAX_SEED`]."""
+def check_seed(*, limit: int = MAX_SEED, **kwargs: Any) -> int:
+    """A seed: an integer in [0, ``limit``] (default :data:`MAX_SEED`; :data:`MAX_DERIVED_SEED` only where
+    dpaudit's own derived seeds arrive)."""
     name, value = _one(kwargs)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= MAX_SEED:
-        raise InputError(f"expected {name} to be an integer in [0, {MAX_SEED}], got {shown(value)}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= limit:
+        raise InputError(f"expected {name} to be an integer in [0, {limit}], got {shown(value)}")
     return int(value)
 
 

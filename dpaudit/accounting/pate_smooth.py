@@ -235,28 +235,35 @@ def _beta_gnmax(logq: float, sigma: float, order: float) -> float:
     return float(_thm6(logq, sigma, np.array([order]))[0])
 
 
-def _bl(q: float, sigma: float, m: int) -> float:
-    """Smallest q at a histogram one vote away (App. C, Prop. 12): (m-1)/2 erfc(1/s + erfcinv(2q/(m-1)))."""
-    return (m - 1) / 2.0 * float(special.erfc(1.0 / sigma + special.erfcinv(2.0 * q / (m - 1))))
+def _log_bl(logq: float, sigma: float, m: int) -> float:
+    """log of the smallest q at a histogram one vote away (App. C, Prop. 12):
+    bl(q) = (m-1)/2 erfc(1/s + erfcinv(2q/(m-1))).
+
+    In log space, through erfc(w) = 2 Phi(-w sqrt 2): with Phi(z) = q/(m-1), erfcinv(2q/(m-1)) = -z/sqrt 2,
+    so bl(q) = (m-1) Phi(z - sqrt 2/s), z = ndtri_exp(log q - log(m-1)). q itself can be far below the
+    smallest float64 (log q0 = -993 at s = 2, order 64: erfcinv(0) = inf made erfc 0 and its log a
+    domain error), so it is never formed."""
+    z = float(special.ndtri_exp(logq - math.log(m - 1)))
+    return math.log(m - 1) + float(special.log_ndtr(z - math.sqrt(2.0) / sigma))
 
 
-def _bu(q: float, sigma: float, m: int) -> float:
-    """Largest q at a histogram one vote away (App. C, Prop. 12), capped at 1."""
-    return min(1.0, (m - 1) / 2.0 * float(special.erfc(-1.0 / sigma + special.erfcinv(2.0 * q / (m - 1)))))
+def _log_bu(logq: float, sigma: float, m: int) -> float:
+    """log of the largest q at a histogram one vote away (App. C, Prop. 12), capped at 1:
+    bu(q) = min(1, (m-1)/2 erfc(-1/s + erfcinv(2q/(m-1)))) = min(1, (m-1) Phi(z + sqrt 2/s)) (as _log_bl)."""
+    z = float(special.ndtri_exp(logq - math.log(m - 1)))
+    return min(0.0, math.log(m - 1) + float(special.log_ndtr(z + math.sqrt(2.0) / sigma)))
 
 
 def _ls_at(logq: float, sigma: float, m: int, order: float) -> float:
     """Local sensitivity of beta at a histogram with bound q (App. C, Alg. 3, Prop. 13): the larger of
     beta(bu(q)) - beta(q) and beta(q) - beta(bl(q)); on [q1, q0], q1 = bl(q0), q is replaced by q1."""
     lq0 = log_q0(sigma, order)
-    lq1 = math.log(_bl(math.exp(lq0), sigma, m))
+    lq1 = _log_bl(lq0, sigma, m)
     if lq1 <= logq <= lq0:
         logq = lq1
-    q = math.exp(logq)
     b = _beta_gnmax(logq, sigma, order)
-    up = _beta_gnmax(math.log(_bu(q, sigma, m)), sigma, order)
-    lo_q = _bl(q, sigma, m)
-    lo = _beta_gnmax(math.log(lo_q) if lo_q > 0 else -math.inf, sigma, order)
+    up = _beta_gnmax(_log_bu(logq, sigma, m), sigma, order)
+    lo = _beta_gnmax(_log_bl(logq, sigma, m), sigma, order)
     return max(up - b, b - lo)
 
 
@@ -268,7 +275,7 @@ def local_sensitivity_gnmax(votes: np.ndarray, n_teachers: int, sigma: float, or
     v = np.sort(np.asarray(votes, dtype=np.float64))[::-1].copy()
     m = len(v)
     lq0 = log_q0(sigma, order)
-    lq1 = math.log(_bl(math.exp(lq0), sigma, m))
+    lq1 = _log_bl(lq0, sigma, m)
     plateau = _ls_at(lq1, sigma, m, order)
     out = np.full(n_teachers, plateau)
     logq = float(log_q_gnmax(v, sigma)[0])

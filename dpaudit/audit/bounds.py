@@ -64,7 +64,7 @@ from dpaudit.audit.result import (
 )
 from dpaudit.audit.stats import clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative, shown
+from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_seed, shown
 
 # Candidate thresholds examined on the selection half of a holdout split (any number is valid there;
 # this only caps the cost).
@@ -270,12 +270,11 @@ def _as_member(member) -> np.ndarray:
 def _as_rng(seed) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise InputError(f"expected seed to be a non-negative integer or numpy Generator, got {seed!r}")
+    # An integer seed (a Generator passes as is), by the one seed rule.
     # Salted so that the audit's stream differs from np.random.default_rng(seed): if the same integer
     # also seeded the data (e.g. canary inclusion), unsalted tie-breaking keys would equal the
     # inclusion draws and leak them into the guesses.
-    return np.random.default_rng([int(seed), _SEED_SALT])
+    return np.random.default_rng([check_seed(seed=seed), _SEED_SALT])
 
 
 def _alpha(confidence: float) -> float:
@@ -572,8 +571,8 @@ def _curve_refutation(family: fdp_one_run.TradeoffFamily, out: fdp_one_run.FdpOu
     elif refuted:
         statement = (
             f"the claimed {curve} curve is refuted: {shown}, and the claim (epsilon = {numfmt.upper(claimed)} at "
-            f"delta = "
-            f"{setup.delta:g}) is one of them; a refutation of the curve, not an epsilon lower bound"
+            f"delta = {numfmt.upper(setup.delta)}) is one of them; a refutation of the curve, not an epsilon lower "
+            "bound"
         )
     else:
         statement = (

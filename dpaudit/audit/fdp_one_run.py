@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, special
 
+from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon
 from dpaudit.audit import one_run
 from dpaudit.audit.holdout import select_then_evaluate
@@ -143,7 +144,9 @@ def epsilon_delta_family(delta: float) -> TradeoffFamily:
     return TradeoffFamily(
         name="epsilon-delta", parameter="epsilon", blowup_inverse=lambda eps: _eps_delta_g(eps, delta),
         epsilon=lambda eps, d: eps, t_start=1.0, t_max=100.0, formal=True,
-        note=f"formal: (epsilon, delta = {delta:g})-DP curves refuted (Mahloujifar et al. 2025 with Dong et al. 2022, "
+        # Refuted at δ implies refuted at every smaller δ: δ rounded down (dpaudit.numfmt).
+        note=f"formal: (epsilon, delta = {numfmt.lower(delta, numfmt.CLAIM_DIGITS)})-DP curves refuted (Mahloujifar "
+        "et al. 2025 with Dong et al. 2022, "
         "Prop. 2.5)",
     )  # fmt: skip
 

@@ -33,9 +33,9 @@ from dpaudit.audit.power import (
     DEFAULT_SIMULATIONS,
     MAX_SIMULATED_SIZE,
     ONE_RUN_METHODS,
-    POWER_SLACK,
     hypothesised_leak,
     power_interval,
+    refutations_needed,
     size_for_power,
 )
 from dpaudit.audit.result import ALTERNATIVES, METHODS, THRESHOLD_SELECTIONS
@@ -149,7 +149,8 @@ def trials_needed(
             if 0.0 < a and c < b < a:  # past the peak: the δ term 2mδ now dominates
                 best_n, best_v = max(history, key=lambda t: t[1])
                 raise InputError(
-                    f"epsilon = {numfmt.upper(target)} is out of reach of the {method} method at delta = {delta:g}: "
+                    f"epsilon = {numfmt.upper(target)} is out of reach of the {method} method at delta = "
+                    f"{numfmt.upper(delta)}: "
                     f"its max certifiable epsilon peaks at about {numfmt.upper(best_v, 3)} (near {best_n} canaries) "
                     "and decreases for more canaries (the 2*m*delta term of Steinke et al. 2023); audit independent "
                     "runs instead (clopper-pearson, design multi-run)"
@@ -180,12 +181,13 @@ class DesignPlan:
         unit: "runs per side" (multi-run methods: runs with the record and as many without) or
             "canaries" (one-run methods: canaries of one run, each included with probability 1/2).
         size: the size for ``power``, by simulation of the audit (JSON key ``runs_per_side`` or
-            ``canaries``).
-        simulated_power: the simulated power at ``size`` (≥ power), from ``simulations`` draws: an
-            estimate, with ``simulated_power_interval`` its Clopper-Pearson interval at ``confidence``
-            (:func:`dpaudit.audit.power.power_interval`).
-        power_warning: one line when the interval's lower end is more than POWER_SLACK below ``power``
-            (too few simulations to support the size for that power), else None.
+            ``canaries``): the smallest whose power is *shown* to reach ``power`` (power_rule).
+        simulated_power: the simulated power at ``size``, from ``simulations`` draws: an estimate, with
+            ``simulated_power_interval`` its Clopper-Pearson interval at ``confidence``
+            (:func:`dpaudit.audit.power.power_interval`), whose lower end is ≥ ``power``.
+        power_rule: the rule that chose ``size``, in words: the interval's lower end reaches ``power``, i.e.
+            at least ``refutations_needed`` of the ``simulations`` draws refute the claim
+            (:func:`dpaudit.audit.power.refutations_needed`; the point estimate alone never decides).
         leak: the hypothesised leak (family, epsilon, delta, mu).
         perfect_attack_size: the smallest size at which even a perfect attack could refute the claim
             (:func:`trials_needed`), with ``max_certifiable_epsilon`` there: a lower bound on ``size``.
@@ -205,7 +207,8 @@ class DesignPlan:
     simulated_power: float
     simulations: int
     simulated_power_interval: tuple[float, float]
-    power_warning: str | None
+    refutations_needed: int
+    power_rule: str
     leak: dict[str, Any]
     perfect_attack_size: int
     max_certifiable_epsilon: float
@@ -230,14 +233,15 @@ class DesignPlan:
         )
         lo, hi = self.simulated_power_interval
         design = f"{self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
-        design += f"delta {self.delta:g}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
+        # The claim's δ, rounded up (dpaudit.numfmt).
+        design += f"delta {numfmt.upper(self.delta)}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
         return (
             f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "
             f"{self.power:g} against a {what}: estimated power {self.simulated_power:.0%} (the simulated audit "
             f"refuted it in {round(self.simulated_power * self.simulations)} of {self.simulations} draws; "
             f"{self.confidence:.0%} Clopper-Pearson interval {numfmt.lower(lo, 2)} to {numfmt.upper(hi, 2)})\n"
-            + (f"warning: {self.power_warning}\n" if self.power_warning else "")
-            + f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
+            f"rule: {self.power_rule}\n"
+            f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
             f"{numfmt.upper(self.max_certifiable_epsilon, 4)}); a real attack needs more\n"
             f"design: {design}\n"
             f"note: {self.note}"
@@ -310,18 +314,17 @@ def plan_design(
         )
     tname = None if not method == "one-run-fdp" else getattr(tradeoff, "name", str(tradeoff))
     interval = power_interval(round(p * simulations), simulations, confidence)
-    warning = None
-    if interval[0] < power - POWER_SLACK:
-        warning = (
-            f"{simulations} simulations are too few to support this size: the power at {n} {_unit(method)} may be "
-            f"as low as {numfmt.lower(interval[0], 2)} (lower end of the interval), far below {power:g}; raise "
-            "--simulations"
-        )
+    k = refutations_needed(power, simulations, confidence)
+    rule = (
+        f"the smallest size whose power is shown to reach {power:g}: the lower end of its {confidence:.0%} "
+        f"Clopper-Pearson interval is at least {power:g}, i.e. the simulated audit refuted the claim in at least "
+        f"{k} of {simulations} draws (never the estimate alone; seeds fixed)"
+    )
     return DesignPlan(
         target_epsilon=float(target), method=method, threshold_selection=threshold_selection,
         alternative=alternative, confidence=float(confidence), delta=float(delta), tradeoff=tname,
         unit=_unit(method), size=n, power=float(power), simulated_power=float(p), simulations=int(simulations),
-        simulated_power_interval=interval, power_warning=warning,
+        simulated_power_interval=interval, refutations_needed=k, power_rule=rule,
         leak=leak.to_dict(), perfect_attack_size=n0,
         max_certifiable_epsilon=float(
             _certifiable(n0, method, float(delta), float(confidence), threshold_selection, alternative, tradeoff)

@@ -25,7 +25,11 @@ its seed); "refuted" means the audit's bound exceeds the claim (verdict "violati
 "curve-refuted" or "estimate-exceeds-claim"). The power estimate is the fraction of ``simulations``
 draws refuted (its standard error is at most 0.5/√simulations; 0.028 near 0.8 with 200 draws).
 
-:func:`size_for_power` searches the smallest size whose simulated power reaches the target: from the
+:func:`size_for_power` searches the smallest size whose simulated power reaches the target, deciding
+on a conservative rule, never on the point estimate: a size is enough when the lower end of the power's
+Clopper-Pearson interval (:func:`power_interval`, at the audit's confidence) reaches the target, i.e.
+when at least :func:`refutations_needed` of the draws refute the claim (172 of 200 for power 0.8 at 95%).
+It searches from the
 perfect-attack size (below it the power is 0), doubling, then narrowing the bracket to within 5% of
 the size, alternating bisection with a secant step on Φ⁻¹(power) against √size (the normal
 approximation of a test whose statistic's mean grows with √n; it only proposes the next size, the
@@ -62,10 +66,6 @@ DEFAULT_SIMULATIONS = 200
 DEFAULT_POWER = 0.8
 # Largest design the search simulates (runs per side, or canaries): beyond it each draw costs too much.
 MAX_SIMULATED_SIZE = 1_000_000
-# A plan's size is "not supported" by its simulations when the power there may be this far below the power
-# asked for (the lower end of the power's confidence interval, power_interval): 200 draws at an estimate
-# of 0.8 give about 0.74 at 95% (within it), 5 draws all refuted give 0.48 (far below).
-POWER_SLACK = 0.1
 # Bisection stops once the bracket is within this fraction of the size (the power estimate's own
 # noise makes a finer answer meaningless).
 _SIZE_RTOL = 0.05
@@ -155,6 +155,43 @@ def power_interval(refuted: int, simulations: int, confidence: float) -> tuple[f
     )
 
 
+def simulations_needed(power: float, confidence: float) -> int:
+    """The fewest simulations that can show power ≥ ``power`` at ``confidence`` at all: with all S draws refuted
+    the lower end of :func:`power_interval` is ((1 − confidence)/2)^(1/S) (Clopper & Pearson 1934), which must
+    reach ``power``: S ≥ log((1 − confidence)/2) / log(power)."""
+    from dpaudit.audit.stats import clopper_pearson_lower
+
+    power = check_in_interval(0.0, 1.0, power=power)
+    alpha = (1.0 - check_in_interval(0.0, 1.0, confidence=confidence)) / 2.0  # as power_interval
+    need = max(1, math.ceil(math.log(alpha) / math.log(power)) - 1)
+    while clopper_pearson_lower(need, need, alpha) < power:  # the rounding, checked on the bound itself
+        need += 1
+    return need
+
+
+def refutations_needed(power: float, simulations: int, confidence: float) -> int:
+    """The fewest of ``simulations`` draws that must refute the claim for the power to be shown ≥ ``power``:
+    the smallest k whose :func:`power_interval` at ``confidence`` has its lower end at or above ``power``.
+
+    Raises InputError when even k = ``simulations`` is not enough, naming :func:`simulations_needed`.
+    """
+    from dpaudit.audit.stats import clopper_pearson_lower
+
+    power = check_in_interval(0.0, 1.0, power=power)
+    simulations = check_positive_int(simulations=simulations)
+    alpha = (1.0 - check_in_interval(0.0, 1.0, confidence=confidence)) / 2.0  # as power_interval
+    lows = np.asarray(clopper_pearson_lower(np.arange(simulations + 1), simulations, alpha))
+    (enough,) = np.nonzero(lows >= power)
+    if len(enough):
+        return int(enough[0])
+    need = simulations_needed(power, confidence)
+    raise InputError(
+        f"expected simulations >= {need} to show power {power:g} at confidence {confidence:g}, got {simulations} "
+        f"(even {simulations} of {simulations} draws refuted give a power lower bound of "
+        f"{numfmt.lower(float(lows[-1]), 2)})"
+    )
+
+
 def simulated_power(
     size: int,
     claimed_epsilon: float,
@@ -199,14 +236,21 @@ def size_for_power(
     max_size: int = MAX_SIMULATED_SIZE,
     **audit: Any,
 ) -> tuple[int, float]:
-    """Smallest size (runs per side, or canaries) whose simulated power reaches ``power``, and that power.
+    """Smallest size (runs per side, or canaries) whose simulated power is shown to reach ``power``, and the
+    simulated power there (the point estimate).
 
-    ``start``: a size below which the power is known to be 0 (the perfect-attack size). Raises
-    InputError when the leak is not above the claim (then a sound audit refutes the claim with
-    probability at most α, never with the requested power) or when ``max_size`` is not enough.
+    The rule is conservative: a size is enough when at least :func:`refutations_needed` of the
+    ``simulations`` draws refute the claim, i.e. when the lower end of the power's Clopper-Pearson interval
+    at the audit's ``confidence`` (default 0.95) reaches ``power``. ``start``: a size below which the power is
+    known to be 0 (the perfect-attack size). Raises InputError when the leak is not above the claim (then a
+    sound audit refutes the claim with probability at most α, never with the requested power), when
+    ``simulations`` cannot show ``power`` at all, or when ``max_size`` is not enough.
     """
     power = check_in_interval(0.0, 1.0, power=power)
     claimed = check_non_negative(claimed_epsilon=claimed_epsilon)
+    # Decide on refutation counts (exact integers), never on the point estimate.
+    k_needed = refutations_needed(power, simulations, audit.get("confidence", 0.95))
+    target = k_needed / simulations  # the smallest estimate whose interval's lower end reaches power
     if leak.epsilon <= claimed:
         shown, claim = numfmt.ordered(leak.epsilon, claimed, left_digits=4, left_up=True)
         raise InputError(
@@ -217,19 +261,23 @@ def size_for_power(
     def p(n: int) -> float:
         return simulated_power(n, claimed, leak, simulations=simulations, seed=seed, **audit)
 
+    def enough(power_estimate: float) -> bool:
+        return round(power_estimate * simulations) >= k_needed
+
     lo, hi = None, max(1, int(start))
     p_hi = p(hi)
-    while p_hi < power:
+    while not enough(p_hi):
         if hi >= max_size:
             raise InputError(
-                f"no design up to {max_size} reaches power {power:g} against {leak.describe()} "
+                f"no design up to {max_size} is shown to reach power {power:g} against {leak.describe()} "
                 f"(simulated power there: {p_hi:.2f}); lower the power, or plan against a larger leak"
             )
         lo, hi = hi, min(2 * hi, max_size)
         p_hi = p(hi)
     if lo is None:
         return hi, p_hi
-    # p(lo) < power <= p(hi): narrow the bracket, secant and bisection steps in turn.
+    # lo not enough, hi enough: narrow the bracket, secant and bisection steps in turn (the secant aims at
+    # the estimate the rule needs, target).
     p_lo = p(lo) if lo > start else 0.0
     secant = True
     while hi - lo > max(1, math.ceil(_SIZE_RTOL * hi)):
@@ -239,13 +287,12 @@ def size_for_power(
                 float(special.ndtri(np.clip(x, 0.5 / simulations, 1 - 0.5 / simulations))) for x in (p_lo, p_hi)
             )
             if z_hi > z_lo:
-                root = math.sqrt(lo) + (float(special.ndtri(power)) - z_lo) * (math.sqrt(hi) - math.sqrt(lo)) / (
-                    z_hi - z_lo
-                )
+                z_target = float(special.ndtri(min(target, 1 - 0.5 / simulations)))
+                root = math.sqrt(lo) + (z_target - z_lo) * (math.sqrt(hi) - math.sqrt(lo)) / (z_hi - z_lo)
                 mid = min(hi - 1, max(lo + 1, round(root * root)))
         secant = not secant
         p_mid = p(mid)
-        if p_mid >= power:
+        if enough(p_mid):
             hi, p_hi = mid, p_mid
         else:
             lo, p_lo = mid, p_mid
@@ -257,10 +304,11 @@ __all__ = [
     "DEFAULT_SIMULATIONS",
     "FAMILIES",
     "MAX_SIMULATED_SIZE",
-    "POWER_SLACK",
     "Leak",
     "hypothesised_leak",
     "power_interval",
+    "refutations_needed",
     "simulated_power",
+    "simulations_needed",
     "size_for_power",
 ]

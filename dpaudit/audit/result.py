@@ -149,12 +149,15 @@ class AuditResult:
             bound, claimed = numfmt.ordered(self.epsilon_lower_bound, self.claimed_epsilon, left_digits=4)
         if self.refutation is not None:
             lines.append(f"{self.refutation['statement']} (formal, confidence {self.confidence:g})")
+        # δ: the claim's (rounded up) when a claim is tested; else the bound's, rounded down (not (ε, δ)-DP at δ
+        # implies it at every smaller δ).
+        delta = numfmt.lower(self.delta, numfmt.CLAIM_DIGITS) if claimed is None else numfmt.upper(self.delta)
         if self.formal:
             head = f"epsilon lower bound: {bound} (formal lower bound"
         else:
             head = f"epsilon estimate: {bound} (ESTIMATE, not a formal lower bound"
         lines += [
-            f"{head}, {self.method}, design {self.design}, confidence {self.confidence:g}, delta {self.delta:g})",
+            f"{head}, {self.method}, design {self.design}, confidence {self.confidence:g}, delta {delta})",
             f"threshold selection: {self.threshold_selection}"
             + (f", threshold {self.threshold:.6g}" if self.threshold is not None else "")
             + (f", direction {self.details['direction']}" if self.details.get("alternative") == "two-sided" else ""),

@@ -24,7 +24,7 @@ from rich.markup import escape as escape_markup
 from typer.core import DEFAULT_MARKUP_MODE, TyperCommand, TyperGroup
 
 from dpaudit.data import DATA_HELP
-from dpaudit.errors import EXIT_USAGE, DPAuditError, FileContentError, InputError
+from dpaudit.errors import EXIT_USAGE, CheckpointError, DPAuditError, FileContentError, InputError
 from dpaudit.progress import Progress, make_progress, notices
 from dpaudit.validation import check_seed
 
@@ -166,9 +166,10 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
 
 def _error_line(error: DPAuditError, ctx: typer.Context | None) -> str:
     """The first line of a domain error, its parameter names written as the command's options (not for a
-    :class:`FileContentError`, whose names are a file's fields)."""
+    :class:`FileContentError` or a :class:`CheckpointError`, whose names are a file's fields: `train --algo cloak
+    --target RUN` has a --data option, but RUN's unknown data spec is no --data the user typed)."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    if ctx is None or isinstance(error, FileContentError):
+    if ctx is None or isinstance(error, FileContentError | CheckpointError):
         return text
     return with_option_names(text, ctx.command.params)
 

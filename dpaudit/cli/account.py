@@ -117,8 +117,8 @@ def dpsgd(
         label = f"{accountant}, approximate (CLT)" if accountant == "gdp" else accountant
         emit(
             data,
-            f"epsilon = {numfmt.upper(eps)}  ({label}; delta = {delta:g}, noise_multiplier = {noise_multiplier:g}, "
-            f"sample_rate = {q:.6g}, steps = {t})",
+            f"epsilon = {numfmt.upper(eps)}  ({label}; delta = {numfmt.upper(delta)}, "
+            f"noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t})",
             json_flag=json_output,
         )
         return
@@ -134,7 +134,8 @@ def dpsgd(
     # Every formal accountant's epsilon is a valid upper bound, so the smallest one is too.
     best = min(formal) if formal else math.inf
     data = {"epsilon": best, **data, **results}
-    lines = [f"delta = {delta:g}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"]
+    head = f"delta = {numfmt.upper(delta)}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"
+    lines = [head]
     for name in ("rdp", "pld", "gdp"):
         r = results[name]
         value = numfmt.upper(r["epsilon"], missing="unsupported")
@@ -192,7 +193,7 @@ def calibrate(
     emit(
         data,
         f"noise_multiplier = {numfmt.upper(sigma)}  (epsilon = {achieved_shown} <= {target_shown} at delta = "
-        f"{delta:g}, "
+        f"{numfmt.upper(delta)}, "
         f"{accountant}, sample_rate = {q:.6g}, steps = {t})",
         json_flag=json_output,
     )

@@ -194,7 +194,12 @@ def selftest_cmd(
     method: Annotated[str, typer.Option("--method", help="clopper-pearson or gdp.")] = "clopper-pearson",
     json_output: JsonFlag = False,
 ) -> None:
-    """Check the auditor: false alarms on correct mechanisms, detection of planted bugs (exit 1 on failure)."""
+    """Check the auditor: false alarms on correct mechanisms, detection of planted bugs (exit 1 on failure).
+
+    JSON: rows, seeds, trials, confidence, delta, method, threshold_selection, false_alarm_rate, bugs_caught,
+    bugs_planted, mutation_score, passed, runtime_s (wall-clock seconds: the one field that differs between two
+    runs with the same settings).
+    """
     from dpaudit.audit.selftest import run_selftest
     from dpaudit.validation import check_choice
 
@@ -244,7 +249,8 @@ def plan_cmd(
     json_output: JsonFlag = False,
 ) -> None:
     """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power against a hypothesised
-    leak, by simulating the audit; the perfect-attack minimum beside it."""
+    leak, by simulating the audit; the perfect-attack minimum beside it. A size counts only when the lower end of
+    its power's Clopper-Pearson interval (at --confidence) reaches --power, never on the estimate alone."""
     from dpaudit.audit import plan_design
 
     plan = plan_design(

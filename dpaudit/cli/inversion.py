@@ -129,8 +129,7 @@ def inversion(
     info(f"inverting {len(chosen)} classes of {path} ({'black' if black_box else 'white'}-box) …")
     result = run_inversion(target, chosen, attack=attack, seed=seed, progress=progress(json_output))
     if png is not None:
-        png.parent.mkdir(parents=True, exist_ok=True)
-        save_grid(result, png, member_means=member_class_means(target))
+        save_grid(result, png, member_means=member_class_means(target), force=force)
         info(f"inversions written to {png} (top: inversions; bottom: members' class means)")
     data = {"checkpoint": str(path), "png": None if png is None else str(png), **result.to_dict()}
     emit(data, inversion_table(result), json_flag=json_output)

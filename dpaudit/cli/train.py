@@ -40,7 +40,7 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
             recorded, recomputed = numfmt.ordered(s["epsilon"], s["epsilon_recomputed"], left_up=True, left_digits=6)
             lines.append(
                 f"CLAIM MISMATCH: checkpoint.json records ε = {recorded}, but its recorded mechanism "
-                f"(privacy.event) re-accounts to ε = {recomputed} ({how}, δ = {s['delta']:g}); "
+                f"(privacy.event) re-accounts to ε = {recomputed} ({how}, δ = {numfmt.upper(s['delta'])}); "
                 "the file was edited or written by other software, and audits test the claim as recorded"
             )
     else:

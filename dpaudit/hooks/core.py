@@ -36,7 +36,15 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int, read_json
+from dpaudit.validation import (
+    MAX_DERIVED_SEED,
+    check_choice,
+    check_in_interval,
+    check_positive,
+    check_positive_int,
+    check_seed,
+    read_json,
+)
 
 DESIGN_FILE = "canaries.json"
 ARRAYS_FILE = "canaries.safetensors"
@@ -192,9 +200,7 @@ class GradientCanaries:
         self.count = check_positive_int(count=count)
         self.sample_rate = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
         self.clip = None if clip is None else check_positive(clip=clip)
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
-        self.seed = int(seed)
+        self.seed = check_seed(limit=MAX_DERIVED_SEED, seed=seed)  # an audit run's canary seed is derived
         self.inclusion = check_choice(INCLUSIONS, inclusion=inclusion)
         self.n_projections = int(projections)
         if self.n_projections < 0:

@@ -25,6 +25,7 @@ from dpaudit.training.dpagd import DPAGDHuberTrainer, DPAGDLogisticTrainer
 from dpaudit.training.dpsgd import DPAdamTrainer, DPSGDTrainer, DPTrainer, GradientCanary, privacy_claim
 from dpaudit.training.jl import DPAdamJLTrainer, DPSGDJLTrainer
 from dpaudit.training.nonprivate import AdamTrainer, SGDTrainer
+from dpaudit.validation import check_choice
 
 TRAINERS: dict[str, type[Trainer]] = {
     cls.name: cls
@@ -45,9 +46,8 @@ TRAINERS: dict[str, type[Trainer]] = {
 
 
 def get_trainer(algo: str) -> type[Trainer]:
-    if algo not in TRAINERS:
-        raise InputError(f"unknown algorithm {algo!r}; valid: {', '.join(sorted(TRAINERS))}")
-    return TRAINERS[algo]
+    # Named as the parameter (TrainConfig.algo): the CLI shows it as --algo (cli._common.with_option_names).
+    return TRAINERS[check_choice(sorted(TRAINERS), algo=algo)]
 
 
 def fit_with_gradient_canary(

@@ -14,12 +14,14 @@ from typing import Any
 
 from dpaudit.errors import InputError
 from dpaudit.validation import (
+    MAX_DERIVED_SEED,
     check_choice,
     check_claim_delta,
     check_in_interval,
     check_noise_multiplier,
     check_positive,
     check_positive_int,
+    check_seed,
 )
 
 SAMPLING = ("poisson", "shuffle")
@@ -97,8 +99,8 @@ class TrainConfig:
         check_positive(finite=True, lr=self.lr)
         check_in_interval(0.0, 1.0, lo_open=False, momentum=self.momentum)
         check_in_interval(0.0, math.inf, lo_open=False, weight_decay=self.weight_decay)
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise InputError(f"expected seed to be a non-negative integer, got {self.seed!r}")
+        # Derived seeds arrive here (PATE's teachers, audit runs): see MAX_DERIVED_SEED.
+        object.__setattr__(self, "seed", check_seed(limit=MAX_DERIVED_SEED, seed=self.seed))
 
     def num_steps(self, n_train: int) -> int:
         """Number of (logical) optimisation steps: ``steps`` or ceil(epochs * N / B)."""

@@ -44,7 +44,7 @@ from dpaudit.fileio import check_output_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.seeding import derive_seed
 from dpaudit.training.config import PerfConfig, TrainConfig
-from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int
+from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int, check_seed
 
 ALGOS = ("pate", "dp-icl")
 ANSWERS_FILE = "answers.npz"
@@ -105,8 +105,7 @@ class AggregationConfig:
         check_in_interval(0.0, 1.0, delta=self.delta)
         if self.target_epsilon is not None:
             check_positive(epsilon=self.target_epsilon)
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise InputError(f"expected seed to be a non-negative integer, got {self.seed!r}")
+        object.__setattr__(self, "seed", check_seed(seed=self.seed))
 
     def to_dict(self) -> dict[str, Any]:
         sanitiser = None if self.sanitiser is None else self.sanitiser.to_dict()

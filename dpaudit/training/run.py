@@ -17,6 +17,7 @@ from dpaudit.canaries import CANARY_FILE, CanarySet, with_canaries
 from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
 from dpaudit.data import (
     DEFAULT_FRACTIONS,
+    SYNTHETIC_TOKENS,
     Dataset,
     Identity,
     Splits,
@@ -484,7 +485,7 @@ def claim_record(stated: StatedClaim, *, dataset_size: int) -> tuple[dict[str, A
             shown, acc = numfmt.ordered(stated.epsilon, accounted, left_up=True)
             warnings.append(
                 f"the stated ε = {shown} is smaller than dpaudit's {accountant} accountant gives for "
-                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {stated.delta:g} (ε = {acc}); "
+                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {numfmt.upper(stated.delta)} (ε = {acc}); "
                 f"recording ε = {acc}: a claim is never under-reported"
             )
         elif stated.epsilon > accounted:
@@ -594,15 +595,15 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
             need = 'float input (its spec says "input_dtype": "float32"; "int64" for a model over token ids)'
         else:
             need = "numeric features"
-        raise InputError(
-            f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}"
-            + (
-                " (an integer 2-D X is read as token ids; token models: --model rnn or your own module; "
-                "numeric features: save X as floats)"
-                if dataset.kind == "tokens"
-                else ""
-            )
-        )
+        hint = ""
+        if dataset.kind == "tokens":
+            hint = " (token models: --model rnn or your own module)"
+            if dataset.name != SYNTHETIC_TOKENS:  # a user's file: its integer X was read as token ids
+                hint = (
+                    " (an integer 2-D X is read as token ids; token models: --model rnn or your own module; "
+                    "numeric features: save X as floats)"
+                )
+        raise InputError(f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}{hint}")
     flat = spec.kind in ("logreg", "mlp")  # these flatten their input, so only the size must agree
     if tuple(spec.input_shape) != shape and not (flat and math.prod(spec.input_shape) == math.prod(shape)):
         raise InputError(

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit import numfmt
 from dpaudit.audit import AuditResult, audit_scores, check_audit_claim, decide_verdict
 from dpaudit.checkpoint import claim_mismatch_note
 from dpaudit.defaults import DEFAULTS, AuditDefaults  # noqa: F401 (AuditDefaults: re-exported)
@@ -212,8 +213,9 @@ def audit_checkpoint(
         # (ε, δ_c)-DP implies (ε, δ)-DP for δ ≥ δ_c only: at a smaller δ the run's ε is no claim, and testing it
         # there could report a violation of a claim nobody made.
         raise InputError(
-            f"the run's claim is at δ = {privacy['delta']:g}; its ε says nothing at the "
-            f"smaller δ = {delta:g}: give the claim to test as claimed_epsilon with that delta"
+            f"the run's claim is at δ = {numfmt.upper(privacy['delta'])}; its ε says nothing at the "
+            f"smaller δ = {numfmt.lower(delta, numfmt.CLAIM_DIGITS)}: give the claim to test as claimed_epsilon with "
+            "that delta"
         )
     delta = float(delta if delta is not None else privacy.get("delta", NON_PRIVATE_DELTA))
     check_audit_claim(delta=delta, confidence=confidence, claimed_epsilon=claimed)  # before any model is trained

@@ -128,7 +128,10 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
     accounted = float(epsilon_for(event, delta, "pld"))
     # Both upper bounds on ε (a claim; an accountant's ε), rounded up, in the order computed (dpaudit.numfmt).
     shown, acc = numfmt.ordered(claimed, accounted, left_digits=numfmt.CLAIM_DIGITS, right_digits=4, left_up=True)
-    what = f"(σ = {noise_multiplier:g}, q = {sample_rate:g}, T = {steps}) account to ε = {acc} at δ = {delta:g}"
+    what = (
+        f"(σ = {noise_multiplier:g}, q = {sample_rate:g}, T = {steps}) account to ε = {acc} at "
+        f"δ = {numfmt.upper(delta)}"
+    )
     if claimed < (1.0 - CLAIM_RTOL) * accounted:
         relation = "below"
         statement = (

@@ -139,10 +139,12 @@ def train_from_options(
         )  # fmt: skip
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
+    from dpaudit.training.algorithms import TRAINERS
     from dpaudit.training.config import DEFAULT_JL_PROJECTIONS, DPConfig, PerfConfig, TrainConfig, fill_recipe
     from dpaudit.training.convex import CONVEX_ALGOS, resolve_algo
     from dpaudit.training.dirac import DiracCanaries
     from dpaudit.training.run import train_run
+    from dpaudit.validation import check_choice
 
     dp_given = noise_multiplier is not None or epsilon is not None
     if l2 is not None:  # convex learners (dpaudit/training/convex.py): λ is the weight decay
@@ -150,6 +152,8 @@ def train_from_options(
         if weight_decay not in (0.0, l2):
             raise InputError("give --l2 or --weight-decay, not both")
         weight_decay = l2
+    # An unknown algorithm is refused before any work (named as the parameter; the CLI shows --algo).
+    check_choice(sorted([*TRAINERS, "pate", "dp-icl"]), algo=algo)
     algo = resolve_algo(algo, mechanism, objective)
     # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
     r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
@@ -399,6 +403,7 @@ def audit_training_from_options(
     (:data:`dpaudit.workflows.training.PLUGIN_SCORES` or "module:function"; default the canary's margin)."""
     from dpaudit.data import load_dataset
     from dpaudit.models import default_spec
+    from dpaudit.training.algorithms import get_trainer
     from dpaudit.training.config import DPConfig, TrainConfig
     from dpaudit.validation import check_choice
 
@@ -421,6 +426,7 @@ def audit_training_from_options(
         elif noise_multiplier is not None or epsilon is not None:
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
         config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
+        get_trainer(algo)  # an unknown --algo is refused before any run
     ds = load_dataset(data, label_column=label_column)
     if model_spec is not None:
         from dpaudit.plugins import load_model_spec

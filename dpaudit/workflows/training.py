@@ -211,7 +211,7 @@ def audit_training(
     from dpaudit.canaries import make_canaries, with_canaries
     from dpaudit.data import fit_preprocessing, make_splits
     from dpaudit.training.config import PerfConfig
-    from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
+    from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
 
     runs = check_positive_int(runs=runs)
     check_choice(("black-box", "white-box"), threat_model=threat_model)
@@ -245,8 +245,7 @@ def audit_training(
             raise InputError("a plug-in trainer needs its claim: claimed_epsilon and delta")
         check_non_negative(claimed_epsilon=claimed_epsilon)
         check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+        check_seed(seed=seed)
         relation = check_choice(("add_remove", "replace_one"), neighbouring=neighbouring or "add_remove")
     else:
         if config is None:
@@ -497,7 +496,7 @@ def require_refutable(
     most, claim = numfmt.ordered(best, claimed_epsilon, left_up=True)  # both upper bounds, in the order computed
     raise InputError(
         f"this audit cannot refute epsilon = {claim}: {size} {unit} certify at most {most} even "
-        f"with a perfect attack ({method}, confidence {confidence:g}, delta {delta:g}); {need} "
+        f"with a perfect attack ({method}, confidence {confidence:g}, delta {numfmt.upper(delta)}); {need} "
         f"(see `dpaudit audit plan --epsilon {numfmt.upper(claimed_epsilon)}`); pass {flag} to run it anyway"
     )
 

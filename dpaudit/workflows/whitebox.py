@@ -56,15 +56,14 @@ def audit_whitebox_steps(
     from dpaudit.training.config import PerfConfig
     from dpaudit.training.dpsgd import GradientCanary
     from dpaudit.training.run import check_spec_fits
-    from dpaudit.validation import check_positive_int
+    from dpaudit.validation import check_positive_int, check_seed
     from dpaudit.workflows.training import _prepare_recipe
 
     if config is None or config.dp is None:
         raise InputError("the per-step white-box audit needs a private trainer (--algo dpsgd or dpadam)")
     if config.dp.sampling != "poisson":
         raise InputError("the per-step white-box audit needs Poisson sampling (--sampling poisson)")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise InputError(f"expected seed to be a non-negative integer, got {seed!r}")
+    check_seed(seed=seed)
     check_spec_fits(spec, dataset)
     perf = perf or PerfConfig(device="cpu")
     splits = make_splits(len(dataset), split_seed)

@@ -290,3 +290,31 @@ def test_rule_expected_claim_matches_the_mean_of_sanitised_draws():
     ls = _ls_sum("confident-gnmax", hist, answered.astype(float), 50, CONFIDENT, p["order"])
     assert eps[0]["private"]["smooth_sensitivity"] == pytest.approx(smooth_sensitivity(ls, p["beta"]), rel=1e-12)
     assert eps[0]["private"]["data_dependent_rdp"] == pytest.approx(raw, rel=1e-12)
+
+
+def test_one_vote_bounds_in_log_space_equal_the_erfc_formula():
+    # App. C, Prop. 12: bl(q) = (m-1)/2 erfc(1/s + erfcinv(2q/(m-1))), bu(q) = min(1, (m-1)/2 erfc(-1/s + ...)),
+    # here straight from scipy's erfc/erfcinv where q is a float64 (the log-space form must agree there).
+    from scipy import special
+
+    from dpaudit.accounting.pate_smooth import _log_bl, _log_bu
+
+    for sigma in (2.0, 5.0, 20.0, 40.0):
+        for m in (2, 3, 10):
+            for logq in np.linspace(-40.0, math.log1p(-1.0 / m), 13):
+                inv = special.erfcinv(2.0 * math.exp(logq) / (m - 1))
+                bl = (m - 1) / 2.0 * special.erfc(1.0 / sigma + inv)
+                bu = min(1.0, (m - 1) / 2.0 * special.erfc(-1.0 / sigma + inv))
+                assert math.exp(_log_bl(logq, sigma, m)) == pytest.approx(bl, rel=1e-12)
+                assert math.exp(_log_bu(logq, sigma, m)) == pytest.approx(bu, rel=1e-12)
+
+
+def test_local_sensitivity_where_q0_is_below_the_smallest_float():
+    # sigma 2, order 64: log q0 = -993, so q0 itself underflows to 0 in float64; the old
+    # math.log(bl(exp(log q0))) raised "math domain error" (train --algo pate --aggregator confident-gnmax
+    # --claim data-dependent --sigma 2 exited 3).
+    from dpaudit.accounting.pate_smooth import local_sensitivity_gnmax, log_q0
+
+    assert log_q0(2.0, 64.0) < math.log(np.finfo(float).tiny) - 200
+    ls = local_sensitivity_gnmax(np.array([5.0, 1.0]), 6, 2.0, 64.0)
+    assert ls.shape == (6,) and np.all(np.isfinite(ls)) and np.all(ls >= 0.0)

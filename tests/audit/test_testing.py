@@ -86,12 +86,17 @@ def test_a_powerless_test_fails_by_default():
     # A noiseless mechanism is not DP at all, but 100 trials (80 audited per side, 40 evaluated after
     # the holdout split) certify at most ≈ 2.3 < 5 even for this perfect attack: the test could never
     # fail, its power is 0. By default that is an error naming the power and the trials needed.
-    with pytest.raises(AssertionError, match=r"probability 0\.00 < 0\.8 with 100 trials per side.*max certifiable "
-                       r"epsilon 2\.3[0-9]*\). Needed: about [0-9]+ trials per side"):  # fmt: skip
+    never = r"never refute the claim with 100 trials per side, against any leak \(power 0; max certifiable epsilon "
+    with pytest.raises(AssertionError, match=never + r"2\.3[0-9]*\). Needed: about [0-9]+ trials per side"):
         assert_dp(noiseless, D, D_PRIME, epsilon=5.0, delta=DELTA, trials=100)
-    res = assert_dp(noiseless, D, D_PRIME, epsilon=5.0, delta=DELTA, trials=100, require_power=False)
+    res = audit_mechanism(noiseless, D, D_PRIME, epsilon=5.0, delta=DELTA, trials=100)
     assert res.verdict == "inconclusive" and res.max_certifiable_epsilon < 5.0
     assert res.max_certifiable_epsilon == pytest.approx(max_certifiable_epsilon(80, 80, delta=DELTA))
+    # A CI helper fails rather than passes a test that cannot refute the claim: require_power=False skips
+    # only the power check, never the "inconclusive" one.
+    need = trials_for_power(5.0, delta=DELTA)
+    with pytest.raises(AssertionError, match=rf"^inconclusive: the test cannot refute .*Needed: at least {need} "):
+        assert_dp(noiseless, D, D_PRIME, epsilon=5.0, delta=DELTA, trials=100, require_power=False)
 
 
 @pytest.mark.parametrize("direction", [None, "greater"])
@@ -181,3 +186,25 @@ def test_a_test_without_power_against_twice_the_claim_fails_and_names_the_trials
     assert caught >= 24, caught
     res = assert_dp(laplace_ok, D, D_PRIME, epsilon=1.0, delta=0.0, trials=60, require_power=False)
     assert res.verdict == "consistent"
+
+
+def test_the_power_check_decides_on_the_interval_not_the_point_estimate():
+    """116 trials per side (93 audited) against randomized response at twice the claim: the simulated audit
+    refutes the claim in 162 of 200 draws, an estimate of 0.81 >= 0.8, but its 95% Clopper-Pearson interval
+    starts at 0.75: power 0.8 is not shown (172 of 200 would be), so assert_dp fails and says so, naming the
+    estimate and its interval; the trials it names pass by the same rule."""
+    from scipy import stats
+
+    laplace_ok = laplace_sum(1.0)  # exactly 1-DP: the claim is true
+    with pytest.raises(AssertionError) as err:
+        assert_dp(laplace_ok, D, D_PRIME, epsilon=1.0, delta=0.0, trials=116)
+    lo, hi = stats.beta.ppf(0.025, 162, 39), stats.beta.ppf(0.975, 163, 38)
+    expected = (
+        f"estimated probability 0.81 with 116 trials per side (the simulated audit refuted it in 162 of 200 draws; "
+        f"95% Clopper-Pearson interval {np.floor(lo * 100) / 100:.2f} to {np.ceil(hi * 100) / 100:.2f}), which does "
+        "not show power >= 0.8 (the interval's lower end must reach it: at least 172 of 200 draws"
+    )
+    assert expected in str(err.value), str(err.value)
+    needed = int(__import__("re").search(r"Needed: about ([0-9]+) trials per side", str(err.value)).group(1))
+    assert needed > 116
+    assert_dp(laplace_ok, D, D_PRIME, epsilon=1.0, delta=0.0, trials=needed)

@@ -164,6 +164,16 @@ def test_a_zoo_model_on_token_ids_is_one_line(tok, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_integer_file_hint_is_only_for_integer_files(tmp_path):
+    """The built-in synthetic-tokens data is token ids by construction: no "an integer 2-D X is read as token ids
+    ... save X as floats" advice for it (there is no file to save), only the token models."""
+    line = one_error(invoke("train", "--data", "synthetic-tokens:n=40", "--epochs", 1, "--out", tmp_path / "run"))
+    assert line == (
+        "error: a mlp model needs numeric features, but the data 'synthetic-tokens:n=40' is tokens "
+        "(token models: --model rnn or your own module)"
+    )
+
+
 def test_input_dtype_mismatches_are_one_line(tok, tmp_path):
     spec = _spec(tmp_path / "f.json", "transformer", input_dtype="float32")
     line = one_error(invoke("train", "--data", tok, "--model-spec", spec, "--epochs", 1, "--out", tmp_path / "r"))

@@ -48,9 +48,9 @@ def _write(tmp_path, name, text):
     ("args", "message"),
     [
         (["--data", "/nope/missing.csv"], "no such file"),
-        (["--data", "nope"], "unknown dataset 'nope'; valid: digits"),
+        (["--data", "nope"], "unknown --data 'nope'; valid: digits"),
         (["--model", "resnet"], "unknown --model 'resnet'; valid: logreg, mlp, cnn, rnn"),
-        (["--algo", "rmsprop"], "unknown algorithm 'rmsprop'; valid:"),
+        (["--algo", "rmsprop"], "unknown --algo 'rmsprop'; valid:"),
         (["--epochs", "0"], "expected --epochs >= 1, got 0"),
         (["--epochs", "-3"], "expected --epochs >= 1, got -3"),
         (["--batch-size", "0"], "expected --batch-size >= 1, got 0"),
@@ -119,7 +119,7 @@ def test_console_script_subprocess(tmp_path):
     r = subprocess.run([*exe, "train", "--out", str(tmp_path / "r"), "--data", "nope"], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "error: unknown dataset 'nope'; valid: digits, breast-cancer, wine, "
+        "error: unknown --data 'nope'; valid: digits, breast-cancer, wine, "
         "synthetic:n=..,d=..,classes=.., synthetic-tokens:..., PATH.csv, PATH.npz, DIR (X.npy, y.npy)"
     ]
     import shutil
@@ -228,6 +228,33 @@ def test_an_unknown_choice_names_its_option_and_the_valid_values(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("args", "cli"),
+    [
+        (["train", "--data", "nope"], "error: unknown --data 'nope'; valid: digits"),
+        (["train", "--algo", "rmsprop"], "error: unknown --algo 'rmsprop'; valid: adam, dp-icl, "),
+        (["audit", "train", "--algo", "sgd", "--data", "nope"], "error: unknown --data 'nope'; valid: digits"),
+        (["audit", "train", "--algo", "rmsprop"], "error: unknown --algo 'rmsprop'; valid: adam, "),
+    ],
+)  # fmt: skip
+def test_unknown_data_and_algo_name_the_option_and_refuse_before_any_work(tmp_path, args, cli):
+    """The library names its parameter (data, algo); the CLI the option the user typed; and nothing is announced
+    or trained first (`audit train --algo rmsprop` used to print "train 200 models" before refusing)."""
+    from dpaudit.data import load_dataset
+    from dpaudit.errors import InputError
+    from dpaudit.training.algorithms import get_trainer
+
+    with pytest.raises(InputError, match=r"^unknown data 'nope'; valid: digits"):
+        load_dataset("nope")
+    with pytest.raises(InputError, match=r"^unknown algo 'rmsprop'; valid: adam, "):
+        get_trainer("rmsprop")
+    extra = ["--out", tmp_path / "run"] if args[0] == "train" else ["--epochs", "1", "--runs", "2"]
+    r = invoke(*args, *extra)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines()[0].startswith(cli), r.stderr  # the only line: no progress before it
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["--help"],
@@ -278,3 +305,17 @@ def test_every_usage_line_spells_the_run_argument_RUN():
         if path in with_run:
             assert usage[-1] == "RUN" and "[RUN]" not in usage, (path, usage)
             assert re.search(r"^│[\s*]+RUN\s", r.output, re.M) and not re.search(r"^│[\s*]+run\s", r.output, re.M), path
+
+
+def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
+    """`train --algo cloak --target RUN` has a --data option, but RUN's recorded data spec is no --data the user
+    typed: a CheckpointError's names are the file's, left as written (as a FileContentError's)."""
+    from tests.core.cli_errors import one_error
+
+    run = tmp_path / "run"
+    assert invoke("--quiet", "train", "--model", "logreg", "--epochs", "1", "--out", run).exit_code == 0
+    meta = json.loads((run / "checkpoint.json").read_text())
+    meta["data"]["spec"] = "nope"
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+    line = one_error(invoke("train", "--algo", "cloak", "--target", run, "--lambda", "1", "--out", tmp_path / "c"))
+    assert "cannot reload the run's data: unknown data 'nope'; valid: digits" in line, line

@@ -71,7 +71,7 @@ def test_bad_npz(tmp_path):
 
 
 def test_unknown_and_missing():
-    with pytest.raises(InputError, match="unknown dataset 'nope'; valid: digits"):
+    with pytest.raises(InputError, match="unknown data 'nope'; valid: digits"):
         load_dataset("nope")
     with pytest.raises(DataError, match="no such file"):
         load_dataset("/nonexistent/x.csv")

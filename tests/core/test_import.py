@@ -240,7 +240,7 @@ BAD = [
     (["--preprocessing", "zscore"], "unknown --preprocessing 'zscore'"),
     (["--recipe", "recipe_no_lr.json"], "missing lr"),
     (["--recipe", "recipe_dp_no_sigma.json"], "needs noise_multiplier"),
-    (["--recipe", "recipe_unknown.json"], "unknown algorithm 'rmsprop'"),
+    (["--recipe", "recipe_unknown.json"], "unknown algo 'rmsprop'"),
     (["--model-spec", "spec_classes.json"], "n_classes 3 but the data 'digits' has 10 classes"),
     (["--split", "0.5,0.2,0.2,0.1"], "--split applies only without --members"),
 ]

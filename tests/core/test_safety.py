@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -282,3 +283,25 @@ def test_outputs_get_an_ordinary_folders_mode(tmp_path):
     finally:
         os.umask(old)
     assert oct(out.stat().st_mode & 0o777) == "0o755"  # a shared cache entry is readable, not writable, by others
+
+
+def test_files_get_an_ordinary_files_mode(tmp_path):
+    # safetensors' save_file and mkstemp create owner-only (0600) files; a run's weights and a report must
+    # read like the JSON beside them (0666 less the umask), not locked to their writer.
+    from safetensors.numpy import save_file
+
+    def write(tmp: Path) -> None:
+        save_file({"w": np.zeros(2, dtype="float32")}, str(tmp / "model.safetensors"))
+        (tmp / "sub").mkdir()
+        fd, _ = tempfile.mkstemp(dir=tmp / "sub")
+        os.close(fd)
+
+    old = os.umask(0o022)
+    try:
+        out = write_atomic_dir(tmp_path / "out", write, force=False)
+        single = fileio.write_atomic_file(tmp_path / "report.md", "# r\n", force=False)
+    finally:
+        os.umask(old)
+    files = [p for p in out.rglob("*") if p.is_file()] + [single]
+    assert len(files) == 4  # weights, mkstemp file, manifest, report
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o644"}
