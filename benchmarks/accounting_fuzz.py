@@ -325,7 +325,8 @@ def draw_phases(rng: np.random.Generator, t_hi: float = 1e6, laplace: bool = Fal
     phases = []
     for _ in range(n):
         kind = "l" if laplace else "g"
-        phases.append((kind, draw_q(rng), draw_sigma(rng), draw_steps(rng, t_hi if n == 1 else t_hi / 10)))
+        q = 1.0 if laplace else draw_q(rng)  # our PLD has no subsampled Laplace (UnsupportedEventError)
+        phases.append((kind, q, draw_sigma(rng), draw_steps(rng, t_hi if n == 1 else t_hi / 10)))
     return phases
 
 
