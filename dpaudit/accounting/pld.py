@@ -18,8 +18,11 @@ Pessimism, step by step (every step can only increase delta(eps) for every eps):
 2. Mass below the grid is rounded up to the lowest grid point; mass above it goes to +inf.
 3. Composition tails (Chernoff-bounded) above the FFT window go to +inf; below it, to the lowest
    bin; FFT wrap-around only *adds* (non-negative) mass inside the window.
-Floating-point rounding of the FFT (~1e-16 of the peak mass per bin) is far below any delta of
-interest (we do not certify deltas below ~1e-12).
+Floating-point rounding of the FFT is ~count * 1e-16 of the *peak* mass per bin, which in the far
+upper tail can exceed the true mass (an under-report at small delta, found by
+benchmarks/accounting_fuzz.py); every FFT composition is therefore repeated on the exponentially
+tilted PMF, which resolves the upper tail to relative precision, and the larger result kept
+(:func:`dpaudit.accounting.pld_pairs._untilt_max`). We do not certify deltas below ~1e-12.
 
 Add/remove neighbours need both orderings of the pair; the accountant composes the "remove"
 pairs and the "add" pairs separately and reports the worse (as dp_accounting does).
