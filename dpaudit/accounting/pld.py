@@ -19,10 +19,11 @@ Pessimism, step by step (every step can only increase delta(eps) for every eps):
 3. Composition tails (Chernoff-bounded) above the FFT window go to +inf; below it, to the lowest
    bin; FFT wrap-around only *adds* (non-negative) mass inside the window.
 Floating-point rounding of the FFT is ~count * 1e-16 of the *peak* mass per bin, which in the far
-upper tail can exceed the true mass (an under-report at small delta, found by
-benchmarks/accounting_fuzz.py); every FFT composition is therefore repeated on the exponentially
-tilted PMF, which resolves the upper tail to relative precision, and the larger result kept
-(:func:`dpaudit.accounting.pld_pairs._untilt_max`). We do not certify deltas below ~1e-12.
+upper tail can exceed the true mass: a KNOWN under-report at very small delta, not yet fixed (found by
+benchmarks/accounting_fuzz.py: 253 Gaussian steps give eps 3e-7 relative below exact at delta 1e-9,
+1.9e-6 at 1.36e-10; above exact at delta >= 1e-7; tests/accounting/test_oracles.py holds it as a strict
+xfail; at delta 1e-8 a 253-step, eps ~ 30 ledger is 2.6e-8 relative below). We certify deltas >= 1e-7
+only; below, use the RDP accountant, which has no such rounding.
 
 Add/remove neighbours need both orderings of the pair; the accountant composes the "remove"
 pairs and the "add" pairs separately and reports the worse (as dp_accounting does).

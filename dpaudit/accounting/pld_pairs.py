@@ -91,15 +91,6 @@ class DiscretePLD:
             else (np.convolve(self.probs, other.probs))
         )
         conv = np.maximum(conv, 0.0)
-        if min(self.probs.size, other.probs.size) > 64:  # the FFT's rounding is relative to the peak: refine the tail
-            sd = math.hypot(
-                _loss_sd(self.probs, self.offset, self.interval), _loss_sd(other.probs, other.offset, other.interval)
-            )
-            losses = (self.offset + other.offset + np.arange(conv.size)) * self.interval
-            for lam in _tilts(sd, self.interval):
-                ta, ka = _tilt(self.probs, self.offset, self.interval, lam)
-                tb, kb = _tilt(other.probs, other.offset, other.interval, lam)
-                conv = _untilt_max(conv, signal.fftconvolve(ta, tb), losses, ka + kb, lam, 2)
         fin_a, fin_b = float(self.probs.sum()), float(other.probs.sum())
         # (fin_a + inf_a)(fin_b + inf_b) - fin_a fin_b, expanded: the difference of two products near 1
         # would keep no digit of an infinite mass below ~1e-16.
@@ -132,92 +123,21 @@ class DiscretePLD:
         # Before the FFT: the window's arrays (real input, complex spectrum, output: ~48 bytes a point)
         # must fit, and a window taking hours asks for --yes (2 µs a point, measured on a 2-core CPU).
         check_cost(Cost(f"PLD accounting of {count} compositions", size, "grid points", 48.0, 2e-6))
-
-        def power(x: np.ndarray, w_lo: int, w_size: int) -> np.ndarray:
-            # count-fold self-convolution of x read on the index window [w_lo, w_lo + w_size), by
-            # exponentiation in the Fourier domain (cyclic: mass outside the window wraps around).
-            length = sp_fft.next_fast_len(w_size, real=True)
-            folded = (
-                np.bincount(np.arange(n) % length, weights=x, minlength=length)
-                if n > length
-                else (np.pad(x, (0, length - n)))
-            )
-            # The error of phi^count at frequency k is ~count * 1e-16 * |phi_k|^count, i.e. relative to
-            # the peak mass, not to the mass of each bin (see _untilt_max).
-            res = sp_fft.irfft(sp_fft.rfft(folded) ** count, n=length)
-            return np.roll(res, -(w_lo % length))[:w_size]
-
-        out = np.maximum(power(p, lo, size), 0.0)
-        # Refine the upper tail with tilted PMFs, each computed on its own Chernoff window (its mass
-        # outside is <= tail, far below the 2^-16 of its peak that _untilt_max requires).
-        for lam in _tilts(math.sqrt(count) * _loss_sd(p, self.offset, self.interval), self.interval):
-            tilted, log_mgf = _tilt(p, self.offset, self.interval, lam)
-            lo_t, hi_t, _, _ = _chernoff_window(tilted, count, tail, self.interval)
-            a, b = max(lo, lo_t), min(hi, hi_t)
-            if a > b:
-                continue
-            check_cost(Cost(f"PLD accounting of {count} compositions", hi_t - lo_t + 1, "grid points", 48.0, 2e-6))
-            t_out = power(tilted, lo_t, hi_t - lo_t + 1)[a - lo_t : b - lo_t + 1]
-            losses = (self.offset * count + a + np.arange(b - a + 1)) * self.interval
-            out[a - lo : b - lo + 1] = _untilt_max(out[a - lo : b - lo + 1], t_out, losses, count * log_mgf, lam, count)
+        length = sp_fft.next_fast_len(size, real=True)
+        folded = (
+            np.bincount(np.arange(n) % length, weights=p, minlength=length)
+            if n > length
+            else (np.pad(p, (0, length - n)))
+        )
+        spec = sp_fft.rfft(folded)
+        # Exponentiate in the Fourier domain; the error of phi^count at frequency k is
+        # ~count * 1e-16 * |phi_k|^count, i.e. relative to the peak mass (see module docstring).
+        spec = spec**count
+        res = sp_fft.irfft(spec, n=length)
+        out = np.roll(res, -(lo % length))[:size]
+        out = np.maximum(out, 0.0)
         out[0] += tail_lo
         return DiscretePLD(self.interval, self.offset * count + lo, out, inf_mass + tail_hi)
-
-
-# Exponential tilting against the FFT's rounding. An FFT convolution's rounding error is relative
-# to the *peak* mass (~count * u * peak per bin for a count-fold power, u = 2^-53), so far in the upper
-# tail, where delta(eps) is decided at small delta, it exceeds the true mass: a 253-fold Gaussian
-# PLD lost 1e-4 of delta(eps) at delta ~ 1e-10 (benchmarks/accounting_fuzz.py; tests/accounting/
-# test_oracles.py). Convolution commutes with tilting: (p e^(lam l))^(*T) = p^(*T) e^(lam l), since the
-# losses add. So the same power of the tilted PMF p_l e^(lam l - K), K = log sum p_l e^(lam l) (a
-# probability vector whose bulk sits z = lam * sd above the composed mean for a Gaussian-like loss),
-# untilted by e^(T K - lam l), resolves that part of the upper tail to relative precision. Two tilts,
-# z = 3 and 6 standard deviations of the composed loss, cover the range that the window keeps (up to
-# ~8 sd above the mean). Bins resolved to >= 2^-16 of a tilted peak take the larger of the results,
-# the tilted one inflated by its relative error bound (64 count u / 2^-16: 64 times the measured
-# count * u * peak per bin), so the refinement only ever raises mass. It is a refinement of float64
-# arithmetic, not a proof about it: bins that no tilt resolves keep the plain FFT's rounding.
-_TILT_RESOLVED = 2.0**-16
-_TILT_SDS = (3.0, 6.0)
-
-
-def _tilt(p: np.ndarray, offset: int, interval: float, lam: float) -> tuple[np.ndarray, float]:
-    """(p_l e^(lam l - K), K) with K = log sum_l p_l e^(lam l), l = (offset + i) * interval, in log space."""
-    losses = (offset + np.arange(p.size)) * interval
-    with np.errstate(divide="ignore"):
-        logp = np.log(p) + lam * losses
-    k = _logsumexp(logp[np.isfinite(logp)]) if np.any(p > 0.0) else 0.0
-    return np.exp(logp - k), k
-
-
-def _loss_sd(p: np.ndarray, offset: int, interval: float) -> float:
-    """Standard deviation (nats) of the loss under the PMF p, normalised."""
-    losses = (offset + np.arange(p.size)) * interval
-    total = float(p.sum())
-    if not total > 0.0:
-        return 0.0
-    mean = float(np.dot(p, losses)) / total
-    return math.sqrt(max(float(np.dot(p, (losses - mean) ** 2)) / total, 0.0))
-
-
-def _tilts(sd: float, interval: float) -> list[float]:
-    # lam = z / sd for the z of _TILT_SDS (per nat); none for a loss narrower than a few bins.
-    return [z / sd for z in _TILT_SDS] if sd > 4.0 * interval else []
-
-
-def _untilt_max(
-    out: np.ndarray, tilted_out: np.ndarray, losses: np.ndarray, shift: float, lam: float, count: int
-) -> np.ndarray:
-    """max(out, tilted_out e^(shift - lam l) (1 + bound)) on the bins the tilted result resolves (see above)."""
-    peak = float(np.max(tilted_out)) if tilted_out.size else 0.0
-    if not peak > 0.0:
-        return out
-    ok = tilted_out > peak * _TILT_RESOLVED
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        val = np.exp(np.log(np.where(ok, tilted_out, 1.0)) + shift - lam * losses)
-    val *= 1.0 + 64.0 * count * 2.0**-53 / _TILT_RESOLVED
-    val = np.where(ok & np.isfinite(val), val, 0.0)
-    return np.maximum(out, val)
 
 
 def _truncate(pld: DiscretePLD, tail: float) -> DiscretePLD:
@@ -225,7 +145,7 @@ def _truncate(pld: DiscretePLD, tail: float) -> DiscretePLD:
     # first kept bin (both pessimistic). Each tail is summed from its own end: the upper tail as
     # total - prefix sum cancels catastrophically (no digit below ~1e-16 * total survives) and once
     # dropped ~4e-14 of mass it had not counted, an under-reported delta (found by
-    # benchmarks/accounting_fuzz.py; tests/accounting/test_oracles.py). The float sums of
+    # benchmarks/accounting_fuzz.py; tests/accounting/test_accounting_fuzz.py). The float sums of
     # non-negative terms are rounded up by their error bound n u sum (Higham 2002, "Accuracy and
     # Stability of Numerical Algorithms", Eq. (4.4)) so that no moved mass is under-counted either.
     p = pld.probs
