@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import statistics
 import time
 import warnings
@@ -53,7 +54,10 @@ from collections.abc import Callable
 import torch
 from cuda_graph_step import GraphedDPStep
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from dpaudit.models import build_model, default_spec
 from dpaudit.training.clipping import GhostClipper, clip_factors, make_clipper
@@ -489,36 +493,35 @@ def cpu_peak_mib(name: str, method: str, args) -> float | None:
         return None
 
 
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of live tensor storage over the ops run inside (forward, backward and the clipper's
+    own ops; autograd's backward runs on this thread on the CPU). A storage counts from the op that
+    created it until it is freed. Also used by tests/training/test_clipping_memory.py."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                key = st.data_ptr()
+                if key not in self.live or self.live[key][0].expired():
+                    self.live[key] = (StorageWeakRef(st), st.nbytes())
+        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
+        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
+        return out
+
+
 def tensor_peak_mib(f: Callable[[], None]) -> float:
     """Peak bytes of live tensor storage one step creates (``--tensor-memory``): every storage an op
     dispatched in the step returns (forward, backward, the clipper's and optimizer's own ops) counts
     from its creation until it is freed. Deterministic (no allocator caching, page rounding or other
     processes in it, unlike RSS), the CPU's analogue of ``torch.cuda.max_memory_allocated``; slow
     (Python per op), so only for memory."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    class LiveBytes(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.live: dict[int, tuple[StorageWeakRef, int]] = {}
-            self.peak = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    key = st.data_ptr()
-                    if key not in self.live or self.live[key][0].expired():
-                        self.live[key] = (StorageWeakRef(st), st.nbytes())
-            self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
-            self.peak = max(self.peak, sum(n for _, n in self.live.values()))
-            return out
-
-    import gc
-
     gc.collect()
     with LiveBytes() as tracker:
         f()

@@ -21,42 +21,33 @@ GroupNorm CNN are checked the same way, since those are the layers whose release
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn import functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from dpaudit.training.clipping import GhostClipper, LoopClipper
 
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 RTOL = 1e-6  # float64: the methods differ by rounding only
 
 
-class LiveBytes(TorchDispatchMode):
-    """Peak bytes of live tensor storage over the ops run inside (forward, backward and the clipper's
-    own ops; autograd's backward runs on this thread on the CPU). A storage counts from the op that
-    created it until it is freed."""
+def _live_bytes_tracker():
+    # The benchmark's tracker (benchmarks/dpsgd_throughput.py --tensor-memory), one implementation.
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from dpsgd_throughput import LiveBytes
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return LiveBytes
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.peak = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                key = s.data_ptr()
-                if key not in self.live or self.live[key][0].expired():
-                    self.live[key] = (StorageWeakRef(s), s.nbytes())
-        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
-        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
-        return out
+LiveBytes = _live_bytes_tracker()
 
 
 class Stack(nn.Module):
