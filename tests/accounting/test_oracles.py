@@ -311,3 +311,18 @@ def test_random_sweep_never_under_reports():
         exact = epsilon_of(lambda e, q=q, sigma=sigma: subsampled_gaussian_delta(q, 1 / sigma, e), delta)
         assert PldAccountant().compose(PoissonSampled(q, Gaussian(sigma))).epsilon(delta) >= exact * (1 - 1e-12)
         assert RdpAccountant().compose(PoissonSampled(q, Gaussian(sigma))).epsilon(delta) >= exact * (1 - 1e-12)
+
+
+def test_pld_warns_below_the_delta_it_certifies():
+    # The known far-tail limitation is said where it applies, and only there.
+    import warnings
+
+    from dpaudit.accounting.pld import CERTIFIED_DELTA
+
+    acc = PldAccountant().compose(Gaussian(4.0), 10)
+    with pytest.warns(UserWarning, match="not certified to the last digit"):
+        acc.epsilon(CERTIFIED_DELTA / 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acc.epsilon(CERTIFIED_DELTA)
+        acc.epsilon(1e-5)
