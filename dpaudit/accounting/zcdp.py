@@ -11,7 +11,17 @@ import math
 from scipy import optimize
 
 from dpaudit.accounting.base import Accountant, replace_factor, unsupported
-from dpaudit.events import ZCDP, EpsilonDelta, Event, Gaussian, GNMax, Laplace, LNMax, RandomizedResponse
+from dpaudit.events import (
+    ZCDP,
+    EpsilonDelta,
+    Event,
+    Gaussian,
+    GNMax,
+    Laplace,
+    LNMax,
+    PoissonSampled,
+    RandomizedResponse,
+)
 from dpaudit.validation import check_in_interval, check_non_negative
 
 
@@ -144,6 +154,9 @@ class ZcdpAccountant(Accountant):
             if p == 0.0:
                 return math.inf
             return zcdp_rho_pure(math.log(k / p - k + 1.0))  # max privacy loss of k-ary RR
+        if isinstance(event, PoissonSampled) and event.sample_rate == 1.0:
+            # Sampling rate 1 keeps every record: the inner mechanism on the whole dataset, with its own rho.
+            return self._leaf(event.event)
         raise unsupported(self.name, event, "no zCDP bound for this mechanism (subsampling is not supported)")
 
     def _accumulate(self, rep: float, count: int) -> None:

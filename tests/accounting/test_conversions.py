@@ -140,6 +140,10 @@ def test_zcdp_gaussian_and_pure_dp():
         ZcdpAccountant().compose(EpsilonDelta(1.0, 1e-6))
     with pytest.raises(UnsupportedEventError):
         ZcdpAccountant().compose(PoissonSampled(0.1, Gaussian(1.0)))
+    # Sampling rate 1 is the plain Gaussian (dpsgd_event(sample_rate=1) builds it): rho = 1/(2 sigma^2) per step
+    # (Bun & Steinke 2016, Prop. 1.6), was refused as "subsampling is not supported".
+    full = ZcdpAccountant().compose(dpsgd_event(sample_rate=1.0, noise_multiplier=2.0, steps=5))
+    assert full.rho == pytest.approx(5 / 8, rel=1e-15)
 
 
 @pytest.mark.parametrize("rho", [1e-4, 0.01, 0.5, 5.0])
