@@ -109,10 +109,7 @@ HETEROGENEOUS = [
     # exponentially tilted refinement (tried 2026-11-27) broke the accountant elsewhere (eps 10% too high
     # and not monotone in sigma, see test_pld_epsilon_is_monotone_in_sigma_on_a_fine_grid). Strict xfail:
     # a fix turns these into failures to update.
-    pytest.param(
-        ((3.9851143332215315, 253),),
-        marks=pytest.mark.xfail(strict=True, reason="FFT rounding in the far upper tail (known, see above)"),
-    ),
+    ((3.9851143332215315, 253),),
 ]
 
 
