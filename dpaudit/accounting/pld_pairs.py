@@ -65,14 +65,13 @@ class DiscretePLD:
         # The float sum of k non-negative squares is rounded up by its error bound (Higham 2002, Eq. (4.4)).
         return self.rounding * math.sqrt(float(np.dot(w, w)) * (1.0 + (k + 2) * _U))
 
-    def _grid_charges(self) -> np.ndarray:
-        """rounding_charge at every grid point l_k of ``probs`` (closed-form geometric sums; search only:
-        ``epsilon`` checks its answer with ``delta``, which sums the charge term by term)."""
-        n = self.probs.size
+    def _grid_charges(self, start: int, stop: int) -> np.ndarray:
+        """rounding_charge at the grid points l_k, start <= k < stop, of ``probs`` (closed-form geometric
+        sums; for the search only: ``epsilon`` checks its answer with ``delta``, which sums term by term)."""
         lo, hi = self.rounding_span
         if self.rounding == 0.0 or hi < lo:
-            return np.zeros(n)
-        g = self.offset + np.arange(n)
+            return np.zeros(max(stop - start, 0))
+        g = self.offset + np.arange(start, stop)
         j0 = np.maximum(g + 1, lo)
         c = np.maximum(hi - j0 + 1, 0).astype(np.float64)
         t0 = (j0 - g).astype(np.float64)
@@ -110,15 +109,25 @@ class DiscretePLD:
         w = signal.lfilter([1.0], [1.0, -a], p[::-1])[::-1]
         # delta at grid point l_k uses the terms i > k: inf + suffix[k+1] - (w[k] - p_k).
         s_next = np.append(suffix[1:], 0.0)
-        charges = self._grid_charges()
-        d_grid = self.inf_mass + s_next - (w - p) + charges
+        d_grid = self.inf_mass + s_next - (w - p)
         ok = np.nonzero(d_grid <= delta)[0]
         k = int(ok[0]) if ok.size else n - 1
+        # With the rounding charge (>= 0, decreasing in eps) the first grid point that qualifies is at or
+        # after k: scan forward in growing chunks (the charge moves it by a few bins at most in practice).
+        chunk = 256
+        while self.rounding > 0.0 and k < n - 1:
+            charged = d_grid[k : k + chunk] + self._grid_charges(k, min(k + chunk, n))
+            hit = np.nonzero(charged <= delta)[0]
+            if hit.size:
+                k += int(hit[0])
+                break
+            k = min(k + chunk, n - 1)
+            chunk *= 4
         # The answer lies in [l_(k-1), l_k]; there delta(eps) = inf + A - e^(eps - l_k) B + charge(eps) with
         # A = sum_{i >= k} p_i, B = sum_{i >= k} p_i e^-(l_i - l_k); the charge decreases in eps, so on
         # that interval it is at most its value at l_(k-1).
         A, B = float(suffix[k]), float(w[k])
-        num = self.inf_mass + A - (delta - float(charges[max(k - 1, 0)]))
+        num = self.inf_mass + A - (delta - float(self._grid_charges(max(k - 1, 0), max(k, 1))[0]))
         eps = float(losses[k]) if (num <= 0.0 or B <= 0.0) else float(losses[k]) + math.log(num / B)
         eps = min(max(eps, 0.0), float(losses[k]))
         # Never under-report: step up until the guarantee provably holds on this PMF.
@@ -241,19 +250,54 @@ def _mass_up(p: np.ndarray) -> float:
     return float(np.sum(p)) * (1.0 + p.size * _U)
 
 
-def _full_norm(half: np.ndarray, length: int) -> float:
+def _hermitian_weights(size: int, length: int) -> np.ndarray:
+    # Multiplicity of each rfft bin in the full (Hermitian) spectrum of a real signal of this length.
+    wts = np.full(size, 2.0)
+    wts[0] = 1.0
+    if length % 2 == 0:
+        wts[-1] = 1.0
+    return wts
+
+
+def _full_norm(half: np.ndarray, length: int, mask: np.ndarray | None = None) -> float:
     """L2 norm of the Hermitian spectrum of length ``length`` whose first half ``half`` (rfft layout) is,
-    rounded up (its float sum of squares by the relative bound (length + 2) u, Higham Eq. (4.4))."""
-    sq = np.abs(half.astype(np.complex128)) ** 2
-    total = 2.0 * float(np.sum(sq)) - float(sq[0]) - (float(sq[-1]) if length % 2 == 0 else 0.0)
-    return math.sqrt(max(total, 0.0) * (1.0 + (length + 4) * _U)) * (1.0 + 4 * _U)
+    restricted to ``mask``, rounded up (the float sum of squares by the relative bound (length + 2) u,
+    Higham Eq. (4.4))."""
+    sq = np.abs(half.astype(np.complex128)) ** 2 * _hermitian_weights(half.size, length)
+    total = float(np.sum(sq if mask is None else sq[mask]))
+    return math.sqrt(total * (1.0 + (length + 4) * _U)) * (1.0 + 4 * _U)
 
 
 # Complex multiplication: |fl(x y) - x y| <= sqrt(2) gamma_2 |x y| (Higham 2002, Lemma 3.5), gamma_2 = 2u/(1-2u).
-_CMUL = math.sqrt(2.0) * 2.0 * _U / (1.0 - 2.0 * _U)
+def _cmul_error(unit: float) -> float:
+    return math.sqrt(2.0) * 2.0 * unit / (1.0 - 2.0 * unit)
+
+
+_CMUL = _cmul_error(_U)
 # Gradual underflow: a product below the normal range is off by at most this much absolutely (an ulp of the
 # subnormals, 2^-1074, per real operation; 4 of them per complex product, rounded up).
 _UNDERFLOW = 2.0**-1068
+# Spectrum bins whose count-th power is within this factor of the largest are raised in long double.
+_PRECISE_POWER = 1e-6
+
+
+def _binary_power(z: np.ndarray, count: int) -> tuple[np.ndarray, int]:
+    """z^count by repeated squaring, and the number of products. Each squaring doubles the exponent of the
+    earlier roundings, so along any path at most count relative roundings compose: the relative error is at
+    most (1 + sqrt(2) gamma_2)^count - 1 (Higham 2002, Lemma 3.5), plus underflow (``_UNDERFLOW`` a product)."""
+    result = None
+    mults = 0
+    with np.errstate(under="ignore"):
+        while count:
+            if count & 1:
+                result = z.copy() if result is None else result * z
+                mults += 1
+            count >>= 1
+            if count:
+                z = z * z
+                mults += 1
+    assert result is not None
+    return result, mults
 
 
 def _fft_power(x: np.ndarray, count: int) -> tuple[np.ndarray, float]:
@@ -261,44 +305,47 @@ def _fft_power(x: np.ndarray, count: int) -> tuple[np.ndarray, float]:
 
     Steps and their errors (L = x.size, F the DFT, ||F y||_2 = sqrt(L) ||y||_2 by Parseval):
     1. S' = fl(F x) in long double, ||S' - F x||_2 <= eta_long sqrt(L) ||x||_2 (``_fft_error``); every |S_k|,
-       |S'_k| <= M, so |S'^count - S^count| <= count M^(count - 1) |S' - S| (mean value theorem) and the step
-       contributes count M^(count-1) eta_long ||x||_2 after the inverse transform. Long double keeps this term,
-       the only one amplified by count against ||x||_2 rather than the output's norm, 2^11 times smaller.
-    2. Rounding S' to complex128 (relative u a component) and the binary power (at most count roundings of
-       relative sqrt(2) gamma_2 along any path: each squaring doubles the exponent of the earlier roundings):
-       relative error rel = (1 + u)^count (1 + sqrt(2) gamma_2)^count - 1 a component, i.e. rel ||Z||_2.
+       |S'_k| <= M, so |S'^count - S^count| <= count M^(count - 1) |S' - S| (mean value theorem): after the
+       inverse transform count M^(count-1) eta_long ||x||_2. This is the one term amplified by count against
+       ||x||_2 rather than the output's norm; long double makes it 2^11 times smaller than float64 would.
+    2. The power: in long double on the bins where |S'_k|^count is within ``_PRECISE_POWER`` of the largest
+       (relative error rel_big = (1 + sqrt(2) gamma_2,long)^count (1 + u) - 1 with the rounding to float64);
+       elsewhere S' is rounded to complex128 first (relative u, raised to the count-th power) and raised in
+       float64: rel_small = (1 + u)^count (1 + sqrt(2) gamma_2)^count - 1 (``_binary_power``), on bins that
+       carry at most 1e-6 of the peak. Total: (rel_big ||Z_big||_2 + rel_small ||Z_small||_2 + underflow) / sqrt(L).
     3. The inverse FFT in float64: eta_double ||F^-1 Z||_2 = eta_double ||Z||_2 / sqrt(L).
-    Returned bound: (rel ||Z||_2 + underflow) / sqrt(L) + count M^(count-1) eta_long ||x||_2
-    + eta_double ||Z||_2 / sqrt(L).
     """
     length = x.size
     spec_long = sp_fft.rfft(x.astype(np.longdouble))
-    mass = _mass_up(x)
-    big = max(mass, float(np.max(np.abs(spec_long))) * (1.0 + 8.0 * _U_LONG))
     z = spec_long.astype(np.complex128)
-    result = None
-    mults = 0
-    e = count
-    with np.errstate(under="ignore"):
-        while e:
-            if e & 1:
-                result = z.copy() if result is None else result * z
-                mults += 1
-            e >>= 1
-            if e:
-                z = z * z
-                mults += 1
-    assert result is not None
-    rel = math.expm1(count * (math.log1p(_U) + math.log1p(_CMUL)))
+    mag = np.abs(z)
+    big_mag = float(np.max(mag))
+    mass = _mass_up(x)
+    bound = max(mass, big_mag * (1.0 + 8.0 * _U))  # M: rounding to float64 is relative u; |S_k| <= mass
+    precise = mag >= big_mag * _PRECISE_POWER ** (1.0 / count)
+    result, mults = _binary_power(z, count)
+    result[precise] = _binary_power(spec_long[precise], count)[0].astype(np.complex128)
+    u_long = _U_LONG
+    rel_big = math.expm1(count * math.log1p(_cmul_error(u_long)) + math.log1p(_U))
+    rel_small = math.expm1(count * (math.log1p(_U) + math.log1p(_CMUL)))
     sqrt_l = math.sqrt(length)
-    big_pow = big ** (count - 1)
-    underflow = mults * _UNDERFLOW * max(big, 1.0) ** count * sqrt_l  # L2 over the spectrum
-    z_norm = _full_norm(result, length)
-    exact_norm = (z_norm + underflow) / (1.0 - rel)  # ||S'^count||_2
-    spec_err = rel * exact_norm + underflow
-    forward = count * big_pow * _fft_error(length, _U_LONG) * float(np.linalg.norm(x)) * (1.0 + length * _U)
+    underflow = mults * _UNDERFLOW * max(bound, 1.0) ** count * sqrt_l  # L2 over the spectrum
+    norm_big = _full_norm(result, length, precise)
+    norm_small = _full_norm(result, length, ~precise)
+    spec_err = (
+        rel_big / (1.0 - rel_big) * norm_big
+        + rel_small / (1.0 - rel_small) * (norm_small + underflow)
+        + underflow
+    )
+    forward = (
+        count
+        * bound ** (count - 1)
+        * _fft_error(length, u_long)
+        * float(np.linalg.norm(x))
+        * (1.0 + length * _U)
+    )
     out = sp_fft.irfft(result, n=length)
-    inverse = _fft_error(length, _U) * z_norm / sqrt_l
+    inverse = _fft_error(length, _U) * math.hypot(norm_big, norm_small) / sqrt_l
     return out, (spec_err / sqrt_l + forward + inverse) * (1.0 + 1e-6)
 
 
@@ -360,9 +407,9 @@ def _truncate(pld: DiscretePLD, tail: float) -> DiscretePLD:
     )
 
 
-def _logsumexp(x: np.ndarray) -> float:
-    m = float(np.max(x))
-    return m + math.log(float(np.sum(np.exp(x - m))))
+def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=1)
+    return m + np.log(np.sum(np.exp(x - m[:, None]), axis=1))
 
 
 def _chernoff_window(p: np.ndarray, count: int, tail: float, interval: float) -> tuple[int, int, float, float]:
@@ -388,11 +435,11 @@ def _chernoff_window(p: np.ndarray, count: int, tail: float, interval: float) ->
     # lam per nat from 1e-2 to 1e5, plus lam per index unit down to ~1/max_idx: heavy-tailed PMFs
     # spread over many nats (DP-SGD-JL with small r) need lam far below 1e-2 per nat.
     lams = np.concatenate([np.geomspace(1e-2, 1e5, 45) * interval, np.geomspace(0.1 / max(max_idx, 1), 1.0, 30)])
-    for lam in lams:  # per index unit
-        k_pos = _logsumexp(logp + lam * idx_hi)
-        best_hi = min(best_hi, math.ceil((count * k_pos - log_tail) / lam))
-        k_neg = _logsumexp(logp - lam * idx_lo)
-        best_lo = max(best_lo, math.floor((log_tail - count * k_neg) / lam))
+    # All lam at once (per index unit): one row of log-MGF terms per lam.
+    k_pos = _logsumexp_rows(logp[None, :] + lams[:, None] * idx_hi[None, :])
+    k_neg = _logsumexp_rows(logp[None, :] - lams[:, None] * idx_lo[None, :])
+    best_hi = min(best_hi, float(np.min(np.ceil((count * k_pos - log_tail) / lams))))
+    best_lo = max(best_lo, float(np.max(np.floor((log_tail - count * k_neg) / lams))))
     hi, tail_hi = (int(best_hi), tail) if best_hi < max_idx else (max_idx, 0.0)
     lo, tail_lo = (int(best_lo), tail) if best_lo > 0 else (0, 0.0)
     if lo > hi:  # degenerate (nearly a point mass): keep the full support
