@@ -139,11 +139,12 @@ class DiscretePLD:
 
     # -- composition -------------------------------------------------------------------------
 
-    def compose(self, other: DiscretePLD, tail: float) -> DiscretePLD:
-        """PMF of the sum of the two losses (linear convolution by FFT), tails truncated pessimistically."""
+    def compose(self, other: DiscretePLD, tail: float, long_inverse: bool = False) -> DiscretePLD:
+        """PMF of the sum of the two losses (linear convolution by FFT), tails truncated pessimistically.
+        ``long_inverse``: the inverse FFT in long double too (rounding charge ~2^11 times smaller, slower)."""
         if not math.isclose(self.interval, other.interval, rel_tol=0.0, abs_tol=0.0):
             raise ValueError("cannot compose PLDs with different discretisation intervals")
-        conv, conv_err = _convolve(self.probs, other.probs)
+        conv, conv_err = _convolve(self.probs, other.probs, long_inverse)
         conv = np.maximum(conv, 0.0)  # clamping moves each value towards the true (non-negative) one
         fin_a, fin_b = _mass_up(self.probs), _mass_up(other.probs)
         l1_a, l1_b = self._rounding_l1(), other._rounding_l1()
@@ -165,14 +166,15 @@ class DiscretePLD:
         out = DiscretePLD(self.interval, self.offset + other.offset, conv, inf_mass, rounding, span)
         return _truncate(out, tail)
 
-    def self_compose(self, count: int, tail: float) -> DiscretePLD:
+    def self_compose(self, count: int, tail: float, long_inverse: bool = False) -> DiscretePLD:
         """PMF of the sum of ``count`` iid losses, by exponentiation in the Fourier domain.
 
         The output window [lo, hi] comes from Chernoff bounds: mass(S >= h) <= e^(count K(lam) - lam h)
         with K(lam) = log sum p_i e^(lam i) (valid for any positive measure), so the mass outside
         the window is at most ``tail`` on each side; it is added to +inf (above) and to the lowest
         bin (below). Cyclic wrap-around of the FFT only adds non-negative mass inside the window.
-        The FFT's rounding is bounded by :func:`_fft_power` and carried in ``rounding``.
+        The FFT's rounding is bounded by :func:`_fft_power` and carried in ``rounding`` (``long_inverse``:
+        as in :meth:`compose`).
         """
         count = int(count)
         if count == 1:
@@ -212,7 +214,7 @@ class DiscretePLD:
         # at most count * (fin (1 + u))^(count - 1) times (Young's inequality, as for ``carried``).
         fold_terms = -(-n // length)
         fold_err = (fold_terms * _U * float(np.linalg.norm(folded)) * 1.01) if fold_terms > 1 else 0.0
-        res, fft_err = _fft_power(folded, count)
+        res, fft_err = _fft_power(folded, count, long_inverse)
         fft_err += fold_err * count * (fin * (1.0 + fold_terms * _U)) ** (count - 1)
         out = np.roll(res, -(lo % length))[:size]
         out = np.maximum(out, 0.0)  # clamping moves each value towards the true (non-negative) one
@@ -300,7 +302,7 @@ def _binary_power(z: np.ndarray, count: int) -> tuple[np.ndarray, int]:
     return result, mults
 
 
-def _fft_power(x: np.ndarray, count: int) -> tuple[np.ndarray, float]:
+def _fft_power(x: np.ndarray, count: int, long_inverse: bool) -> tuple[np.ndarray, float]:
     """Cyclic ``count``-fold self-convolution of ``x`` by FFT, and a bound on the L2 norm of its error.
 
     Steps and their errors (L = x.size, F the DFT, ||F y||_2 = sqrt(L) ||y||_2 by Parseval):
@@ -309,11 +311,12 @@ def _fft_power(x: np.ndarray, count: int) -> tuple[np.ndarray, float]:
        inverse transform count M^(count-1) eta_long ||x||_2. This is the one term amplified by count against
        ||x||_2 rather than the output's norm; long double makes it 2^11 times smaller than float64 would.
     2. The power: in long double on the bins where |S'_k|^count is within ``_PRECISE_POWER`` of the largest
-       (relative error rel_big = (1 + sqrt(2) gamma_2,long)^count (1 + u) - 1 with the rounding to float64);
+       (relative error rel_big = (1 + sqrt(2) gamma_2,long)^count - 1, times (1 + u) when rounded to float64);
        elsewhere S' is rounded to complex128 first (relative u, raised to the count-th power) and raised in
        float64: rel_small = (1 + u)^count (1 + sqrt(2) gamma_2)^count - 1 (``_binary_power``), on bins that
        carry at most 1e-6 of the peak. Total: (rel_big ||Z_big||_2 + rel_small ||Z_small||_2 + underflow) / sqrt(L).
-    3. The inverse FFT in float64: eta_double ||F^-1 Z||_2 = eta_double ||Z||_2 / sqrt(L).
+    3. The inverse FFT: eta ||F^-1 Z||_2 = eta ||Z||_2 / sqrt(L), in float64, or (``long_inverse``) in long
+       double and then rounded to float64 (relative u a bin, i.e. u ||out||_2).
     """
     length = x.size
     spec_long = sp_fft.rfft(x.astype(np.longdouble))
@@ -322,34 +325,37 @@ def _fft_power(x: np.ndarray, count: int) -> tuple[np.ndarray, float]:
     big_mag = float(np.max(mag))
     mass = _mass_up(x)
     bound = max(mass, big_mag * (1.0 + 8.0 * _U))  # M: rounding to float64 is relative u; |S_k| <= mass
-    precise = mag >= big_mag * _PRECISE_POWER ** (1.0 / count)
-    result, mults = _binary_power(z, count)
-    result[precise] = _binary_power(spec_long[precise], count)[0].astype(np.complex128)
+    dominant = mag >= big_mag * _PRECISE_POWER ** (1.0 / count)
+    small, mults = _binary_power(z, count)
+    big = _binary_power(spec_long[dominant], count)[0]
     u_long = _U_LONG
-    rel_big = math.expm1(count * math.log1p(_cmul_error(u_long)) + math.log1p(_U))
+    rel_big = math.expm1(count * math.log1p(_cmul_error(u_long)) + (0.0 if long_inverse else math.log1p(_U)))
     rel_small = math.expm1(count * (math.log1p(_U) + math.log1p(_CMUL)))
+    result = small.astype(np.clongdouble) if long_inverse else small
+    result[dominant] = big
     sqrt_l = math.sqrt(length)
     underflow = mults * _UNDERFLOW * max(bound, 1.0) ** count * sqrt_l  # L2 over the spectrum
-    norm_big = _full_norm(result, length, precise)
-    norm_small = _full_norm(result, length, ~precise)
+    norm_big = _full_norm(result, length, dominant)
+    norm_small = _full_norm(result, length, ~dominant)
     spec_err = (
-        rel_big / (1.0 - rel_big) * norm_big
-        + rel_small / (1.0 - rel_small) * (norm_small + underflow)
-        + underflow
+        rel_big / (1.0 - rel_big) * norm_big + rel_small / (1.0 - rel_small) * (norm_small + underflow) + underflow
     )
-    forward = (
-        count
-        * bound ** (count - 1)
-        * _fft_error(length, u_long)
-        * float(np.linalg.norm(x))
-        * (1.0 + length * _U)
-    )
-    out = sp_fft.irfft(result, n=length)
-    inverse = _fft_error(length, _U) * math.hypot(norm_big, norm_small) / sqrt_l
+    forward = count * bound ** (count - 1) * _fft_error(length, u_long) * float(np.linalg.norm(x)) * (1.0 + length * _U)
+    out, inverse = _inverse(result, length, math.hypot(norm_big, norm_small), long_inverse)
     return out, (spec_err / sqrt_l + forward + inverse) * (1.0 + 1e-6)
 
 
-def _convolve(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+def _inverse(spec: np.ndarray, length: int, spec_norm: float, long_inverse: bool) -> tuple[np.ndarray, float]:
+    """irfft of ``spec`` as float64 and the L2 bound on its own error (step 3 of ``_fft_power``)."""
+    out = sp_fft.irfft(spec, n=length)
+    if not long_inverse:
+        return out, _fft_error(length, _U) * spec_norm / math.sqrt(length)
+    out = out.astype(np.float64)
+    rounding = _U / (1.0 - _U) * float(np.linalg.norm(out)) * (1.0 + length * _U)
+    return out, _fft_error(length, _U_LONG) * spec_norm / math.sqrt(length) + rounding
+
+
+def _convolve(a: np.ndarray, b: np.ndarray, long_inverse: bool) -> tuple[np.ndarray, float]:
     """Linear convolution of two non-negative vectors and a bound on the L2 norm of its rounding error."""
     if min(a.size, b.size) <= 64:
         # Direct sums of <= k = min(size) products: |error_j| <= gamma_k (|a| * |b|)_j (Higham 2002, Eq. (3.5)),
@@ -359,24 +365,29 @@ def _convolve(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
         gamma = k * _U / (1.0 - k * _U)
         return conv, gamma / (1.0 - gamma) * float(np.linalg.norm(conv)) * (1.0 + 1e-6)
     size = a.size + b.size - 1
-    length = sp_fft.next_fast_len(size, real=True)
-    fa, fb = sp_fft.rfft(a, n=length), sp_fft.rfft(b, n=length)
-    # Zero padding to length >= size makes the cyclic convolution the linear one.
+    length = sp_fft.next_fast_len(size, real=True)  # zero padding to >= size: the cyclic convolution is linear
+    # Forward transforms and product in long double (for the same reason as in ``_fft_power``: their errors
+    # scale with the inputs' norms, larger than the output's).
+    fa = sp_fft.rfft(a.astype(np.longdouble), n=length)
+    fb = sp_fft.rfft(b.astype(np.longdouble), n=length)
     prod = fa * fb
-    conv = sp_fft.irfft(prod, n=length)[:size]
-    eta = _fft_error(length, _U)
-    sqrt_l = math.sqrt(length)
-    max_a = float(np.max(np.abs(fa))) * (1.0 + 4 * _U)
-    max_b = float(np.max(np.abs(fb))) * (1.0 + 4 * _U)
+    if not long_inverse:
+        prod = prod.astype(np.complex128)
+    u_long = _U_LONG
+    eta = _fft_error(length, u_long)
+    max_a = float(np.max(np.abs(fa))) * (1.0 + 8.0 * u_long)
+    max_b = float(np.max(np.abs(fb))) * (1.0 + 8.0 * u_long)
     norm_a = float(np.linalg.norm(a)) * (1.0 + a.size * _U)
     norm_b = float(np.linalg.norm(b)) * (1.0 + b.size * _U)
-    # fa fb - A B = (fa - A) fb + A (fb - B) with |A_k| <= mass(a) <= max over ... ; |fb_k| <= max_b:
-    # ||.||_2 <= eta sqrt(L) (||a||_2 max_b + max(mass_a, max_a) ||b||_2) (forward errors, ``_fft_error``).
+    # With A = F a, fa = A + dA: fa fb - A B = dA fb + A dB, |A_k| <= mass(a), |fb_k| <= max_b, so
+    # ||.||_2 <= eta sqrt(L) (||a||_2 max_b + mass(a) ||b||_2) (``_fft_error``); after the inverse, / sqrt(L).
     forward = eta * (norm_a * max_b + max(_mass_up(a), max_a) * norm_b)
     p_norm = _full_norm(prod, length)
-    products = _CMUL / (1.0 - _CMUL) * p_norm + length * _UNDERFLOW
-    inverse = eta * p_norm / sqrt_l
-    return conv, (forward + products / sqrt_l + inverse) * (1.0 + 1e-6)
+    # The product in long double (sqrt(2) gamma_2,long, Lemma 3.5), rounded to float64 (u) unless long_inverse.
+    rel = (1.0 + _cmul_error(u_long)) * (1.0 + (0.0 if long_inverse else _U)) - 1.0
+    products = rel / (1.0 - rel) * p_norm
+    conv, inverse = _inverse(prod, length, p_norm, long_inverse)
+    return conv[:size], (forward + products / math.sqrt(length) + inverse) * (1.0 + 1e-6)
 
 
 def _truncate(pld: DiscretePLD, tail: float) -> DiscretePLD:
@@ -402,9 +413,7 @@ def _truncate(pld: DiscretePLD, tail: float) -> DiscretePLD:
     moved_up = float(suffix[hi + 1]) * round_up if hi + 1 < p.size else 0.0
     # The rounding vector e keeps its span: moving the computed PMF's own mass up only raises delta, so the
     # truth stays dominated by (moved PMF) + e.
-    return DiscretePLD(
-        pld.interval, pld.offset + lo, kept, pld.inf_mass + moved_up, pld.rounding, pld.rounding_span
-    )
+    return DiscretePLD(pld.interval, pld.offset + lo, kept, pld.inf_mass + moved_up, pld.rounding, pld.rounding_span)
 
 
 def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
