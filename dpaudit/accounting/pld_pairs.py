@@ -127,14 +127,33 @@ class DiscretePLD:
         # A = sum_{i >= k} p_i, B = sum_{i >= k} p_i e^-(l_i - l_k); the charge decreases in eps, so on
         # that interval it is at most its value at l_(k-1).
         A, B = float(suffix[k]), float(w[k])
-        num = self.inf_mass + A - (delta - float(self._grid_charges(max(k - 1, 0), max(k, 1))[0]))
-        eps = float(losses[k]) if (num <= 0.0 or B <= 0.0) else float(losses[k]) + math.log(num / B)
-        eps = min(max(eps, 0.0), float(losses[k]))
+        lower = float(losses[k - 1]) if k > 0 else 0.0
+
+        def solve(charge: float) -> float:  # the eps in [l_(k-1), l_k] where the charge is taken as fixed
+            num = self.inf_mass + A - (delta - charge)
+            eps = float(losses[k]) if (num <= 0.0 or B <= 0.0) else float(losses[k]) + math.log(num / B)
+            return min(max(eps, lower, 0.0), float(losses[k]))
+
+        eps = solve(float(self._grid_charges(max(k - 1, 0), max(k, 1))[0]))
+        if self.rounding > 0.0:
+            # One refinement with the charge at that (sound) eps: it lands at or just below the answer, which
+            # the loop below then steps up to.
+            eps = solve(self.rounding_charge(eps))
         # Never under-report: step up until the guarantee provably holds on this PMF.
-        step = max(abs(eps), 1.0) * 1e-12
+        resolution = max(abs(eps), 1.0) * 1e-12
+        step, failed = resolution, None
         while self.delta(eps) > delta:
+            failed = eps
             eps += step
             step *= 2.0
+        # The doubling overshoots by up to its last step (far, when only the rounding charge is left above the
+        # PMF's top): bisect back between the last failing point and eps; eps always meets delta.
+        while failed is not None and eps - failed > resolution:
+            mid = 0.5 * (failed + eps)
+            if self.delta(mid) > delta:
+                failed = mid
+            else:
+                eps = mid
         return eps
 
     # -- composition -------------------------------------------------------------------------
@@ -231,7 +250,8 @@ class DiscretePLD:
 # --------------------------------------------------------------------------------------------
 
 _U = 2.0**-53  # unit roundoff of float64
-_U_LONG = float(np.finfo(np.longdouble).epsneg)  # of long double: 2^-64 on x86-64, 2^-53 where it is double
+_LONG = np.longdouble  # the extended type (tests swap in float64, the case of platforms without one)
+_U_LONG = float(np.finfo(_LONG).epsneg)  # its unit roundoff: 2^-64 on x86-64, 2^-53 where long double is double
 # Normwise error of a computed DFT: ||fl(F x) - F x||_2 <= (t eta / (1 - t eta)) ||F x||_2 for a radix-2 FFT of
 # length 2^t, eta = mu + gamma_4 (sqrt(2) + mu) ~ 6.7 u with accurately computed twiddles (Higham 2002, "Accuracy
 # and Stability of Numerical Algorithms", 2nd ed., Sec. 24.1, Thm. 24.2; Ramos 1971, Math. Comp. 25(116), bounds
@@ -319,7 +339,7 @@ def _fft_power(x: np.ndarray, count: int, long_inverse: bool) -> tuple[np.ndarra
        double and then rounded to float64 (relative u a bin, i.e. u ||out||_2).
     """
     length = x.size
-    spec_long = sp_fft.rfft(x.astype(np.longdouble))
+    spec_long = sp_fft.rfft(x.astype(_LONG))
     z = spec_long.astype(np.complex128)
     mag = np.abs(z)
     big_mag = float(np.max(mag))
@@ -331,7 +351,7 @@ def _fft_power(x: np.ndarray, count: int, long_inverse: bool) -> tuple[np.ndarra
     u_long = _U_LONG
     rel_big = math.expm1(count * math.log1p(_cmul_error(u_long)) + (0.0 if long_inverse else math.log1p(_U)))
     rel_small = math.expm1(count * (math.log1p(_U) + math.log1p(_CMUL)))
-    result = small.astype(np.clongdouble) if long_inverse else small
+    result = small.astype(spec_long.dtype) if long_inverse else small
     result[dominant] = big
     sqrt_l = math.sqrt(length)
     underflow = mults * _UNDERFLOW * max(bound, 1.0) ** count * sqrt_l  # L2 over the spectrum
@@ -368,8 +388,8 @@ def _convolve(a: np.ndarray, b: np.ndarray, long_inverse: bool) -> tuple[np.ndar
     length = sp_fft.next_fast_len(size, real=True)  # zero padding to >= size: the cyclic convolution is linear
     # Forward transforms and product in long double (for the same reason as in ``_fft_power``: their errors
     # scale with the inputs' norms, larger than the output's).
-    fa = sp_fft.rfft(a.astype(np.longdouble), n=length)
-    fb = sp_fft.rfft(b.astype(np.longdouble), n=length)
+    fa = sp_fft.rfft(a.astype(_LONG), n=length)
+    fb = sp_fft.rfft(b.astype(_LONG), n=length)
     prod = fa * fb
     if not long_inverse:
         prod = prod.astype(np.complex128)
