@@ -286,8 +286,11 @@ def _full_norm(half: np.ndarray, length: int, mask: np.ndarray | None = None) ->
     restricted to ``mask``, rounded up (the float sum of squares by the relative bound (length + 2) u,
     Higham Eq. (4.4))."""
     sq = np.abs(half.astype(np.complex128)) ** 2 * _hermitian_weights(half.size, length)
-    total = float(np.sum(sq if mask is None else sq[mask]))
-    return math.sqrt(total * (1.0 + (length + 4) * _U)) * (1.0 + 4 * _U)
+    return _rounded_sqrt(float(np.sum(sq if mask is None else sq[mask])), length)
+
+
+def _rounded_sqrt(sum_of_squares: float, length: int) -> float:
+    return math.sqrt(sum_of_squares * (1.0 + (length + 4) * _U)) * (1.0 + 4 * _U)
 
 
 # Complex multiplication: |fl(x y) - x y| <= sqrt(2) gamma_2 |x y| (Higham 2002, Lemma 3.5), gamma_2 = 2u/(1-2u).
@@ -355,8 +358,9 @@ def _fft_power(x: np.ndarray, count: int, long_inverse: bool) -> tuple[np.ndarra
     result[dominant] = big
     sqrt_l = math.sqrt(length)
     underflow = mults * _UNDERFLOW * max(bound, 1.0) ** count * sqrt_l  # L2 over the spectrum
-    norm_big = _full_norm(result, length, dominant)
-    norm_small = _full_norm(result, length, ~dominant)
+    sq = np.abs(result.astype(np.complex128)) ** 2 * _hermitian_weights(result.size, length)
+    big_sq, small_sq = float(np.sum(sq, where=dominant)), float(np.sum(sq, where=~dominant))
+    norm_big, norm_small = _rounded_sqrt(big_sq, length), _rounded_sqrt(small_sq, length)
     spec_err = (
         rel_big / (1.0 - rel_big) * norm_big + rel_small / (1.0 - rel_small) * (norm_small + underflow) + underflow
     )
@@ -436,9 +440,9 @@ def _truncate(pld: DiscretePLD, tail: float) -> DiscretePLD:
     return DiscretePLD(pld.interval, pld.offset + lo, kept, pld.inf_mass + moved_up, pld.rounding, pld.rounding_span)
 
 
-def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
-    m = np.max(x, axis=1)
-    return m + np.log(np.sum(np.exp(x - m[:, None]), axis=1))
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(np.max(x))
+    return m + math.log(float(np.sum(np.exp(x - m))))
 
 
 def _chernoff_window(p: np.ndarray, count: int, tail: float, interval: float) -> tuple[int, int, float, float]:
@@ -464,11 +468,11 @@ def _chernoff_window(p: np.ndarray, count: int, tail: float, interval: float) ->
     # lam per nat from 1e-2 to 1e5, plus lam per index unit down to ~1/max_idx: heavy-tailed PMFs
     # spread over many nats (DP-SGD-JL with small r) need lam far below 1e-2 per nat.
     lams = np.concatenate([np.geomspace(1e-2, 1e5, 45) * interval, np.geomspace(0.1 / max(max_idx, 1), 1.0, 30)])
-    # All lam at once (per index unit): one row of log-MGF terms per lam.
-    k_pos = _logsumexp_rows(logp[None, :] + lams[:, None] * idx_hi[None, :])
-    k_neg = _logsumexp_rows(logp[None, :] - lams[:, None] * idx_lo[None, :])
-    best_hi = min(best_hi, float(np.min(np.ceil((count * k_pos - log_tail) / lams))))
-    best_lo = max(best_lo, float(np.max(np.floor((log_tail - count * k_neg) / lams))))
+    for lam in lams:  # per index unit
+        k_pos = _logsumexp(logp + lam * idx_hi)
+        best_hi = min(best_hi, math.ceil((count * k_pos - log_tail) / lam))
+        k_neg = _logsumexp(logp - lam * idx_lo)
+        best_lo = max(best_lo, math.floor((log_tail - count * k_neg) / lam))
     hi, tail_hi = (int(best_hi), tail) if best_hi < max_idx else (max_idx, 0.0)
     lo, tail_lo = (int(best_lo), tail) if best_lo > 0 else (0, 0.0)
     if lo > hi:  # degenerate (nearly a point mass): keep the full support
