@@ -181,6 +181,8 @@ class DiscretePLD:
             spans.append((a_lo + other.offset, a_hi + other.top))
         if other.rounding > 0.0:
             spans.append((self.offset + b_lo, self.top + b_hi))
+        if self.rounding > 0.0 and other.rounding > 0.0:
+            spans.append((a_lo + b_lo, a_hi + b_hi))
         span = (min(s[0] for s in spans), max(s[1] for s in spans)) if rounding > 0.0 else (0, -1)
         out = DiscretePLD(self.interval, self.offset + other.offset, conv, inf_mass, rounding, span)
         return _truncate(out, tail)
