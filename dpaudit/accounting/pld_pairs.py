@@ -57,10 +57,10 @@ class DiscretePLD:
         lo, hi = self.rounding_span
         if self.rounding == 0.0 or hi < lo:
             return 0.0
-        j0 = max(lo, math.floor(epsilon / self.interval))  # one index low; w is clipped at 0 below eps
+        j0 = max(lo, math.floor(epsilon / self.interval))  # one index low; w is 0 below eps
         if j0 > hi:
             return 0.0
-        w = np.maximum(-np.expm1(epsilon - np.arange(j0, hi + 1) * self.interval), 0.0)
+        w = -np.expm1(np.minimum(epsilon - np.arange(j0, hi + 1) * self.interval, 0.0))  # 0 at l <= eps
         k = w.size
         # The float sum of k non-negative squares is rounded up by its error bound (Higham 2002, Eq. (4.4)).
         return self.rounding * math.sqrt(float(np.dot(w, w)) * (1.0 + (k + 2) * _U))
