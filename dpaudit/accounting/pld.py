@@ -24,8 +24,8 @@ Pessimism, step by step (every step can only increase delta(eps) for every eps):
    Numerical Algorithms", Thm. 24.2 for the transforms, with a safety factor, ``FFT_LEVEL_ERROR``; Lemma 3.5
    for the products; Young's inequality through later compositions), and ``delta(eps)`` adds
    ||e||_2 ||(1 - e^(eps - l))_+||_2 over the bins the error may occupy (Cauchy-Schwarz). The forward
-   transforms and the dominant bins of the power run in long double; below delta 1e-8 the inverse transforms
-   too (:data:`LONG_INVERSE_BELOW_DELTA`), which keeps the charge small down to delta 1e-12.
+   transforms of a self-composition and the dominant bins of its power run in long double; below delta 1e-8
+   every transform does (:data:`LONG_INVERSE_BELOW_DELTA`), which keeps the charge small down to delta 1e-12.
 Until 2026-11-27 that rounding was not charged, a known under-report at small delta (found by
 benchmarks/accounting_fuzz.py: 253 Gaussian steps gave eps 3e-7 relative below exact at delta 1e-9, 1.2e-4 at
 1e-12). Validated against exact oracles down to delta 1e-12 (tests/accounting/test_oracles.py,
@@ -315,9 +315,10 @@ SMALL_DELTA_WARNING = (
     "truncated tails (1e-15 of mass per composition, charged to delta) and the FFT rounding charge dominate "
     "delta there, so epsilon is an upper bound but may be far from tight; the rdp accountant may be tighter"
 )
-# Below this delta the FFTs' inverse transforms run in long double as well: the rounding charge (module
-# docstring) is then ~2^11 times smaller, which keeps epsilon tight at delta down to 1e-12, for ~40% more time
-# (measured on DP-SGD, q = 0.01, T = 3000). At larger delta the float64 charge moves epsilon by < 1e-7 relative.
+# Below this delta the FFTs' inverse transforms (and compose's forward ones) run in long double as well: the
+# rounding charge (module docstring) then comes from the count-amplified forward error alone, which keeps epsilon
+# tight at delta down to 1e-12, for 1.5x (DP-SGD, q = 0.01, T = 3000) to 2.6x (three different leaves) the time.
+# At larger delta the float64 charge moves epsilon by < 1e-6 relative (measured; benchmarks/RESULTS.md).
 LONG_INVERSE_BELOW_DELTA = 1e-8
 JL_CAP_MARGIN = 25.0  # nats between a certified epsilon and the JL loss cap (PldAccountant docstring)
 JL_MAX_WIDENINGS = 8
