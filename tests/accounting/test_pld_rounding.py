@@ -128,6 +128,35 @@ def test_fft_power_bound_covers_the_worst_forward_error_its_model_allows(monkeyp
     assert err > 0.1 * bound  # the worst case is nearly reached: the bound is not loose by the count
 
 
+@pytest.mark.parametrize("long_inverse", [False, True])
+def test_bounds_cover_the_worst_inverse_error_their_model_allows(monkeypatch, long_inverse):
+    # The inverse transform's own error, at the full size the model allows (eta ||y||_2, spread over every
+    # bin: the far tail included), must be covered by both bounds; the measured errors are ~40x smaller, so
+    # only such a planted worst case tells whether the inverse term is in the bound at all.
+    from scipy import fft as sp_fft
+
+    class WorstInverse:
+        rfft = staticmethod(sp_fft.rfft)
+        next_fast_len = staticmethod(sp_fft.next_fast_len)
+
+        @staticmethod
+        def irfft(spec, n):
+            y = sp_fft.irfft(spec, n=n)
+            unit = 2.0**-53 if spec.dtype == np.complex128 else pp._U_LONG
+            size = 0.99 * pp._fft_error(n, unit) * float(np.linalg.norm(y.astype(np.float64)))
+            return y + size / math.sqrt(n)
+
+    monkeypatch.setattr(pp, "sp_fft", WorstInverse)
+    rng = np.random.default_rng(21)
+    ints, x = dyadic_pmf(rng, 120, 12, smooth=True)
+    out, bound = pp._fft_power(x, 7, long_inverse)
+    assert l2_error(out, exact_cyclic_power(ints, 7), 12 * 7) <= bound
+    ia, a = dyadic_pmf(rng, 100, 20, smooth=True)
+    ib, b = dyadic_pmf(rng, 90, 20, smooth=True)
+    conv, bound = pp._convolve(a, b, long_inverse)
+    assert l2_error(conv, exact_linear(ia, ib), 40) <= bound
+
+
 @pytest.mark.parametrize(("size_a", "size_b"), [(70, 90), (200, 65), (40, 33), (300, 300)])
 @pytest.mark.parametrize("long_inverse", [False, True])
 def test_convolve_error_bound_holds_against_exact_integers(precision, size_a, size_b, long_inverse):
