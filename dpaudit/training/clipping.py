@@ -929,18 +929,26 @@ class _Conv2dHandler(_Handler):
 class _EmbeddingHandler(_Handler):
     """Embedding = a Linear map on one-hot inputs a_t = e_{tok_t}, so a_t·a_s = [tok_t = tok_s] and
     the ghost norm of Li et al. 2021 (arXiv:2110.05679, Sec. 4) becomes
-    ‖∇_W ℓ_i‖² = Σ_{t,s: tok_t = tok_s} g_t·g_s (row v of ∇_W ℓ_i is Σ_{t: tok_t = v} g_t)."""
+    ‖∇_W ℓ_i‖² = Σ_{t,s: tok_t = tok_s} g_t·g_s (row v of ∇_W ℓ_i is Σ_{t: tok_t = v} g_t).
 
-    @staticmethod
-    def supports(module):
-        return module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
+    Every option of ``nn.Embedding`` is exact here, because the rule reads the output gradients only:
+    ``sparse`` changes only the format of the batch gradient autograd would form (never formed here);
+    ``max_norm`` renormalises the looked-up rows in place, without gradient, before the lookup, in the
+    clipping forward as in the one-example reference (renormalising is idempotent, so the rows example
+    i reads are the same either way); ``scale_grad_by_freq`` divides each position's gradient by its
+    token's count in the call's input, which for the reference's call is example i's own tokens."""
 
     @staticmethod
     def _positions(module, inputs, grads):
         B = inputs[0].shape[0]
         d = module.weight.shape[1]
-        tok = _cat_positions([t if t.dim() == 2 else t.reshape(B, -1) for t in inputs])
-        g = _positions(grads, B, d)
+        toks = [t if t.dim() == 2 else t.reshape(B, -1) for t in inputs]
+        if module.scale_grad_by_freq:  # counts per example and per call (see the class docstring)
+            grads = [
+                g.reshape(B, -1, d) / (t.unsqueeze(2) == t.unsqueeze(1)).sum(2, keepdim=True).to(g.dtype)
+                for t, g in zip(toks, grads, strict=True)
+            ]
+        tok, g = _cat_positions(toks), _positions(grads, B, d)
         if module.padding_idx is not None:  # the padding row receives no gradient (torch semantics)
             g = g * (tok != module.padding_idx).unsqueeze(-1).to(g.dtype)
         return tok, g
@@ -1592,7 +1600,8 @@ def _loop_per_example(model: nn.Module, params: list[nn.Parameter], x: torch.Ten
     rows = []
     for i in range(x.shape[0]):
         gs = torch.autograd.grad(_per_example_loss_sum(model, x[i : i + 1], y[i : i + 1]), params, allow_unused=True)
-        rows.append([torch.zeros_like(p) if g is None else g for p, g in zip(params, gs, strict=True)])
+        # (an nn.Embedding(sparse=True) gives a sparse gradient: compared densely)
+        rows.append([torch.zeros_like(p) if g is None else g.to_dense() for p, g in zip(params, gs, strict=True)])
     return [torch.stack([r[k] for r in rows]) for k in range(len(params))]
 
 
