@@ -378,10 +378,12 @@ class MHANet(nn.Module):
             kpm[:, -1] = x[:, 0, 0] > 0
         if not self.mha.batch_first:
             q, kk, vv = q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1)
-        out, _ = self.mha(q, kk, vv, key_padding_mask=kpm, need_weights=self.weights)
+        out, w = self.mha(q, kk, vv, key_padding_mask=kpm, need_weights=self.weights)
         if not self.mha.batch_first:
             out = out.transpose(0, 1)
-        return self.head(out.mean(1))
+        logits = self.head(out.mean(1))
+        # need_weights: the weights enter the loss too (the attention paid to the first key)
+        return logits * (1 + w[:, :, 0].sum(1, keepdim=True)) if self.weights else logits
 
 
 class SDPANet(nn.Module):

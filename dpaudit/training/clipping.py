@@ -37,10 +37,11 @@ Methods (chosen by name, ``PerfConfig.clipping``):
     its uses' gradients: by the ghost norm over all the uses' positions, cross terms included
     (:func:`_tied_part`), or, when that is dearer (or a use has no factored form), by instantiating
     each use and summing;
-  - ``nn.MultiheadAttention`` (packed in-projection, called on query/key/value without masks):
-    per-example gradients by recomputing the attention from its recorded inputs (:func:`_mha_per_example`);
-  - any other module that owns parameters without a rule (MHA with masks, a custom block with a
-    bare ``nn.Parameter``) gets per-example gradients by a vmap over that module alone, from its
+  - ``nn.MultiheadAttention`` without dropout (masks, returned weights, kdim/vdim, add_bias_kv and
+    add_zero_attn included): per-example gradients by recomputing the attention from its recorded
+    inputs (:func:`_mha_per_example`, :func:`_mha_general_per_example`);
+  - any other module that owns parameters without a rule (MHA with dropout in training, a custom
+    block with a bare ``nn.Parameter``) gets per-example gradients by a vmap over that module alone, from its
     recorded inputs and output gradients; a bare parameter of the model itself, or one used
     outside its module's forward, by a vmap over the model.
 
@@ -1549,15 +1550,10 @@ def _mha_per_example(
     result with the one-example-at-a-time reference like every other rule.
     """
     m = unit.module
-    if (
-        type(m) is not nn.MultiheadAttention
-        or set(unit.names) != _MHA_NAMES
-        or m.in_proj_weight is None
-        or m.bias_k is not None
-        or m.add_zero_attn
-        or (m.dropout > 0 and m.training)
-    ):
+    if type(m) is not nn.MultiheadAttention or (m.dropout > 0 and m.training):
         return None
+    if set(unit.names) != _MHA_NAMES or m.in_proj_weight is None or m.bias_k is not None or m.add_zero_attn:
+        return _mha_general_per_example(unit, records, grads, B)
     E, h = m.embed_dim, m.num_heads
     W, bias = m.in_proj_weight.detach(), m.in_proj_bias.detach()
     Wo = m.out_proj.weight.detach()
@@ -1569,10 +1565,10 @@ def _mha_per_example(
 
     for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
         keys = [k for k, _ in rec.inputs]
-        if keys != [0, 1, 2] or rec.kwargs.get("need_weights", True):  # query, key, value only
-            return None
-        if rec.kwargs.get("is_causal") or rec.kwargs.get("attn_mask") is not None or len(gs) < 1 or gs[0] is None:
-            return None
+        if keys != [0, 1, 2] or rec.kwargs.get("need_weights", True) or rec.args[3:] or rec.kwargs.get("is_causal"):
+            return _mha_general_per_example(unit, records, grads, B)  # masks, attention weights
+        if rec.kwargs.get("attn_mask") is not None or len(gs) < 1 or gs[0] is None:
+            return _mha_general_per_example(unit, records, grads, B)
         if None in lay.ins or FOLDED in lay.ins or lay.outs[0] in (None, FOLDED):
             return None
         # (B, L|S, E) inputs and the (B, L, E) output gradient (no op when already batch first)
@@ -1593,6 +1589,112 @@ def _mha_per_example(
         add("out_proj.weight", torch.bmm(g.transpose(1, 2), A.detach()))
         add("out_proj.bias", g.sum(1))
     return out
+
+
+# nn.MultiheadAttention.forward's arguments in order (a call may pass any of them by position)
+_MHA_ARGS = (
+    "query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights", "is_causal",
+)  # fmt: skip
+
+
+def _mha_general_per_example(
+    unit: _Unit, records: list[_Record], grads: list[list[torch.Tensor | None]], B: int
+) -> dict[str, torch.Tensor] | None:
+    """:func:`_mha_per_example` for every other call of an ``nn.MultiheadAttention`` without dropout:
+    masks (``key_padding_mask``, ``attn_mask``, ``is_causal``), attention weights returned (their
+    gradient included), separate q/k/v projections (``kdim``/``vdim``), no biases, ``add_bias_kv``,
+    ``add_zero_attn``. None when a query, key or value is shared by the batch or folded into it.
+
+    Same idea, with torch's own attention code for what follows the in-projection: the projections
+    P_q, P_k, P_v (and, for ``add_bias_kv``, one copy of bias_k and bias_v per example, appended as
+    the last key and value position as torch does) are leaves, and ``F.multi_head_attention_forward``
+    runs on them with identity in- and out-projections (multiplying by 1 and adding 0 is exact), so
+    the masks, the zero attention and the returned weights are handled exactly as in the module.
+    One batched backward from the output gradient (through ``out_proj``) and the weights' gradient
+    gives every example's ∂ℓ_i/∂P (examples do not interact), then Σ_t (∂ℓ_i/∂P_t) x_tᵀ per
+    projection and Σ_t g_t A_tᵀ for ``out_proj`` as in the plain case."""
+    m = unit.module
+    E, h = m.embed_dim, m.num_heads
+    packed = m.in_proj_weight is not None
+    Ws = m.in_proj_weight.detach().split(E) if packed else (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+    Ws = [w.detach() for w in Ws]
+    bs = m.in_proj_bias.detach().split(E) if m.in_proj_bias is not None else (None, None, None)
+    Wo = m.out_proj.weight.detach()
+    eye = torch.eye(E, dtype=Wo.dtype, device=Wo.device)
+    out: dict[str, torch.Tensor] = {}
+
+    def add(n: str, v: torch.Tensor) -> None:
+        out[n] = v if n not in out else out[n] + v
+
+    for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
+        call = dict(zip(_MHA_ARGS, rec.args, strict=False))
+        if set(call) & set(rec.kwargs):
+            return None
+        call.update(rec.kwargs)
+        dims = {k: d for (k, _), d in zip(rec.inputs, lay.ins, strict=True)}
+        pos = {_MHA_ARGS[k] if isinstance(k, int) else k: k for k, _ in rec.inputs}
+        if set(pos) - set(_MHA_ARGS) or any(n not in pos for n in _MHA_ARGS[:3]):
+            return None
+        tensors = dict(rec.inputs)
+        xs = []
+        for n in _MHA_ARGS[:3]:
+            t, d = tensors[pos[n]], dims[pos[n]]
+            if d is None or d == FOLDED or t.dim() != 3:
+                return None
+            xs.append(t if d == 0 else t.movedim(d, 0))  # (B, L|S, ·)
+        masks = {n: tensors[pos[n]] if n in pos else call.get(n) for n in ("key_padding_mask", "attn_mask")}
+        g0 = gs[0]
+        if g0 is None or lay.outs[0] in (None, FOLDED):
+            return None
+        g0 = g0 if lay.outs[0] == 0 else g0.movedim(lay.outs[0], 0)
+        gw = gs[1] if len(gs) > 1 else None
+        if gw is not None and lay.outs[1] in (None, FOLDED):
+            return None
+        gw = gw if gw is None or lay.outs[1] == 0 else gw.movedim(lay.outs[1], 0)
+        need = bool(call.get("need_weights", True))
+        with torch.enable_grad():
+            P = [F.linear(x, w, b).detach().requires_grad_() for x, w, b in zip(xs, Ws, bs, strict=True)]
+            leaves = list(P)
+            k, v = P[1], P[2]
+            kpm, am = masks["key_padding_mask"], masks["attn_mask"]
+            if m.bias_k is not None:  # torch appends them as the last key/value position (and pads the masks)
+                bk = m.bias_k.detach().reshape(1, 1, E).expand(B, 1, E).clone().requires_grad_()
+                bv = m.bias_v.detach().reshape(1, 1, E).expand(B, 1, E).clone().requires_grad_()
+                leaves += [bk, bv]
+                k, v = torch.cat([k, bk], 1), torch.cat([v, bv], 1)
+                kpm = F.pad(kpm, (0, 1)) if kpm is not None else None
+                am = F.pad(am, (0, 1)) if am is not None else None
+            A, weights = F.multi_head_attention_forward(
+                P[0].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), E, h,
+                None, None, None, None, m.add_zero_attn, 0.0, eye, None,
+                training=False, key_padding_mask=kpm, need_weights=need, attn_mask=am,
+                use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye,
+                average_attn_weights=bool(call.get("average_attn_weights", True)),
+                is_causal=bool(call.get("is_causal", False)),
+            )  # fmt: skip
+            A = A.transpose(0, 1)  # (B, L, E): the heads before out_proj
+            outs, gos = [A], [g0 @ Wo]
+            if gw is not None and weights is not None:
+                outs.append(weights)
+                gos.append(gw)
+            d = torch.autograd.grad(outs, leaves, gos, allow_unused=True)
+        d = [torch.zeros_like(t) if dt is None else dt for t, dt in zip(leaves, d, strict=True)]
+        dq, dk, dv = d[:3]
+        Gs = [torch.bmm(dp.transpose(1, 2), x) for dp, x in zip((dq, dk, dv), xs, strict=True)]
+        if packed:
+            add("in_proj_weight", torch.cat(Gs, dim=1))
+        else:
+            for n, G in zip(("q_proj_weight", "k_proj_weight", "v_proj_weight"), Gs, strict=True):
+                add(n, G)
+        if m.in_proj_bias is not None:
+            add("in_proj_bias", torch.cat([dp.sum(1) for dp in (dq, dk, dv)], dim=1))
+        if m.bias_k is not None:
+            add("bias_k", d[3].reshape(B, *m.bias_k.shape))
+            add("bias_v", d[4].reshape(B, *m.bias_v.shape))
+        add("out_proj.weight", torch.bmm(g0.transpose(1, 2), A.detach()))
+        if m.out_proj.bias is not None:
+            add("out_proj.bias", g0.sum(1))
+    return {n: out[n] for n in unit.names} if all(n in out for n in unit.names) else None
 
 
 def _loop_per_example(model: nn.Module, params: list[nn.Parameter], x: torch.Tensor, y: torch.Tensor):

@@ -241,6 +241,59 @@ def test_a_plan_checked_on_one_example_is_checked_again_on_two(method, first):
     assert_agrees(clipper, model, *_data((3, 3), 4, seed=3))
 
 
+# ------------------------------------------- nn.MultiheadAttention beyond the plain call
+
+
+class MaskedMHA(nn.Module):
+    """Self-attention with a key padding mask from the data, a causal mask, the attention weights
+    used in the loss, and the module's options."""
+
+    def __init__(self, weights: bool, **options) -> None:
+        super().__init__()
+        self.weights = weights
+        self.inp, self.kin = nn.Linear(3, 4), nn.Linear(3, options.get("kdim") or 4)
+        self.vin = nn.Linear(3, options.get("vdim") or 4)
+        self.mha = nn.MultiheadAttention(4, 2, **options)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.inp(x), self.kin(x), self.vin(x)
+        kpm = torch.zeros(B, T, dtype=torch.bool)
+        kpm[:, -1] = x[:, 0, 0] > 0  # the last position masked in some examples
+        causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        if not self.mha.batch_first:
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        out, w = self.mha(q, k, v, key_padding_mask=kpm, attn_mask=causal, need_weights=self.weights)
+        out = out if self.mha.batch_first else out.transpose(0, 1)
+        logits = self.head(out.mean(1))
+        # scaled by the attention paid to the first key (rows of w sum to 1, and a shift common to all
+        # logits leaves the loss unchanged: neither would give the weights a gradient)
+        return logits * (1 + w[:, :, 0].sum(1, keepdim=True)) if self.weights else logits
+
+
+@pytest.mark.parametrize(
+    "weights, options",
+    [
+        (False, {"batch_first": True}),
+        (True, {"batch_first": False}),
+        (True, {"batch_first": True, "kdim": 5, "vdim": 2, "bias": False}),
+        (False, {"batch_first": True, "add_bias_kv": True, "add_zero_attn": True}),
+    ],
+    ids=str,
+)
+def test_multihead_attention_with_masks_is_recomputed_not_refused(weights, options):
+    # vmap cannot run the module's in-place masking, so ghost refused these calls (auto fell back to
+    # the one-example loop); the recompute rule now covers masks, weights, kdim/vdim and bias_kv.
+    torch.manual_seed(6)
+    model = MaskedMHA(weights, **options).double()
+    clipper = GhostClipper(model)
+    x, y = _data((4, 3), 5)
+    for _ in range(2):
+        assert_agrees(clipper, model, x, y)
+    assert clipper.describe()["layers"]["mha"].startswith("per-example by recomputing the attention")
+
+
 # ------------------------------------------- a model that fails on its own: one line from every method
 
 
