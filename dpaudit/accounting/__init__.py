@@ -11,6 +11,9 @@ Pure numpy/scipy (no torch/jax). Convenience API used by the trainers::
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from dpaudit.accounting.analytic_gaussian import (
     analytic_gaussian_delta,
     analytic_gaussian_epsilon,
@@ -33,6 +36,7 @@ from dpaudit.accounting.pld import PldAccountant
 from dpaudit.accounting.rdp import RdpAccountant
 from dpaudit.accounting.registry import ACCOUNTANTS, make_accountant
 from dpaudit.accounting.zcdp import ZcdpAccountant, zcdp_epsilon, zcdp_epsilon_simple
+from dpaudit.errors import UnsupportedEventError
 from dpaudit.events import Event, Gaussian, JLGaussian, PoissonSampled, SelfComposed
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive_int
 
@@ -40,6 +44,7 @@ __all__ = [
     "ACCOUNTANTS",
     "NEIGHBOURING",
     "Accountant",
+    "AccountedEpsilon",
     "GdpAccountant",
     "PldAccountant",
     "RdpAccountant",
@@ -53,9 +58,11 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_sample_rate",
     "calibrate_steps",
+    "compare_accountants",
     "dpsgd_event",
     "epsilon_delta_tradeoff",
     "epsilon_for",
+    "epsilon_with_label",
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu_from_epsilon_delta",
@@ -87,6 +94,46 @@ def dpsgd_event(*, noise_multiplier: float, sample_rate: float, steps: int, jl_p
 def epsilon_for(event: Event, delta: float, accountant: str = "rdp", *, neighbouring: str = "add_remove") -> float:
     """epsilon(delta) of ``event`` with a fresh accountant of the given name (formal for rdp/pld/zcdp)."""
     return make_accountant(accountant, neighbouring=neighbouring).compose(event).epsilon(delta)
+
+
+@dataclass(frozen=True)
+class AccountedEpsilon:
+    """One accountant's epsilon for one event: ``approximate`` when any part of the event was
+    accounted by an approximation (the GDP CLT for subsampling), so the value is an estimate, not a
+    formal bound; ``epsilon`` is None and ``unsupported`` says why when the accountant refused it."""
+
+    accountant: str
+    epsilon: float | None
+    approximate: bool = False
+    unsupported: str | None = None
+
+    @property
+    def formal(self) -> bool:
+        return self.epsilon is not None and not self.approximate
+
+
+def epsilon_with_label(
+    event: Event, delta: float, accountant: str = "rdp", *, neighbouring: str = "add_remove"
+) -> AccountedEpsilon:
+    """:func:`epsilon_for` together with whether the accountant had to approximate."""
+    acc = make_accountant(accountant, neighbouring=neighbouring).compose(event)
+    return AccountedEpsilon(accountant, acc.epsilon(delta), acc.approximate)
+
+
+def compare_accountants(
+    event: Event, delta: float, names: tuple[str, ...] = ("rdp", "pld", "gdp"), *, neighbouring: str = "add_remove"
+) -> tuple[dict[str, AccountedEpsilon], float]:
+    """Every named accountant's epsilon for ``event`` (refusals recorded, not raised) and the
+    smallest formal one: each formal epsilon is a valid upper bound, so their minimum is too
+    (``inf`` if none is formal). An approximate epsilon never enters the minimum."""
+    results: dict[str, AccountedEpsilon] = {}
+    for name in names:
+        try:
+            results[name] = epsilon_with_label(event, delta, name, neighbouring=neighbouring)
+        except UnsupportedEventError as e:
+            results[name] = AccountedEpsilon(name, None, unsupported=str(e))
+    formal = [r.epsilon for r in results.values() if r.formal]
+    return results, (min(formal) if formal else math.inf)
 
 
 def calibrate_noise_multiplier(

@@ -89,6 +89,9 @@ class Accountant(ABC):
         self.neighbouring = check_choice(NEIGHBOURING, neighbouring=neighbouring)
         self._ledger: list[tuple[Event, int]] = []
         self._non_private = False
+        #: True once an event was accounted by an approximation (e.g. the GDP CLT for subsampling):
+        #: the epsilon is then an estimate, not a formal bound. Decided per event, not per accountant.
+        self.approximate = False
 
     # -- public interface ----------------------------------------------------------------------
 

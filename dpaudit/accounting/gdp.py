@@ -166,7 +166,6 @@ class GdpAccountant(Accountant):
     def __init__(self, *, neighbouring: str = "add_remove") -> None:
         super().__init__(neighbouring=neighbouring)
         self.mu_squared = 0.0
-        self.approximate = False
         self._empty = True
 
     @property

@@ -11,13 +11,12 @@ import typer
 
 from dpaudit import numfmt
 from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, warn
-from dpaudit.errors import InputError, UnsupportedEventError
+from dpaudit.errors import InputError
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 
 account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration.")
 
 ACCOUNTANT_HELP = "rdp | pld | gdp (CLT, approximate) | all (every accountant side by side)"
-FORMAL = ("rdp", "pld")
 
 
 def _resolve_schedule(
@@ -57,16 +56,19 @@ def _check_common(noise_multiplier: float | None, delta: float, jl_projections: 
         check_positive_int(jl_projections=jl_projections)
 
 
-def _epsilon(event, delta: float, accountant: str) -> float:
-    from dpaudit.accounting import epsilon_for
-
+def _forwarding_warnings(compute):
+    """``compute()``, with the accountants' UserWarnings printed as the CLI's warnings."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        eps = epsilon_for(event, delta, accountant)
+        out = compute()
     for w in caught:
         if issubclass(w.category, UserWarning):
             warn(str(w.message))
-    return eps
+    return out
+
+
+def _label(result) -> str:
+    return f"{result.accountant}, approximate (CLT)" if result.approximate else result.accountant
 
 
 SampleRate = Annotated[float | None, typer.Option("--sample-rate", help="Poisson sampling rate q in (0, 1].")]
@@ -92,7 +94,7 @@ def dpsgd(
     json_output: JsonFlag = False,
 ) -> None:
     """Epsilon of DP-SGD with Poisson sampling (add/remove neighbours) at the given delta."""
-    from dpaudit.accounting import dpsgd_event
+    from dpaudit.accounting import compare_accountants, dpsgd_event, epsilon_with_label
 
     _check_common(noise_multiplier, delta, jl_projections)
     valid = ("rdp", "pld", "gdp", "all")
@@ -110,36 +112,31 @@ def dpsgd(
     if jl_projections is not None:
         data["jl_projections"] = jl_projections
     if accountant != "all":
-        eps = _epsilon(event, delta, accountant)
-        data = {"epsilon": eps, **data}
-        if accountant == "gdp":
+        r = _forwarding_warnings(lambda: epsilon_with_label(event, delta, accountant))
+        data = {"epsilon": r.epsilon, **data}
+        if r.approximate:
             data["approximate"] = True
-        label = f"{accountant}, approximate (CLT)" if accountant == "gdp" else accountant
         emit(
             data,
-            f"epsilon = {numfmt.upper(eps)}  ({label}; delta = {numfmt.upper(delta)}, "
+            f"epsilon = {numfmt.upper(r.epsilon)}  ({_label(r)}; delta = {numfmt.upper(delta)}, "
             f"noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t})",
             json_flag=json_output,
         )
         return
+    compared, best = _forwarding_warnings(lambda: compare_accountants(event, delta))
     results: dict[str, dict] = {}
-    for name in ("rdp", "pld", "gdp"):
-        try:
-            results[name] = {"epsilon": _epsilon(event, delta, name)}
-        except UnsupportedEventError as e:
-            results[name] = {"epsilon": None, "error": str(e)}
-        if name == "gdp":
+    for name, r in compared.items():
+        results[name] = {"epsilon": r.epsilon}
+        if r.unsupported is not None:
+            results[name]["error"] = r.unsupported
+        if r.approximate:
             results[name]["approximate"] = True
-    formal = [results[n]["epsilon"] for n in FORMAL if results[n]["epsilon"] is not None]
-    # Every formal accountant's epsilon is a valid upper bound, so the smallest one is too.
-    best = min(formal) if formal else math.inf
     data = {"epsilon": best, **data, **results}
     head = f"delta = {numfmt.upper(delta)}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"
     lines = [head]
-    for name in ("rdp", "pld", "gdp"):
-        r = results[name]
-        value = numfmt.upper(r["epsilon"], missing="unsupported")
-        note = "  (approximate: CLT, can under-report)" if name == "gdp" else ""
+    for name, r in compared.items():
+        value = numfmt.upper(r.epsilon, missing="unsupported")
+        note = "  (approximate: CLT, can under-report)" if r.approximate else ""
         lines.append(f"  {name:4s} epsilon = {value}{note}")
     lines.append(f"  best formal epsilon = {numfmt.upper(best)}")
     emit(data, "\n".join(lines), json_flag=json_output)
@@ -159,7 +156,7 @@ def calibrate(
     json_output: JsonFlag = False,
 ) -> None:
     """Smallest noise multiplier whose DP-SGD epsilon is at most the target (verified)."""
-    from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event
+    from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_with_label
 
     _check_common(None, delta, jl_projections)
     target = check_positive(finite=True, epsilon=epsilon)
@@ -176,7 +173,8 @@ def calibrate(
         sigma = calibrate_noise_multiplier(
             target_epsilon=target, delta=delta, make_event=make_event, accountant=accountant
         )
-    achieved = _epsilon(make_event(sigma), delta, accountant)
+    result = _forwarding_warnings(lambda: epsilon_with_label(make_event(sigma), delta, accountant))
+    achieved = result.epsilon
     data = {
         "noise_multiplier": sigma,
         "epsilon": achieved,
@@ -186,7 +184,7 @@ def calibrate(
         "sample_rate": q,
         "steps": t,
     }
-    if accountant == "gdp":
+    if result.approximate:
         data["approximate"] = True
     # Rounded up (dpaudit.numfmt): more noise than calibrated never costs privacy, and ε ≤ target shows as such.
     achieved_shown, target_shown = numfmt.ordered(achieved, target, left_up=True, left_digits=6)
@@ -194,7 +192,7 @@ def calibrate(
         data,
         f"noise_multiplier = {numfmt.upper(sigma)}  (epsilon = {achieved_shown} <= {target_shown} at delta = "
         f"{numfmt.upper(delta)}, "
-        f"{accountant}, sample_rate = {q:.6g}, steps = {t})",
+        f"{_label(result)}, sample_rate = {q:.6g}, steps = {t})",
         json_flag=json_output,
     )
 

@@ -138,3 +138,39 @@ def test_calibrate_json():
     assert epsilon_for(event, 1e-5) <= 2.0
     r = run("account", "calibrate", "--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "1000")
     assert r.exit_code == 0 and "noise_multiplier" in r.stdout
+
+
+def test_gdp_without_subsampling_is_formal_and_counts_for_the_best():
+    """At q = 1 DP-SGD is a plain Gaussian, exactly (√T/σ)-GDP (Dong, Roth & Su 2022, Cor. 3.3): no CLT,
+    so neither the label "approximate" nor its exclusion from the best formal epsilon may apply."""
+    r = run(*BASE, "--sample-rate", "1", "--steps", "100", "--accountant", "all", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert "approximate" not in data["gdp"]
+    # GDP is exact for the Gaussian, so it is the tightest of the three here.
+    assert data["gdp"]["epsilon"] <= data["pld"]["epsilon"] < data["rdp"]["epsilon"]
+    assert data["epsilon"] == data["gdp"]["epsilon"]
+    r = run(*BASE, "--sample-rate", "1", "--steps", "100", "--accountant", "all")
+    assert "approximate" not in r.stdout
+    r = run(*BASE, "--sample-rate", "1", "--steps", "100", "--accountant", "gdp", "--json")
+    assert "approximate" not in json.loads(r.stdout)
+    # Subsampled: the CLT estimate is labelled and never taken as the best formal epsilon, even when smallest.
+    r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "all", "--json")
+    data = json.loads(r.stdout)
+    assert data["gdp"]["approximate"] is True and data["gdp"]["epsilon"] < data["pld"]["epsilon"]
+    assert data["epsilon"] == data["pld"]["epsilon"]
+    r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "gdp", "--json")
+    assert json.loads(r.stdout)["approximate"] is True
+
+
+def test_compare_accountants_records_refusals_and_takes_the_formal_minimum():
+    from dpaudit.accounting import compare_accountants
+
+    results, best = compare_accountants(
+        dpsgd_event(noise_multiplier=1, sample_rate=0.01, steps=20, jl_projections=50), 1e-5
+    )
+    assert results["rdp"].epsilon is None and results["rdp"].unsupported
+    assert results["gdp"].epsilon is None and "DP-SGD-JL" in results["gdp"].unsupported
+    assert best == results["pld"].epsilon and results["pld"].formal
+    results, best = compare_accountants(dpsgd_event(noise_multiplier=1, sample_rate=1, steps=5), 1e-5, ("rdp", "gdp"))
+    assert set(results) == {"rdp", "gdp"} and best == results["gdp"].epsilon < results["rdp"].epsilon
