@@ -355,3 +355,19 @@ def test_fuzz_counts_a_crash_apart_from_a_refusal(monkeypatch):
         "vmap": "refused",
         "loop": "crashed",
     }
+
+
+def test_jl_and_dirac_functional_calls_keep_a_twice_registered_block():
+    # The same functional_call restore bug in the JL projections (jvp) and the white-box canaries'
+    # per-example gradient energies; both now go through reparametrized_call.
+    from dpaudit.training.dirac import low_energy_coordinates
+    from dpaudit.training.jl import JLClipper
+
+    torch.manual_seed(7)
+    model = SharedBlock().double()
+    before = _slots(model)
+    x, y = _data((3,), 4)
+    JLClipper(model, 8, torch.Generator().manual_seed(0))(x, y, 1.0)
+    assert _slots(model) == before
+    low_energy_coordinates(model, x, y, 3)
+    assert _slots(model) == before
