@@ -38,14 +38,17 @@ def low_energy_coordinates(model: torch.nn.Module, X: torch.Tensor, y: torch.Ten
     """Flat indices (over the trainable parameters in ``named_parameters`` order) of the ``k``
     coordinates with the smallest per-example gradient energy Σ_i g_ij² over up to 256 records at the
     current parameters (ties broken by index, so the choice is deterministic)."""
-    from torch.func import functional_call, grad, vmap
+    from torch.func import grad, vmap
+
+    from dpaudit.training.clipping import reparametrized_call, tied_paths
 
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     buffers = dict(model.named_buffers())
+    tied = tied_paths(model)  # (not functional_call's tie_weights: see reparametrized_call)
 
     def loss(p, xi, yi):
-        out = functional_call(model, {**p, **buffers}, (xi.unsqueeze(0),))
+        out = reparametrized_call(model, {**p, **buffers}, tied, (xi.unsqueeze(0),))
         return torch.nn.functional.cross_entropy(out, yi.unsqueeze(0))
 
     n = min(len(X), 256)

@@ -6,7 +6,7 @@ arXiv:2102.03013), Algorithms 1 (DP-SGD-JL) and 3 (DP-Adam-JL). One step on a ba
 1. draw v_1 … v_r ~ N(0, I_d) (d = number of trainable parameters) from a seeded generator;
 2. P_ij = ⟨∇ℓ(θ; x_i), v_j⟩ for the whole batch at once, one forward-mode Jacobian-vector product
    of the vector of per-example losses F(θ) = (ℓ(θ; x_1), …, ℓ(θ; x_B)) per direction
-   (``torch.func.jvp`` over ``functional_call``; ibid. §2.1, Alg. 1 "using jvp");
+   (``torch.func.jvp`` over a functional call of the model; ibid. §2.1, Alg. 1 "using jvp");
 3. M_i = sqrt((1/r) Σ_j P_ij²), the JL estimate of ‖∇ℓ(θ; x_i)‖ (ibid. Prop. 2.1: M_i has the law of
    ‖g_i‖·sqrt(χ²_r / r));
 4. w_i = min(1, C / M_i) and one ordinary backward pass of Σ_i w_i ℓ(θ; x_i) (ibid. Alg. 1, L̃);
@@ -39,12 +39,12 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.func import functional_call, jvp, vmap
+from torch.func import jvp, vmap
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3 (the floor is 2.4)
 
 from dpaudit.errors import InputError
-from dpaudit.training.clipping import ClippedGradients, Clipper, clip_factors
+from dpaudit.training.clipping import ClippedGradients, Clipper, clip_factors, reparametrized_call, tied_paths
 from dpaudit.training.dpsgd import DPTrainer
 from dpaudit.validation import check_positive_int
 
@@ -130,10 +130,11 @@ def _projections_jvp(
     """(B, r) matrix P_ij = ⟨∇ℓ_i, v_j⟩ by one forward-mode jvp of F per direction (Alg. 1)."""
     fixed = {n: p.detach() for n, p in model.named_parameters()}
     diff = {n: fixed.pop(n) for n in names}
-    buffers = dict(model.named_buffers())
+    fixed.update(model.named_buffers())
+    tied = tied_paths(model)  # (not functional_call's tie_weights: see reparametrized_call)
 
     def losses(d: dict[str, torch.Tensor]) -> torch.Tensor:
-        return _losses(functional_call(model, ({**fixed, **d}, buffers), (x,)), y)
+        return _losses(reparametrized_call(model, {**fixed, **d}, tied, (x,)), y)
 
     def project(tangents: dict[str, torch.Tensor]) -> torch.Tensor:
         return jvp(losses, (diff,), (tangents,))[1]
