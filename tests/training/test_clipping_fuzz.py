@@ -7,8 +7,6 @@ rounding only, ~1e-15 relative; RTOL is the issue's acceptance bound)."""
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +15,9 @@ from torch.nn import functional as F
 
 from dpaudit.errors import InputError
 from dpaudit.training.clipping import GhostClipper, LoopClipper, make_clipper
+from tests.benchmark_modules import import_benchmark
 
 RTOL = 1e-6
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -308,16 +306,7 @@ def test_a_model_that_cannot_run_is_refused_in_one_line(method):
 # ------------------------------------------- the fuzzer itself
 
 
-def _fuzz():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import clipping_fuzz
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return clipping_fuzz
-
-
-fuzz = _fuzz()
+fuzz = import_benchmark("clipping_fuzz")
 
 
 @pytest.mark.parametrize("index", range(27))  # 3 cases of each of the 9 families (~0.1-1 s each)

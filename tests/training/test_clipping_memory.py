@@ -21,9 +21,7 @@ GroupNorm CNN are checked the same way, since those are the layers whose release
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,22 +30,13 @@ from torch.nn import functional as F
 from torch.utils._pytree import tree_leaves
 
 from dpaudit.training.clipping import GhostClipper, LoopClipper
+from tests.benchmark_modules import import_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 RTOL = 1e-6  # float64: the methods differ by rounding only
 
 
-def _live_bytes_tracker():
-    # The benchmark's tracker (benchmarks/dpsgd_throughput.py --tensor-memory), one implementation.
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        from dpsgd_throughput import LiveBytes
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return LiveBytes
-
-
-LiveBytes = _live_bytes_tracker()
+# The benchmark's tracker (benchmarks/dpsgd_throughput.py --tensor-memory), one implementation.
+LiveBytes = import_benchmark("dpsgd_throughput").LiveBytes
 
 
 class Stack(nn.Module):

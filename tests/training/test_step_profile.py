@@ -4,25 +4,16 @@ device-bound one. Run on the CPU here (no device events); gpu_check.sh runs it o
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmark_modules import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import dpsgd_throughput
-        import step_profile
-
-        yield step_profile, dpsgd_throughput
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return import_benchmark("step_profile"), import_benchmark("dpsgd_throughput")
 
 
 def test_ops_counts_top_level_calls_only(bench):
