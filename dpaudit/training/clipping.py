@@ -1825,6 +1825,9 @@ def _rnn_per_example(
                     W_hh = weights["weight_hh" + sfx]
                     U = F.linear(seq, weights["weight_ih" + sfx], b_ih)  # (B, T, G·H), all steps
                     U = U if layer else U.requires_grad_()  # layer 0: a leaf (x needs no gradient)
+                    # per-step views by one unbind (its backward stacks the steps' gradients once;
+                    # indexing U[:, t] would zero-fill a whole (B, T, G·H) gradient per step)
+                    u_steps = U.unbind(1)
                     h = states[0][layer * D + d]
                     c = states[1][layer * D + d] if lstm else None
                     Vs, prev, hs = [], [], [None] * T
@@ -1833,7 +1836,7 @@ def _rnn_per_example(
                         v = F.linear(h, W_hh, b_hh)
                         Vs.append(v)
                         prev.append(h)
-                        h, c = _rnn_step(mode, U[:, t], v, h, c)
+                        h, c = _rnn_step(mode, u_steps[t], v, h, c)
                         hs[t] = h
                     outs.append(torch.stack(hs, 1))
                     finals[0].append(h)
