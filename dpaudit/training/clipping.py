@@ -41,11 +41,12 @@ Methods (chosen by name, ``PerfConfig.clipping``):
     add_zero_attn included): per-example gradients by recomputing the attention from its recorded
     inputs (:func:`_mha_per_example`, :func:`_mha_general_per_example`);
   - ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` (tanh, relu; any ``num_layers``, ``bidirectional``,
-    ``batch_first``, ``bias``, initial state given or not; ``output``, ``h_n`` and ``c_n`` may all
-    carry gradient): per-example gradients by recomputing the recurrence step by step from the
-    recorded inputs (:func:`_rnn_per_example`). Not covered (a vmap over the module, which cannot
-    run torch's fused kernels: ghost refuses, ``auto`` falls back to the loop): ``proj_size > 0``,
-    dropout between layers in training mode, ``PackedSequence`` and unbatched inputs;
+    ``batch_first``, ``bias``, an LSTM's ``proj_size``, initial state given or not; ``output``,
+    ``h_n`` and ``c_n`` may all carry gradient): per-example gradients by recomputing the
+    recurrence step by step from the recorded inputs (:func:`_rnn_per_example`). Not covered (a
+    vmap over the module, which cannot run torch's fused kernels: ghost refuses, ``auto`` falls
+    back to the loop): dropout between layers in training mode, ``PackedSequence`` and unbatched
+    inputs;
   - any other module that owns parameters without a rule (MHA with dropout in training, a custom
     block with a bare ``nn.Parameter``) gets per-example gradients by a vmap over that module alone, from its
     recorded inputs and output gradients; a bare parameter of the model itself, or one used
@@ -1757,10 +1758,10 @@ def _rnn_per_example(
 ) -> dict[str, torch.Tensor] | None:
     """Per-example gradients of an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` (tanh / relu) without vmap
     (which cannot batch torch's fused recurrent kernels): any ``num_layers``, ``bidirectional``,
-    ``batch_first``, ``bias``, with or without an initial state ``h0`` / ``(h0, c0)``. None (the
-    module then goes to a vmap, i.e. ghost refuses it and ``auto`` falls back) for ``proj_size > 0``,
-    dropout between layers in training mode (its masks cannot be reproduced), a ``PackedSequence``
-    or unbatched (2-D) input, or a batch not where the module expects it.
+    ``batch_first``, ``bias``, an LSTM's ``proj_size``, with or without an initial state ``h0`` /
+    ``(h0, c0)``. None (the module then goes to a vmap, i.e. ghost refuses it and ``auto`` falls
+    back) for dropout between layers in training mode (its masks cannot be reproduced), a
+    ``PackedSequence`` or unbatched (2-D) input, or a batch not where the module expects it.
 
     The recurrence is recomputed from the recorded input and initial state with the module's own
     (detached) weights, step by step as torch documents it (:func:`_rnn_step`); per layer and
@@ -1769,14 +1770,18 @@ def _rnn_per_example(
     batched backward from the recorded gradients of ``output``, ``h_n`` (and ``c_n``) gives every
     example's ∂ℓ_i/∂U and ∂ℓ_i/∂V_t (examples do not interact); then per example
     ∂ℓ_i/∂W_ih = Σ_t (∂ℓ_i/∂U_t) x_tᵀ, ∂ℓ_i/∂W_hh = Σ_t (∂ℓ_i/∂V_t) h_{t-1}ᵀ (each one bmm over
-    time), and the biases Σ_t of the same. The first-call check compares the result with the
-    one-example-at-a-time reference like every other rule."""
+    time), and the biases Σ_t of the same. With ``proj_size`` the projected states h_t = W_hr m_t
+    (m_t = o ⊙ tanh(c_t)) are differentiated for too: ∂ℓ_i/∂W_hr = Σ_t (∂ℓ_i/∂h_t) m_tᵀ. The
+    first-call check compares the result with the one-example-at-a-time reference like every other
+    rule."""
     m = unit.module
     if type(m) not in (nn.LSTM, nn.GRU, nn.RNN) or m.mode not in _RNN_MODES:
         return None
-    if getattr(m, "proj_size", 0) > 0 or (m.dropout > 0 and m.training and m.num_layers > 1):
+    if m.dropout > 0 and m.training and m.num_layers > 1:  # torch drops out between layers only
         return None
     mode, L, D, H = m.mode, m.num_layers, 2 if m.bidirectional else 1, m.hidden_size
+    P = getattr(m, "proj_size", 0)  # LSTM only; h_t and h_n have P features instead of H
+    sizes = (P or H, H)  # of h (and c)
     lstm = mode == "LSTM"
     bdim = 0 if m.batch_first else 1
     weights = {n: p.detach() for n, p in m.named_parameters(recurse=False)}
@@ -1798,23 +1803,27 @@ def _rnn_per_example(
             return None  # PackedSequence, unbatched input, unknown arguments
         if lay.ins[:1] != (bdim,) or x.shape[bdim] != B:
             return None
-        # the outputs: output (batch at bdim), h_n (and c_n), (L·D, B, H)
+        # the outputs: output (batch at bdim), h_n (and c_n), (L·D, B, P or H (, H))
         n_out = 3 if lstm else 2
         if len(gs) != n_out or lay.outs[0] != bdim or any(d != 1 for d in lay.outs[1:]):
             return None
         states = (hx if isinstance(hx, tuple) else (hx,)) if hx is not None else ()
-        if len(states) not in (0, n_out - 1) or any(s.shape != (L * D, B, H) for s in states):
+        if len(states) not in (0, n_out - 1) or any(
+            s.shape != (L * D, B, n) for s, n in zip(states, sizes, strict=False)
+        ):
             return None
         states = [_full(s.detach(), dtype) for s in states]
         if not states:
-            states = [x.new_zeros(L * D, B, H, dtype=dtype)] * (n_out - 1)
+            states = [x.new_zeros(L * D, B, n, dtype=dtype) for n in sizes[: n_out - 1]]
         # leaves that need a gradient, so that every V_t (from h0 at t = 0) is differentiable
         states = [s.detach().requires_grad_() for s in states]
         g_out = gs[0] if gs[0] is None or bdim == 0 else gs[0].movedim(bdim, 0)
         seq = _full(x.detach(), dtype)
         seq = seq if bdim == 0 else seq.movedim(bdim, 0)  # (B, T, ·)
         T = seq.shape[1]
-        saved = []  # per layer and direction: (suffix, its input X, U, [V_t], [h_{t-1}]) in step order
+        # per layer and direction: (suffix, its input X, U, [V_t], [h_{t-1}], [h_t], [m_t]) in step
+        # order (the last two with proj_size only)
+        saved = []
         with torch.enable_grad():
             finals: list[list[torch.Tensor]] = [[] for _ in states]
             for layer in range(L):
@@ -1830,31 +1839,38 @@ def _rnn_per_example(
                     u_steps = U.unbind(1)
                     h = states[0][layer * D + d]
                     c = states[1][layer * D + d] if lstm else None
-                    Vs, prev, hs = [], [], [None] * T
+                    Vs, prev, hs, Rs, Ms = [], [], [None] * T, [], []
                     # the reverse direction reads the sequence from its last step to its first
                     for t in range(T - 1, -1, -1) if d else range(T):
                         v = F.linear(h, W_hh, b_hh)
                         Vs.append(v)
                         prev.append(h)
                         h, c = _rnn_step(mode, u_steps[t], v, h, c)
+                        if P:  # torch.nn.LSTM docs (proj_size > 0): h_t = W_hr h_t
+                            Ms.append(h)
+                            h = F.linear(h, weights["weight_hr" + sfx])
+                            Rs.append(h)
                         hs[t] = h
                     outs.append(torch.stack(hs, 1))
                     finals[0].append(h)
                     if lstm:
                         finals[1].append(c)
-                    saved.append((sfx, seq, U, Vs, prev))
+                    saved.append((sfx, seq, U, Vs, prev, Rs, Ms))
                 seq = torch.cat(outs, -1) if D > 1 else outs[0]
             ys = [seq] + [torch.stack(f) for f in finals]  # output (B, T, D·H), h_n (, c_n)
             gos = [g_out, *gs[1:]]
             pairs = [(y, g) for y, g in zip(ys, gos, strict=True) if g is not None]
             if not pairs:
                 continue
-            wrt = [s[2] for s in saved] + [v for s in saved for v in s[3]]
+            wrt = [s[2] for s in saved] + [v for s in saved for v in s[3] + s[5]]
             dw = torch.autograd.grad([y for y, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
         dw = [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, dw, strict=True)]
         dU, dV = dw[: len(saved)], iter(dw[len(saved) :])
-        for (sfx, X, _, Vs, prev), du in zip(saved, dU, strict=True):
+        for (sfx, X, _, Vs, prev, Rs, Ms), du in zip(saved, dU, strict=True):
             dv = torch.stack([next(dV) for _ in Vs], 1)  # (B, T, G·H), step order as ``prev``
+            if P:
+                dr = torch.stack([next(dV) for _ in Rs], 1)  # (B, T, P)
+                add("weight_hr" + sfx, torch.bmm(dr.transpose(1, 2), torch.stack(Ms, 1).detach()))
             add("weight_ih" + sfx, torch.bmm(du.transpose(1, 2), X.detach()))
             add("weight_hh" + sfx, torch.bmm(dv.transpose(1, 2), torch.stack(prev, 1).detach()))
             if m.bias:

@@ -38,8 +38,10 @@ class TextRNN(nn.Module):
         self.rnn = cls(E, H, **extra, **opts)
         self.use, self.lstm = use, cls is nn.LSTM
         L, D = self.rnn.num_layers, 2 if self.rnn.bidirectional else 1
-        self.init = nn.Linear(E, (2 if self.lstm else 1) * L * D * H) if h0 else None
-        width = {"output": D * H, "h_n": H * (2 if self.lstm else 1)}
+        P = opts.get("proj_size") or H  # the size of h (an LSTM's c keeps H)
+        self.sizes = [L * D * P] + [L * D * H] * self.lstm
+        self.init = nn.Linear(E, sum(self.sizes)) if h0 else None
+        width = {"output": D * P, "h_n": P + H * self.lstm}
         self.head = nn.Linear(width["output"] + width["h_n"] if use == "both" else width[use], K)
 
     def forward(self, tok):
@@ -47,8 +49,11 @@ class TextRNN(nn.Module):
         B = x.shape[0]
         hx = None
         if self.init is not None:
-            s = torch.tanh(self.init(x.mean(1))).reshape(B, -1, H).transpose(0, 1)  # (k·L·D, B, H)
-            hx = tuple(s.chunk(2)) if self.lstm else s
+            s = torch.tanh(self.init(x.mean(1))).split(self.sizes, 1)
+            s = [
+                t.reshape(B, self.rnn.num_layers * (2 if self.rnn.bidirectional else 1), -1).transpose(0, 1) for t in s
+            ]
+            hx = tuple(s) if self.lstm else s[0]  # (L·D, B, ·)
         first = self.rnn.batch_first
         out, h = self.rnn(x if first else x.transpose(0, 1), hx)
         out = out if first else out.transpose(0, 1)
@@ -143,11 +148,35 @@ def test_dropout_between_layers_in_training_is_not_recomputed(kind):
     assert _route(clipper).startswith(RECOMPUTE)
 
 
-def test_projection_and_unbatched_inputs_are_not_recomputed():
-    torch.manual_seed(7)
-    model = TextRNN("lstm", "output", False, proj_size=1, batch_first=True).double()
-    model.head = nn.Linear(1, K).double()
-    x, y = _data(4, seed=7)
+@pytest.mark.parametrize("use", ["output", "h_n", "both"])
+@pytest.mark.parametrize("layers, bidirectional, batch_first", [(1, False, True), (2, True, False)])
+def test_lstm_with_projection(use, layers, bidirectional, batch_first):
+    # proj_size: h_t = W_hr (o ⊙ tanh(c_t)); weight_hr's per-example gradient from the projected states
+    torch.manual_seed(8)
+    opts = {"num_layers": layers, "bidirectional": bidirectional, "batch_first": batch_first, "proj_size": 1}
+    model = TextRNN("lstm", use, layers == 2, **opts).double()
+    x, y = _data(5, seed=8)
+    ref = _reference(model, x, y)
+    for clipper in (GhostClipper(model), GhostClipper(model, check=False), make_clipper(model, "auto")):
+        assert_agrees(clipper, model, x, y, ref=ref)
+        assert _route(clipper).startswith(RECOMPUTE) and "weight_hr_l0" in _route(clipper)
+
+
+class UnbatchedRNN(nn.Module):
+    """Each example's sequence fed to the GRU on its own as a 2-D (T, E) input (an unbatched call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.rnn, self.head = nn.Embedding(V, E), nn.GRU(E, H), nn.Linear(H, K)
+
+    def forward(self, tok):
+        return self.head(torch.stack([self.rnn(e)[1][-1] for e in self.emb(tok)]))
+
+
+def test_unbatched_input_is_not_recomputed():
+    torch.manual_seed(9)
+    model = UnbatchedRNN().double()
+    x, y = _data(4, seed=9)
     clipper = make_clipper(model, "auto")
     assert_agrees(clipper, model, x, y)
-    assert not clipper.describe().get("layers", {}).get("rnn", "").startswith(RECOMPUTE)
+    assert clipper.describe()["method"] == "loop", clipper.describe()  # the GRU not recomputed: no vmap, the loop
