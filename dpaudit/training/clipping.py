@@ -1109,17 +1109,15 @@ def _flat_inputs(args: tuple, kwargs: dict) -> list[tuple[int | str, torch.Tenso
 
 
 def _flat_outputs(output) -> list[torch.Tensor | None]:
-    """The output's tensors in order, nested tuples flattened (``nn.LSTM`` returns ``(output, (h_n,
-    c_n))``); None for each non-tensor entry."""
+    """The output's tensors in order, nested plain tuples flattened (``nn.LSTM`` returns ``(output,
+    (h_n, c_n))``); None for each other entry (a ``PackedSequence`` or other named tuple included)."""
     if isinstance(output, torch.Tensor):
         return [output]
     if isinstance(output, (tuple, list)):
         return [
             t
             for o in output
-            for t in (
-                _flat_outputs(o) if isinstance(o, (tuple, list)) else [o if isinstance(o, torch.Tensor) else None]
-            )
+            for t in (_flat_outputs(o) if type(o) in (tuple, list) else [o if isinstance(o, torch.Tensor) else None])
         ]
     raise _NoBatchDim(f"its output is a {type(output).__name__}, not a tensor or a tuple of tensors")
 
@@ -1130,13 +1128,13 @@ def _rebuild_output(output, new: list[torch.Tensor | None]):
         return new[0]
     rest = iter(new)
 
-    def rebuild(o):
-        if isinstance(o, (tuple, list)):
+    def rebuild(o, top: bool = False):
+        if top or type(o) in (tuple, list):  # as _flat_outputs descends
             return type(o)(rebuild(v) for v in o)
         n = next(rest)
         return n if n is not None else o
 
-    out = rebuild(output)
+    out = rebuild(output, top=True)
     if next(rest, rest) is not rest:
         raise ValueError("more replacement tensors than outputs")
     return out

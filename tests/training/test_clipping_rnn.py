@@ -180,3 +180,27 @@ def test_unbatched_input_is_not_recomputed():
     clipper = make_clipper(model, "auto")
     assert_agrees(clipper, model, x, y)
     assert clipper.describe()["method"] == "loop", clipper.describe()  # the GRU not recomputed: no vmap, the loop
+
+
+class PackedRNN(nn.Module):
+    """A PackedSequence call: each example's length from its tokens (trailing ``0`` ids are padding)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.rnn, self.head = nn.Embedding(V, E), nn.LSTM(E, H, batch_first=True), nn.Linear(H, K)
+
+    def forward(self, tok):
+        lengths = (T - (tok.flip(1).cumsum(1) == 0).sum(1)).clamp(min=1)
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(tok), lengths, batch_first=True, enforce_sorted=False)
+        return self.head(self.rnn(packed)[1][0][-1])
+
+
+def test_packed_sequence_is_not_recomputed():
+    torch.manual_seed(10)
+    model = PackedRNN().double()
+    x, y = _data(4, seed=10)
+    x[0, 2:] = 0  # one shorter sequence
+    clipper = make_clipper(model, "auto")
+    assert_agrees(clipper, model, x, y)
+    described = clipper.describe()
+    assert described["method"] == "loop", described  # ghost refuses (a vmap over the module), auto: the loop
