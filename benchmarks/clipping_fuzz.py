@@ -436,30 +436,50 @@ def _attention(r: random.Random, k: int) -> Case:
 
 
 class RNNNet(nn.Module):
-    def __init__(self, rnn: nn.RNNBase, use: str, k: int) -> None:
+    """A recurrent module on float sequences, read through ``output``, ``h_n`` (an LSTM: and
+    ``c_n``) or both; ``h0``: an initial state computed from the example."""
+
+    def __init__(self, rnn: nn.RNNBase, use: str, h0: bool, k: int) -> None:
         super().__init__()
         self.rnn, self.use = rnn, use
-        width = rnn.hidden_size * (2 if rnn.bidirectional else 1)
-        self.head = nn.Linear(width if use == "output" else rnn.hidden_size, k)
+        self.lstm = isinstance(rnn, nn.LSTM)
+        D, P = 2 if rnn.bidirectional else 1, getattr(rnn, "proj_size", 0) or rnn.hidden_size
+        self.sizes = [rnn.num_layers * D * P] + [rnn.num_layers * D * rnn.hidden_size] * self.lstm
+        self.init = nn.Linear(rnn.input_size, sum(self.sizes)) if h0 else None
+        width = {"output": D * P, "h_n": P + rnn.hidden_size * self.lstm}
+        self.head = nn.Linear(width["output"] + width["h_n"] if use == "both" else width[use], k)
 
     def forward(self, x):
+        hx = None
+        if self.init is not None:
+            s = torch.tanh(self.init(x.mean(1))).split(self.sizes, 1)
+            D = 2 if self.rnn.bidirectional else 1
+            s = [t.reshape(x.shape[0], self.rnn.num_layers * D, -1).transpose(0, 1) for t in s]
+            hx = tuple(s) if self.lstm else s[0]
         seq = x if self.rnn.batch_first else x.transpose(0, 1)
-        out, h = self.rnn(seq)
-        if self.use == "output":
-            out = out if self.rnn.batch_first else out.transpose(0, 1)
-            return self.head(out.mean(1))
-        h = h[0] if isinstance(h, tuple) else h  # LSTM: (h_n, c_n)
-        return self.head(h[-1])
+        out, h = self.rnn(seq, hx)
+        out = out if self.rnn.batch_first else out.transpose(0, 1)
+        feats = [out.mean(1)] if self.use in ("output", "both") else []
+        if self.use in ("h_n", "both"):
+            feats += [h[0][-1], h[1][-1]] if self.lstm else [h[-1]]  # LSTM: (h_n, c_n)
+        return self.head(torch.cat(feats, 1))
 
 
 def _rnn(r: random.Random, k: int) -> Case:
     cls = r.choice([nn.LSTM, nn.GRU, nn.RNN])
     d, H, T = 3, r.choice([2, 4]), r.choice([2, 4])
     opts = {"batch_first": r.random() < 0.5, "bidirectional": r.random() < 0.3, "num_layers": r.choice([1, 2])}
-    use = r.choice(["output", "h_n"])
+    opts["bias"] = r.random() < 0.8
+    if opts["num_layers"] > 1 and r.random() < 0.3:
+        opts["dropout"] = 0.5  # between layers; the cases run in eval mode
+    if cls is nn.RNN:
+        opts["nonlinearity"] = r.choice(["tanh", "relu"])
+    if cls is nn.LSTM and r.random() < 0.3:
+        opts["proj_size"] = 1
+    use, h0 = r.choice(["output", "h_n", "both"]), r.random() < 0.4
     lengths = _lengths(r, T)
-    desc = f"{cls.__name__}(3,{H},{opts}) use={use} T={lengths}"
-    return Case("rnn", desc, RNNNet(cls(d, H, **opts), use, k), _floats(T, d, lengths=lengths), k)
+    desc = f"{cls.__name__}(3,{H},{opts}) use={use} h0={h0} T={lengths}"
+    return Case("rnn", desc, RNNNet(cls(d, H, **opts), use, h0, k), _floats(T, d, lengths=lengths), k)
 
 
 class KwBlock(nn.Module):

@@ -40,6 +40,13 @@ Methods (chosen by name, ``PerfConfig.clipping``):
   - ``nn.MultiheadAttention`` without dropout (masks, returned weights, kdim/vdim, add_bias_kv and
     add_zero_attn included): per-example gradients by recomputing the attention from its recorded
     inputs (:func:`_mha_per_example`, :func:`_mha_general_per_example`);
+  - ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` (tanh, relu; any ``num_layers``, ``bidirectional``,
+    ``batch_first``, ``bias``, an LSTM's ``proj_size``, initial state given or not; ``output``,
+    ``h_n`` and ``c_n`` may all carry gradient): per-example gradients by recomputing the
+    recurrence step by step from the recorded inputs (:func:`_rnn_per_example`). Not covered (a
+    vmap over the module, which cannot run torch's fused kernels: ghost refuses, ``auto`` falls
+    back to the loop): dropout between layers in training mode, ``PackedSequence`` and unbatched
+    inputs;
   - any other module that owns parameters without a rule (MHA with dropout in training, a custom
     block with a bare ``nn.Parameter``) gets per-example gradients by a vmap over that module alone, from its
     recorded inputs and output gradients; a bare parameter of the model itself, or one used
@@ -1102,17 +1109,35 @@ def _flat_inputs(args: tuple, kwargs: dict) -> list[tuple[int | str, torch.Tenso
 
 
 def _flat_outputs(output) -> list[torch.Tensor | None]:
+    """The output's tensors in order, nested plain tuples flattened (``nn.LSTM`` returns ``(output,
+    (h_n, c_n))``); None for each other entry (a ``PackedSequence`` or other named tuple included)."""
     if isinstance(output, torch.Tensor):
         return [output]
     if isinstance(output, (tuple, list)):
-        return [o if isinstance(o, torch.Tensor) else None for o in output]
+        return [
+            t
+            for o in output
+            for t in (_flat_outputs(o) if type(o) in (tuple, list) else [o if isinstance(o, torch.Tensor) else None])
+        ]
     raise _NoBatchDim(f"its output is a {type(output).__name__}, not a tensor or a tuple of tensors")
 
 
 def _rebuild_output(output, new: list[torch.Tensor | None]):
+    """``output`` with its tensors (in :func:`_flat_outputs` order) replaced by those of ``new`` that are not None."""
     if isinstance(output, torch.Tensor):
         return new[0]
-    return type(output)(n if n is not None else o for o, n in zip(output, new, strict=True))
+    rest = iter(new)
+
+    def rebuild(o, top: bool = False):
+        if top or type(o) in (tuple, list):  # as _flat_outputs descends
+            return type(o)(rebuild(v) for v in o)
+        n = next(rest)
+        return n if n is not None else o
+
+    out = rebuild(output, top=True)
+    if next(rest, rest) is not rest:
+        raise ValueError("more replacement tensors than outputs")
+    return out
 
 
 @dataclass(frozen=True)
@@ -1697,6 +1722,172 @@ def _mha_general_per_example(
     return {n: out[n] for n in unit.names} if all(n in out for n in unit.names) else None
 
 
+# the nn.RNNBase modes _rnn_step computes (equations: https://pytorch.org/docs/stable/generated/torch.nn.LSTM.html,
+# .../torch.nn.GRU.html, .../torch.nn.RNN.html)
+_RNN_MODES = frozenset({"LSTM", "GRU", "RNN_TANH", "RNN_RELU"})
+
+
+def _rnn_step(
+    mode: str, u: torch.Tensor, v: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step of torch's recurrences from u = W_ih x_t + b_ih and v = W_hh h_{t-1} + b_hh (all
+    gate blocks stacked, in torch's order): (h_t, c_t); c is None except for the LSTM."""
+    if mode == "LSTM":
+        # torch.nn.LSTM docs: i, f, g, o = σ, σ, tanh, σ of W_i· x_t + b_i· + W_h· h_{t-1} + b_h·;
+        # c_t = f ⊙ c_{t-1} + i ⊙ g;  h_t = o ⊙ tanh(c_t)
+        i, f, g, o = (u + v).chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+    if mode == "GRU":
+        # torch.nn.GRU docs: r = σ(W_ir x_t + b_ir + W_hr h + b_hr), z likewise,
+        # n = tanh(W_in x_t + b_in + r ⊙ (W_hn h + b_hn)), h_t = (1 − z) ⊙ n + z ⊙ h_{t-1}
+        # (b_hn sits inside r ⊙ (...), so its gradient is not b_in's)
+        ur, uz, un = u.chunk(3, -1)
+        vr, vz, vn = v.chunk(3, -1)
+        r, z = torch.sigmoid(ur + vr), torch.sigmoid(uz + vz)
+        n = torch.tanh(un + r * vn)
+        return (1 - z) * n + z * h, None
+    # torch.nn.RNN docs: h_t = act(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh), act = tanh or relu
+    return (torch.tanh(u + v) if mode == "RNN_TANH" else torch.relu(u + v)), None
+
+
+def _rnn_per_example(
+    unit: _Unit, records: list[_Record], grads: list[list[torch.Tensor | None]], B: int
+) -> dict[str, torch.Tensor] | None:
+    """Per-example gradients of an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` (tanh / relu) without vmap
+    (which cannot batch torch's fused recurrent kernels): any ``num_layers``, ``bidirectional``,
+    ``batch_first``, ``bias``, an LSTM's ``proj_size``, with or without an initial state ``h0`` /
+    ``(h0, c0)``. None (the module then goes to a vmap, i.e. ghost refuses it and ``auto`` falls
+    back) for dropout between layers in training mode (its masks cannot be reproduced), a
+    ``PackedSequence`` or unbatched (2-D) input, or a batch not where the module expects it.
+
+    The recurrence is recomputed from the recorded input and initial state with the module's own
+    (detached) weights, step by step as torch documents it (:func:`_rnn_step`); per layer and
+    direction the input projections U = X W_ihᵀ + b_ih of all steps (one tensor) and the hidden
+    projections V_t = h_{t-1} W_hhᵀ + b_hh of each step are the tensors differentiated for. One
+    batched backward from the recorded gradients of ``output``, ``h_n`` (and ``c_n``) gives every
+    example's ∂ℓ_i/∂U and ∂ℓ_i/∂V_t (examples do not interact); then per example
+    ∂ℓ_i/∂W_ih = Σ_t (∂ℓ_i/∂U_t) x_tᵀ, ∂ℓ_i/∂W_hh = Σ_t (∂ℓ_i/∂V_t) h_{t-1}ᵀ (each one bmm over
+    time), and the biases Σ_t of the same. With ``proj_size`` the projected states h_t = W_hr m_t
+    (m_t = o ⊙ tanh(c_t)) are differentiated for too: ∂ℓ_i/∂W_hr = Σ_t (∂ℓ_i/∂h_t) m_tᵀ. The
+    first-call check compares the result with the one-example-at-a-time reference like every other
+    rule."""
+    m = unit.module
+    if type(m) not in (nn.LSTM, nn.GRU, nn.RNN) or m.mode not in _RNN_MODES:
+        return None
+    if m.dropout > 0 and m.training and m.num_layers > 1:  # torch drops out between layers only
+        return None
+    mode, L, D, H = m.mode, m.num_layers, 2 if m.bidirectional else 1, m.hidden_size
+    P = getattr(m, "proj_size", 0)  # LSTM only; h_t and h_n have P features instead of H
+    sizes = (P or H, H)  # of h (and c)
+    lstm = mode == "LSTM"
+    bdim = 0 if m.batch_first else 1
+    weights = {n: p.detach() for n, p in m.named_parameters(recurse=False)}
+    if not set(unit.names) <= set(weights):
+        return None
+    dtype = next(iter(weights.values())).dtype
+    out: dict[str, torch.Tensor] = {}
+
+    def add(n: str, v: torch.Tensor) -> None:
+        out[n] = v if n not in out else out[n] + v
+
+    for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
+        call = dict(zip(("input", "hx"), rec.args, strict=False))
+        if set(call) & set(rec.kwargs) or len(rec.args) > 2:
+            return None
+        call.update(rec.kwargs)
+        x, hx = call.get("input"), call.get("hx")
+        if set(call) - {"input", "hx"} or not isinstance(x, torch.Tensor) or x.dim() != 3:
+            return None  # PackedSequence, unbatched input, unknown arguments
+        if lay.ins[:1] != (bdim,) or x.shape[bdim] != B:
+            return None
+        # the outputs: output (batch at bdim), h_n (and c_n), (L·D, B, P or H (, H))
+        n_out = 3 if lstm else 2
+        if len(gs) != n_out or lay.outs[0] != bdim or any(d != 1 for d in lay.outs[1:]):
+            return None
+        states = (hx if isinstance(hx, tuple) else (hx,)) if hx is not None else ()
+        if len(states) not in (0, n_out - 1) or any(
+            s.shape != (L * D, B, n) for s, n in zip(states, sizes, strict=False)
+        ):
+            return None
+        states = [_full(s.detach(), dtype) for s in states]
+        if not states:
+            states = [x.new_zeros(L * D, B, n, dtype=dtype) for n in sizes[: n_out - 1]]
+        # leaves that need a gradient, so that every V_t (from h0 at t = 0) is differentiable
+        states = [s.detach().requires_grad_() for s in states]
+        g_out = gs[0] if gs[0] is None or bdim == 0 else gs[0].movedim(bdim, 0)
+        seq = _full(x.detach(), dtype)
+        seq = seq if bdim == 0 else seq.movedim(bdim, 0)  # (B, T, ·)
+        T = seq.shape[1]
+        # per layer and direction: (suffix, its input X, U, [V_t], [h_{t-1}], [h_t], [m_t]) in step
+        # order (the last two with proj_size only)
+        saved = []
+        with torch.enable_grad():
+            finals: list[list[torch.Tensor]] = [[] for _ in states]
+            for layer in range(L):
+                outs = []
+                for d in range(D):
+                    sfx = f"_l{layer}" + ("_reverse" if d else "")
+                    b_ih, b_hh = weights.get("bias_ih" + sfx), weights.get("bias_hh" + sfx)
+                    W_hh = weights["weight_hh" + sfx]
+                    U = F.linear(seq, weights["weight_ih" + sfx], b_ih)  # (B, T, G·H), all steps
+                    U = U if layer else U.requires_grad_()  # layer 0: a leaf (x needs no gradient)
+                    # per-step views by one unbind (its backward stacks the steps' gradients once;
+                    # indexing U[:, t] would zero-fill a whole (B, T, G·H) gradient per step)
+                    u_steps = U.unbind(1)
+                    h = states[0][layer * D + d]
+                    c = states[1][layer * D + d] if lstm else None
+                    Vs, prev, hs, Rs, Ms = [], [], [None] * T, [], []
+                    # the reverse direction reads the sequence from its last step to its first
+                    for t in range(T - 1, -1, -1) if d else range(T):
+                        v = F.linear(h, W_hh, b_hh)
+                        Vs.append(v)
+                        prev.append(h)
+                        h, c = _rnn_step(mode, u_steps[t], v, h, c)
+                        if P:  # torch.nn.LSTM docs (proj_size > 0): h_t = W_hr h_t
+                            Ms.append(h)
+                            h = F.linear(h, weights["weight_hr" + sfx])
+                            Rs.append(h)
+                        hs[t] = h
+                    outs.append(torch.stack(hs, 1))
+                    finals[0].append(h)
+                    if lstm:
+                        finals[1].append(c)
+                    saved.append((sfx, seq, U, Vs, prev, Rs, Ms))
+                seq = torch.cat(outs, -1) if D > 1 else outs[0]
+            ys = [seq] + [torch.stack(f) for f in finals]  # output (B, T, D·H), h_n (, c_n)
+            gos = [g_out, *gs[1:]]
+            pairs = [(y, g) for y, g in zip(ys, gos, strict=True) if g is not None]
+            if not pairs:
+                continue
+            wrt = [s[2] for s in saved] + [v for s in saved for v in s[3] + s[5]]
+            dw = torch.autograd.grad([y for y, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+        dw = [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, dw, strict=True)]
+        dU, dV = dw[: len(saved)], iter(dw[len(saved) :])
+        for (sfx, X, _, Vs, prev, Rs, Ms), du in zip(saved, dU, strict=True):
+            dv = torch.stack([next(dV) for _ in Vs], 1)  # (B, T, G·H), step order as ``prev``
+            if P:
+                dr = torch.stack([next(dV) for _ in Rs], 1)  # (B, T, P)
+                add("weight_hr" + sfx, torch.bmm(dr.transpose(1, 2), torch.stack(Ms, 1).detach()))
+            add("weight_ih" + sfx, torch.bmm(du.transpose(1, 2), X.detach()))
+            add("weight_hh" + sfx, torch.bmm(dv.transpose(1, 2), torch.stack(prev, 1).detach()))
+            if m.bias:
+                add("bias_ih" + sfx, du.sum(1))
+                add("bias_hh" + sfx, dv.sum(1))
+    zeros = {n: w.new_zeros(B, *w.shape) for n, w in weights.items() if n not in out}
+    return {n: out[n] if n in out else zeros[n] for n in unit.names}
+
+
+# Modules whose per-example gradients are recomputed from their recorded inputs (a vmap over them is
+# the fallback when the function returns None): exact type -> (function, what describe() says).
+_RECOMPUTED: dict[type[nn.Module], tuple[Callable[..., dict[str, torch.Tensor] | None], str]] = {
+    nn.MultiheadAttention: (_mha_per_example, "per-example by recomputing the attention"),
+    nn.LSTM: (_rnn_per_example, "per-example by recomputing the recurrence"),
+    nn.GRU: (_rnn_per_example, "per-example by recomputing the recurrence"),
+    nn.RNN: (_rnn_per_example, "per-example by recomputing the recurrence"),
+}
+
+
 def _loop_per_example(model: nn.Module, params: list[nn.Parameter], x: torch.Tensor, y: torch.Tensor):
     """Per-example gradients (B, *p.shape) by one backward pass per example: the reference."""
     rows = []
@@ -1953,8 +2144,9 @@ class GhostClipper(Clipper):
                     recs = [
                         _Record([(k, _full(t, dtype)) for k, t in r.inputs], r.args, r.kwargs, r.outs) for r in recs
                     ]
-                    fast = _mha_per_example(unit, recs, grads, B)
-                    self._how[u] = "per-example by recomputing the attention" if fast else unit.how
+                    rule = _RECOMPUTED.get(type(unit.module))
+                    fast = rule[0](unit, recs, grads, B) if rule is not None else None
+                    self._how[u] = rule[1] if fast is not None else unit.how
                     per = fast or _local_per_example(unit, recs, grads, B)
                     adds = [(plan.index[(u, n)], g) for n, g in per.items()]
                     done[u] = (adds, None, [])
