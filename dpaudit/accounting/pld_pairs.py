@@ -475,22 +475,24 @@ def _chernoff_window(
     frac = (
         np.zeros_like(m0) if m1 is None else np.where(width > 0, np.minimum(m1[nz] / np.maximum(width, 1.0), m0), 0.0)
     )
+    # sum_j p_(s+j) e^(±lam (s+j)) <= (m0 - frac) e^(±lam s) + frac e^(±lam (s + w)) with frac = m1 / w (the
+    # chord, both terms >= 0): one log-sum-exp over the 2 x blocks terms (log weights L at positions S).
+    with np.errstate(divide="ignore"):
+        L = np.concatenate([np.log(m0 - frac), np.log(frac)])
+    S = np.concatenate([starts, starts + width])
+    keep = np.isfinite(L)
+    L, S = L[keep], S[keep]
     log_tail = math.log(tail)
     best_hi, best_lo = math.inf, -math.inf
     # lam per nat from 1e-2 to 1e5, plus lam per index unit down to ~1/max_idx: heavy-tailed PMFs
     # spread over many nats (DP-SGD-JL with small r) need lam far below 1e-2 per nat.
     if lams is None:
         lams = np.concatenate([np.geomspace(1e-2, 1e5, 45) * interval, np.geomspace(0.1 / max(max_idx, 1), 1.0, 30)])
-    with np.errstate(over="ignore", divide="ignore"):
-        for lam in lams:  # per index unit
-            # chord: m0 + (e^(lam w) - 1) frac (all terms >= 0); in logs, as e^(lam w) may overflow
-            up = np.logaddexp(np.log(m0 - frac), np.log(frac) + lam * width)
-            k_pos = _logsumexp(up + lam * starts)
-            best_hi = min(best_hi, math.ceil((count * k_pos - log_tail) / lam))
-            # lower tail: m0 - frac + frac e^(-lam w), a sum of non-negative terms (no cancellation)
-            down = np.logaddexp(np.log(m0 - frac), np.log(frac) - lam * width)
-            k_neg = _logsumexp(down - lam * starts)
-            best_lo = max(best_lo, math.floor((log_tail - count * k_neg) / lam))
+    for lam in lams:  # per index unit
+        k_pos = _logsumexp(L + lam * S)
+        best_hi = min(best_hi, math.ceil((count * k_pos - log_tail) / lam))
+        k_neg = _logsumexp(L - lam * S)
+        best_lo = max(best_lo, math.floor((log_tail - count * k_neg) / lam))
     hi, tail_hi = (int(best_hi), tail) if best_hi < max_idx else (max_idx, 0.0)
     lo, tail_lo = (int(best_lo), tail) if best_lo > 0 else (0, 0.0)
     if lo > hi:  # degenerate (nearly a point mass): keep the full support
