@@ -123,6 +123,9 @@ class PldAccountant(Accountant):
         self.jl_initial_cap = check_positive(jl_initial_cap=jl_initial_cap)
         self._counts: dict[Event, int] = {}
         self._cache: dict[tuple[float, bool], tuple[DiscretePLD, DiscretePLD | None]] = {}
+        # (event, direction, jl cap, interval, max loss) -> its discretised one-step PMF, shared by the float64 and
+        # long-double compositions (and by JL caps where the event is not JL)
+        self._steps: dict[tuple, DiscretePLD] = {}
 
     # -- leaves ------------------------------------------------------------------------------
 
@@ -239,16 +242,21 @@ class PldAccountant(Accountant):
         symmetric = all(add is None for (_, add), _, _ in pairs)
         total_rem: DiscretePLD | None = None
         total_add: DiscretePLD | None = None
-        for (rem, add), count, max_loss in pairs:
-            d_rem = rem.discretise(interval, self.tail * 1e-5, max_loss).self_compose(count, self.tail, long_inverse)
+
+        def step(event: Event, direction: str, pair, max_loss: float) -> DiscretePLD:
+            key = (event, direction, jl_cap if event in jl_events else None, interval, max_loss)
+            if key not in self._steps:
+                self._steps[key] = pair.discretise(interval, self.tail * 1e-5, max_loss)
+            return self._steps[key]
+
+        for event, ((rem, add), count, max_loss) in zip(self._counts, pairs, strict=True):
+            d_rem = step(event, "remove", rem, max_loss).self_compose(count, self.tail, long_inverse)
             total_rem = d_rem if total_rem is None else total_rem.compose(d_rem, self.tail, long_inverse)
             if not symmetric:
                 d_add = (
                     d_rem
                     if add is None
-                    else add.discretise(interval, self.tail * 1e-5, max_loss).self_compose(
-                        count, self.tail, long_inverse
-                    )
+                    else step(event, "add", add, max_loss).self_compose(count, self.tail, long_inverse)
                 )
                 total_add = d_add if total_add is None else total_add.compose(d_add, self.tail, long_inverse)
         assert total_rem is not None

@@ -9,7 +9,7 @@ the accountant imports both, instead of ``jl.py`` and ``pld.py`` importing each 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import fft as sp_fft
@@ -37,6 +37,9 @@ class DiscretePLD:
     # ``delta`` charges it by Cauchy-Schwarz; 0 for a PMF computed without FFT (every discretisation).
     rounding: float = 0.0
     rounding_span: tuple[int, int] = (0, -1)
+    # (count, tail) -> the Chernoff window of ``self_compose`` (it depends on neither precision nor anything
+    # else): the accountant's float64 and long-double passes compose the same discretised PMF.
+    _windows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def losses(self) -> np.ndarray:
@@ -219,7 +222,10 @@ class DiscretePLD:
             return DiscretePLD(
                 self.interval, self.offset * count, np.zeros(1), min(inf_mass, tot**count), carried, span
             )
-        lo, hi, tail_lo, tail_hi = _chernoff_window(p, count, tail, self.interval)
+        key = (count, tail)
+        if key not in self._windows:
+            self._windows[key] = _chernoff_window(p, count, tail, self.interval)
+        lo, hi, tail_lo, tail_hi = self._windows[key]
         size = hi - lo + 1
         # Before the FFT: the window's arrays (real input, complex spectrum, output: ~48 bytes a point)
         # must fit, and a window taking hours asks for --yes (2 µs a point, measured on a 2-core CPU).
