@@ -294,3 +294,28 @@ def test_coarse_log_mgf_chord_bound_is_above_the_exact_one(seed):
     exact_hi = math.ceil((count * k_pos - math.log(tail)) / lam_idx)
     exact_lo = math.floor((math.log(tail) - count * k_neg) / lam_idx)
     assert hi >= min(exact_hi, count * (n - 1)) and lo <= max(exact_lo, 0)
+
+
+def test_cached_steps_and_windows_follow_the_ledger():
+    """The accountant caches one-step discretisations and their self-composition windows across queries and
+    precisions; composing more of the same event (a new count) or another event (a new grid step) must give
+    what a fresh accountant gives, at a usual delta and at one below the long-double switch."""
+    from dpaudit.accounting import dpsgd_event
+
+    def fresh(*parts):
+        acc = PldAccountant()
+        for e in parts:
+            acc.compose(e)
+        return acc
+
+    small = dpsgd_event(noise_multiplier=1.0, sample_rate=0.02, steps=50)
+    wide = PoissonSampled(0.5, Gaussian(0.05))  # its loss range widens the common grid step
+    acc = PldAccountant().compose(small)
+    for delta in (1e-5, 1e-9):
+        acc.epsilon(delta)
+    acc.compose(small)  # 100 steps of the same leaf: a new count, the same discretised step
+    for delta in (1e-5, 1e-9):
+        assert acc.epsilon(delta) == fresh(small, small).epsilon(delta)
+    acc.compose(wide)
+    for delta in (1e-5, 1e-9):
+        assert acc.epsilon(delta) == fresh(small, small, wide).epsilon(delta)
