@@ -92,8 +92,9 @@ def dpsgd_event(*, noise_multiplier: float, sample_rate: float, steps: int, jl_p
 
 
 def epsilon_for(event: Event, delta: float, accountant: str = "rdp", *, neighbouring: str = "add_remove") -> float:
-    """epsilon(delta) of ``event`` with a fresh accountant of the given name (formal for rdp/pld/zcdp)."""
-    return make_accountant(accountant, neighbouring=neighbouring).compose(event).epsilon(delta)
+    """epsilon(delta) of ``event`` with a fresh accountant of the given name (formal for rdp/pld/zcdp;
+    :func:`epsilon_with_label` also says whether it is an approximation)."""
+    return epsilon_with_label(event, delta, accountant, neighbouring=neighbouring).epsilon
 
 
 @dataclass(frozen=True)

@@ -1559,6 +1559,11 @@ def _refusing(method: str, hint: str):
 _MHA_NAMES = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
 
 
+def _add_into(out: dict[str, torch.Tensor], n: str, v: torch.Tensor) -> None:
+    """out[n] += v, the first time without a ``0 + v`` op (a per-example rule called several times adds)."""
+    out[n] = v if n not in out else out[n] + v
+
+
 def _mha_per_example(
     unit: _Unit, records: list[_Record], grads: list[list[torch.Tensor | None]], B: int
 ) -> dict[str, torch.Tensor] | None:
@@ -1585,8 +1590,7 @@ def _mha_per_example(
     Wp, bp = W.split(E), bias.split(E)  # the q, k, v blocks
     out: dict[str, torch.Tensor] = {}
 
-    def add(n: str, v: torch.Tensor) -> None:  # several calls add (no 0 + v op for the first)
-        out[n] = v if n not in out else out[n] + v
+    add = partial(_add_into, out)
 
     for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
         keys = [k for k, _ in rec.inputs]
@@ -1648,8 +1652,7 @@ def _mha_general_per_example(
     eye = torch.eye(E, dtype=Wo.dtype, device=Wo.device)
     out: dict[str, torch.Tensor] = {}
 
-    def add(n: str, v: torch.Tensor) -> None:
-        out[n] = v if n not in out else out[n] + v
+    add = partial(_add_into, out)
 
     for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
         call = dict(zip(_MHA_ARGS, rec.args, strict=False))
@@ -1788,8 +1791,7 @@ def _rnn_per_example(
     dtype = next(iter(weights.values())).dtype
     out: dict[str, torch.Tensor] = {}
 
-    def add(n: str, v: torch.Tensor) -> None:
-        out[n] = v if n not in out else out[n] + v
+    add = partial(_add_into, out)
 
     for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
         call = dict(zip(("input", "hx"), rec.args, strict=False))
