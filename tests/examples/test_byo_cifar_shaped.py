@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # 72-87 s: the whole script; its pieces have fast tests (tests/core/test_byo.py)
 def test_run_sh_small(tmp_path):
     env = {
         **os.environ,
