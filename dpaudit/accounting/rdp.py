@@ -215,7 +215,10 @@ def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float, orders: Se
         return np.full_like(a, np.inf)  # no noise, or so little that 1/sigma^2 overflows
     if math.isinf(sigma):
         return np.zeros_like(a)
-    if q == 1.0:
+    # Where sigma^2 overflows float64 (sigma > ~1.3e154; Python's sigma**2 raises there), the unsubsampled
+    # Gaussian's alpha / (2 sigma^2) bounds the subsampled one: the Renyi divergence is jointly quasi-convex
+    # (van Erven & Harremoes 2014, arXiv:1206.2459, Thm. 13), so mixing with probability q cannot increase it.
+    if q == 1.0 or math.isinf(sigma * sigma):
         return rdp_gaussian(sigma, a)
     out = np.empty_like(a)
     for idx, alpha in enumerate(a):
@@ -365,7 +368,7 @@ def rdp_sampled_without_replacement_gaussian(
     if math.isinf(sigma):
         return np.zeros_like(a)
     sens = replace_factor("replace_one")
-    if q == 1.0:
+    if q == 1.0 or math.isinf(sigma * sigma):  # sigma^2 overflows: the unsubsampled bound, as in rdp_poisson_gaussian
         return rdp_gaussian(sigma, a, sensitivity=sens)
     c = sens**2 / (2.0 * sigma**2)
 

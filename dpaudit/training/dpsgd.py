@@ -41,6 +41,8 @@ from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
 from dpaudit.training.config import DPConfig
 from dpaudit.validation import check_non_negative, check_positive, check_positive_int
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 if TYPE_CHECKING:
     from dpaudit.hooks import GradientCanaries
     from dpaudit.training.dirac import DiracCanaries
@@ -419,6 +421,14 @@ class DPTrainer(Trainer):
             )
         if dp.target_epsilon is not None:
             setting = setting.with_noise(calibrate(setting, dp))
+        # The noise N(0, (σC)² I) is drawn into float32 tensors: a σ·C beyond float32's largest value is no
+        # noise a step can add (torch refuses the conversion mid-training; no useful setting comes near it).
+        if setting.noise_multiplier * dp.clip > FLOAT32_MAX:
+            sigma = "--noise-multiplier" if dp.target_epsilon is None else "the calibrated noise multiplier"
+            raise InputError(
+                f"expected {sigma} × --clip (the noise's standard deviation, {setting.noise_multiplier:g} × "
+                f"{dp.clip:g}) <= {FLOAT32_MAX:.4g}, the largest float32"
+            )
         return setting
 
     def _fit(

@@ -86,6 +86,15 @@ def test_full_batch_is_gaussian():
     np.testing.assert_allclose(rdp_gaussian(2.0, o, sensitivity=2.0), o / 2.0)
 
 
+@pytest.mark.parametrize("sigma", [1e155, 1e308])
+def test_a_noise_whose_square_overflows_is_bounded_not_an_overflow_error(sigma):
+    """sigma**2 raised OverflowError (`account dpsgd --noise-multiplier 1e200`: exit 3, internal error)."""
+    o = np.array([1.5, 2.0, 64.0])
+    for rdp, sens in ((rdp_poisson_gaussian, 1.0), (rdp_sampled_without_replacement_gaussian, 2.0)):
+        r = rdp(0.01, sigma, o)
+        assert np.all(r >= 0) and np.all(r <= rdp_gaussian(sigma, o, sensitivity=sens))
+
+
 def _laplace_rdp_mpmath(eps: float, alpha: float) -> float:
     with mpmath.workdps(30):
         b = 1 / mpmath.mpf(eps)
