@@ -226,6 +226,13 @@ def _read_meta(path: Path) -> dict[str, Any]:
         for key in ("epsilon", "delta"):
             if key in meta["privacy"]:
                 check_json_type(meta["privacy"][key], (float, type(None)), f"{f}: privacy.{key}", error=CheckpointError)
+        # The values too: every audit and report tests this claim, and a NaN, negative ε or δ >= 1 would be
+        # refused there as if the user had typed it (`expected --claimed-epsilon >= 0`), or printed as a claim.
+        eps, delta = meta["privacy"].get("epsilon"), meta["privacy"].get("delta")
+        if eps is not None and not eps >= 0:  # ε = inf (no noise) is a claim; NaN is not
+            raise CheckpointError(f"{f}: privacy.epsilon: expected a number >= 0 (or Infinity), got {eps}")
+        if delta is not None and not 0 <= delta < 1:
+            raise CheckpointError(f"{f}: privacy.delta: expected a number in [0, 1), got {delta}")
     return meta
 
 

@@ -3,9 +3,14 @@ Each case was an internal error (exit 3), a wrong option blamed or a silent misr
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
+from pathlib import Path
+
 import pytest
 
-from tests.core.cli_errors import one_line_error
+from tests.core.cli_errors import invoke, one_line_error
 
 SCHEDULE = ["--sample-rate", "0.004", "--steps", "1000", "--delta", "1e-5"]
 
@@ -23,10 +28,44 @@ SCHEDULE = ["--sample-rate", "0.004", "--steps", "1000", "--delta", "1e-5"]
 def test_numbers_at_their_edges(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     if message is None:  # accepted: a finite epsilon, not an internal error
-        from tests.core.cli_errors import invoke
-
         r = invoke(*args)
         assert r.exit_code == 0 and '"epsilon": 0.0' in r.stdout, r.output
         return
     assert one_line_error(*args) == message
     assert not (tmp_path / "never").exists()
+
+
+TINY = ["--data", "synthetic:n=120,d=4,classes=2,seed=0", "--model", "logreg", "--epochs", "1", "--batch-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stranger") / "dp"
+    r = invoke("--quiet", "train", *TINY, "--algo", "dpsgd", "--noise-multiplier", "2", "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _edited(run: Path, tmp_path: Path, **privacy) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    meta = json.loads((copy / "checkpoint.json").read_text())
+    meta["privacy"].update(privacy)
+    (copy / "checkpoint.json").write_text(json.dumps(meta))  # allow_nan: NaN is written as NaN
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("privacy", "message"),
+    [
+        ({"epsilon": math.nan}, "privacy.epsilon: expected a number >= 0 (or Infinity), got nan"),
+        ({"epsilon": -1.0}, "privacy.epsilon: expected a number >= 0 (or Infinity), got -1.0"),
+        ({"delta": 2.0}, "privacy.delta: expected a number in [0, 1), got 2.0"),
+    ],
+)
+def test_a_strangers_claim_values_are_refused_naming_the_file(dp_run, tmp_path, privacy, message):
+    """inspect printed `ε = nan` / `δ = 2`, and audits refused with `expected --claimed-epsilon >= 0`, an
+    option the user never typed."""
+    run = _edited(dp_run, tmp_path, **privacy)
+    for command in (["inspect", run], ["audit", "checkpoint", run, "--attacks", "none"]):
+        assert one_line_error(*command) == f"error: {run / 'checkpoint.json'}: {message}"
