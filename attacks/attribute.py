@@ -162,7 +162,10 @@ class AttributeResult:
 
 
 def feature_names(dataset: Any) -> list[str] | None:
-    """Feature names of the embedded tabular datasets (scikit-learn's), ``pixel_R_C`` for digits; None otherwise."""
+    """Feature names: a CSV's header, the embedded tabular datasets' (scikit-learn's), ``pixel_R_C`` for digits;
+    None otherwise."""
+    if getattr(dataset, "feature_names", None) is not None:  # your CSV's header (dpaudit.data.Dataset)
+        return list(dataset.feature_names)
     if dataset.name in ("breast-cancer", "wine") and dataset.source == dataset.name:
         from sklearn import datasets as skd
 
@@ -186,7 +189,8 @@ def resolve_feature(text: str | int, dataset: Any) -> tuple[int, str | None]:
         key = s.lower().replace("_", " ")
         match = [i for i, n in enumerate(names) if n.lower().replace("_", " ") == key]
         if not match:
-            raise InputError(f"unknown feature {s!r}; valid: {', '.join(names[:10])}, …") from None
+            more = ", …" if len(names) > 10 else ""
+            raise InputError(f"unknown feature {s!r}; valid: {', '.join(names[:10])}{more}") from None
         j = match[0]
     if not 0 <= j < d:
         raise InputError(f"feature index {j} is outside the data's features 0..{d - 1}")

@@ -65,6 +65,19 @@ def test_feature_index_is_validated():
         AttributeInference("a").fit(X, np.zeros(10, int), label_is_the_hidden_bit)
 
 
+def test_a_csv_feature_is_found_by_its_header_name(tmp_path):
+    """Only the embedded datasets' names were known: `--feature pixel3` on your own CSV said "dataset has no
+    feature names; give the feature as an index", though the header names every column."""
+    from attacks.attribute import resolve_feature
+    from dpaudit.data import load_dataset
+
+    (tmp_path / "my.csv").write_text("age,income,label\n30,1.5,0\n40,2.5,1\n50,0.5,1\n")
+    ds = load_dataset(str(tmp_path / "my.csv"), label_column="label")
+    assert resolve_feature("Income", ds) == (1, "income")
+    with pytest.raises(InputError, match=r"^unknown feature 'label'; valid: age, income$"):
+        resolve_feature("label", ds)
+
+
 # --------------------------------------------------------------------------- breast-cancer
 
 
