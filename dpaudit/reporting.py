@@ -61,13 +61,6 @@ def load_canary_audit(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not a complete saved canary audit ({type(e).__name__}: {e})") from None
 
 
-def _parse_list(text: str, name: str) -> tuple[str, ...]:
-    items = tuple(p.strip() for p in text.split(",") if p.strip())
-    if not items:
-        raise InputError(f"expected {name} as a comma-separated list, got {text!r}")
-    return items
-
-
 def _families(
     inversion: bool, attribute: str | None, extraction_budget: int | None, cloak: str | None, icl: bool, jl_step: bool
 ) -> dict[str, dict]:
@@ -127,10 +120,10 @@ def report_from_options(
         write_report,
     )
     from dpaudit.validation import check_choice, check_in_interval, check_positive_int
-    from dpaudit.workflows import audit_checkpoint
+    from dpaudit.workflows import audit_checkpoint, membership_attacks
 
     fmts = parse_formats(formats)
-    methods = _parse_list(attacks, "--attacks")
+    methods = membership_attacks(attacks)
     check_positive_int(reference_models=reference_models)
     check_positive_int(workers=workers)
     check_in_interval(0.0, 1.0, confidence=confidence)
@@ -154,7 +147,7 @@ def report_from_options(
         if kind == "canaries":  # audited already (`dpaudit audit canaries --out`): rendered like any other audit
             models.append(saved[p])
             continue
-        notify(f"attacking {p} ({', '.join(methods)}) …")
+        notify(f"attacking {p} ({', '.join(methods) or 'no membership attack'}) …")
         audit = audit_checkpoint(
             p, attacks=methods, reference_models=reference_models, estimate_method=estimate_method,
             confidence=confidence, workers=workers, seed=seed, cache_dir=cache_dir, families=families,

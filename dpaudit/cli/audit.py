@@ -331,13 +331,12 @@ def checkpoint_cmd(
     The same workflow (and defaults) as `dpaudit report` and `dpaudit demo`: one checkpoint, one answer.
     """
     from dpaudit.validation import check_choice
-    from dpaudit.workflows import audit_checkpoint
+    from dpaudit.workflows import audit_checkpoint, membership_attacks
 
     check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
-    names = tuple(a.strip() for a in attacks.split(",") if a.strip() and a.strip() != "none")
     result = audit_checkpoint(
         run,
-        attacks=names,
+        attacks=membership_attacks(attacks),
         estimate_method=estimate_method,
         delta=delta,
         confidence=confidence,

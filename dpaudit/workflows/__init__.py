@@ -15,7 +15,7 @@ renderers turn those into text, JSON or a report entry and never run attacks the
   the strongest estimate beside it, labelled.
 """
 
-from dpaudit.workflows.checkpoint import DEFAULTS, AuditDefaults, audit_checkpoint, canary_scores
+from dpaudit.workflows.checkpoint import DEFAULTS, AuditDefaults, audit_checkpoint, canary_scores, membership_attacks
 from dpaudit.workflows.result import AuditRecord, Headline, ModelAudit, TrainingAudit, headline
 from dpaudit.workflows.training import audit_training
 
@@ -30,4 +30,5 @@ __all__ = [
     "audit_training",
     "canary_scores",
     "headline",
+    "membership_attacks",
 ]

@@ -170,6 +170,14 @@ def member_list_note(meta: dict) -> str | None:
     return check.get("note") if check.get("suspicious") else None
 
 
+def membership_attacks(text: str) -> tuple[str, ...]:
+    """The ``--attacks`` option of `audit checkpoint` and `report`, one vocabulary: comma-separated membership
+    attacks (``all`` expands), or ``none``: no attack, the run's canaries (and other families) only."""
+    from attacks.mia import parse_methods
+
+    return () if text.strip().lower() == "none" else parse_methods(text)
+
+
 def audit_checkpoint(
     path: Path | str,
     *,

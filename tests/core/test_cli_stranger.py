@@ -69,3 +69,14 @@ def test_a_strangers_claim_values_are_refused_naming_the_file(dp_run, tmp_path, 
     run = _edited(dp_run, tmp_path, **privacy)
     for command in (["inspect", run], ["audit", "checkpoint", run, "--attacks", "none"]):
         assert one_line_error(*command) == f"error: {run / 'checkpoint.json'}: {message}"
+
+
+def test_attacks_none_means_the_same_in_report_and_audit_checkpoint(dp_run, tmp_path):
+    """`audit checkpoint --attacks none` audits the canaries only; `report --attacks none` was refused as
+    "unknown attack method 'none'" (README: --attacks means one thing in both)."""
+    from dpaudit.workflows import membership_attacks
+
+    assert membership_attacks(" None ") == () and membership_attacks("loss,all")[:2] == ("loss", "confidence")
+    nothing = f"error: {dp_run}: nothing to audit: the run has no canaries and no attack was asked for"
+    assert one_line_error("audit", "checkpoint", dp_run, "--attacks", "none") == nothing
+    assert one_line_error("report", dp_run, "--attacks", "none", "--out", tmp_path / "r") == nothing
