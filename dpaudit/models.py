@@ -128,6 +128,13 @@ class CNNSpec(ModelSpec):
             raise InputError(
                 f"cnn needs image-shaped input (channels, height, width), got feature shape {list(self.input_shape)}"
             )
+        c, h, w = self.input_shape
+        if w in (1, 3, 4) and min(c, h) > 4:  # CIFAR's 32 x 32 x 3 would train as 32 channels of 32 x 3 images
+            raise InputError(
+                f"cnn reads a record as (channels, height, width), but feature shape {list(self.input_shape)} looks "
+                f"channels-last (height, width, channels); store X as N x {w} x {c} x {h}, "
+                "e.g. X.transpose(0, 3, 1, 2)"
+            )
         if any(c < 1 or c % self.groups for c in self.channels):
             raise InputError(
                 f"cnn channels must be positive multiples of groups={self.groups}, got {list(self.channels)}"

@@ -8,6 +8,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.core.cli_errors import invoke, one_line_error
@@ -80,3 +81,14 @@ def test_attacks_none_means_the_same_in_report_and_audit_checkpoint(dp_run, tmp_
     nothing = f"error: {dp_run}: nothing to audit: the run has no canaries and no attack was asked for"
     assert one_line_error("audit", "checkpoint", dp_run, "--attacks", "none") == nothing
     assert one_line_error("report", dp_run, "--attacks", "none", "--out", tmp_path / "r") == nothing
+
+
+def test_channels_last_images_are_not_read_as_channels(tmp_path):
+    """CIFAR stored N x 32 x 32 x 3 trained a cnn on 32 channels of 32 x 3 images, silently."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "hwc.npz", X=rng.integers(0, 256, (40, 8, 8, 3), dtype=np.uint8), y=np.arange(40) % 2)
+    assert one_line_error("train", "--model", "cnn", "--data", tmp_path / "hwc.npz", "--out", tmp_path / "r") == (
+        "error: cnn reads a record as (channels, height, width), but feature shape [8, 8, 3] looks channels-last "
+        "(height, width, channels); store X as N x 3 x 8 x 8, e.g. X.transpose(0, 3, 1, 2)"
+    )
+    assert not (tmp_path / "r").exists()
