@@ -271,8 +271,10 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not a readable CSV file ({str(e).splitlines()[0]})") from None
     if label_column not in df.columns:
-        cols = ", ".join(map(str, df.columns[:20]))
-        raise DataError(f"{path}: no label column {label_column!r} (columns: {cols})")
+        stripped = [c for c in df.columns if str(c).strip() == label_column.strip()]
+        if len(stripped) != 1:  # "a, b, y": pandas keeps the space in " y"
+            raise DataError(f"{path}: no label column {label_column!r}{_header_hint(list(df.columns))}")
+        label_column = stripped[0]
     if len(df) == 0:
         raise DataError(f"{path}: the dataset is empty")
     features = df.drop(columns=[label_column])
@@ -286,6 +288,20 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
         raise DataError(f"{path}: label column {label_column!r} has missing values")
     ds = _validated(path.stem, features.to_numpy(dtype=np.float64), labels.to_numpy(), "tabular", spec)
     return dataclasses.replace(ds, feature_names=tuple(str(c).strip() for c in features.columns))
+
+
+def _header_hint(columns: list) -> str:
+    # What the first line of a CSV without the asked-for label column says about the file (one line).
+    names = [str(c) for c in columns]
+    for sep, word in ((";", "semicolon"), ("\t", "tab")):
+        if len(names) == 1 and sep in names[0]:
+            return f": the file looks {word}-separated ({names[0][:60]!r}); dpaudit reads comma-separated CSV"
+    if all(_is_number(n.split(".")[0] if n.count(".") > 1 else n) for n in names):  # pandas dedups "0" as "0.1"
+        return (
+            f": its first line ({', '.join(names[:5])}{', …' if len(names) > 5 else ''}) is data, not a header; "
+            "add a header line naming the columns"
+        )
+    return f" (columns: {', '.join(names[:20])}{', …' if len(names) > 20 else ''})"
 
 
 def _from_npz(path: Path, spec: str) -> Dataset:
@@ -412,7 +428,7 @@ def _validated(
         X = X[:, None]
     classes, y_idx = np.unique(y, return_inverse=True)
     if len(classes) < 2:
-        raise DataError(f"{spec}: labels have a single class ({classes[0]!r}); need at least 2")
+        raise DataError(f"{spec}: labels have a single class ({classes.tolist()[0]!r}); need at least 2")
     if mapped is None:
         X = X.astype(np.int64 if kind == "tokens" else np.float32)
         X.setflags(write=False)

@@ -75,7 +75,12 @@ def test_train_bad_input(tmp_path, args, message):
         ("a,b\n1,2\n3,4\n", "no label column 'label'"),
         ("a,label\nx,0\ny,1\n", "non-numeric feature column"),
         ("a,label\n1,0\ninf,1\n", "NaN or inf"),
-        ("a,label\n1,0\n2,0\n", "single class"),
+        ("a,label\n1,0\n2,0\n", "single class (0); need"),  # not np.int64(0)
+        ("a, label\n1,0\n2,0\n", "single class"),  # " label" found: the space after the comma
+        ("a,label\n1,cat\n2,cat\n", "single class ('cat'); need"),
+        # no header, or another separator: the first line says so rather than listing it as column names
+        ("1.5,2,0\n3,4,1\n", "no label column 'label': its first line (1.5, 2, 0) is data, not a header"),
+        ("a;label\n1;0\n", "no label column 'label': the file looks semicolon-separated ('a;label')"),
         ("a,label\n", "empty"),
     ],
 )
