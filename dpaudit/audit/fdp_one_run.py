@@ -272,7 +272,10 @@ def resolve_family(tradeoff, delta: float) -> TradeoffFamily:
         if delta <= 0.0:
             raise InputError("tradeoff='epsilon-delta' needs delta > 0")
         return epsilon_delta_family(delta)
-    raise InputError(f"unknown tradeoff {tradeoff!r}; valid: 'gdp', 'epsilon-delta' or a TradeoffFamily")
+    raise InputError(
+        f"unknown tradeoff {tradeoff!r}; valid: epsilon-delta, gdp, dpsgd:Q,T (DP-SGD's curves; in Python a "
+        "TradeoffFamily such as dpsgd_family(Q, T))"
+    )
 
 
 def largest_refuted(

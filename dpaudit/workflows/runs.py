@@ -408,6 +408,7 @@ def audit_training_from_options(
     from dpaudit.validation import check_choice
 
     check_choice(("clopper-pearson", "gdp"), method=method)
+    check_choice(("black-box", "white-box", "white-box-steps"), threat_model=threat_model)  # all three named
     if model_spec is not None and "model" in given:
         raise InputError("give --model or --model-spec, not both")
     config = None

@@ -24,10 +24,18 @@ SCHEDULE = ["--sample-rate", "0.004", "--steps", "1000", "--delta", "1e-5"]
         (["train", "--model", "logreg", "--algo", "dpsgd", "--noise-multiplier", "1e200", "--out", "never"],
          "error: expected --noise-multiplier × --clip (the noise's standard deviation, 1e+200 × 1) <= 3.403e+38, "
          "the largest float32"),
+        # the list of valid values named two of the three threat models
+        (["audit", "train", "--threat-model", "foo"],
+         "error: unknown --threat-model 'foo'; valid: black-box, white-box, white-box-steps"),
+        # a Python class name where the command-line spelling belongs
+        (["audit", "scores", "s.csv", "--method", "one-run-fdp", "--design", "canaries", "--tradeoff", "foo"],
+         "error: unknown --tradeoff 'foo'; valid: epsilon-delta, gdp, dpsgd:Q,T (DP-SGD's curves; in Python a "
+         "TradeoffFamily such as dpsgd_family(Q, T))"),
     ],
 )  # fmt: skip
 def test_numbers_at_their_edges(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.csv").write_text("member,score\n" + "".join(f"{i % 2},{i}\n" for i in range(20)))
     if message is None:  # accepted: a finite epsilon, not an internal error
         r = invoke(*args)
         assert r.exit_code == 0 and '"epsilon": 0.0' in r.stdout, r.output
