@@ -125,14 +125,14 @@ def scores_cmd(
         ),
     ] = False,
     tradeoff: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--tradeoff",
             help="one-run-fdp: the hypothesised curves: epsilon-delta (formal epsilon lower bound), gdp (mu-GDP; "
             "epsilon is an estimate) or dpsgd:Q,T (DP-SGD's curves at Poisson rate Q and T steps, the noise "
-            "multiplier varied; formal).",
+            "multiplier varied; formal). Default: epsilon-delta.",
         ),
-    ] = "epsilon-delta",
+    ] = None,
     trust_design: Annotated[
         bool,
         typer.Option(
@@ -163,13 +163,18 @@ def scores_cmd(
         seed=seed,
         design=design,
         alternative="two-sided" if two_sided else "greater",
-        tradeoff=parse_tradeoff(tradeoff),
+        tradeoff=parse_tradeoff(tradeoff, method),
     )
     emit_audit(result, json_flag=json_output, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
 
 
-def parse_tradeoff(text: str):
-    """--tradeoff: "epsilon-delta", "gdp" or "dpsgd:Q,T" (a :class:`~dpaudit.audit.fdp_one_run.TradeoffFamily`)."""
+def parse_tradeoff(text: str | None, method: str):
+    """--tradeoff: "epsilon-delta" (the default, None), "gdp" or "dpsgd:Q,T" (a
+    :class:`~dpaudit.audit.fdp_one_run.TradeoffFamily`); only --method one-run-fdp reads it."""
+    if text is None:
+        return "epsilon-delta"
+    if method != "one-run-fdp":  # it was ignored: the audit the user asked for is not the one that ran
+        raise InputError(f"--tradeoff applies to --method one-run-fdp only, not --method {method}")
     if not text.startswith("dpsgd:"):
         return text  # validated by audit_scores
     from dpaudit.audit.fdp_one_run import dpsgd_family
@@ -243,8 +248,12 @@ def plan_cmd(
     power: Annotated[float, typer.Option("--power", help="Probability of refuting the claim to plan for.")] = 0.8,
     simulations: Annotated[int, typer.Option("--simulations", help="Simulated audits per design size.")] = 200,
     tradeoff: Annotated[
-        str, typer.Option("--tradeoff", help="one-run-fdp: the trade-off family audited (as for audit scores).")
-    ] = "epsilon-delta",
+        str | None,
+        typer.Option(
+            "--tradeoff",
+            help="one-run-fdp: the trade-off family audited (as for audit scores; default: epsilon-delta).",
+        ),
+    ] = None,
     seed: SeedOpt = 0,
     json_output: JsonFlag = False,
 ) -> None:
@@ -256,7 +265,7 @@ def plan_cmd(
     plan = plan_design(
         target_epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
         alternative="two-sided" if two_sided else "greater", true_epsilon=true_epsilon, mu=mu, family=family,
-        power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff), seed=seed,
+        power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff, method), seed=seed,
     )  # fmt: skip
     emit(plan.to_dict(), plan.summary(), json_flag=json_output)
 

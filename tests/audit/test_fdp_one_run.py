@@ -200,7 +200,7 @@ def test_claim_curve_refutation_is_never_an_epsilon_lower_bound():
     in the result object, its JSON and its summary (every renderer reads those)."""
     from dpaudit.cli.audit import parse_tradeoff
 
-    family = parse_tradeoff("dpsgd:1,1")
+    family = parse_tradeoff("dpsgd:1,1", "one-run-fdp")
     refuted = 0
     for seed in range(5):
         s, mem = _rr_canaries(np.random.default_rng(seed), 1000, 2.0)

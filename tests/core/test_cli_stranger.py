@@ -31,6 +31,11 @@ SCHEDULE = ["--sample-rate", "0.004", "--steps", "1000", "--delta", "1e-5"]
         (["audit", "scores", "s.csv", "--method", "one-run-fdp", "--design", "canaries", "--tradeoff", "foo"],
          "error: unknown --tradeoff 'foo'; valid: epsilon-delta, gdp, dpsgd:Q,T (DP-SGD's curves; in Python a "
          "TradeoffFamily such as dpsgd_family(Q, T))"),
+        # an option documented for one method and silently ignored by the others
+        (["audit", "scores", "s.csv", "--tradeoff", "gdp"],
+         "error: --tradeoff applies to --method one-run-fdp only, not --method clopper-pearson"),
+        (["audit", "plan", "--epsilon", "2", "--method", "one-run", "--tradeoff", "dpsgd:0.1,10"],
+         "error: --tradeoff applies to --method one-run-fdp only, not --method one-run"),
     ],
 )  # fmt: skip
 def test_numbers_at_their_edges(tmp_path, monkeypatch, args, message):
