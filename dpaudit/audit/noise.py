@@ -119,7 +119,7 @@ def variance_p_value(sum_squares: float, dof: int, noise_std: float) -> float:
     S/s² ~ χ²_dof exactly — ``dof`` is the number of values, not one less (no mean is estimated)."""
     if dof <= 0:
         raise InputError(f"the variance test needs at least one value, got {dof}")
-    return float(stats.chi2.cdf(sum_squares / noise_std**2, dof))
+    return float(stats.chi2.cdf(sum_squares / (noise_std * noise_std), dof))  # inf, not OverflowError, for a huge std
 
 
 def independence_p_value(projections: np.ndarray) -> float | None:

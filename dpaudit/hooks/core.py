@@ -79,7 +79,7 @@ def dirac_scores(observations, sample_rate: float, noise_multiplier: float) -> n
     o = np.asarray(observations, dtype=np.float64)
     if noise_multiplier == 0:
         return o.sum(axis=0)
-    z = (o - 0.5) / noise_multiplier**2
+    z = (o - 0.5) / (noise_multiplier * noise_multiplier)  # σ·σ: inf, not OverflowError, for σ > ~1e154
     if sample_rate >= 1:
         return z.sum(axis=0)
     return np.logaddexp(np.log1p(-sample_rate), np.log(sample_rate) + z).sum(axis=0)

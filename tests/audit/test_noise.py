@@ -127,3 +127,8 @@ def test_inputs():
         noise_check(np.ones((3, 1)), np.array([1]), np.zeros((3, 0)), noise_std=0.0)
     with pytest.raises(InputError):
         noise_check(-np.ones((3, 1)), np.array([1]), np.zeros((3, 0)), noise_std=1.0)
+
+
+def test_a_claimed_noise_whose_square_overflows_is_refuted_not_an_overflow_error():
+    """`audit canaries --noise-multiplier 1e200` stopped with OverflowError (exit 3) in noise_std**2."""
+    assert variance_p_value(100.0, 100, 1e200) == 0.0

@@ -228,3 +228,10 @@ def test_record_and_gradient_canary_directories_are_not_confused(tmp_path):
     c.save(tmp_path / "grad")
     with pytest.raises(InputError, match="dpaudit audit canaries"):
         read_canary_dir(tmp_path / "grad", load_dataset("digits"))
+
+
+def test_dirac_scores_take_a_noise_multiplier_whose_square_overflows():
+    """sigma**2 raised OverflowError (`audit canaries --noise-multiplier 1e200`, exit 3); the likelihood ratio
+    of a noise that large is flat: every canary scores log(1) = 0."""
+    o = np.array([[0.0, 1.0], [2.0, -1.0]])
+    np.testing.assert_allclose(dirac_scores(o, 0.3, 1e200), 0.0, atol=1e-12)
