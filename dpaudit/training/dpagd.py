@@ -86,6 +86,8 @@ def initial_budgets(epsilon: float, delta: float, splits: int, c_grad: float) ->
     ρ_nmax = ε_nmax²/2 (Lemma 3.7); σ = C_grad √(2 log(1.25/δ))/ε_nmax (slides Thm 3.3) and
     ρ_ng = C_grad²/(2σ²) (Lemma 3.6) = ε_nmax²/(4 log(1.25/δ))."""
     eps_split = 0.5 * epsilon / splits
+    if math.isinf(eps_split * eps_split):  # ε beyond ~1e154: no budget holds this share (eps_split**2 raised)
+        return math.inf, math.inf
     sigma = c_grad * math.sqrt(2.0 * math.log(1.25 / delta)) / eps_split
     return 0.5 * eps_split**2, c_grad**2 / (2.0 * sigma**2)
 
@@ -231,7 +233,8 @@ def dpagd(Z: np.ndarray, s: np.ndarray, config: DPAGDConfig, rng: np.random.Gene
         raise InputError(
             f"the budget rho = {ledger.budget:.3g} (epsilon {numfmt.upper(config.epsilon)}, delta "
             f"{numfmt.upper(config.delta)}) is too small "
-            f"for one DP-AGD iteration (rho_ng + rho_nmax = {rho_ng + rho_nmax:.3g}); raise --epsilon or lower --steps"
+            f"for one DP-AGD iteration (rho_ng + rho_nmax = {rho_ng + rho_nmax:.3g}); raise --steps (the splits: "
+            "an iteration first spends (epsilon / (2 splits))² / 2, so a larger --epsilon does not help)"
         )
     d = Z.shape[1]
     w = np.zeros(d)

@@ -144,8 +144,12 @@ def test_trainer_on_digits_3_vs_8():
 
 def test_bad_input_is_an_input_error():
     Z, s = _data(20, 2, 7)
-    with pytest.raises(InputError, match="too small for one DP-AGD iteration"):
-        dpagd(Z, s, DPAGDConfig(epsilon=0.1, delta=1e-12, splits=1), np.random.default_rng(0))
+    # The advice is more splits: "raise --epsilon or lower --steps" (both make it worse) was given before, and
+    # an epsilon beyond ~1e154 overflowed (OverflowError, exit 3).
+    for epsilon in (0.1, 1e200):
+        with pytest.raises(InputError, match=r"too small for one DP-AGD iteration .*; raise --steps \(the splits"):
+            dpagd(Z, s, DPAGDConfig(epsilon=epsilon, delta=1e-12, splits=1), np.random.default_rng(0))
+    assert dpagd(Z, s, DPAGDConfig(epsilon=0.1, delta=1e-12, splits=4), np.random.default_rng(0)).w is not None
     with pytest.raises(InputError, match="objective"):
         DPAGDConfig(epsilon=1.0, delta=1e-5, objective="hinge")
     with pytest.raises(InputError):
