@@ -437,11 +437,48 @@ def build_model(spec: ModelSpec, *, seed: int | None = None, dtype: torch.dtype 
 
 
 def check_no_batchnorm(model: nn.Module) -> None:
-    """Refuse BatchNorm for private training (the DP trainers, the clippers, a DP claim at import)."""
+    """Refuse BatchNorm for private training (the DP trainers, the clippers, a DP claim at import), and
+    InstanceNorm with ``track_running_stats=True``: it normalises each example by its own statistics,
+    but its running mean and variance are averages over the training batches, saved with the model
+    without noise (and used in eval mode), so no DP claim covers the released weights. (A user's own
+    module that updates a buffer from the data is caught when training starts:
+    :func:`check_buffers_unchanged`.)"""
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             raise InputError(
                 f"layer {name or type(m).__name__} is BatchNorm, which mixes examples in a batch so no "
                 "per-example clipping can bound one example's influence (no DP claim holds); use GroupNorm "
                 "or LayerNorm"
+            )
+        if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
+            raise InputError(
+                f"layer {name or type(m).__name__} is {type(m).__name__} with track_running_stats=True: its "
+                "running mean and variance average the training batches and are saved with the model without "
+                "noise (no DP claim covers them); use track_running_stats=False, GroupNorm or LayerNorm"
+            )
+
+
+def released_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the floating-point buffers saved with the model (its state dict's non-parameters)."""
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    return {
+        n: b.detach().clone()
+        for n, b in model.state_dict(keep_vars=True).items()
+        if n not in params and b.is_floating_point()
+    }
+
+
+def check_buffers_unchanged(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
+    """Refuse a model whose training forward pass changed a saved floating-point buffer (a running
+    statistic of the data, as BatchNorm's): DP-SGD noises the gradients only, so such a buffer
+    would be released computed from the private records without noise. ``before``:
+    :func:`released_buffers` before the forward pass. (Counters such as ``num_batches_tracked``
+    are integers, and caches a module keeps out of its state dict are not released: both pass.)"""
+    after = model.state_dict(keep_vars=True)
+    for n, b in before.items():
+        if n in after and not torch.equal(after[n].detach(), b):
+            raise InputError(
+                f"buffer {n} changed during a training forward pass: a statistic of the training data "
+                "saved with the model without noise, which no DP claim covers; keep it out of the state "
+                "dict (register_buffer(..., persistent=False)) or do not update it from the data"
             )

@@ -96,7 +96,7 @@ from torch.nn import functional as F
 from torch.nn.grad import conv2d_weight
 
 from dpaudit.errors import InputError
-from dpaudit.models import check_no_batchnorm
+from dpaudit.models import check_buffers_unchanged, check_no_batchnorm, released_buffers
 from dpaudit.training.config import CLIPPING
 from dpaudit.validation import check_choice, check_positive
 
@@ -202,6 +202,7 @@ class Clipper(ABC):
         if not self.params:
             raise InputError("the model has no trainable parameters")
         self._valid = 0  # real rows of the batch being clipped (set per call)
+        self._buffers_checked = False  # the first call checks that no released buffer learns from the data
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, clip: float, *, valid: int | None = None) -> ClippedGradients:
         """Clipped-gradient sum and per-example norms for the batch (x, y) at clipping norm ``clip``.
@@ -225,7 +226,13 @@ class Clipper(ABC):
                 norms=torch.zeros(0, dtype=self.params[0].dtype, device=self.params[0].device),
             )
         self._valid = valid
-        out = self._compute(x, y, clip)
+        if self._buffers_checked:
+            out = self._compute(x, y, clip)
+        else:  # a running statistic in the state dict would be released without noise
+            before = released_buffers(self.model)
+            out = self._compute(x, y, clip)
+            check_buffers_unchanged(self.model, before)
+            self._buffers_checked = True
         return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
 
     def _clip_factors(self, norms: torch.Tensor, clip: float) -> torch.Tensor:

@@ -269,6 +269,35 @@ def test_batchnorm_is_refused_with_a_reason():
             make_clipper(model, method)
 
 
+class RunningMean(nn.Module):
+    """A user's input centring by a running mean of the data: a buffer learnt from the batches."""
+
+    def __init__(self, persistent: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.register_buffer("mu", torch.zeros(4), persistent=persistent)
+
+    def forward(self, x):
+        if self.training:
+            self.mu = 0.9 * self.mu + 0.1 * x.mean(0).detach()
+        return self.lin(x - self.mu)
+
+
+def test_running_statistics_released_without_noise_are_refused():
+    # InstanceNorm normalises per example, but track_running_stats=True saves batch averages with the
+    # model, un-noised; so does a user's running mean in the state dict. Refused as BatchNorm is.
+    inorm = nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=True), nn.Flatten())
+    for method in ("auto", "ghost", "vmap", "loop"):
+        with pytest.raises(InputError, match=r"1 is InstanceNorm2d with track_running_stats=True"):
+            make_clipper(inorm, method)
+    make_clipper(nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2), nn.Flatten()), "loop")  # no stats: fine
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
+    for method in ("auto", "ghost", "loop"):
+        with pytest.raises(InputError, match=r"buffer mu changed during a training forward pass"):
+            clipped_gradient_sum(RunningMean(persistent=True), x, y, 1.0, method=method)
+        clipped_gradient_sum(RunningMean(persistent=False), x, y, 1.0, method=method)  # not released: fine
+
+
 @pytest.mark.parametrize("method", ["ghost", "vmap", "loop"])
 def test_float32_and_empty_batch(method):
     model = build_model(default_spec("cnn", input_shape=(1, 8, 8), n_classes=3), seed=0)
