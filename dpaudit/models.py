@@ -468,17 +468,48 @@ def released_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def check_buffers_unchanged(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
-    """Refuse a model whose training forward pass changed a saved floating-point buffer (a running
-    statistic of the data, as BatchNorm's): DP-SGD noises the gradients only, so such a buffer
+def check_buffers_unchanged(model: nn.Module, before: dict[str, torch.Tensor], x: torch.Tensor) -> None:
+    """Refuse a model whose training forward pass changed a saved floating-point buffer as a function of
+    the data (a running statistic, as BatchNorm's): DP-SGD noises the gradients only, so such a buffer
     would be released computed from the private records without noise. ``before``:
-    :func:`released_buffers` before the forward pass. (Counters such as ``num_batches_tracked``
-    are integers, and caches a module keeps out of its state dict are not released: both pass.)"""
-    after = model.state_dict(keep_vars=True)
-    for n, b in before.items():
-        if n in after and not torch.equal(after[n].detach(), b):
+    :func:`released_buffers` before that pass; ``x``: its input.
+
+    A changed buffer is told apart from one updated from the weights alone (spectral normalisation's
+    power-iteration vectors: post-processing of the DP weights, allowed) by two more training-mode
+    forward passes from ``before``, on one record of ``x`` and on a different input; the buffers are
+    restored afterwards, and the random state is left untouched. (Counters such as
+    ``num_batches_tracked`` are integers, and caches kept out of the state dict are not released.)"""
+    current = model.state_dict(keep_vars=True)
+    changed = [n for n, b in before.items() if n in current and not torch.equal(current[n].detach(), b)]
+    if not changed:
+        return
+    after = released_buffers(model)
+
+    def from_before(inp: torch.Tensor) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            state = model.state_dict(keep_vars=True)
+            for n in changed:
+                state[n].copy_(before[n])
+            with torch.random.fork_rng(devices=[inp.device] if inp.device.type == "cuda" else []):
+                model(inp)
+            state = model.state_dict(keep_vars=True)
+            return {n: state[n].detach().clone() for n in changed}
+
+    one = x[:1]
+    other = one + 1 if one.is_floating_point() else (one == 0).to(one.dtype)  # another valid input
+    try:
+        a, b = from_before(one), from_before(other)
+    except Exception:  # a model that cannot run on one record: whether the data moved the buffer is unknown
+        a, b = {n: torch.zeros(1) for n in changed}, {n: torch.ones(1) for n in changed}
+    finally:
+        with torch.no_grad():
+            state = model.state_dict(keep_vars=True)
+            for n in changed:
+                state[n].copy_(after[n])
+    for n in changed:
+        if not torch.equal(a[n], b[n]):
             raise InputError(
-                f"buffer {n} changed during a training forward pass: a statistic of the training data "
-                "saved with the model without noise, which no DP claim covers; keep it out of the state "
-                "dict (register_buffer(..., persistent=False)) or do not update it from the data"
+                f"buffer {n} changed with the data in a training forward pass: a statistic of the training data "
+                "saved with the model without noise, which no DP claim covers; keep it out of the state dict "
+                "(register_buffer(..., persistent=False)) or do not update it from the data"
             )

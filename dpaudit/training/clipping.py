@@ -231,7 +231,7 @@ class Clipper(ABC):
         else:  # a running statistic in the state dict would be released without noise
             before = released_buffers(self.model)
             out = self._compute(x, y, clip)
-            check_buffers_unchanged(self.model, before)
+            check_buffers_unchanged(self.model, before, x)
             self._buffers_checked = True
         return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
 

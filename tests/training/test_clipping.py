@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 from dpaudit.errors import InputError
 from dpaudit.models import build_model, default_spec
+from dpaudit.training import clipping
 from dpaudit.training.clipping import (
     AutoClipper,
     GhostClipper,
@@ -283,7 +286,7 @@ class RunningMean(nn.Module):
         return self.lin(x - self.mu)
 
 
-def test_running_statistics_released_without_noise_are_refused():
+def test_running_statistics_released_without_noise_are_refused(monkeypatch):
     # InstanceNorm normalises per example, but track_running_stats=True saves batch averages with the
     # model, un-noised; so does a user's running mean in the state dict. Refused as BatchNorm is.
     inorm = nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=True), nn.Flatten())
@@ -293,9 +296,25 @@ def test_running_statistics_released_without_noise_are_refused():
     make_clipper(nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2), nn.Flatten()), "loop")  # no stats: fine
     x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
     for method in ("auto", "ghost", "loop"):
-        with pytest.raises(InputError, match=r"buffer mu changed during a training forward pass"):
+        with pytest.raises(InputError, match=r"buffer mu changed with the data in a training forward pass"):
             clipped_gradient_sum(RunningMean(persistent=True), x, y, 1.0, method=method)
         clipped_gradient_sum(RunningMean(persistent=False), x, y, 1.0, method=method)  # not released: fine
+        # Spectral normalisation updates its power-iteration buffers from the weights alone (post-processing
+        # of DP weights): allowed, and the clipped sum is the one without the check's extra passes.
+        sn = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(4, 3)), nn.Tanh(), nn.Linear(3, 2))
+        with torch.no_grad():  # weights moved after the 15 power iterations at creation: u and v move again
+            sn[0].parametrizations.weight.original.mul_(torch.linspace(0.5, 2.0, 4))
+        twin = copy.deepcopy(sn)
+        got = clipped_gradient_sum(sn, x, y, 1.0, method=method)
+        for name, b in twin.named_buffers():
+            assert not torch.equal(b, dict(sn.named_buffers())[name])  # the power iteration did move them
+        with monkeypatch.context() as m:  # the same call without the check: same sums, same buffers after
+            m.setattr(clipping, "check_buffers_unchanged", lambda *args: None)
+            ref = clipped_gradient_sum(twin, x, y, 1.0, method=method)
+        for g, r in zip(got.grads, ref.grads, strict=True):
+            assert torch.equal(g, r)
+        for (_, b), (_, r) in zip(sn.named_buffers(), twin.named_buffers(), strict=True):
+            assert torch.equal(b, r)
 
 
 @pytest.mark.parametrize("method", ["ghost", "vmap", "loop"])
