@@ -201,6 +201,14 @@ class Clipper(ABC):
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
+        low = next((p.dtype for p in self.params if p.dtype not in (torch.float32, torch.float64)), None)
+        if low is not None:  # norms, clip factors, the sum and the noise would all be computed in that dtype
+            raise InputError(
+                f"the model's parameters are {str(low).removeprefix('torch.')}: per-example norms and the clipped "
+                "sum in it let a clipped gradient exceed C (by ~0.5% in bfloat16), which the DP claim does not "
+                "allow; keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and "
+                "backward passes in bfloat16)"
+            )
         self._valid = 0  # real rows of the batch being clipped (set per call)
         self._buffers_checked = False  # the first call checks that no released buffer learns from the data
 
