@@ -440,7 +440,9 @@ def check_no_batchnorm(model: nn.Module) -> None:
     """Refuse BatchNorm for private training (the DP trainers, the clippers, a DP claim at import), and
     InstanceNorm with ``track_running_stats=True``: it normalises each example by its own statistics,
     but its running mean and variance are averages over the training batches, saved with the model
-    without noise (and used in eval mode), so no DP claim covers the released weights. (A user's own
+    without noise (and used in eval mode), so no DP claim covers the released weights. So does an
+    Embedding's ``max_norm``: the forward pass renormalises the looked-up rows of the weight in place
+    (a record with a rare token shrinks that row when it is sampled, whatever the noise). (A user's own
     module that updates a buffer from the data is caught when training starts:
     :func:`check_buffers_unchanged`.)"""
     for name, m in model.named_modules():
@@ -449,6 +451,12 @@ def check_no_batchnorm(model: nn.Module) -> None:
                 f"layer {name or type(m).__name__} is BatchNorm, which mixes examples in a batch so no "
                 "per-example clipping can bound one example's influence (no DP claim holds); use GroupNorm "
                 "or LayerNorm"
+            )
+        if isinstance(m, nn.Embedding | nn.EmbeddingBag) and m.max_norm is not None:
+            raise InputError(
+                f"layer {name or type(m).__name__} is {type(m).__name__} with max_norm: it renormalises, in place "
+                "and without noise, the rows of the tokens each batch holds, so the weights show which tokens the "
+                "training data contain (no DP claim covers it); remove max_norm (DP-SGD clips the gradients)"
             )
         if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
             raise InputError(

@@ -956,10 +956,9 @@ class _EmbeddingHandler(_Handler):
 
     Every option of ``nn.Embedding`` is exact here, because the rule reads the output gradients only:
     ``sparse`` changes only the format of the batch gradient autograd would form (never formed here);
-    ``max_norm`` renormalises the looked-up rows in place, without gradient, before the lookup, in the
-    clipping forward as in the one-example reference (renormalising is idempotent, so the rows example
-    i reads are the same either way); ``scale_grad_by_freq`` divides each position's gradient by its
-    token's count in the call's input, which for the reference's call is example i's own tokens."""
+    ``scale_grad_by_freq`` divides each position's gradient by its token's count in the call's input,
+    which for the reference's call is example i's own tokens. (``max_norm``, an in-place renormalisation
+    of the rows a batch looks up, is refused under DP: :func:`dpaudit.models.check_no_batchnorm`.)"""
 
     @staticmethod
     def _positions(module, inputs, grads):
