@@ -97,35 +97,77 @@ def mi_face(
     gamma keeps its meaning. ``can_step()`` is asked before each step (a query budget: False stops with
     ``"budget"``). See the module docstring for the reading of the window at ``i < beta``.
     """
+
+    def costs(X: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        v = cost(X[0])
+        d, c = (v[0], v[1]) if isinstance(v, tuple) else (v, v)
+        return np.array([float(d)]), np.array([float(c)])
+
+    (trace,) = mi_face_rows(
+        costs, lambda X, rows: np.asarray(gradient(X[0]))[None], np.asarray(x0, dtype=np.float64)[None],
+        iterations=iterations, window=window, threshold=threshold, step=step,
+        process=lambda X: np.asarray(process(X[0]))[None], can_step=can_step,
+    )  # fmt: skip
+    return trace
+
+
+def mi_face_rows(
+    cost: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+    gradient: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    X0: np.ndarray,
+    *,
+    iterations: int,
+    window: int,
+    threshold: float,
+    step: float,
+    process: Callable[[np.ndarray], np.ndarray] = lambda X: X,
+    can_step: Callable[[], bool] = lambda: True,
+) -> list[MIFaceTrace]:
+    """Algorithm 1 (see :func:`mi_face`) run from every row of ``X0`` at once, each row on its own.
+
+    ``cost(X, rows)`` returns the arrays (d, c) at the iterates ``X`` of the still running starts ``rows``
+    (indices into ``X0``), ``gradient(X, rows)`` d's gradients there, ``process`` maps a stack of iterates.
+    A row stops by its own rule (lines 6 and 8) and is then no longer evaluated; ``can_step()`` stops all.
+    One model call per iteration serves every running start (a white-box cost can return d's gradient
+    with its value, for the next step).
+    """
     check_positive_int(iterations=iterations)
     check_positive_int(window=window)
     check_positive(finite=True, step=step)
-
-    def pair(x: np.ndarray) -> tuple[float, float]:
-        v = cost(x)
-        return (float(v[0]), float(v[1])) if isinstance(v, tuple) else (float(v), float(v))
-
-    x = np.asarray(x0, dtype=np.float64)
-    d, c = pair(x)
-    costs = [d]
-    best_x, best_d, best_c, best_i = x, d, c, 0
-    reason = "max-iterations"
+    X = np.array(X0, dtype=np.float64)
+    n = len(X)
+    active = np.arange(n)
+    d, c = cost(X, active)
+    costs = [[float(v)] for v in d]
+    best_x, best_d, best_c = X.copy(), np.array(d, np.float64), np.array(c, np.float64)
+    best_i = [0] * n
+    reason = ["max-iterations"] * n
     for i in range(1, iterations + 1):
+        if not len(active):
+            break
         if not can_step():
-            reason = "budget"
+            for r in active:
+                reason[r] = "budget"
             break
-        x = process(x - step * gradient(x))  # Algorithm 1, line 5
-        d, c = pair(x)
-        costs.append(d)
-        if d < best_d:
-            best_x, best_d, best_c, best_i = x, d, c, i
-        if i >= window and d >= max(costs[i - window : i]):  # line 6, once beta earlier costs exist
-            reason = "no-improvement"
-            break
-        if c <= threshold:  # line 8, in MI-FACE's cost
-            reason = "threshold"
-            break
-    return MIFaceTrace(np.array(best_x), best_c, np.array(costs), best_i, reason, best_d)
+        X[active] = process(X[active] - step * gradient(X[active], active))  # Algorithm 1, line 5
+        d, c = cost(X[active], active)
+        running = []
+        for j, r in enumerate(active):
+            dj, cj = float(d[j]), float(c[j])
+            costs[r].append(dj)
+            if dj < best_d[r]:
+                best_x[r], best_d[r], best_c[r], best_i[r] = X[r], dj, cj, i
+            if i >= window and dj >= max(costs[r][i - window : i]):  # line 6, once beta earlier costs exist
+                reason[r] = "no-improvement"
+            elif cj <= threshold:  # line 8, in MI-FACE's cost
+                reason[r] = "threshold"
+            else:
+                running.append(r)
+        active = np.array(running, dtype=int)
+    return [
+        MIFaceTrace(best_x[r].copy(), float(best_c[r]), np.array(costs[r]), best_i[r], reason[r], float(best_d[r]))
+        for r in range(n)
+    ]
 
 
 # --------------------------------------------------------------------------- the model as the attacker sees it
@@ -200,7 +242,9 @@ class MIFace:
     ``variant`` picks what is descended (:data:`VARIANTS`; ``"mi-face"`` is the seed's Algorithm 1 as
     published); the stopping rule, gamma and the reported cost are MI-FACE's in every variant.
     ``restarts`` R: Algorithm 1 is run from x_0 = PROCESS(0) and from R - 1 starts drawn uniformly in the
-    aux box (seeded); the run with the smallest MI-FACE cost is returned (black-box: the budget is shared).
+    aux box (seeded); the run with the smallest MI-FACE cost is returned (black-box: the budget is shared,
+    the starts run one after another; white-box: all starts run at once, one model call per iteration), and
+    every start's trace is kept in ``traces_``.
     """
 
     def __init__(
@@ -271,32 +315,38 @@ class MIFace:
         """PROCESS: clip to the aux feature box."""
         return np.clip(x, self.lower_, self.upper_)
 
-    def _aux_term(self, x: torch.Tensor) -> torch.Tensor:
+    def _aux_terms(self, X: torch.Tensor) -> torch.Tensor:
+        """AUXTERM of each row of a stack of inputs (float64, shape (n,))."""
         if self.prior == "none" or self.prior_weight == 0:
-            return torch.zeros((), dtype=torch.float64)
-        z = (x - torch.as_tensor(self.lower_)) / torch.as_tensor(self.width_)  # box units
+            return torch.zeros(len(X), dtype=torch.float64)
+        z = (X - torch.as_tensor(self.lower_)) / torch.as_tensor(self.width_)  # box units
         if self.prior == "mean":
             m = (torch.as_tensor(self.mean_) - torch.as_tensor(self.lower_)) / torch.as_tensor(self.width_)
-            return self.prior_weight * ((z - m) ** 2).mean()
+            return self.prior_weight * ((z - m) ** 2).flatten(1).mean(1)
         dh = z[..., 1:, :] - z[..., :-1, :]
         dw = z[..., :, 1:] - z[..., :, :-1]
         # Anisotropic total variation (Rudin, Osher & Fatemi 1992), sqrt(d^2 + 1e-8) so it is differentiable at 0.
-        return self.prior_weight * (torch.sqrt(dh**2 + 1e-8).mean() + torch.sqrt(dw**2 + 1e-8).mean())
+        return self.prior_weight * (
+            torch.sqrt(dh**2 + 1e-8).flatten(1).mean(1) + torch.sqrt(dw**2 + 1e-8).flatten(1).mean(1)
+        )
+
+    def _aux_term(self, x: torch.Tensor) -> torch.Tensor:
+        return self._aux_terms(x[None])[0]
 
     def aux_term(self, x: np.ndarray) -> float:
         return float(self._aux_term(torch.as_tensor(x, dtype=torch.float64)))
 
-    def _objective(self, p: torch.Tensor, label: int) -> torch.Tensor:
-        """The descended objective d without AUXTERM, from a probability vector (float64)."""
+    def _objectives(self, P: torch.Tensor, label: int) -> torch.Tensor:
+        """The descended objective d without AUXTERM, from each row of probabilities (float64, shape (n,))."""
         if self.variant == "mi-face":
-            return 1.0 - p[label]
+            return 1.0 - P[:, label]
         # log-probabilities differ from the logits by a constant, so the margin is a logit margin; the clamp
         # only guards log(0) (a probability below 1e-300 in float64)
-        logp = torch.log(p.clamp_min(1e-300))
+        logp = torch.log(P.clamp_min(1e-300))
         if self.variant == "log-softmax":
-            return -logp[label]
-        others = torch.cat([logp[:label], logp[label + 1 :]])
-        return others.max() - logp[label]
+            return -logp[:, label]
+        others = torch.cat([logp[:, :label], logp[:, label + 1 :]], dim=1)
+        return others.max(dim=1).values - logp[:, label]
 
     def starts(self) -> list[np.ndarray]:
         """x_0 = PROCESS(0) (Algorithm 1, line 3), then ``restarts - 1`` uniform draws in the aux box."""
@@ -311,22 +361,25 @@ class MIFace:
             raise InputError("MIFace is not fitted; call fit(X_aux) first")
         kw = dict(iterations=self.iterations, window=self.window, threshold=self.threshold, step=self.step)
         if not self.black_box:
+            grads: dict[str, np.ndarray] = {}
 
-            def cost(x: np.ndarray) -> tuple[float, float]:
+            def cost(X: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                # One forward and backward for every running start: d's gradient is kept for the next step
+                # (rows are independent: the model is in eval mode, so d.sum()'s gradient is each row's).
+                t = torch.as_tensor(X).clone().requires_grad_(True)
+                p = model(t)
+                a = self._aux_terms(t)
+                d = self._objectives(p, label) + a
+                (g,) = torch.autograd.grad(d.sum(), t)
+                grads["rows"], grads["g"] = rows, g.numpy()
                 with torch.no_grad():
-                    t = torch.as_tensor(x)
-                    p = model(t[None])[0]
-                    a = self._aux_term(t)
-                    return float(self._objective(p, label) + a), float(1.0 - p[label] + a)
+                    return d.numpy(force=True), (1.0 - p[:, label] + a).numpy(force=True)
 
-            def gradient(x: np.ndarray) -> np.ndarray:
-                t = torch.as_tensor(x).clone().requires_grad_(True)
-                d = self._objective(model(t[None])[0], label) + self._aux_term(t)
-                (g,) = torch.autograd.grad(d, t)
-                return g.numpy()
+            def gradient(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+                return grads["g"][np.searchsorted(grads["rows"], rows)]  # rows only ever shrink
 
-            traces = [mi_face(cost, gradient, x0, process=self.process, **kw) for x0 in self.starts()]
-            return min(traces, key=lambda t: (t.cost, t.objective))
+            self.traces_ = mi_face_rows(cost, gradient, np.stack(self.starts()), process=self.process, **kw)
+            return min(self.traces_, key=lambda t: (t.cost, t.objective))
 
         rng = np.random.default_rng(self.seed)
         used = 0
@@ -339,7 +392,7 @@ class MIFace:
 
         def objective(P: np.ndarray) -> np.ndarray:
             with torch.no_grad():
-                return np.array([float(self._objective(torch.as_tensor(p), label)) for p in P])
+                return self._objectives(torch.as_tensor(P), label).numpy()
 
         def cost(x: np.ndarray) -> tuple[float, float]:
             p = ask(x[None])
@@ -365,7 +418,7 @@ class MIFace:
             if traces and self.budget is not None and used + 1 > self.budget:
                 break  # no query left for c(x_0) of another start
             traces.append(mi_face(cost, gradient, x0, process=self.process, can_step=can_step, **kw))
-        self.queries_ = used
+        self.queries_, self.traces_ = used, traces
         return min(traces, key=lambda t: (t.cost, t.objective))
 
 

@@ -444,11 +444,87 @@ def build_model(spec: ModelSpec, *, seed: int | None = None, dtype: torch.dtype 
 
 
 def check_no_batchnorm(model: nn.Module) -> None:
-    """Refuse BatchNorm for private training (the DP trainers, the clippers, a DP claim at import)."""
+    """Refuse BatchNorm for private training (the DP trainers, the clippers, a DP claim at import), and
+    InstanceNorm with ``track_running_stats=True``: it normalises each example by its own statistics,
+    but its running mean and variance are averages over the training batches, saved with the model
+    without noise (and used in eval mode), so no DP claim covers the released weights. So does an
+    Embedding's ``max_norm``: the forward pass renormalises the looked-up rows of the weight in place
+    (a record with a rare token shrinks that row when it is sampled, whatever the noise). (A user's own
+    module that updates a buffer from the data is caught when training starts:
+    :func:`check_buffers_unchanged`.)"""
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             raise InputError(
                 f"layer {name or type(m).__name__} is BatchNorm, which mixes examples in a batch so no "
                 "per-example clipping can bound one example's influence (no DP claim holds); use GroupNorm "
                 "or LayerNorm"
+            )
+        if isinstance(m, nn.Embedding | nn.EmbeddingBag) and m.max_norm is not None:
+            raise InputError(
+                f"layer {name or type(m).__name__} is {type(m).__name__} with max_norm: it renormalises, in place "
+                "and without noise, the rows of the tokens each batch holds, so the weights show which tokens the "
+                "training data contain (no DP claim covers it); remove max_norm (DP-SGD clips the gradients)"
+            )
+        if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
+            raise InputError(
+                f"layer {name or type(m).__name__} is {type(m).__name__} with track_running_stats=True: its "
+                "running mean and variance average the training batches and are saved with the model without "
+                "noise (no DP claim covers them); use track_running_stats=False, GroupNorm or LayerNorm"
+            )
+
+
+def released_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the floating-point buffers saved with the model (its state dict's non-parameters)."""
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    return {
+        n: b.detach().clone()
+        for n, b in model.state_dict(keep_vars=True).items()
+        if n not in params and b.is_floating_point()
+    }
+
+
+def check_buffers_unchanged(model: nn.Module, before: dict[str, torch.Tensor], x: torch.Tensor) -> None:
+    """Refuse a model whose training forward pass changed a saved floating-point buffer as a function of
+    the data (a running statistic, as BatchNorm's): DP-SGD noises the gradients only, so such a buffer
+    would be released computed from the private records without noise. ``before``:
+    :func:`released_buffers` before that pass; ``x``: its input.
+
+    A changed buffer is told apart from one updated from the weights alone (spectral normalisation's
+    power-iteration vectors: post-processing of the DP weights, allowed) by two more training-mode
+    forward passes from ``before``, on one record of ``x`` and on a different input; the buffers are
+    restored afterwards, and the random state is left untouched. (Counters such as
+    ``num_batches_tracked`` are integers, and caches kept out of the state dict are not released.)"""
+    current = model.state_dict(keep_vars=True)
+    changed = [n for n, b in before.items() if n in current and not torch.equal(current[n].detach(), b)]
+    if not changed:
+        return
+    after = released_buffers(model)
+
+    def from_before(inp: torch.Tensor) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            state = model.state_dict(keep_vars=True)
+            for n in changed:
+                state[n].copy_(before[n])
+            with torch.random.fork_rng(devices=[inp.device] if inp.device.type == "cuda" else []):
+                model(inp)
+            state = model.state_dict(keep_vars=True)
+            return {n: state[n].detach().clone() for n in changed}
+
+    one = x[:1]
+    other = one + 1 if one.is_floating_point() else (one == 0).to(one.dtype)  # another valid input
+    try:
+        a, b = from_before(one), from_before(other)
+    except Exception:  # a model that cannot run on one record: whether the data moved the buffer is unknown
+        a, b = {n: torch.zeros(1) for n in changed}, {n: torch.ones(1) for n in changed}
+    finally:
+        with torch.no_grad():
+            state = model.state_dict(keep_vars=True)
+            for n in changed:
+                state[n].copy_(after[n])
+    for n in changed:
+        if not torch.equal(a[n], b[n]):
+            raise InputError(
+                f"buffer {n} changed with the data in a training forward pass: a statistic of the training data "
+                "saved with the model without noise, which no DP claim covers; keep it out of the state dict "
+                "(register_buffer(..., persistent=False)) or do not update it from the data"
             )

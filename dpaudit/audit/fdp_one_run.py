@@ -162,6 +162,26 @@ def _grid_g(eps: np.ndarray, dlt: np.ndarray) -> BlowupInverse:
     return g
 
 
+@functools.lru_cache(maxsize=4096)
+def _pld_curve(event) -> tuple[np.ndarray, np.ndarray] | None:
+    """The PLD accountant's (ε_i, δ(ε_i)) grid of ``event`` for :func:`_grid_g` (None: ε(1e-12) infinite).
+
+    A pure function of the (hashable, immutable) event, cached across families: every audit of the same
+    claim (each direction, each claimed ε, each call) bisects over the same noise multipliers, and each
+    point is a full PLD composition in two precisions. Only the 2 × 64 numbers are kept, not the PMFs.
+    """
+    from dpaudit.accounting import make_accountant
+
+    acc = make_accountant("pld").compose(event)
+    eps_hi = acc.epsilon(_GRID_DELTA_MIN)
+    if not math.isfinite(eps_hi):
+        return None
+    grid = np.linspace(0.0, eps_hi, _GRID_POINTS)
+    dlt = np.array([acc.delta(float(x)) for x in grid])
+    grid.flags.writeable = dlt.flags.writeable = False  # shared by every caller
+    return grid, dlt
+
+
 def event_family(make_event: Callable[[float], object], name: str = "event", curve: str = "claimed") -> TradeoffFamily:
     """The claim's own curve family: ``make_event(noise_multiplier)`` accounted with the PLD accountant.
 
@@ -169,7 +189,7 @@ def event_family(make_event: Callable[[float], object], name: str = "event", cur
     """
     from dpaudit.accounting import make_accountant
 
-    @functools.lru_cache(maxsize=256)
+    @functools.lru_cache(maxsize=16)
     def accountant(t: float):
         return make_accountant("pld").compose(make_event(1.0 / t))
 
@@ -177,12 +197,8 @@ def event_family(make_event: Callable[[float], object], name: str = "event", cur
     def g_of(t: float) -> BlowupInverse:
         if t <= 0.0:
             return lambda y: y
-        acc = accountant(t)
-        eps_hi = acc.epsilon(_GRID_DELTA_MIN)
-        if not math.isfinite(eps_hi):
-            return lambda y: 0.0
-        grid = np.linspace(0.0, eps_hi, _GRID_POINTS)
-        return _grid_g(grid, np.array([acc.delta(float(x)) for x in grid]))
+        curve = _pld_curve(make_event(1.0 / t))
+        return (lambda y: 0.0) if curve is None else _grid_g(*curve)
 
     def eps_of(t: float, delta: float) -> float:
         return 0.0 if t <= 0.0 else float(accountant(t).epsilon(delta))

@@ -96,7 +96,7 @@ from torch.nn import functional as F
 from torch.nn.grad import conv2d_weight
 
 from dpaudit.errors import InputError
-from dpaudit.models import check_no_batchnorm
+from dpaudit.models import check_buffers_unchanged, check_no_batchnorm, released_buffers
 from dpaudit.training.config import CLIPPING
 from dpaudit.validation import check_choice, check_positive
 
@@ -201,7 +201,16 @@ class Clipper(ABC):
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
+        low = next((p.dtype for p in self.params if p.dtype not in (torch.float32, torch.float64)), None)
+        if low is not None:  # norms, clip factors, the sum and the noise would all be computed in that dtype
+            raise InputError(
+                f"the model's parameters are {str(low).removeprefix('torch.')}: per-example norms and the clipped "
+                "sum in it let a clipped gradient exceed C (by ~0.5% in bfloat16), which the DP claim does not "
+                "allow; keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and "
+                "backward passes in bfloat16)"
+            )
         self._valid = 0  # real rows of the batch being clipped (set per call)
+        self._buffers_checked = False  # the first call checks that no released buffer learns from the data
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, clip: float, *, valid: int | None = None) -> ClippedGradients:
         """Clipped-gradient sum and per-example norms for the batch (x, y) at clipping norm ``clip``.
@@ -225,7 +234,13 @@ class Clipper(ABC):
                 norms=torch.zeros(0, dtype=self.params[0].dtype, device=self.params[0].device),
             )
         self._valid = valid
-        out = self._compute(x, y, clip)
+        if self._buffers_checked:
+            out = self._compute(x, y, clip)
+        else:  # a running statistic in the state dict would be released without noise
+            before = released_buffers(self.model)
+            out = self._compute(x, y, clip)
+            check_buffers_unchanged(self.model, before, x)
+            self._buffers_checked = True
         return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
 
     def _clip_factors(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
@@ -941,10 +956,9 @@ class _EmbeddingHandler(_Handler):
 
     Every option of ``nn.Embedding`` is exact here, because the rule reads the output gradients only:
     ``sparse`` changes only the format of the batch gradient autograd would form (never formed here);
-    ``max_norm`` renormalises the looked-up rows in place, without gradient, before the lookup, in the
-    clipping forward as in the one-example reference (renormalising is idempotent, so the rows example
-    i reads are the same either way); ``scale_grad_by_freq`` divides each position's gradient by its
-    token's count in the call's input, which for the reference's call is example i's own tokens."""
+    ``scale_grad_by_freq`` divides each position's gradient by its token's count in the call's input,
+    which for the reference's call is example i's own tokens. (``max_norm``, an in-place renormalisation
+    of the rows a batch looks up, is refused under DP: :func:`dpaudit.models.check_no_batchnorm`.)"""
 
     @staticmethod
     def _positions(module, inputs, grads):

@@ -52,11 +52,29 @@ def low_energy_coordinates(model: torch.nn.Module, X: torch.Tensor, y: torch.Ten
         return torch.nn.functional.cross_entropy(out, yi.unsqueeze(0))
 
     n = min(len(X), 256)
-    g = vmap(grad(loss), in_dims=(None, 0, 0))(params, X[:n], y[:n])
-    energy = torch.cat([g[name].pow(2).sum(0).reshape(-1) for name in names]).double().cpu().numpy()
+    try:
+        g = vmap(grad(loss), in_dims=(None, 0, 0))(params, X[:n], y[:n])
+        energy = torch.cat([g[name].pow(2).sum(0).reshape(-1) for name in names]).double()
+    except (RuntimeError, ValueError, TypeError):
+        # What vmap cannot run (data-dependent control flow, dropout in training mode, in-place updates):
+        # one example at a time, as the loop clipper does, with the random state left as it was.
+        energy = _loop_energy(model, X[:n], y[:n], [p for p in model.parameters() if p.requires_grad])
+    energy = energy.cpu().numpy()
     if k > energy.size:
         raise InputError(f"{k} white-box canaries need as many parameters; the model has {energy.size}")
     return np.sort(np.argsort(energy, kind="stable")[:k])
+
+
+def _loop_energy(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, params: list) -> torch.Tensor:
+    """Σ_i g_ij² (flat, float64) by one backward pass per example."""
+    total = torch.zeros(sum(p.numel() for p in params), dtype=torch.float64, device=params[0].device)
+    with torch.random.fork_rng(devices=[X.device] if X.device.type == "cuda" else []):
+        for i in range(len(X)):
+            loss = torch.nn.functional.cross_entropy(model(X[i : i + 1]), y[i : i + 1])
+            gs = torch.autograd.grad(loss, params, allow_unused=True)
+            gs = [torch.zeros_like(p) if g is None else g for p, g in zip(params, gs, strict=True)]
+            total += torch.cat([g.reshape(-1) for g in gs]).double().square()
+    return total
 
 
 def canary_hooks(clipper, setting, clip: float, *, seed: int, coordinates, **kw) -> GradientCanaries:

@@ -199,6 +199,21 @@ def jax_forward(model: nn.Module) -> JaxModel:
         )
     layers: list[Callable] = []
     modules = list(model.named_children())
+    if len(modules) != len(model):  # named_children() lists a module used twice once: its second use would vanish
+        seen: dict[int, int] = {}
+        for i, m in enumerate(model):
+            if id(m) in seen:
+                raise InputError(
+                    f"layer {i} is layer {seen[id(m)]} again (one module used twice, shared weights): the JAX "
+                    "backend runs each layer once; use --backend torch"
+                )
+            seen[id(m)] = i
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    if frozen:  # params_from_torch carries the trained parameters only: a frozen one would be missing
+        raise InputError(
+            f"parameter {frozen[0]} is frozen (requires_grad=False): the JAX backend trains every parameter; "
+            "use --backend torch"
+        )
     for name, m in modules:
         if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
             layers.append(lambda p, x: x.reshape(x.shape[0], -1))

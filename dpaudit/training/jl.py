@@ -84,6 +84,26 @@ def refuse_nondeterministic(model: nn.Module) -> None:
             )
 
 
+def refuse_random_forward(model: nn.Module, x: torch.Tensor) -> None:
+    """The dynamic twin of :func:`refuse_nondeterministic`: randomness inside a forward pass that is not a
+    dropout module (``F.dropout``, ``scaled_dot_product_attention(dropout_p=...)``, noise of the user's own)
+    would let the norm estimate and the clipped gradient see different functions (with one direction, the
+    jvp re-runs the forward with fresh masks): M_i would then bound another gradient than the one weighted,
+    and ‖w_i g_i‖ ≤ C·Z_r, on which the claim rests, would not hold. Two forward passes of one record
+    under different seeds must agree (the random state is left as it was)."""
+    one = x[:1]
+    with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        torch.manual_seed(0)
+        a = model(one)
+        torch.manual_seed(1)
+        b = model(one)
+    if not torch.equal(a, b):
+        raise InputError(
+            "the model's forward pass is random in training mode (F.dropout, attention dropout_p, noise); "
+            "DP-SGD-JL needs the same forward pass for the norm estimate and the clipped gradient (remove it)"
+        )
+
+
 class _LayerTracker:
     """Forward hooks that remember which leaf module was running when an exception escaped, so that a
     missing derivative can be reported by layer name."""
@@ -359,8 +379,12 @@ class JLClipper(Clipper):
         self.generator = generator
         self._requested = ad_path
         self.ad_path_: str | None = None if ad_path == "auto" else ad_path
+        self._forward_checked = False  # refuse_random_forward on the first batch
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
+        if not self._forward_checked:
+            refuse_random_forward(self.model, x)
+            self._forward_checked = True
         if self.ad_path_ is None:
             self.ad_path_ = resolve_ad_path(self.model, x, y, self._requested)
         directions = random_directions(self.model, self.projections, self.generator)

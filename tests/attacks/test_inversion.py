@@ -130,6 +130,28 @@ def test_restarts_start_at_process_zero_then_in_the_box_and_return_the_best():
     assert t.cost == pytest.approx(min(costs), rel=1e-12)
 
 
+def test_starts_run_together_give_each_start_its_own_run():
+    """White-box restarts run as rows of one batch, each stopping by its own rule: every row's trace equals the
+    run from that start alone (a row's gradient must stay its own after other rows stop)."""
+    centre = torch.tensor([20.0, 5.0], dtype=torch.float64)
+
+    def bowl(x: torch.Tensor) -> torch.Tensor:  # class 1's logit 8 - |x - centre|^2: the gradient depends on x
+        z = 8.0 - ((x.reshape(len(x), -1) - centre) ** 2).sum(dim=1)
+        return torch.softmax(torch.stack([torch.zeros_like(z), z], dim=1), dim=1)
+
+    attack = MIFace(iterations=60, window=5, threshold=0.01, step=0.2, restarts=6, seed=1).fit(BIG_BOX)
+    attack.invert(bowl, 1)
+    assert len({t.n_iterations for t in attack.traces_}) >= 3  # the rows stop at different iterations
+    for x0, together in zip(attack.starts(), attack.traces_, strict=True):
+        alone = MIFace(iterations=60, window=5, threshold=0.01, step=0.2).fit(BIG_BOX)
+        alone.starts = lambda x0=x0: [x0]
+        t = alone.invert(bowl, 1)
+        assert (t.stop_reason, t.n_iterations, t.best_iteration) == (
+            together.stop_reason, together.n_iterations, together.best_iteration)  # fmt: skip
+        np.testing.assert_allclose(together.costs, t.costs, rtol=1e-12)
+        np.testing.assert_allclose(together.x, t.x, rtol=1e-12)
+
+
 def mi_face_from(attack, x0):
     """The cost MIFace reaches from one given start (the oracle for the restart choice)."""
     attack.starts = lambda: [x0]
@@ -309,3 +331,22 @@ def test_defaults_identify_classes_of_confidently_trained_models(tmp_path, kind)
     assert d["params"]["variant"] == "log-softmax" and d["identification_accuracy"] >= 0.5
     seed_alg = run_inversion(run, attack=MIFace(variant="mi-face", restarts=1, seed=0), seed=0).to_dict()
     assert seed_alg["identification_accuracy"] <= 0.3
+
+
+@pytest.mark.parametrize("prior", ["mean", "tv"])
+def test_aux_terms_are_per_start(prior):
+    """AUXTERM of a stack of starts is each start's own (a mean over the whole stack would couple the rows
+    that run together), against numpy formulas in box units."""
+    rng = np.random.default_rng(0)
+    aux = rng.uniform(0.0, 4.0, size=(30, 1, 5, 6))
+    attack = MIFace(prior=prior, prior_weight=0.7).fit(aux)
+    X = rng.uniform(0.0, 4.0, size=(3, 1, 5, 6))
+    z = (X - attack.lower_) / attack.width_
+    if prior == "mean":
+        m = (attack.mean_ - attack.lower_) / attack.width_
+        expected = 0.7 * ((z - m) ** 2).reshape(3, -1).mean(axis=1)
+    else:
+        dh, dw = np.diff(z, axis=-2), np.diff(z, axis=-1)
+        expected = 0.7 * (np.sqrt(dh**2 + 1e-8).reshape(3, -1).mean(1) + np.sqrt(dw**2 + 1e-8).reshape(3, -1).mean(1))
+    np.testing.assert_allclose(attack._aux_terms(torch.as_tensor(X)).numpy(), expected, rtol=1e-12)
+    assert attack.aux_term(X[1]) == pytest.approx(expected[1], rel=1e-12)

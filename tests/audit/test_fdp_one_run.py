@@ -253,3 +253,19 @@ def test_holdout_choice_depends_on_the_selection_part_only(method):
     else:
         assert (a.counts["k_plus"], a.counts["k_minus"]) == (b.counts["k_plus"], b.counts["k_minus"])
     assert b.epsilon_lower_bound > a.epsilon_lower_bound  # the evaluation part did change
+
+
+def test_claim_curves_are_cached_per_mechanism_across_families():
+    """The PLD curve cache (shared by every audit of a process) is keyed on the whole mechanism: two
+    DP-SGD families at the same noise multiplier but different (q, T) get each its own curve, equal to an
+    uncached PLD computation; the same (q, T, σ) from a second family is the cached object."""
+    t, ys = 1.0, np.linspace(0.0, 1.0, 41)
+    for q, steps in ((0.5, 10), (0.1, 3)):
+        acc = make_accountant("pld").compose(dpsgd_event(noise_multiplier=1.0 / t, sample_rate=q, steps=steps))
+        grid = np.linspace(0.0, acc.epsilon(F._GRID_DELTA_MIN), F._GRID_POINTS)
+        expected = F._grid_g(grid, np.array([acc.delta(float(x)) for x in grid]))
+        g = F.dpsgd_family(q, steps).blowup_inverse(t)
+        assert [g(y) for y in ys] == [expected(y) for y in ys]
+    a = F._pld_curve(dpsgd_event(noise_multiplier=1.0, sample_rate=0.5, steps=10))
+    assert a is F._pld_curve(dpsgd_event(noise_multiplier=1.0, sample_rate=0.5, steps=10))
+    assert not a[0].flags.writeable and not a[1].flags.writeable  # a caller cannot corrupt the shared curve

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 from dpaudit.errors import InputError
 from dpaudit.models import build_model, default_spec
+from dpaudit.training import clipping
 from dpaudit.training.clipping import (
     AutoClipper,
     GhostClipper,
@@ -267,6 +270,61 @@ def test_batchnorm_is_refused_with_a_reason():
     for method in ("auto", "ghost", "vmap", "loop"):
         with pytest.raises(InputError, match=r"BatchNorm.*GroupNorm"):
             make_clipper(model, method)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_parameters_are_refused(dtype):
+    # Norms and clip factors in bfloat16 let a clipped gradient exceed C by ~0.5% (measured: 1.0058 C),
+    # and the noise would be drawn in it too; mixed precision is autocast, with float32 parameters.
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).to(dtype)
+    for method in ("auto", "ghost", "vmap", "loop"):
+        with pytest.raises(InputError, match=r"parameters are (bfloat16|float16).*keep the parameters in float32"):
+            make_clipper(model, method)
+
+
+class RunningMean(nn.Module):
+    """A user's input centring by a running mean of the data: a buffer learnt from the batches."""
+
+    def __init__(self, persistent: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.register_buffer("mu", torch.zeros(4), persistent=persistent)
+
+    def forward(self, x):
+        if self.training:
+            self.mu = 0.9 * self.mu + 0.1 * x.mean(0).detach()
+        return self.lin(x - self.mu)
+
+
+def test_running_statistics_released_without_noise_are_refused(monkeypatch):
+    # InstanceNorm normalises per example, but track_running_stats=True saves batch averages with the
+    # model, un-noised; so does a user's running mean in the state dict. Refused as BatchNorm is.
+    inorm = nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=True), nn.Flatten())
+    for method in ("auto", "ghost", "vmap", "loop"):
+        with pytest.raises(InputError, match=r"1 is InstanceNorm2d with track_running_stats=True"):
+            make_clipper(inorm, method)
+    make_clipper(nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2), nn.Flatten()), "loop")  # no stats: fine
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
+    for method in ("auto", "ghost", "loop"):
+        with pytest.raises(InputError, match=r"buffer mu changed with the data in a training forward pass"):
+            clipped_gradient_sum(RunningMean(persistent=True), x, y, 1.0, method=method)
+        clipped_gradient_sum(RunningMean(persistent=False), x, y, 1.0, method=method)  # not released: fine
+        # Spectral normalisation updates its power-iteration buffers from the weights alone (post-processing
+        # of DP weights): allowed, and the clipped sum is the one without the check's extra passes.
+        sn = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(4, 3)), nn.Tanh(), nn.Linear(3, 2))
+        with torch.no_grad():  # weights moved after the 15 power iterations at creation: u and v move again
+            sn[0].parametrizations.weight.original.mul_(torch.linspace(0.5, 2.0, 4))
+        twin = copy.deepcopy(sn)
+        got = clipped_gradient_sum(sn, x, y, 1.0, method=method)
+        for name, b in twin.named_buffers():
+            assert not torch.equal(b, dict(sn.named_buffers())[name])  # the power iteration did move them
+        with monkeypatch.context() as m:  # the same call without the check: same sums, same buffers after
+            m.setattr(clipping, "check_buffers_unchanged", lambda *args: None)
+            ref = clipped_gradient_sum(twin, x, y, 1.0, method=method)
+        for g, r in zip(got.grads, ref.grads, strict=True):
+            assert torch.equal(g, r)
+        for (_, b), (_, r) in zip(sn.named_buffers(), twin.named_buffers(), strict=True):
+            assert torch.equal(b, r)
 
 
 @pytest.mark.parametrize("method", ["ghost", "vmap", "loop"])

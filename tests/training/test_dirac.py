@@ -17,7 +17,7 @@ from dpaudit.data import load_dataset, make_splits
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.models import build_model, default_spec
 from dpaudit.training.config import DPConfig, TrainConfig
-from dpaudit.training.dirac import DiracCanaries, low_energy_coordinates
+from dpaudit.training.dirac import DiracCanaries, _loop_energy, low_energy_coordinates
 from dpaudit.training.dpsgd import DPSGDTrainer
 from dpaudit.training.run import train_run
 from dpaudit.workflows import audit_checkpoint
@@ -177,3 +177,44 @@ def test_cli_tradeoff_option(tmp_path):
     assert ok.exit_code == 0, ok.output
     bad = CliRunner().invoke(app, [*base, "--tradeoff", "dpsgd:0.1"])
     assert bad.exit_code == 2 and "dpsgd:Q,T" in bad.output
+
+
+class DataDependentBranch(torch.nn.Module):
+    """A user's model with a Python branch on a tensor value (``.item()``): vmap cannot run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.h = torch.nn.Linear(6, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.abs().max().item() > 1e6:
+            h = h / 1e6
+        return self.h(torch.tanh(h))
+
+
+def test_low_energy_coordinates_without_vmap_match_and_train():
+    # The coordinates were chosen by a vmap over the model only: a model vmap cannot run (here a branch on
+    # .item(); also dropout in training mode) crashed white-box canary training that the clipping itself
+    # runs (by the loop). The fallback, one example at a time, picks the coordinates vmap picks.
+    torch.manual_seed(0)
+    model = DataDependentBranch().double()
+    X, y = torch.randn(40, 6, dtype=torch.float64), torch.randint(0, 2, (40,))
+    X[:, 2] = 0.0  # a constant feature: its first-layer weights have zero gradient energy
+    plain = torch.nn.Sequential(model.a, torch.nn.Tanh(), model.h)  # the same function, vmap-able
+    expected = low_energy_coordinates(plain, X, y, 8)
+    np.testing.assert_array_equal(low_energy_coordinates(model, X, y, 8), expected)
+    assert set(expected) == {2 + 6 * i for i in range(8)}  # column 2 of the 8 x 6 weight
+    # The energies themselves, against per-example gradients by torch.func on the vmap-able twin.
+    from torch.func import functional_call, grad, vmap
+
+    def loss(p, xi, yi):
+        return torch.nn.functional.cross_entropy(functional_call(plain, p, (xi[None],)), yi[None])
+
+    g = vmap(grad(loss), in_dims=(None, 0, 0))(dict(plain.named_parameters()), X, y)
+    oracle = torch.cat([v.square().sum(0).reshape(-1) for v in g.values()])
+    got = _loop_energy(model, X, y, list(model.parameters()))
+    torch.testing.assert_close(got, oracle, rtol=1e-12, atol=0.0)
+    config = TrainConfig(algo="dpsgd", epochs=1, batch_size=8, lr=0.1, dp=DPConfig(noise_multiplier=1.0))
+    _, scores = DPSGDTrainer(config).fit_with_canary(model, X, y, DiracCanaries(m=4, seed=0))
+    assert scores.shape == (4,) and np.all(np.isfinite(scores))

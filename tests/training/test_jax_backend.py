@@ -86,6 +86,16 @@ def test_unsupported_model_is_refused():
         jb.jax_forward(build_model(spec, seed=0))
     with pytest.raises(InputError, match=r"layer 1 \(Dropout\)"):
         jb.jax_forward(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.1)))
+    # A user's Sequential with one module used twice: named_children() lists it once, so its second use
+    # silently vanished from the JAX forward (a different function was trained). A frozen parameter was a
+    # KeyError deep inside the step.
+    lin = torch.nn.Linear(3, 3)
+    with pytest.raises(InputError, match=r"layer 2 is layer 0 again"):
+        jb.jax_forward(torch.nn.Sequential(lin, torch.nn.Tanh(), lin))
+    frozen = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    frozen[0].requires_grad_(False)
+    with pytest.raises(InputError, match=r"parameter 0.weight is frozen"):
+        jb.jax_forward(frozen)
 
 
 # --- padding with a mask -------------------------------------------------------------------------

@@ -266,6 +266,30 @@ def test_dropout_is_refused():
         JLClipper(model, 1, torch.Generator())
 
 
+class FunctionalDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.h = nn.Linear(3, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.h(F.dropout(torch.tanh(self.a(x)), 0.5, training=self.training))
+
+
+@pytest.mark.parametrize("r", [1, 3])
+@pytest.mark.parametrize("ad_path", ["auto", "jvp", "double-vjp"])
+def test_random_forward_without_a_dropout_module_is_refused(r, ad_path):
+    # F.dropout is no Dropout module: with one direction the jvp re-ran the forward with fresh masks, so the
+    # norm estimate bounded another gradient than the one clipped (the claim's C·Z_r bound void), accepted
+    # silently; with more it was vmap's RuntimeError. The same module in eval mode is deterministic: fine.
+    model = FunctionalDropout()
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1])
+    state = torch.random.get_rng_state()
+    with pytest.raises(InputError, match=r"forward pass is random in training mode"):
+        JLClipper(model, r, torch.Generator().manual_seed(0), ad_path=ad_path)(x, y, 1.0)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the check draws on a forked generator
+    JLClipper(model.eval(), r, torch.Generator().manual_seed(0), ad_path=ad_path)(x, y, 1.0)
+
+
 # ------------------------------------------------------------------------------ the trainer
 
 
