@@ -58,6 +58,7 @@ def read_score_file(path: Path) -> ScoreFile:
         raise InputError(f"{path}: no such file")
     columns = _read_columns(path)
     member, score = _numeric(path, "member", columns["member"]), _numeric(path, "score", columns["score"])
+    _check_values(path, member, score)
     if not all(c in columns for c in SCORE_COLUMNS):
         return ScoreFile(path, member, score)
     attacks = sorted({str(a) for a in np.asarray(columns["attack"]).tolist()})
@@ -131,6 +132,24 @@ def _read_columns(path: Path) -> dict[str, np.ndarray]:
     if missing:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(df.columns) or 'none'}")
     return {c: df[c].to_numpy() for c in df.columns}
+
+
+def _check_values(path: Path, member: np.ndarray, score: np.ndarray) -> None:
+    # audit_scores checks the arrays too, but cannot name the file or its row (rows count from 1 after the header).
+    if len(member) != len(score):
+        raise InputError(f"{path}: member and score differ in length ({len(member)} vs {len(score)})")
+    bad = np.flatnonzero(~np.isfinite(score))
+    if len(bad):
+        raise InputError(f"{path}: score must be finite; {len(bad)} NaN/inf value(s), the first in row {bad[0] + 1}")
+    bad = np.flatnonzero(~np.isin(member.astype(float), (0.0, 1.0)))
+    if len(bad):
+        raise InputError(f"{path}: member must be 0/1 (or true/false); found {member[bad[0]]:g} in row {bad[0] + 1}")
+    n_members = int(np.count_nonzero(member))
+    if n_members in (0, len(member)):
+        raise InputError(
+            f"{path}: member has a single class ({n_members} members, {len(member) - n_members} non-members); "
+            "an audit needs both"
+        )
 
 
 def _numeric(path: Path, name: str, values: np.ndarray) -> np.ndarray:

@@ -152,7 +152,11 @@ def test_npz_input_and_one_run(tmp_path):
         ("missing.csv", None, "no such file"),
         ("nocol.csv", "member,value\n1,0.3\n0,0.1\n", "missing column(s) score"),
         ("text.csv", "member,score\n1,0.3\n0,abc\n1,0.2\n0,0.1\n", "non-numeric score 'abc' in row 2"),
-        ("nan.csv", "member,score\n1,0.3\n0,\n1,0.2\n0,0.1\n", "NaN/inf"),
+        (
+            "nan.csv",
+            "member,score\n1,0.3\n0,\n1,0.2\n0,0.1\n",
+            "nan.csv: score must be finite; 1 NaN/inf value(s), the first in row 2",
+        ),
         ("single.csv", "member,score\n1,0.3\n1,0.1\n1,0.2\n", "single class"),
         ("badmember.csv", "member,score\n1,0.3\n2,0.1\n0,0.2\n", "0/1"),
         ("empty.csv", "", "not a readable CSV"),

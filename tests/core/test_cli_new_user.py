@@ -103,8 +103,8 @@ def test_scores_file_messages(tmp_path):
         f"error: {tmp_path}: expected a CSV or NPZ file of scores, got a directory"
     )
     (tmp_path / "s.csv").write_text("member,score\n2,0.5\n0,0.1\n")
-    assert one_line_error("audit", "scores", tmp_path / "s.csv") == (
-        "error: member must be boolean or 0/1; found 2.0 at index 0"
+    assert one_line_error("audit", "scores", tmp_path / "s.csv") == (  # the file and its row named
+        f"error: {tmp_path / 's.csv'}: member must be 0/1 (or true/false); found 2 in row 1"
     )
 
 
