@@ -268,7 +268,8 @@ def reaccount_claim(privacy: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
     None when nothing can be re-accounted (no claim, no recorded event, an accountant or event this dpaudit
     cannot evaluate); else ``{"recorded", "recomputed", "accountant", "delta", "match"}``. Formal: the
-    recomputed ε is the accountant's bound for the recorded mechanism."""
+    recomputed ε is the accountant's bound for the recorded mechanism. An event that does not parse (edited:
+    a string for σ, a negative q) gives ``recomputed`` None, ``match`` False and the reason as ``unreadable``."""
     from dpaudit.accounting import ACCOUNTANTS, make_accountant
     from dpaudit.errors import DPAuditError
     from dpaudit.events import event_from_dict
@@ -279,8 +280,12 @@ def reaccount_claim(privacy: Mapping[str, Any] | None) -> dict[str, Any] | None:
     recorded, delta = privacy.get("epsilon"), privacy.get("delta")
     if accountant not in ACCOUNTANTS or not isinstance(recorded, int | float) or not isinstance(delta, int | float):
         return None
-    try:
+    try:  # dpaudit writes only events it reads back: one that does not parse was edited, and is not verified
         event = event_from_dict(privacy["event"])
+    except (DPAuditError, ValueError, TypeError, KeyError) as e:
+        return {"recorded": float(recorded), "recomputed": None, "accountant": accountant, "delta": float(delta),
+                "match": False, "unreadable": str(e)}  # fmt: skip
+    try:
         acc = make_accountant(accountant, neighbouring=privacy.get("neighbouring", "add_remove"))
         recomputed = float(acc.compose(event).epsilon(float(delta)))
     except (DPAuditError, ValueError, TypeError, KeyError):
@@ -301,6 +306,12 @@ def claim_mismatch_note(privacy: Mapping[str, Any] | None) -> str | None:
     check = reaccount_claim(privacy)
     if check is None or check["match"]:
         return None
+    if check["recomputed"] is None:
+        return (
+            f"claim unverified: checkpoint.json's recorded mechanism (privacy.event) cannot be read "
+            f"({check['unreadable']}); the file was edited or written by other software. This audit tests the claim "
+            "as recorded."
+        )
     # Both claims, rounded up and printed in the order computed (dpaudit.numfmt.ordered): never "8 but 8".
     recorded, recomputed = numfmt.ordered(check["recorded"], check["recomputed"], left_up=True, right_digits=6)
     return (

@@ -19,10 +19,10 @@ def register(app: App) -> None:
         """Summarise a checkpoint. JSON keys (stable): schema_version, model, data, data_sha256, algo, private,
         epsilon, delta, accountant, train_accuracy, test_accuracy, holdout_accuracy, train_loss, test_loss,
         n_members, seed, versions, epsilon_recomputed (ε re-accounted from the recorded mechanism, or null),
-        claim_mismatch (true when the recorded ε differs from it). A cloak checkpoint (`dpaudit train --algo
-        cloak`): kind, lambda, suppression_ratio, suppression_threshold, accuracy_loss, clean_accuracy,
-        cloaked_accuracy, composed_epsilon, median_feature_epsilon, delta, target, target_weights_sha256, data,
-        feature_shape."""
+        claim_mismatch (true when the recorded ε differs from it, or privacy.event does not parse). A cloak
+        checkpoint (`dpaudit train --algo cloak`): kind, lambda, suppression_ratio, suppression_threshold,
+        accuracy_loss, clean_accuracy, cloaked_accuracy, composed_epsilon, median_feature_epsilon, delta, target,
+        target_weights_sha256, data, feature_shape."""
         from dpaudit.training.cloak import CLOAK_FILE
 
         if (run / CLOAK_FILE).is_file():

@@ -36,7 +36,12 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
         how = s["accountant"] or "stated, not accounted"
         # The claim as the report and the audit notes print it (one rounding everywhere, issue 29).
         lines.append(f"privacy    ε = {numfmt.upper(s['epsilon'])} at δ = {numfmt.upper(s['delta'])} ({how})")
-        if s.get("claim_mismatch"):  # inspect: the recorded ε is not what its recorded mechanism gives
+        if s.get("claim_mismatch") and s["epsilon_recomputed"] is None:  # inspect: privacy.event does not parse
+            lines.append(
+                "CLAIM UNVERIFIED: checkpoint.json's recorded mechanism (privacy.event) cannot be read; the file was "
+                "edited or written by other software, and audits test the claim as recorded"
+            )
+        elif s.get("claim_mismatch"):  # inspect: the recorded ε is not what its recorded mechanism gives
             recorded, recomputed = numfmt.ordered(s["epsilon"], s["epsilon_recomputed"], left_up=True, left_digits=6)
             lines.append(
                 f"CLAIM MISMATCH: checkpoint.json records ε = {recorded}, but its recorded mechanism "

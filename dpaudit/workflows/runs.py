@@ -320,8 +320,9 @@ def inspect_summary(run: Any) -> dict[str, Any]:
     """``dpaudit inspect``: a loaded run's summary (:func:`dpaudit.training.run.summary`, after its data hash
     is verified), with its claim re-accounted from the recorded mechanism (``privacy.event``, as every audit
     and report does, :func:`dpaudit.checkpoint.reaccount_claim`): ``epsilon_recomputed`` (None when the claim
-    cannot be re-accounted: no claim, or a claim stated without a mechanism) and ``claim_mismatch`` (True when
-    the recorded ε differs from it: the file was edited or written by other software). Both ε are shown; the
+    cannot be re-accounted: no claim, a claim stated without a mechanism, or a mechanism that does not parse) and
+    ``claim_mismatch`` (True when the recorded ε differs from it, or its mechanism does not parse: the file was
+    edited or written by other software). Both ε are shown; the
     recorded one stays ``epsilon``, the claim that audits test."""
     from dpaudit.checkpoint import reaccount_claim
     from dpaudit.training.run import summary

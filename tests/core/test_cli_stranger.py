@@ -105,3 +105,22 @@ def test_channels_last_images_are_not_read_as_channels(tmp_path):
         "(height, width, channels); store X as N x 3 x 8 x 8, e.g. X.transpose(0, 3, 1, 2)"
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_a_mechanism_that_does_not_parse_is_said_not_skipped(dp_run, tmp_path):
+    """An edited privacy.event (a negative sampling rate) was skipped in silence: claim_mismatch false, no note,
+    though every audit promises the recorded claim is re-accounted from it."""
+    from dpaudit.checkpoint import claim_mismatch_note
+
+    run = _edited(dp_run, tmp_path)
+    meta = json.loads((run / "checkpoint.json").read_text())
+    meta["privacy"]["event"]["event"]["sample_rate"] = -0.5
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+    r = invoke("inspect", run, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["claim_mismatch"] is True and json.loads(r.stdout)["epsilon_recomputed"] is None
+    assert "CLAIM UNVERIFIED" in invoke("inspect", run).stdout
+    assert claim_mismatch_note(meta["privacy"]).startswith(
+        "claim unverified: checkpoint.json's recorded mechanism (privacy.event) cannot be read (expected sample_rate"
+    )
+    assert claim_mismatch_note(json.loads((dp_run / "checkpoint.json").read_text())["privacy"]) is None
