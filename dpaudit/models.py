@@ -129,7 +129,9 @@ class CNNSpec(ModelSpec):
                 f"cnn needs image-shaped input (channels, height, width), got feature shape {list(self.input_shape)}"
             )
         c, h, w = self.input_shape
-        if w in (1, 3, 4) and min(c, h) > 4:  # CIFAR's 32 x 32 x 3 would train as 32 channels of 32 x 3 images
+        # CIFAR's 32 x 32 x 3 would train as 32 channels of 32 x 3 images; only square images are taken for
+        # channels-last (a (channels, length, 1) series is a legitimate layout)
+        if w in (1, 3, 4) and c == h > 4:
             raise InputError(
                 f"cnn reads a record as (channels, height, width), but feature shape {list(self.input_shape)} looks "
                 f"channels-last (height, width, channels); store X as N x {w} x {c} x {h}, "

@@ -105,6 +105,9 @@ def test_channels_last_images_are_not_read_as_channels(tmp_path):
         "(height, width, channels); store X as N x 3 x 8 x 8, e.g. X.transpose(0, 3, 1, 2)"
     )
     assert not (tmp_path / "r").exists()
+    from dpaudit.models import default_spec
+
+    default_spec("cnn", input_shape=(16, 50, 1), n_classes=2)  # a (channels, length, 1) series stays legitimate
 
 
 def test_a_mechanism_that_does_not_parse_is_said_not_skipped(dp_run, tmp_path):
