@@ -115,7 +115,7 @@ def evaluate(
     """The demo's audit of one of its runs: the shared workflow with the demo's attack settings."""
     from dpaudit.workflows import audit_checkpoint
 
-    families: dict[str, dict[str, Any]] = {"inversion": {}}  # MI-FACE on every class (white-box, ~1 s)
+    families: dict[str, dict[str, Any]] = {"inversion": {}}  # MI-FACE on every class (white-box, ~1-3 s)
     if settings.extraction_budget:
         families["extraction"] = {"budget": settings.extraction_budget, "method": "learning"}
     if settings.cloak_lambda is not None and name == "non-private":
