@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from dpaudit.cli._common import (
     DATA,
     DELTA_HELP,
@@ -13,6 +15,7 @@ from dpaudit.cli._common import (
     App,
     arg,
     emit,
+    given_options,
     info,
     opt,
     options,
@@ -196,13 +199,16 @@ TRAIN_OUT = (opt("out", Path, ..., "--out", "-o", help="Run directory to write (
 
 
 @options(TRAIN_OUT, DATA, MODEL, ALGORITHM, SPLIT, PRIVACY, PERFORMANCE, CANARIES, AGGREGATION, CLOAK, OUTPUT)
-def train(**o) -> None:
+def train(ctx: typer.Context, **o) -> None:
     """Train a model on a dataset split and save it as a run directory."""
     from dpaudit.training.run import summary
 
-    out, json_output = o["out"], o.pop("json_output")
+    out, json_output, given = o["out"], o.pop("json_output"), given_options(ctx)
     if o["algo"] == "cloak" or o["target"] is not None or o["lambdas"]:  # learned input noise (training/cloak.py)
         from dpaudit.cli.cloak import train_cloak_command
+        from dpaudit.training.config import check_options_read
+
+        check_options_read(o["algo"], given)
 
         keep = ("epochs", "batch_size", "lr", "seed", "force")
         return train_cloak_command(
@@ -211,7 +217,9 @@ def train(**o) -> None:
     from dpaudit.workflows.runs import train_from_options
 
     del o["target"], o["lambdas"]
-    meta = train_from_options(**o, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output))
+    meta = train_from_options(
+        **o, given=given, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output)
+    )
     for message in meta.get("fit_warnings", ()):
         warn(message)
     s = summary(meta)

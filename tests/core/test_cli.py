@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from dpaudit.cli.main import app
@@ -324,3 +325,42 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
     (run / "checkpoint.json").write_text(json.dumps(meta))
     line = one_error(invoke("train", "--algo", "cloak", "--target", run, "--lambda", "1", "--out", tmp_path / "c"))
     assert "cannot reload the run's data: unknown data 'nope'; valid: digits" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "algo"),
+    [
+        (["--algo", "sgd", "--clip", "1"], "--clip", "sgd"),  # the default value, typed: still refused
+        (["--algo", "adam", "--delta", "1e-6"], "--delta", "adam"),
+        (["--algo", "sgd", "--sampling", "shuffle"], "--sampling", "sgd"),
+        (["--algo", "sgd", "--accountant", "pld"], "--accountant", "sgd"),
+        (["--algo", "sgd", "--secure-noise"], "--secure-noise", "sgd"),
+        (["--algo", "sgd", "--teachers", "5"], "--teachers", "sgd"),
+        (["--algo", "sgd", "--epsilon", "1"], "--epsilon", "sgd"),
+        (["--algo", "outpert", "--epsilon", "1", "--delta", "1e-6"], "--delta", "outpert"),  # pure epsilon
+        (["--algo", "outpert", "--epsilon", "1", "--clip", "2"], "--clip", "outpert"),
+        (["--algo", "dpagd", "--epsilon", "1", "--sampling", "poisson"], "--sampling", "dpagd"),
+        (["--algo", "pate", "--teachers", "5", "--l2", "0.1"], "--l2", "pate"),
+        (["--algo", "pate", "--teachers", "5", "--canaries", "4"], "--canaries", "pate"),
+        (["--algo", "cloak", "--clip", "2"], "--clip", "cloak"),
+    ],
+)
+def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
+    r = invoke("train", "--out", tmp_path / "run", *FAST, *args)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"error: {option} does not apply to --algo {algo} ("), lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_the_registry(tmp_path):
+    from dpaudit.training.algorithms import TRAINERS
+    from dpaudit.training.config import AGGREGATION_ALGOS, OPTION_READERS, TRAINER_ALGOS
+
+    r = invoke("train", "--out", tmp_path / "run", *FAST, "--canary-kind", "outlier")
+    assert r.exit_code == 2 and r.output.strip() == "error: --canary-kind applies only with --canaries", r.output
+    assert set(TRAINER_ALGOS) == set(TRAINERS)
+    known = {*TRAINERS, *AGGREGATION_ALGOS}
+    assert all(set(readers) <= known for readers in OPTION_READERS.values())
+    train_params = {p.name for p in typer.main.get_command(app).commands["train"].params}
+    assert set(OPTION_READERS) <= train_params  # every name is an option of `dpaudit train`
