@@ -227,10 +227,31 @@ def test_with_option_names_rules():
 
 
 def test_an_unknown_choice_names_its_option_and_the_valid_values(tmp_path):
-    # check_choice says "unknown kind 'foo'"; the user typed --kind (as every other choice error names it).
-    r = invoke("canaries", "make", "--data", "digits", "--count", "4", "--out", tmp_path / "c", "--kind", "foo")
+    # check_choice says "unknown kind 'foo'"; the user typed --canary-kind (as every other choice error names it).
+    make = ("canaries", "make", "--data", "digits", "--count", "4", "--out", tmp_path / "c")
+    r = invoke(*make, "--canary-kind", "foo")
     assert r.exit_code == 2
-    assert "unknown --kind 'foo'; valid: mislabeled, outlier, clipbkd, crafted" in r.output
+    assert "unknown --canary-kind 'foo'; valid: mislabeled, outlier, clipbkd, crafted" in r.output
+
+
+def test_canary_kind_is_one_name_everywhere_and_kind_a_deprecated_alias(tmp_path):
+    import typer.main
+
+    command = typer.main.get_command(app)
+    flags = {  # the visible spelling of the canary kind in every command that has one
+        path: [p.opts for p in command.commands[path[0]].commands[path[1]].params if "kind" in p.name and not p.hidden]
+        for path in (("canaries", "make"), ("audit", "train"))
+    }
+    flags["train"] = [p.opts for p in command.commands["train"].params if "kind" in p.name]
+    assert all(opts == [["--canary-kind"]] for opts in flags.values()), flags
+    make = ("canaries", "make", "--data", "digits", "--count", "4", "--json")
+    new = invoke(*make, "--out", tmp_path / "a", "--canary-kind", "outlier")
+    old = invoke(*make, "--out", tmp_path / "b", "--kind", "outlier")
+    assert new.exit_code == 0 and json.loads(new.stdout)["kind"] == "outlier", new.output
+    assert old.exit_code == 0 and json.loads(old.stdout)["kind"] == "outlier", old.output
+    assert "--kind is deprecated; use --canary-kind" in old.stderr
+    both = invoke(*make, "--out", tmp_path / "c", "--kind", "outlier", "--canary-kind", "clipbkd")
+    assert both.exit_code == 2 and "--kind and --canary-kind differ" in both.output
 
 
 @pytest.mark.parametrize(
