@@ -573,7 +573,7 @@ def _curve_refutation(family: fdp_one_run.TradeoffFamily, out: fdp_one_run.FdpOu
     elif refuted:
         statement = (
             f"the claimed {curve} curve is refuted: {shown}, and the claim (epsilon = {numfmt.upper(claimed)} at "
-            f"delta = {numfmt.upper(setup.delta)}) is one of them; a refutation of the curve, not an epsilon lower "
+            f"delta = {numfmt.exact(setup.delta)}) is one of them; a refutation of the curve, not an epsilon lower "
             "bound"
         )
     else:

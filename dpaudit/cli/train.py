@@ -38,7 +38,7 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
     if s["private"]:
         how = s["accountant"] or "stated, not accounted"
         # The claim as the report and the audit notes print it (one rounding everywhere, issue 29).
-        lines.append(f"privacy    ε = {numfmt.upper(s['epsilon'])} at δ = {numfmt.upper(s['delta'])} ({how})")
+        lines.append(f"privacy    ε = {numfmt.upper(s['epsilon'])} at δ = {numfmt.exact(s['delta'])} ({how})")
         if s.get("claim_mismatch") and s["epsilon_recomputed"] is None:  # inspect: privacy.event does not parse
             lines.append(
                 "CLAIM UNVERIFIED: checkpoint.json's recorded mechanism (privacy.event) cannot be read; the file was "
@@ -48,7 +48,7 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
             recorded, recomputed = numfmt.ordered(s["epsilon"], s["epsilon_recomputed"], left_up=True, left_digits=6)
             lines.append(
                 f"CLAIM MISMATCH: checkpoint.json records ε = {recorded}, but its recorded mechanism "
-                f"(privacy.event) re-accounts to ε = {recomputed} ({how}, δ = {numfmt.upper(s['delta'])}); "
+                f"(privacy.event) re-accounts to ε = {recomputed} ({how}, δ = {numfmt.exact(s['delta'])}); "
                 "the file was edited or written by other software, and audits test the claim as recorded"
             )
     else:
@@ -289,7 +289,7 @@ STATED_CLAIM = (
         "neighbouring (not with --epsilon etc.).",
     ),
     opt("epsilon", float | None, None, help="Claimed ε (>= 0)."),
-    opt("delta", float | None, None, help=f"{DELTA_HELP}, in (0, 1)."),
+    opt("delta", float | None, None, help=f"{DELTA_HELP}, in (0, 0.1]."),
     opt("noise_multiplier", float | None, None, help="Claim: DP-SGD noise σ (re-accounted)."),
     opt("sample_rate", float | None, None, help="Claim: sampling rate q = B/N in (0, 1]."),
     opt("steps", int | None, None, help="Claim: number of DP-SGD steps T."),

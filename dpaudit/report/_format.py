@@ -179,7 +179,7 @@ def claim_text(claim: Mapping[str, Any] | None) -> str:
     """A model's claim, '7.99996 (δ = 1e-05)': both rounded up (:func:`dpaudit.numfmt.upper`)."""
     if claim is None:
         return "∞ (non-private)"
-    return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.upper(claim['delta'])})"
+    return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.exact(claim['delta'])})"
 
 
 def bound_text(digest: Mapping[str, Any] | None) -> str:
@@ -297,7 +297,7 @@ def utility_rows(model: Mapping[str, Any]) -> list[list[str]]:
 def claim_details(claim: Mapping[str, Any] | None) -> str:
     if claim is None:
         return "none (non-private training; treated as ε = ∞)"
-    parts = [f"ε = {numfmt.upper(claim['epsilon'])}, δ = {numfmt.upper(claim['delta'])}"]
+    parts = [f"ε = {numfmt.upper(claim['epsilon'])}, δ = {numfmt.exact(claim['delta'])}"]
     for key, label in (("accountant", "accountant"), ("neighbouring", "neighbouring")):
         if claim.get(key):
             parts.append(f"{label} {claim[key]}")

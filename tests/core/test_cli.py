@@ -150,7 +150,10 @@ SCHEDULE = ["--sample-rate", "0.1", "--steps", "3"]
     [
         ([*ACCOUNT, "--sample-rate", "1.5", "--steps", "3"], "error: expected --sample-rate in (0, 1], got 1.5"),
         ([*ACCOUNT, *SCHEDULE, "--noise-multiplier", "-1"], "error: expected --noise-multiplier >= 0, got -1.0"),
-        ([*ACCOUNT, *SCHEDULE, "--delta", "1"], "error: expected --delta in (0, 1), got 1.0"),
+        (
+            [*ACCOUNT, *SCHEDULE, "--delta", "1"],
+            "error: expected --delta in (0, 0.1], got 1.0 (a larger delta is no privacy guarantee)",
+        ),
         ([*ACCOUNT, *SCHEDULE, "--jl-projections", "0"], "error: expected --jl-projections >= 1, got 0"),
         ([*ACCOUNT, "--epochs", "1", "--dataset-size", "10", "--batch-size", "20"],
          "error: expected --batch-size <= --dataset-size, got 20 > 10"),
@@ -385,3 +388,25 @@ def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_
     assert all(set(readers) <= known for readers in OPTION_READERS.values())
     train_params = {p.name for p in typer.main.get_command(app).commands["train"].params}
     assert set(OPTION_READERS) <= train_params  # every name is an option of `dpaudit train`
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["account", "dpsgd", "--noise-multiplier", "1", *SCHEDULE],
+        ["account", "calibrate", "--epsilon", "1", *SCHEDULE],
+        ["train", "--out", "never", *FAST, "--algo", "dpsgd", "--noise-multiplier", "1"],
+        ["train", "--out", "never", *FAST, "--algo", "pate", "--teachers", "3", "--sigma", "2"],
+    ],
+)
+def test_one_delta_rule_for_every_claim(args):
+    # A claim's δ is in (0, 0.1] everywhere (dpaudit.validation.check_claim_delta): account dpsgd took 0.2 and
+    # 0.9999999 (printed "delta = 1"), train --algo pate took 0.5, while calibrate and train --algo dpsgd refused.
+    for delta in ("0.2", "0.9999999"):
+        r = invoke(*args, "--delta", delta)
+        assert r.exit_code == 2, r.output
+        want = f"error: expected --delta in (0, 0.1], got {delta} (a larger delta is no privacy guarantee)"
+        assert r.output.strip() == want, r.output
+    if args[0] == "account":  # the cap itself is a claim's δ, printed as given
+        r = invoke(*args, "--delta", "0.1")
+        assert r.exit_code == 0 and "delta = 0.1," in r.output, r.output
