@@ -1,9 +1,10 @@
-"""How every ε (and δ) a user reads is printed: rounded in the direction that keeps the printed number true.
+"""How every ε (and δ) a user reads is printed: ε rounded in the direction that keeps the printed number true,
+δ as given.
 
 One module, used by the audit summaries, the workflows' headlines, the report and the CLI, so that a number
 reads the same everywhere and no printer rounds on its own:
 
-- :func:`upper` rounds toward +∞, for every upper bound a user relies on: a claimed ε or δ, "this design
+- :func:`upper` rounds toward +∞, for every upper bound a user relies on: a claimed ε, "this design
   certifies at most ε = …". A privacy claim must never be under-reported (STYLE.md's non-negotiable): an
   accounted ε of 7.999954 prints 7.99996, never 7.99995.
 - :func:`lower` rounds toward −∞, for every lower bound shown ("ε ≥ …"): a bound shown must be implied by the

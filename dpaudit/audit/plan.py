@@ -233,7 +233,7 @@ class DesignPlan:
         )
         lo, hi = self.simulated_power_interval
         design = f"{self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
-        # The claim's δ, rounded up (dpaudit.numfmt).
+        # The claim's δ, as given (dpaudit.numfmt.exact).
         design += f"delta {numfmt.exact(self.delta)}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
         return (
             f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "

@@ -11,7 +11,7 @@ from dpaudit import numfmt
 from dpaudit.report._data import as_float, is_per_step
 
 DASH = numfmt.DASH
-# Every ε and δ of the report is printed by dpaudit.numfmt: claims rounded up at 6 significant digits, lower
+# Every ε and δ of the report is printed by dpaudit.numfmt (δ as given): claims rounded up at 6 significant digits, lower
 # bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed one).
 BOUND_DIGITS = 3
 
@@ -176,7 +176,7 @@ def interval(ci: Any, spec: str = ".3f") -> str:
 
 
 def claim_text(claim: Mapping[str, Any] | None) -> str:
-    """A model's claim, '7.99996 (δ = 1e-05)': both rounded up (:func:`dpaudit.numfmt.upper`)."""
+    """A model's claim, '7.99996 (δ = 1e-05)': ε rounded up (:func:`dpaudit.numfmt.upper`), δ as given."""
     if claim is None:
         return "∞ (non-private)"
     return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.exact(claim['delta'])})"
