@@ -11,8 +11,9 @@ from dpaudit import numfmt
 from dpaudit.report._data import as_float, is_per_step
 
 DASH = numfmt.DASH
-# Every ε and δ of the report is printed by dpaudit.numfmt (δ as given): claims rounded up at 6 significant digits, lower
-# bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed one).
+# Every ε and δ of the report is printed by dpaudit.numfmt (δ as given): claims rounded up at 6 significant digits,
+# lower bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed
+# one).
 BOUND_DIGITS = 3
 
 VERDICT_TEXT = {
