@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
+
 from dpaudit.accounting.base import (
     Accountant,
     effective_gaussian_noise_multiplier,
@@ -72,7 +74,7 @@ from dpaudit.events import (
     PoissonSampled,
     RandomizedResponse,
 )
-from dpaudit.validation import check_in_interval, check_positive, check_positive_int
+from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 
 # --------------------------------------------------------------------------------------------
 # Accountant
@@ -304,6 +306,29 @@ class PldAccountant(Accountant):
         if d < LONG_INVERSE_BELOW_DELTA:  # both are valid bounds; the long-double one is tighter there
             d = min(d, self._delta_at(epsilon, cap, True))
         return d
+
+    def deltas(self, epsilons) -> np.ndarray:
+        """:meth:`delta` at many epsilons at once (each a valid delta(epsilon), as ``delta``'s; the composed PMFs
+        are read once, not once per epsilon: :meth:`DiscretePLD.deltas`). For curves, e.g. the f-DP audits'."""
+        eps = np.array([check_non_negative(epsilon=float(e)) for e in np.ravel(epsilons)], dtype=np.float64)
+        if self._non_private:
+            return np.ones(eps.shape)
+        if self._is_empty():
+            return np.zeros(eps.shape)
+        if self._jl_leaves():  # the JL loss cap follows each epsilon
+            return np.array([self.delta(float(e)) for e in eps])
+        d = self._deltas_at(eps, False)
+        low = d < LONG_INVERSE_BELOW_DELTA  # as in _delta: both are valid bounds, the long-double one tighter
+        if low.any():
+            d[low] = np.minimum(d[low], self._deltas_at(eps[low], True))
+        if np.isnan(d).any():  # a bug, never a result
+            raise RuntimeError("pld accountant produced NaN delta")
+        return np.clip(d, 0.0, 1.0)
+
+    def _deltas_at(self, eps: np.ndarray, long_inverse: bool) -> np.ndarray:
+        rem, add = self._composed(None, long_inverse)
+        d = rem.deltas(eps)
+        return d if add is None else np.maximum(d, add.deltas(eps))
 
     def _delta_at(self, epsilon: float, jl_cap: float | None, long_inverse: bool) -> float:
         rem, add = self._composed(jl_cap, long_inverse)

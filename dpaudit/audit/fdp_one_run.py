@@ -177,7 +177,7 @@ def _pld_curve(event) -> tuple[np.ndarray, np.ndarray] | None:
     if not math.isfinite(eps_hi):
         return None
     grid = np.linspace(0.0, eps_hi, _GRID_POINTS)
-    dlt = np.array([acc.delta(float(x)) for x in grid])
+    dlt = acc.deltas(grid)  # each a valid delta(eps) of the PLD, read off the composed PMFs once
     grid.flags.writeable = dlt.flags.writeable = False  # shared by every caller
     return grid, dlt
 

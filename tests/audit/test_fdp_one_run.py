@@ -263,7 +263,7 @@ def test_claim_curves_are_cached_per_mechanism_across_families():
     for q, steps in ((0.5, 10), (0.1, 3)):
         acc = make_accountant("pld").compose(dpsgd_event(noise_multiplier=1.0 / t, sample_rate=q, steps=steps))
         grid = np.linspace(0.0, acc.epsilon(F._GRID_DELTA_MIN), F._GRID_POINTS)
-        expected = F._grid_g(grid, np.array([acc.delta(float(x)) for x in grid]))
+        expected = F._grid_g(grid, acc.deltas(grid))
         g = F.dpsgd_family(q, steps).blowup_inverse(t)
         assert [g(y) for y in ys] == [expected(y) for y in ys]
     a = F._pld_curve(dpsgd_event(noise_multiplier=1.0, sample_rate=0.5, steps=10))
