@@ -316,7 +316,7 @@ def claim_mismatch_note(privacy: Mapping[str, Any] | None) -> str | None:
     recorded, recomputed = numfmt.ordered(check["recorded"], check["recomputed"], left_up=True, right_digits=6)
     return (
         f"claim mismatch: checkpoint.json records ε = {recorded}, but its recorded mechanism "
-        f"re-accounts to ε = {recomputed} ({check['accountant']}, δ = {numfmt.upper(check['delta'])}); "
+        f"re-accounts to ε = {recomputed} ({check['accountant']}, δ = {numfmt.exact(check['delta'])}); "
         "the file was edited or written by other software. This audit tests the claim as recorded."
     )
 

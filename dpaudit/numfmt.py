@@ -1,15 +1,18 @@
-"""How every ε (and δ) a user reads is printed: rounded in the direction that keeps the printed number true.
+"""How every ε (and δ) a user reads is printed: ε rounded in the direction that keeps the printed number true,
+δ as given.
 
 One module, used by the audit summaries, the workflows' headlines, the report and the CLI, so that a number
 reads the same everywhere and no printer rounds on its own:
 
-- :func:`upper` rounds toward +∞, for every upper bound a user relies on: a claimed ε or δ, "this design
+- :func:`upper` rounds toward +∞, for every upper bound a user relies on: a claimed ε, "this design
   certifies at most ε = …". A privacy claim must never be under-reported (STYLE.md's non-negotiable): an
   accounted ε of 7.999954 prints 7.99996, never 7.99995.
 - :func:`lower` rounds toward −∞, for every lower bound shown ("ε ≥ …"): a bound shown must be implied by the
   computed one, so 4.8151 prints 4.81, never 4.82 (which nothing showed).
 - :func:`nearest` rounds to nearest, for estimates shown with "=" (a noise ratio, a median): an estimate is no
   bound, so no direction is safe; its label says it is an estimate.
+- :func:`exact` prints an input as given (its shortest round-trip decimal): every δ, which is a claim's or an
+  audit's parameter, never a computed bound, so no rounding of it is safe in both uses.
 - :func:`ordered` shows a lower bound beside a claim with as many digits as it takes (up to the 17 that tell any
   two float64 apart) for the printed numbers to compare as the computed ones do: "ε ≥ 8.00001 > claimed 8",
   never "ε ≥ 8 > claimed 8".
@@ -45,6 +48,14 @@ def upper(x: Any, digits: int = CLAIM_DIGITS, *, missing: str = DASH) -> str:
     claim is never under-reported. None → ``missing``.
     """
     return _show(x, digits, ROUND_CEILING, missing)
+
+
+def exact(x: Any, *, missing: str = DASH) -> str:
+    """``x`` as the shortest decimal that reads back as it (Python's ``repr``, up to :data:`MAX_DIGITS` digits),
+    written as :func:`upper` writes: for an input shown as given, such as a claim's δ, which no printer may round
+    to another value (δ = 0.09999999 is not δ = 0.1, and 1/70000 is neither 1.42857e-05 nor 1.42858e-05).
+    None → ``missing``."""
+    return _show(x, MAX_DIGITS, ROUND_CEILING, missing)  # repr has <= 17 digits: printed as it is, never rounded
 
 
 def lower(x: Any, digits: int = 3, *, missing: str = DASH) -> str:

@@ -299,7 +299,7 @@ def _power_shortfall(
     except InputError as e:
         needed = f"no practical number of trials ({e})"
     return (
-        f"the test has too little power against ({numfmt.upper(epsilon)}, {numfmt.upper(result.delta)})-DP: "
+        f"the test has too little power against ({numfmt.upper(epsilon)}, {numfmt.exact(result.delta)})-DP: "
         + (
             f"against {leak.describe()} it refutes the claim with estimated probability {p:.2f} with {trials} "
             f"trials per side (the simulated audit refuted it in {refuted} of {sims} draws; "
@@ -360,7 +360,7 @@ def assert_dp(
         kind = "formal lower bound" if result.formal else "estimate"
         bound, claim = numfmt.ordered(result.epsilon_lower_bound, epsilon, left_digits=4)  # the order computed
         raise AssertionError(
-            f"mechanism is not ({claim}, {numfmt.upper(delta)})-DP: epsilon lower bound {bound} "
+            f"mechanism is not ({claim}, {numfmt.exact(delta)})-DP: epsilon lower bound {bound} "
             f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})\n"
             + result.summary()
         )
@@ -369,7 +369,7 @@ def assert_dp(
             epsilon, delta=result.delta, confidence=result.confidence, method=method, pilot=direction is None
         )
         raise AssertionError(
-            f"inconclusive: the test cannot refute ({numfmt.upper(epsilon)}, {numfmt.upper(result.delta)})-DP "
+            f"inconclusive: the test cannot refute ({numfmt.upper(epsilon)}, {numfmt.exact(result.delta)})-DP "
             f"with {trials} trials per side (max certifiable epsilon "
             f"{numfmt.upper(result.max_certifiable_epsilon, 4)}, that of a perfect attack, does not exceed the "
             f"claim), so passing would say nothing. Needed: at least {need} trials per side even for a perfect "

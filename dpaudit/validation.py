@@ -75,13 +75,14 @@ def check_noise_multiplier(**kwargs: Any) -> float:
 
 
 def check_claim_delta(**kwargs: Any) -> float:
-    """δ of a privacy claim (or a calibration target): in (0, :data:`MAX_CLAIM_DELTA`]."""
+    """δ of a privacy claim (or a calibration target): in (0, :data:`MAX_CLAIM_DELTA`]. The one rule for every
+    δ a claim is made or accounted at (train, import, account dpsgd/calibrate); the accountants themselves
+    take any δ in (0, 1)."""
     name, value = _one(kwargs)
     v = _finite(name, value)
     if not 0 < v <= MAX_CLAIM_DELTA:
-        raise InputError(
-            f"expected {name} in (0, {MAX_CLAIM_DELTA:g}], got {shown(value)} (a larger delta is no privacy guarantee)"
-        )
+        why = " (a larger delta is no privacy guarantee)" if v > MAX_CLAIM_DELTA else ""
+        raise InputError(f"expected {name} in (0, {MAX_CLAIM_DELTA:g}], got {shown(value)}{why}")
     return v
 
 

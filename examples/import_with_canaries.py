@@ -1,6 +1,6 @@
 """Canaries for a model trained outside dpaudit, end to end: make, insert, train, import, audit.
 
-1. ``dpaudit canaries make --data digits --members members.txt --count 200 --kind mislabeled --out canaries/``
+1. ``dpaudit canaries make --data digits --members members.txt --count 200 --canary-kind mislabeled --out canaries/``
    writes ``canaries/insert.npz`` (the records to add: the included half) and the secret design;
 2. your own training on the members plus ``insert.npz`` (here: a small torch MLP, not private);
 3. ``dpaudit import model.safetensors --model-spec spec.json --data digits --members members.txt
@@ -54,7 +54,7 @@ def run(workdir: Path, invoke) -> dict:
     (workdir / "members.txt").write_text("\n".join(map(str, members)) + "\n")
     (workdir / "spec.json").write_text(json.dumps(MODEL_SPEC))
     code, _ = invoke(["canaries", "make", "--data", "digits", "--members", str(workdir / "members.txt"),
-                      "--count", "200", "--kind", "mislabeled", "--out", str(workdir / "canaries")])  # fmt: skip
+                      "--count", "200", "--canary-kind", "mislabeled", "--out", str(workdir / "canaries")])  # fmt: skip
     assert code == 0
     X = ds.X[members].reshape(MEMBERS, 1, 8, 8)
     train_own_model(X, ds.y[members], workdir / "canaries" / "insert.npz", workdir / "model.safetensors")

@@ -72,7 +72,7 @@ def calibrate_noise_multiplier(
             # The formal lower bound rounded down, the target up, in the order computed (dpaudit.numfmt.ordered).
             shown, goal = numfmt.ordered(floor, target, left_digits=4)
             raise UnreachableTargetError(
-                f"target epsilon {goal} at delta {numfmt.upper(delta)} is not reachable with noise_multiplier "
+                f"target epsilon {goal} at delta {numfmt.exact(delta)} is not reachable with noise_multiplier "
                 f"<= {max_noise_multiplier:g}: even that much noise gives epsilon >= {shown} (a formal lower bound)"
             )
     hi = 1.0
@@ -82,7 +82,7 @@ def calibrate_noise_multiplier(
         hi *= 2.0
         if hi > max_noise_multiplier:
             raise UnreachableTargetError(
-                f"target epsilon {numfmt.upper(target)} at delta {numfmt.upper(delta)} is not reachable with "
+                f"target epsilon {numfmt.upper(target)} at delta {numfmt.exact(delta)} is not reachable with "
                 f"noise_multiplier <= {max_noise_multiplier:g}"
             )
     lo = hi / 2.0
@@ -92,7 +92,7 @@ def calibrate_noise_multiplier(
             raise InputError(
                 f"the target epsilon {numfmt.upper(target)} is too large to calibrate: even the least noise accepted "
                 f"(a noise multiplier of {MIN_NOISE_MULTIPLIER:g}) gives epsilon {numfmt.upper(least)} at delta "
-                f"{numfmt.upper(delta)}, within it, so no smallest noise multiplier meets it (such a target protects "
+                f"{numfmt.exact(delta)}, within it, so no smallest noise multiplier meets it (such a target protects "
                 "nothing); "
                 f"expected epsilon < {numfmt.lower(least)}"
             )
@@ -137,7 +137,7 @@ def calibrate_steps(
 
     if eps(1) > target:
         raise UnreachableTargetError(
-            f"a single step already exceeds epsilon {numfmt.upper(target)} at delta {numfmt.upper(delta)}"
+            f"a single step already exceeds epsilon {numfmt.upper(target)} at delta {numfmt.exact(delta)}"
         )
     lo, hi = 1, 2
     while hi <= max_steps and eps(hi) <= target:
@@ -184,7 +184,7 @@ def calibrate_sample_rate(
         return 1.0
     if eps(min_sample_rate) > target:
         raise UnreachableTargetError(
-            f"target epsilon {numfmt.upper(target)} at delta {numfmt.upper(delta)} is not reachable with "
+            f"target epsilon {numfmt.upper(target)} at delta {numfmt.exact(delta)} is not reachable with "
             f"sample_rate >= {min_sample_rate:g}"
         )
     lo, hi = min_sample_rate, 1.0  # eps(lo) <= target < eps(hi)

@@ -8,7 +8,8 @@ Methods:
 * ``"clopper-pearson"`` — hypothesis-testing bound (Jagielski et al. 2020, arXiv:2006.07709; Nasr et
   al. 2021, arXiv:2101.04535). Formal guarantee: holds with probability ≥ confidence whenever the
   member scores are i.i.d. draws of a post-processing of M(D) and the non-member scores i.i.d. draws
-  of the same post-processing of M(D′) (e.g. one score per independent training run).
+  of the same post-processing of M(D′) (e.g. one score per independent training run): design
+  "multi-run" only; on the default design ("membership") and on "canaries" it is an estimate.
 * ``"gdp"`` — the tightest μ consistent with Clopper–Pearson bounds on (FPR, FNR), converted to
   ε(δ) (Nasr et al. 2023, arXiv:2302.07956). Estimate: formal only if the mechanism's trade-off
   curve is Gaussian (μ-GDP). Elsewhere it can exceed the true ε: the Laplace mechanism's curve is
@@ -18,7 +19,8 @@ Methods:
   each canary was included independently with probability 1/2 and the scores come from one run.
 * ``"one-run-fdp"`` — the same design tested against a trade-off curve family (Mahloujifar, Melis &
   Chaudhuri 2025, arXiv:2410.22235; :mod:`dpaudit.audit.fdp_one_run`): ``tradeoff="gdp"`` (an estimate
-  of ε), ``"epsilon-delta"`` (formal) or the claim's own curve, e.g. ``dpsgd_family(q, T)`` (formal).
+  of ε), ``"epsilon-delta"`` (formal) or the claim's own curve, e.g. ``dpsgd_family(q, T)`` (the curve's
+  refutation is formal, its ε an estimate).
 
 Designs — how the member bits were produced, which decides whether a bound is formal:
 
@@ -571,7 +573,7 @@ def _curve_refutation(family: fdp_one_run.TradeoffFamily, out: fdp_one_run.FdpOu
     elif refuted:
         statement = (
             f"the claimed {curve} curve is refuted: {shown}, and the claim (epsilon = {numfmt.upper(claimed)} at "
-            f"delta = {numfmt.upper(setup.delta)}) is one of them; a refutation of the curve, not an epsilon lower "
+            f"delta = {numfmt.exact(setup.delta)}) is one of them; a refutation of the curve, not an epsilon lower "
             "bound"
         )
     else:

@@ -144,8 +144,8 @@ def epsilon_delta_family(delta: float) -> TradeoffFamily:
     return TradeoffFamily(
         name="epsilon-delta", parameter="epsilon", blowup_inverse=lambda eps: _eps_delta_g(eps, delta),
         epsilon=lambda eps, d: eps, t_start=1.0, t_max=100.0, formal=True,
-        # Refuted at δ implies refuted at every smaller δ: δ rounded down (dpaudit.numfmt).
-        note=f"formal: (epsilon, delta = {numfmt.lower(delta, numfmt.CLAIM_DIGITS)})-DP curves refuted (Mahloujifar "
+        # δ as given (dpaudit.numfmt.exact).
+        note=f"formal: (epsilon, delta = {numfmt.exact(delta)})-DP curves refuted (Mahloujifar "
         "et al. 2025 with Dong et al. 2022, "
         "Prop. 2.5)",
     )  # fmt: skip

@@ -150,7 +150,7 @@ def trials_needed(
                 best_n, best_v = max(history, key=lambda t: t[1])
                 raise InputError(
                     f"epsilon = {numfmt.upper(target)} is out of reach of the {method} method at delta = "
-                    f"{numfmt.upper(delta)}: "
+                    f"{numfmt.exact(delta)}: "
                     f"its max certifiable epsilon peaks at about {numfmt.upper(best_v, 3)} (near {best_n} canaries) "
                     "and decreases for more canaries (the 2*m*delta term of Steinke et al. 2023); audit independent "
                     "runs instead (clopper-pearson, design multi-run)"
@@ -233,8 +233,8 @@ class DesignPlan:
         )
         lo, hi = self.simulated_power_interval
         design = f"{self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
-        # The claim's δ, rounded up (dpaudit.numfmt).
-        design += f"delta {numfmt.upper(self.delta)}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
+        # The claim's δ, as given (dpaudit.numfmt.exact).
+        design += f"delta {numfmt.exact(self.delta)}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
         return (
             f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "
             f"{self.power:g} against a {what}: estimated power {self.simulated_power:.0%} (the simulated audit "

@@ -101,9 +101,8 @@ class Leak:
     def describe(self) -> str:
         if self.family == "gaussian":
             # A hypothesised leak: a parameter, not a bound, so to nearest (dpaudit.numfmt.nearest).
-            return (
-                f"gaussian leak mu = {self.mu:.4g} (epsilon {numfmt.nearest(self.epsilon, 4)} at delta {self.delta:g})"
-            )
+            eps, delta = numfmt.nearest(self.epsilon, 4), numfmt.exact(self.delta)
+            return f"gaussian leak mu = {self.mu:.4g} (epsilon {eps} at delta {delta})"
         return f"randomized response at epsilon = {numfmt.nearest(self.epsilon, 4)} (exactly (epsilon, 0)-DP)"
 
 

@@ -149,9 +149,8 @@ class AuditResult:
             bound, claimed = numfmt.ordered(self.epsilon_lower_bound, self.claimed_epsilon, left_digits=4)
         if self.refutation is not None:
             lines.append(f"{self.refutation['statement']} (formal, confidence {self.confidence:g})")
-        # δ: the claim's (rounded up) when a claim is tested; else the bound's, rounded down (not (ε, δ)-DP at δ
-        # implies it at every smaller δ).
-        delta = numfmt.lower(self.delta, numfmt.CLAIM_DIGITS) if claimed is None else numfmt.upper(self.delta)
+        # δ as given (numfmt.exact): the claim's, or the bound's; never rounded to another δ.
+        delta = numfmt.exact(self.delta)
         if self.formal:
             head = f"epsilon lower bound: {bound} (formal lower bound"
         else:

@@ -292,7 +292,7 @@ class SelftestReport:
             f"mutation score: {self.bugs_caught}/{self.bugs_planted} planted bugs caught "
             f"(each flagged in >= {REQUIRED_DETECTION:.0%} of seeds)",
             f"{self.seeds} seeds x {self.trials} trials per side, {self.method} / {self.threshold_selection}, "
-            f"confidence {self.confidence:g}, delta {numfmt.upper(self.delta)}; {self.runtime_s:.1f} s",
+            f"confidence {self.confidence:g}, delta {numfmt.exact(self.delta)}; {self.runtime_s:.1f} s",
         ]
         return "\n".join(lines)
 

@@ -12,7 +12,14 @@ import typer
 from dpaudit import numfmt
 from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, warn
 from dpaudit.errors import InputError
-from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
+from dpaudit.validation import (
+    MAX_CLAIM_DELTA,
+    check_claim_delta,
+    check_in_interval,
+    check_non_negative,
+    check_positive,
+    check_positive_int,
+)
 
 account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration.")
 
@@ -51,7 +58,7 @@ def _resolve_schedule(
 def _check_common(noise_multiplier: float | None, delta: float, jl_projections: int | None) -> None:
     if noise_multiplier is not None:
         check_non_negative(noise_multiplier=noise_multiplier)
-    check_in_interval(0.0, 1.0, delta=delta)
+    check_claim_delta(delta=delta)  # the rule of train and calibrate: (0, 0.1]
     if jl_projections is not None:
         check_positive_int(jl_projections=jl_projections)
 
@@ -73,7 +80,9 @@ def _label(result) -> str:
 
 SampleRate = Annotated[float | None, typer.Option("--sample-rate", help="Poisson sampling rate q in (0, 1].")]
 Steps = Annotated[int | None, typer.Option("--steps", help="Number of DP-SGD steps T.")]
-Delta = Annotated[float, typer.Option("--delta", help=f"{DELTA_HELP}, in (0, 1): epsilon is computed at it.")]
+Delta = Annotated[
+    float, typer.Option("--delta", help=f"{DELTA_HELP}, in (0, {MAX_CLAIM_DELTA:g}]: epsilon is computed at it.")
+]
 Jl = Annotated[int | None, typer.Option("--jl-projections", help="DP-SGD-JL with r projections (pld only).")]
 Epochs = Annotated[float | None, typer.Option("--epochs", help="Epochs (with --dataset-size, --batch-size).")]
 DatasetSize = Annotated[int | None, typer.Option("--dataset-size", help="Dataset size N (with --epochs).")]
@@ -118,7 +127,7 @@ def dpsgd(
             data["approximate"] = True
         emit(
             data,
-            f"epsilon = {numfmt.upper(r.epsilon)}  ({_label(r)}; delta = {numfmt.upper(delta)}, "
+            f"epsilon = {numfmt.upper(r.epsilon)}  ({_label(r)}; delta = {numfmt.exact(delta)}, "
             f"noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t})",
             json_flag=json_output,
         )
@@ -132,7 +141,7 @@ def dpsgd(
         if r.approximate:
             results[name]["approximate"] = True
     data = {"epsilon": best, **data, **results}
-    head = f"delta = {numfmt.upper(delta)}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"
+    head = f"delta = {numfmt.exact(delta)}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"
     lines = [head]
     for name, r in compared.items():
         value = numfmt.upper(r.epsilon, missing="unsupported")
@@ -191,7 +200,7 @@ def calibrate(
     emit(
         data,
         f"noise_multiplier = {numfmt.upper(sigma)}  (epsilon = {achieved_shown} <= {target_shown} at delta = "
-        f"{numfmt.upper(delta)}, "
+        f"{numfmt.exact(delta)}, "
         f"{_label(result)}, sample_rate = {q:.6g}, steps = {t})",
         json_flag=json_output,
     )

@@ -37,12 +37,26 @@ audit_app = App(help="Empirical privacy audits: epsilon lower bounds from scores
 
 DeltaOpt = Annotated[float, typer.Option("--delta", help=f"{DELTA_HELP} being tested (epsilon is bounded at it).")]
 ConfidenceOpt = Annotated[float, typer.Option("--confidence", help="Confidence level of the lower bound.")]
+# The default --design of `audit scores`. The --method help says on which design each method is formal, as
+# dpaudit.audit.result.is_formal decides (literal text: the help imports no scipy; a test checks the two agree).
+DEFAULT_DESIGN = "membership"
 MethodOpt = Annotated[
     str,
     typer.Option(
         "--method",
-        help="clopper-pearson (formal), gdp (estimate, assumes mu-GDP), one-run (formal; canaries included "
-        "w.p. 1/2) or one-run-fdp (the one-run design against a trade-off curve, see --tradeoff).",
+        help="clopper-pearson (formal only on design multi-run, an estimate on every other design), gdp (assumes "
+        "mu-GDP; an estimate on every design), one-run (canaries included w.p. 1/2; formal only on design "
+        "canaries, an estimate on every other design) or one-run-fdp (the one-run design against a trade-off "
+        "curve; formal only on design canaries, an estimate on every other design, and its epsilon only with "
+        f"--tradeoff epsilon-delta). On the default --design {DEFAULT_DESIGN} every method gives an estimate.",
+    ),
+]
+PlanMethodOpt = Annotated[
+    str,
+    typer.Option(
+        "--method",
+        help="The audit planned: clopper-pearson or gdp (runs per side of a multi-run design), one-run or "
+        "one-run-fdp (canaries).",
     ),
 ]
 ClaimedOpt = Annotated[
@@ -114,10 +128,10 @@ def scores_cmd(
             "--design",
             help="How the member bits were produced: membership (members/non-members of one model; default), "
             "canaries (canaries of one run, each included w.p. 1/2) or multi-run (one score per independent "
-            "run on D or D'). Only multi-run with clopper-pearson and canaries with one-run are formal; "
-            "everything else is an estimate.",
+            "run on D or D'). Only multi-run with clopper-pearson and canaries with one-run or one-run-fdp "
+            "(--tradeoff epsilon-delta) give a formal epsilon lower bound; everything else is an estimate.",
         ),
-    ] = "membership",
+    ] = DEFAULT_DESIGN,
     two_sided: Annotated[
         bool,
         typer.Option(
@@ -130,7 +144,8 @@ def scores_cmd(
             "--tradeoff",
             help="one-run-fdp: the hypothesised curves: epsilon-delta (formal epsilon lower bound), gdp (mu-GDP; "
             "epsilon is an estimate) or dpsgd:Q,T (DP-SGD's curves at Poisson rate Q and T steps, the noise "
-            "multiplier varied; formal). Default: epsilon-delta.",
+            "multiplier varied; the refutation of the claimed curve is formal, its epsilon an estimate). "
+            "Default: epsilon-delta.",
         ),
     ] = None,
     trust_design: Annotated[
@@ -227,7 +242,7 @@ def plan_cmd(
     ],
     delta: DeltaOpt = 1e-5,
     confidence: ConfidenceOpt = 0.95,
-    method: MethodOpt = "clopper-pearson",
+    method: PlanMethodOpt = "clopper-pearson",
     threshold_selection: SelectionOpt = "holdout",
     two_sided: Annotated[
         bool, typer.Option("--two-sided", help="Plan a two-sided audit (alpha/2 per direction).")
@@ -439,7 +454,12 @@ AUDIT_TRAIN_PIPELINE = (
 )
 AUDIT_TRAIN_AUDIT = (
     opt("confidence", float, 0.95, help="Confidence level of the lower bound."),
-    opt("method", str, "clopper-pearson", help="clopper-pearson | gdp."),
+    opt(
+        "method",
+        str,
+        "clopper-pearson",
+        help="clopper-pearson (a formal bound on the independent runs) | gdp (an estimate: assumes mu-GDP).",
+    ),
     opt("claimed_epsilon", float | None, None, help="Claimed epsilon (default: the recipe's claim)."),
     opt("workers", int, 1, help="Parallel training processes."),
     opt("seed", int, 0, help="Seed of the holdout split and tie-breaking."),

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from dpaudit.cli._common import DELTA_HELP, App, ForceFlag, JsonFlag, emit
+from dpaudit.cli._common import DELTA_HELP, App, ForceFlag, JsonFlag, deprecated_alias, emit, given_options
 from dpaudit.cli.audit import ClaimedOpt, ConfidenceOpt, FailOnViolationOpt, SeedOpt, _exit_code, audit_app
+from dpaudit.errors import InputError
 
 
 def register(app: App) -> None:
@@ -44,7 +45,6 @@ def register(app: App) -> None:
     ) -> None:
         """Formal one-run audits of gradient canaries from your own training loop (Opacus, JAX, NumPy), and a
         formal check of the noise that was actually added. See docs/own-training-loop.md."""
-        from dpaudit.errors import InputError
         from dpaudit.workflows.hooks_audit import audit_canaries
 
         if claimed_epsilon is None or delta is None:
@@ -70,10 +70,16 @@ canaries_app = App(help="Canaries for models you train yourself (then `dpaudit i
 
 @canaries_app.command("make")
 def make_cmd(
+    ctx: typer.Context,
     data: Annotated[str, typer.Option("--data", help="The records you will train on: PATH.csv | PATH.npz | digits.")],
     count: Annotated[int, typer.Option("--count", help="Number of canaries M (each included w.p. 1/2).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (keep canaries.safetensors secret).")],
-    kind: Annotated[str, typer.Option("--kind", help="mislabeled | outlier | clipbkd | crafted.")] = "mislabeled",
+    kind: Annotated[
+        str, typer.Option("--canary-kind", help="mislabeled | outlier | clipbkd | crafted.")
+    ] = "mislabeled",
+    old_kind: Annotated[
+        str | None, typer.Option("--kind", hidden=True, help="Deprecated spelling of --canary-kind.")
+    ] = None,
     members: Annotated[
         Path | None, typer.Option("--members", help="Indices into --data of the records you will train on.")
     ] = None,
@@ -86,6 +92,11 @@ def make_cmd(
     then `dpaudit import ... --canaries OUT` and `dpaudit audit checkpoint` for the formal one-run audit."""
     from dpaudit.canaries import make_canary_dir
 
+    if old_kind is not None:  # the name `train` and `audit train` use for the same thing is --canary-kind
+        deprecated_alias("--kind", "--canary-kind")
+        if "kind" in given_options(ctx) and kind != old_kind:
+            raise InputError("--kind and --canary-kind differ: give --canary-kind only")
+        kind = old_kind
     d = make_canary_dir(
         data, count=count, kind=kind, out=out, seed=seed, members=members, label_column=label_column, force=force
     )

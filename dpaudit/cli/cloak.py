@@ -32,7 +32,7 @@ def human_cloak(s: dict[str, Any]) -> str:
             f"suppressed {rate(s['suppression_ratio'])} of the features (σ >= {s['suppression_threshold']:g} × range)",
             f"accuracy   clean {rate(s['clean_accuracy'])}   cloaked {rate(s['cloaked_accuracy'])}   "
             f"loss {rate(s['accuracy_loss'])}",
-            f"local DP   ε = {numfmt.upper(s['composed_epsilon'])} at δ = {numfmt.upper(s['delta'])} for one release "
+            f"local DP   ε = {numfmt.upper(s['composed_epsilon'])} at δ = {numfmt.exact(s['delta'])} for one release "
             f"(median feature ε = {numfmt.nearest(s['median_feature_epsilon'], 4)})",  # a median, not a bound
         ]
     )

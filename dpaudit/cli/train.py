@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from dpaudit.cli._common import (
     DATA,
     DELTA_HELP,
@@ -13,6 +15,7 @@ from dpaudit.cli._common import (
     App,
     arg,
     emit,
+    given_options,
     info,
     opt,
     options,
@@ -35,7 +38,7 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
     if s["private"]:
         how = s["accountant"] or "stated, not accounted"
         # The claim as the report and the audit notes print it (one rounding everywhere, issue 29).
-        lines.append(f"privacy    ε = {numfmt.upper(s['epsilon'])} at δ = {numfmt.upper(s['delta'])} ({how})")
+        lines.append(f"privacy    ε = {numfmt.upper(s['epsilon'])} at δ = {numfmt.exact(s['delta'])} ({how})")
         if s.get("claim_mismatch") and s["epsilon_recomputed"] is None:  # inspect: privacy.event does not parse
             lines.append(
                 "CLAIM UNVERIFIED: checkpoint.json's recorded mechanism (privacy.event) cannot be read; the file was "
@@ -45,7 +48,7 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
             recorded, recomputed = numfmt.ordered(s["epsilon"], s["epsilon_recomputed"], left_up=True, left_digits=6)
             lines.append(
                 f"CLAIM MISMATCH: checkpoint.json records ε = {recorded}, but its recorded mechanism "
-                f"(privacy.event) re-accounts to ε = {recomputed} ({how}, δ = {numfmt.upper(s['delta'])}); "
+                f"(privacy.event) re-accounts to ε = {recomputed} ({how}, δ = {numfmt.exact(s['delta'])}); "
                 "the file was edited or written by other software, and audits test the claim as recorded"
             )
     else:
@@ -196,13 +199,16 @@ TRAIN_OUT = (opt("out", Path, ..., "--out", "-o", help="Run directory to write (
 
 
 @options(TRAIN_OUT, DATA, MODEL, ALGORITHM, SPLIT, PRIVACY, PERFORMANCE, CANARIES, AGGREGATION, CLOAK, OUTPUT)
-def train(**o) -> None:
+def train(ctx: typer.Context, **o) -> None:
     """Train a model on a dataset split and save it as a run directory."""
     from dpaudit.training.run import summary
 
-    out, json_output = o["out"], o.pop("json_output")
+    out, json_output, given = o["out"], o.pop("json_output"), given_options(ctx)
     if o["algo"] == "cloak" or o["target"] is not None or o["lambdas"]:  # learned input noise (training/cloak.py)
         from dpaudit.cli.cloak import train_cloak_command
+        from dpaudit.training.config import check_options_read
+
+        check_options_read(o["algo"], given)
 
         keep = ("epochs", "batch_size", "lr", "seed", "force")
         return train_cloak_command(
@@ -211,7 +217,9 @@ def train(**o) -> None:
     from dpaudit.workflows.runs import train_from_options
 
     del o["target"], o["lambdas"]
-    meta = train_from_options(**o, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output))
+    meta = train_from_options(
+        **o, given=given, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output)
+    )
     for message in meta.get("fit_warnings", ()):
         warn(message)
     s = summary(meta)
@@ -281,7 +289,7 @@ STATED_CLAIM = (
         "neighbouring (not with --epsilon etc.).",
     ),
     opt("epsilon", float | None, None, help="Claimed ε (>= 0)."),
-    opt("delta", float | None, None, help=f"{DELTA_HELP}, in (0, 1)."),
+    opt("delta", float | None, None, help=f"{DELTA_HELP}, in (0, 0.1]."),
     opt("noise_multiplier", float | None, None, help="Claim: DP-SGD noise σ (re-accounted)."),
     opt("sample_rate", float | None, None, help="Claim: sampling rate q = B/N in (0, 1]."),
     opt("steps", int | None, None, help="Claim: number of DP-SGD steps T."),

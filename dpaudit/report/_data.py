@@ -143,8 +143,8 @@ def tradeoff_layers(model: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]
             points.append({**common, "label": label, "operating_point": a["operating_point"]})
         elif a["formal"]:
             drawn = lb is not None and math.isfinite(lb) and lb > 0
-            # Not (ε, δ)-DP at δ implies it at every smaller δ: δ rounded down (dpaudit.numfmt).
-            delta = numfmt.lower(a["delta"], numfmt.CLAIM_DIGITS)
+            # δ as given (dpaudit.numfmt.exact): never rounded to another δ.
+            delta = numfmt.exact(a["delta"])
             what = f"not ({numfmt.lower(lb)}, δ = {delta})-DP" if drawn else "ε ≥ 0, nothing shown"
             label = f"formal [{threat}] {a['source']['attack']} / {a['method']}: {what} ({_verdict_words(verdict)})"
             bounds.append({**common, "label": label, "delta": float(a["delta"]), "drawn": drawn})

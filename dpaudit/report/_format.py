@@ -11,8 +11,9 @@ from dpaudit import numfmt
 from dpaudit.report._data import as_float, is_per_step
 
 DASH = numfmt.DASH
-# Every ε and δ of the report is printed by dpaudit.numfmt: claims rounded up at 6 significant digits, lower
-# bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed one).
+# Every ε and δ of the report is printed by dpaudit.numfmt (δ as given): claims rounded up at 6 significant digits,
+# lower bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed
+# one).
 BOUND_DIGITS = 3
 
 VERDICT_TEXT = {
@@ -176,10 +177,10 @@ def interval(ci: Any, spec: str = ".3f") -> str:
 
 
 def claim_text(claim: Mapping[str, Any] | None) -> str:
-    """A model's claim, '7.99996 (δ = 1e-05)': both rounded up (:func:`dpaudit.numfmt.upper`)."""
+    """A model's claim, '7.99996 (δ = 1e-05)': ε rounded up (:func:`dpaudit.numfmt.upper`), δ as given."""
     if claim is None:
         return "∞ (non-private)"
-    return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.upper(claim['delta'])})"
+    return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.exact(claim['delta'])})"
 
 
 def bound_text(digest: Mapping[str, Any] | None) -> str:
@@ -297,7 +298,7 @@ def utility_rows(model: Mapping[str, Any]) -> list[list[str]]:
 def claim_details(claim: Mapping[str, Any] | None) -> str:
     if claim is None:
         return "none (non-private training; treated as ε = ∞)"
-    parts = [f"ε = {numfmt.upper(claim['epsilon'])}, δ = {numfmt.upper(claim['delta'])}"]
+    parts = [f"ε = {numfmt.upper(claim['epsilon'])}, δ = {numfmt.exact(claim['delta'])}"]
     for key, label in (("accountant", "accountant"), ("neighbouring", "neighbouring")):
         if claim.get(key):
             parts.append(f"{label} {claim[key]}")

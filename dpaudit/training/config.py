@@ -9,6 +9,7 @@ change a privacy claim.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -187,6 +188,62 @@ PERTURBATION_ALGOS = ("outpert", "outpert-gaussian", "objpert")
 # r = 1 cannot reach epsilon 8 on digits with any noise (the calibration says so at once); r = 16 reaches it
 # with test accuracy 0.92 on digits (mlp), at the cost of 16 Jacobian-vector products per step.
 DEFAULT_JL_PROJECTIONS = 16
+
+
+# Which algorithms read each `dpaudit train` option that not all of them read (parameter names; the CLI
+# shows --name-with-dashes). One given for an algorithm that does not read it is refused
+# (:func:`check_options_read`): a user who types --clip 1 with --algo sgd must not believe anything is clipped.
+DPSGD_ALGOS = ("dpsgd", "dpadam", "dpsgd-jl", "dpadam-jl")
+DPAGD_ALGOS = ("dpagd", "dpagd-huber")
+AGGREGATION_ALGOS = ("pate", "dp-icl")
+# Every trainer of dpaudit.training.algorithms.TRAINERS (a test checks the two agree).
+TRAINER_ALGOS = ("sgd", "adam", *DPSGD_ALGOS, *PERTURBATION_ALGOS, *DPAGD_ALGOS)
+AGGREGATION_OPTIONS = (
+    "teachers", "aggregator", "queries", "sigma", "sigma1", "threshold", "max_answers", "shots", "predictor",
+    "workers", "claim", "sanitiser", "keep_private_diagnostics", "subsample",
+)  # fmt: skip
+OPTION_READERS: dict[str, tuple[str, ...]] = {
+    "noise_multiplier": DPSGD_ALGOS,  # the convex learners and DP-AGD are calibrated from --epsilon
+    "epsilon": (*DPSGD_ALGOS, *PERTURBATION_ALGOS, *DPAGD_ALGOS, *AGGREGATION_ALGOS),
+    "delta": (*DPSGD_ALGOS, "outpert-gaussian", *DPAGD_ALGOS, *AGGREGATION_ALGOS),  # outpert/objpert: pure ε
+    "clip": (*DPSGD_ALGOS, *DPAGD_ALGOS),  # DP-AGD's C_grad; the convex learners scale features to the unit ball
+    "sampling": DPSGD_ALGOS,
+    "accountant": DPSGD_ALGOS,  # DP-AGD is accounted in zCDP, outpert-gaussian with PLD, PATE with its own RDP
+    "secure_noise": (*DPSGD_ALGOS, *PERTURBATION_ALGOS, *DPAGD_ALGOS),
+    "jl_projections": ("dpsgd-jl", "dpadam-jl"),
+    "whitebox_canaries": DPSGD_ALGOS,
+    "canaries": TRAINER_ALGOS,
+    "canary_kind": TRAINER_ALGOS,
+    "canary_seed": TRAINER_ALGOS,
+    "allow_inconclusive": TRAINER_ALGOS,
+    "l2": TRAINER_ALGOS,  # λ of (λ/2)‖w‖²: the weight decay of every registered trainer
+    "mechanism": PERTURBATION_ALGOS,
+    "objective": DPAGD_ALGOS,
+    **dict.fromkeys(AGGREGATION_OPTIONS, AGGREGATION_ALGOS),
+}
+# Options read only together with another option (e.g. the kind of canary only when there are canaries).
+OPTION_NEEDS: dict[str, tuple[str, ...]] = {
+    "canary_kind": ("canaries",),
+    "canary_seed": ("canaries", "whitebox_canaries"),
+}
+
+
+def check_options_read(algo: str, given: Collection[str]) -> None:
+    """Refuse (InputError) an option in ``given`` (the options the user set) that ``algo`` does not read.
+
+    ``algo`` is the algorithm that runs (``outpert-gaussian`` for ``outpert --mechanism gaussian``)."""
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name, readers in OPTION_READERS.items():
+        if name in given and algo not in readers:
+            raise InputError(
+                f"{flag(name)} does not apply to --algo {algo} (it is read by --algo {', '.join(readers)} only)"
+            )
+    for name, needs in OPTION_NEEDS.items():
+        if name in given and not any(need in given for need in needs):
+            raise InputError(f"{flag(name)} applies only with {' or '.join(map(flag, needs))}")
 
 
 def default_recipe(algo: str, model_kind: str) -> Recipe:

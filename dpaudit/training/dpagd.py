@@ -232,7 +232,7 @@ def dpagd(Z: np.ndarray, s: np.ndarray, config: DPAGDConfig, rng: np.random.Gene
     if not ledger.can(rho_ng, rho_nmax):
         raise InputError(
             f"the budget rho = {ledger.budget:.3g} (epsilon {numfmt.upper(config.epsilon)}, delta "
-            f"{numfmt.upper(config.delta)}) is too small "
+            f"{numfmt.exact(config.delta)}) is too small "
             f"for one DP-AGD iteration (rho_ng + rho_nmax = {rho_ng + rho_nmax:.3g}); raise --steps (the splits: "
             "an iteration first spends (epsilon / (2 splits))² / 2, so a larger --epsilon does not help)"
         )

@@ -176,7 +176,7 @@ def calibrate(setting: PrivacySetting, dp: DPConfig) -> float:
         )
     except UnreachableTargetError as e:
         raise UnreachableTargetError(
-            f"ε = {numfmt.upper(dp.target_epsilon)} at δ = {numfmt.upper(dp.delta)} is unreachable for "
+            f"ε = {numfmt.upper(dp.target_epsilon)} at δ = {numfmt.exact(dp.delta)} is unreachable for "
             f"{setting.steps} steps "
             f"({setting.sampling} sampling, batch {setting.batch_size} of {setting.dataset_size}): {e}"
         ) from None

@@ -44,7 +44,13 @@ from dpaudit.fileio import check_output_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.seeding import derive_seed
 from dpaudit.training.config import PerfConfig, TrainConfig
-from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int, check_seed
+from dpaudit.validation import (
+    check_choice,
+    check_claim_delta,
+    check_positive,
+    check_positive_int,
+    check_seed,
+)
 
 ALGOS = ("pate", "dp-icl")
 ANSWERS_FILE = "answers.npz"
@@ -102,7 +108,7 @@ class AggregationConfig:
             check_positive_int(shots=self.shots)
         elif self.shots is not None:
             raise InputError("--shots applies only to --algo dp-icl")
-        check_in_interval(0.0, 1.0, delta=self.delta)
+        check_claim_delta(delta=self.delta)  # the rule of every claim's δ (DPConfig's too)
         if self.target_epsilon is not None:
             check_positive(epsilon=self.target_epsilon)
         object.__setattr__(self, "seed", check_seed(seed=self.seed))

@@ -381,10 +381,16 @@ class StatedClaim:
     source: str | None = None
 
     def __post_init__(self) -> None:
-        from dpaudit.validation import check_choice, check_in_interval, check_positive, check_positive_int
+        from dpaudit.validation import (
+            check_choice,
+            check_claim_delta,
+            check_in_interval,
+            check_positive,
+            check_positive_int,
+        )
 
         src = self.source
-        _json_field(src, "delta", lambda **k: check_in_interval(0.0, 1.0, **k), self.delta)
+        _json_field(src, "delta", check_claim_delta, self.delta)
         if self.epsilon is not None:
             _json_field(src, "epsilon", _finite_non_negative, self.epsilon)
         given = [f for f in MECHANISM_FIELDS if getattr(self, f) is not None]
@@ -485,7 +491,7 @@ def claim_record(stated: StatedClaim, *, dataset_size: int) -> tuple[dict[str, A
             shown, acc = numfmt.ordered(stated.epsilon, accounted, left_up=True)
             warnings.append(
                 f"the stated ε = {shown} is smaller than dpaudit's {accountant} accountant gives for "
-                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {numfmt.upper(stated.delta)} (ε = {acc}); "
+                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {numfmt.exact(stated.delta)} (ε = {acc}); "
                 f"recording ε = {acc}: a claim is never under-reported"
             )
         elif stated.epsilon > accounted:

@@ -221,8 +221,8 @@ def audit_checkpoint(
         # (ε, δ_c)-DP implies (ε, δ)-DP for δ ≥ δ_c only: at a smaller δ the run's ε is no claim, and testing it
         # there could report a violation of a claim nobody made.
         raise InputError(
-            f"the run's claim is at δ = {numfmt.upper(privacy['delta'])}; its ε says nothing at the "
-            f"smaller δ = {numfmt.lower(delta, numfmt.CLAIM_DIGITS)}: give the claim to test as claimed_epsilon with "
+            f"the run's claim is at δ = {numfmt.exact(privacy['delta'])}; its ε says nothing at the "
+            f"smaller δ = {numfmt.exact(delta)}: give the claim to test as claimed_epsilon with "
             "that delta"
         )
     delta = float(delta if delta is not None else privacy.get("delta", NON_PRIVATE_DELTA))

@@ -130,7 +130,7 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
     shown, acc = numfmt.ordered(claimed, accounted, left_digits=numfmt.CLAIM_DIGITS, right_digits=4, left_up=True)
     what = (
         f"(σ = {noise_multiplier:g}, q = {sample_rate:g}, T = {steps}) account to ε = {acc} at "
-        f"δ = {numfmt.upper(delta)}"
+        f"δ = {numfmt.exact(delta)}"
     )
     if claimed < (1.0 - CLAIM_RTOL) * accounted:
         relation = "below"

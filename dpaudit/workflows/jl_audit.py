@@ -181,7 +181,7 @@ def jl_audits(cfg: JLStepAudit | None = None) -> dict[str, AuditRecord]:
             description=(
                 f"one DP-SGD-JL({cfg.projections}) step, q = 1, σ = {cfg.noise_multiplier:g}, {cfg.trials} runs "
                 f"(half with a gradient-norm canary), white-box read-out along the canary's weights; "
-                f"claim by {label}: ε = {numfmt.upper(claims[which])} at δ = {numfmt.upper(cfg.delta)}"
+                f"claim by {label}: ε = {numfmt.upper(claims[which])} at δ = {numfmt.exact(cfg.delta)}"
             ),
             result=result,
         )
@@ -244,7 +244,7 @@ def jl_step_family(run, options, seed: int, progress) -> dict:
         "note": (
             f"claims tested: ONE DP-SGD-JL step at q = 1, T = 1 and the run's σ = {cfg.noise_multiplier:g}, "
             f"r = {cfg.projections} (JL accountant ε = {numfmt.upper(jl_claim)}; plain DP-SGD formula ε = "
-            f"{numfmt.upper(res.claimed_epsilon)}, δ = {numfmt.upper(cfg.delta)}) — not the model's claim{of_model}, "
+            f"{numfmt.upper(res.claimed_epsilon)}, δ = {numfmt.exact(cfg.delta)}) — not the model's claim{of_model}, "
             "which neither implies nor is implied by them, so these verdicts are not the model's. A violation of the "
             "JL accountant's one-step ε would refute the per-step analysis (Bu et al. 2021, Lemma 4.3) the model's "
             "claim is built on, not the model's (ε, δ); the plain formula's claim is no one's claim for a JL run"

@@ -12,7 +12,7 @@ audit workflows.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,7 @@ def train_from_options(
     sanitiser: str | None = None,
     autocast: str | None = None,
     force: bool = False,
+    given: Collection[str] = frozenset(),
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = _silent,
 ) -> dict[str, Any]:
@@ -112,16 +113,25 @@ def train_from_options(
     build the configs from the command's options, train and save the run; returns its metadata.
     ``model_spec``: a JSON spec file (any kind, ``python`` included) instead of ``model`` (default
     ``mlp``) with ``hidden``/``activation``. ``notify`` receives a status line (the CLI prints it on
-    stderr)."""
+    stderr). ``given``: the options the user gave (not left at their defaults); one the algorithm does not
+    read is refused (:func:`dpaudit.training.config.check_options_read`)."""
+    from dpaudit.training.config import check_options_read
+
+    # An option away from its default was given, whatever ``given`` says (a Python caller passes none).
+    away = {
+        "noise_multiplier": noise_multiplier, "epsilon": epsilon, "l2": l2, "jl_projections": jl_projections,
+        "whitebox_canaries": whitebox_canaries, "canaries": canaries, "teachers": teachers, "queries": queries,
+        "sigma": sigma, "sigma1": sigma1, "threshold": threshold, "max_answers": max_answers, "shots": shots,
+        "subsample": subsample, "sanitiser": sanitiser, "mechanism": mechanism, "objective": objective,
+        "claim": None if claim == "data-independent" else claim,
+        "keep_private_diagnostics": keep_private_diagnostics or None,
+    }  # fmt: skip
+    given = {*given, *(name for name, value in away.items() if value is not None)}
     fractions = parse_fractions(split)
     if model_spec is not None and (model is not None or hidden is not None or activation is not None):
         raise InputError("give --model-spec or --model (with --hidden, --activation), not both")
     if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
-        if noise_multiplier is not None or jl_projections is not None or whitebox_canaries is not None:
-            raise InputError(
-                f"--algo {algo} adds noise to the votes: use --sigma/--sigma1 or --epsilon "
-                "(not --noise-multiplier, --jl-projections or --whitebox-canaries)"
-            )
+        check_options_read(algo, given)
         if model_spec is not None:
             raise InputError(f"--algo {algo} trains its teachers from --model; --model-spec is not supported")
         if subsample is not None:  # named as given (it becomes the aggregator's sample_rate)
@@ -146,7 +156,6 @@ def train_from_options(
     from dpaudit.training.run import train_run
     from dpaudit.validation import check_choice
 
-    dp_given = noise_multiplier is not None or epsilon is not None
     if l2 is not None:  # convex learners (dpaudit/training/convex.py): λ is the weight decay
         check_in_interval(0.0, math.inf, lo_open=False, l2=l2)  # named as given, not as the weight decay it sets
         if weight_decay not in (0.0, l2):
@@ -155,6 +164,7 @@ def train_from_options(
     # An unknown algorithm is refused before any work (named as the parameter; the CLI shows --algo).
     check_choice(sorted([*TRAINERS, "pate", "dp-icl"]), algo=algo)
     algo = resolve_algo(algo, mechanism, objective)
+    check_options_read(algo, given)  # e.g. --clip with --algo sgd: refused, never silently ignored
     # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
     r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
     epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
@@ -162,15 +172,7 @@ def train_from_options(
         weight_decay = r["l2"]
     if algo.endswith("-jl") and jl_projections is None:
         jl_projections = DEFAULT_JL_PROJECTIONS
-    if claim != "data-independent" or keep_private_diagnostics or subsample is not None or sanitiser is not None:
-        raise InputError(
-            "--claim, --sanitiser, --keep-private-diagnostics and --subsample apply to --algo pate / dp-icl"
-        )
     private = algo.startswith("dp") or algo in CONVEX_ALGOS
-    if dp_given and not private:
-        raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
-    if jl_projections is not None and not algo.endswith("-jl"):
-        raise InputError(f"--jl-projections needs --algo dpsgd-jl or dpadam-jl, not {algo!r}")
     dp = None
     if private:
         dp = DPConfig(

@@ -496,7 +496,7 @@ def require_refutable(
     most, claim = numfmt.ordered(best, claimed_epsilon, left_up=True)  # both upper bounds, in the order computed
     raise InputError(
         f"this audit cannot refute epsilon = {claim}: {size} {unit} certify at most {most} even "
-        f"with a perfect attack ({method}, confidence {confidence:g}, delta {numfmt.upper(delta)}); {need} "
+        f"with a perfect attack ({method}, confidence {confidence:g}, delta {numfmt.exact(delta)}); {need} "
         f"(see `dpaudit audit plan --epsilon {numfmt.upper(claimed_epsilon)}`); pass {flag} to run it anyway"
     )
 

@@ -218,3 +218,36 @@ def test_selftest_json_small(monkeypatch):
 def test_selftest_bad_option():
     res = runner.invoke(app, ["audit", "selftest", "--seeds", "0"])
     assert res.exit_code == 2 and "seeds" in res.output
+
+
+def _option_help(path, name):
+    import typer.main
+
+    command = typer.main.get_command(app)
+    for part in path:
+        command = command.commands[part]
+    return next(p.help for p in command.params if p.name == name)
+
+
+def test_method_help_says_what_the_library_decides_on_the_default_design(strong_csv):
+    # The help of --method must not call clopper-pearson formal outright: on the default design
+    # (membership) the library labels its bound an estimate, and only on multi-run formal.
+    from dpaudit.audit.result import DESIGNS, METHODS, is_formal
+
+    text = _option_help(["audit", "scores"], "method")
+    for method in METHODS:  # every method's phrase says what is_formal decides
+        said = text.split(f"{method} (", 1)[1].split(")", 1)[0]
+        formal = [d for d in DESIGNS if is_formal(method, d)]
+        want = f"formal only on design {' or '.join(formal)}, an estimate" if formal else "an estimate on every design"
+        assert want in said, (method, said)
+    cp = text.split("clopper-pearson (", 1)[1].split(")", 1)[0]
+    default = json.loads(runner.invoke(app, ["audit", "scores", str(strong_csv), "--json"]).stdout)
+    assert default["method"] == "clopper-pearson" and default["formal"] is False
+    assert f"default --design {default['design']} every method gives an estimate" in text
+    assert "estimate on every other design" in cp and default["design"] not in cp
+    multi = runner.invoke(app, ["audit", "scores", str(strong_csv), "--design", "multi-run", "--json"])
+    assert json.loads(multi.stdout)["formal"] is True and "formal only on design multi-run" in cp
+    for design in ("canaries", "membership"):  # formal on no other design
+        res = runner.invoke(app, ["audit", "scores", str(strong_csv), "--design", design, "--json"])
+        assert json.loads(res.stdout)["formal"] is False
+    assert "(formal)" not in text and "; formal)" not in _option_help(["audit", "scores"], "tradeoff")

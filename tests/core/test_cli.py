@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from dpaudit.cli.main import app
@@ -149,7 +150,10 @@ SCHEDULE = ["--sample-rate", "0.1", "--steps", "3"]
     [
         ([*ACCOUNT, "--sample-rate", "1.5", "--steps", "3"], "error: expected --sample-rate in (0, 1], got 1.5"),
         ([*ACCOUNT, *SCHEDULE, "--noise-multiplier", "-1"], "error: expected --noise-multiplier >= 0, got -1.0"),
-        ([*ACCOUNT, *SCHEDULE, "--delta", "1"], "error: expected --delta in (0, 1), got 1.0"),
+        (
+            [*ACCOUNT, *SCHEDULE, "--delta", "1"],
+            "error: expected --delta in (0, 0.1], got 1.0 (a larger delta is no privacy guarantee)",
+        ),
         ([*ACCOUNT, *SCHEDULE, "--jl-projections", "0"], "error: expected --jl-projections >= 1, got 0"),
         ([*ACCOUNT, "--epochs", "1", "--dataset-size", "10", "--batch-size", "20"],
          "error: expected --batch-size <= --dataset-size, got 20 > 10"),
@@ -226,10 +230,31 @@ def test_with_option_names_rules():
 
 
 def test_an_unknown_choice_names_its_option_and_the_valid_values(tmp_path):
-    # check_choice says "unknown kind 'foo'"; the user typed --kind (as every other choice error names it).
-    r = invoke("canaries", "make", "--data", "digits", "--count", "4", "--out", tmp_path / "c", "--kind", "foo")
+    # check_choice says "unknown kind 'foo'"; the user typed --canary-kind (as every other choice error names it).
+    make = ("canaries", "make", "--data", "digits", "--count", "4", "--out", tmp_path / "c")
+    r = invoke(*make, "--canary-kind", "foo")
     assert r.exit_code == 2
-    assert "unknown --kind 'foo'; valid: mislabeled, outlier, clipbkd, crafted" in r.output
+    assert "unknown --canary-kind 'foo'; valid: mislabeled, outlier, clipbkd, crafted" in r.output
+
+
+def test_canary_kind_is_one_name_everywhere_and_kind_a_deprecated_alias(tmp_path):
+    import typer.main
+
+    command = typer.main.get_command(app)
+    flags = {  # the visible spelling of the canary kind in every command that has one
+        path: [p.opts for p in command.commands[path[0]].commands[path[1]].params if "kind" in p.name and not p.hidden]
+        for path in (("canaries", "make"), ("audit", "train"))
+    }
+    flags["train"] = [p.opts for p in command.commands["train"].params if "kind" in p.name]
+    assert all(opts == [["--canary-kind"]] for opts in flags.values()), flags
+    make = ("canaries", "make", "--data", "digits", "--count", "4", "--json")
+    new = invoke(*make, "--out", tmp_path / "a", "--canary-kind", "outlier")
+    old = invoke(*make, "--out", tmp_path / "b", "--kind", "outlier")
+    assert new.exit_code == 0 and json.loads(new.stdout)["kind"] == "outlier", new.output
+    assert old.exit_code == 0 and json.loads(old.stdout)["kind"] == "outlier", old.output
+    assert "--kind is deprecated; use --canary-kind" in old.stderr
+    both = invoke(*make, "--out", tmp_path / "c", "--kind", "outlier", "--canary-kind", "clipbkd")
+    assert both.exit_code == 2 and "--kind and --canary-kind differ" in both.output
 
 
 @pytest.mark.parametrize(
@@ -324,3 +349,64 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
     (run / "checkpoint.json").write_text(json.dumps(meta))
     line = one_error(invoke("train", "--algo", "cloak", "--target", run, "--lambda", "1", "--out", tmp_path / "c"))
     assert "cannot reload the run's data: unknown data 'nope'; valid: digits" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "algo"),
+    [
+        (["--algo", "sgd", "--clip", "1"], "--clip", "sgd"),  # the default value, typed: still refused
+        (["--algo", "adam", "--delta", "1e-6"], "--delta", "adam"),
+        (["--algo", "sgd", "--sampling", "shuffle"], "--sampling", "sgd"),
+        (["--algo", "sgd", "--accountant", "pld"], "--accountant", "sgd"),
+        (["--algo", "sgd", "--secure-noise"], "--secure-noise", "sgd"),
+        (["--algo", "sgd", "--teachers", "5"], "--teachers", "sgd"),
+        (["--algo", "sgd", "--epsilon", "1"], "--epsilon", "sgd"),
+        (["--algo", "outpert", "--epsilon", "1", "--delta", "1e-6"], "--delta", "outpert"),  # pure epsilon
+        (["--algo", "outpert", "--epsilon", "1", "--clip", "2"], "--clip", "outpert"),
+        (["--algo", "dpagd", "--epsilon", "1", "--sampling", "poisson"], "--sampling", "dpagd"),
+        (["--algo", "pate", "--teachers", "5", "--l2", "0.1"], "--l2", "pate"),
+        (["--algo", "pate", "--teachers", "5", "--canaries", "4"], "--canaries", "pate"),
+        (["--algo", "cloak", "--clip", "2"], "--clip", "cloak"),
+    ],
+)
+def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
+    r = invoke("train", "--out", tmp_path / "run", *FAST, *args)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"error: {option} does not apply to --algo {algo} ("), lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_the_registry(tmp_path):
+    from dpaudit.training.algorithms import TRAINERS
+    from dpaudit.training.config import AGGREGATION_ALGOS, OPTION_READERS, TRAINER_ALGOS
+
+    r = invoke("train", "--out", tmp_path / "run", *FAST, "--canary-kind", "outlier")
+    assert r.exit_code == 2 and r.output.strip() == "error: --canary-kind applies only with --canaries", r.output
+    assert set(TRAINER_ALGOS) == set(TRAINERS)
+    known = {*TRAINERS, *AGGREGATION_ALGOS}
+    assert all(set(readers) <= known for readers in OPTION_READERS.values())
+    train_params = {p.name for p in typer.main.get_command(app).commands["train"].params}
+    assert set(OPTION_READERS) <= train_params  # every name is an option of `dpaudit train`
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["account", "dpsgd", "--noise-multiplier", "1", *SCHEDULE],
+        ["account", "calibrate", "--epsilon", "1", *SCHEDULE],
+        ["train", "--out", "never", *FAST, "--algo", "dpsgd", "--noise-multiplier", "1"],
+        ["train", "--out", "never", *FAST, "--algo", "pate", "--teachers", "3", "--sigma", "2"],
+    ],
+)
+def test_one_delta_rule_for_every_claim(args):
+    # A claim's δ is in (0, 0.1] everywhere (dpaudit.validation.check_claim_delta): account dpsgd took 0.2 and
+    # 0.9999999 (printed "delta = 1"), train --algo pate took 0.5, while calibrate and train --algo dpsgd refused.
+    for delta in ("0.2", "0.9999999"):
+        r = invoke(*args, "--delta", delta)
+        assert r.exit_code == 2, r.output
+        want = f"error: expected --delta in (0, 0.1], got {delta} (a larger delta is no privacy guarantee)"
+        assert r.output.strip() == want, r.output
+    if args[0] == "account":  # the cap itself is a claim's δ, printed as given
+        r = invoke(*args, "--delta", "0.1")
+        assert r.exit_code == 0 and "delta = 0.1," in r.output, r.output

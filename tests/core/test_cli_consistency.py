@@ -123,7 +123,8 @@ def test_json_errors_are_json_on_stdout_exit_2(args):
 def test_without_json_the_error_is_one_line_on_stderr_only():
     r = invoke(*ACCOUNT[:-1], "2")
     assert r.exit_code == 2 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == ["error: expected --delta in (0, 1), got 2.0"]
+    want = "error: expected --delta in (0, 0.1], got 2.0 (a larger delta is no privacy guarantee)"
+    assert r.stderr.strip().splitlines() == [want]
 
 
 # ---- --quiet: before or after the command, never hides results -------------------------------------------

@@ -143,40 +143,42 @@ def test_ordered_examples():
     assert ordered(math.inf, 8.0) == ("∞", "8")
 
 
-# δ = 1/70000 = 1.4285714285714285e-05: ":g" prints 1.42857e-05, below the δ computed (its shortest repr has 17
-# digits, so it is no short decimal the user typed): wrong for a claim. 1/60000: ":g" prints 1.66667e-05, above
-# it: wrong for a refutation ("not (ε, δ)-DP" holds at every smaller δ, not at a larger one).
+# δ = 1/70000 = 1.4285714285714285e-05: ":g" prints 1.42857e-05, below the δ given; rounded up (1.42858e-05) it is
+# above it, which is wrong for a refutation ("not (ε, δ)-DP" holds at every smaller δ, not at a larger one); rounded
+# down, wrong for a claim. A δ is an input: printed as given (numfmt.exact), it is never another δ.
 ODD_DELTA, ODD_DELTA_UP = 1 / 70000, 1 / 60000
 
 
-def test_a_claims_delta_is_printed_rounded_up_and_a_refutations_rounded_down():
-    """Planted mistake caught: δ printed with ":g" (to nearest) in `account`, an audit's summary, the one-run f-DP
-    note, the calibration refusals."""
+def test_a_delta_is_printed_as_given_never_rounded_to_another_value():
+    """Planted mistakes caught: δ printed with ":g" or rounded (up or down) at 6 digits in `account`, an audit's
+    summary, the one-run f-DP note, the calibration refusals; δ = 0.09999999 printed as 0.1."""
     import numpy as np
 
     from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event
     from dpaudit.audit import audit_scores
     from dpaudit.audit.fdp_one_run import epsilon_delta_family
     from dpaudit.errors import InputError
+    from dpaudit.numfmt import exact
     from tests.core.cli_errors import invoke
 
-    assert (
-        f"{ODD_DELTA:g}" == "1.42857e-05" and upper(ODD_DELTA) == "1.42858e-05" and lower(ODD_DELTA, 6) == "1.42857e-05"
-    )
+    odd, odd_up = repr(ODD_DELTA), repr(ODD_DELTA_UP)
+    assert exact(ODD_DELTA) == odd == "1.4285714285714285e-05" and exact(1e-5) == "1e-05"
+    assert exact(0.09999999) == "0.09999999" and exact(1e-4) == "0.0001" and exact(None) == "—"
     schedule = ["--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10"]
     for accountant in ("rdp", "all"):
-        r = invoke("account", "dpsgd", *schedule, "--delta", repr(ODD_DELTA), "--accountant", accountant)
-        assert r.exit_code == 0 and "delta = 1.42858e-05" in r.stdout and "1.42857e-05" not in r.stdout, r.stdout
+        r = invoke("account", "dpsgd", *schedule, "--delta", odd, "--accountant", accountant)
+        assert r.exit_code == 0 and f"delta = {odd}," in r.stdout, r.stdout
+    r = invoke("account", "dpsgd", *schedule, "--delta", "0.09999999", "--accountant", "rdp")
+    assert r.exit_code == 0 and "delta = 0.09999999," in r.stdout, r.stdout  # not "delta = 0.1"
     r = invoke("account", "dpsgd", *schedule, "--delta", "1e-5", "--accountant", "rdp")
     assert "delta = 1e-05," in r.stdout, r.stdout  # what the user typed prints as typed
     scores, member = np.arange(40.0), np.arange(40) % 2 == 0
     claimed = audit_scores(scores, member, claimed_epsilon=1.0, delta=ODD_DELTA).summary()
-    assert "delta 1.42858e-05)" in claimed, claimed  # the claim's δ
-    assert f"{ODD_DELTA_UP:g}" == "1.66667e-05" and lower(ODD_DELTA_UP, 6) == "1.66666e-05"
+    assert f"delta {odd})" in claimed, claimed  # the claim's δ
     bound = audit_scores(scores, member, delta=ODD_DELTA_UP).summary()
-    assert "delta 1.66666e-05)" in bound, bound  # a lower bound at δ holds at every smaller δ
-    assert "delta = 1.66666e-05)-DP curves refuted" in epsilon_delta_family(ODD_DELTA_UP).note
-    with pytest.raises(InputError, match=r"at delta 1\.42858e-05 "):
+    assert f"delta {odd_up})" in bound, bound
+    assert f"delta = {odd_up})-DP curves refuted" in epsilon_delta_family(ODD_DELTA_UP).note
+    with pytest.raises(InputError, match=f"at delta {odd.replace('.', '[.]')} "):
         calibrate_noise_multiplier(
             target_epsilon=1e-3,
             delta=ODD_DELTA,
