@@ -399,7 +399,8 @@ def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_
         ["train", "--out", "never", *FAST, "--algo", "pate", "--teachers", "3", "--sigma", "2"],
     ],
 )
-def test_one_delta_rule_for_every_claim(args):
+def test_one_delta_rule_for_every_claim(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a train that wrongly runs writes its --out here, not into the checkout
     # A claim's δ is in (0, 0.1] everywhere (dpaudit.validation.check_claim_delta): account dpsgd took 0.2 and
     # 0.9999999 (printed "delta = 1"), train --algo pate took 0.5, while calibrate and train --algo dpsgd refused.
     for delta in ("0.2", "0.9999999"):
