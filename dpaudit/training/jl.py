@@ -90,14 +90,16 @@ def refuse_random_forward(model: nn.Module, x: torch.Tensor) -> None:
     would let the norm estimate and the clipped gradient see different functions (with one direction, the
     jvp re-runs the forward with fresh masks): M_i would then bound another gradient than the one weighted,
     and ‖w_i g_i‖ ≤ C·Z_r, on which the claim rests, would not hold. Two forward passes of one record
-    under different seeds must agree (the random state is left as it was)."""
+    under different seeds must agree to 1e-5 (the random state is left as it was)."""
     one = x[:1]
     with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
         torch.manual_seed(0)
         a = model(one)
         torch.manual_seed(1)
         b = model(one)
-    if not torch.equal(a, b):
+    # Close, not equal: GPU kernels may sum in a run-dependent order (last bits); a dropout mask or a noise draw
+    # moves outputs far more than 1e-5 relative.
+    if not torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(a.abs().max())):
         raise InputError(
             "the model's forward pass is random in training mode (F.dropout, attention dropout_p, noise); "
             "DP-SGD-JL needs the same forward pass for the norm estimate and the clipped gradient (remove it)"
