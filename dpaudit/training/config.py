@@ -211,6 +211,7 @@ OPTION_READERS: dict[str, tuple[str, ...]] = {
     "accountant": DPSGD_ALGOS,  # DP-AGD is accounted in zCDP, outpert-gaussian with PLD, PATE with its own RDP
     "secure_noise": (*DPSGD_ALGOS, *PERTURBATION_ALGOS, *DPAGD_ALGOS),
     "jl_projections": ("dpsgd-jl", "dpadam-jl"),
+    "clipping": ("dpsgd", "dpadam"),  # exact per-example clipping; the -jl trainers estimate norms (JLClipper)
     "whitebox_canaries": DPSGD_ALGOS,
     "canaries": TRAINER_ALGOS,
     "canary_kind": TRAINER_ALGOS,

@@ -367,6 +367,8 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "pate", "--teachers", "5", "--l2", "0.1"], "--l2", "pate"),
         (["--algo", "pate", "--teachers", "5", "--canaries", "4"], "--canaries", "pate"),
         (["--algo", "cloak", "--clip", "2"], "--clip", "cloak"),
+        (["--algo", "sgd", "--clipping", "ghost"], "--clipping", "sgd"),  # nothing is clipped
+        (["--algo", "dpsgd-jl", "--noise-multiplier", "1", "--clipping", "vmap"], "--clipping", "dpsgd-jl"),
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
