@@ -3,7 +3,7 @@
 No BatchNorm in the zoo: it mixes examples within a batch, so one example's gradient depends on
 the others and per-example clipping no longer bounds its influence. GroupNorm/LayerNorm are
 per-example and safe. A user's module (kind ``python``) may hold BatchNorm for non-private
-training; the private trainers refuse it (:func:`check_no_batchnorm`).
+training; the private trainers refuse it (:func:`check_private_layers`).
 """
 
 from __future__ import annotations
@@ -445,9 +445,10 @@ def build_model(spec: ModelSpec, *, seed: int | None = None, dtype: torch.dtype 
     return model.to(dtype)
 
 
-def check_no_batchnorm(model: nn.Module) -> None:
-    """Refuse BatchNorm for private training (the DP trainers, the clippers, a DP claim at import), and
-    InstanceNorm with ``track_running_stats=True``: it normalises each example by its own statistics,
+def check_private_layers(model: nn.Module) -> None:
+    """Refuse, for private training (the DP trainers, the clippers, a DP claim at import), the layers whose
+    training forward releases something of the data without noise: BatchNorm, InstanceNorm with
+    ``track_running_stats=True``: it normalises each example by its own statistics,
     but its running mean and variance are averages over the training batches, saved with the model
     without noise (and used in eval mode), so no DP claim covers the released weights. So does an
     Embedding's ``max_norm``: the forward pass renormalises the looked-up rows of the weight in place

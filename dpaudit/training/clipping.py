@@ -62,7 +62,7 @@ Methods (chosen by name, ``PerfConfig.clipping``):
 Assumptions shared by all methods (checked where possible):
 
 * The loss of example ``i`` depends on example ``i`` only: no BatchNorm or other layer that mixes
-  examples (refused by :func:`dpaudit.models.check_no_batchnorm`).
+  examples (refused by :func:`dpaudit.models.check_private_layers`).
 * ``ghost``: a probe at batch sizes 2 and 3 finds each layer's batch dimension; the first call
   compares every layer's result on the first few examples with the one-example-at-a-time
   reference and moves a disagreeing parameter (used outside its module's forward, an output
@@ -96,7 +96,7 @@ from torch.nn import functional as F
 from torch.nn.grad import conv2d_weight
 
 from dpaudit.errors import InputError
-from dpaudit.models import check_buffers_unchanged, check_no_batchnorm, released_buffers
+from dpaudit.models import check_buffers_unchanged, check_private_layers, released_buffers
 from dpaudit.training.config import CLIPPING
 from dpaudit.validation import check_choice, check_positive
 
@@ -195,7 +195,7 @@ class Clipper(ABC):
     pads = False
 
     def __init__(self, model: nn.Module, *, autocast: torch.dtype | None = None) -> None:
-        check_no_batchnorm(model)
+        check_private_layers(model)
         self.model = model
         self.autocast = autocast  # mixed precision for forward/backward; norms and sums in float32
         self.params = trainable_parameters(model)
@@ -958,7 +958,7 @@ class _EmbeddingHandler(_Handler):
     ``sparse`` changes only the format of the batch gradient autograd would form (never formed here);
     ``scale_grad_by_freq`` divides each position's gradient by its token's count in the call's input,
     which for the reference's call is example i's own tokens. (``max_norm``, an in-place renormalisation
-    of the rows a batch looks up, is refused under DP: :func:`dpaudit.models.check_no_batchnorm`.)"""
+    of the rows a batch looks up, is refused under DP: :func:`dpaudit.models.check_private_layers`.)"""
 
     @staticmethod
     def _positions(module, inputs, grads):

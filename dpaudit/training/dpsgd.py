@@ -34,7 +34,7 @@ from dpaudit import numfmt
 from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_for
 from dpaudit.errors import InputError, UnreachableTargetError
 from dpaudit.events import Event, Gaussian, SelfComposed
-from dpaudit.models import check_no_batchnorm
+from dpaudit.models import check_private_layers
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome, host_to_device, make_optimizer
 from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
@@ -447,7 +447,7 @@ class DPTrainer(Trainer):
         n = X.shape[0]
         if n == 0:
             raise InputError("the training set is empty")
-        check_no_batchnorm(model)
+        check_private_layers(model)
         setting = self.setting_for(n)
         claim = privacy_claim(setting, dp)  # before training: an unreachable claim fails fast
 

@@ -678,7 +678,7 @@ class JaxTrainer(Trainer):
             return self._fit(model, X, y, progress)
 
     def _fit(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, progress: Progress) -> TrainOutcome:
-        from dpaudit.models import check_no_batchnorm
+        from dpaudit.models import check_private_layers
         from dpaudit.training.dpsgd import poisson_sampler, privacy_claim, shuffle_sampler
         from dpaudit.validation import check_positive
 
@@ -688,7 +688,7 @@ class JaxTrainer(Trainer):
             raise InputError("the training set is empty")
         if config.batch_size > n:
             raise InputError(f"batch size {config.batch_size} is larger than the training set ({n} records)")
-        check_no_batchnorm(model)
+        check_private_layers(model)
         apply = jax_forward(model)
         params = params_from_torch(model)
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))

@@ -27,7 +27,7 @@ from dpaudit.data import (
 )
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.models import ModelSpec, build_model, check_no_batchnorm
+from dpaudit.models import ModelSpec, build_model, check_private_layers
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
@@ -878,7 +878,7 @@ def import_run(
     check_weights_fit_spec(spec, state, str(weights))  # before the model is built: a huge spec fails here
     model = build_model(spec)
     if claim is not None:  # a DP claim for a model that mixes the examples of a batch cannot hold
-        check_no_batchnorm(model)
+        check_private_layers(model)
     load_state_into(model, state, str(weights))
     model.eval()
     fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))

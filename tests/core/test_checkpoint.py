@@ -57,10 +57,10 @@ def test_model_spec_round_trip_and_no_batchnorm():
         model_spec_from_dict({"kind": "resnet"})
     with pytest.raises(InputError, match="image-shaped"):
         default_spec("cnn", input_shape=(4,), n_classes=3)
-    from dpaudit.models import check_no_batchnorm
+    from dpaudit.models import check_private_layers
 
     with pytest.raises(InputError, match=r"BatchNorm.*GroupNorm"):
-        check_no_batchnorm(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)))
+        check_private_layers(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)))
 
 
 def test_determinism_same_seed_same_bytes(tmp_path):
