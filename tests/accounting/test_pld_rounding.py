@@ -334,3 +334,71 @@ def test_accountant_deltas_equal_its_delta_on_dpsgd_ledgers():
         got = acc.deltas(grid)
         assert np.all(got >= ref) and np.all(got <= ref * (1.0 + 1e-6) + 1e-300)
         assert ref.min() < 1e-12  # the long-double pass was exercised
+
+
+# Small coarse PLDs where one bin or one index decides: no finite bins (all mass at +inf), one bin, a span of one
+# index, eps below the span, between the two top bins, on and above the top bin, and a total above 1 (the clamp).
+_EDGE_PLDS = {
+    "no finite bins": DiscretePLD(0.5, 3, np.zeros(0), 0.2, 1e-3, (2, 9)),
+    "all at +inf": DiscretePLD(0.5, 3, np.zeros(0), 0.95, 0.1, (2, 9)),
+    "one bin": DiscretePLD(0.5, 3, np.array([0.7]), 0.01),
+    "one bin, one-index span": DiscretePLD(0.5, 3, np.array([0.7]), 0.0, 1e-3, (3, 3)),
+    "two bins": DiscretePLD(0.5, 1, np.array([0.3, 0.6]), 0.0),
+    "two bins, span above eps": DiscretePLD(0.5, 4, np.array([0.3, 0.6]), 0.0, 1e-2, (4, 6)),
+    "total above 1": DiscretePLD(0.5, 4, np.array([0.5]), 0.9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EDGE_PLDS))
+def test_deltas_on_edge_case_plds_equal_the_exact_delta(name):
+    """DiscretePLD.deltas and _charges on the edge cases above, against the 50-digit delta and charge: never below,
+    above by at most rel 1e-9 plus rounding * 1e-6 (the charge adds its own rounding bound, <= 1e-13 here, under
+    the square root), exactly 0 where nothing lies above eps (no bin, no +inf mass, no charge), and exactly 1 where
+    the exact value is >= 1 (delta is a probability). Planted: the empty-PMF branch taken for one
+    bin, its charge dropped or its clamp removed; the clamp removed; the main sum read at eps >= the top bin; the
+    charge's span of one index skipped, its last bin (c = 1) skipped, its start not clamped to the span (eps below
+    it), the subtracted bin one low as e^x0 - 1 -> fails."""
+    d = _EDGE_PLDS[name]
+    eps = np.array([0.0, 0.3, 0.5, 0.75, 0.9, 1.0, 1.6, 1.75, 2.0, 2.1, 2.5, 3.0, 4.4, 5.0])
+    got, charges = d.deltas(eps), d._charges(eps)
+    for e, g, c in zip(eps, got, charges, strict=True):
+        main, charge = _exact_delta(d, float(e))
+        assert charge <= c <= charge * (1 + 1e-9) + d.rounding * 1e-6, (e, c, charge)
+        exact = min(main + charge, mpmath.mpf(1))
+        assert exact <= g <= exact * (1 + 1e-9) + d.rounding * 1e-6, (e, g, exact)
+        if exact == 0 and d.rounding == 0:
+            assert g == 0.0, (e, g)
+        if exact == 1:
+            assert g == 1.0, (e, g)
+
+
+def test_accountant_deltas_take_the_larger_direction(monkeypatch):
+    """Every supported subsampled ledger's remove direction dominates its add direction, so a deltas that read the
+    remove direction only would pass the ledger tests above: with the two directions swapped (as for a mechanism
+    whose add direction dominates) deltas still equals delta at every eps; a symmetric ledger (no add direction)
+    too. Planted: the add direction dropped; the symmetric case read as asymmetric -> fails."""
+    from dpaudit.accounting import dpsgd_event, make_accountant
+    from dpaudit.events import Gaussian
+
+    swapped = make_accountant("pld").compose(dpsgd_event(noise_multiplier=1.0, sample_rate=0.5, steps=10))
+    composed = swapped._composed
+    monkeypatch.setattr(swapped, "_composed", lambda *args: composed(*args)[::-1])
+    for acc in (swapped, make_accountant("pld").compose(Gaussian(noise_multiplier=2.0), 3)):
+        grid = np.linspace(0.0, 1.2 * acc.epsilon(1e-9), 16)
+        ref = np.array([acc.delta(float(e)) for e in grid])
+        got = acc.deltas(grid)
+        assert np.all(got >= ref) and np.all(got <= ref * (1.0 + 1e-6) + 1e-300), (got, ref)
+
+
+def test_accountant_deltas_refuse_a_nan(monkeypatch):
+    """A NaN delta is a bug, never a result (it compares False with every bound, so an f-DP audit would read its
+    curve as never refuted): deltas raises, at one NaN among finite values too. Planted: the check removed, or
+    made to fire only when every value is NaN -> fails."""
+    from dpaudit.accounting import make_accountant
+    from dpaudit.events import Gaussian
+
+    acc = make_accountant("pld").compose(Gaussian(noise_multiplier=2.0), 3)
+    real = DiscretePLD.deltas
+    monkeypatch.setattr(DiscretePLD, "deltas", lambda self, eps: np.where(eps == 1.0, np.nan, real(self, eps)))
+    with pytest.raises(RuntimeError, match="NaN delta"):
+        acc.deltas(np.array([0.5, 1.0, 2.0]))
