@@ -269,3 +269,20 @@ def test_claim_curves_are_cached_per_mechanism_across_families():
     a = F._pld_curve(dpsgd_event(noise_multiplier=1.0, sample_rate=0.5, steps=10))
     assert a is F._pld_curve(dpsgd_event(noise_multiplier=1.0, sample_rate=0.5, steps=10))
     assert not a[0].flags.writeable and not a[1].flags.writeable  # a caller cannot corrupt the shared curve
+
+
+def test_event_family_epsilon_is_the_accountants_at_sigma_one_over_t():
+    """The family's ε of curve t (the estimate shown for the leakiest refuted curve) is the PLD accountant's ε(δ) of
+    make_event(σ = 1 / t); t = 0 is no leakage (ε 0); a mechanism whose ε(1e-12) is infinite (σ = 0 under Poisson
+    sampling: mass q at +inf) gives the curve g = 0 (anything distinguishable). Planted: ε read at σ = t, at σ = 0,
+    or 0 for every t <= 1; g = 1 for the infinite curve -> fails."""
+    from dpaudit.events import Gaussian, PoissonSampled
+
+    q, steps, delta = 0.1, 3, 1e-5
+    family = F.dpsgd_family(q, steps)
+    for t in (0.5, 2.0):
+        acc = make_accountant("pld").compose(dpsgd_event(noise_multiplier=1.0 / t, sample_rate=q, steps=steps))
+        assert family.epsilon(t, delta) == acc.epsilon(delta)
+    assert family.epsilon(0.0, delta) == 0.0
+    blatant = F.event_family(lambda s: PoissonSampled(0.3, Gaussian(0.0)))
+    assert [blatant.blowup_inverse(1.0)(y) for y in (0.0, 0.5, 1.0)] == [0.0, 0.0, 0.0]
