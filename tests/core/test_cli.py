@@ -369,6 +369,19 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "cloak", "--clip", "2"], "--clip", "cloak"),
         (["--algo", "sgd", "--clipping", "ghost"], "--clipping", "sgd"),  # nothing is clipped
         (["--algo", "dpsgd-jl", "--noise-multiplier", "1", "--clipping", "vmap"], "--clipping", "dpsgd-jl"),
+        # One case per row of OPTION_READERS (a reader added to a row by mistake passed every case above):
+        (["--algo", "dpagd", "--epsilon", "1", "--noise-multiplier", "1"], "--noise-multiplier", "dpagd"),
+        (["--algo", "objpert", "--epsilon", "1", "--delta", "1e-6"], "--delta", "objpert"),  # pure epsilon
+        (["--algo", "dpagd", "--epsilon", "1", "--accountant", "rdp"], "--accountant", "dpagd"),  # zCDP
+        (
+            ["--algo", "outpert", "--mechanism", "gaussian", "--epsilon", "1", "--accountant", "pld"],
+            "--accountant",
+            "outpert-gaussian",
+        ),
+        (["--algo", "pate", "--teachers", "5", "--secure-noise"], "--secure-noise", "pate"),
+        (["--algo", "dpsgd", "--noise-multiplier", "1", "--jl-projections", "4"], "--jl-projections", "dpsgd"),
+        (["--algo", "sgd", "--whitebox-canaries", "4"], "--whitebox-canaries", "sgd"),
+        (["--algo", "dpsgd", "--noise-multiplier", "1", "--queries", "10"], "--queries", "dpsgd"),
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
@@ -380,11 +393,16 @@ def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option
 
 
 def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_the_registry(tmp_path):
+    from dpaudit.errors import InputError
     from dpaudit.training.algorithms import TRAINERS
-    from dpaudit.training.config import AGGREGATION_ALGOS, OPTION_READERS, TRAINER_ALGOS
+    from dpaudit.training.config import AGGREGATION_ALGOS, OPTION_READERS, TRAINER_ALGOS, check_options_read
 
     r = invoke("train", "--out", tmp_path / "run", *FAST, "--canary-kind", "outlier")
     assert r.exit_code == 2 and r.output.strip() == "error: --canary-kind applies only with --canaries", r.output
+    # The white-box canaries read --canary-seed too (planted: the seed's needs narrowed to --canaries -> fails).
+    check_options_read("dpsgd", {"whitebox_canaries", "canary_seed"})
+    with pytest.raises(InputError, match=r"^--canary-seed applies only with --canaries or --whitebox-canaries$"):
+        check_options_read("dpsgd", {"canary_seed"})
     assert set(TRAINER_ALGOS) == set(TRAINERS)
     known = {*TRAINERS, *AGGREGATION_ALGOS}
     assert all(set(readers) <= known for readers in OPTION_READERS.values())

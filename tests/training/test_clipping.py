@@ -327,6 +327,30 @@ def test_running_statistics_released_without_noise_are_refused(monkeypatch):
             assert torch.equal(b, r)
 
 
+class PairwiseRunningMean(RunningMean):
+    """RunningMean whose forward needs two records (a user's pairwise statistic): the check cannot rerun it on one."""
+
+    def forward(self, x):
+        if len(x) < 2:
+            raise RuntimeError("needs a pair")
+        return super().forward(x)
+
+
+def test_a_moved_buffer_whose_dependence_cannot_be_tested_is_refused():
+    # check_buffers_unchanged tells a data-moved buffer from a weights-moved one by rerunning the forward on one
+    # record; where that fails, whether the data moved it is unknown, and the buffer is refused (a claim must not
+    # be assumed), with the buffers left as the training forward set them. Planted: the fallback says "unchanged".
+    from dpaudit.models import check_buffers_unchanged, released_buffers
+
+    model, x = PairwiseRunningMean(persistent=True), torch.randn(4, 4)
+    before = released_buffers(model)
+    model(x)
+    moved = model.mu.clone()
+    with pytest.raises(InputError, match=r"buffer mu changed with the data in a training forward pass"):
+        check_buffers_unchanged(model, before, x)
+    assert torch.equal(model.mu, moved)
+
+
 @pytest.mark.parametrize("method", ["ghost", "vmap", "loop"])
 def test_float32_and_empty_batch(method):
     model = build_model(default_spec("cnn", input_shape=(1, 8, 8), n_classes=3), seed=0)
