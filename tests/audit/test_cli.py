@@ -174,6 +174,26 @@ def test_bad_files_exit_2_with_one_line(tmp_path, name, content, message):
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.output
 
 
+@pytest.mark.parametrize(
+    ("name", "arrays", "message"),
+    [
+        ("short.npz", {"member": [0, 1, 1], "score": [0.1, 0.2]}, "member and score differ in length (3 vs 2)"),
+        ("two.npz", {"member": [1, 0, 2, 0], "score": [0.1, 0.2, 0.3, 0.4]}, "member must be 0/1 (or true/false); "
+         "found 2 in row 3"),
+        ("ones.npz", {"member": [1, 1, 1], "score": [0.1, 0.2, 0.3]}, "member has a single class (3 members, 0 non-"),
+        ("zeros.npz", {"member": [0, 0, 0], "score": [0.1, 0.2, 0.3]}, "member has a single class (0 members, 3 non-"),
+    ],
+)  # fmt: skip
+def test_a_bad_score_file_is_named_with_its_row(tmp_path, name, arrays, message):
+    # The file's own check names the file and the row (1-based); audit_scores' checks of the arrays say "0/1" and
+    # "single class" too, without either. Planted: any of the file's checks removed -> fails.
+    path = tmp_path / name
+    np.savez(path, **{k: np.array(v) for k, v in arrays.items()})
+    res = runner.invoke(app, ["audit", "scores", str(path)])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {path}: {message}"), res.output
+
+
 def test_npz_missing_array_and_pickled_arrays(tmp_path):
     path = tmp_path / "x.npz"
     np.savez(path, member=np.array([0, 1]))

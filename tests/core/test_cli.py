@@ -410,6 +410,18 @@ def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_
     assert set(OPTION_READERS) <= train_params  # every name is an option of `dpaudit train`
 
 
+def test_a_claim_delta_of_zero_or_below_is_refused_as_out_of_range():
+    # delta = 0 is no (eps, delta) claim the accountants can meet (they take delta in (0, 1)); only a delta above the
+    # cap is told "no privacy guarantee". Planted: 0 <= delta accepted -> fails.
+    from dpaudit.errors import InputError
+    from dpaudit.validation import check_claim_delta
+
+    for value, shown in ((0.0, "0.0"), (-1e-9, "-1e-09")):
+        with pytest.raises(InputError, match=rf"^expected delta in \(0, 0.1\], got {shown}$"):
+            check_claim_delta(delta=value)
+    assert check_claim_delta(delta=0.1) == 0.1
+
+
 @pytest.mark.parametrize(
     "args",
     [

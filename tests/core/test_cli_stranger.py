@@ -110,6 +110,20 @@ def test_channels_last_images_are_not_read_as_channels(tmp_path):
     default_spec("cnn", input_shape=(16, 50, 1), n_classes=2)  # a (channels, length, 1) series stays legitimate
 
 
+@pytest.mark.parametrize(("shape", "refused"), [((28, 28, 1), True), ((32, 32, 4), True), ((8, 8, 16), False)])
+def test_channels_last_covers_grey_and_rgba_and_only_those_widths(shape, refused):
+    # MNIST stored N x 28 x 28 x 1 and RGBA N x 32 x 32 x 4 are channels-last as CIFAR's 3 is; 8 channels of 8 x 16
+    # images are square in (C, H) only by chance. Planted: width 1 or 4 dropped, the width not checked -> fails.
+    from dpaudit.errors import InputError
+    from dpaudit.models import default_spec
+
+    if refused:
+        with pytest.raises(InputError, match=rf"looks channels-last .* store X as N x {shape[2]} x {shape[0]} x "):
+            default_spec("cnn", input_shape=shape, n_classes=2)
+    else:
+        default_spec("cnn", input_shape=shape, n_classes=2)
+
+
 def test_a_mechanism_that_does_not_parse_is_said_not_skipped(dp_run, tmp_path):
     """An edited privacy.event (a negative sampling rate) was skipped in silence: claim_mismatch false, no note,
     though every audit promises the recorded claim is re-accounted from it."""
