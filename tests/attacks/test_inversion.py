@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -350,3 +351,31 @@ def test_aux_terms_are_per_start(prior):
         expected = 0.7 * (np.sqrt(dh**2 + 1e-8).reshape(3, -1).mean(1) + np.sqrt(dw**2 + 1e-8).reshape(3, -1).mean(1))
     np.testing.assert_allclose(attack._aux_terms(torch.as_tensor(X)).numpy(), expected, rtol=1e-12)
     assert attack.aux_term(X[1]) == pytest.approx(expected[1], rel=1e-12)
+
+
+def test_threshold_is_inclusive_and_no_prior_adds_nothing():
+    # Algorithm 1, line 8: stop when c(x_i) <= gamma, equality included (0.5 is exact in float64).
+    t = scripted([1.0, 0.5, 0.25], window=5, threshold=0.5)
+    assert (t.stop_reason, t.n_iterations) == ("threshold", 1)
+    # prior="none" is no AUXTERM whatever prior_weight says (it must not fall through to total variation).
+    attack = MIFace(prior="none", prior_weight=0.7).fit(np.zeros((3, 1, 4, 4)) + np.arange(3)[:, None, None, None])
+    X = torch.as_tensor(np.random.default_rng(0).uniform(0.0, 2.0, size=(2, 1, 4, 4)))
+    assert torch.equal(attack._aux_terms(X), torch.zeros(2, dtype=torch.float64))
+    for bad in ({"iterations": 0}, {"window": 0}, {"step": math.inf}):  # a direct caller's settings are checked too
+        kw = {"iterations": 1, "window": 1, "threshold": 0.0, "step": 1.0, **bad}
+        with pytest.raises(InputError, match=next(iter(bad))):
+            mi_face(lambda x: 0.0, lambda x: np.zeros(1), np.zeros(1), **kw)
+
+
+@pytest.mark.parametrize("label", [0, 2, 3])
+def test_objectives_per_row_against_numpy_with_four_classes(label):
+    # d of each variant, row by row: 1 - p_l (MI-FACE's cost), -log p_l, and the margin max_{j != l} log p_j -
+    # log p_l over every other class (two-class models, as elsewhere here, have one other class, so max = min).
+    # Planted: max over the others as min, over the rows, a class skipped or the label kept; 1 - p_l shifted -> fails.
+    P = np.random.default_rng(label).dirichlet(np.ones(4), size=5)
+    logp = np.log(P)
+    others = np.delete(logp, label, axis=1)
+    expected = {"mi-face": 1.0 - P[:, label], "log-softmax": -logp[:, label], "margin": others.max(1) - logp[:, label]}
+    for variant, want in expected.items():
+        got = MIFace(variant=variant)._objectives(torch.as_tensor(P), label).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-12)
