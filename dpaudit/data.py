@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import math
 import mmap
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -280,14 +281,34 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
     features = df.drop(columns=[label_column])
     if features.shape[1] == 0:
         raise DataError(f"{path}: no feature columns besides the label column {label_column!r}")
+    _check_no_index_column(path, df.columns, label_column)
     bad = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c].dtype)]
     if bad:
         raise DataError(f"{path}: non-numeric feature column(s): {', '.join(map(str, bad[:5]))}")
     labels = df[label_column]
     if labels.isna().any():
         raise DataError(f"{path}: label column {label_column!r} has missing values")
+    if pd.api.types.is_numeric_dtype(labels.dtype):  # numbers must be class labels; strings are names of classes
+        _check_integer_labels(labels.to_numpy(), f"{path}: label column {label_column!r}")
     ds = _validated(path.stem, features.to_numpy(dtype=np.float64), labels.to_numpy(), "tabular", spec)
     return dataclasses.replace(ds, feature_names=tuple(str(c).strip() for c in features.columns))
+
+
+# The name pandas gives a column whose header cell is empty, as in the row index that ``DataFrame.to_csv``
+# writes by default (header ",a,b,y"); saved again with index=False, the name itself is written.
+_UNNAMED_COLUMN = re.compile(r"Unnamed: \d+")
+
+
+def _check_no_index_column(path: Path, columns: Any, label_column: str) -> None:
+    """Refuse a column without a header name: it is almost always the row index of ``to_csv``'s default
+    ``index=True``, a feature that names each record (the model would read the row number)."""
+    for i, c in enumerate(columns):
+        if c != label_column and _UNNAMED_COLUMN.fullmatch(str(c)):
+            raise DataError(
+                f"{path}: column {i + 1} has no header name ({str(c)!r}), as the row index that pandas' to_csv "
+                "writes by default; it would be read as a feature: write the file with to_csv(..., index=False), "
+                "or give the column a name"
+            )
 
 
 def _header_hint(columns: list) -> str:
@@ -358,7 +379,8 @@ def _check_integer_labels(y: np.ndarray, source: str) -> None:
         if len(frac) == 0:
             return
         raise DataError(
-            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {frac[0]:g})"
+            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {frac[0]:g}); "
+            "dpaudit audits classifiers: regression targets are not supported (bin them into classes first)"
         )
     raise DataError(f"{source}: labels must be integers, got dtype {y.dtype}")
 

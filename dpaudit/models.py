@@ -329,11 +329,36 @@ class PythonSpec(ModelSpec):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
         if shape != expected:
             got = list(shape) if shape is not None else type(out).__name__
+            hint = ""
+            if isinstance(out, tuple | list | dict):
+                hint = "; return the logits alone (e.g. a wrapper module whose forward returns the logits of the tuple)"
+            elif self.n_classes == 2 and shape in ((2,), (2, 1)):
+                hint = (
+                    "; a binary model with one logit z (sigmoid, BCEWithLogitsLoss) gives the same probabilities as "
+                    "the two logits torch.cat([torch.zeros_like(z), z], dim=1) for z of shape (B, 1)"
+                )
             raise InputError(
                 f"model factory {self.factory}: a batch of shape {[2, *self.input_shape]} gives output {got}; "
                 f"expected logits of shape {list(expected)} (input_shape {list(self.input_shape)}, "
-                f"n_classes {self.n_classes})"
+                f"n_classes {self.n_classes}){hint}"
             )
+        if looks_like_probabilities(out):
+            raise InputError(
+                f"model factory {self.factory}: its outputs are probabilities (every row in [0, 1] and summing to 1), "
+                "but dpaudit's losses and attacks read logits (a softmax of probabilities is not the model's "
+                "prediction); return the scores before the softmax (a log-softmax is fine)"
+            )
+
+
+def looks_like_probabilities(out: torch.Tensor) -> bool:
+    """Whether every row of a model's outputs ``(B, K)`` lies in [0, 1] and sums to 1 (to 1e-5: float32
+    rounding of a softmax is ~1e-7), i.e. the model ends with a softmax. Logits doing so by chance would
+    need K random scores to sum to 1 to 1e-5 in every row."""
+    if out.ndim != 2 or out.is_meta:  # a model built on the meta device (sizes only) has no values
+        return False
+    out = out.detach().double()
+    sums = out.sum(1)
+    return bool(((out >= 0) & (out <= 1)).all() and ((sums - 1).abs() <= 1e-5).all())
 
 
 def load_factory(path: str):

@@ -41,6 +41,35 @@ def raises(d: int, n_classes: int) -> nn.Module:
     raise RuntimeError("out of coffee")
 
 
+def softmax_head(d: int, n_classes: int) -> nn.Module:
+    """Ends with a softmax: probabilities, not logits."""
+    return nn.Sequential(nn.Linear(d, n_classes), nn.Softmax(dim=1))
+
+
+def log_softmax_head(d: int, n_classes: int) -> nn.Module:
+    """Ends with a log-softmax: logits up to a per-row constant, which the softmax cancels."""
+    return nn.Sequential(nn.Linear(d, n_classes), nn.LogSoftmax(dim=1))
+
+
+def one_logit(d: int, n_classes: int) -> nn.Module:
+    """A binary classifier with one logit (for BCEWithLogitsLoss)."""
+    return nn.Linear(d, 1)
+
+
+class LogitsAndFeatures(nn.Module):
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(d, 8), nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.head(h), h
+
+
+def logits_and_features(d: int, n_classes: int) -> nn.Module:
+    return LogitsAndFeatures(d, n_classes)
+
+
 def train_residual(X, y, seed: int):
     """A plug-in trainer (dpaudit.plugins' contract) for ``residual_mlp(6, 2)``: plain full-batch Adam."""
     import torch

@@ -172,6 +172,9 @@ def test_other_attacks_load_a_factory_run(trained_run):
         ("tests.core.byo_models:not_a_module", "returned a dict; expected a torch.nn.Module"),
         ("tests.core.byo_models:wrong_logits", "gives output [2, 3]; expected logits of shape [2, 2]"),
         ("tests.core.byo_models:raises", "failed: RuntimeError: out of coffee"),
+        ("tests.core.byo_models:softmax_head", "its outputs are probabilities"),
+        ("tests.core.byo_models:one_logit", "the two logits torch.cat([torch.zeros_like(z), z], dim=1)"),
+        ("tests.core.byo_models:logits_and_features", "gives output tuple; expected logits"),
         ("no colon", "expected a model factory as 'package.module:function'"),
     ],
 )
@@ -262,6 +265,18 @@ def test_python_spec_validation():
     # same seed, same initialisation (the factory runs under the seeded generator)
     a, b = build_model(spec, seed=3).state_dict(), build_model(spec, seed=3).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_probabilities_are_refused_and_log_probabilities_taken():
+    """A softmax head's outputs read as logits give a wrong loss (softmax of probabilities) and so wrong
+    attack scores, silently; a log-softmax differs from the logits by a per-row constant the softmax cancels."""
+    kwargs = {"d": D, "n_classes": K}
+    with pytest.raises(InputError, match="its outputs are probabilities"):
+        PythonSpec(input_shape=(D,), n_classes=K, factory="tests.core.byo_models:softmax_head", kwargs=kwargs).build()
+    spec = PythonSpec(input_shape=(D,), n_classes=K, factory="tests.core.byo_models:log_softmax_head", kwargs=kwargs)
+    x = torch.randn(5, D)
+    out = build_model(spec, seed=0)(x)
+    assert torch.allclose(out.softmax(1).sum(1), torch.ones(5)) and (out < 0).all()
 
 
 # --------------------------------------------------------------------------- data

@@ -31,6 +31,9 @@ def test_csv_and_npz(tmp_path):
     csv.write_text("a,b,label\n1,2,x\n3,4,y\n5,6,x\n")
     ds = load_dataset(str(csv), label_column="label")
     assert ds.X.shape == (3, 2) and list(ds.y) == [0, 1, 0]
+    csv.write_text("a,b,label\n1,2,1.0\n3,4,2\n5,6,-1\n")  # integral floats are class labels
+    ds = load_dataset(str(csv), label_column="label")
+    assert ds.n_classes == 3 and list(ds.y) == [1, 2, 0]
     npz = tmp_path / "d.npz"
     np.savez(npz, X=np.arange(12.0).reshape(6, 2), y=np.array([0, 1] * 3))
     assert load_dataset(str(npz)).X.shape == (6, 2)
@@ -46,6 +49,11 @@ def test_csv_and_npz(tmp_path):
         ("a,label\n", "empty"),
         ("", "empty"),
         ("a,label\n1,\n2,1\n", "missing values"),
+        # regression targets: every distinct value would silently become a class of its own
+        ("a,label\n1,0.25\n2,1.5\n3,0.25\n", "regression targets are not supported"),
+        # pandas' to_csv(index=True): the row number would be read as a feature
+        (",a,label\n0,1,0\n1,2,1\n2,3,0\n", "column 1 has no header name"),
+        ("Unnamed: 0,a,label\n0,1,0\n1,2,1\n2,3,0\n", "as the row index that pandas' to_csv writes"),
     ],
 )
 def test_bad_csv(tmp_path, content, message):
