@@ -417,10 +417,16 @@ def _listed(items: list[str], limit: int = 10, sep: str = ", ") -> str:
 
 def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> nn.Module:
     """Copy ``state`` into ``model`` after checking names and shapes match exactly (wrapper prefixes
-    such as Opacus' ``_module.`` or DDP's ``module.`` are removed first)."""
+    such as Opacus' ``_module.`` or DDP's ``module.`` are removed first, from the file's names and from the
+    model's own: a factory may return a wrapper, as ``torch.compile(m)``, or keep every layer under a child
+    named ``module``, and the weights saved from it carry the prefix)."""
     state = as_state_dict(state, source)
-    expected = model.state_dict()
-    for names in _tied_names(model):  # tied weights: a file may hold one name of each (safetensors' save_model)
+    own = model.state_dict()
+    name_in_model = dict(zip(strip_wrapper_prefixes(own), own, strict=True))  # compared name -> the model's
+    expected = {k: own[name] for k, name in name_in_model.items()}
+    compared = {name: k for k, name in name_in_model.items()}
+    for model_names in _tied_names(model):  # tied weights: a file may hold one name of each (safetensors' save_model)
+        names = [compared[k] for k in model_names]
         given = [k for k in names if k in state]
         for k in given[1:]:
             same_shape = state[k].shape == state[given[0]].shape
@@ -450,7 +456,7 @@ def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: st
     for k, v in expected.items():
         if not state[k].is_floating_point() == v.is_floating_point():
             raise CheckpointError(f"{source}: tensor {k} has dtype {state[k].dtype}, expected {v.dtype}")
-    model.load_state_dict({k: state[k].to(expected[k].dtype) for k in expected})
+    model.load_state_dict({name_in_model[k]: state[k].to(expected[k].dtype) for k in expected})
     return model
 
 

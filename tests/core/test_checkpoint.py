@@ -191,3 +191,35 @@ def test_opacus_grad_sample_module_state_dict_loads(tmp_path):
         fresh = build_model(spec, seed=4)
         load_state_into(fresh, load_weights_file(tmp_path / name), name)
         torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)
+
+
+class _Holder(torch.nn.Module):
+    """A user's module keeping every layer under a child named ``module`` (its names all start ``module.``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+
+    def forward(self, x):
+        return 2 * self.module(x)
+
+
+@pytest.mark.parametrize("make", [_Holder, lambda: torch.compile(_Holder())], ids=["child-named-module", "compiled"])
+def test_a_model_whose_own_names_carry_a_wrapper_prefix_reloads(make, tmp_path):
+    """The weights saved from a model whose every name carries a wrapper prefix (``torch.compile``'s
+    ``_orig_mod.``, a child named ``module``) load back into it: the prefix was stripped from the file's
+    names only, so every run trained from such a factory was written and could not be read again."""
+    from safetensors.torch import save_file
+
+    from dpaudit.checkpoint import load_state_into
+
+    torch.manual_seed(0)
+    trained, fresh = make(), make()
+    state = trained.state_dict()
+    assert all(k.startswith(("module.", "_orig_mod.")) for k in state)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    load_state_into(fresh, load_weights_file(tmp_path / "w.safetensors"), "w")
+    for k, v in state.items():
+        torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0)
+    with pytest.raises(CheckpointError, match=r"missing 2\.bias"):  # a real mismatch is still named
+        load_state_into(fresh, {k: v for k, v in state.items() if not k.endswith("2.bias")}, "w")
