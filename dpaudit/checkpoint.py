@@ -354,9 +354,28 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
                 "torch.save(model.state_dict())"
             ) from None
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise CheckpointError(f"{path}: expected a plain state_dict (name -> tensor)")
+            raise CheckpointError(
+                f"{path}: expected a plain state_dict (name -> tensor){_training_checkpoint_hint(obj)}"
+            )
         return dict(obj)
     raise CheckpointError(f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)")
+
+
+def _training_checkpoint_hint(obj: Any) -> str:
+    """What to save instead, for a training loop's checkpoint dict (PyTorch's tutorial saves ``{"epoch": ...,
+    "model_state_dict": ..., "optimizer_state_dict": ...}``): the key that holds the model's tensors."""
+    if not isinstance(obj, dict):
+        return ""
+    keys = [
+        k for k, v in obj.items() if isinstance(v, dict) and v and all(isinstance(t, torch.Tensor) for t in v.values())
+    ]
+    if len(keys) != 1:
+        return ""
+    shown = ", ".join(map(str, list(obj)[:6])) + (", …" if len(obj) > 6 else "")
+    return (
+        f"; it is a training checkpoint (keys {shown}): save the model's weights alone, "
+        f"torch.save(checkpoint[{keys[0]!r}], 'weights.pt')"
+    )
 
 
 # Wrappers that prefix every parameter name: Opacus' GradSampleModule ("_module."), torch's

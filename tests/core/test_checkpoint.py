@@ -223,3 +223,19 @@ def test_a_model_whose_own_names_carry_a_wrapper_prefix_reloads(make, tmp_path):
         torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0)
     with pytest.raises(CheckpointError, match=r"missing 2\.bias"):  # a real mismatch is still named
         load_state_into(fresh, {k: v for k, v in state.items() if not k.endswith("2.bias")}, "w")
+
+
+def test_a_training_loop_checkpoint_names_the_key_to_save(tmp_path):
+    """PyTorch's tutorial checkpoint ({"epoch", "model_state_dict", "optimizer_state_dict", ...}) is refused in
+    one line that names the key holding the weights; a dict of tensors loads."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    torch.save({"epoch": 3, "model_state_dict": model.state_dict(), "optimizer_state_dict": opt.state_dict()},
+               tmp_path / "ckpt.pt")  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"a training checkpoint \(keys epoch, model_state_dict, .*checkpoint\['model_state_dict'\]",
+    ):
+        load_weights_file(tmp_path / "ckpt.pt")
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    assert set(load_weights_file(tmp_path / "w.pt")) == {"weight", "bias"}
