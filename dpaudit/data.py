@@ -438,7 +438,12 @@ def _validated(
     if X.shape[0] != y.shape[0]:
         raise DataError(f"{spec}: X has {X.shape[0]} rows but y has {y.shape[0]}")
     if y.ndim != 1:
-        raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}")
+        hint = ""
+        if y.ndim == 2 and y.shape[1] == 1:
+            hint = ": one label per record, y.ravel()"
+        elif y.ndim == 2 and np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all():  # one-hot rows
+            hint = ": it looks one-hot; give the class indices, y.argmax(axis=1)"
+        raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}{hint}")
     if mapped is not None:  # a memory-mapped X: checked a block of rows at a time, kept as it is
         if not all(np.all(np.isfinite(block)) for block in _blocks(X, mapped)):
             raise DataError(f"{spec}: features contain NaN or inf")

@@ -296,6 +296,11 @@ def _npy_dir(path: Path, X: np.ndarray, y: np.ndarray) -> Path:
         ({"X": np.zeros((4, 2)), "y": np.array([0, 1, 0])}, "X has 4 rows but y has 3"),
         ({"X": np.zeros((4, 2)), "y": np.array([0.0, 1.5, 0.0, 1.0])}, "labels must be integers"),
         ({"X": np.zeros((4, 2)), "y": np.array(["a", "b", "a", "b"])}, "labels must be integers, got dtype <U1"),
+        (
+            {"X": np.zeros((4, 2)), "y": np.array([[0], [1], [0], [1]])},
+            "got shape (4, 1): one label per record, y.ravel()",
+        ),
+        ({"X": np.zeros((4, 2)), "y": np.eye(2)[[0, 1, 0, 1]]}, "it looks one-hot; give the class indices, y.argmax"),
     ],
 )
 def test_bad_npz(tmp_path, arrays, message):
