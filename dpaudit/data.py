@@ -732,7 +732,8 @@ def splits_from_members(n: int, members: np.ndarray, seed: int) -> Splits:
 
 def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) -> Standardizer:
     """A fixed, user-given standardisation ``(x - mean) / scale`` from a JSON object with lists
-    ``mean`` and ``scale`` of the feature shape (nested or flattened). Nothing is fitted here."""
+    ``mean`` and ``scale`` of the feature shape (nested or flattened), or for images (channels, height,
+    width) one value per channel (torchvision's ``Normalize``). Nothing is fitted here."""
     if not isinstance(d, dict):
         raise InputError(f"{source}: expected a JSON object with 'mean' and 'scale' lists")
     unknown = sorted(set(d) - {"mean", "scale", "kind", "shape", "feature_names"})  # names: check_feature_names
@@ -752,13 +753,18 @@ def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) 
         if a.dtype.kind not in "iuf":
             raise InputError(f"{source}: {key!r} must be a list of numbers")
         a = a.astype(np.float64)
-        if a.size != size:
+        per_channel = len(feature_shape) == 3 and a.size == feature_shape[0] != size
+        if a.size != size and not per_channel:
+            channel = f" (or {feature_shape[0]}, one per channel)" if len(feature_shape) == 3 else ""
             raise InputError(
-                f"{source}: {key!r} has {a.size} values but the data has {size} features (shape {list(feature_shape)})"
+                f"{source}: {key!r} has {a.size} values but the data has {size} features{channel} (shape "
+                f"{list(feature_shape)})"
             )
         if not np.all(np.isfinite(a)):
             raise InputError(f"{source}: {key!r} contains NaN or inf")
-        out[key] = a.reshape(feature_shape)
+        # One value per channel of (channels, height, width) images (torchvision's Normalize(mean, std)):
+        # broadcast over each channel's pixels.
+        out[key] = np.broadcast_to(a.reshape(-1, 1, 1), feature_shape) if per_channel else a.reshape(feature_shape)
     if np.any(out["scale"] <= 0):
         raise InputError(f"{source}: 'scale' must be positive everywhere (it divides the features)")
     return Standardizer(out["mean"].astype(np.float32), out["scale"].astype(np.float32))
