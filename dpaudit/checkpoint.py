@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dpaudit import numfmt
-from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict
+from dpaudit.data import SPLIT_NAMES, Dataset, Splits, is_file_spec, load_dataset, preprocessing_from_dict
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import write_atomic_dir
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
@@ -156,7 +156,13 @@ class Run:
         try:
             ds = load_dataset(d["spec"], label_column=d.get("label_column"))
         except InputError as e:
-            raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}") from None
+            spec, hint = d["spec"], ""
+            if is_file_spec(spec) and not Path(spec).is_absolute() and not Path(spec).exists():
+                hint = (
+                    f" (the run recorded --data {spec!r} as given, relative to the directory it was trained or "
+                    "imported in: run this command from there)"
+                )
+            raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}{hint}") from None
         if ds.sha256 != d["sha256"]:
             raise CheckpointError(
                 f"{self.path}: the data {d['spec']!r} changed since training "

@@ -501,6 +501,12 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     raise InputError(f"unknown data {spec!r}; valid: {valid}")
 
 
+def is_file_spec(spec: str) -> bool:
+    """Whether a ``--data`` spec names a user's file or directory (not an embedded or synthetic set)."""
+    head = spec.partition(":")[0]
+    return spec not in EMBEDDED and head not in (*EMBEDDED, "synthetic", SYNTHETIC_TOKENS)
+
+
 @dataclass(frozen=True)
 class Splits:
     """Disjoint index arrays: target train (members), target holdout (non-members), the attacker's

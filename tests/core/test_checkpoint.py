@@ -239,3 +239,20 @@ def test_a_training_loop_checkpoint_names_the_key_to_save(tmp_path):
         load_weights_file(tmp_path / "ckpt.pt")
     torch.save(model.state_dict(), tmp_path / "w.pt")
     assert set(load_weights_file(tmp_path / "w.pt")) == {"weight", "bias"}
+
+
+def test_a_relative_data_path_that_no_longer_resolves_says_where_to_run_from(tmp_path, monkeypatch):
+    """A run records --data as given; from another directory its relative path names nothing (a directory of
+    .npy files then read as an unknown data name): the error says the path is relative to where it was trained."""
+    (tmp_path / "project" / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "project" / "data" / "X.npy", rng.normal(size=(40, 3)).astype(np.float32))
+    np.save(tmp_path / "project" / "data" / "y.npy", np.arange(40) % 2)
+    monkeypatch.chdir(tmp_path / "project")
+    ds = load_dataset("data")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=8), out=tmp_path / "run")
+    assert load_run(tmp_path / "run").dataset().sha256 == ds.sha256
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="recorded --data 'data' as given, relative to the directory it was"):
+        load_run(tmp_path / "run").dataset()
