@@ -285,6 +285,13 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
     bad = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c].dtype)]
     if bad:
         raise DataError(f"{path}: non-numeric feature column(s): {', '.join(map(str, bad[:5]))}")
+    missing = [str(c) for c in features.columns if features[c].isna().any()]
+    if missing:  # what to fix, by name (the array check below can only say "NaN")
+        first = int(np.flatnonzero(features[missing[0]].isna().to_numpy())[0])
+        raise DataError(
+            f"{path}: missing values in feature column(s) {', '.join(map(repr, missing[:5]))} (first: data row "
+            f"{first + 1}); fill or drop them before auditing"
+        )
     labels = df[label_column]
     if labels.isna().any():
         raise DataError(f"{path}: label column {label_column!r} has missing values")

@@ -44,7 +44,9 @@ def test_csv_and_npz(tmp_path):
     [
         ("a,b\n1,2\n", "no label column 'label'"),
         ("a,label\nfoo,0\nbar,1\n", "non-numeric feature column"),
-        ("a,label\n1,0\nnan,1\n", "NaN or inf"),
+        ("a,label\n1,0\nnan,1\n", r"missing values in feature column\(s\) 'a' \(first: data row 2\)"),
+        ("a,b,label\n1,2,0\n3,,1\n", r"missing values in feature column\(s\) 'b' \(first: data row 2\)"),
+        ("a,label\n1,0\ninf,1\n", "NaN or inf"),
         ("a,label\n1,0\n2,0\n", "single class"),
         ("a,label\n", "empty"),
         ("", "empty"),
