@@ -342,11 +342,45 @@ class PythonSpec(ModelSpec):
                 f"expected logits of shape {list(expected)} (input_shape {list(self.input_shape)}, "
                 f"n_classes {self.n_classes}){hint}"
             )
+        self._check_per_record(model)
         if looks_like_probabilities(out):
             raise InputError(
                 f"model factory {self.factory}: its outputs are probabilities (every row in [0, 1] and summing to 1), "
                 "but dpaudit's losses and attacks read logits (a softmax of probabilities is not the model's "
                 "prediction); return the scores before the softmax (a log-softmax is fine)"
+            )
+
+    def _check_per_record(self, model: nn.Module) -> None:
+        """Each record's logits must not depend on the other records of its batch (eval mode): two different
+        records together and each alone. dpaudit evaluates models in batches and scores every record on its own,
+        and per-example clipping needs each example's loss to be a function of that example alone (a batch mean
+        in the forward pass makes the trained function differ from the clipped one). Not tested: a model that
+        cannot take these records alone, or whose outputs are random in eval mode."""
+        if self.input_dtype == "int64":
+            records = [torch.full(self.input_shape, v, dtype=torch.int64) for v in (0, 1)]
+        else:
+            ramp = torch.linspace(-1.0, 1.0, math.prod(self.input_shape)).reshape(self.input_shape)
+            records = [torch.zeros(self.input_shape), ramp]
+        pair = torch.stack(records)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                together = model(pair)
+                alone = [torch.cat([model(pair[:1]), model(pair[1:])]) for _ in range(2)]
+        except Exception:  # e.g. token id 1 beyond a vocabulary of one, a model on the meta device
+            return
+        finally:
+            model.train(was_training)
+        if together.is_meta or alone[0].shape != together.shape or not torch.equal(alone[0], alone[1]):
+            return
+        # float32 rounding differs between batch sizes (other kernels) by ~1e-6 relative; mixing moves O(1)
+        if (together - alone[0]).abs().max() > 1e-3 * (1 + alone[0].abs().max()):
+            raise InputError(
+                f"model factory {self.factory}: a record's logits depend on the other records of its batch (in eval "
+                "mode: a mean or other statistic over the batch dimension?); dpaudit scores each record on its own "
+                "and per-example clipping needs each example's loss to depend on that example alone: compute "
+                "statistics per record (LayerNorm, GroupNorm)"
             )
 
 

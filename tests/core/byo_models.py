@@ -70,6 +70,22 @@ def logits_and_features(d: int, n_classes: int) -> nn.Module:
     return LogitsAndFeatures(d, n_classes)
 
 
+class BatchCentred(nn.Module):
+    """Centres its hidden features on the batch mean: a record's logits depend on the rest of its batch."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(d, 8), nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        h = self.body(x).tanh()
+        return self.head(h - h.mean(0, keepdim=True))
+
+
+def batch_centred(d: int, n_classes: int) -> nn.Module:
+    return BatchCentred(d, n_classes)
+
+
 def train_residual(X, y, seed: int):
     """A plug-in trainer (dpaudit.plugins' contract) for ``residual_mlp(6, 2)``: plain full-batch Adam."""
     import torch
