@@ -350,18 +350,47 @@ class PythonSpec(ModelSpec):
                 "prediction); return the scores before the softmax (a log-softmax is fine)"
             )
 
+    def _two_records(self) -> torch.Tensor:
+        """Two different records of the input shape and dtype: zeros, and a ramp (token ids: ones)."""
+        if self.input_dtype == "int64":
+            return torch.stack([torch.full(self.input_shape, v, dtype=torch.int64) for v in (0, 1)])
+        ramp = torch.linspace(-1.0, 1.0, math.prod(self.input_shape)).reshape(self.input_shape)
+        return torch.stack([torch.zeros(self.input_shape), ramp])
+
+    def check_state_dict_is_the_model(self) -> None:
+        """Two builds from different seeds, the second loaded with the first's state dict, must compute the same
+        logits: a run is saved as its state dict, and every later command rebuilds the model from the factory
+        and loads the weights. State outside the state dict drawn at random (a tensor kept as a plain
+        attribute, a non-persistent buffer) made the reloaded model another model, which every attack and
+        audit then measured, silently. Not tested: a model whose outputs are random in eval mode."""
+        first, second = build_model(self, seed=1), build_model(self, seed=2)
+        second.load_state_dict(first.state_dict())
+        first.eval()
+        second.eval()
+        records = self._two_records()
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                a, again, b = first(records), first(records), second(records)
+        except Exception:  # the build's own check ran these records through the model already
+            return
+        if a.is_meta or not torch.equal(a, again):
+            return
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
+            raise InputError(
+                f"model factory {self.factory}: built twice and loaded with the same state dict, the model gives "
+                "different logits: part of it is outside its state dict (a tensor kept as a plain attribute, or a "
+                "non-persistent buffer, drawn at random?), so the model reloaded from a saved run would be another "
+                "model; register such tensors with register_buffer(name, tensor) or draw them from a fixed "
+                "torch.Generator"
+            )
+
     def _check_per_record(self, model: nn.Module) -> None:
         """Each record's logits must not depend on the other records of its batch (eval mode): two different
         records together and each alone. dpaudit evaluates models in batches and scores every record on its own,
         and per-example clipping needs each example's loss to be a function of that example alone (a batch mean
         in the forward pass makes the trained function differ from the clipped one). Not tested: a model that
         cannot take these records alone, or whose outputs are random in eval mode."""
-        if self.input_dtype == "int64":
-            records = [torch.full(self.input_shape, v, dtype=torch.int64) for v in (0, 1)]
-        else:
-            ramp = torch.linspace(-1.0, 1.0, math.prod(self.input_shape)).reshape(self.input_shape)
-            records = [torch.zeros(self.input_shape), ramp]
-        pair = torch.stack(records)
+        pair = self._two_records()
         was_training = model.training
         model.eval()
         try:
@@ -445,6 +474,7 @@ def read_model_spec(path: str | Path, *, tokens: bool = False) -> ModelSpec:
         spec = model_spec_from_dict(d)
         if isinstance(spec, PythonSpec):
             spec.build()  # the factory's failures surface now, before any data is read or trained on
+            spec.check_state_dict_is_the_model()
         return spec
     except InputError as e:
         raise InputError(f"{path}: {e}") from None

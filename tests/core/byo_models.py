@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 NOT_CALLABLE = 3
@@ -84,6 +85,22 @@ class BatchCentred(nn.Module):
 
 def batch_centred(d: int, n_classes: int) -> nn.Module:
     return BatchCentred(d, n_classes)
+
+
+class RandomProjection(nn.Module):
+    """A fixed random projection kept as a plain tensor attribute: not in the state dict, drawn anew each build."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.proj = torch.randn(d, 8)
+        self.head = nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        return self.head((x @ self.proj).tanh())
+
+
+def random_projection(d: int, n_classes: int) -> nn.Module:
+    return RandomProjection(d, n_classes)
 
 
 def train_residual(X, y, seed: int):
