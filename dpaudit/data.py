@@ -96,6 +96,9 @@ class Dataset:
     # A CSV dataset: its feature columns' header names, in file order (checked on import, see
     # check_feature_names); None for data without a header.
     feature_names: tuple[str, ...] | None = None
+    # The labels as the data holds them, in sorted order: class i of ``y`` is ``classes[i]`` (what a user's own
+    # training loop calls it: 1 and 2, -1 and 1, "cat" and "dog"); None where not known.
+    classes: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
@@ -472,7 +475,10 @@ def _validated(
         X.setflags(write=False)
     y_idx = y_idx.astype(np.int64)
     y_idx.setflags(write=False)
-    return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size, mapped)
+    if classes.dtype == object:  # a CSV's string labels: a plain string array (object arrays need pickle)
+        classes = classes.astype(str)
+    classes.setflags(write=False)
+    return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size, mapped, classes=classes)
 
 
 def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
