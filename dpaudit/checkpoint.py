@@ -477,7 +477,16 @@ def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: st
             parts.append(f"unexpected {_listed(unexpected)}")
         if shapes:
             parts.append(_listed(shapes, sep="; "))
-        raise CheckpointError(f"{source}: weights do not match the model spec ({'; '.join(parts)})")
+        hint = ""
+        transposed = [k for k, v in expected.items() if k in state and v.ndim == 2 and state[k].shape == v.T.shape]
+        if transposed or any(k.rsplit(".", 1)[-1].rsplit("/", 1)[-1] == "kernel" for k in unexpected):
+            # A dense kernel of JAX/Flax, Keras or TF is (in, out); torch's Linear weight is (out, in). A square
+            # one loads untransposed without any error: the model then computes something else.
+            hint = (
+                "; a Flax/Keras/TF dense kernel is (in, out) and torch's Linear weight (out, in): save each kernel "
+                "transposed, as NAME.weight (square ones too, which no shape check can catch)"
+            )
+        raise CheckpointError(f"{source}: weights do not match the model spec ({'; '.join(parts)}){hint}")
     for k, v in expected.items():
         if not state[k].is_floating_point() == v.is_floating_point():
             raise CheckpointError(f"{source}: tensor {k} has dtype {state[k].dtype}, expected {v.dtype}")

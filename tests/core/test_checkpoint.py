@@ -256,3 +256,15 @@ def test_a_relative_data_path_that_no_longer_resolves_says_where_to_run_from(tmp
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError, match="recorded --data 'data' as given, relative to the directory it was"):
         load_run(tmp_path / "run").dataset()
+
+
+def test_dense_kernels_in_the_jax_layout_are_named_as_such():
+    """A Flax/Keras dense kernel is (in, out): saved as a torch weight untransposed, or under its own name, the
+    one-line error says to transpose it (a square one would load silently: the hint says so too)."""
+    from dpaudit.checkpoint import load_state_into
+
+    model = torch.nn.Linear(5, 3)
+    kernel, bias = model.weight.detach().T.contiguous(), model.bias.detach()
+    for state in ({"weight": kernel, "bias": bias}, {"Dense_0/kernel": kernel, "Dense_0/bias": bias}):
+        with pytest.raises(CheckpointError, match=r"dense kernel is \(in, out\) and torch's Linear weight \(out, in\)"):
+            load_state_into(torch.nn.Linear(5, 3), state, "flax.safetensors")
