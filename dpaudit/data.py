@@ -511,7 +511,10 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
             return _from_csv(path, label_column, spec)
         if path.suffix.lower() == ".npz":
             return _from_npz(path, spec)
-        raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
+        hint = ""
+        if path.suffix.lower() == ".npy":  # one array cannot hold the labels too
+            hint = f", or give the directory that holds X.npy and y.npy ({str(path.parent)!r})"
+        raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz{hint}")
     forms = ("synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz", "DIR (X.npy, y.npy)")
     valid = ", ".join([*EMBEDDED, *forms])
     # Named as the workflows' parameter ``data``: the CLI shows it as --data (cli._common.with_option_names).

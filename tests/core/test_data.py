@@ -65,6 +65,12 @@ def test_bad_csv(tmp_path, content, message):
         load_dataset(str(f), label_column="label")
 
 
+def test_a_single_npy_file_points_to_its_directory(tmp_path):
+    np.save(tmp_path / "X.npy", np.zeros((4, 2), np.float32))
+    with pytest.raises(DataError, match=r"use .csv or .npz, or give the directory that holds X.npy and y.npy"):
+        load_dataset(str(tmp_path / "X.npy"))
+
+
 def test_bad_npz(tmp_path):
     f = tmp_path / "obj.npz"
     np.savez(f, X=np.array([{"a": 1}, {"b": 2}], dtype=object), y=np.array([0, 1]))
