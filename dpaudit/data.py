@@ -665,6 +665,11 @@ def check_member_indices(indices: np.ndarray, n: int, source: str) -> np.ndarray
         raise DataError(f"{source}: expected a one-dimensional list of record indices, got shape {list(idx.shape)}")
     if len(idx) == 0:
         raise DataError(f"{source}: the member list is empty")
+    if len(idx) == n and n > 2 and np.isin(idx, (0, 1)).all():  # one 0/1 flag per record, not a list of indices
+        raise DataError(
+            f"{source}: holds one 0/1 value per record ({n}), a membership mask; give the members' record indices "
+            "instead, e.g. numpy.flatnonzero(mask)"
+        )
     if not np.issubdtype(idx.dtype, np.integer):
         raise DataError(f"{source}: expected integer record indices, got dtype {idx.dtype}")
     idx = idx.astype(np.int64)
@@ -702,6 +707,8 @@ def read_member_indices(path: Path | str, n: int) -> np.ndarray:
             raise DataError(f"{path}: not an integer .npy array (object arrays are refused: {e})") from None
         except OSError as e:
             raise DataError(f"{path}: not a readable .npy file ({e})") from None
+        if isinstance(idx, np.ndarray) and idx.dtype == bool and idx.shape == (n,):
+            idx = idx.astype(np.int8)  # a membership mask: check_member_indices says what to give instead
         if not isinstance(idx, np.ndarray) or not (np.issubdtype(idx.dtype, np.integer)):
             dtype = getattr(idx, "dtype", type(idx).__name__)
             raise DataError(f"{path}: expected an integer array of record indices, got dtype {dtype}")

@@ -286,6 +286,12 @@ def test_member_file_formats(tmp_path):
     np.testing.assert_array_equal(b, [1, 3, 5])
     with pytest.raises(DataError, match="line 3"):  # only the first line may be a header
         read_member_indices(_write(tmp_path / "h.txt", "index\n1\nindex\n"), 10)
+    mask = np.zeros(10, bool)
+    mask[[1, 3, 5]] = True  # a 0/1 flag per record (an "in_train" column), not indices: was read as indices 0 and 1
+    np.save(tmp_path / "mask.npy", mask)
+    for path in (_write(tmp_path / "mask.txt", "".join(f"{int(v)}\n" for v in mask)), tmp_path / "mask.npy"):
+        with pytest.raises(DataError, match=r"one 0/1 value per record \(10\), a membership mask.*flatnonzero"):
+            read_member_indices(path, 10)
     s = splits_from_members(10, a, seed=0)
     assert s.sizes() == {"members": 3, "holdout": 2, "aux": 2, "test": 3}
     assert s == s and splits_from_members(10, a, seed=0).holdout.tolist() == s.holdout.tolist()  # seeded
