@@ -96,7 +96,13 @@ from torch.nn import functional as F
 from torch.nn.grad import conv2d_weight
 
 from dpaudit.errors import InputError
-from dpaudit.models import check_buffers_unchanged, check_private_layers, released_buffers
+from dpaudit.models import (
+    ParameterWatch,
+    check_buffers_unchanged,
+    check_full_precision,
+    check_private_layers,
+    released_buffers,
+)
 from dpaudit.training.config import CLIPPING
 from dpaudit.validation import check_choice, check_positive
 
@@ -201,14 +207,7 @@ class Clipper(ABC):
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
-        low = next((p.dtype for p in self.params if p.dtype not in (torch.float32, torch.float64)), None)
-        if low is not None:  # norms, clip factors, the sum and the noise would all be computed in that dtype
-            raise InputError(
-                f"the model's parameters are {str(low).removeprefix('torch.')}: per-example norms and the clipped "
-                "sum in it let a clipped gradient exceed C (by ~0.5% in bfloat16), which the DP claim does not "
-                "allow; keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and "
-                "backward passes in bfloat16)"
-            )
+        check_full_precision(self.params)
         self._valid = 0  # real rows of the batch being clipped (set per call)
         self._buffers_checked = False  # the first call checks that no released buffer learns from the data
 
@@ -234,6 +233,7 @@ class Clipper(ABC):
                 norms=torch.zeros(0, dtype=self.params[0].dtype, device=self.params[0].device),
             )
         self._valid = valid
+        watch = ParameterWatch(self.params, copy_values=not self._buffers_checked)
         if self._buffers_checked:
             out = self._compute(x, y, clip)
         else:  # a running statistic in the state dict would be released without noise
@@ -241,6 +241,7 @@ class Clipper(ABC):
             out = self._compute(x, y, clip)
             check_buffers_unchanged(self.model, before, x)
             self._buffers_checked = True
+        watch.check(self.model)
         return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
 
     def _clip_factors(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
