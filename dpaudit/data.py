@@ -437,21 +437,29 @@ def _validated(
     return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size, mapped)
 
 
+def spec_path(spec: str) -> Path | None:
+    """The file or directory a dataset spec names; None for an embedded or generated dataset."""
+    head = spec.partition(":")[0]
+    if spec in EMBEDDED or head in EMBEDDED or head in ("synthetic", SYNTHETIC_TOKENS):
+        return None
+    return Path(spec)
+
+
 def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     """Load a dataset from a spec: an embedded name, ``synthetic:...``, a CSV/NPZ path, or a directory
     holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped)."""
     if not isinstance(spec, str) or not spec:
         raise InputError("expected a dataset name or path")
-    if spec in EMBEDDED:
-        return _embedded(spec)
-    head, _, params = spec.partition(":")
-    if head in EMBEDDED:
-        return _class_subset(_embedded(head), params, spec)
-    if head == "synthetic":
-        return _synthetic(spec, params)
-    if head == SYNTHETIC_TOKENS:
+    path = spec_path(spec)
+    if path is None:
+        head, _, params = spec.partition(":")
+        if spec in EMBEDDED:
+            return _embedded(spec)
+        if head in EMBEDDED:
+            return _class_subset(_embedded(head), params, spec)
+        if head == "synthetic":
+            return _synthetic(spec, params)
         return _synthetic_tokens(spec, params)
-    path = Path(spec)
     if path.is_dir():
         return _from_npy_dir(path, spec)
     if path.suffix.lower() in (".csv", ".npz") or path.exists():

@@ -137,6 +137,35 @@ def test_data_changed_is_detected(tmp_path):
         load_run(tmp_path / "r").dataset()
 
 
+def test_a_run_reloads_its_relative_data_from_another_working_directory(tmp_path, monkeypatch):
+    """Trained as `cd proj && dpaudit train --data data/d.npz --out runs/r`, audited from elsewhere: the spec
+    as typed is not found from there, so the run reads data.from_run (relative to itself); the sha256 still
+    decides. Before: "cannot reload the run's data: data/d.npz: no such file" unless the user cd'd back."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(120, 3)).astype(np.float32), rng.integers(0, 2, 120)
+    np.savez(proj / "data" / "d.npz", X=X, y=y)
+    monkeypatch.chdir(proj)
+    ds = load_dataset("data/d.npz")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=8), out="runs/r")
+    d = json.loads((proj / "runs" / "r" / CHECKPOINT_FILE).read_text())["data"]
+    assert d["spec"] == "data/d.npz" and d["from_run"] == "../../data/d.npz"
+    monkeypatch.chdir(tmp_path)
+    assert load_run(proj / "runs" / "r").dataset().sha256 == ds.sha256
+    X[0, 0] += 1
+    np.savez(proj / "data" / "d.npz", X=X, y=y)
+    with pytest.raises(CheckpointError, match="changed since training"):  # found there, but not the same data
+        load_run(proj / "runs" / "r").dataset()
+    (proj / "data" / "d.npz").unlink()
+    with pytest.raises(CheckpointError, match=r"cannot reload the run's data: data/d\.npz: no such file"):
+        load_run(proj / "runs" / "r").dataset()
+    # Embedded and absolute specs record no location: nothing to resolve.
+    _, out, _ = _train(tmp_path, "logreg", name="emb", epochs=1)
+    assert "from_run" not in json.loads((out / CHECKPOINT_FILE).read_text())["data"]
+
+
 def test_pickle_refused_and_weights_only_state_dict(tmp_path):
     model = build_model(default_spec("logreg", input_shape=(3,), n_classes=2), seed=0)
     pkl = tmp_path / "m.pkl"
