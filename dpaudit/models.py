@@ -498,21 +498,23 @@ class ParameterWatch:
     only (Abadi et al. 2016, Alg. 1), so a change of θ made from the batch outside that update is released
     without noise, and one made from θ alone cannot be told apart from it here.
 
-    Two signals: every in-place tensor op bumps the parameter's version counter, also under ``no_grad``
-    and through ``detach()`` (cheap, read on every call); a write through ``.data`` does not, so the
-    first call also compares the values with a copy taken before it (once: one copy of the parameters)."""
+    Two signals: every in-place tensor op bumps the parameter's version counter (the one autograd's
+    in-place correctness checks use, PyTorch docs "Autograd mechanics"; read as ``Tensor._version``, None
+    if a torch lacks it), also under ``no_grad`` and through ``detach()`` (cheap, read on every call); a
+    write through ``.data`` does not, so the first call also compares the values with a copy taken before
+    it (once: one copy of the parameters)."""
 
     def __init__(self, params: list[torch.Tensor], *, copy_values: bool) -> None:
         self.params = params
-        self.versions = [p._version for p in params]
+        self.versions = [getattr(p, "_version", None) for p in params]
         self.values = [p.detach().clone() for p in params] if copy_values else None
 
     def check(self, model: nn.Module) -> None:
         """Raise :class:`InputError` naming the first parameter of ``model`` that changed."""
-        if self.values is None and [p._version for p in self.params] == self.versions:
+        if self.values is None and [getattr(p, "_version", None) for p in self.params] == self.versions:
             return  # the per-step path: one list comparison
         for i, p in enumerate(self.params):
-            moved = p._version != self.versions[i]
+            moved = getattr(p, "_version", None) != self.versions[i]
             if not moved and self.values is not None:
                 moved = not torch.equal(p.detach(), self.values[i])
             if moved:
