@@ -79,6 +79,7 @@ device- and dtype-agnostic (float32/float64, CPU/CUDA); nothing leaves the devic
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -2323,20 +2324,26 @@ class AutoClipper(Clipper):
         for cls in (GhostClipper, VmapClipper, LoopClipper):
             impl = cls(self.model, autocast=self.autocast)
             impl._valid = self._valid
-            try:
-                if isinstance(impl, GhostClipper):
-                    impl.plan_ = impl._make_plan(x, y)
-                    if not any(u.handler is not None for u in impl.plan_.units):
-                        self.tried_.append("ghost: no layer has a ghost-norm rule")
-                        impl.close()
-                        continue
-                out = impl._compute(x, y, clip)
-            except torch.OutOfMemoryError:
-                raise
-            except (InputError, RuntimeError, ValueError, TypeError, IndexError) as e:
-                self.tried_.append(f"{cls.method}: {_first_line(e)}")
-                impl.close()
-                continue
+            # A probe's warnings (torch's "no batching rule" note from a vmap that then fails) are said only
+            # if the method is chosen: a user never runs the others.
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                try:
+                    if isinstance(impl, GhostClipper):
+                        impl.plan_ = impl._make_plan(x, y)
+                        if not any(u.handler is not None for u in impl.plan_.units):
+                            self.tried_.append("ghost: no layer has a ghost-norm rule")
+                            impl.close()
+                            continue
+                    out = impl._compute(x, y, clip)
+                except torch.OutOfMemoryError:
+                    raise
+                except (InputError, RuntimeError, ValueError, TypeError, IndexError) as e:
+                    self.tried_.append(f"{cls.method}: {_first_line(e)}")
+                    impl.close()
+                    continue
+            for w in said:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self.chosen_ = impl
             return out
         raise InputError(

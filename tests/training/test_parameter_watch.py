@@ -135,3 +135,33 @@ def test_the_dp_trainer_refuses_the_functional_max_norm_model():
     config = TrainConfig(algo="dpsgd", steps=2, batch_size=8, dp=DPConfig(noise_multiplier=1.0, clip=1.0))
     with pytest.raises(InputError, match=r"parameter table was modified in place"):
         DPSGDTrainer(config).fit(model, x, y)
+
+
+class Noisy(nn.Module):
+    """Warns on every forward call: a note of the user's own that must still reach them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import warnings
+
+        warnings.warn("a note from the user's forward", UserWarning, stacklevel=2)
+        return self.lin(x)
+
+
+def test_auto_says_the_warnings_of_the_method_it_chose_only():
+    """`--clipping auto` probes ghost, vmap, loop: torch's "no batching rule" note from a vmap probe that then
+    fails is not the user's concern (before: it printed above the one-line error); the chosen method's are."""
+    import warnings
+
+    torch.manual_seed(0)
+    x, y = tokens()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(InputError, match="parameter table was modified in place"):
+            make_clipper(FunctionalMaxNorm(max_norm=100.0), "auto")(x, y, 1.0)
+    assert not [w for w in said if "batching rule" in str(w.message)], [str(w.message) for w in said]
+    with pytest.warns(UserWarning, match="a note from the user's forward"):
+        make_clipper(Noisy(), "auto")(torch.randn(6, 4), torch.randint(0, 3, (6,)), 1.0)
