@@ -509,8 +509,8 @@ class ParameterWatch:
         self.versions = [getattr(p, "_version", None) for p in params]
         self.values = [p.detach().clone() for p in params] if copy_values else None
 
-    def check(self, model: nn.Module) -> None:
-        """Raise :class:`InputError` naming the first parameter of ``model`` that changed."""
+    def check(self, model: nn.Module, during: str = "the training forward or backward pass") -> None:
+        """Raise :class:`InputError` naming the first parameter of ``model`` that changed ``during`` what."""
         if self.values is None and [getattr(p, "_version", None) for p in self.params] == self.versions:
             return  # the per-step path: one list comparison
         for i, p in enumerate(self.params):
@@ -520,11 +520,10 @@ class ParameterWatch:
             if moved:
                 name = next((n for n, q in model.named_parameters() if q is p), f"#{i}")
                 raise InputError(
-                    f"parameter {name} was modified in place during the training forward or "
-                    "backward pass (e.g. F.embedding(..., max_norm=...), or a weight clamped or renormalised in "
-                    "forward): DP-SGD noises only its own update, so a change made there is released without "
-                    "noise (no DP claim covers it); remove it, or apply a weight-only constraint after the "
-                    "optimizer step"
+                    f"parameter {name} was modified in place during {during} (e.g. F.embedding(..., max_norm=...), "
+                    "or a weight clamped or renormalised in forward): DP-SGD noises only its own update, so a "
+                    "change made there is released without noise (no DP claim covers it); remove it, or apply a "
+                    "weight-only constraint after the optimizer step"
                 )
 
 
