@@ -492,22 +492,23 @@ def check_full_precision(params: list[torch.Tensor]) -> None:
 
 
 class ParameterWatch:
-    """Catches a model whose training forward or backward pass modifies a trainable parameter in place
+    """Catches a model whose training forward or backward pass modifies a parameter in place
     (``F.embedding(..., max_norm=...)`` renormalising the looked-up rows, a clamp or a normalisation of a
     weight inside ``forward``): DP-SGD's analysis covers θ_{t+1} = θ_t − η·(Σ_i clip(g_i) + N(0, σ²C²I))/B
     only (Abadi et al. 2016, Alg. 1), so a change of θ made from the batch outside that update is released
-    without noise, and one made from θ alone cannot be told apart from it here.
+    without noise, and one made from θ alone cannot be told apart from it here. Frozen parameters
+    (``requires_grad=False``, a fine-tuned model's backbone) are saved with the model too: watched alike.
 
     Two signals: every in-place tensor op bumps the parameter's version counter (the one autograd's
     in-place correctness checks use, PyTorch docs "Autograd mechanics"; read as ``Tensor._version``, None
     if a torch lacks it), also under ``no_grad`` and through ``detach()`` (cheap, read on every call); a
-    write through ``.data`` does not, so the first call also compares the values with a copy taken before
-    it (once: one copy of the parameters)."""
+    write through ``.data`` does not, so the first call also compares the values of the trainable ones with
+    a copy taken before it (once: one copy of the trained parameters; a frozen backbone is not copied)."""
 
     def __init__(self, params: list[torch.Tensor], *, copy_values: bool) -> None:
         self.params = params
         self.versions = [getattr(p, "_version", None) for p in params]
-        self.values = [p.detach().clone() for p in params] if copy_values else None
+        self.values = [p.detach().clone() if p.requires_grad else None for p in params] if copy_values else None
 
     def check(self, model: nn.Module, during: str = "the training forward or backward pass") -> None:
         """Raise :class:`InputError` naming the first parameter of ``model`` that changed ``during`` what."""
@@ -515,7 +516,7 @@ class ParameterWatch:
             return  # the per-step path: one list comparison
         for i, p in enumerate(self.params):
             moved = getattr(p, "_version", None) != self.versions[i]
-            if not moved and self.values is not None:
+            if not moved and self.values is not None and self.values[i] is not None:
                 moved = not torch.equal(p.detach(), self.values[i])
             if moved:
                 name = next((n for n, q in model.named_parameters() if q is p), f"#{i}")

@@ -209,6 +209,7 @@ class Clipper(ABC):
         if not self.params:
             raise InputError("the model has no trainable parameters")
         check_full_precision(self.params)
+        self._watched = list(model.parameters())  # trainable and frozen: ParameterWatch on every call
         self._valid = 0  # real rows of the batch being clipped (set per call)
         self._buffers_checked = False  # the first call checks that no released buffer learns from the data
 
@@ -234,7 +235,7 @@ class Clipper(ABC):
                 norms=torch.zeros(0, dtype=self.params[0].dtype, device=self.params[0].device),
             )
         self._valid = valid
-        watch = ParameterWatch(self.params, copy_values=not self._buffers_checked)
+        watch = ParameterWatch(self._watched, copy_values=not self._buffers_checked)
         if self._buffers_checked:
             out = self._compute(x, y, clip)
         else:  # a running statistic in the state dict would be released without noise

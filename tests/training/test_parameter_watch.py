@@ -165,3 +165,14 @@ def test_auto_says_the_warnings_of_the_method_it_chose_only():
     assert not [w for w in said if "batching rule" in str(w.message)], [str(w.message) for w in said]
     with pytest.warns(UserWarning, match="a note from the user's forward"):
         make_clipper(Noisy(), "auto")(torch.randn(6, 4), torch.randint(0, 3, (6,)), 1.0)
+
+
+def test_a_frozen_parameter_changed_in_forward_is_caught_too():
+    """A frozen (requires_grad=False) table renormalised by F.embedding(max_norm) is saved with the model and moves
+    with the data just the same: not a trained parameter, still released."""
+    torch.manual_seed(0)
+    model = FunctionalMaxNorm(max_norm=100.0)
+    model.table.requires_grad_(False)  # a frozen embedding, a trainable head
+    x, y = tokens()
+    with pytest.raises(InputError, match=r"^parameter table was modified in place"):
+        make_clipper(model, "loop")(x, y, 1.0)
