@@ -476,7 +476,11 @@ def check_private_layers(model: nn.Module) -> None:
             )
 
 
-def check_full_precision(params: list[torch.Tensor]) -> None:
+def check_full_precision(
+    params: list[torch.Tensor],
+    remedy: str = "keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and backward "
+    "passes in bfloat16)",
+) -> None:
     """Refuse trainable parameters in a low-precision floating dtype (bfloat16, float16) for private
     training: per-example norms, clip factors, the clipped sum and the noise would all be computed in
     that dtype, and a clipped gradient can then exceed C (by ~0.5% in bfloat16: 8 mantissa bits), which
@@ -486,8 +490,7 @@ def check_full_precision(params: list[torch.Tensor]) -> None:
         raise InputError(
             f"the model's parameters are {str(low).removeprefix('torch.')}: per-example norms and the clipped "
             "sum in it let a clipped gradient exceed C (by ~0.5% in bfloat16), which the DP claim does not "
-            "allow; keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and "
-            "backward passes in bfloat16)"
+            f"allow; {remedy}"
         )
 
 
