@@ -8,6 +8,7 @@ fails loudly instead of giving silently wrong numbers.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from dpaudit import numfmt
-from dpaudit.data import SPLIT_NAMES, Dataset, Splits, is_file_spec, load_dataset, preprocessing_from_dict
+from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict, spec_path
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import write_atomic_dir
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
@@ -48,6 +49,17 @@ def versions() -> dict[str, str]:
     return {"dpaudit": __version__, "torch": torch.__version__, "numpy": np.__version__}
 
 
+def data_from_run(spec: str | None, out: Path) -> str | None:
+    """Where the data file or directory of a relative ``spec`` lies as seen from the run directory ``out``
+    (recorded as ``data.from_run``), so that the run reloads its data from any working directory, not only
+    from the one it was trained in; None for an embedded or generated dataset or an absolute path. The
+    location is a hint only: the data found there must still have the recorded sha256."""
+    path = spec_path(spec) if isinstance(spec, str) and spec else None
+    if path is None or path.is_absolute():
+        return None
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(out))).as_posix()
+
+
 def save_run(
     out: Path,
     *,
@@ -65,6 +77,9 @@ def save_run(
     from safetensors.torch import save_file
 
     meta = {**meta, "schema_version": SCHEMA_VERSION, "versions": meta.get("versions") or versions()}
+    where = data_from_run((meta.get("data") or {}).get("spec"), Path(out))
+    if where is not None:
+        meta["data"] = {**meta["data"], "from_run": where}
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
         raise ValueError(f"checkpoint meta misses {missing}")
@@ -156,19 +171,36 @@ class Run:
         try:
             ds = load_dataset(d["spec"], label_column=d.get("label_column"))
         except InputError as e:
-            spec, hint = d["spec"], ""
-            if is_file_spec(spec) and not Path(spec).is_absolute() and not Path(spec).exists():
-                hint = (
-                    f" (the run recorded --data {spec!r} as given, relative to the directory it was trained or "
-                    "imported in: run this command from there)"
-                )
-            raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}{hint}") from None
+            found = self._data_from_run(d)
+            if found is None:
+                spec, hint = d["spec"], ""
+                path = spec_path(spec)
+                if path is not None and not path.is_absolute() and not path.exists():
+                    hint = (
+                        f" (the run recorded --data {spec!r} as given, relative to the directory it was trained or "
+                        "imported in, and the data is not where the run folder's own record points either: run "
+                        "this command from that directory)"
+                    )
+                raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}{hint}") from None
+            ds = found
         if ds.sha256 != d["sha256"]:
             raise CheckpointError(
                 f"{self.path}: the data {d['spec']!r} changed since training "
                 f"(sha256 {ds.sha256[:12]}… != recorded {d['sha256'][:12]}…)"
             )
         return ds
+
+    def _data_from_run(self, d: dict[str, Any]) -> Dataset | None:
+        """The data at ``data.from_run`` (relative to this run directory) when the spec as typed at training
+        is not found from the current working directory; None when there is none to try or it fails."""
+        spec, rel = d["spec"], d.get("from_run")
+        path = spec_path(spec)
+        if not isinstance(rel, str) or path is None or path.exists():
+            return None  # the spec names existing data that failed to load: that error stands
+        try:
+            return load_dataset(str(self.path / rel), label_column=d.get("label_column"))
+        except InputError:
+            return None
 
     def logits(self, X: np.ndarray, batch: int = 2048) -> np.ndarray:
         """Model logits (float64) on raw (unpreprocessed) features: an array, or a lazy

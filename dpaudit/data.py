@@ -481,21 +481,29 @@ def _validated(
     return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size, mapped, classes=classes)
 
 
+def spec_path(spec: str) -> Path | None:
+    """The file or directory a dataset spec names; None for an embedded or generated dataset."""
+    head = spec.partition(":")[0]
+    if spec in EMBEDDED or head in EMBEDDED or head in ("synthetic", SYNTHETIC_TOKENS):
+        return None
+    return Path(spec)
+
+
 def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     """Load a dataset from a spec: an embedded name, ``synthetic:...``, a CSV/NPZ path, or a directory
     holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped)."""
     if not isinstance(spec, str) or not spec:
         raise InputError("expected a dataset name or path")
-    if spec in EMBEDDED:
-        return _embedded(spec)
-    head, _, params = spec.partition(":")
-    if head in EMBEDDED:
-        return _class_subset(_embedded(head), params, spec)
-    if head == "synthetic":
-        return _synthetic(spec, params)
-    if head == SYNTHETIC_TOKENS:
+    path = spec_path(spec)
+    if path is None:
+        head, _, params = spec.partition(":")
+        if spec in EMBEDDED:
+            return _embedded(spec)
+        if head in EMBEDDED:
+            return _class_subset(_embedded(head), params, spec)
+        if head == "synthetic":
+            return _synthetic(spec, params)
         return _synthetic_tokens(spec, params)
-    path = Path(spec)
     if path.is_dir():
         return _from_npy_dir(path, spec)
     if path.suffix.lower() in (".csv", ".npz") or path.exists():
@@ -519,12 +527,6 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     valid = ", ".join([*EMBEDDED, *forms])
     # Named as the workflows' parameter ``data``: the CLI shows it as --data (cli._common.with_option_names).
     raise InputError(f"unknown data {spec!r}; valid: {valid}")
-
-
-def is_file_spec(spec: str) -> bool:
-    """Whether a ``--data`` spec names a user's file or directory (not an embedded or synthetic set)."""
-    head = spec.partition(":")[0]
-    return spec not in EMBEDDED and head not in (*EMBEDDED, "synthetic", SYNTHETIC_TOKENS)
 
 
 @dataclass(frozen=True)

@@ -565,6 +565,61 @@ def check_private_layers(model: nn.Module) -> None:
             )
 
 
+def check_full_precision(
+    params: list[torch.Tensor],
+    remedy: str = "keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and backward "
+    "passes in bfloat16)",
+) -> None:
+    """Refuse trainable parameters in a low-precision floating dtype (bfloat16, float16) for private
+    training: per-example norms, clip factors, the clipped sum and the noise would all be computed in
+    that dtype, and a clipped gradient can then exceed C (by ~0.5% in bfloat16: 8 mantissa bits), which
+    the sensitivity bound of the DP claim does not allow (Abadi et al. 2016, Alg. 1 needs ‖ḡ_i‖ ≤ C)."""
+    low = next((p.dtype for p in params if p.dtype not in (torch.float32, torch.float64)), None)
+    if low is not None:
+        raise InputError(
+            f"the model's parameters are {str(low).removeprefix('torch.')}: per-example norms and the clipped "
+            "sum in it let a clipped gradient exceed C (by ~0.5% in bfloat16), which the DP claim does not "
+            f"allow; {remedy}"
+        )
+
+
+class ParameterWatch:
+    """Catches a model whose training forward or backward pass modifies a parameter in place
+    (``F.embedding(..., max_norm=...)`` renormalising the looked-up rows, a clamp or a normalisation of a
+    weight inside ``forward``): DP-SGD's analysis covers θ_{t+1} = θ_t − η·(Σ_i clip(g_i) + N(0, σ²C²I))/B
+    only (Abadi et al. 2016, Alg. 1), so a change of θ made from the batch outside that update is released
+    without noise, and one made from θ alone cannot be told apart from it here. Frozen parameters
+    (``requires_grad=False``, a fine-tuned model's backbone) are saved with the model too: watched alike.
+
+    Two signals: every in-place tensor op bumps the parameter's version counter (the one autograd's
+    in-place correctness checks use, PyTorch docs "Autograd mechanics"; read as ``Tensor._version``, None
+    if a torch lacks it), also under ``no_grad`` and through ``detach()`` (cheap, read on every call); a
+    write through ``.data`` does not, so the first call also compares the values of the trainable ones with
+    a copy taken before it (once: one copy of the trained parameters; a frozen backbone is not copied)."""
+
+    def __init__(self, params: list[torch.Tensor], *, copy_values: bool) -> None:
+        self.params = params
+        self.versions = [getattr(p, "_version", None) for p in params]
+        self.values = [p.detach().clone() if p.requires_grad else None for p in params] if copy_values else None
+
+    def check(self, model: nn.Module, during: str = "the training forward or backward pass") -> None:
+        """Raise :class:`InputError` naming the first parameter of ``model`` that changed ``during`` what."""
+        if self.values is None and [getattr(p, "_version", None) for p in self.params] == self.versions:
+            return  # the per-step path: one list comparison
+        for i, p in enumerate(self.params):
+            moved = getattr(p, "_version", None) != self.versions[i]
+            if not moved and self.values is not None and self.values[i] is not None:
+                moved = not torch.equal(p.detach(), self.values[i])
+            if moved:
+                name = next((n for n, q in model.named_parameters() if q is p), f"#{i}")
+                raise InputError(
+                    f"parameter {name} was modified in place during {during} (e.g. F.embedding(..., max_norm=...), "
+                    "or a weight clamped or renormalised in forward): DP-SGD noises only its own update, so a "
+                    "change made there is released without noise (no DP claim covers it); remove it, or apply a "
+                    "weight-only constraint after the optimizer step"
+                )
+
+
 def released_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """Copies of the floating-point buffers saved with the model (its state dict's non-parameters)."""
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}

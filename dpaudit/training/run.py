@@ -27,7 +27,7 @@ from dpaudit.data import (
 )
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.models import ModelSpec, build_model, check_private_layers
+from dpaudit.models import ModelSpec, ParameterWatch, build_model, check_private_layers
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
@@ -922,8 +922,13 @@ def import_run(
     load_state_into(model, state, str(weights))
     model.eval()
     fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))
+    # A claim also needs a forward that leaves the weights alone (F.embedding's max_norm renormalises rows in
+    # place in eval mode too): seen on this first evaluation, as the clippers see it during training.
+    watch = ParameterWatch(list(model.parameters()), copy_values=True) if claim is not None else None
     if not np.all(np.isfinite(fitted.logits(dataset.view(splits.members[:256])))):
         raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
+    if watch is not None:
+        watch.check(model, during="a forward pass of the imported model (its training ran the same forward)")
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
         warnings.append(check["note"])

@@ -30,6 +30,23 @@ def with_batchnorm(d: int, n_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(d, 8), nn.BatchNorm1d(8), nn.Linear(8, n_classes))
 
 
+class ClampsInForward(nn.Module):
+    """Clamps its weight in place in every forward call (training and evaluation alike)."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, n_classes)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight.clamp_(-1.0, 1.0)
+        return self.lin(x)
+
+
+def clamps_in_forward(d: int, n_classes: int) -> nn.Module:
+    return ClampsInForward(d, n_classes)
+
+
 def not_a_module(d: int, n_classes: int):
     return {"weight": [0.0] * d}
 

@@ -204,6 +204,24 @@ def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
     assert r.exit_code == 0, r.output  # non-private training makes no per-example claim
 
 
+def test_a_forward_that_modifies_a_parameter_is_refused_under_a_dp_claim_only(npz, tmp_path):
+    """Training under DP and an import with a DP claim: one line naming the parameter (its forward changes the
+    weights outside the noisy update); non-private training and a claimless import go on."""
+    spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:clamps_in_forward")
+    args = ("--data", npz, "--model-spec", spec, "--epochs", 1)
+    r = invoke("train", *args, "--algo", "dpsgd", "--epsilon", 4, "--out", tmp_path / "dp")
+    assert "parameter lin.weight was modified in place during the training forward" in one_error(r)
+    assert not (tmp_path / "dp").exists()
+    assert invoke("train", *args, "--algo", "sgd", "--out", tmp_path / "sgd").exit_code == 0
+    (tmp_path / "members.txt").write_text("\n".join(map(str, range(200))))
+    weights = tmp_path / "sgd" / "model.safetensors"
+    base = ("import", weights, "--model-spec", spec, "--data", npz, "--members", tmp_path / "members.txt")
+    r = invoke(*base, "--epsilon", 1, "--delta", 1e-5, "--out", tmp_path / "claimed")
+    assert "parameter lin.weight was modified in place during a forward pass of the imported model" in one_error(r)
+    assert not (tmp_path / "claimed").exists()
+    assert invoke(*base, "--out", tmp_path / "plain").exit_code == 0
+
+
 def test_weights_that_do_not_match_the_module_list_the_differences(npz, tmp_path):
     from tests.core.byo_models import residual_mlp
 

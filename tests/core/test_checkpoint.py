@@ -137,6 +137,35 @@ def test_data_changed_is_detected(tmp_path):
         load_run(tmp_path / "r").dataset()
 
 
+def test_a_run_reloads_its_relative_data_from_another_working_directory(tmp_path, monkeypatch):
+    """Trained as `cd proj && dpaudit train --data data/d.npz --out runs/r`, audited from elsewhere: the spec
+    as typed is not found from there, so the run reads data.from_run (relative to itself); the sha256 still
+    decides. Before: "cannot reload the run's data: data/d.npz: no such file" unless the user cd'd back."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(120, 3)).astype(np.float32), rng.integers(0, 2, 120)
+    np.savez(proj / "data" / "d.npz", X=X, y=y)
+    monkeypatch.chdir(proj)
+    ds = load_dataset("data/d.npz")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=8), out="runs/r")
+    d = json.loads((proj / "runs" / "r" / CHECKPOINT_FILE).read_text())["data"]
+    assert d["spec"] == "data/d.npz" and d["from_run"] == "../../data/d.npz"
+    monkeypatch.chdir(tmp_path)
+    assert load_run(proj / "runs" / "r").dataset().sha256 == ds.sha256
+    X[0, 0] += 1
+    np.savez(proj / "data" / "d.npz", X=X, y=y)
+    with pytest.raises(CheckpointError, match="changed since training"):  # found there, but not the same data
+        load_run(proj / "runs" / "r").dataset()
+    (proj / "data" / "d.npz").unlink()
+    with pytest.raises(CheckpointError, match=r"cannot reload the run's data: data/d\.npz: no such file"):
+        load_run(proj / "runs" / "r").dataset()
+    # Embedded and absolute specs record no location: nothing to resolve.
+    _, out, _ = _train(tmp_path, "logreg", name="emb", epochs=1)
+    assert "from_run" not in json.loads((out / CHECKPOINT_FILE).read_text())["data"]
+
+
 def test_pickle_refused_and_weights_only_state_dict(tmp_path):
     model = build_model(default_spec("logreg", input_shape=(3,), n_classes=2), seed=0)
     pkl = tmp_path / "m.pkl"
@@ -242,8 +271,9 @@ def test_a_training_loop_checkpoint_names_the_key_to_save(tmp_path):
 
 
 def test_a_relative_data_path_that_no_longer_resolves_says_where_to_run_from(tmp_path, monkeypatch):
-    """A run records --data as given; from another directory its relative path names nothing (a directory of
-    .npy files then read as an unknown data name): the error says the path is relative to where it was trained."""
+    """A run records --data as given (and where the data lies from the run folder); with the run folder moved and
+    another working directory, neither names the data (a directory of .npy files then reads as an unknown data
+    name): the error says the path is relative to where it was trained."""
     (tmp_path / "project" / "data").mkdir(parents=True)
     rng = np.random.default_rng(0)
     np.save(tmp_path / "project" / "data" / "X.npy", rng.normal(size=(40, 3)).astype(np.float32))
@@ -253,9 +283,11 @@ def test_a_relative_data_path_that_no_longer_resolves_says_where_to_run_from(tmp
     spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
     train_run(ds, spec, TrainConfig(epochs=1, batch_size=8), out=tmp_path / "run")
     assert load_run(tmp_path / "run").dataset().sha256 == ds.sha256
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").rename(tmp_path / "elsewhere" / "run")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError, match="recorded --data 'data' as given, relative to the directory it was"):
-        load_run(tmp_path / "run").dataset()
+        load_run(tmp_path / "elsewhere" / "run").dataset()
 
 
 def test_dense_kernels_in_the_jax_layout_are_named_as_such():
