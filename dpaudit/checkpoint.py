@@ -461,6 +461,11 @@ def as_state_dict(state: Mapping[str, Any], source: str) -> dict[str, torch.Tens
     for k, v in strip_wrapper_prefixes(state).items():
         if not isinstance(k, str):
             raise CheckpointError(f"{source}: parameter names must be strings, got {k!r}")
+        if isinstance(v, Mapping):  # flax.linen's {"params": {"Dense_0": {"kernel": ...}}}
+            raise CheckpointError(
+                f"{source}: {k!r} holds a nested mapping (a JAX/Flax parameter tree?); give a flat mapping of the "
+                "model's parameter names (e.g. '1.weight') to arrays, dense kernels transposed to torch's (out, in)"
+            )
         try:
             out[k] = v.detach().to("cpu") if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
         except (TypeError, ValueError, RuntimeError) as e:

@@ -198,9 +198,10 @@ def call_trainer(
     except Exception as e:
         raise InputError(f"trainer {name} failed (seed {seed}): {first_line(e)}") from e
     if not isinstance(state, Mapping):
+        hint = "; return model.state_dict()" if hasattr(state, "state_dict") else ""
         raise InputError(
             f"trainer {name} returned a {type(state).__name__}; expected a state dict (a mapping of parameter "
-            "names to arrays)"
+            f"names to arrays){hint}"
         )
     model = build_model(spec)
     try:
