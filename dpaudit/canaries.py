@@ -213,7 +213,10 @@ def make_import_canaries(
 
 def write_canary_dir(canaries: CanarySet, dataset: Dataset, out: Path, *, force: bool = False) -> Path:
     """Write ``out``: the design (JSON), all canaries with their secret bits (safetensors) and the records to
-    insert (``insert.npz``: the included canaries, in raw feature space, labels int64). Atomic; no pickle."""
+    insert (``insert.npz``: the included canaries, in raw feature space, with labels as the data holds them:
+    ``dataset.classes``, e.g. 1 and 2 or "cat" and "dog", which the user's own training reads; class indices
+    0..K-1 would be other classes there, so a mislabeled canary could land on its record's true label).
+    Atomic; no pickle."""
     from safetensors.numpy import save_file
 
     from dpaudit.fileio import write_atomic_dir
@@ -229,7 +232,8 @@ def write_canary_dir(canaries: CanarySet, dataset: Dataset, out: Path, *, force:
             {"X": np.ascontiguousarray(canaries.X), "y": canaries.y.astype(np.int64), "included": inc.astype(np.int8)},
             str(tmp / CANARY_SECRET_FILE),
         )
-        np.savez(tmp / CANARY_INSERT_FILE, X=canaries.X[inc], y=canaries.y[inc].astype(np.int64))
+        y = canaries.y[inc].astype(np.int64)
+        np.savez(tmp / CANARY_INSERT_FILE, X=canaries.X[inc], y=y if dataset.classes is None else dataset.classes[y])
         (tmp / CANARY_DESIGN_FILE).write_text(json.dumps(design, indent=2) + "\n")
 
     return write_atomic_dir(Path(out), write, force=force, written_by="canaries")

@@ -8,6 +8,7 @@ fails loudly instead of giving silently wrong numbers.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from dpaudit import numfmt
-from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict
+from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict, spec_path
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import write_atomic_dir
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
@@ -48,6 +49,17 @@ def versions() -> dict[str, str]:
     return {"dpaudit": __version__, "torch": torch.__version__, "numpy": np.__version__}
 
 
+def data_from_run(spec: str | None, out: Path) -> str | None:
+    """Where the data file or directory of a relative ``spec`` lies as seen from the run directory ``out``
+    (recorded as ``data.from_run``), so that the run reloads its data from any working directory, not only
+    from the one it was trained in; None for an embedded or generated dataset or an absolute path. The
+    location is a hint only: the data found there must still have the recorded sha256."""
+    path = spec_path(spec) if isinstance(spec, str) and spec else None
+    if path is None or path.is_absolute():
+        return None
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(out))).as_posix()
+
+
 def save_run(
     out: Path,
     *,
@@ -65,6 +77,9 @@ def save_run(
     from safetensors.torch import save_file
 
     meta = {**meta, "schema_version": SCHEMA_VERSION, "versions": meta.get("versions") or versions()}
+    where = data_from_run((meta.get("data") or {}).get("spec"), Path(out))
+    if where is not None:
+        meta["data"] = {**meta["data"], "from_run": where}
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
         raise ValueError(f"checkpoint meta misses {missing}")
@@ -156,13 +171,36 @@ class Run:
         try:
             ds = load_dataset(d["spec"], label_column=d.get("label_column"))
         except InputError as e:
-            raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}") from None
+            found = self._data_from_run(d)
+            if found is None:
+                spec, hint = d["spec"], ""
+                path = spec_path(spec)
+                if path is not None and not path.is_absolute() and not path.exists():
+                    hint = (
+                        f" (the run recorded --data {spec!r} as given, relative to the directory it was trained or "
+                        "imported in, and the data is not where the run folder's own record points either: run "
+                        "this command from that directory)"
+                    )
+                raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}{hint}") from None
+            ds = found
         if ds.sha256 != d["sha256"]:
             raise CheckpointError(
                 f"{self.path}: the data {d['spec']!r} changed since training "
                 f"(sha256 {ds.sha256[:12]}… != recorded {d['sha256'][:12]}…)"
             )
         return ds
+
+    def _data_from_run(self, d: dict[str, Any]) -> Dataset | None:
+        """The data at ``data.from_run`` (relative to this run directory) when the spec as typed at training
+        is not found from the current working directory; None when there is none to try or it fails."""
+        spec, rel = d["spec"], d.get("from_run")
+        path = spec_path(spec)
+        if not isinstance(rel, str) or path is None or path.exists():
+            return None  # the spec names existing data that failed to load: that error stands
+        try:
+            return load_dataset(str(self.path / rel), label_column=d.get("label_column"))
+        except InputError:
+            return None
 
     def logits(self, X: np.ndarray, batch: int = 2048) -> np.ndarray:
         """Model logits (float64) on raw (unpreprocessed) features: an array, or a lazy
@@ -354,9 +392,28 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
                 "torch.save(model.state_dict())"
             ) from None
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise CheckpointError(f"{path}: expected a plain state_dict (name -> tensor)")
+            raise CheckpointError(
+                f"{path}: expected a plain state_dict (name -> tensor){_training_checkpoint_hint(obj)}"
+            )
         return dict(obj)
     raise CheckpointError(f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)")
+
+
+def _training_checkpoint_hint(obj: Any) -> str:
+    """What to save instead, for a training loop's checkpoint dict (PyTorch's tutorial saves ``{"epoch": ...,
+    "model_state_dict": ..., "optimizer_state_dict": ...}``): the key that holds the model's tensors."""
+    if not isinstance(obj, dict):
+        return ""
+    keys = [
+        k for k, v in obj.items() if isinstance(v, dict) and v and all(isinstance(t, torch.Tensor) for t in v.values())
+    ]
+    if len(keys) != 1:
+        return ""
+    shown = ", ".join(map(str, list(obj)[:6])) + (", …" if len(obj) > 6 else "")
+    return (
+        f"; it is a training checkpoint (keys {shown}): save the model's weights alone, "
+        f"torch.save(checkpoint[{keys[0]!r}], 'weights.pt')"
+    )
 
 
 # Wrappers that prefix every parameter name: Opacus' GradSampleModule ("_module."), torch's
@@ -404,6 +461,11 @@ def as_state_dict(state: Mapping[str, Any], source: str) -> dict[str, torch.Tens
     for k, v in strip_wrapper_prefixes(state).items():
         if not isinstance(k, str):
             raise CheckpointError(f"{source}: parameter names must be strings, got {k!r}")
+        if isinstance(v, Mapping):  # flax.linen's {"params": {"Dense_0": {"kernel": ...}}}
+            raise CheckpointError(
+                f"{source}: {k!r} holds a nested mapping (a JAX/Flax parameter tree?); give a flat mapping of the "
+                "model's parameter names (e.g. '1.weight') to arrays, dense kernels transposed to torch's (out, in)"
+            )
         try:
             out[k] = v.detach().to("cpu") if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
         except (TypeError, ValueError, RuntimeError) as e:
@@ -417,10 +479,16 @@ def _listed(items: list[str], limit: int = 10, sep: str = ", ") -> str:
 
 def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> nn.Module:
     """Copy ``state`` into ``model`` after checking names and shapes match exactly (wrapper prefixes
-    such as Opacus' ``_module.`` or DDP's ``module.`` are removed first)."""
+    such as Opacus' ``_module.`` or DDP's ``module.`` are removed first, from the file's names and from the
+    model's own: a factory may return a wrapper, as ``torch.compile(m)``, or keep every layer under a child
+    named ``module``, and the weights saved from it carry the prefix)."""
     state = as_state_dict(state, source)
-    expected = model.state_dict()
-    for names in _tied_names(model):  # tied weights: a file may hold one name of each (safetensors' save_model)
+    own = model.state_dict()
+    name_in_model = dict(zip(strip_wrapper_prefixes(own), own, strict=True))  # compared name -> the model's
+    expected = {k: own[name] for k, name in name_in_model.items()}
+    compared = {name: k for k, name in name_in_model.items()}
+    for model_names in _tied_names(model):  # tied weights: a file may hold one name of each (safetensors' save_model)
+        names = [compared[k] for k in model_names]
         given = [k for k in names if k in state]
         for k in given[1:]:
             same_shape = state[k].shape == state[given[0]].shape
@@ -446,11 +514,20 @@ def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: st
             parts.append(f"unexpected {_listed(unexpected)}")
         if shapes:
             parts.append(_listed(shapes, sep="; "))
-        raise CheckpointError(f"{source}: weights do not match the model spec ({'; '.join(parts)})")
+        hint = ""
+        transposed = [k for k, v in expected.items() if k in state and v.ndim == 2 and state[k].shape == v.T.shape]
+        if transposed or any(k.rsplit(".", 1)[-1].rsplit("/", 1)[-1] == "kernel" for k in unexpected):
+            # A dense kernel of JAX/Flax, Keras or TF is (in, out); torch's Linear weight is (out, in). A square
+            # one loads untransposed without any error: the model then computes something else.
+            hint = (
+                "; a Flax/Keras/TF dense kernel is (in, out) and torch's Linear weight (out, in): save each kernel "
+                "transposed, as NAME.weight (square ones too, which no shape check can catch)"
+            )
+        raise CheckpointError(f"{source}: weights do not match the model spec ({'; '.join(parts)}){hint}")
     for k, v in expected.items():
         if not state[k].is_floating_point() == v.is_floating_point():
             raise CheckpointError(f"{source}: tensor {k} has dtype {state[k].dtype}, expected {v.dtype}")
-    model.load_state_dict({k: state[k].to(expected[k].dtype) for k in expected})
+    model.load_state_dict({name_in_model[k]: state[k].to(expected[k].dtype) for k in expected})
     return model
 
 

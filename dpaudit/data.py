@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import math
 import mmap
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -95,6 +96,9 @@ class Dataset:
     # A CSV dataset: its feature columns' header names, in file order (checked on import, see
     # check_feature_names); None for data without a header.
     feature_names: tuple[str, ...] | None = None
+    # The labels as the data holds them, in sorted order: class i of ``y`` is ``classes[i]`` (what a user's own
+    # training loop calls it: 1 and 2, -1 and 1, "cat" and "dog"); None where not known.
+    classes: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
@@ -280,14 +284,41 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
     features = df.drop(columns=[label_column])
     if features.shape[1] == 0:
         raise DataError(f"{path}: no feature columns besides the label column {label_column!r}")
+    _check_no_index_column(path, df.columns, label_column)
     bad = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c].dtype)]
     if bad:
         raise DataError(f"{path}: non-numeric feature column(s): {', '.join(map(str, bad[:5]))}")
+    missing = [str(c) for c in features.columns if features[c].isna().any()]
+    if missing:  # what to fix, by name (the array check below can only say "NaN")
+        first = int(np.flatnonzero(features[missing[0]].isna().to_numpy())[0])
+        raise DataError(
+            f"{path}: missing values in feature column(s) {', '.join(map(repr, missing[:5]))} (first: data row "
+            f"{first + 1}); fill or drop them before auditing"
+        )
     labels = df[label_column]
     if labels.isna().any():
         raise DataError(f"{path}: label column {label_column!r} has missing values")
+    if pd.api.types.is_numeric_dtype(labels.dtype):  # numbers must be class labels; strings are names of classes
+        _check_integer_labels(labels.to_numpy(), f"{path}: label column {label_column!r}")
     ds = _validated(path.stem, features.to_numpy(dtype=np.float64), labels.to_numpy(), "tabular", spec)
     return dataclasses.replace(ds, feature_names=tuple(str(c).strip() for c in features.columns))
+
+
+# The name pandas gives a column whose header cell is empty, as in the row index that ``DataFrame.to_csv``
+# writes by default (header ",a,b,y"); saved again with index=False, the name itself is written.
+_UNNAMED_COLUMN = re.compile(r"Unnamed: \d+")
+
+
+def _check_no_index_column(path: Path, columns: Any, label_column: str) -> None:
+    """Refuse a column without a header name: it is almost always the row index of ``to_csv``'s default
+    ``index=True``, a feature that names each record (the model would read the row number)."""
+    for i, c in enumerate(columns):
+        if c != label_column and _UNNAMED_COLUMN.fullmatch(str(c)):
+            raise DataError(
+                f"{path}: column {i + 1} has no header name ({str(c)!r}), as the row index that pandas' to_csv "
+                "writes by default; it would be read as a feature: write the file with to_csv(..., index=False), "
+                "or give the column a name"
+            )
 
 
 def _header_hint(columns: list) -> str:
@@ -326,7 +357,11 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     if _holds_tokens(X):
         return _tokens(path.stem, X, y, spec, str(path))
     kind = "image" if X.ndim == 4 else "tabular"
-    return _validated(path.stem, X.astype(np.float64), y, kind, spec)
+    # float32 holds 8- and 16-bit integers, bools and float16 exactly, so those (8-bit images at CIFAR scale:
+    # 150 MB in the file) go straight to float32 without a float64 copy 8 times their size; wider integers keep
+    # the float64 step, as before (its rounding decides the bytes that the run's data hash covers).
+    exact = X.dtype == bool or X.dtype.itemsize <= 2 or X.dtype == np.float32
+    return _validated(path.stem, X if exact else X.astype(np.float64), y, kind, spec)
 
 
 def _holds_tokens(X: np.ndarray) -> bool:
@@ -358,7 +393,8 @@ def _check_integer_labels(y: np.ndarray, source: str) -> None:
         if len(frac) == 0:
             return
         raise DataError(
-            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {frac[0]:g})"
+            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {frac[0]:g}); "
+            "dpaudit audits classifiers: regression targets are not supported (bin them into classes first)"
         )
     raise DataError(f"{source}: labels must be integers, got dtype {y.dtype}")
 
@@ -416,7 +452,12 @@ def _validated(
     if X.shape[0] != y.shape[0]:
         raise DataError(f"{spec}: X has {X.shape[0]} rows but y has {y.shape[0]}")
     if y.ndim != 1:
-        raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}")
+        hint = ""
+        if y.ndim == 2 and y.shape[1] == 1:
+            hint = ": one label per record, y.ravel()"
+        elif y.ndim == 2 and np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all():  # one-hot rows
+            hint = ": it looks one-hot; give the class indices, y.argmax(axis=1)"
+        raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}{hint}")
     if mapped is not None:  # a memory-mapped X: checked a block of rows at a time, kept as it is
         if not all(np.all(np.isfinite(block)) for block in _blocks(X, mapped)):
             raise DataError(f"{spec}: features contain NaN or inf")
@@ -430,11 +471,22 @@ def _validated(
     if len(classes) < 2:
         raise DataError(f"{spec}: labels have a single class ({classes.tolist()[0]!r}); need at least 2")
     if mapped is None:
-        X = X.astype(np.int64 if kind == "tokens" else np.float32)
+        X = X.astype(np.int64 if kind == "tokens" else np.float32, copy=False)  # a fresh array of ours: no copy
         X.setflags(write=False)
     y_idx = y_idx.astype(np.int64)
     y_idx.setflags(write=False)
-    return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size, mapped)
+    if classes.dtype == object:  # a CSV's string labels: a plain string array (object arrays need pickle)
+        classes = classes.astype(str)
+    classes.setflags(write=False)
+    return Dataset(name, X, y_idx, len(classes), kind, spec, vocab_size, mapped, classes=classes)
+
+
+def spec_path(spec: str) -> Path | None:
+    """The file or directory a dataset spec names; None for an embedded or generated dataset."""
+    head = spec.partition(":")[0]
+    if spec in EMBEDDED or head in EMBEDDED or head in ("synthetic", SYNTHETIC_TOKENS):
+        return None
+    return Path(spec)
 
 
 def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
@@ -442,16 +494,16 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped)."""
     if not isinstance(spec, str) or not spec:
         raise InputError("expected a dataset name or path")
-    if spec in EMBEDDED:
-        return _embedded(spec)
-    head, _, params = spec.partition(":")
-    if head in EMBEDDED:
-        return _class_subset(_embedded(head), params, spec)
-    if head == "synthetic":
-        return _synthetic(spec, params)
-    if head == SYNTHETIC_TOKENS:
+    path = spec_path(spec)
+    if path is None:
+        head, _, params = spec.partition(":")
+        if spec in EMBEDDED:
+            return _embedded(spec)
+        if head in EMBEDDED:
+            return _class_subset(_embedded(head), params, spec)
+        if head == "synthetic":
+            return _synthetic(spec, params)
         return _synthetic_tokens(spec, params)
-    path = Path(spec)
     if path.is_dir():
         return _from_npy_dir(path, spec)
     if path.suffix.lower() in (".csv", ".npz") or path.exists():
@@ -467,7 +519,10 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
             return _from_csv(path, label_column, spec)
         if path.suffix.lower() == ".npz":
             return _from_npz(path, spec)
-        raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz")
+        hint = ""
+        if path.suffix.lower() == ".npy":  # one array cannot hold the labels too
+            hint = f", or give the directory that holds X.npy and y.npy ({str(path.parent)!r})"
+        raise DataError(f"{path}: unsupported data file type {path.suffix!r}; use .csv or .npz{hint}")
     forms = ("synthetic:n=..,d=..,classes=..", "synthetic-tokens:...", "PATH.csv", "PATH.npz", "DIR (X.npy, y.npy)")
     valid = ", ".join([*EMBEDDED, *forms])
     # Named as the workflows' parameter ``data``: the CLI shows it as --data (cli._common.with_option_names).
@@ -612,6 +667,11 @@ def check_member_indices(indices: np.ndarray, n: int, source: str) -> np.ndarray
         raise DataError(f"{source}: expected a one-dimensional list of record indices, got shape {list(idx.shape)}")
     if len(idx) == 0:
         raise DataError(f"{source}: the member list is empty")
+    if len(idx) == n and n > 2 and np.isin(idx, (0, 1)).all():  # one 0/1 flag per record, not a list of indices
+        raise DataError(
+            f"{source}: holds one 0/1 value per record ({n}), a membership mask; give the members' record indices "
+            "instead, e.g. numpy.flatnonzero(mask)"
+        )
     if not np.issubdtype(idx.dtype, np.integer):
         raise DataError(f"{source}: expected integer record indices, got dtype {idx.dtype}")
     idx = idx.astype(np.int64)
@@ -649,6 +709,8 @@ def read_member_indices(path: Path | str, n: int) -> np.ndarray:
             raise DataError(f"{path}: not an integer .npy array (object arrays are refused: {e})") from None
         except OSError as e:
             raise DataError(f"{path}: not a readable .npy file ({e})") from None
+        if isinstance(idx, np.ndarray) and idx.dtype == bool and idx.shape == (n,):
+            idx = idx.astype(np.int8)  # a membership mask: check_member_indices says what to give instead
         if not isinstance(idx, np.ndarray) or not (np.issubdtype(idx.dtype, np.integer)):
             dtype = getattr(idx, "dtype", type(idx).__name__)
             raise DataError(f"{path}: expected an integer array of record indices, got dtype {dtype}")
@@ -705,7 +767,8 @@ def splits_from_members(n: int, members: np.ndarray, seed: int) -> Splits:
 
 def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) -> Standardizer:
     """A fixed, user-given standardisation ``(x - mean) / scale`` from a JSON object with lists
-    ``mean`` and ``scale`` of the feature shape (nested or flattened). Nothing is fitted here."""
+    ``mean`` and ``scale`` of the feature shape (nested or flattened), or for images (channels, height,
+    width) one value per channel (torchvision's ``Normalize``). Nothing is fitted here."""
     if not isinstance(d, dict):
         raise InputError(f"{source}: expected a JSON object with 'mean' and 'scale' lists")
     unknown = sorted(set(d) - {"mean", "scale", "kind", "shape", "feature_names"})  # names: check_feature_names
@@ -725,13 +788,18 @@ def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) 
         if a.dtype.kind not in "iuf":
             raise InputError(f"{source}: {key!r} must be a list of numbers")
         a = a.astype(np.float64)
-        if a.size != size:
+        per_channel = len(feature_shape) == 3 and a.size == feature_shape[0] != size
+        if a.size != size and not per_channel:
+            channel = f" (or {feature_shape[0]}, one per channel)" if len(feature_shape) == 3 else ""
             raise InputError(
-                f"{source}: {key!r} has {a.size} values but the data has {size} features (shape {list(feature_shape)})"
+                f"{source}: {key!r} has {a.size} values but the data has {size} features{channel} (shape "
+                f"{list(feature_shape)})"
             )
         if not np.all(np.isfinite(a)):
             raise InputError(f"{source}: {key!r} contains NaN or inf")
-        out[key] = a.reshape(feature_shape)
+        # One value per channel of (channels, height, width) images (torchvision's Normalize(mean, std)):
+        # broadcast over each channel's pixels.
+        out[key] = np.broadcast_to(a.reshape(-1, 1, 1), feature_shape) if per_channel else a.reshape(feature_shape)
     if np.any(out["scale"] <= 0):
         raise InputError(f"{source}: 'scale' must be positive everywhere (it divides the features)")
     return Standardizer(out["mean"].astype(np.float32), out["scale"].astype(np.float32))

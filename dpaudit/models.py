@@ -329,11 +329,99 @@ class PythonSpec(ModelSpec):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
         if shape != expected:
             got = list(shape) if shape is not None else type(out).__name__
+            hint = ""
+            if isinstance(out, tuple | list | dict):
+                hint = "; return the logits alone (e.g. a wrapper module whose forward returns the logits of the tuple)"
+            elif self.n_classes == 2 and shape in ((2,), (2, 1)):
+                hint = (
+                    "; a binary model with one logit z (sigmoid, BCEWithLogitsLoss) gives the same probabilities as "
+                    "the two logits torch.cat([torch.zeros_like(z), z], dim=1) for z of shape (B, 1)"
+                )
             raise InputError(
                 f"model factory {self.factory}: a batch of shape {[2, *self.input_shape]} gives output {got}; "
                 f"expected logits of shape {list(expected)} (input_shape {list(self.input_shape)}, "
-                f"n_classes {self.n_classes})"
+                f"n_classes {self.n_classes}){hint}"
             )
+        self._check_per_record(model)
+        if looks_like_probabilities(out):
+            raise InputError(
+                f"model factory {self.factory}: its outputs are probabilities (every row in [0, 1] and summing to 1), "
+                "but dpaudit's losses and attacks read logits (a softmax of probabilities is not the model's "
+                "prediction); return the scores before the softmax (a log-softmax is fine)"
+            )
+
+    def _two_records(self) -> torch.Tensor:
+        """Two different records of the input shape and dtype: zeros, and a ramp (token ids: ones)."""
+        if self.input_dtype == "int64":
+            return torch.stack([torch.full(self.input_shape, v, dtype=torch.int64) for v in (0, 1)])
+        ramp = torch.linspace(-1.0, 1.0, math.prod(self.input_shape)).reshape(self.input_shape)
+        return torch.stack([torch.zeros(self.input_shape), ramp])
+
+    def check_state_dict_is_the_model(self) -> None:
+        """Two builds from different seeds, the second loaded with the first's state dict, must compute the same
+        logits: a run is saved as its state dict, and every later command rebuilds the model from the factory
+        and loads the weights. State outside the state dict drawn at random (a tensor kept as a plain
+        attribute, a non-persistent buffer) made the reloaded model another model, which every attack and
+        audit then measured, silently. Not tested: a model whose outputs are random in eval mode."""
+        first, second = build_model(self, seed=1), build_model(self, seed=2)
+        second.load_state_dict(first.state_dict())
+        first.eval()
+        second.eval()
+        records = self._two_records()
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                a, again, b = first(records), first(records), second(records)
+        except Exception:  # the build's own check ran these records through the model already
+            return
+        if a.is_meta or not torch.equal(a, again):
+            return
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
+            raise InputError(
+                f"model factory {self.factory}: built twice and loaded with the same state dict, the model gives "
+                "different logits: part of it is outside its state dict (a tensor kept as a plain attribute, or a "
+                "non-persistent buffer, drawn at random?), so the model reloaded from a saved run would be another "
+                "model; register such tensors with register_buffer(name, tensor) or draw them from a fixed "
+                "torch.Generator"
+            )
+
+    def _check_per_record(self, model: nn.Module) -> None:
+        """Each record's logits must not depend on the other records of its batch (eval mode): two different
+        records together and each alone. dpaudit evaluates models in batches and scores every record on its own,
+        and per-example clipping needs each example's loss to be a function of that example alone (a batch mean
+        in the forward pass makes the trained function differ from the clipped one). Not tested: a model that
+        cannot take these records alone, or whose outputs are random in eval mode."""
+        pair = self._two_records()
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                together = model(pair)
+                alone = [torch.cat([model(pair[:1]), model(pair[1:])]) for _ in range(2)]
+        except Exception:  # e.g. token id 1 beyond a vocabulary of one, a model on the meta device
+            return
+        finally:
+            model.train(was_training)
+        if together.is_meta or alone[0].shape != together.shape or not torch.equal(alone[0], alone[1]):
+            return
+        # float32 rounding differs between batch sizes (other kernels) by ~1e-6 relative; mixing moves O(1)
+        if (together - alone[0]).abs().max() > 1e-3 * (1 + alone[0].abs().max()):
+            raise InputError(
+                f"model factory {self.factory}: a record's logits depend on the other records of its batch (in eval "
+                "mode: a mean or other statistic over the batch dimension?); dpaudit scores each record on its own "
+                "and per-example clipping needs each example's loss to depend on that example alone: compute "
+                "statistics per record (LayerNorm, GroupNorm)"
+            )
+
+
+def looks_like_probabilities(out: torch.Tensor) -> bool:
+    """Whether every row of a model's outputs ``(B, K)`` lies in [0, 1] and sums to 1 (to 1e-5: float32
+    rounding of a softmax is ~1e-7), i.e. the model ends with a softmax. Logits doing so by chance would
+    need K random scores to sum to 1 to 1e-5 in every row."""
+    if out.ndim != 2 or out.is_meta:  # a model built on the meta device (sizes only) has no values
+        return False
+    out = out.detach().double()
+    sums = out.sum(1)
+    return bool(((out >= 0) & (out <= 1)).all() and ((sums - 1).abs() <= 1e-5).all())
 
 
 def load_factory(path: str):
@@ -386,6 +474,7 @@ def read_model_spec(path: str | Path, *, tokens: bool = False) -> ModelSpec:
         spec = model_spec_from_dict(d)
         if isinstance(spec, PythonSpec):
             spec.build()  # the factory's failures surface now, before any data is read or trained on
+            spec.check_state_dict_is_the_model()
         return spec
     except InputError as e:
         raise InputError(f"{path}: {e}") from None
@@ -474,6 +563,61 @@ def check_private_layers(model: nn.Module) -> None:
                 "running mean and variance average the training batches and are saved with the model without "
                 "noise (no DP claim covers them); use track_running_stats=False, GroupNorm or LayerNorm"
             )
+
+
+def check_full_precision(
+    params: list[torch.Tensor],
+    remedy: str = "keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and backward "
+    "passes in bfloat16)",
+) -> None:
+    """Refuse trainable parameters in a low-precision floating dtype (bfloat16, float16) for private
+    training: per-example norms, clip factors, the clipped sum and the noise would all be computed in
+    that dtype, and a clipped gradient can then exceed C (by ~0.5% in bfloat16: 8 mantissa bits), which
+    the sensitivity bound of the DP claim does not allow (Abadi et al. 2016, Alg. 1 needs ‖ḡ_i‖ ≤ C)."""
+    low = next((p.dtype for p in params if p.dtype not in (torch.float32, torch.float64)), None)
+    if low is not None:
+        raise InputError(
+            f"the model's parameters are {str(low).removeprefix('torch.')}: per-example norms and the clipped "
+            "sum in it let a clipped gradient exceed C (by ~0.5% in bfloat16), which the DP claim does not "
+            f"allow; {remedy}"
+        )
+
+
+class ParameterWatch:
+    """Catches a model whose training forward or backward pass modifies a parameter in place
+    (``F.embedding(..., max_norm=...)`` renormalising the looked-up rows, a clamp or a normalisation of a
+    weight inside ``forward``): DP-SGD's analysis covers θ_{t+1} = θ_t − η·(Σ_i clip(g_i) + N(0, σ²C²I))/B
+    only (Abadi et al. 2016, Alg. 1), so a change of θ made from the batch outside that update is released
+    without noise, and one made from θ alone cannot be told apart from it here. Frozen parameters
+    (``requires_grad=False``, a fine-tuned model's backbone) are saved with the model too: watched alike.
+
+    Two signals: every in-place tensor op bumps the parameter's version counter (the one autograd's
+    in-place correctness checks use, PyTorch docs "Autograd mechanics"; read as ``Tensor._version``, None
+    if a torch lacks it), also under ``no_grad`` and through ``detach()`` (cheap, read on every call); a
+    write through ``.data`` does not, so the first call also compares the values of the trainable ones with
+    a copy taken before it (once: one copy of the trained parameters; a frozen backbone is not copied)."""
+
+    def __init__(self, params: list[torch.Tensor], *, copy_values: bool) -> None:
+        self.params = params
+        self.versions = [getattr(p, "_version", None) for p in params]
+        self.values = [p.detach().clone() if p.requires_grad else None for p in params] if copy_values else None
+
+    def check(self, model: nn.Module, during: str = "the training forward or backward pass") -> None:
+        """Raise :class:`InputError` naming the first parameter of ``model`` that changed ``during`` what."""
+        if self.values is None and [getattr(p, "_version", None) for p in self.params] == self.versions:
+            return  # the per-step path: one list comparison
+        for i, p in enumerate(self.params):
+            moved = getattr(p, "_version", None) != self.versions[i]
+            if not moved and self.values is not None and self.values[i] is not None:
+                moved = not torch.equal(p.detach(), self.values[i])
+            if moved:
+                name = next((n for n, q in model.named_parameters() if q is p), f"#{i}")
+                raise InputError(
+                    f"parameter {name} was modified in place during {during} (e.g. F.embedding(..., max_norm=...), "
+                    "or a weight clamped or renormalised in forward): DP-SGD noises only its own update, so a "
+                    "change made there is released without noise (no DP claim covers it); remove it, or apply a "
+                    "weight-only constraint after the optimizer step"
+                )
 
 
 def released_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

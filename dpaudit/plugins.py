@@ -151,7 +151,9 @@ def reference_size_note(fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, sp
         raise InputError(f"the reference size {reference_size} must exceed the smaller neighbour's {n} records")
 
     def weights(size: int) -> dict[str, Any]:
-        return call_trainer(fn, X, y, seed, spec, name=name, reference_size=size).state_dict()
+        # Each call gets its own copy: a trainer may shuffle or rescale its records in place, and the calls
+        # must differ in reference_size alone.
+        return call_trainer(fn, X.copy(), y.copy(), seed, spec, name=name, reference_size=size).state_dict()
 
     def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return all(bool((a[k] == b[k]).all()) for k in a)
@@ -196,9 +198,10 @@ def call_trainer(
     except Exception as e:
         raise InputError(f"trainer {name} failed (seed {seed}): {first_line(e)}") from e
     if not isinstance(state, Mapping):
+        hint = "; return model.state_dict()" if hasattr(state, "state_dict") else ""
         raise InputError(
             f"trainer {name} returned a {type(state).__name__}; expected a state dict (a mapping of parameter "
-            "names to arrays)"
+            f"names to arrays){hint}"
         )
     model = build_model(spec)
     try:

@@ -79,6 +79,7 @@ device- and dtype-agnostic (float32/float64, CPU/CUDA); nothing leaves the devic
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -96,7 +97,13 @@ from torch.nn import functional as F
 from torch.nn.grad import conv2d_weight
 
 from dpaudit.errors import InputError
-from dpaudit.models import check_buffers_unchanged, check_private_layers, released_buffers
+from dpaudit.models import (
+    ParameterWatch,
+    check_buffers_unchanged,
+    check_full_precision,
+    check_private_layers,
+    released_buffers,
+)
 from dpaudit.training.config import CLIPPING
 from dpaudit.validation import check_choice, check_positive
 
@@ -201,14 +208,8 @@ class Clipper(ABC):
         self.params = trainable_parameters(model)
         if not self.params:
             raise InputError("the model has no trainable parameters")
-        low = next((p.dtype for p in self.params if p.dtype not in (torch.float32, torch.float64)), None)
-        if low is not None:  # norms, clip factors, the sum and the noise would all be computed in that dtype
-            raise InputError(
-                f"the model's parameters are {str(low).removeprefix('torch.')}: per-example norms and the clipped "
-                "sum in it let a clipped gradient exceed C (by ~0.5% in bfloat16), which the DP claim does not "
-                "allow; keep the parameters in float32 (autocast='bf16', --autocast bf16, runs the forward and "
-                "backward passes in bfloat16)"
-            )
+        check_full_precision(self.params)
+        self._watched = list(model.parameters())  # trainable and frozen: ParameterWatch on every call
         self._valid = 0  # real rows of the batch being clipped (set per call)
         self._buffers_checked = False  # the first call checks that no released buffer learns from the data
 
@@ -234,6 +235,7 @@ class Clipper(ABC):
                 norms=torch.zeros(0, dtype=self.params[0].dtype, device=self.params[0].device),
             )
         self._valid = valid
+        watch = ParameterWatch(self._watched, copy_values=not self._buffers_checked)
         if self._buffers_checked:
             out = self._compute(x, y, clip)
         else:  # a running statistic in the state dict would be released without noise
@@ -241,6 +243,7 @@ class Clipper(ABC):
             out = self._compute(x, y, clip)
             check_buffers_unchanged(self.model, before, x)
             self._buffers_checked = True
+        watch.check(self.model)
         return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
 
     def _clip_factors(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
@@ -2322,20 +2325,26 @@ class AutoClipper(Clipper):
         for cls in (GhostClipper, VmapClipper, LoopClipper):
             impl = cls(self.model, autocast=self.autocast)
             impl._valid = self._valid
-            try:
-                if isinstance(impl, GhostClipper):
-                    impl.plan_ = impl._make_plan(x, y)
-                    if not any(u.handler is not None for u in impl.plan_.units):
-                        self.tried_.append("ghost: no layer has a ghost-norm rule")
-                        impl.close()
-                        continue
-                out = impl._compute(x, y, clip)
-            except torch.OutOfMemoryError:
-                raise
-            except (InputError, RuntimeError, ValueError, TypeError, IndexError) as e:
-                self.tried_.append(f"{cls.method}: {_first_line(e)}")
-                impl.close()
-                continue
+            # A probe's warnings (torch's "no batching rule" note from a vmap that then fails) are said only
+            # if the method is chosen: a user never runs the others.
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                try:
+                    if isinstance(impl, GhostClipper):
+                        impl.plan_ = impl._make_plan(x, y)
+                        if not any(u.handler is not None for u in impl.plan_.units):
+                            self.tried_.append("ghost: no layer has a ghost-norm rule")
+                            impl.close()
+                            continue
+                    out = impl._compute(x, y, clip)
+                except torch.OutOfMemoryError:
+                    raise
+                except (InputError, RuntimeError, ValueError, TypeError, IndexError) as e:
+                    self.tried_.append(f"{cls.method}: {_first_line(e)}")
+                    impl.close()
+                    continue
+            for w in said:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self.chosen_ = impl
             return out
         raise InputError(

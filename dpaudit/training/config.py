@@ -139,6 +139,14 @@ class PerfConfig:
             check_choice(("bf16",), autocast=self.autocast)
         check_choice(CLIPPING, clipping=self.clipping)
         check_choice(BACKENDS, backend=self.backend)
+        if self.backend == "jax":  # jax_backend clips with its own ghost norms, at XLA's float32 PRECISION
+            if self.autocast is not None:
+                raise InputError("--autocast applies to --backend torch only (the JAX backend computes in float32)")
+            if self.clipping != "auto":
+                raise InputError(
+                    f"--clipping {self.clipping} applies to --backend torch only "
+                    "(the JAX backend computes its own per-example norms)"
+                )
         if self.max_physical_batch is not None:
             check_positive_int(max_physical_batch=self.max_physical_batch)
 
@@ -212,6 +220,7 @@ OPTION_READERS: dict[str, tuple[str, ...]] = {
     "secure_noise": (*DPSGD_ALGOS, *PERTURBATION_ALGOS, *DPAGD_ALGOS),
     "jl_projections": ("dpsgd-jl", "dpadam-jl"),
     "clipping": ("dpsgd", "dpadam"),  # exact per-example clipping; the -jl trainers estimate norms (JLClipper)
+    "autocast": ("dpsgd", "dpadam"),  # the exact clippers' bf16 forward/backward (not JL's jvp, not sgd/adam)
     "whitebox_canaries": DPSGD_ALGOS,
     "canaries": TRAINER_ALGOS,
     "canary_kind": TRAINER_ALGOS,

@@ -678,7 +678,7 @@ class JaxTrainer(Trainer):
             return self._fit(model, X, y, progress)
 
     def _fit(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, progress: Progress) -> TrainOutcome:
-        from dpaudit.models import check_private_layers
+        from dpaudit.models import check_full_precision, check_private_layers
         from dpaudit.training.dpsgd import poisson_sampler, privacy_claim, shuffle_sampler
         from dpaudit.validation import check_positive
 
@@ -689,6 +689,15 @@ class JaxTrainer(Trainer):
         if config.batch_size > n:
             raise InputError(f"batch size {config.batch_size} is larger than the training set ({n} records)")
         check_private_layers(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if self.private:
+            check_full_precision(trainable, "convert the model with .float() (the JAX backend computes in float32)")
+        elif any(p.dtype not in (torch.float32, torch.float64) for p in trainable):
+            low = next(p.dtype for p in trainable if p.dtype not in (torch.float32, torch.float64))
+            raise InputError(
+                f"--backend jax trains float32 or float64 parameters, not {str(low).removeprefix('torch.')}; "
+                "convert the model with .float()"
+            )
         apply = jax_forward(model)
         params = params_from_torch(model)
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))

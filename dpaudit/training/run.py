@@ -27,7 +27,7 @@ from dpaudit.data import (
 )
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.models import ModelSpec, build_model, check_private_layers
+from dpaudit.models import ModelSpec, ParameterWatch, build_model, check_private_layers
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
@@ -686,6 +686,8 @@ def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[
     train_loss, hold_loss, p_value = float(member_loss.mean()), float(holdout_loss.mean()), float(u.pvalue)
     suspicious = bool(train_loss >= hold_loss or auc <= 0.5)
     fit_warnings = _fit_warnings(dataset.y[splits.members], train["accuracy"], train_loss)
+    predicted = fitted.logits(dataset.view(splits.members)).argmax(1)
+    fit_warnings += _label_order_warning(dataset.y[splits.members], predicted, dataset.n_classes, dataset.classes)
     stats = (
         f"mean loss {train_loss:.4g} on the {len(member_loss)} declared members vs {hold_loss:.4g} on the "
         f"{len(holdout_loss)} holdout records; a member's loss is lower with probability {auc:.3f} "
@@ -776,6 +778,44 @@ def _fit_warnings(
             f"of predicting the class frequencies without looking at the features: {question}"
         )
     return out
+
+
+def _label_order_warning(y: np.ndarray, predicted: np.ndarray, n_classes: int, classes: np.ndarray | None) -> list[str]:
+    """A warning when the model's outputs match the labels far better in another order than dpaudit's (output
+    i is the i-th smallest label): a model trained with its own label numbering ("dog" = 0, "cat" = 1, or
+    SVHN's 10 for the digit 0), which every loss and attack would otherwise read with the classes swapped.
+
+    The best order is the assignment of outputs to classes with the most agreements on these records
+    (``scipy.optimize.linear_sum_assignment``, Kuhn 1955) — chosen on the records it is measured on, so
+    optimistic — and is reported only when it gains at least :data:`LABEL_ORDER_GAIN` accuracy and is
+    significantly above chance (the same binomial test as :func:`_fit_warnings`). A warning, never a verdict."""
+    from scipy.optimize import linear_sum_assignment
+    from scipy.stats import binom
+
+    n = len(y)
+    if n == 0:
+        return []
+    agree = np.zeros((n_classes, n_classes))
+    np.add.at(agree, (np.asarray(predicted), np.asarray(y)), 1)  # agree[o, c]: output o on a record of class c
+    outputs, labels = linear_sum_assignment(-agree)
+    best, as_read = float(agree[outputs, labels].sum()), float(np.trace(agree))
+    chance = float((np.bincount(y, minlength=n_classes) / n).max())
+    if (best - as_read) / n < LABEL_ORDER_GAIN or binom.sf(best - 1, n, chance) >= MEMBER_CHECK_ALPHA:
+        return []
+    names = [str(c) for c in (classes if classes is not None else range(n_classes))]
+    moved = [f"output {o} as {names[c]!r}" for o, c in zip(outputs, labels, strict=True) if o != c]
+    shown = ", ".join(moved[:4]) + (", …" if len(moved) > 4 else "")
+    return [
+        f"the model's outputs match the labels of its {n} declared training records far better in another order: "
+        f"{as_read / n:.1%} accuracy with output i read as the i-th smallest label ({', '.join(names[:6])}"
+        f"{', …' if len(names) > 6 else ''}), {best / n:.1%} reading {shown}; dpaudit reads output i as the i-th "
+        "smallest label, so relabel the data to follow the model's outputs (every loss and attack reads the "
+        "classes as dpaudit numbers them)"
+    ]
+
+
+# Accuracy gained by the best order of the classes (see _label_order_warning) before it is reported.
+LABEL_ORDER_GAIN = 0.25
 
 
 def _sha256_file(path: Path) -> str:
@@ -882,8 +922,13 @@ def import_run(
     load_state_into(model, state, str(weights))
     model.eval()
     fitted = FittedModel(outcome=TrainOutcome(model=model, privacy=None), preprocessing=pre, device=torch.device("cpu"))
+    # A claim also needs a forward that leaves the weights alone (F.embedding's max_norm renormalises rows in
+    # place in eval mode too): seen on this first evaluation, as the clippers see it during training.
+    watch = ParameterWatch(list(model.parameters()), copy_values=True) if claim is not None else None
     if not np.all(np.isfinite(fitted.logits(dataset.view(splits.members[:256])))):
         raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
+    if watch is not None:
+        watch.check(model, during="a forward pass of the imported model (its training ran the same forward)")
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
         warnings.append(check["note"])

@@ -90,6 +90,9 @@ def audit_score_file(path: Path, *, design: str = "membership", trust_design: bo
         )
     result = audit_scores(scores.score, scores.member, design=design, **audit_kwargs)
     details = {**result.details, "score_file_source": scores.source}
+    inverted = _inverted_note(scores) if audit_kwargs.get("alternative", "greater") == "greater" else None
+    if inverted is not None:
+        result = dataclasses.replace(result, notes=(inverted, *result.notes))
     if not contradicted:
         return dataclasses.replace(result, details=details)
     note = (
@@ -99,6 +102,30 @@ def audit_score_file(path: Path, *, design: str = "membership", trust_design: bo
     )
     details["design_declared_by_user"] = True
     return dataclasses.replace(result, notes=(note, *result.notes), details=details)
+
+
+# Level of the test that the members' scores are lower than the non-members' (see _inverted_note).
+INVERTED_ALPHA = 0.01
+
+
+def _inverted_note(scores: ScoreFile) -> str | None:
+    """A note when the members' scores are significantly *lower* than the non-members' (one-sided Mann–Whitney
+    test, Mann & Whitney 1947, at :data:`INVERTED_ALPHA`): scores read as higher = member, so a file of losses
+    (lower = member, the convention of the loss attack, Yeom et al. 2018) audits as no leakage at all. The audit
+    itself is unchanged (a one-sided test chosen before the data); flipping the sign after seeing this is a
+    choice made on the data, which ``--two-sided`` pays for (α/2 per direction)."""
+    from scipy.stats import mannwhitneyu
+
+    member = scores.member.astype(bool)
+    u = mannwhitneyu(scores.score[member], scores.score[~member], alternative="less")
+    if u.pvalue >= INVERTED_ALPHA:
+        return None
+    auc = float(u.statistic) / (member.sum() * (~member).sum())  # P(member's score > non-member's), ties 1/2
+    return (
+        f"the members' scores are lower than the non-members' (P(member > non-member) = {auc:.3f}, one-sided "
+        f"Mann–Whitney p = {u.pvalue:.2g}), but scores are read as higher = member: if these are losses, give "
+        "their negatives as the score; if the direction is not known in advance, rerun with --two-sided"
+    )
 
 
 _DESIGN_WORDS = {

@@ -106,3 +106,21 @@ def test_the_readme_sequence_is_refused():
         args = ["audit", "scores", str(path), "--design", "multi-run", "--claimed-epsilon", "1", "--fail-on-violation"]
         res = runner.invoke(app, args)
     assert res.exit_code == 2 and "written by `dpaudit attack mia`" in res.output, res.output
+
+
+def test_losses_given_as_scores_are_noted(tmp_path):
+    """A user's file of losses (lower = member) audits as no leak under higher = member, silently; the result now
+    says the members score lower and how to state the direction. The verdict is the one-sided test's, unchanged."""
+    a = _attack("x")
+    path = tmp_path / "losses.csv"
+
+    def write(scores):
+        rows = "".join(f"{int(m)},{float(s)!r}\n" for m, s in zip(a.member, scores, strict=True))
+        path.write_text("member,score\n" + rows)
+
+    write(-a.scores)  # members' losses are 3 sd lower
+    r = audit_score_file(path, design="multi-run", claimed_epsilon=1.0)
+    assert r.verdict == "consistent" and "the members' scores are lower than the non-members'" in r.notes[0]
+    assert not any("members' scores are lower" in n for n in audit_score_file(path, alternative="two-sided").notes)
+    write(a.scores)
+    assert not any("members' scores are lower" in n for n in audit_score_file(path, design="multi-run").notes)

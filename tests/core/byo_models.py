@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 NOT_CALLABLE = 3
@@ -29,6 +30,23 @@ def with_batchnorm(d: int, n_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(d, 8), nn.BatchNorm1d(8), nn.Linear(8, n_classes))
 
 
+class ClampsInForward(nn.Module):
+    """Clamps its weight in place in every forward call (training and evaluation alike)."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, n_classes)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight.clamp_(-1.0, 1.0)
+        return self.lin(x)
+
+
+def clamps_in_forward(d: int, n_classes: int) -> nn.Module:
+    return ClampsInForward(d, n_classes)
+
+
 def not_a_module(d: int, n_classes: int):
     return {"weight": [0.0] * d}
 
@@ -39,6 +57,67 @@ def wrong_logits(d: int, n_classes: int) -> nn.Module:
 
 def raises(d: int, n_classes: int) -> nn.Module:
     raise RuntimeError("out of coffee")
+
+
+def softmax_head(d: int, n_classes: int) -> nn.Module:
+    """Ends with a softmax: probabilities, not logits."""
+    return nn.Sequential(nn.Linear(d, n_classes), nn.Softmax(dim=1))
+
+
+def log_softmax_head(d: int, n_classes: int) -> nn.Module:
+    """Ends with a log-softmax: logits up to a per-row constant, which the softmax cancels."""
+    return nn.Sequential(nn.Linear(d, n_classes), nn.LogSoftmax(dim=1))
+
+
+def one_logit(d: int, n_classes: int) -> nn.Module:
+    """A binary classifier with one logit (for BCEWithLogitsLoss)."""
+    return nn.Linear(d, 1)
+
+
+class LogitsAndFeatures(nn.Module):
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(d, 8), nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.head(h), h
+
+
+def logits_and_features(d: int, n_classes: int) -> nn.Module:
+    return LogitsAndFeatures(d, n_classes)
+
+
+class BatchCentred(nn.Module):
+    """Centres its hidden features on the batch mean: a record's logits depend on the rest of its batch."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(d, 8), nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        h = self.body(x).tanh()
+        return self.head(h - h.mean(0, keepdim=True))
+
+
+def batch_centred(d: int, n_classes: int) -> nn.Module:
+    return BatchCentred(d, n_classes)
+
+
+class RandomProjection(nn.Module):
+    """A fixed random projection kept as a plain tensor attribute: not in the state dict, drawn anew each build."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.proj = torch.randn(d, 8)
+        self.head = nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        return self.head((x @ self.proj).tanh())
+
+
+def random_projection(d: int, n_classes: int) -> nn.Module:
+    return RandomProjection(d, n_classes)
 
 
 def train_residual(X, y, seed: int):

@@ -172,6 +172,13 @@ def test_other_attacks_load_a_factory_run(trained_run):
         ("tests.core.byo_models:not_a_module", "returned a dict; expected a torch.nn.Module"),
         ("tests.core.byo_models:wrong_logits", "gives output [2, 3]; expected logits of shape [2, 2]"),
         ("tests.core.byo_models:raises", "failed: RuntimeError: out of coffee"),
+        ("tests.core.byo_models:softmax_head", "its outputs are probabilities"),
+        ("tests.core.byo_models:one_logit", "the two logits torch.cat([torch.zeros_like(z), z], dim=1)"),
+        ("tests.core.byo_models:logits_and_features", "gives output tuple; expected logits"),
+        # DP-SGD fell back to a vmap that clips a different function than the one trained and scored
+        ("tests.core.byo_models:batch_centred", "a record's logits depend on the other records of its batch"),
+        # a saved run reloaded as another model (56% vs 90% train accuracy on a user's data), attacked silently
+        ("tests.core.byo_models:random_projection", "built twice and loaded with the same state dict, the model"),
         ("no colon", "expected a model factory as 'package.module:function'"),
     ],
 )
@@ -195,6 +202,24 @@ def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
     assert not (tmp_path / "dp").exists()
     r = invoke("train", "--data", npz, "--model-spec", spec, "--algo", "sgd", "--epochs", 1, "--out", tmp_path / "sgd")
     assert r.exit_code == 0, r.output  # non-private training makes no per-example claim
+
+
+def test_a_forward_that_modifies_a_parameter_is_refused_under_a_dp_claim_only(npz, tmp_path):
+    """Training under DP and an import with a DP claim: one line naming the parameter (its forward changes the
+    weights outside the noisy update); non-private training and a claimless import go on."""
+    spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:clamps_in_forward")
+    args = ("--data", npz, "--model-spec", spec, "--epochs", 1)
+    r = invoke("train", *args, "--algo", "dpsgd", "--epsilon", 4, "--out", tmp_path / "dp")
+    assert "parameter lin.weight was modified in place during the training forward" in one_error(r)
+    assert not (tmp_path / "dp").exists()
+    assert invoke("train", *args, "--algo", "sgd", "--out", tmp_path / "sgd").exit_code == 0
+    (tmp_path / "members.txt").write_text("\n".join(map(str, range(200))))
+    weights = tmp_path / "sgd" / "model.safetensors"
+    base = ("import", weights, "--model-spec", spec, "--data", npz, "--members", tmp_path / "members.txt")
+    r = invoke(*base, "--epsilon", 1, "--delta", 1e-5, "--out", tmp_path / "claimed")
+    assert "parameter lin.weight was modified in place during a forward pass of the imported model" in one_error(r)
+    assert not (tmp_path / "claimed").exists()
+    assert invoke(*base, "--out", tmp_path / "plain").exit_code == 0
 
 
 def test_weights_that_do_not_match_the_module_list_the_differences(npz, tmp_path):
@@ -264,6 +289,18 @@ def test_python_spec_validation():
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_probabilities_are_refused_and_log_probabilities_taken():
+    """A softmax head's outputs read as logits give a wrong loss (softmax of probabilities) and so wrong
+    attack scores, silently; a log-softmax differs from the logits by a per-row constant the softmax cancels."""
+    kwargs = {"d": D, "n_classes": K}
+    with pytest.raises(InputError, match="its outputs are probabilities"):
+        PythonSpec(input_shape=(D,), n_classes=K, factory="tests.core.byo_models:softmax_head", kwargs=kwargs).build()
+    spec = PythonSpec(input_shape=(D,), n_classes=K, factory="tests.core.byo_models:log_softmax_head", kwargs=kwargs)
+    x = torch.randn(5, D)
+    out = build_model(spec, seed=0)(x)
+    assert torch.allclose(out.softmax(1).sum(1), torch.ones(5)) and (out < 0).all()
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -281,6 +318,11 @@ def _npy_dir(path: Path, X: np.ndarray, y: np.ndarray) -> Path:
         ({"X": np.zeros((4, 2)), "y": np.array([0, 1, 0])}, "X has 4 rows but y has 3"),
         ({"X": np.zeros((4, 2)), "y": np.array([0.0, 1.5, 0.0, 1.0])}, "labels must be integers"),
         ({"X": np.zeros((4, 2)), "y": np.array(["a", "b", "a", "b"])}, "labels must be integers, got dtype <U1"),
+        (
+            {"X": np.zeros((4, 2)), "y": np.array([[0], [1], [0], [1]])},
+            "got shape (4, 1): one label per record, y.ravel()",
+        ),
+        ({"X": np.zeros((4, 2)), "y": np.eye(2)[[0, 1, 0, 1]]}, "it looks one-hot; give the class indices, y.argmax"),
     ],
 )
 def test_bad_npz(tmp_path, arrays, message):

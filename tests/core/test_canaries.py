@@ -80,3 +80,25 @@ def test_crafted_needs_the_public_split(digits):
     no_aux = dataclasses.replace(splits, aux=np.array([], dtype=np.int64))
     with pytest.raises(InputError, match="public auxiliary split"):
         make_canaries(ds, no_aux, m=5, kind="crafted")
+
+
+@pytest.mark.parametrize("labels", [(1, 2), (-1, 1), ("cat", "dog")])
+def test_records_to_insert_carry_the_labels_as_the_data_holds_them(tmp_path, labels):
+    """`canaries make` on data labelled 1/2, -1/1 or cat/dog: insert.npz's labels are the data's own (the user's
+    loop appends them to its labels), and every mislabeled canary's label differs from its record's. Written as
+    class indices 0/1, the canaries of the records labelled 1 (index 0, mislabeled as index 1) read as label 1
+    in a 1/2 loop: their true label, so the audit tested nothing."""
+    from dpaudit.canaries import make_canary_dir
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3)).round(3)
+    y = np.asarray(labels)[rng.integers(0, 2, size=60)]
+    lines = ["a,b,c,label"] + [f"{r[0]},{r[1]},{r[2]},{t}" for r, t in zip(X, y, strict=True)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    make_canary_dir(str(tmp_path / "d.csv"), count=40, kind="mislabeled", out=tmp_path / "c", label_column="label")
+    with np.load(tmp_path / "c" / "insert.npz", allow_pickle=False) as z:
+        Xi, yi = z["X"], z["y"]
+    assert len(yi) > 0 and set(yi.tolist()) <= {*labels}
+    for x, label in zip(Xi, yi, strict=True):  # each inserted record copies a data record, with the other label
+        (row,) = np.flatnonzero(np.all(np.isclose(X, x, atol=1e-6), axis=1))[:1]
+        assert label != y[row]

@@ -137,6 +137,35 @@ def test_data_changed_is_detected(tmp_path):
         load_run(tmp_path / "r").dataset()
 
 
+def test_a_run_reloads_its_relative_data_from_another_working_directory(tmp_path, monkeypatch):
+    """Trained as `cd proj && dpaudit train --data data/d.npz --out runs/r`, audited from elsewhere: the spec
+    as typed is not found from there, so the run reads data.from_run (relative to itself); the sha256 still
+    decides. Before: "cannot reload the run's data: data/d.npz: no such file" unless the user cd'd back."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(120, 3)).astype(np.float32), rng.integers(0, 2, 120)
+    np.savez(proj / "data" / "d.npz", X=X, y=y)
+    monkeypatch.chdir(proj)
+    ds = load_dataset("data/d.npz")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=8), out="runs/r")
+    d = json.loads((proj / "runs" / "r" / CHECKPOINT_FILE).read_text())["data"]
+    assert d["spec"] == "data/d.npz" and d["from_run"] == "../../data/d.npz"
+    monkeypatch.chdir(tmp_path)
+    assert load_run(proj / "runs" / "r").dataset().sha256 == ds.sha256
+    X[0, 0] += 1
+    np.savez(proj / "data" / "d.npz", X=X, y=y)
+    with pytest.raises(CheckpointError, match="changed since training"):  # found there, but not the same data
+        load_run(proj / "runs" / "r").dataset()
+    (proj / "data" / "d.npz").unlink()
+    with pytest.raises(CheckpointError, match=r"cannot reload the run's data: data/d\.npz: no such file"):
+        load_run(proj / "runs" / "r").dataset()
+    # Embedded and absolute specs record no location: nothing to resolve.
+    _, out, _ = _train(tmp_path, "logreg", name="emb", epochs=1)
+    assert "from_run" not in json.loads((out / CHECKPOINT_FILE).read_text())["data"]
+
+
 def test_pickle_refused_and_weights_only_state_dict(tmp_path):
     model = build_model(default_spec("logreg", input_shape=(3,), n_classes=2), seed=0)
     pkl = tmp_path / "m.pkl"
@@ -191,3 +220,83 @@ def test_opacus_grad_sample_module_state_dict_loads(tmp_path):
         fresh = build_model(spec, seed=4)
         load_state_into(fresh, load_weights_file(tmp_path / name), name)
         torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)
+
+
+class _Holder(torch.nn.Module):
+    """A user's module keeping every layer under a child named ``module`` (its names all start ``module.``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+
+    def forward(self, x):
+        return 2 * self.module(x)
+
+
+@pytest.mark.parametrize("make", [_Holder, lambda: torch.compile(_Holder())], ids=["child-named-module", "compiled"])
+def test_a_model_whose_own_names_carry_a_wrapper_prefix_reloads(make, tmp_path):
+    """The weights saved from a model whose every name carries a wrapper prefix (``torch.compile``'s
+    ``_orig_mod.``, a child named ``module``) load back into it: the prefix was stripped from the file's
+    names only, so every run trained from such a factory was written and could not be read again."""
+    from safetensors.torch import save_file
+
+    from dpaudit.checkpoint import load_state_into
+
+    torch.manual_seed(0)
+    trained, fresh = make(), make()
+    state = trained.state_dict()
+    assert all(k.startswith(("module.", "_orig_mod.")) for k in state)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    load_state_into(fresh, load_weights_file(tmp_path / "w.safetensors"), "w")
+    for k, v in state.items():
+        torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0)
+    with pytest.raises(CheckpointError, match=r"missing 2\.bias"):  # a real mismatch is still named
+        load_state_into(fresh, {k: v for k, v in state.items() if not k.endswith("2.bias")}, "w")
+
+
+def test_a_training_loop_checkpoint_names_the_key_to_save(tmp_path):
+    """PyTorch's tutorial checkpoint ({"epoch", "model_state_dict", "optimizer_state_dict", ...}) is refused in
+    one line that names the key holding the weights; a dict of tensors loads."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    torch.save({"epoch": 3, "model_state_dict": model.state_dict(), "optimizer_state_dict": opt.state_dict()},
+               tmp_path / "ckpt.pt")  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"a training checkpoint \(keys epoch, model_state_dict, .*checkpoint\['model_state_dict'\]",
+    ):
+        load_weights_file(tmp_path / "ckpt.pt")
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    assert set(load_weights_file(tmp_path / "w.pt")) == {"weight", "bias"}
+
+
+def test_a_relative_data_path_that_no_longer_resolves_says_where_to_run_from(tmp_path, monkeypatch):
+    """A run records --data as given (and where the data lies from the run folder); with the run folder moved and
+    another working directory, neither names the data (a directory of .npy files then reads as an unknown data
+    name): the error says the path is relative to where it was trained."""
+    (tmp_path / "project" / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "project" / "data" / "X.npy", rng.normal(size=(40, 3)).astype(np.float32))
+    np.save(tmp_path / "project" / "data" / "y.npy", np.arange(40) % 2)
+    monkeypatch.chdir(tmp_path / "project")
+    ds = load_dataset("data")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=8), out=tmp_path / "run")
+    assert load_run(tmp_path / "run").dataset().sha256 == ds.sha256
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").rename(tmp_path / "elsewhere" / "run")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="recorded --data 'data' as given, relative to the directory it was"):
+        load_run(tmp_path / "elsewhere" / "run").dataset()
+
+
+def test_dense_kernels_in_the_jax_layout_are_named_as_such():
+    """A Flax/Keras dense kernel is (in, out): saved as a torch weight untransposed, or under its own name, the
+    one-line error says to transpose it (a square one would load silently: the hint says so too)."""
+    from dpaudit.checkpoint import load_state_into
+
+    model = torch.nn.Linear(5, 3)
+    kernel, bias = model.weight.detach().T.contiguous(), model.bias.detach()
+    for state in ({"weight": kernel, "bias": bias}, {"Dense_0/kernel": kernel, "Dense_0/bias": bias}):
+        with pytest.raises(CheckpointError, match=r"dense kernel is \(in, out\) and torch's Linear weight \(out, in\)"):
+            load_state_into(torch.nn.Linear(5, 3), state, "flax.safetensors")

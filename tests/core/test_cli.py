@@ -369,6 +369,8 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "cloak", "--clip", "2"], "--clip", "cloak"),
         (["--algo", "sgd", "--clipping", "ghost"], "--clipping", "sgd"),  # nothing is clipped
         (["--algo", "dpsgd-jl", "--noise-multiplier", "1", "--clipping", "vmap"], "--clipping", "dpsgd-jl"),
+        (["--algo", "sgd", "--autocast", "bf16"], "--autocast", "sgd"),  # no clipper: nothing runs in bf16
+        (["--algo", "dpsgd-jl", "--noise-multiplier", "1", "--autocast", "bf16"], "--autocast", "dpsgd-jl"),
         # One case per row of OPTION_READERS (a reader added to a row by mistake passed every case above):
         (["--algo", "dpagd", "--epsilon", "1", "--noise-multiplier", "1"], "--noise-multiplier", "dpagd"),
         (["--algo", "objpert", "--epsilon", "1", "--delta", "1e-6"], "--delta", "objpert"),  # pure epsilon

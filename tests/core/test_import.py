@@ -286,6 +286,12 @@ def test_member_file_formats(tmp_path):
     np.testing.assert_array_equal(b, [1, 3, 5])
     with pytest.raises(DataError, match="line 3"):  # only the first line may be a header
         read_member_indices(_write(tmp_path / "h.txt", "index\n1\nindex\n"), 10)
+    mask = np.zeros(10, bool)
+    mask[[1, 3, 5]] = True  # a 0/1 flag per record (an "in_train" column), not indices: was read as indices 0 and 1
+    np.save(tmp_path / "mask.npy", mask)
+    for path in (_write(tmp_path / "mask.txt", "".join(f"{int(v)}\n" for v in mask)), tmp_path / "mask.npy"):
+        with pytest.raises(DataError, match=r"one 0/1 value per record \(10\), a membership mask.*flatnonzero"):
+            read_member_indices(path, 10)
     s = splits_from_members(10, a, seed=0)
     assert s.sizes() == {"members": 3, "holdout": 2, "aux": 2, "test": 3}
     assert s == s and splits_from_members(10, a, seed=0).holdout.tolist() == s.holdout.tolist()  # seeded
@@ -486,3 +492,18 @@ def test_model_spec_doc_examples_are_right():
 def test_import_help_points_to_the_docs():
     r = invoke("import", "--help")
     assert r.exit_code == 0 and "docs/model-spec.md" in r.output and "40%" in r.output
+
+
+def test_a_per_channel_scaler_normalises_each_channel_of_images():
+    """torchvision's Normalize(mean, std) for CIFAR-shaped images: one value per channel, applied to every
+    pixel of that channel; any other count than C or C*H*W is refused naming both."""
+    from dpaudit.data import standardizer_from_json
+    from dpaudit.errors import InputError
+
+    mean, std = [0.5, 0.25, 0.125], [2.0, 4.0, 8.0]
+    pre = standardizer_from_json({"mean": mean, "scale": std}, (3, 2, 2), "scaler.json")
+    x = np.arange(2 * 12, dtype=np.float32).reshape(2, 3, 2, 2)
+    expected = (x - np.array(mean, np.float32)[:, None, None]) / np.array(std, np.float32)[:, None, None]
+    np.testing.assert_array_equal(pre.transform(x), expected)
+    with pytest.raises(InputError, match=r"'mean' has 2 values but the data has 12 features \(or 3, one per channel\)"):
+        standardizer_from_json({"mean": [0, 0], "scale": [1, 1]}, (3, 2, 2), "scaler.json")

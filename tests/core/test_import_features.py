@@ -187,3 +187,16 @@ def test_member_check_says_inconclusive_when_its_test_is_not_significant():
     assert check["p_value"] < 0.05 and check["outcome"] == "consistent"
     assert check["note"].startswith("the declared members look like training records")
     assert check["fit_warnings"] == []
+
+
+def test_a_model_trained_with_its_own_label_order_is_warned_about(model, tmp_path):
+    """The user's loop numbered the classes its own way (here: the labels swapped, as "benign" = 0 would be):
+    every loss and attack would read the classes swapped; the import says so and names the order that fits."""
+    flipped = model["df"].assign(target=1 - model["df"]["target"])
+    out = tmp_path / "flipped"
+    r = _import(model, _csv(model, "flipped.csv", flipped), out)
+    assert r.exit_code == 0, r.output
+    assert "match the labels of its 300 declared training records far better in another order" in r.stderr
+    assert "reading output 0 as '1', output 1 as '0'" in r.stderr
+    check = json.loads((out / CHECKPOINT_FILE).read_text())["import"]["member_check"]
+    assert check["train_accuracy"] < 0.1 and check["outcome"] != "consistent"

@@ -277,6 +277,38 @@ def test_unsupported_algo_is_refused():
         jb.JaxTrainer(TrainConfig(algo="nonsense"), PerfConfig(backend="jax"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("algo", ["sgd", "dpsgd"])
+def test_low_precision_parameters_are_refused_in_one_line(dtype, algo):
+    """Before: float16 failed inside jnp.asarray (ValueError), bfloat16 in .numpy() (TypeError): tracebacks.
+    Private: the clipper's reason (norms in that dtype let a clipped gradient exceed C)."""
+    from dpaudit.errors import InputError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).to(dtype)
+    x, y = torch.randn(16, 4).to(dtype), torch.randint(0, 3, (16,))
+    dp = DPConfig(noise_multiplier=1.0, clip=1.0) if algo == "dpsgd" else None
+    config = TrainConfig(algo=algo, steps=1, batch_size=8, dp=dp)
+    want = "clipped gradient exceed C.*with .float" if dp else "--backend jax trains float32 or float64"
+    with pytest.raises(InputError, match=want):
+        jb.JaxTrainer(config, PerfConfig(backend="jax")).fit(model, x, y)
+
+
+@pytest.mark.parametrize(
+    ("perf", "message"),
+    [
+        ({"autocast": "bf16"}, "--autocast applies to --backend torch only"),
+        ({"clipping": "loop"}, "--clipping loop applies to --backend torch only"),
+    ],
+)
+def test_torch_only_performance_options_are_refused_with_the_jax_backend(perf, message):
+    """Before: silently ignored (a user comparing --clipping methods under JAX measured one method twice)."""
+    from dpaudit.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        PerfConfig(backend="jax", **perf)
+    PerfConfig(backend="jax", clipping="auto")  # the default, typed, is what JAX does
+
+
 # --- JL projections --------------------------------------------------------------------------------
 
 

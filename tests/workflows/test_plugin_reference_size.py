@@ -62,6 +62,15 @@ def divides_by_len(X, y, seed, *, reference_size):
     return _dpsgd(X, y, seed, q=SAMPLE_RATE, divisor=SAMPLE_RATE * len(X))
 
 
+def q_from_len_shuffles_in_place(X, y, seed, *, reference_size):
+    """Planted mistake q = B / len(X), in a loop that shuffles its records in place (as hand-written loops do):
+    each of the check's calls must get the records as they were, or the orders differ and hide the mistake."""
+    CALLS.append(("q_from_len_shuffles_in_place", len(X), reference_size))
+    perm = np.random.default_rng(seed).permutation(len(X))
+    X[:], y[:] = X[perm], y[perm]
+    return _dpsgd(X, y, seed, q=BATCH / len(X), divisor=BATCH)
+
+
 def no_keyword(X, y, seed):
     return _dpsgd(X, y, seed, q=BATCH / len(X), divisor=BATCH)
 
@@ -72,7 +81,7 @@ def digits():
     return ds, default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
 
 
-@pytest.mark.parametrize("trainer", [q_from_len, divides_by_len])
+@pytest.mark.parametrize("trainer", [q_from_len, divides_by_len, q_from_len_shuffles_in_place])
 def test_len_x_trainers_are_reported(digits, trainer):
     ds, spec = digits
     X, y = ds.X[:50].astype(np.float32), ds.y[:50].astype(np.int64)

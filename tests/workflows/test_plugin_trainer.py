@@ -68,6 +68,14 @@ def not_a_mapping(X, y, seed):
     return [np.zeros((10, 64)), np.zeros(10)]
 
 
+def returns_the_module(X, y, seed):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+
+
+def returns_a_flax_tree(X, y, seed):
+    return {"params": {"Dense_0": {"kernel": np.zeros((64, 10), np.float32), "bias": np.zeros(10, np.float32)}}}
+
+
 def crashing(X, y, seed):
     raise RuntimeError("out of memory on the tiny GPU")
 
@@ -243,6 +251,12 @@ def test_the_projects_package_wins_over_an_installed_one_of_the_same_name(tmp_pa
         (wrong_names, "missing 1.bias, 1.weight; unexpected b, w"),
         (wrong_shape, "1.weight has shape [10, 63], expected [10, 64]"),
         (not_a_mapping, "returned a list; expected a state dict"),
+        (
+            returns_the_module,
+            "returned a Sequential; expected a state dict (a mapping of parameter names to arrays); "
+            "return model.state_dict()",
+        ),
+        (returns_a_flax_tree, "'params' holds a nested mapping (a JAX/Flax parameter tree?)"),
         (crashing, "failed (seed 7): RuntimeError: out of memory"),
         (diverging, "non-finite weights in 1.weight"),
     ],
