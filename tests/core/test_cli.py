@@ -1,3 +1,4 @@
+import inspect
 import json
 import subprocess
 import sys
@@ -392,6 +393,27 @@ def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option
     assert r.exit_code == 2 and len(lines) == 1, r.output
     assert lines[0].startswith(f"error: {option} does not apply to --algo {algo} ("), lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"algo": "sgd", "noise_multiplier": 1.0}, "--noise-multiplier"),
+        ({"algo": "dpsgd", "noise_multiplier": 1.0, "claim": "data-dependent"}, "--claim"),
+        ({"algo": "sgd", "keep_private_diagnostics": True}, "--keep-private-diagnostics"),
+    ],
+)
+def test_a_python_caller_is_refused_an_option_the_algorithm_does_not_read(tmp_path, options, option):
+    # train_from_options without `given` (a Python caller, no click): an option away from its default counts as given.
+    # Planted: that merge dropped, --claim or --keep-private-diagnostics left out of it -> fails.
+    from dpaudit.errors import InputError
+    from dpaudit.workflows.runs import train_from_options
+
+    defaults = {p.name: p.default for p in typer.main.get_command(app).commands["train"].params}
+    kw = {name: defaults[name] for name in inspect.signature(train_from_options).parameters if name in defaults}
+    with pytest.raises(InputError, match=rf"^{option} does not apply to --algo {options['algo']} "):
+        train_from_options(**{**kw, "out": tmp_path / "never", **options})
+    assert not (tmp_path / "never").exists()
 
 
 def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_the_registry(tmp_path):
