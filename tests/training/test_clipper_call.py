@@ -1,0 +1,118 @@
+"""The checks every :class:`~dpaudit.training.clipping.Clipper` runs around ``_compute`` (``__init__``,
+``__call__``, ``_clip_factors``): bad batches and bad ``valid`` refused with one line, padding refused
+by a method that does not pad, the empty batch, the padding rows' clip factor exactly 0, and the real-row
+count of a padded batch read afresh on every call. Each test is one tiny float64 linear model (a few ms);
+written to kill the mutants of these methods that the rest of the fast tier let survive."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dpaudit.errors import InputError
+from dpaudit.training.clipping import LoopClipper, clip_factors, make_clipper
+from dpaudit.training.jl import JLClipper
+
+N = 5
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 2)).double()
+
+
+def _batch(n: int = N) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 3, generator=g, dtype=torch.float64), torch.randint(0, 2, (n,), generator=g)
+
+
+def _oracle(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Σ_i c_i g_i and ‖g_i‖ by plain autograd one example at a time, c_i = 1/max(1, ‖g_i‖/C)
+    (Abadi et al. 2016, arXiv:1607.00133, Alg. 1)."""
+    params = list(model.parameters())
+    per = [
+        torch.autograd.grad(nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]), params)
+        for i in range(len(x))
+    ]
+    norms = torch.stack([torch.sqrt(sum(g.square().sum() for g in gs)) for gs in per])
+    c = clip_factors(norms, clip)
+    return [sum(ci * gs[k] for ci, gs in zip(c, per, strict=True)) for k in range(len(params))], norms
+
+
+def test_a_model_without_trainable_parameters_is_refused():
+    model = _model().requires_grad_(False)
+    for method in ("loop", "vmap", "ghost", "auto"):
+        with pytest.raises(InputError, match=r"^the model has no trainable parameters$"):
+            make_clipper(model, method)
+
+
+@pytest.mark.parametrize("method", ["loop", "vmap", "ghost"])
+def test_batch_shapes_and_valid_bounds_are_refused_with_one_line(method):
+    model, (x, y) = _model(), _batch()
+    clipper = make_clipper(model, method)
+    with pytest.raises(InputError, match=rf"^x has {N} examples but y has {N - 1}$"):
+        clipper(x, y[:-1], 1.0)
+    # y's last axis equal to x's rows, its first not: the count is read from axis 0
+    with pytest.raises(InputError, match=rf"^x has {N} examples but y has {N - 1}$"):
+        clipper(x, torch.zeros(N - 1, N, dtype=torch.long), 1.0)
+    for bad in (-1, N + 1):
+        with pytest.raises(InputError, match=rf"^expected valid in \[0, {N}\], got {bad}$"):
+            clipper(x, y, 1.0, valid=bad)
+    for ok in (0, N):  # the bounds themselves are valid
+        assert clipper(x, y, 1.0, valid=ok).norms.shape == (ok,)
+
+
+def test_a_method_that_does_not_pad_refuses_a_padded_batch():
+    # JL clips by estimated norms from one set of directions per call and never masks rows: a padded batch
+    # would add the padding rows' clipped gradients to the sum (sensitivity no longer C). valid == n is fine.
+    model, (x, y) = _model(), _batch()
+    clipper = JLClipper(model, 2, torch.Generator().manual_seed(0))
+    assert not clipper.pads
+    with pytest.raises(InputError, match=r"^--clipping jl does not take padded batches$"):
+        clipper(x, y, 1.0, valid=N - 1)
+    assert clipper(x, y, 1.0, valid=N).norms.shape == (N,)
+
+
+@pytest.mark.parametrize("method", ["loop", "vmap", "ghost", "auto"])
+def test_the_empty_batch_is_zeros_shaped_like_the_parameters(method):
+    # valid = 0 (an empty Poisson batch, padded or not): the clipped sum is exactly zero, one tensor per
+    # trainable parameter in its shape, dtype and device; norms is empty in the parameters' dtype.
+    model, (x, y) = _model(), _batch()
+    for out in (make_clipper(model, method)(x[:0], y[:0], 1.0), make_clipper(model, method)(x, y, 1.0, valid=0)):
+        assert out.norms.shape == (0,) and out.norms.dtype == torch.float64
+        assert len(out.grads) == 2
+        for g, p in zip(out.grads, model.parameters(), strict=True):
+            assert g.shape == p.shape and g.dtype == p.dtype and g.device == p.device and not g.any()
+
+
+@pytest.mark.parametrize("method", ["loop", "vmap", "ghost", "auto"])
+def test_padding_rows_get_factor_zero_and_valid_is_read_on_every_call(method):
+    # Padding rows are copies of real rows scaled by 1e3 (norms far above C = 0.1: an unmasked one adds
+    # ~C each, ≥ 100x the 1e-12 tolerance of float64 rounding). The same clipper is called with a
+    # different ``valid`` each time, so a real-row count kept from an earlier call shows too.
+    model, (x, y) = _model(), _batch()
+    clip = 0.1
+    clipper = make_clipper(model, method)
+    for valid in (N, 2, 4, 1, N):
+        xp = torch.cat([x[:valid], 1e3 * x[: N - valid]])
+        yp = torch.cat([y[:valid], y[: N - valid]])
+        ref, norms = _oracle(model, x[:valid], y[:valid], clip)
+        got = clipper(xp, yp, clip, valid=valid)
+        assert got.norms.shape == (valid,)
+        assert torch.allclose(got.norms, norms, rtol=1e-12, atol=0)
+        for g, r in zip(got.grads, ref, strict=True):
+            assert torch.allclose(g, r, rtol=1e-12, atol=1e-15)
+
+
+def test_the_clip_factor_of_each_padding_row_is_exactly_zero():
+    # The factor itself, not only its effect on the sum: rows at and after ``valid`` get 0.0, the rows
+    # before it 1/max(1, ‖g‖/C) (also for a norm equal to C, factor 1, and a zero norm).
+    clipper = LoopClipper(_model())
+    norms = torch.tensor([0.0, 1.0, 4.0, 3.0, 0.5], dtype=torch.float64)
+    for valid in (5, 3, 1):
+        clipper._valid = valid
+        c = clipper._clip_factors(norms.clone(), 1.0)
+        expected = torch.tensor([1.0, 1.0, 0.25, 1 / 3, 1.0], dtype=torch.float64)
+        expected[valid:] = 0.0
+        assert torch.equal(c, expected)
