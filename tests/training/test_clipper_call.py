@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from dpaudit.errors import InputError
+from dpaudit.models import released_buffers
+from dpaudit.training import clipping
 from dpaudit.training.clipping import LoopClipper, clip_factors, make_clipper
 from dpaudit.training.jl import JLClipper
 
@@ -77,12 +79,17 @@ def test_a_method_that_does_not_pad_refuses_a_padded_batch():
 @pytest.mark.parametrize("method", ["loop", "vmap", "ghost", "auto"])
 def test_the_empty_batch_is_zeros_shaped_like_the_parameters(method):
     # valid = 0 (an empty Poisson batch, padded or not): the clipped sum is exactly zero, one tensor per
-    # trainable parameter in its shape, dtype and device; norms is empty in the parameters' dtype.
-    model, (x, y) = _model(), _batch()
+    # trainable parameter (a frozen layer gets none, as in a non-empty batch) in its shape, dtype and
+    # device; norms is empty in the parameters' dtype.
+    torch.manual_seed(0)
+    model, (x, y) = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double(), _batch()
+    model[0].requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert len(make_clipper(model, method)(x, y, 1.0).grads) == len(trained) == 2
     for out in (make_clipper(model, method)(x[:0], y[:0], 1.0), make_clipper(model, method)(x, y, 1.0, valid=0)):
         assert out.norms.shape == (0,) and out.norms.dtype == torch.float64
-        assert len(out.grads) == 2
-        for g, p in zip(out.grads, model.parameters(), strict=True):
+        assert len(out.grads) == len(trained)
+        for g, p in zip(out.grads, trained, strict=True):
             assert g.shape == p.shape and g.dtype == p.dtype and g.device == p.device and not g.any()
 
 
@@ -116,3 +123,31 @@ def test_the_clip_factor_of_each_padding_row_is_exactly_zero():
         expected = torch.tensor([1.0, 1.0, 0.25, 1 / 3, 1.0], dtype=torch.float64)
         expected[valid:] = 0.0
         assert torch.equal(c, expected)
+
+
+def test_the_buffer_check_and_the_value_copy_run_on_the_first_call_only(monkeypatch):
+    # Both are one-off checks of the model (a running statistic learnt from the data; a write through
+    # ``.data`` in forward): on every later step they would copy every buffer / every trained parameter
+    # (twice the parameters' memory on a GPU) for nothing. The version-counter watch runs on every call.
+    calls: list[str] = []
+
+    class Watch(clipping.ParameterWatch):
+        def __init__(self, params, *, copy_values):
+            calls.append(f"watch copy={copy_values}")
+            super().__init__(params, copy_values=copy_values)
+
+        def check(self, model, *args):
+            calls.append("check")
+            super().check(model, *args)
+
+    def released(model):
+        calls.append("buffers")
+        return released_buffers(model)
+
+    monkeypatch.setattr(clipping, "ParameterWatch", Watch)
+    monkeypatch.setattr(clipping, "released_buffers", released)
+    model, (x, y) = _model(), _batch()
+    clipper = make_clipper(model, "vmap")
+    for _ in range(3):
+        clipper(x, y, 1.0)
+    assert calls == ["watch copy=True", "buffers", "check"] + ["watch copy=False", "check"] * 2
