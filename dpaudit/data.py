@@ -295,6 +295,7 @@ def _from_csv(path: Path, label_column: str | None, spec: str) -> Dataset:
             f"{path}: missing values in feature column(s) {', '.join(map(repr, missing[:5]))} (first: data row "
             f"{first + 1}); fill or drop them before auditing"
         )
+    _check_no_row_id(path, features)
     labels = df[label_column]
     if labels.isna().any():
         raise DataError(f"{path}: label column {label_column!r} has missing values")
@@ -318,6 +319,30 @@ def _check_no_index_column(path: Path, columns: Any, label_column: str) -> None:
                 f"{path}: column {i + 1} has no header name ({str(c)!r}), as the row index that pandas' to_csv "
                 "writes by default; it would be read as a feature: write the file with to_csv(..., index=False), "
                 "or give the column a name"
+            )
+
+
+# Below this many records a column of distinct consecutive integers may be a real feature by chance.
+ROW_ID_MIN_RECORDS = 20
+
+
+def _check_no_row_id(path: Path, features: Any) -> None:
+    """Refuse a named feature column holding distinct consecutive integers (``id``, ``PassengerId``: 0..n-1 or
+    1..n in any order): a row number, which names each record, so a model could fit every record by it and the
+    membership attacks would measure that; as the unnamed index column above, it is almost always a mistake."""
+    import pandas as pd
+
+    n = len(features)
+    if n < ROW_ID_MIN_RECORDS:
+        return
+    for c in features.columns:
+        v = features[c].to_numpy()
+        if not pd.api.types.is_integer_dtype(v.dtype):
+            continue
+        if int(v.max()) - int(v.min()) == n - 1 and len(np.unique(v)) == n:
+            raise DataError(
+                f"{path}: feature column {str(c)!r} holds {n} distinct consecutive integers ({int(v.min())}.."
+                f"{int(v.max())}): a row id, which names each record, would be read as a feature; drop the column"
             )
 
 

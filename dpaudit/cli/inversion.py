@@ -61,7 +61,11 @@ def inversion_table(result: Any) -> str:
 def inversion(
     run: RunArgument = None,
     classes: Annotated[
-        str | None, typer.Option("--classes", help="Classes to invert, comma-separated (default: all).")
+        str | None,
+        typer.Option(
+            "--classes",
+            help="Class indices to invert, comma-separated (default: all); index i is the data's i-th smallest label.",
+        ),
     ] = None,
     black_box: Annotated[
         bool,

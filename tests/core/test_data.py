@@ -65,6 +65,31 @@ def test_bad_csv(tmp_path, content, message):
         load_dataset(str(f), label_column="label")
 
 
+def test_a_named_row_id_column_is_refused_and_near_misses_are_features(tmp_path):
+    """A Kaggle-style `PassengerId` (1..n, shuffled) names each record: refused, naming the column. A column
+    that misses being a row id by one value (a repeat, a gap) or is float, or a file below 20 rows, is read."""
+    rng = np.random.default_rng(0)
+    n = 40
+    ids = rng.permutation(n) + 1
+    y = np.arange(n) % 2
+
+    def rows(col):
+        return "PassengerId,a,label\n" + "".join(f"{i},{a},{c}\n" for i, a, c in zip(col, ids * 0.5, y, strict=True))
+
+    f = tmp_path / "ids.csv"
+    f.write_text(rows(ids))
+    with pytest.raises(
+        DataError, match=r"feature column 'PassengerId' holds 40 distinct consecutive integers \(1\.\.40\)"
+    ):
+        load_dataset(str(f), label_column="label")
+    for near in (np.where(ids == 40, 1, ids), np.where(ids == 40, 41, ids), ids + 0.5):  # a repeat; a gap; floats
+        f.write_text(rows(near))
+        assert load_dataset(str(f), label_column="label").X.shape == (n, 2)
+    small = "PassengerId,a,label\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(19))
+    f.write_text(small)
+    assert load_dataset(str(f), label_column="label").X.shape == (19, 2)
+
+
 def test_a_single_npy_file_points_to_its_directory(tmp_path):
     np.save(tmp_path / "X.npy", np.zeros((4, 2), np.float32))
     with pytest.raises(DataError, match=r"use .csv or .npz, or give the directory that holds X.npy and y.npy"):
