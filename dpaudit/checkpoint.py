@@ -171,16 +171,17 @@ class Run:
         try:
             ds = load_dataset(d["spec"], label_column=d.get("label_column"))
         except InputError as e:
-            found = self._data_from_run(d)
+            path = spec_path(d["spec"])
+            elsewhere = path is not None and not path.is_absolute() and not path.exists()  # typed in another cwd
+            found = self._data_from_run(d) if elsewhere else None  # existing data that failed: that error stands
             if found is None:
-                spec, hint = d["spec"], ""
-                path = spec_path(spec)
-                if path is not None and not path.is_absolute() and not path.exists():
-                    hint = (
-                        f" (the run recorded --data {spec!r} as given, relative to the directory it was trained or "
-                        "imported in, and the data is not where the run folder's own record points either: run "
-                        "this command from that directory)"
-                    )
+                hint = (
+                    f" (the run recorded --data {d['spec']!r} as given, relative to the directory it was trained or "
+                    "imported in, and the data is not where the run folder's own record points either: run "
+                    "this command from that directory)"
+                    if elsewhere
+                    else ""
+                )
                 raise CheckpointError(f"{self.path}: cannot reload the run's data: {e}{hint}") from None
             ds = found
         if ds.sha256 != d["sha256"]:
@@ -191,12 +192,10 @@ class Run:
         return ds
 
     def _data_from_run(self, d: dict[str, Any]) -> Dataset | None:
-        """The data at ``data.from_run`` (relative to this run directory) when the spec as typed at training
-        is not found from the current working directory; None when there is none to try or it fails."""
-        spec, rel = d["spec"], d.get("from_run")
-        path = spec_path(spec)
-        if not isinstance(rel, str) or path is None or path.exists():
-            return None  # the spec names existing data that failed to load: that error stands
+        """The data at ``data.from_run`` (relative to this run directory); None when none is recorded or it fails."""
+        rel = d.get("from_run")
+        if not isinstance(rel, str):
+            return None
         try:
             return load_dataset(str(self.path / rel), label_column=d.get("label_column"))
         except InputError:

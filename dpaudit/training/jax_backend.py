@@ -692,8 +692,7 @@ class JaxTrainer(Trainer):
         trainable = [p for p in model.parameters() if p.requires_grad]
         if self.private:
             check_full_precision(trainable, "convert the model with .float() (the JAX backend computes in float32)")
-        elif any(p.dtype not in (torch.float32, torch.float64) for p in trainable):
-            low = next(p.dtype for p in trainable if p.dtype not in (torch.float32, torch.float64))
+        elif low := next((p.dtype for p in trainable if p.dtype not in (torch.float32, torch.float64)), None):
             raise InputError(
                 f"--backend jax trains float32 or float64 parameters, not {str(low).removeprefix('torch.')}; "
                 "convert the model with .float()"

@@ -638,12 +638,6 @@ def _check_runs_on_ids(spec: ModelSpec, dataset: Dataset) -> None:
         ) from e
 
 
-def per_record_loss(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> np.ndarray:
-    """Cross-entropy loss of each record in ``idx`` (float64)."""
-    logits = torch.as_tensor(fitted.logits(dataset.view(idx)))
-    return F.cross_entropy(logits, torch.as_tensor(dataset.y[idx]), reduction="none").numpy()
-
-
 # Level of the member check's tests (the Mann–Whitney test of the member list, the binomial test of the
 # members' accuracy against chance): below it a test is significant, at or above it inconclusive.
 MEMBER_CHECK_ALPHA = 0.05
@@ -677,17 +671,21 @@ def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[
         note = "no holdout records to compare the members with: the member list cannot be checked"
         return {**dict.fromkeys(keys), "suspicious": False, "outcome": "inconclusive", "note": note,
                 "fit_warnings": []}  # fmt: skip
-    member_loss = per_record_loss(fitted, dataset, splits.members)
-    holdout_loss = per_record_loss(fitted, dataset, splits.holdout)
+    # Each split's logits once: the losses, the accuracy and the label-order check all read them.
+    logits = {k: torch.as_tensor(fitted.logits(dataset.view(getattr(splits, k)))) for k in ("members", "holdout")}
+    labels = {k: torch.as_tensor(dataset.y[getattr(splits, k)]) for k in logits}
+    member_loss, holdout_loss = (F.cross_entropy(logits[k], labels[k], reduction="none").numpy() for k in logits)
     u = mannwhitneyu(member_loss, holdout_loss, alternative="less")
     # U counts pairs with member loss > holdout loss (ties 1/2), so P(member < holdout) = 1 - U / (n m).
     auc = 1.0 - float(u.statistic) / (len(member_loss) * len(holdout_loss))
-    train, holdout = evaluate(fitted, dataset, splits.members), evaluate(fitted, dataset, splits.holdout)
+    predicted = {k: logits[k].argmax(1) for k in logits}
+    train_acc, hold_acc = (float((predicted[k] == labels[k]).double().mean()) for k in logits)
     train_loss, hold_loss, p_value = float(member_loss.mean()), float(holdout_loss.mean()), float(u.pvalue)
     suspicious = bool(train_loss >= hold_loss or auc <= 0.5)
-    fit_warnings = _fit_warnings(dataset.y[splits.members], train["accuracy"], train_loss)
-    predicted = fitted.logits(dataset.view(splits.members)).argmax(1)
-    fit_warnings += _label_order_warning(dataset.y[splits.members], predicted, dataset.n_classes, dataset.classes)
+    fit_warnings = _fit_warnings(dataset.y[splits.members], train_acc, train_loss)
+    fit_warnings += _label_order_warning(
+        dataset.y[splits.members], predicted["members"].numpy(), dataset.n_classes, dataset.classes
+    )
     stats = (
         f"mean loss {train_loss:.4g} on the {len(member_loss)} declared members vs {hold_loss:.4g} on the "
         f"{len(holdout_loss)} holdout records; a member's loss is lower with probability {auc:.3f} "
@@ -720,8 +718,8 @@ def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[
     return {
         "train_loss": train_loss,
         "holdout_loss": hold_loss,
-        "train_accuracy": train["accuracy"],
-        "holdout_accuracy": holdout["accuracy"],
+        "train_accuracy": train_acc,
+        "holdout_accuracy": hold_acc,
         "auc": auc,
         "p_value": p_value,
         "suspicious": suspicious,
