@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -487,6 +487,7 @@ class InversionResult:
     nearest_mean_accuracy: float
     eval_classifier_accuracy: float
     params: dict[str, Any] = field(default_factory=dict)
+    labels: tuple[int | str, ...] | None = None  # the data's label of each class index (None: the indices)
 
     def __post_init__(self) -> None:
         inv = np.array(self.inversions, dtype=np.float64, copy=True)
@@ -501,6 +502,8 @@ class InversionResult:
             "attack": "mi-face",
             "params": dict(self.params),
             "classes": list(self.classes),
+            # label of each class index (what "class", "nearest_class" and "identified_as" index into)
+            "labels": None if self.labels is None else list(self.labels),
             "identification_accuracy": float(self.identification_accuracy),
             "nearest_mean_accuracy": float(self.nearest_mean_accuracy),
             "eval_classifier_accuracy": float(self.eval_classifier_accuracy),
@@ -516,22 +519,10 @@ class InversionResult:
         return out
 
 
-def parse_classes(text: str | None, n_classes: int) -> tuple[int, ...]:
-    """``"0,1,2"`` -> (0, 1, 2), each in ``[0, n_classes)``; None or empty: every class."""
-    if text is None or not str(text).strip():
-        return tuple(range(n_classes))
-    out = []
-    for part in str(text).split(","):
-        try:
-            k = int(part.strip())
-        except ValueError:
-            raise InputError(f"expected classes as comma-separated integers, got {text!r}") from None
-        if not 0 <= k < n_classes:
-            raise InputError(f"class {k} is outside the model's classes 0..{n_classes - 1}")
-        out.append(k)
-    if len(set(out)) != len(out):
-        raise InputError(f"classes repeat in {text!r}")
-    return tuple(out)
+def parse_classes(labels: str | Sequence[Any] | None, dataset: Any) -> tuple[int, ...]:
+    """The class indices of ``labels``, given as the data holds them (``"1,2"``, ``"dog"``; None: every class),
+    through :meth:`dpaudit.data.Dataset.class_indices` (class indices are refused where they are not the labels)."""
+    return dataset.class_indices(labels, option="--classes")
 
 
 def _class_means(X: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
@@ -584,20 +575,20 @@ def _invert_one(attack, target, k, clf, members, nonmembers, box) -> dict[str, A
 
 def run_inversion(
     run: Any,
-    classes: tuple[int, ...] | None = None,
+    classes: str | Sequence[Any] | None = None,
     *,
     attack: MIFace | None = None,
     seed: int = 0,
     progress: Any = None,
 ) -> InversionResult:
-    """Invert every class in ``classes`` of a loaded run (default: all) and score the inversions."""
+    """Invert every class in ``classes`` of a loaded run (default: all) and score the inversions.
+
+    ``classes``: labels as the run's data holds them (``"1,2"``, ``["cat"]``; :func:`parse_classes`), never
+    class indices; the result names each class by its index (``class``) and its label (``label``)."""
     attack = attack if attack is not None else MIFace(seed=seed)
     n_classes = int(run.spec.n_classes)
-    classes = tuple(range(n_classes)) if classes is None else tuple(classes)
-    for k in classes:
-        if not 0 <= int(k) < n_classes:
-            raise InputError(f"class {k} is outside the model's classes 0..{n_classes - 1}")
     ds = run.dataset()
+    classes = parse_classes(classes, ds)
     if ds.kind == "tokens":
         raise InputError(
             "model inversion (MI-FACE) climbs the gradient of a class's confidence with respect to the input, and "
@@ -623,7 +614,9 @@ def run_inversion(
     inversions, per_class = [], []
     with (progress or Progress()).task("MI-FACE inversion", len(classes)) as advance:
         for k in classes:
-            per_class.append(_invert_one(attack, target, int(k), clf, members, nonmembers, box))
+            per_class.append(
+                {**_invert_one(attack, target, int(k), clf, members, nonmembers, box), "label": ds.label(k)}
+            )
             inversions.append(per_class[-1].pop("x"))
             advance(1)
     ident = float(np.mean([c["identified_as"] == c["class"] for c in per_class]))
@@ -643,7 +636,8 @@ def run_inversion(
         "start": "x0 = PROCESS(0) in raw feature space, then restarts - 1 uniform draws in the aux box",
         "seed": seed,
     }
-    return InversionResult(classes, np.stack(inversions), tuple(per_class), ident, nearest, eval_acc, params)
+    labels = tuple(ds.label(k) for k in range(n_classes))
+    return InversionResult(classes, np.stack(inversions), tuple(per_class), ident, nearest, eval_acc, params, labels)
 
 
 def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | None = None, force: bool) -> Path:
@@ -676,7 +670,7 @@ def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | 
         axes = fig.subplots(rows, n, squeeze=False)
         for j, k in enumerate(result.classes):
             axes[0, j].imshow(image(inv[j]), cmap="gray_r", aspect="auto")
-            axes[0, j].set_title(str(k), fontsize=8)
+            axes[0, j].set_title(str(k if result.labels is None else result.labels[k]), fontsize=8)
             if member_means is not None:
                 axes[1, j].imshow(image(member_means[k]), cmap="gray_r", aspect="auto")
             for r in range(rows):

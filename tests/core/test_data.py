@@ -163,3 +163,42 @@ def test_8bit_images_load_without_a_float64_copy(tmp_path):
     assert ds.X.dtype == np.float32 and np.array_equal(ds.X, X)
     assert peak < 6 * X.nbytes  # float32 X (4 bytes a pixel) + the file's uint8 (1) + small; float64 adds 8
     assert ds.sha256 == load_dataset(str(tmp_path / "img64.npz")).sha256
+
+
+def _labelled(tmp_path, labels):
+    """A CSV dataset ``d`` of four records whose label column holds ``labels`` twice (numbers or strings)."""
+    path = tmp_path / "d.csv"
+    path.write_text("f,g,label\n" + "".join(f"{i},{-i},{v}\n" for i, v in enumerate(labels * 2)))
+    return load_dataset(str(path), label_column="label")
+
+
+@pytest.mark.parametrize(
+    ("labels", "given", "indices"),
+    [
+        ([1, 2], "2", (1,)),  # index 1 is the label 2: "2" means the label, not an index out of range
+        ([1, 2], "2.0, 1", (1, 0)),
+        ([-1, 1], "-1", (0,)),
+        (["cat", "dog"], " dog", (1,)),
+        (["cat", "dog"], ["dog", "cat"], (1, 0)),
+        ([1, 2], None, (0, 1)),
+    ],
+)
+def test_class_indices_take_the_datas_labels(tmp_path, labels, given, indices):
+    ds = _labelled(tmp_path, labels)
+    assert ds.class_indices(given) == indices
+    assert [ds.label(k) for k in range(2)] == labels
+
+
+@pytest.mark.parametrize(
+    ("labels", "given", "message"),
+    [
+        ([1, 2], "0", r"'0' is not a label of d \(its labels: 1, 2\); give the labels as your data holds them"),
+        ([-1, 1], "0", "'0' is not a label"),
+        (["cat", "dog"], "1", r"'1' is not a label of d \(its labels: cat, dog\)"),
+        ([1, 2], "1,1", "labels repeat"),
+        ([1, 2], "one", "'one' is not a label"),
+    ],
+)
+def test_class_indices_refuse_indices_and_unknown_labels(tmp_path, labels, given, message):
+    with pytest.raises(InputError, match=message):
+        _labelled(tmp_path, labels).class_indices(given)
