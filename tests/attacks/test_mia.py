@@ -229,3 +229,64 @@ def test_lira_beats_loss_on_an_overfit_target(tmp_path):
     assert lira["auc"] > 0.5 + 3 * se
     assert lira["auc"] > loss["auc"] - 2 * se
     assert lira["tpr_at_fpr"]["0.01"] > loss["tpr_at_fpr"]["0.01"] + 0.05
+
+
+def _memorising_models(seen: list):
+    """A stand-in for ``train_models``: model j "memorises" its training set (true-class logit +3 on it, -3
+    elsewhere), so a record's signal says which models trained on it; the training sets asked for are kept."""
+
+    def train(recipe, train_sets, seeds, **kwargs):
+        y = recipe.dataset.y
+        logits = np.zeros((len(train_sets), len(y), recipe.spec.n_classes))
+        for j, idx in enumerate(train_sets):
+            logits[j, np.arange(len(y)), y] = np.where(np.isin(np.arange(len(y)), idx), 3.0, -3.0)
+        seen.append((kwargs["description"], [np.asarray(s) for s in train_sets]))
+        return logits
+
+    return train
+
+
+def test_reference_and_shadow_training_sets_are_wired_to_the_masks(tiny_run, monkeypatch):
+    """The wires between the splits, the models' training sets and the attacks, with 5 reference models (odd,
+    and the 420-record population is not a multiple of 5): every reference training set lies in the candidates
+    plus aux (never test records), LiRA's and RMIA's IN matrix says exactly which candidates each model trained
+    on, every candidate is IN for 2 or 3 of them; shadow models train on disjoint parts of aux, never on a
+    candidate (a target member among a shadow's "non-members" would teach the attack that members look OUT)."""
+    import attacks.mia as mia
+    from attacks.lira import LiRA
+    from attacks.rmia import RMIA
+
+    seen: list = []
+    masks = {}
+
+    class Recorded(LiRA):
+        def fit(self, signals, in_mask, **kw):
+            masks["lira"] = (np.asarray(signals), np.asarray(in_mask))
+            return super().fit(signals, in_mask, **kw)
+
+    class RecordedRMIA(RMIA):
+        def fit(self, signals, in_mask):
+            masks["rmia"] = np.asarray(in_mask)
+            return super().fit(signals, in_mask)
+
+    monkeypatch.setattr(mia, "train_models", _memorising_models(seen))
+    monkeypatch.setattr(mia, "LiRA", Recorded)
+    monkeypatch.setattr(mia, "RMIA", RecordedRMIA)
+    sp = tiny_run.splits
+    ids, _ = candidates(tiny_run)
+    mia.run_mia(tiny_run, ["shadow", "lira", "rmia"], shadow_models=2, reference_models=5, n_bootstrap=0)
+    (shadow_desc, shadow_sets), (ref_desc, ref_sets) = seen
+    assert (shadow_desc, ref_desc) == ("shadow models", "reference models") and len(ref_sets) == 5
+    # Reference models: IN matrix == "this candidate is in model j's training set", for every (record, model).
+    signals, in_mask = masks["lira"]
+    expected = np.stack([np.isin(ids, s) for s in ref_sets], axis=1)
+    np.testing.assert_array_equal(in_mask, expected)
+    np.testing.assert_array_equal(masks["rmia"], expected)
+    np.testing.assert_array_equal(signals > 0, expected)  # the signals matrix rows are the candidates, in order
+    assert set(in_mask.sum(axis=1)) == {2, 3}
+    population = np.union1d(ids, np.concatenate(ref_sets))
+    assert np.isin(population, np.r_[ids, sp.aux]).all() and len(population) == 2 * len(sp.members)
+    # Shadow models: inside aux, pairwise disjoint, no candidate.
+    everything = np.concatenate(shadow_sets)
+    assert len(np.unique(everything)) == len(everything) and np.isin(everything, sp.aux).all()
+    assert not np.isin(everything, ids).any()
