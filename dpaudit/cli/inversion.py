@@ -146,7 +146,13 @@ def inversion(
 
 def attribute(
     feature: Annotated[
-        str, typer.Option("--feature", "-f", help="The hidden feature: index (flattened) or name (embedded datasets).")
+        str,
+        typer.Option(
+            "--feature",
+            "-f",
+            help="The hidden feature: name (a CSV header's, or an embedded dataset's) or index (flattened); "
+            "a one-hot group by its prefix (color for color_red, color_blue, ...).",
+        ),
     ],
     run: RunArgument = None,
     black_box: Annotated[
@@ -163,7 +169,10 @@ def attribute(
     """Attribute inference (Fredrikson et al. 2014; Yeom et al. 2018): infer a hidden feature of members and
     non-members; the member - non-member gap of the advantage over the prior baseline is the leakage.
 
-    JSON: checkpoint, attack, method, feature, feature_name, binarised, threshold, candidates, members and
+    A column of a one-hot group (color_red beside color_blue, ...) or the group's prefix (color) hides the whole
+    group: the other columns would give the hidden one away.
+
+    JSON: checkpoint, attack, method, feature, feature_name, columns, binarised, threshold, candidates, members and
     nonmembers ({n, accuracy, baseline_accuracy, advantage}), leakage, params.
     """
     from attacks.attribute import run_attribute
@@ -175,6 +184,8 @@ def attribute(
     d = result.to_dict()
     name = f" ({d['feature_name']})" if d["feature_name"] else ""
     hidden = f"binarised at {d['threshold']:.4g}" if d["binarised"] else f"{len(d['candidates'])} values"
+    if len(d["columns"]) > 1:  # a one-hot group, hidden as a whole
+        hidden = f"one-hot columns {', '.join(map(str, d['columns']))}: {', '.join(map(str, d['candidates']))}"
     lines = [f"attribute inference, {d['method']}: feature {d['feature']}{name}, {hidden}",
              "group        n  accuracy  baseline  advantage"]  # fmt: skip
     for g in ("members", "nonmembers"):
