@@ -288,6 +288,13 @@ class MIFace:
         check_positive_int(restarts=self.restarts)
         check_in_interval(0.0, math.inf, lo_open=False, prior_weight=self.prior_weight)
         check_in_interval(-math.inf, math.inf, threshold=self.threshold)
+        if self.threshold >= 1 and (self.prior == "none" or self.prior_weight == 0):
+            # Without AUXTERM the cost 1 - f_y is at most 1, so gamma >= 1 stops every start after one step
+            # (Algorithm 1, line 8): the "inversion" would be x_0 moved once, whatever the model.
+            raise InputError(
+                f"expected threshold < 1, got {self.threshold:g}: the cost 1 - f_y is at most 1, so every input "
+                "meets it and the attack would stop after one step (gamma is a cost, e.g. 0.01 for f_y >= 0.99)"
+            )
         if self.black_box:
             if self.budget is not None:
                 check_positive_int(budget=self.budget)

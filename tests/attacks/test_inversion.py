@@ -307,6 +307,7 @@ def test_cli_black_box_counts_queries(digits_run_dir):
         (("--black-box", "--budget", "0"), "--budget >= 1"),
         (("--budget", "10"), "black-box"),
         (("--window", "0"), "--window >= 1"),
+        (("--threshold", "1"), "expected --threshold < 1, got 1: the cost 1 - f_y is at most 1"),
     ],
 )
 def test_cli_bad_input_exits_2(digits_run_dir, args, message):
