@@ -502,8 +502,9 @@ class InversionResult:
         object.__setattr__(self, "inversions", inv)
 
     def to_dict(self, include_inversions: bool = True) -> dict[str, Any]:
-        def mean(key: str) -> float:
-            return float(np.mean([c[key] for c in self.per_class]))
+        def mean(key: str) -> float | None:  # over the classes that have the value (None: a split lacks the class)
+            values = [c[key] for c in self.per_class if c[key] is not None]
+            return float(np.mean(values)) if values else None
 
         out: dict[str, Any] = {
             "attack": "mi-face",
@@ -560,10 +561,10 @@ def _invert_one(attack, target, k, clf, members, nonmembers, box) -> dict[str, A
     )
     has_nm = bool(np.all(np.isfinite(nonmembers[k])))
     others = [v for i, v in enumerate(mse_all) if i != k and np.isfinite(v)]
-    return {
+    return {  # None where the members (or the holdout) hold no record of class k: nothing to compare with
         "class": k,
-        "mse": float(mse_all[k]),
-        "ssim": ssim(box(x), box(members[k])),
+        "mse": float(mse_all[k]) if finite[k] else None,
+        "ssim": ssim(box(x), box(members[k])) if finite[k] else None,
         "mse_nonmembers": float(np.mean((box(x) - box(nonmembers[k])) ** 2)) if has_nm else None,
         "ssim_nonmembers": ssim(box(x), box(nonmembers[k])) if has_nm else None,
         "mse_other": float(np.mean(others)) if others else None,

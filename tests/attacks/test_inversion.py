@@ -427,3 +427,37 @@ def test_cli_table_names_classes_by_label(threes_and_eights_run):
     assert res.exit_code == 0, res.output
     rows = [line.split() for line in res.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert [row[0] for row in rows] == ["8", "3"]
+
+
+def test_a_class_missing_from_a_split_gives_no_comparison_not_a_crash(tmp_path):
+    """Imbalanced data: label 3 has members but no holdout record, label 4 holdout records but no member. The
+    table and JSON crashed (None + float in the mean over classes); the comparisons that have no records are
+    None, the means are over the classes that have them, and the JSON holds no NaN or inf."""
+    from dpaudit.checkpoint import load_run
+    from dpaudit.data import Splits, load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    rng = np.random.default_rng(0)
+    y = np.r_[np.full(40, 1), np.full(40, 2), np.full(4, 3), np.full(4, 4)]
+    X = (rng.standard_normal((len(y), 3)) + y[:, None]).astype(np.float32)
+    np.savez(tmp_path / "imb.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "imb.npz"))
+    idx = {k: np.flatnonzero(y == k) for k in (1, 2, 3, 4)}
+    splits = Splits(
+        members=np.r_[idx[1][:15], idx[2][:15], idx[3]], holdout=np.r_[idx[1][15:25], idx[2][15:25], idx[4]],
+        aux=np.r_[idx[1][25:35], idx[2][25:35]], test=np.r_[idx[1][35:], idx[2][35:]], seed=0, fractions=(),
+    )  # fmt: skip
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=4)
+    train_run(ds, spec, TrainConfig(epochs=2, batch_size=16, lr=0.1, seed=0), out=tmp_path / "run", splits=splits)
+    r = run_inversion(load_run(tmp_path / "run"), "1,3,4", attack=MIFace(iterations=5, restarts=1, seed=0))
+    d = r.to_dict(include_inversions=False)
+    by = {c["label"]: c for c in d["per_class"]}
+    assert by[3]["mse_nonmembers"] is None and by[3]["mse"] is not None
+    assert by[4]["mse"] is None and by[4]["ssim"] is None and by[4]["mse_nonmembers"] is not None
+    assert d["mean_mse_nonmembers"] == pytest.approx(np.mean([by[1]["mse_nonmembers"], by[4]["mse_nonmembers"]]))
+    json.dumps(d, allow_nan=False)
+    from dpaudit.cli.inversion import inversion_table
+
+    assert "—" in inversion_table(r)
