@@ -290,3 +290,39 @@ def test_reference_and_shadow_training_sets_are_wired_to_the_masks(tiny_run, mon
     everything = np.concatenate(shadow_sets)
     assert len(np.unique(everything)) == len(everything) and np.isin(everything, sp.aux).all()
     assert not np.isin(everything, ids).any()
+
+
+def test_non_members_that_copy_a_member_are_counted_and_warned_of(tmp_path, tiny_run):
+    """A table with repeated rows: a holdout copy of a member is scored as the member it copies but counted a
+    non-member, so the AUC understates the leakage; `attack mia` says how many there are (none on tiny_run)."""
+    from attacks.mia import attack_checkpoint, duplicated_nonmembers
+    from dpaudit.data import Splits, load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((60, 4)).astype(np.float32), rng.integers(0, 2, 60)
+    X[40:45], y[40:45] = X[0:5], y[0:5]  # holdout 40..44 copy members 0..4
+    X[45], y[45] = X[5], 1 - y[5]  # the same features with another label: not a copy
+    np.savez(tmp_path / "dup.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "dup.npz"))
+    members, holdout = np.arange(30), np.arange(40, 60)
+    assert duplicated_nonmembers(ds, members, holdout) == 5
+    assert duplicated_nonmembers(ds, members, holdout[5:]) == 0
+    splits = Splits(members=members, holdout=holdout, aux=np.arange(30, 36), test=np.arange(36, 40), seed=0)
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=16, lr=0.1, seed=0), out=tmp_path / "run", splits=splits)
+    heard: list[str] = []
+    common = dict(attacks="loss", shadow_models=None, reference_models=4, online=True, min_models=2, workers=1,
+                  scheduler=None, cache_dir=None, no_cache=False, scores_out=None, bootstrap=0, seed=0,
+                  warn=heard.append)  # fmt: skip
+    attack_checkpoint(tmp_path / "run", **common)
+    assert [m for m in heard if "exact copies" in m] == [
+        "5 of 20 non-members (holdout records) are exact copies of a member (your data repeats records): the attacks "
+        "score them as the members they copy, so every AUC and TPR below understates the leakage; remove duplicate "
+        "records before training to measure it"
+    ]
+    heard.clear()
+    attack_checkpoint(tiny_run.path, **common)
+    assert not [m for m in heard if "exact copies" in m]
