@@ -248,12 +248,13 @@ def audit_checkpoint(
     if attacks:
         from attacks.mia import run_mia
 
+        heard: list[str] = []  # run_mia's warnings (non-members that copy a member)
         results = run_mia(
             run, list(attacks), reference_models=reference_models, workers=workers, seed=seed, progress=progress,
-            cache_dir=cache_dir,
+            cache_dir=cache_dir, warn=heard.append,
         )  # fmt: skip
-        # never attack a doubtful member list, or a model that learned nothing, silently
-        caveats = tuple(n for n in (member_list_note(run.meta), *run.meta.get("fit_warnings", ())) if n)
+        # never attack a doubtful member list, a model that learned nothing, or duplicated records, silently
+        caveats = tuple(n for n in (member_list_note(run.meta), *run.meta.get("fit_warnings", ()), *heard) if n)
         for i, res in enumerate(results):
             result = audit_scores(res.scores, res.member, method=estimate_method, design="membership", **common)
             if caveats:

@@ -323,6 +323,10 @@ def test_non_members_that_copy_a_member_are_counted_and_warned_of(tmp_path, tiny
         "score them as the members they copy, so every AUC and TPR below understates the leakage; remove duplicate "
         "records before training to measure it"
     ]
+    from dpaudit.workflows.checkpoint import audit_checkpoint
+
+    (record,) = audit_checkpoint(tmp_path / "run", attacks=("loss",)).audits
+    assert heard[-1] in record.result.notes  # the audit's estimate carries it too
     heard.clear()
     attack_checkpoint(tiny_run.path, **common)
     assert not [m for m in heard if "exact copies" in m]
