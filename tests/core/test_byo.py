@@ -473,3 +473,16 @@ def test_help_says_what_digits_is():
     r = invoke("train", "--help")
     text = " ".join(r.output.replace("│", " ").split())
     assert "divided by 16" in text and "1 x 8 x 8" in text and "memory-mapped" in text
+
+
+def test_batch_mixing_in_training_mode_only_is_refused_under_dp(npz, tmp_path):
+    """A hand-written batch centring under ``if self.training`` passes the eval-mode build check; under ghost
+    clipping, removing one outlying record moved the clipped sum by 1.04·C (its batch mean moves every other
+    record's gradient). Refused on the first batch (every clipping method: tests/training/test_clipper_call.py);
+    non-private training goes on."""
+    spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:train_batch_centred")
+    args = ("--data", npz, "--model-spec", spec, "--epochs", 1)
+    r = invoke("train", *args, "--algo", "dpsgd", "--epsilon", 4, "--out", tmp_path / "dp")
+    assert "depend on the other records of its batch in training mode" in one_error(r)
+    assert not (tmp_path / "dp").exists()
+    assert invoke("train", *args, "--algo", "sgd", "--out", tmp_path / "sgd").exit_code == 0
