@@ -27,7 +27,13 @@ from dpaudit.data import (
 )
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.models import ModelSpec, ParameterWatch, build_model, check_private_layers
+from dpaudit.models import (
+    ModelSpec,
+    ParameterWatch,
+    build_model,
+    check_per_record_in_training,
+    check_private_layers,
+)
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
@@ -927,6 +933,8 @@ def import_run(
         raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
     if watch is not None:
         watch.check(model, during="a forward pass of the imported model (its training ran the same forward)")
+        first = torch.as_tensor(np.array(pre.transform(dataset.rows(splits.members[:2]))))
+        check_per_record_in_training(model, first.float() if first.is_floating_point() else first)
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
         warnings.append(check["note"])
