@@ -213,16 +213,16 @@ def train_run(
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
     metrics = metrics_for(fitted, dataset, splits)
-    learned = {}
+    found = list(dataset.label_warnings)  # an age read as 70 classes: every attack then measures that classifier
     if len(splits.members):  # a model at chance on its own training records: attacks on it measure noise
-        found = _fit_warnings(
+        found += _fit_warnings(
             dataset.y[splits.members],
             metrics["train_accuracy"],
             metrics["train_loss"],
             question=_LEARN_QUESTION,
             records="training records",
         )
-        learned = {"fit_warnings": found} if found else {}
+    learned = {"fit_warnings": found} if found else {}
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
@@ -938,6 +938,7 @@ def import_run(
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
         warnings.append(check["note"])
+    warnings.extend(dataset.label_warnings)
     warnings.extend(check["fit_warnings"])
     privacy = None
     if claim is not None:
