@@ -174,7 +174,9 @@ class Dataset:
         if self.classes is None:
             return int(k)
         v = self.classes[int(k)].item()
-        return v if isinstance(v, int | str) else str(v)
+        if isinstance(v, float) and v.is_integer():  # a float y array's 2.0 is the label 2 (labels are integers)
+            return int(v)
+        return v if isinstance(v, int | float | str) else str(v)
 
     def class_indices(self, labels: str | Sequence[Any] | None, *, option: str = "classes") -> tuple[int, ...]:
         """Class indices of labels given as the data holds them (``"1,2"``, ``"-1"``, ``"dog"``, or a sequence);
@@ -186,7 +188,7 @@ class Dataset:
         parts = labels.split(",") if isinstance(labels, str) else list(labels)
         texts = [str(p).strip() for p in parts if str(p).strip()]
         known = [str(self.label(k)).strip() for k in range(self.n_classes)]
-        numeric = self.classes is None or self.classes.dtype.kind in "iub"
+        numeric = self.classes is None or self.classes.dtype.kind in "iubf"
         out = []
         for t in texts:
             key = t

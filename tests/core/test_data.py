@@ -189,6 +189,13 @@ def test_class_indices_take_the_datas_labels(tmp_path, labels, given, indices):
     assert [ds.label(k) for k in range(2)] == labels
 
 
+def test_float_labels_are_named_as_the_integers_they_hold(tmp_path):
+    """An NPZ whose y is a float array (1.0, 2.0: what numpy code often saves) has the labels 1 and 2."""
+    np.savez(tmp_path / "f.npz", X=np.zeros((4, 2), np.float32), y=np.array([1.0, 2.0, 1.0, 2.0]))
+    ds = load_dataset(str(tmp_path / "f.npz"))
+    assert ds.class_indices("2") == (1,) and ds.class_indices("1.0") == (0,) and ds.label(1) == 2
+
+
 @pytest.mark.parametrize(
     ("labels", "given", "message"),
     [
