@@ -115,7 +115,12 @@ def emit_audit(
 
 @audit_app.command("scores")
 def scores_cmd(
-    file: Annotated[Path, typer.Argument(help="CSV with columns member (0/1) and score (higher = member), or NPZ.")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="CSV with columns member (0/1) and score (higher = member), or NPZ or JSON with those names."
+        ),
+    ],
     delta: DeltaOpt = 1e-5,
     confidence: ConfidenceOpt = 0.95,
     method: MethodOpt = "clopper-pearson",

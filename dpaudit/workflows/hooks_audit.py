@@ -233,6 +233,8 @@ def audit_canaries(
         verdict = "violation"
     elif "curve-refuted" in verdicts:  # only the claimed DP-SGD curve is refuted (issue 27): said so
         verdict = "curve-refuted"
+    elif "estimate-exceeds-claim" in verdicts:  # e.g. inclusion bits that are no fair coins: evidence, no proof
+        verdict = "estimate-exceeds-claim"
     elif all(r.result.verdict == "inconclusive" for r in records) and noise is None:
         verdict = "inconclusive"
     else:
