@@ -174,3 +174,46 @@ def test_tied_null_scores_violate_a_true_claim_at_most_alpha(pattern):
             )  # fmt: skip
             violations += r.verdict == "violation"  # (a seed whose bits fail the 1/2-rate test is an estimate)
         assert violations <= limit, (method, selection, alternative, violations)
+
+
+# ---- a gate that cannot fail does not pass ---------------------------------------------------------------
+
+
+def test_fail_on_violation_fails_an_inconclusive_canary_audit(tmp_path):
+    """`audit canaries --fail-on-violation` on a claim its design cannot refute (ε = 50: the one-run bound of
+    500 canaries stops near 5) used to exit 0, a CI job passing on a test that proves nothing; now exit 2 with
+    one error line, and exit 0 without the gate. Planted: the gate's inconclusive rule dropped -> exit 0 -> fails."""
+    c = GradientCanaries(SHAPES, count=500, sample_rate=Q, clip=1.0, seed=0)
+    rng = np.random.default_rng(7)
+    for t in range(T):
+        g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
+        c.observe(t, {n: v + SIGMA * rng.normal(size=v.shape) for n, v in g.items()})
+    d = c.save(tmp_path / "c")
+    args = ["audit", "canaries", str(d), "--claimed-epsilon", "50", "--delta", "1e-5"]
+    res = runner.invoke(app, [*args, "--fail-on-violation"])
+    assert res.exit_code == 2 and "verdict: inconclusive" in res.output, res.output
+    assert res.output.strip().splitlines()[-1].startswith("error: --fail-on-violation: verdict inconclusive")
+    assert runner.invoke(app, args).exit_code == 0
+
+
+def test_a_model_cannot_refute_only_when_every_formal_test_is_inconclusive():
+    """``ModelAudit.cannot_refute`` (what `audit checkpoint --fail-on-violation` fails on): every formal test
+    inconclusive; an estimate beside it changes nothing; one formal test that could refute clears it."""
+    from pathlib import Path
+
+    from dpaudit.workflows.result import AuditRecord, ModelAudit
+
+    rng = np.random.default_rng(0)
+    member = rng.random(400) < 0.5
+    scores = rng.normal(size=400)
+    formal = {"method": "one-run", "design": "canaries"}
+    weak = AuditRecord("canaries", "weak", audit_scores(scores, member, claimed_epsilon=50.0, **formal))
+    strong = AuditRecord("canaries", "strong", audit_scores(scores, member, claimed_epsilon=1.0, **formal))
+    estimate = AuditRecord("loss", "estimate", audit_scores(scores, member, claimed_epsilon=50.0))
+    assert weak.result.verdict == "inconclusive" and strong.result.verdict == "consistent"
+
+    def model(*records):
+        return ModelAudit(Path("m"), "m", {}, audits=records)
+
+    assert model(weak).cannot_refute and model(weak, estimate).cannot_refute
+    assert not model(weak, strong).cannot_refute and not model(estimate).cannot_refute and not model().cannot_refute
