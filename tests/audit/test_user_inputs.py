@@ -77,6 +77,11 @@ def test_hand_written_loop_with_chosen_inclusion_bits_is_no_violation(tmp_path):
     args = ["audit", "canaries", str(d), "--claimed-epsilon", repr(claim), "--delta", "1e-5", "--fail-on-violation"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0 and "verdict: estimate-exceeds-claim" in res.output, res.output
+    # Every canary included: no audit at all, one line naming the cause (not "member has a single class").
+    c = GradientCanaries(SHAPES, count=20, sample_rate=Q, clip=1.0, seed=0, included=np.ones(20, bool))
+    c.observe(0, c.inject(0, {n: np.zeros(s) for n, s in SHAPES.items()}))
+    res = runner.invoke(app, ["audit", "canaries", str(c.save(tmp_path / "all")), *args[3:]])
+    assert res.exit_code == 2 and "20 of 20 canaries are included" in res.output, res.output
 
 
 # ---- score files as users write them ---------------------------------------------------------------------
