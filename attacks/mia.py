@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,15 +70,17 @@ def duplicated_nonmembers(ds, members: np.ndarray, nonmembers: np.ndarray) -> in
 
     A user's data may repeat records (a table with duplicate rows); a copy of a member in the holdout is
     scored like the member it repeats but counted as a non-member, so every attack's AUC and TPR are
-    understated. Rows are compared by their bytes, a block of rows at a time (memory-mapped data stays out of
-    memory)."""
+    understated. Rows are compared by a 128-bit BLAKE2b digest of their bytes and label (two different rows
+    collide with probability ~2^-128 per pair), read a block of rows at a time: memory-mapped data stays out
+    of memory, and the set holds 16 bytes per member instead of the row (~600 MB for CIFAR-10's members)."""
 
     def row_keys(idx: np.ndarray):
         for start in range(0, len(idx), 4096):
             part = np.asarray(idx[start : start + 4096], dtype=np.int64)
             rows = np.ascontiguousarray(ds.rows(part).reshape(len(part), -1))
             labels = np.asarray(ds.y[part], dtype=np.int64)
-            yield from (row.tobytes() + label.tobytes() for row, label in zip(rows, labels, strict=True))
+            for row, label in zip(rows, labels, strict=True):
+                yield hashlib.blake2b(row.tobytes() + label.tobytes(), digest_size=16).digest()
 
     seen = set(row_keys(members))
     return sum(key in seen for key in row_keys(nonmembers))
