@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -12,6 +13,23 @@ from dpaudit.cli.main import app
 from dpaudit.training.config import DPConfig, TrainConfig
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _small_attack_families(monkeypatch):
+    """These tests check what the demo wires together and reports (the report's sections, verdicts and
+    reruns), not how well MI-FACE or a Cloak do: those have their own tests (tests/attacks/test_inversion.py,
+    tests/cloak/). So MI-FACE runs 5 iterations from one start (its default: up to 500 from 4, ~60% of a
+    demo test's time) and the Cloak trains 1 epoch (default 30); every family still runs on every model."""
+    import attacks.inversion as inversion
+    import dpaudit.training.cloak as cloak
+
+    class FewStepsMIFace(inversion.MIFace):
+        def __init__(self, **kw):
+            super().__init__(**{"iterations": 5, "restarts": 1, **kw})
+
+    monkeypatch.setattr(inversion, "MIFace", FewStepsMIFace)
+    monkeypatch.setattr(cloak, "CloakConfig", functools.partial(cloak.CloakConfig, epochs=1))
 
 
 @pytest.fixture
