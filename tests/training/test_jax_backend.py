@@ -401,7 +401,22 @@ def test_jl_directions_are_standard_normal_and_shared_by_chunks():
         assert not np.allclose(np.asarray(prog._directions(params, 8)[0]["1.weight"]), np.asarray(v[0]["1.weight"]))
 
 
-def test_jl_training_makes_the_torch_jl_trainers_claim():
+def test_jl_training_makes_the_torch_jl_trainers_claim(monkeypatch):
+    # The JL mixture's PLD claim takes ~10 s; both trainers ask dpsgd.privacy_claim for it, so it is computed once
+    # per distinct (setting, dp) they pass. A jax trainer that passed another setting (steps, rate, σ) would get a
+    # claim of its own, computed, and the comparison below would see it.
+    import copy
+
+    import dpaudit.training.dpsgd as dpsgd
+
+    claims, privacy_claim = {}, dpsgd.privacy_claim
+
+    def claim_once(setting, dp):
+        if (setting, dp) not in claims:
+            claims[setting, dp] = privacy_claim(setting, dp)
+        return copy.deepcopy(claims[setting, dp])
+
+    monkeypatch.setattr(dpsgd, "privacy_claim", claim_once)
     config = TrainConfig(
         algo="dpsgd-jl", steps=3, batch_size=8, dp=DPConfig(noise_multiplier=2.0, jl_projections=2, accountant="pld")
     )
