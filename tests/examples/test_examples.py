@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -104,14 +105,18 @@ def _opacus_audit(tmp_path: Path, trainer: str):
 
 
 @pytest.mark.peers
-def test_opacus_pipeline_correct_is_not_a_violation(tmp_path, digits):
-    pytest.importorskip("opacus")
+def test_opacus_pipeline_correct_is_not_a_violation(github_workflow, digits):
+    """The correct pipeline's audit is the GitHub workflow's own `dpaudit audit train` command (the same
+    options as ``_opacus_audit``: 200 digits, OPACUS_RUNS a side, the claim at DELTA, --fail-on-violation,
+    which exited 0): run once, by ``github_workflow``, and read here."""
     from examples import opacus_pipeline
 
-    res, claim = _opacus_audit(tmp_path, "train")
-    assert res.exit_code == 0, res.output
-    d = json.loads(res.stdout)
+    claim = opacus_pipeline.claimed_epsilon(DELTA)
+    audit = next(s for s in github_workflow.scripts if "dpaudit audit train" in s)
+    assert f"--runs {OPACUS_RUNS}" in audit and "--train-size 200" in audit and "--fail-on-violation" in audit
+    d = json.loads((github_workflow.cwd / "audit.json").read_text())
     assert trials_needed(claim, delta=DELTA) <= OPACUS_RUNS
+    assert d["claimed_epsilon"] == pytest.approx(claim) and d["delta"] == DELTA
     assert d["verdict"] == "consistent" and d["formal"] and d["trainer"] == "examples.opacus_pipeline:train"
     assert d["epsilon_lower_bound"] <= claim < d["max_certifiable_epsilon"]
     assert _test_accuracy(opacus_pipeline.train, digits) > 0.3  # private, and still learns (chance: 0.1)
@@ -162,26 +167,43 @@ def test_opacus_step_example_planted_bug_fails():
 # ---- the GitHub Actions workflow's commands -------------------------------------------------------------------
 
 
-@pytest.mark.peers
-def test_github_workflow_commands_run(tmp_path):
-    """Run the workflow's own `run:` scripts (not the install step, not the actions) in a scratch
-    directory, with this environment's dpaudit and python: the audit must pass and leave its JSON."""
+@dataclass(frozen=True)
+class WorkflowRun:
+    scripts: list[str]  # the workflow's `run:` scripts that ran, in order
+    steps: list[dict]
+    cwd: Path  # where they ran (audit.json, spec.json); read-only for the tests that share it
+    summary: Path
+
+
+@pytest.fixture(scope="module")
+def github_workflow(tmp_path_factory) -> WorkflowRun:
+    """Run the workflow's own `run:` scripts (not the install step, not the actions) once, in a scratch
+    directory, with this environment's dpaudit and python; each must exit 0."""
     pytest.importorskip("opacus")
     yaml = pytest.importorskip("yaml")
     workflow = yaml.safe_load((ROOT / "examples" / "ci" / "github-audit.yml").read_text())
     steps = workflow["jobs"]["audit"]["steps"]
     scripts = [s["run"] for s in steps if "run" in s and "pip install" not in s["run"]]
-    assert any("dpaudit audit train --trainer examples.opacus_pipeline:train" in s for s in scripts)
-    assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in steps)
     bin_dir = Path(sys.executable).parent
     assert shutil.which("dpaudit", path=str(bin_dir)), "dpaudit must be installed next to this python"
-    summary = tmp_path / "summary.md"
+    cwd = tmp_path_factory.mktemp("workflow")
+    summary = cwd / "summary.md"
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the user's kept
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": pythonpath,
            "GITHUB_STEP_SUMMARY": str(summary), "DPAUDIT_TEST_THREADS": "1"}  # fmt: skip
     for script in scripts:
-        proc = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+        proc = subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, f"{script}\n{proc.stdout}\n{proc.stderr}"
-    d = json.loads((tmp_path / "audit.json").read_text())
+    return WorkflowRun(scripts, steps, cwd, summary)
+
+
+@pytest.mark.peers
+def test_github_workflow_commands_run(github_workflow):
+    """The workflow's commands ran (``github_workflow``): the audit passed and left its JSON and summary."""
+    scripts, steps = github_workflow.scripts, github_workflow.steps
+    assert any("dpaudit audit train --trainer examples.opacus_pipeline:train" in s for s in scripts)
+    assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in steps)
+    d = json.loads((github_workflow.cwd / "audit.json").read_text())
     assert d["verdict"] == "consistent" and d["trainer"] == "examples.opacus_pipeline:train"
-    assert (tmp_path / "spec.json").is_file() and "privacy audit: consistent" in summary.read_text()
+    assert (github_workflow.cwd / "spec.json").is_file()
+    assert "privacy audit: consistent" in github_workflow.summary.read_text()
