@@ -18,9 +18,12 @@ runner = CliRunner()
 @pytest.fixture(autouse=True)
 def _small_attack_families(monkeypatch):
     """These tests check what the demo wires together and reports (the report's sections, verdicts and
-    reruns), not how well MI-FACE or a Cloak do: those have their own tests (tests/attacks/test_inversion.py,
-    tests/cloak/). So MI-FACE runs 5 iterations from one start (its default: up to 500 from 4, ~60% of a
-    demo test's time) and the Cloak trains 1 epoch (default 30); every family still runs on every model."""
+    reruns), not how well MI-FACE, a Cloak or extraction do: those have their own tests
+    (tests/attacks/test_inversion.py, tests/cloak/, tests/attacks/test_extraction.py). So MI-FACE runs 5
+    iterations from one start (its default: up to 500 from 4, ~60% of a demo test's time), the Cloak trains 1
+    epoch (default 30) and extraction's surrogates at least 20 steps (default 1000, for each of the 4 points of
+    the fidelity curve); every family still runs on every model and is reported."""
+    import attacks.extraction as extraction
     import attacks.inversion as inversion
     import dpaudit.training.cloak as cloak
 
@@ -30,6 +33,7 @@ def _small_attack_families(monkeypatch):
 
     monkeypatch.setattr(inversion, "MIFace", FewStepsMIFace)
     monkeypatch.setattr(cloak, "CloakConfig", functools.partial(cloak.CloakConfig, epochs=1))
+    monkeypatch.setattr(extraction, "SURROGATE_MIN_STEPS", 20)
 
 
 @pytest.fixture
