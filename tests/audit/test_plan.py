@@ -43,8 +43,10 @@ def test_one_fewer_trial_does_not_certify_and_the_answer_does(target, kwargs):
 )
 def test_plan_reports_the_perfect_attack_size_beside_the_powered_one_in_the_right_unit(target, kwargs):
     # Against randomized response at 3x the claim (cheap to simulate): the powered size is at least the
-    # perfect-attack size, which is trials_needed; the JSON key names the unit.
-    plan = plan_design(target, true_epsilon=3 * target, family="randomized-response", simulations=60, **kwargs)
+    # perfect-attack size, which is trials_needed; the JSON key names the unit. The checks hold for any number of
+    # simulations the plan accepts (>= 17 show power 0.8 at 95%: the too-few-draws test below);
+    # 20, a few above it.
+    plan = plan_design(target, true_epsilon=3 * target, family="randomized-response", simulations=20, **kwargs)
     n = trials_needed(target, **kwargs)
     one_run = kwargs.get("method", "").startswith("one-run")
     assert isinstance(plan, DesignPlan) and plan.perfect_attack_size == n <= plan.size
