@@ -19,6 +19,7 @@ can re-account, together with the ε it gives at the chosen δ.
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections.abc import Callable
@@ -150,7 +151,21 @@ class PrivacySetting:
 
 def calibrate(setting: PrivacySetting, dp: DPConfig) -> float:
     """The smallest noise multiplier whose claim meets ``dp.target_epsilon`` at ``dp.delta``
-    (the accounting layer's calibration; the result provably meets the target)."""
+    (the accounting layer's calibration; the result provably meets the target).
+
+    Remembered per question (the setting, target, δ and accountant: all it reads): the answer is a pure
+    function of them, and the same question comes back, e.g. for every reference model of one recipe
+    (``attacks.reference.train_models``: one calibration, not one per model) and for ``train --canaries``'
+    design check before the training calibrates again."""
+    return _calibrate(calibrate_noise_multiplier, setting, dp.target_epsilon, dp.delta, dp.accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate(
+    root_finder: Callable[..., float], setting: PrivacySetting, target_epsilon: float, delta: float, accountant: str
+) -> float:
+    # ``root_finder`` is the accounting layer's calibrate_noise_multiplier, in the key so that a replaced one (a
+    # test's fake) is asked, never a remembered answer of the real one.
     extra: dict[str, Any] = {}
     if setting.jl_projections is not None:
         from dpaudit.accounting.jl import epsilon_lower_bound
@@ -158,25 +173,25 @@ def calibrate(setting: PrivacySetting, dp: DPConfig) -> float:
         q = setting.with_noise(1.0).event().event.sample_rate  # SelfComposed(PoissonSampled(q, JLGaussian))
 
         def floor(s: float) -> float:
-            return epsilon_lower_bound(s, setting.jl_projections, q, setting.steps, dp.delta)
+            return epsilon_lower_bound(s, setting.jl_projections, q, setting.steps, delta)
 
         # Each PLD evaluation of the JL mixture takes tens of seconds: a fast formal lower bound answers an
         # unreachable target at once, and sigma to 1% (the claim is verified whatever the tolerance).
         extra = {"lower_bound": floor, "tol": 1e-2}
     try:
         return float(
-            calibrate_noise_multiplier(
-                target_epsilon=dp.target_epsilon,
-                delta=dp.delta,
+            root_finder(
+                target_epsilon=target_epsilon,
+                delta=delta,
                 make_event=lambda s: setting.with_noise(s).event(),
-                accountant=dp.accountant,
+                accountant=accountant,
                 neighbouring=setting.neighbouring,
                 **extra,
             )
         )
     except UnreachableTargetError as e:
         raise UnreachableTargetError(
-            f"ε = {numfmt.upper(dp.target_epsilon)} at δ = {numfmt.exact(dp.delta)} is unreachable for "
+            f"ε = {numfmt.upper(target_epsilon)} at δ = {numfmt.exact(delta)} is unreachable for "
             f"{setting.steps} steps "
             f"({setting.sampling} sampling, batch {setting.batch_size} of {setting.dataset_size}): {e}"
         ) from None

@@ -302,6 +302,31 @@ def test_calibrated_noise_meets_the_target(sampling):
     assert epsilon_for(setting.event(), 1e-5, "rdp", neighbouring=setting.neighbouring) == claim["epsilon"]
 
 
+def test_calibration_is_asked_once_per_question(monkeypatch):
+    """dpsgd.calibrate remembers its answers (a reference-model recipe asks the same question once per model):
+    the same setting, target, δ and accountant are calibrated once; any one of them changed is a new question."""
+    asked = []
+
+    def root_finder(*, target_epsilon, delta, make_event, accountant, neighbouring, **options):
+        asked.append((make_event(1.0), target_epsilon, delta, accountant, neighbouring))
+        return 1.0 + len(asked)  # a new answer for every question actually asked
+
+    monkeypatch.setattr(dpsgd, "calibrate_noise_multiplier", root_finder)
+    setting = PrivacySetting(0.0, 10, 100, 20, "poisson")
+    dp = DPConfig(target_epsilon=3.0)
+    first = dpsgd.calibrate(setting, dp)
+    assert dpsgd.calibrate(setting, DPConfig(target_epsilon=3.0, clip=2.0)) == first and len(asked) == 1
+    others = [
+        (PrivacySetting(0.0, 10, 100, 21, "poisson"), dp),
+        (PrivacySetting(0.0, 10, 100, 20, "shuffle"), DPConfig(target_epsilon=3.0, sampling="shuffle")),
+        (setting, DPConfig(target_epsilon=3.5)),
+        (setting, DPConfig(target_epsilon=3.0, delta=1e-6)),
+        (setting, DPConfig(target_epsilon=3.0, accountant="pld")),
+    ]
+    answers = [dpsgd.calibrate(s, d) for s, d in others]
+    assert len(asked) == 6 and len({first, *answers}) == 6
+
+
 # --- bad input --------------------------------------------------------------------------------------
 
 
