@@ -8,13 +8,9 @@ from typing import Any
 
 from attacks.metrics import nonmembers_needed  # the one low-FPR rule, shared with the attacks' JSON
 from dpaudit import numfmt
-from dpaudit.report._data import as_float, is_per_step
+from dpaudit.report._data import BOUND_DIGITS, as_float, is_per_step, summary_eps
 
 DASH = numfmt.DASH
-# Every ε and δ of the report is printed by dpaudit.numfmt (δ as given): claims rounded up at 6 significant digits,
-# lower bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed
-# one).
-BOUND_DIGITS = 3
 
 VERDICT_TEXT = {
     "violation": "violation",
@@ -176,21 +172,23 @@ def interval(ci: Any, spec: str = ".3f") -> str:
     return f"[{num(ci[0], spec)}, {num(ci[1], spec)}]"
 
 
-def claim_text(claim: Mapping[str, Any] | None) -> str:
-    """A model's claim, '7.99996 (δ = 1e-05)': ε rounded up (:func:`dpaudit.numfmt.upper`), δ as given."""
+def claim_text(claim: Mapping[str, Any] | None, shown: str | None = None) -> str:
+    """A model's claim, '7.99996 (δ = 1e-05)': ε rounded up (:func:`dpaudit.numfmt.upper`), or as ``shown``
+    (:func:`dpaudit.report._data.shown_against`), δ as given."""
     if claim is None:
         return "∞ (non-private)"
-    return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.exact(claim['delta'])})"
+    return f"{shown or numfmt.upper(claim['epsilon'])} (δ = {numfmt.exact(claim['delta'])})"
 
 
-def bound_text(digest: Mapping[str, Any] | None) -> str:
+def bound_text(digest: Mapping[str, Any] | None, shown: str | None = None) -> str:
     """'≥ 3.41 [white-box, one run] (whitebox-canaries, one-run, 95%)' for a summary's formal or estimate
-    digest (its threat model first: bounds under different ones are not comparable); — without one."""
+    digest (its threat model first: bounds under different ones are not comparable); — without one. The bound
+    rounded down, or as ``shown`` (:func:`dpaudit.report._data.shown_against`)."""
     if digest is None:
         return DASH
     threat = f"[{digest['threat_model']}] " if digest.get("threat_model") else ""
     return (
-        f"≥ {bound_eps(digest['epsilon_lower_bound'])} {threat}({digest['attack']}, {digest['method']}, "
+        f"≥ {shown or bound_eps(digest['epsilon_lower_bound'])} {threat}({digest['attack']}, {digest['method']}, "
         f"{percent(digest['confidence'])})"
     )
 
@@ -343,15 +341,17 @@ SUMMARY_HEADER = (
 
 
 def summary_cells(model: Mapping[str, Any]) -> list[str]:
-    """The summary row's text cells (all but the verdict), unescaped; each renderer escapes them."""
+    """The summary row's text cells (all but the verdict), unescaped; each renderer escapes them. The claimed ε
+    and the bounds beside it print so that they compare as the numbers do (:func:`summary_eps`)."""
     s = model["summary"]
-    estimate = bound_text(s["estimate"])
+    claimed, formal, estimated = summary_eps(model)
+    estimate = bound_text(s["estimate"], estimated)
     if s["estimate_verdict"] == "estimate-exceeds-claim":
         estimate += " — exceeds the claim"
     return [
         str(model["name"]),
-        claim_text(model["claim"]),
-        bound_text(s["formal"]),
+        claim_text(model["claim"], claimed),
+        bound_text(s["formal"], formal),
         estimate,
         with_attack(num(s["best_auc"]), s["best_auc_attack"]),
         tpr_summary(s),
@@ -410,16 +410,28 @@ def scalar_text(key: str, value: Any) -> str:
 NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")
 
 
+def _ratio_upper(x: Any) -> str:
+    """A group's upper confidence bound on noise std / σC, rounded up (:func:`dpaudit.numfmt.upper`) with digits
+    enough to compare with 1 as it does (:func:`dpaudit.numfmt.ordered`): the group is rejected exactly when the
+    bound is below 1 (the χ² test and its confidence bound are dual), so 0.99996 never prints as "1"."""
+    v = as_float(x)
+    if v is None or not math.isfinite(v):
+        return numfmt.upper(v)
+    return numfmt.ordered(v, 1.0, left_digits=4, left_up=True)[0]
+
+
 def noise_rows(check: Mapping[str, Any]) -> list[list[str]]:
-    """One row per parameter group of a noise check (unescaped text)."""
+    """One row per parameter group of a noise check (unescaped text): the ratio is an estimate (to nearest), its
+    upper bound rounded up (:func:`_ratio_upper`), the ratio the group resolves rounded down (never more power
+    than it has)."""
     return [
         [
             str(g["name"]),
             str(g["dof"]),
             num(g["ratio"], ".4g"),
-            num(g.get("ratio_upper"), ".4g"),
+            _ratio_upper(g.get("ratio_upper")),
             num(g["p_value"], ".3g"),
-            num(g.get("resolvable_ratio"), ".4g"),
+            numfmt.lower(g.get("resolvable_ratio"), 4),
         ]
         for g in check["groups"]
     ]

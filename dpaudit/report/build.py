@@ -241,12 +241,37 @@ def validate_report(report: Any) -> None:
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(report))
     if error is None:
+        _check_sizes(report)
         return
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or " (top level)"
     message = " ".join(error.message.split())
     if len(message) > 200:
         message = message[:197] + "..."
     raise InputError(f"invalid report: report{where}: {message}")
+
+
+def _check_sizes(report: Mapping[str, Any]) -> None:
+    """What the schema cannot say and the figures rely on: sizes that must agree (a ROC's FPRs and TPRs, an
+    inversion's values and the feature shape, a cloak's σ map and the feature shape). A report.json from
+    elsewhere that breaks one is refused in one line, not drawn into a traceback."""
+    for i, m in enumerate(report["models"]):
+        for family, results in m["attacks"].items():
+            for j, a in enumerate(results or []):
+                where = f"report.models[{i}].attacks.{family}[{j}]"
+                roc = a.get("roc") if family == "membership" else None
+                if roc and len(roc["fpr"]) != len(roc["tpr"]):
+                    raise InputError(f"invalid report: {where}.roc: {len(roc['fpr'])} FPRs but {len(roc['tpr'])} TPRs")
+                if "feature_shape" not in a:
+                    continue
+                size = int(np.prod(a["feature_shape"]))
+                for key, values in [("sigma_map", a.get("sigma_map"))] + [
+                    (f"inversions[{k}]", v) for k, v in enumerate(a.get("inversions") or [])
+                ]:
+                    if values is not None and len(values) != size:
+                        raise InputError(
+                            f"invalid report: {where}.{key}: {len(values)} values, but feature_shape "
+                            f"{a['feature_shape']} has {size}"
+                        )
 
 
 def load_report(path: Path | str) -> dict[str, Any]:

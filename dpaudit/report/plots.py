@@ -25,7 +25,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator
 
 from dpaudit import numfmt
-from dpaudit.report._data import LOW_FPR, as_float, tradeoff_curve, tradeoff_layers
+from dpaudit.report._data import LOW_FPR, as_float, summary_eps, tradeoff_curve, tradeoff_layers
 
 DPI = 120
 VERDICT_COLORS = {
@@ -37,7 +37,13 @@ VERDICT_COLORS = {
     None: "#757575",
 }
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-_RC = {"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3}
+# text.parse_math off: every text on a figure is literal. Names come from strangers' run folders, plug-ins and
+# data files; with mathtext on, "$x^$" in a run name stopped the whole report (matplotlib's ValueError) and
+# "$\alpha$" printed as α, a name the run does not have. No figure of ours uses mathtext.
+_RC = {
+    "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3,
+    "text.parse_math": False,
+}  # fmt: skip
 
 
 def png(make: Callable[[], Figure | None]) -> bytes | None:
@@ -74,18 +80,19 @@ def roc_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figure | 
     lo = min(min(1.0 / max(1, min(a["n_members"], a["n_nonmembers"])) for a in attacks) / 2, LOW_FPR / 2)
     fig = Figure(figsize=(5.2, 4.4), layout="constrained")
     ax = fig.add_subplot()
-    ax.plot([lo, 1], [lo, 1], ls="--", color="#888888", lw=1, label="chance (AUC 0.5)")
+    handles = ax.plot([lo, 1], [lo, 1], ls="--", color="#888888", lw=1, label="chance (AUC 0.5)")
     for a in attacks:
         fpr, tpr = np.asarray(a["roc"]["fpr"], dtype=float), np.asarray(a["roc"]["tpr"], dtype=float)
         keep = (fpr > 0) & (tpr > 0)
-        ax.plot(
-            fpr[keep], tpr[keep], color=colors.get(a["attack"]), lw=1.6, label=f"{a['attack']} (AUC {a['auc']:.3f})"
-        )
+        label = f"{a['attack']} (AUC {a['auc']:.3f})"  # the tables' AUC (dpaudit.report._format.num, .3f)
+        handles += ax.plot(fpr[keep], tpr[keep], color=colors.get(a["attack"]), lw=1.6, label=label)
     ax.axvline(LOW_FPR, color="#555555", lw=0.8, ls=":")
     ax.text(LOW_FPR * 1.1, lo * 1.3, "FPR 0.1%", fontsize=7, color="#555555")
     ax.set(xscale="log", yscale="log", xlim=(lo, 1), ylim=(lo, 1.05))
     ax.set(xlabel="false positive rate", ylabel="true positive rate", title=f"ROC: {model['name']}")
-    ax.legend(loc="lower right")
+    # Handles passed explicitly: matplotlib leaves out of a legend any label that starts with "_", and a plug-in's
+    # attack may be named so.
+    ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="lower right")
     return fig
 
 
@@ -188,9 +195,11 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
         finite += [as_float(m["summary"]["claimed_epsilon"]), _headline_bound(m["summary"])[0]]
         finite += [as_float(a.get("max_certifiable_epsilon")) for a in m["audits"]]
         finite += [as_float(a.get("claimed_epsilon")) for a in m["audits"]]
-    top = max([2.0, *(v for v in finite if v is not None and math.isfinite(v))])
+    # Capped where the symlog axis still computes without overflow (1e308 x 2.6 is no float): a larger finite ε
+    # (a stranger's report) sits at the right edge, its number printed beside it.
+    top = min(1e100, max([2.0, *(v for v in finite if v is not None and math.isfinite(v))]))
     x_inf, xmax = top * 1.8, top * 2.6
-    place = lambda v: x_inf if math.isinf(v) else v  # noqa: E731
+    place = lambda v: x_inf if math.isinf(v) else min(v, xmax)  # noqa: E731
     fig = Figure(figsize=(6.6, 1.9 + 0.6 * len(models)), layout="constrained")
     ax = fig.add_subplot()
     ax.set_xscale("symlog", linthresh=1.0, linscale=0.8)
@@ -209,9 +218,10 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
         elif lb is not None:  # ε ≥ 0: nothing shown, so no arrow
             ax.plot(0, y, marker="o", ms=7, mfc="white", mec=color, ls="none", clip_on=False)
             drawn.add("zero")
+        claim_shown, *bounds = summary_eps(m)  # as the summary table prints them
         if lb is not None:
             what = ("formal" if formal else "estimate") + (f", {threat}" if threat else "")
-            text = f"ε ≥ {numfmt.lower(lb)} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
+            text = f"ε ≥ {bounds[0 if formal else 1]} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
             ax.annotate(text, (place(lb), y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color)
         for a in m["audits"]:
             cert = as_float(a.get("max_certifiable_epsilon"))
@@ -222,7 +232,9 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
             if claimed is not None and m["claim"] is None:
                 ax.plot(place(claimed), y, marker="D", ms=7, mfc="white", mec="black", ls="none")
                 drawn.add("tested")
-        ax.plot(place(as_float(s["claimed_epsilon"])), y, marker="D", ms=8, color="black", ls="none")
+        x_claim = place(as_float(s["claimed_epsilon"]))
+        ax.plot(x_claim, y, marker="D", ms=8, color="black", ls="none")
+        ax.annotate(claim_shown, (x_claim, y), xytext=(0, -13), textcoords="offset points", fontsize=7, ha="center")
     ticks = [t for t in (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top * 1.2]
     ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞"])
     ax.xaxis.set_minor_locator(FixedLocator([]))
@@ -389,8 +401,8 @@ def icl_figure(result: Mapping[str, Any]) -> Figure | None:
     """The ICL membership attack's AUC and the canary one-run ε lower bound per setting (one noise-free
     prompt, DP-ICL at the run's ε), from ``dpaudit.workflows.icl.run_icl``; None without settings."""
     rows = result.get("settings") or []
-    if not rows:
-        return None
+    if not rows or any(r.get(k) is None for r in rows for k in ("auc", "canary_epsilon_lower_bound")):
+        return None  # nothing, or a partial result: its numbers are in the result's JSON below the figure
     eps = [float(r["epsilon"]) for r in rows]  # the report spells infinity "inf"
     labels = [f"ε = {numfmt.upper(e)}" for e in eps]  # each setting's claimed ε, rounded up
     fig = Figure(figsize=(4.6, 2.8), layout="constrained")

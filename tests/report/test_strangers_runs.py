@@ -1,0 +1,227 @@
+"""Reports from strangers' runs and report.json files: names that are markup, one answer in every format, and
+one-line refusals of a report.json whose parts the renderers cannot read.
+
+Planted and caught here (each test says which): mathtext left on in the figures (a run folder named "$x^$" stopped
+the whole report with matplotlib's ValueError); a ROC legend that drops a "_"-named attack; the summary row printing
+its bound without :func:`dpaudit.numfmt.ordered` ("≥ 7.99 | claimed 7.99996 | violation"); the trade-off plot's
+labels doing the same; the noise check's upper bound rounded to nearest ("1" for 0.99996, beside a rejection); the
+schema's old tpr_at_fpr key pattern and untyped family results (tracebacks from a report.json); the ε figure's axis
+overflowing at a finite ε near the float maximum.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import re
+from decimal import Decimal
+from html.parser import HTMLParser
+
+import pytest
+
+from dpaudit.errors import InputError
+from dpaudit.report import _data as data
+from dpaudit.report.build import build_report, validate_report
+from dpaudit.report.html import render_html
+from dpaudit.report.markdown import render_markdown
+from dpaudit.report.plots import epsilon_figure, png, roc_figure
+
+CLAIM, BOUND = 7.999954, 7.999957  # a formal bound just above the claim: rounding alone prints "7.99 < 7.99996"
+
+
+def _near_tie(report: dict) -> dict:
+    """The fixture's ε = 8 model with its formal (one-run) audit a violation by 3e-6, rebuilt."""
+    m = copy.deepcopy(report["models"][2])
+    m["claim"]["epsilon"] = CLAIM
+    for a in m["audits"]:
+        a["claimed_epsilon"] = CLAIM
+    formal = next(a for a in m["audits"] if a["formal"])
+    formal.update(epsilon_lower_bound=BOUND, verdict="violation", max_certifiable_epsilon=9.0)
+    return m
+
+
+class _Rows(HTMLParser):
+    """The text of each row of the page's first table (the summary), cells unescaped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables, self.rows, self.cell = 0, [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables += 1
+        elif tag == "tr" and self.tables == 1:
+            self.rows.append([])
+        elif tag in ("td", "th") and self.tables == 1:
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(" ".join(self.cell.split()))
+            self.cell = None
+
+    def handle_data(self, text):
+        if self.cell is not None:
+            self.cell += text
+
+
+def _md_rows(text: str) -> list[list[str]]:
+    """The summary table of a Markdown report, cells unescaped (backslash escapes removed)."""
+    lines = text.split("## Summary\n\n", 1)[1].splitlines()
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        cells = re.split(r"(?<!\\)\|", line)[1:-1]
+        rows.append([re.sub(r"\\(.)", r"\1", c).strip() for c in cells])
+    return [rows[0], *rows[2:]]  # header, then the models (the |---| line dropped)
+
+
+def _eps(cell: str, before: str = "≥ ") -> Decimal | None:
+    m = re.search(re.escape(before) + r"([0-9.e+-]+)", cell)
+    return Decimal(m.group(1)) if m else None
+
+
+def test_one_answer_in_json_markdown_and_html(report, monkeypatch):
+    """Every summary cell reads the same in Markdown and HTML; each ε printed is on the safe side of the JSON's
+    number (claim ≥, bound ≤) and the printed bound and claim compare as the verdict says. Planted: the summary
+    cell's bound without numfmt.ordered (shows "≥ 7.99" beside "7.99996" and VIOLATION)."""
+    monkeypatch.setattr("dpaudit.report.html.plots.png", lambda make: None)  # tables only (figures: below)
+    r = build_report([*report["models"], _near_tie(report)], title="t")
+    md_rows, page = _md_rows(render_markdown(r)), _Rows()
+    page.feed(render_html(r))
+    for row in md_rows:  # Markdown stresses a violation as **VIOLATION**, HTML with a red badge
+        row[-1] = row[-1].strip("*").lower()
+    assert md_rows == page.rows and len(md_rows) == 1 + len(r["models"])
+    for row, m in zip(md_rows[1:], r["models"], strict=True):
+        s = m["summary"]
+        name, claimed, formal, estimate, auc = row[:5]
+        assert name == m["name"]
+        if m["claim"] is not None:
+            c = Decimal(claimed.split(" ")[0])
+            assert c >= Decimal(m["claim"]["epsilon"]) or float(c) == m["claim"]["epsilon"]
+        for cell, digest in ((formal, s["formal"]), (estimate, s["estimate"])):
+            if digest is None:
+                continue
+            b = _eps(cell)
+            assert b <= Decimal(digest["epsilon_lower_bound"]) or float(b) == digest["epsilon_lower_bound"], cell
+            if m["claim"] is not None and digest is s["formal"]:
+                assert (b > c) == (digest["verdict"] == "violation"), (cell, claimed, digest["verdict"])
+        assert auc.split(" ")[0] == f"{s['best_auc']:.3f}"
+    assert md_rows[-1][-1] == "violation" and "7.999957" in md_rows[-1][2] and md_rows[-1][1].startswith("7.999954")
+
+
+def test_plot_labels_show_the_violation_as_the_table_does(report):
+    """The trade-off plot's claim and bound labels compare as the numbers do. Planted: numfmt.lower(lb) in the
+    label (prints "not (7.99, δ = 1e-05)-DP" beside "claimed ε = 7.99996")."""
+    layers = data.tradeoff_layers(build_report([_near_tie(report)], title="t")["models"][0])
+    claim = Decimal(re.search(r"claimed ε = (\S+),", layers["claims"][0]["label"]).group(1))
+    (bound,) = [b for b in layers["formal_bounds"] if b["verdict"] == "violation"]
+    assert Decimal(re.search(r"not \((\S+), δ", bound["label"]).group(1)) > claim
+
+
+def test_names_are_drawn_literally_not_as_mathtext(report):
+    """A run folder, attack or class name with dollar signs is a name, not TeX. Planted: text.parse_math left on
+    (matplotlib raised ValueError on "$x^$" and the whole report failed)."""
+    m = copy.deepcopy(report["models"][0])
+    m["name"] = "run $x^$ {1}"
+    m["attacks"]["membership"][0]["attack"] = "lira $\\frac{1$"
+    page = render_html(build_report([m], title="$x^$"))
+    assert "run $x^$ {1}" in html.unescape(page)
+
+
+def test_an_attack_named_with_an_underscore_keeps_its_legend_entry(report):
+    """Planted: ax.legend() without handles (matplotlib drops labels that start with "_")."""
+    m = copy.deepcopy(report["models"][1])
+    m["attacks"]["membership"][0]["attack"] = "_plugin"
+    fig = roc_figure(m, {})
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(label.startswith("_plugin (AUC") for label in labels), labels
+
+
+def test_noise_upper_bound_is_rounded_up_and_compared_with_one():
+    """A group is rejected exactly when its upper bound on noise std / σC is below 1. Planted: ".4g" (to nearest)
+    printed 0.99996 as "1" beside a rejection."""
+    from dpaudit.report._format import noise_rows
+
+    group = {"name": "w", "dof": 10, "ratio": 0.5, "ratio_upper": 0.99996, "p_value": 0.01, "resolvable_ratio": 0.77777}
+    (row,) = noise_rows({"groups": [group]})
+    assert Decimal(row[3]) < 1 and Decimal(row[3]) >= Decimal("0.99996")
+    assert row[5] == "0.7777"  # what it resolves: rounded down, never more power than it has
+    (row,) = noise_rows({"groups": [{**group, "ratio_upper": 1.00004}]})
+    assert Decimal(row[3]) > 1
+
+
+def _set(path: str, value):
+    """A change of the report: set the value at ``path`` ("models/0/claim/epsilon"; numbers index lists)."""
+
+    def key(node, k):
+        return int(k) if isinstance(node, list) else k
+
+    def change(r):
+        *parents, last = path.split("/")
+        node = r
+        for p in parents:
+            node = node[key(node, p)]
+        node[key(node, last)] = value
+
+    return change
+
+
+M0 = "models/0"
+HOSTILE = {
+    "FPR key '..'": _set(f"{M0}/attacks/membership/0/tpr_at_fpr/..", 0.5),
+    "FPR key '0'": _set(f"{M0}/attacks/membership/0/tpr_at_fpr/0", 0.5),
+    "FPR key 1e-400": _set(f"{M0}/attacks/membership/0/tpr_at_fpr/1e-400", 0.5),
+    "ROC of unequal lengths": _set(f"{M0}/attacks/membership/0/roc", {"fpr": [0.1, 0.2], "tpr": [0.5]}),
+    "audit details not an object": _set(f"{M0}/audits/0/details", "x"),
+    "refutation not an object": _set(f"{M0}/audits/0/refutation", "x"),
+    "PATE recipe not an object": _set(f"{M0}/training/aggregation", {"recipe": 5}),
+    "data-dependent ε not a number": _set("models/1/claim/data_dependent", {"epsilon": "x"}),
+    "inversion of the wrong size": _set(
+        f"{M0}/attacks/inversion", [{"attack": "mi-face", "feature_shape": [8, 8], "inversions": [[0.0] * 63]}]
+    ),
+    "cloak σ map of the wrong size": _set(
+        f"{M0}/attacks/cloak", [{"attack": "cloak", "feature_shape": [2, 2], "sigma_map": [1.0, 2.0, 3.0]}]
+    ),
+    "extraction curve without fidelity": _set(
+        f"{M0}/attacks/extraction", [{"attack": "x", "curve": [{"queries": 1, "fidelity": 0.5}, {"queries": 2}]}]
+    ),
+    "ICL setting ε not a number": _set(
+        f"{M0}/attacks/icl",
+        [{"attack": "icl", "settings": [{"epsilon": "x", "auc": 0.5, "canary_epsilon_lower_bound": 0}]}],
+    ),
+    "noise ratio not a number": _set(
+        f"{M0}/noise_checks",
+        [
+            {
+                "noise_std": 1,
+                "alpha": 0.05,
+                "formal": True,
+                "verdict": "consistent",
+                "variance_p_value": 0.5,
+                "statement": "s",
+                "groups": [{"name": "g", "dof": 1, "ratio": "x", "p_value": 1}],
+            }
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("change", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_report_json_the_renderers_cannot_read_is_refused_in_one_line(report, change):
+    """Each of these passed validation and then stopped the renderer with a traceback (ValueError, KeyError,
+    ZeroDivisionError, ...). Planted: the schema before (tpr_at_fpr keys "^[0-9.eE+-]+$", family results untyped)."""
+    change(report)
+    with pytest.raises(InputError, match=r"^invalid report: report\.models\[[01]\]") as e:
+        validate_report(report)
+    assert "\n" not in str(e.value)
+
+
+def test_the_epsilon_figure_draws_an_epsilon_near_the_float_maximum(report):
+    """Planted: the axis limit top × 2.6 uncapped (inf: "Axis limits cannot be NaN or Inf")."""
+    m = copy.deepcopy(report["models"][1])
+    m["claim"]["epsilon"] = 1e308
+    fig = epsilon_figure(build_report([m], title="t"))
+    assert fig.axes[0].get_xlim()[1] < float("inf")
+    assert png(lambda: fig).startswith(b"\x89PNG")
