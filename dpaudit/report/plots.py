@@ -8,6 +8,7 @@ into deterministic PNG bytes (fixed style, fixed dpi, no "Software"/date metadat
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator
 
 from dpaudit import numfmt
-from dpaudit.report._data import LOW_FPR, as_float, summary_eps, tradeoff_curve, tradeoff_layers
+from dpaudit.report._data import LOW_FPR, as_float, summary_eps, tradeoff_curve, tradeoff_layers, visible
 
 DPI = 120
 VERDICT_COLORS = {
@@ -44,6 +45,26 @@ _RC = {
     "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3,
     "text.parse_math": False,
 }  # fmt: skip
+
+
+@functools.cache
+def _glyphs() -> frozenset[int]:
+    """The code points the figures' font (DejaVu Sans, shipped with matplotlib: the default style's) can draw."""
+    from matplotlib import font_manager, ft2font
+
+    with style.context("default"):
+        path = font_manager.findfont(font_manager.FontProperties())
+    return frozenset(ft2font.FT2Font(path).get_charmap())
+
+
+def drawable(text: Any) -> str:
+    """A report text as a figure shows it: control and bidirectional control characters written out
+    (:func:`dpaudit.report._data.visible`), and each character the font has no glyph for as its code point
+    (模 → ⟨U+6A21⟩): matplotlib would draw the same empty box for all of them (two run names in Chinese read alike
+    on the ε figure) and warn once per character. The Markdown and HTML text around the figure shows the names
+    as they are."""
+    glyphs = _glyphs()
+    return "".join(c if ord(c) in glyphs or c == "\n" else f"⟨U+{ord(c):04X}⟩" for c in visible(text))
 
 
 def png(make: Callable[[], Figure | None]) -> bytes | None:
@@ -84,12 +105,12 @@ def roc_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figure | 
     for a in attacks:
         fpr, tpr = np.asarray(a["roc"]["fpr"], dtype=float), np.asarray(a["roc"]["tpr"], dtype=float)
         keep = (fpr > 0) & (tpr > 0)
-        label = f"{a['attack']} (AUC {a['auc']:.3f})"  # the tables' AUC (dpaudit.report._format.num, .3f)
+        label = drawable(f"{a['attack']} (AUC {a['auc']:.3f})")  # the tables' AUC (dpaudit.report._format.num)
         handles += ax.plot(fpr[keep], tpr[keep], color=colors.get(a["attack"]), lw=1.6, label=label)
     ax.axvline(LOW_FPR, color="#555555", lw=0.8, ls=":")
     ax.text(LOW_FPR * 1.1, lo * 1.3, "FPR 0.1%", fontsize=7, color="#555555")
     ax.set(xscale="log", yscale="log", xlim=(lo, 1), ylim=(lo, 1.05))
-    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=f"ROC: {model['name']}")
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=drawable(f"ROC: {model['name']}"))
     # Handles passed explicitly: matplotlib leaves out of a legend any label that starts with "_", and a plug-in's
     # attack may be named so.
     ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="lower right")
@@ -121,16 +142,18 @@ def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figu
     ax = fig.add_subplot()
     alpha = np.geomspace(lo, 1.0, 400)
     for i, (e, d, label) in enumerate(claims):
-        ax.plot(alpha, tradeoff_curve(alpha, e, d), color="black", lw=1.5, ls="-" if i == 0 else "--", label=label)
+        ax.plot(
+            alpha, tradeoff_curve(alpha, e, d), color="black", lw=1.5, ls="-" if i == 0 else "--", label=drawable(label)
+        )
     for b in bounds:  # formal one-run bounds: the mechanism's curve goes below this one somewhere
         color = VERDICT_COLORS.get(b["verdict"], VERDICT_COLORS[None])
         if b["drawn"]:
             curve = tradeoff_curve(alpha, b["epsilon_lower_bound"], b["delta"])
-            ax.plot(alpha, curve, color=color, lw=2.0, ls="-.", label=b["label"])
+            ax.plot(alpha, curve, color=color, lw=2.0, ls="-.", label=drawable(b["label"]))
         else:  # ε ≥ 0 bounds nothing: listed, not drawn
-            ax.plot([], [], ls="none", label=b["label"])
+            ax.plot([], [], ls="none", label=drawable(b["label"]))
     for r in refuted:
-        ax.plot([], [], ls="none", label=r["label"])
+        ax.plot([], [], ls="none", label=drawable(r["label"]))
     # Different shapes, hollow but for gdp, so audits of the same scores at the same threshold stay visible.
     markers = {"gdp": ("o", 6), "clopper-pearson": ("s", 10), "one-run": ("^", 9), "one-run-fdp": ("D", 8)}
     for p in points:
@@ -153,10 +176,10 @@ def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figu
             color=color,
             ls="none",
             clip_on=False,
-            label=p["label"],
+            label=drawable(p["label"]),
         )
     ax.set(xscale="log", xlim=(lo, 1.4), ylim=(-0.04, 1.04))  # a little room so points at (1, 0) stay visible
-    title = f"Trade-off: {model['name']}" + (" (no claim: ε = ∞)" if model["claim"] is None else "")
+    title = drawable(f"Trade-off: {model['name']}" + (" (no claim: ε = ∞)" if model["claim"] is None else ""))
     ax.set(xlabel="false positive rate (α)", ylabel="false negative rate (β)", title=title)
     legend_title = "[threat model]; dash-dot: formal bound"
     if points:
@@ -222,7 +245,9 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
         if lb is not None:
             what = ("formal" if formal else "estimate") + (f", {threat}" if threat else "")
             text = f"ε ≥ {bounds[0 if formal else 1]} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
-            ax.annotate(text, (place(lb), y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color)
+            ax.annotate(
+                drawable(text), (place(lb), y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color
+            )
         for a in m["audits"]:
             cert = as_float(a.get("max_certifiable_epsilon"))
             if cert is not None:
@@ -238,7 +263,7 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
     ticks = [t for t in (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top * 1.2]
     ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞"])
     ax.xaxis.set_minor_locator(FixedLocator([]))
-    ax.set_yticks(range(len(models)), [m["name"] for m in reversed(models)])
+    ax.set_yticks(range(len(models)), [drawable(m["name"]) for m in reversed(models)])
     ax.set(
         xlim=(0, xmax), ylim=(-0.7, len(models) - 0.3), xlabel="ε",
         title="Claimed ε vs empirical lower bound (each under its own threat model)",
@@ -297,7 +322,7 @@ def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
         drawn.add("refuted" if refuted else "test")
         right = x == max(xs)  # the right-most label goes left of its point so it stays inside the axes
         ax.annotate(
-            name + (" (claim refuted)" if refuted else ""),
+            drawable(name + (" (claim refuted)" if refuted else "")),
             (x, acc),
             xytext=(-7 if right else 7, 0),
             textcoords="offset points",
@@ -340,7 +365,7 @@ def inversion_figure(result: Mapping[str, Any]) -> Figure | None:
     for i, (ax, img) in enumerate(zip(axes, images, strict=True)):
         ax.imshow(np.asarray(img, dtype=float).reshape(h, w), cmap="gray_r", interpolation="nearest")
         c = per_class[i] if i < len(per_class) else {}
-        ax.set_title(f"{c.get('class', i)} → {c.get('identified_as', '?')}", fontsize=8)
+        ax.set_title(drawable(f"{c.get('class', i)} → {c.get('identified_as', '?')}"), fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
         ax.grid(False)
@@ -362,7 +387,7 @@ def extraction_figure(result: Mapping[str, Any]) -> Figure | None:
         ax.plot(q, [c["fidelity_uniform"] for c in curve], marker="s", ls="--", label="uniform in the feature box")
     ax.set(
         xscale="log", ylim=(0, 1.02), xlabel="queries", ylabel="fidelity (agreement with the target)",
-        title=f"Extraction ({result.get('method', '?')}, api {result.get('api', '?')})",
+        title=drawable(f"Extraction ({result.get('method', '?')}, api {result.get('api', '?')})"),
     )  # fmt: skip
     ax.set_xticks(q, [f"{x:g}" for x in q])  # the budgets measured, not powers of ten
     ax.xaxis.set_minor_locator(FixedLocator([]))
@@ -420,5 +445,5 @@ def icl_figure(result: Mapping[str, Any]) -> Figure | None:
             ax2.annotate("claimed ε", (i, e), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
     ax2.set(xticks=x, ylabel="canary ε lower bound (formal)")
     ax2.set_xticklabels(labels)
-    fig.suptitle(f"ICL membership ({result.get('shots', '?')} shots)", fontsize=9)
+    fig.suptitle(drawable(f"ICL membership ({result.get('shots', '?')} shots)"), fontsize=9)
     return fig

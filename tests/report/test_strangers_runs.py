@@ -225,3 +225,32 @@ def test_the_epsilon_figure_draws_an_epsilon_near_the_float_maximum(report):
     fig = epsilon_figure(build_report([m], title="t"))
     assert fig.axes[0].get_xlim()[1] < float("inf")
     assert png(lambda: fig).startswith(b"\x89PNG")
+
+
+def test_bidi_and_control_characters_in_a_name_are_written_out(report, monkeypatch):
+    """A right-to-left override in a run name reversed, on screen, the rest of its line: the headline's numbers
+    after it ("21" for 12). Planted: _e / md without dpaudit.report._data.visible."""
+    monkeypatch.setattr("dpaudit.report.html.plots.png", lambda make: None)
+    m = copy.deepcopy(report["models"][0])
+    m["name"] = "run\u202e\x1b[2J\u2066"
+    r = build_report([m], title="t\u202e")
+    for text in (render_markdown(r), render_html(r)):
+        assert not re.search("[\u202e\u2066\x1b]", text)
+        assert "run⟨U+202E⟩⟨U+001B⟩" in text and "⟨U+2066⟩" in text
+
+
+def test_figures_write_out_what_their_font_cannot_draw(report):
+    """Two runs named in Chinese were the same row of empty boxes on the ε figure (and matplotlib warned once per
+    character). Planted: drawable() returning the text as it is."""
+    import warnings
+
+    from dpaudit.report.plots import drawable
+
+    assert drawable("模型 A") == "⟨U+6A21⟩⟨U+578B⟩ A" and drawable("ε ≥ 0.5 → δ") == "ε ≥ 0.5 → δ"
+    m = copy.deepcopy(report["models"][1])
+    m["name"] = "模型"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Glyph 27169 missing from font(s)" is a UserWarning
+        fig = roc_figure(m, {})
+        assert png(lambda: fig).startswith(b"\x89PNG")
+    assert fig.axes[0].get_title() == "ROC: ⟨U+6A21⟩⟨U+578B⟩"
