@@ -80,6 +80,11 @@ class MappedFile:
             self._mm.madvise(mmap.MADV_DONTNEED)
 
 
+# :attr:`Dataset.label_warnings`: from this many distinct numeric labels, values other than 0..K-1 or 1..K
+# are read as a quantity (an age) more likely than as class ids.
+QUANTITY_MIN_CLASSES = 20
+
+
 @dataclass(frozen=True, eq=False)
 class Dataset:
     """Features ``X`` (float32, or int64 token ids when ``kind == "tokens"``) and labels ``y``."""
@@ -99,6 +104,25 @@ class Dataset:
     # The labels as the data holds them, in sorted order: class i of ``y`` is ``classes[i]`` (what a user's own
     # training loop calls it: 1 and 2, -1 and 1, "cat" and "dog"); None where not known.
     classes: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def label_warnings(self) -> list[str]:
+        """A warning when the labels look like a quantity rather than class names: at least
+        :data:`QUANTITY_MIN_CLASSES` distinct numbers that are not the class ids 0..K-1 or 1..K (ages 18..90,
+        counts with gaps). dpaudit makes each distinct value a class of its own, so an age becomes a
+        70-class problem, silently; class ids of a real many-class problem are consecutive from 0 or 1 and
+        pass. A warning, never a refusal (integer ids such as 3, 17, 42, ... name classes too)."""
+        c = self.classes
+        if c is None or len(c) < QUANTITY_MIN_CLASSES or not np.issubdtype(c.dtype, np.number):
+            return []
+        k, lo, hi = len(c), c[0], c[-1]
+        if np.array_equal(c, np.arange(k)) or np.array_equal(c, np.arange(1, k + 1)):
+            return []
+        return [
+            f"the labels are {k} distinct numbers from {lo:g} to {hi:g}: dpaudit makes each value a class of its own "
+            f"(a {k}-class classifier); if the label is a quantity (an age, a count, a score), bin it into classes "
+            "first (regression targets are not supported)"
+        ]
 
     @property
     def feature_shape(self) -> tuple[int, ...]:

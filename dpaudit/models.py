@@ -630,6 +630,59 @@ def released_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
+    """Refuse, for private training, a model whose training-mode forward lets a record's logits depend on
+    the other records of its batch (a hand-written batch normalisation or batch centring under
+    ``if self.training``): DP-SGD clips per-example gradients of a loss Σ_i ℓ_i in which ℓ_i depends on
+    example i alone (Abadi et al. 2016, Alg. 1); with mixing, removing one record changes every other
+    record's gradient, so the clipped sum's sensitivity is no longer C, and the ghost method (norms from
+    the batched pass) computes norms of another function. The build-time check
+    (:meth:`PythonSpec._check_per_record`) runs in eval mode and cannot see it.
+
+    How: two training-mode passes on batches of two that share row 0 (``x``'s first record) and differ
+    in row 1, each from the same random state (same shapes, so Dropout draws the same masks for row 0),
+    must give row 0 the same logits. A model whose passes differ from the same state (randomness outside
+    torch's generator) or that cannot run on two records is not tested. The random state and the
+    buffers are restored, the mode too."""
+    first = x[:1]
+    second = x[1:2] if x.shape[0] >= 2 else first
+    other = second + 1 if second.is_floating_point() else (second == 0).to(second.dtype)  # another valid record
+    pairs = [torch.cat([first, second]), torch.cat([first, second]), torch.cat([first, other])]
+    buffers = {n: b for n, b in model.named_buffers()}
+    saved = {n: b.detach().clone() for n, b in buffers.items()}
+    devices = [x.device] if x.device.type == "cuda" else []
+    was_training = model.training
+    rows = []
+    try:
+        model.train()
+        with torch.no_grad():
+            for pair in pairs:
+                with torch.random.fork_rng(devices=devices):  # each pass from the same random state
+                    out = model(pair)
+                for n, b in buffers.items():
+                    b.copy_(saved[n])
+                if not isinstance(out, torch.Tensor) or out.is_meta or out.shape[:1] != (2,):
+                    return
+                rows.append(out[0].float())
+    except Exception:  # the user's code: a model that cannot run on two records is not tested here
+        return
+    finally:
+        model.train(was_training)
+    same, mixed = rows[0], rows[2]
+    # float32 rounding: the same shapes run the same kernels (equal bits on a CPU; a GPU's atomics ~1e-6)
+    scale = 1e-3 * (1 + float(same.abs().max()))
+    if not bool(((rows[1] - same).abs() <= scale).all()):
+        return  # random from outside torch's generator: cannot tell mixing from noise
+    if not bool(((mixed - same).abs() <= scale).all()):  # NaN (a batch std of 0) counts as a change
+        raise InputError(
+            "a record's logits depend on the other records of its batch in training mode (a statistic over "
+            "the batch dimension under `if self.training`, as BatchNorm computes?): per-example clipping needs "
+            "each record's loss to depend on that record alone (with mixing, one record moves every other "
+            "record's gradient, so the clipped sum's sensitivity is no longer C); compute statistics per record "
+            "(LayerNorm, GroupNorm)"
+        )
+
+
 def check_buffers_unchanged(model: nn.Module, before: dict[str, torch.Tensor], x: torch.Tensor) -> None:
     """Refuse a model whose training forward pass changed a saved floating-point buffer as a function of
     the data (a running statistic, as BatchNorm's): DP-SGD noises the gradients only, so such a buffer

@@ -101,6 +101,7 @@ from dpaudit.models import (
     ParameterWatch,
     check_buffers_unchanged,
     check_full_precision,
+    check_per_record_in_training,
     check_private_layers,
     released_buffers,
 )
@@ -238,7 +239,8 @@ class Clipper(ABC):
         watch = ParameterWatch(self._watched, copy_values=not self._buffers_checked)
         if self._buffers_checked:
             out = self._compute(x, y, clip)
-        else:  # a running statistic in the state dict would be released without noise
+        else:  # batch mixing in training mode; a running statistic in the state dict released without noise
+            check_per_record_in_training(self.model, x[:valid])
             before = released_buffers(self.model)
             out = self._compute(x, y, clip)
             check_buffers_unchanged(self.model, before, x)

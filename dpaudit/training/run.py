@@ -27,7 +27,13 @@ from dpaudit.data import (
 )
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.models import ModelSpec, ParameterWatch, build_model, check_private_layers
+from dpaudit.models import (
+    ModelSpec,
+    ParameterWatch,
+    build_model,
+    check_per_record_in_training,
+    check_private_layers,
+)
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
@@ -207,16 +213,16 @@ def train_run(
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
     metrics = metrics_for(fitted, dataset, splits)
-    learned = {}
+    found = list(dataset.label_warnings)  # an age read as 70 classes: every attack then measures that classifier
     if len(splits.members):  # a model at chance on its own training records: attacks on it measure noise
-        found = _fit_warnings(
+        found += _fit_warnings(
             dataset.y[splits.members],
             metrics["train_accuracy"],
             metrics["train_loss"],
             question=_LEARN_QUESTION,
             records="training records",
         )
-        learned = {"fit_warnings": found} if found else {}
+    learned = {"fit_warnings": found} if found else {}
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
@@ -927,9 +933,12 @@ def import_run(
         raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
     if watch is not None:
         watch.check(model, during="a forward pass of the imported model (its training ran the same forward)")
+        first = torch.as_tensor(np.array(pre.transform(dataset.rows(splits.members[:2]))))
+        check_per_record_in_training(model, first.float() if first.is_floating_point() else first)
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
         warnings.append(check["note"])
+    warnings.extend(dataset.label_warnings)
     warnings.extend(check["fit_warnings"])
     privacy = None
     if claim is not None:

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -163,3 +165,44 @@ def test_8bit_images_load_without_a_float64_copy(tmp_path):
     assert ds.X.dtype == np.float32 and np.array_equal(ds.X, X)
     assert peak < 6 * X.nbytes  # float32 X (4 bytes a pixel) + the file's uint8 (1) + small; float64 adds 8
     assert ds.sha256 == load_dataset(str(tmp_path / "img64.npz")).sha256
+
+
+def _labelled_csv(path, labels):
+    rng = np.random.default_rng(0)
+    rows = [f"{a:.3f},{b:.3f},{y}" for (a, b), y in zip(rng.normal(size=(len(labels), 2)), labels, strict=True)]
+    path.write_text("a,b,label\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_labels_that_look_like_a_quantity_warn_at_train_and_import(tmp_path):
+    """Ages 18..90 became a 70-class classifier without a word; class ids 0..K-1 or 1..K, strings, and fewer
+    than QUANTITY_MIN_CLASSES values do not warn. The warning reaches `train`'s output and an import's."""
+    from dpaudit.data import QUANTITY_MIN_CLASSES
+    from tests.core.cli_errors import invoke
+
+    rng = np.random.default_rng(1)
+    ages = _labelled_csv(tmp_path / "ages.csv", rng.integers(18, 91, size=300))
+    k = QUANTITY_MIN_CLASSES
+    quiet = {
+        "ids0": np.arange(300) % k,
+        "ids1": np.arange(300) % k + 1,
+        "few": np.arange(300) % (k - 1) + 50,  # 19 values from 50: not enough to read as a quantity
+        "names": np.array([f"c{i}" for i in np.arange(300) % (k + 5)]),
+    }
+    warned = load_dataset(str(ages), label_column="label").label_warnings
+    assert len(warned) == 1 and "from 18 to 90" in warned[0] and "bin it into classes" in warned[0]
+    for name, labels in quiet.items():
+        assert (
+            load_dataset(str(_labelled_csv(tmp_path / f"{name}.csv", labels)), label_column="label").label_warnings
+            == []
+        )
+    r = invoke("train", "--data", ages, "--label-column", "label", "--epochs", 1, "--out", tmp_path / "run")
+    assert r.exit_code == 0 and "distinct numbers from 18 to 90" in r.stderr, r.output
+    spec = json.loads((tmp_path / "run" / "checkpoint.json").read_text())["model"]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "members.txt").write_text("\n".join(map(str, range(150))))
+    r = invoke(
+        "import", tmp_path / "run" / "model.safetensors", "--model-spec", tmp_path / "spec.json", "--data", ages,
+        "--label-column", "label", "--members", tmp_path / "members.txt", "--out", tmp_path / "imported",
+    )  # fmt: skip
+    assert r.exit_code == 0 and "distinct numbers from 18 to 90" in r.stderr, r.output

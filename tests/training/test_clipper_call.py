@@ -151,3 +151,65 @@ def test_the_buffer_check_and_the_value_copy_run_on_the_first_call_only(monkeypa
     for _ in range(3):
         clipper(x, y, 1.0)
     assert calls == ["watch copy=True", "buffers", "check"] + ["watch copy=False", "check"] * 2
+
+
+class _Dropouts(nn.Module):
+    """Per-record, but random in training mode: nn.Dropout and F.dropout, and a buffer its forward updates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.head, self.drop = nn.Linear(4, 6), nn.Linear(6, 2), nn.Dropout(0.5)
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.head(nn.functional.dropout(self.drop(self.lin(x)), 0.3, self.training))
+
+
+class _Mixing(nn.Module):
+    def __init__(self, random_outside_torch: bool = False, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.lin, self.random, self.drop = nn.Linear(4, 2), random_outside_torch, nn.Dropout(dropout)
+        self.rng = __import__("numpy").random.default_rng(0)
+
+    def forward(self, x):
+        h = self.lin(self.drop(x))
+        if self.random:  # noise torch's seed does not fix: whether the batch mixes cannot be told
+            h = h + torch.as_tensor(self.rng.normal(size=h.shape), dtype=h.dtype)
+        return h - h.mean(0, keepdim=True) if self.training else h
+
+
+def test_the_training_mode_mixing_check_refuses_mixing_only():
+    """Dropout (module or functional) draws the same masks for row 0 from the same seed: not refused; the
+    RNG state, the buffers and the mode are left as they were. Mixing is refused, also with a batch of one
+    (row 1 then a copy and a shifted copy of it); randomness outside torch's generator is not tested."""
+    from dpaudit.models import check_per_record_in_training
+
+    x = torch.randn(5, 4)
+    model = _Dropouts().eval()
+    state = torch.random.get_rng_state()
+    check_per_record_in_training(model, x)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert float(model.calls) == 0 and not model.training
+    for rows, dropout in ((5, 0.0), (1, 0.0), (5, 0.5)):  # with dropout: each pass starts from one random state
+        with pytest.raises(InputError, match="depend on the other records of its batch in training mode"):
+            check_per_record_in_training(_Mixing(dropout=dropout), x[:rows])
+    check_per_record_in_training(_Mixing(random_outside_torch=True), x)
+    check_per_record_in_training(_Mixing().eval(), torch.randn(1, 3))  # cannot run: not tested, no error
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap", "loop", "auto"])
+def test_every_clipper_checks_training_mode_mixing_on_its_first_call_over_the_real_rows(method):
+    model = _Mixing()
+    with pytest.raises(InputError, match="in training mode"):
+        make_clipper(model, method)(torch.randn(6, 4), torch.zeros(6, dtype=torch.long), 1.0, valid=6)
+    calls = []
+    clipper = make_clipper(nn.Linear(4, 2), method)
+    real = clipping.check_per_record_in_training
+    try:
+        clipping.check_per_record_in_training = lambda m, x: calls.append(x.shape[0])
+        for _ in range(2):
+            clipper(torch.randn(6, 4), torch.zeros(6, dtype=torch.long), 1.0, valid=3)
+    finally:
+        clipping.check_per_record_in_training = real
+    assert calls == [3]  # once, on the valid rows (padding rows are copies of a real row)
