@@ -145,13 +145,16 @@ def rate(x: Any) -> str:
 def percent(x: Any, digits: int | None = None) -> str:
     """A fraction as a percentage with a % sign, in fixed notation (1e-05% reads badly).
 
-    ``digits`` None: as given, up to 6 significant digits and no trailing zeros (0.95 → 95%,
-    0.999 → 99.9%), for confidence levels; ``digits`` n: n significant digits (0.79 → 79.0% for
-    n = 3), for measured rates (see :func:`rate`). None → —, ±∞ → ±∞, NaN → nan (no % sign).
+    ``digits`` None: as given, up to 6 significant digits rounded down and no trailing zeros (0.95 → 95%,
+    0.999 → 99.9%, 0.9999999 → 99.9999%: :func:`dpaudit.numfmt.percent_down`), for confidence levels;
+    ``digits`` n: n significant digits (0.79 → 79.0% for n = 3), for measured rates (see :func:`rate`).
+    None → —, ±∞ → ±∞, NaN → nan (no % sign).
     """
     v = as_float(x)
     if v is None or not math.isfinite(v):
         return num(v)
+    if digits is None:  # a confidence level: rounded down, never 100% for 0.9999999
+        return numfmt.percent_down(v)
     p = 100 * v
     if p == 0:
         return "0%"
@@ -396,11 +399,14 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
 def scalar_text(key: str, value: Any) -> str:
     """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
     rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) rounded up at claim precision, a
-    max certifiable ε rounded up (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to nearest."""
+    max certifiable ε rounded up, δ as given (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to
+    nearest."""
     leaf = key.rpartition(".")[2]
     if "lower_bound" in leaf:
         return numfmt.lower(value, 4)
-    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon", "delta"):
+    if leaf == "delta":  # a parameter, as given (dpaudit.numfmt.exact): never rounded to another δ
+        return numfmt.exact(value)
+    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon"):
         return numfmt.upper(value)
     if leaf.startswith("max_certifiable"):
         return numfmt.upper(value, 4)

@@ -184,7 +184,7 @@ def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figu
     legend_title = "[threat model]; dash-dot: formal bound"
     if points:
         conf = points[0]["operating_point"]["confidence"]
-        legend_title = f"boxes: {100 * conf:g}% Clopper–Pearson per axis; " + legend_title
+        legend_title = f"boxes: {numfmt.percent_down(conf)} Clopper–Pearson per axis; " + legend_title
     fig.legend(loc="outside lower center", title=legend_title, title_fontsize=7)
     return fig
 

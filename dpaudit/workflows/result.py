@@ -166,7 +166,7 @@ def headline(
         b, m = _num(formal["epsilon_lower_bound"]), _num(formal["max_certifiable_epsilon"])
         how = (
             f"formal, {formal['attack']}, {formal['method']}, {formal['threat_model']}, "
-            f"{100 * float(formal['confidence']):g}% confidence"
+            f"{numfmt.percent_down(formal['confidence'])} confidence"
         )
         c = _num(formal["claimed_epsilon"])
         if c is None and claim is not None:
@@ -210,7 +210,7 @@ def headline(
         verdict = "curve-refuted"
         parts.append(
             f"curve refuted: {a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, "
-            f"{100 * float(a['confidence']):g}% confidence)"
+            f"{numfmt.percent_down(a['confidence'])} confidence)"
         )
     estimate_verdict = estimate["verdict"] if estimate else None
     if estimate is not None:
@@ -246,7 +246,7 @@ def _tests_text(curve_tests: Sequence[Mapping[str, Any]], checks: Sequence[Mappi
     statement (with its audit and confidence) and each check's statement; refutations are named elsewhere."""
     texts = [
         f"{a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, {threat_model(a)}, "
-        f"{100 * float(a['confidence']):g}% confidence)"
+        f"{numfmt.percent_down(a['confidence'])} confidence)"
         for a in curve_tests
         if a.get("verdict") != "curve-refuted"  # a refutation is named by the headline on its own
     ]

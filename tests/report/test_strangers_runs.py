@@ -254,3 +254,33 @@ def test_figures_write_out_what_their_font_cannot_draw(report):
         fig = roc_figure(m, {})
         assert png(lambda: fig).startswith(b"\x89PNG")
     assert fig.axes[0].get_title() == "ROC: ⟨U+6A21⟩⟨U+578B⟩"
+
+
+def test_a_confidence_level_is_never_shown_as_more_certainty_than_it_has():
+    """--confidence 0.9999999 printed "100% confidence" (format :g rounds to nearest). Planted: percent() and the
+    headline back on 100 * c :g; audit summaries on confidence :g ("confidence 1")."""
+    from dpaudit.audit import AuditResult
+    from dpaudit.report._format import percent
+    from dpaudit.workflows.result import headline
+
+    assert [percent(c) for c in (0.95, 0.57, 0.999, 0.9999999)] == ["95%", "57%", "99.9%", "99.9999%"]
+    audit = {
+        "source": {"family": "membership", "attack": "canaries", "index": None}, "method": "one-run",
+        "confidence": 0.9999999, "formal": True, "epsilon_lower_bound": 2.0, "max_certifiable_epsilon": 3.0,
+        "claimed_epsilon": 1.0, "verdict": "violation", "threat_model": "black-box, one run",
+    }  # fmt: skip
+    assert "99.9999% confidence" in headline([audit], {"epsilon": 1.0, "delta": 1e-5}).text
+    result = AuditResult(
+        epsilon_lower_bound=2.0, method="one-run", design="canaries", confidence=0.9999999, delta=1e-5,
+        claimed_epsilon=1.0, verdict="violation", formal=True, max_certifiable_epsilon=3.0,
+        threshold_selection="x", threshold=None, counts=None,
+    )  # fmt: skip
+    assert "confidence 0.999999," in result.summary()
+
+
+def test_a_family_results_delta_is_shown_as_given():
+    """Planted: δ through numfmt.upper in scalar_text (1/70000 printed as 1.42858e-05, another δ)."""
+    from dpaudit.report._format import scalar_text
+
+    assert scalar_text("delta", 1 / 70000) == "1.4285714285714285e-05"
+    assert scalar_text("jl_accountant_claim", 7.999954) == "7.99996"
