@@ -159,12 +159,20 @@ def _normalise_model(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unique_names(models: list[dict[str, Any]]) -> None:
-    seen: dict[str, int] = {}
+    """A repeated name gets " #2", " #3", ... : the first number that no model's name already has, so that two
+    runs named "a" beside one named "a #2" never print as two "a #2" (every row, figure and headline names one
+    model)."""
+    taken = {m["name"] for m in models}
+    seen: set[str] = set()
     for m in models:
         base = m["name"]
-        seen[base] = seen.get(base, 0) + 1
-        if seen[base] > 1:
-            m["name"] = f"{base} #{seen[base]}"
+        if base in seen:
+            k = 2
+            while f"{base} #{k}" in taken:
+                k += 1
+            m["name"] = f"{base} #{k}"
+            taken.add(m["name"])
+        seen.add(m["name"])
 
 
 def generated_by() -> dict[str, str | None]:

@@ -284,3 +284,13 @@ def test_a_family_results_delta_is_shown_as_given():
 
     assert scalar_text("delta", 1 / 70000) == "1.4285714285714285e-05"
     assert scalar_text("jl_accountant_claim", 7.999954) == "7.99996"
+
+
+@pytest.mark.parametrize("names", [["a", "a", "a #2"], ["a #2", "a", "a"], ["a", "a", "a"]])
+def test_merged_models_get_names_no_other_model_has(report, names):
+    """Planted: " #<count>" without looking at the names already taken (two "a" beside an "a #2" gave two "a #2")."""
+    models = [copy.deepcopy(report["models"][0]) for _ in names]
+    for m, name in zip(models, names, strict=True):
+        m["name"] = name
+    shown = [m["name"] for m in build_report(models, title="t")["models"]]
+    assert len(set(shown)) == len(shown) and shown[0] == names[0], shown
