@@ -67,6 +67,19 @@ def drawable(text: Any) -> str:
     return "".join(c if ord(c) in glyphs or c == "\n" else f"⟨U+{ord(c):04X}⟩" for c in visible(text))
 
 
+NAME_CHARS = 40  # a model name beside a figure's axis; longer ones squeezed the ε figure's axes to nothing
+
+
+def short_name(name: Any) -> str:
+    """A model name as a figure labels a row or point with it (:func:`drawable`), at most :data:`NAME_CHARS`
+    characters: longer names keep their start and end (where run names differ) around "…"."""
+    text = drawable(name)
+    if len(text) <= NAME_CHARS:
+        return text
+    half = (NAME_CHARS - 1) // 2
+    return text[:half] + "…" + text[-(NAME_CHARS - 1 - half) :]
+
+
 def png(make: Callable[[], Figure | None]) -> bytes | None:
     """PNG bytes of the figure ``make()`` builds (None when it has nothing to show).
 
@@ -263,7 +276,7 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
     ticks = [t for t in (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top * 1.2]
     ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞"])
     ax.xaxis.set_minor_locator(FixedLocator([]))
-    ax.set_yticks(range(len(models)), [drawable(m["name"]) for m in reversed(models)])
+    ax.set_yticks(range(len(models)), [short_name(m["name"]) for m in reversed(models)])
     ax.set(
         xlim=(0, xmax), ylim=(-0.7, len(models) - 0.3), xlabel="ε",
         title="Claimed ε vs empirical lower bound (each under its own threat model)",
@@ -322,7 +335,7 @@ def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
         drawn.add("refuted" if refuted else "test")
         right = x == max(xs)  # the right-most label goes left of its point so it stays inside the axes
         ax.annotate(
-            drawable(name + (" (claim refuted)" if refuted else "")),
+            short_name(name) + (" (claim refuted)" if refuted else ""),
             (x, acc),
             xytext=(-7 if right else 7, 0),
             textcoords="offset points",

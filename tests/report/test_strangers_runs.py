@@ -294,3 +294,19 @@ def test_merged_models_get_names_no_other_model_has(report, names):
         m["name"] = name
     shown = [m["name"] for m in build_report(models, title="t")["models"]]
     assert len(set(shown)) == len(shown) and shown[0] == names[0], shown
+
+
+def test_a_long_run_name_does_not_squeeze_the_epsilon_figure(report):
+    """A 100-character run folder name left the ε figure's axes no room ("constrained_layout not applied"). Planted:
+    the full name as the row label."""
+    import warnings
+
+    from dpaudit.report.plots import short_name
+
+    name = "dpsgd_eps8_digits_mlp_lr0.5_clip1_batch64_seed0_" * 2 + "variantB"
+    assert short_name(name) == "dpsgd_eps8_digits_m…tch64_seed0_variantB" and len(short_name(name)) == 40
+    models = copy.deepcopy(report["models"])
+    models[0]["name"] = name
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert png(lambda: epsilon_figure(build_report(models, title="t"))).startswith(b"\x89PNG")
