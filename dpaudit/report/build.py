@@ -27,7 +27,14 @@ from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir, write_atomic_dir
 from dpaudit.report._data import LOW_FPR, dumps, jsonable, sha256_json
 from dpaudit.validation import read_json
-from dpaudit.workflows.result import ModelAudit, effective_verdict, headline, operating_point, threat_model
+from dpaudit.workflows.result import (
+    ModelAudit,
+    check_verdict,
+    effective_verdict,
+    headline,
+    operating_point,
+    threat_model,
+)
 
 SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
 REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html"}
@@ -126,6 +133,7 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) -> dict[str, Any]:
+    check_verdict(audit)  # a report.json from elsewhere whose verdict contradicts its numbers is refused
     a = dict(audit)
     a.setdefault("notes", [])
     a.setdefault("max_certifiable_epsilon", None)
@@ -133,6 +141,13 @@ def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) 
     a["operating_point"] = operating_point(a.get("counts"), float(a["confidence"]))
     a["effective_verdict"] = effective_verdict(a, claim)
     return a
+
+
+def _normalise_audits(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    try:
+        return [_normalise_audit(a, entry["claim"]) for a in entry.get("audits") or []]
+    except InputError as e:
+        raise InputError(f"model {entry['name']!r}: {e}") from None
 
 
 def _normalise_model(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,7 +166,7 @@ def _normalise_model(entry: Mapping[str, Any]) -> dict[str, Any]:
         "claim": e["claim"],
         "utility": e["utility"],
         "attacks": attacks,
-        "audits": [_normalise_audit(a, e["claim"]) for a in e.get("audits") or []],
+        "audits": _normalise_audits(e),
         "noise_checks": e.get("noise_checks") or [],
     }
     out["summary"] = _summary(out)

@@ -288,6 +288,27 @@ def operating_point(counts: Mapping[str, Any] | None, confidence: float) -> dict
     }
 
 
+def check_verdict(audit: Mapping[str, Any]) -> None:
+    """Refuse an audit entry (a dict, as in a report.json from elsewhere) whose own verdict contradicts its own
+    numbers, as :func:`~dpaudit.audit.decide_verdict` decides it: "violation" only for a formal bound above the
+    claimed ε, "estimate-exceeds-claim" only for an estimate above it, "consistent" / "inconclusive" only for a bound
+    at or below it. A report would otherwise print "ε ≥ 5 | claimed 1 | consistent". Audits that test the claimed
+    curve (``refutation``) are decided by that test, not by these numbers, and are left to it."""
+    verdict, claimed = audit.get("verdict"), _num(audit.get("claimed_epsilon"))
+    if verdict is None or claimed is None or audit.get("refutation"):
+        return
+    bound, formal = _num(audit["epsilon_lower_bound"]), bool(audit["formal"])
+    above = {"violation": True, "estimate-exceeds-claim": True, "consistent": False, "inconclusive": False}.get(verdict)
+    wrong_kind = (verdict == "violation" and not formal) or (verdict == "estimate-exceeds-claim" and formal)
+    if above is not None and (wrong_kind or (bound > claimed) != above):
+        kind = "formal" if formal else "estimate"
+        raise InputError(
+            f"audit {audit['source']['attack']} / {audit['method']} ({kind}) reads {verdict!r}, but its bound "
+            f"{numfmt.exact(bound)} is {'above' if bound > claimed else 'not above'} its claimed ε "
+            f"{numfmt.exact(claimed)}: a verdict that contradicts its own numbers"
+        )
+
+
 def effective_verdict(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) -> str | None:
     """The verdict an audit entry (a dict, as in a report) is read with: its own, or when it was run
     without a claim, the one :func:`~dpaudit.audit.decide_verdict` gives against the model's ``claim``

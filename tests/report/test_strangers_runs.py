@@ -310,3 +310,23 @@ def test_a_long_run_name_does_not_squeeze_the_epsilon_figure(report):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert png(lambda: epsilon_figure(build_report(models, title="t"))).startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("formal", "bound", "verdict"),
+    [
+        (True, 5.0, "consistent"),
+        (True, 0.5, "violation"),
+        (False, 5.0, "violation"),
+        (True, 5.0, "estimate-exceeds-claim"),
+    ],
+)
+def test_a_verdict_that_contradicts_its_own_numbers_is_refused(report, formal, bound, verdict):
+    """A report.json from elsewhere whose audit says "consistent" beside ε ≥ 5 > claimed 1 printed just that.
+    Planted: build without dpaudit.workflows.result.check_verdict."""
+    m = copy.deepcopy(report["models"][1])
+    m["audits"][0].update(formal=formal, epsilon_lower_bound=bound, claimed_epsilon=1.0, verdict=verdict)
+    with pytest.raises(InputError, match=r"^model 'dpsgd-eps1': audit .* reads '.*', but its bound .* claimed ε 1: "):
+        build_report([m], title="t")
+    m["audits"][0]["verdict"] = ("violation" if formal else "estimate-exceeds-claim") if bound > 1 else "consistent"
+    build_report([m], title="t")  # the verdict its numbers give is accepted
