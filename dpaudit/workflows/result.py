@@ -214,7 +214,12 @@ def headline(
         )
     estimate_verdict = estimate["verdict"] if estimate else None
     if estimate is not None:
-        eb = numfmt.lower(_num(estimate["epsilon_lower_bound"]), missing="?")
+        ce = _num(estimate["claimed_epsilon"])
+        if ce is None and claim is not None:
+            ce = _num(claim["epsilon"])
+        # Beside its claim, with digits enough to compare as computed: "exceeds the claim" never follows a bound
+        # printed below it (7.99 for 7.999957 > 7.999954).
+        eb = _shown(_num(estimate["epsilon_lower_bound"]), ce)[0]
         what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
         if estimate["verdict"] == "estimate-exceeds-claim":
             what += " exceeds the claim — an estimate, not a formal violation"

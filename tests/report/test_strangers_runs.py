@@ -29,14 +29,19 @@ from dpaudit.report.plots import epsilon_figure, png, roc_figure
 CLAIM, BOUND = 7.999954, 7.999957  # a formal bound just above the claim: rounding alone prints "7.99 < 7.99996"
 
 
-def _near_tie(report: dict) -> dict:
-    """The fixture's ε = 8 model with its formal (one-run) audit a violation by 3e-6, rebuilt."""
+def _near_tie(report: dict, formal: bool = True) -> dict:
+    """The fixture's ε = 8 model with its formal (one-run) audit a violation by 3e-6 (or, ``formal`` False, its
+    strongest estimate above the claim by as much)."""
     m = copy.deepcopy(report["models"][2])
     m["claim"]["epsilon"] = CLAIM
     for a in m["audits"]:
         a["claimed_epsilon"] = CLAIM
-    formal = next(a for a in m["audits"] if a["formal"])
-    formal.update(epsilon_lower_bound=BOUND, verdict="violation", max_certifiable_epsilon=9.0)
+    if formal:
+        audit = next(a for a in m["audits"] if a["formal"])
+        audit.update(epsilon_lower_bound=BOUND, verdict="violation", max_certifiable_epsilon=9.0)
+    else:
+        audit = next(a for a in m["audits"] if not a["formal"])
+        audit.update(epsilon_lower_bound=BOUND, verdict="estimate-exceeds-claim")
     return m
 
 
@@ -87,7 +92,7 @@ def test_one_answer_in_json_markdown_and_html(report, monkeypatch):
     number (claim ≥, bound ≤) and the printed bound and claim compare as the verdict says. Planted: the summary
     cell's bound without numfmt.ordered (shows "≥ 7.99" beside "7.99996" and VIOLATION)."""
     monkeypatch.setattr("dpaudit.report.html.plots.png", lambda make: None)  # tables only (figures: below)
-    r = build_report([*report["models"], _near_tie(report)], title="t")
+    r = build_report([*report["models"], _near_tie(report, formal=False), _near_tie(report)], title="t")
     md_rows, page = _md_rows(render_markdown(r)), _Rows()
     page.feed(render_html(r))
     for row in md_rows:  # Markdown stresses a violation as **VIOLATION**, HTML with a red badge
@@ -108,6 +113,9 @@ def test_one_answer_in_json_markdown_and_html(report, monkeypatch):
             if m["claim"] is not None and digest is s["formal"]:
                 assert (b > c) == (digest["verdict"] == "violation"), (cell, claimed, digest["verdict"])
         assert auc.split(" ")[0] == f"{s['best_auc']:.3f}"
+        for cell in (formal, estimate):  # the headline under the table prints the same bounds
+            if cell != "—":
+                assert re.search(re.escape(f"ε ≥ {cell.split(' ')[1]}") + "(?![0-9])", s["headline"]), cell
     assert md_rows[-1][-1] == "violation" and "7.999957" in md_rows[-1][2] and md_rows[-1][1].startswith("7.999954")
 
 
