@@ -99,28 +99,42 @@ def tradeoff_curve(alpha: np.ndarray, epsilon: float, delta: float) -> np.ndarra
 # --------------------------------------------------------------------------- ε as shown
 
 
-def shown_against(claim: Any, bounds: Sequence[Any]) -> tuple[str, list[str]]:
-    """A claimed ε (rounded up, :func:`dpaudit.numfmt.upper`) and the ε lower bounds shown beside it (rounded
-    down at :data:`BOUND_DIGITS`), with digits enough that EACH printed bound compares with the ONE printed claim
-    as the computed numbers do (:func:`dpaudit.numfmt.ordered`): a summary row or a plot never reads
-    "ε ≥ 7.99 | claimed 7.99996 | violation" for a bound of 7.999957 above a claim of 7.999954.
+def shown_against(claim: Any, bounds: Sequence[Any], uppers: Sequence[Any] = ()) -> tuple[str, list[str], list[str]]:
+    """A claimed ε (rounded up, :func:`dpaudit.numfmt.upper`), the ε lower bounds shown beside it (``bounds``,
+    rounded down at :data:`BOUND_DIGITS`) and the upper bounds (``uppers``, "certifies at most", rounded up at
+    BOUND_DIGITS), each with digits enough that it compares with the ONE printed claim as the computed numbers do
+    (as :func:`dpaudit.numfmt.ordered` does for a pair): a row or a plot never reads "ε ≥ 7.99 | claimed 7.99996 |
+    violation" for a bound of 7.999957 above a claim of 7.999954, nor "at most 8 | claimed 7.9995 | inconclusive".
 
-    The claim printed is the most precise of the pairs' (each is rounded up, so the most precise is the smallest
-    and still ≥ the claim): a bound printed above its pair's claim is above it, and a bound printed at or below
-    the claim (rounded down, so ≤ the computed bound ≤ the claim) stays at or below it. None → ``numfmt.DASH``.
+    The claim takes the most digits any pair needs (rounded up at more digits is smaller, and still ≥ the claim,
+    so each bound that printed above its pair's claim is above it); each bound then takes the fewest digits at
+    which it compares right (at most 17, where it prints its own round-trip decimal). None → ``numfmt.DASH``.
     """
     c = as_float(claim)
-    claims = [numfmt.upper(c)]
+    items = [(as_float(b), False) for b in bounds] + [(as_float(m), True) for m in uppers]
+
+    def show(x: float | None, up: bool, digits: int) -> str:
+        return (numfmt.upper if up else numfmt.lower)(x, min(digits, numfmt.MAX_DIGITS))
+
+    comparable = c is not None and math.isfinite(c)
+    digits = numfmt.CLAIM_DIGITS
+    for x, up in items:
+        if comparable and x is not None and math.isfinite(x):
+            pair = numfmt.ordered(x, c, left_digits=BOUND_DIGITS, left_up=up)[1]
+            digits = max(digits, len(Decimal(pair).as_tuple().digits))
+    claim_shown = numfmt.upper(c, digits)
     shown = []
-    for b in map(as_float, bounds):
-        if b is None or c is None or not (math.isfinite(b) and math.isfinite(c)):
-            shown.append(numfmt.lower(b, BOUND_DIGITS))
-            continue
-        bs, cs = numfmt.ordered(b, c, left_digits=BOUND_DIGITS)
-        shown.append(bs)
-        claims.append(cs)
-    finite = [x for x in claims if x not in (numfmt.DASH, "∞", "−∞", "nan")]
-    return (min(finite, key=Decimal) if finite else claims[0]), shown
+    for x, up in items:
+        for extra in range(numfmt.MAX_DIGITS):
+            text = show(x, up, BOUND_DIGITS + extra)
+            if not (comparable and x is not None and math.isfinite(x)):
+                break
+            printed = Decimal(text) - Decimal(claim_shown)
+            if printed > 0 if x > c else (printed < 0 if x < c else printed <= 0):
+                break
+        shown.append(text)
+    n = len(bounds)
+    return claim_shown, shown[:n], shown[n:]
 
 
 def summary_eps(model: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -128,7 +142,7 @@ def summary_eps(model: Mapping[str, Any]) -> tuple[str, str, str]:
     (the Markdown and HTML summary rows, the ε figure): :func:`shown_against` the model's claim (∞ without one)."""
     s = model["summary"]
     bounds = [s[kind]["epsilon_lower_bound"] if s[kind] else None for kind in ("formal", "estimate")]
-    claim, (formal, estimate) = shown_against(model["claim"]["epsilon"] if model["claim"] else math.inf, bounds)
+    claim, (formal, estimate), _ = shown_against(model["claim"]["epsilon"] if model["claim"] else math.inf, bounds)
     return claim, formal, estimate
 
 
@@ -166,7 +180,7 @@ def audits_eps_shown(model: Mapping[str, Any]) -> tuple[dict[float, str], list[s
     claims: dict[float, str] = {}
     bounds = [""] * len(model["audits"])
     for c, idx in groups.items():
-        text, shown = shown_against(c, [model["audits"][i]["epsilon_lower_bound"] for i in idx])
+        text, shown, _ = shown_against(c, [model["audits"][i]["epsilon_lower_bound"] for i in idx])
         if c is not None:
             claims[c] = text
         for i, b in zip(idx, shown, strict=True):

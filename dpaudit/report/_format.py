@@ -8,7 +8,7 @@ from typing import Any
 
 from attacks.metrics import nonmembers_needed  # the one low-FPR rule, shared with the attacks' JSON
 from dpaudit import numfmt
-from dpaudit.report._data import BOUND_DIGITS, as_float, is_per_step, summary_eps
+from dpaudit.report._data import BOUND_DIGITS, as_float, is_per_step, shown_against, summary_eps
 
 DASH = numfmt.DASH
 
@@ -117,21 +117,16 @@ def bound_eps(x: Any) -> str:
     return numfmt.lower(x, BOUND_DIGITS)
 
 
-def most_eps(x: Any) -> str:
-    """An ε UPPER bound at bound precision ("certifies at most", max certifiable), rounded up."""
-    return numfmt.upper(x, BOUND_DIGITS)
-
-
-def audit_eps(audit: Mapping[str, Any]) -> tuple[str, str]:
-    """An audit row's ε lower bound (rounded down) and the ε it was judged against (rounded up), with digits
-    enough that the two compare as the computed numbers do (:func:`dpaudit.numfmt.ordered`): a violation
-    never reads "7.99 | 7.99995". A per-step audit's claim is ONE step's claim, and says so."""
-    b, c = as_float(audit["epsilon_lower_bound"]), as_float(audit.get("claimed_epsilon"))
-    if b is None or c is None:
-        bound, claim = bound_eps(b), numfmt.upper(c)
-    else:
-        bound, claim = numfmt.ordered(b, c, left_digits=BOUND_DIGITS)
-    return bound, (f"{claim} (one step)" if is_per_step(audit) and claim != DASH else claim)
+def audit_eps(audit: Mapping[str, Any]) -> tuple[str, str, str]:
+    """An audit row's ε lower bound (rounded down), the ε it was judged against (rounded up) and the largest ε its
+    design could certify (rounded up), with digits enough that each compares with the claim as the computed
+    numbers do (:func:`dpaudit.report._data.shown_against`): a violation never reads "7.99 | 7.99995", an
+    inconclusive audit never "7.9995 | 8" (claim, then max certifiable). A per-step audit's claim is ONE step's
+    claim, and says so."""
+    claim, (bound,), (most,) = shown_against(
+        audit.get("claimed_epsilon"), [audit["epsilon_lower_bound"]], [audit.get("max_certifiable_epsilon")]
+    )
+    return bound, (f"{claim} (one step)" if is_per_step(audit) and claim != DASH else claim), most
 
 
 def rate(x: Any) -> str:

@@ -200,7 +200,6 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(f"{a['source']['family']} / {a['source']['attack']}"),
                 _e(f"{a['method']}, {F.percent(a['confidence'])}"),
                 *map(_e, F.audit_eps(a)),
-                _e(F.most_eps(a.get("max_certifiable_epsilon"))),
                 _e(F.rate(op["fpr"]))
                 + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
                 if op

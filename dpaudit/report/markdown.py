@@ -108,7 +108,6 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
                 md(a["method"]),
                 F.percent(a["confidence"]),
                 *F.audit_eps(a),
-                F.most_eps(a.get("max_certifiable_epsilon")),
                 f"({F.rate(op['fpr'])}, {F.rate(op['fnr'])})" if op else F.DASH,
                 verdict,
                 md(F.audit_kind(a)),

@@ -338,3 +338,17 @@ def test_a_verdict_that_contradicts_its_own_numbers_is_refused(report, formal, b
         build_report([m], title="t")
     m["audits"][0]["verdict"] = ("violation" if formal else "estimate-exceeds-claim") if bound > 1 else "consistent"
     build_report([m], title="t")  # the verdict its numbers give is accepted
+
+
+def test_an_inconclusive_audit_row_shows_its_power_below_the_claim(report):
+    """Claimed 7.9995, the design certifies at most 7.9991 (inconclusive): the row read "7.9995 | 8". Planted: the
+    max certifiable ε at 3 digits, rounded up, without looking at the claim."""
+    from dpaudit.report._format import audit_eps
+
+    m = copy.deepcopy(report["models"][2])
+    audit = next(a for a in m["audits"] if a["formal"])
+    audit.update(
+        claimed_epsilon=7.9995, epsilon_lower_bound=1.2, max_certifiable_epsilon=7.9991, verdict="inconclusive"
+    )
+    assert audit_eps(audit) == ("1.2", "7.9995", "7.9991")
+    assert "| 1.2 | 7.9995 | 7.9991 |" in render_markdown(build_report([m], title="t"))
