@@ -12,7 +12,13 @@ The attacker knows every other feature of the record and its true label, and eit
 
 Hidden values: a feature with at most ``max_discrete`` distinct aux values is used as it is (its
 values are the candidates); a continuous feature is binarised at its aux median (``x > median``), the
-candidates then being the aux medians of each side. The prior baseline predicts the aux majority value.
+candidates then being the aux medians of each side. A one-hot encoded categorical attribute (columns
+``color_red``, ``color_green``, ... as pandas' ``get_dummies`` writes them) is hidden as a whole: its
+candidates are the categories (which column is 1, or none of them where a category was dropped), each
+counterfactual sets the whole group, and the attack model never reads a column of the group (the other
+columns of a one-hot group give the hidden one away: an attack on one column alone scored 100% on members
+and non-members alike, a leak of the data's encoding, not of the model). The prior baseline predicts the aux
+majority value.
 Accuracy and advantage (accuracy - baseline accuracy) are reported separately for the target's training
 members and its non-members (holdout); the member - non-member gap of the advantage is the leakage
 (Yeom et al. 2018, Sec. 5: attribute advantage beyond what the population gives).
@@ -20,7 +26,7 @@ members and its non-members (holdout); the member - non-member gap of the advant
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,13 +39,18 @@ from dpaudit.validation import check_positive_int
 class AttributeInference:
     """Infer feature ``feature`` (index into the flattened raw features) of records from a model.
 
+    ``feature`` may also be the columns of a one-hot group (a sequence of indices, each column 0 or 1 with at
+    most one 1 per record): the hidden value is then the category, which column is 1 (or none of them).
     ``fit(X_aux, y_aux, predict_proba)`` learns the hidden value's categories (``binarised_``,
-    ``threshold_``, ``candidates_``), their aux prior (``prior_``, ``majority_``) and, black-box, the
-    attack model (``attack_model_``). ``predict(X, y, predict_proba)`` returns inferred category indices;
-    ``categories(X)`` the true ones. ``predict_proba`` maps raw numpy records to class probabilities.
+    ``threshold_``, ``candidates_``: one row of the hidden columns' values per category), their aux prior
+    (``prior_``, ``majority_``) and, black-box, the attack model (``attack_model_``). ``predict(X, y,
+    predict_proba)`` returns inferred category indices; ``categories(X)`` the true ones. ``predict_proba``
+    maps raw numpy records to class probabilities.
     """
 
-    def __init__(self, feature: int, *, black_box: bool = False, max_discrete: int = 10, seed: int | None = 0) -> None:
+    def __init__(
+        self, feature: int | Sequence[int], *, black_box: bool = False, max_discrete: int = 10, seed: int | None = 0
+    ) -> None:
         self.feature = feature
         self.black_box = black_box
         self.max_discrete = max_discrete
@@ -47,12 +58,15 @@ class AttributeInference:
 
     def categories(self, X: np.ndarray) -> np.ndarray:
         """The true hidden category index of each record."""
-        v = self._flat(X)[:, self.feature_]
+        H = self._flat(X)[:, list(self.columns_)]
+        if self.one_hot_:  # which column is 1; len(columns) where none is (a dropped category)
+            return np.where(H.max(axis=1) > 0, np.argmax(H, axis=1), len(self.columns_)).astype(np.int64)
+        v = H[:, 0]
         if self.binarised_:
             return (v > self.threshold_).astype(np.int64)
-        idx = np.searchsorted(self.candidates_, v)
-        idx = np.clip(idx, 0, len(self.candidates_) - 1)
-        return np.where(self.candidates_[idx] == v, idx, np.argmin(np.abs(v[:, None] - self.candidates_), axis=1))
+        values = self.candidates_[:, 0]
+        idx = np.clip(np.searchsorted(values, v), 0, len(values) - 1)
+        return np.where(values[idx] == v, idx, np.argmin(np.abs(v[:, None] - values), axis=1))
 
     @staticmethod
     def _flat(X: np.ndarray) -> np.ndarray:
@@ -60,31 +74,53 @@ class AttributeInference:
         return X.reshape(len(X), -1)
 
     def _features(self, X: np.ndarray, y: np.ndarray, probs: np.ndarray) -> np.ndarray:
-        rest = np.delete(self._flat(X), self.feature_, axis=1)
+        rest = np.delete(self._flat(X), list(self.columns_), axis=1)  # no column of the hidden attribute
         onehot = np.eye(self.n_classes_)[np.asarray(y)]
         return np.hstack([rest, probs, onehot])
+
+    def _columns(self, d: int) -> tuple[int, ...]:
+        cols = [self.feature] if isinstance(self.feature, int | np.integer | bool) else self.feature
+        try:
+            cols = list(cols)
+        except TypeError:
+            cols = [cols]
+        for c in cols:
+            if isinstance(c, bool) or not isinstance(c, int | np.integer):
+                raise InputError(f"expected feature to be an integer index, got {c!r}")
+            if not 0 <= int(c) < d:
+                raise InputError(f"feature index {c} is outside the data's features 0..{d - 1}")
+        if not cols or len(set(int(c) for c in cols)) != len(cols):
+            raise InputError(f"expected one feature index or distinct one-hot columns, got {self.feature!r}")
+        return tuple(int(c) for c in cols)
 
     def fit(self, X_aux: np.ndarray, y_aux: np.ndarray, predict_proba: Callable[[np.ndarray], np.ndarray]):
         check_positive_int(max_discrete=self.max_discrete)
         Xf = self._flat(X_aux)
-        d = Xf.shape[1]
-        if isinstance(self.feature, bool) or not isinstance(self.feature, int | np.integer):
-            raise InputError(f"expected feature to be an integer index, got {self.feature!r}")
-        if not 0 <= int(self.feature) < d:
-            raise InputError(f"feature index {self.feature} is outside the data's features 0..{d - 1}")
-        self.feature_ = int(self.feature)
-        v = Xf[:, self.feature_]
-        values = np.unique(v)
-        self.binarised_ = len(values) > self.max_discrete
-        if self.binarised_:
-            self.threshold_ = float(np.median(v))
-            lo, hi = v[v <= self.threshold_], v[v > self.threshold_]
-            if len(hi) == 0:
-                raise InputError(f"feature {self.feature_} cannot be binarised at its median (no value above it)")
-            self.candidates_ = np.array([np.median(lo), np.median(hi)])
+        self.columns_ = self._columns(Xf.shape[1])
+        self.feature_ = self.columns_[0]
+        self.one_hot_ = len(self.columns_) > 1
+        H = Xf[:, list(self.columns_)]
+        self.binarised_, self.threshold_ = False, None
+        if self.one_hot_:
+            if not (np.isin(H, (0.0, 1.0)).all() and (H.sum(axis=1) <= 1).all()):
+                raise InputError(
+                    f"features {list(self.columns_)} are not a one-hot group (values 0 or 1, at most one 1 per record)"
+                )
+            self.candidates_ = np.vstack([np.eye(len(self.columns_)), np.zeros((1, len(self.columns_)))])
+            if (H.sum(axis=1) == 1).all():  # no record with none of them: no dropped category to guess
+                self.candidates_ = self.candidates_[:-1]
         else:
-            self.threshold_ = None
-            self.candidates_ = values
+            v = H[:, 0]
+            values = np.unique(v)
+            self.binarised_ = len(values) > self.max_discrete
+            if self.binarised_:
+                self.threshold_ = float(np.median(v))
+                lo, hi = v[v <= self.threshold_], v[v > self.threshold_]
+                if len(hi) == 0:
+                    raise InputError(f"feature {self.feature_} cannot be binarised at its median (no value above it)")
+                self.candidates_ = np.array([[np.median(lo)], [np.median(hi)]])
+            else:
+                self.candidates_ = values[:, None]
         cats = self.categories(X_aux)
         counts = np.bincount(cats, minlength=len(self.candidates_))
         self.prior_ = counts / counts.sum()
@@ -116,7 +152,7 @@ class AttributeInference:
             log_prior = np.log(self.prior_)
         for k, value in enumerate(self.candidates_):
             Xk = self._flat(X).copy()
-            Xk[:, self.feature_] = value  # the counterfactual record x_{-j}, v
+            Xk[:, list(self.columns_)] = value  # the counterfactual record x_{-j}, v (a whole one-hot group)
             p = np.asarray(predict_proba(Xk.reshape(X.shape)))[np.arange(len(X)), y]
             # log p(y | x_{-j}, v) + log P(v) (Fredrikson et al. 2014, Sec. 4); log in float64, clamped at 1e-300.
             scores[:, k] = np.log(np.maximum(p, 1e-300)) + log_prior[k]
@@ -137,9 +173,10 @@ class AttributeResult:
     method: str
     binarised: bool
     threshold: float | None
-    candidates: tuple[float, ...]
+    candidates: tuple[float | str, ...]  # the hidden values; a one-hot group's: its categories by name
     groups: dict[str, dict[str, float]]
     params: dict[str, Any] = field(default_factory=dict)
+    columns: tuple[int, ...] = ()  # the hidden columns: (feature,), or every column of its one-hot group
 
     @property
     def leakage(self) -> float:
@@ -151,6 +188,7 @@ class AttributeResult:
             "method": self.method,
             "feature": self.feature,
             "feature_name": self.feature_name,
+            "columns": list(self.columns or (self.feature,)),
             "binarised": self.binarised,
             "threshold": self.threshold,
             "candidates": list(self.candidates),
@@ -177,24 +215,58 @@ def feature_names(dataset: Any) -> list[str] | None:
 
 
 def resolve_feature(text: str | int, dataset: Any) -> tuple[int, str | None]:
-    """A feature given as an index or a name (case-insensitive, ``_`` for spaces) -> (index, name)."""
+    """A feature given as a name (case-insensitive, ``_`` for spaces) or an index -> (index, name).
+
+    A name wins over an index: in a header ``0,2,5`` the feature ``2`` is the column named 2 (index 1), not
+    the column at index 2. The prefix of a one-hot group (``color`` for ``color_red``, ``color_blue``, ...)
+    names its first column; :func:`one_hot_group` then hides the whole group."""
     d = int(np.prod(dataset.X.shape[1:]))
     names = feature_names(dataset)
     s = str(text).strip()
-    try:
-        j = int(s)
-    except ValueError:
-        if names is None:
-            raise InputError(f"dataset {dataset.name!r} has no feature names; give the feature as an index") from None
-        key = s.lower().replace("_", " ")
-        match = [i for i, n in enumerate(names) if n.lower().replace("_", " ") == key]
-        if not match:
+    key = s.lower().replace("_", " ")
+    match = [i for i, n in enumerate(names or ()) if n.lower().replace("_", " ") == key]
+    if not match and names is not None:  # the prefix of a one-hot group, as pandas' get_dummies names them
+        first = [i for i, n in enumerate(names) if n.lower().startswith(s.lower() + "_")][:1]
+        group = one_hot_group(first[0], names, dataset.X) if first else None
+        match = first if group is not None and group[1].lower() == s.lower() else []
+    if match:
+        j = match[0]
+    else:
+        try:
+            j = int(s)
+        except ValueError:
+            if names is None:
+                raise InputError(
+                    f"dataset {dataset.name!r} has no feature names; give the feature as an index"
+                ) from None
             more = ", …" if len(names) > 10 else ""
             raise InputError(f"unknown feature {s!r}; valid: {', '.join(names[:10])}{more}") from None
-        j = match[0]
     if not 0 <= j < d:
         raise InputError(f"feature index {j} is outside the data's features 0..{d - 1}")
     return j, (names[j] if names else None)
+
+
+def one_hot_group(j: int, names: Sequence[str] | None, X: np.ndarray) -> tuple[tuple[int, ...], str] | None:
+    """The one-hot group holding column ``j``: (columns, prefix), or None.
+
+    A group is two or more columns named ``PREFIX_VALUE`` (pandas' ``get_dummies``), each 0 or 1, with at most
+    one 1 per record (none: a category dropped with ``drop_first``). Of the prefixes of ``j``'s name (split at
+    each ``_``), the one whose columns form the largest group; the format is read on every record (the
+    attacker knows how the data is encoded, not its values)."""
+    if names is None or "_" not in names[j]:
+        return None
+    Xf = np.asarray(X, np.float64).reshape(len(X), -1)
+    best: tuple[tuple[int, ...], str] | None = None
+    parts = names[j].split("_")
+    for cut in range(1, len(parts)):
+        prefix = "_".join(parts[:cut])
+        cols = tuple(i for i, n in enumerate(names) if n.startswith(prefix + "_"))
+        if len(cols) < 2 or (best is not None and len(cols) <= len(best[0])):
+            continue
+        H = Xf[:, list(cols)]
+        if np.isin(H, (0.0, 1.0)).all() and (H.sum(axis=1) <= 1).all():
+            best = (cols, prefix)
+    return best
 
 
 def _group(pred: np.ndarray, true: np.ndarray, majority: int) -> dict[str, float]:
@@ -215,22 +287,33 @@ def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed
             "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
         )
     j, name = resolve_feature(feature, ds)
+    names = feature_names(ds)
+    group = one_hot_group(j, names, ds.X)
+    columns = group[0] if group is not None else (j,)
     X = np.asarray(ds.X, np.float64)
     y = np.asarray(ds.y)
     sp = run.splits
     predict_proba = as_black_box(raw_probabilities(run))
-    att = AttributeInference(j, black_box=black_box, seed=seed).fit(X[sp.aux], y[sp.aux], predict_proba)
+    hidden = columns if group is not None else j
+    att = AttributeInference(hidden, black_box=black_box, seed=seed).fit(X[sp.aux], y[sp.aux], predict_proba)
     groups = {}
     for g, idx in (("members", sp.members), ("nonmembers", sp.holdout)):
         pred = att.predict(X[idx], y[idx], predict_proba)
         groups[g] = _group(pred, att.categories(X[idx]), att.majority_)
+    if group is not None:  # the categories by name: color_red -> "red"; a dropped category -> "(none)"
+        candidates: tuple[float | str, ...] = tuple(
+            [names[c][len(group[1]) + 1 :] for c in columns] + ["(none)"] * (len(att.candidates_) - len(columns))
+        )
+    else:
+        candidates = tuple(float(c) for c in att.candidates_[:, 0])
     return AttributeResult(
         feature=j,
-        feature_name=name,
+        feature_name=group[1] if group is not None else name,
         method="attack-model" if black_box else "likelihood",
         binarised=bool(att.binarised_),
         threshold=att.threshold_,
-        candidates=tuple(float(c) for c in att.candidates_),
+        candidates=candidates,
         groups=groups,
         params={"black_box": bool(black_box), "seed": seed, "max_discrete": att.max_discrete},
+        columns=columns,
     )

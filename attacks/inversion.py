@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,6 +288,13 @@ class MIFace:
         check_positive_int(restarts=self.restarts)
         check_in_interval(0.0, math.inf, lo_open=False, prior_weight=self.prior_weight)
         check_in_interval(-math.inf, math.inf, threshold=self.threshold)
+        if self.threshold >= 1 and (self.prior == "none" or self.prior_weight == 0):
+            # Without AUXTERM the cost 1 - f_y is at most 1, so gamma >= 1 stops every start after one step
+            # (Algorithm 1, line 8): the "inversion" would be x_0 moved once, whatever the model.
+            raise InputError(
+                f"expected threshold < 1, got {self.threshold:g}: the cost 1 - f_y is at most 1, so every input "
+                "meets it and the attack would stop after one step (gamma is a cost, e.g. 0.01 for f_y >= 0.99)"
+            )
         if self.black_box:
             if self.budget is not None:
                 check_positive_int(budget=self.budget)
@@ -487,6 +494,7 @@ class InversionResult:
     nearest_mean_accuracy: float
     eval_classifier_accuracy: float
     params: dict[str, Any] = field(default_factory=dict)
+    labels: tuple[int | str, ...] | None = None  # the data's label of each class index (None: the indices)
 
     def __post_init__(self) -> None:
         inv = np.array(self.inversions, dtype=np.float64, copy=True)
@@ -494,13 +502,16 @@ class InversionResult:
         object.__setattr__(self, "inversions", inv)
 
     def to_dict(self, include_inversions: bool = True) -> dict[str, Any]:
-        def mean(key: str) -> float:
-            return float(np.mean([c[key] for c in self.per_class]))
+        def mean(key: str) -> float | None:  # over the classes that have the value (None: a split lacks the class)
+            values = [c[key] for c in self.per_class if c[key] is not None]
+            return float(np.mean(values)) if values else None
 
         out: dict[str, Any] = {
             "attack": "mi-face",
             "params": dict(self.params),
             "classes": list(self.classes),
+            # label of each class index (what "class", "nearest_class" and "identified_as" index into)
+            "labels": None if self.labels is None else list(self.labels),
             "identification_accuracy": float(self.identification_accuracy),
             "nearest_mean_accuracy": float(self.nearest_mean_accuracy),
             "eval_classifier_accuracy": float(self.eval_classifier_accuracy),
@@ -516,22 +527,10 @@ class InversionResult:
         return out
 
 
-def parse_classes(text: str | None, n_classes: int) -> tuple[int, ...]:
-    """``"0,1,2"`` -> (0, 1, 2), each in ``[0, n_classes)``; None or empty: every class."""
-    if text is None or not str(text).strip():
-        return tuple(range(n_classes))
-    out = []
-    for part in str(text).split(","):
-        try:
-            k = int(part.strip())
-        except ValueError:
-            raise InputError(f"expected classes as comma-separated integers, got {text!r}") from None
-        if not 0 <= k < n_classes:
-            raise InputError(f"class {k} is outside the model's classes 0..{n_classes - 1}")
-        out.append(k)
-    if len(set(out)) != len(out):
-        raise InputError(f"classes repeat in {text!r}")
-    return tuple(out)
+def parse_classes(labels: str | Sequence[Any] | None, dataset: Any) -> tuple[int, ...]:
+    """The class indices of ``labels``, given as the data holds them (``"1,2"``, ``"dog"``; None: every class),
+    through :meth:`dpaudit.data.Dataset.class_indices` (class indices are refused where they are not the labels)."""
+    return dataset.class_indices(labels, option="--classes")
 
 
 def _class_means(X: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
@@ -562,10 +561,10 @@ def _invert_one(attack, target, k, clf, members, nonmembers, box) -> dict[str, A
     )
     has_nm = bool(np.all(np.isfinite(nonmembers[k])))
     others = [v for i, v in enumerate(mse_all) if i != k and np.isfinite(v)]
-    return {
+    return {  # None where the members (or the holdout) hold no record of class k: nothing to compare with
         "class": k,
-        "mse": float(mse_all[k]),
-        "ssim": ssim(box(x), box(members[k])),
+        "mse": float(mse_all[k]) if finite[k] else None,
+        "ssim": ssim(box(x), box(members[k])) if finite[k] else None,
         "mse_nonmembers": float(np.mean((box(x) - box(nonmembers[k])) ** 2)) if has_nm else None,
         "ssim_nonmembers": ssim(box(x), box(nonmembers[k])) if has_nm else None,
         "mse_other": float(np.mean(others)) if others else None,
@@ -584,20 +583,20 @@ def _invert_one(attack, target, k, clf, members, nonmembers, box) -> dict[str, A
 
 def run_inversion(
     run: Any,
-    classes: tuple[int, ...] | None = None,
+    classes: str | Sequence[Any] | None = None,
     *,
     attack: MIFace | None = None,
     seed: int = 0,
     progress: Any = None,
 ) -> InversionResult:
-    """Invert every class in ``classes`` of a loaded run (default: all) and score the inversions."""
+    """Invert every class in ``classes`` of a loaded run (default: all) and score the inversions.
+
+    ``classes``: labels as the run's data holds them (``"1,2"``, ``["cat"]``; :func:`parse_classes`), never
+    class indices; the result names each class by its index (``class``) and its label (``label``)."""
     attack = attack if attack is not None else MIFace(seed=seed)
     n_classes = int(run.spec.n_classes)
-    classes = tuple(range(n_classes)) if classes is None else tuple(classes)
-    for k in classes:
-        if not 0 <= int(k) < n_classes:
-            raise InputError(f"class {k} is outside the model's classes 0..{n_classes - 1}")
     ds = run.dataset()
+    classes = parse_classes(classes, ds)
     if ds.kind == "tokens":
         raise InputError(
             "model inversion (MI-FACE) climbs the gradient of a class's confidence with respect to the input, and "
@@ -623,7 +622,9 @@ def run_inversion(
     inversions, per_class = [], []
     with (progress or Progress()).task("MI-FACE inversion", len(classes)) as advance:
         for k in classes:
-            per_class.append(_invert_one(attack, target, int(k), clf, members, nonmembers, box))
+            per_class.append(
+                {**_invert_one(attack, target, int(k), clf, members, nonmembers, box), "label": ds.label(k)}
+            )
             inversions.append(per_class[-1].pop("x"))
             advance(1)
     ident = float(np.mean([c["identified_as"] == c["class"] for c in per_class]))
@@ -643,7 +644,8 @@ def run_inversion(
         "start": "x0 = PROCESS(0) in raw feature space, then restarts - 1 uniform draws in the aux box",
         "seed": seed,
     }
-    return InversionResult(classes, np.stack(inversions), tuple(per_class), ident, nearest, eval_acc, params)
+    labels = tuple(ds.label(k) for k in range(n_classes))
+    return InversionResult(classes, np.stack(inversions), tuple(per_class), ident, nearest, eval_acc, params, labels)
 
 
 def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | None = None, force: bool) -> Path:
@@ -676,7 +678,7 @@ def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | 
         axes = fig.subplots(rows, n, squeeze=False)
         for j, k in enumerate(result.classes):
             axes[0, j].imshow(image(inv[j]), cmap="gray_r", aspect="auto")
-            axes[0, j].set_title(str(k), fontsize=8)
+            axes[0, j].set_title(str(k if result.labels is None else result.labels[k]), fontsize=8)
             if member_means is not None:
                 axes[1, j].imshow(image(member_means[k]), cmap="gray_r", aspect="auto")
             for r in range(rows):

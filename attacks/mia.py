@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,27 @@ def candidates(run: Run) -> tuple[np.ndarray, np.ndarray]:
     member = np.concatenate([np.ones(len(run.splits.members), bool), np.zeros(len(run.splits.holdout), bool)])
     order = np.argsort(ids, kind="stable")
     return ids[order], member[order]
+
+
+def duplicated_nonmembers(ds, members: np.ndarray, nonmembers: np.ndarray) -> int:
+    """How many non-members are exact copies of a member (same features, same label).
+
+    A user's data may repeat records (a table with duplicate rows); a copy of a member in the holdout is
+    scored like the member it repeats but counted as a non-member, so every attack's AUC and TPR are
+    understated. Rows are compared by a 128-bit BLAKE2b digest of their bytes and label (two different rows
+    collide with probability ~2^-128 per pair), read a block of rows at a time: memory-mapped data stays out
+    of memory, and the set holds 16 bytes per member instead of the row (~600 MB for CIFAR-10's members)."""
+
+    def row_keys(idx: np.ndarray):
+        for start in range(0, len(idx), 4096):
+            part = np.asarray(idx[start : start + 4096], dtype=np.int64)
+            rows = np.ascontiguousarray(ds.rows(part).reshape(len(part), -1))
+            labels = np.asarray(ds.y[part], dtype=np.int64)
+            for row, label in zip(rows, labels, strict=True):
+                yield hashlib.blake2b(row.tobytes() + label.tobytes(), digest_size=16).digest()
+
+    seen = set(row_keys(members))
+    return sum(key in seen for key in row_keys(nonmembers))
 
 
 def shadow_partition(
@@ -174,6 +196,7 @@ def run_mia(
     shadow_classifier: str = "logreg",
     n_bootstrap: int = 200,
     progress: Progress = NULL_PROGRESS,
+    warn: Callable[[str], None] = lambda message: None,
 ) -> list[AttackResult]:
     """Run membership inference attacks on a loaded checkpoint; one :class:`AttackResult` per method.
 
@@ -184,7 +207,8 @@ def run_mia(
     models are refused), rmia (Zarifzadeh et al., sharing LiRA's reference models), or "all".
     Reference training runs on ``workers`` local processes or the Dask ``scheduler`` and is cached
     under ``cache_dir`` (None: :func:`dpaudit.cache.default_cache_dir`). ``seed`` fixes the
-    shadow/reference partitions, model seeds and bootstrap.
+    shadow/reference partitions, model seeds and bootstrap. ``warn`` hears of holdout records that copy a
+    member (:func:`duplicated_nonmembers`: the metrics then understate the attacks).
     """
     methods = parse_methods(methods)
     check_non_negative(seed=seed)
@@ -194,6 +218,13 @@ def run_mia(
     workers = check_workers(workers, scheduler=scheduler)
     ds = run.dataset()  # verifies the data hash: the checkpoint must match the data it was trained on
     ids, member = candidates(run)
+    copies = duplicated_nonmembers(ds, run.splits.members, run.splits.holdout)
+    if copies:
+        warn(
+            f"{copies} of {len(run.splits.holdout)} non-members (holdout records) are exact copies of a member "
+            "(your data repeats records): the attacks score them as the members they copy, so every AUC and TPR "
+            "below understates the leakage; remove duplicate records before training to measure it"
+        )
     target = _Target(ids, ds.y[ids], run.logits(ds.view(ids)))  # read and preprocessed a batch at a time
     recipe = Recipe.from_run(run, ds) if ("shadow" in methods or needs_refs) else None
     train = functools.partial(
@@ -328,7 +359,8 @@ def attack_checkpoint(
     """``dpaudit attack mia``: load the run at ``checkpoint``, run the attacks named in ``attacks`` (comma-separated)
     with :func:`run_mia` and write each attack's per-record scores under ``scores_out`` (see
     :func:`scores_paths`). ``no_cache``: reference models in a temporary directory, deleted afterwards.
-    ``warn`` receives the run's ``fit_warnings`` (a model that learned nothing: its AUCs measure little).
+    ``warn`` receives the run's ``fit_warnings`` (a model that learned nothing: its AUCs measure little) and
+    :func:`run_mia`'s (non-members that copy a member).
     Every option is checked, and every output path refused unless ``force``, before anything is trained."""
     from dpaudit.checkpoint import load_run
 
@@ -358,7 +390,7 @@ def attack_checkpoint(
         results = run_mia(
             run, methods, shadow_models=shadow_models, reference_models=reference_models, online=online,
             workers=workers, scheduler=scheduler, seed=seed, cache_dir=cache_dir, min_models=min_models,
-            n_bootstrap=bootstrap, progress=progress,
+            n_bootstrap=bootstrap, progress=progress, warn=warn,
         )  # fmt: skip
     for r in results:
         if r.name in outputs:

@@ -32,7 +32,7 @@ from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run
 from dpaudit.data import Dataset, Identity, Splits, Standardizer
 from dpaudit.errors import InputError, OutputBusyError
 from dpaudit.fileio import wait_for_writer
-from dpaudit.models import ModelSpec
+from dpaudit.models import ModelSpec, PythonSpec, factory_source_sha256
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import PerfConfig, TrainConfig
 from dpaudit.validation import check_positive_int
@@ -107,7 +107,7 @@ class Recipe:
 def model_key(recipe: Recipe, train_idx: np.ndarray, seed: int) -> str:
     """Cache key: sha256 of the data hash, model spec, training config (with ``seed``) and the sorted
     training index set (and a fixed preprocessing, or for a private recipe the aux set its preprocessing
-    is fitted on).
+    is fitted on; for a python model the sha256 of its factory's source file now).
     Performance settings are left out: they never change what is trained."""
     idx = np.unique(np.asarray(train_idx, dtype=np.int64))
     payload = {
@@ -118,6 +118,9 @@ def model_key(recipe: Recipe, train_idx: np.ndarray, seed: int) -> str:
         "train_idx_sha256": hashlib.sha256(idx.astype("<i8").tobytes()).hexdigest(),
         "n_train": len(idx),
     }
+    if isinstance(recipe.spec, PythonSpec):  # the user's code that builds the models, as it is now: a model cached
+        # before the factory's file was edited is another model, not to be mixed with ones the edited code builds
+        payload["factory_source_sha256"] = factory_source_sha256(recipe.spec.factory)
     if recipe.preprocessing is not None:  # fixed (an imported run's): part of what is trained
         payload["preprocessing"] = recipe.preprocessing.to_dict()
     elif recipe.config.dp is not None:  # a private recipe standardises on the aux split (see train_run)

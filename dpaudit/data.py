@@ -169,6 +169,49 @@ class Dataset:
         """The rows ``idx`` (default: all) of ``X`` as a lazy sequence read a slice at a time."""
         return RowView(self, None if idx is None else np.asarray(idx, dtype=np.int64))
 
+    def label(self, k: int) -> int | str:
+        """The data's own label of class index ``k`` (``classes[k]``, JSON-ready; ``k`` where not known)."""
+        if self.classes is None:
+            return int(k)
+        v = self.classes[int(k)].item()
+        if isinstance(v, float) and v.is_integer():  # a float y array's 2.0 is the label 2 (labels are integers)
+            return int(v)
+        return v if isinstance(v, int | float | str) else str(v)
+
+    def class_indices(self, labels: str | Sequence[Any] | None, *, option: str = "classes") -> tuple[int, ...]:
+        """Class indices of labels given as the data holds them (``"1,2"``, ``"-1"``, ``"dog"``, or a sequence);
+        None or blank: every class. A user thinks in the labels of their data (what ``canaries make`` writes
+        and their own training reads); an index would silently name another class wherever the labels are not
+        0..K-1 (``1`` of labels {1, 2} is the index of 2), so anything but a label is refused, and repeats too."""
+        if labels is None or (isinstance(labels, str) and not labels.strip()):
+            return tuple(range(self.n_classes))
+        parts = labels.split(",") if isinstance(labels, str) else list(labels)
+        texts = [str(p).strip() for p in parts if str(p).strip()]
+        known = [str(self.label(k)).strip() for k in range(self.n_classes)]
+        numeric = self.classes is None or self.classes.dtype.kind in "iubf"
+        out = []
+        for t in texts:
+            key = t
+            if numeric:  # "2", "+2", "2.0" all name the label 2
+                try:
+                    number = float(t)
+                except ValueError:
+                    number = math.nan
+                if number.is_integer():
+                    key = str(int(number))
+            if key not in known:
+                shown_labels = ", ".join(known[:20]) + (", …" if len(known) > 20 else "")
+                raise InputError(
+                    f"{option}: {t!r} is not a label of {self.name} (its labels: {shown_labels}); give the labels "
+                    "as your data holds them, not class indices"
+                )
+            out.append(known.index(key))
+        if len(set(out)) != len(out):
+            raise InputError(f"{option}: labels repeat in {labels!r}")
+        if not out:
+            raise InputError(f"{option}: no label given in {labels!r}")
+        return tuple(out)
+
     def describe(self) -> dict[str, Any]:
         return {
             "spec": self.source,

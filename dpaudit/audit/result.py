@@ -30,6 +30,10 @@ VERDICTS: tuple[str, ...] = ("violation", "curve-refuted", "estimate-exceeds-cla
 FORMAL_REFUTATIONS: tuple[str, ...] = ("violation", "curve-refuted")
 # Opt-in exit code 1 (``--fail-on-estimate``): an estimate above the claim.
 ESTIMATE_REFUTATIONS: tuple[str, ...] = ("estimate-exceeds-claim",)
+# A gate that cannot fail must not pass: with ``--fail-on-violation`` an audit whose verdict is one of these
+# (the design could not refute the claim whatever the mechanism does) exits 2, never 0 (a CI job would pass
+# on a test that proves nothing) and never 1 (nothing was refuted).
+CANNOT_REFUTE: tuple[str, ...] = ("inconclusive",)
 
 
 def is_formal(method: str, design: str) -> bool:

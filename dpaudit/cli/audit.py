@@ -103,11 +103,17 @@ def emit_audit(
     """Print an audit result (JSON or human); exit 1 when asked to.
 
     ``fail_on_violation``: exit 1 on a formal refutation only ("violation" or "curve-refuted"; see
-    :data:`dpaudit.audit.result.FORMAL_REFUTATIONS`). ``fail_on_estimate`` (opt-in): also exit 1 on
+    :data:`dpaudit.audit.result.FORMAL_REFUTATIONS`), exit 2 when the verdict is "inconclusive" (see
+    :data:`dpaudit.audit.result.CANNOT_REFUTE`). ``fail_on_estimate`` (opt-in): also exit 1 on
     "estimate-exceeds-claim", an estimate above the claim (evidence, not proof).
     """
+    from dpaudit.audit.result import CANNOT_REFUTE
+
     emit(result.to_dict(), describe(result), json_flag=json_flag)
-    _exit_code([result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
+    _exit_code(
+        [result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate,
+        cannot_refute=result.verdict in CANNOT_REFUTE,
+    )  # fmt: skip
 
 
 # ---- commands -----------------------------------------------------------------------------------
@@ -115,7 +121,12 @@ def emit_audit(
 
 @audit_app.command("scores")
 def scores_cmd(
-    file: Annotated[Path, typer.Argument(help="CSV with columns member (0/1) and score (higher = member), or NPZ.")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="CSV with columns member (0/1) and score (higher = member), or NPZ or JSON with those names."
+        ),
+    ],
     delta: DeltaOpt = 1e-5,
     confidence: ConfidenceOpt = 0.95,
     method: MethodOpt = "clopper-pearson",
@@ -285,12 +296,19 @@ def plan_cmd(
     emit(plan.to_dict(), plan.summary(), json_flag=json_output)
 
 
-def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool) -> None:
+def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool, cannot_refute: bool = False) -> None:
     """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
-    claimed curve refuted) or, opted in, on an estimate above the claim."""
+    claimed curve refuted) or, opted in, on an estimate above the claim. With --fail-on-violation, exit 2 when
+    ``cannot_refute``: the verdict is "inconclusive" (:data:`dpaudit.audit.result.CANNOT_REFUTE`), a gate that
+    could not fail."""
     from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
 
     verdicts = set(verdicts)
+    if fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS):
+        raise InputError(
+            "--fail-on-violation: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
+            "does, so the gate fails instead of passing; use more runs or canaries (`dpaudit audit plan`)"
+        )
     if (fail_on_violation and verdicts & set(FORMAL_REFUTATIONS)) or (
         fail_on_estimate and verdicts & set(ESTIMATE_REFUTATIONS)
     ):
@@ -373,7 +391,10 @@ def checkpoint_cmd(
     )
     emit(result.to_dict(), result.summary(), json_flag=json_output)
     verdicts = [a.result.verdict for a in result.audits]
-    _exit_code(verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate)
+    _exit_code(
+        verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate,
+        cannot_refute=result.cannot_refute,
+    )  # fmt: skip
 
 
 AUDIT_TRAIN_DESIGN = (

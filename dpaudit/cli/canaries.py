@@ -61,8 +61,15 @@ def register(app: App) -> None:
             from dpaudit.reporting import save_canary_audit
 
             save_canary_audit(result, out, force=force)
+        from dpaudit.audit.result import CANNOT_REFUTE
+
         emit(result.to_dict(), result.summary(), json_flag=json_output)
-        _exit_code([result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=False)
+        _exit_code(
+            [result.verdict],
+            fail_on_violation=fail_on_violation,
+            fail_on_estimate=False,
+            cannot_refute=result.verdict in CANNOT_REFUTE,
+        )
 
 
 canaries_app = App(help="Canaries for models you train yourself (then `dpaudit import --canaries`).")

@@ -25,21 +25,26 @@ def inversion_table(result: Any) -> str:
     from dpaudit.report._format import rate
 
     d = result.to_dict(include_inversions=False)
+    labels = d["labels"]  # classes by the data's labels (the JSON keeps the indices beside them)
+
+    def label(k: int) -> str:
+        return str(k if labels is None else labels[k])
+
     header = ("class", "confidence", "MSE", "MSE non-mem", "MSE other", "SSIM", "SSIM non-mem", "nearest", "identified",
               "iters", "stop", "queries")  # fmt: skip
     rows = [header]
     for c in d["per_class"]:
         rows.append(
             (
-                str(c["class"]),
+                label(c["class"]),
                 _num(c["confidence"]),
                 _num(c["mse"], ".4f"),
                 _num(c["mse_nonmembers"], ".4f"),
                 _num(c["mse_other"], ".4f"),
                 _num(c["ssim"]),
                 _num(c["ssim_nonmembers"]),
-                str(c["nearest_class"]),
-                str(c["identified_as"]),
+                label(c["nearest_class"]),
+                label(c["identified_as"]),
                 str(c["iterations"]),
                 c["stop_reason"],
                 str(c["queries"]),
@@ -64,7 +69,7 @@ def inversion(
         str | None,
         typer.Option(
             "--classes",
-            help="Class indices to invert, comma-separated (default: all); index i is the data's i-th smallest label.",
+            help="Labels to invert, comma-separated, as your data holds them (1,2 or cat,dog; default: all).",
         ),
     ] = None,
     black_box: Annotated[
@@ -116,7 +121,7 @@ def inversion(
     {class, mse, ssim, mse_nonmembers, ssim_nonmembers, mse_other, nearest_class, identified_as, cost, confidence,
     iterations, best_iteration, stop_reason, queries}), feature_shape, inversions (raw features, flattened).
     """
-    from attacks.inversion import MIFace, member_class_means, parse_classes, run_inversion, save_grid
+    from attacks.inversion import MIFace, member_class_means, run_inversion, save_grid
     from dpaudit.checkpoint import load_run
 
     attack = MIFace(
@@ -129,9 +134,9 @@ def inversion(
     if png is not None:
         check_output_file(png, force=force)
     target = load_run(path)
-    chosen = parse_classes(classes, int(target.spec.n_classes))
-    info(f"inverting {len(chosen)} classes of {path} ({'black' if black_box else 'white'}-box) …")
-    result = run_inversion(target, chosen, attack=attack, seed=seed, progress=progress(json_output))
+    which = "every class" if classes is None else f"labels {classes}"
+    info(f"inverting {which} of {path} ({'black' if black_box else 'white'}-box) …")
+    result = run_inversion(target, classes, attack=attack, seed=seed, progress=progress(json_output))
     if png is not None:
         save_grid(result, png, member_means=member_class_means(target), force=force)
         info(f"inversions written to {png} (top: inversions; bottom: members' class means)")
@@ -141,7 +146,13 @@ def inversion(
 
 def attribute(
     feature: Annotated[
-        str, typer.Option("--feature", "-f", help="The hidden feature: index (flattened) or name (embedded datasets).")
+        str,
+        typer.Option(
+            "--feature",
+            "-f",
+            help="The hidden feature: name (a CSV header's, or an embedded dataset's) or index (flattened); "
+            "a one-hot group by its prefix (color for color_red, color_blue, ...).",
+        ),
     ],
     run: RunArgument = None,
     black_box: Annotated[
@@ -158,7 +169,10 @@ def attribute(
     """Attribute inference (Fredrikson et al. 2014; Yeom et al. 2018): infer a hidden feature of members and
     non-members; the member - non-member gap of the advantage over the prior baseline is the leakage.
 
-    JSON: checkpoint, attack, method, feature, feature_name, binarised, threshold, candidates, members and
+    A column of a one-hot group (color_red beside color_blue, ...) or the group's prefix (color) hides the whole
+    group: the other columns would give the hidden one away.
+
+    JSON: checkpoint, attack, method, feature, feature_name, columns, binarised, threshold, candidates, members and
     nonmembers ({n, accuracy, baseline_accuracy, advantage}), leakage, params.
     """
     from attacks.attribute import run_attribute
@@ -170,6 +184,8 @@ def attribute(
     d = result.to_dict()
     name = f" ({d['feature_name']})" if d["feature_name"] else ""
     hidden = f"binarised at {d['threshold']:.4g}" if d["binarised"] else f"{len(d['candidates'])} values"
+    if len(d["columns"]) > 1:  # a one-hot group, hidden as a whole
+        hidden = f"one-hot columns {', '.join(map(str, d['columns']))}: {', '.join(map(str, d['candidates']))}"
     lines = [f"attribute inference, {d['method']}: feature {d['feature']}{name}, {hidden}",
              "group        n  accuracy  baseline  advantage"]  # fmt: skip
     for g in ("members", "nonmembers"):

@@ -372,13 +372,18 @@ def inversion_figure(result: Mapping[str, Any]) -> Figure | None:
         return None
     h, w = shape[-2], shape[-1]
     per_class = result.get("per_class") or []
+    labels = result.get("labels")  # the data's label of each class index (None: the indices are the labels)
+
+    def label(k: Any) -> Any:
+        return labels[k] if labels is not None and isinstance(k, int) and 0 <= k < len(labels) else k
+
     n = len(images)
     fig = Figure(figsize=(1.1 * n + 0.4, 1.6), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
     for i, (ax, img) in enumerate(zip(axes, images, strict=True)):
         ax.imshow(np.asarray(img, dtype=float).reshape(h, w), cmap="gray_r", interpolation="nearest")
         c = per_class[i] if i < len(per_class) else {}
-        ax.set_title(drawable(f"{c.get('class', i)} → {c.get('identified_as', '?')}"), fontsize=8)
+        ax.set_title(drawable(f"{label(c.get('class', i))} → {label(c.get('identified_as', '?'))}"), fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
         ax.grid(False)

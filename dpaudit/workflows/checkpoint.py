@@ -230,30 +230,37 @@ def audit_checkpoint(
     common = {"delta": delta, "confidence": confidence, "claimed_epsilon": claimed, "seed": seed}
     records: list[AuditRecord] = []
     curve = claim_tradeoff(privacy) if claimed_epsilon is None else None
+    note = relation_note(privacy.get("neighbouring"), "add_remove") if canaries else None
+    whitebox = run.whitebox_canaries()
+    # Multiplicity: every formal canary test (the (ε, δ) one-run audit and the f-DP one against the claim's curve,
+    # for each kind of canary) can refute the claim on its own, and the model's verdict is a refutation when any
+    # does, so α = 1 − confidence is split evenly between them (Bonferroni), as audit_canaries does: a mechanism
+    # that meets its claim gets a formal refutation with probability ≤ α. Estimates keep the full confidence.
+    n_formal = (1 + (curve is not None)) * ((bool(canaries) and note is None) + (whitebox is not None))
+    canary_common = {**common, "confidence": 1.0 - (1.0 - confidence) / max(1, n_formal)}
     if canaries:
         scores, included = canary_scores(run)
-        note = relation_note(privacy.get("neighbouring"), "add_remove")
         what = f"{len(scores)} {canaries['kind']} canaries, each included w.p. 1/2 (black-box, logit-scaled confidence)"
         if canaries.get("inserted_by"):  # an imported run: formal if its training added the included ones as declared
             what += f"; inserted by {canaries['inserted_by']}"
-        records += one_run_records("canaries", what, scores, included, common, curve, note)
-    whitebox = run.whitebox_canaries()
+        records += one_run_records("canaries", what, scores, included, canary_common, curve, note)
     if whitebox is not None:
         what = (
             f"{len(whitebox[0])} white-box Dirac gradient canaries, each included w.p. 1/2 (every update observed; "
             "Steinke, Nasr & Jagielski 2023)"
         )
-        records += one_run_records("whitebox-canaries", what, *whitebox, common, curve, None)
+        records += one_run_records("whitebox-canaries", what, *whitebox, canary_common, curve, None)
     results = []
     if attacks:
         from attacks.mia import run_mia
 
+        heard: list[str] = []  # run_mia's warnings (non-members that copy a member)
         results = run_mia(
             run, list(attacks), reference_models=reference_models, workers=workers, seed=seed, progress=progress,
-            cache_dir=cache_dir,
+            cache_dir=cache_dir, warn=heard.append,
         )  # fmt: skip
-        # never attack a doubtful member list, or a model that learned nothing, silently
-        caveats = tuple(n for n in (member_list_note(run.meta), *run.meta.get("fit_warnings", ())) if n)
+        # never attack a doubtful member list, a model that learned nothing, or duplicated records, silently
+        caveats = tuple(n for n in (member_list_note(run.meta), *run.meta.get("fit_warnings", ()), *heard) if n)
         for i, res in enumerate(results):
             result = audit_scores(res.scores, res.member, method=estimate_method, design="membership", **common)
             if caveats:

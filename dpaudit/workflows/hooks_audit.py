@@ -59,7 +59,9 @@ class CanaryRunAudit:
             "canaries": str(self.path),
             "claim": self.claim,
             "verdict": self.verdict,
-            "formal": True,
+            # formal when every record is a formal bound or a formal curve refutation (inclusion bits that are no
+            # fair coins make the one-run records estimates); the noise check is formal whenever it runs
+            "formal": all(a.result.formal or a.result.refutation is not None for a in self.audits),
             "steps": self.steps,
             "count": self.count,
             "audits": [a.to_dict() for a in self.audits],
@@ -209,6 +211,12 @@ def audit_canaries(
         alpha = (1.0 - confidence) / 2  # Bonferroni: the per-step audit and the noise check
         records = [_per_step_record(obs, q, sigma, delta, 1.0 - alpha, claimed, seed)]
     else:
+        n_in = int(obs.included.sum())
+        if n_in in (0, obs.count):  # (audit_scores would say "member has a single class", not why)
+            raise InputError(
+                f"{directory}: {n_in} of {obs.count} canaries are included: the one-run audit needs each included "
+                "independently with probability 1/2 (GradientCanaries draws such bits unless given included=)"
+            )
         curve = claim_tradeoff(claim) if sigma is not None else None
         n_tests = 1 + (curve is not None) + (sigma is not None)
         alpha = (1.0 - confidence) / n_tests  # Bonferroni over the formal tests run
@@ -233,6 +241,8 @@ def audit_canaries(
         verdict = "violation"
     elif "curve-refuted" in verdicts:  # only the claimed DP-SGD curve is refuted (issue 27): said so
         verdict = "curve-refuted"
+    elif "estimate-exceeds-claim" in verdicts:  # e.g. inclusion bits that are no fair coins: evidence, no proof
+        verdict = "estimate-exceeds-claim"
     elif all(r.result.verdict == "inconclusive" for r in records) and noise is None:
         verdict = "inconclusive"
     else:

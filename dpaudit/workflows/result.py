@@ -345,6 +345,13 @@ class ModelAudit:
     def headline(self) -> Headline:
         return headline([a.to_dict() for a in self.audits], self.claim)
 
+    @property
+    def cannot_refute(self) -> bool:
+        """True when the model has formal tests of its claim (ε bounds or claim-curve refutations) and every one
+        is "inconclusive": none of them could refute the claim whatever the model does."""
+        tests = [a.result for a in self.audits if a.result.formal or a.result.refutation is not None]
+        return bool(tests) and all(r.verdict == "inconclusive" for r in tests)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: path, claim, headline, audits and attack metrics (no ROC curves)."""
         return {

@@ -22,6 +22,7 @@ import numpy as np
 
 from attacks.result import SCORE_COLUMNS
 from dpaudit.errors import InputError
+from dpaudit.validation import shown
 
 # The designs whose bound is formal (see dpaudit.audit.result.is_formal): the ones a file's
 # provenance can contradict.
@@ -46,7 +47,8 @@ class ScoreFile:
 
 
 def read_score_file(path: Path) -> ScoreFile:
-    """Read a CSV (columns ``member``, ``score``) or NPZ (arrays of those names) scores file.
+    """Read a CSV (columns ``member``, ``score``), NPZ (arrays of those names) or JSON (an object of those two
+    lists, or a list of records with those keys) scores file; a ``.npy`` file (one unnamed array) is refused.
 
     The ``attack``/``record_id`` columns that ``attack mia`` writes are recognised as its provenance.
     A file holding several attacks' scores is refused: each record would count once per attack.
@@ -66,6 +68,15 @@ def read_score_file(path: Path) -> ScoreFile:
         raise InputError(
             f"{path}: holds the scores of {len(attacks)} attacks ({', '.join(attacks)}); each record would count "
             "once per attack: audit one attack's scores at a time"
+        )
+    # One row per record: a record listed twice (files concatenated, an append run twice) would count as two
+    # trials, and under a formal design (--trust-design) two trials shrink the Clopper-Pearson interval.
+    ids, first, counts = np.unique(np.asarray(columns["record_id"]).astype(str), return_index=True, return_counts=True)
+    if len(ids) < len(member):
+        i = int(np.argmax(counts))
+        raise InputError(
+            f"{path}: record_id {ids[i]} appears {counts[i]} times (first in row {first[i] + 1}); "
+            f"{len(member) - len(ids)} duplicate row(s): each record would count more than once"
         )
     return ScoreFile(path, member, score, source=ATTACK_MIA, attack=attacks[0] if attacks else None)
 
@@ -135,7 +146,15 @@ _DESIGN_WORDS = {
 
 
 def _read_columns(path: Path) -> dict[str, np.ndarray]:
-    if path.suffix.lower() == ".npz":
+    suffix = path.suffix.lower()
+    if suffix == ".npy":  # np.load would give one unnamed array: which column is the member bit is a guess
+        raise InputError(
+            f"{path}: a .npy file holds one unnamed array; save the columns by name: "
+            "np.savez(FILE.npz, member=..., score=...), or a CSV with columns member,score"
+        )
+    if suffix == ".json":
+        return _json_columns(path)
+    if suffix == ".npz":
         try:
             with np.load(path, allow_pickle=False) as npz:
                 missing = [k for k in ("member", "score") if k not in npz.files]
@@ -159,6 +178,32 @@ def _read_columns(path: Path) -> dict[str, np.ndarray]:
     if missing:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(df.columns) or 'none'}")
     return {c: df[c].to_numpy() for c in df.columns}
+
+
+def _json_columns(path: Path) -> dict[str, np.ndarray]:
+    """Columns of a JSON scores file: ``{"member": [...], "score": [...]}`` or a list of
+    ``{"member": m, "score": s}`` records (other keys, e.g. record_id, kept as columns)."""
+    from dpaudit.validation import read_json
+
+    data = read_json(path)  # bounded parsing of an untrusted file
+    if isinstance(data, list) and all(isinstance(r, dict) for r in data):
+        keys = list(dict.fromkeys(k for r in data for k in r))
+        data = {k: [r.get(k) for r in data] for k in keys}
+    if not isinstance(data, dict):
+        raise InputError(
+            f'{path}: expected a JSON object {{"member": [...], "score": [...]}} or a list of '
+            f'{{"member": m, "score": s}} records, got a JSON {type(data).__name__}'
+        )
+    missing = [k for k in ("member", "score") if k not in data]
+    if missing:
+        found = ", ".join(shown(k) for k in list(data)[:10]) or "none"
+        raise InputError(f"{path}: missing key(s) {', '.join(missing)}; found {found}")
+    columns = {}
+    for k, v in data.items():
+        if not isinstance(v, list):
+            raise InputError(f"{path}: {shown(k)} must be a list, got a JSON {type(v).__name__}")
+        columns[str(k)] = np.array(v, dtype=object)
+    return columns
 
 
 def _check_values(path: Path, member: np.ndarray, score: np.ndarray) -> None:

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from attacks.attribute import AttributeInference, run_attribute
@@ -76,6 +77,93 @@ def test_a_csv_feature_is_found_by_its_header_name(tmp_path):
     assert resolve_feature("Income", ds) == (1, "income")
     with pytest.raises(InputError, match=r"^unknown feature 'label'; valid: age, income$"):
         resolve_feature("label", ds)
+
+
+def test_a_header_name_wins_over_an_index(tmp_path):
+    """In a header 0,2,5 (columns kept from a wider table) feature "2" is the column named 2, not index 2 (named 5)."""
+    from attacks.attribute import resolve_feature
+    from dpaudit.data import load_dataset
+
+    (tmp_path / "kept.csv").write_text("0,2,5,label\n1,2,3,0\n4,5,6,1\n")
+    ds = load_dataset(str(tmp_path / "kept.csv"), label_column="label")
+    assert resolve_feature("2", ds) == (1, "2") and resolve_feature("1", ds) == (1, "2")
+
+
+def _one_hot_csv(path, n=400, seed=0, drop_first=False):
+    """x0 decides the label; color (red 50%, green 30%, blue 20%) is one-hot encoded and the label ignores it."""
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal(n)
+    color = rng.choice(3, size=n, p=[0.5, 0.3, 0.2])
+    names = ["color_red", "color_green", "color_blue"][int(drop_first) :]
+    cols = [(color == k).astype(int) for k in range(3)][int(drop_first) :]
+    rows = [f"{x0[i]:.4f}," + ",".join(str(c[i]) for c in cols) + f",{int(x0[i] > 0)}" for i in range(n)]
+    path.write_text(",".join(["x0", *names, "label"]) + "\n" + "\n".join(rows) + "\n")
+    return color
+
+
+def test_one_hot_groups_are_found_by_a_column_or_their_prefix(tmp_path):
+    from attacks.attribute import feature_names, one_hot_group, resolve_feature
+    from dpaudit.data import load_dataset
+
+    _one_hot_csv(tmp_path / "c.csv")
+    ds = load_dataset(str(tmp_path / "c.csv"), label_column="label")
+    names = feature_names(ds)
+    assert resolve_feature("color", ds) == (1, "color_red")
+    assert one_hot_group(3, names, ds.X) == ((1, 2, 3), "color") and one_hot_group(0, names, ds.X) is None
+    _one_hot_csv(tmp_path / "d.csv", drop_first=True)  # red dropped: records with neither column are red
+    ds = load_dataset(str(tmp_path / "d.csv"), label_column="label")
+    assert one_hot_group(1, feature_names(ds), ds.X) == ((1, 2), "color")
+    with pytest.raises(InputError, match="unknown feature 'x'"):
+        resolve_feature("x", ds)  # a prefix of x0, not of a one-hot group
+
+
+def test_a_one_hot_column_is_hidden_with_its_group(tmp_path):
+    """Hiding color_red alone left color_green and color_blue to the attack model, which then "inferred" the
+    colour of every record (100% for members and non-members) from a model that ignores it; the whole group
+    is hidden, so nothing beyond the prior is left to find."""
+    from dpaudit.checkpoint import load_run
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    _one_hot_csv(tmp_path / "c.csv")
+    ds = load_dataset(str(tmp_path / "c.csv"), label_column="label")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(
+        ds, spec, TrainConfig(epochs=2, batch_size=32, lr=0.1, seed=0), out=tmp_path / "run", label_column="label"
+    )
+    run = load_run(tmp_path / "run")
+    with torch.no_grad():  # a model that ignores the colour: its outputs say nothing about it
+        (weight,) = [p for p in run.model.parameters() if p.ndim == 2]
+        weight[:, 1:4] = 0.0
+    r = run_attribute(run, "color_red", black_box=True).to_dict()
+    assert r["feature_name"] == "color" and r["columns"] == [1, 2, 3] and r["candidates"] == ["red", "green", "blue"]
+    # The colour is independent of everything the attack model reads: accuracy is that of a guess from the
+    # prior (at most the majority's 50% plus sampling noise; 0.65 is > 3 standard errors above it for n >= 80).
+    for g in ("members", "nonmembers"):
+        assert r[g]["n"] >= 80 and r[g]["accuracy"] < 0.65, r
+
+
+def test_likelihood_over_a_one_hot_group_sets_the_whole_group():
+    """A model whose label is the colour: each counterfactual is a valid one-hot record, so the likelihood
+    estimator reads the colour back, the dropped category (no column set) included."""
+    rng = np.random.default_rng(3)
+    color = rng.choice(3, size=300)
+    X = np.column_stack([rng.standard_normal(300), color == 1, color == 2]).astype(float)  # category 0 dropped
+
+    def label_is_the_colour(Z):
+        Z = np.asarray(Z)
+        k = np.where(Z[:, 1] == 1, 1, np.where(Z[:, 2] == 1, 2, 0))
+        return np.where(np.arange(3) == k[:, None], 0.9, 0.05)
+
+    att = AttributeInference((1, 2)).fit(X[:150], color[:150], label_is_the_colour)
+    assert att.one_hot_ and att.candidates_.tolist() == [[1, 0], [0, 1], [0, 0]]
+    truth = att.categories(X[150:])
+    np.testing.assert_array_equal(truth, np.where(color[150:] == 0, 2, color[150:] - 1))
+    np.testing.assert_array_equal(att.predict(X[150:], color[150:], label_is_the_colour), truth)
+    with pytest.raises(InputError, match="not a one-hot group"):
+        AttributeInference((0, 1)).fit(X, color, label_is_the_colour)
 
 
 # --------------------------------------------------------------------------- breast-cancer

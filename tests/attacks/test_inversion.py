@@ -187,9 +187,12 @@ def test_settings_are_validated_with_names():
         MIFace(window=0).fit(BOX)
     with pytest.raises(InputError, match="image-shaped"):
         MIFace(prior="tv", prior_weight=1.0).fit(BOX)
-    with pytest.raises(InputError, match=r"outside the model's classes 0\.\.9"):
-        parse_classes("0,10", 10)
-    assert parse_classes(None, 3) == (0, 1, 2) and parse_classes("2, 0", 3) == (2, 0)
+    from dpaudit.data import load_dataset
+
+    digits = load_dataset("digits")  # labels 0..9: a label is its index
+    with pytest.raises(InputError, match=r"'10' is not a label of digits \(its labels: 0, 1, .*9\)"):
+        parse_classes("0,10", digits)
+    assert parse_classes(None, digits) == tuple(range(10)) and parse_classes("2, 0", digits) == (2, 0)
 
 
 # --------------------------------------------------------------------------- SSIM
@@ -298,11 +301,13 @@ def test_cli_black_box_counts_queries(digits_run_dir):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--classes", "0,10"), "outside the model's classes"),
-        (("--classes", "-1"), "outside the model's classes"),
+        (("--classes", "0,10"), "'10' is not a label of digits"),
+        (("--classes", "-1"), "'-1' is not a label of digits"),
+        (("--classes", "3,3"), "labels repeat"),
         (("--black-box", "--budget", "0"), "--budget >= 1"),
         (("--budget", "10"), "black-box"),
         (("--window", "0"), "--window >= 1"),
+        (("--threshold", "1"), "expected --threshold < 1, got 1: the cost 1 - f_y is at most 1"),
     ],
 )
 def test_cli_bad_input_exits_2(digits_run_dir, args, message):
@@ -379,3 +384,80 @@ def test_objectives_per_row_against_numpy_with_four_classes(label):
     for variant, want in expected.items():
         got = MIFace(variant=variant)._objectives(torch.as_tensor(P), label).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- classes named by the data's labels
+
+
+@pytest.fixture(scope="module")
+def threes_and_eights_run(tmp_path_factory):
+    """digits:3,8: the labels are 3 and 8 (class indices 0 and 1); a logistic regression, 4 epochs (~0.3 s)."""
+    from dpaudit.checkpoint import load_run
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    ds = load_dataset("digits:3,8")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    out = tmp_path_factory.mktemp("digits38") / "run"
+    train_run(ds, spec, TrainConfig(epochs=4, batch_size=32, lr=0.1, seed=0), out=out)
+    return load_run(out)
+
+
+def test_classes_are_the_datas_labels_not_indices(threes_and_eights_run):
+    """`--classes 8` inverts the eights (index 1), and says so by label; index 1 (a label of no record) is refused
+    instead of silently inverting the eights, and index 0 instead of the threes."""
+    run = threes_and_eights_run
+    r = run_inversion(run, "8", attack=MIFace(iterations=100, restarts=1, seed=0))
+    d = r.to_dict(include_inversions=False)
+    assert d["classes"] == [1] and d["labels"] == [3, 8]
+    c = d["per_class"][0]
+    assert c["class"] == 1 and c["label"] == 8
+    assert c["nearest_class"] == 1 and c["mse"] < c["mse_other"]  # the inversion looks like the eights
+    assert run_inversion(run, [3], attack=MIFace(iterations=1, restarts=1, seed=0)).classes == (0,)
+    for index in ("1", "0"):
+        with pytest.raises(InputError, match=rf"'{index}' is not a label of digits:3,8 \(its labels: 3, 8\)"):
+            run_inversion(run, index)
+
+
+def test_cli_table_names_classes_by_label(threes_and_eights_run):
+    res = cli("attack", "inversion", str(threes_and_eights_run.path), "--classes", "8,3", "--iterations", "20",
+              "--restarts", "1")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = [line.split() for line in res.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in rows] == ["8", "3"]
+
+
+def test_a_class_missing_from_a_split_gives_no_comparison_not_a_crash(tmp_path):
+    """Imbalanced data: label 3 has members but no holdout record, label 4 holdout records but no member. The
+    table and JSON crashed (None + float in the mean over classes); the comparisons that have no records are
+    None, the means are over the classes that have them, and the JSON holds no NaN or inf."""
+    from dpaudit.checkpoint import load_run
+    from dpaudit.data import Splits, load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    rng = np.random.default_rng(0)
+    y = np.r_[np.full(40, 1), np.full(40, 2), np.full(4, 3), np.full(4, 4)]
+    X = (rng.standard_normal((len(y), 3)) + y[:, None]).astype(np.float32)
+    np.savez(tmp_path / "imb.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "imb.npz"))
+    idx = {k: np.flatnonzero(y == k) for k in (1, 2, 3, 4)}
+    splits = Splits(
+        members=np.r_[idx[1][:15], idx[2][:15], idx[3]], holdout=np.r_[idx[1][15:25], idx[2][15:25], idx[4]],
+        aux=np.r_[idx[1][25:35], idx[2][25:35]], test=np.r_[idx[1][35:], idx[2][35:]], seed=0, fractions=(),
+    )  # fmt: skip
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=4)
+    train_run(ds, spec, TrainConfig(epochs=2, batch_size=16, lr=0.1, seed=0), out=tmp_path / "run", splits=splits)
+    r = run_inversion(load_run(tmp_path / "run"), "1,3,4", attack=MIFace(iterations=5, restarts=1, seed=0))
+    d = r.to_dict(include_inversions=False)
+    by = {c["label"]: c for c in d["per_class"]}
+    assert by[3]["mse_nonmembers"] is None and by[3]["mse"] is not None
+    assert by[4]["mse"] is None and by[4]["ssim"] is None and by[4]["mse_nonmembers"] is not None
+    assert d["mean_mse_nonmembers"] == pytest.approx(np.mean([by[1]["mse_nonmembers"], by[4]["mse_nonmembers"]]))
+    json.dumps(d, allow_nan=False)
+    from dpaudit.cli.inversion import inversion_table
+
+    assert "—" in inversion_table(r)

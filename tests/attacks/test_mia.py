@@ -229,3 +229,104 @@ def test_lira_beats_loss_on_an_overfit_target(tmp_path):
     assert lira["auc"] > 0.5 + 3 * se
     assert lira["auc"] > loss["auc"] - 2 * se
     assert lira["tpr_at_fpr"]["0.01"] > loss["tpr_at_fpr"]["0.01"] + 0.05
+
+
+def _memorising_models(seen: list):
+    """A stand-in for ``train_models``: model j "memorises" its training set (true-class logit +3 on it, -3
+    elsewhere), so a record's signal says which models trained on it; the training sets asked for are kept."""
+
+    def train(recipe, train_sets, seeds, **kwargs):
+        y = recipe.dataset.y
+        logits = np.zeros((len(train_sets), len(y), recipe.spec.n_classes))
+        for j, idx in enumerate(train_sets):
+            logits[j, np.arange(len(y)), y] = np.where(np.isin(np.arange(len(y)), idx), 3.0, -3.0)
+        seen.append((kwargs["description"], [np.asarray(s) for s in train_sets]))
+        return logits
+
+    return train
+
+
+def test_reference_and_shadow_training_sets_are_wired_to_the_masks(tiny_run, monkeypatch):
+    """The wires between the splits, the models' training sets and the attacks, with 5 reference models (odd,
+    and the 420-record population is not a multiple of 5): every reference training set lies in the candidates
+    plus aux (never test records), LiRA's and RMIA's IN matrix says exactly which candidates each model trained
+    on, every candidate is IN for 2 or 3 of them; shadow models train on disjoint parts of aux, never on a
+    candidate (a target member among a shadow's "non-members" would teach the attack that members look OUT)."""
+    import attacks.mia as mia
+    from attacks.lira import LiRA
+    from attacks.rmia import RMIA
+
+    seen: list = []
+    masks = {}
+
+    class Recorded(LiRA):
+        def fit(self, signals, in_mask, **kw):
+            masks["lira"] = (np.asarray(signals), np.asarray(in_mask))
+            return super().fit(signals, in_mask, **kw)
+
+    class RecordedRMIA(RMIA):
+        def fit(self, signals, in_mask):
+            masks["rmia"] = np.asarray(in_mask)
+            return super().fit(signals, in_mask)
+
+    monkeypatch.setattr(mia, "train_models", _memorising_models(seen))
+    monkeypatch.setattr(mia, "LiRA", Recorded)
+    monkeypatch.setattr(mia, "RMIA", RecordedRMIA)
+    sp = tiny_run.splits
+    ids, _ = candidates(tiny_run)
+    mia.run_mia(tiny_run, ["shadow", "lira", "rmia"], shadow_models=2, reference_models=5, n_bootstrap=0)
+    (shadow_desc, shadow_sets), (ref_desc, ref_sets) = seen
+    assert (shadow_desc, ref_desc) == ("shadow models", "reference models") and len(ref_sets) == 5
+    # Reference models: IN matrix == "this candidate is in model j's training set", for every (record, model).
+    signals, in_mask = masks["lira"]
+    expected = np.stack([np.isin(ids, s) for s in ref_sets], axis=1)
+    np.testing.assert_array_equal(in_mask, expected)
+    np.testing.assert_array_equal(masks["rmia"], expected)
+    np.testing.assert_array_equal(signals > 0, expected)  # the signals matrix rows are the candidates, in order
+    assert set(in_mask.sum(axis=1)) == {2, 3}
+    population = np.union1d(ids, np.concatenate(ref_sets))
+    assert np.isin(population, np.r_[ids, sp.aux]).all() and len(population) == 2 * len(sp.members)
+    # Shadow models: inside aux, pairwise disjoint, no candidate.
+    everything = np.concatenate(shadow_sets)
+    assert len(np.unique(everything)) == len(everything) and np.isin(everything, sp.aux).all()
+    assert not np.isin(everything, ids).any()
+
+
+def test_non_members_that_copy_a_member_are_counted_and_warned_of(tmp_path, tiny_run):
+    """A table with repeated rows: a holdout copy of a member is scored as the member it copies but counted a
+    non-member, so the AUC understates the leakage; `attack mia` says how many there are (none on tiny_run)."""
+    from attacks.mia import attack_checkpoint, duplicated_nonmembers
+    from dpaudit.data import Splits, load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((60, 4)).astype(np.float32), rng.integers(0, 2, 60)
+    X[40:45], y[40:45] = X[0:5], y[0:5]  # holdout 40..44 copy members 0..4
+    X[45], y[45] = X[5], 1 - y[5]  # the same features with another label: not a copy
+    np.savez(tmp_path / "dup.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "dup.npz"))
+    members, holdout = np.arange(30), np.arange(40, 60)
+    assert duplicated_nonmembers(ds, members, holdout) == 5
+    assert duplicated_nonmembers(ds, members, holdout[5:]) == 0
+    splits = Splits(members=members, holdout=holdout, aux=np.arange(30, 36), test=np.arange(36, 40), seed=0)
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=16, lr=0.1, seed=0), out=tmp_path / "run", splits=splits)
+    heard: list[str] = []
+    common = dict(attacks="loss", shadow_models=None, reference_models=4, online=True, min_models=2, workers=1,
+                  scheduler=None, cache_dir=None, no_cache=False, scores_out=None, bootstrap=0, seed=0,
+                  warn=heard.append)  # fmt: skip
+    attack_checkpoint(tmp_path / "run", **common)
+    assert [m for m in heard if "exact copies" in m] == [
+        "5 of 20 non-members (holdout records) are exact copies of a member (your data repeats records): the attacks "
+        "score them as the members they copy, so every AUC and TPR below understates the leakage; remove duplicate "
+        "records before training to measure it"
+    ]
+    from dpaudit.workflows.checkpoint import audit_checkpoint
+
+    (record,) = audit_checkpoint(tmp_path / "run", attacks=("loss",)).audits
+    assert heard[-1] in record.result.notes  # the audit's estimate carries it too
+    heard.clear()
+    attack_checkpoint(tiny_run.path, **common)
+    assert not [m for m in heard if "exact copies" in m]

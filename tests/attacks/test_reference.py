@@ -92,3 +92,22 @@ def test_unreachable_scheduler(recipe, tiny_run, tmp_path, monkeypatch):
     sets = train_sets(tiny_run, 1)
     with pytest.raises(InputError, match="cannot reach the Dask scheduler"):
         train_models(recipe, sets, [1], scheduler="tcp://127.0.0.1:9", cache_dir=tmp_path)
+
+
+def test_an_edited_factory_file_trains_new_reference_models(recipe, tmp_path, monkeypatch):
+    """A python model's reference models are keyed by its factory's source as it is now: after the user edits the
+    file, the models cached from the old code are not mixed with the ones the edited code builds."""
+    from dataclasses import replace
+
+    from dpaudit.models import PythonSpec
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "attackhunt_factory.py"
+    source.write_text("from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Flatten(), nn.Linear(10, 3))\n")
+    spec = PythonSpec(input_shape=(10,), n_classes=3, factory="attackhunt_factory:make")
+    python = replace(recipe, spec=spec)
+    idx = np.arange(100)
+    before = model_key(python, idx, 0)
+    assert before == model_key(python, idx, 0)
+    source.write_text(source.read_text().replace("nn.Flatten(), ", "nn.Flatten(), nn.Identity(), "))
+    assert model_key(python, idx, 0) != before

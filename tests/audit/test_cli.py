@@ -64,8 +64,11 @@ def test_fail_on_violation_exits_1_on_a_formal_violation(strong_csv):
     args = ["audit", "scores", str(strong_csv), "--design", "multi-run", "--fail-on-violation"]
     res = runner.invoke(app, [*args, "--claimed-epsilon", "1"])
     assert res.exit_code == 1 and "verdict: violation" in res.output
-    ok = runner.invoke(app, [*args, "--claimed-epsilon", "9"])
-    assert ok.exit_code == 0 and "inconclusive" in ok.output and "too small" in ok.output
+    # A claim this design cannot refute: the gate fails (exit 2, one error line after the result), never passes.
+    weak = runner.invoke(app, [*args, "--claimed-epsilon", "9"])
+    assert weak.exit_code == 2 and "inconclusive" in weak.output and "too small" in weak.output
+    assert weak.output.strip().splitlines()[-1].startswith("error: --fail-on-violation: verdict inconclusive")
+    assert runner.invoke(app, [*args[:-1], "--claimed-epsilon", "9"]).exit_code == 0  # no gate asked for
 
 
 def test_scores_without_design_is_never_formal_and_never_fails_a_build(strong_csv):

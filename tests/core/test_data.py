@@ -167,6 +167,50 @@ def test_8bit_images_load_without_a_float64_copy(tmp_path):
     assert ds.sha256 == load_dataset(str(tmp_path / "img64.npz")).sha256
 
 
+def _labelled(tmp_path, labels):
+    """A CSV dataset ``d`` of four records whose label column holds ``labels`` twice (numbers or strings)."""
+    return load_dataset(str(_labelled_csv(tmp_path / "d.csv", labels * 2)), label_column="label")
+
+
+@pytest.mark.parametrize(
+    ("labels", "given", "indices"),
+    [
+        ([1, 2], "2", (1,)),  # index 1 is the label 2: "2" means the label, not an index out of range
+        ([1, 2], "2.0, 1", (1, 0)),
+        ([-1, 1], "-1", (0,)),
+        (["cat", "dog"], " dog", (1,)),
+        (["cat", "dog"], ["dog", "cat"], (1, 0)),
+        ([1, 2], None, (0, 1)),
+    ],
+)
+def test_class_indices_take_the_datas_labels(tmp_path, labels, given, indices):
+    ds = _labelled(tmp_path, labels)
+    assert ds.class_indices(given) == indices
+    assert [ds.label(k) for k in range(2)] == labels
+
+
+def test_float_labels_are_named_as_the_integers_they_hold(tmp_path):
+    """An NPZ whose y is a float array (1.0, 2.0: what numpy code often saves) has the labels 1 and 2."""
+    np.savez(tmp_path / "f.npz", X=np.zeros((4, 2), np.float32), y=np.array([1.0, 2.0, 1.0, 2.0]))
+    ds = load_dataset(str(tmp_path / "f.npz"))
+    assert ds.class_indices("2") == (1,) and ds.class_indices("1.0") == (0,) and ds.label(1) == 2
+
+
+@pytest.mark.parametrize(
+    ("labels", "given", "message"),
+    [
+        ([1, 2], "0", r"'0' is not a label of d \(its labels: 1, 2\); give the labels as your data holds them"),
+        ([-1, 1], "0", "'0' is not a label"),
+        (["cat", "dog"], "1", r"'1' is not a label of d \(its labels: cat, dog\)"),
+        ([1, 2], "1,1", "labels repeat"),
+        ([1, 2], "one", "'one' is not a label"),
+    ],
+)
+def test_class_indices_refuse_indices_and_unknown_labels(tmp_path, labels, given, message):
+    with pytest.raises(InputError, match=message):
+        _labelled(tmp_path, labels).class_indices(given)
+
+
 def _labelled_csv(path, labels):
     rng = np.random.default_rng(0)
     rows = [f"{a:.3f},{b:.3f},{y}" for (a, b), y in zip(rng.normal(size=(len(labels), 2)), labels, strict=True)]

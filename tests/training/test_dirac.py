@@ -156,11 +156,14 @@ def test_checkpoint_audit_adds_the_claims_own_fdp_curve(digits, tmp_path):
     audit = audit_checkpoint(tmp_path / "r", attacks=())
     methods = [(a.attack, a.result.method, a.formal) for a in audit.audits]
     assert methods == [("whitebox-canaries", "one-run", True), ("whitebox-canaries", "one-run-fdp", False)]
+    # Either test alone refutes the claim (a violation or a refuted curve): Bonferroni, α/2 each.
+    assert [a.result.confidence for a in audit.audits] == pytest.approx([1 - 0.05 / 2] * 2, rel=1e-12)
     assert audit.audits[1].result.refutation["curve"] == "DP-SGD"
     assert curve.name in audit.audits[1].description
     assert claim_tradeoff({**privacy, "sampling": "shuffle"}) is None
     assert claim_tradeoff({**privacy, "jl_projections": 4}) is None
-    assert len(audit_checkpoint(tmp_path / "r", attacks=(), claimed_epsilon=3.0).audits) == 1
+    (alone,) = audit_checkpoint(tmp_path / "r", attacks=(), claimed_epsilon=3.0).audits
+    assert alone.result.confidence == 0.95  # one formal test: the full level
 
 
 def test_cli_tradeoff_option(tmp_path):

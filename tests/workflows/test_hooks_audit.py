@@ -39,7 +39,7 @@ def simulate(seed: int, out, *, factor: float = 1.0, count: int = 500, inclusion
 
 def test_correct_is_not_a_violation_and_sqrt2_is(tmp_path):
     ok = audit_canaries(simulate(0, tmp_path / "ok"), claimed_epsilon=claim(), delta=DELTA, noise_multiplier=SIGMA)
-    assert ok.verdict == "consistent" and ok.noise.verdict == "consistent"
+    assert ok.verdict == "consistent" and ok.noise.verdict == "consistent" and ok.to_dict()["formal"] is True
     # Bonferroni over the three formal tests: each at α/3
     assert [a.result.confidence for a in ok.audits] == pytest.approx([1 - 0.05 / 3] * 2)
     assert ok.noise.alpha == pytest.approx(0.05 / 3)
