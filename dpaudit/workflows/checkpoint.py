@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -236,8 +237,12 @@ def audit_checkpoint(
     # for each kind of canary) can refute the claim on its own, and the model's verdict is a refutation when any
     # does, so α = 1 − confidence is split evenly between them (Bonferroni), as audit_canaries does: a mechanism
     # that meets its claim gets a formal refutation with probability ≤ α. Estimates keep the full confidence.
-    n_formal = (1 + (curve is not None)) * ((bool(canaries) and note is None) + (whitebox is not None))
+    # The ICL family's canary audit of a DP-ICL run at its claimed ε is one more (icl_audit_records).
+    icl = "icl" in families and math.isfinite(float(privacy.get("epsilon", math.inf)))
+    n_formal = (1 + (curve is not None)) * ((bool(canaries) and note is None) + (whitebox is not None)) + icl
     canary_common = {**common, "confidence": 1.0 - (1.0 - confidence) / max(1, n_formal)}
+    if "icl" in families:  # at the model's confidence, not the family's default
+        families["icl"] = {**families["icl"], "confidence": canary_common["confidence"]}
     if canaries:
         scores, included = canary_scores(run)
         what = f"{len(scores)} {canaries['kind']} canaries, each included w.p. 1/2 (black-box, logit-scaled confidence)"

@@ -34,7 +34,7 @@ from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
 from dpaudit.errors import InputError
 from dpaudit.hooks.core import dirac_scores
-from dpaudit.validation import check_in_interval, check_positive, check_positive_int
+from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 from dpaudit.workflows.result import AuditRecord
 
 
@@ -183,7 +183,7 @@ def audit_canaries(
     from dpaudit.hooks import load_observations
     from dpaudit.workflows.checkpoint import claim_tradeoff, one_run_records
 
-    claimed = check_positive(claimed_epsilon=claimed_epsilon)
+    claimed = check_non_negative(claimed_epsilon=claimed_epsilon)  # as every audit: ε = 0 is a claim too
     delta = check_in_interval(0.0, 1.0, delta=delta)
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
     obs = load_observations(directory)

@@ -46,8 +46,10 @@ def icl_canary_audit(
                         claimed_epsilon=claimed, seed=seed)  # fmt: skip
 
 
-def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20) -> dict[str, Any]:
-    """The ICL family's report entry for a ``dpaudit train --algo dp-icl`` run (JSON-ready).
+def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20, confidence: float = 0.95) -> dict[str, Any]:
+    """The ICL family's report entry for a ``dpaudit train --algo dp-icl`` run (JSON-ready); its canary audits at
+    ``confidence`` (:func:`dpaudit.workflows.checkpoint.audit_checkpoint` passes its own, shared with the model's
+    other formal tests).
 
     With the run's recipe (shots, teachers, predictor, delta) on fresh prompts drawn from its holdout,
     auxiliary and test records (never its private exemplars): the attack's AUC (an estimate) and the
@@ -78,7 +80,7 @@ def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20) -> dic
     for label, k, e in settings:
         attack = icl_membership(X, y, teachers=k, epsilon=e, delta=delta, trials=trials, **common)
         m = min(canaries, len(X) - shots * k)
-        audit = icl_canary_audit(X, y, canaries=m, teachers=k, epsilon=e, delta=delta, **common)
+        audit = icl_canary_audit(X, y, canaries=m, teachers=k, epsilon=e, delta=delta, confidence=confidence, **common)
         rows.append({
             "setting": label, "teachers": k, "epsilon": e, "auc": float(attack.metrics["auc"]),
             "advantage": float(attack.metrics["advantage"]), "n_records": len(attack.scores),

@@ -169,3 +169,16 @@ def test_sanitised_data_dependent_claim_is_below_the_data_independent_one_on_dig
         assert rec["epsilon"] < 0.7 * rec["data_independent_epsilon"], (seed, rec["epsilon"])
         assert rec["sanitised"]["chosen_by_public_rule"] == ["order", "beta_factor", "sigma_s", "tau"]
     assert rec["data_independent_epsilon"] == pytest.approx(28.045, abs=0.01)
+
+
+def test_audit_checkpoint_runs_the_icl_canary_audit_at_its_own_confidence(tmp_path):
+    """The ICL family's formal canary audit joins the model's audits (and its headline), so it is run at the
+    confidence the audit was asked for (it always used 0.95), shared by Bonferroni with the other formal tests."""
+    from dpaudit.workflows.checkpoint import audit_checkpoint
+
+    _run(algo="dp-icl", teachers=5, shots=4, target_epsilon=1.0, out=tmp_path / "icl")
+    result = audit_checkpoint(
+        tmp_path / "icl", attacks=(), families={"icl": {"canaries": 40, "trials": 5}}, confidence=0.9
+    )
+    (record,) = [a for a in result.audits if a.family == "icl"]
+    assert record.result.confidence == pytest.approx(0.9) and record.result.formal

@@ -158,3 +158,12 @@ def test_the_claim_is_checked_against_what_sigma_q_t_account_to(tmp_path):
                                  "--noise-multiplier", str(SIGMA), "--json"])  # fmt: skip
     assert r.exit_code == 0 and json.loads(r.stdout)["claim"]["accounting"]["relation"] == "below"
     assert audit_canaries(d, claimed_epsilon=low, delta=DELTA).accounting is None  # no σ: no mechanism to account
+
+
+def test_a_claim_of_epsilon_zero_is_audited_as_in_every_other_audit(tmp_path):
+    """`audit scores` and `audit checkpoint` take ε = 0 (a claim of perfect privacy); `audit canaries` refused it.
+    Canaries through σ = 1 refute it formally."""
+    r = audit_canaries(simulate(0, tmp_path / "ok"), claimed_epsilon=0.0, delta=DELTA)
+    assert r.claim["epsilon"] == 0.0 and r.verdict == "violation"
+    with pytest.raises(InputError, match="claimed_epsilon"):
+        audit_canaries(tmp_path / "ok", claimed_epsilon=-1.0, delta=DELTA)
