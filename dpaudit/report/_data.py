@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -25,21 +24,6 @@ LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022
 # lower bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed
 # one).
 BOUND_DIGITS = 3
-
-
-# --------------------------------------------------------------------------- text shown
-
-# C0/C1 control characters (but tab, newline, carriage return) and the bidirectional controls of Unicode TR9
-# (marks, embeddings, overrides, isolates). In a name from a stranger's run folder or data file they hide, or reorder
-# on screen, what follows them on the line: "x\u202e" before a headline prints its numbers backwards ("21" for 12).
-_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def visible(text: Any) -> str:
-    """``text`` with every control and bidirectional control character written out (U+202E → ``⟨U+202E⟩``), so a
-    report shows each name as it is spelled and nothing in one reorders or hides the text around it. Every text
-    the Markdown and HTML renderers show goes through this (before their own escaping)."""
-    return _INVISIBLE.sub(lambda m: f"⟨U+{ord(m.group()):04X}⟩", str(text))
 
 
 # --------------------------------------------------------------------------- JSON helpers

@@ -2,7 +2,7 @@
 
 No external resources: CSS is inline, figures are base64 PNG data URIs, and a Content-Security-Policy
 forbids the page from loading anything else. Every text taken from the report is escaped, its control and
-bidirectional control characters written out (:func:`dpaudit.report._data.visible`).
+bidirectional control characters written out (:func:`dpaudit.validation.visible`).
 Reads only the report dict; the same report gives the same bytes.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from dpaudit.report import _format as F
 from dpaudit.report import plots
-from dpaudit.report._data import visible
+from dpaudit.validation import visible
 
 _CSS = """
 :root { --fg: #1d2329; --muted: #5f6b76; --line: #dde3e8; --bg: #ffffff; --panel: #f6f8fa; }

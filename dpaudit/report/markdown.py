@@ -10,14 +10,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpaudit.report import _format as F
-from dpaudit.report._data import visible
+from dpaudit.validation import visible
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
 
 
 def md(text: Any) -> str:
     """Escape report text for a Markdown table cell or line (no markup, no line breaks, no raw HTML, control and
-    bidirectional control characters written out: :func:`dpaudit.report._data.visible`)."""
+    bidirectional control characters written out: :func:`dpaudit.validation.visible`)."""
     return _MD_SPECIAL.sub(r"\\\1", " ".join(visible(text).split()))
 
 

@@ -26,7 +26,8 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator
 
 from dpaudit import numfmt
-from dpaudit.report._data import LOW_FPR, as_float, summary_eps, tradeoff_curve, tradeoff_layers, visible
+from dpaudit.report._data import LOW_FPR, as_float, summary_eps, tradeoff_curve, tradeoff_layers
+from dpaudit.validation import visible
 
 DPI = 120
 VERDICT_COLORS = {
@@ -59,7 +60,7 @@ def _glyphs() -> frozenset[int]:
 
 def drawable(text: Any) -> str:
     """A report text as a figure shows it: control and bidirectional control characters written out
-    (:func:`dpaudit.report._data.visible`), and each character the font has no glyph for as its code point
+    (:func:`dpaudit.validation.visible`), and each character the font has no glyph for as its code point
     (模 → ⟨U+6A21⟩): matplotlib would draw the same empty box for all of them (two run names in Chinese read alike
     on the ε figure) and warn once per character. The Markdown and HTML text around the figure shows the names
     as they are."""
