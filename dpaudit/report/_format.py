@@ -376,6 +376,21 @@ def verdict_label(model: Mapping[str, Any]) -> str:
     return VERDICT_TEXT[s["verdict"]]
 
 
+def console_summary(report: Mapping[str, Any]) -> list[str]:
+    """The report's summary as a terminal shows it (``dpaudit demo``): one line per model, its name and its
+    headline (a violation's first word in capitals, as the tables show it). Plain text: the Markdown table's
+    escapes (``\\[``, ``\\>``) read as noise on a terminal; the CLI's printer writes control characters out."""
+    models = report["models"]
+    width = max((len(str(m["name"])) for m in models), default=0)
+    lines = []
+    for m in models:
+        headline = " ".join(str(m["summary"]["headline"]).split())
+        if m["summary"].get("verdict") == "violation" and headline.startswith("violation"):
+            headline = "VIOLATION" + headline.removeprefix("violation")
+        lines.append(f"{str(m['name']).ljust(width)}  {headline}")
+    return lines
+
+
 def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """A result's numbers, nested dicts one level deep as ``group.key`` (e.g. ``members.advantage``)."""
 

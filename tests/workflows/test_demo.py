@@ -84,6 +84,11 @@ def test_the_demo_catches_its_planted_bug(monkeypatch, tmp_path):
     assert verdicts["dp-sgd-eps2-planted-bug"] == "violation", verdicts
     assert verdicts["correct-eps2"] != "violation", verdicts
     assert "dp-sgd-eps2-planted-bug" in report["run"]["config"]["planted_bug"]
+    # the terminal's summary: plain text (no Markdown escapes such as "\>"), one line per model, its headline's
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
+    assert lines["dp-sgd-eps2-planted-bug"].split(None, 1)[1].startswith("VIOLATION: ε ≥ ")
+    assert lines["correct-eps2"].split(None, 1)[1] == " ".join(models_headline(report, "correct-eps2").split())
+    assert "\\" not in r.stdout
 
 
 def test_the_demo_shows_a_cloak_and_dp_icl(monkeypatch, tmp_path):
@@ -115,3 +120,7 @@ def test_the_demo_shows_a_cloak_and_dp_icl(monkeypatch, tmp_path):
     (icl,) = models[demo.ICL_NAME]["attacks"]["icl"]
     assert icl["auc_non_private"] > 0.8  # one noise-free prompt is clearly attackable
     assert models[demo.ICL_NAME]["claim"]["epsilon"] == pytest.approx(8.0, rel=1e-3)
+
+
+def models_headline(report, name):
+    return next(m["summary"]["headline"] for m in report["models"] if m["name"] == name)
