@@ -377,17 +377,16 @@ def verdict_label(model: Mapping[str, Any]) -> str:
 
 
 def console_summary(report: Mapping[str, Any]) -> list[str]:
-    """The report's summary as a terminal shows it (``dpaudit demo``): one line per model, its name and its
-    headline (a violation's first word in capitals, as the tables show it). Plain text: the Markdown table's
-    escapes (``\\[``, ``\\>``) read as noise on a terminal; the CLI's printer writes control characters out."""
-    models = report["models"]
-    width = max((len(str(m["name"])) for m in models), default=0)
+    """The report's summary as a terminal shows it (``dpaudit report`` and ``dpaudit demo``): one line per model,
+    its name, its claim and its headline (a violation's first word in capitals, as the tables show it). Plain
+    text: the Markdown table's escapes (``\\[``, ``\\>``) read as noise on a terminal; the CLI's printer writes
+    control characters out."""
     lines = []
-    for m in models:
+    for m in report["models"]:
         headline = " ".join(str(m["summary"]["headline"]).split())
         if m["summary"].get("verdict") == "violation" and headline.startswith("violation"):
             headline = "VIOLATION" + headline.removeprefix("violation")
-        lines.append(f"{str(m['name']).ljust(width)}  {headline}")
+        lines.append(f"{m['name']} (claimed ε {claim_text(m['claim'])}): {headline}")
     return lines
 
 

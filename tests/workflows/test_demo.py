@@ -84,10 +84,12 @@ def test_the_demo_catches_its_planted_bug(monkeypatch, tmp_path):
     assert verdicts["dp-sgd-eps2-planted-bug"] == "violation", verdicts
     assert verdicts["correct-eps2"] != "violation", verdicts
     assert "dp-sgd-eps2-planted-bug" in report["run"]["config"]["planted_bug"]
-    # the terminal's summary: plain text (no Markdown escapes such as "\>"), one line per model, its headline's
+    # the terminal's summary (as `dpaudit report` prints it): plain text (no Markdown escapes such as "\>"), one
+    # line per model with its claim and headline
     lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
-    assert lines["dp-sgd-eps2-planted-bug"].split(None, 1)[1].startswith("VIOLATION: ε ≥ ")
-    assert lines["correct-eps2"].split(None, 1)[1] == " ".join(models_headline(report, "correct-eps2").split())
+    assert lines["dp-sgd-eps2-planted-bug"].startswith("dp-sgd-eps2-planted-bug (claimed ε 1.9999")
+    assert "): VIOLATION: ε ≥ " in lines["dp-sgd-eps2-planted-bug"]
+    assert lines["correct-eps2"].endswith("): " + " ".join(models_headline(report, "correct-eps2").split()))
     assert "\\" not in r.stdout
 
 
