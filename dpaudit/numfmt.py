@@ -13,6 +13,8 @@ reads the same everywhere and no printer rounds on its own:
   bound, so no direction is safe; its label says it is an estimate.
 - :func:`exact` prints an input as given (its shortest round-trip decimal): every δ, which is a claim's or an
   audit's parameter, never a computed bound, so no rounding of it is safe in both uses.
+- :func:`percent_down` prints a confidence level as a percentage rounded down: a level shown never claims more
+  certainty than the bound has (0.9999999 is 99.9999%, not 100%).
 - :func:`ordered` shows a lower bound beside a claim with as many digits as it takes (up to the 17 that tell any
   two float64 apart) for the printed numbers to compare as the computed ones do: "ε ≥ 8.00001 > claimed 8",
   never "ε ≥ 8 > claimed 8".
@@ -71,6 +73,22 @@ def nearest(x: Any, digits: int = 3, *, missing: str = DASH) -> str:
     (noise ratios, medians, data-dependent ε), which bound nothing, so no direction is the safe one. Never
     for a claim or a bound. None → ``missing``."""
     return _show(x, digits, ROUND_HALF_EVEN, missing)
+
+
+def percent_down(x: Any, digits: int = CLAIM_DIGITS, *, missing: str = DASH) -> str:
+    """A fraction as a percentage rounded toward −∞ at ``digits`` significant digits: for a confidence level shown,
+    which must never read as more certainty than the bound has (0.9999999 prints 99.9999%, never 100%). The
+    fraction's own short decimal is scaled exactly, so 0.57 prints 57%, not 56.9999% (100 * 0.57 is
+    56.99999999999999 in float64). None → ``missing``."""
+    if x is None:
+        return missing
+    v = float(x)
+    if not math.isfinite(v):
+        return _show(v, digits, ROUND_FLOOR, missing)
+    if v == 0:
+        return "0%"
+    p = Context(prec=digits, rounding=ROUND_FLOOR).plus(Decimal(repr(v)).scaleb(2)).normalize()
+    return f"{p:f}%"  # fixed notation: 1e-05% reads badly
 
 
 def ordered(

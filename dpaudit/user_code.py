@@ -18,8 +18,8 @@ _PATH = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 
 
 def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    text = str(e).strip().split("\n", 1)[0].rstrip("\r")  # not splitlines(): a name may hold a mid-line \r
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def load_object(path: str, what: str, form: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any
 
 from dpaudit.errors import InputError
@@ -19,6 +20,23 @@ def shown(value: Any) -> str:
         value = item()
     text = repr(value) if isinstance(value, str) else str(value)
     return text if len(text) <= 60 else text[:40] + f"… ({len(text)} characters)"
+
+
+# C0/C1 control characters (but tab, newline, carriage return) and the bidirectional controls of Unicode TR9
+# (marks, embeddings, overrides, isolates). In a name from a stranger's run folder or data file they hide, or reorder
+# on screen, what follows them on the line: "x\u202e" before a headline prints its numbers backwards ("21" for 12);
+# on a terminal, ESC starts an escape sequence (colours, the window title, OSC 52 clipboard writes).
+_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: Any, *, keep_cr: bool = True) -> str:
+    """``text`` with every control and bidirectional control character written out (U+202E → ``⟨U+202E⟩``), so a
+    report or a terminal shows each name as it is spelled and nothing in one reorders or hides the text around it.
+    Every text the Markdown and HTML renderers show goes through this (before their own escaping), and every
+    human-readable line the CLI prints (with ``keep_cr=False``: a carriage return would let a name overwrite the
+    line it is printed on)."""
+    out = _INVISIBLE.sub(lambda m: f"⟨U+{ord(m.group()):04X}⟩", str(text))
+    return out if keep_cr else out.replace("\r", "⟨U+000D⟩")
 
 
 def _one(kwargs: dict[str, Any]) -> tuple[str, Any]:

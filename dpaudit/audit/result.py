@@ -152,15 +152,16 @@ class AuditResult:
         else:
             bound, claimed = numfmt.ordered(self.epsilon_lower_bound, self.claimed_epsilon, left_digits=4)
         if self.refutation is not None:
-            lines.append(f"{self.refutation['statement']} (formal, confidence {self.confidence:g})")
+            lines.append(f"{self.refutation['statement']} (formal, confidence {numfmt.lower(self.confidence, 6)})")
         # δ as given (numfmt.exact): the claim's, or the bound's; never rounded to another δ.
         delta = numfmt.exact(self.delta)
         if self.formal:
             head = f"epsilon lower bound: {bound} (formal lower bound"
         else:
             head = f"epsilon estimate: {bound} (ESTIMATE, not a formal lower bound"
+        confidence = numfmt.lower(self.confidence, 6)  # rounded down: never "confidence 1" for 0.9999999
         lines += [
-            f"{head}, {self.method}, design {self.design}, confidence {self.confidence:g}, delta {delta})",
+            f"{head}, {self.method}, design {self.design}, confidence {confidence}, delta {delta})",
             f"threshold selection: {self.threshold_selection}"
             + (f", threshold {self.threshold:.6g}" if self.threshold is not None else "")
             + (f", direction {self.details['direction']}" if self.details.get("alternative") == "two-sided" else ""),

@@ -80,31 +80,40 @@ def dumps(data: Any) -> str:
     return json.dumps(_jsonable(data), indent=2, sort_keys=False)
 
 
+def _safe(text: str) -> str:
+    """A human-readable line as the terminal is to show it: the control and bidirectional control characters
+    of names from strangers' runs and files written out (:func:`dpaudit.validation.visible`), so an escape
+    sequence in a checkpoint's metadata is printed, not obeyed by the terminal."""
+    from dpaudit.validation import visible
+
+    return visible(text, keep_cr=False)
+
+
 def emit(data: Any, human: str | None = None, *, json_flag: bool = False) -> None:
     """Print the result: ``data`` as JSON in JSON mode, otherwise ``human``. --quiet never hides a result."""
     if json_mode(json_flag):
-        typer.echo(dumps(data))
+        typer.echo(dumps(data))  # JSON escapes control characters itself
     elif human is not None:
-        typer.echo(human)
+        typer.echo(_safe(human))
 
 
 def info(message: str, *, json_flag: bool = False) -> None:
     """A human-facing status line on stderr (silent under --quiet/--json)."""
     if not STATE.quiet and not json_mode(json_flag):
-        typer.echo(message, err=True)
+        typer.echo(_safe(message), err=True)
 
 
 def notice(message: str) -> None:
     """A notice on stderr that the user should see before work starts (a cost estimate, a deprecated
     option): shown with --json too (stdout stays machine-readable), silent under --quiet."""
     if not STATE.quiet:
-        typer.echo(message, err=True)
+        typer.echo(_safe(message), err=True)
 
 
 def warn(message: str) -> None:
     """``warning: message`` on stderr, always: a check's finding is part of the result, so neither
     --quiet nor --json hides it (stdout stays machine-readable)."""
-    typer.echo(f"warning: {message}", err=True)
+    typer.echo(_safe(f"warning: {message}"), err=True)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:
@@ -168,7 +177,9 @@ def _error_line(error: DPAuditError, ctx: typer.Context | None) -> str:
     """The first line of a domain error, its parameter names written as the command's options (not for a
     :class:`FileContentError` or a :class:`CheckpointError`, whose names are a file's fields: `train --algo cloak
     --target RUN` has a --data option, but RUN's unknown data spec is no --data the user typed)."""
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    # Up to the first newline only: splitlines() also breaks at a carriage return or a form feed, which a name
+    # from a stranger's file may hold mid-line (the rest of the line would be lost; the printer writes them out).
+    text = str(error).split("\n", 1)[0].rstrip("\r") if str(error) else type(error).__name__
     if ctx is None or isinstance(error, FileContentError | CheckpointError):
         return text
     return with_option_names(text, ctx.command.params)
@@ -223,7 +234,7 @@ def _report_error(line: str, code: int) -> None:
             typer.echo(dumps({"error": line.removeprefix("error: "), "exit_code": code}))
         except OSError:
             pass
-    typer.echo(line, err=True)
+    typer.echo(_safe(line), err=True)
     raise typer.Exit(code)
 
 
@@ -287,7 +298,7 @@ class Group(TyperGroup):
             code = 1
         except typer.TyperException as e:  # click's ClickException and its usage errors
             if type(e).__name__ == "NoArgsIsHelpError":  # `dpaudit attack`: the help is the answer
-                typer.echo(e.format_message(), err=True)
+                typer.echo(_safe(e.format_message()), err=True)
                 sys.exit(EXIT_USAGE)
             STATE.json = STATE.json or "--json" in argv
             try:

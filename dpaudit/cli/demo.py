@@ -23,12 +23,11 @@ def register(app: App) -> None:
         Run it again and it replaces its own earlier output (any other existing --out needs --force).
         """
         from dpaudit.demo import check_demo_output, run_demo
-        from dpaudit.report.markdown import summary_table
+        from dpaudit.report._format import console_summary
 
         if check_demo_output(out, force=force) and not force:
             info(f"replacing the earlier demo output in {out}/", json_flag=json_output)
         report = run_demo(out, quick=quick, force=force, progress=progress(json_output))
-        table = "\n".join(summary_table(report))
-        emit(
-            report, f"{table}\n\nreport written to {out}/ (report.html, report.md, report.json)", json_flag=json_output
-        )
+        summary = "\n".join(console_summary(report))
+        written = f"report written to {out}/ (report.html, report.md, report.json)"
+        emit(report, f"{summary}\n\n{written}", json_flag=json_output)

@@ -68,9 +68,7 @@ def report(**o) -> None:
     out, json_output = o["out"], o.pop("json_output")
     result, files = report_from_options(o.pop("inputs"), **o, progress=progress(json_output), notify=info)
     rows = [{"name": m["name"], **m["summary"]} for m in result["models"]]
-    human = "\n".join(
-        f"{m['name']} (claimed ε {F.claim_text(m['claim'])}): {m['summary']['headline']}" for m in result["models"]
-    )
+    human = "\n".join(F.console_summary(result))
     emit(
         {"out": str(out), "files": [str(f) for f in files], "models": rows},
         (human + "\n" if human else "") + f"report written to {out}/ ({', '.join(f.name for f in files)})",

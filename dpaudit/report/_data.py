@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,10 @@ import numpy as np
 from dpaudit import numfmt
 
 LOW_FPR = 0.001  # the summary's TPR is read at FPR = 0.1 % (Carlini et al. 2022, "MIA from first principles")
+# Every ε and δ of the report is printed by dpaudit.numfmt (δ as given): claims rounded up at 6 significant digits,
+# lower bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed
+# one).
+BOUND_DIGITS = 3
 
 
 # --------------------------------------------------------------------------- JSON helpers
@@ -75,6 +80,56 @@ def tradeoff_curve(alpha: np.ndarray, epsilon: float, delta: float) -> np.ndarra
     )
 
 
+# --------------------------------------------------------------------------- ε as shown
+
+
+def shown_against(claim: Any, bounds: Sequence[Any], uppers: Sequence[Any] = ()) -> tuple[str, list[str], list[str]]:
+    """A claimed ε (rounded up, :func:`dpaudit.numfmt.upper`), the ε lower bounds shown beside it (``bounds``,
+    rounded down at :data:`BOUND_DIGITS`) and the upper bounds (``uppers``, "certifies at most", rounded up at
+    BOUND_DIGITS), each with digits enough that it compares with the ONE printed claim as the computed numbers do
+    (as :func:`dpaudit.numfmt.ordered` does for a pair): a row or a plot never reads "ε ≥ 7.99 | claimed 7.99996 |
+    violation" for a bound of 7.999957 above a claim of 7.999954, nor "at most 8 | claimed 7.9995 | inconclusive".
+
+    The claim takes the most digits any pair needs (rounded up at more digits is smaller, and still ≥ the claim,
+    so each bound that printed above its pair's claim is above it); each bound then takes the fewest digits at
+    which it compares right (at most 17, where it prints its own round-trip decimal). None → ``numfmt.DASH``.
+    """
+    c = as_float(claim)
+    items = [(as_float(b), False) for b in bounds] + [(as_float(m), True) for m in uppers]
+
+    def show(x: float | None, up: bool, digits: int) -> str:
+        return (numfmt.upper if up else numfmt.lower)(x, min(digits, numfmt.MAX_DIGITS))
+
+    comparable = c is not None and math.isfinite(c)
+    digits = numfmt.CLAIM_DIGITS
+    for x, up in items:
+        if comparable and x is not None and math.isfinite(x):
+            pair = numfmt.ordered(x, c, left_digits=BOUND_DIGITS, left_up=up)[1]
+            digits = max(digits, len(Decimal(pair).as_tuple().digits))
+    claim_shown = numfmt.upper(c, digits)
+    shown = []
+    for x, up in items:
+        for extra in range(numfmt.MAX_DIGITS):
+            text = show(x, up, BOUND_DIGITS + extra)
+            if not (comparable and x is not None and math.isfinite(x)):
+                break
+            printed = Decimal(text) - Decimal(claim_shown)
+            if printed > 0 if x > c else (printed < 0 if x < c else printed <= 0):
+                break
+        shown.append(text)
+    n = len(bounds)
+    return claim_shown, shown[:n], shown[n:]
+
+
+def summary_eps(model: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A model's claimed ε and its summary's formal and estimate lower bounds as every rendering prints them
+    (the Markdown and HTML summary rows, the ε figure): :func:`shown_against` the model's claim (∞ without one)."""
+    s = model["summary"]
+    bounds = [s[kind]["epsilon_lower_bound"] if s[kind] else None for kind in ("formal", "estimate")]
+    claim, (formal, estimate), _ = shown_against(model["claim"]["epsilon"] if model["claim"] else math.inf, bounds)
+    return claim, formal, estimate
+
+
 # --------------------------------------------------------------------------- what the plots draw
 
 _VERDICT_WORDS = {"violation": "VIOLATION", "curve-refuted": "claimed curve refuted", None: "no verdict"}
@@ -89,19 +144,49 @@ def is_per_step(audit: Mapping[str, Any]) -> bool:
     return (audit.get("details") or {}).get("per_step_claimed_epsilon") is not None
 
 
+def _audit_claim(model: Mapping[str, Any], audit: Mapping[str, Any]) -> float | None:
+    """The ε an audit is read against: its own claimed ε, else the model's (as its effective verdict is)."""
+    e = as_float(audit.get("claimed_epsilon"))
+    if e is None and model["claim"] is not None:
+        e = as_float(model["claim"]["epsilon"])
+    return e
+
+
+def audits_eps_shown(model: Mapping[str, Any]) -> tuple[dict[float, str], list[str]]:
+    """Each claim the model's audits are read against, printed once (claim value → text), and each audit's ε
+    lower bound as printed beside it: :func:`shown_against` per claim, so that on one plot every bound compares
+    with its claim's one label as the numbers do (a violation never reads "ε ≥ 7.99" beside "claimed ε = 7.99996")."""
+    groups: dict[float | None, list[int]] = {}
+    for i, a in enumerate(model["audits"]):
+        groups.setdefault(_audit_claim(model, a), []).append(i)
+    if model["claim"] is not None:
+        groups.setdefault(as_float(model["claim"]["epsilon"]), [])
+    claims: dict[float, str] = {}
+    bounds = [""] * len(model["audits"])
+    for c, idx in groups.items():
+        text, shown, _ = shown_against(c, [model["audits"][i]["epsilon_lower_bound"] for i in idx])
+        if c is not None:
+            claims[c] = text
+        for i, b in zip(idx, shown, strict=True):
+            bounds[i] = b
+    return claims, bounds
+
+
 def claims_to_draw(model: Mapping[str, Any]) -> list[tuple[float, float, str]]:
-    """(ε, δ, label) of the model's claim and of any different claim an audit was checked against."""
+    """(ε, δ, label) of the model's claim and of any different claim an audit was checked against; each ε as
+    :func:`audits_eps_shown` prints it, δ as given (:func:`dpaudit.numfmt.exact`)."""
+    shown = audits_eps_shown(model)[0]  # a NaN claim is no dict key (NaN != NaN): printed on its own
     claims: list[tuple[float, float, str]] = []
     if model["claim"] is not None:
         e, d = as_float(model["claim"]["epsilon"]), float(model["claim"]["delta"])
-        claims.append((e, d, f"claimed ε = {numfmt.upper(e)}, δ = {numfmt.upper(d)}"))
+        claims.append((e, d, f"claimed ε = {shown.get(e, numfmt.upper(e))}, δ = {numfmt.exact(d)}"))
     for a in model["audits"]:
         e = as_float(a.get("claimed_epsilon"))
         d = float(a["delta"])
         # A per-step audit (dpaudit.workflows.whitebox.steps_record) checks ONE step's claim, not the model's.
         what = "one step's claim, checked by the per-step audit" if is_per_step(a) else "checked by an audit"
         if e is not None and math.isfinite(e) and all(abs(e - c[0]) > 1e-12 or d != c[1] for c in claims):
-            claims.append((e, d, f"ε = {numfmt.upper(e)}, δ = {numfmt.upper(d)} ({what})"))
+            claims.append((e, d, f"ε = {shown.get(e, numfmt.upper(e))}, δ = {numfmt.exact(d)} ({what})"))
     return claims
 
 
@@ -122,6 +207,7 @@ def tradeoff_layers(model: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]
     Every formal audit of the model is in ``points`` or ``formal_bounds``, so the audit behind the verdict is
     always on the plot, labelled formal and with its threat model."""
     claims = [{"epsilon": e, "delta": d, "label": label} for e, d, label in claims_to_draw(model)]
+    shown = audits_eps_shown(model)[1]
     points, bounds, refutations = [], [], []
     for i, a in enumerate(model["audits"]):
         kind = "formal" if a["formal"] else "estimate"
@@ -137,15 +223,14 @@ def tradeoff_layers(model: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]
             refutations.append({**common, "label": label, "statement": a["refutation"].get("statement")})
         if a.get("operating_point"):
             label = (
-                f"{kind} [{threat}] {a['source']['attack']} / {a['method']}: ε ≥ {numfmt.lower(lb)} "
-                f"({_verdict_words(verdict)})"
+                f"{kind} [{threat}] {a['source']['attack']} / {a['method']}: ε ≥ {shown[i]} ({_verdict_words(verdict)})"
             )
             points.append({**common, "label": label, "operating_point": a["operating_point"]})
         elif a["formal"]:
             drawn = lb is not None and math.isfinite(lb) and lb > 0
             # δ as given (dpaudit.numfmt.exact): never rounded to another δ.
             delta = numfmt.exact(a["delta"])
-            what = f"not ({numfmt.lower(lb)}, δ = {delta})-DP" if drawn else "ε ≥ 0, nothing shown"
+            what = f"not ({shown[i]}, δ = {delta})-DP" if drawn else "ε ≥ 0, nothing shown"
             label = f"formal [{threat}] {a['source']['attack']} / {a['method']}: {what} ({_verdict_words(verdict)})"
             bounds.append({**common, "label": label, "delta": float(a["delta"]), "drawn": drawn})
     return {"claims": claims, "points": points, "formal_bounds": bounds, "refutations": refutations}

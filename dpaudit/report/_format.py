@@ -8,13 +8,9 @@ from typing import Any
 
 from attacks.metrics import nonmembers_needed  # the one low-FPR rule, shared with the attacks' JSON
 from dpaudit import numfmt
-from dpaudit.report._data import as_float, is_per_step
+from dpaudit.report._data import BOUND_DIGITS, as_float, is_per_step, shown_against, summary_eps
 
 DASH = numfmt.DASH
-# Every ε and δ of the report is printed by dpaudit.numfmt (δ as given): claims rounded up at 6 significant digits,
-# lower bounds rounded down at BOUND_DIGITS (a claim is never under-reported; a bound shown is implied by the computed
-# one).
-BOUND_DIGITS = 3
 
 VERDICT_TEXT = {
     "violation": "violation",
@@ -121,21 +117,16 @@ def bound_eps(x: Any) -> str:
     return numfmt.lower(x, BOUND_DIGITS)
 
 
-def most_eps(x: Any) -> str:
-    """An ε UPPER bound at bound precision ("certifies at most", max certifiable), rounded up."""
-    return numfmt.upper(x, BOUND_DIGITS)
-
-
-def audit_eps(audit: Mapping[str, Any]) -> tuple[str, str]:
-    """An audit row's ε lower bound (rounded down) and the ε it was judged against (rounded up), with digits
-    enough that the two compare as the computed numbers do (:func:`dpaudit.numfmt.ordered`): a violation
-    never reads "7.99 | 7.99995". A per-step audit's claim is ONE step's claim, and says so."""
-    b, c = as_float(audit["epsilon_lower_bound"]), as_float(audit.get("claimed_epsilon"))
-    if b is None or c is None:
-        bound, claim = bound_eps(b), numfmt.upper(c)
-    else:
-        bound, claim = numfmt.ordered(b, c, left_digits=BOUND_DIGITS)
-    return bound, (f"{claim} (one step)" if is_per_step(audit) and claim != DASH else claim)
+def audit_eps(audit: Mapping[str, Any]) -> tuple[str, str, str]:
+    """An audit row's ε lower bound (rounded down), the ε it was judged against (rounded up) and the largest ε its
+    design could certify (rounded up), with digits enough that each compares with the claim as the computed
+    numbers do (:func:`dpaudit.report._data.shown_against`): a violation never reads "7.99 | 7.99995", an
+    inconclusive audit never "7.9995 | 8" (claim, then max certifiable). A per-step audit's claim is ONE step's
+    claim, and says so."""
+    claim, (bound,), (most,) = shown_against(
+        audit.get("claimed_epsilon"), [audit["epsilon_lower_bound"]], [audit.get("max_certifiable_epsilon")]
+    )
+    return bound, (f"{claim} (one step)" if is_per_step(audit) and claim != DASH else claim), most
 
 
 def rate(x: Any) -> str:
@@ -149,13 +140,16 @@ def rate(x: Any) -> str:
 def percent(x: Any, digits: int | None = None) -> str:
     """A fraction as a percentage with a % sign, in fixed notation (1e-05% reads badly).
 
-    ``digits`` None: as given, up to 6 significant digits and no trailing zeros (0.95 → 95%,
-    0.999 → 99.9%), for confidence levels; ``digits`` n: n significant digits (0.79 → 79.0% for
-    n = 3), for measured rates (see :func:`rate`). None → —, ±∞ → ±∞, NaN → nan (no % sign).
+    ``digits`` None: as given, up to 6 significant digits rounded down and no trailing zeros (0.95 → 95%,
+    0.999 → 99.9%, 0.9999999 → 99.9999%: :func:`dpaudit.numfmt.percent_down`), for confidence levels;
+    ``digits`` n: n significant digits (0.79 → 79.0% for n = 3), for measured rates (see :func:`rate`).
+    None → —, ±∞ → ±∞, NaN → nan (no % sign).
     """
     v = as_float(x)
     if v is None or not math.isfinite(v):
         return num(v)
+    if digits is None:  # a confidence level: rounded down, never 100% for 0.9999999
+        return numfmt.percent_down(v)
     p = 100 * v
     if p == 0:
         return "0%"
@@ -176,21 +170,23 @@ def interval(ci: Any, spec: str = ".3f") -> str:
     return f"[{num(ci[0], spec)}, {num(ci[1], spec)}]"
 
 
-def claim_text(claim: Mapping[str, Any] | None) -> str:
-    """A model's claim, '7.99996 (δ = 1e-05)': ε rounded up (:func:`dpaudit.numfmt.upper`), δ as given."""
+def claim_text(claim: Mapping[str, Any] | None, shown: str | None = None) -> str:
+    """A model's claim, '7.99996 (δ = 1e-05)': ε rounded up (:func:`dpaudit.numfmt.upper`), or as ``shown``
+    (:func:`dpaudit.report._data.shown_against`), δ as given."""
     if claim is None:
         return "∞ (non-private)"
-    return f"{numfmt.upper(claim['epsilon'])} (δ = {numfmt.exact(claim['delta'])})"
+    return f"{shown or numfmt.upper(claim['epsilon'])} (δ = {numfmt.exact(claim['delta'])})"
 
 
-def bound_text(digest: Mapping[str, Any] | None) -> str:
+def bound_text(digest: Mapping[str, Any] | None, shown: str | None = None) -> str:
     """'≥ 3.41 [white-box, one run] (whitebox-canaries, one-run, 95%)' for a summary's formal or estimate
-    digest (its threat model first: bounds under different ones are not comparable); — without one."""
+    digest (its threat model first: bounds under different ones are not comparable); — without one. The bound
+    rounded down, or as ``shown`` (:func:`dpaudit.report._data.shown_against`)."""
     if digest is None:
         return DASH
     threat = f"[{digest['threat_model']}] " if digest.get("threat_model") else ""
     return (
-        f"≥ {bound_eps(digest['epsilon_lower_bound'])} {threat}({digest['attack']}, {digest['method']}, "
+        f"≥ {shown or bound_eps(digest['epsilon_lower_bound'])} {threat}({digest['attack']}, {digest['method']}, "
         f"{percent(digest['confidence'])})"
     )
 
@@ -343,15 +339,17 @@ SUMMARY_HEADER = (
 
 
 def summary_cells(model: Mapping[str, Any]) -> list[str]:
-    """The summary row's text cells (all but the verdict), unescaped; each renderer escapes them."""
+    """The summary row's text cells (all but the verdict), unescaped; each renderer escapes them. The claimed ε
+    and the bounds beside it print so that they compare as the numbers do (:func:`summary_eps`)."""
     s = model["summary"]
-    estimate = bound_text(s["estimate"])
+    claimed, formal, estimated = summary_eps(model)
+    estimate = bound_text(s["estimate"], estimated)
     if s["estimate_verdict"] == "estimate-exceeds-claim":
         estimate += " — exceeds the claim"
     return [
         str(model["name"]),
-        claim_text(model["claim"]),
-        bound_text(s["formal"]),
+        claim_text(model["claim"], claimed),
+        bound_text(s["formal"], formal),
         estimate,
         with_attack(num(s["best_auc"]), s["best_auc_attack"]),
         tpr_summary(s),
@@ -378,6 +376,20 @@ def verdict_label(model: Mapping[str, Any]) -> str:
     return VERDICT_TEXT[s["verdict"]]
 
 
+def console_summary(report: Mapping[str, Any]) -> list[str]:
+    """The report's summary as a terminal shows it (``dpaudit report`` and ``dpaudit demo``): one line per model,
+    its name, its claim and its headline (a violation's first word in capitals, as the tables show it). Plain
+    text: the Markdown table's escapes (``\\[``, ``\\>``) read as noise on a terminal; the CLI's printer writes
+    control characters out."""
+    lines = []
+    for m in report["models"]:
+        headline = " ".join(str(m["summary"]["headline"]).split())
+        if m["summary"].get("verdict") == "violation" and headline.startswith("violation"):
+            headline = "VIOLATION" + headline.removeprefix("violation")
+        lines.append(f"{m['name']} (claimed ε {claim_text(m['claim'])}): {headline}")
+    return lines
+
+
 def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """A result's numbers, nested dicts one level deep as ``group.key`` (e.g. ``members.advantage``)."""
 
@@ -396,11 +408,14 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
 def scalar_text(key: str, value: Any) -> str:
     """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
     rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) rounded up at claim precision, a
-    max certifiable ε rounded up (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to nearest."""
+    max certifiable ε rounded up, δ as given (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to
+    nearest."""
     leaf = key.rpartition(".")[2]
     if "lower_bound" in leaf:
         return numfmt.lower(value, 4)
-    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon", "delta"):
+    if leaf == "delta":  # a parameter, as given (dpaudit.numfmt.exact): never rounded to another δ
+        return numfmt.exact(value)
+    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon"):
         return numfmt.upper(value)
     if leaf.startswith("max_certifiable"):
         return numfmt.upper(value, 4)
@@ -410,16 +425,28 @@ def scalar_text(key: str, value: Any) -> str:
 NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")
 
 
+def _ratio_upper(x: Any) -> str:
+    """A group's upper confidence bound on noise std / σC, rounded up (:func:`dpaudit.numfmt.upper`) with digits
+    enough to compare with 1 as it does (:func:`dpaudit.numfmt.ordered`): the group is rejected exactly when the
+    bound is below 1 (the χ² test and its confidence bound are dual), so 0.99996 never prints as "1"."""
+    v = as_float(x)
+    if v is None or not math.isfinite(v):
+        return numfmt.upper(v)
+    return numfmt.ordered(v, 1.0, left_digits=4, left_up=True)[0]
+
+
 def noise_rows(check: Mapping[str, Any]) -> list[list[str]]:
-    """One row per parameter group of a noise check (unescaped text)."""
+    """One row per parameter group of a noise check (unescaped text): the ratio is an estimate (to nearest), its
+    upper bound rounded up (:func:`_ratio_upper`), the ratio the group resolves rounded down (never more power
+    than it has)."""
     return [
         [
             str(g["name"]),
             str(g["dof"]),
             num(g["ratio"], ".4g"),
-            num(g.get("ratio_upper"), ".4g"),
+            _ratio_upper(g.get("ratio_upper")),
             num(g["p_value"], ".3g"),
-            num(g.get("resolvable_ratio"), ".4g"),
+            numfmt.lower(g.get("resolvable_ratio"), 4),
         ]
         for g in check["groups"]
     ]

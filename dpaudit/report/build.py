@@ -27,7 +27,14 @@ from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir, write_atomic_dir
 from dpaudit.report._data import LOW_FPR, dumps, jsonable, sha256_json
 from dpaudit.validation import read_json
-from dpaudit.workflows.result import ModelAudit, effective_verdict, headline, operating_point, threat_model
+from dpaudit.workflows.result import (
+    ModelAudit,
+    check_verdict,
+    effective_verdict,
+    headline,
+    operating_point,
+    threat_model,
+)
 
 SCHEMA_VERSION = 2  # 2: summary = strongest formal audit + strongest estimate (issue 10)
 REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html"}
@@ -126,6 +133,7 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) -> dict[str, Any]:
+    check_verdict(audit)  # a report.json from elsewhere whose verdict contradicts its numbers is refused
     a = dict(audit)
     a.setdefault("notes", [])
     a.setdefault("max_certifiable_epsilon", None)
@@ -133,6 +141,13 @@ def _normalise_audit(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) 
     a["operating_point"] = operating_point(a.get("counts"), float(a["confidence"]))
     a["effective_verdict"] = effective_verdict(a, claim)
     return a
+
+
+def _normalise_audits(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    try:
+        return [_normalise_audit(a, entry["claim"]) for a in entry.get("audits") or []]
+    except InputError as e:
+        raise InputError(f"model {entry['name']!r}: {e}") from None
 
 
 def _normalise_model(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,7 +166,7 @@ def _normalise_model(entry: Mapping[str, Any]) -> dict[str, Any]:
         "claim": e["claim"],
         "utility": e["utility"],
         "attacks": attacks,
-        "audits": [_normalise_audit(a, e["claim"]) for a in e.get("audits") or []],
+        "audits": _normalise_audits(e),
         "noise_checks": e.get("noise_checks") or [],
     }
     out["summary"] = _summary(out)
@@ -159,12 +174,20 @@ def _normalise_model(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unique_names(models: list[dict[str, Any]]) -> None:
-    seen: dict[str, int] = {}
+    """A repeated name gets " #2", " #3", ... : the first number that no model's name already has, so that two
+    runs named "a" beside one named "a #2" never print as two "a #2" (every row, figure and headline names one
+    model)."""
+    taken = {m["name"] for m in models}
+    seen: set[str] = set()
     for m in models:
         base = m["name"]
-        seen[base] = seen.get(base, 0) + 1
-        if seen[base] > 1:
-            m["name"] = f"{base} #{seen[base]}"
+        if base in seen:
+            k = 2
+            while f"{base} #{k}" in taken:
+                k += 1
+            m["name"] = f"{base} #{k}"
+            taken.add(m["name"])
+        seen.add(m["name"])
 
 
 def generated_by() -> dict[str, str | None]:
@@ -241,12 +264,37 @@ def validate_report(report: Any) -> None:
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(report))
     if error is None:
+        _check_sizes(report)
         return
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or " (top level)"
     message = " ".join(error.message.split())
     if len(message) > 200:
         message = message[:197] + "..."
     raise InputError(f"invalid report: report{where}: {message}")
+
+
+def _check_sizes(report: Mapping[str, Any]) -> None:
+    """What the schema cannot say and the figures rely on: sizes that must agree (a ROC's FPRs and TPRs, an
+    inversion's values and the feature shape, a cloak's σ map and the feature shape). A report.json from
+    elsewhere that breaks one is refused in one line, not drawn into a traceback."""
+    for i, m in enumerate(report["models"]):
+        for family, results in m["attacks"].items():
+            for j, a in enumerate(results or []):
+                where = f"report.models[{i}].attacks.{family}[{j}]"
+                roc = a.get("roc") if family == "membership" else None
+                if roc and len(roc["fpr"]) != len(roc["tpr"]):
+                    raise InputError(f"invalid report: {where}.roc: {len(roc['fpr'])} FPRs but {len(roc['tpr'])} TPRs")
+                if "feature_shape" not in a:
+                    continue
+                size = int(np.prod(a["feature_shape"]))
+                for key, values in [("sigma_map", a.get("sigma_map"))] + [
+                    (f"inversions[{k}]", v) for k, v in enumerate(a.get("inversions") or [])
+                ]:
+                    if values is not None and len(values) != size:
+                        raise InputError(
+                            f"invalid report: {where}.{key}: {len(values)} values, but feature_shape "
+                            f"{a['feature_shape']} has {size}"
+                        )
 
 
 def load_report(path: Path | str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Render a report as one self-contained HTML page.
 
 No external resources: CSS is inline, figures are base64 PNG data URIs, and a Content-Security-Policy
-forbids the page from loading anything else. Every text taken from the report is escaped.
+forbids the page from loading anything else. Every text taken from the report is escaped, its control and
+bidirectional control characters written out (:func:`dpaudit.validation.visible`).
 Reads only the report dict; the same report gives the same bytes.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from dpaudit.report import _format as F
 from dpaudit.report import plots
+from dpaudit.validation import visible
 
 _CSS = """
 :root { --fg: #1d2329; --muted: #5f6b76; --line: #dde3e8; --bg: #ffffff; --panel: #f6f8fa; }
@@ -60,7 +62,7 @@ _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
 def _e(text: Any) -> str:
-    return escape(str(text), quote=True)
+    return escape(visible(text), quote=True)
 
 
 def _badge(verdict: str | None, name: str | None = None, label: str | None = None) -> str:
@@ -198,7 +200,6 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(f"{a['source']['family']} / {a['source']['attack']}"),
                 _e(f"{a['method']}, {F.percent(a['confidence'])}"),
                 *map(_e, F.audit_eps(a)),
-                _e(F.most_eps(a.get("max_certifiable_epsilon"))),
                 _e(F.rate(op["fpr"]))
                 + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
                 if op

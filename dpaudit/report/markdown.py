@@ -10,13 +10,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpaudit.report import _format as F
+from dpaudit.validation import visible
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
 
 
 def md(text: Any) -> str:
-    """Escape report text for a Markdown table cell or line (no markup, no line breaks, no raw HTML)."""
-    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+    """Escape report text for a Markdown table cell or line (no markup, no line breaks, no raw HTML, control and
+    bidirectional control characters written out: :func:`dpaudit.validation.visible`)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(visible(text).split()))
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -106,7 +108,6 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
                 md(a["method"]),
                 F.percent(a["confidence"]),
                 *F.audit_eps(a),
-                F.most_eps(a.get("max_certifiable_epsilon")),
                 f"({F.rate(op['fpr'])}, {F.rate(op['fnr'])})" if op else F.DASH,
                 verdict,
                 md(F.audit_kind(a)),

@@ -8,6 +8,7 @@ into deterministic PNG bytes (fixed style, fixed dpi, no "Software"/date metadat
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Callable, Mapping
@@ -25,7 +26,8 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator
 
 from dpaudit import numfmt
-from dpaudit.report._data import LOW_FPR, as_float, tradeoff_curve, tradeoff_layers
+from dpaudit.report._data import LOW_FPR, as_float, summary_eps, tradeoff_curve, tradeoff_layers
+from dpaudit.validation import visible
 
 DPI = 120
 VERDICT_COLORS = {
@@ -37,7 +39,46 @@ VERDICT_COLORS = {
     None: "#757575",
 }
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-_RC = {"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3}
+# text.parse_math off: every text on a figure is literal. Names come from strangers' run folders, plug-ins and
+# data files; with mathtext on, "$x^$" in a run name stopped the whole report (matplotlib's ValueError) and
+# "$\alpha$" printed as α, a name the run does not have. No figure of ours uses mathtext.
+_RC = {
+    "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3,
+    "text.parse_math": False,
+}  # fmt: skip
+
+
+@functools.cache
+def _glyphs() -> frozenset[int]:
+    """The code points the figures' font (DejaVu Sans, shipped with matplotlib: the default style's) can draw."""
+    from matplotlib import font_manager, ft2font
+
+    with style.context("default"):
+        path = font_manager.findfont(font_manager.FontProperties())
+    return frozenset(ft2font.FT2Font(path).get_charmap())
+
+
+def drawable(text: Any) -> str:
+    """A report text as a figure shows it: control and bidirectional control characters written out
+    (:func:`dpaudit.validation.visible`), and each character the font has no glyph for as its code point
+    (模 → ⟨U+6A21⟩): matplotlib would draw the same empty box for all of them (two run names in Chinese read alike
+    on the ε figure) and warn once per character. The Markdown and HTML text around the figure shows the names
+    as they are."""
+    glyphs = _glyphs()
+    return "".join(c if ord(c) in glyphs or c == "\n" else f"⟨U+{ord(c):04X}⟩" for c in visible(text))
+
+
+NAME_CHARS = 40  # a model name beside a figure's axis; longer ones squeezed the ε figure's axes to nothing
+
+
+def short_name(name: Any) -> str:
+    """A model name as a figure labels a row or point with it (:func:`drawable`), at most :data:`NAME_CHARS`
+    characters: longer names keep their start and end (where run names differ) around "…"."""
+    text = drawable(name)
+    if len(text) <= NAME_CHARS:
+        return text
+    half = (NAME_CHARS - 1) // 2
+    return text[:half] + "…" + text[-(NAME_CHARS - 1 - half) :]
 
 
 def png(make: Callable[[], Figure | None]) -> bytes | None:
@@ -74,18 +115,19 @@ def roc_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figure | 
     lo = min(min(1.0 / max(1, min(a["n_members"], a["n_nonmembers"])) for a in attacks) / 2, LOW_FPR / 2)
     fig = Figure(figsize=(5.2, 4.4), layout="constrained")
     ax = fig.add_subplot()
-    ax.plot([lo, 1], [lo, 1], ls="--", color="#888888", lw=1, label="chance (AUC 0.5)")
+    handles = ax.plot([lo, 1], [lo, 1], ls="--", color="#888888", lw=1, label="chance (AUC 0.5)")
     for a in attacks:
         fpr, tpr = np.asarray(a["roc"]["fpr"], dtype=float), np.asarray(a["roc"]["tpr"], dtype=float)
         keep = (fpr > 0) & (tpr > 0)
-        ax.plot(
-            fpr[keep], tpr[keep], color=colors.get(a["attack"]), lw=1.6, label=f"{a['attack']} (AUC {a['auc']:.3f})"
-        )
+        label = drawable(f"{a['attack']} (AUC {a['auc']:.3f})")  # the tables' AUC (dpaudit.report._format.num)
+        handles += ax.plot(fpr[keep], tpr[keep], color=colors.get(a["attack"]), lw=1.6, label=label)
     ax.axvline(LOW_FPR, color="#555555", lw=0.8, ls=":")
     ax.text(LOW_FPR * 1.1, lo * 1.3, "FPR 0.1%", fontsize=7, color="#555555")
     ax.set(xscale="log", yscale="log", xlim=(lo, 1), ylim=(lo, 1.05))
-    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=f"ROC: {model['name']}")
-    ax.legend(loc="lower right")
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=drawable(f"ROC: {model['name']}"))
+    # Handles passed explicitly: matplotlib leaves out of a legend any label that starts with "_", and a plug-in's
+    # attack may be named so.
+    ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="lower right")
     return fig
 
 
@@ -114,16 +156,18 @@ def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figu
     ax = fig.add_subplot()
     alpha = np.geomspace(lo, 1.0, 400)
     for i, (e, d, label) in enumerate(claims):
-        ax.plot(alpha, tradeoff_curve(alpha, e, d), color="black", lw=1.5, ls="-" if i == 0 else "--", label=label)
+        ax.plot(
+            alpha, tradeoff_curve(alpha, e, d), color="black", lw=1.5, ls="-" if i == 0 else "--", label=drawable(label)
+        )
     for b in bounds:  # formal one-run bounds: the mechanism's curve goes below this one somewhere
         color = VERDICT_COLORS.get(b["verdict"], VERDICT_COLORS[None])
         if b["drawn"]:
             curve = tradeoff_curve(alpha, b["epsilon_lower_bound"], b["delta"])
-            ax.plot(alpha, curve, color=color, lw=2.0, ls="-.", label=b["label"])
+            ax.plot(alpha, curve, color=color, lw=2.0, ls="-.", label=drawable(b["label"]))
         else:  # ε ≥ 0 bounds nothing: listed, not drawn
-            ax.plot([], [], ls="none", label=b["label"])
+            ax.plot([], [], ls="none", label=drawable(b["label"]))
     for r in refuted:
-        ax.plot([], [], ls="none", label=r["label"])
+        ax.plot([], [], ls="none", label=drawable(r["label"]))
     # Different shapes, hollow but for gdp, so audits of the same scores at the same threshold stay visible.
     markers = {"gdp": ("o", 6), "clopper-pearson": ("s", 10), "one-run": ("^", 9), "one-run-fdp": ("D", 8)}
     for p in points:
@@ -146,15 +190,15 @@ def tradeoff_figure(model: Mapping[str, Any], colors: Mapping[str, str]) -> Figu
             color=color,
             ls="none",
             clip_on=False,
-            label=p["label"],
+            label=drawable(p["label"]),
         )
     ax.set(xscale="log", xlim=(lo, 1.4), ylim=(-0.04, 1.04))  # a little room so points at (1, 0) stay visible
-    title = f"Trade-off: {model['name']}" + (" (no claim: ε = ∞)" if model["claim"] is None else "")
+    title = drawable(f"Trade-off: {model['name']}" + (" (no claim: ε = ∞)" if model["claim"] is None else ""))
     ax.set(xlabel="false positive rate (α)", ylabel="false negative rate (β)", title=title)
     legend_title = "[threat model]; dash-dot: formal bound"
     if points:
         conf = points[0]["operating_point"]["confidence"]
-        legend_title = f"boxes: {100 * conf:g}% Clopper–Pearson per axis; " + legend_title
+        legend_title = f"boxes: {numfmt.percent_down(conf)} Clopper–Pearson per axis; " + legend_title
     fig.legend(loc="outside lower center", title=legend_title, title_fontsize=7)
     return fig
 
@@ -188,9 +232,11 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
         finite += [as_float(m["summary"]["claimed_epsilon"]), _headline_bound(m["summary"])[0]]
         finite += [as_float(a.get("max_certifiable_epsilon")) for a in m["audits"]]
         finite += [as_float(a.get("claimed_epsilon")) for a in m["audits"]]
-    top = max([2.0, *(v for v in finite if v is not None and math.isfinite(v))])
+    # Capped where the symlog axis still computes without overflow (1e308 x 2.6 is no float): a larger finite ε
+    # (a stranger's report) sits at the right edge, its number printed beside it.
+    top = min(1e100, max([2.0, *(v for v in finite if v is not None and math.isfinite(v))]))
     x_inf, xmax = top * 1.8, top * 2.6
-    place = lambda v: x_inf if math.isinf(v) else v  # noqa: E731
+    place = lambda v: x_inf if math.isinf(v) else min(v, xmax)  # noqa: E731
     fig = Figure(figsize=(6.6, 1.9 + 0.6 * len(models)), layout="constrained")
     ax = fig.add_subplot()
     ax.set_xscale("symlog", linthresh=1.0, linscale=0.8)
@@ -209,10 +255,13 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
         elif lb is not None:  # ε ≥ 0: nothing shown, so no arrow
             ax.plot(0, y, marker="o", ms=7, mfc="white", mec=color, ls="none", clip_on=False)
             drawn.add("zero")
+        claim_shown, *bounds = summary_eps(m)  # as the summary table prints them
         if lb is not None:
             what = ("formal" if formal else "estimate") + (f", {threat}" if threat else "")
-            text = f"ε ≥ {numfmt.lower(lb)} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
-            ax.annotate(text, (place(lb), y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color)
+            text = f"ε ≥ {bounds[0 if formal else 1]} ({what})" if lb > 0 else f"ε ≥ 0: nothing shown ({what})"
+            ax.annotate(
+                drawable(text), (place(lb), y), xytext=(3, 6), textcoords="offset points", fontsize=7, color=color
+            )
         for a in m["audits"]:
             cert = as_float(a.get("max_certifiable_epsilon"))
             if cert is not None:
@@ -222,11 +271,13 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
             if claimed is not None and m["claim"] is None:
                 ax.plot(place(claimed), y, marker="D", ms=7, mfc="white", mec="black", ls="none")
                 drawn.add("tested")
-        ax.plot(place(as_float(s["claimed_epsilon"])), y, marker="D", ms=8, color="black", ls="none")
+        x_claim = place(as_float(s["claimed_epsilon"]))
+        ax.plot(x_claim, y, marker="D", ms=8, color="black", ls="none")
+        ax.annotate(claim_shown, (x_claim, y), xytext=(0, -13), textcoords="offset points", fontsize=7, ha="center")
     ticks = [t for t in (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top * 1.2]
     ax.set_xticks([*ticks, x_inf], [f"{t:g}" for t in ticks] + ["∞"])
     ax.xaxis.set_minor_locator(FixedLocator([]))
-    ax.set_yticks(range(len(models)), [m["name"] for m in reversed(models)])
+    ax.set_yticks(range(len(models)), [short_name(m["name"]) for m in reversed(models)])
     ax.set(
         xlim=(0, xmax), ylim=(-0.7, len(models) - 0.3), xlabel="ε",
         title="Claimed ε vs empirical lower bound (each under its own threat model)",
@@ -285,7 +336,7 @@ def privacy_utility_figure(report: Mapping[str, Any]) -> Figure | None:
         drawn.add("refuted" if refuted else "test")
         right = x == max(xs)  # the right-most label goes left of its point so it stays inside the axes
         ax.annotate(
-            name + (" (claim refuted)" if refuted else ""),
+            short_name(name) + (" (claim refuted)" if refuted else ""),
             (x, acc),
             xytext=(-7 if right else 7, 0),
             textcoords="offset points",
@@ -333,7 +384,7 @@ def inversion_figure(result: Mapping[str, Any]) -> Figure | None:
     for i, (ax, img) in enumerate(zip(axes, images, strict=True)):
         ax.imshow(np.asarray(img, dtype=float).reshape(h, w), cmap="gray_r", interpolation="nearest")
         c = per_class[i] if i < len(per_class) else {}
-        ax.set_title(f"{label(c.get('class', i))} → {label(c.get('identified_as', '?'))}", fontsize=8)
+        ax.set_title(drawable(f"{label(c.get('class', i))} → {label(c.get('identified_as', '?'))}"), fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
         ax.grid(False)
@@ -355,7 +406,7 @@ def extraction_figure(result: Mapping[str, Any]) -> Figure | None:
         ax.plot(q, [c["fidelity_uniform"] for c in curve], marker="s", ls="--", label="uniform in the feature box")
     ax.set(
         xscale="log", ylim=(0, 1.02), xlabel="queries", ylabel="fidelity (agreement with the target)",
-        title=f"Extraction ({result.get('method', '?')}, api {result.get('api', '?')})",
+        title=drawable(f"Extraction ({result.get('method', '?')}, api {result.get('api', '?')})"),
     )  # fmt: skip
     ax.set_xticks(q, [f"{x:g}" for x in q])  # the budgets measured, not powers of ten
     ax.xaxis.set_minor_locator(FixedLocator([]))
@@ -394,8 +445,8 @@ def icl_figure(result: Mapping[str, Any]) -> Figure | None:
     """The ICL membership attack's AUC and the canary one-run ε lower bound per setting (one noise-free
     prompt, DP-ICL at the run's ε), from ``dpaudit.workflows.icl.run_icl``; None without settings."""
     rows = result.get("settings") or []
-    if not rows:
-        return None
+    if not rows or any(r.get(k) is None for r in rows for k in ("auc", "canary_epsilon_lower_bound")):
+        return None  # nothing, or a partial result: its numbers are in the result's JSON below the figure
     eps = [float(r["epsilon"]) for r in rows]  # the report spells infinity "inf"
     labels = [f"ε = {numfmt.upper(e)}" for e in eps]  # each setting's claimed ε, rounded up
     fig = Figure(figsize=(4.6, 2.8), layout="constrained")
@@ -413,5 +464,5 @@ def icl_figure(result: Mapping[str, Any]) -> Figure | None:
             ax2.annotate("claimed ε", (i, e), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
     ax2.set(xticks=x, ylabel="canary ε lower bound (formal)")
     ax2.set_xticklabels(labels)
-    fig.suptitle(f"ICL membership ({result.get('shots', '?')} shots)", fontsize=9)
+    fig.suptitle(drawable(f"ICL membership ({result.get('shots', '?')} shots)"), fontsize=9)
     return fig

@@ -166,7 +166,7 @@ def headline(
         b, m = _num(formal["epsilon_lower_bound"]), _num(formal["max_certifiable_epsilon"])
         how = (
             f"formal, {formal['attack']}, {formal['method']}, {formal['threat_model']}, "
-            f"{100 * float(formal['confidence']):g}% confidence"
+            f"{numfmt.percent_down(formal['confidence'])} confidence"
         )
         c = _num(formal["claimed_epsilon"])
         if c is None and claim is not None:
@@ -210,11 +210,16 @@ def headline(
         verdict = "curve-refuted"
         parts.append(
             f"curve refuted: {a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, "
-            f"{100 * float(a['confidence']):g}% confidence)"
+            f"{numfmt.percent_down(a['confidence'])} confidence)"
         )
     estimate_verdict = estimate["verdict"] if estimate else None
     if estimate is not None:
-        eb = numfmt.lower(_num(estimate["epsilon_lower_bound"]), missing="?")
+        ce = _num(estimate["claimed_epsilon"])
+        if ce is None and claim is not None:
+            ce = _num(claim["epsilon"])
+        # Beside its claim, with digits enough to compare as computed: "exceeds the claim" never follows a bound
+        # printed below it (7.99 for 7.999957 > 7.999954).
+        eb = _shown(_num(estimate["epsilon_lower_bound"]), ce)[0]
         what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
         if estimate["verdict"] == "estimate-exceeds-claim":
             what += " exceeds the claim — an estimate, not a formal violation"
@@ -246,7 +251,7 @@ def _tests_text(curve_tests: Sequence[Mapping[str, Any]], checks: Sequence[Mappi
     statement (with its audit and confidence) and each check's statement; refutations are named elsewhere."""
     texts = [
         f"{a['refutation']['statement']} (formal, {a['source']['attack']}, {a['method']}, {threat_model(a)}, "
-        f"{100 * float(a['confidence']):g}% confidence)"
+        f"{numfmt.percent_down(a['confidence'])} confidence)"
         for a in curve_tests
         if a.get("verdict") != "curve-refuted"  # a refutation is named by the headline on its own
     ]
@@ -286,6 +291,27 @@ def operating_point(counts: Mapping[str, Any] | None, confidence: float) -> dict
         "fnr_interval": list(clopper_pearson_interval(fn, fn + tp, confidence)),
         "confidence": confidence,
     }
+
+
+def check_verdict(audit: Mapping[str, Any]) -> None:
+    """Refuse an audit entry (a dict, as in a report.json from elsewhere) whose own verdict contradicts its own
+    numbers, as :func:`~dpaudit.audit.decide_verdict` decides it: "violation" only for a formal bound above the
+    claimed ε, "estimate-exceeds-claim" only for an estimate above it, "consistent" / "inconclusive" only for a bound
+    at or below it. A report would otherwise print "ε ≥ 5 | claimed 1 | consistent". Audits that test the claimed
+    curve (``refutation``) are decided by that test, not by these numbers, and are left to it."""
+    verdict, claimed = audit.get("verdict"), _num(audit.get("claimed_epsilon"))
+    if verdict is None or claimed is None or audit.get("refutation"):
+        return
+    bound, formal = _num(audit["epsilon_lower_bound"]), bool(audit["formal"])
+    above = {"violation": True, "estimate-exceeds-claim": True, "consistent": False, "inconclusive": False}.get(verdict)
+    wrong_kind = (verdict == "violation" and not formal) or (verdict == "estimate-exceeds-claim" and formal)
+    if above is not None and (wrong_kind or (bound > claimed) != above):
+        kind = "formal" if formal else "estimate"
+        raise InputError(
+            f"audit {audit['source']['attack']} / {audit['method']} ({kind}) reads {verdict!r}, but its bound "
+            f"{numfmt.exact(bound)} is {'above' if bound > claimed else 'not above'} its claimed ε "
+            f"{numfmt.exact(claimed)}: a verdict that contradicts its own numbers"
+        )
 
 
 def effective_verdict(audit: Mapping[str, Any], claim: Mapping[str, Any] | None) -> str | None:

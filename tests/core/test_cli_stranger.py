@@ -160,3 +160,27 @@ def test_a_mechanism_that_does_not_parse_is_said_not_skipped(dp_run, tmp_path):
         "claim unverified: checkpoint.json's recorded mechanism (privacy.event) cannot be read (expected sample_rate"
     )
     assert claim_mismatch_note(json.loads((dp_run / "checkpoint.json").read_text())["privacy"]) is None
+
+
+def test_escape_sequences_in_a_strangers_names_are_printed_not_obeyed(dp_run, tmp_path, capsys):
+    """A run folder (or anything in a stranger's files that a message repeats) named with ESC, a carriage return
+    or a right-to-left override: the terminal would run the escape sequence (colours, the window title, OSC 52
+    clipboard writes), let the name overwrite its own line, or print the line's numbers backwards. Every human
+    line of the CLI (results, warnings, notices, errors) writes them out as ⟨U+001B⟩ etc.; --json escapes them
+    itself. Planted: any of those printers without dpaudit.validation.visible -> fails."""
+    from dpaudit.cli import _common
+
+    name = "run\x1b]52;c;ZWNobyBwd25lZA==\x07\r\u202eevil"
+    odd = tmp_path / name
+    shutil.copytree(dp_run, odd)
+    shown = "run⟨U+001B⟩]52;c;ZWNobyBwd25lZA==⟨U+0007⟩⟨U+000D⟩⟨U+202E⟩evil"
+    r = invoke("inspect", odd / "missing")  # an error line naming the path
+    assert r.exit_code == 2 and shown in r.stderr and "\x1b" not in r.output, r.output
+    _common.emit({"name": name}, f"result {name}")
+    _common.info(f"info {name}")
+    _common.notice(f"notice {name}")
+    _common.warn(f"warn {name}")
+    out, err = capsys.readouterr()
+    assert out == f"result {shown}\n" and err == f"info {shown}\nnotice {shown}\nwarning: warn {shown}\n"
+    _common.emit({"name": name}, f"result {name}", json_flag=True)
+    assert "\x1b" not in capsys.readouterr().out

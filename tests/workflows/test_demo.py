@@ -106,6 +106,13 @@ def test_the_demo_catches_its_planted_bug(monkeypatch, tmp_path):
     assert verdicts["dp-sgd-eps2-planted-bug"] == "violation", verdicts
     assert verdicts["correct-eps2"] != "violation", verdicts
     assert "dp-sgd-eps2-planted-bug" in report["run"]["config"]["planted_bug"]
+    # the terminal's summary (as `dpaudit report` prints it): plain text (no Markdown escapes such as "\>"), one
+    # line per model with its claim and headline
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
+    assert lines["dp-sgd-eps2-planted-bug"].startswith("dp-sgd-eps2-planted-bug (claimed ε 1.9999")
+    assert "): VIOLATION: ε ≥ " in lines["dp-sgd-eps2-planted-bug"]
+    assert lines["correct-eps2"].endswith("): " + " ".join(models_headline(report, "correct-eps2").split()))
+    assert "\\" not in r.stdout
 
 
 def test_the_demo_shows_a_cloak_and_dp_icl(monkeypatch, tmp_path):
@@ -137,3 +144,7 @@ def test_the_demo_shows_a_cloak_and_dp_icl(monkeypatch, tmp_path):
     (icl,) = models[demo.ICL_NAME]["attacks"]["icl"]
     assert icl["auc_non_private"] > 0.8  # one noise-free prompt is clearly attackable
     assert models[demo.ICL_NAME]["claim"]["epsilon"] == pytest.approx(8.0, rel=1e-3)
+
+
+def models_headline(report, name):
+    return next(m["summary"]["headline"] for m in report["models"] if m["name"] == name)
