@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -158,20 +159,37 @@ def _logits_shape(recipe: Recipe) -> tuple[int, int]:
     return (len(recipe.dataset), recipe.spec.n_classes)
 
 
+# One reference-model training at a time per process (see train_one): torch's global state is shared by threads.
+_TORCH_JOBS = threading.Lock()
+
+
 def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) -> np.ndarray:
     """Train one reference model (or reuse the cached one) and return its float64 logits on every record.
 
     Runs with a single torch thread (restored afterwards) so that the result does not depend on where
-    it runs, and parallel workers do not oversubscribe cores. Safe to call in a worker process.
+    it runs, and parallel workers do not oversubscribe cores. Safe to call in a worker process, and from
+    several threads of one process (a Dask worker started with its default ``--nthreads``): the jobs of one
+    process train one at a time (:data:`_TORCH_JOBS`), since torch's random generator and thread count are
+    global to the process (two jobs at once drew each other's random numbers: 1800 of 3600 logits differed
+    from a local run with 2 threads per Dask worker). Start such workers with ``--nthreads 1`` for parallelism.
     """
-    import torch
-
-    from dpaudit.training.run import train_run
 
     key = model_key(recipe, train_idx, seed)
     path = Path(cache_dir) / "models" / key
     shape = _logits_shape(recipe)
     cached = _read_cached(path, shape)
+    if cached is not None:
+        return cached
+    with _TORCH_JOBS:
+        return _train_one_locked(recipe, train_idx, seed, path, shape)
+
+
+def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Path, shape) -> np.ndarray:
+    import torch
+
+    from dpaudit.training.run import train_run
+
+    cached = _read_cached(path, shape)  # another thread of this process may have trained it meanwhile
     if cached is not None:
         return cached
     threads = torch.get_num_threads()

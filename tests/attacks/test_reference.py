@@ -111,3 +111,40 @@ def test_an_edited_factory_file_trains_new_reference_models(recipe, tmp_path, mo
     assert before == model_key(python, idx, 0)
     source.write_text(source.read_text().replace("nn.Flatten(), ", "nn.Flatten(), nn.Identity(), "))
     assert model_key(python, idx, 0) != before
+
+
+def test_jobs_in_threads_of_one_process_train_one_at_a_time(recipe, tiny_run, tmp_path, monkeypatch):
+    """A Dask worker with several threads runs train_one concurrently in one process, where torch's random
+    generator and thread count are shared: two jobs at once drew each other's random numbers (1800 of 3600 logits
+    differed from a local run). The trainings of one process are serialised. Planted: the lock dropped -> two
+    trainings overlap in the sleep below and this fails."""
+    import threading
+    import time
+
+    import dpaudit.training.run as run_mod
+
+    real, active, overlap = run_mod.train_run, [0], [0]
+
+    def tracked(*a, **k):
+        active[0] += 1
+        overlap[0] = max(overlap[0], active[0])
+        time.sleep(0.2)  # both threads are inside at once unless the trainings are serialised
+        active[0] -= 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(run_mod, "train_run", tracked)
+    from attacks.reference import train_one
+
+    sets, seeds = train_sets(tiny_run, 2), seeds_for(0, "reference", 2)
+    out = [None, None]
+
+    def job(j):
+        out[j] = train_one(recipe, sets[j], seeds[j], str(tmp_path / "c"))
+
+    threads = [threading.Thread(target=job, args=(j,)) for j in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlap[0] == 1
+    np.testing.assert_array_equal(np.stack(out), train_models(recipe, sets, seeds, cache_dir=tmp_path / "seq"))
