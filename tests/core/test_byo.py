@@ -204,20 +204,33 @@ def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
     assert r.exit_code == 0, r.output  # non-private training makes no per-example claim
 
 
-def test_a_forward_that_modifies_a_parameter_is_refused_under_a_dp_claim_only(npz, tmp_path):
-    """Training under DP and an import with a DP claim: one line naming the parameter (its forward changes the
-    weights outside the noisy update); non-private training and a claimless import go on."""
-    spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:clamps_in_forward")
+@pytest.mark.parametrize(
+    ("factory", "trained", "imported"),
+    [
+        # its forward changes the weights outside the noisy update: one line naming the parameter
+        ("clamps_in_forward", "parameter lin.weight was modified in place during the training forward",
+         "parameter lin.weight was modified in place during a forward pass of the imported model"),
+        # a hand-written batch centring under ``if self.training`` passes the eval-mode build check; under ghost
+        # clipping, removing one outlying record moved the clipped sum by 1.04·C (its batch mean moves every other
+        # record's gradient); every clipping method refuses it (tests/training/test_clipper_call.py)
+        ("train_batch_centred", "depend on the other records of its batch in training mode",
+         "depend on the other records of its batch in training mode"),
+    ],
+)  # fmt: skip
+def test_a_forward_dp_cannot_cover_is_refused_under_a_dp_claim_only(npz, tmp_path, factory, trained, imported):
+    """Training under DP and an import with a DP claim are refused in one line; non-private training and a
+    claimless import go on."""
+    spec = _spec_file(tmp_path / "spec.json", f"tests.core.byo_models:{factory}")
     args = ("--data", npz, "--model-spec", spec, "--epochs", 1)
     r = invoke("train", *args, "--algo", "dpsgd", "--epsilon", 4, "--out", tmp_path / "dp")
-    assert "parameter lin.weight was modified in place during the training forward" in one_error(r)
+    assert trained in one_error(r)
     assert not (tmp_path / "dp").exists()
     assert invoke("train", *args, "--algo", "sgd", "--out", tmp_path / "sgd").exit_code == 0
     (tmp_path / "members.txt").write_text("\n".join(map(str, range(200))))
     weights = tmp_path / "sgd" / "model.safetensors"
     base = ("import", weights, "--model-spec", spec, "--data", npz, "--members", tmp_path / "members.txt")
     r = invoke(*base, "--epsilon", 1, "--delta", 1e-5, "--out", tmp_path / "claimed")
-    assert "parameter lin.weight was modified in place during a forward pass of the imported model" in one_error(r)
+    assert imported in one_error(r)
     assert not (tmp_path / "claimed").exists()
     assert invoke(*base, "--out", tmp_path / "plain").exit_code == 0
 
@@ -473,24 +486,3 @@ def test_help_says_what_digits_is():
     r = invoke("train", "--help")
     text = " ".join(r.output.replace("│", " ").split())
     assert "divided by 16" in text and "1 x 8 x 8" in text and "memory-mapped" in text
-
-
-def test_batch_mixing_in_training_mode_only_is_refused_under_dp(npz, tmp_path):
-    """A hand-written batch centring under ``if self.training`` passes the eval-mode build check; under ghost
-    clipping, removing one outlying record moved the clipped sum by 1.04·C (its batch mean moves every other
-    record's gradient). Refused on the first batch (every clipping method: tests/training/test_clipper_call.py)
-    and at an import with a DP claim; non-private training and a claimless import go on."""
-    spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:train_batch_centred")
-    args = ("--data", npz, "--model-spec", spec, "--epochs", 1)
-    r = invoke("train", *args, "--algo", "dpsgd", "--epsilon", 4, "--out", tmp_path / "dp")
-    assert "depend on the other records of its batch in training mode" in one_error(r)
-    assert not (tmp_path / "dp").exists()
-    assert invoke("train", *args, "--algo", "sgd", "--out", tmp_path / "sgd").exit_code == 0
-    # an import with a DP claim (its training would have clipped the same mixed gradients); without one: fine
-    (tmp_path / "members.txt").write_text("\n".join(map(str, range(200))))
-    weights = tmp_path / "sgd" / "model.safetensors"
-    base = ("import", weights, "--model-spec", spec, "--data", npz, "--members", tmp_path / "members.txt")
-    r = invoke(*base, "--epsilon", 1, "--delta", 1e-5, "--out", tmp_path / "claimed")
-    assert "depend on the other records of its batch in training mode" in one_error(r)
-    assert not (tmp_path / "claimed").exists()
-    assert invoke(*base, "--out", tmp_path / "plain").exit_code == 0
