@@ -630,6 +630,12 @@ def released_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def _another_input(x: torch.Tensor) -> torch.Tensor:
+    """An input of ``x``'s shape and dtype that differs from it everywhere and is still valid: features shifted
+    by 1, token ids swapped between 0 and 1 (every vocabulary has those)."""
+    return x + 1 if x.is_floating_point() else (x == 0).to(x.dtype)
+
+
 def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
     """Refuse, for private training, a model whose training-mode forward lets a record's logits depend on
     the other records of its batch (a hand-written batch normalisation or batch centring under
@@ -646,7 +652,7 @@ def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
     buffers are restored, the mode too."""
     first = x[:1]
     second = x[1:2] if x.shape[0] >= 2 else first
-    other = second + 1 if second.is_floating_point() else (second == 0).to(second.dtype)  # another valid record
+    other = _another_input(second)
     pairs = [torch.cat([first, second]), torch.cat([first, second]), torch.cat([first, other])]
     buffers = {n: b for n, b in model.named_buffers()}
     saved = {n: b.detach().clone() for n, b in buffers.items()}
@@ -711,7 +717,7 @@ def check_buffers_unchanged(model: nn.Module, before: dict[str, torch.Tensor], x
             return {n: state[n].detach().clone() for n in changed}
 
     one = x[:1]
-    other = one + 1 if one.is_floating_point() else (one == 0).to(one.dtype)  # another valid input
+    other = _another_input(one)
     try:
         a, b = from_before(one), from_before(other)
     except Exception:  # a model that cannot run on one record: whether the data moved the buffer is unknown
