@@ -457,8 +457,11 @@ def icl_figure(result: Mapping[str, Any]) -> Figure | None:
     ax.set(xticks=x, ylim=(0, 1.02), ylabel="attack AUC (estimate)")
     ax.set_xticklabels(labels)
     ax2.bar(x, [float(r["canary_epsilon_lower_bound"]) for r in rows], color="tab:orange")
-    finite = [(i, e) for i, e in enumerate(eps) if np.isfinite(e)]
-    if finite:  # the claim each bound is compared with (a bound above it would be a violation)
+    # the claim each bound is compared with (a bound above it would be a violation): the one its canary audit
+    # tested, which is a user's --claimed-epsilon rather than the run's ε when one was given
+    tested = [(r.get("canary_audit") or {}).get("claimed_epsilon", e) for r, e in zip(rows, eps, strict=True)]
+    finite = [(i, float(c)) for i, c in enumerate(tested) if c is not None and np.isfinite(float(c))]
+    if finite:
         ax2.scatter(*zip(*finite, strict=True), marker="_", s=400, color="black")
         for i, e in finite:
             ax2.annotate("claimed ε", (i, e), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)

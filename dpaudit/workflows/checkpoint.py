@@ -241,8 +241,10 @@ def audit_checkpoint(
     icl = "icl" in families and math.isfinite(float(privacy.get("epsilon", math.inf)))
     n_formal = (1 + (curve is not None)) * ((bool(canaries) and note is None) + (whitebox is not None)) + icl
     canary_common = {**common, "confidence": 1.0 - (1.0 - confidence) / max(1, n_formal)}
-    if "icl" in families:  # at the model's confidence, not the family's default
+    if "icl" in families:  # at the model's confidence and claim, not the family's defaults
         families["icl"] = {**families["icl"], "confidence": canary_common["confidence"]}
+        if claimed_epsilon is not None:  # the user's claim, not the run's ε, is the one this audit tests
+            families["icl"]["claim"] = (float(claimed_epsilon), delta)
     if canaries:
         scores, included = canary_scores(run)
         what = f"{len(scores)} {canaries['kind']} canaries, each included w.p. 1/2 (black-box, logit-scaled confidence)"

@@ -30,26 +30,37 @@ def icl_canary_audit(
     confidence: float = 0.95,
     predictor: str = "knn",
     seed: int = 0,
+    claim: tuple[float, float] | None = None,
 ) -> AuditResult:
     """One-run audit of (DP-)ICL with mislabeled exemplar canaries (formal; Steinke, Nasr & Jagielski
     2023, arXiv:2305.08846, Thm. 3.1), on the scores of :func:`attacks.icl.icl_canary_scores`.
 
-    The claim audited: the aggregator's epsilon over the ``canaries`` queries (none for epsilon = inf);
-    adding a canary changes one teacher's prompt, which the one-vote analysis covers, so the bound is
-    formal."""
+    The claim audited: the aggregator's epsilon over the ``canaries`` queries (none for epsilon = inf), or
+    ``claim`` = (claimed ε, its δ) when a user tests another claim on the same mechanism (noise still set by
+    ``epsilon`` and ``delta``); adding a canary changes one teacher's prompt, which the one-vote analysis
+    covers, so the bound is formal."""
     scores, included = icl_canary_scores(
         X, y, n_classes, canaries=canaries, shots=shots, teachers=teachers, epsilon=epsilon, delta=delta,
         predictor=predictor, seed=seed,
     )  # fmt: skip
-    claimed = None if math.isinf(epsilon) else epsilon
-    return audit_scores(scores, included, method="one-run", design="canaries", delta=delta, confidence=confidence,
-                        claimed_epsilon=claimed, seed=seed)  # fmt: skip
+    claimed, audit_delta = (None if math.isinf(epsilon) else epsilon, delta) if claim is None else claim
+    return audit_scores(scores, included, method="one-run", design="canaries", delta=audit_delta,
+                        confidence=confidence, claimed_epsilon=claimed, seed=seed)  # fmt: skip
 
 
-def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20, confidence: float = 0.95) -> dict[str, Any]:
+def run_icl(
+    run,
+    *,
+    seed: int = 0,
+    canaries: int = 200,
+    trials: int = 20,
+    confidence: float = 0.95,
+    claim: tuple[float, float] | None = None,
+) -> dict[str, Any]:
     """The ICL family's report entry for a ``dpaudit train --algo dp-icl`` run (JSON-ready); its canary audits at
     ``confidence`` (:func:`dpaudit.workflows.checkpoint.audit_checkpoint` passes its own, shared with the model's
-    other formal tests).
+    other formal tests). ``claim`` = (ε, δ): the claim the DP-ICL setting's canary audit tests when a user gives
+    one (``audit checkpoint --claimed-epsilon``); None tests the run's own claim.
 
     With the run's recipe (shots, teachers, predictor, delta) on fresh prompts drawn from its holdout,
     auxiliary and test records (never its private exemplars): the attack's AUC (an estimate) and the
@@ -80,7 +91,10 @@ def run_icl(run, *, seed: int = 0, canaries: int = 200, trials: int = 20, confid
     for label, k, e in settings:
         attack = icl_membership(X, y, teachers=k, epsilon=e, delta=delta, trials=trials, **common)
         m = min(canaries, len(X) - shots * k)
-        audit = icl_canary_audit(X, y, canaries=m, teachers=k, epsilon=e, delta=delta, confidence=confidence, **common)
+        tested = claim if math.isfinite(e) else None  # the noise-free prompt is no mechanism any claim covers
+        audit = icl_canary_audit(
+            X, y, canaries=m, teachers=k, epsilon=e, delta=delta, confidence=confidence, claim=tested, **common
+        )
         rows.append({
             "setting": label, "teachers": k, "epsilon": e, "auc": float(attack.metrics["auc"]),
             "advantage": float(attack.metrics["advantage"]), "n_records": len(attack.scores),

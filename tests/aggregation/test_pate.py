@@ -182,3 +182,26 @@ def test_audit_checkpoint_runs_the_icl_canary_audit_at_its_own_confidence(tmp_pa
     )
     (record,) = [a for a in result.audits if a.family == "icl"]
     assert record.result.confidence == pytest.approx(0.9) and record.result.formal
+
+
+def test_audit_checkpoint_tests_the_users_claim_in_the_icl_canary_audit(tmp_path):
+    """``audit checkpoint --claimed-epsilon`` tests the user's claim in every formal audit, the ICL family's
+    canary audit included (it tested the run's own ε whatever the user asked), on the same mechanism: the noise
+    stays the run's, only the claim and its δ change."""
+    from dpaudit.workflows.checkpoint import audit_checkpoint
+
+    _run(algo="dp-icl", teachers=5, shots=4, target_epsilon=1.0, out=tmp_path / "icl")
+    families = {"icl": {"canaries": 40, "trials": 5}}
+    own = audit_checkpoint(tmp_path / "icl", attacks=(), families=dict(families), confidence=0.9)
+    users = audit_checkpoint(
+        tmp_path / "icl", attacks=(), families=dict(families), confidence=0.9, claimed_epsilon=0.25, delta=1e-6
+    )
+    ((mine,), (theirs,)) = ([a for a in r.audits if a.family == "icl"] for r in (own, users))
+    assert mine.result.claimed_epsilon == pytest.approx(1.0, rel=1e-3)
+    assert theirs.result.claimed_epsilon == pytest.approx(0.25) and theirs.result.delta == pytest.approx(1e-6)
+    (row,) = [r for r in users.families["icl"][0]["settings"] if math.isfinite(r["epsilon"])]
+    assert row["epsilon"] == pytest.approx(1.0, rel=1e-3)  # the mechanism audited is the run's
+    from dpaudit.report import plots
+
+    marks = plots.icl_figure(users.families["icl"][0]).axes[1].collections[0].get_offsets()
+    assert np.asarray(marks)[:, 1].tolist() == pytest.approx([0.25])  # the claim the bound was compared with
