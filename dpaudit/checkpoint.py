@@ -22,7 +22,7 @@ from torch import nn
 from dpaudit import numfmt
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict, spec_path
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.fileio import write_atomic_dir
+from dpaudit.fileio import load_safetensors, write_atomic_dir
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
 from dpaudit.validation import check_json_type, read_json
 
@@ -373,10 +373,9 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors")
     if suffix == ".safetensors":
         from safetensors import SafetensorError
-        from safetensors.torch import load_file
 
         try:
-            return load_file(str(path))
+            return load_safetensors(path)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
     if suffix in (".pt", ".pth", ".bin"):

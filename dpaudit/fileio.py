@@ -56,6 +56,21 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def load_safetensors(path: Path | str, framework: str = "pt") -> dict:
+    """``safetensors.{torch,numpy}.load_file``, also for a path that is not valid UTF-8 (a folder named in
+    another encoding: the library takes its path as a Rust string and refuses it, which read as a corrupt
+    file); such a path is read as bytes instead of memory-mapped. Raises what the library raises."""
+    if framework == "pt":
+        from safetensors.torch import load, load_file
+    else:
+        from safetensors.numpy import load, load_file
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return load(Path(path).read_bytes())
+    return load_file(str(path))
+
+
 # --------------------------------------------------------------------------- environment errors
 
 

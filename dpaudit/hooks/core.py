@@ -453,14 +453,15 @@ def save_observations(obs: CanaryObservations, directory: Path | str, *, force: 
 def load_observations(directory: Path | str) -> CanaryObservations:
     """Read what :func:`save_observations` wrote, checked for consistency (a :class:`CheckpointError` otherwise)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+
+    from dpaudit.fileio import load_safetensors
 
     d = Path(directory)
     if not (d / DESIGN_FILE).is_file() or not (d / ARRAYS_FILE).is_file():
         raise InputError(f"{d}: not a gradient-canary directory (expected {DESIGN_FILE} and {ARRAYS_FILE})")
     design = read_json(d / DESIGN_FILE, error=CheckpointError)  # bounded parsing of an untrusted file
     try:
-        a = load_file(str(d / ARRAYS_FILE))
+        a = load_safetensors(d / ARRAYS_FILE, "numpy")
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{d}: unreadable gradient-canary files ({e})") from None
     if isinstance(design, dict) and design.get("format") == "dpaudit-canaries/1":  # dpaudit.canaries.CANARY_DIR_FORMAT

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.fileio import check_output_dir, write_atomic_dir
+from dpaudit.fileio import check_output_dir, load_safetensors, write_atomic_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.validation import check_in_interval, check_positive, check_positive_int, read_json
 
@@ -467,7 +467,6 @@ def save_cloak(out: Path | str, cloak: Cloak, *, force: bool = False, figure=Non
 def load_cloak(path: Path | str) -> Cloak:
     """Read a cloak checkpoint (safetensors + JSON, never pickle), checking names and shapes."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
 
     path = Path(path)
     f = path / CLOAK_FILE
@@ -481,7 +480,7 @@ def load_cloak(path: Path | str) -> Cloak:
     if meta.get("schema_version") != CLOAK_SCHEMA_VERSION:
         raise CheckpointError(f"{f}: unknown schema_version {meta.get('schema_version')!r}")
     try:
-        tensors = load_file(str(path / CLOAK_TENSORS))
+        tensors = load_safetensors(path / CLOAK_TENSORS, "numpy")
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path / CLOAK_TENSORS}: missing or corrupt ({e})") from None
     shape = tuple(meta.get("feature_shape", ()))

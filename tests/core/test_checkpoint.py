@@ -300,3 +300,14 @@ def test_dense_kernels_in_the_jax_layout_are_named_as_such():
     for state in ({"weight": kernel, "bias": bias}, {"Dense_0/kernel": kernel, "Dense_0/bias": bias}):
         with pytest.raises(CheckpointError, match=r"dense kernel is \(in, out\) and torch's Linear weight \(out, in\)"):
             load_state_into(torch.nn.Linear(5, 3), state, "flax.safetensors")
+
+
+def test_a_run_in_a_folder_named_in_another_encoding_loads(tmp_path):
+    """A folder whose name is not valid UTF-8 (a Latin-1 name on Linux): safetensors takes its path as a Rust
+    string and refused it, which read as "corrupt or truncated safetensors file"; the weights now load."""
+    import os
+
+    name = os.fsdecode(b"r\xe9sultats")  # 'résultats' in Latin-1: a surrogate escape in Python
+    _, out, _ = _train(tmp_path, "logreg", name=name, epochs=1)
+    run = load_run(out)
+    assert set(load_weights_file(out / WEIGHTS_FILE)) == set(run.model.state_dict())
