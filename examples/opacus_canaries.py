@@ -73,8 +73,12 @@ def _bias_without_noise(optimizer):
     optimizer.add_noise = types.MethodType(add_noise, optimizer)
 
 
-def train(X: np.ndarray, y: np.ndarray, seed: int, out: Path | str, *, bug: str | None = None) -> Path:
-    """Train with Opacus and gradient canaries; write what the canaries saw to ``out``; return ``out``."""
+def train(
+    X: np.ndarray, y: np.ndarray, seed: int, out: Path | str, *, bug: str | None = None, grad_sample_mode: str = "hooks"
+) -> Path:
+    """Train with Opacus and gradient canaries; write what the canaries saw to ``out``; return ``out``.
+    ``grad_sample_mode="ghost"``: Opacus' fast gradient clipping (its loss wrapper runs the second backward pass;
+    ``DPOptimizerFastGradientClipping`` has the same ``summed_grad``/``add_noise`` interface the canaries use)."""
     import torch
     from opacus import PrivacyEngine
     from torch import nn
@@ -93,20 +97,25 @@ def train(X: np.ndarray, y: np.ndarray, seed: int, out: Path | str, *, bug: str 
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     sigma = NOISE_MULTIPLIER / math.sqrt(2) if bug == "sqrt2" else NOISE_MULTIPLIER
     noise_gen = torch_generator(seed, stream=1)
+    loss_fn = nn.CrossEntropyLoss()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Secure RNG turned off.*")
         warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
-        model, optimizer, loader = PrivacyEngine().make_private(
+        private = PrivacyEngine().make_private(
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma, max_grad_norm=CLIP,
-            poisson_sampling=True, noise_generator=noise_gen,
+            poisson_sampling=True, noise_generator=noise_gen, grad_sample_mode=grad_sample_mode,
+            **({"criterion": loss_fn} if grad_sample_mode == "ghost" else {}),
         )  # fmt: skip
+        if grad_sample_mode == "ghost":  # the criterion comes back wrapped: its backward clips
+            model, optimizer, loss_fn, loader = private
+        else:
+            model, optimizer, loader = private
         if bug == "bias":
             _bias_without_noise(optimizer)
         # dpaudit: M gradient canaries, Poisson-sampled at the loader's rate, clip = the optimizer's max_grad_norm
         shapes = {n: p.shape for n, p in model.named_parameters()}
         canaries = GradientCanaries(shapes, count=CANARIES, sample_rate=loader.sample_rate, clip=None, seed=seed)
         optimizer = canaries.attach(optimizer)
-        loss_fn = nn.CrossEntropyLoss()
         model.train()
         for _ in range(EPOCHS):
             for xb, yb in loader:
@@ -123,9 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", choices=BUGS)
+    parser.add_argument("--grad-sample-mode", choices=("hooks", "ghost"), default="hooks")
     args = parser.parse_args(argv)
     X, y = digits()
-    print(train(X, y, args.seed, args.out, bug=args.bug))
+    print(train(X, y, args.seed, args.out, bug=args.bug, grad_sample_mode=args.grad_sample_mode))
 
 
 if __name__ == "__main__":

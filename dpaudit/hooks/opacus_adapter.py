@@ -13,8 +13,10 @@ step, as in Opacus' accounting. No private attribute is touched: ``params``, ``s
 
 Tested with Opacus 1.6.0 (``DPOptimizer``, Poisson sampling, one process). Per-layer, adaptive-clip,
 distributed and FSDP optimizers (``DPPerLayerOptimizer``, ``AdaClipDPOptimizer``, ``DistributedDPOptimizer``,
-...) clip or noise differently and are refused with one line; ``DPOptimizerFastGradientClipping`` (ghost
-clipping) has the same ``summed_grad``/``add_noise`` interface but is not covered by the tests.
+...) clip or noise differently and are refused with one line. ``DPOptimizerFastGradientClipping`` (Opacus'
+ghost clipping, ``make_private(..., criterion=..., grad_sample_mode="ghost")``) has the same
+``summed_grad``/``add_noise`` interface and is tested too (a correct loop and σ/√2 noise,
+``tests/examples/test_hooks_examples.py``).
 """
 
 from __future__ import annotations

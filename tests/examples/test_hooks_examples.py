@@ -43,10 +43,10 @@ def digits_small(opacus_example):
 
 
 @pytest.mark.peers
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_opacus_correct_pipeline_is_not_a_violation(opacus_example, digits_small, tmp_path, seed):
+@pytest.mark.parametrize(("seed", "mode"), [(0, "hooks"), (1, "hooks"), (2, "hooks"), (0, "ghost")])
+def test_opacus_correct_pipeline_is_not_a_violation(opacus_example, digits_small, tmp_path, seed, mode):
     ex = opacus_example
-    ex.train(*digits_small, seed, tmp_path / "c")
+    ex.train(*digits_small, seed, tmp_path / "c", grad_sample_mode=mode)
     res = _audit_cli(tmp_path / "c", ex, "--steps", str(ex.STEPS), "--sample-rate", str(ex.SAMPLE_RATE))
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
@@ -61,10 +61,13 @@ def test_opacus_correct_pipeline_is_not_a_violation(opacus_example, digits_small
 
 
 @pytest.mark.peers
-@pytest.mark.parametrize("bug", ["sqrt2", "bias", "reuse"])
-def test_opacus_planted_bug_is_a_violation_exit_1_from_one_run(opacus_example, digits_small, tmp_path, bug):
+@pytest.mark.parametrize(
+    ("bug", "mode"), [("sqrt2", "hooks"), ("bias", "hooks"), ("reuse", "hooks"), ("sqrt2", "ghost")]
+)
+def test_opacus_planted_bug_is_a_violation_exit_1_from_one_run(opacus_example, digits_small, tmp_path, bug, mode):
+    """Opacus' hooks and its fast gradient clipping (grad_sample_mode="ghost", DPOptimizerFastGradientClipping)."""
     ex = opacus_example
-    ex.train(*digits_small, 0, tmp_path / "c", bug=bug)
+    ex.train(*digits_small, 0, tmp_path / "c", bug=bug, grad_sample_mode=mode)
     res = _audit_cli(tmp_path / "c", ex)
     assert res.exit_code == 1, res.output
     d = json.loads(res.stdout)
