@@ -47,8 +47,11 @@ def _resolve_schedule(
         if b > n:
             raise InputError(f"expected batch_size <= dataset_size, got {b} > {n}")
         # q = B/N and T = ceil(epochs * N / B), as in TF Privacy's compute_dp_sgd_privacy; exact
-        # rational arithmetic so that rounding can never drop a step.
-        return b / n, max(1, math.ceil(Fraction(ep) * n / b))
+        # rational arithmetic so that rounding can never drop a step. The epochs are the decimal the user
+        # typed (repr: the shortest decimal that reads back as the float, dpaudit.numfmt's convention), not
+        # the float's binary value: Fraction(1.1) is 1.100000000000000088…, which made 1.1 epochs of 10 steps
+        # 12 steps instead of 11 (and 0.1 epoch of 10 steps 2 instead of 1).
+        return b / n, max(1, math.ceil(Fraction(repr(ep)) * n / b))
     if sample_rate is None or steps is None:
         raise InputError("give --sample-rate and --steps (or --epochs, --dataset-size and --batch-size)")
     q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)

@@ -49,6 +49,23 @@ def test_epochs_never_drop_a_step():
     assert json.loads(r.stdout)["steps"] >= 1
 
 
+@pytest.mark.parametrize(
+    ("epochs", "n", "b", "steps"),
+    [
+        (1.1, 100, 10, 11),  # Fraction(1.1) = 1.1000000000000000888…: ceil gave 12
+        (0.1, 1000, 100, 1),  # Fraction(0.1) > 0.1: ceil gave 2
+        (2.2, 60000, 600, 220),
+        (2.5, 1000, 300, 9),  # 8.33… steps: the partial one counts
+        (1.0000001, 100, 10, 11),  # a hair over one epoch is one more step
+        (0.3, 1000, 100, 3),
+    ],
+)
+def test_epochs_are_the_decimal_the_user_typed(epochs, n, b, steps):
+    from dpaudit.cli.account import _resolve_schedule
+
+    assert _resolve_schedule(None, None, epochs, n, b) == (b / n, steps)
+
+
 def test_dpsgd_human_output():
     r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "all")
     assert r.exit_code == 0, r.output
