@@ -113,6 +113,9 @@ def dpsgd(
     if accountant not in valid:
         raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
     q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
+    # σ and q are the mechanism's parameters, printed as given (dpaudit.numfmt.exact), as δ is: ε is
+    # computed for exactly them, and a rounded σ or q names another mechanism (σ = 1.0000004 printed as 1
+    # states the ε of σ = 1.0000004 for σ = 1, whose ε is larger).
     event = dpsgd_event(noise_multiplier=noise_multiplier, sample_rate=q, steps=t, jl_projections=jl_projections)
     data: dict = {
         "accountant": accountant,
@@ -131,7 +134,7 @@ def dpsgd(
         emit(
             data,
             f"epsilon = {numfmt.upper(r.epsilon)}  ({_label(r)}; delta = {numfmt.exact(delta)}, "
-            f"noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t})",
+            f"noise_multiplier = {numfmt.exact(noise_multiplier)}, sample_rate = {numfmt.exact(q)}, steps = {t})",
             json_flag=json_output,
         )
         return
@@ -144,7 +147,10 @@ def dpsgd(
         if r.approximate:
             results[name]["approximate"] = True
     data = {"epsilon": best, **data, **results}
-    head = f"delta = {numfmt.exact(delta)}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"
+    head = (
+        f"delta = {numfmt.exact(delta)}, noise_multiplier = {numfmt.exact(noise_multiplier)}, "
+        f"sample_rate = {numfmt.exact(q)}, steps = {t}"
+    )
     lines = [head]
     for name, r in compared.items():
         value = numfmt.upper(r.epsilon, missing="unsupported")
@@ -204,7 +210,7 @@ def calibrate(
         data,
         f"noise_multiplier = {numfmt.upper(sigma)}  (epsilon = {achieved_shown} <= {target_shown} at delta = "
         f"{numfmt.exact(delta)}, "
-        f"{_label(result)}, sample_rate = {q:.6g}, steps = {t})",
+        f"{_label(result)}, sample_rate = {numfmt.exact(q)}, steps = {t})",
         json_flag=json_output,
     )
 

@@ -66,6 +66,17 @@ def test_epochs_are_the_decimal_the_user_typed(epochs, n, b, steps):
     assert _resolve_schedule(None, None, epochs, n, b) == (b / n, steps)
 
 
+@pytest.mark.parametrize("accountant", ["rdp", "all"])
+def test_dpsgd_text_names_the_mechanism_as_given(accountant):
+    # sigma 1.0000004 printed as "1" stated its (smaller) epsilon for sigma = 1; q = 0.0012345649 as 0.00123456.
+    r = run(
+        "account", "dpsgd", "--noise-multiplier", "1.0000004", "--delta", "1e-5", "--sample-rate", "0.0012345649",
+        "--steps", "10", "--accountant", accountant,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "noise_multiplier = 1.0000004," in r.stdout and "sample_rate = 0.0012345649," in r.stdout
+
+
 def test_dpsgd_human_output():
     r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "all")
     assert r.exit_code == 0, r.output
