@@ -58,7 +58,7 @@ class DiscretePLD:
         """Upper bound on the delta(eps) that the rounding vector e can hide: sum_j e_j (1 - e^(eps - l_j))_+
         <= ||e||_2 ||w||_2 with w_j = (1 - e^(eps - l_j))_+ over the span (Cauchy-Schwarz)."""
         lo, hi = self.rounding_span
-        if self.rounding == 0.0 or hi < lo:
+        if self.rounding == 0.0 or hi < lo or epsilon == math.inf:  # w = 0 on every finite bin at eps = inf
             return 0.0
         j0 = max(lo, math.floor(epsilon / self.interval))  # one index low; w is 0 below eps
         if j0 > hi:
@@ -139,6 +139,8 @@ class DiscretePLD:
         if self.rounding == 0.0 or hi < lo:
             return np.zeros(eps.shape)
         h = self.interval
+        # eps = inf charges nothing (w = 0 on every finite bin): it is moved past the span, where c = 0.
+        eps = np.where(np.isinf(eps), (hi + 1.0) * h, eps)
         j0 = np.maximum(np.floor(eps / h), lo)
         c = np.maximum(hi - j0 + 1.0, 0.0)
         x0 = j0 * h - eps
