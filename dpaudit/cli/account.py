@@ -153,8 +153,10 @@ def dpsgd(
     )
     lines = [head]
     for name, r in compared.items():
-        value = numfmt.upper(r.epsilon, missing="unsupported")
+        value = numfmt.upper(r.epsilon, missing="not computed")
         note = "  (approximate: CLT, can under-report)" if r.approximate else ""
+        if r.unsupported is not None:
+            note = f"  ({r.unsupported})"
         lines.append(f"  {name:4s} epsilon = {value}{note}")
     lines.append(f"  best formal epsilon = {numfmt.upper(best)}")
     emit(data, "\n".join(lines), json_flag=json_output)

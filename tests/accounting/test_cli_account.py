@@ -8,7 +8,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.accounting import analytic_gaussian_epsilon, dpsgd_event, epsilon_for
 from dpaudit.cli.main import app
 
 runner = CliRunner()
@@ -202,3 +202,23 @@ def test_compare_accountants_records_refusals_and_takes_the_formal_minimum():
     assert best == results["pld"].epsilon and results["pld"].formal
     results, best = compare_accountants(dpsgd_event(noise_multiplier=1, sample_rate=1, steps=5), 1e-5, ("rdp", "gdp"))
     assert set(results) == {"rdp", "gdp"} and best == results["gdp"].epsilon < results["rdp"].epsilon
+
+
+def test_all_keeps_the_other_accountants_when_pld_is_too_large_for_memory(monkeypatch):
+    # sigma 0.3, q = 1, T = 1e6 needed ~25 GiB of PLD grid: the PLD's refusal ended `--accountant all` with exit 2,
+    # losing RDP's bound and GDP's exact one. Here 256 MiB of memory refuses the PLD of 10^6 steps the same way.
+    from dpaudit import budget
+
+    monkeypatch.setattr(budget, "available_memory", lambda: 256 * 2**20)
+    args = ["account", "dpsgd", "--noise-multiplier", "0.3", "--delta", "1e-5", "--sample-rate", "1"]
+    r = run(*args, "--steps", "1000000", "--accountant", "all", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["pld"]["epsilon"] is None and "memory" in data["pld"]["error"]
+    exact = analytic_gaussian_epsilon(0.3, 1e-5, sensitivity=1000.0)  # q = 1: one Gaussian of mu = sqrt(T)/sigma
+    assert data["gdp"]["epsilon"] == pytest.approx(exact, rel=1e-9) and "approximate" not in data["gdp"]
+    assert data["epsilon"] == min(data["rdp"]["epsilon"], data["gdp"]["epsilon"])
+    r = run(*args, "--steps", "1000000", "--accountant", "all")
+    assert r.exit_code == 0 and "pld  epsilon = not computed  (PLD accounting of 1000000 compositions" in r.stdout
+    r = run(*args, "--steps", "1000000", "--accountant", "pld")  # asked alone, the refusal is the answer
+    assert r.exit_code == 2 and "memory" in r.output
