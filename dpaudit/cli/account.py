@@ -58,6 +58,17 @@ def _resolve_schedule(
     return q, check_positive_int(steps=steps)
 
 
+def _warn_large_delta(delta: float, dataset_size: int | None) -> None:
+    """A warning when δ >= 1/N (N known from --dataset-size): at such a δ a mechanism that publishes one
+    random record outright is (0, δ)-DP, so the claim protects little (Dwork & Roth 2014, "The Algorithmic
+    Foundations of DP", §2.3, which asks δ << 1/N). ε is computed all the same: the input is valid."""
+    if dataset_size is not None and delta * dataset_size >= 1:
+        warn(
+            f"delta = {numfmt.exact(delta)} >= 1/N = 1/{dataset_size}: at such a delta a mechanism that publishes a "
+            "random record outright meets the claim (Dwork & Roth 2014, §2.3, ask delta << 1/N)"
+        )
+
+
 def _check_common(noise_multiplier: float | None, delta: float, jl_projections: int | None) -> None:
     if noise_multiplier is not None:
         check_non_negative(noise_multiplier=noise_multiplier)
@@ -113,6 +124,7 @@ def dpsgd(
     if accountant not in valid:
         raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
     q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
+    _warn_large_delta(delta, dataset_size)
     # σ and q are the mechanism's parameters, printed as given (dpaudit.numfmt.exact), as δ is: ε is
     # computed for exactly them, and a rounded σ or q names another mechanism (σ = 1.0000004 printed as 1
     # states the ε of σ = 1.0000004 for σ = 1, whose ε is larger).
@@ -184,6 +196,7 @@ def calibrate(
     if accountant not in valid:
         raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
     q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
+    _warn_large_delta(delta, dataset_size)
 
     def make_event(sigma: float):
         return dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=t, jl_projections=jl_projections)

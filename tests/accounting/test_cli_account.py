@@ -77,6 +77,16 @@ def test_dpsgd_text_names_the_mechanism_as_given(accountant):
     assert "noise_multiplier = 1.0000004," in r.stdout and "sample_rate = 0.0012345649," in r.stdout
 
 
+@pytest.mark.parametrize("command", [["dpsgd", "--noise-multiplier", "1"], ["calibrate", "--epsilon", "8"]])
+def test_a_delta_of_at_least_one_over_n_is_warned(command):
+    epochs = ["--epochs", "1", "--batch-size", "100", "--json"]  # q = 1, T = 1: a fast calibration
+    r = run("account", *command, "--delta", "0.01", "--dataset-size", "100", *epochs)
+    assert r.exit_code == 0, r.output
+    assert "warning: delta = 0.01 >= 1/N = 1/100" in r.stderr and json.loads(r.stdout)["steps"] == 1
+    r = run("account", *command, "--delta", "0.0099", "--dataset-size", "100", *epochs)
+    assert r.exit_code == 0 and "warning" not in r.stderr
+
+
 def test_dpsgd_human_output():
     r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "all")
     assert r.exit_code == 0, r.output
