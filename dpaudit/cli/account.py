@@ -23,7 +23,8 @@ from dpaudit.validation import (
 
 account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration.")
 
-ACCOUNTANT_HELP = "rdp | pld | gdp (CLT, approximate) | all (every accountant side by side)"
+GDP_HELP = "gdp (exact at sample rate 1; a CLT approximation below it)"
+ACCOUNTANT_HELP = f"rdp | pld | {GDP_HELP} | all (every accountant side by side)"
 
 
 def _resolve_schedule(
@@ -180,7 +181,7 @@ def calibrate(
     delta: Delta,
     sample_rate: SampleRate = None,
     steps: Steps = None,
-    accountant: Annotated[str, typer.Option("--accountant", help="rdp | pld | gdp (approximate)")] = "rdp",
+    accountant: Annotated[str, typer.Option("--accountant", help=f"rdp | pld | {GDP_HELP}")] = "rdp",
     jl_projections: Jl = None,
     epochs: Epochs = None,
     dataset_size: DatasetSize = None,

@@ -199,6 +199,8 @@ def test_gdp_without_subsampling_is_formal_and_counts_for_the_best():
     assert data["epsilon"] == data["pld"]["epsilon"]
     r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "gdp", "--json")
     assert json.loads(r.stdout)["approximate"] is True
+    for command in ("dpsgd", "calibrate"):  # the help said "gdp (approximate)" for q = 1 too
+        assert "exact at sample rate 1" in " ".join(run("account", command, "--help").stdout.replace("│", " ").split())
 
 
 def test_compare_accountants_records_refusals_and_takes_the_formal_minimum():
