@@ -503,7 +503,8 @@ def claim_record(stated: StatedClaim, *, dataset_size: int) -> tuple[dict[str, A
             shown, acc = numfmt.ordered(stated.epsilon, accounted, left_up=True)
             warnings.append(
                 f"the stated ε = {shown} is smaller than dpaudit's {accountant} accountant gives for "
-                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {numfmt.exact(stated.delta)} (ε = {acc}); "
+                f"σ = {numfmt.exact(sigma)}, q = {numfmt.exact(q)}, T = {steps} at δ = {numfmt.exact(stated.delta)} "
+                f"(ε = {acc}); "
                 f"recording ε = {acc}: a claim is never under-reported"
             )
         elif stated.epsilon > accounted:

@@ -520,3 +520,10 @@ def test_a_per_channel_scaler_normalises_each_channel_of_images():
     np.testing.assert_array_equal(pre.transform(x), expected)
     with pytest.raises(InputError, match=r"'mean' has 2 values but the data has 12 features \(or 3, one per channel\)"):
         standardizer_from_json({"mean": [0, 0], "scale": [1, 1]}, (3, 2, 2), "scaler.json")
+
+
+def test_the_under_reported_claim_warning_names_the_mechanism_as_given():
+    # σ = 1.0000004 printed as "σ = 1" (':g') beside the ε of σ = 1.0000004, which is below σ = 1's.
+    stated = StatedClaim(delta=DELTA, epsilon=0.1, noise_multiplier=1.0000004, sample_rate=0.0123456789, steps=10)
+    _, warned = claim_record(stated, dataset_size=1000)
+    assert "σ = 1.0000004, q = 0.0123456789, T = 10" in warned[0]
