@@ -16,6 +16,7 @@ from scipy import fft as sp_fft
 from scipy import signal, special
 
 from dpaudit.budget import Cost, check_cost
+from dpaudit.errors import UnsupportedEventError
 
 # --------------------------------------------------------------------------------------------
 # Discrete privacy-loss PMF
@@ -265,6 +266,13 @@ class DiscretePLD:
         fin = _mass_up(p)
         l1 = self._rounding_l1()
         tot = fin + l1 + self.inf_mass
+        if tot > 1.0 and count * math.log(tot) > LOG_FLOAT_MAX:
+            # tot^count bounds the composed mass with its error terms (below): past float64 it overflowed
+            # (OverflowError, an internal error), and long before that the bounds make delta 1.
+            raise UnsupportedEventError(
+                f"PLD accounting of {count} compositions: the discretisation's error bounds grow as (1 + "
+                f"{tot - 1.0:.3g})^{count}, beyond float64; use the rdp accountant"
+            )
         # tot^count - fin^count = tot^count (1 - (1 - inf/tot)^count), through log1p/expm1: the plain
         # difference loses an infinite mass below ~1e-16 (tot == fin in float64), e.g. the 1e-20 of a
         # discretised Gaussian's cut-off tail, 1e6 times.
@@ -315,6 +323,7 @@ class DiscretePLD:
 # --------------------------------------------------------------------------------------------
 
 _U = 2.0**-53  # unit roundoff of float64
+LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)  # ~709.78: e^x overflows float64 above it
 _LONG = np.longdouble  # the extended type (tests swap in float64, the case of platforms without one)
 _U_LONG = float(np.finfo(_LONG).epsneg)  # its unit roundoff: 2^-64 on x86-64, 2^-53 where long double is double
 # Normwise error of a computed DFT: ||fl(F x) - F x||_2 <= (t eta / (1 - t eta)) ||F x||_2 for a radix-2 FFT of
