@@ -93,7 +93,8 @@ def _duration(s: float) -> str:
 @dataclass(frozen=True)
 class Cost:
     """The estimated cost of ``units`` × ``unit`` (e.g. 1e9 × "training runs"): memory held at once
-    (``fixed_bytes`` + ``bytes_per_unit`` × units) and time (``seconds_per_unit`` × units)."""
+    (``fixed_bytes`` + ``bytes_per_unit`` × units) and time (``seconds_per_unit`` × units). ``advice``: what the
+    user can do when the memory is refused (default: "use fewer <unit>")."""
 
     what: str
     units: float
@@ -101,6 +102,7 @@ class Cost:
     bytes_per_unit: float = 0.0
     seconds_per_unit: float = 0.0
     fixed_bytes: float = 0.0
+    advice: str | None = None
 
     @property
     def memory(self) -> float:
@@ -119,7 +121,7 @@ def check_cost(cost: Cost, *, memory: int | None = None) -> Cost:
     if cost.memory > MEMORY_FRACTION * avail:
         raise BudgetError(
             f"{cost.what}: {cost.units:.4g} {cost.unit} need about {_bytes(cost.memory)} of memory, more than "
-            f"{MEMORY_FRACTION:.0%} of the {_bytes(avail)} available; use fewer {cost.unit}"
+            f"{MEMORY_FRACTION:.0%} of the {_bytes(avail)} available; {cost.advice or f'use fewer {cost.unit}'}"
         )
     if cost.seconds > CONFIRM_SECONDS and not long_work_allowed():
         raise BudgetError(

@@ -294,7 +294,9 @@ class DiscretePLD:
         size = hi - lo + 1
         # Before the FFT: the window's arrays (real input, complex spectrum, output: ~48 bytes a point)
         # must fit, and a window taking hours asks for --yes (2 µs a point, measured on a 2-core CPU).
-        check_cost(Cost(f"PLD accounting of {count} compositions", size, "grid points", 48.0, 2e-6))
+        # The grid is the accountant's (a user chooses no grid points): the way out is another accountant.
+        advice = "use the rdp accountant (or fewer steps)"
+        check_cost(Cost(f"PLD accounting of {count} compositions", size, "grid points", 48.0, 2e-6, advice=advice))
         length = sp_fft.next_fast_len(size, real=True)
         folded = (
             np.bincount(np.arange(n) % length, weights=p, minlength=length)
