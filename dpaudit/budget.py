@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dpaudit.errors import InputError
+from dpaudit.errors import BudgetError, InputError
 from dpaudit.progress import announce
 
 MEMORY_FRACTION = 0.5  # of the memory available now: what one dpaudit process may plan to use
@@ -93,7 +93,8 @@ def _duration(s: float) -> str:
 @dataclass(frozen=True)
 class Cost:
     """The estimated cost of ``units`` × ``unit`` (e.g. 1e9 × "training runs"): memory held at once
-    (``fixed_bytes`` + ``bytes_per_unit`` × units) and time (``seconds_per_unit`` × units)."""
+    (``fixed_bytes`` + ``bytes_per_unit`` × units) and time (``seconds_per_unit`` × units). ``advice``: what the
+    user can do when the memory is refused (default: "use fewer <unit>")."""
 
     what: str
     units: float
@@ -101,6 +102,7 @@ class Cost:
     bytes_per_unit: float = 0.0
     seconds_per_unit: float = 0.0
     fixed_bytes: float = 0.0
+    advice: str | None = None
 
     @property
     def memory(self) -> float:
@@ -113,15 +115,16 @@ class Cost:
 
 def check_cost(cost: Cost, *, memory: int | None = None) -> Cost:
     """Refuse ``cost`` when its memory exceeds :data:`MEMORY_FRACTION` of ``memory`` (default: available
-    now), or when its time exceeds :data:`CONFIRM_SECONDS` without :func:`allow_long_work` / ``--yes``."""
+    now), or when its time exceeds :data:`CONFIRM_SECONDS` without :func:`allow_long_work` / ``--yes``
+    (:class:`~dpaudit.errors.BudgetError`, an InputError: one line, exit code 2)."""
     avail = available_memory() if memory is None else memory
     if cost.memory > MEMORY_FRACTION * avail:
-        raise InputError(
+        raise BudgetError(
             f"{cost.what}: {cost.units:.4g} {cost.unit} need about {_bytes(cost.memory)} of memory, more than "
-            f"{MEMORY_FRACTION:.0%} of the {_bytes(avail)} available; use fewer {cost.unit}"
+            f"{MEMORY_FRACTION:.0%} of the {_bytes(avail)} available; {cost.advice or f'use fewer {cost.unit}'}"
         )
     if cost.seconds > CONFIRM_SECONDS and not long_work_allowed():
-        raise InputError(
+        raise BudgetError(
             f"{cost.what}: {cost.units:.4g} {cost.unit} would take about {_duration(cost.seconds)} "
             f"(an estimate: {_duration(cost.seconds_per_unit)} each); rerun with dpaudit --yes to start it anyway"
         )

@@ -38,6 +38,11 @@ class UnsupportedEventError(DPAuditError, NotImplementedError):
     """An accountant cannot handle a (sub-)event."""
 
 
+class BudgetError(InputError):
+    """Work refused by its cost estimate (:func:`dpaudit.budget.check_cost`): more memory than the machine
+    has, or more time than allowed without ``--yes``. The inputs are valid; the work is too large here."""
+
+
 class UnreachableTargetError(InputError):
     """A calibration target (e.g. epsilon) cannot be reached with the given settings."""
 

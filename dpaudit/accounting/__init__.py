@@ -36,7 +36,7 @@ from dpaudit.accounting.pld import PldAccountant
 from dpaudit.accounting.rdp import RdpAccountant
 from dpaudit.accounting.registry import ACCOUNTANTS, make_accountant
 from dpaudit.accounting.zcdp import ZcdpAccountant, zcdp_epsilon, zcdp_epsilon_simple
-from dpaudit.errors import UnsupportedEventError
+from dpaudit.errors import BudgetError, UnsupportedEventError
 from dpaudit.events import Event, Gaussian, JLGaussian, PoissonSampled, SelfComposed
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive_int
 
@@ -101,7 +101,8 @@ def epsilon_for(event: Event, delta: float, accountant: str = "rdp", *, neighbou
 class AccountedEpsilon:
     """One accountant's epsilon for one event: ``approximate`` when any part of the event was
     accounted by an approximation (the GDP CLT for subsampling), so the value is an estimate, not a
-    formal bound; ``epsilon`` is None and ``unsupported`` says why when the accountant refused it."""
+    formal bound; ``epsilon`` is None and ``unsupported`` says why when the accountant refused it (an
+    event it cannot handle, or work too large for this machine)."""
 
     accountant: str
     epsilon: float | None
@@ -124,14 +125,15 @@ def epsilon_with_label(
 def compare_accountants(
     event: Event, delta: float, names: tuple[str, ...] = ("rdp", "pld", "gdp"), *, neighbouring: str = "add_remove"
 ) -> tuple[dict[str, AccountedEpsilon], float]:
-    """Every named accountant's epsilon for ``event`` (refusals recorded, not raised) and the
-    smallest formal one: each formal epsilon is a valid upper bound, so their minimum is too
+    """Every named accountant's epsilon for ``event`` (refusals recorded, not raised: an event the
+    accountant cannot handle, or work its cost estimate refuses, such as a PLD grid larger than memory) and
+    the smallest formal one: each formal epsilon is a valid upper bound, so their minimum is too
     (``inf`` if none is formal). An approximate epsilon never enters the minimum."""
     results: dict[str, AccountedEpsilon] = {}
     for name in names:
         try:
             results[name] = epsilon_with_label(event, delta, name, neighbouring=neighbouring)
-        except UnsupportedEventError as e:
+        except (UnsupportedEventError, BudgetError) as e:
             results[name] = AccountedEpsilon(name, None, unsupported=str(e))
     formal = [r.epsilon for r in results.values() if r.formal]
     return results, (min(formal) if formal else math.inf)

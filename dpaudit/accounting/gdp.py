@@ -55,6 +55,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     if gdp_delta(mu, 0.0) <= delta:
         return 0.0
     hi = max(1.0, mu * mu)
+    if math.isinf(hi):  # mu > 1.3e154: epsilon >= mu^2/2 - mu sqrt(2 log(1/delta)) is beyond float64 too
+        return math.inf
     while gdp_delta(mu, hi) > delta:
         hi *= 2.0
         if hi > 1e6:

@@ -16,6 +16,7 @@ from scipy import fft as sp_fft
 from scipy import signal, special
 
 from dpaudit.budget import Cost, check_cost
+from dpaudit.errors import UnsupportedEventError
 
 # --------------------------------------------------------------------------------------------
 # Discrete privacy-loss PMF
@@ -58,7 +59,7 @@ class DiscretePLD:
         """Upper bound on the delta(eps) that the rounding vector e can hide: sum_j e_j (1 - e^(eps - l_j))_+
         <= ||e||_2 ||w||_2 with w_j = (1 - e^(eps - l_j))_+ over the span (Cauchy-Schwarz)."""
         lo, hi = self.rounding_span
-        if self.rounding == 0.0 or hi < lo:
+        if self.rounding == 0.0 or hi < lo or epsilon == math.inf:  # w = 0 on every finite bin at eps = inf
             return 0.0
         j0 = max(lo, math.floor(epsilon / self.interval))  # one index low; w is 0 below eps
         if j0 > hi:
@@ -139,6 +140,8 @@ class DiscretePLD:
         if self.rounding == 0.0 or hi < lo:
             return np.zeros(eps.shape)
         h = self.interval
+        # eps = inf charges nothing (w = 0 on every finite bin): it is moved past the span, where c = 0.
+        eps = np.where(np.isinf(eps), (hi + 1.0) * h, eps)
         j0 = np.maximum(np.floor(eps / h), lo)
         c = np.maximum(hi - j0 + 1.0, 0.0)
         x0 = j0 * h - eps
@@ -263,6 +266,13 @@ class DiscretePLD:
         fin = _mass_up(p)
         l1 = self._rounding_l1()
         tot = fin + l1 + self.inf_mass
+        if tot > 1.0 and count * math.log(tot) > LOG_FLOAT_MAX:
+            # tot^count bounds the composed mass with its error terms (below): past float64 it overflowed
+            # (OverflowError, an internal error), and long before that the bounds make delta 1.
+            raise UnsupportedEventError(
+                f"PLD accounting of {count} compositions: the discretisation's error bounds grow as (1 + "
+                f"{tot - 1.0:.3g})^{count}, beyond float64; use the rdp accountant"
+            )
         # tot^count - fin^count = tot^count (1 - (1 - inf/tot)^count), through log1p/expm1: the plain
         # difference loses an infinite mass below ~1e-16 (tot == fin in float64), e.g. the 1e-20 of a
         # discretised Gaussian's cut-off tail, 1e6 times.
@@ -284,7 +294,9 @@ class DiscretePLD:
         size = hi - lo + 1
         # Before the FFT: the window's arrays (real input, complex spectrum, output: ~48 bytes a point)
         # must fit, and a window taking hours asks for --yes (2 µs a point, measured on a 2-core CPU).
-        check_cost(Cost(f"PLD accounting of {count} compositions", size, "grid points", 48.0, 2e-6))
+        # The grid is the accountant's (a user chooses no grid points): the way out is another accountant.
+        advice = "use the rdp accountant (or fewer steps)"
+        check_cost(Cost(f"PLD accounting of {count} compositions", size, "grid points", 48.0, 2e-6, advice=advice))
         length = sp_fft.next_fast_len(size, real=True)
         folded = (
             np.bincount(np.arange(n) % length, weights=p, minlength=length)
@@ -313,6 +325,7 @@ class DiscretePLD:
 # --------------------------------------------------------------------------------------------
 
 _U = 2.0**-53  # unit roundoff of float64
+LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)  # ~709.78: e^x overflows float64 above it
 _LONG = np.longdouble  # the extended type (tests swap in float64, the case of platforms without one)
 _U_LONG = float(np.finfo(_LONG).epsneg)  # its unit roundoff: 2^-64 on x86-64, 2^-53 where long double is double
 # Normwise error of a computed DFT: ||fl(F x) - F x||_2 <= (t eta / (1 - t eta)) ||F x||_2 for a radix-2 FFT of

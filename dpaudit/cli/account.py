@@ -23,7 +23,8 @@ from dpaudit.validation import (
 
 account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration.")
 
-ACCOUNTANT_HELP = "rdp | pld | gdp (CLT, approximate) | all (every accountant side by side)"
+GDP_HELP = "gdp (exact at sample rate 1; a CLT approximation below it)"
+ACCOUNTANT_HELP = f"rdp | pld | {GDP_HELP} | all (every accountant side by side)"
 
 
 def _resolve_schedule(
@@ -47,12 +48,26 @@ def _resolve_schedule(
         if b > n:
             raise InputError(f"expected batch_size <= dataset_size, got {b} > {n}")
         # q = B/N and T = ceil(epochs * N / B), as in TF Privacy's compute_dp_sgd_privacy; exact
-        # rational arithmetic so that rounding can never drop a step.
-        return b / n, max(1, math.ceil(Fraction(ep) * n / b))
+        # rational arithmetic so that rounding can never drop a step. The epochs are the decimal the user
+        # typed (repr: the shortest decimal that reads back as the float, dpaudit.numfmt's convention), not
+        # the float's binary value: Fraction(1.1) is 1.100000000000000088…, which made 1.1 epochs of 10 steps
+        # 12 steps instead of 11 (and 0.1 epoch of 10 steps 2 instead of 1).
+        return b / n, max(1, math.ceil(Fraction(repr(ep)) * n / b))
     if sample_rate is None or steps is None:
         raise InputError("give --sample-rate and --steps (or --epochs, --dataset-size and --batch-size)")
     q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
     return q, check_positive_int(steps=steps)
+
+
+def _warn_large_delta(delta: float, dataset_size: int | None) -> None:
+    """A warning when δ >= 1/N (N known from --dataset-size): at such a δ a mechanism that publishes one
+    random record outright is (0, δ)-DP, so the claim protects little (Dwork & Roth 2014, "The Algorithmic
+    Foundations of DP", §2.3, which asks δ << 1/N). ε is computed all the same: the input is valid."""
+    if dataset_size is not None and delta * dataset_size >= 1:
+        warn(
+            f"delta = {numfmt.exact(delta)} >= 1/N = 1/{dataset_size}: at such a delta a mechanism that publishes a "
+            "random record outright meets the claim (Dwork & Roth 2014, §2.3, ask delta << 1/N)"
+        )
 
 
 def _check_common(noise_multiplier: float | None, delta: float, jl_projections: int | None) -> None:
@@ -110,6 +125,10 @@ def dpsgd(
     if accountant not in valid:
         raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
     q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
+    _warn_large_delta(delta, dataset_size)
+    # σ and q are the mechanism's parameters, printed as given (dpaudit.numfmt.exact), as δ is: ε is
+    # computed for exactly them, and a rounded σ or q names another mechanism (σ = 1.0000004 printed as 1
+    # states the ε of σ = 1.0000004 for σ = 1, whose ε is larger).
     event = dpsgd_event(noise_multiplier=noise_multiplier, sample_rate=q, steps=t, jl_projections=jl_projections)
     data: dict = {
         "accountant": accountant,
@@ -128,7 +147,7 @@ def dpsgd(
         emit(
             data,
             f"epsilon = {numfmt.upper(r.epsilon)}  ({_label(r)}; delta = {numfmt.exact(delta)}, "
-            f"noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t})",
+            f"noise_multiplier = {numfmt.exact(noise_multiplier)}, sample_rate = {numfmt.exact(q)}, steps = {t})",
             json_flag=json_output,
         )
         return
@@ -141,11 +160,16 @@ def dpsgd(
         if r.approximate:
             results[name]["approximate"] = True
     data = {"epsilon": best, **data, **results}
-    head = f"delta = {numfmt.exact(delta)}, noise_multiplier = {noise_multiplier:g}, sample_rate = {q:.6g}, steps = {t}"
+    head = (
+        f"delta = {numfmt.exact(delta)}, noise_multiplier = {numfmt.exact(noise_multiplier)}, "
+        f"sample_rate = {numfmt.exact(q)}, steps = {t}"
+    )
     lines = [head]
     for name, r in compared.items():
-        value = numfmt.upper(r.epsilon, missing="unsupported")
+        value = numfmt.upper(r.epsilon, missing="not computed")
         note = "  (approximate: CLT, can under-report)" if r.approximate else ""
+        if r.unsupported is not None:
+            note = f"  ({r.unsupported})"
         lines.append(f"  {name:4s} epsilon = {value}{note}")
     lines.append(f"  best formal epsilon = {numfmt.upper(best)}")
     emit(data, "\n".join(lines), json_flag=json_output)
@@ -157,7 +181,7 @@ def calibrate(
     delta: Delta,
     sample_rate: SampleRate = None,
     steps: Steps = None,
-    accountant: Annotated[str, typer.Option("--accountant", help="rdp | pld | gdp (approximate)")] = "rdp",
+    accountant: Annotated[str, typer.Option("--accountant", help=f"rdp | pld | {GDP_HELP}")] = "rdp",
     jl_projections: Jl = None,
     epochs: Epochs = None,
     dataset_size: DatasetSize = None,
@@ -173,6 +197,7 @@ def calibrate(
     if accountant not in valid:
         raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
     q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
+    _warn_large_delta(delta, dataset_size)
 
     def make_event(sigma: float):
         return dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=t, jl_projections=jl_projections)
@@ -201,7 +226,7 @@ def calibrate(
         data,
         f"noise_multiplier = {numfmt.upper(sigma)}  (epsilon = {achieved_shown} <= {target_shown} at delta = "
         f"{numfmt.exact(delta)}, "
-        f"{_label(result)}, sample_rate = {q:.6g}, steps = {t})",
+        f"{_label(result)}, sample_rate = {numfmt.exact(q)}, steps = {t})",
         json_flag=json_output,
     )
 

@@ -22,6 +22,21 @@ def sigma_png(cloak) -> bytes | None:
     return plots.png(lambda: plots.cloak_figure(d))
 
 
+def human_curve(rows: list[dict[str, Any]], at: float | None) -> str:
+    """The λ sweep as a table; the composed ε is each cloak's formal local-DP bound, rounded up
+    (dpaudit.numfmt.upper; ``:.4g`` rounded it to nearest, so 7.999954 printed 8 but 12.34449 printed 12.34)."""
+    from dpaudit import numfmt
+
+    lines = ["λ          suppressed  clean acc  cloaked acc  composed ε"]
+    lines += [
+        f"{r['lambda']:<10g} {r['suppression_ratio']:>10.3f} {r['clean_accuracy']:>10.3f} "
+        f"{r['cloaked_accuracy']:>12.3f} {numfmt.upper(r['composed_epsilon'], 4):>11}"
+        + ("  <- knee" if r["lambda"] == at else "")
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
 def human_cloak(s: dict[str, Any]) -> str:
     from dpaudit import numfmt
     from dpaudit.report._format import rate
@@ -70,11 +85,5 @@ def train_cloak_command(
         return
     rows = [curve_row(c) for c in cloaks]
     at = knee(rows)
-    lines = ["λ          suppressed  clean acc  cloaked acc  composed ε"]
-    lines += [
-        f"{r['lambda']:<10g} {r['suppression_ratio']:>10.3f} {r['clean_accuracy']:>10.3f} "
-        f"{r['cloaked_accuracy']:>12.3f} {r['composed_epsilon']:>11.4g}" + ("  <- knee" if r["lambda"] == at else "")
-        for r in rows
-    ]
-    lines.append(f"saved      {out} (curve.json, curve.csv, lambda_*/)")
+    lines = [human_curve(rows, at), f"saved      {out} (curve.json, curve.csv, lambda_*/)"]
     emit({"out": str(out), "curve": rows, "knee": at}, "\n".join(lines), json_flag=json_output)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -441,12 +442,17 @@ class StatedClaim:
 
 
 def _shuffle_epochs(sample_rate: float, steps: int) -> int:
-    """Epochs touched by ``steps`` shuffled batches of B = qN records: an epoch is ⌈N/B⌉ = ⌈1/q⌉ steps.
+    """Epochs touched by ``steps`` shuffled batches of B = qN records, counted with the shortest epoch the
+    stated q allows: ⌊N/B⌋ = ⌊1/q⌋ steps.
 
-    1/q is rounded down by 1e-9 before the ceiling so that float error (1/0.1 = 10.000…02) can only
-    shorten an epoch, i.e. count more epochs: the claim errs towards a larger ε, never a smaller one.
+    An imported run's loop is not dpaudit's: "fixed-size batches" drop the short last batch of each
+    permutation (PyTorch's ``DataLoader(drop_last=True)``, TF's ``drop_remainder``), so an epoch is ⌊N/B⌋
+    steps; a loop that keeps it has ⌈N/B⌉. Fewer steps per epoch can only count more epochs, so ⌊1/q⌋ never
+    under-reports ε for either loop (⌈1/q⌉ did for the first: N = 1000, B = 300, T = 12 touches 4 epochs,
+    3 were counted). q is taken as the decimal the user gave (its ``repr``, dpaudit.numfmt's convention):
+    1/0.1 is exactly 10 steps, not the 9.99… of the float's binary value.
     """
-    steps_per_epoch = max(1, math.ceil(1.0 / sample_rate - 1e-9))
+    steps_per_epoch = max(1, math.floor(1 / Fraction(repr(float(sample_rate)))))
     return -(-steps // steps_per_epoch)
 
 
@@ -497,7 +503,8 @@ def claim_record(stated: StatedClaim, *, dataset_size: int) -> tuple[dict[str, A
             shown, acc = numfmt.ordered(stated.epsilon, accounted, left_up=True)
             warnings.append(
                 f"the stated ε = {shown} is smaller than dpaudit's {accountant} accountant gives for "
-                f"σ = {sigma:g}, q = {q:g}, T = {steps} at δ = {numfmt.exact(stated.delta)} (ε = {acc}); "
+                f"σ = {numfmt.exact(sigma)}, q = {numfmt.exact(q)}, T = {steps} at δ = {numfmt.exact(stated.delta)} "
+                f"(ε = {acc}); "
                 f"recording ε = {acc}: a claim is never under-reported"
             )
         elif stated.epsilon > accounted:

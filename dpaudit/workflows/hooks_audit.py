@@ -131,7 +131,7 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
     # Both upper bounds on ε (a claim; an accountant's ε), rounded up, in the order computed (dpaudit.numfmt).
     shown, acc = numfmt.ordered(claimed, accounted, left_digits=numfmt.CLAIM_DIGITS, right_digits=4, left_up=True)
     what = (
-        f"(σ = {noise_multiplier:g}, q = {sample_rate:g}, T = {steps}) account to ε = {acc} at "
+        f"(σ = {numfmt.exact(noise_multiplier)}, q = {numfmt.exact(sample_rate)}, T = {steps}) account to ε = {acc} at "
         f"δ = {numfmt.exact(delta)}"
     )
     if claimed < (1.0 - CLAIM_RTOL) * accounted:
@@ -192,7 +192,9 @@ def audit_canaries(
     q = obs.sample_rate
     if sample_rate is not None and not _close(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate), q):
         raise InputError(
-            f"the claim says q = {sample_rate:g}, but the canaries were Poisson-sampled at q = {q:g}: "
+            # Both as they are (dpaudit.numfmt.exact): they differ beyond 1e-9, often beyond the 6 digits of :g.
+            f"the claim says q = {numfmt.exact(sample_rate)}, but the canaries were Poisson-sampled at "
+            f"q = {numfmt.exact(q)}: "
             "they would not behave like the run's records"
         )
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)

@@ -8,7 +8,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.accounting import analytic_gaussian_epsilon, dpsgd_event, epsilon_for
 from dpaudit.cli.main import app
 
 runner = CliRunner()
@@ -47,6 +47,44 @@ def test_epochs_never_drop_a_step():
     assert json.loads(r.stdout)["steps"] == 10
     r = run(*BASE, "--epochs", "0.1", "--dataset-size", "10", "--batch-size", "1", "--json")
     assert json.loads(r.stdout)["steps"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("epochs", "n", "b", "steps"),
+    [
+        (1.1, 100, 10, 11),  # Fraction(1.1) = 1.1000000000000000888…: ceil gave 12
+        (0.1, 1000, 100, 1),  # Fraction(0.1) > 0.1: ceil gave 2
+        (2.2, 60000, 600, 220),
+        (2.5, 1000, 300, 9),  # 8.33… steps: the partial one counts
+        (1.0000001, 100, 10, 11),  # a hair over one epoch is one more step
+        (0.3, 1000, 100, 3),
+    ],
+)
+def test_epochs_are_the_decimal_the_user_typed(epochs, n, b, steps):
+    from dpaudit.cli.account import _resolve_schedule
+
+    assert _resolve_schedule(None, None, epochs, n, b) == (b / n, steps)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "all"])
+def test_dpsgd_text_names_the_mechanism_as_given(accountant):
+    # sigma 1.0000004 printed as "1" stated its (smaller) epsilon for sigma = 1; q = 0.0012345649 as 0.00123456.
+    r = run(
+        "account", "dpsgd", "--noise-multiplier", "1.0000004", "--delta", "1e-5", "--sample-rate", "0.0012345649",
+        "--steps", "10", "--accountant", accountant,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "noise_multiplier = 1.0000004," in r.stdout and "sample_rate = 0.0012345649," in r.stdout
+
+
+@pytest.mark.parametrize("command", [["dpsgd", "--noise-multiplier", "1"], ["calibrate", "--epsilon", "8"]])
+def test_a_delta_of_at_least_one_over_n_is_warned(command):
+    epochs = ["--epochs", "1", "--batch-size", "100", "--json"]  # q = 1, T = 1: a fast calibration
+    r = run("account", *command, "--delta", "0.01", "--dataset-size", "100", *epochs)
+    assert r.exit_code == 0, r.output
+    assert "warning: delta = 0.01 >= 1/N = 1/100" in r.stderr and json.loads(r.stdout)["steps"] == 1
+    r = run("account", *command, "--delta", "0.0099", "--dataset-size", "100", *epochs)
+    assert r.exit_code == 0 and "warning" not in r.stderr
 
 
 def test_dpsgd_human_output():
@@ -161,6 +199,8 @@ def test_gdp_without_subsampling_is_formal_and_counts_for_the_best():
     assert data["epsilon"] == data["pld"]["epsilon"]
     r = run(*BASE, "--sample-rate", "0.01", "--steps", "100", "--accountant", "gdp", "--json")
     assert json.loads(r.stdout)["approximate"] is True
+    for command in ("dpsgd", "calibrate"):  # the help said "gdp (approximate)" for q = 1 too
+        assert "exact at sample rate 1" in " ".join(run("account", command, "--help").stdout.replace("│", " ").split())
 
 
 def test_compare_accountants_records_refusals_and_takes_the_formal_minimum():
@@ -174,3 +214,23 @@ def test_compare_accountants_records_refusals_and_takes_the_formal_minimum():
     assert best == results["pld"].epsilon and results["pld"].formal
     results, best = compare_accountants(dpsgd_event(noise_multiplier=1, sample_rate=1, steps=5), 1e-5, ("rdp", "gdp"))
     assert set(results) == {"rdp", "gdp"} and best == results["gdp"].epsilon < results["rdp"].epsilon
+
+
+def test_all_keeps_the_other_accountants_when_pld_is_too_large_for_memory(monkeypatch):
+    # sigma 0.3, q = 1, T = 1e6 needed ~25 GiB of PLD grid: the PLD's refusal ended `--accountant all` with exit 2,
+    # losing RDP's bound and GDP's exact one. Here 256 MiB of memory refuses the PLD of 10^6 steps the same way.
+    from dpaudit import budget
+
+    monkeypatch.setattr(budget, "available_memory", lambda: 256 * 2**20)
+    args = ["account", "dpsgd", "--noise-multiplier", "0.3", "--delta", "1e-5", "--sample-rate", "1"]
+    r = run(*args, "--steps", "1000000", "--accountant", "all", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["pld"]["epsilon"] is None and "memory" in data["pld"]["error"]
+    exact = analytic_gaussian_epsilon(0.3, 1e-5, sensitivity=1000.0)  # q = 1: one Gaussian of mu = sqrt(T)/sigma
+    assert data["gdp"]["epsilon"] == pytest.approx(exact, rel=1e-9) and "approximate" not in data["gdp"]
+    assert data["epsilon"] == min(data["rdp"]["epsilon"], data["gdp"]["epsilon"])
+    r = run(*args, "--steps", "1000000", "--accountant", "all")
+    assert r.exit_code == 0 and "pld  epsilon = not computed  (PLD accounting of 1000000 compositions" in r.stdout
+    r = run(*args, "--steps", "1000000", "--accountant", "pld")  # asked alone, the refusal is the answer
+    assert r.exit_code == 2 and "memory" in r.output

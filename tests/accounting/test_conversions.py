@@ -63,6 +63,8 @@ def test_analytic_gaussian_degenerate():
     assert analytic_gaussian_epsilon(0.0, 1e-5) == math.inf
     assert analytic_gaussian_delta(0.0, 1.0) == 1.0
     assert analytic_gaussian_delta(1.0, 1.0, sensitivity=0.0) == 0.0
+    # A noise so small that mu^2 overflows: epsilon is infinite in float64 (it raised brentq's RuntimeError).
+    assert analytic_gaussian_epsilon(1e-300, 1e-5) == math.inf
 
 
 # ---------------------------------------------------------------------------------------------

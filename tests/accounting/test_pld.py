@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -319,3 +320,26 @@ def test_cached_steps_and_windows_follow_the_ledger():
     acc.compose(wide)
     for delta in (1e-5, 1e-9):
         assert acc.epsilon(delta) == fresh(small, small, wide).epsilon(delta)
+
+
+def test_delta_at_infinite_epsilon_is_the_mass_at_infinity():
+    # delta(inf) raised OverflowError (math.floor(inf) in the rounding charge) once an FFT composition had run;
+    # deltas() gave the value with a RuntimeWarning. At eps = inf only the +inf mass (truncated tails) counts.
+    acc = PldAccountant().compose(SelfComposed(PoissonSampled(0.01, Gaussian(1.0)), 10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        d_inf, d_many = acc.delta(math.inf), acc.deltas([1.0, math.inf])
+    assert 0.0 <= d_inf == d_many[1] <= acc.delta(1e300) <= 1e-14
+    assert d_many[0] == pytest.approx(acc.delta(1.0), rel=1e-9)
+
+
+def test_a_count_past_the_error_bounds_float_range_is_refused_in_one_line():
+    # 1e15 steps: tot^count (the composed mass with its error terms) raised OverflowError, an internal error
+    # (exit 3) in `dpaudit account dpsgd --accountant pld` and in `--accountant all`, which lost RDP's answer.
+    from dpaudit.accounting import compare_accountants, dpsgd_event
+
+    event = dpsgd_event(noise_multiplier=1.0, sample_rate=0.01, steps=10**15)
+    with pytest.raises(UnsupportedEventError, match=r"PLD accounting of 1000000000000000 compositions: .* use the rdp"):
+        PldAccountant().compose(event).epsilon(1e-5)
+    results, best = compare_accountants(event, 1e-5, ("rdp", "pld"))
+    assert results["pld"].epsilon is None and best == results["rdp"].epsilon < math.inf

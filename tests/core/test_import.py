@@ -338,6 +338,19 @@ def test_replace_one_claim_is_the_shuffle_analysis():
     assert 1 / (1 / 49) > 49 and _shuffle_epochs(1 / 49, 99) == 3
 
 
+def test_replace_one_claim_counts_the_epochs_of_a_loop_that_drops_the_last_batch():
+    # N = 1000, B = 300 (q = 0.3): fixed-size batches drop the last 100 records, so an epoch is 3 steps and
+    # 12 steps touch 4 epochs (⌈1/q⌉ = 4 steps per epoch counted 3: ε 9.01 instead of 10.73 at σ = 2).
+    claim, _ = claim_record(
+        StatedClaim(delta=DELTA, noise_multiplier=2.0, sample_rate=0.3, steps=12, neighbouring="replace_one"),
+        dataset_size=1000,
+    )
+    assert claim["epochs_touched"] == 4
+    assert claim["event"] == SelfComposed(Gaussian(2.0), 4).to_dict()
+    # q as the decimal given: 1/0.1 is 10 steps per epoch (not 9 from the float's binary value 0.1000…0555).
+    assert _shuffle_epochs(0.1, 100) == 10 and _shuffle_epochs(0.7, 3) == 3
+
+
 def test_cli_claim_under_reported_is_raised_and_warned(foreign, tmp_path):
     out = tmp_path / "run"
     r = _import(
@@ -507,3 +520,10 @@ def test_a_per_channel_scaler_normalises_each_channel_of_images():
     np.testing.assert_array_equal(pre.transform(x), expected)
     with pytest.raises(InputError, match=r"'mean' has 2 values but the data has 12 features \(or 3, one per channel\)"):
         standardizer_from_json({"mean": [0, 0], "scale": [1, 1]}, (3, 2, 2), "scaler.json")
+
+
+def test_the_under_reported_claim_warning_names_the_mechanism_as_given():
+    # σ = 1.0000004 printed as "σ = 1" (':g') beside the ε of σ = 1.0000004, which is below σ = 1's.
+    stated = StatedClaim(delta=DELTA, epsilon=0.1, noise_multiplier=1.0000004, sample_rate=0.0123456789, steps=10)
+    _, warned = claim_record(stated, dataset_size=1000)
+    assert "σ = 1.0000004, q = 0.0123456789, T = 10" in warned[0]

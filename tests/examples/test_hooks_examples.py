@@ -146,6 +146,10 @@ def test_numpy_loop_correct_and_sqrt2(tmp_path):
 
     kw = dict(claimed_epsilon=ex.claimed_epsilon(DELTA), delta=DELTA, noise_multiplier=ex.NOISE_MULTIPLIER)
     ok = audit_canaries(ex.train(0, tmp_path / "ok"), **kw)
+    # A claimed q 1e-8 off the canaries' (beyond _close's 1e-9): both printed as they are, not as "q = 0.1" twice.
+    off = ex.SAMPLE_RATE * (1 + 1e-8)
+    with pytest.raises(InputError, match=rf"q = {off!r}, but .* at q = {ex.SAMPLE_RATE!r}:"):
+        audit_canaries(tmp_path / "ok", **kw, sample_rate=off)
     bug = audit_canaries(ex.train(0, tmp_path / "bug", noise_factor=1 / math.sqrt(2)), **kw)
     assert ok.verdict != "violation" and ok.noise.verdict == "consistent"
     assert bug.verdict == "violation" and bug.noise.verdict == "violation"
@@ -158,6 +162,10 @@ def test_jax_loop_correct_and_reused_noise(tmp_path):
 
     kw = dict(claimed_epsilon=ex.claimed_epsilon(DELTA), delta=DELTA, noise_multiplier=ex.NOISE_MULTIPLIER)
     ok = audit_canaries(ex.train(0, tmp_path / "ok"), **kw)
+    # A claimed q 1e-8 off the canaries' (beyond _close's 1e-9): both printed as they are, not as "q = 0.1" twice.
+    off = ex.SAMPLE_RATE * (1 + 1e-8)
+    with pytest.raises(InputError, match=rf"q = {off!r}, but .* at q = {ex.SAMPLE_RATE!r}:"):
+        audit_canaries(tmp_path / "ok", **kw, sample_rate=off)
     bug = audit_canaries(ex.train(0, tmp_path / "bug", reuse_noise=True), **kw)
     assert ok.verdict != "violation"
     assert bug.verdict == "violation" and bug.noise.independence_p_value == 0.0

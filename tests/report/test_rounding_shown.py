@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pytest
 
-from dpaudit.cli.cloak import human_cloak
+from dpaudit.cli.cloak import human_cloak, human_curve
 from dpaudit.cli.train import human_summary
 from dpaudit.report.build import build_report
 from dpaudit.report.html import render_html
@@ -132,6 +132,10 @@ def test_the_cli_summaries_print_the_claim_rounded_up():
         "delta": 1e-5, "median_feature_epsilon": 0.5,
     }  # fmt: skip
     assert "local DP   ε = 7.99996 at δ = 1e-05" in human_cloak(cloak)
+    # The λ sweep's table (4 digits): 12.34449 printed 12.34 (to nearest), below the formal bound.
+    rows = [{**cloak, "lambda": 0.5, "composed_epsilon": 12.34449}, {**cloak, "lambda": 2.0}]
+    table = human_curve(rows, at=2.0)
+    assert "12.35\n" in table and "12.34" not in table and "8  <- knee" in table
 
 
 def test_family_results_round_their_epsilons_by_what_they_are():
