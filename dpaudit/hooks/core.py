@@ -94,6 +94,49 @@ def _framework(x: Any) -> str:
     return "numpy"
 
 
+# The dtypes the hooks take: a canary is C added exactly (up to float32 rounding) to the clipped sum. In an
+# integer array C is truncated (0.5 -> 0: the canary silently absent); in bfloat16/float16 (8/11 mantissa bits)
+# C added to a coordinate of magnitude >= 2^8·C (bf16) rounds to 0 or 2C, so the canary the audit scores as C
+# was not what the loop released (2C exceeds the sensitivity the claim covers: a false violation).
+FULL_PRECISION = ("float32", "float64")
+
+
+def dtype_name(x: Any) -> str:
+    """The dtype of a torch tensor, NumPy/JAX array or Python number, as NumPy names it ("float32", "bfloat16");
+    "float0" for JAX's gradient of an integer leaf."""
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return np.asarray(x).dtype.name
+    if _framework(x) == "torch":
+        return str(dt).removeprefix("torch.")
+    return "float0" if "float0" in str(dt) else np.dtype(dt).name
+
+
+def check_full_precision_grads(what: str, name: str, x: Any) -> None:
+    """Refuse (one line) a gradient array that is not float32/float64 (see :data:`FULL_PRECISION`)."""
+    kind = dtype_name(x)
+    if kind not in FULL_PRECISION:
+        raise InputError(
+            f"{what}: parameter {name!r} has dtype {kind}, not float32 or float64: a canary C added to it is not "
+            "exactly C (truncated in an integer dtype, rounded to 0 or 2C in bfloat16/float16), so the audit would "
+            "not know what was released; accumulate the clipped sum in float32 and leave non-float parameters out "
+            "of param_shapes"
+        )
+
+
+def _check_not_traced(what: str, x: Any) -> None:
+    """Refuse (one line) a JAX tracer: the core reads NumPy, so it cannot run inside ``jax.jit``/``vmap``/``scan``."""
+    if _framework(x) == "jax":
+        import jax
+
+        if isinstance(x, jax.core.Tracer):
+            raise InputError(
+                f"{what} got a traced JAX array (called inside jax.jit, vmap or scan): the hooks read NumPy, so "
+                "call them between jitted pieces, or put canaries.optax_inject()/optax_observe() in the jitted "
+                "optax chain"
+            )
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
     if _framework(x) == "torch":
@@ -295,7 +338,9 @@ class GradientCanaries:
                     "canaries designed for another model?"
                 )
         for n, a in zip(self.names_, arrays, strict=True):
-            shape = tuple(int(d) for d in a.shape)
+            _check_not_traced(what, a)
+            check_full_precision_grads(what, n, a)
+            shape = tuple(int(d) for d in np.shape(a))
             if math.prod(shape) != math.prod(self.param_shapes[n]):
                 raise InputError(
                     f"{what}: parameter {n!r} has shape {shape}, the canaries were designed for "

@@ -160,6 +160,22 @@ def test_design_is_fixed_by_the_seed_and_coins_do_not_move_coordinates():
     )
 
 
+@pytest.mark.parametrize("dtype", ["int32", "float16", "torch.bfloat16"])
+def test_inject_refuses_gradients_a_canary_cannot_be_added_to_exactly(dtype):
+    """A canary is C added to the clipped sum. Before, an int32 sum truncated C = 0.5 to 0 (the canary silently
+    absent) and a float16 sum of 3000 (or a bfloat16 one of 300) rounded it away, while the audit scored C
+    released: now a one-line refusal, nothing recorded."""
+    if dtype.startswith("torch"):
+        torch = pytest.importorskip("torch")
+        g = torch.full((8,), 300.0, dtype=torch.bfloat16)
+    else:
+        g = np.full(8, 3000.0, dtype)
+    c = GradientCanaries({"w": (8,)}, count=8, sample_rate=1.0, clip=0.5, seed=0, included=[True] * 4 + [False] * 4)
+    with pytest.raises(InputError, match=f"dtype {dtype.removeprefix('torch.')}, not float32 or float64"):
+        c.inject(0, {"w": g})
+    assert c.steps_ == 0 and c._pending is None
+
+
 def test_jax_pytree_hooks_match_the_dict_api():
     pytest.importorskip("jax")
     import jax.numpy as jnp
