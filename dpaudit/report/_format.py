@@ -454,11 +454,12 @@ def noise_rows(check: Mapping[str, Any]) -> list[list[str]]:
 
 def noise_lines(check: Mapping[str, Any]) -> list[str]:
     """The noise check's verdict and its two tests' p-values, in words (unescaped)."""
-    indep = check.get("independence_p_value")
+    indep, cross = check.get("independence_p_value"), check.get("cross_group_p_value")
     return [
         f"{check['statement']}: {VERDICT_TEXT[check['verdict']]}",
         f"claimed noise std σC = {num(check['noise_std'], '.4g')}; variance test p = "
         f"{num(check['variance_p_value'], '.3g')} (Bonferroni over groups); independence across steps "
-        + (f"p = {num(indep, '.3g')}" if indep is not None else "not tested"),
+        + (f"p = {num(indep, '.3g')}" if indep is not None else "not tested")
+        + (f"; independence across parameter groups p = {num(cross, '.3g')}" if cross is not None else ""),
         *(str(n) for n in check.get("notes") or []),
     ]

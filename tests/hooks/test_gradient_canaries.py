@@ -251,3 +251,21 @@ def test_dirac_scores_take_a_noise_multiplier_whose_square_overflows():
     of a noise that large is flat: every canary scores log(1) = 0."""
     o = np.array([[0.0, 1.0], [2.0, -1.0]])
     np.testing.assert_allclose(dirac_scores(o, 0.3, 1e200), 0.0, atol=1e-12)
+
+
+def test_a_directory_saved_before_the_cross_group_summary_still_loads_and_is_checked_without_it(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from dpaudit.audit.noise import noise_check
+
+    c = GradientCanaries(SHAPES, count=8, sample_rate=0.5, clip=1.0, seed=0)
+    _loop(c, 3, sigma=1.0)
+    d = c.save(tmp_path / "c")
+    arrays = load_file(str(d / "canaries.safetensors"))
+    assert arrays["cross"].shape == (3, 2, 2)
+    del arrays["cross"]
+    save_file(arrays, str(d / "canaries.safetensors"))
+    obs = load_observations(d)
+    assert obs.cross is None
+    check = noise_check(obs.noise_ss, obs.noise_count, obs.projections, noise_std=1.0, cross=obs.cross)
+    assert check.cross_group_p_value is None and check.details["alpha_independence"] == pytest.approx(0.025)
