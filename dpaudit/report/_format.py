@@ -84,7 +84,8 @@ HOW_TO_READ = (
         "noise check",
         "Gradient canaries in your own training loop see the clipped sum before the noise and the update after "
         "it, so the noise actually added is known: a χ² test per parameter group (noise std / σC below 1 "
-        "rejects the claim) and a test of independence across steps. A rejection is a formal violation.",
+        "rejects the claim) and tests of independence across steps and across parameter groups. A rejection is a "
+        "formal violation.",
     ),
     (
         "Trade-off plot",
