@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
 from dpaudit.errors import InputError
@@ -195,8 +197,16 @@ def audit_canaries(
         raise InputError(f"the claim says T = {steps} steps, but the canaries observed {obs.steps} noisy steps")
     q = obs.sample_rate
     if sample_rate is not None and not _close(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate), q):
+        said, seen = f"{sample_rate:g}", f"{q:g}"
+        if said == seen:  # they differ beyond 6 digits: show them in full (shortest round-trip repr)
+            said, seen = repr(float(sample_rate)), repr(q)
+        f32 = (
+            " (the claim's q rounded to float32: give the canaries a Python float)"
+            if np.float32(sample_rate) == q
+            else ""
+        )
         raise InputError(
-            f"the claim says q = {sample_rate:g}, but the canaries were Poisson-sampled at q = {q:g}: "
+            f"the claim says q = {said}, but the canaries were Poisson-sampled at q = {seen}{f32}: "
             "they would not behave like the run's records"
         )
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)

@@ -194,3 +194,15 @@ def test_one_noise_draw_for_every_parameter_group_is_a_violation():
     assert check.variance_p_value > 0.01 and check.independence_p_value > 0.01
     assert check.verdict == "violation" and check.cross_group_p_value == 0.0
     assert any("across parameter groups (w and b" in n for n in check.notes), check.notes
+
+
+def test_a_float32_sample_rate_is_named_in_the_mismatch_message(tmp_path):
+    """Canaries built with q = np.float32(0.1) (a JAX user's jnp value) sample at 0.10000000149…; auditing with
+    --sample-rate 0.1 was refused with "the claim says q = 0.1, but the canaries were Poisson-sampled at q = 0.1"."""
+    c = GradientCanaries(SHAPES, count=5, sample_rate=np.float32(0.1), clip=1.0, seed=0)
+    g = c.inject(0, {n: np.zeros(s) for n, s in SHAPES.items()})
+    c.observe(0, g)
+    with pytest.raises(
+        InputError, match=r"q = 0\.1, .* at q = 0\.10000000149011612 \(the claim's q rounded to float32"
+    ):
+        audit_canaries(c.save(tmp_path / "c"), claimed_epsilon=1.0, delta=DELTA, sample_rate=0.1)
