@@ -178,18 +178,23 @@ def cross_masks(sizes: Sequence[int], untouched: Sequence[np.ndarray]) -> np.nda
     return out
 
 
+def untouched_masks(sizes: Sequence[int], coordinates: np.ndarray) -> list[np.ndarray]:
+    """Per group (of ``sizes`` flat coordinates, in order), True where no canary's flat coordinate sits."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    c = np.asarray(coordinates, dtype=np.int64)
+    out = []
+    for g, size in enumerate(sizes):
+        keep = np.ones(int(size), dtype=bool)
+        keep[c[(c >= offsets[g]) & (c < offsets[g + 1])] - offsets[g]] = False
+        out.append(keep)
+    return out
+
+
 def cross_pair_counts(param_shapes: Mapping[str, Sequence[int]], coordinates: np.ndarray) -> np.ndarray:
     """(G, G): how many positions per step the cross-group test compares for each pair of groups (the
     positions :func:`cross_masks` sets in both), from the design alone."""
     sizes = [math.prod(s) for s in param_shapes.values()]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    untouched = []
-    for g, size in enumerate(sizes):
-        keep = np.ones(size, dtype=bool)
-        c = np.asarray(coordinates, dtype=np.int64)
-        keep[c[(c >= offsets[g]) & (c < offsets[g + 1])] - offsets[g]] = False
-        untouched.append(keep)
-    m = cross_masks(sizes, untouched)
+    m = cross_masks(sizes, untouched_masks(sizes, coordinates))
     return (m @ m.T).round().astype(np.int64)
 
 
@@ -311,11 +316,7 @@ class GradientCanaries:
         self._groups = [
             (self.coordinates_[which == g] - self.offsets_[g], np.flatnonzero(which == g)) for g in range(len(sizes))
         ]
-        self._untouched = []
-        for g, size in enumerate(sizes):
-            keep = np.ones(size, dtype=bool)
-            keep[self._groups[g][0]] = False
-            self._untouched.append(keep)
+        self._untouched = untouched_masks(sizes, self.coordinates_)
         self._projection_plan(sizes)
         self._cross_mask = cross_masks(sizes, self._untouched)
         self._cross = np.zeros((2, len(sizes), len(sizes)))
