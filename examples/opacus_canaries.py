@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.errors import DPAuditError
+from dpaudit.fileio import check_output_dir
 
 NOISE_MULTIPLIER = 1.0
 SAMPLE_RATE = 0.1
@@ -73,7 +75,9 @@ def _bias_without_noise(optimizer):
     optimizer.add_noise = types.MethodType(add_noise, optimizer)
 
 
-def train(X: np.ndarray, y: np.ndarray, seed: int, out: Path | str, *, bug: str | None = None) -> Path:
+def train(
+    X: np.ndarray, y: np.ndarray, seed: int, out: Path | str, *, bug: str | None = None, force: bool = False
+) -> Path:
     """Train with Opacus and gradient canaries; write what the canaries saw to ``out``; return ``out``."""
     import torch
     from opacus import PrivacyEngine
@@ -115,7 +119,7 @@ def train(X: np.ndarray, y: np.ndarray, seed: int, out: Path | str, *, bug: str 
                 optimizer.zero_grad()
                 loss_fn(model(xb), yb).backward()
                 optimizer.step()
-    return canaries.save(out)  # dpaudit: design + observations, for `dpaudit audit canaries`
+    return canaries.save(out, force=force)  # dpaudit: design + observations, for `dpaudit audit canaries`
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,9 +127,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", choices=BUGS)
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     args = parser.parse_args(argv)
-    X, y = digits()
-    print(train(X, y, args.seed, args.out, bug=args.bug))
+    try:
+        check_output_dir(args.out, force=args.force)  # before training, not after it
+        X, y = digits()
+        out = train(X, y, args.seed, args.out, bug=args.bug, force=args.force)
+    except DPAuditError as e:
+        parser.exit(2, f"error: {e}\n")
+    print(out)
 
 
 if __name__ == "__main__":
