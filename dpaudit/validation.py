@@ -17,8 +17,11 @@ def shown(value: Any) -> str:
     """A value as a message shows it: numpy scalars as plain numbers (``2.0``, not ``np.float64(2.0)``)."""
     item = getattr(value, "item", None)
     if item is not None and getattr(value, "shape", None) == ():
-        value = item()
-    text = repr(value) if isinstance(value, str) else str(value)
+        try:
+            value = item()
+        except Exception:  # a JAX typed PRNG key has shape () and no item(): show it as it prints
+            pass
+    text = repr(value) if isinstance(value, str) else " ".join(str(value).split())  # one line: arrays print several
     return text if len(text) <= 60 else text[:40] + f"… ({len(text)} characters)"
 
 
@@ -112,8 +115,20 @@ def check_non_negative(**kwargs: Any) -> float:
     return v
 
 
+def _python_scalar(value: Any) -> Any:
+    """A 0-d NumPy, JAX or torch array as its Python scalar (``jnp.int32(3)`` -> 3, as ``np.int64(3)`` already
+    is an integer); anything else (a JAX typed PRNG key included) unchanged, for the checks to refuse."""
+    if getattr(value, "shape", None) == () and not isinstance(value, numbers.Number):
+        try:
+            return value.item()
+        except Exception:
+            return value
+    return value
+
+
 def check_positive_int(**kwargs: Any) -> int:
     name, value = _one(kwargs)
+    value = _python_scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value:
         raise InputError(f"expected {name} to be an integer, got {shown(value)}")
     if value < 1:
@@ -149,6 +164,7 @@ def check_seed(*, limit: int = MAX_SEED, **kwargs: Any) -> int:
     """A seed: an integer in [0, ``limit``] (default :data:`MAX_SEED`; :data:`MAX_DERIVED_SEED` only where
     dpaudit's own derived seeds arrive)."""
     name, value = _one(kwargs)
+    value = _python_scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= limit:
         raise InputError(f"expected {name} to be an integer in [0, {limit}], got {shown(value)}")
     return int(value)

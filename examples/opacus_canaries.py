@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.errors import DPAuditError
+from dpaudit.fileio import check_output_dir
 
 NOISE_MULTIPLIER = 1.0
 SAMPLE_RATE = 0.1
@@ -74,7 +76,14 @@ def _bias_without_noise(optimizer):
 
 
 def train(
-    X: np.ndarray, y: np.ndarray, seed: int, out: Path | str, *, bug: str | None = None, grad_sample_mode: str = "hooks"
+    X: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    out: Path | str,
+    *,
+    bug: str | None = None,
+    grad_sample_mode: str = "hooks",
+    force: bool = False,
 ) -> Path:
     """Train with Opacus and gradient canaries; write what the canaries saw to ``out``; return ``out``.
     ``grad_sample_mode="ghost"``: Opacus' fast gradient clipping (its loss wrapper runs the second backward pass;
@@ -124,7 +133,7 @@ def train(
                 optimizer.zero_grad()
                 loss_fn(model(xb), yb).backward()
                 optimizer.step()
-    return canaries.save(out)  # dpaudit: design + observations, for `dpaudit audit canaries`
+    return canaries.save(out, force=force)  # dpaudit: design + observations, for `dpaudit audit canaries`
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,9 +142,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", choices=BUGS)
     parser.add_argument("--grad-sample-mode", choices=("hooks", "ghost"), default="hooks")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     args = parser.parse_args(argv)
-    X, y = digits()
-    print(train(X, y, args.seed, args.out, bug=args.bug, grad_sample_mode=args.grad_sample_mode))
+    try:
+        check_output_dir(args.out, force=args.force)  # before training, not after it
+        X, y = digits()
+        out = train(X, y, args.seed, args.out, bug=args.bug, grad_sample_mode=args.grad_sample_mode, force=args.force)
+    except DPAuditError as e:
+        parser.exit(2, f"error: {e}\n")
+    print(out)
 
 
 if __name__ == "__main__":

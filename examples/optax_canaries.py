@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.errors import DPAuditError
+from dpaudit.fileio import check_output_dir
 
 NOISE_MULTIPLIER = 1.0
 SAMPLE_RATE = 0.1
@@ -78,8 +80,8 @@ def gaussian_noise(std: float, key):
     return optax.GradientTransformation(init, update)
 
 
-def train(seed: int, out: Path | str, *, bug: str | None = None, n: int = 1000) -> Path:
-    """Train; write what the canaries saw to ``out``; return ``out``."""
+def train(seed: int, out: Path | str, *, bug: str | None = None, n: int = 1000, force: bool = False) -> Path:
+    """Train; write what the canaries saw to ``out`` (an existing one only with ``force``); return ``out``."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -126,7 +128,7 @@ def train(seed: int, out: Path | str, *, bug: str | None = None, n: int = 1000) 
     for _ in range(STEPS):
         mask = jnp.asarray(batches.random(n) < SAMPLE_RATE, dtype=jnp.float32)  # Poisson sampling at rate q
         params, state = step(params, state, mask)
-    return canaries.save(out)
+    return canaries.save(out, force=force)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,8 +136,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", choices=BUGS)
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     args = parser.parse_args(argv)
-    print(train(args.seed, args.out, bug=args.bug), f"(claimed epsilon at delta 1e-5: {claimed_epsilon(1e-5):.6g})")
+    try:
+        check_output_dir(args.out, force=args.force)  # before training, not after it
+        out = train(args.seed, args.out, bug=args.bug, force=args.force)
+    except DPAuditError as e:
+        parser.exit(2, f"error: {e}\n")
+    print(out, f"(claimed epsilon at delta 1e-5: {claimed_epsilon(1e-5):.6g})")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,13 @@ computed for), so a rejection is a formal violation at the stated level:
   two-sided p-values are independent uniforms, combined by Fisher's method (−2 Σ log p_k ~ χ²_{2K};
   Fisher 1932, §21.1). Noise reused at every step makes sd_k ≈ 0 (p_k ≈ 0); any persistent component
   inflates |mean_k|. The test is scale-free, so more noise than claimed never rejects.
+- independence across parameter groups (:func:`cross_group_p_value`), per pair of groups (a, b): the
+  cosine r between their noise vectors over the positions both record (the first few hundred flat
+  positions of each, all steps: k values). Under the claim z_a is N(0, s_a² I_k), spherically symmetric
+  and independent of z_b, so r is distributed as the cosine between z_a and a fixed direction:
+  r² ~ Beta(1/2, (k − 1)/2) exactly (Muirhead 1982, Thm 1.5.7 with one vector fixed), whatever s_a and
+  z_b's law; the two-sided p-value is its upper tail, pairs combined by Bonferroni. One PRNG key used for
+  every leaf (the same leading draws on every group: r ≈ 1) gives p ≈ 0; the test is scale-free.
 
 Resolution (:func:`resolvable_noise_ratio`): with n degrees of freedom at level α the variance test
 detects, with probability ``power``, a noise standard deviation r·σC for any
@@ -65,6 +72,7 @@ class NoiseCheck:
     verdict: str
     notes: tuple[str, ...] = ()
     details: dict[str, Any] = field(default_factory=dict)
+    cross_group_p_value: float | None = None  # None: one group, or no cross-group summary recorded
 
     @property
     def formal(self) -> bool:
@@ -79,6 +87,7 @@ class NoiseCheck:
             "verdict": self.verdict,
             "variance_p_value": self.variance_p_value,
             "independence_p_value": self.independence_p_value,
+            "cross_group_p_value": self.cross_group_p_value,
             "groups": [g.__dict__ for g in self.groups],
             "notes": list(self.notes),
             "details": self.details,
@@ -93,6 +102,11 @@ class NoiseCheck:
                 f"independence across steps p = {self.independence_p_value:.3g}"
                 if self.independence_p_value is not None
                 else "independence across steps: not tested"
+            )
+            + (
+                f"; independence across groups p = {self.cross_group_p_value:.3g}"
+                if self.cross_group_p_value is not None
+                else ""
             ),
         ]
         for g in self.groups:
@@ -141,6 +155,28 @@ def independence_p_value(projections: np.ndarray) -> float | None:
     return float(stats.chi2.sf(-2.0 * np.log(p).sum(), 2 * P.shape[1]))  # Fisher 1932, §21.1
 
 
+def cross_group_p_value(cross, counts) -> tuple[float, str] | None:
+    """Bonferroni-combined p-value of "the noise of every pair of groups is independent" and the worst pair
+    ("a / b"), from ``cross`` (3, G, G): Σ z_a·z_b, Σ z_a², Σ z_b² over each pair's compared positions, all
+    steps, and ``counts`` (G, G): how many values k each pair compared (see the module docstring; pairs with
+    k < 2 are skipped). None when no pair is tested. A pair whose vectors are parallel (r² = 1: the same
+    draws) has p = 0."""
+    c = np.asarray(cross, dtype=np.float64)
+    k = np.asarray(counts, dtype=np.int64)
+    G = k.shape[0]
+    a, b = np.triu_indices(G, 1)
+    keep = k[a, b] >= 2
+    a, b = a[keep], b[keep]
+    if not len(a):
+        return None
+    denom = c[1, a, b] * c[2, a, b]
+    with np.errstate(divide="ignore", invalid="ignore"):  # no noise at all on one side: no spread, r² = 1
+        r2 = np.where(denom > 0.0, np.minimum(1.0, c[0, a, b] ** 2 / np.where(denom > 0.0, denom, 1.0)), 1.0)
+    ps = np.where(r2 >= 1.0 - 1e-12, 0.0, stats.beta.sf(r2, 0.5, (k[a, b] - 1) / 2.0))
+    worst = int(np.argmin(ps))
+    return min(1.0, float(ps[worst]) * len(ps)), f"{a[worst]} / {b[worst]}"
+
+
 def noise_check(
     noise_ss,
     noise_count,
@@ -149,6 +185,8 @@ def noise_check(
     noise_std: float,
     alpha: float = 0.05,
     names: list[str] | None = None,
+    cross=None,
+    cross_counts=None,
 ) -> NoiseCheck:
     """Test the noise the hooks saw against the claimed std σC (see the module docstring).
 
@@ -158,8 +196,10 @@ def noise_check(
         projections: (T, K) projections of the noise on fixed vectors with disjoint supports.
         noise_std: σC, the claimed std of the noise on the clipped sum.
         alpha: the level of the whole check; α/2 for the variance test (Bonferroni over groups inside)
-            and α/2 for the independence test (all of α to the variance test when there is no
-            independence test).
+            and α/2 for independence, split evenly between the tests across steps and across groups that
+            run (all of α to the variance test when neither runs).
+        cross, cross_counts: the cross-group summary (3, G, G) and the values per pair (G, G), all steps
+            (:func:`cross_group_p_value`); None: that test is not run.
     """
     ss = np.asarray(noise_ss, dtype=np.float64)
     counts = np.asarray(noise_count, dtype=np.int64)
@@ -171,7 +211,11 @@ def noise_check(
     alpha = check_in_interval(0.0, 1.0, alpha=alpha)
     T = ss.shape[0]
     p_indep = independence_p_value(projections)
-    a_var = alpha / 2.0 if p_indep is not None else alpha
+    crossed = None if cross is None or cross_counts is None else cross_group_p_value(cross, cross_counts)
+    p_cross = None if crossed is None else crossed[0]
+    n_indep = (p_indep is not None) + (p_cross is not None)
+    a_var = alpha / 2.0 if n_indep else alpha
+    a_ind = alpha / 2.0 / n_indep if n_indep else None  # Bonferroni between the two independence tests
     live = [g for g in range(ss.shape[1]) if counts[g] > 0]
     if not live or T == 0:
         raise InputError("the noise check needs at least one step and one coordinate without a canary")
@@ -186,7 +230,9 @@ def noise_check(
         upper = math.sqrt(S / stats.chi2.ppf(a_group, dof)) / std  # χ² upper confidence bound on s, level a_group
         groups.append(GroupVariance(names[g], dof, ratio, upper, p, resolvable_noise_ratio(dof, a_group)))
     p_var = min(1.0, min(g.p_value for g in groups) * len(groups))
-    violation = p_var <= a_var or (p_indep is not None and p_indep <= alpha / 2.0)
+    steps_dependent = p_indep is not None and p_indep <= a_ind
+    groups_dependent = p_cross is not None and p_cross <= a_ind
+    violation = p_var <= a_var or steps_dependent or groups_dependent
     notes = [
         "assumes, as the claim does, independent Gaussian noise N(0, sigma^2 C^2) on every coordinate of the "
         "clipped sum at every step; a rejection refutes that claim (formal at the stated level)",
@@ -196,10 +242,16 @@ def noise_check(
     bad = [g.name for g in groups if g.p_value <= a_group]
     if bad:
         notes.append(f"too little noise in: {', '.join(bad)}")
-    if p_indep is not None and p_indep <= alpha / 2.0:
+    if steps_dependent:
         notes.append("the noise is not independent across steps (the same draw reused, or a persistent component)")
+    if groups_dependent:
+        a, b = (names[int(i)] for i in crossed[1].split(" / "))
+        notes.append(
+            f"the noise is not independent across parameter groups ({a} and {b}: the same draws on both, e.g. one "
+            "PRNG key for every leaf)"
+        )
     details = {"steps": T, "alpha_variance": a_var, "alpha_per_group": a_group,
-               "alpha_independence": alpha / 2.0 if p_indep is not None else None}  # fmt: skip
-    return NoiseCheck(
-        std, alpha, tuple(groups), p_var, p_indep, "violation" if violation else "consistent", tuple(notes), details
-    )
+               "alpha_independence": a_ind if p_indep is not None else None,
+               "alpha_cross_group": a_ind if p_cross is not None else None}  # fmt: skip
+    verdict = "violation" if violation else "consistent"
+    return NoiseCheck(std, alpha, tuple(groups), p_var, p_indep, verdict, tuple(notes), details, p_cross)

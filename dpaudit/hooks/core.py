@@ -17,7 +17,10 @@ noisy_sum_t = Σ_{i ∈ batch_t} clip_C(g_i) + N(0, σ²C² I). Two hooks bracke
   keeps a sufficient summary for the noise check (:mod:`dpaudit.audit.noise`): per parameter group,
   Σ z_j² and the count over the coordinates no canary touches (so the summary is independent of the
   inclusion bits), and K projections of z_t on fixed random vectors with disjoint supports (to test
-  that the noise is independent across steps).
+  that the noise is independent across steps), and, for every pair of groups, the inner product of their
+  noise over their first :data:`CROSS_PREFIX` flat positions and the sums of squares there (to test that
+  the noise is independent across groups: one PRNG key reused for every leaf gives every leaf the same
+  leading draws, since ``jax.random.normal(k, (n,))`` is the prefix of ``jax.random.normal(k, (m,))``).
 
 Randomness: every draw comes from ``seed`` through its own numpy stream (inclusion bits, coordinates,
 per-step Poisson draws, per-step coins, projections), all fixed before training and independent of
@@ -53,6 +56,7 @@ INCLUSIONS = ("run", "step")
 OPACUS_PREFIX = "_module."
 PROJECTIONS = 8  # K projections for the independence test (see dpaudit.audit.noise.independence_test)
 PROJECTION_SUPPORT = 512  # at most this many coordinates per projection
+CROSS_PREFIX = 512  # the leading coordinates of each group compared with every other group's (cross-group test)
 
 # numpy streams of ``seed`` (one per purpose, so changing one use never shifts another's draws)
 _INCLUDED, _COINS, _COORDS, _DRAWS, _PROJ = 0xD12AC, 0x57E9, 0xC00D, 0x5A3D, 0x9E0
@@ -94,6 +98,49 @@ def _framework(x: Any) -> str:
     return "numpy"
 
 
+# The dtypes the hooks take: a canary is C added exactly (up to float32 rounding) to the clipped sum. In an
+# integer array C is truncated (0.5 -> 0: the canary silently absent); in bfloat16/float16 (8/11 mantissa bits)
+# C added to a coordinate of magnitude >= 2^8·C (bf16) rounds to 0 or 2C, so the canary the audit scores as C
+# was not what the loop released (2C exceeds the sensitivity the claim covers: a false violation).
+FULL_PRECISION = ("float32", "float64")
+
+
+def dtype_name(x: Any) -> str:
+    """The dtype of a torch tensor, NumPy/JAX array or Python number, as NumPy names it ("float32", "bfloat16");
+    "float0" for JAX's gradient of an integer leaf."""
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return np.asarray(x).dtype.name
+    if _framework(x) == "torch":
+        return str(dt).removeprefix("torch.")
+    return "float0" if "float0" in str(dt) else np.dtype(dt).name
+
+
+def check_full_precision_grads(what: str, name: str, x: Any) -> None:
+    """Refuse (one line) a gradient array that is not float32/float64 (see :data:`FULL_PRECISION`)."""
+    kind = dtype_name(x)
+    if kind not in FULL_PRECISION:
+        raise InputError(
+            f"{what}: parameter {name!r} has dtype {kind}, not float32 or float64: a canary C added to it is not "
+            "exactly C (truncated in an integer dtype, rounded to 0 or 2C in bfloat16/float16), so the audit would "
+            "not know what was released; accumulate the clipped sum in float32 and leave non-float parameters out "
+            "of param_shapes"
+        )
+
+
+def _check_not_traced(what: str, x: Any) -> None:
+    """Refuse (one line) a JAX tracer: the core reads NumPy, so it cannot run inside ``jax.jit``/``vmap``/``scan``."""
+    if _framework(x) == "jax":
+        import jax
+
+        if isinstance(x, jax.core.Tracer):
+            raise InputError(
+                f"{what} got a traced JAX array (called inside jax.jit, vmap or scan): the hooks read NumPy, so "
+                "call them between jitted pieces, or put canaries.optax_inject()/optax_observe() in the jitted "
+                "optax chain"
+            )
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
     if _framework(x) == "torch":
@@ -120,6 +167,37 @@ def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:
     return out
 
 
+def cross_masks(sizes: Sequence[int], untouched: Sequence[np.ndarray]) -> np.ndarray:
+    """(G, min(CROSS_PREFIX, max size)) 0/1: position i of group g is compared across groups (i < its size and
+    no canary there). A pair (a, b) uses the positions set in both."""
+    width = min(CROSS_PREFIX, max(sizes, default=0))
+    out = np.zeros((len(sizes), width))
+    for g, keep in enumerate(untouched):
+        m = min(width, len(keep))
+        out[g, :m] = keep[:m]
+    return out
+
+
+def untouched_masks(sizes: Sequence[int], coordinates: np.ndarray) -> list[np.ndarray]:
+    """Per group (of ``sizes`` flat coordinates, in order), True where no canary's flat coordinate sits."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    c = np.asarray(coordinates, dtype=np.int64)
+    out = []
+    for g, size in enumerate(sizes):
+        keep = np.ones(int(size), dtype=bool)
+        keep[c[(c >= offsets[g]) & (c < offsets[g + 1])] - offsets[g]] = False
+        out.append(keep)
+    return out
+
+
+def cross_pair_counts(param_shapes: Mapping[str, Sequence[int]], coordinates: np.ndarray) -> np.ndarray:
+    """(G, G): how many positions per step the cross-group test compares for each pair of groups (the
+    positions :func:`cross_masks` sets in both), from the design alone."""
+    sizes = [math.prod(s) for s in param_shapes.values()]
+    m = cross_masks(sizes, untouched_masks(sizes, coordinates))
+    return (m @ m.T).round().astype(np.int64)
+
+
 @dataclass(frozen=True)
 class CanaryObservations:
     """What a run with gradient canaries leaves for the auditor (plain arrays; see :meth:`GradientCanaries.save`).
@@ -127,7 +205,11 @@ class CanaryObservations:
     ``observations[t, k]`` = (noisy sum at canary k's coordinate at step t) / C; ``included[k]`` the
     secret bit (``inclusion == "run"``) or ``coins[t, k]`` the per-step coins (``"step"``);
     ``noise_ss[t, g]`` Σ z² over the ``noise_count[g]`` coordinates of group g no canary touches;
-    ``projections[t, k]`` the noise projected on K fixed vectors with disjoint supports.
+    ``projections[t, k]`` the noise projected on K fixed vectors with disjoint supports; ``cross[0, a, b]``
+    Σ_t Σ_i z_a,i·z_b,i over the positions i < :data:`CROSS_PREFIX` untouched in both groups,
+    ``cross[1, a, b]`` Σ_t Σ_i z_a,i² over the same positions and ``cross[2, a, b]`` Σ_t Σ_i z_b,i² (so
+    ``cross[2] = cross[1]ᵀ``); None in files written before it existed (:func:`cross_pair_counts` gives
+    how many positions each pair compares per step).
     """
 
     param_shapes: dict[str, tuple[int, ...]]
@@ -144,6 +226,7 @@ class CanaryObservations:
     noise_count: np.ndarray
     projections: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
+    cross: np.ndarray | None = None  # (3, G, G) over all steps: Σ z_A·z_B, Σ z_A², Σ z_B² on the pair's prefix
 
     @property
     def steps(self) -> int:
@@ -233,12 +316,10 @@ class GradientCanaries:
         self._groups = [
             (self.coordinates_[which == g] - self.offsets_[g], np.flatnonzero(which == g)) for g in range(len(sizes))
         ]
-        self._untouched = []
-        for g, size in enumerate(sizes):
-            keep = np.ones(size, dtype=bool)
-            keep[self._groups[g][0]] = False
-            self._untouched.append(keep)
+        self._untouched = untouched_masks(sizes, self.coordinates_)
         self._projection_plan(sizes)
+        self._cross_mask = cross_masks(sizes, self._untouched)
+        self._cross = np.zeros((2, len(sizes), len(sizes)))
         self._draws = np.random.default_rng([self.seed, _DRAWS])
         self._coins = np.random.default_rng([self.seed, _COINS])
         self._pending: tuple[int, list[np.ndarray]] | None = None
@@ -295,7 +376,9 @@ class GradientCanaries:
                     "canaries designed for another model?"
                 )
         for n, a in zip(self.names_, arrays, strict=True):
-            shape = tuple(int(d) for d in a.shape)
+            _check_not_traced(what, a)
+            check_full_precision_grads(what, n, a)
+            shape = tuple(int(d) for d in np.shape(a))
             if math.prod(shape) != math.prod(self.param_shapes[n]):
                 raise InputError(
                     f"{what}: parameter {n!r} has shape {shape}, the canaries were designed for "
@@ -354,6 +437,14 @@ class GradientCanaries:
             o[members] = v[flat] / self.clip
             z = (v - pre)[self._untouched[g]]  # the noise actually added, where no canary sits
             ss[g] = float(z @ z)
+        if len(self.names_) > 1:
+            mask = self._cross_mask
+            zp = np.zeros(mask.shape)
+            for g, (v, pre) in enumerate(zip(noisy, self._pending[1], strict=True)):
+                m = min(len(v), mask.shape[1])
+                zp[g, :m] = (v[:m] - pre[:m]) * mask[g, :m]
+            self._cross[0] += zp @ zp.T  # Σ_i z_a,i z_b,i over positions untouched in both
+            self._cross[1] += (zp * zp) @ mask.T  # Σ_i z_a,i² over the positions untouched in a and b
         if len(self._proj_index):
             z_all = np.concatenate(noisy) - np.concatenate(self._pending[1])
             self._proj.append((z_all[self._proj_index] * self._proj_weight).sum(axis=1))
@@ -385,6 +476,7 @@ class GradientCanaries:
             noise_count=np.array([int(k.sum()) for k in self._untouched], dtype=np.int64),
             projections=np.array(self._proj, dtype=np.float64).reshape(T, len(self._proj_index)),
             meta=dict(self.meta),
+            cross=np.stack([self._cross[0], self._cross[1], self._cross[1].T]),
         )
 
     def save(self, directory: Path | str, *, force: bool = False) -> Path:
@@ -442,6 +534,8 @@ def save_observations(obs: CanaryObservations, directory: Path | str, *, force: 
     }
     if obs.coins is not None:
         arrays["coins"] = obs.coins.astype(np.int8)
+    if obs.cross is not None:
+        arrays["cross"] = obs.cross.astype(np.float64)
 
     def write(tmp: Path) -> None:
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / ARRAYS_FILE))
@@ -481,6 +575,7 @@ def load_observations(directory: Path | str) -> CanaryObservations:
             included=a["included"].astype(bool), observations=a["observations"],
             coins=a["coins"].astype(bool) if "coins" in a else None, noise_ss=a["noise_ss"],
             noise_count=a["noise_count"], projections=a["projections"], meta=dict(design.get("meta") or {}),
+            cross=a.get("cross"),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{d}: malformed gradient-canary design ({e})") from None
@@ -509,6 +604,8 @@ def load_observations(directory: Path | str) -> CanaryObservations:
         )
     if obs.projections.ndim != 2 or obs.projections.shape[0] != T:
         raise CheckpointError(f"{d}: projections have shape {obs.projections.shape}, expected ({T}, K)")
+    if obs.cross is not None and (obs.cross.shape != (3, G, G) or not np.all(np.isfinite(obs.cross))):
+        raise CheckpointError(f"{d}: cross has shape {obs.cross.shape}, expected (3, {G}, {G}) finite values")
     if (obs.inclusion == "step") != (obs.coins is not None) or (obs.coins is not None and obs.coins.shape != (T, M)):
         raise CheckpointError(f"{d}: per-step coins missing or malformed")
     return obs

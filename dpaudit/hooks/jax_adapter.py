@@ -31,7 +31,9 @@ Two ways in, one mechanism (:class:`dpaudit.hooks.GradientCanaries` does all the
 
 Leaves are named by ``jax.tree_util.keystr`` of their path (:func:`pytree_shapes`). A tree whose names
 or shapes differ from the canaries' (canaries designed for another model) is refused with a one-line
-:class:`InputError` when the transformation is initialised or traced. Misuse that only the running
+:class:`InputError` when the transformation is initialised or traced, and so is a gradient leaf that is not
+float32/float64 (an integer leaf's float0 gradient, bfloat16: the canary would not be exactly C; see
+:data:`dpaudit.hooks.core.FULL_PRECISION`). Misuse that only the running
 loop can show — observe before inject (the chain in the wrong order), a step counter that restarts
 (the optimizer state re-initialised mid-run) — raises dpaudit's one-line ``InputError`` before anything
 is recorded: directly when the chain runs eagerly; under ``jit`` from inside the callback, which JAX
@@ -46,6 +48,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpaudit.errors import InputError
+from dpaudit.hooks.core import check_full_precision_grads
 
 
 def _jax():
@@ -65,10 +68,19 @@ def _optax():
 
 
 def pytree_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-    """Leaf name (``jax.tree_util.keystr`` of its path) -> shape, in ``tree_flatten`` order."""
+    """Leaf name (``jax.tree_util.keystr`` of its path) -> shape, in ``tree_flatten`` order. A leaf that is not
+    floating point (an integer counter, a boolean mask) has no gradient to carry a canary: refused (one line)."""
     jax = _jax()
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
+    for path, leaf in leaves:
+        dtype = getattr(leaf, "dtype", None) or np.asarray(leaf).dtype
+        if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
+            raise InputError(
+                f"pytree_shapes: leaf {jax.tree_util.keystr(path)} has dtype {np.dtype(dtype).name}, not floating "
+                "point: it has no gradient to carry a canary; give pytree_shapes the trainable (floating-point) "
+                "leaves only"
+            )
+    return {jax.tree_util.keystr(path): tuple(np.shape(leaf)) for path, leaf in leaves}
 
 
 def _named(tree: Any) -> tuple[dict[str, Any], Any, list[str]]:
@@ -107,16 +119,19 @@ class CanaryStepState(NamedTuple):
     step: Any
 
 
-def _check_tree(canaries, tree: Any, what: str) -> tuple[Any, list[str]]:
-    """(treedef, names) of ``tree``, refused (one line) unless its leaves are the canaries' parameters and shapes."""
+def _check_tree(canaries, tree: Any, what: str, *, grads: bool = True) -> tuple[Any, list[str]]:
+    """(treedef, names) of ``tree``, refused (one line) unless its leaves are the canaries' parameters and shapes,
+    and (``grads``: a gradient tree, not the parameters) float32/float64, as the core requires."""
     named, treedef, names = _named(tree)
     canaries._check_names(names, f"{what}: the tree's leaves", " (build them with pytree_shapes(params))")
     for n in names:
-        if tuple(named[n].shape) != canaries.param_shapes[n]:
+        if tuple(np.shape(named[n])) != canaries.param_shapes[n]:
             raise InputError(
-                f"{what}: leaf {n} has shape {tuple(named[n].shape)}, the canaries were designed for "
+                f"{what}: leaf {n} has shape {tuple(np.shape(named[n]))}, the canaries were designed for "
                 f"{canaries.param_shapes[n]}: canaries designed for another model?"
             )
+        if grads:  # at trace time under jit: a one-line InputError, not one from inside the host callback
+            check_full_precision_grads(what, n, named[n])
     return treedef, names
 
 
@@ -133,7 +148,7 @@ def _transformation(canaries, what: str, update: Callable[[Any, Any], Any]):
     import jax.numpy as jnp
 
     def init_fn(params: Any) -> CanaryStepState:
-        _check_tree(canaries, params, f"{what}.init")
+        _check_tree(canaries, params, f"{what}.init", grads=False)  # bfloat16 parameters may get float32 grads
         return CanaryStepState(step=jnp.zeros([], jnp.int32))
 
     def update_fn(updates: Any, state: CanaryStepState, params: Any = None):

@@ -84,7 +84,8 @@ HOW_TO_READ = (
         "noise check",
         "Gradient canaries in your own training loop see the clipped sum before the noise and the update after "
         "it, so the noise actually added is known: a χ² test per parameter group (noise std / σC below 1 "
-        "rejects the claim) and a test of independence across steps. A rejection is a formal violation.",
+        "rejects the claim) and tests of independence across steps and across parameter groups. A rejection is a "
+        "formal violation.",
     ),
     (
         "Trade-off plot",
@@ -454,11 +455,12 @@ def noise_rows(check: Mapping[str, Any]) -> list[list[str]]:
 
 def noise_lines(check: Mapping[str, Any]) -> list[str]:
     """The noise check's verdict and its two tests' p-values, in words (unescaped)."""
-    indep = check.get("independence_p_value")
+    indep, cross = check.get("independence_p_value"), check.get("cross_group_p_value")
     return [
         f"{check['statement']}: {VERDICT_TEXT[check['verdict']]}",
         f"claimed noise std σC = {num(check['noise_std'], '.4g')}; variance test p = "
         f"{num(check['variance_p_value'], '.3g')} (Bonferroni over groups); independence across steps "
-        + (f"p = {num(indep, '.3g')}" if indep is not None else "not tested"),
+        + (f"p = {num(indep, '.3g')}" if indep is not None else "not tested")
+        + (f"; independence across parameter groups p = {num(cross, '.3g')}" if cross is not None else ""),
         *(str(n) for n in check.get("notes") or []),
     ]

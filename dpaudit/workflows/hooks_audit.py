@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
 from dpaudit.errors import InputError
-from dpaudit.hooks.core import dirac_scores
+from dpaudit.hooks.core import cross_pair_counts, dirac_scores
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 from dpaudit.workflows.result import AuditRecord
 
@@ -91,8 +93,12 @@ def noise_check_entry(noise: NoiseCheck) -> dict[str, Any]:
         if worst is not None and noise.variance_p_value <= noise.details.get("alpha_variance", noise.alpha):
             what += f" (group {worst.name}: estimated std / σC = {worst.ratio:.3g}, variance test p = "
             what += f"{noise.variance_p_value:.3g})"
-        elif noise.independence_p_value is not None:
+        elif noise.independence_p_value is not None and noise.independence_p_value <= noise.details.get(
+            "alpha_independence", noise.alpha / 2.0
+        ):
             what += f" (noise not independent across steps, p = {noise.independence_p_value:.3g})"
+        elif noise.cross_group_p_value is not None:
+            what += f" (noise not independent across parameter groups, p = {noise.cross_group_p_value:.3g})"
     else:
         what = f"the noise check finds no less noise than the claimed σC = {noise.noise_std:.4g}"
     statement = f"{what} (formal, gradient-canaries noise check, level {noise.alpha:.3g})"
@@ -191,10 +197,15 @@ def audit_canaries(
         raise InputError(f"the claim says T = {steps} steps, but the canaries observed {obs.steps} noisy steps")
     q = obs.sample_rate
     if sample_rate is not None and not _close(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate), q):
+        f32 = (
+            " (the claim's q rounded to float32: give the canaries a Python float)"
+            if np.float32(sample_rate) == q
+            else ""
+        )
         raise InputError(
             # Both as they are (dpaudit.numfmt.exact): they differ beyond 1e-9, often beyond the 6 digits of :g.
             f"the claim says q = {numfmt.exact(sample_rate)}, but the canaries were Poisson-sampled at "
-            f"q = {numfmt.exact(q)}: "
+            f"q = {numfmt.exact(q)}{f32}: "
             "they would not behave like the run's records"
         )
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
@@ -234,9 +245,10 @@ def audit_canaries(
         records = [dataclasses.replace(r, family="white-box") for r in records]
     noise = None
     if sigma is not None:
+        pairs = None if obs.cross is None else obs.steps * cross_pair_counts(obs.param_shapes, obs.coordinates)
         noise = noise_check(
             obs.noise_ss, obs.noise_count, obs.projections, noise_std=sigma * obs.clip, alpha=alpha,
-            names=list(obs.param_shapes),
+            names=list(obs.param_shapes), cross=obs.cross, cross_counts=pairs,
         )  # fmt: skip
     verdicts = {r.result.verdict for r in records} | ({noise.verdict} if noise is not None else set())
     if "violation" in verdicts:

@@ -42,16 +42,24 @@ def test_variance_p_value_is_exactly_uniform_under_the_claim_and_wrong_dof_is_no
 
 
 def test_noise_check_level_over_2000_seeds_of_a_correct_mechanism():
-    """The whole check (variance over 3 groups + independence) at α = 0.1: at most α, at most 5 sd above."""
+    """The whole check (variance over 3 groups + independence across steps and across groups) at α = 0.1: at
+    most α, at most 5 sd above."""
     rng = np.random.default_rng(0)
     T, counts, K, std, alpha = 20, np.array([30, 5, 1]), 4, 0.8, 0.1
     n = 2000
     rejections = 0
+    pair_counts = T * np.minimum.outer(counts, counts)  # each pair compares its common prefix
     for _ in range(n):
         z = [rng.normal(scale=std, size=(T, c)) for c in counts]
         ss = np.stack([(x**2).sum(axis=1) for x in z], axis=1)
         proj = rng.normal(scale=3.0, size=(T, K))
-        rejections += noise_check(ss, counts, proj, noise_std=std, alpha=alpha).verdict == "violation"
+        cross = np.zeros((3, 3, 3))
+        for a, b in ((0, 1), (0, 2), (1, 2)):  # the pairs tested (a < b)
+            m = min(counts[a], counts[b])
+            za, zb = z[a][:, :m], z[b][:, :m]
+            cross[:, a, b] = (za * zb).sum(), (za * za).sum(), (zb * zb).sum()
+        check = noise_check(ss, counts, proj, noise_std=std, alpha=alpha, cross=cross, cross_counts=pair_counts)
+        rejections += check.verdict == "violation"
     assert rejections <= n * alpha + 5 * math.sqrt(n * alpha * (1 - alpha))
     assert rejections >= n * alpha / 4  # Bonferroni costs little here: the check is not vacuous
 
@@ -132,3 +140,39 @@ def test_inputs():
 def test_a_claimed_noise_whose_square_overflows_is_refuted_not_an_overflow_error():
     """`audit canaries --noise-multiplier 1e200` stopped with OverflowError (exit 3) in noise_std**2."""
     assert variance_p_value(100.0, 100, 1e200) == 0.0
+
+
+def _cross(z: np.ndarray) -> np.ndarray:
+    """The cross-group summary (3, G, G) of noise z (G, k) when every pair compares all k positions."""
+    sq = (z * z).sum(axis=1)
+    return np.stack([z @ z.T, np.repeat(sq[:, None], len(z), axis=1), np.repeat(sq[None, :], len(z), axis=0)])
+
+
+def test_cross_group_p_value_is_exactly_uniform_under_the_claim_and_zero_for_one_key_on_every_leaf():
+    """Independent groups (different stds, one of them not even Gaussian): r² ~ Beta(1/2, (k−1)/2), so the
+    p-value is uniform. The same draws on two groups (one PRNG key for every leaf) give p = 0, and a
+    correlation of 0.3 between them is found from 400 values."""
+    from dpaudit.audit.noise import cross_group_p_value
+
+    rng = np.random.default_rng(7)
+    k = 12
+    counts = np.full((2, 2), k)
+    pairs = (np.stack([rng.normal(scale=0.3, size=k), rng.standard_t(3, size=k) + 1]) for _ in range(N_SIM))
+    p = np.array([cross_group_p_value(_cross(z), counts)[0] for z in pairs])
+    assert stats.kstest(p, "uniform").pvalue > 1e-3
+    for a in (0.01, 0.05, 0.2):
+        assert _binomial_ok(int((p <= a).sum()), N_SIM, a)
+    z = rng.normal(size=(3, 400))
+    z[2] = z[0]  # group 2 has group 0's draws
+    assert cross_group_p_value(_cross(z), np.full((3, 3), 400)) == (0.0, "0 / 2")
+    z = rng.normal(size=(3, 400))
+    z[2, :100] = z[0, :100]  # only the leading quarter shared
+    assert cross_group_p_value(_cross(z), np.full((3, 3), 400))[0] < 1e-4
+    z = rng.normal(size=(2, 400))
+    z[1] = 0.3 * z[0] + math.sqrt(1 - 0.09) * z[1]
+    assert cross_group_p_value(_cross(z), np.full((2, 2), 400))[0] < 1e-4
+    proj = rng.normal(size=(20, 4))
+    ss = np.ones((20, 3)) * 400 / 20
+    check = noise_check(ss, np.array([400, 400, 400]), proj, noise_std=1.0, cross=_cross(rng.normal(size=(3, 400))),
+                        cross_counts=np.full((3, 3), 400))  # fmt: skip
+    assert check.details["alpha_independence"] == check.details["alpha_cross_group"] == pytest.approx(0.05 / 4)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dpaudit.errors import InputError
-from dpaudit.validation import MAX_DERIVED_SEED, MAX_SEED
+from dpaudit.validation import MAX_DERIVED_SEED, MAX_SEED, check_seed
 
 
 def _entry_points():
@@ -67,3 +67,18 @@ def test_derived_seeds_are_accepted_where_they_arrive():
     numpy_rng(big, stream=big)
     with pytest.raises(InputError, match=r"expected stream to be an integer in \[0, "):
         numpy_rng(0, stream=-1)
+
+
+def test_jax_and_numpy_0d_integers_are_seeds_and_a_prng_key_is_refused_in_one_line():
+    """A JAX user's ``jnp.int32(3)`` (or NumPy's ``np.array(3)``) was refused as "not an integer, got 3", and a
+    typed PRNG key ``jax.random.key(0)`` given as a seed raised NotImplementedError from inside the message."""
+    jax = pytest.importorskip("jax")
+    from dpaudit.hooks import GradientCanaries
+
+    for seed in (jax.numpy.int32(3), np.array(3)):
+        c = GradientCanaries({"w": (10,)}, count=jax.numpy.int32(2), sample_rate=0.5, clip=1.0, seed=seed)
+        assert (c.seed, c.count) == (3, 2) and type(c.seed) is int
+    for key in (jax.random.key(0), jax.random.PRNGKey(0)):
+        with pytest.raises(InputError, match=r"expected seed to be an integer") as err:
+            check_seed(seed=key)
+        assert "\n" not in str(err.value)

@@ -227,3 +227,19 @@ def test_import_with_canaries_gives_a_formal_one_run_audit(tmp_path):
         app, ["canaries", "make", "--data", "digits", "--count", "5", "--out", str(tmp_path / "canaries")]
     )
     assert r.exit_code == 2 and "already exists" in r.output
+
+
+@pytest.mark.parametrize("name", ["optax_canaries", "opacus_canaries"])
+def test_example_refuses_an_existing_out_before_training_in_one_line(name, tmp_path, capsys):
+    """`python -m examples.optax_canaries --out DIR` on an existing DIR trained for the whole run, then died in a
+    traceback (exit 1) telling the user to "use --force", an option the example did not have."""
+    import importlib
+
+    main = importlib.import_module(f"examples.{name}").main
+    (tmp_path / "c").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert (
+        exit_.value.code == 2 and err.strip() == f"error: {tmp_path / 'c'} already exists; use --force to overwrite it"
+    )

@@ -160,6 +160,22 @@ def test_design_is_fixed_by_the_seed_and_coins_do_not_move_coordinates():
     )
 
 
+@pytest.mark.parametrize("dtype", ["int32", "float16", "torch.bfloat16"])
+def test_inject_refuses_gradients_a_canary_cannot_be_added_to_exactly(dtype):
+    """A canary is C added to the clipped sum. Before, an int32 sum truncated C = 0.5 to 0 (the canary silently
+    absent) and a float16 sum of 3000 (or a bfloat16 one of 300) rounded it away, while the audit scored C
+    released: now a one-line refusal, nothing recorded."""
+    if dtype.startswith("torch"):
+        torch = pytest.importorskip("torch")
+        g = torch.full((8,), 300.0, dtype=torch.bfloat16)
+    else:
+        g = np.full(8, 3000.0, dtype)
+    c = GradientCanaries({"w": (8,)}, count=8, sample_rate=1.0, clip=0.5, seed=0, included=[True] * 4 + [False] * 4)
+    with pytest.raises(InputError, match=f"dtype {dtype.removeprefix('torch.')}, not float32 or float64"):
+        c.inject(0, {"w": g})
+    assert c.steps_ == 0 and c._pending is None
+
+
 def test_jax_pytree_hooks_match_the_dict_api():
     pytest.importorskip("jax")
     import jax.numpy as jnp
@@ -235,3 +251,21 @@ def test_dirac_scores_take_a_noise_multiplier_whose_square_overflows():
     of a noise that large is flat: every canary scores log(1) = 0."""
     o = np.array([[0.0, 1.0], [2.0, -1.0]])
     np.testing.assert_allclose(dirac_scores(o, 0.3, 1e200), 0.0, atol=1e-12)
+
+
+def test_a_directory_saved_before_the_cross_group_summary_still_loads_and_is_checked_without_it(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from dpaudit.audit.noise import noise_check
+
+    c = GradientCanaries(SHAPES, count=8, sample_rate=0.5, clip=1.0, seed=0)
+    _loop(c, 3, sigma=1.0)
+    d = c.save(tmp_path / "c")
+    arrays = load_file(str(d / "canaries.safetensors"))
+    assert arrays["cross"].shape == (3, 2, 2)
+    del arrays["cross"]
+    save_file(arrays, str(d / "canaries.safetensors"))
+    obs = load_observations(d)
+    assert obs.cross is None
+    check = noise_check(obs.noise_ss, obs.noise_count, obs.projections, noise_std=1.0, cross=obs.cross)
+    assert check.cross_group_p_value is None and check.details["alpha_independence"] == pytest.approx(0.025)

@@ -168,3 +168,30 @@ def test_the_barrier_does_not_raise_a_refusal_twice_but_raises_anything_else(mon
     monkeypatch.setattr(jax, "effects_barrier", barrier_keeping("INTERNAL: device lost"))
     with pytest.raises(RuntimeError, match="device lost"):
         c.observations()
+
+
+def test_leaves_a_canary_cannot_be_added_to_exactly_and_traced_pytree_hooks_are_one_line_refusals():
+    """Before: ``pytree_shapes`` took an integer leaf, and the jitted chain silently dropped the canary that
+    landed on its (float0) gradient while the audit scored it as C; bfloat16 gradients got C rounded to 0 or
+    2C (half each at |sum| in [256, 512)); ``pytree_hooks`` called inside ``jax.jit`` raised JAX's
+    TracerArrayConversionError traceback, and a Python-float leaf an AttributeError. Now: one line each,
+    at trace time under jit."""
+    from dpaudit.hooks.jax_adapter import pytree_hooks, pytree_shapes
+
+    with pytest.raises(InputError, match=r"leaf \['n'\] has dtype int32, not floating point"):
+        pytree_shapes({"w": jnp.zeros(3), "n": jnp.zeros((), jnp.int32)})
+    assert pytree_shapes({"w": jnp.zeros(3), "s": 1.0}) == {"['s']": (), "['w']": (3,)}
+    p = {"w": jnp.ones((3, 2)), "n": jnp.array(3, jnp.int32)}  # shapes built by hand, the integer leaf kept
+    c = GradientCanaries({"['n']": (), "['w']": (3, 2)}, count=6, sample_rate=1.0, clip=1.0, seed=0)
+    tx = optax.chain(c.optax_inject(), c.optax_observe())
+    g = jax.grad(lambda p: jnp.square(p["w"]).sum(), allow_int=True)(p)
+    with pytest.raises(InputError, match="has dtype float0, not float32 or float64"):
+        jax.jit(tx.update)(g, tx.init(p), p)
+    half = jax.tree_util.tree_map(lambda v: v.astype(jnp.bfloat16), PARAMS)
+    c = _canaries()
+    tx = optax.chain(c.optax_inject(), c.optax_observe())
+    with pytest.raises(InputError, match="has dtype bfloat16, not float32 or float64"):
+        jax.jit(tx.update)(half, tx.init(half))  # bfloat16 parameters are fine (init); their gradients are not
+    inject, _ = pytree_hooks(_canaries())
+    with pytest.raises(InputError, match="traced JAX array"):
+        jax.jit(lambda g: inject(0, g))(PARAMS)

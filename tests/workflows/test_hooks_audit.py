@@ -38,11 +38,14 @@ def simulate(seed: int, out, *, factor: float = 1.0, count: int = 500, inclusion
 
 
 def test_correct_is_not_a_violation_and_sqrt2_is(tmp_path):
-    ok = audit_canaries(simulate(0, tmp_path / "ok"), claimed_epsilon=claim(), delta=DELTA, noise_multiplier=SIGMA)
+    ok = audit_canaries(
+        simulate(0, tmp_path / "ok", count=300), claimed_epsilon=claim(), delta=DELTA, noise_multiplier=SIGMA
+    )
     assert ok.verdict == "consistent" and ok.noise.verdict == "consistent" and ok.to_dict()["formal"] is True
     # Bonferroni over the three formal tests: each at α/3
     assert [a.result.confidence for a in ok.audits] == pytest.approx([1 - 0.05 / 3] * 2)
     assert ok.noise.alpha == pytest.approx(0.05 / 3)
+    assert 0.01 < ok.noise.cross_group_p_value <= 1.0  # w and b compared where no canary sits
     bug = audit_canaries(
         simulate(0, tmp_path / "bug", factor=1 / math.sqrt(2)), claimed_epsilon=claim(), delta=DELTA,
         noise_multiplier=SIGMA,
@@ -167,3 +170,39 @@ def test_a_claim_of_epsilon_zero_is_audited_as_in_every_other_audit(tmp_path):
     assert r.claim["epsilon"] == 0.0 and r.verdict == "violation"
     with pytest.raises(InputError, match="claimed_epsilon"):
         audit_canaries(tmp_path / "ok", claimed_epsilon=-1.0, delta=DELTA)
+
+
+def test_one_noise_draw_for_every_parameter_group_is_a_violation():
+    """A loop that draws every leaf's noise from the same seed each step (JAX: one key for every leaf, as
+    in ``tree_map(lambda g: g + σC·normal(key, g.shape), grads)``): every group gets the same leading
+    draws, so w's first 10 noisy coordinates minus b's are the clipped sums' difference, unnoised. The
+    variance and the independence across steps are as claimed; before, the check said "consistent".
+    (The noise check as audit_canaries runs it, without the one-run audits' PLD curves; that it is wired
+    there is asserted in test_correct_is_not_a_violation_and_sqrt2_is.)"""
+    from dpaudit.audit.noise import noise_check
+    from dpaudit.hooks.core import cross_pair_counts
+
+    c = GradientCanaries(SHAPES, count=50, sample_rate=Q, clip=1.0, seed=0)
+    for t in range(T):
+        g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
+        c.observe(t, {n: v + SIGMA * np.random.default_rng([5, t]).normal(size=v.shape) for n, v in g.items()})
+    obs = c.observations()
+    check = noise_check(
+        obs.noise_ss, obs.noise_count, obs.projections, noise_std=SIGMA, names=list(SHAPES), cross=obs.cross,
+        cross_counts=T * cross_pair_counts(obs.param_shapes, obs.coordinates),
+    )  # fmt: skip
+    assert check.variance_p_value > 0.01 and check.independence_p_value > 0.01
+    assert check.verdict == "violation" and check.cross_group_p_value == 0.0
+    assert any("across parameter groups (w and b" in n for n in check.notes), check.notes
+
+
+def test_a_float32_sample_rate_is_named_in_the_mismatch_message(tmp_path):
+    """Canaries built with q = np.float32(0.1) (a JAX user's jnp value) sample at 0.10000000149…; auditing with
+    --sample-rate 0.1 was refused with "the claim says q = 0.1, but the canaries were Poisson-sampled at q = 0.1"."""
+    c = GradientCanaries(SHAPES, count=5, sample_rate=np.float32(0.1), clip=1.0, seed=0)
+    g = c.inject(0, {n: np.zeros(s) for n, s in SHAPES.items()})
+    c.observe(0, g)
+    with pytest.raises(
+        InputError, match=r"q = 0\.1, .* at q = 0\.10000000149011612 \(the claim's q rounded to float32"
+    ):
+        audit_canaries(c.save(tmp_path / "c"), claimed_epsilon=1.0, delta=DELTA, sample_rate=0.1)
