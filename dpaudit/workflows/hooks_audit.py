@@ -199,7 +199,8 @@ def audit_canaries(
     if sample_rate is not None and not _close(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate), q):
         f32 = (
             " (the claim's q rounded to float32: give the canaries a Python float)"
-            if np.float32(sample_rate) == q
+            if float(np.float32(sample_rate))
+            == q  # in float64: NumPy 2 compares a float32 with a Python float in float32
             else ""
         )
         raise InputError(
