@@ -2,7 +2,8 @@
 
 A block is runnable when the line before its opening fence is ``<!-- readme-test: run -->`` (or
 ``<!-- readme-test: run, needs MODULE -->``: skipped where MODULE, e.g. an extra's package, is not
-installed). The blocks run in order, as one user would type them, in one scratch directory with this
+installed). A runnable ``python`` block is a snippet of the user's own pytest suite: the fast test executes it
+and calls every ``test_*`` function it defines. The ``bash`` blocks run in order, as one user would type them, in one scratch directory with this
 environment's ``dpaudit`` and ``python`` first on PATH and the clone on PYTHONPATH (README: "from the
 clone's root"; ``examples.*`` imports from it). A line whose comment says ``exits 1`` must exit with 1
 (a caught bug), every other line with 0.
@@ -28,7 +29,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MARK = re.compile(r"<!-- readme-test: run(?:, needs (?P<needs>[\w.]+))? -->\n```bash\n(?P<body>.*?)```", re.S)
+MARK = re.compile(
+    r"<!-- readme-test: run(?:, needs (?P<needs>[\w.]+))? -->\n```(?P<lang>bash|python)\n(?P<body>.*?)```", re.S
+)
 
 # (pattern, replacement) on each logical line of a block, in order: the suite's smaller sizes.
 SMALL = (
@@ -53,8 +56,9 @@ class Block:
     body: str
 
 
-def blocks() -> list[Block]:
-    return [Block(m["needs"], m["body"]) for m in MARK.finditer((ROOT / "README.md").read_text())]
+def blocks(lang: str = "bash") -> list[Block]:
+    text = (ROOT / "README.md").read_text()
+    return [Block(m["needs"], m["body"]) for m in MARK.finditer(text) if m["lang"] == lang]
 
 
 def commands(body: str) -> list[str]:
@@ -135,6 +139,22 @@ def test_small_sizes_only_shrink_what_the_readme_shows():
     assert small("dpaudit audit canaries d --fail-on-violation  # exits 1: caught").endswith("test $? -eq 1; fi")
     for pattern, _ in SMALL:  # every substitution still applies to the README (none went stale)
         assert any(re.search(pattern, line) for b in blocks() for line in commands(b.body)), pattern
+
+
+def test_readme_python_blocks_run():
+    """The `assert_dp` example ("In your own pytest suite, audit a mechanism you wrote") runs as written: each
+    runnable Python block is executed and every test function it defines passes (about 1.5 s)."""
+    ran = []
+    for i, block in enumerate(blocks("python")):
+        if block.needs and importlib.util.find_spec(block.needs) is None:
+            continue
+        namespace: dict = {"__name__": f"readme_block_{i}"}
+        exec(compile(block.body, f"README.md (python block {i})", "exec"), namespace)
+        for name, value in namespace.items():
+            if name.startswith("test_") and callable(value):
+                value()
+                ran.append(name)
+    assert ran == ["test_my_mechanism_is_dp"], ran
 
 
 @pytest.mark.slow
