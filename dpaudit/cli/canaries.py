@@ -9,6 +9,7 @@ import typer
 
 from dpaudit.cli._common import DELTA_HELP, App, ForceFlag, JsonFlag, deprecated_alias, emit, given_options
 from dpaudit.cli.audit import ClaimedOpt, ConfidenceOpt, FailOnViolationOpt, SeedOpt, _exit_code, audit_app
+from dpaudit.data import DATA_HELP
 from dpaudit.errors import InputError
 
 
@@ -78,7 +79,7 @@ canaries_app = App(help="Canaries for models you train yourself (then `dpaudit i
 @canaries_app.command("make")
 def make_cmd(
     ctx: typer.Context,
-    data: Annotated[str, typer.Option("--data", help="The records you will train on: PATH.csv | PATH.npz | digits.")],
+    data: Annotated[str, typer.Option("--data", help="The records you will train on: " + DATA_HELP)],
     count: Annotated[int, typer.Option("--count", help="Number of canaries M (each included w.p. 1/2).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (keep canaries.safetensors secret).")],
     kind: Annotated[

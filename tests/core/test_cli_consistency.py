@@ -272,3 +272,54 @@ def test_delta_help_says_the_same_everywhere():
              ["audit", "plan"], ["audit", "checkpoint"], ["audit", "train"], ["audit", "canaries"])  # fmt: skip
     for path in paths:
         assert "δ of the privacy claim (ε, δ)" in option(path, "delta").help, path
+
+
+# ---- one option, one help: the same flag says the same thing in every command ------------------------------------
+
+
+def _all_commands():
+    """(path, click command) of every command of the app, groups walked."""
+    import typer.main
+
+    stack = [([], typer.main.get_command(app))]
+    while stack:
+        path, cmd = stack.pop()
+        if hasattr(cmd, "commands"):
+            stack += [([*path, name], sub) for name, sub in cmd.commands.items()]
+        else:
+            yield path, cmd
+
+
+def _helps(name: str) -> dict[tuple[str, ...], str]:
+    return {tuple(path): p.help for path, cmd in _all_commands() for p in cmd.params if p.name == name and not p.hidden}
+
+
+def test_the_same_option_has_the_same_help_everywhere():
+    """A newcomer reads --fail-on-violation, --cache-dir, --force, --json and --quiet in one command's help and
+    must be able to trust it in the next. `audit train` said "exit 1 when the verdict is 'violation'" while it
+    also exits 1 on 'curve-refuted' (its per-step audit), as the other audits' help says; `audit checkpoint` and
+    `report` said "(default: user cache)" where `attack mia` names the variables and the path."""
+    for name in ("fail_on_violation", "cache_dir", "force", "json_output", "_dpaudit_quiet"):
+        helps = _helps(name)
+        assert len(helps) >= 2 and len(set(helps.values())) == 1, (name, helps)
+    assert len(_helps("fail_on_violation")) == 4  # scores, checkpoint, train, canaries
+
+
+def test_every_data_option_lists_every_form():
+    """`canaries make --data` said "PATH.csv | PATH.npz | digits" although it reads every form `train --data`
+    reads (a directory of .npy files, breast-cancer, wine, synthetic:...)."""
+    from dpaudit.data import DATA_HELP
+
+    helps = _helps("data")
+    assert {"train", "import", "audit", "canaries"} <= {path[0] for path in helps}, helps
+    for path, text in helps.items():
+        assert text.endswith(DATA_HELP), path
+
+
+def test_seed_help_says_what_the_seed_seeds():
+    """`audit checkpoint` and `report` run one workflow with one seed, so one help; `audit plan`'s seed seeds the
+    simulated audits and `audit train`'s the runs themselves, not only "the holdout split and tie-breaking"."""
+    helps = _helps("seed")
+    assert helps[("audit", "checkpoint")] == helps[("report",)] and "attacks" in helps[("report",)]
+    assert "simulated audits" in helps[("audit", "plan")]
+    assert "runs" in helps[("audit", "train")]
