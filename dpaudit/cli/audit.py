@@ -284,9 +284,11 @@ def plan_cmd(
     ] = 0,
     json_output: JsonFlag = False,
 ) -> None:
-    """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power against a hypothesised
-    leak, by simulating the audit; the perfect-attack minimum beside it. A size counts only when the lower end of
-    its power's Clopper-Pearson interval (at --confidence) reaches --power, never on the estimate alone."""
+    """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power, by simulating the audit.
+
+    The simulated audits face a hypothesised leak; the perfect-attack minimum is shown beside. A size counts only
+    when the lower end of its power's Clopper-Pearson interval (at --confidence) reaches --power, never on the
+    estimate alone."""
     from dpaudit.audit import plan_design
 
     plan = plan_design(

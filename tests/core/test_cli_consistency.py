@@ -323,3 +323,16 @@ def test_seed_help_says_what_the_seed_seeds():
     assert helps[("audit", "checkpoint")] == helps[("report",)] and "attacks" in helps[("report",)]
     assert "simulated audits" in helps[("audit", "plan")]
     assert "runs" in helps[("audit", "train")]
+
+
+def test_every_command_lists_in_one_short_line():
+    """`dpaudit --help` and `dpaudit audit --help` list each command by the first paragraph of its help: `inspect`
+    listed its 650-character JSON key list there (12 lines of the list), `audit plan` 315 characters."""
+    import typer.main
+
+    groups = [([], typer.main.get_command(app))]
+    groups += [([name], cmd) for name, cmd in groups[0][1].commands.items() if hasattr(cmd, "commands")]
+    for path, group in groups:
+        for name, cmd in group.commands.items():
+            listed = cmd.short_help or (cmd.help or "").split("\n\n")[0]
+            assert 0 < len(listed) <= 250, ([*path, name], len(listed))
