@@ -212,3 +212,15 @@ def test_a_folder_from_another_command_is_named_with_what_to_give_instead(tmp_pa
     assert one_line_error("audit", "canaries", runs / "a", "--claimed-epsilon", 1, "--delta", 1e-5).endswith(
         f"it is a dpaudit run: audit it with `dpaudit audit checkpoint {runs / 'a'}`"
     )
+
+
+def test_a_runs_checkpoint_json_given_as_spec_says_where_the_spec_is(tmp_path):
+    """docs/model-spec.md: "a dpaudit model's spec can be copied from" checkpoint.json's "model". A newcomer gives
+    the checkpoint.json itself as --model-spec and read only "must be a JSON object with a 'kind'"."""
+    from dpaudit.errors import InputError
+    from dpaudit.models import read_model_spec
+
+    f = tmp_path / "checkpoint.json"
+    f.write_text('{"schema_version": 1, "model": {"kind": "logreg", "input_shape": [4], "n_classes": 2}}')
+    with pytest.raises(InputError, match=r"checkpoint.json: .*a run's checkpoint.json, whose spec is its 'model' obj"):
+        read_model_spec(f)
