@@ -336,3 +336,13 @@ def test_every_command_lists_in_one_short_line():
         for name, cmd in group.commands.items():
             listed = cmd.short_help or (cmd.help or "").split("\n\n")[0]
             assert 0 < len(listed) <= 250, ([*path, name], len(listed))
+
+
+def test_audit_canaries_marks_the_claim_it_requires(tmp_path):
+    """`audit canaries` refuses to run without --claimed-epsilon and --delta, but its help showed both as optional
+    (no [required], unlike every other required option): the newcomer learnt it from the error."""
+    assert option(["audit", "canaries"], "claimed_epsilon").required and option(["audit", "canaries"], "delta").required
+    r = invoke("audit", "canaries", tmp_path, "--delta", "1e-5")
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        "error: missing option '--claimed-epsilon'; see root audit canaries --help"
+    ]
