@@ -2,11 +2,11 @@
 
 A block is runnable when the line before its opening fence is ``<!-- readme-test: run -->`` (or
 ``<!-- readme-test: run, needs MODULE -->``: skipped where MODULE, e.g. an extra's package, is not
-installed). A runnable ``python`` block is a snippet of the user's own pytest suite: the fast test executes it
-and calls every ``test_*`` function it defines. The ``bash`` blocks run in order, as one user would type them, in one scratch directory with this
-environment's ``dpaudit`` and ``python`` first on PATH and the clone on PYTHONPATH (README: "from the
-clone's root"; ``examples.*`` imports from it). A line whose comment says ``exits 1`` must exit with 1
-(a caught bug), every other line with 0.
+installed). A runnable ``python`` block is a snippet of the user's own pytest suite: the fast test executes
+it and calls every ``test_*`` function it defines. The ``bash`` blocks run in order, as one user would type
+them, in one scratch directory with this environment's ``dpaudit`` and ``python`` first on PATH and the
+clone on PYTHONPATH (README: "from the clone's root"; ``examples.*`` imports from it). A line whose comment
+says ``exits 1`` must exit with 1 (a caught bug), every other line with 0.
 
 Sizes. The README shows what a user runs (minutes per multi-run audit); the slow test runs the same
 commands with the smaller sizes of :data:`SMALL` (fewer epochs, runs, reference models, queries,
@@ -155,6 +155,21 @@ def test_readme_python_blocks_run():
                 value()
                 ran.append(name)
     assert ran == ["test_my_mechanism_is_dp"], ran
+
+
+def test_readme_plan_numbers_are_what_audit_plan_prints():
+    """The numbers the README quotes from `dpaudit audit plan --epsilon 2 --true-epsilon 3 --family
+    randomized-response` (a line of the usage block, run only in the slow test, which reads no output): runs per
+    side, the perfect-attack minimum, and the refutations of 200 draws the size rule needs (about 1.3 s)."""
+    from dpaudit.audit import plan_design
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"For a claim of 2 and a true randomized-response ε of 3 that is (\d+) runs per side "
+                  r"\(perfect attack: (\d+)\).*?at least (\d+) of 200 draws refuted", text)  # fmt: skip
+    assert m, "the README's audit plan example moved: update this test"
+    plan = plan_design(2.0, true_epsilon=3.0, family="randomized-response").to_dict()
+    shown = (plan["runs_per_side"], plan["perfect_attack_runs_per_side"], plan["refutations_needed"])
+    assert tuple(int(g) for g in m.groups()) == shown
 
 
 @pytest.mark.slow
