@@ -346,3 +346,10 @@ def test_audit_canaries_marks_the_claim_it_requires(tmp_path):
     assert r.exit_code == 2 and r.output.strip().splitlines() == [
         "error: missing option '--claimed-epsilon'; see root audit canaries --help"
     ]
+
+
+def test_every_option_has_a_help():
+    """`train --max-physical-batch` and `train --weight-decay` were listed with no help at all (what they cap or
+    decay, and for which algorithms, only in the README)."""
+    bare = [(path, p.opts) for path, cmd in _all_commands() for p in cmd.params if not p.hidden and not p.help]
+    assert bare == []
