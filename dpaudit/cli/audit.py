@@ -303,10 +303,17 @@ def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool, can
     """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
     claimed curve refuted) or, opted in, on an estimate above the claim. With --fail-on-violation, exit 2 when
     ``cannot_refute``: the verdict is "inconclusive" (:data:`dpaudit.audit.result.CANNOT_REFUTE`), a gate that
-    could not fail."""
+    could not fail; and when no claim was tested at all (every verdict None: no --claimed-epsilon, a run without a
+    claim)."""
     from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
 
     verdicts = set(verdicts)
+    if (fail_on_violation or fail_on_estimate) and verdicts <= {None}:  # no claim was tested: nothing can fail
+        flag = "--fail-on-violation" if fail_on_violation else "--fail-on-estimate"
+        raise InputError(
+            f"{flag}: no claim was tested, so the gate fails instead of passing; give --claimed-epsilon (or audit a "
+            "run that records a privacy claim)"
+        )
     if fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS):
         raise InputError(
             "--fail-on-violation: verdict inconclusive: this design cannot refute the claim whatever the mechanism "

@@ -353,3 +353,21 @@ def test_every_option_has_a_help():
     decay, and for which algorithms, only in the README)."""
     bare = [(path, p.opts) for path, cmd in _all_commands() for p in cmd.params if not p.hidden and not p.help]
     assert bare == []
+
+
+def test_a_gate_without_a_claim_fails_instead_of_passing(tmp_path, run_dir):
+    """`audit scores s.csv --fail-on-violation` without --claimed-epsilon (a CI job that forgot the claim), or
+    `audit checkpoint RUN --fail-on-violation` on a run without a claim, tested nothing and exited 0: a gate that
+    could never fail passed (the rule dpaudit.audit.result.CANNOT_REFUTE states for inconclusive verdicts)."""
+    scores = tmp_path / "s.csv"
+    scores.write_text("member,score\n" + "".join(f"{i % 2},{(i % 2) + i / 100}\n" for i in range(40)))
+    for flag in ("--fail-on-violation", "--fail-on-estimate"):
+        r = invoke("audit", "scores", scores, flag)
+        assert r.exit_code == 2, r.output
+        assert r.stderr.strip().splitlines() == [
+            f"error: {flag}: no claim was tested, so the gate fails instead of passing; give --claimed-epsilon (or "
+            "audit a run that records a privacy claim)"
+        ]
+    assert invoke("audit", "scores", scores, "--fail-on-violation", "--claimed-epsilon", "0.1").exit_code == 0
+    r = invoke("--quiet", "audit", "checkpoint", run_dir, "--attacks", "loss", "--fail-on-violation")
+    assert r.exit_code == 2 and "no claim was tested" in r.stderr
