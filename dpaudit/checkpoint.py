@@ -22,7 +22,7 @@ from torch import nn
 from dpaudit import numfmt
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict, spec_path
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.fileio import load_safetensors, write_atomic_dir
+from dpaudit.fileio import load_safetensors, write_atomic_dir, writer_of
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
 from dpaudit.validation import check_json_type, read_json
 
@@ -240,10 +240,46 @@ SECTION_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# Folders other dpaudit commands write (their manifest's writer), which a newcomer gives where a run goes:
+# what each holds and what to give instead.
+_OTHER_OUTPUTS = {
+    "report": "it is a report from `dpaudit report`: give one of the run directories it was made from",
+    "demo": "it is the output of `dpaudit demo`: its runs are in {path}/runs/",
+    "canaries": "it holds record canaries from `dpaudit canaries make`: add insert.npz to your training set, then "
+    "`dpaudit import ... --canaries {path}` makes the run",
+    "cloak": "it is a cloak from `dpaudit train --algo cloak`, not a model: give its --target run (`dpaudit report "
+    "TARGET --cloak {path}` measures what the cloak leaks)",
+}
+
+
+def not_a_run(path: Path) -> str:
+    """The one-line refusal of a directory without checkpoint.json, saying what it is when another dpaudit
+    command wrote it (its manifest), it holds gradient canaries (dpaudit.hooks) or runs, and what to give instead."""
+    path = Path(path)
+    line = f"{path}: not a dpaudit run directory (no {CHECKPOINT_FILE})"
+    if not path.is_dir():
+        return line
+    writer = writer_of(path)
+    if writer == "cloak" and (path / "curve.json").is_file():  # a λ sweep: one cloak per lambda_* folder
+        return f"{line}; it is a sweep of cloaks from `dpaudit train --algo cloak` ({path}/lambda_*/), not a model"
+    if writer in _OTHER_OUTPUTS:
+        return f"{line}; {_OTHER_OUTPUTS[writer].format(path=path)}"
+    if (path / "canaries.json").is_file() and (path / "canaries.safetensors").is_file():
+        return f"{line}; it holds gradient canaries (dpaudit.hooks): audit them with `dpaudit audit canaries {path}`"
+    try:  # a folder of runs (`runs/` for `runs/mlp`): name a few
+        runs = sorted(str(p) for p in path.iterdir() if (p / CHECKPOINT_FILE).is_file())
+    except OSError:
+        runs = []
+    if runs:
+        more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+        return f"{line}; the runs in it: {', '.join(runs[:3])}{more}"
+    return line
+
+
 def _read_meta(path: Path) -> dict[str, Any]:
     f = path / CHECKPOINT_FILE
     if not f.is_file():
-        raise CheckpointError(f"{path}: not a dpaudit run directory (no {CHECKPOINT_FILE})")
+        raise CheckpointError(not_a_run(path))
     meta = read_json(f, error=CheckpointError)  # size, depth and number limits
     check_json_type(meta, dict, str(f), error=CheckpointError)
     if meta.get("schema_version") != SCHEMA_VERSION:

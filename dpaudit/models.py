@@ -484,6 +484,11 @@ def read_model_spec(path: str | Path, *, tokens: bool = False) -> ModelSpec:
 
 def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
     if not isinstance(d, dict) or "kind" not in d:
+        if isinstance(d, dict) and isinstance(d.get("model"), dict) and "kind" in d["model"]:  # docs/model-spec.md
+            raise InputError(
+                "model spec must be a JSON object with a 'kind'; this looks like a run's checkpoint.json, whose "
+                "spec is its 'model' object: save that object alone as spec.json"
+            )
         raise InputError("model spec must be a JSON object with a 'kind'")
     kind = d["kind"]
     if kind not in SPECS:

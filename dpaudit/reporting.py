@@ -19,7 +19,7 @@ from dpaudit.progress import NULL_PROGRESS, Progress
 def classify_input(path: Path) -> str:
     """'run' for a run directory, 'canaries' for a saved gradient-canary audit (``dpaudit audit canaries
     --out FILE``), 'report' for a report.json (or a directory holding one)."""
-    from dpaudit.checkpoint import CHECKPOINT_FILE
+    from dpaudit.checkpoint import CHECKPOINT_FILE, not_a_run
     from dpaudit.report.build import REPORT_FILES
     from dpaudit.validation import read_json
     from dpaudit.workflows.hooks_audit import KIND
@@ -28,14 +28,17 @@ def classify_input(path: Path) -> str:
         raise InputError(f"{path}: no such file or directory")
     if path.is_dir() and (path / CHECKPOINT_FILE).is_file():
         return "run"
+    if path.is_file() and path.name == CHECKPOINT_FILE:  # not a report.json: the run it describes
+        raise InputError(f"{path}: a run's {CHECKPOINT_FILE}, not a report; give the run directory {path.parent}")
     if path.is_file() and path.suffix.lower() == ".json":
         doc = read_json(path)  # size, depth and number limits
         return "canaries" if isinstance(doc, dict) and doc.get("kind") == KIND else "report"
     if path.is_dir() and (path / REPORT_FILES["json"]).is_file():
         return "report"
+    hint = not_a_run(path).partition(f"(no {CHECKPOINT_FILE})")[2] if path.is_dir() else ""
     raise InputError(
         f"{path}: neither a run directory (no {CHECKPOINT_FILE}), a report.json nor a saved canary audit "
-        "(`dpaudit audit canaries DIR --out FILE.json`)"
+        f"(`dpaudit audit canaries DIR --out FILE.json`){hint}"
     )
 
 

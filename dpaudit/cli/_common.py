@@ -479,14 +479,14 @@ DP = (
     opt("epsilon", float | None, None, help="DP: target ε (calibrates σ)."),
     opt("clip", float, 1.0, help="DP: per-example clipping norm C."),
 )
-CACHE_DIR = (
-    opt(
-        "cache_dir",
-        Path | None,
-        None,
-        help="Cache of trained shadow/reference models (default: $DPAUDIT_CACHE_DIR, else "
-        "$XDG_CACHE_HOME/dpaudit, else ~/.cache/dpaudit).",
-    ),
+CACHE_DIR_HELP = (
+    "Cache of trained shadow/reference models (default: $DPAUDIT_CACHE_DIR, else $XDG_CACHE_HOME/dpaudit, else "
+    "~/.cache/dpaudit)."
+)
+CACHE_DIR = (opt("cache_dir", Path | None, None, help=CACHE_DIR_HELP),)
+# The seed of one checkpoint's audit workflow (dpaudit.workflows), which `audit checkpoint` and `report` share.
+CHECKPOINT_SEED_HELP = (
+    "Seed of the attacks (reference models, bootstrap) and of the audits (holdout split, tie-breaking)."
 )
 
 

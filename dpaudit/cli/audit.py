@@ -9,6 +9,8 @@ import typer
 
 from dpaudit import numfmt
 from dpaudit.cli._common import (
+    CACHE_DIR_HELP,
+    CHECKPOINT_SEED_HELP,
     DATA,
     DELTA_HELP,
     DP,
@@ -70,14 +72,11 @@ SelectionOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the holdout split and tie-breaking.")]
-FailOnViolationOpt = Annotated[
-    bool,
-    typer.Option(
-        "--fail-on-violation",
-        help="Exit with code 1 on a formal refutation: verdict 'violation' (a formal epsilon lower bound above the "
-        "claim) or 'curve-refuted' (the claimed trade-off curve refuted).",
-    ),
-]
+FAIL_ON_VIOLATION_HELP = (
+    "Exit with code 1 on a formal refutation: verdict 'violation' (a formal epsilon lower bound above the claim) or "
+    "'curve-refuted' (the claimed trade-off curve refuted)."
+)
+FailOnViolationOpt = Annotated[bool, typer.Option("--fail-on-violation", help=FAIL_ON_VIOLATION_HELP)]
 
 
 def describe(result: AuditResult) -> str:
@@ -280,12 +279,16 @@ def plan_cmd(
             help="one-run-fdp: the trade-off family audited (as for audit scores; default: epsilon-delta).",
         ),
     ] = None,
-    seed: SeedOpt = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the simulated audits (their scores, holdout splits, tie-breaking).")
+    ] = 0,
     json_output: JsonFlag = False,
 ) -> None:
-    """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power against a hypothesised
-    leak, by simulating the audit; the perfect-attack minimum beside it. A size counts only when the lower end of
-    its power's Clopper-Pearson interval (at --confidence) reaches --power, never on the estimate alone."""
+    """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power, by simulating the audit.
+
+    The simulated audits face a hypothesised leak; the perfect-attack minimum is shown beside. A size counts only
+    when the lower end of its power's Clopper-Pearson interval (at --confidence) reaches --power, never on the
+    estimate alone."""
     from dpaudit.audit import plan_design
 
     plan = plan_design(
@@ -300,10 +303,17 @@ def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool, can
     """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
     claimed curve refuted) or, opted in, on an estimate above the claim. With --fail-on-violation, exit 2 when
     ``cannot_refute``: the verdict is "inconclusive" (:data:`dpaudit.audit.result.CANNOT_REFUTE`), a gate that
-    could not fail."""
+    could not fail; and when no claim was tested at all (every verdict None: no --claimed-epsilon, a run without a
+    claim)."""
     from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
 
     verdicts = set(verdicts)
+    if (fail_on_violation or fail_on_estimate) and verdicts <= {None}:  # no claim was tested: nothing can fail
+        flag = "--fail-on-violation" if fail_on_violation else "--fail-on-estimate"
+        raise InputError(
+            f"{flag}: no claim was tested, so the gate fails instead of passing; give --claimed-epsilon (or audit a "
+            "run that records a privacy claim)"
+        )
     if fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS):
         raise InputError(
             "--fail-on-violation: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
@@ -323,7 +333,7 @@ FailOnEstimateOpt = Annotated[
     ),
 ]
 # The same two flags as option-group entries (for the commands declared with ``options``).
-FAIL_ON_VIOLATION = opt("fail_on_violation", bool, False, help="Exit with code 1 when the verdict is 'violation'.")
+FAIL_ON_VIOLATION = opt("fail_on_violation", bool, False, help=FAIL_ON_VIOLATION_HELP)
 FAIL_ON_ESTIMATE = opt(
     "fail_on_estimate",
     bool,
@@ -360,10 +370,8 @@ def checkpoint_cmd(
         int, typer.Option("--reference-models", help="For --attacks lira.")
     ] = DEFAULTS.reference_models,
     workers: Annotated[int, typer.Option("--workers", help="Parallel reference-model training.")] = 1,
-    cache_dir: Annotated[
-        Path | None, typer.Option("--cache-dir", help="Where reference models are cached (default: user cache).")
-    ] = None,
-    seed: SeedOpt = DEFAULTS.seed,
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help=CACHE_DIR_HELP)] = None,
+    seed: Annotated[int, typer.Option("--seed", help=CHECKPOINT_SEED_HELP)] = DEFAULTS.seed,
     fail_on_violation: FailOnViolationOpt = False,
     fail_on_estimate: FailOnEstimateOpt = False,
     json_output: JsonFlag = False,
@@ -483,7 +491,13 @@ AUDIT_TRAIN_AUDIT = (
     ),
     opt("claimed_epsilon", float | None, None, help="Claimed epsilon (default: the recipe's claim)."),
     opt("workers", int, 1, help="Parallel training processes."),
-    opt("seed", int, 0, help="Seed of the holdout split and tie-breaking."),
+    opt(
+        "seed",
+        int,
+        0,
+        help="Seed of the runs (each training's seed, the canary, --init adversarial's model) and of the audit "
+        "(holdout split, tie-breaking).",
+    ),
     FAIL_ON_VIOLATION,
     FAIL_ON_ESTIMATE,
 )

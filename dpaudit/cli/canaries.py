@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from dpaudit.cli._common import DELTA_HELP, App, ForceFlag, JsonFlag, deprecated_alias, emit, given_options
-from dpaudit.cli.audit import ClaimedOpt, ConfidenceOpt, FailOnViolationOpt, SeedOpt, _exit_code, audit_app
+from dpaudit.cli.audit import ConfidenceOpt, FailOnViolationOpt, SeedOpt, _exit_code, audit_app
+from dpaudit.data import DATA_HELP
 from dpaudit.errors import InputError
 
 
@@ -20,8 +21,8 @@ def register(app: App) -> None:
         directory: Annotated[
             Path, typer.Argument(help="Directory written by dpaudit.hooks.GradientCanaries.save() after training.")
         ],
-        claimed_epsilon: ClaimedOpt = None,
-        delta: Annotated[float | None, typer.Option("--delta", help=f"{DELTA_HELP} being tested.")] = None,
+        claimed_epsilon: Annotated[float, typer.Option("--claimed-epsilon", help="Claimed epsilon at --delta.")],
+        delta: Annotated[float, typer.Option("--delta", help=f"{DELTA_HELP} being tested.")],
         noise_multiplier: Annotated[
             float | None,
             typer.Option("--noise-multiplier", help="The claim's sigma: adds the f-DP audit and the noise check."),
@@ -47,8 +48,6 @@ def register(app: App) -> None:
         formal check of the noise that was actually added. See docs/own-training-loop.md."""
         from dpaudit.workflows.hooks_audit import audit_canaries
 
-        if claimed_epsilon is None or delta is None:
-            raise InputError("audit canaries needs the claim: --claimed-epsilon E --delta D")
         if out is not None:
             from dpaudit.fileio import check_output_file
 
@@ -78,7 +77,7 @@ canaries_app = App(help="Canaries for models you train yourself (then `dpaudit i
 @canaries_app.command("make")
 def make_cmd(
     ctx: typer.Context,
-    data: Annotated[str, typer.Option("--data", help="The records you will train on: PATH.csv | PATH.npz | digits.")],
+    data: Annotated[str, typer.Option("--data", help="The records you will train on: " + DATA_HELP)],
     count: Annotated[int, typer.Option("--count", help="Number of canaries M (each included w.p. 1/2).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (keep canaries.safetensors secret).")],
     kind: Annotated[

@@ -13,10 +13,14 @@ from dpaudit.cli._common import App, JsonFlag, emit
 def register(app: App) -> None:
     @app.command("inspect")
     def inspect(
-        run: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory written by `dpaudit train`.")],
+        run: Annotated[
+            Path, typer.Argument(metavar="RUN", help="Run directory written by `dpaudit train` or `dpaudit import`.")
+        ],
         json_output: JsonFlag = False,
     ) -> None:
-        """Summarise a checkpoint. JSON keys (stable): schema_version, model, data, data_sha256, algo, private,
+        """Summarise a run directory (written by `dpaudit train` or `dpaudit import`) or a cloak.
+
+        JSON keys (stable): schema_version, model, data, data_sha256, algo, private,
         epsilon, delta, accountant, train_accuracy, test_accuracy, holdout_accuracy, train_loss, test_loss,
         n_members, seed, versions, epsilon_recomputed (ε re-accounted from the recorded mechanism, or null),
         claim_mismatch (true when the recorded ε differs from it, or privacy.event does not parse). A cloak

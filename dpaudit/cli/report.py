@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpaudit.cli._common import OUTPUT, App, arg, emit, info, opt, options, progress
+from dpaudit.cli._common import CACHE_DIR, CHECKPOINT_SEED_HELP, OUTPUT, App, arg, emit, info, opt, options, progress
 from dpaudit.defaults import DEFAULTS
 
 REPORT_INPUTS = (
@@ -28,8 +28,8 @@ REPORT_ATTACKS = (
     ),
     opt("confidence", float, DEFAULTS.confidence, help="Confidence of the lower bounds."),
     opt("workers", int, 1, help="Parallel workers for reference models."),
-    opt("seed", int, DEFAULTS.seed, help="Seed of the attacks."),
-    opt("cache_dir", Path | None, None, help="Where reference models are cached (default: user cache)."),
+    opt("seed", int, DEFAULTS.seed, help=CHECKPOINT_SEED_HELP),
+    *CACHE_DIR,
 )
 FAMILIES = (
     opt("inversion", bool, False, help="Also run MI-FACE model inversion on every class."),

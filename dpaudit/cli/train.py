@@ -83,7 +83,13 @@ ALGORITHM = (
     opt("batch_size", int | None, None, help="Batch size (expected size for Poisson; default: per algorithm)."),
     opt("lr", float | None, None, help=f"Learning rate. {recipe_help()}"),
     opt("momentum", float | None, None, help="SGD momentum (default 0, or the algorithm's)."),
-    opt("weight_decay", float, 0.0),
+    opt(
+        "weight_decay",
+        float,
+        0.0,
+        help="Weight decay λ of the SGD/Adam optimizer (torch's weight_decay: λ·w added to the gradient); "
+        "outpert/objpert/dpagd take --l2.",
+    ),
     opt(
         "l2",
         float | None,
@@ -116,7 +122,13 @@ PRIVACY = (
 PERFORMANCE = (
     opt("clipping", str, "auto", help="auto | ghost | vmap | loop."),
     opt("backend", str, "torch", help="torch | jax (logreg/mlp/cnn; needs the jax extra: pip install '.[jax]')."),
-    opt("max_physical_batch", int | None, None),
+    opt(
+        "max_physical_batch",
+        int | None,
+        None,
+        help="DP-SGD: at most this many examples per forward/backward pass (chunk sums added, the noise added "
+        "once; performance only, the claim is unchanged). Default: the whole batch.",
+    ),
     opt("device", str, "auto", help="auto | cpu | cuda."),
     opt("autocast", str | None, None, help="DP-SGD: bf16 forward/backward; norms and clipping stay float32."),
 )

@@ -552,7 +552,12 @@ def load_observations(directory: Path | str) -> CanaryObservations:
 
     d = Path(directory)
     if not (d / DESIGN_FILE).is_file() or not (d / ARRAYS_FILE).is_file():
-        raise InputError(f"{d}: not a gradient-canary directory (expected {DESIGN_FILE} and {ARRAYS_FILE})")
+        from dpaudit.checkpoint import CHECKPOINT_FILE
+
+        line = f"{d}: not a gradient-canary directory (expected {DESIGN_FILE} and {ARRAYS_FILE})"
+        if (d / CHECKPOINT_FILE).is_file():  # a run: its canaries (--canaries, --whitebox-canaries) are audited there
+            line += f"; it is a dpaudit run: audit it with `dpaudit audit checkpoint {d}`"
+        raise InputError(line)
     design = read_json(d / DESIGN_FILE, error=CheckpointError)  # bounded parsing of an untrusted file
     try:
         a = load_safetensors(d / ARRAYS_FILE, "numpy")

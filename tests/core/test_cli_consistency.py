@@ -272,3 +272,102 @@ def test_delta_help_says_the_same_everywhere():
              ["audit", "plan"], ["audit", "checkpoint"], ["audit", "train"], ["audit", "canaries"])  # fmt: skip
     for path in paths:
         assert "δ of the privacy claim (ε, δ)" in option(path, "delta").help, path
+
+
+# ---- one option, one help: the same flag says the same thing in every command ------------------------------------
+
+
+def _all_commands():
+    """(path, click command) of every command of the app, groups walked."""
+    import typer.main
+
+    stack = [([], typer.main.get_command(app))]
+    while stack:
+        path, cmd = stack.pop()
+        if hasattr(cmd, "commands"):
+            stack += [([*path, name], sub) for name, sub in cmd.commands.items()]
+        else:
+            yield path, cmd
+
+
+def _helps(name: str) -> dict[tuple[str, ...], str]:
+    return {tuple(path): p.help for path, cmd in _all_commands() for p in cmd.params if p.name == name and not p.hidden}
+
+
+def test_the_same_option_has_the_same_help_everywhere():
+    """A newcomer reads --fail-on-violation, --cache-dir, --force, --json and --quiet in one command's help and
+    must be able to trust it in the next. `audit train` said "exit 1 when the verdict is 'violation'" while it
+    also exits 1 on 'curve-refuted' (its per-step audit), as the other audits' help says; `audit checkpoint` and
+    `report` said "(default: user cache)" where `attack mia` names the variables and the path."""
+    for name in ("fail_on_violation", "cache_dir", "force", "json_output", "_dpaudit_quiet"):
+        helps = _helps(name)
+        assert len(helps) >= 2 and len(set(helps.values())) == 1, (name, helps)
+    assert len(_helps("fail_on_violation")) == 4  # scores, checkpoint, train, canaries
+
+
+def test_every_data_option_lists_every_form():
+    """`canaries make --data` said "PATH.csv | PATH.npz | digits" although it reads every form `train --data`
+    reads (a directory of .npy files, breast-cancer, wine, synthetic:...)."""
+    from dpaudit.data import DATA_HELP
+
+    helps = _helps("data")
+    assert {"train", "import", "audit", "canaries"} <= {path[0] for path in helps}, helps
+    for path, text in helps.items():
+        assert text.endswith(DATA_HELP), path
+
+
+def test_seed_help_says_what_the_seed_seeds():
+    """`audit checkpoint` and `report` run one workflow with one seed, so one help; `audit plan`'s seed seeds the
+    simulated audits and `audit train`'s the runs themselves, not only "the holdout split and tie-breaking"."""
+    helps = _helps("seed")
+    assert helps[("audit", "checkpoint")] == helps[("report",)] and "attacks" in helps[("report",)]
+    assert "simulated audits" in helps[("audit", "plan")]
+    assert "runs" in helps[("audit", "train")]
+
+
+def test_every_command_lists_in_one_short_line():
+    """`dpaudit --help` and `dpaudit audit --help` list each command by the first paragraph of its help: `inspect`
+    listed its 650-character JSON key list there (12 lines of the list), `audit plan` 315 characters."""
+    import typer.main
+
+    groups = [([], typer.main.get_command(app))]
+    groups += [([name], cmd) for name, cmd in groups[0][1].commands.items() if hasattr(cmd, "commands")]
+    for path, group in groups:
+        for name, cmd in group.commands.items():
+            listed = cmd.short_help or (cmd.help or "").split("\n\n")[0]
+            assert 0 < len(listed) <= 250, ([*path, name], len(listed))
+
+
+def test_audit_canaries_marks_the_claim_it_requires(tmp_path):
+    """`audit canaries` refuses to run without --claimed-epsilon and --delta, but its help showed both as optional
+    (no [required], unlike every other required option): the newcomer learnt it from the error."""
+    assert option(["audit", "canaries"], "claimed_epsilon").required and option(["audit", "canaries"], "delta").required
+    r = invoke("audit", "canaries", tmp_path, "--delta", "1e-5")
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        "error: missing option '--claimed-epsilon'; see root audit canaries --help"
+    ]
+
+
+def test_every_option_has_a_help():
+    """`train --max-physical-batch` and `train --weight-decay` were listed with no help at all (what they cap or
+    decay, and for which algorithms, only in the README)."""
+    bare = [(path, p.opts) for path, cmd in _all_commands() for p in cmd.params if not p.hidden and not p.help]
+    assert bare == []
+
+
+def test_a_gate_without_a_claim_fails_instead_of_passing(tmp_path, run_dir):
+    """`audit scores s.csv --fail-on-violation` without --claimed-epsilon (a CI job that forgot the claim), or
+    `audit checkpoint RUN --fail-on-violation` on a run without a claim, tested nothing and exited 0: a gate that
+    could never fail passed (the rule dpaudit.audit.result.CANNOT_REFUTE states for inconclusive verdicts)."""
+    scores = tmp_path / "s.csv"
+    scores.write_text("member,score\n" + "".join(f"{i % 2},{(i % 2) + i / 100}\n" for i in range(40)))
+    for flag in ("--fail-on-violation", "--fail-on-estimate"):
+        r = invoke("audit", "scores", scores, flag)
+        assert r.exit_code == 2, r.output
+        assert r.stderr.strip().splitlines() == [
+            f"error: {flag}: no claim was tested, so the gate fails instead of passing; give --claimed-epsilon (or "
+            "audit a run that records a privacy claim)"
+        ]
+    assert invoke("audit", "scores", scores, "--fail-on-violation", "--claimed-epsilon", "0.1").exit_code == 0
+    r = invoke("--quiet", "audit", "checkpoint", run_dir, "--attacks", "loss", "--fail-on-violation")
+    assert r.exit_code == 2 and "no claim was tested" in r.stderr

@@ -164,3 +164,63 @@ def test_seed_range_is_one_rule():
     for bad in (-1, MAX_SEED + 1, 1.5, True):
         with pytest.raises(Exception, match="expected seed to be an integer in"):
             check_seed(seed=bad)
+
+
+def _folder(path: Path, written_by: str, *files: str) -> Path:
+    """A folder as dpaudit's command ``written_by`` leaves it: its files and their manifest."""
+    from dpaudit.fileio import write_manifest
+
+    path.mkdir(parents=True)
+    for name in files:
+        (path / name).write_text("{}")
+    write_manifest(path, written_by=written_by)
+    return path
+
+
+def test_a_folder_from_another_command_is_named_with_what_to_give_instead(tmp_path):
+    """A newcomer gives the folder another command wrote where a run goes (the report, the demo's output, the
+    cloak they just trained, the canaries they made, the parent `runs/`): the one line said only "not a dpaudit
+    run directory (no checkpoint.json)", even for a cloak `dpaudit inspect` had just shown them."""
+    report = _folder(tmp_path / "reports" / "r", "report", "report.json", "report.md")
+    demo = _folder(tmp_path / "demo", "demo", "report.json")
+    cloak = _folder(tmp_path / "cloak", "cloak", "cloak.json", "cloak.safetensors")
+    sweep = _folder(tmp_path / "cloaks", "cloak", "curve.json", "curve.csv")
+    made = _folder(tmp_path / "canaries", "canaries", "canaries.json", "canaries.safetensors", "insert.npz")
+    gradient = _folder(tmp_path / "run-canaries", "dpaudit", "canaries.json", "canaries.safetensors")
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "checkpoint.json").write_text("{}")
+    assert one_line_error("inspect", report).endswith("it is a report from `dpaudit report`: give one of the run "
+                                                      "directories it was made from")  # fmt: skip
+    assert one_line_error("attack", "mia", demo).endswith(f"its runs are in {demo}/runs/")
+    line = one_line_error("audit", "checkpoint", cloak, "--attacks", "loss")
+    assert f"not a model: give its --target run (`dpaudit report TARGET --cloak {cloak}`" in line
+    assert f"a sweep of cloaks from `dpaudit train --algo cloak` ({sweep}/lambda_*/)" in one_line_error(
+        "inspect", sweep
+    )
+    assert f"`dpaudit import ... --canaries {made}` makes the run" in one_line_error("attack", "extract", made, "-b", 9)
+    assert one_line_error("inspect", gradient).endswith(f"audit them with `dpaudit audit canaries {gradient}`")
+    assert one_line_error("inspect", runs).endswith(f"the runs in it: {runs / 'a'}, {runs / 'b'}")
+    # `dpaudit report` says the same after its own list of what it reads, and names a run's checkpoint.json
+    line = one_line_error("report", cloak, "--out", tmp_path / "out")
+    assert "a saved canary audit" in line and "not a model: give its --target run" in line
+    assert one_line_error("report", runs / "a" / "checkpoint.json", "--out", tmp_path / "out").endswith(
+        f"a run's checkpoint.json, not a report; give the run directory {runs / 'a'}"
+    )
+    # and `audit canaries` given a run
+    assert one_line_error("audit", "canaries", runs / "a", "--claimed-epsilon", 1, "--delta", 1e-5).endswith(
+        f"it is a dpaudit run: audit it with `dpaudit audit checkpoint {runs / 'a'}`"
+    )
+
+
+def test_a_runs_checkpoint_json_given_as_spec_says_where_the_spec_is(tmp_path):
+    """docs/model-spec.md: "a dpaudit model's spec can be copied from" checkpoint.json's "model". A newcomer gives
+    the checkpoint.json itself as --model-spec and read only "must be a JSON object with a 'kind'"."""
+    from dpaudit.errors import InputError
+    from dpaudit.models import read_model_spec
+
+    f = tmp_path / "checkpoint.json"
+    f.write_text('{"schema_version": 1, "model": {"kind": "logreg", "input_shape": [4], "n_classes": 2}}')
+    with pytest.raises(InputError, match=r"checkpoint.json: .*a run's checkpoint.json, whose spec is its 'model' obj"):
+        read_model_spec(f)

@@ -2,10 +2,11 @@
 
 A block is runnable when the line before its opening fence is ``<!-- readme-test: run -->`` (or
 ``<!-- readme-test: run, needs MODULE -->``: skipped where MODULE, e.g. an extra's package, is not
-installed). The blocks run in order, as one user would type them, in one scratch directory with this
-environment's ``dpaudit`` and ``python`` first on PATH and the clone on PYTHONPATH (README: "from the
-clone's root"; ``examples.*`` imports from it). A line whose comment says ``exits 1`` must exit with 1
-(a caught bug), every other line with 0.
+installed). A runnable ``python`` block is a snippet of the user's own pytest suite: the fast test executes
+it and calls every ``test_*`` function it defines. The ``bash`` blocks run in order, as one user would type
+them, in one scratch directory with this environment's ``dpaudit`` and ``python`` first on PATH and the
+clone on PYTHONPATH (README: "from the clone's root"; ``examples.*`` imports from it). A line whose comment
+says ``exits 1`` must exit with 1 (a caught bug), every other line with 0.
 
 Sizes. The README shows what a user runs (minutes per multi-run audit); the slow test runs the same
 commands with the smaller sizes of :data:`SMALL` (fewer epochs, runs, reference models, queries,
@@ -28,7 +29,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MARK = re.compile(r"<!-- readme-test: run(?:, needs (?P<needs>[\w.]+))? -->\n```bash\n(?P<body>.*?)```", re.S)
+MARK = re.compile(
+    r"<!-- readme-test: run(?:, needs (?P<needs>[\w.]+))? -->\n```(?P<lang>bash|python)\n(?P<body>.*?)```", re.S
+)
 
 # (pattern, replacement) on each logical line of a block, in order: the suite's smaller sizes.
 SMALL = (
@@ -53,8 +56,9 @@ class Block:
     body: str
 
 
-def blocks() -> list[Block]:
-    return [Block(m["needs"], m["body"]) for m in MARK.finditer((ROOT / "README.md").read_text())]
+def blocks(lang: str = "bash") -> list[Block]:
+    text = (ROOT / "README.md").read_text()
+    return [Block(m["needs"], m["body"]) for m in MARK.finditer(text) if m["lang"] == lang]
 
 
 def commands(body: str) -> list[str]:
@@ -135,6 +139,37 @@ def test_small_sizes_only_shrink_what_the_readme_shows():
     assert small("dpaudit audit canaries d --fail-on-violation  # exits 1: caught").endswith("test $? -eq 1; fi")
     for pattern, _ in SMALL:  # every substitution still applies to the README (none went stale)
         assert any(re.search(pattern, line) for b in blocks() for line in commands(b.body)), pattern
+
+
+def test_readme_python_blocks_run():
+    """The `assert_dp` example ("In your own pytest suite, audit a mechanism you wrote") runs as written: each
+    runnable Python block is executed and every test function it defines passes (about 1.5 s)."""
+    ran = []
+    for i, block in enumerate(blocks("python")):
+        if block.needs and importlib.util.find_spec(block.needs) is None:
+            continue
+        namespace: dict = {"__name__": f"readme_block_{i}"}
+        exec(compile(block.body, f"README.md (python block {i})", "exec"), namespace)
+        for name, value in namespace.items():
+            if name.startswith("test_") and callable(value):
+                value()
+                ran.append(name)
+    assert ran == ["test_my_mechanism_is_dp"], ran
+
+
+def test_readme_plan_numbers_are_what_audit_plan_prints():
+    """The numbers the README quotes from `dpaudit audit plan --epsilon 2 --true-epsilon 3 --family
+    randomized-response` (a line of the usage block, run only in the slow test, which reads no output): runs per
+    side, the perfect-attack minimum, and the refutations of 200 draws the size rule needs (about 1.3 s)."""
+    from dpaudit.audit import plan_design
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"For a claim of 2 and a true randomized-response ε of 3 that is (\d+) runs per side "
+                  r"\(perfect attack: (\d+)\).*?at least (\d+) of 200 draws refuted", text)  # fmt: skip
+    assert m, "the README's audit plan example moved: update this test"
+    plan = plan_design(2.0, true_epsilon=3.0, family="randomized-response").to_dict()
+    shown = (plan["runs_per_side"], plan["perfect_attack_runs_per_side"], plan["refutations_needed"])
+    assert tuple(int(g) for g in m.groups()) == shown
 
 
 @pytest.mark.slow
