@@ -112,7 +112,7 @@ def fit_model(
     train_idx = np.asarray(train_idx, dtype=np.int64)
     if len(train_idx) == 0:
         raise InputError("the training split is empty")
-    if config.batch_size > len(train_idx):
+    if trainer.batched and config.batch_size > len(train_idx):
         raise InputError(f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)")
     # The JAX backend places its own arrays (PerfConfig.device); the torch side stays on the CPU.
     device = resolve_device(perf.device) if perf.backend == "torch" else torch.device("cpu")
@@ -187,6 +187,7 @@ def train_run(
     if out is not None:
         check_output_dir(out, force=force, inputs=[dataset.source])  # fail before training
     check_spec_fits(spec, dataset)
+    trainer = trainer if trainer is not None else default_trainer(config, perf)
     splits = splits or make_splits(len(dataset), split_seed, fractions)
     train_data, train_idx = dataset, splits.members
     if canaries is not None:
@@ -223,10 +224,11 @@ def train_run(
             records="training records",
         )
     learned = {"fit_warnings": found} if found else {}
+    steps_run = config.num_steps(len(train_idx)) if trainer.batched else None  # None: no minibatch steps
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
-        training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
+        training={**config.to_dict(), "steps_run": steps_run, "history": fitted.outcome.history},
         performance={**perf.to_dict(), **fitted.outcome.performance},
         privacy=fitted.outcome.privacy, metrics=metrics,
         seed=config.seed, canaries=canaries.describe() if canaries is not None else None,

@@ -283,3 +283,26 @@ def test_plugin_trainer_runs_in_the_workflow_audit_and_builtin_path_refuses():
     assert res.neighbouring == "replace_one" and len(res.scores) == 8 and np.all(np.isfinite(res.scores))
     with pytest.raises(InputError, match="plug-in"):
         claim_for(config, 100)
+
+
+@pytest.mark.parametrize("algo", ["outpert", "objpert", "dpagd"])
+def test_a_training_set_smaller_than_the_unused_batch_size_trains(tmp_path, algo):
+    """The convex learners and DP-AGD use no minibatches, so 14 training records (40 in all, 35% members) are
+    no error. Before: "batch size 64 is larger than the training set (14 records)", exit 2, for an option
+    these algorithms do not even read (refused now when given); the checkpoint also recorded steps_run as
+    ceil(epochs N / B) SGD steps that never ran (33 for a DP-AGD run of 441 iterations)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+
+    out = tmp_path / algo
+    result = CliRunner().invoke(
+        app, ["--quiet", "train", "--out", str(out), "--data", "synthetic:n=40,d=3,classes=2,seed=0,sep=3",
+              "--model", "logreg", "--algo", algo, "--epsilon", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "checkpoint.json").read_text())
+    assert meta["split"]["sizes"]["members"] == 14 and meta["privacy"]["dataset_size"] == 14
+    assert meta["training"]["steps_run"] is None  # no minibatch step ran (DP-AGD's iterations are in the claim)
