@@ -214,15 +214,7 @@ def train_run(
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
     metrics = metrics_for(fitted, dataset, splits)
-    found = list(dataset.label_warnings)  # an age read as 70 classes: every attack then measures that classifier
-    if len(splits.members):  # a model at chance on its own training records: attacks on it measure noise
-        found += _fit_warnings(
-            dataset.y[splits.members],
-            metrics["train_accuracy"],
-            metrics["train_loss"],
-            question=_LEARN_QUESTION,
-            records="training records",
-        )
+    found = learn_warnings(dataset, splits, metrics)
     learned = {"fit_warnings": found} if found else {}
     steps_run = config.num_steps(len(train_idx)) if trainer.batched else None  # None: no minibatch steps
     return record_run(
@@ -751,6 +743,24 @@ _LEARN_QUESTION = (
 )
 
 
+def learn_warnings(
+    dataset: Dataset, splits: Splits, metrics: dict[str, float | None], records: str = "training records"
+) -> list[str]:
+    """What ``dpaudit train`` warns about a trained run (every algorithm): the dataset's label warnings (an age
+    read as 70 classes: every attack then measures that classifier) and, from its ``metrics``, a model at chance
+    on the members split (attacks on it measure noise; :func:`_fit_warnings`)."""
+    found = list(dataset.label_warnings)
+    if len(splits.members):
+        found += _fit_warnings(
+            dataset.y[splits.members],
+            metrics["train_accuracy"],
+            metrics["train_loss"],
+            question=_LEARN_QUESTION,
+            records=records,
+        )
+    return found
+
+
 def _fit_warnings(
     y: np.ndarray,
     accuracy: float,
@@ -777,7 +787,8 @@ def _fit_warnings(
     # Cross-entropy of the constant prediction of the members' class frequencies on the members is their
     # entropy H = -sum f log f (Cover & Thomas, Elements of Information Theory, eq. 2.1); a model trained
     # to minimise cross-entropy on these records does better unless its inputs carry nothing it learned.
-    constant = float(-(freq[freq > 0] * np.log(freq[freq > 0])).sum())
+    # max(0, .): H >= 0, and one class gives -0.0, which printed "is above -0"
+    constant = max(0.0, float(-(freq[freq > 0] * np.log(freq[freq > 0])).sum()))
     if loss > constant:
         out.append(
             f"the model's mean loss on its {records}, {loss:.4g}, is above {constant:.3g}, the loss "
