@@ -392,6 +392,8 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "dpagd", "--epsilon", "1"], "--epochs", "dpagd"),
         (["--algo", "cloak", "--momentum", "0.9"], "--momentum", "cloak"),
         (["--algo", "cloak", "--steps", "5"], "--steps", "cloak"),
+        (["--algo", "cloak", "--data", "wine"], "--data", "cloak"),  # the target's data is used (was: silently)
+        (["--algo", "cloak", "--split", "0.5,0.5,0,0"], "--split", "cloak"),
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
