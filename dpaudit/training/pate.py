@@ -34,6 +34,7 @@ from dpaudit.aggregation import (
     AggregatorConfig,
     aggregate,
     calibrate_aggregator,
+    check_data_dependent_claim,
     privacy_record,
     private_diagnostics,
     vote_histogram,
@@ -97,6 +98,8 @@ class AggregationConfig:
         if not isinstance(self.aggregator, AggregatorConfig):
             raise InputError("expected aggregator to be an AggregatorConfig")
         self.aggregator.check_teachers(self.teachers)
+        if self.claim == "data-dependent":  # refused before any teacher is trained (was: after them all)
+            check_data_dependent_claim(self.aggregator)
         if self.aggregator.sample_rate is not None:
             if self.algo != "dp-icl":
                 raise InputError("--subsample applies to --algo dp-icl (per-query sampling of exemplars)")

@@ -74,6 +74,25 @@ def test_bad_run_input(kw, message):
         _run(**kw)
 
 
+@pytest.mark.parametrize(
+    ("aggregator", "message"),
+    [
+        (AggregatorConfig("lnmax", sigma=2.0), "needs gnmax or confident-gnmax .*, not lnmax$"),
+        (AggregatorConfig("argmax"), "not argmax$"),  # was: no claim at all, the data-dependent request ignored
+        # was: "needs gnmax or confident-gnmax ..., not gnmax", after the votes
+        (AggregatorConfig("gnmax", sigma=2.0, sample_rate=0.1), "does not cover --subsample"),
+    ],
+)
+def test_a_data_dependent_claim_the_sanitiser_cannot_make_is_refused_before_any_teacher_trains(aggregator, message):
+    # AggregationConfig refuses it: before, PATE trained every teacher and then refused (or, for argmax, recorded
+    # no claim without a word).
+    with pytest.raises(InputError, match=message):
+        AggregationConfig(
+            algo="dp-icl", teachers=4, shots=None if aggregator.sample_rate else 2, aggregator=aggregator, queries=10,
+            claim="data-dependent",
+        )  # fmt: skip
+
+
 def test_cli_train_pate_and_bad_input_exit_2(tmp_path):
     from dpaudit.cli.main import app
 
