@@ -306,3 +306,15 @@ def test_a_training_set_smaller_than_the_unused_batch_size_trains(tmp_path, algo
     meta = json.loads((out / "checkpoint.json").read_text())
     assert meta["split"]["sizes"]["members"] == 14 and meta["privacy"]["dataset_size"] == 14
     assert meta["training"]["steps_run"] is None  # no minibatch step ran (DP-AGD's iterations are in the claim)
+
+
+@pytest.mark.parametrize("algo", ["outpert", "dpagd"])
+def test_train_canaries_on_a_convex_learner_is_not_refused_with_the_multirun_audits_message(algo):
+    # `train --algo outpert --canaries 50` stopped with "the built-in multi-run audit trains DP-SGD recipes; audit
+    # --algo outpert with the plug-in path ...": the canary design check took the refusing setting_for of the
+    # convex trainers for DP-SGD's. There is no pre-training check for them (the checkpoint audit decides).
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from dpaudit.workflows.training import require_refutable_canaries
+
+    config = TrainConfig(algo=algo, weight_decay=0.1, dp=DPConfig(target_epsilon=1.0))
+    assert require_refutable_canaries(config, 200, 50) is None
