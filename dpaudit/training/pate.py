@@ -131,7 +131,7 @@ def teacher_parts(n_members: int, config: AggregationConfig) -> list[np.ndarray]
         if k * config.shots > n_members:
             raise InputError(
                 f"--shots {config.shots} x --teachers {k} = {k * config.shots} exemplars, but the private set "
-                f"has {n_members} records"
+                f"has {n_members} records (at most --shots {n_members // k} with {k} teachers)"
             )
         return [np.sort(perm[t * config.shots : (t + 1) * config.shots]) for t in range(k)]
     return [np.sort(p) for p in np.array_split(perm, k)]

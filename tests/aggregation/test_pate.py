@@ -62,7 +62,11 @@ def test_dp_icl_run_and_calibrated_claim():
     ("kw", "message"),
     [
         ({"teachers": 500}, "more teachers"),
-        ({"algo": "dp-icl", "teachers": 50, "shots": 10}, "exemplars, but the private set"),
+        # the largest --shots that fits is named (breast-cancer's defaults: 20 x 10 = 200 > 199 members)
+        (
+            {"algo": "dp-icl", "teachers": 50, "shots": 10},
+            r"exemplars, but the private set has 140 records \(at most --shots 2 ",
+        ),
         ({"algo": "dp-icl", "shots": 2, "predictor": "/no/such/model"}, "no such model directory"),
         ({"algo": "dp-icl"}, "needs --shots"),
         ({"shots": 3}, "only to --algo dp-icl"),
