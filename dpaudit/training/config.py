@@ -237,6 +237,9 @@ OPTION_READERS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("epochs", "batch_size", "lr"), (*SGD_STEP_ALGOS, *AGGREGATION_ALGOS, "cloak")),
     "momentum": (*SGD_STEP_ALGOS, *AGGREGATION_ALGOS),
     "steps": (*SGD_STEP_ALGOS, *DPAGD_ALGOS, *AGGREGATION_ALGOS),
+    # Where the minibatch trainers run (the JAX backend has exactly these); PATE's teachers train on the CPU with
+    # torch, the convex learners and DP-AGD in numpy: --backend jax / --device cuda were silently ignored there.
+    **dict.fromkeys(("backend", "device"), SGD_STEP_ALGOS),
 }
 # Options read only together with another option (e.g. the kind of canary only when there are canaries).
 OPTION_NEEDS: dict[str, tuple[str, ...]] = {

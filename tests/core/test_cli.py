@@ -394,6 +394,8 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "cloak", "--steps", "5"], "--steps", "cloak"),
         (["--algo", "cloak", "--data", "wine"], "--data", "cloak"),  # the target's data is used (was: silently)
         (["--algo", "cloak", "--split", "0.5,0.5,0,0"], "--split", "cloak"),
+        (["--algo", "pate", "--teachers", "5", "--backend", "jax"], "--backend", "pate"),  # was: trained with torch
+        (["--algo", "dp-icl", "--teachers", "5", "--device", "cuda"], "--device", "dp-icl"),  # was: on the CPU
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
