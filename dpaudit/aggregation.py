@@ -61,6 +61,7 @@ __all__ = [
     "aggregate",
     "aggregator_event",
     "calibrate_aggregator",
+    "check_data_dependent_claim",
     "data_dependent_epsilon",
     "data_dependent_rdp",
     "log_q_gnmax",
@@ -326,6 +327,21 @@ def data_dependent_epsilon(hist: np.ndarray, answers: np.ndarray, config: Aggreg
 CLAIMS = ("data-independent", "data-dependent")
 
 
+def check_data_dependent_claim(config: AggregatorConfig) -> None:
+    """Refuse ``--claim data-dependent`` where the sanitiser has no analysis: it covers GNMax and Confident-GNMax on
+    fixed teachers (Papernot et al. 2018, Sec. 4.3 and App. C), not LNMax nor per-query subsampled teachers."""
+    if config.name not in ("gnmax", "confident-gnmax"):
+        raise InputError(
+            f"--claim data-dependent needs gnmax or confident-gnmax (the smooth-sensitivity sanitiser of Papernot "
+            f"et al. 2018 covers those), not {config.name}"
+        )
+    if config.sample_rate is not None:
+        raise InputError(
+            "--claim data-dependent does not cover --subsample (the smooth-sensitivity sanitiser of Papernot et al. "
+            "2018 is analysed for fixed teachers); use the data-independent claim"
+        )
+
+
 def _sanitiser_params(config: AggregatorConfig) -> dict[str, Any]:
     """The aggregator's public settings as :func:`dpaudit.accounting.pate_smooth.sanitised_claim` takes them."""
     return {
@@ -380,11 +396,7 @@ def privacy_record(
         record["pure_dp_epsilon"] = di["pure_dp_epsilon"]
     if claim == "data-independent":
         return record
-    if config.name not in ("gnmax", "confident-gnmax") or config.sample_rate is not None:
-        raise InputError(
-            f"--claim data-dependent needs gnmax or confident-gnmax (the smooth-sensitivity sanitiser of Papernot "
-            f"et al. 2018 covers those), not {config.name}"
-        )
+    check_data_dependent_claim(config)
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     s = sanitised_claim(
         config.name, h, answered, n_teachers=n_teachers, params=_sanitiser_params(config), delta=delta,

@@ -23,6 +23,7 @@ from dpaudit.cli._common import (
     warn,
 )
 from dpaudit.data import DATA_HELP
+from dpaudit.errors import InputError
 from dpaudit.training.config import recipe_help
 
 
@@ -223,6 +224,16 @@ def train(ctx: typer.Context, **o) -> None:
         check_options_read(o["algo"], given)
 
         keep = ("epochs", "batch_size", "lr", "seed", "force")
+        # A cloak is trained on its --target run's data, members split and frozen model: --data, --model, --split
+        # and the like would be ignored (before: silently, e.g. --data mine.csv trained the cloak on the target's).
+        unread = (
+            sorted(given - {"out", "algo", "target", "lambdas", "json_output", *keep}) if o["algo"] == "cloak" else []
+        )
+        if unread:
+            raise InputError(
+                f"--{unread[0].replace('_', '-')} does not apply to --algo cloak (a cloak is trained on its --target "
+                "run's data, members split and model)"
+            )
         return train_cloak_command(
             o["algo"], o["target"], o["lambdas"] or [], out, **{k: o[k] for k in keep}, json_output=json_output
         )

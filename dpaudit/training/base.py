@@ -70,11 +70,16 @@ class Trainer(ABC):
 
     ``streams``: the trainer reads its training features only as ``X[batch]`` (plus ``X.shape``,
     ``X.device``), so it can be given a :class:`StreamedFeatures` for a memory-mapped dataset;
-    the others get the training split as one tensor."""
+    the others get the training split as one tensor.
+    ``batched``: the trainer takes ``config.num_steps(N)`` minibatch steps of ``config.batch_size`` records;
+    the others (the convex learners' exact solve, DP-AGD's full-batch gradients) read none of the epochs, batch
+    size or learning rate, so a training set smaller than the batch size is no error for them and no step count
+    is recorded as run."""
 
     name: ClassVar[str]
     private: ClassVar[bool] = False
     streams: ClassVar[bool] = False
+    batched: ClassVar[bool] = True
 
     def __init__(self, config: TrainConfig, perf: PerfConfig | None = None) -> None:
         self.config = config

@@ -401,6 +401,11 @@ def evaluate_cloak(cloak: Cloak, run: Any, *, threshold: float, draws: int, delt
 def train_cloak(run: Any, config: CloakConfig, *, progress: Progress = NULL_PROGRESS) -> Cloak:
     """Learn mu and sigma for the frozen target ``run`` (a loaded run) on its training split; evaluated on
     its test split. Returns the cloak (not saved; see :func:`save_cloak`)."""
+    if len(run.splits.test) == 0:  # was: "internal error: ValueError: attempt to get argmax of an empty sequence"
+        raise InputError(
+            f"--target {run.path}: the run's test split is empty, and a cloak's clean and cloaked accuracy are "
+            "measured on it; retrain the target with a test fraction above 0 (--split)"
+        )
     ds = run.dataset()
     X, y = np.asarray(ds.X, np.float32), np.asarray(ds.y)
     train = run.splits.members

@@ -206,6 +206,7 @@ DPAGD_ALGOS = ("dpagd", "dpagd-huber")
 AGGREGATION_ALGOS = ("pate", "dp-icl")
 # Every trainer of dpaudit.training.algorithms.TRAINERS (a test checks the two agree).
 TRAINER_ALGOS = ("sgd", "adam", *DPSGD_ALGOS, *PERTURBATION_ALGOS, *DPAGD_ALGOS)
+SGD_STEP_ALGOS = ("sgd", "adam", *DPSGD_ALGOS)  # the trainers that take minibatch optimiser steps
 AGGREGATION_OPTIONS = (
     "teachers", "aggregator", "queries", "sigma", "sigma1", "threshold", "max_answers", "shots", "predictor",
     "workers", "claim", "sanitiser", "keep_private_diagnostics", "subsample",
@@ -230,6 +231,15 @@ OPTION_READERS: dict[str, tuple[str, ...]] = {
     "mechanism": PERTURBATION_ALGOS,
     "objective": DPAGD_ALGOS,
     **dict.fromkeys(AGGREGATION_OPTIONS, AGGREGATION_ALGOS),
+    # The optimiser's settings: read by the trainers that take SGD/Adam steps, by PATE's and DP-ICL's student (and
+    # teachers), and by Cloak's Adam (epochs, batch size, lr; not momentum, not steps). The convex learners solve
+    # their ERM exactly (no epochs, batches or learning rate), and DP-AGD takes --steps as its "splits" only.
+    **dict.fromkeys(("epochs", "batch_size", "lr"), (*SGD_STEP_ALGOS, *AGGREGATION_ALGOS, "cloak")),
+    "momentum": (*SGD_STEP_ALGOS, *AGGREGATION_ALGOS),
+    "steps": (*SGD_STEP_ALGOS, *DPAGD_ALGOS, *AGGREGATION_ALGOS),
+    # Where the minibatch trainers run (the JAX backend has exactly these); PATE's teachers train on the CPU with
+    # torch, the convex learners and DP-AGD in numpy: --backend jax / --device cuda were silently ignored there.
+    **dict.fromkeys(("backend", "device"), SGD_STEP_ALGOS),
 }
 # Options read only together with another option (e.g. the kind of canary only when there are canaries).
 OPTION_NEEDS: dict[str, tuple[str, ...]] = {

@@ -396,6 +396,7 @@ class ConvexTrainer(Trainer):
     ``config.dp`` (``--epsilon``, ``--delta``); noise from ``config.seed`` (or ``secure_noise``)."""
 
     private = True
+    batched = False  # one exact solve on all N records
     learner: ClassVar[str]
     setting_for = no_builtin_audit
 

@@ -340,6 +340,7 @@ class DPAGDTrainer(Trainer):
     ``--clip`` C_grad, ``--l2`` λ, ``--steps`` the slides' "splits" (default 60)."""
 
     private = True
+    batched = False  # full-batch gradients; its iterations are recorded in the claim ("steps", "ledger")
     objective: ClassVar[str]
     setting_for = no_builtin_audit
 

@@ -34,6 +34,7 @@ from dpaudit.aggregation import (
     AggregatorConfig,
     aggregate,
     calibrate_aggregator,
+    check_data_dependent_claim,
     privacy_record,
     private_diagnostics,
     vote_histogram,
@@ -97,6 +98,8 @@ class AggregationConfig:
         if not isinstance(self.aggregator, AggregatorConfig):
             raise InputError("expected aggregator to be an AggregatorConfig")
         self.aggregator.check_teachers(self.teachers)
+        if self.claim == "data-dependent":  # refused before any teacher is trained (was: after them all)
+            check_data_dependent_claim(self.aggregator)
         if self.aggregator.sample_rate is not None:
             if self.algo != "dp-icl":
                 raise InputError("--subsample applies to --algo dp-icl (per-query sampling of exemplars)")
@@ -128,7 +131,7 @@ def teacher_parts(n_members: int, config: AggregationConfig) -> list[np.ndarray]
         if k * config.shots > n_members:
             raise InputError(
                 f"--shots {config.shots} x --teachers {k} = {k * config.shots} exemplars, but the private set "
-                f"has {n_members} records"
+                f"has {n_members} records (at most --shots {n_members // k} with {k} teachers)"
             )
         return [np.sort(perm[t * config.shots : (t + 1) * config.shots]) for t in range(k)]
     return [np.sort(p) for p in np.array_split(perm, k)]
@@ -219,7 +222,7 @@ def train_aggregation_run(
     Values computed from the private votes (raw data-dependent epsilon, vote and teacher accuracy) are kept
     out of it unless ``keep_private_diagnostics`` (then under ``private_diagnostics``, labelled).
     """
-    from dpaudit.training.run import FittedModel, check_spec_fits, fit_model, metrics_for, record_run
+    from dpaudit.training.run import FittedModel, check_spec_fits, fit_model, learn_warnings, metrics_for, record_run
 
     if student.dp is not None or student.algo not in ("sgd", "adam"):
         raise InputError(f"the student and teachers train non-privately (sgd or adam), not {student.algo!r}")
@@ -289,11 +292,15 @@ def train_aggregation_run(
     training = {**student_cfg.to_dict(), "algo": config.algo, "student_algo": student.algo}
     training.update(steps_run=student_cfg.num_steps(len(student_data)), history=fitted.outcome.history)
     training["aggregation"] = stats
+    metrics = metrics_for(FittedModel(fitted.outcome, pre, fitted.device), dataset, splits)
+    # The student never sees the members; its accuracy on them (a metric the run records anyway) at chance means
+    # the teachers' labels taught it nothing (before: no warning, e.g. 35.7% where the majority class has 94.3%).
+    found = learn_warnings(dataset, splits, metrics, records="private training records (the teachers' data)")
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**pre.to_dict(), "fitted_on": "aux"} if isinstance(pre, Standardizer) else pre.to_dict(),
         training=training, performance={**PerfConfig().to_dict(), "workers": workers}, privacy=privacy,
-        metrics=metrics_for(FittedModel(fitted.outcome, pre, fitted.device), dataset, splits), seed=config.seed,
+        metrics=metrics, seed=config.seed, extra={"fit_warnings": found} if found else None,
         arrays={ANSWERS_FILE: {"query_idx": q_idx, "answers": answers}}, force=force,
     )  # fmt: skip
 

@@ -113,7 +113,7 @@ def fit_model(
     train_idx = np.asarray(train_idx, dtype=np.int64)
     if len(train_idx) == 0:
         raise InputError("the training split is empty")
-    if config.batch_size > len(train_idx):
+    if trainer.batched and config.batch_size > len(train_idx):
         raise InputError(f"batch size {config.batch_size} is larger than the training set ({len(train_idx)} records)")
     # The JAX backend places its own arrays (PerfConfig.device); the torch side stays on the CPU.
     device = resolve_device(perf.device) if perf.backend == "torch" else torch.device("cpu")
@@ -188,6 +188,7 @@ def train_run(
     if out is not None:
         check_output_dir(out, force=force, inputs=[dataset.source])  # fail before training
     check_spec_fits(spec, dataset)
+    trainer = trainer if trainer is not None else default_trainer(config, perf)
     splits = splits or make_splits(len(dataset), split_seed, fractions)
     train_data, train_idx = dataset, splits.members
     if canaries is not None:
@@ -214,20 +215,13 @@ def train_run(
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
     metrics = metrics_for(fitted, dataset, splits)
-    found = list(dataset.label_warnings)  # an age read as 70 classes: every attack then measures that classifier
-    if len(splits.members):  # a model at chance on its own training records: attacks on it measure noise
-        found += _fit_warnings(
-            dataset.y[splits.members],
-            metrics["train_accuracy"],
-            metrics["train_loss"],
-            question=_LEARN_QUESTION,
-            records="training records",
-        )
+    found = learn_warnings(dataset, splits, metrics)
     learned = {"fit_warnings": found} if found else {}
+    steps_run = config.num_steps(len(train_idx)) if trainer.batched else None  # None: no minibatch steps
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
-        training={**config.to_dict(), "steps_run": config.num_steps(len(train_idx)), "history": fitted.outcome.history},
+        training={**config.to_dict(), "steps_run": steps_run, "history": fitted.outcome.history},
         performance={**perf.to_dict(), **fitted.outcome.performance},
         privacy=fitted.outcome.privacy, metrics=metrics,
         seed=config.seed, canaries=canaries.describe() if canaries is not None else None,
@@ -756,6 +750,24 @@ _LEARN_QUESTION = (
 )
 
 
+def learn_warnings(
+    dataset: Dataset, splits: Splits, metrics: dict[str, float | None], records: str = "training records"
+) -> list[str]:
+    """What ``dpaudit train`` warns about a trained run (every algorithm): the dataset's label warnings (an age
+    read as 70 classes: every attack then measures that classifier) and, from its ``metrics``, a model at chance
+    on the members split (attacks on it measure noise; :func:`_fit_warnings`)."""
+    found = list(dataset.label_warnings)
+    if len(splits.members):
+        found += _fit_warnings(
+            dataset.y[splits.members],
+            metrics["train_accuracy"],
+            metrics["train_loss"],
+            question=_LEARN_QUESTION,
+            records=records,
+        )
+    return found
+
+
 def _fit_warnings(
     y: np.ndarray,
     accuracy: float,
@@ -782,7 +794,8 @@ def _fit_warnings(
     # Cross-entropy of the constant prediction of the members' class frequencies on the members is their
     # entropy H = -sum f log f (Cover & Thomas, Elements of Information Theory, eq. 2.1); a model trained
     # to minimise cross-entropy on these records does better unless its inputs carry nothing it learned.
-    constant = float(-(freq[freq > 0] * np.log(freq[freq > 0])).sum())
+    # max(0, .): H >= 0, and one class gives -0.0, which printed "is above -0"
+    constant = max(0.0, float(-(freq[freq > 0] * np.log(freq[freq > 0])).sum()))
     if loss > constant:
         out.append(
             f"the model's mean loss on its {records}, {loss:.4g}, is above {constant:.3g}, the loss "

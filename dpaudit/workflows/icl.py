@@ -71,6 +71,12 @@ def run_icl(
     agg = ((run.meta.get("training") or {}).get("aggregation") or {}).get("recipe")
     if run.meta["training"].get("algo") != "dp-icl" or agg is None:
         raise InputError(f"{run.path}: the ICL attack needs a run trained with --algo dp-icl")
+    if agg.get("shots") is None:  # was: "internal error: TypeError: int() argument must be ... not 'NoneType'"
+        raise InputError(
+            f"{run.path}: the ICL attack and its canary audit simulate fixed prompts of --shots exemplars per teacher; "
+            "this run was trained with --subsample (a fresh Poisson sample of exemplars per query), which they do "
+            "not simulate"
+        )
     ds = run.dataset()
     idx = np.concatenate([run.splits.holdout, run.splits.aux, run.splits.test])
     X = Standardizer.fit(ds.X[run.splits.aux]).transform(ds.X[idx])

@@ -125,6 +125,7 @@ def train_from_options(
         "subsample": subsample, "sanitiser": sanitiser, "mechanism": mechanism, "objective": objective,
         "claim": None if claim == "data-independent" else claim,
         "keep_private_diagnostics": keep_private_diagnostics or None,
+        "epochs": epochs, "steps": steps, "batch_size": batch_size, "lr": lr, "momentum": momentum,
     }  # fmt: skip
     given = {*given, *(name for name, value in away.items() if value is not None)}
     fractions = parse_fractions(split)

@@ -507,8 +507,11 @@ def require_refutable_canaries(config, n_train: int, m: int) -> float | None:
     records (members plus included canaries). None when there is no claim to check before training: a
     non-private recipe, or a trainer outside the DP-SGD family (no ``setting_for`` to compute it from)."""
     from dpaudit.training.algorithms import claim_for, get_trainer
+    from dpaudit.training.dpsgd import DPTrainer
 
-    if config.dp is None or not hasattr(get_trainer(config.algo), "setting_for"):
+    # Not hasattr(trainer, "setting_for"): the convex learners and DP-AGD define one that refuses (the built-in
+    # multi-run audit's), which `train --algo outpert --canaries M` printed as its error.
+    if config.dp is None or not issubclass(get_trainer(config.algo), DPTrainer):
         return None
 
     claim = claim_for(config, n_train)

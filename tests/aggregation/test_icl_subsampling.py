@@ -61,3 +61,22 @@ def test_subsampled_dp_icl_run_claims_add_remove_and_answers_well():
     with pytest.raises(InputError, match="--algo dp-icl"):
         AggregationConfig(algo="pate", teachers=20, aggregator=agg, queries=60)
     assert np.isfinite(p["epsilon"])
+
+
+def test_the_icl_attack_refuses_a_subsampled_run_in_one_line(tmp_path):
+    # `dpaudit report RUN --icl` on a run trained with --subsample: its recipe has no --shots, and run_icl ended in
+    # "internal error: TypeError: int() argument must be ... not 'NoneType'" (exit 3). Now an InputError (exit 2).
+    from dpaudit.checkpoint import load_run
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.pate import AggregationConfig, train_aggregation_run
+    from dpaudit.workflows.icl import run_icl
+
+    ds = load_dataset("synthetic:n=120,d=3,classes=2,seed=0,sep=3")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    agg = AggregatorConfig("gnmax", sigma=4.0, sample_rate=0.3)
+    cfg = AggregationConfig(algo="dp-icl", teachers=4, aggregator=agg, queries=10, seed=0)
+    train_aggregation_run(ds, spec, cfg, TrainConfig(epochs=1, batch_size=8, lr=0.1), out=tmp_path / "run")
+    with pytest.raises(InputError, match="trained with --subsample"):
+        run_icl(load_run(tmp_path / "run"), canaries=4, trials=1)

@@ -62,7 +62,11 @@ def test_dp_icl_run_and_calibrated_claim():
     ("kw", "message"),
     [
         ({"teachers": 500}, "more teachers"),
-        ({"algo": "dp-icl", "teachers": 50, "shots": 10}, "exemplars, but the private set"),
+        # the largest --shots that fits is named (breast-cancer's defaults: 20 x 10 = 200 > 199 members)
+        (
+            {"algo": "dp-icl", "teachers": 50, "shots": 10},
+            r"exemplars, but the private set has 140 records \(at most --shots 2 ",
+        ),
         ({"algo": "dp-icl", "shots": 2, "predictor": "/no/such/model"}, "no such model directory"),
         ({"algo": "dp-icl"}, "needs --shots"),
         ({"shots": 3}, "only to --algo dp-icl"),
@@ -72,6 +76,25 @@ def test_dp_icl_run_and_calibrated_claim():
 def test_bad_run_input(kw, message):
     with pytest.raises(InputError, match=message):
         _run(**kw)
+
+
+@pytest.mark.parametrize(
+    ("aggregator", "message"),
+    [
+        (AggregatorConfig("lnmax", sigma=2.0), "needs gnmax or confident-gnmax .*, not lnmax$"),
+        (AggregatorConfig("argmax"), "not argmax$"),  # was: no claim at all, the data-dependent request ignored
+        # was: "needs gnmax or confident-gnmax ..., not gnmax", after the votes
+        (AggregatorConfig("gnmax", sigma=2.0, sample_rate=0.1), "does not cover --subsample"),
+    ],
+)
+def test_a_data_dependent_claim_the_sanitiser_cannot_make_is_refused_before_any_teacher_trains(aggregator, message):
+    # AggregationConfig refuses it: before, PATE trained every teacher and then refused (or, for argmax, recorded
+    # no claim without a word).
+    with pytest.raises(InputError, match=message):
+        AggregationConfig(
+            algo="dp-icl", teachers=4, shots=None if aggregator.sample_rate else 2, aggregator=aggregator, queries=10,
+            claim="data-dependent",
+        )  # fmt: skip
 
 
 def test_cli_train_pate_and_bad_input_exit_2(tmp_path):
@@ -205,3 +228,23 @@ def test_audit_checkpoint_tests_the_users_claim_in_the_icl_canary_audit(tmp_path
 
     marks = plots.icl_figure(users.families["icl"][0]).axes[1].collections[0].get_offsets()
     assert np.asarray(marks)[:, 1].tolist() == pytest.approx([0.25])  # the claim the bound was compared with
+
+
+def test_a_student_at_chance_on_unbalanced_data_is_warned_about(tmp_path):
+    """94% of the records in one class, DP-ICL with 5 teachers and sigma 8: the student's accuracy on the members
+    (recorded in metrics) is far below always predicting the majority class. `dpaudit train` warns about such a
+    model for every other algorithm; before, PATE and DP-ICL runs said nothing (35.7% against 94.3%)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 5)).astype(np.float32)
+    y = np.zeros(200, np.int64)
+    y[:10], y[10] = 1, 2  # unbalanced, one class with a single record
+    np.savez(tmp_path / "unbal.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "unbal.npz"))
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    cfg = AggregationConfig(
+        algo="dp-icl", teachers=5, shots=5, aggregator=AggregatorConfig("gnmax", sigma=8.0), queries=30
+    )  # fmt: skip
+    meta = train_aggregation_run(ds, spec, cfg, STUDENT, out=None)
+    warnings = meta.get("fit_warnings", [])
+    assert meta["metrics"]["train_accuracy"] < 0.9, meta["metrics"]
+    assert any("accuracy on its private training records (the teachers' data)" in w for w in warnings), warnings

@@ -184,3 +184,18 @@ def test_report_cloak_option(tiny_cloaks, tmp_path):
     for bad in ("0", "-1", "inf", "nope", str(tmp_path)):
         with pytest.raises(InputError):
             cloak_option(bad)
+
+
+def test_a_target_without_a_test_split_is_refused_in_one_line(tmp_path):
+    # The cloak's accuracies are measured on the target's test split; a target trained with --split 0.5,0.5,0,0
+    # made `train --algo cloak` end in "internal error: ValueError: attempt to get argmax of an empty sequence".
+    target = tmp_path / "target"
+    data = ["--data", "synthetic:n=40,d=3,classes=2,seed=0,sep=3", "--model", "logreg", "--epochs", "1"]
+    assert (
+        invoke("--quiet", "train", *data, "--batch-size", "8", "--split", "0.5,0.5,0,0", "--out", target).exit_code == 0
+    )
+    r = invoke(
+        "train", "--algo", "cloak", "--target", target, "--lambda", "1", "--epochs", "1", "--out", tmp_path / "c"
+    )
+    assert r.exit_code == 2 and "the run's test split is empty" in r.output, r.output
+    assert not (tmp_path / "c").exists()

@@ -240,6 +240,15 @@ def test_a_model_that_learned_nothing_says_so(tmp_path):
     assert any("learned next to nothing" in n for n in loss["notes"])
 
 
+def test_the_constant_predictions_loss_on_one_class_reads_0_not_minus_0():
+    # Members all of one class (3 of 10 records): their entropy is -0.0, printed "is above -0".
+    # Planted: no max -> fails.
+    from dpaudit.training.run import _fit_warnings
+
+    (loss,) = [w for w in _fit_warnings(np.array([1, 1, 1]), 1.0, 0.0134) if "mean loss" in w]
+    assert "is above 0, the loss of predicting" in loss, loss
+
+
 def test_audit_train_on_token_ids_takes_a_canary_that_fits_them(tok, tmp_path):
     """ClipBKD (the default canary) perturbs real-valued features; on token ids the default is a mislabeled record."""
     spec = _spec(tmp_path / "spec.json", "transformer")

@@ -385,6 +385,17 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "dpsgd", "--noise-multiplier", "1", "--jl-projections", "4"], "--jl-projections", "dpsgd"),
         (["--algo", "sgd", "--whitebox-canaries", "4"], "--whitebox-canaries", "sgd"),
         (["--algo", "dpsgd", "--noise-multiplier", "1", "--queries", "10"], "--queries", "dpsgd"),
+        # The optimiser's settings (FAST gives --epochs and --batch-size): the convex learners solve exactly and
+        # DP-AGD reads --steps only; Cloak's Adam has no momentum and runs epochs. Before: silently ignored.
+        (["--algo", "outpert", "--epsilon", "1"], "--epochs", "outpert"),
+        (["--algo", "objpert", "--epsilon", "1", "--steps", "5"], "--epochs", "objpert"),
+        (["--algo", "dpagd", "--epsilon", "1"], "--epochs", "dpagd"),
+        (["--algo", "cloak", "--momentum", "0.9"], "--momentum", "cloak"),
+        (["--algo", "cloak", "--steps", "5"], "--steps", "cloak"),
+        (["--algo", "cloak", "--data", "wine"], "--data", "cloak"),  # the target's data is used (was: silently)
+        (["--algo", "cloak", "--split", "0.5,0.5,0,0"], "--split", "cloak"),
+        (["--algo", "pate", "--teachers", "5", "--backend", "jax"], "--backend", "pate"),  # was: trained with torch
+        (["--algo", "dp-icl", "--teachers", "5", "--device", "cuda"], "--device", "dp-icl"),  # was: on the CPU
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
@@ -428,7 +439,7 @@ def test_a_canary_option_without_canaries_is_refused_and_the_readers_agree_with_
     with pytest.raises(InputError, match=r"^--canary-seed applies only with --canaries or --whitebox-canaries$"):
         check_options_read("dpsgd", {"canary_seed"})
     assert set(TRAINER_ALGOS) == set(TRAINERS)
-    known = {*TRAINERS, *AGGREGATION_ALGOS}
+    known = {*TRAINERS, *AGGREGATION_ALGOS, "cloak"}
     assert all(set(readers) <= known for readers in OPTION_READERS.values())
     train_params = {p.name for p in typer.main.get_command(app).commands["train"].params}
     assert set(OPTION_READERS) <= train_params  # every name is an option of `dpaudit train`

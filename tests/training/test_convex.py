@@ -283,3 +283,38 @@ def test_plugin_trainer_runs_in_the_workflow_audit_and_builtin_path_refuses():
     assert res.neighbouring == "replace_one" and len(res.scores) == 8 and np.all(np.isfinite(res.scores))
     with pytest.raises(InputError, match="plug-in"):
         claim_for(config, 100)
+
+
+@pytest.mark.parametrize("algo", ["outpert", "objpert", "dpagd"])
+def test_a_training_set_smaller_than_the_unused_batch_size_trains(tmp_path, algo):
+    """The convex learners and DP-AGD use no minibatches, so 14 training records (40 in all, 35% members) are
+    no error. Before: "batch size 64 is larger than the training set (14 records)", exit 2, for an option
+    these algorithms do not even read (refused now when given); the checkpoint also recorded steps_run as
+    ceil(epochs N / B) SGD steps that never ran (33 for a DP-AGD run of 441 iterations)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+
+    out = tmp_path / algo
+    result = CliRunner().invoke(
+        app, ["--quiet", "train", "--out", str(out), "--data", "synthetic:n=40,d=3,classes=2,seed=0,sep=3",
+              "--model", "logreg", "--algo", algo, "--epsilon", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "checkpoint.json").read_text())
+    assert meta["split"]["sizes"]["members"] == 14 and meta["privacy"]["dataset_size"] == 14
+    assert meta["training"]["steps_run"] is None  # no minibatch step ran (DP-AGD's iterations are in the claim)
+
+
+@pytest.mark.parametrize("algo", ["outpert", "dpagd"])
+def test_train_canaries_on_a_convex_learner_is_not_refused_with_the_multirun_audits_message(algo):
+    # `train --algo outpert --canaries 50` stopped with "the built-in multi-run audit trains DP-SGD recipes; audit
+    # --algo outpert with the plug-in path ...": the canary design check took the refusing setting_for of the
+    # convex trainers for DP-SGD's. There is no pre-training check for them (the checkpoint audit decides).
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from dpaudit.workflows.training import require_refutable_canaries
+
+    config = TrainConfig(algo=algo, weight_decay=0.1, dp=DPConfig(target_epsilon=1.0))
+    assert require_refutable_canaries(config, 200, 50) is None
