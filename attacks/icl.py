@@ -29,14 +29,18 @@ from dpaudit.training.icl import make_predictor
 from dpaudit.validation import check_positive_int
 
 
-def _private_answers(predictor, ex_X, ex_y, parts, queries_X, n_classes, epsilon, delta, seed) -> np.ndarray:
+def _private_answers(
+    predictor, ex_X, ex_y, parts, queries_X, n_classes, epsilon, delta, seed, aggregator=None
+) -> np.ndarray:
+    """The noisy-vote answers of ``aggregator`` (its kind and settings; None: GNMax) with its answer-step noise
+    calibrated to ``epsilon`` over these queries."""
     from dpaudit.training.pate import icl_votes
 
     hist = vote_histogram(icl_votes(predictor, ex_X, ex_y, parts, queries_X), n_classes)
+    template = aggregator if aggregator is not None else AggregatorConfig("gnmax", sigma=1.0)
     agg = calibrate_aggregator(
-        AggregatorConfig("gnmax", sigma=1.0), target_epsilon=epsilon, delta=delta, n_queries=len(queries_X),
-        n_classes=n_classes,
-    )  # fmt: skip
+        template, target_epsilon=epsilon, delta=delta, n_queries=len(queries_X), n_classes=n_classes
+    )
     return aggregate(hist, agg, seed)
 
 
@@ -52,11 +56,13 @@ def icl_membership(
     trials: int = 20,
     predictor: str = "knn",
     seed: int = 0,
+    aggregator: AggregatorConfig | None = None,
 ) -> AttackResult:
     """The ICL membership attack on records (X, y) (already preprocessed features).
 
     ``epsilon = inf`` with ``teachers = 1``: one non-private prompt of ``shots`` exemplars, probability
-    scores. Finite ``epsilon``: DP-ICL with ``teachers`` prompts and GNMax calibrated to ``epsilon`` over
+    scores. Finite ``epsilon``: DP-ICL with ``teachers`` prompts and ``aggregator``'s kind (None: GNMax),
+    its answer-step noise calibrated to ``epsilon`` over
     the 2 * teachers * shots queries of a trial. Up to ``trials`` trials on disjoint records."""
     shots, teachers, trials = (check_positive_int(shots=shots), check_positive_int(teachers=teachers),
                                check_positive_int(trials=trials))  # fmt: skip
@@ -80,13 +86,14 @@ def icl_membership(
             s = proba[np.arange(len(cand)), y[cand]]
         else:
             answers = _private_answers(pred, X[ex], y[ex], parts, X[cand], n_classes, epsilon, delta,
-                                       derive_seed(seed, stream=1000 + r))  # fmt: skip
+                                       derive_seed(seed, stream=1000 + r), aggregator)  # fmt: skip
             s = (answers == y[cand]).astype(np.float64)
         scores.append(s)
         member.append(np.r_[np.ones(len(ex), bool), np.zeros(len(out), bool)])
         ids.append(cand)
+    kind = None if math.isinf(epsilon) else (aggregator.name if aggregator is not None else "gnmax")
     params = {"shots": shots, "teachers": teachers, "epsilon": epsilon, "delta": delta, "trials": n_trials,
-              "predictor": predictor, "aggregator": None if math.isinf(epsilon) else "gnmax"}  # fmt: skip
+              "predictor": predictor, "aggregator": kind}  # fmt: skip
     return AttackResult.from_scores(
         "icl", np.concatenate(scores), np.concatenate(member), np.concatenate(ids), params, seed=seed
     )
@@ -104,6 +111,7 @@ def icl_canary_scores(
     delta: float = 1e-5,
     predictor: str = "knn",
     seed: int = 0,
+    aggregator: AggregatorConfig | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scores and inclusion bits of mislabeled exemplar canaries in (DP-)ICL, for a one-run audit
     (:func:`dpaudit.workflows.icl.icl_canary_audit`; Steinke, Nasr & Jagielski 2023, Thm. 3.1).
@@ -136,6 +144,6 @@ def icl_canary_scores(
         scores = pred.predict_proba(ex_X, ex_y, X[can])[np.arange(m), y_can]
     else:
         answers = _private_answers(pred, ex_X, ex_y, parts, X[can], n_classes, epsilon, delta,
-                                   derive_seed(seed, stream=21))  # fmt: skip
+                                   derive_seed(seed, stream=21), aggregator)  # fmt: skip
         scores = (answers == y_can).astype(np.float64)
     return scores, included

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from attacks.icl import icl_canary_scores, icl_membership
+from dpaudit.aggregation import AggregatorConfig
 from dpaudit.audit import AuditResult, audit_scores
 from dpaudit.errors import InputError
 from dpaudit.workflows.result import AuditRecord
@@ -31,6 +32,7 @@ def icl_canary_audit(
     predictor: str = "knn",
     seed: int = 0,
     claim: tuple[float, float] | None = None,
+    aggregator: AggregatorConfig | None = None,
 ) -> AuditResult:
     """One-run audit of (DP-)ICL with mislabeled exemplar canaries (formal; Steinke, Nasr & Jagielski
     2023, arXiv:2305.08846, Thm. 3.1), on the scores of :func:`attacks.icl.icl_canary_scores`.
@@ -38,10 +40,11 @@ def icl_canary_audit(
     The claim audited: the aggregator's epsilon over the ``canaries`` queries (none for epsilon = inf), or
     ``claim`` = (claimed ε, its δ) when a user tests another claim on the same mechanism (noise still set by
     ``epsilon`` and ``delta``); adding a canary changes one teacher's prompt, which the one-vote analysis
-    covers, so the bound is formal."""
+    covers, so the bound is formal. ``aggregator``: the noisy vote's kind and settings (None: GNMax), its
+    answer-step noise calibrated to ``epsilon`` over the canary queries."""
     scores, included = icl_canary_scores(
         X, y, n_classes, canaries=canaries, shots=shots, teachers=teachers, epsilon=epsilon, delta=delta,
-        predictor=predictor, seed=seed,
+        predictor=predictor, seed=seed, aggregator=aggregator,
     )  # fmt: skip
     claimed, audit_delta = (None if math.isinf(epsilon) else epsilon, delta) if claim is None else claim
     return audit_scores(scores, included, method="one-run", design="canaries", delta=audit_delta,
@@ -89,17 +92,24 @@ def run_icl(
     while teachers > 1 and per_trial_private > len(X):  # the public records bound the simulated ensemble
         teachers //= 2
         per_trial_private = 2 * shots * teachers
+    # The run's own noisy vote (lnmax, gnmax or confident-gnmax, with its other settings), not GNMax whatever it
+    # was: the canary audit joins the model's verdict, so it must audit the kind of mechanism the claim covers.
+    template = AggregatorConfig(**agg["aggregator"]) if agg.get("aggregator") else None
     common = {"n_classes": ds.n_classes, "shots": shots, "predictor": predictor, "seed": seed}
     settings = [("one prompt, no noise", 1, math.inf)]
     if math.isfinite(eps):
-        settings.append((f"DP-ICL, {teachers} teachers, GNMax", teachers, eps))
+        kind = {"lnmax": "LNMax", "gnmax": "GNMax", "confident-gnmax": "Confident-GNMax"}.get(
+            template.name if template else "gnmax", "GNMax"
+        )
+        settings.append((f"DP-ICL, {teachers} teachers, {kind}", teachers, eps))
     rows = []
     for label, k, e in settings:
-        attack = icl_membership(X, y, teachers=k, epsilon=e, delta=delta, trials=trials, **common)
+        dp = {"aggregator": template} if math.isfinite(e) else {}
+        attack = icl_membership(X, y, teachers=k, epsilon=e, delta=delta, trials=trials, **dp, **common)
         m = min(canaries, len(X) - shots * k)
         tested = claim if math.isfinite(e) else None  # the noise-free prompt is no mechanism any claim covers
         audit = icl_canary_audit(
-            X, y, canaries=m, teachers=k, epsilon=e, delta=delta, confidence=confidence, claim=tested, **common
+            X, y, canaries=m, teachers=k, epsilon=e, delta=delta, confidence=confidence, claim=tested, **dp, **common
         )
         rows.append({
             "setting": label, "teachers": k, "epsilon": e, "auc": float(attack.metrics["auc"]),

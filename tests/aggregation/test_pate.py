@@ -248,3 +248,21 @@ def test_a_student_at_chance_on_unbalanced_data_is_warned_about(tmp_path):
     warnings = meta.get("fit_warnings", [])
     assert meta["metrics"]["train_accuracy"] < 0.9, meta["metrics"]
     assert any("accuracy on its private training records (the teachers' data)" in w for w in warnings), warnings
+
+
+def test_the_icl_canary_audit_runs_the_runs_own_aggregator(tmp_path, monkeypatch):
+    """A DP-ICL run trained with LNMax: its ICL canary audit, which joins the model's verdict, simulated GNMax
+    whatever the run used (a verdict about another mechanism than the claim covers). It now calibrates the
+    run's own aggregator kind; the setting names it."""
+    import attacks.icl as icl_attack
+    from dpaudit.workflows.checkpoint import audit_checkpoint
+
+    _run(algo="dp-icl", teachers=5, shots=4, target_epsilon=1.0, out=tmp_path / "icl",
+         aggregator=AggregatorConfig("lnmax", sigma=2.0))  # fmt: skip
+    used = []
+    real = icl_attack.calibrate_aggregator
+    monkeypatch.setattr(icl_attack, "calibrate_aggregator", lambda c, **kw: used.append(c.name) or real(c, **kw))
+    result = audit_checkpoint(tmp_path / "icl", attacks=(), families={"icl": {"canaries": 40, "trials": 5}})
+    assert used and set(used) == {"lnmax"}
+    (row,) = [r for r in result.families["icl"][0]["settings"] if math.isfinite(r["epsilon"])]
+    assert "LNMax" in row["setting"]
