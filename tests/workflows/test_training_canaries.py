@@ -214,3 +214,10 @@ def test_crafted_canaries_beat_mislabeled_at_the_same_budget():
     assert cra["mu_epsilon_estimate"] > mis["mu_epsilon_estimate"]
     ceiling = norm.cdf(row["claim_mu"] / np.sqrt(2))
     assert cra["auc"] <= ceiling + 3 * np.sqrt(ceiling * (1 - ceiling) / 60), cra
+
+
+def test_audit_train_fail_on_violation_with_an_inconclusive_design_exits_2():
+    # --allow-inconclusive runs a design that cannot refute the claim; with --fail-on-violation the gate used to
+    # pass (exit 0) where `audit scores` and `audit checkpoint` exit 2 (a gate that could not fail).
+    r = runner.invoke(app, [*AUDIT, "--runs", "2", "--epsilon", "2", "--allow-inconclusive", "--fail-on-violation"])
+    assert r.exit_code == 2 and "verdict inconclusive" in r.output, r.output
