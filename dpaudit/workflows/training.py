@@ -305,17 +305,21 @@ def audit_training(
         else:
             idx_out = members
             source = f"one {canary_kind} canary added or not (add/remove; black-box, final model)"
-    contract_note = None
+    contract_notes: tuple[str, ...] = ()
     if trainer is not None:
-        from dpaudit.plugins import load_trainer, reference_size_note
+        from dpaudit.plugins import load_trainer, reference_size_note, seed_note
 
         source += f"; trained by {name}"
+        fn = load_trainer(trainer) if isinstance(trainer, str) else trainer
+        X_out, y_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out]), data.y[idx_out].astype(np.int64)
+        reference_size = max(len(idx_in), len(idx_out))
+        # The runs' independence rests on the trainer drawing its randomness from seed: checked on two seeds of
+        # their own stream (31 bits, as the runs' seeds).
+        probe = np.random.SeedSequence(seed, spawn_key=(0x5345,)).generate_state(2, np.uint32) >> 1
+        notes = [seed_note(fn, X_out, y_out, (int(probe[0]), int(probe[1])), spec, reference_size, name=name)]
         if relation == "add_remove":  # replace-one neighbours have the same size: len(X) cannot tell them apart
-            X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
-            contract_note = reference_size_note(
-                load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out,
-                data.y[idx_out].astype(np.int64), int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
-            )  # fmt: skip
+            notes.append(reference_size_note(fn, X_out, y_out, int(seed), spec, reference_size, name=name))
+        contract_notes = tuple(n for n in notes if n is not None)
         jobs = _plugin_jobs(
             trainer, name, data, idx_in, idx_out, fit_preprocessing(data, pre_idx), spec, canary_x, canary_y, runs,
             int(seed), scores,
@@ -363,8 +367,8 @@ def audit_training(
             table[:, j], member, method=method, design="multi-run", delta=delta, confidence=level,
             claimed_epsilon=claimed, seed=seed,
         )  # fmt: skip
-        if contract_note is not None:
-            result = dataclasses.replace(result, notes=(*result.notes, contract_note))
+        if contract_notes:
+            result = dataclasses.replace(result, notes=(*result.notes, *contract_notes))
         what = f"; score {names[j]} ({j + 1} of {k}, Bonferroni)" if k > 1 else ""
         what = f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}"
         records.append(AuditRecord("multi-run", what, result, threat_model=f"{threat_model}, many runs"))
