@@ -345,6 +345,15 @@ def audit_training(
         )  # fmt: skip
         work = _train_one
     claimed = claimed_epsilon if claimed_epsilon is not None else (claim or {}).get("epsilon")
+    if trainer is None and claim is not None and claimed_epsilon is not None and claimed_epsilon < claim["epsilon"]:
+        # The runs are the recipe's mechanism, accounted at the recipe's ε: a bound above a smaller claimed ε refutes
+        # that number, not the claim the runs were trained for (say so beside the verdict).
+        shown, recipe = numfmt.ordered(claimed_epsilon, claim["epsilon"], left_up=True)
+        contract_notes += (
+            f"the claimed epsilon {shown} is below the recipe's own claim ({recipe} at delta "
+            f"{numfmt.exact(claim['delta'])}, the mechanism these runs trained): a violation refutes {shown}, "
+            "not the recipe's claim",
+        )
     if delta is None:
         delta = (claim or {}).get("delta", 1e-5)
     check_audit_claim(delta=delta, confidence=confidence, claimed_epsilon=claimed)  # before any run
