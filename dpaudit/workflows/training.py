@@ -214,6 +214,7 @@ def audit_training(
     from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
 
     runs = check_positive_int(runs=runs)
+    workers = check_positive_int(workers=workers)  # before any run (joblib's n_jobs 0 was an internal error)
     check_choice(("black-box", "white-box"), threat_model=threat_model)
     check_choice(("clopper-pearson", "gdp"), method=method)
     check_choice(("random", "adversarial"), init=init)

@@ -232,3 +232,10 @@ def test_audit_train_says_when_the_claimed_epsilon_is_below_the_recipes_own_clai
     lower = json.loads(runner.invoke(app, args).stdout)
     assert lower["claimed_epsilon"] == 1.0 and lower["claim"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert any("below the recipe's own claim" in n for n in lower["notes"]), lower["notes"]
+
+
+def test_audit_train_refuses_workers_0_in_one_line():
+    # joblib's ValueError "n_jobs == 0 in Parallel has no meaning" surfaced as an internal error (exit 3).
+    r = runner.invoke(app, [*AUDIT, "--runs", "2", "--epsilon", "2", "--allow-inconclusive", "--workers", "0"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "--workers" in lines[0], r.output
