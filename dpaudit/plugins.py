@@ -11,7 +11,9 @@ The contract (users' CI files depend on it; it does not change)::
 - ``y``: int64 labels in ``0 .. n_classes - 1``.
 - ``seed``: a non-negative int (< 2**31), different for every run; *all* the run's randomness
   (initialisation, sampling, noise) must come from it — :mod:`dpaudit.seeding` derives framework
-  generators from it.
+  generators from it. Before an audit's runs the trainer is called on the same records with one seed twice
+  and with another: a trainer whose weights do not depend on the seed, or differ for the same seed, is
+  named in the audit's notes (:func:`seed_note`).
 - ``reference_size`` (optional keyword, passed only when the function accepts it): the dataset size N the
   mechanism is defined for, the same in every run of an audit, IN or OUT. Use it — never ``len(X)`` — for
   the sampling rate (q = B / reference_size) and for any division (by the expected batch size
@@ -166,6 +168,42 @@ def reference_size_note(fn: Trainer, X: np.ndarray, y: np.ndarray, seed: int, sp
         f"{2 * reference_size} (the same {n} records and seed): it seems to ignore it and to use len(X) instead, "
         "which makes the two neighbouring datasets (N and N + 1 records) run different mechanisms"
     )
+
+
+def seed_note(fn: Trainer, X: np.ndarray, y: np.ndarray, seeds: tuple[int, int], spec, reference_size: int | None,
+              *, name: str | None = None) -> str | None:  # fmt: skip
+    """Whether the trainer's randomness comes from its ``seed``, as the contract says; None when it seems to.
+
+    The trainer is called on the same records (``X, y``) with ``seeds[0]``, again with ``seeds[0]``, and with
+    ``seeds[1]``. The same weights bit for bit for two different seeds mean the output does not depend on the
+    seed — a seed fixed inside the function, or no noise at all — so every run repeats one draw of the noise.
+    The runs are still independent trials of the function as given (which is then deterministic: if the canary
+    changes its output it is (ε, δ)-DP for no δ < 1, so a "violation" stands), but not of a pipeline that
+    draws fresh noise per run, which is what a claim of DP-SGD describes: the user must hear it. Different
+    weights for the same seed (randomness not drawn from seed) leave the runs independent but the audit
+    cannot be reproduced. Either is returned as one line for the audit's notes.
+    """
+    name = name or trainer_name(fn)
+
+    def weights(seed: int) -> dict[str, Any]:  # a copy per call: a trainer may shuffle its records in place
+        return call_trainer(fn, X.copy(), y.copy(), seed, spec, name=name, reference_size=reference_size).state_dict()
+
+    def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+        return all(bool((a[k] == b[k]).all()) for k in a)
+
+    first, again, other = weights(seeds[0]), weights(seeds[0]), weights(seeds[1])
+    if same(first, other) and same(again, other):
+        return (
+            f"trainer {name} returned the same weights for seeds {seeds[0]} and {seeds[1]} on the same records: its "
+            "output does not depend on seed (a seed fixed inside it, or no noise), so every run repeats one draw "
+            "of its noise; the bound is on this function as given, not on a pipeline that draws fresh noise per run"
+        )
+    if not same(first, again):
+        return (
+            f"trainer {name} returned different weights for the same seed {seeds[0]}: some of its randomness is not "
+            "drawn from seed, so the runs are independent but this audit cannot be reproduced"
+        )
+    return None
 
 
 def call_trainer(

@@ -3,8 +3,9 @@
 Library functions take ``progress: Progress | None`` and use only ``progress.task(description,
 total)``. The CLI picks the reporter (:func:`make_progress`): silent under --quiet; rich bars on
 stderr when stderr is a terminal (and not --json); otherwise plain lines on stderr, one when a stage
-starts and one when it ends, so that CI logs show what runs and for how long while stdout stays
-clean (pure JSON under --json).
+starts, one when it ends and, for a stage of known size, one at most every 30 s saying how far it is and
+about how long is left, so that CI logs show what runs and for how long while stdout stays clean (pure
+JSON under --json).
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ class Progress:
 
 
 class PlainProgress(Progress):
-    """One line on stderr when a stage starts and one when it ends; no bars, no carriage returns.
+    """One line on stderr when a stage starts and one when it ends; no bars, no carriage returns. In between,
+    a stage of known size prints "k/total after t s, about r s left" at most every :attr:`INTERVAL_S` seconds.
 
     ``stream``: where the lines go (default: ``sys.stderr`` as it is when a stage starts, so that
     redirections made later, e.g. by a test runner, are honoured). A stage that raises prints no
     "done" line: the error says what happened.
     """
+
+    INTERVAL_S = 30.0  # least time between two "k/total" lines of one stage
 
     def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.stream = stream
@@ -47,7 +51,23 @@ class PlainProgress(Progress):
         size = "" if total is None else f" ({total} item{'' if total == 1 else 's'})"
         self._line(f"{description}{size} ...")
         start = self.clock()
-        yield lambda n=1: None
+        state = {"done": 0, "last": start}
+
+        def advance(n: int = 1) -> None:
+            # A stage with a known size (e.g. the 2R trainings of `audit train`) prints how far it is at most
+            # every INTERVAL_S seconds: a CI log would otherwise stay silent for the whole stage.
+            if total is None:
+                return
+            state["done"] += n
+            now = self.clock()
+            if now - state["last"] < self.INTERVAL_S or not 0 < state["done"] < total:
+                return
+            state["last"] = now
+            elapsed = now - start
+            left = elapsed / state["done"] * (total - state["done"])  # the mean time per item so far
+            self._line(f"{description}: {state['done']}/{total} after {elapsed:.0f} s, about {left:.0f} s left")
+
+        yield advance
         self._line(f"{description}: done in {self.clock() - start:.1f} s")
 
 

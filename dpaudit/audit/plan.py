@@ -38,7 +38,7 @@ from dpaudit.audit.power import (
     refutations_needed,
     size_for_power,
 )
-from dpaudit.audit.result import ALTERNATIVES, METHODS, THRESHOLD_SELECTIONS
+from dpaudit.audit.result import ALTERNATIVES, METHODS, THRESHOLD_SELECTIONS, is_formal
 from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
 
@@ -191,6 +191,10 @@ class DesignPlan:
         leak: the hypothesised leak (family, epsilon, delta, mu).
         perfect_attack_size: the smallest size at which even a perfect attack could refute the claim
             (:func:`trials_needed`), with ``max_certifiable_epsilon`` there: a lower bound on ``size``.
+        formal: whether a refutation by this audit is formal (a "violation" or "curve-refuted", exit 1 with
+            --fail-on-violation); False for an estimate (method gdp, or one-run-fdp with the gdp family), whose
+            "refutation" is the estimate exceeding the claim ("estimate-exceeds-claim", exit 1 only with
+            --fail-on-estimate).
         note: what the numbers mean and assume.
     """
 
@@ -212,6 +216,7 @@ class DesignPlan:
     leak: dict[str, Any]
     perfect_attack_size: int
     max_certifiable_epsilon: float
+    formal: bool
     note: str
 
     @property
@@ -313,6 +318,16 @@ def plan_design(
             "needs more"
         )
     tname = None if not method == "one-run-fdp" else getattr(tradeoff, "name", str(tradeoff))
+    # The simulation counts an estimate above the claim as a refutation (power.simulated_power); say when that is
+    # all this audit can give (dpaudit.audit.result.is_formal; one-run-fdp's gdp family: an estimate).
+    formal = is_formal(method, "canaries" if _one_run(method) else "multi-run") and tname != "gdp"
+    if not formal:
+        note += (
+            f"; {method}{' (gdp family)' if tname == 'gdp' else ''} gives an estimate, not a formal bound: a draw "
+            "counts as refuted when the estimate exceeds the claim (verdict estimate-exceeds-claim, exit 1 only with "
+            "--fail-on-estimate, never a 'violation'); plan clopper-pearson (runs) or one-run (canaries) for a formal "
+            "refutation"
+        )
     interval = power_interval(round(p * simulations), simulations, confidence)
     k = refutations_needed(power, simulations, confidence)
     rule = (
@@ -329,7 +344,7 @@ def plan_design(
         max_certifiable_epsilon=float(
             _certifiable(n0, method, float(delta), float(confidence), threshold_selection, alternative, tradeoff)
         ),
-        note=note,
+        formal=formal, note=note,
     )  # fmt: skip
 
 

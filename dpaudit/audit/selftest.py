@@ -27,6 +27,7 @@ from scipy import special, stats
 from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon
 from dpaudit.audit.bounds import audit_scores
+from dpaudit.errors import InputError
 from dpaudit.progress import Progress
 from dpaudit.validation import check_in_interval, check_positive_int
 
@@ -306,6 +307,15 @@ def false_alarm_allowance(seeds: int, confidence: float) -> int:
     return int(stats.binom.ppf(0.999, seeds, 1.0 - confidence))
 
 
+def seeds_needed(confidence: float) -> int:
+    """The fewest seeds whose false-alarm check can fail at all: :func:`false_alarm_allowance` below the
+    number of seeds, so that an auditor flagging a correct mechanism on every seed is caught."""
+    seeds = 1
+    while false_alarm_allowance(seeds, confidence) >= seeds:
+        seeds += 1
+    return seeds
+
+
 def run_selftest(
     *,
     seeds: int = 50,
@@ -331,6 +341,12 @@ def run_selftest(
     cases = default_cases() if cases is None else cases
     progress = progress or Progress()
     allowance = false_alarm_allowance(seeds, confidence)
+    if allowance >= seeds:  # the false-alarm check could not fail: a broken auditor flagging everything would pass
+        raise InputError(
+            f"expected seeds >= {seeds_needed(confidence)} at confidence {confidence:g}, got {seeds}: a correct "
+            f"mechanism may be flagged in {allowance} of {seeds} seeds, so an auditor that flags every mechanism "
+            "would pass the self-test"
+        )
     start = time.perf_counter()
     rows = []
     with progress.task("self-test", total=len(cases) * seeds) as advance:

@@ -531,7 +531,12 @@ def train_cmd(ctx: typer.Context, **o) -> None:
         )
         return _exit_code(result.steps.verdicts, **exits)
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
-    _exit_code([a.result.verdict for a in result.audits or (result.audit,)], **exits)
+    from dpaudit.audit.result import CANNOT_REFUTE
+
+    verdicts = [a.result.verdict for a in result.audits or (result.audit,)]
+    # As `audit scores` and `audit checkpoint`: a gate whose every bound was inconclusive (a design run with
+    # --allow-inconclusive) could not fail, so --fail-on-violation exits 2 instead of passing.
+    _exit_code(verdicts, **exits, cannot_refute=all(v in CANNOT_REFUTE for v in verdicts))
 
 
 def register(app: App) -> None:

@@ -214,6 +214,7 @@ def audit_training(
     from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
 
     runs = check_positive_int(runs=runs)
+    workers = check_positive_int(workers=workers)  # before any run (joblib's n_jobs 0 was an internal error)
     check_choice(("black-box", "white-box"), threat_model=threat_model)
     check_choice(("clopper-pearson", "gdp"), method=method)
     check_choice(("random", "adversarial"), init=init)
@@ -305,17 +306,21 @@ def audit_training(
         else:
             idx_out = members
             source = f"one {canary_kind} canary added or not (add/remove; black-box, final model)"
-    contract_note = None
+    contract_notes: tuple[str, ...] = ()
     if trainer is not None:
-        from dpaudit.plugins import load_trainer, reference_size_note
+        from dpaudit.plugins import load_trainer, reference_size_note, seed_note
 
         source += f"; trained by {name}"
+        fn = load_trainer(trainer) if isinstance(trainer, str) else trainer
+        X_out, y_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out]), data.y[idx_out].astype(np.int64)
+        reference_size = max(len(idx_in), len(idx_out))
+        # The runs' independence rests on the trainer drawing its randomness from seed: checked on two seeds of
+        # their own stream (31 bits, as the runs' seeds).
+        probe = np.random.SeedSequence(seed, spawn_key=(0x5345,)).generate_state(2, np.uint32) >> 1
+        notes = [seed_note(fn, X_out, y_out, (int(probe[0]), int(probe[1])), spec, reference_size, name=name)]
         if relation == "add_remove":  # replace-one neighbours have the same size: len(X) cannot tell them apart
-            X_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out])
-            contract_note = reference_size_note(
-                load_trainer(trainer) if isinstance(trainer, str) else trainer, X_out,
-                data.y[idx_out].astype(np.int64), int(seed), spec, max(len(idx_in), len(idx_out)), name=name,
-            )  # fmt: skip
+            notes.append(reference_size_note(fn, X_out, y_out, int(seed), spec, reference_size, name=name))
+        contract_notes = tuple(n for n in notes if n is not None)
         jobs = _plugin_jobs(
             trainer, name, data, idx_in, idx_out, fit_preprocessing(data, pre_idx), spec, canary_x, canary_y, runs,
             int(seed), scores,
@@ -341,6 +346,15 @@ def audit_training(
         )  # fmt: skip
         work = _train_one
     claimed = claimed_epsilon if claimed_epsilon is not None else (claim or {}).get("epsilon")
+    if trainer is None and claim is not None and claimed_epsilon is not None and claimed_epsilon < claim["epsilon"]:
+        # The runs are the recipe's mechanism, accounted at the recipe's ε: a bound above a smaller claimed ε refutes
+        # that number, not the claim the runs were trained for (say so beside the verdict).
+        shown, recipe = numfmt.ordered(claimed_epsilon, claim["epsilon"], left_up=True)
+        contract_notes += (
+            f"the claimed epsilon {shown} is below the recipe's own claim ({recipe} at delta "
+            f"{numfmt.exact(claim['delta'])}, the mechanism these runs trained): a violation refutes {shown}, "
+            "not the recipe's claim",
+        )
     if delta is None:
         delta = (claim or {}).get("delta", 1e-5)
     check_audit_claim(delta=delta, confidence=confidence, claimed_epsilon=claimed)  # before any run
@@ -363,8 +377,8 @@ def audit_training(
             table[:, j], member, method=method, design="multi-run", delta=delta, confidence=level,
             claimed_epsilon=claimed, seed=seed,
         )  # fmt: skip
-        if contract_note is not None:
-            result = dataclasses.replace(result, notes=(*result.notes, contract_note))
+        if contract_notes:
+            result = dataclasses.replace(result, notes=(*result.notes, *contract_notes))
         what = f"; score {names[j]} ({j + 1} of {k}, Bonferroni)" if k > 1 else ""
         what = f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}"
         records.append(AuditRecord("multi-run", what, result, threat_model=f"{threat_model}, many runs"))

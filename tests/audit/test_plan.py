@@ -191,3 +191,13 @@ def test_the_planned_size_is_chosen_on_the_power_lower_bound_not_the_point_estim
     k = refutations_needed(0.8, 200, 0.95)
     assert plan.refutations_needed == k == 172 and round(plan.simulated_power * 200) >= k
     assert f"at least {k} of 200 draws" in plan.summary() and "lower end of its 95% Clopper-Pearson" in plan.summary()
+
+
+def test_a_gdp_plan_says_its_refutations_are_estimates_that_fail_on_violation_never_exits_on():
+    # The simulation counts "estimate-exceeds-claim" as refuted; `audit train --method gdp --fail-on-violation`
+    # never exits 1 on it. The plan used to say "needed to refute" with nothing about it.
+    gdp = plan_design(1.0, method="gdp", simulations=20)
+    assert not gdp.formal and gdp.to_dict()["formal"] is False
+    assert "estimate-exceeds-claim" in gdp.summary() and "--fail-on-estimate" in gdp.note
+    cp = plan_design(1.0, simulations=20)
+    assert cp.formal and "estimate-exceeds-claim" not in cp.note

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -73,3 +75,27 @@ def test_correct_mechanism_false_alarms_stay_within_the_confidence_budget_over_2
     for row in rep.rows:
         assert round(row.flagged_fraction * 200) <= allowed, row
     assert np.isfinite(rep.false_alarm_rate)
+
+
+def test_too_few_seeds_are_refused_since_an_auditor_flagging_everything_would_pass(monkeypatch):
+    # With 1 or 2 seeds at confidence 0.95 the allowance (the 99.9% binomial quantile) is every seed: an
+    # auditor whose bound exceeds every claim passed with "false-alarm rate 100%" and exit 0.
+    from dpaudit.audit import selftest
+    from dpaudit.errors import InputError
+
+    assert selftest.seeds_needed(0.95) == 3 and false_alarm_allowance(3, 0.95) < 3
+    real = selftest.audit_scores
+
+    def broken(*args, **kwargs):  # a planted mistake in the bound: every audit says "violation"
+        r = real(*args, **kwargs)
+        return dataclasses.replace(r, epsilon_lower_bound=99.0, verdict="violation")
+
+    monkeypatch.setattr(selftest, "audit_scores", broken)
+    cases = [
+        SelftestCase("null", "identical outputs", False, lambda d: 1.0,
+                     lambda rng, n: (rng.normal(size=n), rng.normal(size=n))),
+    ]  # fmt: skip
+    for seeds in (1, 2):
+        with pytest.raises(InputError, match="expected seeds >= 3"):
+            run_selftest(seeds=seeds, trials=50, cases=cases)
+    assert not run_selftest(seeds=3, trials=50, cases=cases).passed

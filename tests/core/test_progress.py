@@ -28,7 +28,7 @@ class Clock:
 
 def test_plain_progress_prints_a_start_and_an_end_line():
     out = io.StringIO()
-    p = PlainProgress(out, clock=Clock(100.0, 112.34))
+    p = PlainProgress(out, clock=Clock(100.0, 101.0, 112.0, 112.34))  # each advance reads the clock
     with p.task("reference models (3 to train, 1 cached)", 4) as advance:
         advance()
         advance(3)
@@ -51,6 +51,22 @@ def test_plain_progress_unknown_total_one_item_and_failure():
         "dpaudit: self-test ...",
         "dpaudit: self-test: done in 0.0 s",
         "dpaudit: train (1 item) ...",
+    ]
+
+
+def test_plain_progress_says_how_far_a_long_stage_is_at_most_every_30_s():
+    # `audit train --runs 100` in CI printed "train 200 models (200 items) ..." and nothing else for the whole
+    # stage (minutes): no count, no time left.
+    out = io.StringIO()
+    p = PlainProgress(out, clock=Clock(0.0, 10.0, 40.0, 50.0, 80.0, 100.0, 101.0, 102.0))
+    with p.task("audit: train 6 models", 6) as advance:
+        for _ in range(6):
+            advance()
+    assert out.getvalue().splitlines() == [
+        "dpaudit: audit: train 6 models (6 items) ...",
+        "dpaudit: audit: train 6 models: 2/6 after 40 s, about 80 s left",
+        "dpaudit: audit: train 6 models: 4/6 after 80 s, about 40 s left",
+        "dpaudit: audit: train 6 models: done in 102.0 s",
     ]
 
 

@@ -110,7 +110,7 @@ def test_audit_notes_say_which_trainers_use_len_x(digits):
     CALLS.clear()
     bad = audit_training(ds, spec, trainer=divides_by_len, **kw)
     assert any("seems to ignore it" in n for n in bad.result.notes)
-    assert sorted(c[1:] for c in CALLS) == [(50, 50), (50, 51), (50, 51), (50, 51), (50, 102), (51, 51), (51, 51)]
+    assert sorted(c[1:] for c in CALLS) == [(50, 50), *[(50, 51)] * 6, (50, 102), (51, 51), (51, 51)]  # 3 seed probes
     ok = audit_training(ds, spec, trainer=correct, **kw)
     assert not any("reference_size" in n for n in ok.result.notes)
     plain = audit_training(ds, spec, trainer=no_keyword, **kw)
@@ -118,4 +118,6 @@ def test_audit_notes_say_which_trainers_use_len_x(digits):
     CALLS.clear()
     same_size = audit_training(ds, spec, trainer=divides_by_len, neighbouring="replace_one", **kw)
     assert not any("reference_size" in n for n in same_size.result.notes)  # N + 1 records on both sides
-    assert sorted(c[1:] for c in CALLS) == [(51, 51)] * 4  # no probe: len(X) is the same for both neighbours
+    assert (
+        sorted(c[1:] for c in CALLS) == [(51, 51)] * 7
+    )  # the 3 seed probes, no reference_size probe: len(X) is the same for both neighbours

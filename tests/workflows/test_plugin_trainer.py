@@ -100,7 +100,12 @@ def test_trainer_receives_the_audit_design(digits, neighbouring):
         ds, spec, trainer=recording_trainer, claimed_epsilon=1.0, delta=1e-5, runs=4, train_size=60, seed=3,
         neighbouring=neighbouring,
     )  # fmt: skip
-    assert len(CALLS) == 8
+    # Three probes of the seed contract first (OUT records; seeds a, a, b), then the 2R runs.
+    probes = CALLS[:3]
+    assert len(CALLS) == 11 and probes[0][2] == probes[1][2] != probes[2][2]
+    assert any("does not depend on seed" in n for n in d.result.notes)  # it returns zeros whatever the seed
+    first = [(X.tobytes(), s) for X, _, s in CALLS]
+    del CALLS[:3]
     assert d.trainer == f"{HERE}:recording_trainer" and d.to_dict()["trainer"] == d.trainer
     assert d.neighbouring == neighbouring and d.claim == {"epsilon": 1.0, "delta": 1e-5, "neighbouring": neighbouring}
     assert d.result.formal and d.result.design == "multi-run" and d.result.claimed_epsilon == 1.0
@@ -134,7 +139,6 @@ def test_trainer_receives_the_audit_design(digits, neighbouring):
     seeds = [s for _, _, s in CALLS]
     assert len(set(seeds)) == 8 and all(isinstance(s, int) and 0 <= s < 2**31 for s in seeds)
     # Deterministic: the same audit seed hands over the same records and seeds.
-    first = [(X.tobytes(), s) for X, _, s in CALLS]
     CALLS.clear()
     audit_training(
         ds, spec, trainer=recording_trainer, claimed_epsilon=1.0, delta=1e-5, runs=4, train_size=60, seed=3,
@@ -387,3 +391,35 @@ def test_seeding_bad_seeds_and_missing_jax():
     else:
         assert (jax.random.key_data(jax_key(3)) == jax.random.key_data(jax_key(3))).all()
         assert not (jax.random.key_data(jax_key(3)) == jax.random.key_data(jax_key(4))).all()
+
+
+def fixed_seed_noisy_trainer(X, y, seed):
+    """A common harness mistake: noisy class sums, but the noise seed is hard-coded (every run the same draw)."""
+    flat = np.asarray(X, np.float64).reshape(len(X), -1)
+    W = np.stack([flat[y == k].sum(axis=0) for k in range(10)]) + np.random.default_rng(0).normal(0, 1e3, (10, 64))
+    return {"1.weight": W.astype(np.float32), "1.bias": np.zeros(10, np.float32)}
+
+
+def seeded_noisy_trainer(X, y, seed):
+    flat = np.asarray(X, np.float64).reshape(len(X), -1)
+    W = np.stack([flat[y == k].sum(axis=0) for k in range(10)]) + np.random.default_rng(seed).normal(0, 1e3, (10, 64))
+    return {"1.weight": W.astype(np.float32), "1.bias": np.zeros(10, np.float32)}
+
+
+def unseeded_noisy_trainer(X, y, seed):
+    flat = np.asarray(X, np.float64).reshape(len(X), -1)
+    W = np.stack([flat[y == k].sum(axis=0) for k in range(10)]) + np.random.default_rng().normal(0, 1e3, (10, 64))
+    return {"1.weight": W.astype(np.float32), "1.bias": np.zeros(10, np.float32)}
+
+
+def test_audit_notes_a_trainer_whose_randomness_is_not_drawn_from_seed(digits):
+    # A hard-coded noise seed made every run repeat one noise draw: at 30 runs a side this gave "violation" (bound
+    # 1.277 > claim 0.5, exit 1) with nothing saying why, while the same trainer seeded per run is consistent.
+    ds, spec = digits
+    kw = dict(claimed_epsilon=1.0, delta=1e-5, runs=2, train_size=60)
+    fixed = audit_training(ds, spec, trainer=fixed_seed_noisy_trainer, **kw)
+    assert any("does not depend on seed" in n for n in fixed.result.notes)
+    seeded = audit_training(ds, spec, trainer=seeded_noisy_trainer, **kw)
+    assert not any("does not depend on seed" in n or "reproduced" in n for n in seeded.result.notes)
+    unseeded = audit_training(ds, spec, trainer=unseeded_noisy_trainer, **kw)
+    assert any("cannot be reproduced" in n for n in unseeded.result.notes)

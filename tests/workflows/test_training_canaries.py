@@ -131,6 +131,7 @@ def test_audit_train_refuses_an_inconclusive_design_exit_2():
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["verdict"] == "inconclusive" and d["claimed_epsilon"] == pytest.approx(2.0, rel=1e-3)
+    assert not any("recipe's own claim" in n for n in d["notes"])  # the claim audited is the recipe's
     assert "crafted canary" in d["description"] and "adversarial init" in d["description"]
     # The perfect-attack size the refusal names is the one `audit plan` prints beside its powered size.
     r = runner.invoke(app, ["audit", "plan", "--claimed-epsilon", "2", "--json", "--simulations", "50"])
@@ -214,3 +215,27 @@ def test_crafted_canaries_beat_mislabeled_at_the_same_budget():
     assert cra["mu_epsilon_estimate"] > mis["mu_epsilon_estimate"]
     ceiling = norm.cdf(row["claim_mu"] / np.sqrt(2))
     assert cra["auc"] <= ceiling + 3 * np.sqrt(ceiling * (1 - ceiling) / 60), cra
+
+
+def test_audit_train_fail_on_violation_with_an_inconclusive_design_exits_2():
+    # --allow-inconclusive runs a design that cannot refute the claim; with --fail-on-violation the gate used to
+    # pass (exit 0) where `audit scores` and `audit checkpoint` exit 2 (a gate that could not fail).
+    r = runner.invoke(app, [*AUDIT, "--runs", "2", "--epsilon", "2", "--allow-inconclusive", "--fail-on-violation"])
+    assert r.exit_code == 2 and "verdict inconclusive" in r.output, r.output
+
+
+def test_audit_train_says_when_the_claimed_epsilon_is_below_the_recipes_own_claim():
+    # --epsilon 8 trains runs accounted at 8; --claimed-epsilon 1 audits 1: the report never said the runs were
+    # trained for 8, so a "violation" read as a refutation of the pipeline's claim.
+    # (Without --claimed-epsilon there is no such note: test_audit_train_refuses_an_inconclusive_design_exit_2.)
+    args = [*AUDIT, "--runs", "2", "--epsilon", "2", "--claimed-epsilon", "1", "--allow-inconclusive", "--json"]
+    lower = json.loads(runner.invoke(app, args).stdout)
+    assert lower["claimed_epsilon"] == 1.0 and lower["claim"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
+    assert any("below the recipe's own claim" in n for n in lower["notes"]), lower["notes"]
+
+
+def test_audit_train_refuses_workers_0_in_one_line():
+    # joblib's ValueError "n_jobs == 0 in Parallel has no meaning" surfaced as an internal error (exit 3).
+    r = runner.invoke(app, [*AUDIT, "--runs", "2", "--epsilon", "2", "--allow-inconclusive", "--workers", "0"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "--workers" in lines[0], r.output
