@@ -197,12 +197,9 @@ def audit_canaries(
         raise InputError(f"the claim says T = {steps} steps, but the canaries observed {obs.steps} noisy steps")
     q = obs.sample_rate
     if sample_rate is not None and not _close(check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate), q):
-        f32 = (
-            " (the claim's q rounded to float32: give the canaries a Python float)"
-            if float(np.float32(sample_rate))
-            == q  # in float64: NumPy 2 compares a float32 with a Python float in float32
-            else ""
-        )
+        # compared in float64: NumPy 2 compares a float32 with a Python float in float32
+        rounded = float(np.float32(sample_rate)) == q
+        f32 = " (the claim's q rounded to float32: give the canaries a Python float)" if rounded else ""
         raise InputError(
             # Both as they are (dpaudit.numfmt.exact): they differ beyond 1e-9, often beyond the 6 digits of :g.
             f"the claim says q = {numfmt.exact(sample_rate)}, but the canaries were Poisson-sampled at "
