@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal
+from fractions import Fraction
 from typing import Any
 
 CLAIM_DIGITS = 6  # claims: as ``format(x, "g")`` printed them before (6 significant digits)
@@ -58,6 +59,13 @@ def exact(x: Any, *, missing: str = DASH) -> str:
     to another value (δ = 0.09999999 is not δ = 0.1, and 1/70000 is neither 1.42857e-05 nor 1.42858e-05).
     None → ``missing``."""
     return _show(x, MAX_DIGITS, ROUND_CEILING, missing)  # repr has <= 17 digits: printed as it is, never rounded
+
+
+def as_typed(x: float) -> Fraction:
+    """``x`` as the exact rational of the decimal a user typed (its shortest round-trip decimal, ``repr``), for
+    arithmetic where the float's binary excess would change a count: ``Fraction(1.1)`` is 1.100000000000000088…,
+    which made 1.1 epochs of 10 steps 12 steps instead of 11, and ``1 / Fraction(0.1)`` is 9.99…, not 10."""
+    return Fraction(repr(float(x)))
 
 
 def lower(x: Any, digits: int = 3, *, missing: str = DASH) -> str:

@@ -277,7 +277,26 @@ def _closed_stdout(e: BaseException) -> bool:
     return isinstance(e, BrokenPipeError) or (isinstance(e, SystemExit) and isinstance(e.__context__, BrokenPipeError))
 
 
-class Group(TyperGroup):
+def unwrap_help(text: str | None) -> str | None:
+    """A command's help with each paragraph on one line. Typer (0.28–0.29, rich markup mode) keeps the single
+    line breaks of every paragraph after the first, so a docstring wrapped at the source's 120 columns printed
+    broken lines in an 80-column terminal ("...A size counts only" / "when the lower end..."). Paragraphs
+    (blank-line separated) stay; a paragraph starting with click's ``\\b`` marker keeps its lines."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
+
+
+class _UnwrappedHelp:
+    """Mixin of :class:`Group` and :class:`Command`: their help goes through :func:`unwrap_help`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = unwrap_help(self.help)
+
+
+class Group(_UnwrappedHelp, TyperGroup):
     """The app's click group: a usage error (a typo'd option or command, a missing argument) is one line on
     stderr with click's suggestion and exit code 2, as a domain error is (not click's multi-line box);
     with --json, ``{"error", "exit_code"}`` on stdout as well."""
@@ -328,7 +347,7 @@ class Group(TyperGroup):
             raise
 
 
-class Command(TyperCommand):
+class Command(_UnwrappedHelp, TyperCommand):
     """A command whose usage line spells its arguments one way, in capitals: ``dpaudit inspect [OPTIONS] RUN``
     (typer writes a required argument as ``{run}``, an optional one as ``[RUN]``). RUN is written bare in every
     command (README: "every command names the run it reads as its first argument, RUN"), also where only its

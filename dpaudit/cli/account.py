@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from fractions import Fraction
 from typing import Annotated
 
 import typer
@@ -52,7 +51,7 @@ def _resolve_schedule(
         # typed (repr: the shortest decimal that reads back as the float, dpaudit.numfmt's convention), not
         # the float's binary value: Fraction(1.1) is 1.100000000000000088…, which made 1.1 epochs of 10 steps
         # 12 steps instead of 11 (and 0.1 epoch of 10 steps 2 instead of 1).
-        return b / n, max(1, math.ceil(Fraction(repr(ep)) * n / b))
+        return b / n, max(1, math.ceil(numfmt.as_typed(ep) * n / b))
     if sample_rate is None or steps is None:
         raise InputError("give --sample-rate and --steps (or --epochs, --dataset-size and --batch-size)")
     q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -446,7 +445,7 @@ def _shuffle_epochs(sample_rate: float, steps: int) -> int:
     3 were counted). q is taken as the decimal the user gave (its ``repr``, dpaudit.numfmt's convention):
     1/0.1 is exactly 10 steps, not the 9.99… of the float's binary value.
     """
-    steps_per_epoch = max(1, math.floor(1 / Fraction(repr(float(sample_rate)))))
+    steps_per_epoch = max(1, math.floor(1 / numfmt.as_typed(sample_rate)))
     return -(-steps // steps_per_epoch)
 
 

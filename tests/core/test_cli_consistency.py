@@ -355,6 +355,29 @@ def test_every_option_has_a_help():
     assert bare == []
 
 
+def test_help_paragraphs_wrap_to_the_terminal():
+    """Typer keeps the single line breaks of a help's later paragraphs, so docstrings wrapped at the source's
+    120 columns printed broken lines at 80 (`audit plan --help`: "...A size counts only" / "when the lower end
+    ..."). Every command's and group's help has one line per paragraph, and the rendered help at 80 columns
+    reads the paragraph as one run of text."""
+    import typer.main
+
+    stack = [([], typer.main.get_command(app))]
+    seen = 0
+    while stack:
+        path, cmd = stack.pop()
+        stack += [([*path, name], sub) for name, sub in getattr(cmd, "commands", {}).items()]
+        for paragraph in (cmd.help or "").split("\n\n"):
+            assert paragraph.startswith("\b") or "\n" not in paragraph, (path, paragraph)
+        seen += 1
+    assert seen > 20
+    lines = [
+        " ".join(line.split())
+        for line in runner.invoke(app, ["audit", "plan", "--help"], terminal_width=80).output.splitlines()
+    ]
+    assert any("A size counts only when" in line for line in lines), lines
+
+
 def test_a_gate_without_a_claim_fails_instead_of_passing(tmp_path, run_dir):
     """`audit scores s.csv --fail-on-violation` without --claimed-epsilon (a CI job that forgot the claim), or
     `audit checkpoint RUN --fail-on-violation` on a run without a claim, tested nothing and exited 0: a gate that
