@@ -137,8 +137,8 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
     "unknown threshold_selection 'x'", "drop threshold_selection='bonferroni'", "k_plus/k_minus ...");
     a CLI user typed ``--sample-rate``. Rewritten: every whole-word occurrence of a name with an
     underscore (``NAME='v'`` becomes ``--opt v``; ``a/b`` only when both are such options, else it
-    is a path), and a single-word name only right after "expected ", or between "unknown " and a
-    quoted value (the validators' forms), so that prose such as "at delta = 1e-05" stays as it is.
+    is a path), and a single-word name only right after "expected ", between "unknown " and a quoted
+    value, or as the alternative in "give --opt or NAME" (the validators' forms), so that prose such as "at delta = 1e-05" stays as it is.
     Arguments and names of other commands are left alone. ``params``: the command's click parameters
     (``ctx.command.params``; read through their public attributes, whichever click typer runs on).
     """
@@ -170,6 +170,10 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
             # After "expected " (check_in_interval & co.), or check_choice's "unknown kind 'x'" (a quoted value next).
             message = re.sub(r"(?<=\bexpected )" + key + _END + "(?!=)", flag(name), message)
             message = re.sub(r"(?<=\bunknown )" + key + r"(?= ['\"])", flag(name), message)
+    for name in options:  # after every other rewrite: the alternative to an option written as one
+        if "_" not in name:  # "give --true-epsilon or mu" (audit plan)
+            pattern = r"(?<=\bgive )(--[\w-]+ or )" + re.escape(name) + _END + "(?!=)"
+            message = re.sub(pattern, lambda m, n=name: m.group(1) + flag(n), message)
     return message
 
 

@@ -215,6 +215,12 @@ def test_with_option_names_rules():
             "--k-plus/--k-minus fix the guess counts; drop --threshold-selection bonferroni",
         "k_plus + k_minus must be at least 1": "--k-plus + --k-minus must be at least 1",
         "secure_noise is on": "--secure-noise is on",
+        # The alternative to an option written as one, whichever comes first in the command (audit plan said
+        # "give --true-epsilon or mu"); not after other words, nor a name of no option.
+        "give k_plus or kind": "give --k-plus or --kind",
+        "give --k-plus or delta": "give --k-plus or --delta",
+        "give the plan or delta": None,
+        "give --k-plus or sigma": None,
         # Left alone (None): prose, flags' NAME=value, paths, attributes, calls, longer identifiers,
         # arguments, names of no option of this command, and options already written as such.
         "no sigma reaches epsilon=3 at delta=1e-05": None,
