@@ -138,7 +138,8 @@ def with_option_names(message: str, params: Iterable[Any]) -> str:
     a CLI user typed ``--sample-rate``. Rewritten: every whole-word occurrence of a name with an
     underscore (``NAME='v'`` becomes ``--opt v``; ``a/b`` only when both are such options, else it
     is a path), and a single-word name only right after "expected ", between "unknown " and a quoted
-    value, or as the alternative in "give --opt or NAME" (the validators' forms), so that prose such as "at delta = 1e-05" stays as it is.
+    value, or as the alternative in "give --opt or NAME" (the validators' forms), so that prose such as
+    "at delta = 1e-05" stays as it is.
     Arguments and names of other commands are left alone. ``params``: the command's click parameters
     (``ctx.command.params``; read through their public attributes, whichever click typer runs on).
     """

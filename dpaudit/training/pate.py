@@ -296,6 +296,7 @@ def train_aggregation_run(
     # The student never sees the members; its accuracy on them (a metric the run records anyway) at chance means
     # the teachers' labels taught it nothing (before: no warning, e.g. 35.7% where the majority class has 94.3%).
     found = learn_warnings(dataset, splits, metrics, records="private training records (the teachers' data)")
+    found += answer_warnings(answers[answered], true[answered], agg, config.teachers)
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**pre.to_dict(), "fitted_on": "aux"} if isinstance(pre, Standardizer) else pre.to_dict(),
@@ -303,6 +304,36 @@ def train_aggregation_run(
         metrics=metrics, seed=config.seed, extra={"fit_warnings": found} if found else None,
         arrays={ANSWERS_FILE: {"query_idx": q_idx, "answers": answers}}, force=force,
     )  # fmt: skip
+
+
+def answer_warnings(answers: np.ndarray, true: np.ndarray, agg: AggregatorConfig, n_teachers: int) -> list[str]:
+    """A warning when the aggregator's answers agree with the queries' own labels no more often than chance (the
+    test of the learn warnings, :func:`dpaudit.training.run.chance_test`): the student then learns from noise, and
+    the generic "train longer" advice misleads. `train --algo pate --epsilon 2` on digits (25 teachers, 100
+    queries) calibrated σ = 30.4 against votes of at most 25 and answered 16% right (chance 14%). The queries and
+    their labels are public and the answers are the mechanism's output: no private value is used."""
+    from dpaudit import numfmt
+    from dpaudit.training.run import MEMBER_CHECK_ALPHA, chance_test
+
+    n, correct = len(answers), int(np.sum(answers == true))
+    if n == 0:
+        return []
+    chance, p = chance_test(true, correct)
+    if p < MEMBER_CHECK_ALPHA:
+        return []
+    if agg.name == "argmax":
+        cause = "the teachers' plurality is no better than chance (no noise is added: the teachers learned too little)"
+    else:
+        scale = "Laplace b" if agg.name == "lnmax" else "σ"
+        cause = (
+            f"the answer noise ({scale} = {numfmt.nearest(agg.sigma)} against the votes of {n_teachers} teachers) "
+            "drowns the vote: ask fewer --queries, or use a larger --epsilon or more --teachers"
+        )
+    return [
+        f"the aggregator's {n} answers agree with the queries' labels {correct / n:.1%} of the time ({correct} of "
+        f"{n}), not above chance ({chance:.1%} by always answering the most frequent class; one-sided binomial "
+        f"p = {p:.3g}): {cause}; the student learns from noise"
+    ]
 
 
 def train_from_options(

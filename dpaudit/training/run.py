@@ -767,6 +767,16 @@ def learn_warnings(
     return found
 
 
+def chance_test(y: np.ndarray, correct: int) -> tuple[float, float]:
+    """(chance, p): chance is the accuracy of always predicting the most frequent of the labels ``y``; p the
+    one-sided exact binomial test of H0 "accuracy <= chance" for ``correct`` right of ``len(y)``,
+    p = P(Bin(n, chance) >= correct)."""
+    from scipy.stats import binom
+
+    chance = float(np.bincount(y).max() / len(y))
+    return chance, float(binom.sf(correct - 1, len(y), chance))
+
+
 def _fit_warnings(
     y: np.ndarray,
     accuracy: float,
@@ -775,14 +785,10 @@ def _fit_warnings(
     records: str = "declared training records",
 ) -> list[str]:
     """Warnings when a model does not fit the records it was (declared to be) trained on (see member_check)."""
-    from scipy.stats import binom
-
     n = len(y)
     freq = np.bincount(y) / n
-    chance = float(freq.max())  # the accuracy of always predicting the most frequent class
     correct = round(accuracy * n)
-    # One-sided exact binomial test of H0: accuracy <= chance; p = P(Bin(n, chance) >= correct).
-    p = float(binom.sf(correct - 1, n, chance))
+    chance, p = chance_test(y, correct)
     out = []
     if p >= MEMBER_CHECK_ALPHA:
         out.append(

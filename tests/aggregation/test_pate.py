@@ -250,6 +250,29 @@ def test_a_student_at_chance_on_unbalanced_data_is_warned_about(tmp_path):
     assert any("accuracy on its private training records (the teachers' data)" in w for w in warnings), warnings
 
 
+def test_answers_drowned_in_noise_are_warned_about_with_their_cause():
+    """`train --algo pate --epsilon 2` on digits (25 teachers, 100 queries) calibrated σ = 30.4 against votes of at
+    most 25: 16% of the answers were right (chance 14%), and the only warning told the user to train longer. The
+    answers' agreement with the queries' public labels is now tested against chance (the learn warnings' binomial
+    test), and the warning names the noise."""
+    from dpaudit.training.pate import answer_warnings
+
+    rng = np.random.default_rng(0)
+    true = np.repeat(np.arange(10), 10)
+    gnmax = AggregatorConfig("gnmax", sigma=30.4)
+    noise = answer_warnings(rng.integers(0, 10, 100), true, gnmax, 25)
+    assert len(noise) == 1 and "σ = 30.4 against the votes of 25 teachers" in noise[0], noise
+    assert "fewer --queries" in noise[0] and "the student learns from noise" in noise[0]
+    # 20 of 100 right against a 10% chance: above chance (binomial p = 0.0020), no warning
+    right = np.where(np.arange(100) < 20, true, (true + 1) % 10)
+    assert answer_warnings(right, true, gnmax, 25) == []
+    # 14 of 100 (p = 0.12): warned; a Laplace scale is named as such, argmax's cause is the teachers
+    few = np.where(np.arange(100) < 14, true, (true + 1) % 10)
+    assert "Laplace b = 3" in answer_warnings(few, true, AggregatorConfig("lnmax", sigma=3.0), 25)[0]
+    assert "no noise is added" in answer_warnings(few, true, AggregatorConfig("argmax"), 25)[0]
+    assert answer_warnings(few[:0], true[:0], gnmax, 25) == []
+
+
 def test_the_icl_canary_audit_runs_the_runs_own_aggregator(tmp_path, monkeypatch):
     """A DP-ICL run trained with LNMax: its ICL canary audit, which joins the model's verdict, simulated GNMax
     whatever the run used (a verdict about another mechanism than the claim covers). It now calibrates the
