@@ -10,7 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
-from dpaudit.cli._common import CheckpointAlias, ForceFlag, JsonFlag, RunArgument, emit, info, progress, target_run
+from dpaudit.cli._common import (
+    CheckpointAlias,
+    ForceFlag,
+    JsonFlag,
+    RunArgument,
+    deprecated_alias,
+    emit,
+    info,
+    progress,
+    target_run,
+)
+from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_file
 
 GRID_FILE = "inversions.png"
@@ -101,8 +112,12 @@ def inversion(
     restarts: Annotated[
         int, typer.Option("--restarts", help="Starts per class: x0 = PROCESS(0), then uniform in the aux box.")
     ] = 4,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help=f"Folder to write the inversions to, as a PNG grid ({GRID_FILE})."),
+    ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out-dir", help=f"Write the inversions as a PNG grid ({GRID_FILE}) here.")
+        Path | None, typer.Option("--out-dir", hidden=True, help="Deprecated spelling of --out.")
     ] = None,
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the black-box directions and the evaluation classifier.")
@@ -129,8 +144,13 @@ def inversion(
         black_box=black_box, budget=budget, directions=directions, variant=variant, restarts=restarts, seed=seed,
     )  # fmt: skip
     attack.check()  # bad settings fail before the checkpoint is loaded
+    if out_dir is not None:  # every other command writes to --out/-o
+        if out is not None:
+            raise InputError("give the folder once, as --out (--out-dir is its deprecated spelling)")
+        deprecated_alias("--out-dir", "--out")
+        out = out_dir
     path = target_run(run, checkpoint)
-    png = out_dir / GRID_FILE if out_dir is not None else None
+    png = out / GRID_FILE if out is not None else None
     if png is not None:
         check_output_file(png, force=force)
     target = load_run(path)

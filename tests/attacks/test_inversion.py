@@ -282,12 +282,27 @@ def cli(*args):
 
 def test_cli_inversion_json_and_png(digits_run_dir, tmp_path):
     res = cli("attack", "inversion", str(digits_run_dir), "--classes", "0,1,2", "--iterations", "50",
-              "--out-dir", str(tmp_path / "png"), "--json")  # fmt: skip
+              "--out", str(tmp_path / "png"), "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["classes"] == [0, 1, 2] and 0 <= d["identification_accuracy"] <= 1
     assert {"mse", "ssim", "mse_nonmembers", "ssim_nonmembers"} <= set(d["per_class"][0])
     assert (tmp_path / "png" / "inversions.png").stat().st_size > 0
+
+
+def test_cli_inversion_out_dir_is_a_deprecated_spelling_of_out(digits_run_dir, tmp_path):
+    """Every other command writes to --out/-o; inversion alone took --out-dir. --out-dir still works, with a
+    notice; both at once is one line, exit 2, before any work."""
+    res = cli("attack", "inversion", str(digits_run_dir), "--classes", "0", "--iterations", "2", "--restarts", "1",
+              "--out-dir", str(tmp_path / "old"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "--out-dir is deprecated; use --out" in res.stderr
+    assert (tmp_path / "old" / "inversions.png").stat().st_size > 0
+    res = cli("attack", "inversion", str(digits_run_dir), "-o", str(tmp_path / "a"), "--out-dir", str(tmp_path / "b"))
+    assert res.exit_code == 2 and res.stderr.strip().splitlines() == [
+        "error: give the folder once, as --out (--out-dir is its deprecated spelling)"
+    ]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_cli_black_box_counts_queries(digits_run_dir):

@@ -182,7 +182,7 @@ COMMANDS = {
         "s.csv",
     ),
     "attack inversion": (
-        ["--json", "attack", "inversion", "{base}", "--iterations", "5", "--restarts", "1", "--out-dir", "png"],
+        ["--json", "attack", "inversion", "{base}", "--iterations", "5", "--restarts", "1", "--out", "png"],
         "png",
     ),
     "attack inversion black-box": (
@@ -351,8 +351,8 @@ WRITERS = {
         ["attack", "mia", "{base}", "--attacks", "loss", "--bootstrap", "0", "--scores-out", "{out}.csv"],
         "out.csv",
     ),
-    "attack inversion --out-dir": (
-        ["attack", "inversion", "{base}", "--iterations", "2", "--restarts", "1", "--out-dir", "{out}"],
+    "attack inversion --out": (
+        ["attack", "inversion", "{base}", "--iterations", "2", "--restarts", "1", "--out", "{out}"],
         "out/inversions.png",
     ),
     "audit canaries --out": (
