@@ -75,10 +75,10 @@ def train_cloak_command(
     lams = parse_lambdas(lambdas)
     given = {"epochs": epochs, "batch_size": batch_size, "lr": lr}  # None: CloakConfig's default
     base = CloakConfig(lam=lams[0], seed=seed, **{k: v for k, v in given.items() if v is not None})
-    info(f"training {len(lams)} cloak(s) for {target} …", json_flag=json_output)
     cloaks = train_cloak_sweep(
-        target, lams, out=out, base=base, force=force, figure=sigma_png, progress=progress(json_output)
-    )
+        target, lams, out=out, base=base, force=force, figure=sigma_png, progress=progress(json_output),
+        notify=lambda line: info(line, json_flag=json_output),
+    )  # fmt: skip
     if len(cloaks) == 1:
         s = cloak_summary(cloaks[0])
         emit({"out": str(out), **s}, human_cloak(s) + f"\nsaved      {out}", json_flag=json_output)

@@ -561,8 +561,12 @@ def train_cloak_sweep(
     force: bool = False,
     figure: Callable[[Cloak], bytes | None] | None = None,
     progress: Progress = NULL_PROGRESS,
+    notify: Callable[[str], None] | None = None,
 ) -> list[Cloak]:
     """Train one cloak per lambda for the frozen ``target`` run and save them atomically.
+
+    ``notify`` receives the "training …" line once the output folder and the target are checked (before, the
+    CLI printed it ahead of refusing a --target that is no run).
 
     One lambda: ``out`` is the cloak checkpoint. Several: ``out/lambda_<L>/`` each, with the
     privacy/utility curve beside them in ``out/curve.json`` and ``out/curve.csv`` (one row per lambda).
@@ -573,6 +577,8 @@ def train_cloak_sweep(
     out = Path(out)
     check_output_dir(out, force=force, inputs=[target])  # fail before training
     run = load_target(target)
+    if notify is not None:
+        notify(f"training {len(lambdas)} cloak(s) for {target} …")
     base = base or CloakConfig(lam=lambdas[0])
     cloaks = [train_cloak(run, dataclasses.replace(base, lam=float(lam)), progress=progress) for lam in lambdas]
     if len(cloaks) == 1:

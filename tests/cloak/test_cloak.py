@@ -168,7 +168,10 @@ def test_cli_sweep_inspect_and_errors(tiny_target_dir, tmp_path):
     r = invoke("train", "--algo", "cloak", "--lambda", "1", "--out", tmp_path / "y")
     assert r.exit_code == 2 and "--target" in r.output
     r = invoke("train", "--algo", "cloak", "--target", tmp_path / "nope", "--lambda", "1", "--out", tmp_path / "z")
-    assert r.exit_code == 2
+    # one line: the "training 1 cloak(s) …" notice came before the refusal of a --target that is no run
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        f"error: --target {tmp_path / 'nope'}: no such run directory"
+    ]
     r = invoke("train", "--target", tiny_target_dir, "--lambda", "1", "--out", tmp_path / "w")
     assert r.exit_code == 2 and "--algo cloak" in r.output
     r = invoke("train", "--algo", "cloak", "--target", tiny_target_dir, "--lambda", "1", "--out", out)
