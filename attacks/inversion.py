@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from dpaudit.errors import InputError
+from dpaudit.models import channels_last_message, looks_channels_last
 from dpaudit.progress import Progress
 from dpaudit.validation import (
     check_choice,
@@ -316,6 +317,8 @@ class MIFace:
         self.mean_ = X.mean(axis=0)
         if self.prior == "tv" and X.ndim < 3:
             raise InputError("prior 'tv' needs image-shaped data (height x width); use 'mean' or 'none'")
+        if self.prior == "tv" and looks_channels_last(X.shape[1:]):  # TV would difference along width and channels
+            raise InputError(channels_last_message("prior 'tv'", X.shape[1:]) + "; or use prior 'mean' or 'none'")
         return self
 
     def process(self, x: np.ndarray) -> np.ndarray:

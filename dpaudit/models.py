@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +27,24 @@ from dpaudit.validation import check_int_fields, read_json
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn", "python")
 INPUT_DTYPES = ("float32", "int64")  # of a python model's input: features, or token ids
+
+
+def looks_channels_last(shape: Sequence[int]) -> bool:
+    """Whether a record of ``shape`` meant as (channels, height, width) looks (height, width, channels): CIFAR's
+    32 x 32 x 3 would read as 32 channels of 32 x 3 images. Only square images are taken for channels-last (a
+    (channels, length, 1) series is a legitimate layout)."""
+    if len(shape) != 3:
+        return False
+    c, h, w = shape
+    return w in (1, 3, 4) and c == h > 4
+
+
+def channels_last_message(what: str, shape: Sequence[int]) -> str:
+    c, h, w = shape
+    return (
+        f"{what} reads a record as (channels, height, width), but feature shape {list(shape)} looks channels-last "
+        f"(height, width, channels); store X as N x {w} x {c} x {h}, e.g. X.transpose(0, 3, 1, 2)"
+    )
 
 
 def _check_activation(name: str) -> None:
@@ -128,15 +147,8 @@ class CNNSpec(ModelSpec):
             raise InputError(
                 f"cnn needs image-shaped input (channels, height, width), got feature shape {list(self.input_shape)}"
             )
-        c, h, w = self.input_shape
-        # CIFAR's 32 x 32 x 3 would train as 32 channels of 32 x 3 images; only square images are taken for
-        # channels-last (a (channels, length, 1) series is a legitimate layout)
-        if w in (1, 3, 4) and c == h > 4:
-            raise InputError(
-                f"cnn reads a record as (channels, height, width), but feature shape {list(self.input_shape)} looks "
-                f"channels-last (height, width, channels); store X as N x {w} x {c} x {h}, "
-                "e.g. X.transpose(0, 3, 1, 2)"
-            )
+        if looks_channels_last(self.input_shape):
+            raise InputError(channels_last_message("cnn", self.input_shape))
         if any(c < 1 or c % self.groups for c in self.channels):
             raise InputError(
                 f"cnn channels must be positive multiples of groups={self.groups}, got {list(self.channels)}"

@@ -373,6 +373,17 @@ def test_aux_terms_are_per_start(prior):
     assert attack.aux_term(X[1]) == pytest.approx(expected[1], rel=1e-12)
 
 
+def test_tv_prior_refuses_channels_last_images():
+    """The TV prior differences a record's last two axes as (height, width): on CIFAR stored channels-last
+    (N x 32 x 32 x 3) it smoothed along width and colour instead, silently. Refused with the cnn's message;
+    channels-first, greyscale (N x H x W) and the mean prior still fit."""
+    with pytest.raises(InputError, match=r"prior 'tv' reads a record as .* looks channels-last .* N x 3 x 32 x 32"):
+        MIFace(prior="tv").fit(np.zeros((4, 32, 32, 3)))
+    MIFace(prior="tv").fit(np.zeros((4, 3, 32, 32)))
+    MIFace(prior="tv").fit(np.zeros((4, 28, 28)))
+    MIFace(prior="mean").fit(np.zeros((4, 32, 32, 3)))
+
+
 def test_threshold_is_inclusive_and_no_prior_adds_nothing():
     # Algorithm 1, line 8: stop when c(x_i) <= gamma, equality included (0.5 is exact in float64).
     t = scripted([1.0, 0.5, 0.25], window=5, threshold=0.5)
