@@ -90,7 +90,8 @@ _DESIGN_NOTES = {
     "membership": (
         "estimate: design='membership' - members and non-members of one model are not independent runs of "
         "the mechanism on neighbouring datasets, so the sampling assumption of a formal bound does not hold; "
-        "use design='multi-run' (one score per independent run) or canaries with the one-run method"
+        "for a formal bound, score independent training runs (`dpaudit audit train`; `audit scores --design "
+        "multi-run`) or train with canaries (`dpaudit train --canaries M`, audited one-run)"
     ),
     "canaries": (
         "estimate: the canaries of one run are not independent trials (their scores share the run's "

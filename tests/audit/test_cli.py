@@ -275,3 +275,27 @@ def test_method_help_says_what_the_library_decides_on_the_default_design(strong_
         res = runner.invoke(app, ["audit", "scores", str(strong_csv), "--design", design, "--json"])
         assert json.loads(res.stdout)["formal"] is False
     assert "(formal)" not in text and "; formal)" not in _option_help(["audit", "scores"], "tradeoff")
+
+
+def test_the_membership_estimate_note_names_commands_that_exist():
+    """The note on every one-model membership audit (`audit checkpoint`, `report`, `attack mia` scores) told a CLI
+    user to "use design='multi-run'", Python spelling that no command there takes. It now names the commands that
+    give a formal bound; each command and option it names exists."""
+    import re
+
+    import typer.main
+
+    from dpaudit.audit.bounds import _DESIGN_NOTES
+    from dpaudit.cli.main import app
+
+    note = _DESIGN_NOTES["membership"]
+    snippets = re.findall(r"`([^`]+)`", note)
+    assert "dpaudit audit train" in snippets and "design='multi-run'" not in note.split(";")[-1]
+    root = typer.main.get_command(app)
+    for snippet in snippets:
+        words = snippet.removeprefix("dpaudit ").split()
+        cmd = root
+        while words and not words[0].startswith("-"):
+            cmd = cmd.commands[words.pop(0)]
+        opts = {o for p in cmd.params for o in p.opts}
+        assert not words or words[0] in opts, (snippet, words)
