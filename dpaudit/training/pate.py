@@ -22,6 +22,7 @@ members would let one record influence every teacher (and be released with the s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -372,6 +373,7 @@ def train_from_options(
     keep_private_diagnostics: bool = False,
     subsample: float | None = None,
     sanitiser: str | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``dpaudit train --algo pate|dp-icl``: build the configs from the command's options and run.
 
@@ -382,7 +384,9 @@ def train_from_options(
     from dpaudit.training.config import fill_recipe
 
     teachers = DEFAULT_TEACHERS[algo] if teachers is None and algo in DEFAULT_TEACHERS else teachers
+    queries_given = queries is not None
     queries = DEFAULT_QUERIES if queries is None else queries
+    shots_given = shots is not None
     if algo == "dp-icl" and shots is None and subsample is None:
         shots = DEFAULT_SHOTS
     if epsilon is None and sigma is None and aggregator != "argmax":
@@ -405,6 +409,19 @@ def train_from_options(
     )  # fmt: skip
     check_output_dir(out, force=force, inputs=[data])
     ds = load_dataset(data, label_column=label_column)
+    # Defaults the user never chose that the data cannot meet are fitted to it, with a notice (`train --algo dp-icl
+    # --data wine` stopped on 100 queries against 44 public records, then on 10 shots x 20 teachers against 62).
+    splits = make_splits(len(ds), split_seed, fractions)
+    fitted = {}
+    if not queries_given and 0 < len(splits.aux) < queries:
+        fitted["queries"] = (queries, len(splits.aux), f"the {len(splits.aux)} records of the public (aux) split")
+    n_private = len(splits.members)
+    if not shots_given and shots is not None and teachers <= n_private < shots * teachers:
+        fitted["shots"] = (shots, n_private // teachers, f"the {n_private} private records over {teachers} teachers")
+    for name, (default, value, what) in fitted.items():
+        if notify is not None:
+            notify(f"the default --{name} {default} does not fit {what}; using {value} (give --{name} to choose)")
+    config = dataclasses.replace(config, **{name: value for name, (_, value, _) in fitted.items()})
     spec = default_spec(
         model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
         hidden=hidden, activation=activation,

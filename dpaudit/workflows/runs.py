@@ -147,6 +147,7 @@ def train_from_options(
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
             fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
             keep_private_diagnostics=keep_private_diagnostics, subsample=subsample, sanitiser=sanitiser,
+            notify=notify,
         )  # fmt: skip
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
@@ -167,6 +168,7 @@ def train_from_options(
     algo = resolve_algo(algo, mechanism, objective)
     check_options_read(algo, given)  # e.g. --clip with --algo sgd: refused, never silently ignored
     # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
+    batch_given = batch_size is not None
     r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
     epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
     if l2 is None and weight_decay == 0.0:
@@ -201,6 +203,8 @@ def train_from_options(
             model or "mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
             hidden=parse_ints(hidden, "--hidden"), activation=activation,
         )  # fmt: skip
+    if not batch_given and algo not in CONVEX_ALGOS:
+        config = _fit_default_batch(config, len(make_splits(len(ds), split_seed, fractions).members), notify)
     notify(f"training {spec.kind} on {ds.name} ({len(ds)} records) with {algo} …")
     canary_set = None
     if canaries is not None:
@@ -217,6 +221,23 @@ def train_from_options(
         force=force, progress=progress, canaries=canary_set,
         whitebox=None if whitebox_canaries is None else DiracCanaries(m=whitebox_canaries, seed=canary_seed),
     )  # fmt: skip
+
+
+def _fit_default_batch(config: Any, n_train: int, notify: Callable[[str], None]) -> Any:
+    """``config`` with a default batch size that fits the training split. `train --data wine` (62 training records
+    at the default split) stopped on "batch size 64 is larger than the training set": a default the user never
+    chose made the simplest command on an embedded dataset fail. A quarter of the records (q = B/N about 1/4
+    under Poisson sampling), with a notice; a --batch-size the user gives is never changed."""
+    import dataclasses
+
+    if not 0 < n_train < config.batch_size:
+        return config
+    smaller = max(1, n_train // 4)
+    notify(
+        f"the default --batch-size {config.batch_size} is larger than the {n_train} training records; using "
+        f"{smaller} (a quarter of them; give --batch-size to choose)"
+    )
+    return dataclasses.replace(config, batch_size=smaller)
 
 
 def read_json_file(path: Path, what: str) -> Any:

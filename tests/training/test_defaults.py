@@ -53,6 +53,33 @@ def test_every_registered_algorithm_runs_with_only_data_model_and_epsilon(tmp_pa
         assert out["test_accuracy"] > 0.1  # better than chance on ten classes
 
 
+def test_defaults_fit_a_small_embedded_dataset(tmp_path):
+    """`dpaudit train --data wine` (62 training records at the default split) stopped on "batch size 64 is larger
+    than the training set"; `--algo pate`/`dp-icl` on the 100 default queries against 44 public records, then DP-ICL
+    on 10 shots x 20 teachers against 62. Defaults the user never chose are fitted to the data with a notice; a
+    value the user gives is never changed (still refused where it does not fit)."""
+    from dpaudit.cli.main import app
+
+    def run(*args):
+        return CliRunner().invoke(app, ["train", "--data", "wine", *args, "--out", str(tmp_path / "r"), "--force"])
+
+    for algo in ("dpsgd", "pate", "dp-icl"):  # sgd's default batch is fitted by the same code as dpsgd's
+        res = run("--algo", algo, "--epochs", "1", "--epsilon", "8")
+        assert res.exit_code == 0, (algo, res.output)
+        if algo == "dpsgd":
+            assert "the default --batch-size 64 is larger than the 62 training records; using 15" in res.stderr
+        else:
+            assert "the default --queries 100 does not fit the 44 records of the public (aux) split" in res.stderr
+        if algo == "dp-icl":
+            assert "the default --shots 10 does not fit the 62 private records over 20 teachers; using 3" in res.stderr
+    meta = json.loads((tmp_path / "r" / "checkpoint.json").read_text())
+    assert meta["training"]["aggregation"]["n_queries"] == 44
+    res = run("--batch-size", "64", "--epochs", "1")
+    assert res.exit_code == 2 and "batch size 64 is larger than the training set (62 records)" in res.output
+    res = run("--algo", "pate", "--queries", "100", "--epsilon", "8", "--epochs", "1")
+    assert res.exit_code == 2 and "--queries 100 exceeds the auxiliary (public) split (44 records)" in res.output
+
+
 def test_defaults_are_chosen_per_algorithm_and_model_kind():
     assert default_recipe("sgd", "cnn") == NONPRIVATE_RECIPE  # non-private defaults unchanged
     assert default_recipe("dpsgd", "cnn") == DP_RECIPES[("sgd", "cnn")] != default_recipe("dpsgd", "mlp")
