@@ -462,6 +462,12 @@ def audit_training_from_options(
         )
     else:
         spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
+    if config is not None and "batch_size" not in given:  # `audit train --data wine`: 63 records, B 64
+        from dpaudit.data import make_splits
+        from dpaudit.progress import announce
+
+        n_train = train_size if train_size is not None else len(make_splits(len(ds), 0).members)  # audit_training's
+        config = _fit_default_batch(config, n_train, announce)
     if threat_model == "white-box-steps":
         from dpaudit.workflows.whitebox import audit_whitebox_steps
 

@@ -64,7 +64,7 @@ def test_defaults_fit_a_small_embedded_dataset(tmp_path):
         return CliRunner().invoke(app, ["train", "--data", "wine", *args, "--out", str(tmp_path / "r"), "--force"])
 
     for algo in ("dpsgd", "pate", "dp-icl"):  # sgd's default batch is fitted by the same code as dpsgd's
-        res = run("--algo", algo, "--epochs", "1", "--epsilon", "8")
+        res = run("--algo", algo, "--epochs", "1", "--epsilon", "8", *(("--teachers", "5") if algo == "pate" else ()))
         assert res.exit_code == 0, (algo, res.output)
         if algo == "dpsgd":
             assert "the default --batch-size 64 is larger than the 62 training records; using 15" in res.stderr
@@ -78,6 +78,13 @@ def test_defaults_fit_a_small_embedded_dataset(tmp_path):
     assert res.exit_code == 2 and "batch size 64 is larger than the training set (62 records)" in res.output
     res = run("--algo", "pate", "--queries", "100", "--epsilon", "8", "--epochs", "1")
     assert res.exit_code == 2 and "--queries 100 exceeds the auxiliary (public) split (44 records)" in res.output
+    # `audit train` trains the same recipe many times: the same default, fitted the same way
+    audit = ["audit", "train", "--data", "wine", "--epsilon", "4", "--runs", "3", "--epochs", "1"]
+    res = CliRunner().invoke(app, [*audit, "--allow-inconclusive"])
+    assert res.exit_code == 0, res.output
+    assert "the default --batch-size 64 is larger than the 62 training records; using 15" in res.stderr
+    res = CliRunner().invoke(app, [*audit, "--allow-inconclusive", "--batch-size", "64"])
+    assert res.exit_code == 2 and "batch size 64 is larger than the training set (63 records)" in res.output
 
 
 def test_defaults_are_chosen_per_algorithm_and_model_kind():
