@@ -545,4 +545,14 @@ def deprecated_alias(old: str, new: str) -> None:
     notice(f"dpaudit: {old} is deprecated; use {new}")
 
 
+def aliased(value: Any, old_value: Any, new: str, old: str, what: str) -> Any:
+    """The value of option ``new``, or of its deprecated spelling ``old`` (with the notice); both is one line."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise InputError(f"give the {what} once, as {new} ({old} is its deprecated spelling)")
+    deprecated_alias(old, new)
+    return old_value
+
+
 DELTA_HELP = "δ of the privacy claim (ε, δ)"

@@ -15,13 +15,12 @@ from dpaudit.cli._common import (
     ForceFlag,
     JsonFlag,
     RunArgument,
-    deprecated_alias,
+    aliased,
     emit,
     info,
     progress,
     target_run,
 )
-from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_file
 
 GRID_FILE = "inversions.png"
@@ -74,6 +73,12 @@ def inversion_table(result: Any) -> str:
     return "\n".join(lines)
 
 
+GridFolder = Annotated[
+    Path | None, typer.Option("--out", "-o", help=f"Folder to write the inversions to, as a PNG grid ({GRID_FILE}).")
+]
+GridFolderAlias = Annotated[Path | None, typer.Option("--out-dir", hidden=True, help="Deprecated spelling of --out.")]
+
+
 def inversion(
     run: RunArgument = None,
     classes: Annotated[
@@ -112,13 +117,8 @@ def inversion(
     restarts: Annotated[
         int, typer.Option("--restarts", help="Starts per class: x0 = PROCESS(0), then uniform in the aux box.")
     ] = 4,
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", "-o", help=f"Folder to write the inversions to, as a PNG grid ({GRID_FILE})."),
-    ] = None,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out-dir", hidden=True, help="Deprecated spelling of --out.")
-    ] = None,
+    out: GridFolder = None,
+    out_dir: GridFolderAlias = None,
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the black-box directions and the evaluation classifier.")
     ] = 0,
@@ -144,11 +144,7 @@ def inversion(
         black_box=black_box, budget=budget, directions=directions, variant=variant, restarts=restarts, seed=seed,
     )  # fmt: skip
     attack.check()  # bad settings fail before the checkpoint is loaded
-    if out_dir is not None:  # every other command writes to --out/-o
-        if out is not None:
-            raise InputError("give the folder once, as --out (--out-dir is its deprecated spelling)")
-        deprecated_alias("--out-dir", "--out")
-        out = out_dir
+    out = aliased(out, out_dir, "--out", "--out-dir", "folder")  # every other command writes to --out/-o
     path = target_run(run, checkpoint)
     png = out / GRID_FILE if out is not None else None
     if png is not None:

@@ -31,20 +31,34 @@ from dpaudit.workflows.result import AuditRecord, ModelAudit
 NON_PRIVATE_DELTA = 1e-5  # δ at which a model that makes no claim is audited
 
 
-def relation_note(claim_relation: str | None, experiment: str) -> str | None:
+def relation_note(claim_relation: str | None, experiment: str, algo: str | None = None) -> str | None:
     """Why a design does not test the claim's neighbouring relation, or None when it does.
 
     ``experiment`` is "add_remove" (a record present or absent) or "replace_one" (one record swapped
     for another, same size). A replace-one claim says nothing about datasets of different sizes, so an
     add/remove experiment cannot refute it; an add/remove claim covers replace-one only at 2ε (group
-    privacy), so that direction is converted by the callers, never silently compared.
+    privacy), so that direction is converted by the callers, never silently compared. ``algo``: the run's
+    algorithm, for the way out the note names (only DP-SGD/DP-Adam have Poisson sampling and `audit train`).
     """
     if claim_relation == "replace_one" and experiment == "add_remove":
+        from dpaudit.training.convex import CONVEX_ALGOS
+
+        if algo not in CONVEX_ALGOS:  # DP-SGD's and DP-Adam's shuffled batches, or an imported run's loop
+            why, way_out = (
+                "shuffled batches",
+                "train with --sampling poisson, or audit with `dpaudit audit train`, which swaps the canary for "
+                "another record",
+            )
+        else:  # the convex learners' sensitivity is for a swapped record (Chaudhuri et al. 2011): no Poisson option
+            why, way_out = (
+                f"--algo {algo}",
+                f"--algo {algo} has no add/remove claim, and `dpaudit audit train`, which swaps the canary for "
+                "another record, trains sgd, adam, dpsgd and dpadam only: no formal audit of this run yet",
+            )
         return (
-            "the claim is for replace-one neighbours (shuffled batches) but the audit adds or removes records; "
+            f"the claim is for replace-one neighbours ({why}) but the audit adds or removes records; "
             "such a claim does not cover datasets of different sizes, so this bound cannot refute it and is "
-            "reported as an estimate (train with --sampling poisson, or audit with `dpaudit audit train`, which "
-            "swaps the canary for another record)"
+            f"reported as an estimate ({way_out})"
         )
     return None
 
@@ -231,7 +245,9 @@ def audit_checkpoint(
     common = {"delta": delta, "confidence": confidence, "claimed_epsilon": claimed, "seed": seed}
     records: list[AuditRecord] = []
     curve = claim_tradeoff(privacy) if claimed_epsilon is None else None
-    note = relation_note(privacy.get("neighbouring"), "add_remove") if canaries else None
+    algo = (run.meta.get("training") or {}).get("algo")
+    note = relation_note(privacy.get("neighbouring"), "add_remove", algo if isinstance(algo, str) else None)
+    note = note if canaries else None
     whitebox = run.whitebox_canaries()
     # Multiplicity: every formal canary test (the (ε, δ) one-run audit and the f-DP one against the claim's curve,
     # for each kind of canary) can refute the claim on its own, and the model's verdict is a refutation when any

@@ -160,6 +160,9 @@ def headline(
     formal_checks = [c for c in checks if c.get("formal")]
     if formal is None and (curve_tests or formal_checks):
         parts.append(_tests_text(curve_tests, formal_checks))
+    elif formal is None and any(a.get("design") == "canaries" for a in audits):
+        # the run has canaries, audited as an estimate (e.g. a replace-one claim against add/remove canaries)
+        parts.append("no formal audit (its canary audit is an estimate; its note says why)")
     elif formal is None:
         parts.append("no formal audit (train with canaries, or run `dpaudit audit train`)")
     else:

@@ -215,8 +215,25 @@ def test_replace_one_claim_is_not_refuted_by_add_remove_canaries(tmp_path):
     args = ["train", "--algo", "dpsgd", "--epsilon", "1", "--sampling", "shuffle", "--epochs", "1"]
     r = runner.invoke(app, [*args, "--canaries", "20", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    (a,) = audit_checkpoint(out, attacks=()).audits
+    audit = audit_checkpoint(out, attacks=())
+    (a,) = audit.audits
     assert a.result.formal is False and any("replace-one" in n for n in a.result.notes)
+    assert any("train with --sampling poisson" in n for n in a.result.notes)
+    # the headline does not tell a run with canaries to train with canaries
+    assert "no formal audit (its canary audit is an estimate; its note says why)" in audit.headline().text
+
+
+def test_a_convex_learners_replace_one_note_names_no_option_it_lacks():
+    """Output perturbation's claim is replace-one (Chaudhuri et al. 2011); its add/remove canary audit was told to
+    "train with --sampling poisson" (an option the convex learners do not have) "or audit with `dpaudit audit
+    train`" (which trains sgd, adam, dpsgd and dpadam only)."""
+    from dpaudit.workflows.checkpoint import relation_note
+
+    note = relation_note("replace_one", "add_remove", "outpert")
+    assert "(--algo outpert)" in note and "--sampling poisson" not in note and "no formal audit of this run yet" in note
+    for algo in ("dpsgd", "dpadam-jl", None, "imported"):
+        assert "train with --sampling poisson" in relation_note("replace_one", "add_remove", algo)
+    assert relation_note("add_remove", "add_remove", "outpert") is None
 
 
 def test_white_box_needs_private_trainer():
