@@ -139,7 +139,7 @@ def train_from_options(
             check_in_interval(0.0, 1.0, hi_open=False, subsample=subsample)
         from dpaudit.training.pate import train_from_options as train_aggregation
 
-        return train_aggregation(
+        meta = train_aggregation(
             out, algo=algo, teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1,
             threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon,
             delta=delta, seed=seed, data=data, label_column=label_column, model=model or "mlp",
@@ -149,6 +149,9 @@ def train_from_options(
             keep_private_diagnostics=keep_private_diagnostics, subsample=subsample, sanitiser=sanitiser,
             notify=notify,
         )  # fmt: skip
+        if (note := _data_dependent_note(meta.get("privacy") or {}, epsilon)) is not None:
+            notify(note)
+        return meta
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
     from dpaudit.training.algorithms import TRAINERS
@@ -221,6 +224,26 @@ def train_from_options(
         force=force, progress=progress, canaries=canary_set,
         whitebox=None if whitebox_canaries is None else DiracCanaries(m=whitebox_canaries, seed=canary_seed),
     )  # fmt: skip
+
+
+def _data_dependent_note(privacy: dict[str, Any], asked: float | None) -> str | None:
+    """Why a run's data-dependent claim is above the --epsilon asked for (DP-ICL, 5 teachers, 20 queries, --epsilon 1
+    --claim data-dependent: ε = 2.65 with no word): --epsilon calibrates σ for the data-independent bound, and the
+    sanitised data-dependent analysis charges its own releases too. None when there is nothing to say."""
+    from dpaudit import numfmt
+
+    claimed, independent = privacy.get("epsilon"), privacy.get("data_independent_epsilon")
+    if asked is None or privacy.get("claim") != "data-dependent" or claimed is None or claimed <= asked:
+        return None
+    # upper(claimed) >= claimed > asked, printed as given: the printed pair keeps the order
+    return (
+        f"the data-dependent claim ε = {numfmt.upper(claimed)} is above the --epsilon {numfmt.exact(asked)} asked "
+        "for: --epsilon calibrates "
+        "the noise for the data-independent bound"
+        + ("" if independent is None else f" (ε = {numfmt.upper(independent)} here)")
+        + ", and the sanitised data-dependent analysis also charges its own releases; choose --claim "
+        "data-independent before training for that bound"
+    )
 
 
 def _fit_default_batch(config: Any, n_train: int, notify: Callable[[str], None]) -> Any:

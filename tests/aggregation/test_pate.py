@@ -289,3 +289,17 @@ def test_the_icl_canary_audit_runs_the_runs_own_aggregator(tmp_path, monkeypatch
     assert used and set(used) == {"lnmax"}
     (row,) = [r for r in result.families["icl"][0]["settings"] if math.isfinite(r["epsilon"])]
     assert "LNMax" in row["setting"]
+
+
+def test_a_data_dependent_claim_above_the_asked_epsilon_is_explained():
+    """DP-ICL with 5 teachers, 20 queries, `--epsilon 1 --claim data-dependent` claimed ε = 2.65 with no word on why
+    it exceeds what was asked. The train workflow now says so, naming the data-independent bound of the same σ."""
+    from dpaudit.workflows.runs import _data_dependent_note
+
+    privacy = {"claim": "data-dependent", "epsilon": 2.654143302902476, "data_independent_epsilon": 0.9999710286616814}
+    note = _data_dependent_note(privacy, 1.0)
+    assert note.startswith("the data-dependent claim ε = 2.65415 is above the --epsilon 1 asked for")
+    assert "(ε = 0.999972 here)" in note and "--claim data-independent" in note
+    assert _data_dependent_note({**privacy, "epsilon": 0.8}, 1.0) is None  # below what was asked
+    assert _data_dependent_note({**privacy, "claim": "data-independent"}, 1.0) is None
+    assert _data_dependent_note(privacy, None) is None  # σ given, no ε asked
