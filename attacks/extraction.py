@@ -136,14 +136,17 @@ class QueryPool:
         return box.widened().clip((mean + Z @ root.T).reshape(n, *box.shape), self.dtype)
 
     def draw(self, n: int) -> np.ndarray:
-        """``n`` new query points, at random."""
+        """``n`` new query points, at random, in random order: every prefix of a draw is itself a
+        uniform sample of the pool, as the fidelity-vs-queries curve (refits on prefixes) assumes."""
         if self.kind != "aux":
             return self._fresh(n)
         idx = np.flatnonzero(self._unused)
         if n > len(idx):
             raise InputError(f"the aux pool has {len(idx)} unqueried records left, {n} asked")
-        chosen = np.sort(self.rng.choice(idx, size=n, replace=False))
-        return self.take(chosen)
+        # Not sorted: aux records in index order follow the user's file, often sorted by label, and a
+        # sorted draw's first n/8 records held a few classes only (curve point at 50 of 400 queries on
+        # label-sorted digits: fidelity 31% where an attack that spends 50 queries reaches 82%).
+        return self.take(self.rng.choice(idx, size=n, replace=False))
 
     def candidates(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Points an adaptive round may choose from: every unqueried aux record, or ``n`` fresh draws.

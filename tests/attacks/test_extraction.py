@@ -368,6 +368,16 @@ def test_pools_stay_in_the_box_and_are_seeded():
     assert box.widened().upper[2] == pytest.approx(1.25)
 
 
+def test_aux_draws_come_in_random_order_so_curve_prefixes_are_samples():
+    """The curve refits on the first n queries; aux records in index order follow the user's file (here
+    sorted by label, as many CSVs are), so a draw sorted by index made the first quarter one label."""
+    labels = np.repeat(np.arange(4), 25).astype(np.float32)  # record i has feature = its label
+    knowledge = AttackerKnowledge.from_records(labels[:, None])
+    X = QueryPool("aux", knowledge, rng=np.random.default_rng(0), dtype=np.float32).draw(100)
+    assert sorted(X[:, 0].tolist()) == labels.tolist()  # each record once
+    assert len(np.unique(X[:25, 0])) == 4  # the first quarter holds every label (P(not) < 4 * 0.75^25 ≈ 3e-3)
+
+
 # --------------------------------------------------------------------------- results and saving
 
 
