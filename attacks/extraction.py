@@ -659,13 +659,17 @@ def surrogate_spec(kind: str, *, input_shape: tuple[int, ...], n_classes: int) -
     return default_spec(kind, input_shape=input_shape, n_classes=n_classes)
 
 
-def resolve_method(method: str, run: Any, mode: ApiMode) -> str:
-    """``auto`` is equation solving for a linear target behind an API with scores, else learning.
-    Equation solving on a non-linear target, or behind a labels-only API, is refused."""
+def resolve_method(method: str, run: Any, mode: ApiMode, budget: int | None = None) -> str:
+    """``auto`` is equation solving for a linear target behind an API with scores when the ``budget``
+    (None: unknown) reaches its d+1 queries, else learning. Equation solving on a non-linear target, or
+    behind a labels-only API, is refused."""
     check_choice(METHODS, method=method)
     linear = run.spec.kind in LINEAR_KINDS
     if method == "auto":
-        return "equations" if linear and mode.returns_scores else "learning"
+        # Below d+1 queries equations cannot be solved, and learning still can: auto picked equations there
+        # and refused (`dpaudit report --extraction-budget 50` on a digits logreg (d+1 = 65) stopped the report).
+        enough = budget is None or budget >= minimum_budget("equations", d=math.prod(run.spec.input_shape), n_classes=0)
+        return "equations" if linear and mode.returns_scores and enough else "learning"
     if method == "equations":
         if not linear:
             raise InputError(
@@ -700,7 +704,8 @@ def extract(
     ``api``: probs | rounded:K | labels | logits (:class:`attacks.query_api.ApiMode`). ``method``:
     equations (linear targets: exact from d+1 queries with full probabilities), learning (any target:
     a ``surrogate`` of kind logreg | mlp | cnn trained on the answers) or auto (equations when they
-    apply; learning when ``adaptive``). ``pool``: where queries come from (aux | uniform | synthetic,
+    apply: a logreg target, an API with scores, a budget of at least d+1; else learning, and learning
+    when ``adaptive``). ``pool``: where queries come from (aux | uniform | synthetic,
     the default: with rounded answers, uniform points in the box are so confidently classified that
     their probabilities round to 0 and 1 and give almost no equations). ``adaptive``: uncertainty-
     sampling rounds (learning only). ``curve_points``: points of the fidelity-vs-queries curve, the
@@ -722,7 +727,7 @@ def extract(
             "discrete: refused for token data (an rnn or a python model over token ids); use "
             "`dpaudit attack mia` (membership) or canaries (`dpaudit train --canaries`)"
         )
-    method = resolve_method("learning" if adaptive and method == "auto" else method, run, mode)
+    method = resolve_method("learning" if adaptive and method == "auto" else method, run, mode, budget)
     pool = pool if pool is not None else "synthetic"
     check_choice(POOLS, pool=pool)
     if adaptive and method != "learning":

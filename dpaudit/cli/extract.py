@@ -58,7 +58,8 @@ def extract(
             "--method",
             "-m",
             help="equations (linear models: solve log-probability ratios, exact from d+1 queries) | learning "
-            "(train a surrogate on the answers, any model) | auto (equations where they apply).",
+            "(train a surrogate on the answers, any model) | auto (equations where they apply: a logreg target, an "
+            "api with scores, a budget of at least d+1; else learning).",
         ),
     ] = "auto",
     surrogate: Annotated[

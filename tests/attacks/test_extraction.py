@@ -281,6 +281,15 @@ def test_equations_refused_where_they_cannot_work(digits_mlp, digits_logreg):
         extract(_load(digits_logreg), budget=100, adaptive=True, method="equations")
 
 
+def test_auto_learns_where_the_budget_is_below_d_plus_1(digits_logreg):
+    """`dpaudit report --extraction-budget 50` (method auto) on a digits logreg: auto chose equations, which
+    need 65 queries, and the whole report stopped; learning works with 50."""
+    run = _load(digits_logreg)
+    r = extract(run, budget=DIGITS_D, curve_points=1, surrogate="logreg").result
+    assert r.method == "learning" and r.queries == DIGITS_D
+    assert extract(run, budget=DIGITS_D + 1, curve_points=1).result.method == "equations"
+
+
 # --------------------------------------------------------------------------- learning-based extraction
 
 
