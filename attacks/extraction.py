@@ -566,6 +566,15 @@ def _minimum_text(method: str, minimum: int, adaptive: bool = False) -> str:
     return f"learning-based extraction: {minimum} queries ({why})"
 
 
+def _equation_point(
+    evaluator: _Evaluator, solver: EquationSolver, queries: int, shape: tuple[int, ...]
+) -> tuple[Surrogate, dict[str, Any]]:
+    """The model a fitted equation solver gives, and its curve point (scored, with its equations)."""
+    model = Surrogate.from_linear(solver.coef_, solver.intercept_, shape)
+    point = evaluator.score(model, queries, (solver.coef_, solver.intercept_))
+    return model, {**point, "n_equations": solver.n_equations_}
+
+
 def _prefixes(budget: int, minimum: int, points: int) -> list[int]:
     """Query counts of the curve: budget / 2^j for j = points-1 .. 0, those >= minimum (always budget)."""
     sizes = {budget}
@@ -750,13 +759,22 @@ def extract(
     with progress.task(f"extraction ({method}, api {mode})", None):
         if method == "equations":
             X, A = equation_attack(target_api, knowledge, budget=budget, pool=pool, seed=seed)
-            for n in _prefixes(budget, minimum, max(curve_points, 1)):
-                solver = EquationSolver(mode).fit(X[:n], A[:n])
-                model = Surrogate.from_linear(solver.coef_, solver.intercept_, shape)
-                point = evaluator.score(model, n, (solver.coef_, solver.intercept_))
-                curve.append({**point, "n_equations": solver.n_equations_})
+            unsolvable: list[int] = []
+            *fewer, _ = _prefixes(budget, minimum, max(curve_points, 1))
+            for n in fewer:
+                try:  # with rounded answers a prefix can be short of usable equations where the whole budget is not
+                    solver = EquationSolver(mode).fit(X[:n], A[:n])
+                except InputError:  # a curve point missing, not the attack failing (it did abort the attack)
+                    unsolvable.append(n)
+                    continue
+                curve.append(_equation_point(evaluator, solver, n, shape)[1])
+            solver = EquationSolver(mode).fit(X, A)  # the attack itself: its refusal is the user's to see
+            model, point = _equation_point(evaluator, solver, budget, shape)
+            curve.append(point)
             settings |= {"surrogate": model.spec.to_dict(), "n_equations": solver.n_equations_,
                          "design": "axis (d+1), then pool"}  # fmt: skip
+            if unsolvable:
+                settings["curve_unsolvable"] = unsolvable
             final = curve[-1]
         else:
             assert spec is not None

@@ -257,6 +257,19 @@ def test_rounding_needs_least_squares_and_more_queries_help(digits_logreg):
         extract(run, budget=DIGITS_D + 1, api="rounded:3", method="equations")
 
 
+def test_a_curve_prefix_short_of_equations_does_not_abort_the_attack(binary_logreg):
+    """Rounded to 1 decimal, 84 queries solve the binary logistic regression (d+1 = 21), but the curve's first
+    prefix (21 queries: the axis design, whose corners answer 0 or 1) gives too few usable equations: that
+    refusal aborted the whole attack (exit 2, no result; on digits, 1,000 queries at rounded:1 failed so)."""
+    run = _load(binary_logreg)
+    r = extract(run, budget=84, api="rounded:1", method="equations").result
+    assert r.params["curve_unsolvable"] == [21]
+    assert [p["queries"] for p in r.curve] == [42, 84] and r.queries == 84
+    assert r.curve[-1]["parameter_relative_error"] == r.parameter_relative_error < 1.0
+    with pytest.raises(InputError, match="usable equations"):  # the attack itself still refuses when it cannot
+        extract(run, budget=21, api="rounded:1", method="equations")
+
+
 def test_dp_does_not_protect_the_model_against_extraction(digits_logreg, dp_logreg):
     """DP-SGD (ε = 1) protects training records, not the model: equation solving recovers the DP
     model exactly as well as the non-private one."""
