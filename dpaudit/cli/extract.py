@@ -64,7 +64,7 @@ def extract(
             "-m",
             help="equations (linear models: solve log-probability ratios, exact from d+1 queries) | learning "
             "(train a surrogate on the answers, any model) | auto (equations where they apply: a logreg target, an "
-            "api with scores, a budget of at least d+1; else learning).",
+            "api with scores, a budget of at least d+1, no --adaptive; else learning).",
         ),
     ] = "auto",
     surrogate: Annotated[
@@ -99,8 +99,9 @@ def extract(
 
     JSON: checkpoint, out, attack, params, method, api, budget, queries, parameter_relative_error (linear
     models, else null), fidelity (agreement on test inputs), fidelity_uniform, surrogate_accuracy,
-    target_accuracy, curve (a list of {queries, fidelity, fidelity_uniform, parameter_relative_error}; equation
-    solving leaves out the query counts it cannot solve, listed in params.curve_unsolvable).
+    target_accuracy, curve (a list of {queries, fidelity, fidelity_uniform, surrogate_accuracy,
+    parameter_relative_error}, and n_equations for equation solving, which leaves out the query counts it
+    cannot solve, listed in params.curve_unsolvable).
     """
     from attacks.extraction import extract_checkpoint
 
