@@ -40,6 +40,11 @@ def human_summary(result: Any) -> str:
                 f"            {p['queries']:>7}  {rate(p['fidelity']):>8}  {rate(p['fidelity_uniform']):>7}  "
                 f"{_number(p['parameter_relative_error']):>10}"
             )
+    if d["params"].get("curve_unsolvable"):
+        lines.append(
+            f"            not solvable at {', '.join(map(str, d['params']['curve_unsolvable']))} queries (too few "
+            "usable equations: rounded probabilities of 0 give none)"
+        )
     return "\n".join(lines)
 
 
@@ -58,7 +63,8 @@ def extract(
             "--method",
             "-m",
             help="equations (linear models: solve log-probability ratios, exact from d+1 queries) | learning "
-            "(train a surrogate on the answers, any model) | auto (equations where they apply).",
+            "(train a surrogate on the answers, any model) | auto (equations where they apply: a logreg target, an "
+            "api with scores, a budget of at least d+1, no --adaptive; else learning).",
         ),
     ] = "auto",
     surrogate: Annotated[
@@ -93,7 +99,9 @@ def extract(
 
     JSON: checkpoint, out, attack, params, method, api, budget, queries, parameter_relative_error (linear
     models, else null), fidelity (agreement on test inputs), fidelity_uniform, surrogate_accuracy,
-    target_accuracy, curve (a list of {queries, fidelity, fidelity_uniform, parameter_relative_error}).
+    target_accuracy, curve (a list of {queries, fidelity, fidelity_uniform, surrogate_accuracy,
+    parameter_relative_error}, and n_equations for equation solving, which leaves out the query counts it
+    cannot solve, listed in params.curve_unsolvable).
     """
     from attacks.extraction import extract_checkpoint
 

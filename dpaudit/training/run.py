@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,13 +129,31 @@ def fit_model(
     if init_state is not None:
         model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in init_state.items()})
     model = model.to(device)
-    if whitebox is None:
-        return FittedModel(outcome=trainer.fit(model, X, y, progress=progress), preprocessing=pre, device=device)
-    if not hasattr(trainer, "fit_with_canary"):
+    if whitebox is not None and not hasattr(trainer, "fit_with_canary"):
         backend = " with --backend torch" if perf.backend != "torch" else ""
         raise InputError(f"white-box canaries need a DP-SGD trainer{backend}, not {config.algo!r}")
-    outcome, scores = trainer.fit_with_canary(model, X, y, whitebox)
+    secure = config.dp is not None and config.dp.secure_noise  # unpredictable from the seed, as asked: left as it is
+    with contextlib.nullcontext() if secure else _seeded_global_rng(config.seed, device):
+        if whitebox is None:
+            return FittedModel(outcome=trainer.fit(model, X, y, progress=progress), preprocessing=pre, device=device)
+        outcome, scores = trainer.fit_with_canary(model, X, y, whitebox)
     return FittedModel(outcome=outcome, preprocessing=pre, device=device, whitebox_scores=scores)
+
+
+@contextlib.contextmanager
+def _seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Training with torch's global random generator seeded from ``seed`` (a stream of its own, derived by
+    SeedSequence, apart from the init's and the batch order's), restored afterwards.
+
+    The trainers draw batches and noise from their own generators, but a model's randomness in its training
+    forward (``nn.Dropout`` in a user's module, stochastic depth, ``torch.randn`` noise) reads the global
+    generator, whose start is random per process in torch 2.x: the same seed gave another model on every run,
+    and LiRA's reference models differed between --workers 1 and 2 (a residual CNN with dropout on digits:
+    logits 44-268 apart, every LiRA score different)."""
+    state = int(np.random.SeedSequence([int(seed), 0x5EED]).generate_state(1, np.uint64)[0])
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(state)
+        yield
 
 
 def evaluate(fitted: FittedModel, dataset: Dataset, idx: np.ndarray) -> dict[str, float]:

@@ -257,6 +257,19 @@ def test_rounding_needs_least_squares_and_more_queries_help(digits_logreg):
         extract(run, budget=DIGITS_D + 1, api="rounded:3", method="equations")
 
 
+def test_a_curve_prefix_short_of_equations_does_not_abort_the_attack(binary_logreg):
+    """Rounded to 1 decimal, 84 queries solve the binary logistic regression (d+1 = 21), but the curve's first
+    prefix (21 queries: the axis design, whose corners answer 0 or 1) gives too few usable equations: that
+    refusal aborted the whole attack (exit 2, no result; on digits, 1,000 queries at rounded:1 failed so)."""
+    run = _load(binary_logreg)
+    r = extract(run, budget=84, api="rounded:1", method="equations").result
+    assert r.params["curve_unsolvable"] == [21]
+    assert [p["queries"] for p in r.curve] == [42, 84] and r.queries == 84
+    assert r.curve[-1]["parameter_relative_error"] == r.parameter_relative_error < 1.0
+    with pytest.raises(InputError, match="usable equations"):  # the attack itself still refuses when it cannot
+        extract(run, budget=21, api="rounded:1", method="equations")
+
+
 def test_dp_does_not_protect_the_model_against_extraction(digits_logreg, dp_logreg):
     """DP-SGD (ε = 1) protects training records, not the model: equation solving recovers the DP
     model exactly as well as the non-private one."""
@@ -279,6 +292,15 @@ def test_equations_refused_where_they_cannot_work(digits_mlp, digits_logreg):
         extract(_load(digits_logreg), budget=5000, method="equations", pool="aux")
     with pytest.raises(InputError, match="adaptive querying is for learning"):
         extract(_load(digits_logreg), budget=100, adaptive=True, method="equations")
+
+
+def test_auto_learns_where_the_budget_is_below_d_plus_1(digits_logreg):
+    """`dpaudit report --extraction-budget 50` (method auto) on a digits logreg: auto chose equations, which
+    need 65 queries, and the whole report stopped; learning works with 50."""
+    run = _load(digits_logreg)
+    r = extract(run, budget=DIGITS_D, curve_points=1, surrogate="logreg").result
+    assert r.method == "learning" and r.queries == DIGITS_D
+    assert extract(run, budget=DIGITS_D + 1, curve_points=1).result.method == "equations"
 
 
 # --------------------------------------------------------------------------- learning-based extraction
@@ -366,6 +388,16 @@ def test_pools_stay_in_the_box_and_are_seeded():
     assert syn[:, 2].std() > 0.01  # constant in aux, yet varied (identifiable weight)
     box = FeatureBox.of(X0)
     assert box.widened().upper[2] == pytest.approx(1.25)
+
+
+def test_aux_draws_come_in_random_order_so_curve_prefixes_are_samples():
+    """The curve refits on the first n queries; aux records in index order follow the user's file (here
+    sorted by label, as many CSVs are), so a draw sorted by index made the first quarter one label."""
+    labels = np.repeat(np.arange(4), 25).astype(np.float32)  # record i has feature = its label
+    knowledge = AttackerKnowledge.from_records(labels[:, None])
+    X = QueryPool("aux", knowledge, rng=np.random.default_rng(0), dtype=np.float32).draw(100)
+    assert sorted(X[:, 0].tolist()) == labels.tolist()  # each record once
+    assert len(np.unique(X[:25, 0])) == 4  # the first quarter holds every label (P(not) < 4 * 0.75^25 ≈ 3e-3)
 
 
 # --------------------------------------------------------------------------- results and saving

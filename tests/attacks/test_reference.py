@@ -29,6 +29,30 @@ def test_model_key(recipe, tiny_run):
     assert len({k, model_key(recipe, a, 2), model_key(recipe, b, 1)}) == 3
 
 
+def test_dropout_in_a_users_model_is_seeded_by_the_training_seed():
+    """A python model with nn.Dropout: the same seed gave other weights in every process (torch's global
+    generator starts at random), so LiRA's reference models differed between --workers 1 and 2. Here two
+    processes are two global states; the caller's own global state is left as it was."""
+    from dpaudit.data import load_dataset
+    from dpaudit.models import PythonSpec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import fit_model
+
+    ds = load_dataset("synthetic:n=120,d=6,classes=3,seed=0")
+    spec = PythonSpec(input_shape=(6,), n_classes=3, factory="tests.core.byo_models:with_dropout",
+                      kwargs={"d": 6, "n_classes": 3})  # fmt: skip
+    config = TrainConfig(algo="adam", steps=20, batch_size=32, lr=0.01, seed=3)
+    weights = []
+    for process_seed in (1, 2):
+        torch.manual_seed(process_seed)
+        expected = torch.rand(3)
+        torch.manual_seed(process_seed)
+        fitted = fit_model(ds, np.arange(100), spec, config)
+        assert torch.equal(torch.rand(3), expected)  # training neither read nor moved the caller's generator
+        weights.append(torch.cat([p.detach().flatten() for p in fitted.outcome.model.parameters()]))
+    assert torch.equal(weights[0], weights[1])
+
+
 def test_workers_1_and_2_identical_and_cached(recipe, tiny_run, tmp_path, monkeypatch):
     sets, seeds = train_sets(tiny_run, 3), seeds_for(0, "reference", 3)
     one = train_models(recipe, sets, seeds, workers=1, cache_dir=tmp_path / "c1")

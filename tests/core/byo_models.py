@@ -26,6 +26,11 @@ def residual_mlp(d: int, n_classes: int, width: int = 16) -> nn.Module:
     return ResidualMLP(d, n_classes, width)
 
 
+def with_dropout(d: int, n_classes: int) -> nn.Module:
+    """Randomness in the training forward, from torch's global generator."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, 16), nn.Tanh(), nn.Dropout(0.5), nn.Linear(16, n_classes))
+
+
 def with_batchnorm(d: int, n_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(d, 8), nn.BatchNorm1d(8), nn.Linear(8, n_classes))
 
