@@ -176,3 +176,53 @@ def test_cross_group_p_value_is_exactly_uniform_under_the_claim_and_zero_for_one
     check = noise_check(ss, np.array([400, 400, 400]), proj, noise_std=1.0, cross=_cross(rng.normal(size=(3, 400))),
                         cross_counts=np.full((3, 3), 400))  # fmt: skip
     assert check.details["alpha_independence"] == check.details["alpha_cross_group"] == pytest.approx(0.05 / 4)
+
+
+def test_a_pair_with_fewer_than_two_common_values_is_not_tested():
+    """A pair whose groups share no position without a canary (k = 0: a one-coordinate bias whose coordinate holds a
+    canary) or one value (k = 1: r² = 1 whatever the noise) says nothing about dependence: skipped, not p = 0 (which
+    would make a correct loop a "violation")."""
+    from dpaudit.audit.noise import cross_group_p_value
+
+    rng = np.random.default_rng(2)
+    z = rng.normal(size=(3, 40))
+    cross = _cross(z)
+    cross[:, 0, 2] = 0.0  # groups 0 and 2 compare nothing
+    cross[:, 1, 2] = z[1, 0] * z[2, 0], z[1, 0] ** 2, z[2, 0] ** 2  # groups 1 and 2 compare one value
+    counts = np.array([[40, 40, 0], [40, 40, 1], [0, 1, 1]])
+    assert cross_group_p_value(cross, counts) == cross_group_p_value(cross[:, :2, :2], counts[:2, :2])
+    assert cross_group_p_value(cross[:, 1:, 1:], counts[1:, 1:]) is None
+    check = noise_check(np.full((20, 2), 400.0), np.array([400, 400]), np.zeros((20, 0)), noise_std=1.0,
+                        cross=cross[:, 1:, 1:], cross_counts=counts[1:, 1:])  # fmt: skip
+    assert check.cross_group_p_value is None and check.verdict == "consistent"
+
+
+def test_the_level_is_split_when_only_the_cross_group_test_runs():
+    """Two steps (too few for the test across steps, T < 3) and two groups: the variance and the cross-group
+    tests share α, α/2 each. Giving the variance test all of α whenever the test across steps is absent would make
+    the whole check's level 1.5 α."""
+    z = np.random.default_rng(4).normal(size=(2, 30))
+    check = noise_check(np.full((2, 2), 15.0), np.array([15, 15]), np.zeros((2, 4)), noise_std=1.0, alpha=0.1,
+                        cross=_cross(z), cross_counts=np.full((2, 2), 30))  # fmt: skip
+    assert check.independence_p_value is None and check.cross_group_p_value is not None
+    assert check.details["alpha_variance"] == pytest.approx(0.05)
+    assert check.details["alpha_cross_group"] == pytest.approx(0.05) and check.details["alpha_independence"] is None
+
+
+@pytest.mark.parametrize(("factor", "verdict"), [(0.9, "violation"), (1.1, "consistent")])
+def test_the_cross_group_test_rejects_at_its_level_and_not_above(factor, verdict):
+    """A cross-group p-value just below its share of α (α/4 with the test across steps running) is a violation,
+    just above is not: the test is neither stricter nor looser than the level the check states."""
+    from dpaudit.audit.noise import cross_group_p_value
+
+    T, n, k, alpha = 20, 50, 400, 0.05
+    rng = np.random.default_rng(6)
+    ss, proj = np.full((T, 2), float(n)), rng.normal(size=(T, 4))
+    r2 = stats.beta.isf(factor * alpha / 4, 0.5, (k - 1) / 2)  # r² whose p-value is factor × α/4
+    cross = np.zeros((3, 2, 2))
+    cross[:, 0, 1] = math.sqrt(r2), 1.0, 1.0
+    assert cross_group_p_value(cross, np.full((2, 2), k))[0] == pytest.approx(factor * alpha / 4)
+    check = noise_check(ss, np.array([n, n]), proj, noise_std=1.0, alpha=alpha, cross=cross,
+                        cross_counts=np.full((2, 2), k))  # fmt: skip
+    assert check.variance_p_value > alpha and check.independence_p_value > alpha / 4
+    assert check.verdict == verdict

@@ -201,3 +201,10 @@ def test_a_gdp_plan_says_its_refutations_are_estimates_that_fail_on_violation_ne
     assert "estimate-exceeds-claim" in gdp.summary() and "--fail-on-estimate" in gdp.note
     cp = plan_design(1.0, simulations=20)
     assert cp.formal and "estimate-exceeds-claim" not in cp.note
+
+
+def test_a_one_run_fdp_plan_with_the_gdp_family_says_it_plans_an_estimate():
+    # one-run-fdp's gdp family estimates μ (no formal bound): its plan is not formal, as method gdp's is not.
+    # Planted: the family's check dropped -> "formal". A large leak keeps the simulated sizes small.
+    gdp = plan_design(1.0, method="one-run-fdp", tradeoff="gdp", true_epsilon=8.0, simulations=20)
+    assert not gdp.formal and gdp.to_dict()["formal"] is False and "(gdp family) gives an estimate" in gdp.note

@@ -484,3 +484,29 @@ def test_one_delta_rule_for_every_claim(args, tmp_path, monkeypatch):
     if args[0] == "account":  # the cap itself is a claim's δ, printed as given
         r = invoke(*args, "--delta", "0.1")
         assert r.exit_code == 0 and "delta = 0.1," in r.output, r.output
+
+
+def test_the_optimiser_and_device_options_are_refused_exactly_where_no_trainer_reads_them():
+    """The OPTION_READERS rows for the optimiser's settings, one algorithm family at a time: the CLI case above stops
+    at the first unread option (--epochs, given by FAST), so a row that wrongly let --steps or --momentum through for
+    a convex learner (silently ignored: the exact solve has no steps) passed it. Planted: "steps" read by objpert."""
+    from dpaudit.errors import InputError
+    from dpaudit.training.config import DPAGD_ALGOS, PERTURBATION_ALGOS, check_options_read
+
+    options = ("epochs", "batch_size", "lr", "momentum", "steps", "backend", "device")
+    reads = {
+        **dict.fromkeys(PERTURBATION_ALGOS, ()),
+        **dict.fromkeys(DPAGD_ALGOS, ("steps",)),
+        "cloak": ("epochs", "batch_size", "lr"),
+        "pate": options[:5],
+        "dp-icl": options[:5],
+        "dpsgd": options,
+        "sgd": options,
+    }
+    for algo, read in reads.items():
+        for option in options:
+            if option in read:
+                check_options_read(algo, {option})
+            else:
+                with pytest.raises(InputError, match=f"^--{option.replace('_', '-')} does not apply to --algo {algo} "):
+                    check_options_read(algo, {option})

@@ -206,3 +206,29 @@ def test_a_float32_sample_rate_is_named_in_the_mismatch_message(tmp_path):
         InputError, match=r"q = 0\.1, .* at q = 0\.10000000149011612 \(the claim's q rounded to float32"
     ):
         audit_canaries(c.save(tmp_path / "c"), claimed_epsilon=1.0, delta=DELTA, sample_rate=0.1)
+
+
+def test_a_partial_dependence_across_groups_is_tested_on_every_steps_values(tmp_path, monkeypatch):
+    """b's noise shares half its variance with w's leading draws at every step (ρ = 0.5): over T = 10 steps the
+    cross-group test compares T × 9 values per pair and finds it (p ≈ 3e-5); counted as one step's 9 values, the
+    same r² would give p ≈ 0.22, "consistent". The variance and the independence across steps are as
+    claimed, so the cross-group test alone refutes the claim."""
+    from dpaudit.audit.noise import cross_group_p_value
+    from dpaudit.hooks.core import cross_pair_counts
+
+    c = GradientCanaries(SHAPES, count=20, sample_rate=Q, clip=1.0, seed=0)
+    rng = np.random.default_rng([0, 99])
+    for t in range(T):
+        g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
+        zw = rng.normal(size=SHAPES["w"])
+        zb = 0.5 * zw.reshape(-1)[:10] + math.sqrt(0.75) * rng.normal(size=10)
+        c.observe(t, {"w": g["w"] + SIGMA * zw, "b": g["b"] + SIGMA * zb})
+    obs = c.observations()
+    monkeypatch.setattr("dpaudit.workflows.checkpoint.claim_tradeoff", lambda claim: None)  # the noise check only
+    per_step = cross_pair_counts(obs.param_shapes, obs.coordinates)
+    r = audit_canaries(c.save(tmp_path / "c"), claimed_epsilon=claim(), delta=DELTA, noise_multiplier=SIGMA)
+    assert r.noise.cross_group_p_value == pytest.approx(cross_group_p_value(obs.cross, T * per_step)[0], rel=1e-12)
+    assert cross_group_p_value(obs.cross, per_step)[0] > 0.05  # what one step's count would have said
+    assert r.noise.variance_p_value > 0.05 and r.noise.independence_p_value > 0.05
+    assert r.noise.verdict == "violation" and r.verdict == "violation"
+    assert any("across parameter groups (w and b" in n for n in r.noise.notes), r.noise.notes

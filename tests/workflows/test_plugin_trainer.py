@@ -423,3 +423,22 @@ def test_audit_notes_a_trainer_whose_randomness_is_not_drawn_from_seed(digits):
     assert not any("does not depend on seed" in n or "reproduced" in n for n in seeded.result.notes)
     unseeded = audit_training(ds, spec, trainer=unseeded_noisy_trainer, **kw)
     assert any("cannot be reproduced" in n for n in unseeded.result.notes)
+
+
+def test_seed_note_tells_a_trainer_that_follows_its_calls_from_one_that_ignores_its_seed(digits):
+    # Weights that alternate with the number of calls (state outside seed): the first and third calls agree (seeds 1
+    # and 2), the second (seed 1 again) differs. That is randomness not drawn from seed, not a seed-free output.
+    # Planted: "same for both seeds" read as either pair agreeing -> the seed-free note.
+    from dpaudit.plugins import seed_note
+
+    ds, spec = digits
+    calls = []
+
+    def alternating(X, y, seed):
+        calls.append(seed)
+        W = np.random.default_rng(len(calls) % 2).normal(size=(10, 64))
+        return {"1.weight": W.astype(np.float32), "1.bias": np.zeros(10, np.float32)}
+
+    X, y = np.asarray(ds.X[:40], np.float32), np.asarray(ds.y[:40], np.int64)
+    note = seed_note(alternating, X, y, (1, 2), spec, None, name="alternating")
+    assert calls == [1, 1, 2] and "different weights for the same seed 1" in note
