@@ -42,6 +42,24 @@ def visible(text: Any, *, keep_cr: bool = True) -> str:
     return out if keep_cr else out.replace("\r", "⟨U+000D⟩")
 
 
+def host_array(x: Any) -> Any:
+    """``x`` ready for ``np.asarray``: a torch tensor (or a list/tuple of them: per-record losses) as CPU NumPy
+    values, detached from autograd and copied off its device (bfloat16, which NumPy lacks, widened to float32);
+    anything else unchanged. Without this NumPy refuses a tensor that requires grad (RuntimeError, torch's own
+    advice) and one on a GPU (TypeError), both common for scores computed in a notebook. Duck-typed: the
+    audit layers import no torch."""
+    if isinstance(x, list | tuple) and any(_is_torch(e) for e in x):
+        return [host_array(e) for e in x]
+    if not _is_torch(x):
+        return x
+    x = x.detach().cpu()
+    return (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
 def _one(kwargs: dict[str, Any]) -> tuple[str, Any]:
     if len(kwargs) != 1:
         raise TypeError("validators take exactly one keyword argument")

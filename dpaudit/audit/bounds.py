@@ -66,7 +66,7 @@ from dpaudit.audit.result import (
 )
 from dpaudit.audit.stats import clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_seed, shown
+from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_seed, host_array, shown
 
 # Candidate thresholds examined on the selection half of a holdout split (any number is valid there;
 # this only caps the cost).
@@ -247,7 +247,7 @@ def _to_epsilon(method: str, value: float, delta: float) -> float:
 
 def _as_scores(scores) -> np.ndarray:
     try:
-        s = np.asarray(scores, dtype=float)
+        s = np.asarray(host_array(scores), dtype=float)
     except (TypeError, ValueError):
         raise InputError("scores must be numeric") from None
     if s.ndim != 1:
@@ -260,7 +260,7 @@ def _as_scores(scores) -> np.ndarray:
 
 def _as_member(member) -> np.ndarray:
     try:
-        m = np.asarray(member)
+        m = np.asarray(host_array(member))
         mf = m.astype(float)
     except (TypeError, ValueError):
         raise InputError("member must be boolean or 0/1") from None

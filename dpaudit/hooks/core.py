@@ -46,6 +46,7 @@ from dpaudit.validation import (
     check_positive,
     check_positive_int,
     check_seed,
+    host_array,
     read_json,
 )
 
@@ -143,10 +144,7 @@ def _check_not_traced(what: str, x: Any) -> None:
 
 def to_numpy(x: Any) -> np.ndarray:
     """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
-    if _framework(x) == "torch":
-        x = x.detach().to("cpu")
-        return x.double().numpy()
-    return np.asarray(x, dtype=np.float64)
+    return np.asarray(host_array(x), dtype=np.float64)
 
 
 def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:
@@ -300,7 +298,10 @@ class GradientCanaries:
         if included is None:
             self.included_ = coins
         else:
-            self.included_ = np.asarray(included, dtype=bool).reshape(-1)
+            raw = np.asarray(host_array(included)).reshape(-1)
+            if raw.dtype != bool and not np.all(np.isin(raw, (0, 1))):  # bool(2) or bool(0.3) would read "included"
+                raise InputError("included must be boolean or 0/1, one inclusion bit per canary")
+            self.included_ = raw.astype(bool)
             if self.included_.shape != (self.count,):
                 raise InputError(f"included must have {self.count} entries, got {self.included_.size}")
         if coordinates is None:
