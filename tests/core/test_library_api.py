@@ -1,0 +1,114 @@
+"""dpaudit called as a library, the way a notebook calls it: torch tensors that still carry autograd, counts and
+rates outside their range, NaN where a verdict is decided, results printed at the end of a cell.
+
+Bad input is one :class:`~dpaudit.errors.InputError` line (never NaN, a silent 0, or torch's RuntimeError), and a
+verdict is never decided on NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.metrics import evaluate
+from attacks.result import AttackResult
+from dpaudit.audit import (
+    audit_scores,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    decide_verdict,
+    gdp_mu_lower_bound,
+    hypothesis_test_epsilon,
+    one_run_epsilon_lower_bound,
+    one_run_p_value,
+)
+from dpaudit.errors import InputError
+from dpaudit.hooks import GradientCanaries
+from dpaudit.testing import assert_dp
+
+_RNG = np.random.default_rng(0)
+_MEMBER = _RNG.random(200) < 0.5
+_SCORES = _RNG.normal(size=200) + 2.0 * _MEMBER
+
+
+def test_scores_as_torch_tensors_that_require_grad_audit_like_numpy():
+    """Losses computed without torch.no_grad() (a tensor that requires grad, or a list of per-record 0-d losses)
+    used to raise torch's RuntimeError "Can't call numpy() on Tensor that requires grad"; bfloat16 scores read
+    "scores must be numeric"."""
+    expected = audit_scores(_SCORES, _MEMBER, claimed_epsilon=1.0).epsilon_lower_bound
+    grad = torch.tensor(_SCORES, requires_grad=True)
+    assert audit_scores(grad, torch.tensor(_MEMBER), claimed_epsilon=1.0).epsilon_lower_bound == expected
+    per_record = [torch.tensor(s, requires_grad=True) for s in _SCORES]
+    assert audit_scores(per_record, _MEMBER, claimed_epsilon=1.0).epsilon_lower_bound == expected
+    bf16 = torch.arange(200.0).bfloat16()  # integers up to 256 are exact in bfloat16
+    assert (
+        audit_scores(bf16, _MEMBER).epsilon_lower_bound
+        == audit_scores(bf16.float().numpy(), _MEMBER).epsilon_lower_bound
+    )
+    assert evaluate(grad, _MEMBER, n_bootstrap=5)["auc"] == evaluate(_SCORES, _MEMBER, n_bootstrap=5)["auc"]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: one_run_epsilon_lower_bound(1000, 100, 190, 1e-5, 0.05), "0 <= v <= r <= m"),  # was 0.0
+        (lambda: one_run_epsilon_lower_bound(10, 100, 90, 1e-5, 0.05), "0 <= v <= r <= m"),  # was 1.63 (> valid)
+        (lambda: one_run_epsilon_lower_bound(1000.5, 100, 90, 1e-5, 0.05), "integer count"),
+        (lambda: one_run_epsilon_lower_bound(1000, 100, 90, 1e-5, 0.0), "alpha"),
+        (lambda: one_run_p_value(1000, 100, 190, 1.0, 1e-5), "0 <= v <= r <= m"),  # was a bare ValueError
+        (lambda: clopper_pearson_lower(11, 10, 0.05), "0 <= k <= n"),  # was NaN
+        (lambda: clopper_pearson_lower(-1, 10, 0.05), "0 <= k <= n"),  # was 0.0
+        (lambda: clopper_pearson_upper(np.array([3, 12]), 10, 0.05), "k=12"),  # was [.., 1.0]
+        (lambda: clopper_pearson_upper(3, 10, 1.5), "alpha"),
+        (lambda: hypothesis_test_epsilon(1.5, 0.2, 1e-5), "fpr_upper"),  # was 0.0
+        (lambda: gdp_mu_lower_bound(0.1, math.nan), "fnr_upper"),  # was 0.0
+        (lambda: decide_verdict(math.nan, 1.0, 3.0), "lower_bound"),  # was "consistent"
+        (lambda: decide_verdict(0.5, math.nan, 3.0), "claimed"),  # was "consistent"
+    ],
+)
+def test_public_statistics_refuse_impossible_inputs_with_one_line(call, message):
+    with pytest.raises(InputError, match=message) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_public_statistics_still_answer_valid_inputs():
+    assert one_run_epsilon_lower_bound(np.int64(1000), np.int64(100), np.int64(90), 1e-5, 0.05) == pytest.approx(
+        1.6261434798549343, rel=1e-9
+    )
+    assert clopper_pearson_lower(5, 10, 0.05) == pytest.approx(0.2224411010081294, rel=1e-12)
+    assert clopper_pearson_upper(0, 0, 0.05) == 1.0
+    assert decide_verdict(2.0, 1.0, math.inf) == "violation"
+
+
+def test_gradient_canaries_refuse_inclusion_bits_that_are_not_bits():
+    """``included=[2, 0, 1, 0]`` (or probabilities) used to be cast to bool and audited as fair coins."""
+    kw = {"count": 4, "sample_rate": 0.1, "clip": 1.0, "seed": 0}
+    for bad in ([2, 0, 1, 0], [0.3, 0.7, 0.2, 0.9]):
+        with pytest.raises(InputError, match="boolean or 0/1"):
+            GradientCanaries({"w": (10, 5)}, included=bad, **kw)
+    bits = GradientCanaries({"w": (10, 5)}, included=torch.tensor([1, 0, 1, 0]), **kw).included_
+    assert bits.tolist() == [True, False, True, False]
+
+
+def test_attack_result_repr_summarises_its_arrays():
+    """A notebook cell ending in ``audit_checkpoint(...)`` printed every score of every attack (32 kB for a
+    628-member run)."""
+    member = np.arange(5000) % 2 == 0
+    r = AttackResult.from_scores("loss", _RNG.normal(size=5000), member, np.arange(5000), n_bootstrap=2)
+    text = repr(r)
+    assert len(text) < 200 and "n_members=2500" in text and "auc=" in text
+
+
+def test_assert_dp_reads_a_mechanism_that_releases_a_parameter():
+    """A mechanism returning a torch tensor that requires grad (a model's weight after one DP step) used to stop
+    assert_dp with torch's RuntimeError instead of auditing it."""
+
+    def mech(data, rng):
+        return torch.tensor([float(sum(data)) + rng.laplace(scale=1.0)], requires_grad=True)
+
+    result = assert_dp(mech, [0, 1, 1], [0, 1, 0], epsilon=1.0, delta=0.0, trials=1000, require_power=False)
+    assert result.verdict == "consistent"
