@@ -56,6 +56,22 @@ def host_array(x: Any) -> Any:
     return (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()
 
 
+def check_same_index(**kwargs: Any) -> None:
+    """Refuse (one line) pandas objects whose indexes differ: the audit pairs values by position (``np.asarray``
+    drops the index), so ``scores`` sorted or filtered apart from ``member`` would silently pair each score with
+    another record's membership. Duck-typed (no pandas import); anything without a pandas index passes."""
+    indexed = {n: v.index for n, v in kwargs.items() if hasattr(getattr(v, "index", None), "equals")}
+    if len(indexed) < 2:
+        return
+    (n0, i0), *rest = indexed.items()
+    for n, i in rest:
+        if not i0.equals(i):
+            raise InputError(
+                f"{n0} and {n} are pandas objects with different indexes; values are paired by position, so align "
+                f"them first (e.g. {n}.reindex({n0}.index)) or pass .to_numpy() of each"
+            )
+
+
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 

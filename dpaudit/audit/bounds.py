@@ -66,7 +66,15 @@ from dpaudit.audit.result import (
 )
 from dpaudit.audit.stats import clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_seed, host_array, shown
+from dpaudit.validation import (
+    check_choice,
+    check_in_interval,
+    check_non_negative,
+    check_same_index,
+    check_seed,
+    host_array,
+    shown,
+)
 
 # Candidate thresholds examined on the selection half of a holdout split (any number is valid there;
 # this only caps the cost).
@@ -408,6 +416,7 @@ def audit_scores(
     k_plus = None if k_plus is None else _as_count("k_plus", k_plus)
     k_minus = None if k_minus is None else _as_count("k_minus", k_minus)
     selection = _resolve_selection(method, threshold_selection, threshold, k_plus, k_minus)
+    check_same_index(scores=scores, member=member)
     s = _as_scores(scores)
     mem = _as_member(member)
     if len(s) != len(mem):

@@ -112,3 +112,18 @@ def test_assert_dp_reads_a_mechanism_that_releases_a_parameter():
 
     result = assert_dp(mech, [0, 1, 1], [0, 1, 0], epsilon=1.0, delta=0.0, trials=1000, require_power=False)
     assert result.verdict == "consistent"
+
+
+def test_pandas_scores_and_member_with_different_indexes_are_refused_not_paired_by_position():
+    """``audit_scores(df.sort_values("score").score, df.member)`` paired each sorted score with the membership of
+    whichever record sat at that position (ε ≥ 0 where the aligned data show ε ≥ 1.4); now one line says to
+    align them. Equal indexes (any order of both) audit as before."""
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"score": _SCORES, "member": _MEMBER})
+    ranked = df.sort_values("score")
+    for call in (audit_scores, evaluate):
+        with pytest.raises(InputError, match="different indexes"):
+            call(ranked.score, df.member)
+    aligned = audit_scores(ranked.score, ranked.member).epsilon_lower_bound
+    assert aligned == audit_scores(ranked.score.to_numpy(), ranked.member.to_numpy()).epsilon_lower_bound
+    assert audit_scores(df.score, df.member).epsilon_lower_bound == audit_scores(_SCORES, _MEMBER).epsilon_lower_bound
