@@ -365,8 +365,9 @@ def audit_scores(
         scores: 1-D float array, higher = member (see ``alternative``).
         member: 1-D bool/0-1 array of the same length: True when the score came from a run with the
             record/canary included.
-        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (estimate under μ-GDP) or
-            "one-run" (the entries are the m canaries of one run, each included with probability 1/2).
+        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (estimate under μ-GDP), "one-run"
+            (the entries are the m canaries of one run, each included with probability 1/2) or "one-run-fdp"
+            (the same canaries tested against a trade-off curve, ``tradeoff``).
         delta: δ in [0, 1) at which ε is bounded (the gdp method needs δ > 0).
         confidence: 1 − α in (0, 1).
         claimed_epsilon: the mechanism's claimed ε at ``delta``; gives a verdict.
@@ -386,11 +387,13 @@ def audit_scores(
         tradeoff: method "one-run-fdp" only: the hypothesised trade-off family — "gdp" (μ-GDP; the ε of
             the refuted μ is an estimate), "epsilon-delta" (formal ε lower bound) or a
             :class:`dpaudit.audit.fdp_one_run.TradeoffFamily` such as ``dpsgd_family(q, T)`` (the
-            claim's own curve; formal).
+            claim's own curve: its refutation is formal, ``refutation`` and verdict "curve-refuted"; its ε
+            is an estimate).
 
     Returns:
-        AuditResult. ``formal`` is True only for ("clopper-pearson", "multi-run") and ("one-run",
-        "canaries"). Formal guarantee in those two cases: P[epsilon_lower_bound > true ε] ≤
+        AuditResult. ``formal`` is True only for ("clopper-pearson", "multi-run"), ("one-run",
+        "canaries") and ("one-run-fdp", "canaries") with ``tradeoff="epsilon-delta"`` (see
+        :func:`dpaudit.audit.is_formal`). Formal guarantee in those cases: P[epsilon_lower_bound > true ε] ≤
         1 − confidence under the sampling assumptions in the module docstring, so the verdict is
         "violation" with probability ≤ 1 − confidence for a mechanism that meets its claim. Every
         other pairing is an estimate: a bound above the claim gives "estimate-exceeds-claim", never

@@ -94,7 +94,8 @@ class AuditResult:
         epsilon_lower_bound: ε ≥ 0 (natural-log units). Formal (holds with probability ≥
             ``confidence``) when ``formal`` is True; an estimate under a modelling assumption
             (see ``notes``) otherwise.
-        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (μ-GDP estimate) or "one-run".
+        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (μ-GDP estimate), "one-run" or
+            "one-run-fdp" (the one-run canaries against a trade-off curve).
         confidence: the confidence level 1 − α of the bound.
         delta: the δ at which ε is bounded.
         claimed_epsilon: the ε the mechanism claims, if any.
