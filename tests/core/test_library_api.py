@@ -127,3 +127,21 @@ def test_pandas_scores_and_member_with_different_indexes_are_refused_not_paired_
     aligned = audit_scores(ranked.score, ranked.member).epsilon_lower_bound
     assert aligned == audit_scores(ranked.score.to_numpy(), ranked.member.to_numpy()).epsilon_lower_bound
     assert audit_scores(df.score, df.member).epsilon_lower_bound == audit_scores(_SCORES, _MEMBER).epsilon_lower_bound
+
+
+def test_threshold_attacks_read_the_logits_of_a_forward_pass_with_grad():
+    """``loss_score(model(X), y)`` on a model's raw output (a tensor that requires grad) raised torch's
+    RuntimeError; the attack functions now read it as its values."""
+    from attacks.lira import signals_matrix
+    from attacks.threshold import loss_score
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    X, y = torch.randn(10, 4), torch.randint(0, 3, (10,))
+    logits = model(X)
+    assert logits.requires_grad
+    np.testing.assert_array_equal(loss_score(logits, y), loss_score(logits.detach().numpy(), y.numpy()))
+    stacked = torch.stack([logits, 2 * logits])
+    np.testing.assert_array_equal(
+        signals_matrix(stacked, y.numpy()), signals_matrix(stacked.detach().numpy(), y.numpy())
+    )
