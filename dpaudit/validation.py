@@ -149,7 +149,7 @@ def check_non_negative(**kwargs: Any) -> float:
     return v
 
 
-def _python_scalar(value: Any) -> Any:
+def python_scalar(value: Any) -> Any:
     """A 0-d NumPy, JAX or torch array as its Python scalar (``jnp.int32(3)`` -> 3, as ``np.int64(3)`` already
     is an integer); anything else (a JAX typed PRNG key included) unchanged, for the checks to refuse."""
     if getattr(value, "shape", None) == () and not isinstance(value, numbers.Number):
@@ -162,7 +162,7 @@ def _python_scalar(value: Any) -> Any:
 
 def check_positive_int(**kwargs: Any) -> int:
     name, value = _one(kwargs)
-    value = _python_scalar(value)
+    value = python_scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value:
         raise InputError(f"expected {name} to be an integer, got {shown(value)}")
     if value < 1:
@@ -198,7 +198,7 @@ def check_seed(*, limit: int = MAX_SEED, **kwargs: Any) -> int:
     """A seed: an integer in [0, ``limit``] (default :data:`MAX_SEED`; :data:`MAX_DERIVED_SEED` only where
     dpaudit's own derived seeds arrive)."""
     name, value = _one(kwargs)
-    value = _python_scalar(value)
+    value = python_scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= limit:
         raise InputError(f"expected {name} to be an integer in [0, {limit}], got {shown(value)}")
     return int(value)

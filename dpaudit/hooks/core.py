@@ -47,6 +47,7 @@ from dpaudit.validation import (
     check_positive_int,
     check_seed,
     host_array,
+    python_scalar,
     read_json,
 )
 
@@ -396,8 +397,11 @@ class GradientCanaries:
         return tuple(arrays) if isinstance(grads, tuple) else list(arrays)
 
     def _check_step(self, step: int, expected: int, what: str) -> int:
+        step = python_scalar(step)  # a 0-d torch/NumPy/JAX step counter is its integer
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or int(step) != expected:
-            raise InputError(f"{what}(step={step!r}): expected step {expected} (steps are 0, 1, 2, ... in order)")
+            raise InputError(
+                f"{what}(step={step!r}): expected step {expected}, an integer (steps are 0, 1, 2, ... in order)"
+            )
         return int(step)
 
     # ---- the hooks ----------------------------------------------------------------------------------------

@@ -145,3 +145,13 @@ def test_threshold_attacks_read_the_logits_of_a_forward_pass_with_grad():
     np.testing.assert_array_equal(
         signals_matrix(stacked, y.numpy()), signals_matrix(stacked.detach().numpy(), y.numpy())
     )
+
+
+def test_gradient_canaries_take_a_0_d_step_counter():
+    """``for t in torch.arange(T)`` gave ``inject(step=tensor(0)): expected step 0``: a refusal of the right step."""
+    c = GradientCanaries({"w": (10, 5)}, count=4, sample_rate=0.1, clip=1.0, seed=0)
+    for step in (torch.tensor(0), np.array(1), np.int32(2)):
+        c.observe(step, c.inject(step, [np.zeros((10, 5))]))
+    assert c.steps_ == 3
+    with pytest.raises(InputError, match="expected step 3, an integer"):
+        c.inject(3.0, [np.zeros((10, 5))])
