@@ -155,3 +155,13 @@ def test_gradient_canaries_take_a_0_d_step_counter():
     assert c.steps_ == 3
     with pytest.raises(InputError, match="expected step 3, an integer"):
         c.inject(3.0, [np.zeros((10, 5))])
+
+
+def test_compare_accountants_reads_a_string_of_names():
+    """``compare_accountants(event, 1e-5, "pld")`` raised "unknown accountant 'p'" (the string read as letters)."""
+    from dpaudit.accounting import compare_accountants, dpsgd_event, epsilon_for
+
+    event = dpsgd_event(noise_multiplier=1.1, sample_rate=0.01, steps=100)
+    results, best = compare_accountants(event, 1e-5, "rdp, pld")
+    assert list(results) == ["rdp", "pld"] and best == epsilon_for(event, 1e-5, "pld")
+    assert list(compare_accountants(event, 1e-5, "pld")[0]) == ["pld"]
