@@ -73,6 +73,7 @@ from dpaudit.validation import (
     check_same_index,
     check_seed,
     host_array,
+    python_scalar,
     shown,
 )
 
@@ -298,6 +299,7 @@ def _alpha(confidence: float) -> float:
 
 
 def _as_count(name: str, value) -> int:
+    value = python_scalar(value)  # a 0-d torch/NumPy/JAX integer is its int
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
         raise InputError(f"expected {name} to be a non-negative integer, got {value!r}")
     return int(value)

@@ -165,3 +165,12 @@ def test_compare_accountants_reads_a_string_of_names():
     results, best = compare_accountants(event, 1e-5, "rdp, pld")
     assert list(results) == ["rdp", "pld"] and best == epsilon_for(event, 1e-5, "pld")
     assert list(compare_accountants(event, 1e-5, "pld")[0]) == ["pld"]
+
+
+def test_one_run_guess_counts_as_0_d_tensors():
+    """``k_plus=torch.tensor(10)`` (a count computed in torch) was refused as "not a non-negative integer"."""
+    kw = {"method": "one-run", "design": "canaries"}
+    expected = audit_scores(_SCORES, _MEMBER, k_plus=10, **kw).epsilon_lower_bound
+    assert audit_scores(_SCORES, _MEMBER, k_plus=torch.tensor(10), **kw).epsilon_lower_bound == expected
+    with pytest.raises(InputError, match="non-negative integer, got 2.5"):
+        audit_scores(_SCORES, _MEMBER, k_plus=torch.tensor(2.5), **kw)
