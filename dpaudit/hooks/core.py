@@ -29,6 +29,7 @@ the data and of the noise.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -391,7 +392,9 @@ class GradientCanaries:
     @staticmethod
     def _as_input_type(grads: Any, arrays: list[Any], names: list[str] | None) -> Any:
         if names is not None:
-            out = dict(grads)  # keep the caller's order and any extra structure of the mapping type
+            # The caller's order, and its dict type (an OrderedDict, a defaultdict: copy.copy keeps the class and its
+            # default factory, where dict() returned a plain dict); another Mapping becomes a dict.
+            out = copy.copy(grads) if isinstance(grads, dict) else dict(grads)
             out.update(zip(names, arrays, strict=True))
             return out
         return tuple(arrays) if isinstance(grads, tuple) else list(arrays)

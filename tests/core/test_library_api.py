@@ -174,3 +174,14 @@ def test_one_run_guess_counts_as_0_d_tensors():
     assert audit_scores(_SCORES, _MEMBER, k_plus=torch.tensor(10), **kw).epsilon_lower_bound == expected
     with pytest.raises(InputError, match="non-negative integer, got 2.5"):
         audit_scores(_SCORES, _MEMBER, k_plus=torch.tensor(2.5), **kw)
+
+
+def test_gradient_canaries_return_the_callers_mapping_type():
+    """The docs promise the same format back; an OrderedDict (or a defaultdict) came back a plain dict."""
+    import collections
+
+    c = GradientCanaries({"w": (10, 5), "b": (5,)}, count=4, sample_rate=0.1, clip=1.0, seed=0)
+    grads = collections.OrderedDict(b=np.zeros(5), w=np.zeros((10, 5)))
+    out = c.inject(0, grads)
+    assert type(out) is collections.OrderedDict and list(out) == ["b", "w"]
+    assert out is not grads and not grads["w"].any()
