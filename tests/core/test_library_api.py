@@ -185,3 +185,15 @@ def test_gradient_canaries_return_the_callers_mapping_type():
     out = c.inject(0, grads)
     assert type(out) is collections.OrderedDict and list(out) == ["b", "w"]
     assert out is not grads and not grads["w"].any()
+
+
+def test_load_dataset_takes_a_pathlib_path(tmp_path):
+    """``load_dataset(Path("my.npz"))`` was refused with "expected a dataset name or path"."""
+    from pathlib import Path
+
+    from dpaudit.data import load_dataset
+
+    path = tmp_path / "d.npz"
+    np.savez(path, X=np.arange(40.0).reshape(20, 2), y=np.arange(20) % 2)
+    assert isinstance(path, Path)
+    np.testing.assert_array_equal(load_dataset(path).X, load_dataset(str(path)).X)
