@@ -172,7 +172,7 @@ def test_one_run_guess_counts_as_0_d_tensors():
     kw = {"method": "one-run", "design": "canaries"}
     expected = audit_scores(_SCORES, _MEMBER, k_plus=10, **kw).epsilon_lower_bound
     assert audit_scores(_SCORES, _MEMBER, k_plus=torch.tensor(10), **kw).epsilon_lower_bound == expected
-    with pytest.raises(InputError, match="non-negative integer, got 2.5"):
+    with pytest.raises(InputError, match=r"non-negative integer, got 2\.5"):
         audit_scores(_SCORES, _MEMBER, k_plus=torch.tensor(2.5), **kw)
 
 
