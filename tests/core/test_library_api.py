@@ -197,3 +197,14 @@ def test_load_dataset_takes_a_pathlib_path(tmp_path):
     np.savez(path, X=np.arange(40.0).reshape(20, 2), y=np.arange(20) % 2)
     assert isinstance(path, Path)
     np.testing.assert_array_equal(load_dataset(path).X, load_dataset(str(path)).X)
+
+
+def test_headline_refuses_a_bare_audit_result_with_one_line():
+    """``headline([audit_scores(...).to_dict()], claim)`` raised a bare KeyError: 'source'."""
+    from dpaudit.workflows import AuditRecord, headline
+
+    result = audit_scores(_SCORES, _MEMBER, method="one-run", design="canaries", claimed_epsilon=1.0)
+    claim = {"epsilon": 1.0, "delta": 1e-5}
+    with pytest.raises(InputError, match=r"AuditRecord\(attack, description, result\)"):
+        headline([result.to_dict()], claim)
+    assert headline([AuditRecord("canaries", "mine", result).to_dict()], claim).text.startswith("violation")
