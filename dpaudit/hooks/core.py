@@ -144,6 +144,23 @@ def _check_not_traced(what: str, x: Any) -> None:
             )
 
 
+def _shape(name: Any, shape: Any) -> tuple[int, ...]:
+    """A parameter's shape as a tuple of non-negative ints; anything else (the parameter itself, as
+    ``dict(model.named_parameters())`` gives it: torch's "only one element tensors can be converted") one line."""
+    try:
+        if not isinstance(shape, Sequence | np.ndarray) or (hasattr(shape, "dtype") and _framework(shape) != "numpy"):
+            raise TypeError  # a tensor or JAX array is a parameter, not its shape (torch.Size is a tuple)
+        out = tuple(int(python_scalar(d)) for d in shape)
+    except (TypeError, ValueError):
+        out = None
+    if out is None or any(d < 0 for d in out):
+        raise InputError(
+            f"param_shapes[{str(name)!r}] must be a shape (p.shape), got {type(shape).__name__}; use "
+            "{n: p.shape for n, p in model.named_parameters() if p.requires_grad}"
+        )
+    return out
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
     return np.asarray(host_array(x), dtype=np.float64)
@@ -277,7 +294,7 @@ class GradientCanaries:
     ) -> None:
         if not isinstance(param_shapes, Mapping) or not param_shapes:
             raise InputError("param_shapes must be a non-empty mapping of parameter name -> shape")
-        self.param_shapes = {canonical_name(str(n)): tuple(int(d) for d in s) for n, s in param_shapes.items()}
+        self.param_shapes = {canonical_name(str(n)): _shape(n, s) for n, s in param_shapes.items()}
         if len(self.param_shapes) != len(param_shapes):
             raise InputError("param_shapes names collide once Opacus' '_module.' prefix is removed")
         self.count = check_positive_int(count=count)

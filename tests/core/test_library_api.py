@@ -208,3 +208,14 @@ def test_headline_refuses_a_bare_audit_result_with_one_line():
     with pytest.raises(InputError, match=r"AuditRecord\(attack, description, result\)"):
         headline([result.to_dict()], claim)
     assert headline([AuditRecord("canaries", "mine", result).to_dict()], claim).text.startswith("violation")
+
+
+def test_gradient_canaries_refuse_parameters_given_as_shapes():
+    """``GradientCanaries(dict(model.named_parameters()), ...)`` (the parameters, not their shapes) raised torch's
+    bare ValueError "only one element tensors can be converted to Python scalars"."""
+    model = torch.nn.Linear(5, 3)
+    kw = {"count": 2, "sample_rate": 0.1, "clip": 1.0, "seed": 0}
+    with pytest.raises(InputError, match=r"param_shapes\['weight'\] must be a shape \(p\.shape\), got Parameter"):
+        GradientCanaries(dict(model.named_parameters()), **kw)
+    ok = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, **kw)
+    assert ok.param_shapes == {"weight": (3, 5), "bias": (3,)}
