@@ -26,13 +26,14 @@ def _binomial_args(k, n, alpha):
 
 
 def _rates(**kwargs):
-    """Each keyword (an error-rate bound) as a float64 array, all in [0, 1] (else one InputError: a rate outside
-    it, or NaN, would silently give a bound of 0)."""
+    """Each keyword (an upper confidence bound on an error rate) as a float64 array, refusing NaN and negative
+    values in one InputError (they would silently give a bound of 0). A bound above 1 is allowed: it is valid and
+    vacuous (a normal-approximation bound can exceed 1), and gives no evidence."""
     out = []
     for name, value in kwargs.items():
         x = np.asarray(value, float)
-        if not np.all((x >= 0) & (x <= 1)):
-            raise InputError(f"expected {name} in [0, 1], got {x.flat[int(np.argmin((x >= 0) & (x <= 1)))]:g}")
+        if not np.all(x >= 0):
+            raise InputError(f"expected {name} >= 0 (a bound on a rate), got {x.flat[int(np.argmin(x >= 0))]:g}")
         out.append(x)
     return out
 

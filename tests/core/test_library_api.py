@@ -63,7 +63,7 @@ def test_scores_as_torch_tensors_that_require_grad_audit_like_numpy():
         (lambda: clopper_pearson_lower(-1, 10, 0.05), "0 <= k <= n"),  # was 0.0
         (lambda: clopper_pearson_upper(np.array([3, 12]), 10, 0.05), "k=12"),  # was [.., 1.0]
         (lambda: clopper_pearson_upper(3, 10, 1.5), "alpha"),
-        (lambda: hypothesis_test_epsilon(1.5, 0.2, 1e-5), "fpr_upper"),  # was 0.0
+        (lambda: hypothesis_test_epsilon(-0.1, 0.2, 1e-5), "fpr_upper"),  # was NaN
         (lambda: gdp_mu_lower_bound(0.1, math.nan), "fnr_upper"),  # was 0.0
         (lambda: decide_verdict(math.nan, 1.0, 3.0), "lower_bound"),  # was "consistent"
         (lambda: decide_verdict(0.5, math.nan, 3.0), "claimed"),  # was "consistent"
@@ -82,6 +82,8 @@ def test_public_statistics_still_answer_valid_inputs():
     assert clopper_pearson_lower(5, 10, 0.05) == pytest.approx(0.2224411010081294, rel=1e-12)
     assert clopper_pearson_upper(0, 0, 0.05) == 1.0
     assert decide_verdict(2.0, 1.0, math.inf) == "violation"
+    # an upper bound above 1 (a Wald bound can exceed it) is valid and vacuous: no evidence, bound 0
+    assert hypothesis_test_epsilon(1.2, 1.2, 1e-5) == 0.0 and gdp_mu_lower_bound(1.2, 0.5) == 0.0
 
 
 def test_gradient_canaries_refuse_inclusion_bits_that_are_not_bits():
