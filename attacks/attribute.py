@@ -278,7 +278,9 @@ def _group(pred: np.ndarray, true: np.ndarray, majority: int) -> dict[str, float
 def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed: int = 0) -> AttributeResult:
     """Attribute inference of ``feature`` against a loaded run: fit on aux, evaluate on members and holdout."""
     from attacks.inversion import as_black_box, raw_probabilities
+    from dpaudit.checkpoint import as_run
 
+    run = as_run(run)
     ds = run.dataset()
     if ds.kind == "tokens":
         raise InputError(

@@ -212,7 +212,9 @@ def run_cloak_leakage(
     """:func:`cloak_leakage` against a cloak's target run: fit on its aux split, measure on its test split.
     ``feature`` as an index or a name (``pixel_3_4`` on digits)."""
     from attacks.attribute import resolve_feature
+    from dpaudit.checkpoint import as_run
 
+    run = as_run(run)
     ds = run.dataset()
     j = None if feature is None else resolve_feature(feature, ds)[0]
     X = np.asarray(ds.X, np.float32)

@@ -52,6 +52,7 @@ from torch import nn
 
 from attacks.query_api import ApiMode, FeatureBox, PredictionAPI
 from dpaudit.budget import Cost, check_cost
+from dpaudit.checkpoint import as_run
 from dpaudit.data import Dataset, Identity, Standardizer
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir
@@ -721,6 +722,7 @@ def extract(
     attack refitted on the first budget/2^j of its queries (0 or 1: the final point only). The
     attacker sees only the API and the aux split; the test split and uniform inputs evaluate.
     """
+    run = as_run(run)
     mode = ApiMode.parse(api)
     budget = check_positive_int(budget=budget)
     # Each query holds a record and the API's answer (float64), kept for the surrogate's training.

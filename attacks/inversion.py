@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpaudit.checkpoint import as_run
 from dpaudit.errors import InputError
 from dpaudit.models import channels_last_message, looks_channels_last
 from dpaudit.progress import Progress
@@ -596,6 +597,7 @@ def run_inversion(
 
     ``classes``: labels as the run's data holds them (``"1,2"``, ``["cat"]``; :func:`parse_classes`), never
     class indices; the result names each class by its index (``class``) and its label (``label``)."""
+    run = as_run(run)
     attack = attack if attack is not None else MIFace(seed=seed)
     n_classes = int(run.spec.n_classes)
     ds = run.dataset()

@@ -17,7 +17,7 @@ from scipy.stats import norm
 
 from attacks.threshold import check_logits, logit_margin
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_positive, check_positive_int
+from dpaudit.validation import check_choice, check_positive, check_positive_int, host_array
 
 #: phi = log p_y - log(1 - p_y), float64 from logits (see :func:`attacks.threshold.logit_margin`).
 logit_scaled_confidence = logit_margin
@@ -29,7 +29,7 @@ GLOBAL_VARIANCE_BELOW = 64
 
 def signals_matrix(logits: Any, labels: Any) -> np.ndarray:
     """Signals matrix ``(n_records, n_models)`` of phi from stacked logits ``(n_models, n_records, k)``."""
-    z = np.asarray(logits, dtype=np.float64)
+    z = np.asarray(host_array(logits), dtype=np.float64)
     if z.ndim != 3:
         raise InputError(f"expected stacked logits of shape (n_models, n_records, n_classes), got {z.shape}")
     return np.stack([logit_scaled_confidence(zm, labels) for zm in z], axis=1)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import InputError
-from dpaudit.validation import check_in_interval, check_positive_int
+from dpaudit.validation import check_in_interval, check_positive_int, check_same_index, host_array
 
 FPR_TARGETS = (0.001, 0.01, 0.1)
 
@@ -41,8 +41,9 @@ def tpr_at_fpr_resolved(keys: Any, n_nonmembers: int) -> dict[str, bool]:
 
 def check_scores(scores: Any, member: Any) -> tuple[np.ndarray, np.ndarray]:
     """Validate a (scores, member) pair: 1-D, same length, no NaN, both classes present."""
-    s = np.asarray(scores, dtype=np.float64)
-    m = np.asarray(member)
+    check_same_index(scores=scores, member=member)
+    s = np.asarray(host_array(scores), dtype=np.float64)
+    m = np.asarray(host_array(member))
     if s.ndim != 1 or m.ndim != 1:
         raise InputError(f"expected 1-D scores and member arrays, got shapes {s.shape} and {m.shape}")
     if len(s) != len(m):

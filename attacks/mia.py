@@ -27,7 +27,7 @@ from attacks.result import AttackResult
 from attacks.rmia import RMIA
 from attacks.shadow import ShadowAttack
 from attacks.threshold import THRESHOLD_METHODS, logit_margin, loss_score, threshold_scores
-from dpaudit.checkpoint import Run
+from dpaudit.checkpoint import Run, as_run
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_file
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -210,6 +210,7 @@ def run_mia(
     shadow/reference partitions, model seeds and bootstrap. ``warn`` hears of holdout records that copy a
     member (:func:`duplicated_nonmembers`: the metrics then understate the attacks).
     """
+    run = as_run(run)
     methods = parse_methods(methods)
     check_non_negative(seed=seed)
     seed = int(seed)

@@ -42,6 +42,16 @@ class AttackResult:
     metrics: dict[str, Any] = field(repr=False)
     params: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        # The arrays summarised (a notebook cell ending in an audit would otherwise print every score: 32 kB for
+        # 628 members); the full values stay in .scores, .member and .record_ids.
+        n_in = int(self.member.sum())
+        auc = self.metrics.get("auc") if isinstance(self.metrics, dict) else None
+        return (
+            f"AttackResult(name={self.name!r}, n_members={n_in}, n_nonmembers={len(self.member) - n_in}, "
+            f"auc={'n/a' if auc is None else format(float(auc), '.4g')}, params={self.params!r})"
+        )
+
     def __post_init__(self) -> None:
         s, m = check_scores(self.scores, self.member)
         ids = np.asarray(self.record_ids)

@@ -14,20 +14,21 @@ import numpy as np
 from scipy.special import logsumexp
 
 from dpaudit.errors import InputError
+from dpaudit.validation import host_array
 
 THRESHOLD_METHODS = ("loss", "confidence", "entropy", "modified-entropy")
 
 
 def check_logits(logits: Any, labels: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Validate (n, k) finite logits (as float64) and, if given, (n,) integer labels in [0, k)."""
-    z = np.asarray(logits, dtype=np.float64)
+    z = np.asarray(host_array(logits), dtype=np.float64)
     if z.ndim != 2 or z.shape[1] < 2:
         raise InputError(f"expected logits of shape (n_records, n_classes >= 2), got {z.shape}")
     if not np.all(np.isfinite(z)):
         raise InputError("logits contain NaN or inf")
     if labels is None:
         return z, None
-    y = np.asarray(labels)
+    y = np.asarray(host_array(labels))
     if y.shape != (z.shape[0],):
         raise InputError(f"expected labels of shape ({z.shape[0]},), got {y.shape}")
     if not np.issubdtype(y.dtype, np.integer):

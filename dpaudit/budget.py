@@ -126,7 +126,8 @@ def check_cost(cost: Cost, *, memory: int | None = None) -> Cost:
     if cost.seconds > CONFIRM_SECONDS and not long_work_allowed():
         raise BudgetError(
             f"{cost.what}: {cost.units:.4g} {cost.unit} would take about {_duration(cost.seconds)} "
-            f"(an estimate: {_duration(cost.seconds_per_unit)} each); rerun with dpaudit --yes to start it anyway"
+            f"(an estimate: {_duration(cost.seconds_per_unit)} each); rerun with dpaudit --yes to start it anyway "
+            "(in Python: with dpaudit.budget.allow_long_work())"
         )
     if cost.seconds > NOTICE_SECONDS:
         # Said before the work starts, so that nothing long begins without an estimate (the CLI's notice

@@ -583,6 +583,13 @@ def check_weights_fit_spec(spec: ModelSpec, state: Mapping[str, Any], source: st
         )
 
 
+def as_run(run: Any) -> Any:
+    """``run`` itself, or the run loaded from it when it is a path (``str`` or ``os.PathLike``): the attacks take a
+    loaded :class:`Run`, while the CLI and :func:`dpaudit.workflows.audit_checkpoint` take the run directory, so
+    a notebook passing the path got ``AttributeError: 'str' object has no attribute 'spec'``."""
+    return load_run(run) if isinstance(run, str | os.PathLike) else run
+
+
 def load_run(path: Path | str) -> Run:
     """Load and validate a run directory (no unpickling anywhere)."""
     path = Path(path)

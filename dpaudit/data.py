@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import math
 import mmap
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -583,9 +584,14 @@ def spec_path(spec: str) -> Path | None:
 
 def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     """Load a dataset from a spec: an embedded name, ``synthetic:...``, a CSV/NPZ path, or a directory
-    holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped)."""
+    holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped). A :class:`pathlib.Path` (any ``os.PathLike``) is always a
+    path, never a name: ``Path("digits")`` is the folder ``./digits``."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+        spec = spec if spec_path(spec) is not None else os.path.join(".", spec)
     if not isinstance(spec, str) or not spec:
-        raise InputError("expected a dataset name or path")
+        got = repr(spec) if isinstance(spec, str) else type(spec).__name__
+        raise InputError(f"expected a dataset name or path, got {got}")
     path = spec_path(spec)
     if path is None:
         head, _, params = spec.partition(":")

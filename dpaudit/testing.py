@@ -51,7 +51,14 @@ from dpaudit.audit.power import (
 )
 from dpaudit.audit.result import AuditResult
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
+from dpaudit.validation import (
+    check_choice,
+    check_in_interval,
+    check_non_negative,
+    check_positive_int,
+    check_seed,
+    host_array,
+)
 
 Mechanism = Callable[[Any, np.random.Generator], Any]
 Direction = str | Sequence[float] | np.ndarray
@@ -85,7 +92,7 @@ def _run(mechanism: Mechanism, data: Any, gens: list[np.random.Generator], which
     rows: list[np.ndarray] = []
     for i, out in enumerate(outputs):
         try:
-            x = np.atleast_1d(np.asarray(out, dtype=float))
+            x = np.atleast_1d(np.asarray(host_array(out), dtype=float))
         except (TypeError, ValueError):
             raise InputError(
                 f"mechanism output on {which} must be a float or a 1-D numeric array, got {out!r}"

@@ -42,6 +42,40 @@ def visible(text: Any, *, keep_cr: bool = True) -> str:
     return out if keep_cr else out.replace("\r", "⟨U+000D⟩")
 
 
+def host_array(x: Any) -> Any:
+    """``x`` ready for ``np.asarray``: a torch tensor (or a list/tuple of them: per-record losses) as CPU NumPy
+    values, detached from autograd and copied off its device (bfloat16, which NumPy lacks, widened to float32);
+    anything else unchanged. Without this NumPy refuses a tensor that requires grad (RuntimeError, torch's own
+    advice) and one on a GPU (TypeError), both common for scores computed in a notebook. Duck-typed: the
+    audit layers import no torch."""
+    if isinstance(x, list | tuple) and any(_is_torch(e) for e in x):
+        return [host_array(e) for e in x]
+    if not _is_torch(x):
+        return x
+    x = x.detach().cpu()
+    return (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()
+
+
+def check_same_index(**kwargs: Any) -> None:
+    """Refuse (one line) pandas objects whose indexes differ: the audit pairs values by position (``np.asarray``
+    drops the index), so ``scores`` sorted or filtered apart from ``member`` would silently pair each score with
+    another record's membership. Duck-typed (no pandas import); anything without a pandas index passes."""
+    indexed = {n: v.index for n, v in kwargs.items() if hasattr(getattr(v, "index", None), "equals")}
+    if len(indexed) < 2:
+        return
+    (n0, i0), *rest = indexed.items()
+    for n, i in rest:
+        if not i0.equals(i):
+            raise InputError(
+                f"{n0} and {n} are pandas objects with different indexes; values are paired by position, so align "
+                f"them first (e.g. {n}.reindex({n0}.index)) or pass .to_numpy() of each"
+            )
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
 def _one(kwargs: dict[str, Any]) -> tuple[str, Any]:
     if len(kwargs) != 1:
         raise TypeError("validators take exactly one keyword argument")
@@ -115,7 +149,7 @@ def check_non_negative(**kwargs: Any) -> float:
     return v
 
 
-def _python_scalar(value: Any) -> Any:
+def python_scalar(value: Any) -> Any:
     """A 0-d NumPy, JAX or torch array as its Python scalar (``jnp.int32(3)`` -> 3, as ``np.int64(3)`` already
     is an integer); anything else (a JAX typed PRNG key included) unchanged, for the checks to refuse."""
     if getattr(value, "shape", None) == () and not isinstance(value, numbers.Number):
@@ -128,7 +162,7 @@ def _python_scalar(value: Any) -> Any:
 
 def check_positive_int(**kwargs: Any) -> int:
     name, value = _one(kwargs)
-    value = _python_scalar(value)
+    value = python_scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value:
         raise InputError(f"expected {name} to be an integer, got {shown(value)}")
     if value < 1:
@@ -164,7 +198,7 @@ def check_seed(*, limit: int = MAX_SEED, **kwargs: Any) -> int:
     """A seed: an integer in [0, ``limit``] (default :data:`MAX_SEED`; :data:`MAX_DERIVED_SEED` only where
     dpaudit's own derived seeds arrive)."""
     name, value = _one(kwargs)
-    value = _python_scalar(value)
+    value = python_scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= limit:
         raise InputError(f"expected {name} to be an integer in [0, {limit}], got {shown(value)}")
     return int(value)

@@ -123,12 +123,19 @@ def epsilon_with_label(
 
 
 def compare_accountants(
-    event: Event, delta: float, names: tuple[str, ...] = ("rdp", "pld", "gdp"), *, neighbouring: str = "add_remove"
+    event: Event,
+    delta: float,
+    names: str | tuple[str, ...] = ("rdp", "pld", "gdp"),
+    *,
+    neighbouring: str = "add_remove",
 ) -> tuple[dict[str, AccountedEpsilon], float]:
     """Every named accountant's epsilon for ``event`` (refusals recorded, not raised: an event the
     accountant cannot handle, or work its cost estimate refuses, such as a PLD grid larger than memory) and
     the smallest formal one: each formal epsilon is a valid upper bound, so their minimum is too
-    (``inf`` if none is formal). An approximate epsilon never enters the minimum."""
+    (``inf`` if none is formal). An approximate epsilon never enters the minimum. ``names`` may also be one
+    comma-separated string (``"rdp,pld"``)."""
+    if isinstance(names, str):  # a string is names, not a sequence of one-letter accountants
+        names = tuple(n.strip() for n in names.split(",") if n.strip())
     results: dict[str, AccountedEpsilon] = {}
     for name in names:
         try:

@@ -66,7 +66,16 @@ from dpaudit.audit.result import (
 )
 from dpaudit.audit.stats import clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_seed, shown
+from dpaudit.validation import (
+    check_choice,
+    check_in_interval,
+    check_non_negative,
+    check_same_index,
+    check_seed,
+    host_array,
+    python_scalar,
+    shown,
+)
 
 # Candidate thresholds examined on the selection half of a holdout split (any number is valid there;
 # this only caps the cost).
@@ -248,7 +257,7 @@ def _to_epsilon(method: str, value: float, delta: float) -> float:
 
 def _as_scores(scores) -> np.ndarray:
     try:
-        s = np.asarray(scores, dtype=float)
+        s = np.asarray(host_array(scores), dtype=float)
     except (TypeError, ValueError):
         raise InputError("scores must be numeric") from None
     if s.ndim != 1:
@@ -261,7 +270,7 @@ def _as_scores(scores) -> np.ndarray:
 
 def _as_member(member) -> np.ndarray:
     try:
-        m = np.asarray(member)
+        m = np.asarray(host_array(member))
         mf = m.astype(float)
     except (TypeError, ValueError):
         raise InputError("member must be boolean or 0/1") from None
@@ -291,6 +300,7 @@ def _alpha(confidence: float) -> float:
 
 
 def _as_count(name: str, value) -> int:
+    value = python_scalar(value)  # a 0-d torch/NumPy/JAX integer is its int
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
         raise InputError(f"expected {name} to be a non-negative integer, got {value!r}")
     return int(value)
@@ -358,8 +368,9 @@ def audit_scores(
         scores: 1-D float array, higher = member (see ``alternative``).
         member: 1-D bool/0-1 array of the same length: True when the score came from a run with the
             record/canary included.
-        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (estimate under μ-GDP) or
-            "one-run" (the entries are the m canaries of one run, each included with probability 1/2).
+        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (estimate under μ-GDP), "one-run"
+            (the entries are the m canaries of one run, each included with probability 1/2) or "one-run-fdp"
+            (the same canaries tested against a trade-off curve, ``tradeoff``).
         delta: δ in [0, 1) at which ε is bounded (the gdp method needs δ > 0).
         confidence: 1 − α in (0, 1).
         claimed_epsilon: the mechanism's claimed ε at ``delta``; gives a verdict.
@@ -379,11 +390,13 @@ def audit_scores(
         tradeoff: method "one-run-fdp" only: the hypothesised trade-off family — "gdp" (μ-GDP; the ε of
             the refuted μ is an estimate), "epsilon-delta" (formal ε lower bound) or a
             :class:`dpaudit.audit.fdp_one_run.TradeoffFamily` such as ``dpsgd_family(q, T)`` (the
-            claim's own curve; formal).
+            claim's own curve: its refutation is formal, ``refutation`` and verdict "curve-refuted"; its ε
+            is an estimate).
 
     Returns:
-        AuditResult. ``formal`` is True only for ("clopper-pearson", "multi-run") and ("one-run",
-        "canaries"). Formal guarantee in those two cases: P[epsilon_lower_bound > true ε] ≤
+        AuditResult. ``formal`` is True only for ("clopper-pearson", "multi-run"), ("one-run",
+        "canaries") and ("one-run-fdp", "canaries") with ``tradeoff="epsilon-delta"`` (see
+        :func:`dpaudit.audit.is_formal`). Formal guarantee in those cases: P[epsilon_lower_bound > true ε] ≤
         1 − confidence under the sampling assumptions in the module docstring, so the verdict is
         "violation" with probability ≤ 1 − confidence for a mechanism that meets its claim. Every
         other pairing is an estimate: a bound above the claim gives "estimate-exceeds-claim", never
@@ -409,6 +422,7 @@ def audit_scores(
     k_plus = None if k_plus is None else _as_count("k_plus", k_plus)
     k_minus = None if k_minus is None else _as_count("k_minus", k_minus)
     selection = _resolve_selection(method, threshold_selection, threshold, k_plus, k_minus)
+    check_same_index(scores=scores, member=member)
     s = _as_scores(scores)
     mem = _as_member(member)
     if len(s) != len(mem):

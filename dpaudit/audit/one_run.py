@@ -25,6 +25,7 @@ from scipy import optimize, special
 from dpaudit.audit.holdout import select_then_evaluate, split
 from dpaudit.audit.stats import clopper_pearson_lower
 from dpaudit.errors import InputError
+from dpaudit.validation import check_in_interval, check_non_negative, shown
 
 # Width of the exact summation window around the binomial mean, in standard deviations; the mass
 # outside it is added back as an upper bound, so the window affects tightness only, never validity.
@@ -87,9 +88,26 @@ def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> flo
         epsilon: ε ≥ 0 of the null hypothesis.
         delta: δ in [0, 1] of the null hypothesis.
     """
+    m, r, v = _check_guess_counts(m, r, v)
+    epsilon = check_non_negative(epsilon=epsilon)
+    delta = check_in_interval(0.0, 1.0, lo_open=False, hi_open=False, delta=delta)
+    return math.exp(_log_p_value(m, r, v, epsilon, delta))
+
+
+def _check_guess_counts(m, r, v) -> tuple[int, int, int]:
+    """(m, r, v) as integers with 0 <= v <= r <= m, else one InputError: counts outside that range are no
+    outcome of the one-run game, and a bound computed from them (m below r shrinks the 2mδ term) would
+    certify more than the data show."""
+    counts = {"m": m, "r": r, "v": v}
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise InputError(f"expected {name} to be an integer count, got {shown(value)}")
+    m, r, v = int(m), int(r), int(v)
     if not (0 <= v <= r <= m):
-        raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
-    return math.exp(_log_p_value(int(m), int(r), int(v), float(epsilon), float(delta)))
+        raise InputError(
+            f"need 0 <= v <= r <= m (v correct guesses out of r, among m canaries), got m={m}, r={r}, v={v}"
+        )
+    return m, r, v
 
 
 def one_run_pure_epsilon(r, v, alpha):
@@ -116,6 +134,9 @@ def one_run_epsilon_lower_bound(m: int, r: int, v: int, delta: float, alpha: flo
     is found by Brent's method between 0 and the pure-DP bound (where p ≥ β = alpha) and the returned
     point is checked to satisfy p ≤ alpha.
     """
+    m, r, v = _check_guess_counts(m, r, v)
+    delta = check_in_interval(0.0, 1.0, lo_open=False, hi_open=False, delta=delta)
+    alpha = check_in_interval(0.0, 1.0, alpha=alpha)
     if r <= 0 or v <= 0:
         return 0.0
     hi = float(one_run_pure_epsilon(r, v, alpha))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from dpaudit import numfmt
+from dpaudit.errors import InputError
 
 Method = Literal["clopper-pearson", "gdp", "one-run", "one-run-fdp"]
 ThresholdSelection = Literal["holdout", "bonferroni", "fixed"]
@@ -72,6 +74,9 @@ def decide_verdict(
     """
     if claimed is None:
         return None
+    for name, value in (("lower_bound", lower_bound), ("claimed", claimed), ("max_certifiable", max_certifiable)):
+        if math.isnan(value):  # every comparison with NaN is False: the verdict would read "consistent"
+            raise InputError(f"expected {name} to be a number, got NaN")
     if lower_bound > claimed:
         if formal:
             return "violation"
@@ -89,7 +94,8 @@ class AuditResult:
         epsilon_lower_bound: ε ≥ 0 (natural-log units). Formal (holds with probability ≥
             ``confidence``) when ``formal`` is True; an estimate under a modelling assumption
             (see ``notes``) otherwise.
-        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (μ-GDP estimate) or "one-run".
+        method: "clopper-pearson" (hypothesis-testing bound), "gdp" (μ-GDP estimate), "one-run" or
+            "one-run-fdp" (the one-run canaries against a trade-off curve).
         confidence: the confidence level 1 − α of the bound.
         delta: the δ at which ε is bounded.
         claimed_epsilon: the ε the mechanism claims, if any.

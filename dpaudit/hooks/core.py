@@ -29,6 +29,7 @@ the data and of the noise.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +47,8 @@ from dpaudit.validation import (
     check_positive,
     check_positive_int,
     check_seed,
+    host_array,
+    python_scalar,
     read_json,
 )
 
@@ -141,12 +144,26 @@ def _check_not_traced(what: str, x: Any) -> None:
             )
 
 
+def _shape(name: Any, shape: Any) -> tuple[int, ...]:
+    """A parameter's shape as a tuple of non-negative ints; anything else (the parameter itself, as
+    ``dict(model.named_parameters())`` gives it: torch's "only one element tensors can be converted") one line."""
+    try:
+        if not isinstance(shape, Sequence | np.ndarray) or (hasattr(shape, "dtype") and _framework(shape) != "numpy"):
+            raise TypeError  # a tensor or JAX array is a parameter, not its shape (torch.Size is a tuple)
+        out = tuple(int(python_scalar(d)) for d in shape)
+    except (TypeError, ValueError):
+        out = None
+    if out is None or any(d < 0 for d in out):
+        raise InputError(
+            f"param_shapes[{str(name)!r}] must be a shape (p.shape), got {type(shape).__name__}; use "
+            "{n: p.shape for n, p in model.named_parameters() if p.requires_grad}"
+        )
+    return out
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
-    if _framework(x) == "torch":
-        x = x.detach().to("cpu")
-        return x.double().numpy()
-    return np.asarray(x, dtype=np.float64)
+    return np.asarray(host_array(x), dtype=np.float64)
 
 
 def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:
@@ -277,7 +294,7 @@ class GradientCanaries:
     ) -> None:
         if not isinstance(param_shapes, Mapping) or not param_shapes:
             raise InputError("param_shapes must be a non-empty mapping of parameter name -> shape")
-        self.param_shapes = {canonical_name(str(n)): tuple(int(d) for d in s) for n, s in param_shapes.items()}
+        self.param_shapes = {canonical_name(str(n)): _shape(n, s) for n, s in param_shapes.items()}
         if len(self.param_shapes) != len(param_shapes):
             raise InputError("param_shapes names collide once Opacus' '_module.' prefix is removed")
         self.count = check_positive_int(count=count)
@@ -300,7 +317,10 @@ class GradientCanaries:
         if included is None:
             self.included_ = coins
         else:
-            self.included_ = np.asarray(included, dtype=bool).reshape(-1)
+            raw = np.asarray(host_array(included)).reshape(-1)
+            if raw.dtype != bool and not np.all(np.isin(raw, (0, 1))):  # bool(2) or bool(0.3) would read "included"
+                raise InputError("included must be boolean or 0/1, one inclusion bit per canary")
+            self.included_ = raw.astype(bool)
             if self.included_.shape != (self.count,):
                 raise InputError(f"included must have {self.count} entries, got {self.included_.size}")
         if coordinates is None:
@@ -389,14 +409,19 @@ class GradientCanaries:
     @staticmethod
     def _as_input_type(grads: Any, arrays: list[Any], names: list[str] | None) -> Any:
         if names is not None:
-            out = dict(grads)  # keep the caller's order and any extra structure of the mapping type
+            # The caller's order, and its dict type (an OrderedDict, a defaultdict: copy.copy keeps the class and its
+            # default factory, where dict() returned a plain dict); another Mapping becomes a dict.
+            out = copy.copy(grads) if isinstance(grads, dict) else dict(grads)
             out.update(zip(names, arrays, strict=True))
             return out
         return tuple(arrays) if isinstance(grads, tuple) else list(arrays)
 
     def _check_step(self, step: int, expected: int, what: str) -> int:
+        step = python_scalar(step)  # a 0-d torch/NumPy/JAX step counter is its integer
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or int(step) != expected:
-            raise InputError(f"{what}(step={step!r}): expected step {expected} (steps are 0, 1, 2, ... in order)")
+            raise InputError(
+                f"{what}(step={step!r}): expected step {expected}, an integer (steps are 0, 1, 2, ... in order)"
+            )
         return int(step)
 
     # ---- the hooks ----------------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def membership_attacks(text: str) -> tuple[str, ...]:
 def audit_checkpoint(
     path: Path | str,
     *,
-    attacks: tuple[str, ...] | list[str] = DEFAULTS.attacks,
+    attacks: str | tuple[str, ...] | list[str] = DEFAULTS.attacks,
     estimate_method: str = DEFAULTS.estimate_method,
     delta: float | None = None,
     confidence: float = DEFAULTS.confidence,
@@ -214,15 +214,17 @@ def audit_checkpoint(
     ``claimed_epsilon`` and ``delta`` default to the checkpoint's claim (δ = 1e-5 without one; a
     model without a claim gets bounds but no verdict). ``delta`` is the δ of the claim tested: without
     ``claimed_epsilon``, one below the run's own δ is refused (the run's ε is no claim there).
-    ``attacks`` may be empty for a canary-only audit. ``cache_dir``: where reference models are cached
-    (None: :func:`dpaudit.cache.default_cache_dir`).
+    ``attacks``: names, or a string in the CLI's ``--attacks`` vocabulary (``"loss,lira"``, ``"all"``,
+    ``"none"``: :func:`membership_attacks`); may be empty for a canary-only audit. ``cache_dir``: where
+    reference models are cached (None: :func:`dpaudit.cache.default_cache_dir`).
     ``families`` runs other attack families too, e.g. ``{"inversion": {}, "attribute": {"feature": 3}}``
     (see :data:`FAMILY_RUNNERS`); their results are reported, not audited (they bound no ε).
     """
     from dpaudit.checkpoint import load_run
 
     run = load_run(path)
-    attacks = tuple(attacks)
+    # A string is the --attacks option's text (one vocabulary), not a sequence of one-letter attack names.
+    attacks = membership_attacks(attacks) if isinstance(attacks, str) else tuple(attacks)
     canaries = run.meta.get("canaries")
     families = dict(families or {})
     unknown = sorted(set(families) - set(FAMILY_RUNNERS))

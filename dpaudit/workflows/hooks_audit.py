@@ -200,6 +200,8 @@ def audit_canaries(
         # compared in float64: NumPy 2 compares a float32 with a Python float in float32
         rounded = float(np.float32(sample_rate)) == q
         f32 = " (the claim's q rounded to float32: give the canaries a Python float)" if rounded else ""
+        if float(np.float32(q)) == float(sample_rate):  # the other way round: a float32 q computed in torch/NumPy
+            f32 = " (this q is the canaries' q rounded to float32: pass the Python float the canaries were given)"
         raise InputError(
             # Both as they are (dpaudit.numfmt.exact): they differ beyond 1e-9, often beyond the 6 digits of :g.
             f"the claim says q = {numfmt.exact(sample_rate)}, but the canaries were Poisson-sampled at "

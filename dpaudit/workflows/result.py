@@ -149,6 +149,12 @@ def headline(
     bound no ε (the noise check, as :func:`dpaudit.workflows.hooks_audit.noise_check_entry` writes it); one
     that rejects the claim makes the verdict "violation", named as what it is.
     """
+    for a in audits:  # an AuditResult (or its dict) has no source: one line, not KeyError 'source'
+        if not isinstance(a, Mapping) or "source" not in a:
+            raise InputError(
+                "headline() takes audit entries as AuditRecord.to_dict() makes them; wrap an AuditResult as "
+                "AuditRecord(attack, description, result).to_dict()"
+            )
     f = _pick(audits, formal=True)
     e = _pick(audits, formal=False)
     formal = _digest(*f) if f else None

@@ -169,7 +169,8 @@ def audit_training(
     scores: tuple[str | Callable[..., float], ...] = ("margin",),
 ) -> TrainingAudit:
     """Multi-run audit of the recipe ``config`` (or of a plug-in ``trainer``): ``runs`` models with the
-    canary, ``runs`` without.
+    canary, ``runs`` without. ``dataset``: a :class:`dpaudit.data.Dataset` or a name as ``--data`` takes it
+    (``"digits"``); ``spec``: a model spec or a model name as ``--model`` takes it (``"logreg"``).
 
     Black-box: the canary is one input record (``canary_kind``; None: ClipBKD, or a mislabeled record for
     token data, which ClipBKD cannot perturb) and the score is its
@@ -213,6 +214,17 @@ def audit_training(
     from dpaudit.training.config import PerfConfig
     from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
 
+    # The CLI's vocabulary (--data digits --model logreg, --score probe) means what it means there.
+    if isinstance(dataset, str):
+        from dpaudit.data import load_dataset
+
+        dataset = load_dataset(dataset)
+    if isinstance(spec, str):
+        from dpaudit.models import default_spec
+
+        spec = default_spec(
+            spec, input_shape=dataset.feature_shape, n_classes=dataset.n_classes, vocab_size=dataset.vocab_size
+        )
     runs = check_positive_int(runs=runs)
     workers = check_positive_int(workers=workers)  # before any run (joblib's n_jobs 0 was an internal error)
     check_choice(("black-box", "white-box"), threat_model=threat_model)
@@ -221,7 +233,7 @@ def audit_training(
     if init == "adversarial" and (trainer is not None or threat_model != "black-box"):
         raise InputError("init 'adversarial' needs dpaudit's own trainer and the black-box threat model")
     name = None
-    scores = tuple(scores)
+    scores = (scores,) if isinstance(scores, str) else tuple(scores)  # one name, not its letters
     if not scores:
         raise InputError("expected at least one score")
     if scores != ("margin",) and trainer is None:
@@ -379,7 +391,9 @@ def audit_training(
         )  # fmt: skip
         if contract_notes:
             result = dataclasses.replace(result, notes=(*result.notes, *contract_notes))
+        # Name the score whenever it is not the default margin: a lone --score probe must say what was scored.
         what = f"; score {names[j]} ({j + 1} of {k}, Bonferroni)" if k > 1 else ""
+        what = f"; score {names[j]}" if k == 1 and names[j] != "margin" else what
         what = f"{2 * runs} training runs ({runs} with, {runs} without) — {source}{what}"
         records.append(AuditRecord("multi-run", what, result, threat_model=f"{threat_model}, many runs"))
     best = max(range(len(records)), key=lambda j: records[j].result.epsilon_lower_bound)

@@ -330,3 +330,17 @@ def test_non_members_that_copy_a_member_are_counted_and_warned_of(tmp_path, tiny
     heard.clear()
     attack_checkpoint(tiny_run.path, **common)
     assert not [m for m in heard if "exact copies" in m]
+
+
+def test_attacks_take_the_run_directory_as_the_cli_does(tiny_run, tiny_run_dir):
+    """``run_mia("runs/mlp", ...)`` (the CLI's RUN, what audit_checkpoint takes) raised AttributeError: 'str'
+    object has no attribute 'splits'; extract, run_inversion and run_attribute likewise. A path (str or
+    PathLike) is now loaded; the answer is the loaded run's."""
+    from attacks import extract
+    from attacks.attribute import run_attribute
+
+    by_path = run_mia(str(tiny_run_dir), "loss", n_bootstrap=2)[0]
+    loaded = run_mia(tiny_run, "loss", n_bootstrap=2)[0]
+    np.testing.assert_array_equal(by_path.scores, loaded.scores)
+    assert extract(tiny_run_dir, budget=50, method="learning", surrogate="logreg", curve_points=0).result.queries == 50
+    assert run_attribute(str(tiny_run_dir), 0).to_dict() == run_attribute(tiny_run, 0).to_dict()

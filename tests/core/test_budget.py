@@ -46,8 +46,9 @@ def test_check_cost_refuses_memory_and_asks_before_long_work():
     with pytest.raises(InputError, match="need about 5 GiB of memory, more than 50% of the 8 GiB available"):
         check_cost(Cost("x", 5, "units", bytes_per_unit=GiB))
     long = Cost("x", 2, "units", seconds_per_unit=3000.0)
-    with pytest.raises(InputError, match=r"would take about 1\.67 hours .* rerun with dpaudit --yes"):
+    with pytest.raises(InputError, match=r"would take about 1\.67 hours .* rerun with dpaudit --yes") as refused:
         check_cost(long)
+    assert "in Python: with dpaudit.budget.allow_long_work()" in str(refused.value)  # a notebook has no --yes
     with allow_long_work():
         check_cost(long)
     with pytest.raises(InputError):  # the go-ahead ends with its block

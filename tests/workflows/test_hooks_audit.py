@@ -232,3 +232,12 @@ def test_a_partial_dependence_across_groups_is_tested_on_every_steps_values(tmp_
     assert r.noise.variance_p_value > 0.05 and r.noise.independence_p_value > 0.05
     assert r.noise.verdict == "violation" and r.verdict == "violation"
     assert any("across parameter groups (w and b" in n for n in r.noise.notes), r.noise.notes
+
+
+def test_a_float32_claim_sample_rate_is_named_in_the_mismatch_message(tmp_path):
+    """The other way round: canaries built with q = 0.1, audited with sample_rate=np.float32(0.1) (a q computed in
+    torch or NumPy float32) was refused without saying why the two q's differ."""
+    c = GradientCanaries(SHAPES, count=5, sample_rate=0.1, clip=1.0, seed=0)
+    c.observe(0, c.inject(0, {n: np.zeros(s) for n, s in SHAPES.items()}))
+    with pytest.raises(InputError, match=r"at q = 0\.1 \(this q is the canaries' q rounded to float32"):
+        audit_canaries(c.save(tmp_path / "c"), claimed_epsilon=1.0, delta=DELTA, sample_rate=np.float32(0.1))

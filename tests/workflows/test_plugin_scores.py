@@ -83,3 +83,14 @@ def test_cli_several_scores_exit_1_on_any_violation():
     assert r.exit_code == 1, r.output
     d = json.loads(r.stdout)
     assert [a["verdict"] for a in d["score_audits"]] == ["consistent", "violation"]
+
+
+def test_cli_vocabulary_in_the_library(digits):
+    """``audit_training("digits", "logreg", scores="probe", ...)`` (the CLI's --data, --model, --score) raised
+    AttributeError: 'str' object has no attribute 'feature_shape', and a single score name was read as its
+    letters; now they mean what the options mean, with the same answer as the objects."""
+    ds, spec = digits
+    kw = dict(trainer=bias_leak_trainer, claimed_epsilon=1.0, delta=1e-5, runs=40, train_size=100)
+    named = audit_training("digits", "logreg", scores="probe", **kw)
+    assert named.to_dict() == audit_training(ds, spec, scores=("probe",), **kw).to_dict()
+    assert named.result.verdict == "violation" and "score probe" in named.audit.description

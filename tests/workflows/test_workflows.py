@@ -75,6 +75,18 @@ def test_an_estimate_never_exits_1_without_opt_in(plain_run, tmp_path):
     assert "estimate" in r.output
 
 
+def test_attacks_as_the_cli_spells_them_give_the_cli_answer(plain_run):
+    """A notebook passing the CLI's vocabulary, ``attacks="loss"``, got "unknown attack method 'l'" (the string
+    was read as a sequence of one-letter names); now it is the CLI's ``--attacks loss``, with the same JSON."""
+    r = runner.invoke(app, ["audit", "checkpoint", str(plain_run), "--attacks", "loss", "--json"])
+    assert r.exit_code == 0, r.output
+    lib = audit_checkpoint(plain_run, attacks="loss").to_dict()
+    assert lib == audit_checkpoint(plain_run, attacks=("loss",)).to_dict()
+    assert json.loads(json.dumps(lib)) == json.loads(r.stdout)
+    with pytest.raises(Exception, match="nothing to audit"):  # "none": no attack, and this run has no canaries
+        audit_checkpoint(plain_run, attacks="none")
+
+
 def test_one_checkpoint_one_answer(canary_run, tmp_path):
     """Acceptance (issue 10): `audit checkpoint`, `report` and the demo's evaluation of the same
     checkpoint give identical bounds and verdicts, and the same headline."""
