@@ -144,30 +144,42 @@ def test_a_buffer_assigned_in_forward_does_not_leak_out_of_a_vmap_unit(method):
     model(x)  # the model still runs
 
 
-# ------------------------------------------------ a hand-written batch standardisation in training mode
+# --------------------------------------------- records mixed in training mode: standardisation, mixup, ...
 
 
-class Standardised(nn.Module):
-    """A narrow layer standardised over the batch under ``if self.training`` (a hand-written BatchNorm
-    without running statistics): every record's logits depend on the other records of its batch."""
+class Mixing(nn.Module):
+    """A training-mode forward that mixes the records of its batch (none of it in eval mode): a narrow
+    layer standardised over the batch (a hand-written BatchNorm without running statistics), mixup of
+    the hidden states, a cumulative sum over the batch, each record paired with the mirrored one."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, kind: str, width: int = 6) -> None:
         super().__init__()
-        self.lin, self.head = nn.Linear(8, width), nn.Linear(width, 3)
+        self.lin, self.head, self.kind = nn.Linear(8, width), nn.Linear(width, 3), kind
 
     def forward(self, x):
         h = self.lin(x)
         if self.training:
-            h = (h - h.mean(0, keepdim=True)) / (h.std(0, keepdim=True) + 1e-5)
+            if self.kind == "standardise":
+                h = (h - h.mean(0, keepdim=True)) / (h.std(0, keepdim=True) + 1e-5)
+            elif self.kind == "mixup":
+                h = 0.7 * h + 0.3 * h[torch.randperm(h.shape[0])]
+            elif self.kind == "cumsum":
+                h = h.cumsum(0)
+            elif self.kind == "mirror":
+                h = h + 0.5 * h.flip(0)
         return self.head(torch.tanh(h))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 6])
-@pytest.mark.parametrize("width", [1, 4])
-def test_a_batch_standardisation_is_refused_whatever_the_first_records(width, rows):
-    # Before: the check compared batches of two, over which a standardised value is ±1/√2, the sign of
-    # x_0 - x_1 alone; whenever replacing row 1 kept every feature's order it saw no mixing (1-wide layer:
-    # 124 of 200 random digit pairs passed, 4-wide: 36), and DP training went on with a sensitivity above C.
+@pytest.mark.parametrize(
+    ("kind", "width"), [("standardise", 1), ("standardise", 4), ("mixup", 6), ("cumsum", 6), ("mirror", 6)]
+)
+def test_records_mixed_in_training_are_refused_whatever_the_first_records(kind, width, rows):
+    # Before: the check compared row 0's logits over two batches of two differing in row 1. Over two
+    # records a standardised value is ±1/√2, the sign of x_0 - x_1 alone, so a change of row 1 that kept
+    # every feature's order went unseen (1-wide layer: 124 of 200 random digit pairs passed, 4-wide: 36),
+    # mixup passed when its permutation kept row 0, a cumulative sum always (row 0 depends on itself
+    # only); DP training then went on with a sensitivity above C (3.64 C measured, standardisation).
     from dpaudit.models import check_per_record_in_training
 
     g = torch.Generator().manual_seed(width)
@@ -175,4 +187,4 @@ def test_a_batch_standardisation_is_refused_whatever_the_first_records(width, ro
         torch.manual_seed(seed)
         x = torch.rand(rows, 8, generator=g)
         with pytest.raises(InputError, match="depend on the other records of its batch in training mode"):
-            check_per_record_in_training(Standardised(width).train(), x)
+            check_per_record_in_training(Mixing(kind, width).train(), x)
