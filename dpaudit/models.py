@@ -734,9 +734,9 @@ def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
     if mixed:
         raise InputError(
             "a record's logits depend on the other records of its batch in training mode (a statistic over "
-            "the batch dimension under `if self.training`, as BatchNorm computes?): per-example clipping needs "
-            "each record's loss to depend on that record alone (with mixing, one record moves every other "
-            "record's gradient, so the clipped sum's sensitivity is no longer C); compute statistics per record "
+            "the batch dimension under `if self.training`, as BatchNorm computes, or mixup?): per-example "
+            "clipping needs each record's loss to depend on that record alone (with mixing, one record moves "
+            "other records' gradients, so the clipped sum's sensitivity is no longer C); compute statistics per record "
             "(LayerNorm, GroupNorm)"
         )
 
