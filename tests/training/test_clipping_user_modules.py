@@ -188,3 +188,24 @@ def test_records_mixed_in_training_are_refused_whatever_the_first_records(kind, 
         x = torch.rand(rows, 8, generator=g)
         with pytest.raises(InputError, match="depend on the other records of its batch in training mode"):
             check_per_record_in_training(Mixing(kind, width).train(), x)
+
+
+def test_dp_sgd_jl_projects_the_hooked_gradients_it_sums():
+    # Before: the jvp path (what auto picks) projected the unhooked gradients, while the clipped sum's
+    # backward ran the hook: a hook scaling 0.weight's gradient by 5 gave norm estimates at 0.30-0.35 of
+    # the norms summed (r = 4000), so clipped contributions up to ~3 C. Now auto takes double-vjp (whose
+    # backward runs the hook) and jvp by name is refused.
+    from dpaudit.training.clipping import _loop_per_example, trainable_parameters
+    from dpaudit.training.jl import JLClipper, jl_projection_matrix, random_directions, trainable_names
+
+    model = _mlp()
+    model[0].weight.register_hook(lambda g: g * 5.0)
+    x, y = _data((6,), 6)
+    dirs = random_directions(model, 3, torch.Generator().manual_seed(1))
+    per = _loop_per_example(model, trainable_parameters(model), x, y)  # the backward runs the hook
+    names = trainable_names(model)
+    want = torch.stack([sum((g * v[n]).flatten(1).sum(1) for g, n in zip(per, names, strict=True)) for v in dirs], 1)
+    got = jl_projection_matrix(model, x, y, dirs)  # ad_path auto
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-12 * float(want.abs().max()))
+    with pytest.raises(InputError, match=r"jvp path cannot run the gradient hooks on 0\.weight"):
+        JLClipper(model, 4, torch.Generator().manual_seed(1), ad_path="jvp")(x, y, 1.0)
