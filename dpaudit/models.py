@@ -660,10 +660,9 @@ def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
     and ``x``'s fifth record when there is one); every pass from the same random state (same shapes, so
     Dropout draws the same masks), and, if the forward draws random numbers, all of it again from a
     second random state (a random permutation in the forward, as mixup draws, may leave the rows it pairs
-    unchanged in one draw). Every other row
-    must keep its logits. A model whose passes differ from the same state (randomness outside torch's
-    generator) or that cannot run on four records is not tested. The random state and the buffers are
-    restored, the mode too.
+    unchanged in one draw). Every other row must keep its logits. A model whose passes differ from the
+    same state (randomness outside torch's generator) or that cannot run on four records is not tested.
+    The random state and the buffers are restored, the mode too.
 
     Why not two records and row 0 alone, as before: a standardisation (x - mean) / std over two records
     is ±1/√2 per feature, the sign of x_0 - x_1 alone, so a change of row 1 that kept every feature's
