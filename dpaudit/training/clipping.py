@@ -130,6 +130,20 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def hooked_parameters(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
+    """The names of those ``params`` that carry a gradient hook of their own (``Tensor.register_hook``).
+
+    Why it matters: a backward pass (the loop, the ghost check's reference) runs such a hook on the
+    parameter's gradient, but ``torch.func.grad`` (the vmap method, the ghost method's vmap units)
+    differentiates a substituted tensor and never runs it, so its per-example gradients would silently
+    be those of the unhooked model. (A hook added by ``register_post_accumulate_grad_hook`` runs only
+    when ``.grad`` is accumulated, which no clipping method does: not counted.)"""
+    if not any(p._backward_hooks for p in params):  # the common case: one attribute read per parameter
+        return []
+    ids = {id(p) for p in params if p._backward_hooks}
+    return [n for n, p in model.named_parameters() if id(p) in ids]
+
+
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """c_i = 1 / max(1, ‖g_i‖/C)  (Abadi et al. 2016, arXiv:1607.00133, Alg. 1, "clip gradient").
 
@@ -422,6 +436,12 @@ class VmapClipper(Clipper):
         self._ran = False
 
     def _compute(self, x: torch.Tensor, y: torch.Tensor, clip: float) -> ClippedGradients:
+        hooked = hooked_parameters(self.model, self.params)
+        if hooked:  # torch.func would skip them: refuse rather than clip another model's gradients
+            raise GhostMismatchError(
+                f"--clipping vmap cannot run the gradient hooks on {', '.join(hooked)} (Tensor.register_hook: "
+                "torch.func's gradients skip them); try --clipping loop"
+            )
         if not self._ran:  # an operation vmap cannot batch: one line naming the way out
             with _refusing("vmap", "try --clipping loop"):
                 per_example = _per_example_grads(self.model, self.names, x, y, self.autocast, self._tied)
@@ -1528,6 +1548,10 @@ def _local_per_example(
     the model itself (then this is the ``vmap`` method for these parameters)."""
     m = unit.module
     diff = {n: m.get_parameter(n).detach() for n in unit.names}
+    # The buffers go through the call too, as constants, so that the call puts them back after it: a
+    # training forward that assigns a new tensor to a buffer (a user's running mean) would otherwise
+    # leave a tensor of the vmap in the model (torch then fails on any later use of it).
+    buffers = dict(m.named_buffers())
     total: dict[str, torch.Tensor] = {}
     for rec, gs, lay in zip(records, grads, unit.layouts, strict=True):
         keys = [k for k, _ in rec.inputs]
@@ -1547,7 +1571,7 @@ def _local_per_example(
                     args[key] = t
                 else:
                     kwargs[key] = t
-            out = _flat_outputs(reparametrized_call(m, d, unit.tied, tuple(args), kwargs))
+            out = _flat_outputs(reparametrized_call(m, {**buffers, **d}, unit.tied, tuple(args), kwargs))
             return sum((out[j].reshape(g.shape) * g).sum() for (j, _), g in zip(sel, gl, strict=True))
 
         per = vmap(grad(vjp), in_dims=(None, list(lay.ins), [0] * len(sel)), randomness="different")(
@@ -2012,8 +2036,10 @@ class GhostClipper(Clipper):
     # -- the plan
 
     def _make_plan(self, x: torch.Tensor, y: torch.Tensor, plan: GhostPlan | None = None) -> GhostPlan:
+        # vmap skips parameters' own gradient hooks (see hooked_parameters): then only the loop is left
+        hint = "try --clipping loop" if hooked_parameters(self.model, self.params) else "try --clipping vmap or loop"
         try:
-            with _refusing("ghost", "try --clipping vmap or loop"):
+            with _refusing("ghost", hint):
                 return self._plan(x, y, plan)
         except BaseException:
             self.close()  # a refused model keeps no hooks
@@ -2043,6 +2069,9 @@ class GhostClipper(Clipper):
                 # Padding rows are copies of a real row: a rule that swaps whole examples is right on
                 # them by accident, so such a plan is checked again on two real examples.
                 self._check_pending = self._valid < 2
+                if fresh and was_training:
+                    self.model.train()
+                    plan = self._check_training(plan, x[:1], y[:1])
         finally:
             self.model.train(was_training)
             self.autocast = autocast
@@ -2100,10 +2129,65 @@ class GhostClipper(Clipper):
                 plan = _reroute(plan, self.model, self.params, bad, why)
         qual = {id(p): n for n, p in self.model.named_parameters()}
         names = ", ".join(qual[id(self.params[k])] for k in sorted(bad)) or "(the norms)"
+        hooked = set(hooked_parameters(self.model, [self.params[k] for k in bad]))
+        if hooked:  # the reference ran the hook, the per-layer rules and the vmap units cannot
+            raise GhostMismatchError(
+                f"ghost clipping disagrees with per-example gradients for {names}: the gradient hook on "
+                f"{', '.join(sorted(hooked))} (Tensor.register_hook) changes its gradient, which only a backward "
+                "pass per example runs"
+            )
         raise GhostMismatchError(
             f"ghost clipping disagrees with per-example gradients for {names} (a parameter used outside its "
             "module's forward, or a layer output changed in place); use --clipping vmap or loop"
         )
+
+    def _check_training(self, plan: GhostPlan, x: torch.Tensor, y: torch.Tensor) -> GhostPlan:
+        """The per-layer rules against the reference once more, in training mode, on one example (``x``
+        has one row), the reference pass and the ghost pass each from the same random state (same
+        shapes: Dropout draws the same masks); buffers and the random state are restored after.
+
+        Why: :meth:`_check` runs in eval mode, so a parameter used outside its module's forward only in
+        training (an auxiliary output under ``if self.training`` that reuses a layer's weight through
+        ``F.linear``) passed it, and every training step then clipped norms that left that use out
+        (measured: norm 4.46 for the loop's 7.83). Compared: the parameters whose every use is in a unit
+        with a rule (their gradients come from the recorded activations and output gradients of this
+        very pass); vmap units and recomputed modules draw their own dropout masks. A parameter that
+        disagrees goes to the vmap over the model, as in :meth:`_check`."""
+        handled = {k for k, us in plan.uses.items() if all(plan.units[u].handler is not None for u, _ in us)}
+        if not handled:
+            return plan
+        # Each buffer's slot, tensor and value: a training pass may update a buffer in place (spectral
+        # normalisation's power iteration) or assign a new tensor to it (a user's running mean).
+        slots = [
+            (m, n, b, b.detach().clone()) for m in self.model.modules() for n, b in m._buffers.items() if b is not None
+        ]
+        devices = [x.device] if x.device.type == "cuda" else []
+
+        def restore() -> None:
+            with torch.no_grad():
+                for m, n, b, value in slots:
+                    m._buffers[n] = b
+                    b.copy_(value)
+
+        try:
+            with torch.random.fork_rng(devices=devices):
+                ref = _loop_per_example(self.model, self.params, x, y)
+            restore()
+            with torch.random.fork_rng(devices=devices):
+                parts, pe, norms = self._norm_parts(plan, x, y)
+        finally:
+            restore()
+        eps = ROUNDING_EPS * torch.finfo(norms.dtype).eps
+        floor = eps * float(torch.sqrt(_sq_norms(ref)).sum())
+        got: dict[int, torch.Tensor] = {}
+        with torch.no_grad():  # one example: its clipped sum at factor 1 is its gradient
+            ones = torch.ones_like(norms)
+            for part, idx in parts:
+                got.update((idx[n], v) for n, v in part.clipped(ones).items())
+            got.update(pe.clipped(ones))
+        bad = {k for k in handled if k in got and not _close(got[k], ref[k][0], floor)}
+        why = "its training-mode gradient disagreed with the reference (used outside its module's forward in training?)"
+        return _reroute(plan, self.model, self.params, bad, why)
 
     # -- one clipping pass
 

@@ -44,7 +44,14 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3 (the floor is 2.4)
 
 from dpaudit.errors import InputError
-from dpaudit.training.clipping import ClippedGradients, Clipper, clip_factors, reparametrized_call, tied_paths
+from dpaudit.training.clipping import (
+    ClippedGradients,
+    Clipper,
+    clip_factors,
+    hooked_parameters,
+    reparametrized_call,
+    tied_paths,
+)
 from dpaudit.training.dpsgd import DPTrainer
 from dpaudit.validation import check_positive_int
 
@@ -149,7 +156,17 @@ def _losses(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _projections_jvp(
     model: nn.Module, names: list[str], x: torch.Tensor, y: torch.Tensor, directions: Directions
 ) -> torch.Tensor:
-    """(B, r) matrix P_ij = ⟨∇ℓ_i, v_j⟩ by one forward-mode jvp of F per direction (Alg. 1)."""
+    """(B, r) matrix P_ij = ⟨∇ℓ_i, v_j⟩ by one forward-mode jvp of F per direction (Alg. 1).
+
+    Refuses parameters with a gradient hook of their own: torch.func's jvp never runs it, while the
+    clipped sum's backward pass does (see :func:`resolve_ad_path`)."""
+    named = dict(model.named_parameters())
+    hooked = hooked_parameters(model, [named[n] for n in names])
+    if hooked:
+        raise InputError(
+            f"DP-SGD-JL's jvp path cannot run the gradient hooks on {', '.join(hooked)} (Tensor.register_hook: "
+            "torch.func's jvp skips them, the clipped sum does not); use the double-vjp path"
+        )
     fixed = {n: p.detach() for n, p in model.named_parameters()}
     diff = {n: fixed.pop(n) for n in names}
     fixed.update(model.named_buffers())
@@ -259,31 +276,38 @@ def _step(
 
 @_math_attention
 def resolve_ad_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ad_path: str = "auto") -> str:
-    """The AD path that works for ``model``: ``jvp`` when every layer has a forward-mode derivative,
-    else ``double-vjp`` (with a warning), tried on one example. Raises InputError naming the layer
+    """The AD path that works for ``model``: ``jvp`` when every layer has a forward-mode derivative
+    and no parameter has a gradient hook of its own, else ``double-vjp`` (with a warning when a layer
+    has no forward-mode derivative), tried on one example. Raises InputError naming the layer
     when neither works."""
     if ad_path not in AD_PATHS:
         raise InputError(f"expected ad_path in {AD_PATHS}, got {ad_path!r}")
+    names = trainable_names(model)
+    named = dict(model.named_parameters())
+    # A parameter's own gradient hook (Tensor.register_hook) runs in the backward passes (the clipped sum,
+    # the double-vjp projections) but not in torch.func's jvp: with jvp the norm estimates would be those
+    # of the unhooked gradients while the clipped sum has the hooked ones (measured: a hook scaling a
+    # weight's gradient by 5 gave estimates at 0.30-0.35 of the norms summed, so contributions above C).
+    # (_projections_jvp refuses them when the jvp path is asked for by name.)
+    hooked = hooked_parameters(model, [named[n] for n in names])
     if ad_path != "auto":
         return ad_path
-    names = trainable_names(model)
     probe = random_directions(model, 1, torch.Generator(device=x.device).manual_seed(0))
     errors = {}
-    for path in ("jvp", "double-vjp"):
+    for path in ("double-vjp",) if hooked else ("jvp", "double-vjp"):
         tracker = _LayerTracker(model)
         try:
             with tracker:
                 if path == "jvp":
                     _projections_jvp(model, names, x[:1], y[:1], probe)
                 else:
-                    named = dict(model.named_parameters())
                     with torch.enable_grad():
                         losses = _losses(model(x[:1]), y[:1])
                         _projections_double_vjp([named[n] for n in names], losses, names, probe)
         except (RuntimeError, NotImplementedError) as e:
             errors[path] = (tracker.culprit or "an operation outside any layer", str(e).splitlines()[0])
             continue
-        if path == "double-vjp":
+        if path == "double-vjp" and "jvp" in errors:
             layer, why = errors["jvp"]
             warnings.warn(
                 f"layer {layer} has no forward-mode derivative ({why}); JL projections use the slower double-vjp trick",
@@ -292,6 +316,12 @@ def resolve_ad_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ad_path:
             )
         log.info("DP-SGD-JL projections via %s", path)
         return path
+    if hooked:
+        layer, why = errors["double-vjp"]
+        raise InputError(
+            f"DP-SGD-JL cannot differentiate this model: the gradient hooks on {', '.join(hooked)} rule out the "
+            f"jvp path and layer {layer} has no double backward ({why})"
+        )
     (l1, w1), (l2, w2) = errors["jvp"], errors["double-vjp"]
     raise InputError(
         f"DP-SGD-JL cannot differentiate this model: layer {l1} has no forward-mode derivative ({w1}) and "

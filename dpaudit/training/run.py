@@ -978,7 +978,7 @@ def import_run(
         raise CheckpointError(f"{weights}: the model gives NaN or infinite outputs on the data")
     if watch is not None:
         watch.check(model, during="a forward pass of the imported model (its training ran the same forward)")
-        first = torch.as_tensor(np.array(pre.transform(dataset.rows(splits.members[:2]))))
+        first = torch.as_tensor(np.array(pre.transform(dataset.rows(splits.members[:4]))))
         check_per_record_in_training(model, first.float() if first.is_floating_point() else first)
     check = member_check(fitted, dataset, splits)
     if check["suspicious"]:
