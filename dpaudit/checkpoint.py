@@ -129,8 +129,6 @@ class Run:
         device), whose content matches the sha256 in the run's manifest when it has one."""
         import stat
 
-        from dpaudit.fileio import read_manifest, sha256_file
-
         where = f"{self.path / CHECKPOINT_FILE}: {key}"
         if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
             raise CheckpointError(f"{where} must name a file inside the run folder, got {name!r}")
@@ -141,12 +139,7 @@ class Run:
             raise CheckpointError(f"{where}: {path} is missing") from None
         if not stat.S_ISREG(mode):
             raise CheckpointError(f"{where}: {path} is not a regular file")
-        manifest = read_manifest(self.path)
-        if manifest is not None and name in manifest["files"] and sha256_file(path) != manifest["files"][name]:
-            raise CheckpointError(
-                f"{path} changed since the run was written (its sha256 differs from the run's manifest); "
-                "it cannot be recomputed without retraining, so it is not trusted"
-            )
+        check_unchanged(self.path, name, "it cannot be recomputed without retraining, so it is not trusted")
         return path
 
     def whitebox_canaries(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -307,6 +300,19 @@ def _read_meta(path: Path) -> dict[str, Any]:
         if delta is not None and not 0 <= delta < 1:
             raise CheckpointError(f"{f}: privacy.delta: expected a number in [0, 1), got {delta}")
     return meta
+
+
+def check_unchanged(run_dir: Path, name: str, why: str) -> None:
+    """Refuse (one CheckpointError line ending with ``why``) the run's file ``name`` when its content differs from
+    the sha256 the run's manifest recorded when dpaudit wrote it (a run copied without its manifest is not checked)."""
+    from dpaudit.fileio import read_manifest, sha256_file
+
+    manifest = read_manifest(run_dir)
+    path = Path(run_dir) / name
+    if manifest is not None and name in manifest["files"] and sha256_file(path) != manifest["files"][name]:
+        raise CheckpointError(
+            f"{path} changed since the run was written (its sha256 differs from the run's manifest); {why}"
+        )
 
 
 def check_split_indices(parts: Mapping[str, np.ndarray], n: int | None, source: str) -> dict[str, np.ndarray]:
@@ -607,10 +613,24 @@ def load_run(path: Path | str) -> Run:
     except InputError as e:
         raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
     load_state_into(model, state, str(path / WEIGHTS_FILE))
+    # Weights or members put in by hand (another model's weights, a split edited to other members): checkpoint.json's
+    # claim, metrics and data no longer describe them, and every audit, attack and report would say they did.
+    check_unchanged(
+        path,
+        WEIGHTS_FILE,
+        "the claim, metrics and member list in checkpoint.json describe the weights trained there, not these: "
+        "to audit these weights, make a run of them with `dpaudit import`",
+    )
     model.eval()
     split_file = path / SPLIT_FILE
     if not split_file.is_file():
         raise CheckpointError(f"{path}: missing {SPLIT_FILE} (the member list)")
+    check_unchanged(
+        path,
+        SPLIT_FILE,
+        "the member list decides what every membership attack and audit measures, and cannot be recomputed "
+        "without retraining, so it is not trusted",
+    )
     try:
         with np.load(split_file, allow_pickle=False) as z:
             parts = {name: np.asarray(z[name]) for name in SPLIT_NAMES}

@@ -55,3 +55,39 @@ def test_a_data_file_cut_short_is_not_called_a_pickle(tmp_path):
     np.save(d / "y.npy", np.array(list(Y), dtype=object), allow_pickle=True)  # a real object array: still said so
     with pytest.raises(DataError, match="object arrays are refused"):
         load_dataset(str(d))
+
+
+def test_weights_or_members_put_in_a_run_by_hand_are_refused(tmp_path):
+    """A DP run's model.safetensors replaced by a non-private model's (same spec, same data): every command read
+    the run's claim (ε = 2), metrics and members beside the other weights; `dpaudit report` reported the
+    non-private model's membership leak under the DP run's name, claim and recorded accuracy. An edited
+    split.npz (members and non-members swapped) likewise. Both now refused naming the file; a run copied without
+    its manifest is not checked (nothing to compare with)."""
+    import shutil
+
+    from dpaudit.checkpoint import SPLIT_FILE, WEIGHTS_FILE, load_run
+    from dpaudit.errors import CheckpointError
+    from dpaudit.fileio import MANIFEST
+    from tests.core.cli_errors import invoke
+
+    args = ["--data", "synthetic:n=200,d=4", "--model", "logreg", "--algo", "sgd", "--epochs", 1, "--batch-size", 32]
+    for name, seed in (("dp", 1), ("plain", 2)):  # two models of one spec on one data set (the claim aside)
+        r = invoke("--quiet", "train", "--out", tmp_path / name, *args, "--seed", seed)
+        assert r.exit_code == 0, r.output
+    run = tmp_path / "dp"
+    load_run(run)
+    shutil.copy(tmp_path / "plain" / WEIGHTS_FILE, run / WEIGHTS_FILE)
+    with pytest.raises(CheckpointError, match=f"{WEIGHTS_FILE} changed since the run was written.*dpaudit import"):
+        load_run(run)
+    r = invoke("audit", "checkpoint", run, "--attacks", "loss")
+    assert r.exit_code == 2 and "changed since the run was written" in r.output, r.output
+    (run / MANIFEST).unlink()  # no manifest: nothing recorded to compare with
+    load_run(run)
+
+    run = tmp_path / "plain"
+    with np.load(run / SPLIT_FILE) as z:
+        parts = {k: z[k] for k in z.files}
+    parts["members"], parts["test"] = parts["test"], parts["members"]
+    np.savez(run / SPLIT_FILE, **parts)
+    with pytest.raises(CheckpointError, match=f"{SPLIT_FILE} changed since the run was written"):
+        load_run(run)

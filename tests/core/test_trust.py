@@ -132,6 +132,7 @@ def test_bad_split_indices_are_exit_2(run_copy, plant, message):
         m[1] = m[0]
     parts["members"] = m + 0.5 if plant == "float" else m
     np.savez(f, **parts)
+    write_manifest(run_copy, written_by="run")  # a stranger's run whose manifest matches: the indices are checked
     with pytest.raises(CheckpointError, match=message):
         load_run(run_copy)
     assert message in one_line_error(invoke("audit", "checkpoint", run_copy, "--attacks", "loss"))
