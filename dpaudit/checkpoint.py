@@ -230,6 +230,22 @@ SECTION_TYPES: dict[str, tuple[type, ...]] = {
     "versions": (dict,),
     "canaries": (dict, type(None)),
     "whitebox_canaries": (dict, type(None)),
+    "performance": (dict,),
+}
+
+# Fields inside the sections that the commands read (``inspect``'s summary, the audits, the report), with their
+# JSON types; None: the field may be absent. A wrong type was an internal error (exit 3) deep in a command.
+FIELD_TYPES: dict[tuple[str, str], tuple[tuple[type, ...], bool]] = {
+    ("model", "kind"): ((str,), True),
+    ("training", "algo"): ((str,), True),
+    ("split", "seed"): ((int,), False),
+    ("split", "fractions"): ((list,), False),
+    ("split", "sizes"): ((dict,), True),
+    ("metrics", "train_accuracy"): ((float, type(None)), True),
+    ("metrics", "test_accuracy"): ((float, type(None)), True),
+    ("metrics", "holdout_accuracy"): ((float, type(None)), False),
+    ("metrics", "train_loss"): ((float, type(None)), True),
+    ("metrics", "test_loss"): ((float, type(None)), True),
 }
 
 
@@ -285,10 +301,32 @@ def _read_meta(path: Path) -> dict[str, Any]:
     for key, types in SECTION_TYPES.items():
         if key in meta:
             check_json_type(meta[key], types, f"{f}: {key}", error=CheckpointError)
+    for (section, key), (types, required) in FIELD_TYPES.items():
+        if key not in meta[section] and not required:
+            continue
+        if key not in meta[section]:
+            raise CheckpointError(f"{f}: {section}: missing key {key}")
+        check_json_type(meta[section][key], types, f"{f}: {section}.{key}", error=CheckpointError)
+    split = meta["split"]
+    for key, kind, values in (
+        ("fractions", float, split.get("fractions", [])),
+        ("sizes", int, split["sizes"].values()),
+    ):
+        for v in values:
+            check_json_type(v, kind, f"{f}: split.{key}", error=CheckpointError)
+    if "members" not in split["sizes"]:
+        raise CheckpointError(f"{f}: split.sizes: missing key members")
+    try:  # the preprocessing's arrays and shape (every attack and audit applies it)
+        preprocessing_from_dict(meta["preprocessing"])
+    except InputError as e:
+        raise CheckpointError(f"{f}: preprocessing: {e}") from None
     d = meta["data"]
     for key, types in (("spec", (str,)), ("sha256", (str,)), ("n", (int, type(None)))):
         check_json_type(d.get(key), types, f"{f}: data.{key}", error=CheckpointError)
     if meta["privacy"] is not None:
+        missing = [k for k in ("epsilon", "delta") if k not in meta["privacy"]]
+        if missing:  # a claim is an (ε, δ): every audit tests it
+            raise CheckpointError(f"{f}: privacy: missing key(s) {', '.join(missing)} (or null for no claim)")
         for key in ("epsilon", "delta"):
             if key in meta["privacy"]:
                 check_json_type(meta["privacy"][key], (float, type(None)), f"{f}: privacy.{key}", error=CheckpointError)

@@ -719,11 +719,23 @@ class Standardizer:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Standardizer:
-        shape = tuple(d["shape"])
-        return cls(
-            np.asarray(d["mean"], np.float32).reshape(shape),
-            np.asarray(d["scale"], np.float32).reshape(shape),
-        )
+        """From :meth:`to_dict`'s record (a checkpoint.json's, which may have been edited): InputError, one line,
+        for a shape that is not a list of sizes or arrays of another size, type or with NaN."""
+        shape = d.get("shape")
+        if not isinstance(shape, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**31 - 1 for v in shape
+        ):
+            raise InputError(f"expected shape to be a list of sizes, got {shown(shape)}")
+        out = []
+        for key in ("mean", "scale"):
+            try:
+                a = np.asarray(d.get(key))
+            except (TypeError, ValueError):  # ragged nesting
+                a = np.asarray([None])
+            if a.dtype.kind not in "iuf" or a.size != math.prod(shape) or not np.all(np.isfinite(a)):
+                raise InputError(f"expected {key} to be {math.prod(shape)} finite numbers (shape {shape})")
+            out.append(a.astype(np.float32).reshape(shape))
+        return cls(*out)
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,19 @@ def test_a_stored_file_changed_since_it_was_written_is_not_trusted(run_copy):
         (lambda m: m.update(privacy=[1, 2]), "privacy: expected an object or null"),
         (lambda m: m["model"].update(n_classes=10.0), "n_classes"),
         (lambda m: m["model"].update(hidden=["big"]), "hidden"),
+        # Each was an internal error (exit 3: KeyError, TypeError, ValueError) in inspect, audit or report:
+        (lambda m: m["split"].update(seed="x"), "split.seed: expected an integer"),
+        (lambda m: m["split"].update(fractions=None), "split.fractions: expected a list"),
+        (lambda m: m["split"].update(sizes={}), "split.sizes: missing key members"),
+        (lambda m: m["metrics"].update(train_accuracy="0.9"), "metrics.train_accuracy: expected a number or null"),
+        (lambda m: m.update(metrics={}), "metrics: missing key train_accuracy"),
+        (lambda m: m["model"].update(kind=[]), "model.kind: expected a string"),
+        (lambda m: m.update(training={}), "training: missing key algo"),
+        (lambda m: m.update(performance=None), "performance: expected an object"),
+        (lambda m: m.update(privacy={}), "privacy: missing key(s) epsilon, delta"),
+        (lambda m: m["preprocessing"].update(shape=[10**19]), "preprocessing: expected shape to be a list of sizes"),
+        (lambda m: m["preprocessing"].update(mean=m["preprocessing"]["mean"][:-1]), "preprocessing: expected mean"),
+        (lambda m: m["preprocessing"].update(scale="x"), "preprocessing: expected scale"),
     ],
 )
 def test_bad_checkpoint_json_is_one_line(run_copy, edit, message):
