@@ -418,6 +418,20 @@ def reaccount_claim(privacy: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def edited_note(run_dir: Path) -> str | None:
+    """One line for every audit and report when the run's checkpoint.json differs from what dpaudit wrote there
+    (its sha256 in the run's manifest): its metrics and settings, which the report shows, were edited. (Its claim
+    is re-accounted on its own, :func:`claim_mismatch_note`.)"""
+    try:
+        check_unchanged(Path(run_dir), CHECKPOINT_FILE, "")
+    except CheckpointError:
+        return (
+            f"{CHECKPOINT_FILE} changed since dpaudit wrote this run (its sha256 differs from the run's manifest): "
+            "the metrics and settings it records are shown as edited, not as measured"
+        )
+    return None
+
+
 def claim_mismatch_note(privacy: Mapping[str, Any] | None) -> str | None:
     """One line for every audit and report when a run's recorded ε differs from its recorded mechanism's."""
     check = reaccount_claim(privacy)

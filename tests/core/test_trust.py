@@ -101,6 +101,21 @@ def test_a_tampered_epsilon_is_reported_in_the_audit_and_the_report(run_copy, tm
     assert "claim mismatch" in (tmp_path / "rep" / "report.html").read_text()
 
 
+def test_hand_edited_metrics_are_said_in_every_audit(run_copy):
+    """checkpoint.json's train accuracy edited from 30% to 99%: the report's utility table showed 99% as measured,
+    beside attacks on a model whose accuracy is 30%. Now every audit says the file was edited (the report shows the
+    audits' notes, as the claim mismatch test above checks)."""
+    edit_meta(run_copy, lambda m: m["metrics"].update(train_accuracy=0.99))
+    from dpaudit.workflows import audit_checkpoint
+
+    (record,) = audit_checkpoint(run_copy, attacks=("loss",)).audits
+    assert [n for n in record.result.notes if n.startswith("checkpoint.json changed since dpaudit wrote this run")]
+    assert not [n for n in record.result.notes if n.startswith("claim mismatch")]  # the claim is as trained
+    write_manifest(run_copy, written_by="run")  # a run written with its manifest: no note
+    (record,) = audit_checkpoint(run_copy, attacks=("loss",)).audits
+    assert not [n for n in record.result.notes if "changed since" in n]
+
+
 def test_a_tampered_mechanism_is_reported_too(run_copy):
     edit_meta(run_copy, lambda m: m["privacy"]["event"]["event"]["event"].update(noise_multiplier=10.0))
     check = reaccount_claim(load_run(run_copy).privacy)
