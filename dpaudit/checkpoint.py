@@ -340,17 +340,16 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def check_unchanged(run_dir: Path, name: str, why: str) -> None:
-    """Refuse (one CheckpointError line ending with ``why``) the run's file ``name`` when its content differs from
-    the sha256 the run's manifest recorded when dpaudit wrote it (a run copied without its manifest is not checked)."""
+def check_unchanged(run_dir: Path, name: str, why: str, *, written: str = "the run was written") -> None:
+    """Refuse (one CheckpointError line ending with ``why``) the file ``name`` of a folder dpaudit wrote (a run, saved
+    gradient canaries) when its content differs from the sha256 the folder's manifest recorded then (a folder
+    copied without its manifest is not checked)."""
     from dpaudit.fileio import read_manifest, sha256_file
 
     manifest = read_manifest(run_dir)
     path = Path(run_dir) / name
     if manifest is not None and name in manifest["files"] and sha256_file(path) != manifest["files"][name]:
-        raise CheckpointError(
-            f"{path} changed since the run was written (its sha256 differs from the run's manifest); {why}"
-        )
+        raise CheckpointError(f"{path} changed since {written} (its sha256 differs from the folder's manifest); {why}")
 
 
 def check_split_indices(parts: Mapping[str, np.ndarray], n: int | None, source: str) -> dict[str, np.ndarray]:
