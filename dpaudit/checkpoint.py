@@ -154,7 +154,10 @@ class Run:
                 scores, included = np.asarray(z["scores"], dtype=np.float64), z["included"].astype(bool)
         except (OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: cannot read the white-box canaries ({e})") from None
-        if scores.shape != included.shape or scores.shape != (int(meta["m"]),):
+        m = meta.get("m")
+        if isinstance(m, bool) or not isinstance(m, int):  # a list or null was a TypeError (exit 3)
+            raise CheckpointError(f"{self.path / CHECKPOINT_FILE}: whitebox_canaries.m: expected an integer, got {m!r}")
+        if scores.shape != included.shape or scores.shape != (m,):
             raise CheckpointError(f"{path}: expected {meta['m']} white-box canary scores and bits")
         return scores, included
 

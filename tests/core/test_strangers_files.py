@@ -91,3 +91,29 @@ def test_weights_or_members_put_in_a_run_by_hand_are_refused(tmp_path):
     np.savez(run / SPLIT_FILE, **parts)
     with pytest.raises(CheckpointError, match=f"{SPLIT_FILE} changed since the run was written"):
         load_run(run)
+
+
+@pytest.mark.parametrize("seed", [None, [], {}])
+def test_a_canary_seed_of_the_wrong_type_is_one_line(tmp_path, seed):
+    """checkpoint.json's canaries.seed edited to null, [] or {}: `audit checkpoint` stopped with a TypeError
+    (exit 3)."""
+    from dpaudit.canaries import CanarySet
+    from dpaudit.errors import InputError
+
+    np.savez(tmp_path / "canaries.npz", X=X[:4], y=Y[:4], included=np.ones(4, bool))
+    assert len(CanarySet.load(tmp_path / "canaries.npz", {"kind": "mislabeled", "seed": 0})) == 4
+    with pytest.raises(InputError, match="cannot read the canaries"):
+        CanarySet.load(tmp_path / "canaries.npz", {"kind": "mislabeled", "seed": seed})
+
+
+def test_a_whitebox_canary_count_of_the_wrong_type_is_one_line(tmp_path):
+    """checkpoint.json's whitebox_canaries.m edited to [3]: a TypeError (exit 3) in `audit checkpoint`."""
+    from dpaudit.checkpoint import Run
+    from dpaudit.errors import CheckpointError
+
+    np.savez(tmp_path / "wb.npz", scores=np.zeros(3), included=np.ones(3, bool))
+    run = Run(path=tmp_path, meta={"whitebox_canaries": {"file": "wb.npz", "m": 3}}, spec=None, model=None, splits=None)
+    assert run.whitebox_canaries()[0].shape == (3,)
+    run.meta["whitebox_canaries"]["m"] = [3]
+    with pytest.raises(CheckpointError, match=r"whitebox_canaries\.m: expected an integer"):
+        run.whitebox_canaries()
