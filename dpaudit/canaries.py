@@ -70,7 +70,7 @@ class CanarySet:
         try:
             with np.load(path, allow_pickle=False) as z:
                 return cls(meta["kind"], z["X"], z["y"], z["included"].astype(bool), int(meta["seed"]))
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, TypeError) as e:  # TypeError: a seed of null or [] in checkpoint.json
             raise InputError(f"{path}: cannot read the canaries ({e})") from None
 
 

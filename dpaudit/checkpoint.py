@@ -129,8 +129,6 @@ class Run:
         device), whose content matches the sha256 in the run's manifest when it has one."""
         import stat
 
-        from dpaudit.fileio import read_manifest, sha256_file
-
         where = f"{self.path / CHECKPOINT_FILE}: {key}"
         if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
             raise CheckpointError(f"{where} must name a file inside the run folder, got {name!r}")
@@ -141,12 +139,7 @@ class Run:
             raise CheckpointError(f"{where}: {path} is missing") from None
         if not stat.S_ISREG(mode):
             raise CheckpointError(f"{where}: {path} is not a regular file")
-        manifest = read_manifest(self.path)
-        if manifest is not None and name in manifest["files"] and sha256_file(path) != manifest["files"][name]:
-            raise CheckpointError(
-                f"{path} changed since the run was written (its sha256 differs from the run's manifest); "
-                "it cannot be recomputed without retraining, so it is not trusted"
-            )
+        check_unchanged(self.path, name, "it cannot be recomputed without retraining, so it is not trusted")
         return path
 
     def whitebox_canaries(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -161,7 +154,10 @@ class Run:
                 scores, included = np.asarray(z["scores"], dtype=np.float64), z["included"].astype(bool)
         except (OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: cannot read the white-box canaries ({e})") from None
-        if scores.shape != included.shape or scores.shape != (int(meta["m"]),):
+        m = meta.get("m")
+        if isinstance(m, bool) or not isinstance(m, int):  # a list or null was a TypeError (exit 3)
+            raise CheckpointError(f"{self.path / CHECKPOINT_FILE}: whitebox_canaries.m: expected an integer, got {m!r}")
+        if scores.shape != included.shape or scores.shape != (m,):
             raise CheckpointError(f"{path}: expected {meta['m']} white-box canary scores and bits")
         return scores, included
 
@@ -237,6 +233,22 @@ SECTION_TYPES: dict[str, tuple[type, ...]] = {
     "versions": (dict,),
     "canaries": (dict, type(None)),
     "whitebox_canaries": (dict, type(None)),
+    "performance": (dict,),
+}
+
+# Fields inside the sections that the commands read (``inspect``'s summary, the audits, the report), with their
+# JSON types; None: the field may be absent. A wrong type was an internal error (exit 3) deep in a command.
+FIELD_TYPES: dict[tuple[str, str], tuple[tuple[type, ...], bool]] = {
+    ("model", "kind"): ((str,), True),
+    ("training", "algo"): ((str,), True),
+    ("split", "seed"): ((int,), False),
+    ("split", "fractions"): ((list,), False),
+    ("split", "sizes"): ((dict,), True),
+    ("metrics", "train_accuracy"): ((float, type(None)), True),
+    ("metrics", "test_accuracy"): ((float, type(None)), True),
+    ("metrics", "holdout_accuracy"): ((float, type(None)), False),
+    ("metrics", "train_loss"): ((float, type(None)), True),
+    ("metrics", "test_loss"): ((float, type(None)), True),
 }
 
 
@@ -292,10 +304,32 @@ def _read_meta(path: Path) -> dict[str, Any]:
     for key, types in SECTION_TYPES.items():
         if key in meta:
             check_json_type(meta[key], types, f"{f}: {key}", error=CheckpointError)
+    for (section, key), (types, required) in FIELD_TYPES.items():
+        if key not in meta[section] and not required:
+            continue
+        if key not in meta[section]:
+            raise CheckpointError(f"{f}: {section}: missing key {key}")
+        check_json_type(meta[section][key], types, f"{f}: {section}.{key}", error=CheckpointError)
+    split = meta["split"]
+    for key, kind, values in (
+        ("fractions", float, split.get("fractions", [])),
+        ("sizes", int, split["sizes"].values()),
+    ):
+        for v in values:
+            check_json_type(v, kind, f"{f}: split.{key}", error=CheckpointError)
+    if "members" not in split["sizes"]:
+        raise CheckpointError(f"{f}: split.sizes: missing key members")
+    try:  # the preprocessing's arrays and shape (every attack and audit applies it)
+        preprocessing_from_dict(meta["preprocessing"])
+    except InputError as e:
+        raise CheckpointError(f"{f}: preprocessing: {e}") from None
     d = meta["data"]
     for key, types in (("spec", (str,)), ("sha256", (str,)), ("n", (int, type(None)))):
         check_json_type(d.get(key), types, f"{f}: data.{key}", error=CheckpointError)
     if meta["privacy"] is not None:
+        missing = [k for k in ("epsilon", "delta") if k not in meta["privacy"]]
+        if missing:  # a claim is an (ε, δ): every audit tests it
+            raise CheckpointError(f"{f}: privacy: missing key(s) {', '.join(missing)} (or null for no claim)")
         for key in ("epsilon", "delta"):
             if key in meta["privacy"]:
                 check_json_type(meta["privacy"][key], (float, type(None)), f"{f}: privacy.{key}", error=CheckpointError)
@@ -307,6 +341,18 @@ def _read_meta(path: Path) -> dict[str, Any]:
         if delta is not None and not 0 <= delta < 1:
             raise CheckpointError(f"{f}: privacy.delta: expected a number in [0, 1), got {delta}")
     return meta
+
+
+def check_unchanged(run_dir: Path, name: str, why: str, *, written: str = "the run was written") -> None:
+    """Refuse (one CheckpointError line ending with ``why``) the file ``name`` of a folder dpaudit wrote (a run, saved
+    gradient canaries) when its content differs from the sha256 the folder's manifest recorded then (a folder
+    copied without its manifest is not checked)."""
+    from dpaudit.fileio import read_manifest, sha256_file
+
+    manifest = read_manifest(run_dir)
+    path = Path(run_dir) / name
+    if manifest is not None and name in manifest["files"] and sha256_file(path) != manifest["files"][name]:
+        raise CheckpointError(f"{path} changed since {written} (its sha256 differs from the folder's manifest); {why}")
 
 
 def check_split_indices(parts: Mapping[str, np.ndarray], n: int | None, source: str) -> dict[str, np.ndarray]:
@@ -372,6 +418,20 @@ def reaccount_claim(privacy: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "delta": float(delta),
         "match": match,
     }
+
+
+def edited_note(run_dir: Path) -> str | None:
+    """One line for every audit and report when the run's checkpoint.json differs from what dpaudit wrote there
+    (its sha256 in the run's manifest): its metrics and settings, which the report shows, were edited. (Its claim
+    is re-accounted on its own, :func:`claim_mismatch_note`.)"""
+    try:
+        check_unchanged(Path(run_dir), CHECKPOINT_FILE, "")
+    except CheckpointError:
+        return (
+            f"{CHECKPOINT_FILE} changed since dpaudit wrote this run (its sha256 differs from the run's manifest): "
+            "the metrics and settings it records are shown as edited, not as measured"
+        )
+    return None
 
 
 def claim_mismatch_note(privacy: Mapping[str, Any] | None) -> str | None:
@@ -614,10 +674,24 @@ def load_run(path: Path | str) -> Run:
     except InputError as e:
         raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
     load_state_into(model, state, str(path / WEIGHTS_FILE))
+    # Weights or members put in by hand (another model's weights, a split edited to other members): checkpoint.json's
+    # claim, metrics and data no longer describe them, and every audit, attack and report would say they did.
+    check_unchanged(
+        path,
+        WEIGHTS_FILE,
+        "the claim, metrics and member list in checkpoint.json describe the weights trained there, not these: "
+        "to audit these weights, make a run of them with `dpaudit import`",
+    )
     model.eval()
     split_file = path / SPLIT_FILE
     if not split_file.is_file():
         raise CheckpointError(f"{path}: missing {SPLIT_FILE} (the member list)")
+    check_unchanged(
+        path,
+        SPLIT_FILE,
+        "the member list decides what every membership attack and audit measures, and cannot be recomputed "
+        "without retraining, so it is not trusted",
+    )
     try:
         with np.load(split_file, allow_pickle=False) as z:
             parts = {name: np.asarray(z[name]) for name in SPLIT_NAMES}

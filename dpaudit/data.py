@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import DataError, InputError
-from dpaudit.validation import check_seed
+from dpaudit.validation import check_seed, shown
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
 # The built-in token data set's name (synthetic-tokens:...): its int64 X is token ids by construction.
@@ -441,7 +441,7 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     except DataError:
         raise
     except ValueError as e:
-        raise DataError(f"{path}: NPZ holds object arrays, refused (pickle): {e}") from None
+        raise _numpy_load_error(path, e, "NPZ file") from None
     except Exception as e:
         raise DataError(f"{path}: not a readable NPZ file ({type(e).__name__})") from None
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
@@ -455,6 +455,15 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     # the float64 step, as before (its rounding decides the bytes that the run's data hash covers).
     exact = X.dtype == bool or X.dtype.itemsize <= 2 or X.dtype == np.float32
     return _validated(path.stem, X if exact else X.astype(np.float64), y, kind, spec)
+
+
+def _numpy_load_error(path: Path, e: ValueError, what: str) -> DataError:
+    """The one line for numpy's ValueError on loading ``path`` with ``allow_pickle=False``: an object array (which
+    only pickle could load, refused), or else a file cut short or corrupt (an interrupted copy or download:
+    "mmap length is greater than file size", "EOF: reading array data"), which is not said to be a pickle."""
+    if "allow_pickle" in str(e):
+        return DataError(f"{path}: object arrays are refused in {what} (loading them needs pickle): {e}")
+    return DataError(f"{path}: not a readable {what}, truncated or corrupt ({e})")
 
 
 def _holds_tokens(X: np.ndarray) -> bool:
@@ -502,7 +511,7 @@ def _from_npy_dir(path: Path, spec: str) -> Dataset:
         header = np.load(files["X"], mmap_mode="r", allow_pickle=False)  # reads the header only
         y = np.load(files["y"], allow_pickle=False)  # never unpickle data from strangers
     except ValueError as e:
-        raise DataError(f"{path}: X.npy/y.npy must be plain numeric arrays (object arrays are refused: {e})") from None
+        raise _numpy_load_error(path, e, "X.npy/y.npy") from None
     except OSError as e:
         raise DataError(f"{path}: not a readable .npy file ({e})") from None
     if isinstance(header, np.memmap) and _holds_tokens(header):  # token ids: n x T integers, read into memory
@@ -540,6 +549,9 @@ def _validated(
     vocab_size: int | None = None,
     mapped: MappedFile | None = None,
 ) -> Dataset:
+    for what, a in (("X", X), ("y", y)):  # a 0-d array (np.savez(..., y=3)) has no rows to count
+        if a.ndim == 0:
+            raise DataError(f"{spec}: {what} must hold one row per record, got a single value ({shown(a)})")
     if X.shape[0] == 0:
         raise DataError(f"{spec}: the dataset is empty")
     if X.shape[0] != y.shape[0]:
@@ -713,11 +725,23 @@ class Standardizer:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Standardizer:
-        shape = tuple(d["shape"])
-        return cls(
-            np.asarray(d["mean"], np.float32).reshape(shape),
-            np.asarray(d["scale"], np.float32).reshape(shape),
-        )
+        """From :meth:`to_dict`'s record (a checkpoint.json's, which may have been edited): InputError, one line,
+        for a shape that is not a list of sizes or arrays of another size, type or with NaN."""
+        shape = d.get("shape")
+        if not isinstance(shape, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**31 - 1 for v in shape
+        ):
+            raise InputError(f"expected shape to be a list of sizes, got {shown(shape)}")
+        out = []
+        for key in ("mean", "scale"):
+            try:
+                a = np.asarray(d.get(key))
+            except (TypeError, ValueError):  # ragged nesting
+                a = np.asarray([None])
+            if a.dtype.kind not in "iuf" or a.size != math.prod(shape) or not np.all(np.isfinite(a)):
+                raise InputError(f"expected {key} to be {math.prod(shape)} finite numbers (shape {shape})")
+            out.append(a.astype(np.float32).reshape(shape))
+        return cls(*out)
 
 
 @dataclass(frozen=True)
@@ -804,7 +828,7 @@ def read_member_indices(path: Path | str, n: int) -> np.ndarray:
         try:
             idx = np.load(path, allow_pickle=False)  # never unpickle a stranger's file
         except ValueError as e:
-            raise DataError(f"{path}: not an integer .npy array (object arrays are refused: {e})") from None
+            raise _numpy_load_error(path, e, ".npy file") from None
         except OSError as e:
             raise DataError(f"{path}: not a readable .npy file ({e})") from None
         if isinstance(idx, np.ndarray) and idx.dtype == bool and idx.shape == (n,):

@@ -316,12 +316,15 @@ def _swap_in(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=_OLD, dir=out.parent))
-    os.replace(out, aside / "old")
     try:
+        # Inside the try: an interrupt (SIGINT, or SIGTERM through the CLI's handler) is raised as soon as a
+        # rename returns, and one raised right after the first rename must move the old output back too.
+        os.replace(out, aside / "old")
         os.replace(tmp, out)
     except BaseException:
-        if not out.exists():
+        if not out.exists() and (aside / "old").is_dir():
             os.replace(aside / "old", out)  # roll back: the old output stays in place
+        if not (aside / "old").exists() or not tmp.exists():  # the old output back in place, or the new one in
             shutil.rmtree(aside, ignore_errors=True)
         raise
     shutil.rmtree(aside, ignore_errors=True)

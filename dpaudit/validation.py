@@ -231,6 +231,17 @@ def _float_literal(text: str) -> float:
     return v
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice: Python's json keeps the last value, other readers (a viewer, jq's --stream, a JSON
+    # library in another language) may show the first, so one file would read as two claims.
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise InputError(f"the key {key[:40]!r} appears twice in one object")
+    return out
+
+
 def _depth(obj: Any) -> int:
     deepest, stack = 0, [(obj, 1)]
     while stack:
@@ -247,13 +258,13 @@ def parse_json(text: str | bytes, source: str, *, error: type[Exception] = Input
     """Parse JSON from an untrusted file with limits: at most :data:`MAX_JSON_BYTES`, nesting depth
     :data:`MAX_JSON_DEPTH`, integer literals of :data:`MAX_JSON_DIGITS` digits and no float that
     overflows (``Infinity``/``NaN``, which dpaudit writes for unbounded values, are allowed). Any
-    problem is one ``error`` line naming ``source``."""
+    problem is one ``error`` line naming ``source``, as is a key given twice in one object."""
     import json
 
     if len(text) > MAX_JSON_BYTES:
         raise error(f"{source}: JSON larger than {MAX_JSON_BYTES // 2**20} MiB")
     try:
-        obj = json.loads(text, parse_int=_int_literal, parse_float=_float_literal)
+        obj = json.loads(text, parse_int=_int_literal, parse_float=_float_literal, object_pairs_hook=_object)
     except RecursionError:
         raise error(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except InputError as e:

@@ -6,6 +6,7 @@ Every command module builds on :class:`App`, whose ``command`` decorator turns a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -13,7 +14,7 @@ import math
 import re
 import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,11 +33,15 @@ EXIT_INTERNAL = 3
 # The reader of stdout went away (`dpaudit ... --help | head -1`): the status of a command killed by SIGPIPE
 # (128 + 13), as `yes | head -1` gives; never 0 or 1, so a cut output never reads as success or a violation.
 EXIT_STDOUT_CLOSED = 141
+# Interrupted by Ctrl-C (SIGINT) or stopped by SIGTERM (a job scheduler's or `timeout`'s stop, `kill PID`):
+# 128 + the signal's number, as a shell reports a command killed by it.
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 EXIT_CODES_HELP = (
     "Exit codes (all commands): 0 success; 1 an audit/check found a violation or failed its check; "
-    "2 bad usage or bad input; 3 internal error (a bug: rerun with --debug and report it); 141 (silently) stdout "
-    "closed early, as by `| head`."
+    "2 bad usage or bad input; 3 internal error (a bug: rerun with --debug and report it); 130 interrupted (Ctrl-C) "
+    "and 143 terminated (SIGTERM), outputs left as they were; 141 (silently) stdout closed early, as by `| head`."
 )
 
 
@@ -261,6 +266,33 @@ def usage_error_line(error: Exception) -> str:
     return f"error: {text}{where}"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C is, so that the same clean-up runs: a half-written output's
+    temporary folder is removed and a forced replacement rolled back (:mod:`dpaudit.fileio`). Without it SIGTERM
+    ended the process on the spot and left them for the next write of the same output."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Terminated`, unless someone else (an embedding program)
+    installed a handler of their own or this is not the main thread (where no handler can be set)."""
+    import signal
+
+    previous = None
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        with contextlib.suppress(ValueError):  # ValueError: not the main thread
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 class _StdoutClosed(Exception):
     """stdout's reader went away. Not an OSError, so that click does not turn it into its exit 1."""
 
@@ -398,7 +430,7 @@ class App(typer.Typer):
                     for name, value in k.items():  # one range for every seed option (see check_seed)
                         if (name == "seed" or name.endswith("_seed")) and value is not None:
                             check_seed(**{name: value})
-                    with notices(notice):
+                    with _sigterm_as_interrupt(), notices(notice):
                         return f(*a, **k)
                 except typer.Exit:
                     raise
@@ -413,9 +445,10 @@ class App(typer.Typer):
                         traceback.print_exc()
                     where = f" ({e.filename})" if e.filename else ""
                     fail(f"{e.strerror or type(e).__name__}{where}")
-                except KeyboardInterrupt:
-                    typer.echo("interrupted", err=True)
-                    raise typer.Exit(130) from None
+                except KeyboardInterrupt as e:
+                    terminated = isinstance(e, Terminated)
+                    typer.echo("terminated" if terminated else "interrupted", err=True)
+                    raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
                 except Exception as e:  # a bug, not bad input: still one line unless --debug
                     if STATE.debug:
                         traceback.print_exc()

@@ -569,6 +569,41 @@ def save_observations(obs: CanaryObservations, directory: Path | str, *, force: 
     return write_atomic_dir(Path(directory), write, force=force)
 
 
+# The design's fields and their JSON types (canaries.json from a stranger is checked before use).
+_DESIGN_TYPES = {
+    "steps": int, "count": int, "sample_rate": float, "clip": float, "seed": int, "inclusion": str,
+    "param_shapes": dict,
+}  # fmt: skip
+
+
+def _check_design(design: dict[str, Any], source: Path) -> None:
+    """One CheckpointError line for a design field of the wrong type or out of range (a list for the parameter
+    shapes, a bool for the sample rate, a seed of 1.5, an unknown inclusion: were internal errors or read as
+    another design)."""
+    from dpaudit.validation import check_json_type
+
+    for key, kind in _DESIGN_TYPES.items():
+        if key not in design:
+            raise CheckpointError(f"{source}: missing key {key}")
+        check_json_type(design[key], kind, f"{source}: {key}", error=CheckpointError)
+    for name, shape in design["param_shapes"].items():
+        check_json_type(shape, list, f"{source}: param_shapes.{name}", error=CheckpointError)
+        for n in shape:
+            check_json_type(n, int, f"{source}: param_shapes.{name}", error=CheckpointError)
+            if not 0 <= n <= 2**31 - 1:
+                raise CheckpointError(f"{source}: param_shapes.{name}: expected sizes in [0, 2**31 - 1], got {n}")
+    check_json_type(design.get("meta"), (dict, type(None)), f"{source}: meta", error=CheckpointError)
+    try:
+        check_positive_int(count=design["count"])
+        check_positive_int(steps=design["steps"])
+        check_in_interval(0, 1, hi_open=False, sample_rate=design["sample_rate"])
+        check_positive(finite=True, clip=design["clip"])
+        check_seed(seed=design["seed"], limit=MAX_DERIVED_SEED)
+        check_choice(INCLUSIONS, inclusion=design["inclusion"])
+    except InputError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+
+
 def load_observations(directory: Path | str) -> CanaryObservations:
     """Read what :func:`save_observations` wrote, checked for consistency (a :class:`CheckpointError` otherwise)."""
     from safetensors import SafetensorError
@@ -596,6 +631,13 @@ def load_observations(directory: Path | str) -> CanaryObservations:
     if not isinstance(design, dict) or design.get("format") != FORMAT:
         found = design.get("format") if isinstance(design, dict) else None
         raise CheckpointError(f"{d}: unknown gradient-canary format {found!r} (expected {FORMAT})")
+    _check_design(design, d / DESIGN_FILE)
+    from dpaudit.checkpoint import check_unchanged
+
+    for name in (DESIGN_FILE, ARRAYS_FILE):  # an edited clip or sample rate changes what the audit tests
+        check_unchanged(
+            d, name, "the audit would test what was edited, not what was observed", written="they were saved"
+        )
     try:
         T, M = int(design["steps"]), int(design["count"])
         shapes = {n: tuple(int(x) for x in s) for n, s in design["param_shapes"].items()}
@@ -607,7 +649,7 @@ def load_observations(directory: Path | str) -> CanaryObservations:
             noise_count=a["noise_count"], projections=a["projections"], meta=dict(design.get("meta") or {}),
             cross=a.get("cross"),
         )  # fmt: skip
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise CheckpointError(f"{d}: malformed gradient-canary design ({e})") from None
     G = len(shapes)
     expected = {

@@ -22,7 +22,7 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit import AuditResult, audit_scores, check_audit_claim, decide_verdict
-from dpaudit.checkpoint import claim_mismatch_note
+from dpaudit.checkpoint import claim_mismatch_note, edited_note
 from dpaudit.defaults import DEFAULTS, AuditDefaults  # noqa: F401 (AuditDefaults: re-exported)
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -300,9 +300,11 @@ def audit_checkpoint(
                 )
             )
     mismatch = claim_mismatch_note(run.privacy)  # a tampered claim is tested as recorded, and said so
-    if mismatch is not None and claimed_epsilon is None:
+    edited = edited_note(run.path)  # hand-edited metrics and settings, shown in the report as recorded
+    added = tuple(n for n in (mismatch if claimed_epsilon is None else None, edited) if n is not None)
+    if added:
         records = [
-            dataclasses.replace(r, result=dataclasses.replace(r.result, notes=(*r.result.notes, mismatch)))
+            dataclasses.replace(r, result=dataclasses.replace(r.result, notes=(*r.result.notes, *added)))
             for r in records
         ]
     others = {f: [FAMILY_RUNNERS[f](run, opts, seed, progress)] for f, opts in families.items()}

@@ -221,6 +221,29 @@ def test_an_interrupted_forced_replacement_leaves_the_old_output_in_place(tmp_pa
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("after", [1, 2])
+def test_an_interrupt_just_after_a_rename_leaves_one_complete_output_and_no_aside(tmp_path, monkeypatch, after):
+    """SIGINT (or SIGTERM, which the CLI raises the same way) lands as soon as a rename returns. Right after the
+    old output was moved aside, the first rename was outside the rollback: the run folder was gone (exit 130,
+    'interrupted'; `dpaudit report RUN` said 'no such run directory') until the next write of the same output."""
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"old.txt": "old"}), force=False)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        real_replace(src, dst)
+        if len(calls) == after:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic_dir(out, writer({"new.txt": "new"}), force=True)
+    kept = "old.txt" if after == 1 else "new.txt"  # after the second rename the new output is complete and in place
+    assert sorted(p.name for p in out.iterdir()) == sorted([kept, fileio.MANIFEST])
+    assert leftovers(tmp_path) == []
+
+
 def test_a_killed_replacement_is_restored_and_temporary_folders_removed_by_the_next_run(tmp_path):
     out = tmp_path / "out"
     write_atomic_dir(out, writer({"old.txt": "old"}), force=False)
@@ -305,3 +328,30 @@ def test_files_get_an_ordinary_files_mode(tmp_path):
     files = [p for p in out.rglob("*") if p.is_file()] + [single]
     assert len(files) == 4  # weights, mkstemp file, manifest, report
     assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o644"}
+
+
+def test_sigterm_while_writing_rolls_back_as_ctrl_c_does(tmp_path, monkeypatch):
+    """SIGTERM (a scheduler's or `timeout`'s stop) ended the process on the spot: a forced replacement stopped
+    between its renames left the output gone (moved aside) and a half-written temporary folder and a lock beside
+    it, until the next write of the same output. Now it is raised as Ctrl-C is: exit 143, the old output in
+    place, nothing left beside it, and the handler put back after the command."""
+    import signal
+
+    out = write_atomic_dir(tmp_path / "canaries", writer({"old.txt": "old"}), force=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):  # SIGTERM lands right after the old output was moved aside
+        calls.append(dst)
+        real_replace(src, dst)
+        if len(calls) == 1:
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # the old code: the signal would end pytest
+                raise AssertionError("SIGTERM is not handled while dpaudit writes an output")
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    r = invoke("canaries", "make", "--data", "synthetic:n=60,d=3", "--count", 4, "--out", out, "--force")
+    assert r.exit_code == 143 and r.output.strip() == "terminated", r.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert leftovers(tmp_path) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -101,6 +101,21 @@ def test_a_tampered_epsilon_is_reported_in_the_audit_and_the_report(run_copy, tm
     assert "claim mismatch" in (tmp_path / "rep" / "report.html").read_text()
 
 
+def test_hand_edited_metrics_are_said_in_every_audit(run_copy):
+    """checkpoint.json's train accuracy edited from 30% to 99%: the report's utility table showed 99% as measured,
+    beside attacks on a model whose accuracy is 30%. Now every audit says the file was edited (the report shows the
+    audits' notes, as the claim mismatch test above checks)."""
+    edit_meta(run_copy, lambda m: m["metrics"].update(train_accuracy=0.99))
+    from dpaudit.workflows import audit_checkpoint
+
+    (record,) = audit_checkpoint(run_copy, attacks=("loss",)).audits
+    assert [n for n in record.result.notes if n.startswith("checkpoint.json changed since dpaudit wrote this run")]
+    assert not [n for n in record.result.notes if n.startswith("claim mismatch")]  # the claim is as trained
+    write_manifest(run_copy, written_by="run")  # a run written with its manifest: no note
+    (record,) = audit_checkpoint(run_copy, attacks=("loss",)).audits
+    assert not [n for n in record.result.notes if "changed since" in n]
+
+
 def test_a_tampered_mechanism_is_reported_too(run_copy):
     edit_meta(run_copy, lambda m: m["privacy"]["event"]["event"]["event"].update(noise_multiplier=10.0))
     check = reaccount_claim(load_run(run_copy).privacy)
@@ -132,6 +147,7 @@ def test_bad_split_indices_are_exit_2(run_copy, plant, message):
         m[1] = m[0]
     parts["members"] = m + 0.5 if plant == "float" else m
     np.savez(f, **parts)
+    write_manifest(run_copy, written_by="run")  # a stranger's run whose manifest matches: the indices are checked
     with pytest.raises(CheckpointError, match=message):
         load_run(run_copy)
     assert message in one_line_error(invoke("audit", "checkpoint", run_copy, "--attacks", "loss"))
@@ -169,6 +185,19 @@ def test_a_stored_file_changed_since_it_was_written_is_not_trusted(run_copy):
         (lambda m: m.update(privacy=[1, 2]), "privacy: expected an object or null"),
         (lambda m: m["model"].update(n_classes=10.0), "n_classes"),
         (lambda m: m["model"].update(hidden=["big"]), "hidden"),
+        # Each was an internal error (exit 3: KeyError, TypeError, ValueError) in inspect, audit or report:
+        (lambda m: m["split"].update(seed="x"), "split.seed: expected an integer"),
+        (lambda m: m["split"].update(fractions=None), "split.fractions: expected a list"),
+        (lambda m: m["split"].update(sizes={}), "split.sizes: missing key members"),
+        (lambda m: m["metrics"].update(train_accuracy="0.9"), "metrics.train_accuracy: expected a number or null"),
+        (lambda m: m.update(metrics={}), "metrics: missing key train_accuracy"),
+        (lambda m: m["model"].update(kind=[]), "model.kind: expected a string"),
+        (lambda m: m.update(training={}), "training: missing key algo"),
+        (lambda m: m.update(performance=None), "performance: expected an object"),
+        (lambda m: m.update(privacy={}), "privacy: missing key(s) epsilon, delta"),
+        (lambda m: m["preprocessing"].update(shape=[10**19]), "preprocessing: expected shape to be a list of sizes"),
+        (lambda m: m["preprocessing"].update(mean=m["preprocessing"]["mean"][:-1]), "preprocessing: expected mean"),
+        (lambda m: m["preprocessing"].update(scale="x"), "preprocessing: expected scale"),
     ],
 )
 def test_bad_checkpoint_json_is_one_line(run_copy, edit, message):
@@ -182,6 +211,8 @@ def test_bad_checkpoint_json_is_one_line(run_copy, edit, message):
         ("[" * 100000 + "]" * 100000, "nested deeper"),
         ('{"n": ' + "9" * 5000 + "}", "integer with 5000 digits"),
         ('{"x": 1e400}', "overflows a float"),
+        # Python kept the last ε, another reader of the same file may show the first
+        ('{"privacy": {"epsilon": 1.0, "delta": 1e-5, "epsilon": 80.0}}', "the key 'epsilon' appears twice"),
     ],
 )
 def test_json_is_parsed_with_limits(text, message):

@@ -257,6 +257,7 @@ def test_a_directory_saved_before_the_cross_group_summary_still_loads_and_is_che
     from safetensors.numpy import load_file, save_file
 
     from dpaudit.audit.noise import noise_check
+    from dpaudit.fileio import write_manifest
 
     c = GradientCanaries(SHAPES, count=8, sample_rate=0.5, clip=1.0, seed=0)
     _loop(c, 3, sigma=1.0)
@@ -265,7 +266,42 @@ def test_a_directory_saved_before_the_cross_group_summary_still_loads_and_is_che
     assert arrays["cross"].shape == (3, 2, 2)
     del arrays["cross"]
     save_file(arrays, str(d / "canaries.safetensors"))
+    write_manifest(d, written_by="dpaudit")  # as that older version wrote it
     obs = load_observations(d)
     assert obs.cross is None
     check = noise_check(obs.noise_ss, obs.noise_count, obs.projections, noise_std=1.0, cross=obs.cross)
     assert check.cross_group_p_value is None and check.details["alpha_independence"] == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("param_shapes", [4, 3], "param_shapes: expected an object"),  # was AttributeError, exit 3
+        ("param_shapes", {"w": [2**70]}, "expected sizes"),  # was OverflowError, exit 3
+        ("sample_rate", True, "sample_rate: expected a number"),  # was read as 1.0
+        ("seed", 1.5, "seed: expected an integer"),  # was read as 1
+        ("inclusion", "x", "unknown inclusion"),  # was read as "run"
+        ("clip", -1.0, "expected clip > 0"),
+        ("steps", None, "steps: expected an integer"),
+    ],
+)
+def test_a_strangers_canary_design_is_checked_field_by_field(tmp_path, field, value, message):
+    """canaries.json from someone else (its manifest rewritten to match, as a stranger's folder would be): each field
+    is typed and in range, one line. Edited without the manifest rewritten, the folder is refused as changed since
+    it was saved: an edited clip (1 -> 1.5) or sample rate was audited as if observed."""
+    import json
+
+    from dpaudit.errors import CheckpointError
+    from dpaudit.fileio import write_manifest
+
+    c = GradientCanaries(SHAPES, count=4, sample_rate=0.5, clip=1.0, seed=0)
+    _loop(c, 2)
+    d = c.save(tmp_path / "c")
+    design = json.loads((d / "canaries.json").read_text())
+    (d / "canaries.json").write_text(json.dumps({**design, "clip": 1.5}))
+    with pytest.raises(CheckpointError, match=r"canaries\.json changed since they were saved"):
+        load_observations(d)
+    (d / "canaries.json").write_text(json.dumps({**design, field: value}))
+    write_manifest(d, written_by="dpaudit")
+    with pytest.raises(CheckpointError, match=message):
+        load_observations(d)

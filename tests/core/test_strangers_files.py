@@ -1,0 +1,119 @@
+"""Files from strangers and interrupted runs (non-negotiable 3): data files cut short or of the wrong shape, run
+folders edited by hand. Every problem is one line with exit code 2; nothing is unpickled."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+
+from dpaudit.data import load_dataset, read_member_indices
+from dpaudit.errors import DataError
+
+X = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+Y = (X[:, 0] > 0).astype(np.int64)
+
+
+def _npy(a: np.ndarray) -> bytes:
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "message"), [(np.float32(3), Y, "X must hold one row"), (X, np.int64(1), "y must hold one row")]
+)
+def test_a_single_value_for_x_or_y_is_one_line(tmp_path, x, y, message):
+    """np.savez(f, X=..., y=3): was an IndexError (exit 3, 'tuple index out of range')."""
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    with pytest.raises(DataError, match=f"{message} per record, got a single value"):
+        load_dataset(str(tmp_path / "d.npz"))
+
+
+def test_a_data_file_cut_short_is_not_called_a_pickle(tmp_path):
+    """A copy or download interrupted midway: numpy's ValueError was reported as 'object arrays are refused'
+    (NPY directory, NPZ member, member list), which sent the user looking for a pickle that is not there."""
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "X.npy").write_bytes(_npy(X)[:-100])  # X is memory-mapped: "mmap length is greater than file size"
+    np.save(d / "y.npy", Y)
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
+        z.writestr("X.npy", _npy(X)[:-100])
+        z.writestr("y.npy", _npy(Y))
+    (tmp_path / "members.npy").write_bytes(_npy(np.arange(20))[:-8])
+    for load in (
+        lambda: load_dataset(str(d)),
+        lambda: load_dataset(str(tmp_path / "short.npz")),
+        lambda: read_member_indices(tmp_path / "members.npy", 40),
+    ):
+        with pytest.raises(DataError, match="truncated or corrupt") as e:
+            load()
+        assert "pickle" not in str(e.value) and "object arrays" not in str(e.value)
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", np.array(list(Y), dtype=object), allow_pickle=True)  # a real object array: still said so
+    with pytest.raises(DataError, match="object arrays are refused"):
+        load_dataset(str(d))
+
+
+def test_weights_or_members_put_in_a_run_by_hand_are_refused(tmp_path):
+    """A DP run's model.safetensors replaced by a non-private model's (same spec, same data): every command read
+    the run's claim (ε = 2), metrics and members beside the other weights; `dpaudit report` reported the
+    non-private model's membership leak under the DP run's name, claim and recorded accuracy. An edited
+    split.npz (members and non-members swapped) likewise. Both now refused naming the file; a run copied without
+    its manifest is not checked (nothing to compare with)."""
+    import shutil
+
+    from dpaudit.checkpoint import SPLIT_FILE, WEIGHTS_FILE, load_run
+    from dpaudit.errors import CheckpointError
+    from dpaudit.fileio import MANIFEST
+    from tests.core.cli_errors import invoke
+
+    args = ["--data", "synthetic:n=200,d=4", "--model", "logreg", "--algo", "sgd", "--epochs", 1, "--batch-size", 32]
+    for name, seed in (("dp", 1), ("plain", 2)):  # two models of one spec on one data set (the claim aside)
+        r = invoke("--quiet", "train", "--out", tmp_path / name, *args, "--seed", seed)
+        assert r.exit_code == 0, r.output
+    run = tmp_path / "dp"
+    load_run(run)
+    shutil.copy(tmp_path / "plain" / WEIGHTS_FILE, run / WEIGHTS_FILE)
+    with pytest.raises(CheckpointError, match=f"{WEIGHTS_FILE} changed since the run was written.*dpaudit import"):
+        load_run(run)
+    r = invoke("audit", "checkpoint", run, "--attacks", "loss")
+    assert r.exit_code == 2 and "changed since the run was written" in r.output, r.output
+    (run / MANIFEST).unlink()  # no manifest: nothing recorded to compare with
+    load_run(run)
+
+    run = tmp_path / "plain"
+    with np.load(run / SPLIT_FILE) as z:
+        parts = {k: z[k] for k in z.files}
+    parts["members"], parts["test"] = parts["test"], parts["members"]
+    np.savez(run / SPLIT_FILE, **parts)
+    with pytest.raises(CheckpointError, match=f"{SPLIT_FILE} changed since the run was written"):
+        load_run(run)
+
+
+@pytest.mark.parametrize("seed", [None, [], {}])
+def test_a_canary_seed_of_the_wrong_type_is_one_line(tmp_path, seed):
+    """checkpoint.json's canaries.seed edited to null, [] or {}: `audit checkpoint` stopped with a TypeError
+    (exit 3)."""
+    from dpaudit.canaries import CanarySet
+    from dpaudit.errors import InputError
+
+    np.savez(tmp_path / "canaries.npz", X=X[:4], y=Y[:4], included=np.ones(4, bool))
+    assert len(CanarySet.load(tmp_path / "canaries.npz", {"kind": "mislabeled", "seed": 0})) == 4
+    with pytest.raises(InputError, match="cannot read the canaries"):
+        CanarySet.load(tmp_path / "canaries.npz", {"kind": "mislabeled", "seed": seed})
+
+
+def test_a_whitebox_canary_count_of_the_wrong_type_is_one_line(tmp_path):
+    """checkpoint.json's whitebox_canaries.m edited to [3]: a TypeError (exit 3) in `audit checkpoint`."""
+    from dpaudit.checkpoint import Run
+    from dpaudit.errors import CheckpointError
+
+    np.savez(tmp_path / "wb.npz", scores=np.zeros(3), included=np.ones(3, bool))
+    run = Run(path=tmp_path, meta={"whitebox_canaries": {"file": "wb.npz", "m": 3}}, spec=None, model=None, splits=None)
+    assert run.whitebox_canaries()[0].shape == (3,)
+    run.meta["whitebox_canaries"]["m"] = [3]
+    with pytest.raises(CheckpointError, match=r"whitebox_canaries\.m: expected an integer"):
+        run.whitebox_canaries()
