@@ -291,6 +291,10 @@ def test_bare_parameter_cnn_on_a_memory_mapped_image_directory(tmp_path):
 def test_audit_train_with_a_default_batch_above_the_train_size_says_so(tok, tmp_path):
     spec = _spec(tmp_path / "spec.json", "transformer")
     args = ["--runs", 2, "--train-size", 40, "--noise-multiplier", 1]
-    # was: "expected sample_rate in (0, 1], got 1.56", an option the user never gave
-    line = one_error(invoke("audit", "train", "--data", tok, "--model-spec", spec, *args))
+    # A batch the user gives is refused: was "expected sample_rate in (0, 1], got 1.56", an option never given
+    line = one_error(invoke("audit", "train", "--data", tok, "--model-spec", spec, *args, "--batch-size", 64))
     assert "batch size 64 is larger than the training set (41 records)" in line
+    # The default one is fitted to the 40 records with a notice (then the 2-run design is refused as too small)
+    r = invoke("audit", "train", "--data", tok, "--model-spec", spec, *args)
+    assert "the default --batch-size 64 is larger than the 40 training records; using 10" in r.stderr, r.output
+    assert "batch size 64" not in one_error(r)
