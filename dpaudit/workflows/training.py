@@ -226,6 +226,8 @@ def audit_training(
             spec, input_shape=dataset.feature_shape, n_classes=dataset.n_classes, vocab_size=dataset.vocab_size
         )
     runs = check_positive_int(runs=runs)
+    if runs < 2:  # before any run: the holdout threshold selection needs 2 members and 2 non-members
+        raise InputError(f"runs {runs}: a multi-run audit needs at least 2 runs with the canary and 2 without")
     workers = check_positive_int(workers=workers)  # before any run (joblib's n_jobs 0 was an internal error)
     check_choice(("black-box", "white-box"), threat_model=threat_model)
     check_choice(("clopper-pearson", "gdp"), method=method)

@@ -86,9 +86,21 @@ def test_adversarial_init_refusals(digits):
     ds, spec = digits
     config = TrainConfig(algo="dpsgd", epochs=1, batch_size=50, dp=DPConfig(clip=1.0, noise_multiplier=1.0))
     with pytest.raises(InputError, match="black-box"):
-        audit_training(ds, spec, config, runs=1, train_size=100, threat_model="white-box", init="adversarial")
+        audit_training(ds, spec, config, runs=2, train_size=100, threat_model="white-box", init="adversarial")
     with pytest.raises(InputError, match="init"):
-        audit_training(ds, spec, config, runs=1, train_size=100, init="pretrained")
+        audit_training(ds, spec, config, runs=2, train_size=100, init="pretrained")
+
+
+def test_one_run_a_side_is_refused_before_any_training(digits, monkeypatch):
+    """The holdout threshold selection needs 2 runs of each side: runs=1 is refused at once, not after training
+    its 2 models (it was)."""
+    import dpaudit.workflows.training as wt
+
+    ds, spec = digits
+    config = TrainConfig(algo="dpsgd", epochs=1, batch_size=50, dp=DPConfig(clip=1.0, noise_multiplier=1.0))
+    monkeypatch.setattr(wt, "_train_one", lambda job: pytest.fail("trained before refusing runs=1"))
+    with pytest.raises(InputError, match="at least 2 runs with the canary and 2 without"):
+        audit_training(ds, spec, config, runs=1, train_size=100, allow_inconclusive=True)
 
 
 # ---- refusing a design that cannot refute the claim --------------------------------------------------
