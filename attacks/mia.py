@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from attacks.lira import LiRA, balanced_membership, signals_matrix
-from attacks.reference import Recipe, check_workers, seeds_for, train_models
+from attacks.reference import Recipe, seeds_for, train_models
 from attacks.result import AttackResult
 from attacks.rmia import RMIA
 from attacks.shadow import ShadowAttack
@@ -31,7 +31,7 @@ from dpaudit.checkpoint import Run, as_run
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_file
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.validation import check_non_negative, check_positive_int, shown
+from dpaudit.validation import check_non_negative, check_positive_int, check_workers, shown
 
 METHODS = (*THRESHOLD_METHODS, "shadow", "lira", "rmia")
 AUTO_SHADOW_MODELS = 4

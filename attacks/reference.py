@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -36,28 +35,11 @@ from dpaudit.fileio import wait_for_writer
 from dpaudit.models import ModelSpec, PythonSpec, factory_source_sha256
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.config import PerfConfig, TrainConfig
-from dpaudit.validation import check_positive_int
+from dpaudit.validation import check_workers
 
 LOGITS_FILE = "logits.npy"
 CACHE_VERSION = 2  # 2: entries carry a manifest and logits.npy.sha256 (verified on read)
 DASK_CONNECT_TIMEOUT_S = 30
-
-
-def available_cores() -> int:
-    """CPU cores this process may use (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def check_workers(workers: int, *, scheduler: str | None = None) -> int:
-    """Validate ``--workers``: a positive integer, at most the local cores (unless a cluster runs the jobs)."""
-    workers = check_positive_int(workers=workers)
-    cores = available_cores()
-    if scheduler is None and workers > cores:
-        raise InputError(f"--workers {workers} > {cores} CPU cores on this machine; use at most {cores}")
-    return workers
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,7 +25,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from attacks.reference import available_cores
+    from dpaudit.validation import available_cores
 
     ap.add_argument("--workers", type=int, default=min(2, available_cores()))
     ap.add_argument("--reference-models", type=int, default=16)

@@ -15,6 +15,7 @@ reads the same everywhere and no printer rounds on its own:
   audit's parameter, never a computed bound, so no rounding of it is safe in both uses.
 - :func:`percent_down` prints a confidence level as a percentage rounded down: a level shown never claims more
   certainty than the bound has (0.9999999 is 99.9999%, not 100%).
+- :func:`p_value` prints a p-value as an estimate, and one that underflowed to 0 as "p < 1e-300", never "p = 0".
 - :func:`ordered` shows a lower bound beside a claim with as many digits as it takes (up to the 17 that tell any
   two float64 apart) for the printed numbers to compare as the computed ones do: "ε ≥ 8.00001 > claimed 8",
   never "ε ≥ 8 > claimed 8".
@@ -132,6 +133,21 @@ def ordered(
         if ld == rd == MAX_DIGITS:
             break
     return a, b  # unreachable for finite floats: at 17 digits each prints its own repr, which keeps their order
+
+
+P_FLOOR = "1e-300"  # a p-value computed as 0 underflowed: it is below float64's least normal (2.2e-308), not 0
+
+
+def p_value(x: Any, digits: int = 3, *, name: str = "p", missing: str = DASH) -> str:
+    """A p-value as an estimate shown with "=" (rounded to nearest, as :func:`nearest`): "p = 0.0312". A p-value
+    computed as 0 underflowed float64, and no test's evidence is infinite, so it prints "p < 1e-300", never
+    "p = 0". ``name=""`` gives the bare value for a table column ("0.0312", "< 1e-300"). None → ``missing``."""
+    if x is None:
+        return missing
+    lead = f"{name} " if name else ""
+    if float(x) == 0:
+        return f"{lead}< {P_FLOOR}"
+    return f"{lead}= {nearest(x, digits)}" if name else nearest(x, digits)
 
 
 def _sign(x: Any) -> int:

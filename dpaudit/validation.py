@@ -170,6 +170,28 @@ def check_positive_int(**kwargs: Any) -> int:
     return int(value)
 
 
+def available_cores() -> int:
+    """CPU cores this process may use (its affinity mask where the OS has one)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: int, *, scheduler: str | None = None) -> int:
+    """Validate ``--workers``: a positive integer, at most the local cores (unless a cluster runs the jobs).
+
+    Every local pool (reference models, ``audit train``'s runs, PATE's teachers) starts one process per worker,
+    each importing torch: 64 workers on a laptop were 64 processes fighting for 2 cores and their memory."""
+    workers = check_positive_int(workers=workers)
+    cores = available_cores()
+    if scheduler is None and workers > cores:
+        raise InputError(f"--workers {workers} > {cores} CPU cores on this machine; use at most {cores}")
+    return workers
+
+
 def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = True, **kwargs: Any) -> float:
     """Check lo < value < hi (brackets controlled by lo_open/hi_open)."""
     name, value = _one(kwargs)

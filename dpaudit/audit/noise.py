@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from dpaudit import numfmt
 from dpaudit.errors import InputError
 from dpaudit.validation import check_in_interval, check_positive
 
@@ -97,14 +98,14 @@ class NoiseCheck:
         lines = [
             f"noise check (formal, level {self.alpha:.3g}): verdict {self.verdict}; claimed noise std sigma*C = "
             f"{self.noise_std:.4g}",
-            f"  variance test p = {self.variance_p_value:.3g} (Bonferroni over {len(self.groups)} groups); "
+            f"  variance test {numfmt.p_value(self.variance_p_value)} (Bonferroni over {len(self.groups)} groups); "
             + (
-                f"independence across steps p = {self.independence_p_value:.3g}"
+                f"independence across steps {numfmt.p_value(self.independence_p_value)}"
                 if self.independence_p_value is not None
                 else "independence across steps: not tested"
             )
             + (
-                f"; independence across groups p = {self.cross_group_p_value:.3g}"
+                f"; independence across groups {numfmt.p_value(self.cross_group_p_value)}"
                 if self.cross_group_p_value is not None
                 else ""
             ),
@@ -112,7 +113,7 @@ class NoiseCheck:
         for g in self.groups:
             lines.append(
                 f"  {g.name}: noise std / claimed = {g.ratio:.4g} (estimate; upper bound {g.ratio_upper:.4g}), "
-                f"p = {g.p_value:.3g}, {g.dof} values, resolves ratios <= {g.resolvable_ratio:.4g}"
+                f"{numfmt.p_value(g.p_value)}, {g.dof} values, resolves ratios <= {g.resolvable_ratio:.4g}"
             )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -446,7 +446,7 @@ def noise_rows(check: Mapping[str, Any]) -> list[list[str]]:
             str(g["dof"]),
             num(g["ratio"], ".4g"),
             _ratio_upper(g.get("ratio_upper")),
-            num(g["p_value"], ".3g"),
+            numfmt.p_value(g["p_value"], name=""),
             numfmt.lower(g.get("resolvable_ratio"), 4),
         ]
         for g in check["groups"]
@@ -458,9 +458,9 @@ def noise_lines(check: Mapping[str, Any]) -> list[str]:
     indep, cross = check.get("independence_p_value"), check.get("cross_group_p_value")
     return [
         f"{check['statement']}: {VERDICT_TEXT[check['verdict']]}",
-        f"claimed noise std σC = {num(check['noise_std'], '.4g')}; variance test p = "
-        f"{num(check['variance_p_value'], '.3g')} (Bonferroni over groups); independence across steps "
-        + (f"p = {num(indep, '.3g')}" if indep is not None else "not tested")
-        + (f"; independence across parameter groups p = {num(cross, '.3g')}" if cross is not None else ""),
+        f"claimed noise std σC = {num(check['noise_std'], '.4g')}; variance test "
+        f"{numfmt.p_value(check['variance_p_value'])} (Bonferroni over groups); independence across steps "
+        + (numfmt.p_value(indep) if indep is not None else "not tested")
+        + (f"; independence across parameter groups {numfmt.p_value(cross)}" if cross is not None else ""),
         *(str(n) for n in check.get("notes") or []),
     ]

@@ -52,6 +52,7 @@ from dpaudit.validation import (
     check_positive,
     check_positive_int,
     check_seed,
+    check_workers,
 )
 
 ALGOS = ("pate", "dp-icl")
@@ -227,7 +228,7 @@ def train_aggregation_run(
 
     if student.dp is not None or student.algo not in ("sgd", "adam"):
         raise InputError(f"the student and teachers train non-privately (sgd or adam), not {student.algo!r}")
-    check_positive_int(workers=workers)
+    check_workers(workers)  # one process per worker: at most the local cores
     if out is not None:
         check_output_dir(out, force=force, inputs=[dataset.source])
     check_spec_fits(spec, dataset)

@@ -715,7 +715,7 @@ def member_check(fitted: FittedModel, dataset: Dataset, splits: Splits) -> dict[
     stats = (
         f"mean loss {train_loss:.4g} on the {len(member_loss)} declared members vs {hold_loss:.4g} on the "
         f"{len(holdout_loss)} holdout records; a member's loss is lower with probability {auc:.3f} "
-        f"(one-sided Mann–Whitney p = {p_value:.3g})"
+        f"(one-sided Mann–Whitney {numfmt.p_value(p_value)})"
     )
     if suspicious:
         outcome = "suspicious"

@@ -91,14 +91,14 @@ def noise_check_entry(noise: NoiseCheck) -> dict[str, Any]:
     if noise.verdict == "violation":
         what = f"the noise check rejects the claimed noise std σC = {noise.noise_std:.4g}"
         if worst is not None and noise.variance_p_value <= noise.details.get("alpha_variance", noise.alpha):
-            what += f" (group {worst.name}: estimated std / σC = {worst.ratio:.3g}, variance test p = "
-            what += f"{noise.variance_p_value:.3g})"
+            what += f" (group {worst.name}: estimated std / σC = {worst.ratio:.3g}, variance test "
+            what += f"{numfmt.p_value(noise.variance_p_value)})"
         elif noise.independence_p_value is not None and noise.independence_p_value <= noise.details.get(
             "alpha_independence", noise.alpha / 2.0
         ):
-            what += f" (noise not independent across steps, p = {noise.independence_p_value:.3g})"
+            what += f" (noise not independent across steps, {numfmt.p_value(noise.independence_p_value)})"
         elif noise.cross_group_p_value is not None:
-            what += f" (noise not independent across parameter groups, p = {noise.cross_group_p_value:.3g})"
+            what += f" (noise not independent across parameter groups, {numfmt.p_value(noise.cross_group_p_value)})"
     else:
         what = f"the noise check finds no less noise than the claimed σC = {noise.noise_std:.4g}"
     statement = f"{what} (formal, gradient-canaries noise check, level {noise.alpha:.3g})"

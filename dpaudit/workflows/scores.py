@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from attacks.result import SCORE_COLUMNS
+from dpaudit import numfmt
 from dpaudit.errors import InputError
 from dpaudit.validation import shown
 
@@ -134,8 +135,8 @@ def _inverted_note(scores: ScoreFile) -> str | None:
     auc = float(u.statistic) / (member.sum() * (~member).sum())  # P(member's score > non-member's), ties 1/2
     return (
         f"the members' scores are lower than the non-members' (P(member > non-member) = {auc:.3f}, one-sided "
-        f"Mann–Whitney p = {u.pvalue:.2g}), but scores are read as higher = member: if these are losses, give "
-        "their negatives as the score; if the direction is not known in advance, rerun with --two-sided"
+        f"Mann–Whitney {numfmt.p_value(u.pvalue, 2)}), but scores are read as higher = member: if these are losses, "
+        "give their negatives as the score; if the direction is not known in advance, rerun with --two-sided"
     )
 
 

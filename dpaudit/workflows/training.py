@@ -212,7 +212,14 @@ def audit_training(
     from dpaudit.canaries import make_canaries, with_canaries
     from dpaudit.data import fit_preprocessing, make_splits
     from dpaudit.training.config import PerfConfig
-    from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int, check_seed
+    from dpaudit.validation import (
+        check_choice,
+        check_in_interval,
+        check_non_negative,
+        check_positive_int,
+        check_seed,
+        check_workers,
+    )
 
     # The CLI's vocabulary (--data digits --model logreg, --score probe) means what it means there.
     if isinstance(dataset, str):
@@ -228,7 +235,7 @@ def audit_training(
     runs = check_positive_int(runs=runs)
     if runs < 2:  # before any run: the holdout threshold selection needs 2 members and 2 non-members
         raise InputError(f"runs {runs}: a multi-run audit needs at least 2 runs with the canary and 2 without")
-    workers = check_positive_int(workers=workers)  # before any run (joblib's n_jobs 0 was an internal error)
+    workers = check_workers(workers)  # before any run: joblib's n_jobs 0 was an internal error, 64 processes on 2 cores
     check_choice(("black-box", "white-box"), threat_model=threat_model)
     check_choice(("clopper-pearson", "gdp"), method=method)
     check_choice(("random", "adversarial"), init=init)

@@ -15,6 +15,7 @@ from dpaudit.errors import InputError
 from dpaudit.models import default_spec
 from dpaudit.training.config import TrainConfig
 from dpaudit.training.pate import AggregationConfig, train_aggregation_run
+from dpaudit.validation import available_cores
 
 DATA = "synthetic:n=400,d=6,classes=3"
 STUDENT = TrainConfig(algo="sgd", epochs=3, batch_size=32, lr=0.1)
@@ -71,6 +72,8 @@ def test_dp_icl_run_and_calibrated_claim():
         ({"algo": "dp-icl"}, "needs --shots"),
         ({"shots": 3}, "only to --algo dp-icl"),
         ({"sanitiser": SanitiserConfig(order=3.0)}, "--sanitiser applies to --claim data-dependent"),
+        # one process per teacher worker: more than the local cores was accepted (64 torch imports on 2 cores)
+        ({"workers": available_cores() + 1}, "CPU cores on this machine"),
     ],
 )
 def test_bad_run_input(kw, message):

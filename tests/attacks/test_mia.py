@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from attacks.mia import ALL, candidates, parse_methods, run_mia
-from attacks.reference import available_cores
 from attacks.result import load_scores
 from dpaudit.checkpoint import load_run
 from dpaudit.cli.main import app
 from dpaudit.errors import CheckpointError, InputError
+from dpaudit.validation import available_cores
 
 runner = CliRunner()
 SMALL = ["--shadow-models", "2", "--reference-models", "4", "--bootstrap", "20"]

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.reference import Recipe, available_cores, check_workers, model_key, seeds_for, train_models
+from attacks.reference import Recipe, model_key, seeds_for, train_models
 from dpaudit.checkpoint import load_run
 from dpaudit.errors import InputError
+from dpaudit.validation import available_cores, check_workers
 
 
 @pytest.fixture

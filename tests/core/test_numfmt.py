@@ -185,3 +185,25 @@ def test_a_delta_is_printed_as_given_never_rounded_to_another_value():
             make_event=lambda s: dpsgd_event(noise_multiplier=s, sample_rate=1.0, steps=1000),
             max_noise_multiplier=2,
         )
+
+
+def test_a_p_value_that_underflowed_is_never_printed_as_zero():
+    """A p-value computed as 0 underflowed float64 (no test's evidence is infinite): "p < 1e-300", never "p = 0";
+    others are estimates rounded to nearest."""
+    assert numfmt.p_value(0.0) == "p < 1e-300"
+    assert numfmt.p_value(0.0, name="") == "< 1e-300"
+    assert numfmt.p_value(0.031249) == "p = 0.0312" and numfmt.p_value(0.031249, name="") == "0.0312"
+    assert numfmt.p_value(3.2e-200, 2) == "p = 3.2e-200"
+    assert numfmt.p_value(None) == numfmt.DASH
+
+
+def test_the_inverted_scores_note_shows_an_underflowed_p_value_as_a_bound():
+    """Wire: 3000 members scored perfectly below 3000 non-members (losses given as scores) give a Mann–Whitney p
+    that underflows to 0; the note says p < 1e-300 (it said "p = 0")."""
+    import numpy as np
+
+    from dpaudit.workflows.scores import ScoreFile, _inverted_note
+
+    n = 3000
+    note = _inverted_note(ScoreFile(None, np.r_[np.ones(n), np.zeros(n)], np.arange(2 * n, dtype=float)))
+    assert "Mann–Whitney p < 1e-300)" in note and "p = 0" not in note

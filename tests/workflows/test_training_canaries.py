@@ -12,6 +12,7 @@ from dpaudit.data import load_dataset, make_splits
 from dpaudit.errors import InputError
 from dpaudit.models import default_spec
 from dpaudit.training.config import DPConfig, TrainConfig
+from dpaudit.validation import available_cores
 from dpaudit.workflows.training import adversarial_init, audit_training, require_refutable
 
 runner = CliRunner()
@@ -246,8 +247,10 @@ def test_audit_train_says_when_the_claimed_epsilon_is_below_the_recipes_own_clai
     assert any("below the recipe's own claim" in n for n in lower["notes"]), lower["notes"]
 
 
-def test_audit_train_refuses_workers_0_in_one_line():
-    # joblib's ValueError "n_jobs == 0 in Parallel has no meaning" surfaced as an internal error (exit 3).
-    r = runner.invoke(app, [*AUDIT, "--runs", "2", "--epsilon", "2", "--allow-inconclusive", "--workers", "0"])
+@pytest.mark.parametrize("workers", [0, available_cores() + 1])
+def test_audit_train_refuses_workers_0_or_above_the_cores_in_one_line(workers):
+    # joblib's ValueError "n_jobs == 0 in Parallel has no meaning" surfaced as an internal error (exit 3); more
+    # workers than cores were accepted (one process each, every one importing torch).
+    r = runner.invoke(app, [*AUDIT, "--runs", "2", "--epsilon", "2", "--allow-inconclusive", "--workers", str(workers)])
     lines = r.output.strip().splitlines()
-    assert r.exit_code == 2 and len(lines) == 1 and "--workers" in lines[0], r.output
+    assert r.exit_code == 2 and len(lines) == 1 and f"--workers {workers}" in lines[0], r.output
