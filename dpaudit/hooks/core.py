@@ -175,11 +175,19 @@ def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:
         out = x.detach().clone()
         if len(flat):
             idx = torch.as_tensor(flat, dtype=torch.int64, device=out.device)
-            out.view(-1).index_add_(0, idx, torch.as_tensor(values, dtype=out.dtype, device=out.device))
+            # The flat index is the row-major (C-order) one that to_numpy's reshape(-1) reads. A tensor that is not
+            # contiguous (channels_last, a transpose) has no flat view (view(-1) raised RuntimeError): add on a
+            # row-major copy and write it back through the tensor's own strides.
+            dense = out.view(-1) if out.is_contiguous() else out.reshape(-1).clone()
+            dense.index_add_(0, idx, torch.as_tensor(values, dtype=out.dtype, device=out.device))
+            if not out.is_contiguous():
+                out.copy_(dense.view(out.shape))
         return out
     if kind == "jax":
         return x.reshape(-1).at[flat].add(values.astype(x.dtype)).reshape(x.shape)
-    out = np.array(x, copy=True)
+    # order="C": reshape(-1) of a Fortran-ordered copy (np.array keeps the input's order, e.g. a gradient computed
+    # as (d.T @ x).T) is itself a copy, so the canaries were added to a temporary and silently lost.
+    out = np.array(x, copy=True, order="C")
     out.reshape(-1)[flat] += values.astype(out.dtype)  # the coordinates are distinct: no repeated index
     return out
 

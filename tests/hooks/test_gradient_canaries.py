@@ -86,6 +86,33 @@ def test_torch_keeps_dtype_and_sequence_input_gives_sequence():
     assert sum(float(o.sum()) for o in out) == c.included_.sum()  # q = 1: every included canary drawn
 
 
+@pytest.mark.parametrize("layout", ["numpy-fortran", "torch-transposed", "torch-channels-last"])
+def test_a_gradient_not_in_row_major_memory_gets_its_canaries_at_their_coordinates(layout):
+    """A NumPy gradient in Fortran order (e.g. computed as (d.T @ x).T) lost its canaries: they were added to the
+    temporary copy reshape(-1) makes, so the loop released none while the audit took C at every drawn one. A
+    non-contiguous torch gradient (a channels_last conv weight's, a transpose) raised torch's RuntimeError. Now
+    each drawn canary is C at its row-major flat coordinate (the one observe reads), in the caller's layout."""
+    shapes = {"w": (4, 3, 2, 2)}
+    c = GradientCanaries(shapes, count=20, sample_rate=1.0, clip=1.0, seed=4)
+    if layout == "numpy-fortran":
+        g = np.asfortranarray(np.zeros(shapes["w"]))
+    else:
+        torch = pytest.importorskip("torch")
+        if layout == "torch-transposed":
+            g = torch.zeros(2, 2, 3, 4, dtype=torch.float64).permute(3, 2, 1, 0)
+        else:
+            g = torch.zeros(shapes["w"], dtype=torch.float64).to(memory_format=torch.channels_last)
+    out = c.inject(0, {"w": g})["w"]
+    flat = np.asarray(out).reshape(-1)  # row-major, whatever the memory layout
+    expected = np.zeros(flat.size)
+    expected[c.coordinates_] = c.included_  # q = 1: every included canary drawn, C = 1
+    assert np.array_equal(flat, expected) and float(np.asarray(g).sum()) == 0  # the caller's array unchanged
+    if layout != "numpy-fortran":
+        assert out.stride() == g.stride()  # the caller's layout comes back
+    c.observe(0, {"w": out})
+    assert np.array_equal(c.observations().observations[0], c.included_.astype(float))
+
+
 def test_noise_summary_matches_a_plain_loop_over_untouched_coordinates():
     c = GradientCanaries(SHAPES, count=25, sample_rate=0.5, clip=1.5, seed=2)
     noises = _loop(c, 6, sigma=1.3, seed=9)
