@@ -359,6 +359,41 @@ class GradientCanaries:
         self._flush: Callable[[], None] | None = None  # an adapter's wait for steps still in flight (JAX)
         self._refused: str | None = None  # the last refusal raised inside an adapter's callback (JAX)
 
+    @classmethod
+    def resume(cls, directory: Path | str) -> GradientCanaries:
+        """The canaries of an interrupted run, from what :meth:`save` wrote to ``directory``, ready for its next step.
+
+        Everything a step draws comes from ``seed``'s streams in order, so those are advanced past the saved steps
+        (each step draws ``count`` values from each stream it uses) and the observations, noise sums, projections
+        and cross-group sums are read back: continued from here, the run records exactly what one uninterrupted run
+        would have (same design, same draws at every step). The next ``inject`` must be for step T, the number of
+        steps saved (else its one-line refusal): restore the model and optimizer from that same step. Save to a new
+        directory, or to this one with ``force=True``. Opacus: ``GradientCanaries.resume(d).attach(optimizer)``.
+        """
+        obs = load_observations(directory)
+        if obs.cross is None and len(obs.param_shapes) > 1:
+            raise InputError(
+                f"{directory}: saved before the cross-group noise summary existed, so it cannot be continued "
+                "(a resumed run would save a summary of its later steps only); audit it as it is"
+            )
+        out = cls(
+            obs.param_shapes, count=obs.count, sample_rate=obs.sample_rate, clip=obs.clip, seed=obs.seed,
+            coordinates=obs.coordinates, included=obs.included, inclusion=obs.inclusion,
+            projections=obs.projections.shape[1],
+        )  # fmt: skip
+        if out._proj_index.shape[0] != obs.projections.shape[1]:  # the same K gives the same plan
+            raise CheckpointError(f"{directory}: {obs.projections.shape[1]} projections do not fit the design")
+        T = obs.steps
+        out._draws.random((T, out.count))  # the T steps' Poisson draws, consumed as T calls of random(count) do
+        if obs.inclusion == "step":
+            out._coins.random((T, out.count))
+            out._step_coins = list(obs.coins)
+        out._obs, out._ss, out._proj = list(obs.observations), list(obs.noise_ss), list(obs.projections)
+        if obs.cross is not None:
+            out._cross = np.array(obs.cross[:2], dtype=np.float64)  # cross[2] is cross[1]ᵀ (rebuilt by observations)
+        out.meta = dict(obs.meta)
+        return out
+
     # ---- the design ---------------------------------------------------------------------------------------
 
     def _projection_plan(self, sizes: list[int]) -> None:

@@ -107,7 +107,8 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
         shapes = [tuple(p.shape) for p in params]
     expected = [canaries.param_shapes[n] for n in canaries.names_]
     if names is None and shapes != expected:
-        hint = ""
+        # matched by position: param groups in another order than named_parameters() differ here too
+        hint = " (matched by position: pass module=model to match by name)"
         if len(shapes) < len(expected):  # e.g. param_shapes from every named parameter, frozen ones included
             hint = (
                 f" ({len(expected) - len(shapes)} more parameters than the optimizer trains: if some are frozen, "
