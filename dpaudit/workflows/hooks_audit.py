@@ -165,6 +165,9 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
     return {"accountant": "pld", "epsilon": accounted, "relation": relation, "statement": statement}
 
 
+MIN_ONE_RUN = 4  # the one-run audit's guess-count selection needs this many canaries (dpaudit.audit.one_run)
+
+
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
@@ -225,10 +228,16 @@ def audit_canaries(
         records = [_per_step_record(obs, q, sigma, delta, 1.0 - alpha, claimed, seed)]
     else:
         n_in = int(obs.included.sum())
+        if obs.count < MIN_ONE_RUN:  # (audit_scores said "holdout guess-count selection needs at least 4 canaries")
+            raise InputError(
+                f"{directory}: {obs.count} gradient canaries: the one-run audit needs at least {MIN_ONE_RUN} "
+                "(hundreds to refute a small ε: `dpaudit audit plan`); give GradientCanaries a larger count"
+            )
         if n_in in (0, obs.count):  # (audit_scores would say "member has a single class", not why)
             raise InputError(
-                f"{directory}: {n_in} of {obs.count} canaries are included: the one-run audit needs each included "
-                "independently with probability 1/2 (GradientCanaries draws such bits unless given included=)"
+                f"{directory}: {n_in} of {obs.count} canaries are included: the one-run audit needs included and "
+                f"excluded ones, each included independently with probability 1/2 (fair coins give all or none with "
+                f"probability {2.0 ** (1 - obs.count):.2g}; GradientCanaries draws such bits unless given included=)"
             )
         curve = claim_tradeoff(claim) if sigma is not None else None
         n_tests = 1 + (curve is not None) + (sigma is not None)

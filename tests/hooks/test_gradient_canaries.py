@@ -360,3 +360,21 @@ def test_a_run_resumed_from_its_save_records_what_one_uninterrupted_run_does(tmp
         np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
     np.testing.assert_allclose(b.cross, a.cross, rtol=1e-12)  # the same sums, added in another order
     assert b.steps == 10 and (b.clip, b.seed, b.inclusion) == (a.clip, a.seed, a.inclusion)
+
+
+def test_too_few_canaries_for_the_one_run_audit_is_said_in_the_users_terms(tmp_path):
+    """A tiny design (2 canaries on a 2-parameter model) was refused with the internals' "holdout guess-count
+    selection needs at least 4 canaries"; 1 canary, included by its fair coin, with "needs each included
+    independently with probability 1/2", as if the coin were not fair. Both now say what the audit needs."""
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+
+    args = ["--claimed-epsilon", "1", "--delta", "1e-5", "--noise-multiplier", "1"]
+    for count, message in [(2, "2 gradient canaries: the one-run audit needs at least 4"), (4, "probability 0.12")]:
+        c = GradientCanaries({"w": (6,)}, count=count, sample_rate=0.5, clip=1.0, seed=0, included=[True] * count)
+        _ = c.inject(0, [np.zeros(6)])
+        c.observe(0, [np.ones(6)])
+        c.save(tmp_path / str(count))
+        res = CliRunner().invoke(app, ["audit", "canaries", str(tmp_path / str(count)), *args])
+        assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
