@@ -162,8 +162,11 @@ def _shape(name: Any, shape: Any) -> tuple[int, ...]:
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
-    return np.asarray(host_array(x), dtype=np.float64)
+    """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision). Always a copy: of a
+    float64 array or CPU tensor, np.asarray is a view, so inject's record of the sum it returned followed the
+    caller's in-place noise (``g += noise``; ``g.add_(noise)``), the noise read as 0 and a correct loop as a
+    violation."""
+    return np.array(host_array(x), dtype=np.float64, copy=True)
 
 
 def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:

@@ -113,6 +113,28 @@ def test_a_gradient_not_in_row_major_memory_gets_its_canaries_at_their_coordinat
     assert np.array_equal(c.observations().observations[0], c.included_.astype(float))
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_noise_added_in_place_to_a_float64_sum_is_the_noise_observed(kind):
+    """inject kept its record of the float64 sum it returned as a view (np.asarray of a float64 array or CPU
+    tensor), so a loop adding the noise in place (g += z; g.add_(z)) moved the record with it: noise read as 0,
+    the noise check's ratio 0 and a correct loop a "violation". Oracle: Σ z² over the untouched coordinates."""
+    c = GradientCanaries(SHAPES, count=25, sample_rate=0.5, clip=1.0, seed=2)
+    rng = np.random.default_rng(0)
+    for t in range(3):
+        g = {n: np.zeros(sh) for n, sh in SHAPES.items()}
+        if kind == "torch":
+            torch = pytest.importorskip("torch")
+            g = {n: torch.as_tensor(v) for n, v in g.items()}
+        out = c.inject(t, g)
+        z = {n: rng.normal(size=sh) for n, sh in SHAPES.items()}
+        for n, v in out.items():
+            v += torch.as_tensor(z[n]) if kind == "torch" else z[n]  # in place
+        c.observe(t, out)
+        free = np.setdiff1d(np.arange(210), c.coordinates_)
+        expected = np.concatenate([z[n].reshape(-1) for n in SHAPES])[free]
+        assert c.observations().noise_ss[t].sum() == pytest.approx(float(expected @ expected), rel=1e-12)
+
+
 def test_noise_summary_matches_a_plain_loop_over_untouched_coordinates():
     c = GradientCanaries(SHAPES, count=25, sample_rate=0.5, clip=1.5, seed=2)
     noises = _loop(c, 6, sigma=1.3, seed=9)
