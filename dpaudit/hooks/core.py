@@ -442,6 +442,11 @@ class GradientCanaries:
                     "canaries designed for another model?"
                 )
         for n, a in zip(self.names_, arrays, strict=True):
+            if a is None:  # (was "has dtype object, not float32 or float64")
+                raise InputError(
+                    f"{what}: parameter {n!r} has no gradient (None: frozen, or unused in the forward pass): leave "
+                    "frozen parameters out of param_shapes, and pass an unused one's clipped sum as zeros"
+                )
             _check_not_traced(what, a)
             check_full_precision_grads(what, n, a)
             shape = tuple(int(d) for d in np.shape(a))
@@ -498,6 +503,9 @@ class GradientCanaries:
         """Record step ``step``'s noisy sum (clipped sum + canaries + noise, before any division by the
         batch size) in the same format as :meth:`inject`'s input."""
         if self._pending is None:
+            done = python_scalar(step)
+            if isinstance(done, int | np.integer) and not isinstance(done, bool) and 0 <= done < self.steps_:
+                raise InputError(f"observe(step={step}) again: step {step} was already observed (inject, then observe)")
             raise InputError(f"observe(step={step}) before inject(step={step}): inject the canaries first")
         step = self._check_step(step, self._pending[0], "observe")
         arrays, _ = self._as_list(noisy_grads, "observe")

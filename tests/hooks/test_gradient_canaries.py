@@ -183,6 +183,21 @@ def test_bad_input_is_one_line_input_error(tmp_path):
         GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=None, seed=0).inject(0, zeros)
 
 
+def test_a_missing_gradient_and_a_second_observe_are_named_as_such():
+    """A None gradient (a torch parameter frozen or unused: p.grad is None) was refused as "dtype object", and a
+    second observe of a step as "observe before inject"; each line now says what happened."""
+    c = GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    zeros = {n: np.zeros(s) for n, s in SHAPES.items()}
+    with pytest.raises(InputError, match=r"parameter 'fc\.bias' has no gradient"):
+        c.inject(0, {**zeros, "fc.bias": None})
+    c.observe(0, c.inject(0, zeros))
+    with pytest.raises(InputError, match=r"observe\(step=0\) again: step 0 was already observed"):
+        c.observe(0, zeros)
+    with pytest.raises(InputError, match="before inject"):
+        c.observe(1, zeros)
+    assert c.steps_ == 1
+
+
 def test_save_load_round_trip_never_overwrites(tmp_path):
     c = GradientCanaries(SHAPES, count=8, sample_rate=0.5, clip=1.0, seed=4)
     _loop(c, 5, sigma=1.0)
