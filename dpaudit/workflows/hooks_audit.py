@@ -212,6 +212,12 @@ def audit_canaries(
             "they would not behave like the run's records"
         )
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
+    if sigma is not None and not np.any(obs.noise_count > 0):  # (was the noise check's own, with no way out)
+        raise InputError(
+            f"{directory}: every parameter coordinate carries a canary ({obs.count}), so the noise check has no "
+            "coordinate to test: audit without --noise-multiplier (the one-run audit only), and give GradientCanaries "
+            "fewer canaries than parameters next time"
+        )
     claim = {"epsilon": claimed, "delta": delta, "neighbouring": "add_remove", "sampling": "poisson",
              "sample_rate": q, "steps": obs.steps, "noise_multiplier": sigma, "clip": obs.clip}  # fmt: skip
     # With σ the mechanism is fully stated (q and T are the observed ones, which a given --sample-rate/--steps

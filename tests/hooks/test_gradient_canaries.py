@@ -399,17 +399,21 @@ def test_a_run_resumed_from_its_save_records_what_one_uninterrupted_run_does(tmp
     assert b.steps == 10 and (b.clip, b.seed, b.inclusion) == (a.clip, a.seed, a.inclusion)
 
 
-def test_too_few_canaries_for_the_one_run_audit_is_said_in_the_users_terms(tmp_path):
+def test_designs_the_audit_cannot_use_are_refused_in_the_users_terms(tmp_path):
     """A tiny design (2 canaries on a 2-parameter model) was refused with the internals' "holdout guess-count
-    selection needs at least 4 canaries"; 1 canary, included by its fair coin, with "needs each included
-    independently with probability 1/2", as if the coin were not fair. Both now say what the audit needs."""
+    selection needs at least 4 canaries"; 4, all included by their fair coins, with "needs each included
+    independently with probability 1/2", as if the coins were not fair; a canary on every coordinate with the noise
+    check's "needs ... one coordinate without a canary" (no way out given). Each now says what to do."""
     from typer.testing import CliRunner
 
     from dpaudit.cli.main import app
 
     args = ["--claimed-epsilon", "1", "--delta", "1e-5", "--noise-multiplier", "1"]
-    for count, message in [(2, "2 gradient canaries: the one-run audit needs at least 4"), (4, "probability 0.12")]:
-        c = GradientCanaries({"w": (6,)}, count=count, sample_rate=0.5, clip=1.0, seed=0, included=[True] * count)
+    cases = [(2, "2 gradient canaries: the one-run audit needs at least 4"), (4, "probability 0.12"),
+             (6, "every parameter coordinate carries a canary (6), so the noise check")]  # fmt: skip
+    for count, message in cases:
+        included = [True] * count if count < 6 else [True, False] * 3
+        c = GradientCanaries({"w": (6,)}, count=count, sample_rate=0.5, clip=1.0, seed=0, included=included)
         _ = c.inject(0, [np.zeros(6)])
         c.observe(0, [np.ones(6)])
         c.save(tmp_path / str(count))
