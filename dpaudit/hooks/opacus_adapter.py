@@ -28,6 +28,8 @@ from dpaudit.errors import InputError
 from dpaudit.hooks.core import FULL_PRECISION, canonical_name
 
 WRAPPED = "_dpaudit_canaries"  # the attribute marking an optimizer that already carries canaries
+# the meta keys of the smallest and largest noise multiplier the optimizer had at a noisy step
+SIGMA_MIN, SIGMA_MAX = "implementation_noise_multiplier_min", "implementation_noise_multiplier_max"
 
 
 def _unsupported(optimizer: Any) -> str | None:
@@ -159,6 +161,19 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
             named = canaries.names_ if names is None else [canonical_name(n) for n in names]  # names: params' order
             gone = [n for n, i in zip(named, attached, strict=True) if i not in trained]
             raise InputError(f"step {step}: the optimizer no longer trains {_frozen_hint(gone, after=True)}")
+        if not math.isclose(canaries.clip, float(optimizer.max_grad_norm), rel_tol=1e-9):
+            # A clip schedule (opacus.schedulers.StepGradClip...) moved the records' clip away from the canaries': with
+            # max_grad_norm 1 -> 0.24 the noise σ·C_t read as too little for σ·C_0, a correct loop as "violation".
+            raise InputError(
+                f"step {step}: the optimizer's max_grad_norm is now {float(optimizer.max_grad_norm):g}, the canaries' "
+                f"clip {canaries.clip:g} (a clip schedule?): a canary must be exactly a record at every step, so train "
+                "with a fixed max_grad_norm to carry gradient canaries"
+            )
+        # A noise schedule (opacus.schedulers.ExponentialNoise...) changes σ between steps: its range is kept, so the
+        # audit can refuse a --noise-multiplier above the smallest σ the run used (the noise check tests one σ).
+        sigma = float(optimizer.noise_multiplier)
+        canaries.meta[SIGMA_MIN] = min(sigma, canaries.meta.get(SIGMA_MIN, sigma))
+        canaries.meta[SIGMA_MAX] = max(sigma, canaries.meta.get(SIGMA_MAX, sigma))
         injected = canaries.inject(step, _grads("summed_grad"))
         for i, p in enumerate(params):
             new = injected[names[i]] if names is not None else injected[i]

@@ -212,6 +212,16 @@ def audit_canaries(
             "they would not behave like the run's records"
         )
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
+    lo, hi = (obs.meta.get(k) for k in ("implementation_noise_multiplier_min", "implementation_noise_multiplier_max"))
+    scheduled = isinstance(lo, int | float) and isinstance(hi, int | float) and lo < hi  # opacus_adapter.SIGMA_MIN/MAX
+    if sigma is not None and scheduled and sigma > lo and not _close(sigma, lo):
+        # The noise check and the f-DP curve test one σ at every step; a schedule's later steps had less noise, so a
+        # correct loop read "violation" (Opacus' ExponentialNoise, σ 1 -> 0.41: noise ratio 0.77).
+        raise InputError(
+            f"{directory}: the run's noise multiplier changed during training (from {numfmt.exact(hi)} down to "
+            f"{numfmt.exact(lo)}: a noise schedule), but the audit tests one σ at every step: give --noise-multiplier "
+            f"{numfmt.exact(lo)} (the smallest), or audit without it"
+        )
     if sigma is not None and not np.any(obs.noise_count > 0):  # (was the noise check's own, with no way out)
         raise InputError(
             f"{directory}: every parameter coordinate carries a canary ({obs.count}), so the noise check has no "

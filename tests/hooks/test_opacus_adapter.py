@@ -96,3 +96,45 @@ def test_a_bfloat16_model_is_refused_at_attach_not_at_the_first_step():
     with pytest.raises(InputError, match="parameters are bfloat16: Opacus sums the clipped gradients"):
         canaries.attach(opt)
     assert canaries.clip is None  # nothing set by a refused attach
+
+
+def test_a_clip_schedule_is_refused_at_the_step_it_moves_the_clip():
+    """Opacus' clip schedulers (StepGradClip ...) change max_grad_norm between steps; the canaries keep the clip they
+    were attached with. Before, the noise σ·C_t was checked against σ·C_0 and a correct loop read "violation"
+    (max_grad_norm 1 -> 0.24 over 4 epochs: noise ratio 0.69); now the step after the change is refused."""
+    model, opt, loader = _private()
+    canaries = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, count=6,
+                                sample_rate=loader.sample_rate, clip=None, seed=0)  # fmt: skip
+    canaries.attach(opt)
+    _steps(model, opt, loader, 2)
+    opt.max_grad_norm = 0.7  # what StepGradClip(opt, step_size=1, gamma=0.7).step() does
+    with pytest.raises(InputError, match=r"^step 2: the optimizer's max_grad_norm is now 0\.7, the canaries' clip 1 "):
+        _steps(model, opt, loader, 1)
+    assert canaries.steps_ == 2 and canaries._pending is None
+
+
+def test_a_noise_schedule_is_recorded_and_a_noise_multiplier_above_its_smallest_is_refused(tmp_path):
+    """Opacus' noise schedulers (ExponentialNoise ...) lower σ between steps. Before, the audit with the run's first
+    σ read the later steps' smaller noise as a violation (σ 1 -> 0.41 over 4 epochs: noise ratio 0.77); the adapter
+    now records the range of σ and the audit refuses a σ above its smallest with one line, and runs at it."""
+    from dpaudit.workflows.hooks_audit import audit_canaries
+
+    model, opt, loader = _private()
+    canaries = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, count=8,
+                                sample_rate=loader.sample_rate, clip=None, seed=1)  # fmt: skip
+    canaries.attach(opt)
+    _steps(model, opt, loader, 2)
+    opt.noise_multiplier = 0.5  # what ExponentialNoise(opt, gamma=0.5).step() does
+    _steps(model, opt, loader, 2)
+    d = canaries.save(tmp_path / "c")
+    assert load_meta(d) == {"implementation_noise_multiplier_min": 0.5, "implementation_noise_multiplier_max": 1.0}
+    with pytest.raises(InputError, match=r"from 1 down to 0\.5: a noise schedule.*give --noise-multiplier 0\.5 "):
+        audit_canaries(d, claimed_epsilon=50.0, delta=1e-5, noise_multiplier=1.0)
+    assert audit_canaries(d, claimed_epsilon=50.0, delta=1e-5, noise_multiplier=0.5).noise is not None
+
+
+def load_meta(directory) -> dict:
+    from dpaudit.hooks import load_observations
+
+    meta = load_observations(directory).meta
+    return {k: v for k, v in meta.items() if k.endswith(("_min", "_max"))}
