@@ -216,7 +216,8 @@ def audit_canaries(
     scheduled = isinstance(lo, int | float) and isinstance(hi, int | float) and lo < hi  # opacus_adapter.SIGMA_MIN/MAX
     if sigma is not None and scheduled and sigma > lo and not _close(sigma, lo):
         # The noise check and the f-DP curve test one σ at every step; a schedule's later steps had less noise, so a
-        # correct loop read "violation" (Opacus' ExponentialNoise, σ 1 -> 0.41: noise ratio 0.77).
+        # correct loop read "violation" (Opacus' ExponentialNoise(gamma=0.8), σ 1 -> 0.512 by the 4th epoch: noise
+        # ratio 0.77).
         raise InputError(
             f"{directory}: the run's noise multiplier changed during training (from {numfmt.exact(hi)} down to "
             f"{numfmt.exact(lo)}: a noise schedule), but the audit tests one σ at every step: give --noise-multiplier "

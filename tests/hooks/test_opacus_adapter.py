@@ -115,8 +115,9 @@ def test_a_clip_schedule_is_refused_at_the_step_it_moves_the_clip():
 
 def test_a_noise_schedule_is_recorded_and_a_noise_multiplier_above_its_smallest_is_refused(tmp_path):
     """Opacus' noise schedulers (ExponentialNoise ...) lower σ between steps. Before, the audit with the run's first
-    σ read the later steps' smaller noise as a violation (σ 1 -> 0.41 over 4 epochs: noise ratio 0.77); the adapter
-    now records the range of σ and the audit refuses a σ above its smallest with one line, and runs at it."""
+    σ read the later steps' smaller noise as a violation (gamma 0.8, σ 1 -> 0.512 by the 4th epoch: noise ratio
+    0.77); the adapter now records the range of σ and the audit refuses a σ above its smallest with one line, and
+    runs at it."""
     from dpaudit.workflows.hooks_audit import audit_canaries
 
     model, opt, loader = _private()
