@@ -59,8 +59,9 @@ def _frozen_hint(names: list[str], *, after: bool = False) -> str:
             "attached with, so freeze layers before make_private and attach()"
         )
     return (
-        f"{shown}, which the optimizer does not train (requires_grad=False): leave frozen parameters out of "
-        "param_shapes ({n: p.shape for n, p in model.named_parameters() if p.requires_grad})"
+        f"{shown}, which the optimizer does not train (requires_grad=False, or left out of its param groups): "
+        "give param_shapes the trained parameters only ({n: p.shape for n, p in model.named_parameters() if "
+        "p.requires_grad}, less any the optimizer is not given)"
     )
 
 
@@ -99,9 +100,9 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
         names = [by_id[id(p)] for p in params]
         shapes = {n: tuple(p.shape) for n, p in zip(names, params, strict=True)}
         if {canonical_name(n) for n in names} != set(canaries.names_):
-            frozen = {canonical_name(n) for n, p in module.named_parameters() if not p.requires_grad}
+            held = {canonical_name(n) for n, _ in module.named_parameters()}
             untrained = sorted(set(canaries.names_) - {canonical_name(n) for n in names})
-            if untrained and set(untrained) <= frozen:
+            if untrained and set(untrained) <= held:  # the module's own, frozen or not given to the optimizer
                 raise InputError(f"the canaries include {_frozen_hint(untrained)}")
             raise InputError("the canaries were designed for another model (parameter names differ)")
     else:
