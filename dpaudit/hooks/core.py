@@ -730,6 +730,14 @@ def load_observations(directory: Path | str) -> CanaryObservations:
         )
     if obs.projections.ndim != 2 or obs.projections.shape[0] != T:
         raise CheckpointError(f"{d}: projections have shape {obs.projections.shape}, expected ({T}, K)")
+    finite = np.isfinite(obs.observations).all(axis=1) & np.isfinite(obs.noise_ss).all(axis=1)
+    finite &= np.isfinite(obs.projections).all(axis=1)
+    if not finite.all():  # (was "scores must be finite", or the cross check's "expected ... finite values")
+        raise InputError(
+            f"{d}: the noisy sums observed at {int((~finite).sum())} of {T} steps hold NaN or inf (the first at step "
+            f"{int(np.argmin(finite))}): training diverged or a gradient overflowed, so there is nothing to audit at "
+            "those steps; rerun with finite gradients"
+        )
     if obs.cross is not None and (obs.cross.shape != (3, G, G) or not np.all(np.isfinite(obs.cross))):
         raise CheckpointError(f"{d}: cross has shape {obs.cross.shape}, expected (3, {G}, {G}) finite values")
     if (obs.inclusion == "step") != (obs.coins is not None) or (obs.coins is not None and obs.coins.shape != (T, M)):

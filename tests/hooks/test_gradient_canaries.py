@@ -419,3 +419,16 @@ def test_designs_the_audit_cannot_use_are_refused_in_the_users_terms(tmp_path):
         c.save(tmp_path / str(count))
         res = CliRunner().invoke(app, ["audit", "canaries", str(tmp_path / str(count)), *args])
         assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
+
+
+def test_a_run_whose_noisy_sums_went_nan_is_refused_naming_the_step(tmp_path):
+    """A diverged run (NaN gradients from step 2 on) was refused as a malformed file ("cross has shape (3, 2, 2),
+    expected (3, 2, 2) finite values") with two groups, or "scores must be finite" with one; now one line says
+    which steps and why."""
+    c = GradientCanaries(SHAPES, count=10, sample_rate=0.5, clip=1.0, seed=0)
+    for t in range(4):
+        out = c.inject(t, {n: np.full(s, np.nan if t >= 2 else 0.0) for n, s in SHAPES.items()})
+        c.observe(t, {n: v + 1.0 for n, v in out.items()})
+    c.save(tmp_path / "c")
+    with pytest.raises(InputError, match=r"at 2 of 4 steps hold NaN or inf \(the first at step 2\): training diverged"):
+        load_observations(tmp_path / "c")
