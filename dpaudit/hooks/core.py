@@ -57,6 +57,9 @@ ARRAYS_FILE = "canaries.safetensors"
 FORMAT = "dpaudit-gradient-canaries/1"
 INCLUSIONS = ("run", "step")
 OPACUS_PREFIX = "_module."
+# meta keys: the smallest and largest noise multiplier an adapter saw at a noisy step (a noise schedule: the audit
+# refuses a claimed σ above the smallest, as the noise check tests one σ at every step)
+SIGMA_MIN, SIGMA_MAX = "implementation_noise_multiplier_min", "implementation_noise_multiplier_max"
 PROJECTIONS = 8  # K projections for the independence test (see dpaudit.audit.noise.independence_test)
 PROJECTION_SUPPORT = 512  # at most this many coordinates per projection
 CROSS_PREFIX = 512  # the leading coordinates of each group compared with every other group's (cross-group test)

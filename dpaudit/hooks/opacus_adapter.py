@@ -25,11 +25,9 @@ import math
 from typing import Any
 
 from dpaudit.errors import InputError
-from dpaudit.hooks.core import FULL_PRECISION, canonical_name
+from dpaudit.hooks.core import FULL_PRECISION, SIGMA_MAX, SIGMA_MIN, canonical_name
 
 WRAPPED = "_dpaudit_canaries"  # the attribute marking an optimizer that already carries canaries
-# the meta keys of the smallest and largest noise multiplier the optimizer had at a noisy step
-SIGMA_MIN, SIGMA_MAX = "implementation_noise_multiplier_min", "implementation_noise_multiplier_max"
 
 
 def _unsupported(optimizer: Any) -> str | None:

@@ -34,8 +34,9 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
+from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES
 from dpaudit.errors import InputError
-from dpaudit.hooks.core import cross_pair_counts, dirac_scores
+from dpaudit.hooks.core import SIGMA_MAX, SIGMA_MIN, cross_pair_counts, dirac_scores
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 from dpaudit.workflows.result import AuditRecord
 
@@ -165,9 +166,6 @@ def claim_accounting(claimed: float, delta: float, noise_multiplier: float, samp
     return {"accountant": "pld", "epsilon": accounted, "relation": relation, "statement": statement}
 
 
-MIN_ONE_RUN = 4  # the one-run audit's guess-count selection needs this many canaries (dpaudit.audit.one_run)
-
-
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
@@ -212,8 +210,8 @@ def audit_canaries(
             "they would not behave like the run's records"
         )
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
-    lo, hi = (obs.meta.get(k) for k in ("implementation_noise_multiplier_min", "implementation_noise_multiplier_max"))
-    scheduled = isinstance(lo, int | float) and isinstance(hi, int | float) and lo < hi  # opacus_adapter.SIGMA_MIN/MAX
+    lo, hi = obs.meta.get(SIGMA_MIN), obs.meta.get(SIGMA_MAX)  # recorded by the Opacus adapter
+    scheduled = isinstance(lo, int | float) and isinstance(hi, int | float) and lo < hi
     if sigma is not None and scheduled and sigma > lo and not _close(sigma, lo):
         # The noise check and the f-DP curve test one σ at every step; a schedule's later steps had less noise, so a
         # correct loop read "violation" (Opacus' ExponentialNoise(gamma=0.8), σ 1 -> 0.512 by the 4th epoch: noise
@@ -245,9 +243,11 @@ def audit_canaries(
         records = [_per_step_record(obs, q, sigma, delta, 1.0 - alpha, claimed, seed)]
     else:
         n_in = int(obs.included.sum())
-        if obs.count < MIN_ONE_RUN:  # (audit_scores said "holdout guess-count selection needs at least 4 canaries")
+        if (
+            obs.count < MIN_HOLDOUT_CANARIES
+        ):  # (audit_scores said "holdout guess-count selection needs at least 4 canaries")
             raise InputError(
-                f"{directory}: {obs.count} gradient canaries: the one-run audit needs at least {MIN_ONE_RUN} "
+                f"{directory}: {obs.count} gradient canaries: the one-run audit needs at least {MIN_HOLDOUT_CANARIES} "
                 "(hundreds to refute a small ε: `dpaudit audit plan`); give GradientCanaries a larger count"
             )
         if n_in in (0, obs.count):  # (audit_scores would say "member has a single class", not why)
