@@ -244,7 +244,10 @@ def noise_check(
     if bad:
         notes.append(f"too little noise in: {', '.join(bad)}")
     if steps_dependent:
-        notes.append("the noise is not independent across steps (the same draw reused, or a persistent component)")
+        notes.append(
+            "the noise is not independent across steps (the same draw reused, or a persistent component: anything "
+            "added between inject and observe, e.g. weight decay, is read as noise)"
+        )
     if groups_dependent:
         a, b = (names[int(i)] for i in crossed[1].split(" / "))
         notes.append(

@@ -272,6 +272,9 @@ def max_certifiable(m: int, delta: float, alpha: float, selection: str, k_plus=N
     return best_bound_over_pairs(m_eval, kp + km, kp + km, delta, alpha)[0]
 
 
+MIN_HOLDOUT_CANARIES = 4  # the fewest canaries the holdout selection takes (half choose the guess counts)
+
+
 def draw_design(m: int, selection: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
     """The design's randomness, drawn once before any direction is looked at (the same keys and split
     serve every direction): tie-breaking keys, and for "holdout" the selection half (a random half of
@@ -279,8 +282,8 @@ def draw_design(m: int, selection: str, rng: np.random.Generator) -> tuple[np.nd
     tiebreak = rng.random(m)
     if selection != "holdout":
         return tiebreak, None
-    if m < 4:
-        raise InputError(f"holdout guess-count selection needs at least 4 canaries, got {m}")
+    if m < MIN_HOLDOUT_CANARIES:
+        raise InputError(f"holdout guess-count selection needs at least {MIN_HOLDOUT_CANARIES} canaries, got {m}")
     return tiebreak, split(np.zeros(m, dtype=bool), rng, stratified=False)  # the bits are not looked at
 
 

@@ -57,6 +57,9 @@ ARRAYS_FILE = "canaries.safetensors"
 FORMAT = "dpaudit-gradient-canaries/1"
 INCLUSIONS = ("run", "step")
 OPACUS_PREFIX = "_module."
+# meta keys: the smallest and largest noise multiplier an adapter saw at a noisy step (a noise schedule: the audit
+# refuses a claimed σ above the smallest, as the noise check tests one σ at every step)
+SIGMA_MIN, SIGMA_MAX = "implementation_noise_multiplier_min", "implementation_noise_multiplier_max"
 PROJECTIONS = 8  # K projections for the independence test (see dpaudit.audit.noise.independence_test)
 PROJECTION_SUPPORT = 512  # at most this many coordinates per projection
 CROSS_PREFIX = 512  # the leading coordinates of each group compared with every other group's (cross-group test)
@@ -162,8 +165,11 @@ def _shape(name: Any, shape: Any) -> tuple[int, ...]:
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision)."""
-    return np.asarray(host_array(x), dtype=np.float64)
+    """A float64 NumPy copy of a torch tensor, JAX array or array-like (the audit's precision). Always a copy: of a
+    float64 array or CPU tensor, np.asarray is a view, so inject's record of the sum it returned followed the
+    caller's in-place noise (``g += noise``; ``g.add_(noise)``), the noise read as 0 and a correct loop as a
+    violation."""
+    return np.array(host_array(x), dtype=np.float64, copy=True)
 
 
 def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:
@@ -175,11 +181,19 @@ def _add_at(x: Any, flat: np.ndarray, values: np.ndarray) -> Any:
         out = x.detach().clone()
         if len(flat):
             idx = torch.as_tensor(flat, dtype=torch.int64, device=out.device)
-            out.view(-1).index_add_(0, idx, torch.as_tensor(values, dtype=out.dtype, device=out.device))
+            # The flat index is the row-major (C-order) one that to_numpy's reshape(-1) reads. A tensor that is not
+            # contiguous (channels_last, a transpose) has no flat view (view(-1) raised RuntimeError): add on a
+            # row-major copy and write it back through the tensor's own strides.
+            dense = out.view(-1) if out.is_contiguous() else out.reshape(-1).clone()
+            dense.index_add_(0, idx, torch.as_tensor(values, dtype=out.dtype, device=out.device))
+            if not out.is_contiguous():
+                out.copy_(dense.view(out.shape))
         return out
     if kind == "jax":
         return x.reshape(-1).at[flat].add(values.astype(x.dtype)).reshape(x.shape)
-    out = np.array(x, copy=True)
+    # order="C": reshape(-1) of a Fortran-ordered copy (np.array keeps the input's order, e.g. a gradient computed
+    # as (d.T @ x).T) is itself a copy, so the canaries were added to a temporary and silently lost.
+    out = np.array(x, copy=True, order="C")
     out.reshape(-1)[flat] += values.astype(out.dtype)  # the coordinates are distinct: no repeated index
     return out
 
@@ -351,6 +365,41 @@ class GradientCanaries:
         self._flush: Callable[[], None] | None = None  # an adapter's wait for steps still in flight (JAX)
         self._refused: str | None = None  # the last refusal raised inside an adapter's callback (JAX)
 
+    @classmethod
+    def resume(cls, directory: Path | str) -> GradientCanaries:
+        """The canaries of an interrupted run, from what :meth:`save` wrote to ``directory``, ready for its next step.
+
+        Everything a step draws comes from ``seed``'s streams in order, so those are advanced past the saved steps
+        (each step draws ``count`` values from each stream it uses) and the observations, noise sums, projections
+        and cross-group sums are read back: continued from here, the run records exactly what one uninterrupted run
+        would have (same design, same draws at every step). The next ``inject`` must be for step T, the number of
+        steps saved (else its one-line refusal): restore the model and optimizer from that same step. Save to a new
+        directory, or to this one with ``force=True``. Opacus: ``GradientCanaries.resume(d).attach(optimizer)``.
+        """
+        obs = load_observations(directory)
+        if obs.cross is None and len(obs.param_shapes) > 1:
+            raise InputError(
+                f"{directory}: saved before the cross-group noise summary existed, so it cannot be continued "
+                "(a resumed run would save a summary of its later steps only); audit it as it is"
+            )
+        out = cls(
+            obs.param_shapes, count=obs.count, sample_rate=obs.sample_rate, clip=obs.clip, seed=obs.seed,
+            coordinates=obs.coordinates, included=obs.included, inclusion=obs.inclusion,
+            projections=obs.projections.shape[1],
+        )  # fmt: skip
+        if out._proj_index.shape[0] != obs.projections.shape[1]:  # the same K gives the same plan
+            raise CheckpointError(f"{directory}: {obs.projections.shape[1]} projections do not fit the design")
+        T = obs.steps
+        out._draws.random((T, out.count))  # the T steps' Poisson draws, consumed as T calls of random(count) do
+        if obs.inclusion == "step":
+            out._coins.random((T, out.count))
+            out._step_coins = list(obs.coins)
+        out._obs, out._ss, out._proj = list(obs.observations), list(obs.noise_ss), list(obs.projections)
+        if obs.cross is not None:
+            out._cross = np.array(obs.cross[:2], dtype=np.float64)  # cross[2] is cross[1]ᵀ (rebuilt by observations)
+        out.meta = dict(obs.meta)
+        return out
+
     # ---- the design ---------------------------------------------------------------------------------------
 
     def _projection_plan(self, sizes: list[int]) -> None:
@@ -396,6 +445,11 @@ class GradientCanaries:
                     "canaries designed for another model?"
                 )
         for n, a in zip(self.names_, arrays, strict=True):
+            if a is None:  # (was "has dtype object, not float32 or float64")
+                raise InputError(
+                    f"{what}: parameter {n!r} has no gradient (None: frozen, or unused in the forward pass): leave "
+                    "frozen parameters out of param_shapes, and pass an unused one's clipped sum as zeros"
+                )
             _check_not_traced(what, a)
             check_full_precision_grads(what, n, a)
             shape = tuple(int(d) for d in np.shape(a))
@@ -452,6 +506,9 @@ class GradientCanaries:
         """Record step ``step``'s noisy sum (clipped sum + canaries + noise, before any division by the
         batch size) in the same format as :meth:`inject`'s input."""
         if self._pending is None:
+            done = python_scalar(step)
+            if isinstance(done, int | np.integer) and not isinstance(done, bool) and 0 <= done < self.steps_:
+                raise InputError(f"observe(step={step}) again: step {step} was already observed (inject, then observe)")
             raise InputError(f"observe(step={step}) before inject(step={step}): inject the canaries first")
         step = self._check_step(step, self._pending[0], "observe")
         arrays, _ = self._as_list(noisy_grads, "observe")
@@ -676,6 +733,14 @@ def load_observations(directory: Path | str) -> CanaryObservations:
         )
     if obs.projections.ndim != 2 or obs.projections.shape[0] != T:
         raise CheckpointError(f"{d}: projections have shape {obs.projections.shape}, expected ({T}, K)")
+    finite = np.isfinite(obs.observations).all(axis=1) & np.isfinite(obs.noise_ss).all(axis=1)
+    finite &= np.isfinite(obs.projections).all(axis=1)
+    if not finite.all():  # (was "scores must be finite", or the cross check's "expected ... finite values")
+        raise InputError(
+            f"{d}: the noisy sums observed at {int((~finite).sum())} of {T} steps hold NaN or inf (the first at step "
+            f"{int(np.argmin(finite))}): training diverged or a gradient overflowed, so there is nothing to audit at "
+            "those steps; rerun with finite gradients"
+        )
     if obs.cross is not None and (obs.cross.shape != (3, G, G) or not np.all(np.isfinite(obs.cross))):
         raise CheckpointError(f"{d}: cross has shape {obs.cross.shape}, expected (3, {G}, {G}) finite values")
     if (obs.inclusion == "step") != (obs.coins is not None) or (obs.coins is not None and obs.coins.shape != (T, M)):

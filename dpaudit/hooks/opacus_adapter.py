@@ -25,6 +25,7 @@ import math
 from typing import Any
 
 from dpaudit.errors import InputError
+from dpaudit.hooks.core import FULL_PRECISION, SIGMA_MAX, SIGMA_MIN, canonical_name
 
 WRAPPED = "_dpaudit_canaries"  # the attribute marking an optimizer that already carries canaries
 
@@ -45,6 +46,21 @@ def _unsupported(optimizer: Any) -> str | None:
         if cls.__name__ in reasons and cls.__module__.startswith("opacus"):
             return reasons[cls.__name__]
     return None
+
+
+def _frozen_hint(names: list[str], *, after: bool = False) -> str:
+    """One line on parameters the optimizer does not train (frozen: ``requires_grad=False``)."""
+    shown = ", ".join(repr(n) for n in names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    if after:
+        return (
+            f"{shown} (requires_grad switched off after attach()): the canaries follow the parameters they were "
+            "attached with, so freeze layers before make_private and attach()"
+        )
+    return (
+        f"{shown}, which the optimizer does not train (requires_grad=False, or left out of its param groups): "
+        "give param_shapes the trained parameters only ({n: p.shape for n, p in model.named_parameters() if "
+        "p.requires_grad}, less any the optimizer is not given)"
+    )
 
 
 def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
@@ -81,24 +97,39 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
             raise InputError("the optimizer updates parameters the module does not have: pass the model it trains")
         names = [by_id[id(p)] for p in params]
         shapes = {n: tuple(p.shape) for n, p in zip(names, params, strict=True)}
-        from dpaudit.hooks.core import canonical_name
-
         if {canonical_name(n) for n in names} != set(canaries.names_):
+            held = {canonical_name(n) for n, _ in module.named_parameters()}
+            untrained = sorted(set(canaries.names_) - {canonical_name(n) for n in names})
+            if untrained and set(untrained) <= held:  # the module's own, frozen or not given to the optimizer
+                raise InputError(f"the canaries include {_frozen_hint(untrained)}")
             raise InputError("the canaries were designed for another model (parameter names differ)")
     else:
         names = None
         shapes = [tuple(p.shape) for p in params]
     expected = [canaries.param_shapes[n] for n in canaries.names_]
     if names is None and shapes != expected:
+        # matched by position: param groups in another order than named_parameters() differ here too
+        hint = " (matched by position: pass module=model to match by name)"
+        if len(shapes) < len(expected):  # e.g. param_shapes from every named parameter, frozen ones included
+            hint = (
+                f" ({len(expected) - len(shapes)} more parameters than the optimizer trains: if some are frozen, "
+                "leave them out of param_shapes ({n: p.shape for n, p in model.named_parameters() if p.requires_grad})"
+                ", or pass module=model to match by name)"
+            )
         raise InputError(
             f"the canaries were designed for another model: the optimizer's parameter shapes {shapes[:4]} "
-            f"differ from {expected[:4]}"
+            f"differ from {expected[:4]}{hint}"
         )
     if names is not None:
-        from dpaudit.hooks.core import canonical_name
-
         if any(shapes[n] != canaries.param_shapes[canonical_name(n)] for n in names):
             raise InputError("the canaries were designed for another model (parameter shapes differ)")
+    low = next((p for p in params if str(p.dtype).removeprefix("torch.") not in FULL_PRECISION), None)
+    if low is not None:  # refused here, before training, not by inject at the first step
+        raise InputError(
+            f"the model's parameters are {str(low.dtype).removeprefix('torch.')}: Opacus sums the clipped gradients in "
+            "the parameters' dtype, where a canary C is not added exactly (rounded to 0 or 2C in bfloat16/float16); "
+            "train the model in float32 or float64 to carry gradient canaries"
+        )
     if canaries.clip is None:
         canaries.clip = float(optimizer.max_grad_norm)
     elif not math.isclose(canaries.clip, float(optimizer.max_grad_norm), rel_tol=1e-9):
@@ -117,8 +148,31 @@ def attach(canaries, optimizer: Any, *, module: Any = None) -> Any:
         values = [getattr(p, attr) for p in params]
         return dict(zip(names, values, strict=True)) if names is not None else values
 
+    attached = [id(p) for p in params]
+
     def add_noise() -> None:
         step = canaries.steps_
+        # A parameter frozen after attach (requires_grad switched off: Opacus' ``params`` then leaves it out) keeps a
+        # stale summed_grad and gets no noise; reading it anyway scored its zeroed grad minus that stale sum as the
+        # noise, and a correct loop read "violation" (measured: estimated std 0.6·σC on the frozen layer).
+        trained = {id(p) for p in optimizer.params}
+        if any(i not in trained for i in attached):
+            named = canaries.names_ if names is None else [canonical_name(n) for n in names]  # names: params' order
+            gone = [n for n, i in zip(named, attached, strict=True) if i not in trained]
+            raise InputError(f"step {step}: the optimizer no longer trains {_frozen_hint(gone, after=True)}")
+        if not math.isclose(canaries.clip, float(optimizer.max_grad_norm), rel_tol=1e-9):
+            # A clip schedule (opacus.schedulers.StepGradClip...) moved the records' clip away from the canaries': with
+            # max_grad_norm 1 -> 0.24 the noise σ·C_t read as too little for σ·C_0, a correct loop as "violation".
+            raise InputError(
+                f"step {step}: the optimizer's max_grad_norm is now {float(optimizer.max_grad_norm):g}, the canaries' "
+                f"clip {canaries.clip:g} (a clip schedule?): a canary must be exactly a record at every step, so train "
+                "with a fixed max_grad_norm to carry gradient canaries"
+            )
+        # A noise schedule (opacus.schedulers.ExponentialNoise...) changes σ between steps: its range is kept, so the
+        # audit can refuse a --noise-multiplier above the smallest σ the run used (the noise check tests one σ).
+        sigma = float(optimizer.noise_multiplier)
+        canaries.meta[SIGMA_MIN] = min(sigma, canaries.meta.get(SIGMA_MIN, sigma))
+        canaries.meta[SIGMA_MAX] = max(sigma, canaries.meta.get(SIGMA_MAX, sigma))
         injected = canaries.inject(step, _grads("summed_grad"))
         for i, p in enumerate(params):
             new = injected[names[i]] if names is not None else injected[i]

@@ -34,8 +34,9 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
+from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES
 from dpaudit.errors import InputError
-from dpaudit.hooks.core import cross_pair_counts, dirac_scores
+from dpaudit.hooks.core import SIGMA_MAX, SIGMA_MIN, cross_pair_counts, dirac_scores
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
 from dpaudit.workflows.result import AuditRecord
 
@@ -209,6 +210,23 @@ def audit_canaries(
             "they would not behave like the run's records"
         )
     sigma = None if noise_multiplier is None else check_positive(noise_multiplier=noise_multiplier)
+    lo, hi = obs.meta.get(SIGMA_MIN), obs.meta.get(SIGMA_MAX)  # recorded by the Opacus adapter
+    scheduled = isinstance(lo, int | float) and isinstance(hi, int | float) and lo < hi
+    if sigma is not None and scheduled and sigma > lo and not _close(sigma, lo):
+        # The noise check and the f-DP curve test one σ at every step; a schedule's later steps had less noise, so a
+        # correct loop read "violation" (Opacus' ExponentialNoise(gamma=0.8), σ 1 -> 0.512 by the 4th epoch: noise
+        # ratio 0.77).
+        raise InputError(
+            f"{directory}: the run's noise multiplier changed during training (from {numfmt.exact(hi)} down to "
+            f"{numfmt.exact(lo)}: a noise schedule), but the audit tests one σ at every step: give --noise-multiplier "
+            f"{numfmt.exact(lo)} (the smallest), or audit without it"
+        )
+    if sigma is not None and not np.any(obs.noise_count > 0):  # (was the noise check's own, with no way out)
+        raise InputError(
+            f"{directory}: every parameter coordinate carries a canary ({obs.count}), so the noise check has no "
+            "coordinate to test: audit without --noise-multiplier (the one-run audit only), and give GradientCanaries "
+            "fewer canaries than parameters next time"
+        )
     claim = {"epsilon": claimed, "delta": delta, "neighbouring": "add_remove", "sampling": "poisson",
              "sample_rate": q, "steps": obs.steps, "noise_multiplier": sigma, "clip": obs.clip}  # fmt: skip
     # With σ the mechanism is fully stated (q and T are the observed ones, which a given --sample-rate/--steps
@@ -225,10 +243,18 @@ def audit_canaries(
         records = [_per_step_record(obs, q, sigma, delta, 1.0 - alpha, claimed, seed)]
     else:
         n_in = int(obs.included.sum())
+        if (
+            obs.count < MIN_HOLDOUT_CANARIES
+        ):  # (audit_scores said "holdout guess-count selection needs at least 4 canaries")
+            raise InputError(
+                f"{directory}: {obs.count} gradient canaries: the one-run audit needs at least {MIN_HOLDOUT_CANARIES} "
+                "(hundreds to refute a small ε: `dpaudit audit plan`); give GradientCanaries a larger count"
+            )
         if n_in in (0, obs.count):  # (audit_scores would say "member has a single class", not why)
             raise InputError(
-                f"{directory}: {n_in} of {obs.count} canaries are included: the one-run audit needs each included "
-                "independently with probability 1/2 (GradientCanaries draws such bits unless given included=)"
+                f"{directory}: {n_in} of {obs.count} canaries are included: the one-run audit needs included and "
+                f"excluded ones, each included independently with probability 1/2 (fair coins give all or none with "
+                f"probability {2.0 ** (1 - obs.count):.2g}; GradientCanaries draws such bits unless given included=)"
             )
         curve = claim_tradeoff(claim) if sigma is not None else None
         n_tests = 1 + (curve is not None) + (sigma is not None)

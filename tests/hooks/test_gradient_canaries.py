@@ -86,6 +86,55 @@ def test_torch_keeps_dtype_and_sequence_input_gives_sequence():
     assert sum(float(o.sum()) for o in out) == c.included_.sum()  # q = 1: every included canary drawn
 
 
+@pytest.mark.parametrize("layout", ["numpy-fortran", "torch-transposed", "torch-channels-last"])
+def test_a_gradient_not_in_row_major_memory_gets_its_canaries_at_their_coordinates(layout):
+    """A NumPy gradient in Fortran order (e.g. computed as (d.T @ x).T) lost its canaries: they were added to the
+    temporary copy reshape(-1) makes, so the loop released none while the audit took C at every drawn one. A
+    non-contiguous torch gradient (a channels_last conv weight's, a transpose) raised torch's RuntimeError. Now
+    each drawn canary is C at its row-major flat coordinate (the one observe reads), in the caller's layout."""
+    shapes = {"w": (4, 3, 2, 2)}
+    c = GradientCanaries(shapes, count=20, sample_rate=1.0, clip=1.0, seed=4)
+    if layout == "numpy-fortran":
+        g = np.asfortranarray(np.zeros(shapes["w"]))
+    else:
+        torch = pytest.importorskip("torch")
+        if layout == "torch-transposed":
+            g = torch.zeros(2, 2, 3, 4, dtype=torch.float64).permute(3, 2, 1, 0)
+        else:
+            g = torch.zeros(shapes["w"], dtype=torch.float64).to(memory_format=torch.channels_last)
+    out = c.inject(0, {"w": g})["w"]
+    flat = np.asarray(out).reshape(-1)  # row-major, whatever the memory layout
+    expected = np.zeros(flat.size)
+    expected[c.coordinates_] = c.included_  # q = 1: every included canary drawn, C = 1
+    assert np.array_equal(flat, expected) and float(np.asarray(g).sum()) == 0  # the caller's array unchanged
+    if layout != "numpy-fortran":
+        assert out.stride() == g.stride()  # the caller's layout comes back
+    c.observe(0, {"w": out})
+    assert np.array_equal(c.observations().observations[0], c.included_.astype(float))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_noise_added_in_place_to_a_float64_sum_is_the_noise_observed(kind):
+    """inject kept its record of the float64 sum it returned as a view (np.asarray of a float64 array or CPU
+    tensor), so a loop adding the noise in place (g += z; g.add_(z)) moved the record with it: noise read as 0,
+    the noise check's ratio 0 and a correct loop a "violation". Oracle: Σ z² over the untouched coordinates."""
+    c = GradientCanaries(SHAPES, count=25, sample_rate=0.5, clip=1.0, seed=2)
+    rng = np.random.default_rng(0)
+    for t in range(3):
+        g = {n: np.zeros(sh) for n, sh in SHAPES.items()}
+        if kind == "torch":
+            torch = pytest.importorskip("torch")
+            g = {n: torch.as_tensor(v) for n, v in g.items()}
+        out = c.inject(t, g)
+        z = {n: rng.normal(size=sh) for n, sh in SHAPES.items()}
+        for n, v in out.items():
+            v += torch.as_tensor(z[n]) if kind == "torch" else z[n]  # in place
+        c.observe(t, out)
+        free = np.setdiff1d(np.arange(210), c.coordinates_)
+        expected = np.concatenate([z[n].reshape(-1) for n in SHAPES])[free]
+        assert c.observations().noise_ss[t].sum() == pytest.approx(float(expected @ expected), rel=1e-12)
+
+
 def test_noise_summary_matches_a_plain_loop_over_untouched_coordinates():
     c = GradientCanaries(SHAPES, count=25, sample_rate=0.5, clip=1.5, seed=2)
     noises = _loop(c, 6, sigma=1.3, seed=9)
@@ -132,6 +181,21 @@ def test_bad_input_is_one_line_input_error(tmp_path):
         GradientCanaries(SHAPES, count=3, sample_rate=1.5, clip=1.0, seed=0)
     with pytest.raises(InputError, match="clip"):
         GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=None, seed=0).inject(0, zeros)
+
+
+def test_a_missing_gradient_and_a_second_observe_are_named_as_such():
+    """A None gradient (a torch parameter frozen or unused: p.grad is None) was refused as "dtype object", and a
+    second observe of a step as "observe before inject"; each line now says what happened."""
+    c = GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    zeros = {n: np.zeros(s) for n, s in SHAPES.items()}
+    with pytest.raises(InputError, match=r"parameter 'fc\.bias' has no gradient"):
+        c.inject(0, {**zeros, "fc.bias": None})
+    c.observe(0, c.inject(0, zeros))
+    with pytest.raises(InputError, match=r"observe\(step=0\) again: step 0 was already observed"):
+        c.observe(0, zeros)
+    with pytest.raises(InputError, match="before inject"):
+        c.observe(1, zeros)
+    assert c.steps_ == 1
 
 
 def test_save_load_round_trip_never_overwrites(tmp_path):
@@ -305,3 +369,66 @@ def test_a_strangers_canary_design_is_checked_field_by_field(tmp_path, field, va
     write_manifest(d, written_by="dpaudit")
     with pytest.raises(CheckpointError, match=message):
         load_observations(d)
+
+
+@pytest.mark.parametrize("inclusion", ["run", "step"])
+def test_a_run_resumed_from_its_save_records_what_one_uninterrupted_run_does(tmp_path, inclusion):
+    """Before there was no way to continue an interrupted run: new canaries with the same seed restarted at step 0
+    with the same draws as steps 0, 1, ... (and a save over the first part's directory lost it). resume() advances
+    the streams past the saved steps and reads the sums back: 6 + 4 steps equal 10 uninterrupted, array for array."""
+    kw = dict(count=30, sample_rate=0.4, clip=1.5, seed=7, inclusion=inclusion)
+    whole = GradientCanaries(SHAPES, **kw)
+    _loop(whole, 10, sigma=1.0, seed=3)
+    first = GradientCanaries(SHAPES, **kw)
+    rng = np.random.default_rng(3)  # the loop's own randomness, continued across the restart as the model's would be
+    for t in range(10):
+        if t == 6:
+            first.save(tmp_path / "c")
+            first = GradientCanaries.resume(tmp_path / "c")
+            with pytest.raises(InputError, match="expected step 6"):  # a model restored from another step is refused
+                first.inject(0, {n: np.zeros(sh) for n, sh in SHAPES.items()})
+        g = {n: rng.normal(size=sh) * 0.0 for n, sh in SHAPES.items()}
+        z = {n: rng.normal(size=sh) * 1.5 for n, sh in SHAPES.items()}
+        out = first.inject(t, g)
+        first.observe(t, {n: out[n] + z[n] for n in SHAPES})
+    first.save(tmp_path / "c", force=True)
+    a, b = whole.observations(), load_observations(tmp_path / "c")
+    for name in ("coordinates", "included", "observations", "coins", "noise_ss", "noise_count", "projections"):
+        np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
+    np.testing.assert_allclose(b.cross, a.cross, rtol=1e-12)  # the same sums, added in another order
+    assert b.steps == 10 and (b.clip, b.seed, b.inclusion) == (a.clip, a.seed, a.inclusion)
+
+
+def test_designs_the_audit_cannot_use_are_refused_in_the_users_terms(tmp_path):
+    """A tiny design (2 canaries on a 2-parameter model) was refused with the internals' "holdout guess-count
+    selection needs at least 4 canaries"; 4, all included by their fair coins, with "needs each included
+    independently with probability 1/2", as if the coins were not fair; a canary on every coordinate with the noise
+    check's "needs ... one coordinate without a canary" (no way out given). Each now says what to do."""
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+
+    args = ["--claimed-epsilon", "1", "--delta", "1e-5", "--noise-multiplier", "1"]
+    cases = [(2, "2 gradient canaries: the one-run audit needs at least 4"), (4, "probability 0.12"),
+             (6, "every parameter coordinate carries a canary (6), so the noise check")]  # fmt: skip
+    for count, message in cases:
+        included = [True] * count if count < 6 else [True, False] * 3
+        c = GradientCanaries({"w": (6,)}, count=count, sample_rate=0.5, clip=1.0, seed=0, included=included)
+        _ = c.inject(0, [np.zeros(6)])
+        c.observe(0, [np.ones(6)])
+        c.save(tmp_path / str(count))
+        res = CliRunner().invoke(app, ["audit", "canaries", str(tmp_path / str(count)), *args])
+        assert res.exit_code == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
+
+
+def test_a_run_whose_noisy_sums_went_nan_is_refused_naming_the_step(tmp_path):
+    """A diverged run (NaN gradients from step 2 on) was refused as a malformed file ("cross has shape (3, 2, 2),
+    expected (3, 2, 2) finite values") with two groups, or "scores must be finite" with one; now one line says
+    which steps and why."""
+    c = GradientCanaries(SHAPES, count=10, sample_rate=0.5, clip=1.0, seed=0)
+    for t in range(4):
+        out = c.inject(t, {n: np.full(s, np.nan if t >= 2 else 0.0) for n, s in SHAPES.items()})
+        c.observe(t, {n: v + 1.0 for n, v in out.items()})
+    c.save(tmp_path / "c")
+    with pytest.raises(InputError, match=r"at 2 of 4 steps hold NaN or inf \(the first at step 2\): training diverged"):
+        load_observations(tmp_path / "c")
