@@ -243,9 +243,8 @@ def audit_canaries(
         records = [_per_step_record(obs, q, sigma, delta, 1.0 - alpha, claimed, seed)]
     else:
         n_in = int(obs.included.sum())
-        if (
-            obs.count < MIN_HOLDOUT_CANARIES
-        ):  # (audit_scores said "holdout guess-count selection needs at least 4 canaries")
+        # (audit_scores said "holdout guess-count selection needs at least 4 canaries")
+        if obs.count < MIN_HOLDOUT_CANARIES:
             raise InputError(
                 f"{directory}: {obs.count} gradient canaries: the one-run audit needs at least {MIN_HOLDOUT_CANARIES} "
                 "(hundreds to refute a small ε: `dpaudit audit plan`); give GradientCanaries a larger count"
