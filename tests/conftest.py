@@ -8,7 +8,9 @@ import pytest
 import torch
 from hypothesis import settings
 
-torch.set_num_threads(int(os.environ.get("DPAUDIT_TEST_THREADS", "2")))
+# One torch thread per pytest-xdist worker (``-n 2`` already uses both cores; two threads each would oversubscribe).
+_THREADS = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"
+torch.set_num_threads(int(os.environ.get("DPAUDIT_TEST_THREADS", _THREADS)))
 
 # Hypothesis: CI (which sets CI=true) runs a fixed, derandomized set of examples so a red build is
 # always reproducible; locally the default profile keeps drawing fresh random examples to find new bugs.
