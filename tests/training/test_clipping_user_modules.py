@@ -234,3 +234,47 @@ def test_dp_sgd_jl_projects_the_hooked_gradients_it_sums():
     assert torch.allclose(got, want, rtol=1e-10, atol=1e-12 * float(want.abs().max()))
     with pytest.raises(InputError, match=r"jvp path cannot run the gradient hooks on 0\.weight"):
         JLClipper(model, 4, torch.Generator().manual_seed(1), ad_path="jvp")(x, y, 1.0)
+
+
+class _OnceDifferentiable(torch.autograd.Function):
+    """A user's custom op whose backward cannot itself be differentiated (and which has no forward-mode rule)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.tanh(x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (1 - torch.tanh(x) ** 2)
+
+
+class _Custom(nn.Module):
+    def forward(self, x):
+        return _OnceDifferentiable.apply(x)
+
+
+def test_dp_sgd_jl_refuses_gradients_the_double_vjp_trick_cannot_differentiate_again():
+    # Found by mutation testing: a custom op whose backward is once_differentiable cuts the gradients of the
+    # parameters before it from the double-vjp trick's cotangent u, so their projections came out 0 with no error
+    # (auto, after jvp failed on the op; or double-vjp by name): norm estimates without them (projections off by
+    # 1.49 of 5.36 here), so per-example contributions above C. Now refused in one line, hooks or not.
+    from dpaudit.training.jl import JLClipper, resolve_ad_path
+
+    for hooked in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), _Custom(), nn.Linear(8, 3)).double()
+        if hooked:
+            model[0].weight.register_hook(lambda g: g * 2.0)
+        x, y = _data((6,), 4)
+        cut = r"no double backward \(the gradients of 0\.weight, 0\.bias cannot be differentiated again"
+        with pytest.raises(
+            InputError, match=("gradient hooks on 0\\.weight rule out the jvp path.*" if hooked else "") + cut
+        ):
+            resolve_ad_path(model, x, y)
+        with pytest.raises(InputError, match=cut):
+            JLClipper(model, 4, torch.Generator().manual_seed(1), ad_path="double-vjp")(x, y, 1.0)
+    model = _mlp()  # a model the trick differentiates: double-vjp by name still runs
+    assert resolve_ad_path(model, *_data((6,), 4), "double-vjp") == "double-vjp"
