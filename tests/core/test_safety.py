@@ -404,3 +404,18 @@ def test_a_failed_replacement_beside_a_foreign_output_keeps_the_old_output_aside
     assert (out / "theirs.txt").read_text() == "theirs"
     kept = [p for p in tmp_path.glob(".out.*.dpaudit-old") if (p / "old" / "old.txt").is_file()]
     assert len(kept) == 1 and (kept[0] / "old" / "old.txt").read_text() == "old"
+
+
+def test_a_command_run_outside_the_main_thread_runs(tmp_path):
+    """No SIGTERM handler can be set outside the main thread (signal.signal raises ValueError): a program that runs
+    dpaudit's app from a worker thread still gets its command run, without the handler."""
+    import signal
+    import threading
+
+    results = []
+    args = ["canaries", "make", "--data", "synthetic:n=60,d=3", "--count", 4, "--out", tmp_path / "c"]
+    thread = threading.Thread(target=lambda: results.append(invoke(*args)))
+    thread.start()
+    thread.join()
+    assert results[0].exit_code == 0, results[0].output
+    assert (tmp_path / "c").is_dir() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
