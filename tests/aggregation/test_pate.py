@@ -251,6 +251,9 @@ def test_a_student_at_chance_on_unbalanced_data_is_warned_about(tmp_path):
     warnings = meta.get("fit_warnings", [])
     assert meta["metrics"]["train_accuracy"] < 0.9, meta["metrics"]
     assert any("accuracy on its private training records (the teachers' data)" in w for w in warnings), warnings
+    # σ 8 against the votes of 5 teachers: the answers themselves are at chance, and the run says so (a call a
+    # mutant could drop while the test of answer_warnings alone passed)
+    assert any(w.startswith("the aggregator's 30 answers agree") and "σ = 8" in w for w in warnings), warnings
 
 
 def test_answers_drowned_in_noise_are_warned_about_with_their_cause():
@@ -306,3 +309,22 @@ def test_a_data_dependent_claim_above_the_asked_epsilon_is_explained():
     assert _data_dependent_note({**privacy, "epsilon": 0.8}, 1.0) is None  # below what was asked
     assert _data_dependent_note({**privacy, "claim": "data-independent"}, 1.0) is None
     assert _data_dependent_note(privacy, None) is None  # σ given, no ε asked
+
+
+def test_the_train_workflow_says_the_data_dependent_note(monkeypatch, tmp_path):
+    """The note above reaches the user through `dpaudit train`'s workflow (a mutant dropping that call passed every
+    fast test, which read the note's function alone). The aggregation run itself is replaced: only the wiring is
+    under test."""
+    import inspect
+
+    import dpaudit.training.pate as pate
+    from dpaudit.workflows import runs
+
+    privacy = {"claim": "data-dependent", "epsilon": 2.654143302902476, "data_independent_epsilon": 0.9999710286616814}
+    monkeypatch.setattr(pate, "train_from_options", lambda out, **kw: {"privacy": privacy})
+    params = inspect.signature(runs.train_from_options).parameters
+    kw = {n: None for n, p in params.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
+    notes = []
+    kw.update(algo="dp-icl", epsilon=1.0, claim="data-dependent", split="0.25,0.25,0.25,0.25", notify=notes.append)
+    assert runs.train_from_options(tmp_path / "r", **kw) == {"privacy": privacy}
+    assert [n for n in notes if n.startswith("the data-dependent claim ε = 2.65415 is above the --epsilon 1")], notes

@@ -221,3 +221,5 @@ def test_gradient_canaries_refuse_parameters_given_as_shapes():
         GradientCanaries(dict(model.named_parameters()), **kw)
     ok = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, **kw)
     assert ok.param_shapes == {"weight": (3, 5), "bias": (3,)}
+    with pytest.raises(InputError, match=r"param_shapes\['w'\] must be a shape"):  # a size below 0 is no shape
+        GradientCanaries({"w": (3, -5)}, **kw)

@@ -355,3 +355,67 @@ def test_sigterm_while_writing_rolls_back_as_ctrl_c_does(tmp_path, monkeypatch):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert leftovers(tmp_path) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_handler_of_the_embedding_program_is_kept_while_a_command_runs(tmp_path, monkeypatch):
+    """The CLI raises SIGTERM as Ctrl-C only where nobody else handles it: a program that runs dpaudit's app
+    in-process with a SIGTERM handler of its own keeps that handler during the command and after it."""
+    import signal
+
+    def own(signum, frame):  # the embedding program's handler
+        pass
+
+    seen, real_replace = [], os.replace
+
+    def replace(src, dst):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return real_replace(src, dst)
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        monkeypatch.setattr(fileio.os, "replace", replace)
+        r = invoke("canaries", "make", "--data", "synthetic:n=60,d=3", "--count", 4, "--out", tmp_path / "c")
+        assert r.exit_code == 0, r.output
+        assert seen and all(h is own for h in seen)
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_failed_replacement_beside_a_foreign_output_keeps_the_old_output_aside(tmp_path, monkeypatch):
+    """When moving the new output in fails and something else already sits at the output's path (another
+    program wrote there between the renames), the old output cannot be moved back: it stays in its aside
+    folder, never deleted with the temporary one."""
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"old.txt": "old"}), force=False)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the new output's rename: a foreign folder appeared at the output's path
+            Path(dst).mkdir()
+            (Path(dst) / "theirs.txt").write_text("theirs")
+            raise OSError(errno.ENOTEMPTY, "Directory not empty")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    with pytest.raises((OSError, OutputError)):
+        write_atomic_dir(out, writer({"new.txt": "new"}), force=True)
+    assert (out / "theirs.txt").read_text() == "theirs"
+    kept = [p for p in tmp_path.glob(".out.*.dpaudit-old") if (p / "old" / "old.txt").is_file()]
+    assert len(kept) == 1 and (kept[0] / "old" / "old.txt").read_text() == "old"
+
+
+def test_a_command_run_outside_the_main_thread_runs(tmp_path):
+    """No SIGTERM handler can be set outside the main thread (signal.signal raises ValueError): a program that runs
+    dpaudit's app from a worker thread still gets its command run, without the handler."""
+    import signal
+    import threading
+
+    results = []
+    args = ["canaries", "make", "--data", "synthetic:n=60,d=3", "--count", 4, "--out", tmp_path / "c"]
+    thread = threading.Thread(target=lambda: results.append(invoke(*args)))
+    thread.start()
+    thread.join()
+    assert results[0].exit_code == 0, results[0].output
+    assert (tmp_path / "c").is_dir() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

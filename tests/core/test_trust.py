@@ -189,6 +189,7 @@ def test_a_stored_file_changed_since_it_was_written_is_not_trusted(run_copy):
         (lambda m: m["split"].update(seed="x"), "split.seed: expected an integer"),
         (lambda m: m["split"].update(fractions=None), "split.fractions: expected a list"),
         (lambda m: m["split"].update(sizes={}), "split.sizes: missing key members"),
+        (lambda m: m["split"]["sizes"].update(members="628"), "split.sizes: expected an integer"),
         (lambda m: m["metrics"].update(train_accuracy="0.9"), "metrics.train_accuracy: expected a number or null"),
         (lambda m: m.update(metrics={}), "metrics: missing key train_accuracy"),
         (lambda m: m["model"].update(kind=[]), "model.kind: expected a string"),

@@ -343,6 +343,7 @@ def test_a_directory_saved_before_the_cross_group_summary_still_loads_and_is_che
         ("param_shapes", [4, 3], "param_shapes: expected an object"),  # was AttributeError, exit 3
         ("param_shapes", {"w": [2**70]}, "expected sizes"),  # was OverflowError, exit 3
         ("sample_rate", True, "sample_rate: expected a number"),  # was read as 1.0
+        ("sample_rate", 1.5, "expected sample_rate in"),
         ("seed", 1.5, "seed: expected an integer"),  # was read as 1
         ("inclusion", "x", "unknown inclusion"),  # was read as "run"
         ("clip", -1.0, "expected clip > 0"),

@@ -144,6 +144,9 @@ def test_a_buffer_assigned_in_forward_does_not_leak_out_of_a_vmap_unit(method):
         clipper(x, y, 1.0)
     assert not torch._C._functorch.is_functorch_wrapped_tensor(model.mu)
     model(x)  # the model still runs
+    # The training-mode check restores the buffers between its reference and ghost passes: else the ghost pass
+    # centred by the updated mean, disagreed, and moved lin off its rank-one rule onto the vmap (slower).
+    assert clipper.describe()["layers"]["lin"] == "rank-one"
 
 
 # --------------------------------------------- records mixed in training mode: standardisation, mixup, ...
@@ -159,9 +162,11 @@ class Mixing(nn.Module):
         self.lin, self.head, self.kind = nn.Linear(8, width), nn.Linear(width, 3), kind
 
     def forward(self, x):
+        if self.kind == "centred-input":  # per record, so a shifted copy of a record is the same record
+            x = x - x.mean(1, keepdim=True)
         h = self.lin(x)
         if self.training:
-            if self.kind == "standardise":
+            if self.kind in ("standardise", "centred-input"):
                 h = (h - h.mean(0, keepdim=True)) / (h.std(0, keepdim=True) + 1e-5)
             elif self.kind == "mixup":
                 h = 0.7 * h + 0.3 * h[torch.randperm(h.shape[0])]
@@ -169,10 +174,12 @@ class Mixing(nn.Module):
                 h = h.cumsum(0)
             elif self.kind == "mirror":
                 h = h + 0.5 * h.flip(0)
+            elif self.kind == "pairs":  # consecutive records as two views of one item: an even batch only
+                h = h.view(-1, 2, h.shape[1]).mean(1).repeat_interleave(2, 0)
         return self.head(torch.tanh(h))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 6])
+@pytest.mark.parametrize("rows", [1, 2, 4, 6])
 @pytest.mark.parametrize(
     ("kind", "width"), [("standardise", 1), ("standardise", 4), ("mixup", 6), ("cumsum", 6), ("mirror", 6)]
 )
@@ -190,6 +197,22 @@ def test_records_mixed_in_training_are_refused_whatever_the_first_records(kind, 
         x = torch.rand(rows, 8, generator=g)
         with pytest.raises(InputError, match="depend on the other records of its batch in training mode"):
             check_per_record_in_training(Mixing(kind, width).train(), x)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["pairs", "centred-input"])
+def test_mixing_that_only_some_variants_or_an_even_batch_show_is_refused(kind, rows):
+    # Mutation testing (2026-11-27): pairs of consecutive records (two views of one item) need an even batch,
+    # so a check on three records could not run them and passed them untested; a per-record centred input
+    # makes the shifted copy of a record the same record, so only the reversed copy (or x's fifth record)
+    # shows the batch standardisation; and with exactly four records x has no fifth to offer.
+    from dpaudit.models import check_per_record_in_training
+
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x = torch.rand(rows, 8)
+        with pytest.raises(InputError, match="depend on the other records of its batch in training mode"):
+            check_per_record_in_training(Mixing(kind, 4).train(), x)
 
 
 def test_dp_sgd_jl_projects_the_hooked_gradients_it_sums():
@@ -211,3 +234,47 @@ def test_dp_sgd_jl_projects_the_hooked_gradients_it_sums():
     assert torch.allclose(got, want, rtol=1e-10, atol=1e-12 * float(want.abs().max()))
     with pytest.raises(InputError, match=r"jvp path cannot run the gradient hooks on 0\.weight"):
         JLClipper(model, 4, torch.Generator().manual_seed(1), ad_path="jvp")(x, y, 1.0)
+
+
+class _OnceDifferentiable(torch.autograd.Function):
+    """A user's custom op whose backward cannot itself be differentiated (and which has no forward-mode rule)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.tanh(x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (1 - torch.tanh(x) ** 2)
+
+
+class _Custom(nn.Module):
+    def forward(self, x):
+        return _OnceDifferentiable.apply(x)
+
+
+def test_dp_sgd_jl_refuses_gradients_the_double_vjp_trick_cannot_differentiate_again():
+    # Found by mutation testing: a custom op whose backward is once_differentiable cuts the gradients of the
+    # parameters before it from the double-vjp trick's cotangent u, so their projections came out 0 with no error
+    # (auto, after jvp failed on the op; or double-vjp by name): norm estimates without them (projections off by
+    # 1.49 of 5.36 here), so per-example contributions above C. Now refused in one line, hooks or not.
+    from dpaudit.training.jl import JLClipper, resolve_ad_path
+
+    for hooked in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), _Custom(), nn.Linear(8, 3)).double()
+        if hooked:
+            model[0].weight.register_hook(lambda g: g * 2.0)
+        x, y = _data((6,), 4)
+        cut = r"no double backward \(the gradients of 0\.weight, 0\.bias cannot be differentiated again"
+        with pytest.raises(
+            InputError, match=("gradient hooks on 0\\.weight rule out the jvp path.*" if hooked else "") + cut
+        ):
+            resolve_ad_path(model, x, y)
+        with pytest.raises(InputError, match=cut):
+            JLClipper(model, 4, torch.Generator().manual_seed(1), ad_path="double-vjp")(x, y, 1.0)
+    model = _mlp()  # a model the trick differentiates: double-vjp by name still runs
+    assert resolve_ad_path(model, *_data((6,), 4), "double-vjp") == "double-vjp"

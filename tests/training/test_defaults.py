@@ -87,6 +87,23 @@ def test_defaults_fit_a_small_embedded_dataset(tmp_path):
     assert res.exit_code == 2 and "batch size 64 is larger than the training set (63 records)" in res.output
 
 
+def test_the_default_batch_is_fitted_only_when_it_exceeds_the_training_records():
+    # Mutation testing: fitting at B = N (`<` -> `<=`) cut a default batch of 64 on exactly 64 training records to 16
+    # with a notice saying 64 "is larger than the 64 training records"; below 4 records a quarter is at least 1.
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.workflows.runs import _fit_default_batch
+
+    notes = []
+    config = TrainConfig(batch_size=64)
+    assert _fit_default_batch(config, 64, notes.append) is config and notes == []
+    assert _fit_default_batch(config, 63, notes.append).batch_size == 15
+    assert notes == [
+        "the default --batch-size 64 is larger than the 63 training records; using 15 (a quarter of them; "
+        "give --batch-size to choose)"
+    ]
+    assert _fit_default_batch(config, 3, notes.append).batch_size == 1
+
+
 def test_defaults_are_chosen_per_algorithm_and_model_kind():
     assert default_recipe("sgd", "cnn") == NONPRIVATE_RECIPE  # non-private defaults unchanged
     assert default_recipe("dpsgd", "cnn") == DP_RECIPES[("sgd", "cnn")] != default_recipe("dpsgd", "mlp")
