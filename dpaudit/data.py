@@ -17,7 +17,7 @@ import math
 import mmap
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -61,6 +61,20 @@ FIT_BLOCK_BYTES = 8 << 20
 
 def _fit_block_rows(feature_shape: tuple[int, ...]) -> int:
     return max(1, FIT_BLOCK_BYTES // (8 * max(1, math.prod(feature_shape))))
+
+
+def sequential_sum(blocks: Iterable[np.ndarray], shape: tuple[int, ...], f=None) -> np.ndarray | None:
+    """The float64 sum over axis 0 of the row blocks ``blocks`` (each ``(rows, *shape)``; ``f``, if given,
+    applied to each block's float64 copy first), None when there are none. Each block is added as more rows
+    of one sequential ``numpy.add.reduce`` over axis 0, the order numpy sums a C-ordered array's
+    ``X.sum(axis=0)`` in, so the result is bit for bit that of the whole array made float64 at once, whatever
+    the block size, with one block in memory instead of the float64 copy of all of them."""
+    acc = None
+    for block in blocks:
+        b = np.array(block, dtype=np.float64, order="C").reshape(-1, *shape)  # a copy: f may change it in place
+        b = b if f is None else f(b)
+        acc = np.add.reduce(b if acc is None else np.concatenate([acc[None], b]), axis=0)
+    return acc
 
 
 class MappedFile:
@@ -164,6 +178,16 @@ class Dataset:
             # so a batch's pages are released right away; madvise over mostly-unmapped ranges is cheap.
             self.mapped.release()
         return out
+
+    def mean_rows(self, idx: np.ndarray) -> np.ndarray:
+        """The float64 mean of the rows ``idx`` of ``X``, read a block of rows at a time (:func:`sequential_sum`:
+        bit for bit ``X[idx].astype(float64).mean(axis=0)``, without that copy); NaN where ``idx`` is empty."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if len(idx) == 0:
+            return np.full(self.feature_shape, np.nan)
+        step = _fit_block_rows(self.feature_shape)
+        blocks = (self.rows(idx[s : s + step]) for s in range(0, len(idx), step))
+        return sequential_sum(blocks, self.feature_shape) / len(idx)
 
     def __reduce_ex__(self, protocol):
         # A memory-mapped dataset travels to worker processes as its spec and is mapped again there
@@ -710,31 +734,20 @@ class Standardizer:
 
     @classmethod
     def _fit_blocks(cls, blocks, n: int, shape: tuple[int, ...]) -> Standardizer:
-        """Two passes over the row blocks ``blocks()`` in float64: the mean, then the mean squared deviation
-        from it (the two-pass variance, as ``numpy.std`` computes it; no sum-of-squares cancellation). Each
-        block is added to the running sum as one more row of a sequential ``numpy.add.reduce`` over axis 0,
-        the order numpy sums a C-ordered ``X.mean(axis=0)`` in, so the result is bit for bit that of
-        ``X.astype(float64).mean(axis=0)`` / ``.std(axis=0)`` whatever the block size. The float64 copy of
-        the whole split that took (8 bytes per value, twice over in ``std``: 820 MiB to fit 17,500 CIFAR
-        images of 205 MiB) is one block here."""
+        """Two passes over the row blocks ``blocks()`` in float64 (:func:`sequential_sum`, so bit for bit
+        ``X.astype(float64).mean(axis=0)`` / ``.std(axis=0)`` whatever the block size): the mean, then the mean
+        squared deviation from it (the two-pass variance, as ``numpy.std`` computes it; no sum-of-squares
+        cancellation). The float64 copy of the whole split that took (8 bytes per value, twice over in
+        ``std``: 820 MiB to fit 17,500 CIFAR images of 205 MiB) is one block here."""
         if n == 0:
             raise InputError("cannot fit a standardisation on an empty split")
-
-        def total(f) -> np.ndarray:
-            acc = None
-            for block in blocks():
-                # A copy (never the caller's rows, which the deviation pass changes in place).
-                b = f(np.array(block, dtype=np.float64, order="C").reshape(-1, *shape))
-                acc = np.add.reduce(b if acc is None else np.concatenate([acc[None], b]), axis=0)
-            return acc
-
-        mean = total(lambda b: b) / n
+        mean = sequential_sum(blocks(), shape) / n
 
         def squared_deviation(b: np.ndarray) -> np.ndarray:
             b -= mean
             return np.multiply(b, b, out=b)
 
-        std = np.sqrt(total(squared_deviation) / n)
+        std = np.sqrt(sequential_sum(blocks(), shape, squared_deviation) / n)
         scale = np.where(std > 1e-12, std, 1.0)  # constant features (e.g. blank pixels) pass through
         return cls(mean.astype(np.float32), scale.astype(np.float32))
 
