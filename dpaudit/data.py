@@ -125,6 +125,9 @@ class Dataset:
     # The labels as the data holds them, in sorted order: class i of ``y`` is ``classes[i]`` (what a user's own
     # training loop calls it: 1 and 2, -1 and 1, "cat" and "dog"); None where not known.
     classes: np.ndarray | None = field(default=None, repr=False)
+    # A memory-mapped X with records appended (canaries, :func:`dpaudit.canaries.with_canaries`): rows
+    # ``len(X)``, ``len(X) + 1``, ... of the data set, in X's dtype, read by :meth:`rows` (X itself stays the map).
+    appended: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def label_warnings(self) -> list[str]:
@@ -150,7 +153,7 @@ class Dataset:
         return tuple(int(s) for s in self.X.shape[1:])
 
     def __len__(self) -> int:
-        return int(self.X.shape[0])
+        return int(self.X.shape[0]) + (0 if self.appended is None else len(self.appended))
 
     @cached_property
     def sha256(self) -> str:
@@ -158,8 +161,11 @@ class Dataset:
         time (the same digest as hashing all the bytes at once); computed once per object."""
         h = hashlib.sha256()
         for a in (self.X, self.y):
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            for chunk in self.chunks(a):
+            # Appended rows (:attr:`appended`) are hashed as the rows after X's: the digest of the concatenation.
+            shape = (len(self), *self.feature_shape) if a is self.X else a.shape
+            h.update(f"{a.dtype.str}{shape}".encode())
+            more = [self.appended] if a is self.X and self.appended is not None else []
+            for chunk in [*self.chunks(a), *more]:
                 h.update(np.ascontiguousarray(chunk).tobytes())
         return h.hexdigest()
 
@@ -172,7 +178,15 @@ class Dataset:
         """A copy of the rows ``idx`` of ``X`` (in that order). For a memory-mapped ``X`` the pages
         read are released after each call, so streaming the data batch by batch keeps resident memory
         at a few batches (:class:`MappedFile`)."""
-        out = self.X[np.asarray(idx, dtype=np.int64)]
+        idx = np.asarray(idx, dtype=np.int64)
+        if self.appended is not None:
+            n = self.X.shape[0]
+            out = np.empty((len(idx), *self.feature_shape), dtype=self.X.dtype)
+            own = idx < n
+            out[own] = self.X[idx[own]]
+            out[~own] = self.appended[idx[~own] - n]
+        else:
+            out = self.X[idx]
         if self.mapped is not None:
             # Scattered rows map far more than their bytes (the kernel maps the pages around each fault),
             # so a batch's pages are released right away; madvise over mostly-unmapped ranges is cheap.
@@ -193,6 +207,8 @@ class Dataset:
         # A memory-mapped dataset travels to worker processes as its spec and is mapped again there
         # (no copy of X in the pickle); the worker's load validates it as any load does.
         if self.mapped is not None:
+            if self.appended is not None:  # the records appended to the map travel with it, and the labels
+                return (_with_appended, (self.source, self.appended, self.y))
             return (load_dataset, (self.source,))
         return super().__reduce_ex__(protocol)
 
@@ -278,6 +294,11 @@ class RowView:
             raise TypeError("a RowView is read by slices")
         idx = np.arange(len(self))[key] if self.idx is None else self.idx[key]
         return self.dataset.rows(idx)
+
+
+def _with_appended(source: str, appended: np.ndarray, y: np.ndarray) -> Dataset:
+    """A memory-mapped data set loaded again (in a worker process) with its appended records and labels."""
+    return dataclasses.replace(load_dataset(source), y=y, appended=appended)
 
 
 def _blocks(a: np.ndarray, mapped: MappedFile | None = None) -> Iterator[np.ndarray]:
