@@ -262,8 +262,14 @@ def load_model_spec(path: str | Path, *, feature_shape: tuple[int, ...], n_class
     path = Path(path)
     spec = read_model_spec(path, tokens=tokens)
     if spec.input_shape != tuple(feature_shape) or spec.n_classes != n_classes:
+        shape, want = tuple(feature_shape), tuple(spec.input_shape)
+        # Images saved channels-last (numpy/TF's N x 32 x 32 x 3) for a module that reads (channels, height, width).
+        hint = ""
+        if len(want) == 3 and shape == (*want[1:], want[0]):
+            hint = f"; the data looks channels-last: store X as N x {want[0]} x {want[1]} x {want[2]}, e.g. "
+            hint += "X.transpose(0, 3, 1, 2)"
         raise InputError(
             f"{path}: the spec is for input shape {list(spec.input_shape)} and {spec.n_classes} classes; the data "
-            f"has {list(feature_shape)} and {n_classes}"
+            f"has {list(feature_shape)} and {n_classes}{hint}"
         )
     return spec

@@ -70,7 +70,7 @@ def _tensors(
     y = torch.as_tensor(dataset.y[idx], device=device)
     if dataset.mapped is not None and trainer.streams:
         return StreamedFeatures(dataset, idx, pre, device), y
-    X = torch.as_tensor(np.array(pre.transform(dataset.rows(idx))), device=device)
+    X = torch.as_tensor(np.asarray(pre.transform(dataset.rows(idx))), device=device)  # fresh: no second copy
     if dataset.mapped is not None and X.is_floating_point():
         X = X.float()  # a mapped X keeps the file's float dtype until here
     return X, y

@@ -131,7 +131,7 @@ def _plugin_jobs(trainer, name, data, idx_in, idx_out, pre, spec, canary_x, cana
     bits, so every framework accepts it). Spawn keys give independent streams (numpy docs, "Parallel
     random number generation").
     """
-    X_in, X_out = pre.transform(data.X[idx_in]), pre.transform(data.X[idx_out])
+    X_in, X_out = pre.transform(data.rows(idx_in)), pre.transform(data.rows(idx_out))
     y_in, y_out = data.y[idx_in].astype(np.int64), data.y[idx_out].astype(np.int64)
     canary_pre = pre.transform(canary_x)
     reference_size = max(len(idx_in), len(idx_out))  # one N for both neighbours (the plug-in contract)
@@ -333,7 +333,7 @@ def audit_training(
 
         source += f"; trained by {name}"
         fn = load_trainer(trainer) if isinstance(trainer, str) else trainer
-        X_out, y_out = fit_preprocessing(data, pre_idx).transform(data.X[idx_out]), data.y[idx_out].astype(np.int64)
+        X_out, y_out = fit_preprocessing(data, pre_idx).transform(data.rows(idx_out)), data.y[idx_out].astype(np.int64)
         reference_size = max(len(idx_in), len(idx_out))
         # The runs' independence rests on the trainer drawing its randomness from seed: checked on two seeds of
         # their own stream (31 bits, as the runs' seeds).

@@ -413,6 +413,39 @@ def test_streamed_training_is_bit_identical_to_in_memory(tmp_path, cpu_only):
         assert all(torch.equal(a[k], b[k]) for k in a), config.algo
 
 
+def test_canaries_are_appended_beside_a_memory_mapped_x_not_copied_with_it(tmp_path, cpu_only):
+    """`train --canaries` on a memory-mapped X.npy concatenated the whole file and the canaries into memory
+    (CIFAR's 600 MB X: 3.7 GB peak RSS); training then read that copy. The canaries are now appended beside the
+    map (Dataset.appended), streamed with it batch by batch and carried to worker processes; the weights are
+    those of training on the concatenation."""
+    import pickle
+
+    from dpaudit.canaries import make_canaries, with_canaries
+    from dpaudit.data import make_splits
+
+    X, y = _data(300, seed=4)
+    mapped = load_dataset(str(_npy_dir(tmp_path / "d", X, y)))
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    memory = load_dataset(str(tmp_path / "d.npz"))
+    splits = make_splits(300, 0)
+    canaries = make_canaries(mapped, splits, m=6, kind="mislabeled", seed=1)
+    aug, idx, canary_idx = with_canaries(mapped, splits, canaries)
+    assert aug.X is mapped.X and aug.mapped is mapped.mapped and len(aug) == 306  # no copy of the file
+    np.testing.assert_array_equal(aug.rows(canary_idx[::-1]), canaries.X[::-1])
+    again = pickle.loads(pickle.dumps(aug))  # a worker process's copy: mapped again, canaries and labels kept
+    assert again.mapped is not None and np.array_equal(again.rows(canary_idx), canaries.X)
+    assert np.array_equal(again.y, aug.y)
+    spec = model_spec_from_dict(
+        {"kind": "python", "factory": FACTORY, "kwargs": {"d": D, "n_classes": K}, "input_shape": [D], "n_classes": K}
+    )
+    config = TrainConfig(algo="dpsgd", epochs=1, batch_size=16, lr=0.5, dp=DPConfig(noise_multiplier=1.0, clip=0.5))
+    a = fit_model(aug, idx, spec, config, preprocessing_idx=splits.aux).model.state_dict()
+    concatenated, idx_b, _ = with_canaries(memory, splits, canaries)
+    b = fit_model(concatenated, idx_b, spec, config, preprocessing_idx=splits.aux).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert aug.sha256 == concatenated.sha256
+
+
 def test_streamed_standardizer_matches_in_memory_fit(tmp_path):
     rng = np.random.default_rng(3)
     X = (rng.normal(size=(500, 2, 3, 3)) * 5 + 100).astype(np.float32)

@@ -129,6 +129,21 @@ def test_channels_last_images_are_not_read_as_channels(tmp_path):
     default_spec("cnn", input_shape=(16, 50, 1), n_classes=2)  # a (channels, length, 1) series stays legitimate
 
 
+def test_channels_last_images_for_a_factory_spec_say_so(tmp_path):
+    """CIFAR saved by numpy/TF as N x H x W x 3 with one's own module's spec [3, H, W]: the mismatch named both
+    shapes but not the transpose the zoo cnn's refusal gives; a spec that differs otherwise gets no hint."""
+    from dpaudit.errors import InputError
+    from dpaudit.plugins import load_model_spec
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"kind": "cnn", "input_shape": [3, 8, 8], "n_classes": 2}))
+    with pytest.raises(InputError, match=r"the data has \[8, 8, 3\] and 2; the data looks channels-last: store X as "
+                       r"N x 3 x 8 x 8, e\.g\. X\.transpose\(0, 3, 1, 2\)$"):  # fmt: skip
+        load_model_spec(spec, feature_shape=(8, 8, 3), n_classes=2)
+    with pytest.raises(InputError, match=r"the data has \[8, 3, 8\] and 2$"):
+        load_model_spec(spec, feature_shape=(8, 3, 8), n_classes=2)
+
+
 @pytest.mark.parametrize(("shape", "refused"), [((28, 28, 1), True), ((32, 32, 4), True), ((8, 8, 16), False)])
 def test_channels_last_covers_grey_and_rgba_and_only_those_widths(shape, refused):
     # MNIST stored N x 28 x 28 x 1 and RGBA N x 32 x 32 x 4 are channels-last as CIFAR's 3 is; 8 channels of 8 x 16
