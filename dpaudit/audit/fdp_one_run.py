@@ -378,6 +378,48 @@ def max_certifiable(
     return t, family.epsilon(t, delta)
 
 
+def can_refute(
+    m: int, family: TradeoffFamily, delta: float, alpha: float, selection: str, epsilon: float, *, tol=_PARAM_TOL
+) -> tuple[bool, float]:
+    """Whether a perfect attack (every guess right) under this design refutes a curve of ``family`` whose ε at
+    ``delta`` exceeds ``epsilon``: the decision ``max_certifiable(...)[1] > epsilon``, reached with as few curves as
+    the answer needs (each curve of a DP-SGD family is a PLD composition: at CIFAR scale the full search took minutes
+    before training started).
+
+    The refuted parameters form an interval [0, t*] (refuting f_t refutes every f_s, s ≤ t: see
+    :func:`largest_refuted`) and ε grows with t, so the search stops at the first refuted t with ε(t) > epsilon
+    (True) or the first t not refuted with ε(t) ≤ epsilon (False). Returns the decision and the ε that shows it: a
+    refuted curve's ε above ``epsilon`` (True), or an upper bound on the ε the design certifies (False)."""
+    n_eval = m - m // 2 if selection == "holdout" else m
+    kp, km = _design_pairs(n_eval, selection, None, None)
+    a = alpha / len(kp) if selection == "bonferroni" else alpha
+    pairs = sorted({int(k) for k in kp + km if k > 0})
+
+    def rejects(t: float) -> bool:
+        g = family.blowup_inverse(t)
+        return any(fdp_rejects(n_eval, k, k, g, a) for k in pairs)  # a perfect attack: v = k correct
+
+    lo, hi = 0.0, family.t_start
+    while rejects(hi):
+        e = family.epsilon(hi, delta)
+        if e > epsilon or hi >= family.t_max:
+            return e > epsilon, e
+        lo, hi = hi, min(2.0 * hi, family.t_max)
+    for _ in range(_MAX_BISECTIONS):  # hi is not refuted: the design certifies at most ε(hi)
+        e_hi = family.epsilon(hi, delta)
+        if e_hi <= epsilon or hi - lo <= tol * max(lo, 1e-3):
+            return False, e_hi
+        mid = 0.5 * (lo + hi)
+        if rejects(mid):
+            e = family.epsilon(mid, delta)
+            if e > epsilon:
+                return True, e
+            lo = mid
+        else:
+            hi = mid
+    return False, family.epsilon(hi, delta)
+
+
 def audit(scores, member, *, family: TradeoffFamily, delta: float, alpha: float, selection: str,
           rng: np.random.Generator, k_plus=None, k_minus=None, directions=("greater",)) -> FdpOutcome:  # fmt: skip
     """One-run f-DP bound for canary scores under a design ("fixed", "bonferroni" or "holdout").

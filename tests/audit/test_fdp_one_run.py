@@ -286,3 +286,16 @@ def test_event_family_epsilon_is_the_accountants_at_sigma_one_over_t():
     assert family.epsilon(0.0, delta) == 0.0
     blatant = F.event_family(lambda s: PoissonSampled(0.3, Gaussian(0.0)))
     assert [blatant.blowup_inverse(1.0)(y) for y in (0.0, 0.5, 1.0)] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("family", [F.gdp_family(), F.epsilon_delta_family(1e-5)], ids=["gdp", "epsilon-delta"])
+@pytest.mark.parametrize("m", [10, 50, 400])
+def test_can_refute_decides_as_the_full_search_does(family, m):
+    """`train --canaries` decides with :func:`can_refute` (a few curves) what ``max_certifiable`` (the full search)
+    answers: a perfect attack refutes a curve above ε exactly when the design certifies more than ε. The ε shown
+    is a refuted curve's, above ε (True), or an upper bound on what the design certifies (False)."""
+    _, best = F.max_certifiable(m, family, 1e-5, 0.05, "holdout")
+    for eps in (0.1, 0.5 * best, 0.999 * best, best, 1.001 * best, 2.0 * best):
+        ok, shown = F.can_refute(m, family, 1e-5, 0.05, "holdout", eps)
+        assert ok == (best > eps), (eps, best, shown)
+        assert shown > eps if ok else shown >= best * (1 - 1e-12)
