@@ -538,9 +538,13 @@ def _tokens(name: str, X: np.ndarray, y: np.ndarray, spec: str, source: str) -> 
 
 
 def _check_integer_labels(y: np.ndarray, source: str) -> None:
-    """Labels of NPZ/NPY data must be integers (an integer or bool dtype, or floats with integral values)."""
-    if np.issubdtype(y.dtype, np.integer) or y.dtype == bool:
+    """Labels of NPZ/NPY data must be class labels: integers (an integer or bool dtype, or floats with integral
+    values) or names of classes (a NumPy string array, as a CSV's string labels are: class i is the i-th name in
+    sorted order)."""
+    if np.issubdtype(y.dtype, np.integer) or y.dtype == bool or y.dtype.kind == "U":
         return
+    if y.dtype.kind == "S":  # bytes: their names would reach the report as b'cat'
+        raise DataError(f"{source}: labels are bytes (dtype {y.dtype}); save them as str, y.astype(str)")
     if np.issubdtype(y.dtype, np.floating):
         frac = y[np.isfinite(y) & (y != np.round(y))]
         if len(frac) == 0:

@@ -331,7 +331,7 @@ def _npy_dir(path: Path, X: np.ndarray, y: np.ndarray) -> Path:
         ({"X": np.zeros((4, 2))}, "must hold arrays 'X' and 'y'"),
         ({"X": np.zeros((4, 2)), "y": np.array([0, 1, 0])}, "X has 4 rows but y has 3"),
         ({"X": np.zeros((4, 2)), "y": np.array([0.0, 1.5, 0.0, 1.0])}, "labels must be integers"),
-        ({"X": np.zeros((4, 2)), "y": np.array(["a", "b", "a", "b"])}, "labels must be integers, got dtype <U1"),
+        ({"X": np.zeros((4, 2)), "y": np.array([b"a", b"b", b"a", b"b"])}, "labels are bytes (dtype |S1)"),
         (
             {"X": np.zeros((4, 2)), "y": np.array([[0], [1], [0], [1]])},
             "got shape (4, 1): one label per record, y.ravel()",
@@ -520,3 +520,20 @@ def test_help_says_what_digits_is():
     r = invoke("train", "--help")
     text = " ".join(r.output.replace("│", " ").split())
     assert "divided by 16" in text and "1 x 8 x 8" in text and "memory-mapped" in text
+
+
+def test_string_labels_in_npz_and_npy_are_class_names_as_in_a_csv(tmp_path):
+    """A NumPy string array of labels names the classes, as a CSV's string column does (it was refused as "labels
+    must be integers, got dtype <U3" while the same labels in a CSV trained): class i is the i-th name in sorted
+    order."""
+    from dpaudit.data import load_dataset
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3)).astype(np.float32)
+    y = np.where(X[:, 0] > 0, "cat", "dog")
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    _npy_dir(tmp_path / "dir", X, y)
+    for spec in (tmp_path / "d.npz", tmp_path / "dir"):
+        ds = load_dataset(spec)
+        assert ds.classes.tolist() == ["cat", "dog"] and ds.n_classes == 2
+        np.testing.assert_array_equal(ds.y, (y == "dog").astype(np.int64))
