@@ -294,6 +294,34 @@ def resolve_family(tradeoff, delta: float) -> TradeoffFamily:
     )
 
 
+class _Bracket:
+    """The parameters to check, in order, to locate the end t* of the refuted interval [0, t*] (refuting f_t
+    refutes every f_s, s ≤ t: the family is nested): doubling from ``family.t_start`` up to ``family.t_max``,
+    then bisection to relative width ``tol`` (at most ``_MAX_BISECTIONS`` midpoints). After each check the caller
+    records whether t was refuted; ``lo`` is the largest checked t refuted (0.0 before any) and ``hi`` the smallest
+    checked t not refuted (None while every check was refuted)."""
+
+    def __init__(self, family: TradeoffFamily, tol: float):
+        self.family, self.tol = family, tol
+        self.lo, self.hi, self._midpoints = 0.0, None, 0
+
+    def next(self) -> float | None:
+        if self.hi is None:  # doubling
+            if self.lo >= self.family.t_max:
+                return None
+            return self.family.t_start if self.lo == 0.0 else min(2.0 * self.lo, self.family.t_max)
+        if self._midpoints >= _MAX_BISECTIONS or self.hi - self.lo <= self.tol * max(self.lo, 1e-3):
+            return None
+        self._midpoints += 1
+        return 0.5 * (self.lo + self.hi)
+
+    def record(self, t: float, refuted: bool) -> None:
+        if refuted:
+            self.lo = t
+        else:
+            self.hi = t
+
+
 def largest_refuted(
     m: int, ks, vs, family: TradeoffFamily, alpha: float, *, tol: float = _PARAM_TOL
 ) -> tuple[float, int]:
@@ -315,21 +343,13 @@ def largest_refuted(
     best = first_rejecting(0.0)
     if best is None:
         return 0.0, 0
-    lo, hi = 0.0, family.t_start
-    while (i := first_rejecting(hi)) is not None:
-        lo, best = hi, i
-        if hi >= family.t_max:
-            return lo, best
-        hi = min(2.0 * hi, family.t_max)
-    for _ in range(_MAX_BISECTIONS):
-        if hi - lo <= tol * max(lo, 1e-3):
-            break
-        mid = 0.5 * (lo + hi)
-        if (i := first_rejecting(mid)) is not None:
-            lo, best = mid, i
-        else:
-            hi = mid
-    return lo, best
+    bracket = _Bracket(family, tol)
+    while (t := bracket.next()) is not None:
+        i = first_rejecting(t)
+        bracket.record(t, i is not None)
+        if i is not None:
+            best = i
+    return bracket.lo, best
 
 
 def _index_of(ks, vs, k: int, v: int) -> int:
@@ -399,25 +419,16 @@ def can_refute(
         g = family.blowup_inverse(t)
         return any(fdp_rejects(n_eval, k, k, g, a) for k in pairs)  # a perfect attack: v = k correct
 
-    lo, hi = 0.0, family.t_start
-    while rejects(hi):
-        e = family.epsilon(hi, delta)
-        if e > epsilon or hi >= family.t_max:
-            return e > epsilon, e
-        lo, hi = hi, min(2.0 * hi, family.t_max)
-    for _ in range(_MAX_BISECTIONS):  # hi is not refuted: the design certifies at most ε(hi)
-        e_hi = family.epsilon(hi, delta)
-        if e_hi <= epsilon or hi - lo <= tol * max(lo, 1e-3):
-            return False, e_hi
-        mid = 0.5 * (lo + hi)
-        if rejects(mid):
-            e = family.epsilon(mid, delta)
-            if e > epsilon:
-                return True, e
-            lo = mid
-        else:
-            hi = mid
-    return False, family.epsilon(hi, delta)
+    bracket = _Bracket(family, tol)
+    while (t := bracket.next()) is not None:
+        refuted = rejects(t)
+        bracket.record(t, refuted)
+        e = family.epsilon(t, delta)
+        if refuted == (e > epsilon):  # refuted above the claim, or not refuted at or below it: decided
+            return refuted, e
+    # The search ended undecided: every refuted t has ε(t) ≤ epsilon; the design certifies at most ε(hi)
+    # (ε(t_max) when even t_max was refuted).
+    return False, family.epsilon(bracket.lo if bracket.hi is None else bracket.hi, delta)
 
 
 def audit(scores, member, *, family: TradeoffFamily, delta: float, alpha: float, selection: str,

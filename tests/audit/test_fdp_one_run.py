@@ -299,3 +299,10 @@ def test_can_refute_decides_as_the_full_search_does(family, m):
         ok, shown = F.can_refute(m, family, 1e-5, 0.05, "holdout", eps)
         assert ok == (best > eps), (eps, best, shown)
         assert shown > eps if ok else shown >= best * (1 - 1e-12)
+    # At eps = best the search runs to its end undecided; what it shows must bound the design's ε from above, not
+    # sit at the bracket's refuted end (best itself, below the true value by up to the bisection's tolerance).
+    n_eval = m - m // 2
+    kp, km = F._design_pairs(n_eval, "holdout", None, None)
+    t_fine, _ = F.largest_refuted(n_eval, kp + km, kp + km, family, 0.05, tol=1e-9)
+    _, shown = F.can_refute(m, family, 1e-5, 0.05, "holdout", best)
+    assert shown >= family.epsilon(t_fine, 1e-5)
