@@ -51,7 +51,7 @@ def _one_run(method: str) -> bool:
     return method in ONE_RUN_METHODS
 
 
-def _smallest_size(method: str, selection: str) -> int:
+def smallest_size(method: str, selection: str) -> int:
     """Smallest runs per side (one-run methods: canaries) that the design accepts."""
     if _one_run(method):
         return 4 if selection == "holdout" else 2  # the one-run holdout split needs ≥ 4 canaries
@@ -122,7 +122,7 @@ def trials_needed(
     def f(n: int) -> float:
         return _certifiable(n, method, delta, confidence, selection, alternative, tradeoff)
 
-    lo = _smallest_size(method, selection)
+    lo = smallest_size(method, selection)
     if lo > max_trials:
         raise InputError(f"expected max_trials >= {lo} for this design, got {max_trials}")
     v_lo = f(lo)

@@ -40,6 +40,7 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit import audit_scores, check_audit_claim
+from dpaudit.audit.plan import smallest_size
 from dpaudit.errors import InputError
 from dpaudit.plugins import PLUGIN_SCORE_HELP  # noqa: F401 (re-exported)
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -233,11 +234,13 @@ def audit_training(
             spec, input_shape=dataset.feature_shape, n_classes=dataset.n_classes, vocab_size=dataset.vocab_size
         )
     runs = check_positive_int(runs=runs)
-    if runs < 2:  # before any run: the holdout threshold selection needs 2 members and 2 non-members
-        raise InputError(f"runs {runs}: a multi-run audit needs at least 2 runs with the canary and 2 without")
+    check_choice(("clopper-pearson", "gdp"), method=method)
+    if runs < (least := smallest_size(method, "holdout")):  # before any run: the holdout threshold selection
+        raise InputError(
+            f"runs {runs}: a multi-run audit needs at least {least} runs with the canary and {least} without"
+        )
     workers = check_workers(workers)  # before any run: joblib's n_jobs 0 was an internal error, 64 processes on 2 cores
     check_choice(("black-box", "white-box"), threat_model=threat_model)
-    check_choice(("clopper-pearson", "gdp"), method=method)
     check_choice(("random", "adversarial"), init=init)
     if init == "adversarial" and (trainer is not None or threat_model != "black-box"):
         raise InputError("init 'adversarial' needs dpaudit's own trainer and the black-box threat model")
