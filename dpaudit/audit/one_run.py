@@ -275,6 +275,18 @@ def max_certifiable(m: int, delta: float, alpha: float, selection: str, k_plus=N
 MIN_HOLDOUT_CANARIES = 4  # the fewest canaries the holdout selection takes (half choose the guess counts)
 
 
+def check_inclusion_mixed(included, source: str, remedy: str) -> None:
+    """Refuse canaries whose inclusion bits are all 1 or all 0 (fair coins do that with probability 2^(1−m)):
+    the one-run holdout design needs both (audit_scores would say "member has a single class", not why)."""
+    n_in, m = int(np.sum(included)), len(included)
+    if n_in in (0, m):
+        raise InputError(
+            f"{source}: {n_in} of {m} canaries are included: the one-run audit needs included and excluded ones, "
+            f"each included independently with probability 1/2 (fair coins give all or none with probability "
+            f"{2.0 ** (1 - m):.2g}); {remedy}"
+        )
+
+
 def draw_design(m: int, selection: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
     """The design's randomness, drawn once before any direction is looked at (the same keys and split
     serve every direction): tie-breaking keys, and for "holdout" the selection half (a random half of

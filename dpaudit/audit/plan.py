@@ -26,6 +26,7 @@ from typing import Any
 
 from dpaudit import numfmt
 from dpaudit.audit.bounds import max_certifiable_epsilon
+from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES
 from dpaudit.audit.power import (
     DEFAULT_ALTERNATIVE_FACTOR,
     DEFAULT_ALTERNATIVE_FAMILY,
@@ -54,7 +55,7 @@ def _one_run(method: str) -> bool:
 def smallest_size(method: str, selection: str) -> int:
     """Smallest runs per side (one-run methods: canaries) that the design accepts."""
     if _one_run(method):
-        return 4 if selection == "holdout" else 2  # the one-run holdout split needs ≥ 4 canaries
+        return MIN_HOLDOUT_CANARIES if selection == "holdout" else 2
     return 2 if selection == "holdout" else 1  # holdout needs ≥ 2 of each class
 
 

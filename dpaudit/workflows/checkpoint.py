@@ -22,6 +22,7 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit import AuditResult, audit_scores, check_audit_claim, decide_verdict
+from dpaudit.audit.one_run import check_inclusion_mixed
 from dpaudit.checkpoint import claim_mismatch_note, edited_note
 from dpaudit.defaults import DEFAULTS, AuditDefaults  # noqa: F401 (AuditDefaults: re-exported)
 from dpaudit.errors import InputError
@@ -148,6 +149,9 @@ def claim_tradeoff(privacy: Mapping[str, Any]):
     return dpsgd_family(float(privacy["sample_rate"]), int(privacy["steps"]))
 
 
+_RETRAIN = "retrain with another canary seed (`dpaudit train --canary-seed`)"
+
+
 def one_run_records(attack, what, scores, included, common, curve, note) -> list[AuditRecord]:
     """One-run audits of canary scores: the (ε, δ) analysis (Steinke, Nasr & Jagielski 2023) and, when
     the claim has its own trade-off curve (:func:`claim_tradeoff`), the f-DP analysis against that curve
@@ -268,12 +272,14 @@ def audit_checkpoint(
         what = f"{len(scores)} {canaries['kind']} canaries, each included w.p. 1/2 (black-box, logit-scaled confidence)"
         if canaries.get("inserted_by"):  # an imported run: formal if its training added the included ones as declared
             what += f"; inserted by {canaries['inserted_by']}"
+        check_inclusion_mixed(included, f"{path}: {canaries['kind']} canaries", _RETRAIN)
         records += one_run_records("canaries", what, scores, included, canary_common, curve, note)
     if whitebox is not None:
         what = (
             f"{len(whitebox[0])} white-box Dirac gradient canaries, each included w.p. 1/2 (every update observed; "
             "Steinke, Nasr & Jagielski 2023)"
         )
+        check_inclusion_mixed(whitebox[1], f"{path}: white-box canaries", _RETRAIN)
         records += one_run_records("whitebox-canaries", what, *whitebox, canary_common, curve, None)
     results = []
     if attacks:

@@ -34,7 +34,7 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
-from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES
+from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES, check_inclusion_mixed
 from dpaudit.errors import InputError
 from dpaudit.hooks.core import SIGMA_MAX, SIGMA_MIN, cross_pair_counts, dirac_scores
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
@@ -242,19 +242,15 @@ def audit_canaries(
         alpha = (1.0 - confidence) / 2  # Bonferroni: the per-step audit and the noise check
         records = [_per_step_record(obs, q, sigma, delta, 1.0 - alpha, claimed, seed)]
     else:
-        n_in = int(obs.included.sum())
         # (audit_scores said "holdout guess-count selection needs at least 4 canaries")
         if obs.count < MIN_HOLDOUT_CANARIES:
             raise InputError(
                 f"{directory}: {obs.count} gradient canaries: the one-run audit needs at least {MIN_HOLDOUT_CANARIES} "
                 "(hundreds to refute a small ε: `dpaudit audit plan`); give GradientCanaries a larger count"
             )
-        if n_in in (0, obs.count):  # (audit_scores would say "member has a single class", not why)
-            raise InputError(
-                f"{directory}: {n_in} of {obs.count} canaries are included: the one-run audit needs included and "
-                f"excluded ones, each included independently with probability 1/2 (fair coins give all or none with "
-                f"probability {2.0 ** (1 - obs.count):.2g}; GradientCanaries draws such bits unless given included=)"
-            )
+        check_inclusion_mixed(
+            obs.included, str(directory), "GradientCanaries draws such bits unless given included=: use another seed"
+        )
         curve = claim_tradeoff(claim) if sigma is not None else None
         n_tests = 1 + (curve is not None) + (sigma is not None)
         alpha = (1.0 - confidence) / n_tests  # Bonferroni over the formal tests run

@@ -170,6 +170,7 @@ def train_from_options(
     check_choice(sorted([*TRAINERS, "pate", "dp-icl"]), algo=algo)
     algo = resolve_algo(algo, mechanism, objective)
     check_options_read(algo, given)  # e.g. --clip with --algo sgd: refused, never silently ignored
+    _check_canary_counts(canaries=canaries, whitebox_canaries=whitebox_canaries)
     # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
     batch_given = batch_size is not None
     r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
@@ -224,6 +225,22 @@ def train_from_options(
         force=force, progress=progress, canaries=canary_set,
         whitebox=None if whitebox_canaries is None else DiracCanaries(m=whitebox_canaries, seed=canary_seed),
     )  # fmt: skip
+
+
+def _check_canary_counts(**counts: int | None) -> None:
+    """Refuse, before any training, a canary count the checkpoint audit could not analyse: its one-run design
+    selects the guess counts on half the canaries and evaluates them on the other half (each half needs 2).
+    ``train --canaries 3 --allow-inconclusive`` trained, then ``audit checkpoint`` stopped at "0 members, 3
+    non-members" or "needs at least 4 canaries"."""
+    from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES as least
+    from dpaudit.validation import check_positive_int
+
+    for name, m in counts.items():
+        if m is not None and check_positive_int(**{name: m}) < least:
+            raise InputError(
+                f"expected {name} >= {least}, got {m}: the checkpoint's one-run audit selects its guess counts on "
+                "half the canaries and scores the other half"
+            )
 
 
 def _data_dependent_note(privacy: dict[str, Any], asked: float | None) -> str | None:

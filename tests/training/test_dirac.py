@@ -126,6 +126,11 @@ def test_checkpoint_round_trip_feeds_audit_checkpoint(digits, tmp_path):
     (tmp_path / "r" / ".dpaudit-manifest.json").unlink()  # a run written before manifests: the shapes are checked
     with pytest.raises(CheckpointError, match="white-box canary"):
         load_run(tmp_path / "r").whitebox_canaries()
+    # Coins that all came up "out" (probability 2^(1-m)): one line naming why and what to do, not "member has a
+    # single class".
+    np.savez(tmp_path / "r" / "whitebox_canaries.npz", scores=scores, included=np.zeros(64, bool))
+    with pytest.raises(InputError, match=r"white-box canaries: 0 of 64 canaries are included.*--canary-seed"):
+        audit_checkpoint(tmp_path / "r", attacks=())
 
 
 def test_non_private_and_shuffled_training_are_refused(digits):

@@ -163,10 +163,23 @@ def test_train_with_canaries_refuses_an_inconclusive_design_exit_2(tmp_path):
     assert r.exit_code == 2 and "one-run" in r.output and "--allow-inconclusive" in r.output, r.output
     assert "f-DP analysis against the claim's own curve" in r.output
     assert not (tmp_path / "a").exists()
+    # Fewer canaries than the one-run holdout design takes: refused before training even with
+    # --allow-inconclusive (it trained, then `audit checkpoint` stopped on "member has a single class").
+    for flag in ("--canaries", "--whitebox-canaries"):
+        r = runner.invoke(app, [*base, flag, "3", "--allow-inconclusive", "--out", str(tmp_path / "a")])
+        assert r.exit_code == 2 and f"expected {flag} >= 4, got 3" in r.output, r.output
+        assert not (tmp_path / "a").exists()
     r = runner.invoke(app, [*args, "--canary-kind", "crafted", "--allow-inconclusive", "--out", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "b" / "checkpoint.json").read_text())
     assert meta["canaries"]["kind"] == "crafted" and meta["canaries"]["m"] == 20
+    # Coins that all came up "in": `audit checkpoint` says why in one line (it said "member has a single class").
+    with np.load(tmp_path / "b" / "canaries.npz") as z:
+        parts = {k: z[k] for k in z.files}
+    np.savez(tmp_path / "b" / "canaries.npz", **{**parts, "included": np.ones(20, bool)})
+    (tmp_path / "b" / ".dpaudit-manifest.json").unlink()
+    r = runner.invoke(app, ["audit", "checkpoint", str(tmp_path / "b"), "--attacks", "none"])
+    assert r.exit_code == 2 and "crafted canaries: 20 of 20 canaries are included" in r.output, r.output
     # 100 canaries cannot refute ε = 8 in the (ε, δ) analysis (at most 2.78) but can against the claim's
     # own DP-SGD curve (the f-DP record `audit checkpoint` adds): accepted without the flag.
     assert max_certifiable_epsilon(50, 50, method="one-run", delta=1e-5) < 8
