@@ -19,3 +19,7 @@ class AuditDefaults:
 
 
 DEFAULTS = AuditDefaults()
+
+# The fewest canaries the one-run audit's holdout design takes: half choose the guess counts, half are scored
+# (:func:`dpaudit.audit.one_run.draw_design`). Here so that training code can refuse fewer before training.
+MIN_HOLDOUT_CANARIES = 4

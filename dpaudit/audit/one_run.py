@@ -24,6 +24,7 @@ from scipy import optimize, special
 
 from dpaudit.audit.holdout import select_then_evaluate, split
 from dpaudit.audit.stats import clopper_pearson_lower
+from dpaudit.defaults import MIN_HOLDOUT_CANARIES
 from dpaudit.errors import InputError
 from dpaudit.validation import check_in_interval, check_non_negative, shown
 
@@ -270,9 +271,6 @@ def max_certifiable(m: int, delta: float, alpha: float, selection: str, k_plus=N
     m_eval = m - m // 2  # the holdout split keeps floor(m/2) for selection
     kp, km = _fractions_to_counts(*_fraction_pairs(), m_eval)
     return best_bound_over_pairs(m_eval, kp + km, kp + km, delta, alpha)[0]
-
-
-MIN_HOLDOUT_CANARIES = 4  # the fewest canaries the holdout selection takes (half choose the guess counts)
 
 
 def check_inclusion_mixed(included, source: str, remedy: str) -> None:

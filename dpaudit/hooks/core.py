@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit.defaults import MIN_HOLDOUT_CANARIES
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.validation import (
     MAX_DERIVED_SEED,
@@ -316,6 +317,13 @@ class GradientCanaries:
         self.clip = None if clip is None else check_positive(clip=clip)
         self.seed = check_seed(limit=MAX_DERIVED_SEED, seed=seed)  # an audit run's canary seed is derived
         self.inclusion = check_choice(INCLUSIONS, inclusion=inclusion)
+        if self.inclusion == "run" and included is None and self.count < MIN_HOLDOUT_CANARIES:
+            # (the audit refused them after the whole training run)
+            raise InputError(
+                f"expected count >= {MIN_HOLDOUT_CANARIES}, got {self.count}: the one-run audit selects its guess "
+                "counts on half the canaries and scores the other half (hundreds to refute a small ε: "
+                "`dpaudit audit plan`)"
+            )
         self.n_projections = int(projections)
         if self.n_projections < 0:
             raise InputError(f"expected projections >= 0, got {projections!r}")

@@ -232,7 +232,7 @@ def _check_canary_counts(**counts: int | None) -> None:
     selects the guess counts on half the canaries and evaluates them on the other half (each half needs 2).
     ``train --canaries 3 --allow-inconclusive`` trained, then ``audit checkpoint`` stopped at "0 members, 3
     non-members" or "needs at least 4 canaries"."""
-    from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES as least
+    from dpaudit.defaults import MIN_HOLDOUT_CANARIES as least
     from dpaudit.validation import check_positive_int
 
     for name, m in counts.items():

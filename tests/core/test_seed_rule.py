@@ -36,7 +36,7 @@ def _entry_points():
     }
     derived = {
         "TrainConfig": lambda s: TrainConfig(seed=s),
-        "GradientCanaries": lambda s: GradientCanaries({"w": (3,)}, count=1, sample_rate=0.5, clip=1.0, seed=s),
+        "GradientCanaries": lambda s: GradientCanaries({"w": (4,)}, count=4, sample_rate=0.5, clip=1.0, seed=s),
         "numpy_rng": lambda s: numpy_rng(s),
         "derive_seed": lambda s: derive_seed(s),
     }
@@ -76,8 +76,8 @@ def test_jax_and_numpy_0d_integers_are_seeds_and_a_prng_key_is_refused_in_one_li
     from dpaudit.hooks import GradientCanaries
 
     for seed in (jax.numpy.int32(3), np.array(3)):
-        c = GradientCanaries({"w": (10,)}, count=jax.numpy.int32(2), sample_rate=0.5, clip=1.0, seed=seed)
-        assert (c.seed, c.count) == (3, 2) and type(c.seed) is int
+        c = GradientCanaries({"w": (10,)}, count=jax.numpy.int32(5), sample_rate=0.5, clip=1.0, seed=seed)
+        assert (c.seed, c.count) == (3, 5) and type(c.seed) is int
     for key in (jax.random.key(0), jax.random.PRNGKey(0)):
         with pytest.raises(InputError, match=r"expected seed to be an integer") as err:
             check_seed(seed=key)

@@ -94,7 +94,7 @@ def test_opacus_adapter_refusals(opacus_example, tmp_path):
 
     model = torch.nn.Linear(4, 2)
     shapes = {n: p.shape for n, p in model.named_parameters()}
-    canaries = GradientCanaries(shapes, count=2, sample_rate=0.5, clip=None, seed=0)
+    canaries = GradientCanaries(shapes, count=4, sample_rate=0.5, clip=None, seed=0)
     with pytest.raises(InputError, match="DPOptimizer"):
         canaries.attach(torch.optim.SGD(model.parameters(), lr=0.1))
     data = DataLoader(TensorDataset(torch.zeros(8, 4), torch.zeros(8, dtype=torch.int64)), batch_size=4)
@@ -102,13 +102,13 @@ def test_opacus_adapter_refusals(opacus_example, tmp_path):
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=data,
         noise_multiplier=1.0, max_grad_norm=2.5,
     )  # fmt: skip
-    other = GradientCanaries({"w": (3, 4), "b": (3,)}, count=2, sample_rate=0.5, clip=None, seed=0)
+    other = GradientCanaries({"w": (3, 4), "b": (3,)}, count=4, sample_rate=0.5, clip=None, seed=0)
     with pytest.raises(InputError, match="another model"):
         other.attach(opt)
     with pytest.raises(InputError, match="another model"):
-        GradientCanaries({"w": (2, 4), "b": (2,)}, count=2, sample_rate=0.5, clip=None, seed=0).attach(opt, module=m)
+        GradientCanaries({"w": (2, 4), "b": (2,)}, count=4, sample_rate=0.5, clip=None, seed=0).attach(opt, module=m)
     with pytest.raises(InputError, match="differs from the optimizer's max_grad_norm"):  # a canary must be a record
-        GradientCanaries(shapes, count=2, sample_rate=0.5, clip=5.0, seed=0).attach(opt)
+        GradientCanaries(shapes, count=4, sample_rate=0.5, clip=5.0, seed=0).attach(opt)
     from opacus.optimizers import DPPerLayerOptimizer
 
     per_layer = DPPerLayerOptimizer(
@@ -116,7 +116,7 @@ def test_opacus_adapter_refusals(opacus_example, tmp_path):
         expected_batch_size=4,
     )  # fmt: skip
     with pytest.raises(InputError, match="DPPerLayerOptimizer: per-layer clipping"):
-        GradientCanaries(shapes, count=2, sample_rate=0.5, clip=None, seed=0).attach(per_layer)
+        GradientCanaries(shapes, count=4, sample_rate=0.5, clip=None, seed=0).attach(per_layer)
     assert canaries.attach(opt, module=m) is opt and canaries.clip == 2.5  # clip = max_grad_norm
     with pytest.raises(InputError, match="already"):
         canaries.attach(opt)

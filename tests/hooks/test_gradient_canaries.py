@@ -150,7 +150,7 @@ def test_noise_summary_matches_a_plain_loop_over_untouched_coordinates():
 
 
 def test_prefix_and_names(tmp_path):
-    c = GradientCanaries({"_module." + n: s for n, s in SHAPES.items()}, count=3, sample_rate=0.5, clip=1, seed=0)
+    c = GradientCanaries({"_module." + n: s for n, s in SHAPES.items()}, count=4, sample_rate=0.5, clip=1, seed=0)
     assert list(c.param_shapes) == list(SHAPES)
     out = c.inject(0, {"_module." + n: np.zeros(s) for n, s in SHAPES.items()})
     assert set(out) == {"_module." + n for n in SHAPES}  # the caller's names come back
@@ -158,7 +158,7 @@ def test_prefix_and_names(tmp_path):
 
 
 def test_bad_input_is_one_line_input_error(tmp_path):
-    c = GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    c = GradientCanaries(SHAPES, count=4, sample_rate=0.5, clip=1.0, seed=0)
     zeros = {n: np.zeros(s) for n, s in SHAPES.items()}
     with pytest.raises(InputError, match="before inject"):
         c.observe(0, zeros)
@@ -178,15 +178,21 @@ def test_bad_input_is_one_line_input_error(tmp_path):
     with pytest.raises(InputError, match="parameters"):
         GradientCanaries(SHAPES, count=1000, sample_rate=0.5, clip=1.0, seed=0)
     with pytest.raises(InputError, match="sample_rate"):
-        GradientCanaries(SHAPES, count=3, sample_rate=1.5, clip=1.0, seed=0)
+        GradientCanaries(SHAPES, count=4, sample_rate=1.5, clip=1.0, seed=0)
     with pytest.raises(InputError, match="clip"):
-        GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=None, seed=0).inject(0, zeros)
+        GradientCanaries(SHAPES, count=4, sample_rate=0.5, clip=None, seed=0).inject(0, zeros)
+    # Fewer than the one-run audit's holdout design takes: refused before the training loop, not by the audit after
+    # it. Per-step inclusion and bits the experiment sets itself (included=) are other designs.
+    with pytest.raises(InputError, match=r"expected count >= 4, got 3: the one-run audit"):
+        GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    assert GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0, inclusion="step").count == 3
+    assert GradientCanaries(SHAPES, count=1, sample_rate=0.5, clip=1.0, seed=0, included=[True]).count == 1
 
 
 def test_a_missing_gradient_and_a_second_observe_are_named_as_such():
     """A None gradient (a torch parameter frozen or unused: p.grad is None) was refused as "dtype object", and a
     second observe of a step as "observe before inject"; each line now says what happened."""
-    c = GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    c = GradientCanaries(SHAPES, count=4, sample_rate=0.5, clip=1.0, seed=0)
     zeros = {n: np.zeros(s) for n, s in SHAPES.items()}
     with pytest.raises(InputError, match=r"parameter 'fc\.bias' has no gradient"):
         c.inject(0, {**zeros, "fc.bias": None})
@@ -303,7 +309,7 @@ def test_record_and_gradient_canary_directories_are_not_confused(tmp_path):
     make_canary_dir("digits", count=5, kind="mislabeled", out=tmp_path / "records")
     with pytest.raises(InputError, match=r"dpaudit canaries make.*dpaudit import --canaries"):
         load_observations(tmp_path / "records")
-    c = GradientCanaries(SHAPES, count=3, sample_rate=0.5, clip=1.0, seed=0)
+    c = GradientCanaries(SHAPES, count=4, sample_rate=0.5, clip=1.0, seed=0)
     _loop(c, 2)
     c.save(tmp_path / "grad")
     with pytest.raises(InputError, match="dpaudit audit canaries"):

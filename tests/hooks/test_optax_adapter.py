@@ -113,7 +113,7 @@ def test_optax_refusals():
     with pytest.raises(InputError, match="another model"):  # at trace time, before anything runs
         jax.jit(tx.update)(other, state)
     with pytest.raises(InputError, match="clip"):
-        GradientCanaries({"w": (3,)}, count=1, sample_rate=0.5, clip=None, seed=0).optax_inject()
+        GradientCanaries({"w": (4,)}, count=4, sample_rate=0.5, clip=None, seed=0).optax_inject()
 
 
 def _two_jitted_steps(c, sums, noise):
