@@ -23,6 +23,8 @@ What the outcome means:
   that size (:mod:`dpaudit.audit.power`) — and fails, naming the trials needed, when the audit would
   catch that leak with probability below ``power`` (0.8). A green test then means the test could
   have caught a 2x error and did not. ``require_power=False`` lets an underpowered test pass.
+  That simulation assumes the learned direction is right; a vector output with more coordinates than the pilot
+  can estimate (rank 2·pilot − 2 below the output's size) fails the check too: pass ``direction=``.
 """
 
 from __future__ import annotations
@@ -115,14 +117,30 @@ def _projection(pilot_in: np.ndarray, pilot_out: np.ndarray) -> np.ndarray:
     For Gaussian outputs with a shared covariance this is the likelihood-ratio direction (Neyman–
     Pearson optimal); for a scalar output it reduces to the sign of the mean difference. A small ridge
     (1e-6 of the mean variance) keeps Σ invertible for degenerate coordinates.
+
+    Σ = AᵀA for the m pilot rows, centred and scaled (A below). With more coordinates than rows (d > m: a noisy
+    gradient, an embedding) the same w comes from the m × m system of the Woodbury identity,
+    (AᵀA + λI)⁻¹b = (b − Aᵀ(λI + AAᵀ)⁻¹Ab)/λ (Golub & Van Loan, Matrix Computations, 4th ed., §2.1.4), so
+    memory and time grow with m·d instead of d² (a d × d Σ of 10⁵ outputs is 80 GB) and d³.
     """
-    diff = pilot_in.mean(axis=0) - pilot_out.mean(axis=0)
+    mu_in, mu_out = pilot_in.mean(axis=0), pilot_out.mean(axis=0)
+    diff = mu_in - mu_out
     d = pilot_in.shape[1]
     if d == 1:
         return np.array([1.0 if diff[0] >= 0 else -1.0])
-    cov = 0.5 * (np.cov(pilot_in, rowvar=False) + np.cov(pilot_out, rowvar=False))
-    ridge = 1e-6 * max(float(np.trace(cov)) / d, 1e-300)
-    w = np.linalg.solve(cov + ridge * np.eye(d), diff)
+    if d <= len(pilot_in) + len(pilot_out):
+        cov = 0.5 * (np.cov(pilot_in, rowvar=False) + np.cov(pilot_out, rowvar=False))
+        ridge = 1e-6 * max(float(np.trace(cov)) / d, 1e-300)
+        w = np.linalg.solve(cov + ridge * np.eye(d), diff)
+    else:  # Σ = ½(np.cov(in) + np.cov(out)) = AᵀA, never formed
+        a = np.vstack(
+            [
+                (pilot_in - mu_in) / math.sqrt(2 * (len(pilot_in) - 1)),
+                (pilot_out - mu_out) / math.sqrt(2 * (len(pilot_out) - 1)),
+            ]
+        )
+        ridge = 1e-6 * max(float(np.sum(a * a)) / d, 1e-300)  # trace(AᵀA) = Σ a²
+        w = (diff - a.T @ np.linalg.solve(ridge * np.eye(len(a)) + a @ a.T, a @ diff)) / ridge
     if not np.any(w):
         w = np.ones(d)
     return w
@@ -245,7 +263,8 @@ def audit_mechanism(
         seed=audit_rng,
         design="multi-run",
     )
-    return dataclasses.replace(result, notes=(*result.notes, note), details={**result.details, "pilot_trials": n_pilot})
+    details = {**result.details, "pilot_trials": n_pilot, "output_size": int(x_in.shape[1])}
+    return dataclasses.replace(result, notes=(*result.notes, note), details=details)
 
 
 def trials_for_power(
@@ -269,6 +288,25 @@ def _with_pilot(n_eval: int, pilot: bool) -> int:
     while t - _n_pilot(t) < n_eval:  # a few steps at most: the pilot is a rounded fraction of t
         t += 1
     return t
+
+
+def _singular_pilot(trials: int, size: int) -> str | None:
+    """None when the pilot of ``trials`` per side can estimate the covariance of ``size`` outputs; else why not.
+
+    The pilot's pooled covariance has rank at most 2·n_pilot − 2 (each side's rows, centred on their mean): below
+    ``size`` it is singular, and the learned direction (:func:`_projection`) is set by the ridge, not the data —
+    for noise in every coordinate, close to a random direction that misses a leak in a few of them."""
+    n_pilot = _n_pilot(trials)
+    if size == 1 or 2 * n_pilot - 2 >= size:
+        return None
+    t = max(_MIN_TRIALS, math.ceil((size + 2) / 2 / PILOT_FRACTION) - 2)
+    while 2 * _n_pilot(t) - 2 < size:
+        t += 1
+    return (
+        f"the mechanism returns {size} values and the direction is learned from {n_pilot} pilot runs per side, whose "
+        f"covariance has rank at most {2 * n_pilot - 2} < {size} (singular: the direction is mostly the ridge's, not "
+        f"the data's; at least {t} trials per side for a full-rank pilot)"
+    )
 
 
 def _power_shortfall(
@@ -387,6 +425,13 @@ def assert_dp(
         if not alt > epsilon:
             raise InputError(f"expected alternative_epsilon > epsilon = {numfmt.upper(epsilon)}, got {alt:g}")
         leak = hypothesised_leak(family=alternative_family, epsilon=alt, delta=result.delta)
+        if direction is None and (singular := _singular_pilot(trials, result.details["output_size"])) is not None:
+            raise AssertionError(
+                f"the test has too little power against ({numfmt.upper(epsilon)}, {numfmt.exact(result.delta)})-DP: "
+                f"{singular}, so the power simulated against {leak.describe()} (which assumes the pilot learns the "
+                "right direction) says nothing. Pass direction= (a projection vector: the coordinates a record "
+                "changes) or more trials, or require_power=False to accept an underpowered test.\n" + result.summary()
+            )
         shortfall = _power_shortfall(
             result, epsilon=epsilon, trials=trials, pilot=direction is None, method=method,
             power=check_in_interval(0.0, 1.0, power=power), leak=leak, seed=seed,

@@ -208,3 +208,48 @@ def test_the_power_check_decides_on_the_interval_not_the_point_estimate():
     needed = int(__import__("re").search(r"Needed: about ([0-9]+) trials per side", str(err.value)).group(1))
     assert needed > 116
     assert_dp(laplace_ok, D, D_PRIME, epsilon=1.0, delta=0.0, trials=needed)
+
+
+def test_wide_outputs_learn_the_direction_without_a_d_by_d_covariance():
+    """A mechanism returning a noisy gradient (d = 3000 coordinates) with 50 pilot runs per side: the pilot's
+    Fisher direction formed the d × d covariance (72 MB here; 80 GB at d = 10⁵, a CI runner killed) and solved
+    it in O(d³). Now the Woodbury form, m × m for the m = 100 pilot rows, gives the same direction."""
+    import tracemalloc
+
+    from dpaudit.testing import _projection
+
+    rng = np.random.default_rng(0)
+    d = 3000
+    pilot_in, pilot_out = rng.normal(size=(50, d)), rng.normal(size=(50, d))
+    pilot_in[:, 0] += 1.0
+    tracemalloc.start()
+    w = _projection(pilot_in, pilot_out)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 20 * 2**20, f"peak {peak / 2**20:.0f} MiB: a d x d matrix was formed"
+    # the same direction as the d × d formula (checked where that is cheap: d = 300 > 100 rows)
+    small_in, small_out = pilot_in[:, :300], pilot_out[:, :300]
+    cov = 0.5 * (np.cov(small_in, rowvar=False) + np.cov(small_out, rowvar=False))
+    direct = np.linalg.solve(cov + 1e-6 * np.trace(cov) / 300 * np.eye(300), small_in.mean(0) - small_out.mean(0))
+    woodbury = _projection(small_in, small_out)
+    assert abs(direct @ woodbury) / np.linalg.norm(direct) / np.linalg.norm(woodbury) > 1 - 1e-9
+    assert w.shape == (d,) and np.all(np.isfinite(w))
+
+
+def test_a_pilot_with_fewer_runs_than_outputs_is_not_shown_powerful():
+    """A noisy 300-coordinate output whose record moves one coordinate, noise scale halved (true ε = 2 against a
+    claimed 1): with 200 trials per side the pilot (40 runs per side) cannot estimate a 300 × 300 covariance, the
+    learned direction is noise, and the audit saw nothing (ε ≥ 0). assert_dp passed, its power check (which assumes
+    the pilot learns the right direction) satisfied. Now it fails naming the rank, and direction= as the fix."""
+
+    def leaky(data, rng):
+        out = rng.laplace(0.0, 0.5, 300)
+        out[0] += float(data[0])
+        return out
+
+    args = (leaky, np.array([1.0]), np.array([0.0]))
+    with pytest.raises(AssertionError, match=r"rank at most 78 < 300 .*at least 753 trials per side.*Pass direction="):
+        assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200)
+    # given the coordinate, the same 200 trials are shown powerful (the check no longer stops it)
+    fixed = assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200, direction=np.eye(300)[0], require_power=True)
+    assert fixed.details["output_size"] == 300 and fixed.details["pilot_trials"] == 0
