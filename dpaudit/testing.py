@@ -93,6 +93,10 @@ def _run(mechanism: Mechanism, data: Any, gens: list[np.random.Generator], which
         outputs = Parallel(n_jobs=n_jobs)(delayed(mechanism)(data, g) for g in gens)
     rows: list[np.ndarray] = []
     for i, out in enumerate(outputs):
+        if out is None:
+            raise InputError(
+                f"the mechanism returned None on {which} at trial {i}: return its output (a float or 1-D array)"
+            )
         try:
             x = np.atleast_1d(np.asarray(host_array(out), dtype=float))
         except (TypeError, ValueError):
@@ -105,8 +109,18 @@ def _run(mechanism: Mechanism, data: Any, gens: list[np.random.Generator], which
             raise InputError(
                 f"mechanism output on {which} changed shape from {rows[0].shape} to {x.shape} at trial {i}"
             )
-        if not np.all(np.isfinite(x)):
-            raise InputError(f"mechanism output on {which} is not finite at trial {i}: {x}")
+        if not np.all(finite := np.isfinite(x)):
+            j = int(np.argmin(finite))  # the first bad value, named on one line (not a wrapped array)
+            where = (
+                f"value {x[j]}"
+                if len(x) == 1
+                else f"{int(np.sum(~finite))} of {len(x)} values, first {x[j]} at index {j}"
+            )
+            raise InputError(
+                f"mechanism output on {which} is not finite at trial {i} ({where}): an audit needs finite outputs; "
+                "map nan and ±inf to finite values no output takes (np.nan_to_num(x, nan=..., posinf=..., "
+                "neginf=...)), so the audit still tells them apart"
+            )
         rows.append(x)
     return np.stack(rows)
 

@@ -142,7 +142,8 @@ def test_direction_less_audits_a_decreasing_mechanism_without_a_pilot():
         (lambda d, rng: 0.0, {"seed": -1}, "seed"),
         (lambda d, rng: "x", {}, "float or a 1-D"),
         (lambda d, rng: np.ones((2, 2)), {}, "1-D array"),
-        (lambda d, rng: np.nan, {}, "not finite"),
+        (lambda d, rng: np.nan, {}, r"not finite at trial 0 \(value nan\): .*np.nan_to_num"),
+        (lambda d, rng: None, {}, "returned None on data at trial 0"),
         (lambda d, rng: np.ones(int(rng.integers(1, 3))), {}, "changed shape"),
         (lambda d, rng: 0.0, {"trials": 5}, "trials >= 20"),
         (lambda d, rng: 0.0, {"method": "one-run"}, "method"),
@@ -253,3 +254,18 @@ def test_a_pilot_with_fewer_runs_than_outputs_is_not_shown_powerful():
     # given the coordinate, the same 200 trials are shown powerful (the check no longer stops it)
     fixed = assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200, direction=np.eye(300)[0], require_power=True)
     assert fixed.details["output_size"] == 300 and fixed.details["pilot_trials"] == 0
+
+
+def test_a_non_finite_vector_output_is_named_on_one_line():
+    """A 50-value output with a nan in it: the error printed the whole array, wrapped over 9 lines of a CI log.
+    Now one line: how many values, the first and where."""
+
+    def sometimes_nan(data, rng):
+        out = rng.normal(size=50)
+        out[[7, 30]] = [np.inf, np.nan] if rng.random() < 0.2 else out[[7, 30]]
+        return out
+
+    with pytest.raises(InputError) as e:
+        audit_mechanism(sometimes_nan, D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
+    (line,) = str(e.value).splitlines()
+    assert "(2 of 50 values, first inf at index 7)" in line
