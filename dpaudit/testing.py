@@ -411,6 +411,19 @@ def assert_dp(
     the same rule (:func:`dpaudit.audit.power.size_for_power`, the pilot's share added back).
     ``require_power=False`` skips this check (a design that can refute the claim but may be weak).
     """
+    epsilon = check_non_negative(epsilon=epsilon)
+    if math.isinf(epsilon):
+        raise InputError("epsilon = inf claims no privacy, so no test can refute it: give the finite epsilon you claim")
+    if require_power:  # checked before the mechanism runs (its trials may be the expensive part)
+        alt = DEFAULT_ALTERNATIVE_FACTOR * epsilon if alternative_epsilon is None else alternative_epsilon
+        if alternative_epsilon is None and epsilon == 0:
+            raise InputError(
+                f"epsilon = 0: the default alternative, {DEFAULT_ALTERNATIVE_FACTOR:g} x epsilon, is 0 too; give "
+                "alternative_epsilon > 0 (the smallest leak this test must catch) or require_power=False"
+            )
+        if not alt > epsilon:
+            raise InputError(f"expected alternative_epsilon > epsilon = {numfmt.upper(epsilon)}, got {alt:g}")
+        power = check_in_interval(0.0, 1.0, power=power)
     result = audit_mechanism(
         mechanism, data, neighbour, epsilon=epsilon, delta=delta, trials=trials,
         confidence=confidence, seed=seed, method=method, direction=direction, n_jobs=n_jobs,
@@ -435,9 +448,6 @@ def assert_dp(
             "attack\n" + result.summary()
         )
     if require_power:
-        alt = DEFAULT_ALTERNATIVE_FACTOR * epsilon if alternative_epsilon is None else alternative_epsilon
-        if not alt > epsilon:
-            raise InputError(f"expected alternative_epsilon > epsilon = {numfmt.upper(epsilon)}, got {alt:g}")
         leak = hypothesised_leak(family=alternative_family, epsilon=alt, delta=result.delta)
         if direction is None and (singular := _singular_pilot(trials, result.details["output_size"])) is not None:
             raise AssertionError(
@@ -448,7 +458,7 @@ def assert_dp(
             )
         shortfall = _power_shortfall(
             result, epsilon=epsilon, trials=trials, pilot=direction is None, method=method,
-            power=check_in_interval(0.0, 1.0, power=power), leak=leak, seed=seed,
+            power=power, leak=leak, seed=seed,
         )  # fmt: skip
         if shortfall is not None:
             raise AssertionError(

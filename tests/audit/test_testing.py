@@ -269,3 +269,32 @@ def test_a_non_finite_vector_output_is_named_on_one_line():
         audit_mechanism(sometimes_nan, D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
     (line,) = str(e.value).splitlines()
     assert "(2 of 50 values, first inf at index 7)" in line
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"epsilon": 0.0},
+            r"epsilon = 0: the default alternative, 2 x epsilon, is 0 too; give alternative_epsilon > 0",
+        ),
+        ({"epsilon": float("inf")}, r"epsilon = inf claims no privacy, so no test can refute it"),
+        ({"epsilon": 1.0, "alternative_epsilon": 0.5}, r"alternative_epsilon > epsilon = 1, got 0.5"),
+    ],
+)
+def test_claims_without_a_default_alternative_are_refused_before_the_mechanism_runs(kwargs, message):
+    """assert_dp(..., epsilon=0) ran every trial and then said "expected alternative_epsilon > epsilon = 0, got 0"
+    (the user gave no alternative_epsilon); epsilon=inf the same with "∞, got inf". Now one line naming what to
+    pass, before the (possibly costly) trials."""
+    calls = []
+
+    def mechanism(data, rng):
+        calls.append(1)
+        return rng.laplace()
+
+    with pytest.raises(InputError, match=message):
+        assert_dp(mechanism, D, D_PRIME, delta=DELTA, trials=100, **kwargs)
+    assert not calls
+    # an ε = 0 claim with its alternative named is tested as any other
+    res = assert_dp(mechanism, D, D_PRIME, epsilon=0.0, delta=DELTA, trials=400, alternative_epsilon=2.0)
+    assert res.verdict == "consistent"
