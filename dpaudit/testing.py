@@ -66,6 +66,10 @@ Mechanism = Callable[[Any, np.random.Generator], Any]
 Direction = str | Sequence[float] | np.ndarray
 
 PILOT_FRACTION = 0.2
+DETERMINISTIC_NOTE = (
+    "every run on data returned the same output, and so did every run on neighbour: the mechanism is deterministic "
+    "here; if it adds noise, draw it from its rng argument (not np.random/torch after a fixed seed)"
+)
 _MIN_TRIALS = 20
 _MIN_PILOT = 2
 
@@ -277,8 +281,20 @@ def audit_mechanism(
         seed=audit_rng,
         design="multi-run",
     )
-    details = {**result.details, "pilot_trials": n_pilot, "output_size": int(x_in.shape[1])}
-    return dataclasses.replace(result, notes=(*result.notes, note), details=details)
+    notes = (*result.notes, note)
+    # Every run on each side the same output: no randomness reached the outputs (a fixed global seed such as
+    # torch.manual_seed(0) inside the mechanism, or noise never added). The verdict stands for this function;
+    # the note says why its runs could not differ.
+    deterministic = bool(np.all(x_in == x_in[0]) and np.all(x_out == x_out[0]))
+    if deterministic:
+        notes += (DETERMINISTIC_NOTE,)
+    details = {
+        **result.details,
+        "pilot_trials": n_pilot,
+        "output_size": int(x_in.shape[1]),
+        "deterministic": deterministic,
+    }
+    return dataclasses.replace(result, notes=notes, details=details)
 
 
 def trials_for_power(
@@ -433,7 +449,9 @@ def assert_dp(
         bound, claim = numfmt.ordered(result.epsilon_lower_bound, epsilon, left_digits=4)  # the order computed
         raise AssertionError(
             f"mechanism is not ({claim}, {numfmt.exact(delta)})-DP: epsilon lower bound {bound} "
-            f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})\n"
+            f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})"
+            + (f"; {DETERMINISTIC_NOTE}" if result.details["deterministic"] else "")
+            + "\n"
             + result.summary()
         )
     if result.verdict == "inconclusive" and not require_power:  # (with require_power the message below says it)

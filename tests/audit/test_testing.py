@@ -298,3 +298,19 @@ def test_claims_without_a_default_alternative_are_refused_before_the_mechanism_r
     # an ε = 0 claim with its alternative named is tested as any other
     res = assert_dp(mechanism, D, D_PRIME, epsilon=0.0, delta=DELTA, trials=400, alternative_epsilon=2.0)
     assert res.verdict == "consistent"
+
+
+def test_a_mechanism_that_reseeds_itself_is_named_deterministic_in_the_failure():
+    """A mechanism drawing its noise after torch.manual_seed(0) / np.random.seed(0) returns the same output in
+    every run: a formal violation (that function is deterministic), but the message said only "epsilon lower bound
+    3.466 > claimed epsilon 1". Now its first line says the runs never differed and to draw from rng."""
+
+    def reseeded(data, rng):
+        return float(np.sum(data)) + np.random.default_rng(0).laplace(0.0, 1.0)  # ignores rng
+
+    with pytest.raises(AssertionError) as e:
+        assert_dp(reseeded, D, D_PRIME, epsilon=1.0, delta=DELTA, trials=300)
+    first = str(e.value).splitlines()[0]
+    assert first.startswith("mechanism is not (1, 1e-05)-DP") and "draw it from its rng argument" in first
+    ok = audit_mechanism(laplace_sum(1.0), D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
+    assert ok.details["deterministic"] is False and not any("deterministic" in n for n in ok.notes)
