@@ -170,7 +170,10 @@ def scores_cmd(
     fail_on_violation: FailOnViolationOpt = False,
     fail_on_estimate: Annotated[
         bool,
-        typer.Option("--fail-on-estimate", help="Also exit with code 1 when an estimate exceeds the claim (opt-in)."),
+        typer.Option(
+            "--fail-on-estimate",
+            help="Exit with code 1 when an estimate exceeds the claim, as on a formal refutation (opt-in).",
+        ),
     ] = False,
     json_output: JsonFlag = False,
 ) -> None:
@@ -309,7 +312,8 @@ def _exit_code(
     has_fail_on_estimate: bool = True,
 ) -> None:
     """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
-    claimed curve refuted) or, opted in, on an estimate above the claim. With --fail-on-violation, exit 2 when
+    claimed curve refuted; also with --fail-on-estimate, the stricter gate) or, opted in, on an estimate above the
+    claim. With --fail-on-violation, exit 2 when
     ``cannot_refute``: the verdict is "inconclusive" (:data:`dpaudit.audit.result.CANNOT_REFUTE`), a gate that
     could not fail; when no claim was tested at all (every verdict None: no --claimed-epsilon, a run without a
     claim); and, without --fail-on-estimate, when not ``formal``: no verdict comes from a formal test
@@ -336,7 +340,9 @@ def _exit_code(
             "--fail-on-violation: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
             "does, so the gate fails instead of passing; use more runs or canaries (`dpaudit audit plan`)"
         )
-    if (fail_on_violation and verdicts & set(FORMAL_REFUTATIONS)) or (
+    # --fail-on-estimate is the stricter gate: it fails on the weaker evidence, so on the formal refutation too
+    # (alone it passed a formal violation: exit 0 on "violation", exit 1 on "estimate-exceeds-claim")
+    if ((fail_on_violation or fail_on_estimate) and verdicts & set(FORMAL_REFUTATIONS)) or (
         fail_on_estimate and verdicts & set(ESTIMATE_REFUTATIONS)
     ):
         raise typer.Exit(EXIT_VIOLATION)
@@ -346,7 +352,7 @@ FailOnEstimateOpt = Annotated[
     bool,
     typer.Option(
         "--fail-on-estimate",
-        help="Also exit with code 1 when an estimate (not a formal bound) exceeds the claim.",
+        help="Exit with code 1 when an estimate (not a formal bound) exceeds the claim, as on a formal refutation.",
     ),
 ]
 # The same two flags as option-group entries (for the commands declared with ``options``).
@@ -355,7 +361,7 @@ FAIL_ON_ESTIMATE = opt(
     "fail_on_estimate",
     bool,
     False,
-    help="Also exit with code 1 when an estimate (not a formal bound) exceeds the claim.",
+    help="Exit with code 1 when an estimate (not a formal bound) exceeds the claim, as on a formal refutation.",
 )
 
 

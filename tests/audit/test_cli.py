@@ -90,8 +90,10 @@ def test_fail_on_estimate_is_opt_in(strong_csv):
     args = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "1", "--fail-on-estimate"]
     assert runner.invoke(app, args).exit_code == 1
     assert runner.invoke(app, [*args, "--method", "gdp", "--design", "multi-run"]).exit_code == 1
-    # A formal violation is not an estimate: --fail-on-estimate alone does not fail on it.
-    assert runner.invoke(app, [*args, "--design", "multi-run"]).exit_code == 0
+    # A formal violation is stronger evidence than an estimate: --fail-on-estimate alone fails on it too (it exited
+    # 0 there, a CI gate set to fail on estimates passing a formal violation).
+    res = runner.invoke(app, [*args, "--design", "multi-run", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["verdict"] == "violation", res.output
     # Nor does an estimate below the claim.
     low = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "5", "--fail-on-estimate"]
     assert runner.invoke(app, low).exit_code == 0
