@@ -314,3 +314,29 @@ def test_a_mechanism_that_reseeds_itself_is_named_deterministic_in_the_failure()
     assert first.startswith("mechanism is not (1, 1e-05)-DP") and "draw it from its rng argument" in first
     ok = audit_mechanism(laplace_sum(1.0), D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
     assert ok.details["deterministic"] is False and not any("deterministic" in n for n in ok.notes)
+
+
+def test_a_mechanism_that_changes_its_input_in_place_is_refused():
+    """``data += rng.laplace(...)`` then ``return data.sum()``: each call is 1-DP, but every run saw the data the
+    previous run left, so the runs were dependent random walks and the audit read "violation" in 9 of 10 seeds (a
+    false violation: its bound assumes independent trials). Now one line naming the input and the fix."""
+
+    def mutating(data, rng):
+        data += rng.laplace(0.0, 1.0, size=data.shape)
+        return float(data.sum())
+
+    with pytest.raises(InputError, match=r"changed its input data in place.*data = data.copy\(\)"):
+        audit_mechanism(mutating, np.array([1.0, 0.0]), np.array([0.0, 0.0]), epsilon=1.0, delta=DELTA, trials=100)
+
+    def appending(data, rng):  # a list grown on the neighbour side only
+        if len(data) >= 3:
+            data.append(0)
+        return float(sum(data)) + rng.laplace()
+
+    with pytest.raises(InputError, match="changed its input neighbour in place"):
+        audit_mechanism(appending, [1, 0], [0, 0, 0], epsilon=1.0, delta=DELTA, trials=100)
+    # inputs without values to compare (a dict) and unchanged arrays pass as before
+    res = audit_mechanism(
+        lambda d, r: d["x"] + r.laplace(), {"x": 1.0}, {"x": 0.0}, epsilon=1.0, delta=DELTA, trials=100
+    )
+    assert res.verdict in ("consistent", "inconclusive")
