@@ -22,7 +22,13 @@ What the outcome means:
   alternative — by default randomized response at twice the claimed ε, the most detectable leak of
   that size (:mod:`dpaudit.audit.power`) — and fails, naming the trials needed, when the audit would
   catch that leak with probability below ``power`` (0.8). A green test then means the test could
-  have caught a 2x error and did not. ``require_power=False`` lets an underpowered test pass.
+  have caught a 2x error of that most detectable kind and did not; a Laplace or Gaussian mechanism with
+  half its noise is harder to catch (ε = 1: Laplace in 13 of 20 seeds at the 200 trials this check
+  accepts; Gaussian at δ = 1e-5 in 0 of 20 at 2000 trials; benchmarks/RESULTS.md): ask for power
+  against your own family (``alternative_family="gaussian"``). ``require_power=False`` lets an
+  underpowered test pass.
+  That simulation assumes the learned direction is right; a vector output with more coordinates than the pilot
+  can estimate (rank 2·pilot − 2 below the output's size) fails the check too: pass ``direction=``.
 """
 
 from __future__ import annotations
@@ -64,6 +70,10 @@ Mechanism = Callable[[Any, np.random.Generator], Any]
 Direction = str | Sequence[float] | np.ndarray
 
 PILOT_FRACTION = 0.2
+DETERMINISTIC_NOTE = (
+    "every run on data returned the same output, and so did every run on neighbour: the mechanism is deterministic "
+    "here; if it adds noise, draw it from its rng argument (not np.random/torch after a fixed seed)"
+)
 _MIN_TRIALS = 20
 _MIN_PILOT = 2
 
@@ -91,6 +101,10 @@ def _run(mechanism: Mechanism, data: Any, gens: list[np.random.Generator], which
         outputs = Parallel(n_jobs=n_jobs)(delayed(mechanism)(data, g) for g in gens)
     rows: list[np.ndarray] = []
     for i, out in enumerate(outputs):
+        if out is None:
+            raise InputError(
+                f"the mechanism returned None on {which} at trial {i}: return its output (a float or 1-D array)"
+            )
         try:
             x = np.atleast_1d(np.asarray(host_array(out), dtype=float))
         except (TypeError, ValueError):
@@ -103,10 +117,45 @@ def _run(mechanism: Mechanism, data: Any, gens: list[np.random.Generator], which
             raise InputError(
                 f"mechanism output on {which} changed shape from {rows[0].shape} to {x.shape} at trial {i}"
             )
-        if not np.all(np.isfinite(x)):
-            raise InputError(f"mechanism output on {which} is not finite at trial {i}: {x}")
+        if not np.all(finite := np.isfinite(x)):
+            j = int(np.argmin(finite))  # the first bad value, named on one line (not a wrapped array)
+            where = (
+                f"value {x[j]}"
+                if len(x) == 1
+                else f"{int(np.sum(~finite))} of {len(x)} values, first {x[j]} at index {j}"
+            )
+            raise InputError(
+                f"mechanism output on {which} is not finite at trial {i} ({where}): an audit needs finite outputs; "
+                "map nan and ±inf to finite values no output takes (np.nan_to_num(x, nan=..., posinf=..., "
+                "neginf=...)), so the audit still tells them apart"
+            )
         rows.append(x)
     return np.stack(rows)
+
+
+def _snapshot(x: Any) -> np.ndarray | None:
+    """A copy of a dataset's values (a NumPy array, a tensor, a list of numbers), or None when it has none to
+    compare (an object array, a custom object): what :func:`_check_unchanged` compares after the runs."""
+    try:
+        a = np.array(host_array(x), copy=True)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return None if a.dtype == object else a
+
+
+def _check_unchanged(before: np.ndarray | None, x: Any, which: str) -> None:
+    """Refuse a mechanism that changed its input in place: the runs then see different datasets and depend on one
+    another, so they are not the independent trials the audit's bound assumes (a 1-DP mechanism adding its noise
+    with ``data += noise`` read "violation" in 9 of 10 seeds)."""
+    if before is None:
+        return
+    after = np.asarray(host_array(x))
+    same = after.shape == before.shape and bool(np.all((after == before) | ((after != after) & (before != before))))
+    if not same:
+        raise InputError(
+            f"the mechanism changed its input {which} in place, so its runs were not independent trials on one "
+            f"dataset; work on a copy (e.g. {which} = {which}.copy()) or add the noise out of place"
+        )
 
 
 def _projection(pilot_in: np.ndarray, pilot_out: np.ndarray) -> np.ndarray:
@@ -115,14 +164,30 @@ def _projection(pilot_in: np.ndarray, pilot_out: np.ndarray) -> np.ndarray:
     For Gaussian outputs with a shared covariance this is the likelihood-ratio direction (Neyman–
     Pearson optimal); for a scalar output it reduces to the sign of the mean difference. A small ridge
     (1e-6 of the mean variance) keeps Σ invertible for degenerate coordinates.
+
+    Σ = AᵀA for the m pilot rows, centred and scaled (A below). With more coordinates than rows (d > m: a noisy
+    gradient, an embedding) the same w comes from the m × m system of the Woodbury identity,
+    (AᵀA + λI)⁻¹b = (b − Aᵀ(λI + AAᵀ)⁻¹Ab)/λ (Golub & Van Loan, Matrix Computations, 4th ed., §2.1.4), so
+    memory and time grow with m·d instead of d² (a d × d Σ of 10⁵ outputs is 80 GB) and d³.
     """
-    diff = pilot_in.mean(axis=0) - pilot_out.mean(axis=0)
+    mu_in, mu_out = pilot_in.mean(axis=0), pilot_out.mean(axis=0)
+    diff = mu_in - mu_out
     d = pilot_in.shape[1]
     if d == 1:
         return np.array([1.0 if diff[0] >= 0 else -1.0])
-    cov = 0.5 * (np.cov(pilot_in, rowvar=False) + np.cov(pilot_out, rowvar=False))
-    ridge = 1e-6 * max(float(np.trace(cov)) / d, 1e-300)
-    w = np.linalg.solve(cov + ridge * np.eye(d), diff)
+    if d <= len(pilot_in) + len(pilot_out):
+        cov = 0.5 * (np.cov(pilot_in, rowvar=False) + np.cov(pilot_out, rowvar=False))
+        ridge = 1e-6 * max(float(np.trace(cov)) / d, 1e-300)
+        w = np.linalg.solve(cov + ridge * np.eye(d), diff)
+    else:  # Σ = ½(np.cov(in) + np.cov(out)) = AᵀA, never formed
+        a = np.vstack(
+            [
+                (pilot_in - mu_in) / math.sqrt(2 * (len(pilot_in) - 1)),
+                (pilot_out - mu_out) / math.sqrt(2 * (len(pilot_out) - 1)),
+            ]
+        )
+        ridge = 1e-6 * max(float(np.sum(a * a)) / d, 1e-300)  # trace(AᵀA) = Σ a²
+        w = (diff - a.T @ np.linalg.solve(ridge * np.eye(len(a)) + a @ a.T, a @ diff)) / ridge
     if not np.any(w):
         w = np.ones(d)
     return w
@@ -221,8 +286,11 @@ def audit_mechanism(
     if trials < _MIN_TRIALS:
         raise InputError(f"expected trials >= {_MIN_TRIALS}, got {trials}")
     gens_in, gens_out, audit_rng = _trial_generators(int(seed), trials)
+    before = _snapshot(data), _snapshot(neighbour)
     x_in = _run(mechanism, data, gens_in, "data", int(n_jobs))
+    _check_unchanged(before[0], data, "data")
     x_out = _run(mechanism, neighbour, gens_out, "neighbour", int(n_jobs))
+    _check_unchanged(before[1], neighbour, "neighbour")
     if x_in.shape[1] != x_out.shape[1]:
         raise InputError(f"mechanism output sizes differ: {x_in.shape[1]} on data, {x_out.shape[1]} on neighbour")
     if fixed is None:
@@ -245,7 +313,20 @@ def audit_mechanism(
         seed=audit_rng,
         design="multi-run",
     )
-    return dataclasses.replace(result, notes=(*result.notes, note), details={**result.details, "pilot_trials": n_pilot})
+    notes = (*result.notes, note)
+    # Every run on each side the same output: no randomness reached the outputs (a fixed global seed such as
+    # torch.manual_seed(0) inside the mechanism, or noise never added). The verdict stands for this function;
+    # the note says why its runs could not differ.
+    deterministic = bool(np.all(x_in == x_in[0]) and np.all(x_out == x_out[0]))
+    if deterministic:
+        notes += (DETERMINISTIC_NOTE,)
+    details = {
+        **result.details,
+        "pilot_trials": n_pilot,
+        "output_size": int(x_in.shape[1]),
+        "deterministic": deterministic,
+    }
+    return dataclasses.replace(result, notes=notes, details=details)
 
 
 def trials_for_power(
@@ -269,6 +350,25 @@ def _with_pilot(n_eval: int, pilot: bool) -> int:
     while t - _n_pilot(t) < n_eval:  # a few steps at most: the pilot is a rounded fraction of t
         t += 1
     return t
+
+
+def _singular_pilot(trials: int, size: int) -> str | None:
+    """None when the pilot of ``trials`` per side can estimate the covariance of ``size`` outputs; else why not.
+
+    The pilot's pooled covariance has rank at most 2·n_pilot − 2 (each side's rows, centred on their mean): below
+    ``size`` it is singular, and the learned direction (:func:`_projection`) is set by the ridge, not the data —
+    for noise in every coordinate, close to a random direction that misses a leak in a few of them."""
+    n_pilot = _n_pilot(trials)
+    if size == 1 or 2 * n_pilot - 2 >= size:
+        return None
+    t = max(_MIN_TRIALS, math.ceil((size + 2) / 2 / PILOT_FRACTION) - 2)
+    while 2 * _n_pilot(t) - 2 < size:
+        t += 1
+    return (
+        f"the mechanism returns {size} values and the direction is learned from {n_pilot} pilot runs per side, whose "
+        f"covariance has rank at most {2 * n_pilot - 2} < {size} (singular: the direction is mostly the ridge's, not "
+        f"the data's; at least {t} trials per side for a full-rank pilot)"
+    )
 
 
 def _power_shortfall(
@@ -359,6 +459,19 @@ def assert_dp(
     the same rule (:func:`dpaudit.audit.power.size_for_power`, the pilot's share added back).
     ``require_power=False`` skips this check (a design that can refute the claim but may be weak).
     """
+    epsilon = check_non_negative(epsilon=epsilon)
+    if math.isinf(epsilon):
+        raise InputError("epsilon = inf claims no privacy, so no test can refute it: give the finite epsilon you claim")
+    if require_power:  # checked before the mechanism runs (its trials may be the expensive part)
+        alt = DEFAULT_ALTERNATIVE_FACTOR * epsilon if alternative_epsilon is None else alternative_epsilon
+        if alternative_epsilon is None and epsilon == 0:
+            raise InputError(
+                f"epsilon = 0: the default alternative, {DEFAULT_ALTERNATIVE_FACTOR:g} x epsilon, is 0 too; give "
+                "alternative_epsilon > 0 (the smallest leak this test must catch) or require_power=False"
+            )
+        if not alt > epsilon:
+            raise InputError(f"expected alternative_epsilon > epsilon = {numfmt.upper(epsilon)}, got {alt:g}")
+        power = check_in_interval(0.0, 1.0, power=power)
     result = audit_mechanism(
         mechanism, data, neighbour, epsilon=epsilon, delta=delta, trials=trials,
         confidence=confidence, seed=seed, method=method, direction=direction, n_jobs=n_jobs,
@@ -368,7 +481,9 @@ def assert_dp(
         bound, claim = numfmt.ordered(result.epsilon_lower_bound, epsilon, left_digits=4)  # the order computed
         raise AssertionError(
             f"mechanism is not ({claim}, {numfmt.exact(delta)})-DP: epsilon lower bound {bound} "
-            f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})\n"
+            f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})"
+            + (f"; {DETERMINISTIC_NOTE}" if result.details["deterministic"] else "")
+            + "\n"
             + result.summary()
         )
     if result.verdict == "inconclusive" and not require_power:  # (with require_power the message below says it)
@@ -383,13 +498,17 @@ def assert_dp(
             "attack\n" + result.summary()
         )
     if require_power:
-        alt = DEFAULT_ALTERNATIVE_FACTOR * epsilon if alternative_epsilon is None else alternative_epsilon
-        if not alt > epsilon:
-            raise InputError(f"expected alternative_epsilon > epsilon = {numfmt.upper(epsilon)}, got {alt:g}")
         leak = hypothesised_leak(family=alternative_family, epsilon=alt, delta=result.delta)
+        if direction is None and (singular := _singular_pilot(trials, result.details["output_size"])) is not None:
+            raise AssertionError(
+                f"the test has too little power against ({numfmt.upper(epsilon)}, {numfmt.exact(result.delta)})-DP: "
+                f"{singular}, so the power simulated against {leak.describe()} (which assumes the pilot learns the "
+                "right direction) says nothing. Pass direction= (a projection vector: the coordinates a record "
+                "changes) or more trials, or require_power=False to accept an underpowered test.\n" + result.summary()
+            )
         shortfall = _power_shortfall(
             result, epsilon=epsilon, trials=trials, pilot=direction is None, method=method,
-            power=check_in_interval(0.0, 1.0, power=power), leak=leak, seed=seed,
+            power=power, leak=leak, seed=seed,
         )  # fmt: skip
         if shortfall is not None:
             raise AssertionError(

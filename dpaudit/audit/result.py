@@ -36,6 +36,14 @@ ESTIMATE_REFUTATIONS: tuple[str, ...] = ("estimate-exceeds-claim",)
 # (the design could not refute the claim whatever the mechanism does) exits 2, never 0 (a CI job would pass
 # on a test that proves nothing) and never 1 (nothing was refuted).
 CANNOT_REFUTE: tuple[str, ...] = ("inconclusive",)
+# Nor may a gate pass that has no formal test at all: with ``--fail-on-violation`` alone, an audit whose every
+# result is an estimate (:func:`tests_formally`) could never exit 1, so it exits 2 (dpaudit.cli.audit._exit_code).
+
+
+def tests_formally(result: AuditResult) -> bool:
+    """Whether ``result`` can formally refute its claim: a formal ε lower bound, or a formal refutation of the
+    claim's own trade-off curve (``refutation``; its ε is an estimate but the refutation is formal)."""
+    return result.formal or result.refutation is not None
 
 
 def is_formal(method: str, design: str) -> bool:

@@ -50,6 +50,9 @@ class GlobalOptions:
     json: bool = False
     quiet: bool = False
     debug: bool = False
+    # A result was written to stdout as JSON: an error after it (a --fail-on-violation gate that fails, exit 2)
+    # then goes to stderr only, so stdout stays one JSON document that a CI step can parse.
+    json_written: bool = False
 
 
 STATE = GlobalOptions()
@@ -98,6 +101,7 @@ def emit(data: Any, human: str | None = None, *, json_flag: bool = False) -> Non
     """Print the result: ``data`` as JSON in JSON mode, otherwise ``human``. --quiet never hides a result."""
     if json_mode(json_flag):
         typer.echo(dumps(data))  # JSON escapes control characters itself
+        STATE.json_written = True
     elif human is not None:
         typer.echo(_safe(human))
 
@@ -236,10 +240,11 @@ MAX_ERROR_CHARS = 2000  # a pasted 100 kB option value is not echoed back whole
 
 def _report_error(line: str, code: int) -> None:
     """One line on stderr (``line``) and exit ``code``; with --json also ``{"error", "exit_code"}`` on stdout
-    (unless stdout itself is what failed: a full disk, a closed pipe; the line on stderr still says so)."""
+    (unless stdout itself is what failed: a full disk, a closed pipe; the line on stderr still says so), except
+    after a result written as JSON (``STATE.json_written``): stdout then stays that one document."""
     if len(line) > MAX_ERROR_CHARS:
         line = f"{line[: MAX_ERROR_CHARS // 2]}… ({len(line)} characters)"
-    if STATE.json:
+    if STATE.json and not STATE.json_written:
         try:
             typer.echo(dumps({"error": line.removeprefix("error: "), "exit_code": code}))
         except OSError:

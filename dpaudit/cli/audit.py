@@ -106,12 +106,12 @@ def emit_audit(
     :data:`dpaudit.audit.result.CANNOT_REFUTE`). ``fail_on_estimate`` (opt-in): also exit 1 on
     "estimate-exceeds-claim", an estimate above the claim (evidence, not proof).
     """
-    from dpaudit.audit.result import CANNOT_REFUTE
+    from dpaudit.audit.result import CANNOT_REFUTE, tests_formally
 
     emit(result.to_dict(), describe(result), json_flag=json_flag)
     _exit_code(
         [result.verdict], fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate,
-        cannot_refute=result.verdict in CANNOT_REFUTE,
+        cannot_refute=result.verdict in CANNOT_REFUTE, formal=tests_formally(result),
     )  # fmt: skip
 
 
@@ -170,7 +170,10 @@ def scores_cmd(
     fail_on_violation: FailOnViolationOpt = False,
     fail_on_estimate: Annotated[
         bool,
-        typer.Option("--fail-on-estimate", help="Also exit with code 1 when an estimate exceeds the claim (opt-in)."),
+        typer.Option(
+            "--fail-on-estimate",
+            help="Exit with code 1 when an estimate exceeds the claim, as on a formal refutation (opt-in).",
+        ),
     ] = False,
     json_output: JsonFlag = False,
 ) -> None:
@@ -299,12 +302,23 @@ def plan_cmd(
     emit(plan.to_dict(), plan.summary(), json_flag=json_output)
 
 
-def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool, cannot_refute: bool = False) -> None:
+def _exit_code(
+    verdicts,
+    *,
+    fail_on_violation: bool,
+    fail_on_estimate: bool,
+    cannot_refute: bool = False,
+    formal: bool = True,
+    has_fail_on_estimate: bool = True,
+) -> None:
     """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
-    claimed curve refuted) or, opted in, on an estimate above the claim. With --fail-on-violation, exit 2 when
+    claimed curve refuted; also with --fail-on-estimate, the stricter gate) or, opted in, on an estimate above the
+    claim. With --fail-on-violation, exit 2 when
     ``cannot_refute``: the verdict is "inconclusive" (:data:`dpaudit.audit.result.CANNOT_REFUTE`), a gate that
-    could not fail; and when no claim was tested at all (every verdict None: no --claimed-epsilon, a run without a
-    claim)."""
+    could not fail; when no claim was tested at all (every verdict None: no --claimed-epsilon, a run without a
+    claim); and, without --fail-on-estimate, when not ``formal``: no verdict comes from a formal test
+    (:func:`dpaudit.audit.result.tests_formally`), so every one is an estimate and exit 1 was impossible
+    (``has_fail_on_estimate``: whether the command offers --fail-on-estimate, named in that message)."""
     from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
 
     verdicts = set(verdicts)
@@ -314,12 +328,21 @@ def _exit_code(verdicts, *, fail_on_violation: bool, fail_on_estimate: bool, can
             f"{flag}: no claim was tested, so the gate fails instead of passing; give --claimed-epsilon (or audit a "
             "run that records a privacy claim)"
         )
+    if fail_on_violation and not fail_on_estimate and not formal:
+        raise InputError(
+            "--fail-on-violation: every result here is an estimate, not a formal test, so this gate could never "
+            "fail and it fails instead of passing; audit a formal design (independent runs: `dpaudit audit train`, "
+            "`audit scores --design multi-run`; canaries included w.p. 1/2)"
+            + (" or add --fail-on-estimate to gate on the estimate" if has_fail_on_estimate else "")
+        )
     if fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS):
         raise InputError(
             "--fail-on-violation: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
             "does, so the gate fails instead of passing; use more runs or canaries (`dpaudit audit plan`)"
         )
-    if (fail_on_violation and verdicts & set(FORMAL_REFUTATIONS)) or (
+    # --fail-on-estimate is the stricter gate: it fails on the weaker evidence, so on the formal refutation too
+    # (alone it passed a formal violation: exit 0 on "violation", exit 1 on "estimate-exceeds-claim")
+    if ((fail_on_violation or fail_on_estimate) and verdicts & set(FORMAL_REFUTATIONS)) or (
         fail_on_estimate and verdicts & set(ESTIMATE_REFUTATIONS)
     ):
         raise typer.Exit(EXIT_VIOLATION)
@@ -329,7 +352,7 @@ FailOnEstimateOpt = Annotated[
     bool,
     typer.Option(
         "--fail-on-estimate",
-        help="Also exit with code 1 when an estimate (not a formal bound) exceeds the claim.",
+        help="Exit with code 1 when an estimate (not a formal bound) exceeds the claim, as on a formal refutation.",
     ),
 ]
 # The same two flags as option-group entries (for the commands declared with ``options``).
@@ -338,7 +361,7 @@ FAIL_ON_ESTIMATE = opt(
     "fail_on_estimate",
     bool,
     False,
-    help="Also exit with code 1 when an estimate (not a formal bound) exceeds the claim.",
+    help="Exit with code 1 when an estimate (not a formal bound) exceeds the claim, as on a formal refutation.",
 )
 
 
@@ -397,11 +420,13 @@ def checkpoint_cmd(
         seed=seed,
         progress=progress(json_output),
     )
+    from dpaudit.audit.result import tests_formally
+
     emit(result.to_dict(), result.summary(), json_flag=json_output)
     verdicts = [a.result.verdict for a in result.audits]
     _exit_code(
         verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate,
-        cannot_refute=result.cannot_refute,
+        cannot_refute=result.cannot_refute, formal=any(tests_formally(a.result) for a in result.audits),
     )  # fmt: skip
 
 
@@ -512,6 +537,7 @@ def train_cmd(ctx: typer.Context, **o) -> None:
     sides, the claim's neighbouring relation), so the Clopper-Pearson bound is formal. With --trainer,
     your function trains each run (dpaudit still owns the canary, the seeds, the scores and the bound).
     """
+    from dpaudit.audit.result import CANNOT_REFUTE, tests_formally
     from dpaudit.workflows.runs import audit_training_from_options
 
     json_output = o.pop("json_output")
@@ -529,14 +555,22 @@ def train_cmd(ctx: typer.Context, **o) -> None:
             f"source: {record.description}\n{describe(record.result)}\n{result.steps.summary()}",
             json_flag=json_output,
         )
-        return _exit_code(result.steps.verdicts, **exits)
+        # (a), the per-step test, is the formal one: inconclusive, the gate could not fail (exit 2, as below)
+        per_step = result.steps.per_step
+        return _exit_code(
+            result.steps.verdicts, **exits, cannot_refute=per_step.verdict in CANNOT_REFUTE,
+            formal=tests_formally(per_step),
+        )  # fmt: skip
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
-    from dpaudit.audit.result import CANNOT_REFUTE
-
-    verdicts = [a.result.verdict for a in result.audits or (result.audit,)]
+    audits = [a.result for a in result.audits or (result.audit,)]
+    verdicts = [r.verdict for r in audits]
     # As `audit scores` and `audit checkpoint`: a gate whose every bound was inconclusive (a design run with
-    # --allow-inconclusive) could not fail, so --fail-on-violation exits 2 instead of passing.
-    _exit_code(verdicts, **exits, cannot_refute=all(v in CANNOT_REFUTE for v in verdicts))
+    # --allow-inconclusive), or whose every result is an estimate (--canary-kind gdp), could not fail, so
+    # --fail-on-violation exits 2 instead of passing.
+    _exit_code(
+        verdicts, **exits, cannot_refute=all(v in CANNOT_REFUTE for v in verdicts),
+        formal=any(tests_formally(r) for r in audits),
+    )  # fmt: skip
 
 
 def register(app: App) -> None:

@@ -60,7 +60,7 @@ def register(app: App) -> None:
             from dpaudit.reporting import save_canary_audit
 
             save_canary_audit(result, out, force=force)
-        from dpaudit.audit.result import CANNOT_REFUTE
+        from dpaudit.audit.result import CANNOT_REFUTE, tests_formally
 
         emit(result.to_dict(), result.summary(), json_flag=json_output)
         _exit_code(
@@ -68,6 +68,9 @@ def register(app: App) -> None:
             fail_on_violation=fail_on_violation,
             fail_on_estimate=False,
             cannot_refute=result.verdict in CANNOT_REFUTE,
+            # the noise check, when it runs, is a formal test; else the one-run records must be
+            formal=result.noise is not None or any(tests_formally(a.result) for a in result.audits),
+            has_fail_on_estimate=False,
         )
 
 

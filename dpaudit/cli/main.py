@@ -48,6 +48,7 @@ def _global(
     STATE.json = json_output
     STATE.quiet = quiet
     STATE.debug = debug
+    STATE.json_written = False
     if yes:
         from dpaudit.budget import set_allow_long_work
 

@@ -35,6 +35,7 @@ import numpy as np
 from dpaudit import numfmt
 from dpaudit.audit.noise import NoiseCheck, noise_check
 from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES, check_inclusion_mixed
+from dpaudit.audit.result import tests_formally
 from dpaudit.errors import InputError
 from dpaudit.hooks.core import SIGMA_MAX, SIGMA_MIN, cross_pair_counts, dirac_scores
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
@@ -64,7 +65,7 @@ class CanaryRunAudit:
             "verdict": self.verdict,
             # formal when every record is a formal bound or a formal curve refutation (inclusion bits that are no
             # fair coins make the one-run records estimates); the noise check is formal whenever it runs
-            "formal": all(a.result.formal or a.result.refutation is not None for a in self.audits),
+            "formal": all(tests_formally(a.result) for a in self.audits),
             "steps": self.steps,
             "count": self.count,
             "audits": [a.to_dict() for a in self.audits],

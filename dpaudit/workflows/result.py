@@ -17,6 +17,7 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit import AuditResult, clopper_pearson_lower, clopper_pearson_upper, decide_verdict
+from dpaudit.audit.result import tests_formally
 from dpaudit.errors import InputError
 
 
@@ -358,7 +359,7 @@ class ModelAudit:
     def cannot_refute(self) -> bool:
         """True when the model has formal tests of its claim (ε bounds or claim-curve refutations) and every one
         is "inconclusive": none of them could refute the claim whatever the model does."""
-        tests = [a.result for a in self.audits if a.result.formal or a.result.refutation is not None]
+        tests = [a.result for a in self.audits if tests_formally(a.result)]
         return bool(tests) and all(r.verdict == "inconclusive" for r in tests)
 
     def to_dict(self) -> dict[str, Any]:

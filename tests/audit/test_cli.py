@@ -71,26 +71,29 @@ def test_fail_on_violation_exits_1_on_a_formal_violation(strong_csv):
     assert runner.invoke(app, [*args[:-1], "--claimed-epsilon", "9"]).exit_code == 0  # no gate asked for
 
 
-def test_scores_without_design_is_never_formal_and_never_fails_a_build(strong_csv):
+def test_scores_without_design_is_never_formal_and_never_exits_1(strong_csv):
     # Means 3 sd apart, claim 0.1: the bound is far above the claim, but the default design
-    # ("membership") cannot know how member bits were assigned, so it is an estimate.
+    # ("membership") cannot know how member bits were assigned, so it is an estimate: never exit 1, and under
+    # --fail-on-violation alone exit 2 (a gate on estimates only could never fail, so it does not pass).
     args = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "0.1", "--fail-on-violation"]
     res = runner.invoke(app, [*args, "--json"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 2, res.output
     d = json.loads(res.stdout)
     assert d["formal"] is False and d["design"] == "membership" and d["verdict"] == "estimate-exceeds-claim"
     assert d["epsilon_lower_bound"] > 1.0
     # The same with --design canaries and clopper-pearson: scores of one run are not independent trials.
     res = runner.invoke(app, [*args, "--design", "canaries", "--json"])
-    assert res.exit_code == 0 and json.loads(res.stdout)["formal"] is False
+    assert res.exit_code == 2 and json.loads(res.stdout)["formal"] is False
 
 
 def test_fail_on_estimate_is_opt_in(strong_csv):
     args = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "1", "--fail-on-estimate"]
     assert runner.invoke(app, args).exit_code == 1
     assert runner.invoke(app, [*args, "--method", "gdp", "--design", "multi-run"]).exit_code == 1
-    # A formal violation is not an estimate: --fail-on-estimate alone does not fail on it.
-    assert runner.invoke(app, [*args, "--design", "multi-run"]).exit_code == 0
+    # A formal violation is stronger evidence than an estimate: --fail-on-estimate alone fails on it too (it exited
+    # 0 there, a CI gate set to fail on estimates passing a formal violation).
+    res = runner.invoke(app, [*args, "--design", "multi-run", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["verdict"] == "violation", res.output
     # Nor does an estimate below the claim.
     low = ["audit", "scores", str(strong_csv), "--claimed-epsilon", "5", "--fail-on-estimate"]
     assert runner.invoke(app, low).exit_code == 0

@@ -142,7 +142,8 @@ def test_direction_less_audits_a_decreasing_mechanism_without_a_pilot():
         (lambda d, rng: 0.0, {"seed": -1}, "seed"),
         (lambda d, rng: "x", {}, "float or a 1-D"),
         (lambda d, rng: np.ones((2, 2)), {}, "1-D array"),
-        (lambda d, rng: np.nan, {}, "not finite"),
+        (lambda d, rng: np.nan, {}, r"not finite at trial 0 \(value nan\): .*np.nan_to_num"),
+        (lambda d, rng: None, {}, "returned None on data at trial 0"),
         (lambda d, rng: np.ones(int(rng.integers(1, 3))), {}, "changed shape"),
         (lambda d, rng: 0.0, {"trials": 5}, "trials >= 20"),
         (lambda d, rng: 0.0, {"method": "one-run"}, "method"),
@@ -208,3 +209,134 @@ def test_the_power_check_decides_on_the_interval_not_the_point_estimate():
     needed = int(__import__("re").search(r"Needed: about ([0-9]+) trials per side", str(err.value)).group(1))
     assert needed > 116
     assert_dp(laplace_ok, D, D_PRIME, epsilon=1.0, delta=0.0, trials=needed)
+
+
+def test_wide_outputs_learn_the_direction_without_a_d_by_d_covariance():
+    """A mechanism returning a noisy gradient (d = 3000 coordinates) with 50 pilot runs per side: the pilot's
+    Fisher direction formed the d × d covariance (72 MB here; 80 GB at d = 10⁵, a CI runner killed) and solved
+    it in O(d³). Now the Woodbury form, m × m for the m = 100 pilot rows, gives the same direction."""
+    import tracemalloc
+
+    from dpaudit.testing import _projection
+
+    rng = np.random.default_rng(0)
+    d = 3000
+    pilot_in, pilot_out = rng.normal(size=(50, d)), rng.normal(size=(50, d))
+    pilot_in[:, 0] += 1.0
+    tracemalloc.start()
+    w = _projection(pilot_in, pilot_out)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 20 * 2**20, f"peak {peak / 2**20:.0f} MiB: a d x d matrix was formed"
+    # the same direction as the d × d formula (checked where that is cheap: d = 300 > 100 rows)
+    small_in, small_out = pilot_in[:, :300], pilot_out[:, :300]
+    cov = 0.5 * (np.cov(small_in, rowvar=False) + np.cov(small_out, rowvar=False))
+    direct = np.linalg.solve(cov + 1e-6 * np.trace(cov) / 300 * np.eye(300), small_in.mean(0) - small_out.mean(0))
+    woodbury = _projection(small_in, small_out)
+    assert abs(direct @ woodbury) / np.linalg.norm(direct) / np.linalg.norm(woodbury) > 1 - 1e-9
+    assert w.shape == (d,) and np.all(np.isfinite(w))
+
+
+def test_a_pilot_with_fewer_runs_than_outputs_is_not_shown_powerful():
+    """A noisy 300-coordinate output whose record moves one coordinate, noise scale halved (true ε = 2 against a
+    claimed 1): with 200 trials per side the pilot (40 runs per side) cannot estimate a 300 × 300 covariance, the
+    learned direction is noise, and the audit saw nothing (ε ≥ 0). assert_dp passed, its power check (which assumes
+    the pilot learns the right direction) satisfied. Now it fails naming the rank, and direction= as the fix."""
+
+    def leaky(data, rng):
+        out = rng.laplace(0.0, 0.5, 300)
+        out[0] += float(data[0])
+        return out
+
+    args = (leaky, np.array([1.0]), np.array([0.0]))
+    with pytest.raises(AssertionError, match=r"rank at most 78 < 300 .*at least 753 trials per side.*Pass direction="):
+        assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200)
+    # given the coordinate, the same 200 trials are shown powerful (the check no longer stops it)
+    fixed = assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200, direction=np.eye(300)[0], require_power=True)
+    assert fixed.details["output_size"] == 300 and fixed.details["pilot_trials"] == 0
+
+
+def test_a_non_finite_vector_output_is_named_on_one_line():
+    """A 50-value output with a nan in it: the error printed the whole array, wrapped over 9 lines of a CI log.
+    Now one line: how many values, the first and where."""
+
+    def sometimes_nan(data, rng):
+        out = rng.normal(size=50)
+        out[[7, 30]] = [np.inf, np.nan] if rng.random() < 0.2 else out[[7, 30]]
+        return out
+
+    with pytest.raises(InputError) as e:
+        audit_mechanism(sometimes_nan, D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
+    (line,) = str(e.value).splitlines()
+    assert "(2 of 50 values, first inf at index 7)" in line
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"epsilon": 0.0},
+            r"epsilon = 0: the default alternative, 2 x epsilon, is 0 too; give alternative_epsilon > 0",
+        ),
+        ({"epsilon": float("inf")}, r"epsilon = inf claims no privacy, so no test can refute it"),
+        ({"epsilon": 1.0, "alternative_epsilon": 0.5}, r"alternative_epsilon > epsilon = 1, got 0.5"),
+    ],
+)
+def test_claims_without_a_default_alternative_are_refused_before_the_mechanism_runs(kwargs, message):
+    """assert_dp(..., epsilon=0) ran every trial and then said "expected alternative_epsilon > epsilon = 0, got 0"
+    (the user gave no alternative_epsilon); epsilon=inf the same with "∞, got inf". Now one line naming what to
+    pass, before the (possibly costly) trials."""
+    calls = []
+
+    def mechanism(data, rng):
+        calls.append(1)
+        return rng.laplace()
+
+    with pytest.raises(InputError, match=message):
+        assert_dp(mechanism, D, D_PRIME, delta=DELTA, trials=100, **kwargs)
+    assert not calls
+    # an ε = 0 claim with its alternative named is tested as any other
+    res = assert_dp(mechanism, D, D_PRIME, epsilon=0.0, delta=DELTA, trials=400, alternative_epsilon=2.0)
+    assert res.verdict == "consistent"
+
+
+def test_a_mechanism_that_reseeds_itself_is_named_deterministic_in_the_failure():
+    """A mechanism drawing its noise after torch.manual_seed(0) / np.random.seed(0) returns the same output in
+    every run: a formal violation (that function is deterministic), but the message said only "epsilon lower bound
+    3.466 > claimed epsilon 1". Now its first line says the runs never differed and to draw from rng."""
+
+    def reseeded(data, rng):
+        return float(np.sum(data)) + np.random.default_rng(0).laplace(0.0, 1.0)  # ignores rng
+
+    with pytest.raises(AssertionError) as e:
+        assert_dp(reseeded, D, D_PRIME, epsilon=1.0, delta=DELTA, trials=300)
+    first = str(e.value).splitlines()[0]
+    assert first.startswith("mechanism is not (1, 1e-05)-DP") and "draw it from its rng argument" in first
+    ok = audit_mechanism(laplace_sum(1.0), D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
+    assert ok.details["deterministic"] is False and not any("deterministic" in n for n in ok.notes)
+
+
+def test_a_mechanism_that_changes_its_input_in_place_is_refused():
+    """``data += rng.laplace(...)`` then ``return data.sum()``: each call is 1-DP, but every run saw the data the
+    previous run left, so the runs were dependent random walks and the audit read "violation" in 9 of 10 seeds (a
+    false violation: its bound assumes independent trials). Now one line naming the input and the fix."""
+
+    def mutating(data, rng):
+        data += rng.laplace(0.0, 1.0, size=data.shape)
+        return float(data.sum())
+
+    with pytest.raises(InputError, match=r"changed its input data in place.*data = data.copy\(\)"):
+        audit_mechanism(mutating, np.array([1.0, 0.0]), np.array([0.0, 0.0]), epsilon=1.0, delta=DELTA, trials=100)
+
+    def appending(data, rng):  # a list grown on the neighbour side only
+        if len(data) >= 3:
+            data.append(0)
+        return float(sum(data)) + rng.laplace()
+
+    with pytest.raises(InputError, match="changed its input neighbour in place"):
+        audit_mechanism(appending, [1, 0], [0, 0, 0], epsilon=1.0, delta=DELTA, trials=100)
+    # inputs without values to compare (a dict) and unchanged arrays pass as before
+    res = audit_mechanism(
+        lambda d, r: d["x"] + r.laplace(), {"x": 1.0}, {"x": 0.0}, epsilon=1.0, delta=DELTA, trials=100
+    )
+    assert res.verdict in ("consistent", "inconclusive")

@@ -61,7 +61,8 @@ SIGMA, Q, T, DELTA = 4.0, 0.5, 10, 1e-5
 def test_hand_written_loop_with_chosen_inclusion_bits_is_no_violation(tmp_path):
     """A hand-written loop passing ``included=`` with the first 10% of its canaries in, and DP-SGD exactly as
     claimed (σ = 4, ε ≈ 0.6): the old audit read "violation" (exit 1 under --fail-on-violation) from the
-    unfair bits alone. Now the records are estimates and the run's verdict says so; exit 0."""
+    unfair bits alone. Now the records are estimates and the run's verdict says so; never exit 1 (exit 2 under
+    --fail-on-violation: with estimates only, that gate could never fail)."""
     count = 500
     c = GradientCanaries(SHAPES, count=count, sample_rate=Q, clip=1.0, seed=0, included=np.arange(count) < 50)
     rng = np.random.default_rng(7)
@@ -76,7 +77,8 @@ def test_hand_written_loop_with_chosen_inclusion_bits_is_no_violation(tmp_path):
     assert r.verdict == "estimate-exceeds-claim" and r.to_dict()["formal"] is False  # the saved result says so
     args = ["audit", "canaries", str(d), "--claimed-epsilon", repr(claim), "--delta", "1e-5", "--fail-on-violation"]
     res = runner.invoke(app, args)
-    assert res.exit_code == 0 and "verdict: estimate-exceeds-claim" in res.output, res.output
+    assert res.exit_code == 2 and "verdict: estimate-exceeds-claim" in res.output, res.output
+    assert "every result here is an estimate" in res.output and "--fail-on-estimate" not in res.output
     # Every canary included: no audit at all, one line naming the cause (not "member has a single class").
     c = GradientCanaries(SHAPES, count=20, sample_rate=Q, clip=1.0, seed=0, included=np.ones(20, bool))
     c.observe(0, c.inject(0, {n: np.zeros(s) for n, s in SHAPES.items()}))

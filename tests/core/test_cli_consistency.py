@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -378,6 +379,34 @@ def test_help_paragraphs_wrap_to_the_terminal():
     assert any("A size counts only when" in line for line in lines), lines
 
 
+def test_a_gate_on_estimates_only_fails_instead_of_passing_and_json_stays_one_document(tmp_path):
+    """`audit scores s.csv --claimed-epsilon 1 --fail-on-violation` on the default design (membership: an estimate)
+    exited 0 whatever the scores said, even with the estimate above the claim: a CI gate that could never exit 1
+    passed. Now exit 2 with one line (never 1: nothing formal was refuted); --fail-on-estimate keeps the opt-in gate.
+    With --json an inconclusive or estimate-only gate wrote the result and then an error object: two JSON documents
+    on stdout, which `json.load` refuses; now stdout is the result alone, the error line on stderr."""
+    rng = np.random.default_rng(0)  # members' scores N(0.5, 1), non-members' N(0, 1): a 0.29 estimate
+    scores = tmp_path / "s.csv"
+    scores.write_text("member,score\n" + "".join(f"{i < 200:d},{rng.normal(0.5 * (i < 200), 1)}\n" for i in range(400)))
+    for claim, verdict in (("2", "consistent"), ("0.1", "estimate-exceeds-claim")):
+        args = ("audit", "scores", scores, "--claimed-epsilon", claim, "--fail-on-violation")
+        r = invoke(*args, "--json")
+        assert r.exit_code == 2, r.output
+        assert json.loads(r.stdout)["verdict"] == verdict and json.loads(r.stdout)["formal"] is False
+        (line,) = r.stderr.strip().splitlines()
+        assert (
+            line.startswith("error: --fail-on-violation: every result here is an estimate")
+            and "--fail-on-estimate" in line
+        )
+        assert invoke(*args, "--fail-on-estimate").exit_code == (1 if verdict == "estimate-exceeds-claim" else 0)
+        assert invoke(*args[:-1]).exit_code == 0  # no gate asked for
+    # the formal design still gates: violation exits 1, an inconclusive claim exits 2 with one JSON document
+    formal = ("audit", "scores", scores, "--design", "multi-run", "--fail-on-violation", "--json")
+    assert invoke(*formal, "--claimed-epsilon", "0.1").exit_code == 1
+    r = invoke(*formal, "--claimed-epsilon", "9")
+    assert r.exit_code == 2 and json.loads(r.stdout)["verdict"] == "inconclusive", r.output
+
+
 def test_a_gate_without_a_claim_fails_instead_of_passing(tmp_path, run_dir):
     """`audit scores s.csv --fail-on-violation` without --claimed-epsilon (a CI job that forgot the claim), or
     `audit checkpoint RUN --fail-on-violation` on a run without a claim, tested nothing and exited 0: a gate that
@@ -391,6 +420,7 @@ def test_a_gate_without_a_claim_fails_instead_of_passing(tmp_path, run_dir):
             f"error: {flag}: no claim was tested, so the gate fails instead of passing; give --claimed-epsilon (or "
             "audit a run that records a privacy claim)"
         ]
-    assert invoke("audit", "scores", scores, "--fail-on-violation", "--claimed-epsilon", "0.1").exit_code == 0
+    r = invoke("audit", "scores", scores, "--fail-on-violation", "--claimed-epsilon", "0.1", "--design", "multi-run")
+    assert r.exit_code == 1, r.output  # with a claim, the gate gates
     r = invoke("--quiet", "audit", "checkpoint", run_dir, "--attacks", "loss", "--fail-on-violation")
     assert r.exit_code == 2 and "no claim was tested" in r.stderr

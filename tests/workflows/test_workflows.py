@@ -60,10 +60,11 @@ def test_false_claim_is_a_formal_violation_exit_1(canary_run, tmp_path):
 
 def test_an_estimate_never_exits_1_without_opt_in(plain_run, tmp_path):
     """An attack on the model's own members is an estimate: above the claim it is estimate-exceeds-claim,
-    exit 0 under --fail-on-violation, exit 1 only with --fail-on-estimate."""
+    never exit 1 under --fail-on-violation (exit 2: with estimates only, that gate could never fail), exit 1 only
+    with --fail-on-estimate."""
     args = ["audit", "checkpoint", str(plain_run), "--attacks", "loss", "--claimed-epsilon", "0.0"]
     r = runner.invoke(app, [*args, "--fail-on-violation", "--json"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 2 and "every result here is an estimate" in r.stderr, r.output
     d = json.loads(r.stdout)
     (a,) = d["audits"]
     assert a["formal"] is False and a["design"] == "membership"
