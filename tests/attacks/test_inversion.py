@@ -532,3 +532,17 @@ def test_inversion_reads_a_memory_mapped_x_a_split_at_a_time(tmp_path, monkeypat
     for k in (0, 1):
         assert np.array_equal(means[k], whole[y[members] == k].mean(axis=0))
     assert result.per_class[0]["class"] == 1
+
+
+def test_the_oracles_accuracy_read_in_blocks_is_its_score_on_the_whole_split():
+    """The identification oracle's test accuracy is now counted a block of rows at a time (a memory-mapped X is
+    never made float64 whole); it is the same count over the same rows as ``clf.score`` on the whole split (two
+    mutants, a row skipped per block and a denominator off by one, went unseen by the inversion tests)."""
+    from attacks.inversion import _accuracy_in_blocks, eval_classifier
+    from dpaudit.data import load_dataset
+
+    ds = load_dataset("digits")
+    idx = np.arange(300, 403)  # 103 rows: blocks of 10 leave a partial one
+    clf = eval_classifier(ds.X[:300].astype(np.float64), ds.y[:300])
+    whole = clf.score(ds.X[idx].astype(np.float64).reshape(len(idx), -1), ds.y[idx])
+    assert _accuracy_in_blocks(clf, ds, idx, block=10) == whole

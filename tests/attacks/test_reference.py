@@ -95,6 +95,15 @@ def test_more_workers_than_cores():
         check_workers(0)
 
 
+def test_the_cores_are_those_the_process_may_use(monkeypatch):
+    """A process limited to 2 of 64 cores (taskset, a container's cpuset) may start 2 workers, not 64."""
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert available_cores() == 2
+
+
 def test_seeds_distinct_and_reproducible():
     a = seeds_for(0, "reference", 16)
     assert len(set(a)) == 16 and a == seeds_for(0, "reference", 16)

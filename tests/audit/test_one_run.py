@@ -137,3 +137,16 @@ def test_exhaustive_small_design_is_valid():
         )
         positive += res.epsilon_lower_bound > 0
     assert positive / 2**8 <= 0.05
+
+
+def test_the_holdout_selection_takes_four_canaries_and_refuses_three():
+    """The fewest canaries the holdout selection takes is 4 (a half chooses the guess counts, a half is scored):
+    4 is drawn, 3 is refused in one line (a mutant refusing 4 as well went unseen)."""
+    from dpaudit.audit.one_run import MIN_HOLDOUT_CANARIES, draw_design
+    from dpaudit.errors import InputError
+
+    rng = np.random.default_rng(0)
+    tiebreak, selection = draw_design(MIN_HOLDOUT_CANARIES, "holdout", rng)
+    assert MIN_HOLDOUT_CANARIES == 4 and len(tiebreak) == len(selection) == 4
+    with pytest.raises(InputError, match="needs at least 4 canaries, got 3"):
+        draw_design(3, "holdout", rng)

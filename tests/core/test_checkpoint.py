@@ -349,3 +349,7 @@ def test_evaluation_batches_of_images_hold_a_few_megabytes():
         logits = predict_logits(model, Rows(5000, shape))
         assert max(model.sizes) == rows, shape  # 341 x 12 KiB = 4 MiB of images
         assert np.array_equal(logits[:, 0], np.arange(5000))
+    model = First()  # a record above 4 MiB (a 3 x 1024 x 1024 image): one row a batch, never 0 rows
+    assert (
+        np.array_equal(predict_logits(model, Rows(3, (3, 1024, 1024)))[:, 0], np.arange(3)) and model.sizes == [1] * 3
+    )

@@ -202,6 +202,12 @@ def test_standardizer_fits_and_transforms_without_copies_of_the_split(tmp_path, 
         again = Standardizer.fit(kept, batch=batch)
         assert np.array_equal(again.mean, pre.mean) and np.array_equal(again.scale, pre.scale)
         assert np.array_equal(kept, X64)
+        # the float64 sums themselves, of values whose sums round (float32 pixels sum exactly in float64)
+        Y = rng.normal(size=(600, 5))
+        blocks = (Y[s : s + batch] for s in range(0, len(Y), batch))
+        assert np.array_equal(data.sequential_sum(blocks, (5,)), Y.sum(axis=0))
+    assert again.transform(X64[:3]).dtype == np.float32  # float32 out of a float64 input, as a model takes
+    assert data._fit_block_rows((1 << 16,)) == 1  # a record above the (patched) block size: one row, never 0
 
 
 def _labelled(tmp_path, labels):

@@ -193,7 +193,7 @@ def test_a_p_value_that_underflowed_is_never_printed_as_zero():
     assert numfmt.p_value(0.0) == "p < 1e-300"
     assert numfmt.p_value(0.0, name="") == "< 1e-300"
     assert numfmt.p_value(0.031249) == "p = 0.0312" and numfmt.p_value(0.031249, name="") == "0.0312"
-    assert numfmt.p_value(3.2e-200, 2) == "p = 3.2e-200"
+    assert numfmt.p_value(3.21e-200, 2) == "p = 3.2e-200"  # digits=2 (3 would print 3.21e-200)
     assert numfmt.p_value(None) == numfmt.DASH
 
 

@@ -341,6 +341,9 @@ def test_a_directory_saved_before_the_cross_group_summary_still_loads_and_is_che
     assert obs.cross is None
     check = noise_check(obs.noise_ss, obs.noise_count, obs.projections, noise_std=1.0, cross=obs.cross)
     assert check.cross_group_p_value is None and check.details["alpha_independence"] == pytest.approx(0.025)
+    # Continued, it would save a cross-group summary of its later steps only as if of all of them: refused.
+    with pytest.raises(InputError, match="saved before the cross-group noise summary existed, so it cannot be cont"):
+        GradientCanaries.resume(d)
 
 
 @pytest.mark.parametrize(
@@ -390,8 +393,10 @@ def test_a_run_resumed_from_its_save_records_what_one_uninterrupted_run_does(tmp
     rng = np.random.default_rng(3)  # the loop's own randomness, continued across the restart as the model's would be
     for t in range(10):
         if t == 6:
+            first.meta["implementation_noise_multiplier_min"] = 0.5  # an adapter's record (a noise schedule's range)
             first.save(tmp_path / "c")
             first = GradientCanaries.resume(tmp_path / "c")
+            assert first.meta["implementation_noise_multiplier_min"] == 0.5  # kept: the audit refuses σ above it
             with pytest.raises(InputError, match="expected step 6"):  # a model restored from another step is refused
                 first.inject(0, {n: np.zeros(sh) for n, sh in SHAPES.items()})
         g = {n: rng.normal(size=sh) * 0.0 for n, sh in SHAPES.items()}

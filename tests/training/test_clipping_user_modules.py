@@ -251,9 +251,27 @@ class _OnceDifferentiable(torch.autograd.Function):
         return g * (1 - torch.tanh(x) ** 2)
 
 
+class _Detaching(torch.autograd.Function):
+    """A user's custom op whose backward detaches its answer: the gradients before it have no graph at all."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.tanh(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return (g * (1 - torch.tanh(x) ** 2)).detach()
+
+
 class _Custom(nn.Module):
+    def __init__(self, op=_OnceDifferentiable):
+        super().__init__()
+        self.op = op
+
     def forward(self, x):
-        return _OnceDifferentiable.apply(x)
+        return self.op.apply(x)
 
 
 def test_dp_sgd_jl_refuses_gradients_the_double_vjp_trick_cannot_differentiate_again():
@@ -263,9 +281,10 @@ def test_dp_sgd_jl_refuses_gradients_the_double_vjp_trick_cannot_differentiate_a
     # 1.49 of 5.36 here), so per-example contributions above C. Now refused in one line, hooks or not.
     from dpaudit.training.jl import JLClipper, resolve_ad_path
 
-    for hooked in (False, True):
+    # (a backward that detaches gives those gradients no graph at all: refused as well)
+    for op, hooked in ((_OnceDifferentiable, False), (_OnceDifferentiable, True), (_Detaching, False)):
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(6, 8), _Custom(), nn.Linear(8, 3)).double()
+        model = nn.Sequential(nn.Linear(6, 8), _Custom(op), nn.Linear(8, 3)).double()
         if hooked:
             model[0].weight.register_hook(lambda g: g * 2.0)
         x, y = _data((6,), 4)

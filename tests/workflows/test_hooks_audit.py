@@ -241,3 +241,28 @@ def test_a_float32_claim_sample_rate_is_named_in_the_mismatch_message(tmp_path):
     c.observe(0, c.inject(0, {n: np.zeros(s) for n, s in SHAPES.items()}))
     with pytest.raises(InputError, match=r"at q = 0\.1 \(this q is the canaries' q rounded to float32"):
         audit_canaries(c.save(tmp_path / "c"), claimed_epsilon=1.0, delta=DELTA, sample_rate=np.float32(0.1))
+
+
+def test_a_constant_sigma_below_the_claim_is_audited_not_refused_as_a_noise_schedule(tmp_path, monkeypatch):
+    """The noise-schedule refusal is for a σ that changed during training (smallest < largest). A loop that used one
+    σ below the claimed one is what the noise check is there to find: refused as a "schedule" (a mutant reading
+    smallest <= largest as a schedule survived), the buggy loop left with exit 2, not a violation. A claimed σ equal
+    to the smallest up to float rounding is taken too. The audit is stopped just past the refusals (it is slow)."""
+    from dpaudit.hooks.core import SIGMA_MAX, SIGMA_MIN
+    from dpaudit.workflows import hooks_audit
+
+    class Past(Exception):
+        pass
+
+    def past(*args, **kwargs):  # the claim's accounting: the first step after the refusals
+        raise Past
+
+    monkeypatch.setattr(hooks_audit, "claim_accounting", past)
+    for i, (lo, hi, sigma) in enumerate([(0.5, 0.5, SIGMA), (0.3, 1.0, 0.1 * 3)]):
+        c = GradientCanaries(SHAPES, count=8, sample_rate=Q, clip=1.0, seed=0)
+        for t in range(2):
+            g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
+            c.observe(t, {n: v + lo for n, v in g.items()})
+        c.meta.update({SIGMA_MIN: lo, SIGMA_MAX: hi})
+        with pytest.raises(Past):
+            audit_canaries(c.save(tmp_path / str(i)), claimed_epsilon=1.0, delta=DELTA, noise_multiplier=sigma)

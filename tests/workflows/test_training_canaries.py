@@ -187,6 +187,34 @@ def test_train_with_canaries_refuses_an_inconclusive_design_exit_2(tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_what_the_f_dp_analysis_certifies_is_printed_rounded_up(monkeypatch):
+    """The refusal names the most the one-run f-DP analysis certifies with these canaries: an upper bound, so it is
+    printed rounded up (a mutant printing it rounded down survived). The (ε, δ) analysis's own refusal is stubbed
+    out: its size advice simulates audits for seconds."""
+    import re
+
+    from dpaudit import numfmt
+    from dpaudit.audit.fdp_one_run import can_refute
+    from dpaudit.training.algorithms import claim_for
+    from dpaudit.workflows import training as wt
+    from dpaudit.workflows.checkpoint import DEFAULTS, claim_tradeoff
+
+    def refused(*args, **kwargs):
+        raise InputError("this audit cannot refute")
+
+    monkeypatch.setattr(wt, "require_refutable", refused)
+    config = TrainConfig(algo="dpsgd", epochs=1, batch_size=50, dp=DPConfig(clip=1.0, noise_multiplier=1.0))
+    claim = claim_for(config, 600)
+    ok, most = can_refute(
+        10, claim_tradeoff(claim), claim["delta"], 1 - DEFAULTS.confidence, "holdout", claim["epsilon"]
+    )
+    assert not ok
+    with pytest.raises(InputError, match="f-DP analysis against the claim's own curve") as e:
+        wt.require_refutable_canaries(config, 600, 10)
+    printed = re.search(r"certifies at most (\S+) with 10 canaries", str(e.value)).group(1)
+    assert printed == numfmt.upper(most, 3) and float(printed) >= most
+
+
 # ---- crafted canaries bite -----------------------------------------------------------------------------
 
 
