@@ -88,13 +88,13 @@ def make_canaries(dataset: Dataset, splits: Splits, *, m: int, kind: str, seed: 
     if kind == "crafted":
         if len(splits.aux) == 0:
             raise InputError("crafted canaries are built from the public auxiliary split, which is empty")
-        X, y = craft_canaries(dataset.X[splits.aux], dataset.y[splits.aux], m=m, n_classes=k, seed=seed)
+        X, y = craft_canaries(dataset.rows(splits.aux), dataset.y[splits.aux], m=m, n_classes=k, seed=seed)
     elif kind == "mislabeled":
         pool = splits.aux if len(splits.aux) else splits.holdout
         if len(pool) == 0:
             raise InputError("mislabeled canaries need an auxiliary (or holdout) split to copy records from")
         src = rng.choice(pool, size=m, replace=m > len(pool))
-        X = dataset.X[src].copy()
+        X = dataset.rows(src)  # a copy, in the features' dtype (uint8 pixels: float32)
         y = (dataset.y[src] + rng.integers(1, k, size=m)) % k
     else:
         train = dataset.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)
@@ -114,7 +114,7 @@ def make_canaries(dataset: Dataset, splits: Splits, *, m: int, kind: str, seed: 
             Zc = dirs * np.median(norms)
             counts = np.bincount(dataset.y[splits.members], minlength=k)
             y = np.full(m, int(np.argmin(counts)))
-        X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.X.dtype)
+        X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.dtype)
     included = rng.random(m) < 0.5  # drawn after the records: no record depends on the inclusion bits
     return CanarySet(kind, np.ascontiguousarray(X), y.astype(np.int64), included, seed)
 
@@ -181,11 +181,12 @@ def with_canaries(dataset: Dataset, splits: Splits, canaries: CanarySet) -> tupl
     canaries) and the canaries' indices in the augmented dataset."""
     n = len(dataset)
     y = np.concatenate([dataset.y, canaries.y])
-    if dataset.mapped is not None:
+    if dataset.mapped is not None or dataset.dtype != dataset.X.dtype:
         # A memory-mapped X stays mapped, the canaries appended beside it (Dataset.appended): training streams
         # both a batch at a time. A concatenation read the whole file into memory (CIFAR's 600 MB X.npy:
-        # 3.7 GB peak RSS for `train --canaries 50`).
-        appended = np.ascontiguousarray(canaries.X.astype(dataset.X.dtype))
+        # 3.7 GB peak RSS for `train --canaries 50`). So does an X kept as uint8 pixels: canaries are float
+        # (an outlier's pixel is not a uint8), appended in the features' dtype, float32.
+        appended = np.ascontiguousarray(canaries.X.astype(dataset.dtype))
         aug = dataclasses.replace(dataset, y=y, appended=appended)
     else:
         X = np.concatenate([dataset.X, canaries.X.astype(dataset.X.dtype)])
