@@ -689,12 +689,7 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     """Load a dataset from a spec: an embedded name, ``synthetic:...``, a CSV/NPZ path, or a directory
     holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped). A :class:`pathlib.Path` (any ``os.PathLike``) is always a
     path, never a name: ``Path("digits")`` is the folder ``./digits``."""
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
-        spec = spec if spec_path(spec) is not None else os.path.join(".", spec)
-    if not isinstance(spec, str) or not spec:
-        got = repr(spec) if isinstance(spec, str) else type(spec).__name__
-        raise InputError(f"expected a dataset name or path, got {got}")
+    spec = check_data_spec(spec)
     path = spec_path(spec)
     if path is None:
         head, _, params = spec.partition(":")
@@ -707,6 +702,25 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         return _synthetic_tokens(spec, params)
     if path.is_dir():
         return _from_npy_dir(path, spec)
+    if path.suffix.lower() == ".csv":
+        return _from_csv(path, label_column, spec)
+    return _from_npz(path, spec)
+
+
+def check_data_spec(spec: str | os.PathLike) -> str:
+    """The spec as :func:`load_dataset` reads it (a path-like made a path string), after the refusals that read
+    no data: not a name or path, no such file, not a file, unreadable, an unsupported file type, an unknown name.
+    Cheap (a few system calls): the CLI calls it before importing torch, so ``train --data nope`` is refused at
+    once (it took seconds)."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+        spec = spec if spec_path(spec) is not None else os.path.join(".", spec)
+    if not isinstance(spec, str) or not spec:
+        got = repr(spec) if isinstance(spec, str) else type(spec).__name__
+        raise InputError(f"expected a dataset name or path, got {got}")
+    path = spec_path(spec)
+    if path is None or path.is_dir():
+        return spec
     if path.suffix.lower() in (".csv", ".npz") or path.exists():
         if not path.exists():
             raise DataError(f"{path}: no such file")
@@ -716,10 +730,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
             path.open("rb").close()
         except OSError as e:
             raise DataError(f"{path}: cannot read ({e.strerror})") from None
-        if path.suffix.lower() == ".csv":
-            return _from_csv(path, label_column, spec)
-        if path.suffix.lower() == ".npz":
-            return _from_npz(path, spec)
+        if path.suffix.lower() in (".csv", ".npz"):
+            return spec
         hint = ""
         if path.suffix.lower() == ".npy":  # one array cannot hold the labels too
             hint = f", or give the directory that holds X.npy and y.npy ({str(path.parent)!r})"
