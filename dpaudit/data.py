@@ -74,6 +74,38 @@ def _fit_block_rows(feature_shape: tuple[int, ...]) -> int:
     return max(1, FIT_BLOCK_BYTES // (8 * max(1, math.prod(feature_shape))))
 
 
+def row_blocks(dataset: Dataset, idx: np.ndarray, batch: int | None = None) -> Iterator[np.ndarray]:
+    """The rows ``idx`` of ``dataset`` (:meth:`Dataset.rows`), ``batch`` at a time (default: about
+    :data:`FIT_BLOCK_BYTES` of float64)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    step = batch or _fit_block_rows(dataset.feature_shape)
+    return (dataset.rows(idx[s : s + step]) for s in range(0, len(idx), step))
+
+
+def streamed_moments(dataset: Dataset, idx: np.ndarray, batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 per-feature mean and population standard deviation (1 where it is below 1e-12: constant
+    features pass through) of the rows ``idx``, read a block at a time (:func:`_moments`)."""
+    return _moments(lambda: row_blocks(dataset, idx, batch), len(idx), dataset.feature_shape)
+
+
+def _moments(blocks, n: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Two passes over the row blocks ``blocks()`` in float64 (:func:`sequential_sum`, so bit for bit
+    ``X.astype(float64).mean(axis=0)`` / ``.std(axis=0)`` whatever the block size): the mean, then the mean
+    squared deviation from it (the two-pass variance, as ``numpy.std`` computes it; no sum-of-squares
+    cancellation). The float64 copy of the whole split that took (8 bytes per value, twice over in
+    ``std``: 820 MiB to fit 17,500 CIFAR images of 205 MiB) is one block here."""
+    if n == 0:
+        raise InputError("cannot fit a standardisation on an empty split")
+    mean = sequential_sum(blocks(), shape) / n
+
+    def squared_deviation(b: np.ndarray) -> np.ndarray:
+        b -= mean
+        return np.multiply(b, b, out=b)
+
+    std = np.sqrt(sequential_sum(blocks(), shape, squared_deviation) / n)
+    return mean, np.where(std > 1e-12, std, 1.0)  # constant features (e.g. blank pixels) pass through
+
+
 def sequential_sum(blocks: Iterable[np.ndarray], shape: tuple[int, ...], f=None) -> np.ndarray | None:
     """The float64 sum over axis 0 of the row blocks ``blocks`` (each ``(rows, *shape)``; ``f``, if given,
     applied to each block's float64 copy first), None when there are none. Each block is added as more rows
@@ -800,28 +832,12 @@ class Standardizer:
     def fit_streamed(cls, dataset: Dataset, idx: np.ndarray, batch: int | None = None) -> Standardizer:
         """:meth:`fit` on ``dataset.X[idx]`` read ``batch`` rows at a time with :meth:`Dataset.rows` (a
         memory-mapped X releases its pages after each), never the whole split at once."""
-        idx = np.asarray(idx, dtype=np.int64)
-        step = batch or _fit_block_rows(dataset.feature_shape)
-        blocks = lambda: (dataset.rows(idx[s : s + step]) for s in range(0, len(idx), step))  # noqa: E731
-        return cls._fit_blocks(blocks, len(idx), dataset.feature_shape)
+        mean, scale = streamed_moments(dataset, idx, batch)
+        return cls(mean.astype(np.float32), scale.astype(np.float32))
 
     @classmethod
     def _fit_blocks(cls, blocks, n: int, shape: tuple[int, ...]) -> Standardizer:
-        """Two passes over the row blocks ``blocks()`` in float64 (:func:`sequential_sum`, so bit for bit
-        ``X.astype(float64).mean(axis=0)`` / ``.std(axis=0)`` whatever the block size): the mean, then the mean
-        squared deviation from it (the two-pass variance, as ``numpy.std`` computes it; no sum-of-squares
-        cancellation). The float64 copy of the whole split that took (8 bytes per value, twice over in
-        ``std``: 820 MiB to fit 17,500 CIFAR images of 205 MiB) is one block here."""
-        if n == 0:
-            raise InputError("cannot fit a standardisation on an empty split")
-        mean = sequential_sum(blocks(), shape) / n
-
-        def squared_deviation(b: np.ndarray) -> np.ndarray:
-            b -= mean
-            return np.multiply(b, b, out=b)
-
-        std = np.sqrt(sequential_sum(blocks(), shape, squared_deviation) / n)
-        scale = np.where(std > 1e-12, std, 1.0)  # constant features (e.g. blank pixels) pass through
+        mean, scale = _moments(blocks, n, shape)
         return cls(mean.astype(np.float32), scale.astype(np.float32))
 
     def transform(self, X: np.ndarray) -> np.ndarray:
