@@ -878,10 +878,12 @@ class Standardizer:
 
 @dataclass(frozen=True)
 class Identity:
-    """No preprocessing (token ids)."""
+    """No preprocessing (token ids; the raw features of a private run without a public split)."""
 
     def transform(self, X: np.ndarray) -> np.ndarray:
-        return X
+        """``X`` as it is; 8/16-bit integer or bool features as float32, as :meth:`Dataset.rows` reads them (token
+        ids are int64, never compact)."""
+        return X.astype(np.float32) if isinstance(X, np.ndarray) and compact_dtype(X.dtype) else X
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "identity"}
