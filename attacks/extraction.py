@@ -519,9 +519,9 @@ class _Evaluator:
     on uniform inputs, computed once, against which every surrogate is scored."""
 
     def __init__(self, run: Any, dataset: Dataset, box: FeatureBox, *, seed: int) -> None:
-        self.X_test = dataset.X[run.splits.test]
+        self.X_test = dataset.rows(run.splits.test)
         self.y_test = dataset.y[run.splits.test]
-        self.X_unif = box.sample(N_UNIFORM, np.random.default_rng([seed, 1]), dataset.X.dtype)
+        self.X_unif = box.sample(N_UNIFORM, np.random.default_rng([seed, 1]), dataset.dtype)
         self.target_test = run.logits(self.X_test).argmax(axis=1) if len(self.X_test) else None
         self.target_unif = run.logits(self.X_unif).argmax(axis=1)
         self.true_params = composed_linear_parameters(run) if run.spec.kind in LINEAR_KINDS else None
@@ -753,7 +753,7 @@ def extract(
     if method == "learning":
         spec = surrogate_spec(surrogate, input_shape=shape, n_classes=n_classes)
     ds = dataset if dataset is not None else run.dataset()
-    knowledge = AttackerKnowledge.from_records(ds.X[run.splits.aux])
+    knowledge = AttackerKnowledge.from_records(ds.rows(run.splits.aux))
     target_api = PredictionAPI.from_run(run, mode, budget=budget)
     evaluator = _Evaluator(run, ds, knowledge.box, seed=seed)
     curve: list[dict[str, Any]] = []

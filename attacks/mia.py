@@ -226,7 +226,8 @@ def run_mia(
             "(your data repeats records): the attacks score them as the members they copy, so every AUC and TPR "
             "below understates the leakage; remove duplicate records before training to measure it"
         )
-    target = _Target(ids, ds.y[ids], run.logits(ds.view(ids)))  # read and preprocessed a batch at a time
+    with progress.task("the target's logits", len(ids), brief=True) as advance:  # minutes for CIFAR on a CPU
+        target = _Target(ids, ds.y[ids], run.logits(ds.view(ids), advance=advance))  # a batch at a time
     recipe = Recipe.from_run(run, ds) if ("shadow" in methods or needs_refs) else None
     train = functools.partial(
         train_models, workers=workers, scheduler=scheduler, cache_dir=cache_dir, progress=progress

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.budget import Cost, check_cost
-from dpaudit.data import Dataset, Splits
+from dpaudit.data import Dataset, Splits, row_blocks, streamed_moments
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir
 from dpaudit.validation import check_choice, check_positive_int, read_json
@@ -88,33 +88,41 @@ def make_canaries(dataset: Dataset, splits: Splits, *, m: int, kind: str, seed: 
     if kind == "crafted":
         if len(splits.aux) == 0:
             raise InputError("crafted canaries are built from the public auxiliary split, which is empty")
-        X, y = craft_canaries(dataset.X[splits.aux], dataset.y[splits.aux], m=m, n_classes=k, seed=seed)
+        X, y = craft_canaries(dataset.rows(splits.aux), dataset.y[splits.aux], m=m, n_classes=k, seed=seed)
     elif kind == "mislabeled":
         pool = splits.aux if len(splits.aux) else splits.holdout
         if len(pool) == 0:
             raise InputError("mislabeled canaries need an auxiliary (or holdout) split to copy records from")
         src = rng.choice(pool, size=m, replace=m > len(pool))
-        X = dataset.X[src].copy()
+        X = dataset.rows(src)  # a copy, in the features' dtype (uint8 pixels: float32)
         y = (dataset.y[src] + rng.integers(1, k, size=m)) % k
-    else:
+    elif kind == "outlier":
+        # The members' mean, scale and largest standardised norm, a block of rows at a time: the float64 copy of the
+        # members and its standardised twin (2 x 172 MB for 7,000 CIFAR images) are blocks of 8 MB; the values
+        # are bit for bit those of the whole array (data.streamed_moments; each row's norm is its own).
+        mean, std = (a.ravel() for a in streamed_moments(dataset, splits.members))
+        top = max(
+            float(np.linalg.norm((b.reshape(len(b), -1).astype(np.float64) - mean) / std, axis=1).max())
+            for b in row_blocks(dataset, splits.members)
+        )
+        d = rng.normal(size=(m, mean.size))
+        d /= np.linalg.norm(d, axis=1, keepdims=True)
+        Zc = d * 3.0 * top
+        y = rng.integers(0, k, size=m)
+        X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.dtype)
+    else:  # clipbkd: least-variance principal directions, data-typical norm, least frequent label
         train = dataset.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)
         mean, std = train.mean(0), train.std(0)
         std = np.where(std > 1e-12, std, 1.0)
         Z = (train - mean) / std
         norms = np.linalg.norm(Z, axis=1)
-        if kind == "outlier":
-            d = rng.normal(size=(m, Z.shape[1]))
-            d /= np.linalg.norm(d, axis=1, keepdims=True)
-            Zc = d * 3.0 * norms.max()
-            y = rng.integers(0, k, size=m)
-        else:  # clipbkd: least-variance principal directions, data-typical norm, least frequent label
-            _, _, Vt = np.linalg.svd(Z - Z.mean(0), full_matrices=False)
-            low = Vt[::-1]  # rows from least to most variance
-            dirs = low[np.arange(m) % len(low)] * rng.choice([-1.0, 1.0], size=(m, 1))
-            Zc = dirs * np.median(norms)
-            counts = np.bincount(dataset.y[splits.members], minlength=k)
-            y = np.full(m, int(np.argmin(counts)))
-        X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.X.dtype)
+        _, _, Vt = np.linalg.svd(Z - Z.mean(0), full_matrices=False)
+        low = Vt[::-1]  # rows from least to most variance
+        dirs = low[np.arange(m) % len(low)] * rng.choice([-1.0, 1.0], size=(m, 1))
+        Zc = dirs * np.median(norms)
+        counts = np.bincount(dataset.y[splits.members], minlength=k)
+        y = np.full(m, int(np.argmin(counts)))
+        X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.dtype)
     included = rng.random(m) < 0.5  # drawn after the records: no record depends on the inclusion bits
     return CanarySet(kind, np.ascontiguousarray(X), y.astype(np.int64), included, seed)
 
@@ -181,11 +189,12 @@ def with_canaries(dataset: Dataset, splits: Splits, canaries: CanarySet) -> tupl
     canaries) and the canaries' indices in the augmented dataset."""
     n = len(dataset)
     y = np.concatenate([dataset.y, canaries.y])
-    if dataset.mapped is not None:
+    if dataset.mapped is not None or dataset.dtype != dataset.X.dtype:
         # A memory-mapped X stays mapped, the canaries appended beside it (Dataset.appended): training streams
         # both a batch at a time. A concatenation read the whole file into memory (CIFAR's 600 MB X.npy:
-        # 3.7 GB peak RSS for `train --canaries 50`).
-        appended = np.ascontiguousarray(canaries.X.astype(dataset.X.dtype))
+        # 3.7 GB peak RSS for `train --canaries 50`). So does an X kept as uint8 pixels: canaries are float
+        # (an outlier's pixel is not a uint8), appended in the features' dtype, float32.
+        appended = np.ascontiguousarray(canaries.X.astype(dataset.dtype))
         aug = dataclasses.replace(dataset, y=y, appended=appended)
     else:
         X = np.concatenate([dataset.X, canaries.X.astype(dataset.X.dtype)])

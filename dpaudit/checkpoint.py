@@ -198,10 +198,11 @@ class Run:
         except InputError:
             return None
 
-    def logits(self, X: np.ndarray, batch: int | None = None) -> np.ndarray:
+    def logits(self, X: np.ndarray, batch: int | None = None, advance=None) -> np.ndarray:
         """Model logits (float64) on raw (unpreprocessed) features: an array, or a lazy
-        :class:`~dpaudit.data.RowView` (``dataset.view(idx)``) read and preprocessed a batch at a time."""
-        return predict_logits(self.model, X, batch=batch, transform=self.preprocessing.transform)
+        :class:`~dpaudit.data.RowView` (``dataset.view(idx)``) read and preprocessed a batch at a time
+        (``advance``: a progress task's callback, :func:`predict_logits`)."""
+        return predict_logits(self.model, X, batch=batch, transform=self.preprocessing.transform, advance=advance)
 
 
 # Evaluation batches: at most EVAL_BATCH_ROWS records and about EVAL_BATCH_BYTES of float32 input. A fixed 2,048
@@ -217,12 +218,15 @@ def eval_batch_rows(record_shape: tuple[int, ...]) -> int:
     return max(1, min(EVAL_BATCH_ROWS, EVAL_BATCH_BYTES // (4 * max(1, math.prod(record_shape)))))
 
 
-def predict_logits(model: nn.Module, X: np.ndarray, batch: int | None = None, transform=None) -> np.ndarray:
+def predict_logits(
+    model: nn.Module, X: np.ndarray, batch: int | None = None, transform=None, advance=None
+) -> np.ndarray:
     """Logits in float64, evaluated in eval mode without gradients, ``batch`` rows at a time (default:
     :func:`eval_batch_rows` of the record shape).
 
     ``X``: preprocessed features, or raw ones with ``transform`` (the preprocessing, applied per
-    batch); anything sliceable with a length and a shape (an array, a :class:`~dpaudit.data.RowView`)."""
+    batch); anything sliceable with a length and a shape (an array, a :class:`~dpaudit.data.RowView`).
+    ``advance``: a progress task's callback, given the rows of each batch done."""
     if batch is None:
         batch = eval_batch_rows(tuple((X.shape if hasattr(X, "shape") else np.shape(X))[1:]))
     model.eval()
@@ -235,6 +239,8 @@ def predict_logits(model: nn.Module, X: np.ndarray, batch: int | None = None, tr
             if xb.is_floating_point():
                 xb = xb.to(param.dtype)
             out.append(model(xb).double().cpu().numpy())
+            if advance is not None:
+                advance(len(xb))
     return np.concatenate(out) if out else np.zeros((0, 0))
 
 

@@ -7,6 +7,8 @@ scikit-learn's bundled ``digits``, ``breast-cancer`` and ``wine``; seeded synthe
 ``label_column``), an NPZ file holding arrays ``X`` and ``y`` (read into memory), or a directory
 holding ``X.npy`` and ``y.npy``, whose ``X`` is memory-mapped (read-only) and never copied whole:
 training, evaluation and the attacks read it a batch of rows at a time (:meth:`Dataset.rows`).
+8- and 16-bit integer (and bool) features, e.g. uint8 pixels, are kept as stored and read as float32 a batch
+of rows at a time (:attr:`Dataset.dtype`; exact, float32 holds every such value).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ EMBEDDED_DESCRIPTIONS = {
 # The --data option's help (train, import, audit train): every form, and what each embedded set holds.
 DATA_HELP = (
     "PATH.csv (with --label-column) | PATH.npz (arrays X, y; any record shape; read into memory) | DIR holding "
-    "X.npy (float, memory-mapped, streamed a batch at a time) and y.npy (integer labels) | "
+    "X.npy (float, or uint8/8-16-bit integer pixels; memory-mapped, streamed a batch at a time) and y.npy (integer "
+    "labels) | "
     + " | ".join(f"{name}: {text}" for name, text in EMBEDDED_DESCRIPTIONS.items())
     + ". Labels are renumbered 0..K-1 in sorted order."
 )
@@ -59,8 +62,48 @@ RELEASE_EVERY_BYTES = 64 << 20
 FIT_BLOCK_BYTES = 8 << 20
 
 
+def compact_dtype(dtype: np.dtype) -> bool:
+    """Features kept as stored and read as float32 per batch (:attr:`Dataset.dtype`): bool and 8- and 16-bit
+    integers (uint8 pixels), every value of which float32 holds exactly, so a batch read as float32 is the
+    array the whole X made float32 held (a 150 MiB uint8 CIFAR NPZ was kept as a 600 MiB float32 copy)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "b" or (np.issubdtype(dtype, np.integer) and dtype.itemsize <= 2)
+
+
 def _fit_block_rows(feature_shape: tuple[int, ...]) -> int:
     return max(1, FIT_BLOCK_BYTES // (8 * max(1, math.prod(feature_shape))))
+
+
+def row_blocks(dataset: Dataset, idx: np.ndarray, batch: int | None = None) -> Iterator[np.ndarray]:
+    """The rows ``idx`` of ``dataset`` (:meth:`Dataset.rows`), ``batch`` at a time (default: about
+    :data:`FIT_BLOCK_BYTES` of float64)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    step = batch or _fit_block_rows(dataset.feature_shape)
+    return (dataset.rows(idx[s : s + step]) for s in range(0, len(idx), step))
+
+
+def streamed_moments(dataset: Dataset, idx: np.ndarray, batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 per-feature mean and population standard deviation (1 where it is below 1e-12: constant
+    features pass through) of the rows ``idx``, read a block at a time (:func:`_moments`)."""
+    return _moments(lambda: row_blocks(dataset, idx, batch), len(idx), dataset.feature_shape)
+
+
+def _moments(blocks, n: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Two passes over the row blocks ``blocks()`` in float64 (:func:`sequential_sum`, so bit for bit
+    ``X.astype(float64).mean(axis=0)`` / ``.std(axis=0)`` whatever the block size): the mean, then the mean
+    squared deviation from it (the two-pass variance, as ``numpy.std`` computes it; no sum-of-squares
+    cancellation). The float64 copy of the whole split that took (8 bytes per value, twice over in
+    ``std``: 820 MiB to fit 17,500 CIFAR images of 205 MiB) is one block here."""
+    if n == 0:
+        raise InputError("cannot fit a standardisation on an empty split")
+    mean = sequential_sum(blocks(), shape) / n
+
+    def squared_deviation(b: np.ndarray) -> np.ndarray:
+        b -= mean
+        return np.multiply(b, b, out=b)
+
+    std = np.sqrt(sequential_sum(blocks(), shape, squared_deviation) / n)
+    return mean, np.where(std > 1e-12, std, 1.0)  # constant features (e.g. blank pixels) pass through
 
 
 def sequential_sum(blocks: Iterable[np.ndarray], shape: tuple[int, ...], f=None) -> np.ndarray | None:
@@ -108,7 +151,9 @@ QUANTITY_MIN_CLASSES = 20
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """Features ``X`` (float32, or int64 token ids when ``kind == "tokens"``) and labels ``y``."""
+    """Features ``X`` and labels ``y``. ``X`` is the data as stored: float32 in memory (NPZ, CSV, embedded), the
+    file's dtype when memory-mapped, 8/16-bit integers or bool as the file holds them (uint8 pixels), int64 token
+    ids when ``kind == "tokens"``. Read the features with :meth:`rows` / :meth:`view`, in :attr:`dtype`."""
 
     name: str
     X: np.ndarray
@@ -149,6 +194,14 @@ class Dataset:
         ]
 
     @property
+    def dtype(self) -> np.dtype:
+        """The dtype :meth:`rows` (and :meth:`view`, appended records, the content hash) gives the features in:
+        float32 for an ``X`` of 8/16-bit integers or bool (:func:`compact_dtype`, cast a batch at a time), else
+        ``X``'s own."""
+        compact = self.kind != "tokens" and compact_dtype(self.X.dtype)
+        return np.dtype(np.float32) if compact else self.X.dtype
+
+    @property
     def feature_shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self.X.shape[1:])
 
@@ -158,15 +211,21 @@ class Dataset:
     @cached_property
     def sha256(self) -> str:
         """Content hash of the arrays (dtype, shape and bytes of X and y), hashed a chunk of rows at a
-        time (the same digest as hashing all the bytes at once); computed once per object."""
+        time (the same digest as hashing all the bytes at once); computed once per object. X is hashed as
+        :attr:`dtype` holds it (uint8 pixels as their float32 values: the digest of the float32 array they were
+        once converted to, so runs recorded then still match, and an NPZ and an X.npy of the same images agree)."""
         h = hashlib.sha256()
         for a in (self.X, self.y):
             # Appended rows (:attr:`appended`) are hashed as the rows after X's: the digest of the concatenation.
             shape = (len(self), *self.feature_shape) if a is self.X else a.shape
-            h.update(f"{a.dtype.str}{shape}".encode())
+            dtype = self.dtype if a is self.X else a.dtype
+            h.update(f"{dtype.str}{shape}".encode())
             more = [self.appended] if a is self.X and self.appended is not None else []
             for chunk in [*self.chunks(a), *more]:
-                h.update(np.ascontiguousarray(chunk).tobytes())
+                # A compact X's chunk is cast a quarter at a time (its float32 bytes are 4 times its own).
+                step = max(1, len(chunk) // 4) if chunk.dtype != dtype else max(1, len(chunk))
+                for s in range(0, len(chunk), step):
+                    h.update(np.ascontiguousarray(chunk[s : s + step], dtype=dtype).tobytes())
         return h.hexdigest()
 
     def chunks(self, a: np.ndarray | None = None) -> Iterator[np.ndarray]:
@@ -175,18 +234,19 @@ class Dataset:
         return _blocks(a, self.mapped if a is self.X else None)
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
-        """A copy of the rows ``idx`` of ``X`` (in that order). For a memory-mapped ``X`` the pages
-        read are released after each call, so streaming the data batch by batch keeps resident memory
-        at a few batches (:class:`MappedFile`)."""
+        """A copy of the rows ``idx`` of ``X`` (in that order), in :attr:`dtype` (uint8 pixels as float32). For a
+        memory-mapped ``X`` the pages read are released after each call, so streaming the data batch by batch
+        keeps resident memory at a few batches (:class:`MappedFile`)."""
         idx = np.asarray(idx, dtype=np.int64)
         if self.appended is not None:
             n = self.X.shape[0]
-            out = np.empty((len(idx), *self.feature_shape), dtype=self.X.dtype)
+            out = np.empty((len(idx), *self.feature_shape), dtype=self.dtype)
             own = idx < n
             out[own] = self.X[idx[own]]
             out[~own] = self.appended[idx[~own] - n]
         else:
             out = self.X[idx]
+            out = out if out.dtype == self.dtype else out.astype(self.dtype)
         if self.mapped is not None:
             # Scattered rows map far more than their bytes (the kernel maps the pages around each fault),
             # so a batch's pages are released right away; madvise over mostly-unmapped ranges is cheap.
@@ -266,7 +326,7 @@ class Dataset:
             "kind": self.kind,
             "n": len(self),
             "feature_shape": list(self.feature_shape),
-            "dtype": str(self.X.dtype),
+            "dtype": str(self.dtype),
             "n_classes": self.n_classes,
             "vocab_size": self.vocab_size,
             "memory_mapped": self.mapped is not None,
@@ -501,8 +561,9 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     if _holds_tokens(X):
         return _tokens(path.stem, X, y, spec, str(path))
     kind = "image" if X.ndim == 4 else "tabular"
-    # float32 holds 8- and 16-bit integers, bools and float16 exactly, so those (8-bit images at CIFAR scale:
-    # 150 MB in the file) go straight to float32 without a float64 copy 8 times their size; wider integers keep
+    # float32 holds 8- and 16-bit integers, bools and float16 exactly: those integers and bools (8-bit images at
+    # CIFAR scale: 150 MB in the file) are kept as stored and read as float32 a batch at a time (Dataset.dtype),
+    # float16 goes straight to float32, neither through a float64 copy 8 times their size; wider integers keep
     # the float64 step, as before (its rounding decides the bytes that the run's data hash covers).
     exact = X.dtype == bool or X.dtype.itemsize <= 2 or X.dtype == np.float32
     return _validated(path.stem, X if exact else X.astype(np.float64), y, kind, spec)
@@ -573,11 +634,13 @@ def _from_npy_dir(path: Path, spec: str) -> Dataset:
         del header
         _check_integer_labels(y, str(files["y"]))
         return _tokens(path.name, np.load(files["X"], allow_pickle=False), y, spec, str(files["X"]))
-    if not isinstance(header, np.memmap) or not np.issubdtype(header.dtype, np.floating):
+    if not isinstance(header, np.memmap) or not (
+        np.issubdtype(header.dtype, np.floating) or compact_dtype(header.dtype)
+    ):
         raise DataError(
-            f"{files['X']}: X must be a floating-point array (float16/32/64), or 2-D integer token ids, got "
-            f"dtype {header.dtype} with shape {list(header.shape)}; convert the features first, e.g. "
-            "X.astype('float32') / 255 for 8-bit images"
+            f"{files['X']}: X must be a floating-point array (float16/32/64), 8- or 16-bit integers or bool (e.g. "
+            f"uint8 pixels), or 2-D integer token ids, got dtype {header.dtype} with shape {list(header.shape)}; "
+            "convert the features first, e.g. X.astype('float32')"
         )
     if header.ndim < 2:
         raise DataError(f"{files['X']}: X must have one row per record, got shape {list(header.shape)}")
@@ -618,10 +681,12 @@ def _validated(
         elif y.ndim == 2 and np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all():  # one-hot rows
             hint = ": it looks one-hot; give the class indices, y.argmax(axis=1)"
         raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}{hint}")
-    if mapped is not None:  # a memory-mapped X: checked a block of rows at a time, kept as it is
+    if kind == "tokens" or not np.issubdtype(X.dtype, np.inexact):
+        pass  # integers and bools are finite
+    elif mapped is not None:  # a memory-mapped X: checked a block of rows at a time, kept as it is
         if not all(np.all(np.isfinite(block)) for block in _blocks(X, mapped)):
             raise DataError(f"{spec}: features contain NaN or inf")
-    elif kind != "tokens" and not np.all(np.isfinite(X)):
+    elif not np.all(np.isfinite(X)):
         raise DataError(f"{spec}: features contain NaN or inf")
     if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
         raise DataError(f"{spec}: labels contain NaN or inf")
@@ -631,7 +696,10 @@ def _validated(
     if len(classes) < 2:
         raise DataError(f"{spec}: labels have a single class ({classes.tolist()[0]!r}); need at least 2")
     if mapped is None:
-        X = X.astype(np.int64 if kind == "tokens" else np.float32, copy=False)  # a fresh array of ours: no copy
+        # 8/16-bit integers and bools stay as stored (read as float32 per batch: Dataset.dtype); a fresh array of
+        # ours is not copied.
+        keep = kind != "tokens" and compact_dtype(X.dtype)
+        X = X if keep else X.astype(np.int64 if kind == "tokens" else np.float32, copy=False)
         X.setflags(write=False)
     y_idx = y_idx.astype(np.int64)
     y_idx.setflags(write=False)
@@ -653,12 +721,7 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     """Load a dataset from a spec: an embedded name, ``synthetic:...``, a CSV/NPZ path, or a directory
     holding ``X.npy`` and ``y.npy`` (``X`` memory-mapped). A :class:`pathlib.Path` (any ``os.PathLike``) is always a
     path, never a name: ``Path("digits")`` is the folder ``./digits``."""
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
-        spec = spec if spec_path(spec) is not None else os.path.join(".", spec)
-    if not isinstance(spec, str) or not spec:
-        got = repr(spec) if isinstance(spec, str) else type(spec).__name__
-        raise InputError(f"expected a dataset name or path, got {got}")
+    spec = check_data_spec(spec)
     path = spec_path(spec)
     if path is None:
         head, _, params = spec.partition(":")
@@ -671,6 +734,25 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
         return _synthetic_tokens(spec, params)
     if path.is_dir():
         return _from_npy_dir(path, spec)
+    if path.suffix.lower() == ".csv":
+        return _from_csv(path, label_column, spec)
+    return _from_npz(path, spec)
+
+
+def check_data_spec(spec: str | os.PathLike) -> str:
+    """The spec as :func:`load_dataset` reads it (a path-like made a path string), after the refusals that read
+    no data: not a name or path, no such file, not a file, unreadable, an unsupported file type, an unknown name.
+    Cheap (a few system calls): the CLI calls it before importing torch, so ``train --data nope`` is refused at
+    once (it took seconds)."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+        spec = spec if spec_path(spec) is not None else os.path.join(".", spec)
+    if not isinstance(spec, str) or not spec:
+        got = repr(spec) if isinstance(spec, str) else type(spec).__name__
+        raise InputError(f"expected a dataset name or path, got {got}")
+    path = spec_path(spec)
+    if path is None or path.is_dir():
+        return spec
     if path.suffix.lower() in (".csv", ".npz") or path.exists():
         if not path.exists():
             raise DataError(f"{path}: no such file")
@@ -680,10 +762,8 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
             path.open("rb").close()
         except OSError as e:
             raise DataError(f"{path}: cannot read ({e.strerror})") from None
-        if path.suffix.lower() == ".csv":
-            return _from_csv(path, label_column, spec)
-        if path.suffix.lower() == ".npz":
-            return _from_npz(path, spec)
+        if path.suffix.lower() in (".csv", ".npz"):
+            return spec
         hint = ""
         if path.suffix.lower() == ".npy":  # one array cannot hold the labels too
             hint = f", or give the directory that holds X.npy and y.npy ({str(path.parent)!r})"
@@ -752,28 +832,12 @@ class Standardizer:
     def fit_streamed(cls, dataset: Dataset, idx: np.ndarray, batch: int | None = None) -> Standardizer:
         """:meth:`fit` on ``dataset.X[idx]`` read ``batch`` rows at a time with :meth:`Dataset.rows` (a
         memory-mapped X releases its pages after each), never the whole split at once."""
-        idx = np.asarray(idx, dtype=np.int64)
-        step = batch or _fit_block_rows(dataset.feature_shape)
-        blocks = lambda: (dataset.rows(idx[s : s + step]) for s in range(0, len(idx), step))  # noqa: E731
-        return cls._fit_blocks(blocks, len(idx), dataset.feature_shape)
+        mean, scale = streamed_moments(dataset, idx, batch)
+        return cls(mean.astype(np.float32), scale.astype(np.float32))
 
     @classmethod
     def _fit_blocks(cls, blocks, n: int, shape: tuple[int, ...]) -> Standardizer:
-        """Two passes over the row blocks ``blocks()`` in float64 (:func:`sequential_sum`, so bit for bit
-        ``X.astype(float64).mean(axis=0)`` / ``.std(axis=0)`` whatever the block size): the mean, then the mean
-        squared deviation from it (the two-pass variance, as ``numpy.std`` computes it; no sum-of-squares
-        cancellation). The float64 copy of the whole split that took (8 bytes per value, twice over in
-        ``std``: 820 MiB to fit 17,500 CIFAR images of 205 MiB) is one block here."""
-        if n == 0:
-            raise InputError("cannot fit a standardisation on an empty split")
-        mean = sequential_sum(blocks(), shape) / n
-
-        def squared_deviation(b: np.ndarray) -> np.ndarray:
-            b -= mean
-            return np.multiply(b, b, out=b)
-
-        std = np.sqrt(sequential_sum(blocks(), shape, squared_deviation) / n)
-        scale = np.where(std > 1e-12, std, 1.0)  # constant features (e.g. blank pixels) pass through
+        mean, scale = _moments(blocks, n, shape)
         return cls(mean.astype(np.float32), scale.astype(np.float32))
 
     def transform(self, X: np.ndarray) -> np.ndarray:
@@ -814,10 +878,12 @@ class Standardizer:
 
 @dataclass(frozen=True)
 class Identity:
-    """No preprocessing (token ids)."""
+    """No preprocessing (token ids; the raw features of a private run without a public split)."""
 
     def transform(self, X: np.ndarray) -> np.ndarray:
-        return X
+        """``X`` as it is; 8/16-bit integer or bool features as float32, as :meth:`Dataset.rows` reads them (token
+        ids are int64, never compact)."""
+        return X.astype(np.float32) if isinstance(X, np.ndarray) and compact_dtype(X.dtype) else X
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "identity"}

@@ -22,7 +22,7 @@ from dpaudit.cli._common import (
     progress,
     warn,
 )
-from dpaudit.data import DATA_HELP
+from dpaudit.data import DATA_HELP, check_data_spec
 from dpaudit.errors import InputError
 from dpaudit.training.config import recipe_help
 
@@ -214,8 +214,6 @@ TRAIN_OUT = (opt("out", Path, ..., "--out", "-o", help="Run directory to write (
 @options(TRAIN_OUT, DATA, MODEL, ALGORITHM, SPLIT, PRIVACY, PERFORMANCE, CANARIES, AGGREGATION, CLOAK, OUTPUT)
 def train(ctx: typer.Context, **o) -> None:
     """Train a model on a dataset split and save it as a run directory."""
-    from dpaudit.training.run import summary
-
     out, json_output, given = o["out"], o.pop("json_output"), given_options(ctx)
     if o["algo"] == "cloak" or o["target"] is not None or o["lambdas"]:  # learned input noise (training/cloak.py)
         from dpaudit.cli.cloak import train_cloak_command
@@ -237,6 +235,8 @@ def train(ctx: typer.Context, **o) -> None:
         return train_cloak_command(
             o["algo"], o["target"], o["lambdas"] or [], out, **{k: o[k] for k in keep}, json_output=json_output
         )
+    check_data_spec(o["data"])  # a missing file refused before torch is imported (seconds)
+    from dpaudit.training.run import summary
     from dpaudit.workflows.runs import train_from_options
 
     del o["target"], o["lambdas"]
@@ -352,6 +352,8 @@ IMPORT_EXTRAS = (
 
 @options(IMPORT, STATED_CLAIM, IMPORT_EXTRAS, OUTPUT)
 def import_weights(**o) -> None:
+    if o["data"] is not None:
+        check_data_spec(o["data"])  # before torch is imported
     from dpaudit.training.run import summary
     from dpaudit.workflows.runs import import_from_options
 

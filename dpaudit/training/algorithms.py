@@ -67,7 +67,7 @@ def fit_with_gradient_canary(
         raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
     device = resolve_device(perf.device)
     pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
-    X = torch.as_tensor(np.array(pre.transform(dataset.X[train_idx])), device=device)
+    X = torch.as_tensor(np.array(pre.transform(dataset.rows(train_idx))), device=device)
     y = torch.as_tensor(dataset.y[train_idx], device=device)
     model = build_model(spec, seed=config.seed).to(device)
     return trainer.fit_with_canary(model, X, y, canary)[1]

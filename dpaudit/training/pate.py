@@ -237,7 +237,7 @@ def train_aggregation_run(
     subsampled = config.aggregator.sample_rate is not None
     parts = None if subsampled else teacher_parts(len(splits.members), config)
     q_idx = query_indices(splits, config)
-    queries_X = dataset.X[q_idx]
+    queries_X = dataset.rows(q_idx)
     votes = None  # (K, Q) teacher votes; none with per-query subsampling (each query has its own teachers)
     with progress.task(f"{config.algo}: {config.teachers} teachers", 1) as advance:
         if config.algo == "pate":
@@ -246,7 +246,7 @@ def train_aggregation_run(
             from dpaudit.training.icl import make_predictor
 
             predictor = make_predictor(config.predictor, dataset.n_classes)
-            ex_X, ex_y = pre.transform(dataset.X[splits.members]), dataset.y[splits.members]
+            ex_X, ex_y = pre.transform(dataset.rows(splits.members)), dataset.y[splits.members]
             if subsampled:
                 hist = subsampled_icl_hist(predictor, ex_X, ex_y, pre.transform(queries_X), config, dataset.n_classes)
             else:

@@ -82,7 +82,7 @@ def run_icl(
         )
     ds = run.dataset()
     idx = np.concatenate([run.splits.holdout, run.splits.aux, run.splits.test])
-    X = Standardizer.fit(ds.X[run.splits.aux]).transform(ds.X[idx])
+    X = Standardizer.fit(ds.rows(run.splits.aux)).transform(ds.rows(idx))
     y = ds.y[idx]
     privacy = run.privacy or {}
     eps = float(privacy.get("epsilon", math.inf))

@@ -140,3 +140,17 @@ def test_long_work_is_announced_with_its_estimate_before_it_starts(capsys):
     check_cost(Cost("PLD accounting of 10000000 compositions", 1.27e8, "grid points", 48.0, 2e-6), memory=2**40)
     err = capsys.readouterr().err
     assert err.startswith("dpaudit: PLD accounting of 10000000 compositions: about ") and "(an estimate)" in err
+
+
+def test_audit_train_is_refused_for_time_before_its_canary_is_made(monkeypatch):
+    """`audit train --data cifar.npz --epsilon 4` spent 2 minutes and 1.8 GB making its default clipbkd canary (an
+    SVD of 7,000 CIFAR members) and then refused: "200 trainings would take about 1.08 hours". The cost of the runs
+    is checked first now."""
+    import dpaudit.canaries
+
+    def made(*args, **kwargs):
+        raise AssertionError("the canary was made before the refusal")
+
+    monkeypatch.setattr(dpaudit.canaries, "make_canaries", made)
+    line = one_line_error(invoke("audit", "train", "--runs", 10**6, "--algo", "sgd", "--epochs", "1"))
+    assert "audit train: 2e+06 trainings would take" in line, line

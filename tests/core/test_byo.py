@@ -351,7 +351,7 @@ def test_bad_npz(tmp_path, arrays, message):
     [
         (np.zeros((4, 2), np.float32), np.array([0, 1, 0]), "X.npy has 4 rows but y.npy has 3"),
         (np.zeros((4, 2), np.float32), np.array([0.5, 1, 0, 1]), "labels must be integers"),
-        (np.zeros((4, 1, 2, 2), np.uint8), np.array([0, 1, 0, 1]), "X must be a floating-point array"),
+        (np.zeros((4, 1, 2, 2), np.int32), np.array([0, 1, 0, 1]), "X must be a floating-point array"),
         (np.full((4, 2), np.nan, np.float32), np.array([0, 1, 0, 1]), "features contain NaN or inf"),
         (None, np.array([0, 1, 0, 1]), "must hold X.npy and y.npy (missing: X.npy)"),
     ],
@@ -537,3 +537,67 @@ def test_string_labels_in_npz_and_npy_are_class_names_as_in_a_csv(tmp_path):
         ds = load_dataset(spec)
         assert ds.classes.tolist() == ["cat", "dog"] and ds.n_classes == 2
         np.testing.assert_array_equal(ds.y, (y == "dog").astype(np.int64))
+
+
+@pytest.mark.parametrize("kind", ["outlier", "crafted", "clipbkd", "mislabeled"])
+def test_canaries_of_uint8_images_are_those_of_their_float32_values(tmp_path, kind, cpu_only):
+    """uint8 images are kept as uint8 (read as float32 per batch, Dataset.dtype). Canaries are float (an outlier
+    pixel is no uint8: cast to the stored dtype, ``astype(X.dtype)``, it wrapped around modulo 256): they must be
+    the float32 canaries of the float32 array of the same values, appended beside the uint8 X, and a model trained
+    on the augmented set the same weights."""
+    from dpaudit.canaries import make_canaries, with_canaries
+    from dpaudit.data import fit_preprocessing, make_splits
+
+    rng = np.random.default_rng(0)
+    X, y = rng.integers(0, 256, (120, 3, 4, 4), dtype=np.uint8), np.arange(120) % 2
+    np.savez(tmp_path / "u8.npz", X=X, y=y)
+    np.savez(tmp_path / "f32.npz", X=X.astype(np.float32), y=y)
+    u8, f32 = load_dataset(str(tmp_path / "u8.npz")), load_dataset(str(tmp_path / "f32.npz"))
+    assert u8.X.dtype == np.uint8
+    splits = make_splits(len(u8), 0)
+    c8, c32 = (make_canaries(d, splits, m=6, kind=kind, seed=3) for d in (u8, f32))
+    assert c8.X.dtype == c32.X.dtype == np.float32 and np.array_equal(c8.X, c32.X)
+    (a8, idx, _), (a32, _, _) = (with_canaries(d, splits, c) for d, c in ((u8, c8), (f32, c32)))
+    assert a8.X.dtype == np.uint8 and np.array_equal(a8.rows(idx), a32.rows(idx)) and a8.sha256 == a32.sha256
+    if kind != "outlier":
+        return  # the rows are equal: training on them is, as below, once
+    spec = model_spec_from_dict({"kind": "logreg", "input_shape": [3, 4, 4], "n_classes": 2})
+    config = TrainConfig(algo="dpsgd", steps=2, batch_size=16, lr=0.5, dp=DPConfig(noise_multiplier=1.0, clip=0.5))
+    w = [
+        fit_model(a, idx, spec, config, preprocessing=fit_preprocessing(a, splits.aux)).model.state_dict()
+        for a in (a8, a32)
+    ]
+    assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+
+
+def test_an_in_memory_uint8_split_is_standardised_into_one_float32_array(tmp_path, cpu_only):
+    """The training split of in-memory data was read as float32 rows and then standardised into a second float32
+    array (2 x 215 MB for 17,500 CIFAR images); uint8 rows now go to the preprocessing as stored, which makes them
+    float32 as it standardises them (exactly: Identity, raw features, casts them too). Same weights either way."""
+    import tracemalloc
+
+    from dpaudit.data import Identity
+    from dpaudit.training.config import PerfConfig
+    from dpaudit.training.run import _tensors, default_trainer
+
+    rng = np.random.default_rng(5)
+    X, y = rng.integers(0, 256, (1000, 3, 16, 16), dtype=np.uint8), np.arange(1000) % 2
+    np.savez(tmp_path / "u8.npz", X=X, y=y)
+    np.savez(tmp_path / "f32.npz", X=X.astype(np.float32), y=y)
+    u8, f32 = load_dataset(str(tmp_path / "u8.npz")), load_dataset(str(tmp_path / "f32.npz"))
+    idx = np.arange(0, 1000, 2)
+    spec = model_spec_from_dict({"kind": "logreg", "input_shape": [3, 16, 16], "n_classes": 2})
+    config = TrainConfig(algo="dpsgd", steps=2, batch_size=16, lr=0.5, dp=DPConfig(noise_multiplier=1.0, clip=0.5))
+    a, b = (fit_model(d, idx, spec, config, preprocessing=Identity()).model.state_dict() for d in (u8, f32))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # raw features: Identity casts the uint8 rows
+    trainer = default_trainer(config, PerfConfig(device="cpu"))
+    pre = Standardizer.fit(X[idx])
+    tracemalloc.start()
+    try:
+        features, _ = _tensors(u8, idx, pre, torch.device("cpu"), trainer)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    split32 = X[idx].astype(np.float32)
+    assert features.dtype == torch.float32 and torch.equal(features, torch.as_tensor(pre.transform(split32)))
+    assert peak < 1.5 * split32.nbytes  # one float32 array (and the uint8 rows), not two

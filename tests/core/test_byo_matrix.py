@@ -108,7 +108,7 @@ def test_uint8_matrices_stay_pixels(tmp_path):
     X, y = _tokens(40)
     np.savez(tmp_path / "px.npz", X=X.astype(np.uint8), y=y)
     ds = load_dataset(str(tmp_path / "px.npz"))
-    assert ds.kind == "tabular" and ds.X.dtype.kind == "f"
+    assert ds.kind == "tabular" and ds.X.dtype == np.uint8 and ds.rows([0]).dtype == np.float32  # read as floats
     np.testing.assert_array_equal(ds.X, X.astype(np.uint8))
 
 

@@ -79,6 +79,31 @@ def test_help_imports_no_framework():
     assert r.stdout.strip() == "", f"imported by the help: {r.stdout.strip()}"
 
 
+BAD_DATA_SCRIPT = """
+import sys
+from typer.testing import CliRunner
+from dpaudit.cli.main import app
+for args in (["train", "--data", "nope.npz", "--out", "o"], ["train", "--data", "nope", "--out", "o"],
+             ["audit", "train", "--data", "nope.csv"],
+             ["import", "w.safetensors", "--model-spec", "s.json", "--out", "o", "--data", "no/X", "--members", "m"]):
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and r.output.startswith("error: "), (args, r.output)
+    assert "no such file" in r.output or "unknown --data" in r.output, (args, r.output)
+print(",".join(m for m in ("torch", "jax", "sklearn", "scipy", "pandas") if m in sys.modules))
+"""
+
+
+def test_a_missing_data_file_is_refused_without_importing_torch(tmp_path):
+    """`dpaudit train --data nope.npz` imported torch (and the accountants) before saying the file does not exist:
+    2.6 s (up to 8 s on a busy machine) for a one-line error. --data's file checks (load_dataset's, no reading)
+    now come first in train, import and audit train."""
+    r = subprocess.run(
+        [sys.executable, "-c", BAD_DATA_SCRIPT], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"imported before the refusal: {r.stdout.strip()}"
+
+
 def test_backend_help_names_the_extra():
     """As rendered: rich read "[jax]" in '.[jax]' (and the "[mlp]" default) as style tags and dropped them."""
     r = runner.invoke(app, ["train", "--help"], terminal_width=200)

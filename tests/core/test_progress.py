@@ -70,6 +70,46 @@ def test_plain_progress_says_how_far_a_long_stage_is_at_most_every_30_s():
     ]
 
 
+def test_a_brief_stage_is_silent_unless_it_lasts():
+    """Evaluating a model (after training; the target's logits in `attack mia`) took about 4 minutes for 37,500
+    CIFAR images on a CPU without a line. A brief stage says nothing when short, so a small run's lines are
+    those they were; past INTERVAL_S it prints its count lines and its done line."""
+    out = io.StringIO()
+    p = PlainProgress(out, clock=Clock(0.0, 1.0, 2.0, 0.0, 10.0, 31.0, 45.0, 62.0, 70.0, 71.0, 71.5))
+    with p.task("evaluate the model", 300, brief=True) as advance:
+        advance(100)
+        advance(200)
+    assert out.getvalue() == ""
+    with p.task("evaluate the model", 600, brief=True) as advance:
+        for _ in range(5):
+            advance(100)
+        advance(100)
+    assert out.getvalue().splitlines() == [
+        "dpaudit: evaluate the model: 200/600 after 31 s, about 62 s left",
+        "dpaudit: evaluate the model: 400/600 after 62 s, about 31 s left",
+        "dpaudit: evaluate the model: done in 71.5 s",
+    ]
+
+
+def test_cli_evaluation_and_the_targets_logits_report_progress_when_long(tmp_path, monkeypatch):
+    """Past INTERVAL_S (here 0 s: every batch is late) the evaluation after training and `attack mia`'s logits of
+    the target print how far they are (test_cli_progress_lines_on_stderr_only: at the default, a small run prints
+    the two lines it did)."""
+    monkeypatch.setattr(PlainProgress, "INTERVAL_S", 0.0)
+    monkeypatch.setattr("dpaudit.checkpoint.EVAL_BATCH_ROWS", 256)  # several batches of digits
+    run = tmp_path / "run"
+    r = runner.invoke(app, [*TRAIN, "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    evaluation = [ln for ln in r.stderr.splitlines() if ln.startswith("dpaudit: evaluate the model")]
+    assert re.fullmatch(r"dpaudit: evaluate the model: \d+/1346 after \d+ s, about \d+ s left", evaluation[0])
+    assert re.fullmatch(r"dpaudit: evaluate the model: done in \d+\.\d s", evaluation[-1]), r.stderr
+    r = runner.invoke(app, ["attack", "mia", str(run), "--attacks", "loss"])
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("dpaudit: the target's logits")]
+    assert re.fullmatch(r"dpaudit: the target's logits: 256/987 after \d+ s, about \d+ s left", lines[0]), r.stderr
+    assert lines[-1].startswith("dpaudit: the target's logits: done in "), r.stderr
+
+
 class FakeStream(io.StringIO):
     def __init__(self, tty: bool) -> None:
         super().__init__()
