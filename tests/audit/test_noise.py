@@ -10,6 +10,8 @@ reused noise, and a scale-dependent independence test (which would call *more* n
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,6 +89,28 @@ def test_resolution_formula_is_the_power_one_half_point(dof):
     assert _binomial_ok(rejected, N_SIM, 0.5)
     # the normal approximation 1 − (z_α + z_½)/√(2n) quoted in the docs, within 2%
     assert r == pytest.approx(1 - stats.norm.isf(a) / math.sqrt(2 * dof), rel=0.02)
+
+
+def test_own_training_loop_doc_sizing_table_and_sqrt2_power_are_the_formula():
+    """docs/own-training-loop.md, "How to size the design": the table of resolvable ratios at the per-group level
+    0.05/3/2/4 and the power against σC/√2 it quotes (it said ≥ 99% at 100 values; the χ² test gives 97.1%)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "own-training-loop.md").read_text()
+    a = 0.05 / 3 / 2 / 4
+    head = re.search(r"^\| values n·T \|(.*)\|$", doc, re.M).group(1).split("|")
+    sizes = [int(float(c.strip().replace(" ", "").replace("10⁴", "1e4").replace("10⁵", "1e5")
+                       .replace("10⁶", "1e6").replace("10⁷", "1e7"))) for c in head]  # fmt: skip
+    for power, label in ((0.5, "½"), (0.9, "0.9")):
+        row = re.search(rf"^\| r \(power {label}\) \|(.*)\|$", doc, re.M).group(1).split("|")
+        for n, shown in zip(sizes, row, strict=True):
+            digits = len(shown.strip().split(".")[1])
+            assert round(resolvable_noise_ratio(n, a, power=power), digits) == float(shown), (n, power)
+    m = re.search(
+        r"caught with ≥ (\d+)% power by any group with ≥ (\d+) values.*?≥ (\d+)% from (\d+) values", doc, re.S
+    )
+    assert m, "the sentence on σC/√2 moved: update this test"
+    for percent, n in ((m[1], m[2]), (m[3], m[4])):
+        power = stats.chi2.cdf(2 * stats.chi2.ppf(a, int(n)), int(n))  # S/(σC)² ≤ c with S ~ (σC)²/2 · χ²_n
+        assert power >= int(percent) / 100 > power - 0.01, (percent, n, power)
 
 
 def test_independence_test_is_calibrated_scale_free_and_catches_reuse():
