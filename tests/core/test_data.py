@@ -325,3 +325,15 @@ def test_labels_that_look_like_a_quantity_warn_at_train_and_import(tmp_path):
         "--label-column", "label", "--members", tmp_path / "members.txt", "--out", tmp_path / "imported",
     )  # fmt: skip
     assert r.exit_code == 0 and "distinct numbers from 18 to 90" in r.stderr, r.output
+
+
+def test_data_doc_names_every_key_checkpoint_json_records():
+    """docs/data.md, "What the checkpoint records about the data": it left out `from_run` and `vocab_size` and
+    said `dtype` is X's as stored, while uint8 pixels record "float32" (the dtype rows are read in)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+    paragraph = doc.split("## What the checkpoint records about the data", 1)[1]
+    recorded = set(load_dataset("digits").describe()) | {"from_run"}  # from_run: added by save for a relative path
+    assert not [k for k in sorted(recorded) if f"`{k}`" not in paragraph]
+    assert "`float32` for an `X` stored as 8- or 16-bit integers" in " ".join(paragraph.split())
