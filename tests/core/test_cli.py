@@ -35,6 +35,13 @@ def test_train_inspect_json_keys(tmp_path):
     s = json.loads(r.stdout)
     for key in ("test_accuracy", "train_accuracy", "epsilon", "delta", "model", "algo", "data_sha256", "private"):
         assert key in s
+    # the README's list of the stable keys is the keys (it left out epsilon_recomputed and claim_mismatch)
+    import re
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    listed = re.search(r"`dpaudit inspect RUN --json` keys \(stable\): `([^`]+)`", readme)
+    assert listed and [k.strip() for k in listed.group(1).split(",")] == list(s)
     assert s["epsilon"] is None and s["delta"] is None and s["private"] is False
     r = invoke("inspect", out)
     assert "accuracy" in r.output and "non-private" in r.output
