@@ -341,6 +341,12 @@ def test_a_mechanism_that_changes_its_input_in_place_is_refused():
         lambda d, r: d["x"] + r.laplace(), {"x": 1.0}, {"x": 0.0}, epsilon=1.0, delta=DELTA, trials=100
     )
     assert res.verdict in ("consistent", "inconclusive")
+    # a dataset holding nan (a missing value) left alone is unchanged: nan != nan must not read "changed in place"
+    res = audit_mechanism(
+        lambda d, r: d[0] + r.laplace(), np.array([1.0, np.nan]), np.array([0.0, np.nan]), epsilon=1.0, delta=DELTA,
+        trials=100,
+    )  # fmt: skip
+    assert res.verdict in ("consistent", "inconclusive")
 
 
 def test_the_pilot_rank_check_matches_the_rank_of_the_pilots_covariance():
