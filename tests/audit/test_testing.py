@@ -281,6 +281,7 @@ def test_a_non_finite_vector_output_is_named_on_one_line():
         ({"epsilon": float("inf")}, r"epsilon = inf claims no privacy, so no test can refute it"),
         ({"epsilon": 1.0, "alternative_epsilon": 0.5}, r"alternative_epsilon > epsilon = 1, got 0.5"),
         ({"epsilon": 1.0, "alternative_epsilon": 1.0}, r"alternative_epsilon > epsilon = 1, got 1$"),  # the boundary
+        ({"epsilon": 1.0, "power": 1.5}, r"expected power in \(0, 1\), got 1.5"),  # out of range: refused
     ],
 )
 def test_claims_without_a_default_alternative_are_refused_before_the_mechanism_runs(kwargs, message):
@@ -315,6 +316,12 @@ def test_a_mechanism_that_reseeds_itself_is_named_deterministic_in_the_failure()
     assert first.startswith("mechanism is not (1, 1e-05)-DP") and "draw it from its rng argument" in first
     ok = audit_mechanism(laplace_sum(1.0), D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
     assert ok.details["deterministic"] is False and not any("deterministic" in n for n in ok.notes)
+    # deterministic on one side only (the neighbour's runs differ): not a mechanism whose runs never differ
+    half = audit_mechanism(
+        lambda d, r: float(np.sum(d)) if np.sum(d) == np.sum(D) else r.laplace(), D, D_PRIME, epsilon=1.0,
+        delta=DELTA, trials=20,
+    )  # fmt: skip
+    assert half.details["deterministic"] is False
 
 
 def test_a_mechanism_that_changes_its_input_in_place_is_refused():
