@@ -197,6 +197,13 @@ def test_8bit_image_npy_directory_is_mapped_as_uint8(tmp_path):
     idx = np.array([5, 299, 0])
     assert ds.rows(idx).dtype == np.float32 and np.array_equal(ds.rows(idx), X[idx].astype(np.float32))
     assert ds.sha256 == npz.sha256
+    # 32-bit integers are not kept and read as float32 (2**24 + 1 is no float32): that image X.npy is refused
+    # (a 2-D one holds token ids)
+    (tmp_path / "w").mkdir()
+    np.save(tmp_path / "w" / "X.npy", np.full((300, 1, 2, 2), 2**24 + 1, dtype=np.int32))
+    np.save(tmp_path / "w" / "y.npy", y)
+    with pytest.raises(DataError, match=r"8- or 16-bit integers or bool .*got dtype int32"):
+        load_dataset(str(tmp_path / "w"))
 
 
 def test_standardizer_fits_and_transforms_without_copies_of_the_split(tmp_path, monkeypatch):
