@@ -537,10 +537,10 @@ def train_cmd(ctx: typer.Context, **o) -> None:
     sides, the claim's neighbouring relation), so the Clopper-Pearson bound is formal. With --trainer,
     your function trains each run (dpaudit still owns the canary, the seeds, the scores and the bound).
     """
-    from dpaudit.audit.result import CANNOT_REFUTE, tests_formally
     from dpaudit.data import check_data_spec
 
     check_data_spec(o["data"])  # a missing file refused before torch is imported (seconds)
+    from dpaudit.audit.result import CANNOT_REFUTE, tests_formally  # (dpaudit.audit imports scipy: after the check)
     from dpaudit.workflows.runs import audit_training_from_options
 
     json_output = o.pop("json_output")

@@ -314,3 +314,20 @@ def test_can_refute_decides_as_the_full_search_does(family, m):
     t_fine, _ = F.largest_refuted(n_eval, kp + km, kp + km, family, 0.05, tol=1e-9)
     _, shown = F.can_refute(m, family, 1e-5, 0.05, "holdout", best)
     assert shown >= family.epsilon(t_fine, 1e-5)
+
+
+@pytest.mark.parametrize("family", [F.gdp_family(), F.epsilon_delta_family(1e-5)], ids=["gdp", "epsilon-delta"])
+def test_largest_refuted_returns_a_refuted_parameter_at_the_bracket_end(family):
+    """The refuted parameter t* (hence the ε lower bound) must be one the test rejected, never the bracket's
+    unrefuted end: a search that returned its upper end read "violation" above what the guesses refute. Checked
+    at t*: the pair returned rejects f_t*; and a little above (the bisection's tolerance), no pair rejects."""
+    rng = np.random.default_rng(7)
+    for m in (40, 200, 1000):
+        ks = [int(k) for k in rng.integers(5, m // 2, size=3)]
+        vs = [int(rng.integers(k // 2, k + 1)) for k in ks]
+        t, i = F.largest_refuted(m, ks, vs, family, ALPHA)
+        assert t > 0.0, (m, ks, vs)
+        assert F.fdp_rejects(m, ks[i], vs[i], family.blowup_inverse(t), ALPHA)
+        if t < family.t_max:
+            above = family.blowup_inverse(t * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
+            assert not any(F.fdp_rejects(m, k, v, above, ALPHA) for k, v in zip(ks, vs, strict=True))

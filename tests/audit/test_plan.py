@@ -141,6 +141,7 @@ def test_unreachable_within_max_trials():
         ((1.0,), {"alternative": "up"}, "alternative"),
         ((1.0,), {"max_trials": 0}, "max_trials"),
         ((1.0,), {"max_trials": 1}, "max_trials >= 2"),
+        ((1.0,), {"method": "one-run", "max_trials": 3}, "max_trials >= 4 for this design"),  # the holdout's 4 canaries
     ],
 )
 def test_bad_inputs(args, kwargs, message):

@@ -280,6 +280,8 @@ def test_a_non_finite_vector_output_is_named_on_one_line():
         ),
         ({"epsilon": float("inf")}, r"epsilon = inf claims no privacy, so no test can refute it"),
         ({"epsilon": 1.0, "alternative_epsilon": 0.5}, r"alternative_epsilon > epsilon = 1, got 0.5"),
+        ({"epsilon": 1.0, "alternative_epsilon": 1.0}, r"alternative_epsilon > epsilon = 1, got 1$"),  # the boundary
+        ({"epsilon": 1.0, "power": 1.5}, r"expected power in \(0, 1\), got 1.5"),  # out of range: refused
     ],
 )
 def test_claims_without_a_default_alternative_are_refused_before_the_mechanism_runs(kwargs, message):
@@ -314,6 +316,12 @@ def test_a_mechanism_that_reseeds_itself_is_named_deterministic_in_the_failure()
     assert first.startswith("mechanism is not (1, 1e-05)-DP") and "draw it from its rng argument" in first
     ok = audit_mechanism(laplace_sum(1.0), D, D_PRIME, epsilon=1.0, delta=DELTA, trials=100)
     assert ok.details["deterministic"] is False and not any("deterministic" in n for n in ok.notes)
+    # deterministic on one side only (the neighbour's runs differ): not a mechanism whose runs never differ
+    half = audit_mechanism(
+        lambda d, r: float(np.sum(d)) if np.sum(d) == np.sum(D) else r.laplace(), D, D_PRIME, epsilon=1.0,
+        delta=DELTA, trials=20,
+    )  # fmt: skip
+    assert half.details["deterministic"] is False
 
 
 def test_a_mechanism_that_changes_its_input_in_place_is_refused():
@@ -340,3 +348,30 @@ def test_a_mechanism_that_changes_its_input_in_place_is_refused():
         lambda d, r: d["x"] + r.laplace(), {"x": 1.0}, {"x": 0.0}, epsilon=1.0, delta=DELTA, trials=100
     )
     assert res.verdict in ("consistent", "inconclusive")
+    # a dataset holding nan (a missing value) left alone is unchanged: nan != nan must not read "changed in place"
+    res = audit_mechanism(
+        lambda d, r: d[0] + r.laplace(), np.array([1.0, np.nan]), np.array([0.0, np.nan]), epsilon=1.0, delta=DELTA,
+        trials=100,
+    )  # fmt: skip
+    assert res.verdict in ("consistent", "inconclusive")
+
+
+def test_the_pilot_rank_check_matches_the_rank_of_the_pilots_covariance():
+    """:func:`_singular_pilot` calls the pilot singular exactly when its pooled covariance (each side's rows centred
+    on their mean) has rank below the output's size: at rank equal to the size the pilot is full rank and must pass
+    (the trials the message asks for must be enough). Oracle: numpy's rank of random pilots of that shape."""
+    import re
+
+    from dpaudit.testing import _n_pilot, _singular_pilot
+
+    rng = np.random.default_rng(3)
+    for trials in (20, 30, 60, 100):
+        n = _n_pilot(trials)
+        for size in range(2 * n - 4, 2 * n + 1):
+            rows = [rng.normal(size=(n, size)) for _ in range(2)]
+            rank = np.linalg.matrix_rank(np.vstack([r - r.mean(axis=0) for r in rows]))
+            assert (_singular_pilot(trials, size) is None) == (rank == size), (trials, size, rank)
+            # and the trials it asks for are the fewest that give a full-rank pilot
+            if (why := _singular_pilot(trials, size)) is not None:
+                least = int(re.search(r"at least (\d+) trials per side", why).group(1))
+                assert _singular_pilot(least, size) is None and _singular_pilot(least - 1, size) is not None

@@ -230,3 +230,28 @@ def test_a_model_cannot_refute_only_when_every_formal_test_is_inconclusive():
 
     assert model(weak).cannot_refute and model(weak, estimate).cannot_refute
     assert not model(weak, strong).cannot_refute and not model(estimate).cannot_refute and not model().cannot_refute
+
+
+def test_a_formal_refutation_of_the_claims_curve_is_a_formal_test_for_the_gate():
+    """``tests_formally``: the one-run f-DP audit against the claim's own curve reports an estimated ε
+    (``formal`` False) but refutes the curve formally (``refutation``): --fail-on-violation must exit 1 on it,
+    not 2 as on estimates only (mutant: ``formal`` alone passed the fast tier)."""
+    import dataclasses
+
+    import typer
+
+    from dpaudit.audit.result import tests_formally
+    from dpaudit.cli.audit import _exit_code
+    from dpaudit.errors import InputError
+
+    rng = np.random.default_rng(1)
+    member = rng.random(400) < 0.5
+    estimate = audit_scores(rng.normal(size=400), member, claimed_epsilon=1.0)
+    assert not estimate.formal and estimate.refutation is None and not tests_formally(estimate)
+    curve = dataclasses.replace(estimate, verdict="violation", refutation={"claimed_curve_refuted": True})
+    assert tests_formally(curve)
+    with pytest.raises(typer.Exit) as e:
+        _exit_code(["violation"], fail_on_violation=True, fail_on_estimate=False, formal=tests_formally(curve))
+    assert e.value.exit_code == 1
+    with pytest.raises(InputError, match="every result here is an estimate"):
+        _exit_code(["consistent"], fail_on_violation=True, fail_on_estimate=False, formal=tests_formally(estimate))

@@ -182,6 +182,19 @@ def test_8bit_images_are_kept_as_uint8_and_read_as_float32_per_batch(tmp_path):
     assert np.array_equal(pre.transform(ds.rows(idx)), pre32.transform(f32.X[idx]))
 
 
+def test_a_constant_feature_is_passed_through_not_divided_by_its_zero_spread(tmp_path):
+    """A blank pixel (the same value in every row) has standard deviation 0: its scale is 1, so standardising it
+    gives 0, not nan (0/0) in every row (mutant: the 1 dropped from data._moments passed the fast tier)."""
+    X = np.random.default_rng(5).integers(0, 256, size=(60, 1, 2, 2), dtype=np.uint8)
+    X[:, 0, 1, 1] = 255
+    np.savez(tmp_path / "c.npz", X=X, y=np.arange(60) % 2)
+    ds = load_dataset(str(tmp_path / "c.npz"))
+    pre = fit_preprocessing(ds, np.arange(50))
+    assert pre.scale[0, 1, 1] == 1.0 and np.all(pre.scale[0].ravel()[:3] > 1.0)
+    z = pre.transform(ds.rows(np.arange(60)))
+    assert np.all(np.isfinite(z)) and np.all(z[:, 0, 1, 1] == 0.0)
+
+
 def test_8bit_image_npy_directory_is_mapped_as_uint8(tmp_path):
     """A folder whose X.npy is uint8 was refused ("X must be a floating-point array"; convert to float32, 4 times
     the file): now it is memory-mapped as uint8 like any X.npy and read as float32 a batch at a time, the same
@@ -197,6 +210,13 @@ def test_8bit_image_npy_directory_is_mapped_as_uint8(tmp_path):
     idx = np.array([5, 299, 0])
     assert ds.rows(idx).dtype == np.float32 and np.array_equal(ds.rows(idx), X[idx].astype(np.float32))
     assert ds.sha256 == npz.sha256
+    # 32-bit integers are not kept and read as float32 (2**24 + 1 is no float32): that image X.npy is refused
+    # (a 2-D one holds token ids)
+    (tmp_path / "w").mkdir()
+    np.save(tmp_path / "w" / "X.npy", np.full((300, 1, 2, 2), 2**24 + 1, dtype=np.int32))
+    np.save(tmp_path / "w" / "y.npy", y)
+    with pytest.raises(DataError, match=r"8- or 16-bit integers or bool .*got dtype int32"):
+        load_dataset(str(tmp_path / "w"))
 
 
 def test_standardizer_fits_and_transforms_without_copies_of_the_split(tmp_path, monkeypatch):

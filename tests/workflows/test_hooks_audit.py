@@ -28,8 +28,10 @@ def claim() -> float:
     return float(epsilon_for(dpsgd_event(noise_multiplier=SIGMA, sample_rate=Q, steps=T), DELTA, "pld"))
 
 
-def simulate(seed: int, out, *, factor: float = 1.0, count: int = 500, inclusion: str = "run"):
-    c = GradientCanaries(SHAPES, count=count, sample_rate=Q, clip=1.0, seed=seed, inclusion=inclusion)
+def simulate(seed: int, out, *, factor: float = 1.0, count: int = 500, inclusion: str = "run", included=None):
+    c = GradientCanaries(
+        SHAPES, count=count, sample_rate=Q, clip=1.0, seed=seed, inclusion=inclusion, included=included
+    )
     rng = np.random.default_rng([seed, 99])
     for t in range(T):
         g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
@@ -55,6 +57,15 @@ def test_correct_is_not_a_violation_and_sqrt2_is(tmp_path):
     alone = audit_canaries(tmp_path / "ok", claimed_epsilon=claim(), delta=DELTA)
     assert alone.noise is None and [a.result.method for a in alone.audits] == ["one-run"]
     assert alone.audits[0].result.confidence == pytest.approx(0.95)
+
+
+def test_canaries_all_included_or_all_excluded_are_refused_in_one_line(tmp_path):
+    """The one-run audit needs included and excluded canaries: all in (or all out) is refused naming the counts
+    and the fix (mutant: the check removed from audit canaries passed the fast tier)."""
+    for bits, n_in in ((np.ones(8, bool), 8), (np.zeros(8, bool), 0)):
+        d = simulate(2, tmp_path / f"c{n_in}", count=8, included=bits)
+        with pytest.raises(InputError, match=rf"{n_in} of 8 canaries are included: .*use another seed"):
+            audit_canaries(d, claimed_epsilon=1.0, delta=DELTA)
 
 
 def test_canaries_reveal_a_model_that_is_not_private(tmp_path):

@@ -278,6 +278,16 @@ def test_audit_train_fail_on_violation_with_an_inconclusive_design_exits_2():
     assert r.exit_code == 2 and "verdict inconclusive" in r.output, r.output
 
 
+@pytest.mark.slow  # 4 trainings, about 5 s here
+def test_audit_train_fail_on_violation_on_an_estimate_only_exits_2():
+    """--method gdp gives an estimate, never a formal refutation: the gate could not fail, so exit 2 naming that
+    (mutant: train_cmd's ``formal`` set True read "verdict inconclusive" instead; on a design large enough not to be
+    inconclusive it passed, exit 0)."""
+    args = [*AUDIT, "--runs", "2", "--epsilon", "2", "--method", "gdp", "--allow-inconclusive", "--fail-on-violation"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "every result here is an estimate" in r.output, r.output
+
+
 def test_audit_train_says_when_the_claimed_epsilon_is_below_the_recipes_own_claim():
     # --epsilon 8 trains runs accounted at 8; --claimed-epsilon 1 audits 1: the report never said the runs were
     # trained for 8, so a "violation" read as a refutation of the pipeline's claim.

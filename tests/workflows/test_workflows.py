@@ -56,6 +56,9 @@ def test_false_claim_is_a_formal_violation_exit_1(canary_run, tmp_path):
     # Without --fail-on-violation the command succeeds and still says "violation".
     r = runner.invoke(app, args)
     assert r.exit_code == 0 and "violation" in r.output
+    # Beside an estimate (a loss attack) the formal canary audit still gates: exit 1, never 2 as on estimates only.
+    r = runner.invoke(app, [*args[:-1], "loss", "--fail-on-violation"])
+    assert r.exit_code == 1, r.output
 
 
 def test_an_estimate_never_exits_1_without_opt_in(plain_run, tmp_path):
