@@ -216,7 +216,7 @@ def test_gradient_canaries_refuse_parameters_given_as_shapes():
     """``GradientCanaries(dict(model.named_parameters()), ...)`` (the parameters, not their shapes) raised torch's
     bare ValueError "only one element tensors can be converted to Python scalars"."""
     model = torch.nn.Linear(5, 3)
-    kw = {"count": 2, "sample_rate": 0.1, "clip": 1.0, "seed": 0}
+    kw = {"count": 4, "sample_rate": 0.1, "clip": 1.0, "seed": 0}
     with pytest.raises(InputError, match=r"param_shapes\['weight'\] must be a shape \(p\.shape\), got Parameter"):
         GradientCanaries(dict(model.named_parameters()), **kw)
     ok = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, **kw)
