@@ -236,13 +236,17 @@ def test_dp_sgd_jl_projects_the_hooked_gradients_it_sums():
         JLClipper(model, 4, torch.Generator().manual_seed(1), ad_path="jvp")(x, y, 1.0)
 
 
-class _OnceDifferentiable(torch.autograd.Function):
-    """A user's custom op whose backward cannot itself be differentiated (and which has no forward-mode rule)."""
+class _CustomTanh(torch.autograd.Function):
+    """A user's custom tanh op (no forward-mode rule); its backward is the subclasses'."""
 
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
         return torch.tanh(x)
+
+
+class _OnceDifferentiable(_CustomTanh):
+    """A user's custom op whose backward cannot itself be differentiated."""
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -251,13 +255,8 @@ class _OnceDifferentiable(torch.autograd.Function):
         return g * (1 - torch.tanh(x) ** 2)
 
 
-class _Detaching(torch.autograd.Function):
+class _Detaching(_CustomTanh):
     """A user's custom op whose backward detaches its answer: the gradients before it have no graph at all."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.tanh(x)
 
     @staticmethod
     def backward(ctx, g):
