@@ -112,8 +112,7 @@ def make_canaries(dataset: Dataset, splits: Splits, *, m: int, kind: str, seed: 
         X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.dtype)
     else:  # clipbkd: least-variance principal directions, data-typical norm, least frequent label
         train = dataset.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)
-        mean, std = train.mean(0), train.std(0)
-        std = np.where(std > 1e-12, std, 1.0)
+        mean, std = (a.ravel() for a in streamed_moments(dataset, splits.members))  # numpy's mean/std, bit for bit
         Z = (train - mean) / std
         norms = np.linalg.norm(Z, axis=1)
         _, _, Vt = np.linalg.svd(Z - Z.mean(0), full_matrices=False)
