@@ -11,10 +11,8 @@ with a different seed per model, so a DP target gets DP reference models.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,19 +362,14 @@ def attack_checkpoint(
     ``warn`` receives the run's ``fit_warnings`` (a model that learned nothing: its AUCs measure little) and
     :func:`run_mia`'s (non-members that copy a member).
     Every option is checked, and every output path refused unless ``force``, before anything is trained."""
+    from dpaudit.cache import cache_for
     from dpaudit.checkpoint import load_run
 
     methods = parse_methods(attacks)
     check_workers(workers, scheduler=scheduler)
     if bootstrap != 0 and check_non_negative(bootstrap=bootstrap) != int(bootstrap):  # 0: no confidence intervals
         raise InputError(f"expected bootstrap to be an integer, got {shown(bootstrap)}")
-    if no_cache and cache_dir is not None:
-        raise InputError("give --cache-dir or --no-cache, not both")
-    if no_cache and scheduler is not None:
-        raise InputError(
-            "--no-cache keeps models in a temporary directory of this machine, which Dask workers "
-            "do not share; give --cache-dir on a filesystem they share instead"
-        )
+    cache = cache_for(cache_dir, no_cache=no_cache, scheduler=scheduler)
     outputs = scores_paths(scores_out, methods) if scores_out is not None else {}
     for path in outputs.values():
         if path.suffix.lower() not in (".csv", ".npz"):
@@ -386,9 +379,7 @@ def attack_checkpoint(
     notify(f"attacking {checkpoint} with {', '.join(methods)} …")
     for message in run.meta.get("fit_warnings", ()):
         warn(message)
-    with contextlib.ExitStack() as stack:
-        if no_cache:
-            cache_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpaudit-cache-")))
+    with cache as cache_dir:
         results = run_mia(
             run, methods, shadow_models=shadow_models, reference_models=reference_models, online=online,
             workers=workers, scheduler=scheduler, seed=seed, cache_dir=cache_dir, min_models=min_models,

@@ -11,8 +11,10 @@ others under the usual 022, writable only by their owner).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -40,6 +42,30 @@ def default_cache_dir() -> Path:
 def resolve_cache_dir(cache_dir: Path | str | None) -> Path:
     """``cache_dir`` as a path, or :func:`default_cache_dir` when it is None."""
     return default_cache_dir() if cache_dir is None else Path(cache_dir)
+
+
+def cache_for(
+    cache_dir: Path | str | None, *, no_cache: bool = False, scheduler: str | None = None
+) -> contextlib.AbstractContextManager[Path | str | None]:
+    """The cache a command's reference and shadow models go to, checked now (before any work), entered later:
+    ``cache_dir`` (None: :func:`default_cache_dir`), or with ``no_cache`` a temporary directory deleted on exit.
+    ``scheduler``: a Dask scheduler's workers do not share this machine's temporary directory."""
+    if no_cache and cache_dir is not None:
+        raise InputError("give --cache-dir or --no-cache, not both")
+    if no_cache and scheduler is not None:
+        raise InputError(
+            "--no-cache keeps models in a temporary directory of this machine, which Dask workers "
+            "do not share; give --cache-dir on a filesystem they share instead"
+        )
+    if not no_cache:
+        return contextlib.nullcontext(cache_dir)
+    return _temporary_cache()
+
+
+@contextlib.contextmanager
+def _temporary_cache():
+    with tempfile.TemporaryDirectory(prefix="dpaudit-cache-") as d:
+        yield Path(d)
 
 
 def check_cache_dir(cache_dir: Path | str) -> Path:

@@ -101,6 +101,7 @@ def report_from_options(
     seed: int,
     cache_dir: Path | None,
     inversion: bool,
+    no_cache: bool = False,
     attribute: str | None,
     extraction_budget: int | None,
     cloak: str | None,
@@ -114,6 +115,7 @@ def report_from_options(
     """``dpaudit report``: attack and audit every run of ``inputs`` (with :func:`dpaudit.workflows.
     audit_checkpoint`'s defaults), merge the reports among them, write the report to ``out`` in
     ``formats``; returns the report and the files written. ``notify`` receives a status line per run."""
+    from dpaudit.cache import cache_for
     from dpaudit.report.build import (
         REPORT_FILES,
         build_report,
@@ -132,6 +134,7 @@ def report_from_options(
     check_in_interval(0.0, 1.0, confidence=confidence)
     check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
     check_output_dir(out, force=force, inputs=inputs)  # fail before the (slow) attacks
+    cache = cache_for(cache_dir, no_cache=no_cache)
     families = _families(inversion, attribute, extraction_budget, cloak, icl, jl_step)
     kinds = [(p, classify_input(p)) for p in inputs]
     reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
@@ -143,20 +146,21 @@ def report_from_options(
         "jl_step": jl_step, "merged": [reports[p]["run"] for p, kind in kinds if kind == "report"],
     }  # fmt: skip
     models = []
-    for p, kind in kinds:
-        if kind == "report":
-            models += reports[p]["models"]
-            continue
-        if kind == "canaries":  # audited already (`dpaudit audit canaries --out`): rendered like any other audit
-            models.append(saved[p])
-            continue
-        notify(f"attacking {p} ({', '.join(methods) or 'no membership attack'}) …")
-        audit = audit_checkpoint(
-            p, attacks=methods, reference_models=reference_models, estimate_method=estimate_method,
-            confidence=confidence, workers=workers, seed=seed, cache_dir=cache_dir, families=families,
-            progress=progress,
-        )  # fmt: skip
-        models.append(model_entry_from(audit, path=str(p)))
+    with cache as cache_dir:
+        for p, kind in kinds:
+            if kind == "report":
+                models += reports[p]["models"]
+                continue
+            if kind == "canaries":  # audited already (`dpaudit audit canaries --out`): shown like any other audit
+                models.append(saved[p])
+                continue
+            notify(f"attacking {p} ({', '.join(methods) or 'no membership attack'}) …")
+            audit = audit_checkpoint(
+                p, attacks=methods, reference_models=reference_models, estimate_method=estimate_method,
+                confidence=confidence, workers=workers, seed=seed, cache_dir=cache_dir, families=families,
+                progress=progress,
+            )  # fmt: skip
+            models.append(model_entry_from(audit, path=str(p)))
     default_title = reports[kinds[0][0]]["title"] if kinds[0][1] == "report" else "dpaudit leakage report"
     result = build_report(models, title=title or default_title, config=config)
     write_report(result, out, fmts, force=force, inputs=inputs)

@@ -545,7 +545,10 @@ CACHE_DIR_HELP = (
     "Cache of trained shadow/reference models (default: $DPAUDIT_CACHE_DIR, else $XDG_CACHE_HOME/dpaudit, else "
     "~/.cache/dpaudit)."
 )
-CACHE_DIR = (opt("cache_dir", Path | None, None, help=CACHE_DIR_HELP),)
+CACHE_DIR = (
+    opt("cache_dir", Path | None, None, help=CACHE_DIR_HELP),
+    opt("no_cache", bool, False, help="Train shadow/reference models in a temporary directory, deleted afterwards."),
+)
 # The seed of one checkpoint's audit workflow (dpaudit.workflows), which `audit checkpoint` and `report` share.
 CHECKPOINT_SEED_HELP = (
     "Seed of the attacks (reference models, bootstrap) and of the audits (holdout split, tie-breaking)."

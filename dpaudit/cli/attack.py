@@ -77,7 +77,6 @@ MIA = (
     opt("workers", int, 1, help="Local processes training reference models."),
     opt("scheduler", str | None, None, help="Dask scheduler address tcp://host:port (cluster)."),
     *CACHE_DIR,
-    opt("no_cache", bool, False, help="Train shadow/reference models in a temporary directory, deleted afterwards."),
     opt(
         "scores_out",
         Path | None,

@@ -309,6 +309,10 @@ def _exit_code(
     fail_on_estimate: bool,
     cannot_refute: bool = False,
     formal: bool = True,
+    formal_advice: str = (
+        "audit a formal design (independent runs: `dpaudit audit train`, `audit scores --design multi-run`; "
+        "canaries included w.p. 1/2)"
+    ),
     has_fail_on_estimate: bool = True,
 ) -> None:
     """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
@@ -318,7 +322,8 @@ def _exit_code(
     could not fail; when no claim was tested at all (every verdict None: no --claimed-epsilon, a run without a
     claim); and, without --fail-on-estimate, when not ``formal``: no verdict comes from a formal test
     (:func:`dpaudit.audit.result.tests_formally`), so every one is an estimate and exit 1 was impossible
-    (``has_fail_on_estimate``: whether the command offers --fail-on-estimate, named in that message)."""
+    (``formal_advice``: how this command gets a formal test; ``has_fail_on_estimate``: whether the command offers
+    --fail-on-estimate; both named in that message)."""
     from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
 
     verdicts = set(verdicts)
@@ -331,8 +336,7 @@ def _exit_code(
     if fail_on_violation and not fail_on_estimate and not formal:
         raise InputError(
             "--fail-on-violation: every result here is an estimate, not a formal test, so this gate could never "
-            "fail and it fails instead of passing; audit a formal design (independent runs: `dpaudit audit train`, "
-            "`audit scores --design multi-run`; canaries included w.p. 1/2)"
+            f"fail and it fails instead of passing; {formal_advice}"
             + (" or add --fail-on-estimate to gate on the estimate" if has_fail_on_estimate else "")
         )
     if fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS):
@@ -394,6 +398,9 @@ def checkpoint_cmd(
     ] = DEFAULTS.reference_models,
     workers: Annotated[int, typer.Option("--workers", help="Parallel reference-model training.")] = 1,
     cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help=CACHE_DIR_HELP)] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Train reference models in a temporary directory, deleted afterwards.")
+    ] = False,
     seed: Annotated[int, typer.Option("--seed", help=CHECKPOINT_SEED_HELP)] = DEFAULTS.seed,
     fail_on_violation: FailOnViolationOpt = False,
     fail_on_estimate: FailOnEstimateOpt = False,
@@ -403,23 +410,25 @@ def checkpoint_cmd(
 
     The same workflow (and defaults) as `dpaudit report` and `dpaudit demo`: one checkpoint, one answer.
     """
+    from dpaudit.cache import cache_for
     from dpaudit.validation import check_choice
     from dpaudit.workflows import audit_checkpoint, membership_attacks
 
     check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
-    result = audit_checkpoint(
-        run,
-        attacks=membership_attacks(attacks),
-        estimate_method=estimate_method,
-        delta=delta,
-        confidence=confidence,
-        claimed_epsilon=claimed_epsilon,
-        reference_models=reference_models,
-        workers=workers,
-        cache_dir=cache_dir,
-        seed=seed,
-        progress=progress(json_output),
-    )
+    with cache_for(cache_dir, no_cache=no_cache) as cache_dir:
+        result = audit_checkpoint(
+            run,
+            attacks=membership_attacks(attacks),
+            estimate_method=estimate_method,
+            delta=delta,
+            confidence=confidence,
+            claimed_epsilon=claimed_epsilon,
+            reference_models=reference_models,
+            workers=workers,
+            cache_dir=cache_dir,
+            seed=seed,
+            progress=progress(json_output),
+        )
     from dpaudit.audit.result import tests_formally
 
     emit(result.to_dict(), result.summary(), json_flag=json_output)
@@ -568,11 +577,12 @@ def train_cmd(ctx: typer.Context, **o) -> None:
     audits = [a.result for a in result.audits or (result.audit,)]
     verdicts = [r.verdict for r in audits]
     # As `audit scores` and `audit checkpoint`: a gate whose every bound was inconclusive (a design run with
-    # --allow-inconclusive), or whose every result is an estimate (--canary-kind gdp), could not fail, so
+    # --allow-inconclusive), or whose every result is an estimate (--method gdp), could not fail, so
     # --fail-on-violation exits 2 instead of passing.
     _exit_code(
         verdicts, **exits, cannot_refute=all(v in CANNOT_REFUTE for v in verdicts),
         formal=any(tests_formally(r) for r in audits),
+        formal_advice="use --method clopper-pearson (the default: a formal bound on the independent runs)",
     )  # fmt: skip
 
 

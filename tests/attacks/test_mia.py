@@ -166,6 +166,22 @@ class TestCLI:
         assert r.exit_code == 0, r.output
         assert len(list((cwd / "here" / "models").iterdir())) == 2
 
+    def test_audit_checkpoint_and_report_take_no_cache_too(self, tiny_run_dir, tmp_path, monkeypatch):
+        # `attack mia --no-cache` existed; `audit checkpoint` and `report` (the same reference models, LiRA's)
+        # could only write them to the user cache.
+        monkeypatch.setenv("DPAUDIT_CACHE_DIR", str(tmp_path / "env-cache"))
+        monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+        (tmp_path / "tmp").mkdir()
+        lira = ["--attacks", "lira", "--reference-models", "4", "--no-cache"]
+        r = invoke("audit", "checkpoint", tiny_run_dir, *lira)
+        assert r.exit_code == 0, r.output
+        r = invoke("report", tiny_run_dir, *lira, "--out", tmp_path / "rep", "--format", "json")
+        assert r.exit_code == 0, r.output
+        assert not (tmp_path / "env-cache").exists() and list((tmp_path / "tmp").iterdir()) == []
+        for cmd in (["audit", "checkpoint", tiny_run_dir], ["report", tiny_run_dir, "--out", tmp_path / "r2"]):
+            r = invoke(*cmd, "--no-cache", "--cache-dir", "x")
+            assert r.exit_code == 2 and "give --cache-dir or --no-cache, not both" in r.stderr, r.output
+
     @pytest.mark.parametrize(
         ("args", "message"),
         [

@@ -286,6 +286,8 @@ def test_audit_train_fail_on_violation_on_an_estimate_only_exits_2():
     args = [*AUDIT, "--runs", "2", "--epsilon", "2", "--method", "gdp", "--allow-inconclusive", "--fail-on-violation"]
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "every result here is an estimate" in r.output, r.output
+    # the advice is this command's own formal design, not "`dpaudit audit train`" (the command it is)
+    assert "--method clopper-pearson" in r.output and "`dpaudit audit train`" not in r.output, r.output
 
 
 def test_audit_train_says_when_the_claimed_epsilon_is_below_the_recipes_own_claim():
