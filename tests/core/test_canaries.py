@@ -135,3 +135,46 @@ def test_outlier_canaries_are_built_a_block_of_members_at_a_time(tmp_path, monke
     want = (d * 3.0 * top * std + mean).reshape((7, 3, 8, 8)).astype(np.float32)
     assert np.array_equal(got.X, want) and np.array_equal(got.y, r.integers(0, 3, size=7))
     assert peak < train.nbytes  # the old way held train and Z (2 x train.nbytes) at once
+
+
+@pytest.mark.parametrize("n", [3000, 60])
+def test_clipbkd_canaries_are_the_least_variance_directions_without_an_n_by_d_copy(tmp_path, monkeypatch, n):
+    """ClipBKD's direction was the SVD of the members' whole standardised float64 matrix (7,000 CIFAR images: 2
+    minutes and 1.5 GB). With more members than features it is now the eigenvectors of least eigenvalue of the d × d
+    scatter matrix, summed a block of rows at a time: the canaries equal the old formula's (the oracle below, the
+    whole array's SVD with the sign fixed by the largest entry) to float32 rounding, and the traced peak stays under
+    one float64 copy of the members. The data have distinct feature variances (gaps ~0.4 at the bottom, largest
+    ~10⁴ × n), so eigh's direction error, O(ε λ_max / gap) ≈ 1e-10, is far below float32's 6e-8. With fewer members
+    (21) than features the SVD of the n × d matrix is taken as before."""
+    import tracemalloc
+
+    import scipy.linalg  # noqa: F401  (imported before tracing: its import is not the canaries' memory)
+
+    import dpaudit.data as data_module
+
+    rng = np.random.default_rng(5)
+    q, _ = np.linalg.qr(rng.normal(size=(48, 48)))
+    X = ((rng.normal(size=(n, 48)) * np.linspace(1.0, 20.0, 48)) @ q).reshape(n, 3, 4, 4) + 40.0
+    np.savez(tmp_path / "img.npz", X=X.astype(np.float32), y=np.arange(n) % 3)
+    ds = load_dataset(str(tmp_path / "img.npz"))
+    splits = make_splits(len(ds), 0)
+    monkeypatch.setattr(data_module, "FIT_BLOCK_BYTES", 64 * 48 * 8 + 5)  # blocks of 64 rows, the last partial
+    tracemalloc.start()
+    try:
+        got = make_canaries(ds, splits, m=4, kind="clipbkd", seed=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    train = ds.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)  # the old formula, whole
+    mean, std = train.mean(0), train.std(0)
+    Z = (train - mean) / std
+    low = np.linalg.svd(Z - Z.mean(0), full_matrices=False)[2][::-1]
+    low *= np.sign(low[np.arange(len(low)), np.abs(low).argmax(axis=1)])[:, None]
+    r = np.random.default_rng([2, 0xCA4A])
+    dirs = low[np.arange(4) % len(low)] * r.choice([-1.0, 1.0], size=(4, 1))
+    want = (dirs * np.median(np.linalg.norm(Z, axis=1)) * std + mean).reshape((4, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(got.X, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    counts = np.bincount(ds.y[splits.members], minlength=3)
+    assert np.all(got.y == np.argmin(counts)) and np.array_equal(got.included, r.random(4) < 0.5)
+    if len(train) > 48:
+        assert peak < train.nbytes  # the old way held the members, Z, Zc and the SVD's U (4 x train.nbytes) at once
