@@ -104,27 +104,35 @@ def test_records_to_insert_carry_the_labels_as_the_data_holds_them(tmp_path, lab
         assert label != y[row]
 
 
+def _traced_canaries(tmp_path, monkeypatch, X, y, **kw):
+    """``make_canaries(**kw)`` on ``X, y`` (an NPZ in ``tmp_path``) at the default split, the members read in blocks
+    of 64 rows (the last partial), and the traced peak of the call: (dataset, splits, canaries, peak)."""
+    import tracemalloc
+
+    import scipy.linalg  # noqa: F401  (imported before tracing: its import is not the canaries' memory)
+
+    import dpaudit.data as data_module
+
+    np.savez(tmp_path / "img.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "img.npz"))
+    splits = make_splits(len(ds), 0)
+    monkeypatch.setattr(data_module, "FIT_BLOCK_BYTES", 64 * X[0].size * 8 + 5)
+    tracemalloc.start()
+    try:
+        got = make_canaries(ds, splits, **kw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return ds, splits, got, peak
+
+
 def test_outlier_canaries_are_built_a_block_of_members_at_a_time(tmp_path, monkeypatch):
     """Outlier canaries made the members float64 and a standardised float64 twin (2 x 172 MB for 7,000 CIFAR
     images; `train --canaries 50 --canary-kind outlier` on 20,000 uint8 images peaked 270 MB above the run
     without). Now the mean, scale and largest norm come a block of rows at a time: the canaries are bit for bit
     those of the old formula over the whole float64 array (the oracle below), with a fraction of the memory."""
-    import tracemalloc
-
-    import dpaudit.data as data_module
-
-    rng = np.random.default_rng(4)
-    X = rng.integers(0, 256, (900, 3, 8, 8), dtype=np.uint8)
-    np.savez(tmp_path / "img.npz", X=X, y=np.arange(900) % 3)
-    ds = load_dataset(str(tmp_path / "img.npz"))
-    splits = make_splits(len(ds), 0)
-    monkeypatch.setattr(data_module, "FIT_BLOCK_BYTES", 64 * 192 * 8 + 5)  # blocks of 64 rows, the last partial
-    tracemalloc.start()
-    try:
-        got = make_canaries(ds, splits, m=7, kind="outlier", seed=2)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    X = np.random.default_rng(4).integers(0, 256, (900, 3, 8, 8), dtype=np.uint8)
+    _, splits, got, peak = _traced_canaries(tmp_path, monkeypatch, X, np.arange(900) % 3, m=7, kind="outlier", seed=2)
     train = X[splits.members].reshape(len(splits.members), -1).astype(np.float64)  # the old formula, whole
     mean, std = train.mean(0), train.std(0)
     std = np.where(std > 1e-12, std, 1.0)
@@ -146,25 +154,13 @@ def test_clipbkd_canaries_are_the_least_variance_directions_without_an_n_by_d_co
     one float64 copy of the members. The data have distinct feature variances (gaps ~0.4 at the bottom, largest
     ~10⁴ × n), so eigh's direction error, O(ε λ_max / gap) ≈ 1e-10, is far below float32's 6e-8. With fewer members
     (21) than features the SVD of the n × d matrix is taken as before."""
-    import tracemalloc
-
-    import scipy.linalg  # noqa: F401  (imported before tracing: its import is not the canaries' memory)
-
-    import dpaudit.data as data_module
-
     rng = np.random.default_rng(5)
     q, _ = np.linalg.qr(rng.normal(size=(48, 48)))
     X = ((rng.normal(size=(n, 48)) * np.linspace(1.0, 20.0, 48)) @ q).reshape(n, 3, 4, 4) + 40.0
-    np.savez(tmp_path / "img.npz", X=X.astype(np.float32), y=np.arange(n) % 3)
-    ds = load_dataset(str(tmp_path / "img.npz"))
-    splits = make_splits(len(ds), 0)
-    monkeypatch.setattr(data_module, "FIT_BLOCK_BYTES", 64 * 48 * 8 + 5)  # blocks of 64 rows, the last partial
-    tracemalloc.start()
-    try:
-        got = make_canaries(ds, splits, m=4, kind="clipbkd", seed=2)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    y = np.arange(n) % 3
+    ds, splits, got, peak = _traced_canaries(
+        tmp_path, monkeypatch, X.astype(np.float32), y, m=4, kind="clipbkd", seed=2
+    )
     train = ds.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)  # the old formula, whole
     mean, std = train.mean(0), train.std(0)
     Z = (train - mean) / std
