@@ -111,19 +111,65 @@ def make_canaries(dataset: Dataset, splits: Splits, *, m: int, kind: str, seed: 
         y = rng.integers(0, k, size=m)
         X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.dtype)
     else:  # clipbkd: least-variance principal directions, data-typical norm, least frequent label
-        train = dataset.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)
         mean, std = (a.ravel() for a in streamed_moments(dataset, splits.members))  # numpy's mean/std, bit for bit
-        Z = (train - mean) / std
-        norms = np.linalg.norm(Z, axis=1)
-        _, _, Vt = np.linalg.svd(Z - Z.mean(0), full_matrices=False)
-        low = Vt[::-1]  # rows from least to most variance
-        dirs = low[np.arange(m) % len(low)] * rng.choice([-1.0, 1.0], size=(m, 1))
+        rank = min(len(splits.members), mean.size)  # the SVD's right singular vectors: min(n, d) of them
+        low, norms = _least_variance_directions(dataset, splits.members, mean, std, min(m, rank))
+        dirs = low[np.arange(m) % rank] * rng.choice([-1.0, 1.0], size=(m, 1))
         Zc = dirs * np.median(norms)
         counts = np.bincount(dataset.y[splits.members], minlength=k)
         y = np.full(m, int(np.argmin(counts)))
         X = (Zc * std + mean).reshape((m, *dataset.feature_shape)).astype(dataset.dtype)
     included = rng.random(m) < 0.5  # drawn after the records: no record depends on the inclusion bits
     return CanarySet(kind, np.ascontiguousarray(X), y.astype(np.int64), included, seed)
+
+
+def _least_variance_directions(
+    dataset: Dataset, idx: np.ndarray, mean: np.ndarray, std: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` right singular vectors of least singular value of Zc, the rows ``idx`` standardised (``(x − mean) /
+    std``) and centred, least first, each signed so that its largest entry is positive; and the rows' norms ‖z‖.
+
+    ClipBKD's direction (Jagielski, Ullman & Oprea 2020, arXiv:2006.07709, Alg. 2) was ``np.linalg.svd(Zc)`` of the
+    whole float64 matrix: for 7,000 CIFAR members (n × d = 7,000 × 3,072) 2 minutes and 1.5 GB (the members, Z, Zc,
+    U and LAPACK's copies, 172 MB each). With n > d it is now the eigenvectors of least eigenvalue of the d × d
+    scatter matrix C = Zcᵀ Zc, the same vectors (Zc = U S Vᵀ gives C = V S² Vᵀ; Golub & Van Loan, Matrix
+    Computations, 4th ed., §8.6.1), summed over blocks of rows (:func:`dpaudit.data.row_blocks`) as Σ z zᵀ − n μ μᵀ
+    (μ the mean of the z, which is 0 up to rounding: the rows are standardised by their own mean), and only the k
+    wanted ones computed (``scipy.linalg.eigh(subset_by_index=…)``): one d × d matrix (75 MB) instead of
+    several n × d ones. Precision: eigh is backward stable on C (an error of order ε‖C‖ = ε σ_max²), so every
+    returned v has vᵀ C v within ε σ_max² of the least eigenvalue, i.e. the members vary along it as little as
+    along the exact direction up to float64 rounding of the largest variance, which is all the canary asks; v itself
+    is within O(ε σ_max² / gap) of the SVD's where its eigenvalue is separated by ``gap`` (Davis–Kahan; Golub &
+    Van Loan, Thm 8.1.12), which for standardised pixels (σ_max² ≈ 10⁷, gaps ≫ 10⁻⁸) is far below float32, the
+    canary's dtype. Where the least eigenvalues are (nearly) tied, as for constant pixels, any vector of their
+    span is as good, and each method picks one. With n ≤ d, Zc (n × d) is no larger than C, and its SVD is
+    taken as before. The sign (the SVD's and eigh's are arbitrary: LAPACK's choice) is fixed by the largest entry,
+    so the canary does not depend on the LAPACK build (ClipBKD then draws a random sign)."""
+    d, n = mean.size, len(idx)
+
+    def standardised(b: np.ndarray) -> np.ndarray:
+        return (b.reshape(len(b), -1).astype(np.float64) - mean) / std  # the old formula's Z, row for row
+
+    if n <= d:
+        Z = np.concatenate([standardised(b) for b in row_blocks(dataset, idx)])
+        norms = np.linalg.norm(Z, axis=1)
+        low = np.linalg.svd(Z - Z.mean(0), full_matrices=False)[2][::-1][:k]  # rows from least to most variance
+    else:
+        from scipy.linalg import eigh
+
+        S, total, norms = np.zeros((d, d)), np.zeros(d), []
+        for b in row_blocks(dataset, idx):
+            Z = standardised(b)
+            S += Z.T @ Z
+            total += Z.sum(axis=0)
+            norms.append(np.linalg.norm(Z, axis=1))  # each row's norm is its own: bit for bit the whole array's
+        mu = total / n
+        S -= n * np.outer(mu, mu)  # Σ (z − μ)(z − μ)ᵀ = Σ z zᵀ − n μ μᵀ
+        low = eigh(S, subset_by_index=[0, k - 1])[1].T  # ascending eigenvalues: least variance first
+        norms = np.concatenate(norms)
+    top = np.abs(low).argmax(axis=1)
+    low = low * np.sign(low[np.arange(len(low)), top])[:, None]
+    return low, norms
 
 
 def craft_canaries(

@@ -358,7 +358,7 @@ def import_weights(**o) -> None:
     from dpaudit.workflows.runs import import_from_options
 
     out, json_output = o["out"], o.pop("json_output")
-    meta = import_from_options(**o, notify=lambda m: info(m, json_flag=json_output))
+    meta = import_from_options(**o, notify=lambda m: info(m, json_flag=json_output), progress=progress(json_output))
     for message in meta["import"]["warnings"]:
         warn(message)
     s = summary(meta)

@@ -376,7 +376,7 @@ def import_from_options(
         weights, spec, ds, out=out, members=member_idx, members_source=str(members) if members is not None else None,
         split_seed=split_seed, fractions=parse_fractions(split) if split is not None else DEFAULT_FRACTIONS,
         preprocessing=pre, claim=stated, recipe=config, label_column=label_column, force=force,
-        canaries=None if canaries is None else read_canary_dir(canaries, ds),
+        canaries=None if canaries is None else read_canary_dir(canaries, ds), progress=progress,
     )  # fmt: skip
 
 

@@ -104,27 +104,35 @@ def test_records_to_insert_carry_the_labels_as_the_data_holds_them(tmp_path, lab
         assert label != y[row]
 
 
+def _traced_canaries(tmp_path, monkeypatch, X, y, **kw):
+    """``make_canaries(**kw)`` on ``X, y`` (an NPZ in ``tmp_path``) at the default split, the members read in blocks
+    of 64 rows (the last partial), and the traced peak of the call: (dataset, splits, canaries, peak)."""
+    import tracemalloc
+
+    import scipy.linalg  # noqa: F401  (imported before tracing: its import is not the canaries' memory)
+
+    import dpaudit.data as data_module
+
+    np.savez(tmp_path / "img.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "img.npz"))
+    splits = make_splits(len(ds), 0)
+    monkeypatch.setattr(data_module, "FIT_BLOCK_BYTES", 64 * X[0].size * 8 + 5)
+    tracemalloc.start()
+    try:
+        got = make_canaries(ds, splits, **kw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return ds, splits, got, peak
+
+
 def test_outlier_canaries_are_built_a_block_of_members_at_a_time(tmp_path, monkeypatch):
     """Outlier canaries made the members float64 and a standardised float64 twin (2 x 172 MB for 7,000 CIFAR
     images; `train --canaries 50 --canary-kind outlier` on 20,000 uint8 images peaked 270 MB above the run
     without). Now the mean, scale and largest norm come a block of rows at a time: the canaries are bit for bit
     those of the old formula over the whole float64 array (the oracle below), with a fraction of the memory."""
-    import tracemalloc
-
-    import dpaudit.data as data_module
-
-    rng = np.random.default_rng(4)
-    X = rng.integers(0, 256, (900, 3, 8, 8), dtype=np.uint8)
-    np.savez(tmp_path / "img.npz", X=X, y=np.arange(900) % 3)
-    ds = load_dataset(str(tmp_path / "img.npz"))
-    splits = make_splits(len(ds), 0)
-    monkeypatch.setattr(data_module, "FIT_BLOCK_BYTES", 64 * 192 * 8 + 5)  # blocks of 64 rows, the last partial
-    tracemalloc.start()
-    try:
-        got = make_canaries(ds, splits, m=7, kind="outlier", seed=2)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    X = np.random.default_rng(4).integers(0, 256, (900, 3, 8, 8), dtype=np.uint8)
+    _, splits, got, peak = _traced_canaries(tmp_path, monkeypatch, X, np.arange(900) % 3, m=7, kind="outlier", seed=2)
     train = X[splits.members].reshape(len(splits.members), -1).astype(np.float64)  # the old formula, whole
     mean, std = train.mean(0), train.std(0)
     std = np.where(std > 1e-12, std, 1.0)
@@ -135,3 +143,34 @@ def test_outlier_canaries_are_built_a_block_of_members_at_a_time(tmp_path, monke
     want = (d * 3.0 * top * std + mean).reshape((7, 3, 8, 8)).astype(np.float32)
     assert np.array_equal(got.X, want) and np.array_equal(got.y, r.integers(0, 3, size=7))
     assert peak < train.nbytes  # the old way held train and Z (2 x train.nbytes) at once
+
+
+@pytest.mark.parametrize("n", [3000, 60])
+def test_clipbkd_canaries_are_the_least_variance_directions_without_an_n_by_d_copy(tmp_path, monkeypatch, n):
+    """ClipBKD's direction was the SVD of the members' whole standardised float64 matrix (7,000 CIFAR images: 2
+    minutes and 1.5 GB). With more members than features it is now the eigenvectors of least eigenvalue of the d × d
+    scatter matrix, summed a block of rows at a time: the canaries equal the old formula's (the oracle below, the
+    whole array's SVD with the sign fixed by the largest entry) to float32 rounding, and the traced peak stays under
+    one float64 copy of the members. The data have distinct feature variances (gaps ~0.4 at the bottom, largest
+    ~10⁴ × n), so eigh's direction error, O(ε λ_max / gap) ≈ 1e-10, is far below float32's 6e-8. With fewer members
+    (21) than features the SVD of the n × d matrix is taken as before."""
+    rng = np.random.default_rng(5)
+    q, _ = np.linalg.qr(rng.normal(size=(48, 48)))
+    X = ((rng.normal(size=(n, 48)) * np.linspace(1.0, 20.0, 48)) @ q).reshape(n, 3, 4, 4) + 40.0
+    y = np.arange(n) % 3
+    ds, splits, got, peak = _traced_canaries(
+        tmp_path, monkeypatch, X.astype(np.float32), y, m=4, kind="clipbkd", seed=2
+    )
+    train = ds.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)  # the old formula, whole
+    mean, std = train.mean(0), train.std(0)
+    Z = (train - mean) / std
+    low = np.linalg.svd(Z - Z.mean(0), full_matrices=False)[2][::-1]
+    low *= np.sign(low[np.arange(len(low)), np.abs(low).argmax(axis=1)])[:, None]
+    r = np.random.default_rng([2, 0xCA4A])
+    dirs = low[np.arange(4) % len(low)] * r.choice([-1.0, 1.0], size=(4, 1))
+    want = (dirs * np.median(np.linalg.norm(Z, axis=1)) * std + mean).reshape((4, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(got.X, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    counts = np.bincount(ds.y[splits.members], minlength=3)
+    assert np.all(got.y == np.argmin(counts)) and np.array_equal(got.included, r.random(4) < 0.5)
+    if len(train) > 48:
+        assert peak < train.nbytes  # the old way held the members, Z, Zc and the SVD's U (4 x train.nbytes) at once

@@ -527,3 +527,29 @@ def test_the_under_reported_claim_warning_names_the_mechanism_as_given():
     stated = StatedClaim(delta=DELTA, epsilon=0.1, noise_multiplier=1.0000004, sample_rate=0.0123456789, steps=10)
     _, warned = claim_record(stated, dataset_size=1000)
     assert "σ = 1.0000004, q = 0.0123456789, T = 10" in warned[0]
+
+
+def test_import_evaluates_each_record_once_with_a_progress_stage(foreign, tmp_path, monkeypatch):
+    """`dpaudit import --data` evaluated the members and holdout twice (the member check, then the metrics) and said
+    nothing meanwhile: on 20,000 CIFAR-size images 2 x 12,200 records through the model without a line. Now one brief
+    "evaluate the model" stage (as after training: silent unless it lasts, here INTERVAL_S = 0) runs each record of
+    the members, holdout and test through the model once; the member check and the metrics read its logits."""
+    from dpaudit.progress import PlainProgress
+    from dpaudit.training.run import FittedModel
+
+    monkeypatch.setattr(PlainProgress, "INTERVAL_S", 0.0)
+    monkeypatch.setattr("dpaudit.checkpoint.EVAL_BATCH_ROWS", 256)  # several batches of digits
+    rows = []
+    logits = FittedModel.logits
+    monkeypatch.setattr(
+        FittedModel, "logits", lambda self, X, advance=None: rows.append(len(X)) or logits(self, X, advance)
+    )
+    out = tmp_path / "run"
+    r = _import(foreign, out, foreign["members"])
+    assert r.exit_code == 0, r.output
+    sizes = _meta(out)["split"]["sizes"]
+    n = sizes["members"] + sizes["holdout"] + sizes["test"]
+    assert sum(rows) == n + 256  # and the first 256 members' finite-output check before
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("dpaudit: evaluate the model")]
+    assert re.fullmatch(rf"dpaudit: evaluate the model: \d+/{n} after \d+ s, about \d+ s left", lines[0]), r.stderr
+    assert re.fullmatch(r"dpaudit: evaluate the model: done in \d+\.\d s", lines[-1]), r.stderr
