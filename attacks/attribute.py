@@ -35,6 +35,13 @@ import numpy as np
 from dpaudit.errors import InputError
 from dpaudit.validation import check_positive_int
 
+# Why a run over token data is refused (also checked before any other attack runs: dpaudit.workflows.checkpoint).
+TOKEN_REFUSAL = (
+    "attribute inference fills in one feature of a record from a small set of values it can enumerate; a "
+    "token position ranges over the whole vocabulary: refused for token data; use `dpaudit attack mia` "
+    "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
+)
+
 
 class AttributeInference:
     """Infer feature ``feature`` (index into the flattened raw features) of records from a model.
@@ -283,11 +290,7 @@ def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed
     run = as_run(run)
     ds = run.dataset()
     if ds.kind == "tokens":
-        raise InputError(
-            "attribute inference fills in one feature of a record from a small set of values it can enumerate; a "
-            "token position ranges over the whole vocabulary: refused for token data; use `dpaudit attack mia` "
-            "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
-        )
+        raise InputError(TOKEN_REFUSAL)
     j, name = resolve_feature(feature, ds)
     names = feature_names(ds)
     group = one_hot_group(j, names, ds.X)

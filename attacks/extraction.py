@@ -63,6 +63,12 @@ from dpaudit.validation import check_choice, check_non_negative, check_positive_
 METHODS = ("auto", "equations", "learning")
 POOLS = ("aux", "uniform", "synthetic")
 SURROGATES = ("logreg", "mlp", "cnn")
+# Why a run over token data is refused (also checked before any other attack runs: dpaudit.workflows.checkpoint).
+TOKEN_REFUSAL = (
+    "extraction synthesises real-valued queries and fits real-valued surrogates, and token ids are "
+    "discrete: refused for token data (an rnn or a python model over token ids); use "
+    "`dpaudit attack mia` (membership) or canaries (`dpaudit train --canaries`)"
+)
 LINEAR_KINDS = ("logreg",)
 
 N_UNIFORM = 10_000  # uniform evaluation inputs for 1 - R_unif (Tramèr et al. 2016); not attacker queries
@@ -733,11 +739,7 @@ def extract(
     if isinstance(curve_points, bool) or not isinstance(curve_points, int) or curve_points < 0:
         raise InputError(f"expected curve_points to be a non-negative integer, got {curve_points!r}")
     if run.meta["data"].get("kind") == "tokens":
-        raise InputError(
-            "extraction synthesises real-valued queries and fits real-valued surrogates, and token ids are "
-            "discrete: refused for token data (an rnn or a python model over token ids); use "
-            "`dpaudit attack mia` (membership) or canaries (`dpaudit train --canaries`)"
-        )
+        raise InputError(TOKEN_REFUSAL)
     method = resolve_method("learning" if adaptive and method == "auto" else method, run, mode, budget)
     pool = pool if pool is not None else "synthetic"
     check_choice(POOLS, pool=pool)

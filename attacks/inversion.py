@@ -47,6 +47,12 @@ from dpaudit.validation import (
 )
 
 PRIORS = ("none", "tv", "mean")
+# Why a run over token data is refused (also checked before any other attack runs: dpaudit.workflows.checkpoint).
+TOKEN_REFUSAL = (
+    "model inversion (MI-FACE) climbs the gradient of a class's confidence with respect to the input, and "
+    "token ids are discrete (no gradient to follow): refused for token data; use `dpaudit attack mia` "
+    "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
+)
 STOP_REASONS = ("threshold", "no-improvement", "max-iterations", "budget")
 # What is descended on (the MI-FACE cost c(x) = 1 - f_y(x) + AUXTERM(x) is always the one reported and the
 # one the threshold gamma tests):
@@ -617,11 +623,7 @@ def run_inversion(
     ds = run.dataset()
     classes = parse_classes(classes, ds)
     if ds.kind == "tokens":
-        raise InputError(
-            "model inversion (MI-FACE) climbs the gradient of a class's confidence with respect to the input, and "
-            "token ids are discrete (no gradient to follow): refused for token data; use `dpaudit attack mia` "
-            "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
-        )
+        raise InputError(TOKEN_REFUSAL)
     y = np.asarray(ds.y)
     sp = run.splits
     # The aux split in float64 (the attacker's data), the other splits a block of rows at a time: never the whole

@@ -311,7 +311,8 @@ def not_a_run(path: Path) -> str:
     return line
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path) -> dict[str, Any]:
+    """A run directory's checkpoint.json, validated (schema, required keys, field types); no weights read."""
     f = path / CHECKPOINT_FILE
     if not f.is_file():
         raise CheckpointError(not_a_run(path))
@@ -685,7 +686,7 @@ def load_run(path: Path | str) -> Run:
                 "(model.safetensors + checkpoint.json)"
             )
         raise CheckpointError(f"{path}: expected a run directory, got a file")
-    meta = _read_meta(path)
+    meta = read_meta(path)
     try:
         # A python spec imports and calls its factory here: the user's code, the only code a run names
         # (same trust as --trainer); every other field is data.

@@ -116,6 +116,7 @@ def report_from_options(
     audit_checkpoint`'s defaults), merge the reports among them, write the report to ``out`` in
     ``formats``; returns the report and the files written. ``notify`` receives a status line per run."""
     from dpaudit.cache import cache_for
+    from dpaudit.checkpoint import read_meta
     from dpaudit.report.build import (
         REPORT_FILES,
         build_report,
@@ -126,6 +127,7 @@ def report_from_options(
     )
     from dpaudit.validation import check_choice, check_in_interval, check_positive_int
     from dpaudit.workflows import audit_checkpoint, membership_attacks
+    from dpaudit.workflows.checkpoint import check_families_fit
 
     fmts = parse_formats(formats)
     methods = membership_attacks(attacks)
@@ -139,6 +141,9 @@ def report_from_options(
     kinds = [(p, classify_input(p)) for p in inputs]
     reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
     saved = {p: load_canary_audit(p) for p, kind in kinds if kind == "canaries"}
+    for p, kind in kinds:  # a family a later run's data refuse fails now, not after the earlier runs' attacks
+        if kind == "run":
+            check_families_fit(families, read_meta(Path(p)), p)
     config = {
         "attacks": list(methods), "reference_models": reference_models, "estimate_method": estimate_method,
         "confidence": confidence, "seed": seed, "inputs": [str(p) for p in inputs], "inversion": inversion,

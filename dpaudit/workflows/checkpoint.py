@@ -122,6 +122,21 @@ FAMILY_RUNNERS = {
 }  # fmt: skip
 
 
+def check_families_fit(families: Mapping[str, Any], meta: Mapping[str, Any], path: Path | str) -> None:
+    """Refuse, before any attack runs, a family the run's data cannot take (``meta``: its checkpoint.json): token
+    data refuse inversion, attribute inference and extraction (each attack's own one-line reason)."""
+    if (meta.get("data") or {}).get("kind") != "tokens":
+        return
+    from attacks.attribute import TOKEN_REFUSAL as attribute
+    from attacks.extraction import TOKEN_REFUSAL as extraction
+    from attacks.inversion import TOKEN_REFUSAL as inversion
+
+    refusals = {"inversion": inversion, "attribute": attribute, "extraction": extraction}
+    for family in families:
+        if family in refusals:
+            raise InputError(f"{path}: {refusals[family]}")
+
+
 def _icl_audits(result: Mapping[str, Any]) -> list[AuditRecord]:
     from dpaudit.workflows.icl import icl_audit_records
 
@@ -234,6 +249,7 @@ def audit_checkpoint(
     unknown = sorted(set(families) - set(FAMILY_RUNNERS))
     if unknown:
         raise InputError(f"unknown attack family {', '.join(unknown)}; valid: {', '.join(FAMILY_RUNNERS)}")
+    check_families_fit(families, run.meta, path)  # before the membership attacks (minutes with LiRA)
     if not attacks and not canaries and not families and not run.meta.get("whitebox_canaries"):
         raise InputError(f"{path}: nothing to audit: the run has no canaries and no attack was asked for")
     privacy = run.privacy or {}

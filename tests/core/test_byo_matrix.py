@@ -151,6 +151,27 @@ def test_attacks_that_need_real_valued_inputs_refuse_token_runs(transformer_run,
     assert why in line and "dpaudit attack mia" in line
 
 
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--inversion"], "token ids are discrete (no gradient to follow)"),
+        (["--attribute", "0"], "a token position ranges over the whole vocabulary"),
+        (["--extraction-budget", "50"], "fits real-valued surrogates"),
+    ],
+)
+def test_report_refuses_a_family_token_runs_cannot_take_before_any_attack(
+    transformer_run, tmp_path, monkeypatch, args, why
+):
+    # The refusal came from the family's own attack, after the report's membership attacks (minutes with LiRA).
+    def no_attack(*a, **k):
+        raise AssertionError("membership attacks ran before the refusal")
+
+    monkeypatch.setattr("attacks.mia.run_mia", no_attack)
+    line = one_error(invoke("report", transformer_run, *args, "--out", tmp_path / "r"))
+    assert why in line and str(transformer_run) in line
+    assert not (tmp_path / "r").exists()
+
+
 def test_cloak_refuses_a_token_run(transformer_run, tmp_path):
     line = one_error(
         invoke("train", "--algo", "cloak", "--target", transformer_run, "--lambda", 1, "--out", tmp_path / "c")

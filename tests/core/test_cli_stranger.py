@@ -89,7 +89,7 @@ def test_claim_values_at_their_edges_are_read_or_refused(dp_run, tmp_path):
     # epsilon 0 or infinite and delta 0 (a pure-epsilon claim) are claims; a missing value (null) is no claim; delta
     # 1 and a negative delta are not. Planted: eps > 0 or eps >= 1 required, delta 0 refused, delta 1 or < 0
     # accepted, None compared with a number -> fails.
-    from dpaudit.checkpoint import _read_meta
+    from dpaudit.checkpoint import read_meta
     from dpaudit.errors import CheckpointError
 
     run = _edited(dp_run, tmp_path)
@@ -97,11 +97,11 @@ def test_claim_values_at_their_edges_are_read_or_refused(dp_run, tmp_path):
     for privacy in ({"epsilon": 0.0}, {"epsilon": 0.5}, {"epsilon": math.inf}, {"epsilon": None}, {"delta": 0.0},
                     {"delta": None}):  # fmt: skip
         (run / "checkpoint.json").write_text(json.dumps({**meta, "privacy": {**meta["privacy"], **privacy}}))
-        assert _read_meta(run)["privacy"] == {**meta["privacy"], **privacy}
+        assert read_meta(run)["privacy"] == {**meta["privacy"], **privacy}
     for delta in (1.0, -0.1):
         (run / "checkpoint.json").write_text(json.dumps({**meta, "privacy": {**meta["privacy"], "delta": delta}}))
         with pytest.raises(CheckpointError, match=rf"privacy.delta: expected a number in \[0, 1\), got {delta}$"):
-            _read_meta(run)
+            read_meta(run)
 
 
 def test_attacks_none_means_the_same_in_report_and_audit_checkpoint(dp_run, tmp_path):
