@@ -167,6 +167,20 @@ def claim_tradeoff(privacy: Mapping[str, Any]):
 _RETRAIN = "retrain with another canary seed (`dpaudit train --canary-seed`)"
 
 
+def canary_confidence(confidence: float, curve, canary_sets: int, others: int = 0) -> float:
+    """The confidence of each formal canary test of a checkpoint: Bonferroni over all of them.
+
+    Each formal canary set (the black-box canaries, the white-box ones) gets the one-run (ε, δ) audit and, when
+    the claim has its own curve (``curve``, :func:`claim_tradeoff`), the one-run f-DP audit against it
+    (:func:`one_run_records`); ``others`` are further formal tests joining the model's verdict (the ICL canary
+    audit). Any one of them refutes the claim on its own, so each runs at 1 − α/n (union bound: a mechanism
+    that meets its claim gets a formal refutation with probability ≤ α = 1 − ``confidence``).
+    :func:`audit_checkpoint` audits at this level, and ``dpaudit train --canaries`` checks at it that the
+    design can refute the claim (:func:`dpaudit.workflows.training.require_refutable_canaries`)."""
+    n_formal = (1 + (curve is not None)) * canary_sets + others
+    return 1.0 - (1.0 - confidence) / max(1, n_formal)
+
+
 def one_run_records(attack, what, scores, included, common, curve, note) -> list[AuditRecord]:
     """One-run audits of canary scores: the (ε, δ) analysis (Steinke, Nasr & Jagielski 2023) and, when
     the claim has its own trade-off curve (:func:`claim_tradeoff`), the f-DP analysis against that curve
@@ -277,8 +291,8 @@ def audit_checkpoint(
     # that meets its claim gets a formal refutation with probability ≤ α. Estimates keep the full confidence.
     # The ICL family's canary audit of a DP-ICL run at its claimed ε is one more (icl_audit_records).
     icl = "icl" in families and math.isfinite(float(privacy.get("epsilon", math.inf)))
-    n_formal = (1 + (curve is not None)) * ((bool(canaries) and note is None) + (whitebox is not None)) + icl
-    canary_common = {**common, "confidence": 1.0 - (1.0 - confidence) / max(1, n_formal)}
+    formal_sets = (bool(canaries) and note is None) + (whitebox is not None)
+    canary_common = {**common, "confidence": canary_confidence(confidence, curve, formal_sets, others=icl)}
     if "icl" in families:  # at the model's confidence and claim, not the family's defaults
         families["icl"] = {**families["icl"], "confidence": canary_common["confidence"]}
         if claimed_epsilon is not None:  # the user's claim, not the run's ε, is the one this audit tests

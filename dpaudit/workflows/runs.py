@@ -219,7 +219,10 @@ def train_from_options(
         if not allow_inconclusive:
             from dpaudit.workflows.training import require_refutable_canaries
 
-            require_refutable_canaries(config, len(splits.members) + int(canary_set.included.sum()), canaries)
+            require_refutable_canaries(
+                config, len(splits.members) + int(canary_set.included.sum()), canaries,
+                whitebox=whitebox_canaries is not None,
+            )  # fmt: skip
     return train_run(
         ds, spec, config, perf, out=out, split_seed=split_seed, fractions=fractions, label_column=label_column,
         force=force, progress=progress, canaries=canary_set,

@@ -546,11 +546,16 @@ def require_refutable(
     )
 
 
-def require_refutable_canaries(config, n_train: int, m: int) -> float | None:
+def require_refutable_canaries(config, n_train: int, m: int, *, whitebox: bool = False) -> float | None:
     """``dpaudit train --canaries m``: refuse (InputError) a canary design whose one-run audit
     (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) cannot refute the recipe's claim for ``n_train``
     records (members plus included canaries). None when there is no claim to check before training: a
-    non-private recipe, or a trainer outside the DP-SGD family (no ``setting_for`` to compute it from)."""
+    non-private recipe, or a trainer outside the DP-SGD family (no ``setting_for`` to compute it from).
+
+    Checked at the level ``dpaudit audit checkpoint`` analyses the canaries at (:func:`canary_confidence`:
+    Bonferroni over its formal canary tests, the f-DP one against the claim's curve and, with ``whitebox``
+    canaries too, both analyses of those): at the full α it accepted designs the checkpoint audit then called
+    inconclusive (16 canaries against ε = 3.17: the curve analysis certifies 3.36 at α = 0.05, 2.61 at α/2)."""
     from dpaudit.training.algorithms import claim_for, get_trainer
     from dpaudit.training.dpsgd import DPTrainer
 
@@ -559,20 +564,22 @@ def require_refutable_canaries(config, n_train: int, m: int) -> float | None:
     if config.dp is None or not issubclass(get_trainer(config.algo), DPTrainer):
         return None
 
+    from dpaudit.workflows.checkpoint import DEFAULTS, canary_confidence, claim_tradeoff
+
     claim = claim_for(config, n_train)
+    curve = claim_tradeoff(claim)
+    level = canary_confidence(DEFAULTS.confidence, curve, 1 + whitebox)  # that of `audit checkpoint` (Bonferroni)
     try:
-        return require_refutable(claim["epsilon"], m, method="one-run", delta=claim["delta"])
+        return require_refutable(claim["epsilon"], m, method="one-run", delta=claim["delta"], confidence=level)
     except InputError as refused:
         # The checkpoint audit also analyses the canaries against the claim's own DP-SGD curve (one-run
         # f-DP, Mahloujifar et al. 2025), which certifies more from the same guesses: accept the design
         # when that analysis can refute the claim.
         from dpaudit.audit.fdp_one_run import can_refute
-        from dpaudit.workflows.checkpoint import DEFAULTS, claim_tradeoff
 
-        curve = claim_tradeoff(claim)
         if curve is not None:
             # The decision only (max_certifiable's full search composed ~15 PLDs: minutes at CIFAR scale).
-            ok, shown = can_refute(m, curve, claim["delta"], 1.0 - DEFAULTS.confidence, "holdout", claim["epsilon"])
+            ok, shown = can_refute(m, curve, claim["delta"], 1.0 - level, "holdout", claim["epsilon"])
             if ok:
                 return shown
             raise InputError(

@@ -215,6 +215,44 @@ def test_what_the_f_dp_analysis_certifies_is_printed_rounded_up(monkeypatch):
     assert printed == numfmt.upper(most, 3) and float(printed) >= most
 
 
+def test_the_canary_precheck_uses_the_level_audit_checkpoint_analyses_at(monkeypatch):
+    """`train --canaries M` checks that M canaries can refute the claim at the level `audit checkpoint` analyses
+    them at: each of its formal canary tests at 1 − α/n (Bonferroni: the (ε, δ) analysis and the f-DP one against
+    the claim's curve, n = 2; with white-box canaries as well, n = 4). At the full α it accepted 16 canaries
+    against ε = 3.17 (this recipe), whose curve analysis certifies 3.36 at α = 0.05 but at most 2.61 at α/2: the
+    checkpoint audit was inconclusive whatever the model did. Both analyses are stubbed (each is seconds of
+    simulation or PLD accounting); they record the level asked for and refute only at the old one."""
+    from dpaudit.audit import fdp_one_run
+    from dpaudit.workflows import training as wt
+
+    levels = []
+
+    def refused(*args, confidence=0.95, **kwargs):  # require_refutable's default: the full level
+        levels.append(("(eps, delta)", confidence))
+        raise InputError("this audit cannot refute")
+
+    def curve_analysis(m, curve, delta, alpha, selection, epsilon):
+        levels.append(("f-DP", 1 - alpha))
+        return alpha >= 0.05, 3.36 if alpha >= 0.05 else 2.61
+
+    monkeypatch.setattr(wt, "require_refutable", refused)
+    monkeypatch.setattr(fdp_one_run, "can_refute", curve_analysis)
+    config = TrainConfig(algo="dpsgd", epochs=1, batch_size=50, dp=DPConfig(clip=1.0, noise_multiplier=1.0))
+    with pytest.raises(InputError, match="f-DP analysis against the claim's own curve"):
+        wt.require_refutable_canaries(config, 600, 16)
+    with pytest.raises(InputError, match="f-DP analysis against the claim's own curve"):
+        wt.require_refutable_canaries(config, 600, 16, whitebox=True)
+    two, four = pytest.approx(1 - 0.05 / 2), pytest.approx(1 - 0.05 / 4)
+    assert levels == [("(eps, delta)", two), ("f-DP", two), ("(eps, delta)", four), ("f-DP", four)]
+    # A claim without its own curve (shuffled batches: replace-one) has one formal canary test, at the full level.
+    levels.clear()
+    shuffled = TrainConfig(algo="dpsgd", epochs=1, batch_size=50, dp=DPConfig(clip=1.0, noise_multiplier=1.0,
+                                                                              sampling="shuffle"))  # fmt: skip
+    with pytest.raises(InputError, match="this audit cannot refute"):
+        wt.require_refutable_canaries(shuffled, 600, 16)
+    assert levels == [("(eps, delta)", pytest.approx(0.95))]
+
+
 # ---- crafted canaries bite -----------------------------------------------------------------------------
 
 
