@@ -193,6 +193,26 @@ def test_bad_factories_are_one_line(npz, tmp_path, factory, message):
     assert not (tmp_path / "imp").exists()
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("random", "built twice and loaded with the same state dict, the model"),
+        ("centred", "a record's logits depend on the other records of its batch"),
+    ],
+)
+def test_build_checks_do_not_skip_a_token_model_that_masks_padding(tmp_path, extra, message):
+    """A token model masking padding id 0 in a softmax gives NaN logits on an all-0 record; the build checks
+    probed all-0 and all-1 records and NaN != NaN made both skip themselves: a random tensor outside the state
+    dict and a batch mean were accepted, and every later command measured another model than the one trained."""
+    from dpaudit.models import read_model_spec
+
+    spec = {"kind": "python", "factory": "tests.core.byo_models:pad_masked", "input_shape": [6], "n_classes": 2}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({**spec, "kwargs": {"vocab": 20, "n_classes": 2, "extra": extra}}))
+    with pytest.raises(InputError, match=message):
+        read_model_spec(path, tokens=True)
+
+
 def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
     spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:with_batchnorm")
     r = invoke(
