@@ -193,6 +193,24 @@ class Dataset:
             "first (regression targets are not supported)"
         ]
 
+    def outputs_hint(self, n_outputs: int) -> str:
+        """Why a model with ``n_outputs`` outputs does not fit these labels, when its outputs look indexed by the
+        labels as stored (a next-token head over a vocabulary of ``n_outputs`` ids, trained on the ids that follow
+        each sequence): fewer distinct labels than outputs, all integers in ``0 .. n_outputs - 1``, not already
+        ``0 .. K-1``. '' otherwise. Class i is the i-th smallest distinct label (see :func:`_validated`), so the
+        model's output i must be that label's logit, not id i's."""
+        c = self.classes
+        if c is None or not np.issubdtype(c.dtype, np.number) or not len(c) < n_outputs:
+            return ""
+        if not np.all(c == np.round(c)) or c[0] < 0 or c[-1] >= n_outputs or np.array_equal(c, np.arange(len(c))):
+            return ""
+        k = len(c)
+        return (
+            f"; the labels are {k} distinct ids from {c[0]:g} to {c[-1]:g}, renumbered 0..{k - 1} in sorted order, so "
+            f"a head over all {n_outputs} ids does not fit them: return the logits of the ids that occur as labels, "
+            f"logits[:, ids] with ids = np.unique(y), and set n_classes to {k}"
+        )
+
     @property
     def dtype(self) -> np.dtype:
         """The dtype :meth:`rows` (and :meth:`view`, appended records, the content hash) gives the features in:

@@ -200,7 +200,7 @@ def train_from_options(
         from dpaudit.plugins import load_model_spec
 
         spec = load_model_spec(
-            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens"
+            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens", dataset=ds
         )
     else:
         spec = default_spec(
@@ -498,7 +498,7 @@ def audit_training_from_options(
         from dpaudit.plugins import load_model_spec
 
         spec = load_model_spec(
-            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens"
+            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens", dataset=ds
         )
     else:
         spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)
