@@ -196,6 +196,12 @@ def train_from_options(
     )
     _refuse_existing(out, force, inputs=[data, model_spec])
     ds = load_dataset(data, label_column=label_column)
+    if algo in CONVEX_ALGOS and ds.kind == "tokens":  # "use --model logreg" was the advice, which tokens refuse
+        raise InputError(
+            f"--algo {algo} trains a logistic regression on numeric features (the zoo's logreg), and {data!r} holds "
+            "token ids: train a model over tokens with --algo dpsgd, dpadam or dpsgd-jl (--model rnn or --model-spec "
+            "with your own module), or pate/dp-icl with --model rnn"
+        )
     if model_spec is not None:
         from dpaudit.plugins import load_model_spec
 

@@ -239,6 +239,19 @@ def test_a_next_token_head_over_the_vocabulary_is_told_how_to_fit_the_renumbered
     assert "the data has [6] and 3" in one_error(r) and "renumbered" not in r.stderr
 
 
+@pytest.mark.parametrize("algo", ["outpert", "dpagd"])
+def test_a_convex_learner_on_token_data_names_what_trains_on_tokens(tmp_path, algo):
+    """A convex learner with a model over token ids said "use --model logreg", which token data then refuse."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"kind": "python", "factory": "tests.core.byo_models:tied_lm", "input_shape": [6],
+                                "n_classes": 2, "kwargs": {"vocab": 30, "n_classes": 2}}))  # fmt: skip
+    tokens = "synthetic-tokens:n=60,length=6,vocab=30,classes=2,seed=0"
+    for model in (["--model-spec", spec], ["--model", "logreg"]):
+        r = invoke("train", "--data", tokens, *model, "--algo", algo, "--epsilon", 1, "--out", tmp_path / "run")
+        assert "holds token ids: train a model over tokens with --algo dpsgd, dpadam or dpsgd-jl" in one_error(r)
+        assert "use --model logreg" not in r.stderr and not (tmp_path / "run").exists()
+
+
 def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
     spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:with_batchnorm")
     r = invoke(
