@@ -610,7 +610,9 @@ def _tokens(name: str, X: np.ndarray, y: np.ndarray, spec: str, source: str) -> 
     if low < 0:
         raise DataError(
             f"{source}: an integer X is read as token ids, which must be >= 0 (found {low}); "
-            "for numeric features save X as floats, e.g. X.astype('float32')"
+            "for numeric features save X as floats, e.g. X.astype('float32'); token ids padded with a negative id "
+            f"(-1, -100): give the padding an id of its own, e.g. np.where(X < 0, {int(X.max()) + 1}, X) (the "
+            "model's Embedding then needs one more row; a padding mask reads that id)"
         )
     vocab = int(X.max()) + 1 if X.size else 1
     return _validated(name, np.asarray(X), y, "tokens", spec, vocab_size=vocab)
