@@ -193,6 +193,24 @@ class Dataset:
             "first (regression targets are not supported)"
         ]
 
+    def outputs_hint(self, n_outputs: int) -> str:
+        """Why a model with ``n_outputs`` outputs does not fit these labels, when its outputs look indexed by the
+        labels as stored (a next-token head over a vocabulary of ``n_outputs`` ids, trained on the ids that follow
+        each sequence): fewer distinct labels than outputs, all integers in ``0 .. n_outputs - 1``, not already
+        ``0 .. K-1``. '' otherwise. Class i is the i-th smallest distinct label (see :func:`_validated`), so the
+        model's output i must be that label's logit, not id i's."""
+        c = self.classes
+        if c is None or not np.issubdtype(c.dtype, np.number) or not len(c) < n_outputs:
+            return ""
+        if not np.all(c == np.round(c)) or c[0] < 0 or c[-1] >= n_outputs or np.array_equal(c, np.arange(len(c))):
+            return ""
+        k = len(c)
+        return (
+            f"; the labels are {k} distinct ids from {c[0]:g} to {c[-1]:g}, renumbered 0..{k - 1} in sorted order, so "
+            f"a head over all {n_outputs} ids does not fit them: return the logits of the ids that occur as labels, "
+            f"logits[:, ids] with ids = np.unique(y), and set n_classes to {k}"
+        )
+
     @property
     def dtype(self) -> np.dtype:
         """The dtype :meth:`rows` (and :meth:`view`, appended records, the content hash) gives the features in:
@@ -592,7 +610,9 @@ def _tokens(name: str, X: np.ndarray, y: np.ndarray, spec: str, source: str) -> 
     if low < 0:
         raise DataError(
             f"{source}: an integer X is read as token ids, which must be >= 0 (found {low}); "
-            "for numeric features save X as floats, e.g. X.astype('float32')"
+            "for numeric features save X as floats, e.g. X.astype('float32'); token ids padded with a negative id "
+            f"(-1, -100): give the padding an id of its own, e.g. np.where(X < 0, {int(X.max()) + 1}, X) (the "
+            "model's Embedding then needs one more row; a padding mask reads that id)"
         )
     vocab = int(X.max()) + 1 if X.size else 1
     return _validated(name, np.asarray(X), y, "tokens", spec, vocab_size=vocab)

@@ -362,12 +362,34 @@ class PythonSpec(ModelSpec):
                 "prediction); return the scores before the softmax (a log-softmax is fine)"
             )
 
-    def _two_records(self) -> torch.Tensor:
-        """Two different records of the input shape and dtype: zeros, and a ramp (token ids: ones)."""
-        if self.input_dtype == "int64":
-            return torch.stack([torch.full(self.input_shape, v, dtype=torch.int64) for v in (0, 1)])
-        ramp = torch.linspace(-1.0, 1.0, math.prod(self.input_shape)).reshape(self.input_shape)
-        return torch.stack([torch.zeros(self.input_shape), ramp])
+    def _two_records(self, model: nn.Module) -> torch.Tensor:
+        """Two different records of the input shape and dtype on which ``model`` (in eval mode) gives finite
+        outputs: zeros and a ramp; token ids: every position id 2, and every position id 3.
+
+        Token records are tried in turn, the first the model runs on with finite logits kept: ids 2 and 3, then
+        ids 0 and 1 alternating in opposite phase, then all 0 and all 1 (a vocabulary of 2). A model that masks its
+        padding id (0 for BERT's tokenizer, 1 for RoBERTa's and fairseq's) in a softmax over positions gives NaN
+        logits on an all-padding record, and NaN != NaN made both checks that read these records skip themselves
+        silently: the old records, all 0 and all 1, let a random tensor outside the state dict or a batch mean in
+        such a model pass. Two records of one id each also differ after a position-free pooling, which two
+        alternations of the same two ids do not."""
+        if self.input_dtype != "int64":
+            ramp = torch.linspace(-1.0, 1.0, math.prod(self.input_shape)).reshape(self.input_shape)
+            return torch.stack([torch.zeros(self.input_shape), ramp])
+        phase = torch.arange(math.prod(self.input_shape), dtype=torch.int64).reshape(self.input_shape) % 2
+        constant = [
+            torch.stack([torch.full(self.input_shape, v, dtype=torch.int64) for v in ab]) for ab in ((2, 3), (0, 1))
+        ]
+        candidates = [constant[0], torch.stack([phase, 1 - phase]), constant[1]]
+        for records in candidates:
+            try:
+                with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                    out = model(records)
+            except Exception:  # the user's code: e.g. id 3 beyond a vocabulary of 3
+                continue
+            if isinstance(out, torch.Tensor) and (out.is_meta or bool(torch.isfinite(out).all())):
+                return records
+        return candidates[-1]
 
     def check_state_dict_is_the_model(self) -> None:
         """Two builds from different seeds, the second loaded with the first's state dict, must compute the same
@@ -379,7 +401,7 @@ class PythonSpec(ModelSpec):
         second.load_state_dict(first.state_dict())
         first.eval()
         second.eval()
-        records = self._two_records()
+        records = self._two_records(first)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 a, again, b = first(records), first(records), second(records)
@@ -402,10 +424,10 @@ class PythonSpec(ModelSpec):
         and per-example clipping needs each example's loss to be a function of that example alone (a batch mean
         in the forward pass makes the trained function differ from the clipped one). Not tested: a model that
         cannot take these records alone, or whose outputs are random in eval mode."""
-        pair = self._two_records()
         was_training = model.training
         model.eval()
         try:
+            pair = self._two_records(model)
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 together = model(pair)
                 alone = [torch.cat([model(pair[:1]), model(pair[1:])]) for _ in range(2)]

@@ -253,10 +253,13 @@ def call_trainer(
     return model.eval()
 
 
-def load_model_spec(path: str | Path, *, feature_shape: tuple[int, ...], n_classes: int, tokens: bool = False):
+def load_model_spec(
+    path: str | Path, *, feature_shape: tuple[int, ...], n_classes: int, tokens: bool = False, dataset=None
+):
     """The model spec in a JSON file (``ModelSpec.to_dict()``'s format), checked against the data's
     feature shape and number of classes; :class:`InputError` (one line, naming the file) otherwise.
-    ``tokens``: the data are token ids (see :func:`dpaudit.models.read_model_spec`)."""
+    ``tokens``: the data are token ids (see :func:`dpaudit.models.read_model_spec`). ``dataset``: the
+    :class:`~dpaudit.data.Dataset` itself, whose labels explain a class count that does not fit."""
     from dpaudit.models import read_model_spec
 
     path = Path(path)
@@ -268,6 +271,8 @@ def load_model_spec(path: str | Path, *, feature_shape: tuple[int, ...], n_class
         if len(want) == 3 and shape == (*want[1:], want[0]):
             hint = f"; the data looks channels-last: store X as N x {want[0]} x {want[1]} x {want[2]}, e.g. "
             hint += "X.transpose(0, 3, 1, 2)"
+        if spec.n_classes != n_classes and dataset is not None:
+            hint += dataset.outputs_hint(spec.n_classes)
         raise InputError(
             f"{path}: the spec is for input shape {list(spec.input_shape)} and {spec.n_classes} classes; the data "
             f"has {list(feature_shape)} and {n_classes}{hint}"

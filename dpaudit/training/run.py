@@ -652,7 +652,7 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
     if spec.n_classes != dataset.n_classes:
         raise InputError(
             f"the model spec has n_classes {spec.n_classes} but the data {dataset.source!r} has {dataset.n_classes} "
-            "classes (class i is the i-th smallest distinct label)"
+            f"classes (class i is the i-th smallest distinct label){dataset.outputs_hint(spec.n_classes)}"
         )
     takes_tokens = spec.kind == "rnn" or getattr(spec, "input_dtype", None) == "int64"
     if takes_tokens != (dataset.kind == "tokens"):

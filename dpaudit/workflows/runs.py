@@ -196,11 +196,17 @@ def train_from_options(
     )
     _refuse_existing(out, force, inputs=[data, model_spec])
     ds = load_dataset(data, label_column=label_column)
+    if algo in CONVEX_ALGOS and ds.kind == "tokens":  # "use --model logreg" was the advice, which tokens refuse
+        raise InputError(
+            f"--algo {algo} trains a logistic regression on numeric features (the zoo's logreg), and {data!r} holds "
+            "token ids: train a model over tokens with --algo dpsgd, dpadam or dpsgd-jl (--model rnn or --model-spec "
+            "with your own module), or pate/dp-icl with --model rnn"
+        )
     if model_spec is not None:
         from dpaudit.plugins import load_model_spec
 
         spec = load_model_spec(
-            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens"
+            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens", dataset=ds
         )
     else:
         spec = default_spec(
@@ -501,7 +507,7 @@ def audit_training_from_options(
         from dpaudit.plugins import load_model_spec
 
         spec = load_model_spec(
-            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens"
+            model_spec, feature_shape=ds.feature_shape, n_classes=ds.n_classes, tokens=ds.kind == "tokens", dataset=ds
         )
     else:
         spec = default_spec(model, input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size)

@@ -249,3 +249,28 @@ class TrainBatchCentred(nn.Module):
 
 def train_batch_centred(d: int, n_classes: int) -> nn.Module:
     return TrainBatchCentred(d, n_classes)
+
+
+class PadMaskedPooling(nn.Module):
+    """Attention pooling over positions with padding id 0 masked out (``masked_fill(-inf)`` then a softmax, as
+    most hand-written attention does): an all-padding record gives NaN logits. ``extra``: ``"random"`` keeps a
+    random projection as a plain attribute (outside the state dict), ``"centred"`` centres on the batch mean."""
+
+    def __init__(self, vocab: int, n_classes: int, extra: str, d: int = 8) -> None:
+        super().__init__()
+        self.extra = extra
+        self.emb = nn.Embedding(vocab, d)
+        self.score = nn.Linear(d, 1)
+        self.proj = torch.randn(d, d) if extra == "random" else None
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        h = self.emb(tok)
+        weights = self.score(h).squeeze(-1).masked_fill(tok == 0, float("-inf")).softmax(-1)
+        z = (weights.unsqueeze(-1) * h).sum(1)
+        z = z @ self.proj if self.extra == "random" else z - z.mean(0, keepdim=True)
+        return self.head(z)
+
+
+def pad_masked(vocab: int, n_classes: int, extra: str) -> nn.Module:
+    return PadMaskedPooling(vocab, n_classes, extra)

@@ -193,6 +193,65 @@ def test_bad_factories_are_one_line(npz, tmp_path, factory, message):
     assert not (tmp_path / "imp").exists()
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("random", "built twice and loaded with the same state dict, the model"),
+        ("centred", "a record's logits depend on the other records of its batch"),
+    ],
+)
+def test_build_checks_do_not_skip_a_token_model_that_masks_padding(tmp_path, extra, message):
+    """A token model masking padding id 0 in a softmax gives NaN logits on an all-0 record; the build checks
+    probed all-0 and all-1 records and NaN != NaN made both skip themselves: a random tensor outside the state
+    dict and a batch mean were accepted, and every later command measured another model than the one trained."""
+    from dpaudit.models import read_model_spec
+
+    spec = {"kind": "python", "factory": "tests.core.byo_models:pad_masked", "input_shape": [6], "n_classes": 2}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({**spec, "kwargs": {"vocab": 20, "n_classes": 2, "extra": extra}}))
+    with pytest.raises(InputError, match=message):
+        read_model_spec(path, tokens=True)
+
+
+def test_a_next_token_head_over_the_vocabulary_is_told_how_to_fit_the_renumbered_labels(tmp_path):
+    """Next-token data (y: the id following each sequence, 10 of the 30 ids occur) and a head over all 30 ids:
+    the refusal said only 'the spec is for ... 30 classes; the data has ... 10', with labels that run up to 29."""
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 30, size=(40, 6)).astype(np.int32)
+    y = rng.choice(np.arange(2, 30, 3), size=40)
+    np.savez(tmp_path / "next.npz", X=X, y=y)
+    spec = tmp_path / "spec.json"
+    factory = "tests.core.byo_models:tied_lm"
+    spec.write_text(json.dumps({"kind": "python", "factory": factory, "input_shape": [6], "n_classes": 30,
+                                "kwargs": {"vocab": 30, "n_classes": 30}}))  # fmt: skip
+    hint = "the labels are 10 distinct ids from 2 to 29, renumbered 0..9 in sorted order"
+    r = invoke("train", "--data", tmp_path / "next.npz", "--model-spec", spec, "--out", tmp_path / "run")
+    assert hint in one_error(r) and "logits[:, ids] with ids = np.unique(y), and set n_classes to 10" in r.stderr
+    from tests.core.byo_models import tied_lm
+
+    save_file({k: v.clone() for k, v in tied_lm(30, 30).state_dict().items()}, tmp_path / "w.safetensors")
+    (tmp_path / "members.txt").write_text("\n".join(map(str, range(20))))
+    r = invoke("import", tmp_path / "w.safetensors", "--model-spec", spec, "--data", tmp_path / "next.npz",
+               "--members", tmp_path / "members.txt", "--out", tmp_path / "imp")  # fmt: skip
+    assert hint in one_error(r)
+    np.savez(tmp_path / "ids.npz", X=X, y=y // 10)  # labels 0..2 already: the count alone is the message
+    r = invoke("train", "--data", tmp_path / "ids.npz", "--model-spec", spec, "--out", tmp_path / "run")
+    assert "the data has [6] and 3" in one_error(r) and "renumbered" not in r.stderr
+
+
+@pytest.mark.parametrize("algo", ["outpert", "dpagd"])
+def test_a_convex_learner_on_token_data_names_what_trains_on_tokens(tmp_path, algo):
+    """A convex learner with a model over token ids said "use --model logreg", which token data then refuse."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"kind": "python", "factory": "tests.core.byo_models:tied_lm", "input_shape": [6],
+                                "n_classes": 2, "kwargs": {"vocab": 30, "n_classes": 2}}))  # fmt: skip
+    tokens = "synthetic-tokens:n=60,length=6,vocab=30,classes=2,seed=0"
+    for model in (["--model-spec", spec], ["--model", "logreg"]):
+        r = invoke("train", "--data", tokens, *model, "--algo", algo, "--epsilon", 1, "--out", tmp_path / "run")
+        assert "holds token ids: train a model over tokens with --algo dpsgd, dpadam or dpsgd-jl" in one_error(r)
+        assert "use --model logreg" not in r.stderr and not (tmp_path / "run").exists()
+
+
 def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
     spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:with_batchnorm")
     r = invoke(

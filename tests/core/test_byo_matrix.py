@@ -14,6 +14,7 @@ membership estimate made on it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,10 @@ def test_integer_arrays_are_token_ids(tmp_path):
         np.testing.assert_array_equal(ds.X, X)
     np.savez(tmp_path / "neg.npz", X=X - 1, y=y)
     with pytest.raises(DataError, match=r"token ids, which must be >= 0 \(found -1\).*X.astype\('float32'\)"):
+        load_dataset(str(tmp_path / "neg.npz"))
+    # a padding id of -1 (a tokenizer's convention) was told only to save the ids as floats
+    pad = f"padded with a negative id (-1, -100): give the padding an id of its own, e.g. np.where(X < 0, {X.max()}, X)"
+    with pytest.raises(DataError, match=re.escape(pad)):
         load_dataset(str(tmp_path / "neg.npz"))
     np.savez(tmp_path / "f.npz", X=X.astype(np.float32), y=y)  # floats stay numeric features
     assert load_dataset(str(tmp_path / "f.npz")).kind == "tabular"
