@@ -216,19 +216,24 @@ def train_from_options(
     if not batch_given and algo not in CONVEX_ALGOS:
         config = _fit_default_batch(config, len(make_splits(len(ds), split_seed, fractions).members), notify)
     notify(f"training {spec.kind} on {ds.name} ({len(ds)} records) with {algo} …")
-    canary_set = None
+    canary_set, splits = None, make_splits(len(ds), split_seed, fractions)
+    n_train = len(splits.members)
     if canaries is not None:
         from dpaudit.canaries import make_canaries
 
-        splits = make_splits(len(ds), split_seed, fractions)
         canary_set = make_canaries(ds, splits, m=canaries, kind=canary_kind, seed=canary_seed)
-        if not allow_inconclusive:
-            from dpaudit.workflows.training import require_refutable_canaries
+        n_train += int(canary_set.included.sum())
+    if not allow_inconclusive:  # each formal canary set of the checkpoint audit (black-box, white-box) must refute
+        from dpaudit.workflows.training import require_refutable_canaries
 
-            require_refutable_canaries(
-                config, len(splits.members) + int(canary_set.included.sum()), canaries,
-                whitebox=whitebox_canaries is not None,
-            )  # fmt: skip
+        sets = (canaries is not None) + (whitebox_canaries is not None)
+        if canaries is not None:
+            require_refutable_canaries(config, n_train, canaries, sets=sets)
+        if whitebox_canaries is not None:  # gradient canaries, no records: the claim is the members'
+            try:
+                require_refutable_canaries(config, n_train, whitebox_canaries, sets=sets)
+            except InputError as refused:
+                raise InputError(f"--whitebox-canaries {whitebox_canaries}: {refused}") from None
     return train_run(
         ds, spec, config, perf, out=out, split_seed=split_seed, fractions=fractions, label_column=label_column,
         force=force, progress=progress, canaries=canary_set,

@@ -546,15 +546,15 @@ def require_refutable(
     )
 
 
-def require_refutable_canaries(config, n_train: int, m: int, *, whitebox: bool = False) -> float | None:
-    """``dpaudit train --canaries m``: refuse (InputError) a canary design whose one-run audit
-    (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) cannot refute the recipe's claim for ``n_train``
-    records (members plus included canaries). None when there is no claim to check before training: a
-    non-private recipe, or a trainer outside the DP-SGD family (no ``setting_for`` to compute it from).
+def require_refutable_canaries(config, n_train: int, m: int, *, sets: int = 1) -> float | None:
+    """``dpaudit train --canaries m`` or ``--whitebox-canaries m``: refuse (InputError) a canary design whose
+    one-run audit (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846) cannot refute the recipe's claim for
+    ``n_train`` records (members plus included canaries). None when there is no claim to check before training:
+    a non-private recipe, or a trainer outside the DP-SGD family (no ``setting_for`` to compute it from).
 
     Checked at the level ``dpaudit audit checkpoint`` analyses the canaries at (:func:`canary_confidence`:
-    Bonferroni over its formal canary tests, the f-DP one against the claim's curve and, with ``whitebox``
-    canaries too, both analyses of those): at the full α it accepted designs the checkpoint audit then called
+    Bonferroni over its formal canary tests: the (ε, δ) and f-DP analyses of each of the run's ``sets`` canary
+    sets, black-box and white-box): at the full α it accepted designs the checkpoint audit then called
     inconclusive (16 canaries against ε = 3.17: the curve analysis certifies 3.36 at α = 0.05, 2.61 at α/2)."""
     from dpaudit.training.algorithms import claim_for, get_trainer
     from dpaudit.training.dpsgd import DPTrainer
@@ -568,7 +568,7 @@ def require_refutable_canaries(config, n_train: int, m: int, *, whitebox: bool =
 
     claim = claim_for(config, n_train)
     curve = claim_tradeoff(claim)
-    level = canary_confidence(DEFAULTS.confidence, curve, 1 + whitebox)  # that of `audit checkpoint` (Bonferroni)
+    level = canary_confidence(DEFAULTS.confidence, curve, sets)  # that of `audit checkpoint` (Bonferroni)
     try:
         return require_refutable(claim["epsilon"], m, method="one-run", delta=claim["delta"], confidence=level)
     except InputError as refused:

@@ -169,6 +169,11 @@ def test_train_with_canaries_refuses_an_inconclusive_design_exit_2(tmp_path):
         r = runner.invoke(app, [*base, flag, "3", "--allow-inconclusive", "--out", str(tmp_path / "a")])
         assert r.exit_code == 2 and f"expected {flag} >= 4, got 3" in r.output, r.output
         assert not (tmp_path / "a").exists()
+    # White-box canaries alone were not checked: 20 of them trained, then `audit checkpoint` was inconclusive.
+    r = runner.invoke(app, [*base, "--whitebox-canaries", "20", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "--whitebox-canaries 20: this audit cannot refute" in r.output and "--allow-inconclusive" in r.output
+    assert not (tmp_path / "a").exists()
     r = runner.invoke(app, [*args, "--canary-kind", "crafted", "--allow-inconclusive", "--out", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "b" / "checkpoint.json").read_text())
