@@ -135,3 +135,19 @@ def test_outlier_canaries_are_built_a_block_of_members_at_a_time(tmp_path, monke
     want = (d * 3.0 * top * std + mean).reshape((7, 3, 8, 8)).astype(np.float32)
     assert np.array_equal(got.X, want) and np.array_equal(got.y, r.integers(0, 3, size=7))
     assert peak < train.nbytes  # the old way held train and Z (2 x train.nbytes) at once
+
+
+def test_clipbkd_canaries_sit_at_the_members_median_norm_in_the_members_standardisation(digits):
+    """ClipBKD (Jagielski et al. 2020) standardises the members and puts each canary along a least-variance
+    principal direction at the members' median norm. Oracle: numpy's mean and std of the members (1 where a pixel
+    is constant): every canary's standardised norm is that median (mutant: the moments of another split, the
+    holdout, passed every fast test)."""
+    ds, splits = digits
+    c = make_canaries(ds, splits, m=6, kind="clipbkd", seed=0)
+    train = ds.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)
+    mean, std = train.mean(axis=0), train.std(axis=0)
+    std = np.where(std > 1e-12, std, 1.0)
+    median = np.median(np.linalg.norm((train - mean) / std, axis=1))
+    norms = np.linalg.norm((c.X.reshape(6, -1).astype(np.float64) - mean) / std, axis=1)
+    np.testing.assert_allclose(norms, median, rtol=1e-5)  # the float32 records
+    assert np.all(c.y == np.argmin(np.bincount(ds.y[splits.members], minlength=ds.n_classes)))
