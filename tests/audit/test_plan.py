@@ -142,6 +142,12 @@ def test_unreachable_within_max_trials():
         ((1.0,), {"max_trials": 0}, "max_trials"),
         ((1.0,), {"max_trials": 1}, "max_trials >= 2"),
         ((1.0,), {"method": "one-run", "max_trials": 3}, "max_trials >= 4 for this design"),  # the holdout's 4 canaries
+        # the Bonferroni selection takes 2 canaries (mutant: the holdout's 4 asked of every one-run design)
+        (
+            (1.0,),
+            {"method": "one-run", "threshold_selection": "bonferroni", "max_trials": 3},
+            r"up to 3 canaries: .*\(at 2\)",
+        ),
     ],
 )
 def test_bad_inputs(args, kwargs, message):
