@@ -148,6 +148,9 @@ def test_unreachable_within_max_trials():
             {"method": "one-run", "threshold_selection": "bonferroni", "max_trials": 3},
             r"up to 3 canaries: .*\(at 2\)",
         ),
+        # the smallest size itself is searched (mutant: `lo >= max_trials` said "expected max_trials >= 4, got 4")
+        ((1.0,), {"method": "one-run", "max_trials": 4}, r"up to 4 canaries: at most 0 \(at 4\)"),
+        ((1.0,), {"max_trials": 2}, r"up to 2 runs per side: at most 0 \(at 2\)"),
     ],
 )
 def test_bad_inputs(args, kwargs, message):
