@@ -142,6 +142,15 @@ def test_unreachable_within_max_trials():
         ((1.0,), {"max_trials": 0}, "max_trials"),
         ((1.0,), {"max_trials": 1}, "max_trials >= 2"),
         ((1.0,), {"method": "one-run", "max_trials": 3}, "max_trials >= 4 for this design"),  # the holdout's 4 canaries
+        # the Bonferroni selection takes 2 canaries (mutant: the holdout's 4 asked of every one-run design)
+        (
+            (1.0,),
+            {"method": "one-run", "threshold_selection": "bonferroni", "max_trials": 3},
+            r"up to 3 canaries: .*\(at 2\)",
+        ),
+        # the smallest size itself is searched (mutant: `lo >= max_trials` said "expected max_trials >= 4, got 4")
+        ((1.0,), {"method": "one-run", "max_trials": 4}, r"up to 4 canaries: at most 0 \(at 4\)"),
+        ((1.0,), {"max_trials": 2}, r"up to 2 runs per side: at most 0 \(at 2\)"),
     ],
 )
 def test_bad_inputs(args, kwargs, message):

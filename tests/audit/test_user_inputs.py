@@ -86,6 +86,31 @@ def test_hand_written_loop_with_chosen_inclusion_bits_is_no_violation(tmp_path):
     assert res.exit_code == 2 and "20 of 20 canaries are included" in res.output, res.output
 
 
+def test_the_noise_check_is_the_formal_test_of_a_gate_on_unfair_bits(monkeypatch):
+    """Inclusion bits a user chose make the one-run records estimates; with --noise-multiplier the noise check is
+    a formal test of the same claim, so `audit canaries --fail-on-violation` gates on it: exit 0 when it passes,
+    not 2 with "every result here is an estimate" (mutant: the noise check not counted as formal). Without the
+    noise check the same records are an estimate-only gate: exit 2. (The workflow is replaced by its result: the
+    wiring of the gate is what is tested; the real run takes 15 s for the claim's curve.)"""
+    from types import SimpleNamespace
+
+    import dpaudit.workflows.hooks_audit as hooks_audit
+
+    rng = np.random.default_rng(1)
+    kw = {"method": "one-run", "design": "canaries", "threshold_selection": "bonferroni"}
+    est = audit_scores(rng.random(1000), np.arange(1000) < 100, claimed_epsilon=1.0, **kw)
+    assert not est.formal and est.refutation is None and est.verdict == "estimate-exceeds-claim"
+    args = ["audit", "canaries", "d", "--claimed-epsilon", "1", "--delta", "1e-5", "--fail-on-violation"]
+    for noise, code in ((SimpleNamespace(verdict="consistent"), 0), (None, 2)):
+        result = SimpleNamespace(
+            verdict="estimate-exceeds-claim", noise=noise, audits=[SimpleNamespace(result=est)],
+            to_dict=lambda: {}, summary=lambda: "verdict: estimate-exceeds-claim",
+        )  # fmt: skip
+        monkeypatch.setattr(hooks_audit, "audit_canaries", lambda *a, result=result, **k: result)
+        res = runner.invoke(app, args)
+        assert res.exit_code == code and ("every result here is an estimate" in res.output) == (code == 2), res.output
+
+
 # ---- score files as users write them ---------------------------------------------------------------------
 
 
@@ -230,6 +255,50 @@ def test_a_model_cannot_refute_only_when_every_formal_test_is_inconclusive():
 
     assert model(weak).cannot_refute and model(weak, estimate).cannot_refute
     assert not model(weak, strong).cannot_refute and not model(estimate).cannot_refute and not model().cannot_refute
+
+
+def test_audit_checkpoint_gate_fails_when_every_formal_test_is_inconclusive(monkeypatch, tmp_path):
+    """`audit checkpoint RUN --fail-on-violation` exits 2 when every formal test of the claim is inconclusive (the
+    gate could not fail), and gates as usual when one could refute (mutant: ``cannot_refute`` not passed to the
+    gate, so a run whose canaries cannot refute the claim passed, exit 0). The workflow is replaced by its result:
+    the gate's wiring is what is tested."""
+    import dpaudit.workflows as workflows
+    from dpaudit.workflows.result import AuditRecord, ModelAudit
+
+    rng = np.random.default_rng(0)
+    member = rng.random(400) < 0.5
+    scores = rng.normal(size=400)
+    formal = {"method": "one-run", "design": "canaries"}
+    weak = AuditRecord("canaries", "weak", audit_scores(scores, member, claimed_epsilon=50.0, **formal))
+    strong = AuditRecord("canaries", "strong", audit_scores(scores, member, claimed_epsilon=1.0, **formal))
+    for records, code in (((weak,), 2), ((weak, strong), 0)):
+        audit = ModelAudit(tmp_path, "m", {}, audits=records)
+        monkeypatch.setattr(workflows, "audit_checkpoint", lambda *a, audit=audit, **k: audit)
+        r = runner.invoke(app, ["audit", "checkpoint", str(tmp_path), "--attacks", "none", "--fail-on-violation"])
+        assert r.exit_code == code and ("verdict inconclusive" in r.output) == (code == 2), r.output
+
+
+def test_a_canary_run_is_formal_only_when_every_record_tests_formally():
+    """The saved `audit canaries` result says "formal": true only when every record is a formal bound or a formal
+    curve refutation: one estimate among them (inclusion bits that are no fair coins) makes it false (mutant:
+    ``any`` for ``all`` labelled the estimate's run formal)."""
+    from pathlib import Path
+
+    from dpaudit.workflows.hooks_audit import CanaryRunAudit
+    from dpaudit.workflows.result import AuditRecord
+
+    rng = np.random.default_rng(0)
+    member = rng.random(400) < 0.5
+    scores = rng.normal(size=400)
+    one_run = audit_scores(scores, member, claimed_epsilon=1.0, method="one-run", design="canaries")
+    formal = AuditRecord("canaries", "formal", one_run)
+    estimate = AuditRecord("canaries", "estimate", audit_scores(scores, member, claimed_epsilon=1.0))
+    assert formal.result.formal and not estimate.result.formal
+
+    def run(*records):
+        return CanaryRunAudit(Path("c"), {}, records, None, "consistent", 10, 400).to_dict()["formal"]
+
+    assert run(formal, formal) is True and run(formal, estimate) is False and run(estimate) is False
 
 
 def test_a_formal_refutation_of_the_claims_curve_is_a_formal_test_for_the_gate():

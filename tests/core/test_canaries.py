@@ -174,3 +174,19 @@ def test_clipbkd_canaries_are_the_least_variance_directions_without_an_n_by_d_co
     assert np.all(got.y == np.argmin(counts)) and np.array_equal(got.included, r.random(4) < 0.5)
     if len(train) > 48:
         assert peak < train.nbytes  # the old way held the members, Z, Zc and the SVD's U (4 x train.nbytes) at once
+
+
+def test_clipbkd_canaries_sit_at_the_members_median_norm_in_the_members_standardisation(digits):
+    """ClipBKD (Jagielski et al. 2020) standardises the members and puts each canary along a least-variance
+    principal direction at the members' median norm. Oracle: numpy's mean and std of the members (1 where a pixel
+    is constant): every canary's standardised norm is that median (mutant: the moments of another split, the
+    holdout, passed every fast test)."""
+    ds, splits = digits
+    c = make_canaries(ds, splits, m=6, kind="clipbkd", seed=0)
+    train = ds.X[splits.members].reshape(len(splits.members), -1).astype(np.float64)
+    mean, std = train.mean(axis=0), train.std(axis=0)
+    std = np.where(std > 1e-12, std, 1.0)
+    median = np.median(np.linalg.norm((train - mean) / std, axis=1))
+    norms = np.linalg.norm((c.X.reshape(6, -1).astype(np.float64) - mean) / std, axis=1)
+    np.testing.assert_allclose(norms, median, rtol=1e-5)  # the float32 records
+    assert np.all(c.y == np.argmin(np.bincount(ds.y[splits.members], minlength=ds.n_classes)))

@@ -3,7 +3,14 @@ import json
 import numpy as np
 import pytest
 
-from dpaudit.data import Standardizer, fit_preprocessing, load_dataset, make_splits, preprocessing_from_dict
+from dpaudit.data import (
+    Standardizer,
+    fit_preprocessing,
+    load_dataset,
+    make_splits,
+    preprocessing_from_dict,
+    streamed_moments,
+)
 from dpaudit.errors import DataError, InputError
 
 
@@ -193,6 +200,9 @@ def test_a_constant_feature_is_passed_through_not_divided_by_its_zero_spread(tmp
     assert pre.scale[0, 1, 1] == 1.0 and np.all(pre.scale[0].ravel()[:3] > 1.0)
     z = pre.transform(ds.rows(np.arange(60)))
     assert np.all(np.isfinite(z)) and np.all(z[:, 0, 1, 1] == 0.0)
+    # an empty split has no moments: one line, not a TypeError from None / 0 (mutant: the n == 0 check dropped)
+    with pytest.raises(InputError, match=r"^cannot fit a standardisation on an empty split$"):
+        streamed_moments(ds, np.array([], dtype=np.int64))
 
 
 def test_8bit_image_npy_directory_is_mapped_as_uint8(tmp_path):
@@ -210,6 +220,21 @@ def test_8bit_image_npy_directory_is_mapped_as_uint8(tmp_path):
     idx = np.array([5, 299, 0])
     assert ds.rows(idx).dtype == np.float32 and np.array_equal(ds.rows(idx), X[idx].astype(np.float32))
     assert ds.sha256 == npz.sha256
+    # bool features (binary masks) too, as the refusal below says (mutant: bool dropped from compact_dtype, so
+    # such a folder was refused "X must be ... or bool")
+    (tmp_path / "b").mkdir()
+    np.save(tmp_path / "b" / "X.npy", X > 127)
+    np.save(tmp_path / "b" / "y.npy", y)
+    masks = load_dataset(str(tmp_path / "b"))
+    assert masks.mapped is not None and masks.X.dtype == bool and masks.dtype == np.float32
+    assert np.array_equal(masks.rows(idx), (X[idx] > 127).astype(np.float32))
+    # a float16 X.npy is read in the file's own dtype, as before uint8 was kept (its data hash, recorded in runs,
+    # is the float16 array's; mutant: every 16-bit number made compact, so float16 rows came back float32)
+    (tmp_path / "h").mkdir()
+    np.save(tmp_path / "h" / "X.npy", X.astype(np.float16))
+    np.save(tmp_path / "h" / "y.npy", y)
+    half = load_dataset(str(tmp_path / "h"))
+    assert half.dtype == np.float16 and half.rows(idx).dtype == np.float16
     # 32-bit integers are not kept and read as float32 (2**24 + 1 is no float32): that image X.npy is refused
     # (a 2-D one holds token ids)
     (tmp_path / "w").mkdir()
@@ -259,6 +284,11 @@ def test_standardizer_fits_and_transforms_without_copies_of_the_split(tmp_path, 
         blocks = (Y[s : s + batch] for s in range(0, len(Y), batch))
         assert np.array_equal(data.sequential_sum(blocks, (5,)), Y.sum(axis=0))
     assert again.transform(X64[:3]).dtype == np.float32  # float32 out of a float64 input, as a model takes
+    # the streamed fit reads the dataset's rows in blocks of the size asked for (mutant: ``batch`` ignored, so the
+    # loop above would prove nothing for it), with the same bits
+    assert [len(b) for b in data.row_blocks(ds, idx[:15], batch=7)] == [7, 7, 1]
+    streamed = Standardizer.fit_streamed(ds, idx, batch=7)
+    assert np.array_equal(streamed.mean, pre.mean) and np.array_equal(streamed.scale, pre.scale)
     assert data._fit_block_rows((1 << 16,)) == 1  # a record above the (patched) block size: one row, never 0
 
 

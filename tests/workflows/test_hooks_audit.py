@@ -64,8 +64,14 @@ def test_canaries_all_included_or_all_excluded_are_refused_in_one_line(tmp_path)
     and the fix (mutant: the check removed from audit canaries passed the fast tier)."""
     for bits, n_in in ((np.ones(8, bool), 8), (np.zeros(8, bool), 0)):
         d = simulate(2, tmp_path / f"c{n_in}", count=8, included=bits)
-        with pytest.raises(InputError, match=rf"{n_in} of 8 canaries are included: .*use another seed"):
+        # fair coins give all or none with probability 2^(1 - 8) (mutant: 2^-8, half of it, was not seen)
+        with pytest.raises(InputError, match=rf"{n_in} of 8 canaries are included: .*probability 0\.0078\).*seed"):
             audit_canaries(d, claimed_epsilon=1.0, delta=DELTA)
+    # 3 canaries with bits given (GradientCanaries refuses fewer than 4 only when it draws them): named with the
+    # audit's minimum, not audit_scores' "holdout guess-count selection needs at least 4" (mutant: checked < 2)
+    d = simulate(2, tmp_path / "c3", count=3, included=np.array([True, False, True]))
+    with pytest.raises(InputError, match=r"c3: 3 gradient canaries: the one-run audit needs at least 4 "):
+        audit_canaries(d, claimed_epsilon=1.0, delta=DELTA)
 
 
 def test_canaries_reveal_a_model_that_is_not_private(tmp_path):

@@ -102,6 +102,10 @@ def test_one_run_a_side_is_refused_before_any_training(digits, monkeypatch):
     monkeypatch.setattr(wt, "_train_one", lambda job: pytest.fail("trained before refusing runs=1"))
     with pytest.raises(InputError, match="at least 2 runs with the canary and 2 without"):
         audit_training(ds, spec, config, runs=1, train_size=100, allow_inconclusive=True)
+    # a method audit train does not run (one-run is `audit checkpoint`'s) is named as such, before the run count
+    # is read from it (mutant: the method check dropped said "needs at least 4 runs with the canary")
+    with pytest.raises(InputError, match=r"^unknown method 'one-run'; valid: clopper-pearson, gdp$"):
+        audit_training(ds, spec, config, runs=2, method="one-run", train_size=100, allow_inconclusive=True)
 
 
 # ---- refusing a design that cannot refute the claim --------------------------------------------------
@@ -174,6 +178,11 @@ def test_train_with_canaries_refuses_an_inconclusive_design_exit_2(tmp_path):
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
     assert "--whitebox-canaries 20: this audit cannot refute" in r.output and "--allow-inconclusive" in r.output
     assert not (tmp_path / "a").exists()
+
+    # 4, the design's minimum, passes the check (mutant: `<=` refused it; checked without training)
+    from dpaudit.workflows.runs import _check_canary_counts
+
+    _check_canary_counts(canaries=4, whitebox_canaries=4)
     r = runner.invoke(app, [*args, "--canary-kind", "crafted", "--allow-inconclusive", "--out", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "b" / "checkpoint.json").read_text())
@@ -319,6 +328,30 @@ def test_audit_train_fail_on_violation_with_an_inconclusive_design_exits_2():
     # pass (exit 0) where `audit scores` and `audit checkpoint` exit 2 (a gate that could not fail).
     r = runner.invoke(app, [*AUDIT, "--runs", "2", "--epsilon", "2", "--allow-inconclusive", "--fail-on-violation"])
     assert r.exit_code == 2 and "verdict inconclusive" in r.output, r.output
+
+
+def test_audit_train_gate_with_one_inconclusive_bound_beside_a_consistent_one_passes(monkeypatch):
+    """`audit train --fail-on-violation` exits 2 only when EVERY formal bound is inconclusive (the gate could not
+    fail); one inconclusive bound beside one that could have refuted the claim and did not is a gate that could
+    fail and passed: exit 0 (mutant: ``any`` for ``all`` exited 2). The workflow is replaced by its result (the
+    gate's wiring is what is tested; a real two-bound audit trains models)."""
+    from types import SimpleNamespace
+
+    import dpaudit.workflows.runs as runs
+    from dpaudit.audit import audit_scores
+
+    member = np.r_[np.ones(20, bool), np.zeros(20, bool)]
+    scores = np.random.default_rng(0).normal(size=40) + 2.0 * member
+    ok, weak = (audit_scores(scores, member, claimed_epsilon=c, design="multi-run") for c in (0.5, 1.0))
+    assert (ok.verdict, weak.verdict) == ("consistent", "inconclusive") and ok.formal and weak.formal
+    for audits, code in (([ok, weak], 0), ([weak, weak], 2)):
+        result = SimpleNamespace(
+            audits=[SimpleNamespace(result=r) for r in audits], audit=SimpleNamespace(description="runs"),
+            result=audits[0], to_dict=lambda: {},
+        )  # fmt: skip
+        monkeypatch.setattr(runs, "audit_training_from_options", lambda result=result, **kw: result)
+        r = runner.invoke(app, ["audit", "train", "--fail-on-violation"])
+        assert r.exit_code == code, r.output
 
 
 @pytest.mark.slow  # 4 trainings, about 5 s here

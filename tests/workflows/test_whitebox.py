@@ -90,3 +90,30 @@ def test_cli_white_box_steps_gate_fails_when_its_formal_test_is_inconclusive(mon
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "verdict inconclusive" in r.output, r.output
     assert CliRunner().invoke(app, args[:-1]).exit_code == 0
+
+
+def test_cli_white_box_steps_gate_on_an_estimated_per_step_test_exits_2(monkeypatch):
+    """The per-step test (a) is an estimate when the T coins are no fair coins (the inclusion test rejects them);
+    (b) is always an estimate. `--fail-on-violation` then has no formal test and could never exit 1: exit 2
+    naming it, not 0 (mutant: (a) taken as formal whatever it is, passed the fast tier)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from typer.testing import CliRunner
+
+    import dpaudit.workflows.runs as runs
+    from dpaudit.audit import audit_scores
+    from dpaudit.cli.main import app
+
+    rng = np.random.default_rng(1)
+    kw = {"method": "one-run", "design": "canaries", "threshold_selection": "bonferroni"}
+    per_step = audit_scores(rng.random(1000), np.arange(1000) < 100, claimed_epsilon=1.0, **kw)
+    assert not per_step.formal and per_step.refutation is None
+    steps = SimpleNamespace(
+        per_step=per_step, verdicts=(per_step.verdict, "consistent"), to_dict=lambda: {}, summary=lambda: "(a) ..."
+    )
+    result = SimpleNamespace(record=SimpleNamespace(description="one run", result=per_step), steps=steps)
+    monkeypatch.setattr(runs, "audit_training_from_options", lambda **kw: result)
+    args = ["audit", "train", "--threat-model", "white-box-steps", "--fail-on-violation"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "every result here is an estimate" in r.output, r.output
