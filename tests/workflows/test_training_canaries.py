@@ -255,7 +255,7 @@ def test_the_canary_precheck_uses_the_level_audit_checkpoint_analyses_at(monkeyp
     with pytest.raises(InputError, match="f-DP analysis against the claim's own curve"):
         wt.require_refutable_canaries(config, 600, 16)
     with pytest.raises(InputError, match="f-DP analysis against the claim's own curve"):
-        wt.require_refutable_canaries(config, 600, 16, whitebox=True)
+        wt.require_refutable_canaries(config, 600, 16, sets=2)
     two, four = pytest.approx(1 - 0.05 / 2), pytest.approx(1 - 0.05 / 4)
     assert levels == [("(eps, delta)", two), ("f-DP", two), ("(eps, delta)", four), ("f-DP", four)]
     # A claim without its own curve (shuffled batches: replace-one) has one formal canary test, at the full level.
