@@ -432,6 +432,12 @@ class GradientCanaries:
         if set(names) != set(self.names_):
             missing = sorted(set(self.names_) - set(names))[:3]
             extra = sorted(set(names) - set(self.names_))[:3]
+            if missing and not extra:  # a tied weight: state_dict() names it twice, named_parameters() once
+                hint += (
+                    "; a weight shared by two modules (an embedding tied to the output layer) has one gradient, "
+                    "which named_parameters() lists once and state_dict() twice: build the canaries from "
+                    "{n: p.shape for n, p in model.named_parameters() if p.requires_grad}"
+                )
             raise InputError(
                 f"{what} do not match the canaries' parameters (missing {missing}, unexpected {extra}): "
                 f"canaries designed for another model?{hint}"

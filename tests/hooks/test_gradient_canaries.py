@@ -444,3 +444,28 @@ def test_a_run_whose_noisy_sums_went_nan_is_refused_naming_the_step(tmp_path):
     c.save(tmp_path / "c")
     with pytest.raises(InputError, match=r"at 2 of 4 steps hold NaN or inf \(the first at step 2\): training diverged"):
         load_observations(tmp_path / "c")
+
+
+def test_canaries_from_a_tied_models_state_dict_are_told_to_use_named_parameters():
+    # state_dict() lists a tied embedding/output weight under both names, named_parameters() (its gradients) once:
+    # the refusal said only "missing ['lm_head.weight']: canaries designed for another model?".
+    import torch
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(30, 8)
+            self.lm_head = torch.nn.Linear(8, 30, bias=False)
+            self.lm_head.weight = self.emb.weight
+
+    model = Tied()
+    shapes = {n: t.shape for n, t in model.state_dict().items()}
+    c = GradientCanaries(shapes, count=4, sample_rate=0.5, clip=1.0, seed=0)
+    grads = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    with pytest.raises(InputError, match=r"missing \['lm_head.weight'\], unexpected \[\]") as e:
+        c.inject(0, grads)
+    assert "named_parameters() lists once" in str(e.value) and "\n" not in str(e.value)
+    # built from named_parameters(), the same loop runs
+    c = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, count=4, sample_rate=0.5, clip=1.0, seed=0)
+    c.observe(0, c.inject(0, grads))
+    assert c.steps_ == 1
