@@ -103,11 +103,43 @@ class TrainConfig:
         # Derived seeds arrive here (PATE's teachers, audit runs): see MAX_DERIVED_SEED.
         object.__setattr__(self, "seed", check_seed(limit=MAX_DERIVED_SEED, seed=self.seed))
 
+    @property
+    def sampling(self) -> str:
+        """How batches are drawn: the DP config's sampling; non-private trainers walk shuffled permutations."""
+        return "shuffle" if self.dp is None else self.dp.sampling
+
     def num_steps(self, n_train: int) -> int:
-        """Number of (logical) optimisation steps: ``steps`` or ceil(epochs * N / B)."""
+        """Number of (logical) optimisation steps: ``steps``, or ``epochs`` passes over the N records.
+
+        Shuffled batches (non-private trainers, ``--sampling shuffle``): each pass is one permutation cut into
+        ⌈N/B⌉ batches, the last one shorter when B does not divide N (PyTorch's ``DataLoader(drop_last=False)``,
+        Keras' ``fit``), so E epochs are E·⌈N/B⌉ steps. Poisson sampling at q = B/N: ⌈E·N/B⌉ steps, E expected
+        passes (TF Privacy's ``compute_dp_sgd_privacy`` convention). Opacus' E·⌈N/B⌉ steps at q = 1/⌈N/B⌉ is
+        also E expected passes; dpaudit's q is B/N, so E passes need E·N/B of its steps. Both agree when B | N.
+        """
         if self.steps is not None:
             return self.steps
+        if self.sampling == "shuffle":
+            return self.epochs * -(-n_train // self.batch_size)
         return -(-self.epochs * n_train // self.batch_size)
+
+    def epoch_ended(self, steps_done: int, n_train: int, total_steps: int) -> int | None:
+        """The epoch number of the training history's entry after ``steps_done`` of ``total_steps`` steps on
+        ``n_train`` records; None when no entry is due there (one at each epoch's end and one after the last step).
+
+        An epoch is ⌈N/B⌉ shuffled steps, or N/B Poisson steps (one expected pass at q = B/N; epoch e ends at
+        step ⌈e·N/B⌉), as :meth:`num_steps` counts them. After the last step, when it ends no epoch (``--steps``),
+        the entry numbers the epoch it ran in (⌈·⌉)."""
+        B, N, s = self.batch_size, n_train, steps_done
+        if self.sampling == "shuffle":
+            per_epoch = -(-N // B)
+            if s % per_epoch == 0:
+                return s // per_epoch
+            return -(-s // per_epoch) if s == total_steps else None
+        done = s * B // N  # expected passes completed after s steps, ⌊s·B/N⌋
+        if done > (s - 1) * B // N:
+            return done
+        return -(-s * B // N) if s == total_steps else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -500,9 +500,9 @@ class DPTrainer(Trainer):
                     pad=None if dp.sampling == "poisson" else False,  # shuffled batches: <= 2 sizes already
                 )
                 opt.step()
-                if (step + 1) % setting.steps_per_epoch == 0 or step == setting.steps - 1:
+                if (epoch := config.epoch_ended(step + 1, n, setting.steps)) is not None:
                     # No losses or batch sizes of the private data here: the claim does not cover them.
-                    history.append({"epoch": -(-(step + 1) // setting.steps_per_epoch), "steps": step + 1})
+                    history.append({"epoch": epoch, "steps": step + 1})
                 advance(1)
         model.eval()
         if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)

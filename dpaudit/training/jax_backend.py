@@ -744,8 +744,8 @@ class JaxTrainer(Trainer):
                 for t in range(steps):
                     batch = sample().numpy()
                     params, state = program.run_step(params, state, Xj, yj, batch, pad, t, config.batch_size)
-                    if (t + 1) % setting.steps_per_epoch == 0 or t == steps - 1:
-                        history.append({"epoch": -(-(t + 1) // setting.steps_per_epoch), "steps": t + 1})
+                    if (epoch := config.epoch_ended(t + 1, n, steps)) is not None:
+                        history.append({"epoch": epoch, "steps": t + 1})
                     advance(1)
             else:
                 t = 0

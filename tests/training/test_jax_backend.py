@@ -253,6 +253,8 @@ def test_training_matches_torch_trainer(kind, algo):
     for (n, a), b in zip(model_t.named_parameters(), model_j.parameters(), strict=True):
         np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=n)
     assert jax_out.privacy == torch_out.privacy  # the same claim, from the same code
+    if dp is not None:  # the same epochs in the history (TrainConfig.epoch_ended)
+        assert jax_out.history == torch_out.history
     assert model_j.training is False
 
 
