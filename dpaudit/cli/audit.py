@@ -567,11 +567,14 @@ def train_cmd(ctx: typer.Context, **o) -> None:
             f"source: {record.description}\n{describe(record.result)}\n{result.steps.summary()}",
             json_flag=json_output,
         )
-        # (a), the per-step test, is the formal one: inconclusive, the gate could not fail (exit 2, as below)
+        # (a), the per-step test, is the formal one: inconclusive, the gate could not fail (exit 2, as below); an
+        # estimate (coins the inclusion test rejects): the formal design is this command's multi-run one
         per_step = result.steps.per_step
         return _exit_code(
             result.steps.verdicts, **exits, cannot_refute=per_step.verdict in CANNOT_REFUTE,
             formal=tests_formally(per_step),
+            formal_advice="use the multi-run design (--threat-model white-box or black-box: a formal bound on the "
+            "independent runs)",
         )  # fmt: skip
     emit(result.to_dict(), f"source: {result.audit.description}\n" + describe(result.result), json_flag=json_output)
     audits = [a.result for a in result.audits or (result.audit,)]

@@ -205,3 +205,35 @@ def test_each_trained_reference_model_hands_its_freed_heap_back(recipe, tiny_run
 
     if sys.platform.startswith("linux") and ctypes.util.find_library("c") == "libc.so.6":
         assert ref.release_freed_heap() is True
+
+
+def test_release_freed_heap_calls_malloc_trim_0_and_is_false_without_it(monkeypatch):
+    """release_freed_heap is glibc's ``malloc_trim(0)`` (0: keep no padding at the top of the heap), and False where
+    the C library has no malloc_trim (musl, macOS) or none is found (mutant: the call itself dropped, still True,
+    passed every fast test: only the return value was read). A stand-in C library records the call."""
+    import ctypes
+    import ctypes.util
+
+    import attacks.reference as ref
+
+    calls = []
+
+    class Trim:
+        def __call__(self, pad):
+            calls.append(pad)
+            return 1
+
+    class Glibc:
+        malloc_trim = Trim()
+
+    class Musl:
+        pass
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libc.so.6")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Glibc())
+    assert ref.release_freed_heap() is True and calls == [0]
+    assert Glibc.malloc_trim.argtypes == [ctypes.c_size_t] and Glibc.malloc_trim.restype is ctypes.c_int
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Musl())
+    assert ref.release_freed_heap() is False and calls == [0]
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert ref.release_freed_heap() is False

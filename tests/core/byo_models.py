@@ -254,11 +254,12 @@ def train_batch_centred(d: int, n_classes: int) -> nn.Module:
 class PadMaskedPooling(nn.Module):
     """Attention pooling over positions with padding id 0 masked out (``masked_fill(-inf)`` then a softmax, as
     most hand-written attention does): an all-padding record gives NaN logits. ``extra``: ``"random"`` keeps a
-    random projection as a plain attribute (outside the state dict), ``"centred"`` centres on the batch mean."""
+    random projection as a plain attribute (outside the state dict), ``"centred"`` centres on the batch mean.
+    ``pad``: the id masked (0 for BERT's tokenizer; 2 or 3 where a vocabulary puts its padding there)."""
 
-    def __init__(self, vocab: int, n_classes: int, extra: str, d: int = 8) -> None:
+    def __init__(self, vocab: int, n_classes: int, extra: str, d: int = 8, pad: int = 0) -> None:
         super().__init__()
-        self.extra = extra
+        self.extra, self.pad = extra, pad
         self.emb = nn.Embedding(vocab, d)
         self.score = nn.Linear(d, 1)
         self.proj = torch.randn(d, d) if extra == "random" else None
@@ -266,11 +267,11 @@ class PadMaskedPooling(nn.Module):
 
     def forward(self, tok):
         h = self.emb(tok)
-        weights = self.score(h).squeeze(-1).masked_fill(tok == 0, float("-inf")).softmax(-1)
+        weights = self.score(h).squeeze(-1).masked_fill(tok == self.pad, float("-inf")).softmax(-1)
         z = (weights.unsqueeze(-1) * h).sum(1)
         z = z @ self.proj if self.extra == "random" else z - z.mean(0, keepdim=True)
         return self.head(z)
 
 
-def pad_masked(vocab: int, n_classes: int, extra: str) -> nn.Module:
-    return PadMaskedPooling(vocab, n_classes, extra)
+def pad_masked(vocab: int, n_classes: int, extra: str, pad: int = 0) -> nn.Module:
+    return PadMaskedPooling(vocab, n_classes, extra, pad=pad)

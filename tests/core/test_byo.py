@@ -194,21 +194,26 @@ def test_bad_factories_are_one_line(npz, tmp_path, factory, message):
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("extra", "pad", "vocab", "message"),
     [
-        ("random", "built twice and loaded with the same state dict, the model"),
-        ("centred", "a record's logits depend on the other records of its batch"),
+        ("random", 0, 20, "built twice and loaded with the same state dict, the model"),
+        ("centred", 0, 20, "a record's logits depend on the other records of its batch"),
+        ("random", 3, 20, "built twice and loaded with the same state dict, the model"),
+        ("random", 0, 3, "built twice and loaded with the same state dict, the model"),
     ],
 )
-def test_build_checks_do_not_skip_a_token_model_that_masks_padding(tmp_path, extra, message):
+def test_build_checks_do_not_skip_a_token_model_that_masks_padding(tmp_path, extra, pad, vocab, message):
     """A token model masking padding id 0 in a softmax gives NaN logits on an all-0 record; the build checks
     probed all-0 and all-1 records and NaN != NaN made both skip themselves: a random tensor outside the state
-    dict and a batch mean were accepted, and every later command measured another model than the one trained."""
+    dict and a batch mean were accepted, and every later command measured another model than the one trained.
+    Padding id 3 makes one of the first two probe records (ids 2 and 3) NaN and the other finite: every logit must
+    be finite, not one (mutant: ``isfinite(out).any()`` kept that pair and the random tensor passed again). A
+    vocabulary of 3 has no id 3: the next records are tried (mutant: the failing pair kept, the checks skipped)."""
     from dpaudit.models import read_model_spec
 
     spec = {"kind": "python", "factory": "tests.core.byo_models:pad_masked", "input_shape": [6], "n_classes": 2}
     path = tmp_path / "spec.json"
-    path.write_text(json.dumps({**spec, "kwargs": {"vocab": 20, "n_classes": 2, "extra": extra}}))
+    path.write_text(json.dumps({**spec, "kwargs": {"vocab": vocab, "n_classes": 2, "extra": extra, "pad": pad}}))
     with pytest.raises(InputError, match=message):
         read_model_spec(path, tokens=True)
 
@@ -237,6 +242,18 @@ def test_a_next_token_head_over_the_vocabulary_is_told_how_to_fit_the_renumbered
     np.savez(tmp_path / "ids.npz", X=X, y=y // 10)  # labels 0..2 already: the count alone is the message
     r = invoke("train", "--data", tmp_path / "ids.npz", "--model-spec", spec, "--out", tmp_path / "run")
     assert "the data has [6] and 3" in one_error(r) and "renumbered" not in r.stderr
+
+
+def test_the_next_token_hint_is_only_for_labels_a_head_over_its_outputs_can_index(tmp_path):
+    """The hint "a head over all N ids does not fit them: return logits[:, ids]" is true only when every label is an
+    id such a head has, 0 .. N - 1: a label N or a negative one cannot be indexed, and labels 0 .. K-1 already fit
+    (mutants: ``c[-1] > N`` and the ``c[0] < 0`` check dropped gave the hint for labels 2, 5, 10 and -1, 2, 5 against
+    10 outputs)."""
+    for labels, hinted in (([2, 5, 9], True), ([2.0, 5.0, 9.0], True), ([2, 5, 10], False), ([-1, 2, 5], False),
+                           ([0, 1, 2], False), (["a", "b", "c"], False)):  # fmt: skip
+        np.savez(tmp_path / "d.npz", X=np.zeros((6, 4), np.float32), y=np.array(labels * 2))
+        hint = load_dataset(str(tmp_path / "d.npz")).outputs_hint(10)
+        assert hint.startswith("; the labels are 3 distinct ids from 2 to 9") if hinted else hint == "", labels
 
 
 @pytest.mark.parametrize("algo", ["outpert", "dpagd"])

@@ -24,7 +24,7 @@ from scipy.stats import binom
 
 from dpaudit.checkpoint import CHECKPOINT_FILE, load_run, load_state_into
 from dpaudit.data import load_dataset
-from dpaudit.errors import CheckpointError, DataError
+from dpaudit.errors import CheckpointError, DataError, InputError
 from tests.core import byo_models
 from tests.core.cli_errors import invoke, one_error
 
@@ -175,6 +175,32 @@ def test_report_refuses_a_family_token_runs_cannot_take_before_any_attack(
     line = one_error(invoke("report", transformer_run, *args, "--out", tmp_path / "r"))
     assert why in line and str(transformer_run) in line
     assert not (tmp_path / "r").exists()
+
+
+def test_a_family_a_later_token_run_refuses_fails_before_the_earlier_runs_attacks(
+    transformer_run, tmp_path, monkeypatch
+):
+    """`report TABULAR TOKENS --inversion` refuses before attacking the tabular run (it spent its membership attacks,
+    minutes with LiRA, then stopped on the token run), and the library's audit_checkpoint refuses a family a token
+    run cannot take before its own membership attacks (mutants: either check dropped, each passed the other's test:
+    a single token run is refused by both)."""
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+    from dpaudit.workflows import audit_checkpoint
+
+    ds = load_dataset("synthetic:n=200,d=4,classes=2,seed=0")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=32, seed=0), out=tmp_path / "tab")
+
+    def no_attack(*a, **k):
+        raise AssertionError("membership attacks ran before the refusal")
+
+    monkeypatch.setattr("attacks.mia.run_mia", no_attack)
+    line = one_error(invoke("report", tmp_path / "tab", transformer_run, "--inversion", "--out", tmp_path / "r"))
+    assert "token ids are discrete" in line and str(transformer_run) in line and not (tmp_path / "r").exists()
+    with pytest.raises(InputError, match="token ids are discrete"):
+        audit_checkpoint(transformer_run, attacks=("loss",), families={"inversion": {}})
 
 
 def test_cloak_refuses_a_token_run(transformer_run, tmp_path):

@@ -176,6 +176,29 @@ def test_clipbkd_canaries_are_the_least_variance_directions_without_an_n_by_d_co
         assert peak < train.nbytes  # the old way held the members, Z, Zc and the SVD's U (4 x train.nbytes) at once
 
 
+@pytest.mark.parametrize("n", [3000, 60])
+def test_more_clipbkd_canaries_than_directions_cycle_through_them(tmp_path, n):
+    """ClipBKD has min(n, d) directions (the SVD's right singular vectors of the n x d members, or the d x d scatter
+    matrix's eigenvectors): canary j takes direction j mod min(n, d), so with more canaries than that the directions
+    repeat (up to ClipBKD's random sign) and the first min(n, d) are orthonormal. 21 members (n = 60) or 48 features
+    (n = 3000) against 25 and 50 canaries (mutants: the count of directions max(n, d), or all m asked of eigh,
+    passed every fast test: only m <= min(n, d) was tested; they raised IndexError and 'subset_by_index' errors)."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(n, 48)) * np.linspace(1.0, 20.0, 48) + 40.0
+    np.savez(tmp_path / "x.npz", X=X.astype(np.float32), y=np.arange(n) % 3)
+    ds = load_dataset(str(tmp_path / "x.npz"))
+    splits = make_splits(len(ds), 0)
+    rank = min(len(splits.members), 48)
+    m = rank + 2
+    c = make_canaries(ds, splits, m=m, kind="clipbkd", seed=1)
+    train = ds.X[splits.members].astype(np.float64)
+    mean, std = train.mean(0), train.std(0)
+    dirs = (c.X.astype(np.float64) - mean) / std
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    np.testing.assert_allclose(dirs[:rank] @ dirs[:rank].T, np.eye(rank), atol=1e-4)  # float32 records
+    np.testing.assert_allclose(np.abs(np.sum(dirs[rank:] * dirs[: m - rank], axis=1)), 1.0, atol=1e-4)
+
+
 def test_clipbkd_canaries_sit_at_the_members_median_norm_in_the_members_standardisation(digits):
     """ClipBKD (Jagielski et al. 2020) standardises the members and puts each canary along a least-variance
     principal direction at the members' median norm. Oracle: numpy's mean and std of the members (1 where a pixel

@@ -553,3 +553,25 @@ def test_import_evaluates_each_record_once_with_a_progress_stage(foreign, tmp_pa
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("dpaudit: evaluate the model")]
     assert re.fullmatch(rf"dpaudit: evaluate the model: \d+/{n} after \d+ s, about \d+ s left", lines[0]), r.stderr
     assert re.fullmatch(r"dpaudit: evaluate the model: done in \d+\.\d s", lines[-1]), r.stderr
+
+
+def test_metrics_name_each_split_by_its_own_logits_and_an_empty_split_none():
+    """The metrics of a run (train, import) come from one evaluation of the members, holdout and test: each split's
+    accuracy and loss are its own, those of evaluate() on it, and an empty split's are None (mutants: holdout and
+    test swapped in the metrics' table, or an empty split left out of the logits (KeyError), passed the fast tier:
+    no test read the metrics' values or had an empty split)."""
+    from dpaudit.data import load_dataset, make_splits
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import evaluate, fit_model, metrics_for
+
+    ds = load_dataset("synthetic:n=300,d=4,classes=3,seed=2,sep=0.3")
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=ds.n_classes)
+    for fractions in ((0.4, 0.2, 0.1, 0.3), (0.5, 0.3, 0.2, 0.0)):
+        splits = make_splits(len(ds), 0, fractions)
+        fitted = fit_model(ds, splits.members, spec, TrainConfig(epochs=2, batch_size=32, seed=0))
+        got = metrics_for(fitted, ds, splits)
+        for label, idx in (("train", splits.members), ("holdout", splits.holdout), ("test", splits.test)):
+            want = evaluate(fitted, ds, idx)
+            assert (got[f"{label}_accuracy"], got[f"{label}_loss"]) == (want["accuracy"], want["loss"]), label
+        assert (got["test_loss"] is None) == (fractions[3] == 0)

@@ -201,6 +201,43 @@ def test_train_with_canaries_refuses_an_inconclusive_design_exit_2(tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_train_checks_each_canary_set_with_its_own_count_and_the_runs_sets(monkeypatch, tmp_path):
+    """`train --canaries M1 --whitebox-canaries M2` checks each design before training, with its own count, for the
+    members plus the included black-box canaries (the claim's n), at the level of 2 formal canary sets; one set
+    alone at that of 1 (mutants: ``sets = 1`` whatever was given, the included canaries left out of n, M1 checked
+    for the white-box set, passed the fast tier: the function was tested alone, its call never). The check is
+    recorded and refuses (the white-box one), so nothing trains."""
+    import dpaudit.canaries as canaries_module
+    from dpaudit.workflows import training as wt
+
+    calls, made = [], []
+    make = canaries_module.make_canaries
+    monkeypatch.setattr(canaries_module, "make_canaries", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+
+    def recorded(config, n_train, m, *, sets=1):
+        calls.append((n_train, m, sets))
+        if (m, sets) != (30, 2):  # the black-box check of two sets passes, so the white-box one is reached
+            raise InputError("recorded")
+
+    monkeypatch.setattr(wt, "require_refutable_canaries", recorded)
+    base = ["--quiet", "train", "--model", "logreg", "--algo", "dpsgd", "--epsilon", "8", "--epochs", "1"]
+    members = len(make_splits(len(load_dataset("digits")), 0).members)
+    for extra, want in (
+        (
+            ["--canaries", "30", "--whitebox-canaries", "40"],
+            lambda inc: [(members + inc, 30, 2), (members + inc, 40, 2)],
+        ),
+        (["--whitebox-canaries", "40"], lambda inc: [(members, 40, 1)]),
+        (["--canaries", "30"], lambda inc: [(members + inc, 30, 1)]),
+    ):
+        calls.clear(), made.clear()
+        r = runner.invoke(app, [*base, "--data", "digits", *extra, "--out", str(tmp_path / "r")])
+        assert r.exit_code == 2 and "recorded" in r.output and not (tmp_path / "r").exists(), r.output
+        inc = int(made[0].included.sum()) if made else 0
+        assert 0 < inc < 30 or not made
+        assert calls == want(inc), extra
+
+
 def test_what_the_f_dp_analysis_certifies_is_printed_rounded_up(monkeypatch):
     """The refusal names the most the one-run f-DP analysis certifies with these canaries: an upper bound, so it is
     printed rounded up (a mutant printing it rounded down survived). The (ε, δ) analysis's own refusal is stubbed
@@ -265,6 +302,22 @@ def test_the_canary_precheck_uses_the_level_audit_checkpoint_analyses_at(monkeyp
     with pytest.raises(InputError, match="this audit cannot refute"):
         wt.require_refutable_canaries(shuffled, 600, 16)
     assert levels == [("(eps, delta)", pytest.approx(0.95))]
+
+
+def test_canary_confidence_is_bonferroni_over_every_formal_test_of_the_model():
+    """Each formal canary set gets the (ε, δ) analysis and, with the claim's own curve, the f-DP one; ``others`` (the
+    ICL family's canary audit) join them: each runs at 1 − α/n, and with no formal test at all at the full level
+    (mutants: ``others`` dropped, so an ICL audit beside a canary set ran at α/2 each while three tests shared α, or
+    the floor of one raised, passed the fast tier: the ICL test's run has no canary set)."""
+    from dpaudit.workflows.checkpoint import canary_confidence
+
+    curve = object()  # only whether the claim has a curve is read
+    cases = [((None, 0), 0.95), ((None, 1), 0.95), ((curve, 1), 1 - 0.05 / 2), ((curve, 2), 1 - 0.05 / 4),
+             ((None, 2), 1 - 0.05 / 2)]  # fmt: skip
+    for (c, sets), want in cases:
+        assert canary_confidence(0.95, c, sets) == pytest.approx(want, rel=1e-15)
+    assert canary_confidence(0.9, None, 0, others=1) == pytest.approx(0.9, rel=1e-15)  # the ICL audit alone
+    assert canary_confidence(0.9, curve, 1, others=1) == pytest.approx(1 - 0.1 / 3, rel=1e-15)
 
 
 # ---- crafted canaries bite -----------------------------------------------------------------------------

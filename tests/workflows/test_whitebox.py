@@ -117,3 +117,14 @@ def test_cli_white_box_steps_gate_on_an_estimated_per_step_test_exits_2(monkeypa
     args = ["audit", "train", "--threat-model", "white-box-steps", "--fail-on-violation"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "every result here is an estimate" in r.output, r.output
+    # the formal design named is this command's multi-run one, not "`dpaudit audit train`" (the command it is)
+    assert "--threat-model white-box or black-box" in r.output and "`dpaudit audit train`" not in r.output, r.output
+    # the multi-run design's own estimate (--method gdp) names the formal method (mutant: the advice not passed)
+    multi = SimpleNamespace(
+        audits=[SimpleNamespace(result=per_step)], audit=SimpleNamespace(description="runs"), result=per_step,
+        to_dict=lambda: {},
+    )  # fmt: skip
+    monkeypatch.setattr(runs, "audit_training_from_options", lambda **kw: multi)
+    r = CliRunner().invoke(app, ["audit", "train", "--fail-on-violation"])
+    assert r.exit_code == 2 and "use --method clopper-pearson" in r.output, r.output
+    assert "`dpaudit audit train`" not in r.output, r.output
