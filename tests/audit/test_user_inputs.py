@@ -234,12 +234,10 @@ def test_fail_on_violation_fails_an_inconclusive_canary_audit(tmp_path):
     assert runner.invoke(app, args).exit_code == 0
 
 
-def test_a_model_cannot_refute_only_when_every_formal_test_is_inconclusive():
-    """``ModelAudit.cannot_refute`` (what `audit checkpoint --fail-on-violation` fails on): every formal test
-    inconclusive; an estimate beside it changes nothing; one formal test that could refute clears it."""
-    from pathlib import Path
-
-    from dpaudit.workflows.result import AuditRecord, ModelAudit
+def _weak_and_strong_canary_records():
+    """Null scores of 400 canaries, their membership, and two formal one-run records of them: against ε = 50
+    ("inconclusive": no design of 400 canaries refutes it) and against ε = 1 ("consistent")."""
+    from dpaudit.workflows.result import AuditRecord
 
     rng = np.random.default_rng(0)
     member = rng.random(400) < 0.5
@@ -247,6 +245,17 @@ def test_a_model_cannot_refute_only_when_every_formal_test_is_inconclusive():
     formal = {"method": "one-run", "design": "canaries"}
     weak = AuditRecord("canaries", "weak", audit_scores(scores, member, claimed_epsilon=50.0, **formal))
     strong = AuditRecord("canaries", "strong", audit_scores(scores, member, claimed_epsilon=1.0, **formal))
+    return scores, member, weak, strong
+
+
+def test_a_model_cannot_refute_only_when_every_formal_test_is_inconclusive():
+    """``ModelAudit.cannot_refute`` (what `audit checkpoint --fail-on-violation` fails on): every formal test
+    inconclusive; an estimate beside it changes nothing; one formal test that could refute clears it."""
+    from pathlib import Path
+
+    from dpaudit.workflows.result import AuditRecord, ModelAudit
+
+    scores, member, weak, strong = _weak_and_strong_canary_records()
     estimate = AuditRecord("loss", "estimate", audit_scores(scores, member, claimed_epsilon=50.0))
     assert weak.result.verdict == "inconclusive" and strong.result.verdict == "consistent"
 
@@ -263,14 +272,9 @@ def test_audit_checkpoint_gate_fails_when_every_formal_test_is_inconclusive(monk
     gate, so a run whose canaries cannot refute the claim passed, exit 0). The workflow is replaced by its result:
     the gate's wiring is what is tested."""
     import dpaudit.workflows as workflows
-    from dpaudit.workflows.result import AuditRecord, ModelAudit
+    from dpaudit.workflows.result import ModelAudit
 
-    rng = np.random.default_rng(0)
-    member = rng.random(400) < 0.5
-    scores = rng.normal(size=400)
-    formal = {"method": "one-run", "design": "canaries"}
-    weak = AuditRecord("canaries", "weak", audit_scores(scores, member, claimed_epsilon=50.0, **formal))
-    strong = AuditRecord("canaries", "strong", audit_scores(scores, member, claimed_epsilon=1.0, **formal))
+    *_, weak, strong = _weak_and_strong_canary_records()
     for records, code in (((weak,), 2), ((weak, strong), 0)):
         audit = ModelAudit(tmp_path, "m", {}, audits=records)
         monkeypatch.setattr(workflows, "audit_checkpoint", lambda *a, audit=audit, **k: audit)

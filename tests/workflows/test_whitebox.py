@@ -64,30 +64,41 @@ def test_cli_audit_train_white_box_steps():
     assert r.exit_code == 2 and "own DP-SGD trainer" in r.output, r.output
 
 
+def _white_box_steps_cli(monkeypatch, per_step, args):
+    """`dpaudit audit train ARGS` with the workflow replaced by a white-box-steps result whose per-step test is
+    ``per_step`` (the gate's wiring is what the callers test)."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import dpaudit.workflows.runs as runs
+    from dpaudit.cli.main import app
+
+    steps = SimpleNamespace(
+        per_step=per_step, verdicts=(per_step.verdict, "consistent"), to_dict=lambda: {}, summary=lambda: "(a) ..."
+    )
+    result = SimpleNamespace(record=SimpleNamespace(description="one run", result=per_step), steps=steps)
+    monkeypatch.setattr(runs, "audit_training_from_options", lambda **kw: result)
+    return CliRunner().invoke(app, args)
+
+
 def test_cli_white_box_steps_gate_fails_when_its_formal_test_is_inconclusive(monkeypatch):
     """`audit train --threat-model white-box-steps --fail-on-violation` read the two verdicts without asking
     whether the formal one (a, per step) could refute anything: an inconclusive per-step test and a consistent
     composed estimate exited 0, a gate that could never fail passing. Now exit 2, as the multi-run path does.
     (The workflow is replaced by its result: the wiring of the gate is what is tested.)"""
-    from types import SimpleNamespace
 
     import numpy as np
     from typer.testing import CliRunner
 
-    import dpaudit.workflows.runs as runs
     from dpaudit.audit import audit_scores
     from dpaudit.cli.main import app
 
     member = np.r_[np.ones(20, bool), np.zeros(20, bool)]
     per_step = audit_scores(np.r_[np.ones(20), np.zeros(20)], member, claimed_epsilon=50.0, design="multi-run")
     assert per_step.verdict == "inconclusive" and per_step.formal
-    steps = SimpleNamespace(
-        per_step=per_step, verdicts=(per_step.verdict, "consistent"), to_dict=lambda: {}, summary=lambda: "(a) ..."
-    )
-    result = SimpleNamespace(record=SimpleNamespace(description="one run", result=per_step), steps=steps)
-    monkeypatch.setattr(runs, "audit_training_from_options", lambda **kw: result)
     args = ["audit", "train", "--threat-model", "white-box-steps", "--fail-on-violation"]
-    r = CliRunner().invoke(app, args)
+    r = _white_box_steps_cli(monkeypatch, per_step, args)
     assert r.exit_code == 2 and "verdict inconclusive" in r.output, r.output
     assert CliRunner().invoke(app, args[:-1]).exit_code == 0
 
@@ -109,13 +120,8 @@ def test_cli_white_box_steps_gate_on_an_estimated_per_step_test_exits_2(monkeypa
     kw = {"method": "one-run", "design": "canaries", "threshold_selection": "bonferroni"}
     per_step = audit_scores(rng.random(1000), np.arange(1000) < 100, claimed_epsilon=1.0, **kw)
     assert not per_step.formal and per_step.refutation is None
-    steps = SimpleNamespace(
-        per_step=per_step, verdicts=(per_step.verdict, "consistent"), to_dict=lambda: {}, summary=lambda: "(a) ..."
-    )
-    result = SimpleNamespace(record=SimpleNamespace(description="one run", result=per_step), steps=steps)
-    monkeypatch.setattr(runs, "audit_training_from_options", lambda **kw: result)
     args = ["audit", "train", "--threat-model", "white-box-steps", "--fail-on-violation"]
-    r = CliRunner().invoke(app, args)
+    r = _white_box_steps_cli(monkeypatch, per_step, args)
     assert r.exit_code == 2 and "every result here is an estimate" in r.output, r.output
     # the formal design named is this command's multi-run one, not "`dpaudit audit train`" (the command it is)
     assert "--threat-model white-box or black-box" in r.output and "`dpaudit audit train`" not in r.output, r.output
