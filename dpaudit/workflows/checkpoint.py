@@ -285,11 +285,8 @@ def audit_checkpoint(
     note = relation_note(privacy.get("neighbouring"), "add_remove", algo if isinstance(algo, str) else None)
     note = note if canaries else None
     whitebox = run.whitebox_canaries()
-    # Multiplicity: every formal canary test (the (ε, δ) one-run audit and the f-DP one against the claim's curve,
-    # for each kind of canary) can refute the claim on its own, and the model's verdict is a refutation when any
-    # does, so α = 1 − confidence is split evenly between them (Bonferroni), as audit_canaries does: a mechanism
-    # that meets its claim gets a formal refutation with probability ≤ α. Estimates keep the full confidence.
-    # The ICL family's canary audit of a DP-ICL run at its claimed ε is one more (icl_audit_records).
+    # Multiplicity: α is split evenly between every formal canary test (Bonferroni, :func:`canary_confidence`; the
+    # ICL family's canary audit of a DP-ICL run at its claimed ε is one more). Estimates keep the full confidence.
     icl = "icl" in families and math.isfinite(float(privacy.get("epsilon", math.inf)))
     formal_sets = (bool(canaries) and note is None) + (whitebox is not None)
     canary_common = {**common, "confidence": canary_confidence(confidence, curve, formal_sets, others=icl)}

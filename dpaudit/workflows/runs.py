@@ -213,11 +213,11 @@ def train_from_options(
             model or "mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
             hidden=parse_ints(hidden, "--hidden"), activation=activation,
         )  # fmt: skip
+    splits = make_splits(len(ds), split_seed, fractions)
     if not batch_given and algo not in CONVEX_ALGOS:
-        config = _fit_default_batch(config, len(make_splits(len(ds), split_seed, fractions).members), notify)
+        config = _fit_default_batch(config, len(splits.members), notify)
     notify(f"training {spec.kind} on {ds.name} ({len(ds)} records) with {algo} …")
-    canary_set, splits = None, make_splits(len(ds), split_seed, fractions)
-    n_train = len(splits.members)
+    canary_set, n_train = None, len(splits.members)
     if canaries is not None:
         from dpaudit.canaries import make_canaries
 
