@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 from dpaudit.errors import InputError
@@ -113,22 +114,32 @@ class TrainConfig:
 
         Shuffled batches (non-private trainers, ``--sampling shuffle``): each pass is one permutation cut into
         ⌈N/B⌉ batches, the last one shorter when B does not divide N (PyTorch's ``DataLoader(drop_last=False)``,
-        Keras' ``fit``), so E epochs are E·⌈N/B⌉ steps. Poisson sampling at q = B/N: ⌈E·N/B⌉ steps, E expected
-        passes (TF Privacy's ``compute_dp_sgd_privacy`` convention). Opacus' E·⌈N/B⌉ steps at q = 1/⌈N/B⌉ is
-        also E expected passes; dpaudit's q is B/N, so E passes need E·N/B of its steps. Both agree when B | N.
+        Keras' ``fit``), so E epochs are E·⌈N/B⌉ steps. Poisson sampling at rate q: ⌈E/q⌉ steps, E expected
+        passes (TF Privacy's ``compute_dp_sgd_privacy`` convention); q = B/N unless ``dp.sample_rate`` fixes it,
+        so ⌈E·N/B⌉ by default. Opacus' E·⌈N/B⌉ steps at q = 1/⌈N/B⌉ is also E expected passes; dpaudit's q is
+        B/N, so E passes need E·N/B of its steps. Both agree when B | N.
         """
         if self.steps is not None:
             return self.steps
         if self.sampling == "shuffle":
             return self.epochs * -(-n_train // self.batch_size)
-        return -(-self.epochs * n_train // self.batch_size)
+        return math.ceil(self.epochs / self._poisson_rate(n_train))
+
+    def _poisson_rate(self, n_train: int) -> Fraction:
+        """The Poisson rate q (expected passes per step) as an exact fraction: B/N, or the fixed
+        ``dp.sample_rate`` read as the simplest fraction within 1e-12 of it (a rate typed as 0.01 or
+        computed as 64/192 is meant as 1/100 or 1/3, not as its binary float, which would add a step)."""
+        rate = None if self.dp is None else self.dp.sample_rate
+        if rate is None:
+            return Fraction(self.batch_size, n_train)
+        return Fraction(rate).limit_denominator(10**12)
 
     def epoch_ended(self, steps_done: int, n_train: int, total_steps: int) -> int | None:
         """The epoch number of the training history's entry after ``steps_done`` of ``total_steps`` steps on
         ``n_train`` records; None when no entry is due there (one at each epoch's end and one after the last step).
 
-        An epoch is ⌈N/B⌉ shuffled steps, or N/B Poisson steps (one expected pass at q = B/N; epoch e ends at
-        step ⌈e·N/B⌉), as :meth:`num_steps` counts them. After the last step, when it ends no epoch (``--steps``),
+        An epoch is ⌈N/B⌉ shuffled steps, or 1/q Poisson steps (one expected pass at rate q; epoch e ends at
+        step ⌈e/q⌉), as :meth:`num_steps` counts them. After the last step, when it ends no epoch (``--steps``),
         the entry numbers the epoch it ran in (⌈·⌉)."""
         B, N, s = self.batch_size, n_train, steps_done
         if self.sampling == "shuffle":
@@ -136,10 +147,11 @@ class TrainConfig:
             if s % per_epoch == 0:
                 return s // per_epoch
             return -(-s // per_epoch) if s == total_steps else None
-        done = s * B // N  # expected passes completed after s steps, ⌊s·B/N⌋
-        if done > (s - 1) * B // N:
+        q = self._poisson_rate(N)
+        done = math.floor(s * q)  # expected passes completed after s steps, ⌊s·q⌋
+        if done > math.floor((s - 1) * q):
             return done
-        return -(-s * B // N) if s == total_steps else None
+        return math.ceil(s * q) if s == total_steps else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

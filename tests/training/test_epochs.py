@@ -71,3 +71,18 @@ def test_nothing_changes_when_b_divides_n(sampling):
     assert steps == -(-7 * n // 8) == 42  # the former ceil(E·N/B)
     marks = [(s, config.epoch_ended(s, n, steps)) for s in range(1, steps + 1)]
     assert [m for m in marks if m[1] is not None] == [(6 * e, e) for e in range(1, 8)]  # the former labels
+
+
+def test_a_fixed_poisson_rate_counts_epochs_as_expected_passes_at_that_rate():
+    # The finding: DPConfig(sample_rate=q) counted an epoch as N/B steps whatever q was, so 10 epochs at
+    # q = 0.01 on 1000 records with B = 64 ran ⌈10·1000/64⌉ = 157 steps (1.57 expected passes), labelled epoch 10.
+    c = TrainConfig(algo="dpsgd", epochs=10, batch_size=64, dp=DPConfig(noise_multiplier=1.0, sample_rate=0.01))
+    assert c.num_steps(1000) == 1000  # 10 / q
+    ends = [(s, e) for s in range(1, 1001) if (e := c.epoch_ended(s, 1000, 1000)) is not None]
+    assert ends == [(100 * e, e) for e in range(1, 11)]
+    # a rate computed as B/N' (the multi-run audit's n_max) is read as that fraction, not as its binary float
+    third = TrainConfig(algo="dpsgd", epochs=3, batch_size=64, dp=DPConfig(noise_multiplier=1.0, sample_rate=64 / 192))
+    assert third.num_steps(191) == 9
+    assert [third.epoch_ended(s, 191, 9) for s in (3, 6, 9)] == [1, 2, 3]
+    # the default q = B/N is unchanged: ⌈E·N/B⌉
+    assert _dp("poisson", epochs=30, batch_size=64).num_steps(140) == 66
