@@ -179,6 +179,9 @@ class DesignPlan:
         target_epsilon: the claimed ε the audit must refute.
         method, threshold_selection, alternative, confidence, delta: the audit's design, as for
             ``audit_scores``; tradeoff: the one-run f-DP family (its name), None for other methods.
+        tests: the formal tests that will share the audit's α = 1 − ``confidence`` (Bonferroni), so each is
+            planned at ``test_confidence`` = 1 − α/tests (``audit checkpoint`` runs two per canary set on a
+            DP-SGD claim: :func:`dpaudit.workflows.checkpoint.canary_confidence`).
         unit: "runs per side" (multi-run methods: runs with the record and as many without) or
             "canaries" (one-run methods: canaries of one run, each included with probability 1/2).
         size: the size for ``power``, by simulation of the audit (JSON key ``runs_per_side`` or
@@ -206,6 +209,8 @@ class DesignPlan:
     confidence: float
     delta: float
     tradeoff: str | None
+    tests: int
+    test_confidence: float
     unit: str
     size: int
     power: float
@@ -239,13 +244,15 @@ class DesignPlan:
         )
         lo, hi = self.simulated_power_interval
         design = f"{self.method}, {self.threshold_selection}, {self.alternative}, confidence {self.confidence:g}, "
+        if self.tests > 1:
+            design += f"each of {self.tests} tests at {self.test_confidence:g} (Bonferroni), "
         # The claim's δ, as given (dpaudit.numfmt.exact).
         design += f"delta {numfmt.exact(self.delta)}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
         return (
             f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "
             f"{self.power:g} against a {what}: estimated power {self.simulated_power:.0%} (the simulated audit "
             f"refuted it in {round(self.simulated_power * self.simulations)} of {self.simulations} draws; "
-            f"{self.confidence:.0%} Clopper-Pearson interval {numfmt.lower(lo, 2)} to {numfmt.upper(hi, 2)})\n"
+            f"{100 * self.test_confidence:.4g}% Clopper-Pearson interval {numfmt.lower(lo, 2)} to {numfmt.upper(hi, 2)})\n"
             f"rule: {self.power_rule}\n"
             f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
             f"{numfmt.upper(self.max_certifiable_epsilon, 4)}); a real attack needs more\n"
@@ -271,6 +278,7 @@ def plan_design(
     seed: int = 0,
     max_trials: int = DEFAULT_MAX_TRIALS,
     max_size: int = MAX_SIMULATED_SIZE,
+    tests: int = 1,
 ) -> DesignPlan:
     """The size an audit of ``target_epsilon`` needs for ``power`` against a hypothesised leak.
 
@@ -282,7 +290,13 @@ def plan_design(
     the audit itself (:func:`dpaudit.audit.power.size_for_power`: random inclusion for one-run designs,
     the holdout split, the threshold or guess-count selection), starting from the perfect-attack size
     (:func:`trials_needed`), which is reported beside it.
+
+    ``tests``: the formal tests that will share α = 1 − ``confidence`` on the same data (``audit checkpoint``
+    analyses each canary set twice on a DP-SGD claim, by the one-run (ε, δ) and f-DP audits: 2, or 4 with
+    white-box canaries too). Each is planned at 1 − α/``tests`` (union bound), the level it will run at, and
+    the simulated power's interval is taken at that level too (:func:`size_for_power` reads one confidence).
     """
+    tests = check_positive_int(tests=tests)
     target = check_non_negative(target_epsilon=target_epsilon)
     if math.isinf(target):
         raise InputError("expected a finite claimed epsilon to plan for, got inf (no audit refutes an infinite claim)")
@@ -293,12 +307,13 @@ def plan_design(
     if family is None:
         family = "gaussian" if mu is not None else DEFAULT_ALTERNATIVE_FAMILY
     leak = hypothesised_leak(family=family, epsilon=true_epsilon, mu=mu, delta=delta)
+    level = 1.0 - (1.0 - check_in_interval(0.0, 1.0, confidence=confidence)) / tests  # Bonferroni (union bound)
     n0 = trials_needed(
-        target, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
+        target, delta=delta, confidence=level, method=method, threshold_selection=threshold_selection,
         alternative=alternative, max_trials=max_trials, tradeoff=tradeoff,
     )  # fmt: skip
     audit = {
-        "method": method, "delta": delta, "confidence": confidence, "threshold_selection": threshold_selection,
+        "method": method, "delta": delta, "confidence": level, "threshold_selection": threshold_selection,
         "alternative": alternative,
     }  # fmt: skip
     if method == "one-run-fdp":
@@ -329,21 +344,21 @@ def plan_design(
             "--fail-on-estimate, never a 'violation'); plan clopper-pearson (runs) or one-run (canaries) for a formal "
             "refutation"
         )
-    interval = power_interval(round(p * simulations), simulations, confidence)
-    k = refutations_needed(power, simulations, confidence)
+    interval = power_interval(round(p * simulations), simulations, level)
+    k = refutations_needed(power, simulations, level)
     rule = (
-        f"the smallest size whose power is shown to reach {power:g}: the lower end of its {confidence:.0%} "
+        f"the smallest size whose power is shown to reach {power:g}: the lower end of its {100 * level:.4g}% "
         f"Clopper-Pearson interval is at least {power:g}, i.e. the simulated audit refuted the claim in at least "
         f"{k} of {simulations} draws (never the estimate alone; seeds fixed)"
     )
     return DesignPlan(
         target_epsilon=float(target), method=method, threshold_selection=threshold_selection,
         alternative=alternative, confidence=float(confidence), delta=float(delta), tradeoff=tname,
-        unit=_unit(method), size=n, power=float(power), simulated_power=float(p), simulations=int(simulations),
+        tests=tests, test_confidence=float(level), unit=_unit(method), size=n, power=float(power), simulated_power=float(p), simulations=int(simulations),
         simulated_power_interval=interval, refutations_needed=k, power_rule=rule,
         leak=leak.to_dict(), perfect_attack_size=n0,
         max_certifiable_epsilon=float(
-            _certifiable(n0, method, float(delta), float(confidence), threshold_selection, alternative, tradeoff)
+            _certifiable(n0, method, float(delta), float(level), threshold_selection, alternative, tradeoff)
         ),
         formal=formal, note=note,
     )  # fmt: skip

@@ -285,6 +285,15 @@ def plan_cmd(
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the simulated audits (their scores, holdout splits, tie-breaking).")
     ] = 0,
+    tests: Annotated[
+        int,
+        typer.Option(
+            "--tests",
+            help="Formal tests sharing --confidence (Bonferroni: each planned at 1 - alpha/TESTS). `audit checkpoint` "
+            "runs 2 per canary set on a DP-SGD claim (one-run and its f-DP analysis): give 2, or 4 with white-box "
+            "canaries too.",
+        ),
+    ] = 1,
     json_output: JsonFlag = False,
 ) -> None:
     """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power, by simulating the audit.
@@ -297,7 +306,7 @@ def plan_cmd(
     plan = plan_design(
         target_epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
         alternative="two-sided" if two_sided else "greater", true_epsilon=true_epsilon, mu=mu, family=family,
-        power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff, method), seed=seed,
+        power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff, method), seed=seed, tests=tests,
     )  # fmt: skip
     emit(plan.to_dict(), plan.summary(), json_flag=json_output)
 

@@ -302,3 +302,24 @@ def test_the_membership_estimate_note_names_commands_that_exist():
             cmd = cmd.commands[words.pop(0)]
         opts = {o for p in cmd.params for o in p.opts}
         assert not words or words[0] in opts, (snippet, words)
+
+
+def test_plan_tests_plans_each_test_at_the_checkpoint_audits_bonferroni_level():
+    # `audit plan` planned at the full alpha, while `audit checkpoint` tests a DP-SGD run's canaries twice (the
+    # one-run (eps, delta) and f-DP analyses) at alpha/2 each: a planned count could then be refused by
+    # `train --canaries`. --tests 2 plans at the level canary_confidence gives that audit.
+    from dpaudit.audit import max_certifiable_epsilon, trials_needed
+    from dpaudit.workflows.checkpoint import canary_confidence
+
+    level = canary_confidence(0.95, curve="dpsgd", canary_sets=1)
+    args = ["audit", "plan", "--epsilon", "2", "--method", "one-run", "--true-epsilon", "6", "--simulations", "20"]
+    one, two = (json.loads(runner.invoke(app, [*args, "--json", "--tests", t]).stdout) for t in ("1", "2"))
+    n1, n2 = one["perfect_attack_canaries"], two["perfect_attack_canaries"]
+    assert two["tests"] == 2 and two["test_confidence"] == level == 0.975 and two["confidence"] == 0.95
+    assert n1 == trials_needed(2.0, method="one-run") < n2 == trials_needed(2.0, method="one-run", confidence=level)
+    assert max_certifiable_epsilon(n2 - n2 // 2, n2 // 2, method="one-run", confidence=level) > 2.0
+    assert two["canaries"] >= n2 and one["tests"] == 1 and one["test_confidence"] == 0.95
+    human = runner.invoke(app, [*args, "--tests", "2"])
+    assert "each of 2 tests at 0.975 (Bonferroni)" in human.output and "97.5% Clopper-Pearson" in human.output
+    bad = runner.invoke(app, [*args, "--tests", "0"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "--tests" in bad.output
