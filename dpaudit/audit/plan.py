@@ -252,7 +252,8 @@ class DesignPlan:
             f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "
             f"{self.power:g} against a {what}: estimated power {self.simulated_power:.0%} (the simulated audit "
             f"refuted it in {round(self.simulated_power * self.simulations)} of {self.simulations} draws; "
-            f"{100 * self.test_confidence:.4g}% Clopper-Pearson interval {numfmt.lower(lo, 2)} to {numfmt.upper(hi, 2)})\n"
+            f"{100 * self.test_confidence:.4g}% Clopper-Pearson interval {numfmt.lower(lo, 2)} to "
+            f"{numfmt.upper(hi, 2)})\n"
             f"rule: {self.power_rule}\n"
             f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
             f"{numfmt.upper(self.max_certifiable_epsilon, 4)}); a real attack needs more\n"
@@ -354,7 +355,8 @@ def plan_design(
     return DesignPlan(
         target_epsilon=float(target), method=method, threshold_selection=threshold_selection,
         alternative=alternative, confidence=float(confidence), delta=float(delta), tradeoff=tname,
-        tests=tests, test_confidence=float(level), unit=_unit(method), size=n, power=float(power), simulated_power=float(p), simulations=int(simulations),
+        tests=tests, test_confidence=float(level), unit=_unit(method), size=n, power=float(power),
+        simulated_power=float(p), simulations=int(simulations),
         simulated_power_interval=interval, refutations_needed=k, power_rule=rule,
         leak=leak.to_dict(), perfect_attack_size=n0,
         max_certifiable_epsilon=float(
