@@ -253,6 +253,26 @@ def _report_error(line: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _subcommands_with(ctx: Any, option: str, path: str) -> list[str]:
+    """The commands under the group ``ctx`` runs (``path`` its command path; subgroups searched too) that take
+    ``option``, as command paths; empty when ``ctx`` runs a command, not a group."""
+    group = getattr(ctx, "command", None)
+    found: list[str] = []
+
+    def walk(command: Any, where: str) -> None:
+        if isinstance(command, TyperGroup):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                if sub is not None:
+                    walk(sub, f"{where} {name}")
+        elif command is not group and any(option in p.opts for p in command.params):
+            found.append(where)
+
+    if isinstance(group, TyperGroup):
+        walk(group, path)
+    return found
+
+
 def usage_error_line(error: Exception) -> str:
     """A click usage error (unknown option or command, missing or bad value) as one line, click's suggestion
     kept: "no such option --epoch (did you mean --epochs?); see dpaudit train --help"."""
@@ -260,6 +280,10 @@ def usage_error_line(error: Exception) -> str:
     name = getattr(error, "option_name", None)
     possibilities = getattr(error, "possibilities", None)
     if name and possibilities is not None:  # click's NoSuchOption
+        owners = _subcommands_with(ctx, name, getattr(ctx, "command_path", ""))
+        if owners:  # `dpaudit account --noise-multiplier 1.1`: an option of a subcommand the user left out
+            shown = ", ".join(owners[:3]) + (f" and {len(owners) - 3} more" if len(owners) > 3 else "")
+            return f"error: {name} is an option of {shown}, not of {ctx.command_path}; see {owners[0]} --help"
         text = f"no such option {name}"
         if possibilities:
             text += f" (did you mean {' or '.join(sorted(possibilities))}?)"

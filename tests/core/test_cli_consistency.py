@@ -128,6 +128,24 @@ def test_a_typo_is_one_line_with_the_suggestion():
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "--attacks" in r.output
 
 
+def test_an_option_given_to_a_group_names_the_commands_that_take_it():
+    # `dpaudit account --noise-multiplier 1.1 ...` (the subcommand left out) said "no such option", and
+    # `dpaudit --epochs 3` suggested --yes.
+    r = invoke("account", "--noise-multiplier", "1.1")
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        "error: --noise-multiplier is an option of root account dpsgd, not of root account; "
+        "see root account dpsgd --help"
+    ]
+    r = invoke("--epochs", "3")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert (
+        r.output.startswith("error: --epochs is an option of root train, root audit train, ")
+        and "--yes" not in r.output
+    )
+    r = invoke("account", "--foo")  # nobody's option: as before
+    assert r.output.strip() == "error: no such option --foo; see root account --help"
+
+
 @pytest.mark.parametrize(
     "args",
     [
