@@ -220,27 +220,51 @@ class PldAccountant(Accountant):
 
     # -- evaluation --------------------------------------------------------------------------
 
+    def _grids(self, jl_cap: float) -> list[float]:
+        """The grid steps the ledger is evaluated on, coarsest first; each gives a valid (pessimistic) bound and
+        the accountant reports the smallest.
+
+        The first is ``value_discretization_interval``, enlarged if some mechanism's loss range would need more
+        than ``max_bins`` points (one grid for all leaves: composition needs a common grid). Connect-the-dots
+        moves each step's loss by up to one grid step, so a step whose loss range spans only a few grid points
+        (large σ or small q: DP-SGD at q = 256/60000, σ = 142, spans 3 points of 1e-4 nats) is charged a spread
+        comparable to its own, and over T steps that dominates ε (0.0148 at 1e-4 nats against 0.00852 at 1e-6;
+        the rdp accountant gave 0.0100, so calibrating with pld doubled σ). Finer grids, halving the step until
+        every leaf spans ``GRID_POINTS_PER_LEAF`` points (each at most ``max_bins`` for every leaf), follow; all
+        are evaluated, so the reported ε is the minimum over an increasing set as σ grows or q falls, which keeps it
+        monotone wherever each grid's is. Not for DP-SGD-JL ledgers (their per-query loss cap has its own loop).
+        """
+        ranges = []
+        for event in self._counts:
+            for pair in self._pairs(event, jl_cap):
+                if pair is not None:
+                    ranges.append(pair.loss_range(self.tail, jl_cap if _is_jl(event) else self.max_loss))
+        widest = max((hi - lo for lo, hi in ranges), default=0.0)
+        coarse = max(self.interval, widest / self.max_bins)
+        narrowest = min((hi - lo for lo, hi in ranges if hi > lo), default=0.0)
+        if self._jl_leaves() or narrowest <= 0.0 or narrowest >= GRID_POINTS_PER_LEAF * coarse:
+            return [coarse]
+        halvings = min(MAX_GRID_HALVINGS, math.ceil(math.log2(GRID_POINTS_PER_LEAF * coarse / narrowest)))
+        while halvings > 0 and widest / (coarse / 2**halvings) > self.max_bins:
+            halvings -= 1
+        return [coarse / 2**k for k in range(halvings + 1)]
+
     def _composed(
-        self, jl_cap: float | None = None, long_inverse: bool = False
+        self, jl_cap: float | None = None, long_inverse: bool = False, interval: float | None = None
     ) -> tuple[DiscretePLD, DiscretePLD | None]:
-        """Composed (remove, add-or-None) PMFs; JL leaves use the loss cap ``jl_cap`` (nats); ``long_inverse``:
-        the FFTs' inverse transforms in long double (see :data:`LONG_INVERSE_BELOW_DELTA`)."""
+        """Composed (remove, add-or-None) PMFs on the grid step ``interval`` (None: the coarsest of
+        :meth:`_grids`); JL leaves use the loss cap ``jl_cap`` (nats); ``long_inverse``: the FFTs' inverse transforms
+        in long double (see :data:`LONG_INVERSE_BELOW_DELTA`)."""
         jl_cap = self.jl_initial_cap if jl_cap is None else float(jl_cap)
-        key = (jl_cap, long_inverse)
+        if interval is None:
+            interval = self._grids(jl_cap)[0]
+        key = (jl_cap, long_inverse, interval)
         if key in self._cache:
             return self._cache[key]
         jl_events = {e for e, c in self._counts.items() if _is_jl(e)}
         pairs = [
             (self._pairs(e, jl_cap), c, jl_cap if e in jl_events else self.max_loss) for e, c in self._counts.items()
         ]
-        # One grid step for all leaves (composition needs a common grid); enlarge it if some
-        # mechanism's loss range would need more than max_bins points.
-        interval = self.interval
-        for (rem, add), _, max_loss in pairs:
-            for pr in (rem, add):
-                if pr is not None:
-                    lo, hi = pr.loss_range(self.tail, max_loss)
-                    interval = max(interval, (hi - lo) / self.max_bins)
         symmetric = all(add is None for (_, add), _, _ in pairs)
         total_rem: DiscretePLD | None = None
         total_add: DiscretePLD | None = None
@@ -268,12 +292,16 @@ class PldAccountant(Accountant):
     def _eps_at(self, delta: float, jl_cap: float | None) -> tuple[float, float]:
         # (epsilon, +inf mass of the worse direction's composed PMF) at this JL cap. The precision of the
         # inverse FFTs depends on delta alone, so that epsilon stays monotone in the mechanism's parameters.
-        rem, add = self._composed(jl_cap, delta < LONG_INVERSE_BELOW_DELTA)
-        eps, inf_mass = rem.epsilon(delta), rem.inf_mass
-        if add is not None:
-            eps = max(eps, add.epsilon(delta))
-            inf_mass = max(inf_mass, add.inf_mass)
-        return eps, inf_mass
+        cap = self.jl_initial_cap if jl_cap is None else float(jl_cap)
+        best = (math.inf, math.inf)
+        for interval in self._grids(cap):  # each a valid bound: the smallest (_grids)
+            rem, add = self._composed(jl_cap, delta < LONG_INVERSE_BELOW_DELTA, interval)
+            eps, inf_mass = rem.epsilon(delta), rem.inf_mass
+            if add is not None:
+                eps = max(eps, add.epsilon(delta))
+                inf_mass = max(inf_mass, add.inf_mass)
+            best = min(best, (eps, inf_mass))
+        return best
 
     def _epsilon(self, delta: float) -> float:
         if delta < CERTIFIED_DELTA:
@@ -326,16 +354,23 @@ class PldAccountant(Accountant):
         return np.clip(d, 0.0, 1.0)
 
     def _deltas_at(self, eps: np.ndarray, long_inverse: bool) -> np.ndarray:
-        rem, add = self._composed(None, long_inverse)
-        d = rem.deltas(eps)
-        return d if add is None else np.maximum(d, add.deltas(eps))
+        best = np.full(eps.shape, np.inf)
+        for interval in self._grids(self.jl_initial_cap):  # each a valid bound: the smallest (_grids)
+            rem, add = self._composed(None, long_inverse, interval)
+            d = rem.deltas(eps)
+            best = np.minimum(best, d if add is None else np.maximum(d, add.deltas(eps)))
+        return best
 
     def _delta_at(self, epsilon: float, jl_cap: float | None, long_inverse: bool) -> float:
-        rem, add = self._composed(jl_cap, long_inverse)
-        d = rem.delta(epsilon)
-        if add is not None:
-            d = max(d, add.delta(epsilon))
-        return d
+        cap = self.jl_initial_cap if jl_cap is None else float(jl_cap)
+        best = math.inf
+        for interval in self._grids(cap):  # each a valid bound: the smallest (_grids)
+            rem, add = self._composed(jl_cap, long_inverse, interval)
+            d = rem.delta(epsilon)
+            if add is not None:
+                d = max(d, add.delta(epsilon))
+            best = min(best, d)
+        return best
 
 
 # Below this delta the accountant is outside the range validated against exact oracles (module docstring).
@@ -353,6 +388,12 @@ SMALL_DELTA_WARNING = (
 # tight at delta down to 1e-12, for 1.5x (DP-SGD, q = 0.01, T = 3000) to 2.6x (three different leaves) the time.
 # At larger delta the float64 charge moves epsilon by < 1e-6 relative (measured; benchmarks/RESULTS.md).
 LONG_INVERSE_BELOW_DELTA = 1e-8
+# Grid points a leaf's loss range should span before finer grids stop paying (PldAccountant._grids): measured
+# with dp_accounting's PLD at DP-SGD q = 256/60000, T = 14063, delta 1e-5: σ = 142 spans 3 points of 1e-4 nats
+# (eps 0.0148), 28 of 1e-5 (0.00861), 280 of 1e-6 (0.00852); finer grids gain nothing (0.00852 at 3e-7, 0.00853 at
+# 1e-7, where tail truncation starts to cost). benchmarks/RESULTS.md.
+GRID_POINTS_PER_LEAF = 1000
+MAX_GRID_HALVINGS = 12  # at most 4096x finer than value_discretization_interval
 JL_CAP_MARGIN = 25.0  # nats between a certified epsilon and the JL loss cap (PldAccountant docstring)
 JL_MAX_WIDENINGS = 8
 

@@ -138,6 +138,38 @@ def test_pld_epsilon_is_monotone_in_sigma_on_a_fine_grid():
     assert 2.97 < eps[-1] < eps[0] < 3.01  # 3.00556 ... 2.97304 (old and new code agree to 1e-6 here)
 
 
+def test_pld_refines_its_grid_when_one_step_spans_few_grid_points():
+    # Gaussian, sigma = 1000, T = 10^4 (mu = 0.1): one step's loss spans 160 points of 1e-4 nats, and
+    # connect-the-dots spread each step by up to a grid step: eps 0.340978 against the exact 0.340669 (9e-4
+    # relative, 25x the 1e-4 nats per step test_pld_heterogeneous_gaussians_never_below_exact allows in sum).
+    # The finer grids (PldAccountant._grids) bring it to 1.4e-5.
+    acc = PldAccountant().compose(Gaussian(1000.0), 10_000)
+    exact = epsilon_of(lambda e: gaussian_delta(0.1, e), 1e-5)
+    ours = acc.epsilon(1e-5)
+    assert exact * (1 - 1e-12) <= ours <= exact * (1 + 1e-4)
+    assert acc.delta(exact) >= gaussian_delta(0.1, exact) * (1 - 1e-9)
+    assert acc.deltas([exact])[0] >= gaussian_delta(0.1, exact) * (1 - 1e-9)
+    # DP-SGD at large sigma (q = 256/60000, sigma = 142.04, T = 14063): pld said 0.0148, above rdp's 0.0100 (so
+    # calibrating with pld gave sigma 284.5 where rdp gave 142); a tight accountant is never looser than rdp.
+    event = dpsgd_event(sample_rate=256 / 60000, noise_multiplier=142.04, steps=14063)
+    pld, rdp = PldAccountant().compose(event).epsilon(1e-5), RdpAccountant().compose(event).epsilon(1e-5)
+    assert pld < 0.87 * rdp  # 0.008527 vs 0.0099998 (dp_accounting's PLD at 1e-6 nats: 0.008519)
+
+
+def test_pld_epsilon_stays_monotone_where_finer_grids_start():
+    # q = 0.01, T = 1000: a second grid joins between sigma 3.32 and 3.35 (one step's loss range falls below
+    # GRID_POINTS_PER_LEAF points of 1e-4 nats). Every grid's eps is reported as the minimum over an increasing set,
+    # so more noise still never raises eps across the switch.
+    sigmas = np.linspace(3.32, 3.35, 7)
+    accountants = [
+        PldAccountant().compose(dpsgd_event(sample_rate=0.01, noise_multiplier=float(s), steps=1000)) for s in sigmas
+    ]
+    grids = [len(a._grids(a.jl_initial_cap)) for a in accountants]
+    assert grids[0] == 1 and grids[-1] == 2 and sorted(grids) == grids
+    eps = [a.epsilon(1e-5) for a in accountants]
+    assert all(b < a for a, b in itertools.pairwise(eps)), eps
+
+
 @pytest.mark.parametrize("phases", HETEROGENEOUS)
 @pytest.mark.parametrize("delta", [1e-9, 1.36e-10, 1e-12])
 def test_pld_heterogeneous_gaussians_never_below_exact(phases, delta):
