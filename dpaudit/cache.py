@@ -19,7 +19,14 @@ import warnings
 from pathlib import Path
 
 from dpaudit.errors import InputError, IntegrityWarning
-from dpaudit.fileio import check_writable_parent, foreign_files, sha256_bytes, sha256_file, write_atomic_file
+from dpaudit.fileio import (
+    check_writable_parent,
+    foreign_files,
+    is_file_tmp_of,
+    sha256_bytes,
+    sha256_file,
+    write_atomic_file,
+)
 
 CACHE_DIR_ENV = "DPAUDIT_CACHE_DIR"
 
@@ -90,10 +97,14 @@ HASH_SUFFIX = ".sha256"
 
 
 def write_hashed_file(entry: Path, name: str, data: bytes) -> Path:
-    """Write ``entry/name`` and ``entry/name.sha256`` (each atomically; the hash last)."""
+    """Write ``entry/name.sha256`` and ``entry/name`` (each atomically; the hash first).
+
+    The hash first: a reader (another process sharing the cache) that comes in between finds the file missing,
+    not yet written, and recomputes just it; with the file first it found the file without its hash and
+    discarded the whole entry as untrusted (IntegrityWarning), under the writer."""
     entry = Path(entry)
-    write_atomic_file(entry / name, data, force=True)
     write_atomic_file(entry / (name + HASH_SUFFIX), sha256_bytes(data) + "\n", force=True)
+    write_atomic_file(entry / name, data, force=True)
     return entry / name
 
 
@@ -103,7 +114,9 @@ def entry_problem(entry: Path, hashed: tuple[str, ...] = ()) -> str | None:
     (the caller recomputes just them)."""
     entry = Path(entry)
     extra = set(hashed) | {h + HASH_SUFFIX for h in hashed}
-    changed = [f for f in foreign_files(entry) if f not in extra]
+    # The temporary file of an atomic write of a hashed file is dpaudit's own: another process writing it now,
+    # or one killed while writing it (the next write of that file removes it). Neither makes the entry untrusted.
+    changed = [f for f in foreign_files(entry) if f not in extra and not any(is_file_tmp_of(f, h) for h in extra)]
     if changed:
         return f"{', '.join(changed[:3])} changed since it was written"
     for name in hashed:
@@ -114,7 +127,11 @@ def entry_problem(entry: Path, hashed: tuple[str, ...] = ()) -> str | None:
             recorded = (entry / (name + HASH_SUFFIX)).read_text().strip()
         except OSError:
             return f"{name} has no recorded sha256"
-        if not f.is_file() or sha256_file(f) != recorded:
+        try:
+            actual = sha256_file(f) if f.is_file() else None
+        except OSError:  # removed meanwhile (another process discarding the entry): not to be trusted either
+            actual = None
+        if actual != recorded:
             return f"{name} does not match its recorded sha256"
     return None
 

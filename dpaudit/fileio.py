@@ -403,10 +403,21 @@ def check_output_file(path: Path, *, force: bool) -> Path:
     return path
 
 
+def _file_tmp_pattern(name: str) -> re.Pattern[str]:
+    # write_atomic_file's mkstemp(prefix=".NAME.PID.", suffix=_TMP): 8 random characters in between.
+    return re.compile(r"\." + re.escape(name) + r"\.(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP))
+
+
+def is_file_tmp_of(rel: str, name: str) -> bool:
+    """Whether ``rel`` (a name in a folder) is the temporary file of an atomic write of ``name`` beside it:
+    one in progress (another process's), or one a killed writer left (removed by the next write of ``name``)."""
+    return _file_tmp_pattern(name).fullmatch(rel) is not None
+
+
 def _remove_dead_writers_files(path: Path) -> None:
     """Remove the temporary siblings (``.NAME.PID.XXXXXXXX.dpaudit-tmp``) that writers of ``path`` killed
     outright (SIGKILL, power loss) left behind: those whose pid is no longer alive. A live writer's is kept."""
-    pattern = re.compile(r"\." + re.escape(path.name) + r"\.(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP))
+    pattern = _file_tmp_pattern(path.name)
     try:
         entries = list(path.parent.iterdir())
     except OSError:
