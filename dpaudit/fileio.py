@@ -35,6 +35,11 @@ from pathlib import Path
 
 from dpaudit.errors import InputError, OutputBusyError, OutputError
 
+try:
+    import fcntl
+except ImportError:  # Windows: the lock is the pid alone
+    fcntl = None  # type: ignore[assignment]
+
 MANIFEST = ".dpaudit-manifest.json"
 MANIFEST_VERSION = 1
 _LOCK = ".dpaudit-lock"
@@ -224,35 +229,97 @@ def _pid_alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def output_lock(out: Path) -> Iterator[None]:
-    """Hold ``.NAME.dpaudit-lock`` beside ``out`` (O_EXCL; a lock whose pid is dead is stale and taken
-    over). A live holder means another dpaudit process writes ``out``: InputError."""
+    """Hold ``.NAME.dpaudit-lock`` beside ``out``, holding the writer's pid. A live holder means another dpaudit
+    process writes ``out``: OutputBusyError (exit code 2).
+
+    Where the OS has ``flock`` (Linux, macOS; on NFS the server's lock manager, so across hosts too) the lock
+    is the kernel's, on the lock file, released when its holder dies however it dies: a lock file a killed run
+    left is taken over atomically (two runs that found it at once took it over both, each removing the other's
+    fresh lock as stale, and wrote the output together). Elsewhere: ``O_EXCL`` and the pid (a lock whose pid is
+    dead is stale)."""
     out = Path(out)
     lock = _lock_path(out)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _pid_alive(pid):
-                raise OutputBusyError(
-                    f"{out} is being written by another dpaudit process (pid {pid}); wait or choose another --out"
-                ) from None
-            lock.unlink(missing_ok=True)  # stale: its writer died
-            continue
-        except OSError as e:
-            raise output_error(e, out) from None
-        break
-    else:
-        raise InputError(f"{out} is being written by another dpaudit process ({lock}); wait for it")
+    fd = _take_lock(lock, out) if fcntl is not None else None
+    if fd is None:
+        fd = _take_lock_by_pid(lock, out)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)  # before the lock goes: a process that opened this file meanwhile retries
+        os.close(fd)
+
+
+def _lock_pid(lock: Path) -> int:
+    try:
+        return int(lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _busy(out: Path, pid: int) -> OutputBusyError:
+    return OutputBusyError(
+        f"{out} is being written by another dpaudit process (pid {pid}); wait or choose another --out"
+        if pid
+        else f"{out} is being written by another dpaudit process ({_lock_path(out)}); wait for it"
+    )
+
+
+def _take_lock(lock: Path, out: Path) -> int | None:
+    """The lock file's descriptor, locked (flock), or None where the file system has no locks."""
+    for _ in range(8):  # another holder may unlink the file between our open and our lock: open it again
+        foreign = False
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        except PermissionError as e:  # another user's lock file (0644): locked as it is, replaced when stale
+            try:
+                fd, foreign = os.open(lock, os.O_RDONLY), True
+            except OSError:
+                raise output_error(e, out) from None
+        except OSError as e:
+            raise output_error(e, out) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _busy(out, _lock_pid(lock)) from None
+        except OSError:  # no locks on this file system (ENOLCK, EOPNOTSUPP): the pid alone
+            os.close(fd)
+            return None
+        try:
+            st, mine = os.stat(lock), os.fstat(fd)
+            current = (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+        except FileNotFoundError:
+            current = False
+        if not current:  # the holder released it (and removed the file) between our open and our lock
+            os.close(fd)
+            continue
+        pid = _lock_pid(lock)
+        if pid and pid != os.getpid() and _pid_alive(pid):  # written by a dpaudit without flock, still at work
+            os.close(fd)
+            raise _busy(out, pid)
+        if foreign:  # a dead holder's, that we cannot write: removed while we hold it, and made anew
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            os.close(fd)
+            continue
+        return fd  # a lock file left by a dead holder is taken over here, atomically
+    raise _busy(out, _lock_pid(lock))
+
+
+def _take_lock_by_pid(lock: Path, out: Path) -> int:
+    for _ in range(2):
+        try:
+            return os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pid = _lock_pid(lock)
+            if pid and _pid_alive(pid):
+                raise _busy(out, pid) from None
+            lock.unlink(missing_ok=True)  # stale: its writer died
+        except OSError as e:
+            raise output_error(e, out) from None
+    raise _busy(out, 0)
 
 
 def _lock_path(out: Path) -> Path:
