@@ -124,11 +124,15 @@ def _read_cached(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
     The directory name is the cache key, so an entry is found only for the exact same data,
     model, training config, seed and training set.
     """
+    try:
+        seen = path.stat()  # the entry checked (another process may replace it meanwhile: see discard_entry)
+    except OSError:
+        return None
     if not _checkpoint_ok(path):
         return None
     problem = entry_problem(path, hashed=(LOGITS_FILE,))
     if problem is not None:
-        discard_entry(path, problem)
+        discard_entry(path, problem, seen)
         return None
     try:
         logits = np.load(path / LOGITS_FILE, allow_pickle=False)
@@ -211,8 +215,12 @@ def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Pa
             seed=int(seed),
             fractions=(),
         )
-        if path.exists() and not _checkpoint_ok(path):
-            discard_entry(path, f"no {CHECKPOINT_FILE}")
+        try:
+            seen = path.stat()
+        except OSError:
+            seen = None
+        if seen is not None and not _checkpoint_ok(path):
+            discard_entry(path, f"no {CHECKPOINT_FILE}", seen)
         if not _checkpoint_ok(path):  # else only the logits file was missing
             try:
                 train_run(

@@ -23,6 +23,7 @@ from dpaudit.fileio import (
     check_writable_parent,
     foreign_files,
     is_file_tmp_of,
+    move_aside,
     sha256_bytes,
     sha256_file,
     write_atomic_file,
@@ -136,7 +137,35 @@ def entry_problem(entry: Path, hashed: tuple[str, ...] = ()) -> str | None:
     return None
 
 
-def discard_entry(entry: Path, problem: str) -> None:
-    """Warn (IntegrityWarning) that a cache entry is untrusted and remove it, so it is recomputed."""
-    warnings.warn(f"cache entry {entry} is untrusted ({problem}); recomputing it", IntegrityWarning, stacklevel=3)
-    shutil.rmtree(entry, ignore_errors=True)
+def discard_entry(entry: Path, problem: str, seen: os.stat_result | None = None) -> None:
+    """Warn (IntegrityWarning) that a cache entry is untrusted and remove it, so it is recomputed.
+
+    ``seen``: the entry's ``os.stat`` from before it was checked. Another process sharing the cache may have
+    discarded the same entry and saved a new one meanwhile (a directory renamed in): that one is not the entry
+    found untrusted, and is left in place. The entry is first renamed aside (atomic: only one process moves a
+    directory away), then removed; a writer killed meanwhile leaves a temporary sibling the next write removes."""
+    entry = Path(entry)
+    moved = move_aside(entry)
+    if moved is None:  # gone (another process discarded it first), or it cannot be moved: removed where it is
+        try:
+            same = seen is None or os.path.samestat(seen, entry.stat())
+        except OSError:
+            return
+        if same:
+            _warn_untrusted(entry, problem)
+            shutil.rmtree(entry, ignore_errors=True)
+        return
+    try:
+        replaced = seen is not None and not os.path.samestat(seen, moved.stat())
+    except OSError:
+        replaced = False
+    if replaced:  # another process's new entry: back in place (unless a third one saved one there meanwhile)
+        with contextlib.suppress(OSError):
+            os.rename(moved, entry)
+    else:
+        _warn_untrusted(entry, problem)
+    shutil.rmtree(moved.parent, ignore_errors=True)
+
+
+def _warn_untrusted(entry: Path, problem: str) -> None:
+    warnings.warn(f"cache entry {entry} is untrusted ({problem}); recomputing it", IntegrityWarning, stacklevel=4)

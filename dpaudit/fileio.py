@@ -169,9 +169,18 @@ def foreign_files(directory: Path) -> list[str]:
         if rel == MANIFEST and manifest is not None:
             continue
         p = directory / rel
-        if rel not in recorded or p.is_symlink() or not p.is_file() or sha256_file(p) != recorded[rel]:
+        if rel not in recorded or p.is_symlink() or not p.is_file() or _sha256_or_none(p) != recorded[rel]:
             foreign.append(rel)
     return foreign
+
+
+def _sha256_or_none(path: Path) -> str | None:
+    """The file's sha256, or None when it cannot be read, e.g. removed meanwhile by another process (a cache
+    entry another process discards): a file that is not what was written."""
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
 
 
 def _listing(names: list[str]) -> str:
@@ -361,6 +370,24 @@ def recover_leftovers(out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     for tmp in _siblings(out, _TMP):
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def move_aside(path: Path) -> Path | None:
+    """Rename the directory ``path`` into a new temporary sibling folder (atomic: of several processes moving
+    one directory away, one moves it) and return its new path, to be removed with its folder; None when ``path``
+    is gone or cannot be moved. A process killed before removing it leaves a sibling that the next atomic
+    write of ``path`` removes (:func:`recover_leftovers`)."""
+    path = Path(path)
+    try:
+        aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent))
+    except OSError:
+        return None
+    try:
+        os.rename(path, aside / path.name)
+    except OSError:
+        shutil.rmtree(aside, ignore_errors=True)
+        return None
+    return aside / path.name
 
 
 def _umask() -> int:

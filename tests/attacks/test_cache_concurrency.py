@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,3 +120,80 @@ def test_the_temporary_file_of_a_writer_killed_mid_logits_is_no_integrity_proble
     _no_integrity_warning(record)
     np.testing.assert_array_equal(again, first)
     assert not leftover.exists()  # removed by the next write of the logits
+
+
+def _corrupt(entry) -> None:
+    data = bytearray((entry / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (entry / "model.safetensors").write_bytes(bytes(data))
+
+
+def test_a_corrupt_entry_replaced_by_another_process_meanwhile_is_not_discarded(
+    recipe, tiny_run, tmp_path, monkeypatch
+):
+    """Two processes met the same corrupt entry. The first discarded it, trained the model and saved a new entry;
+    the second, which had checked the old entry, then removed the first one's new, healthy entry (with a warning
+    about the old one's problem) and trained the model once more. Forced here: the new entry is renamed in between
+    the second process's check and its discard. The discard now removes only the entry it checked."""
+    import shutil
+
+    import dpaudit.training.run as run_mod
+
+    idx, seed, cache = one_set(tiny_run), seeds_for(0, "reference", 1)[0], tmp_path / "cache"
+    first = train_models(recipe, [idx], [seed], cache_dir=cache)[0]
+    path = cache / "models" / model_key(recipe, idx, seed)
+    healthy = tmp_path / "healthy"
+    shutil.copytree(path, healthy)
+    _corrupt(path)
+    real_problem = ref.entry_problem
+
+    def problem_then_the_other_process_saves(entry, hashed=()):
+        found = real_problem(entry, hashed)
+        if found and healthy.exists():  # the other process: discards the old entry, saves its new one
+            shutil.rmtree(entry)
+            os.rename(healthy, entry)
+        return found
+
+    monkeypatch.setattr(ref, "entry_problem", problem_then_the_other_process_saves)
+
+    def no_training(*a, **k):
+        raise AssertionError("the model was trained again")
+
+    monkeypatch.setattr(run_mod, "train_run", no_training)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        again = train_models(recipe, [idx], [seed], cache_dir=cache)[0]
+    np.testing.assert_array_equal(again, first)
+    assert ref._read_cached(path, first.shape) is not None
+    _no_integrity_warning(record)  # the entry this process reads is healthy; the one it checked is gone
+
+
+def test_a_reader_whose_entry_another_process_discards_meanwhile_does_not_crash(
+    recipe, tiny_run, tmp_path, monkeypatch
+):
+    """A process checking an entry while another process discarded it (found corrupt) crashed with
+    FileNotFoundError (a traceback) when a file it was hashing vanished. A file gone is a file not to trust: the
+    model is trained again. Forced here: the entry is removed right before the reader's first hash."""
+    import shutil
+
+    from dpaudit import fileio
+
+    idx, seed, cache = one_set(tiny_run), seeds_for(0, "reference", 1)[0], tmp_path / "cache"
+    first = train_models(recipe, [idx], [seed], cache_dir=cache)[0]
+    path = cache / "models" / model_key(recipe, idx, seed)
+    real_hash, removed = fileio.sha256_file, []
+
+    def hash_after_the_other_process_discards(p, *a, **k):
+        if not removed and path in Path(p).parents:
+            removed.append(1)
+            shutil.rmtree(path)
+        return real_hash(p, *a, **k)
+
+    monkeypatch.setattr(fileio, "sha256_file", hash_after_the_other_process_discards)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        again = train_models(recipe, [idx], [seed], cache_dir=cache)[0]
+    assert removed
+    np.testing.assert_array_equal(again, first)
+    monkeypatch.setattr(fileio, "sha256_file", real_hash)
+    np.testing.assert_array_equal(ref._read_cached(path, first.shape), first)
