@@ -341,13 +341,34 @@ def wait_for_writer(out: Path, *, timeout_s: float = 3600.0, poll_s: float = 0.5
 
     lock, end = _lock_path(Path(out)), time.monotonic() + timeout_s
     while lock.exists() and time.monotonic() < end:
-        try:
-            pid = int(lock.read_text().strip() or 0)
-        except (OSError, ValueError):
-            pid = 0
-        if pid and not _pid_alive(pid):
+        held = _lock_held(lock)
+        if held is None:  # no flock: the pid alone (which names no process here for a writer on another host)
+            pid = _lock_pid(lock)
+            held = not pid or _pid_alive(pid)
+        if not held:
             return
         time.sleep(poll_s)
+
+
+def _lock_held(lock: Path) -> bool | None:
+    """Whether a process holds ``lock`` (flock; on NFS, one on any host), or None where there is no flock."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe, released at once
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
 
 
 def _siblings(out: Path, kind: str) -> list[Path]:
@@ -510,7 +531,9 @@ def is_file_tmp_of(rel: str, name: str) -> bool:
 
 def _remove_dead_writers_files(path: Path) -> None:
     """Remove the temporary siblings (``.NAME.PID.XXXXXXXX.dpaudit-tmp``) that writers of ``path`` killed
-    outright (SIGKILL, power loss) left behind: those whose pid is no longer alive. A live writer's is kept."""
+    outright (SIGKILL, power loss) left behind: those whose pid is no longer alive and that no process holds
+    (a writer holds its file's flock until the rename: on a folder shared over NFS, a writer on another host,
+    whose pid names no process here, is at work). A live writer's is kept."""
     pattern = _file_tmp_pattern(path.name)
     try:
         entries = list(path.parent.iterdir())
@@ -519,8 +542,26 @@ def _remove_dead_writers_files(path: Path) -> None:
     for p in entries:
         m = pattern.fullmatch(p.name)
         if m and int(m[1]) != os.getpid() and not p.is_symlink() and p.is_file() and not _pid_alive(int(m[1])):
-            with contextlib.suppress(OSError):
-                p.unlink()
+            _unlink_unless_held(p)
+
+
+def _unlink_unless_held(p: Path) -> None:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while it is removed
+            except BlockingIOError:
+                return  # a live writer's (on another host)
+            except OSError:
+                pass  # no locks on this file system: the pid alone
+        with contextlib.suppress(OSError):
+            p.unlink()
+    finally:
+        os.close(fd)
 
 
 def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
@@ -536,9 +577,16 @@ def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
         raise output_error(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
+            if fcntl is not None:  # held until the rename: the file is a live writer's (_remove_dead_writers_files)
+                with contextlib.suppress(OSError):
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
-        os.replace(tmp, path)
+            f.flush()
+            os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
+            if fcntl is not None:
+                os.replace(tmp, path)
+        if fcntl is None:  # Windows renames no open file
+            os.replace(tmp, path)
     except OSError as e:
         raise output_error(e, path, Path(tmp)) from None
     finally:

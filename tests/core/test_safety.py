@@ -258,6 +258,52 @@ def test_a_lock_held_by_a_writer_on_another_host_is_not_taken_for_stale(tmp_path
     assert (out / "a").read_text() == "1" and leftovers(tmp_path) == []
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock: the lock is the pid alone")
+def test_waiting_for_a_writer_on_another_host_waits_until_it_is_done(tmp_path, monkeypatch):
+    """Two CI runners training the same reference model into one cache on NFS: the one that found the entry being
+    saved waits for the writer (fileio.wait_for_writer) and uses its entry. The writer's pid names no process on
+    this host, so the wait returned at once and the run failed with 'being written by another dpaudit process'.
+    It now waits while the lock is held (the poll's sleep, here, releases it)."""
+    import fcntl
+    import time
+
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    fd = os.open(tmp_path / ".out.dpaudit-lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other host's writer, at work
+    os.write(fd, dead.stdout.encode())
+    polls = []
+
+    def poll(_s: float) -> None:  # the other host's writer finishes during the first poll
+        polls.append(1)
+        (tmp_path / ".out.dpaudit-lock").unlink()
+        os.close(fd)
+
+    monkeypatch.setattr(time, "sleep", poll)
+    fileio.wait_for_writer(out, timeout_s=3600.0)
+    assert polls == [1]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock: the pid alone")
+def test_the_temporary_file_of_a_writer_on_another_host_is_not_removed_as_a_dead_writers(tmp_path):
+    """Two CI runners writing the same file on NFS (a cache entry's logits): each write first removes the temporary
+    files of dead writers, told by their pid, and the pid of the other host's writer names no process here: its
+    file was removed under it and its rename failed ('cannot write ...: No such file or directory', exit 2). A
+    writer holds its temporary file's flock until the rename: a held file is a live writer's, and kept."""
+    import fcntl
+
+    from dpaudit.fileio import write_atomic_file
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    theirs = tmp_path / f".logits.npy.{int(dead.stdout)}.abcd_123.dpaudit-tmp"
+    with open(theirs, "wb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other host's writer, at work
+        write_atomic_file(tmp_path / "logits.npy", b"mine", force=True)
+        assert theirs.exists()
+    write_atomic_file(tmp_path / "logits.npy", b"mine", force=True)  # released without a rename: a dead one's
+    assert not theirs.exists() and (tmp_path / "logits.npy").read_bytes() == b"mine"
+
+
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, OSError])
 def test_an_interrupted_forced_replacement_leaves_the_old_output_in_place(tmp_path, monkeypatch, interrupt):
     out = tmp_path / "out"
