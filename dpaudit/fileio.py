@@ -8,8 +8,9 @@ holds anything the manifest does not list (a file the user added, or one changed
 input of the command lies inside it, or when it contains the working directory.
 
 A directory is written into a hidden temporary sibling and renamed into place. While that happens a
-lock file beside it (``.NAME.dpaudit-lock``, holding the writer's pid) keeps a second dpaudit process
-from writing the same output; the checks are repeated under the lock right before the rename, so an
+lock file beside it (``.NAME.dpaudit-lock``, holding the writer's pid, locked with ``flock`` where the OS
+has it, so a dead writer's lock is released by the kernel) keeps a second dpaudit process from writing the
+same output; the checks are repeated under the lock right before the rename, so an
 output created meanwhile (by the user or another run) is never replaced. A forced replacement moves
 the old directory aside, renames the new one in, and only then deletes the old one: on a failure or
 an interrupt in between the old directory is moved back, and a writer killed outright (SIGKILL)
