@@ -30,7 +30,7 @@ import numpy as np
 from dpaudit.cache import check_cache_dir, discard_entry, entry_problem, resolve_cache_dir, write_hashed_file
 from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run
 from dpaudit.data import Dataset, Identity, Splits, Standardizer
-from dpaudit.errors import InputError, OutputBusyError
+from dpaudit.errors import InputError
 from dpaudit.fileio import wait_for_writer
 from dpaudit.models import ModelSpec, PythonSpec, factory_source_sha256
 from dpaudit.progress import NULL_PROGRESS, Progress
@@ -124,11 +124,15 @@ def _read_cached(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
     The directory name is the cache key, so an entry is found only for the exact same data,
     model, training config, seed and training set.
     """
+    try:
+        seen = path.stat()  # the entry checked (another process may replace it meanwhile: see discard_entry)
+    except OSError:
+        return None
     if not _checkpoint_ok(path):
         return None
     problem = entry_problem(path, hashed=(LOGITS_FILE,))
     if problem is not None:
-        discard_entry(path, problem)
+        discard_entry(path, problem, seen)
         return None
     try:
         logits = np.load(path / LOGITS_FILE, allow_pickle=False)
@@ -211,8 +215,12 @@ def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Pa
             seed=int(seed),
             fractions=(),
         )
-        if path.exists() and not _checkpoint_ok(path):
-            discard_entry(path, f"no {CHECKPOINT_FILE}")
+        try:
+            seen = path.stat()
+        except OSError:
+            seen = None
+        if seen is not None and not _checkpoint_ok(path):
+            discard_entry(path, f"no {CHECKPOINT_FILE}", seen)
         if not _checkpoint_ok(path):  # else only the logits file was missing
             try:
                 train_run(
@@ -225,9 +233,10 @@ def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Pa
                     label_column=recipe.label_column,
                     preprocessing=recipe.preprocessing,
                 )
-            except OutputBusyError:  # another process trains the same key: use its model once written
+            except InputError:  # another process trained the same key (it saves now, or it saved first: the
+                # entry "already exists"): its entry, written atomically under the same key, is this model
                 wait_for_writer(path)
-                if not _checkpoint_ok(path):
+                if not _checkpoint_ok(path) or entry_problem(path, hashed=(LOGITS_FILE,)) is not None:
                     raise
         logits = load_run(path).logits(recipe.dataset.view())
     finally:

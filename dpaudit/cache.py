@@ -19,7 +19,15 @@ import warnings
 from pathlib import Path
 
 from dpaudit.errors import InputError, IntegrityWarning
-from dpaudit.fileio import check_writable_parent, foreign_files, sha256_bytes, sha256_file, write_atomic_file
+from dpaudit.fileio import (
+    check_writable_parent,
+    foreign_files,
+    is_file_tmp_of,
+    move_aside,
+    sha256_bytes,
+    sha256_file,
+    write_atomic_file,
+)
 
 CACHE_DIR_ENV = "DPAUDIT_CACHE_DIR"
 
@@ -90,10 +98,14 @@ HASH_SUFFIX = ".sha256"
 
 
 def write_hashed_file(entry: Path, name: str, data: bytes) -> Path:
-    """Write ``entry/name`` and ``entry/name.sha256`` (each atomically; the hash last)."""
+    """Write ``entry/name.sha256`` and ``entry/name`` (each atomically; the hash first).
+
+    The hash first: a reader (another process sharing the cache) that comes in between finds the file missing,
+    not yet written, and recomputes just it; with the file first it found the file without its hash and
+    discarded the whole entry as untrusted (IntegrityWarning), under the writer."""
     entry = Path(entry)
-    write_atomic_file(entry / name, data, force=True)
     write_atomic_file(entry / (name + HASH_SUFFIX), sha256_bytes(data) + "\n", force=True)
+    write_atomic_file(entry / name, data, force=True)
     return entry / name
 
 
@@ -103,7 +115,9 @@ def entry_problem(entry: Path, hashed: tuple[str, ...] = ()) -> str | None:
     (the caller recomputes just them)."""
     entry = Path(entry)
     extra = set(hashed) | {h + HASH_SUFFIX for h in hashed}
-    changed = [f for f in foreign_files(entry) if f not in extra]
+    # The temporary file of an atomic write of a hashed file is dpaudit's own: another process writing it now,
+    # or one killed while writing it (the next write of that file removes it). Neither makes the entry untrusted.
+    changed = [f for f in foreign_files(entry) if f not in extra and not any(is_file_tmp_of(f, h) for h in extra)]
     if changed:
         return f"{', '.join(changed[:3])} changed since it was written"
     for name in hashed:
@@ -114,12 +128,44 @@ def entry_problem(entry: Path, hashed: tuple[str, ...] = ()) -> str | None:
             recorded = (entry / (name + HASH_SUFFIX)).read_text().strip()
         except OSError:
             return f"{name} has no recorded sha256"
-        if not f.is_file() or sha256_file(f) != recorded:
+        try:
+            actual = sha256_file(f) if f.is_file() else None
+        except OSError:  # removed meanwhile (another process discarding the entry): not to be trusted either
+            actual = None
+        if actual != recorded:
             return f"{name} does not match its recorded sha256"
     return None
 
 
-def discard_entry(entry: Path, problem: str) -> None:
-    """Warn (IntegrityWarning) that a cache entry is untrusted and remove it, so it is recomputed."""
-    warnings.warn(f"cache entry {entry} is untrusted ({problem}); recomputing it", IntegrityWarning, stacklevel=3)
-    shutil.rmtree(entry, ignore_errors=True)
+def discard_entry(entry: Path, problem: str, seen: os.stat_result | None = None) -> None:
+    """Warn (IntegrityWarning) that a cache entry is untrusted and remove it, so it is recomputed.
+
+    ``seen``: the entry's ``os.stat`` from before it was checked. Another process sharing the cache may have
+    discarded the same entry and saved a new one meanwhile (a directory renamed in): that one is not the entry
+    found untrusted, and is left in place. The entry is first renamed aside (atomic: only one process moves a
+    directory away), then removed; a writer killed meanwhile leaves a temporary sibling the next write removes."""
+    entry = Path(entry)
+    moved = move_aside(entry)
+    if moved is None:  # gone (another process discarded it first), or it cannot be moved: removed where it is
+        try:
+            same = seen is None or os.path.samestat(seen, entry.stat())
+        except OSError:
+            return
+        if same:
+            _warn_untrusted(entry, problem)
+            shutil.rmtree(entry, ignore_errors=True)
+        return
+    try:
+        replaced = seen is not None and not os.path.samestat(seen, moved.stat())
+    except OSError:
+        replaced = False
+    if replaced:  # another process's new entry: back in place (unless a third one saved one there meanwhile)
+        with contextlib.suppress(OSError):
+            os.rename(moved, entry)
+    else:
+        _warn_untrusted(entry, problem)
+    shutil.rmtree(moved.parent, ignore_errors=True)
+
+
+def _warn_untrusted(entry: Path, problem: str) -> None:
+    warnings.warn(f"cache entry {entry} is untrusted ({problem}); recomputing it", IntegrityWarning, stacklevel=4)

@@ -8,8 +8,9 @@ holds anything the manifest does not list (a file the user added, or one changed
 input of the command lies inside it, or when it contains the working directory.
 
 A directory is written into a hidden temporary sibling and renamed into place. While that happens a
-lock file beside it (``.NAME.dpaudit-lock``, holding the writer's pid) keeps a second dpaudit process
-from writing the same output; the checks are repeated under the lock right before the rename, so an
+lock file beside it (``.NAME.dpaudit-lock``, holding the writer's pid, locked with ``flock`` where the OS
+has it, so a dead writer's lock is released by the kernel) keeps a second dpaudit process from writing the
+same output; the checks are repeated under the lock right before the rename, so an
 output created meanwhile (by the user or another run) is never replaced. A forced replacement moves
 the old directory aside, renames the new one in, and only then deletes the old one: on a failure or
 an interrupt in between the old directory is moved back, and a writer killed outright (SIGKILL)
@@ -34,6 +35,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dpaudit.errors import InputError, OutputBusyError, OutputError
+
+try:
+    import fcntl
+except ImportError:  # Windows: the lock is the pid alone
+    fcntl = None  # type: ignore[assignment]
 
 MANIFEST = ".dpaudit-manifest.json"
 MANIFEST_VERSION = 1
@@ -164,9 +170,18 @@ def foreign_files(directory: Path) -> list[str]:
         if rel == MANIFEST and manifest is not None:
             continue
         p = directory / rel
-        if rel not in recorded or p.is_symlink() or not p.is_file() or sha256_file(p) != recorded[rel]:
+        if rel not in recorded or p.is_symlink() or not p.is_file() or _sha256_or_none(p) != recorded[rel]:
             foreign.append(rel)
     return foreign
+
+
+def _sha256_or_none(path: Path) -> str | None:
+    """The file's sha256, or None when it cannot be read, e.g. removed meanwhile by another process (a cache
+    entry another process discards): a file that is not what was written."""
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
 
 
 def _listing(names: list[str]) -> str:
@@ -224,35 +239,97 @@ def _pid_alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def output_lock(out: Path) -> Iterator[None]:
-    """Hold ``.NAME.dpaudit-lock`` beside ``out`` (O_EXCL; a lock whose pid is dead is stale and taken
-    over). A live holder means another dpaudit process writes ``out``: InputError."""
+    """Hold ``.NAME.dpaudit-lock`` beside ``out``, holding the writer's pid. A live holder means another dpaudit
+    process writes ``out``: OutputBusyError (exit code 2).
+
+    Where the OS has ``flock`` (Linux, macOS; on NFS the server's lock manager, so across hosts too) the lock
+    is the kernel's, on the lock file, released when its holder dies however it dies: a lock file a killed run
+    left is taken over atomically (two runs that found it at once took it over both, each removing the other's
+    fresh lock as stale, and wrote the output together). Elsewhere: ``O_EXCL`` and the pid (a lock whose pid is
+    dead is stale)."""
     out = Path(out)
     lock = _lock_path(out)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _pid_alive(pid):
-                raise OutputBusyError(
-                    f"{out} is being written by another dpaudit process (pid {pid}); wait or choose another --out"
-                ) from None
-            lock.unlink(missing_ok=True)  # stale: its writer died
-            continue
-        except OSError as e:
-            raise output_error(e, out) from None
-        break
-    else:
-        raise InputError(f"{out} is being written by another dpaudit process ({lock}); wait for it")
+    fd = _take_lock(lock, out) if fcntl is not None else None
+    if fd is None:
+        fd = _take_lock_by_pid(lock, out)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)  # before the lock goes: a process that opened this file meanwhile retries
+        os.close(fd)
+
+
+def _lock_pid(lock: Path) -> int:
+    try:
+        return int(lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _busy(out: Path, pid: int) -> OutputBusyError:
+    return OutputBusyError(
+        f"{out} is being written by another dpaudit process (pid {pid}); wait or choose another --out"
+        if pid
+        else f"{out} is being written by another dpaudit process ({_lock_path(out)}); wait for it"
+    )
+
+
+def _take_lock(lock: Path, out: Path) -> int | None:
+    """The lock file's descriptor, locked (flock), or None where the file system has no locks."""
+    for _ in range(8):  # another holder may unlink the file between our open and our lock: open it again
+        foreign = False
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        except PermissionError as e:  # another user's lock file (0644): locked as it is, replaced when stale
+            try:
+                fd, foreign = os.open(lock, os.O_RDONLY), True
+            except OSError:
+                raise output_error(e, out) from None
+        except OSError as e:
+            raise output_error(e, out) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _busy(out, _lock_pid(lock)) from None
+        except OSError:  # no locks on this file system (ENOLCK, EOPNOTSUPP): the pid alone
+            os.close(fd)
+            return None
+        try:
+            st, mine = os.stat(lock), os.fstat(fd)
+            current = (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+        except FileNotFoundError:
+            current = False
+        if not current:  # the holder released it (and removed the file) between our open and our lock
+            os.close(fd)
+            continue
+        pid = _lock_pid(lock)
+        if pid and pid != os.getpid() and _pid_alive(pid):  # written by a dpaudit without flock, still at work
+            os.close(fd)
+            raise _busy(out, pid)
+        if foreign:  # a dead holder's, that we cannot write: removed while we hold it, and made anew
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            os.close(fd)
+            continue
+        return fd  # a lock file left by a dead holder is taken over here, atomically
+    raise _busy(out, _lock_pid(lock))
+
+
+def _take_lock_by_pid(lock: Path, out: Path) -> int:
+    for _ in range(2):
+        try:
+            return os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pid = _lock_pid(lock)
+            if pid and _pid_alive(pid):
+                raise _busy(out, pid) from None
+            lock.unlink(missing_ok=True)  # stale: its writer died
+        except OSError as e:
+            raise output_error(e, out) from None
+    raise _busy(out, 0)
 
 
 def _lock_path(out: Path) -> Path:
@@ -265,13 +342,34 @@ def wait_for_writer(out: Path, *, timeout_s: float = 3600.0, poll_s: float = 0.5
 
     lock, end = _lock_path(Path(out)), time.monotonic() + timeout_s
     while lock.exists() and time.monotonic() < end:
-        try:
-            pid = int(lock.read_text().strip() or 0)
-        except (OSError, ValueError):
-            pid = 0
-        if pid and not _pid_alive(pid):
+        held = _lock_held(lock)
+        if held is None:  # no flock: the pid alone (which names no process here for a writer on another host)
+            pid = _lock_pid(lock)
+            held = not pid or _pid_alive(pid)
+        if not held:
             return
         time.sleep(poll_s)
+
+
+def _lock_held(lock: Path) -> bool | None:
+    """Whether a process holds ``lock`` (flock; on NFS, one on any host), or None where there is no flock."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe, released at once
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
 
 
 def _siblings(out: Path, kind: str) -> list[Path]:
@@ -294,6 +392,24 @@ def recover_leftovers(out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     for tmp in _siblings(out, _TMP):
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def move_aside(path: Path) -> Path | None:
+    """Rename the directory ``path`` into a new temporary sibling folder (atomic: of several processes moving
+    one directory away, one moves it) and return its new path, to be removed with its folder; None when ``path``
+    is gone or cannot be moved. A process killed before removing it leaves a sibling that the next atomic
+    write of ``path`` removes (:func:`recover_leftovers`)."""
+    path = Path(path)
+    try:
+        aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=_TMP, dir=path.parent))
+    except OSError:
+        return None
+    try:
+        os.rename(path, aside / path.name)
+    except OSError:
+        shutil.rmtree(aside, ignore_errors=True)
+        return None
+    return aside / path.name
 
 
 def _umask() -> int:
@@ -403,10 +519,23 @@ def check_output_file(path: Path, *, force: bool) -> Path:
     return path
 
 
+def _file_tmp_pattern(name: str) -> re.Pattern[str]:
+    # write_atomic_file's mkstemp(prefix=".NAME.PID.", suffix=_TMP): 8 random characters in between.
+    return re.compile(r"\." + re.escape(name) + r"\.(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP))
+
+
+def is_file_tmp_of(rel: str, name: str) -> bool:
+    """Whether ``rel`` (a name in a folder) is the temporary file of an atomic write of ``name`` beside it:
+    one in progress (another process's), or one a killed writer left (removed by the next write of ``name``)."""
+    return _file_tmp_pattern(name).fullmatch(rel) is not None
+
+
 def _remove_dead_writers_files(path: Path) -> None:
     """Remove the temporary siblings (``.NAME.PID.XXXXXXXX.dpaudit-tmp``) that writers of ``path`` killed
-    outright (SIGKILL, power loss) left behind: those whose pid is no longer alive. A live writer's is kept."""
-    pattern = re.compile(r"\." + re.escape(path.name) + r"\.(\d+)\.[A-Za-z0-9_]{8}" + re.escape(_TMP))
+    outright (SIGKILL, power loss) left behind: those whose pid is no longer alive and that no process holds
+    (a writer holds its file's flock until the rename: on a folder shared over NFS, a writer on another host,
+    whose pid names no process here, is at work). A live writer's is kept."""
+    pattern = _file_tmp_pattern(path.name)
     try:
         entries = list(path.parent.iterdir())
     except OSError:
@@ -414,8 +543,26 @@ def _remove_dead_writers_files(path: Path) -> None:
     for p in entries:
         m = pattern.fullmatch(p.name)
         if m and int(m[1]) != os.getpid() and not p.is_symlink() and p.is_file() and not _pid_alive(int(m[1])):
-            with contextlib.suppress(OSError):
-                p.unlink()
+            _unlink_unless_held(p)
+
+
+def _unlink_unless_held(p: Path) -> None:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while it is removed
+            except BlockingIOError:
+                return  # a live writer's (on another host)
+            except OSError:
+                pass  # no locks on this file system: the pid alone
+        with contextlib.suppress(OSError):
+            p.unlink()
+    finally:
+        os.close(fd)
 
 
 def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
@@ -431,9 +578,16 @@ def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
         raise output_error(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
+            if fcntl is not None:  # held until the rename: the file is a live writer's (_remove_dead_writers_files)
+                with contextlib.suppress(OSError):
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
-        os.replace(tmp, path)
+            f.flush()
+            os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
+            if fcntl is not None:
+                os.replace(tmp, path)
+        if fcntl is None:  # Windows renames no open file
+            os.replace(tmp, path)
     except OSError as e:
         raise output_error(e, path, Path(tmp)) from None
     finally:

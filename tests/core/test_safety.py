@@ -201,6 +201,109 @@ def test_a_stale_lock_of_a_dead_writer_is_taken_over(tmp_path):
     assert (out / "a").read_text() == "1" and leftovers(tmp_path) == []
 
 
+def test_two_writers_taking_over_one_stale_lock_do_not_both_hold_it(tmp_path, monkeypatch):
+    """Two CI jobs started together on an output whose lock a killed run left: both read the dead pid; the first
+    removed the stale lock and made its own, then the second removed that one (believing it still the stale one)
+    and made its own, and both wrote the output at once (each cleared the other's temporary folder as a killed
+    writer's leftover). Forced here: the second job's takeover runs inside the first's check of the dead pid.
+    The lock is now held by the kernel (flock), released when its holder dies, so the second job is refused."""
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".out.dpaudit-lock").write_text(dead.stdout)
+    real_alive, second, holders = fileio._pid_alive, [], []
+
+    def alive(pid: int) -> bool:
+        if pid == int(dead.stdout) and not second:  # the first job checks the dead pid; the second one starts now
+            second.append(fileio.output_lock(out))
+            try:
+                second[0].__enter__()
+                holders.append("second")
+            except InputError:
+                second[0] = None
+        return real_alive(pid)
+
+    monkeypatch.setattr(fileio, "_pid_alive", alive)
+    try:
+        with fileio.output_lock(out):
+            holders.append("first")
+    except InputError as e:
+        assert "being written by another dpaudit process" in str(e)
+    finally:
+        if second and second[0] is not None:
+            second[0].__exit__(None, None, None)
+    assert len(holders) == 1, holders  # one of them writes, the other is refused (exit 2)
+    assert not (tmp_path / ".out.dpaudit-lock").exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock: the lock is the pid alone")
+def test_a_lock_held_by_a_writer_on_another_host_is_not_taken_for_stale(tmp_path):
+    """A cache or output folder on NFS shared by two CI runners: the writer on the other runner records its pid,
+    which names no process here. The lock was taken for a dead writer's and taken over (two writers of one output,
+    each removing the other's temporary folder). The lock is the file system's now: held, it is refused."""
+    import fcntl
+
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock = tmp_path / ".out.dpaudit-lock"
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other host's writer, at work
+        os.write(fd, dead.stdout.encode())
+        with pytest.raises(InputError, match=f"being written by another dpaudit process \\(pid {int(dead.stdout)}\\)"):
+            write_atomic_dir(out, writer({"a": "1"}), force=False)
+        assert lock.exists() and not out.exists()
+    finally:
+        os.close(fd)
+    write_atomic_dir(out, writer({"a": "1"}), force=False)  # released: written
+    assert (out / "a").read_text() == "1" and leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock: the lock is the pid alone")
+def test_waiting_for_a_writer_on_another_host_waits_until_it_is_done(tmp_path, monkeypatch):
+    """Two CI runners training the same reference model into one cache on NFS: the one that found the entry being
+    saved waits for the writer (fileio.wait_for_writer) and uses its entry. The writer's pid names no process on
+    this host, so the wait returned at once and the run failed with 'being written by another dpaudit process'.
+    It now waits while the lock is held (the poll's sleep, here, releases it)."""
+    import fcntl
+    import time
+
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    fd = os.open(tmp_path / ".out.dpaudit-lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other host's writer, at work
+    os.write(fd, dead.stdout.encode())
+    polls = []
+
+    def poll(_s: float) -> None:  # the other host's writer finishes during the first poll
+        polls.append(1)
+        (tmp_path / ".out.dpaudit-lock").unlink()
+        os.close(fd)
+
+    monkeypatch.setattr(time, "sleep", poll)
+    fileio.wait_for_writer(out, timeout_s=3600.0)
+    assert polls == [1]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock: the pid alone")
+def test_the_temporary_file_of_a_writer_on_another_host_is_not_removed_as_a_dead_writers(tmp_path):
+    """Two CI runners writing the same file on NFS (a cache entry's logits): each write first removes the temporary
+    files of dead writers, told by their pid, and the pid of the other host's writer names no process here: its
+    file was removed under it and its rename failed ('cannot write ...: No such file or directory', exit 2). A
+    writer holds its temporary file's flock until the rename: a held file is a live writer's, and kept."""
+    import fcntl
+
+    from dpaudit.fileio import write_atomic_file
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    theirs = tmp_path / f".logits.npy.{int(dead.stdout)}.abcd_123.dpaudit-tmp"
+    with open(theirs, "wb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other host's writer, at work
+        write_atomic_file(tmp_path / "logits.npy", b"mine", force=True)
+        assert theirs.exists()
+    write_atomic_file(tmp_path / "logits.npy", b"mine", force=True)  # released without a rename: a dead one's
+    assert not theirs.exists() and (tmp_path / "logits.npy").read_bytes() == b"mine"
+
+
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, OSError])
 def test_an_interrupted_forced_replacement_leaves_the_old_output_in_place(tmp_path, monkeypatch, interrupt):
     out = tmp_path / "out"
