@@ -4,6 +4,8 @@ trained ceil(epochs·N/B) steps for different N)."""
 
 from __future__ import annotations
 
+import pytest
+
 from dpaudit.data import load_dataset
 from dpaudit.models import default_spec
 from dpaudit.training.config import DPConfig, TrainConfig
@@ -12,13 +14,18 @@ from dpaudit.workflows import audit_training
 from .test_workflows import _spy_fits
 
 
-def test_in_and_out_runs_train_the_same_number_of_steps(monkeypatch):
-    """Poisson add/remove: 101 records with the canary, 100 without, batch 50, one epoch — ceil(N/B)
-    would be 3 and 2 steps; the recipe fixes the larger dataset's count for both."""
+@pytest.mark.parametrize("private", [True, False])
+def test_in_and_out_runs_train_the_same_number_of_steps(private, monkeypatch):
+    """101 records with the canary, 100 without, batch 50, one epoch — ⌈N/B⌉ would be 3 and 2 steps; the recipe
+    fixes the larger dataset's count for both. (With Poisson the recipe's fixed rate q = B/N_max alone now gives
+    both sides ⌈E/q⌉ steps; a non-private recipe's shuffled batches still count ⌈N/B⌉ per epoch of each side's N.)"""
     calls = _spy_fits(monkeypatch)
     ds = load_dataset("digits")
     spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=10)
-    config = TrainConfig(algo="dpsgd", epochs=1, batch_size=50, lr=1.0, dp=DPConfig(clip=1.0, noise_multiplier=1.0))
+    dp = DPConfig(clip=1.0, noise_multiplier=1.0)
+    config = TrainConfig(
+        algo="dpsgd" if private else "sgd", epochs=1, batch_size=50, lr=1.0, dp=dp if private else None
+    )
     audit_training(ds, spec, config, runs=2, train_size=100, seed=0)
     (idx_in, _, c_in), _, (idx_out, _, c_out), _ = calls
     assert len(idx_in) == len(idx_out) + 1
