@@ -392,7 +392,7 @@ LONG_INVERSE_BELOW_DELTA = 1e-8
 # with dp_accounting's PLD at DP-SGD q = 256/60000, T = 14063, delta 1e-5: σ = 142 spans 3 points of 1e-4 nats
 # (eps 0.0148), 28 of 1e-5 (0.00861), 280 of 1e-6 (0.00852); finer grids gain nothing (0.00852 at 3e-7, 0.00853 at
 # 1e-7, where tail truncation starts to cost). benchmarks/RESULTS.md.
-GRID_POINTS_PER_LEAF = 1000
+GRID_POINTS_PER_LEAF = 500
 MAX_GRID_HALVINGS = 12  # at most 4096x finer than value_discretization_interval
 JL_CAP_MARGIN = 25.0  # nats between a certified epsilon and the JL loss cap (PldAccountant docstring)
 JL_MAX_WIDENINGS = 8
