@@ -27,8 +27,18 @@ from dpaudit.accounting import (
     zcdp_epsilon_simple,
 )
 from dpaudit.accounting.zcdp import zcdp_delta
-from dpaudit.errors import InputError, UnsupportedEventError
-from dpaudit.events import ZCDP, EpsilonDelta, Gaussian, GNMax, JLGaussian, Laplace, PoissonSampled
+from dpaudit.errors import InputError, UnreachableTargetError, UnsupportedEventError
+from dpaudit.events import (
+    ZCDP,
+    EpsilonDelta,
+    Gaussian,
+    GNMax,
+    JLGaussian,
+    Laplace,
+    LNMax,
+    PoissonSampled,
+    RandomizedResponse,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Analytic Gaussian (Balle & Wang 2018)
@@ -269,7 +279,7 @@ def _ckx_grid(rho, delta=None, eps=None):
     return float(min(1.0, math.exp(min(0.0, float(np.min(log_d))))))
 
 
-@pytest.mark.parametrize(("rho", "delta"), [(1e-3, 1e-5), (0.05, 1e-6), (0.5, 1e-3), (20.0, 1e-10)])
+@pytest.mark.parametrize(("rho", "delta"), [(1e-3, 1e-5), (0.05, 1e-6), (0.5, 1e-3), (1.0, 1e-5), (20.0, 1e-10)])
 def test_zcdp_conversions_are_the_optimum_over_orders(rho, delta):
     # The optimiser only affects tightness, so the code's epsilon is >= the grid's minimum up to the grid's
     # spacing, and a mutant that lands elsewhere (a wrong bound, a wrong sign) is seen as not tight.
@@ -282,7 +292,9 @@ def test_zcdp_conversions_are_the_optimum_over_orders(rho, delta):
 
 
 def test_zcdp_degenerate_points_and_accountant():
-    assert zcdp_epsilon(0.0, 1e-5) == 0.0 and zcdp_delta(0.0, 0.1) == 0.0
+    assert zcdp_epsilon(0.0, 1e-5) == 0.0 and zcdp_delta(0.0, 0.1) == 0.0 and zcdp_delta(0.0, 0.0) == 0.0
+    # Where the bound at some order is below 0 (rho 1e-4, delta 1/2: -0.69 at alpha = 2), epsilon is 0, not negative.
+    assert zcdp_epsilon(1e-4, 0.5) == 0.0
     assert zcdp_epsilon(math.inf, 1e-5) == math.inf and zcdp_delta(math.inf, 1.0) == 1.0
     assert zcdp_epsilon_simple(math.inf, 1e-5) == math.inf
     # Huge rho at a small epsilon: delta is capped at 1 (the log-space bound exceeds 0 there).
@@ -299,6 +311,20 @@ def test_zcdp_degenerate_points_and_accountant():
     assert acc.delta(0.3) == zcdp_delta(acc.rho, 0.3)
     assert ZcdpAccountant().compose(Gaussian(0.0)).rho == math.inf
     assert ZcdpAccountant().compose(Laplace(0.0)).rho == math.inf
+    # LNMax of scale b is (2/b, 0)-DP (Papernot et al. 2017, Sec. 3), so rho = (2/b)^2 / 2 (Bun & Steinke, Prop. 1.4).
+    assert ZcdpAccountant().compose(LNMax(4.0, 10)).rho == pytest.approx(0.125, rel=1e-15)
+    assert ZcdpAccountant().compose(LNMax(0.0, 10)).rho == math.inf
+    # k-ary randomized response keeping the truth w.p. 1 - p: its largest privacy loss is
+    # log((1 - p + p/k) / (p/k)) = log(k/p - k + 1) (pure DP), so rho = that^2 / 2 (Bun & Steinke, Prop. 1.4).
+    for p, k in ((0.5, 2), (0.2, 10), (0.9, 3)):
+        loss = math.log((1 - p + p / k) / (p / k))
+        assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(p, k)).rho == pytest.approx(
+            loss * loss / 2, rel=1e-12
+        )
+    for p, k, rho in ((1.0, 5, 0.0), (0.3, 1, 0.0), (0.0, 5, math.inf)):
+        assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(p, k)).rho == rho
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        ZcdpAccountant().compose(RandomizedResponse(0.5, 2))
 
 
 def test_classic_theorems_cap_delta_and_refuse_out_of_range_inputs():
@@ -329,11 +355,23 @@ def test_analytic_gaussian_scales_with_sensitivity_and_its_extremes():
     assert analytic_gaussian_epsilon(2.0, 1e-5, sensitivity=0.0) == 0.0
     assert analytic_gaussian_delta(0.0, 1.0, sensitivity=0.0) == 0.0
     assert analytic_gaussian_sigma(math.inf, 1e-5) == 0.0
+    # epsilon = 0: delta(0) = 2 Phi(mu/2) - 1 (Balle & Wang 2018, Thm. 8), so sigma = 1 / (2 Phi^-1((1 + delta)/2)).
+    import mpmath as mp
+
+    with mp.workdps(40):
+        exact0 = float(1 / (2 * mp.sqrt(2) * mp.erfinv(mp.mpf("1e-3"))))
+    assert exact0 * (1 - 1e-12) <= analytic_gaussian_sigma(0.0, 1e-3) <= exact0 * (1 + 1e-8)
+    # ... and delta = 1e-13 would need sigma ~ 4e12, beyond the search's 1e12 sensitivities: refused, not guessed.
+    with pytest.raises(UnreachableTargetError, match="no sigma reaches"):
+        analytic_gaussian_sigma(0.0, 1e-13)
     with pytest.raises(InputError):
         analytic_gaussian_sigma(1.0, 1e-5, sensitivity=0.0)
     # A huge epsilon needs sigma well below the sensitivity (the bracket is halved down to it), still sound and tight.
     s = analytic_gaussian_sigma(60.0, 0.01)
     assert s < 0.2 and analytic_gaussian_delta(s, 60.0) <= 0.01 < analytic_gaussian_delta(s * (1 - 1e-6), 60.0)
+    # An absurd epsilon is met even at the search's floor, 1e-12 sensitivities: that sigma is returned, and sound.
+    s = analytic_gaussian_sigma(1e30, 1e-5)
+    assert s <= 1e-12 and analytic_gaussian_delta(s, 1e30) <= 1e-5
     # A tiny epsilon with a tiny delta needs sigma far above the sensitivity (the bracket is doubled).
     s = analytic_gaussian_sigma(1e-3, 1e-12)
     assert s > 100 and analytic_gaussian_delta(s, 1e-3) <= 1e-12 < analytic_gaussian_delta(s * (1 - 1e-6), 1e-3)
