@@ -87,3 +87,109 @@ def test_a_target_met_by_the_least_accepted_noise_is_refused_as_too_large():
             calibrate_noise_multiplier(target_epsilon=target, delta=1e-5, make_event=make)
     sigma = calibrate_noise_multiplier(target_epsilon=least / 2, delta=1e-5, make_event=make)
     assert 1e-6 < sigma and epsilon_for(make(sigma), 1e-5) <= least / 2
+
+
+# Closed-form oracles through the GDP accountant (Dong, Roth & Su 2022): T Gaussians of noise sigma are exactly
+# (sqrt(T)/sigma)-GDP (Cor. 3.3), so the calibrated value is fixed by the one mu* with delta(eps; mu*) = delta
+# (Cor. 2.13), found here by 50-digit bisection with mpmath, independent of the code's searches.
+
+
+def _mu_star(eps, delta):
+    import mpmath as mp
+
+    with mp.workdps(50):
+        lo, hi = mp.mpf("1e-6"), mp.mpf(100)
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            d = mp.ncdf(-eps / mid + mid / 2) - mp.exp(eps) * mp.ncdf(-eps / mid - mid / 2)
+            lo, hi = (mid, hi) if d < delta else (lo, mid)
+        return float(lo), float(hi)
+
+
+@pytest.mark.parametrize(("target", "delta", "steps"), [(1.0, 1e-5, 1), (0.3, 1e-6, 16), (6.0, 1e-3, 3)])
+def test_calibrated_noise_is_the_exact_gdp_optimum_within_tol(target, delta, steps):
+    from dpaudit.events import SelfComposed
+
+    lo, hi = _mu_star(target, delta)
+    sigma_star = math.sqrt(steps) / lo  # the smallest sound sigma (mu <= mu*)
+    tol = 1e-4
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target, delta=delta, make_event=lambda s: SelfComposed(Gaussian(s), steps), accountant="gdp",
+        tol=tol,
+    )  # fmt: skip
+    # Sound: never less noise than the optimum (up to the oracle's bracket); tight: within the relative tol.
+    assert sigma >= math.sqrt(steps) / hi * (1 - 1e-12)
+    assert sigma <= sigma_star * (1 + tol)
+
+
+@pytest.mark.parametrize(("target", "delta", "sigma"), [(1.0, 1e-5, 8.0), (2.0, 1e-6, 6.0), (0.5, 1e-5, 20.0)])
+def test_calibrated_steps_are_the_exact_gdp_optimum(target, delta, sigma):
+    from dpaudit.events import SelfComposed
+
+    lo, hi = _mu_star(target, delta)
+    # The largest T with sqrt(T)/sigma <= mu*: floor((mu* sigma)^2), the oracle's bracket narrow enough to fix it.
+    t_lo, t_hi = math.floor((lo * sigma) ** 2), math.floor((hi * sigma) ** 2)
+    assert t_lo == t_hi
+    t = calibrate_steps(target_epsilon=target, delta=delta, make_event=lambda n: SelfComposed(Gaussian(sigma), n),
+                        accountant="gdp")  # fmt: skip
+    assert t == t_lo
+    capped = calibrate_steps(target_epsilon=target, delta=delta, accountant="gdp", max_steps=t_lo - 1,
+                             make_event=lambda n: SelfComposed(Gaussian(sigma), n))  # fmt: skip
+    assert capped == t_lo - 1
+    with pytest.raises(UnreachableTargetError, match="single step"):
+        calibrate_steps(target_epsilon=target, delta=delta, accountant="gdp", make_event=lambda n: Gaussian(0.1))
+
+
+@pytest.mark.filterwarnings("ignore:GDP accounting of Poisson")
+@pytest.mark.parametrize(("target", "delta", "sigma", "steps"), [(1.0, 1e-5, 1.0, 400), (0.5, 1e-6, 2.0, 2000)])
+def test_calibrated_sample_rate_is_the_clt_closed_form(target, delta, sigma, steps):
+    # GDP's CLT: mu = q sqrt(T (e^(1/sigma^2) - 1)) (Bu et al. 2020), so q* = mu* / sqrt(T expm1(1/sigma^2)).
+    lo, hi = _mu_star(target, delta)
+    scale = math.sqrt(steps * math.expm1(1 / sigma**2))
+    tol = 1e-4
+    q = calibrate_sample_rate(
+        target_epsilon=target, delta=delta, accountant="gdp", tol=tol,
+        make_event=lambda r: dpsgd_event(noise_multiplier=sigma, sample_rate=r, steps=steps),
+    )  # fmt: skip
+    assert hi / scale * (1 + 1e-12) >= q >= lo / scale * (1 - tol)
+    with pytest.raises(UnreachableTargetError, match=r"sample_rate >= 0\.01"):
+        calibrate_sample_rate(
+            target_epsilon=target, delta=delta, accountant="gdp", min_sample_rate=0.01,
+            make_event=lambda r: dpsgd_event(noise_multiplier=0.2, sample_rate=r, steps=steps),
+        )  # fmt: skip
+    with pytest.raises(InputError, match="min_sample_rate"):
+        calibrate_sample_rate(target_epsilon=target, delta=delta, min_sample_rate=1.0, make_event=Gaussian)
+
+
+def test_a_formal_lower_bound_refuses_unreachable_targets_at_once_and_skips_slow_evaluations():
+    from dpaudit.accounting import GdpAccountant
+
+    delta, calls = 1e-5, []
+
+    def factory():
+        calls.append(1)
+        return GdpAccountant()
+
+    def exact(s):  # the accountant's own epsilon: a lower bound of itself, with equality
+        return GdpAccountant().compose(Gaussian(s)).epsilon(delta)
+
+    # A target below the bound at the largest noise allowed is refused before any accountant is built.
+    with pytest.raises(
+        UnreachableTargetError, match=r"even that much noise gives epsilon >= .* \(a formal lower bound\)"
+    ):
+        calibrate_noise_multiplier(target_epsilon=exact(8192.0) / 2, delta=delta, make_event=Gaussian,
+                                   accountant=factory, max_noise_multiplier=8192.0, lower_bound=exact)  # fmt: skip
+    assert calls == []
+    # A target equal to the bound there is reachable (at that noise): refused only when the bound exceeds it.
+    target = exact(8192.0)
+    sigma = calibrate_noise_multiplier(target_epsilon=target, delta=delta, make_event=Gaussian, accountant=factory,
+                                       max_noise_multiplier=8192.0, lower_bound=exact)  # fmt: skip
+    assert exact(sigma) <= target and sigma <= 8192.0
+    # Same answer with and without the bound, with fewer accountant evaluations (the doubling is skipped).
+    calls.clear()
+    with_bound = calibrate_noise_multiplier(target_epsilon=0.05, delta=delta, make_event=Gaussian,
+                                            accountant=factory, lower_bound=exact)  # fmt: skip
+    n_with = len(calls)
+    calls.clear()
+    without = calibrate_noise_multiplier(target_epsilon=0.05, delta=delta, make_event=Gaussian, accountant=factory)
+    assert with_bound == without and n_with < len(calls)

@@ -27,8 +27,18 @@ from dpaudit.accounting import (
     zcdp_epsilon_simple,
 )
 from dpaudit.accounting.zcdp import zcdp_delta
-from dpaudit.errors import InputError, UnsupportedEventError
-from dpaudit.events import ZCDP, EpsilonDelta, Gaussian, GNMax, JLGaussian, Laplace, PoissonSampled
+from dpaudit.errors import InputError, UnreachableTargetError, UnsupportedEventError
+from dpaudit.events import (
+    ZCDP,
+    EpsilonDelta,
+    Gaussian,
+    GNMax,
+    JLGaussian,
+    Laplace,
+    LNMax,
+    PoissonSampled,
+    RandomizedResponse,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Analytic Gaussian (Balle & Wang 2018)
@@ -187,3 +197,206 @@ def test_amplification_by_subsampling():
     for q in (0.01, 0.1, 0.5, 1.0):
         assert amplification_by_subsampling(1.0, 0.0, q)[0] <= 2 * q
     assert amplification_by_subsampling(1e-12, 0.0, 1e-9)[0] == pytest.approx(1e-21, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge cases and independent high-precision oracles (mutation testing, seventh pass)
+# ---------------------------------------------------------------------------------------------
+
+
+def _mp_gdp_delta(mu, eps):
+    """delta(eps) of mu-GDP (Dong, Roth & Su 2022, Cor. 2.13) at 50 digits with mpmath."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        mu, eps = mp.mpf(mu), mp.mpf(eps)
+        return mp.ncdf(-eps / mu + mu / 2) - mp.exp(eps) * mp.ncdf(-eps / mu - mu / 2)
+
+
+def _mp_bisect(f, lo, hi, n=200):
+    """Root of an increasing f on [lo, hi] by bisection (independent of scipy's brentq)."""
+    for _ in range(n):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return lo, hi
+
+
+def test_gdp_conversions_at_their_degenerate_points():
+    # mu = 0: identical distributions, delta = 0 at every epsilon and epsilon = 0 at every delta (a 0/0 raised).
+    for eps in (0.0, 0.5):
+        assert gdp_delta(0.0, eps) == 0.0
+    assert gdp_epsilon(0.0, 1e-5) == 0.0 and gdp_epsilon(0.0, 0.0) == 0.0
+    # mu = inf: distinguishable with certainty; epsilon = inf: no delta left.
+    assert gdp_delta(math.inf, 3.0) == 1.0 and gdp_epsilon(math.inf, 0.5) == math.inf
+    assert gdp_delta(1.0, math.inf) == 0.0
+    # delta(eps) = e^-2e8 or e^-4.5e8 is 0 in float64; there the two log-space terms round to b >= a (the branch
+    # that returns 0, not a negative or a one).
+    assert gdp_delta(1e-4, 2.0) == 0.0 and gdp_delta(1e-3, 30.0) == 0.0
+    # delta = 0 needs epsilon = inf for any mu > 0 (the tails of two Gaussians never match).
+    assert gdp_epsilon(1.0, 0.0) == math.inf
+    # delta at or above delta(0) = Phi(mu/2) - Phi(-mu/2) is met by epsilon = 0 (never a negative epsilon).
+    d0 = float(_mp_gdp_delta(0.1, 0.0))  # 0.0399
+    assert gdp_epsilon(0.1, d0 * 1.01) == 0.0 and gdp_epsilon(0.1, 0.6) == 0.0
+    assert gdp_epsilon(0.1, d0 * 0.99) > 0.0
+    for bad in (-0.1, 1.0, 1.5):
+        with pytest.raises(InputError):
+            gdp_epsilon(1.0, bad)
+    acc = GdpAccountant()
+    acc.compose(Gaussian(1.0))
+    assert acc.epsilon(0.0) == math.inf and acc.delta(math.inf) == 0.0
+
+
+@pytest.mark.parametrize(("mu", "delta"), [(0.3, 1e-5), (1.0, 1e-5), (2.5, 1e-9), (6.0, 1e-3)])
+def test_gdp_epsilon_and_delta_against_a_50_digit_oracle(mu, delta):
+    # gdp_delta to 1e-9 relative; gdp_epsilon is the smallest epsilon with delta(epsilon) <= delta: above the root
+    # found by bisection at 50 digits, and within 1e-9 of it.
+    for eps in (0.0, 0.7, 3.0, 12.0):
+        assert gdp_delta(mu, eps) == pytest.approx(float(_mp_gdp_delta(mu, eps)), rel=1e-9, abs=1e-300)
+    lo, hi = _mp_bisect(lambda e: delta - _mp_gdp_delta(mu, e), 0.0, 200.0)
+    eps = gdp_epsilon(mu, delta)
+    assert float(lo) * (1 - 1e-12) <= eps <= float(hi) * (1 + 1e-9) + 1e-12
+    assert gdp_delta(mu, eps) <= delta  # the documented guarantee (brentq's root is nudged up where it misses)
+
+
+@pytest.mark.parametrize(("eps", "delta"), [(1.0, 1e-5), (0.2, 0.01), (4.0, 1e-10), (20.0, 1e-3), (2e7, 0.5)])
+def test_gdp_mu_from_epsilon_delta_against_a_50_digit_oracle(eps, delta):
+    # (20, 1e-3): mu* ~ 5.7 > 1, the bracket is doubled; (2e7, 0.5): mu* ~ sqrt(2 eps) = 6325, still below the cap.
+    from dpaudit.accounting.gdp import gdp_mu_from_epsilon_delta
+
+    lo, hi = _mp_bisect(lambda m: _mp_gdp_delta(m, eps) - delta, 1e-9, 1e5)
+    assert gdp_mu_from_epsilon_delta(eps, delta) == pytest.approx(float((lo + hi) / 2), rel=1e-9)
+    # delta(eps; mu) ~ Phi(mu/2 - eps/mu): delta = 1/2 at eps = 1e9 needs mu ~ sqrt(2e9) > 1e4, reported as infinite.
+    assert gdp_mu_from_epsilon_delta(1e9, 0.5) == math.inf
+
+
+def _ckx_grid(rho, delta=None, eps=None):
+    """Canonne, Kamath & Steinke 2020 (arXiv:2004.00010, Prop. 12 on r(alpha) = rho alpha), minimised over a fine
+    grid of orders alpha = 1 + e^t in float64 numpy (independent of the code's scalar optimiser)."""
+    a = 1.0 + np.exp(np.linspace(-12.0, 12.0, 200_001))
+    if eps is None:
+        return float(np.min(a * rho + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)))
+    log_d = (a - 1.0) * (a * rho - eps) + a * np.log1p(-1.0 / a) - np.log(a - 1.0)
+    return float(min(1.0, math.exp(min(0.0, float(np.min(log_d))))))
+
+
+@pytest.mark.parametrize(("rho", "delta"), [(1e-3, 1e-5), (0.05, 1e-6), (0.5, 1e-3), (1.0, 1e-5), (20.0, 1e-10)])
+def test_zcdp_conversions_are_the_optimum_over_orders(rho, delta):
+    # The optimiser only affects tightness, so the code's epsilon is >= the grid's minimum up to the grid's
+    # spacing, and a mutant that lands elsewhere (a wrong bound, a wrong sign) is seen as not tight.
+    grid = _ckx_grid(rho, delta=delta)
+    assert grid * (1 - 1e-6) - 1e-9 <= zcdp_epsilon(rho, delta) <= grid * (1 + 1e-6) + 1e-9
+    eps = 0.5 * grid
+    d_grid = _ckx_grid(rho, eps=eps)
+    assert zcdp_delta(rho, eps) == pytest.approx(d_grid, rel=1e-5)
+    assert zcdp_delta(rho, 1.5 * grid) < delta < zcdp_delta(rho, eps)
+
+
+def test_zcdp_degenerate_points_and_accountant():
+    assert zcdp_epsilon(0.0, 1e-5) == 0.0 and zcdp_delta(0.0, 0.1) == 0.0 and zcdp_delta(0.0, 0.0) == 0.0
+    # Where the bound at some order is below 0 (rho 1e-4, delta 1/2: -0.69 at alpha = 2), epsilon is 0, not negative.
+    assert zcdp_epsilon(1e-4, 0.5) == 0.0
+    assert zcdp_epsilon(math.inf, 1e-5) == math.inf and zcdp_delta(math.inf, 1.0) == 1.0
+    assert zcdp_epsilon_simple(math.inf, 1e-5) == math.inf
+    # Huge rho at a small epsilon: delta is capped at 1 (the log-space bound exceeds 0 there).
+    assert zcdp_delta(50.0, 0.0) == 1.0
+    for bad in (0.0, 1.0):
+        with pytest.raises(InputError):
+            zcdp_epsilon(0.1, bad)
+    with pytest.raises(InputError):
+        zcdp_epsilon_simple(0.1, 1.0)
+    acc = ZcdpAccountant().compose(Gaussian(2.0), 2).compose(GNMax(4.0, 10))
+    # Gaussian: 1/(2 sigma^2) each (Bun & Steinke 2016, Prop. 1.6); GNMax: sensitivity sqrt(2), 2/(2 sigma^2).
+    assert acc.rho == pytest.approx(2 / 8 + 1 / 16, rel=1e-15)
+    assert acc.epsilon(0.0) == math.inf and ZcdpAccountant().compose(ZCDP(0.0)).epsilon(0.0) == 0.0
+    assert acc.delta(0.3) == zcdp_delta(acc.rho, 0.3)
+    assert ZcdpAccountant().compose(Gaussian(0.0)).rho == math.inf
+    assert ZcdpAccountant().compose(Laplace(0.0)).rho == math.inf
+    # LNMax of scale b is (2/b, 0)-DP (Papernot et al. 2017, Sec. 3), so rho = (2/b)^2 / 2 (Bun & Steinke, Prop. 1.4).
+    assert ZcdpAccountant().compose(LNMax(4.0, 10)).rho == pytest.approx(0.125, rel=1e-15)
+    assert ZcdpAccountant().compose(LNMax(0.0, 10)).rho == math.inf
+    # k-ary randomized response keeping the truth w.p. 1 - p: its largest privacy loss is
+    # log((1 - p + p/k) / (p/k)) = log(k/p - k + 1) (pure DP), so rho = that^2 / 2 (Bun & Steinke, Prop. 1.4).
+    for p, k in ((0.5, 2), (0.2, 10), (0.9, 3)):
+        loss = math.log((1 - p + p / k) / (p / k))
+        assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(p, k)).rho == pytest.approx(
+            loss * loss / 2, rel=1e-12
+        )
+    for p, k, rho in ((1.0, 5, 0.0), (0.3, 1, 0.0), (0.0, 5, math.inf)):
+        assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(p, k)).rho == rho
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        ZcdpAccountant().compose(RandomizedResponse(0.5, 2))
+
+
+def test_classic_theorems_cap_delta_and_refuse_out_of_range_inputs():
+    # Dwork & Roth 2014, Thm. 3.16 and 3.20: delta sums (capped at 1, a probability).
+    assert basic_composition([1.0, 2.0], [0.6, 0.7]) == (3.0, 1.0)
+    assert advanced_composition(0.1, 0.2, 10, 1e-6)[1] == 1.0
+    for bad in ((-0.1, 0.0), (0.1, 1.5), (0.1, -1e-9)):
+        with pytest.raises(InputError):
+            basic_composition([bad[0]], [bad[1]])
+    with pytest.raises(InputError):
+        advanced_composition(0.1, 1e-8, 0, 1e-6)
+    with pytest.raises(InputError):
+        advanced_composition(0.1, 1e-8, 10, 0.0)
+    # One mechanism (k = 1): sqrt(2 ln(1/delta')) eps + eps (e^eps - 1), not below eps for small delta'.
+    e1, d1 = advanced_composition(0.5, 0.0, 1, 1e-3)
+    assert e1 == pytest.approx(math.sqrt(2 * math.log(1e3)) * 0.5 + 0.5 * math.expm1(0.5), rel=1e-15) and d1 == 1e-3
+    # Poisson subsampling (Balle, Barthe & Gaboardi 2018): q = 1 changes nothing; eps = inf stays inf.
+    assert amplification_by_subsampling(0.7, 1e-5, 1.0) == (pytest.approx(0.7, rel=1e-15), 1e-5)
+    assert amplification_by_subsampling(math.inf, 0.5, 0.1) == (math.inf, pytest.approx(0.05))
+    with pytest.raises(InputError):
+        amplification_by_subsampling(1.0, 1e-5, 0.0)
+
+
+def test_analytic_gaussian_scales_with_sensitivity_and_its_extremes():
+    # Balle & Wang 2018, Thm. 8 depends on Delta / sigma only.
+    assert analytic_gaussian_delta(2.0, 0.5, sensitivity=3.0) == pytest.approx(float(_mp_gdp_delta(1.5, 0.5)), rel=1e-9)
+    assert analytic_gaussian_epsilon(2.0, 1e-5, sensitivity=3.0) == gdp_epsilon(1.5, 1e-5)
+    assert analytic_gaussian_epsilon(2.0, 1e-5, sensitivity=0.0) == 0.0
+    assert analytic_gaussian_delta(0.0, 1.0, sensitivity=0.0) == 0.0
+    assert analytic_gaussian_sigma(math.inf, 1e-5) == 0.0
+    # epsilon = 0: delta(0) = 2 Phi(mu/2) - 1 (Balle & Wang 2018, Thm. 8), so sigma = 1 / (2 Phi^-1((1 + delta)/2)).
+    import mpmath as mp
+
+    with mp.workdps(40):
+        exact0 = float(1 / (2 * mp.sqrt(2) * mp.erfinv(mp.mpf("1e-3"))))
+    assert exact0 * (1 - 1e-12) <= analytic_gaussian_sigma(0.0, 1e-3) <= exact0 * (1 + 1e-8)
+    # ... and delta = 1e-13 would need sigma ~ 4e12, beyond the search's 1e12 sensitivities: refused, not guessed.
+    with pytest.raises(UnreachableTargetError, match="no sigma reaches"):
+        analytic_gaussian_sigma(0.0, 1e-13)
+    with pytest.raises(InputError):
+        analytic_gaussian_sigma(1.0, 1e-5, sensitivity=0.0)
+    # A huge epsilon needs sigma well below the sensitivity (the bracket is halved down to it), still sound and tight.
+    s = analytic_gaussian_sigma(60.0, 0.01)
+    assert s < 0.2 and analytic_gaussian_delta(s, 60.0) <= 0.01 < analytic_gaussian_delta(s * (1 - 1e-6), 60.0)
+    # An absurd epsilon is met even at the search's floor, 1e-12 sensitivities: that sigma is returned, and sound.
+    s = analytic_gaussian_sigma(1e30, 1e-5)
+    assert s <= 1e-12 and analytic_gaussian_delta(s, 1e30) <= 1e-5
+    # A tiny epsilon with a tiny delta needs sigma far above the sensitivity (the bracket is doubled).
+    s = analytic_gaussian_sigma(1e-3, 1e-12)
+    assert s > 100 and analytic_gaussian_delta(s, 1e-3) <= 1e-12 < analytic_gaussian_delta(s * (1 - 1e-6), 1e-3)
+
+
+def test_gdp_leaves_at_their_edges_and_the_tradeoff_curves_refuse_alphas_outside_0_1():
+    # Gaussian(sigma) is exactly (1/sigma)-GDP (Dong, Roth & Su 2022, Thm. 2.7); no noise is mu = inf, not an error.
+    assert GdpAccountant().compose(Gaussian(1.0)).mu == 1.0
+    assert GdpAccountant().compose(Gaussian(0.0)).mu == math.inf
+    assert GdpAccountant().compose(PoissonSampled(1.0, Gaussian(1.0))).mu == 1.0
+    assert GdpAccountant().compose(PoissonSampled(1.0, Gaussian(0.0))).mu == math.inf
+    assert GdpAccountant().compose(GNMax(0.0, 10)).mu == math.inf
+    with pytest.raises(UnsupportedEventError, match="add_remove"):
+        GdpAccountant(neighbouring="replace_one").compose(PoissonSampled(0.1, Gaussian(1.0)))
+    with pytest.raises(UnsupportedEventError, match="only Gaussian mechanisms"):
+        GdpAccountant().compose(PoissonSampled(0.1, Laplace(1.0)))
+    with pytest.raises(UnsupportedEventError, match=r"Prop\. B\.5"):
+        GdpAccountant().compose(JLGaussian(1.0, 5))
+    # The CLT mu (Bu et al. 2020): q sqrt(T (e^(1/sigma^2) - 1)); sigma = 1 exactly, no noise and too little noise.
+    assert gdp_mu_poisson_clt(0.01, 1.0, 100) == pytest.approx(0.01 * math.sqrt(100 * math.expm1(1.0)), rel=1e-15)
+    assert gdp_mu_poisson_clt(0.01, 0.0, 10) == math.inf
+    assert gdp_mu_poisson_clt(0.01, 0.03, 10) == math.inf  # 1/sigma^2 = 1111: e^1111 overflows
+    assert gdp_mu_poisson_clt(0.01, 0.04, 10) == pytest.approx(0.01 * math.sqrt(10 * math.expm1(625.0)), rel=1e-14)
+    for bad in ([0.5, 1.5], [-0.5, 0.5], [0.5, math.nan]):
+        with pytest.raises(InputError, match=r"alpha in \[0, 1\]"):
+            gdp_tradeoff(1.0, bad)
+        with pytest.raises(InputError, match=r"alpha in \[0, 1\]"):
+            epsilon_delta_tradeoff(1.0, 1e-5, bad)

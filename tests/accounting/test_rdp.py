@@ -205,3 +205,62 @@ def test_composed_gaussians_inside_sampling_use_effective_sigma():
     a = RdpAccountant().compose(PoissonSampled(0.01, inner), 50).epsilon(1e-5)
     b = RdpAccountant().compose(PoissonSampled(0.01, Gaussian(math.sqrt(2.0))), 50).epsilon(1e-5)
     assert a == pytest.approx(b, rel=1e-12)
+
+
+def _cks_eps(alpha, r, delta):
+    """Canonne, Kamath & Steinke 2020 (arXiv:2004.00010), Prop. 12, at 40 digits."""
+    with mpmath.workdps(40):
+        a, r, d = mpmath.mpf(alpha), mpmath.mpf(r), mpmath.mpf(delta)
+        return r + mpmath.log((a - 1) / a) - (mpmath.log(d) + mpmath.log(a)) / (a - 1)
+
+
+def _cks_delta(alpha, r, eps):
+    """The same proposition solved for delta, and the Bretagnolle-Huber bound sqrt(1 - e^-r), at 40 digits."""
+    with mpmath.workdps(40):
+        a, r, e = mpmath.mpf(alpha), mpmath.mpf(r), mpmath.mpf(eps)
+        cks = mpmath.exp((a - 1) * (r - e)) / (a - 1) * (1 - 1 / a) ** a
+        return min(cks, mpmath.sqrt(1 - mpmath.exp(-r)))
+
+
+def test_rdp_conversions_are_the_published_formula_minimised_over_the_orders():
+    # A Gaussian's exact curve r(alpha) = alpha / (2 sigma^2) (Mironov 2017, Prop. 7) on a few orders; the order
+    # 1.005 (< 1.01) is skipped by design, so the minimum is over the others.
+    orders = np.array([1.005, 1.5, 2.0, 3.5, 8.0, 32.0, 256.0])
+    for sigma, delta in ((3.0, 1e-5), (0.8, 1e-3), (20.0, 1e-10)):
+        r = orders / (2 * sigma**2)
+        expected = [float(_cks_eps(a, x, delta)) for a, x in zip(orders[1:], r[1:], strict=True)]
+        eps, order = rdp_to_epsilon(orders, r, delta)
+        assert eps == pytest.approx(max(0.0, min(expected)), rel=1e-12)
+        assert order == orders[1 + int(np.argmin(expected))]
+        d_expected = [float(_cks_delta(a, x, eps)) for a, x in zip(orders[1:], r[1:], strict=True)]
+        d, d_order = rdp_to_delta(orders, r, eps)
+        assert d == pytest.approx(min(d_expected), rel=1e-10) and d <= delta * (1 + 1e-9)
+        assert d_order == orders[1 + int(np.argmin(d_expected))]
+
+
+def test_rdp_conversions_at_their_edges():
+    o = np.array([2.0, 4.0])
+    # Bretagnolle-Huber: (0, delta)-DP once delta >= sqrt(1 - e^-r) at some order.
+    tiny = np.array([1e-6, 2e-6])
+    assert rdp_to_epsilon(o, tiny, 0.002)[0] == 0.0  # sqrt(1 - e^-1e-6) = 0.0009999995 <= 0.002
+    # Where the formula goes below 0 without the Bretagnolle-Huber bound (alpha 20, r 0.085, delta 0.2: -0.033,
+    # while delta^2 = 0.04 < 1 - e^-0.085 = 0.081), (0, delta)-DP holds: 0, never a negative epsilon.
+    assert rdp_to_epsilon([20.0], [0.085], 0.2)[0] == 0.0
+    assert rdp_to_epsilon(o, tiny, 1e-4)[0] > 0.0
+    assert rdp_to_delta(o, tiny, 0.0)[0] == pytest.approx(math.sqrt(-math.expm1(-1e-6)), rel=1e-9)
+    # delta = 1 costs nothing; delta = 0 is infinite unless the curve is 0.
+    assert rdp_to_epsilon(o, [5.0, 9.0], 1.0)[0] == 0.0
+    # ... but any delta < 1 below sqrt(1 - e^-r) still costs epsilon: 0.6 < sqrt(1 - e^-5) = 0.9966.
+    assert rdp_to_epsilon(o, [5.0, 9.0], 0.6)[0] == pytest.approx(float(_cks_eps(2.0, 5.0, 0.6)), rel=1e-12)
+    assert rdp_to_epsilon(o, [0.1, 0.2], 0.0)[0] == math.inf and rdp_to_epsilon(o, [0.0, 0.0], 0.0)[0] == 0.0
+    # An infinite order (accepted by the curves) gives NaN in the formula; it is skipped, never taken as the minimum.
+    inf_order = rdp_to_epsilon([2.0, math.inf], [0.5, math.inf], 1e-5)
+    assert inf_order == (pytest.approx(float(_cks_eps(2.0, 0.5, 1e-5)), rel=1e-12), 2.0)
+    # A zero curve is (0, 0)-DP: delta 0 at every epsilon; an infinite order's value does not hide a finite one's.
+    assert rdp_to_delta(o, [0.0, 0.0], 0.5)[0] == 0.0
+    assert rdp_to_delta(o, [0.5, math.inf], 1.0)[0] == pytest.approx(float(_cks_delta(2.0, 0.5, 1.0)), rel=1e-12)
+    # An infinite RDP value gives delta 1 at any epsilon (capped: a probability), never more or less.
+    assert rdp_to_delta(o, [math.inf, math.inf], 50.0)[0] == 1.0
+    for conv in (rdp_to_epsilon, rdp_to_delta):
+        with pytest.raises(ValueError, match="same length"):
+            conv(o, [0.1], 0.5)
