@@ -258,6 +258,24 @@ def test_gdp_epsilon_and_delta_against_a_50_digit_oracle(mu, delta):
     assert gdp_delta(mu, eps) <= delta  # the documented guarantee (brentq's root is nudged up where it misses)
 
 
+def test_gdp_delta_is_never_below_the_50_digit_value_where_its_terms_cancel():
+    # Small mu: delta = e^a - e^b with b - a -> 0, and the rounding of a and b was amplified in the difference:
+    # 2.8e-8 below the 50-digit value at mu = 1e-8, eps = 1e-9; 2.2e-13 at mu = 1e-3, eps = 0; and
+    # analytic_gaussian_sigma(0, 1e-7) returned a sigma 2.9e-11 below the exact 1/(2 sqrt2 erfinv(delta)).
+    import mpmath
+
+    for mu in (1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.3):
+        for eps in (0.0, 1e-9, 1e-6, 1e-4, 1e-3, 0.05):
+            exact = _mp_gdp_delta(mu, eps)
+            if exact > 1e-300:
+                ours = gdp_delta(mu, eps)
+                assert ours >= exact and ours <= exact * (1 + 1e-6), (mu, eps)  # the margin, bounded
+    with mpmath.workdps(50):
+        for delta in (1e-5, 1e-7, 1e-9, 1e-11):
+            exact = 1 / (2 * mpmath.sqrt(2) * mpmath.erfinv(delta))
+            assert exact <= analytic_gaussian_sigma(0.0, delta) <= exact * (1 + 1e-12), delta
+
+
 @pytest.mark.parametrize(("eps", "delta"), [(1.0, 1e-5), (0.2, 0.01), (4.0, 1e-10), (20.0, 1e-3), (2e7, 0.5)])
 def test_gdp_mu_from_epsilon_delta_against_a_50_digit_oracle(eps, delta):
     # (20, 1e-3): mu* ~ 5.7 > 1, the bracket is doubled; (2e7, 0.5): mu* ~ sqrt(2 eps) = 6325, still below the cap.
