@@ -21,6 +21,7 @@ from dpaudit.accounting import (
     epsilon_delta_tradeoff,
     gdp_delta,
     gdp_epsilon,
+    gdp_mu_from_epsilon_delta,
     gdp_mu_poisson_clt,
     gdp_tradeoff,
     zcdp_epsilon,
@@ -120,6 +121,24 @@ def test_gdp_full_batch_is_exact_without_warning():
         warnings.simplefilter("error")
         acc = GdpAccountant().compose(PoissonSampled(1.0, Gaussian(2.0)), 4)
     assert acc.mu == pytest.approx(1.0) and not acc.approximate
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "mu_approx"),
+    [
+        # Large epsilon: mu ~ sqrt(2 eps) (the bracket stopped at mu = 1e4 and returned inf: `audit plan
+        # --true-epsilon 1e9` then simulated NaN scores and failed with "scores must be finite").
+        (1e9, 1e-5, math.sqrt(2e9)),
+        # epsilon = 0: delta = 2 Phi(mu/2) - 1 ~ mu / sqrt(2 pi) (brentq started at mu = 1e-12, where delta is
+        # already 4e-13, and raised "f(a) and f(b) must have different signs").
+        (0.0, 1e-13, 1e-13 * math.sqrt(2 * math.pi)),
+    ],
+)
+def test_gdp_mu_from_an_epsilon_delta_point_is_finite_at_both_ends(eps, delta, mu_approx):
+    mu = gdp_mu_from_epsilon_delta(eps, delta)
+    assert mu == pytest.approx(mu_approx, rel=1e-2)
+    # Phi(mu/2) near 1/2 is rounded to 1e-16 absolute: 0.1 % of delta = 1e-13.
+    assert gdp_delta(mu, eps) == pytest.approx(delta, rel=1e-2)
 
 
 def test_gdp_rejects_jl_and_pure_dp():
