@@ -100,6 +100,16 @@ def test_subsampled_gaussian_delta_by_integration():
     assert exact * (1 - 1e-12) <= ours <= exact * (1 + 1e-3)
 
 
+@pytest.mark.parametrize("sigma", [1e20, 1e300])
+def test_subsampled_gaussian_with_vast_noise_is_nearly_free_not_infinite(sigma):
+    # mu = 1/sigma below ~1e-16: the loss range's upper end log(1 - q + q e^(mu z + mu^2/2)) rounded to exactly 0,
+    # the mass above it (half of P) was put at an infinite loss, and `account dpsgd --accountant pld
+    # --noise-multiplier 1e20` printed epsilon = inf (rdp and the unsubsampled Gaussian said 0).
+    acc = PldAccountant().compose(PoissonSampled(0.5, Gaussian(sigma)), 10)
+    # Each step's losses are rounded up by at most one grid interval: 10 steps, at most 10 intervals.
+    assert 0.0 <= acc.epsilon(1e-5) <= 10 * acc.interval
+
+
 def test_round_trip_epsilon_delta():
     acc = PldAccountant(value_discretization_interval=1e-3).compose(
         SelfComposed(PoissonSampled(0.02, Gaussian(1.0)), 300)
