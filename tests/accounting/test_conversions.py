@@ -29,7 +29,17 @@ from dpaudit.accounting import (
 )
 from dpaudit.accounting.zcdp import zcdp_delta
 from dpaudit.errors import InputError, UnsupportedEventError
-from dpaudit.events import ZCDP, EpsilonDelta, Gaussian, GNMax, JLGaussian, Laplace, PoissonSampled
+from dpaudit.events import (
+    ZCDP,
+    EpsilonDelta,
+    Gaussian,
+    GNMax,
+    JLGaussian,
+    Laplace,
+    LNMax,
+    PoissonSampled,
+    RandomizedResponse,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Analytic Gaussian (Balle & Wang 2018)
@@ -165,6 +175,22 @@ def test_zcdp_gaussian_and_pure_dp():
     # (Bun & Steinke 2016, Prop. 1.6), was refused as "subsampling is not supported".
     full = ZcdpAccountant().compose(dpsgd_event(sample_rate=1.0, noise_multiplier=2.0, steps=5))
     assert full.rho == pytest.approx(5 / 8, rel=1e-15)
+
+
+def test_zcdp_of_the_aggregation_and_randomized_response_leaves():
+    # No test composed these leaves into the zcdp accountant (coverage): each rho against its closed form.
+    # GNMax: one changed vote moves the histogram by sqrt(2) in L2, rho = 2 / (2 sigma^2) (Papernot et al. 2018,
+    # Prop. 8); LNMax: (2/b)-DP (Papernot et al. 2017), rho = eps^2 / 2 (Bun & Steinke 2016, Prop. 1.4); k-ary
+    # randomized response keeping the truth w.p. 1 - p: eps = log(k/p - k + 1).
+    assert ZcdpAccountant().compose(GNMax(3.0, 10)).rho == pytest.approx(1 / 9, rel=1e-15)
+    assert ZcdpAccountant().compose(LNMax(4.0, 10), 2).rho == pytest.approx(2 * 0.5**2 / 2, rel=1e-15)
+    assert ZcdpAccountant().compose(LNMax(0.0, 10)).rho == math.inf
+    rr = ZcdpAccountant(neighbouring="replace_one")
+    assert rr.compose(RandomizedResponse(0.5, 4)).rho == pytest.approx(math.log(5.0) ** 2 / 2, rel=1e-15)
+    assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(1.0, 4)).rho == 0.0
+    assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(0.0, 4)).rho == math.inf
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        ZcdpAccountant().compose(RandomizedResponse(0.5, 4))
 
 
 @pytest.mark.parametrize("rho", [1e-4, 0.01, 0.5, 5.0])
