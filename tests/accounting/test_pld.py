@@ -17,8 +17,10 @@ from dpaudit.events import (
     EpsilonDelta,
     FixedSizeSampled,
     Gaussian,
+    GNMax,
     JLGaussian,
     Laplace,
+    LNMax,
     PoissonSampled,
     RandomizedResponse,
     SelfComposed,
@@ -74,6 +76,19 @@ def test_randomized_response_closed_form():
     assert acc.epsilon(1e-12) == pytest.approx(eps0, abs=1e-4)
     # delta(0) = total variation = 1 - p (first two outcomes move 1 - p of mass).
     assert acc.delta(0.0) == pytest.approx(1 - p, rel=1e-9)
+
+
+def test_aggregation_leaves_are_their_mechanisms():
+    # No test composed GNMax or LNMax into the pld accountant (coverage). GNMax: one changed vote moves the
+    # histogram by sqrt(2) in L2, the Gaussian of sigma / sqrt(2) (Papernot et al. 2018, Prop. 8).
+    gnmax = PldAccountant().compose(GNMax(3.0, 10), 5).epsilon(1e-5)
+    assert gnmax == PldAccountant().compose(Gaussian(3.0 / math.sqrt(2.0)), 5).epsilon(1e-5)
+    # LNMax with Laplace scale b is (2/b, 0)-DP (Papernot et al. 2017), here b = 4: losses +-1/2, P's mass at
+    # +1/2 is p = e^(1/2) / (1 + e^(1/2)), delta(eps) = p (1 - e^(eps - 1/2)) below 1/2.
+    p = math.exp(0.5) / (1 + math.exp(0.5))
+    assert PldAccountant().compose(LNMax(4.0, 10)).epsilon(1e-5) == pytest.approx(0.5 + math.log1p(-1e-5 / p), abs=1e-4)
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        PldAccountant().compose(RandomizedResponse(0.5, 4))
 
 
 def test_subsampled_gaussian_delta_by_integration():
