@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import special, stats
 
 from dpaudit.accounting import (
     GdpAccountant,
@@ -146,9 +146,15 @@ def test_gdp_full_batch_is_exact_without_warning():
 )
 def test_gdp_mu_from_an_epsilon_delta_point_is_finite_at_both_ends(eps, delta, mu_approx):
     mu = gdp_mu_from_epsilon_delta(eps, delta)
-    assert mu == pytest.approx(mu_approx, rel=1e-2)
-    # Phi(mu/2) near 1/2 is rounded to 1e-16 absolute: 0.1 % of delta = 1e-13.
-    assert gdp_delta(mu, eps) == pytest.approx(delta, rel=1e-2)
+    assert mu == pytest.approx(mu_approx, rel=1e-2, abs=0.0)  # abs=0: pytest's default 1e-12 would pass any 1e-13
+    assert gdp_delta(mu, eps) == pytest.approx(delta, rel=1e-6, abs=0.0)
+
+
+@pytest.mark.parametrize("mu", [1e-3, 1e-9, 1e-12])
+def test_gdp_delta_at_epsilon_zero_is_the_total_variation_to_full_precision(mu):
+    # delta(0) = Phi(mu/2) - Phi(-mu/2) = erf(mu / (2 sqrt 2)) (Dong, Roth & Su 2022, Cor. 2.13 at eps = 0). The
+    # log-space difference cancelled near Phi = 1/2: 1.7e-7 low at mu = 1e-9, 1e-4 low at mu = 1e-12 (under-reported).
+    assert gdp_delta(mu, 0.0) == pytest.approx(float(special.erf(mu / (2 * math.sqrt(2)))), rel=1e-14, abs=0.0)
 
 
 def test_gdp_rejects_jl_and_pure_dp():
