@@ -53,7 +53,6 @@ TOKEN_REFUSAL = (
     "token ids are discrete (no gradient to follow): refused for token data; use `dpaudit attack mia` "
     "(membership) or canaries (`dpaudit train --canaries`) for a model over tokens"
 )
-STOP_REASONS = ("threshold", "no-improvement", "max-iterations", "budget")
 # What is descended on (the MI-FACE cost c(x) = 1 - f_y(x) + AUXTERM(x) is always the one reported and the
 # one the threshold gamma tests):
 # - "mi-face": c itself (Fredrikson et al. 2015, Algorithm 1, line 5). On a confident model f_y(x_0) is

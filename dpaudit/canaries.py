@@ -322,12 +322,16 @@ def read_canary_dir(path: Path, dataset: Dataset) -> CanarySet:
         raise InputError(f"{path}: unreadable canary directory ({e})") from None
     if design.get("format") != CANARY_DIR_FORMAT or len(cs.y) != design.get("m") or len(cs.included) != len(cs.y):
         raise InputError(f"{path}: malformed canary directory")
-    shape = tuple(int(d) for d in design.get("feature_shape", ()))
+    try:  # an edited canaries.json: a shape or a class count that is no integer is malformed, not a crash
+        shape = tuple(int(d) for d in design.get("feature_shape", ()))
+        n_classes = int(design.get("n_classes", -1))
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: malformed canary directory (feature_shape or n_classes is not an integer)") from None
     if shape != tuple(dataset.feature_shape) or tuple(cs.X.shape[1:]) != shape:
         raise InputError(
             f"{path}: the canaries were made for features of shape {shape}, the data has {tuple(dataset.feature_shape)}"
         )
-    if int(design.get("n_classes", -1)) != dataset.n_classes or (len(cs.y) and cs.y.max() >= dataset.n_classes):
+    if n_classes != dataset.n_classes or (len(cs.y) and cs.y.max() >= dataset.n_classes):
         raise InputError(
             f"{path}: the canaries were made for {design.get('n_classes')} classes, not {dataset.n_classes}"
         )

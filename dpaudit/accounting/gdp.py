@@ -89,14 +89,22 @@ def gdp_mu_from_epsilon_delta(epsilon: float, delta: float) -> float:
     Used by audits to turn an empirical (ε, δ) into μ; δ(ε; μ) increases in μ (Dong, Roth & Su
     2022, Corollary 2.13), so this is a bracketed root.
     """
-    check_non_negative(epsilon=epsilon)
+    epsilon = check_non_negative(epsilon=epsilon)
     delta = check_in_interval(0.0, 1.0, delta=delta)
+    if math.isinf(epsilon):
+        return math.inf
+    # δ(ε; μ) runs from 0 (μ = 0) to 1 (μ = ∞), so both ends are found by doubling and halving, without a
+    # fixed cap: a finite ε has a finite μ (about sqrt(2ε) for large ε), and a tiny δ a tiny μ (at ε = 0,
+    # δ = 2Φ(μ/2) - 1 ~ μ/sqrt(2π)).
     hi = 1.0
     while gdp_delta(hi, epsilon) < delta:
         hi *= 2.0
-        if hi > 1e4:
-            return math.inf
-    return float(optimize.brentq(lambda m: gdp_delta(m, epsilon) - delta, 1e-12, hi, xtol=1e-14))
+    lo = hi
+    while lo > 0.0 and gdp_delta(lo, epsilon) >= delta:
+        lo /= 2.0
+    return float(
+        optimize.brentq(lambda m: gdp_delta(m, epsilon) - delta, lo, hi, xtol=max(1e-14 * lo, 1e-300), maxiter=500)
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -221,8 +221,8 @@ def epsilon_lower_bound(
     lo, hi = 0.0, 1.0
     while log_bound(hi) > log_delta:
         lo, hi = hi, 2.0 * hi
-        if hi > 1e12:
-            return math.inf
+        if hi > 1e12:  # unreachable (the z0/sigma grid stops at 1e5: delta_G(1e12) underflows), and if it were
+            return lo  # reached, the lower bound shown so far is lo (inf would claim more than was shown)
     while hi - lo > 1e-3 * hi:
         mid = 0.5 * (lo + hi)
         if log_bound(mid) > log_delta:

@@ -411,8 +411,11 @@ BETA_FACTORS = (0.3, 0.35, 0.4, 0.45, 0.49)  # the authors' search range 0.3/lam
 
 
 def per_query_rdp(kind: str, hist: np.ndarray, answered: np.ndarray, params: dict[str, float], order: float) -> float:
-    """Total data-dependent RDP at ``order`` of the answered queries (``kind``: gnmax, confident-gnmax,
-    lnmax); Confident-GNMax also pays its threshold check on every query."""
+    """Total data-dependent RDP at ``order`` of the answered queries (``kind``: gnmax or confident-gnmax, the
+    mechanisms the sanitiser covers: :func:`sanitised_claim` refuses the others); Confident-GNMax also pays its
+    threshold check on every query."""
+    if kind not in ("gnmax", "confident-gnmax"):  # a mechanism without an analysis here is never accounted as GNMax
+        raise InputError(f"no data-dependent RDP for {kind}; expected gnmax or confident-gnmax")
     h = _hist(hist)
     o = np.array([order])
     total = 0.0
@@ -420,10 +423,6 @@ def per_query_rdp(kind: str, hist: np.ndarray, answered: np.ndarray, params: dic
         for mx in h.max(1):
             total += float(rdp_threshold_data_dependent(float(mx), params["threshold"], params["sigma1"], o)[0])
     rows = np.flatnonzero(answered) if kind == "confident-gnmax" else np.arange(len(h))
-    if kind == "lnmax":
-        for lq in log_q_lnmax(h[rows], params["sigma"]):
-            total += float(rdp_lnmax_data_dependent(float(lq), 2.0 / params["sigma"], o)[0])
-        return total
     for lq in log_q_gnmax(h[rows], params["sigma"]):
         total += _beta_gnmax(float(lq), params["sigma"], order)
     return total

@@ -787,6 +787,16 @@ def _ginv(t: np.ndarray, q: float) -> np.ndarray:
         return np.where(t > 1.0, large, small) - math.log(q)
 
 
+def _subsampled_loss(q: float, log_ratio: float) -> float:
+    """g(l) = log(1 - q + q e^l), the loss of a Poisson-subsampled pair whose inner loss is l. As log1p(q expm1(l))
+    for l < 700: the log-sum-exp form rounds 1 - q + q (1 + l) back to exactly 1 for |l| below ~1e-16 (a noise
+    multiplier above ~1e17): the loss range [log(1 - q), 0] then left out the mass above 0, which was put at an
+    infinite loss (epsilon = inf)."""
+    if log_ratio < 700.0:
+        return float(math.log1p(q * math.expm1(log_ratio)))
+    return float(np.logaddexp(math.log1p(-q), math.log(q) + log_ratio))
+
+
 class SubsampledGaussianRemove(LossPair):
     """Poisson-subsampled Gaussian, remove direction: P = (1-q) N(0,1) + q N(mu,1), Q = N(0,1).
 
@@ -803,7 +813,7 @@ class SubsampledGaussianRemove(LossPair):
     def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
         # P(L > L(x)) <= Phi(mu - x) <= tail for x = mu + z_tail (both mixture parts are below it).
         z = -float(special.ndtri(tail))
-        hi = float(np.logaddexp(self.lo, math.log(self.q) + 0.5 * self.mu**2 + self.mu * z))
+        hi = _subsampled_loss(self.q, 0.5 * self.mu**2 + self.mu * z)
         return _clip_range(self.lo, hi, max_loss)
 
     def _x(self, t):
@@ -845,7 +855,7 @@ class SubsampledGaussianAdd(LossPair):
     def loss_range(self, tail: float, max_loss: float) -> tuple[float, float]:
         # P(L < L(x)) = P(N(0,1) > x) = tail at x = z_tail.
         z = -float(special.ndtri(tail))
-        lo = -float(np.logaddexp(math.log1p(-self.q), math.log(self.q) + self.mu * z - 0.5 * self.mu**2))
+        lo = -_subsampled_loss(self.q, self.mu * z - 0.5 * self.mu**2)
         return _clip_range(lo, self.hi, max_loss)
 
     def _x(self, t):

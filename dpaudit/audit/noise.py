@@ -45,8 +45,6 @@ from dpaudit import numfmt
 from dpaudit.errors import InputError
 from dpaudit.validation import check_in_interval, check_positive
 
-NOISE_VERDICTS = ("violation", "consistent")
-
 
 @dataclass(frozen=True)
 class GroupVariance:

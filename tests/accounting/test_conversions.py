@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import special, stats
 
 from dpaudit.accounting import (
     GdpAccountant,
@@ -21,6 +21,7 @@ from dpaudit.accounting import (
     epsilon_delta_tradeoff,
     gdp_delta,
     gdp_epsilon,
+    gdp_mu_from_epsilon_delta,
     gdp_mu_poisson_clt,
     gdp_tradeoff,
     zcdp_epsilon,
@@ -132,6 +133,30 @@ def test_gdp_full_batch_is_exact_without_warning():
     assert acc.mu == pytest.approx(1.0) and not acc.approximate
 
 
+@pytest.mark.parametrize(
+    ("eps", "delta", "mu_approx"),
+    [
+        # Large epsilon: mu ~ sqrt(2 eps) (the bracket stopped at mu = 1e4 and returned inf: `audit plan
+        # --true-epsilon 1e9` then simulated NaN scores and failed with "scores must be finite").
+        (1e9, 1e-5, math.sqrt(2e9)),
+        # epsilon = 0: delta = 2 Phi(mu/2) - 1 ~ mu / sqrt(2 pi) (brentq started at mu = 1e-12, where delta is
+        # already 4e-13, and raised "f(a) and f(b) must have different signs").
+        (0.0, 1e-13, 1e-13 * math.sqrt(2 * math.pi)),
+    ],
+)
+def test_gdp_mu_from_an_epsilon_delta_point_is_finite_at_both_ends(eps, delta, mu_approx):
+    mu = gdp_mu_from_epsilon_delta(eps, delta)
+    assert mu == pytest.approx(mu_approx, rel=1e-2, abs=0.0)  # abs=0: pytest's default 1e-12 would pass any 1e-13
+    assert gdp_delta(mu, eps) == pytest.approx(delta, rel=1e-6, abs=0.0)
+
+
+@pytest.mark.parametrize("mu", [1e-3, 1e-9, 1e-12])
+def test_gdp_delta_at_epsilon_zero_is_the_total_variation_to_full_precision(mu):
+    # delta(0) = Phi(mu/2) - Phi(-mu/2) = erf(mu / (2 sqrt 2)) (Dong, Roth & Su 2022, Cor. 2.13 at eps = 0). The
+    # log-space difference cancelled near Phi = 1/2: 1.7e-7 low at mu = 1e-9, 1e-4 low at mu = 1e-12 (under-reported).
+    assert gdp_delta(mu, 0.0) == pytest.approx(float(special.erf(mu / (2 * math.sqrt(2)))), rel=1e-14, abs=0.0)
+
+
 def test_gdp_rejects_jl_and_pure_dp():
     with pytest.raises(UnsupportedEventError, match=r"Prop\. B\.5|use pld"):
         GdpAccountant().compose(PoissonSampled(0.1, JLGaussian(1.0, 5)))
@@ -156,6 +181,22 @@ def test_zcdp_gaussian_and_pure_dp():
     # (Bun & Steinke 2016, Prop. 1.6), was refused as "subsampling is not supported".
     full = ZcdpAccountant().compose(dpsgd_event(sample_rate=1.0, noise_multiplier=2.0, steps=5))
     assert full.rho == pytest.approx(5 / 8, rel=1e-15)
+
+
+def test_zcdp_of_the_aggregation_and_randomized_response_leaves():
+    # No test composed these leaves into the zcdp accountant (coverage): each rho against its closed form.
+    # GNMax: one changed vote moves the histogram by sqrt(2) in L2, rho = 2 / (2 sigma^2) (Papernot et al. 2018,
+    # Prop. 8); LNMax: (2/b)-DP (Papernot et al. 2017), rho = eps^2 / 2 (Bun & Steinke 2016, Prop. 1.4); k-ary
+    # randomized response keeping the truth w.p. 1 - p: eps = log(k/p - k + 1).
+    assert ZcdpAccountant().compose(GNMax(3.0, 10)).rho == pytest.approx(1 / 9, rel=1e-15)
+    assert ZcdpAccountant().compose(LNMax(4.0, 10), 2).rho == pytest.approx(2 * 0.5**2 / 2, rel=1e-15)
+    assert ZcdpAccountant().compose(LNMax(0.0, 10)).rho == math.inf
+    rr = ZcdpAccountant(neighbouring="replace_one")
+    assert rr.compose(RandomizedResponse(0.5, 4)).rho == pytest.approx(math.log(5.0) ** 2 / 2, rel=1e-15)
+    assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(1.0, 4)).rho == 0.0
+    assert ZcdpAccountant(neighbouring="replace_one").compose(RandomizedResponse(0.0, 4)).rho == math.inf
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        ZcdpAccountant().compose(RandomizedResponse(0.5, 4))
 
 
 @pytest.mark.parametrize("rho", [1e-4, 0.01, 0.5, 5.0])

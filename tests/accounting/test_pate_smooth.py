@@ -145,6 +145,19 @@ def test_data_dependent_claim_is_refused_for_lnmax():
         privacy_record(cfg, hist, aggregate(hist, cfg, 0), delta=1e-5, n_teachers=50, claim="data-dependent")
 
 
+def test_lnmax_q_bound_is_exact_for_two_classes_and_capped_at_one_minus_one_over_c():
+    # log_q_lnmax had no test (coverage). With two classes the union bound is one term, the exact tail of the
+    # difference of two Laplace(b) variables: Pr[L1 - L2 >= g] = (2 + g/b) / 4 e^(-g/b) (Papernot et al. 2017,
+    # Lemma 4); with five classes at gaps 1/b = 1/3 the union bound exceeds 1 and is capped at 1 - 1/5.
+    from dpaudit.accounting.pate_smooth import log_q_lnmax, per_query_rdp
+
+    assert log_q_lnmax(np.array([[10.0, 8.0]]), 2.0)[0] == pytest.approx(math.log(3 / 4) - 1.0, rel=1e-14)
+    assert log_q_lnmax(np.array([3.0, 2.0, 2.0, 2.0, 2.0]), 3.0)[0] == pytest.approx(math.log(0.8), rel=1e-14)
+    # The data-dependent RDP covers gnmax and confident-gnmax only: another kind is refused, never accounted as GNMax.
+    with pytest.raises(InputError, match="no data-dependent RDP for lnmax"):
+        per_query_rdp("lnmax", np.array([[10.0, 8.0]]), np.ones(1, bool), {"sigma": 2.0}, 3.0)
+
+
 def test_conversion_is_the_accounting_layers_and_the_order_ignores_the_answered_count():
     """The claim converts RDP at delta/2 as the data-independent claim does (Canonne, Kamath & Steinke 2020),
     not with Mironov's looser log(1/delta)/(lambda - 1); the order is fixed by public settings (the cap, not

@@ -17,8 +17,10 @@ from dpaudit.events import (
     EpsilonDelta,
     FixedSizeSampled,
     Gaussian,
+    GNMax,
     JLGaussian,
     Laplace,
+    LNMax,
     PoissonSampled,
     RandomizedResponse,
     SelfComposed,
@@ -76,6 +78,19 @@ def test_randomized_response_closed_form():
     assert acc.delta(0.0) == pytest.approx(1 - p, rel=1e-9)
 
 
+def test_aggregation_leaves_are_their_mechanisms():
+    # No test composed GNMax or LNMax into the pld accountant (coverage). GNMax: one changed vote moves the
+    # histogram by sqrt(2) in L2, the Gaussian of sigma / sqrt(2) (Papernot et al. 2018, Prop. 8).
+    gnmax = PldAccountant().compose(GNMax(3.0, 10), 5).epsilon(1e-5)
+    assert gnmax == PldAccountant().compose(Gaussian(3.0 / math.sqrt(2.0)), 5).epsilon(1e-5)
+    # LNMax with Laplace scale b is (2/b, 0)-DP (Papernot et al. 2017), here b = 4: losses +-1/2, P's mass at
+    # +1/2 is p = e^(1/2) / (1 + e^(1/2)), delta(eps) = p (1 - e^(eps - 1/2)) below 1/2.
+    p = math.exp(0.5) / (1 + math.exp(0.5))
+    assert PldAccountant().compose(LNMax(4.0, 10)).epsilon(1e-5) == pytest.approx(0.5 + math.log1p(-1e-5 / p), abs=1e-4)
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        PldAccountant().compose(RandomizedResponse(0.5, 4))
+
+
 def test_subsampled_gaussian_delta_by_integration():
     # Remove direction: delta(eps) = E_P[(1 - e^(eps - L))_+], P = (1-q)N(0,1) + q N(mu,1).
     q, sigma, eps = 0.05, 0.8, 0.30005  # off the grid
@@ -98,6 +113,16 @@ def test_subsampled_gaussian_delta_by_integration():
     exact = max(remove, add)
     ours = PldAccountant().compose(PoissonSampled(q, Gaussian(sigma))).delta(eps)
     assert exact * (1 - 1e-12) <= ours <= exact * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("sigma", [1e20, 1e300])
+def test_subsampled_gaussian_with_vast_noise_is_nearly_free_not_infinite(sigma):
+    # mu = 1/sigma below ~1e-16: the loss range's upper end log(1 - q + q e^(mu z + mu^2/2)) rounded to exactly 0,
+    # the mass above it (half of P) was put at an infinite loss, and `account dpsgd --accountant pld
+    # --noise-multiplier 1e20` printed epsilon = inf (rdp and the unsubsampled Gaussian said 0).
+    acc = PldAccountant().compose(PoissonSampled(0.5, Gaussian(sigma)), 10)
+    # Each step's losses are rounded up by at most one grid interval: 10 steps, at most 10 intervals.
+    assert 0.0 <= acc.epsilon(1e-5) <= 10 * acc.interval
 
 
 def test_round_trip_epsilon_delta():

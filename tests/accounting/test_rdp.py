@@ -8,7 +8,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from dpaudit.accounting import RdpAccountant, analytic_gaussian_epsilon, dpsgd_event
+from dpaudit.accounting import PldAccountant, RdpAccountant, analytic_gaussian_epsilon, dpsgd_event, zcdp_epsilon
 from dpaudit.accounting.rdp import (
     DEFAULT_ORDERS,
     rdp_gaussian,
@@ -22,6 +22,7 @@ from dpaudit.accounting.rdp import (
 )
 from dpaudit.errors import UnsupportedEventError
 from dpaudit.events import (
+    ZCDP,
     EpsilonDelta,
     FixedSizeSampled,
     Gaussian,
@@ -177,6 +178,32 @@ def test_rdp_never_below_exact_gaussian():
         for delta in (1e-3, 1e-6, 1e-10):
             rdp_eps = RdpAccountant().compose(Gaussian(sigma)).epsilon(delta)
             assert rdp_eps >= analytic_gaussian_epsilon(sigma, delta)
+
+
+@pytest.mark.parametrize(
+    ("event", "neighbouring", "eps0"),
+    [
+        (Laplace(2.0), "add_remove", 0.5),
+        (Laplace(2.0), "replace_one", 1.0),  # sensitivity 2 under replace-one
+        (EpsilonDelta(0.3, 0.0), "add_remove", 0.3),
+        (RandomizedResponse(0.5, 4), "replace_one", math.log(5.0)),  # log(k/p - k + 1)
+    ],
+)
+def test_pure_dp_leaves_cost_at_most_their_epsilon(event, neighbouring, eps0):
+    # No test composed these leaves into the rdp accountant alone (coverage). An eps0-DP mechanism is
+    # (alpha, <= eps0)-RDP at every order; the largest order, 4096, converts that to at most
+    # eps0 + log(1/delta) / 4095 (Balle et al. 2020, Thm. 21); PLD is exact for them (a lower value).
+    delta = 1e-5
+    rdp = RdpAccountant(neighbouring=neighbouring).compose(event).epsilon(delta)
+    exact = PldAccountant(neighbouring=neighbouring).compose(event).epsilon(delta)
+    assert exact <= rdp <= eps0 + math.log(1 / delta) / (max(DEFAULT_ORDERS) - 1)
+
+
+def test_zcdp_leaf_is_rho_alpha():
+    # rho-zCDP is (alpha, rho alpha)-RDP (Bun & Steinke 2016, Def. 1.1): on the order grid the conversion
+    # is at least the continuous optimum zcdp_epsilon and close to it.
+    ours = RdpAccountant().compose(ZCDP(0.1), 3).epsilon(1e-5)
+    assert zcdp_epsilon(0.3, 1e-5) <= ours <= zcdp_epsilon(0.3, 1e-5) * (1 + 1e-4)
 
 
 def test_unsupported_events():

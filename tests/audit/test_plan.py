@@ -218,3 +218,20 @@ def test_a_one_run_fdp_plan_with_the_gdp_family_says_it_plans_an_estimate():
     # Planted: the family's check dropped -> "formal". A large leak keeps the simulated sizes small.
     gdp = plan_design(1.0, method="one-run-fdp", tradeoff="gdp", true_epsilon=8.0, simulations=20)
     assert not gdp.formal and gdp.to_dict()["formal"] is False and "(gdp family) gives an estimate" in gdp.note
+
+
+@pytest.mark.parametrize("true_epsilon", [3.0, 1e9])
+def test_a_gaussian_leak_given_by_its_epsilon_has_a_finite_mu_and_finite_scores(true_epsilon):
+    # No fast test drew the gaussian family's scores (coverage). Its mu was inf above eps ~ 5e7 (the bracket of
+    # gdp_mu_from_epsilon_delta stopped at mu = 1e4): `audit plan --epsilon 2 --true-epsilon 1e9 --family
+    # gaussian` drew NaN scores and stopped with "scores must be finite".
+    from dpaudit.accounting.gdp import gdp_delta
+    from dpaudit.audit.power import hypothesised_leak
+
+    leak = hypothesised_leak(family="gaussian", epsilon=true_epsilon, delta=1e-5)
+    assert np.isfinite(leak.mu) and gdp_delta(leak.mu, true_epsilon) == pytest.approx(1e-5, rel=1e-6)
+    member = np.arange(100) % 2 == 0
+    scores = leak.sample(member, np.random.default_rng(0))
+    assert np.all(np.isfinite(scores))
+    # The members' scores are shifted by mu: N(mu, 1) against N(0, 1) (Dong, Roth & Su 2022, Def. 2.5).
+    assert scores[member].mean() - scores[~member].mean() == pytest.approx(leak.mu, abs=5 * np.sqrt(2 / 50))

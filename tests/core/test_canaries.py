@@ -213,3 +213,20 @@ def test_clipbkd_canaries_sit_at_the_members_median_norm_in_the_members_standard
     norms = np.linalg.norm((c.X.reshape(6, -1).astype(np.float64) - mean) / std, axis=1)
     np.testing.assert_allclose(norms, median, rtol=1e-5)  # the float32 records
     assert np.all(c.y == np.argmin(np.bincount(ds.y[splits.members], minlength=ds.n_classes)))
+
+
+@pytest.mark.parametrize(
+    "edit", [{"feature_shape": ["x"]}, {"feature_shape": 5}, {"n_classes": "abc"}, {"n_classes": None}]
+)
+def test_an_edited_canary_design_is_a_one_line_refusal(tmp_path, edit):
+    """`dpaudit import --canaries DIR` with a canaries.json whose feature_shape or n_classes is no integer ended in
+    "internal error: ValueError: invalid literal for int()" (exit 3): parsed outside the checked block."""
+    import json
+
+    from dpaudit.canaries import make_canary_dir, read_canary_dir
+
+    make_canary_dir("digits", count=4, kind="mislabeled", out=tmp_path / "c")
+    design = json.loads((tmp_path / "c" / "canaries.json").read_text())
+    (tmp_path / "c" / "canaries.json").write_text(json.dumps({**design, **edit}))
+    with pytest.raises(InputError, match="malformed canary directory"):
+        read_canary_dir(tmp_path / "c", load_dataset("digits"))

@@ -125,6 +125,19 @@ def test_json_error_when_stdout_fails(monkeypatch):
     assert stderr == ["error: No space left on device"]
 
 
+def test_an_os_error_inside_a_command_is_one_line_naming_the_file(monkeypatch):
+    """The environment's errors that no file helper converted (an input that cannot be read: EACCES, EIO) are
+    one line with exit code 2 and the file named, not an "internal error" (no test reached this branch)."""
+    import dpaudit.cli.account as account
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/data/run/checkpoint.json")
+
+    monkeypatch.setattr(account, "_resolve_schedule", unreadable)
+    line = one_line_error("account", "dpsgd", "--noise-multiplier", "1", *SCHEDULE)
+    assert line == "error: Permission denied (/data/run/checkpoint.json)"
+
+
 def test_a_huge_value_is_not_echoed_whole():
     line = one_line_error("account", "dpsgd", "--noise-multiplier", "1", *SCHEDULE, "--accountant", "x" * 100_000)
     assert line.startswith("error: unknown --accountant 'xxx") and len(line) < 2_100

@@ -202,6 +202,24 @@ def test_trainer_records_the_claim_and_loads_the_logreg():
     assert acc > 0.8
 
 
+@pytest.mark.parametrize(
+    ("algo", "mechanism", "objective", "refusal"),
+    [
+        ("outpert", "nope", None, "unknown --mechanism 'nope'; valid: laplace, gaussian"),
+        ("objpert", "gaussian", None, "objpert is implemented with its pure-epsilon"),
+        ("dpagd", None, "nope", "unknown --objective 'nope'; valid: logistic, huber"),
+        ("outpert", None, "huber", "--objective applies to --algo dpagd, not 'outpert'"),
+    ],
+)
+def test_mechanism_and_objective_refusals(algo, mechanism, objective, refusal):
+    # No test reached these refusals (coverage); objpert's analysis is for its pure-epsilon noise only, so a
+    # Gaussian objpert accepted would be trained without a claim that covers it.
+    with pytest.raises(InputError) as e:
+        resolve_algo(algo, mechanism, objective)
+    assert str(e.value).startswith(refusal)
+    assert resolve_algo("dpagd", None, "huber") == "dpagd-huber"
+
+
 def test_bad_input_is_an_input_error():
     with pytest.raises(InputError, match="lambda > 0"):
         ConvexLearner("outpert", 0.0, 1.0)
