@@ -319,13 +319,14 @@ def test_gdp_delta_is_never_below_the_50_digit_value_where_its_terms_cancel():
 
 @pytest.mark.parametrize(("eps", "delta"), [(1.0, 1e-5), (0.2, 0.01), (4.0, 1e-10), (20.0, 1e-3), (2e7, 0.5)])
 def test_gdp_mu_from_epsilon_delta_against_a_50_digit_oracle(eps, delta):
-    # (20, 1e-3): mu* ~ 5.7 > 1, the bracket is doubled; (2e7, 0.5): mu* ~ sqrt(2 eps) = 6325, still below the cap.
+    # (20, 1e-3): mu* ~ 5.7 > 1, the bracket is doubled; (2e7, 0.5): mu* ~ sqrt(2 eps) = 6325.
     from dpaudit.accounting.gdp import gdp_mu_from_epsilon_delta
 
     lo, hi = _mp_bisect(lambda m: _mp_gdp_delta(m, eps) - delta, 1e-9, 1e5)
     assert gdp_mu_from_epsilon_delta(eps, delta) == pytest.approx(float((lo + hi) / 2), rel=1e-9)
-    # delta(eps; mu) ~ Phi(mu/2 - eps/mu): delta = 1/2 at eps = 1e9 needs mu ~ sqrt(2e9) > 1e4, reported as infinite.
-    assert gdp_mu_from_epsilon_delta(1e9, 0.5) == math.inf
+    # delta(eps; mu) ~ Phi(mu/2 - eps/mu): delta = 1/2 at eps = 1e9 needs mu = sqrt(2e9) (once reported as infinite, a
+    # bracket capped at 1e4; covhunt removed the cap).
+    assert gdp_mu_from_epsilon_delta(1e9, 0.5) == pytest.approx(math.sqrt(2e9), rel=1e-9)
 
 
 def _ckx_grid(rho, delta=None, eps=None):
