@@ -1386,7 +1386,7 @@ class _BareMode(torch.overrides.TorchFunctionMode):
             self._use(out, hits[0][1])
             return out
         # broadcast: every tracked operand replaced by its expansion to the result's shape
-        shape = torch.broadcast_shapes(*(a.shape for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)))
+        shape = _broadcast_shape([a.shape for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)])
         args, kwargs = list(args), dict(kwargs)
         for where, t in hits:
             big = t.expand(shape)
@@ -1415,6 +1415,15 @@ class _BareMode(torch.overrides.TorchFunctionMode):
         # Reduced at once (the expansion's gradient is as large as the activation it was added to).
         with torch.no_grad():
             self.grads.append((k, chain, _bare_reduce(_full(g, self.dtype), shape)))
+
+
+def _broadcast_shape(shapes: list[torch.Size]) -> tuple[int, ...]:
+    """The shape tensors of ``shapes`` broadcast to (right-aligned; a 1 yields to the other size).
+    Not ``torch.broadcast_shapes``: its first call imports sympy (1.5 s)."""
+    n = max(len(s) for s in shapes)
+    return tuple(
+        next((s[i - n + len(s)] for s in shapes if i - n + len(s) >= 0 and s[i - n + len(s)] != 1), 1) for i in range(n)
+    )
 
 
 def _bare_out(out) -> tuple[int, ...] | str | None:
@@ -1452,16 +1461,26 @@ def _probe_bare(
     model: nn.Module, x: torch.Tensor, params: dict[int, torch.Tensor]
 ) -> tuple[list[_BareCall], dict[int, str]]:
     """The calls that take the bare parameters ``params`` (index -> tensor), classified, and per
-    parameter why it cannot take the broadcast path (absent: it can)."""
-    seen = []
-    for n in (2, 3):
-        mode = _BareMode(params)
-        with torch.no_grad(), mode:
-            model(x[:1].repeat(n, *([1] * (x.dim() - 1))))
-        seen.append(mode.seen)
+    parameter why it cannot take the broadcast path (absent: it can).
+
+    A model in training mode is probed in evaluation mode too (the first-call check runs it there):
+    a parameter used differently in the two (a use under ``if self.training``) is not followed."""
+    seen, training = [], model.training
+    try:
+        for n, in_training in [(2, training), (3, training)] + ([(2, False)] if training else []):
+            model.train(in_training)
+            mode = _BareMode(params)
+            with torch.no_grad(), mode:
+                model(x[:1].repeat(n, *([1] * (x.dim() - 1))))
+            seen.append(mode.seen)
+    finally:
+        model.train(training)
     why: dict[int, str] = {}
-    if [(c, f) for c, _, _, f in seen[0]] != [(c, f) for c, _, _, f in seen[1]]:
+    if _bare_seen(seen[0], set(params)) != _bare_seen(seen[1], set(params)):
         return [], {k: "its uses differ between batch sizes 2 and 3" for k in params}
+    for k in params:
+        if len(seen) == 3 and _bare_seen(seen[0], {k}) != _bare_seen(seen[2], {k}):
+            why[k] = "used differently in training and in evaluation mode"
     calls = []
     for (call, o2, shapes, followed), (_, o3, _, _) in zip(seen[0], seen[1], strict=True):
         kind = _bare_kind(call, o2, o3, shapes, followed)
@@ -1472,7 +1491,19 @@ def _probe_bare(
     for k in params:
         if k not in why and not any(k in c.params and c.kind in ("expand", "broadcast") for c in calls):
             why[k] = "no use broadcast against the batch"
+    ok = set(params) - set(why)
+    if len(seen) == 3 and _bare_seen(seen[0], ok) != _bare_seen(seen[2], ok):  # the same uses in another order
+        why.update((k, "its uses come in another order in evaluation mode") for k in ok)
     return calls, why
+
+
+def _bare_seen(seen: list, params: set[int]) -> list:
+    """A probe's calls as a forward that tracks only ``params`` meets them (and which it follows)."""
+    return [(c, f) for c, f in zip(_bare_calls([c for c, *_ in seen], params), _followed(seen, params), strict=True)]
+
+
+def _followed(seen: list, params: set[int]) -> list[bool]:
+    return [f for c, _, _, f in seen if any(k in params for k in c.params)]
 
 
 def _bare_calls(calls: list[_BareCall], bare: set[int]) -> list[_BareCall]:

@@ -734,3 +734,52 @@ def test_a_use_of_a_bare_parameter_the_probe_cannot_see_is_caught_by_the_check()
     checked = GhostClipper(model)
     assert_oracle(checked, case)
     assert checked.describe()["layers"]["(model)"] == "vmap over the model: offset"
+
+
+class ModeDependent(nn.Module):
+    """Bare parameters used differently in training: ``extra`` only in training (``visible``), or
+    ``offset`` a second time in training hidden from the torch-function mode (``hidden``), or
+    ``shift`` expanded to (T, d) before it meets the batch (``expanded``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.lin = nn.Linear(3, 3)
+        self.offset, self.extra, self.shift = (nn.Parameter(torch.randn(3)) for _ in range(3))
+
+    def forward(self, x):
+        h = self.lin(x) + self.offset
+        if self.kind == "expanded":
+            h = h + self.shift.expand(x.shape[1], -1)
+        if self.training and self.kind == "visible":
+            h = h * self.extra
+        if self.training and self.kind == "hidden":
+            with torch._C.DisableTorchFunction():
+                h = h * self.offset
+        return torch.tanh(h).mean(1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "vmapped", "note"),
+    [
+        ("visible", "extra", "extra: used differently in training and in evaluation mode"),
+        ("hidden", "offset", "offset: its training-mode gradient disagreed"),
+        ("expanded", "shift", "shift: used in expand (not broadcast against the batch)"),
+    ],
+)
+def test_bare_parameters_used_differently_in_training_or_expanded_first(kind, vmapped, note):
+    """The first call checks in evaluation mode, then once in training mode: a use only in training
+    is seen by the probe in both modes (before: the check's forward met fewer calls than the probe's
+    and ghost refused the model), a hidden one by the training-mode check; an expand that adds a
+    dimension other than the batch is not followed (before: a call the probe had not seen, refused).
+    Each such parameter takes the vmap over the model, exact; the others keep the broadcast path."""
+    torch.manual_seed(0)
+    model = ModeDependent(kind).double().train()
+    x, y = torch.randn(N, 4, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
+    clipper = GhostClipper(model)
+    assert_oracle(clipper, _with_oracle(model, x, y))
+    desc = clipper.describe()
+    assert vmapped in desc["layers"]["(model)"].removeprefix("vmap over the model: ").split(", "), desc
+    assert any(n.startswith(note) for n in desc["notes"]), desc["notes"]
+    if kind != "hidden":
+        assert desc["layers"]["offset"].endswith("(add)")
