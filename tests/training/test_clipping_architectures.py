@@ -739,7 +739,8 @@ def test_a_use_of_a_bare_parameter_the_probe_cannot_see_is_caught_by_the_check()
 class ModeDependent(nn.Module):
     """Bare parameters used differently in training: ``extra`` only in training (``visible``), or
     ``offset`` a second time in training hidden from the torch-function mode (``hidden``), or
-    ``shift`` expanded to (T, d) before it meets the batch (``expanded``)."""
+    ``shift`` expanded to (T, d) before it meets the batch (``expanded``), or ``extra`` and ``shift``
+    used in another order in evaluation mode (``order``)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -756,6 +757,8 @@ class ModeDependent(nn.Module):
         if self.training and self.kind == "hidden":
             with torch._C.DisableTorchFunction():
                 h = h * self.offset
+        if self.kind == "order":  # the same uses, in another order in evaluation mode
+            h = (h * self.extra + self.shift) if self.training else (h + self.shift) * self.extra
         return torch.tanh(h).mean(1)
 
 
@@ -765,6 +768,7 @@ class ModeDependent(nn.Module):
         ("visible", "extra", "extra: used differently in training and in evaluation mode"),
         ("hidden", "offset", "offset: its training-mode gradient disagreed"),
         ("expanded", "shift", "shift: used in expand (not broadcast against the batch)"),
+        ("order", "extra", "extra: its uses come in another order in evaluation mode"),
     ],
 )
 def test_bare_parameters_used_differently_in_training_or_expanded_first(kind, vmapped, note):
@@ -781,5 +785,5 @@ def test_bare_parameters_used_differently_in_training_or_expanded_first(kind, vm
     desc = clipper.describe()
     assert vmapped in desc["layers"]["(model)"].removeprefix("vmap over the model: ").split(", "), desc
     assert any(n.startswith(note) for n in desc["notes"]), desc["notes"]
-    if kind != "hidden":
+    if kind not in ("hidden", "order"):  # order: the three parameters' calls interleave differently
         assert desc["layers"]["offset"].endswith("(add)")
