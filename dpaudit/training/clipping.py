@@ -1282,18 +1282,19 @@ def _batch_first(t: torch.Tensor, bdim: int | None, mode: str | None, B: int) ->
 #
 # A parameter of the model itself (a ViT's ``cls_token`` and ``pos_embed``, a GPT's ``wpe``) belongs
 # to no module whose calls the hooks can see: without this it went to a vmap over the whole model
-# (measured 2.6x the step time at T=128). Its common uses broadcast it against a batched tensor:
-# ``P.expand(B, ...)``, ``x + P``, ``x * P[:T]``. A ``TorchFunctionMode`` (active in the clipping
-# forward only) sees every torch call that takes P or a view of it. When such a call broadcasts the
-# (view of the) parameter ``v`` against the batch, ``v`` is replaced by its expansion
-# ``V = v.expand(out_shape)`` (a view: no copy; the call's result is unchanged) and V's gradient is
-# read by a tensor hook: row i of ∂(Σ_j ℓ_j)/∂V is ∂ℓ_i/∂V_i because examples do not interact, and
-# ``v`` is broadcast to row i, so ∂ℓ_i/∂v is that row summed over the dimensions ``v`` was broadcast
-# along (the chain rule of broadcasting, :func:`_bare_reduce`); a view ``v = f(P)`` (a slice
-# ``wpe[:T]``) maps back into P's shape by the vector-Jacobian product of f (zero outside the slice,
-# :func:`_bare_unview`). A parameter with any other use (a matmul, a batch-free result, a call the
-# probe sees differently at batch sizes 2 and 3) keeps the vmap over the model. The first-call check
-# compares the result with the one-example reference like every other rule.
+# (1.2-1.8x the step time and 1.7x the peak tensor memory of this path on a ViT and a GPT at T=128
+# on a CPU: benchmarks/bare_parameter_step.py, benchmarks/RESULTS.md). Its common uses broadcast it
+# against a batched tensor: ``P.expand(B, ...)``, ``x + P``, ``x * P[:T]``. A ``TorchFunctionMode``
+# (active in the clipping forward only) sees every torch call that takes P or a view of it. When
+# such a call broadcasts the (view of the) parameter ``v`` against the batch, ``v`` is replaced by
+# its expansion ``V = v.expand(out_shape)`` (a view: no copy; the call's result is unchanged) and
+# V's gradient is read by a tensor hook: row i of ∂(Σ_j ℓ_j)/∂V is ∂ℓ_i/∂V_i because examples do not
+# interact, and ``v`` is broadcast to row i, so ∂ℓ_i/∂v is that row summed over the dimensions ``v``
+# was broadcast along (the chain rule of broadcasting, :func:`_bare_reduce`); a view ``v = f(P)`` (a
+# slice ``wpe[:T]``) maps back into P's shape by the vector-Jacobian product of f (zero outside the
+# slice, :func:`_bare_unview`). A parameter with any other use (a matmul, a batch-free result, a
+# call the probe sees differently at batch sizes 2 and 3) keeps the vmap over the model. The
+# first-call check compares the result with the one-example reference like every other rule.
 
 _BARE_VIEWS = frozenset(
     {"__getitem__", "view", "reshape", "unsqueeze", "squeeze", "transpose", "permute", "flatten", "narrow", "t"}
@@ -1322,8 +1323,9 @@ class _BareMode(torch.overrides.TorchFunctionMode):
 
     ``calls=None`` (the probe): records every call that takes a tracked tensor, with its shapes, in
     ``seen``. Else (the clipping forward): ``calls`` is the probe's classified sequence of calls on
-    these parameters; each call must match it; broadcast uses are expanded to the batch ``B`` and
-    their expansions hooked (``on_grad``: their gradient edges go to ``edges``)."""
+    these parameters; each call must match it; broadcast uses are expanded to the batch ``B`` and,
+    with ``hook``, their expansions' gradients are collected in ``grads`` (reduced to the views'
+    per-example gradients) and their gradient edges in ``edges`` (what the backward pass must reach)."""
 
     def __init__(
         self,
