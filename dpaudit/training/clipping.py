@@ -47,10 +47,16 @@ Methods (chosen by name, ``PerfConfig.clipping``):
     vmap over the module, which cannot run torch's fused kernels: ghost refuses, ``auto`` falls
     back to the loop): dropout between layers in training mode, ``PackedSequence`` and unbatched
     inputs;
+  - a bare ``nn.Parameter`` of the model itself (a ViT's ``cls_token`` and ``pos_embed``, a GPT's
+    ``wpe``) whose every use broadcasts it, or a view of it (``wpe[:T]``), against the batch
+    (``P.expand(B, ...)``, ``x + P``, ``x * P``): in the clipping forward a torch-function mode
+    replaces it in each such use by its expansion to the batch (a view), whose gradient's rows,
+    summed over the broadcast dimensions and mapped back through the view, are its per-example
+    gradients (:class:`_BareMode`);
   - any other module that owns parameters without a rule (MHA with dropout in training, a custom
     block with a bare ``nn.Parameter``) gets per-example gradients by a vmap over that module alone, from its
-    recorded inputs and output gradients; a bare parameter of the model itself, or one used
-    outside its module's forward, by a vmap over the model.
+    recorded inputs and output gradients; a bare parameter of the model itself used any other way
+    (a matmul), or one used outside its module's forward, by a vmap over the model.
 
   Squared norms over disjoint parameter sets add, so the combination is exact. (In training
   mode a vmap re-runs its module with fresh dropout masks: the result is still a function of
@@ -1272,6 +1278,272 @@ def _batch_first(t: torch.Tensor, bdim: int | None, mode: str | None, B: int) ->
     return t if bdim == 0 else t.movedim(bdim, 0)
 
 
+# ------------------------------------------------ bare parameters of the model itself: their uses
+#
+# A parameter of the model itself (a ViT's ``cls_token`` and ``pos_embed``, a GPT's ``wpe``) belongs
+# to no module whose calls the hooks can see: without this it went to a vmap over the whole model
+# (1.2-1.8x the step time and 1.7x the peak tensor memory of this path on a ViT and a GPT at T=128
+# on a CPU: benchmarks/bare_parameter_step.py, benchmarks/RESULTS.md). Its common uses broadcast it
+# against a batched tensor: ``P.expand(B, ...)``, ``x + P``, ``x * P[:T]``. A ``TorchFunctionMode``
+# (active in the clipping forward only) sees every torch call that takes P or a view of it. When
+# such a call broadcasts the (view of the) parameter ``v`` against the batch, ``v`` is replaced by
+# its expansion ``V = v.expand(out_shape)`` (a view: no copy; the call's result is unchanged) and
+# V's gradient is read by a tensor hook: row i of ∂(Σ_j ℓ_j)/∂V is ∂ℓ_i/∂V_i because examples do not
+# interact, and ``v`` is broadcast to row i, so ∂ℓ_i/∂v is that row summed over the dimensions ``v``
+# was broadcast along (the chain rule of broadcasting, :func:`_bare_reduce`); a view ``v = f(P)`` (a
+# slice ``wpe[:T]``) maps back into P's shape by the vector-Jacobian product of f (zero outside the
+# slice, :func:`_bare_unview`). A parameter with any other use (a matmul, a batch-free result, a
+# call the probe sees differently at batch sizes 2 and 3) keeps the vmap over the model. The
+# first-call check compares the result with the one-example reference like every other rule.
+
+_BARE_VIEWS = frozenset(
+    {"__getitem__", "view", "reshape", "unsqueeze", "squeeze", "transpose", "permute", "flatten", "narrow", "t"}
+    | {"contiguous", "expand", "expand_as"}
+)
+_BARE_EXPANDS = frozenset({"expand", "expand_as"})
+# Elementwise, broadcasting, out of place (an in-place op on a batched tensor is left to the vmap).
+_BARE_BROADCASTS = frozenset({"add", "sub", "mul", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__"})
+
+
+@dataclass(frozen=True)
+class _BareCall:
+    """A torch call that takes a tracked tensor (a bare parameter or a view of one): its function's
+    name, where the tracked tensors are (argument position or keyword; "nested" inside a list) and
+    which parameters they come from, and what the probe made of it (``kind``: "ignore" (no tensor
+    out: ``.shape``), "view", "expand", "broadcast", else "other")."""
+
+    name: str
+    where: tuple[int | str, ...]
+    params: tuple[int, ...]
+    kind: str = "other"
+
+
+class _BareMode(torch.overrides.TorchFunctionMode):
+    """Tracks the bare parameters ``params`` (index -> tensor) and their views through a forward pass.
+
+    ``calls=None`` (the probe): records every call that takes a tracked tensor, with its shapes, in
+    ``seen``. Else (the clipping forward): ``calls`` is the probe's classified sequence of calls on
+    these parameters; each call must match it; broadcast uses are expanded to the batch ``B`` and,
+    with ``hook``, their expansions' gradients are collected in ``grads`` (reduced to the views'
+    per-example gradients) and their gradient edges in ``edges`` (what the backward pass must reach)."""
+
+    def __init__(
+        self,
+        params: dict[int, torch.Tensor],
+        calls: list[_BareCall] | None = None,
+        B: int = 0,
+        dtype: torch.dtype | None = None,
+        hook: bool = False,
+    ) -> None:
+        super().__init__()
+        self.tracked: dict[int, tuple[torch.Tensor, int, tuple]] = {id(p): (p, k, ()) for k, p in params.items()}
+        self.calls, self.B, self.i, self.dtype, self.hook = calls, B, 0, dtype, hook
+        self.seen: list[tuple[_BareCall, Any, list[torch.Size], bool]] = []
+        # Per hooked use, as its gradient arrives: (parameter, view chain, per-example gradients of the view)
+        self.grads: list[tuple[int, tuple, torch.Tensor]] = []
+        self.edges: list = []
+
+    def _hits(self, args, kwargs) -> list[tuple[int | str, torch.Tensor]]:
+        tracked, hits = self.tracked, []
+        for where, a in [*enumerate(args), *kwargs.items()]:
+            if isinstance(a, torch.Tensor):
+                if id(a) in tracked:
+                    hits.append((where, a))
+            elif isinstance(a, (list, tuple)):
+                hits += [("nested", b) for b in a if isinstance(b, torch.Tensor) and id(b) in tracked]
+        return hits
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        hits = self._hits(args, kwargs)
+        if not hits:
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", repr(func))
+        call = _BareCall(name, tuple(w for w, _ in hits), tuple(self.tracked[id(t)][1] for _, t in hits))
+        if self.calls is None:  # the probe
+            out = func(*args, **kwargs)
+            followed = False
+            if name in _BARE_VIEWS and call.where == (0,) and isinstance(out, torch.Tensor):
+                v = hits[0][1]
+                # An expand along a new leading dimension (the batch, if the probe confirms it) is a use,
+                # not a view: its result is batched and not followed further.
+                if name not in _BARE_EXPANDS or (out.dim() == v.dim() and out.shape[0] == v.shape[0]):
+                    self._track(out, v, func, args, kwargs)
+                    followed = True
+            self.seen.append((call, _bare_out(out), [t.shape for _, t in hits], followed))
+            return out
+        expect = self.calls[self.i] if self.i < len(self.calls) else None
+        self.i += 1
+        if expect is None or (expect.name, expect.where, expect.params) != (call.name, call.where, call.params):
+            raise GhostMismatchError(
+                f"the model's bare parameters are used differently than in the probe ({name} at call {self.i})"
+            )
+        if expect.kind in ("ignore", "view"):
+            out = func(*args, **kwargs)
+            if expect.kind == "view":
+                self._track(out, hits[0][1], func, args, kwargs)
+            return out
+        if expect.kind == "expand":
+            out = func(*args, **kwargs)
+            self._use(out, hits[0][1])
+            return out
+        # broadcast: every tracked operand replaced by its expansion to the result's shape
+        shape = _broadcast_shape([a.shape for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)])
+        args, kwargs = list(args), dict(kwargs)
+        for where, t in hits:
+            big = t.expand(shape)
+            self._use(big, t)
+            if isinstance(where, int):
+                args[where] = big
+            else:
+                kwargs[where] = big
+        return func(*args, **kwargs)
+
+    def _track(self, out: torch.Tensor, v: torch.Tensor, func, args, kwargs) -> None:
+        _, k, chain = self.tracked[id(v)]
+        self.tracked[id(out)] = (out, k, (*chain, (func, tuple(args[1:]), kwargs)))
+
+    def _use(self, big: torch.Tensor, v: torch.Tensor) -> None:
+        if big.dim() == 0 or big.shape[0] != self.B:
+            raise GhostMismatchError(
+                f"a bare parameter's use has no batch of {self.B} at dim 0 (shape {list(big.shape)})"
+            )
+        if self.hook and big.requires_grad:
+            _, k, chain = self.tracked[id(v)]
+            big.register_hook(partial(self._grad, k, chain, v.shape))
+            self.edges.append(get_gradient_edge(big))
+
+    def _grad(self, k: int, chain: tuple, shape: torch.Size, g: torch.Tensor) -> None:
+        # Reduced at once (the expansion's gradient is as large as the activation it was added to).
+        with torch.no_grad():
+            self.grads.append((k, chain, _bare_reduce(_full(g, self.dtype), shape)))
+
+
+def _broadcast_shape(shapes: list[torch.Size]) -> tuple[int, ...]:
+    """The shape tensors of ``shapes`` broadcast to (right-aligned; a 1 yields to the other size).
+    Not ``torch.broadcast_shapes``: its first call imports sympy (1.5 s)."""
+    n = max(len(s) for s in shapes)
+    return tuple(
+        next((s[i - n + len(s)] for s in shapes if i - n + len(s) >= 0 and s[i - n + len(s)] != 1), 1) for i in range(n)
+    )
+
+
+def _bare_out(out) -> tuple[int, ...] | str | None:
+    # A call's result for the probe: its shape, None when no tensor comes out, "tensors" for several.
+    if isinstance(out, torch.Tensor):
+        return tuple(out.shape)
+    if isinstance(out, (list, tuple)) and any(isinstance(o, torch.Tensor) for o in out):
+        return "tensors"
+    return None
+
+
+def _bare_kind(call: _BareCall, o2, o3, shapes: list[torch.Size], followed: bool) -> str:
+    """What the probe's call is, from its results at batch sizes 2 and 3 (``o2``, ``o3``), the
+    shapes of its tracked operands (the same at both: they carry no batch) and whether the probe
+    followed its result as a view."""
+    if o2 is None and o3 is None:
+        return "ignore"
+    if isinstance(o2, str) or isinstance(o3, str) or o2 is None or o3 is None:
+        return "other"
+    if o2 == o3:  # batch-free: only a view of a parameter may be followed further
+        return "view" if followed else "other"
+    if len(o2) != len(o3) or not o2 or (o2[0], o3[0]) != (2, 3) or o2[1:] != o3[1:]:
+        return "other"
+    # The batch at dim 0, where every tracked operand has size 1 or no dimension: broadcast along it.
+    if any((len(s) == len(o2) and s[0] != 1) or len(s) > len(o2) for s in shapes):
+        return "other"
+    if call.name in _BARE_EXPANDS and call.where == (0,):
+        return "expand"
+    if call.name in _BARE_BROADCASTS and "nested" not in call.where:
+        return "broadcast"
+    return "other"
+
+
+def _probe_bare(
+    model: nn.Module, x: torch.Tensor, params: dict[int, torch.Tensor]
+) -> tuple[list[_BareCall], dict[int, str]]:
+    """The calls that take the bare parameters ``params`` (index -> tensor), classified, and per
+    parameter why it cannot take the broadcast path (absent: it can).
+
+    A model in training mode is probed in evaluation mode too (the first-call check runs it there):
+    a parameter used differently in the two (a use under ``if self.training``) is not followed."""
+    seen, training = [], model.training
+    try:
+        for n, in_training in [(2, training), (3, training)] + ([(2, False)] if training else []):
+            model.train(in_training)
+            mode = _BareMode(params)
+            with torch.no_grad(), mode:
+                model(x[:1].repeat(n, *([1] * (x.dim() - 1))))
+            seen.append(mode.seen)
+    finally:
+        model.train(training)
+    why: dict[int, str] = {}
+    if _bare_seen(seen[0], set(params)) != _bare_seen(seen[1], set(params)):
+        return [], {k: "its uses differ between batch sizes 2 and 3" for k in params}
+    for k in params:
+        if len(seen) == 3 and _bare_seen(seen[0], {k}) != _bare_seen(seen[2], {k}):
+            why[k] = "used differently in training and in evaluation mode"
+    calls = []
+    for (call, o2, shapes, followed), (_, o3, _, _) in zip(seen[0], seen[1], strict=True):
+        kind = _bare_kind(call, o2, o3, shapes, followed)
+        calls.append(_BareCall(call.name, call.where, call.params, kind))
+        for k in call.params:
+            if kind == "other":
+                why.setdefault(k, f"used in {call.name} (not broadcast against the batch)")
+    for k in params:
+        if k not in why and not any(k in c.params and c.kind in ("expand", "broadcast") for c in calls):
+            why[k] = "no use broadcast against the batch"
+    ok = set(params) - set(why)
+    if len(seen) == 3 and _bare_seen(seen[0], ok) != _bare_seen(seen[2], ok):  # the same uses in another order
+        why.update((k, "its uses come in another order in evaluation mode") for k in ok)
+    return calls, why
+
+
+def _bare_seen(seen: list, params: set[int]) -> list:
+    """A probe's calls as a forward that tracks only ``params`` meets them (and which it follows)."""
+    return [(c, f) for c, f in zip(_bare_calls([c for c, *_ in seen], params), _followed(seen, params), strict=True)]
+
+
+def _followed(seen: list, params: set[int]) -> list[bool]:
+    return [f for c, _, _, f in seen if any(k in params for k in c.params)]
+
+
+def _bare_calls(calls: list[_BareCall], bare: set[int]) -> list[_BareCall]:
+    """The probe's calls as the clipping forward sees them when only the parameters ``bare`` are
+    tracked: calls on the others' tensors only are not seen, and a call's other operands are plain."""
+    out = []
+    for c in calls:
+        keep = [i for i, k in enumerate(c.params) if k in bare]
+        if keep:
+            out.append(_BareCall(c.name, tuple(c.where[i] for i in keep), tuple(c.params[i] for i in keep), c.kind))
+    return out
+
+
+def _bare_reduce(g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Per-example gradients (B, *shape) of a tensor of ``shape`` broadcast to g's (B, ...) (dim 0 the
+    batch, where ``shape`` has size 1 or no dimension): each row of g summed over the dimensions the
+    tensor was broadcast along (the gradient of a broadcast is the sum over its copies)."""
+    B, rest = g.shape[0], g.shape[1:]
+    s = shape[1:] if len(shape) == g.dim() else shape
+    return g.sum_to_size(B, *([1] * (len(rest) - len(s))), *s).reshape(B, *shape)
+
+
+def _bare_unview(p: torch.Tensor, chain: tuple, gv: torch.Tensor) -> torch.Tensor:
+    """Per-example gradients (B, *p.shape) of ``p`` from those (B, ...) of its view ``v = f(p)``
+    (``chain``: the calls of f): vmap over the examples of the vector-Jacobian product of f, which
+    is linear (a slice ``wpe[:T]`` maps into rows 0..T-1, zero elsewhere)."""
+    if not chain:
+        return gv
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        for func, args, kwargs in chain:
+            t = func(t, *args, **kwargs)
+        return t
+
+    _, back = torch.func.vjp(f, p.detach())
+    return vmap(back)(gv)[0]
+
+
 # ------------------------------------------------------------------------------ the ghost plan
 
 
@@ -1305,13 +1577,17 @@ class GhostPlan:
     a parameter with one use in a unit with a handler gets ghost norm / book-keeping; a parameter
     used by several units with handlers (tied) the ghost norm of the sum of its uses or their
     per-example gradients summed (:func:`_tied_part`); every other parameter per-example gradients.
-    ``notes``: why a module was routed where it was.
+    ``notes``: why a module was routed where it was. ``bare``: parameters of the model itself whose
+    per-example gradients come from their uses broadcast against the batch (index -> name, see
+    :class:`_BareMode`), and ``bare_calls`` the calls on them that the clipping forward expects.
     """
 
     units: list[_Unit]
     uses: dict[int, list[tuple[int, str]]]
     notes: list[str]
     root_layouts: list[_Layout]
+    bare: dict[int, str] = field(default_factory=dict)
+    bare_calls: list[_BareCall] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.index = {(u, n): k for k, us in self.uses.items() for u, n in us}
@@ -1384,6 +1660,7 @@ def build_ghost_plan(model: nn.Module, x: torch.Tensor, params: list[nn.Paramete
         if target != mname and lay:
             notes.append(f"{mname}: parameters handled by vmap over {target or '(model)'}")
 
+    bare, bare_calls = _bare_parameters(model, x, params, index, generic, notes)
     units = list(specific.values())
     for target, qnames in generic.items():
         cut = len(target) + 1 if target else 0
@@ -1393,7 +1670,28 @@ def build_ghost_plan(model: nn.Module, x: torch.Tensor, params: list[nn.Paramete
         for n in unit.names:
             p = unit.module.get_parameter(n)
             uses.setdefault(index[id(p)], []).append((u, n))
-    return GhostPlan(units=units, uses=uses, notes=notes, root_layouts=root_layouts)
+    return GhostPlan(units=units, uses=uses, notes=notes, root_layouts=root_layouts, bare=bare, bare_calls=bare_calls)
+
+
+def _bare_parameters(
+    model: nn.Module, x: torch.Tensor, params: list[nn.Parameter], index: dict[int, int], generic, notes: list[str]
+) -> tuple[dict[int, str], list[_BareCall]]:
+    """Of the parameters headed for the vmap over the model (``generic[""]``), those whose every use
+    broadcasts them against the batch (:class:`_BareMode`) leave it (removed from ``generic``):
+    their index -> name, and the calls the clipping forward expects. ``notes`` says which way each went."""
+    names = generic.get("", [])
+    if not names:
+        return {}, []
+    cand = {index[id(model.get_parameter(n))]: n for n in names}
+    calls, why = _probe_bare(model, x, {k: params[k] for k in cand})
+    bare = {k: n for k, n in cand.items() if k not in why}
+    for k, n in cand.items():
+        how = "per-example from its uses broadcast against the batch" if k in bare else why[k]
+        notes.append(f"{n}: {how}" + ("" if k in bare else "; per-example gradients by vmap over the model"))
+    generic[""] = [n for n in names if index[id(model.get_parameter(n))] not in bare]
+    if not generic[""]:
+        del generic[""]
+    return bare, _bare_calls(calls, set(bare))
 
 
 def _reroute(plan: GhostPlan, model: nn.Module, params: list[nn.Parameter], bad: set[int], why: str) -> GhostPlan:
@@ -1419,7 +1717,15 @@ def _reroute(plan: GhostPlan, model: nn.Module, params: list[nn.Parameter], bad:
     notes = plan.notes + [
         f"{qual[id(params[k])]}: {why}; per-example gradients by vmap over the model" for k in sorted(bad)
     ]
-    return GhostPlan(units=units, uses=uses, notes=notes, root_layouts=plan.root_layouts)
+    bare = {k: n for k, n in plan.bare.items() if k not in bad}
+    return GhostPlan(
+        units=units,
+        uses=uses,
+        notes=notes,
+        root_layouts=plan.root_layouts,
+        bare=bare,
+        bare_calls=_bare_calls(plan.bare_calls, set(bare)),
+    )
 
 
 class _Out(NamedTuple):  # a NamedTuple: built per recorded output and step, cheaper than a dataclass
@@ -1459,8 +1765,10 @@ class _Recorder:
     no expansion, the module's output unchanged. :meth:`close` removes the hooks (the clipper calls
     it when its plan changes, when it is closed or garbage-collected)."""
 
-    def __init__(self, plan: GhostPlan, clone: bool) -> None:
+    def __init__(self, plan: GhostPlan, clone: bool, params: Sequence[nn.Parameter] = ()) -> None:
         self.plan, self.clone = plan, clone
+        self.bare_params = {k: params[k] for k in plan.bare}
+        self.bare: _BareMode | None = None  # the last recording's (see _BareMode), until it is taken
         self.calls: list[list[_Record]] | None = None  # per unit, this forward's calls; None: inactive
         self.B = 0
         # Inside recording(on_grad=f): f(u, k, j, grad) is hooked on output j of call k of unit u
@@ -1479,8 +1787,17 @@ class _Recorder:
         """Inside: shared outputs are expanded to the batch ``B`` and every call of a unit is recorded
         in ``self.calls`` (yielded); with ``on_grad``, its outputs' gradients go to it (see __init__)."""
         self.calls, self.B, self.on_grad, self.edges = [[] for _ in self.plan.units], B, on_grad, []
+        self.bare = None
+        if self.bare_params:
+            dtype = next(iter(self.bare_params.values())).dtype
+            self.bare = _BareMode(self.bare_params, self.plan.bare_calls, B, dtype, hook=on_grad is not None)
         try:
-            yield self.calls
+            with self.bare if self.bare is not None else nullcontext():
+                yield self.calls
+            if self.bare is not None:
+                if self.bare.i != len(self.plan.bare_calls):
+                    raise GhostMismatchError("the model's bare parameters are used fewer times than in the probe")
+                self.edges += self.bare.edges
         finally:
             self.calls = self.on_grad = None
 
@@ -2020,7 +2337,7 @@ class GhostClipper(Clipper):
         # Hooks are registered once per plan; a rerouted plan replaces them (no stale hooks left).
         if self._recorder is None or self._recorder.plan is not plan:
             self.close()
-            self._recorder = _Recorder(plan, self._clone)
+            self._recorder = _Recorder(plan, self._clone, self.params)
             # The hooks hold the recorder, never the clipper: a dropped clipper is collected and
             # its hooks removed by this finaliser.
             self._release = weakref.finalize(self, self._recorder.close)
@@ -2154,6 +2471,7 @@ class GhostClipper(Clipper):
         very pass); vmap units and recomputed modules draw their own dropout masks. A parameter that
         disagrees goes to the vmap over the model, as in :meth:`_check`."""
         handled = {k for k, us in plan.uses.items() if all(plan.units[u].handler is not None for u, _ in us)}
+        handled |= set(plan.bare)  # from this very pass's output gradients too
         if not handled:
             return plan
         # Each buffer's slot, tensor and value: a training pass may update a buffer in place (spectral
@@ -2287,6 +2605,7 @@ class GhostClipper(Clipper):
         logits, calls = self._forward(recorder, x, on_grad)
         store.extend(calls)
         edges, recorder.edges = recorder.edges, []
+        bare, recorder.bare = recorder.bare, None
         if [len(recs) for recs in store] != recorder.counts:
             raise GhostMismatchError("the modules are called a different number of times than in the probe")
         for u, recs in enumerate(store):
@@ -2313,6 +2632,12 @@ class GhostClipper(Clipper):
                 shared.setdefault(k, []).append(use)
         g = entry = uses = None
         with exact_matmuls(), torch.no_grad():
+            # Bare parameters of the model: each use's per-example gradients mapped into the parameter.
+            while bare is not None and bare.grads:
+                k, chain, gv = bare.grads.pop(0)
+                g = _bare_unview(self.params[k], chain, gv)
+                pe[k] = g if k not in pe else pe[k] + g
+            bare = g = None
             for k, uses in shared.items():
                 # A tied weight: ghost norm with cross terms when every use has a factored form
                 # (and no use went through a vmap), else its uses' per-example gradients summed.
@@ -2374,6 +2699,9 @@ class GhostClipper(Clipper):
                 users = ", ".join(self.plan_.units[u].name or "(model)" for u, _ in us)
                 how = self._how_tied.get(k, "not called yet")
                 layers[qual[id(self.params[k])]] = f"{how} (tied: {users})"
+        for k, n in self.plan_.bare.items():
+            uses = [c.name for c in self.plan_.bare_calls if k in c.params and c.kind in ("expand", "broadcast")]
+            layers[n] = f"per-example from its {len(uses)} use(s) broadcast against the batch ({', '.join(uses)})"
         return {"method": self.method, "layers": layers, "notes": list(self.plan_.notes)}
 
 

@@ -138,6 +138,82 @@ class ScaledBlock(nn.Module):
         return torch.tanh(self.lin(h) * self.gain) + h
 
 
+class ViTBlock(nn.Module):
+    """A pre-LN transformer block: attention (nn.MultiheadAttention or hand-written) and an MLP."""
+
+    def __init__(self, d: int, heads: int, attention: str) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attention = attention
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True) if attention == "mha" else SelfAttention(d, heads)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, h):
+        a = self.ln1(h)
+        h = h + (self.attn(a, a, a, need_weights=False)[0] if self.attention == "mha" else self.attn(a))
+        return h + self.mlp(self.ln2(h))
+
+
+class TinyViT(nn.Module):
+    """timm's VisionTransformer in small: a patch-embedding Conv2d, then a cls token and a learned
+    (1, N+1, d) position embedding that are bare parameters of the model itself, used as timm does
+    (``cat((cls_token.expand(B, -1, -1), x), 1) + pos_embed``), pre-LN blocks, the head on the cls token.
+    The hand-written variant has a GroupNorm after the patch embedding."""
+
+    def __init__(self, d: int = 8, size: int = 4, patch: int = 2, depth: int = 2, attention: str = "mha") -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, patch, stride=patch)
+        self.gn = nn.GroupNorm(2, d) if attention != "mha" else nn.Identity()
+        self.cls_token = nn.Parameter(torch.randn(1, 1, d) * 0.5)
+        self.pos_embed = nn.Parameter(torch.randn(1, (size // patch) ** 2 + 1, d) * 0.5)
+        self.blocks = nn.Sequential(*(ViTBlock(d, 2, attention) for _ in range(depth)))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        h = self.gn(self.patch(x)).flatten(2).transpose(1, 2)  # (B, N, d)
+        h = torch.cat((self.cls_token.expand(h.shape[0], -1, -1), h), dim=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(h))[:, 0])
+
+
+class WpeGPT(nn.Module):
+    """GPT-style: a bare (T_max, d) position table sliced to the sequence (``wpe[:T]``, T < T_max),
+    token embedding tied to the output head (logits of the last position)."""
+
+    def __init__(self, vocab: int = 9, d: int = 8, t_max: int = 7) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.wpe = nn.Parameter(torch.randn(t_max, d) * 0.5)
+        self.ln = nn.LayerNorm(d)
+        self.attn = SelfAttention(d, 2)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, tok):
+        h = self.tok(tok) + self.wpe[: tok.shape[1]]
+        h = h + self.attn(self.ln(h))
+        return self.head(h[:, -1])
+
+
+class BareTwice(nn.Module):
+    """A bare (d,) offset added in two places (broadcast over the positions), a bare scalar gain, and
+    with ``matmul`` a bare (d, d) matrix used in a matmul (no broadcast rule: the vmap over the model)."""
+
+    def __init__(self, d: int = 6, matmul: bool = False) -> None:
+        super().__init__()
+        self.inp, self.lin, self.head = nn.Linear(5, d), nn.Linear(d, d), nn.Linear(d, 3)
+        self.offset = nn.Parameter(torch.randn(d) * 0.5)
+        self.gain = nn.Parameter(torch.tensor(1.3))
+        self.mix = nn.Parameter(torch.randn(d, d) * 0.5) if matmul else None
+
+    def forward(self, x):
+        h = self.inp(x) + self.offset
+        if self.mix is not None:
+            h = h @ self.mix
+        h = self.lin(torch.tanh(h)) * self.gain + self.offset
+        return self.head(torch.tanh(h).mean(1))
+
+
 class SeqFirstMHA(nn.Module):
     """nn.MultiheadAttention in its default (T, B, d) layout, with a key padding mask (batch at dim 0)."""
 
@@ -172,11 +248,21 @@ def _case(name: str):
         model, x = BareParameter(), torch.randn(N, 4, 5, generator=g)
     elif name == "mha-seq-first":
         model, x = SeqFirstMHA(), torch.randn(N, 5, 4, generator=g)
+    elif name == "vit-mha":
+        model, x = TinyViT(), torch.randn(N, 3, 4, 4, generator=g)
+    elif name == "vit-handwritten":
+        model, x = TinyViT(attention="sdpa"), torch.randn(N, 3, 4, 4, generator=g)
+    elif name == "gpt-wpe":
+        model, x = WpeGPT(), torch.randint(0, 9, (N, 5), generator=g)
+    elif name == "bare-twice":
+        model, x = BareTwice(), torch.randn(N, 4, 5, generator=g)
+    elif name == "bare-matmul":
+        model, x = BareTwice(matmul=True), torch.randn(N, 4, 5, generator=g)
     else:
         raise KeyError(name)
     model = model.double().eval()
     x = x.double() if x.is_floating_point() else x
-    n_classes = 9 if name.startswith("tied") else 3
+    n_classes = 9 if name.startswith(("tied", "gpt")) else 3
     return model, x, torch.randint(0, n_classes, (N,), generator=g)
 
 
@@ -188,6 +274,11 @@ CASES = [
     "tied-functional",
     "bare-parameter",
     "mha-seq-first",
+    "vit-mha",
+    "vit-handwritten",
+    "gpt-wpe",
+    "bare-twice",
+    "bare-matmul",
 ]
 
 
@@ -316,7 +407,9 @@ def test_tied_weight_used_at_every_position():
 
 def test_bare_parameters(oracle):
     layers = _layers("bare-parameter", oracle)
-    assert layers["(model)"] == "vmap over the model: pos, cls"
+    assert "(model)" not in layers  # no vmap over the model left
+    assert layers["pos"] == "per-example from its 1 use(s) broadcast against the batch (add)"
+    assert layers["cls"] == "per-example from its 1 use(s) broadcast against the batch (expand)"
     assert layers["block"] == "vmap over the module: gain"
     assert layers["inp"].startswith("instantiate") and layers["block.lin"].startswith("instantiate")
 
@@ -428,10 +521,10 @@ def test_auto_falls_back_to_the_loop_when_vmap_cannot_run():
         def __init__(self) -> None:
             super().__init__()
             self.lin = nn.Linear(3, 2)
-            self.scale = nn.Parameter(torch.ones(()))
+            self.scale = nn.Parameter(torch.eye(2))  # in a matmul: ghost needs a vmap over the model for it
 
         def forward(self, x):
-            h = self.lin(x) * self.scale
+            h = self.lin(x) @ self.scale
             return h if float(h.sum()) > -1e9 else -h  # a Python branch on data: vmap cannot trace it
 
     model = DataDependent().double()
@@ -520,3 +613,177 @@ def test_multihead_attention_called_twice_adds_both_calls():
     clipper = GhostClipper(model, check=False)
     assert_oracle(clipper, _with_oracle(model, x, y))
     assert clipper.describe()["layers"]["attn"].startswith("per-example by recomputing the attention")
+
+
+# ------------------------------------- bare parameters of the model itself: broadcast uses, not a vmap
+
+
+def test_vit_and_gpt_bare_parameters_leave_the_vmap_over_the_model(oracle):
+    """A ViT's cls token and position embedding, a GPT's sliced ``wpe``, an offset used twice and a
+    scalar gain get per-example gradients from their broadcast uses; a matrix in a matmul stays on the
+    vmap over the model (and the notes say which way each went: they are recorded in checkpoints)."""
+    for name in ("vit-mha", "vit-handwritten"):
+        layers = _layers(name, oracle)
+        assert "(model)" not in layers
+        assert layers["cls_token"] == "per-example from its 1 use(s) broadcast against the batch (expand)"
+        assert layers["pos_embed"] == "per-example from its 1 use(s) broadcast against the batch (add)"
+    layers = _layers("gpt-wpe", oracle)
+    assert "(model)" not in layers and layers["wpe"].endswith("(add)")
+    layers = _layers("bare-twice", oracle)
+    assert "(model)" not in layers and layers["offset"].startswith("per-example from its 2 use(s)")
+    model, x, y, clip, _ = oracle["bare-matmul"]
+    clipper = make_clipper(model, "ghost")
+    clipper(x, y, clip)
+    desc = clipper.describe()
+    assert desc["layers"]["(model)"] == "vmap over the model: mix"
+    assert (
+        "mix: used in matmul (not broadcast against the batch); per-example gradients by vmap over the model"
+        in (desc["notes"])
+    )
+    assert "offset: per-example from its uses broadcast against the batch" in desc["notes"]
+
+
+def _wrong_reduce(real):
+    def mean_not_sum(g, shape):  # planted: the mean over the broadcast copies instead of their sum
+        return real(g, shape) * (math.prod(shape) / g[0].numel())
+
+    return mean_not_sum
+
+
+def _wrong_unview(real):
+    def next_rows(p, chain, gv):  # planted: a slice mapped one row down
+        out = real(p, chain, gv)
+        return out.roll(1, dims=1) if chain else out
+
+    return next_rows
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "target", "plant"),
+    [
+        ("bare-twice", "offset, gain", "_bare_reduce", _wrong_reduce),
+        ("gpt-wpe", "wpe", "_bare_unview", _wrong_unview),
+    ],
+)
+def test_a_wrong_bare_parameter_rule_is_caught_and_rerouted(monkeypatch, oracle, name, params, target, plant):
+    """Without the first-call check the planted mistake changes the result (these oracle tests bite);
+    with it the parameters go to the vmap over the model, exact, and the notes say why."""
+    model, x, y, clip, ref = oracle[name]
+    monkeypatch.setattr(clipping, target, plant(getattr(clipping, target)))
+    unchecked = GhostClipper(model, check=False)(x, y, clip)
+    assert max(_rel(g, r) for g, r in zip(unchecked.grads, ref.grads, strict=True)) > 1e-3
+    checked = GhostClipper(model)
+    assert_oracle(checked, oracle[name])
+    desc = checked.describe()
+    assert desc["layers"]["(model)"] == f"vmap over the model: {params}"
+    for param in params.split(", "):
+        assert any(n.startswith(f"{param}: its per-example gradient disagreed") for n in desc["notes"])
+
+
+def test_bare_parameter_used_differently_later_is_refused_not_misread():
+    """The clipping forward must meet the calls the probe classified: a model that uses its bare
+    parameter another way on a later batch (here only for batches of 5) is refused by ghost and
+    moved to vmap by auto, never clipped with a stale plan."""
+
+    class Switch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.offset = nn.Parameter(torch.randn(3))
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h * self.offset if x.shape[0] == 5 else h + self.offset
+
+    model = Switch().double()
+    x, y = torch.randn(N, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
+    ghost = GhostClipper(model)
+    ghost(x, y, 1.0)
+    assert ghost.describe()["layers"]["offset"].endswith("(add)")
+    with pytest.raises(InputError, match="bare parameters are used differently than in the probe"):
+        ghost(x[:5], y[:5], 1.0)
+    auto = make_clipper(model, "auto")
+    auto(x, y, 1.0)
+    got = auto(x[:5], y[:5], 1.0)
+    ref = LoopClipper(model)(x[:5], y[:5], 1.0)
+    assert auto.describe()["method"] == "vmap" and _rel(got.grads[1], ref.grads[1]) < RTOL
+
+
+def test_a_use_of_a_bare_parameter_the_probe_cannot_see_is_caught_by_the_check():
+    """A use hidden from the torch-function mode (here under ``DisableTorchFunction``) is missing from
+    the broadcast path's per-example gradient: the first-call check sends the parameter to the vmap
+    over the model (exact), where without the check the result is wrong."""
+
+    class Hidden(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.offset = nn.Parameter(torch.randn(3))
+
+        def forward(self, x):
+            h = self.lin(x) + self.offset
+            with torch._C.DisableTorchFunction():
+                return torch.tanh(h) * self.offset
+
+    torch.manual_seed(0)
+    model = Hidden().double()
+    x, y = torch.randn(N, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
+    case = _with_oracle(model, x, y)
+    unchecked = GhostClipper(model, check=False)(x, y, case[3])
+    assert _rel(unchecked.grads[2], case[4].grads[2]) > 1e-3
+    checked = GhostClipper(model)
+    assert_oracle(checked, case)
+    assert checked.describe()["layers"]["(model)"] == "vmap over the model: offset"
+
+
+class ModeDependent(nn.Module):
+    """Bare parameters used differently in training: ``extra`` only in training (``visible``), or
+    ``offset`` a second time in training hidden from the torch-function mode (``hidden``), or
+    ``shift`` expanded to (T, d) before it meets the batch (``expanded``), or ``extra`` and ``shift``
+    used in another order in evaluation mode (``order``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.lin = nn.Linear(3, 3)
+        self.offset, self.extra, self.shift = (nn.Parameter(torch.randn(3)) for _ in range(3))
+
+    def forward(self, x):
+        h = self.lin(x) + self.offset
+        if self.kind == "expanded":
+            h = h + self.shift.expand(x.shape[1], -1)
+        if self.training and self.kind == "visible":
+            h = h * self.extra
+        if self.training and self.kind == "hidden":
+            with torch._C.DisableTorchFunction():
+                h = h * self.offset
+        if self.kind == "order":  # the same uses, in another order in evaluation mode
+            h = (h * self.extra + self.shift) if self.training else (h + self.shift) * self.extra
+        return torch.tanh(h).mean(1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "vmapped", "note"),
+    [
+        ("visible", "extra", "extra: used differently in training and in evaluation mode"),
+        ("hidden", "offset", "offset: its training-mode gradient disagreed"),
+        ("expanded", "shift", "shift: used in expand (not broadcast against the batch)"),
+        ("order", "extra", "extra: its uses come in another order in evaluation mode"),
+    ],
+)
+def test_bare_parameters_used_differently_in_training_or_expanded_first(kind, vmapped, note):
+    """The first call checks in evaluation mode, then once in training mode: a use only in training
+    is seen by the probe in both modes (before: the check's forward met fewer calls than the probe's
+    and ghost refused the model), a hidden one by the training-mode check; an expand that adds a
+    dimension other than the batch is not followed (before: a call the probe had not seen, refused).
+    Each such parameter takes the vmap over the model, exact; the others keep the broadcast path."""
+    torch.manual_seed(0)
+    model = ModeDependent(kind).double().train()
+    x, y = torch.randn(N, 4, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
+    clipper = GhostClipper(model)
+    assert_oracle(clipper, _with_oracle(model, x, y))
+    desc = clipper.describe()
+    assert vmapped in desc["layers"]["(model)"].removeprefix("vmap over the model: ").split(", "), desc
+    assert any(n.startswith(note) for n in desc["notes"]), desc["notes"]
+    if kind not in ("hidden", "order"):  # order: the three parameters' calls interleave differently
+        assert desc["layers"]["offset"].endswith("(add)")

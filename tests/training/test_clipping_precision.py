@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dpaudit.errors import InputError
 from dpaudit.training.clipping import check_autocast, make_clipper
 from dpaudit.training.config import PerfConfig
-from tests.training.test_clipping_architectures import ArangeTransformer, ResidualGroupNormCNN
+from tests.training.test_clipping_architectures import ArangeTransformer, ResidualGroupNormCNN, TinyViT
 
 
 def _cases():
@@ -22,6 +22,8 @@ def _cases():
     torch.manual_seed(0)
     yield ResidualGroupNormCNN(), torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
     yield ArangeTransformer(), torch.randint(0, 11, (4, 5), generator=g), torch.randint(0, 3, (4,), generator=g)
+    # bare cls token and position embedding of the model itself: their per-example gradients from their uses
+    yield TinyViT(), torch.randn(4, 3, 4, 4, generator=g), torch.randint(0, 3, (4,), generator=g)
 
 
 @pytest.mark.parametrize("method", ["auto", "ghost", "vmap", "loop"])
@@ -119,13 +121,13 @@ def test_a_pinned_method_that_cannot_run_the_model_is_one_line():
         def __init__(self) -> None:
             super().__init__()
             self.lin = torch.nn.Linear(3, 2)
-            self.gain = torch.nn.Parameter(torch.ones(()))
+            self.gain = torch.nn.Parameter(torch.eye(2))
 
         def forward(self, x):
-            h = self.lin(x) * self.gain
+            h = self.lin(x) @ self.gain  # a matmul: ghost needs a vmap over the model for `gain`
             return h if float(h.sum()) > -1e9 else -h  # .item() on data: vmap cannot trace it
 
     x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
-    for method in ("vmap", "ghost"):  # ghost: its plan needs a vmap over the model for `gain`
+    for method in ("vmap", "ghost"):
         with pytest.raises(InputError, match=rf"--clipping {method} cannot run this model .*try --clipping"):
             make_clipper(ItemBranch(), method)(x, y, 1.0)
