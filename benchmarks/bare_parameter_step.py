@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 import warnings
 from contextlib import contextmanager
 
 import torch
-from dpsgd_throughput import nonprivate_step, opacus_step, ours_step, tensor_peak_mib
+from dpsgd_throughput import measure, nonprivate_step, opacus_step, ours_step, tensor_peak_mib
 from torch import nn
 from torch.nn import functional as F
 
@@ -149,13 +147,7 @@ def main() -> None:
             with bare_on_the_model_vmap() if n == "ghost, bare on model vmap" else warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 step()
-        times: dict[str, list[float]] = {n: [] for n in steps}
-        for _ in range(args.rounds):
-            for n, step in steps.items():
-                t0 = time.perf_counter()
-                step()
-                times[n].append(time.perf_counter() - t0)
-        med = {n: statistics.median(v) for n, v in times.items()}
+        med = measure(steps, args.rounds, dict.fromkeys(steps, 1), torch.device("cpu"))[0]  # interleaved rounds
         mem = {n: tensor_peak_mib(step) for n, step in steps.items()} if args.memory else {}
         print(
             f"{name}: B={args.batch}, d={args.dim}, depth={args.depth}"

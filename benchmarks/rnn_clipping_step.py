@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 
 import torch
-from dpsgd_throughput import nonprivate_step, ours_step
+from dpsgd_throughput import measure, nonprivate_step, ours_step
 from torch import nn
 
 
@@ -59,15 +57,7 @@ def main() -> None:
             "auto": ours_step(copy.deepcopy(model), x, y, "auto", plans),
             "loop": ours_step(copy.deepcopy(model), x, y, "loop"),
         }
-        for step in steps.values():  # first calls: plans, checks
-            step()
-        times: dict[str, list[float]] = {n: [] for n in steps}
-        for _ in range(args.rounds):
-            for n, step in steps.items():
-                t0 = time.perf_counter()
-                step()
-                times[n].append(time.perf_counter() - t0)
-        med = {n: statistics.median(v) for n, v in times.items()}
+        med = measure(steps, args.rounds, dict.fromkeys(steps, 1), torch.device("cpu"))[0]  # interleaved rounds
         print(
             f"{cell.__name__}: B={args.batch}, T={args.length}, {args.threads} thread(s), "
             f"median of {args.rounds} rounds"
