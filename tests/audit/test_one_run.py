@@ -150,3 +150,38 @@ def test_the_holdout_selection_takes_four_canaries_and_refuses_three():
     assert MIN_HOLDOUT_CANARIES == 4 and len(tiebreak) == len(selection) == 4
     with pytest.raises(InputError, match="needs at least 4 canaries, got 3"):
         draw_design(3, "holdout", rng)
+
+
+# Mutation testing, eighth pass: the edges of the p-value and of the root search, each against the
+# 50-digit transcription of Steinke et al.'s Algorithm 2 above (p_value_mpmath), not the code's own output.
+
+
+@pytest.mark.parametrize(
+    ("m", "r", "v", "eps", "delta"),
+    [(10, 6, 0, 0.5, 1e-3), (10, 0, 0, 0.0, 0.0), (60, 60, 45, 0.0, 0.5), (40, 20, 17, 2.0, 0.3)],
+)
+def test_p_value_is_a_probability_at_v_zero_and_when_the_delta_term_is_large(m, r, v, eps, delta):
+    # v = 0 is always observed (p = 1); 2mδ·α above 1 caps p at 1 (Algorithm 2 returns min(1, ·)).
+    expected = float(p_value_mpmath(m, r, v, eps, delta))
+    assert one_run_p_value(m, r, v, eps, delta) == pytest.approx(expected, rel=1e-12)
+    assert one_run_p_value(m, r, v, eps, delta) <= 1.0
+
+
+def test_bound_is_zero_when_only_the_pure_dp_test_rejects():
+    # 5 of 5 right: the δ = 0 bound is positive, but with 2mδ = 2 the δ term keeps the p-value above α
+    # at every ε in [0, pure bound], so nothing is rejected (no crossing to return).
+    m, r, v, delta, a = 1000, 5, 5, 1e-3, 0.05
+    hi = float(one_run_pure_epsilon(r, v, a))
+    assert hi > 0
+    assert all(p_value_mpmath(m, r, v, e, delta) > a for e in np.linspace(0.0, hi, 21))
+    assert one_run_epsilon_lower_bound(m, r, v, delta, a) == 0.0
+
+
+@pytest.mark.parametrize(("m", "r", "v", "delta"), [(200, 200, 150, 1e-4), (60, 60, 45, 1e-3)])
+def test_a_bound_below_one_is_the_crossing_of_the_exact_p_value(m, r, v, delta):
+    # Crossings in (0, 1): the root search must bracket from ε = 0, not from ε = 1.
+    a = 0.05
+    e = one_run_epsilon_lower_bound(m, r, v, delta, a)
+    assert 0.0 < e < 1.0
+    assert p_value_mpmath(m, r, v, e, delta) <= a
+    assert p_value_mpmath(m, r, v, e * (1 + 1e-6) + 1e-9, delta) > a

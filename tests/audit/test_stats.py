@@ -126,3 +126,21 @@ def test_hypothesis_bound_never_exceeds_gdp_truth():
     assert e.max() <= eps + 1e-9
     assert e.max() == pytest.approx(eps, rel=1e-2)  # and the LR test at the right threshold attains it
     assert gdp_delta(mu, e.max()) >= delta * (1 - 1e-6)
+
+
+def test_hypothesis_test_epsilon_where_a_numerator_is_zero():
+    # FPR = 1 − δ and FNR = 0: FPR + e^ε·FNR = 1 − δ holds for every ε and FNR + e^ε·FPR ≥ 1 − δ for ε ≥ 0
+    # (Kairouz et al. 2015, Thm 2.1), so the bound is 0 — not ln(0/0) = NaN.
+    for fpr, fnr, delta in [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.5, 0.0, 0.5), (0.0, 0.5, 0.5)]:
+        assert hypothesis_test_epsilon(fpr, fnr, delta) == 0.0
+    out = hypothesis_test_epsilon(np.array([1.0, 0.01]), np.array([0.0, 0.5]), 0.0)
+    assert out[0] == 0.0 and out[1] == pytest.approx(math.log(0.5 / 0.01), rel=1e-12)
+
+
+def test_gdp_mu_lower_bound_returns_a_float_for_scalars_and_an_array_for_arrays():
+    mu = 1.3
+    fpr, fnr = stats.norm.sf(0.4), stats.norm.cdf(0.4 - mu)
+    got = gdp_mu_lower_bound(fpr, fnr)
+    assert type(got) is float and got == pytest.approx(mu, rel=1e-9)
+    arr = gdp_mu_lower_bound(np.array([fpr, 0.5]), np.array([fnr, 0.5]))
+    assert arr.shape == (2,) and arr[1] == 0.0
