@@ -189,3 +189,22 @@ def test_small_bounds_are_crossings_of_the_exact_p_value(m, r, v, delta):
     assert 0.0 < e < (1.0 if v < 19 else 1.5)
     assert p_value_mpmath(m, r, v, e, delta) <= a
     assert p_value_mpmath(m, r, v, e * (1 + 1e-6) + 1e-9, delta) > a
+
+
+def test_best_bound_over_pairs_is_the_maximum_over_every_pair():
+    # The early stop (pure-DP bound ≤ best so far) may skip only pairs that cannot win: the result is the
+    # brute-force maximum of the per-pair bound, and the reported index attains it.
+    from dpaudit.audit.one_run import best_bound_over_pairs
+
+    rng = np.random.default_rng(3)
+    m = 400
+    member = rng.random(m) < 0.5
+    scores = np.where(member, 1.0, 0.0) * 0.8 + rng.normal(size=m)
+    kp, km = bonferroni_pairs(m)
+    top, bottom = guess_counts(scores, member, rng.random(m))
+    r, v = kp + km, top[kp] + bottom[km]
+    a = 0.05 / len(kp)
+    each = [one_run_epsilon_lower_bound(m, int(ri), int(vi), 1e-5, a) for ri, vi in zip(r, v, strict=True)]
+    assert min(each) == 0.0 < max(each)  # some pairs certify nothing, so the visiting order matters
+    best, i = best_bound_over_pairs(m, r, v, 1e-5, a)
+    assert best == max(each) and each[i] == best
