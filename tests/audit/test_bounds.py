@@ -362,3 +362,21 @@ def test_two_sided_costs_alpha():
     two = max_certifiable_epsilon(1000, 1000, delta=0.0, alternative="two-sided")
     assert two < one
     assert two == pytest.approx(max_certifiable_epsilon(1000, 1000, delta=0.0, confidence=0.975), rel=1e-12)
+
+
+@pytest.mark.parametrize(("n_pos", "n_neg", "seed"), [(40, 400, 0), (400, 40, 1), (60, 300, 2), (300, 60, 3)])
+def test_bonferroni_threshold_rates_cover_the_counts_at_the_reported_threshold(n_pos, n_neg, seed):
+    # Whatever anchor wins, its rate bounds must be at least the exact Clopper–Pearson upper bounds (beta
+    # quantiles, Clopper & Pearson 1934) of the false-positive and false-negative counts that the reported
+    # threshold really has, at the per-bound level α/(2K): a smaller bound over-claims ε.
+    from dpaudit.audit.bounds import _bonferroni_thresholds
+
+    rng = np.random.default_rng(seed)
+    pos, neg = rng.normal(2.0, 1.0, n_pos), rng.normal(0.0, 1.0, n_neg)
+    out = _bonferroni_thresholds("clopper-pearson", pos, neg, 0.05, 1e-5)
+    fp, fn = int(np.sum(neg >= out.threshold)), int(np.sum(pos < out.threshold))
+    assert (out.fp, out.fn) == (fp, fn)
+    a = out.alpha_per_bound
+    assert a * 2 * out.n_thresholds <= 0.05 * (1 + 1e-12)
+    assert out.fpr_upper >= stats.beta.isf(a, fp + 1, n_neg - fp) * (1 - 1e-9)
+    assert out.fnr_upper >= stats.beta.isf(a, fn + 1, n_pos - fn) * (1 - 1e-9)
