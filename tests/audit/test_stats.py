@@ -144,3 +144,21 @@ def test_gdp_mu_lower_bound_returns_a_float_for_scalars_and_an_array_for_arrays(
     assert type(got) is float and got == pytest.approx(mu, rel=1e-9)
     arr = gdp_mu_lower_bound(np.array([fpr, 0.5]), np.array([fnr, 0.5]))
     assert arr.shape == (2,) and arr[1] == 0.0
+
+
+def test_array_inputs_with_one_bad_element_are_refused_and_the_message_names_it():
+    # One out-of-range entry among valid ones must raise (it would come back as NaN, or as a bound of 0/1),
+    # and the message names the offending entry, not its neighbour.
+    from dpaudit.errors import InputError
+
+    with pytest.raises(InputError, match="alpha"):
+        clopper_pearson_upper(3, 10, np.array([0.05, 1.5]))
+    with pytest.raises(InputError, match="alpha"):
+        clopper_pearson_lower(3, 10, -0.1)
+    with pytest.raises(InputError, match="fpr_upper"):
+        hypothesis_test_epsilon(np.array([0.1, -0.1]), 0.2, 1e-5)
+    with pytest.raises(InputError, match="k=12"):
+        clopper_pearson_upper(np.array([0, 5, 12]), np.array([10, 5, 10]), 0.05)
+    with pytest.raises(InputError, match="k=-1"):
+        clopper_pearson_lower(np.array([3, -1]), 10, 0.05)
+    assert clopper_pearson_upper(0, 10, 0.0) == 1.0 and clopper_pearson_lower(10, 10, 1.0) == 1.0  # α at its ends
