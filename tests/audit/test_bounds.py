@@ -380,3 +380,27 @@ def test_bonferroni_threshold_rates_cover_the_counts_at_the_reported_threshold(n
     assert a * 2 * out.n_thresholds <= 0.05 * (1 + 1e-12)
     assert out.fpr_upper >= stats.beta.isf(a, fp + 1, n_neg - fp) * (1 - 1e-9)
     assert out.fnr_upper >= stats.beta.isf(a, fn + 1, n_pos - fn) * (1 - 1e-9)
+
+
+def test_max_certifiable_refuses_an_empty_class_and_gdp_without_delta_and_counts_the_holdout_half():
+    # Sizes that no design can audit are refused (an empty class gave a number; gdp at δ = 0 gave ε = ∞).
+    for n_pos, n_neg, kw in [
+        (0, 10, {}),
+        (10, 0, {}),
+        (0, 10, {"method": "one-run"}),
+        (5, 5, {"method": "gdp", "delta": 0.0}),
+    ]:
+        with pytest.raises(InputError):
+            max_certifiable_epsilon(n_pos, n_neg, **kw)
+    # δ = 0 one-run, every one of r guesses right: logit of the Clopper–Pearson lower bound α^(1/r)
+    # (Steinke et al. 2023, Theorem 3.1). Fixed guesses with k_minus left out (r = k_plus), and holdout on
+    # m = 11 canaries, which evaluates on m − ⌊m/2⌋ = 6 of them with r up to all 6.
+    a = 0.05
+
+    def logit_cp(r):
+        return float(np.log(a ** (1 / r) / (1 - a ** (1 / r))))
+
+    got = max_certifiable_epsilon(500, 500, method="one-run", k_plus=40, delta=0.0)
+    assert got == pytest.approx(logit_cp(40), rel=1e-9)
+    got = max_certifiable_epsilon(5, 6, method="one-run", threshold_selection="holdout", delta=0.0)
+    assert got == pytest.approx(logit_cp(6), rel=1e-9)
