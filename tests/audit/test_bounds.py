@@ -389,6 +389,7 @@ def test_max_certifiable_refuses_an_empty_class_and_gdp_without_delta_and_counts
         (10, 0, {}),
         (0, 10, {"method": "one-run"}),
         (5, 5, {"method": "gdp", "delta": 0.0}),
+        (5, 5, {"method": "one-run-fdp", "delta": 0.0}),
     ]:
         with pytest.raises(InputError):
             max_certifiable_epsilon(n_pos, n_neg, **kw)
