@@ -405,3 +405,7 @@ def test_max_certifiable_refuses_an_empty_class_and_gdp_without_delta_and_counts
     assert got == pytest.approx(logit_cp(40), rel=1e-9)
     got = max_certifiable_epsilon(5, 6, method="one-run", threshold_selection="holdout", delta=0.0)
     assert got == pytest.approx(logit_cp(6), rel=1e-9)
+    # Threshold holdout on 41 members and 41 non-members evaluates on 41 − ⌊41/2⌋ = 21 of each: a perfect test
+    # has FPR̄ = FNR̄ = 1 − (α/2)^(1/21) (Clopper–Pearson at k = 0), so the bound is ln((1 − u)/u) at δ = 0.
+    u = 1 - (a / 2) ** (1 / 21)
+    assert max_certifiable_epsilon(41, 41, delta=0.0) == pytest.approx(float(np.log((1 - u) / u)), rel=1e-9)
