@@ -394,7 +394,7 @@ def test_max_certifiable_refuses_an_empty_class_and_gdp_without_delta_and_counts
         with pytest.raises(InputError):
             max_certifiable_epsilon(n_pos, n_neg, **kw)
     # δ = 0 one-run, every one of r guesses right: logit of the Clopper–Pearson lower bound α^(1/r)
-    # (Steinke et al. 2023, Theorem 3.1). Fixed guesses with k_minus left out (r = k_plus), and holdout on
+    # (Steinke et al. 2023, Theorem 3.1). Fixed guesses with one of k_plus, k_minus left out, and holdout on
     # m = 11 canaries, which evaluates on m − ⌊m/2⌋ = 6 of them with r up to all 6.
     a = 0.05
 
@@ -403,6 +403,8 @@ def test_max_certifiable_refuses_an_empty_class_and_gdp_without_delta_and_counts
 
     got = max_certifiable_epsilon(500, 500, method="one-run", k_plus=40, delta=0.0)
     assert got == pytest.approx(logit_cp(40), rel=1e-9)
+    got = max_certifiable_epsilon(500, 500, method="one-run", k_minus=30, delta=0.0)
+    assert got == pytest.approx(logit_cp(30), rel=1e-9)
     got = max_certifiable_epsilon(5, 6, method="one-run", threshold_selection="holdout", delta=0.0)
     assert got == pytest.approx(logit_cp(6), rel=1e-9)
     # Threshold holdout on 41 members and 41 non-members evaluates on 41 − ⌊41/2⌋ = 21 of each: a perfect test
