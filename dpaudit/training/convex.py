@@ -174,7 +174,18 @@ def solve_logistic(Z, s, lam, *, linear=None, extra_l2=0.0, tol=1e-10) -> np.nda
         w = w - t * step
     value, g = logistic_objective(w, Z, s, lam, linear, extra_l2)
     if np.linalg.norm(g) > 1e3 * tol:
-        raise RuntimeError(f"the logistic ERM did not converge (gradient norm {np.linalg.norm(g):.3g})")
+        # Reachable from the CLI: objpert at a tiny ε draws ‖b‖ ~ Gamma(d, 2/ε'), so ‖b‖/N ≫ 1 and the
+        # gradient (a difference of terms of that size) cannot be resolved to ``tol`` in float64.
+        cause = (
+            f"objective perturbation's noise term has norm/N = {np.linalg.norm(linear) / len(Z):.3g}, too large "
+            "for float64: raise --epsilon (the noise norm scales as 1/epsilon) or use more records"
+            if linear is not None
+            else "raise --l2"
+        )
+        raise InputError(
+            f"the exact logistic minimiser could not be computed (gradient norm {np.linalg.norm(g):.3g} after "
+            f"100 Newton steps; the privacy proof needs the exact minimiser): {cause}"
+        )
     return w
 
 
@@ -415,6 +426,11 @@ class ConvexTrainer(Trainer):
             W = learner.fit(Z, S, noise_rng(self.config.seed + 2, self.config.dp.secure_noise))
             advance(1)
         load_logreg(model, W, n_classes)
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):  # --l2 1e-300 saved inf weights
+            raise InputError(
+                f"--l2 {learner.lam:g} is too small: the weights are not finite (the minimiser's sensitivity "
+                f"2/(N lambda) is {learner.sensitivity(len(Z)):.3g}); raise --l2"
+            )
         model.eval()
         return TrainOutcome(model=model, privacy=claim, history=[{"classifiers": S.shape[1]}])
 

@@ -32,12 +32,19 @@ def parse_fractions(text: str) -> tuple[float, ...]:
 
 
 def parse_ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    """``"128,64"`` -> ``(128, 64)``: one or more positive integers (layer widths), every comma-separated
+    part one of them. An empty part (``","``, ``"8,,4"``, ``""``) is refused rather than dropped (``--hidden ,``
+    used to train an MLP with no hidden layer), and 0 and -3 get the same message as ``x``."""
     if text is None:
         return None
+    bad = InputError(f"expected {name} as comma-separated integers >= 1 (e.g. 128,64), got {text!r}")
     try:
-        return tuple(int(p) for p in text.split(",") if p.strip())
+        parts = tuple(int(p) for p in text.split(","))
     except ValueError:
-        raise InputError(f"expected {name} as comma-separated integers, got {text!r}") from None
+        raise bad from None
+    if not parts or min(parts) < 1:
+        raise bad
+    return parts
 
 
 def _silent(message: str) -> None:

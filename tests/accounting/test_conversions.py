@@ -237,7 +237,7 @@ def test_amplification_by_subsampling():
     # The seed lecture's Lemma 3: for eps = 1 and q <= 1, ln(1 + q(e-1)) <= 2q.
     for q in (0.01, 0.1, 0.5, 1.0):
         assert amplification_by_subsampling(1.0, 0.0, q)[0] <= 2 * q
-    assert amplification_by_subsampling(1e-12, 0.0, 1e-9)[0] == pytest.approx(1e-21, rel=1e-9)
+    assert amplification_by_subsampling(1e-12, 0.0, 1e-9)[0] == pytest.approx(1e-21, rel=1e-9, abs=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -261,7 +261,7 @@ def test_rdp_conversions_are_the_published_formula_minimised_over_the_orders():
         assert order == orders[1 + int(np.argmin(expected))]
         d_expected = [float(_cks_delta(a, x, eps)) for a, x in zip(orders[1:], r[1:], strict=True)]
         d, d_order = rdp_to_delta(orders, r, eps)
-        assert d == pytest.approx(min(d_expected), rel=1e-10) and d <= delta * (1 + 1e-9)
+        assert d == pytest.approx(min(d_expected), rel=1e-10, abs=0) and d <= delta * (1 + 1e-9)
         assert d_order == orders[1 + int(np.argmin(d_expected))]
 
 

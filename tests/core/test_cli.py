@@ -68,6 +68,15 @@ def _write(tmp_path, name, text):
         (["--batch-size", "100000"], "batch size 100000 is larger than the training set"),
         (["--model", "cnn", "--data", "wine"], "cnn needs image-shaped input"),
         (["--split", "0.5,0.5"], "four fractions"),
+        # an empty part used to be dropped (``,`` trained an MLP with no hidden layer), and 0 and -3 were
+        # refused in two different wordings: one message for every malformed --hidden now
+        *[
+            (
+                ["--model", "mlp", "--hidden", h],
+                f"expected --hidden as comma-separated integers >= 1 (e.g. 128,64), got {h!r}",
+            )
+            for h in (",", "8,,4", "", "0", "-3", "x")
+        ],
     ],
 )
 def test_train_bad_input(tmp_path, args, message):

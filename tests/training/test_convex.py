@@ -336,3 +336,22 @@ def test_train_canaries_on_a_convex_learner_is_not_refused_with_the_multirun_aud
 
     config = TrainConfig(algo=algo, weight_decay=0.1, dp=DPConfig(target_epsilon=1.0))
     assert require_refutable_canaries(config, 200, 50) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # ‖b‖/N ~ 1e15: Newton cannot resolve the gradient in float64; was "internal error: RuntimeError", exit 3
+        (["--algo", "objpert", "--epsilon", "1e-15", "--l2", "1e-3"], "raise --epsilon"),
+        # sensitivity 2/(Nλ) overflows: was exit 0 with a checkpoint of inf weights
+        (["--algo", "outpert", "--epsilon", "1", "--l2", "1e-300"], "--l2 1e-300 is too small"),
+        (["--algo", "outpert", "--epsilon", "1", "--l2", "1e-40"], "--l2 1e-40 is too small"),  # inf in float32
+    ],
+)
+def test_convex_train_numerically_impossible_settings_are_one_line_errors(tmp_path, args, message):
+    from tests.core.cli_errors import invoke, one_error
+
+    out = tmp_path / "run"
+    r = invoke("train", "--data", "synthetic:n=40,d=6,classes=2", "--model", "logreg", *args, "--out", out)
+    assert message in one_error(r)
+    assert not out.exists()
