@@ -128,6 +128,7 @@ class PldAccountant(Accountant):
         # (event, direction, jl cap, interval, max loss) -> its discretised one-step PMF, shared by the float64 and
         # long-double compositions (and by JL caps where the event is not JL)
         self._steps: dict[tuple, DiscretePLD] = {}
+        self._grid_steps: dict[float, list[float]] = {}  # JL cap -> _grids(cap), until the ledger changes
 
     # -- leaves ------------------------------------------------------------------------------
 
@@ -159,7 +160,7 @@ class PldAccountant(Accountant):
 
     def _accumulate(self, rep: Event, count: int) -> None:
         self._counts[rep] = self._counts.get(rep, 0) + count
-        self._cache = {}
+        self._cache, self._grid_steps = {}, {}
 
     def _is_empty(self) -> bool:
         return not self._counts
@@ -233,7 +234,13 @@ class PldAccountant(Accountant):
         every leaf spans ``GRID_POINTS_PER_LEAF`` points (each at most ``max_bins`` for every leaf), follow; all
         are evaluated, so the reported ε is the minimum over an increasing set as σ grows or q falls, which keeps it
         monotone wherever each grid's is. Not for DP-SGD-JL ledgers (their per-query loss cap has its own loop).
+        Computed once per cap and ledger (every query reads it; the loss ranges need root searches).
         """
+        if jl_cap not in self._grid_steps:
+            self._grid_steps[jl_cap] = self._grid_steps_for(jl_cap)
+        return self._grid_steps[jl_cap]
+
+    def _grid_steps_for(self, jl_cap: float) -> list[float]:
         ranges = []
         for event in self._counts:
             for pair in self._pairs(event, jl_cap):
