@@ -15,7 +15,9 @@ pre-LN blocks with timm's attention (one qkv Linear, ``F.scaled_dot_product_atte
 the last position's logits. Each method runs on its own copy of the model with the steps of
 benchmarks/dpsgd_throughput.py (gather, clip, noise, update), in interleaved rounds; the table shows
 the median step time and its ratio to the non-private step. ``--memory`` adds the peak of live tensor
-storage of one step (dpsgd_throughput.tensor_peak_mib: deterministic, slow).
+storage of one step (dpsgd_throughput.tensor_peak_mib: deterministic, slow). ``--leftover`` gives both
+models parameters their forward pass never uses (an MAE-style ``mask_token`` and a ``pooler`` Linear(d, d)
+never called), which ghost gives per-example gradient 0 (the old path: the vmap over the model).
 """
 
 from __future__ import annotations
@@ -59,8 +61,12 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, d: int, depth: int, heads: int, patch: int = 4, size: int = 32, n_classes: int = 10) -> None:
+    def __init__(
+        self, d: int, depth: int, heads: int, patch: int = 4, size: int = 32, n_classes: int = 10, leftover=False
+    ) -> None:
         super().__init__()
+        if leftover:
+            _leftover(self, d)
         self.patch_embed = nn.Conv2d(3, d, patch, stride=patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos_embed = nn.Parameter(torch.randn(1, (size // patch) ** 2 + 1, d) * 0.02)
@@ -75,8 +81,10 @@ class ViT(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, d: int, depth: int, heads: int, t_max: int, vocab: int = 256) -> None:
+    def __init__(self, d: int, depth: int, heads: int, t_max: int, vocab: int = 256, leftover=False) -> None:
         super().__init__()
+        if leftover:
+            _leftover(self, d)
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Parameter(torch.randn(t_max, d) * 0.02)
         self.blocks = nn.Sequential(*(Block(d, heads, causal=True) for _ in range(depth)))
@@ -87,6 +95,12 @@ class GPT(nn.Module):
     def forward(self, tok):
         x = self.wte(tok) + self.wpe[: tok.shape[1]]
         return self.head(self.norm(self.blocks(x))[:, -1])
+
+
+def _leftover(model: nn.Module, d: int) -> None:
+    # Parameters the forward pass never uses (a pretraining head, an MAE's mask token).
+    model.mask_token = nn.Parameter(torch.zeros(1, 1, d))
+    model.pooler = nn.Linear(d, d)
 
 
 @contextmanager
@@ -112,17 +126,18 @@ def main() -> None:
     ap.add_argument("--models", default="vit,gpt")
     ap.add_argument("--no-opacus", action="store_true")
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--leftover", action="store_true", help="add parameters the forward pass never uses")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.models.split(","):
         torch.manual_seed(0)
         g = torch.Generator().manual_seed(1)
         if name == "vit":
-            model = ViT(args.dim, args.depth, args.heads)
+            model = ViT(args.dim, args.depth, args.heads, leftover=args.leftover)
             x = torch.randn(args.batch, 3, 32, 32, generator=g)
             y = torch.randint(0, 10, (args.batch,), generator=g)
         else:
-            model = GPT(args.dim, args.depth, args.heads, 2 * args.length)
+            model = GPT(args.dim, args.depth, args.heads, 2 * args.length, leftover=args.leftover)
             x = torch.randint(0, 256, (args.batch, args.length), generator=g)
             y = torch.randint(0, 256, (args.batch,), generator=g)
         plans: dict = {}
@@ -155,7 +170,7 @@ def main() -> None:
             + f", {args.threads} thread(s), median of {args.rounds} rounds"
         )
         desc = plans["ghost"].describe()["layers"]
-        print(f"  ghost, bare parameters: { {k: v for k, v in desc.items() if 'broadcast' in v} }")
+        print(f"  ghost, bare parameters: { {k: v for k, v in desc.items() if 'broadcast' in v or 'no call' in v} }")
         print(f"  old path: {old['ghost'].describe()['layers'].get('(model)')}")
         for n, t in med.items():
             extra = f"   peak tensors {mem[n]:7.1f} MiB" if mem else ""

@@ -88,7 +88,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -1491,12 +1491,23 @@ def _probe_bare(
             if kind == "other":
                 why.setdefault(k, f"used in {call.name} (not broadcast against the batch)")
     for k in params:
-        if k not in why and not any(k in c.params and c.kind in ("expand", "broadcast") for c in calls):
+        used = any(k in c.params for c, *_ in (s for probe in seen for s in probe))
+        # A parameter no call takes in any probe (a leftover head, an MAE's mask token) has per-example
+        # gradient 0 without a vmap; the first-call checks compare that 0 with the reference too.
+        if k not in why and used and not any(k in c.params and c.kind in ("expand", "broadcast") for c in calls):
             why[k] = "no use broadcast against the batch"
     ok = set(params) - set(why)
     if len(seen) == 3 and _bare_seen(seen[0], ok) != _bare_seen(seen[2], ok):  # the same uses in another order
         why.update((k, "its uses come in another order in evaluation mode") for k in ok)
     return calls, why
+
+
+UNUSED = "used by no call of the forward pass: per-example gradient 0"
+
+
+def _unused(bare: Iterable[int], calls: list[_BareCall]) -> set[int]:
+    """The bare parameters no call takes (their per-example gradients are 0)."""
+    return {k for k in bare if not any(k in c.params for c in calls)}
 
 
 def _bare_seen(seen: list, params: set[int]) -> list:
@@ -1597,6 +1608,10 @@ class GhostPlan:
     def ghost_names(self, u: int) -> frozenset[str]:
         return self._ghost[u]
 
+    def unused(self) -> set[int]:
+        """Bare parameters that no call of the forward pass takes: per-example gradient 0."""
+        return _unused(self.bare, self.bare_calls)
+
 
 def _qualified(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
@@ -1609,7 +1624,9 @@ def build_ghost_plan(model: nn.Module, x: torch.Tensor, params: list[nn.Paramete
     Modules with a ghost-norm rule (exact types in HANDLERS, batch dimension found) get it; a module
     with trainable parameters of another type gets per-example gradients by a vmap over that module
     alone; a module never called, or whose batch dimension cannot be found, hands its parameters to
-    the nearest recorded ancestor (at worst the model, i.e. plain vmap for those parameters).
+    the nearest recorded ancestor (at worst the model, i.e. plain vmap for those parameters). Of the
+    parameters headed for the model's vmap, those every use broadcasts against the batch, or that no
+    call of the forward pass takes (per-example gradient 0), leave it (:func:`_bare_parameters`).
     """
     probe = _probe(model, x)
     index = {id(p): k for k, p in enumerate(params)}
@@ -1685,8 +1702,10 @@ def _bare_parameters(
     cand = {index[id(model.get_parameter(n))]: n for n in names}
     calls, why = _probe_bare(model, x, {k: params[k] for k in cand})
     bare = {k: n for k, n in cand.items() if k not in why}
+    unused = _unused(bare, calls)
     for k, n in cand.items():
         how = "per-example from its uses broadcast against the batch" if k in bare else why[k]
+        how = UNUSED if k in unused else how
         notes.append(f"{n}: {how}" + ("" if k in bare else "; per-example gradients by vmap over the model"))
     generic[""] = [n for n in names if index[id(model.get_parameter(n))] not in bare]
     if not generic[""]:
@@ -2439,6 +2458,7 @@ class GhostClipper(Clipper):
                     wrong = set(idx.values())
                 bad |= wrong
             bad |= {k for k, G in pe.all().items() if not _close(G, ref[k], floor)}
+            bad |= {k for k in plan.unused() if not _close(torch.zeros_like(ref[k]), ref[k], floor)}
             if not bad and _close(norms, ref_norms):
                 return plan
             if attempt == 0:
@@ -2503,6 +2523,8 @@ class GhostClipper(Clipper):
             for part, idx in parts:
                 got.update((idx[n], v) for n, v in part.clipped(ones).items())
             got.update(pe.clipped(ones))
+        for k in plan.unused():
+            got.setdefault(k, torch.zeros_like(ref[k][0]))
         bad = {k for k in handled if k in got and not _close(got[k], ref[k][0], floor)}
         why = "its training-mode gradient disagreed with the reference (used outside its module's forward in training?)"
         return _reroute(plan, self.model, self.params, bad, why)
@@ -2699,9 +2721,13 @@ class GhostClipper(Clipper):
                 users = ", ".join(self.plan_.units[u].name or "(model)" for u, _ in us)
                 how = self._how_tied.get(k, "not called yet")
                 layers[qual[id(self.params[k])]] = f"{how} (tied: {users})"
+        unused = self.plan_.unused()
         for k, n in self.plan_.bare.items():
             uses = [c.name for c in self.plan_.bare_calls if k in c.params and c.kind in ("expand", "broadcast")]
-            layers[n] = f"per-example from its {len(uses)} use(s) broadcast against the batch ({', '.join(uses)})"
+            if k in unused:
+                layers[n] = UNUSED
+            else:
+                layers[n] = f"per-example from its {len(uses)} use(s) broadcast against the batch ({', '.join(uses)})"
         return {"method": self.method, "layers": layers, "notes": list(self.plan_.notes)}
 
 

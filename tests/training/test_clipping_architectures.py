@@ -787,3 +787,61 @@ def test_bare_parameters_used_differently_in_training_or_expanded_first(kind, vm
     assert any(n.startswith(note) for n in desc["notes"]), desc["notes"]
     if kind not in ("hidden", "order"):  # order: the three parameters' calls interleave differently
         assert desc["layers"]["offset"].endswith("(add)")
+
+
+class Leftover(nn.Module):
+    """Parameters the forward pass never uses (a head left from pretraining, an MAE's mask token),
+    or uses hidden from the torch-function mode (``hidden``: in evaluation mode too, ``training``:
+    only in training)."""
+
+    def __init__(self, hidden: str = "") -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.lin = nn.Linear(3, 4)
+        self.head = nn.Linear(4, 3)
+        self.pooler = nn.Linear(4, 4)  # never called
+        self.mask_token = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        if self.hidden == "eval" or (self.hidden == "training" and self.training):
+            with torch._C.DisableTorchFunction():
+                h = h + self.mask_token
+        return self.head(h)
+
+
+def test_parameters_no_call_uses_get_zero_without_a_vmap_over_the_model():
+    """Before: an unused parameter of the model itself, or of a module never called, took a vmap over
+    the whole model (its per-example gradients are 0). Now it gets 0 directly, exact against the loop,
+    and every layer stays on its rule."""
+    torch.manual_seed(0)
+    model = Leftover().double().train()
+    x, y = torch.randn(N, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
+    clipper = GhostClipper(model)
+    case = _with_oracle(model, x, y)
+    assert_oracle(clipper, case)
+    layers = clipper.describe()["layers"]
+    assert "(model)" not in layers, layers
+    for n in ("pooler.weight", "pooler.bias", "mask_token"):
+        assert layers[n].startswith("used by no call of the forward pass"), layers
+    got = clipper(x, y, case[3])
+    names = [n for n, _ in model.named_parameters()]
+    for n in ("pooler.weight", "pooler.bias", "mask_token"):  # exactly 0, not None
+        assert got.grads[names.index(n)].abs().max() == 0.0
+
+
+@pytest.mark.parametrize("hidden", ["eval", "training"])
+def test_a_hidden_use_of_a_parameter_taken_as_unused_is_caught_by_the_checks(hidden):
+    """A use the torch-function mode cannot see makes the probe call the parameter unused; the
+    evaluation-mode check (``eval``) or the training-mode check (``training``) compares its 0 with the
+    reference and sends it to the vmap over the model, exact; without the checks the result is wrong."""
+    torch.manual_seed(0)
+    model = Leftover(hidden).double().train()
+    x, y = torch.randn(N, 3, dtype=torch.float64), torch.randint(0, 3, (N,))
+    case = _with_oracle(model, x, y)
+    k = [n for n, _ in model.named_parameters()].index("mask_token")
+    unchecked = GhostClipper(model, check=False)(x, y, case[3])
+    assert _rel(unchecked.grads[k], case[4].grads[k]) > 1e-3
+    checked = GhostClipper(model)
+    assert_oracle(checked, case)
+    assert checked.describe()["layers"]["(model)"] == "vmap over the model: mask_token"
