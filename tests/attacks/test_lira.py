@@ -140,6 +140,74 @@ class TestGuard:
             LiRA(min_models=1).fit(self.signals, self.in_mask).score(np.zeros(4))
 
 
+def _loop_lira(signals, in_mask, target, *, online, global_variance, min_std=1e-6):
+    """LiRA written out record by record from Carlini et al. 2022 (Alg. 1; offline §IV-D): the mean and
+    unbiased variance of each record's IN and OUT signals (a single model: the pooled within-record
+    variance, which global variance uses for every record); offline: the log-odds of Phi(t)."""
+    n = len(signals)
+    ins = [signals[i, in_mask[i]] for i in range(n)]
+    outs = [signals[i, ~in_mask[i]] for i in range(n)]
+
+    def pooled(groups):
+        dof = sum(len(g) - 1 for g in groups)
+        return math.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / dof) if dof else min_std
+
+    p_in, p_out = pooled(ins), pooled(outs)
+    scores = []
+    for i in range(n):
+        sd_out = p_out if global_variance or len(outs[i]) < 2 else outs[i].std(ddof=1)
+        sd_out = max(sd_out, min_std)
+        if not online:
+            t = (target[i] - outs[i].mean()) / sd_out
+            scores.append(math.log(norm.cdf(t)) - math.log(norm.sf(t)))
+            continue
+        sd_in = max(p_in if global_variance or len(ins[i]) < 2 else ins[i].std(ddof=1), min_std)
+        scores.append(norm.logpdf(target[i], ins[i].mean(), sd_in) - norm.logpdf(target[i], outs[i].mean(), sd_out))
+    return np.array(scores)
+
+
+@pytest.mark.parametrize("online", [True, False])
+@pytest.mark.parametrize("global_variance", [True, False])
+def test_matches_a_loop_over_records_on_a_square_matrix(online, global_variance):
+    """Rows are records, columns models: on a square IN matrix (6 records, 6 models) a transposed mask would
+    pass every shape check, so compare with the record-by-record loop. Records are IN for 1 to 5 models (one
+    IN model: the per-record variance falls back to the pooled one)."""
+    rng = np.random.default_rng(18)  # a record with two close OUT signals: t = 32.7 offline
+    in_mask = np.array(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0],
+            [1, 0, 1, 1, 1, 0],
+            [1, 1, 1, 1, 0, 1],
+            [0, 0, 0, 1, 1, 0],
+        ],
+        bool,
+    )  # IN counts 1, 2, 3, 4, 5, 2 per record; per model (the transpose's rows) 4, 3, 3, 5, 3, 1
+    signals = rng.normal(0, 1, (6, 6)) + 3.0 * in_mask + rng.normal(0, 2, (6, 1))
+    target = rng.normal(1.5, 2, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # records with one IN model
+        got = LiRA(online=online, global_variance=global_variance, min_models=1, on_insufficient="warn").fit_score(
+            signals, in_mask, target
+        )
+    want = _loop_lira(signals, in_mask, target, online=online, global_variance=global_variance)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_offline_scores_keep_ranking_far_above_the_out_gaussian():
+    """The offline Lambda = Phi(t) is strictly increasing in t = (phi - mu_out) / s_out; its log rounds to 0
+    for t >= 38, where the old score tied every record (with 2 reference models, one OUT each, the std is
+    the 1e-6 floor and half the records were there). Scores are the log-odds log Phi(t) - log Phi(-t)."""
+    in_mask = np.array([[True, False, False, False]] * 8)
+    signals = np.array([[5.0, -1.0, 0.0, 1.0]] * 8)  # OUT mean 0, std 1
+    t = np.array([-80.0, -40.0, -5.0, 0.5, 5.0, 40.0, 60.0, 80.0])
+    scores = LiRA(online=False, global_variance=False, min_models=1).fit_score(signals, in_mask, t)
+    assert np.all(np.diff(scores) > 0), scores
+    moderate = np.abs(t) <= 5  # scipy's cdf and sf are accurate there: an independent formula
+    np.testing.assert_allclose(scores[moderate], np.log(norm.cdf(t[moderate]) / norm.sf(t[moderate])), rtol=1e-12)
+
+
 def test_constant_signals_do_not_divide_by_zero():
     in_mask = balanced_membership(10, 4, seed=0)
     scores = LiRA().fit_score(np.zeros((10, 4)), in_mask, np.zeros(10))

@@ -266,11 +266,13 @@ def test_reference_and_shadow_training_sets_are_wired_to_the_masks(tiny_run, mon
     """The wires between the splits, the models' training sets and the attacks, with 5 reference models (odd,
     and the 420-record population is not a multiple of 5): every reference training set lies in the candidates
     plus aux (never test records), LiRA's and RMIA's IN matrix says exactly which candidates each model trained
-    on, every candidate is IN for 2 or 3 of them; shadow models train on disjoint parts of aux, never on a
-    candidate (a target member among a shadow's "non-members" would teach the attack that members look OUT)."""
+    on, every candidate is IN for 2 or 3 of them, and the target's own signals come in the same record order;
+    shadow models train on disjoint parts of aux, never on a candidate (a target member among a shadow's
+    "non-members" would teach the attack that members look OUT)."""
     import attacks.mia as mia
     from attacks.lira import LiRA
     from attacks.rmia import RMIA
+    from attacks.threshold import logit_margin, loss_score
 
     seen: list = []
     masks = {}
@@ -280,10 +282,18 @@ def test_reference_and_shadow_training_sets_are_wired_to_the_masks(tiny_run, mon
             masks["lira"] = (np.asarray(signals), np.asarray(in_mask))
             return super().fit(signals, in_mask, **kw)
 
+        def score(self, target_signals):
+            masks["lira target"] = np.asarray(target_signals)
+            return super().score(target_signals)
+
     class RecordedRMIA(RMIA):
         def fit(self, signals, in_mask):
             masks["rmia"] = np.asarray(in_mask)
             return super().fit(signals, in_mask)
+
+        def score(self, target_signals):
+            masks["rmia target"] = np.asarray(target_signals)
+            return super().score(target_signals)
 
     monkeypatch.setattr(mia, "train_models", _memorising_models(seen))
     monkeypatch.setattr(mia, "LiRA", Recorded)
@@ -300,6 +310,12 @@ def test_reference_and_shadow_training_sets_are_wired_to_the_masks(tiny_run, mon
     np.testing.assert_array_equal(masks["rmia"], expected)
     np.testing.assert_array_equal(signals > 0, expected)  # the signals matrix rows are the candidates, in order
     assert set(in_mask.sum(axis=1)) == {2, 3}
+    # The target's signals reach the attacks in the candidates' order (row i of the IN matrix is record ids[i]):
+    # LiRA's phi and RMIA's log p_y of the target model on each candidate.
+    ds = tiny_run.dataset()
+    target_logits = tiny_run.logits(ds.view(ids))
+    np.testing.assert_array_equal(masks["lira target"], logit_margin(target_logits, ds.y[ids]))
+    np.testing.assert_array_equal(masks["rmia target"], loss_score(target_logits, ds.y[ids]))
     population = np.union1d(ids, np.concatenate(ref_sets))
     assert np.isin(population, np.r_[ids, sp.aux]).all() and len(population) == 2 * len(sp.members)
     # Shadow models: inside aux, pairwise disjoint, no candidate.
