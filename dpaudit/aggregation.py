@@ -44,6 +44,7 @@ import numpy as np
 
 from dpaudit.accounting.pate_smooth import (
     SanitiserConfig,
+    choose_sanitiser,
     log_q_gnmax,
     log_q_lnmax,
     rdp_gnmax_data_dependent,
@@ -340,6 +341,22 @@ def check_data_dependent_claim(config: AggregatorConfig) -> None:
             "--claim data-dependent does not cover --subsample (the smooth-sensitivity sanitiser of Papernot et al. "
             "2018 is analysed for fixed teachers); use the data-independent claim"
         )
+
+
+def check_sanitiser_applies(
+    config: AggregatorConfig, *, n_queries: int, n_classes: int, n_teachers: int, delta: float,
+    sanitiser: SanitiserConfig | None = None,
+) -> None:  # fmt: skip
+    """Before any vote: the sanitiser's public rule at these public settings (what :func:`privacy_record` will
+    choose; cached), so that a setting where its analysis does not hold (an order where conditions C5-C6 of
+    Papernot et al. 2018 fail, :func:`dpaudit.accounting.pate_smooth.conditions_hold`) is refused before the
+    teachers train, not after."""
+    check_data_dependent_claim(config)
+    params = _sanitiser_params(config)
+    choose_sanitiser(
+        config.name, n_queries=n_queries, max_answers=params["max_answers"], n_classes=n_classes,
+        n_teachers=n_teachers, params=params, delta=delta, fixed=sanitiser or SanitiserConfig(),
+    )  # fmt: skip
 
 
 def _sanitiser_params(config: AggregatorConfig) -> dict[str, Any]:

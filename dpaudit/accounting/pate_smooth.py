@@ -142,13 +142,14 @@ def rdp_gnmax_data_dependent(log_q: float, sigma: float, orders: np.ndarray) -> 
     return np.where(orders <= mu1, np.minimum(base, dd), base)
 
 
-def _thm6(logq: float, sigma: float, orders: np.ndarray) -> np.ndarray:
-    """The bound of Thm. 6 with Prop. 10's mu1, mu2 (no validity checks: the callers make them)."""
-    mu2 = sigma * math.sqrt(-logq)
+def _thm6(logq: float | np.ndarray, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """The bound of Thm. 6 with Prop. 10's mu1, mu2 (no validity checks: the callers make them); elementwise in
+    ``logq`` and ``orders`` (numpy broadcasting: one log q at many orders, or many at one)."""
+    mu2 = sigma * np.sqrt(-np.asarray(logq, dtype=np.float64))
     mu1 = mu2 + 1.0
     eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
-    log1q = float(log1mexp(logq))
-    log_a = log1q - float(log1mexp((logq + eps2) * (1.0 - 1.0 / mu2)))  # log A
+    log1q = log1mexp(logq)
+    log_a = log1q - log1mexp((logq + eps2) * (1.0 - 1.0 / mu2))  # log A
     log_b = eps1 - logq / (mu1 - 1.0)  # log B
     lam1 = np.asarray(orders, dtype=np.float64) - 1.0
     return np.logaddexp(log1q + lam1 * log_a, logq + lam1 * log_b) / lam1
@@ -254,6 +255,47 @@ def _log_bu(logq: float, sigma: float, m: int) -> float:
     return min(0.0, math.log(m - 1) + float(special.log_ndtr(z + math.sqrt(2.0) / sigma)))
 
 
+def _beta_grid(logq: np.ndarray, sigma: float, order: float) -> np.ndarray:
+    """:func:`_beta_gnmax` on an array of log q (q > 0)."""
+    with np.errstate(invalid="ignore"):  # the Thm. 6 branch is computed everywhere and used only below q0
+        thm6 = _thm6(logq, sigma, np.array([order]))
+    return np.where(logq >= log_q0(sigma, order), _rdp_di(sigma, order), thm6)
+
+
+#: Points of the grids in log q on which :func:`conditions_hold` checks C5 and C6.
+CONDITION_GRID = 4000
+
+
+@lru_cache(maxsize=512)
+def conditions_hold(sigma: float, m: int, order: float) -> bool:
+    """Whether conditions C5 and C6 of Papernot et al. 2018 (App. B.4.2) hold at (sigma, m classes, order): C5,
+    beta(q) non-decreasing on (0, q0); C6, beta(bu(q)) - beta(q) non-decreasing on (0, q1]. They are what makes the
+    local sensitivity of beta largest on [q1, q0] (Prop. 13), so that the walk of :func:`local_sensitivity_gnmax`
+    bounds it at every distance; without them a histogram with a smaller q has a larger one (sigma 2, order 5,
+    20 teachers: (16, 4) has 0.343, the walk from (12, 8) gave 0.1725 at every distance: the smooth sensitivity
+    1.7 times too small). Checked numerically, as the authors do (pate_2018 ``smooth_sensitivity.py``,
+    ``check_conditions``: the derivative's minimum by a bounded scalar search): on :data:`CONDITION_GRID` points
+    evenly spaced in log q over [8 log q0, log q0] (C5) and [8 log q1, log q1] (C6), and as many over [64 log q,
+    8 log q] for each, a decrease beyond 1e-9 of the function's largest value fails. They fail for most orders
+    above sigma (see benchmarks/RESULTS.md)."""
+    lq0 = log_q0(sigma, order)
+    lq1 = _log_bl(lq0, sigma, m)
+
+    def grid(top: float) -> np.ndarray:
+        return np.concatenate(
+            [np.linspace(64.0 * top, 8.0 * top, CONDITION_GRID), np.linspace(8.0 * top, top, CONDITION_GRID)]
+        )
+
+    def non_decreasing(f: np.ndarray) -> bool:
+        return bool(np.all(np.isfinite(f))) and float(np.diff(f).min()) >= -1e-9 * float(np.abs(f).max())
+
+    q5, q6 = grid(lq0), grid(lq1)
+    z = special.ndtri_exp(q6 - math.log(m - 1))  # _log_bu, elementwise
+    log_bu = np.minimum(0.0, math.log(m - 1) + special.log_ndtr(z + math.sqrt(2.0) / sigma))
+    c5 = non_decreasing(_beta_grid(q5, sigma, order))
+    return c5 and non_decreasing(_beta_grid(log_bu, sigma, order) - _beta_grid(q6, sigma, order))
+
+
 def _ls_at(logq: float, sigma: float, m: int, order: float) -> float:
     """Local sensitivity of beta at a histogram with bound q (App. C, Alg. 3, Prop. 13): the larger of
     beta(bu(q)) - beta(q) and beta(q) - beta(bl(q)); on [q1, q0], q1 = bl(q0), q is replaced by q1."""
@@ -271,9 +313,16 @@ def local_sensitivity_gnmax(votes: np.ndarray, n_teachers: int, sigma: float, or
     """Bounds on the local sensitivity of one GNMax query's beta at distance d = 0 .. K - 1 (App. C,
     Algs. 4-5): histograms d votes away are walked towards q1..q0, the plateau where the sensitivity is
     largest (moving a vote from the top class to the runner-up raises q; the other way lowers it). Past the
-    walk every entry is the plateau value."""
+    walk every entry is the plateau value. That the plateau is the largest value needs conditions C5 and C6
+    (:func:`conditions_hold`): where they fail, refused (InputError)."""
     v = np.sort(np.asarray(votes, dtype=np.float64))[::-1].copy()
     m = len(v)
+    if not conditions_hold(float(sigma), m, float(order)):
+        raise InputError(
+            f"the smooth-sensitivity analysis of GNMax (Papernot et al. 2018, App. B.4.2, conditions C5-C6) does not "
+            f"hold at sigma {sigma:g}, {m} classes, Renyi order {order:g}: its local-sensitivity bound would be too "
+            "small; use a smaller order (below sigma) or a larger sigma"
+        )
     lq0 = log_q0(sigma, order)
     lq1 = _log_bl(lq0, sigma, m)
     plateau = _ls_at(lq1, sigma, m, order)
@@ -571,6 +620,8 @@ def _choose(kind: str, n_queries: int, max_answers: int | None, n_classes: int, 
     factors = BETA_FACTORS if fixed.beta_factor is None else (fixed.beta_factor,)
     best, best_val = fixed, math.inf
     for order in orders:
+        if fixed.order is None and not conditions_hold(float(params["sigma"]), n_classes, order):
+            continue  # the analysis does not hold at this order (local_sensitivity_gnmax refuses it)
         raw = _prior_rdp(kind, hist, weights, params, order)
         ls = _ls_sum(kind, hist, weights, n_teachers, params, order)
         for bf in factors:  # bf < 1/2 keeps lambda < 1/(2 beta) = lambda / (2 bf), as Thm. 23 needs
@@ -580,6 +631,12 @@ def _choose(kind: str, n_queries: int, max_answers: int | None, n_classes: int, 
             if val < best_val:
                 best_val = val
                 best = SanitiserConfig(order=order, beta_factor=bf, sigma_s=sigma_s, tau=tau, prior_top=fixed.prior_top)
+    if best.order is None:
+        raise InputError(
+            f"the smooth-sensitivity analysis of GNMax (Papernot et al. 2018, App. B.4.2, conditions C5-C6) holds at "
+            f"none of the Renyi orders {', '.join(f'{o:g}' for o in orders)} at sigma {params['sigma']:g} with "
+            f"{n_classes} classes; use a larger sigma"
+        )
     return best
 
 

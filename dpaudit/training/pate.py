@@ -36,6 +36,7 @@ from dpaudit.aggregation import (
     aggregate,
     calibrate_aggregator,
     check_data_dependent_claim,
+    check_sanitiser_applies,
     privacy_record,
     private_diagnostics,
     vote_histogram,
@@ -238,6 +239,17 @@ def train_aggregation_run(
     parts = None if subsampled else teacher_parts(len(splits.members), config)
     q_idx = query_indices(splits, config)
     queries_X = dataset.rows(q_idx)
+    agg = config.aggregator
+    if config.target_epsilon is not None:  # public quantities only: before the votes
+        agg = calibrate_aggregator(
+            agg, target_epsilon=config.target_epsilon, delta=config.delta, n_queries=len(q_idx),
+            n_classes=dataset.n_classes,
+        )  # fmt: skip
+    if config.claim == "data-dependent":
+        check_sanitiser_applies(
+            agg, n_queries=len(q_idx), n_classes=dataset.n_classes, n_teachers=config.teachers, delta=config.delta,
+            sanitiser=config.sanitiser,
+        )  # fmt: skip
     votes = None  # (K, Q) teacher votes; none with per-query subsampling (each query has its own teachers)
     with progress.task(f"{config.algo}: {config.teachers} teachers", 1) as advance:
         if config.algo == "pate":
@@ -254,12 +266,6 @@ def train_aggregation_run(
         advance(1)
     if votes is not None:
         hist = vote_histogram(votes, dataset.n_classes)
-    agg = config.aggregator
-    if config.target_epsilon is not None:
-        agg = calibrate_aggregator(
-            agg, target_epsilon=config.target_epsilon, delta=config.delta, n_queries=len(q_idx),
-            n_classes=dataset.n_classes,
-        )  # fmt: skip
     answers = aggregate(hist, agg, derive_seed(config.seed, stream=3))
     answered = answers >= 0
     if not answered.any():

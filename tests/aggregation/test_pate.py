@@ -100,6 +100,20 @@ def test_a_data_dependent_claim_the_sanitiser_cannot_make_is_refused_before_any_
         )  # fmt: skip
 
 
+def test_a_sanitiser_order_where_its_analysis_fails_is_refused_before_any_teacher_trains(monkeypatch):
+    """A fixed --sanitiser order=5 at sigma 2 (conditions C5-C6 of Papernot et al. 2018 fail there: the smooth
+    sensitivity would be under-reported) is refused by the public rule's preflight before the votes: teachers are
+    never trained (before: no check at all, and a claim whose smooth sensitivity was 1.7 times too small)."""
+    import dpaudit.training.pate as pate
+
+    def never(*a, **k):
+        raise AssertionError("teachers trained before the refusal")
+
+    monkeypatch.setattr(pate, "pate_votes", never)
+    with pytest.raises(InputError, match=r"conditions C5-C6.* sigma 2, 3 classes, Renyi order 5"):
+        _run(claim="data-dependent", sanitiser=SanitiserConfig(order=5.0))
+
+
 def test_cli_train_pate_and_bad_input_exit_2(tmp_path):
     from dpaudit.cli.main import app
 
