@@ -139,6 +139,7 @@ def test_poisson_gaussian_without_noise_and_at_an_infinite_order():
         r = rdp_poisson_gaussian(0.01, sigma, o)
         assert np.all(np.isposinf(r)), sigma
     assert np.array_equal(rdp_poisson_gaussian(0.01, math.inf, o), np.zeros(3))
+    assert np.all(np.isposinf(rdp_gaussian(0.0, o)))  # the unsubsampled Gaussian too (was: ZeroDivisionError / NaN)
     r = rdp_poisson_gaussian(0.01, 1.0, [2.0, math.inf, 1.5])
     assert np.isposinf(r[1]) and np.all(np.isfinite(r[[0, 2]]))
     assert r[0] == pytest.approx(_sgm_rdp_mpmath(0.01, 1.0, 2.0), rel=1e-9)
