@@ -73,6 +73,17 @@ def test_no_noise_is_the_non_private_subsampled_pair():
     assert isinstance(rem, MixturePair) and isinstance(add, MixturePair)
 
 
+def test_add_direction_pair_upper_bounds_its_quadrature():
+    """The accountant reports the larger of the two directions and remove dominates here, so the add pair itself was
+    never checked: a pair keeping only its top atom (every Z_r component dropped) passed. Against the oracle's add
+    direction (seed paper Thm. 4.1): never below it, within the 50-bins-per-e-fold discretisation above it."""
+    _, add = jl_pairs(1.3, 4, 0.05, 60.0, 50, 1e-15)
+    pld = add.discretise(1e-3, 1e-20, 60.0)
+    for eps in (0.005, 0.04):
+        exact = single_step_delta(1.3, 4, 0.05, eps, "add")
+        assert exact * (1 - 1e-9) <= pld.delta(eps) <= exact * 1.06
+
+
 def test_add_direction_single_step_is_bounded_by_remove_here():
     # The add-direction loss is at most -log(1 - q) per step (test_jl_oracle._pair_delta): for eps above
     # it delta is 0, so the heavy tail lives in the remove direction only.
