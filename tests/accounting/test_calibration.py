@@ -141,7 +141,11 @@ def test_calibrated_steps_are_the_exact_gdp_optimum(target, delta, sigma):
 
 
 @pytest.mark.filterwarnings("ignore:GDP accounting of Poisson")
-@pytest.mark.parametrize(("target", "delta", "sigma", "steps"), [(1.0, 1e-5, 1.0, 400), (0.5, 1e-6, 2.0, 2000)])
+@pytest.mark.parametrize(
+    ("target", "delta", "sigma", "steps"),
+    # q* = 0.635 (> 1/2): a check "eps(0.5) <= target -> q = 1" or an upper end of 0.5 passed the small-q* cases
+    [(1.0, 1e-5, 1.0, 400), (0.5, 1e-6, 2.0, 2000), (8.0, 1e-5, 1.0, 4)],
+)
 def test_calibrated_sample_rate_is_the_clt_closed_form(target, delta, sigma, steps):
     # GDP's CLT: mu = q sqrt(T (e^(1/sigma^2) - 1)) (Bu et al. 2020), so q* = mu* / sqrt(T expm1(1/sigma^2)).
     lo, hi = _mu_star(target, delta)
@@ -159,6 +163,22 @@ def test_calibrated_sample_rate_is_the_clt_closed_form(target, delta, sigma, ste
         )  # fmt: skip
     with pytest.raises(InputError, match="min_sample_rate"):
         calibrate_sample_rate(target_epsilon=target, delta=delta, min_sample_rate=1.0, make_event=Gaussian)
+
+
+@pytest.mark.filterwarnings("ignore:GDP accounting of Poisson")
+def test_sample_rate_floor_must_be_in_0_1_and_any_floor_below_the_answer_gives_it():
+    """min_sample_rate = 0 was accepted by a check with <= (the bisection's geometric midpoint is then 0 forever); a
+    floor of 0.6 below the answer q* = 0.635 must give q* (a check "< 0.5" refused it)."""
+    for bad in (0.0, -0.5, 1.0):
+        with pytest.raises(InputError, match="min_sample_rate"):
+            calibrate_sample_rate(target_epsilon=1.0, delta=1e-5, min_sample_rate=bad, make_event=Gaussian)
+    lo, hi = _mu_star(8.0, 1e-5)
+    scale = math.sqrt(4 * math.expm1(1.0))
+    q = calibrate_sample_rate(
+        target_epsilon=8.0, delta=1e-5, accountant="gdp", min_sample_rate=0.6,
+        make_event=lambda r: dpsgd_event(noise_multiplier=1.0, sample_rate=r, steps=4),
+    )  # fmt: skip
+    assert hi / scale * (1 + 1e-12) >= q >= lo / scale * (1 - 1e-4)
 
 
 def test_a_formal_lower_bound_refuses_unreachable_targets_at_once_and_skips_slow_evaluations():

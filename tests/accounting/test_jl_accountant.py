@@ -47,6 +47,43 @@ def test_single_step_delta_upper_bounds_quadrature_and_is_close(sigma, r, q, eps
     assert got <= exact * 1.06  # 50 Z_r bins per e-fold: ~2% in z, ~4% in loss
 
 
+@pytest.mark.parametrize(
+    ("sigma", "r", "q", "delta"), [(1.3, 4, 0.05, 1e-5), (0.8, 2, 0.01, 1e-6), (1.3, 16, 1.0, 1e-5)]
+)
+def test_epsilon_lower_bound_of_one_step_is_below_the_exact_epsilon_and_not_vacuous(sigma, r, q, delta):
+    """epsilon_lower_bound (calibration's early refusal) claims that every eps below it has delta(eps) > delta. For
+    one step the exact delta(eps) is the quadrature oracle's, so: delta(lb) > delta, and delta(2 lb) < delta (the
+    bound is within a factor 2 of the exact epsilon here). Had it been too high, calibration would refuse a
+    target that some noise multiplier reaches ("not reachable ... (a formal lower bound)")."""
+    from dpaudit.accounting.jl import epsilon_lower_bound
+
+    lb = epsilon_lower_bound(sigma, r, q, 1, delta)
+    assert single_step_delta(sigma, r, q, lb) > delta
+    assert single_step_delta(sigma, r, q, 2.0 * lb) < delta
+
+
+def test_no_noise_is_the_non_private_subsampled_pair():
+    """sigma = 0: the changed record's gradient is released exactly when sampled, so delta(eps) = q at every eps and
+    epsilon = inf (a mutant testing sigma == -1 for "no noise" went on to divide by sigma); sigma = 1 is noise, its
+    pair the Z_r mixture (a mutant testing sigma == 1 returned the non-private pair: delta = q)."""
+    acc = PldAccountant(**COARSE).compose(PoissonSampled(0.05, JLGaussian(0.0, 4)))
+    assert acc.epsilon(1e-5) == math.inf
+    assert acc.delta(0.5) == pytest.approx(0.05, rel=1e-12)
+    rem, add = jl_pairs(1.0, 4, 0.05, 60.0, 50, 1e-15)
+    assert isinstance(rem, MixturePair) and isinstance(add, MixturePair)
+
+
+def test_add_direction_pair_upper_bounds_its_quadrature():
+    """The accountant reports the larger of the two directions and remove dominates here, so the add pair itself was
+    never checked: a pair keeping only its top atom (every Z_r component dropped) passed. Against the oracle's add
+    direction (seed paper Thm. 4.1): never below it, within the 50-bins-per-e-fold discretisation above it."""
+    _, add = jl_pairs(1.3, 4, 0.05, 60.0, 50, 1e-15)
+    pld = add.discretise(1e-3, 1e-20, 60.0)
+    for eps in (0.005, 0.04):
+        exact = single_step_delta(1.3, 4, 0.05, eps, "add")
+        assert exact * (1 - 1e-9) <= pld.delta(eps) <= exact * 1.06
+
+
 def test_add_direction_single_step_is_bounded_by_remove_here():
     # The add-direction loss is at most -log(1 - q) per step (test_jl_oracle._pair_delta): for eps above
     # it delta is 0, so the heavy tail lives in the remove direction only.

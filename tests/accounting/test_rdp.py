@@ -81,6 +81,70 @@ def test_poisson_gaussian_fractional_orders_upper_bound_integration(q, sigma, al
     assert ours <= exact * (1 + loose)
 
 
+def _sgm_series_head(q: float, sigma: float, alpha: float, n: int = 20000, n_exact: int = 40) -> float:
+    """log(sum_{i<n} |t0_i| + |t1_i|) / (alpha - 1), the first n terms of the series of Mironov, Talwar & Zhang 2019
+    (arXiv:1908.10530), Sec. 3.3, written out from the paper:
+        t0_i = C(a,i) q^i (1-q)^(a-i) e^((i^2-i)/(2s^2)) Phi((z0-i)/s),
+        t1_i = C(a,i) q^(a-i) (1-q)^i e^((j^2-j)/(2s^2)) Phi((j-z0)/s),  j = a - i,  z0 = s^2 log(1/q - 1) + 1/2.
+    All terms are positive, so this is a lower bound on the code's value (the same series summed to its end, with a
+    rigorous remainder bound). The first n_exact terms, where A ~ 1 + tiny lives, in 30-digit mpmath; the rest in
+    float64 log space (they are below 1e-7 of the total here, so their float64 errors do not matter)."""
+    from scipy import special
+
+    with mpmath.workdps(30):
+        q_, s_, a_ = mpmath.mpf(q), mpmath.mpf(sigma), mpmath.mpf(alpha)
+        z0 = s_**2 * mpmath.log(1 / q_ - 1) + mpmath.mpf(1) / 2
+        head = mpmath.fsum(
+            abs(mpmath.binomial(a_, i))
+            * (
+                q_**i * (1 - q_) ** (a_ - i) * mpmath.exp((i * i - i) / (2 * s_**2)) * mpmath.ncdf((z0 - i) / s_)
+                + q_ ** (a_ - i) * (1 - q_) ** i * mpmath.exp(((a_ - i) ** 2 - (a_ - i)) / (2 * s_**2))
+                * mpmath.ncdf((a_ - i - z0) / s_)
+            )
+            for i in range(n_exact)
+        )  # fmt: skip
+        i = np.arange(n_exact, n, dtype=float)
+        j = alpha - i
+        log_c = special.gammaln(alpha + 1) - special.gammaln(i + 1) - special.gammaln(j + 1)  # log |C(a, i)|
+        lq, l1q, s2, z = math.log(q), math.log1p(-q), 2 * sigma**2, float(z0)
+        t0 = log_c + i * lq + j * l1q + (i * i - i) / s2 + special.log_ndtr((z - i) / sigma)
+        t1 = log_c + j * lq + i * l1q + (j * j - j) / s2 + special.log_ndtr((j - z) / sigma)
+        rest = math.fsum(np.exp(np.concatenate([t0, t1])))
+        return float(mpmath.log(head + rest) / (a_ - 1))
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "alpha"),
+    [(0.01, 1.0, 1.1), (0.05, 2.0, 1.2), (0.01, 1.0, 1.5), (0.2, 0.5, 1.9), (0.1, 0.6, 3.7), (0.01, 1.0, 7.3)],
+)
+def test_poisson_gaussian_fractional_orders_are_at_least_their_own_series(q, sigma, alpha):
+    """The fractional branch sums Sec. 3.3's series in chunks and stops on a remainder bound that it adds. A wrong
+    remainder bound (e.g. without its (N + 1)^(alpha + 1) factor) stopped early and returned up to 1.5e-6 relative
+    less than the series' first 20 000 terms, while staying above the exact integral (the |terms| series exceeds
+    it), so the integration test could not see it. Lower side: the code rounds up, the oracle's error is < 1e-15
+    relative, so 1e-13 of slack. Upper side: the stop rule leaves a remainder below e^-25 of A - 1, and the terms
+    past 20 000 (|C(a, i)| ~ i^-(a+1)) are < 3e-10 relative at these points."""
+    ours = float(rdp_poisson_gaussian(q, sigma, [alpha])[0])
+    head = _sgm_series_head(q, sigma, alpha)
+    assert ours >= head * (1 - 1e-13)
+    assert ours <= head * (1 + 1e-8)
+
+
+def test_poisson_gaussian_without_noise_and_at_an_infinite_order():
+    """sigma = 0 and a sigma whose 1/sigma^2 overflows are no noise: r = inf at every order (a mutant testing sigma = 0
+    only returned NaN at sigma = 1e-160; one testing the overflow only raised ZeroDivisionError at sigma = 0);
+    sigma = inf is r = 0; an infinite order (accepted: it is > 1) has r = inf, the others their finite values."""
+    o = np.array([1.5, 2.0, 64.0])
+    for sigma in (0.0, 1e-160, 5e-155):
+        r = rdp_poisson_gaussian(0.01, sigma, o)
+        assert np.all(np.isposinf(r)), sigma
+    assert np.array_equal(rdp_poisson_gaussian(0.01, math.inf, o), np.zeros(3))
+    assert np.all(np.isposinf(rdp_gaussian(0.0, o)))  # the unsubsampled Gaussian too (was: ZeroDivisionError / NaN)
+    r = rdp_poisson_gaussian(0.01, 1.0, [2.0, math.inf, 1.5])
+    assert np.isposinf(r[1]) and np.all(np.isfinite(r[[0, 2]]))
+    assert r[0] == pytest.approx(_sgm_rdp_mpmath(0.01, 1.0, 2.0), rel=1e-9)
+
+
 def test_full_batch_is_gaussian():
     o = np.array([1.5, 2.0, 10.0])
     np.testing.assert_allclose(rdp_poisson_gaussian(1.0, 2.0, o), o / 8.0)

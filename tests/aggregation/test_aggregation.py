@@ -143,6 +143,28 @@ def test_data_dependent_rdp_matches_theorem6_in_mpmath(q, sigma, lam):
     assert got < lam / sigma**2  # in these cases the data-dependent bound is the smaller one
 
 
+def test_data_dependent_rdp_uses_theorem6_exactly_where_its_conditions_hold():
+    """Thm. 6 holds only where Prop. 10's mu2 > 1, q e^eps2 < 1, q <= e^((mu2-1) eps2) / (mu1/(mu1-1) mu2/(mu2-1))^mu2
+    and lambda <= mu1 (Papernot et al. 2018, arXiv:1802.08908); elsewhere the data-independent lambda/sigma^2
+    (Prop. 8) is the bound. The conditions, written out here in 50-digit arithmetic, decide which value is expected
+    on a grid crossing every boundary: the old tests sat deep inside the valid region, so a check with a term of the
+    third condition dropped, or without it (Thm. 6 applied where it does not hold), passed them."""
+    with mpmath.workdps(50):
+        for sigma in (0.5, 1.0, 2.0, 5.0, 20.0):
+            for lq in (-0.05, -0.3, -0.6, -0.9, -1.0, -1.5, -3.0, -4.0, -5.0, -8.0, -12.0, -20.0, -35.0, -60.0):
+                q, s = mpmath.exp(lq), mpmath.mpf(sigma)
+                mu2 = s * mpmath.sqrt(-mpmath.mpf(lq))
+                mu1, e2 = mu2 + 1, mu2 / s**2
+                valid = bool(mu2 > 1 and q * mpmath.exp(e2) < 1)
+                valid = valid and bool(q <= mpmath.exp((mu2 - 1) * e2) / (mu1 / (mu1 - 1) * mu2 / (mu2 - 1)) ** mu2)
+                got = rdp_gnmax_data_dependent(lq, sigma, ORDERS)
+                for lam, g in zip(ORDERS, got, strict=True):
+                    want = lam / sigma**2
+                    if valid and lam <= mu1:
+                        want = min(want, _theorem6_mpmath(float(q), sigma, lam))
+                    assert g == pytest.approx(want, rel=1e-9, abs=0), (sigma, lq, lam, valid)
+
+
 def _binary_renyi(p, p2, lam):
     """D_lam(Bern(p) || Bern(p2)), exact (log-sum-exp in float64)."""
     t = np.array([lam * math.log(p) + (1 - lam) * math.log(p2), lam * math.log1p(-p) + (1 - lam) * math.log1p(-p2)])
