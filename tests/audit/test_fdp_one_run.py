@@ -40,6 +40,9 @@ def test_two_canaries_no_leakage_is_exact():
     g = F._gdp_g(0.0)
     assert not F.fdp_rejects(2, 2, 2, g, 0.249) and F.fdp_rejects(2, 2, 2, g, 0.251)
     assert not F.fdp_rejects(2, 1, 1, g, 0.499) and F.fdp_rejects(2, 1, 1, g, 0.501)
+    # At alpha = 1/4 exactly (every number dyadic: no rounding) the recursion ends at r + h = k/m, which is not a
+    # contradiction (the rule is r + h > k/m: P[V >= v] = alpha is not "< alpha").
+    assert not F.fdp_rejects(2, 2, 2, g, 0.25)
 
 
 def _rr_unsound_cases(rejects) -> list:
@@ -86,6 +89,10 @@ def test_recursion_is_sound_against_an_epsilon_delta_mechanism_exactly():
                             bad.append((eps, delta, m, k, v))
     assert bad == []
     assert not F.fdp_rejects(10, 5, 0, F._gdp_g(50.0), 0.5)
+    from dpaudit.errors import InputError
+
+    with pytest.raises(InputError, match="needs delta > 0"):  # direct callers: audit_scores refuses it earlier
+        F.resolve_family("epsilon-delta", 0.0)
     for m, k, v in ((10, 5, 6), (10, 11, 3), (10, 5, -1)):
         with pytest.raises(ValueError):
             F.fdp_rejects(m, k, v, F._gdp_g(1.0), ALPHA)
