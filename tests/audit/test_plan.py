@@ -305,3 +305,15 @@ def test_one_run_draws_include_each_canary_with_probability_one_half_and_simulat
         a = (1.0 - confidence) / 2.0
         smallest = next(n for n in range(1, 10_000) if a ** (1.0 / n) >= power)
         assert simulations_needed(power, confidence) == smallest, (power, confidence)
+
+
+def test_size_for_power_called_without_a_confidence_decides_at_the_audits_default():
+    """size_for_power is public: called without ``confidence`` the audits run at audit_scores' default 0.95, so the
+    rule must be the 95% one (20 of 20 draws for power 0.8). Randomized response at ε = 6 against a claim of 1,
+    20 draws: the size returned must have every draw refuted. Planted (tenth mutation pass): the rule's default
+    confidence 0.475 (18 of 20: a size whose power 0.8 is not shown at 95%) -> fail."""
+    from dpaudit.audit.power import hypothesised_leak, refutations_needed, size_for_power
+
+    leak = hypothesised_leak(family="randomized-response", epsilon=6.0)
+    _, power = size_for_power(1.0, leak, simulations=20, start=2)
+    assert round(power * 20) >= refutations_needed(0.8, 20, 0.95) == 20
