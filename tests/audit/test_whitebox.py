@@ -77,10 +77,14 @@ def test_point_ratio_and_a_run_without_shift():
     """The point estimate b/σ with σ ≠ 1 (b = 0.25, σ = 0.5, q = 1, 2000 steps: ratio 0.5, standard error about
     0.03; tolerance 0.15), and a run whose canary moves nothing (b = 0): the shift's lower bound is below 0, so
     the ratio's lower bound and the composed estimate are 0 and a claim of 0.5 is "consistent". Planted (tenth
-    mutation pass): b̂·σ̂ for b̂/σ̂, max(b̂, 1) or the guard σ̂ > 1 in the point ratio; max(b_lo, 1) in the lower
+    mutation pass): b̂·σ̂ for b̂/σ̂, max(b̂, 1) or the guard σ̂ > 1 in the point ratio; b̂ from the inserted mean
+    alone or the sum of the means (not invariant to an offset); max(b_lo, 1) in the lower
     bound (an estimate above a claim with no evidence); ">=" for "exceeds" -> fail."""
     o, c = _run(np.random.default_rng(3), 2000, 1.0, 0.5, b=0.25)
-    assert abs(estimate_ratio(o, c, 1.0, ALPHA).ratio - 0.5) < 0.15
+    est = estimate_ratio(o, c, 1.0, ALPHA)
+    assert abs(est.ratio - 0.5) < 0.15
+    # a constant offset at the coordinate (the data's own gradient there) moves both samples: b is their difference
+    assert estimate_ratio(o + 3.0, c, 1.0, ALPHA).__dict__ == pytest.approx(est.__dict__, rel=1e-9)
     o, c = _run(np.random.default_rng(4), 200, 1.0, 1.0, b=0.0)
     r = audit_steps(o, c, sample_rate=1.0, noise_multiplier=1.0, delta=DELTA, claimed_epsilon=0.5)
     assert r.ratio.shift_lower < 0.0 and r.ratio.ratio_lower == 0.0
