@@ -319,5 +319,5 @@ def test_size_for_power_called_without_a_confidence_decides_at_the_audits_defaul
     assert round(power * 20) >= refutations_needed(0.8, 20, 0.95) == 20
     # A design cap below what the leak needs is an error naming the cap (planted: the raise dropped, or the cap
     # compared with ">": the search doubled at the cap forever).
-    with pytest.raises(InputError, match="no design up to 8 is shown to reach power 0.8"):
+    with pytest.raises(InputError, match=r"no design up to 8 is shown to reach power 0\.8"):
         size_for_power(1.0, leak, simulations=20, start=2, max_size=8)

@@ -78,11 +78,12 @@ def test_point_ratio_and_a_run_without_shift():
     0.03; tolerance 0.15), and a run whose canary moves nothing (b = 0): the shift's lower bound is below 0, so
     the ratio's lower bound and the composed estimate are 0 and a claim of 0.5 is "consistent". Planted (tenth
     mutation pass): b̂·σ̂ for b̂/σ̂, max(b̂, 1) or the guard σ̂ > 1 in the point ratio; b̂ from the inserted mean
-    alone or the sum of the means (not invariant to an offset); max(b_lo, 1) in the lower
-    bound (an estimate above a claim with no evidence); ">=" for "exceeds" -> fail."""
+    alone or the sum of the means (not invariant to an offset); the lower bound's guard σ_upper > 1 (∞ for
+    σ < 1); max(b_lo, 1) in the lower bound (an estimate above a claim with no evidence); ">=" for "exceeds" ->
+    fail."""
     o, c = _run(np.random.default_rng(3), 2000, 1.0, 0.5, b=0.25)
     est = estimate_ratio(o, c, 1.0, ALPHA)
-    assert abs(est.ratio - 0.5) < 0.15
+    assert abs(est.ratio - 0.5) < 0.15 and 0.0 < est.ratio_lower <= 0.5  # σ < 1: a finite lower bound below b/σ
     # a constant offset at the coordinate (the data's own gradient there) moves both samples: b is their difference
     assert estimate_ratio(o + 3.0, c, 1.0, ALPHA).__dict__ == pytest.approx(est.__dict__, rel=1e-9)
     o, c = _run(np.random.default_rng(4), 200, 1.0, 1.0, b=0.0)
