@@ -411,3 +411,28 @@ def test_max_certifiable_refuses_an_empty_class_and_gdp_without_delta_and_counts
     # has FPR̄ = FNR̄ = 1 − (α/2)^(1/21) (Clopper–Pearson at k = 0), so the bound is ln((1 − u)/u) at δ = 0.
     u = 1 - (a / 2) ** (1 / 21)
     assert max_certifiable_epsilon(41, 41, delta=0.0) == pytest.approx(float(np.log((1 - u) / u)), rel=1e-9)
+
+
+def test_threshold_audit_reports_hand_counts_its_notes_and_details_and_the_holdout_minimum():
+    """What a threshold audit reports, against counts made by hand (member predicted iff score >= threshold),
+    the notes that say how the threshold was chosen, μ only for the gdp method; the holdout split needs 2 of each
+    class (one per half). Planted (tenth mutation pass): tn reported as fp, the Bonferroni or two-sided note
+    dropped or put on the other designs, mu_lower_bound on the wrong method, a holdout accepted with 1 non-member
+    or refused with 2 -> fail."""
+    rng = np.random.default_rng(12)
+    mem = np.arange(60) < 30
+    s = rng.normal(1.0 * mem, 1.0)
+    r = audit_scores(s, mem, threshold=0.7)
+    tp, fp = int((s[mem] >= 0.7).sum()), int((s[~mem] >= 0.7).sum())
+    assert {k: r.counts[k] for k in ("tp", "fp", "tn", "fn")} == {"tp": tp, "fp": fp, "tn": 30 - fp, "fn": 30 - tp}
+    assert not any("searched over" in n or n.startswith("two-sided") for n in r.notes)
+    assert "mu_lower_bound" not in r.details
+    b = audit_scores(s, mem, threshold_selection="bonferroni", alternative="two-sided", method="gdp")
+    assert any("order-statistic anchors" in n for n in b.notes) and any(n.startswith("two-sided") for n in b.notes)
+    assert b.details["mu_lower_bound"] >= 0.0
+    for n_pos, n_neg in ((2, 1), (1, 2)):
+        m2 = np.arange(n_pos + n_neg) < n_pos
+        with pytest.raises(InputError, match="at least 2 members and 2 non-members"):
+            audit_scores(m2.astype(float), m2, threshold_selection="holdout")
+    m2 = np.arange(4) < 2
+    assert audit_scores(m2.astype(float), m2, threshold_selection="holdout").counts["n_eval_members"] == 1

@@ -40,6 +40,9 @@ def test_two_canaries_no_leakage_is_exact():
     g = F._gdp_g(0.0)
     assert not F.fdp_rejects(2, 2, 2, g, 0.249) and F.fdp_rejects(2, 2, 2, g, 0.251)
     assert not F.fdp_rejects(2, 1, 1, g, 0.499) and F.fdp_rejects(2, 1, 1, g, 0.501)
+    # At alpha = 1/4 exactly (every number dyadic: no rounding) the recursion ends at r + h = k/m, which is not a
+    # contradiction (the rule is r + h > k/m: P[V >= v] = alpha is not "< alpha").
+    assert not F.fdp_rejects(2, 2, 2, g, 0.25)
 
 
 def _rr_unsound_cases(rejects) -> list:
@@ -65,6 +68,34 @@ def test_recursion_is_sound_against_randomised_response_exactly():
 
 def test_planted_wrong_recursion_factor_is_caught():
     assert _rr_unsound_cases(_rejects_with_wrong_factor)
+
+
+def test_recursion_is_sound_against_an_epsilon_delta_mechanism_exactly():
+    """The (ε, δ) family with δ > 0 (the tests above have δ = 0). Mechanism: with probability δ reveal the bit,
+    else ε-randomised response; for every set S, P[M(1) ∈ S] ≤ e^ε P[M(0) ∈ S] + δ, so it is (ε, δ)-DP per canary
+    and guessing its bit is right with probability p = δ + (1 − δ)·e^ε/(1 + e^ε), independently: P[V ≥ v] =
+    P[Bin(k, p) ≥ v] exactly. A test that refutes (ε, δ)-DP where that exceeds α is unsound. Also: v = 0 is
+    never a refutation, and counts outside 0 ≤ v ≤ k ≤ m are refused. Planted (tenth mutation pass): the curve's
+    1 − δ − e^ε(1 − y) written 1 + δ − ... or 1 − e^ε(1 − y) refutes where P[V ≥ v] = 0.066 > α = 0.05 -> fails."""
+    bad = []
+    for eps in (0.0, 1.0):
+        for delta in (0.01, 0.1):
+            g = F._eps_delta_g(eps, delta)
+            p = delta + (1.0 - delta) * special.expit(eps)
+            for m in (10, 25):
+                for k in range(1, m + 1):
+                    for v in range(1, k + 1):
+                        if F.fdp_rejects(m, k, v, g, ALPHA) and stats.binom.sf(v - 1, k, p) > ALPHA * (1 + 1e-9):
+                            bad.append((eps, delta, m, k, v))
+    assert bad == []
+    assert not F.fdp_rejects(10, 5, 0, F._gdp_g(50.0), 0.5)
+    from dpaudit.errors import InputError
+
+    with pytest.raises(InputError, match="needs delta > 0"):  # direct callers: audit_scores refuses it earlier
+        F.resolve_family("epsilon-delta", 0.0)
+    for m, k, v in ((10, 5, 6), (10, 11, 3), (10, 5, -1)):
+        with pytest.raises(ValueError):
+            F.fdp_rejects(m, k, v, F._gdp_g(1.0), ALPHA)
 
 
 @pytest.mark.parametrize("q,sigma", [(1.0, 1.0), (0.05, 1.0), (0.3, 0.7), (0.01, 0.5)])

@@ -208,3 +208,45 @@ def test_best_bound_over_pairs_is_the_maximum_over_every_pair():
     assert min(each) == 0.0 < max(each)  # some pairs certify nothing, so the visiting order matters
     best, i = best_bound_over_pairs(m, r, v, 1e-5, a)
     assert best == max(each) and each[i] == best
+
+
+def test_fixed_guess_counts_are_the_users_and_their_correct_guesses_are_counted_by_hand():
+    """A fixed design guesses "in" for the k₊ highest scores and "out" for the k₋ lowest (continuous scores: no
+    ties); the correct guesses counted by hand give the bound at level α (Steinke, Nasr & Jagielski 2023, one test).
+    Planted (tenth mutation pass): k₊ or k₋ replaced by 0 (or None by 1, so (7, 0) guessed 7 + 1), the correct count
+    read from one side only, n_tests reported as 0 or 2 (fixed or holdout) -> fail."""
+    rng = np.random.default_rng(8)
+    m = 60
+    member = rng.random(m) < 0.5
+    scores = rng.normal(1.5 * member, 1.0)
+    order = np.argsort(-scores)
+    for kp, km in ((10, 5), (0, 8), (7, 0)):
+        # a count of 0 given as None (left out): the other side alone
+        r = audit_scores(scores, member, method="one-run", design="canaries", k_plus=kp or None, k_minus=km or None)
+        v = int(member[order[:kp]].sum() + (~member[order[m - km :]]).sum())
+        c = r.counts
+        assert (c["k_plus"], c["k_minus"], c["guesses"], c["correct"]) == (kp, km, kp + km, v)
+        assert r.epsilon_lower_bound == one_run_epsilon_lower_bound(m, kp + km, v, 1e-5, 0.05)
+        assert r.details["n_tests"] == 1 and r.details["alpha_per_test"] == 0.05
+    h = audit_scores(scores, member, method="one-run", design="canaries", threshold_selection="holdout", seed=0)
+    assert h.details["n_tests"] == 1 and h.details["alpha_per_test"] == 0.05  # one test on the evaluation half
+
+
+def test_bonferroni_audit_is_the_best_pair_with_correct_guesses_counted_by_hand():
+    """The Bonferroni design through audit_scores: the bound is the largest over the pairs of bonferroni_pairs(m)
+    of the single-test bound at α/K with v counted by hand (top k₊ "in", bottom k₋ "out"), and the counts reported
+    are the winning pair's. Planted (tenth mutation pass): v read from one side only, guesses k₊ − k₋ -> fail."""
+    rng = np.random.default_rng(9)
+    m = 80
+    member = rng.random(m) < 0.5
+    scores = rng.normal(2.0 * member, 1.0)
+    order = np.argsort(-scores)
+    kp, km = bonferroni_pairs(m)
+    a = 0.05 / len(kp)
+    vs = [int(member[order[:p]].sum() + (~member[order[m - q :]]).sum()) for p, q in zip(kp, km, strict=True)]
+    bounds = [one_run_epsilon_lower_bound(m, int(p + q), v, 1e-5, a) for p, q, v in zip(kp, km, vs, strict=True)]
+    r = audit_scores(scores, member, method="one-run", design="canaries", threshold_selection="bonferroni", seed=0)
+    assert r.epsilon_lower_bound == pytest.approx(max(bounds), rel=1e-9) and max(bounds) > 0.5
+    c = r.counts
+    i = next(j for j in range(len(kp)) if (kp[j], km[j]) == (c["k_plus"], c["k_minus"]))
+    assert (c["guesses"], c["correct"]) == (kp[i] + km[i], vs[i]) and bounds[i] == max(bounds)

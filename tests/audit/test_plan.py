@@ -235,3 +235,89 @@ def test_a_gaussian_leak_given_by_its_epsilon_has_a_finite_mu_and_finite_scores(
     assert np.all(np.isfinite(scores))
     # The members' scores are shifted by mu: N(mu, 1) against N(0, 1) (Dong, Roth & Su 2022, Def. 2.5).
     assert scores[member].mean() - scores[~member].mean() == pytest.approx(leak.mu, abs=5 * np.sqrt(2 / 50))
+
+
+def test_simulated_power_is_the_exact_power_of_a_fixed_threshold_audit():
+    """Randomized response at ε = 3 (each run's bit reported truthfully with probability p = e^3/(1 + e^3)), 15 runs
+    per side, a claim of 1, the threshold fixed at 0.5: the audit sees tp ~ Bin(15, p) members at 1 and
+    fp ~ Bin(15, 1 − p) non-members at 1, independently, so its exact power is the sum over (tp, fp) of the two
+    binomial probabilities where the audit of those counts refutes (0.70 here). The simulation of 300 draws must
+    agree within 4 standard errors (sqrt(P(1 − P)/300) = 0.026). Planted (tenth mutation pass): the truthful
+    probability, the member bits or the refutation count of the simulation changed -> fail."""
+    from scipy import stats
+
+    from dpaudit.audit import audit_scores
+    from dpaudit.audit.power import hypothesised_leak, simulated_power
+
+    n, eps, claim = 15, 3.0, 1.0
+    p = 1.0 / (1.0 + np.exp(-eps))
+    mem = np.arange(2 * n) < n
+    exact = 0.0
+    for tp in range(n + 1):
+        for fp in range(n + 1):
+            s = np.r_[np.arange(n) < tp, np.arange(n) < fp].astype(float)
+            if audit_scores(s, mem, claimed_epsilon=claim, threshold=0.5, design="multi-run").verdict == "violation":
+                exact += stats.binom.pmf(tp, n, p) * stats.binom.pmf(fp, n, 1.0 - p)
+    assert 0.3 < exact < 0.9
+    leak = hypothesised_leak(family="randomized-response", epsilon=eps)
+    sims = 300
+    power = simulated_power(n, claim, leak, simulations=sims, threshold=0.5)
+    assert abs(power - exact) <= 4.0 * np.sqrt(exact * (1.0 - exact) / sims)
+
+
+def test_gaussian_leak_scores_are_unit_variance_in_each_class():
+    """μ-GDP scores are N(μ, 1) for members and N(0, 1) for non-members (Dong, Roth & Su 2022, Def. 2.1): with 2000
+    of each, the sample SDs are 1 within 5 standard errors (0.016 each) and the means μ and 0. Planted (tenth
+    mutation pass): the unit noise dropped (members at exactly μ: a perfect attack, power overstated) -> fail."""
+    from dpaudit.audit.power import hypothesised_leak
+
+    leak = hypothesised_leak(family="gaussian", mu=1.0)
+    member = np.arange(4000) % 2 == 0
+    s = leak.sample(member, np.random.default_rng(5))
+    for x, mean in ((s[member], 1.0), (s[~member], 0.0)):
+        assert abs(x.std(ddof=1) - 1.0) <= 5 * np.sqrt(0.5 / 2000) and abs(x.mean() - mean) <= 5 * np.sqrt(1 / 2000)
+    # and the leaks that cannot be simulated are refused by name
+    with pytest.raises(InputError, match="expected a finite true epsilon"):
+        hypothesised_leak(family="randomized-response", epsilon=float("inf"))
+    with pytest.raises(InputError, match="the gaussian family needs delta > 0"):
+        hypothesised_leak(family="gaussian", epsilon=1.0, delta=0.0)
+    with pytest.raises(InputError, match="expected a finite true epsilon"):
+        hypothesised_leak(family="gaussian", epsilon=float("inf"))
+
+
+def test_one_run_draws_include_each_canary_with_probability_one_half_and_simulations_needed_is_the_smallest():
+    """The one-run design the power is simulated for includes each canary independently with probability 1/2
+    (Steinke, Nasr & Jagielski 2023): 4000 draws, the rate within 5 standard errors (0.04) of 1/2; the multi-run
+    design has n of each. simulations_needed is the smallest S whose all-refuted interval's lower end
+    ((1 − confidence)/2)^(1/S) reaches the power, by direct search from S = 1. Planted (tenth mutation pass): the
+    inclusion probability 1/4 (power of another design), the search started at 2 -> fail."""
+    from dpaudit.audit.power import _draw, hypothesised_leak, simulated_power, simulations_needed
+
+    leak = hypothesised_leak(family="randomized-response", epsilon=1.0)
+    _, member = _draw(leak, 4000, True, np.random.default_rng(0))
+    assert abs(member.mean() - 0.5) <= 5 * np.sqrt(0.25 / 4000)
+    _, member = _draw(leak, 7, False, np.random.default_rng(0))
+    assert member.tolist() == [True] * 7 + [False] * 7
+    # Two canaries: half the draws include both or neither; those cannot be audited and count as not refuted (the
+    # audit would refuse a single class). Planted: the check dropped -> InputError from the simulation.
+    assert simulated_power(2, 1.0, leak, simulations=20, method="one-run", threshold_selection="bonferroni") == 0.0
+    for power, confidence in ((0.8, 0.95), (0.01, 0.95), (0.5, 0.9), (0.9, 0.99), (0.02, 0.5)):
+        a = (1.0 - confidence) / 2.0
+        smallest = next(n for n in range(1, 10_000) if a ** (1.0 / n) >= power)
+        assert simulations_needed(power, confidence) == smallest, (power, confidence)
+
+
+def test_size_for_power_called_without_a_confidence_decides_at_the_audits_default():
+    """size_for_power is public: called without ``confidence`` the audits run at audit_scores' default 0.95, so the
+    rule must be the 95% one (20 of 20 draws for power 0.8). Randomized response at ε = 6 against a claim of 1,
+    20 draws: the size returned must have every draw refuted. Planted (tenth mutation pass): the rule's default
+    confidence 0.475 (18 of 20: a size whose power 0.8 is not shown at 95%) -> fail."""
+    from dpaudit.audit.power import hypothesised_leak, refutations_needed, size_for_power
+
+    leak = hypothesised_leak(family="randomized-response", epsilon=6.0)
+    _, power = size_for_power(1.0, leak, simulations=20, start=2)
+    assert round(power * 20) >= refutations_needed(0.8, 20, 0.95) == 20
+    # A design cap below what the leak needs is an error naming the cap (planted: the raise dropped, or the cap
+    # compared with ">": the search doubled at the cap forever).
+    with pytest.raises(InputError, match=r"no design up to 8 is shown to reach power 0\.8"):
+        size_for_power(1.0, leak, simulations=20, start=2, max_size=8)

@@ -38,6 +38,88 @@ def test_composed_epsilon_oracles(q, ratio, T):
     assert ours == pytest.approx(pld, rel=2e-3)
 
 
+def test_composed_epsilon_of_no_shift_is_zero_and_a_sampled_step_is_not_composed_as_full_batch():
+    """No shift (ratio 0, the lower bound when the shift's lower bound is <= 0): ε = 0 for q = 1 and q < 1 (1/ratio
+    would divide by zero). q = 0.7 is accounted as sampled (PLD), below the full-batch √T·μ composition. Planted
+    (tenth mutation pass): 0 -> 1 for ratio <= 0 (a composed estimate of 1 from no evidence, "estimate-exceeds-claim"
+    for a claim below 1), and the full-batch branch taken from q >= 0.5 (ε overstated) -> fail."""
+    for q in (1.0, 0.3):
+        assert composed_epsilon(0.0, q, 50, DELTA) == 0.0
+    pld = epsilon_for(dpsgd_event(noise_multiplier=2.0, sample_rate=0.7, steps=5), DELTA, "pld")
+    assert composed_epsilon(0.5, 0.7, 5, DELTA) == pytest.approx(pld, rel=2e-3)
+    assert pld < 0.95 * gdp_epsilon(math.sqrt(5) * 0.5, DELTA)
+
+
+def test_estimate_ratio_bounds_cover_at_their_levels():
+    """The two confidence bounds of :func:`estimate_ratio` at level α/2 each, by direct simulation (fixed seeds):
+    the χ² upper bound on σ is exact for any sample size (P[σ_upper >= σ] = 1 − α/2 with 3 not-inserted steps),
+    the Welch lower bound on the shift b is asymptotic (150 + 150 steps, q = 0.5, so E[o | inserted] = q·b and the
+    inserted variance is σ² + q(1 − q)b²). With α = 0.2 both rates are 0.9; tolerance 4 Monte Carlo standard
+    deviations (0.035 with 1200 draws, 0.042 with 800). Planted (tenth mutation pass): the χ² quantile at α or α/4,
+    its degrees of freedom or the sample SD's ddof off by one, the shift multiplied by q or the Welch standard error
+    missing a sample's variance -> a rate off by 0.05 or more -> fail."""
+    alpha = 0.2
+    rng = np.random.default_rng(1)
+    c = np.arange(6) % 2 == 0
+    n = 1200
+    covered = sum(estimate_ratio(rng.normal(1.0 * c, 1.0), c, 1.0, alpha).sigma_upper >= 1.0 for _ in range(n))
+    assert abs(covered / n - 0.9) <= 4 * math.sqrt(0.09 / n)
+    rng = np.random.default_rng(2)
+    q, b, c = 0.5, 2.0, np.arange(300) % 2 == 0
+    n = 800
+    covered = sum(
+        estimate_ratio(rng.normal(b * c * (rng.random(300) < q), 1.0), c, q, alpha).shift_lower <= b for _ in range(n)
+    )
+    assert abs(covered / n - 0.9) <= 4 * math.sqrt(0.09 / n)
+
+
+def test_point_ratio_and_a_run_without_shift():
+    """The point estimate b/σ with σ ≠ 1 (b = 0.25, σ = 0.5, q = 1, 2000 steps: ratio 0.5, standard error about
+    0.03; tolerance 0.15), and a run whose canary moves nothing (b = 0): the shift's lower bound is below 0, so
+    the ratio's lower bound and the composed estimate are 0 and a claim of 0.5 is "consistent". Planted (tenth
+    mutation pass): b̂·σ̂ for b̂/σ̂, max(b̂, 1) or the guard σ̂ > 1 in the point ratio; b̂ from the inserted mean
+    alone or the sum of the means (not invariant to an offset); the lower bound's guard σ_upper > 1 (∞ for
+    σ < 1); max(b_lo, 1) in the lower bound (an estimate above a claim with no evidence); ">=" for "exceeds" ->
+    fail."""
+    o, c = _run(np.random.default_rng(3), 2000, 1.0, 0.5, b=0.25)
+    est = estimate_ratio(o, c, 1.0, ALPHA)
+    assert abs(est.ratio - 0.5) < 0.15 and 0.0 < est.ratio_lower <= 0.5  # σ < 1: a finite lower bound below b/σ
+    # a constant offset at the coordinate (the data's own gradient there) moves both samples: b is their difference
+    assert estimate_ratio(o + 3.0, c, 1.0, ALPHA).__dict__ == pytest.approx(est.__dict__, rel=1e-9)
+    o, c = _run(np.random.default_rng(4), 200, 1.0, 1.0, b=0.0)
+    r = audit_steps(o, c, sample_rate=1.0, noise_multiplier=1.0, delta=DELTA, claimed_epsilon=0.5)
+    assert r.ratio.shift_lower < 0.0 and r.ratio.ratio_lower == 0.0
+    assert r.composed_epsilon_estimate == 0.0 and r.composed_verdict == "consistent"
+    r = audit_steps(o, c, sample_rate=1.0, noise_multiplier=1.0, delta=DELTA, claimed_epsilon=0.0)
+    assert r.composed_verdict == "consistent"  # 0 does not exceed a claim of 0
+
+
+def test_alpha_is_split_between_the_per_step_test_and_the_composed_estimate():
+    """Both results hold at once with probability >= confidence because each takes α/2 (Bonferroni): at confidence
+    0.9 the per-step f-DP audit runs at 0.95 and the ratio's bounds are estimate_ratio's at α/2 = 0.05 (whose
+    coverage is checked above). The per-step claim is one step's ε(δ) (the exact one-step curve, within the PLD's
+    pessimistic 2e-3); q < 1 takes the sampled label (b = 1 assumed). Planted (tenth mutation pass): the per-step
+    audit at confidence α/2, 1 − 2α or 1 − α, the ratio at α or 2α, the claim of 2 steps, the full-batch branch from
+    q >= 0.5, the point estimate's b = 1 read as 1·σ̂ or 2/σ̂, the shift note on a run without excess shift ->
+    fail. Non-finite observations are refused by name."""
+    from dpaudit.audit.fdp_one_run import sampled_gaussian_step_family
+    from dpaudit.audit.whitebox import ESTIMATE_LABEL_SAMPLED
+
+    q, sigma = 0.5, 2.0
+    o, c = _run(np.random.default_rng(6), 200, q, sigma)
+    r = audit_steps(o, c, sample_rate=q, noise_multiplier=sigma, delta=DELTA, confidence=0.9, steps=4)  # cheap PLD
+    assert r.per_step.confidence == pytest.approx(0.95, abs=1e-9) and r.confidence == 0.9
+    assert r.ratio.__dict__ == pytest.approx(estimate_ratio(o, c, q, 0.05).__dict__, rel=1e-9)
+    exact = sampled_gaussian_step_family(q).epsilon(1.0 / sigma, DELTA)
+    assert exact <= r.per_step_claimed_epsilon <= exact + 2e-3
+    assert r.label == ESTIMATE_LABEL_SAMPLED and r.notes == ()  # b = 1 as claimed: no note on the shift
+    # the point estimate (b = 1, σ estimated from about 100 steps, relative standard error 7%) near the true ε
+    assert r.composed_epsilon_point == pytest.approx(composed_epsilon(1.0 / sigma, q, 4, DELTA), rel=0.3)
+    o[3] = np.nan
+    with pytest.raises(InputError, match="observations must be finite"):
+        audit_steps(o, c, sample_rate=q, noise_multiplier=1.0)
+
+
 def _linear_composition(ratio, q, T, delta):
     """Planted mistake: composing μ over T steps as T·μ instead of √T·μ."""
     return gdp_epsilon(T * ratio, delta)
@@ -110,6 +192,14 @@ def test_inputs():
         audit_steps(o, c, sample_rate=1.0, noise_multiplier=0.0)
     with pytest.raises(InputError):
         audit_steps(o, np.zeros(20, bool), sample_rate=1.0, noise_multiplier=1.0)
+    one_in, one_out = np.arange(20) == 0, np.arange(20) != 0  # one inserted / one not-inserted step: no variance
+    for c in (one_in, one_out):
+        with pytest.raises(InputError, match="need at least 2 inserted and 2 not-inserted steps"):
+            estimate_ratio(o, c, 1.0, ALPHA)
+    two = np.arange(4) < 2
+    assert np.isfinite(estimate_ratio(np.array([0.0, 1.0, 0.5, -0.5]), two, 1.0, ALPHA).sigma_upper)
+    # not-inserted steps without noise (sample SD 0): the ratio is infinite, not a ZeroDivisionError
+    assert estimate_ratio(np.array([1.0, 2.0, 0.5, 0.5]), two, 1.0, ALPHA).ratio == math.inf
 
 
 @pytest.mark.slow
