@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import DataError, InputError
-from dpaudit.validation import check_seed, shown
+from dpaudit.validation import FLOAT32_MAX, check_seed, shown
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
 # The built-in token data set's name (synthetic-tokens:...): its int64 X is token ids by construction.
@@ -631,7 +631,7 @@ def _check_integer_labels(y: np.ndarray, source: str) -> None:
         if len(frac) == 0:
             return
         raise DataError(
-            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {frac[0]:g}); "
+            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {shown(frac[0])}); "
             "dpaudit audits classifiers: regression targets are not supported (bin them into classes first)"
         )
     raise DataError(f"{source}: labels must be integers, got dtype {y.dtype}")
@@ -678,6 +678,20 @@ def _from_npy_dir(path: Path, spec: str) -> Dataset:
     return _validated(path.name, X, y, kind, spec, mapped=mapped)
 
 
+def _check_finite_features(X: np.ndarray, spec: str) -> None:
+    """Features must be finite, and finite in float32, the dtype models read them in (float64 data is cast to
+    float32 on loading, or a batch at a time when memory-mapped): a float64 1e39 became inf there, the scaler's
+    mean inf, and training saved a NaN model with exit 0."""
+    if not np.all(np.isfinite(X)):
+        raise DataError(f"{spec}: features contain NaN or inf")
+    if X.dtype.itemsize > 4 and X.size and (big := max(float(X.max()), -float(X.min()))) > FLOAT32_MAX:  # no |X| copy
+        raise DataError(
+            f"{spec}: features reach {big:.3g} in magnitude, beyond {FLOAT32_MAX:.4g}, the largest float32 (models "
+            "compute in float32, where such a value is inf); rescale those columns first, e.g. divide them by a "
+            "power of ten"
+        )
+
+
 def _validated(
     name: str,
     X: np.ndarray,
@@ -703,11 +717,9 @@ def _validated(
         raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}{hint}")
     if kind == "tokens" or not np.issubdtype(X.dtype, np.inexact):
         pass  # integers and bools are finite
-    elif mapped is not None:  # a memory-mapped X: checked a block of rows at a time, kept as it is
-        if not all(np.all(np.isfinite(block)) for block in _blocks(X, mapped)):
-            raise DataError(f"{spec}: features contain NaN or inf")
-    elif not np.all(np.isfinite(X)):
-        raise DataError(f"{spec}: features contain NaN or inf")
+    else:  # a memory-mapped X: checked a block of rows at a time, kept as it is
+        for block in _blocks(X, mapped) if mapped is not None else [X]:
+            _check_finite_features(block, spec)
     if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
         raise DataError(f"{spec}: labels contain NaN or inf")
     if X.ndim == 1:

@@ -74,6 +74,45 @@ def test_bad_csv(tmp_path, content, message):
         load_dataset(str(f), label_column="label")
 
 
+@pytest.mark.parametrize("form", ["csv", "npz", "npy-dir"])
+def test_features_beyond_float32_are_refused(tmp_path, form):
+    """Float64 features above float32's largest value (3.4e38) are finite as read but inf in float32, the dtype models
+    compute in: the scaler's mean became inf and training saved a NaN model with exit 0 (CSV and NPZ, cast on
+    loading; a memory-mapped X.npy, cast a batch at a time). Refused on loading, naming the magnitude."""
+    X = np.array([[1.0, 2.0], [3.0, -1e39], [5.0, 6.0], [7.0, 8.0]])
+    y = np.array([0, 1, 0, 1])
+    if form == "csv":
+        path = tmp_path / "d.csv"
+        path.write_text("a,b,label\n" + "".join(f"{a!r},{b!r},{c}\n" for (a, b), c in zip(X.tolist(), y, strict=True)))
+    elif form == "npz":
+        path = tmp_path / "d.npz"
+        np.savez(path, X=X, y=y)
+    else:
+        path = tmp_path / "d"
+        path.mkdir()
+        np.save(path / "X.npy", X)
+        np.save(path / "y.npy", y)
+    with pytest.raises(DataError, match=r"features reach 1e\+39 in magnitude, beyond 3\.403e\+38, the largest float32"):
+        load_dataset(str(path), label_column="label" if form == "csv" else None)
+    X[1, 1] = -3.4e38  # within float32: read as it is
+    if form == "csv":
+        path.write_text("a,b,label\n" + "".join(f"{a!r},{b!r},{c}\n" for (a, b), c in zip(X.tolist(), y, strict=True)))
+    elif form == "npz":
+        np.savez(path, X=X, y=y)
+    else:
+        np.save(path / "X.npy", X)
+    ds = load_dataset(str(path), label_column="label" if form == "csv" else None)
+    assert np.all(np.isfinite(ds.rows(np.arange(4))))
+
+
+def test_a_label_close_to_an_integer_is_shown_with_its_digits(tmp_path):
+    """A label 1.0000001 was refused as "non-integer values (e.g. 1)": the message showed an integer."""
+    path = tmp_path / "d.npz"
+    np.savez(path, X=np.zeros((4, 2)), y=np.array([0.0, 1.0000001, 0.0, 1.0000001]))
+    with pytest.raises(DataError, match=r"non-integer values \(e\.g\. 1\.0000001\)"):
+        load_dataset(str(path))
+
+
 def test_a_named_row_id_column_is_refused_and_near_misses_are_features(tmp_path):
     """A Kaggle-style `PassengerId` (1..n, shuffled) names each record: refused, naming the column. A column
     that misses being a row id by one value (a repeat, a gap) or is float, or a file below 20 rows, is read."""
