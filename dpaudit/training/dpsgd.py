@@ -40,9 +40,7 @@ from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome, host_to_device, make_optimizer
 from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
 from dpaudit.training.config import DPConfig
-from dpaudit.validation import check_non_negative, check_positive, check_positive_int
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+from dpaudit.validation import FLOAT32_MAX, check_non_negative, check_positive, check_positive_int
 
 if TYPE_CHECKING:
     from dpaudit.hooks import GradientCanaries

@@ -140,9 +140,28 @@ def fit_model(
     secure = config.dp is not None and config.dp.secure_noise  # unpredictable from the seed, as asked: left as it is
     with contextlib.nullcontext() if secure else _seeded_global_rng(config.seed, device):
         if whitebox is None:
-            return FittedModel(outcome=trainer.fit(model, X, y, progress=progress), preprocessing=pre, device=device)
-        outcome, scores = trainer.fit_with_canary(model, X, y, whitebox)
+            outcome, scores = trainer.fit(model, X, y, progress=progress), None
+        else:
+            outcome, scores = trainer.fit_with_canary(model, X, y, whitebox)
+    check_finite_weights(outcome.model, config)
     return FittedModel(outcome=outcome, preprocessing=pre, device=device, whitebox_scores=scores)
+
+
+def check_finite_weights(model: torch.nn.Module, config: TrainConfig) -> None:
+    """One :class:`InputError` line when training left a parameter NaN or infinite (a loss that overflowed: a
+    learning rate too large, a model whose forward gives inf or NaN on this data, features too large): such a
+    model predicts class 0 everywhere (argmax of NaN), and was saved with its accuracy and, under DP-SGD, its
+    claim (per-sample clipping passes a NaN gradient on: ‖g‖ = NaN gives a NaN factor) as if it had trained.
+    Buffers are not checked: a causal mask of -inf is a model's own constant."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            decay = f", weight decay {config.weight_decay:g}" if config.weight_decay else ""
+            lower = "--lr or the weight decay" if decay else "--lr"
+            raise InputError(
+                f"training diverged: the trained parameter {name!r} holds NaN or inf ({config.algo}, lr "
+                f"{config.lr:g}{decay}); lower {lower}, or check that the model's outputs and loss stay finite on "
+                "this data"
+            )
 
 
 @contextlib.contextmanager
