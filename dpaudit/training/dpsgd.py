@@ -502,6 +502,8 @@ class DPTrainer(Trainer):
                     # No losses or batch sizes of the private data here: the claim does not cover them.
                     history.append({"epoch": epoch, "steps": step + 1})
                 advance(1)
+        if (check := getattr(clipper, "check_norms_finite", None)) is not None:  # a wrapper may lack it
+            check()
         model.eval()
         if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)
             claim["jl"] = {"projections": dp.jl_projections, "ad_path": getattr(clipper, "ad_path_", None)}

@@ -365,6 +365,22 @@ def test_training_that_diverges_is_refused(algo):
         fit_model(ds, np.arange(80), spec, config)
 
 
+@pytest.mark.parametrize("clipping", ["vmap", "ghost", "loop"])
+def test_an_overflowing_per_example_norm_is_refused(clipping):
+    """Raw features of 1e20 give finite per-example gradients whose float32 norm overflows (‖g‖² > 3.4e38): the clip
+    factor was 1/inf = 0, every example was dropped, and the model (trained on the noise alone) was saved with its
+    claim. At 1e15 (no overflow) the same training runs."""
+    model = build_model(default_spec("logreg", input_shape=(4,), n_classes=2), seed=0)
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(64, 4, generator=g)
+    y = (X[:, 0] > 0).long()
+    config = _config(steps=2, batch_size=16, lr=0.1)
+    perf = PerfConfig(clipping=clipping)
+    with pytest.raises(InputError, match=r"a per-example gradient norm overflowed float32"):
+        _fit(config, model, X * 1e20, y, perf)
+    _fit(config, model, X * 1e15, y, perf)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
