@@ -574,7 +574,14 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     except Exception as e:
         raise DataError(f"{path}: not a readable NPZ file ({type(e).__name__})") from None
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
-        raise DataError(f"{path}: X must be numeric, got dtype {X.dtype}")
+        # ml_dtypes' bfloat16 (what a torch/JAX bfloat16 array becomes in NumPy) is stored as raw 2-byte voids
+        hint = "; a bfloat16 array is stored so: save X.astype('float32')" if X.dtype.kind == "V" else ""
+        raise DataError(f"{path}: X must be numeric, got dtype {X.dtype}{hint}")
+    if np.issubdtype(X.dtype, np.complexfloating):  # the float cast below dropped the imaginary parts silently
+        raise DataError(
+            f"{path}: X is complex (dtype {X.dtype}); dpaudit reads real features: save X.real, or the real and "
+            "imaginary parts as features of their own, np.concatenate([X.real, X.imag], axis=1)"
+        )
     _check_integer_labels(y, str(path))
     if _holds_tokens(X):
         return _tokens(path.stem, X, y, spec, str(path))

@@ -105,6 +105,14 @@ def test_features_beyond_float32_are_refused(tmp_path, form):
     assert np.all(np.isfinite(ds.rows(np.arange(4))))
 
 
+def test_complex_features_are_refused_not_cast_to_their_real_parts(tmp_path):
+    """A complex64 X trained silently on X.real (NumPy's cast drops the imaginary parts with a ComplexWarning)."""
+    path = tmp_path / "d.npz"
+    np.savez(path, X=np.array([[1 + 2j], [3 - 1j], [0.5j], [2]], np.complex64), y=np.array([0, 1, 0, 1]))
+    with pytest.raises(DataError, match=r"X is complex \(dtype complex64\); dpaudit reads real features"):
+        load_dataset(str(path))
+
+
 def test_a_label_close_to_an_integer_is_shown_with_its_digits(tmp_path):
     """A label 1.0000001 was refused as "non-integer values (e.g. 1)": the message showed an integer."""
     path = tmp_path / "d.npz"
