@@ -1096,6 +1096,21 @@ def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) 
         out[key] = np.broadcast_to(a.reshape(-1, 1, 1), feature_shape) if per_channel else a.reshape(feature_shape)
     if np.any(out["scale"] <= 0):
         raise InputError(f"{source}: 'scale' must be positive everywhere (it divides the features)")
+    # Applied in float32: a mean or scale beyond its largest value became inf there (a scale of 1e39 zeroed its feature
+    # silently), a scale below its smallest normal value 0 (features inf, blamed on the model's weights).
+    tiny = float(np.finfo(np.float32).tiny)
+    mean, scale = np.abs(out["mean"]), out["scale"]
+    if np.any(mean > FLOAT32_MAX):
+        raise InputError(
+            f"{source}: 'mean' holds {float(mean.max()):g}, beyond {FLOAT32_MAX:.4g}, the largest float32 (the "
+            "features are standardised in float32)"
+        )
+    if np.any((scale > FLOAT32_MAX) | (scale < tiny)):
+        bad = float(scale.max() if np.any(scale > FLOAT32_MAX) else scale.min())
+        raise InputError(
+            f"{source}: 'scale' holds {bad:g}, outside {tiny:.4g} to {FLOAT32_MAX:.4g}, float32's normal range (the "
+            "features are standardised in float32)"
+        )
     return Standardizer(out["mean"].astype(np.float32), out["scale"].astype(np.float32))
 
 
