@@ -111,6 +111,9 @@ def test_complex_features_are_refused_not_cast_to_their_real_parts(tmp_path):
     np.savez(path, X=np.array([[1 + 2j], [3 - 1j], [0.5j], [2]], np.complex64), y=np.array([0, 1, 0, 1]))
     with pytest.raises(DataError, match=r"X is complex \(dtype complex64\); dpaudit reads real features"):
         load_dataset(str(path))
+    np.savez(path, X=np.zeros((4, 2), "V2"), y=np.array([0, 1, 0, 1]))  # how ml_dtypes' bfloat16 is stored
+    with pytest.raises(DataError, match=r"got dtype \|V2; a bfloat16 array is stored so: save X.astype\('float32'\)"):
+        load_dataset(str(path))
 
 
 def test_a_label_close_to_an_integer_is_shown_with_its_digits(tmp_path):
