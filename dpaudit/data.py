@@ -911,8 +911,11 @@ class Standardizer:
                 a = np.asarray([None])
             if a.dtype.kind not in "iuf" or a.size != math.prod(shape) or not np.all(np.isfinite(a)):
                 raise InputError(f"expected {key} to be {math.prod(shape)} finite numbers (shape {shape})")
-            out.append(a.astype(np.float32).reshape(shape))
-        return cls(*out)
+            out.append(a.astype(np.float64).reshape(shape))
+        if np.any(out[1] <= 0):
+            raise InputError("expected scale to be positive everywhere (it divides the features)")
+        _check_float32_standardizer(*out, "")
+        return cls(*(a.astype(np.float32) for a in out))
 
 
 @dataclass(frozen=True)
@@ -1059,6 +1062,25 @@ def splits_from_members(n: int, members: np.ndarray, seed: int) -> Splits:
     return Splits(members=members, holdout=holdout, aux=aux, test=test, seed=int(seed), fractions=())
 
 
+def _check_float32_standardizer(mean: np.ndarray, scale: np.ndarray, where: str) -> None:
+    """A standardisation's ``mean`` and ``scale`` (float64, finite, scale > 0) must fit float32, where it is applied: a
+    mean or scale beyond its largest value became inf there (a scale of 1e39 zeroed its feature silently), a scale below
+    its smallest normal value 0 (features inf, blamed on the model's weights). ``where`` prefixes the message."""
+    tiny = float(np.finfo(np.float32).tiny)
+    size = np.abs(mean)
+    if np.any(size > FLOAT32_MAX):
+        raise InputError(
+            f"{where}'mean' holds {float(size.max()):g}, beyond {FLOAT32_MAX:.4g}, the largest float32 (the "
+            "features are standardised in float32)"
+        )
+    if np.any((scale > FLOAT32_MAX) | (scale < tiny)):
+        bad = float(scale.max() if np.any(scale > FLOAT32_MAX) else scale.min())
+        raise InputError(
+            f"{where}'scale' holds {bad:g}, outside {tiny:.4g} to {FLOAT32_MAX:.4g}, float32's normal range (the "
+            "features are standardised in float32)"
+        )
+
+
 def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) -> Standardizer:
     """A fixed, user-given standardisation ``(x - mean) / scale`` from a JSON object with lists
     ``mean`` and ``scale`` of the feature shape (nested or flattened), or for images (channels, height,
@@ -1096,21 +1118,7 @@ def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) 
         out[key] = np.broadcast_to(a.reshape(-1, 1, 1), feature_shape) if per_channel else a.reshape(feature_shape)
     if np.any(out["scale"] <= 0):
         raise InputError(f"{source}: 'scale' must be positive everywhere (it divides the features)")
-    # Applied in float32: a mean or scale beyond its largest value became inf there (a scale of 1e39 zeroed its feature
-    # silently), a scale below its smallest normal value 0 (features inf, blamed on the model's weights).
-    tiny = float(np.finfo(np.float32).tiny)
-    mean, scale = np.abs(out["mean"]), out["scale"]
-    if np.any(mean > FLOAT32_MAX):
-        raise InputError(
-            f"{source}: 'mean' holds {float(mean.max()):g}, beyond {FLOAT32_MAX:.4g}, the largest float32 (the "
-            "features are standardised in float32)"
-        )
-    if np.any((scale > FLOAT32_MAX) | (scale < tiny)):
-        bad = float(scale.max() if np.any(scale > FLOAT32_MAX) else scale.min())
-        raise InputError(
-            f"{source}: 'scale' holds {bad:g}, outside {tiny:.4g} to {FLOAT32_MAX:.4g}, float32's normal range (the "
-            "features are standardised in float32)"
-        )
+    _check_float32_standardizer(out["mean"], out["scale"], f"{source}: ")
     return Standardizer(out["mean"].astype(np.float32), out["scale"].astype(np.float32))
 
 

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -202,6 +203,22 @@ def test_standardizer_fitted_on_train_only_and_round_trip():
     again = preprocessing_from_dict(pre.to_dict())
     assert isinstance(again, Standardizer)
     np.testing.assert_array_equal(again.transform(ds.X), pre.transform(ds.X))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        # an edited checkpoint.json's preprocessing: 0 or 1e-46 (0 in float32) made every feature inf, 1e39 inf
+        ("scale", 0.0, "expected scale to be positive everywhere"),
+        ("scale", 1e-46, "'scale' holds 1e-46, outside 1.175e-38 to 3.403e+38, float32's normal range"),
+        ("mean", -1e39, "'mean' holds 1e+39, beyond 3.403e+38, the largest float32"),
+    ],
+)
+def test_a_recorded_standardisation_beyond_float32_is_refused(field, value, message):
+    d = {"kind": "standardize", "shape": [2], "mean": [0.0, 1.0], "scale": [1.0, 2.0]}
+    preprocessing_from_dict(d)
+    with pytest.raises(InputError, match=re.escape(message)):
+        preprocessing_from_dict({**d, field: [value, 1.0]})
 
 
 def test_8bit_images_are_kept_as_uint8_and_read_as_float32_per_batch(tmp_path):
