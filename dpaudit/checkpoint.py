@@ -334,6 +334,18 @@ def read_meta(path: Path) -> dict[str, Any]:
         if key not in meta[section]:
             raise CheckpointError(f"{f}: {section}: missing key {key}")
         check_json_type(meta[section][key], types, f"{f}: {section}.{key}", error=CheckpointError)
+    for key, value in meta["metrics"].items():  # the values too: NaN was printed, then broke the report
+        part, _, kind = key.rpartition("_")
+        if part not in ("train", "holdout", "test") or kind not in ("accuracy", "loss") or value is None:
+            continue
+        check_json_type(value, float, f"{f}: metrics.{key}", error=CheckpointError)
+        if not (0 <= value <= 1 if kind == "accuracy" else 0 <= value < math.inf):
+            why = " (a training that diverged: retrain it with a lower --lr)" if math.isnan(value) else ""
+            raise CheckpointError(
+                f"{f}: metrics.{key}: expected a number in [0, 1] or null, got {value}{why}"
+                if kind == "accuracy"
+                else f"{f}: metrics.{key}: expected a finite number >= 0 or null, got {value}{why}"
+            )
     split = meta["split"]
     for key, kind, values in (
         ("fractions", float, split.get("fractions", [])),

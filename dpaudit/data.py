@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import DataError, InputError
-from dpaudit.validation import check_seed, shown
+from dpaudit.validation import FLOAT32_MAX, check_seed, shown
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
 # The built-in token data set's name (synthetic-tokens:...): its int64 X is token ids by construction.
@@ -574,7 +574,14 @@ def _from_npz(path: Path, spec: str) -> Dataset:
     except Exception as e:
         raise DataError(f"{path}: not a readable NPZ file ({type(e).__name__})") from None
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
-        raise DataError(f"{path}: X must be numeric, got dtype {X.dtype}")
+        # ml_dtypes' bfloat16 (what a torch/JAX bfloat16 array becomes in NumPy) is stored as raw 2-byte voids
+        hint = "; a bfloat16 array is stored so: save X.astype('float32')" if X.dtype.kind == "V" else ""
+        raise DataError(f"{path}: X must be numeric, got dtype {X.dtype}{hint}")
+    if np.issubdtype(X.dtype, np.complexfloating):  # the float cast below dropped the imaginary parts silently
+        raise DataError(
+            f"{path}: X is complex (dtype {X.dtype}); dpaudit reads real features: save X.real, or the real and "
+            "imaginary parts as features of their own, np.concatenate([X.real, X.imag], axis=1)"
+        )
     _check_integer_labels(y, str(path))
     if _holds_tokens(X):
         return _tokens(path.stem, X, y, spec, str(path))
@@ -631,7 +638,7 @@ def _check_integer_labels(y: np.ndarray, source: str) -> None:
         if len(frac) == 0:
             return
         raise DataError(
-            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {frac[0]:g}); "
+            f"{source}: labels must be integers, got dtype {y.dtype} with non-integer values (e.g. {shown(frac[0])}); "
             "dpaudit audits classifiers: regression targets are not supported (bin them into classes first)"
         )
     raise DataError(f"{source}: labels must be integers, got dtype {y.dtype}")
@@ -678,6 +685,20 @@ def _from_npy_dir(path: Path, spec: str) -> Dataset:
     return _validated(path.name, X, y, kind, spec, mapped=mapped)
 
 
+def _check_finite_features(X: np.ndarray, spec: str) -> None:
+    """Features must be finite, and finite in float32, the dtype models read them in (float64 data is cast to
+    float32 on loading, or a batch at a time when memory-mapped): a float64 1e39 became inf there, the scaler's
+    mean inf, and training saved a NaN model with exit 0."""
+    if not np.all(np.isfinite(X)):
+        raise DataError(f"{spec}: features contain NaN or inf")
+    if X.dtype.itemsize > 4 and X.size and (big := max(float(X.max()), -float(X.min()))) > FLOAT32_MAX:  # no |X| copy
+        raise DataError(
+            f"{spec}: features reach {big:.3g} in magnitude, beyond {FLOAT32_MAX:.4g}, the largest float32 (models "
+            "compute in float32, where such a value is inf); rescale those columns first, e.g. divide them by a "
+            "power of ten"
+        )
+
+
 def _validated(
     name: str,
     X: np.ndarray,
@@ -703,11 +724,9 @@ def _validated(
         raise DataError(f"{spec}: y must be one-dimensional, got shape {y.shape}{hint}")
     if kind == "tokens" or not np.issubdtype(X.dtype, np.inexact):
         pass  # integers and bools are finite
-    elif mapped is not None:  # a memory-mapped X: checked a block of rows at a time, kept as it is
-        if not all(np.all(np.isfinite(block)) for block in _blocks(X, mapped)):
-            raise DataError(f"{spec}: features contain NaN or inf")
-    elif not np.all(np.isfinite(X)):
-        raise DataError(f"{spec}: features contain NaN or inf")
+    else:  # a memory-mapped X: checked a block of rows at a time, kept as it is
+        for block in _blocks(X, mapped) if mapped is not None else [X]:
+            _check_finite_features(block, spec)
     if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
         raise DataError(f"{spec}: labels contain NaN or inf")
     if X.ndim == 1:
@@ -892,8 +911,11 @@ class Standardizer:
                 a = np.asarray([None])
             if a.dtype.kind not in "iuf" or a.size != math.prod(shape) or not np.all(np.isfinite(a)):
                 raise InputError(f"expected {key} to be {math.prod(shape)} finite numbers (shape {shape})")
-            out.append(a.astype(np.float32).reshape(shape))
-        return cls(*out)
+            out.append(a.astype(np.float64).reshape(shape))
+        if np.any(out[1] <= 0):
+            raise InputError("expected scale to be positive everywhere (it divides the features)")
+        _check_float32_standardizer(*out, "")
+        return cls(*(a.astype(np.float32) for a in out))
 
 
 @dataclass(frozen=True)
@@ -1040,6 +1062,25 @@ def splits_from_members(n: int, members: np.ndarray, seed: int) -> Splits:
     return Splits(members=members, holdout=holdout, aux=aux, test=test, seed=int(seed), fractions=())
 
 
+def _check_float32_standardizer(mean: np.ndarray, scale: np.ndarray, where: str) -> None:
+    """A standardisation's ``mean`` and ``scale`` (float64, finite, scale > 0) must fit float32, where it is applied: a
+    mean or scale beyond its largest value became inf there (a scale of 1e39 zeroed its feature silently), a scale below
+    its smallest normal value 0 (features inf, blamed on the model's weights). ``where`` prefixes the message."""
+    tiny = float(np.finfo(np.float32).tiny)
+    size = np.abs(mean)
+    if np.any(size > FLOAT32_MAX):
+        raise InputError(
+            f"{where}'mean' holds {float(size.max()):g}, beyond {FLOAT32_MAX:.4g}, the largest float32 (the "
+            "features are standardised in float32)"
+        )
+    if np.any((scale > FLOAT32_MAX) | (scale < tiny)):
+        bad = float(scale.max() if np.any(scale > FLOAT32_MAX) else scale.min())
+        raise InputError(
+            f"{where}'scale' holds {bad:g}, outside {tiny:.4g} to {FLOAT32_MAX:.4g}, float32's normal range (the "
+            "features are standardised in float32)"
+        )
+
+
 def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) -> Standardizer:
     """A fixed, user-given standardisation ``(x - mean) / scale`` from a JSON object with lists
     ``mean`` and ``scale`` of the feature shape (nested or flattened), or for images (channels, height,
@@ -1077,6 +1118,7 @@ def standardizer_from_json(d: Any, feature_shape: tuple[int, ...], source: str) 
         out[key] = np.broadcast_to(a.reshape(-1, 1, 1), feature_shape) if per_channel else a.reshape(feature_shape)
     if np.any(out["scale"] <= 0):
         raise InputError(f"{source}: 'scale' must be positive everywhere (it divides the features)")
+    _check_float32_standardizer(out["mean"], out["scale"], f"{source}: ")
     return Standardizer(out["mean"].astype(np.float32), out["scale"].astype(np.float32))
 
 

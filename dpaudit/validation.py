@@ -113,6 +113,22 @@ MIN_NOISE_MULTIPLIER = 1e-6
 MAX_CLAIM_DELTA = 0.1
 
 
+# The largest float32 (np.finfo(np.float32).max): models train and noise is drawn in float32 tensors, so a number
+# that reaches them (a learning rate, a weight decay, the noise's σ·C, a feature) must fit; torch refuses a larger
+# optimizer hyperparameter mid-training ("value cannot be converted to type float without overflow") and NumPy
+# turns a larger float64 feature into inf when it casts the data to float32.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_float32(**kwargs: Any) -> float:
+    """A finite number of magnitude at most :data:`FLOAT32_MAX` (a value torch casts to the model's float32)."""
+    name, value = _one(kwargs)
+    v = _finite(name, value)
+    if not abs(v) <= FLOAT32_MAX:
+        raise InputError(f"expected {name} <= {FLOAT32_MAX:.4g} (the largest float32) in magnitude, got {shown(value)}")
+    return v
+
+
 def check_noise_multiplier(**kwargs: Any) -> float:
     """A finite noise multiplier: 0 (no noise) or at least :data:`MIN_NOISE_MULTIPLIER`."""
     name, value = _one(kwargs)

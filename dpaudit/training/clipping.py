@@ -233,6 +233,7 @@ class Clipper(ABC):
         self._watched = list(model.parameters())  # trainable and frozen: ParameterWatch on every call
         self._valid = 0  # real rows of the batch being clipped (set per call)
         self._buffers_checked = False  # the first call checks that no released buffer learns from the data
+        self._norm_overflow: torch.Tensor | None = None  # any real row's norm inf so far (on the device)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, clip: float, *, valid: int | None = None) -> ClippedGradients:
         """Clipped-gradient sum and per-example norms for the batch (x, y) at clipping norm ``clip``.
@@ -266,7 +267,24 @@ class Clipper(ABC):
             check_buffers_unchanged(self.model, before, x)
             self._buffers_checked = True
         watch.check(self.model)
+        inf = torch.isinf(out.norms[:valid]).any()  # queued on the device: no host read per step
+        self._norm_overflow = inf if self._norm_overflow is None else self._norm_overflow | inf
         return out if out.norms.shape[0] == valid else ClippedGradients(out.grads, out.norms[:valid])
+
+    def check_norms_finite(self) -> None:
+        """One :class:`InputError` line when a per-example gradient norm of any call so far was infinite.
+
+        A float32 norm overflows once ‖g‖ > ~1.8e19 (its square passes 3.4e38) while every coordinate of g is
+        finite: the clip factor 1 / max(1, ‖g‖/C) is then 1/inf = 0 instead of C/‖g‖, so the example adds
+        nothing to the sum. DP-SGD on raw features of 1e20 (a private run without an aux split keeps them raw)
+        trained on the noise alone, every example dropped, and was saved with its accuracy and claim, exit 0.
+        The claim still holds (each contribution has norm 0 <= C); the model means nothing."""
+        if self._norm_overflow is not None and bool(self._norm_overflow):
+            raise InputError(
+                "a per-example gradient norm overflowed float32 (a norm above ~1.8e19 is inf there): clipping "
+                "scaled those examples' gradients by 0, so they did not move the model; standardise the features "
+                "(a private run without an aux split keeps them raw), or lower --lr"
+            )
 
     def _clip_factors(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
         """:func:`clip_factors` of the rows, with every padding row's factor set to exactly 0.

@@ -19,6 +19,7 @@ from dpaudit.validation import (
     MAX_DERIVED_SEED,
     check_choice,
     check_claim_delta,
+    check_float32,
     check_in_interval,
     check_noise_multiplier,
     check_positive,
@@ -99,8 +100,10 @@ class TrainConfig:
             check_positive_int(steps=self.steps)
         check_positive_int(batch_size=self.batch_size)
         check_positive(finite=True, lr=self.lr)
+        check_float32(lr=self.lr)  # torch's optimizers cast it to the float32 weights' type: 1e39 was exit 3
         check_in_interval(0.0, 1.0, lo_open=False, momentum=self.momentum)
         check_in_interval(0.0, math.inf, lo_open=False, weight_decay=self.weight_decay)
+        check_float32(weight_decay=self.weight_decay)
         # Derived seeds arrive here (PATE's teachers, audit runs): see MAX_DERIVED_SEED.
         object.__setattr__(self, "seed", check_seed(limit=MAX_DERIVED_SEED, seed=self.seed))
 

@@ -40,9 +40,7 @@ from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome, host_to_device, make_optimizer
 from dpaudit.training.clipping import Clipper, check_autocast, make_clipper
 from dpaudit.training.config import DPConfig
-from dpaudit.validation import check_non_negative, check_positive, check_positive_int
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+from dpaudit.validation import FLOAT32_MAX, check_non_negative, check_positive, check_positive_int
 
 if TYPE_CHECKING:
     from dpaudit.hooks import GradientCanaries
@@ -504,6 +502,8 @@ class DPTrainer(Trainer):
                     # No losses or batch sizes of the private data here: the claim does not cover them.
                     history.append({"epoch": epoch, "steps": step + 1})
                 advance(1)
+        if (check := getattr(clipper, "check_norms_finite", None)) is not None:  # a wrapper may lack it
+            check()
         model.eval()
         if self.jl:  # which AD path computed the projections (recorded in the checkpoint with the claim)
             claim["jl"] = {"projections": dp.jl_projections, "ad_path": getattr(clipper, "ad_path_", None)}

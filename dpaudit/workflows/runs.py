@@ -18,7 +18,7 @@ from typing import Any
 
 from dpaudit.errors import DPAuditError, FileContentError, InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.validation import check_in_interval
+from dpaudit.validation import check_float32, check_in_interval
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
@@ -170,6 +170,7 @@ def train_from_options(
 
     if l2 is not None:  # convex learners (dpaudit/training/convex.py): λ is the weight decay
         check_in_interval(0.0, math.inf, lo_open=False, l2=l2)  # named as given, not as the weight decay it sets
+        check_float32(l2=l2)
         if weight_decay not in (0.0, l2):
             raise InputError("give --l2 or --weight-decay, not both")
         weight_decay = l2

@@ -52,6 +52,21 @@ def clamps_in_forward(d: int, n_classes: int) -> nn.Module:
     return ClampsInForward(d, n_classes)
 
 
+class Overflows(nn.Module):
+    """Logits beyond float32 (a scale that overflows to inf): the loss and every gradient are NaN."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, n_classes)
+
+    def forward(self, x):
+        return self.lin(x) * 1e38 * 1e38
+
+
+def overflows(d: int, n_classes: int) -> nn.Module:
+    return Overflows(d, n_classes)
+
+
 def not_a_module(d: int, n_classes: int):
     return {"weight": [0.0] * d}
 

@@ -301,6 +301,18 @@ def test_the_constant_predictions_loss_on_one_class_reads_0_not_minus_0():
     assert "is above 0, the loss of predicting" in loss, loss
 
 
+def test_a_large_loss_at_an_accuracy_above_chance_is_not_read_as_learning_nothing():
+    # DP-SGD at --lr 1e30: 89.5% training accuracy, mean loss 3.8e28 (a few confidently wrong records) was warned
+    # "the model learned next to nothing ... train with a larger learning rate". Planted: the old wording -> fails.
+    from dpaudit.training.run import _LEARN_QUESTION, _fit_warnings
+
+    y = np.array([0, 1] * 50)
+    (loss,) = _fit_warnings(y, 0.9, 3.8e28, question=_LEARN_QUESTION)
+    assert "learned next to nothing" not in loss and "although its accuracy there (90.0%) is above chance" in loss
+    (chance, loss) = _fit_warnings(y, 0.5, 3.8e28, question=_LEARN_QUESTION)  # at chance: both, as before
+    assert "learned next to nothing" in chance and "learned next to nothing" in loss
+
+
 def test_audit_train_on_token_ids_takes_a_canary_that_fits_them(tok, tmp_path):
     """ClipBKD (the default canary) perturbs real-valued features; on token ids the default is a mislabeled record."""
     spec = _spec(tmp_path / "spec.json", "transformer")

@@ -85,6 +85,28 @@ def test_a_strangers_claim_values_are_refused_naming_the_file(dp_run, tmp_path, 
         assert one_line_error(*command) == f"error: {run / 'checkpoint.json'}: {message}"
 
 
+@pytest.mark.parametrize(
+    ("metrics", "message"),
+    [
+        # a run saved by a training that diverged (dpaudit before it refused one): every loss NaN
+        ({"train_loss": math.nan}, "metrics.train_loss: expected a finite number >= 0 or null, got nan (a training "
+         "that diverged: retrain it with a lower --lr)"),
+        ({"test_accuracy": math.inf}, "metrics.test_accuracy: expected a number in [0, 1] or null, got inf"),
+        ({"holdout_accuracy": 1.5}, "metrics.holdout_accuracy: expected a number in [0, 1] or null, got 1.5"),
+    ],
+)  # fmt: skip
+def test_a_runs_metric_values_are_refused_naming_the_file(dp_run, tmp_path, metrics, message):
+    """inspect printed `test ∞` (and a NaN loss as "nan" in --json), and report failed with `invalid report:
+    report.models[0].utility.train_loss: 'nan' is not of type 'number', 'null'`, blaming its own output."""
+    run = _edited(dp_run, tmp_path)
+    meta = json.loads((run / "checkpoint.json").read_text())
+    meta["metrics"].update(metrics)
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+    for command in (["inspect", run], ["report", run, "--out", tmp_path / "r", "--attacks", "none"]):
+        assert one_line_error(*command) == f"error: {run / 'checkpoint.json'}: {message}"
+    assert not (tmp_path / "r").exists()
+
+
 def test_claim_values_at_their_edges_are_read_or_refused(dp_run, tmp_path):
     # epsilon 0 or infinite and delta 0 (a pure-epsilon claim) are claims; a missing value (null) is no claim; delta
     # 1 and a negative delta are not. Planted: eps > 0 or eps >= 1 required, delta 0 refused, delta 1 or < 0

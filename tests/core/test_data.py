@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -72,6 +73,56 @@ def test_bad_csv(tmp_path, content, message):
     f.write_text(content)
     with pytest.raises(DataError, match=message):
         load_dataset(str(f), label_column="label")
+
+
+@pytest.mark.parametrize("form", ["csv", "npz", "npy-dir"])
+def test_features_beyond_float32_are_refused(tmp_path, form):
+    """Float64 features above float32's largest value (3.4e38) are finite as read but inf in float32, the dtype models
+    compute in: the scaler's mean became inf and training saved a NaN model with exit 0 (CSV and NPZ, cast on
+    loading; a memory-mapped X.npy, cast a batch at a time). Refused on loading, naming the magnitude."""
+    X = np.array([[1.0, 2.0], [3.0, -1e39], [5.0, 6.0], [7.0, 8.0]])
+    y = np.array([0, 1, 0, 1])
+    if form == "csv":
+        path = tmp_path / "d.csv"
+        path.write_text("a,b,label\n" + "".join(f"{a!r},{b!r},{c}\n" for (a, b), c in zip(X.tolist(), y, strict=True)))
+    elif form == "npz":
+        path = tmp_path / "d.npz"
+        np.savez(path, X=X, y=y)
+    else:
+        path = tmp_path / "d"
+        path.mkdir()
+        np.save(path / "X.npy", X)
+        np.save(path / "y.npy", y)
+    with pytest.raises(DataError, match=r"features reach 1e\+39 in magnitude, beyond 3\.403e\+38, the largest float32"):
+        load_dataset(str(path), label_column="label" if form == "csv" else None)
+    X[1, 1] = -3.4e38  # within float32: read as it is
+    if form == "csv":
+        path.write_text("a,b,label\n" + "".join(f"{a!r},{b!r},{c}\n" for (a, b), c in zip(X.tolist(), y, strict=True)))
+    elif form == "npz":
+        np.savez(path, X=X, y=y)
+    else:
+        np.save(path / "X.npy", X)
+    ds = load_dataset(str(path), label_column="label" if form == "csv" else None)
+    assert np.all(np.isfinite(ds.rows(np.arange(4))))
+
+
+def test_complex_features_are_refused_not_cast_to_their_real_parts(tmp_path):
+    """A complex64 X trained silently on X.real (NumPy's cast drops the imaginary parts with a ComplexWarning)."""
+    path = tmp_path / "d.npz"
+    np.savez(path, X=np.array([[1 + 2j], [3 - 1j], [0.5j], [2]], np.complex64), y=np.array([0, 1, 0, 1]))
+    with pytest.raises(DataError, match=r"X is complex \(dtype complex64\); dpaudit reads real features"):
+        load_dataset(str(path))
+    np.savez(path, X=np.zeros((4, 2), "V2"), y=np.array([0, 1, 0, 1]))  # how ml_dtypes' bfloat16 is stored
+    with pytest.raises(DataError, match=r"got dtype \|V2; a bfloat16 array is stored so: save X.astype\('float32'\)"):
+        load_dataset(str(path))
+
+
+def test_a_label_close_to_an_integer_is_shown_with_its_digits(tmp_path):
+    """A label 1.0000001 was refused as "non-integer values (e.g. 1)": the message showed an integer."""
+    path = tmp_path / "d.npz"
+    np.savez(path, X=np.zeros((4, 2)), y=np.array([0.0, 1.0000001, 0.0, 1.0000001]))
+    with pytest.raises(DataError, match=r"non-integer values \(e\.g\. 1\.0000001\)"):
+        load_dataset(str(path))
 
 
 def test_a_named_row_id_column_is_refused_and_near_misses_are_features(tmp_path):
@@ -152,6 +203,22 @@ def test_standardizer_fitted_on_train_only_and_round_trip():
     again = preprocessing_from_dict(pre.to_dict())
     assert isinstance(again, Standardizer)
     np.testing.assert_array_equal(again.transform(ds.X), pre.transform(ds.X))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        # an edited checkpoint.json's preprocessing: 0 or 1e-46 (0 in float32) made every feature inf, 1e39 inf
+        ("scale", 0.0, "expected scale to be positive everywhere"),
+        ("scale", 1e-46, "'scale' holds 1e-46, outside 1.175e-38 to 3.403e+38, float32's normal range"),
+        ("mean", -1e39, "'mean' holds 1e+39, beyond 3.403e+38, the largest float32"),
+    ],
+)
+def test_a_recorded_standardisation_beyond_float32_is_refused(field, value, message):
+    d = {"kind": "standardize", "shape": [2], "mean": [0.0, 1.0], "scale": [1.0, 2.0]}
+    preprocessing_from_dict(d)
+    with pytest.raises(InputError, match=re.escape(message)):
+        preprocessing_from_dict({**d, field: [value, 1.0]})
 
 
 def test_8bit_images_are_kept_as_uint8_and_read_as_float32_per_batch(tmp_path):

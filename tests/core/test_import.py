@@ -522,6 +522,25 @@ def test_a_per_channel_scaler_normalises_each_channel_of_images():
         standardizer_from_json({"mean": [0, 0], "scale": [1, 1]}, (3, 2, 2), "scaler.json")
 
 
+@pytest.mark.parametrize(
+    ("mean", "scale", "message"),
+    [
+        # scale 1e-46 is 0 in float32: features inf, refused as "the model gives NaN or infinite outputs", blaming
+        # the weights, after two NumPy RuntimeWarning lines; 1e39 is inf there: the feature read as 0, silently
+        (0.0, 1e-46, "'scale' holds 1e-46, outside 1.175e-38 to 3.403e+38, float32's normal range"),
+        (0.0, 1e39, "'scale' holds 1e+39, outside 1.175e-38 to 3.403e+38, float32's normal range"),
+        (-1e39, 1.0, "'mean' holds 1e+39, beyond 3.403e+38, the largest float32"),
+    ],
+)
+def test_a_scaler_beyond_float32_is_refused_naming_the_field(mean, scale, message):
+    from dpaudit.data import standardizer_from_json
+    from dpaudit.errors import InputError
+
+    with pytest.raises(InputError, match=re.escape(f"scaler.json: {message}")):
+        standardizer_from_json({"mean": [mean, 0.0], "scale": [scale, 1.0]}, (2,), "scaler.json")
+    assert standardizer_from_json({"mean": [3e38, 0], "scale": [2e-38, 3e38]}, (2,), "scaler.json")  # within: read
+
+
 def test_the_under_reported_claim_warning_names_the_mechanism_as_given():
     # σ = 1.0000004 printed as "σ = 1" (':g') beside the ε of σ = 1.0000004, which is below σ = 1's.
     stated = StatedClaim(delta=DELTA, epsilon=0.1, noise_multiplier=1.0000004, sample_rate=0.0123456789, steps=10)

@@ -345,6 +345,59 @@ def test_bad_inputs_raise_input_error():
         _fit(_config(), bn, X, y)
 
 
+@pytest.mark.parametrize("algo", ["sgd", "dpsgd", "dpadam"])
+def test_training_that_diverges_is_refused(algo):
+    """A user's forward that overflows (inf logits: NaN loss and gradients) left every weight NaN: per-sample
+    clipping passes a NaN gradient on (‖g‖ = NaN gives a NaN factor), and the NaN model was saved with exit 0,
+    its accuracy (argmax of NaN: class 0) and, under DP-SGD, its claim. Now one line, before anything is saved."""
+    from dpaudit.data import load_dataset
+    from dpaudit.models import PythonSpec
+    from dpaudit.training.run import fit_model
+
+    ds = load_dataset("synthetic:n=80,d=4,classes=2,seed=0")
+    spec = PythonSpec(input_shape=(4,), n_classes=2, factory="tests.core.byo_models:overflows",
+                      kwargs={"d": 4, "n_classes": 2})  # fmt: skip
+    dp = DPConfig(noise_multiplier=1.0) if algo != "sgd" else None
+    config = TrainConfig(algo=algo, steps=2, batch_size=16, lr=0.1, dp=dp)
+    with pytest.raises(
+        InputError, match=rf"training diverged: the trained parameter 'lin\.\w+' holds NaN or inf \({algo}"
+    ):
+        fit_model(ds, np.arange(80), spec, config)
+
+
+@pytest.mark.parametrize("clipping", ["vmap", "ghost", "loop"])
+def test_an_overflowing_per_example_norm_is_refused(clipping):
+    """Raw features of 1e20 give finite per-example gradients whose float32 norm overflows (‖g‖² > 3.4e38): the clip
+    factor was 1/inf = 0, every example was dropped, and the model (trained on the noise alone) was saved with its
+    claim. At 1e15 (no overflow) the same training runs."""
+    model = build_model(default_spec("logreg", input_shape=(4,), n_classes=2), seed=0)
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(64, 4, generator=g)
+    y = (X[:, 0] > 0).long()
+    config = _config(steps=2, batch_size=16, lr=0.1)
+    perf = PerfConfig(clipping=clipping)
+    with pytest.raises(InputError, match=r"a per-example gradient norm overflowed float32"):
+        _fit(config, model, X * 1e20, y, perf)
+    _fit(config, model, X * 1e15, y, perf)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # torch casts lr and weight decay to the float32 weights' type: exit 3 (internal error) before
+        (["--lr", "1e39"], "expected --lr <= 3.403e+38 (the largest float32) in magnitude, got 1e+39"),
+        (["--weight-decay", "1e39"], "expected --weight-decay <= 3.403e+38"),
+        # a finite but overflowing weight decay: a NaN model saved with exit 0 before
+        (["--weight-decay", "1e30"], "training diverged: the trained parameter '1.weight' holds NaN or inf"),
+    ],
+)
+def test_cli_extreme_optimizer_settings_exit_2_and_write_nothing(tmp_path, args, message):
+    r = _invoke(*TRAIN, "--algo", "dpsgd", "--noise-multiplier", "1", "--out", tmp_path / "run", *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "run").exists()
+
+
 # --- utility sanity -------------------------------------------------------------------------------
 
 
