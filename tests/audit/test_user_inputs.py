@@ -305,6 +305,72 @@ def test_a_canary_run_is_formal_only_when_every_record_tests_formally():
     assert run(formal, formal) is True and run(formal, estimate) is False and run(estimate) is False
 
 
+# (verdicts, --fail-on-violation, --fail-on-estimate, cannot_refute, formal) -> 0 (pass), 1 (refuted), 2 (gate refused)
+EXIT_TABLE = [
+    (["violation"], False, False, False, True, 0),  # no gate asked for: never exit 1
+    (["estimate-exceeds-claim"], False, False, False, False, 0),
+    (["violation"], True, False, False, True, 1),
+    (["curve-refuted"], True, False, False, True, 1),
+    (["consistent"], True, False, False, True, 0),
+    (["consistent", "estimate-exceeds-claim"], True, False, False, True, 0),  # an estimate is not a violation
+    (["inconclusive"], True, False, True, True, 2),
+    (["violation", "inconclusive"], True, False, True, True, 1),  # a refutation beside an inconclusive test
+    (["inconclusive", "consistent"], True, False, True, True, 2),  # checkpoint: formal inconclusive, estimate not
+    (["consistent"], True, False, False, False, 2),  # estimates only: could never exit 1
+    ([None], True, False, False, True, 2),  # no claim tested
+    ([None, None], False, True, False, False, 2),
+    ([None, "violation"], True, False, False, True, 1),
+    (["estimate-exceeds-claim"], False, True, False, False, 1),
+    (["violation"], False, True, False, True, 1),  # the stricter gate fails on the formal refutation too
+    (["curve-refuted"], False, True, False, True, 1),
+    (["consistent"], False, True, False, False, 0),
+    (["consistent"], True, True, False, False, 0),  # estimates only, gated on the estimate: can fail, passes
+    (["estimate-exceeds-claim", "consistent"], True, True, False, False, 1),
+    (["inconclusive"], False, True, True, True, 2),  # was 0: the stricter gate passed where the other failed
+    (["inconclusive"], False, True, False, False, 2),  # was 0: an estimate that cannot exceed the claim
+    (["inconclusive"], True, True, False, False, 2),  # was 0: estimates only, every one inconclusive
+    ([None, "inconclusive"], False, True, True, True, 2),
+    (["inconclusive", "consistent"], False, True, True, True, 0),  # an estimate that could exceed: gate can fail
+]
+
+
+@pytest.mark.parametrize(("verdicts", "on_violation", "on_estimate", "cannot_refute", "formal", "code"), EXIT_TABLE)
+def test_exit_code_table(verdicts, on_violation, on_estimate, cannot_refute, formal, code):
+    """`_exit_code`, the gate of every audit command, case by case: exit 1 only on a formal refutation (or, opted
+    in, an estimate above the claim), exit 2 (InputError) for a gate that could not fail, 0 otherwise.
+    `--fail-on-estimate` alone passed (exit 0) an audit whose every verdict was "inconclusive", where
+    `--fail-on-violation` exits 2: `audit scores s.csv --design multi-run --claimed-epsilon 50 --fail-on-estimate`."""
+    import typer
+
+    from dpaudit.cli.audit import _exit_code
+    from dpaudit.errors import InputError
+
+    kwargs = {"fail_on_violation": on_violation, "fail_on_estimate": on_estimate}
+    if code == 0:
+        assert _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal) is None
+    elif code == 1:
+        with pytest.raises(typer.Exit) as e:
+            _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal)
+        assert e.value.exit_code == 1
+    else:
+        with pytest.raises(InputError, match="fails instead of passing"):
+            _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal)
+
+
+def test_fail_on_estimate_alone_fails_on_an_inconclusive_audit(tmp_path):
+    """The CLI end of the table's inconclusive rows: exit 2 with one line naming the flag, JSON one document."""
+    rng = np.random.default_rng(0)
+    member = rng.random(200) < 0.5
+    path = tmp_path / "s.csv"
+    path.write_text("member,score\n" + "".join(f"{int(m)},{s}\n" for m, s in zip(member, rng.normal(size=200))))
+    args = ["audit", "scores", str(path), "--design", "multi-run", "--claimed-epsilon", "50", "--fail-on-estimate"]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 2, r.output
+    assert json.loads(r.stdout)["verdict"] == "inconclusive"
+    assert "--fail-on-estimate: verdict inconclusive" in r.stderr
+    assert runner.invoke(app, [*args[:-2], "1", "--fail-on-estimate"]).exit_code == 0  # consistent: passes
+
+
 def test_a_formal_refutation_of_the_claims_curve_is_a_formal_test_for_the_gate():
     """``tests_formally``: the one-run f-DP audit against the claim's own curve reports an estimated ε
     (``formal`` False) but refutes the curve formally (``refutation``): --fail-on-violation must exit 1 on it,
