@@ -362,7 +362,8 @@ def test_fail_on_estimate_alone_fails_on_an_inconclusive_audit(tmp_path):
     rng = np.random.default_rng(0)
     member = rng.random(200) < 0.5
     path = tmp_path / "s.csv"
-    path.write_text("member,score\n" + "".join(f"{int(m)},{s}\n" for m, s in zip(member, rng.normal(size=200))))
+    scores = rng.normal(size=200)
+    path.write_text("member,score\n" + "".join(f"{int(m)},{s}\n" for m, s in zip(member, scores, strict=True)))
     args = ["audit", "scores", str(path), "--design", "multi-run", "--claimed-epsilon", "50", "--fail-on-estimate"]
     r = runner.invoke(app, [*args, "--json"])
     assert r.exit_code == 2, r.output
