@@ -305,20 +305,25 @@ def test_a_canary_run_is_formal_only_when_every_record_tests_formally():
     assert run(formal, formal) is True and run(formal, estimate) is False and run(estimate) is False
 
 
-# (verdicts, --fail-on-violation, --fail-on-estimate, cannot_refute, formal) -> 0 (pass), 1 (refuted), 2 (gate refused)
+# (verdicts, --fail-on-violation, --fail-on-estimate, cannot_refute, formal) -> 0 (pass), 1 (refuted), or the start
+# of the one-line refusal (exit 2: a gate that could not fail)
+NO_CLAIM, ESTIMATES_ONLY = "--fail-on-violation: no claim was tested", "--fail-on-violation: every result here is"
+INCONCLUSIVE, INCONCLUSIVE_E = "--fail-on-violation: verdict inconclusive", "--fail-on-estimate: verdict inconclusive"
 EXIT_TABLE = [
-    (["violation"], False, False, False, True, 0),  # no gate asked for: never exit 1
+    (["violation"], False, False, False, True, 0),  # no gate asked for: never exit 1, never refused
+    ([None], False, False, False, True, 0),
+    (["inconclusive"], False, False, True, True, 0),
     (["estimate-exceeds-claim"], False, False, False, False, 0),
     (["violation"], True, False, False, True, 1),
     (["curve-refuted"], True, False, False, True, 1),
     (["consistent"], True, False, False, True, 0),
     (["consistent", "estimate-exceeds-claim"], True, False, False, True, 0),  # an estimate is not a violation
-    (["inconclusive"], True, False, True, True, 2),
+    (["inconclusive"], True, False, True, True, INCONCLUSIVE),
     (["violation", "inconclusive"], True, False, True, True, 1),  # a refutation beside an inconclusive test
-    (["inconclusive", "consistent"], True, False, True, True, 2),  # checkpoint: formal inconclusive, estimate not
-    (["consistent"], True, False, False, False, 2),  # estimates only: could never exit 1
-    ([None], True, False, False, True, 2),  # no claim tested
-    ([None, None], False, True, False, False, 2),
+    (["inconclusive", "consistent"], True, False, True, True, INCONCLUSIVE),  # checkpoint: formal ones inconclusive
+    (["consistent"], True, False, False, False, ESTIMATES_ONLY),  # estimates only: could never exit 1
+    ([None], True, False, False, True, NO_CLAIM),
+    ([None, None], False, True, False, False, "--fail-on-estimate: no claim was tested"),
     ([None, "violation"], True, False, False, True, 1),
     (["estimate-exceeds-claim"], False, True, False, False, 1),
     (["violation"], False, True, False, True, 1),  # the stricter gate fails on the formal refutation too
@@ -326,10 +331,17 @@ EXIT_TABLE = [
     (["consistent"], False, True, False, False, 0),
     (["consistent"], True, True, False, False, 0),  # estimates only, gated on the estimate: can fail, passes
     (["estimate-exceeds-claim", "consistent"], True, True, False, False, 1),
-    (["inconclusive"], False, True, True, True, 2),  # was 0: the stricter gate passed where the other failed
-    (["inconclusive"], False, True, False, False, 2),  # was 0: an estimate that cannot exceed the claim
-    (["inconclusive"], True, True, False, False, 2),  # was 0: estimates only, every one inconclusive
-    ([None, "inconclusive"], False, True, True, True, 2),
+    (
+        ["inconclusive"],
+        False,
+        True,
+        True,
+        True,
+        INCONCLUSIVE_E,
+    ),  # was 0: the stricter gate passed where the other failed
+    (["inconclusive"], False, True, False, False, INCONCLUSIVE_E),  # was 0: an estimate that cannot exceed the claim
+    (["inconclusive"], True, True, False, False, INCONCLUSIVE_E),  # was 0: estimates only, every one inconclusive
+    ([None, "inconclusive"], False, True, True, True, INCONCLUSIVE_E),
     (["inconclusive", "consistent"], False, True, True, True, 0),  # an estimate that could exceed: gate can fail
 ]
 
@@ -353,8 +365,9 @@ def test_exit_code_table(verdicts, on_violation, on_estimate, cannot_refute, for
             _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal)
         assert e.value.exit_code == 1
     else:
-        with pytest.raises(InputError, match="fails instead of passing"):
+        with pytest.raises(InputError, match="fails instead of passing") as e:
             _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal)
+        assert str(e.value).startswith(code), str(e.value)
 
 
 def test_fail_on_estimate_alone_fails_on_an_inconclusive_audit(tmp_path):
