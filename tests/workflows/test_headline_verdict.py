@@ -41,6 +41,17 @@ CURVE_REFUTED = _entry(
     "canaries", audit_scores(STRONG, _M, claimed_epsilon=1.0), verdict="curve-refuted",
     refutation={"statement": "the claimed DP-SGD curve is refuted"},
 )  # fmt: skip
+CURVE_OK = _entry(
+    "canaries", audit_scores(_S, _M, claimed_epsilon=1.0), verdict="consistent",
+    refutation={"statement": "the claimed DP-SGD curve is not refuted"},
+)  # fmt: skip
+COMPOSED = {  # a per-step audit's composed estimate (whitebox.steps_record), the run's only estimate
+    **CURVE_WEAK,
+    "details": {
+        "composed_epsilon_estimate": 3.0, "composed_claimed_epsilon": 1.0,
+        "composed_label": "estimate under composition", "composed_verdict": "estimate-exceeds-claim",
+    },
+}  # fmt: skip
 CHECK_OK = {"formal": True, "verdict": "consistent", "statement": "the noise check finds no less noise"}
 CHECK_REJECTS = {"formal": True, "verdict": "violation", "statement": "the noise check rejects the claimed noise"}
 
@@ -67,6 +78,11 @@ def test_the_entries_are_what_their_names_say():
         ([FORMAL_OK, CURVE_REFUTED], [], "curve-refuted", "consistent: ε ≥"),
         ([FORMAL_BAD, CURVE_REFUTED], [], "violation", "violation: ε ≥"),
         ([ESTIMATE_OK], [{**CHECK_REJECTS, "formal": False}], None, "no formal audit"),  # an informal check: nothing
+        ([FORMAL_BAD], [CHECK_REJECTS], "violation", "violation: ε ≥"),  # the ε bound heads; the check is not added
+        ([ESTIMATE_OK, CURVE_OK], [], "consistent", "no formal ε bound; the claimed DP-SGD curve is not refuted"),
+        ([ESTIMATE_OK, CURVE_WEAK, CURVE_OK], [], "consistent", "no formal ε bound; the claimed DP-SGD curve is not"),
+        ([{**ESTIMATE_OK, "design": "canaries"}], [], None, "no formal audit (its canary audit is an estimate"),
+        ([FORMAL_OK, {**ESTIMATE_OK, "design": "canaries"}], [], "consistent", "consistent: ε ≥"),
     ],
 )
 def test_headline_verdict_and_text(audits, checks, verdict, starts):
@@ -80,6 +96,8 @@ def test_headline_verdict_and_text(audits, checks, verdict, starts):
     estimates = [a for a in audits if not a["formal"] and not a.get("refutation")]
     if estimates:  # the estimate is beside the verdict, always labelled
         assert "estimate ε ≥ " in h.text and h.estimate_verdict == estimates[0]["verdict"]
+        shown = float(h.text.split("estimate ε ≥ ")[1].split(" ")[0])  # the estimate, rounded down; not the claim
+        assert 0.99 * estimates[0]["epsilon_lower_bound"] <= shown <= estimates[0]["epsilon_lower_bound"], h.text
         exceeds = estimates[0]["verdict"] == "estimate-exceeds-claim"
         assert ("exceeds the claim — an estimate, not a formal violation" in h.text) is exceeds
     else:
@@ -134,5 +152,52 @@ def test_an_audit_run_without_a_claim_is_judged_against_the_models_claim():
     h = headline([est], CLAIM)
     assert h.verdict is None and h.estimate_verdict == "estimate-exceeds-claim"
     assert "exceeds the claim — an estimate, not a formal violation" in h.text
+    assert "> claimed 1 (" in headline([FORMAL_BAD], {"epsilon": 0.25}).text  # its own claim, not the model's
     h = headline([bad, est], None)  # no claim anywhere: what was shown, no verdict
     assert h.verdict is None and h.text.startswith("leaks: ε ≥ "), h.text
+
+
+def test_a_composed_estimate_is_labelled_and_never_sets_the_verdict():
+    h = headline([COMPOSED], CLAIM)
+    assert h.verdict == "inconclusive" and h.estimate_verdict == "estimate-exceeds-claim"
+    assert h.text.endswith(
+        "; estimate ε ≥ 3 composed over all steps vs claimed 1 (estimate under composition) exceeds the claim — an "
+        "estimate, not a formal violation"
+    ), h.text
+    within = {**COMPOSED, "details": {**COMPOSED["details"], "composed_verdict": "consistent"}}
+    h = headline([within], CLAIM)
+    assert h.estimate_verdict == "consistent" and "exceeds" not in h.text and "composed over all steps" in h.text
+
+
+def test_without_a_claim_a_zero_bound_shows_no_leakage():
+    zero = {**FORMAL_OK, "claimed_epsilon": None, "verdict": None}
+    assert zero["epsilon_lower_bound"] == 0.0
+    assert headline([zero], None).text.startswith("no leakage shown (formal, multi-run"), headline([zero], None).text
+    small = {**zero, "epsilon_lower_bound": 0.5}
+    assert headline([small], None).text.startswith("leaks: ε ≥ 0.5 shown (formal"), headline([small], None).text
+
+
+def test_equal_bounds_pick_the_most_powerful_design_and_unknown_power_counts_as_none():
+    weak, strong = {**FORMAL_OK, "max_certifiable_epsilon": None}, {**FORMAL_OK, "max_certifiable_epsilon": 9.0}
+    for audits in ([weak, FORMAL_OK, strong], [strong, FORMAL_OK, weak]):
+        assert headline(audits, CLAIM).formal["max_certifiable_epsilon"] == 9.0
+    assert headline([weak, FORMAL_OK], CLAIM).formal["max_certifiable_epsilon"] == FORMAL_OK["max_certifiable_epsilon"]
+
+
+def test_check_verdict_at_the_boundaries():
+    check_verdict({**FORMAL_BAD, "claimed_epsilon": None})  # no claim: nothing to contradict
+    check_verdict({**CURVE_REFUTED, "verdict": "consistent"})  # a curve test decides its own verdict
+    tie = {**FORMAL_OK, "epsilon_lower_bound": 1.0, "claimed_epsilon": 1.0}
+    check_verdict(tie)  # equal is not above
+    with pytest.raises(InputError, match=r"\(formal\) reads 'violation'.* is not above"):
+        check_verdict({**tie, "verdict": "violation"})
+    with pytest.raises(InputError, match=r"\(estimate\) reads 'violation'"):
+        check_verdict({**ESTIMATE_BAD, "verdict": "violation"})
+
+
+def test_effective_verdict_keeps_its_own_and_reads_unknown_power_as_none():
+    assert effective_verdict(FORMAL_BAD, {"epsilon": 100.0}) == "violation"  # its own verdict, not the model's claim
+    unclaimed = {**FORMAL_OK, "verdict": None, "claimed_epsilon": None}
+    assert effective_verdict(unclaimed, CLAIM) == "consistent"  # its max certifiable ε (3.37) exceeds the claim
+    weak = {**unclaimed, "max_certifiable_epsilon": None}
+    assert effective_verdict(weak, {"epsilon": 0.5}) == "inconclusive"
