@@ -408,3 +408,22 @@ def test_a_formal_refutation_of_the_claims_curve_is_a_formal_test_for_the_gate()
     assert e.value.exit_code == 1
     with pytest.raises(InputError, match="every result here is an estimate"):
         _exit_code(["consistent"], fail_on_violation=True, fail_on_estimate=False, formal=tests_formally(estimate))
+
+
+def test_canary_run_verdict_is_inconclusive_only_when_no_formal_test_could_refute(tmp_path):
+    """audit_canaries' verdict (what `audit canaries --fail-on-violation` gates on): "inconclusive" only when every
+    one-run record is (and no noise check ran: that case is `test_hooks_audit.py`'s, 4 s here); a record that could
+    refute makes it "consistent". Mutant that survived the fast tier: the rule reduced to `noise is None` (every
+    audit without σ "inconclusive", so its gate exited 2 on a consistent formal test)."""
+    c = GradientCanaries(SHAPES, count=500, sample_rate=Q, clip=1.0, seed=0)
+    rng = np.random.default_rng(7)
+    for t in range(T):
+        g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
+        c.observe(t, {n: v + SIGMA * rng.normal(size=v.shape) for n, v in g.items()})
+    d = c.save(tmp_path / "c")
+    weak = audit_canaries(d, claimed_epsilon=50.0, delta=DELTA)
+    assert weak.noise is None and [r.result.verdict for r in weak.audits] == ["inconclusive"]
+    assert weak.verdict == "inconclusive"
+    strong = audit_canaries(d, claimed_epsilon=1.0, delta=DELTA)
+    assert strong.noise is None and [r.result.verdict for r in strong.audits] == ["consistent"]
+    assert strong.verdict == "consistent"
