@@ -326,14 +326,16 @@ def _exit_code(
 ) -> None:
     """Exit 1 on a formal refutation (with --fail-on-violation: a formal epsilon bound above the claim, or the
     claimed curve refuted; also with --fail-on-estimate, the stricter gate) or, opted in, on an estimate above the
-    claim. With --fail-on-violation, exit 2 when
+    claim. With --fail-on-estimate, exit 2 when every verdict is "inconclusive" (neither a formal bound nor an
+    estimate could exceed the claim: the stricter gate fails where --fail-on-violation does). With
+    --fail-on-violation, exit 2 when
     ``cannot_refute``: the verdict is "inconclusive" (:data:`dpaudit.audit.result.CANNOT_REFUTE`), a gate that
     could not fail; when no claim was tested at all (every verdict None: no --claimed-epsilon, a run without a
     claim); and, without --fail-on-estimate, when not ``formal``: no verdict comes from a formal test
     (:func:`dpaudit.audit.result.tests_formally`), so every one is an estimate and exit 1 was impossible
     (``formal_advice``: how this command gets a formal test; ``has_fail_on_estimate``: whether the command offers
     --fail-on-estimate; both named in that message)."""
-    from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
+    from dpaudit.audit.result import CANNOT_REFUTE, ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
 
     verdicts = set(verdicts)
     if (fail_on_violation or fail_on_estimate) and verdicts <= {None}:  # no claim was tested: nothing can fail
@@ -351,6 +353,13 @@ def _exit_code(
     if fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS):
         raise InputError(
             "--fail-on-violation: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
+            "does, so the gate fails instead of passing; use more runs or canaries (`dpaudit audit plan`)"
+        )
+    # Nor may the stricter gate pass where --fail-on-violation fails: every verdict inconclusive, no bound (formal or
+    # estimate) could exceed the claim (--fail-on-estimate alone exited 0 there)
+    if fail_on_estimate and verdicts - {None} <= set(CANNOT_REFUTE):
+        raise InputError(
+            "--fail-on-estimate: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
             "does, so the gate fails instead of passing; use more runs or canaries (`dpaudit audit plan`)"
         )
     # --fail-on-estimate is the stricter gate: it fails on the weaker evidence, so on the formal refutation too

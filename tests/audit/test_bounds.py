@@ -160,10 +160,45 @@ def test_default_design_is_membership_and_never_formal():
     assert any("design='membership'" in n for n in res.notes)
 
 
+def test_summary_prints_every_note_once_and_a_refutation_statement_first():
+    """The summary (what `audit scores` prints, and assert_dp's message) carries every note — for an estimate, the
+    one that says why it is one — each once; a curve refutation's statement heads it and is not repeated as a note.
+    Mutants that survived every test: the note filter negated (no note printed at all), notes dropped whenever a
+    refutation is set, and only the statement printed as a note."""
+    import dataclasses
+
+    res = audit_scores(*_data(500, mu=4.0), claimed_epsilon=0.1)  # membership design: an estimate, with notes
+    assert res.notes and any(n.startswith("estimate:") for n in res.notes)
+    lines = res.summary().splitlines()
+    assert [ln for ln in lines if ln.startswith("note: ")] == [f"note: {n}" for n in res.notes]
+    statement = "the claimed curve is refuted (test statement)"
+    curve = dataclasses.replace(res, refutation={"statement": statement}, notes=(statement, *res.notes))
+    lines = curve.summary().splitlines()
+    assert lines[0].startswith(statement + " (formal, confidence")
+    assert [ln for ln in lines if ln.startswith("note: ")] == [f"note: {n}" for n in res.notes]
+
+
 def test_claim_beyond_design_is_inconclusive_with_a_note():
     res = audit_scores(S, M, claimed_epsilon=50.0)
     assert res.verdict == "inconclusive" and res.design_too_small
     assert any("design too small" in n for n in res.notes)
+
+
+def test_design_too_small_exactly_when_the_verdict_rule_says_inconclusive():
+    """``design_too_small`` (the CLI's "the design is too small to refute the claim" warning) holds exactly when
+    :func:`decide_verdict` has the claim at or above the max certifiable ε, the ceiling included, and never
+    without a claim. Mutants that survived every test: the claim alone (the warning on every consistent result),
+    ``>`` (no warning at the ceiling, where the verdict is inconclusive), the None check dropped (TypeError)."""
+    import dataclasses
+
+    res = audit_scores(S, M, claimed_epsilon=1.0)
+    most = res.max_certifiable_epsilon
+    for claimed, expected in ((None, False), (most / 2, False), (most, True), (2 * most, True)):
+        r = dataclasses.replace(res, claimed_epsilon=claimed)
+        assert r.design_too_small is expected, claimed
+        if claimed is not None:
+            inconclusive = decide_verdict(0.0, claimed, most) == "inconclusive"
+            assert r.design_too_small is inconclusive
 
 
 @pytest.mark.parametrize(("method", "selection"), METHOD_SELECTIONS)

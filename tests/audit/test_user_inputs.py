@@ -305,6 +305,86 @@ def test_a_canary_run_is_formal_only_when_every_record_tests_formally():
     assert run(formal, formal) is True and run(formal, estimate) is False and run(estimate) is False
 
 
+# (verdicts, --fail-on-violation, --fail-on-estimate, cannot_refute, formal) -> 0 (pass), 1 (refuted), or the start
+# of the one-line refusal (exit 2: a gate that could not fail)
+NO_CLAIM, ESTIMATES_ONLY = "--fail-on-violation: no claim was tested", "--fail-on-violation: every result here is"
+INCONCLUSIVE, INCONCLUSIVE_E = "--fail-on-violation: verdict inconclusive", "--fail-on-estimate: verdict inconclusive"
+EXIT_TABLE = [
+    (["violation"], False, False, False, True, 0),  # no gate asked for: never exit 1, never refused
+    ([None], False, False, False, True, 0),
+    (["inconclusive"], False, False, True, True, 0),
+    (["estimate-exceeds-claim"], False, False, False, False, 0),
+    (["violation"], True, False, False, True, 1),
+    (["curve-refuted"], True, False, False, True, 1),
+    (["consistent"], True, False, False, True, 0),
+    (["consistent", "estimate-exceeds-claim"], True, False, False, True, 0),  # an estimate is not a violation
+    (["inconclusive"], True, False, True, True, INCONCLUSIVE),
+    (["violation", "inconclusive"], True, False, True, True, 1),  # a refutation beside an inconclusive test
+    (["inconclusive", "consistent"], True, False, True, True, INCONCLUSIVE),  # checkpoint: formal ones inconclusive
+    (["consistent"], True, False, False, False, ESTIMATES_ONLY),  # estimates only: could never exit 1
+    ([None], True, False, False, True, NO_CLAIM),
+    ([None, None], False, True, False, False, "--fail-on-estimate: no claim was tested"),
+    ([None, "violation"], True, False, False, True, 1),
+    (["estimate-exceeds-claim"], False, True, False, False, 1),
+    (["violation"], False, True, False, True, 1),  # the stricter gate fails on the formal refutation too
+    (["curve-refuted"], False, True, False, True, 1),
+    (["consistent"], False, True, False, False, 0),
+    (["consistent"], True, True, False, False, 0),  # estimates only, gated on the estimate: can fail, passes
+    (["estimate-exceeds-claim", "consistent"], True, True, False, False, 1),
+    (
+        ["inconclusive"],
+        False,
+        True,
+        True,
+        True,
+        INCONCLUSIVE_E,
+    ),  # was 0: the stricter gate passed where the other failed
+    (["inconclusive"], False, True, False, False, INCONCLUSIVE_E),  # was 0: an estimate that cannot exceed the claim
+    (["inconclusive"], True, True, False, False, INCONCLUSIVE_E),  # was 0: estimates only, every one inconclusive
+    ([None, "inconclusive"], False, True, True, True, INCONCLUSIVE_E),
+    (["inconclusive", "consistent"], False, True, True, True, 0),  # an estimate that could exceed: gate can fail
+]
+
+
+@pytest.mark.parametrize(("verdicts", "on_violation", "on_estimate", "cannot_refute", "formal", "code"), EXIT_TABLE)
+def test_exit_code_table(verdicts, on_violation, on_estimate, cannot_refute, formal, code):
+    """`_exit_code`, the gate of every audit command, case by case: exit 1 only on a formal refutation (or, opted
+    in, an estimate above the claim), exit 2 (InputError) for a gate that could not fail, 0 otherwise.
+    `--fail-on-estimate` alone passed (exit 0) an audit whose every verdict was "inconclusive", where
+    `--fail-on-violation` exits 2: `audit scores s.csv --design multi-run --claimed-epsilon 50 --fail-on-estimate`."""
+    import typer
+
+    from dpaudit.cli.audit import _exit_code
+    from dpaudit.errors import InputError
+
+    kwargs = {"fail_on_violation": on_violation, "fail_on_estimate": on_estimate}
+    if code == 0:
+        assert _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal) is None
+    elif code == 1:
+        with pytest.raises(typer.Exit) as e:
+            _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal)
+        assert e.value.exit_code == 1
+    else:
+        with pytest.raises(InputError, match="fails instead of passing") as e:
+            _exit_code(verdicts, **kwargs, cannot_refute=cannot_refute, formal=formal)
+        assert str(e.value).startswith(code), str(e.value)
+
+
+def test_fail_on_estimate_alone_fails_on_an_inconclusive_audit(tmp_path):
+    """The CLI end of the table's inconclusive rows: exit 2 with one line naming the flag, JSON one document."""
+    rng = np.random.default_rng(0)
+    member = rng.random(200) < 0.5
+    path = tmp_path / "s.csv"
+    scores = rng.normal(size=200)
+    path.write_text("member,score\n" + "".join(f"{int(m)},{s}\n" for m, s in zip(member, scores, strict=True)))
+    args = ["audit", "scores", str(path), "--design", "multi-run", "--claimed-epsilon", "50", "--fail-on-estimate"]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 2, r.output
+    assert json.loads(r.stdout)["verdict"] == "inconclusive"
+    assert "--fail-on-estimate: verdict inconclusive" in r.stderr
+    assert runner.invoke(app, [*args[:-2], "1", "--fail-on-estimate"]).exit_code == 0  # consistent: passes
+
+
 def test_a_formal_refutation_of_the_claims_curve_is_a_formal_test_for_the_gate():
     """``tests_formally``: the one-run f-DP audit against the claim's own curve reports an estimated ε
     (``formal`` False) but refutes the curve formally (``refutation``): --fail-on-violation must exit 1 on it,
@@ -328,3 +408,22 @@ def test_a_formal_refutation_of_the_claims_curve_is_a_formal_test_for_the_gate()
     assert e.value.exit_code == 1
     with pytest.raises(InputError, match="every result here is an estimate"):
         _exit_code(["consistent"], fail_on_violation=True, fail_on_estimate=False, formal=tests_formally(estimate))
+
+
+def test_canary_run_verdict_is_inconclusive_only_when_no_formal_test_could_refute(tmp_path):
+    """audit_canaries' verdict (what `audit canaries --fail-on-violation` gates on): "inconclusive" only when every
+    one-run record is (and no noise check ran: that case is `test_hooks_audit.py`'s, 4 s here); a record that could
+    refute makes it "consistent". Mutant that survived the fast tier: the rule reduced to `noise is None` (every
+    audit without σ "inconclusive", so its gate exited 2 on a consistent formal test)."""
+    c = GradientCanaries(SHAPES, count=500, sample_rate=Q, clip=1.0, seed=0)
+    rng = np.random.default_rng(7)
+    for t in range(T):
+        g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
+        c.observe(t, {n: v + SIGMA * rng.normal(size=v.shape) for n, v in g.items()})
+    d = c.save(tmp_path / "c")
+    weak = audit_canaries(d, claimed_epsilon=50.0, delta=DELTA)
+    assert weak.noise is None and [r.result.verdict for r in weak.audits] == ["inconclusive"]
+    assert weak.verdict == "inconclusive"
+    strong = audit_canaries(d, claimed_epsilon=1.0, delta=DELTA)
+    assert strong.noise is None and [r.result.verdict for r in strong.audits] == ["consistent"]
+    assert strong.verdict == "consistent"
