@@ -35,6 +35,12 @@ the size, alternating bisection with a secant step on Φ⁻¹(power) against √
 approximation of a test whose statistic's mean grows with √n; it only proposes the next size, the
 simulation decides). Every size reuses the same seeds (common random numbers), so the estimated power
 curve is smooth in the size and the search is reproducible.
+
+Before simulating, a formal audit's power is bounded without simulation (:func:`power_upper_bound`): it is a
+level-α test of the claim, so at most as powerful as the Neyman-Pearson test of a mechanism meeting the claim
+against the leak. A leak even that test cannot detect within ``max_size`` is refused at once (a leak a hair
+above the claim used to be simulated at every doubling up to the cap, for minutes), and a size where that
+test falls short is neither simulated in the doubling nor ever returned.
 """
 
 from __future__ import annotations
@@ -191,6 +197,76 @@ def refutations_needed(power: float, simulations: int, confidence: float) -> int
     )
 
 
+def _np_power(n: int, claimed_epsilon: float, leak: Leak, one_run: bool, alpha: float, delta: float) -> float:
+    """Power of the most powerful level-``alpha`` test of a mechanism meeting the claim against ``leak`` (see
+    :func:`power_upper_bound`), with ``n`` runs per side (``one_run``: n canaries)."""
+    from scipy import stats
+
+    if leak.family == "gaussian":
+        # Null: the μ0-GDP gaussian mechanism at the claim's (ε, δ) (Dong, Roth & Su 2022, Cor. 2.13). Only
+        # members' scores differ between null and leak, N(μ0, 1) against N(μ, 1): the most powerful test
+        # (Neyman & Pearson 1933) thresholds their sum, power Φ(√k·(μ − μ0) − z_{1−α}) with k members. One-run:
+        # k ~ Bin(m, 1/2) is ancillary, so the best test spends α_k per k; k ≤ m and the concavity of
+        # a ↦ Φ(c − z_{1−a}) (Jensen) bound its power by the k = m value.
+        mu0 = gdp_mu_from_epsilon_delta(claimed_epsilon, delta) * (1.0 - 1e-9)  # root tolerance, to the safe side
+        return float(special.ndtr(math.sqrt(n) * (leak.mu - mu0) - special.ndtri(1.0 - alpha)))
+    # Null: randomized response at the claimed ε, (ε, 0)-DP (Kairouz, Oh & Viswanath 2015). Each record's bit
+    # is "correct" (= its membership) with probability p = e^ε/(1 + e^ε), independently, so the number correct,
+    # T ~ Bin(N, p) with N = 2n records (one-run: m canaries), is sufficient; the most powerful level-α test
+    # rejects for T > c and with probability γ at T = c (Neyman & Pearson 1933, randomized).
+    big_n = n if one_run else 2 * n
+    p0, p1 = special.expit(claimed_epsilon), special.expit(leak.epsilon)
+    c = int(stats.binom.isf(alpha, big_n, p0))  # smallest c with P0(T > c) <= α (checked below)
+    while stats.binom.sf(c, big_n, p0) > alpha:
+        c += 1
+    while c > 0 and stats.binom.sf(c - 1, big_n, p0) <= alpha:
+        c -= 1
+    at_c = stats.binom.pmf(c, big_n, p0)
+    gamma = (alpha - stats.binom.sf(c, big_n, p0)) / at_c if at_c > 0 else 0.0
+    return float(min(1.0, stats.binom.sf(c, big_n, p1) + gamma * stats.binom.pmf(c, big_n, p1)))
+
+
+def power_upper_bound(size: int, claimed_epsilon: float, leak: Leak, **audit: Any) -> float | None:
+    """An upper bound on the power of the audit (``audit``: as for :func:`simulated_power`) at ``size``, without
+    simulating: the power of the most powerful test at level α = 1 − confidence (Neyman & Pearson 1933) of a
+    mechanism that meets the claim — of ``leak``'s family, at the claimed ε (δ) — against ``leak``. A formal
+    audit refutes a mechanism meeting its claim with probability at most α (:func:`dpaudit.audit.audit_scores`),
+    so it is such a test and its power is at most this. The bound is nondecreasing in ``size`` (a test on more
+    draws may ignore some), so a bound below the target at one size rules out every smaller size.
+
+    None for an audit that gives an estimate (method gdp; one-run-fdp with any trade-off family but
+    "epsilon-delta", whose claim is a curve or whose ε assumes a shape): no level holds for those."""
+    from dpaudit.audit.result import is_formal
+
+    method = audit.get("method", "clopper-pearson")
+    one_run = method in ONE_RUN_METHODS
+    if not is_formal(method, "canaries" if one_run else "multi-run"):
+        return None
+    if method == "one-run-fdp" and audit.get("tradeoff", "gdp") != "epsilon-delta":  # audit_scores' default: gdp
+        return None
+    alpha = 1.0 - audit.get("confidence", 0.95)
+    return _np_power(int(size), float(claimed_epsilon), leak, one_run, alpha, audit.get("delta", 1e-5))
+
+
+def _leak_needed(claimed_epsilon: float, leak: Leak, size: int, power: float, **audit: Any) -> float:
+    """The smallest ε of ``leak``'s family (at its δ) whose :func:`power_upper_bound` at ``size`` reaches
+    ``power``: a necessary condition on a plannable leak (bisection; the bound increases with the leak)."""
+
+    def leak_at(eps: float) -> Leak:
+        return hypothesised_leak(family=leak.family, epsilon=eps, delta=leak.delta)
+
+    lo, hi = float(claimed_epsilon), max(2.0 * leak.epsilon, leak.epsilon + 1.0)
+    while power_upper_bound(size, claimed_epsilon, leak_at(hi), **audit) < power:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        if power_upper_bound(size, claimed_epsilon, leak_at(mid), **audit) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return lo  # below it the bound stays under power: every leak of at most lo is out of reach
+
+
 def simulated_power(
     size: int,
     claimed_epsilon: float,
@@ -243,7 +319,9 @@ def size_for_power(
     at the audit's ``confidence`` (default 0.95) reaches ``power``. ``start``: a size below which the power is
     known to be 0 (the perfect-attack size). Raises InputError when the leak is not above the claim (then a
     sound audit refutes the claim with probability at most α, never with the requested power), when
-    ``simulations`` cannot show ``power`` at all, or when ``max_size`` is not enough.
+    ``simulations`` cannot show ``power`` at all, or when ``max_size`` is not enough — at once, without
+    simulating, when even the most powerful test has less than ``power`` at ``max_size``
+    (:func:`power_upper_bound`; a formal audit only). A size where that bound is below ``power`` is never returned.
     """
     power = check_in_interval(0.0, 1.0, power=power)
     claimed = check_non_negative(claimed_epsilon=claimed_epsilon)
@@ -257,14 +335,42 @@ def size_for_power(
             "audit refutes a true claim with probability at most 1 - confidence, whatever the design size"
         )
 
+    # No sound audit can beat the most powerful test: when even it falls short at max_size, refuse at once
+    # (the bound is nondecreasing in the size, so no smaller size can do either) instead of simulating ever
+    # larger designs.
+    unit = "canaries" if audit.get("method", "clopper-pearson") in ONE_RUN_METHODS else "runs per side"
+    best = power_upper_bound(max_size, claimed, leak, **audit)
+    if best is not None and best < power:
+        eps = _leak_needed(claimed, leak, max_size, power, **audit)
+        shown, claim = numfmt.ordered(leak.epsilon, claimed, left_digits=4)  # the leak's ε shown above the claim
+        at = f" at delta {numfmt.exact(leak.delta)}" if leak.family == "gaussian" else ""
+        raise InputError(
+            f"no design up to {max_size} {unit} can refute epsilon = {claim} with power {power:g} against a "
+            f"{leak.family} leak of epsilon {shown}{at}: even the most powerful test at level "
+            f"{1 - audit.get('confidence', 0.95):.4g} (Neyman-Pearson) has power at most {numfmt.upper(best, 3)} "
+            f"there; a leak must exceed epsilon {numfmt.lower(eps, 4)} to be plannable within {max_size} {unit} "
+            "(necessary, not sufficient: the simulation decides), or lower the power"
+        )
+
+    cache: dict[int, float] = {}
+
     def p(n: int) -> float:
-        return simulated_power(n, claimed, leak, simulations=simulations, seed=seed, **audit)
+        if n not in cache:  # common random numbers: the same size gives the same estimate, simulated once
+            cache[n] = simulated_power(n, claimed, leak, simulations=simulations, seed=seed, **audit)
+        return cache[n]
 
     def enough(power_estimate: float) -> bool:
         return round(power_estimate * simulations) >= k_needed
 
+    def possible(n: int) -> bool:
+        # A size whose bound is below the power cannot have it, whatever its simulation shows.
+        return best is None or power_upper_bound(n, claimed, leak, **audit) >= power
+
+    def p_doubling(n: int) -> float:
+        return p(n) if possible(n) else 0.0  # not simulated: read as power 0, "not enough"
+
     lo, hi = None, max(1, int(start))
-    p_hi = p(hi)
+    p_hi = p_doubling(hi)
     while not enough(p_hi):
         if hi >= max_size:
             raise InputError(
@@ -272,7 +378,7 @@ def size_for_power(
                 f"(simulated power there: {p_hi:.2f}); lower the power, or plan against a larger leak"
             )
         lo, hi = hi, min(2 * hi, max_size)
-        p_hi = p(hi)
+        p_hi = p_doubling(hi)
     if lo is None:
         return hi, p_hi
     # lo not enough, hi enough: narrow the bracket, secant and bisection steps in turn (the secant aims at
@@ -291,7 +397,7 @@ def size_for_power(
                 mid = min(hi - 1, max(lo + 1, round(root * root)))
         secant = not secant
         p_mid = p(mid)
-        if enough(p_mid):
+        if enough(p_mid) and possible(mid):
             hi, p_hi = mid, p_mid
         else:
             lo, p_lo = mid, p_mid
@@ -306,6 +412,7 @@ __all__ = [
     "Leak",
     "hypothesised_leak",
     "power_interval",
+    "power_upper_bound",
     "refutations_needed",
     "simulated_power",
     "simulations_needed",

@@ -177,7 +177,8 @@ class AuditResult:
         lines += [
             f"{head}, {self.method}, design {self.design}, confidence {confidence}, delta {delta})",
             f"threshold selection: {self.threshold_selection}"
-            + (f", threshold {self.threshold:.6g}" if self.threshold is not None else "")
+            # + 0.0: a loss attack's threshold -0.0 (a loss of 0, negated) read "threshold -0" (IEEE 754: -0 + 0 = +0)
+            + (f", threshold {self.threshold + 0.0:.6g}" if self.threshold is not None else "")
             + (f", direction {self.details['direction']}" if self.details.get("alternative") == "two-sided" else ""),
             f"max certifiable epsilon (perfect attack, same design): {numfmt.upper(self.max_certifiable_epsilon, 4)}",
         ]

@@ -307,6 +307,12 @@ def load_report(path: Path | str) -> dict[str, Any]:
     report = read_json(path)  # size, depth and number limits
     try:
         validate_report(report)
+        for model in report["models"]:  # a verdict no rule gives, or one its numbers contradict: refused at once
+            try:
+                for audit in model.get("audits") or []:
+                    check_verdict(audit)
+            except InputError as e:
+                raise InputError(f"model {model.get('name', '?')!r}: {e}") from None
     except InputError as e:
         raise InputError(f"{path}: {e}") from None
     return report

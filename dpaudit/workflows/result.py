@@ -17,7 +17,7 @@ import numpy as np
 
 from dpaudit import numfmt
 from dpaudit.audit import AuditResult, clopper_pearson_lower, clopper_pearson_upper, decide_verdict
-from dpaudit.audit.result import tests_formally
+from dpaudit.audit.result import VERDICTS, tests_formally
 from dpaudit.errors import InputError
 
 
@@ -312,8 +312,16 @@ def check_verdict(audit: Mapping[str, Any]) -> None:
     numbers, as :func:`~dpaudit.audit.decide_verdict` decides it: "violation" only for a formal bound above the
     claimed ε, "estimate-exceeds-claim" only for an estimate above it, "consistent" / "inconclusive" only for a bound
     at or below it. A report would otherwise print "ε ≥ 5 | claimed 1 | consistent". Audits that test the claimed
-    curve (``refutation``) are decided by that test, not by these numbers, and are left to it."""
+    curve (``refutation``) are decided by that test, not by these numbers, and are left to it. A verdict
+    none of these rules gives (not one of :data:`~dpaudit.audit.result.VERDICTS`, or "curve-refuted" on an entry that
+    refutes no curve) is refused too: the headline would otherwise print it under the "inconclusive" text."""
     verdict, claimed = audit.get("verdict"), _num(audit.get("claimed_epsilon"))
+    if verdict is not None and (
+        verdict not in VERDICTS or (verdict == "curve-refuted" and not audit.get("refutation"))
+    ):
+        where = f"audit {audit.get('source', {}).get('attack', '?')} / {audit.get('method', '?')}"
+        why = "refutes no curve (no refutation)" if verdict in VERDICTS else f"is none of {', '.join(VERDICTS)}"
+        raise InputError(f"{where} reads {verdict!r}, which {why}: a verdict no rule of dpaudit gives")
     if verdict is None or claimed is None or audit.get("refutation"):
         return
     bound, formal = _num(audit["epsilon_lower_bound"]), bool(audit["formal"])

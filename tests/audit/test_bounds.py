@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -471,3 +473,13 @@ def test_threshold_audit_reports_hand_counts_its_notes_and_details_and_the_holdo
             audit_scores(m2.astype(float), m2, threshold_selection="holdout")
     m2 = np.arange(4) < 2
     assert audit_scores(m2.astype(float), m2, threshold_selection="holdout").counts["n_eval_members"] == 1
+
+
+def test_a_threshold_of_minus_zero_prints_as_0():
+    """A loss attack's threshold of -0.0 (a loss of 0, negated) printed "threshold -0" in the text output."""
+    scores = -np.array([0.0, 0.0, 0.0, 1.0, 2.0, 3.0])  # -0.0 for the members: a loss of 0
+    member = np.array([True, True, True, False, False, False])
+    res = audit_scores(scores, member, threshold_selection="fixed", threshold=-0.0, delta=0.0)
+    assert math.copysign(1.0, res.threshold) == -1.0  # the -0.0 really reaches the summary
+    line = next(x for x in res.summary().splitlines() if x.startswith("threshold selection"))
+    assert line.endswith("threshold 0") and "-0" not in line, line

@@ -321,3 +321,60 @@ def test_size_for_power_called_without_a_confidence_decides_at_the_audits_defaul
     # compared with ">": the search doubled at the cap forever).
     with pytest.raises(InputError, match=r"no design up to 8 is shown to reach power 0\.8"):
         size_for_power(1.0, leak, simulations=20, start=2, max_size=8)
+
+
+def test_a_leak_no_sound_audit_detects_within_the_cap_is_refused_without_simulating(monkeypatch):
+    """`audit plan --epsilon 2 --true-epsilon 2.0000001` simulated ever larger designs up to the cap of 10^6 runs per
+    side, each costlier than the last (still running after 100 s). Even the most powerful level-α test of the claim
+    against such a leak has power ~α there, so no sound audit can reach 0.8: refused at once, naming the bound and
+    the leak that could be planned. Planted: the bound's check dropped (the simulator is called)."""
+    from dpaudit.audit import power as pw
+
+    calls = []
+    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: calls.append(n) or 0.0)
+    for kwargs in ({"true_epsilon": 2.0000001}, {"true_epsilon": 2.0000001, "method": "one-run"},
+                   {"true_epsilon": 2.01, "family": "gaussian"}):  # fmt: skip
+        with pytest.raises(InputError) as e:
+            plan_design(2.0, **kwargs)
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("no design up to 1000000 "), msg
+        assert "even the most powerful test at level 0.05 (Neyman-Pearson) has power at most 0." in msg, msg
+        assert "a leak must exceed epsilon 2.0" in msg and f"leak of epsilon {kwargs['true_epsilon']:g}" in msg, msg
+    assert calls == []
+
+
+def test_the_power_bound_is_the_most_powerful_tests_power():
+    """power_upper_bound by hand. Randomized response, 1 run per side, claim 0: T (bits equal to membership) ~
+    Bin(2, 1/2) under the claim; the level-0.05 Neyman-Pearson test rejects at T = 2 with probability 0.05/0.25, so
+    its power is 0.2 p² with p = e^ε/(1 + e^ε). Gaussian: members' sum, power Φ(√n (μ − μ0) − z_0.95). The
+    estimate audits (gdp, one-run-fdp against the gdp family) have no level: no bound."""
+    from scipy import special, stats
+
+    from dpaudit.accounting.gdp import gdp_mu_from_epsilon_delta
+    from dpaudit.audit.power import hypothesised_leak, power_upper_bound
+
+    rr = hypothesised_leak(family="randomized-response", epsilon=1.5)
+    assert power_upper_bound(1, 0.0, rr, method="clopper-pearson") == pytest.approx(0.2 * special.expit(1.5) ** 2)
+    g = hypothesised_leak(family="gaussian", mu=2.0, delta=1e-5)
+    mu0 = gdp_mu_from_epsilon_delta(1.0, 1e-5)
+    want = stats.norm.cdf(np.sqrt(30) * (2.0 - mu0) - stats.norm.ppf(0.95))
+    for method in ("clopper-pearson", "one-run"):
+        assert power_upper_bound(30, 1.0, g, method=method) == pytest.approx(want, rel=1e-6)
+    assert power_upper_bound(30, 1.0, g, method="gdp") is None
+    assert power_upper_bound(30, 1.0, g, method="one-run-fdp") is None  # audit_scores' default family: gdp
+    assert power_upper_bound(30, 1.0, g, method="one-run-fdp", tradeoff="epsilon-delta") == pytest.approx(want)
+
+
+def test_a_size_the_most_powerful_test_rules_out_is_never_returned(monkeypatch):
+    """A simulator that refutes every draw (as a fluke of 200 draws can at one size) made the search return the
+    start, 59 runs per side, against a leak of 2.1 for a claim of 2, where no sound audit has power above 0.1. The
+    decision still reads exact refutation counts, and also needs the bound. Planted: the bound not consulted."""
+    from dpaudit.audit import power as pw
+    from dpaudit.audit.power import hypothesised_leak, power_upper_bound, size_for_power
+
+    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0)
+    leak = hypothesised_leak(family="randomized-response", epsilon=2.1)
+    audit = {"method": "clopper-pearson", "delta": 1e-5, "confidence": 0.95}
+    n, _ = size_for_power(2.0, leak, start=59, **audit)
+    assert power_upper_bound(59, 2.0, leak, **audit) < 0.1
+    assert power_upper_bound(n, 2.0, leak, **audit) >= 0.8 > power_upper_bound(int(0.9 * n), 2.0, leak, **audit)

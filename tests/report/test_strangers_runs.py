@@ -352,3 +352,25 @@ def test_an_inconclusive_audit_row_shows_its_power_below_the_claim(report):
     )
     assert audit_eps(audit) == ("1.2", "7.9995", "7.9991")
     assert "| 1.2 | 7.9995 | 7.9991 |" in render_markdown(build_report([m], title="t"))
+
+
+def test_a_verdict_no_rule_gives_is_refused_naming_the_file_and_the_entry(report, tmp_path):
+    """A hand-edited report.json whose formal audit reads "curve-refuted" but refutes no curve passed check_verdict
+    (it had no rule for it) and the headline printed it under the "inconclusive" text. Planted: check_verdict
+    without its rule for verdicts it cannot decide."""
+    import json
+
+    from dpaudit.report.build import load_report
+
+    m = report["models"][1]
+    audit = next(a for a in m["audits"] if a["formal"] and not a.get("refutation"))
+    audit["verdict"] = "curve-refuted"
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(InputError) as e:
+        load_report(path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: model {m['name']!r}: audit ")
+    assert f"/ {audit['method']} reads 'curve-refuted', which refutes no curve (no refutation)" in msg
+    with pytest.raises(InputError, match="refutes no curve"):
+        build_report([m], title="t")
