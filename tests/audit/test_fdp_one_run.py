@@ -371,3 +371,36 @@ def test_largest_refuted_returns_a_refuted_parameter_at_the_bracket_end(family):
         if t < family.t_max:
             above = family.blowup_inverse(t * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
             assert not any(F.fdp_rejects(m, k, v, above, ALPHA) for k, v in zip(ks, vs, strict=True))
+
+
+def test_fixed_guess_counts_are_the_users_and_the_bound_is_the_refuted_curve_of_the_hand_count():
+    """A fixed design of the f-DP audit guesses "in" for the k₊ highest scores and "out" for the k₋ lowest (continuous
+    scores: no ties); with v counted by hand the reported (ε, δ) bound is a curve the test rejects, and a curve just
+    above it (the search's tolerance) is not rejected (fdp_rejects is checked against exact tail probabilities
+    above). Without leakage nothing is refuted and the counts are still the user's. Planted (thirteenth mutation
+    pass): the user's k₊ replaced by 0 in ``_design_pairs`` (the guesses, the bound and what a perfect attack
+    certifies all silently for k₋ alone), or the pair reported when nothing is refuted read at index 1 -> fail."""
+    family = F.epsilon_delta_family(1e-5)
+    rng = np.random.default_rng(8)
+    m = 200
+    member = rng.random(m) < 0.5
+    for mu in (3.0, 0.0):
+        scores = rng.normal(mu * member, 1.0)
+        order = np.argsort(-scores)
+        for kp, km in ((20, 10), (0, 16), (12, 0)):
+            r = audit_scores(scores, member, method="one-run-fdp", design="canaries", tradeoff="epsilon-delta",
+                             k_plus=kp or None, k_minus=km or None)  # fmt: skip
+            v = int(member[order[:kp]].sum() + (~member[order[m - km :]]).sum())
+            c = r.counts
+            assert (c["k_plus"], c["k_minus"], c["guesses"], c["correct"]) == (kp, km, kp + km, v)
+            assert r.details["n_tests"] == 1 and r.details["alpha_per_test"] == ALPHA
+            eps = r.epsilon_lower_bound
+            above = family.blowup_inverse(eps * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
+            assert not F.fdp_rejects(m, kp + km, v, above, ALPHA)
+            if mu > 0:  # a strong attack: some curve is refuted, and it is one the test rejects
+                assert eps > 0.5 and F.fdp_rejects(m, kp + km, v, family.blowup_inverse(eps), ALPHA)
+            else:
+                assert eps == 0.0
+            # what a perfect attack certifies with the same guess counts (v = k₊ + k₋)
+            t, _ = F.largest_refuted(m, [kp + km], [kp + km], family, ALPHA)
+            assert r.max_certifiable_epsilon == t
