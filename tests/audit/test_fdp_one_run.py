@@ -404,3 +404,24 @@ def test_fixed_guess_counts_are_the_users_and_the_bound_is_the_refuted_curve_of_
             # what a perfect attack certifies with the same guess counts (v = k₊ + k₋)
             t, _ = F.largest_refuted(m, [kp + km], [kp + km], family, ALPHA)
             assert r.max_certifiable_epsilon == t
+
+
+def test_holdout_max_certifiable_is_over_the_evaluation_half_the_audit_uses():
+    """With an odd number of canaries the holdout split selects on m // 2 and evaluates on the other m - m // 2
+    (holdout.split). What a perfect attack certifies is the search over the guess-count grid of that evaluation half
+    (perfect: v = k), so it bounds the perfect attack's own holdout result; ``can_refute`` decides as it does.
+    Planted (thirteenth mutation pass): the evaluation half taken as m // 2 (or m / 2) in max_certifiable or in
+    can_refute survived every even m of the tests above -> fail."""
+    family = F.gdp_family()
+    for m in (21, 51):
+        mem = np.arange(m) % 2 == 0
+        r = audit_scores(mem.astype(float), mem, method="one-run-fdp", design="canaries", seed=0,
+                         threshold_selection="holdout")  # fmt: skip
+        n_eval, a = r.counts["n_eval_canaries"], r.details["alpha_per_test"]
+        assert n_eval == m - m // 2
+        kp, km = F._design_pairs(n_eval, "holdout", None, None)
+        t, _ = F.largest_refuted(n_eval, kp + km, kp + km, family, a)
+        assert r.details["max_certifiable_parameter"] == t and 0.0 < r.epsilon_lower_bound <= r.max_certifiable_epsilon
+        best = r.max_certifiable_epsilon
+        assert F.can_refute(m, family, 1e-5, a, "holdout", 0.999 * best)[0]
+        assert not F.can_refute(m, family, 1e-5, a, "holdout", 1.001 * best)[0]
