@@ -11,7 +11,7 @@ import pytest
 from scipy import special, stats
 
 from dpaudit.accounting import dpsgd_event, make_accountant
-from dpaudit.audit import audit_scores, max_certifiable_epsilon, one_run_epsilon_lower_bound
+from dpaudit.audit import audit_scores, max_certifiable_epsilon, one_run, one_run_epsilon_lower_bound
 from dpaudit.audit import fdp_one_run as F
 
 ALPHA = 0.05
@@ -411,7 +411,8 @@ def test_holdout_max_certifiable_is_over_the_evaluation_half_the_audit_uses():
     (holdout.split). What a perfect attack certifies is the search over the guess-count grid of that evaluation half
     (perfect: v = k), so it bounds the perfect attack's own holdout result; ``can_refute`` decides as it does.
     Planted (thirteenth mutation pass): the evaluation half taken as m // 2 (or m / 2) in max_certifiable or in
-    can_refute survived every even m of the tests above -> fail."""
+    can_refute survived every even m of the tests above; the holdout searched over bonferroni_pairs; can_refute's
+    Bonferroni level alpha * K -> fail."""
     family = F.gdp_family()
     for m in (21, 51):
         mem = np.arange(m) % 2 == 0
@@ -419,9 +420,33 @@ def test_holdout_max_certifiable_is_over_the_evaluation_half_the_audit_uses():
                          threshold_selection="holdout")  # fmt: skip
         n_eval, a = r.counts["n_eval_canaries"], r.details["alpha_per_test"]
         assert n_eval == m - m // 2
-        kp, km = F._design_pairs(n_eval, "holdout", None, None)
+        kp, km = one_run._fractions_to_counts(*one_run._fraction_pairs(), n_eval)  # the grid the holdout chooses from
         t, _ = F.largest_refuted(n_eval, kp + km, kp + km, family, a)
         assert r.details["max_certifiable_parameter"] == t and 0.0 < r.epsilon_lower_bound <= r.max_certifiable_epsilon
         best = r.max_certifiable_epsilon
         assert F.can_refute(m, family, 1e-5, a, "holdout", 0.999 * best)[0]
         assert not F.can_refute(m, family, 1e-5, a, "holdout", 1.001 * best)[0]
+        # Bonferroni: every pair of bonferroni_pairs(m) at alpha / K
+        best = F.max_certifiable(m, family, 1e-5, a, "bonferroni")[1]
+        assert F.can_refute(m, family, 1e-5, a, "bonferroni", 0.999 * best)[0]
+        assert not F.can_refute(m, family, 1e-5, a, "bonferroni", 1.001 * best)[0]
+
+
+def test_the_less_direction_audits_the_reversed_ranking_and_two_sided_takes_the_better_direction():
+    """Members scored LOWER (mu = -3): the "less" alternative refutes what "greater" cannot (no member among the top
+    scores), and a two-sided audit takes the better direction at alpha / 2 (its bound is the one-sided "less" bound
+    at alpha / 2: the reversed ranking read by hand). Planted (thirteenth mutation pass): the "less" direction
+    auditing the scores unreversed, or the two-sided audit keeping its first direction -> fail."""
+    rng = np.random.default_rng(5)
+    m = 200
+    member = rng.random(m) < 0.5
+    scores = rng.normal(-3.0 * member, 1.0)
+    kw = dict(method="one-run-fdp", design="canaries", tradeoff="epsilon-delta", k_plus=20, k_minus=20)
+    greater = audit_scores(scores, member, alternative="greater", **kw)
+    less = audit_scores(scores, member, alternative="less", **kw)
+    both = audit_scores(scores, member, alternative="two-sided", **kw)
+    assert greater.epsilon_lower_bound == 0.0 and less.epsilon_lower_bound > 1.0
+    assert both.details["direction"] == "less" and 0.0 < both.epsilon_lower_bound <= less.epsilon_lower_bound
+    half = audit_scores(-scores, member, alternative="greater", confidence=1 - ALPHA / 2, **kw)
+    assert both.epsilon_lower_bound == half.epsilon_lower_bound
+    assert both.counts["correct"] == less.counts["correct"] == half.counts["correct"]
