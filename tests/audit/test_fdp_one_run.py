@@ -379,7 +379,8 @@ def test_fixed_guess_counts_are_the_users_and_the_bound_is_the_refuted_curve_of_
     above it (the search's tolerance) is not rejected (fdp_rejects is checked against exact tail probabilities
     above). Without leakage nothing is refuted and the counts are still the user's. Planted (thirteenth mutation
     pass): the user's k₊ replaced by 0 in ``_design_pairs`` (the guesses, the bound and what a perfect attack
-    certifies all silently for k₋ alone), or the pair reported when nothing is refuted read at index 1 -> fail."""
+    certifies all silently for k₋ alone), v from one side only, the Bonferroni note on a one-test design, or the
+    pair reported when nothing is refuted read at index 1 -> fail."""
     family = F.epsilon_delta_family(1e-5)
     rng = np.random.default_rng(8)
     m = 200
@@ -394,6 +395,7 @@ def test_fixed_guess_counts_are_the_users_and_the_bound_is_the_refuted_curve_of_
             c = r.counts
             assert (c["k_plus"], c["k_minus"], c["guesses"], c["correct"]) == (kp, km, kp + km, v)
             assert r.details["n_tests"] == 1 and r.details["alpha_per_test"] == ALPHA
+            assert not any("Bonferroni" in n for n in r.notes)  # one test: no union bound to report
             eps = r.epsilon_lower_bound
             above = family.blowup_inverse(eps * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
             assert not F.fdp_rejects(m, kp + km, v, above, ALPHA)
@@ -445,6 +447,11 @@ def test_the_less_direction_audits_the_reversed_ranking_and_two_sided_takes_the_
     greater = audit_scores(scores, member, alternative="greater", **kw)
     less = audit_scores(scores, member, alternative="less", **kw)
     both = audit_scores(scores, member, alternative="two-sided", **kw)
+    bonf = audit_scores(scores, member, alternative="less", **{**kw, "k_plus": None, "k_minus": None},
+                        threshold_selection="bonferroni")  # fmt: skip
+    a = bonf.details["alpha_per_test"]
+    assert bonf.details["n_tests"] > 1 and a == pytest.approx(ALPHA / bonf.details["n_tests"])
+    assert any(f"each test at alpha = {a:.3g} (Bonferroni)" in n for n in bonf.notes)
     assert greater.epsilon_lower_bound == 0.0 and less.epsilon_lower_bound > 1.0
     assert both.details["direction"] == "less" and 0.0 < both.epsilon_lower_bound <= less.epsilon_lower_bound
     half = audit_scores(-scores, member, alternative="greater", confidence=1 - ALPHA / 2, **kw)
