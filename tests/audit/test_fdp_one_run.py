@@ -457,3 +457,37 @@ def test_the_less_direction_audits_the_reversed_ranking_and_two_sided_takes_the_
     half = audit_scores(-scores, member, alternative="greater", confidence=1 - ALPHA / 2, **kw)
     assert both.epsilon_lower_bound == half.epsilon_lower_bound
     assert both.counts["correct"] == less.counts["correct"] == half.counts["correct"]
+
+
+def test_holdout_bound_is_the_refuted_curve_of_the_evaluation_half_counted_by_hand():
+    """Holdout design: the guess counts (k₊, k₋) come from the selection half, the correct guesses v are counted by
+    hand on the other half (the split drawn as the audit draws it), and the bound is a curve that v of k₊ + k₋
+    guesses rejects, with the curve just above it not rejected. Three attacks: both sides informative, only the top
+    (30% of members far above), only the bottom (30% of non-members far below): the holdout picks one-sided counts.
+    Planted (thirteenth mutation pass): the evaluation skipped (bound 0) unless k₊ > 0, or unless k₋ > 0, instead
+    of k₊ + k₋ > 0 -> fail."""
+    from dpaudit.audit import bounds
+
+    family = F.epsilon_delta_family(1e-5)
+    m, seed = 400, 3
+    rng = np.random.default_rng(4)
+    mem = rng.random(m) < 0.5
+    far = rng.random(m) < 0.3
+    sides = []
+    for s in (rng.normal(2.0 * mem, 1.0), rng.normal(6.0 * (mem & far), 1.0), rng.normal(-6.0 * (~mem & far), 1.0)):
+        r = audit_scores(s, mem, method="one-run-fdp", design="canaries", tradeoff="epsilon-delta", seed=seed,
+                         threshold_selection="holdout")  # fmt: skip
+        _, sel = one_run.draw_design(m, "holdout", bounds._as_rng(seed))
+        ev_s, ev_m = s[~sel], mem[~sel]
+        c = r.counts
+        kp, km, m_b = c["k_plus"], c["k_minus"], c["n_eval_canaries"]
+        sides.append((kp > 0, km > 0))
+        assert m_b == len(ev_s)
+        order = np.argsort(-ev_s)
+        v = int(ev_m[order[:kp]].sum() + (~ev_m[order[m_b - km :]]).sum())
+        assert (c["guesses"], c["correct"]) == (kp + km, v)
+        eps = r.epsilon_lower_bound
+        assert eps > 0.5 and F.fdp_rejects(m_b, kp + km, v, family.blowup_inverse(eps), ALPHA)
+        above = family.blowup_inverse(eps * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
+        assert not F.fdp_rejects(m_b, kp + km, v, above, ALPHA)
+    assert sides[1:] == [(True, False), (False, True)], sides
