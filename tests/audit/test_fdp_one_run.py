@@ -491,3 +491,38 @@ def test_holdout_bound_is_the_refuted_curve_of_the_evaluation_half_counted_by_ha
         above = family.blowup_inverse(eps * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
         assert not F.fdp_rejects(m_b, kp + km, v, above, ALPHA)
     assert sides[1:] == [(True, False), (False, True)], sides
+
+
+@pytest.mark.parametrize("q", [1.0, 0.3, 0.02])
+def test_one_step_family_curve_is_below_the_exact_trade_off_and_its_epsilon_is_zero_without_leakage(q):
+    """Independent closed form: one Poisson-sampled Gaussian step, P = (1 − q)N(0, 1) + qN(μ, 1) vs Q = N(0, 1), has a
+    monotone likelihood ratio, so its exact trade-off (Neyman–Pearson, threshold tests) is f(a) = (1 − q)(1 − a) +
+    q·Φ(Φ⁻¹(1 − a) − μ) (remove), f⁻¹ for add (Dong, Roth & Su 2022, Def. 2.1 and Prop. 2.4 for the symmetrised
+    curve); at q = 1 it is the μ-GDP curve. The family's curve g_t(y) must not exceed min(f, f⁻¹)(1 − y) (a curve
+    above the mechanism's would refute a true claim), and stay within 0.02 of it at q = 1 (the ε grid's coarseness).
+    ε(δ) of a curve without leakage (t = 0, or total variation ≤ δ) is 0: the verdict "curve-refuted" compares it
+    with the claim. Planted (thirteenth mutation pass): ε reported 1 (not 0) there -> fail; g's grid mutants
+    (range, size) are tightness only and pass."""
+    fam = F.sampled_gaussian_step_family(q)
+
+    def f(a, mu):
+        return (1 - q) * (1 - a) + q * special.ndtr(special.ndtri(1 - a) - mu)
+
+    ys = np.linspace(0.001, 0.999, 999)
+    for mu in (0.2, 1.0, 2.5):
+        fy = f(1 - ys, mu)
+        # f⁻¹(1 − y) by bisection on the decreasing f
+        lo, hi = np.zeros_like(ys), np.ones_like(ys)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            right = f(mid, mu) > 1 - ys
+            lo, hi = np.where(right, mid, lo), np.where(right, hi, mid)
+        exact = np.minimum(fy, hi)
+        g = fam.blowup_inverse(mu)
+        ours = np.array([g(y) for y in ys])
+        assert np.all(ours <= exact + 1e-9), (mu, float(np.max(ours - exact)))
+        if q == 1.0:
+            assert np.max(exact - ours) < 0.02
+    assert fam.epsilon(0.0, 1e-5) == 0.0
+    tiny = 1e-6  # total variation of one step at μ = 1e-6: about q·μ/√(2π) < δ = 1e-5
+    assert fam.epsilon(tiny, 1e-5) == 0.0 and fam.epsilon(1.0, 1e-5) > 0.0
