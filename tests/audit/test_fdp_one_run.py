@@ -465,7 +465,7 @@ def test_holdout_bound_is_the_refuted_curve_of_the_evaluation_half_counted_by_ha
     guesses rejects, with the curve just above it not rejected. Three attacks: both sides informative, only the top
     (30% of members far above), only the bottom (30% of non-members far below): the holdout picks one-sided counts.
     Planted (thirteenth mutation pass): the evaluation skipped (bound 0) unless k₊ > 0, or unless k₋ > 0, instead
-    of k₊ + k₋ > 0 -> fail."""
+    of k₊ + k₋ > 0; the guesses reported as k₊ or k₋ alone; n_tests 0 or 2 -> fail."""
     from dpaudit.audit import bounds
 
     family = F.epsilon_delta_family(1e-5)
@@ -486,6 +486,7 @@ def test_holdout_bound_is_the_refuted_curve_of_the_evaluation_half_counted_by_ha
         order = np.argsort(-ev_s)
         v = int(ev_m[order[:kp]].sum() + (~ev_m[order[m_b - km :]]).sum())
         assert (c["guesses"], c["correct"]) == (kp + km, v)
+        assert r.details["n_tests"] == 1 and r.details["alpha_per_test"] == ALPHA  # one test, on the evaluation half
         eps = r.epsilon_lower_bound
         assert eps > 0.5 and F.fdp_rejects(m_b, kp + km, v, family.blowup_inverse(eps), ALPHA)
         above = family.blowup_inverse(eps * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
