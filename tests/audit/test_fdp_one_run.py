@@ -11,7 +11,7 @@ import pytest
 from scipy import special, stats
 
 from dpaudit.accounting import dpsgd_event, make_accountant
-from dpaudit.audit import audit_scores, max_certifiable_epsilon, one_run_epsilon_lower_bound
+from dpaudit.audit import audit_scores, max_certifiable_epsilon, one_run, one_run_epsilon_lower_bound
 from dpaudit.audit import fdp_one_run as F
 
 ALPHA = 0.05
@@ -371,3 +371,159 @@ def test_largest_refuted_returns_a_refuted_parameter_at_the_bracket_end(family):
         if t < family.t_max:
             above = family.blowup_inverse(t * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
             assert not any(F.fdp_rejects(m, k, v, above, ALPHA) for k, v in zip(ks, vs, strict=True))
+
+
+def test_fixed_guess_counts_are_the_users_and_the_bound_is_the_refuted_curve_of_the_hand_count():
+    """A fixed design of the f-DP audit guesses "in" for the k₊ highest scores and "out" for the k₋ lowest (continuous
+    scores: no ties); with v counted by hand the reported (ε, δ) bound is a curve the test rejects, and a curve just
+    above it (the search's tolerance) is not rejected (fdp_rejects is checked against exact tail probabilities
+    above). Without leakage nothing is refuted and the counts are still the user's. Planted (thirteenth mutation
+    pass): the user's k₊ replaced by 0 in ``_design_pairs`` (the guesses, the bound and what a perfect attack
+    certifies all silently for k₋ alone), v from one side only, the Bonferroni note on a one-test design, or the
+    pair reported when nothing is refuted read at index 1 -> fail."""
+    family = F.epsilon_delta_family(1e-5)
+    rng = np.random.default_rng(8)
+    m = 200
+    member = rng.random(m) < 0.5
+    for mu in (3.0, 0.0):
+        scores = rng.normal(mu * member, 1.0)
+        order = np.argsort(-scores)
+        for kp, km in ((20, 10), (0, 16), (12, 0)):
+            r = audit_scores(scores, member, method="one-run-fdp", design="canaries", tradeoff="epsilon-delta",
+                             k_plus=kp or None, k_minus=km or None)  # fmt: skip
+            v = int(member[order[:kp]].sum() + (~member[order[m - km :]]).sum())
+            c = r.counts
+            assert (c["k_plus"], c["k_minus"], c["guesses"], c["correct"]) == (kp, km, kp + km, v)
+            assert r.details["n_tests"] == 1 and r.details["alpha_per_test"] == ALPHA
+            assert not any("Bonferroni" in n for n in r.notes)  # one test: no union bound to report
+            eps = r.epsilon_lower_bound
+            above = family.blowup_inverse(eps * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
+            assert not F.fdp_rejects(m, kp + km, v, above, ALPHA)
+            if mu > 0:  # a strong attack: some curve is refuted, and it is one the test rejects
+                assert eps > 0.5 and F.fdp_rejects(m, kp + km, v, family.blowup_inverse(eps), ALPHA)
+            else:
+                assert eps == 0.0
+            # what a perfect attack certifies with the same guess counts (v = k₊ + k₋)
+            t, _ = F.largest_refuted(m, [kp + km], [kp + km], family, ALPHA)
+            assert r.max_certifiable_epsilon == t
+
+
+def test_holdout_max_certifiable_is_over_the_evaluation_half_the_audit_uses():
+    """With an odd number of canaries the holdout split selects on m // 2 and evaluates on the other m - m // 2
+    (holdout.split). What a perfect attack certifies is the search over the guess-count grid of that evaluation half
+    (perfect: v = k), so it bounds the perfect attack's own holdout result; ``can_refute`` decides as it does.
+    Planted (thirteenth mutation pass): the evaluation half taken as m // 2 (or m / 2) in max_certifiable or in
+    can_refute survived every even m of the tests above; the holdout searched over bonferroni_pairs; can_refute's
+    Bonferroni level alpha * K -> fail."""
+    family = F.gdp_family()
+    for m in (21, 51):
+        mem = np.arange(m) % 2 == 0
+        r = audit_scores(mem.astype(float), mem, method="one-run-fdp", design="canaries", seed=0,
+                         threshold_selection="holdout")  # fmt: skip
+        n_eval, a = r.counts["n_eval_canaries"], r.details["alpha_per_test"]
+        assert n_eval == m - m // 2
+        kp, km = one_run._fractions_to_counts(*one_run._fraction_pairs(), n_eval)  # the grid the holdout chooses from
+        t, _ = F.largest_refuted(n_eval, kp + km, kp + km, family, a)
+        assert r.details["max_certifiable_parameter"] == t and 0.0 < r.epsilon_lower_bound <= r.max_certifiable_epsilon
+        best = r.max_certifiable_epsilon
+        assert F.can_refute(m, family, 1e-5, a, "holdout", 0.999 * best)[0]
+        assert not F.can_refute(m, family, 1e-5, a, "holdout", 1.001 * best)[0]
+        # Bonferroni: every pair of bonferroni_pairs(m) at alpha / K
+        best = F.max_certifiable(m, family, 1e-5, a, "bonferroni")[1]
+        assert F.can_refute(m, family, 1e-5, a, "bonferroni", 0.999 * best)[0]
+        assert not F.can_refute(m, family, 1e-5, a, "bonferroni", 1.001 * best)[0]
+
+
+def test_the_less_direction_audits_the_reversed_ranking_and_two_sided_takes_the_better_direction():
+    """Members scored LOWER (mu = -3): the "less" alternative refutes what "greater" cannot (no member among the top
+    scores), and a two-sided audit takes the better direction at alpha / 2 (its bound is the one-sided "less" bound
+    at alpha / 2: the reversed ranking read by hand). Planted (thirteenth mutation pass): the "less" direction
+    auditing the scores unreversed, or the two-sided audit keeping its first direction -> fail."""
+    rng = np.random.default_rng(5)
+    m = 200
+    member = rng.random(m) < 0.5
+    scores = rng.normal(-3.0 * member, 1.0)
+    kw = dict(method="one-run-fdp", design="canaries", tradeoff="epsilon-delta", k_plus=20, k_minus=20)
+    greater = audit_scores(scores, member, alternative="greater", **kw)
+    less = audit_scores(scores, member, alternative="less", **kw)
+    both = audit_scores(scores, member, alternative="two-sided", **kw)
+    bonf = audit_scores(scores, member, alternative="less", **{**kw, "k_plus": None, "k_minus": None},
+                        threshold_selection="bonferroni")  # fmt: skip
+    a = bonf.details["alpha_per_test"]
+    assert bonf.details["n_tests"] > 1 and a == pytest.approx(ALPHA / bonf.details["n_tests"])
+    assert any(f"each test at alpha = {a:.3g} (Bonferroni)" in n for n in bonf.notes)
+    assert greater.epsilon_lower_bound == 0.0 and less.epsilon_lower_bound > 1.0
+    assert both.details["direction"] == "less" and 0.0 < both.epsilon_lower_bound <= less.epsilon_lower_bound
+    half = audit_scores(-scores, member, alternative="greater", confidence=1 - ALPHA / 2, **kw)
+    assert both.epsilon_lower_bound == half.epsilon_lower_bound
+    assert both.counts["correct"] == less.counts["correct"] == half.counts["correct"]
+
+
+def test_holdout_bound_is_the_refuted_curve_of_the_evaluation_half_counted_by_hand():
+    """Holdout design: the guess counts (k₊, k₋) come from the selection half, the correct guesses v are counted by
+    hand on the other half (the split drawn as the audit draws it), and the bound is a curve that v of k₊ + k₋
+    guesses rejects, with the curve just above it not rejected. Three attacks: both sides informative, only the top
+    (30% of members far above), only the bottom (30% of non-members far below): the holdout picks one-sided counts.
+    Planted (thirteenth mutation pass): the evaluation skipped (bound 0) unless k₊ > 0, or unless k₋ > 0, instead
+    of k₊ + k₋ > 0; the guesses reported as k₊ or k₋ alone; n_tests 0 or 2 -> fail."""
+    from dpaudit.audit import bounds
+
+    family = F.epsilon_delta_family(1e-5)
+    m, seed = 400, 3
+    rng = np.random.default_rng(4)
+    mem = rng.random(m) < 0.5
+    far = rng.random(m) < 0.3
+    sides = []
+    for s in (rng.normal(2.0 * mem, 1.0), rng.normal(6.0 * (mem & far), 1.0), rng.normal(-6.0 * (~mem & far), 1.0)):
+        r = audit_scores(s, mem, method="one-run-fdp", design="canaries", tradeoff="epsilon-delta", seed=seed,
+                         threshold_selection="holdout")  # fmt: skip
+        _, sel = one_run.draw_design(m, "holdout", bounds._as_rng(seed))
+        ev_s, ev_m = s[~sel], mem[~sel]
+        c = r.counts
+        kp, km, m_b = c["k_plus"], c["k_minus"], c["n_eval_canaries"]
+        sides.append((kp > 0, km > 0))
+        assert m_b == len(ev_s)
+        order = np.argsort(-ev_s)
+        v = int(ev_m[order[:kp]].sum() + (~ev_m[order[m_b - km :]]).sum())
+        assert (c["guesses"], c["correct"]) == (kp + km, v)
+        assert r.details["n_tests"] == 1 and r.details["alpha_per_test"] == ALPHA  # one test, on the evaluation half
+        eps = r.epsilon_lower_bound
+        assert eps > 0.5 and F.fdp_rejects(m_b, kp + km, v, family.blowup_inverse(eps), ALPHA)
+        above = family.blowup_inverse(eps * (1 + 2 * F._PARAM_TOL) + 2e-3 * F._PARAM_TOL)
+        assert not F.fdp_rejects(m_b, kp + km, v, above, ALPHA)
+    assert sides[1:] == [(True, False), (False, True)], sides
+
+
+@pytest.mark.parametrize("q", [1.0, 0.3, 0.02])
+def test_one_step_family_curve_is_below_the_exact_trade_off_and_its_epsilon_is_zero_without_leakage(q):
+    """Independent closed form: one Poisson-sampled Gaussian step, P = (1 − q)N(0, 1) + qN(μ, 1) vs Q = N(0, 1), has a
+    monotone likelihood ratio, so its exact trade-off (Neyman–Pearson, threshold tests) is f(a) = (1 − q)(1 − a) +
+    q·Φ(Φ⁻¹(1 − a) − μ) (remove), f⁻¹ for add (Dong, Roth & Su 2022, Def. 2.1 and Prop. 2.4 for the symmetrised
+    curve); at q = 1 it is the μ-GDP curve. The family's curve g_t(y) must not exceed min(f, f⁻¹)(1 − y) (a curve
+    above the mechanism's would refute a true claim), and stay within 0.02 of it at q = 1 (the ε grid's coarseness).
+    ε(δ) of a curve without leakage (t = 0, or total variation ≤ δ) is 0: the verdict "curve-refuted" compares it
+    with the claim. Planted (thirteenth mutation pass): ε reported 1 (not 0) there -> fail; g's grid mutants
+    (range, size) are tightness only and pass."""
+    fam = F.sampled_gaussian_step_family(q)
+
+    def f(a, mu):
+        return (1 - q) * (1 - a) + q * special.ndtr(special.ndtri(1 - a) - mu)
+
+    ys = np.linspace(0.001, 0.999, 999)
+    for mu in (0.2, 1.0, 2.5):
+        fy = f(1 - ys, mu)
+        # f⁻¹(1 − y) by bisection on the decreasing f
+        lo, hi = np.zeros_like(ys), np.ones_like(ys)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            right = f(mid, mu) > 1 - ys
+            lo, hi = np.where(right, mid, lo), np.where(right, hi, mid)
+        exact = np.minimum(fy, hi)
+        g = fam.blowup_inverse(mu)
+        ours = np.array([g(y) for y in ys])
+        assert np.all(ours <= exact + 1e-9), (mu, float(np.max(ours - exact)))
+        if q == 1.0:
+            assert np.max(exact - ours) < 0.02
+    assert fam.epsilon(0.0, 1e-5) == 0.0
+    tiny = 1e-6  # total variation of one step at μ = 1e-6: about q·μ/√(2π) < δ = 1e-5
+    assert fam.epsilon(tiny, 1e-5) == 0.0 and fam.epsilon(1.0, 1e-5) > 0.0
