@@ -586,7 +586,8 @@ def _curve_refutation(family: fdp_one_run.TradeoffFamily, out: fdp_one_run.FdpOu
     t, eps = out.parameter, max(0.0, out.epsilon)
     sigma = 1.0 / t if t > 0 else None
     curve, name, claimed = family.claim_curve, family.name, setup.claimed
-    refuted = None if claimed is None else eps > claimed
+    # Nothing refuted (t = 0) refutes no claim, whatever the family's epsilon there (0 for every family now).
+    refuted = None if claimed is None else (sigma is not None and eps > claimed)
     if sigma is None:
         shown = f"no {name} curve is refuted"
     else:

@@ -527,3 +527,21 @@ def test_one_step_family_curve_is_below_the_exact_trade_off_and_its_epsilon_is_z
     assert fam.epsilon(0.0, 1e-5) == 0.0
     tiny = 1e-6  # total variation of one step at μ = 1e-6: about q·μ/√(2π) < δ = 1e-5
     assert fam.epsilon(tiny, 1e-5) == 0.0 and fam.epsilon(1.0, 1e-5) > 0.0
+
+
+def test_no_refuted_curve_refutes_no_claim_whatever_the_familys_epsilon_there():
+    """The thirteenth mutation pass: a family reporting epsilon 1 at t = 0 (no curve refuted) made the verdict
+    'curve-refuted' against a claim of 0.5 while the statement said no curve was refuted. The decision now needs a
+    refuted curve (t > 0) as well as its epsilon above the claim."""
+    from dpaudit.audit import bounds, fdp_one_run
+    from dpaudit.cli.audit import parse_tradeoff
+
+    family = parse_tradeoff("dpsgd:1,1", "one-run-fdp")
+    out = fdp_one_run.FdpOutcome(
+        parameter=0.0, epsilon=1.0, max_parameter=1.0, max_certifiable=2.0, k_plus=10, k_minus=10, guesses=20,
+        correct=10, n_eval=100, alpha_per_test=0.05, n_tests=1, note=None,
+    )  # fmt: skip
+    setup = bounds._Setup("one-run-fdp", "canaries", "greater", 1e-5, 0.05, 0.95, 0.5, "fixed")
+    got = bounds._curve_refutation(family, out, setup)
+    assert got["claimed_curve_refuted"] is False and got["refuted_noise_multiplier_from"] is None
+    assert got["statement"].startswith("the claimed DP-SGD curve is not refuted: no dpsgd(q=1, T=1) curve is refuted")
