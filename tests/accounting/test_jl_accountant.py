@@ -62,6 +62,42 @@ def test_epsilon_lower_bound_of_one_step_is_below_the_exact_epsilon_and_not_vacu
     assert single_step_delta(sigma, r, q, 2.0 * lb) < delta
 
 
+@pytest.mark.parametrize(
+    ("sigma", "r", "q", "steps", "delta"),
+    [
+        (1.3, 4, 0.05, 1, 1e-5),
+        (0.5, 3, 0.01, 1, 1e-6),
+        (1.3, 4, 0.05, 30, 1e-5),
+        (3.0, 16, 0.05, 1, 1e-5),  # a bound below 1 (the bisection starts at [0, 1])
+        (20.0, 4, 0.01, 1, 0.1),  # nothing shown: 0
+    ],
+)
+def test_epsilon_lower_bound_is_certified_by_its_published_inequality(sigma, r, q, steps, delta):
+    """The lower bound's own inequality, written out in 40-digit mpmath on the module's z0 grid (600 log-spaced
+    z0/sigma in [1e-2, 1e5]; the inequality holds for every z0, and on the same grid the check is tight: a finer grid
+    gains 2 %, which hid a 0.9 % error):
+    delta_T(eps) >= (1 - (1 - S(z0))^T) q delta_G(eps'; z0/sigma), e^eps' = 1 + (e^eps - 1)/q, S the chi^2 survival
+    of Z_r, delta_G Balle & Wang Thm. 8. It must exceed delta at the returned epsilon. e^eps' = 1 + (e^eps - 1) q
+    raised the bound 35 % at (1.3, 4, 0.05) and eps' = eps + log q (the branch above eps = 700) 0.9 % at
+    (0.5, 3, 0.01), both still below the exact one-step epsilon, so the factor-2 test above passed them."""
+    import mpmath as mp
+
+    from dpaudit.accounting.jl import epsilon_lower_bound
+
+    lb = epsilon_lower_bound(sigma, r, q, steps, delta)
+    with mp.workdps(40):
+        e = mp.mpf(lb)
+        e_p = mp.log(1 + mp.expm1(e) / q)
+        best = mp.mpf(0)
+        for z0 in np.exp(np.linspace(math.log(1e-2), math.log(1e5), 600)) * sigma:
+            m = mp.mpf(z0) / sigma
+            surv = mp.gammainc(mp.mpf(r) / 2, 0, mp.mpf(r) / (2 * mp.mpf(z0) ** 2), regularized=True)
+            d_g = mp.ncdf(-e_p / m + m / 2) - mp.exp(e_p) * mp.ncdf(-e_p / m - m / 2)
+            best = max(best, (1 - (1 - surv) ** steps) * q * d_g)
+    assert best > delta or lb == 0.0
+    assert lb > 0.0 or best <= delta
+
+
 def test_no_noise_is_the_non_private_subsampled_pair():
     """sigma = 0: the changed record's gradient is released exactly when sampled, so delta(eps) = q at every eps and
     epsilon = inf (a mutant testing sigma == -1 for "no noise" went on to divide by sigma); sigma = 1 is noise, its
@@ -122,6 +158,59 @@ def test_z_r_bins_conserve_mass_and_use_upper_edges():
     assert np.all(np.diff(np.log(edges)) <= 1 / 100 + 1e-12)
     # Upper edges: bin (e_(k-1), e_k] sits at e_k, so the mass at or below e_k is P(Z <= e_k) exactly.
     np.testing.assert_allclose(np.cumsum(w), z_r_cdf(3, edges), rtol=1e-9, atol=1e-15)
+
+
+def test_gaussian_delta_of_the_lower_bound_is_balle_wang_theorem_8():
+    """epsilon_lower_bound's one-step Gaussian hockey-stick (Balle & Wang 2018, Thm. 8), in log space, against the
+    formula in 50-digit mpmath: delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2). Too high a value raises the
+    lower bound, i.e. calibration refuses as "not reachable (a formal lower bound)" a target that is reachable; the
+    one-step lower-bound test above sees only changes beyond a factor 2 in epsilon. Float64 log-space error here is
+    < 1e-9 (a 3000-point search against mpmath found 3e-10 at most where log delta > -745)."""
+    import mpmath as mp
+
+    from dpaudit.accounting.jl import _log_gaussian_delta
+
+    mus = [0.01, 0.3, 1.0, 3.0, 30.0, 1e3]
+    for eps in (0.0, 1e-3, 0.5, 5.0, 40.0, 400.0):
+        got = _log_gaussian_delta(eps, np.array(mus))
+        for mu, g in zip(mus, got, strict=True):
+            with mp.workdps(50):
+                e, m = mp.mpf(eps), mp.mpf(mu)
+                exact = mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2)
+                want = float(mp.log(exact)) if exact > 0 else -math.inf
+            if want < -745.0:  # delta below the smallest double: any value <= ~ -700 means "0" to the caller
+                assert g < -700.0
+            else:
+                assert g == pytest.approx(want, rel=1e-9, abs=1e-9), (eps, mu)
+
+
+@pytest.mark.parametrize(("q", "max_loss"), [(1.0, 60.0), (0.05, 60.0), (1e-4, 8.0), (0.5, 200.0)])
+def test_component_cap_is_where_the_loss_passes_max_loss_but_with_8_sigma(q, max_loss):
+    """jl_mu_cap: mu with log q + mu^2/2 - 8 mu = max_loss (log q -> 0 at q = 1), the larger root. For X ~ N(mu, 1)
+    the remove-direction loss log(q e^(mu X - mu^2/2) + 1 - q) >= log q + mu X - mu^2/2, which is >= max_loss
+    whenever X >= mu - 8, i.e. except with probability Phi(-8). A cap off either way only moves mass between the
+    Z_r components and the charged atom (tightness), but its stated meaning is checked here."""
+    from dpaudit.accounting.jl import jl_mu_cap
+
+    mu = jl_mu_cap(q, max_loss)
+    assert mu > 8.0
+    assert math.log(q) + mu * mu / 2 - 8 * mu == pytest.approx(max_loss, rel=1e-12, abs=1e-10)
+
+
+@pytest.mark.parametrize(("r", "z_cap", "tail"), [(16, 0.5, 1e-6), (3, 50.0, 1e-6), (10_000, 1.02, 1e-6)])
+def test_z_r_bins_masses_are_the_chi2_law_below_the_cap_at_any_tail(r, z_cap, tail):
+    """Every weight is P(e_(k-1) < Z_r <= e_k) and the first holds all the mass below its edge, so the cumulative
+    weights are the chi^2 law P(Z_r <= e) = P(chi2_r >= r / e^2) and the weights plus P(Z_r > z_cap) are 1. At a
+    tail of 1e-6 a dropped or doubled first bin is visible (at the accountant's 1e-21 it is not); (16, 0.5) is the
+    branch where z_cap lies below the lower quantile (one bin at z_cap): its weight 0.5 - P(Z > z_cap) (negative)
+    and P(Z > z_cap) alone passed every test."""
+    from scipy import stats
+
+    w, edges, s_cap = z_r_bins(r, bins_per_e=50, z_cap=z_cap, tail=tail)
+    assert np.all(w > 0.0) and edges[-1] == z_cap
+    assert s_cap == pytest.approx(stats.chi2.cdf(r / z_cap**2, r), rel=1e-12)
+    np.testing.assert_allclose(np.cumsum(w), stats.chi2.sf(r / edges**2, r), rtol=1e-9, atol=1e-15)
+    assert w.sum() + s_cap == pytest.approx(1.0, abs=1e-13)
 
 
 # -- finite for every r ---------------------------------------------------------------------------
