@@ -248,11 +248,13 @@ def _log_bl(logq: float, sigma: float, m: int) -> float:
     return math.log(m - 1) + float(special.log_ndtr(z - math.sqrt(2.0) / sigma))
 
 
-def _log_bu(logq: float, sigma: float, m: int) -> float:
+def _log_bu(logq: float | np.ndarray, sigma: float, m: int) -> float | np.ndarray:
     """log of the largest q at a histogram one vote away (App. C, Prop. 12), capped at 1:
-    bu(q) = min(1, (m-1)/2 erfc(-1/s + erfcinv(2q/(m-1)))) = min(1, (m-1) Phi(z + sqrt 2/s)) (as _log_bl)."""
-    z = float(special.ndtri_exp(logq - math.log(m - 1)))
-    return min(0.0, math.log(m - 1) + float(special.log_ndtr(z + math.sqrt(2.0) / sigma)))
+    bu(q) = min(1, (m-1)/2 erfc(-1/s + erfcinv(2q/(m-1)))) = min(1, (m-1) Phi(z + sqrt 2/s)) (as _log_bl).
+    Elementwise on an array of log q (a float for a float)."""
+    z = special.ndtri_exp(np.asarray(logq, dtype=np.float64) - math.log(m - 1))
+    out = np.minimum(0.0, math.log(m - 1) + special.log_ndtr(z + math.sqrt(2.0) / sigma))
+    return float(out) if out.ndim == 0 else out
 
 
 def _beta_grid(logq: np.ndarray, sigma: float, order: float) -> np.ndarray:
@@ -290,10 +292,8 @@ def conditions_hold(sigma: float, m: int, order: float) -> bool:
         return bool(np.all(np.isfinite(f))) and float(np.diff(f).min()) >= -1e-9 * float(np.abs(f).max())
 
     q5, q6 = grid(lq0), grid(lq1)
-    z = special.ndtri_exp(q6 - math.log(m - 1))  # _log_bu, elementwise
-    log_bu = np.minimum(0.0, math.log(m - 1) + special.log_ndtr(z + math.sqrt(2.0) / sigma))
     c5 = non_decreasing(_beta_grid(q5, sigma, order))
-    return c5 and non_decreasing(_beta_grid(log_bu, sigma, order) - _beta_grid(q6, sigma, order))
+    return c5 and non_decreasing(_beta_grid(_log_bu(q6, sigma, m), sigma, order) - _beta_grid(q6, sigma, order))
 
 
 def _ls_at(logq: float, sigma: float, m: int, order: float) -> float:

@@ -350,16 +350,13 @@ def _exit_code(
             f"fail and it fails instead of passing; {formal_advice}"
             + (" or add --fail-on-estimate to gate on the estimate" if has_fail_on_estimate else "")
         )
-    if fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS):
-        raise InputError(
-            "--fail-on-violation: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
-            "does, so the gate fails instead of passing; use more runs or canaries (`dpaudit audit plan`)"
-        )
     # Nor may the stricter gate pass where --fail-on-violation fails: every verdict inconclusive, no bound (formal or
     # estimate) could exceed the claim (--fail-on-estimate alone exited 0 there)
-    if fail_on_estimate and verdicts - {None} <= set(CANNOT_REFUTE):
+    violation_gate = fail_on_violation and cannot_refute and not verdicts & set(FORMAL_REFUTATIONS)
+    if violation_gate or (fail_on_estimate and verdicts - {None} <= set(CANNOT_REFUTE)):
+        flag = "--fail-on-violation" if violation_gate else "--fail-on-estimate"
         raise InputError(
-            "--fail-on-estimate: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
+            f"{flag}: verdict inconclusive: this design cannot refute the claim whatever the mechanism "
             "does, so the gate fails instead of passing; use more runs or canaries (`dpaudit audit plan`)"
         )
     # --fail-on-estimate is the stricter gate: it fails on the weaker evidence, so on the formal refutation too

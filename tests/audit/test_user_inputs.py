@@ -217,16 +217,21 @@ def test_tied_null_scores_violate_a_true_claim_at_most_alpha(pattern):
 # ---- a gate that cannot fail does not pass ---------------------------------------------------------------
 
 
-def test_fail_on_violation_fails_an_inconclusive_canary_audit(tmp_path):
-    """`audit canaries --fail-on-violation` on a claim its design cannot refute (ε = 50: the one-run bound of
-    500 canaries stops near 5) used to exit 0, a CI job passing on a test that proves nothing; now exit 2 with
-    one error line, and exit 0 without the gate. Planted: the gate's inconclusive rule dropped -> exit 0 -> fails."""
+def _noisy_canaries(tmp_path):
+    """500 canaries through T correctly noised steps (σ = SIGMA), saved: a one-run design that stops near ε 5."""
     c = GradientCanaries(SHAPES, count=500, sample_rate=Q, clip=1.0, seed=0)
     rng = np.random.default_rng(7)
     for t in range(T):
         g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
         c.observe(t, {n: v + SIGMA * rng.normal(size=v.shape) for n, v in g.items()})
-    d = c.save(tmp_path / "c")
+    return c.save(tmp_path / "c")
+
+
+def test_fail_on_violation_fails_an_inconclusive_canary_audit(tmp_path):
+    """`audit canaries --fail-on-violation` on a claim its design cannot refute (ε = 50: the one-run bound of
+    500 canaries stops near 5) used to exit 0, a CI job passing on a test that proves nothing; now exit 2 with
+    one error line, and exit 0 without the gate. Planted: the gate's inconclusive rule dropped -> exit 0 -> fails."""
+    d = _noisy_canaries(tmp_path)
     args = ["audit", "canaries", str(d), "--claimed-epsilon", "50", "--delta", "1e-5"]
     res = runner.invoke(app, [*args, "--fail-on-violation"])
     assert res.exit_code == 2 and "verdict: inconclusive" in res.output, res.output
@@ -415,12 +420,7 @@ def test_canary_run_verdict_is_inconclusive_only_when_no_formal_test_could_refut
     one-run record is (and no noise check ran: that case is `test_hooks_audit.py`'s, 4 s here); a record that could
     refute makes it "consistent". Mutant that survived the fast tier: the rule reduced to `noise is None` (every
     audit without σ "inconclusive", so its gate exited 2 on a consistent formal test)."""
-    c = GradientCanaries(SHAPES, count=500, sample_rate=Q, clip=1.0, seed=0)
-    rng = np.random.default_rng(7)
-    for t in range(T):
-        g = c.inject(t, {n: np.zeros(s) for n, s in SHAPES.items()})
-        c.observe(t, {n: v + SIGMA * rng.normal(size=v.shape) for n, v in g.items()})
-    d = c.save(tmp_path / "c")
+    d = _noisy_canaries(tmp_path)
     weak = audit_canaries(d, claimed_epsilon=50.0, delta=DELTA)
     assert weak.noise is None and [r.result.verdict for r in weak.audits] == ["inconclusive"]
     assert weak.verdict == "inconclusive"
