@@ -185,10 +185,20 @@ def raw_probabilities(run: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 
     The run's preprocessing is applied inside, as a torch expression so autograd goes through it. A
     float64 copy of the model: small probability changes are not rounded into flat stretches, which the
-    stopping rule would read as no improvement.
+    stopping rule would read as no improvement. A module that does not run in float64 (your own
+    ``nn.Module`` whose forward casts its input, ``x.float()``, then meets float64 weights) is run as saved,
+    the standardised input cast to its parameters' dtype and the probabilities returned in float64: before,
+    ``dpaudit attack inversion`` and ``attack attribute`` (and the report's) stopped on such a model with
+    "internal error: RuntimeError: mat1 and mat2 must have the same dtype".
     """
     pre = run.preprocessing
     model = copy.deepcopy(run.model).to("cpu").double().eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros((2, *run.spec.input_shape), dtype=torch.float64))
+    except RuntimeError:  # a forward that casts its input itself: keep the model's own dtype
+        model = copy.deepcopy(run.model).to("cpu").eval()
+    dtype = next(model.parameters()).dtype
     for p in model.parameters():
         p.requires_grad_(False)
     if hasattr(pre, "mean"):
@@ -198,7 +208,7 @@ def raw_probabilities(run: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         mean, scale = torch.zeros(()), torch.ones(())
 
     def probs(x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(model((x - mean) / scale), dim=-1)
+        return torch.softmax(model(((x - mean) / scale).to(dtype)).to(torch.float64), dim=-1)
 
     return probs
 

@@ -546,3 +546,41 @@ def test_the_oracles_accuracy_read_in_blocks_is_its_score_on_the_whole_split():
     clf = eval_classifier(ds.X[:300].astype(np.float64), ds.y[:300])
     whole = clf.score(ds.X[idx].astype(np.float64).reshape(len(idx), -1), ds.y[idx])
     assert _accuracy_in_blocks(clf, ds, idx, block=10) == whole
+
+
+class _CastsItsInput(torch.nn.Module):
+    """A user's module outside the zoo whose forward casts its input to float32 (``x.float()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.float())
+
+
+def test_a_user_module_that_casts_its_input_is_attacked_in_its_own_dtype():
+    # Before: raw_probabilities ran a float64 copy, and x.float() @ float64 weights raised "mat1 and mat2 must
+    # have the same dtype": `dpaudit attack inversion` / `attack attribute` stopped with an internal error.
+    from types import SimpleNamespace
+
+    from attacks.attribute import AttributeInference
+    from attacks.inversion import raw_probabilities
+    from dpaudit.data import Standardizer
+
+    module = _CastsItsInput()
+    pre = Standardizer(np.array([1.0, 2.0, 3.0], np.float32), np.array([2.0, 4.0, 0.5], np.float32))
+    run = SimpleNamespace(model=module, preprocessing=pre, spec=SimpleNamespace(input_shape=(3,)))
+    probs = raw_probabilities(run)
+    X = np.random.default_rng(0).normal(size=(50, 3)) * 3
+    with torch.no_grad():  # the deployed model: float32 standardisation and forward, softmax
+        expected = torch.softmax(module(torch.as_tensor(pre.transform(X))).double(), dim=1).numpy()
+    got = as_black_box(probs)(X)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)  # float32 forward: ~1e-7 apart
+    t = MIFace(iterations=30, window=5, step=1.0, restarts=1).fit(X).invert(probs, 1)  # autograd through the cast
+    assert t.n_iterations > 0 and t.objective < t.costs[0]
+    y = (X[:, 0] > 1).astype(int)
+    att = AttributeInference(0).fit(X, y, as_black_box(probs))
+    assert att.predict(X, y, as_black_box(probs)).shape == (50,)
