@@ -635,6 +635,13 @@ def run_inversion(
         raise InputError(TOKEN_REFUSAL)
     y = np.asarray(ds.y)
     sp = run.splits
+    present = np.unique(y[sp.aux])
+    if len(present) < 2:  # scikit-learn's "needs samples of at least 2 classes" reached the user as an internal error
+        held = f"a single class ({ds.label(present[0])})" if len(present) else "no record"
+        raise InputError(
+            f"the aux split holds {held}: the identification classifier that scores the inversions is trained "
+            "there and needs at least 2 classes"
+        )
     # The aux split in float64 (the attacker's data), the other splits a block of rows at a time: never the whole
     # X as float64 (a memory-mapped CIFAR X.npy of 600 MB read whole into 1.2 GB: a 2.9 GB peak before).
     X_aux = ds.rows(sp.aux).astype(np.float64)

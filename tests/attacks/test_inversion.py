@@ -489,6 +489,28 @@ def test_a_class_missing_from_a_split_gives_no_comparison_not_a_crash(tmp_path):
     assert "—" in inversion_table(r)
 
 
+def test_an_aux_split_of_a_single_class_is_refused_with_a_named_error(tmp_path):
+    """A label so rare that the aux split holds none of it: the identification classifier (trained on aux) raised
+    scikit-learn's ValueError "needs samples of at least 2 classes", an internal error; now a one-line InputError."""
+    from dpaudit.checkpoint import load_run
+    from dpaudit.data import Splits, load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    rng = np.random.default_rng(0)
+    y = np.r_[np.full(40, 5), np.full(2, 7)]
+    X = (rng.standard_normal((len(y), 3)) + y[:, None]).astype(np.float32)
+    np.savez(tmp_path / "rare.npz", X=X, y=y)
+    ds = load_dataset(str(tmp_path / "rare.npz"))
+    splits = Splits(members=np.r_[0:15, 40], holdout=np.r_[15:25, 41], aux=np.r_[25:35], test=np.r_[35:40], seed=0,
+                    fractions=())  # fmt: skip
+    spec = default_spec("logreg", input_shape=ds.feature_shape, n_classes=2)
+    train_run(ds, spec, TrainConfig(epochs=1, batch_size=16, lr=0.1, seed=0), out=tmp_path / "run", splits=splits)
+    with pytest.raises(InputError, match=r"aux split holds a single class \(5\).*at least 2 classes"):
+        run_inversion(load_run(tmp_path / "run"), attack=MIFace(iterations=2, restarts=1, seed=0))
+
+
 def test_inversion_reads_a_memory_mapped_x_a_split_at_a_time(tmp_path, monkeypatch):
     """`attack inversion` on a memory-mapped CIFAR-shaped X.npy (600 MB) made the whole X float64 (1.2 GB; a
     2.9 GB peak RSS) and copied the members' and holdout's rows again for their class means. Now only the aux
