@@ -721,9 +721,11 @@ def extract(
     equations (linear targets: exact from d+1 queries with full probabilities), learning (any target:
     a ``surrogate`` of kind logreg | mlp | cnn trained on the answers) or auto (equations when they
     apply: a logreg target, an API with scores, a budget of at least d+1; else learning, and learning
-    when ``adaptive``). ``pool``: where queries come from (aux | uniform | synthetic,
-    the default: with rounded answers, uniform points in the box are so confidently classified that
-    their probabilities round to 0 and 1 and give almost no equations). ``adaptive``: uncertainty-
+    when ``adaptive``; rounded answers that leave the equations unsolvable: a ``surrogate`` trained on the
+    same queries and answers, no further query, ``params["fallback"]`` saying why). ``pool``: where
+    queries come from (aux | uniform | synthetic, the default: with rounded answers, uniform points in
+    the box are so confidently classified that their probabilities round to 0 and 1 and give almost no
+    equations). ``adaptive``: uncertainty-
     sampling rounds (learning only). ``curve_points``: points of the fidelity-vs-queries curve, the
     attack refitted on the first budget/2^j of its queries (0 or 1: the final point only). The
     attacker sees only the API and the aux split; the test split and uniform inputs evaluate.
@@ -740,6 +742,7 @@ def extract(
         raise InputError(f"expected curve_points to be a non-negative integer, got {curve_points!r}")
     if run.meta["data"].get("kind") == "tokens":
         raise InputError(TOKEN_REFUSAL)
+    chose = method == "auto" and not adaptive  # auto's equations may fall back to learning (below)
     method = resolve_method("learning" if adaptive and method == "auto" else method, run, mode, budget)
     pool = pool if pool is not None else "synthetic"
     check_choice(POOLS, pool=pool)
@@ -763,22 +766,43 @@ def extract(
     with progress.task(f"extraction ({method}, api {mode})", None):
         if method == "equations":
             X, A = equation_attack(target_api, knowledge, budget=budget, pool=pool, seed=seed)
+            try:
+                solver = EquationSolver(mode).fit(X, A)  # the attack itself: its refusal is the user's to see
+            except InputError as e:
+                # Rounded answers: a probability rounded to 0 gives no equation, so d+1 queries (auto's minimum)
+                # rarely suffice; auto refused where learning works (`--api rounded:2 --budget 65` on a digits logreg:
+                # "416 usable equations for 585 unknowns"). Auto then learns from the answers already bought.
+                if not (chose and mode.kind == "rounded"):
+                    raise
+                method, spec = "learning", surrogate_spec(surrogate, input_shape=shape, n_classes=n_classes)
+                settings |= {"method": method, "surrogate": spec.to_dict(), "adaptive": False,
+                             "fallback": f"auto: equations unsolvable ({e}); surrogate trained on the "
+                             "same queries (axis design, then pool)"}  # fmt: skip
+                pre = Standardizer.fit(knowledge.aux_X)  # the attacker's own scaling, as learning_attack's
+                least = minimum_budget("learning", d=d, n_classes=n_classes)
+                for n in _prefixes(budget, least, max(curve_points, 1)):
+                    model = train_surrogate(X[:n], soft_targets(A[:n], mode), spec, pre, seed=seed)
+                    curve.append(evaluator.score(model, n, model.linear_parameters()))
+                solver = None
+        if method == "equations":
+            assert solver is not None
             unsolvable: list[int] = []
             *fewer, _ = _prefixes(budget, minimum, max(curve_points, 1))
             for n in fewer:
                 try:  # with rounded answers a prefix can be short of usable equations where the whole budget is not
-                    solver = EquationSolver(mode).fit(X[:n], A[:n])
+                    solver_n = EquationSolver(mode).fit(X[:n], A[:n])
                 except InputError:  # a curve point missing, not the attack failing (it did abort the attack)
                     unsolvable.append(n)
                     continue
-                curve.append(_equation_point(evaluator, solver, n, shape)[1])
-            solver = EquationSolver(mode).fit(X, A)  # the attack itself: its refusal is the user's to see
+                curve.append(_equation_point(evaluator, solver_n, n, shape)[1])
             model, point = _equation_point(evaluator, solver, budget, shape)
             curve.append(point)
             settings |= {"surrogate": model.spec.to_dict(), "n_equations": solver.n_equations_,
                          "design": "axis (d+1), then pool"}  # fmt: skip
             if unsolvable:
                 settings["curve_unsolvable"] = unsolvable
+            final = curve[-1]
+        elif "fallback" in settings:
             final = curve[-1]
         else:
             assert spec is not None

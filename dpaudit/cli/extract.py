@@ -40,6 +40,8 @@ def human_summary(result: Any) -> str:
                 f"            {p['queries']:>7}  {rate(p['fidelity']):>8}  {rate(p['fidelity_uniform']):>7}  "
                 f"{_number(p['parameter_relative_error']):>10}"
             )
+    if d["params"].get("fallback"):
+        lines.append(f"note        {d['params']['fallback']}")
     if d["params"].get("curve_unsolvable"):
         lines.append(
             f"            not solvable at {', '.join(map(str, d['params']['curve_unsolvable']))} queries (too few "
@@ -64,7 +66,8 @@ def extract(
             "-m",
             help="equations (linear models: solve log-probability ratios, exact from d+1 queries) | learning "
             "(train a surrogate on the answers, any model) | auto (equations where they apply: a logreg target, an "
-            "api with scores, a budget of at least d+1, no --adaptive; else learning).",
+            "api with scores, a budget of at least d+1, no --adaptive; else learning; with rounded:K answers too "
+            "few to solve, a surrogate learnt from the same answers).",
         ),
     ] = "auto",
     surrogate: Annotated[

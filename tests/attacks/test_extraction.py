@@ -303,6 +303,20 @@ def test_auto_learns_where_the_budget_is_below_d_plus_1(digits_logreg):
     assert extract(run, budget=DIGITS_D + 1, curve_points=1).result.method == "equations"
 
 
+def test_auto_learns_from_rounded_answers_too_few_to_solve(digits_logreg):
+    """`dpaudit attack extract --api rounded:2 --budget 65` (method auto) on a digits logreg: auto chose equations
+    and refused (here "551 usable equations for 585 unknowns": probabilities rounded to 0 give none). Now auto trains
+    the surrogate on the same 65 answers (no further query); an explicit --method equations still refuses."""
+    run = _load(digits_logreg)
+    r = extract(run, budget=DIGITS_D + 1, api="rounded:2", curve_points=1, surrogate="logreg").result
+    assert (r.method, r.queries, r.params["method"]) == ("learning", DIGITS_D + 1, "learning")
+    assert "equations unsolvable" in r.params["fallback"] and "585 unknowns" in r.params["fallback"]
+    assert [p["queries"] for p in r.curve] == [DIGITS_D + 1]
+    assert r.fidelity is not None and 0.0 <= r.fidelity <= 1.0 and r.parameter_relative_error is not None
+    with pytest.raises(InputError, match="usable equations"):
+        extract(run, budget=DIGITS_D + 1, api="rounded:2", method="equations", curve_points=1)
+
+
 # --------------------------------------------------------------------------- learning-based extraction
 
 
