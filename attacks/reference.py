@@ -323,14 +323,16 @@ def train_models(
         # work instead of one following the other), then, waiting for it, the ones it was training.
         run(todo, wait=False)
         if busy := [j for j in todo if out[j] is None]:
-            pids = sorted({p for j in busy if (p := work_lock_holder(_entry(cache, recipe, train_sets[j], seeds[j])))})
-            by = "other dpaudit processes" if len(pids) > 1 else "another dpaudit process"
-            by += f" (pid {', '.join(map(str, pids))})" if pids else ""
-            one = len(busy) == 1
-            announce(  # one line, before the wait: a job that seems stuck says why
-                f"{description}: {len(busy)} {'was' if one else 'were'} being trained by {by} on {cache}; "
-                f"waiting for {'it' if one else 'them'} instead of training {'it' if one else 'them'} twice"
-            )
+            holders = [work_lock_holder(_entry(cache, recipe, train_sets[j], seeds[j])) for j in busy]
+            if held := [p for p in holders if p]:  # those done meanwhile are read at once: no wait to explain
+                pids = sorted(set(held))
+                by = "other dpaudit processes" if len(pids) > 1 else "another dpaudit process"
+                one = len(held) == 1
+                announce(  # one line, before the wait: a job that seems stuck says why
+                    f"{description}: {len(held)} {'is' if one else 'are'} being trained by {by} (pid "
+                    f"{', '.join(map(str, pids))}) on {cache}; waiting for {'it' if one else 'them'} instead of "
+                    f"training {'it' if one else 'them'} twice"
+                )
             run(busy, wait=True)
     return np.stack(out) if out else np.zeros((0, *shape))
 

@@ -334,7 +334,7 @@ def test_a_model_another_process_is_training_is_left_for_later_then_waited_for(
     assert trained == ([second] if holder == "saves the entry" else [second, first.name])
     assert polls == [1]
     assert said == [
-        f"dpaudit: reference models: 1 was being trained by another dpaudit process (pid {os.getpid()}) on "
+        f"dpaudit: reference models: 1 is being trained by another dpaudit process (pid {os.getpid()}) on "
         f"{cache.absolute()}; waiting for it instead of training it twice"
     ]
     untrusted = [w for w in record if issubclass(w.category, IntegrityWarning)]
