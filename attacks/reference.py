@@ -7,7 +7,9 @@ the sha256 of (data hash, model spec, training config including the seed, traini
 fixed preprocessing if the recipe has one), so a
 second attack on the same target, or another target with the same recipe, reuses them. ``cache_dir``
 defaults to :func:`dpaudit.cache.default_cache_dir` (``$DPAUDIT_CACHE_DIR``, else the user's cache
-directory; never the current directory).
+directory; never the current directory). Processes sharing a cache train each missing model once: its
+trainer holds the entry's work lock (:func:`dpaudit.fileio.work_lock`), and :func:`train_models` trains the models
+no one holds first, then waits for the others and reads their entries.
 
 Parallelism: joblib with the loky backend (``workers`` processes), or a Dask cluster through joblib's
 dask backend (``scheduler="tcp://host:port"``). Each job trains with one torch thread, so results are

@@ -16,6 +16,10 @@ the old directory aside, renames the new one in, and only then deletes the old o
 an interrupt in between the old directory is moved back, and a writer killed outright (SIGKILL)
 leaves a hidden sibling that the next write of the same output restores or removes.
 
+The same lock, on ``.NAME.dpaudit-work-lock`` (:func:`work_lock`), is held while what goes into an output is
+computed (a cache entry's model trained): a second process needing it waits for the first and reads its result
+instead of computing it too.
+
 The OS's own errors (permission denied, read-only file system, disk full, a parent that is a file)
 become :class:`~dpaudit.errors.OutputError` (exit code 2) naming the user's path, never a temporary
 one.
