@@ -7,7 +7,9 @@ the sha256 of (data hash, model spec, training config including the seed, traini
 fixed preprocessing if the recipe has one), so a
 second attack on the same target, or another target with the same recipe, reuses them. ``cache_dir``
 defaults to :func:`dpaudit.cache.default_cache_dir` (``$DPAUDIT_CACHE_DIR``, else the user's cache
-directory; never the current directory).
+directory; never the current directory). Processes sharing a cache train each missing model once: its
+trainer holds the entry's work lock (:func:`dpaudit.fileio.work_lock`), and :func:`train_models` trains the models
+no one holds first, then waits for the others and reads their entries.
 
 Parallelism: joblib with the loky backend (``workers`` processes), or a Dask cluster through joblib's
 dask backend (``scheduler="tcp://host:port"``). Each job trains with one torch thread, so results are
@@ -31,9 +33,9 @@ from dpaudit.cache import check_cache_dir, discard_entry, entry_problem, resolve
 from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run
 from dpaudit.data import Dataset, Identity, Splits, Standardizer
 from dpaudit.errors import InputError
-from dpaudit.fileio import wait_for_writer
+from dpaudit.fileio import wait_for_writer, work_lock, work_lock_holder
 from dpaudit.models import ModelSpec, PythonSpec, factory_source_sha256
-from dpaudit.progress import NULL_PROGRESS, Progress
+from dpaudit.progress import NULL_PROGRESS, Progress, announce
 from dpaudit.training.config import PerfConfig, TrainConfig
 from dpaudit.validation import check_workers
 
@@ -171,8 +173,15 @@ def release_freed_heap() -> bool:
     return True
 
 
-def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) -> np.ndarray:
+def train_one(
+    recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str, *, wait: bool = True
+) -> np.ndarray | None:
     """Train one reference model (or reuse the cached one) and return its float64 logits on every record.
+
+    A model missing from the cache is trained under its entry's :func:`~dpaudit.fileio.work_lock`: another process
+    (a second CI job on the same cache, a Dask worker) or thread missing the same entry meanwhile does not train it
+    too. With ``wait`` it waits for that one and reads its verified entry (trains it if the other died or left an
+    untrusted entry); without, it returns None at once (the caller comes back to it later).
 
     Runs with a single torch thread (restored afterwards) so that the result does not depend on where
     it runs, and parallel workers do not oversubscribe cores. Safe to call in a worker process, and from
@@ -182,14 +191,18 @@ def train_one(recipe: Recipe, train_idx: np.ndarray, seed: int, cache_dir: str) 
     from a local run with 2 threads per Dask worker). Start such workers with ``--nthreads 1`` for parallelism.
     """
 
-    key = model_key(recipe, train_idx, seed)
-    path = Path(cache_dir) / "models" / key
+    path = _entry(cache_dir, recipe, train_idx, seed)
     shape = _logits_shape(recipe)
     cached = _read_cached(path, shape)
     if cached is not None:
         return cached
-    with _TORCH_JOBS:
-        return _train_one_locked(recipe, train_idx, seed, path, shape)
+    # The entry's work lock first, then this process's torch lock: a thread holding _TORCH_JOBS never waits for a
+    # work lock (two processes, each with a thread waiting for the other's, would wait forever).
+    with work_lock(path, wait=wait) as held:
+        if not held:
+            return None  # another process or thread trains it now
+        with _TORCH_JOBS:
+            return _train_one_locked(recipe, train_idx, seed, path, shape)
 
 
 def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Path, shape) -> np.ndarray:
@@ -278,8 +291,7 @@ def train_models(
     out: list[np.ndarray | None] = [None] * len(seeds)
     todo = []
     for j, (idx, seed) in enumerate(zip(train_sets, seeds, strict=True)):
-        key = model_key(recipe, idx, seed)
-        out[j] = _read_cached(Path(cache) / "models" / key, shape)
+        out[j] = _read_cached(_entry(cache, recipe, idx, seed), shape)
         if out[j] is None:
             todo.append(j)
     if todo:  # before the first one: refuse what cannot fit, ask (--yes) before what takes hours
@@ -293,19 +305,42 @@ def train_models(
         check_trainings(description, len(todo) / max(1, workers), one)
     with progress.task(f"{description} ({len(todo)} to train, {len(seeds) - len(todo)} cached)", len(seeds)) as adv:
         adv(len(seeds) - len(todo))
-        jobs = (delayed(train_one)(recipe, train_sets[j], int(seeds[j]), cache) for j in todo)
-        if not todo:
-            results: Any = []
-        elif scheduler is not None:
-            results = _run_on_dask(scheduler, jobs)
-        elif workers == 1 or len(todo) == 1:
-            results = (train_one(recipe, train_sets[j], int(seeds[j]), cache) for j in todo)
-        else:
-            results = Parallel(n_jobs=min(workers, len(todo)), backend="loky", return_as="generator")(jobs)
-        for j, logits in zip(todo, results, strict=True):
-            out[j] = logits
-            adv(1)
+
+        def run(todo: list[int], wait: bool) -> None:
+            jobs = (delayed(train_one)(recipe, train_sets[j], int(seeds[j]), cache, wait=wait) for j in todo)
+            if not todo:
+                results: Any = []
+            elif scheduler is not None:
+                results = _run_on_dask(scheduler, jobs)
+            elif workers == 1 or len(todo) == 1:
+                results = (train_one(recipe, train_sets[j], int(seeds[j]), cache, wait=wait) for j in todo)
+            else:
+                results = Parallel(n_jobs=min(workers, len(todo)), backend="loky", return_as="generator")(jobs)
+            for j, logits in zip(todo, results, strict=True):
+                if logits is not None:
+                    out[j] = logits
+                    adv(1)
+
+        # First the models no other process is training (those it is are left: two CI jobs on one cache share the
+        # work instead of one following the other), then, waiting for it, the ones it was training.
+        run(todo, wait=False)
+        if busy := [j for j in todo if out[j] is None]:
+            holders = [work_lock_holder(_entry(cache, recipe, train_sets[j], seeds[j])) for j in busy]
+            if held := [p for p in holders if p]:  # those done meanwhile are read at once: no wait to explain
+                pids = sorted(set(held))
+                by = "other dpaudit processes" if len(pids) > 1 else "another dpaudit process"
+                one = len(held) == 1
+                announce(  # one line, before the wait: a job that seems stuck says why
+                    f"{description}: {len(held)} {'is' if one else 'are'} being trained by {by} (pid "
+                    f"{', '.join(map(str, pids))}) on {cache}; waiting for {'it' if one else 'them'} instead of "
+                    f"training {'it' if one else 'them'} twice"
+                )
+            run(busy, wait=True)
     return np.stack(out) if out else np.zeros((0, *shape))
+
+
+def _entry(cache: str, recipe: Recipe, train_idx: np.ndarray, seed: int) -> Path:
+    return Path(cache) / "models" / model_key(recipe, train_idx, seed)
 
 
 def _run_on_dask(scheduler: str, jobs) -> list[np.ndarray]:

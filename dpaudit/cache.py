@@ -6,7 +6,9 @@ an attack in a source tree leaves nothing behind: ``$DPAUDIT_CACHE_DIR`` if set,
 produced it (see :func:`attacks.reference.model_key`), so a cache may be moved or deleted, and shared
 with people you trust: every entry's files carry the sha256 written with them, verified on each read (a
 changed entry is recomputed, with a warning). Entries are created with the user's umask (readable by
-others under the usual 022, writable only by their owner).
+others under the usual 022, writable only by their owner). A missing entry is computed under its work lock
+(:func:`dpaudit.fileio.work_lock`, a file beside the entry, never in it): processes sharing a cache compute each
+entry once.
 """
 
 from __future__ import annotations

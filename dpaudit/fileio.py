@@ -16,6 +16,10 @@ the old directory aside, renames the new one in, and only then deletes the old o
 an interrupt in between the old directory is moved back, and a writer killed outright (SIGKILL)
 leaves a hidden sibling that the next write of the same output restores or removes.
 
+The same lock, on ``.NAME.dpaudit-work-lock`` (:func:`work_lock`), is held while what goes into an output is
+computed (a cache entry's model trained): a second process needing it waits for the first and reads its result
+instead of computing it too.
+
 The OS's own errors (permission denied, read-only file system, disk full, a parent that is a file)
 become :class:`~dpaudit.errors.OutputError` (exit code 2) naming the user's path, never a temporary
 one.
@@ -44,6 +48,7 @@ except ImportError:  # Windows: the lock is the pid alone
 MANIFEST = ".dpaudit-manifest.json"
 MANIFEST_VERSION = 1
 _LOCK = ".dpaudit-lock"
+_WORK_LOCK = ".dpaudit-work-lock"
 _TMP = ".dpaudit-tmp"
 _OLD = ".dpaudit-old"
 _SHOWN = 3  # foreign files named in a refusal
@@ -249,9 +254,19 @@ def output_lock(out: Path) -> Iterator[None]:
     dead is stale)."""
     out = Path(out)
     lock = _lock_path(out)
+    with _holding(lock, _acquire(lock, out)):
+        yield
+
+
+def _acquire(lock: Path, out: Path) -> int:
+    """``lock``'s descriptor, taken (flock, else O_EXCL and the pid); OutputBusyError when a live process holds it."""
     fd = _take_lock(lock, out) if fcntl is not None else None
-    if fd is None:
-        fd = _take_lock_by_pid(lock, out)
+    return _take_lock_by_pid(lock, out) if fd is None else fd
+
+
+@contextlib.contextmanager
+def _holding(lock: Path, fd: int) -> Iterator[None]:
+    """Record this process's pid in the taken ``lock``; remove and release it on the way out, however it goes."""
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -259,6 +274,50 @@ def output_lock(out: Path) -> Iterator[None]:
     finally:
         lock.unlink(missing_ok=True)  # before the lock goes: a process that opened this file meanwhile retries
         os.close(fd)
+
+
+@contextlib.contextmanager
+def work_lock(out: Path, *, wait: bool = True, poll_s: float = 0.5) -> Iterator[bool]:
+    """Hold ``.NAME.dpaudit-work-lock`` beside ``out`` while what goes into ``out`` is computed (a cache entry: check
+    it, train its model, write it), so that a second dpaudit process (another CI job on the same cache, a Dask
+    worker, another thread) that needs the same ``out`` does not compute it too. Yields True once held; with
+    ``wait`` False, False at once (nothing held) when another process or thread holds it, else it waits (polls every
+    ``poll_s``; Ctrl-C ends the wait, nothing held) until the holder is done: the caller then checks ``out`` again,
+    and computes it itself only if the holder did not leave a good one (it died, or wrote an untrusted entry).
+
+    The same lock as :func:`output_lock` (flock, released by the kernel when its holder dies however it dies; where
+    there is no flock, the pid: a dead holder's lock is taken over), on a file of its own: ``out``'s write, inside
+    the work, takes ``output_lock``. The file is removed when released and lies beside ``out``, never in it (a
+    cache entry holds only what its manifest and hashes list). One work lock at a time: a process never waits for
+    one while it holds another (no two processes can then wait for each other)."""
+    import time
+
+    out = Path(out)
+    lock = out.parent / f".{out.name}{_WORK_LOCK}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(e, out) from None
+    while True:
+        try:
+            fd = _acquire(lock, out)
+            break
+        except OutputBusyError:
+            if not wait:
+                fd = None
+                break
+        time.sleep(poll_s)
+    if fd is None:
+        yield False
+        return
+    with _holding(lock, fd):
+        yield True
+
+
+def work_lock_holder(out: Path) -> int:
+    """The pid recorded in ``out``'s :func:`work_lock` (0: none, or not known)."""
+    out = Path(out)
+    return _lock_pid(out.parent / f".{out.name}{_WORK_LOCK}")
 
 
 def _lock_pid(lock: Path) -> int:

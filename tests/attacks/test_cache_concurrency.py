@@ -15,6 +15,7 @@ import pytest
 
 import attacks.reference as ref
 from attacks.reference import LOGITS_FILE, Recipe, model_key, seeds_for, train_models, train_one
+from dpaudit.cache import entry_problem
 from dpaudit.errors import IntegrityWarning
 
 
@@ -197,3 +198,228 @@ def test_a_reader_whose_entry_another_process_discards_meanwhile_does_not_crash(
     np.testing.assert_array_equal(again, first)
     monkeypatch.setattr(fileio, "sha256_file", real_hash)
     np.testing.assert_array_equal(ref._read_cached(path, first.shape), first)
+
+
+# --------------------------------------------------------------------------- one training per entry
+#
+# Two processes missing the same entry both trained it (identical results, the work twice: hours for 64 reference
+# models at CIFAR scale). A model missing from the cache is now trained under its entry's work lock
+# (fileio.work_lock, beside the entry); a process that finds it held trains the others first, then waits and reads
+# the holder's verified entry.
+
+_OTHER_PROCESS = """
+import sys, time
+from pathlib import Path
+import numpy as np
+import attacks.reference as ref
+import dpaudit.training.run as run_mod
+from dpaudit.checkpoint import load_run
+
+run_dir, cache, marks, out = sys.argv[1:]
+recipe = ref.Recipe.from_run(load_run(run_dir))
+sets = np.load(Path(marks) / "sets.npz", allow_pickle=False)
+real_one, real_train = ref.train_one, run_mod.train_run
+
+def one(recipe, idx, seed, cache, **k):  # this process asks for the model: the other one may train it now
+    (Path(marks) / f"child.{ref.model_key(recipe, idx, seed)}").touch()
+    return real_one(recipe, idx, seed, cache, **k)
+
+def train(*a, out, **k):  # a training: counted, and held until the other process has asked for the same model
+    with open(Path(marks) / "trained", "a") as f:
+        f.write(Path(out).name + "\\n")
+    end = time.monotonic() + 300
+    while not (Path(marks) / f"parent.{Path(out).name}").exists():
+        assert time.monotonic() < end, "the other process never asked for this model"
+        time.sleep(0.02)
+    return real_train(*a, out=out, **k)
+
+ref.train_one, run_mod.train_run = one, train
+logits = ref.train_models(recipe, [sets["s0"], sets["s1"]], [int(s) for s in sets["seeds"]], cache_dir=cache)
+np.save(out, logits, allow_pickle=False)
+"""
+
+
+@pytest.mark.slow  # a second python with torch (about 4 s of CPU); guarded fast by the next test, in one process
+def test_two_processes_missing_the_same_entries_train_each_model_once(recipe, tiny_run, tmp_path, monkeypatch):
+    """This process and a child process ask one cache for the same two reference models at once; each training is
+    held until the other process has asked for the same model, so both miss both entries (forced, not timed).
+    Before: 4 trainings (each model twice). Now each model is trained once, by one of them; the other waits and
+    reads its entry: the same logits, byte for byte, and nothing left in the cache but the two entries."""
+    import time
+
+    import dpaudit.training.run as run_mod
+
+    idx = [one_set(tiny_run), one_set(tiny_run)[::2]]
+    seeds, cache, marks = seeds_for(0, "reference", 2), tmp_path / "cache", tmp_path / "marks"
+    marks.mkdir()
+    np.savez(marks / "sets.npz", s0=idx[0], s1=idx[1], seeds=np.array(seeds))
+    keys = sorted(model_key(recipe, i, s) for i, s in zip(idx, seeds, strict=True))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_PROCESS, str(tiny_run.path), str(cache), str(marks), str(tmp_path / "child")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(ref.__file__).parents[1]), *sys.path[1:]])},
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    real_one, real_train = ref.train_one, run_mod.train_run
+
+    def one(recipe, i, s, cache, **k):
+        (marks / f"parent.{model_key(recipe, i, s)}").touch()
+        return real_one(recipe, i, s, cache, **k)
+
+    def train(*a, out, **k):
+        with open(marks / "trained", "a") as f:
+            f.write(Path(out).name + "\n")
+        while not (marks / f"child.{Path(out).name}").exists():
+            assert child.poll() is None, child.stderr.read()
+            time.sleep(0.02)
+        return real_train(*a, out=out, **k)
+
+    monkeypatch.setattr(ref, "train_one", one)
+    monkeypatch.setattr(run_mod, "train_run", train)
+    try:
+        mine = train_models(recipe, idx, seeds, cache_dir=cache)
+    finally:
+        assert child.wait(timeout=600) == 0, child.stderr.read()
+    assert sorted((marks / "trained").read_text().split()) == keys  # each model trained once, by either process
+    theirs = np.load(tmp_path / "child.npy", allow_pickle=False)
+    assert mine.tobytes() == theirs.tobytes()
+    assert sorted(os.listdir(cache / "models")) == keys  # no lock file or temporary file left
+
+
+def _entry_of(recipe, idx, seed, cache) -> Path:
+    return cache / "models" / model_key(recipe, idx, seed)
+
+
+@pytest.mark.parametrize("holder", ["saves the entry", "dies", "saves an untrusted entry"])
+def test_a_model_another_process_is_training_is_left_for_later_then_waited_for(
+    recipe, tiny_run, tmp_path, monkeypatch, holder
+):
+    """Another process holds the work lock of the first of two models (held here, on a descriptor of its own, as
+    another process would). This one trains the second, says why it waits (one line), then waits for the holder:
+    when the holder saved the entry it is read, not trained again; when the holder died, or saved an entry that
+    does not match its hashes, it is trained here. Before: both models were trained at once, whatever the holder."""
+    import contextlib
+    import shutil
+    import time
+
+    import dpaudit.training.run as run_mod
+    from dpaudit import fileio
+    from dpaudit.progress import notices
+
+    idx, seeds, cache = [one_set(tiny_run), one_set(tiny_run)[::2]], seeds_for(0, "reference", 2), tmp_path / "cache"
+    alone = train_models(recipe, idx[:1], seeds[:1], cache_dir=tmp_path / "alone")[0]
+    first = _entry_of(recipe, idx[0], seeds[0], cache)
+    other = contextlib.ExitStack()
+    assert other.enter_context(fileio.work_lock(first))  # the other process, training the first model
+    trained, said, polls = [], [], []
+    real_train = run_mod.train_run
+
+    def train(*a, out, **k):
+        trained.append(Path(out).name)
+        return real_train(*a, out=out, **k)
+
+    def poll(_s: float) -> None:  # the other process finishes during the first poll
+        polls.append(1)
+        if holder != "dies":
+            shutil.copytree(_entry_of(recipe, idx[0], seeds[0], tmp_path / "alone"), first)
+        if holder == "saves an untrusted entry":
+            _corrupt(first)
+        other.close()
+
+    monkeypatch.setattr(run_mod, "train_run", train)
+    monkeypatch.setattr(time, "sleep", poll)
+    with notices(said.append), warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        logits = train_models(recipe, idx, seeds, cache_dir=cache)
+    second = _entry_of(recipe, idx[1], seeds[1], cache).name
+    assert trained == ([second] if holder == "saves the entry" else [second, first.name])
+    assert polls == [1]
+    assert said == [
+        f"dpaudit: reference models: 1 is being trained by another dpaudit process (pid {os.getpid()}) on "
+        f"{cache.absolute()}; waiting for it instead of training it twice"
+    ]
+    untrusted = [w for w in record if issubclass(w.category, IntegrityWarning)]
+    assert len(untrusted) == (holder == "saves an untrusted entry")
+    np.testing.assert_array_equal(logits[0], alone)
+    assert sorted(os.listdir(cache / "models")) == sorted([first.name, second])
+
+
+def _killed_holder(entry: Path) -> int:
+    """A process that took ``entry``'s work lock and was killed (SIGKILL) holding it: its pid."""
+    code = (
+        "import os, signal, sys; from dpaudit.fileio import work_lock; held = work_lock(sys.argv[1]); "
+        "held.__enter__(); print(os.getpid(), flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(ref.__file__).parents[1]), *sys.path[1:]])}
+    done = subprocess.run([sys.executable, "-c", code, str(entry)], capture_output=True, text=True, env=env)
+    assert done.returncode == -9, done.stderr
+    return int(done.stdout)
+
+
+@pytest.mark.parametrize("flock", [True, False], ids=["flock", "pid only"])
+def test_a_work_lock_a_killed_process_left_does_not_block(recipe, tiny_run, tmp_path, monkeypatch, flock):
+    """A process killed outright (SIGKILL, OOM) while training a model leaves its work lock file, with its pid. The
+    next process trains the model at once, without waiting: the kernel released the flock, and where there is no
+    flock (Windows, a file system without locks) the pid is dead. The lock file goes with the takeover."""
+    import time
+
+    from dpaudit import fileio
+
+    idx, seed, cache = one_set(tiny_run), seeds_for(0, "reference", 1)[0], tmp_path / "cache"
+    entry = _entry_of(recipe, idx, seed, cache)
+    pid = _killed_holder(entry)
+    lock = entry.parent / f".{entry.name}.dpaudit-work-lock"
+    assert int(lock.read_text()) == pid
+    if not flock:
+        monkeypatch.setattr(fileio, "fcntl", None)
+
+    def poll(_s: float) -> None:
+        raise AssertionError(f"waited for the lock of process {pid}, killed")
+
+    monkeypatch.setattr(time, "sleep", poll)
+    logits = train_one(recipe, idx, seed, str(cache))
+    np.testing.assert_array_equal(ref._read_cached(entry, logits.shape), logits)
+    assert os.listdir(cache / "models") == [entry.name]
+
+
+def test_work_lock_files_do_not_make_an_entry_untrusted(recipe, tiny_run, tmp_path):
+    """An entry read while another process holds its work lock (retraining its logits, say) or after one was killed
+    holding it: the lock file lies beside the entry, never in it, so the entry stays trusted (no IntegrityWarning,
+    not discarded, not trained again)."""
+    from dpaudit import fileio
+
+    idx, seed, cache = one_set(tiny_run), seeds_for(0, "reference", 1)[0], tmp_path / "cache"
+    first = train_models(recipe, [idx], [seed], cache_dir=cache)[0]
+    entry = _entry_of(recipe, idx, seed, cache)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with fileio.work_lock(entry):
+            assert entry_problem(entry, hashed=(LOGITS_FILE,)) is None
+            np.testing.assert_array_equal(ref._read_cached(entry, first.shape), first)
+        _killed_holder(entry)
+        assert entry_problem(entry, hashed=(LOGITS_FILE,)) is None
+        np.testing.assert_array_equal(train_models(recipe, [idx], [seed], cache_dir=cache)[0], first)
+    _no_integrity_warning(record)
+
+
+def test_ctrl_c_while_waiting_for_another_process_leaves_its_lock_alone(recipe, tiny_run, tmp_path, monkeypatch):
+    """Ctrl-C while waiting for another process's model: KeyboardInterrupt (the CLI's "interrupted", exit 130), and
+    the other process's lock stays its own (held, its file in place); nothing of this process is left."""
+    import time
+
+    from dpaudit import fileio
+
+    idx, seed, cache = one_set(tiny_run), seeds_for(0, "reference", 1)[0], tmp_path / "cache"
+    entry = _entry_of(recipe, idx, seed, cache)
+    lock = entry.parent / f".{entry.name}.dpaudit-work-lock"
+
+    def ctrl_c(_s: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", ctrl_c)
+    with fileio.work_lock(entry):  # the other process
+        with pytest.raises(KeyboardInterrupt):
+            train_models(recipe, [idx], [seed], cache_dir=cache)
+        assert lock.exists() and fileio.work_lock_holder(entry) == os.getpid()
+        with fileio.work_lock(entry, wait=False) as held:
+            assert not held  # still held
+    assert os.listdir(cache / "models") == []
