@@ -318,8 +318,14 @@ def test_size_for_power_called_without_a_confidence_decides_at_the_audits_defaul
     _, power = size_for_power(1.0, leak, simulations=20, start=2)
     assert round(power * 20) >= refutations_needed(0.8, 20, 0.95) == 20
     # A design cap below what the leak needs is an error naming the cap (planted: the raise dropped, or the cap
-    # compared with ">": the search doubled at the cap forever).
-    with pytest.raises(InputError, match=r"no design up to 8 is shown to reach power 0\.8"):
+    # compared with ">": the search doubled at the cap forever). 16, where the most powerful test on the holdout's
+    # 8 evaluation runs per side has power 0.999 but the audit none: the simulated path (a cap of 8 is refused before
+    # simulating now, as the bound on its 4 evaluation runs is 0.60).
+    with pytest.raises(InputError, match=r"no design up to 16 is shown to reach power 0\.8"):
+        size_for_power(1.0, leak, simulations=20, start=2, max_size=16)
+    # There no randomized-response leak at all reaches 0.8 (its bound saturates at 0.60): said so, where the search
+    # for the plannable leak doubled epsilon to inf and answered "expected a finite true epsilon".
+    with pytest.raises(InputError, match=r"no design up to 8 runs per side can refute epsilon = 1.*no randomized-resp"):
         size_for_power(1.0, leak, simulations=20, start=2, max_size=8)
 
 
@@ -346,8 +352,10 @@ def test_a_leak_no_sound_audit_detects_within_the_cap_is_refused_without_simulat
 def test_the_power_bound_is_the_most_powerful_tests_power():
     """power_upper_bound by hand. Randomized response, 1 run per side, claim 0: T (bits equal to membership) ~
     Bin(2, 1/2) under the claim; the level-0.05 Neyman-Pearson test rejects at T = 2 with probability 0.05/0.25, so
-    its power is 0.2 p² with p = e^ε/(1 + e^ε). Gaussian: members' sum, power Φ(√n (μ − μ0) − z_0.95). The
-    estimate audits (gdp, one-run-fdp against the gdp family) have no level: no bound."""
+    its power is 0.2 p² with p = e^ε/(1 + e^ε). Gaussian: members' sum, power Φ(√n (μ − μ0) − z_0.95), with n the
+    runs per side (canaries) the test reads: with holdout selection the evaluation part's, 15 of 30 (the bound at 30
+    was the whole design's, twice what a holdout audit can use). The estimate audits (gdp, one-run-fdp against the
+    gdp family) have no level: no bound."""
     from scipy import special, stats
 
     from dpaudit.accounting.gdp import gdp_mu_from_epsilon_delta
@@ -357,9 +365,14 @@ def test_the_power_bound_is_the_most_powerful_tests_power():
     assert power_upper_bound(1, 0.0, rr, method="clopper-pearson") == pytest.approx(0.2 * special.expit(1.5) ** 2)
     g = hypothesised_leak(family="gaussian", mu=2.0, delta=1e-5)
     mu0 = gdp_mu_from_epsilon_delta(1.0, 1e-5)
-    want = stats.norm.cdf(np.sqrt(30) * (2.0 - mu0) - stats.norm.ppf(0.95))
+    want = stats.norm.cdf(np.sqrt(15) * (2.0 - mu0) - stats.norm.ppf(0.95))
+    whole = stats.norm.cdf(np.sqrt(30) * (2.0 - mu0) - stats.norm.ppf(0.95))
     for method in ("clopper-pearson", "one-run"):
         assert power_upper_bound(30, 1.0, g, method=method) == pytest.approx(want, rel=1e-6)
+        assert power_upper_bound(31, 1.0, g, method=method) == pytest.approx(
+            stats.norm.cdf(np.sqrt(16) * (2.0 - mu0) - stats.norm.ppf(0.95)), rel=1e-6
+        )
+        assert power_upper_bound(30, 1.0, g, method=method, threshold_selection="bonferroni") == pytest.approx(whole)
     assert power_upper_bound(30, 1.0, g, method="gdp") is None
     assert power_upper_bound(30, 1.0, g, method="one-run-fdp") is None  # audit_scores' default family: gdp
     assert power_upper_bound(30, 1.0, g, method="one-run-fdp", tradeoff="epsilon-delta") == pytest.approx(want)
