@@ -355,6 +355,25 @@ def test_gdp_epsilon_is_relatively_tight_at_tiny_epsilon(mu, delta):
     assert gdp_delta(mu, eps) <= delta
 
 
+def test_the_rounding_of_mu_never_under_reports_delta():
+    # delta(eps) grows with mu up to ~1600 times as fast in relative terms near delta ~ 1e-300: Delta/sigma rounded
+    # to nearest put delta 8.3e-14 below the 50-digit value at sigma = 0.13 (5.2e-14 at 0.7, with eps/mu - mu/2 =
+    # 36). The accountant's mu = sqrt(sum of mu^2) likewise.
+    import mpmath
+
+    for sigma in (0.7, 0.13, 0.17, 0.23):
+        mu = 1.0 / sigma
+        eps = mu * (36 + mu / 2)
+        with mpmath.workdps(50):
+            m, e = 1 / mpmath.mpf(sigma), mpmath.mpf(eps)
+            exact = mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2)
+        assert exact <= analytic_gaussian_delta(sigma, eps) <= exact * (1 + 1e-12), sigma
+        assert exact <= GdpAccountant().compose(Gaussian(sigma)).delta(eps) <= exact * (1 + 1e-11), sigma
+        d = float(exact) * 1.5
+        assert exact * 1.5 >= analytic_gaussian_delta(sigma, analytic_gaussian_epsilon(sigma, d))
+    assert analytic_gaussian_epsilon(2.0, 1e-5, sensitivity=3.0) == gdp_epsilon(1.5, 1e-5)  # an exact quotient
+
+
 def test_analytic_gaussian_sigma_has_no_cap_at_epsilon_zero_or_floor_at_huge_epsilon():
     # epsilon = 0 (pure delta): sigma = Delta / (2 sqrt2 erfinv(delta)) exactly; a bracket capped at 1e12 Delta said
     # "no sigma reaches" at delta = 1e-13 (sigma = 4e12) and 1e-300 (4e299). eps = 1e30 needs sigma ~ 1/sqrt(2e30)
