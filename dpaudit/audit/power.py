@@ -401,7 +401,7 @@ def size_for_power(
         return hi, p_hi
     # lo not enough, hi enough: narrow the bracket, secant and bisection steps in turn (the secant aims at
     # the estimate the rule needs, target).
-    p_lo = p(lo) if lo > start else 0.0
+    p_lo = p_doubling(lo) if lo > start else 0.0  # a size the bound rules out was not simulated: power 0 it is
     secant = True
     while hi - lo > max(1, math.ceil(_SIZE_RTOL * hi)):
         mid = (lo + hi) // 2
@@ -414,7 +414,7 @@ def size_for_power(
                 root = math.sqrt(lo) + (z_target - z_lo) * (math.sqrt(hi) - math.sqrt(lo)) / (z_hi - z_lo)
                 mid = min(hi - 1, max(lo + 1, round(root * root)))
         secant = not secant
-        p_mid = p(mid)
+        p_mid = p_doubling(mid)  # not simulated where the bound rules the size out (it cannot be enough)
         if enough(p_mid) and possible(mid):
             hi, p_hi = mid, p_mid
         else:

@@ -391,3 +391,27 @@ def test_a_size_the_most_powerful_test_rules_out_is_never_returned(monkeypatch):
     n, _ = size_for_power(2.0, leak, start=59, **audit)
     assert power_upper_bound(59, 2.0, leak, **audit) < 0.1
     assert power_upper_bound(n, 2.0, leak, **audit) >= 0.8 > power_upper_bound(int(0.9 * n), 2.0, leak, **audit)
+
+
+def test_a_size_the_bound_rules_out_is_never_simulated(monkeypatch):
+    """`audit plan --epsilon 2 --true-epsilon 2.01` simulated 483,328 runs per side (91 s here, power 0.505) where a
+    holdout audit, testing on half of them, has power at most 0.727 < 0.8; and the bracket's lower end and the
+    bisection's midpoints were simulated even where the bound rules them out. Planted: the whole design in the bound,
+    or p(lo) / p(mid) simulated regardless (recorded here)."""
+    from dpaudit.audit import power as pw
+    from dpaudit.audit.power import hypothesised_leak, power_upper_bound, size_for_power
+
+    simulated = []
+
+    def fake(n, *a, **k):
+        simulated.append(n)
+        return 1.0 if n >= 20_000 else 0.0
+
+    monkeypatch.setattr(pw, "simulated_power", fake)
+    leak = hypothesised_leak(family="randomized-response", epsilon=2.05)
+    audit = {"method": "clopper-pearson", "delta": 1e-5, "confidence": 0.95}
+    n, _ = size_for_power(2.0, leak, start=59, **audit)
+    assert simulated and all(power_upper_bound(m, 2.0, leak, **audit) >= 0.8 for m in simulated), simulated
+    assert power_upper_bound(n, 2.0, leak, **audit) >= 0.8 and n >= 20_000
+    whole = {**audit, "threshold_selection": "bonferroni"}  # the bound on the whole design
+    assert power_upper_bound(15_104, 2.0, leak, **whole) >= 0.8 > power_upper_bound(15_104, 2.0, leak, **audit)
