@@ -40,7 +40,8 @@ Before simulating, a formal audit's power is bounded without simulation (:func:`
 level-α test of the claim, so at most as powerful as the Neyman-Pearson test of a mechanism meeting the claim
 against the leak. A leak even that test cannot detect within ``max_size`` is refused at once (a leak a hair
 above the claim used to be simulated at every doubling up to the cap, for minutes), and a size where that
-test falls short is neither simulated in the doubling nor ever returned.
+test falls short is never simulated (read as power 0) nor returned. With holdout selection the bound is taken on
+the evaluation part, the half the audit tests on (:func:`power_upper_bound`).
 """
 
 from __future__ import annotations
