@@ -76,6 +76,9 @@ MAX_SIMULATED_SIZE = 1_000_000
 # Bisection stops once the bracket is within this fraction of the size (the power estimate's own
 # noise makes a finer answer meaningless).
 _SIZE_RTOL = 0.05
+# A size from which each simulation is announced (one line on stderr; under the CLI, silent with --quiet): 200 audits
+# of 10^5 runs per side take about a minute here, and the search near the 10^6 cap several such sizes.
+_ANNOUNCE_SIZE = 100_000
 _SEED_SALT = 0x9057  # simulation streams differ from every other use of the same integer seed
 
 
@@ -375,6 +378,14 @@ def size_for_power(
 
     def p(n: int) -> float:
         if n not in cache:  # common random numbers: the same size gives the same estimate, simulated once
+            if n >= _ANNOUNCE_SIZE:
+                from dpaudit.progress import announce
+
+                shown, claim = numfmt.ordered(leak.epsilon, claimed, left_digits=4)
+                announce(
+                    f"simulating {simulations} audits of {n:,} {unit}: a leak of epsilon {shown} is close to the "
+                    f"claim ({claim}), so only large designs can show power {power:g}; each size takes minutes"
+                )
             cache[n] = simulated_power(n, claimed, leak, simulations=simulations, seed=seed, **audit)
         return cache[n]
 

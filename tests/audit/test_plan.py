@@ -393,6 +393,27 @@ def test_a_size_the_most_powerful_test_rules_out_is_never_returned(monkeypatch):
     assert power_upper_bound(n, 2.0, leak, **audit) >= 0.8 > power_upper_bound(int(0.9 * n), 2.0, leak, **audit)
 
 
+def test_a_large_simulated_size_is_announced_before_it_runs(monkeypatch):
+    """`audit plan --epsilon 2 --true-epsilon 2.01` ran for minutes without a word (the sizes simulated are near the
+    10^6 cap). Each size from 10^5 up is announced first, naming the leak's closeness to the claim; small ones are
+    not."""
+    from dpaudit.audit import power as pw
+    from dpaudit.audit.power import hypothesised_leak, size_for_power
+    from dpaudit.progress import notices
+
+    said = []
+    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 900_000 else 0.0)
+    with notices(said.append):
+        size_for_power(2.0, hypothesised_leak(family="randomized-response", epsilon=2.01), start=59, delta=1e-5)
+    assert said and all("audits of" in m and "close to the claim (2)" in m for m in said), said
+    assert any("966,656 runs per side" in m for m in said), said
+    said.clear()
+    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 200 else 0.0)
+    with notices(said.append):
+        size_for_power(2.0, hypothesised_leak(family="randomized-response", epsilon=4.0), start=59, delta=1e-5)
+    assert said == []
+
+
 def test_a_size_the_bound_rules_out_is_never_simulated(monkeypatch):
     """`audit plan --epsilon 2 --true-epsilon 2.01` simulated 483,328 runs per side (91 s here, power 0.505) where a
     holdout audit, testing on half of them, has power at most 0.727 < 0.8; and the bracket's lower end and the
