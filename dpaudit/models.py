@@ -8,6 +8,7 @@ training; the private trainers refuse it (:func:`check_private_layers`).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import math
@@ -45,6 +46,11 @@ def channels_last_message(what: str, shape: Sequence[int]) -> str:
         f"{what} reads a record as (channels, height, width), but feature shape {list(shape)} looks channels-last "
         f"(height, width, channels); store X as N x {w} x {c} x {h}, e.g. X.transpose(0, 3, 1, 2)"
     )
+
+
+# Set while a saved run's spec is read back (model_spec_from_checkpoint): specs refused for new runs since, but built
+# and saved before, still load.
+_LOADING_SAVED_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("dpaudit_loading_saved_run", default=False)
 
 
 def _check_activation(name: str) -> None:
@@ -113,6 +119,14 @@ class MLPSpec(ModelSpec):
         _check_activation(self.activation)
         if any(h < 1 for h in self.hidden):
             raise InputError(f"expected hidden sizes >= 1, got {list(self.hidden)}")
+        # The CLI refuses an empty --hidden (workflows.runs.parse_ints); the library and a JSON spec do too, rather
+        # than silently build the linear model under the name mlp. A run saved with one still loads
+        # (model_spec_from_checkpoint): its weights are that linear model's.
+        if not self.hidden and not _LOADING_SAVED_RUN.get():
+            raise InputError(
+                "an mlp needs at least one hidden layer, got hidden=[] (that would be a linear model): give "
+                "widths such as hidden=[128], or use the logreg model (LogRegSpec, --model logreg) for a linear model"
+            )
 
     def build(self) -> nn.Module:
         layers: list[nn.Module] = [nn.Flatten()]
@@ -544,10 +558,15 @@ LEGACY_SPEC_FIELDS: dict[str, dict[str, Any]] = {"cnn": {"pool": 1}}
 
 
 def model_spec_from_checkpoint(d: dict[str, Any]) -> ModelSpec:
-    """:func:`model_spec_from_dict` for a spec read back from a saved run (:data:`LEGACY_SPEC_FIELDS`)."""
+    """:func:`model_spec_from_dict` for a spec read back from a saved run (:data:`LEGACY_SPEC_FIELDS`; an mlp saved
+    with no hidden layer, from before that was refused, still loads as the linear model it was trained as)."""
     if isinstance(d, dict) and d.get("kind") in LEGACY_SPEC_FIELDS:
         d = {**LEGACY_SPEC_FIELDS[d["kind"]], **d}
-    return model_spec_from_dict(d)
+    token = _LOADING_SAVED_RUN.set(True)
+    try:
+        return model_spec_from_dict(d)
+    finally:
+        _LOADING_SAVED_RUN.reset(token)
 
 
 def default_spec(

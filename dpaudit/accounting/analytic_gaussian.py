@@ -14,7 +14,7 @@ import math
 
 from scipy import optimize
 
-from dpaudit.accounting.gdp import gdp_delta, gdp_epsilon
+from dpaudit.accounting.gdp import _two_product, gdp_delta, gdp_epsilon
 from dpaudit.errors import UnreachableTargetError
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive
 
@@ -28,7 +28,17 @@ def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1
         return 0.0
     if sigma == 0.0:
         return 1.0
-    return gdp_delta(sensitivity / sigma, epsilon)
+    return gdp_delta(_mu_up(sensitivity, sigma), epsilon)
+
+
+def _mu_up(sensitivity: float, sigma: float) -> float:
+    """Delta/sigma rounded up: delta(eps) grows with mu up to ~1600 times as fast in relative terms (delta ~ 1e-300),
+    so an inexact quotient rounded down would under-report. Exact quotients (3/2) are kept."""
+    mu = sensitivity / sigma
+    if math.isinf(mu):
+        return mu
+    p, e = _two_product(mu, sigma)
+    return mu if (p == sensitivity and e == 0.0) else math.nextafter(mu, math.inf)
 
 
 def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
@@ -43,14 +53,18 @@ def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1
         return 0.0
     if sigma == 0.0:
         return math.inf
-    return gdp_epsilon(sensitivity / sigma, delta)
+    return gdp_epsilon(_mu_up(sensitivity, sigma), delta)
 
 
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Smallest noise std sigma making the Gaussian mechanism (epsilon, delta)-DP (Balle & Wang 2018, Alg. 1).
 
-    delta(sigma) is decreasing in sigma, so the root is bracketed and found with Brent's method,
-    then nudged up until the guarantee provably holds (never under-reports).
+    delta(sigma) is decreasing in sigma and tends to 0 as sigma -> inf for every epsilon >= 0 (at epsilon = 0 it
+    is erf(Delta/(2 sqrt2 sigma)), the total variation: pure-delta privacy), so every delta in (0, 1) has a finite
+    sigma. The root is bracketed by doubling and halving without a fixed cap (a cap of 1e12 Delta refused
+    epsilon = 0 at delta = 1e-13, whose sigma is 4e12 Delta; a floor of 1e-12 Delta returned 2^-40 Delta for
+    epsilon = 1e30, 1300 times the smallest), found with Brent's method, then nudged up until the guarantee
+    provably holds (never under-reports). Raises UnreachableTargetError only when sigma is beyond float64.
     """
     epsilon = check_non_negative(epsilon=epsilon)
     delta = check_in_interval(0.0, 1.0, delta=delta)
@@ -64,14 +78,15 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     hi = sensitivity
     while excess(hi) > 0:
         hi *= 2.0
-        if hi > 1e12 * sensitivity:
-            raise UnreachableTargetError(f"no sigma reaches epsilon={epsilon} at delta={delta}")
+        if math.isinf(hi):
+            raise UnreachableTargetError(
+                f"the noise needed for epsilon={epsilon} at delta={delta} exceeds the float64 range "
+                f"(sigma > 1e308 times the sensitivity); raise delta or epsilon"
+            )
     lo = hi / 2.0
-    while excess(lo) <= 0 and lo > 1e-12 * sensitivity:
-        lo /= 2.0
-    if excess(lo) <= 0:
-        return lo
-    s = optimize.brentq(excess, lo, hi, xtol=1e-15, rtol=1e-14)
+    while excess(lo) <= 0:  # terminates: delta(sigma) -> 1 as sigma -> 0 (and is 1 at sigma = 0)
+        hi, lo = lo, lo / 2.0
+    s = optimize.brentq(excess, lo, hi, xtol=1e-300, rtol=1e-14)
     while excess(s) > 0:
         s = math.nextafter(s, math.inf) + 1e-14 * s
     return float(s)

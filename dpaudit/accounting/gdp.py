@@ -18,17 +18,18 @@ from dpaudit.validation import check_in_interval, check_non_negative, check_posi
 
 
 def gdp_delta(mu: float, epsilon: float) -> float:
-    """δ(ε) of a μ-GDP mechanism.
+    """δ(ε) of a μ-GDP mechanism, to a few ulps and never below the exact value.
 
     Dong, Roth & Su 2022, Corollary 2.13:
         δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2).
-    The second term is evaluated in log space (log Φ via scipy's log_ndtr) so that large ε
-    does not overflow e^ε. An upper bound on the float64 value, never below it by rounding: the two
-    terms nearly cancel when μ is small (δ = e^a − e^b with b − a → 0), where the rounding of a and b
-    (a few ulps of each, scipy's log_ndtr) is amplified by (|a| + |b|)/|b − a| in the difference; that
-    relative error is added as a margin (it was 2.8e-8 below the 50-digit value at μ = 1e-8, ε = 1e-9,
-    and 2.9e-11 at ε = 0, δ = 1e-7, where analytic_gaussian_sigma returned a σ too small by as much).
-    At ε = 0, δ = Φ(μ/2) − Φ(−μ/2) = erf(μ/(2√2)) exactly, computed without the difference.
+    The two terms nearly cancel when μ is small or ε/μ large (the difference of two floats lost up to 2.6e-8
+    relative at μ = 1e-6, covered by a margin as large). Here, with x = ε/μ, h = μ/2 and the Mills ratio
+    m(z) = Φ(−z)/φ(z), the identity e^ε φ(x + h) = φ(x − h) gives (:func:`_gdp_delta_nearest`)
+        δ(ε) = φ(x − h) [m(x − h) − m(x + h)],
+    and the bracket is summed without cancellation. The result is that value rounded up by
+    :data:`_GDP_DELTA_RTOL` (it is at most that far above the 50-digit value, never below; tests/accounting/
+    test_conversions.py). At ε = 0, δ = Φ(μ/2) − Φ(−μ/2) = erf(μ/(2√2)) (scipy's erf, same margin). A δ below
+    the smallest float (e^-2e8 at μ = 1e-4, ε = 2) rounds to 0, which only the inverse at δ = 0 (ε = ∞) could see.
     """
     mu = check_non_negative(mu=mu)
     if mu == 0.0:
@@ -38,21 +39,126 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     if math.isinf(epsilon):
         return 0.0
     if epsilon == 0.0:
-        return min(1.0, float(special.erf(mu / (2.0 * math.sqrt(2.0)))) * (1.0 + _ROUNDING_MARGIN))
-    a = special.log_ndtr(-epsilon / mu + mu / 2.0)
-    b = epsilon + special.log_ndtr(-epsilon / mu - mu / 2.0)
-    if b >= a:  # only through rounding; the true difference is >= 0
+        value = float(special.erf(mu / (2.0 * math.sqrt(2.0))))
+    else:
+        value = _gdp_delta_nearest(mu, epsilon)
+    if value == 0.0:
         return 0.0
-    # log(e^a - e^b) = a + log1p(-e^(b - a)); its relative error is that of b - a (amplified cancellation) plus a
-    # few ulps of each step.
-    amplification = (abs(a) + abs(b)) / (a - b)
-    value = math.exp(a + math.log1p(-math.exp(b - a)))
-    return float(min(1.0, max(0.0, value * (1.0 + _ROUNDING_MARGIN * (1.0 + amplification)))))
+    return min(1.0, value * (1.0 + _GDP_DELTA_RTOL) + _SMALLEST_SUBNORMAL)
 
 
-# Relative rounding allowed per float64 step in gdp_delta: 16 ulps (log_ndtr is accurate to a few; exp, log1p and
-# the sums add one each), so that the margin is an upper bound on the rounding, with room.
-_ROUNDING_MARGIN = 16 * 2.0**-52
+# Relative error allowed for _gdp_delta_nearest and scipy's erf, added to the result so that gdp_delta is an upper
+# bound: 16 ulps, over five times the largest error measured (2.9 ulps) against 60-digit mpmath at 619 (μ, ε), μ from
+# 1e-8 to 50, ε from 1e-12 to 100, δ down to 1e-300 (benchmarks/RESULTS.md, "Bug hunt: the left list's numeric items").
+_GDP_DELTA_RTOL = 16 * 2.0**-52
+_SMALLEST_SUBNORMAL = 5e-324
+_SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _two_sum(a: float, b: float) -> tuple[float, float]:
+    """a + b = s + e exactly (Knuth's TwoSum)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _two_product(a: float, b: float) -> tuple[float, float]:
+    """a b = p + e exactly (Dekker's product with Veltkamp's split; |a|, |b| < 1e150)."""
+    p = a * b
+    c = 134217729.0 * a  # 2^27 + 1
+    a_hi = c - (c - a)
+    a_lo = a - a_hi
+    c = 134217729.0 * b
+    b_hi = c - (c - b)
+    b_lo = b - b_hi
+    return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+
+
+def _mills(z: float) -> float:
+    """Mills ratio m(z) = Φ(−z)/φ(z) = √(π/2) erfcx(z/√2), to a few ulps (scipy's erfcx)."""
+    return _SQRT_HALF_PI * float(special.erfcx(z / math.sqrt(2.0)))
+
+
+def _mills_difference_series(x: float, h: float) -> float:
+    """m(x − h) − m(x + h) for x ≥ 0, h > 0, as a sum of positive terms (no cancellation).
+
+    m(z) = ∫_0^∞ e^(−zt − t²/2) dt, so m(x − h) − m(x + h) = 2 ∫_0^∞ e^(−xt − t²/2) sinh(ht) dt
+        = 2 Σ_j h^(2j+1)/(2j+1)! J_(2j+1)(x),   J_k(x) = ∫_0^∞ t^k e^(−xt − t²/2) dt = (−1)^k m^(k)(x) > 0,
+    with J_0 = m, J_1 = 1 − x J_0 and J_(k+1) = k J_(k−1) − x J_k (integration by parts). As J_(k+2) ≥ 0,
+    J_(k+1) ≤ (k+1) J_k / x, and J_(k+2) ≤ (k+1) J_k: term j+1 is at most h² min(1/(2j+3), 1/x²) times term j,
+    which fixes the number of terms (h ≤ 1 or x ≥ 2h: at most ~30). The J_k come from
+    that recurrence forward for x ≤ 1 (it loses at most ~3 bits there) and, for x > 1, from the ratios
+    J_k/J_(k−1) = k/(x + J_(k+1)/J_k) run backward (all terms positive; the continued fraction of the Mills
+    ratio), started far enough out that the start's error has shrunk below 2^-60 (by 1 − x/√k per step).
+    """
+    inv_x2 = 1.0 / (x * x) if x > 1e-150 else math.inf
+    n_terms, bound = 1, 1.0
+    while bound > 2.0**-60:
+        bound *= h * h * min(1.0 / (2 * n_terms + 1), inv_x2)
+        n_terms += 1
+    k_max = 2 * n_terms - 1
+    j = [0.0] * (k_max + 1)
+    j[0] = _mills(x)
+    if x <= 1.0:
+        j[1] = 1.0 - x * j[0]
+        for k in range(1, k_max):
+            j[k + 1] = k * j[k - 1] - x * j[k]
+    else:
+        start = math.ceil((math.sqrt(k_max) + 23.0 / x) ** 2) + 60
+        ratio = 0.0
+        for k in range(start, k_max, -1):
+            ratio = k / (x + ratio)
+        ratios = [0.0] * (k_max + 1)
+        for k in range(k_max, 0, -1):
+            ratio = k / (x + ratio)
+            ratios[k] = ratio
+        for k in range(1, k_max + 1):
+            j[k] = j[k - 1] * ratios[k]
+    total, coef = 0.0, h
+    for i in range(n_terms):
+        k = 2 * i + 1
+        if i:
+            coef *= h * h / ((k - 1) * k)
+        total += coef * j[k]
+    return 2.0 * total
+
+
+def _gdp_delta_nearest(mu: float, epsilon: float) -> float:
+    """δ(ε) of μ-GDP for 0 < μ < ∞, 0 < ε < ∞, to a few ulps (see :func:`gdp_delta`; not rounded up).
+
+    x = ε/μ and z = x − h are carried as double-doubles and φ(z) = e^(−z²/2)/√(2π) is evaluated from the exact
+    square, so that the rounding of ε/μ is not amplified by z² (up to 1500 at δ ~ 1e-300). Then
+      * z ≥ −1: δ = φ(z) D, with D = m(z) − m(z + 2h) from the positive series (:func:`_mills_difference_series`)
+        when h ≤ 1 or x ≥ 2h (where the two can nearly cancel), directly otherwise (h > 1 and z < h: the points
+        are more than 2 apart and z + 2h > 3z, so m(z + 2h) is well below m(z), m(z) ~ 1/z for large z);
+      * z < −1 (h > 1 + x): δ = Φ(−z) − φ(z) m(z + 2h), whose second term is below 0.6 of the first (m(z + 2h) ≤
+        m(2) and Φ(−z) ≥ Φ(1)), so the difference loses at most a bit or two.
+    """
+    h = 0.5 * mu
+    x_hi = epsilon / mu
+    if x_hi - h > 41.0:  # δ < φ(40)/40 < 1e-349: below the smallest float
+        return 0.0
+    x_lo = _two_product(x_hi, mu)
+    x_lo = ((epsilon - x_lo[0]) - x_lo[1]) / mu  # ε/μ = x_hi + x_lo to ~2^-104
+    z_hi, z_err = _two_sum(x_hi, -h)
+    z_lo = z_err + x_lo
+    z_hi, z_lo = _two_sum(z_hi, z_lo)
+    if z_hi > 40.0:
+        return 0.0
+    if abs(z_hi) > 40.0:  # φ(z) < e^-800: 0 in float64 (and z² might overflow the split below)
+        phi = 0.0
+    else:
+        sq_hi, sq_lo = _two_product(z_hi, z_hi)
+        sq_lo += 2.0 * z_hi * z_lo
+        phi = _INV_SQRT_2PI * math.exp(-0.5 * sq_hi) * math.exp(-0.5 * sq_lo)  # exp(-sq_hi/2): argument exact
+    if z_hi >= -1.0:
+        if h <= 1.0 or x_hi >= 2.0 * h:
+            diff = _mills_difference_series(x_hi, h)
+        else:
+            diff = _mills(z_hi) - _mills(x_hi + h)
+        return phi * diff
+    return float(special.ndtr(-z_hi)) - phi * _mills(x_hi + h)
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
@@ -69,17 +175,21 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         return math.inf
     if gdp_delta(mu, 0.0) <= delta:
         return 0.0
-    hi = max(1.0, mu * mu)
+    # At ε/μ − μ/2 = 41, δ < φ(40)/40 < 1e-349 rounds to 0 (_gdp_delta_nearest): below every delta > 0.
+    hi = mu * (41.5 + 0.5 * mu)
+    while gdp_delta(mu, hi) > delta and not math.isinf(hi):  # mu > 1e15: 41.5 mu is lost in the rounding of hi
+        hi *= 2.0
     if math.isinf(hi):  # mu > 1.3e154: epsilon >= mu^2/2 - mu sqrt(2 log(1/delta)) is beyond float64 too
         return math.inf
-    while gdp_delta(mu, hi) > delta:
-        hi *= 2.0
-        if hi > 1e6:
-            return math.inf
-    eps = optimize.brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-14)
-    # Never under-report: step up until the guarantee provably holds at the returned value.
+    # A relative tolerance only, on a bracket of the root's scale: an absolute 1e-12 (as this once had) returned
+    # 9e-13 where the root is 6e-300 (mu = 1e-300, delta = 1e-310).
+    eps = optimize.brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=5e-324, rtol=1e-14, maxiter=500)
+    # Never under-report: step up (by a doubling step, so that a root far below brentq's point is left quickly)
+    # until the guarantee provably holds at the returned value.
+    step = 1e-14 * eps
     while gdp_delta(mu, eps) > delta:
-        eps = float(np.nextafter(eps, math.inf)) + 1e-12 * max(1.0, eps)
+        eps = float(np.nextafter(eps + step, math.inf))
+        step = 2.0 * step + 5e-324
     return float(eps)
 
 
@@ -192,6 +302,7 @@ class GdpAccountant(Accountant):
         super().__init__(neighbouring=neighbouring)
         self.mu_squared = 0.0
         self._empty = True
+        self._roundings = 0  # float operations that rounded into mu_squared (see _mu_up)
 
     @property
     def mu(self) -> float:
@@ -233,15 +344,24 @@ class GdpAccountant(Accountant):
             warnings.warn(CLT_WARNING, UserWarning, stacklevel=4)
             self.approximate = True
         self.mu_squared = self.mu_squared + count * mu_sq
+        self._roundings += 4  # the leaf's (sens/s)^2 (two), count * mu_sq, the sum
         self._empty = False
 
     def _is_empty(self) -> bool:
         return self._empty
 
+    def _mu_up(self) -> float:
+        """mu rounded up: mu_squared carries one rounding (half an ulp, relative) per float operation that built it,
+        and delta(eps) grows with mu as steeply as (eps/mu)^2 in relative terms (up to ~1600x at delta ~ 1e-300),
+        so the rounding of mu is covered here, not by gdp_delta's margin (which covers its own evaluation)."""
+        if self.mu_squared == 0.0 or math.isinf(self.mu_squared):
+            return self.mu
+        return math.sqrt(self.mu_squared * (1.0 + (self._roundings + 1) * 2.0**-52)) * (1.0 + 2.0**-52)
+
     def _epsilon(self, delta: float) -> float:
         if delta == 0.0:
             return 0.0 if self.mu_squared == 0.0 else math.inf
-        return gdp_epsilon(self.mu, delta)
+        return gdp_epsilon(self._mu_up(), delta)
 
     def _delta(self, epsilon: float) -> float:
-        return gdp_delta(self.mu, epsilon)
+        return gdp_delta(self._mu_up(), epsilon)

@@ -40,7 +40,8 @@ Before simulating, a formal audit's power is bounded without simulation (:func:`
 level-α test of the claim, so at most as powerful as the Neyman-Pearson test of a mechanism meeting the claim
 against the leak. A leak even that test cannot detect within ``max_size`` is refused at once (a leak a hair
 above the claim used to be simulated at every doubling up to the cap, for minutes), and a size where that
-test falls short is neither simulated in the doubling nor ever returned.
+test falls short is never simulated (read as power 0) nor returned. With holdout selection the bound is taken on
+the evaluation part, the half the audit tests on (:func:`power_upper_bound`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ MAX_SIMULATED_SIZE = 1_000_000
 # Bisection stops once the bracket is within this fraction of the size (the power estimate's own
 # noise makes a finer answer meaningless).
 _SIZE_RTOL = 0.05
+# A size from which each simulation is announced (one line on stderr; under the CLI, silent with --quiet): 200 audits
+# of 10^5 runs per side take about a minute here, and the search near the 10^6 cap several such sizes.
+_ANNOUNCE_SIZE = 100_000
 _SEED_SALT = 0x9057  # simulation streams differ from every other use of the same integer seed
 
 
@@ -234,6 +238,13 @@ def power_upper_bound(size: int, claimed_epsilon: float, leak: Leak, **audit: An
     so it is such a test and its power is at most this. The bound is nondecreasing in ``size`` (a test on more
     draws may ignore some), so a bound below the target at one size rules out every smaller size.
 
+    With holdout selection (audit_scores' default) the test reads only the evaluation part, the ``size - size // 2``
+    runs per side (canaries) that :func:`dpaudit.audit.holdout.split` leaves: given the selection part it is a
+    level-α test on those (dpaudit.audit.holdout, "Why this keeps the level"), whose scores are independent of the
+    selection part's here, so its power is at most the most powerful test's on them (and averaging over the
+    selection part keeps that). This halves the size the bound allows: against a leak of 2.01 for a claim of 2 it
+    ruled out 483,328 runs per side, which the search had simulated (minutes) only to find power 0.5.
+
     None for an audit that gives an estimate (method gdp; one-run-fdp with any trade-off family but
     "epsilon-delta", whose claim is a curve or whose ε assumes a shape): no level holds for those."""
     from dpaudit.audit.result import is_formal
@@ -245,7 +256,10 @@ def power_upper_bound(size: int, claimed_epsilon: float, leak: Leak, **audit: An
     if method == "one-run-fdp" and audit.get("tradeoff", "gdp") != "epsilon-delta":  # audit_scores' default: gdp
         return None
     alpha = 1.0 - audit.get("confidence", 0.95)
-    return _np_power(int(size), float(claimed_epsilon), leak, one_run, alpha, audit.get("delta", 1e-5))
+    size = int(size)
+    if audit.get("threshold_selection", "holdout") == "holdout":
+        size -= size // 2  # the evaluation part
+    return _np_power(size, float(claimed_epsilon), leak, one_run, alpha, audit.get("delta", 1e-5))
 
 
 def _leak_needed(claimed_epsilon: float, leak: Leak, size: int, power: float, **audit: Any) -> float:
@@ -257,6 +271,8 @@ def _leak_needed(claimed_epsilon: float, leak: Leak, size: int, power: float, **
 
     lo, hi = float(claimed_epsilon), max(2.0 * leak.epsilon, leak.epsilon + 1.0)
     while power_upper_bound(size, claimed_epsilon, leak_at(hi), **audit) < power:
+        if hi > 1e6:  # no leak of the family is plannable: the bound saturates below power (a few runs); doubling
+            return math.inf  # on reached an infinite epsilon, refused as "expected a finite true epsilon"
         lo, hi = hi, 2.0 * hi
     for _ in range(60):
         mid = (lo + hi) / 2.0
@@ -344,18 +360,32 @@ def size_for_power(
         eps = _leak_needed(claimed, leak, max_size, power, **audit)
         shown, claim = numfmt.ordered(leak.epsilon, claimed, left_digits=4)  # the leak's ε shown above the claim
         at = f" at delta {numfmt.exact(leak.delta)}" if leak.family == "gaussian" else ""
+        needed = (
+            f"a leak must exceed epsilon {numfmt.lower(eps, 4)} to be plannable within {max_size} {unit} "
+            "(necessary, not sufficient: the simulation decides), or lower the power"
+            if math.isfinite(eps)
+            else f"no {leak.family} leak of any epsilon is plannable within {max_size} {unit}: allow more, or lower "
+            "the power"
+        )
         raise InputError(
             f"no design up to {max_size} {unit} can refute epsilon = {claim} with power {power:g} against a "
             f"{leak.family} leak of epsilon {shown}{at}: even the most powerful test at level "
             f"{1 - audit.get('confidence', 0.95):.4g} (Neyman-Pearson) has power at most {numfmt.upper(best, 3)} "
-            f"there; a leak must exceed epsilon {numfmt.lower(eps, 4)} to be plannable within {max_size} {unit} "
-            "(necessary, not sufficient: the simulation decides), or lower the power"
+            f"there; {needed}"
         )
 
     cache: dict[int, float] = {}
 
     def p(n: int) -> float:
         if n not in cache:  # common random numbers: the same size gives the same estimate, simulated once
+            if n >= _ANNOUNCE_SIZE:
+                from dpaudit.progress import announce
+
+                shown, claim = numfmt.ordered(leak.epsilon, claimed, left_digits=4)
+                announce(
+                    f"simulating {simulations} audits of {n:,} {unit}: a leak of epsilon {shown} is close to the "
+                    f"claim ({claim}), so only large designs can show power {power:g}; each size takes minutes"
+                )
             cache[n] = simulated_power(n, claimed, leak, simulations=simulations, seed=seed, **audit)
         return cache[n]
 
@@ -383,7 +413,7 @@ def size_for_power(
         return hi, p_hi
     # lo not enough, hi enough: narrow the bracket, secant and bisection steps in turn (the secant aims at
     # the estimate the rule needs, target).
-    p_lo = p(lo) if lo > start else 0.0
+    p_lo = p_doubling(lo) if lo > start else 0.0  # a size the bound rules out was not simulated: power 0 it is
     secant = True
     while hi - lo > max(1, math.ceil(_SIZE_RTOL * hi)):
         mid = (lo + hi) // 2
@@ -396,7 +426,7 @@ def size_for_power(
                 root = math.sqrt(lo) + (z_target - z_lo) * (math.sqrt(hi) - math.sqrt(lo)) / (z_hi - z_lo)
                 mid = min(hi - 1, max(lo + 1, round(root * root)))
         secant = not secant
-        p_mid = p(mid)
+        p_mid = p_doubling(mid)  # not simulated where the bound rules the size out (it cannot be enough)
         if enough(p_mid) and possible(mid):
             hi, p_hi = mid, p_mid
         else:

@@ -310,11 +310,88 @@ def test_gdp_delta_is_never_below_the_50_digit_value_where_its_terms_cancel():
             exact = _mp_gdp_delta(mu, eps)
             if exact > 1e-300:
                 ours = gdp_delta(mu, eps)
-                assert ours >= exact and ours <= exact * (1 + 1e-6), (mu, eps)  # the margin, bounded
+                assert ours >= exact and ours <= exact * (1 + 1e-14), (mu, eps)  # a few ulps, never below
     with mpmath.workdps(50):
         for delta in (1e-5, 1e-7, 1e-9, 1e-11):
             exact = 1 / (2 * mpmath.sqrt(2) * mpmath.erfinv(delta))
             assert exact <= analytic_gaussian_sigma(0.0, delta) <= exact * (1 + 1e-12), delta
+
+
+def test_gdp_delta_is_within_a_few_ulps_above_the_50_digit_value_down_to_1e300():
+    # The two terms of Cor. 2.13 cancel for small mu or large eps/mu; the difference of floats plus a margin that
+    # covered its rounding was up to 2.6e-8 above the 50-digit value (mu = 1e-6, eps = 1e-6) and 1.7e-8 at
+    # mu = 1e-8, eps = 1e-9. Now within 16 ulps (+3 measured) above, never below, on a grid of mu in [1e-6, 50],
+    # eps in [1e-12, 100] and points placed at eps/mu - mu/2 = 36.5 (delta ~ 1e-292), 30, 10, 1, -0.5.
+    import mpmath
+
+    points = [(mu, eps) for mu in (1e-6, 1e-3, 0.05, 1.0, 7.0, 50.0) for eps in (1e-12, 1e-6, 0.01, 0.5, 3.0, 100.0)]
+    points += [(mu, mu * (z + mu / 2)) for mu in (1e-6, 1e-3, 0.3, 2.0) for z in (36.5, 30.0, 10.0, 1.0, -0.5)]
+    points += [(1e-8, 1e-9), (1e-6, 1e-9)]
+    checked = 0
+    for mu, eps in points:
+        exact = _mp_gdp_delta(mu, eps)
+        if exact > 1e-300:
+            ours = gdp_delta(mu, eps)
+            with mpmath.workdps(50):
+                assert exact <= ours <= exact * (1 + 20 * 2.0**-52), (mu, eps, float(exact), ours)
+            checked += 1
+    assert checked >= 45
+
+
+@pytest.mark.parametrize(("mu", "delta"), [(1e-300, 1e-310), (1e-8, 3.9e-9), (0.01, 1e-7)])
+def test_gdp_epsilon_is_relatively_tight_at_tiny_epsilon(mu, delta):
+    # An absolute root tolerance of 1e-12 returned 9.1e-13 where the smallest epsilon is 6.28e-300 (mu = 1e-300).
+    # The oracle at 350 digits: at mu = 1e-300 the two terms agree to 300 digits.
+    import mpmath as mp
+
+    def mp_delta(e):
+        with mp.workdps(350):
+            m, e = mp.mpf(mu), mp.mpf(e)
+            return mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2)
+
+    lo, hi = _mp_bisect(lambda e: delta - mp_delta(e), 0.0, 100.0 * mu, n=80)
+    eps = gdp_epsilon(mu, delta)
+    assert float(lo) * (1 - 1e-13) <= eps <= float(hi) * (1 + 1e-12)
+    assert gdp_delta(mu, eps) <= delta
+
+
+def test_the_rounding_of_mu_never_under_reports_delta():
+    # delta(eps) grows with mu up to ~1600 times as fast in relative terms near delta ~ 1e-300: Delta/sigma rounded
+    # to nearest put delta 8.3e-14 below the 50-digit value at sigma = 0.13 (5.2e-14 at 0.7, with eps/mu - mu/2 =
+    # 36). The accountant's mu = sqrt(sum of mu^2) likewise.
+    import mpmath
+
+    for sigma in (0.7, 0.13, 0.17, 0.23):
+        mu = 1.0 / sigma
+        eps = mu * (36 + mu / 2)
+        with mpmath.workdps(50):
+            m, e = 1 / mpmath.mpf(sigma), mpmath.mpf(eps)
+            exact = mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2)
+        assert exact <= analytic_gaussian_delta(sigma, eps) <= exact * (1 + 1e-12), sigma
+        assert exact <= GdpAccountant().compose(Gaussian(sigma)).delta(eps) <= exact * (1 + 1e-11), sigma
+        d = float(exact) * 1.5
+        assert exact * 1.5 >= analytic_gaussian_delta(sigma, analytic_gaussian_epsilon(sigma, d))
+    assert analytic_gaussian_epsilon(2.0, 1e-5, sensitivity=3.0) == gdp_epsilon(1.5, 1e-5)  # an exact quotient
+
+
+def test_analytic_gaussian_sigma_has_no_cap_at_epsilon_zero_or_floor_at_huge_epsilon():
+    # epsilon = 0 (pure delta): sigma = Delta / (2 sqrt2 erfinv(delta)) exactly; a bracket capped at 1e12 Delta said
+    # "no sigma reaches" at delta = 1e-13 (sigma = 4e12) and 1e-300 (4e299). eps = 1e30 needs sigma ~ 1/sqrt(2e30)
+    # = 7.07e-16, where a floor of 1e-12 returned 2^-40 = 9.1e-13.
+    import mpmath
+
+    with mpmath.workdps(50):
+        for delta in (1e-13, 1e-300):
+            exact = 1 / (2 * mpmath.sqrt(2) * mpmath.erfinv(delta))
+            assert exact <= analytic_gaussian_sigma(0.0, delta) <= exact * (1 + 1e-12), delta
+    assert analytic_gaussian_sigma(1e30, 1e-5) == pytest.approx(1 / math.sqrt(2e30), rel=1e-10)
+    sigma = analytic_gaussian_sigma(1e-12, 1e-300)  # the smallest: delta(sigma) <= 1e-300 < delta(sigma (1 - 1e-9))
+    assert _mp_gdp_delta(1 / sigma, 1e-12) <= 1e-300 < _mp_gdp_delta(1 / (sigma * (1 - 1e-9)), 1e-12)
+    with pytest.raises(UnreachableTargetError, match="float64 range"):
+        analytic_gaussian_sigma(0.0, 5e-324)  # sigma ~ 1e323 Delta
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(InputError, match="delta"):
+            analytic_gaussian_sigma(1.0, bad)
 
 
 @pytest.mark.parametrize(("eps", "delta"), [(1.0, 1e-5), (0.2, 0.01), (4.0, 1e-10), (20.0, 1e-3), (2e7, 0.5)])
@@ -421,9 +498,7 @@ def test_analytic_gaussian_scales_with_sensitivity_and_its_extremes():
     with mp.workdps(40):
         exact0 = float(1 / (2 * mp.sqrt(2) * mp.erfinv(mp.mpf("1e-3"))))
     assert exact0 * (1 - 1e-12) <= analytic_gaussian_sigma(0.0, 1e-3) <= exact0 * (1 + 1e-8)
-    # ... and delta = 1e-13 would need sigma ~ 4e12, beyond the search's 1e12 sensitivities: refused, not guessed.
-    with pytest.raises(UnreachableTargetError, match="no sigma reaches"):
-        analytic_gaussian_sigma(0.0, 1e-13)
+    # (delta = 1e-13, sigma ~ 4e12: test_analytic_gaussian_sigma_has_no_cap_at_epsilon_zero_or_floor_at_huge_epsilon.)
     with pytest.raises(InputError):
         analytic_gaussian_sigma(1.0, 1e-5, sensitivity=0.0)
     # A huge epsilon needs sigma well below the sensitivity (the bracket is halved down to it), still sound and tight.

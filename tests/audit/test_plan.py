@@ -318,8 +318,14 @@ def test_size_for_power_called_without_a_confidence_decides_at_the_audits_defaul
     _, power = size_for_power(1.0, leak, simulations=20, start=2)
     assert round(power * 20) >= refutations_needed(0.8, 20, 0.95) == 20
     # A design cap below what the leak needs is an error naming the cap (planted: the raise dropped, or the cap
-    # compared with ">": the search doubled at the cap forever).
-    with pytest.raises(InputError, match=r"no design up to 8 is shown to reach power 0\.8"):
+    # compared with ">": the search doubled at the cap forever). 16, where the most powerful test on the holdout's
+    # 8 evaluation runs per side has power 0.999 but the audit none: the simulated path (a cap of 8 is refused before
+    # simulating now, as the bound on its 4 evaluation runs is 0.60).
+    with pytest.raises(InputError, match=r"no design up to 16 is shown to reach power 0\.8"):
+        size_for_power(1.0, leak, simulations=20, start=2, max_size=16)
+    # There no randomized-response leak at all reaches 0.8 (its bound saturates at 0.60): said so, where the search
+    # for the plannable leak doubled epsilon to inf and answered "expected a finite true epsilon".
+    with pytest.raises(InputError, match=r"no design up to 8 runs per side can refute epsilon = 1.*no randomized-resp"):
         size_for_power(1.0, leak, simulations=20, start=2, max_size=8)
 
 
@@ -346,8 +352,10 @@ def test_a_leak_no_sound_audit_detects_within_the_cap_is_refused_without_simulat
 def test_the_power_bound_is_the_most_powerful_tests_power():
     """power_upper_bound by hand. Randomized response, 1 run per side, claim 0: T (bits equal to membership) ~
     Bin(2, 1/2) under the claim; the level-0.05 Neyman-Pearson test rejects at T = 2 with probability 0.05/0.25, so
-    its power is 0.2 p² with p = e^ε/(1 + e^ε). Gaussian: members' sum, power Φ(√n (μ − μ0) − z_0.95). The
-    estimate audits (gdp, one-run-fdp against the gdp family) have no level: no bound."""
+    its power is 0.2 p² with p = e^ε/(1 + e^ε). Gaussian: members' sum, power Φ(√n (μ − μ0) − z_0.95), with n the
+    runs per side (canaries) the test reads: with holdout selection the evaluation part's, 15 of 30 (the bound at 30
+    was the whole design's, twice what a holdout audit can use). The estimate audits (gdp, one-run-fdp against the
+    gdp family) have no level: no bound."""
     from scipy import special, stats
 
     from dpaudit.accounting.gdp import gdp_mu_from_epsilon_delta
@@ -357,9 +365,14 @@ def test_the_power_bound_is_the_most_powerful_tests_power():
     assert power_upper_bound(1, 0.0, rr, method="clopper-pearson") == pytest.approx(0.2 * special.expit(1.5) ** 2)
     g = hypothesised_leak(family="gaussian", mu=2.0, delta=1e-5)
     mu0 = gdp_mu_from_epsilon_delta(1.0, 1e-5)
-    want = stats.norm.cdf(np.sqrt(30) * (2.0 - mu0) - stats.norm.ppf(0.95))
+    want = stats.norm.cdf(np.sqrt(15) * (2.0 - mu0) - stats.norm.ppf(0.95))
+    whole = stats.norm.cdf(np.sqrt(30) * (2.0 - mu0) - stats.norm.ppf(0.95))
     for method in ("clopper-pearson", "one-run"):
         assert power_upper_bound(30, 1.0, g, method=method) == pytest.approx(want, rel=1e-6)
+        assert power_upper_bound(31, 1.0, g, method=method) == pytest.approx(
+            stats.norm.cdf(np.sqrt(16) * (2.0 - mu0) - stats.norm.ppf(0.95)), rel=1e-6
+        )
+        assert power_upper_bound(30, 1.0, g, method=method, threshold_selection="bonferroni") == pytest.approx(whole)
     assert power_upper_bound(30, 1.0, g, method="gdp") is None
     assert power_upper_bound(30, 1.0, g, method="one-run-fdp") is None  # audit_scores' default family: gdp
     assert power_upper_bound(30, 1.0, g, method="one-run-fdp", tradeoff="epsilon-delta") == pytest.approx(want)
@@ -378,3 +391,48 @@ def test_a_size_the_most_powerful_test_rules_out_is_never_returned(monkeypatch):
     n, _ = size_for_power(2.0, leak, start=59, **audit)
     assert power_upper_bound(59, 2.0, leak, **audit) < 0.1
     assert power_upper_bound(n, 2.0, leak, **audit) >= 0.8 > power_upper_bound(int(0.9 * n), 2.0, leak, **audit)
+
+
+def test_a_large_simulated_size_is_announced_before_it_runs(monkeypatch):
+    """`audit plan --epsilon 2 --true-epsilon 2.01` ran for minutes without a word (the sizes simulated are near the
+    10^6 cap). Each size from 10^5 up is announced first, naming the leak's closeness to the claim; small ones are
+    not."""
+    from dpaudit.audit import power as pw
+    from dpaudit.audit.power import hypothesised_leak, size_for_power
+    from dpaudit.progress import notices
+
+    said = []
+    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 900_000 else 0.0)
+    with notices(said.append):
+        size_for_power(2.0, hypothesised_leak(family="randomized-response", epsilon=2.01), start=59, delta=1e-5)
+    assert said and all("audits of" in m and "close to the claim (2)" in m for m in said), said
+    assert any("966,656 runs per side" in m for m in said), said
+    said.clear()
+    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 200 else 0.0)
+    with notices(said.append):
+        size_for_power(2.0, hypothesised_leak(family="randomized-response", epsilon=4.0), start=59, delta=1e-5)
+    assert said == []
+
+
+def test_a_size_the_bound_rules_out_is_never_simulated(monkeypatch):
+    """`audit plan --epsilon 2 --true-epsilon 2.01` simulated 483,328 runs per side (91 s here, power 0.505) where a
+    holdout audit, testing on half of them, has power at most 0.727 < 0.8; and the bracket's lower end and the
+    bisection's midpoints were simulated even where the bound rules them out. Planted: the whole design in the bound,
+    or p(lo) / p(mid) simulated regardless (recorded here)."""
+    from dpaudit.audit import power as pw
+    from dpaudit.audit.power import hypothesised_leak, power_upper_bound, size_for_power
+
+    simulated = []
+
+    def fake(n, *a, **k):
+        simulated.append(n)
+        return 1.0 if n >= 20_000 else 0.0
+
+    monkeypatch.setattr(pw, "simulated_power", fake)
+    leak = hypothesised_leak(family="randomized-response", epsilon=2.05)
+    audit = {"method": "clopper-pearson", "delta": 1e-5, "confidence": 0.95}
+    n, _ = size_for_power(2.0, leak, start=59, **audit)
+    assert simulated and all(power_upper_bound(m, 2.0, leak, **audit) >= 0.8 for m in simulated), simulated
+    assert power_upper_bound(n, 2.0, leak, **audit) >= 0.8 and n >= 20_000
+    whole = {**audit, "threshold_selection": "bonferroni"}  # the bound on the whole design
+    assert power_upper_bound(15_104, 2.0, leak, **whole) >= 0.8 > power_upper_bound(15_104, 2.0, leak, **audit)

@@ -63,6 +63,23 @@ def test_model_spec_round_trip_and_no_batchnorm():
         check_private_layers(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)))
 
 
+def test_an_mlp_without_hidden_layers_is_refused_as_the_cli_does_but_a_saved_one_loads():
+    # MLPSpec(hidden=()) built the linear model under the name mlp while --hidden "," was refused by the CLI.
+    from dpaudit.models import MLPSpec, model_spec_from_checkpoint
+
+    with pytest.raises(InputError, match=r"at least one hidden layer.*logreg"):
+        MLPSpec(input_shape=(4,), n_classes=3, hidden=())
+    with pytest.raises(InputError, match=r"at least one hidden layer"):
+        model_spec_from_dict({"kind": "mlp", "input_shape": [4], "n_classes": 3, "hidden": []})
+    with pytest.raises(InputError, match=r"at least one hidden layer"):
+        default_spec("mlp", input_shape=(4,), n_classes=3, hidden=())
+    # A run saved before the refusal still loads, as the linear model it was trained as.
+    old = model_spec_from_checkpoint({"kind": "mlp", "input_shape": [4], "n_classes": 3, "hidden": []})
+    assert old.hidden == () and [type(m).__name__ for m in old.build()] == ["Flatten", "Linear"]
+    with pytest.raises(InputError, match=r"at least one hidden layer"):  # and the leniency ends with the load
+        MLPSpec(input_shape=(4,), n_classes=3, hidden=())
+
+
 def test_determinism_same_seed_same_bytes(tmp_path):
     _, a, _ = _train(tmp_path, "mlp", seed=7, name="a")
     _, b, _ = _train(tmp_path, "mlp", seed=7, name="b")
