@@ -89,6 +89,21 @@ def test_outpert_sensitivity_covers_the_solvers_inexact_minimiser():
     assert claim["sensitivity"] >= 2 / (n * lam) + slack and claim["noise_scale"] >= claim["sensitivity"] / 1.0
 
 
+def test_objpert_solve_converges_where_the_objective_cannot_resolve_its_decrease():
+    # An objpert draw (N = 5, eps 0.3, lambda 0.01: the Delta' branch) whose objective is ~ -736 at the optimum: the
+    # last Newton step lowers J by less than its float64 resolution, so the value-only backtracking stalled at
+    # ||grad|| = 2.0e-7 and the run was refused ("noise term ... too large for float64"). One more full step solves it.
+    Z = np.array([
+        [-0.5179660975621441, -0.8554011467003324], [-0.24836162209524854, 0.4204452380655215],
+        [0.9953696151810463, 0.09612142931904241], [-0.5526473205362324, -0.7847803553442784], [1.0, 0.0],
+    ])  # fmt: skip
+    s = np.array([-1.0, 1.0, 1.0, -1.0, -1.0])
+    b = np.array([155.49813031952738, -7.240167752574471])
+    extra = objpert_parameters(0.3, 5, 0.01)[1]  # 0.632: the Delta' branch
+    w = solve_logistic(Z, s, 0.01, linear=b, extra_l2=extra)
+    assert np.linalg.norm(logistic_objective(w, Z, s, 0.01, b, extra)[1]) <= 1e-10
+
+
 # ---- planted mistakes, by subclassing the learner (production code carries no knob for them) ----------
 
 
