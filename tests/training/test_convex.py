@@ -102,6 +102,10 @@ def test_objpert_solve_converges_where_the_objective_cannot_resolve_its_decrease
     extra = objpert_parameters(0.3, 5, 0.01)[1]  # 0.632: the Delta' branch
     w = solve_logistic(Z, s, 0.01, linear=b, extra_l2=extra)
     assert np.linalg.norm(logistic_objective(w, Z, s, 0.01, b, extra)[1]) <= 1e-10
+    # Thm 9 is for the exact minimiser: the claim states that the solver's point is not covered exactly
+    assert (
+        "the theorem does not cover that difference" in ConvexLearner("objpert", 0.01, 0.3).claim(5, 2, 1)["analysis"]
+    )
 
 
 # ---- planted mistakes, by subclassing the learner (production code carries no knob for them) ----------
