@@ -108,6 +108,22 @@ def test_objpert_solve_converges_where_the_objective_cannot_resolve_its_decrease
     )
 
 
+def test_outpert_output_low_bits_do_not_tell_the_neighbours_apart():
+    # Mironov 2012 on the norm mechanism: a d = 1 replace-one pair (the exact minimisers below, N = 5, lambda = 1) at
+    # eps = 8. In float64 the statistic |w - w_out| - |w - w_in| equals (w_in - w_out) + 1 ulp for ~15 % of the
+    # runs around w_in and never around w_out (100,000 runs each: eps >= 8.30 > 8 at 95 %). The output is now
+    # rounded to float32, the released model's precision: that set is empty on both sides.
+    w_in, w_out = 0.16908403283395246, 0.04697622607615952
+    plateau = (w_in - w_out) + 1.3877787807814457e-17
+    learner, rng = ConvexLearner("outpert", 1.0, 8.0), np.random.default_rng(1)
+
+    def hits(centre):
+        out = np.array([learner.perturb(np.array([[centre]]), 5, rng)[0, 0] for _ in range(3000)])
+        return int(np.sum(np.abs(out - w_out) - np.abs(out - w_in) == plateau))
+
+    assert hits(w_in) == 0 and hits(w_out) == 0
+
+
 # ---- planted mistakes, by subclassing the learner (production code carries no knob for them) ----------
 
 
