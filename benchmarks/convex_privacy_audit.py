@@ -300,10 +300,44 @@ def audit_pipeline(runs, algo="outpert", eps=2.0, lam=1.0, k=2):
     return claim["epsilon"], eps_lower_bound(np.array(a), np.array(b)), shift
 
 
+def audit_float(runs, eps=8.0):
+    """Floating point (Mironov 2012): on the d = 1 pair, the unrounded statistic |w - w_out| - |w - w_in|. The value
+    most frequent around w_in relative to around w_out is chosen on one set of runs; its frequency on each side is
+    counted on fresh runs (a pre-chosen event: one Clopper-Pearson bound). For float64 w* + eta (what the learner
+    returned before) and for the learner's output now (rounded to float32)."""
+    n, lam = 5, 1.0
+    (Z_in, s_in), (Z_out, s_out), _ = _pair(n, 1, lam, 3)
+    w_in, w_out = solve_logistic(Z_in, s_in, lam)[0], solve_logistic(Z_out, s_out, lam)[0]
+    learner = ConvexLearner("outpert", lam, eps)
+    scale = learner.sensitivity(n) / eps
+    out = {}
+    for name, draw in (
+        ("float64 w* + eta", lambda c, rng: c + learner.norm_noise(1, scale, rng)[0]),
+        ("released (perturb)", lambda c, rng: learner.perturb(np.array([[c]]), n, rng)[0, 0]),
+    ):
+
+        def stats_(centre, seed, draw=draw):
+            rng = np.random.default_rng(seed)
+            w = np.array([draw(centre, rng) for _ in range(runs)])
+            return np.abs(w - w_out) - np.abs(w - w_in)
+
+        sel_in, sel_out = stats_(w_in, 0), stats_(w_out, 3)  # selection runs
+        vals, counts = np.unique(sel_in, return_counts=True)
+        ratio = [(c + 1) / (np.sum(sel_out == v) + 1) for v, c in zip(vals, counts, strict=True)]
+        target = vals[int(np.argmax(ratio))]
+        k_in, k_out = int(np.sum(stats_(w_in, 1) == target)), int(np.sum(stats_(w_out, 2) == target))
+        lo, _ = cp_bounds(k_in, runs, 0.05)
+        _, hi = cp_bounds(k_out, runs, 0.05)
+        out[name] = (k_in, k_out, math.log(lo / hi) if lo > 0 else 0.0)
+    return out, eps * abs(w_in - w_out) / learner.sensitivity(n)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=20000, help="runs per side (outpert: x10)")
-    p.add_argument("--only", default="formulas,outpert,pipeline,objpert,dpagd", help="comma-separated parts to run")
+    p.add_argument(
+        "--only", default="formulas,outpert,float,pipeline,objpert,dpagd", help="comma-separated parts to run"
+    )
     args = p.parse_args()
     parts = set(args.only.split(","))
     t0 = time.time()
@@ -321,6 +355,14 @@ def main():
         for kw in ({"eps": 2.0, "delta": 1e-5}, {"eps": 1.0, "delta": 1e-3, "k": 3}):
             claim, lb, shift = audit_outpert(10 * R, algo="outpert-gaussian", **kw)
             print(f"outpert-gaussian {kw}: claim {claim:.4g}, CP lower bound {lb:.4g} (shift {shift:.3f} Delta)")
+        print(f"  ({time.time() - t0:.0f} s)", flush=True)
+    if "float" in parts:
+        res, pair_max = audit_float(5 * R)
+        for name, (k_in, k_out, lb) in res.items():
+            print(
+                f"float, outpert d = 1 eps 8 ({name}): pre-chosen value hit {k_in}/{5 * R} around w_in, "
+                f"{k_out}/{5 * R} around w_out: eps >= {lb:.3f} (real-valued pair max {pair_max:.3f})"
+            )
         print(f"  ({time.time() - t0:.0f} s)", flush=True)
     if "pipeline" in parts:
         for kw in ({"eps": 2.0}, {"eps": 2.0, "k": 3}):
