@@ -16,7 +16,10 @@ privacy budget", KDD (seed slides ``slides-dp-agd-zcdp-adaptive-budget.txt``, Al
 The budget is a zCDP privacy filter: every charge goes in a ledger and is made only when the remaining
 budget covers it *and* the NoisyMax that must follow, so the ledger never exceeds ρ. The claim is
 ρ (the budget), not the realised spend: when to stop depends on the noisy answers, and the filter's
-guarantee is for the budget (Rogers, Roth, Ullman & Vadhan 2016, arXiv:1605.08294, privacy filters).
+guarantee is for the budget (privacy filters: Rogers, Roth, Ullman & Vadhan 2016, arXiv:1605.08294, for
+(ε, δ); under Rényi DP at a fixed order, the Rényi filter of Feldman & Zrnic 2021, arXiv:2008.11193;
+zCDP is Rényi DP of order α at αρ for every α > 1, and the stopping rule Σ ρ_i ≤ ρ is the filter's at
+every order at once, so the adaptive run is ρ-zCDP).
 
 Neighbours are add/remove-one. Each record's clipped gradient has norm ≤ C_grad, so the gradient sum
 moves by ≤ C_grad; each candidate's clipped objective Σ_i min(ℓ_i, C_obj) with ℓ_i ≥ 0 moves by at
