@@ -419,7 +419,9 @@ def train_cloak(run: Any, config: CloakConfig, *, progress: Progress = NULL_PROG
         "lambda": float(config.lam),
         "config": asdict(config),
         "target": {
-            "path": str(Path(run.path).resolve()),
+            # As given (like a run's data spec): resolved, the cloak.json of the same command differed with the
+            # folder the project lives in (non-negotiable 7); the weights' hash identifies the model.
+            "path": str(run.path),
             "weights_sha256": weights_sha256(run.path),
             "data": run.meta["data"]["spec"],
             "data_sha256": run.meta["data"]["sha256"],
@@ -496,7 +498,8 @@ def load_cloak(path: Path | str) -> Cloak:
 
 
 def cloak_target(cloak: Cloak, target: Path | str | None = None):
-    """Load the cloak's target run (its recorded path unless ``target``), checking the weights' hash."""
+    """Load the cloak's target run (its recorded path unless ``target``), checking the weights' hash. The path
+    is recorded as ``--target`` was given: a relative one is relative to the directory the cloak was trained in."""
     run = load_target(target if target is not None else cloak.meta["target"]["path"])
     if weights_sha256(run.path) != cloak.meta["target"]["weights_sha256"]:
         raise InputError(f"{run.path}: not the model this cloak was trained for (weights hash differs)")

@@ -135,8 +135,11 @@ def fit_model(
         model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in init_state.items()})
     model = model.to(device)
     if whitebox is not None and not hasattr(trainer, "fit_with_canary"):
-        backend = " with --backend torch" if perf.backend != "torch" else ""
-        raise InputError(f"white-box canaries need a DP-SGD trainer{backend}, not {config.algo!r}")
+        if perf.backend != "torch":  # the algorithm was fine: "need a DP-SGD trainer …, not 'dpsgd'" read as nonsense
+            raise InputError(
+                f"white-box canaries need --backend torch (a DP-SGD trainer), not --backend {perf.backend}"
+            )
+        raise InputError(f"white-box canaries need a DP-SGD trainer, not {config.algo!r}")
     secure = config.dp is not None and config.dp.secure_noise  # unpredictable from the seed, as asked: left as it is
     with contextlib.nullcontext() if secure else _seeded_global_rng(config.seed, device):
         if whitebox is None:

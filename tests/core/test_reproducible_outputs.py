@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -274,6 +275,21 @@ def test_every_command_gives_the_same_bytes_from_the_same_seed(name, inputs, tmp
     assert out1 == out2
     assert sorted(files1) == sorted(files2)
     assert [k for k in files1 if files1[k] != files2[k]] == []
+
+
+def test_a_cloak_is_the_same_wherever_the_project_folder_lies(inputs, tmp_path, monkeypatch, cpu_only):
+    """The same command (``--target runs/mlp``, relative) in two project folders writes the same cloak: its
+    cloak.json recorded the target's resolved absolute path, so the checkpoint depended on where it was trained."""
+    trees = []
+    for project in (tmp_path / "a", tmp_path / "b" / "deeper"):
+        shutil.copytree(inputs["base"], project / "runs" / "mlp")
+        monkeypatch.chdir(project)
+        args = ["--target", "runs/mlp", "--lambda", "1", "--epochs", "1", "--out", "cl"]
+        r = invoke("--quiet", "train", "--algo", "cloak", *args)
+        assert r.exit_code == 0, r.output
+        trees.append(_tree(project / "cl"))
+    assert json.loads(trees[0]["cloak.json"])["target"]["path"] == "runs/mlp"  # as given, like a run's data spec
+    assert [k for k in trees[0] if trees[0][k] != trees[1].get(k)] == []
 
 
 # --------------------------------------------------------------------------- --force and atomic replacement

@@ -525,3 +525,15 @@ def test_adaptive_average_pooling_matches_torch_where_the_output_divides_the_inp
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
     with pytest.raises(InputError, match="divide"):
         jb._adaptive_avg_pool("p", nn.AdaptiveAvgPool2d(2))(None, jnp.zeros((1, 1, 5, 5)))
+
+
+def test_white_box_canaries_under_the_jax_backend_are_refused_naming_the_backend(tmp_path):
+    """Before: "white-box canaries need a DP-SGD trainer with --backend torch, not 'dpsgd'" for --algo dpsgd:
+    the algorithm was right, the backend was not."""
+    from tests.core.cli_errors import invoke, one_error
+
+    args = ["--data", "synthetic:n=200,d=6,classes=2", "--model", "logreg", "--algo", "dpsgd", "--backend", "jax"]
+    args += ["--noise-multiplier", "1", "--steps", "2", "--whitebox-canaries", "4", "--allow-inconclusive"]
+    error = one_error(invoke("train", "--out", tmp_path / "run", *args))
+    assert "need --backend torch" in error and "not --backend jax" in error and "'dpsgd'" not in error
+    assert not (tmp_path / "run").exists()
