@@ -154,3 +154,10 @@ def test_jl_audits_run_the_given_settings_and_label_each_claim(monkeypatch):
         assert "300 runs" in rec.description and rec.family == "jl-step" and r.design == "multi-run"
     assert "claim by the plain DP-SGD formula: ε = 1.25 at δ = 0.0001" in plain.description
     assert "claim by the JL accountant (r = 1): ε = 2.5 at δ = 0.0001" in jl.description
+    # No settings: the defaults (the runs themselves replaced: 20 000 of them are the slow tests').
+    from dpaudit.workflows import jl_audit
+
+    seen = []
+    member = np.arange(20) % 2 == 0
+    monkeypatch.setattr(jl_audit, "jl_step_scores", lambda c: seen.append(c) or (member * 1.0, member))
+    assert jl_audits()["jl"].result.claimed_epsilon == 2.5 and seen == [JLStepAudit()]
