@@ -145,7 +145,7 @@ def test_poisson_gaussian_without_noise_and_at_an_infinite_order():
     assert r[0] == pytest.approx(_sgm_rdp_mpmath(0.01, 1.0, 2.0), rel=1e-9)
 
 
-@pytest.mark.parametrize("sigma", [8e-155, 1e-153, 3e-153])
+@pytest.mark.parametrize("sigma", [8e-155, 3e-153])
 def test_a_noise_whose_square_is_subnormal_is_bounded_not_nan(sigma):
     """sigma^2 subnormal or nearly (sigma in ~[7.5e-155, 3.5e-153]): the fractional-order series added inf to -inf
     and returned NaN at 90 of the 99 fractional default orders, and rdp_to_delta read a NaN order as delta = 0. The
