@@ -228,6 +228,10 @@ def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float, orders: Se
             out[idx] = _log_a_integer(q, sigma, int(alpha)) / (alpha - 1.0)
         else:
             out[idx] = _log_a_fractional(q, sigma, float(alpha)) / (alpha - 1.0)
+    # Where sigma^2 is subnormal or nearly so (sigma in ~[7.5e-155, 3.5e-153]) the fractional series adds
+    # (i^2 - i)/(2 sigma^2) = inf to log Phi(.) = -inf and returned NaN: there, the unsubsampled Gaussian's bound
+    # (quasi-convexity, as above; it is ~1e305 or inf there, and the exact value at least alpha log q/(alpha - 1) + it).
+    out = np.where(np.isnan(out), rdp_gaussian(sigma, a), out)
     # A_alpha >= 1 (Jensen), so r >= 0; clamp float noise upward (never downward).
     return np.maximum(out, 0.0)
 
@@ -446,7 +450,9 @@ def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) 
         log_rdp = np.where(a > 1.01, log_rdp, np.inf)
         log_rdp = np.where(np.isnan(log_rdp), np.inf, log_rdp)
     log_delta = np.minimum(log_kl, log_rdp)
-    log_delta = np.where(np.isinf(r), np.inf, log_delta)
+    log_delta = np.where(
+        np.isinf(r) | np.isnan(r), np.inf, log_delta
+    )  # NaN: no bound at that order (as rdp_to_epsilon)
     idx = int(np.argmin(log_delta))
     return float(min(1.0, math.exp(min(0.0, float(log_delta[idx]))))), float(a[idx])
 

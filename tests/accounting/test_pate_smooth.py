@@ -495,6 +495,44 @@ def test_where_c5_c6_fail_the_walk_is_refused_not_under_reported(sigma, k, order
         local_sensitivity_gnmax(np.array([a0, k - a0], float), k, sigma, order)
 
 
+def test_c6_failing_just_below_q1_is_seen_by_the_condition_check():
+    """At sigma 46.44, order 40, 3 classes, beta(bu(q)) - beta(q) rises up to ~0.0015 below log q1 and then falls by
+    6.5e-11 (1.3e-7 of it; 1.6e-10 at sigma 46.433) to q1, so C6 fails; conditions_hold said True (the even grid's
+    last step over [8 log q1, log q1] is 0.0053 wide and the fall was compared step by step), and the walk's plateau
+    at q1 was below the local sensitivity of histograms with q just under q1. Oracle: Thm. 6 (Prop. 10's mu1, mu2),
+    q0 its crossing with Prop. 8's lambda / sigma^2 and Prop. 12's bl, bu written out in 50-digit mpmath (Papernot
+    et al. 2018)."""
+    import mpmath as mp
+
+    from dpaudit.accounting.pate_smooth import conditions_hold
+
+    sigma, m, lam = 46.44, 3, 40
+    with mp.workdps(50):
+        s = mp.mpf(sigma)
+
+        def thm6(lq):
+            q, mu2 = mp.e**lq, s * mp.sqrt(-lq)
+            mu1 = mu2 + 1
+            a = (1 - q) / (1 - (q * mp.e ** (mu2 / s**2)) ** (1 - 1 / mu2))
+            b = mp.e ** (mu1 / s**2) / q ** (1 / (mu1 - 1))
+            return mp.log((1 - q) * a ** (lam - 1) + q * b ** (lam - 1)) / (lam - 1)
+
+        def log_b(lq, sign):  # log bl (sign +1) or log bu (sign -1), Prop. 12
+            x = mp.erfinv(1 - 2 * mp.e**lq / (m - 1))  # erfcinv(2q / (m - 1))
+            return min(mp.mpf(0), mp.log((m - 1) * mp.erfc(x + sign / s) / 2))
+
+        lq0 = mp.findroot(lambda lq: thm6(lq) - lam / s**2, mp.mpf(-3))
+        lq1 = log_b(lq0, +1)
+
+        def c6(lq):  # beta(bu(q)) - beta(q) below q1 (q < q1 < q0: beta(q) is Thm. 6)
+            up = log_b(lq, -1)
+            return (lam / s**2 if up >= lq0 else thm6(up)) - thm6(lq)
+
+        assert c6(lq1 - mp.mpf("0.0015")) - c6(lq1) > 5e-11  # a fall to q1: C6 fails (the check's tolerance: 5e-13)
+    assert conditions_hold(sigma, m, float(lam)) is False
+    assert conditions_hold(46.5, m, float(lam)) is True and conditions_hold(46.4, m, float(lam)) is False
+
+
 def test_the_public_rule_picks_only_orders_where_the_analysis_holds(monkeypatch):
     """At sigma 2 the public rule searched every order of ORDER_GRID (it could choose one where C6 fails, whose
     smooth sensitivity was under-reported); now only 1.5, 2 and 2.5 qualify; a fixed order where C6 fails is

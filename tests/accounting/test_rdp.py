@@ -145,6 +145,25 @@ def test_poisson_gaussian_without_noise_and_at_an_infinite_order():
     assert r[0] == pytest.approx(_sgm_rdp_mpmath(0.01, 1.0, 2.0), rel=1e-9)
 
 
+@pytest.mark.parametrize("sigma", [8e-155, 3e-153])
+def test_a_noise_whose_square_is_subnormal_is_bounded_not_nan(sigma):
+    """sigma^2 subnormal or nearly (sigma in ~[7.5e-155, 3.5e-153]): the fractional-order series added inf to -inf
+    and returned NaN at 90 of the 99 fractional default orders, and rdp_to_delta read a NaN order as delta = 0. The
+    exact value is pinned between closed forms: A >= q^alpha E[e^(alpha(2z - 1)/(2 sigma^2))], so
+    r >= alpha/(2 sigma^2) + alpha log q/(alpha - 1); r <= alpha/(2 sigma^2) by quasi-convexity (van Erven &
+    Harremoes 2014, Thm. 13), or inf where the integer-order sums overflow."""
+    q, o = 0.01, np.array(DEFAULT_ORDERS)
+    r = rdp_poisson_gaussian(q, sigma, o)
+    with np.errstate(over="ignore"):
+        upper = o / (2.0 * sigma * sigma)
+    lower = upper + o * math.log(q) / (o - 1.0)
+    assert not np.any(np.isnan(r))
+    assert np.all(r >= lower * (1 - 1e-12)), sigma
+    assert np.all((r <= upper * (1 + 1e-12)) | np.isposinf(r)), sigma  # integer orders' sums may overflow to inf
+    assert rdp_to_delta(o, r, 1.0)[0] == 1.0
+    assert rdp_to_delta([2.0, 3.0], [math.nan, math.nan], 1.0)[0] == 1.0  # NaN: no bound at that order, as epsilon
+
+
 def test_full_batch_is_gaussian():
     o = np.array([1.5, 2.0, 10.0])
     np.testing.assert_allclose(rdp_poisson_gaussian(1.0, 2.0, o), o / 8.0)

@@ -436,3 +436,81 @@ def test_a_size_the_bound_rules_out_is_never_simulated(monkeypatch):
     assert power_upper_bound(n, 2.0, leak, **audit) >= 0.8 and n >= 20_000
     whole = {**audit, "threshold_selection": "bonferroni"}  # the bound on the whole design
     assert power_upper_bound(15_104, 2.0, leak, **whole) >= 0.8 > power_upper_bound(15_104, 2.0, leak, **audit)
+
+def _np_power_by_enumeration(records: int, eps0: float, eps1: float, alpha: float) -> float:
+    """The randomized Neyman-Pearson test of Bin(N, p0) against Bin(N, p1), p = e^ε/(1 + e^ε), by enumeration in 40
+    digits: outcomes T = N, N - 1, ... in decreasing likelihood ratio (p1 > p0) are rejected while their null mass
+    fits in α; the first that does not is rejected with the fraction of its mass that does."""
+    import mpmath
+
+    with mpmath.workdps(40):
+        p0, p1 = (mpmath.e**e / (1 + mpmath.e**e) for e in (mpmath.mpf(eps0), mpmath.mpf(eps1)))
+        size, power = mpmath.mpf(0), mpmath.mpf(0)
+        for t in range(records, -1, -1):
+            m0 = mpmath.binomial(records, t) * p0**t * (1 - p0) ** (records - t)
+            m1 = mpmath.binomial(records, t) * p1**t * (1 - p1) ** (records - t)
+            if size + m0 <= alpha:
+                size, power = size + m0, power + m1
+            else:
+                return float(power + (alpha - size) / m0 * m1)
+        return float(power)
+
+
+@pytest.mark.parametrize(
+    ("n", "claim", "leak", "method", "confidence"),
+    [
+        (7, 1.0, 3.0, "one-run", 0.95),  # one run: n canaries are N = n records
+        (7, 1.0, 3.0, "clopper-pearson", 0.95),  # multi-run: n runs per side are N = 2n records
+        (1, 0.0, 2.0, "one-run", 0.95),  # N = 1: T = 1 rejected with probability 0.05 / (1/2)
+        (300, 2.0, 2.4, "clopper-pearson", 0.9),
+        (400, 0.5, 0.8, "one-run-fdp", 0.99),  # the one-run f-DP test against the (ε, δ) curve has a level too
+    ],
+)
+def test_randomized_response_power_bound_is_the_neyman_pearson_power_by_enumeration(n, claim, leak, method, confidence):
+    """power_upper_bound for the randomized-response family against the most powerful test written out by
+    enumeration (the earlier by-hand check had one run per side at claim 0 only: the one-run design's record count,
+    the critical count's search and the randomization at it were not pinned)."""
+    from dpaudit.audit.power import hypothesised_leak, power_upper_bound
+
+    rr = hypothesised_leak(family="randomized-response", epsilon=leak)
+    kw = {"tradeoff": "epsilon-delta"} if method == "one-run-fdp" else {}
+    got = power_upper_bound(n, claim, rr, method=method, confidence=confidence, **kw)
+    records = n if method.startswith("one-run") else 2 * n
+    assert got == pytest.approx(_np_power_by_enumeration(records, claim, leak, 1.0 - confidence), rel=1e-9, abs=1e-12)
+
+
+def test_the_leak_a_refusal_names_is_the_smallest_the_most_powerful_test_detects():
+    """The refusal's "a leak must exceed epsilon e" (power.py's _leak_needed) against closed forms. Gaussian: the
+    bound Φ(√n (μ − μ0) − z_{1−α}) reaches the power P at μ* = μ0 + (z_{1−α} + z_P)/√n; μ0 and ε* = ε(μ*) from
+    the μ-GDP curve δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth & Su 2022, Cor. 2.13), solved here
+    with brentq. Randomized response: the enumerated Neyman-Pearson power, bisected in ε."""
+    from scipy import optimize, stats
+
+    from dpaudit.audit.power import _leak_needed, hypothesised_leak
+
+    def gdp_delta(eps, mu):
+        return stats.norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+
+    delta, claim, n, power, conf = 1e-5, 1.0, 50, 0.8, 0.95
+    mu0 = optimize.brentq(lambda mu: gdp_delta(claim, mu) - delta, 1e-3, 20, xtol=1e-14, rtol=1e-15)
+    mu_star = mu0 + (stats.norm.ppf(conf) + stats.norm.ppf(power)) / np.sqrt(n)
+    eps_star = optimize.brentq(lambda e: gdp_delta(e, mu_star) - delta, 0, 50, xtol=1e-14, rtol=1e-15)
+    leak = hypothesised_leak(family="gaussian", epsilon=1.1, delta=delta)
+    got = _leak_needed(claim, leak, n, power, method="clopper-pearson", confidence=conf, delta=delta)
+    assert got == pytest.approx(eps_star, rel=1e-6)
+    # The bound itself off saturation (the by-hand test's gaussian case has power 1 - 3e-15), with the audit's
+    # default δ = 1e-5 (no delta given).
+    from dpaudit.audit.power import power_upper_bound
+
+    near = hypothesised_leak(family="gaussian", mu=mu0 + 0.5, delta=delta)
+    want = stats.norm.cdf(np.sqrt(10) * 0.5 - stats.norm.ppf(conf))  # 0.4746
+    assert power_upper_bound(10, claim, near, method="clopper-pearson") == pytest.approx(want, rel=1e-6)
+
+    claim, n, power = 1.0, 10, 0.9  # needs ε ≈ 3.1, above the search's first upper end 2 × 1.01: it doubles
+    lo, hi = claim, 20.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if _np_power_by_enumeration(2 * n, claim, mid, 0.05) >= power else (mid, hi)
+    rr = hypothesised_leak(family="randomized-response", epsilon=1.01)
+    got = _leak_needed(claim, rr, n, power, method="clopper-pearson", confidence=0.95)
+    assert got == pytest.approx(hi, rel=1e-6)

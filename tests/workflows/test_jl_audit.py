@@ -136,3 +136,28 @@ def test_jl_step_verdicts_are_not_the_models(tmp_path, monkeypatch):
 
     monkeypatch.setitem(FAMILY_AUDITS, "jl-step", as_records)
     assert model()["models"][0]["summary"]["verdict"] == "violation"
+
+
+def test_jl_audits_run_the_given_settings_and_label_each_claim(monkeypatch):
+    """jl_audits (only slow tests ran it) with a small design: both records use the given settings (trials,
+    confidence, δ: a mutant ignoring them ran the default 20 000 runs at 0.95) and each carries its own claim
+    and label (the two labels swapped passed every fast test). The claims' PLD accounting (seconds) is replaced by
+    two distinct numbers: what is checked is that each reaches its own record."""
+    monkeypatch.setattr(JLStepAudit, "claims", lambda self: {"plain": 1.25, "jl": 2.5})
+    cfg = JLStepAudit(trials=300, verify=4, delta=1e-4, confidence=0.9, seed=1)
+    audits = jl_audits(cfg)
+    plain, jl = audits["plain"], audits["jl"]
+    assert (plain.result.claimed_epsilon, jl.result.claimed_epsilon) == (1.25, 2.5)
+    for rec in (plain, jl):
+        r = rec.result
+        assert (r.counts["n_members"], r.counts["n_nonmembers"], r.confidence, r.delta) == (150, 150, 0.9, 1e-4)
+        assert "300 runs" in rec.description and rec.family == "jl-step" and r.design == "multi-run"
+    assert "claim by the plain DP-SGD formula: ε = 1.25 at δ = 0.0001" in plain.description
+    assert "claim by the JL accountant (r = 1): ε = 2.5 at δ = 0.0001" in jl.description
+    # No settings: the defaults (the runs themselves replaced: 20 000 of them are the slow tests').
+    from dpaudit.workflows import jl_audit
+
+    seen = []
+    member = np.arange(20) % 2 == 0
+    monkeypatch.setattr(jl_audit, "jl_step_scores", lambda c: seen.append(c) or (member * 1.0, member))
+    assert jl_audits()["jl"].result.claimed_epsilon == 2.5 and seen == [JLStepAudit()]

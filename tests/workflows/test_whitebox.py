@@ -134,3 +134,24 @@ def test_cli_white_box_steps_gate_on_an_estimated_per_step_test_exits_2(monkeypa
     r = CliRunner().invoke(app, ["audit", "train", "--fail-on-violation"])
     assert r.exit_code == 2 and "use --method clopper-pearson" in r.output, r.output
     assert "`dpaudit audit train`" not in r.output, r.output
+
+
+def test_steps_record_prints_the_estimate_and_the_claim_in_their_true_order():
+    """The record's description states "composed estimate b vs claimed c": b (a lower confidence bound, rounded
+    down) and c (rounded up) each at their own digits can print equal when b > c ("2 vs claimed 2" for b =
+    2.0000001 > c = 2, a composed verdict of estimate-exceeds-claim); printed with dpaudit.numfmt.ordered they keep
+    the numbers' order. Without a claim the claim prints as a dash. Oracle: the decimals, by hand."""
+    import dataclasses
+
+    from dpaudit.audit.whitebox import audit_steps
+    from dpaudit.workflows.whitebox import steps_record
+
+    rng = np.random.default_rng(0)
+    ins = rng.random(400) < 0.5
+    stats = audit_steps(rng.normal(size=400) + ins, ins, sample_rate=1.0, noise_multiplier=1.0, claimed_epsilon=2.0)
+    close = dataclasses.replace(stats, composed_epsilon_estimate=2.0000001, claimed_epsilon=2.0)
+    assert "composed estimate 2.0000001 vs claimed 2 (" in steps_record("x", "what", close).description
+    below = dataclasses.replace(stats, composed_epsilon_estimate=1.23456, claimed_epsilon=2.0)
+    assert "composed estimate 1.23 vs claimed 2 (" in steps_record("x", "what", below).description
+    none = dataclasses.replace(stats, composed_epsilon_estimate=1.23456, claimed_epsilon=None)
+    assert "composed estimate 1.23 vs claimed — (" in steps_record("x", "what", none).description
