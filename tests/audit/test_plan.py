@@ -437,6 +437,7 @@ def test_a_size_the_bound_rules_out_is_never_simulated(monkeypatch):
     whole = {**audit, "threshold_selection": "bonferroni"}  # the bound on the whole design
     assert power_upper_bound(15_104, 2.0, leak, **whole) >= 0.8 > power_upper_bound(15_104, 2.0, leak, **audit)
 
+
 def _np_power_by_enumeration(records: int, eps0: float, eps1: float, alpha: float) -> float:
     """The randomized Neyman-Pearson test of Bin(N, p0) against Bin(N, p1), p = e^ε/(1 + e^ε), by enumeration in 40
     digits: outcomes T = N, N - 1, ... in decreasing likelihood ratio (p1 > p0) are rejected while their null mass
