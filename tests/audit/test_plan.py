@@ -475,9 +475,11 @@ def test_randomized_response_power_bound_is_the_neyman_pearson_power_by_enumerat
 
     rr = hypothesised_leak(family="randomized-response", epsilon=leak)
     kw = {"tradeoff": "epsilon-delta"} if method == "one-run-fdp" else {}
-    got = power_upper_bound(n, claim, rr, method=method, confidence=confidence, **kw)
-    records = n if method.startswith("one-run") else 2 * n
-    assert got == pytest.approx(_np_power_by_enumeration(records, claim, leak, 1.0 - confidence), rel=1e-9, abs=1e-12)
+    for selection, tested in (("holdout", n - n // 2), ("bonferroni", n)):  # holdout: its evaluation part only
+        got = power_upper_bound(n, claim, rr, method=method, confidence=confidence, threshold_selection=selection, **kw)
+        records = tested if method.startswith("one-run") else 2 * tested
+        want = _np_power_by_enumeration(records, claim, leak, 1.0 - confidence)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
 def test_the_leak_a_refusal_names_is_the_smallest_the_most_powerful_test_detects():
@@ -494,7 +496,8 @@ def test_the_leak_a_refusal_names_is_the_smallest_the_most_powerful_test_detects
 
     delta, claim, n, power, conf = 1e-5, 1.0, 50, 0.8, 0.95
     mu0 = optimize.brentq(lambda mu: gdp_delta(claim, mu) - delta, 1e-3, 20, xtol=1e-14, rtol=1e-15)
-    mu_star = mu0 + (stats.norm.ppf(conf) + stats.norm.ppf(power)) / np.sqrt(n)
+    tested = n - n // 2  # audit_scores' default threshold selection (holdout) tests on this evaluation part
+    mu_star = mu0 + (stats.norm.ppf(conf) + stats.norm.ppf(power)) / np.sqrt(tested)
     eps_star = optimize.brentq(lambda e: gdp_delta(e, mu_star) - delta, 0, 50, xtol=1e-14, rtol=1e-15)
     leak = hypothesised_leak(family="gaussian", epsilon=1.1, delta=delta)
     got = _leak_needed(claim, leak, n, power, method="clopper-pearson", confidence=conf, delta=delta)
@@ -504,14 +507,14 @@ def test_the_leak_a_refusal_names_is_the_smallest_the_most_powerful_test_detects
     from dpaudit.audit.power import power_upper_bound
 
     near = hypothesised_leak(family="gaussian", mu=mu0 + 0.5, delta=delta)
-    want = stats.norm.cdf(np.sqrt(10) * 0.5 - stats.norm.ppf(conf))  # 0.4746
+    want = stats.norm.cdf(np.sqrt(5) * 0.5 - stats.norm.ppf(conf))  # 10 runs per side, 5 in the evaluation part
     assert power_upper_bound(10, claim, near, method="clopper-pearson") == pytest.approx(want, rel=1e-6)
 
     claim, n, power = 1.0, 10, 0.9  # needs ε ≈ 3.1, above the search's first upper end 2 × 1.01: it doubles
     lo, hi = claim, 20.0
     for _ in range(50):
         mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if _np_power_by_enumeration(2 * n, claim, mid, 0.05) >= power else (mid, hi)
+        lo, hi = (lo, mid) if _np_power_by_enumeration(2 * (n - n // 2), claim, mid, 0.05) >= power else (mid, hi)
     rr = hypothesised_leak(family="randomized-response", epsilon=1.01)
     got = _leak_needed(claim, rr, n, power, method="clopper-pearson", confidence=0.95)
     assert got == pytest.approx(hi, rel=1e-6)
