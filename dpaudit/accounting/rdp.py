@@ -221,17 +221,20 @@ def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float, orders: Se
     if q == 1.0 or math.isinf(sigma * sigma):
         return rdp_gaussian(sigma, a)
     out = np.empty_like(a)
-    for idx, alpha in enumerate(a):
-        if math.isinf(alpha):
-            out[idx] = np.inf
-        elif float(alpha).is_integer():
-            out[idx] = _log_a_integer(q, sigma, int(alpha)) / (alpha - 1.0)
-        else:
-            out[idx] = _log_a_fractional(q, sigma, float(alpha)) / (alpha - 1.0)
-    # Where sigma^2 is subnormal or nearly so (sigma in ~[7.5e-155, 3.5e-153]) the fractional series adds
-    # (i^2 - i)/(2 sigma^2) = inf to log Phi(.) = -inf and returned NaN: there, the unsubsampled Gaussian's bound
-    # (quasi-convexity, as above; it is ~1e305 or inf there, and the exact value at least alpha log q/(alpha - 1) + it).
-    out = np.where(np.isnan(out), rdp_gaussian(sigma, a), out)
+    # Overflow and inf - inf happen only where sigma^2 is subnormal or nearly so, and are handled below: no
+    # RuntimeWarning reaches the user for them.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for idx, alpha in enumerate(a):
+            if math.isinf(alpha):
+                out[idx] = np.inf
+            elif float(alpha).is_integer():
+                out[idx] = _log_a_integer(q, sigma, int(alpha)) / (alpha - 1.0)
+            else:
+                out[idx] = _log_a_fractional(q, sigma, float(alpha)) / (alpha - 1.0)
+        # Where sigma^2 is subnormal or nearly so (sigma in ~[7.5e-155, 3.5e-153]) the fractional series adds
+        # (i^2 - i)/(2 sigma^2) = inf to log Phi(.) = -inf and returned NaN: there, the unsubsampled Gaussian's bound
+        # (quasi-convexity, as above; ~1e305 or inf there, and the exact value at least alpha log q/(alpha - 1) + it).
+        out = np.where(np.isnan(out), rdp_gaussian(sigma, a), out)
     # A_alpha >= 1 (Jensen), so r >= 0; clamp float noise upward (never downward).
     return np.maximum(out, 0.0)
 
