@@ -592,6 +592,16 @@ def _prefixes(budget: int, minimum: int, points: int) -> list[int]:
     return sorted(sizes)
 
 
+def _surrogate_curve(evaluator, X, A, mode, spec, pre, sizes, curve, seed) -> Surrogate | None:
+    """Append to ``curve`` the point of a ``spec`` surrogate trained on the first n queries and answers, for each n in
+    ``sizes``; the last surrogate (None without sizes)."""
+    s = None
+    for n in sizes:
+        s = train_surrogate(X[:n], soft_targets(A[:n], mode), spec, pre, seed=seed)
+        curve.append(evaluator.score(s, n, s.linear_parameters()))
+    return s
+
+
 def equation_attack(
     api: PredictionAPI, knowledge: AttackerKnowledge, *, budget: int, pool: str = "synthetic", seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -780,29 +790,25 @@ def extract(
                              "same queries (axis design, then pool)"}  # fmt: skip
                 pre = Standardizer.fit(knowledge.aux_X)  # the attacker's own scaling, as learning_attack's
                 least = minimum_budget("learning", d=d, n_classes=n_classes)
-                for n in _prefixes(budget, least, max(curve_points, 1)):
-                    model = train_surrogate(X[:n], soft_targets(A[:n], mode), spec, pre, seed=seed)
-                    curve.append(evaluator.score(model, n, model.linear_parameters()))
-                solver = None
-        if method == "equations":
-            assert solver is not None
-            unsolvable: list[int] = []
-            *fewer, _ = _prefixes(budget, minimum, max(curve_points, 1))
-            for n in fewer:
-                try:  # with rounded answers a prefix can be short of usable equations where the whole budget is not
-                    solver_n = EquationSolver(mode).fit(X[:n], A[:n])
-                except InputError:  # a curve point missing, not the attack failing (it did abort the attack)
-                    unsolvable.append(n)
-                    continue
-                curve.append(_equation_point(evaluator, solver_n, n, shape)[1])
-            model, point = _equation_point(evaluator, solver, budget, shape)
-            curve.append(point)
-            settings |= {"surrogate": model.spec.to_dict(), "n_equations": solver.n_equations_,
-                         "design": "axis (d+1), then pool"}  # fmt: skip
-            if unsolvable:
-                settings["curve_unsolvable"] = unsolvable
-            final = curve[-1]
-        elif "fallback" in settings:
+                model = _surrogate_curve(
+                    evaluator, X, A, mode, spec, pre, _prefixes(budget, least, max(curve_points, 1)), curve, seed
+                )
+            else:
+                unsolvable: list[int] = []
+                *fewer, _ = _prefixes(budget, minimum, max(curve_points, 1))
+                for n in fewer:
+                    try:  # with rounded answers a prefix can be short of usable equations where the budget is not
+                        solver_n = EquationSolver(mode).fit(X[:n], A[:n])
+                    except InputError:  # a curve point missing, not the attack failing (it did abort the attack)
+                        unsolvable.append(n)
+                        continue
+                    curve.append(_equation_point(evaluator, solver_n, n, shape)[1])
+                model, point = _equation_point(evaluator, solver, budget, shape)
+                curve.append(point)
+                settings |= {"surrogate": model.spec.to_dict(), "n_equations": solver.n_equations_,
+                             "design": "axis (d+1), then pool"}  # fmt: skip
+                if unsolvable:
+                    settings["curve_unsolvable"] = unsolvable
             final = curve[-1]
         else:
             assert spec is not None
@@ -817,10 +823,8 @@ def extract(
                                               adaptive=True, seed=seed, on_round=on_round)  # fmt: skip
             else:
                 model, X, A = learning_attack(target_api, knowledge, spec, budget=budget, pool=pool, seed=seed)
-                pre = model.preprocessing
-                for n in _prefixes(budget, minimum, max(curve_points, 1))[:-1]:
-                    s = train_surrogate(X[:n], soft_targets(A[:n], mode), spec, pre, seed=seed)
-                    curve.append(evaluator.score(s, n, s.linear_parameters()))
+                fewer = _prefixes(budget, minimum, max(curve_points, 1))[:-1]
+                _surrogate_curve(evaluator, X, A, mode, spec, model.preprocessing, fewer, curve, seed)
                 curve.append(evaluator.score(model, budget, model.linear_parameters()))
             final = curve[-1]
     if target_api.queries_used != len(X):  # the counter is the ground truth of what was spent
