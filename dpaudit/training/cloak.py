@@ -152,7 +152,10 @@ class Cloak:
 
     @property
     def feature_range(self) -> np.ndarray:
-        return (self.hi - self.lo).astype(np.float64)
+        """hi_i - lo_i, the sensitivity of feature i after clipping (module docstring): subtracted in float64,
+        where the difference of two float32 values is exact; the float32 subtraction rounded it, down for
+        some features, and the local-DP reading under-reported epsilon by up to ~6e-8 relative."""
+        return self.hi.astype(np.float64) - self.lo.astype(np.float64)
 
     @property
     def informative(self) -> np.ndarray:

@@ -202,3 +202,16 @@ def test_a_target_without_a_test_split_is_refused_in_one_line(tmp_path):
     )
     assert r.exit_code == 2 and "the run's test split is empty" in r.output, r.output
     assert not (tmp_path / "c").exists()
+
+
+def test_local_dp_reading_uses_the_exact_range_not_its_float32_rounding():
+    """The sensitivity of a clipped feature is hi - lo exactly (both float32, so the difference is exact in
+    float64). float32(hi - lo) rounds it down here (1.0 - (-2^-24) = 1 + 2^-24, a tie rounded to 1.0), which
+    under-reported mu and epsilon; a privacy claim is never rounded down (seed "Cloak: Noisy Representation":
+    the release is x + r with r ~ N(mu, sigma^2), here on x clipped to [lo, hi])."""
+    lo = np.array([-(2.0**-24)], np.float32)
+    hi = np.array([1.0], np.float32)
+    assert float(hi[0] - lo[0]) < float(hi[0]) - float(lo[0])  # the float32 rounding this guards against
+    c = Cloak(mu=0 * hi, sigma=np.array([0.5], np.float32), lo=lo, hi=hi, meta={"lambda": 1.0, "metrics": {}})
+    exact_mu = (float(hi[0]) - float(lo[0])) / 0.5
+    assert local_dp_reading(c, 1e-5)["composed_mu"] >= exact_mu
