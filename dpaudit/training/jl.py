@@ -52,7 +52,7 @@ from dpaudit.training.clipping import (
     reparametrized_call,
     tied_paths,
 )
-from dpaudit.training.dpsgd import DPTrainer
+from dpaudit.training.dpsgd import DPTrainer, noise_generator
 from dpaudit.validation import check_positive_int
 
 log = logging.getLogger(__name__)
@@ -414,7 +414,8 @@ class JLClipper(Clipper):
 
     Each call draws r fresh directions from ``generator`` (one call per logical step unless the
     trainer splits the batch into physical chunks; then each chunk gets its own directions, which
-    Lemma 4.3 of Bu et al. 2021 covers as well: its proof holds conditionally on the directions).
+    Lemma 4.3 of Bu et al. 2021 covers as well: each record's M_i comes from r directions drawn independently
+    of it, and the other chunks' sums are post-processing given the directions).
     ``norms`` of the result are the estimates M_i, not the exact norms. ``ad_path_`` is the AD path
     resolved on the first call.
     """
@@ -453,21 +454,26 @@ class JLClipper(Clipper):
         return ClippedGradients(grads=tuple(grads), norms=M)
 
 
-def make_jl_clipper(model: nn.Module, projections: int, seed: int) -> JLClipper:
-    """A JLClipper whose directions come from a CPU/CUDA generator seeded with ``seed``."""
+def make_jl_clipper(model: nn.Module, projections: int, seed: int, *, secure: bool = False) -> JLClipper:
+    """A JLClipper whose directions come from a CPU/CUDA generator seeded with ``seed``, or, when ``secure``,
+    from 64 bits of ``secrets`` (:func:`dpaudit.training.dpsgd.noise_generator`, as the noise)."""
     device = next(p for p in model.parameters() if p.requires_grad).device
-    return JLClipper(model, projections, torch.Generator(device=device).manual_seed(seed))
+    return JLClipper(model, projections, noise_generator(device, seed, secure))
 
 
 class _JLTrainer(DPTrainer):
     """DP-SGD-JL: :class:`~dpaudit.training.dpsgd.DPTrainer` (sampling, noise, claim) with the
-    :class:`JLClipper`. Directions are drawn from ``config.seed + 3`` (the analysis holds given the
-    directions, so they need not be secret; the noise is what ``secure_noise`` protects)."""
+    :class:`JLClipper`. Directions are drawn from ``config.seed + 3``, or unpredictably under ``secure_noise``
+    like the noise: the analysis needs them independent of the neighbouring pair, not only of the data (Bu et
+    al. 2021, seed paper, proof of Lemma 4.3: ‖g_0‖/M_0 has the law of Z_r over the draw of v_1 … v_r; a
+    record chosen knowing the v_j can put its gradient where they barely project, M_0 ≈ 0, weight C/M_0
+    unbounded). The JAX backend draws them from a secure key as well."""
 
     jl = True
 
     def make_clipper(self, model: nn.Module) -> Clipper:
-        return make_jl_clipper(model, self.config.dp.jl_projections, self.config.seed + 3)
+        dp = self.config.dp
+        return make_jl_clipper(model, dp.jl_projections, self.config.seed + 3, secure=dp.secure_noise)
 
 
 class DPSGDJLTrainer(_JLTrainer):

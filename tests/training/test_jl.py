@@ -430,3 +430,25 @@ def test_attention_models_get_jl_norms(factory):
     ]
     ratio = jl.jl_norm_estimates(model, x, y, dirs) / LoopClipper(model)(x, y, 1e9).norms
     np.testing.assert_allclose(ratio.numpy(), 1.0, atol=0.08)
+
+
+def test_secure_noise_makes_the_directions_unpredictable_too():
+    """Under --secure-noise the JL directions are not drawn from the (recorded) seed either: the seed paper's
+    Lemma 4.3 takes the law of ‖g_0‖/M_0 over v_1 … v_r drawn independently of the neighbouring pair, which a
+    record chosen knowing the seed's directions is not. Zero noise, so only the directions can differ: two runs
+    with the same seed took the same directions (identical weights) before the fix."""
+    X, y = tiny_data(n=8)
+    spec = default_spec("logreg", input_shape=(5,), n_classes=2)
+
+    def run(secure):
+        model = build_model(spec, seed=0, dtype=torch.float64)
+        cfg = TrainConfig(
+            algo="dpsgd-jl", steps=1, batch_size=8, lr=1.0, seed=3,
+            dp=DPConfig(noise_multiplier=0.0, jl_projections=1, accountant="pld", sample_rate=1.0, clip=0.05,
+                        secure_noise=secure),
+        )  # fmt: skip
+        DPSGDJLTrainer(cfg).fit(model, X.double(), y)
+        return torch.cat([p.detach().ravel() for p in model.parameters()])
+
+    assert torch.equal(run(False), run(False))  # reproducible from the seed without --secure-noise
+    assert not torch.equal(run(True), run(True))
