@@ -118,7 +118,7 @@ PRIVACY = (
         help="DP-SGD-JL: number R of JL projections estimating per-example norms (--algo dpsgd-jl/dpadam-jl; "
         "default 16).",
     ),
-    opt("secure_noise", bool, False, help="DP: cryptographically seeded noise."),
+    opt("secure_noise", bool, False, help="DP: cryptographically seeded noise (and JL directions for the -jl algos)."),
 )
 PERFORMANCE = (
     opt("clipping", str, "auto", help="auto | ghost | vmap | loop."),
