@@ -8,7 +8,9 @@ its own exemplars more confidently. Score convention (attacks/result.py): higher
 * One prompt, no noise (epsilon = infinity): score = predicted probability of the candidate's label.
 * DP-ICL (K prompts of k disjoint exemplars, noisy vote of :mod:`dpaudit.aggregation`): the attacker
   sees only the released label, score = 1[answer == label]. The aggregator is calibrated so that *all*
-  the attacker's queries of one trial together meet the target epsilon (data-independent).
+  the attacker's queries of one trial together meet the target epsilon (data-independent); for
+  Confident-GNMax sigma1 is kept unless its threshold step alone would cost more than half of it
+  (:func:`fit_threshold_step`).
 
 Each trial uses fresh records (members = the exemplars, non-members = as many unused records), so the
 trials compose in parallel. Exemplar canaries (:func:`icl_canary_scores`) give a formal one-run audit
@@ -38,10 +40,36 @@ def _private_answers(
 
     hist = vote_histogram(icl_votes(predictor, ex_X, ex_y, parts, queries_X), n_classes)
     template = aggregator if aggregator is not None else AggregatorConfig("gnmax", sigma=1.0)
+    template = fit_threshold_step(template, epsilon=epsilon, delta=delta, n_queries=len(queries_X))
     agg = calibrate_aggregator(
         template, target_epsilon=epsilon, delta=delta, n_queries=len(queries_X), n_classes=n_classes
     )
     return aggregate(hist, agg, seed)
+
+
+def fit_threshold_step(config: AggregatorConfig, *, epsilon: float, delta: float, n_queries: int) -> AggregatorConfig:
+    """Confident-GNMax's threshold step, a Gaussian of noise sigma1 on every query (Papernot et al. 2018, Alg. 1),
+    costs epsilon whatever the answer step's noise; a run's sigma1 fitted to its own query count can alone exceed the
+    run's epsilon over more simulated queries, and calibrating sigma2 then failed ("target epsilon ... not
+    reachable"). Where the threshold step over ``n_queries`` costs more than epsilon / 2 (RDP, as the claim),
+    sigma1 is raised to the smallest value costing epsilon / 2, leaving the other half to the answer step; public
+    settings only. Other aggregators, and a sigma1 that fits, are returned as they are."""
+    import dataclasses
+
+    from dpaudit.accounting import epsilon_for
+    from dpaudit.accounting.calibration import calibrate_noise_multiplier
+    from dpaudit.events import Gaussian, SelfComposed
+
+    if config.name != "confident-gnmax" or not math.isfinite(epsilon):
+        return config
+    half = epsilon / 2.0
+    if epsilon_for(SelfComposed(Gaussian(config.sigma1), n_queries), delta, "rdp") <= half:
+        return config
+    sigma1 = calibrate_noise_multiplier(
+        target_epsilon=half, delta=delta, make_event=lambda s: SelfComposed(Gaussian(s), n_queries),
+        max_noise_multiplier=1e7,
+    )  # fmt: skip
+    return dataclasses.replace(config, sigma1=sigma1)
 
 
 def icl_membership(

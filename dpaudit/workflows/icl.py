@@ -125,6 +125,12 @@ def run_icl(
         "AUC: estimate (records drawn per trial, not one fixed neighbouring pair). Canary bound: formal one-run "
         "audit (Steinke, Nasr & Jagielski 2023) of the aggregator's data-independent claim over the canary queries."
     )
+    if template is not None and template.name == "confident-gnmax":
+        out["note"] += (
+            " Confident-GNMax: the run's threshold T and sigma1, sigma1 raised where the threshold step alone over "
+            "the simulated queries would cost more than half the run's epsilon (attacks.icl.fit_threshold_step); "
+            "sigma2 calibrated to the rest."
+        )
     return out
 
 

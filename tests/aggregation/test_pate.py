@@ -342,3 +342,31 @@ def test_the_train_workflow_says_the_data_dependent_note(monkeypatch, tmp_path):
     kw.update(algo="dp-icl", epsilon=1.0, claim="data-dependent", split="0.25,0.25,0.25,0.25", notify=notes.append)
     assert runs.train_from_options(tmp_path / "r", **kw) == {"privacy": privacy}
     assert [n for n in notes if n.startswith("the data-dependent claim ε = 2.65415 is above the --epsilon 1")], notes
+
+
+def test_icl_family_on_a_confident_gnmax_run_with_more_canaries_than_queries(tmp_path):
+    """`dpaudit report --icl` on a Confident-GNMax DP-ICL run of 40 queries (sigma1 = 12 fitted to them): its
+    canary audit recalibrates the noise to the run's epsilon over 200 canary queries, where the threshold step
+    alone (a Gaussian on every query, Papernot et al. 2018, Alg. 1; seed "Confident-GNMax (T, sigma1, sigma2)")
+    cost more than that epsilon, and the report ended in "target epsilon 3.99998 ... not reachable". Now sigma1 is
+    raised to cost half of it, and the audit still tests the claim of the mechanism it ran (formal)."""
+    from attacks.icl import fit_threshold_step
+    from dpaudit.accounting import epsilon_for
+    from dpaudit.aggregation import aggregator_event, calibrate_aggregator
+    from dpaudit.checkpoint import load_run
+    from dpaudit.events import Gaussian, SelfComposed
+    from dpaudit.workflows.checkpoint import FAMILY_RUNNERS
+
+    agg = AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=12.0, threshold=3)
+    meta = _run(algo="dp-icl", teachers=5, shots=4, target_epsilon=4.0, aggregator=agg, out=tmp_path / "icl")
+    eps = meta["privacy"]["epsilon"]
+    result = FAMILY_RUNNERS["icl"](load_run(tmp_path / "icl"), {"canaries": 200, "trials": 2}, 0, None)
+    row = result["settings"][1]
+    assert row["epsilon"] == eps and row["canary_audit"]["formal"] is True and "sigma1 raised" in result["note"]
+    fitted = fit_threshold_step(AggregatorConfig(**meta["training"]["aggregation"]["recipe"]["aggregator"]),
+                                epsilon=eps, delta=1e-5, n_queries=200)  # fmt: skip
+    assert fitted.sigma1 > 12.0 and fitted.threshold == 3
+    assert epsilon_for(SelfComposed(Gaussian(fitted.sigma1), 200), 1e-5, "rdp") <= eps / 2
+    full = calibrate_aggregator(fitted, target_epsilon=eps, delta=1e-5, n_queries=200, n_classes=3)
+    assert epsilon_for(aggregator_event(full, 200, 3), 1e-5, "rdp") <= eps  # the claim the audit tests holds
+    assert fit_threshold_step(agg, epsilon=eps, delta=1e-5, n_queries=5) == agg  # a sigma1 that fits is kept
