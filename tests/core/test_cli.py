@@ -418,6 +418,8 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "cloak", "--split", "0.5,0.5,0,0"], "--split", "cloak"),
         (["--algo", "pate", "--teachers", "5", "--backend", "jax"], "--backend", "pate"),  # was: trained with torch
         (["--algo", "dp-icl", "--teachers", "5", "--device", "cuda"], "--device", "dp-icl"),  # was: on the CPU
+        (["--algo", "sgd", "--max-physical-batch", "8"], "--max-physical-batch", "sgd"),  # was: silently ignored
+        (["--algo", "outpert", "--max-physical-batch", "8"], "--max-physical-batch", "outpert"),
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
