@@ -97,7 +97,9 @@ class LiRA:
         (e.g. a constant model) cannot divide by zero.
 
     Learned attributes: ``mean_in_``, ``mean_out_``, ``std_in_``, ``std_out_`` (per record),
-    ``n_in_``, ``n_out_``, ``global_variance_`` (bool), ``n_models_``.
+    ``n_in_``, ``n_out_``, ``global_variance_`` (bool), ``n_models_``, ``std_floor_sides_`` (the sides, "IN" and/or
+    "OUT", on which some record's std is ``min_std`` because no variance could be estimated: e.g. 2 reference
+    models with min_models=1 give every record one OUT model).
     """
 
     def __init__(
@@ -144,6 +146,12 @@ class LiRA:
             std_in = np.where(n_in >= 2, std_in, pooled_in)
             std_out = np.where(n_out >= 2, std_out, pooled_out)
         # nan_to_num: pooled std is NaN when no record has two models on that side (e.g. 1 IN model each).
+        # The sides whose std is then the floor, not an estimate (offline scores read the OUT side only).
+        self.std_floor_sides_ = tuple(
+            side
+            for side, std in (("IN", std_in), ("OUT", std_out))
+            if (self.online or side == "OUT") and bool(np.isnan(std).any())
+        )
         floor = self.min_std
         self.std_in_ = np.maximum(np.nan_to_num(std_in, nan=floor), floor)
         self.std_out_ = np.maximum(np.nan_to_num(std_out, nan=floor), floor)

@@ -319,6 +319,13 @@ def _reference_attacks(run: Run, recipe, target: _Target, methods, reference_mod
             "min_models": min_models,
             "signal": "logit-scaled confidence",
         }
+        if lira.std_floor_sides_:  # "global_variance": true read as a pooled estimate; there was none
+            sides = " and ".join(lira.std_floor_sides_)
+            params["std"] = (
+                f"no {sides} variance could be estimated (a record needs two {sides} reference models; use more "
+                f"reference models): the min_std floor {lira.min_std:g} stands in for it, so the scores' scale means "
+                "nothing (their ranking, which the AUC and the audit read, does not depend on it)"
+            )
         scored.append(("lira", scores, params))
     if "rmia" in methods:
         ref_lp = np.stack([loss_score(r, y) for r in ref], axis=1)

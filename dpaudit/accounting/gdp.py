@@ -31,20 +31,30 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     test_conversions.py). At ε = 0, δ = Φ(μ/2) − Φ(−μ/2) = erf(μ/(2√2)) (scipy's erf, same margin). A δ below
     the smallest float (e^-2e8 at μ = 1e-4, ε = 2) rounds to 0, which only the inverse at δ = 0 (ε = ∞) could see.
     """
-    mu = check_non_negative(mu=mu)
-    if mu == 0.0:
-        return 0.0
-    if math.isinf(mu):
-        return 1.0
-    if math.isinf(epsilon):
-        return 0.0
-    if epsilon == 0.0:
-        value = float(special.erf(mu / (2.0 * math.sqrt(2.0))))
-    else:
-        value = _gdp_delta_nearest(mu, epsilon)
-    if value == 0.0:
-        return 0.0
+    value, exact = _gdp_delta_value(check_non_negative(mu=mu), epsilon)
+    if exact or value == 0.0:
+        return value
     return min(1.0, value * (1.0 + _GDP_DELTA_RTOL) + _SMALLEST_SUBNORMAL)
+
+
+def _gdp_delta_value(mu: float, epsilon: float) -> tuple[float, bool]:
+    """δ(ε) of μ-GDP to a few ulps (not rounded either way; :data:`_GDP_DELTA_RTOL` covers it), and whether it is
+    exact (μ = 0, μ = ∞, ε = ∞)."""
+    if mu == 0.0:
+        return 0.0, True
+    if math.isinf(mu):
+        return 1.0, True
+    if math.isinf(epsilon):
+        return 0.0, True
+    if epsilon == 0.0:
+        return float(special.erf(mu / (2.0 * math.sqrt(2.0)))), False
+    return _gdp_delta_nearest(mu, epsilon), False
+
+
+def _gdp_delta_lower(mu: float, epsilon: float) -> float:
+    """δ(ε) of μ-GDP rounded down: never above the exact value (the mirror of :func:`gdp_delta`'s margin)."""
+    value, exact = _gdp_delta_value(mu, epsilon)
+    return value if exact else max(0.0, value * (1.0 - _GDP_DELTA_RTOL) - _SMALLEST_SUBNORMAL)
 
 
 # Relative error allowed for _gdp_delta_nearest and scipy's erf, added to the result so that gdp_delta is an upper
@@ -189,6 +199,36 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     step = 1e-14 * eps
     while gdp_delta(mu, eps) > delta:
         eps = float(np.nextafter(eps + step, math.inf))
+        step = 2.0 * step + 5e-324
+    return float(eps)
+
+
+def gdp_epsilon_lower(mu: float, delta: float) -> float:
+    """ε(δ) of a μ-GDP mechanism rounded DOWN: a value never above the exact ε(δ) (Dong, Roth & Su 2022, Cor. 2.13).
+
+    For empirical lower bounds (an audit's μ lower bound turned into ε, a design's most certifiable ε): there
+    :func:`gdp_epsilon`, which rounds up for claims, would report a bound up to ~1e-14 relative above the exact
+    value, and a claim between the two would read as exceeded. The caller passes μ rounded down. The returned ε
+    has δ(ε) ≥ delta by the lower evaluation :func:`_gdp_delta_lower`, so the exact ε(δ) (δ decreasing in ε) is at
+    least ε.
+    """
+    mu = check_non_negative(mu=mu)
+    delta = check_in_interval(0.0, 1.0, lo_open=False, delta=delta)
+    if mu == 0.0:
+        return 0.0
+    if math.isinf(mu) or delta == 0.0:
+        return math.inf
+    if _gdp_delta_lower(mu, 0.0) < delta:
+        return 0.0  # the exact ε(δ) is ≥ 0; nothing larger is certain
+    hi = mu * (41.5 + 0.5 * mu)  # as gdp_epsilon: δ(hi) rounds to 0 < delta
+    while _gdp_delta_lower(mu, hi) >= delta and not math.isinf(hi):
+        hi *= 2.0
+    if math.isinf(hi):
+        return float(np.nextafter(hi, 0.0))
+    eps = optimize.brentq(lambda e: _gdp_delta_lower(mu, e) - delta, 0.0, hi, xtol=5e-324, rtol=1e-14, maxiter=500)
+    step = 1e-14 * eps
+    while eps > 0.0 and _gdp_delta_lower(mu, eps) < delta:  # step down until the guarantee provably holds
+        eps = max(0.0, float(np.nextafter(eps - step, 0.0)))
         step = 2.0 * step + 5e-324
     return float(eps)
 

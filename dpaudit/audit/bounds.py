@@ -52,7 +52,7 @@ import numpy as np
 from scipy.stats import binomtest
 
 from dpaudit import numfmt
-from dpaudit.accounting.gdp import gdp_epsilon
+from dpaudit.accounting.gdp import gdp_epsilon_lower
 from dpaudit.audit import fdp_one_run, one_run
 from dpaudit.audit.holdout import select_then_evaluate, split
 from dpaudit.audit.result import (
@@ -248,7 +248,8 @@ def _threshold_max_certifiable(method, n_pos, n_neg, alpha_per_bound, delta) -> 
 
 
 def _to_epsilon(method: str, value: float, delta: float) -> float:
-    return gdp_epsilon(value, delta) if method == "gdp" else value
+    # A lower bound (and the most a perfect attack certifies, compared with it): ε rounded down, never up.
+    return gdp_epsilon_lower(value, delta) if method == "gdp" else value
 
 
 # --------------------------------------------------------------------------------------------------

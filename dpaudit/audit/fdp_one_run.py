@@ -53,7 +53,7 @@ import numpy as np
 from scipy import optimize, special
 
 from dpaudit import numfmt
-from dpaudit.accounting.gdp import gdp_epsilon
+from dpaudit.accounting.gdp import gdp_epsilon_lower
 from dpaudit.audit import one_run
 from dpaudit.audit.holdout import select_then_evaluate
 from dpaudit.errors import InputError
@@ -126,8 +126,9 @@ def _gdp_g(mu: float) -> BlowupInverse:
 
 
 def gdp_family() -> TradeoffFamily:
+    # ε of a refuted μ is a lower bound (and of a perfect attack's, the most the design certifies): rounded down.
     return TradeoffFamily(
-        name="gdp", parameter="mu", blowup_inverse=_gdp_g, epsilon=lambda mu, d: gdp_epsilon(mu, d),
+        name="gdp", parameter="mu", blowup_inverse=_gdp_g, epsilon=gdp_epsilon_lower,
         t_start=1.0, t_max=64.0, formal=False,
         note="estimate: the refutation of mu-GDP is formal, but eps(delta) of the refuted mu is an eps lower bound "
         "only if the true trade-off curve is Gaussian (Mahloujifar et al. 2025, arXiv:2410.22235)",

@@ -34,7 +34,8 @@ import numpy as np
 from scipy import special, stats
 
 from dpaudit import numfmt
-from dpaudit.accounting import dpsgd_event, epsilon_for, gdp_epsilon
+from dpaudit.accounting import dpsgd_event, epsilon_for
+from dpaudit.accounting.gdp import gdp_epsilon_lower
 from dpaudit.audit.bounds import _alpha, audit_scores
 from dpaudit.audit.fdp_one_run import sampled_gaussian_step_family
 from dpaudit.audit.result import AuditResult
@@ -53,14 +54,15 @@ def composed_epsilon(ratio: float, sample_rate: float, steps: int, delta: float)
     """ε(δ) of T steps of DP-SGD whose per-step observation has shift/noise ratio ``ratio`` = b/σ.
 
     q = 1: μ-GDP composition, μ_total = √T · ratio (Dong, Roth & Su 2022, arXiv:1905.02383, Cor. 3.3),
-    ε from Dong et al. Cor. 2.13 (:func:`dpaudit.accounting.gdp_epsilon`). q < 1: the Poisson-sampled
-    Gaussian with noise multiplier 1/ratio composed T times, PLD accountant (pessimistic, add/remove);
+    ε from Dong et al. Cor. 2.13 rounded down (:func:`dpaudit.accounting.gdp.gdp_epsilon_lower`). q < 1: the
+    Poisson-sampled Gaussian with noise multiplier 1/ratio composed T times, PLD accountant (pessimistic, add/remove);
     above ratio 20 one step's exact ε (a lower bound on the composition's; see the code).
     """
     if ratio <= 0.0:
         return 0.0
     if sample_rate >= 1.0:
-        return gdp_epsilon(math.sqrt(steps) * ratio, delta)
+        # A lower estimate compared with the claim: μ (two roundings, each ≤ 2^-53 relative) and ε rounded down.
+        return gdp_epsilon_lower(math.sqrt(steps) * ratio * (1.0 - 2.0**-51), delta)
     if ratio > _PLD_MAX_RATIO:
         # σ/b below 1/20: the PLD grid would need millions of bins. One step's ε(δ) (exact, closed form)
         # is a lower bound on the T-fold composition's, and already far above any sensible claim.

@@ -14,6 +14,7 @@ import math
 import re
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,29 @@ def warn(message: str) -> None:
     """``warning: message`` on stderr, always: a check's finding is part of the result, so neither
     --quiet nor --json hides it (stdout stays machine-readable)."""
     typer.echo(_safe(f"warning: {message}"), err=True)
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # dpaudit/
+
+
+@contextlib.contextmanager
+def dpaudit_warnings_as_cli_warnings() -> Iterator[None]:
+    """Inside, a Python ``UserWarning`` raised from dpaudit's own code is printed as the CLI's one line ``warning:
+    message`` (:func:`warn`), when Python would show it (its filters: once per place), instead of Python's two lines
+    with a file path and a source line (DP-SGD-JL's "16 JL projections for 14 parameters" printed
+    "/…/dpaudit/training/jl.py:459: UserWarning: …" and the line ``return JLClipper(…)``). Other warnings (torch's,
+    a user's own code) are shown as Python shows them."""
+    with warnings.catch_warnings():
+        python_show = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, UserWarning) and Path(filename).resolve().is_relative_to(_PACKAGE_DIR):
+                warn(str(message))
+            else:
+                python_show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:

@@ -269,6 +269,7 @@ OPTION_READERS: dict[str, tuple[str, ...]] = {
     "jl_projections": ("dpsgd-jl", "dpadam-jl"),
     "clipping": ("dpsgd", "dpadam"),  # exact per-example clipping; the -jl trainers estimate norms (JLClipper)
     "autocast": ("dpsgd", "dpadam"),  # the exact clippers' bf16 forward/backward (not JL's jvp, not sgd/adam)
+    "max_physical_batch": DPSGD_ALGOS,  # the private step's chunking (dpsgd.set_private_gradients, the JAX DP step)
     "whitebox_canaries": DPSGD_ALGOS,
     "canaries": TRAINER_ALGOS,
     "canary_kind": TRAINER_ALGOS,

@@ -49,6 +49,7 @@ from dpaudit.events import ZCDP
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.base import Trainer, TrainOutcome
 from dpaudit.training.convex import (
+    FLOAT_NOTE,
     _arrays,
     _sigmoid,
     check_epsilon_only,
@@ -56,6 +57,7 @@ from dpaudit.training.convex import (
     load_logreg,
     no_builtin_audit,
     noise_rng,
+    release_precision,
     unit_ball_features,
 )
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive, check_positive_int
@@ -64,7 +66,7 @@ DPAGD_ANALYSIS = (
     "DP-AGD (Lee & Kifer 2018, KDD, Alg. 2): Gaussian noisy clipped gradient sums (rho_ng-zCDP), NoisyMax "
     "step-size selection with Laplace noise C_obj/sqrt(2 rho_nmax) (rho_nmax-zCDP) and gradient averaging, "
     "composed under zCDP (Bun & Steinke 2016) with a privacy filter at the budget rho (add/remove neighbours); "
-    "(epsilon, delta) from rho by the zCDP accountant."
+    "(epsilon, delta) from rho by the zCDP accountant." + FLOAT_NOTE
 )
 
 
@@ -229,7 +231,8 @@ def grad_avg(
 
 def dpagd(Z: np.ndarray, s: np.ndarray, config: DPAGDConfig, rng: np.random.Generator) -> AGDResult:
     """Algorithm 2 of the slides on features Z (‖x‖ ≤ 1 not needed: gradients and losses are clipped)
-    and ±1 labels s. Returns the weights, the ledger and the NoisyMax noise scales used."""
+    and ±1 labels s. Returns the weights (rounded to float32, the released precision), the ledger and the NoisyMax
+    noise scales used."""
     rho_nmax, rho_ng = initial_budgets(config.epsilon, config.delta, config.splits, config.c_grad)
     ledger = Ledger(config.rho)
     if not ledger.can(rho_ng, rho_nmax):
@@ -277,7 +280,9 @@ def dpagd(Z: np.ndarray, s: np.ndarray, config: DPAGDConfig, rng: np.random.Gene
                 break
         if stop:
             break
-    return AGDResult(w=w, ledger=ledger, steps=steps, nmax_scales=scales, rho_ng_final=rho_ng)
+    # Released at float32 precision like the other convex learners' outputs (convex.release_precision: the float64
+    # iterate's low bits carry the noisy gradients' exact values, Mironov 2012); the checkpoint was float32 already.
+    return AGDResult(w=release_precision(w), ledger=ledger, steps=steps, nmax_scales=scales, rho_ng_final=rho_ng)
 
 
 def per_classifier_config(config: DPAGDConfig, classifiers: int) -> DPAGDConfig:

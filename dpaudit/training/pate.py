@@ -281,6 +281,8 @@ def train_aggregation_run(
         agg, hist, answers, delta=config.delta, n_teachers=config.teachers, claim=config.claim,
         sanitiser=config.sanitiser, seed=derive_seed(config.seed, stream=4),
     )  # fmt: skip
+    if (note := data_dependent_note(privacy, config.target_epsilon)) is not None:
+        privacy = {**privacy, "note": note}  # what `dpaudit train` prints, kept with the claim
     stats = {
         "recipe": {**config.to_dict(), "aggregator": agg.to_dict()},
         "n_queries": len(q_idx),
@@ -312,6 +314,27 @@ def train_aggregation_run(
         metrics=metrics, seed=config.seed, extra={"fit_warnings": found} if found else None,
         arrays={ANSWERS_FILE: {"query_idx": q_idx, "answers": answers}}, force=force,
     )  # fmt: skip
+
+
+def data_dependent_note(privacy: dict[str, Any], asked: float | None) -> str | None:
+    """Why a run's data-dependent claim is above the --epsilon asked for (DP-ICL, 5 teachers, 20 queries, --epsilon 1
+    --claim data-dependent: ε = 2.65 with no word): --epsilon calibrates σ for the data-independent bound, and the
+    sanitised data-dependent analysis charges its own releases too. `dpaudit train` prints it and the run's claim
+    records it (``privacy["note"]``). None when there is nothing to say."""
+    from dpaudit import numfmt
+
+    claimed, independent = privacy.get("epsilon"), privacy.get("data_independent_epsilon")
+    if asked is None or privacy.get("claim") != "data-dependent" or claimed is None or claimed <= asked:
+        return None
+    # upper(claimed) >= claimed > asked, printed as given: the printed pair keeps the order
+    return (
+        f"the data-dependent claim ε = {numfmt.upper(claimed)} is above the --epsilon {numfmt.exact(asked)} asked "
+        "for: --epsilon calibrates "
+        "the noise for the data-independent bound"
+        + ("" if independent is None else f" (ε = {numfmt.upper(independent)} here)")
+        + ", and the sanitised data-dependent analysis also charges its own releases; choose --claim "
+        "data-independent before training for that bound"
+    )
 
 
 def answer_warnings(answers: np.ndarray, true: np.ndarray, agg: AggregatorConfig, n_teachers: int) -> list[str]:

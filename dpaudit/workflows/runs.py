@@ -156,7 +156,9 @@ def train_from_options(
             keep_private_diagnostics=keep_private_diagnostics, subsample=subsample, sanitiser=sanitiser,
             notify=notify,
         )  # fmt: skip
-        if (note := _data_dependent_note(meta.get("privacy") or {}, epsilon)) is not None:
+        from dpaudit.training.pate import data_dependent_note
+
+        if (note := data_dependent_note(meta.get("privacy") or {}, epsilon)) is not None:
             notify(note)
         return meta
     from dpaudit.data import load_dataset, make_splits
@@ -263,26 +265,6 @@ def _check_canary_counts(**counts: int | None) -> None:
                 f"expected {name} >= {least}, got {m}: the checkpoint's one-run audit selects its guess counts on "
                 "half the canaries and scores the other half"
             )
-
-
-def _data_dependent_note(privacy: dict[str, Any], asked: float | None) -> str | None:
-    """Why a run's data-dependent claim is above the --epsilon asked for (DP-ICL, 5 teachers, 20 queries, --epsilon 1
-    --claim data-dependent: ε = 2.65 with no word): --epsilon calibrates σ for the data-independent bound, and the
-    sanitised data-dependent analysis charges its own releases too. None when there is nothing to say."""
-    from dpaudit import numfmt
-
-    claimed, independent = privacy.get("epsilon"), privacy.get("data_independent_epsilon")
-    if asked is None or privacy.get("claim") != "data-dependent" or claimed is None or claimed <= asked:
-        return None
-    # upper(claimed) >= claimed > asked, printed as given: the printed pair keeps the order
-    return (
-        f"the data-dependent claim ε = {numfmt.upper(claimed)} is above the --epsilon {numfmt.exact(asked)} asked "
-        "for: --epsilon calibrates "
-        "the noise for the data-independent bound"
-        + ("" if independent is None else f" (ε = {numfmt.upper(independent)} here)")
-        + ", and the sanitised data-dependent analysis also charges its own releases; choose --claim "
-        "data-independent before training for that bound"
-    )
 
 
 def _fit_default_batch(config: Any, n_train: int, notify: Callable[[str], None]) -> Any:

@@ -535,3 +535,19 @@ def test_gdp_leaves_at_their_edges_and_the_tradeoff_curves_refuse_alphas_outside
             gdp_tradeoff(1.0, bad)
         with pytest.raises(InputError, match=r"alpha in \[0, 1\]"):
             epsilon_delta_tradeoff(1.0, 1e-5, bad)
+
+
+@pytest.mark.parametrize(("mu", "delta"), [(0.3, 1e-6), (1.0, 1e-5), (2.5, 1e-5), (6.0, 1e-3), (1e-3, 1e-4)])
+def test_gdp_epsilon_lower_is_never_above_the_50_digit_root_and_gdp_epsilon_never_below(mu, delta):
+    # The two directions of one conversion: gdp_epsilon (claims) at or above the exact epsilon(delta), and
+    # gdp_epsilon_lower (audit lower bounds) at or below it, each within 1e-12 relative. gdp_epsilon alone returned
+    # up to 1e-14 relative above the root for a lower bound (4.37717809568127 vs 4.37717809568122 at mu = 1).
+    from dpaudit.accounting.gdp import gdp_epsilon_lower
+
+    lo, hi = _mp_bisect(lambda e: delta - _mp_gdp_delta(mu, e), 0.0, 200.0)
+    down, up = gdp_epsilon_lower(mu, delta), gdp_epsilon(mu, delta)
+    assert down <= lo and up >= hi
+    assert down >= float(lo) * (1 - 1e-12) and down < up
+    # Degenerate points: as gdp_epsilon's, and a delta met at epsilon = 0 gives 0.
+    assert gdp_epsilon_lower(0.0, 1e-5) == 0.0 and gdp_epsilon_lower(math.inf, 0.5) == math.inf
+    assert gdp_epsilon_lower(1.0, 0.0) == math.inf and gdp_epsilon_lower(0.1, 0.6) == 0.0

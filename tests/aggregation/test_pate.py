@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dpaudit import numfmt
 from dpaudit.accounting.pate_smooth import SanitiserConfig
 from dpaudit.aggregation import AggregatorConfig
 from dpaudit.data import Standardizer, load_dataset
@@ -314,7 +315,7 @@ def test_the_icl_canary_audit_runs_the_runs_own_aggregator(tmp_path, monkeypatch
 def test_a_data_dependent_claim_above_the_asked_epsilon_is_explained():
     """DP-ICL with 5 teachers, 20 queries, `--epsilon 1 --claim data-dependent` claimed ε = 2.65 with no word on why
     it exceeds what was asked. The train workflow now says so, naming the data-independent bound of the same σ."""
-    from dpaudit.workflows.runs import _data_dependent_note
+    from dpaudit.training.pate import data_dependent_note as _data_dependent_note
 
     privacy = {"claim": "data-dependent", "epsilon": 2.654143302902476, "data_independent_epsilon": 0.9999710286616814}
     note = _data_dependent_note(privacy, 1.0)
@@ -323,6 +324,15 @@ def test_a_data_dependent_claim_above_the_asked_epsilon_is_explained():
     assert _data_dependent_note({**privacy, "epsilon": 0.8}, 1.0) is None  # below what was asked
     assert _data_dependent_note({**privacy, "claim": "data-independent"}, 1.0) is None
     assert _data_dependent_note(privacy, None) is None  # σ given, no ε asked
+
+
+def test_the_runs_record_keeps_the_data_dependent_note():
+    # The note was printed by `dpaudit train` only; checkpoint.json (the run's record) had the two epsilons without a
+    # word. DP-ICL, 5 teachers, 40 queries, --epsilon 1 --claim data-dependent: epsilon 2.21 > 1.
+    meta = _run(algo="dp-icl", teachers=5, shots=4, target_epsilon=1.0, claim="data-dependent")
+    privacy = meta["privacy"]
+    assert privacy["epsilon"] > 1.0
+    assert privacy["note"].startswith(f"the data-dependent claim ε = {numfmt.upper(privacy['epsilon'])} is above")
 
 
 def test_the_train_workflow_says_the_data_dependent_note(monkeypatch, tmp_path):

@@ -247,3 +247,17 @@ def test_rmia_ranks_like_its_pairwise_score():
     assert np.all(np.diff(pair[order]) >= 0)  # monotone in the likelihood ratio (same ranking up to ties)
     off = RMIA(online=False).fit(sig, in_mask).score(target)
     assert evaluate(off, member, n_bootstrap=0)["auc"] > 0.7
+
+
+def test_the_sides_whose_std_is_the_floor_are_named():
+    # One OUT (and one IN) model per record: no variance to estimate, the min_std floor stands in (std_floor_sides_);
+    # offline reads the OUT side only. Two of each: a pooled estimate, no side named.
+    rng = np.random.default_rng(0)
+    one = np.zeros((50, 2), bool)
+    one[np.arange(50), rng.integers(0, 2, 50)] = True
+    signals = rng.normal(size=(50, 2)) + one
+    lira = LiRA(online=True, min_models=1).fit(signals, one)
+    assert lira.std_floor_sides_ == ("IN", "OUT") and np.all(lira.std_out_ == 1e-6)
+    assert LiRA(online=False, min_models=1).fit(signals, one).std_floor_sides_ == ("OUT",)
+    two = np.c_[one, ~one]
+    assert LiRA(online=True).fit(np.c_[signals, signals[:, ::-1]], two).std_floor_sides_ == ()

@@ -62,7 +62,11 @@ def test_run_mia_all(tiny_run, tmp_path):
     again = run_mia(tiny_run, ["lira"], reference_models=4, n_bootstrap=20, cache_dir=tmp_path)
     np.testing.assert_array_equal(again[0].scores, results[ALL.index("lira")].scores)
     off = run_mia(tiny_run, ["lira"], reference_models=4, online=False, n_bootstrap=0, cache_dir=tmp_path)
-    assert off[0].params["online"] is False
+    assert off[0].params["online"] is False and "std" not in off[0].params  # 2 OUT models each: a pooled estimate
+    # Two reference models (min_models 1): one OUT model per record, no variance to estimate. The params said only
+    # "global_variance": true; now they say the floor stands in. Planted: the label dropped -> fails.
+    two = run_mia(tiny_run, ["lira"], reference_models=2, min_models=1, online=False, n_bootstrap=0, cache_dir=tmp_path)
+    assert two[0].params["std"].startswith("no OUT variance could be estimated") and 0.0 <= two[0].metrics["auc"] <= 1.0
 
 
 @pytest.mark.parametrize(

@@ -483,3 +483,23 @@ def test_a_threshold_of_minus_zero_prints_as_0():
     assert math.copysign(1.0, res.threshold) == -1.0  # the -0.0 really reaches the summary
     line = next(x for x in res.summary().splitlines() if x.startswith("threshold selection"))
     assert line.endswith("threshold 0") and "-0" not in line, line
+
+
+@pytest.mark.parametrize(("method", "extra"), [("gdp", {}), ("one-run-fdp", {"tradeoff": "gdp", "design": "canaries"})])
+def test_a_gdp_lower_bound_never_exceeds_a_claim_at_the_exact_epsilon_of_its_mu(method, extra):
+    # Planted flip: the claim is the smallest float at or above the 50-digit epsilon(delta) of the audit's own mu
+    # lower bound. An epsilon rounded up (gdp_epsilon, for claims; 13 ulps above the root here) read as
+    # "estimate-exceeds-claim"; rounded down (gdp_epsilon_lower) it cannot exceed the claim.
+    from tests.accounting.test_conversions import _mp_bisect, _mp_gdp_delta
+
+    rng = np.random.default_rng(3)
+    member = rng.random(400) < 0.5
+    scores = rng.normal(size=400) + 2.0 * member
+    kw = {"method": method, "threshold_selection": "bonferroni", "delta": 1e-5, **extra}
+    mu = audit_scores(scores, member, **kw).details["mu_lower_bound"]
+    assert mu > 0.5
+    _, hi = _mp_bisect(lambda e: 1e-5 - _mp_gdp_delta(mu, e), 0.0, 200.0)
+    claim = float(hi)
+    claim = claim if claim >= hi else math.nextafter(claim, math.inf)
+    res = audit_scores(scores, member, claimed_epsilon=claim, **kw)
+    assert res.epsilon_lower_bound <= claim and res.verdict != "estimate-exceeds-claim"

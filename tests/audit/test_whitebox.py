@@ -218,3 +218,14 @@ def test_formal_per_step_bound_is_sound_200_seeds():
         t, _ = fdp_one_run.largest_refuted(T, kp + km, top[kp] + bottom[km], fam, ALPHA / 2 / len(kp))
         over += t > 1.0 / sigma
     assert over / n <= _slack(n, ALPHA / 2)
+
+
+def test_the_full_batch_composed_estimate_is_rounded_down():
+    # composed_epsilon is a lower estimate compared with the claim: at q = 1 it is never above the 50-digit
+    # epsilon(delta) of sqrt(T) * ratio (gdp_epsilon, which rounds up for claims, gave 1e-14 relative above it).
+    from tests.accounting.test_conversions import _mp_bisect, _mp_gdp_delta
+
+    for ratio, T in ((0.2, 100), (1.0, 10), (0.37, 7)):
+        mu = math.sqrt(T) * ratio
+        lo, _ = _mp_bisect(lambda e, mu=mu: DELTA - _mp_gdp_delta(mu, e), 0.0, 200.0)
+        assert composed_epsilon(ratio, 1.0, T, DELTA) <= lo

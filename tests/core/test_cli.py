@@ -418,6 +418,8 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "cloak", "--split", "0.5,0.5,0,0"], "--split", "cloak"),
         (["--algo", "pate", "--teachers", "5", "--backend", "jax"], "--backend", "pate"),  # was: trained with torch
         (["--algo", "dp-icl", "--teachers", "5", "--device", "cuda"], "--device", "dp-icl"),  # was: on the CPU
+        (["--algo", "sgd", "--max-physical-batch", "8"], "--max-physical-batch", "sgd"),  # was: silently ignored
+        (["--algo", "outpert", "--max-physical-batch", "8"], "--max-physical-batch", "outpert"),
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
@@ -526,3 +528,34 @@ def test_the_optimiser_and_device_options_are_refused_exactly_where_no_trainer_r
             else:
                 with pytest.raises(InputError, match=f"^--{option.replace('_', '-')} does not apply to --algo {algo} "):
                     check_options_read(algo, {option})
+
+
+def test_a_trainers_python_warning_reaches_the_user_as_one_warning_line(tmp_path, monkeypatch):
+    # DP-SGD-JL on a 14-parameter logreg printed Python's form: "/.../dpaudit/training/jl.py:459: UserWarning: 16 JL
+    # projections for 14 parameters: ..." and then the source line "return JLClipper(...)". Now one "warning:" line;
+    # a warning from outside dpaudit is shown as Python shows it. The training itself is replaced (the warning comes
+    # from the real clipper): only the route to the user is under test.
+    import warnings
+
+    import torch
+
+    from dpaudit.errors import InputError
+    from dpaudit.training.jl import make_jl_clipper
+    from dpaudit.workflows import runs
+
+    def fake(out, **kw):
+        make_jl_clipper(torch.nn.Linear(6, 2), 16, 0)
+        warnings.warn_explicit("a note from elsewhere", UserWarning, "/elsewhere/user_code.py", 7)
+        raise InputError("stopped after the clipper")
+
+    monkeypatch.setattr(runs, "train_from_options", fake)
+    with pytest.warns(UserWarning, match="a note from elsewhere"):  # Python's own route (pytest records it here)
+        r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), "--algo", "dpsgd-jl"])
+    assert r.exit_code == 2 and "error: stopped after the clipper" in r.stderr, r.output
+    lines = r.stderr.splitlines()
+    assert (
+        "warning: 16 JL projections for 14 parameters: more directions than dimensions (allowed; exact per-example "
+        "clipping would be cheaper)" in lines
+    ), r.stderr
+    assert "jl.py" not in r.stderr and "JLClipper(" not in r.stderr
+    assert "a note from elsewhere" not in r.stderr

@@ -125,6 +125,17 @@ def test_dpagd_learns_at_a_generous_budget_and_the_claim_is_the_budget():
     assert claim["ledger"]["spent"] <= claim["rho_budget"]
 
 
+def test_dpagd_releases_float32_precision_like_the_other_convex_learners():
+    # The library output was the float64 iterate (its low bits carry the noisy gradients' exact values, Mironov
+    # 2012) while outpert/objpert release float32 (convex.release_precision); the claim now says so for DP-AGD too.
+    Z, s = _data(60, 4, 2)
+    config = DPAGDConfig(epsilon=2.0, delta=1e-5, splits=5)
+    w = dpagd(Z, s, config, np.random.default_rng(0)).w
+    assert w.dtype == np.float64 and np.any(w != 0.0)
+    assert np.array_equal(w, w.astype(np.float32).astype(np.float64))
+    assert "rounded to float32" in dpagd_claim(config, None, 60)["analysis"]
+
+
 def test_trainer_on_digits_3_vs_8():
     from dpaudit.data import load_dataset, make_splits
     from dpaudit.models import default_spec
