@@ -193,6 +193,7 @@ class AttributeResult:
     params: dict[str, Any] = field(default_factory=dict)
     columns: tuple[int, ...] = ()  # the hidden columns: (feature,), or every column of its one-hot group
     strata: tuple[tuple[int, ...], ...] = ()  # per (value index, label) cell: (v, y, n_m, right_m, n_nm, right_nm)
+    labels: tuple[int | float | str, ...] = ()  # the data's label of each class index (Dataset.label)
 
     @property
     def leakage(self) -> float:
@@ -218,7 +219,7 @@ class AttributeResult:
             "strata": [
                 {
                     "value": self.candidates[v] if v < len(self.candidates) else v,
-                    "label": y,
+                    "label": self.labels[y] if y < len(self.labels) else y,
                     "members": nm,
                     "members_right": km,
                     "nonmembers": nn,
@@ -476,4 +477,5 @@ def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed
         params={"black_box": bool(black_box), "seed": seed, "max_discrete": att.max_discrete},
         columns=columns,
         strata=tuple(tuple(int(x) for x in row) for row in strata),
+        labels=tuple(run.dataset().label(k) for k in range(int(strata[:, 1].max()) + 1 if len(strata) else 0)),
     )

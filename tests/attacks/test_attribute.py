@@ -287,10 +287,10 @@ def test_leakage_is_the_cell_gap_weighted_by_pooled_frequency():
     for row in groups.values():
         row["advantage"] = row["accuracy"] - row["baseline_accuracy"]
     r = AttributeResult(0, None, "likelihood", False, None, (0.0, 1.0), groups, {"seed": 0},
-                        strata=tuple(map(tuple, strata.tolist())))  # fmt: skip
+                        strata=tuple(map(tuple, strata.tolist())), labels=("cat",))  # fmt: skip
     d = r.to_dict()
     assert d["leakage"] == pytest.approx(1 / 60, abs=1e-15) and r.leakage == d["leakage"]
-    assert d["strata"][1] == {"value": 1.0, "label": 0, "members": 1, "members_right": 0, "nonmembers": 3,
+    assert d["strata"][1] == {"value": 1.0, "label": "cat", "members": 1, "members_right": 0, "nonmembers": 3,
                               "nonmembers_right": 1}  # fmt: skip
     assert json.loads(json.dumps(d))["leakage_test"]["permutations"] == 40_000
 
@@ -367,7 +367,8 @@ def test_an_attack_that_reads_only_value_and_label_has_no_leakage():
     as often as a non-member with the same value and label. Here: same right rate per cell, composition differs."""
     from attacks.attribute import poststratified_leakage
 
-    strata = np.array([(0, 0, 1, 0, 9, 0), (0, 1, 28, 28, 6, 6), (1, 0, 12, 12, 10, 10), (1, 1, 2, 0, 1, 0)])
-    assert poststratified_leakage(strata) == 0.0
+    cells = [(0, 0, 1, 0, 9, 0), (0, 1, 28, 28, 6, 6), (1, 0, 12, 12, 10, 10), (1, 1, 2, 0, 1, 0)]
+    strata = _strata(*_records(cells))  # from the records: the label splits the cells
+    assert strata.tolist() == [list(c) for c in cells] and poststratified_leakage(strata) == 0.0
     by_value = [(0, 0, 29, 28, 15, 6), (1, 0, 14, 12, 11, 10)]  # the same records, cells merged over the label
     assert poststratified_leakage(np.array(by_value)) > 0.2
