@@ -297,8 +297,8 @@ def test_leakage_is_the_cell_gap_weighted_by_pooled_frequency():
 
 def test_members_worse_in_every_cell_never_give_a_positive_leakage():
     """Simpson's paradox: members mostly in the easy cell are right 85% of the time against the non-members' 15%,
-    yet in each cell members are guessed less often; the leakage is negative (the plain gap would say +0.70, the
-    old advantage gap +0.60). Then 2000 random tables with members no better in any cell: never above 0."""
+    yet in each cell members are guessed less often; the leakage is negative (the plain gap would say +0.70).
+    Then 2000 random tables with members no better in any cell: never above 0."""
     from attacks.attribute import leakage_permutation_test, leakage_reading, poststratified_leakage
 
     strata = np.array([(0, 0, 18, 17, 2, 2), (1, 0, 2, 0, 18, 1)])
