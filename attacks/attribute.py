@@ -20,8 +20,11 @@ columns of a one-hot group give the hidden one away: an attack on one column alo
 and non-members alike, a leak of the data's encoding, not of the model). The prior baseline predicts the aux
 majority value.
 Accuracy and advantage (accuracy - baseline accuracy) are reported separately for the target's training
-members and its non-members (holdout); the member - non-member gap of the advantage is the leakage
-(Yeom et al. 2018, Sec. 5: attribute advantage beyond what the population gives).
+members and its non-members (holdout). The leakage is the member - non-member accuracy gap (Yeom et al. 2018,
+Sec. 5: attribute advantage) post-stratified on (true hidden value, label) cells (:func:`poststratified_leakage`),
+with a one-sided permutation p-value (:func:`leakage_permutation_test`); it is an estimate, never a DP bound.
+It is not the gap of the two advantages: their baselines differ by sampling noise only, which that difference
+added (benchmarks/RESULTS.md, "Attribute-inference leakage: the statistic and its uncertainty").
 """
 
 from __future__ import annotations
@@ -171,8 +174,13 @@ class AttributeResult:
     """Attribute inference on the target's members and non-members.
 
     ``groups["members"|"nonmembers"]``: ``n``, ``accuracy``, ``baseline_accuracy`` (always predicting the
-    aux majority value), ``advantage`` = accuracy - baseline. ``leakage`` = member advantage - non-member
-    advantage. Not a membership-score attack: the score convention of ``attacks/result.py`` does not apply.
+    aux majority value), ``advantage`` = accuracy - baseline (each group on its own: does the attack beat the
+    prior there?). ``strata``: per cell (true hidden value, label), (category index, label, members, members
+    guessed right, non-members, non-members guessed right). ``leakage``: the member - non-member accuracy gap
+    post-stratified on those cells (:func:`poststratified_leakage`), not the difference of the two advantages;
+    ``leakage_test``: its one-sided permutation p-value (:func:`leakage_permutation_test`, seeded with
+    ``params["seed"]``). Not a membership-score attack: the score convention of ``attacks/result.py`` does not
+    apply.
     """
 
     feature: int
@@ -184,12 +192,19 @@ class AttributeResult:
     groups: dict[str, dict[str, float]]
     params: dict[str, Any] = field(default_factory=dict)
     columns: tuple[int, ...] = ()  # the hidden columns: (feature,), or every column of its one-hot group
+    strata: tuple[tuple[int, ...], ...] = ()  # per (value index, label) cell: (v, y, n_m, right_m, n_nm, right_nm)
+    labels: tuple[int | float | str, ...] = ()  # the data's label of each class index (Dataset.label)
 
     @property
     def leakage(self) -> float:
-        return float(self.groups["members"]["advantage"] - self.groups["nonmembers"]["advantage"])
+        return poststratified_leakage(np.array(self.strata, np.int64))
+
+    @property
+    def leakage_test(self) -> dict[str, Any]:
+        return leakage_permutation_test(np.array(self.strata, np.int64), seed=self.params.get("seed", 0))
 
     def to_dict(self) -> dict[str, Any]:
+        leakage, test = self.leakage, self.leakage_test
         return {
             "attack": "attribute-inference",
             "method": self.method,
@@ -201,7 +216,20 @@ class AttributeResult:
             "candidates": list(self.candidates),
             "members": dict(self.groups["members"]),
             "nonmembers": dict(self.groups["nonmembers"]),
-            "leakage": self.leakage,
+            "strata": [
+                {
+                    "value": self.candidates[v] if v < len(self.candidates) else v,
+                    "label": self.labels[y] if y < len(self.labels) else y,
+                    "members": nm,
+                    "members_right": km,
+                    "nonmembers": nn,
+                    "nonmembers_right": kn,
+                }
+                for v, y, nm, km, nn, kn in self.strata
+            ],
+            "leakage": leakage,
+            "leakage_test": test,
+            "note": leakage_reading(leakage, test),
             "params": dict(self.params),
         }
 
@@ -282,8 +310,121 @@ def _group(pred: np.ndarray, true: np.ndarray, majority: int) -> dict[str, float
     return {"n": len(true), "accuracy": acc, "baseline_accuracy": base, "advantage": acc - base}
 
 
-def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed: int = 0) -> AttributeResult:
-    """Attribute inference of ``feature`` against a loaded run: fit on aux, evaluate on members and holdout."""
+# Monte Carlo relabellings of the leakage's permutation test: the p-value's own Monte Carlo standard error is
+# sqrt(p (1 - p) / B) <= 0.5 / sqrt(B) = 0.0025 at B = 40 000 (binomial count of B independent draws).
+LEAKAGE_PERMUTATIONS = 40_000
+
+
+def leakage_strata(
+    true_members: np.ndarray,
+    labels_members: np.ndarray,
+    correct_members: np.ndarray,
+    true_nonmembers: np.ndarray,
+    labels_nonmembers: np.ndarray,
+    correct_nonmembers: np.ndarray,
+) -> np.ndarray:
+    """Per cell (true hidden value v, label y), the counts the leakage rests on: rows (v, y, members in the cell,
+    those guessed right, non-members in the cell, those guessed right), for every cell seen in either group."""
+    tm, tn = np.asarray(true_members, np.int64), np.asarray(true_nonmembers, np.int64)
+    ym, yn = np.asarray(labels_members, np.int64), np.asarray(labels_nonmembers, np.int64)
+    cm, cn = np.asarray(correct_members, bool), np.asarray(correct_nonmembers, bool)
+    cells = sorted(set(zip(tm.tolist(), ym.tolist(), strict=True)) | set(zip(tn.tolist(), yn.tolist(), strict=True)))
+    rows = []
+    for v, y in cells:
+        sm, sn = (tm == v) & (ym == y), (tn == v) & (yn == y)
+        rows.append((v, y, sm.sum(), cm[sm].sum(), sn.sum(), cn[sn].sum()))
+    return np.array(rows, np.int64).reshape(-1, 6)
+
+
+def _strata_weights(strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows used, their weights): the cells held by both groups, weighted by their pooled frequency."""
+    s = np.asarray(strata, np.int64).reshape(-1, 6)
+    used = s[(s[:, 2] > 0) & (s[:, 4] > 0)]
+    pooled = (used[:, 2] + used[:, 4]).astype(np.float64)
+    return used, pooled / pooled.sum() if len(used) else pooled
+
+
+def _gap(used: np.ndarray, weights: np.ndarray, right_members: np.ndarray) -> np.ndarray:
+    """sum_c w_c (k_m,c / n_m,c - k_nm,c / n_nm,c) for member right-guess counts ``right_members`` (..., cells)."""
+    right_all = used[:, 3] + used[:, 5]
+    return (right_members / used[:, 2] - (right_all - right_members) / used[:, 4]) @ weights
+
+
+def poststratified_leakage(strata: np.ndarray) -> float:
+    """The leakage: per cell c = (true hidden value, label), the member - non-member accuracy gap on the records
+    of c, weighted by c's pooled (members + non-members) frequency. Yeom et al. 2018's attribute advantage (CSF,
+    "Privacy risk in machine learning", Sec. 5: member - non-member success rate) post-stratified to one
+    population of cells (Holt & Smith 1979, JRSS A 142(1); Miratrix, Sekhon & Yu 2013, JRSS B 75(2)): a member
+    set that happens to hold more records of an easy cell (a frequent value, a label that gives the value away)
+    is not a leak. Under a random split the cell gaps average to the plain gap's expectation (same estimand), with
+    less noise (benchmarks/RESULTS.md, "Attribute-inference leakage: the statistic"). A cell held by one group
+    only has no gap and is left out (weights renormalised over the others); nan if no cell is held by both. A
+    convex combination of the cell gaps: members guessed less often in every cell give leakage <= 0."""
+    used, w = _strata_weights(strata)
+    return float(_gap(used, w, used[:, 3])) if len(used) else float("nan")
+
+
+def leakage_permutation_test(
+    strata: np.ndarray, *, permutations: int = LEAKAGE_PERMUTATIONS, seed: int | None = 0
+) -> dict[str, Any]:
+    """One-sided permutation p-value of :func:`poststratified_leakage` (members guessed more often than
+    non-members), from the per-cell counts alone (the model is not run again).
+
+    Null: within each (value, label) cell, which records are members is exchangeable (the members/holdout split
+    is random and the model has not learnt its members' hidden values). A random relabelling within cell c puts
+    X_c ~ Hypergeometric(right_c, wrong_c, n_m,c) right guesses among its members, independently across cells;
+    ``permutations`` seeded draws of the statistic. p = (1 + #{T_b >= T}) / (1 + B) (Phipson & Smyth 2010,
+    SAGMB 9(1): a Monte Carlo p-value is never 0), ties within scipy.stats.permutation_test's relative tolerance
+    100 eps |T|; its Monte Carlo standard error sqrt(p (1 - p) / B). None where the leakage is nan. An estimate
+    of how surprising the gap is without a leak, not a DP bound."""
+    check_positive_int(permutations=permutations)
+    used, w = _strata_weights(strata)
+    if not len(used):
+        return {"p_value": None, "mc_se": None, "permutations": permutations, "seed": seed}
+    observed = _gap(used, w, used[:, 3].astype(np.float64))
+    rng = np.random.default_rng(seed)
+    right_all = used[:, 3] + used[:, 5]
+    draws = np.stack(
+        [rng.hypergeometric(r, n_m + n_nm - r, n_m, size=permutations) for r, n_m, n_nm in
+         zip(right_all, used[:, 2], used[:, 4], strict=True)],
+        axis=1,
+    ).astype(np.float64)  # fmt: skip
+    null = _gap(used, w, draws)
+    tol = 100 * np.finfo(np.float64).eps * abs(observed)
+    p = float((1 + np.count_nonzero(null >= observed - tol)) / (1 + permutations))
+    return {"p_value": p, "mc_se": float(np.sqrt(p * (1 - p) / permutations)), "permutations": permutations,
+            "seed": seed}  # fmt: skip
+
+
+# The p-value below which the reading says the gap is more than chance (a conventional level, not a DP bound).
+LEAKAGE_LEVEL = 0.05
+
+
+def leakage_reading(leakage: float, test: dict[str, Any]) -> str:
+    """The leakage in words, for reports and the CLI: an estimate, with whether it is distinguishable from none."""
+    p = test.get("p_value")
+    if p is None or not np.isfinite(leakage):
+        return "leakage not computed: no (hidden value, label) cell holds both members and non-members"
+    how = (
+        f"one-sided permutation p = {p:.3g} ± {test['mc_se']:.1g} Monte Carlo SE, {test['permutations']} "
+        "relabellings within (value, label) cells"
+    )
+    if p < LEAKAGE_LEVEL:
+        said = f"members guessed more often than non-members with the same value and label, beyond chance ({how})"
+    else:
+        said = f"not distinguishable from no leakage ({how})"
+    return (
+        f"leakage {leakage:+.3f} (estimate: member - non-member accuracy gap within (hidden value, label) cells, "
+        f"weighted by the cells' pooled frequency): {said}; not a DP bound"
+    )
+
+
+def attribute_predictions(
+    run: Any, feature: str | int, *, black_box: bool = False, seed: int = 0
+) -> tuple[AttributeInference, dict[str, tuple[np.ndarray, np.ndarray]], tuple[int, str | None, Any]]:
+    """Fit the attack on a loaded run's aux split and infer the hidden value of its members and holdout:
+    (fitted attack, {"members"|"nonmembers": (inferred, true) category indices}, (feature index, its name,
+    its one-hot group or None))."""
     from attacks.inversion import as_black_box, raw_probabilities
     from dpaudit.checkpoint import as_run
 
@@ -292,20 +433,34 @@ def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed
     if ds.kind == "tokens":
         raise InputError(TOKEN_REFUSAL)
     j, name = resolve_feature(feature, ds)
-    names = feature_names(ds)
-    group = one_hot_group(j, names, ds.X)
-    columns = group[0] if group is not None else (j,)
+    group = one_hot_group(j, feature_names(ds), ds.X)
     X = np.asarray(ds.X, np.float64)
     y = np.asarray(ds.y)
     sp = run.splits
     predict_proba = as_black_box(raw_probabilities(run))
-    hidden = columns if group is not None else j
+    hidden = group[0] if group is not None else j
     att = AttributeInference(hidden, black_box=black_box, seed=seed).fit(X[sp.aux], y[sp.aux], predict_proba)
-    groups = {}
-    for g, idx in (("members", sp.members), ("nonmembers", sp.holdout)):
-        pred = att.predict(X[idx], y[idx], predict_proba)
-        groups[g] = _group(pred, att.categories(X[idx]), att.majority_)
+    out = {
+        g: (att.predict(X[idx], y[idx], predict_proba), att.categories(X[idx]))
+        for g, idx in (("members", sp.members), ("nonmembers", sp.holdout))
+    }
+    return att, out, (j, name, group)
+
+
+def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed: int = 0) -> AttributeResult:
+    """Attribute inference of ``feature`` against a loaded run: fit on aux, evaluate on members and holdout;
+    the leakage (:func:`poststratified_leakage`) and its permutation test (seeded with ``seed``)."""
+    from dpaudit.checkpoint import as_run
+
+    run = as_run(run)
+    att, preds, (j, name, group) = attribute_predictions(run, feature, black_box=black_box, seed=seed)
+    groups = {g: _group(pred, true, att.majority_) for g, (pred, true) in preds.items()}
+    (pm, tm), (pn, tn) = preds["members"], preds["nonmembers"]
+    labels = np.asarray(run.dataset().y)
+    strata = leakage_strata(tm, labels[run.splits.members], pm == tm, tn, labels[run.splits.holdout], pn == tn)
+    columns = group[0] if group is not None else (j,)
     if group is not None:  # the categories by name: color_red -> "red"; a dropped category -> "(none)"
+        names = feature_names(run.dataset())
         candidates: tuple[float | str, ...] = tuple(
             [names[c][len(group[1]) + 1 :] for c in columns] + ["(none)"] * (len(att.candidates_) - len(columns))
         )
@@ -321,4 +476,6 @@ def run_attribute(run: Any, feature: str | int, *, black_box: bool = False, seed
         groups=groups,
         params={"black_box": bool(black_box), "seed": seed, "max_discrete": att.max_discrete},
         columns=columns,
+        strata=tuple(tuple(int(x) for x in row) for row in strata),
+        labels=tuple(run.dataset().label(k) for k in range(int(strata[:, 1].max()) + 1 if len(strata) else 0)),
     )

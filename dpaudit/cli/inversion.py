@@ -183,13 +183,16 @@ def attribute(
     checkpoint: CheckpointAlias = None,
 ) -> None:
     """Attribute inference (Fredrikson et al. 2014; Yeom et al. 2018): infer a hidden feature of members and
-    non-members; the member - non-member gap of the advantage over the prior baseline is the leakage.
+    non-members. The leakage (an estimate, not a DP bound) is the member - non-member accuracy gap within
+    (hidden value, label) cells, weighted by the cells' pooled frequency, with a one-sided permutation p-value.
 
     A column of a one-hot group (color_red beside color_blue, ...) or the group's prefix (color) hides the whole
     group: the other columns would give the hidden one away.
 
     JSON: checkpoint, attack, method, feature, feature_name, columns, binarised, threshold, candidates, members and
-    nonmembers ({n, accuracy, baseline_accuracy, advantage}), leakage, params.
+    nonmembers ({n, accuracy, baseline_accuracy, advantage}), strata (per value and label: members,
+    members_right, nonmembers, nonmembers_right), leakage, leakage_test ({p_value, mc_se, permutations, seed}),
+    note (the leakage in words), params.
     """
     from attacks.attribute import run_attribute
     from dpaudit.checkpoint import load_run
@@ -209,5 +212,5 @@ def attribute(
         lines.append(
             f"{g:<10} {r['n']:>4}  {rate(r['accuracy']):>8}  {rate(r['baseline_accuracy']):>8}  {r['advantage']:>9.3f}"
         )
-    lines.append(f"leakage (member - non-member advantage): {d['leakage']:.3f}")
+    lines.append(d["note"])
     emit({"checkpoint": str(path), **d}, "\n".join(lines), json_flag=json_output)

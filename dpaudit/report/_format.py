@@ -409,8 +409,8 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
 def scalar_text(key: str, value: Any) -> str:
     """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
     rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) rounded up at claim precision, a
-    max certifiable ε rounded up, δ as given (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to
-    nearest."""
+    max certifiable ε rounded up, δ as given (dpaudit.numfmt); an integer (a count) exactly; any other number (an
+    estimate, a rate) ``.4g``, to nearest."""
     leaf = key.rpartition(".")[2]
     if "lower_bound" in leaf:
         return numfmt.lower(value, 4)
@@ -420,6 +420,8 @@ def scalar_text(key: str, value: Any) -> str:
         return numfmt.upper(value)
     if leaf.startswith("max_certifiable"):
         return numfmt.upper(value, 4)
+    if isinstance(value, int):  # a count (records, permutations) is exact: .4g printed 40000 as "4e+04"
+        return str(value)
     return num(value, ".4g")
 
 

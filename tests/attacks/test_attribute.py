@@ -197,7 +197,21 @@ def test_breast_cancer_member_nonmember_table(bc_run_dir):
             row = d[g]
             assert 0 <= row["accuracy"] <= 1 and 0 <= row["baseline_accuracy"] <= 1
             assert row["advantage"] == pytest.approx(row["accuracy"] - row["baseline_accuracy"])
-        assert d["leakage"] == pytest.approx(d["members"]["advantage"] - d["nonmembers"]["advantage"])
+        # the cells' counts are the groups' records and right guesses; the leakage is their post-stratified gap
+        for g, n, right in (("members", "members", "members_right"), ("nonmembers", "nonmembers", "nonmembers_right")):
+            assert sum(c[n] for c in d["strata"]) == d[g]["n"]
+            assert sum(c[right] for c in d["strata"]) == pytest.approx(d[g]["accuracy"] * d[g]["n"])
+        used = [c for c in d["strata"] if c["members"] and c["nonmembers"]]
+        pooled = sum(c["members"] + c["nonmembers"] for c in used)
+        gap = sum(
+            (c["members"] + c["nonmembers"])
+            / pooled
+            * (c["members_right"] / c["members"] - c["nonmembers_right"] / c["nonmembers"])
+            for c in used
+        )
+        assert d["leakage"] == pytest.approx(gap, abs=1e-12)
+        assert 0 < d["leakage_test"]["p_value"] <= 1 and d["leakage_test"]["seed"] == 0
+        assert d["note"].startswith(f"leakage {d['leakage']:+.3f} (estimate") and "not a DP bound" in d["note"]
         # the hidden bit is well predicted from the label (malignant tumours are large): a wide margin
         assert d["members"]["advantage"] >= 0.15
 
@@ -214,6 +228,9 @@ def test_cli_attribute_json(bc_run_dir):
     d = json.loads(res.stdout)
     assert d["feature_name"] == "mean area" and d["method"] == "likelihood"
     assert {"accuracy", "baseline_accuracy", "advantage", "n"} <= set(d["members"])
+    assert {"p_value", "mc_se", "permutations", "seed"} == set(d["leakage_test"])
+    text = cli("attack", "attribute", str(bc_run_dir), "--feature", "3")
+    assert text.exit_code == 0 and d["note"] in " ".join(text.stdout.split()), text.stdout
 
 
 @pytest.mark.parametrize(
@@ -228,3 +245,130 @@ def test_cli_attribute_bad_feature_exits_2(bc_run_dir, feature, message):
     res = cli("attack", "attribute", str(bc_run_dir), "--feature", feature)
     assert res.exit_code == 2
     assert message in res.output and "Traceback" not in res.output
+
+
+# --------------------------------------------------------------------------- the leakage statistic
+
+
+def _records(cells):
+    """Per-record vectors (true value, label, right, member) from cells (v, y, n_m, right_m, n_nm, right_nm)."""
+    v, y, right, member = [], [], [], []
+    for cv, cy, nm, km, nn, kn in cells:
+        for n, k, m in ((nm, km, True), (nn, kn, False)):
+            v += [cv] * n
+            y += [cy] * n
+            right += [True] * k + [False] * (n - k)
+            member += [m] * n
+    return np.array(v), np.array(y), np.array(right), np.array(member)
+
+
+def _strata(v, y, right, member):
+    from attacks.attribute import leakage_strata
+
+    return leakage_strata(v[member], y[member], right[member], v[~member], y[~member], right[~member])
+
+
+def test_leakage_is_the_cell_gap_weighted_by_pooled_frequency():
+    """By hand: cell (0, 0) has 4 members (3 right) and 2 non-members (1 right), gap 3/4 - 1/2 = 1/4, pooled
+    weight 6/10; cell (1, 0) has 1 member (0 right) and 3 non-members (1 right), gap -1/3, weight 4/10:
+    leakage = 0.6 / 4 - 0.4 / 3 = 1/60. The old definition (member - non-member advantage over the majority
+    value 0) gives (3/5 - 4/5) - (2/5 - 2/5) = -0.2, the plain gap 3/5 - 2/5 = 0.2, weights from the members
+    alone 0.8 / 4 - 0.2 / 3 = 2/15: each a different number."""
+    from attacks.attribute import AttributeResult, poststratified_leakage
+
+    v, y, right, member = _records([(0, 0, 4, 3, 2, 1), (1, 0, 1, 0, 3, 1)])
+    strata = _strata(v, y, right, member)
+    assert strata.tolist() == [[0, 0, 4, 3, 2, 1], [1, 0, 1, 0, 3, 1]]
+    assert poststratified_leakage(strata) == pytest.approx(1 / 60, abs=1e-15)
+    groups = {
+        g: {"n": int(m.sum()), "accuracy": right[m].mean(), "baseline_accuracy": (v[m] == 0).mean()}
+        for g, m in (("members", member), ("nonmembers", ~member))
+    }
+    for row in groups.values():
+        row["advantage"] = row["accuracy"] - row["baseline_accuracy"]
+    r = AttributeResult(0, None, "likelihood", False, None, (0.0, 1.0), groups, {"seed": 0},
+                        strata=tuple(map(tuple, strata.tolist())), labels=("cat",))  # fmt: skip
+    d = r.to_dict()
+    assert d["leakage"] == pytest.approx(1 / 60, abs=1e-15) and r.leakage == d["leakage"]
+    assert d["strata"][1] == {"value": 1.0, "label": "cat", "members": 1, "members_right": 0, "nonmembers": 3,
+                              "nonmembers_right": 1}  # fmt: skip
+    assert json.loads(json.dumps(d))["leakage_test"]["permutations"] == 40_000
+
+
+def test_members_worse_in_every_cell_never_give_a_positive_leakage():
+    """Simpson's paradox: members mostly in the easy cell are right 85% of the time against the non-members' 15%,
+    yet in each cell members are guessed less often; the leakage is negative (the plain gap would say +0.70).
+    Then 2000 random tables with members no better in any cell: never above 0."""
+    from attacks.attribute import leakage_permutation_test, leakage_reading, poststratified_leakage
+
+    strata = np.array([(0, 0, 18, 17, 2, 2), (1, 0, 2, 0, 18, 1)])
+    leak = poststratified_leakage(strata)
+    assert leak == pytest.approx(0.5 * (17 / 18 - 1) + 0.5 * (0 - 1 / 18)) and leak < 0
+    test = leakage_permutation_test(strata)
+    assert test["p_value"] > 0.5
+    assert "not distinguishable from no leakage" in leakage_reading(leak, test)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        k = int(rng.integers(1, 8))
+        nm, nn = rng.integers(1, 30, k), rng.integers(1, 30, k)
+        kn = rng.binomial(nn, rng.random(k))
+        km = np.floor(nm * kn / nn * rng.random(k)).astype(int)  # right_m / n_m <= right_nm / n_nm in every cell
+        table = np.column_stack([np.arange(k), np.zeros(k, int), nm, km, nn, kn])
+        assert poststratified_leakage(table) <= 0.0
+
+
+def test_permutation_p_value_matches_the_exact_enumeration():
+    """Tiny data: cell (0, 0) 3 members (2 right) and 2 non-members (1 right); cell (1, 1) 2 members (2 right)
+    and 2 non-members (0 right). All C(5,3) * C(4,2) = 60 relabellings within the cells, enumerated on the
+    records (the statistic recomputed from scratch each time), give the exact p; the Monte Carlo p of 40 000
+    seeded hypergeometric draws is within 4 of its standard errors sqrt(p (1 - p) / B) plus the 1/B of its
+    (1 + count) / (1 + B) form. Same seed, same p."""
+    from itertools import combinations
+
+    from attacks.attribute import leakage_permutation_test, poststratified_leakage
+
+    v, y, right, member = _records([(0, 0, 3, 2, 2, 1), (1, 1, 2, 2, 2, 0)])
+    observed = poststratified_leakage(_strata(v, y, right, member))
+    cells = [np.flatnonzero((v == a) & (y == b)) for a, b in ((0, 0), (1, 1))]
+    stats = []
+    for first in combinations(cells[0], 3):
+        for second in combinations(cells[1], 2):
+            relabelled = np.zeros(len(v), bool)
+            relabelled[list(first) + list(second)] = True
+            stats.append(poststratified_leakage(_strata(v, y, right, relabelled)))
+    assert len(stats) == 60
+    exact = np.mean(np.array(stats) >= observed - 1e-12)
+    # By hand: T = (25 X_a + 24 X_b - 69) / 54 for member right counts X_a of cell (0, 0), X_b of cell (1, 1);
+    # observed (2, 2); T >= 29 / 54 at (2, 2), (3, 2), (3, 1): (6 * 1 + 1 * 1 + 1 * 4) of the 60 relabellings.
+    assert exact == pytest.approx(11 / 60)
+    test = leakage_permutation_test(_strata(v, y, right, member), seed=3)
+    B = test["permutations"]
+    assert abs(test["p_value"] - exact) <= 4 * np.sqrt(exact * (1 - exact) / B) + 1 / B
+    assert test["mc_se"] == pytest.approx(np.sqrt(test["p_value"] * (1 - test["p_value"]) / B))
+    assert leakage_permutation_test(_strata(v, y, right, member), seed=3) == test
+
+
+def test_leakage_reading_says_estimate_and_when_it_is_not_distinguishable_from_none():
+    from attacks.attribute import leakage_reading
+
+    small = leakage_reading(0.2, {"p_value": 0.001, "mc_se": 0.0002, "permutations": 40_000})
+    large = leakage_reading(0.2, {"p_value": 0.3, "mc_se": 0.002, "permutations": 40_000})
+    assert "beyond chance" in small and "not distinguishable" not in small
+    assert "not distinguishable from no leakage" in large
+    for text in (small, large):
+        assert "estimate" in text and "not a DP bound" in text and "violation" not in text
+    assert "not computed" in leakage_reading(float("nan"), {"p_value": None})
+
+
+def test_an_attack_that_reads_only_value_and_label_has_no_leakage():
+    """wine, alcohol, logreg (RESULTS.md): the likelihood guess was right on every record of cells (v 0, label 1)
+    and (v 1, label 0), wrong on (v 0, label 0); the members held none of (v 0, label 0), the non-members 9 of 35.
+    Stratified on the value alone that read +0.235 ("beyond chance", p 0.01), though a member is guessed exactly
+    as often as a non-member with the same value and label. Here: same right rate per cell, composition differs."""
+    from attacks.attribute import poststratified_leakage
+
+    cells = [(0, 0, 1, 0, 9, 0), (0, 1, 28, 28, 6, 6), (1, 0, 12, 12, 10, 10), (1, 1, 2, 0, 1, 0)]
+    strata = _strata(*_records(cells))  # from the records: the label splits the cells
+    assert strata.tolist() == [list(c) for c in cells] and poststratified_leakage(strata) == 0.0
+    by_value = [(0, 0, 29, 28, 15, 6), (1, 0, 14, 12, 11, 10)]  # the same records, cells merged over the label
+    assert poststratified_leakage(np.array(by_value)) > 0.2

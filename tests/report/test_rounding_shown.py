@@ -149,3 +149,5 @@ def test_family_results_round_their_epsilons_by_what_they_are():
         assert scalar_text(key, CLAIM) == "7.99996", key
     assert scalar_text("max_certifiable_epsilon", 2.783308493421825) == "2.784"
     assert scalar_text("auc", 0.666666) == "0.6667"  # not an ε: as before
+    # a count is exact: the attribute leakage's 40 000 permutations printed as "4e+04"
+    assert scalar_text("leakage_test.permutations", 40_000) == "40000" and scalar_text("members.n", 12_345) == "12345"

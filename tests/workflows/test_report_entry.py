@@ -144,12 +144,15 @@ def test_report_carries_inversion_attribute_and_extraction_families(tmp_path):
     (inv,) = model["attacks"]["inversion"]
     (attr,) = model["attacks"]["attribute"]
     assert inv["attack"] == "mi-face" and len(inv["inversions"]) == 10 and 0 <= inv["identification_accuracy"] <= 1
-    assert attr["feature"] is not None
+    assert attr["feature"] is not None and 0 < attr["leakage_test"]["p_value"] <= 1
     (ext,) = model["attacks"]["extraction"]  # logreg: equation solving from d + 1 = 65 queries
     assert ext["queries"] == 65 and ext["fidelity"] == 1.0
     md = (out / "report.md").read_text()
     assert "#### Model inversion attacks" in md and r"identification\_accuracy" in md
     assert r"members.advantage" in md.replace("\\", "")  # nested results flattened one level
+    # the attribute leakage in words: an estimate with its p-value, never a DP bound
+    assert "leakage_test.p_value" in md.replace("\\", "") and "not a DP bound" in md
     html = (out / "report.html").read_text()
     assert "Model inversions per class" in html  # the grid figure is embedded
+    assert "not a DP bound" in html
     assert ("Extraction fidelity against queries" in html) == (len(ext.get("curve") or []) >= 2)
