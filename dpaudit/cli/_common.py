@@ -483,7 +483,8 @@ class App(typer.Typer):
                     for name, value in k.items():  # one range for every seed option (see check_seed)
                         if (name == "seed" or name.endswith("_seed")) and value is not None:
                             check_seed(**{name: value})
-                    with _sigterm_as_interrupt(), notices(notice):
+                    # dpaudit's own UserWarnings (a trainer's, an attack's) as one `warning:` line, in every command
+                    with _sigterm_as_interrupt(), notices(notice), dpaudit_warnings_as_cli_warnings():
                         return f(*a, **k)
                 except typer.Exit:
                     raise

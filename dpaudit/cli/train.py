@@ -14,7 +14,6 @@ from dpaudit.cli._common import (
     RECIPE,
     App,
     arg,
-    dpaudit_warnings_as_cli_warnings,
     emit,
     given_options,
     info,
@@ -241,10 +240,9 @@ def train(ctx: typer.Context, **o) -> None:
     from dpaudit.workflows.runs import train_from_options
 
     del o["target"], o["lambdas"]
-    with dpaudit_warnings_as_cli_warnings():  # the trainers' notes as `warning:` lines, not Python's source lines
-        meta = train_from_options(
-            **o, given=given, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output)
-        )
+    meta = train_from_options(
+        **o, given=given, progress=progress(json_output), notify=lambda m: info(m, json_flag=json_output)
+    )
     for message in meta.get("fit_warnings", ()):
         warn(message)
     s = summary(meta)

@@ -559,3 +559,23 @@ def test_a_trainers_python_warning_reaches_the_user_as_one_warning_line(tmp_path
     ), r.stderr
     assert "jl.py" not in r.stderr and "JLClipper(" not in r.stderr
     assert "a note from elsewhere" not in r.stderr
+
+
+def test_every_command_shows_dpaudits_python_warnings_as_one_warning_line(monkeypatch):
+    # The route is the command wrapper (App.command), not `train` alone: `audit train` trains DP-SGD-JL recipes too
+    # and printed Python's "/.../jl.py:459: UserWarning: ..." with the source line.
+    import torch
+
+    from dpaudit.errors import InputError
+    from dpaudit.training.jl import make_jl_clipper
+    from dpaudit.workflows import runs
+
+    def fake(**kw):
+        make_jl_clipper(torch.nn.Linear(6, 2), 16, 0)
+        raise InputError("stopped after the clipper")
+
+    monkeypatch.setattr(runs, "audit_training_from_options", fake)
+    r = CliRunner().invoke(app, ["audit", "train", "--algo", "dpsgd-jl"])
+    assert r.exit_code == 2 and "error: stopped after the clipper" in r.stderr, r.output
+    assert "warning: 16 JL projections for 14 parameters: more directions than dimensions" in r.stderr, r.stderr
+    assert "jl.py" not in r.stderr and "JLClipper(" not in r.stderr
