@@ -149,3 +149,67 @@ def test_family_results_round_their_epsilons_by_what_they_are():
         assert scalar_text(key, CLAIM) == "7.99996", key
     assert scalar_text("max_certifiable_epsilon", 2.783308493421825) == "2.784"
     assert scalar_text("auc", 0.666666) == "0.6667"  # not an ε: as before
+
+
+def _estimate(bound: float, claim: float, verdict: str) -> dict:
+    return {
+        **_audit(bound, claim, 20.0, verdict),
+        "source": {"family": "membership", "attack": "loss", "index": 0},
+        "method": "clopper-pearson",
+        "formal": False,
+        "threat_model": "black-box, model's members",
+    }
+
+
+def test_one_headline_prints_its_claim_once_for_the_formal_and_the_estimate_bound():
+    """The formal part and the estimate part of a headline print their bounds beside ONE claim. Each pair was
+    ordered on its own, so a claim of 1.9999954 read "consistent: ε ≥ 0.5 ≤ claimed 2 …; estimate ε ≥ 1.999996 …
+    exceeds the claim": a bound printed below the claim it is said to exceed."""
+    claim = 1.9999954
+    audits = [_audit(0.5, claim, 20.0, "consistent"), _estimate(1.999996, claim, "estimate-exceeds-claim")]
+    text = headline(audits, {"epsilon": claim, "delta": 1e-5}).text
+    _, c = _pair(text, r"consistent: ε ≥ (\S+) ≤ claimed (\S+) ")
+    e = Decimal(re.search(r"estimate ε ≥ (\S+) \(loss, clopper-pearson\) exceeds the claim", text).group(1))
+    assert e > c and _above(c, claim) and _below(e, 1.999996), text
+    # An estimate just below the claim never prints at or above the claim shown beside it either.
+    audits = [_audit(0.5, claim, 20.0, "consistent"), _estimate(1.9999953, claim, "consistent")]
+    text = headline(audits, {"epsilon": claim, "delta": 1e-5}).text
+    _, c = _pair(text, r"consistent: ε ≥ (\S+) ≤ claimed (\S+) ")
+    e = Decimal(re.search(r"estimate ε ≥ (\S+) \(loss", text).group(1))
+    assert e < c and "exceeds" not in text, text
+
+
+def test_the_summary_row_prints_the_claim_as_the_headline_does(report):
+    """The summary table's claimed ε and the headline under it are one number printed once (the Markdown row, the
+    HTML row and the headline list of both). Before, the row ordered the claim against the formal and the estimate
+    bound and the headline against the formal bound only: a claim of 1.9999954 read "1.9999954" in the row and
+    "claimed 2" in the headline, above an estimate of 1.999996 that "exceeds the claim"."""
+    from dpaudit.report.html import _summary_table
+
+    models = report["models"]
+    eps1 = models[1]  # the ε = 1 model: a formal consistent audit (max certifiable 5.1) and two estimates
+    claim = 1.9999954
+    eps1["claim"]["epsilon"] = claim
+    for a in eps1["audits"]:
+        a["claimed_epsilon"] = claim
+        if a["source"]["attack"] == "loss":
+            a["epsilon_lower_bound"], a["verdict"] = 1.999996, "estimate-exceeds-claim"
+    rebuilt = build_report(models, title=report["title"], config=report["run"]["config"])
+    m = rebuilt["models"][1]
+    assert m["summary"]["verdict"] == "consistent", m["summary"]["headline"]
+    claimed = re.search(r"≤ claimed (\S+) ", m["summary"]["headline"]).group(1)
+    row = next(line for line in render_markdown(rebuilt).splitlines() if line.startswith(f"| {m['name']} |"))
+    assert row.split(" | ")[1] == f"{claimed} (δ = 1e-05)", row
+    assert f"<td>{claimed} (δ = 1e-05)</td>" in _summary_table(rebuilt)  # the HTML row (the page without its plots)
+    # The formal audit's max certifiable ε, printed by the headline only, counts in the row's claim digits too.
+    for a in m["audits"]:
+        if a["formal"]:
+            a["max_certifiable_epsilon"], a["epsilon_lower_bound"] = 1.99999541, 0.5
+    rebuilt = build_report(rebuilt["models"], title=report["title"], config=report["run"]["config"])
+    m = rebuilt["models"][1]
+    claimed = re.search(r"≤ claimed (\S+) ", m["summary"]["headline"]).group(1)
+    most = re.search(r"could certify up to (\S+)\)", m["summary"]["headline"]).group(1)
+    assert Decimal(most) > Decimal(claimed), m["summary"]["headline"]
+    row = next(line for line in render_markdown(rebuilt).splitlines() if line.startswith(f"| {m['name']} |"))
+    assert row.split(" | ")[1] == f"{claimed} (δ = 1e-05)", row
+
