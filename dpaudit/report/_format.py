@@ -408,15 +408,18 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 def scalar_text(key: str, value: Any) -> str:
     """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
-    rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) rounded up at claim precision, a
-    max certifiable ε rounded up, δ as given (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to
+    rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) and a guarantee's parameter (a cloak's
+    per-feature local-DP ε ``*_feature_epsilon`` and its GDP ``composed_mu``) rounded up at claim precision, a max
+    certifiable ε rounded up, δ as given (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to
     nearest."""
     leaf = key.rpartition(".")[2]
     if "lower_bound" in leaf:
         return numfmt.lower(value, 4)
     if leaf == "delta":  # a parameter, as given (dpaudit.numfmt.exact): never rounded to another δ
         return numfmt.exact(value)
-    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon"):
+    # A cloak's per-feature ε (each feature a Gaussian mechanism, dpaudit.training.cloak.local_dp) and the μ of their
+    # GDP composition are its formal guarantee: ``.4g`` printed a max_feature_epsilon of 22544.5 as 2.254e+04.
+    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon", "composed_mu") or leaf.endswith("_feature_epsilon"):
         return numfmt.upper(value)
     if leaf.startswith("max_certifiable"):
         return numfmt.upper(value, 4)

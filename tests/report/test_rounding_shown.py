@@ -213,3 +213,23 @@ def test_the_summary_row_prints_the_claim_as_the_headline_does(report):
     row = next(line for line in render_markdown(rebuilt).splitlines() if line.startswith(f"| {m['name']} |"))
     assert row.split(" | ")[1] == f"{claimed} (δ = 1e-05)", row
 
+
+def test_a_cloaks_local_dp_guarantee_rounds_up_in_the_report():
+    """A cloak's per-feature ε and the μ of their composition are its formal local-DP guarantee (dpaudit.training.
+    cloak): ``.4g`` printed a max_feature_epsilon of 22544.5016 as 2.254e+04 and a μ of 562.6993 as 562.7 (up by
+    luck), 562.6993 at 4 digits to nearest being the same number a μ of 562.7049 also printed."""
+    from dpaudit.report._format import scalar_text
+
+    assert scalar_text("local_dp.max_feature_epsilon", 22544.501597790957) == "22544.6"
+    assert scalar_text("local_dp.min_feature_epsilon", 0.93247449) == "0.932475"
+    assert scalar_text("local_dp.median_feature_epsilon", 1.97104) == "1.97104"
+    assert scalar_text("local_dp.composed_mu", 562.69975) == "562.7"
+    assert scalar_text("local_dp.composed_mu", 562.699751) == "562.7"
+    assert scalar_text("local_dp.composed_mu", 562.70049) == "562.701"
+    cloak = {
+        "lambda": 1.0, "target": "t", "data": "digits", "suppression_ratio": 0.5, "suppression_threshold": 1.0,
+        "clean_accuracy": 0.9, "cloaked_accuracy": 0.8, "accuracy_loss": 0.1, "composed_epsilon": 3.0,
+        "delta": 1e-5, "median_feature_epsilon": 1.97149,
+    }  # fmt: skip
+    assert "(median feature ε = 1.97149)" in human_cloak(cloak)  # as the report prints it (4 digits read 1.971)
+
