@@ -410,8 +410,8 @@ def scalar_text(key: str, value: Any) -> str:
     """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
     rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) and a guarantee's parameter (a cloak's
     per-feature local-DP ε ``*_feature_epsilon`` and its GDP ``composed_mu``) rounded up at claim precision, a max
-    certifiable ε rounded up, δ as given (dpaudit.numfmt); any other number (an estimate, a rate) ``.4g``, to
-    nearest."""
+    certifiable ε rounded up, δ as given (dpaudit.numfmt); a rate (an accuracy, a fidelity, :data:`_RATE_KEYS`) as a
+    percentage (:func:`rate`); any other number (an estimate) ``.4g``, to nearest."""
     leaf = key.rpartition(".")[2]
     if "lower_bound" in leaf:
         return numfmt.lower(value, 4)
@@ -423,7 +423,16 @@ def scalar_text(key: str, value: Any) -> str:
         return numfmt.upper(value)
     if leaf.startswith("max_certifiable"):
         return numfmt.upper(value, 4)
+    if leaf.endswith("accuracy") or leaf.startswith("fidelity") or leaf in _RATE_KEYS:
+        return rate(value)  # "how often": a percentage, as the utility table and the attack commands print it
     return num(value, ".4g")
+
+
+# A family result's fractions that mean "how often" (besides *accuracy and fidelity*): printed as percentages by
+# :func:`rate`, as `dpaudit train --algo cloak` prints them; ``.4g`` showed the cloak's suppression_ratio 0.7627 and
+# accuracy_loss 0.2429 beside the CLI's "suppressed 76.3%" and "loss 24.3%", and an extraction's target_accuracy 0.922
+# below a utility table reading 92.2%.
+_RATE_KEYS = ("accuracy_loss", "suppression_ratio", "positive_rate")
 
 
 NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")

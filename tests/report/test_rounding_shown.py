@@ -233,3 +233,31 @@ def test_a_cloaks_local_dp_guarantee_rounds_up_in_the_report():
     }  # fmt: skip
     assert "(median feature ε = 1.97149)" in human_cloak(cloak)  # as the report prints it (4 digits read 1.971)
 
+
+def test_a_family_results_rates_read_as_percentages_as_the_cli_and_utility_table_print_them():
+    """A family result's accuracies, fidelities and the cloak's suppression ratio and accuracy loss are fractions
+    meaning "how often": the report prints them as the CLI (`attack extract`, `attack inversion`, `train --algo
+    cloak`) and the utility table do. Before, the same run read "surrogate_accuracy 0.922" in the report's
+    extraction line, "92.2%" in its utility table and "accuracy surrogate 92.2%" on the CLI."""
+    from dpaudit.cli.extract import human_summary as extraction_summary
+    from dpaudit.report._format import rate, scalar_results, scalar_text
+
+    result = {
+        "attack": "extraction-equations", "method": "equations", "api": "probs", "budget": 200, "queries": 200,
+        "params": {"pool": "synthetic"}, "parameter_relative_error": 1.6e-07, "fidelity": 1.0,
+        "fidelity_uniform": 0.99851, "surrogate_accuracy": 0.9220055710306406, "target_accuracy": 0.922, "curve": [],
+    }  # fmt: skip
+    shown = dict((k, scalar_text(k, v)) for k, v in scalar_results(result))
+    assert shown["surrogate_accuracy"] == "92.2%" and shown["fidelity"] == "100%", shown
+    assert shown["fidelity_uniform"] == rate(0.99851) and shown["parameter_relative_error"] == "1.6e-07", shown
+
+    class _Result:
+        def to_dict(self):
+            return result
+
+    cli = extraction_summary(_Result())
+    assert f"surrogate {shown['surrogate_accuracy']}" in cli and f"uniform {shown['fidelity_uniform']}" in cli
+    for key, value, cli_text in (("suppression_ratio", 0.7627, "76.3%"), ("accuracy_loss", 0.2429, "24.3%")):
+        assert scalar_text(key, value) == cli_text, key
+    assert scalar_text("attribute.clean_accuracy", 0.9387) == "93.9%"
+    assert scalar_text("members.accuracy", 0.5) == "50.0%" and scalar_text("mean_ssim", 0.32623) == "0.3262"
