@@ -230,12 +230,15 @@ def _labelled(d: Mapping[str, Any], keys: tuple[tuple[str, str], ...]) -> list[s
 _SGD_KEYS = (("epochs", "epochs"), ("steps", "steps"), ("batch_size", "batch"), ("lr", "lr"), ("seed", "seed"))
 _DP_KEYS = (("noise_multiplier", "σ"), ("clip", "C"), ("sample_rate", "q"), ("sampling", "sampling"))
 _CONVEX_ALGOS = ("outpert", "outpert-gaussian", "objpert")  # closed-form learners (dpaudit.training.convex)
+_DPAGD_ALGOS = ("dpagd", "dpagd-huber")  # full-batch gradient descent (dpaudit.training.dpagd)
 
 
 def training_text(training: Mapping[str, Any]) -> str:
     """The training line in the algorithm's own terms: SGD settings for (DP-)SGD; teachers, shots, queries
     and the aggregator's noise for PATE / DP-ICL (whose student is post-processing of the answers); the L2
-    coefficient λ for the closed-form convex learners; steps and canaries for the user's own loop. An
+    coefficient λ for the closed-form convex learners; C, λ and the budget's splits for full-batch DP-AGD (the SGD
+    settings it never reads once read "dpagd, epochs 30, batch 64, lr 0.1, …, sampling poisson"); steps and canaries
+    for the user's own loop. An
     imported run (``dpaudit import``) says so, and that its recipe, if any, is the attacker's approximation."""
     if training.get("source") is not None:  # dpaudit.training.run.import_run
         imported = f"imported from {training['source']}"
@@ -262,6 +265,10 @@ def training_text(training: Mapping[str, Any]) -> str:
         return ", ".join(parts)
     if algo in _CONVEX_ALGOS:
         return ", ".join([algo, *_labelled(training, (("weight_decay", "λ (L2)"), ("seed", "seed")))])
+    if algo in _DPAGD_ALGOS:  # reads C_grad, λ and --steps (its "splits") only: no epochs, batches, lr or sampling
+        dp = _labelled(training.get("dp") or {}, (("clip", "C"),))
+        own = _labelled(training, (("weight_decay", "λ (L2)"), ("steps", "splits"), ("seed", "seed")))
+        return ", ".join([algo, *dp, *own])
     if algo == "own-loop":  # a saved gradient-canary audit (dpaudit.report.build.canary_run_entry)
         parts = [
             "your own training loop",

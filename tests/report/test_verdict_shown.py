@@ -260,6 +260,11 @@ def test_one_rounding_of_the_claim(report):
         ),
         ({"algo": "objpert", "epochs": 1, "batch_size": 64, "lr": 0.1, "weight_decay": 0.1, "seed": 0},
          ["objpert", "λ (L2) 0.1"], ["epochs", "lr", "batch"]),
+        # DP-AGD is full-batch gradient descent: it reads C, λ and --steps (its splits), not the SGD settings its
+        # run records; the report read "dpagd, epochs 30, batch 64, lr 0.1, seed 0, C 1.0, sampling poisson".
+        ({"algo": "dpagd", "epochs": 30, "batch_size": 64, "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0,
+          "seed": 0, "steps": 40, "dp": {"clip": 1.0, "sampling": "poisson", "noise_multiplier": None}},
+         ["dpagd", "C 1.0", "λ (L2) 0.0", "splits 40", "seed 0"], ["epochs", "lr", "batch", "sampling"]),
     ],
 )  # fmt: skip
 def test_training_lines_speak_the_algorithms_terms(training, shown, hidden):
