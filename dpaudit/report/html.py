@@ -314,8 +314,10 @@ def render_html(report: Mapping[str, Any]) -> str:
         _figure(
             plots.png(lambda: plots.epsilon_figure(report)),
             "Claimed ε against the empirical lower bound per model",
-            "Diamond: claimed ε (∞ without a claim). Arrow: the strongest formal lower bound (grey: no formal "
-            "audit, the strongest estimate), pointing up because the true ε is at least that; colour = verdict; "
+            "Diamond: claimed ε (∞ without a claim). Arrow: the strongest formal lower bound (grey: no formal ε "
+            "bound, the strongest estimate; a verdict from a formal test that bounds no ε, such as a refuted "
+            "claimed curve or the noise check, is in the table), pointing up because the true ε is at least that; "
+            "colour = verdict; "
             "a bound of 0 (nothing shown) is a hollow circle. Each bound names its threat model: a white-box bound "
             "and a black-box one are not comparable. Grey bars: the largest ε each audit could have certified.",
         ),

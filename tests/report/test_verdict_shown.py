@@ -282,3 +282,19 @@ def test_formal_bounds_are_drawn_even_without_an_operating_point(report):
     assert all(b["drawn"] == (b["epsilon_lower_bound"] > 0) for b in bounds)
     assert math.isfinite(bounds[0]["epsilon_lower_bound"])
     assert plots.tradeoff_figure(model, plots.attack_colors(report)) is not None
+
+
+def test_the_epsilon_figure_never_says_no_formal_audit_beside_a_formal_curve_refutation(report):
+    """A model whose verdict comes from a formal test that bounds no ε (a refuted claimed curve) has only an estimate
+    to draw on the ε figure: its legend read "estimate (no formal audit)" under a headline and badge saying the
+    claimed curve was formally refuted. It now says what is missing: a formal ε bound."""
+    m = copy.deepcopy(report["models"][1])
+    for a in m["audits"]:
+        if a["formal"]:
+            a.update(formal=False, verdict="curve-refuted", refutation={"statement": "the claimed curve is refuted"})
+        else:
+            a["epsilon_lower_bound"] = 0.5
+    rebuilt = build_report([m], title="t", config=report["run"]["config"])
+    assert rebuilt["models"][0]["summary"]["verdict"] == "curve-refuted"
+    legend = [t.get_text() for t in plots.epsilon_figure(rebuilt).legends[0].get_texts()]
+    assert "estimate (no formal ε bound)" in legend and not any("no formal audit" in t for t in legend), legend
