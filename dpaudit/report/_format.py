@@ -314,8 +314,10 @@ def claim_details(claim: Mapping[str, Any] | None) -> str:
         parts.append(f"claim check: {accounting['statement']}")
     dd = claim.get("data_dependent")  # PATE / DP-ICL (dpaudit/aggregation.py): beside the claim, never it
     if isinstance(dd, Mapping) and dd.get("epsilon") is not None:
-        # not itself private and not the claim: an estimate, rounded to nearest (dpaudit.numfmt.nearest)
-        parts.append(f"data-dependent ε = {numfmt.nearest(dd['epsilon'])} (not itself private, not the claim)")
+        # Not itself private and not the claim, but no estimate either: ε(δ) of the data-dependent RDP bound
+        # (dpaudit.aggregation.data_dependent_epsilon), an upper bound on this dataset's privacy loss, so rounded up
+        # (dpaudit.numfmt.upper) as every ε that bounds a loss from above is; to nearest, 2.8544449 printed 2.85444.
+        parts.append(f"data-dependent ε = {numfmt.upper(dd['epsilon'])} (not itself private, not the claim)")
     return ", ".join(parts)
 
 

@@ -261,3 +261,13 @@ def test_a_family_results_rates_read_as_percentages_as_the_cli_and_utility_table
         assert scalar_text(key, value) == cli_text, key
     assert scalar_text("attribute.clean_accuracy", 0.9387) == "93.9%"
     assert scalar_text("members.accuracy", 0.5) == "50.0%" and scalar_text("mean_ssim", 0.32623) == "0.3262"
+
+
+def test_a_data_dependent_epsilon_rounds_up():
+    """PATE's / DP-ICL's data-dependent ε (shown beside the claim, never as it) is ε(δ) of a data-dependent RDP
+    bound: an upper bound on this dataset's privacy loss, not an estimate. To nearest it printed 2.8544449 as
+    2.85444, below the bound."""
+    from dpaudit.report._format import claim_details
+
+    text = claim_details({"epsilon": 3.0, "delta": 1e-5, "data_dependent": {"epsilon": 2.8544449}})
+    assert "data-dependent ε = 2.85445 (not itself private, not the claim)" in text, text
