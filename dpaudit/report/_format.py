@@ -396,7 +396,9 @@ def console_summary(report: Mapping[str, Any]) -> list[str]:
         headline = " ".join(str(m["summary"]["headline"]).split())
         if m["summary"].get("verdict") == "violation" and headline.startswith("violation"):
             headline = "VIOLATION" + headline.removeprefix("violation")
-        lines.append(f"{m['name']} (claimed ε {claim_text(m['claim'])}): {headline}")
+        # the claim as the summary row and the headline print it (summary_eps): upper(claim) alone read "claimed ε 2"
+        # before a headline reading "claimed 1.9999954" on the same line
+        lines.append(f"{m['name']} (claimed ε {claim_text(m['claim'], summary_eps(m)[0])}): {headline}")
     return lines
 
 

@@ -1,10 +1,11 @@
-"""One report, three formats, one reading: every ε the Markdown and the HTML print is the JSON's number rounded in
-its safe direction (a claim and a max certifiable ε up, a lower bound down), the printed numbers compare as the
-verdict says (a violation's bound above the claim, an inconclusive design's max certifiable ε at or below it), the
-two formats print the same text for each, verdict words agree, every estimate is labelled one, and neither prints
-nan or -0. A checker over the hand-made fixture (violation, consistent, inconclusive) and over the fixture with a
-claim that needs more than 6 digits beside its bounds (the headline then printed "claimed 2" above the row's
-"1.9999954")."""
+"""One report, three formats and the console, one reading: every ε the Markdown and the HTML print is the JSON's
+number rounded in its safe direction (a claim and a max certifiable ε up, a lower bound down), the printed numbers
+compare as the verdict says (a violation's bound above the claim, an inconclusive design's max certifiable ε at or
+below it), the two formats print the same text for each, the headline and the console line print the row's claim,
+verdict words agree, every estimate is labelled one, and neither prints nan or -0. A checker over the hand-made
+fixture (violation, consistent, inconclusive) and over the fixture with a claim that needs more than 6 digits
+beside its bounds (the headline then printed "claimed 2" under the row's "1.9999954", and so did `dpaudit report`'s
+console line)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def cross_check(report: dict[str, Any]) -> list[str]:
             problems += [f"{name} prints {m.group()!r}" for m in re.finditer(bad, text)]
     (md_rows,) = _md_rows(md, "| model | claimed ε")
     html_rows = _html_rows(_summary_table(report))
+    console = "\n".join(F.console_summary(report))  # what `dpaudit report` and `dpaudit demo` print
     for m, row, hrow in zip(report["models"], md_rows, html_rows, strict=True):
         s, who = m["summary"], m["name"]
         if row != hrow:
@@ -97,6 +99,8 @@ def cross_check(report: dict[str, Any]) -> list[str]:
         said = re.search(r"claimed (\S+) ", s["headline"])
         if m["claim"] is not None and said and said.group(1) != claimed:
             problems.append(f"{who}: headline claims {said.group(1)}, row {claimed}")
+        if m["claim"] is not None and f"{who} (claimed ε {row[1]}): " not in console:
+            problems.append(f"{who}: the console's claim differs from the row's {row[1]!r}: {console}")
         if f"- {who}: {s['headline']}" not in md.replace("\\", ""):
             problems.append(f"{who}: headline missing from the Markdown")
     md_audits = iter(_md_rows(md, "| attack | method | confidence | ε lower bound"))
