@@ -110,7 +110,10 @@ def num(x: Any, spec: str = ".3f") -> str:
         return "nan"
     if math.isinf(v):
         return "∞" if v > 0 else "−∞"
-    return format(v, spec)
+    # "z" (PEP 682): a zero, or a number that rounds to zero, prints without a sign. A loss attack's threshold of -0.0
+    # (a loss of 0, negated) read "-0" in the HTML audit table where `audit` printed "0", and an advantage of -0.0001
+    # read "-0.000".
+    return format(v, f"z{spec}" if spec.startswith(".") else spec)
 
 
 def bound_eps(x: Any) -> str:

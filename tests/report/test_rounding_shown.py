@@ -271,3 +271,13 @@ def test_a_data_dependent_epsilon_rounds_up():
 
     text = claim_details({"epsilon": 3.0, "delta": 1e-5, "data_dependent": {"epsilon": 2.8544449}})
     assert "data-dependent ε = 2.85445 (not itself private, not the claim)" in text, text
+
+
+def test_no_negative_zero_is_printed():
+    """A loss attack's threshold of -0.0 (a loss of 0, negated) read "-0" in the HTML audit table where `audit`
+    printed "0" (AuditResult.summary adds 0.0), and a small negative advantage read "-0.000" in the report's and
+    the CLI's membership tables."""
+    from dpaudit.report._format import num
+
+    assert num(-0.0, ".4g") == "0" and num(-0.0001) == "0.000" and num(-0.0) == "0.000"
+    assert num(-0.02) == "-0.020" and num(-1e-9, ".4g") == "-1e-09"  # a number that is not zero keeps its sign
