@@ -15,6 +15,8 @@ reads the same everywhere and no printer rounds on its own:
   audit's parameter, never a computed bound, so no rounding of it is safe in both uses.
 - :func:`percent_down` prints a confidence level as a percentage rounded down: a level shown never claims more
   certainty than the bound has (0.9999999 is 99.9999%, not 100%).
+- :func:`percent_up` rounds a percentage up, for the upper end of a confidence interval on a rate (its lower end
+  :func:`percent_down`), so that a printed interval contains the computed one.
 - :func:`p_value` prints a p-value as an estimate, and one that underflowed to 0 as "p < 1e-300", never "p = 0".
 - :func:`ordered` shows a lower bound beside a claim with as many digits as it takes (up to the 17 that tell any
   two float64 apart) for the printed numbers to compare as the computed ones do: "ε ≥ 8.00001 > claimed 8",
@@ -90,14 +92,25 @@ def percent_down(x: Any, digits: int = CLAIM_DIGITS, *, missing: str = DASH) -> 
     which must never read as more certainty than the bound has (0.9999999 prints 99.9999%, never 100%). The
     fraction's own short decimal is scaled exactly, so 0.57 prints 57%, not 56.9999% (100 * 0.57 is
     56.99999999999999 in float64). None → ``missing``."""
+    return _percent(x, digits, ROUND_FLOOR, missing)
+
+
+def percent_up(x: Any, digits: int = CLAIM_DIGITS, *, missing: str = DASH) -> str:
+    """A fraction as a percentage rounded toward +∞ at ``digits`` significant digits, as :func:`percent_down` writes
+    it: for the upper end of a confidence interval on a rate, so that the printed interval contains the computed one
+    (0.123456 prints 12.35% at 4 digits). None → ``missing``."""
+    return _percent(x, digits, ROUND_CEILING, missing)
+
+
+def _percent(x: Any, digits: int, rounding: str, missing: str) -> str:
     if x is None:
         return missing
     v = float(x)
     if not math.isfinite(v):
-        return _show(v, digits, ROUND_FLOOR, missing)
+        return _show(v, digits, rounding, missing)
     if v == 0:
         return "0%"
-    p = Context(prec=digits, rounding=ROUND_FLOOR).plus(Decimal(repr(v)).scaleb(2)).normalize()
+    p = Context(prec=digits, rounding=rounding).plus(Decimal(repr(v)).scaleb(2)).normalize()
     return f"{p:f}%"  # fixed notation: 1e-05% reads badly
 
 

@@ -168,6 +168,16 @@ def percent(x: Any, digits: int | None = None) -> str:
     return f"{text}%"
 
 
+def rate_interval(ci: Any) -> str:
+    """A confidence interval on a rate (an audit's FPR or FNR, Clopper–Pearson) as percentages at 3 significant
+    digits, rounded outward (:func:`dpaudit.numfmt.percent_down` and :func:`~dpaudit.numfmt.percent_up`): the printed
+    interval contains the computed one. To nearest, [0.0345, 0.12344] printed [3.45%, 12.3%], an upper end below
+    the bound computed."""
+    if not ci:
+        return DASH
+    return f"[{numfmt.percent_down(ci[0], 3)}, {numfmt.percent_up(ci[1], 3)}]"
+
+
 def interval(ci: Any, spec: str = ".3f") -> str:
     if not ci:
         return DASH

@@ -200,12 +200,10 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(f"{a['source']['family']} / {a['source']['attack']}"),
                 _e(f"{a['method']}, {F.percent(a['confidence'])}"),
                 *map(_e, F.audit_eps(a)),
-                _e(F.rate(op["fpr"]))
-                + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
+                _e(F.rate(op["fpr"])) + f"<br><small>{_e(F.rate_interval(op['fpr_interval']))}</small>"
                 if op
                 else F.DASH,
-                _e(F.rate(op["fnr"]))
-                + f"<br><small>[{_e(F.rate(op['fnr_interval'][0]))}, {_e(F.rate(op['fnr_interval'][1]))}]</small>"
+                _e(F.rate(op["fnr"])) + f"<br><small>{_e(F.rate_interval(op['fnr_interval']))}</small>"
                 if op
                 else F.DASH,
                 _e(F.num(a.get("threshold"), ".4g"))

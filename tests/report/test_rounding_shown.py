@@ -9,6 +9,7 @@ or in the CLI summary; the headline's bound rounded to nearest; the headline pri
 
 from __future__ import annotations
 
+import copy
 import re
 from decimal import Decimal
 
@@ -281,3 +282,17 @@ def test_no_negative_zero_is_printed():
 
     assert num(-0.0, ".4g") == "0" and num(-0.0001) == "0.000" and num(-0.0) == "0.000"
     assert num(-0.02) == "-0.020" and num(-1e-9, ".4g") == "-1e-09"  # a number that is not zero keeps its sign
+
+
+def test_an_audits_clopper_pearson_intervals_print_outward(report):
+    """The HTML audit table's FPR and FNR intervals (Clopper–Pearson, the formal test's own bounds) contain the
+    computed intervals: lower ends rounded down, upper ends up. To nearest, an FNR interval [0.0345, 0.12344] read
+    [3.45%, 12.3%], its upper end below the bound."""
+    from dpaudit.report.html import _audits
+
+    m = copy.deepcopy(report["models"][2])
+    a = next(a for a in m["audits"] if a.get("operating_point"))
+    a["operating_point"]["fnr_interval"] = [0.0345, 0.12344]
+    a["operating_point"]["fpr_interval"] = [0.00123456, 0.5]
+    page = _audits(m["audits"])
+    assert "[3.45%, 12.4%]" in page and "[0.123%, 50%]" in page, page
