@@ -414,7 +414,7 @@ def leakage_reading(leakage: float, test: dict[str, Any]) -> str:
     else:
         said = f"not distinguishable from no leakage ({how})"
     return (
-        f"leakage {leakage:+.3f} (estimate: member - non-member accuracy gap within (hidden value, label) cells, "
+        f"leakage {leakage:+z.3f} (estimate: member - non-member accuracy gap within (hidden value, label) cells, "
         f"weighted by the cells' pooled frequency): {said}; not a DP bound"
     )
 

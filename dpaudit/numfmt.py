@@ -15,10 +15,12 @@ reads the same everywhere and no printer rounds on its own:
   audit's parameter, never a computed bound, so no rounding of it is safe in both uses.
 - :func:`percent_down` prints a confidence level as a percentage rounded down: a level shown never claims more
   certainty than the bound has (0.9999999 is 99.9999%, not 100%).
+- :func:`percent_up` rounds a percentage up, for the upper end of a confidence interval on a rate (its lower end
+  :func:`percent_down`), so that a printed interval contains the computed one.
 - :func:`p_value` prints a p-value as an estimate, and one that underflowed to 0 as "p < 1e-300", never "p = 0".
 - :func:`ordered` shows a lower bound beside a claim with as many digits as it takes (up to the 17 that tell any
   two float64 apart) for the printed numbers to compare as the computed ones do: "ε ≥ 8.00001 > claimed 8",
-  never "ε ≥ 8 > claimed 8".
+  never "ε ≥ 8 > claimed 8"; :func:`against` does so for one claim and several bounds printed beside it.
 
 Rounding is exact: ``decimal.Decimal(x)`` is the float's exact binary value, rounded with ROUND_CEILING or
 ROUND_FLOOR at the significant digit; float arithmetic such as ``math.ceil(x * 10**k) / 10**k`` can itself
@@ -36,6 +38,7 @@ from 10**digits): 7.99996, 8, 1e-05, 1.00001e-05, 2.707e+04 at 4 digits; ∞ and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal
 from fractions import Fraction
 from typing import Any
@@ -89,14 +92,25 @@ def percent_down(x: Any, digits: int = CLAIM_DIGITS, *, missing: str = DASH) -> 
     which must never read as more certainty than the bound has (0.9999999 prints 99.9999%, never 100%). The
     fraction's own short decimal is scaled exactly, so 0.57 prints 57%, not 56.9999% (100 * 0.57 is
     56.99999999999999 in float64). None → ``missing``."""
+    return _percent(x, digits, ROUND_FLOOR, missing)
+
+
+def percent_up(x: Any, digits: int = CLAIM_DIGITS, *, missing: str = DASH) -> str:
+    """A fraction as a percentage rounded toward +∞ at ``digits`` significant digits, as :func:`percent_down` writes
+    it: for the upper end of a confidence interval on a rate, so that the printed interval contains the computed one
+    (0.123456 prints 12.35% at 4 digits). None → ``missing``."""
+    return _percent(x, digits, ROUND_CEILING, missing)
+
+
+def _percent(x: Any, digits: int, rounding: str, missing: str) -> str:
     if x is None:
         return missing
     v = float(x)
     if not math.isfinite(v):
-        return _show(v, digits, ROUND_FLOOR, missing)
+        return _show(v, digits, rounding, missing)
     if v == 0:
         return "0%"
-    p = Context(prec=digits, rounding=ROUND_FLOOR).plus(Decimal(repr(v)).scaleb(2)).normalize()
+    p = Context(prec=digits, rounding=rounding).plus(Decimal(repr(v)).scaleb(2)).normalize()
     return f"{p:f}%"  # fixed notation: 1e-05% reads badly
 
 
@@ -133,6 +147,44 @@ def ordered(
         if ld == rd == MAX_DIGITS:
             break
     return a, b  # unreachable for finite floats: at 17 digits each prints its own repr, which keeps their order
+
+
+def against(
+    claim: Any, lowers: Sequence[Any], uppers: Sequence[Any] = (), *, digits: int = 3
+) -> tuple[str, list[str], list[str]]:
+    """One claim printed once (rounded up) with the lower bounds (``lowers``, "ε ≥ …", rounded down) and upper bounds
+    (``uppers``, "certifies at most …", rounded up) shown beside it, each at ``digits`` significant digits or more,
+    so that every printed bound compares with the ONE printed claim as the computed numbers do (as :func:`ordered`
+    does for a pair): a line or a table never reads "claimed 2 …; estimate ε ≥ 1.999996 exceeds the claim" (two
+    pairs, each ordered on its own, with the claim printed at the digits of the first pair only), nor
+    "max certifiable 8 … claimed 7.99996 -> inconclusive".
+
+    The claim takes the most digits any pair needs (rounded up at more digits is smaller, and still ≥ the claim, so
+    each bound that printed above its pair's claim is above it); each bound then takes the fewest digits at which it
+    compares right (at most :data:`MAX_DIGITS`, where it prints its own round-trip decimal). None → :data:`DASH`.
+    """
+    c = None if claim is None else float(claim)
+    items = [(None if b is None else float(b), False) for b in lowers]
+    items += [(None if m is None else float(m), True) for m in uppers]
+    comparable = c is not None and math.isfinite(c)
+    need = CLAIM_DIGITS
+    for x, up in items:
+        if comparable and x is not None and math.isfinite(x):
+            pair = ordered(x, c, left_digits=digits, left_up=up)[1]
+            need = max(need, len(Decimal(pair).as_tuple().digits))
+    claim_shown = upper(c, need)
+    shown = []
+    for x, up in items:
+        for extra in range(MAX_DIGITS):
+            text = (upper if up else lower)(x, min(digits + extra, MAX_DIGITS))
+            if not (comparable and x is not None and math.isfinite(x)):
+                break
+            printed = Decimal(text) - Decimal(claim_shown)
+            if printed > 0 if x > c else (printed < 0 if x < c else printed <= 0):
+                break
+        shown.append(text)
+    n = len(lowers)
+    return claim_shown, shown[:n], shown[n:]
 
 
 P_FLOOR = "1e-300"  # a p-value computed as 0 underflowed: it is below float64's least normal (2.2e-308), not 0

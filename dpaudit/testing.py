@@ -479,8 +479,10 @@ def assert_dp(
     if result.verdict in ("violation", "estimate-exceeds-claim"):
         kind = "formal lower bound" if result.formal else "estimate"
         bound, claim = numfmt.ordered(result.epsilon_lower_bound, epsilon, left_digits=4)  # the order computed
+        # An estimate shows no refutation: its first words never read "mechanism is not ... DP" (a formal verdict).
+        what = "is not" if result.formal else "is estimated not to be"
         raise AssertionError(
-            f"mechanism is not ({claim}, {numfmt.exact(delta)})-DP: epsilon lower bound {bound} "
+            f"mechanism {what} ({claim}, {numfmt.exact(delta)})-DP: epsilon lower bound {bound} "
             f"> claimed epsilon {claim} ({kind}, {result.method}, confidence {result.confidence:g})"
             + (f"; {DETERMINISTIC_NOTE}" if result.details["deterministic"] else "")
             + "\n"

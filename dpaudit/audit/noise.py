@@ -109,9 +109,17 @@ class NoiseCheck:
             ),
         ]
         for g in self.groups:
+            # As the report's noise table prints them (dpaudit.report._format.noise_rows): the upper bound rounded
+            # up with digits enough to compare with 1 as it does (a group is rejected exactly when it is below 1;
+            # ``.4g`` printed a rejected group's 0.99996 as "upper bound 1"), the resolvable ratio rounded down.
+            upper = g.ratio_upper
+            if math.isfinite(upper):
+                upper = numfmt.ordered(upper, 1.0, left_digits=4, left_up=True)[0]
+            else:
+                upper = numfmt.upper(upper)
             lines.append(
-                f"  {g.name}: noise std / claimed = {g.ratio:.4g} (estimate; upper bound {g.ratio_upper:.4g}), "
-                f"{numfmt.p_value(g.p_value)}, {g.dof} values, resolves ratios <= {g.resolvable_ratio:.4g}"
+                f"  {g.name}: noise std / claimed = {g.ratio:.4g} (estimate; upper bound {upper}), "
+                f"{numfmt.p_value(g.p_value)}, {g.dof} values, resolves ratios <= {numfmt.lower(g.resolvable_ratio, 4)}"
             )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -238,7 +238,7 @@ class DesignPlan:
         leak = self.leak
         what = (
             f"gaussian leak mu = {leak['mu']:.4g} (true epsilon {numfmt.nearest(leak['epsilon'], 4)} at delta "
-            f"{leak['delta']:g})"
+            f"{numfmt.exact(leak['delta'])})"
             if leak["family"] == "gaussian"  # a hypothesised leak: a parameter, not a bound (to nearest)
             else f"randomized response at true epsilon = {numfmt.nearest(leak['epsilon'], 4)}"
         )
@@ -248,15 +248,18 @@ class DesignPlan:
             design += f"each of {self.tests} tests at {self.test_confidence:g} (Bonferroni), "
         # The claim's δ, as given (dpaudit.numfmt.exact).
         design += f"delta {numfmt.exact(self.delta)}" + (f", tradeoff {self.tradeoff}" if self.tradeoff else "")
+        # The max certifiable ε beside the claim it is above (numfmt.against): each rounded up on its own, a claim of
+        # 1.9999951 and a perfect attack certifying 1.9999952 both read 2.
+        claimed, _, (most,) = numfmt.against(self.target_epsilon, [], [self.max_certifiable_epsilon], digits=4)
         return (
-            f"{self.size} {self.unit} needed to refute epsilon = {numfmt.upper(self.target_epsilon)} with power "
+            f"{self.size} {self.unit} needed to refute epsilon = {claimed} with power "
             f"{self.power:g} against a {what}: estimated power {self.simulated_power:.0%} (the simulated audit "
             f"refuted it in {round(self.simulated_power * self.simulations)} of {self.simulations} draws; "
             f"{100 * self.test_confidence:.4g}% Clopper-Pearson interval {numfmt.lower(lo, 2)} to "
             f"{numfmt.upper(hi, 2)})\n"
             f"rule: {self.power_rule}\n"
             f"perfect attack: {self.perfect_attack_size} {self.unit} (max certifiable epsilon there "
-            f"{numfmt.upper(self.max_certifiable_epsilon, 4)}); a real attack needs more\n"
+            f"{most}); a real attack needs more\n"
             f"design: {design}\n"
             f"note: {self.note}"
         )

@@ -160,11 +160,12 @@ class AuditResult:
         """A few human-readable lines (used by the CLI and by assert_dp messages)."""
         lines = []
         # dpaudit.numfmt: the bound rounded down (what is printed must be implied by what was computed), the claim
-        # and the max certifiable ε up (a claim is never under-reported), the pair in the order computed.
-        if self.claimed_epsilon is None:
-            bound, claimed = numfmt.lower(self.epsilon_lower_bound, 4), None
-        else:
-            bound, claimed = numfmt.ordered(self.epsilon_lower_bound, self.claimed_epsilon, left_digits=4)
+        # and the max certifiable ε up (a claim is never under-reported), each beside the ONE printed claim in the
+        # order computed (numfmt.against): "max certifiable 2 ... claimed 2 -> inconclusive" hid that 1.9995 < 2,
+        # and "max certifiable 8 ... claimed 7.99996 -> inconclusive" read as the opposite of the verdict.
+        claimed, (bound,), (most,) = numfmt.against(
+            self.claimed_epsilon, [self.epsilon_lower_bound], [self.max_certifiable_epsilon], digits=4
+        )
         if self.refutation is not None:
             lines.append(f"{self.refutation['statement']} (formal, confidence {numfmt.lower(self.confidence, 6)})")
         # δ as given (numfmt.exact): the claim's, or the bound's; never rounded to another δ.
@@ -180,7 +181,7 @@ class AuditResult:
             # + 0.0: a loss attack's threshold -0.0 (a loss of 0, negated) read "threshold -0" (IEEE 754: -0 + 0 = +0)
             + (f", threshold {self.threshold + 0.0:.6g}" if self.threshold is not None else "")
             + (f", direction {self.details['direction']}" if self.details.get("alternative") == "two-sided" else ""),
-            f"max certifiable epsilon (perfect attack, same design): {numfmt.upper(self.max_certifiable_epsilon, 4)}",
+            f"max certifiable epsilon (perfect attack, same design): {most}",
         ]
         if self.claimed_epsilon is not None:
             lines.append(f"claimed epsilon: {claimed}  ->  verdict: {self.verdict}")

@@ -152,19 +152,20 @@ class StepAudit:
         ps = self.per_step
         # dpaudit.numfmt: bounds (">=") rounded down, claims up, point estimates to nearest.
         step_bound, step_claim = numfmt.ordered(ps.epsilon_lower_bound, self.per_step_claimed_epsilon, left_digits=4)
+        # The composed estimate beside the claim its verdict compares it with (numfmt.against): lower(7.999957, 4)
+        # read "epsilon >= 7.999 ... claimed epsilon: 7.99996 -> composed verdict: estimate-exceeds-claim".
+        claimed, (composed,), _ = numfmt.against(self.claimed_epsilon, [self.composed_epsilon_estimate], digits=4)
         shown = ps.refutation["statement"] if ps.refutation else f"epsilon_step >= {step_bound}"
         lines = [
             f"(a) per step, formal: {shown} (verdict {ps.verdict}; {self.steps} trials); epsilon_step estimate "
             f"{step_bound} vs claimed per step {step_claim}",
             f"(b) composed over {self.steps} steps, {self.label}: epsilon >= "
-            f"{numfmt.lower(self.composed_epsilon_estimate, 4)} "
+            f"{composed} "
             f"(point {numfmt.nearest(self.composed_epsilon_point, 4)}; "
             f"shift/sigma >= {numfmt.lower(self.ratio.ratio_lower, 4)}, point {numfmt.nearest(self.ratio.ratio, 4)})",
         ]
         if self.claimed_epsilon is not None:
-            lines.append(
-                f"claimed epsilon: {numfmt.upper(self.claimed_epsilon)}  ->  composed verdict: {self.composed_verdict}"
-            )
+            lines.append(f"claimed epsilon: {claimed}  ->  composed verdict: {self.composed_verdict}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -89,9 +89,13 @@ def describe(result: AuditResult) -> str:
             "warning: the estimate exceeds the claim; not a formal violation (exit 0 unless --fail-on-estimate)"
         )
     if result.design_too_small:
+        # as the summary above prints it, beside the one printed claim (numfmt.against): upper(m, 3) read "at most
+        # epsilon = 2.01 could be certified" under "claimed epsilon: 2.00995", a design that seemed large enough
+        most = numfmt.against(
+            result.claimed_epsilon, [result.epsilon_lower_bound], [result.max_certifiable_epsilon], digits=4
+        )[2][0]
         lines.append(
-            f"warning: the design is too small to refute the claim: at most epsilon = "
-            f"{numfmt.upper(result.max_certifiable_epsilon, 3)} could be certified"
+            f"warning: the design is too small to refute the claim: at most epsilon = {most} could be certified"
         )
     return "\n".join(lines)
 

@@ -48,7 +48,8 @@ def human_cloak(s: dict[str, Any]) -> str:
             f"accuracy   clean {rate(s['clean_accuracy'])}   cloaked {rate(s['cloaked_accuracy'])}   "
             f"loss {rate(s['accuracy_loss'])}",
             f"local DP   ε = {numfmt.upper(s['composed_epsilon'])} at δ = {numfmt.exact(s['delta'])} for one release "
-            f"(median feature ε = {numfmt.nearest(s['median_feature_epsilon'], 4)})",  # a median, not a bound
+            # the median feature's own ε (of a guarantee per feature): rounded up, as the report prints it
+            f"(median feature ε = {numfmt.upper(s['median_feature_epsilon'])})",
         ]
     )
 

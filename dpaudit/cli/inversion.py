@@ -196,7 +196,7 @@ def attribute(
     """
     from attacks.attribute import run_attribute
     from dpaudit.checkpoint import load_run
-    from dpaudit.report._format import rate
+    from dpaudit.report._format import num, rate
 
     path = target_run(run, checkpoint)
     result = run_attribute(load_run(path), feature, black_box=black_box, seed=seed)
@@ -209,8 +209,7 @@ def attribute(
              "group        n  accuracy  baseline  advantage"]  # fmt: skip
     for g in ("members", "nonmembers"):
         r = d[g]
-        lines.append(
-            f"{g:<10} {r['n']:>4}  {rate(r['accuracy']):>8}  {rate(r['baseline_accuracy']):>8}  {r['advantage']:>9.3f}"
-        )
+        acc, base = rate(r["accuracy"]), rate(r["baseline_accuracy"])
+        lines.append(f"{g:<10} {r['n']:>4}  {acc:>8}  {base:>8}  {num(r['advantage']):>9}")  # num: never "-0.000"
     lines.append(d["note"])
     emit({"checkpoint": str(path), **d}, "\n".join(lines), json_flag=json_output)

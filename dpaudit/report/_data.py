@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -87,38 +86,12 @@ def shown_against(claim: Any, bounds: Sequence[Any], uppers: Sequence[Any] = ())
     """A claimed ε (rounded up, :func:`dpaudit.numfmt.upper`), the ε lower bounds shown beside it (``bounds``,
     rounded down at :data:`BOUND_DIGITS`) and the upper bounds (``uppers``, "certifies at most", rounded up at
     BOUND_DIGITS), each with digits enough that it compares with the ONE printed claim as the computed numbers do
-    (as :func:`dpaudit.numfmt.ordered` does for a pair): a row or a plot never reads "ε ≥ 7.99 | claimed 7.99996 |
-    violation" for a bound of 7.999957 above a claim of 7.999954, nor "at most 8 | claimed 7.9995 | inconclusive".
-
-    The claim takes the most digits any pair needs (rounded up at more digits is smaller, and still ≥ the claim,
-    so each bound that printed above its pair's claim is above it); each bound then takes the fewest digits at
-    which it compares right (at most 17, where it prints its own round-trip decimal). None → ``numfmt.DASH``.
-    """
-    c = as_float(claim)
-    items = [(as_float(b), False) for b in bounds] + [(as_float(m), True) for m in uppers]
-
-    def show(x: float | None, up: bool, digits: int) -> str:
-        return (numfmt.upper if up else numfmt.lower)(x, min(digits, numfmt.MAX_DIGITS))
-
-    comparable = c is not None and math.isfinite(c)
-    digits = numfmt.CLAIM_DIGITS
-    for x, up in items:
-        if comparable and x is not None and math.isfinite(x):
-            pair = numfmt.ordered(x, c, left_digits=BOUND_DIGITS, left_up=up)[1]
-            digits = max(digits, len(Decimal(pair).as_tuple().digits))
-    claim_shown = numfmt.upper(c, digits)
-    shown = []
-    for x, up in items:
-        for extra in range(numfmt.MAX_DIGITS):
-            text = show(x, up, BOUND_DIGITS + extra)
-            if not (comparable and x is not None and math.isfinite(x)):
-                break
-            printed = Decimal(text) - Decimal(claim_shown)
-            if printed > 0 if x > c else (printed < 0 if x < c else printed <= 0):
-                break
-        shown.append(text)
-    n = len(bounds)
-    return claim_shown, shown[:n], shown[n:]
+    (:func:`dpaudit.numfmt.against`): a row or a plot never reads "ε ≥ 7.99 | claimed 7.99996 | violation" for a
+    bound of 7.999957 above a claim of 7.999954, nor "at most 8 | claimed 7.9995 | inconclusive". None →
+    ``numfmt.DASH``."""
+    return numfmt.against(
+        as_float(claim), [as_float(b) for b in bounds], [as_float(m) for m in uppers], digits=BOUND_DIGITS
+    )
 
 
 def summary_eps(model: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -126,7 +99,12 @@ def summary_eps(model: Mapping[str, Any]) -> tuple[str, str, str]:
     (the Markdown and HTML summary rows, the ε figure): :func:`shown_against` the model's claim (∞ without one)."""
     s = model["summary"]
     bounds = [s[kind]["epsilon_lower_bound"] if s[kind] else None for kind in ("formal", "estimate")]
-    claim, (formal, estimate), _ = shown_against(model["claim"]["epsilon"] if model["claim"] else math.inf, bounds)
+    # The formal audit's max certifiable ε is not in the row, but the headline beside it prints it against the claim
+    # (dpaudit.workflows.result.headline): counted here too, the row's claim reads as the headline's.
+    most = [s["formal"].get("max_certifiable_epsilon")] if s["formal"] else []
+    claim, (formal, estimate), _ = shown_against(
+        model["claim"]["epsilon"] if model["claim"] else math.inf, bounds, most
+    )
     return claim, formal, estimate
 
 

@@ -110,7 +110,10 @@ def num(x: Any, spec: str = ".3f") -> str:
         return "nan"
     if math.isinf(v):
         return "∞" if v > 0 else "−∞"
-    return format(v, spec)
+    # "z" (PEP 682): a zero, or a number that rounds to zero, prints without a sign. A loss attack's threshold of -0.0
+    # (a loss of 0, negated) read "-0" in the HTML audit table where `audit` printed "0", and an advantage of -0.0001
+    # read "-0.000".
+    return format(v, f"z{spec}" if spec.startswith(".") else spec)
 
 
 def bound_eps(x: Any) -> str:
@@ -163,6 +166,16 @@ def percent(x: Any, digits: int | None = None) -> str:
     if digits is None and "." in text:
         text = text.rstrip("0").rstrip(".")
     return f"{text}%"
+
+
+def rate_interval(ci: Any) -> str:
+    """A confidence interval on a rate (an audit's FPR or FNR, Clopper–Pearson) as percentages at 3 significant
+    digits, rounded outward (:func:`dpaudit.numfmt.percent_down` and :func:`~dpaudit.numfmt.percent_up`): the printed
+    interval contains the computed one. To nearest, [0.0345, 0.12344] printed [3.45%, 12.3%], an upper end below
+    the bound computed."""
+    if not ci:
+        return DASH
+    return f"[{numfmt.percent_down(ci[0], 3)}, {numfmt.percent_up(ci[1], 3)}]"
 
 
 def interval(ci: Any, spec: str = ".3f") -> str:
@@ -230,12 +243,15 @@ def _labelled(d: Mapping[str, Any], keys: tuple[tuple[str, str], ...]) -> list[s
 _SGD_KEYS = (("epochs", "epochs"), ("steps", "steps"), ("batch_size", "batch"), ("lr", "lr"), ("seed", "seed"))
 _DP_KEYS = (("noise_multiplier", "σ"), ("clip", "C"), ("sample_rate", "q"), ("sampling", "sampling"))
 _CONVEX_ALGOS = ("outpert", "outpert-gaussian", "objpert")  # closed-form learners (dpaudit.training.convex)
+_DPAGD_ALGOS = ("dpagd", "dpagd-huber")  # full-batch gradient descent (dpaudit.training.dpagd)
 
 
 def training_text(training: Mapping[str, Any]) -> str:
     """The training line in the algorithm's own terms: SGD settings for (DP-)SGD; teachers, shots, queries
     and the aggregator's noise for PATE / DP-ICL (whose student is post-processing of the answers); the L2
-    coefficient λ for the closed-form convex learners; steps and canaries for the user's own loop. An
+    coefficient λ for the closed-form convex learners; C, λ and the budget's splits for full-batch DP-AGD (the SGD
+    settings it never reads once read "dpagd, epochs 30, batch 64, lr 0.1, …, sampling poisson"); steps and canaries
+    for the user's own loop. An
     imported run (``dpaudit import``) says so, and that its recipe, if any, is the attacker's approximation."""
     if training.get("source") is not None:  # dpaudit.training.run.import_run
         imported = f"imported from {training['source']}"
@@ -262,6 +278,10 @@ def training_text(training: Mapping[str, Any]) -> str:
         return ", ".join(parts)
     if algo in _CONVEX_ALGOS:
         return ", ".join([algo, *_labelled(training, (("weight_decay", "λ (L2)"), ("seed", "seed")))])
+    if algo in _DPAGD_ALGOS:  # reads C_grad, λ and --steps (its "splits") only: no epochs, batches, lr or sampling
+        dp = _labelled(training.get("dp") or {}, (("clip", "C"),))
+        own = _labelled(training, (("weight_decay", "λ (L2)"), ("steps", "splits"), ("seed", "seed")))
+        return ", ".join([algo, *dp, *own])
     if algo == "own-loop":  # a saved gradient-canary audit (dpaudit.report.build.canary_run_entry)
         parts = [
             "your own training loop",
@@ -307,8 +327,10 @@ def claim_details(claim: Mapping[str, Any] | None) -> str:
         parts.append(f"claim check: {accounting['statement']}")
     dd = claim.get("data_dependent")  # PATE / DP-ICL (dpaudit/aggregation.py): beside the claim, never it
     if isinstance(dd, Mapping) and dd.get("epsilon") is not None:
-        # not itself private and not the claim: an estimate, rounded to nearest (dpaudit.numfmt.nearest)
-        parts.append(f"data-dependent ε = {numfmt.nearest(dd['epsilon'])} (not itself private, not the claim)")
+        # Not itself private and not the claim, but no estimate either: ε(δ) of the data-dependent RDP bound
+        # (dpaudit.aggregation.data_dependent_epsilon), an upper bound on this dataset's privacy loss, so rounded up
+        # (dpaudit.numfmt.upper) as every ε that bounds a loss from above is; to nearest, 2.8544449 printed 2.85444.
+        parts.append(f"data-dependent ε = {numfmt.upper(dd['epsilon'])} (not itself private, not the claim)")
     return ", ".join(parts)
 
 
@@ -387,7 +409,9 @@ def console_summary(report: Mapping[str, Any]) -> list[str]:
         headline = " ".join(str(m["summary"]["headline"]).split())
         if m["summary"].get("verdict") == "violation" and headline.startswith("violation"):
             headline = "VIOLATION" + headline.removeprefix("violation")
-        lines.append(f"{m['name']} (claimed ε {claim_text(m['claim'])}): {headline}")
+        # the claim as the summary row and the headline print it (summary_eps): upper(claim) alone read "claimed ε 2"
+        # before a headline reading "claimed 1.9999954" on the same line
+        lines.append(f"{m['name']} (claimed ε {claim_text(m['claim'], summary_eps(m)[0])}): {headline}")
     return lines
 
 
@@ -408,21 +432,33 @@ def scalar_results(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 def scalar_text(key: str, value: Any) -> str:
     """One of a family result's numbers (see :func:`scalar_results`) as the report prints it: an ε lower bound
-    rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) rounded up at claim precision, a
-    max certifiable ε rounded up, δ as given (dpaudit.numfmt); an integer (a count) exactly; any other number (an
-    estimate, a rate) ``.4g``, to nearest."""
+    rounded down, a claimed ε (``*claim*``, ``epsilon``, ``composed_epsilon``) and a guarantee's parameter (a cloak's
+    per-feature local-DP ε ``*_feature_epsilon`` and its GDP ``composed_mu``) rounded up at claim precision, a max
+    certifiable ε rounded up, δ as given (dpaudit.numfmt); a rate (an accuracy, a fidelity, :data:`_RATE_KEYS`) as a
+    percentage (:func:`rate`); an integer (a count) exactly; any other number (an estimate) ``.4g``, to nearest."""
     leaf = key.rpartition(".")[2]
     if "lower_bound" in leaf:
         return numfmt.lower(value, 4)
     if leaf == "delta":  # a parameter, as given (dpaudit.numfmt.exact): never rounded to another δ
         return numfmt.exact(value)
-    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon"):
+    # A cloak's per-feature ε (each feature a Gaussian mechanism, dpaudit.training.cloak.local_dp) and the μ of their
+    # GDP composition are its formal guarantee: ``.4g`` printed a max_feature_epsilon of 22544.5 as 2.254e+04.
+    if "claim" in leaf or leaf in ("epsilon", "composed_epsilon", "composed_mu") or leaf.endswith("_feature_epsilon"):
         return numfmt.upper(value)
     if leaf.startswith("max_certifiable"):
         return numfmt.upper(value, 4)
+    if leaf.endswith("accuracy") or leaf.startswith("fidelity") or leaf in _RATE_KEYS:
+        return rate(value)  # "how often": a percentage, as the utility table and the attack commands print it
     if isinstance(value, int):  # a count (records, permutations) is exact: .4g printed 40000 as "4e+04"
         return str(value)
     return num(value, ".4g")
+
+
+# A family result's fractions that mean "how often" (besides *accuracy and fidelity*): printed as percentages by
+# :func:`rate`, as `dpaudit train --algo cloak` prints them; ``.4g`` showed the cloak's suppression_ratio 0.7627 and
+# accuracy_loss 0.2429 beside the CLI's "suppressed 76.3%" and "loss 24.3%", and an extraction's target_accuracy 0.922
+# below a utility table reading 92.2%.
+_RATE_KEYS = ("accuracy_loss", "suppression_ratio", "positive_rate")
 
 
 NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")

@@ -200,12 +200,10 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
                 _e(f"{a['source']['family']} / {a['source']['attack']}"),
                 _e(f"{a['method']}, {F.percent(a['confidence'])}"),
                 *map(_e, F.audit_eps(a)),
-                _e(F.rate(op["fpr"]))
-                + f"<br><small>[{_e(F.rate(op['fpr_interval'][0]))}, {_e(F.rate(op['fpr_interval'][1]))}]</small>"
+                _e(F.rate(op["fpr"])) + f"<br><small>{_e(F.rate_interval(op['fpr_interval']))}</small>"
                 if op
                 else F.DASH,
-                _e(F.rate(op["fnr"]))
-                + f"<br><small>[{_e(F.rate(op['fnr_interval'][0]))}, {_e(F.rate(op['fnr_interval'][1]))}]</small>"
+                _e(F.rate(op["fnr"])) + f"<br><small>{_e(F.rate_interval(op['fnr_interval']))}</small>"
                 if op
                 else F.DASH,
                 _e(F.num(a.get("threshold"), ".4g"))
@@ -314,8 +312,10 @@ def render_html(report: Mapping[str, Any]) -> str:
         _figure(
             plots.png(lambda: plots.epsilon_figure(report)),
             "Claimed ε against the empirical lower bound per model",
-            "Diamond: claimed ε (∞ without a claim). Arrow: the strongest formal lower bound (grey: no formal "
-            "audit, the strongest estimate), pointing up because the true ε is at least that; colour = verdict; "
+            "Diamond: claimed ε (∞ without a claim). Arrow: the strongest formal lower bound (grey: no formal ε "
+            "bound, the strongest estimate; a verdict from a formal test that bounds no ε, such as a refuted "
+            "claimed curve or the noise check, is in the table), pointing up because the true ε is at least that; "
+            "colour = verdict; "
             "a bound of 0 (nothing shown) is a hollow circle. Each bound names its threat model: a white-box bound "
             "and a black-box one are not comparable. Grey bars: the largest ε each audit could have certified.",
         ),

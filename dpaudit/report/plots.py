@@ -287,7 +287,7 @@ def epsilon_figure(report: Mapping[str, Any]) -> Figure | None:
         "formal": Line2D(
             [], [], color="#555555", lw=2.2, marker=">", label="formal lower bound (ε ≥ …), verdict colour"
         ),
-        "estimate": Line2D([], [], color="#9e9e9e", lw=2.2, marker=">", label="estimate (no formal audit)"),
+        "estimate": Line2D([], [], color="#9e9e9e", lw=2.2, marker=">", label="estimate (no formal ε bound)"),
         "zero": Line2D([], [], marker="o", mfc="white", mec="#555555", ls="none", label="bound ε ≥ 0 (nothing shown)"),
         "tested": Line2D([], [], marker="D", mfc="white", mec="black", ls="none", label="ε tested by an audit"),
         "cert": Line2D([], [], color="#9e9e9e", lw=1, marker="|", ls="none", ms=10, label="largest certifiable ε"),

@@ -78,13 +78,19 @@ def _num(x: Any) -> float | None:
     return None if x is None else float(x)  # the report spells ∞ as "inf"; float() reads it back
 
 
-def _shown(x: float | None, claim: float | None, *, up: bool = False) -> tuple[str, str]:
-    """A bound (``up``: an upper bound such as "certifies at most", else a lower bound) and a claim as the
-    headline prints them (dpaudit.numfmt: bounds at 3 significant digits, rounded down or up; claims at 6,
-    rounded up; more digits where needed for the printed pair to compare as the numbers do); "?" if missing."""
-    if x is None or claim is None:
-        return (numfmt.upper if up else numfmt.lower)(x, 3, missing="?"), numfmt.upper(claim, missing="?")
-    return numfmt.ordered(x, claim, left_up=up)
+def _shown(
+    claim: float | None, lowers: Sequence[float | None], uppers: Sequence[float | None] = ()
+) -> tuple[str, list[str], list[str]]:
+    """A claim and the bounds the headline prints beside it (lower bounds rounded down, upper bounds such as
+    "certifies at most" rounded up, at 3 significant digits; the claim rounded up at 6): the claim printed ONCE,
+    and every bound with digits enough to compare with that one printed claim as the numbers do
+    (:func:`dpaudit.numfmt.against`), so the formal part and the estimate part of one headline never read
+    "claimed 2 …; estimate ε ≥ 1.999996 exceeds the claim"; "?" for a missing number."""
+    if claim is None:
+        return "?", [numfmt.lower(x, 3, missing="?") for x in lowers], [numfmt.upper(x, 3, missing="?") for x in uppers]
+    claimed, lo, up = numfmt.against(claim, lowers, uppers, digits=3)
+    fix = lambda xs, texts: ["?" if x is None else t for x, t in zip(xs, texts, strict=True)]  # noqa: E731
+    return claimed, fix(lowers, lo), fix(uppers, up)
 
 
 def _pick(audits: Sequence[Mapping[str, Any]], formal: bool) -> tuple[int, Mapping[str, Any]] | None:
@@ -164,6 +170,15 @@ def headline(
     e = _pick(audits, formal=False)
     formal = _digest(*f) if f else None
     estimate = _digest(*e) if e else None
+    c = ce = None  # the ε each is read against: its own claimed ε, else the model's
+    if formal is not None:
+        c = _num(formal["claimed_epsilon"])
+        c = _num(claim["epsilon"]) if c is None and claim is not None else c
+    if estimate is not None:
+        ce = _num(estimate["claimed_epsilon"])
+        ce = _num(claim["epsilon"]) if ce is None and claim is not None else ce
+    eb = None if estimate is None else _num(estimate["epsilon_lower_bound"])
+    estimate_shown: str | None = None
     parts = []
     # Formal tests that bound no ε: refutation tests of the claimed curve (e.g. the per-step audit of canaries
     # with a fresh coin per step, against ONE step's curve) and checks of the claimed mechanism (the noise check).
@@ -182,9 +197,6 @@ def headline(
             f"formal, {formal['attack']}, {formal['method']}, {formal['threat_model']}, "
             f"{numfmt.percent_down(formal['confidence'])} confidence"
         )
-        c = _num(formal["claimed_epsilon"])
-        if c is None and claim is not None:
-            c = _num(claim["epsilon"])
         if c is None:
             parts.append(
                 f"leaks: ε ≥ {numfmt.lower(b, missing='?')} shown ({how})"
@@ -193,17 +205,18 @@ def headline(
             )
         else:
             v = formal["verdict"]
-            bound, claimed = _shown(b, c)
+            # One printed claim for every bound beside it, the estimate's too when it is read against the same ε.
+            same = estimate is not None and ce == c
+            claimed, (bound, *est), (most,) = _shown(c, [b, eb] if same else [b], [m])
+            if same:
+                estimate_shown = est[0]
             if v == "violation":
                 parts.append(f"violation: ε ≥ {bound} > claimed {claimed} ({how})")
             elif v == "consistent":
-                most = numfmt.upper(m, 3, missing="?")
                 parts.append(f"consistent: ε ≥ {bound} ≤ claimed {claimed} ({how}; could certify up to {most})")
             else:
-                most, claimed = _shown(m, c, up=True)
                 parts.append(
-                    f"inconclusive: ε ≥ {numfmt.lower(b, missing='?')}; this design certifies at most {most} ≤ "
-                    f"claimed {claimed} ({how})"
+                    f"inconclusive: ε ≥ {bound}; this design certifies at most {most} ≤ claimed {claimed} ({how})"
                 )
     verdict = formal["verdict"] if formal else None
     if verdict is None and claim is not None and (curve_tests or formal_checks):
@@ -228,13 +241,11 @@ def headline(
         )
     estimate_verdict = estimate["verdict"] if estimate else None
     if estimate is not None:
-        ce = _num(estimate["claimed_epsilon"])
-        if ce is None and claim is not None:
-            ce = _num(claim["epsilon"])
         # Beside its claim, with digits enough to compare as computed: "exceeds the claim" never follows a bound
-        # printed below it (7.99 for 7.999957 > 7.999954).
-        eb = _shown(_num(estimate["epsilon_lower_bound"]), ce)[0]
-        what = f"estimate ε ≥ {eb} ({estimate['attack']}, {estimate['method']})"
+        # printed below it (7.99 for 7.999957 > 7.999954), nor a claim printed above it.
+        if estimate_shown is None:
+            estimate_shown = _shown(ce, [eb])[1][0]
+        what = f"estimate ε ≥ {estimate_shown} ({estimate['attack']}, {estimate['method']})"
         if estimate["verdict"] == "estimate-exceeds-claim":
             what += " exceeds the claim — an estimate, not a formal violation"
         parts.append(what)
@@ -242,7 +253,7 @@ def headline(
         composed = [a for a in curve_tests if (a.get("details") or {}).get("composed_epsilon_estimate") is not None]
         if composed:
             d = composed[0]["details"]
-            est, claimed = _shown(_num(d["composed_epsilon_estimate"]), _num(d.get("composed_claimed_epsilon")))
+            claimed, (est,), _ = _shown(_num(d.get("composed_claimed_epsilon")), [_num(d["composed_epsilon_estimate"])])
             what = (
                 f"estimate ε ≥ {est} composed over all steps vs claimed {claimed} "
                 f"({d.get('composed_label', 'estimate')})"

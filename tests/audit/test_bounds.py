@@ -503,3 +503,31 @@ def test_a_gdp_lower_bound_never_exceeds_a_claim_at_the_exact_epsilon_of_its_mu(
     claim = claim if claim >= hi else math.nextafter(claim, math.inf)
     res = audit_scores(scores, member, claimed_epsilon=claim, **kw)
     assert res.epsilon_lower_bound <= claim and res.verdict != "estimate-exceeds-claim"
+
+
+@pytest.mark.parametrize(("most", "claim"), [(1.9995, 2.0), (2.0099, 2.00995), (7.99995, 7.999954)])
+def test_summary_prints_an_inconclusive_max_certifiable_at_or_below_the_claim(most, claim):
+    """An inconclusive audit's claim is at or above the max certifiable ε: its summary (what `audit scores`,
+    `audit checkpoint` and `audit train` print) and the CLI's too-small warning never print the max certifiable ε
+    above the claim or equal-looking to a claim it is below. Before: "max certifiable epsilon: 8 ... claimed
+    epsilon: 7.99996 -> verdict: inconclusive", "2 ... 2", and "at most epsilon = 2.01 could be certified" under
+    "claimed epsilon: 2.00995"."""
+    import dataclasses
+    import re
+    from decimal import Decimal
+
+    from dpaudit.cli.audit import describe
+
+    res = dataclasses.replace(
+        audit_scores(S, M, claimed_epsilon=1.0),
+        max_certifiable_epsilon=most,
+        claimed_epsilon=claim,
+        verdict="inconclusive",
+    )
+    assert res.verdict is not None and res.design_too_small
+    text = describe(res)
+    m = Decimal(re.search(r"max certifiable epsilon \(perfect attack, same design\): (\S+)", text).group(1))
+    c = Decimal(re.search(r"claimed epsilon: (\S+) ", text).group(1))
+    w = Decimal(re.search(r"at most epsilon = (\S+) could be certified", text).group(1))
+    # rounded up: at or above the number, or its own short decimal (dpaudit.numfmt's stated exception)
+    assert m < c and m == w and float(m) >= most and float(c) >= claim, text

@@ -250,3 +250,21 @@ def test_the_cross_group_test_rejects_at_its_level_and_not_above(factor, verdict
                         cross_counts=np.full((2, 2), k))  # fmt: skip
     assert check.variance_p_value > alpha and check.independence_p_value > alpha / 4
     assert check.verdict == verdict
+
+
+def test_the_cli_summary_prints_a_groups_bounds_as_the_report_does():
+    """The noise check's summary (what `dpaudit audit canaries` and `audit train --trainer` print) rounds a group's
+    upper bound on noise std / σC up, with digits enough to compare with 1 as it does, and the ratio it resolves
+    down, as the report's noise table does (dpaudit.report._format.noise_rows). Before, ``.4g`` printed a rejected
+    group's upper bound 0.99996 as "upper bound 1" (the group is rejected exactly when it is below 1) while the
+    report printed 0.99996, and a resolvable ratio of 0.77777 as 0.7778 (more power than it has; report 0.7777)."""
+    from dpaudit.audit.noise import GroupVariance, NoiseCheck
+    from dpaudit.report._format import noise_rows
+
+    group = GroupVariance(name="w", dof=10, ratio=0.5, ratio_upper=0.99996, p_value=0.01, resolvable_ratio=0.77777)
+    check = NoiseCheck(noise_std=1.0, alpha=0.05, groups=(group,), variance_p_value=0.01,
+                       independence_p_value=None, verdict="violation")  # fmt: skip
+    line = next(ln for ln in check.summary().splitlines() if ln.startswith("  w:"))
+    (row,) = noise_rows(check.to_dict())
+    assert f"upper bound {row[3]})" in line and row[3] == "0.99996", line
+    assert line.endswith(f"resolves ratios <= {row[5]}") and row[5] == "0.7777", line

@@ -518,3 +518,22 @@ def test_the_leak_a_refusal_names_is_the_smallest_the_most_powerful_test_detects
     rr = hypothesised_leak(family="randomized-response", epsilon=1.01)
     got = _leak_needed(claim, rr, n, power, method="clopper-pearson", confidence=0.95)
     assert got == pytest.approx(hi, rel=1e-6)
+
+
+def test_the_summary_prints_the_perfect_attacks_max_certifiable_above_the_claim():
+    """The perfect-attack size is the smallest whose max certifiable ε is above the claim; the summary prints the
+    two so that they read so (dpaudit.numfmt.against). Rounded up each on its own, a claim of 1.9999951 and a max
+    certifiable 1.9999952 both read "2". The hypothesised leak's δ prints as given (":g" read 1/70000 as
+    1.42857e-05)."""
+    import dataclasses
+    import re
+    from decimal import Decimal
+
+    plan = plan_design(2.0, true_epsilon=6.0, family="randomized-response", simulations=20)
+    plan = dataclasses.replace(plan, target_epsilon=1.9999951, max_certifiable_epsilon=1.9999952)
+    text = plan.summary()
+    claim = Decimal(re.search(r"needed to refute epsilon = (\S+) with", text).group(1))
+    most = Decimal(re.search(r"max certifiable epsilon there (\S+)\)", text).group(1))
+    assert most > claim and float(claim) >= 1.9999951, text
+    leak = {**plan.leak, "family": "gaussian", "mu": 1.0, "delta": 1 / 70000}
+    assert "at delta 1.4285714285714285e-05)" in dataclasses.replace(plan, leak=leak).summary()

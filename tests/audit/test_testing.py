@@ -393,11 +393,16 @@ def test_the_pilot_rank_check_matches_the_rank_of_the_pilots_covariance():
 def test_a_failure_names_an_estimate_as_an_estimate_and_a_formal_bound_as_formal():
     """assert_dp's first line says which it is: "(estimate, gdp, ..." for the gdp method (an estimate is never
     shown as a formal bound) and "(formal lower bound, clopper-pearson, ..." for the formal one. The existing
-    failure tests matched only the numbers, so the label swapped survived them."""
+    failure tests matched only the numbers, so the label swapped survived them. An estimate's message began
+    "mechanism is not (0.5, 1e-05)-DP", a formal verdict's words; it now says it is estimated."""
     kw = {"epsilon": 0.5, "delta": DELTA, "trials": 200, "require_power": False, "direction": "greater"}
-    for method, kind in (("gdp", "estimate"), ("clopper-pearson", "formal lower bound")):
+    for method, kind, what in (
+        ("gdp", "estimate", "is estimated not to be"),
+        ("clopper-pearson", "formal lower bound", "is not"),
+    ):
         with pytest.raises(AssertionError) as e:
             assert_dp(laplace_sum(0.1), D, D_PRIME, method=method, **kw)
         first = str(e.value).splitlines()[0]
-        assert first.startswith("mechanism is not (0.5, 1e-05)-DP: epsilon lower bound "), first
+        # an estimate's first words never state a refutation ("mechanism is not ...-DP" read as formal)
+        assert first.startswith(f"mechanism {what} (0.5, 1e-05)-DP: epsilon lower bound "), first
         assert f"> claimed epsilon 0.5 ({kind}, {method}, confidence 0.95)" in first, first

@@ -229,3 +229,21 @@ def test_the_full_batch_composed_estimate_is_rounded_down():
         mu = math.sqrt(T) * ratio
         lo, _ = _mp_bisect(lambda e, mu=mu: DELTA - _mp_gdp_delta(mu, e), 0.0, 200.0)
         assert composed_epsilon(ratio, 1.0, T, DELTA) <= lo
+
+
+def test_summary_prints_the_composed_estimate_beside_its_claim_in_order():
+    """The composed estimate and the claim its verdict compares it with print in the order computed
+    (dpaudit.numfmt.against). Before: "epsilon >= 7.999 ... claimed epsilon: 7.99996 -> composed verdict:
+    estimate-exceeds-claim" for an estimate of 7.999957 above a claim of 7.999954."""
+    import dataclasses
+    import re
+    from decimal import Decimal
+
+    o, c = _run(np.random.default_rng(11), 40, 1.0, 1.0)
+    r = audit_steps(o, c, sample_rate=1.0, noise_multiplier=1.0, delta=DELTA, claimed_epsilon=8.0)
+    for est, verdict in ((7.999957, "estimate-exceeds-claim"), (7.999951, "consistent")):
+        r = dataclasses.replace(r, composed_epsilon_estimate=est, claimed_epsilon=7.999954, composed_verdict=verdict)
+        text = r.summary()
+        e = Decimal(re.search(r"\(b\) composed over .*: epsilon >= (\S+) ", text).group(1))
+        claimed = Decimal(re.search(r"claimed epsilon: (\S+)  ->  composed verdict: " + verdict, text).group(1))
+        assert (e > claimed) is (verdict == "estimate-exceeds-claim") and e <= Decimal(est), text

@@ -134,6 +134,25 @@ def test_ordered_prints_the_order_computed(pair, left_up, left_digits):
     assert Decimal(sb) >= Decimal(b) or float(sb) == b
 
 
+@settings(max_examples=150, deadline=None)
+@given(_neighbours(), st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=1, max_size=4))
+def test_against_prints_every_bound_in_order_with_one_claim(pair, steps):
+    """:func:`numfmt.against`: several bounds beside ONE printed claim, each compares with it as computed (an equal
+    bound may print below it), each rounded in its own direction. Planted: each bound ordered with the claim on
+    its own (the claim printed at the first pair's digits) prints "claimed 2" beside an estimate 1.999996 above
+    1.9999954."""
+    claim = pair[1]
+    xs = [(_step(pair[0], n), up) for n, up in steps]
+    c, lows, ups = numfmt.against(claim, [x for x, up in xs if not up], [x for x, up in xs if up])
+    assert Decimal(c) >= Decimal(claim) or float(c) == claim
+    for (x, up), text in zip([p for p in xs if not p[1]] + [p for p in xs if p[1]], lows + ups, strict=True):
+        shown = _order(Decimal(text), Decimal(c))
+        assert shown == _order(x, claim) or (x == claim and shown < 0), (x, claim, text, c)
+        assert (Decimal(text) >= Decimal(x) if up else Decimal(text) <= Decimal(x)) or float(text) == x
+    assert numfmt.against(1.9999954, [0.5, 1.999996]) == ("1.9999954", ["0.5", "1.999996"], [])
+    assert numfmt.against(None, [4.8151], [7.999954]) == ("—", ["4.81"], ["8"])  # no claim: each on its own
+
+
 def test_ordered_examples():
     """The brief's example, and a line that keeps its digits when rounding already shows the order."""
     assert ordered(8.00001, 8.0) == ("8.00001", "8")

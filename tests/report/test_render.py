@@ -138,6 +138,6 @@ def test_later_families_are_rendered_generically(report, family):
     m = dict(report["models"][1])
     m["attacks"] = {**m["attacks"], family: [{"attack": "demo-attack", "fidelity": 0.25}]}
     r = build_report([m], title="t")
-    assert "demo-attack: fidelity 0.25" in render_markdown(r)
+    assert "demo-attack: fidelity 25.0%" in render_markdown(r)  # a rate, as a percentage (_format.scalar_text)
     if family == "inversion":  # one HTML rendering is enough
         assert "<h4>Model inversion attacks</h4><h4>demo-attack</h4>" in render_html(r)

@@ -260,6 +260,11 @@ def test_one_rounding_of_the_claim(report):
         ),
         ({"algo": "objpert", "epochs": 1, "batch_size": 64, "lr": 0.1, "weight_decay": 0.1, "seed": 0},
          ["objpert", "λ (L2) 0.1"], ["epochs", "lr", "batch"]),
+        # DP-AGD is full-batch gradient descent: it reads C, λ and --steps (its splits), not the SGD settings its
+        # run records; the report read "dpagd, epochs 30, batch 64, lr 0.1, seed 0, C 1.0, sampling poisson".
+        ({"algo": "dpagd", "epochs": 30, "batch_size": 64, "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0,
+          "seed": 0, "steps": 40, "dp": {"clip": 1.0, "sampling": "poisson", "noise_multiplier": None}},
+         ["dpagd", "C 1.0", "λ (L2) 0.0", "splits 40", "seed 0"], ["epochs", "lr", "batch", "sampling"]),
     ],
 )  # fmt: skip
 def test_training_lines_speak_the_algorithms_terms(training, shown, hidden):
@@ -277,3 +282,19 @@ def test_formal_bounds_are_drawn_even_without_an_operating_point(report):
     assert all(b["drawn"] == (b["epsilon_lower_bound"] > 0) for b in bounds)
     assert math.isfinite(bounds[0]["epsilon_lower_bound"])
     assert plots.tradeoff_figure(model, plots.attack_colors(report)) is not None
+
+
+def test_the_epsilon_figure_never_says_no_formal_audit_beside_a_formal_curve_refutation(report):
+    """A model whose verdict comes from a formal test that bounds no ε (a refuted claimed curve) has only an estimate
+    to draw on the ε figure: its legend read "estimate (no formal audit)" under a headline and badge saying the
+    claimed curve was formally refuted. It now says what is missing: a formal ε bound."""
+    m = copy.deepcopy(report["models"][1])
+    for a in m["audits"]:
+        if a["formal"]:
+            a.update(formal=False, verdict="curve-refuted", refutation={"statement": "the claimed curve is refuted"})
+        else:
+            a["epsilon_lower_bound"] = 0.5
+    rebuilt = build_report([m], title="t", config=report["run"]["config"])
+    assert rebuilt["models"][0]["summary"]["verdict"] == "curve-refuted"
+    legend = [t.get_text() for t in plots.epsilon_figure(rebuilt).legends[0].get_texts()]
+    assert "estimate (no formal ε bound)" in legend and not any("no formal audit" in t for t in legend), legend
