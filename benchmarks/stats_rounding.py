@@ -72,6 +72,92 @@ def exact_lower(k: int, n: int, alpha: float, x: float) -> mp.mpf:
     return x - (tail_ge(k, n, x) - mp.mpf(alpha)) / beta_pdf(x, k, n - k + 1)
 
 
+def exact_log_p_value(m: int, r: int, v: int, eps: float, delta: float) -> mp.mpf:
+    """ln of the one-run p-value β + 2mδ·max_i S_i/i (dpaudit.audit.one_run._log_p_value) at 50 digits,
+    q = e^ε/(1 + e^ε) exactly for the float ε, all terms within 40 sd of the mean summed (the rest is below
+    1e-300 relative)."""
+    q = 1 / (1 + mp.exp(-mp.mpf(eps)))
+    lq, l1q, lgr = mp.log(q), mp.log1p(-q), mp.loggamma(r + 1)
+
+    def pmf(j):
+        return mp.exp(lgr - mp.loggamma(j + 1) - mp.loggamma(r - j + 1) + j * lq + (r - j) * l1q)
+
+    sd = mp.sqrt(r * q * (1 - q))
+    lo, hi = max(0, min(v, int(r * q - 40 * sd - 50))), min(r, max(v, int(r * q + 40 * sd + 50)))
+    beta = mp.fsum(pmf(j) for j in range(v, hi + 1))
+    best, s = mp.mpf(0), mp.mpf(0)
+    for i in range(1, v - lo + 1):
+        s += pmf(v - i)
+        best = max(best, s / i)
+    return min(mp.mpf(0), mp.log(beta + 2 * m * mp.mpf(delta) * best))
+
+
+def one_run_p_values() -> None:
+    """Worst amount by which dpaudit's float log p-value of the one-run test falls BELOW the exact one (unsafe: a
+    crossing p = α found in floats can have exact p > α), in units of 2^-52·(ln Γ(r + 1) + r + 4)."""
+    from scipy.special import expit, gammaln
+
+    from dpaudit.audit.one_run import _log_p_value
+
+    worst, where = -math.inf, None
+    for m in (100, 1000, 10_000):
+        for r in sorted({m, m // 2, m // 4, m // 16}):
+            for frac in (0.55, 0.7, 0.9, 0.99, 1.0):
+                v = max(1, min(r, round(frac * r)))
+                for delta in (1e-8, 1e-5, 1e-3):
+                    for eps in (0.1, 0.5, 1.0, 2.0, 4.0, 8.0):
+                        if r * expit(eps) > v:
+                            continue
+                        c = _log_p_value(m, r, v, eps, delta)
+                        if c in (0.0, -math.inf):
+                            continue
+                        err = float((exact_log_p_value(m, r, v, eps, delta) - c) / ((gammaln(r + 1.0) + r + 4) * U))
+                        if err > worst:
+                            worst, where = err, (m, r, v, eps, delta)
+    print(
+        f"one-run log p-value: worst shortfall {worst:.4f} x (lnGamma(r + 1) + r + 4) ulps"
+        f" at (m, r, v, eps, delta)={where}"
+    )
+
+
+def scan_small_k() -> None:
+    """scipy's own Clopper–Pearson error per trial (small k and a few random k, n from 30 to 1e8): the envelope
+    that stats._CP_ULPS_PER_TRIAL covers. Printed: the worst unsafe error divided by n, in ulps."""
+    rng = np.random.default_rng(1)
+    worst, where = -math.inf, None
+    for n in (
+        30,
+        60,
+        100,
+        150,
+        200,
+        250,
+        333,
+        400,
+        500,
+        700,
+        2000,
+        30_000,
+        300_000,
+        3_000_000,
+        10**7,
+        3 * 10**7,
+        10**8,
+    ):
+        ks = {0, 1, 2, 3, 5, 8} | {int(x) for x in rng.integers(0, min(n, 60), 3)}
+        ks |= {int(x) for x in rng.integers(0, n, 2 if n < 1e6 else 0)}
+        for k in sorted(kk for kk in ks if kk < n):
+            for a in (1e-12, 1e-8, 1e-5, 1e-3, 0.01, 0.05, 0.2, 0.5):
+                x = float(special.betainccinv(k + 1.0, n - k, a))
+                errs = [float((exact_upper(k, n, a, x) - x) / (x * U))]
+                y = float(special.betaincinv(float(k), n - k + 1.0, a)) if k > 0 else 0.0
+                if 0.0 < y < 1.0:
+                    errs.append(float((y - exact_lower(k, n, a, y)) / (y * U)))
+                if max(errs) / n > worst:
+                    worst, where = max(errs) / n, (k, n, a)
+    print(f"scipy Clopper-Pearson, small-k scan: worst unsafe error {worst:.3f} x n ulps at (k, n, alpha)={where}")
+
+
 def points(rng):
     alphas = [1e-12, 1e-9, 1e-6, 1e-4, 2.5e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 0.05 / 20, 0.05 / 1000, 0.05 / 60, 0.01 / 7]
     out = []
@@ -173,6 +259,8 @@ def main() -> int:
         if err > worst_l:
             worst_l, where_l = err, (k, n, a)
     print(f"one_run_pure_epsilon (logit): worst unsafe error {worst_l:.3f} x (|eps| + 1) ulps at {where_l}")
+    one_run_p_values()
+    scan_small_k()
     return 0
 
 
