@@ -203,6 +203,14 @@ def test_a_bound_found_to_full_precision_has_exact_p_value_at_most_alpha(m, r, v
     assert e > 0 and p_value_mpmath(m, r, v, e, delta) <= a
 
 
+def test_a_negligible_delta_term_gives_the_rounded_down_pure_bound_without_a_root_search():
+    # δ = 1e-30: p(ε) = β(ε) to float precision, and the pure bound (rounded down with the Clopper–Pearson limit)
+    # already has p below the margined α, so there is no sign change for Brent's method (which raised before).
+    m, r, v, delta, a = 1000, 500, 480, 1e-30, 0.05
+    e = one_run_epsilon_lower_bound(m, r, v, delta, a)
+    assert e == float(one_run_pure_epsilon(r, v, a)) > 0 and p_value_mpmath(m, r, v, e, delta) <= a
+
+
 def test_best_bound_over_pairs_is_the_maximum_over_every_pair():
     # The early stop (pure-DP bound ≤ best so far) may skip only pairs that cannot win: the result is the
     # brute-force maximum of the per-pair bound, and the reported index attains it.
