@@ -5,7 +5,8 @@ x* = x − (T(x) − α)/T'(x) with T the binomial tail summed term by term at 5
 for the ~1e-13 relative errors seen). Reported: the worst error in the UNSAFE direction (upper limit below x*, lower
 limit above x*) in units of x·2^-52, and likewise for the ε / μ lower bounds (in units of the margin's scale).
 Run with ``raw=1`` in the environment to measure scipy's values (the unmargined functions); by default the shipped
-functions are measured, and every unsafe error must then be ≤ 0.
+functions are measured, and every unsafe error must then be ≤ 0. The last two lines are always scipy's / the float
+p-value's own error (the one-run margin is applied by the caller, one_run_epsilon_lower_bound).
 
     PYTHONPATH=$PWD nice python benchmarks/stats_rounding.py
 """
