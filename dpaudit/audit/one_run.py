@@ -116,7 +116,11 @@ def one_run_pure_epsilon(r, v, alpha):
 
     P[Binomial(r, q_ε) ≥ v] increases in ε, so the largest ε with p-value ≤ α has q_ε equal to the
     Clopper–Pearson lower bound on the guess accuracy: ε = logit(q_lb) (Steinke et al. 2023,
-    Theorem 3.1 with δ = 0). It upper-bounds the δ > 0 bound, whose p-value is larger.
+    Theorem 3.1 with δ = 0). It upper-bounds the δ > 0 bound, whose p-value is larger. Rounded down without
+    a margin of its own: q_lb is lowered by ≥ 80 ulps relative (:func:`clopper_pearson_lower`, ≥ 12 times its
+    error), which lowers ε by ≥ 160·2^-52 (d logit/dq = 1/(q(1 − q)) ≥ 4, q > 1/2), while scipy's logit was within
+    0.45·(|ε| + 1) ≤ 17 ulps of 50-digit mpmath for q in (1/2, 1) (benchmarks/stats_rounding.py;
+    tests/audit/test_stats.py checks the composition).
     """
     q_lb = clopper_pearson_lower(v, r, alpha)
     with np.errstate(divide="ignore"):
@@ -133,7 +137,7 @@ def one_run_epsilon_lower_bound(m: int, r: int, v: int, delta: float, alpha: flo
     any returned ε with p(ε) ≤ alpha and ε > ε* makes p̂(ε*) ≤ alpha. Hence every crossing of the
     p-value with alpha is a valid bound, whether or not the δ term makes p monotone in ε. The crossing
     is found by Brent's method between 0 and the pure-DP bound (where p ≥ β = alpha) and the returned
-    point is checked to satisfy p ≤ alpha.
+    point is checked to satisfy p ≤ alpha, with alpha lowered by the float p-value's error bound.
     """
     m, r, v = _check_guess_counts(m, r, v)
     delta = check_in_interval(0.0, 1.0, lo_open=False, hi_open=False, delta=delta)
@@ -141,7 +145,10 @@ def one_run_epsilon_lower_bound(m: int, r: int, v: int, delta: float, alpha: flo
     if r <= 0 or v <= 0:
         return 0.0
     hi = float(one_run_pure_epsilon(r, v, alpha))
-    log_a = math.log(alpha)
+    # The float log p-value (log-gamma terms of size ln Γ(r + 1), bdtrc) fell up to 0.97·2^-52·(ln Γ(r + 1) + r + 4)
+    # below 50-digit mpmath (benchmarks/stats_rounding.py, m up to 1e4, δ 1e-8..1e-3): the crossing is taken at
+    # α lowered by 16 times that, so that p ≤ α holds for the exact p-value at the returned ε, not only the float one.
+    log_a = math.log(alpha) - 16.0 * 2.0**-52 * (math.lgamma(r + 1.0) + r + 4.0)
     if hi <= 0.0 or _log_p_value(m, r, v, 0.0, delta) > log_a:
         return 0.0
     if delta <= 0.0:
@@ -150,7 +157,11 @@ def one_run_epsilon_lower_bound(m: int, r: int, v: int, delta: float, alpha: flo
     def f(e: float) -> float:
         return _log_p_value(m, r, v, e, delta) - log_a
 
-    # f(0) <= 0 < f(hi) (p(hi) >= β(hi) = alpha): Brent's method finds a crossing in a few evaluations.
+    # f(0) <= 0 < f(hi) (p(hi) >= β(hi) = alpha): Brent's method finds a crossing in a few evaluations. hi is
+    # rounded down (one_run_pure_epsilon), so f(hi) <= 0 can happen when the δ term is negligible: then hi itself
+    # has p <= alpha and is a valid bound (see above).
+    if f(hi) <= 0.0:
+        return hi
     x = float(optimize.brentq(f, 0.0, hi, xtol=0.25 * tol * max(1.0, hi), maxiter=200))
     step = tol * max(1.0, x)
     while x > 0.0 and f(x) > 0.0:  # Brent may land just past the crossing: step back inside it

@@ -12,6 +12,22 @@ from scipy import special
 
 from dpaudit.errors import InputError
 
+_ULP = 2.0**-52
+# Relative margin of the Clopper–Pearson limits, per trial: scipy's betainccinv / betaincinv (Boost's inverse incomplete
+# beta) return the quantile to nearest only for small n; against 50-digit mpmath (one Newton step on the binomial tail
+# summed term by term) at 1630 (k, n, α) points plus a scan of small k, n from 1 to 1e8, α from 1e-12 to 0.5 incl.
+# Bonferroni-divided, the error on the unsafe side was at most 1.33·n ulps (40 ulps at k = 15, n = 30, α = 1e-12 for the
+# lower limit; 5.0e5 ulps = 1.1e-10 relative at k = 1, n = 1e7, α = 0.05 for the upper), never a fixed few ulps
+# (benchmarks/stats_rounding.py; benchmarks/RESULTS.md, "Bug hunt: formal audit bounds rounded in the safe direction").
+# The margin is 16·(n + 4) ulps, over 12 times that envelope: 3.6e-8 relative at n = 1e7, far inside the statistical
+# width of the interval.
+_CP_ULPS_PER_TRIAL = 16.0
+
+
+def _cp_margin(n):
+    """The relative widening of a Clopper–Pearson limit over n trials (see :data:`_CP_ULPS_PER_TRIAL`)."""
+    return _CP_ULPS_PER_TRIAL * (n + 4.0) * _ULP
+
 
 def _binomial_args(k, n, alpha):
     """k, n, alpha broadcast as float64 arrays, with 0 <= k <= n and alpha in [0, 1] (else one InputError:
@@ -44,12 +60,14 @@ def clopper_pearson_upper(k, n, alpha):
     Formal guarantee: if k ~ Binomial(n, p) then P[p ≤ upper] ≥ 1 − alpha.
     Clopper & Pearson (1934), Biometrika 26(4); the one-sided upper limit is the (1 − α) quantile of
     Beta(k + 1, n − k), i.e. the p that solves P[Binomial(n, p) ≤ k] = α; it is 1 when k = n.
+    Rounded up: never below that quantile (scipy's value widened by :func:`_cp_margin`, capped at 1).
     """
     k, n, alpha = _binomial_args(k, n, alpha)
     out = np.ones(k.shape)
     m = k < n
     # betainccinv(a, b, y) solves 1 − I_x(a, b) = y: the upper α-quantile of Beta(a, b), without 1 − α.
-    out[m] = special.betainccinv(k[m] + 1.0, n[m] - k[m], alpha[m])
+    q = special.betainccinv(k[m] + 1.0, n[m] - k[m], alpha[m])
+    out[m] = np.minimum(q * (1.0 + _cp_margin(n[m])), 1.0)  # up by the measured error's margin (_CP_ULPS_PER_TRIAL)
     return out if out.ndim else float(out)
 
 
@@ -57,12 +75,15 @@ def clopper_pearson_lower(k, n, alpha):
     """One-sided lower confidence bound on a binomial proportion (0 when k = 0).
 
     Clopper & Pearson (1934): the α quantile of Beta(k, n − k + 1), i.e. the p that solves
-    P[Binomial(n, p) ≥ k] = α.
+    P[Binomial(n, p) ≥ k] = α. Rounded down: never above that quantile (scipy's value narrowed by
+    :func:`_cp_margin`).
     """
     k, n, alpha = _binomial_args(k, n, alpha)
     out = np.zeros(k.shape)
     m = k > 0
-    out[m] = special.betaincinv(k[m], n[m] - k[m] + 1.0, alpha[m])
+    q = special.betaincinv(k[m], n[m] - k[m] + 1.0, alpha[m])
+    # Down by the measured error's margin (_CP_ULPS_PER_TRIAL); at alpha = 1 the quantile is exactly 1.
+    out[m] = np.where(alpha[m] == 1.0, q, q * (1.0 - _cp_margin(n[m])))
     return out if out.ndim else float(out)
 
 
@@ -75,17 +96,34 @@ def hypothesis_test_epsilon(fpr_upper, fnr_upper, delta: float):
     arXiv:2101.04535, Section 3), hence
         ε ≥ max{ ln((1 − δ − FPR)/FNR), ln((1 − δ − FNR)/FPR) }.
     The right-hand side decreases in FPR and FNR, so plugging in upper confidence bounds keeps it a
-    lower bound. Clamped at 0.
+    lower bound. Clamped at 0, and rounded down: never above the exact value of the formula at the given
+    rates (each branch lowered by :func:`_log_ratio_down`'s error bound).
     """
     fpr_upper, fnr_upper = _rates(fpr_upper=fpr_upper, fnr_upper=fnr_upper)
     with np.errstate(divide="ignore", invalid="ignore"):
         a = 1.0 - delta - fpr_upper
         b = 1.0 - delta - fnr_upper
-        # log1p keeps precision when the numerators are close to 1.
-        e1 = np.where(a > 0, np.log1p(-(delta + fpr_upper)) - np.log(fnr_upper), -np.inf)
-        e2 = np.where(b > 0, np.log1p(-(delta + fnr_upper)) - np.log(fpr_upper), -np.inf)
+        e1 = np.where(a > 0, _log_ratio_down(delta + fpr_upper, fnr_upper), -np.inf)
+        e2 = np.where(b > 0, _log_ratio_down(delta + fnr_upper, fpr_upper), -np.inf)
     out = np.maximum(np.maximum(e1, e2), 0.0)
     return out if out.ndim else float(out)
+
+
+def _log_ratio_down(s, d):
+    """ln((1 − s)/d) rounded down, for s < 1 (s = δ + a rate, d the other rate; NumPy arrays).
+
+    log1p keeps precision when 1 − s is close to 1. Error of the float evaluation (to first order in u = 2^-52): the
+    sum s carries ≤ u·s, which ln(1 − s) turns into ≤ u·s/(1 − s) (the cancellation when s is near 1); log1p and log
+    are within 1 ulp of their results t1 = ln(1 − s), t2 = ln d, and the difference within u·|t1 − t2|; in all
+    ≤ 2u·(s/(1 − s) + |t1| + |t2|). The margin is 4 times that (8u·(...)); measured against 50-digit mpmath on 12000
+    rate pairs (benchmarks/stats_rounding.py) the unmargined error reached 7.1e4·max(ε, 1) ulps (s = 1 − 1.4e-6),
+    inside the bound. An infinite term (d = 0) is kept as is.
+    """
+    t1 = np.log1p(-s)
+    t2 = np.log(d)
+    value = t1 - t2
+    margin = 8.0 * _ULP * (s / (1.0 - s) + np.abs(t1) + np.abs(t2))
+    return np.where(np.isfinite(value), value - margin, value)
 
 
 def gdp_mu_lower_bound(fpr_upper, fnr_upper):
@@ -97,10 +135,15 @@ def gdp_mu_lower_bound(fpr_upper, fnr_upper):
     The expression decreases in both rates, so upper confidence bounds give a lower bound on μ. It is
     symmetric in (FPR, FNR) because T_μ is symmetric, so both directions of the test give the same μ.
     Clamped at 0: identically distributed scores never yield a positive μ unless a rate bound fails.
+    Rounded down: scipy's ndtri was within 1.25·(|z₁| + |z₂| + 1) ulps of 50-digit mpmath (z = Φ⁻¹ of each rate) on
+    12000 rate pairs (benchmarks/stats_rounding.py), so the difference is lowered by 8·(|z₁| + |z₂| + 1) ulps (over 6
+    times that).
     """
     fpr_upper, fnr_upper = _rates(fpr_upper=fpr_upper, fnr_upper=fnr_upper)
     with np.errstate(invalid="ignore"):
         # Φ⁻¹(1 − x) = −Φ⁻¹(x): written this way it needs no 1 − x.
-        mu = -special.ndtri(fpr_upper) - special.ndtri(fnr_upper)
+        z1, z2 = special.ndtri(fpr_upper), special.ndtri(fnr_upper)
+        mu = -z1 - z2
+        mu = np.where(np.isfinite(mu), mu - 8.0 * _ULP * (np.abs(z1) + np.abs(z2) + 1.0), mu)
     mu = np.where(np.isnan(mu), 0.0, np.maximum(mu, 0.0))
     return mu if mu.ndim else float(mu)

@@ -191,6 +191,26 @@ def test_small_bounds_are_crossings_of_the_exact_p_value(m, r, v, delta):
     assert p_value_mpmath(m, r, v, e * (1 + 1e-6) + 1e-9, delta) > a
 
 
+@pytest.mark.parametrize(
+    ("m", "r", "v", "delta", "a"),
+    [(10_000, 2500, 2475, 1e-3, 0.05), (10_000, 2500, 2400, 1e-5, 0.01), (1000, 500, 450, 1e-3, 0.05)],
+)
+def test_a_bound_found_to_full_precision_has_exact_p_value_at_most_alpha(m, r, v, delta, a):
+    # With the root found to 1e-15, the float log p-value at the returned ε sits within rounding of log α; before the
+    # margin on α (one_run.py, 16·2^-52·(ln Γ(r + 1) + r + 4)) the exact log p there was above log α by 3.4e-12,
+    # 2.9e-12 and 6.9e-14 (the float one falls below the exact one by up to 4e-12 at r = 2500).
+    e = one_run_epsilon_lower_bound(m, r, v, delta, a, tol=1e-15)
+    assert e > 0 and p_value_mpmath(m, r, v, e, delta) <= a
+
+
+def test_a_negligible_delta_term_gives_the_rounded_down_pure_bound_without_a_root_search():
+    # δ = 1e-30: p(ε) = β(ε) to float precision, and the pure bound (rounded down with the Clopper–Pearson limit)
+    # already has p below the margined α, so there is no sign change for Brent's method (which raised before).
+    m, r, v, delta, a = 1000, 500, 480, 1e-30, 0.05
+    e = one_run_epsilon_lower_bound(m, r, v, delta, a)
+    assert e == float(one_run_pure_epsilon(r, v, a)) > 0 and p_value_mpmath(m, r, v, e, delta) <= a
+
+
 def test_best_bound_over_pairs_is_the_maximum_over_every_pair():
     # The early stop (pure-DP bound ≤ best so far) may skip only pairs that cannot win: the result is the
     # brute-force maximum of the per-pair bound, and the reported index attains it.

@@ -12,6 +12,8 @@ from scipy import stats
 
 from dpaudit.accounting.gdp import gdp_delta
 from dpaudit.audit import clopper_pearson_lower, clopper_pearson_upper, gdp_mu_lower_bound, hypothesis_test_epsilon
+from dpaudit.audit.one_run import one_run_pure_epsilon
+from dpaudit.audit.stats import _cp_margin
 
 CASES = [(0, 1), (0, 10), (3, 10), (10, 10), (1, 1000), (500, 1000), (999, 1000), (7, 100_000)]
 
@@ -27,23 +29,40 @@ def test_clopper_pearson_matches_scipy_binomtest(k, n, alpha):
     assert clopper_pearson_lower(k, n, alpha) == pytest.approx(lo, rel=1e-6, abs=1e-15)
 
 
+# (1, 1e7, 0.05): scipy's betainccinv is 5.0e5 ulps BELOW the exact upper limit there; (15, 30, 1e-12): its betaincinv
+# 40 ulps ABOVE the exact lower limit (benchmarks/stats_rounding.py): both fail without stats._cp_margin.
 @pytest.mark.parametrize(
-    ("k", "n", "alpha"), [(7, 100_000, 0.01), (0, 50, 1e-9), (1, 1000, 1e-6), (30, 60, 1e-4), (3, 20, 0.2)]
+    ("k", "n", "alpha"),
+    [
+        (7, 100_000, 0.01),
+        (0, 50, 1e-9),
+        (1, 1000, 1e-6),
+        (30, 60, 1e-4),
+        (3, 20, 0.2),
+        (1, 10**7, 0.05),
+        (15, 30, 1e-12),
+    ],
 )
-def test_clopper_pearson_solves_the_binomial_tail_equation_exactly(k, n, alpha):
-    # High-precision oracle: P[Bin(n, upper) <= k] = α and P[Bin(n, lower) >= k] = α.
+def test_clopper_pearson_is_on_the_safe_side_of_the_binomial_tail_equation(k, n, alpha):
+    # High-precision oracle: the exact limits solve P[Bin(n, upper) <= k] = α and P[Bin(n, lower) >= k] = α. The tails
+    # decrease in p (upper) and increase in p (lower), so "upper >= exact" is P[Bin(n, upper) <= k] <= α, and
+    # "lower <= exact" is P[Bin(n, lower) >= k] <= α; and the limits are no wider than twice stats._cp_margin.
     mp = pytest.importorskip("mpmath")
-    mp.mp.dps = 40
+    mp.mp.dps = 50
 
     def cdf(p, kk):
         p = mp.mpf(p)
         return mp.fsum(mp.binomial(n, j) * p**j * (1 - p) ** (n - j) for j in range(kk + 1))
 
+    r = 2 * _cp_margin(n)
     up = clopper_pearson_upper(k, n, alpha)
-    assert float(cdf(up, k)) == pytest.approx(alpha, rel=1e-9, abs=0)  # alpha down to 1e-9
+    assert cdf(up, k) <= alpha < cdf(up / (1 + r), k)
     if k > 0:
         lo = clopper_pearson_lower(k, n, alpha)
-        assert float(1 - cdf(lo, k - 1)) == pytest.approx(alpha, rel=1e-9, abs=0)
+        assert 1 - cdf(lo, k - 1) <= alpha < 1 - cdf(lo / (1 - r), k - 1)
+    if 2 * k > n:  # the one-run pure-DP ε = logit(lower), rounded down too
+        q = mp.findroot(lambda p: 1 - cdf(p, k - 1) - alpha, lo / (1 - r / 2))
+        assert one_run_pure_epsilon(n, k, alpha) <= mp.log(q / (1 - q))
 
 
 @pytest.mark.parametrize(("k", "n"), [c for c in CASES if c[0] < c[1]])
@@ -162,3 +181,36 @@ def test_array_inputs_with_one_bad_element_are_refused_and_the_message_names_it(
     with pytest.raises(InputError, match="k=-1"):
         clopper_pearson_lower(np.array([3, -1]), 10, 0.05)
     assert clopper_pearson_upper(0, 10, 0.0) == 1.0 and clopper_pearson_lower(10, 10, 1.0) == 1.0  # α at its ends
+
+
+# (FPR, FNR, δ): the first two are where the unmargined float formula overshot the exact bound most (7.1e4·ε ulps, the
+# cancellation in 1 − δ − FNR; 1.25 units for μ, benchmarks/stats_rounding.py); they fail without the margins.
+RATE_PAIRS = [
+    (1.6783469330915804e-07, 0.9999886277172603, 1e-05),
+    (0.5001220603779077, 9.210297956921517e-06, 0.0),
+    (0.01, 0.5, 0.0),
+    (1e-300, 0.3, 1e-3),
+    (0.2689414213699951, 0.2689414213699951, 0.0),
+]
+
+
+@pytest.mark.parametrize(("fpr", "fnr", "delta"), RATE_PAIRS)
+def test_epsilon_and_mu_lower_bounds_are_rounded_down(fpr, fnr, delta):
+    # 50-digit mpmath: the exact ε of Kairouz et al. (the formula at these float rates) and μ = −Φ⁻¹(FPR) − Φ⁻¹(FNR).
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 50
+    f, g, d = mp.mpf(fpr), mp.mpf(fnr), mp.mpf(delta)
+    eps = max([mp.mpf(0), *(mp.log((1 - d - a) / b) for a, b in ((f, g), (g, f)) if 1 - d - a > 0)])
+    # ... and no lower than twice stats._log_ratio_down's margin, 8u·(s/(1 − s) + |ln(1 − s)| + |ln d|), s = δ + rate.
+    tol = max(
+        16 * 2.0**-52 * ((d + a) / (1 - d - a) + abs(mp.log(1 - d - a)) + abs(mp.log(b))) for a, b in ((f, g), (g, f))
+    )
+    got = hypothesis_test_epsilon(fpr, fnr, delta)
+    assert eps - tol <= got <= eps
+
+    def z(p):
+        return mp.findroot(lambda x: mp.ncdf(x) - p, float(stats.norm.ppf(float(p))))
+
+    mu = max(mp.mpf(0), -z(f) - z(g))
+    got = gdp_mu_lower_bound(fpr, fnr)
+    assert mu - 16 * 2.0**-52 * (abs(z(f)) + abs(z(g)) + 1) <= got <= mu  # within twice the margin
