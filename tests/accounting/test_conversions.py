@@ -585,3 +585,17 @@ def test_classic_theorems_round_up_and_survive_large_epsilon():
     assert advanced_composition(1.0, 0.0, 1, 1e-320)[0] == pytest.approx(
         math.sqrt(2 * 320 * math.log(10)) + math.expm1(1.0)
     )
+
+
+def test_epsilon_delta_tradeoff_beyond_e_700():
+    """Dong, Roth & Su 2022, Prop. 2.5: f(alpha) = max{0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha)}. e^eps
+    was capped at e^700, so at eps = 1000 and alpha = 1e-310 the curve read 1 - 1e-310 e^700 = 0.999999 where the exact
+    value is e^-1000 (1 - 1e-310) ~ 0: a tradeoff curve far above the guarantee's (more privacy than claimed)."""
+    assert epsilon_delta_tradeoff(1000.0, 0.0, 1e-310) == 0.0
+    # e^710 1e-308 = 2.2: the first term is negative, the second e^-710 (1 - 1e-308).
+    assert epsilon_delta_tradeoff(710.0, 0.0, 1e-308) == pytest.approx(math.exp(-710.0), rel=1e-9)
+    # e^710 1e-309 = 0.22 is representable through the log: 1 - 0.22.
+    assert epsilon_delta_tradeoff(710.0, 0.0, 1e-309) == pytest.approx(
+        1.0 - math.exp(710.0 + math.log(1e-309)), rel=1e-12
+    )
+    assert epsilon_delta_tradeoff(1.0, 1e-5, 0.1) == 1.0 - 1e-5 - math.exp(1.0) * 0.1
