@@ -463,12 +463,13 @@ def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) 
         # log(0) = -inf (delta 0, a claim of pure DP) below r = 1.1e-16 (a Gaussian of sigma 1e9 had delta(0) = 0).
         log_kl = np.where(r > 0.0, 0.5 * np.log(-np.expm1(-r)), -np.inf)
         log_kl = np.where(np.isfinite(log_kl), log_kl + _CONVERSION_ULPS * (np.abs(log_kl) + 1.0), log_kl)
-        # (a - 1)(r - eps + log(1 - 1/a)) cancels when r ~ eps: its absolute error is a few ulps of (a - 1)(r + eps),
-        # up to 1.4e-13 in log delta at delta ~ 1e-228 (delta that much below the formula's exact value); rounded up
-        # by the bound, and by one more for exp's own rounding (+ 1).
+        # The float subtraction r - eps is correctly rounded (half an ulp of |r - eps|, exact when they are within a
+        # factor 2: Sterbenz), so the log's absolute error is a few ulps of (a - 1)(|r - eps| + |log(1 - 1/a)|) +
+        # log a: up to 1.4e-13 in log delta at delta ~ 1e-228 (delta that much below the formula's exact value, to
+        # nearest); rounded up by that bound, and by one more for exp's own rounding (+ 1).
         log_ratio = np.log1p(-1.0 / a)
         log_rdp = (a - 1.0) * (r - eps + log_ratio) - np.log(a)
-        margin = _CONVERSION_ULPS * ((a - 1.0) * (r + eps + np.abs(log_ratio)) + np.log(a) + 1.0)
+        margin = _CONVERSION_ULPS * ((a - 1.0) * (np.abs(r - eps) + np.abs(log_ratio)) + np.log(a) + 1.0)
         log_rdp = np.where(np.isfinite(log_rdp), log_rdp + margin, log_rdp)
         log_rdp = np.where(a > 1.01, log_rdp, np.inf)
         log_rdp = np.where(np.isnan(log_rdp), np.inf, log_rdp)
