@@ -290,8 +290,12 @@ def epsilon_delta_tradeoff(epsilon: float, delta: float, alpha):
     a = np.asarray(alpha, dtype=np.float64)
     if np.any((a < 0.0) | (a > 1.0) | np.isnan(a)):
         raise InputError("expected alpha in [0, 1]")
-    with np.errstate(over="ignore", invalid="ignore"):
-        first = np.where(a > 0.0, 1.0 - dlt - math.exp(min(eps, 700.0)) * a, 1.0 - dlt)
+    # e^eps alpha as exp(eps + log alpha) beyond eps = 700 (e^eps overflows past 709.78): capping e^eps at e^700
+    # (as this once did) put f(1e-310) at 0.999999 for eps = 1000, whose exact value is e^-1000 (1 - 1e-310): a
+    # curve above the guarantee's, claiming more privacy.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        grow = math.exp(eps) * a if eps <= 700.0 else np.exp(eps + np.log(np.where(a > 0.0, a, 1.0)))
+        first = np.where(a > 0.0, 1.0 - dlt - grow, 1.0 - dlt)
     second = math.exp(-eps) * (1.0 - dlt - a)
     out = np.maximum(0.0, np.maximum(first, second))
     return out if out.ndim else float(out)

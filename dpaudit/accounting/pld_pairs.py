@@ -276,7 +276,10 @@ class DiscretePLD:
         # tot^count - fin^count = tot^count (1 - (1 - inf/tot)^count), through log1p/expm1: the plain
         # difference loses an infinite mass below ~1e-16 (tot == fin in float64), e.g. the 1e-20 of a
         # discretised Gaussian's cut-off tail, 1e6 times.
-        inf_mass = tot**count * -math.expm1(count * math.log1p(-self.inf_mass / tot)) if tot > 0.0 else 0.0
+        # All the mass at +inf (inf_mass == tot: a noise multiplier so small that every loss is past max_loss) is
+        # tot^count outright: math.log1p(-1) raises ValueError (an internal error at sigma 0.0016, q = 1, T = 2).
+        share = self.inf_mass / tot if tot > 0.0 else 0.0
+        inf_mass = tot**count * (1.0 if share >= 1.0 else -math.expm1(count * math.log1p(-share)))
         # (p + e)^(*count) - p^(*count) = sum_k C(count, k) e^(*k) * p^(*(count-k)): by Young's inequality its
         # L2 norm is <= ||e||_2 ((fin + l1)^count - fin^count) / l1 <= ||e||_2 count (fin + l1)^(count-1).
         carried = self.rounding * count * (fin + l1) ** (count - 1) if self.rounding > 0.0 else 0.0

@@ -404,6 +404,12 @@ def rdp_sampled_without_replacement_gaussian(
 # --------------------------------------------------------------------------------------------
 
 
+#: Relative rounding margin of the RDP -> (epsilon, delta) conversions: a handful of float operations, each
+#: within an ulp (half an ulp for + - * /, one for libm's log, log1p, expm1; Goldberg 1991, "What every computer
+#: scientist should know about floating-point arithmetic"), on terms whose magnitudes the margin multiplies.
+_CONVERSION_ULPS = 8.0 * 2.0**-52
+
+
 def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> tuple[float, float]:
     """(epsilon, optimal order) from an RDP curve.
 
@@ -426,7 +432,12 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) 
     if delta == 0.0:
         return (0.0, float(a[0])) if np.all(r == 0.0) else (math.inf, float(a[0]))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        eps = r + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
+        log_ratio = np.log1p(-1.0 / a)
+        shift = (math.log(delta) + np.log(a)) / (a - 1.0)
+        eps = r + log_ratio - shift
+        # Rounded up, not to nearest (half the results were 1 ulp below the formula's exact value): each term is
+        # within a few ulps of its own size, so the sum's error is below _CONVERSION_ULPS times their magnitudes.
+        eps = np.where(np.isfinite(eps), eps + _CONVERSION_ULPS * (r + np.abs(log_ratio) + np.abs(shift)), eps)
         eps = np.where(a > 1.01, eps, np.inf)
         eps = np.where(np.isnan(eps), np.inf, eps)
         kl_ok = (delta**2 + np.expm1(-r)) > 0.0
@@ -448,8 +459,18 @@ def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) 
         raise ValueError("orders and rdp must have the same length")
     eps = check_non_negative(epsilon=epsilon)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        log_kl = np.where(r > 0.0, 0.5 * np.log1p(-np.exp(-r)), -np.inf)
-        log_rdp = (a - 1.0) * (r - eps + np.log1p(-1.0 / a)) - np.log(a)
+        # log sqrt(1 - e^-r) = 0.5 log(-expm1(-r)): log1p(-exp(-r)) lost 1 - e^-r to rounding below r ~ 1e-8 and was
+        # log(0) = -inf (delta 0, a claim of pure DP) below r = 1.1e-16 (a Gaussian of sigma 1e9 had delta(0) = 0).
+        log_kl = np.where(r > 0.0, 0.5 * np.log(-np.expm1(-r)), -np.inf)
+        log_kl = np.where(np.isfinite(log_kl), log_kl + _CONVERSION_ULPS * (np.abs(log_kl) + 1.0), log_kl)
+        # The float subtraction r - eps is correctly rounded (half an ulp of |r - eps|, exact when they are within a
+        # factor 2: Sterbenz), so the log's absolute error is a few ulps of (a - 1)(|r - eps| + |log(1 - 1/a)|) +
+        # log a: up to 1.4e-13 in log delta at delta ~ 1e-228 (delta that much below the formula's exact value, to
+        # nearest); rounded up by that bound, and by one more for exp's own rounding (+ 1).
+        log_ratio = np.log1p(-1.0 / a)
+        log_rdp = (a - 1.0) * (r - eps + log_ratio) - np.log(a)
+        margin = _CONVERSION_ULPS * ((a - 1.0) * (np.abs(r - eps) + np.abs(log_ratio)) + np.log(a) + 1.0)
+        log_rdp = np.where(np.isfinite(log_rdp), log_rdp + margin, log_rdp)
         log_rdp = np.where(a > 1.01, log_rdp, np.inf)
         log_rdp = np.where(np.isnan(log_rdp), np.inf, log_rdp)
     log_delta = np.minimum(log_kl, log_rdp)

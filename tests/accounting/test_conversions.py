@@ -477,7 +477,9 @@ def test_classic_theorems_cap_delta_and_refuse_out_of_range_inputs():
         advanced_composition(0.1, 1e-8, 10, 0.0)
     # One mechanism (k = 1): sqrt(2 ln(1/delta')) eps + eps (e^eps - 1), not below eps for small delta'.
     e1, d1 = advanced_composition(0.5, 0.0, 1, 1e-3)
-    assert e1 == pytest.approx(math.sqrt(2 * math.log(1e3)) * 0.5 + 0.5 * math.expm1(0.5), rel=1e-15) and d1 == 1e-3
+    # Rounded up by at most 8 ulps (classic._ULPS), never to nearest.
+    closed = math.sqrt(2 * math.log(1e3)) * 0.5 + 0.5 * math.expm1(0.5)
+    assert closed <= e1 <= closed * (1 + 4e-15) and d1 == 1e-3
     # Poisson subsampling (Balle, Barthe & Gaboardi 2018): q = 1 changes nothing; eps = inf stays inf.
     assert amplification_by_subsampling(0.7, 1e-5, 1.0) == (pytest.approx(0.7, rel=1e-15), 1e-5)
     assert amplification_by_subsampling(math.inf, 0.5, 0.1) == (math.inf, pytest.approx(0.05))
@@ -551,3 +553,65 @@ def test_gdp_epsilon_lower_is_never_above_the_50_digit_root_and_gdp_epsilon_neve
     # Degenerate points: as gdp_epsilon's, and a delta met at epsilon = 0 gives 0.
     assert gdp_epsilon_lower(0.0, 1e-5) == 0.0 and gdp_epsilon_lower(math.inf, 0.5) == math.inf
     assert gdp_epsilon_lower(1.0, 0.0) == math.inf and gdp_epsilon_lower(0.1, 0.6) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Classic theorems rounded up, over the whole float range (benchmarks/accountant_sweep.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_classic_theorems_round_up_and_survive_large_epsilon():
+    """Rounding to nearest put about half of the results below the exact value (up to 3e-16 relative: a privacy
+    claim rounded down), amplification at q = 1 changed epsilon (0.4771670089232277 -> ...766), and epsilon > 709.78
+    raised OverflowError from math.expm1 (a traceback), a subnormal delta' gave NaN (ln(1/delta') = ln(inf))."""
+    import mpmath
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        eps = float(np.exp(rng.uniform(-20, 7.0)))
+        q = float(np.exp(rng.uniform(-740, 0) if rng.random() < 0.3 else rng.uniform(-20, 0)))
+        k, dp = int(np.exp(rng.uniform(0, 16))), float(np.exp(rng.uniform(-700, -1)))
+        with mpmath.workdps(60):
+            e_ = mpmath.mpf(eps)
+            # Balle, Barthe & Gaboardi 2018, Table 1 (Poisson): ln(1 + q (e^eps - 1)).
+            amp = mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(e_))
+            # Dwork & Roth 2014, Thm. 3.20: sqrt(2 k ln(1/delta')) eps + k eps (e^eps - 1).
+            adv = mpmath.sqrt(2 * k * mpmath.log(1 / mpmath.mpf(dp))) * e_ + k * e_ * mpmath.expm1(e_)
+        got = amplification_by_subsampling(eps, 0.0, q)[0]
+        assert amp <= got <= eps and (amp < 1e-300 or got <= amp * (1 + 1e-11)), (eps, q)
+        got = advanced_composition(eps, 0.0, k, dp)[0]
+        assert (adv <= got <= adv * (1 + 1e-14)) if adv < 1.7e308 else got == math.inf, (eps, k, dp)
+        parts = [float(x) for x in np.exp(rng.uniform(-30, 3, size=int(rng.integers(2, 12))))]
+        deltas = [x * 1e-3 for x in parts]
+        with mpmath.workdps(60):
+            out = basic_composition(parts, deltas)
+            assert out[0] >= mpmath.fsum([mpmath.mpf(x) for x in parts])
+            assert out[1] >= min(1, mpmath.fsum([mpmath.mpf(x) for x in deltas]))
+        with mpmath.workdps(60):  # delta' = k delta + delta' and q delta, exact then rounded up
+            assert advanced_composition(eps, deltas[0], k, dp)[1] >= min(1, k * mpmath.mpf(deltas[0]) + mpmath.mpf(dp))
+            assert amplification_by_subsampling(eps, deltas[0], q)[1] >= mpmath.mpf(q) * mpmath.mpf(deltas[0])
+    assert amplification_by_subsampling(0.4771670089232277, 1e-5, 1.0) == (0.4771670089232277, 1e-5)
+    assert amplification_by_subsampling(1e-6, 0.0, 1e-320)[0] > 0.0  # exact 1e-326 is not 0
+    # e^800 overflows float64; ln(1 + 1e-3 (e^800 - 1)) = 800 + ln(1e-3) + ~e^-793.
+    assert amplification_by_subsampling(800.0, 0.0, 1e-3)[0] == pytest.approx(800.0 + math.log(1e-3), rel=1e-13)
+    assert amplification_by_subsampling(710.0, 0.0, 0.5)[0] == pytest.approx(710.0 + math.log(0.5), rel=1e-13)
+    assert advanced_composition(800.0, 0.0, 1, 1e-5)[0] == math.inf
+    assert advanced_composition(0.0, 0.0, 1, 1e-320) == (0.0, pytest.approx(1e-320, rel=1e-3))
+    # ln(1/1e-320) = 736.8: finite, not the overflow of 1/delta'.
+    assert advanced_composition(1.0, 0.0, 1, 1e-320)[0] == pytest.approx(
+        math.sqrt(2 * 320 * math.log(10)) + math.expm1(1.0)
+    )
+
+
+def test_epsilon_delta_tradeoff_beyond_e_700():
+    """Dong, Roth & Su 2022, Prop. 2.5: f(alpha) = max{0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha)}. e^eps
+    was capped at e^700, so at eps = 1000 and alpha = 1e-310 the curve read 1 - 1e-310 e^700 = 0.999999 where the exact
+    value is e^-1000 (1 - 1e-310) ~ 0: a tradeoff curve far above the guarantee's (more privacy than claimed)."""
+    assert epsilon_delta_tradeoff(1000.0, 0.0, 1e-310) == 0.0
+    # e^710 1e-308 = 2.2: the first term is negative, the second e^-710 (1 - 1e-308).
+    assert epsilon_delta_tradeoff(710.0, 0.0, 1e-308) == pytest.approx(math.exp(-710.0), rel=1e-9)
+    # e^710 1e-309 = 0.22 is representable through the log: 1 - 0.22.
+    assert epsilon_delta_tradeoff(710.0, 0.0, 1e-309) == pytest.approx(
+        1.0 - math.exp(710.0 + math.log(1e-309)), rel=1e-12
+    )
+    assert epsilon_delta_tradeoff(1.0, 1e-5, 0.1) == 1.0 - 1e-5 - math.exp(1.0) * 0.1

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from scipy import integrate, special, stats
 
-from dpaudit.accounting import PldAccountant, RdpAccountant, analytic_gaussian_delta, analytic_gaussian_epsilon
+from dpaudit.accounting import (
+    PldAccountant,
+    RdpAccountant,
+    analytic_gaussian_delta,
+    analytic_gaussian_epsilon,
+    dpsgd_event,
+)
 from dpaudit.accounting.pld_pairs import DiscretePLD
 from dpaudit.errors import UnsupportedEventError
 from dpaudit.events import (
@@ -368,3 +374,14 @@ def test_a_count_past_the_error_bounds_float_range_is_refused_in_one_line():
         PldAccountant().compose(event).epsilon(1e-5)
     results, best = compare_accountants(event, 1e-5, ("rdp", "pld"))
     assert results["pld"].epsilon is None and best == results["rdp"].epsilon < math.inf
+
+
+def test_pld_all_mass_at_infinity_self_composes():
+    """A noise multiplier so small that the whole Gaussian loss (mean 1/(2 sigma^2) = 2e5 nats) lies past max_loss
+    leaves inf_mass == tot; self_compose took math.log1p(-1), which raises ValueError: `dpaudit account dpsgd
+    --noise-multiplier 0.0016 --sample-rate 1 --steps 2 --accountant pld` ended in an internal error (exit 3). All
+    the mass at +inf composes to all the mass at +inf: delta = 1 at every epsilon, epsilon = inf (a valid bound)."""
+    event = dpsgd_event(noise_multiplier=0.0015784749640999276, sample_rate=1.0, steps=2)
+    acc = PldAccountant().compose(event)
+    assert acc.epsilon(1e-5) == math.inf
+    assert acc.delta(10.0) == 1.0

@@ -377,3 +377,49 @@ def test_rdp_conversions_at_their_edges():
     for conv in (rdp_to_epsilon, rdp_to_delta):
         with pytest.raises(ValueError, match="same length"):
             conv(o, [0.1], 0.5)
+
+
+def test_rdp_delta_at_a_tiny_curve_is_not_zero():
+    """sqrt(1 - e^-r) (Bretagnolle-Huber) was computed as exp(0.5 log1p(-exp(-r))): e^-r rounds to 1 below r = 1.1e-16,
+    so a Gaussian of sigma 1e9 (r(alpha) = alpha / 2e18) had delta(0) = 0, a claim of pure DP; its total variation is
+    erf(1 / (2 sqrt2 sigma)) = 4e-10 (Balle & Wang 2018, Thm. 8 at epsilon = 0). Between r ~ 1e-16 and 1e-8 the
+    rounding of e^-r took up to 1e-6 relative off delta."""
+    for sigma in (1e9, 1e12, 3e4):
+        tv = math.erf(1.0 / (2.0 * math.sqrt(2.0) * sigma))
+        acc = RdpAccountant().compose(Gaussian(sigma))
+        assert acc.delta(0.0) >= tv
+        assert acc.delta(1e-12) >= tv * 0.999  # delta(eps) >= delta(0) - (e^eps - 1)
+    r = np.array([1e-10, 2e-10])
+    with mpmath.workdps(50):
+        exact = float(mpmath.sqrt(-mpmath.expm1(-mpmath.mpf(1e-10))))
+    assert rdp_to_delta([2.0, 4.0], r, 0.0)[0] >= exact
+
+
+def test_rdp_conversions_round_up():
+    """Canonne, Kamath & Steinke 2020 (arXiv:2004.00010), Prop. 12 at the order the conversion picked, in 50 digits
+    with the float curve taken as exact: epsilon was rounded to nearest (half of the draws 1 ulp below), and delta's
+    log (a - 1)(r - eps + log(1 - 1/a)) cancels, up to 1.4e-13 relative below at delta ~ 1e-228. Since the value at
+    the chosen order is >= the exact one there, it is >= the exact minimum over the orders."""
+    rng = np.random.default_rng(11)
+    curves = []
+    for _ in range(8):
+        sigma, q = float(np.exp(rng.uniform(0, 6))), float(np.exp(rng.uniform(-12, 0)))
+        steps = int(np.exp(rng.uniform(0, 14)))
+        acc = RdpAccountant().compose(dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=steps))
+        curves.append((acc.orders, acc.rdp))
+    for k in range(120):
+        o, r = curves[k % len(curves)]
+        delta = float(np.exp(rng.uniform(-690, -1)))
+        eps, a = rdp_to_epsilon(o, r, delta)
+        if 0.0 < eps < math.inf:
+            i = int(np.flatnonzero(o == a)[0])
+            with mpmath.workdps(50):
+                a_, r_ = mpmath.mpf(a), mpmath.mpf(float(r[i]))
+                assert eps >= r_ + mpmath.log(1 - 1 / a_) - (mpmath.log(delta) + mpmath.log(a_)) / (a_ - 1)
+        d, a = rdp_to_delta(o, r, eps if math.isfinite(eps) else 1.0)
+        if 0.0 < d < 1.0:
+            i = int(np.flatnonzero(o == a)[0])
+            with mpmath.workdps(50):
+                a_, r_, e_ = mpmath.mpf(a), mpmath.mpf(float(r[i])), mpmath.mpf(eps if math.isfinite(eps) else 1.0)
+                cks = mpmath.exp((a_ - 1) * (r_ - e_ + mpmath.log(1 - 1 / a_))) / a_
+                assert d >= min(cks, mpmath.sqrt(-mpmath.expm1(-r_)))
