@@ -396,6 +396,13 @@ def test_gdp_delta_is_at_most_one_defined_at_a_tiny_epsilon_and_an_upper_bound_w
     # mu = 100 > 83: the bracket's first end mu (41.5 + mu/2) with the sign flipped was negative (epsilon = inf).
     lo, hi = _mp_bisect(lambda e: 1e-5 - _mp_gdp_delta(100.0, e), 0.0, 6000.0, n=80)
     assert float(lo) * (1 - 1e-13) <= gdp_epsilon(100.0, 1e-5) <= float(hi) * (1 + 1e-12)
+    # mu = 1.157e18: 41.5 mu is lost in the rounding of the bracket's end mu (41.5 + mu/2), where delta is still
+    # 0.5: the doubling (never entered at smaller mu) is needed, and without it brentq refused the bracket. Past
+    # mu = 1.3e154 epsilon is beyond float64: inf (a NaN there survived).
+    mu = 1.1568200746347003e18
+    eps = gdp_epsilon(mu, 1e-5)
+    assert gdp_delta(mu, eps) <= 1e-5 < gdp_delta(mu, eps * (1 - 1e-12))
+    assert gdp_epsilon(1e155, 1e-5) == math.inf
 
 
 def test_two_sum_and_two_product_are_exact():
