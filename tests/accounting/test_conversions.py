@@ -405,6 +405,15 @@ def test_gdp_delta_is_at_most_one_defined_at_a_tiny_epsilon_and_an_upper_bound_w
     assert gdp_epsilon(1e155, 1e-5) == math.inf
 
 
+def test_gdp_delta_is_within_a_few_ulps_above_the_50_digit_value_at_large_mu_on_the_series_branch():
+    # eps/mu >= mu (x >= 2h with h = mu/2 > 1): the positive series for m(x - h) - m(x + h), whose term count the
+    # grid above (mu <= 50, eps <= 100) never tested at large h: the term ratio's bound h^2/x^2 halved put delta
+    # 759 ulps below the 50-digit value at mu = 60, eps = 3600; 1/x^2 replaced by 1 gave 1.6e213 times it at 40, 2000.
+    for mu, eps in ((20.0, 400.0), (20.0, 600.0), (40.0, 1600.0), (40.0, 2000.0), (60.0, 3600.0)):
+        exact = _mp_gdp_delta(mu, eps)
+        assert exact <= gdp_delta(mu, eps) <= exact * (1 + 20 * 2.0**-52), (mu, eps)
+
+
 def test_two_sum_and_two_product_are_exact():
     # Knuth's TwoSum and Dekker's product: a + b = s + e and a b = p + e exactly (gdp_delta's double-double z). TwoSum
     # with its error term cut to b - bb (Fast2Sum, which needs |a| >= |b|) lost a = 1e-20 from 1e-20 + 1.
