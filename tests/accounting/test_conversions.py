@@ -74,6 +74,9 @@ def test_analytic_gaussian_degenerate():
     assert analytic_gaussian_epsilon(0.0, 1e-5) == math.inf
     assert analytic_gaussian_delta(0.0, 1.0) == 1.0
     assert analytic_gaussian_delta(1.0, 1.0, sensitivity=0.0) == 0.0
+    # Zero sensitivity releases nothing, even without noise: epsilon 0, not the noiseless mechanism's inf.
+    assert analytic_gaussian_epsilon(0.0, 1e-5, sensitivity=0.0) == 0.0
+    assert analytic_gaussian_delta(0.0, 0.5, sensitivity=0.0) == 0.0
     # A noise so small that mu^2 overflows: epsilon is infinite in float64 (it raised brentq's RuntimeError).
     assert analytic_gaussian_epsilon(1e-300, 1e-5) == math.inf
 
