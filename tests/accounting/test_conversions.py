@@ -74,6 +74,9 @@ def test_analytic_gaussian_degenerate():
     assert analytic_gaussian_epsilon(0.0, 1e-5) == math.inf
     assert analytic_gaussian_delta(0.0, 1.0) == 1.0
     assert analytic_gaussian_delta(1.0, 1.0, sensitivity=0.0) == 0.0
+    # Zero sensitivity releases nothing, even without noise: epsilon 0, not the noiseless mechanism's inf.
+    assert analytic_gaussian_epsilon(0.0, 1e-5, sensitivity=0.0) == 0.0
+    assert analytic_gaussian_delta(0.0, 0.5, sensitivity=0.0) == 0.0
     # A noise so small that mu^2 overflows: epsilon is infinite in float64 (it raised brentq's RuntimeError).
     assert analytic_gaussian_epsilon(1e-300, 1e-5) == math.inf
 
@@ -372,6 +375,64 @@ def test_the_rounding_of_mu_never_under_reports_delta():
         d = float(exact) * 1.5
         assert exact * 1.5 >= analytic_gaussian_delta(sigma, analytic_gaussian_epsilon(sigma, d))
     assert analytic_gaussian_epsilon(2.0, 1e-5, sensitivity=3.0) == gdp_epsilon(1.5, 1e-5)  # an exact quotient
+
+
+def test_gdp_delta_is_at_most_one_defined_at_a_tiny_epsilon_and_an_upper_bound_where_it_is_subnormal():
+    # Mutation testing (fifteenth pass): min(1, .) raised to min(2, .) returned 1 + 4e-15 at mu = 50; the term count
+    # 1/x^2 taken at every x raised ZeroDivisionError at eps/mu = 1e-200 (x^2 underflows); without the added
+    # smallest subnormal (or with it subtracted) delta = 6.996e-321 came out below the 50-digit value (the
+    # relative margin does not move a subnormal).
+    import mpmath
+
+    for mu, eps in ((50.0, 1e-12), (40.0, 1e-6), (38.0, 0.01)):
+        assert gdp_delta(mu, eps) <= 1.0
+    for mu, eps in ((1.0, 1e-200), (1e-3, 1e-170)):  # delta(eps) = delta(0) (1 - O(eps)): the total variation
+        assert gdp_delta(mu, eps) == pytest.approx(gdp_delta(mu, 0.0), rel=1e-14)
+        assert gdp_delta(mu, eps) >= _mp_gdp_delta(mu, eps)
+    exact = _mp_gdp_delta(2.0, 78.4)  # eps/mu - mu/2 = 38.2: delta = 6.996e-321, subnormal
+    with mpmath.workdps(50):
+        assert 5e-321 < exact < 1e-320
+        assert exact <= gdp_delta(2.0, 78.4) <= exact + 2 * 5e-324
+    # Past eps/mu - mu/2 = 40 the value is below the smallest float: 0 (a return of 1 or -1 there survived), and
+    # with mu/2 - eps/mu > 40 it is 1 (phi(z) taken as 1 there gave 0.98 at mu = 100, eps = 1).
+    assert gdp_delta(1.0, 41.0) == 0.0 and gdp_delta(100.0, 1.0) == 1.0
+    # mu = 100 > 83: the bracket's first end mu (41.5 + mu/2) with the sign flipped was negative (epsilon = inf).
+    lo, hi = _mp_bisect(lambda e: 1e-5 - _mp_gdp_delta(100.0, e), 0.0, 6000.0, n=80)
+    assert float(lo) * (1 - 1e-13) <= gdp_epsilon(100.0, 1e-5) <= float(hi) * (1 + 1e-12)
+    # mu = 1.157e18: 41.5 mu is lost in the rounding of the bracket's end mu (41.5 + mu/2), where delta is still
+    # 0.5: the doubling (never entered at smaller mu) is needed, and without it brentq refused the bracket. Past
+    # mu = 1.3e154 epsilon is beyond float64: inf (a NaN there survived).
+    mu = 1.1568200746347003e18
+    eps = gdp_epsilon(mu, 1e-5)
+    assert gdp_delta(mu, eps) <= 1e-5 < gdp_delta(mu, eps * (1 - 1e-12))
+    assert gdp_epsilon(1e155, 1e-5) == math.inf
+
+
+def test_gdp_delta_is_within_a_few_ulps_above_the_50_digit_value_at_large_mu_on_the_series_branch():
+    # eps/mu >= mu (x >= 2h with h = mu/2 > 1): the positive series for m(x - h) - m(x + h), whose term count the
+    # grid above (mu <= 50, eps <= 100) never tested at large h: the term ratio's bound h^2/x^2 halved put delta
+    # 759 ulps below the 50-digit value at mu = 60, eps = 3600; 1/x^2 replaced by 1 gave 1.6e213 times it at 40, 2000.
+    for mu, eps in ((20.0, 400.0), (20.0, 600.0), (40.0, 1600.0), (40.0, 2000.0), (60.0, 3600.0)):
+        exact = _mp_gdp_delta(mu, eps)
+        assert exact <= gdp_delta(mu, eps) <= exact * (1 + 20 * 2.0**-52), (mu, eps)
+
+
+def test_two_sum_and_two_product_are_exact():
+    # Knuth's TwoSum and Dekker's product: a + b = s + e and a b = p + e exactly (gdp_delta's double-double z). TwoSum
+    # with its error term cut to b - bb (Fast2Sum, which needs |a| >= |b|) lost a = 1e-20 from 1e-20 + 1.
+    from fractions import Fraction
+
+    from dpaudit.accounting.gdp import _two_product, _two_sum
+
+    rng = np.random.default_rng(0)
+    scale = 10.0 ** rng.integers(-30, 30, size=(2, 300))
+    pairs = [(float(a), float(b)) for a, b in (rng.standard_normal((2, 300)) * scale).T]
+    pairs += [(1e-20, 1.0), (3.0, -1e17), (0.1, 0.7), (-2.5, 2.5)]
+    for a, b in pairs:
+        s, e = _two_sum(a, b)
+        assert Fraction(s) + Fraction(e) == Fraction(a) + Fraction(b), (a, b)
+        p, e = _two_product(a, b)
+        assert Fraction(p) + Fraction(e) == Fraction(a) * Fraction(b), (a, b)
 
 
 def test_analytic_gaussian_sigma_has_no_cap_at_epsilon_zero_or_floor_at_huge_epsilon():

@@ -134,6 +134,24 @@ def test_epsilon_lower_bound_is_the_crossing_of_its_bound_not_a_grid_point(sigma
     assert best + math.log(q) < math.log(delta)
 
 
+def test_epsilon_lower_bound_is_silent_where_its_bound_underflows_and_0_where_nothing_is_shown():
+    """Where delta_G underflows beside the grid's best z0 (sigma 5, r = 1, q = 1: the heavy Z_1 tail puts the best
+    z0 at the grid's top; delta = 1e-300) the refinement met log 0 = -inf: scipy's bounded Brent computed inf - inf
+    and printed "RuntimeWarning: invalid value encountered in scalar subtract" (train --algo dpsgd-jl's
+    calibration; 85 of 288 settings); the log of that zero bound, taken without the d > 0 guard, raised. With noise
+    so large that every hitting probability is 0 (sigma 1e4, r = 1000) nothing is shown: 0, not the 5.5e11 that
+    a bound of +inf at the grid's point gave."""
+    import warnings
+
+    from dpaudit.accounting.jl import epsilon_lower_bound
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for args in ((5.0, 1, 1.0, 1, 1e-5), (1.0, 4, 0.05, 1, 1e-300)):
+            assert 0.0 < epsilon_lower_bound(*args) < math.inf, args
+        assert epsilon_lower_bound(1e4, 1000, 0.01, 1, 1e-5) == 0.0
+
+
 def test_no_noise_is_the_non_private_subsampled_pair():
     """sigma = 0: the changed record's gradient is released exactly when sampled, so delta(eps) = q at every eps and
     epsilon = inf (a mutant testing sigma == -1 for "no noise" went on to divide by sigma); sigma = 1 is noise, its

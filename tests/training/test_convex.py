@@ -14,6 +14,7 @@ from dpaudit.training.convex import (
     SOLVER_GRADIENT_BOUND,
     ConvexLearner,
     class_signs,
+    gaussian_outpert_sigma,
     linear_weights,
     logistic_objective,
     norm_mechanism_noise,
@@ -174,6 +175,23 @@ def test_outpert_noise_in_the_pipeline_is_gamma_d_delta_over_eps():
     # fit() = exact minimiser + that noise (same generator state gives the same draw)
     w_fit = right.fit(Z, s[:, None], np.random.default_rng(9))
     assert np.allclose(w_fit, right.perturb(w_star[None], 40, np.random.default_rng(9)), atol=1e-9)
+
+
+def test_output_perturbation_of_k_classifiers_spends_epsilon_over_k_each_around_the_minimisers():
+    # Mutation testing (fifteenth pass): the tests drew one classifier, and the Gaussian one around w* = 0, so the
+    # norm mechanism's scale Delta/(eps K) for Delta K/eps (K^2 times less noise) and a Gaussian output without
+    # the minimiser (noise alone) both passed.
+    n, lam, eps, k, d = 1000, 0.1, 0.5, 3, 3
+    W = np.tile([[1.5, -1.0, 2.0]], (k, 1))
+    learner = ConvexLearner("outpert", lam, eps)
+    rng = np.random.default_rng(7)
+    norms = np.concatenate([np.linalg.norm(learner.perturb(W, n, rng) - W, axis=1) for _ in range(300)])
+    law = stats.gamma(d, scale=output_sensitivity(n, lam) * k / eps)  # each of the K spends eps/K (pure composition)
+    assert stats.kstest(norms, law.cdf).pvalue > 1e-3
+    gaussian = ConvexLearner("outpert-gaussian", lam, eps, 1e-5)
+    sigma = gaussian_outpert_sigma(eps, 1e-5, k, output_sensitivity(n, lam) / 2.0)  # the claim's noise_std
+    draws = np.stack([gaussian.perturb(W, n, np.random.default_rng(seed)) for seed in range(40)])
+    assert np.all(np.abs(draws.mean(axis=0) - W) < 5 * sigma / math.sqrt(len(draws)))
 
 
 def test_objpert_parameters_closed_form():
