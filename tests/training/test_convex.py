@@ -220,6 +220,26 @@ def test_objpert_linear_noise_recovered_from_the_solution_is_gamma():
     assert stats.kstest(wrong, law.cdf).pvalue < 1e-4
 
 
+def test_objpert_of_k_classifiers_spends_epsilon_over_k_each():
+    # Mutation testing (fifteenth pass): objpert's tests drew one classifier, so a budget eps * K per classifier
+    # instead of eps / K (K^2 times less noise than the claim's composition, Chaudhuri et al. 2011 Alg. 2 per
+    # classifier + basic composition, Dwork & Roth 2014 Thm 3.16) passed. Each classifier's recovered linear noise
+    # b_j = -N (grad J_j(w_j) + Delta' w_j) must follow Gamma(d, 2/eps'(eps/K)).
+    n, lam, eps, k = 30, 0.05, 3.0, 3
+    Z, _ = _data(n, 2, 6)
+    S = class_signs(np.arange(n) % k, k)
+    eps_p, extra = objpert_parameters(eps / k, n, lam)
+    law = stats.gamma(2, scale=2.0 / eps_p)
+    norms = []
+    for seed in range(150):
+        W = ConvexLearner("objpert", lam, eps).fit(Z, S, np.random.default_rng(seed))
+        for j in range(k):
+            norms.append(np.linalg.norm(-n * (logistic_objective(W[j], Z, S[:, j], lam)[1] + extra * W[j])))
+    assert stats.kstest(norms, law.cdf).pvalue > 1e-3
+    wrong = stats.gamma(2, scale=2.0 / objpert_parameters(eps * k, n, lam)[0])  # the planted eps * K budget
+    assert stats.kstest(norms, wrong.cdf).pvalue < 1e-4
+
+
 def test_gaussian_outpert_sigma_meets_the_analytic_gaussian():
     from dpaudit.accounting import analytic_gaussian_sigma
 
