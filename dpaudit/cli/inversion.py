@@ -183,8 +183,10 @@ def attribute(
     checkpoint: CheckpointAlias = None,
 ) -> None:
     """Attribute inference (Fredrikson et al. 2014; Yeom et al. 2018): infer a hidden feature of members and
-    non-members. The leakage (an estimate, not a DP bound) is the member - non-member accuracy gap within
-    (hidden value, label) cells, weighted by the cells' pooled frequency, with a one-sided permutation p-value.
+    non-members and estimate the leakage (not a DP bound).
+
+    The leakage is the member - non-member accuracy gap within (hidden value, label) cells, weighted by the cells'
+    pooled frequency, with a one-sided permutation p-value.
 
     A column of a one-hot group (color_red beside color_blue, ...) or the group's prefix (color) hides the whole
     group: the other columns would give the hidden one away.
