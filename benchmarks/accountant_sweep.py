@@ -36,6 +36,10 @@ from collections import defaultdict
 import mpmath
 import numpy as np
 
+# The exact hockey-stick δ(ε) of one Poisson-subsampled Gaussian step (Zhu, Dong & Wang 2022), 60 digits: one
+# implementation, in the accountants' fuzzer beside this file (run as a script, this folder is sys.path[0]).
+from accounting_fuzz import mp_sgm_delta
+
 import dpaudit.accounting as A
 from dpaudit.accounting.rdp import RdpAccountant, rdp_to_delta, rdp_to_epsilon
 from dpaudit.accounting.zcdp import ZcdpAccountant, zcdp_delta
@@ -141,21 +145,6 @@ def mp_gauss_eps(mu: float, delta: float) -> float:
         else:
             hi = mid
     return lo, hi
-
-
-def mp_sgm_delta(q: float, mu: float, eps: float) -> mpmath.mpf:
-    """Exact hockey-stick delta(eps) of one Poisson-subsampled Gaussian, max over both directions (Zhu, Dong & Wang
-    2022, arXiv:2106.08567, dominating pairs of Poisson subsampling)."""
-    with mpmath.workdps(80):
-        q_, mu_, e_ = mpmath.mpf(q), mpmath.mpf(mu), mpmath.mpf(eps)
-        ee = mpmath.exp(e_)
-        x0 = (mpmath.log((ee - 1 + q_) / q_) + mu_**2 / 2) / mu_
-        rem = (1 - q_) * mpmath.ncdf(-x0) + q_ * mpmath.ncdf(mu_ - x0) - ee * mpmath.ncdf(-x0)
-        add = mpmath.mpf(0)
-        if 1 / ee > 1 - q_:
-            x1 = (mpmath.log((1 / ee - 1 + q_) / q_) + mu_**2 / 2) / mu_
-            add = mpmath.ncdf(x1) - ee * ((1 - q_) * mpmath.ncdf(x1) + q_ * mpmath.ncdf(x1 - mu_))
-        return max(rem, add, mpmath.mpf(0))
 
 
 def le(a: float, b: float, rel: float = 0.0, abs_: float = 0.0) -> bool:
@@ -430,22 +419,21 @@ def sec_peer(rng, n: int) -> None:
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                opt = pldm.from_gaussian_mechanism(
-                    sigma,
-                    pessimistic_estimate=False,
-                    use_connect_dots=False,
-                    sampling_prob=q,
-                    value_discretization_interval=1e-3,
-                ).self_compose(steps)
-                lower = float(opt.get_epsilon_for_delta(delta))
-                pess = pldm.from_gaussian_mechanism(
-                    sigma,
-                    pessimistic_estimate=True,
-                    sampling_prob=q,
-                    use_connect_dots=True,
-                    value_discretization_interval=1e-3,
-                ).self_compose(steps)
-                upper = float(pess.get_epsilon_for_delta(delta))
+                # dp_accounting: optimistic PLD (a lower bound on the true ε), pessimistic (connect-the-dots)
+                lower, upper = (
+                    float(
+                        pldm.from_gaussian_mechanism(
+                            sigma,
+                            pessimistic_estimate=pessimistic,
+                            use_connect_dots=pessimistic,
+                            sampling_prob=q,
+                            value_discretization_interval=1e-3,
+                        )
+                        .self_compose(steps)
+                        .get_epsilon_for_delta(delta)
+                    )
+                    for pessimistic in (False, True)
+                )
                 racc = dpa.rdp.RdpAccountant()
                 inner = dpa.GaussianDpEvent(sigma)
                 racc.compose(dpa.SelfComposedDpEvent(inner if q == 1.0 else dpa.PoissonSampledDpEvent(q, inner), steps))
@@ -571,6 +559,20 @@ def sec_gdp_acc(rng, n: int) -> None:
             check("GdpAccountant eps >= exact Gaussian (sound)", mp_gauss_delta(mu, e) <= delta, s)
 
 
+def _cli_check(runner, app, command: str, args: list[str]):
+    """Run ``dpaudit account COMMAND ...`` and check it exits 0 or 2 without a traceback: (result, command line)."""
+    res = runner.invoke(app, args)
+    s = " ".join(args)
+    check(
+        f"cli account {command}: exit 0/2, no traceback",
+        res.exit_code in (0, 2)
+        and "Traceback" not in res.output
+        and not (res.exception and not isinstance(res.exception, SystemExit)),
+        f"{s}: rc={res.exit_code} {res.output[-200:]!r} {res.exception!r}",
+    )
+    return res, s
+
+
 def sec_cli(rng, n: int) -> None:
     """`dpaudit account dpsgd/calibrate` at extreme inputs: exit code 0 or 2, never a traceback."""
     from typer.testing import CliRunner
@@ -597,15 +599,7 @@ def sec_cli(rng, n: int) -> None:
             "--accountant",
             accountant,
         ]
-        res = runner.invoke(app, args)
-        s = " ".join(args)
-        check(
-            "cli account dpsgd: exit 0/2, no traceback",
-            res.exit_code in (0, 2)
-            and "Traceback" not in res.output
-            and not (res.exception and not isinstance(res.exception, SystemExit)),
-            f"{s}: rc={res.exit_code} {res.output[-200:]!r} {res.exception!r}",
-        )
+        res, s = _cli_check(runner, app, "dpsgd", args)
         if res.exit_code == 2:
             check(
                 "cli account dpsgd: error is one line",
@@ -625,15 +619,7 @@ def sec_cli(rng, n: int) -> None:
             "--delta",
             repr(delta),
         ]
-        res = runner.invoke(app, args)
-        s = " ".join(args)
-        check(
-            "cli account calibrate: exit 0/2, no traceback",
-            res.exit_code in (0, 2)
-            and "Traceback" not in res.output
-            and not (res.exception and not isinstance(res.exception, SystemExit)),
-            f"{s}: rc={res.exit_code} {res.output[-200:]!r} {res.exception!r}",
-        )
+        res, s = _cli_check(runner, app, "calibrate", args)
 
 
 def mp_pure_composition_delta(eps0: float, k: int, eps: float) -> mpmath.mpf:
@@ -722,6 +708,9 @@ def main() -> int:
     p.add_argument("--scale", type=int, default=1)
     p.add_argument("--sections", default=",".join(SECTIONS))
     args = p.parse_args()
+    unknown = [n for n in args.sections.split(",") if n not in SECTIONS]
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(unknown)}; valid: {', '.join(SECTIONS)}")
     t0 = time.time()
     for name in args.sections.split(","):
         t = time.time()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 from scipy import optimize, special
@@ -171,6 +172,20 @@ def _gdp_delta_nearest(mu: float, epsilon: float) -> float:
     return float(special.ndtr(-z_hi)) - phi * _mills(x_hi + h)
 
 
+def _gdp_epsilon_root(delta_at: Callable[[float], float], mu: float, delta: float) -> float | None:
+    """Brent's root of delta_at(ε) = delta for μ-GDP's decreasing δ(ε) (evaluated up or down by the caller), or
+    None when the bracket overflows float64 (μ > 1.3e154). The caller then steps the root to its safe side."""
+    # At ε/μ − μ/2 = 41, δ < φ(40)/40 < 1e-349 rounds to 0 (_gdp_delta_nearest): below every delta > 0.
+    hi = mu * (41.5 + 0.5 * mu)
+    while delta_at(hi) >= delta and not math.isinf(hi):  # mu > 1e15: 41.5 mu is lost in the rounding of hi
+        hi *= 2.0
+    if math.isinf(hi):
+        return None
+    # A relative tolerance only, on a bracket of the root's scale: an absolute 1e-12 (as this once had) returned
+    # 9e-13 where the root is 6e-300 (mu = 1e-300, delta = 1e-310).
+    return float(optimize.brentq(lambda e: delta_at(e) - delta, 0.0, hi, xtol=5e-324, rtol=1e-14, maxiter=500))
+
+
 def gdp_epsilon(mu: float, delta: float) -> float:
     """Smallest ε ≥ 0 with δ(ε) ≤ delta for a μ-GDP mechanism (inverts Corollary 2.13).
 
@@ -185,15 +200,9 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         return math.inf
     if gdp_delta(mu, 0.0) <= delta:
         return 0.0
-    # At ε/μ − μ/2 = 41, δ < φ(40)/40 < 1e-349 rounds to 0 (_gdp_delta_nearest): below every delta > 0.
-    hi = mu * (41.5 + 0.5 * mu)
-    while gdp_delta(mu, hi) > delta and not math.isinf(hi):  # mu > 1e15: 41.5 mu is lost in the rounding of hi
-        hi *= 2.0
-    if math.isinf(hi):  # mu > 1.3e154: epsilon >= mu^2/2 - mu sqrt(2 log(1/delta)) is beyond float64 too
+    eps = _gdp_epsilon_root(lambda e: gdp_delta(mu, e), mu, delta)
+    if eps is None:  # mu > 1.3e154: epsilon >= mu^2/2 - mu sqrt(2 log(1/delta)) is beyond float64 too
         return math.inf
-    # A relative tolerance only, on a bracket of the root's scale: an absolute 1e-12 (as this once had) returned
-    # 9e-13 where the root is 6e-300 (mu = 1e-300, delta = 1e-310).
-    eps = optimize.brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=5e-324, rtol=1e-14, maxiter=500)
     # Never under-report: step up (by a doubling step, so that a root far below brentq's point is left quickly)
     # until the guarantee provably holds at the returned value.
     step = 1e-14 * eps
@@ -220,12 +229,9 @@ def gdp_epsilon_lower(mu: float, delta: float) -> float:
         return math.inf
     if _gdp_delta_lower(mu, 0.0) < delta:
         return 0.0  # the exact ε(δ) is ≥ 0; nothing larger is certain
-    hi = mu * (41.5 + 0.5 * mu)  # as gdp_epsilon: δ(hi) rounds to 0 < delta
-    while _gdp_delta_lower(mu, hi) >= delta and not math.isinf(hi):
-        hi *= 2.0
-    if math.isinf(hi):
-        return float(np.nextafter(hi, 0.0))
-    eps = optimize.brentq(lambda e: _gdp_delta_lower(mu, e) - delta, 0.0, hi, xtol=5e-324, rtol=1e-14, maxiter=500)
+    eps = _gdp_epsilon_root(lambda e: _gdp_delta_lower(mu, e), mu, delta)
+    if eps is None:  # the root is beyond float64: the largest float is below it
+        return float(np.nextafter(math.inf, 0.0))
     step = 1e-14 * eps
     while eps > 0.0 and _gdp_delta_lower(mu, eps) < delta:  # step down until the guarantee provably holds
         eps = max(0.0, float(np.nextafter(eps - step, 0.0)))
