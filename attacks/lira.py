@@ -213,5 +213,5 @@ def lira_from_logits(
 ) -> np.ndarray:
     """Convenience: LiRA scores from target logits ``(n, k)``, reference logits ``(m, n, k)``, labels and
     the IN matrix ``(n, m)``; ``params`` go to :class:`LiRA`."""
-    z, y = check_logits(target_logits, labels)
+    z, y = check_logits(target_logits, labels, labelled=True)
     return LiRA(**params).fit_score(signals_matrix(reference_logits, y), in_mask, logit_scaled_confidence(z, y))

@@ -31,7 +31,7 @@ def attack_features(logits: Any, labels: Any, features: str = "sorted+label") ->
     Log-probabilities (float64) rather than probabilities, so near-1 confidences stay distinct.
     """
     check_choice(FEATURES, features=features)
-    z, y = check_logits(logits, labels)
+    z, y = check_logits(logits, labels, labelled=features == "sorted+label")
     lp = log_softmax(z)
     cols = [-np.sort(-lp, axis=1)]
     if features == "sorted+label":
@@ -126,7 +126,7 @@ class ShadowAttack:
         self.seed = seed
 
     def _features(self, logits: Any, labels: Any, reference: Any) -> tuple[np.ndarray, np.ndarray]:
-        z, y = check_logits(logits, labels)
+        z, y = check_logits(logits, labels, labelled=True)  # the per-class models and the shape checks read them
         X = attack_features(z, y, self.features)
         if reference is not None:
             ref = np.asarray(reference, dtype=np.float64)

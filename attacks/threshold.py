@@ -19,14 +19,20 @@ from dpaudit.validation import host_array
 THRESHOLD_METHODS = ("loss", "confidence", "entropy", "modified-entropy")
 
 
-def check_logits(logits: Any, labels: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Validate (n, k) finite logits (as float64) and, if given, (n,) integer labels in [0, k)."""
+def check_logits(logits: Any, labels: Any = None, *, labelled: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate (n, k) finite logits (as float64) and, if given, (n,) integer labels in [0, k).
+
+    ``labelled``: the caller reads each record's true-label logit, so labels None is refused (NumPy would
+    index ``z[rows, None]`` as a new axis and fail later with a broadcasting error, or return the wrong shape).
+    """
     z = np.asarray(host_array(logits), dtype=np.float64)
     if z.ndim != 2 or z.shape[1] < 2:
         raise InputError(f"expected logits of shape (n_records, n_classes >= 2), got {z.shape}")
     if not np.all(np.isfinite(z)):
         raise InputError("logits contain NaN or inf")
     if labels is None:
+        if labelled:
+            raise InputError(f"expected labels of shape ({z.shape[0]},), got None: the attack reads the labels")
         return z, None
     y = np.asarray(host_array(labels))
     if y.shape != (z.shape[0],):
@@ -59,7 +65,7 @@ def logit_margin(logits: Any, labels: Any) -> np.ndarray:
     so phi = -a. No probability is formed, so phi stays finite and distinct even when p_y rounds
     to 1 in float64 (where log(p/(1-p)) would be inf).
     """
-    z, y = check_logits(logits, labels)
+    z, y = check_logits(logits, labels, labelled=True)
     return z[np.arange(len(z)), y] - _others_lse(z, y)
 
 
@@ -117,7 +123,7 @@ def modified_entropy_score(logits: Any, labels: Any) -> np.ndarray:
     Mentr is monotonically decreasing in p_y and increasing in the wrong-class p_j, so it uses the
     label (unlike entropy, which is small for confidently *wrong* predictions too).
     """
-    z, y = check_logits(logits, labels)
+    z, y = check_logits(logits, labels, labelled=True)
     lp = log_softmax(z)
     p = np.exp(lp)
     l1m = _log1m_probs(lp)

@@ -4,7 +4,6 @@ Library code raises a subclass of :class:`DPAuditError` for anything the user ca
 bad file, unreachable target); the CLI turns it into one line on stderr and exit code 2.
 """
 
-EXIT_OK = 0
 EXIT_VIOLATION = 1  # an audit/check found a violation or failed its check
 EXIT_USAGE = 2  # bad usage or bad input
 

@@ -12,7 +12,6 @@ from dpaudit.errors import InputError
 Method = Literal["clopper-pearson", "gdp", "one-run", "one-run-fdp"]
 ThresholdSelection = Literal["holdout", "bonferroni", "fixed"]
 Design = Literal["membership", "canaries", "multi-run"]
-Alternative = Literal["greater", "less", "two-sided"]
 Verdict = Literal["violation", "curve-refuted", "estimate-exceeds-claim", "consistent", "inconclusive"]
 
 METHODS: tuple[str, ...] = ("clopper-pearson", "gdp", "one-run", "one-run-fdp")

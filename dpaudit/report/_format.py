@@ -157,15 +157,10 @@ def percent(x: Any, digits: int | None = None) -> str:
     p = 100 * v
     if p == 0:
         return "0%"
-    # Decimals for the significant digits (6 of them absorb float noise such as 100 * 0.57 =
-    # 56.99999999999999), counted on the rounded value so that 99.96 gives 100, not 100.0.
-    n = digits or 6
-    decimals = max(0, n - 1 - math.floor(math.log10(abs(p))))
-    decimals = max(0, n - 1 - math.floor(math.log10(abs(round(p, decimals)))))
-    text = f"{p:.{decimals}f}"
-    if digits is None and "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return f"{text}%"
+    # Decimals for the significant digits, counted on the rounded value so that 99.96 gives 100, not 100.0.
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(p))))
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(round(p, decimals)))))
+    return f"{p:.{decimals}f}%"
 
 
 def rate_interval(ci: Any) -> str:

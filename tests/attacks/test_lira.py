@@ -228,6 +228,8 @@ def test_from_logits_end_to_end():
     assert signals_matrix(base, y).shape == (n, m)
     scores = lira_from_logits(target, base, y, in_mask)
     assert evaluate(scores, member, n_bootstrap=0)["auc"] > 0.9
+    with pytest.raises(InputError, match=r"expected labels of shape \(400,\), got None"):
+        lira_from_logits(target, base, None, in_mask)  # was a NumPy broadcasting error
 
 
 def test_rmia_ranks_like_its_pairwise_score():

@@ -71,6 +71,20 @@ def test_bad_input():
         ShadowAttack().score(z, y)
 
 
+@pytest.mark.parametrize("features", ["sorted", "sorted+label"])
+def test_no_labels_is_one_line(features):
+    # Labels None: an AttributeError ('NoneType' has no 'shape') for "sorted", a broadcasting error for
+    # "sorted+label", before the check.
+    z, _, member = toy_logits(50, 0)
+    with pytest.raises(InputError, match=r"expected labels of shape \(50,\), got None"):
+        ShadowAttack(features=features).fit(z, None, member)
+    if features == "sorted+label":
+        with pytest.raises(InputError, match="got None"):
+            attack_features(z, None, features)
+    else:
+        assert attack_features(z, None, features).shape == (50, 4)  # the sorted vector needs no label
+
+
 class TestPartition:
     def test_disjoint_and_sized(self):
         aux = np.arange(1000, 1450)

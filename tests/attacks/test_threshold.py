@@ -82,6 +82,14 @@ def test_bad_input():
         threshold_scores("nope", np.zeros((2, 3)), np.array([0, 1]))
 
 
+@pytest.mark.parametrize("score", [logit_margin, loss_score, modified_entropy_score])
+def test_labelled_scores_refuse_no_labels(score):
+    # z[rows, None] is a new axis, not a label: without the check, a NumPy broadcasting error (or a wrong shape).
+    with pytest.raises(InputError, match=r"expected labels of shape \(2,\), got None"):
+        score(np.zeros((2, 3)), None)
+    assert confidence_score(np.zeros((2, 3)), None).shape == entropy_score(np.zeros((2, 3)), None).shape == (2,)
+
+
 @pytest.fixture(scope="module")
 def memorising_toy():
     """A small MLP trained to memorise 60 records with random labels; 60 unseen records as non-members."""
