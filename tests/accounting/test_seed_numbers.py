@@ -238,9 +238,9 @@ def test_jl_paper_mnist_dpsgd_epsilon_is_below_one():
     event = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
     )
-    theirs = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3).compose(event).get_epsilon(delta)
-    assert ours < 1 and theirs < 1
-    assert ours == pytest.approx(theirs, rel=0.01)
+    theirs = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4).compose(event).get_epsilon(delta)
+    assert ours < 1 and theirs < 1  # 0.86459 both (dp_accounting at 1e-3: 0.8694; RDP: 0.9546)
+    assert ours == pytest.approx(theirs, rel=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------
