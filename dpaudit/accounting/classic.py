@@ -77,11 +77,13 @@ def amplification_by_subsampling(epsilon: float, delta: float, sample_rate: floa
     Formal guarantee for add/remove neighbours: epsilon' = ln(1 + q (e^epsilon - 1)), delta' = q delta
     (Balle, Barthe & Gaboardi 2018, arXiv:1807.01647, Poisson subsampling row of their Table 1; the
     seed lecture's "Amplification via sampling" proof derives the same factor 1 + q (e - 1) for
-    epsilon = 1). Computed with log1p/expm1 so
-    that small q and epsilon keep full precision, and rounded up (:func:`_up`; capped at epsilon, which is
-    exact at q = 1). For epsilon > 700, where e^epsilon overflows, q (e^eps - 1) is evaluated as e^t (1 - e^-eps)
-    with t = eps + ln q (and ln(1 + that) as t + log1p(e^-t (1 - q)) where e^t overflows too), t carrying an
-    absolute error of a few ulps of eps + |ln q|.
+    epsilon = 1). The same (epsilon', delta') holds for a uniform sample of m of n records without replacement,
+    q = m/n, with substitution neighbours, for a mechanism (epsilon, delta)-DP under substitution (ibid., Table 1's
+    row for sampling without replacement; the Yale seed lecture's "Amplification by subsampling" theorem).
+    Computed with log1p/expm1 so that small q and epsilon keep full precision, and rounded up (:func:`_up`; capped
+    at epsilon, which is exact at q = 1). For epsilon > 700, where e^epsilon overflows, q (e^eps - 1) is evaluated
+    as e^t (1 - e^-eps) with t = eps + ln q (and ln(1 + that) as t + log1p(e^-t (1 - q)) where e^t overflows too),
+    t carrying an absolute error of a few ulps of eps + |ln q|.
     """
     eps = check_non_negative(epsilon=epsilon)
     dlt = check_in_interval(0.0, 1.0, lo_open=False, hi_open=False, delta=delta)
