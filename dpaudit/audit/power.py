@@ -410,8 +410,8 @@ def size_for_power(
             raise InputError(
                 f"no design up to {max_size} {unit} is shown to reach power {power:g} against {leak.describe()}: "
                 f"simulated power at {max_size} {unit} {p_hi:.2f} (the simulated audit refuted the claim in "
-                f"{round(p_hi * simulations)} of {simulations} draws, {k_needed} needed); raise max_size, lower the "
-                "power, or plan against a larger leak"
+                f"{round(p_hi * simulations)} of {simulations} draws, {k_needed} needed); allow larger designs "
+                "(max_size), lower the power, or plan against a larger leak"
             )
         lo, hi = hi, min(2 * hi, max_size)
         p_hi = p_doubling(hi)

@@ -147,7 +147,7 @@ def test_plan_max_size_caps_the_search_and_names_the_simulated_power_there():
     assert "no design up to 1000 runs per side is shown to reach power 0.8" in capped.output
     assert (
         "simulated power at 1000 runs per side 0.71 (the simulated audit refuted the claim in 143 of 200 draws, "
-        "172 needed); raise --max-size"
+        "172 needed); allow larger designs (--max-size)"
     ) in capped.output
     for n, smallest, method in (("1", 2, "clopper-pearson"), ("0", 2, "clopper-pearson"), ("3", 4, "one-run")):
         bad = runner.invoke(app, [*base, "--method", method, "--max-size", n])
