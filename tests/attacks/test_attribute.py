@@ -321,7 +321,8 @@ def test_the_records_the_leakage_leaves_out_are_counted_everywhere_it_is_shown()
     assert "33.3%" in html._other_family([d])
     everyone = AttributeResult(0, None, "likelihood", False, None, (0.0, 1.0), groups, {"seed": 0},
                                strata=tuple(map(tuple, cells[:2])), labels=("cat",))  # fmt: skip
-    assert everyone.to_dict()["left_out"]["records"] == 0 and "left out" not in everyone.to_dict()["note"]
+    e = everyone.to_dict()
+    assert e["left_out"]["records"] == 0 and "left out" not in e["note"]
 
 
 def test_members_worse_in_every_cell_never_give_a_positive_leakage():
