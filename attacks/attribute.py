@@ -204,7 +204,7 @@ class AttributeResult:
         return leakage_permutation_test(np.array(self.strata, np.int64), seed=self.params.get("seed", 0))
 
     def to_dict(self) -> dict[str, Any]:
-        leakage, test = self.leakage, self.leakage_test
+        leakage, test, left = self.leakage, self.leakage_test, left_out(np.array(self.strata, np.int64))
         return {
             "attack": "attribute-inference",
             "method": self.method,
@@ -229,7 +229,8 @@ class AttributeResult:
             ],
             "leakage": leakage,
             "leakage_test": test,
-            "note": leakage_reading(leakage, test),
+            "left_out": left,
+            "note": leakage_reading(leakage, test, left),
             "params": dict(self.params),
         }
 
@@ -336,10 +337,32 @@ def leakage_strata(
     return np.array(rows, np.int64).reshape(-1, 6)
 
 
+def _held_by_both(strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the strata as rows, which rows are held by both groups): the cells the leakage can compare."""
+    s = np.asarray(strata, np.int64).reshape(-1, 6)
+    return s, (s[:, 2] > 0) & (s[:, 4] > 0)
+
+
+def left_out(strata: np.ndarray) -> dict[str, Any]:
+    """The records the leakage does not cover: those in (value, label) cells held by members only or non-members
+    only (no gap there; :func:`poststratified_leakage` leaves them out). ``records`` (``members`` +
+    ``nonmembers`` of them), in ``cells`` cells, and ``fraction`` of all the records scored (0 when none are)."""
+    s, both = _held_by_both(strata)
+    members, nonmembers = int(s[~both, 2].sum()), int(s[~both, 4].sum())
+    total = int(s[:, 2].sum() + s[:, 4].sum())
+    return {
+        "records": members + nonmembers,
+        "members": members,
+        "nonmembers": nonmembers,
+        "cells": int(np.count_nonzero(~both)),
+        "fraction": (members + nonmembers) / total if total else 0.0,
+    }
+
+
 def _strata_weights(strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rows used, their weights): the cells held by both groups, weighted by their pooled frequency."""
-    s = np.asarray(strata, np.int64).reshape(-1, 6)
-    used = s[(s[:, 2] > 0) & (s[:, 4] > 0)]
+    s, both = _held_by_both(strata)
+    used = s[both]
     pooled = (used[:, 2] + used[:, 4]).astype(np.float64)
     return used, pooled / pooled.sum() if len(used) else pooled
 
@@ -400,11 +423,20 @@ def leakage_permutation_test(
 LEAKAGE_LEVEL = 0.05
 
 
-def leakage_reading(leakage: float, test: dict[str, Any]) -> str:
-    """The leakage in words, for reports and the CLI: an estimate, with whether it is distinguishable from none."""
+def leakage_reading(leakage: float, test: dict[str, Any], left: dict[str, Any] | None = None) -> str:
+    """The leakage in words, for reports and the CLI: an estimate, with whether it is distinguishable from none,
+    and (``left``, :func:`left_out`) how many records it leaves out, when any."""
     p = test.get("p_value")
     if p is None or not np.isfinite(leakage):
         return "leakage not computed: no (hidden value, label) cell holds both members and non-members"
+    omitted = ""
+    if left and left["records"]:
+        from dpaudit.report._format import rate  # a fraction as the report prints it
+
+        omitted = (
+            f"; {left['records']} records ({rate(left['fraction'])}: {left['members']} members, "
+            f"{left['nonmembers']} non-members) are in {left['cells']} cells held by one group only and are left out"
+        )
     how = (
         f"one-sided permutation p = {p:.3g} ± {test['mc_se']:.1g} Monte Carlo SE, {test['permutations']} "
         "relabellings within (value, label) cells"
@@ -415,7 +447,7 @@ def leakage_reading(leakage: float, test: dict[str, Any]) -> str:
         said = f"not distinguishable from no leakage ({how})"
     return (
         f"leakage {leakage:+z.3f} (estimate: member - non-member accuracy gap within (hidden value, label) cells, "
-        f"weighted by the cells' pooled frequency): {said}; not a DP bound"
+        f"weighted by the cells' pooled frequency): {said}{omitted}; not a DP bound"
     )
 
 

@@ -23,3 +23,8 @@ DEFAULTS = AuditDefaults()
 # The fewest canaries the one-run audit's holdout design takes: half choose the guess counts, half are scored
 # (:func:`dpaudit.audit.one_run.draw_design`). Here so that training code can refuse fewer before training.
 MIN_HOLDOUT_CANARIES = 4
+
+# Largest design `audit plan` (:func:`dpaudit.audit.power.size_for_power`) simulates by default, in runs per side or
+# canaries: beyond it each draw costs too much (`--max-size` lowers it for a faster answer). Here so that the CLI
+# declares the option's default without importing scipy.
+MAX_SIMULATED_SIZE = 1_000_000

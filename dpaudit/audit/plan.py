@@ -299,8 +299,19 @@ def plan_design(
     analyses each canary set twice on a DP-SGD claim, by the one-run (ε, δ) and f-DP audits: 2, or 4 with
     white-box canaries too). Each is planned at 1 − α/``tests`` (union bound), the level it will run at, and
     the simulated power's interval is taken at that level too (:func:`size_for_power` reads one confidence).
+
+    ``max_size``: the largest size searched (default :data:`dpaudit.audit.power.MAX_SIMULATED_SIZE`); when no
+    size up to it is shown to reach ``power``, an InputError names the simulated power at ``max_size`` (or the
+    Neyman-Pearson bound there, when that already rules the plan out without simulating).
     """
     tests = check_positive_int(tests=tests)
+    smallest = smallest_size(method, threshold_selection)
+    if isinstance(max_size, int) and not isinstance(max_size, bool) and max_size < smallest:
+        raise InputError(
+            f"expected max_size >= {smallest}, got {max_size} (the smallest design {method} with "
+            f"{threshold_selection} selection accepts, in {_unit(method)})"
+        )
+    max_size = check_positive_int(max_size=max_size)
     target = check_non_negative(target_epsilon=target_epsilon)
     if math.isinf(target):
         raise InputError("expected a finite claimed epsilon to plan for, got inf (no audit refutes an infinite claim)")

@@ -56,6 +56,7 @@ from scipy import special
 from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon, gdp_mu_from_epsilon_delta
 from dpaudit.audit.result import ESTIMATE_REFUTATIONS, FORMAL_REFUTATIONS
+from dpaudit.defaults import MAX_SIMULATED_SIZE
 from dpaudit.errors import InputError
 from dpaudit.validation import check_choice, check_in_interval, check_non_negative, check_positive_int
 
@@ -71,8 +72,6 @@ DEFAULT_ALTERNATIVE_FACTOR = 2.0
 DEFAULT_ALTERNATIVE_FAMILY = "randomized-response"
 DEFAULT_SIMULATIONS = 200
 DEFAULT_POWER = 0.8
-# Largest design the search simulates (runs per side, or canaries): beyond it each draw costs too much.
-MAX_SIMULATED_SIZE = 1_000_000
 # Bisection stops once the bracket is within this fraction of the size (the power estimate's own
 # noise makes a finer answer meaningless).
 _SIZE_RTOL = 0.05
@@ -336,7 +335,7 @@ def size_for_power(
     known to be 0 (the perfect-attack size). Raises InputError when the leak is not above the claim (then a
     sound audit refutes the claim with probability at most α, never with the requested power), when
     ``simulations`` cannot show ``power`` at all, or when ``max_size`` is not enough — at once, without
-    simulating, when even the most powerful test has less than ``power`` at ``max_size``
+    simulating, when ``start`` exceeds it or when even the most powerful test has less than ``power`` at ``max_size``
     (:func:`power_upper_bound`; a formal audit only). A size where that bound is below ``power`` is never returned.
     """
     power = check_in_interval(0.0, 1.0, power=power)
@@ -400,12 +399,19 @@ def size_for_power(
         return p(n) if possible(n) else 0.0  # not simulated: read as power 0, "not enough"
 
     lo, hi = None, max(1, int(start))
+    if hi > max_size:  # power 0 below start: no size up to max_size can refute the claim (never simulate past it)
+        raise InputError(
+            f"no design up to {max_size} {unit} can refute epsilon = {numfmt.upper(claimed)}: even a perfect attack "
+            f"needs {hi} {unit}; raise max_size to at least {hi}"
+        )
     p_hi = p_doubling(hi)
     while not enough(p_hi):
         if hi >= max_size:
             raise InputError(
-                f"no design up to {max_size} is shown to reach power {power:g} against {leak.describe()} "
-                f"(simulated power there: {p_hi:.2f}); lower the power, or plan against a larger leak"
+                f"no design up to {max_size} {unit} is shown to reach power {power:g} against {leak.describe()}: "
+                f"simulated power at {max_size} {unit} {p_hi:.2f} (the simulated audit refuted the claim in "
+                f"{round(p_hi * simulations)} of {simulations} draws, {k_needed} needed); allow larger designs "
+                "(max_size), lower the power, or plan against a larger leak"
             )
         lo, hi = hi, min(2 * hi, max_size)
         p_hi = p_doubling(hi)

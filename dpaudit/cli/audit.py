@@ -26,7 +26,7 @@ from dpaudit.cli._common import (
     options,
     progress,
 )
-from dpaudit.defaults import DEFAULTS
+from dpaudit.defaults import DEFAULTS, MAX_SIMULATED_SIZE
 from dpaudit.errors import EXIT_VIOLATION, InputError
 from dpaudit.plugins import PLUGIN_SCORE_HELP
 
@@ -298,6 +298,14 @@ def plan_cmd(
             "canaries too.",
         ),
     ] = 1,
+    max_size: Annotated[
+        int,
+        typer.Option(
+            "--max-size",
+            help="Largest design searched, in runs per side (one-run methods: canaries). No size up to it "
+            "reaching --power is an error naming the simulated power at it; a smaller cap answers sooner.",
+        ),
+    ] = MAX_SIMULATED_SIZE,
     json_output: JsonFlag = False,
 ) -> None:
     """Runs per side (one-run methods: canaries) needed to refute --epsilon with --power, by simulating the audit.
@@ -311,6 +319,7 @@ def plan_cmd(
         target_epsilon, delta=delta, confidence=confidence, method=method, threshold_selection=threshold_selection,
         alternative="two-sided" if two_sided else "greater", true_epsilon=true_epsilon, mu=mu, family=family,
         power=power, simulations=simulations, tradeoff=parse_tradeoff(tradeoff, method), seed=seed, tests=tests,
+        max_size=max_size,
     )  # fmt: skip
     emit(plan.to_dict(), plan.summary(), json_flag=json_output)
 

@@ -194,7 +194,8 @@ def attribute(
     JSON: checkpoint, attack, method, feature, feature_name, columns, binarised, threshold, candidates, members and
     nonmembers ({n, accuracy, baseline_accuracy, advantage}), strata (per value and label: members,
     members_right, nonmembers, nonmembers_right), leakage, leakage_test ({p_value, mc_se, permutations, seed}),
-    note (the leakage in words), params.
+    left_out (the records in cells held by one group only, which the leakage leaves out: {records, members,
+    nonmembers, cells, fraction}), note (the leakage in words), params.
     """
     from attacks.attribute import run_attribute
     from dpaudit.checkpoint import load_run

@@ -453,7 +453,7 @@ def scalar_text(key: str, value: Any) -> str:
 # :func:`rate`, as `dpaudit train --algo cloak` prints them; ``.4g`` showed the cloak's suppression_ratio 0.7627 and
 # accuracy_loss 0.2429 beside the CLI's "suppressed 76.3%" and "loss 24.3%", and an extraction's target_accuracy 0.922
 # below a utility table reading 92.2%.
-_RATE_KEYS = ("accuracy_loss", "suppression_ratio", "positive_rate")
+_RATE_KEYS = ("accuracy_loss", "suppression_ratio", "positive_rate", "fraction")  # fraction: left_out's (attribute)
 
 
 NOISE_HEADER = ("parameter group", "noise values", "noise std / σC (estimate)", "upper bound", "p-value", "resolves ≤")

@@ -12,7 +12,7 @@ from torch import nn
 
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.config import PerfConfig, TrainConfig
+from dpaudit.training.config import PerfConfig, TrainConfig, settings_read
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -88,6 +88,13 @@ class Trainer(ABC):
             raise InputError(f"algorithm {self.name!r} is private: give --noise-multiplier or --epsilon")
         if not self.private and config.dp is not None:
             raise InputError(f"algorithm {self.name!r} is not private; DP options need --algo dpsgd or dpadam")
+
+    def recorded_settings(self) -> dict[str, Any]:
+        """The settings the checkpoint records under ``training``: the whole config for the minibatch trainers;
+        for the others (:attr:`batched` False) only the fields the algorithm reads
+        (:func:`dpaudit.training.config.settings_read`), so no unread epochs, batch size or learning rate reads
+        as the run's recipe."""
+        return self.config.to_dict() if self.batched else settings_read(self.config)
 
     @abstractmethod
     def fit(

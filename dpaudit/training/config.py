@@ -296,6 +296,27 @@ OPTION_NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# TrainConfig / DPConfig fields under the `dpaudit train` option of OPTION_READERS that sets them, where the names
+# differ (a fixed Poisson rate is part of the sampling). Fields of no option there (algo, seed) are read by all.
+_FIELD_OPTIONS = {"weight_decay": "l2", "target_epsilon": "epsilon", "sample_rate": "sampling"}
+
+
+def settings_read(config: TrainConfig) -> dict[str, Any]:
+    """``config.to_dict()`` without the fields ``config.algo`` never reads (:data:`OPTION_READERS`), for the
+    checkpoint's ``training`` record: a DP-AGD run recorded "epochs 30, batch_size 64, lr 0.1, sampling poisson,
+    accountant rdp" that its full-batch, zCDP-accounted descent never read, and a reader took them for its recipe.
+    Loading fills a dropped field with its default (:meth:`TrainConfig.from_dict`), which the algorithm ignores."""
+
+    def read(name: str) -> bool:
+        readers = OPTION_READERS.get(_FIELD_OPTIONS.get(name, name))
+        return readers is None or config.algo in readers
+
+    d = {k: v for k, v in config.to_dict().items() if k == "dp" or read(k)}
+    if d["dp"] is not None:
+        d["dp"] = {k: v for k, v in d["dp"].items() if read(k)}
+    return d
+
+
 def check_options_read(algo: str, given: Collection[str]) -> None:
     """Refuse (InputError) an option in ``given`` (the options the user set) that ``algo`` does not read.
 

@@ -359,6 +359,10 @@ class DPAGDTrainer(Trainer):
             objective=self.objective, splits=self.config.steps or 60,
         )  # fmt: skip
 
+    def recorded_settings(self) -> dict[str, Any]:
+        """The fields DP-AGD reads, with ``steps`` the splits it ran (60 when --steps was not given)."""
+        return {**super().recorded_settings(), "steps": self.dpagd_config().splits}
+
     def fit(
         self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, progress: Progress = NULL_PROGRESS
     ) -> TrainOutcome:

@@ -297,7 +297,7 @@ def train_run(
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,
         preprocessing={**fitted.preprocessing.to_dict(), "fitted_on": fitted_on},
-        training={**config.to_dict(), "steps_run": steps_run, "history": fitted.outcome.history},
+        training={**trainer.recorded_settings(), "steps_run": steps_run, "history": fitted.outcome.history},
         performance={**perf.to_dict(), **fitted.outcome.performance},
         privacy=fitted.outcome.privacy, metrics=metrics,
         seed=config.seed, canaries=canaries.describe() if canaries is not None else None,

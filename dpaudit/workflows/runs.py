@@ -156,9 +156,8 @@ def train_from_options(
             keep_private_diagnostics=keep_private_diagnostics, subsample=subsample, sanitiser=sanitiser,
             notify=notify,
         )  # fmt: skip
-        from dpaudit.training.pate import data_dependent_note
-
-        if (note := data_dependent_note(meta.get("privacy") or {}, epsilon)) is not None:
+        # The run's record carries the note (pate.data_dependent_note, stored as privacy["note"]): one source.
+        if (note := (meta.get("privacy") or {}).get("note")) is not None:
             notify(note)
         return meta
     from dpaudit.data import load_dataset, make_splits

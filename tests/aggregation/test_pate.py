@@ -338,20 +338,25 @@ def test_the_runs_record_keeps_the_data_dependent_note():
 def test_the_train_workflow_says_the_data_dependent_note(monkeypatch, tmp_path):
     """The note above reaches the user through `dpaudit train`'s workflow (a mutant dropping that call passed every
     fast test, which read the note's function alone). The aggregation run itself is replaced: only the wiring is
-    under test."""
+    under test. The workflow says the note the run's record carries (``privacy["note"]``, written with the claim),
+    not one it computes again: the fake's note is marked, so a recomputed note (planted: the workflow calling
+    data_dependent_note again) or none (the call dropped) fails."""
     import inspect
 
     import dpaudit.training.pate as pate
     from dpaudit.workflows import runs
 
     privacy = {"claim": "data-dependent", "epsilon": 2.654143302902476, "data_independent_epsilon": 0.9999710286616814}
+    recorded = pate.data_dependent_note(privacy, 1.0) + " [as recorded]"
+    privacy["note"] = recorded
     monkeypatch.setattr(pate, "train_from_options", lambda out, **kw: {"privacy": privacy})
     params = inspect.signature(runs.train_from_options).parameters
     kw = {n: None for n, p in params.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
     notes = []
     kw.update(algo="dp-icl", epsilon=1.0, claim="data-dependent", split="0.25,0.25,0.25,0.25", notify=notes.append)
     assert runs.train_from_options(tmp_path / "r", **kw) == {"privacy": privacy}
-    assert [n for n in notes if n.startswith("the data-dependent claim ε = 2.65415 is above the --epsilon 1")], notes
+    assert recorded.startswith("the data-dependent claim ε = 2.65415 is above the --epsilon 1")
+    assert [n for n in notes if n.startswith("the data-dependent claim")] == [recorded], notes
 
 
 def test_icl_family_on_a_confident_gnmax_run_with_more_canaries_than_queries(tmp_path):

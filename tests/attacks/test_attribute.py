@@ -295,6 +295,36 @@ def test_leakage_is_the_cell_gap_weighted_by_pooled_frequency():
     assert json.loads(json.dumps(d))["leakage_test"]["permutations"] == 40_000
 
 
+def test_the_records_the_leakage_leaves_out_are_counted_everywhere_it_is_shown():
+    """Cells held by members only or non-members only have no gap and were dropped without a word: on digits with
+    a many-valued hidden feature that can be many records. The two cells of the test above plus (2, 0) held by 3
+    members only and (0, 1) by 2 non-members only: the leakage is still 1/60, and 5 of the 15 records (33.3%: 3
+    members, 2 non-members, in 2 cells) are left out, said in the JSON (``left_out``), the note (which the CLI
+    and the reports print) and the reports' numbers (the fraction as a percentage). Planted: the field dropped, or
+    the note without it -> fail."""
+    from attacks.attribute import AttributeResult
+    from dpaudit.report import html, markdown
+
+    cells = [(0, 0, 4, 3, 2, 1), (1, 0, 1, 0, 3, 1), (2, 0, 3, 2, 0, 0), (0, 1, 0, 0, 2, 1)]
+    strata = _strata(*_records(cells))
+    groups = {g: {"n": n, "accuracy": 0.5, "baseline_accuracy": 0.5, "advantage": 0.0} for g, n in
+              (("members", 8), ("nonmembers", 7))}  # fmt: skip
+    r = AttributeResult(0, None, "likelihood", False, None, (0.0, 1.0, 2.0), groups, {"seed": 0},
+                        strata=tuple(map(tuple, strata.tolist())), labels=("cat", "dog"))  # fmt: skip
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["leakage"] == pytest.approx(1 / 60, abs=1e-15)
+    assert d["left_out"] == {"records": 5, "members": 3, "nonmembers": 2, "cells": 2, "fraction": 5 / 15}
+    said = "5 records (33.3%: 3 members, 2 non-members) are in 2 cells held by one group only and are left out"
+    assert said in d["note"]
+    text = "\n".join(markdown._other_family([d]))
+    assert "left\\_out.records 5" in text and "left\\_out.fraction 33.3%" in text and said in text
+    assert "33.3%" in html._other_family([d])
+    everyone = AttributeResult(0, None, "likelihood", False, None, (0.0, 1.0), groups, {"seed": 0},
+                               strata=tuple(map(tuple, cells[:2])), labels=("cat",))  # fmt: skip
+    e = everyone.to_dict()
+    assert e["left_out"]["records"] == 0 and "left out" not in e["note"]
+
+
 def test_members_worse_in_every_cell_never_give_a_positive_leakage():
     """Simpson's paradox: members mostly in the easy cell are right 85% of the time against the non-members' 15%,
     yet in each cell members are guessed less often; the leakage is negative (the plain gap would say +0.70).

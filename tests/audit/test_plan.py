@@ -321,7 +321,7 @@ def test_size_for_power_called_without_a_confidence_decides_at_the_audits_defaul
     # compared with ">": the search doubled at the cap forever). 16, where the most powerful test on the holdout's
     # 8 evaluation runs per side has power 0.999 but the audit none: the simulated path (a cap of 8 is refused before
     # simulating now, as the bound on its 4 evaluation runs is 0.60).
-    with pytest.raises(InputError, match=r"no design up to 16 is shown to reach power 0\.8"):
+    with pytest.raises(InputError, match=r"no design up to 16 runs per side is shown to reach power 0\.8"):
         size_for_power(1.0, leak, simulations=20, start=2, max_size=16)
     # There no randomized-response leak at all reaches 0.8 (its bound saturates at 0.60): said so, where the search
     # for the plannable leak doubled epsilon to inf and answered "expected a finite true epsilon".

@@ -215,3 +215,26 @@ def test_local_dp_reading_uses_the_exact_range_not_its_float32_rounding():
     c = Cloak(mu=0 * hi, sigma=np.array([0.5], np.float32), lo=lo, hi=hi, meta={"lambda": 1.0, "metrics": {}})
     exact_mu = (float(hi[0]) - float(lo[0])) / 0.5
     assert local_dp_reading(c, 1e-5)["composed_mu"] >= exact_mu
+
+
+def test_the_decoder_is_fitted_on_the_records_the_cloak_releases_clipped_as_the_victims_are():
+    """The cloak releases clip(x, lo, hi) + r (seed "Cloak: Noisy Representation": x + r, on x clipped to the
+    training bounds). The leakage decoder was fitted on (release, unclipped aux record) pairs but scored against
+    the clipped victims' records: with a cloak of almost no noise (sigma = 1e-3 of a unit range) and records
+    uniform on [-1, 2] (a third outside the bounds on each side), the relative error read 0.72 where the release
+    gives the clipped record away. Fitted and scored on clipped records, the decoder's error is the noise's
+    variance, 1e-6 (relative ~5e-6 against the mean predictor's ~0.2), bounded here by 1e-4; the mean predictor
+    is the clipped aux mean. Planted (the aux records left unclipped): 0.72 > 1e-4."""
+    from attacks.cloak import cloak_leakage
+
+    rng = np.random.default_rng(0)
+    lo, hi = np.zeros(3, np.float32), np.ones(3, np.float32)
+    c = Cloak(mu=0 * hi, sigma=np.full(3, 1e-3, np.float32), lo=lo, hi=hi,
+              meta={"lambda": 1.0, "metrics": {"suppression_threshold": 1.0}, "config": {"delta": 1e-5}})  # fmt: skip
+    X_aux, X_eval = rng.uniform(-1, 2, (400, 3)), rng.uniform(-1, 2, (200, 3))
+    rec = cloak_leakage(c, X_aux, X_eval, feature=0).reconstruction
+    assert rec["relative_error"] < 1e-4 and rec["mse_cloaked"] < 4e-6, rec
+    clipped_aux = np.clip(X_aux.astype(np.float32), 0, 1).astype(np.float64)
+    clipped_eval = np.clip(X_eval.astype(np.float32), 0, 1).astype(np.float64)
+    baseline = float(np.mean((clipped_eval - clipped_aux.mean(axis=0)) ** 2))
+    assert rec["mse_mean_baseline"] == pytest.approx(baseline, rel=1e-12)

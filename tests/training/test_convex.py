@@ -415,6 +415,30 @@ def test_a_training_set_smaller_than_the_unused_batch_size_trains(tmp_path, algo
     meta = json.loads((out / "checkpoint.json").read_text())
     assert meta["split"]["sizes"]["members"] == 14 and meta["privacy"]["dataset_size"] == 14
     assert meta["training"]["steps_run"] is None  # no minibatch step ran (DP-AGD's iterations are in the claim)
+    # Only the settings the algorithm reads are recorded (planted: the whole config recorded -> fail). A DP-AGD run
+    # recorded "epochs 30, batch_size 64, lr 0.1, momentum 0, sampling poisson, accountant rdp", none of which its
+    # full-batch, zCDP-accounted descent reads; outpert/objpert recorded those and an unread C and delta too.
+    from dpaudit.report._format import training_text
+    from dpaudit.training.run import configs_from_meta
+
+    training = meta["training"]
+    assert not {"epochs", "batch_size", "lr", "momentum"} & training.keys(), training
+    read = {"dpagd": {"clip", "delta", "secure_noise", "target_epsilon"}}.get(algo, {"secure_noise", "target_epsilon"})
+    assert set(training["dp"]) == read, training["dp"]
+    if algo == "dpagd":  # the splits it ran: 60 by default (--steps not given)
+        assert training["steps"] == meta["privacy"]["splits"] == 60
+        assert training_text(training) == "dpagd, C 1.0, λ (L2) 0.0, splits 60, seed 0"
+    else:
+        assert "steps" not in training and training_text(training) == f"{algo}, λ (L2) 0.1, seed 0"
+    # The run loads for reference models (the dropped fields take their defaults, which the algorithm ignores), and
+    # so does one recorded before, with the unread SGD settings.
+    config, _ = configs_from_meta(meta)
+    old_dp = {**training["dp"], "clip": 1.0, "delta": 1e-5, "sampling": "poisson", "accountant": "rdp"}
+    old = {**training, "epochs": 30, "batch_size": 64, "lr": 0.1, "momentum": 0.0, "dp": old_dp}
+    before, _ = configs_from_meta({**meta, "training": old})
+    assert (before.algo, before.weight_decay, before.dp.target_epsilon) == (config.algo, config.weight_decay, 1.0)
+    shown = CliRunner().invoke(app, ["inspect", str(out)])
+    assert shown.exit_code == 0 and f"algo {algo}" in shown.output, shown.output
 
 
 @pytest.mark.parametrize("algo", ["outpert", "dpagd"])
