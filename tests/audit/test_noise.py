@@ -268,3 +268,20 @@ def test_the_cli_summary_prints_a_groups_bounds_as_the_report_does():
     (row,) = noise_rows(check.to_dict())
     assert f"upper bound {row[3]})" in line and row[3] == "0.99996", line
     assert line.endswith(f"resolves ratios <= {row[5]}") and row[5] == "0.7777", line
+
+
+@pytest.mark.parametrize(("dof", "p"), [(10**7, 1e-8), (10**6, 1e-6), (3 * 10**6, 1e-7), (10**5, 1e-12), (10**4, 1e-3)])
+def test_the_variance_p_value_is_not_below_the_exact_chi2_tail(dof, p):
+    """P[χ²_dof ≤ x] against 60-digit mpmath (A&S 6.5.29 with 13.1.2). scipy's chi2.cdf was 0.38 % low at dof 1e7,
+    p = 1e-8 (1.00385e-8 exact, 1.0000e-8 scipy; 24 % at 1e8) and 1.7e-8 at dof 1e6, p = 1e-6: a noise check there
+    declared "too little noise" (p ≤ α) for noise as claimed. Planted: scipy's value (no series) fails the first
+    three cases; the series without its rounding margin fails (10**7, 1e-8) (17 ulps low) and (3 * 10**6, 1e-7)."""
+    import mpmath as mp
+
+    x = float(stats.chi2.ppf(p, dof))
+    with mp.workdps(60):
+        a, y = mp.mpf(dof) / 2, mp.mpf(x) / 2
+        exact = mp.exp(a * mp.log(y) - y - mp.loggamma(a + 1)) * mp.hyp1f1(1, a + 1, y, maxterms=10**7)
+        got = variance_p_value(x, dof, 1.0)
+        assert exact <= got <= exact * (1 + 1e-10)
+    assert variance_p_value(0.0, dof, 1.0) == 0.0 and variance_p_value(math.inf, dof, 1.0) == 1.0
