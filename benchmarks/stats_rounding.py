@@ -18,10 +18,12 @@ Sections (``--sections`` picks, default all; ``--large`` adds the slow points):
   (float − exact)/exact in ulps (< 0: rejects where exact arithmetic does not). ``raw=1``: without the margin.
 - ``whitebox``: estimate_ratio's shift_lower, sigma_upper and ratio_lower against the same statistics of the
   same data in 50 digits (exact z and χ² quantile), in ulps of each, unsafe direction > 0.
+- ``noise``: the noise check's variance p-value (noise.variance_p_value) and scipy's chi2.cdf against 60 digits,
+  dof 1e4..1e7 (``--large``: 1e8), relative error below exact (> 0 unsafe).
 - ``pld``: δ(0) of one Gaussian (σ 1e3..1e10) and one Poisson-subsampled Gaussian step against erf in 40 digits
   (relative, < 0 unsafe); ``--large`` adds the interval masses' own error (pld_pairs.interval_mass_errors' units).
 
-    PYTHONPATH=$PWD nice python benchmarks/stats_rounding.py [--sections cp,pvalue,fdp,whitebox,pld] [--large]
+    PYTHONPATH=$PWD nice python benchmarks/stats_rounding.py [--sections cp,pvalue,fdp,whitebox,pld,noise] [--large]
 """
 
 from __future__ import annotations
@@ -437,12 +439,39 @@ def pld_masses() -> None:
     print(f"pld interval masses: worst error {worst:.3f} units (2^-52 sum v(1 + |ln v|)) at {where}")
 
 
+def noise_variance(large: bool = False) -> None:
+    """noise.variance_p_value (and scipy's chi2.cdf) against P[χ²_dof ≤ x] in 60 digits (A&S 6.5.29 with 13.1.2)
+    at x = chi2.ppf(p): the worst relative error BELOW exact (unsafe: "too little noise" for noise as claimed)."""
+    from scipy import stats as st
+
+    from dpaudit.audit.noise import variance_p_value
+
+    worst = {"scipy chi2.cdf": (-math.inf, None), "variance_p_value": (-math.inf, None)}
+    dofs = (10**4, 10**5, 10**6, 3 * 10**6, 10**7) + ((10**8,) if large else ())
+    for dof in dofs:
+        for p in (0.4, 0.05, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 1e-12):
+            x = float(st.chi2.ppf(p, dof))
+            with mp.workdps(60):
+                a, y = mp.mpf(dof) / 2, mp.mpf(x) / 2
+                ex = mp.exp(a * mp.log(y) - y - mp.loggamma(a + 1)) * mp.hyp1f1(1, a + 1, y, maxterms=10**8)
+                for name, val in (
+                    ("scipy chi2.cdf", st.chi2.cdf(x, dof)),
+                    ("variance_p_value", variance_p_value(x, dof, 1.0)),
+                ):
+                    err = float((ex - mp.mpf(float(val))) / ex)
+                    if err > worst[name][0]:
+                        worst[name] = (err, (dof, p))
+    for name, (e, at) in worst.items():
+        print(f"{name}: worst relative error below exact {e:.3g} at (dof, p)={at}")
+
+
 SECTIONS = {
     "cp": lambda large: clopper_pearson_and_epsilon(),
     "pvalue": one_run_p_values,
     "fdp": fdp_recursion,
     "whitebox": whitebox,
     "pld": pld_delta0,
+    "noise": noise_variance,
 }
 
 
