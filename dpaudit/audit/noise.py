@@ -157,6 +157,27 @@ _SCIPY_ACCURATE_ABOVE = 1e-4
 _SCIPY_REL_ERROR = 2.0**-40
 
 
+def _chi2_lower_quantile(level: float, dof: int) -> float:
+    """A lower bound on the χ²_dof quantile at ``level`` (P[χ² ≤ x] = level), for the upper confidence bound on the
+    noise std, consistent with :func:`variance_p_value`: that bound is below 1 exactly when the p-value is below the
+    level. scipy's chi2.ppf inverts its chi2.cdf, which is low where the p-value sums the tail itself (see
+    _SCIPY_ACCURATE_ABOVE), so its quantile is HIGH there (the std's bound too low): there the largest x found with
+    variance_p_value(x) < level is taken (bisection, 60 steps from scipy's value). Elsewhere scipy's quantile lowered
+    by 2^-40 relative (chi2.ppf measured up to 20 ulps high, df 1, level 1e-15)."""
+    x = float(stats.chi2.ppf(level, dof))
+    if not (dof >= _SERIES_DOF and level < _SCIPY_ACCURATE_ABOVE and 0.0 < x < dof):
+        return x * (1.0 - _SCIPY_REL_ERROR)
+    lo, hi = x, x
+    while variance_p_value(lo, dof, 1.0) >= level:  # our P is ≥ scipy's, so P(x) ≥ level: step down
+        hi, lo = lo, lo - max(lo, 1.0) * 1e-3
+        if lo <= 0.0:
+            return 0.0  # no positive x has P below the level: the bound is infinite
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if variance_p_value(mid, dof, 1.0) < level else (lo, mid)
+    return lo
+
+
 def _chi2_lower_tail(x: float, dof: int) -> float:
     """P[χ²_dof ≤ x] for x < dof, rounded up: P(a, y) = y^a e^−y / Γ(a + 1) · ₁F₁(1; a + 1; y), a = dof/2, y = x/2
     (Abramowitz & Stegun 6.5.29 with 13.1.2). The prefactor's exponent a ln y − y − ln Γ(a + 1) cancels to a few
@@ -282,7 +303,7 @@ def noise_check(
         S = float(ss[:, g].sum())
         p = variance_p_value(S, dof, std)
         ratio = math.sqrt(S / dof) / std
-        upper = math.sqrt(S / stats.chi2.ppf(a_group, dof)) / std  # χ² upper confidence bound on s, level a_group
+        upper = math.sqrt(S / _chi2_lower_quantile(a_group, dof)) / std  # χ² upper confidence bound on s, level a_group
         groups.append(GroupVariance(names[g], dof, ratio, upper, p, resolvable_noise_ratio(dof, a_group)))
     p_var = min(1.0, min(g.p_value for g in groups) * len(groups))
     steps_dependent = p_indep is not None and p_indep <= a_ind
