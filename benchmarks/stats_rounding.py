@@ -8,14 +8,31 @@ Run with ``raw=1`` in the environment to measure scipy's values (the unmargined 
 functions are measured, and every unsafe error must then be ≤ 0. The last two lines are always scipy's / the float
 p-value's own error (the one-run margin is applied by the caller, one_run_epsilon_lower_bound).
 
-    PYTHONPATH=$PWD nice python benchmarks/stats_rounding.py
+Sections (``--sections`` picks, default all; ``--large`` adds the slow points):
+
+- ``cp``: the Clopper–Pearson limits, hypothesis_test_epsilon, gdp_mu_lower_bound and the pure one-run ε (above).
+- ``pvalue``: the one-run δ > 0 log p-value's shortfall, m ≤ 1e4 (``--large``: also m = 1e5 and 1e6 at sampled
+  points; the exact sums then run to 4e4 terms each).
+- ``fdp``: the one-run f-DP recursion (fdp_one_run.fdp_rejects): at random (m, k, v, curve) the smallest float α
+  at which it rejects, against the α at which the recursion in 50-digit arithmetic first rejects; the worst
+  (float − exact)/exact in ulps (< 0: rejects where exact arithmetic does not). ``raw=1``: without the margin.
+- ``whitebox``: estimate_ratio's shift_lower, sigma_upper and ratio_lower against the same statistics of the
+  same data in 50 digits (exact z and χ² quantile), in ulps of each, unsafe direction > 0.
+- ``noise``: the noise check's variance p-value (noise.variance_p_value) and scipy's chi2.cdf against 60 digits,
+  dof 1e4..1e7 (``--large``: 1e8), relative error below exact (> 0 unsafe).
+- ``pld``: δ(0) of one Gaussian (σ 1e3..1e10) and one Poisson-subsampled Gaussian step against erf in 40 digits
+  (relative, < 0 unsafe); ``--large`` adds the interval masses' own error (pld_pairs.interval_mass_errors' units).
+
+    PYTHONPATH=$PWD nice python benchmarks/stats_rounding.py [--sections cp,pvalue,fdp,whitebox,pld,noise] [--large]
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
+import time
 
 import mpmath as mp
 import numpy as np
@@ -76,48 +93,64 @@ def exact_lower(k: int, n: int, alpha: float, x: float) -> mp.mpf:
 def exact_log_p_value(m: int, r: int, v: int, eps: float, delta: float) -> mp.mpf:
     """ln of the one-run p-value β + 2mδ·max_i S_i/i (dpaudit.audit.one_run._log_p_value) at 50 digits,
     q = e^ε/(1 + e^ε) exactly for the float ε, all terms within 40 sd of the mean summed (the rest is below
-    1e-300 relative)."""
+    1e-300 relative); the pmf by its term ratio from j = v both ways (relative error ~ terms x 1e-50)."""
     q = 1 / (1 + mp.exp(-mp.mpf(eps)))
-    lq, l1q, lgr = mp.log(q), mp.log1p(-q), mp.loggamma(r + 1)
-
-    def pmf(j):
-        return mp.exp(lgr - mp.loggamma(j + 1) - mp.loggamma(r - j + 1) + j * lq + (r - j) * l1q)
-
+    rho = q / (1 - q)
     sd = mp.sqrt(r * q * (1 - q))
     lo, hi = max(0, min(v, int(r * q - 40 * sd - 50))), min(r, max(v, int(r * q + 40 * sd + 50)))
-    beta = mp.fsum(pmf(j) for j in range(v, hi + 1))
-    best, s = mp.mpf(0), mp.mpf(0)
+    pv = mp.exp(
+        mp.loggamma(r + 1) - mp.loggamma(v + 1) - mp.loggamma(r - v + 1) + v * mp.log(q) + (r - v) * mp.log1p(-q)
+    )
+    beta, t = pv, pv
+    for j in range(v, hi):
+        t = t * (r - j) * rho / (j + 1)
+        beta += t
+    best, s, t = mp.mpf(0), mp.mpf(0), pv
     for i in range(1, v - lo + 1):
-        s += pmf(v - i)
+        j = v - i + 1  # t is pmf(j); pmf(j − 1) = pmf(j)·j / ((r − j + 1)·ρ)
+        t = t * j / ((r - j + 1) * rho)
+        s += t
         best = max(best, s / i)
     return min(mp.mpf(0), mp.log(beta + 2 * m * mp.mpf(delta) * best))
 
 
-def one_run_p_values() -> None:
+def one_run_p_values(large: bool = False) -> None:
     """Worst amount by which dpaudit's float log p-value of the one-run test falls BELOW the exact one (unsafe: a
     crossing p = α found in floats can have exact p > α), in units of 2^-52·(ln Γ(r + 1) + r + 4)."""
     from scipy.special import expit, gammaln
 
     from dpaudit.audit.one_run import _log_p_value
 
-    worst, where = -math.inf, None
-    for m in (100, 1000, 10_000):
-        for r in sorted({m, m // 2, m // 4, m // 16}):
-            for frac in (0.55, 0.7, 0.9, 0.99, 1.0):
-                v = max(1, min(r, round(frac * r)))
-                for delta in (1e-8, 1e-5, 1e-3):
-                    for eps in (0.1, 0.5, 1.0, 2.0, 4.0, 8.0):
-                        if r * expit(eps) > v:
-                            continue
-                        c = _log_p_value(m, r, v, eps, delta)
-                        if c in (0.0, -math.inf):
-                            continue
-                        err = float((exact_log_p_value(m, r, v, eps, delta) - c) / ((gammaln(r + 1.0) + r + 4) * U))
-                        if err > worst:
-                            worst, where = err, (m, r, v, eps, delta)
+    def grid():
+        for m in (100, 1000, 10_000):
+            for r in sorted({m, m // 2, m // 4, m // 16}):
+                for frac in (0.55, 0.7, 0.9, 0.99, 1.0):
+                    for delta in (1e-8, 1e-5, 1e-3):
+                        for eps in (0.1, 0.5, 1.0, 2.0, 4.0, 8.0):
+                            yield m, r, frac, delta, eps
+        if large:  # sampled: each point sums up to 4e4 terms at 50 digits
+            for m in (100_000, 1_000_000):
+                for r in (m, m // 4):
+                    for frac in (0.55, 0.7, 0.9):
+                        for delta in (1e-8, 1e-5):
+                            for eps in (0.1, 0.5, 1.5):
+                                yield m, r, frac, delta, eps
+
+    worst, where, n = -math.inf, None, 0
+    for m, r, frac, delta, eps in grid():
+        v = max(1, min(r, round(frac * r)))
+        if r * expit(eps) > v:
+            continue
+        c = _log_p_value(m, r, v, eps, delta)
+        if c in (0.0, -math.inf):
+            continue
+        n += 1
+        err = float((exact_log_p_value(m, r, v, eps, delta) - c) / ((gammaln(r + 1.0) + r + 4) * U))
+        if err > worst:
+            worst, where = err, (m, r, v, eps, delta)
     print(
-        f"one-run log p-value: worst shortfall {worst:.4f} x (lnGamma(r + 1) + r + 4) ulps"
-        f" at (m, r, v, eps, delta)={where}"
+        f"one-run log p-value ({n} points{', m to 1e6' if large else ''}): worst shortfall {worst:.4f} x"
+        f" (lnGamma(r + 1) + r + 4) ulps at (m, r, v, eps, delta)={where}"
     )
 
 
@@ -172,7 +205,7 @@ def points(rng):
     return out
 
 
-def main() -> int:
+def clopper_pearson_and_epsilon() -> None:
     rng = np.random.default_rng(0)
     pts = points(rng)
     worst_up = worst_lo = -math.inf
@@ -260,8 +293,202 @@ def main() -> int:
         if err > worst_l:
             worst_l, where_l = err, (k, n, a)
     print(f"one_run_pure_epsilon (logit): worst unsafe error {worst_l:.3f} x (|eps| + 1) ulps at {where_l}")
-    one_run_p_values()
     scan_small_k()
+
+
+def fdp_recursion(large: bool = False) -> None:
+    """The smallest float α at which fdp_rejects rejects (bisection on floats) against the exact recursion's
+    threshold near it (bisection at 50 digits, relative width 1e-22), in ulps of α; < 0: unsafe."""
+    from dpaudit.audit import fdp_one_run as F
+    from tests.audit import test_fdp_one_run as T  # the tests' exact recursion and curves: one oracle
+
+    if RAW:
+        F._RECURSION_ULPS = 0.0
+    rng = np.random.default_rng(2)
+    worst, where, n = math.inf, None, 0
+    for _ in range(400 if large else 24):
+        m = int(rng.choice([10, 30, 100, 300, 1000, 3000, 10000]))
+        k = int(rng.integers(1, min(m, 400) + 1))
+        v = int(rng.integers(max(1, (k * 3) // 5), k + 1))
+        if rng.integers(0, 2) == 0:
+            fam = ("gdp", float(10 ** rng.uniform(-1.5, 0.7)))
+            g, gx = F._gdp_g(fam[1]), T._exact_gdp_g(fam[1])
+        else:
+            fam = ("eps-delta", float(rng.uniform(0.02, 5)), float(10 ** rng.uniform(-9, -2)))
+            g, gx = F._eps_delta_g(*fam[1:]), T._exact_eps_delta_g(*fam[1:])
+        lo, hi = 1e-12, 1.0
+        if not F.fdp_rejects(m, k, v, g, hi) or F.fdp_rejects(m, k, v, g, lo):
+            continue
+        while (mid := 0.5 * (lo + hi)) not in (lo, hi):
+            lo, hi = (lo, mid) if F.fdp_rejects(m, k, v, g, mid) else (mid, hi)
+        xl, xh = mp.mpf(hi) * (1 - mp.mpf(1e-9)), mp.mpf(hi) * (1 + mp.mpf(1e-9))
+        if T._exact_recursion_rejects(m, k, v, gx, xl) or not T._exact_recursion_rejects(m, k, v, gx, xh):
+            print(f"  fdp: exact threshold not within 1e-9 of the float one at {(m, k, v, fam)}")
+            continue
+        for _ in range(45):
+            xm = (xl + xh) / 2
+            xl, xh = (xl, xm) if T._exact_recursion_rejects(m, k, v, gx, xm) else (xm, xh)
+        n += 1
+        err = float((mp.mpf(hi) - xh) / xh / U)
+        if err < worst:
+            worst, where = err, (m, k, v, hi, fam)
+    print(
+        f"fdp recursion ({n} boundary cases; raw={RAW}): worst (alpha_float - alpha_exact) {worst:.2f} ulps at {where}"
+    )
+
+
+def whitebox(large: bool = False) -> None:
+    """estimate_ratio's bounds against 50 digits on random data (n 10..1e4, α 1e-10..0.2, q, shift, offset 0 or
+    1e3 or 1e6), in ulps of each value, > 0 unsafe."""
+    from dpaudit.audit.whitebox import estimate_ratio
+    from tests.audit.test_whitebox import _exact_ratio_bounds  # one oracle, the test's
+
+    rng = np.random.default_rng(0)
+    worst = {"shift_lower": (-math.inf, None), "sigma_upper": (-math.inf, None), "ratio_lower": (-math.inf, None)}
+    ns = (10, 30, 100, 1000, 10_000) if large else (10, 100, 1000)
+    for n in ns:
+        for alpha in (0.2, 0.05, 0.025, 1e-3, 1e-6, 1e-10):
+            for q in (1.0, 0.3, 0.01):
+                for b, loc in ((0.5, 0.0), (3.0, 1e3), (30.0, 0.0), (3.0, 1e6)):
+                    c = rng.random(n) < 0.5
+                    if c.sum() < 2 or (~c).sum() < 2:
+                        continue
+                    o = rng.normal(loc, 1.0, n) + b * (c & (rng.random(n) < q))
+                    est = estimate_ratio(o, c, q, alpha)
+                    lo, sig, ratio = _exact_ratio_bounds(o, c, q, alpha)
+                    for name, err in (
+                        ("shift_lower", (mp.mpf(est.shift_lower) - lo) / abs(lo)),
+                        ("sigma_upper", (sig - mp.mpf(est.sigma_upper)) / sig),
+                        ("ratio_lower", (mp.mpf(est.ratio_lower) - ratio) / ratio if ratio > 0 else None),
+                    ):
+                        if err is not None and float(err / U) > worst[name][0]:
+                            worst[name] = (float(err / U), (n, alpha, q, b, loc))
+    for name, (e, at) in worst.items():
+        print(f"whitebox {name}: worst unsafe error {e:.2f} ulps at (n, alpha, q, shift, offset)={at}")
+
+
+def pld_delta0(large: bool = False) -> None:
+    """δ(0) of one Gaussian step (erf(1/(2√2σ)), Balle & Wang 2018, Thm. 8) and of one Poisson-subsampled step
+    (q·erf(...), the remove direction) from the PLD accountant, relative to 40 digits; < 0 unsafe."""
+    from dpaudit.accounting import PldAccountant
+    from dpaudit.events import Gaussian, PoissonSampled
+
+    worst, best, where = math.inf, -math.inf, None
+    for sigma in (1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10):
+        for q in (1.0, 0.5, 0.01):
+            with mp.workdps(40):
+                exact = mp.mpf(q) * mp.erf(1 / (2 * mp.sqrt(2) * mp.mpf(sigma)))
+                event = Gaussian(sigma) if q == 1.0 else PoissonSampled(q, Gaussian(sigma))
+                rel = float((mp.mpf(PldAccountant().compose(event).delta(0.0)) - exact) / exact)
+            if rel < worst:
+                worst, where = rel, (sigma, q)
+            best = max(best, rel)
+    print(f"pld delta(0): worst relative error {worst:.3g} at (sigma, q)={where} (largest above: {best:.3g})")
+    if large:
+        pld_masses()
+
+
+def pld_masses() -> None:
+    """pld_pairs.interval_masses' absolute error against 80-digit mpmath, in the units of
+    pld_pairs._MASS_ERROR_UNITS (2^-52 · Σ v (1 + |ln v|) over the two values differenced)."""
+    from dpaudit.accounting.pld_pairs import (
+        GaussianPair,
+        SubsampledGaussianAdd,
+        SubsampledGaussianRemove,
+        interval_masses,
+    )
+
+    def exact_cdfs(pair, t):
+        with mp.workdps(80):
+            mu = mp.mpf(pair.mu)
+            if isinstance(pair, GaussianPair):  # P's and Q's arguments are rounded separately: exact at the float t
+                t = mp.mpf(float(t))
+                return mp.ncdf((t - mu**2 / 2) / mu), mp.ncdf((t + mu**2 / 2) / mu)
+            q = mp.mpf(pair.q)
+            x = float(pair._x(np.array([float(t)]))[0])  # both CDFs at one float argument: its error moves the edge
+            if not math.isfinite(x):
+                one = mp.mpf(isinstance(pair, SubsampledGaussianAdd))
+                return one, one
+            x = mp.mpf(x)
+            if isinstance(pair, SubsampledGaussianRemove):
+                return (1 - q) * mp.ncdf(x) + q * mp.ncdf(x - mu), mp.ncdf(x)
+            return mp.ncdf(-x), (1 - q) * mp.ncdf(-x) + q * mp.ncdf(mu - x)
+
+    worst, where = 0.0, None
+    for mu in (1e-10, 1e-8, 1e-6, 1e-4, 1e-2, 0.5, 2.0):
+        pairs = [GaussianPair(mu)] + [
+            c(mu, q) for q in (0.5, 1e-2, 1e-4) for c in (SubsampledGaussianRemove, SubsampledGaussianAdd)
+        ]
+        for pair in pairs:
+            lo, hi = pair.loss_range(1e-20, 1000.0)
+            h = (hi - lo) / 1500
+            i_lo = math.floor(lo / h)
+            grid = (i_lo + np.arange(max(math.ceil(hi / h), i_lo + 1) - i_lo + 1)) * h
+            pc, ps, qc, qs = pair.cdfs(grid)
+            ms, ws = interval_masses(pc, ps), interval_masses(qc, qs)
+            for k in range(0, grid.size - 1, 5):
+                (ep0, eq0), (ep1, eq1) = exact_cdfs(pair, grid[k]), exact_cdfs(pair, grid[k + 1])
+                for f, ex, c, s in ((ms[k], ep1 - ep0, pc, ps), (ws[k], eq1 - eq0, qc, qs)):
+                    vv = (c[k], c[k + 1]) if c[k + 1] <= 0.5 else (s[k], s[k + 1])
+                    scale = sum(float(v) * (1 + abs(math.log(v))) for v in vv if v > 0)
+                    if scale < 1e-30:
+                        continue
+                    e = float(abs(mp.mpf(float(f)) - ex) / (U * scale))
+                    if e > worst:
+                        worst, where = e, (mu, type(pair).__name__, getattr(pair, "q", 1.0), k)
+    print(f"pld interval masses: worst error {worst:.3f} units (2^-52 sum v(1 + |ln v|)) at {where}")
+
+
+def noise_variance(large: bool = False) -> None:
+    """noise.variance_p_value (and scipy's chi2.cdf) against P[χ²_dof ≤ x] in 60 digits (A&S 6.5.29 with 13.1.2)
+    at x = chi2.ppf(p): the worst relative error BELOW exact (unsafe: "too little noise" for noise as claimed)."""
+    from scipy import stats as st
+
+    from dpaudit.audit.noise import variance_p_value
+    from tests.audit.test_noise import _exact_chi2_cdf  # one oracle, the test's
+
+    worst = {"scipy chi2.cdf": (-math.inf, None), "variance_p_value": (-math.inf, None)}
+    dofs = (10**4, 10**5, 10**6, 3 * 10**6, 10**7) + ((10**8,) if large else ())
+    for dof in dofs:
+        for p in (0.4, 0.05, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 1e-12):
+            x = float(st.chi2.ppf(p, dof))
+            ex = _exact_chi2_cdf(x, dof)
+            with mp.workdps(60):
+                for name, val in (
+                    ("scipy chi2.cdf", st.chi2.cdf(x, dof)),
+                    ("variance_p_value", variance_p_value(x, dof, 1.0)),
+                ):
+                    err = float((ex - mp.mpf(float(val))) / ex)
+                    if err > worst[name][0]:
+                        worst[name] = (err, (dof, p))
+    for name, (e, at) in worst.items():
+        print(f"{name}: worst relative error below exact {e:.3g} at (dof, p)={at}")
+
+
+SECTIONS = {
+    "cp": lambda large: clopper_pearson_and_epsilon(),
+    "pvalue": one_run_p_values,
+    "fdp": fdp_recursion,
+    "whitebox": whitebox,
+    "pld": pld_delta0,
+    "noise": noise_variance,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    ap.add_argument("--large", action="store_true", help="the slow points (m to 1e6, 400 f-DP cases, masses)")
+    args = ap.parse_args(argv)
+    names = [s for s in args.sections.split(",") if s]
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown:
+        print(f"error: unknown section(s) {', '.join(unknown)}; valid: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    for name in names:
+        t0 = time.perf_counter()
+        SECTIONS[name](args.large)
+        print(f"  [{name}: {time.perf_counter() - t0:.0f} s]", flush=True)
     return 0
 
 

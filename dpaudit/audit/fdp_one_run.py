@@ -69,6 +69,8 @@ _SELECTION_ALPHA_DIVISOR = 20.0
 # ε grid of an event family's curve: points between 0 and ε(δ = _GRID_DELTA_MIN).
 _GRID_POINTS = 64
 _GRID_DELTA_MIN = 1e-12
+# fdp_rejects' rounding margin on α, in ulps per correct guess (see there).
+_RECURSION_ULPS = 4.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -87,6 +89,12 @@ def fdp_rejects(m: int, k: int, v: int, g: BlowupInverse, alpha: float) -> bool:
         raise ValueError(f"need 0 <= v <= k <= m, got m={m}, k={k}, v={v}")
     if v == 0:
         return False
+    # Rounding: the float recursion's smallest rejecting α was measured up to 14.8 ulps (relative) BELOW the α at
+    # which the recursion in exact arithmetic first rejects (50-digit mpmath, GDP and (ε, δ) curves, m ≤ 1e4,
+    # v ≤ 400 near the boundary; the per-step differences h_new − h cancel), at most 0.5·v ulps at each v measured
+    # (benchmarks/stats_rounding.py, section ``fdp``). The test runs at α lowered by 4·(v + 4) ulps (≥ 12x that):
+    # rejection is monotone in α, so a rejection here is one at α in exact arithmetic.
+    alpha = alpha * (1.0 - _RECURSION_ULPS * (v + 4) * 2.0**-52)
     r = alpha * v / m  # mass of "≥ v correct" spread over the correct guesses (their recursion's start)
     h = alpha * (k - v) / m  # ... and over the wrong ones
     for i in range(v - 1, -1, -1):

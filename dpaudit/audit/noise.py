@@ -140,7 +140,76 @@ def variance_p_value(sum_squares: float, dof: int, noise_std: float) -> float:
     S/s² ~ χ²_dof exactly — ``dof`` is the number of values, not one less (no mean is estimated)."""
     if dof <= 0:
         raise InputError(f"the variance test needs at least one value, got {dof}")
-    return float(stats.chi2.cdf(sum_squares / (noise_std * noise_std), dof))  # inf, not OverflowError, for a huge std
+    x = sum_squares / (noise_std * noise_std)  # inf, not OverflowError, for a huge std
+    p = float(stats.chi2.cdf(x, dof))
+    if dof >= _SERIES_DOF and x < dof and p < _SCIPY_ACCURATE_ABOVE:
+        return _chi2_lower_tail(x, dof)
+    return min(1.0, p * (1.0 + _SCIPY_REL_ERROR))
+
+
+# scipy's chi2.cdf (its incomplete gamma) against 60-digit mpmath (benchmarks/RESULTS.md): BELOW the exact value by
+# up to 24 % at dof 1e8 and p ≤ 1e-6 (0.8 % at 1e7, 8.4e-5 at 3e6, 1.7e-8 at 1e6), which reads as "too little noise"
+# where the noise is as claimed; within 3e-14 relative (135 ulps) at p ≥ 1e-5 for dof up to 1e8 and at every p for
+# dof ≤ 3e5 (43 ulps worst, dof 1e4). Below p = 1e-4 from dof 1e5 the tail is summed here (_chi2_lower_tail);
+# elsewhere scipy's value is raised by 2^-40 (4096 ulps, 30x its measured error).
+_SERIES_DOF = 100_000
+_SCIPY_ACCURATE_ABOVE = 1e-4
+_SCIPY_REL_ERROR = 2.0**-40
+
+
+def _chi2_lower_quantile(level: float, dof: int) -> float:
+    """A lower bound on the χ²_dof quantile at ``level`` (P[χ² ≤ x] = level), for the upper confidence bound on the
+    noise std, consistent with :func:`variance_p_value`: that bound is below 1 exactly when the p-value is below the
+    level. scipy's chi2.ppf inverts its chi2.cdf, which is low where the p-value sums the tail itself (see
+    _SCIPY_ACCURATE_ABOVE), so its quantile is HIGH there (the std's bound too low): there the largest x found with
+    variance_p_value(x) < level is taken (bisection, 60 steps from scipy's value). Elsewhere scipy's quantile lowered
+    by 2^-40 relative (chi2.ppf measured up to 20 ulps high, df 1, level 1e-15)."""
+    x = float(stats.chi2.ppf(level, dof))
+    if not (dof >= _SERIES_DOF and level < _SCIPY_ACCURATE_ABOVE and 0.0 < x < dof):
+        return x * (1.0 - _SCIPY_REL_ERROR)
+    lo, hi = x, x
+    while variance_p_value(lo, dof, 1.0) >= level:  # our P is ≥ scipy's, so P(x) ≥ level: step down
+        hi, lo = lo, lo - max(lo, 1.0) * 1e-3
+        if lo <= 0.0:
+            return 0.0  # no positive x has P below the level: the bound is infinite
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if variance_p_value(mid, dof, 1.0) < level else (lo, mid)
+    return lo
+
+
+def _chi2_lower_tail(x: float, dof: int) -> float:
+    """P[χ²_dof ≤ x] for x < dof, rounded up: P(a, y) = y^a e^−y / Γ(a + 1) · ₁F₁(1; a + 1; y), a = dof/2, y = x/2
+    (Abramowitz & Stegun 6.5.29 with 13.1.2). The prefactor's exponent a ln y − y − ln Γ(a + 1) cancels to a few
+    units out of ~a ln a; it is written −a (u − ln(1 + u)) − ½ ln(2πa) − 1/(12a) + 1/(360a³) with u = y/a − 1
+    (Stirling's series, the next term below 1e-27 at a ≥ 5e4), u − ln(1 + u) by its Taylor series for |u| < 0.1.
+    The series' terms t_k = Π_{j ≤ k} y/(a + j) decrease (y < a); it is summed until a term is below 2^-60 of the
+    sum, and the rest bounded by the geometric tail t_K r/(1 − r), r = y/(a + K + 1). Rounding: the exponent's
+    absolute error grows with its size, the sum's relative error with the K terms: measured against 60-digit mpmath
+    (dof 1e5..1e8, p 1e-100..0.4) at most 542 ulps below (dof 1e5, p 1e-100, exponent −230) and 18 ulps elsewhere;
+    the result is raised by 16 (|exponent| + 64) + 4 K ulps (≥ 8.7x at every point measured)."""
+    if x <= 0.0:
+        return 0.0  # P[χ² ≤ 0] = 0 exactly
+    a, y = dof / 2.0, x / 2.0
+    u = (x - dof) / dof  # in (−1, 0)
+    if abs(u) < 0.1:  # u − ln(1 + u) = Σ_{k ≥ 2} (−u)^k / k
+        g = sum((-u) ** k / k for k in range(2, 40))
+    else:
+        g = u - math.log1p(u)
+    log_pref = -a * g - 0.5 * math.log(2.0 * math.pi * a) - 1.0 / (12.0 * a) + 1.0 / (360.0 * a**3)
+    if log_pref < -745.0:
+        return 2.0**-1074  # below the smallest subnormal: the smallest positive p, never 0
+    # Terms in log space: ln t_k = Σ_{j ≤ k} ln(y/(a + j)). t_k ≤ r1^k (r1 = y/(a + 1)) and ≤ e^(−k(k − 1)/(2(a + k))):
+    # past min(60 ln 2 / −ln r1, 12 √a) terms both are below 2^-60; the tail bound below holds whatever the count.
+    r1 = y / (a + 1.0)
+    n_terms = int(min(60.0 * math.log(2.0) / -math.log(r1), 12.0 * math.sqrt(a))) + 2
+    k = np.arange(1, n_terms + 1, dtype=np.float64)
+    log_terms = np.cumsum(np.log(y / (a + k)))
+    terms = np.exp(log_terms)
+    r = y / (a + n_terms + 1.0)
+    total = 1.0 + float(terms.sum()) + float(terms[-1]) * r / (1.0 - r)
+    margin = (16.0 * (abs(log_pref) + 64.0) + 4.0 * n_terms) * 2.0**-52
+    return min(1.0, math.exp(log_pref) * total * (1.0 + margin))
 
 
 def independence_p_value(projections: np.ndarray) -> float | None:
@@ -234,7 +303,7 @@ def noise_check(
         S = float(ss[:, g].sum())
         p = variance_p_value(S, dof, std)
         ratio = math.sqrt(S / dof) / std
-        upper = math.sqrt(S / stats.chi2.ppf(a_group, dof)) / std  # χ² upper confidence bound on s, level a_group
+        upper = math.sqrt(S / _chi2_lower_quantile(a_group, dof)) / std  # χ² upper confidence bound on s, level a_group
         groups.append(GroupVariance(names[g], dof, ratio, upper, p, resolvable_noise_ratio(dof, a_group)))
     p_var = min(1.0, min(g.p_value for g in groups) * len(groups))
     steps_dependent = p_indep is not None and p_indep <= a_ind

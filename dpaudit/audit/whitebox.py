@@ -43,6 +43,7 @@ from dpaudit.errors import InputError
 from dpaudit.validation import check_in_interval, check_non_negative
 
 ESTIMATE_LABEL = "estimate (assumes Gaussian per-step trade-off)"
+_U52 = 2.0**-52  # an ulp of 1
 _PLD_MAX_RATIO = 20.0
 # With q < 1 one run cannot pin the canary's shift b down (E[o | offered] = q·b: its standard error is
 # about 2σ/(q√T), e.g. 1.6 for σ = 1, q = 0.05, T = 600), so the composed estimate takes b = 1 (the
@@ -97,12 +98,24 @@ def estimate_ratio(observations, inserted, sample_rate: float, alpha: float) -> 
         raise InputError(f"need at least 2 inserted and 2 not-inserted steps, got {len(o_in)} and {len(o_out)}")
     n0 = len(o_out)
     s0 = float(np.std(o_out, ddof=1))
-    sigma_up = s0 * math.sqrt((n0 - 1) / stats.chi2.ppf(alpha / 2.0, n0 - 1))  # χ² upper bound on σ
+    # Rounding, in the safe direction (benchmarks/stats_rounding.py, ``whitebox``): numpy's pairwise sums carry a
+    # relative error of about (log2 n + 4) 2^-52 (Higham 2002, §4.2), so each mean and variance below is off by
+    # that relative to its terms' magnitudes (mean |o| for a mean, the variance itself for a variance); 8 of those.
+    g = 8.0 * (math.log2(len(o)) + 4.0) * _U52
+    # χ² upper bound on σ. scipy's chi2.ppf was measured up to 20 ulps above the exact quantile (df 1, α 1e-15),
+    # which would lower σ's bound: the quantile is taken 80 ulps lower (4x), and s0's own rounding (g) added.
+    chi2_lo = float(stats.chi2.ppf(alpha / 2.0, n0 - 1)) * (1.0 - 80.0 * _U52)
+    sigma_up = s0 * math.sqrt((n0 - 1) / chi2_lo) * (1.0 + g)
     shift = float(o_in.mean() - o_out.mean()) / sample_rate
     se = math.sqrt(o_in.var(ddof=1) / len(o_in) + o_out.var(ddof=1) / n0) / sample_rate
-    shift_lo = shift - float(special.ndtri(1.0 - alpha / 2.0)) * se
+    # z_{1−α/2} = −Φ⁻¹(α/2): the argument α/2 is exact, where 1 − α/2 rounded (at α = 1e-10 that moved z, and the
+    # bound, by 1e8 ulps); ndtri's own error (≤ 2 ulps measured) and se's (g) are covered by 8 ulps of z and g·z·se,
+    # the means' (g times their magnitude, divided by q, amplified by the difference's cancellation) by the rest.
+    z = -float(special.ndtri(alpha / 2.0)) * (1.0 + 8.0 * _U52)
+    means_err = g * (float(np.abs(o_in).mean()) + float(np.abs(o_out).mean())) / sample_rate
+    shift_lo = shift - z * se - (g * (abs(shift) + z * se) + means_err)
     ratio = max(shift, 0.0) / s0 if s0 > 0 else math.inf
-    ratio_lo = max(shift_lo, 0.0) / sigma_up if sigma_up > 0 else math.inf
+    ratio_lo = max(shift_lo, 0.0) / sigma_up * (1.0 - 2.0 * _U52) if sigma_up > 0 else math.inf
     return RatioEstimate(shift, shift_lo, s0, sigma_up, ratio, ratio_lo)
 
 

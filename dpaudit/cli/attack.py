@@ -31,17 +31,16 @@ def human_table(results: list[Any]) -> str:
     1 / non-members reads "n/a": it would be the TPR at zero false positives); AUC and advantage
     (TPR - FPR) as plain numbers. The JSON output keeps every value a fraction.
     """
-    from dpaudit.report._format import num, rate, tpr_cell
+    from dpaudit.report._format import interval, num, rate, tpr_cell
 
     header = ("attack", "AUC", "balanced acc", "advantage", "TPR@0.1%", "TPR@1%", "TPR@10%", "#ref models")
     rows = [header]
     for r in results:
         d = r.to_dict(include_roc=False)
-        lo, hi = d["ci"].get("auc", [float("nan")] * 2)
         rows.append(
             (
                 d["attack"],
-                f"{d['auc']:.3f} [{lo:.3f}, {hi:.3f}]" if d["ci"] else f"{d['auc']:.3f}",
+                f"{d['auc']:.3f} {interval(d['ci']['auc'])}" if d["ci"].get("auc") else f"{d['auc']:.3f}",
                 rate(d["balanced_accuracy"]),
                 num(d["advantage"]),  # as the report's table prints it: never "-0.000"
                 *(tpr_cell(d, key) for key in ("0.001", "0.01", "0.1")),  # n/a where the non-members cannot resolve it

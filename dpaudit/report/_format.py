@@ -173,10 +173,18 @@ def rate_interval(ci: Any) -> str:
     return f"[{numfmt.percent_down(ci[0], 3)}, {numfmt.percent_up(ci[1], 3)}]"
 
 
-def interval(ci: Any, spec: str = ".3f") -> str:
+def interval(ci: Any) -> str:
+    """A bootstrap interval (an attack's AUC) at 3 significant digits, rounded outward (:func:`dpaudit.numfmt.lower`
+    and :func:`~dpaudit.numfmt.upper`) and padded to 3 decimals as :func:`num` prints the point estimate beside it:
+    the printed interval contains the computed one. To nearest, [0.53549, 0.60049] printed [0.535, 0.600]."""
     if not ci:
         return DASH
-    return f"[{num(ci[0], spec)}, {num(ci[1], spec)}]"
+
+    def padded(text: str) -> str:  # "0.6" -> "0.600"; scientific, ∞ and nan as they are
+        whole, _, frac = text.partition(".")
+        return f"{whole}.{frac.ljust(3, '0')}" if text[-1].isdigit() and "e" not in text else text
+
+    return f"[{padded(numfmt.lower(ci[0], 3))}, {padded(numfmt.upper(ci[1], 3))}]"
 
 
 def claim_text(claim: Mapping[str, Any] | None, shown: str | None = None) -> str:

@@ -545,3 +545,55 @@ def test_no_refuted_curve_refutes_no_claim_whatever_the_familys_epsilon_there():
     got = bounds._curve_refutation(family, out, setup)
     assert got["claimed_curve_refuted"] is False and got["refuted_noise_multiplier_from"] is None
     assert got["statement"].startswith("the claimed DP-SGD curve is not refuted: no dpsgd(q=1, T=1) curve is refuted")
+
+
+def _exact_recursion_rejects(m, k, v, g, alpha) -> bool:
+    """fdp_rejects' recursion in 50-digit mpmath (``g`` maps an mpf to an mpf), at exactly the float ``alpha``."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        a = mp.mpf(alpha)
+        r, h = a * v / m, a * (k - v) / m
+        for i in range(v - 1, -1, -1):
+            h_new = max(h, g(r))
+            if h_new == h:
+                break
+            r, h = min(mp.mpf(1), r + mp.mpf(i) / (k - i) * (h_new - h)), h_new
+        return r + h > mp.mpf(k) / m
+
+
+def _exact_gdp_g(mu):
+    import mpmath as mp
+
+    return lambda y: mp.ncdf(mp.sqrt(2) * mp.erfinv(2 * y - 1) - mu) if 0 < y < 1 else mp.mpf(y > 0)
+
+
+def _exact_eps_delta_g(eps, delta):
+    import mpmath as mp
+
+    e, d = mp.exp(mp.mpf(eps)), mp.mpf(delta)
+    return lambda y: max(mp.mpf(0), 1 - d - e * (1 - y), (y - d) / e)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "v", "alpha", "family", "param"),
+    [
+        (300, 133, 92, 0.14757067140480049, "ed", (0.5691833506658144, 9.087527650185219e-06)),
+        (30, 28, 23, 0.0013460636132350007, "gdp", (0.05958978569893622,)),
+    ],
+)
+def test_the_recursion_rejects_only_where_exact_arithmetic_does(m, k, v, alpha, family, param):
+    """Two boundary cases of benchmarks/stats_rounding.py's ``fdp`` section: before the margin the float recursion
+    rejected at ``alpha`` (the smallest float α at which it did), while in exact arithmetic it first rejects 14.8
+    and 7.5 ulps higher. Now it does not, and 1e-9 relative higher it does (the margin costs nothing visible).
+    Planted: without the margin (fdp_one_run._RECURSION_ULPS = 0) both fail."""
+    g, g_exact = (
+        (F._gdp_g(*param), _exact_gdp_g(*param))
+        if family == "gdp"
+        else (F._eps_delta_g(*param), _exact_eps_delta_g(*param))
+    )
+    assert not _exact_recursion_rejects(m, k, v, g_exact, alpha)  # the case is on the boundary's safe side
+    assert not F.fdp_rejects(m, k, v, g, alpha)
+    assert F.fdp_rejects(m, k, v, g, alpha * (1 + 1e-9)) and _exact_recursion_rejects(
+        m, k, v, g_exact, alpha * (1 + 1e-9)
+    )

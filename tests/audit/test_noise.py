@@ -268,3 +268,38 @@ def test_the_cli_summary_prints_a_groups_bounds_as_the_report_does():
     (row,) = noise_rows(check.to_dict())
     assert f"upper bound {row[3]})" in line and row[3] == "0.99996", line
     assert line.endswith(f"resolves ratios <= {row[5]}") and row[5] == "0.7777", line
+
+
+def _exact_chi2_cdf(x: float, dof: int):
+    """P[χ²_dof ≤ x] at 60 digits (an mpf): y^a e^−y / Γ(a + 1) · ₁F₁(1; a + 1; y), a = dof/2, y = x/2 (Abramowitz &
+    Stegun 6.5.29 with 13.1.2; at dof 1e7 it agrees with 1 − Q(a, y) and Wilson–Hilferty)."""
+    import mpmath as mp
+
+    with mp.workdps(60):
+        a, y = mp.mpf(dof) / 2, mp.mpf(x) / 2
+        return mp.exp(a * mp.log(y) - y - mp.loggamma(a + 1)) * mp.hyp1f1(1, a + 1, y, maxterms=10**8)
+
+
+@pytest.mark.parametrize(("dof", "p"), [(10**7, 1e-8), (10**6, 1e-6), (3 * 10**6, 1e-7), (10**5, 1e-12), (10**4, 1e-3)])
+def test_the_variance_p_value_is_not_below_the_exact_chi2_tail(dof, p):
+    """P[χ²_dof ≤ x] against 60-digit mpmath (A&S 6.5.29 with 13.1.2). scipy's chi2.cdf was 0.38 % low at dof 1e7,
+    p = 1e-8 (1.00385e-8 exact, 1.0000e-8 scipy; 24 % at 1e8) and 1.7e-8 at dof 1e6, p = 1e-6: a noise check there
+    declared "too little noise" (p ≤ α) for noise as claimed. Planted: scipy's value (no series) fails the first
+    three cases; the series without its rounding margin fails (10**7, 1e-8) (17 ulps low) and (3 * 10**6, 1e-7)."""
+    x = float(stats.chi2.ppf(p, dof))
+    exact = _exact_chi2_cdf(x, dof)
+    got = variance_p_value(x, dof, 1.0)
+    assert exact <= got <= exact * (1 + 1e-10)
+    assert variance_p_value(0.0, dof, 1.0) == 0.0 and variance_p_value(math.inf, dof, 1.0) == 1.0
+
+
+@pytest.mark.parametrize(("dof", "level"), [(10**7, 1e-8), (10**6, 1e-6), (10**6, 0.01)])
+def test_the_std_upper_bound_uses_a_chi2_quantile_not_above_the_exact_one(dof, level):
+    """The noise std's upper confidence bound divides by the χ² quantile at the group's level, which must not be
+    above the exact one (the bound would be low). scipy's chi2.ppf inverts its low chi2.cdf: at dof 1e7, level 1e-8
+    the exact P[χ² ≤ its quantile] is 1.0038e-8, and 1 + 7.5e-15 of the level at dof 1e6, 0.01. Planted: scipy's
+    quantile as it was fails all three."""
+    from dpaudit.audit.noise import _chi2_lower_quantile
+
+    exact = _exact_chi2_cdf(_chi2_lower_quantile(level, dof), dof)
+    assert level * (1 - 1e-6) < exact <= level

@@ -298,3 +298,23 @@ def test_an_audits_clopper_pearson_intervals_print_outward(report):
     a["operating_point"]["fpr_interval"] = [0.00123456, 0.5]
     page = _audits(m["audits"])
     assert "[3.45%, 12.4%]" in page and "[0.123%, 50%]" in page, page
+
+
+def test_an_attacks_auc_interval_prints_outward():
+    """The AUC bootstrap interval in the report's Markdown and HTML membership tables and `attack mia`'s table
+    contains the computed interval: lower end rounded down, upper end up (3 significant digits, padded to 3
+    decimals). To nearest, [0.53549, 0.60049] read [0.535, 0.600], its upper end below the interval's."""
+    from dpaudit.cli.attack import human_table
+    from dpaudit.report.html import _membership_table
+    from dpaudit.report.markdown import _membership
+
+    a = {"attack": "loss", "auc": 0.568, "ci": {"auc": [0.53549, 0.60049]}, "balanced_accuracy": 0.5,
+         "advantage": 0.1, "tpr_at_fpr": {"0.1": 0.1}, "n_members": 10, "n_nonmembers": 10,
+         "n_reference_models": 0, "n_shadow_models": 0}  # fmt: skip
+
+    class Result:
+        def to_dict(self, include_roc):
+            return a
+
+    for text in ("\n".join(_membership([a])), _membership_table([a]), human_table([Result()])):
+        assert "[0.535, 0.601]" in text, text
