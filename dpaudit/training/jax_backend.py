@@ -761,6 +761,8 @@ class JaxTrainer(Trainer):
     def fit(
         self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, progress: Progress = NULL_PROGRESS
     ) -> TrainOutcome:
+        if not any(p.requires_grad for p in model.parameters()):
+            raise InputError("the model has no trainable parameters")
         dtype = next(model.parameters()).dtype
         with jax.enable_x64(dtype == torch.float64), jax.default_device(_jax_device(self.perf.device)):
             return self._fit(model, X, y, progress)

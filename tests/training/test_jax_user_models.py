@@ -244,3 +244,17 @@ def test_cli_refuses_a_sequential_with_a_forward_of_its_own_in_one_line(tmp_path
                "--steps", 1, "--out", tmp_path / "run")  # fmt: skip
     assert "ResidualSequential has a forward of its own" in one_error(r)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("algo", ["sgd", "adam", "dpsgd"])
+def test_a_module_without_parameters_is_one_line_on_both_backends(backend, algo):
+    """Before: the non-private torch trainer raised torch.optim's ValueError (empty parameter list) and the JAX
+    trainer StopIteration, both internal errors (exit 3); private torch training already refused so."""
+    from dpaudit.training.run import default_trainer
+
+    x, y = torch.randn(16, 3), torch.randint(0, 3, (16,))
+    dp = DPConfig(noise_multiplier=1.0) if algo == "dpsgd" else None
+    trainer = default_trainer(TrainConfig(algo=algo, steps=1, batch_size=8, dp=dp), PerfConfig(backend=backend))
+    with pytest.raises(InputError, match=r"^the model has no trainable parameters$"):
+        trainer.fit(nn.Sequential(nn.Flatten(), nn.Tanh()), x, y)
