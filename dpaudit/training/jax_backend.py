@@ -55,6 +55,7 @@ from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import Trainer, TrainOutcome
+from dpaudit.training.clipping import exact_matmuls, hooked_parameters
 from dpaudit.training.config import PerfConfig, TrainConfig
 
 JAX_INSTALL = "pip install 'dpaudit[jax]' (or: pip install jax jaxlib)"
@@ -221,9 +222,14 @@ def _unsupported(what: str) -> InputError:
     )
 
 
-def _hooked(m: nn.Module) -> bool:
-    # forward (pre-)hooks change what a module returns; the JAX layer list would run without them
-    return bool(m._forward_hooks or m._forward_pre_hooks)
+def _hook_kind(m: nn.Module) -> str | None:
+    # forward (pre-)hooks change what a module returns, backward ones the gradients torch's backward pass
+    # computes; the JAX layer list and its gradients would run without them
+    if m._forward_hooks or m._forward_pre_hooks:
+        return "forward"
+    if m._backward_hooks or m._backward_pre_hooks:
+        return "backward"
+    return None
 
 
 def _layer(name: str, m: nn.Module) -> Callable:
@@ -259,10 +265,14 @@ def jax_forward(model: nn.Module) -> JaxModel:
         raise _unsupported(f"model {type(model).__name__} is not an nn.Sequential")
     if type(model).forward is not nn.Sequential.forward or "forward" in vars(model):
         raise _unsupported(f"model {type(model).__name__} has a forward of its own (not nn.Sequential's)")
-    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
-        raise _unsupported("a global forward hook is registered (torch.nn.modules.module)")
-    if hooked := next((f"layer {n}" if n else "the model" for n, m in model.named_modules() if _hooked(m)), None):
-        raise _unsupported(f"{hooked} has a forward hook")
+    registry = torch.nn.modules.module
+    if any(getattr(registry, f"_global_{k}_hooks") for k in ("forward", "forward_pre", "backward", "backward_pre")):
+        raise _unsupported("a global module hook is registered (torch.nn.modules.module.register_module_*_hook)")
+    for n, m in model.named_modules():
+        if kind := _hook_kind(m):
+            raise _unsupported(f"{f'layer {n}' if n else 'the model'} has a {kind} hook")
+    if hooked := hooked_parameters(model, list(model.parameters())):
+        raise _unsupported(f"parameter {hooked[0]} has a gradient hook (Tensor.register_hook)")
     modules = list(model.named_children())
     if len(modules) != len(model):  # named_children() lists a module used twice once: its second use would vanish
         seen: dict[int, int] = {}
@@ -299,7 +309,8 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
     is the same; the tolerance √eps·(1 + max|z|) (3.5e-4 relative in float32) is far above that for the
     forward passes here and far below the O(1) change of a missing or different layer."""
     dtype = next(model.parameters()).dtype
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    # no TF32 in torch's pass (cuDNN's default on a GPU: ~1e-3 relative), as JAX's side (PRECISION)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
         expected = model(x.to(dtype)).double().cpu().numpy()
     got = np.asarray(apply(params, xj), dtype=np.float64)
     tol = math.sqrt(torch.finfo(dtype).eps) * (1 + np.abs(expected).max())

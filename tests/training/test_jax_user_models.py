@@ -149,6 +149,18 @@ def _hooked(where):
     return make
 
 
+def _backward_hooked():  # torch's backward runs it (here: gradients through layer 1 doubled); JAX's would not
+    m = _mlp()
+    m[1].register_full_backward_hook(lambda mod, gin, gout: tuple(None if g is None else 2 * g for g in gin))
+    return m
+
+
+def _parameter_hooked():
+    m = _mlp()
+    m[3].weight.register_hook(lambda g: 2 * g)
+    return m
+
+
 def _tied_parameter():  # two Linear modules sharing one weight: named_parameters() listed it once
     m = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
     m[3].weight = m[1].weight
@@ -173,6 +185,8 @@ REFUSED = [
     (lambda: nn.Sequential(nn.Flatten(), _ScaledLinear(64, 3)), r"layer 1 \(_ScaledLinear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
     (_hooked("model"), r"the model has a forward hook"),
+    (_backward_hooked, r"layer 1 has a backward hook"),
+    (_parameter_hooked, r"parameter 3.weight has a gradient hook"),
     (_tied_parameter, r"parameter 3.weight is 1.weight \(tied weights\)"),
     (_own_parameter, r"parameter shift is read by no layer"),
     (lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.LayerNorm(8), nn.Linear(8, 3)), r"layer 2 \(LayerNorm\)"),
