@@ -39,6 +39,8 @@ def models() -> dict[str, nn.Module]:
 
     lin = nn.Linear(64, 64)
     return {
+        "nested Sequential blocks": nn.Sequential(nn.Flatten(), nn.Sequential(nn.Linear(64, 16), nn.Tanh()),
+                                                  nn.Sequential(nn.Linear(16, 3))),
         "mlp, Linear without bias": nn.Sequential(nn.Flatten(), nn.Linear(64, 16, bias=False), nn.Tanh(),
                                                   nn.Linear(16, 3)),
         "Linear over the last axis of (B, 1, 8, 8)": nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Flatten(),

@@ -217,8 +217,8 @@ _TAPPED = (nn.Linear, nn.Conv2d, nn.GroupNorm)  # the parametrised layers
 
 def _unsupported(what: str) -> InputError:
     return InputError(
-        f"{what}: the JAX backend runs an nn.Sequential (the zoo's logreg, mlp, cnn, or your own) of {SUPPORTED}, "
-        "each layer once, in order; use --backend torch"
+        f"{what}: the JAX backend runs an nn.Sequential (the zoo's logreg, mlp, cnn, or your own) of {SUPPORTED} "
+        "and nested nn.Sequentials of them, each layer once, in order; use --backend torch"
     )
 
 
@@ -255,16 +255,28 @@ def _layer(name: str, m: nn.Module) -> Callable:
     raise _unsupported(f"layer {name} ({type(m).__name__}) is not supported")
 
 
+def _flat_layers(seq: nn.Sequential, name: str = "") -> list[tuple[str, nn.Module]]:
+    """The layers ``seq`` runs, in order, with torch's names: a nested plain Sequential's as "block.0", and every
+    use of a module used twice (``_modules`` keeps each name; ``named_children()`` lists such a module once)."""
+    if type(seq).forward is not nn.Sequential.forward or "forward" in vars(seq):
+        what = f"layer {name} ({type(seq).__name__})" if name else f"model {type(seq).__name__}"
+        raise _unsupported(f"{what} has a forward of its own (not nn.Sequential's)")
+    out = []
+    for key, m in seq._modules.items():
+        full = f"{name}.{key}" if name else key
+        out += _flat_layers(m, full) if isinstance(m, nn.Sequential) else [(full, m)]
+    return out
+
+
 def jax_forward(model: nn.Module) -> JaxModel:
-    """The forward pass of an ``nn.Sequential`` of :data:`SUPPORTED` layers (the zoo's logreg, mlp and cnn,
-    or a user's own) as a pure JAX function of ``{torch parameter name: array}``. Anything the layer list
-    would not compute as torch does is an :class:`InputError` naming it: another module, a Sequential with
-    a ``forward`` of its own, hooks, a parameter no layer reads (one of the Sequential itself), tied or
-    frozen parameters, a module used twice."""
+    """The forward pass of an ``nn.Sequential`` of :data:`SUPPORTED` layers and nested plain Sequentials of them
+    (the zoo's logreg, mlp and cnn, or a user's own) as a pure JAX function of ``{torch parameter name: array}``.
+    Anything the layer list would not compute as torch does is an :class:`InputError` naming it: another
+    module, a Sequential with a ``forward`` of its own, hooks, a parameter no layer reads (one of the Sequential
+    itself), tied or frozen parameters, a module used twice."""
     if not isinstance(model, nn.Sequential):
         raise _unsupported(f"model {type(model).__name__} is not an nn.Sequential")
-    if type(model).forward is not nn.Sequential.forward or "forward" in vars(model):
-        raise _unsupported(f"model {type(model).__name__} has a forward of its own (not nn.Sequential's)")
+    modules = _flat_layers(model)
     registry = torch.nn.modules.module
     if any(getattr(registry, f"_global_{k}_hooks") for k in ("forward", "forward_pre", "backward", "backward_pre")):
         raise _unsupported("a global module hook is registered (torch.nn.modules.module.register_module_*_hook)")
@@ -273,16 +285,11 @@ def jax_forward(model: nn.Module) -> JaxModel:
             raise _unsupported(f"{f'layer {n}' if n else 'the model'} has a {kind} hook")
     if hooked := hooked_parameters(model, list(model.parameters())):
         raise _unsupported(f"parameter {hooked[0]} has a gradient hook (Tensor.register_hook)")
-    modules = list(model.named_children())
-    if len(modules) != len(model):  # named_children() lists a module used twice once: its second use would vanish
-        seen: dict[int, int] = {}
-        for i, m in enumerate(model):
-            if id(m) in seen:
-                raise InputError(
-                    f"layer {i} is layer {seen[id(m)]} again (one module used twice, shared weights): the JAX "
-                    "backend runs each layer once; use --backend torch"
-                )
-            seen[id(m)] = i
+    seen: dict[int, str] = {}
+    for name, m in modules:  # a module used twice: the layer list would hold its parameters' names once
+        if id(m) in seen:
+            raise _unsupported(f"layer {name} is layer {seen[id(m)]} again (one module used twice, shared weights)")
+        seen[id(m)] = name
     owner: dict[int, str] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         if id(p) in owner:  # named_parameters() lists a shared parameter once: the second layer's would be missing

@@ -5,6 +5,8 @@ line naming what is not supported, never a traceback or a silently different mod
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 import torch
@@ -42,6 +44,10 @@ SEQUENTIALS = {
     "linear-on-positions-ghost": lambda: nn.Sequential(
         nn.Linear(8, 16, bias=False), nn.Tanh(), nn.Flatten(), nn.Linear(128, 3)
     ),
+    # Before: refused ("layer 1 (Sequential) is not supported"). Names as torch's: "block.0.weight".
+    "nested-sequentials": lambda: nn.Sequential(
+        OrderedDict(flat=nn.Flatten(), block=nn.Sequential(nn.Linear(64, 8), nn.Tanh()), head=nn.Linear(8, 3))
+    ),
     # Before: GELU(approximate="tanh") ran as the exact GELU and ELU(alpha=0.5) was refused.
     "gelu-tanh-elu-alpha": lambda: nn.Sequential(
         nn.Flatten(),
@@ -70,6 +76,7 @@ SEQUENTIALS = {
 
 # The vmap oracle of a CNN and of the wider MLPs compiles for ~10-20 s on one shared core.
 CLIPPED = [
+    "nested-sequentials",
     "linear-without-bias",
     "linear-on-positions-instantiated",
     "linear-on-positions-ghost",
@@ -134,6 +141,11 @@ def _residual_sequential():
     return residual_sequential(64, 3)
 
 
+def _block_twice():
+    block = nn.Sequential(nn.Linear(64, 64), nn.Tanh())
+    return nn.Sequential(nn.Flatten(), block, block, nn.Linear(64, 3))
+
+
 def _patched_forward():  # an instance whose forward was replaced: ran as a plain Linear before
     m = _mlp()
     m[1].forward = lambda x: torch.nn.functional.linear(x, 2 * m[1].weight, m[1].bias)
@@ -181,6 +193,8 @@ class _ScaledLinear(nn.Linear):
 REFUSED = [
     (_Residual, r"model _Residual is not an nn.Sequential"),
     (_residual_sequential, r"model ResidualSequential has a forward of its own"),
+    (lambda: nn.Sequential(_residual_sequential()), r"layer 0 \(ResidualSequential\) has a forward of its own"),
+    (_block_twice, r"layer 2.0 is layer 1.0 again"),
     (_patched_forward, r"layer 1 \(Linear\) has a forward of its own"),
     (lambda: nn.Sequential(nn.Flatten(), _ScaledLinear(64, 3)), r"layer 1 \(_ScaledLinear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
