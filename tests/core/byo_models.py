@@ -302,3 +302,8 @@ class ResidualSequential(nn.Sequential):
 
 def residual_sequential(d: int, n_classes: int) -> nn.Module:
     return ResidualSequential(nn.Flatten(), nn.Linear(d, d), nn.Tanh(), nn.Linear(d, n_classes))
+
+
+def float64_mlp(d: int, n_classes: int) -> nn.Module:
+    """A factory that returns its model in float64 (dpaudit's records are float32)."""
+    return residual_mlp(d, n_classes).double()
