@@ -110,10 +110,18 @@ def _linear(name: str) -> Callable:
     return f
 
 
+def _conv_pads(m: nn.Conv2d) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The zero padding (before, after) of the height and width axes as torch applies it, also for
+    ``padding="valid"`` and ``"same"`` (an even kernel pads one more after: torch's own
+    ``_reversed_padding_repeated_twice``, stored width first)."""
+    w0, w1, h0, h1 = (int(v) for v in m._reversed_padding_repeated_twice)
+    return (h0, h1), (w0, w1)
+
+
 def _conv(name: str, m: nn.Conv2d) -> Callable:
-    if m.groups != 1 or m.dilation != (1, 1) or m.padding_mode != "zeros" or isinstance(m.padding, str):
-        raise InputError(f"layer {name} (Conv2d): the JAX backend supports groups=1, no dilation, zero padding")
-    pad = tuple((int(p), int(p)) for p in m.padding)
+    if m.groups != 1 or m.dilation != (1, 1) or m.padding_mode != "zeros":
+        raise _unsupported(f"layer {name} (Conv2d) has groups, dilation or non-zero padding_mode")
+    pad = _conv_pads(m)
     stride = tuple(int(s) for s in m.stride)
 
     def f(p, x):
@@ -393,7 +401,7 @@ def _bdot(a, b):
 
 def _conv_only(m: nn.Conv2d, kernel, a):
     return lax.conv_general_dilated(
-        a, kernel, tuple(int(v) for v in m.stride), tuple((int(v), int(v)) for v in m.padding),
+        a, kernel, tuple(int(v) for v in m.stride), _conv_pads(m),
         dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=PRECISION,
     )  # fmt: skip
 
@@ -404,9 +412,9 @@ def _patches(m: nn.Conv2d, a, out_hw: tuple[int, int]):
     Same values and order as ``lax.conv_general_dilated_patches``, which XLA:CPU computes as a real
     convolution with a (C_in·kh·kw)-channel identity kernel (for the small CNN's second layer 0.6 ms
     at batch 64, as much as its whole forward pass)."""
-    (kh, kw), (sh, sw), (ph, pw) = m.kernel_size, m.stride, m.padding
+    (kh, kw), (sh, sw) = m.kernel_size, m.stride
     h, w = out_hw
-    a = jnp.pad(a, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    a = jnp.pad(a, ((0, 0), (0, 0), *_conv_pads(m)))
     cols = [a[:, :, i : i + sh * (h - 1) + 1 : sh, j : j + sw * (w - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
     return jnp.stack(cols, axis=2)
 

@@ -71,6 +71,14 @@ SEQUENTIALS = {
         nn.Flatten(),
         nn.Linear(32, 3),
     ),
+    # Before: refused. padding="same" with an even kernel pads one more row/column after than before.
+    "cnn-same-and-valid-padding": lambda: nn.Sequential(
+        nn.Conv2d(1, 2, 4, padding="same"),
+        nn.Tanh(),
+        nn.Conv2d(2, 2, 3, padding="valid"),
+        nn.Flatten(),
+        nn.Linear(72, 3),
+    ),
 }
 
 
@@ -82,6 +90,7 @@ CLIPPED = [
     "linear-on-positions-ghost",
     pytest.param("groupnorm-on-features", marks=pytest.mark.slow),
     pytest.param("cnn-no-bias-divisor-override", marks=pytest.mark.slow),
+    pytest.param("cnn-same-and-valid-padding", marks=pytest.mark.slow),
 ]
 
 
