@@ -67,16 +67,19 @@ def relative(a, b) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
-def compare(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+def compare(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, clipping: bool = True) -> dict[str, float]:
+    """Largest relative differences (max |a − b| / max |b| per array) of the JAX logits, and with ``clipping``
+    of the vmap and ghost per-example norms and clipped sums, from torch's (the loop clipper's), float64."""
     names = [n for n, p in model.named_parameters()]
     with jax.enable_x64(True):
         apply, params = jb.jax_forward(model), jb.params_from_torch(model)
         xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
-        logits = relative(apply(params, xj), model(x).detach().numpy())
+        out = {"logits": relative(apply(params, xj), model(x).detach().numpy())}
+        if not clipping:
+            return out
         norms = make_clipper(model, "loop")(x, y, 1.0).norms.numpy()
-        clip = float(norms.min() + norms.max()) / 2
+        clip = float(norms.min() + norms.max()) / 2  # both branches of the clip run (distinct norms)
         loop = make_clipper(model, "loop")(x, y, clip)
-        out = {"logits": logits}
         for label, fn in (("vmap", jb.clipped_sum), ("ghost", jb.ghost_clipped_sum)):
             got, got_norms = fn(apply, params, xj, yj, clip)
             out[f"{label} norms"] = relative(got_norms, loop.norms.numpy())

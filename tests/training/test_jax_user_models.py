@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
 
 from dpaudit.errors import InputError  # noqa: E402
 from dpaudit.training import jax_backend as jb  # noqa: E402
-from dpaudit.training.clipping import make_clipper  # noqa: E402
 from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig  # noqa: E402
+from tests.benchmark_modules import import_benchmark  # noqa: E402
+
+BENCH = import_benchmark("jax_user_models")  # one implementation of the comparison for the test and the script
 
 # float64 throughout: the three computations differ by rounding, ~1e-15 relative here (observed);
 # a wrong norm or a missing term is O(1).
@@ -94,37 +95,18 @@ CLIPPED = [
 ]
 
 
-def _jax(model, x, y):
-    return jb.jax_forward(model), jb.params_from_torch(model), jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
-
-
 @pytest.mark.parametrize("name", sorted(SEQUENTIALS))
 def test_a_users_sequential_computes_torchs_logits(name):
     torch.manual_seed(0)
-    model = SEQUENTIALS[name]().double()
-    x, y = _data()
-    with jax.enable_x64(True):
-        apply, params, xj, _ = _jax(model, x, y)
-        np.testing.assert_allclose(np.asarray(apply(params, xj)), model(x).detach().numpy(), rtol=RTOL)
+    assert BENCH.compare(SEQUENTIALS[name]().double(), *_data(), clipping=False)["logits"] < RTOL
 
 
 @pytest.mark.parametrize("name", CLIPPED)
 def test_a_users_sequential_clips_as_the_torch_loop_clipper(name):
+    """vmap and ghost per-example norms and clipped sums against the torch loop clipper's."""
     torch.manual_seed(0)
-    model = SEQUENTIALS[name]().double()
-    x, y = _data()
-    names = [n for n, _ in model.named_parameters()]
-    with jax.enable_x64(True):
-        apply, params, xj, yj = _jax(model, x, y)
-        _, norms = jb.clipped_sum(apply, params, xj, yj, 1.0)
-        clip = float(np.min(norms) + np.max(norms)) / 2  # both branches of the clip run
-        ref = make_clipper(model, "loop")(x, y, clip)
-        assert (ref.norms < clip).any() and (ref.norms > clip).any()
-        for fn in (jb.clipped_sum, jb.ghost_clipped_sum):
-            got, got_norms = fn(apply, params, xj, yj, clip)
-            np.testing.assert_allclose(np.asarray(got_norms), ref.norms.numpy(), rtol=RTOL, err_msg=fn.__name__)
-            for n, g in zip(names, ref.grads, strict=True):
-                np.testing.assert_allclose(np.asarray(got[n]), g.numpy(), rtol=RTOL, atol=1e-13, err_msg=n)
+    got = BENCH.compare(SEQUENTIALS[name]().double(), *_data())
+    assert max(got.values()) < RTOL, got
 
 
 # --- what the layer list cannot run: one line naming it, never a different model ------------------
