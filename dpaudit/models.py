@@ -344,8 +344,15 @@ class PythonSpec(ModelSpec):
                 out = model(self._zeros(self.input_dtype))
         except Exception as e:
             hint = ""
+            wide = (p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
+            other = next(wide, None)
             if self.input_dtype == "float32" and self._runs_on(model, "int64"):  # e.g. an Embedding first
                 hint = '; it runs on int64 token ids: give the spec "input_dtype": "int64" (or token data)'
+            elif other is not None:  # e.g. a factory ending in .double(): the records are always float32
+                hint = (
+                    f"; its parameters are {str(other).removeprefix('torch.')} and dpaudit's records float32: "
+                    "return the model in float32"
+                )
             raise InputError(
                 f"model factory {self.factory}: forward on a {self.input_dtype} batch of shape "
                 f"{[2, *self.input_shape]} failed: {first_line(e)}{hint}"

@@ -122,7 +122,13 @@ PRIVACY = (
 )
 PERFORMANCE = (
     opt("clipping", str, "auto", help="auto | ghost | vmap | loop."),
-    opt("backend", str, "torch", help="torch | jax (logreg/mlp/cnn; needs the jax extra: pip install '.[jax]')."),
+    opt(
+        "backend",
+        str,
+        "torch",
+        help="torch | jax (logreg/mlp/cnn, or your own nn.Sequential of Linear, Conv2d, GroupNorm, pooling and "
+        "activation layers; needs the jax extra: pip install '.[jax]').",
+    ),
     opt(
         "max_physical_batch",
         int | None,

@@ -110,6 +110,9 @@ class Trainer(ABC):
 
 
 def make_optimizer(name: str, params, config: TrainConfig) -> torch.optim.Optimizer:
+    params = list(params)
+    if not params:  # torch.optim's own ValueError was an internal error (exit 3) for a user's parameter-free module
+        raise InputError("the model has no trainable parameters")
     if name == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     if name == "adam":

@@ -1,11 +1,14 @@
-"""The JAX backend: SGD, DP-SGD and DP-SGD-JL for the zoo's logreg, mlp and cnn, compiled with ``jit``.
+"""The JAX backend: SGD, DP-SGD and DP-SGD-JL for an ``nn.Sequential`` of the layers in :data:`SUPPORTED`
+(the zoo's logreg, mlp and cnn, or a user's own), compiled with ``jit``.
 
 Imported only for ``PerfConfig.backend == "jax"`` (``dpaudit train --backend jax``); JAX is an
 optional extra (``pip install 'dpaudit[jax]'``). The mechanism is the torch trainers' one, so the
 privacy claim is computed by the same code (:func:`dpaudit.training.dpsgd.privacy_claim` through
 the registered trainer's ``setting_for``), and the backend is a performance setting only:
 
-* The model is the torch zoo's module (built from the spec and ``config.seed`` by the caller).
+* The model is the torch module (built from the spec and ``config.seed`` by the caller; anything
+  its layer list would not compute as torch does is refused in one line, :func:`jax_forward`, and
+  its logits are checked against torch's before training, :func:`check_same_logits`).
   Its parameters become a dict ``{torch parameter name: jax array}`` in torch's layout (linear
   weights (out, in), conv kernels OIHW), the forward pass is re-written in ``jax.numpy`` /
   ``jax.lax`` from the module's layer list, and the trained arrays are copied back into the same
@@ -52,6 +55,7 @@ from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import Trainer, TrainOutcome
+from dpaudit.training.clipping import exact_matmuls, hooked_parameters
 from dpaudit.training.config import PerfConfig, TrainConfig
 
 JAX_INSTALL = "pip install 'dpaudit[jax]' (or: pip install jax jaxlib)"
@@ -97,16 +101,27 @@ Apply = Callable[[Params, Any], Any]  # (params, x of shape (n, *input_shape)) -
 
 def _linear(name: str) -> Callable:
     def f(p, x):
-        # torch.nn.Linear: x Wᵀ + b, W (out, in); full float32 precision (see PRECISION)
-        return jnp.matmul(x, p[f"{name}.weight"].T, precision=PRECISION) + p[f"{name}.bias"]
+        # torch.nn.Linear: x Wᵀ + b over the last axis of x (any leading axes), W (out, in); full float32
+        # precision (see PRECISION); no b for bias=False
+        out = jnp.matmul(x, p[f"{name}.weight"].T, precision=PRECISION)
+        b = p.get(f"{name}.bias")
+        return out if b is None else out + b
 
     return f
 
 
+def _conv_pads(m: nn.Conv2d) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The zero padding (before, after) of the height and width axes as torch applies it, also for
+    ``padding="valid"`` and ``"same"`` (an even kernel pads one more after: torch's own
+    ``_reversed_padding_repeated_twice``, stored width first)."""
+    w0, w1, h0, h1 = (int(v) for v in m._reversed_padding_repeated_twice)
+    return (h0, h1), (w0, w1)
+
+
 def _conv(name: str, m: nn.Conv2d) -> Callable:
-    if m.groups != 1 or m.dilation != (1, 1) or m.padding_mode != "zeros" or isinstance(m.padding, str):
-        raise InputError(f"layer {name} (Conv2d): the JAX backend supports groups=1, no dilation, zero padding")
-    pad = tuple((int(p), int(p)) for p in m.padding)
+    if m.groups != 1 or m.dilation != (1, 1) or m.padding_mode != "zeros":
+        raise _unsupported(f"layer {name} (Conv2d) has groups, dilation or non-zero padding_mode")
+    pad = _conv_pads(m)
     stride = tuple(int(s) for s in m.stride)
 
     def f(p, x):
@@ -142,11 +157,12 @@ def _avg_pool(name: str, m: nn.AvgPool2d) -> Callable:
     s = m.stride if isinstance(m.stride, int) else None
     if k is None or s != k or m.padding not in (0, (0, 0)) or m.ceil_mode:
         raise InputError(f"layer {name} (AvgPool2d): the JAX backend supports square non-overlapping pooling only")
+    divisor = m.divisor_override or k * k  # torch divides each window's sum by divisor_override when it is set
 
     def f(p, x):  # floor mode, as torch: the trailing rows/columns that do not fill a window are dropped
         n, c, h, w = x.shape
         x = x[:, :, : h // k * k, : w // k * k]
-        return x.reshape(n, c, h // k, k, w // k, k).mean((3, 5))
+        return x.reshape(n, c, h // k, k, w // k, k).sum((3, 5)) / divisor
 
     return f
 
@@ -169,12 +185,26 @@ def _adaptive_avg_pool(name: str, m: nn.AdaptiveAvgPool2d) -> Callable:
     return f
 
 
-_ACTIVATIONS: dict[type, Callable] = {
-    nn.Tanh: jnp.tanh,
-    nn.ReLU: jax.nn.relu,
-    nn.GELU: partial(jax.nn.gelu, approximate=False),  # torch's default GELU is the exact (erf) one
-    nn.ELU: jax.nn.elu,  # alpha = 1, torch's default
-}
+def _activation(m: nn.Module) -> Callable | None:
+    """The elementwise function of a torch activation module, with its options; None if not one of these."""
+    if type(m) is nn.Tanh:
+        return jnp.tanh
+    if type(m) is nn.ReLU:
+        return jax.nn.relu
+    if type(m) is nn.GELU:
+        # approximate="none": x Φ(x); "tanh": 0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³))) (Hendrycks & Gimpel 2016,
+        # arXiv:1606.08415, §2), which jax.nn.gelu(approximate=True) computes
+        return partial(jax.nn.gelu, approximate=m.approximate == "tanh")
+    if type(m) is nn.ELU:
+        return partial(jax.nn.elu, alpha=m.alpha)  # x for x > 0, α(eˣ − 1) otherwise (torch.nn.ELU)
+    return None
+
+
+# What jax_forward runs, for the one-line refusal of anything else.
+SUPPORTED = (
+    "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), affine GroupNorm, AvgPool2d, "
+    "AdaptiveAvgPool2d, Tanh, ReLU, GELU, ELU"
+)
 
 
 class JaxModel:
@@ -190,49 +220,121 @@ class JaxModel:
         return x
 
 
+_TAPPED = (nn.Linear, nn.Conv2d, nn.GroupNorm)  # the parametrised layers
+
+
+def _unsupported(what: str) -> InputError:
+    return InputError(
+        f"{what}: the JAX backend runs an nn.Sequential (the zoo's logreg, mlp, cnn, or your own) of {SUPPORTED} "
+        "and nested nn.Sequentials of them, each layer once, in order; use --backend torch"
+    )
+
+
+def _hook_kind(m: nn.Module) -> str | None:
+    # forward (pre-)hooks change what a module returns, backward ones the gradients torch's backward pass
+    # computes; the JAX layer list and its gradients would run without them
+    if m._forward_hooks or m._forward_pre_hooks:
+        return "forward"
+    if m._backward_hooks or m._backward_pre_hooks:
+        return "backward"
+    return None
+
+
+def _layer(name: str, m: nn.Module) -> Callable:
+    """The JAX function of one child of the Sequential; an :class:`InputError` for anything else."""
+    for base in (nn.Flatten, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.AvgPool2d, nn.AdaptiveAvgPool2d):
+        # a subclass (or an instance) with a forward of its own computes something else than the base layer
+        if isinstance(m, base) and (type(m).forward is not base.forward or "forward" in vars(m)):
+            raise _unsupported(f"layer {name} ({type(m).__name__}) has a forward of its own")
+    if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
+        return lambda p, x: x.reshape(x.shape[0], -1)
+    if isinstance(m, nn.Linear):
+        return _linear(name)
+    if isinstance(m, nn.Conv2d):
+        return _conv(name, m)
+    if isinstance(m, nn.GroupNorm) and m.affine:
+        return _group_norm(name, m)
+    if isinstance(m, nn.AvgPool2d):
+        return _avg_pool(name, m)
+    if isinstance(m, nn.AdaptiveAvgPool2d):
+        return _adaptive_avg_pool(name, m)
+    if (act := _activation(m)) is not None and "forward" not in vars(m):
+        return lambda p, x: act(x)
+    raise _unsupported(f"layer {name} ({type(m).__name__}) is not supported")
+
+
+def _flat_layers(seq: nn.Sequential, name: str = "") -> list[tuple[str, nn.Module]]:
+    """The layers ``seq`` runs, in order, with torch's names: a nested plain Sequential's as "block.0", and every
+    use of a module used twice (``_modules`` keeps each name; ``named_children()`` lists such a module once)."""
+    if type(seq).forward is not nn.Sequential.forward or "forward" in vars(seq):
+        what = f"layer {name} ({type(seq).__name__})" if name else f"model {type(seq).__name__}"
+        raise _unsupported(f"{what} has a forward of its own (not nn.Sequential's)")
+    out = []
+    for key, m in seq._modules.items():
+        full = f"{name}.{key}" if name else key
+        out += _flat_layers(m, full) if isinstance(m, nn.Sequential) else [(full, m)]
+    return out
+
+
 def jax_forward(model: nn.Module) -> JaxModel:
-    """The forward pass of a zoo ``nn.Sequential`` (logreg, mlp, cnn) as a pure JAX function of
-    ``{torch parameter name: array}``; an unsupported layer is an :class:`InputError` naming it."""
+    """The forward pass of an ``nn.Sequential`` of :data:`SUPPORTED` layers and nested plain Sequentials of them
+    (the zoo's logreg, mlp and cnn, or a user's own) as a pure JAX function of ``{torch parameter name: array}``.
+    Anything the layer list would not compute as torch does is an :class:`InputError` naming it: another
+    module, a Sequential with a ``forward`` of its own, hooks, a parameter no layer reads (one of the Sequential
+    itself), tied or frozen parameters, a module used twice."""
     if not isinstance(model, nn.Sequential):
-        raise InputError(
-            f"the JAX backend supports the zoo's logreg, mlp and cnn (nn.Sequential), not {type(model).__name__}"
-        )
-    layers: list[Callable] = []
-    modules = list(model.named_children())
-    if len(modules) != len(model):  # named_children() lists a module used twice once: its second use would vanish
-        seen: dict[int, int] = {}
-        for i, m in enumerate(model):
-            if id(m) in seen:
-                raise InputError(
-                    f"layer {i} is layer {seen[id(m)]} again (one module used twice, shared weights): the JAX "
-                    "backend runs each layer once; use --backend torch"
-                )
-            seen[id(m)] = i
+        raise _unsupported(f"model {type(model).__name__} is not an nn.Sequential")
+    modules = _flat_layers(model)
+    registry = torch.nn.modules.module
+    if any(getattr(registry, f"_global_{k}_hooks") for k in ("forward", "forward_pre", "backward", "backward_pre")):
+        raise _unsupported("a global module hook is registered (torch.nn.modules.module.register_module_*_hook)")
+    for n, m in model.named_modules():
+        if kind := _hook_kind(m):
+            raise _unsupported(f"{f'layer {n}' if n else 'the model'} has a {kind} hook")
+    if hooked := hooked_parameters(model, list(model.parameters())):
+        raise _unsupported(f"parameter {hooked[0]} has a gradient hook (Tensor.register_hook)")
+    seen: dict[int, str] = {}
+    for name, m in modules:  # a module used twice: the layer list would hold its parameters' names once
+        if id(m) in seen:
+            raise _unsupported(f"layer {name} is layer {seen[id(m)]} again (one module used twice, shared weights)")
+        seen[id(m)] = name
+    owner: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in owner:  # named_parameters() lists a shared parameter once: the second layer's would be missing
+            raise _unsupported(f"parameter {n} is {owner[id(p)]} (tied weights)")
+        owner[id(p)] = n
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     if frozen:  # params_from_torch carries the trained parameters only: a frozen one would be missing
         raise InputError(
             f"parameter {frozen[0]} is frozen (requires_grad=False): the JAX backend trains every parameter; "
             "use --backend torch"
         )
-    for name, m in modules:
-        if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
-            layers.append(lambda p, x: x.reshape(x.shape[0], -1))
-        elif isinstance(m, nn.Linear):
-            layers.append(_linear(name))
-        elif isinstance(m, nn.Conv2d):
-            layers.append(_conv(name, m))
-        elif isinstance(m, nn.GroupNorm) and m.affine:
-            layers.append(_group_norm(name, m))
-        elif isinstance(m, nn.AvgPool2d):
-            layers.append(_avg_pool(name, m))
-        elif isinstance(m, nn.AdaptiveAvgPool2d):
-            layers.append(_adaptive_avg_pool(name, m))
-        elif type(m) in _ACTIVATIONS and not (isinstance(m, nn.ELU) and m.alpha != 1.0):
-            act = _ACTIVATIONS[type(m)]
-            layers.append(lambda p, x, act=act: act(x))
-        else:
-            raise InputError(f"layer {name} ({type(m).__name__}) is not supported by the JAX backend")
-    return JaxModel([(name, m, f) for (name, m), f in zip(modules, layers, strict=True)])
+    layers = [(name, m, _layer(name, m)) for name, m in modules]
+    read = {f"{name}.{k}" for name, m, _ in layers for k in ("weight", "bias") if isinstance(m, _TAPPED)}
+    if unread := next((n for n in owner.values() if n not in read), None):
+        raise _unsupported(f"parameter {unread} is read by no layer of the list (the JAX forward would not use it)")
+    return JaxModel(layers)
+
+
+def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.Tensor, xj) -> None:
+    """Refuse, in one line, a model whose JAX forward pass gives other logits than torch's on the records
+    ``x`` (``xj`` the same in JAX), in training mode: the backstop for anything in a user's module that
+    :func:`jax_forward` did not see (a layer's forward replaced in a way no check above knows), which would
+    otherwise train another function than the one saved. The two differ by rounding only when the function
+    is the same; the tolerance √eps·(1 + max|z|) (3.5e-4 relative in float32) is far above that for the
+    forward passes here and far below the O(1) change of a missing or different layer."""
+    dtype = next(model.parameters()).dtype
+    # no TF32 in torch's pass (cuDNN's default on a GPU: ~1e-3 relative), as JAX's side (PRECISION)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
+        expected = model(x.to(dtype)).double().cpu().numpy()
+    got = np.asarray(apply(params, xj), dtype=np.float64)
+    tol = math.sqrt(torch.finfo(dtype).eps) * (1 + np.abs(expected).max())
+    if got.shape != expected.shape or not np.abs(got - expected).max() <= tol:
+        diff = "of another shape" if got.shape != expected.shape else f"off by {np.abs(got - expected).max():.3g}"
+        raise _unsupported(
+            f"the JAX forward pass gives logits {diff} on the first training records (tolerance {tol:.2g}): "
+            "the model computes something its layer list does not"
+        )
 
 
 def params_from_torch(model: nn.Module) -> Params:
@@ -292,9 +394,6 @@ def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None) -> t
     return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y), precision=PRECISION))(params), norms
 
 
-_TAPPED = (nn.Linear, nn.Conv2d, nn.GroupNorm)
-
-
 def _bdot(a, b):
     # Per example: a (B, i, j), b (B, k, j) -> (B, i, k), in full float32 precision.
     return jnp.einsum("bij,bkj->bik", a, b, precision=PRECISION)
@@ -302,7 +401,7 @@ def _bdot(a, b):
 
 def _conv_only(m: nn.Conv2d, kernel, a):
     return lax.conv_general_dilated(
-        a, kernel, tuple(int(v) for v in m.stride), tuple((int(v), int(v)) for v in m.padding),
+        a, kernel, tuple(int(v) for v in m.stride), _conv_pads(m),
         dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=PRECISION,
     )  # fmt: skip
 
@@ -313,11 +412,25 @@ def _patches(m: nn.Conv2d, a, out_hw: tuple[int, int]):
     Same values and order as ``lax.conv_general_dilated_patches``, which XLA:CPU computes as a real
     convolution with a (C_in·kh·kw)-channel identity kernel (for the small CNN's second layer 0.6 ms
     at batch 64, as much as its whole forward pass)."""
-    (kh, kw), (sh, sw), (ph, pw) = m.kernel_size, m.stride, m.padding
+    (kh, kw), (sh, sw) = m.kernel_size, m.stride
     h, w = out_hw
-    a = jnp.pad(a, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    a = jnp.pad(a, ((0, 0), (0, 0), *_conv_pads(m)))
     cols = [a[:, :, i : i + sh * (h - 1) + 1 : sh, j : j + sw * (w - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
     return jnp.stack(cols, axis=2)
+
+
+def _positions_sq_norm(a, g, bias: bool):
+    """‖Σ_t g_t a_tᵀ‖² (+ ‖Σ_t g_t‖² for a bias) per example, for a layer applied at T positions: a (B, p, T)
+    the inputs (a convolution's patches), g (B, d, T) the output gradients. Ghost norm Σ_{t,s} (a_t·a_s)(g_t·g_s)
+    (Li et al. 2021, arXiv:2110.05679, §4) when 2T² <= p·d, else the (d, p) per-example gradient instantiated
+    (the mixed choice of Bu et al. 2022, arXiv:2205.10683)."""
+    T = g.shape[2]
+    if 2 * T * T <= a.shape[1] * g.shape[1]:
+        at, gt = a.transpose(0, 2, 1), g.transpose(0, 2, 1)
+        sq = (_bdot(at, at) * _bdot(gt, gt)).sum((1, 2))
+    else:
+        sq = jnp.square(_bdot(g, a)).sum((1, 2))
+    return sq + jnp.square(g.sum(2)).sum(1) if bias else sq
 
 
 def _layer_outputs(apply: JaxModel, params: Params, x) -> list:
@@ -338,11 +451,12 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     One forward pass taps every parametrised layer: its input a (for GroupNorm the normalised x̂)
     is kept, and a zero z is added to its output; the gradient of Σ_i ℓ_i w.r.t. the z's is every
     layer's per-example output gradient g (examples do not interact), in one backward pass that
-    computes no parameter gradient. Per example: a Linear's gradient g aᵀ is rank one,
-    ‖g aᵀ‖² = ‖g‖²‖a‖² (Goodfellow 2015, arXiv:1510.01799); a Conv2d is a Linear map on the T
-    patches of its input (Rochette et al. 2019, arXiv:1912.06015) with ‖Σ_t g_t a_tᵀ‖² =
-    Σ_{t,s}(a_t·a_s)(g_t·g_s) (Li et al. 2021, arXiv:2110.05679) when 2T² <= p·d, else the
-    (C_out, p) gradient is instantiated (the mixed choice of Bu et al. 2022, arXiv:2205.10683);
+    computes no parameter gradient. Per example: a Linear's gradient g aᵀ on a (B, d_in) input is
+    rank one, ‖g aᵀ‖² = ‖g‖²‖a‖² (Goodfellow 2015, arXiv:1510.01799); a Linear on a (B, ..., d_in)
+    input is applied at T positions, and a Conv2d is a Linear map on the T patches of its input
+    (Rochette et al. 2019, arXiv:1912.06015): both have ‖Σ_t g_t a_tᵀ‖² = Σ_{t,s}(a_t·a_s)(g_t·g_s)
+    (Li et al. 2021, arXiv:2110.05679) when 2T² <= p·d, else the (d, p) gradient is instantiated
+    (the mixed choice of Bu et al. 2022, arXiv:2205.10683; :func:`_positions_sq_norm`);
     GroupNorm's γ, β gradients are small and instantiated. Then with w_i = 1/max(1, ‖g_i‖/C)
     (zero on padded slots), Σ_i w_i ∇ℓ_i per layer: (w ⊙ g)ᵀ a for a Linear, the convolution's
     weight gradient (its vjp) for the cotangent w ⊙ g, Σ_i w_i g_i for the small ones.
@@ -369,20 +483,16 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     sq, small = jnp.zeros(x.shape[0], x.dtype), {}
     for (name, m), a, g in zip(tapped, acts, gs, strict=True):
         has_bias = f"{name}.bias" in params
-        if isinstance(m, nn.Linear):  # a (B, d_in), g (B, d_out): rank one
+        if isinstance(m, nn.Linear) and a.ndim == 2:  # a (B, d_in), g (B, d_out): rank one
             sq = sq + jnp.square(g).sum(1) * (jnp.square(a).sum(1) + (1.0 if has_bias else 0.0))
+        elif isinstance(m, nn.Linear):  # a (B, ..., d_in): the Linear map applied at every position t
+            B = a.shape[0]
+            at, gt = a.reshape(B, -1, a.shape[-1]), g.reshape(B, -1, g.shape[-1])  # (B, T, d_in), (B, T, d_out)
+            sq = sq + _positions_sq_norm(at.transpose(0, 2, 1), gt.transpose(0, 2, 1), has_bias)
         elif isinstance(m, nn.Conv2d):
             B, c_out = g.shape[:2]
             patches = _patches(m, a, g.shape[2:]).reshape(B, -1, g.shape[2] * g.shape[3])  # (B, p, T)
-            gt = g.reshape(B, c_out, -1)  # (B, C_out, T)
-            T, p_in = gt.shape[2], patches.shape[1]
-            if 2 * T * T <= p_in * c_out:  # ghost norm: Σ_{t,s} (a_t·a_s)(g_t·g_s)
-                at, gtt = patches.transpose(0, 2, 1), gt.transpose(0, 2, 1)
-                sq = sq + (_bdot(at, at) * _bdot(gtt, gtt)).sum((1, 2))
-            else:  # instantiate the (C_out, p) per-example gradient Σ_t g_t a_tᵀ
-                sq = sq + jnp.square(_bdot(gt, patches)).sum((1, 2))
-            if has_bias:
-                sq = sq + jnp.square(gt.sum(2)).sum(1)
+            sq = sq + _positions_sq_norm(patches, g.reshape(B, c_out, -1), has_bias)
         else:  # GroupNorm: per-example γ, β gradients (B, C)
             red = tuple(range(2, g.ndim))
             small[name] = {"weight": (g * a).sum(red), "bias": g.sum(red)}
@@ -397,13 +507,17 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
             out.update({f"{name}.{k}": jnp.dot(w, v, precision=PRECISION) for k, v in small[name].items()})
             continue
         wg = g * w.reshape((-1,) + (1,) * (g.ndim - 1))
-        if isinstance(m, nn.Linear):  # book-keeping: Σ_i w_i g_i a_iᵀ = (w ⊙ g)ᵀ a
-            out[f"{name}.weight"] = jnp.matmul(wg.T, a, precision=PRECISION)
+        if isinstance(m, nn.Linear):  # book-keeping: Σ_i w_i Σ_t g_it a_itᵀ = (w ⊙ g)ᵀ a over all positions
+            out[f"{name}.weight"] = jnp.matmul(
+                wg.reshape(-1, wg.shape[-1]).T, a.reshape(-1, a.shape[-1]), precision=PRECISION
+            )
+            channel = wg.ndim - 1  # a Linear's output features are the last axis
         else:  # the convolution's own weight gradient for the output gradients w_i g_i
             _, vjp = jax.vjp(lambda k, a=a, m=m: _conv_only(m, k, a), params[f"{name}.weight"])
             out[f"{name}.weight"] = vjp(wg)[0]
+            channel = 1  # NCHW
         if f"{name}.bias" in params:
-            out[f"{name}.bias"] = wg.sum(tuple(d for d in range(wg.ndim) if d != 1))
+            out[f"{name}.bias"] = wg.sum(tuple(d for d in range(wg.ndim) if d != channel))
     return {k: out[k] for k in params}, norms
 
 
@@ -673,6 +787,8 @@ class JaxTrainer(Trainer):
     def fit(
         self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, progress: Progress = NULL_PROGRESS
     ) -> TrainOutcome:
+        if not any(p.requires_grad for p in model.parameters()):
+            raise InputError("the model has no trainable parameters")
         dtype = next(model.parameters()).dtype
         with jax.enable_x64(dtype == torch.float64), jax.default_device(_jax_device(self.perf.device)):
             return self._fit(model, X, y, progress)
@@ -688,7 +804,8 @@ class JaxTrainer(Trainer):
             raise InputError("the training set is empty")
         if config.batch_size > n:
             raise InputError(f"batch size {config.batch_size} is larger than the training set ({n} records)")
-        check_private_layers(model)
+        if self.private:  # BatchNorm & co.; a non-private run gets jax_forward's refusal of what it cannot run
+            check_private_layers(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if self.private:
             check_full_precision(trainable, "convert the model with .float() (the JAX backend computes in float32)")
@@ -700,6 +817,7 @@ class JaxTrainer(Trainer):
         apply = jax_forward(model)
         params = params_from_torch(model)
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))
+        check_same_logits(model, apply, params, X[:8], Xj[:8])
         optimizer = "adam" if config.algo in ("adam", "dpadam", "dpadam-jl") else "sgd"
         batch_gen = torch.Generator().manual_seed(config.seed + 1)  # the torch trainers' batch seed
         history: list[dict[str, float]] = []

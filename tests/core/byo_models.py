@@ -290,3 +290,20 @@ class PadMaskedPooling(nn.Module):
 
 def pad_masked(vocab: int, n_classes: int, extra: str, pad: int = 0) -> nn.Module:
     return PadMaskedPooling(vocab, n_classes, extra, pad=pad)
+
+
+class ResidualSequential(nn.Sequential):
+    """An ``nn.Sequential`` whose own forward adds a skip connection: x -> head(h + f(h)), h = flatten(x)."""
+
+    def forward(self, x):
+        h = self[0](x)
+        return self[3](h + self[2](self[1](h)))
+
+
+def residual_sequential(d: int, n_classes: int) -> nn.Module:
+    return ResidualSequential(nn.Flatten(), nn.Linear(d, d), nn.Tanh(), nn.Linear(d, n_classes))
+
+
+def float64_mlp(d: int, n_classes: int) -> nn.Module:
+    """A factory that returns its model in float64 (dpaudit's records are float32)."""
+    return residual_mlp(d, n_classes).double()

@@ -173,6 +173,8 @@ def test_other_attacks_load_a_factory_run(trained_run):
         ("tests.core.byo_models:not_a_module", "returned a dict; expected a torch.nn.Module"),
         ("tests.core.byo_models:wrong_logits", "gives output [2, 3]; expected logits of shape [2, 2]"),
         ("tests.core.byo_models:raises", "failed: RuntimeError: out of coffee"),
+        # before: torch's "mat1 and mat2 must have the same dtype" alone
+        ("tests.core.byo_models:float64_mlp", "its parameters are float64 and dpaudit's records float32: return"),
         ("tests.core.byo_models:softmax_head", "its outputs are probabilities"),
         ("tests.core.byo_models:one_logit", "the two logits torch.cat([torch.zeros_like(z), z], dim=1)"),
         ("tests.core.byo_models:logits_and_features", "gives output tuple; expected logits"),

@@ -82,7 +82,7 @@ def test_unsupported_model_is_refused():
     from dpaudit.errors import InputError
 
     spec = default_spec("rnn", input_shape=(5,), n_classes=2, vocab_size=7)
-    with pytest.raises(InputError, match="logreg, mlp and cnn"):
+    with pytest.raises(InputError, match=r"RNNClassifier is not an nn.Sequential.*logreg, mlp, cnn"):
         jb.jax_forward(build_model(spec, seed=0))
     with pytest.raises(InputError, match=r"layer 1 \(Dropout\)"):
         jb.jax_forward(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.1)))
