@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from dpaudit import numfmt
 from dpaudit.errors import InputError
 from dpaudit.validation import check_positive_int
 
@@ -431,10 +432,8 @@ def leakage_reading(leakage: float, test: dict[str, Any], left: dict[str, Any] |
         return "leakage not computed: no (hidden value, label) cell holds both members and non-members"
     omitted = ""
     if left and left["records"]:
-        from dpaudit.report._format import rate  # a fraction as the report prints it
-
         omitted = (
-            f"; {left['records']} records ({rate(left['fraction'])}: {left['members']} members, "
+            f"; {left['records']} records ({numfmt.percent_nearest(left['fraction'])}: {left['members']} members, "
             f"{left['nonmembers']} non-members) are in {left['cells']} cells held by one group only and are left out"
         )
     how = (

@@ -102,6 +102,13 @@ def percent_up(x: Any, digits: int = CLAIM_DIGITS, *, missing: str = DASH) -> st
     return _percent(x, digits, ROUND_CEILING, missing)
 
 
+def percent_nearest(x: Any, digits: int = 3, *, missing: str = DASH) -> str:
+    """A fraction as a percentage rounded to nearest (ties to even) at ``digits`` significant digits, as
+    :func:`percent_down` writes it: for a DESCRIPTIVE share (records left out of an estimate), which bounds nothing
+    (1/3 prints 33.3%). None → ``missing``."""
+    return _percent(x, digits, ROUND_HALF_EVEN, missing)
+
+
 def _percent(x: Any, digits: int, rounding: str, missing: str) -> str:
     if x is None:
         return missing
