@@ -215,3 +215,31 @@ def test_local_dp_reading_uses_the_exact_range_not_its_float32_rounding():
     c = Cloak(mu=0 * hi, sigma=np.array([0.5], np.float32), lo=lo, hi=hi, meta={"lambda": 1.0, "metrics": {}})
     exact_mu = (float(hi[0]) - float(lo[0])) / 0.5
     assert local_dp_reading(c, 1e-5)["composed_mu"] >= exact_mu
+
+
+def test_cloak_target_loads_the_recorded_run_or_the_given_one_and_refuses_other_weights(
+    tiny_cloaks, tiny_target_dir, tmp_path, monkeypatch
+):
+    """cloak_target (library API; no command calls it): the recorded --target as given (a relative one from the
+    folder the cloak was trained in), or ``target`` instead; a run whose weights' sha256 is not the recorded one is
+    refused in one line."""
+    import dataclasses
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    from dpaudit.checkpoint import WEIGHTS_FILE
+    from dpaudit.training.cloak import cloak_target
+
+    c = tiny_cloaks[LAMBDAS[1]]
+    recorded = c.meta["target"]
+    assert Path(cloak_target(c).path) == Path(recorded["path"])
+    assert hashlib.sha256((tiny_target_dir / WEIGHTS_FILE).read_bytes()).hexdigest() == recorded["weights_sha256"]
+    copy = shutil.copytree(tiny_target_dir, tmp_path / "copy")
+    assert Path(cloak_target(c, copy).path) == copy  # the given target, not the recorded one
+    monkeypatch.chdir(tiny_target_dir.parent)
+    relative = dataclasses.replace(c, meta={**c.meta, "target": {**recorded, "path": tiny_target_dir.name}})
+    assert Path(cloak_target(relative).path).resolve() == tiny_target_dir.resolve()
+    other = dataclasses.replace(c, meta={**c.meta, "target": {**recorded, "weights_sha256": "0" * 64}})
+    with pytest.raises(InputError, match=r"not the model this cloak was trained for \(weights hash differs\)"):
+        cloak_target(other, copy)

@@ -522,3 +522,22 @@ def test_a_command_run_outside_the_main_thread_runs(tmp_path):
     thread.join()
     assert results[0].exit_code == 0, results[0].output
     assert (tmp_path / "c").is_dir() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_symlink_at_the_output_path_is_refused_dangling_or_to_a_folder(tmp_path):
+    """check_output_dir: a link at ``out`` (to a folder, or dangling: ``exists()`` follows it and says False) is never
+    written through or replaced, with or without --force; a str path is taken as a Path (and returned as one), as
+    check_output_file takes one."""
+    from dpaudit.fileio import check_output_file
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    for name in ("link", "dangling"):
+        for force in (False, True):
+            with pytest.raises(InputError, match="exists and is not a directory"):
+                check_output_dir(tmp_path / name, force=force)
+    assert check_output_dir(str(tmp_path / "new"), force=False) == tmp_path / "new"
+    assert check_output_dir(str(real), force=True) == real  # an empty folder: nothing foreign in it
+    assert check_output_file(str(tmp_path / "f.json"), force=False) == tmp_path / "f.json"
