@@ -541,3 +541,20 @@ def test_a_symlink_at_the_output_path_is_refused_dangling_or_to_a_folder(tmp_pat
     assert check_output_dir(str(tmp_path / "new"), force=False) == tmp_path / "new"
     assert check_output_dir(str(real), force=True) == real  # an empty folder: nothing foreign in it
     assert check_output_file(str(tmp_path / "f.json"), force=False) == tmp_path / "f.json"
+
+
+def test_check_output_file_refuses_an_existing_file_without_force_a_folder_and_a_file_parent(tmp_path):
+    """check_output_file, before any work: an existing file needs --force (then it is the caller's to replace), a
+    folder at the path is refused either way, and a parent that is a file is an OutputError (exit code 2)."""
+    from dpaudit.fileio import check_output_file
+
+    f = tmp_path / "out.json"
+    f.write_text("{}")
+    with pytest.raises(InputError, match=r"out\.json already exists; use --force to overwrite it"):
+        check_output_file(f, force=False)
+    assert check_output_file(f, force=True) == f and f.read_text() == "{}"  # nothing written yet
+    for force in (False, True):
+        with pytest.raises(InputError, match="is a directory; expected a file path"):
+            check_output_file(tmp_path, force=force)
+        with pytest.raises(OutputError, match="is not a directory"):
+            check_output_file(f / "x.json", force=force)
