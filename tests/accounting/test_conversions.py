@@ -670,6 +670,8 @@ def test_classic_theorems_round_up_and_survive_large_epsilon():
             amp = mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(mpmath.mpf(eps)))
         assert amp <= amplification_by_subsampling(eps, 0.0, q)[0] <= amp * (1 + 1e-11), (eps, q)
     assert amplification_by_subsampling(0.4771670089232277, 1e-5, 1.0) == (0.4771670089232277, 1e-5)
+    # ln(1 + q (e^eps - 1)) <= eps for q <= 1: capped there, where the round-up (8 ulps) put q = 1 - 2^-53 above eps
+    assert amplification_by_subsampling(0.5, 0.0, 1 - 2**-53)[0] == 0.5
     assert amplification_by_subsampling(1e-6, 0.0, 1e-320)[0] > 0.0  # exact 1e-326 is not 0
     # e^800 overflows float64; ln(1 + 1e-3 (e^800 - 1)) = 800 + ln(1e-3) + ~e^-793.
     assert amplification_by_subsampling(800.0, 0.0, 1e-3)[0] == pytest.approx(800.0 + math.log(1e-3), rel=1e-13)
