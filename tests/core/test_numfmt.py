@@ -154,6 +154,9 @@ def test_against_prints_every_bound_in_order_with_one_claim(pair, steps):
     # An infinite claim, and missing or non-finite bounds, compare with nothing: each printed on its own, rounded in
     # its direction at the given digits (planted: a claim of ∞ compared as a number raised decimal.InvalidOperation).
     assert numfmt.against(math.inf, [1.2345], [2.5]) == ("∞", ["1.23"], ["2.5"])
+    # Each bound at the fewest digits (from 3) that compare right, not more: below, above, and equal to the claim.
+    assert numfmt.against(2.0, [1.23456789], [2.3456789]) == ("2", ["1.23"], ["2.35"])
+    assert numfmt.against(2.123456789, [2.123456789]) == ("2.12346", ["2.12"], [])
     assert numfmt.against(2.0, [None, math.inf, 1.99999], [None, math.nan, 2.00001]) == (
         "2",
         ["—", "∞", "1.99"],
