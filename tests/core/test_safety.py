@@ -558,3 +558,40 @@ def test_check_output_file_refuses_an_existing_file_without_force_a_folder_and_a
             check_output_file(tmp_path, force=force)
         with pytest.raises(OutputError, match="is not a directory"):
             check_output_file(f / "x.json", force=force)
+
+
+def test_load_safetensors_reads_the_same_tensors_under_a_utf8_and_a_non_utf8_folder(tmp_path):
+    """fileio.load_safetensors: memory-mapped from an ordinary path, read as bytes from a folder whose name is not
+    valid UTF-8 (the library refuses such a path as a Rust string); the same tensors either way, numpy or torch."""
+    import torch
+    from safetensors.numpy import save
+
+    arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1.5, -2.0])}
+    data = save(arrays)
+    for folder in (tmp_path / "plain", Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))):
+        folder.mkdir()
+        (folder / "x.safetensors").write_bytes(data)
+        got = fileio.load_safetensors(folder / "x.safetensors", "numpy")
+        assert sorted(got) == ["b", "w"] and all(np.array_equal(got[k], arrays[k]) for k in arrays)
+        pt = fileio.load_safetensors(folder / "x.safetensors")
+        assert all(torch.equal(pt[k], torch.from_numpy(arrays[k])) for k in arrays)
+
+
+def test_a_manifest_that_is_a_link_unreadable_or_malformed_is_no_manifest(tmp_path):
+    """read_manifest: only a regular file holding {"files": {path: sha256 string}} is dpaudit's record. A manifest that
+    is a link (a user could point it at any record), not JSON, or without such a "files" map is None, so every file
+    there, the manifest included, counts as foreign and --force refuses the folder."""
+    from dpaudit.fileio import read_manifest, write_manifest
+
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "a.txt").write_text("x")
+    write_manifest(d, written_by="test")
+    assert read_manifest(d)["files"].keys() == {"a.txt"} and foreign_files(d) == []
+    real = shutil.move(d / MANIFEST, tmp_path / "elsewhere.json")
+    (d / MANIFEST).symlink_to(real)
+    assert read_manifest(d) is None and foreign_files(d) == [MANIFEST, "a.txt"]
+    for text in ("{", '{"files": ["a.txt"]}', '{"files": {"a.txt": 1}}', "[]"):
+        (d / MANIFEST).unlink()
+        (d / MANIFEST).write_text(text)
+        assert read_manifest(d) is None and foreign_files(d) == [MANIFEST, "a.txt"], text
