@@ -434,7 +434,7 @@ def test_a_work_lock_whose_folder_cannot_be_made_names_the_users_path_not_the_lo
 
     (tmp_path / "cache").write_text("a file, not a folder")
     out = tmp_path / "cache" / "entry"
-    with pytest.raises(OutputError) as e, fileio.work_lock(out):
+    with pytest.raises(OutputError) as e, fileio.work_lock(str(out)):  # a str is taken as a Path
         pass
     assert str(e.value) == f"cannot write {out}: {os.strerror(17)} ({tmp_path / 'cache'})"  # EEXIST
     assert "dpaudit-work-lock" not in str(e.value)
