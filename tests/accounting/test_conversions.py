@@ -546,6 +546,17 @@ def test_classic_theorems_cap_delta_and_refuse_out_of_range_inputs():
     assert amplification_by_subsampling(math.inf, 0.5, 0.1) == (math.inf, pytest.approx(0.05))
     with pytest.raises(InputError):
         amplification_by_subsampling(1.0, 1e-5, 0.0)
+    # Every delta is a probability in [0, 1], 1 included (vacuous, not invalid): delta' of the advanced theorem too.
+    assert basic_composition([0.5], [1.0]) == (0.5, 1.0) and advanced_composition(0.1, 1.0, 2, 1e-6)[1] == 1.0
+    assert amplification_by_subsampling(0.5, 1.0, 0.5)[1] == 0.5
+    for delta, delta_prime in ((-1e-9, 1e-6), (1.5, 1e-6), (1e-8, 1.5)):
+        with pytest.raises(InputError, match="delta"):
+            advanced_composition(0.1, delta, 10, delta_prime)
+    for delta in (-1e-9, 1.5):
+        with pytest.raises(InputError, match="delta"):
+            amplification_by_subsampling(1.0, delta, 0.5)
+    with pytest.raises(InputError, match="sample_rate"):
+        amplification_by_subsampling(1.0, 1e-5, 1.5)
 
 
 def test_analytic_gaussian_scales_with_sensitivity_and_its_extremes():
@@ -651,7 +662,16 @@ def test_classic_theorems_round_up_and_survive_large_epsilon():
         with mpmath.workdps(60):  # delta' = k delta + delta' and q delta, exact then rounded up
             assert advanced_composition(eps, deltas[0], k, dp)[1] >= min(1, k * mpmath.mpf(deltas[0]) + mpmath.mpf(dp))
             assert amplification_by_subsampling(eps, deltas[0], q)[1] >= mpmath.mpf(q) * mpmath.mpf(deltas[0])
+    # eps > 700 and a subnormal q: t = eps + ln q is small (3.21 at eps = 740) but carries the rounding of two terms
+    # near 740; the slack 8 ulps·(eps + |ln q|) covers it, where 8 ulps of t, or of the result, left it below the exact
+    # value.
+    for eps, q in ((740.0, 1e-320), (701.0, 1e-320)):
+        with mpmath.workdps(60):
+            amp = mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(mpmath.mpf(eps)))
+        assert amp <= amplification_by_subsampling(eps, 0.0, q)[0] <= amp * (1 + 1e-11), (eps, q)
     assert amplification_by_subsampling(0.4771670089232277, 1e-5, 1.0) == (0.4771670089232277, 1e-5)
+    # ln(1 + q (e^eps - 1)) <= eps for q <= 1: capped there, where the round-up (8 ulps) put q = 1 - 2^-53 above eps
+    assert amplification_by_subsampling(0.5, 0.0, 1 - 2**-53)[0] == 0.5
     assert amplification_by_subsampling(1e-6, 0.0, 1e-320)[0] > 0.0  # exact 1e-326 is not 0
     # e^800 overflows float64; ln(1 + 1e-3 (e^800 - 1)) = 800 + ln(1e-3) + ~e^-793.
     assert amplification_by_subsampling(800.0, 0.0, 1e-3)[0] == pytest.approx(800.0 + math.log(1e-3), rel=1e-13)

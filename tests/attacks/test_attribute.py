@@ -388,6 +388,8 @@ def test_leakage_reading_says_estimate_and_when_it_is_not_distinguishable_from_n
     for text in (small, large):
         assert "estimate" in text and "not a DP bound" in text and "violation" not in text
     assert "not computed" in leakage_reading(float("nan"), {"p_value": None})
+    # p < 0.05, strictly: with 19 relabellings the smallest p is (1 + 0) / (1 + 19) = 0.05, never beyond chance
+    assert "not distinguishable" in leakage_reading(1.0, {"p_value": 1 / 20, "mc_se": 0.05, "permutations": 19})
 
 
 def test_an_attack_that_reads_only_value_and_label_has_no_leakage():
@@ -402,3 +404,36 @@ def test_an_attack_that_reads_only_value_and_label_has_no_leakage():
     assert strata.tolist() == [list(c) for c in cells] and poststratified_leakage(strata) == 0.0
     by_value = [(0, 0, 29, 28, 15, 6), (1, 0, 14, 12, 11, 10)]  # the same records, cells merged over the label
     assert poststratified_leakage(np.array(by_value)) > 0.2
+
+
+def test_cells_held_by_one_group_are_listed_but_carry_no_weight():
+    """The same two cells as the by-hand test above (leakage 1/60), plus a cell only members hold, (2, 1), and one
+    only non-members hold, (3, 0): both are listed in the strata (every cell seen in either group), neither has a
+    gap, so the leakage is still 1/60 (weights renormalised over the two shared cells, 6/10 and 4/10) and the
+    permutation test relabels only within the shared cells. With no shared cell there is no leakage (nan) and no
+    p-value; a test of 0 relabellings is refused."""
+    from attacks.attribute import leakage_permutation_test, poststratified_leakage
+
+    shared = [(0, 0, 4, 3, 2, 1), (1, 0, 1, 0, 3, 1)]
+    strata = _strata(*_records([*shared, (2, 1, 5, 5, 0, 0), (3, 0, 0, 0, 7, 0)]))
+    assert strata.tolist() == [[0, 0, 4, 3, 2, 1], [1, 0, 1, 0, 3, 1], [2, 1, 5, 5, 0, 0], [3, 0, 0, 0, 7, 0]]
+    assert poststratified_leakage(strata) == pytest.approx(1 / 60, abs=1e-15)
+    only_shared = _strata(*_records(shared))
+    assert leakage_permutation_test(strata, permutations=500) == leakage_permutation_test(only_shared, permutations=500)
+    alone = _strata(*_records([(2, 1, 5, 5, 0, 0), (3, 0, 0, 0, 7, 0)]))
+    assert np.isnan(poststratified_leakage(alone))
+    assert leakage_permutation_test(alone)["p_value"] is None
+    with pytest.raises(InputError, match="permutations"):
+        leakage_permutation_test(only_shared, permutations=0)
+
+
+def test_permutation_p_value_counts_the_observed_relabelling_itself():
+    """Phipson & Smyth 2010: p = (1 + #{T_b >= T}) / (1 + B). One cell of 10 members all guessed right and 10
+    non-members all guessed wrong: the observed gap, 1, is the largest any relabelling gives, and a relabelling
+    reaches it with probability 1 / C(20, 10) = 5.4e-6, so none of B = 99 draws does (seeded) and p is 1/100 exactly;
+    members all wrong, non-members all right: every relabelling is at least the observed -1, and p is 1."""
+    from attacks.attribute import leakage_permutation_test
+
+    best = leakage_permutation_test(np.array([[0, 0, 10, 10, 10, 0]]), permutations=99)
+    assert best["p_value"] == 1 / 100 and best["mc_se"] == pytest.approx(np.sqrt(0.01 * 0.99 / 99), rel=1e-12)
+    assert leakage_permutation_test(np.array([[0, 0, 10, 0, 10, 10]]), permutations=99)["p_value"] == 1.0

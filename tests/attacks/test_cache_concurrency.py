@@ -423,3 +423,18 @@ def test_ctrl_c_while_waiting_for_another_process_leaves_its_lock_alone(recipe, 
         with fileio.work_lock(entry, wait=False) as held:
             assert not held  # still held
     assert os.listdir(cache / "models") == []
+
+
+def test_a_work_lock_whose_folder_cannot_be_made_names_the_users_path_not_the_lock(tmp_path):
+    """A cache folder that is a file: the entry's folder cannot be made, and the one-line OutputError names the
+    user's path and the OS's reason for it (fileio.work_lock's mkdir), not the hidden lock file inside it, whose open
+    would fail next ("Not a directory (.../.entry.dpaudit-work-lock)")."""
+    from dpaudit import fileio
+    from dpaudit.errors import OutputError
+
+    (tmp_path / "cache").write_text("a file, not a folder")
+    out = tmp_path / "cache" / "entry"
+    with pytest.raises(OutputError) as e, fileio.work_lock(str(out)):  # a str is taken as a Path
+        pass
+    assert str(e.value) == f"cannot write {out}: {os.strerror(17)} ({tmp_path / 'cache'})"  # EEXIST
+    assert "dpaudit-work-lock" not in str(e.value)

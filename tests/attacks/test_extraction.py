@@ -308,10 +308,11 @@ def test_auto_learns_from_rounded_answers_too_few_to_solve(digits_logreg):
     and refused (here "551 usable equations for 585 unknowns": probabilities rounded to 0 give none). Now auto trains
     the surrogate on the same 65 answers (no further query); an explicit --method equations still refuses."""
     run = _load(digits_logreg)
-    r = extract(run, budget=DIGITS_D + 1, api="rounded:2", curve_points=1, surrogate="logreg").result
+    r = extract(run, budget=DIGITS_D + 1, api="rounded:2", curve_points=2, surrogate="logreg").result
     assert (r.method, r.queries, r.params["method"]) == ("learning", DIGITS_D + 1, "learning")
+    assert r.params["adaptive"] is False
     assert "equations unsolvable" in r.params["fallback"] and "585 unknowns" in r.params["fallback"]
-    assert [p["queries"] for p in r.curve] == [DIGITS_D + 1]
+    assert [p["queries"] for p in r.curve] == [(DIGITS_D + 1) // 2, DIGITS_D + 1]  # budget / 2^j, j = 1, 0
     assert r.fidelity is not None and 0.0 <= r.fidelity <= 1.0 and r.parameter_relative_error is not None
     with pytest.raises(InputError, match="usable equations"):
         extract(run, budget=DIGITS_D + 1, api="rounded:2", method="equations", curve_points=1)

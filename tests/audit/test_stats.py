@@ -176,6 +176,8 @@ def test_array_inputs_with_one_bad_element_are_refused_and_the_message_names_it(
         clopper_pearson_lower(3, 10, -0.1)
     with pytest.raises(InputError, match="fpr_upper"):
         hypothesis_test_epsilon(np.array([0.1, -0.1]), 0.2, 1e-5)
+    with pytest.raises(InputError, match="fnr_upper"):
+        gdp_mu_lower_bound(0.1, np.array([0.2, -0.2]))
     with pytest.raises(InputError, match="k=12"):
         clopper_pearson_upper(np.array([0, 5, 12]), np.array([10, 5, 10]), 0.05)
     with pytest.raises(InputError, match="k=-1"):
@@ -191,6 +193,12 @@ RATE_PAIRS = [
     (0.01, 0.5, 0.0),
     (1e-300, 0.3, 1e-3),
     (0.2689414213699951, 0.2689414213699951, 0.0),
+    # Found by a 6000-pair search against 40-digit mpmath (mutation testing, sixteenth pass): the first is above the
+    # exact ε (by 0.79 ulp) with ln d's share of the margin dropped, the second (s = δ + FPR, ln(1 − s) < 0) with
+    # ln(1 − s) added instead of |ln(1 − s)|, the third above the exact μ (by 31 ulps) with |Φ⁻¹(FNR)|'s share dropped.
+    (0.6096509405869129, 1.298620137053523e-272, 1e-05),
+    (0.07736277217286247, 0.99999900015582, 1e-3),
+    (0.7230837030683271, 1.4700522197901985e-274, 0.0),
 ]
 
 
@@ -214,3 +222,18 @@ def test_epsilon_and_mu_lower_bounds_are_rounded_down(fpr, fnr, delta):
     mu = max(mp.mpf(0), -z(f) - z(g))
     got = gdp_mu_lower_bound(fpr, fnr)
     assert mu - 16 * 2.0**-52 * (abs(z(f)) + abs(z(g)) + 1) <= got <= mu  # within twice the margin
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10])
+@pytest.mark.parametrize("alpha", [0.5, 0.05, 1e-3])
+def test_clopper_pearson_limits_at_k_0_and_n_are_the_closed_forms_rounded_outward(n, alpha):
+    # k = n: P[Bin(n, p) >= n] = p^n = α, so the lower limit is α^(1/n); k = 0: P[Bin(n, p) <= 0] = (1 − p)^n = α, so
+    # the upper limit is 1 − α^(1/n) (Clopper & Pearson 1934). Exact in 50-digit mpmath; the limits lie outside it by at
+    # most twice stats._cp_margin(n), also for n < 4, where scipy is correctly rounded and only the margin's +4 keeps it
+    # positive (a margin 16·(n − 4) ulps put the lower limit 48 ulps above α at n = 1).
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(50):
+        root = mp.mpf(alpha) ** (1 / mp.mpf(n))
+        r = 2 * _cp_margin(n)
+        assert root * (1 - r) <= clopper_pearson_lower(n, n, alpha) <= root
+        assert 1 - root <= clopper_pearson_upper(0, n, alpha) <= (1 - root) * (1 + r)

@@ -238,3 +238,31 @@ def test_the_decoder_is_fitted_on_the_records_the_cloak_releases_clipped_as_the_
     clipped_eval = np.clip(X_eval.astype(np.float32), 0, 1).astype(np.float64)
     baseline = float(np.mean((clipped_eval - clipped_aux.mean(axis=0)) ** 2))
     assert rec["mse_mean_baseline"] == pytest.approx(baseline, rel=1e-12)
+
+
+def test_cloak_target_loads_the_recorded_run_or_the_given_one_and_refuses_other_weights(
+    tiny_cloaks, tiny_target_dir, tmp_path, monkeypatch
+):
+    """cloak_target (library API; no command calls it): the recorded --target as given (a relative one from the
+    folder the cloak was trained in), or ``target`` instead; a run whose weights' sha256 is not the recorded one is
+    refused in one line."""
+    import dataclasses
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    from dpaudit.checkpoint import WEIGHTS_FILE
+    from dpaudit.training.cloak import cloak_target
+
+    c = tiny_cloaks[LAMBDAS[1]]
+    recorded = c.meta["target"]
+    assert Path(cloak_target(c).path) == Path(recorded["path"])
+    assert hashlib.sha256((tiny_target_dir / WEIGHTS_FILE).read_bytes()).hexdigest() == recorded["weights_sha256"]
+    copy = shutil.copytree(tiny_target_dir, tmp_path / "copy")
+    assert Path(cloak_target(c, copy).path) == copy  # the given target, not the recorded one
+    monkeypatch.chdir(tiny_target_dir.parent)
+    relative = dataclasses.replace(c, meta={**c.meta, "target": {**recorded, "path": tiny_target_dir.name}})
+    assert Path(cloak_target(relative).path).resolve() == tiny_target_dir.resolve()
+    other = dataclasses.replace(c, meta={**c.meta, "target": {**recorded, "weights_sha256": "0" * 64}})
+    with pytest.raises(InputError, match=r"not the model this cloak was trained for \(weights hash differs\)"):
+        cloak_target(other, copy)

@@ -151,6 +151,17 @@ def test_against_prints_every_bound_in_order_with_one_claim(pair, steps):
         assert (Decimal(text) >= Decimal(x) if up else Decimal(text) <= Decimal(x)) or float(text) == x
     assert numfmt.against(1.9999954, [0.5, 1.999996]) == ("1.9999954", ["0.5", "1.999996"], [])
     assert numfmt.against(None, [4.8151], [7.999954]) == ("—", ["4.81"], ["8"])  # no claim: each on its own
+    # An infinite claim, and missing or non-finite bounds, compare with nothing: each printed on its own, rounded in
+    # its direction at the given digits (planted: a claim of ∞ compared as a number raised decimal.InvalidOperation).
+    assert numfmt.against(math.inf, [1.2345], [2.5]) == ("∞", ["1.23"], ["2.5"])
+    # Each bound at the fewest digits (from 3) that compare right, not more: below, above, and equal to the claim.
+    assert numfmt.against(2.0, [1.23456789], [2.3456789]) == ("2", ["1.23"], ["2.35"])
+    assert numfmt.against(2.123456789, [2.123456789]) == ("2.12346", ["2.12"], [])
+    assert numfmt.against(2.0, [None, math.inf, 1.99999], [None, math.nan, 2.00001]) == (
+        "2",
+        ["—", "∞", "1.99"],
+        ["—", "nan", "2.01"],
+    )
 
 
 def test_ordered_examples():
@@ -226,3 +237,32 @@ def test_the_inverted_scores_note_shows_an_underflowed_p_value_as_a_bound():
     n = 3000
     note = _inverted_note(ScoreFile(None, np.r_[np.ones(n), np.zeros(n)], np.arange(2 * n, dtype=float)))
     assert "Mann–Whitney p < 1e-300)" in note and "p = 0" not in note
+
+
+@pytest.mark.parametrize("x", [0.123456, 0.57, 0.9999999, 1e-7, 2 / 3, 0.5, 1.0, 3.0000001e-3, 0.1 + 0.2])
+@pytest.mark.parametrize("d", [1, 4, 6])
+def test_percentages_are_the_short_decimal_times_100_rounded_outward(x, d):
+    """percent_down / percent_up (a rate's confidence interval in the report: [down(lo), up(hi)]) against the exact
+    oracle: the fraction's shortest decimal times 100, exactly, rounded by Decimal with ROUND_FLOOR / ROUND_CEILING at
+    ``d`` significant digits, in fixed notation. A printed interval then contains the computed one. Planted: up
+    rounding down (percent_up's interval end read 12.34% for 0.123456), either returning the missing-value dash."""
+    exact = Decimal(repr(x)).scaleb(2)
+    for f, rounding in ((numfmt.percent_down, ROUND_FLOOR), (numfmt.percent_up, ROUND_CEILING)):
+        text = f(x, d)
+        assert text == f"{Context(prec=d, rounding=rounding).plus(exact).normalize():f}%"
+    assert Decimal(numfmt.percent_down(x, d)[:-1]) <= exact <= Decimal(numfmt.percent_up(x, d)[:-1])
+
+
+def test_percentages_examples_and_specials():
+    assert (numfmt.percent_down(0.123456, 4), numfmt.percent_up(0.123456, 4)) == ("12.34%", "12.35%")
+    assert (numfmt.percent_down(0.9999999), numfmt.percent_up(0.9999999)) == ("99.9999%", "100%")
+    assert numfmt.percent_up(1e-7) == "0.00001%" and numfmt.percent_up(0.57) == "57%"  # fixed notation; 0.57 exact
+    for f in (numfmt.percent_down, numfmt.percent_up):
+        assert (f(None), f(None, missing="n/a"), f(0.0), f(-0.0), f(math.inf), f(math.nan)) == (
+            "—",
+            "n/a",
+            "0%",
+            "0%",
+            "∞",
+            "nan",
+        )

@@ -522,3 +522,76 @@ def test_a_command_run_outside_the_main_thread_runs(tmp_path):
     thread.join()
     assert results[0].exit_code == 0, results[0].output
     assert (tmp_path / "c").is_dir() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_symlink_at_the_output_path_is_refused_dangling_or_to_a_folder(tmp_path):
+    """check_output_dir: a link at ``out`` (to a folder, or dangling: ``exists()`` follows it and says False) is never
+    written through or replaced, with or without --force; a str path is taken as a Path (and returned as one), as
+    check_output_file takes one."""
+    from dpaudit.fileio import check_output_file
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    for name in ("link", "dangling"):
+        for force in (False, True):
+            with pytest.raises(InputError, match="exists and is not a directory"):
+                check_output_dir(tmp_path / name, force=force)
+    assert check_output_dir(str(tmp_path / "new"), force=False) == tmp_path / "new"
+    assert check_output_dir(str(real), force=True) == real  # an empty folder: nothing foreign in it
+    assert check_output_file(str(tmp_path / "f.json"), force=False) == tmp_path / "f.json"
+
+
+def test_check_output_file_refuses_an_existing_file_without_force_a_folder_and_a_file_parent(tmp_path):
+    """check_output_file, before any work: an existing file needs --force (then it is the caller's to replace), a
+    folder at the path is refused either way, and a parent that is a file is an OutputError (exit code 2)."""
+    from dpaudit.fileio import check_output_file
+
+    f = tmp_path / "out.json"
+    f.write_text("{}")
+    with pytest.raises(InputError, match=r"out\.json already exists; use --force to overwrite it"):
+        check_output_file(f, force=False)
+    assert check_output_file(f, force=True) == f and f.read_text() == "{}"  # nothing written yet
+    for force in (False, True):
+        with pytest.raises(InputError, match="is a directory; expected a file path"):
+            check_output_file(tmp_path, force=force)
+        with pytest.raises(OutputError, match="is not a directory"):
+            check_output_file(f / "x.json", force=force)
+
+
+def test_load_safetensors_reads_the_same_tensors_under_a_utf8_and_a_non_utf8_folder(tmp_path):
+    """fileio.load_safetensors: memory-mapped from an ordinary path, read as bytes from a folder whose name is not
+    valid UTF-8 (the library refuses such a path as a Rust string); the same tensors either way, numpy or torch."""
+    import torch
+    from safetensors.numpy import save
+
+    arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1.5, -2.0])}
+    data = save(arrays)
+    for folder in (tmp_path / "plain", Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))):
+        folder.mkdir()
+        (folder / "x.safetensors").write_bytes(data)
+        got = fileio.load_safetensors(folder / "x.safetensors", "numpy")
+        assert sorted(got) == ["b", "w"] and all(np.array_equal(got[k], arrays[k]) for k in arrays)
+        pt = fileio.load_safetensors(folder / "x.safetensors")
+        assert all(torch.equal(pt[k], torch.from_numpy(arrays[k])) for k in arrays)
+
+
+def test_a_manifest_that_is_a_link_unreadable_or_malformed_is_no_manifest(tmp_path):
+    """read_manifest: only a regular file holding {"files": {path: sha256 string}} is dpaudit's record. A manifest that
+    is a link (a user could point it at any record), not JSON, or without such a "files" map is None, so every file
+    there, the manifest included, counts as foreign and --force refuses the folder."""
+    from dpaudit.fileio import read_manifest, write_manifest
+
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "a.txt").write_text("x")
+    write_manifest(d, written_by="test")
+    assert read_manifest(d)["files"].keys() == {"a.txt"} and foreign_files(d) == []
+    real = shutil.move(d / MANIFEST, tmp_path / "elsewhere.json")
+    (d / MANIFEST).symlink_to(real)
+    assert read_manifest(d) is None and foreign_files(d) == [MANIFEST, "a.txt"]
+    for text in ("{", '{"files": ["a.txt"]}', '{"files": {"a.txt": 1}}', "[]"):
+        (d / MANIFEST).unlink()
+        (d / MANIFEST).write_text(text)
+        assert read_manifest(d) is None and foreign_files(d) == [MANIFEST, "a.txt"], text

@@ -470,3 +470,33 @@ def test_convex_train_numerically_impossible_settings_are_one_line_errors(tmp_pa
     r = invoke("train", "--data", "synthetic:n=40,d=6,classes=2", "--model", "logreg", *args, "--out", out)
     assert message in one_error(r)
     assert not out.exists()
+
+
+def test_solver_backtracks_where_undamped_newton_steps_diverge():
+    # A small objpert-like problem (N = 5, d = 2, lambda = 1e-4, a linear term b) whose minimiser lies far out
+    # (||w*|| ~ 180): there the Hessian's sigmoid weights vanish and a full Newton step from an iterate overshoots,
+    # so plain Newton steps (no backtracking) do not converge in 100 steps (checked below). The damped solver must
+    # still return the exact minimiser: its gradient, recomputed in 50-digit arithmetic, is within the bound
+    # SOLVER_GRADIENT_BOUND that output_sensitivity assumes (convex.py).
+    import mpmath
+    from scipy import special
+
+    Z = np.array([[0.557, 0.831], [0.453, 0.892], [0.002, -0.999], [-0.057, 0.483], [0.415, -0.601]])
+    s = np.array([-1.0, 1.0, 1.0, -1.0, 1.0])
+    lam, b = 1e-4, np.array([-0.166, 0.13])
+    w = np.zeros(2)
+    for _ in range(100):  # undamped Newton: the Hessian of logistic_objective, as solve_logistic forms it
+        g = logistic_objective(w, Z, s, lam, b)[1]
+        p = special.expit(s * (Z @ w))
+        w = w - np.linalg.solve((Z.T * (p * (1 - p))) @ Z / 5 + lam * np.eye(2), g)
+    assert not np.linalg.norm(logistic_objective(w, Z, s, lam, b)[1]) <= 1e-10
+    w = solve_logistic(Z, s, lam, linear=b)
+    with mpmath.workdps(50):
+        wm = [mpmath.mpf(float(x)) for x in w]
+        grad = [lam * wm[j] + mpmath.mpf(float(b[j])) / 5 for j in range(2)]
+        for i in range(5):
+            z = [mpmath.mpf(float(x)) for x in Z[i]]
+            m = float(s[i]) * (z[0] * wm[0] + z[1] * wm[1])
+            for j in range(2):  # d/dw log(1 + e^{-m}) = -s z sigma(-m)
+                grad[j] -= float(s[i]) * z[j] / (1 + mpmath.exp(m)) / 5
+        assert float(mpmath.sqrt(grad[0] ** 2 + grad[1] ** 2)) <= SOLVER_GRADIENT_BOUND
