@@ -247,6 +247,22 @@ def test_selftest_bad_option():
     assert res.exit_code == 2 and "seeds" in res.output
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--seeds", "9223372036854775808", "would take about"),  # scipy's binomial quantile ran for ever, in C
+        ("--seeds", "1000000000000", "would take about"),  # started, "about 13874612291 s left"
+        ("--trials", "100000000000", "of memory"),  # an internal MemoryError (exit 3) once allocated
+    ],
+)
+def test_selftest_too_large_is_refused_before_it_starts(option, value, expected):
+    # Found by benchmarks/cli_fuzz.py: a self-test sized by --seeds/--trials had no cost check (dpaudit.budget).
+    res = runner.invoke(app, ["--quiet", "audit", "selftest", option, value])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: self-test: "), res.output
+    assert expected in lines[0], res.output
+
+
 def _option_help(path, name):
     import typer.main
 
