@@ -1,0 +1,60 @@
+"""Refusals found by the generative CLI fuzzer (benchmarks/cli_fuzz.py): each case below exited 0 with the option
+silently ignored or misread, or broke the one-line contract, before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.core.cli_errors import one_line_error
+
+TINY = "synthetic:n=60,d=3,classes=2"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "--out", "{out}", "--model", "logreg", "--epochs", "1"],
+        ["train", "--out", "{out}", "--algo", "pate", "--teachers", "2"],  # PATE loads the data itself
+        ["canaries", "make", "--count", "4", "--out", "{out}"],
+        ["audit", "train", "--runs", "4", "--noise-multiplier", "1", "--allow-inconclusive"],
+    ],
+)
+@pytest.mark.parametrize("data", [TINY, "wine"])
+def test_a_label_column_for_data_that_is_no_csv_is_refused(tmp_path, command, data):
+    # Before: exit 0, the data's own labels used and --label-column y ignored without a word.
+    args = [a.replace("{out}", str(tmp_path / "out")) for a in command]
+    line = one_line_error(*args, "--data", data, "--label-column", "y")
+    expected = f"error: --label-column 'y' applies to a CSV file only, not to the data '{data}' (which holds its labels"
+    assert line == expected + " already)", line
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_refuses_a_label_column_for_data_that_is_no_csv(tmp_path):
+    from dpaudit.cli.main import app  # noqa: F401  (the CLI is what is tested; nothing trains)
+
+    members = tmp_path / "members.txt"
+    members.write_text("".join(f"{i}\n" for i in range(20)))
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"kind": "logreg", "input_shape": [3], "n_classes": 2}')
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")  # never read: the data's options are refused first
+    line = one_line_error(
+        "import", weights, "--model-spec", spec, "--out", tmp_path / "out", "--data", TINY, "--members", members,
+        "--label-column", "y",
+    )  # fmt: skip
+    assert line.startswith("error: --label-column 'y' applies to a CSV file only"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_model_name_is_refused_not_read_as_the_default(tmp_path):
+    # Before: `--model ''` trained the default mlp (`model or "mlp"`), exit 0.
+    line = one_line_error("train", "--out", tmp_path / "out", "--data", TINY, "--model", "", "--epochs", "1")
+    assert line.startswith("error: unknown --model ''; valid: logreg, mlp"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_allow_inconclusive_without_canaries_is_refused(tmp_path):
+    # Before: exit 0, the flag ignored (it lifts the refusal of a canary set too small to refute the claim).
+    line = one_line_error("train", "--out", tmp_path / "out", "--data", TINY, "--epochs", "1", "--allow-inconclusive")
+    assert line == "error: --allow-inconclusive applies only with --canaries or --whitebox-canaries", line
+    assert not (tmp_path / "out").exists()
