@@ -40,6 +40,8 @@ REQUIRED_DETECTION = 0.95
 # statistics, concatenated scores, labels and the sort of audit_scores (~100 bytes); measured ~8e-6 s of CPU per
 # trial (default 6 cases x 50 seeds x 2000 trials, 7.8 s), rounded up to an order of magnitude as budget.py's are.
 SECONDS_PER_TRIAL = 1e-5
+# A correct mechanism's flagged seeds may reach this quantile of Binomial(seeds, 1 - confidence).
+ALLOWANCE_QUANTILE = 0.999
 BYTES_PER_TRIAL = 100.0
 
 
@@ -310,14 +312,24 @@ def false_alarm_allowance(seeds: int, confidence: float) -> int:
     A correct auditor is flagged with probability ≤ α per seed, so exceeding this count has
     probability ≤ 0.1% for it.
     """
-    return int(stats.binom.ppf(0.999, seeds, 1.0 - confidence))
+    return int(stats.binom.ppf(ALLOWANCE_QUANTILE, seeds, 1.0 - confidence))
 
 
 def seeds_needed(confidence: float) -> int:
     """The fewest seeds whose false-alarm check can fail at all: :func:`false_alarm_allowance` below the
-    number of seeds, so that an auditor flagging a correct mechanism on every seed is caught."""
-    seeds = 1
-    while false_alarm_allowance(seeds, confidence) >= seeds:
+    number of seeds, so that an auditor flagging a correct mechanism on every seed is caught.
+
+    The allowance is below S exactly when P(Binomial(S, α) <= S − 1) = 1 − α^S reaches the quantile q, i.e.
+    S >= log(1 − q) / log(α): the search starts just below that (it counted up from 1, for ever at a confidence
+    whose α = 1 − confidence rounds to 1, and for 6.9e10 steps at confidence 1e-10)."""
+    alpha = 1.0 - confidence
+    if alpha >= 1.0:
+        raise InputError(
+            f"expected confidence >= 1.1e-16 (1 - confidence below 1 in floating point), got {confidence:g}: a "
+            "correct mechanism may be flagged in every seed, so no number of seeds lets the false-alarm check fail"
+        )
+    seeds = max(1, math.floor(math.log1p(-ALLOWANCE_QUANTILE) / math.log(alpha)) - 1) if alpha > 0 else 1
+    while false_alarm_allowance(seeds, confidence) >= seeds:  # the rounding, checked on the allowance itself
         seeds += 1
     return seeds
 
