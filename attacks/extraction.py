@@ -585,7 +585,8 @@ def _equation_point(
 def _prefixes(budget: int, minimum: int, points: int) -> list[int]:
     """Query counts of the curve: budget / 2^j for j = points-1 .. 0, those >= minimum (always budget)."""
     sizes = {budget}
-    for j in range(1, points):
+    # Past j = budget's bit length every budget >> j is 0: stop there (`--curve-points 2^63` looped for ever).
+    for j in range(1, min(points, budget.bit_length() + 1)):
         n = budget >> j
         if n >= minimum:
             sizes.add(n)
