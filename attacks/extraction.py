@@ -757,6 +757,7 @@ def extract(
     method = resolve_method("learning" if adaptive and method == "auto" else method, run, mode, budget)
     pool = pool if pool is not None else "synthetic"
     check_choice(POOLS, pool=pool)
+    check_choice(SURROGATES, surrogate=surrogate)  # also when equations need none: `--surrogate nan` ran, exit 0
     if adaptive and method != "learning":
         raise InputError("adaptive querying is for learning-based extraction (use --method learning)")
     shape = tuple(run.spec.input_shape)

@@ -58,3 +58,35 @@ def test_allow_inconclusive_without_canaries_is_refused(tmp_path):
     line = one_line_error("train", "--out", tmp_path / "out", "--data", TINY, "--epochs", "1", "--allow-inconclusive")
     assert line == "error: --allow-inconclusive applies only with --canaries or --whitebox-canaries", line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from tests.core.cli_errors import invoke
+
+    run = tmp_path_factory.mktemp("fuzz") / "run"
+    data = "synthetic:n=200,d=5,classes=2,sep=4"  # a model that learns: no "learned next to nothing" warning
+    r = invoke("--quiet", "train", "--out", run, "--data", data, "--model", "logreg", "--epochs", "5")
+    assert r.exit_code == 0, r.output
+    return run
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["audit", "checkpoint", "{run}", "--reference-models", "-1"],
+            "error: expected --reference-models >= 1, got -1",
+        ),
+        (["attack", "mia", "{run}", "--reference-models", "0"], "error: expected --reference-models >= 1, got 0"),
+        (["attack", "mia", "{run}", "--shadow-models", "0"], "error: expected --shadow-models >= 1, got 0"),
+        (["attack", "mia", "{run}", "--min-models", "0"], "error: expected --min-models >= 1, got 0"),
+        (["attack", "extract", "{run}", "--budget", "20", "--surrogate", "nan"], "error: unknown --surrogate 'nan'"),
+    ],
+)
+def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_read_it(tiny_run, args, expected):
+    # Before: exit 0 (--attacks loss reads no reference, shadow or min models; a logistic regression's extraction
+    # solves equations and trains no surrogate), while `report --reference-models -1` was refused.
+    extra = ["--attacks", "loss"] if args[1] in ("checkpoint", "mia") else []
+    line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args], *extra)
+    assert line.startswith(expected), line
