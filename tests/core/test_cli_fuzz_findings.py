@@ -90,3 +90,19 @@ def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_rea
     extra = ["--attacks", "loss"] if args[1] in ("checkpoint", "mia") else []
     line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args], *extra)
     assert line.startswith(expected), line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["attack", "mia", "{run}", "--attacks", "loss", "--bootstrap", str(2**63)], "error: bootstrap: 9.223e+18"),
+        (
+            ["attack", "inversion", "{run}", "--classes", "0", "--iterations", "5", "--restarts", str(2**63)],
+            "error: model inversion: 9.223e+18 starts would take about",
+        ),
+    ],
+)
+def test_a_count_that_would_run_for_ever_asks_for_yes_first(tiny_run, args, expected):
+    # Before: no cost check (dpaudit.budget), the command ran until killed (the fuzzer's 60 s timeout).
+    line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args])
+    assert line.startswith(expected) and "rerun with dpaudit --yes" in line, line
