@@ -106,3 +106,11 @@ def test_a_count_that_would_run_for_ever_asks_for_yes_first(tiny_run, args, expe
     # Before: no cost check (dpaudit.budget), the command ran until killed (the fuzzer's 60 s timeout).
     line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args])
     assert line.startswith(expected) and "rerun with dpaudit --yes" in line, line
+
+
+def test_a_too_small_audit_points_to_audit_plan_once():
+    # Before: "... (see `dpaudit audit plan --epsilon 6.81675` for the size with power) (see `dpaudit audit plan
+    # --epsilon 6.81675`); pass --allow-inconclusive ..." (size_advice names it, and the refusal added it again).
+    data = "synthetic:n=200,d=5,classes=2"  # epsilon 6.8: beyond the sizes size_advice simulates
+    line = one_line_error("audit", "train", "--runs", "4", "--data", data, "--epochs", "1", "--noise-multiplier", "1")
+    assert line.startswith("error: this audit cannot refute epsilon") and line.count("dpaudit audit plan") == 1, line
