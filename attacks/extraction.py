@@ -585,7 +585,8 @@ def _equation_point(
 def _prefixes(budget: int, minimum: int, points: int) -> list[int]:
     """Query counts of the curve: budget / 2^j for j = points-1 .. 0, those >= minimum (always budget)."""
     sizes = {budget}
-    for j in range(1, points):
+    # Past j = budget's bit length every budget >> j is 0: stop there (`--curve-points 2^63` looped for ever).
+    for j in range(1, min(points, budget.bit_length() + 1)):
         n = budget >> j
         if n >= minimum:
             sizes.add(n)
@@ -756,6 +757,7 @@ def extract(
     method = resolve_method("learning" if adaptive and method == "auto" else method, run, mode, budget)
     pool = pool if pool is not None else "synthetic"
     check_choice(POOLS, pool=pool)
+    check_choice(SURROGATES, surrogate=surrogate)  # also when equations need none: `--surrogate nan` ran, exit 0
     if adaptive and method != "learning":
         raise InputError("adaptive querying is for learning-based extraction (use --method learning)")
     shape = tuple(run.spec.input_shape)

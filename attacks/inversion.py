@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpaudit.budget import Cost, check_cost
 from dpaudit.checkpoint import as_run
 from dpaudit.errors import InputError
 from dpaudit.models import channels_last_message, looks_channels_last
@@ -47,6 +48,9 @@ from dpaudit.validation import (
 )
 
 PRIORS = ("none", "tv", "mean")
+# One gradient step of one start (a forward and backward pass through a small model on one input), an order of
+# magnitude for dpaudit.budget.
+STEP_SECONDS = 1e-4
 # Why a run over token data is refused (also checked before any other attack runs: dpaudit.workflows.checkpoint).
 TOKEN_REFUSAL = (
     "model inversion (MI-FACE) climbs the gradient of a class's confidence with respect to the input, and "
@@ -303,6 +307,8 @@ class MIFace:
         check_choice(PRIORS, prior=self.prior)
         check_choice(VARIANTS, variant=self.variant)
         check_positive_int(restarts=self.restarts)
+        # Per class (dpaudit.budget; a ceiling: a start may stop early): `--restarts 2^63` ran for ever, no --yes.
+        check_cost(Cost("model inversion", self.restarts, "starts", seconds_per_unit=self.iterations * STEP_SECONDS))
         check_in_interval(0.0, math.inf, lo_open=False, prior_weight=self.prior_weight)
         check_in_interval(-math.inf, math.inf, threshold=self.threshold)
         if self.threshold >= 1 and (self.prior == "none" or self.prior_weight == 0):

@@ -25,6 +25,7 @@ from attacks.result import AttackResult
 from attacks.rmia import RMIA
 from attacks.shadow import ShadowAttack
 from attacks.threshold import THRESHOLD_METHODS, logit_margin, loss_score, threshold_scores
+from dpaudit.budget import Cost, check_cost
 from dpaudit.checkpoint import Run, as_run
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_file
@@ -33,6 +34,9 @@ from dpaudit.validation import check_non_negative, check_positive_int, check_wor
 
 METHODS = (*THRESHOLD_METHODS, "shadow", "lira", "rmia")
 AUTO_SHADOW_MODELS = 4
+# One bootstrap resample of one attack's scores (attacks.metrics.bootstrap_ci: a ROC and its metrics), a floor for
+# dpaudit.budget: ~1e-4 s on a few hundred records on one core, more on more.
+BOOTSTRAP_SECONDS = 1e-4
 ALL = ("loss", "confidence", "entropy", "modified-entropy", "shadow", "lira", "rmia")
 
 
@@ -256,16 +260,17 @@ class _Target:
 
 def _check_options(run: Run, methods, shadow_models, reference_models, min_models) -> None:
     """Refuse bad attack options before anything is trained."""
-    if "shadow" in methods and shadow_models is not None:
+    # Every count is checked whether or not a chosen attack reads it: `--attacks loss --reference-models -1` ran
+    # with exit 0 while `report` refused the same -1 (found by benchmarks/cli_fuzz.py).
+    if shadow_models is not None:
         check_positive_int(shadow_models=shadow_models)
-    if any(m in ("lira", "rmia") for m in methods):
-        check_positive_int(reference_models=reference_models)
-        check_positive_int(min_models=min_models)
-        if "lira" in methods and reference_models // 2 < min_models:  # fail before training anything
-            raise InputError(
-                f"{reference_models} reference models give each record {reference_models // 2} IN and as many OUT "
-                f"models, fewer than min_models {min_models}; use at least {2 * min_models} reference models"
-            )
+    check_positive_int(reference_models=reference_models)
+    check_positive_int(min_models=min_models)
+    if "lira" in methods and reference_models // 2 < min_models:  # fail before training anything
+        raise InputError(
+            f"{reference_models} reference models give each record {reference_models // 2} IN and as many OUT "
+            f"models, fewer than min_models {min_models}; use at least {2 * min_models} reference models"
+        )
     if len(run.splits.members) == 0 or len(run.splits.holdout) == 0:
         raise InputError(
             f"{run.path}: attacks need members and holdout records (the split has "
@@ -376,6 +381,8 @@ def attack_checkpoint(
     check_workers(workers, scheduler=scheduler)
     if bootstrap != 0 and check_non_negative(bootstrap=bootstrap) != int(bootstrap):  # 0: no confidence intervals
         raise InputError(f"expected bootstrap to be an integer, got {shown(bootstrap)}")
+    # Before anything is trained (dpaudit.budget): `--bootstrap 2^63` ran for ever, no estimate, no --yes asked.
+    check_cost(Cost("bootstrap", bootstrap * len(methods), "resamples", seconds_per_unit=BOOTSTRAP_SECONDS))
     cache = cache_for(cache_dir, no_cache=no_cache, scheduler=scheduler)
     outputs = scores_paths(scores_out, methods) if scores_out is not None else {}
     for path in outputs.values():

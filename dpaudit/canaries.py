@@ -351,12 +351,12 @@ def make_canary_dir(
 ) -> dict[str, Any]:
     """``dpaudit canaries make``: canaries for the data ``data`` (a dataset spec, as ``dpaudit import --data``),
     written to ``out``; returns the design. ``members``: the indices of the records you will train on."""
-    from dpaudit.data import load_dataset, read_member_indices
+    from dpaudit.data import check_data_spec, load_dataset, read_member_indices
 
     check_positive_int(count=count)  # checked as named here, not as the canaries/canary_kind they become below
     check_choice(CANARY_KINDS, kind=kind)
     check_output_dir(out, force=force, inputs=[data, members])
-    ds = load_dataset(data, label_column=label_column)
+    ds = load_dataset(check_data_spec(data, label_column=label_column), label_column=label_column)
     member_idx = read_member_indices(members, len(ds)) if members is not None else None
     cs = make_import_canaries(ds, count=count, kind=kind, seed=seed, members=member_idx)
     write_canary_dir(cs, ds, Path(out), force=force)

@@ -778,11 +778,26 @@ def load_dataset(spec: str, *, label_column: str | None = None) -> Dataset:
     return _from_npz(path, spec)
 
 
-def check_data_spec(spec: str | os.PathLike) -> str:
+def check_data_spec(spec: str | os.PathLike, *, label_column: str | None = None) -> str:
     """The spec as :func:`load_dataset` reads it (a path-like made a path string), after the refusals that read
     no data: not a name or path, no such file, not a file, unreadable, an unsupported file type, an unknown name.
     Cheap (a few system calls): the CLI calls it before importing torch, so ``train --data nope`` is refused at
-    once (it took seconds)."""
+    once (it took seconds).
+
+    ``label_column`` (a user's, as given): refused unless ``spec`` is a CSV file, the one format that reads it
+    (``train --data digits --label-column y`` trained on digits' own labels, the option silently ignored). The
+    commands call this with it; :func:`load_dataset` does not, so a run recorded with one still loads."""
+    checked = _check_data_spec(spec)
+    path = spec_path(checked)
+    if label_column is not None and (path is None or path.is_dir() or path.suffix.lower() != ".csv"):
+        raise InputError(
+            f"label_column {label_column!r} applies to a CSV file only, not to the data {checked!r} (which holds its "
+            "labels already)"
+        )
+    return checked
+
+
+def _check_data_spec(spec: str | os.PathLike) -> str:
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
         spec = spec if spec_path(spec) is not None else os.path.join(".", spec)

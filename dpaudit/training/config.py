@@ -293,6 +293,9 @@ OPTION_READERS: dict[str, tuple[str, ...]] = {
 OPTION_NEEDS: dict[str, tuple[str, ...]] = {
     "canary_kind": ("canaries",),
     "canary_seed": ("canaries", "whitebox_canaries"),
+    # The refusal it lifts is of a canary set too small to refute the claim (workflows.runs): without canaries,
+    # --allow-inconclusive was silently ignored.
+    "allow_inconclusive": ("canaries", "whitebox_canaries"),
 }
 
 

@@ -138,6 +138,9 @@ def train_from_options(
     fractions = parse_fractions(split)
     if model_spec is not None and (model is not None or hidden is not None or activation is not None):
         raise InputError("give --model-spec or --model (with --hidden, --activation), not both")
+    from dpaudit.data import check_data_spec
+
+    check_data_spec(data, label_column=label_column)  # every algorithm's data, PATE's and DP-ICL's too
     if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
         check_options_read(algo, given)
         if model_spec is not None:
@@ -149,7 +152,7 @@ def train_from_options(
         meta = train_aggregation(
             out, algo=algo, teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1,
             threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon,
-            delta=delta, seed=seed, data=data, label_column=label_column, model=model or "mlp",
+            delta=delta, seed=seed, data=data, label_column=label_column, model="mlp" if model is None else model,
             hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
             fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
@@ -182,7 +185,9 @@ def train_from_options(
     _check_canary_counts(canaries=canaries, whitebox_canaries=whitebox_canaries)
     # Defaults per algorithm and model kind (training/config.py: DP recipes, the convex learners' lambda).
     batch_given = batch_size is not None
-    r = fill_recipe(algo, model or "mlp", epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2)
+    r = fill_recipe(
+        algo, "mlp" if model is None else model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, l2=l2
+    )
     epochs, batch_size, lr, momentum = r["epochs"], r["batch_size"], r["lr"], r["momentum"]
     if l2 is None and weight_decay == 0.0:
         weight_decay = r["l2"]
@@ -219,8 +224,8 @@ def train_from_options(
         )
     else:
         spec = default_spec(
-            model or "mlp", input_shape=ds.feature_shape, n_classes=ds.n_classes, vocab_size=ds.vocab_size,
-            hidden=parse_ints(hidden, "--hidden"), activation=activation,
+            "mlp" if model is None else model, input_shape=ds.feature_shape, n_classes=ds.n_classes,
+            vocab_size=ds.vocab_size, hidden=parse_ints(hidden, "--hidden"), activation=activation,
         )  # fmt: skip
     splits = make_splits(len(ds), split_seed, fractions)
     if not batch_given and algo not in CONVEX_ALGOS:
@@ -332,6 +337,7 @@ def import_from_options(
     from dpaudit.canaries import read_canary_dir
     from dpaudit.data import (
         DEFAULT_FRACTIONS,
+        check_data_spec,
         check_feature_names,
         load_dataset,
         read_member_indices,
@@ -357,7 +363,9 @@ def import_from_options(
     if recipe is not None:
         delta_default = stated.delta if stated is not None else None
         config = _from_file(recipe_from_dict, read_json_file(recipe, "recipe"), str(recipe), delta=delta_default)
-    ds = load_dataset(data if data is not None else "digits", label_column=label_column)
+    ds = load_dataset(
+        check_data_spec(data if data is not None else "digits", label_column=label_column), label_column=label_column
+    )
     spec = read_model_spec(model_spec, tokens=ds.kind == "tokens")
     member_idx = read_member_indices(members, len(ds)) if members is not None else None
     pre: object = preprocessing
@@ -469,7 +477,7 @@ def audit_training_from_options(
     for both sides: dpaudit's recipe is accounted at it (default 1e-5) and the audit tests (ε, δ); a plug-in
     trainer's claim needs it. ``score``: the scores of a plug-in audit
     (:data:`dpaudit.workflows.training.PLUGIN_SCORES` or "module:function"; default the canary's margin)."""
-    from dpaudit.data import load_dataset
+    from dpaudit.data import check_data_spec, load_dataset
     from dpaudit.models import default_spec
     from dpaudit.training.algorithms import get_trainer
     from dpaudit.training.config import DPConfig, TrainConfig
@@ -496,7 +504,7 @@ def audit_training_from_options(
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
         config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
         get_trainer(algo)  # an unknown --algo is refused before any run
-    ds = load_dataset(data, label_column=label_column)
+    ds = load_dataset(check_data_spec(data, label_column=label_column), label_column=label_column)
     if model_spec is not None:
         from dpaudit.plugins import load_model_spec
 

@@ -484,3 +484,12 @@ def test_cli_json_and_out(digits_logreg, tmp_path):
     assert r.exit_code == 2 and "already exists" in r.output
     r = _cli("--json", "attack", "mia", out, "--attacks", "loss", "--bootstrap", "0")
     assert r.exit_code == 0, r.output
+
+
+def test_a_huge_curve_points_is_the_whole_halving_curve_at_once():
+    # Found by benchmarks/cli_fuzz.py: `attack extract --curve-points 9223372036854775808` looped over 2^63 halvings
+    # of the budget (every one past its bit length is 0 queries) and never answered.
+    from attacks.extraction import _prefixes
+
+    assert _prefixes(1000, 10, 2**63) == _prefixes(1000, 10, 64) == [15, 31, 62, 125, 250, 500, 1000]
+    assert _prefixes(1000, 10, 3) == [250, 500, 1000] and _prefixes(1, 1, 2**63) == [1]

@@ -272,6 +272,55 @@ def test_selftest_bad_option():
     assert res.exit_code == 2 and "seeds" in res.output
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--seeds", "9223372036854775808", "would take about"),  # scipy's binomial quantile ran for ever, in C
+        ("--seeds", "1000000000000", "would take about"),  # started, "about 13874612291 s left"
+        ("--trials", "100000000000", "of memory"),  # an internal MemoryError (exit 3) once allocated
+    ],
+)
+def test_selftest_too_large_is_refused_before_it_starts(option, value, expected):
+    # Found by benchmarks/cli_fuzz.py: a self-test sized by --seeds/--trials had no cost check (dpaudit.budget).
+    res = runner.invoke(app, ["--quiet", "audit", "selftest", option, value])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: self-test: "), res.output
+    assert expected in lines[0], res.output
+
+
+@pytest.mark.parametrize(
+    ("confidence", "expected"),
+    [
+        ("5e-324", "error: expected --confidence >= 1.1e-16 (1 - confidence below 1 in floating point), got"),
+        ("1e-10", "error: expected --seeds >= 69077547071 at confidence 1e-10, got 3:"),
+    ],
+)
+def test_selftest_at_a_tiny_confidence_is_refused_at_once(confidence, expected):
+    # Found by benchmarks/cli_fuzz.py: seeds_needed counted up from 1 seed: for ever at 5e-324 (1 - confidence
+    # rounds to 1), 6.9e10 steps at 1e-10; now from its closed form (an exact start, checked on the allowance).
+    from dpaudit.audit.selftest import false_alarm_allowance, seeds_needed
+
+    res = runner.invoke(
+        app, ["--quiet", "audit", "selftest", "--seeds", "3", "--trials", "20", "--confidence", confidence]
+    )
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith(expected), res.output
+    for c in (0.1, 0.5, 0.9, 0.95, 0.99, 0.999):  # the fewest: the allowance is below it, not below one fewer
+        s = seeds_needed(c)
+        assert false_alarm_allowance(s, c) < s and (s == 1 or false_alarm_allowance(s - 1, c) >= s - 1), c
+
+
+@pytest.mark.parametrize("simulations", ["9223372036854775808", "1000000000000"])
+def test_plan_with_too_many_simulations_is_refused_before_it_starts(simulations):
+    # Found by benchmarks/cli_fuzz.py: 2^63 was an internal IndexError (exit 3), 1e12 an internal MemoryError.
+    res = runner.invoke(
+        app, ["--quiet", "audit", "plan", "--epsilon", "1", "--true-epsilon", "3", "--simulations", simulations]
+    )
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: audit plan: ") and "simulated audits would take about" in lines[0], res.output
+
+
 def _option_help(path, name):
     import typer.main
 

@@ -1,0 +1,116 @@
+"""Refusals found by the generative CLI fuzzer (benchmarks/cli_fuzz.py): each case below exited 0 with the option
+silently ignored or misread, or broke the one-line contract, before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.core.cli_errors import one_line_error
+
+TINY = "synthetic:n=60,d=3,classes=2"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "--out", "{out}", "--model", "logreg", "--epochs", "1"],
+        ["train", "--out", "{out}", "--algo", "pate", "--teachers", "2"],  # PATE loads the data itself
+        ["canaries", "make", "--count", "4", "--out", "{out}"],
+        ["audit", "train", "--runs", "4", "--noise-multiplier", "1", "--allow-inconclusive"],
+    ],
+)
+@pytest.mark.parametrize("data", [TINY, "wine"])
+def test_a_label_column_for_data_that_is_no_csv_is_refused(tmp_path, command, data):
+    # Before: exit 0, the data's own labels used and --label-column y ignored without a word.
+    args = [a.replace("{out}", str(tmp_path / "out")) for a in command]
+    line = one_line_error(*args, "--data", data, "--label-column", "y")
+    expected = f"error: --label-column 'y' applies to a CSV file only, not to the data '{data}' (which holds its labels"
+    assert line == expected + " already)", line
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_refuses_a_label_column_for_data_that_is_no_csv(tmp_path):
+    from dpaudit.cli.main import app  # noqa: F401  (the CLI is what is tested; nothing trains)
+
+    members = tmp_path / "members.txt"
+    members.write_text("".join(f"{i}\n" for i in range(20)))
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"kind": "logreg", "input_shape": [3], "n_classes": 2}')
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")  # never read: the data's options are refused first
+    line = one_line_error(
+        "import", weights, "--model-spec", spec, "--out", tmp_path / "out", "--data", TINY, "--members", members,
+        "--label-column", "y",
+    )  # fmt: skip
+    assert line.startswith("error: --label-column 'y' applies to a CSV file only"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_model_name_is_refused_not_read_as_the_default(tmp_path):
+    # Before: `--model ''` trained the default mlp (`model or "mlp"`), exit 0.
+    line = one_line_error("train", "--out", tmp_path / "out", "--data", TINY, "--model", "", "--epochs", "1")
+    assert line.startswith("error: unknown --model ''; valid: logreg, mlp"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_allow_inconclusive_without_canaries_is_refused(tmp_path):
+    # Before: exit 0, the flag ignored (it lifts the refusal of a canary set too small to refute the claim).
+    line = one_line_error("train", "--out", tmp_path / "out", "--data", TINY, "--epochs", "1", "--allow-inconclusive")
+    assert line == "error: --allow-inconclusive applies only with --canaries or --whitebox-canaries", line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from tests.core.cli_errors import invoke
+
+    run = tmp_path_factory.mktemp("fuzz") / "run"
+    data = "synthetic:n=200,d=5,classes=2,sep=4"  # a model that learns: no "learned next to nothing" warning
+    r = invoke("--quiet", "train", "--out", run, "--data", data, "--model", "logreg", "--epochs", "5")
+    assert r.exit_code == 0, r.output
+    return run
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["audit", "checkpoint", "{run}", "--reference-models", "-1"],
+            "error: expected --reference-models >= 1, got -1",
+        ),
+        (["attack", "mia", "{run}", "--reference-models", "0"], "error: expected --reference-models >= 1, got 0"),
+        (["attack", "mia", "{run}", "--shadow-models", "0"], "error: expected --shadow-models >= 1, got 0"),
+        (["attack", "mia", "{run}", "--min-models", "0"], "error: expected --min-models >= 1, got 0"),
+        (["attack", "extract", "{run}", "--budget", "20", "--surrogate", "nan"], "error: unknown --surrogate 'nan'"),
+    ],
+)
+def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_read_it(tiny_run, args, expected):
+    # Before: exit 0 (--attacks loss reads no reference, shadow or min models; a logistic regression's extraction
+    # solves equations and trains no surrogate), while `report --reference-models -1` was refused.
+    extra = ["--attacks", "loss"] if args[1] in ("checkpoint", "mia") else []
+    line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args], *extra)
+    assert line.startswith(expected), line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["attack", "mia", "{run}", "--attacks", "loss", "--bootstrap", str(2**63)], "error: bootstrap: 9.223e+18"),
+        (
+            ["attack", "inversion", "{run}", "--classes", "0", "--iterations", "5", "--restarts", str(2**63)],
+            "error: model inversion: 9.223e+18 starts would take about",
+        ),
+    ],
+)
+def test_a_count_that_would_run_for_ever_asks_for_yes_first(tiny_run, args, expected):
+    # Before: no cost check (dpaudit.budget), the command ran until killed (the fuzzer's 60 s timeout).
+    line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args])
+    assert line.startswith(expected) and "rerun with dpaudit --yes" in line, line
+
+
+def test_a_too_small_audit_points_to_audit_plan_once():
+    # Before: "... (see `dpaudit audit plan --epsilon 6.81675` for the size with power) (see `dpaudit audit plan
+    # --epsilon 6.81675`); pass --allow-inconclusive ..." (size_advice names it, and the refusal added it again).
+    data = "synthetic:n=200,d=5,classes=2"  # epsilon 6.8: beyond the sizes size_advice simulates
+    line = one_line_error("audit", "train", "--runs", "4", "--data", data, "--epochs", "1", "--noise-multiplier", "1")
+    assert line.startswith("error: this audit cannot refute epsilon") and line.count("dpaudit audit plan") == 1, line
