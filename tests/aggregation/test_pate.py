@@ -353,7 +353,14 @@ def test_the_train_workflow_says_the_data_dependent_note(monkeypatch, tmp_path):
     params = inspect.signature(runs.train_from_options).parameters
     kw = {n: None for n, p in params.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
     notes = []
-    kw.update(algo="dp-icl", epsilon=1.0, claim="data-dependent", split="0.25,0.25,0.25,0.25", notify=notes.append)
+    kw.update(
+        algo="dp-icl",
+        data="digits",
+        epsilon=1.0,
+        claim="data-dependent",
+        split="0.25,0.25,0.25,0.25",
+        notify=notes.append,
+    )
     assert runs.train_from_options(tmp_path / "r", **kw) == {"privacy": privacy}
     assert recorded.startswith("the data-dependent claim ε = 2.65415 is above the --epsilon 1")
     assert [n for n in notes if n.startswith("the data-dependent claim")] == [recorded], notes
