@@ -305,7 +305,9 @@ def train_aggregation_run(
     metrics = metrics_for(FittedModel(fitted.outcome, pre, fitted.device), dataset, splits)
     # The student never sees the members; its accuracy on them (a metric the run records anyway) at chance means
     # the teachers' labels taught it nothing (before: no warning, e.g. 35.7% where the majority class has 94.3%).
-    found = learn_warnings(dataset, splits, metrics, records="private training records (the teachers' data)")
+    found = learn_warnings(
+        dataset, splits, metrics, records="private training records (the teachers' data)", algo=config.algo
+    )
     found += answer_warnings(answers[answered], true[answered], agg, config.teachers)
     return record_run(
         out, model=fitted.model, spec=spec, dataset=dataset, splits=splits, label_column=label_column,

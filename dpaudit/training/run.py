@@ -291,7 +291,7 @@ def train_run(
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
     metrics = metrics_for(fitted, dataset, splits, progress)
-    found = learn_warnings(dataset, splits, metrics)
+    found = learn_warnings(dataset, splits, metrics, algo=config.algo)
     learned = {"fit_warnings": found} if found else {}
     steps_run = config.num_steps(len(train_idx)) if trainer.batched else None  # None: no minibatch steps
     return record_run(
@@ -832,8 +832,32 @@ _LEARN_QUESTION = (
 )
 
 
+def learn_question(algo: str | None) -> str:
+    """:data:`_LEARN_QUESTION` naming only the `dpaudit train` options ``algo`` reads
+    (:data:`dpaudit.training.config.OPTION_READERS`): DP-AGD was told to raise a learning rate it never reads, and a
+    non-private run to raise an epsilon it has none of. ``algo`` None: the general advice."""
+    if algo is None:
+        return _LEARN_QUESTION
+    from dpaudit.training.config import OPTION_READERS
+
+    def reads(option: str) -> bool:
+        return algo in OPTION_READERS.get(option, ())
+
+    longer = [f"--{o}" for o in ("epochs", "steps") if reads(o)]
+    tips = [f"train longer ({', '.join(longer)})"] if longer else []
+    tips += ["a larger --lr"] * reads("lr") + ["more data"] + ["a larger --epsilon"] * reads("epsilon")
+    advice = tips[0] if len(tips) == 1 else f"{', '.join(tips[:-1])} or {tips[-1]}"
+    return (
+        f"the model learned next to nothing, so membership attacks on it measure little ({advice}, or check the data)"
+    )
+
+
 def learn_warnings(
-    dataset: Dataset, splits: Splits, metrics: dict[str, float | None], records: str = "training records"
+    dataset: Dataset,
+    splits: Splits,
+    metrics: dict[str, float | None],
+    records: str = "training records",
+    algo: str | None = None,
 ) -> list[str]:
     """What ``dpaudit train`` warns about a trained run (every algorithm): the dataset's label warnings (an age
     read as 70 classes: every attack then measures that classifier) and, from its ``metrics``, a model at chance
@@ -844,7 +868,7 @@ def learn_warnings(
             dataset.y[splits.members],
             metrics["train_accuracy"],
             metrics["train_loss"],
-            question=_LEARN_QUESTION,
+            question=learn_question(algo),
             records=records,
         )
     return found

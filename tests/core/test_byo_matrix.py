@@ -362,3 +362,31 @@ def test_audit_train_with_a_default_batch_above_the_train_size_says_so(tok, tmp_
     r = invoke("audit", "train", "--data", tok, "--model-spec", spec, *args)
     assert "the default --batch-size 64 is larger than the 40 training records; using 10" in r.stderr, r.output
     assert "batch size 64" not in one_error(r)
+
+
+def test_the_learned_nothing_advice_names_only_options_the_algorithm_reads(tmp_path):
+    # DP-AGD (full-batch, no learning rate) was told "train longer, with a larger learning rate"; a non-private run
+    # "a larger epsilon". Every --option the advice names is one `dpaudit train` reads for that algorithm
+    # (OPTION_READERS: the table that refuses unread options), and the train workflow passes its algorithm.
+    # Planted: learn_warnings called without algo (the general advice) -> the DP-AGD run's warning names
+    # "learning rate" -> fails; learn_question ignoring OPTION_READERS -> the loop fails.
+    import re
+
+    from dpaudit.training.config import AGGREGATION_ALGOS, OPTION_READERS, TRAINER_ALGOS
+    from dpaudit.training.run import learn_question
+
+    for algo in (*TRAINER_ALGOS, *AGGREGATION_ALGOS, "cloak"):
+        named = re.findall(r"--([a-z][a-z-]*)", learn_question(algo))
+        assert named and all(algo in OPTION_READERS[o.replace("-", "_")] for o in named), (algo, named)
+    assert "--lr" not in learn_question("dpagd") and "--epsilon" not in learn_question("sgd")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "noise.npz", X=rng.normal(size=(300, 6)).astype(np.float32), y=rng.integers(0, 2, 300))
+    r = invoke(
+        "train", "--data", tmp_path / "noise.npz", "--algo", "dpagd", "--model", "logreg", "--epsilon", 0.1,
+        "--out", tmp_path / "r",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "learned next to nothing" in r.stderr and "(train longer (--steps), more data or a larger --epsilon" in (
+        r.stderr
+    ), r.stderr
+    assert "learning rate" not in r.stderr and "--lr" not in r.stderr, r.stderr
