@@ -109,10 +109,17 @@ class Trainer(ABC):
         :class:`StreamedFeatures` when ``streams`` and the data is memory-mapped)."""
 
 
-def make_optimizer(name: str, params, config: TrainConfig) -> torch.optim.Optimizer:
-    params = list(params)
-    if not params:  # torch.optim's own ValueError was an internal error (exit 3) for a user's parameter-free module
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters every trainer trains (and the private ones clip and noise): ``requires_grad`` ones, each once.
+    None is an InputError: torch.optim's own ValueError, or JAX's StopIteration, was an internal error (exit 3) for a
+    user's parameter-free module."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
         raise InputError("the model has no trainable parameters")
+    return params
+
+
+def make_optimizer(name: str, params, config: TrainConfig) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     if name == "adam":

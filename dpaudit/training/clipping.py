@@ -111,6 +111,7 @@ from dpaudit.models import (
     check_private_layers,
     released_buffers,
 )
+from dpaudit.training.base import trainable_parameters
 from dpaudit.training.config import CLIPPING
 from dpaudit.validation import check_choice, check_positive
 
@@ -129,11 +130,6 @@ class ClippedGradients:
 
     grads: tuple[torch.Tensor, ...]
     norms: torch.Tensor
-
-
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters that are clipped and noised: ``requires_grad`` ones, each once."""
-    return [p for p in model.parameters() if p.requires_grad]
 
 
 def hooked_parameters(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
@@ -227,8 +223,6 @@ class Clipper(ABC):
         self.model = model
         self.autocast = autocast  # mixed precision for forward/backward; norms and sums in float32
         self.params = trainable_parameters(model)
-        if not self.params:
-            raise InputError("the model has no trainable parameters")
         check_full_precision(self.params)
         self._watched = list(model.parameters())  # trainable and frozen: ParameterWatch on every call
         self._valid = 0  # real rows of the batch being clipped (set per call)

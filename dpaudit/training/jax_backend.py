@@ -54,7 +54,7 @@ from torch import nn
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
-from dpaudit.training.base import Trainer, TrainOutcome
+from dpaudit.training.base import Trainer, TrainOutcome, trainable_parameters
 from dpaudit.training.clipping import exact_matmuls, hooked_parameters
 from dpaudit.training.config import PerfConfig, TrainConfig
 
@@ -787,8 +787,7 @@ class JaxTrainer(Trainer):
     def fit(
         self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, progress: Progress = NULL_PROGRESS
     ) -> TrainOutcome:
-        if not any(p.requires_grad for p in model.parameters()):
-            raise InputError("the model has no trainable parameters")
+        trainable_parameters(model)  # none: one line, not next()'s StopIteration below
         dtype = next(model.parameters()).dtype
         with jax.enable_x64(dtype == torch.float64), jax.default_device(_jax_device(self.perf.device)):
             return self._fit(model, X, y, progress)

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer
+from dpaudit.training.base import Trainer, TrainOutcome, make_optimizer, trainable_parameters
 
 
 class NonPrivateTrainer(Trainer):
@@ -30,7 +30,7 @@ class NonPrivateTrainer(Trainer):
         if B > n:
             raise InputError(f"batch size {B} is larger than the training set ({n} records)")
         steps = self.config.num_steps(n)
-        opt = make_optimizer(self.optimizer, model.parameters(), self.config)
+        opt = make_optimizer(self.optimizer, trainable_parameters(model), self.config)
         gen = torch.Generator().manual_seed(self.config.seed + 1)  # batch order, independent of init
         history: list[dict[str, float]] = []
         model.train()
