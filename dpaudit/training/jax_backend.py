@@ -240,11 +240,17 @@ def _hook_kind(m: nn.Module) -> str | None:
     return None
 
 
+def _own_forward(m: nn.Module, base: type[nn.Module]) -> bool:
+    """``m`` (an instance of ``base``) computes something else than ``base``: a subclass's or the instance's own
+    forward."""
+    return type(m).forward is not base.forward or "forward" in vars(m)
+
+
 def _layer(name: str, m: nn.Module) -> Callable:
     """The JAX function of one child of the Sequential; an :class:`InputError` for anything else."""
     for base in (nn.Flatten, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.AvgPool2d, nn.AdaptiveAvgPool2d):
         # a subclass (or an instance) with a forward of its own computes something else than the base layer
-        if isinstance(m, base) and (type(m).forward is not base.forward or "forward" in vars(m)):
+        if isinstance(m, base) and _own_forward(m, base):
             raise _unsupported(f"layer {name} ({type(m).__name__}) has a forward of its own")
     if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
         return lambda p, x: x.reshape(x.shape[0], -1)
@@ -266,7 +272,7 @@ def _layer(name: str, m: nn.Module) -> Callable:
 def _flat_layers(seq: nn.Sequential, name: str = "") -> list[tuple[str, nn.Module]]:
     """The layers ``seq`` runs, in order, with torch's names: a nested plain Sequential's as "block.0", and every
     use of a module used twice (``_modules`` keeps each name; ``named_children()`` lists such a module once)."""
-    if type(seq).forward is not nn.Sequential.forward or "forward" in vars(seq):
+    if _own_forward(seq, nn.Sequential):
         what = f"layer {name} ({type(seq).__name__})" if name else f"model {type(seq).__name__}"
         raise _unsupported(f"{what} has a forward of its own (not nn.Sequential's)")
     out = []
