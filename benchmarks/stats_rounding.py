@@ -20,10 +20,13 @@ Sections (``--sections`` picks, default all; ``--large`` adds the slow points):
   same data in 50 digits (exact z and χ² quantile), in ulps of each, unsafe direction > 0.
 - ``noise``: the noise check's variance p-value (noise.variance_p_value) and scipy's chi2.cdf against 60 digits,
   dof 1e4..1e7 (``--large``: 1e8), relative error below exact (> 0 unsafe).
+- ``noise-other``: the noise check's Student and Fisher tails, its cross-group Beta tail and its planning ratio
+  (resolvable_noise_ratio) against 50 digits, scipy's beside the shipped (``--large``: 400 random points each).
 - ``pld``: δ(0) of one Gaussian (σ 1e3..1e10) and one Poisson-subsampled Gaussian step against erf in 40 digits
   (relative, < 0 unsafe); ``--large`` adds the interval masses' own error (pld_pairs.interval_mass_errors' units).
 
-    PYTHONPATH=$PWD nice python benchmarks/stats_rounding.py [--sections cp,pvalue,fdp,whitebox,pld,noise] [--large]
+    PYTHONPATH=$PWD nice python benchmarks/stats_rounding.py \
+        [--sections cp,pvalue,fdp,whitebox,pld,noise,noise-other] [--large]
 """
 
 from __future__ import annotations
@@ -465,6 +468,96 @@ def noise_variance(large: bool = False) -> None:
         print(f"{name}: worst relative error below exact {e:.3g} at (dof, p)={at}")
 
 
+def noise_other(large: bool = False) -> None:
+    """The noise check's other p-values and its planning ratio against 50-digit mpmath, each where a wrong rounding
+    is unsafe: the Student tail (noise._student_two_sided; exact I_{ν/(ν+t²)}(ν/2, ½)), the Fisher χ²_{2K} tail
+    (noise._chi2_even_upper_tail; exact Poisson sum), the cross-group Beta(½, (k − 1)/2) tail (noise.cross_group_p_value
+    on one pair with Σ z_a² = Σ z_b² = 1; exact I_{1−r²}), all in ulps BELOW exact (> 0 unsafe), and
+    noise.resolvable_noise_ratio in ulps ABOVE exact (> 0 unsafe: it would promise a finer resolution). scipy's own
+    values are reported beside the shipped ones. Random grids (seed 0): df 2..1e6, K 1..3000, k 2..1e8, p
+    1e-300..0.5 log-uniform, plus the points named in benchmarks/RESULTS.md."""
+    from scipy import stats as st
+
+    from dpaudit.audit import noise
+
+    rng = np.random.default_rng(0)
+    n = 400 if large else 120
+
+    def report(name, worst):
+        print(f"{name}: worst {worst[0]:.3g} ulps on the unsafe side at {worst[1]}")
+
+    def tally(worst, err, at):
+        return (err, at) if err > worst[0] else worst
+
+    def log_uniform(lo, hi):
+        return float(10 ** rng.uniform(math.log10(lo), math.log10(hi)))
+
+    with mp.workdps(50):
+        w_sc, w_new = (-math.inf, None), (-math.inf, None)
+        pts = [(100, 1e-12), (10**6, 1e-200), (300, 1e-300)]
+        pts += [(int(log_uniform(2, 1e6)), log_uniform(1e-300, 0.5)) for _ in range(n)]
+        for df, p in pts:
+            t = float(st.t.isf(p / 2, df))
+            if not 0 < t < math.inf:
+                continue
+            ex = mp.betainc(mp.mpf(df) / 2, mp.mpf(1) / 2, 0, df / (df + mp.mpf(t) ** 2), regularized=True)
+            w_sc = tally(w_sc, float((ex - 2 * mp.mpf(float(st.t.sf(t, df)))) / ex) / U, (df, p))
+            w_new = tally(w_new, float((ex - mp.mpf(float(noise._student_two_sided(t, df)))) / ex) / U, (df, p))
+        report("scipy 2 t.sf", w_sc)
+        report("noise._student_two_sided", w_new)
+
+        w_sc, w_new = (-math.inf, None), (-math.inf, None)
+        pts = [(150, 1e-8), (2000, 1e-100), (1, 0.4), (8, 1e-300)]
+        pts += [(int(log_uniform(1, 3000)), log_uniform(1e-300, 0.9)) for _ in range(n)]
+        for half, p in pts:
+            x = float(st.chi2.isf(p, 2 * half))
+            y = mp.mpf(x) / 2
+            ex = mp.exp(-y) * mp.fsum(y**j / mp.factorial(j) for j in range(half))
+            if ex < mp.mpf(2.0**-1022):
+                continue  # returned as 2^-1022, above
+            w_sc = tally(w_sc, float((ex - mp.mpf(float(st.chi2.sf(x, 2 * half)))) / ex) / U, (2 * half, p))
+            w_new = tally(w_new, float((ex - mp.mpf(noise._chi2_even_upper_tail(x, half))) / ex) / U, (2 * half, p))
+        report("scipy chi2.sf (even dof)", w_sc)
+        report("noise._chi2_even_upper_tail", w_new)
+
+        w_sc, w_new = (-math.inf, None), (-math.inf, None)
+        pts = [(100, 1e-12), (1000, 1e-12), (10**5, 1e-3)]
+        pts += [(int(log_uniform(2, 1e8)), log_uniform(1e-300, 0.5)) for _ in range(n)]
+        for k, p in pts:
+            c0 = math.sqrt(float(st.beta.isf(p, 0.5, (k - 1) / 2)))
+            if not 0 < c0 < 1:
+                continue
+            cross = np.zeros((3, 2, 2))
+            cross[:, 0, 1] = c0, 1.0, 1.0
+            ex = mp.betainc(mp.mpf(k - 1) / 2, mp.mpf(1) / 2, 0, 1 - mp.mpf(c0) ** 2, regularized=True)
+            sc = float(st.beta.sf(min(1.0, c0 * c0), 0.5, (k - 1) / 2))
+            w_sc = tally(w_sc, float((ex - mp.mpf(sc)) / ex) / U, (k, p))
+            got = noise.cross_group_p_value(cross, np.full((2, 2), k))[0]
+            w_new = tally(w_new, float((ex - mp.mpf(got)) / ex) / U, (k, p))
+        report("scipy beta.sf (r² rounded)", w_sc)
+        report("noise.cross_group_p_value", w_new)
+
+    def quantile(level, dof):  # Newton on P(dof/2, x/2) = level from scipy's value
+        x, a = mp.mpf(float(st.chi2.ppf(level, dof))), mp.mpf(dof) / 2
+        for _ in range(2):
+            pdf = mp.exp((a - 1) * mp.log(x / 2) - x / 2 - mp.loggamma(a)) / 2
+            x -= (mp.gammainc(a, 0, x / 2, regularized=True) - level) / pdf
+        return x
+
+    w_sc, w_new = (-math.inf, None), (-math.inf, None)
+    with mp.workdps(60):
+        for dof in (1, 2, 10, 100, 1000, 10**4, 10**5) + ((10**6,) if large else ()):
+            for alpha in (0.05, 1e-2, 0.05 / 24, 1e-4, 1e-8, 1e-12):
+                for power in (0.5, 0.9, 0.99):
+                    ex = mp.sqrt(quantile(alpha, dof) / quantile(power, dof))
+                    sc = math.sqrt(st.chi2.ppf(alpha, dof) / st.chi2.ppf(power, dof))
+                    w_sc = tally(w_sc, float((sc - ex) / ex) / U, (dof, alpha, power))
+                    got = noise.resolvable_noise_ratio(dof, alpha, power)
+                    w_new = tally(w_new, float((got - ex) / ex) / U, (dof, alpha, power))
+    report("scipy √(ppf(α)/ppf(power)) above exact", w_sc)
+    report("noise.resolvable_noise_ratio above exact", w_new)
+
+
 SECTIONS = {
     "cp": lambda large: clopper_pearson_and_epsilon(),
     "pvalue": one_run_p_values,
@@ -472,6 +565,7 @@ SECTIONS = {
     "whitebox": whitebox,
     "pld": pld_delta0,
     "noise": noise_variance,
+    "noise-other": noise_other,
 }
 
 

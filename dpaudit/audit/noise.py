@@ -129,8 +129,15 @@ def resolvable_noise_ratio(dof: int, alpha: float, power: float = 0.5) -> float:
     """The largest ratio r = (true noise std)/(claimed σC) that the χ² lower-tail test with ``dof``
     degrees of freedom at level ``alpha`` rejects with probability ``power``: reject when
     S/(σC)² ≤ c = χ²_dof⁻¹(α); S/(rσC)² ~ χ²_dof, so P(reject) = F(c/r²) = power gives
-    r = √(c / χ²_dof⁻¹(power))."""
-    return math.sqrt(stats.chi2.ppf(alpha, dof) / stats.chi2.ppf(power, dof))
+    r = √(c / χ²_dof⁻¹(power)).
+
+    Rounded down: a planning number must not promise that the check resolves a deficit smaller than it does (a
+    ratio nearer 1). c is :func:`_chi2_lower_quantile` (not above the exact quantile, and the critical value the
+    test itself uses: it rejects where :func:`variance_p_value`, never below the exact tail, is ≤ α); the quantile
+    at ``power`` is scipy's raised by 2^-40 (chi2.ppf measured within 20 ulps, see _SCIPY_REL_ERROR); the quotient
+    and the square root (≤ 1.5 ulps) by 2^-50."""
+    upper = float(stats.chi2.ppf(power, dof)) * (1.0 + _SCIPY_REL_ERROR)
+    return math.sqrt(_chi2_lower_quantile(alpha, dof) / upper) * (1.0 - 2.0**-50)
 
 
 def variance_p_value(sum_squares: float, dof: int, noise_std: float) -> float:
@@ -215,20 +222,85 @@ def _chi2_lower_tail(x: float, dof: int) -> float:
 def independence_p_value(projections: np.ndarray) -> float | None:
     """Fisher's combination of K two-sided one-sample t-tests of mean 0 on the columns of
     ``projections`` (T × K); None when T < 3 or K = 0. A column with no spread at all (sd = 0: the
-    same noise at every step, or none) has p = 0."""
+    same noise at every step, or none) has p = 0. Rounded up (a p-value too small makes "not independent", a
+    violation, too easy): see :func:`_t_test_p_values` and :func:`_fisher_upper_tail`."""
     P = np.asarray(projections, dtype=np.float64)
     if P.ndim != 2 or P.shape[0] < 3 or P.shape[1] == 0:
         return None
+    p = _t_test_p_values(P)
+    return 0.0 if np.any(p <= 0.0) else _fisher_upper_tail(p)
+
+
+def _t_test_p_values(P: np.ndarray) -> np.ndarray:
+    """The two-sided p-values 2·P[t_{T−1} > |t_k|] of the columns of P (T × K, T ≥ 3), t_k = √T·mean_k/sd_k ~ t_{T−1}
+    under i.i.d. normal columns (Student 1908), rounded up: |t| lowered by its mean's and sd's rounding, the tail
+    by :func:`_student_two_sided`."""
     T = P.shape[0]
     mean, sd = P.mean(axis=0), P.std(axis=0, ddof=1)
     # A spread at the float-rounding level of the values is no spread: noise reused exactly, up to rounding.
     tiny = sd <= 1e-6 * np.maximum(np.abs(P).max(axis=0), np.finfo(float).tiny)
+    # numpy's pairwise sums carry a relative error of about (log2 T + 4) 2^-52 of their terms' magnitudes (Higham
+    # 2002, §4.2; the white-box audit's g): the mean is off by g·mean|P|, the sd by g of itself (its deviations from
+    # a rounded mean only add to Σ(x − m)², raising sd); √T·|mean|/sd is lowered by both, 8 of those units.
+    g = 8.0 * (math.log2(T) + 4.0) * 2.0**-52
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(tiny, np.inf, math.sqrt(T) * mean / np.where(tiny, 1.0, sd))
-    p = 2.0 * stats.t.sf(np.abs(t), T - 1)  # t_{T−1} under i.i.d. normal columns (Student 1908)
-    if np.any(p <= 0.0):
+        t = math.sqrt(T) * (np.abs(mean) * (1.0 - 2.0 * g) - g * np.abs(P).mean(axis=0)) / np.where(tiny, 1.0, sd)
+    return _student_two_sided(np.where(tiny, np.inf, np.maximum(t, 0.0)), T - 1)
+
+
+def _student_two_sided(t, df: int):
+    """2·P[t_df > t] for t ≥ 0, rounded up: scipy's t.sf raised by :func:`_tail_up`."""
+    return np.minimum(1.0, _tail_up(2.0 * stats.t.sf(t, df)))
+
+
+def _tail_up(p):
+    """A tail probability from scipy (t.sf, beta.sf) raised by 16 (|ln p| + 1) ulps. Against 50-digit mpmath
+    (benchmarks/stats_rounding.py, ``noise-other``) scipy's t.sf was up to 2.05 (|ln p| + 1) ulps below exact (864
+    ulps at df 2640, p 4e-273; 49 at df 100, p 1e-12; df 2..1e7, p 1e-300..0.5): the error of an exponential of a
+    log-scale quantity; beta.sf(x, ½, b) at most 0.46 ulps. 16 units is 7.8x the worst; 0 stays 0."""
+    p = np.asarray(p, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # p = 0: ln 0 = −inf, 0·inf, both discarded
+        return np.where(p > 0.0, p * (1.0 + 16.0 * (np.abs(np.log(p)) + 1.0) * 2.0**-52), p)
+
+
+def _fisher_upper_tail(p: np.ndarray) -> float:
+    """Fisher's combination of K independent p-values (all > 0), rounded up: −2 Σ ln p_k ~ χ²_{2K} under the null
+    (Fisher 1932, §21.1). The K logs (≤ 4 ulps each, numpy's SIMD log) and their sum (≤ (K − 1) ulps of Σ|ln p_k|,
+    the sum itself: the terms have one sign) are charged by lowering the statistic 2 (K + 4) ulps; its tail is
+    :func:`_chi2_even_upper_tail`."""
+    K = len(p)
+    fisher = float(-2.0 * np.log(p).sum()) * (1.0 - 2.0 * (K + 4.0) * 2.0**-52)
+    return _chi2_even_upper_tail(fisher, K)
+
+
+def _chi2_even_upper_tail(x: float, half_dof: int) -> float:
+    """P[χ²_{2K} > x], K = ``half_dof``, rounded up: Q(K, y) = e^−y Σ_{j<K} y^j / j!, y = x/2 (the χ² survival
+    function is the regularized upper incomplete gamma Q(ν/2, x/2), and for integer K this is DLMF 8.4.10). scipy's
+    chi2.sf was measured up to 3607 ulps below exact (dof 4000, p 1e-100; 544 ulps at dof 300, p 1e-8), growing
+    with dof and |ln p|, so the sum is taken here, in log space around its largest term j* = min(K − 1, ⌊y⌋):
+    ln t_j* = j* ln y − y − Σ_{i ≤ j*} ln i, the others by the ratios t_{j−1}/t_j = j/y and t_{j+1}/t_j = y/(j + 1).
+    Rounding, first order in u = 2^-52: ln t_j* is off by at most u (2 j* |ln y| + |y| + 2 Σ ln i + |ln t_j*|)
+    absolute (each log within an ulp, each product and sum one rounding), the ratios' products by 2K u and the sum
+    by K u relative, ln and exp of the result by u (1 + |ln p|): p is raised by 4 times the total, and a result
+    below the smallest normal number is returned as that number (an upper bound; no subnormal's rounding)."""
+    if x <= 0.0:
+        return 1.0
+    if not math.isfinite(x):
         return 0.0
-    return float(stats.chi2.sf(-2.0 * np.log(p).sum(), 2 * P.shape[1]))  # Fisher 1932, §21.1
+    y = x / 2.0
+    top = min(half_dof - 1, math.floor(y))
+    log_y = math.log(y)
+    log_fact = math.fsum(math.log(i) for i in range(2, top + 1))
+    log_top = top * log_y - y - log_fact
+    ratios = np.concatenate([np.arange(top, 0, -1) / y, y / np.arange(top + 1, half_dof)])  # down, then up
+    down = np.cumprod(ratios[:top])
+    up = np.cumprod(ratios[top:])
+    log_p = log_top + math.log(1.0 + float(down.sum()) + float(up.sum()))
+    err = 2.0**-52 * (2.0 * top * abs(log_y) + y + 2.0 * log_fact + abs(log_top) + 3.0 * half_dof + 1.0 + abs(log_p))
+    log_p += 4.0 * err
+    if log_p < math.log(2.0**-1022):
+        return 2.0**-1022
+    return min(1.0, math.exp(log_p))
 
 
 def cross_group_p_value(cross, counts) -> tuple[float, str] | None:
@@ -236,7 +308,7 @@ def cross_group_p_value(cross, counts) -> tuple[float, str] | None:
     ("a / b"), from ``cross`` (3, G, G): Σ z_a·z_b, Σ z_a², Σ z_b² over each pair's compared positions, all
     steps, and ``counts`` (G, G): how many values k each pair compared (see the module docstring; pairs with
     k < 2 are skipped). None when no pair is tested. A pair whose vectors are parallel (r² = 1: the same
-    draws) has p = 0."""
+    draws) has p ≈ 0 (exactly 0 from a few tens of values on: the tail underflows)."""
     c = np.asarray(cross, dtype=np.float64)
     k = np.asarray(counts, dtype=np.int64)
     G = k.shape[0]
@@ -245,10 +317,20 @@ def cross_group_p_value(cross, counts) -> tuple[float, str] | None:
     a, b = a[keep], b[keep]
     if not len(a):
         return None
+    n = k[a, b].astype(np.float64)
     denom = c[1, a, b] * c[2, a, b]
-    with np.errstate(divide="ignore", invalid="ignore"):  # no noise at all on one side: no spread, r² = 1
-        r2 = np.where(denom > 0.0, np.minimum(1.0, c[0, a, b] ** 2 / np.where(denom > 0.0, denom, 1.0)), 1.0)
-    ps = np.where(r2 >= 1.0 - 1e-12, 0.0, stats.beta.sf(r2, 0.5, (k[a, b] - 1) / 2.0))
+    none = ~(denom > 0.0)  # no noise at all on one side: no spread, p = 0 (as for parallel vectors)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.minimum(1.0, np.abs(c[0, a, b]) / np.sqrt(np.where(none, 1.0, denom)))
+    # Rounded up (a p-value too small makes "not independent", a violation, too easy). |r| is lowered by the sums'
+    # rounding: each of the three is a sum of at most k + 1 rounded products (a dot product per step, accumulated
+    # over the steps: Higham 2002, §3.1, error ≤ (k + 1)u Σ|terms|) and Σ|z_a z_b| ≤ √(Σz_a² Σz_b²) (Cauchy–Schwarz),
+    # so with γ = 2 (k + 8) u (twice that, plus r's own few roundings) |r_exact| ≥ |r|(1 − γ) − γ. Snapping r² ≥
+    # 1 − 1e-12 to p = 0, as before, put the exact p of a pair at up to 6.4e-7 (k = 2) at 0. The tail, scipy's
+    # beta.sf, is raised by :func:`_tail_up`.
+    gamma = 2.0 * (n + 8.0) * 2.0**-52
+    r_low = np.maximum(r * (1.0 - gamma) - gamma, 0.0)
+    ps = np.where(none, 0.0, _tail_up(stats.beta.sf(r_low * r_low, 0.5, (n - 1.0) / 2.0)))
     worst = int(np.argmin(ps))
     return min(1.0, float(ps[worst]) * len(ps)), f"{a[worst]} / {b[worst]}"
 

@@ -303,3 +303,137 @@ def test_the_std_upper_bound_uses_a_chi2_quantile_not_above_the_exact_one(dof, l
 
     exact = _exact_chi2_cdf(_chi2_lower_quantile(level, dof), dof)
     assert level * (1 - 1e-6) < exact <= level
+
+
+def _exact_t_tail_p(column) -> object:
+    """Two-sided one-sample t-test p-value of mean 0 on ``column`` at 50 digits: t = √T·|mean|/sd of the float
+    values taken exactly, p = 2·P[t_{T−1} > t] = I_{ν/(ν + t²)}(ν/2, ½), ν = T − 1 (the Student tail as a
+    regularized incomplete beta, Abramowitz & Stegun 26.5.27)."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        xs = [mp.mpf(float(v)) for v in column]
+        T = len(xs)
+        m = mp.fsum(xs) / T
+        sd = mp.sqrt(mp.fsum((v - m) ** 2 for v in xs) / (T - 1))
+        t, nu = mp.sqrt(T) * abs(m) / sd, T - 1
+        return mp.betainc(mp.mpf(nu) / 2, mp.mpf(1) / 2, 0, nu / (nu + t * t), regularized=True)
+
+
+def _exact_chi2_even_sf(x, half_dof: int):
+    """P[χ²_{2K} > x] = e^−y Σ_{j<K} y^j / j!, y = x/2 (DLMF 8.4.10), at 50 digits (x an mpf or a float)."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        y = mp.mpf(x) / 2
+        return mp.exp(-y) * mp.fsum(y**j / mp.factorial(j) for j in range(half_dof))
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_independence_p_value_is_not_below_the_exact_one(seed):
+    """Fisher's combination of K = 8 t-tests (T = 101 steps, df 100) against 50 digits on the same data: exact
+    means and sds, the Student tail as an incomplete beta, the χ²_16 tail as a Poisson sum. The to-nearest code
+    (scipy's t.sf and chi2.sf on float statistics, Fisher's sum unlowered) was 193 ulps (seed 3) and 105 ulps (seed
+    4) BELOW exact at p ≈ 1e-108 and 2e-98: "not independent across steps" a hair too easy. Planted: the old
+    expression fails both. (Each of the new margins alone covers these two; the parts are checked one by one
+    below, except |t|'s and Fisher's statistic's own rounding, which stay within the others' margins wherever
+    measured.)"""
+    import mpmath as mp
+
+    P = np.random.default_rng(seed).normal(size=(101, 8)) + 0.9
+    with mp.workdps(50):
+        exact = _exact_chi2_even_sf(-2 * mp.fsum(mp.log(_exact_t_tail_p(c)) for c in P.T), 8)
+        got = independence_p_value(P)
+        assert exact <= got <= exact * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("df", "p"), [(100, 1e-12), (10**6, 1e-200), (300, 1e-300)])
+def test_the_student_tail_is_not_below_the_exact_one(df, p):
+    """2·P[t_df > t] at scipy's own t.isf(p/2) against I_{df/(df + t²)}(df/2, ½) at 50 digits (Abramowitz & Stegun
+    26.5.27). scipy's t.sf was 49 ulps low at (100, 1e-12) and 70 at (1e6, 1e-200). Planted: the tail without its
+    raise (_tail_up) fails those two."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import _student_two_sided
+
+    t = float(stats.t.isf(p / 2, df))
+    with mp.workdps(50):
+        exact = mp.betainc(mp.mpf(df) / 2, mp.mpf(1) / 2, 0, df / (df + mp.mpf(t) ** 2), regularized=True)
+        got = float(_student_two_sided(t, df))
+        assert exact <= got <= exact * (1 + 1e-11)
+
+
+@pytest.mark.parametrize(("half_dof", "p"), [(150, 1e-8), (2000, 1e-100), (1, 0.4), (8, 1e-300)])
+def test_the_fisher_chi2_tail_is_not_below_the_exact_one(half_dof, p):
+    """P[χ²_{2K} > x] against the Poisson sum at 50 digits. scipy's chi2.sf was 544 ulps low at dof 300, p 1e-8 and
+    3607 ulps at dof 4000, p 1e-100 (its error grows with dof and |ln p|). Planted: scipy's chi2.sf in its place
+    fails the first two; the sum without its rounding margin (4·err) fails all four."""
+    from dpaudit.audit.noise import _chi2_even_upper_tail
+
+    x = float(stats.chi2.isf(p, 2 * half_dof))
+    exact = _exact_chi2_even_sf(x, half_dof)
+    got = _chi2_even_upper_tail(x, half_dof)
+    assert exact <= got <= exact * (1 + 1e-9)
+    assert _chi2_even_upper_tail(0.0, half_dof) == 1.0 and _chi2_even_upper_tail(math.inf, half_dof) == 0.0
+
+
+@pytest.mark.parametrize(("k", "c0"), [(100, 0.6349294588591078), (1000, 0.22281310253680645)])
+def test_the_cross_group_p_value_is_not_below_the_exact_one(k, c0):
+    """One pair, Σ z_a·z_b = c0, Σ z_a² = Σ z_b² = 1 (r² = c0² exactly) against I_{1−r²}((k − 1)/2, ½) at 50 digits
+    (the Beta(½, (k − 1)/2) upper tail). scipy's beta.sf of the rounded r² was 9.1 ulps (k = 100, p ≈ 1e-12) and 8.3
+    ulps (k = 1000) below exact: r²'s rounding amplified by the tail's slope. Planted: the to-nearest line fails
+    both (either margin alone, r's for the sums' rounding or the tail's raise, covers these points)."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import cross_group_p_value
+
+    cross = np.zeros((3, 2, 2))
+    cross[:, 0, 1] = c0, 1.0, 1.0
+    got = cross_group_p_value(cross, np.full((2, 2), k))[0]
+    with mp.workdps(50):
+        exact = mp.betainc(mp.mpf(k - 1) / 2, mp.mpf(1) / 2, 0, 1 - mp.mpf(c0) ** 2, regularized=True)
+        assert exact <= got <= exact * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("dof", "alpha", "power"), [(1, 1e-4, 0.9), (1, 0.05, 0.9), (2, 1e-4, 0.9), (10**5, 1e-8, 0.5)]
+)
+def test_the_resolvable_ratio_is_not_above_the_exact_one(dof, alpha, power):
+    """√(χ²_dof⁻¹(α) / χ²_dof⁻¹(power)) against quantiles found by Newton steps on mpmath's regularized incomplete
+    gamma (60 digits). A ratio above exact promises that the check resolves a deficit nearer 1 than it does; the
+    to-nearest expression was 12.4 ulps above at (1, 1e-4, 0.9), 8.3 at (1, 0.05, 0.9), 1.3 at (2, 1e-4, 0.9).
+    Planted: it fails those three."""
+    import mpmath as mp
+
+    def quantile(level):
+        with mp.workdps(60):
+            x, a = mp.mpf(float(stats.chi2.ppf(level, dof))), mp.mpf(dof) / 2
+            for _ in range(2):  # Newton on P(a, x/2) = level, from scipy's value (within ~1e-13)
+                pdf = mp.exp((a - 1) * mp.log(x / 2) - x / 2 - mp.loggamma(a)) / 2
+                x -= (mp.gammainc(a, 0, x / 2, regularized=True) - level) / pdf
+            return x
+
+    with mp.workdps(60):
+        exact = mp.sqrt(quantile(alpha) / quantile(power))
+        got = resolvable_noise_ratio(dof, alpha, power)
+        assert exact * (1 - 1e-9) <= got <= exact
+
+
+@pytest.mark.parametrize("k", [2, 3, 12])
+def test_a_nearly_parallel_pair_gets_its_exact_tail_not_zero(k):
+    """r² = 1 − 5e-13 from k values: the exact p is I_{5e-13}((k − 1)/2, ½), 4.5e-7 at k = 2, 5e-13 at k = 3. The
+    check snapped every r² ≥ 1 − 1e-12 to p = 0 (meant for the same draws summed in two orders), which at k = 2 put
+    a pair at p = 0 whose exact p is above a per-pair level of 1e-7 (α/4 over 3·10⁴ pairs): a violation where the
+    test does not reject. Now the sums' rounding is charged to r instead: r falls by ≤ 2γ, γ = 2 (k + 8) 2^-52, so
+    1 − r² grows by ≤ 4γ (3.9 % of 5e-13 at k = 3) and p (∝ (1 − r²)^((k − 1)/2) here) by at most that power. Planted:
+    the snap fails all three."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import cross_group_p_value
+
+    cross = np.zeros((3, 2, 2))
+    cross[:, 0, 1] = math.sqrt(1 - 5e-13), 1.0, 1.0
+    got = cross_group_p_value(cross, np.full((2, 2), k))[0]
+    with mp.workdps(50):
+        exact = mp.betainc(mp.mpf(k - 1) / 2, mp.mpf(1) / 2, 0, 1 - mp.mpf(cross[0, 0, 1]) ** 2, regularized=True)
+        assert exact <= got <= exact * (1 + 4 * 2 * (k + 8) * 2**-52 / 5e-13) ** ((k - 1) / 2) * (1 + 1e-9)
