@@ -117,10 +117,11 @@ def one_run_pure_epsilon(r, v, alpha):
     P[Binomial(r, q_ε) ≥ v] increases in ε, so the largest ε with p-value ≤ α has q_ε equal to the
     Clopper–Pearson lower bound on the guess accuracy: ε = logit(q_lb) (Steinke et al. 2023,
     Theorem 3.1 with δ = 0). It upper-bounds the δ > 0 bound, whose p-value is larger. Rounded down without
-    a margin of its own: q_lb is lowered by ≥ 80 ulps relative (:func:`clopper_pearson_lower`, ≥ 12 times its
-    error), which lowers ε by ≥ 160·2^-52 (d logit/dq = 1/(q(1 − q)) ≥ 4, q > 1/2), while scipy's logit was within
-    0.45·(|ε| + 1) ≤ 17 ulps of 50-digit mpmath for q in (1/2, 1) (benchmarks/stats_rounding.py;
-    tests/audit/test_stats.py checks the composition).
+    a margin of its own: q_lb is lowered by ≥ 12 ulps relative (:func:`clopper_pearson_lower`: ≥ 80 for v < r, the
+    measured per-trial margin; ≥ 3 (4.5 |ln α|/r + 4) at v = r, the closed form's), which lowers ε by
+    ≥ 12·2^-52/(1 − q) = 12 (1 + e^ε)·2^-52 (d logit/dq = 1/(q(1 − q))), while scipy's logit was within
+    0.45·(|ε| + 1)·2^-52 of 50-digit mpmath for q in (1/2, 1), below that for every ε ≥ 0 (benchmarks/stats_rounding.py;
+    tests/audit/test_stats.py checks the composition, at v = r in the closed forms' test).
     """
     q_lb = clopper_pearson_lower(v, r, alpha)
     with np.errstate(divide="ignore"):

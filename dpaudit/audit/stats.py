@@ -29,6 +29,17 @@ def _cp_margin(n):
     return _CP_ULPS_PER_TRIAL * (n + 4.0) * _ULP
 
 
+# k = 0 (upper limit) and k = n (lower limit) have closed forms, 1 − α^(1/n) = −expm1(ln α / n) and α^(1/n) =
+# exp(ln α / n) (Clopper & Pearson 1934: (1 − p)^n = α and p^n = α), whose rounding is bounded from the functions'
+# own error bounds rather than measured: ln, expm1 and exp each within 4 ulps (glibc documents ≤ 1–2 ulps for these on
+# x86-64, GNU C Library manual, "Known Maximum Errors in Math Functions"; numpy's SIMD loops are within 4), the
+# division within ½, so x = ln α / n carries a relative error ≤ 4.5u. −expm1(x) then errs by ≤ 4.5u + 4u relative
+# (its relative sensitivity to x, x e^x / expm1(x), is in (0, 1] for x < 0), exp(x) by ≤ 4.5u·|x| + 4u. Each is moved
+# outward by 4 times its bound (these limits are the ones of a threshold with no false positive, the commonest best
+# threshold of an audit, so they no longer carry the measured per-trial margin below).
+_CLOSED_FORM_ULPS = 4.0
+
+
 def _binomial_args(k, n, alpha):
     """k, n, alpha broadcast as float64 arrays, with 0 <= k <= n and alpha in [0, 1] (else one InputError:
     scipy would answer NaN for k > n or alpha > 1, and a bound from k < 0 would silently read 0)."""
@@ -60,14 +71,19 @@ def clopper_pearson_upper(k, n, alpha):
     Formal guarantee: if k ~ Binomial(n, p) then P[p ≤ upper] ≥ 1 − alpha.
     Clopper & Pearson (1934), Biometrika 26(4); the one-sided upper limit is the (1 − α) quantile of
     Beta(k + 1, n − k), i.e. the p that solves P[Binomial(n, p) ≤ k] = α; it is 1 when k = n.
-    Rounded up: never below that quantile (scipy's value widened by :func:`_cp_margin`, capped at 1).
+    Rounded up: never below that quantile (scipy's value widened by :func:`_cp_margin`, capped at 1; at k = 0 the
+    closed form 1 − α^(1/n) widened by a bound on its own rounding, see :data:`_CLOSED_FORM_ULPS`).
     """
     k, n, alpha = _binomial_args(k, n, alpha)
     out = np.ones(k.shape)
-    m = k < n
+    m = (k > 0) & (k < n)
     # betainccinv(a, b, y) solves 1 − I_x(a, b) = y: the upper α-quantile of Beta(a, b), without 1 − α.
     q = special.betainccinv(k[m] + 1.0, n[m] - k[m], alpha[m])
     out[m] = np.minimum(q * (1.0 + _cp_margin(n[m])), 1.0)  # up by the measured error's margin (_CP_ULPS_PER_TRIAL)
+    z = (k == 0) & (n > 0)  # (1 − p)^n = α: −expm1(ln α / n), up by 4 times its bound (_CLOSED_FORM_ULPS)
+    with np.errstate(divide="ignore"):  # α = 0: ln α = −inf, the limit 1
+        q = 0.0 - np.expm1(np.log(alpha[z]) / n[z])  # 0.0 −: +0, not −0, at α = 1
+    out[z] = np.minimum(q * (1.0 + _CLOSED_FORM_ULPS * 8.5 * _ULP), 1.0)
     return out if out.ndim else float(out)
 
 
@@ -76,14 +92,20 @@ def clopper_pearson_lower(k, n, alpha):
 
     Clopper & Pearson (1934): the α quantile of Beta(k, n − k + 1), i.e. the p that solves
     P[Binomial(n, p) ≥ k] = α. Rounded down: never above that quantile (scipy's value narrowed by
-    :func:`_cp_margin`).
+    :func:`_cp_margin`; at k = n the closed form α^(1/n) narrowed by a bound on its own rounding, see
+    :data:`_CLOSED_FORM_ULPS`).
     """
     k, n, alpha = _binomial_args(k, n, alpha)
     out = np.zeros(k.shape)
-    m = k > 0
+    m = (k > 0) & (k < n)
     q = special.betaincinv(k[m], n[m] - k[m] + 1.0, alpha[m])
     # Down by the measured error's margin (_CP_ULPS_PER_TRIAL); at alpha = 1 the quantile is exactly 1.
     out[m] = np.where(alpha[m] == 1.0, q, q * (1.0 - _cp_margin(n[m])))
+    z = (k == n) & (n > 0)  # p^n = α: exp(ln α / n), down by 4 times its bound (_CLOSED_FORM_ULPS); exactly 1 at α = 1
+    with np.errstate(divide="ignore"):  # α = 0: ln α = −inf, the limit 0
+        x = np.log(alpha[z]) / n[z]
+    down = np.exp(x) * (1.0 - _CLOSED_FORM_ULPS * (4.5 * np.abs(np.where(np.isfinite(x), x, 0.0)) + 4.0) * _ULP)
+    out[z] = np.where(alpha[z] == 1.0, 1.0, down)
     return out if out.ndim else float(out)
 
 

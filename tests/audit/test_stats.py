@@ -224,16 +224,26 @@ def test_epsilon_and_mu_lower_bounds_are_rounded_down(fpr, fnr, delta):
     assert mu - 16 * 2.0**-52 * (abs(z(f)) + abs(z(g)) + 1) <= got <= mu  # within twice the margin
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 10])
-@pytest.mark.parametrize("alpha", [0.5, 0.05, 1e-3])
-def test_clopper_pearson_limits_at_k_0_and_n_are_the_closed_forms_rounded_outward(n, alpha):
-    # k = n: P[Bin(n, p) >= n] = p^n = α, so the lower limit is α^(1/n); k = 0: P[Bin(n, p) <= 0] = (1 − p)^n = α, so
-    # the upper limit is 1 − α^(1/n) (Clopper & Pearson 1934). Exact in 50-digit mpmath; the limits lie outside it by at
-    # most twice stats._cp_margin(n), also for n < 4, where scipy is correctly rounded and only the margin's +4 keeps it
-    # positive (a margin 16·(n − 4) ulps put the lower limit 48 ulps above α at n = 1).
+@pytest.mark.parametrize(
+    ("n", "alpha"),
+    [(100, 1e-12), (1000, 0.05), (10**5, 1e-6), (1, 1e-12), (3, 1e-12), (1, 5e-5), (10**9, 1e-300)]
+    + [(n, alpha) for n in (1, 2, 3, 10) for alpha in (0.5, 0.05, 1e-3)],
+)
+def test_the_closed_form_limits_at_k_0_and_k_n_are_safe_and_tight(n, alpha):
+    """k = 0: upper = 1 − α^(1/n); k = n: lower = α^(1/n) (Clopper & Pearson 1934), against 50-digit mpmath. Their
+    margins come from the libm functions' bounds (stats._CLOSED_FORM_ULPS), not from the per-trial measured one, so
+    they are on the safe side by at most ~4 times that bound. To nearest the upper limit was 0.54–0.60 ulps below
+    exact at (10, 0.5), (100, 1e-12), (1000, 0.05), (1e5, 1e-6), the lower one 4.6, 3.9, 3.7 ulps above at (1, 1e-12),
+    (3, 1e-12), (1, 5e-5). Planted: the closed forms without their margins fail those seven (and 11 more); the
+    per-trial margin (16 (n + 4) ulps) instead of the closed form fails the tightness. (At n < 4 scipy was correctly
+    rounded and a margin 16·(n − 4) ulps once put the lower limit 48 ulps above α at n = 1: the small-n grid.) At
+    v = r the pure one-run ε = logit(lower) must stay below the exact logit (one_run_pure_epsilon's docstring)."""
     mp = pytest.importorskip("mpmath")
     with mp.workdps(50):
-        root = mp.mpf(alpha) ** (1 / mp.mpf(n))
-        r = 2 * _cp_margin(n)
-        assert root * (1 - r) <= clopper_pearson_lower(n, n, alpha) <= root
-        assert 1 - root <= clopper_pearson_upper(0, n, alpha) <= (1 - root) * (1 + r)
+        root = mp.power(mp.mpf(alpha), mp.mpf(1) / n)
+        up, lo = clopper_pearson_upper(0, n, alpha), clopper_pearson_lower(n, n, alpha)
+        assert 1 - root <= up <= (1 - root) * (1 + 40 * 2.0**-52)
+        x = abs(math.log(alpha) / n)
+        assert root * (1 - (4 * (4.5 * x + 4) + 1) * 2.0**-52) <= lo <= root
+        if root > 0.5:  # the pure one-run ε = logit(lower) at v = r (every guess right) stays rounded down
+            assert one_run_pure_epsilon(n, n, alpha) <= mp.log(root / (1 - root))
