@@ -19,7 +19,8 @@ Sections (``--sections`` picks, default all; ``--large`` adds the slow points):
 - ``whitebox``: estimate_ratio's shift_lower, sigma_upper and ratio_lower against the same statistics of the
   same data in 50 digits (exact z and χ² quantile), in ulps of each, unsafe direction > 0.
 - ``noise``: the noise check's variance p-value (noise.variance_p_value) and scipy's chi2.cdf against 60 digits,
-  dof 1e4..1e7 (``--large``: 1e8), relative error below exact (> 0 unsafe).
+  dof 1e4..1e7 (``--large``: 1e8) and 60 random (dof ≤ 1e5, p ≥ 1e-300) points (``--large``: 300), relative error
+  below exact (> 0 unsafe).
 - ``noise-other``: the noise check's Student and Fisher tails, its cross-group Beta tail and its planning ratio
   (resolvable_noise_ratio) against 50 digits, scipy's beside the shipped (``--large``: 400 random points each).
 - ``pld``: δ(0) of one Gaussian (σ 1e3..1e10) and one Poisson-subsampled Gaussian step against erf in 40 digits
@@ -452,18 +453,26 @@ def noise_variance(large: bool = False) -> None:
 
     worst = {"scipy chi2.cdf": (-math.inf, None), "variance_p_value": (-math.inf, None)}
     dofs = (10**4, 10**5, 10**6, 3 * 10**6, 10**7) + ((10**8,) if large else ())
-    for dof in dofs:
-        for p in (0.4, 0.05, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 1e-12):
-            x = float(st.chi2.ppf(p, dof))
-            ex = _exact_chi2_cdf(x, dof)
-            with mp.workdps(60):
-                for name, val in (
-                    ("scipy chi2.cdf", st.chi2.cdf(x, dof)),
-                    ("variance_p_value", variance_p_value(x, dof, 1.0)),
-                ):
-                    err = float((ex - mp.mpf(float(val))) / ex)
-                    if err > worst[name][0]:
-                        worst[name] = (err, (dof, p))
+    points = [(dof, p) for dof in dofs for p in (0.4, 0.05, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-8, 1e-12)]
+    # below dof 1e5 (scipy's value raised, no series) scipy's error grows with |ln p|: random points to 1e-300
+    rng = np.random.default_rng(1)
+    points += [(9714, 5.52e-269), (2790, 4.27e-93)]
+    points += [
+        (int(10 ** rng.uniform(0, 5)), float(10 ** rng.uniform(-300, -0.3))) for _ in range(300 if large else 60)
+    ]
+    for dof, p in points:
+        x = float(st.chi2.ppf(p, dof))
+        ex = _exact_chi2_cdf(x, dof) if x > 0.0 else mp.mpf(0)
+        if ex < mp.mpf(2.0**-1022):
+            continue  # below the normal range: not a level anyone tests at
+        with mp.workdps(60):
+            for name, val in (
+                ("scipy chi2.cdf", st.chi2.cdf(x, dof)),
+                ("variance_p_value", variance_p_value(x, dof, 1.0)),
+            ):
+                err = float((ex - mp.mpf(float(val))) / ex)
+                if err > worst[name][0]:
+                    worst[name] = (err, (dof, p))
     for name, (e, at) in worst.items():
         print(f"{name}: worst relative error below exact {e:.3g} at (dof, p)={at}")
 

@@ -151,17 +151,21 @@ def variance_p_value(sum_squares: float, dof: int, noise_std: float) -> float:
     p = float(stats.chi2.cdf(x, dof))
     if dof >= _SERIES_DOF and x < dof and p < _SCIPY_ACCURATE_ABOVE:
         return _chi2_lower_tail(x, dof)
-    return min(1.0, p * (1.0 + _SCIPY_REL_ERROR))
+    return min(1.0, float(_tail_up(p, _CDF_ULPS_PER_LOG)) * (1.0 + _SCIPY_REL_ERROR))
 
 
 # scipy's chi2.cdf (its incomplete gamma) against 60-digit mpmath (benchmarks/RESULTS.md): BELOW the exact value by
 # up to 24 % at dof 1e8 and p ≤ 1e-6 (0.8 % at 1e7, 8.4e-5 at 3e6, 1.7e-8 at 1e6), which reads as "too little noise"
 # where the noise is as claimed; within 3e-14 relative (135 ulps) at p ≥ 1e-5 for dof up to 1e8 and at every p for
-# dof ≤ 3e5 (43 ulps worst, dof 1e4). Below p = 1e-4 from dof 1e5 the tail is summed here (_chi2_lower_tail);
-# elsewhere scipy's value is raised by 2^-40 (4096 ulps, 30x its measured error).
+# dof ≤ 3e5 (43 ulps worst, dof 1e4) for p ≥ 1e-12. Below p = 1e-4 from dof 1e5 the tail is summed here
+# (_chi2_lower_tail); elsewhere scipy's value is raised by 2^-40 (4096 ulps, 30x its measured error at p ≥ 1e-12) and
+# by 256 |ln p| + 256 ulps (_tail_up): below dof 1e5 scipy's error grows with |ln p|, up to 32.6 (|ln p| + 1) ulps
+# (1.1e4 ulps low at dof 9714, p 5.5e-269; 1466 at dof 591, p 8.4e-20; benchmarks/stats_rounding.py, ``noise``),
+# which the 2^-40 alone left up to 7263 ulps below exact. The two together are ≥ 7.3x every error measured.
 _SERIES_DOF = 100_000
 _SCIPY_ACCURATE_ABOVE = 1e-4
 _SCIPY_REL_ERROR = 2.0**-40
+_CDF_ULPS_PER_LOG = 256.0
 
 
 def _chi2_lower_quantile(level: float, dof: int) -> float:
@@ -253,14 +257,14 @@ def _student_two_sided(t, df: int):
     return np.minimum(1.0, _tail_up(2.0 * stats.t.sf(t, df)))
 
 
-def _tail_up(p):
-    """A tail probability from scipy (t.sf, beta.sf) raised by 16 (|ln p| + 1) ulps. Against 50-digit mpmath
+def _tail_up(p, units: float = 16.0):
+    """A tail probability from scipy (t.sf, beta.sf) raised by ``units`` (|ln p| + 1) ulps. Against 50-digit mpmath
     (benchmarks/stats_rounding.py, ``noise-other``) scipy's t.sf was up to 2.05 (|ln p| + 1) ulps below exact (864
     ulps at df 2640, p 4e-273; 49 at df 100, p 1e-12; df 2..1e7, p 1e-300..0.5): the error of an exponential of a
     log-scale quantity; beta.sf(x, ½, b) at most 0.46 ulps. 16 units is 7.8x the worst; 0 stays 0."""
     p = np.asarray(p, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):  # p = 0: ln 0 = −inf, 0·inf, both discarded
-        return np.where(p > 0.0, p * (1.0 + 16.0 * (np.abs(np.log(p)) + 1.0) * 2.0**-52), p)
+        return np.where(p > 0.0, p * (1.0 + units * (np.abs(np.log(p)) + 1.0) * 2.0**-52), p)
 
 
 def _fisher_upper_tail(p: np.ndarray) -> float:

@@ -280,12 +280,25 @@ def _exact_chi2_cdf(x: float, dof: int):
         return mp.exp(a * mp.log(y) - y - mp.loggamma(a + 1)) * mp.hyp1f1(1, a + 1, y, maxterms=10**8)
 
 
-@pytest.mark.parametrize(("dof", "p"), [(10**7, 1e-8), (10**6, 1e-6), (3 * 10**6, 1e-7), (10**5, 1e-12), (10**4, 1e-3)])
+@pytest.mark.parametrize(
+    ("dof", "p"),
+    [
+        (10**7, 1e-8),
+        (10**6, 1e-6),
+        (3 * 10**6, 1e-7),
+        (10**5, 1e-12),
+        (10**4, 1e-3),
+        (9714, 5.52e-269),
+        (2790, 4.27e-93),
+    ],
+)
 def test_the_variance_p_value_is_not_below_the_exact_chi2_tail(dof, p):
     """P[χ²_dof ≤ x] against 60-digit mpmath (A&S 6.5.29 with 13.1.2). scipy's chi2.cdf was 0.38 % low at dof 1e7,
     p = 1e-8 (1.00385e-8 exact, 1.0000e-8 scipy; 24 % at 1e8) and 1.7e-8 at dof 1e6, p = 1e-6: a noise check there
     declared "too little noise" (p ≤ α) for noise as claimed. Planted: scipy's value (no series) fails the first
-    three cases; the series without its rounding margin fails (10**7, 1e-8) (17 ulps low) and (3 * 10**6, 1e-7)."""
+    three cases; the series without its rounding margin fails (10**7, 1e-8) (17 ulps low) and (3 * 10**6, 1e-7).
+    Below dof 1e5 scipy's error grows with |ln p|: with only its 2^-40 the p-value was 7263 ulps low at (9714,
+    5.5e-269) and 2764 at (2790, 4.3e-93); planted (no _tail_up), those two fail."""
     x = float(stats.chi2.ppf(p, dof))
     exact = _exact_chi2_cdf(x, dof)
     got = variance_p_value(x, dof, 1.0)
