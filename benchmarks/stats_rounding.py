@@ -473,6 +473,20 @@ def noise_variance(large: bool = False) -> None:
                 err = float((ex - mp.mpf(float(val))) / ex)
                 if err > worst[name][0]:
                     worst[name] = (err, (dof, p))
+    # The statistic's own rounding: x = S/σ² at large dof, where F's log-slope ≈ z·√(dof/2) amplifies an ulp of x
+    # (σ drawn at random; the exact value is F at the exact S/σ²).
+    key = "variance_p_value(S, dof, σ) at the exact S/σ²"
+    worst[key] = (-math.inf, None)
+    for dof, p in [(3 * 10**7, 3e-4), (10**8, 3e-4), (10**8, 1e-2)][: 3 if large else 2]:
+        x0 = float(st.chi2.ppf(p, dof))
+        for _ in range(6 if large else 3):
+            std = float(rng.uniform(0.5, 3.0))
+            S = x0 * std * std
+            with mp.workdps(60):
+                ex = _exact_chi2_cdf(mp.mpf(S) / mp.mpf(std) ** 2, dof)
+                err = float((ex - mp.mpf(variance_p_value(S, dof, std))) / ex)
+            if err > worst[key][0]:
+                worst[key] = (err, (dof, p))
     for name, (e, at) in worst.items():
         print(f"{name}: worst relative error below exact {e:.3g} at (dof, p)={at}")
 

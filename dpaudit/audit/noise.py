@@ -147,7 +147,10 @@ def variance_p_value(sum_squares: float, dof: int, noise_std: float) -> float:
     S/s² ~ χ²_dof exactly — ``dof`` is the number of values, not one less (no mean is estimated)."""
     if dof <= 0:
         raise InputError(f"the variance test needs at least one value, got {dof}")
-    x = sum_squares / (noise_std * noise_std)  # inf, not OverflowError, for a huge std
+    # Raised by 4 ulps: σ² and the quotient round (≤ 1 ulp together), and F's log-slope x·f(x)/F(x) ≈ z·√(dof/2) turns
+    # an ulp of x into ~2.5e4 ulps of p at dof 1e8 (to nearest, p was 1.3e4 ulps below exact at dof 1e8, p 3e-4;
+    # benchmarks/stats_rounding.py, ``noise``). A larger x only raises p, the safe side.
+    x = sum_squares / (noise_std * noise_std) * (1.0 + 4.0 * 2.0**-52)  # inf, not OverflowError, for a huge std
     p = float(stats.chi2.cdf(x, dof))
     if dof >= _SERIES_DOF and x < dof and p < _SCIPY_ACCURATE_ABOVE:
         return _chi2_lower_tail(x, dof)
@@ -388,9 +391,14 @@ def noise_check(
     for g in live:
         dof = int(T * counts[g])
         S = float(ss[:, g].sum())
-        p = variance_p_value(S, dof, std)
-        ratio = math.sqrt(S / dof) / std
-        upper = math.sqrt(S / _chi2_lower_quantile(a_group, dof)) / std  # χ² upper confidence bound on s, level a_group
+        # numpy's pairwise sum of T non-negative terms is within (log2 T + 4) 2^-52 of exact, relative (Higham 2002,
+        # §4.2); both the p-value and the std's upper bound grow with S, so both take S raised by 8 of those units.
+        S_up = S * (1.0 + 8.0 * (math.log2(T) + 4.0) * 2.0**-52)
+        p = variance_p_value(S_up, dof, std)
+        ratio = math.sqrt(S / dof) / std  # the estimate, to nearest
+        # χ² upper confidence bound on s at level a_group; the quotient, the root and the division by σC (≤ 1.5 ulps)
+        # raised by 4 ulps.
+        upper = math.sqrt(S_up / _chi2_lower_quantile(a_group, dof)) / std * (1.0 + 4.0 * 2.0**-52)
         groups.append(GroupVariance(names[g], dof, ratio, upper, p, resolvable_noise_ratio(dof, a_group)))
     p_var = min(1.0, min(g.p_value for g in groups) * len(groups))
     steps_dependent = p_indep is not None and p_indep <= a_ind

@@ -450,3 +450,28 @@ def test_a_nearly_parallel_pair_gets_its_exact_tail_not_zero(k):
     with mp.workdps(50):
         exact = mp.betainc(mp.mpf(k - 1) / 2, mp.mpf(1) / 2, 0, 1 - mp.mpf(cross[0, 0, 1]) ** 2, regularized=True)
         assert exact <= got <= exact * (1 + 4 * 2 * (k + 8) * 2**-52 / 5e-13) ** ((k - 1) / 2) * (1 + 1e-9)
+
+
+def test_the_variance_p_value_charges_the_rounding_of_its_statistic():
+    """At dof 1e8 the χ² cdf's log-slope x·f(x)/F(x) ≈ z·√(dof/2) is ~2.5e4 at p 3e-4: an ulp lost in the statistic
+    is 2.5e4 ulps of p, beyond the 2^-40 + 256·(|ln p| + 1) ulps that cover scipy's own error. (a) S/σ² rounded down
+    0.76 ulps: variance_p_value was 1.3e4 ulps below F(S/σ²) in 60 digits. (b) The groups' sum over T = 128 steps
+    (numpy's pairwise sum: one step of 2^30 and 127 of 0.49 of its ulp, 15 of which its accumulator drops) 7.2 ulps
+    below the exact sum: noise_check's p-value was 8.3e4 ulps below F(exact S/σ²). Planted: x without its 4-ulp raise
+    fails (a); S without its summation raise fails (b)."""
+    import mpmath as mp
+
+    dof = 10**8
+    S, std = 50739218.50975601, 0.7124875489479955
+    with mp.workdps(60):
+        exact = _exact_chi2_cdf(mp.mpf(S) / mp.mpf(std) ** 2, dof)
+        assert exact <= variance_p_value(S, dof, std) <= exact * (1 + 1e-9)
+    T = 128
+    col = np.full(T, 0.49 * 2.0**-22)
+    col[0] = 2.0**30
+    with mp.workdps(60):
+        exact_sum = mp.fsum(mp.mpf(float(v)) for v in col)
+        std = math.sqrt(float(exact_sum) / stats.chi2.ppf(3e-4, dof))  # p ≈ 3e-4
+        check = noise_check(col[:, None], np.array([dof // T]), np.zeros((T, 0)), noise_std=std, alpha=0.05)
+        exact = _exact_chi2_cdf(exact_sum / mp.mpf(std) ** 2, dof)
+        assert exact <= check.groups[0].p_value <= exact * (1 + 1e-8)
