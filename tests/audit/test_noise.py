@@ -457,8 +457,11 @@ def test_the_variance_p_value_charges_the_rounding_of_its_statistic():
     is 2.5e4 ulps of p, beyond the 2^-40 + 256·(|ln p| + 1) ulps that cover scipy's own error. (a) S/σ² rounded down
     0.76 ulps: variance_p_value was 1.3e4 ulps below F(S/σ²) in 60 digits. (b) The groups' sum over T = 128 steps
     (numpy's pairwise sum: one step of 2^30 and 127 of 0.49 of its ulp, 15 of which its accumulator drops) 7.2 ulps
-    below the exact sum: noise_check's p-value was 8.3e4 ulps below F(exact S/σ²). Planted: x without its 4-ulp raise
-    fails (a); S without its summation raise fails (b)."""
+    below the exact sum: noise_check's p-value was 8.3e4 ulps below F(exact S/σ²). (c) One step's Σz² as the hooks
+    compute it, a float64 z @ z over 1e4 coordinates (one of 2^15, the rest with squares of 0.49 of its square's ulp):
+    154 ulps below Σz² (this machine's BLAS), the p-value (dof 1e4) 2.4e4 ulps below exact. Planted: x without its
+    4-ulp raise fails (a); S without its raise fails (b) and (c); without the per-step dot's term, (c) (the term for
+    the sum over steps alone is masked by the dot's term here, 2·781251 ulps at (b))."""
     import mpmath as mp
 
     dof = 10**8
@@ -474,4 +477,14 @@ def test_the_variance_p_value_charges_the_rounding_of_its_statistic():
         std = math.sqrt(float(exact_sum) / stats.chi2.ppf(3e-4, dof))  # p ≈ 3e-4
         check = noise_check(col[:, None], np.array([dof // T]), np.zeros((T, 0)), noise_std=std, alpha=0.05)
         exact = _exact_chi2_cdf(exact_sum / mp.mpf(std) ** 2, dof)
+        # S raised by (8 (7 + 4) + 2 (781250 + 1)) ulps = 3.5e-10, times the log-slope ~2.5e4: p by ~9e-6
+        assert exact <= check.groups[0].p_value <= exact * (1 + 3e-5)
+    n = 10**4
+    z = np.full(n, math.sqrt(0.49 * 2.0**-22))
+    z[0] = 2.0**15
+    with mp.workdps(60):
+        exact_sum = mp.fsum(mp.mpf(float(v)) ** 2 for v in z)
+        std = math.sqrt(float(exact_sum) / stats.chi2.ppf(3e-4, n))
+        check = noise_check(np.array([[float(z @ z)]]), np.array([n]), np.zeros((1, 0)), noise_std=std, alpha=0.05)
+        exact = _exact_chi2_cdf(exact_sum / mp.mpf(std) ** 2, n)
         assert exact <= check.groups[0].p_value <= exact * (1 + 1e-8)
