@@ -58,7 +58,13 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
 
 
 MODEL = (
-    opt("model", str | None, None, help="logreg | mlp | cnn | rnn [mlp]"),
+    opt(
+        "model",
+        str | None,
+        None,
+        help="logreg | mlp | cnn | rnn [default: logreg for --algo outpert, objpert and dpagd, the only model they "
+        "train; mlp otherwise]",
+    ),
     opt(
         "model_spec",
         Path | None,

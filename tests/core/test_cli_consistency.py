@@ -108,7 +108,8 @@ def test_backend_help_names_the_extra():
     """As rendered: rich read "[jax]" in '.[jax]' (and the "[mlp]" default) as style tags and dropped them."""
     r = runner.invoke(app, ["train", "--help"], terminal_width=200)
     text = " ".join(r.output.replace("│", " ").split())
-    assert "pip install '.[jax]'" in text and "logreg | mlp | cnn | rnn [mlp]" in text
+    default = "[default: logreg for --algo outpert, objpert and dpagd, the only model they train; mlp otherwise]"
+    assert "pip install '.[jax]'" in text and f"logreg | mlp | cnn | rnn {default}" in text
 
 
 # ---- errors: one line, JSON with --json ------------------------------------------------------------------
