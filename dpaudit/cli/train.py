@@ -364,6 +364,9 @@ IMPORT_EXTRAS = (
 
 @options(IMPORT, STATED_CLAIM, IMPORT_EXTRAS, OUTPUT)
 def import_weights(**o) -> None:
+    from dpaudit.fileio import check_weights_file
+
+    check_weights_file(o["weights"])  # WEIGHTS first, as the command reads (it named the data's problem first)
     if o["data"] is not None:
         check_data_spec(o["data"])  # before torch is imported
     from dpaudit.training.run import summary

@@ -348,9 +348,11 @@ def import_from_options(
         read_member_indices,
         standardizer_from_json,
     )
+    from dpaudit.fileio import check_weights_file
     from dpaudit.models import read_model_spec
     from dpaudit.training.run import import_run, recipe_from_dict
 
+    check_weights_file(weights)  # the first argument first (its file is read last, by import_run)
     _refuse_existing(out, force, inputs=[weights, model_spec, data, members, claim, recipe, canaries])
     if data is not None and members is None:
         raise InputError(
