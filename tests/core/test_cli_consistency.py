@@ -82,6 +82,7 @@ def test_help_imports_no_framework():
 BAD_DATA_SCRIPT = """
 import sys
 from typer.testing import CliRunner
+open("w.safetensors", "wb").close()  # import checks its WEIGHTS first: an existing one, so that --data is reached
 from dpaudit.cli.main import app
 for args in (["train", "--data", "nope.npz", "--out", "o"], ["train", "--data", "nope", "--out", "o"],
              ["audit", "train", "--data", "nope.csv"],
