@@ -531,3 +531,16 @@ def test_the_model_default_follows_the_algorithm():
         *["logreg"] * 3,
     ]
     assert model_for("dpsgd", "cnn") == "cnn" and model_for("dpagd", "logreg") == "logreg"
+
+
+def test_dp_agds_overconfidence_warning_does_not_guess_a_learning_rate(tmp_path):
+    # DP-AGD reads no --lr (OPTION_READERS), yet a run whose mean loss exceeded the constant prediction's at an
+    # accuracy above chance was asked "overconfident logits: a learning rate too large?". Planted: the guess for
+    # every algorithm -> fails. (DP-SGD keeps it: tests/core/test_byo_matrix.py.)
+    from tests.core.cli_errors import invoke
+
+    r = invoke("train", "--data", "synthetic:n=200,d=5,classes=2", "--algo", "dpagd", "--epsilon", "2",
+               "--out", tmp_path / "run")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "a few confidently wrong predictions carry the mean (overconfident logits), and" in r.stderr, r.stderr
+    assert "learning rate" not in r.stderr, r.stderr
