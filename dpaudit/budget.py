@@ -4,7 +4,8 @@ Every command that trains models, draws canaries or queries a model asks :func:`
 the number of units (runs, reference models, training steps, canaries, queries) and what one unit costs
 in memory and time. Work whose memory exceeds :data:`MEMORY_FRACTION` of the machine's available memory
 is refused (one line, exit code 2); work estimated above :data:`CONFIRM_SECONDS` (one hour) needs an
-explicit go-ahead: ``dpaudit --yes ...`` on the command line, :func:`allow_long_work` in Python.
+explicit go-ahead: ``dpaudit --yes ...`` on the command line, :func:`allow_long_work` in Python. Work
+estimated above :data:`BEYOND_SECONDS` (a million years) is refused even then: no machine would finish it.
 
 The time of a training step is an order-of-magnitude estimate, not a benchmark: a forward and backward
 pass costs about 6 floating-point operations per parameter and example (Kaplan et al. 2020,
@@ -27,6 +28,9 @@ MEMORY_FRACTION = 0.5  # of the memory available now: what one dpaudit process m
 CONFIRM_SECONDS = 3600.0  # estimated work above one hour needs --yes
 NOTICE_SECONDS = 60.0  # estimated work above a minute is announced (one line on stderr) before it starts
 FLOPS = 1e9  # floating-point operations per second assumed for a training step (one CPU core, conservative)
+# Refused even with --yes: a million years at these estimates is still a year on a machine a million times faster
+# than FLOPS (1e15 FLOP/s, about the fastest single accelerator), and far more for work bound by Python's loops.
+BEYOND_SECONDS = 1e6 * 365 * 86400
 DP_OVERHEAD = 3.0  # per-example gradients and clipping versus a plain step (Opacus-style, order of magnitude)
 
 # The go-ahead lives in the environment so that worker processes (joblib/loky) started after it inherit it.
@@ -115,13 +119,20 @@ class Cost:
 
 def check_cost(cost: Cost, *, memory: int | None = None) -> Cost:
     """Refuse ``cost`` when its memory exceeds :data:`MEMORY_FRACTION` of ``memory`` (default: available
-    now), or when its time exceeds :data:`CONFIRM_SECONDS` without :func:`allow_long_work` / ``--yes``
-    (:class:`~dpaudit.errors.BudgetError`, an InputError: one line, exit code 2)."""
+    now), when its time exceeds :data:`BEYOND_SECONDS`, or when it exceeds :data:`CONFIRM_SECONDS` without
+    :func:`allow_long_work` / ``--yes`` (:class:`~dpaudit.errors.BudgetError`, an InputError: one line, exit
+    code 2)."""
     avail = available_memory() if memory is None else memory
     if cost.memory > MEMORY_FRACTION * avail:
         raise BudgetError(
             f"{cost.what}: {cost.units:.4g} {cost.unit} need about {_bytes(cost.memory)} of memory, more than "
             f"{MEMORY_FRACTION:.0%} of the {_bytes(avail)} available; {cost.advice or f'use fewer {cost.unit}'}"
+        )
+    if cost.seconds > BEYOND_SECONDS:  # even with --yes: started, it would never finish
+        raise BudgetError(
+            f"{cost.what}: {cost.units:.4g} {cost.unit} would take about {_duration(cost.seconds)} (an estimate: "
+            f"{_duration(cost.seconds_per_unit)} each), beyond any machine, so refused even with --yes (above "
+            f"{_duration(BEYOND_SECONDS)}); use fewer {cost.unit}"
         )
     if cost.seconds > CONFIRM_SECONDS and not long_work_allowed():
         raise BudgetError(

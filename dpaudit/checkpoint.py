@@ -23,7 +23,7 @@ from torch import nn
 from dpaudit import numfmt
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict, spec_path
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.fileio import load_safetensors, write_atomic_dir, writer_of
+from dpaudit.fileio import check_weights_file, load_safetensors, write_atomic_dir, writer_of
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
 from dpaudit.validation import check_json_type, read_json
 
@@ -495,38 +495,27 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
     Pickle files (.pkl/.pickle) are refused: unpickling runs arbitrary code.
     """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not a regular file")
-    suffix = path.suffix.lower()
-    if suffix in (".pkl", ".pickle", ".joblib"):
-        raise CheckpointError(f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors")
-    if suffix == ".safetensors":
+    path = check_weights_file(path)  # exists, a regular file, .safetensors or a torch file (never a pickle)
+    if path.suffix.lower() == ".safetensors":
         from safetensors import SafetensorError
 
         try:
             return load_safetensors(path)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
-    if suffix in (".pt", ".pth", ".bin"):
-        try:
-            with warnings.catch_warnings():  # torch's own warnings about the pickle inside: our line says it
-                warnings.simplefilter("ignore")
-                obj = torch.load(path, map_location="cpu", weights_only=True)  # safe: tensors and primitives only
-        except Exception:  # torch's own message advises weights_only=False, i.e. running the file's pickle
-            raise CheckpointError(
-                f"{path}: not a plain state_dict of tensors; loading it would need pickle, which can run "
-                "arbitrary code and which dpaudit never does: save the weights with safetensors, or "
-                "torch.save(model.state_dict())"
-            ) from None
-        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise CheckpointError(
-                f"{path}: expected a plain state_dict (name -> tensor){_training_checkpoint_hint(obj)}"
-            )
-        return dict(obj)
-    raise CheckpointError(f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)")
+    try:  # .pt, .pth, .bin
+        with warnings.catch_warnings():  # torch's own warnings about the pickle inside: our line says it
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # safe: tensors and primitives only
+    except Exception:  # torch's own message advises weights_only=False, i.e. running the file's pickle
+        raise CheckpointError(
+            f"{path}: not a plain state_dict of tensors; loading it would need pickle, which can run "
+            "arbitrary code and which dpaudit never does: save the weights with safetensors, or "
+            "torch.save(model.state_dict())"
+        ) from None
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path}: expected a plain state_dict (name -> tensor){_training_checkpoint_hint(obj)}")
+    return dict(obj)
 
 
 def _training_checkpoint_hint(obj: Any) -> str:

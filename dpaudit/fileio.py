@@ -38,7 +38,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from dpaudit.errors import InputError, OutputBusyError, OutputError
+from dpaudit.errors import CheckpointError, InputError, OutputBusyError, OutputError
 
 try:
     import fcntl
@@ -80,6 +80,26 @@ def load_safetensors(path: Path | str, framework: str = "pt") -> dict:
     except UnicodeDecodeError:
         return load(Path(path).read_bytes())
     return load_file(str(path))
+
+
+def check_weights_file(path: Path | str) -> Path:
+    """``path`` as a weights file :func:`dpaudit.checkpoint.load_weights_file` can read, checked on the path
+    alone (no torch: ``dpaudit import`` checks its WEIGHTS first, as a user reads the command, before its data):
+    an existing regular file, safetensors or a torch state_dict (.pt, .pth, .bin); a pickle is refused
+    (unpickling runs arbitrary code)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file")
+    suffix = path.suffix.lower()
+    if suffix in (".pkl", ".pickle", ".joblib"):
+        raise CheckpointError(f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors")
+    if suffix not in (".safetensors", ".pt", ".pth", ".bin"):
+        raise CheckpointError(
+            f"{path}: unsupported weights file type {suffix!r}; use .safetensors (or a .pt state_dict)"
+        )
+    return path
 
 
 # --------------------------------------------------------------------------- environment errors

@@ -399,23 +399,35 @@ def plan_design(
     )  # fmt: skip
 
 
-def size_advice(claimed_epsilon: float, *, method: str, delta: float, confidence: float = 0.95, **plan: Any) -> str:
+@dataclass(frozen=True)
+class SizeAdvice:
+    """:func:`size_advice`'s phrase, and whether it already points to ``dpaudit audit plan`` (so that a refusal
+    adds the pointer only when it does not: it was a string test on the phrase)."""
+
+    text: str
+    points_to_plan: bool
+
+
+def size_advice(
+    claimed_epsilon: float, *, method: str, delta: float, confidence: float = 0.95, **plan: Any
+) -> SizeAdvice:
     """One phrase naming the size an audit of ``claimed_epsilon`` needs (for refusals and assertion messages):
     the size for 80% power against the default alternative (randomized response at twice the claim) and
     the perfect-attack minimum; ``plan``: further :func:`plan_design` arguments.
 
     A refusal must answer at once, so the simulation is bounded: 100 draws per size, designs up to
     :data:`ADVICE_MAX_SIMULATED` (above it only the perfect-attack minimum is named, with a pointer to
-    ``dpaudit audit plan``) and at most 32 times the perfect-attack size."""
+    ``dpaudit audit plan``: ``points_to_plan``) and at most 32 times the perfect-attack size."""
     unit = _unit(method)
     try:
         n0 = trials_needed(claimed_epsilon, method=method, delta=delta, confidence=confidence)
     except InputError as e:  # out of reach of this method (e.g. the one-run ceiling at delta > 0)
-        return str(e)
+        return SizeAdvice(str(e), points_to_plan=False)
     if n0 > ADVICE_MAX_SIMULATED:
-        return (
+        return SizeAdvice(
             f"at least {n0} {unit} even for a perfect attack, and more for a real one (see `dpaudit audit plan "
-            f"--epsilon {numfmt.upper(claimed_epsilon)}` for the size with power)"
+            f"--epsilon {numfmt.upper(claimed_epsilon)}` for the size with power)",
+            points_to_plan=True,
         )
     try:
         p = plan_design(
@@ -423,12 +435,13 @@ def size_advice(claimed_epsilon: float, *, method: str, delta: float, confidence
             **plan,
         )  # fmt: skip
     except InputError as e:
-        return f"at least {n0} {unit} even for a perfect attack ({e})"
-    return (
+        return SizeAdvice(f"at least {n0} {unit} even for a perfect attack ({e})", points_to_plan=False)
+    return SizeAdvice(
         f"about {p.size} {unit} are needed for {p.power:.0%} power against a leak of "
         f"{numfmt.nearest(p.leak['epsilon'])} "
-        f"({p.leak['family']}, simulated), and at least {p.perfect_attack_size} {unit} even for a perfect attack"
+        f"({p.leak['family']}, simulated), and at least {p.perfect_attack_size} {unit} even for a perfect attack",
+        points_to_plan=False,
     )
 
 
-__all__ = ["DEFAULT_MAX_TRIALS", "DesignPlan", "plan_design", "size_advice", "trials_needed"]
+__all__ = ["DEFAULT_MAX_TRIALS", "DesignPlan", "SizeAdvice", "plan_design", "size_advice", "trials_needed"]

@@ -40,9 +40,14 @@ REQUIRED_DETECTION = 0.95
 # statistics, concatenated scores, labels and the sort of audit_scores (~100 bytes); measured ~8e-6 s of CPU per
 # trial (default 6 cases x 50 seeds x 2000 trials, 7.8 s), rounded up to an order of magnitude as budget.py's are.
 SECONDS_PER_TRIAL = 1e-5
+# And of one audit whatever its trials (the audit's own work, its threshold search and bound): measured 4.4e-4 s
+# (8 cases x 1,980 seeds x 1 trial, 6.9 s), rounded up as above.
+SECONDS_PER_AUDIT = 1e-3
 # A correct mechanism's flagged seeds may reach this quantile of Binomial(seeds, 1 - confidence).
 ALLOWANCE_QUANTILE = 0.999
 BYTES_PER_TRIAL = 100.0
+# Up to this many seeds the allowance is scipy's exact binomial quantile (false_alarm_allowance).
+EXACT_SEEDS = 2**40
 
 
 @functools.cache
@@ -311,8 +316,28 @@ def false_alarm_allowance(seeds: int, confidence: float) -> int:
 
     A correct auditor is flagged with probability ≤ α per seed, so exceeding this count has
     probability ≤ 0.1% for it.
+
+    Above :data:`EXACT_SEEDS` seeds, an upper bound on that quantile (so exceeding it still has probability
+    ≤ 0.1%): scipy's quantile returns nan from 2^52 seeds and does not return (in C) at 2^60 (scipy 1.17).
+    Whether it is below the number of seeds stays exact there (up to the rounding of α^S), as
+    :func:`seeds_needed` reads it.
     """
-    return int(stats.binom.ppf(ALLOWANCE_QUANTILE, seeds, 1.0 - confidence))
+    alpha = 1.0 - confidence
+    if seeds <= EXACT_SEEDS:
+        return int(stats.binom.ppf(ALLOWANCE_QUANTILE, seeds, alpha))
+    if alpha <= 0.0:
+        return 0
+    # P(X <= S - 1) = 1 - α^S: the quantile is S itself exactly when that is below q.
+    if -math.expm1(seeds * math.log(alpha)) < ALLOWANCE_QUANTILE:
+        return seeds
+    # Bernstein's inequality for the centred indicators (each <= 1, variance α(1 - α)): P(X - Sα >= sqrt(2vL) +
+    # L/3) <= e^-L with v = Sα(1 - α) (Boucheron, Lugosi & Massart 2013, Concentration Inequalities, Theorem 2.10
+    # with c = b/3, b = 1, as in Corollary 2.11). With e^-L = 1 - q, X stays below Sα + that with probability
+    # >= q, so its floor is at least the quantile. Raised by a relative 1e-12 first, far above the float sum's
+    # rounding (a few ulps of 2.2e-16), so that rounding cannot take it below.
+    tail = -math.log1p(-ALLOWANCE_QUANTILE)
+    bound = seeds * alpha + math.sqrt(2.0 * seeds * alpha * (1.0 - alpha) * tail) + tail / 3.0
+    return min(seeds - 1, math.floor(bound * (1.0 + 1e-12)))
 
 
 def seeds_needed(confidence: float) -> int:
@@ -358,12 +383,12 @@ def run_selftest(
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
     cases = default_cases() if cases is None else cases
     progress = progress or Progress()
-    # Before anything scales with seeds or trials (scipy's binomial quantile at 2^63 seeds runs for ever, in C):
-    # refuse what cannot fit, ask --yes for what takes over an hour. One audit is held in memory at a time.
+    # Before anything scales with seeds or trials: refuse what cannot fit or no machine would finish (2^63 seeds,
+    # even with --yes), ask --yes for what takes over an hour. One audit is held in memory at a time.
     audits = len(cases) * seeds
     check_cost(
         Cost(
-            "self-test", audits, "audits", seconds_per_unit=trials * SECONDS_PER_TRIAL,
+            "self-test", audits, "audits", seconds_per_unit=SECONDS_PER_AUDIT + trials * SECONDS_PER_TRIAL,
             fixed_bytes=trials * BYTES_PER_TRIAL, advice="use fewer --trials",
         )
     )  # fmt: skip

@@ -58,7 +58,13 @@ def human_summary(s: dict, *, imported: bool = False) -> str:
 
 
 MODEL = (
-    opt("model", str | None, None, help="logreg | mlp | cnn | rnn [mlp]"),
+    opt(
+        "model",
+        str | None,
+        None,
+        help="logreg | mlp | cnn | rnn [default: logreg for --algo outpert, objpert and dpagd, the only model they "
+        "train; mlp otherwise]",
+    ),
     opt(
         "model_spec",
         Path | None,
@@ -358,6 +364,9 @@ IMPORT_EXTRAS = (
 
 @options(IMPORT, STATED_CLAIM, IMPORT_EXTRAS, OUTPUT)
 def import_weights(**o) -> None:
+    from dpaudit.fileio import check_weights_file
+
+    check_weights_file(o["weights"])  # WEIGHTS first, as the command reads (it named the data's problem first)
     if o["data"] is not None:
         check_data_spec(o["data"])  # before torch is imported
     from dpaudit.training.run import summary

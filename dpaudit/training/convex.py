@@ -528,6 +528,21 @@ def resolve_algo(algo: str, mechanism: str | None, objective: str | None) -> str
 CONVEX_ALGOS = ("outpert", "outpert-gaussian", "objpert", "dpagd", "dpagd-huber")
 
 
+def model_for(algo: str, model: str | None) -> str:
+    """The zoo model ``--algo`` trains for ``--model`` (None: not given): the convex learners train logreg only
+    (their analyses are for it, :func:`logreg_linear`), so that is their default and any other kind is refused;
+    every other algorithm defaults to mlp. ``train --algo dpagd`` without ``--model logreg`` was refused while
+    --help showed the default [mlp]."""
+    if algo not in CONVEX_ALGOS:
+        return "mlp" if model is None else model
+    if model not in (None, "logreg"):
+        raise InputError(
+            f"--algo {algo} trains the zoo's logreg model only (its analysis is for it), not --model {model}: "
+            "drop --model (logreg is its default)"
+        )
+    return "logreg"
+
+
 # --------------------------------------------------------------------------------------------
 # Direct multi-run audit of a learner on a worst-case neighbouring pair
 # --------------------------------------------------------------------------------------------

@@ -832,20 +832,25 @@ _LEARN_QUESTION = (
 )
 
 
+def _reads(algo: str, option: str) -> bool:
+    """Whether `dpaudit train --algo ALGO` reads ``option`` (:data:`dpaudit.training.config.OPTION_READERS`)."""
+    from dpaudit.training.config import OPTION_READERS
+
+    return algo in OPTION_READERS.get(option, ())
+
+
+_OVERCONFIDENT = "overconfident logits: a learning rate too large?"
+
+
 def learn_question(algo: str | None) -> str:
     """:data:`_LEARN_QUESTION` naming only the `dpaudit train` options ``algo`` reads
     (:data:`dpaudit.training.config.OPTION_READERS`): DP-AGD was told to raise a learning rate it never reads, and a
     non-private run to raise an epsilon it has none of. ``algo`` None: the general advice."""
     if algo is None:
         return _LEARN_QUESTION
-    from dpaudit.training.config import OPTION_READERS
-
-    def reads(option: str) -> bool:
-        return algo in OPTION_READERS.get(option, ())
-
-    longer = [f"--{o}" for o in ("epochs", "steps") if reads(o)]
+    longer = [f"--{o}" for o in ("epochs", "steps") if _reads(algo, o)]
     tips = [f"train longer ({', '.join(longer)})"] if longer else []
-    tips += ["a larger --lr"] * reads("lr") + ["more data"] + ["a larger --epsilon"] * reads("epsilon")
+    tips += ["a larger --lr"] * _reads(algo, "lr") + ["more data"] + ["a larger --epsilon"] * _reads(algo, "epsilon")
     advice = tips[0] if len(tips) == 1 else f"{', '.join(tips[:-1])} or {tips[-1]}"
     return (
         f"the model learned next to nothing, so membership attacks on it measure little ({advice}, or check the data)"
@@ -870,6 +875,9 @@ def learn_warnings(
             metrics["train_loss"],
             question=learn_question(algo),
             records=records,
+            # the learning-rate guess only for an algorithm that has one (DP-AGD's and the convex learners' runs
+            # were asked "a learning rate too large?")
+            overconfident=_OVERCONFIDENT if algo is None or _reads(algo, "lr") else "overconfident logits",
         )
     return found
 
@@ -890,8 +898,10 @@ def _fit_warnings(
     loss: float,
     question: str = _FIT_QUESTION,
     records: str = "declared training records",
+    overconfident: str = _OVERCONFIDENT,
 ) -> list[str]:
-    """Warnings when a model does not fit the records it was (declared to be) trained on (see member_check)."""
+    """Warnings when a model does not fit the records it was (declared to be) trained on (see member_check).
+    ``overconfident``: what the loss warning at an accuracy above chance suggests as the cause."""
     n = len(y)
     freq = np.bincount(y) / n
     correct = round(accuracy * n)
@@ -920,8 +930,8 @@ def _fit_warnings(
         out.append(
             f"the model's mean loss on its {records}, {loss:.4g}, is above {constant:.3g}, the loss of predicting "
             f"the class frequencies, although its accuracy there ({accuracy:.1%}) is above chance: a few confidently "
-            "wrong predictions carry the mean (overconfident logits: a learning rate too large?), and loss-based "
-            "membership scores on this model are ruled by them"
+            f"wrong predictions carry the mean ({overconfident}), and loss-based membership scores on this model are "
+            "ruled by them"
         )
     return out
 

@@ -119,7 +119,8 @@ def train_from_options(
     """``dpaudit train`` (every algorithm but cloak, :func:`dpaudit.training.cloak.train_cloak_sweep`):
     build the configs from the command's options, train and save the run; returns its metadata.
     ``model_spec``: a JSON spec file (any kind, ``python`` included) instead of ``model`` (default
-    ``mlp``) with ``hidden``/``activation``. ``notify`` receives a status line (the CLI prints it on
+    :func:`dpaudit.training.convex.model_for`: logreg for the convex learners, else mlp) with
+    ``hidden``/``activation``. ``notify`` receives a status line (the CLI prints it on
     stderr). ``given``: the options the user gave (not left at their defaults); one the algorithm does not
     read is refused (:func:`dpaudit.training.config.check_options_read`)."""
     from dpaudit.training.config import check_options_read
@@ -141,6 +142,10 @@ def train_from_options(
     from dpaudit.data import check_data_spec
 
     check_data_spec(data, label_column=label_column)  # every algorithm's data, PATE's and DP-ICL's too
+    from dpaudit.training.convex import model_for
+
+    if model_spec is None:  # the algorithm's default (logreg for the convex learners, the only one they train)
+        model = model_for(algo, model)
     if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
         check_options_read(algo, given)
         if model_spec is not None:
@@ -152,7 +157,7 @@ def train_from_options(
         meta = train_aggregation(
             out, algo=algo, teachers=teachers, aggregator=aggregator, queries=queries, sigma=sigma, sigma1=sigma1,
             threshold=threshold, max_answers=max_answers, shots=shots, predictor=predictor, epsilon=epsilon,
-            delta=delta, seed=seed, data=data, label_column=label_column, model="mlp" if model is None else model,
+            delta=delta, seed=seed, data=data, label_column=label_column, model=model,
             hidden=parse_ints(hidden, "--hidden"), activation=activation, epochs=epochs, steps=steps,
             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, split_seed=split_seed,
             fractions=fractions, workers=workers, force=force, progress=progress, claim=claim,
@@ -224,7 +229,7 @@ def train_from_options(
         )
     else:
         spec = default_spec(
-            "mlp" if model is None else model, input_shape=ds.feature_shape, n_classes=ds.n_classes,
+            model, input_shape=ds.feature_shape, n_classes=ds.n_classes,
             vocab_size=ds.vocab_size, hidden=parse_ints(hidden, "--hidden"), activation=activation,
         )  # fmt: skip
     splits = make_splits(len(ds), split_seed, fractions)
@@ -343,9 +348,11 @@ def import_from_options(
         read_member_indices,
         standardizer_from_json,
     )
+    from dpaudit.fileio import check_weights_file
     from dpaudit.models import read_model_spec
     from dpaudit.training.run import import_run, recipe_from_dict
 
+    check_weights_file(weights)  # the first argument first (its file is read last, by import_run)
     _refuse_existing(out, force, inputs=[weights, model_spec, data, members, claim, recipe, canaries])
     if data is not None and members is None:
         raise InputError(

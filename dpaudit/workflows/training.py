@@ -540,12 +540,10 @@ def require_refutable(
     need = size_advice(claimed_epsilon, method=method, delta=delta, confidence=confidence)
     most, claim = numfmt.ordered(best, claimed_epsilon, left_up=True)  # both upper bounds, in the order computed
     # The pointer once: size_advice names it itself when the size is beyond its simulations.
-    pointer = (
-        "" if "dpaudit audit plan" in need else f" (see `dpaudit audit plan --epsilon {numfmt.upper(claimed_epsilon)}`)"
-    )
+    pointer = "" if need.points_to_plan else f" (see `dpaudit audit plan --epsilon {numfmt.upper(claimed_epsilon)}`)"
     raise InputError(
         f"this audit cannot refute epsilon = {claim}: {size} {unit} certify at most {most} even "
-        f"with a perfect attack ({method}, confidence {confidence:g}, delta {numfmt.exact(delta)}); {need}"
+        f"with a perfect attack ({method}, confidence {confidence:g}, delta {numfmt.exact(delta)}); {need.text}"
         f"{pointer}; pass {flag} to run it anyway"
     )
 

@@ -288,6 +288,41 @@ def test_selftest_too_large_is_refused_before_it_starts(option, value, expected)
     assert expected in lines[0], res.output
 
 
+def test_selftest_beyond_any_machine_is_refused_even_with_yes(monkeypatch):
+    # Left by the fuzzing pass: with --yes, 2^63 - 1 seeds passed the cost check and hung in scipy's binomial
+    # quantile (in C, for ever). 4.9e10 years is beyond budget.BEYOND_SECONDS: refused before anything starts.
+    from dpaudit import budget
+    from dpaudit.audit import selftest
+
+    monkeypatch.setenv(budget.YES_ENV, "0")  # restored at the end: the CLI's --yes sets it for the process
+    monkeypatch.setattr(selftest, "false_alarm_allowance", lambda *a: pytest.fail("started past the cost check"))
+    res = runner.invoke(app, ["--quiet", "--yes", "audit", "selftest", "--seeds", str(2**63 - 1)])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: self-test: 7.379e+19 audits would take about 4.91e+10 years"), res.output
+    assert "beyond any machine, so refused even with --yes" in lines[0], res.output
+
+
+def test_selftest_allowance_beyond_exact_seeds_is_an_upper_bound_at_once(monkeypatch):
+    # scipy's binom.ppf returns nan from 2^52 seeds (int(nan): an internal ValueError, exit 3, at --yes --seeds
+    # 2^56 --trials 1 before the per-audit cost) and does not return at 2^60; above EXACT_SEEDS the allowance is
+    # Bernstein's bound: never below the exact quantile (else a correct auditor fails more often than 0.1%).
+    from scipy import stats
+
+    from dpaudit.audit import selftest
+
+    for seeds, confidence in ((2**56, 0.95), (2**53, 0.05), (2**63 - 1, 0.95), (2**63 - 1, 1e-10)):
+        allowed = selftest.false_alarm_allowance(seeds, confidence)
+        assert (1 - confidence) * seeds < allowed < seeds, (seeds, confidence, allowed)
+    monkeypatch.setattr(selftest, "EXACT_SEEDS", 0)  # the bound where the exact quantile is known
+    for seeds in (1, 7, 50, 10**3, 10**6, 10**9, 2**40):
+        for confidence in (1e-9, 0.05, 0.5, 0.95, 0.999, 1 - 1e-9):
+            exact = int(stats.binom.ppf(selftest.ALLOWANCE_QUANTILE, seeds, 1 - confidence))
+            allowed = selftest.false_alarm_allowance(seeds, confidence)
+            assert exact <= allowed <= seeds, (seeds, confidence, exact, allowed)
+            assert (allowed >= seeds) == (exact >= seeds), (seeds, confidence)  # exact where seeds_needed reads
+
+
 @pytest.mark.parametrize(
     ("confidence", "expected"),
     [

@@ -33,7 +33,9 @@ def one_line_error(r):
 def eight_gib(monkeypatch):
     """A fixed machine (8 GiB available), and no training at all: every case must be refused before it."""
     monkeypatch.setattr(budget, "available_memory", lambda: 8 * GiB)
-    monkeypatch.delenv(budget.YES_ENV, raising=False)
+    # Not delenv: on an unset variable it records nothing to restore, and the CLI's --yes (set for the whole
+    # process) then leaked into every later test of the session.
+    monkeypatch.setenv(budget.YES_ENV, "0")
 
     def no_training(*a, **k):
         raise AssertionError("training started")
@@ -154,3 +156,11 @@ def test_audit_train_is_refused_for_time_before_its_canary_is_made(monkeypatch):
     monkeypatch.setattr(dpaudit.canaries, "make_canaries", made)
     line = one_line_error(invoke("audit", "train", "--runs", 10**6, "--algo", "sgd", "--epochs", "1"))
     assert "audit train: 2e+06 trainings would take" in line, line
+
+
+def test_work_beyond_any_machine_is_refused_even_with_yes():
+    beyond = Cost("x", 2, "units", seconds_per_unit=budget.BEYOND_SECONDS)
+    with allow_long_work(), pytest.raises(InputError, match=r"beyond any machine, so refused even with --yes"):
+        check_cost(beyond)
+    with allow_long_work():  # just below: --yes starts it
+        check_cost(Cost("x", 1, "units", seconds_per_unit=budget.BEYOND_SECONDS))

@@ -190,6 +190,7 @@ def test_bad_factories_are_one_line(npz, tmp_path, factory, message):
     r = invoke("train", "--data", npz, "--model-spec", spec, "--epochs", 1, "--out", tmp_path / "run")
     assert message in one_error(r)
     assert not (tmp_path / "run").exists()
+    (tmp_path / "w.safetensors").write_bytes(b"")  # WEIGHTS is checked first (a path that exists), then the spec
     r = invoke("import", tmp_path / "w.safetensors", "--model-spec", spec, "--out", tmp_path / "imp")
     assert message in one_error(r)
     assert not (tmp_path / "imp").exists()

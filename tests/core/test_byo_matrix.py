@@ -309,6 +309,7 @@ def test_a_large_loss_at_an_accuracy_above_chance_is_not_read_as_learning_nothin
     y = np.array([0, 1] * 50)
     (loss,) = _fit_warnings(y, 0.9, 3.8e28, question=_LEARN_QUESTION)
     assert "learned next to nothing" not in loss and "although its accuracy there (90.0%) is above chance" in loss
+    assert "(overconfident logits: a learning rate too large?)" in loss  # the guess where the algorithm has one
     (chance, loss) = _fit_warnings(y, 0.5, 3.8e28, question=_LEARN_QUESTION)  # at chance: both, as before
     assert "learned next to nothing" in chance and "learned next to nothing" in loss
 

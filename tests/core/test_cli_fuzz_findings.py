@@ -102,10 +102,11 @@ def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_rea
         ),
     ],
 )
-def test_a_count_that_would_run_for_ever_asks_for_yes_first(tiny_run, args, expected):
-    # Before: no cost check (dpaudit.budget), the command ran until killed (the fuzzer's 60 s timeout).
+def test_a_count_that_would_run_for_ever_is_refused_before_it_starts(tiny_run, args, expected):
+    # Before: no cost check (dpaudit.budget), the command ran until killed (the fuzzer's 60 s timeout). 2^63 is
+    # beyond any machine (over budget.BEYOND_SECONDS), so --yes would not start it either.
     line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args])
-    assert line.startswith(expected) and "rerun with dpaudit --yes" in line, line
+    assert line.startswith(expected) and "beyond any machine, so refused even with --yes" in line, line
 
 
 def test_a_too_small_audit_points_to_audit_plan_once():
@@ -114,3 +115,25 @@ def test_a_too_small_audit_points_to_audit_plan_once():
     data = "synthetic:n=200,d=5,classes=2"  # epsilon 6.8: beyond the sizes size_advice simulates
     line = one_line_error("audit", "train", "--runs", "4", "--data", data, "--epochs", "1", "--noise-multiplier", "1")
     assert line.startswith("error: this audit cannot refute epsilon") and line.count("dpaudit audit plan") == 1, line
+
+
+@pytest.mark.parametrize(
+    ("claimed", "size", "method", "names_plan"),
+    [
+        (6.81675, 4, "clopper-pearson", True),  # beyond size_advice's simulations: it points to `audit plan` itself
+        (1.0, 4, "clopper-pearson", False),  # simulated: the refusal adds the pointer
+        (30.0, 100, "one-run", False),  # out of reach of the method: the refusal adds it
+    ],
+)
+def test_size_advice_says_whether_it_points_to_audit_plan(claimed, size, method, names_plan):
+    # size_advice returns whether its phrase names `dpaudit audit plan` (require_refutable tested the phrase's text);
+    # every refusal names it once, whichever branch of size_advice answered.
+    from dpaudit.audit.plan import size_advice
+    from dpaudit.errors import InputError
+    from dpaudit.workflows.training import require_refutable
+
+    advice = size_advice(claimed, method=method, delta=1e-5)
+    assert advice.points_to_plan is names_plan and ("dpaudit audit plan" in advice.text) is names_plan, advice
+    with pytest.raises(InputError) as refused:
+        require_refutable(claimed, size, method=method, delta=1e-5)
+    assert str(refused.value).count("dpaudit audit plan") == 1 and advice.text in str(refused.value), refused.value

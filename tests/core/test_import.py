@@ -594,3 +594,22 @@ def test_metrics_name_each_split_by_its_own_logits_and_an_empty_split_none():
             want = evaluate(fitted, ds, idx)
             assert (got[f"{label}_accuracy"], got[f"{label}_loss"]) == (want["accuracy"], want["loss"]), label
         assert (got["test_loss"] is None) == (fractions[3] == 0)
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ("missing.safetensors", "no such file"),
+        ("w.pkl", "refusing to load a pickle file (it can run arbitrary code); use safetensors"),
+        (".", "not a regular file"),
+    ],
+)
+def test_weights_are_checked_first_as_the_command_reads(tmp_path, monkeypatch, weights, message):
+    # Before: `import no-such-file --model-spec ... --data missing.npz --members ...` named the data's problem (and
+    # with good data, the spec's and the members'), the WEIGHTS argument's only after all of them were read.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.pkl").write_bytes(b"")
+    r = invoke("import", weights, "--model-spec", "nospec.json", "--data", "nodata.npz", "--members", "m.txt",
+               "--out", "run")  # fmt: skip
+    assert r.exit_code == 2 and error_lines(r) == [f"error: {weights}: {message}"], r.output
+    assert not (tmp_path / "run").exists()

@@ -500,3 +500,47 @@ def test_solver_backtracks_where_undamped_newton_steps_diverge():
             for j in range(2):  # d/dw log(1 + e^{-m}) = -s z sigma(-m)
                 grad[j] -= float(s[i]) * z[j] / (1 + mpmath.exp(m)) / 5
         assert float(mpmath.sqrt(grad[0] ** 2 + grad[1] ** 2)) <= SOLVER_GRADIENT_BOUND
+
+
+@pytest.mark.parametrize("algo", [["outpert"], ["outpert", "--mechanism", "gaussian"], ["objpert"], ["dpagd"]])
+def test_a_convex_learner_trains_its_logreg_without_model_and_refuses_another(tmp_path, algo):
+    # Before: `train --algo dpagd --epsilon 1` (no --model) was refused with "use --model logreg" while --help
+    # showed the default [mlp]: a newcomer's defaults did not work for the one model these learners train.
+    import json
+
+    from tests.core.cli_errors import invoke, one_error
+
+    data = ["--data", "synthetic:n=40,d=3,classes=2,seed=0,sep=3", "--algo", *algo, "--epsilon", "1"]
+    r = invoke("--quiet", "train", *data, "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "run" / "checkpoint.json").read_text())["model"]["kind"] == "logreg"  # recorded
+    refused = one_error(invoke("train", *data, "--model", "mlp", "--out", tmp_path / "mlp"))
+    assert refused == (
+        f"error: --algo {algo[0]} trains the zoo's logreg model only (its analysis is for it), not --model mlp: "
+        "drop --model (logreg is its default)"
+    ), refused
+    assert not (tmp_path / "mlp").exists()
+
+
+def test_the_model_default_follows_the_algorithm():
+    # --help says so (tests/core/test_cli_consistency.py::test_backend_help_names_the_extra, as rendered).
+    from dpaudit.training.convex import model_for
+
+    assert [model_for(a, None) for a in ("sgd", "dpsgd", "dpadam-jl", "pate", "outpert", "objpert", "dpagd")] == [
+        *["mlp"] * 4,
+        *["logreg"] * 3,
+    ]
+    assert model_for("dpsgd", "cnn") == "cnn" and model_for("dpagd", "logreg") == "logreg"
+
+
+def test_dp_agds_overconfidence_warning_does_not_guess_a_learning_rate(tmp_path):
+    # DP-AGD reads no --lr (OPTION_READERS), yet a run whose mean loss exceeded the constant prediction's at an
+    # accuracy above chance was asked "overconfident logits: a learning rate too large?". Planted: the guess for
+    # every algorithm -> fails. (DP-SGD keeps it: tests/core/test_byo_matrix.py.)
+    from tests.core.cli_errors import invoke
+
+    r = invoke("train", "--data", "synthetic:n=200,d=5,classes=2", "--algo", "dpagd", "--epsilon", "2",
+               "--out", tmp_path / "run")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "a few confidently wrong predictions carry the mean (overconfident logits), and" in r.stderr, r.stderr
+    assert "learning rate" not in r.stderr, r.stderr
