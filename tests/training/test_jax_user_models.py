@@ -332,6 +332,19 @@ def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
     assert jax_out.privacy == torch_out.privacy
 
 
+@pytest.mark.parametrize(("start", "end"), [(1, -1), (2, -1), (1, 2), (0, 1), (-2, -1), (0, -1), (3, 3)])
+def test_flatten_merges_the_axes_torch_merges(start, end):
+    """nn.Flatten(start_dim, end_dim) as a layer, torch.flatten and x.flatten from a graph: torch's shapes and order.
+    Before: only Flatten(1, -1) ran; Flatten(start_dim=2) was refused."""
+    x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float64).reshape(2, 3, 4, 5)
+    expected = nn.Flatten(start, end)(x).numpy()
+    xj = jax.numpy.asarray(x.numpy())
+    got = [jb._layer("f", nn.Flatten(start, end))({}, xj), jb._FX_FUNCTIONS[torch.flatten](xj, start, end)]
+    got.append(jb._FX_METHODS["flatten"](xj, start_dim=start, end_dim=end))
+    for g in got:
+        assert g.shape == expected.shape and np.array_equal(np.asarray(g), expected)
+
+
 def test_an_embedding_with_padding_idx_clips_as_the_torch_loop_clipper():
     """torch's embedding backward leaves the padding_idx row's gradient 0 (no clipped-sum contribution, no norm);
     the JAX forward reads that row through stop_gradient. Token 0 occurs in the batch."""
