@@ -1,5 +1,6 @@
 """The JAX backend: SGD, DP-SGD and DP-SGD-JL for an ``nn.Sequential`` of the layers in :data:`SUPPORTED`
-(the zoo's logreg, mlp and cnn, or a user's own), compiled with ``jit``.
+(the zoo's logreg, mlp and cnn, or a user's own), or any module whose ``torch.fx`` graph calls those layers
+and the torch ops of :data:`FX_OPS` (residual nets, transformer blocks, tied weights), compiled with ``jit``.
 
 Imported only for ``PerfConfig.backend == "jax"`` (``dpaudit train --backend jax``); JAX is an
 optional extra (``pip install 'dpaudit[jax]'``). The mechanism is the torch trainers' one, so the
@@ -7,13 +8,13 @@ privacy claim is computed by the same code (:func:`dpaudit.training.dpsgd.privac
 the registered trainer's ``setting_for``), and the backend is a performance setting only:
 
 * The model is the torch module (built from the spec and ``config.seed`` by the caller; anything
-  its layer list would not compute as torch does is refused in one line, :func:`jax_forward`, and
-  its logits are checked against torch's before training, :func:`check_same_logits`).
+  its layer list or fx graph would not compute as torch does is refused in one line, :func:`jax_forward`,
+  and its logits are checked against torch's before training, :func:`check_same_logits`).
   Its parameters become a dict ``{torch parameter name: jax array}`` in torch's layout (linear
-  weights (out, in), conv kernels OIHW), the forward pass is re-written in ``jax.numpy`` /
-  ``jax.lax`` from the module's layer list, and the trained arrays are copied back into the same
-  module, so the checkpoint is the torch one (safetensors, same names) and loads into the torch
-  model unchanged.
+  weights (out, in), conv kernels OIHW; a tied parameter once, under its first name), the forward pass is
+  re-written in ``jax.numpy`` / ``jax.lax`` from the module's layer list or fx graph, and the trained arrays
+  are copied back into the same module, so the checkpoint is the torch one (safetensors, same names) and
+  loads into the torch model unchanged.
 * Per-example gradients by ``vmap(grad(ℓ))`` under ``jit`` (the DP-SGD-in-JAX recipe of the
   seed lecture "private non-convex learning"; Subramani et al. 2021, arXiv:2010.09063), clipped
   to g_i / max(1, ‖g_i‖/C) (Abadi et al. 2016, arXiv:1607.00133, Alg. 1), summed, N(0, σ²C²I)
