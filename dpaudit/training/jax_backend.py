@@ -512,7 +512,7 @@ _mean, _sum = _reduce(jnp.mean), _reduce(jnp.sum)
 _FX_FUNCTIONS: dict[Any, Callable] = {
     operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
     operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
-    operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
+    operator.invert: jnp.invert, operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
     torch.add: lambda x, other, alpha=1: x + alpha * other if alpha != 1 else x + other,
     torch.mul: lambda x, other: x * other, torch.matmul: _matmul,
     torch.cat: lambda tensors, dim=0: jnp.concatenate(tensors, axis=dim),
@@ -540,13 +540,14 @@ _FX_METHODS: dict[str, Callable] = {
     "size": lambda x, dim=None: tuple(x.shape) if dim is None else x.shape[dim],
     "mean": _mean, "sum": _sum, "softmax": _softmax, "chunk": _chunk,
     "unsqueeze": lambda x, dim: jnp.expand_dims(x, dim), "contiguous": lambda x: x,
+    "masked_fill": lambda x, mask, value: jnp.where(mask, jnp.asarray(value, x.dtype), x),
     "long": lambda x: x.astype(_jdtype(torch.int64)), "relu": jax.nn.relu, "tanh": jnp.tanh,
 }  # fmt: skip
 
 FX_OPS = (
-    "+ - * / ** @, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/tanh/relu, "
+    "+ - * / ** @ ~, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/tanh/relu, "
     "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention, "
-    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long"
+    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/masked_fill"
 )
 
 
@@ -588,8 +589,11 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
     (its parameters read under their first names, so a tied parameter is one array and its gradient the sum
     of both uses, as torch's), call_function / call_method -> :data:`_FX_FUNCTIONS` / :data:`_FX_METHODS`,
     get_attr -> the parameter (or a constant tensor), one placeholder -> the input."""
+    tracer = torch.fx.Tracer()
+    tracer.proxy_buffer_attributes = True  # a buffer (a causal mask) as a get_attr node, so that it can be sliced
     try:
-        gm = torch.fx.symbolic_trace(model)
+        graph = tracer.trace(model)
+        gm = torch.fx.GraphModule(tracer.root, graph)
     except Exception as e:  # data-dependent control flow, unsupported Python on a traced value, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise _unsupported(f"torch.fx cannot trace model {type(model).__name__} ({first})") from None

@@ -374,3 +374,34 @@ class TiedLinear(nn.Module):
 
 def tied_linear(d: int, n_classes: int) -> nn.Module:
     return TiedLinear(d, n_classes)
+
+
+class CausalTransformer(nn.Module):
+    """A two-head causal attention block on token ids (B, T), written as users write it: a learned positional
+    ``nn.Parameter`` sliced to T, a causal mask buffer (``register_buffer``) sliced and applied with
+    ``masked_fill``, heads by ``reshape``/``view``/``transpose``/``permute``, and the same attention again by
+    ``F.scaled_dot_product_attention(is_causal=True)``; the last position's features to a linear head."""
+
+    def __init__(self, vocab: int, n_classes: int, max_len: int = 16, d: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(0.1 * torch.randn(max_len, d))
+        self.ln, self.qkv, self.heads = nn.LayerNorm(d), nn.Linear(d, 3 * d), heads
+        self.head = nn.Linear(2 * d, n_classes)
+        self.register_buffer("causal", torch.tril(torch.ones(max_len, max_len)).bool())
+
+    def forward(self, x):
+        B, T = x.shape[0], x.size(1)
+        h = self.tok(x.long()) + self.pos[:T]
+        q, k, v = self.qkv(self.ln(h)).chunk(3, -1)
+        q = q.reshape(B, T, self.heads, -1).transpose(1, 2)
+        k = k.reshape(B, T, self.heads, -1).permute(0, 2, 1, 3)
+        v = v.reshape(B, T, self.heads, -1).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / k.size(-1) ** 0.5)
+        att = att.masked_fill(~self.causal[:T, :T], float("-inf")).softmax(dim=-1)
+        a = (att @ v).transpose(1, 2).reshape(B, T, -1)
+        b = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, -1)
+        return self.head(torch.cat([a, b], dim=-1)[:, -1])
+
+
+def causal_transformer(vocab: int, n_classes: int, max_len: int = 16) -> nn.Module:
+    return CausalTransformer(vocab, n_classes, max_len)

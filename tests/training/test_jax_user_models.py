@@ -288,6 +288,8 @@ TRACED = {
     # "TinyTransformer is not an nn.Sequential": Embedding of tokens + Embedding(arange(T)), LayerNorm, attention
     "transformer-sdpa": (lambda: byo.tiny_transformer(10, 3), _tokens),
     "transformer-matmul-softmax": (lambda: byo.tiny_transformer(10, 3, sdpa=False), _tokens),
+    # a causal mask buffer (masked_fill, ~), a positional nn.Parameter sliced to T, heads by reshape/permute
+    "transformer-causal-two-heads": (lambda: byo.causal_transformer(10, 3), _tokens),
     "residual-groupnorm-cnn": (lambda: byo.residual_groupnorm_cnn(1, 3), _data),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
