@@ -380,7 +380,8 @@ class CausalTransformer(nn.Module):
     """A two-head causal attention block on token ids (B, T), written as users write it: a learned positional
     ``nn.Parameter`` sliced to T, a causal mask buffer (``register_buffer``) sliced and applied with
     ``masked_fill``, heads by ``reshape``/``view``/``transpose``/``permute``, and the same attention again by
-    ``F.scaled_dot_product_attention(is_causal=True)``; the last position's features to a linear head."""
+    ``F.scaled_dot_product_attention(is_causal=True)``; the mean over positions plus the last position's features
+    to a linear head."""
 
     def __init__(self, vocab: int, n_classes: int, max_len: int = 16, d: int = 8, heads: int = 2) -> None:
         super().__init__()
@@ -400,7 +401,8 @@ class CausalTransformer(nn.Module):
         att = att.masked_fill(~self.causal[:T, :T], float("-inf")).softmax(dim=-1)
         a = (att @ v).transpose(1, 2).reshape(B, T, -1)
         b = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, -1)
-        return self.head(torch.cat([a, b], dim=-1)[:, -1])
+        z = torch.cat([a, b], dim=-1)
+        return self.head(z.mean(1) + z[:, -1])  # the last position sees every token, the others only the earlier
 
 
 def causal_transformer(vocab: int, n_classes: int, max_len: int = 16) -> nn.Module:
