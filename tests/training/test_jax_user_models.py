@@ -270,6 +270,22 @@ def test_what_the_layer_list_cannot_run_is_one_line_naming_it(make, message):
     assert "\n" not in text and text.endswith("use --backend torch") and jb.SUPPORTED in text
 
 
+class _Functional(nn.Module):
+    """Parameters read in forward (get_attr) through torch's functional ops, with their options."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(0.1 * torch.randn(16, 64)), nn.Parameter(torch.zeros(16))
+        self.g, self.head = nn.Parameter(1 + 0.1 * torch.randn(16)), nn.Linear(32, 3)
+
+    def forward(self, x):
+        h = torch.nn.functional.linear(x.flatten(1), self.w, self.b)
+        h = torch.nn.functional.gelu(torch.nn.functional.layer_norm(h, (16,), self.g, None), approximate="tanh")
+        h = torch.cat([h, torch.nn.functional.leaky_relu(h, 0.1)], dim=1)
+        h = torch.add(h, h.unsqueeze(1).sum(1), alpha=0.5)
+        return self.head(torch.relu(torch.flatten(h.view(-1, 4, 8), 1)))
+
+
 def _tokens(n=9, seed=0):  # token ids in [0, 10) as floats (dpaudit's records), T = 7 positions
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 10, (n, 7), generator=g).double(), torch.randint(0, 3, (n,), generator=g)
@@ -291,6 +307,7 @@ TRACED = {
     # a causal mask buffer (masked_fill, ~), a positional nn.Parameter sliced to T, heads by reshape/permute
     "transformer-causal-two-heads": (lambda: byo.causal_transformer(10, 3), _tokens),
     "residual-groupnorm-cnn": (lambda: byo.residual_groupnorm_cnn(1, 3), _data),
+    "functional-ops": (_Functional, _data),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
 _SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax"}
