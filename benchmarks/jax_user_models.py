@@ -110,6 +110,7 @@ def main() -> None:
     tokens = torch.randint(0, 10, (9, 7), generator=g).double()  # token ids as floats, as dpaudit's records
     for sdpa in (True, False):
         report(f"transformer block (sdpa={sdpa})", compare(byo.tiny_transformer(10, 3, sdpa=sdpa).double(), tokens, y))
+    report("causal two-head block (mask buffer)", compare(byo.causal_transformer(10, 3).double(), tokens, y))
 
 
 def report(name: str, r: dict[str, float]) -> None:

@@ -505,7 +505,8 @@ def _f_leaky_relu(x, negative_slope=0.01, inplace=False):
 
 
 _matmul = partial(jnp.matmul, precision=PRECISION)
-_mean, _sum = _reduce(jnp.mean), _reduce(jnp.sum)
+_mean = _reduce(jnp.mean)
+_sum = _reduce(jnp.sum)
 
 # torch functions and Python operators the graph may call (call_function), each with its JAX equivalent
 # (same values and gradients up to float rounding), taking torch's arguments
