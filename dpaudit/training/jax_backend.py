@@ -586,10 +586,11 @@ class FxModel:
 
 
 def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
-    """Trace ``model`` with ``torch.fx.symbolic_trace`` and map every node to JAX: call_module -> :func:`_layer`
-    (its parameters read under their first names, so a tied parameter is one array and its gradient the sum
-    of both uses, as torch's), call_function / call_method -> :data:`_FX_FUNCTIONS` / :data:`_FX_METHODS`,
-    get_attr -> the parameter (or a constant tensor), one placeholder -> the input."""
+    """Trace ``model`` with a ``torch.fx`` Tracer (``symbolic_trace``'s, buffers proxied too) and map every node
+    to JAX: call_module -> :func:`_layer` (its parameters read under their first names, so a tied parameter is
+    one array and its gradient the sum of both uses, as torch's), call_function / call_method ->
+    :data:`_FX_FUNCTIONS` / :data:`_FX_METHODS`, get_attr -> the parameter (or a constant buffer), one
+    placeholder -> the input."""
     tracer = torch.fx.Tracer()
     tracer.proxy_buffer_attributes = True  # a buffer (a causal mask) as a get_attr node, so that it can be sliced
     try:
