@@ -1,4 +1,4 @@
-"""Users' own ``nn.Sequential`` models under ``--backend jax``: is the clipped gradient sum the torch one?
+"""Users' own models under ``--backend jax``: is the clipped gradient sum the torch one?
 
 For each model below (float64 weights and data, 9 examples, the clip norm halfway between the smallest and
 the largest per-example norm so that both branches of the clip run), prints the largest relative difference
@@ -6,7 +6,8 @@ of the per-example norms and of the clipped sum between
 
 * the torch loop clipper (``make_clipper(model, "loop")``: one example at a time, the project's reference),
 * the JAX ``vmap(grad)`` path (:func:`dpaudit.training.jax_backend.clipped_sum`),
-* the JAX ghost path (:func:`dpaudit.training.jax_backend.ghost_clipped_sum`, what the trainer runs),
+* the JAX ghost path (:func:`dpaudit.training.jax_backend.ghost_clipped_sum`, what the trainer runs for a plain
+  Sequential of ghost-tapped layers; a model run from its torch.fx graph trains by the vmap path),
 
 and whether the JAX forward pass gives torch's logits. Agreement means all three below 1e-6 (float64:
 observed ~1e-15). Models that ``jax_forward`` refuses are listed with the first line of the refusal.
@@ -25,6 +26,7 @@ from torch import nn
 from dpaudit.errors import InputError
 from dpaudit.training import jax_backend as jb
 from dpaudit.training.clipping import make_clipper
+from tests.core import byo_models as byo
 
 TOL = 1e-6  # relative, float64
 
@@ -59,6 +61,11 @@ def models() -> dict[str, nn.Module]:
         "Dropout": nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Dropout(0.1), nn.Linear(16, 3)),
         "residual Sequential subclass": Residual(nn.Flatten(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3)),
         "one Linear used twice": nn.Sequential(nn.Flatten(), lin, nn.Tanh(), lin, nn.Linear(64, 3)),
+        "LayerNorm(bias=False), LeakyReLU, Identity, Flatten(2)": nn.Sequential(
+            nn.Flatten(2), nn.LayerNorm(64, bias=False), nn.LeakyReLU(0.2), nn.Identity(), nn.Flatten(),
+            nn.Linear(64, 3)),
+        "residual CNN with GroupNorm (own nn.Module)": byo.residual_groupnorm_cnn(1, 3),
+        "tied weights (tied_linear)": byo.tied_linear(64, 3),
     }  # fmt: skip
 
 
@@ -80,7 +87,8 @@ def compare(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, clipping: boo
         norms = make_clipper(model, "loop")(x, y, 1.0).norms.numpy()
         clip = float(norms.min() + norms.max()) / 2  # both branches of the clip run (distinct norms)
         loop = make_clipper(model, "loop")(x, y, clip)
-        for label, fn in (("vmap", jb.clipped_sum), ("ghost", jb.ghost_clipped_sum)):
+        paths = (("vmap", jb.clipped_sum), ("ghost", jb.ghost_clipped_sum))
+        for label, fn in paths if getattr(apply, "ghost", False) else paths[:1]:
             got, got_norms = fn(apply, params, xj, yj, clip)
             out[f"{label} norms"] = relative(got_norms, loop.norms.numpy())
             out[f"{label} sum"] = max(relative(got[n], g.numpy()) for n, g in zip(names, loop.grads, strict=True))
@@ -98,8 +106,16 @@ def main() -> None:
         except InputError as e:
             print(f"{name}: refused: {str(e).split(':')[0]}")
             continue
-        verdict = "agree" if max(r.values()) < TOL else "DISAGREE"
-        print(f"{name}: {verdict} " + ", ".join(f"{k} {v:.1e}" for k, v in r.items()))
+        report(name, r)
+    tokens = torch.randint(0, 10, (9, 7), generator=g).double()  # token ids as floats, as dpaudit's records
+    for sdpa in (True, False):
+        report(f"transformer block (sdpa={sdpa})", compare(byo.tiny_transformer(10, 3, sdpa=sdpa).double(), tokens, y))
+    report("causal two-head block (mask buffer)", compare(byo.causal_transformer(10, 3).double(), tokens, y))
+
+
+def report(name: str, r: dict[str, float]) -> None:
+    verdict = "agree" if max(r.values()) < TOL else "DISAGREE"
+    print(f"{name}: {verdict} " + ", ".join(f"{k} {v:.1e}" for k, v in r.items()))
 
 
 if __name__ == "__main__":

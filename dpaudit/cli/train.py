@@ -132,8 +132,9 @@ PERFORMANCE = (
         "backend",
         str,
         "torch",
-        help="torch | jax (logreg/mlp/cnn, or your own nn.Sequential of Linear, Conv2d, GroupNorm, pooling and "
-        "activation layers; needs the jax extra: pip install '.[jax]').",
+        help="torch | jax (logreg/mlp/cnn, or your own model: an nn.Sequential of Linear, Conv2d, GroupNorm, "
+        "LayerNorm, Embedding, pooling and activation layers, or a module torch.fx traces into those and common "
+        "torch ops; needs the jax extra: pip install '.[jax]').",
     ),
     opt(
         "max_physical_batch",

@@ -1,5 +1,6 @@
 """The JAX backend: SGD, DP-SGD and DP-SGD-JL for an ``nn.Sequential`` of the layers in :data:`SUPPORTED`
-(the zoo's logreg, mlp and cnn, or a user's own), compiled with ``jit``.
+(the zoo's logreg, mlp and cnn, or a user's own), or any module whose ``torch.fx`` graph calls those layers
+and the torch ops of :data:`FX_OPS` (residual nets, transformer blocks, tied weights), compiled with ``jit``.
 
 Imported only for ``PerfConfig.backend == "jax"`` (``dpaudit train --backend jax``); JAX is an
 optional extra (``pip install 'dpaudit[jax]'``). The mechanism is the torch trainers' one, so the
@@ -7,13 +8,13 @@ privacy claim is computed by the same code (:func:`dpaudit.training.dpsgd.privac
 the registered trainer's ``setting_for``), and the backend is a performance setting only:
 
 * The model is the torch module (built from the spec and ``config.seed`` by the caller; anything
-  its layer list would not compute as torch does is refused in one line, :func:`jax_forward`, and
-  its logits are checked against torch's before training, :func:`check_same_logits`).
+  its layer list or fx graph would not compute as torch does is refused in one line, :func:`jax_forward`,
+  and its logits are checked against torch's before training, :func:`check_same_logits`).
   Its parameters become a dict ``{torch parameter name: jax array}`` in torch's layout (linear
-  weights (out, in), conv kernels OIHW), the forward pass is re-written in ``jax.numpy`` /
-  ``jax.lax`` from the module's layer list, and the trained arrays are copied back into the same
-  module, so the checkpoint is the torch one (safetensors, same names) and loads into the torch
-  model unchanged.
+  weights (out, in), conv kernels OIHW; a tied parameter once, under its first name), the forward pass is
+  re-written in ``jax.numpy`` / ``jax.lax`` from the module's layer list or fx graph, and the trained arrays
+  are copied back into the same module, so the checkpoint is the torch one (safetensors, same names) and
+  loads into the torch model unchanged.
 * Per-example gradients by ``vmap(grad(ℓ))`` under ``jit`` (the DP-SGD-in-JAX recipe of the
   seed lecture "private non-convex learning"; Subramani et al. 2021, arXiv:2010.09063), clipped
   to g_i / max(1, ‖g_i‖/C) (Abadi et al. 2016, arXiv:1607.00133, Alg. 1), summed, N(0, σ²C²I)
@@ -41,6 +42,7 @@ second chunk runs). Run time is not covered by the claim, as with the torch trai
 from __future__ import annotations
 
 import math
+import operator
 import re
 import secrets
 from collections.abc import Callable
@@ -49,6 +51,8 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.fx
+import torch.nn.functional as F
 from torch import nn
 
 from dpaudit.errors import InputError
@@ -99,15 +103,15 @@ Apply = Callable[[Params, Any], Any]  # (params, x of shape (n, *input_shape)) -
 # ------------------------------------------------------------------------------------ the model
 
 
-def _linear(name: str) -> Callable:
-    def f(p, x):
-        # torch.nn.Linear: x Wᵀ + b over the last axis of x (any leading axes), W (out, in); full float32
-        # precision (see PRECISION); no b for bias=False
-        out = jnp.matmul(x, p[f"{name}.weight"].T, precision=PRECISION)
-        b = p.get(f"{name}.bias")
-        return out if b is None else out + b
+def _affine_map(x, w, b):
+    # torch.nn.functional.linear: x Wᵀ + b over the last axis of x (any leading axes), W (out, in); full float32
+    # precision (see PRECISION); no b for bias=None
+    out = jnp.matmul(x, w.T, precision=PRECISION)
+    return out if b is None else out + b
 
-    return f
+
+def _linear(name: str) -> Callable:
+    return lambda p, x: _affine_map(x, p[f"{name}.weight"], p.get(f"{name}.bias"))
 
 
 def _conv_pads(m: nn.Conv2d) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -134,22 +138,37 @@ def _conv(name: str, m: nn.Conv2d) -> Callable:
     return f
 
 
-def _group_normalize(m: nn.GroupNorm, x):
-    # torch.nn.GroupNorm (Wu & He 2018, arXiv:1803.08494, Eq. 1): biased variance per (example, group).
-    n = x.shape[0]
-    z = x.reshape(n, m.num_groups, -1)
-    mu = z.mean(-1, keepdims=True)
-    var = jnp.square(z - mu).mean(-1, keepdims=True)
-    return ((z - mu) / jnp.sqrt(var + m.eps)).reshape(x.shape)
+def _standardize(z, axes, eps: float):
+    # (z − mean) / √(var + eps) over ``axes``, the biased variance (torch's group_norm and layer_norm kernels)
+    mu = z.mean(axes, keepdims=True)
+    var = jnp.square(z - mu).mean(axes, keepdims=True)
+    return (z - mu) / jnp.sqrt(var + eps)
 
 
-def _group_affine(name: str, p, z):
-    shape = (1, z.shape[1]) + (1,) * (z.ndim - 2)
-    return z * p[f"{name}.weight"].reshape(shape) + p[f"{name}.bias"].reshape(shape)
+def _normalize(m: nn.GroupNorm | nn.LayerNorm, x):
+    """x̂ of a GroupNorm (Wu & He 2018, arXiv:1803.08494, Eq. 1: per example and group of channels) or a LayerNorm
+    (Ba et al. 2016, arXiv:1607.06450, Eq. 4: per example and position, over the last len(normalized_shape) axes)."""
+    if isinstance(m, nn.GroupNorm):
+        return _standardize(x.reshape(x.shape[0], m.num_groups, -1), -1, m.eps).reshape(x.shape)
+    return _standardize(x, tuple(range(x.ndim - len(m.normalized_shape), x.ndim)), m.eps)
 
 
-def _group_norm(name: str, m: nn.GroupNorm) -> Callable:
-    return lambda p, x: _group_affine(name, p, _group_normalize(m, x))
+def _norm_param_axes(m: nn.GroupNorm | nn.LayerNorm, ndim: int) -> tuple[int, ...]:
+    # the axes of x that γ and β are indexed by: the channel axis of a GroupNorm, the normalised ones of a LayerNorm
+    return (1,) if isinstance(m, nn.GroupNorm) else tuple(range(ndim - len(m.normalized_shape), ndim))
+
+
+def _norm_affine(name: str, m: nn.GroupNorm | nn.LayerNorm, p, z):
+    # γ ⊙ x̂ + β, broadcast along the parameter axes; affine=False / elementwise_affine=False: x̂; bias=False: no β
+    axes = _norm_param_axes(m, z.ndim)
+    shape = tuple(z.shape[d] if d in axes else 1 for d in range(z.ndim))
+    w, b = p.get(f"{name}.weight"), p.get(f"{name}.bias")
+    z = z if w is None else z * w.reshape(shape)
+    return z if b is None else z + b.reshape(shape)
+
+
+def _norm(name: str, m: nn.GroupNorm | nn.LayerNorm) -> Callable:
+    return lambda p, x: _norm_affine(name, m, p, _normalize(m, x))
 
 
 def _avg_pool(name: str, m: nn.AvgPool2d) -> Callable:
@@ -185,6 +204,32 @@ def _adaptive_avg_pool(name: str, m: nn.AdaptiveAvgPool2d) -> Callable:
     return f
 
 
+def _flatten(x, start_dim: int, end_dim: int):
+    # torch.flatten: axes start_dim..end_dim (negative counted from the end) merged into one, row-major
+    s, e = start_dim % max(x.ndim, 1), end_dim % max(x.ndim, 1)
+    return x.reshape((*x.shape[:s], math.prod(x.shape[s : e + 1]), *x.shape[e + 1 :])) if x.ndim else x.reshape(1)
+
+
+def _embedding(name: str, m: nn.Embedding) -> Callable:
+    if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
+        raise _unsupported(f"layer {name} (Embedding) has max_norm, scale_grad_by_freq or sparse")
+    pad = m.padding_idx
+
+    def f(p, x):
+        w = p[f"{name}.weight"]
+        if pad is not None:  # torch's embedding backward leaves the padding_idx row's gradient 0
+            w = w.at[pad].set(lax.stop_gradient(w[pad]))
+        # rows W[x]; an index outside [0, num_embeddings) (an error in torch) gives NaN, never a clamped row
+        return jnp.take(w, x.astype(jnp.int32), axis=0, mode="fill", fill_value=jnp.nan)
+
+    return f
+
+
+def _leaky_relu(x, negative_slope: float = 0.01):
+    # torch.nn.LeakyReLU: x for x > 0, slope·x otherwise; gradient slope at 0, as torch's backward (x > 0 ? 1 : slope)
+    return jnp.where(x > 0, x, negative_slope * x)
+
+
 def _activation(m: nn.Module) -> Callable | None:
     """The elementwise function of a torch activation module, with its options; None if not one of these."""
     if type(m) is nn.Tanh:
@@ -197,13 +242,17 @@ def _activation(m: nn.Module) -> Callable | None:
         return partial(jax.nn.gelu, approximate=m.approximate == "tanh")
     if type(m) is nn.ELU:
         return partial(jax.nn.elu, alpha=m.alpha)  # x for x > 0, α(eˣ − 1) otherwise (torch.nn.ELU)
+    if type(m) is nn.LeakyReLU:
+        return partial(_leaky_relu, negative_slope=m.negative_slope)
+    if type(m) is nn.Identity:
+        return lambda x: x
     return None
 
 
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
-    "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), affine GroupNorm, AvgPool2d, "
-    "AdaptiveAvgPool2d, Tanh, ReLU, GELU, ELU"
+    "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
+    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Identity"
 )
 
 
@@ -213,6 +262,8 @@ class JaxModel:
 
     def __init__(self, layers: list[tuple[str, nn.Module, Callable]]) -> None:
         self.layers = layers
+        # ghost_clipped_sum knows the per-example gradients of the _TAPPED layers only (not an Embedding's)
+        self.ghost = all(isinstance(m, _TAPPED) for _, m, _ in layers if _has_parameters(m))
 
     def __call__(self, params: Params, x):
         for _, _, f in self.layers:
@@ -220,13 +271,21 @@ class JaxModel:
         return x
 
 
-_TAPPED = (nn.Linear, nn.Conv2d, nn.GroupNorm)  # the parametrised layers
+_TAPPED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm)  # the parametrised layers ghost clipping taps
+
+
+def _has_parameters(m: nn.Module) -> bool:
+    return next(m.parameters(), None) is not None
+
+
+def _tapped(m: nn.Module) -> bool:
+    return isinstance(m, _TAPPED) and _has_parameters(m)
 
 
 def _unsupported(what: str) -> InputError:
     return InputError(
-        f"{what}: the JAX backend runs an nn.Sequential (the zoo's logreg, mlp, cnn, or your own) of {SUPPORTED} "
-        "and nested nn.Sequentials of them, each layer once, in order; use --backend torch"
+        f"{what}: the JAX backend runs an nn.Sequential (the zoo's logreg, mlp, cnn, or your own) of {SUPPORTED}, "
+        f"or a model torch.fx traces into those modules and the ops {FX_OPS}; use --backend torch"
     )
 
 
@@ -246,20 +305,30 @@ def _own_forward(m: nn.Module, base: type[nn.Module]) -> bool:
     return type(m).forward is not base.forward or "forward" in vars(m)
 
 
+_LAYERS = (
+    nn.Flatten, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding, nn.AvgPool2d, nn.AdaptiveAvgPool2d
+)  # fmt: skip
+
+
+def _own_layer_forward(m: nn.Module) -> bool:
+    return any(isinstance(m, base) and _own_forward(m, base) for base in _LAYERS)
+
+
 def _layer(name: str, m: nn.Module) -> Callable:
-    """The JAX function of one child of the Sequential; an :class:`InputError` for anything else."""
-    for base in (nn.Flatten, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.AvgPool2d, nn.AdaptiveAvgPool2d):
-        # a subclass (or an instance) with a forward of its own computes something else than the base layer
-        if isinstance(m, base) and _own_forward(m, base):
-            raise _unsupported(f"layer {name} ({type(m).__name__}) has a forward of its own")
-    if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
-        return lambda p, x: x.reshape(x.shape[0], -1)
+    """The JAX function of one module (a child of the Sequential, or a module the fx graph calls); an
+    :class:`InputError` for anything else."""
+    if _own_layer_forward(m):  # a subclass (or an instance) whose forward computes something else
+        raise _unsupported(f"layer {name} ({type(m).__name__}) has a forward of its own")
+    if isinstance(m, nn.Flatten):
+        return lambda p, x: _flatten(x, m.start_dim, m.end_dim)
     if isinstance(m, nn.Linear):
         return _linear(name)
     if isinstance(m, nn.Conv2d):
         return _conv(name, m)
-    if isinstance(m, nn.GroupNorm) and m.affine:
-        return _group_norm(name, m)
+    if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+        return _norm(name, m)
+    if isinstance(m, nn.Embedding):
+        return _embedding(name, m)
     if isinstance(m, nn.AvgPool2d):
         return _avg_pool(name, m)
     if isinstance(m, nn.AdaptiveAvgPool2d):
@@ -269,12 +338,16 @@ def _layer(name: str, m: nn.Module) -> Callable:
     raise _unsupported(f"layer {name} ({type(m).__name__}) is not supported")
 
 
+def _plain_sequential(m: nn.Module) -> bool:
+    """An ``nn.Sequential`` running its layers in order (no forward of its own), and so its nested Sequentials."""
+    if not isinstance(m, nn.Sequential) or _own_forward(m, nn.Sequential):
+        return False
+    return all(_plain_sequential(c) for c in m._modules.values() if isinstance(c, nn.Sequential))
+
+
 def _flat_layers(seq: nn.Sequential, name: str = "") -> list[tuple[str, nn.Module]]:
-    """The layers ``seq`` runs, in order, with torch's names: a nested plain Sequential's as "block.0", and every
+    """The layers a plain ``seq`` runs, in order, with torch's names: a nested Sequential's as "block.0", and every
     use of a module used twice (``_modules`` keeps each name; ``named_children()`` lists such a module once)."""
-    if _own_forward(seq, nn.Sequential):
-        what = f"layer {name} ({type(seq).__name__})" if name else f"model {type(seq).__name__}"
-        raise _unsupported(f"{what} has a forward of its own (not nn.Sequential's)")
     out = []
     for key, m in seq._modules.items():
         full = f"{name}.{key}" if name else key
@@ -282,15 +355,21 @@ def _flat_layers(seq: nn.Sequential, name: str = "") -> list[tuple[str, nn.Modul
     return out
 
 
-def jax_forward(model: nn.Module) -> JaxModel:
-    """The forward pass of an ``nn.Sequential`` of :data:`SUPPORTED` layers and nested plain Sequentials of them
-    (the zoo's logreg, mlp and cnn, or a user's own) as a pure JAX function of ``{torch parameter name: array}``.
-    Anything the layer list would not compute as torch does is an :class:`InputError` naming it: another
-    module, a Sequential with a ``forward`` of its own, hooks, a parameter no layer reads (one of the Sequential
-    itself), tied or frozen parameters, a module used twice."""
-    if not isinstance(model, nn.Sequential):
-        raise _unsupported(f"model {type(model).__name__} is not an nn.Sequential")
-    modules = _flat_layers(model)
+def _layer_list(model: nn.Sequential, modules: list[tuple[str, nn.Module]], owner: dict[int, str]) -> JaxModel:
+    layers = [(name, m, _layer(name, m)) for name, m in modules]
+    read = {n for name, m, _ in layers for n, _ in m.named_parameters(prefix=name)}
+    if unread := next((n for n in owner.values() if n not in read), None):
+        raise _unsupported(f"parameter {unread} is read by no layer of the list (the JAX forward would not use it)")
+    return JaxModel(layers)
+
+
+def jax_forward(model: nn.Module) -> JaxModel | FxModel:
+    """The forward pass of a user's torch module as a pure JAX function of ``{torch parameter name: array}``:
+    a plain ``nn.Sequential`` of :data:`SUPPORTED` layers and nested plain Sequentials of them (the zoo's
+    logreg, mlp and cnn, or a user's own) as its layer list (:class:`JaxModel`, which ghost clipping taps);
+    any other module (own forward, skip connections, a module used twice, tied weights) as the graph
+    ``torch.fx.symbolic_trace`` records (:class:`FxModel`). Anything neither would compute as torch does is an
+    :class:`InputError` naming it: another module or op, hooks, frozen parameters, a parameter nothing reads."""
     registry = torch.nn.modules.module
     if any(getattr(registry, f"_global_{k}_hooks") for k in ("forward", "forward_pre", "backward", "backward_pre")):
         raise _unsupported("a global module hook is registered (torch.nn.modules.module.register_module_*_hook)")
@@ -299,27 +378,302 @@ def jax_forward(model: nn.Module) -> JaxModel:
             raise _unsupported(f"{f'layer {n}' if n else 'the model'} has a {kind} hook")
     if hooked := hooked_parameters(model, list(model.parameters())):
         raise _unsupported(f"parameter {hooked[0]} has a gradient hook (Tensor.register_hook)")
-    seen: dict[int, str] = {}
-    for name, m in modules:  # a module used twice: the layer list would hold its parameters' names once
-        if id(m) in seen:
-            raise _unsupported(f"layer {name} is layer {seen[id(m)]} again (one module used twice, shared weights)")
-        seen[id(m)] = name
-    owner: dict[int, str] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in owner:  # named_parameters() lists a shared parameter once: the second layer's would be missing
-            raise _unsupported(f"parameter {n} is {owner[id(p)]} (tied weights)")
-        owner[id(p)] = n
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     if frozen:  # params_from_torch carries the trained parameters only: a frozen one would be missing
         raise InputError(
             f"parameter {frozen[0]} is frozen (requires_grad=False): the JAX backend trains every parameter; "
             "use --backend torch"
         )
-    layers = [(name, m, _layer(name, m)) for name, m in modules]
-    read = {f"{name}.{k}" for name, m, _ in layers for k in ("weight", "bias") if isinstance(m, _TAPPED)}
+    # {id: the name named_parameters() lists it under}: a tied parameter's second name maps to its first
+    owner = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}
+    if _plain_sequential(model):
+        modules = _flat_layers(model)
+        shared = len({id(m) for _, m in modules}) < len(modules) or len(owner) < len(
+            list(model.named_parameters(remove_duplicate=False))
+        )
+        # a module used twice or tied weights (one parameter, two uses), a layer subclass with its own forward:
+        # the graph below (which traces into the subclass's forward)
+        if not shared and not any(_own_layer_forward(m) for _, m in modules):
+            return _layer_list(model, modules, owner)
+    return _fx_model(model, owner)
+
+
+# ------------------------------------------------------------------ any other module: its torch.fx graph
+
+
+def _dims(args: tuple) -> tuple:
+    # torch's x.view(2, 3) / x.view((2, 3)) and x.permute(1, 0) / x.permute((1, 0))
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
+def _jdtype(dtype):
+    # a torch dtype (or a JAX one, from x.dtype) as JAX's, int64 as JAX's canonical integer (int32 without x64)
+    if dtype is None or not isinstance(dtype, torch.dtype):
+        return dtype
+    known = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32}
+    if dtype not in known:
+        raise InputError(f"dtype {dtype} is not supported by the JAX backend's graph ops")
+    return jax.dtypes.canonicalize_dtype(known[dtype])
+
+
+def _arange(*args, dtype=None, device=None, layout=None, requires_grad=False, pin_memory=False):
+    # torch.arange(end) / (start, end[, step]): int64 for integer arguments, the default float dtype otherwise
+    integer = all(isinstance(a, (int, np.integer)) for a in args)
+    default = torch.int64 if integer else torch.get_default_dtype()
+    return jnp.arange(*args, dtype=_jdtype(dtype or default))
+
+
+def _chunk(x, chunks: int, dim: int = 0):
+    # torch.chunk: pieces of ⌈n/chunks⌉ along dim, the last one shorter (and possibly fewer pieces)
+    n = x.shape[dim]
+    size = -(-n // chunks)
+    return tuple(lax.slice_in_dim(x, i, min(i + size, n), axis=dim) for i in range(0, n, size))
+
+
+def _reduce(fn):
+    def f(x, dim=None, keepdim=False, *, dtype=None):  # torch.mean / torch.sum (dim None: all axes)
+        axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
+        return fn(x if dtype is None else x.astype(_jdtype(dtype)), axis=axis, keepdims=keepdim)
+
+    return f
+
+
+def _softmax(x, dim=None, _stacklevel=3, dtype=None):
+    # torch.softmax / F.softmax along dim: exp(x − max) / Σ exp(x − max), as torch's kernel
+    if dim is None:
+        raise InputError("softmax without dim (torch's deprecated implicit choice) is not supported")
+    return jax.nn.softmax(x if dtype is None else x.astype(_jdtype(dtype)), axis=dim)
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    # F.layer_norm (Ba et al. 2016, arXiv:1607.06450, Eq. 4), as nn.LayerNorm
+    k = len(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else 1
+    z = _standardize(x, tuple(range(x.ndim - k, x.ndim)), eps)
+    z = z if weight is None else z * weight
+    return z if bias is None else z + bias
+
+
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    # F.scaled_dot_product_attention's reference semantics (its documentation's Python equivalent):
+    # softmax(q kᵀ · scale + mask) v, scale = 1/√E (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1); a boolean
+    # mask (or is_causal's lower triangle) keeps the True positions, a float mask is added
+    if dropout_p != 0.0 or enable_gqa:
+        raise InputError("scaled_dot_product_attention with dropout_p or enable_gqa is not supported")
+    s = jnp.matmul(q, jnp.swapaxes(k, -2, -1), precision=PRECISION) * (
+        1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    )
+    if is_causal:
+        attn_mask = jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), dtype=bool))
+    if attn_mask is not None:
+        s = jnp.where(attn_mask, s, -jnp.inf) if attn_mask.dtype == bool else s + attn_mask
+    return jnp.matmul(jax.nn.softmax(s, axis=-1), v, precision=PRECISION)
+
+
+def _getitem(obj, idx):
+    # a tuple's item (x.shape[-1], chunk(...)[0]); an array's basic indexing (ints, slices, None, ...), which
+    # NumPy/JAX and torch define alike, an integer inside the axis (JAX would clamp what torch refuses)
+    if isinstance(obj, (tuple, list)):
+        return obj[idx]
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items):
+        raise InputError("indexing a tensor by a tensor or list is not supported")
+    axis = 0
+    for i in items:
+        if i is Ellipsis:
+            axis = obj.ndim - sum(j is not None and j is not Ellipsis for j in items[items.index(i) + 1 :])
+        elif isinstance(i, int) and not -obj.shape[axis] <= i < obj.shape[axis]:
+            raise InputError(f"index {i} is out of range for an axis of size {obj.shape[axis]}")
+        axis += i is not None and i is not Ellipsis
+    return obj[idx]
+
+
+def _getattr(obj, name: str):
+    # x.shape, x.ndim, x.dtype; x.device is passed on as None (the arrays live on the trainer's device)
+    if name in ("shape", "ndim", "dtype"):
+        return tuple(obj.shape) if name == "shape" else getattr(obj, name)
+    if name == "device":
+        return None
+    raise InputError(f"attribute {name} of a tensor is not supported")
+
+
+def _f_relu(x, inplace=False):  # inplace=True is refused when the graph is read (_INPLACE_AT)
+    return jax.nn.relu(x)
+
+
+def _f_leaky_relu(x, negative_slope=0.01, inplace=False):
+    return _leaky_relu(x, negative_slope)
+
+
+_matmul = partial(jnp.matmul, precision=PRECISION)
+_mean = _reduce(jnp.mean)
+_sum = _reduce(jnp.sum)
+
+# torch functions and Python operators the graph may call (call_function), each with its JAX equivalent
+# (same values and gradients up to float rounding), taking torch's arguments
+_FX_FUNCTIONS: dict[Any, Callable] = {
+    operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
+    operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
+    operator.invert: jnp.invert, operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
+    torch.add: lambda x, other, alpha=1: x + alpha * other if alpha != 1 else x + other,
+    torch.mul: lambda x, other: x * other, torch.matmul: _matmul,
+    torch.cat: lambda tensors, dim=0: jnp.concatenate(tensors, axis=dim),
+    torch.flatten: lambda x, start_dim=0, end_dim=-1: _flatten(x, start_dim, end_dim),
+    torch.transpose: lambda x, dim0, dim1: jnp.swapaxes(x, dim0, dim1),
+    torch.arange: _arange, torch.softmax: _softmax, F.softmax: _softmax,
+    torch.mean: _mean, torch.sum: _sum, torch.tanh: jnp.tanh, torch.relu: jax.nn.relu,
+    F.relu: _f_relu,
+    F.gelu: lambda x, approximate="none": jax.nn.gelu(x, approximate=approximate == "tanh"),
+    F.leaky_relu: _f_leaky_relu,
+    F.linear: lambda x, weight, bias=None: _affine_map(x, weight, bias),
+    F.layer_norm: _layer_norm, F.scaled_dot_product_attention: _sdpa,
+}  # fmt: skip
+
+# the position of the inplace argument of the functions that have one: torch would overwrite the input, which
+# other nodes of the graph may read again (the JAX graph is pure)
+_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2}
+
+# tensor methods the graph may call (call_method), likewise
+_FX_METHODS: dict[str, Callable] = {
+    "view": lambda x, *shape: x.reshape(_dims(shape)), "reshape": lambda x, *shape: x.reshape(_dims(shape)),
+    "permute": lambda x, *dims: jnp.transpose(x, _dims(dims)),
+    "transpose": lambda x, dim0, dim1: jnp.swapaxes(x, dim0, dim1),
+    "flatten": lambda x, start_dim=0, end_dim=-1: _flatten(x, start_dim, end_dim),
+    "size": lambda x, dim=None: tuple(x.shape) if dim is None else x.shape[dim],
+    "mean": _mean, "sum": _sum, "softmax": _softmax, "chunk": _chunk,
+    "unsqueeze": lambda x, dim: jnp.expand_dims(x, dim), "contiguous": lambda x: x,
+    "masked_fill": lambda x, mask, value: jnp.where(mask, jnp.asarray(value, x.dtype), x),
+    "long": lambda x: x.astype(_jdtype(torch.int64)), "relu": jax.nn.relu, "tanh": jnp.tanh,
+}  # fmt: skip
+
+FX_OPS = (
+    "+ - * / ** @ ~, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/tanh/relu, "
+    "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention, "
+    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/masked_fill"
+)
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    if node.op == "call_method":
+        return f"x.{node.target}"
+    t = node.target
+    module = (getattr(t, "__module__", None) or "builtins").replace("_operator", "operator")
+    return f"{module}.{getattr(t, '__name__', t)}"
+
+
+def _where(node: torch.fx.Node) -> str:
+    # the module whose forward the op is in (fx's nn_module_stack), or the model's own forward
+    stack = node.meta.get("nn_module_stack") or {}
+    return f"in {next(reversed(stack.values()))[0]}" if stack else "in the model's forward"
+
+
+class FxModel:
+    """A module's ``torch.fx`` graph run in JAX: ``model(params, x) -> logits``. ``steps``: per graph node
+    (in order) its name, a description for errors and a function (params, values so far) -> its value."""
+
+    def __init__(self, steps: list[tuple[str, str, Callable]], output: Any) -> None:
+        self.steps, self.output = steps, output
+
+    def __call__(self, params: Params, x):
+        env: dict[str, Any] = {"": x}
+        for name, what, f in self.steps:
+            try:
+                env[name] = f(params, env)
+            except InputError as e:
+                raise _unsupported(f"{what}: {e}") from None
+            except (TypeError, ValueError, IndexError) as e:  # torch arguments JAX cannot take
+                raise _unsupported(f"{what}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        return torch.fx.node.map_arg(self.output, lambda n: env[n.name])
+
+
+def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
+    """Trace ``model`` with a ``torch.fx`` Tracer (``symbolic_trace``'s, buffers proxied too) and map every node
+    to JAX: call_module -> :func:`_layer` (its parameters read under their first names, so a tied parameter is
+    one array and its gradient the sum of both uses, as torch's), call_function / call_method ->
+    :data:`_FX_FUNCTIONS` / :data:`_FX_METHODS`, get_attr -> the parameter (or a constant buffer), one
+    placeholder -> the input."""
+    tracer = torch.fx.Tracer()
+    tracer.proxy_buffer_attributes = True  # a buffer (a causal mask) as a get_attr node, so that it can be sliced
+    try:
+        graph = tracer.trace(model)
+        gm = torch.fx.GraphModule(tracer.root, graph)
+    except Exception as e:  # data-dependent control flow, unsupported Python on a traced value, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise _unsupported(f"torch.fx cannot trace model {type(model).__name__} ({first})") from None
+    steps, read, output = [], set(), None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+    def value(node):
+        return lambda p, env, node=node: (
+            torch.fx.node.map_arg(node.args, lambda a: env[a.name]),
+            torch.fx.node.map_arg(node.kwargs, lambda a: env[a.name]),
+        )
+
+    for node in gm.graph.nodes:
+        args = value(node)
+        if node.op == "placeholder":
+            if node is placeholders[0]:
+                steps.append((node.name, "the input", lambda p, env: env[""]))
+            elif node.args:  # an optional argument of forward, at its default
+                steps.append((node.name, f"argument {node.target}", lambda p, env, v=node.args[0]: v))
+            else:
+                raise _unsupported(f"forward of model {type(model).__name__} takes more than one input")
+        elif node.op == "get_attr":
+            obj = _fx_attr(gm, node.target)
+            if isinstance(obj, nn.Parameter):
+                read.add(owner[id(obj)])
+                steps.append((node.name, node.target, lambda p, env, n=owner[id(obj)]: p[n]))
+            elif isinstance(obj, torch.Tensor):
+                steps.append((node.name, node.target, lambda p, env, c=obj.detach().cpu().numpy(): jnp.asarray(c)))
+            else:
+                raise _unsupported(f"attribute {node.target} ({type(obj).__name__}) is not a tensor")
+        elif node.op == "call_module":
+            m = gm.get_submodule(node.target)
+            if getattr(m, "inplace", False) and any(len(a.users) > 1 for a in node.all_input_nodes):
+                raise _unsupported(f"layer {node.target} ({type(m).__name__}) is in place on a value used again")
+            f = _layer(node.target, m)
+            names = {n: owner[id(q)] for n, q in m.named_parameters(prefix=node.target, remove_duplicate=False)}
+            read.update(names.values())
+
+            def run(p, env, f=f, names=names, args=args):
+                (x,), _ = args(p, env)
+                return f({n: p[c] for n, c in names.items()}, x)
+
+            steps.append((node.name, f"layer {node.target} ({type(m).__name__})", run))
+        elif node.op in ("call_function", "call_method"):
+            table = _FX_FUNCTIONS if node.op == "call_function" else _FX_METHODS
+            fn = table.get(node.target) if node.op == "call_method" or _hashable(node.target) else None
+            what = f"op {_op_name(node)} {_where(node)}"
+            if fn is None:
+                raise _unsupported(f"{what} is not supported")
+            at = _INPLACE_AT.get(node.target, len(node.args)) if node.op == "call_function" else len(node.args)
+            if node.kwargs.get("inplace") is True or (at < len(node.args) and node.args[at] is True):
+                raise _unsupported(f"{what}: inplace=True is not supported")
+
+            def call(p, env, fn=fn, args=args):
+                a, kw = args(p, env)
+                return fn(*a, **kw)
+
+            steps.append((node.name, what, call))
+        else:  # output
+            output = node.args[0]
     if unread := next((n for n in owner.values() if n not in read), None):
-        raise _unsupported(f"parameter {unread} is read by no layer of the list (the JAX forward would not use it)")
-    return JaxModel(layers)
+        raise _unsupported(f"parameter {unread} is read by no op of the traced graph")
+    return FxModel(steps, output)
+
+
+def _hashable(target) -> bool:
+    try:
+        hash(target)
+    except TypeError:
+        return False
+    return True
+
+
+def _fx_attr(gm: torch.fx.GraphModule, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.Tensor, xj) -> None:
@@ -332,7 +686,7 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
     dtype = next(model.parameters()).dtype
     # no TF32 in torch's pass (cuDNN's default on a GPU: ~1e-3 relative), as JAX's side (PRECISION)
     with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
-        expected = model(x.to(dtype)).double().cpu().numpy()
+        expected = model(x.to(dtype) if x.is_floating_point() else x).double().cpu().numpy()  # token ids stay ids
     got = np.asarray(apply(params, xj), dtype=np.float64)
     tol = math.sqrt(torch.finfo(dtype).eps) * (1 + np.abs(expected).max())
     if got.shape != expected.shape or not np.abs(got - expected).max() <= tol:
@@ -443,7 +797,7 @@ def _layer_outputs(apply: JaxModel, params: Params, x) -> list:
     outs, h = [], x
     for _, m, f in apply.layers:
         h = f(params, h)
-        if isinstance(m, _TAPPED):
+        if _tapped(m):
             outs.append(h)
     return outs
 
@@ -454,7 +808,7 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     Linear and Conv2d layers: ghost norms and book-keeping (Bu et al. 2023, arXiv:2210.00038,
     Alg. 1), as :class:`dpaudit.training.clipping.GhostClipper` does in torch.
 
-    One forward pass taps every parametrised layer: its input a (for GroupNorm the normalised x̂)
+    One forward pass taps every parametrised layer: its input a (for GroupNorm, LayerNorm the normalised x̂)
     is kept, and a zero z is added to its output; the gradient of Σ_i ℓ_i w.r.t. the z's is every
     layer's per-example output gradient g (examples do not interact), in one backward pass that
     computes no parameter gradient. Per example: a Linear's gradient g aᵀ on a (B, d_in) input is
@@ -463,7 +817,7 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     (Rochette et al. 2019, arXiv:1912.06015): both have ‖Σ_t g_t a_tᵀ‖² = Σ_{t,s}(a_t·a_s)(g_t·g_s)
     (Li et al. 2021, arXiv:2110.05679) when 2T² <= p·d, else the (d, p) gradient is instantiated
     (the mixed choice of Bu et al. 2022, arXiv:2205.10683; :func:`_positions_sq_norm`);
-    GroupNorm's γ, β gradients are small and instantiated. Then with w_i = 1/max(1, ‖g_i‖/C)
+    GroupNorm's and LayerNorm's γ, β gradients are small and instantiated. Then with w_i = 1/max(1, ‖g_i‖/C)
     (zero on padded slots), Σ_i w_i ∇ℓ_i per layer: (w ⊙ g)ᵀ a for a Linear, the convolution's
     weight gradient (its vjp) for the cotangent w ⊙ g, Σ_i w_i g_i for the small ones.
     """
@@ -471,11 +825,11 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     def forward(zs, p):
         acts, h, z = [], x, iter(zs)
         for name, m, f in apply.layers:
-            if isinstance(m, nn.GroupNorm):
-                xh = _group_normalize(m, h)
+            if _tapped(m) and isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+                xh = _normalize(m, h)
                 acts.append(xh)
-                h = _group_affine(name, p, xh) + next(z)
-            elif isinstance(m, _TAPPED):
+                h = _norm_affine(name, m, p, xh) + next(z)
+            elif _tapped(m):
                 acts.append(h)
                 h = f(p, h) + next(z)
             else:
@@ -485,7 +839,7 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     shapes = jax.eval_shape(lambda p: _layer_outputs(apply, p, x), params)
     zs = [jnp.zeros(s.shape, s.dtype) for s in shapes]
     gs, acts = jax.grad(forward, has_aux=True)(zs, lax.stop_gradient(params))
-    tapped = [(name, m) for name, m, _ in apply.layers if isinstance(m, _TAPPED)]
+    tapped = [(name, m) for name, m, _ in apply.layers if _tapped(m)]
     sq, small = jnp.zeros(x.shape[0], x.dtype), {}
     for (name, m), a, g in zip(tapped, acts, gs, strict=True):
         has_bias = f"{name}.bias" in params
@@ -499,10 +853,11 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
             B, c_out = g.shape[:2]
             patches = _patches(m, a, g.shape[2:]).reshape(B, -1, g.shape[2] * g.shape[3])  # (B, p, T)
             sq = sq + _positions_sq_norm(patches, g.reshape(B, c_out, -1), has_bias)
-        else:  # GroupNorm: per-example γ, β gradients (B, C)
-            red = tuple(range(2, g.ndim))
-            small[name] = {"weight": (g * a).sum(red), "bias": g.sum(red)}
-            sq = sq + sum(jnp.square(v).sum(1) for v in small[name].values())  # fmt: skip
+        else:  # GroupNorm, LayerNorm: per-example γ, β gradients (B, *their shape), summed over the other axes
+            keep = _norm_param_axes(m, g.ndim)
+            red = tuple(d for d in range(1, g.ndim) if d not in keep)
+            small[name] = {k: v.sum(red) for k, v in (("weight", g * a), ("bias", g)) if f"{name}.{k}" in params}
+            sq = sq + sum(jnp.square(v).reshape(v.shape[0], -1).sum(1) for v in small[name].values())
     norms = jnp.sqrt(jnp.maximum(sq, 0.0))  # ghost Gram sums may round below 0
     w = 1.0 / jnp.maximum(norms / clip, 1.0)
     if mask is not None:
@@ -510,7 +865,7 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     out: Params = {}
     for (name, m), a, g in zip(tapped, acts, gs, strict=True):
         if name in small:
-            out.update({f"{name}.{k}": jnp.dot(w, v, precision=PRECISION) for k, v in small[name].items()})
+            out.update({f"{name}.{k}": jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in small[name].items()})
             continue
         wg = g * w.reshape((-1,) + (1,) * (g.ndim - 1))
         if isinstance(m, nn.Linear):  # book-keeping: Σ_i w_i Σ_t g_it a_itᵀ = (w ⊙ g)ᵀ a over all positions
@@ -718,8 +1073,8 @@ class StepProgram:
             )(params)
         if self.kind == "jl":
             return jl_clipped_sum(self.apply, params, xb, yb, self.clip, self._directions(params, t), mask)[0]
-        # Ghost norms + book-keeping for the zoo's layers; vmap(grad) for any other forward function.
-        clip_fn = ghost_clipped_sum if isinstance(self.apply, JaxModel) else clipped_sum
+        # Ghost norms + book-keeping for a layer list of _TAPPED layers; vmap(grad) for any other forward (fx).
+        clip_fn = ghost_clipped_sum if getattr(self.apply, "ghost", False) else clipped_sum
         return clip_fn(self.apply, params, xb, yb, self.clip, mask)[0]
 
     def _step(self, params: Params, state, X, y, idx, mask, extra: Params, t, divisor):

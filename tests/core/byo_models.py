@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 NOT_CALLABLE = 3
@@ -307,3 +308,102 @@ def residual_sequential(d: int, n_classes: int) -> nn.Module:
 def float64_mlp(d: int, n_classes: int) -> nn.Module:
     """A factory that returns its model in float64 (dpaudit's records are float32)."""
     return residual_mlp(d, n_classes).double()
+
+
+class ResidualGroupNormCNN(nn.Module):
+    """A residual conv net: stem conv, a block conv -> GroupNorm -> ReLU -> conv -> GroupNorm(affine=False) added
+    to its input, global average pooling, a linear head (traced by torch.fx under ``--backend jax``)."""
+
+    def __init__(self, channels: int, n_classes: int, width: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(channels, width, 3, padding=1)
+        self.conv1, self.norm1 = nn.Conv2d(width, width, 3, padding=1), nn.GroupNorm(2, width)
+        self.conv2, self.norm2 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.GroupNorm(2, width, affine=False)
+        self.head = nn.Linear(width, n_classes)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = h + self.norm2(self.conv2(torch.relu(self.norm1(self.conv1(h)))))
+        return self.head(h.mean((2, 3)))
+
+
+def residual_groupnorm_cnn(channels: int, n_classes: int, width: int = 4) -> nn.Module:
+    return ResidualGroupNormCNN(channels, n_classes, width)
+
+
+class TinyTransformer(nn.Module):
+    """One pre-norm transformer block on token ids given as floats (B, T): token embedding plus a learned
+    positional embedding of ``torch.arange(T)``, single-head attention (``sdpa``: F.scaled_dot_product_attention,
+    else q kᵀ/√d -> softmax -> · v by hand), an MLP with GELU, mean pooling over positions, a linear head."""
+
+    def __init__(self, vocab: int, n_classes: int, max_len: int = 16, d: int = 8, sdpa: bool = True) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
+        self.ln1, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ln2, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.head, self.sdpa = nn.Linear(d, n_classes), sdpa
+
+    def forward(self, x):
+        t = x.long()
+        h = self.tok(t) + self.pos(torch.arange(t.size(1), device=x.device))
+        q, k, v = self.qkv(self.ln1(h)).chunk(3, dim=-1)
+        if self.sdpa:
+            a = F.scaled_dot_product_attention(q, k, v)
+        else:
+            a = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+        h = h + self.proj(a)
+        h = h + self.mlp(self.ln2(h))
+        return self.head(h.mean(1))
+
+
+def tiny_transformer(vocab: int, n_classes: int, max_len: int = 16, sdpa: bool = True) -> nn.Module:
+    return TinyTransformer(vocab, n_classes, max_len, sdpa=sdpa)
+
+
+class TiedLinear(nn.Module):
+    """Two Linear maps sharing one weight (tied weights): head(tanh(B(tanh(A x)))), B.weight is A.weight."""
+
+    def __init__(self, d: int, n_classes: int) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, n_classes)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(x.flatten(1))))))
+
+
+def tied_linear(d: int, n_classes: int) -> nn.Module:
+    return TiedLinear(d, n_classes)
+
+
+class CausalTransformer(nn.Module):
+    """A two-head causal attention block on token ids (B, T), written as users write it: a learned positional
+    ``nn.Parameter`` sliced to T, a causal mask buffer (``register_buffer``) sliced and applied with
+    ``masked_fill``, heads by ``reshape``/``view``/``transpose``/``permute``, and the same attention again by
+    ``F.scaled_dot_product_attention(is_causal=True)``; the mean over positions plus the last position's features
+    to a linear head."""
+
+    def __init__(self, vocab: int, n_classes: int, max_len: int = 16, d: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(0.1 * torch.randn(max_len, d))
+        self.ln, self.qkv, self.heads = nn.LayerNorm(d), nn.Linear(d, 3 * d), heads
+        self.head = nn.Linear(2 * d, n_classes)
+        self.register_buffer("causal", torch.tril(torch.ones(max_len, max_len)).bool())
+
+    def forward(self, x):
+        B, T = x.shape[0], x.size(1)
+        h = self.tok(x.long()) + self.pos[:T]
+        q, k, v = self.qkv(self.ln(h)).chunk(3, -1)
+        q = q.reshape(B, T, self.heads, -1).transpose(1, 2)
+        k = k.reshape(B, T, self.heads, -1).permute(0, 2, 1, 3)
+        v = v.reshape(B, T, self.heads, -1).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / k.size(-1) ** 0.5)
+        att = att.masked_fill(~self.causal[:T, :T], float("-inf")).softmax(dim=-1)
+        a = (att @ v).transpose(1, 2).reshape(B, T, -1)
+        b = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, -1)
+        z = torch.cat([a, b], dim=-1)
+        return self.head(z.mean(1) + z[:, -1])  # the last position sees every token, the others only the earlier
+
+
+def causal_transformer(vocab: int, n_classes: int, max_len: int = 16) -> nn.Module:
+    return CausalTransformer(vocab, n_classes, max_len)

@@ -82,16 +82,22 @@ def test_unsupported_model_is_refused():
     from dpaudit.errors import InputError
 
     spec = default_spec("rnn", input_shape=(5,), n_classes=2, vocab_size=7)
-    with pytest.raises(InputError, match=r"RNNClassifier is not an nn.Sequential.*logreg, mlp, cnn"):
+    with pytest.raises(InputError, match=r"torch.fx cannot trace model RNNClassifier .*logreg, mlp, cnn"):
         jb.jax_forward(build_model(spec, seed=0))
     with pytest.raises(InputError, match=r"layer 1 \(Dropout\)"):
         jb.jax_forward(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.1)))
     # A user's Sequential with one module used twice: named_children() lists it once, so its second use
-    # silently vanished from the JAX forward (a different function was trained). A frozen parameter was a
-    # KeyError deep inside the step.
+    # silently vanished from the JAX forward (a different function was trained); then it was refused; now it
+    # runs from its torch.fx graph, both uses reading one parameter (tests/training/test_jax_user_models.py
+    # checks the clipped sums). A frozen parameter was a KeyError deep inside the step.
     lin = torch.nn.Linear(3, 3)
-    with pytest.raises(InputError, match=r"layer 2 is layer 0 again"):
-        jb.jax_forward(torch.nn.Sequential(lin, torch.nn.Tanh(), lin))
+    twice = torch.nn.Sequential(lin, torch.nn.Tanh(), lin)
+    x = torch.randn(4, 3)
+    apply = jb.jax_forward(twice)
+    assert isinstance(apply, jb.FxModel)
+    np.testing.assert_allclose(
+        np.asarray(apply(jb.params_from_torch(twice), jnp.asarray(x.numpy()))), twice(x).detach().numpy(), rtol=1e-5
+    )
     frozen = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
     frozen[0].requires_grad_(False)
     with pytest.raises(InputError, match=r"parameter 0.weight is frozen"):

@@ -1,10 +1,12 @@
-"""Users' own models under ``--backend jax``: an ``nn.Sequential`` of supported layers trains the model it is
-(the clipped sum and per-example norms equal the torch loop clipper's, float64), and anything else is one
-line naming what is not supported, never a traceback or a silently different model
-(benchmarks/jax_user_models.py prints the same comparison for more models)."""
+"""Users' own models under ``--backend jax``: an ``nn.Sequential`` of supported layers, or any module whose
+torch.fx graph calls supported modules and ops (residual nets, a transformer block, tied weights), trains the
+model it is (the clipped sum and per-example norms equal the torch loop clipper's, float64; the DP steps the
+torch trainer's), and anything else is one line naming what is not supported, never a traceback or a silently
+different model (benchmarks/jax_user_models.py prints the same comparison for more models)."""
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 
 import numpy as np
@@ -18,6 +20,7 @@ from dpaudit.errors import InputError  # noqa: E402
 from dpaudit.training import jax_backend as jb  # noqa: E402
 from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig  # noqa: E402
 from tests.benchmark_modules import import_benchmark  # noqa: E402
+from tests.core import byo_models as byo  # noqa: E402
 
 BENCH = import_benchmark("jax_user_models")  # one implementation of the comparison for the test and the script
 
@@ -72,6 +75,21 @@ SEQUENTIALS = {
         nn.Flatten(),
         nn.Linear(32, 3),
     ),
+    # Before: refused ("layer 2 (LayerNorm) is not supported"). LayerNorm over the last two axes without a bias,
+    # GroupNorm(affine=False), LeakyReLU's slope, Identity, Flatten(start_dim=2): all refused before.
+    "layernorm-leakyrelu-identity-flatten": lambda: nn.Sequential(
+        nn.LayerNorm((8, 8), bias=False),
+        nn.Flatten(2),
+        nn.Linear(64, 16),
+        nn.LeakyReLU(0.2),
+        nn.Identity(),
+        nn.LayerNorm(16),
+        nn.Flatten(),
+        nn.Linear(16, 3),
+    ),
+    "groupnorm-not-affine-on-features": lambda: nn.Sequential(
+        nn.Flatten(), nn.Linear(64, 16), nn.GroupNorm(4, 16, affine=False), nn.LeakyReLU(), nn.Linear(16, 3)
+    ),
     # Before: refused. padding="same" with an even kernel pads one more row/column after than before.
     "cnn-same-and-valid-padding": lambda: nn.Sequential(
         nn.Conv2d(1, 2, 4, padding="same"),
@@ -86,6 +104,8 @@ SEQUENTIALS = {
 # The vmap oracle of a CNN and of the wider MLPs compiles for ~10-20 s on one shared core.
 CLIPPED = [
     "nested-sequentials",
+    "layernorm-leakyrelu-identity-flatten",
+    "groupnorm-not-affine-on-features",
     "linear-without-bias",
     "linear-on-positions-instantiated",
     "linear-on-positions-ghost",
@@ -181,22 +201,64 @@ class _ScaledLinear(nn.Linear):
         return 2 * super().forward(x)
 
 
+class _Branchy(nn.Module):  # data-dependent control flow: torch.fx cannot trace it
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 3)
+
+    def forward(self, x):
+        h = self.lin(x.flatten(1))
+        return h if x.sum() > 0 else -h
+
+
+class _ExpBlock(nn.Module):
+    def forward(self, x):
+        return x.exp()
+
+
+class _WithBlock(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.lin, self.block, self.head = nn.Linear(64, 8), block, nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.lin(x.flatten(1))
+        return self.head(h + self.block(h))
+
+
+class _InplaceReLU(_Residual):
+    def forward(self, x):
+        h = self.inp(x.flatten(1))
+        return self.head(h + torch.nn.functional.relu(h, inplace=True))  # torch: h itself is rectified too
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 3)
+
+    def forward(self, x, scale):
+        return self.lin(x.flatten(1)) * scale
+
+
 REFUSED = [
-    (_Residual, r"model _Residual is not an nn.Sequential"),
-    (_residual_sequential, r"model ResidualSequential has a forward of its own"),
-    (lambda: nn.Sequential(_residual_sequential()), r"layer 0 \(ResidualSequential\) has a forward of its own"),
-    (_block_twice, r"layer 2.0 is layer 1.0 again"),
     (_patched_forward, r"layer 1 \(Linear\) has a forward of its own"),
-    (lambda: nn.Sequential(nn.Flatten(), _ScaledLinear(64, 3)), r"layer 1 \(_ScaledLinear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
     (_hooked("model"), r"the model has a forward hook"),
     (_backward_hooked, r"layer 1 has a backward hook"),
     (_parameter_hooked, r"parameter 3.weight has a gradient hook"),
-    (_tied_parameter, r"parameter 3.weight is 1.weight \(tied weights\)"),
     (_own_parameter, r"parameter shift is read by no layer"),
-    (lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.LayerNorm(8), nn.Linear(8, 3)), r"layer 2 \(LayerNorm\)"),
     (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(72, 3)), r"\(BatchNorm2d\)"),
     (lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Dropout(0.1), nn.Linear(8, 3)), r"layer 2 \(Dropout\)"),
+    # a module torch.fx traces: what it cannot trace, an op or module outside the whitelist (named with the path
+    # of the module whose forward calls it), in-place ops, a second input
+    (_Branchy, r"torch.fx cannot trace model _Branchy \(symbolically traced variables cannot be used as inputs"),
+    (lambda: _WithBlock(_ExpBlock()), r"op x.exp in block is not supported"),
+    (lambda: _WithBlock(nn.Sequential(nn.Tanh(), nn.Dropout(0.1))), r"layer block.1 \(Dropout\) is not supported"),
+    (lambda: _WithBlock(nn.MultiheadAttention(8, 1)), r"layer block \(MultiheadAttention\) is not supported"),
+    (lambda: _WithBlock(nn.ReLU(inplace=True)), r"layer block \(ReLU\) is in place on a value used again"),
+    (_InplaceReLU, r"op torch.nn.functional.relu in the model's forward: inplace=True is not supported"),
+    (_TwoInputs, r"forward of model _TwoInputs takes more than one input"),
 ]
 
 
@@ -206,6 +268,127 @@ def test_what_the_layer_list_cannot_run_is_one_line_naming_it(make, message):
         jb.jax_forward(make())
     text = str(e.value)
     assert "\n" not in text and text.endswith("use --backend torch") and jb.SUPPORTED in text
+
+
+class _Functional(nn.Module):
+    """Parameters read in forward (get_attr) through torch's functional ops, with their options."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(0.1 * torch.randn(16, 64)), nn.Parameter(torch.zeros(16))
+        self.g, self.head = nn.Parameter(1 + 0.1 * torch.randn(16)), nn.Linear(32, 3)
+
+    def forward(self, x):
+        h = torch.nn.functional.linear(x.flatten(1), self.w, self.b)
+        h = torch.nn.functional.gelu(torch.nn.functional.layer_norm(h, (16,), self.g, None), approximate="tanh")
+        h = torch.cat([h, torch.nn.functional.leaky_relu(h, 0.1)], dim=1)
+        h = torch.add(h, h.unsqueeze(1).sum(1), alpha=0.5)
+        return self.head(torch.relu(torch.flatten(h.view(-1, 4, 8), 1)))
+
+
+def _tokens(n=9, seed=0):  # token ids in [0, 10) as floats (dpaudit's records), T = 7 positions
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 10, (n, 7), generator=g).double(), torch.randint(0, 3, (n,), generator=g)
+
+
+# Refused before this session's torch.fx path (the refusal each got is in the comment); now traced by torch.fx
+# and run from the graph, each parameter once (a tied one is one array: its gradient is the sum of both uses).
+TRACED = {
+    "residual-module": (_Residual, _data),  # "model _Residual is not an nn.Sequential"
+    "residual-sequential": (_residual_sequential, _data),  # "ResidualSequential has a forward of its own"
+    "block-used-twice": (_block_twice, _data),  # "layer 2.0 is layer 1.0 again"
+    # "(_ScaledLinear) has a forward of its own": fx traces the subclass's forward (2 * F.linear)
+    "linear-subclass": (lambda: nn.Sequential(nn.Flatten(), _ScaledLinear(64, 3)), _data),
+    "tied-in-sequential": (_tied_parameter, _data),  # "parameter 3.weight is 1.weight (tied weights)"
+    "tied-linear-module": (lambda: byo.tied_linear(64, 3), _data),
+    # "TinyTransformer is not an nn.Sequential": Embedding of tokens + Embedding(arange(T)), LayerNorm, attention
+    "transformer-sdpa": (lambda: byo.tiny_transformer(10, 3), _tokens),
+    "transformer-matmul-softmax": (lambda: byo.tiny_transformer(10, 3, sdpa=False), _tokens),
+    # a causal mask buffer (masked_fill, ~), a positional nn.Parameter sliced to T, heads by reshape/permute
+    "transformer-causal-two-heads": (lambda: byo.causal_transformer(10, 3), _tokens),
+    "residual-groupnorm-cnn": (lambda: byo.residual_groupnorm_cnn(1, 3), _data),
+    "functional-ops": (_Functional, _data),
+}
+# vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
+_SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax"}
+
+
+def _traced_params(names):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW else n for n in names]
+
+
+@pytest.mark.parametrize("name", _traced_params(sorted(TRACED)))
+def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipper(name):
+    """Logits, vmap per-example norms and clipped sums against the torch loop clipper's (one example at a time,
+    tied parameters summed before the norm), float64."""
+    make, data = TRACED[name]
+    torch.manual_seed(0)
+    model = make().double()
+    assert isinstance(jb.jax_forward(model), jb.FxModel)
+    got = BENCH.compare(model, *data())
+    assert max(got.values()) < RTOL, got
+
+
+@pytest.mark.parametrize(
+    "name", ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module"]
+)
+def test_a_traced_model_passes_the_float32_logits_backstop(name):
+    """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
+    torch's (float32 rounding of the same function: observed ≤ 1e-6 relative)."""
+    make, data = TRACED[name]
+    torch.manual_seed(0)
+    model, (x, _) = make(), data(n=8)
+    x = x.float() if x.is_floating_point() else x
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    jb.check_same_logits(model, apply, params, x, jax.numpy.asarray(x.numpy()))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [*_traced_params(["tied-linear-module", "residual-sequential", "residual-groupnorm-cnn"]),
+     pytest.param("transformer-sdpa", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
+    """Two DP-SGD steps (Poisson batches, clip 0.05 so that every example is clipped, σ = 0): the JAX trainer's
+    parameters equal the torch trainer's (its exact per-sample clipping), and the claim is the same."""
+    from dpaudit.training.algorithms import get_trainer
+
+    make, data = TRACED[name]
+    x, y = data(n=30)
+    torch.manual_seed(0)
+    model_t = make().double()
+    model_j, before = copy.deepcopy(model_t), [p.detach().clone() for p in model_t.parameters()]
+    config = TrainConfig(algo="dpsgd", steps=2, batch_size=8, lr=0.5, dp=DPConfig(clip=0.05, noise_multiplier=0.0))
+    torch_out = get_trainer("dpsgd")(config).fit(model_t, x, y)
+    jax_out = jb.JaxTrainer(config, PerfConfig(backend="jax")).fit(model_j, x, y)
+    for (n, a), b in zip(model_t.named_parameters(), model_j.parameters(), strict=True):
+        np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=n)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model_j.parameters(), strict=True))  # it trained
+    assert jax_out.privacy == torch_out.privacy
+
+
+@pytest.mark.parametrize(("start", "end"), [(1, -1), (2, -1), (1, 2), (0, 1), (-2, -1), (0, -1), (3, 3)])
+def test_flatten_merges_the_axes_torch_merges(start, end):
+    """nn.Flatten(start_dim, end_dim) as a layer, torch.flatten and x.flatten from a graph: torch's shapes and order.
+    Before: only Flatten(1, -1) ran; Flatten(start_dim=2) was refused."""
+    x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float64).reshape(2, 3, 4, 5)
+    expected = nn.Flatten(start, end)(x).numpy()
+    xj = jax.numpy.asarray(x.numpy())
+    got = [jb._layer("f", nn.Flatten(start, end))({}, xj), jb._FX_FUNCTIONS[torch.flatten](xj, start, end)]
+    got.append(jb._FX_METHODS["flatten"](xj, start_dim=start, end_dim=end))
+    for g in got:
+        assert g.shape == expected.shape and np.array_equal(np.asarray(g), expected)
+
+
+def test_an_embedding_with_padding_idx_clips_as_the_torch_loop_clipper():
+    """torch's embedding backward leaves the padding_idx row's gradient 0 (no clipped-sum contribution, no norm);
+    the JAX forward reads that row through stop_gradient. Token 0 occurs in the batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(28, 3)).double()
+    x, y = _tokens()
+    assert (x == 0).any()
+    got = BENCH.compare(model, x.long(), y)
+    assert max(got.values()) < RTOL, got
 
 
 class _Doubled(nn.Sequential):
@@ -245,24 +428,41 @@ def test_batchnorm_refusal_names_the_backend_when_not_private_and_dp_when_privat
     assert str(jax_refusal.value) == str(torch_refusal.value) and "mixes examples" in str(jax_refusal.value)
 
 
-def test_cli_refuses_a_sequential_with_a_forward_of_its_own_in_one_line(tmp_path, monkeypatch):
-    """Before: ``train --backend jax`` trained the plain layer list (no skip connection) and saved it as the
-    user's model, exit 0."""
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "shape"),
+    [
+        ("residual_sequential", {"d": 4, "n_classes": 2}, [4]),
+        pytest.param("tiny_transformer", {"vocab": 10, "n_classes": 2}, [7], marks=pytest.mark.slow),
+        pytest.param("residual_groupnorm_cnn", {"channels": 1, "n_classes": 2}, [1, 4, 4], marks=pytest.mark.slow),
+    ],
+)
+def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monkeypatch, factory, kwargs, shape):
+    """``train --backend jax --algo dpsgd --epsilon 3`` with a user's factory (``module:function``). Before: the
+    residual Sequential trained the plain layer list (no skip connection) and saved it as the user's model,
+    exit 0; then it and the transformer were refused in one line. Now: exit 0, the torch trainer's claim."""
     import json
     from pathlib import Path
 
-    from tests.core.cli_errors import invoke, one_error
+    from dpaudit.training.algorithms import claim_for
+    from dpaudit.training.run import configs_from_meta
+    from tests.core.cli_errors import invoke
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the factory is imported from the current directory
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "d.npz", X=rng.normal(size=(60, 4)).astype(np.float32), y=rng.integers(0, 2, 60))
-    spec = {"kind": "python", "factory": "tests.core.byo_models:residual_sequential", "kwargs": {"d": 4,
-            "n_classes": 2}, "input_shape": [4], "n_classes": 2}  # fmt: skip
+    X = rng.integers(0, 10, size=(80, *shape))  # int64 (n, T): token ids for the transformer
+    X = X if factory == "tiny_transformer" else X.astype(np.float32)
+    np.savez(tmp_path / "d.npz", X=X, y=rng.integers(0, 2, 80))
+    spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": kwargs, "input_shape": shape,
+            "n_classes": 2}  # fmt: skip
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     r = invoke("train", "--backend", "jax", "--model-spec", tmp_path / "spec.json", "--data", tmp_path / "d.npz",
-               "--steps", 1, "--out", tmp_path / "run")  # fmt: skip
-    assert "ResidualSequential has a forward of its own" in one_error(r)
-    assert not (tmp_path / "run").exists()
+               "--algo", "dpsgd", "--epsilon", 3, "--steps", 3, "--batch-size", 16,
+               "--out", tmp_path / "run")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "run" / "checkpoint.json").read_text())
+    config, perf = configs_from_meta(meta)
+    assert perf.backend == "jax" and meta["privacy"] == claim_for(config, meta["split"]["sizes"]["members"])
+    assert abs(meta["privacy"]["epsilon"] - 3.0) < 1e-3
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
