@@ -1,0 +1,111 @@
+"""Metamorphic relations of the attack layer: presentations of the same evidence that must give the same membership
+scores and metrics (record order, model order, class names, monotone maps, affine units, mirror images). No oracle
+is needed: a violation is a bug."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attacks.lira import LiRA, balanced_membership
+from attacks.metrics import evaluate
+from attacks.rmia import RMIA
+from attacks.threshold import logit_margin, threshold_scores
+
+POINT = ("auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "n_members", "n_nonmembers")
+
+
+def _scores(seed: int):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(6, 60))
+    member = rng.permutation(np.arange(n) < n // 2)
+    if seed % 2:  # ties, members and non-members tied together
+        return rng.integers(-3, 4, n) + 1.0 * member, member
+    return rng.normal(size=n) + member * rng.uniform(0, 2), member
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_metrics_ignore_record_order_and_strictly_increasing_maps(seed):
+    s, m = _scores(seed)
+    base = evaluate(s, m, n_bootstrap=0)
+    p = np.random.default_rng(seed).permutation(len(s))
+    for scores, member in ((s[p], m[p]), (np.exp(s / 3), m), (2.5 * s - 1.0, m), (np.arctan(s), m)):
+        other = evaluate(scores, member, n_bootstrap=0)
+        assert all(other[k] == base[k] for k in POINT)
+        assert np.array_equal(other["roc"]["fpr"], base["roc"]["fpr"])
+        assert np.array_equal(other["roc"]["tpr"], base["roc"]["tpr"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_metrics_mirror_and_copies(seed):
+    s, m = _scores(seed)
+    base = evaluate(s, m, n_bootstrap=0)
+    # Negating the scores, or swapping the classes, mirrors the ROC: AUC -> 1 - AUC (ties count 1/2 both ways).
+    assert evaluate(-s, m, n_bootstrap=0)["auc"] == pytest.approx(1.0 - base["auc"], abs=1e-12)
+    assert evaluate(s, ~m, n_bootstrap=0)["auc"] == pytest.approx(1.0 - base["auc"], abs=1e-12)
+    both = evaluate(-s, ~m, n_bootstrap=0)  # both at once: the same classifier read the other way round
+    for k in ("auc", "balanced_accuracy", "advantage"):
+        assert both[k] == pytest.approx(base[k], abs=1e-12)
+    # k copies of every record: the same empirical distributions, so the same AUC, accuracy and advantage.
+    copies = evaluate(np.tile(s, 3), np.tile(m, 3), n_bootstrap=0)
+    for k in ("auc", "balanced_accuracy", "advantage"):
+        assert copies[k] == pytest.approx(base[k], abs=1e-12)
+
+
+def _reference(seed: int, n_models: int):
+    rng = np.random.default_rng(seed)
+    n = 25
+    in_mask = balanced_membership(n, n_models, seed=seed)
+    mu = rng.normal(size=(n, 1))
+    signals = mu + rng.normal(size=(n, n_models)) * rng.uniform(0.5, 2) + 1.5 * in_mask
+    target = mu[:, 0] + rng.normal(size=n) + (rng.random(n) < 0.5)
+    return signals, in_mask, target, rng
+
+
+@pytest.mark.parametrize("n_models", [8, 70])  # global and per-record variance ("auto")
+@pytest.mark.parametrize("online", [True, False])
+def test_lira_is_equivariant_in_records_invariant_in_models_and_in_the_signals_units(online, n_models):
+    S, inm, x, rng = _reference(n_models, n_models)
+    a = LiRA(online=online).fit_score(S, inm, x)
+    rows, cols = rng.permutation(len(S)), rng.permutation(n_models)
+    # Rows permuted with their IN masks and target signals: the same scores, permuted (the in/out wiring).
+    np.testing.assert_allclose(LiRA(online=online).fit_score(S[rows], inm[rows], x[rows]), a[rows], rtol=1e-12)
+    np.testing.assert_allclose(LiRA(online=online).fit_score(S[:, cols], inm[:, cols], x), a, rtol=1e-9, atol=1e-12)
+    # phi in other units (slope > 0): Gaussian log-likelihood ratios, and the offline one-sided test, are unchanged
+    # (the log-scale terms cancel; the min_std floor is not reached here).
+    np.testing.assert_allclose(
+        LiRA(online=online).fit_score(3.0 * S - 2.0, inm, 3.0 * x - 2.0), a, rtol=1e-9, atol=1e-9
+    )
+    if online:  # mirror: negated signals with IN and OUT swapped give the negated ratio
+        np.testing.assert_allclose(LiRA().fit_score(-S, ~inm, -x), -a, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_rmia_is_equivariant_in_records_and_invariant_in_model_order_and_copies(online):
+    S, inm, x, rng = _reference(1, 8)
+    lp, xt = -np.abs(S) - 0.01, -np.abs(x) - 0.01
+    a = RMIA(online=online).fit(lp, inm).score(xt)
+    rows, cols = rng.permutation(len(S)), rng.permutation(8)
+    np.testing.assert_allclose(RMIA(online=online).fit(lp[rows], inm[rows]).score(xt[rows]), a[rows], rtol=1e-12)
+    np.testing.assert_allclose(RMIA(online=online).fit(lp[:, cols], inm[:, cols]).score(xt), a, rtol=1e-12)
+    np.testing.assert_allclose(RMIA(online=online).fit(np.tile(lp, 2), np.tile(inm, 2)).score(xt), a, rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_threshold_scores_ignore_class_names_record_order_and_a_logit_shift(seed):
+    rng = np.random.default_rng(seed)
+    n, k = 30, int(rng.integers(2, 8))
+    z = rng.normal(size=(n, k)) * rng.uniform(0.1, 20)
+    y = rng.integers(0, k, n)
+    names = rng.permutation(k)  # class c is called names[c]: its logit column moves there too
+    z_renamed = np.empty_like(z)
+    z_renamed[:, names] = z
+    rows = rng.permutation(n)
+    shift = 5.0 * rng.normal(size=(n, 1))  # softmax is unchanged by a per-record constant
+    for method in ("loss", "confidence", "entropy", "modified-entropy"):
+        a = threshold_scores(method, z, y)
+        # up to the rounding of a sum taken in another order (a few ulps)
+        np.testing.assert_allclose(threshold_scores(method, z_renamed, names[y]), a, rtol=1e-13, atol=1e-14)
+        assert np.array_equal(threshold_scores(method, z[rows], y[rows]), a[rows])
+        np.testing.assert_allclose(threshold_scores(method, z + shift, y), a, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(logit_margin(z_renamed, names[y]), logit_margin(z, y), rtol=1e-13, atol=1e-14)
