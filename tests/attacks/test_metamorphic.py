@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attacks.attribute import leakage_strata, poststratified_leakage
 from attacks.lira import LiRA, balanced_membership
 from attacks.metrics import evaluate
 from attacks.rmia import RMIA
@@ -126,3 +127,26 @@ def test_a_record_and_its_copy_with_the_classes_renamed_tie():
         for method in ("loss", "confidence", "entropy", "modified-entropy"):
             s = threshold_scores(method, np.stack([z, z2]), np.array([y, names[y]]))
             assert evaluate(s, np.array([True, False]), n_bootstrap=0)["auc"] == 0.5, (method, s)
+
+
+def test_attribute_leakage_ignores_record_order_and_mirrors_and_copies():
+    # The post-stratified leakage reads per-cell counts: record order and copies change nothing, swapping members
+    # and non-members negates it, and one more member guessed right never lowers it.
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        nm, nn = int(rng.integers(5, 60)), int(rng.integers(5, 60))
+        tm, tn, ym, yn = rng.integers(0, 3, nm), rng.integers(0, 3, nn), rng.integers(0, 3, nm), rng.integers(0, 3, nn)
+        cm, cn = rng.random(nm) < 0.6, rng.random(nn) < 0.5
+        strata = leakage_strata(tm, ym, cm, tn, yn, cn)
+        leak = poststratified_leakage(strata)
+        if np.isnan(leak):
+            continue
+        pm, pn = rng.permutation(nm), rng.permutation(nn)
+        assert np.array_equal(leakage_strata(tm[pm], ym[pm], cm[pm], tn[pn], yn[pn], cn[pn]), strata)
+        assert poststratified_leakage(leakage_strata(tn, yn, cn, tm, ym, cm)) == -leak
+        copies = leakage_strata(*(np.tile(a, 3) for a in (tm, ym, cm, tn, yn, cn)))
+        assert poststratified_leakage(copies) == pytest.approx(leak, abs=1e-12)
+        if not cm.all():
+            more = cm.copy()
+            more[np.flatnonzero(~cm)[0]] = True
+            assert poststratified_leakage(leakage_strata(tm, ym, more, tn, yn, cn)) >= leak - 1e-12
