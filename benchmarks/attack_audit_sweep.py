@@ -12,6 +12,8 @@ so that a later change shows up in the numbers. Sections:
   shift.
 * reference (LiRA, RMIA): record (row) order with the IN mask, model (column) order, positive-affine signal units
   and the mirror (LiRA), copies of every model (RMIA).
+* attribute: the post-stratified leakage and its permutation p-value — record order, members <-> non-members,
+  renaming the hidden values (leakage and p-value), 3 copies, one more right member guess.
 * audit: ``dpaudit.audit.audit_scores`` for every method and selection — record order (strict for bonferroni and
   fixed designs; adaptive for holdout), strictly increasing maps, the global NumPy/torch state, a smaller α and a
   larger δ never raising the bound (strict for fixed designs; adaptive for holdout), one more true positive and
@@ -37,6 +39,7 @@ import torch
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
+from attacks.attribute import leakage_permutation_test, leakage_strata, poststratified_leakage  # noqa: E402
 from attacks.lira import LiRA, balanced_membership  # noqa: E402 (after the sys.path fix above)
 from attacks.metrics import evaluate  # noqa: E402 (after the sys.path fix above)
 from attacks.rmia import RMIA  # noqa: E402 (after the sys.path fix above)
@@ -71,7 +74,7 @@ def metrics_section(rng: np.random.Generator, n_cases: int) -> None:
         p = rng.permutation(n)
         perm = evaluate(s[p], m[p], n_bootstrap=20, seed=1)
         check("metrics: record order (point metrics)", all(perm[k] == base[k] for k in POINT), case)
-        check("metrics: record order (bootstrap CI)", perm["ci"] == base["ci"], case, adaptive=True)
+        check("metrics: record order (bootstrap CI)", perm["ci"] == base["ci"], case)
         for f in (lambda x: np.exp(x / 3), lambda x: 2.5 * x + 1, np.arctan):
             other = evaluate(f(s), m, n_bootstrap=20, seed=1)
             check(
@@ -163,6 +166,42 @@ def reference_section(rng: np.random.Generator, n_cases: int) -> None:
                 "rmia: copies of every model",
                 np.allclose(RMIA(online=online).fit(np.tile(lp, 2), np.tile(inm, 2)).score(xt), a, 1e-12, 1e-12),
                 case,
+            )
+
+
+def attribute_section(rng: np.random.Generator, n_cases: int) -> None:
+    for _ in range(n_cases):
+        nm, nn = int(rng.integers(5, 60)), int(rng.integers(5, 60))
+        n_values, n_labels = int(rng.integers(2, 4)), int(rng.integers(2, 4))
+        tm, tn = rng.integers(0, n_values, nm), rng.integers(0, n_values, nn)
+        ym, yn = rng.integers(0, n_labels, nm), rng.integers(0, n_labels, nn)
+        cm, cn = rng.random(nm) < 0.6, rng.random(nn) < 0.5
+        strata = leakage_strata(tm, ym, cm, tn, yn, cn)
+        leak = poststratified_leakage(strata)
+        if np.isnan(leak):
+            continue
+        p_value = leakage_permutation_test(strata, permutations=2000)["p_value"]
+        pm, pn = rng.permutation(nm), rng.permutation(nn)
+        check(
+            "attribute: record order",
+            np.array_equal(leakage_strata(tm[pm], ym[pm], cm[pm], tn[pn], yn[pn], cn[pn]), strata),
+        )
+        swapped = poststratified_leakage(leakage_strata(tn, yn, cn, tm, ym, cm))
+        check("attribute: members <-> non-members negates the leakage", abs(swapped + leak) < 1e-12, (leak, swapped))
+        names = rng.permutation(n_values)
+        renamed = leakage_strata(names[tm], ym, cm, names[tn], yn, cn)
+        check("attribute: value renaming, leakage bit-exact", poststratified_leakage(renamed) == leak)
+        p2 = leakage_permutation_test(renamed, permutations=2000)["p_value"]
+        check("attribute: value renaming, same p-value", p2 == p_value, (p_value, p2))
+        copies = leakage_strata(*(np.tile(a, 3) for a in (tm, ym, cm, tn, yn, cn)))
+        check("attribute: 3 copies, same leakage", abs(poststratified_leakage(copies) - leak) < 1e-12)
+        wrong = np.flatnonzero(~cm)
+        if len(wrong):
+            more = cm.copy()
+            more[wrong[0]] = True
+            check(
+                "attribute: one more right member guess never lowers",
+                poststratified_leakage(leakage_strata(tm, ym, more, tn, yn, cn)) >= leak - 1e-12,
             )
 
 
@@ -303,6 +342,7 @@ SECTIONS = {
     "metrics": (metrics_section, 200),
     "threshold": (threshold_section, 100),
     "reference": (reference_section, 100),
+    "attribute": (attribute_section, 150),
     "audit": (audit_section, 30),
     "onerun": (onerun_section, 400),
     "design": (design_section, 200),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attacks.attribute import leakage_strata, poststratified_leakage
+from attacks.attribute import leakage_permutation_test, leakage_strata, poststratified_leakage
 from attacks.lira import LiRA, balanced_membership
 from attacks.metrics import evaluate
 from attacks.rmia import RMIA
@@ -29,11 +29,11 @@ def _scores(seed: int):
 @pytest.mark.parametrize("seed", range(6))
 def test_metrics_ignore_record_order_and_strictly_increasing_maps(seed):
     s, m = _scores(seed)
-    base = evaluate(s, m, n_bootstrap=0)
+    base = evaluate(s, m, n_bootstrap=20)
     p = np.random.default_rng(seed).permutation(len(s))
     for scores, member in ((s[p], m[p]), (np.exp(s / 3), m), (2.5 * s - 1.0, m), (np.arctan(s), m)):
-        other = evaluate(scores, member, n_bootstrap=0)
-        assert all(other[k] == base[k] for k in POINT)
+        other = evaluate(scores, member, n_bootstrap=20)
+        assert all(other[k] == base[k] for k in (*POINT, "ci"))  # the bootstrap resamples each class's sorted scores
         assert np.array_equal(other["roc"]["fpr"], base["roc"]["fpr"])
         assert np.array_equal(other["roc"]["tpr"], base["roc"]["tpr"])
 
@@ -129,24 +129,45 @@ def test_a_record_and_its_copy_with_the_classes_renamed_tie():
             assert evaluate(s, np.array([True, False]), n_bootstrap=0)["auc"] == 0.5, (method, s)
 
 
+def _attribute_guesses(rng: np.random.Generator, n_labels: int):
+    """(true value, label, guessed right) of members, then of non-members: 3 hidden values, random guesses."""
+    nm, nn = int(rng.integers(5, 60)), int(rng.integers(5, 60))
+    return (rng.integers(0, 3, nm), rng.integers(0, n_labels, nm), rng.random(nm) < 0.6,
+            rng.integers(0, 3, nn), rng.integers(0, n_labels, nn), rng.random(nn) < 0.5)  # fmt: skip
+
+
 def test_attribute_leakage_ignores_record_order_and_mirrors_and_copies():
     # The post-stratified leakage reads per-cell counts: record order and copies change nothing, swapping members
     # and non-members negates it, and one more member guessed right never lowers it.
     rng = np.random.default_rng(0)
     for _ in range(30):
-        nm, nn = int(rng.integers(5, 60)), int(rng.integers(5, 60))
-        tm, tn, ym, yn = rng.integers(0, 3, nm), rng.integers(0, 3, nn), rng.integers(0, 3, nm), rng.integers(0, 3, nn)
-        cm, cn = rng.random(nm) < 0.6, rng.random(nn) < 0.5
+        tm, ym, cm, tn, yn, cn = _attribute_guesses(rng, 3)
+        nm, nn = len(tm), len(tn)
         strata = leakage_strata(tm, ym, cm, tn, yn, cn)
         leak = poststratified_leakage(strata)
         if np.isnan(leak):
             continue
         pm, pn = rng.permutation(nm), rng.permutation(nn)
         assert np.array_equal(leakage_strata(tm[pm], ym[pm], cm[pm], tn[pn], yn[pn], cn[pn]), strata)
-        assert poststratified_leakage(leakage_strata(tn, yn, cn, tm, ym, cm)) == -leak
+        assert poststratified_leakage(leakage_strata(tn, yn, cn, tm, ym, cm)) == pytest.approx(-leak, abs=1e-15)
         copies = leakage_strata(*(np.tile(a, 3) for a in (tm, ym, cm, tn, yn, cn)))
         assert poststratified_leakage(copies) == pytest.approx(leak, abs=1e-12)
         if not cm.all():
             more = cm.copy()
             more[np.flatnonzero(~cm)[0]] = True
             assert poststratified_leakage(leakage_strata(tm, ym, more, tn, yn, cn)) >= leak - 1e-12
+
+
+def test_attribute_leakage_and_its_p_value_ignore_the_names_of_values_and_labels():
+    # Renaming the hidden attribute's values and the labels only reorders the (value, label) cells. Taken in that
+    # order, the permutation test's per-cell draws moved with the names (p 0.345 -> 0.336 at 2,000 relabellings, 97
+    # of 150 tables) and the leakage by an ulp; ordered by the cells' counts, both are unchanged to the bit.
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        tm, ym, cm, tn, yn, cn = _attribute_guesses(rng, 2)
+        values, labels = rng.permutation(3), rng.permutation(2)
+        a = leakage_strata(tm, ym, cm, tn, yn, cn)
+        b = leakage_strata(values[tm], labels[ym], cm, values[tn], labels[yn], cn)
+        la, lb = poststratified_leakage(a), poststratified_leakage(b)
+        assert la == lb or (np.isnan(la) and np.isnan(lb))
+        assert leakage_permutation_test(a, permutations=2000) == leakage_permutation_test(b, permutations=2000)
