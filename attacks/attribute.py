@@ -361,9 +361,21 @@ def left_out(strata: np.ndarray) -> dict[str, Any]:
 
 
 def _strata_weights(strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows used, their weights): the cells held by both groups, weighted by their pooled frequency."""
+    """(rows used, their weights): the cells held by both groups, weighted by their pooled frequency, ordered by their
+    counts rather than by (value, label), so that the sum over cells and the permutation test's per-cell draws do
+    not depend on how the values and labels are named (in (value, label) order, renaming the hidden values moved the
+    p-value in 97 of 150 random tables, 0.345 -> 0.336 at 2,000 relabellings, and the leakage by an ulp in 48).
+    The key is the unordered pair of the groups' (records, right) counts first, so that swapping members and
+    non-members keeps each cell's place and negates the leakage exactly; cells with equal counts are
+    interchangeable."""
     s, both = _held_by_both(strata)
     used = s[both]
+
+    def key(row: np.ndarray) -> tuple[int, ...]:
+        m, nm = (int(row[2]), int(row[3])), (int(row[4]), int(row[5]))
+        return (*min(m, nm), *max(m, nm), *m, *nm)
+
+    used = used[sorted(range(len(used)), key=lambda i: key(used[i]))] if len(used) else used
     pooled = (used[:, 2] + used[:, 4]).astype(np.float64)
     return used, pooled / pooled.sum() if len(used) else pooled
 

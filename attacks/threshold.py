@@ -44,17 +44,32 @@ def check_logits(logits: Any, labels: Any = None, *, labelled: bool = False) -> 
     return z, y.astype(np.int64)
 
 
+def _row_lse(a: np.ndarray) -> np.ndarray:
+    """Row-wise logsumexp, (n, 1), of each row sorted first (as :func:`_row_sum`)."""
+    return logsumexp(np.sort(a, axis=1), axis=1, keepdims=True)
+
+
+def _row_sum(a: np.ndarray) -> np.ndarray:
+    """Row-wise sum taken in sorted order, so that it is a function of the row's multiset of values.
+
+    A float sum depends on the order of its terms: summed in column order, a record and its copy with the classes
+    renamed (columns permuted, label renamed alike) got scores a few ulps apart in 8,386 of 80,000 draws (entropy;
+    3 to 10 classes), so a member and a non-member that should tie (counted 1/2 in the AUC) were ranked apart.
+    """
+    return np.sum(np.sort(a, axis=1), axis=1)
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """log p_j = z_j - logsumexp(z), float64 (exact up to rounding, no overflow)."""
+    """log p_j = z_j - logsumexp(z), float64 (exact up to rounding, no overflow; the same whatever the class order)."""
     z = np.asarray(logits, dtype=np.float64)
-    return z - logsumexp(z, axis=1, keepdims=True)
+    return z - _row_lse(z)
 
 
 def _others_lse(z: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """logsumexp over j != idx[i] of z[i, j] (row-wise)."""
+    """logsumexp over j != idx[i] of z[i, j] (row-wise; the same whatever the class order)."""
     masked = z.copy()
     masked[np.arange(len(z)), idx] = -np.inf
-    return logsumexp(masked, axis=1)
+    return _row_lse(masked)[:, 0]
 
 
 def logit_margin(logits: Any, labels: Any) -> np.ndarray:
@@ -96,7 +111,7 @@ def entropy_score(logits: Any, labels: Any = None) -> np.ndarray:
     """
     z, _ = check_logits(logits, labels)
     lp = log_softmax(z)
-    return np.sum(np.exp(lp) * lp, axis=1)
+    return _row_sum(np.exp(lp) * lp)
 
 
 def _log1m_probs(lp: np.ndarray) -> np.ndarray:
@@ -131,7 +146,7 @@ def modified_entropy_score(logits: Any, labels: Any) -> np.ndarray:
     lp_y, l1m_y = lp[rows, y], l1m[rows, y]
     wrong = p * l1m
     wrong[rows, y] = 0.0
-    mentr = -np.exp(l1m_y) * lp_y - wrong.sum(axis=1)  # 1 - p_y as exp(log(1 - p_y)): exact near p_y = 1
+    mentr = -np.exp(l1m_y) * lp_y - _row_sum(wrong)  # 1 - p_y as exp(log(1 - p_y)): exact near p_y = 1
     return -mentr
 
 
