@@ -318,6 +318,30 @@ def test_auto_learns_from_rounded_answers_too_few_to_solve(digits_logreg):
         extract(run, budget=DIGITS_D + 1, api="rounded:2", method="equations", curve_points=1)
 
 
+def test_auto_learns_from_full_probabilities_that_underflowed_to_zero(tmp_path, monkeypatch):
+    """A digits logreg trained at --lr 1000 answers probabilities that underflow to 0 in float64 (logit gaps above
+    ~745): 65 queries give 21 usable equations for 585 unknowns. Auto refused (`dpaudit report --extraction-budget
+    1000` stopped: 642 equations, too few for one class), the failure the rounded-answer fallback removed; it now learns
+    from the same answers. An explicit --method equations still refuses, and so does auto where the equations fail
+    for another reason (planted here: logits the solver refuses). Planted: the fallback for rounded answers only, or
+    for any failure -> fails."""
+    from attacks import extraction
+
+    run = _load(_train(tmp_path / "confident", "digits", "logreg", epochs=10, lr=1000.0, seed=0))
+    r = extract(run, budget=DIGITS_D + 1, api="probs", curve_points=1, surrogate="logreg").result
+    assert (r.method, r.queries, r.params["adaptive"]) == ("learning", DIGITS_D + 1, False)
+    assert "equations unsolvable" in r.params["fallback"] and "equations for 585 unknowns" in r.params["fallback"]
+    with pytest.raises(InputError, match="usable equations"):
+        extract(run, budget=DIGITS_D + 1, api="probs", method="equations", curve_points=1)
+
+    def refuse(self, X, A):
+        raise InputError("planted: unsolvable")
+
+    monkeypatch.setattr(extraction.EquationSolver, "fit", refuse)
+    with pytest.raises(InputError, match="planted"):
+        extract(run, budget=DIGITS_D + 1, api="logits", curve_points=1)
+
+
 # --------------------------------------------------------------------------- learning-based extraction
 
 
