@@ -195,6 +195,19 @@ def test_settings_are_validated_with_names():
     assert parse_classes(None, digits) == tuple(range(10)) and parse_classes("2, 0", digits) == (2, 0)
 
 
+def test_the_cost_asked_about_is_restarts_times_iterations_steps():
+    # dpaudit.budget's estimate per class: restarts x iterations x STEP_SECONDS (1e-4 s). 30 starts of 1000 steps
+    # (3 s) start; 1e5 of them (1e4 s, past the hour) ask for --yes. Planted: a start costing `iterations` seconds
+    # (the 30 starts refused) or STEP_SECONDS (the 1e5 starts let through) -> fails.
+    from dpaudit.budget import allow_long_work
+    from dpaudit.errors import BudgetError
+
+    with allow_long_work(False):
+        MIFace(iterations=1000, restarts=30).check()
+        with pytest.raises(BudgetError, match=r"^model inversion: 1e\+05 starts would take about 2\.78 hours"):
+            MIFace(iterations=1000, restarts=10**5).check()
+
+
 # --------------------------------------------------------------------------- SSIM
 
 

@@ -96,6 +96,11 @@ def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_rea
     ("args", "expected"),
     [
         (["attack", "mia", "{run}", "--attacks", "loss", "--bootstrap", str(2**63)], "error: bootstrap: 9.223e+18"),
+        # resamples per attack: 2e7 for each of two is 4e7 x 1e-4 s, past the hour (2e7 alone is not)
+        (
+            ["attack", "mia", "{run}", "--attacks", "loss,confidence", "--bootstrap", "20000000"],
+            "error: bootstrap: 4e+07 resamples would take about 1.11 hours",
+        ),
         (
             ["attack", "inversion", "{run}", "--classes", "0", "--iterations", "5", "--restarts", str(2**63)],
             "error: model inversion: 9.223e+18 starts would take about",
