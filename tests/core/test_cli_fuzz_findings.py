@@ -29,6 +29,29 @@ def test_a_label_column_for_data_that_is_no_csv_is_refused(tmp_path, command, da
     assert not (tmp_path / "out").exists()
 
 
+def test_check_data_spec_takes_a_label_column_for_a_csv_file_only(tmp_path):
+    # The refusal above, by path: a .csv file (any case) takes one; an .npz file, and a folder (X.npy, y.npy) even
+    # if named like a CSV, do not. Planted: the suffix or the folder test dropped, the suffix test negated, every
+    # label column refused -> fails.
+    import numpy as np
+
+    from dpaudit.data import check_data_spec
+    from dpaudit.errors import InputError
+
+    csv = tmp_path / "d.CSV"
+    csv.write_text("a,y\n1,0\n2,1\n")
+    assert check_data_spec(csv, label_column="y") == str(csv)
+    npz, folder = tmp_path / "d.npz", tmp_path / "f.csv"
+    np.savez(npz, X=np.zeros((2, 1), np.float32), y=np.array([0, 1]))
+    folder.mkdir()
+    np.save(folder / "X.npy", np.zeros((2, 1), np.float32))
+    np.save(folder / "y.npy", np.array([0, 1]))
+    for spec in (npz, folder):
+        assert check_data_spec(spec) == str(spec)
+        with pytest.raises(InputError, match=r"^label_column 'y' applies to a CSV file only"):
+            check_data_spec(spec, label_column="y")
+
+
 def test_import_refuses_a_label_column_for_data_that_is_no_csv(tmp_path):
     from dpaudit.cli.main import app  # noqa: F401  (the CLI is what is tested; nothing trains)
 
