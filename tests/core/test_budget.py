@@ -16,6 +16,7 @@ from dpaudit.errors import InputError
 
 runner = CliRunner()
 GiB = 2**30
+AVAILABLE_MEMORY = budget.available_memory  # the real one (the fixture below replaces it)
 
 
 def invoke(*args):
@@ -57,6 +58,40 @@ def test_check_cost_refuses_memory_and_asks_before_long_work():
         check_cost(long)
     with pytest.raises(InputError):  # the go-ahead ends with its block
         check_cost(long)
+
+
+def test_a_go_ahead_block_restores_the_go_ahead_it_found():
+    # `dpaudit --yes` earlier in the process (the variable set), then `with allow_long_work(False)`: refused inside,
+    # allowed again after. Planted: the block not restoring a set variable, set_allow_long_work(False) not clearing
+    # it -> fails.
+    budget.set_allow_long_work(True)
+    with allow_long_work(False):
+        assert not budget.long_work_allowed()
+    assert budget.long_work_allowed()
+
+
+def test_available_memory_reads_memavailable_then_free_pages_then_assumes_4_gib(monkeypatch):
+    # /proc/meminfo's MemAvailable (kB); without that line or file, free pages x page size; without those, 4 GiB.
+    # Planted: the file not read, its line test negated (MemTotal read), kB not x 1024 -> fails.
+    import io
+
+    meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    500 kB\n"
+    monkeypatch.setattr(budget, "open", lambda path: io.StringIO(meminfo), raising=False)
+    monkeypatch.setattr(budget.os, "sysconf", {"SC_AVPHYS_PAGES": 7, "SC_PAGE_SIZE": 4096}.__getitem__)
+    assert AVAILABLE_MEMORY() == 500 * 1024
+    meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\n"  # a kernel before 3.14: no MemAvailable
+    assert AVAILABLE_MEMORY() == 7 * 4096
+
+    def unreadable(path):
+        raise OSError(f"cannot open {path}")
+
+    def unknown(name):
+        raise ValueError(f"unrecognized configuration name {name}")
+
+    monkeypatch.setattr(budget, "open", unreadable, raising=False)
+    assert AVAILABLE_MEMORY() == 7 * 4096
+    monkeypatch.setattr(budget.os, "sysconf", unknown)
+    assert AVAILABLE_MEMORY() == 4 * GiB
 
 
 @pytest.mark.parametrize(

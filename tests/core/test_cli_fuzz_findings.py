@@ -65,7 +65,7 @@ def test_import_refuses_a_label_column_for_data_that_is_no_csv(tmp_path):
         "import", weights, "--model-spec", spec, "--out", tmp_path / "out", "--data", TINY, "--members", members,
         "--label-column", "y",
     )  # fmt: skip
-    assert line.startswith("error: --label-column 'y' applies to a CSV file only"), line
+    assert line.startswith(f"error: --label-column 'y' applies to a CSV file only, not to the data '{TINY}'"), line
     assert not (tmp_path / "out").exists()
 
 
