@@ -338,12 +338,13 @@ def test_auto_learns_from_full_probabilities_that_underflowed_to_zero(tmp_path):
         ("probs", None, "planted"),  # every probability above 0: no underflow to blame
         ("logits", 0.0, "planted"),  # a logit of 0 is no underflowed probability
         ("probs", np.nan, "finite"),  # a NaN beside a 0: a broken answer, nothing to learn from
+        ("probs", 0.0, None),  # two 0s (no 1): 583 usable equations for 585 unknowns, learnt from
     ],
 )
 def test_auto_refuses_equations_that_fail_for_another_reason(digits_logreg, monkeypatch, api, planted, refusal):
     # The fallbacks' limits: auto learns only where a probability rounded or underflowed to 0 (answers otherwise
     # finite) left too few equations; any other failure of the equations is the attack's refusal. Planted: the
-    # fallback without the api's kind, the finiteness or the zero test -> fails.
+    # fallback without the api's kind, the finiteness or the zero test, or testing for a 1 -> fails.
     from attacks import extraction
 
     real_attack, real_fit = extraction.equation_attack, extraction.EquationSolver.fit
@@ -362,6 +363,10 @@ def test_auto_refuses_equations_that_fail_for_another_reason(digits_logreg, monk
 
     monkeypatch.setattr(extraction, "equation_attack", answers)
     monkeypatch.setattr(extraction.EquationSolver, "fit", fit)
+    if refusal is None:
+        r = extract(_load(digits_logreg), budget=DIGITS_D + 1, api=api, curve_points=1, surrogate="logreg").result
+        assert r.method == "learning" and "583 usable equations for 585 unknowns" in r.params["fallback"]
+        return
     with pytest.raises(InputError, match=refusal):
         extract(_load(digits_logreg), budget=DIGITS_D + 1, api=api, curve_points=1, surrogate="logreg")
 
