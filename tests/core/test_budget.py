@@ -80,7 +80,7 @@ def test_check_cost_limits_are_inclusive_and_count_every_term():
     # At exactly half the memory (4 GiB of 8) and exactly an hour the work starts; the fixed bytes (a model's weights
     # beside its per-unit memory) count; check_cost returns the cost; a private step costs DP_OVERHEAD (3) plain ones;
     # a spec that cannot be built is one line. Planted: `>=` for either limit, fixed_bytes dropped, no return, no
-    # DP overhead, the build's refusal dropped -> fails.
+    # DP overhead, any term of a training's memory changed, the build's refusal dropped -> fails.
     from dpaudit.budget import model_parameters, step_seconds
 
     edge = Cost("x", 4, "units", bytes_per_unit=GiB, seconds_per_unit=budget.CONFIRM_SECONDS / 4)
@@ -88,6 +88,10 @@ def test_check_cost_limits_are_inclusive_and_count_every_term():
     with pytest.raises(InputError, match="need about 5 GiB of memory"):
         check_cost(Cost("x", 1, "units", bytes_per_unit=GiB, fixed_bytes=4 * GiB))
     assert (step_seconds(10**6, 100, private=False), step_seconds(10**6, 100, private=True)) == (0.6, 1.8)
+    # One training's memory: 4 bytes per parameter for the weights, 3 optimiser/gradient copies, and a batch of
+    # per-example gradients when private (one gradient otherwise).
+    private, plain = (budget.training_cost("t", 1000, 10, 64, private=p) for p in (True, False))
+    assert (private.memory, plain.memory, private.units, private.seconds) == (4000 * 67, 4000 * 4, 10, 10 * 64 * 18e-6)
 
     class Unbuildable:
         def build(self):
