@@ -444,6 +444,30 @@ def threes_and_eights_run(tmp_path_factory):
     return load_run(out)
 
 
+def test_the_default_attack_and_the_callers_progress_one_step_per_class(threes_and_eights_run):
+    # Without `attack` the default MIFace(seed=seed) inverts (its settings recorded); the caller's progress reporter
+    # gets one task of len(classes) steps, advanced once per class. Planted: the default replaced by None or the
+    # caller's attack test negated, the caller's progress ignored, advance(0) or (2) or none -> fails.
+    import contextlib
+
+    from attacks.inversion import MIFace
+
+    calls = []
+
+    class Recording:
+        @contextlib.contextmanager
+        def task(self, description, total, **k):
+            calls.append((description, total))
+            yield lambda n=1: calls.append(n)
+
+    r = run_inversion(threes_and_eights_run, "3,8", seed=0, progress=Recording())
+    default = MIFace(seed=0)
+    assert (r.params["iterations"], r.params["restarts"], r.params["variant"]) == (
+        default.iterations, default.restarts, default.variant,
+    )  # fmt: skip
+    assert calls == [("MI-FACE inversion", 2), 1, 1]
+
+
 def test_classes_are_the_datas_labels_not_indices(threes_and_eights_run):
     """`--classes 8` inverts the eights (index 1), and says so by label; index 1 (a label of no record) is refused
     instead of silently inverting the eights, and index 0 instead of the threes."""

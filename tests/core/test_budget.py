@@ -74,6 +74,7 @@ def test_sizes_and_durations_are_printed_in_the_largest_unit_they_reach():
     assert [_duration(t) for t in seconds] == expected
     firsts = [365 * 86400, 86400, 3600, 60]  # (the unit's name, whatever its number)
     assert [_duration(t).split()[1] for t in firsts] == ["years", "days", "hours", "minutes"]
+    assert [_duration(t - 1).split()[1] for t in firsts] == ["days", "hours", "minutes", "s"]  # a second before
 
 
 def test_check_cost_limits_are_inclusive_and_count_every_term():
