@@ -445,9 +445,10 @@ def threes_and_eights_run(tmp_path_factory):
 
 
 def test_the_default_attack_and_the_callers_progress_one_step_per_class(threes_and_eights_run):
-    # Without `attack` the default MIFace(seed=seed) inverts (its settings recorded); the caller's progress reporter
-    # gets one task of len(classes) steps, advanced once per class. Planted: the default replaced by None or the
-    # caller's attack test negated, the caller's progress ignored, advance(0) or (2) or none -> fails.
+    # A run given by its path is loaded; without `attack` the default MIFace(seed=seed) inverts (its settings
+    # recorded); the caller's progress reporter gets one task of len(classes) steps, advanced once per class. Planted:
+    # the path not loaded, the default replaced by None or the caller's attack test negated, directions recorded for a
+    # white-box run, the caller's progress ignored, advance(0) or (2) or none -> fails.
     import contextlib
 
     from attacks.inversion import MIFace
@@ -460,7 +461,8 @@ def test_the_default_attack_and_the_callers_progress_one_step_per_class(threes_a
             calls.append((description, total))
             yield lambda n=1: calls.append(n)
 
-    r = run_inversion(threes_and_eights_run, "3,8", seed=0, progress=Recording())
+    r = run_inversion(str(threes_and_eights_run.path), "3,8", seed=0, progress=Recording())  # a path, as a notebook's
+    assert r.params["directions"] is None  # white-box: no black-box directions recorded
     default = MIFace(seed=0)
     assert (r.params["iterations"], r.params["restarts"], r.params["variant"]) == (
         default.iterations, default.restarts, default.variant,
@@ -520,6 +522,13 @@ def test_a_class_missing_from_a_split_gives_no_comparison_not_a_crash(tmp_path):
     assert by[3]["mse_nonmembers"] is None and by[3]["mse"] is not None
     assert by[4]["mse"] is None and by[4]["ssim"] is None and by[4]["mse_nonmembers"] is not None
     assert d["mean_mse_nonmembers"] == pytest.approx(np.mean([by[1]["mse_nonmembers"], by[4]["mse_nonmembers"]]))
+    # MSE and SSIM in box units: each feature minus its aux minimum (here below 0), over its aux range. Planted: the
+    # range multiplied or not divided, the minimum added or not subtracted (SSIM moves) -> fails.
+    aux = X[splits.aux].astype(np.float64)
+    lo, width = aux.min(0), aux.max(0) - aux.min(0)
+    x, m = (r.inversions[0] - lo) / width, (X[idx[1][:15]].astype(np.float64).mean(0) - lo) / width
+    assert lo.min() < 0 and by[1]["mse"] == pytest.approx(np.mean((x - m) ** 2), rel=1e-9)
+    assert by[1]["ssim"] == pytest.approx(ssim(x, m), rel=1e-9)
     json.dumps(d, allow_nan=False)
     from dpaudit.cli.inversion import inversion_table
 
