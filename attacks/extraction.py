@@ -732,9 +732,9 @@ def extract(
     equations (linear targets: exact from d+1 queries with full probabilities), learning (any target:
     a ``surrogate`` of kind logreg | mlp | cnn trained on the answers) or auto (equations when they
     apply: a logreg target, an API with scores, a budget of at least d+1; else learning, and learning
-    when ``adaptive``; rounded answers that leave the equations unsolvable: a ``surrogate`` trained on the
-    same queries and answers, no further query, ``params["fallback"]`` saying why). ``pool``: where
-    queries come from (aux | uniform | synthetic, the default: with rounded answers, uniform points in
+    when ``adaptive``; rounded answers, or probabilities that underflowed to 0, that leave the equations unsolvable:
+    a ``surrogate`` trained on the same queries and answers, no further query, ``params["fallback"]`` saying why).
+    ``pool``: where queries come from (aux | uniform | synthetic, the default: with rounded answers, uniform points in
     the box are so confidently classified that their probabilities round to 0 and 1 and give almost no
     equations). ``adaptive``: uncertainty-
     sampling rounds (learning only). ``curve_points``: points of the fidelity-vs-queries curve, the
@@ -783,8 +783,11 @@ def extract(
             except InputError as e:
                 # Rounded answers: a probability rounded to 0 gives no equation, so d+1 queries (auto's minimum)
                 # rarely suffice; auto refused where learning works (`--api rounded:2 --budget 65` on a digits logreg:
-                # "416 usable equations for 585 unknowns"). Auto then learns from the answers already bought.
-                if not (chose and mode.kind == "rounded"):
+                # "416 usable equations for 585 unknowns"). Auto then learns from the answers already bought. Full
+                # probabilities that underflowed to 0 likewise (a digits logreg trained at --lr 1000: "642 usable
+                # equations for 585 unknowns", too few for one class, at 1000 queries: the report stopped).
+                underflowed = mode.kind == "probs" and bool(np.all(np.isfinite(A))) and bool(np.any(A == 0))
+                if not (chose and (mode.kind == "rounded" or underflowed)):
                     raise
                 method, spec = "learning", surrogate_spec(surrogate, input_shape=shape, n_classes=n_classes)
                 settings |= {"method": method, "surrogate": spec.to_dict(), "adaptive": False,

@@ -66,8 +66,8 @@ def extract(
             "-m",
             help="equations (linear models: solve log-probability ratios, exact from d+1 queries) | learning "
             "(train a surrogate on the answers, any model) | auto (equations where they apply: a logreg target, an "
-            "api with scores, a budget of at least d+1, no --adaptive; else learning; with rounded:K answers too "
-            "few to solve, a surrogate learnt from the same answers).",
+            "api with scores, a budget of at least d+1, no --adaptive; else learning; with rounded:K answers (or "
+            "probabilities that underflowed to 0) too few to solve, a surrogate learnt from the same answers).",
         ),
     ] = "auto",
     surrogate: Annotated[

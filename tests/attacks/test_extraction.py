@@ -318,6 +318,59 @@ def test_auto_learns_from_rounded_answers_too_few_to_solve(digits_logreg):
         extract(run, budget=DIGITS_D + 1, api="rounded:2", method="equations", curve_points=1)
 
 
+def test_auto_learns_from_full_probabilities_that_underflowed_to_zero(tmp_path):
+    """A digits logreg trained at --lr 1000 answers probabilities that underflow to 0 in float64 (logit gaps above
+    ~745): 65 queries give 21 usable equations for 585 unknowns. Auto refused (`dpaudit report --extraction-budget
+    1000` stopped: 642 equations, too few for one class), the failure the rounded-answer fallback removed; it now learns
+    from the same answers. An explicit --method equations still refuses. Planted: the fallback for rounded answers
+    only -> fails."""
+    run = _load(_train(tmp_path / "confident", "digits", "logreg", epochs=10, lr=1000.0, seed=0))
+    r = extract(run, budget=DIGITS_D + 1, api="probs", curve_points=1, surrogate="logreg").result
+    assert (r.method, r.queries, r.params["adaptive"]) == ("learning", DIGITS_D + 1, False)
+    assert "equations unsolvable" in r.params["fallback"] and "equations for 585 unknowns" in r.params["fallback"]
+    with pytest.raises(InputError, match="usable equations"):
+        extract(run, budget=DIGITS_D + 1, api="probs", method="equations", curve_points=1)
+
+
+@pytest.mark.parametrize(
+    ("api", "planted", "refusal"),
+    [
+        ("probs", None, "planted"),  # every probability above 0: no underflow to blame
+        ("logits", 0.0, "planted"),  # a logit of 0 is no underflowed probability
+        ("probs", np.nan, "finite"),  # a NaN beside a 0: a broken answer, nothing to learn from
+        ("probs", 0.0, None),  # two 0s (no 1): 583 usable equations for 585 unknowns, learnt from
+    ],
+)
+def test_auto_refuses_equations_that_fail_for_another_reason(digits_logreg, monkeypatch, api, planted, refusal):
+    # The fallbacks' limits: auto learns only where a probability rounded or underflowed to 0 (answers otherwise
+    # finite) left too few equations; any other failure of the equations is the attack's refusal. Planted: the
+    # fallback without the api's kind, the finiteness or the zero test, or testing for a 1 -> fails.
+    from attacks import extraction
+
+    real_attack, real_fit = extraction.equation_attack, extraction.EquationSolver.fit
+
+    def answers(*a, **k):
+        X, A = real_attack(*a, **k)
+        if planted is not None:
+            A = A.copy()
+            A[0, 0], A[1, 1] = planted, 0.0
+        return X, A
+
+    def fit(self, X, A):
+        if planted is None or api == "logits":
+            raise InputError("planted: unsolvable")
+        return real_fit(self, X, A)
+
+    monkeypatch.setattr(extraction, "equation_attack", answers)
+    monkeypatch.setattr(extraction.EquationSolver, "fit", fit)
+    if refusal is None:
+        r = extract(_load(digits_logreg), budget=DIGITS_D + 1, api=api, curve_points=1, surrogate="logreg").result
+        assert r.method == "learning" and "583 usable equations for 585 unknowns" in r.params["fallback"]
+        return
+    with pytest.raises(InputError, match=refusal):
+        extract(_load(digits_logreg), budget=DIGITS_D + 1, api=api, curve_points=1, surrogate="logreg")
+
+
 # --------------------------------------------------------------------------- learning-based extraction
 
 

@@ -195,6 +195,19 @@ def test_settings_are_validated_with_names():
     assert parse_classes(None, digits) == tuple(range(10)) and parse_classes("2, 0", digits) == (2, 0)
 
 
+def test_the_cost_asked_about_is_restarts_times_iterations_steps():
+    # dpaudit.budget's estimate per class: restarts x iterations x STEP_SECONDS (1e-4 s). 30 starts of 1000 steps
+    # (3 s) start; 1e5 of them (1e4 s, past the hour) ask for --yes. Planted: a start costing `iterations` seconds
+    # (the 30 starts refused) or STEP_SECONDS (the 1e5 starts let through) -> fails.
+    from dpaudit.budget import allow_long_work
+    from dpaudit.errors import BudgetError
+
+    with allow_long_work(False):
+        MIFace(iterations=1000, restarts=30).check()
+        with pytest.raises(BudgetError, match=r"^model inversion: 1e\+05 starts would take about 2\.78 hours"):
+            MIFace(iterations=1000, restarts=10**5).check()
+
+
 # --------------------------------------------------------------------------- SSIM
 
 
@@ -431,6 +444,32 @@ def threes_and_eights_run(tmp_path_factory):
     return load_run(out)
 
 
+def test_the_default_attack_and_the_callers_progress_one_step_per_class(threes_and_eights_run):
+    # A run given by its path is loaded; without `attack` the default MIFace(seed=seed) inverts (its settings
+    # recorded); the caller's progress reporter gets one task of len(classes) steps, advanced once per class. Planted:
+    # the path not loaded, the default replaced by None or the caller's attack test negated, directions recorded for a
+    # white-box run, the caller's progress ignored, advance(0) or (2) or none -> fails.
+    import contextlib
+
+    from attacks.inversion import MIFace
+
+    calls = []
+
+    class Recording:
+        @contextlib.contextmanager
+        def task(self, description, total, **k):
+            calls.append((description, total))
+            yield lambda n=1: calls.append(n)
+
+    r = run_inversion(str(threes_and_eights_run.path), "3,8", seed=0, progress=Recording())  # a path, as a notebook's
+    assert r.params["directions"] is None  # white-box: no black-box directions recorded
+    default = MIFace(seed=0)
+    assert (r.params["iterations"], r.params["restarts"], r.params["variant"]) == (
+        default.iterations, default.restarts, default.variant,
+    )  # fmt: skip
+    assert calls == [("MI-FACE inversion", 2), 1, 1]
+
+
 def test_classes_are_the_datas_labels_not_indices(threes_and_eights_run):
     """`--classes 8` inverts the eights (index 1), and says so by label; index 1 (a label of no record) is refused
     instead of silently inverting the eights, and index 0 instead of the threes."""
@@ -483,6 +522,13 @@ def test_a_class_missing_from_a_split_gives_no_comparison_not_a_crash(tmp_path):
     assert by[3]["mse_nonmembers"] is None and by[3]["mse"] is not None
     assert by[4]["mse"] is None and by[4]["ssim"] is None and by[4]["mse_nonmembers"] is not None
     assert d["mean_mse_nonmembers"] == pytest.approx(np.mean([by[1]["mse_nonmembers"], by[4]["mse_nonmembers"]]))
+    # MSE and SSIM in box units: each feature minus its aux minimum (here below 0), over its aux range. Planted: the
+    # range multiplied or not divided, the minimum added or not subtracted (SSIM moves) -> fails.
+    aux = X[splits.aux].astype(np.float64)
+    lo, width = aux.min(0), aux.max(0) - aux.min(0)
+    x, m = (r.inversions[0] - lo) / width, (X[idx[1][:15]].astype(np.float64).mean(0) - lo) / width
+    assert lo.min() < 0 and by[1]["mse"] == pytest.approx(np.mean((x - m) ** 2), rel=1e-9)
+    assert by[1]["ssim"] == pytest.approx(ssim(x, m), rel=1e-9)
     json.dumps(d, allow_nan=False)
     from dpaudit.cli.inversion import inversion_table
 

@@ -16,6 +16,7 @@ from dpaudit.errors import InputError
 
 runner = CliRunner()
 GiB = 2**30
+AVAILABLE_MEMORY = budget.available_memory  # the real one (the fixture below replaces it)
 
 
 def invoke(*args):
@@ -33,9 +34,11 @@ def one_line_error(r):
 def eight_gib(monkeypatch):
     """A fixed machine (8 GiB available), and no training at all: every case must be refused before it."""
     monkeypatch.setattr(budget, "available_memory", lambda: 8 * GiB)
-    # Not delenv: on an unset variable it records nothing to restore, and the CLI's --yes (set for the whole
-    # process) then leaked into every later test of the session.
+    # setenv first, so that the teardown removes the variable again: a test's `dpaudit --yes` sets it for the rest of
+    # the process (delenv of an absent variable records nothing), and every later test in the same worker then ran
+    # with long work allowed (`attack mia --bootstrap 2^63` in test_cli_fuzz_findings ran 278 s and failed).
     monkeypatch.setenv(budget.YES_ENV, "0")
+    monkeypatch.delenv(budget.YES_ENV)
 
     def no_training(*a, **k):
         raise AssertionError("training started")
@@ -55,6 +58,82 @@ def test_check_cost_refuses_memory_and_asks_before_long_work():
         check_cost(long)
     with pytest.raises(InputError):  # the go-ahead ends with its block
         check_cost(long)
+
+
+def test_sizes_and_durations_are_printed_in_the_largest_unit_they_reach():
+    # Each unit from its first value (2^40 bytes is 1 TiB; 365 days 1 year), 3 significant digits; below a KiB bytes,
+    # below a minute seconds, a non-finite duration "forever". Planted: any unit's size changed -> fails.
+    from dpaudit.budget import _bytes, _duration
+
+    sizes = [1.5 * 2**40, 2**40, 5 * 2**30, 2**30, 3 * 2**20, 2**20, 1.5 * 2**10, 2**10, 1023, 0]
+    assert [_bytes(n) for n in sizes] == [
+        "1.5 TiB", "1 TiB", "5 GiB", "1 GiB", "3 MiB", "1 MiB", "1.5 KiB", "1 KiB", "1023 B", "0 B",
+    ]  # fmt: skip
+    seconds = [2 * 365 * 86400, 3 * 86400, 7200, 90, 59.5, 0.25, float("inf")]
+    expected = ["2 years", "3 days", "2 hours", "1.5 minutes", "59.5 s", "0.25 s", "forever"]
+    assert [_duration(t) for t in seconds] == expected
+    firsts = [365 * 86400, 86400, 3600, 60]  # (the unit's name, whatever its number)
+    assert [_duration(t).split()[1] for t in firsts] == ["years", "days", "hours", "minutes"]
+    assert [_duration(t - 1).split()[1] for t in firsts] == ["days", "hours", "minutes", "s"]  # a second before
+
+
+def test_check_cost_limits_are_inclusive_and_count_every_term():
+    # At exactly half the memory (4 GiB of 8) and exactly an hour the work starts; the fixed bytes (a model's weights
+    # beside its per-unit memory) count; check_cost returns the cost; a private step costs DP_OVERHEAD (3) plain ones;
+    # a spec that cannot be built is one line. Planted: `>=` for either limit, fixed_bytes dropped, no return, no
+    # DP overhead, any term of a training's memory changed, the build's refusal dropped -> fails.
+    from dpaudit.budget import model_parameters, step_seconds
+
+    edge = Cost("x", 4, "units", bytes_per_unit=GiB, seconds_per_unit=budget.CONFIRM_SECONDS / 4)
+    assert check_cost(edge) is edge
+    with pytest.raises(InputError, match="need about 5 GiB of memory"):
+        check_cost(Cost("x", 1, "units", bytes_per_unit=GiB, fixed_bytes=4 * GiB))
+    assert (step_seconds(10**6, 100, private=False), step_seconds(10**6, 100, private=True)) == (0.6, 1.8)
+    # One training's memory: 4 bytes per parameter for the weights, 3 optimiser/gradient copies, and a batch of
+    # per-example gradients when private (one gradient otherwise).
+    private, plain = (budget.training_cost("t", 1000, 10, 64, private=p) for p in (True, False))
+    assert (private.memory, plain.memory, private.units, private.seconds) == (4000 * 67, 4000 * 4, 10, 10 * 64 * 18e-6)
+
+    class Unbuildable:
+        def build(self):
+            raise ValueError("hidden size -1\nmore")
+
+    with pytest.raises(InputError, match=r"^cannot build the model spec \(hidden size -1\)$"):
+        model_parameters(Unbuildable())
+
+
+def test_a_go_ahead_block_restores_the_go_ahead_it_found():
+    # `dpaudit --yes` earlier in the process (the variable set), then `with allow_long_work(False)`: refused inside,
+    # allowed again after. Planted: the block not restoring a set variable, set_allow_long_work(False) not clearing
+    # it -> fails.
+    budget.set_allow_long_work(True)
+    with allow_long_work(False):
+        assert not budget.long_work_allowed()
+    assert budget.long_work_allowed()
+
+
+def test_available_memory_reads_memavailable_then_free_pages_then_assumes_4_gib(monkeypatch):
+    # /proc/meminfo's MemAvailable (kB); without that line or file, free pages x page size; without those, 4 GiB.
+    # Planted: the file not read, its line test negated (MemTotal read), kB not x 1024 -> fails.
+    import io
+
+    meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    500 kB\n"
+    monkeypatch.setattr(budget, "open", lambda path: io.StringIO(meminfo), raising=False)
+    monkeypatch.setattr(budget.os, "sysconf", {"SC_AVPHYS_PAGES": 7, "SC_PAGE_SIZE": 4096}.__getitem__)
+    assert AVAILABLE_MEMORY() == 500 * 1024
+    meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\n"  # a kernel before 3.14: no MemAvailable
+    assert AVAILABLE_MEMORY() == 7 * 4096
+
+    def unreadable(path):
+        raise OSError(f"cannot open {path}")
+
+    def unknown(name):
+        raise ValueError(f"unrecognized configuration name {name}")
+
+    monkeypatch.setattr(budget, "open", unreadable, raising=False)
+    assert AVAILABLE_MEMORY() == 7 * 4096
+    monkeypatch.setattr(budget.os, "sysconf", unknown)
+    assert AVAILABLE_MEMORY() == 4 * GiB
 
 
 @pytest.mark.parametrize(
@@ -138,6 +217,7 @@ def test_long_work_is_announced_with_its_estimate_before_it_starts(capsys):
     from dpaudit.budget import NOTICE_SECONDS, Cost, check_cost
 
     check_cost(Cost("short work", 10, "steps", 8.0, NOTICE_SECONDS / 20))
+    check_cost(Cost("a minute's work", 1, "steps", 8.0, NOTICE_SECONDS))  # announced above a minute only
     assert capsys.readouterr().err == ""
     check_cost(Cost("PLD accounting of 10000000 compositions", 1.27e8, "grid points", 48.0, 2e-6), memory=2**40)
     err = capsys.readouterr().err

@@ -365,6 +365,28 @@ def test_audit_train_with_a_default_batch_above_the_train_size_says_so(tok, tmp_
     assert "batch size 64" not in one_error(r)
 
 
+def test_the_learned_nothing_advice_names_every_option_the_algorithm_reads_in_one_sentence():
+    # The other half of the test below: every option among --epochs, --steps, --lr, --epsilon that `dpaudit train`
+    # reads for the algorithm (OPTION_READERS) is named, and the sentence reads right with one tip (an algorithm that
+    # reads none: "more data" alone) and with several; None gives the general advice. Planted: "a larger --lr"
+    # dropped, the one-tip branch at len 0 or tips[1], the `algo is None` shortcut dropped -> fails.
+    import re
+
+    from dpaudit.training.config import AGGREGATION_ALGOS, OPTION_READERS, TRAINER_ALGOS
+    from dpaudit.training.run import _LEARN_QUESTION, learn_question
+
+    for algo in (*TRAINER_ALGOS, *AGGREGATION_ALGOS, "cloak"):
+        named = re.findall(r"--([a-z][a-z-]*)", learn_question(algo))
+        assert named == [o for o in ("epochs", "steps", "lr", "epsilon") if algo in OPTION_READERS[o]], (algo, named)
+    start = "the model learned next to nothing, so membership attacks on it measure little ("
+    assert learn_question("dpsgd") == start + (
+        "train longer (--epochs, --steps), a larger --lr, more data or a larger --epsilon, or check the data)"
+    )
+    assert learn_question("objpert") == start + "more data or a larger --epsilon, or check the data)"
+    assert learn_question("none-such") == start + "more data, or check the data)"
+    assert learn_question(None) == _LEARN_QUESTION
+
+
 def test_the_learned_nothing_advice_names_only_options_the_algorithm_reads(tmp_path):
     # DP-AGD (full-batch, no learning rate) was told "train longer, with a larger learning rate"; a non-private run
     # "a larger epsilon". Every --option the advice names is one `dpaudit train` reads for that algorithm

@@ -29,6 +29,29 @@ def test_a_label_column_for_data_that_is_no_csv_is_refused(tmp_path, command, da
     assert not (tmp_path / "out").exists()
 
 
+def test_check_data_spec_takes_a_label_column_for_a_csv_file_only(tmp_path):
+    # The refusal above, by path: a .csv file (any case) takes one; an .npz file, and a folder (X.npy, y.npy) even
+    # if named like a CSV, do not. Planted: the suffix or the folder test dropped, the suffix test negated, every
+    # label column refused -> fails.
+    import numpy as np
+
+    from dpaudit.data import check_data_spec
+    from dpaudit.errors import InputError
+
+    csv = tmp_path / "d.CSV"
+    csv.write_text("a,y\n1,0\n2,1\n")
+    assert check_data_spec(csv, label_column="y") == str(csv)
+    npz, folder = tmp_path / "d.npz", tmp_path / "f.csv"
+    np.savez(npz, X=np.zeros((2, 1), np.float32), y=np.array([0, 1]))
+    folder.mkdir()
+    np.save(folder / "X.npy", np.zeros((2, 1), np.float32))
+    np.save(folder / "y.npy", np.array([0, 1]))
+    for spec in (npz, folder):
+        assert check_data_spec(spec) == str(spec)
+        with pytest.raises(InputError, match=r"^label_column 'y' applies to a CSV file only"):
+            check_data_spec(spec, label_column="y")
+
+
 def test_import_refuses_a_label_column_for_data_that_is_no_csv(tmp_path):
     from dpaudit.cli.main import app  # noqa: F401  (the CLI is what is tested; nothing trains)
 
@@ -42,7 +65,7 @@ def test_import_refuses_a_label_column_for_data_that_is_no_csv(tmp_path):
         "import", weights, "--model-spec", spec, "--out", tmp_path / "out", "--data", TINY, "--members", members,
         "--label-column", "y",
     )  # fmt: skip
-    assert line.startswith("error: --label-column 'y' applies to a CSV file only"), line
+    assert line.startswith(f"error: --label-column 'y' applies to a CSV file only, not to the data '{TINY}'"), line
     assert not (tmp_path / "out").exists()
 
 
@@ -96,6 +119,11 @@ def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_rea
     ("args", "expected"),
     [
         (["attack", "mia", "{run}", "--attacks", "loss", "--bootstrap", str(2**63)], "error: bootstrap: 9.223e+18"),
+        # resamples per attack: 2e7 for each of two is 4e7 x 1e-4 s, past the hour (2e7 alone is not)
+        (
+            ["attack", "mia", "{run}", "--attacks", "loss,confidence", "--bootstrap", "20000000"],
+            "error: bootstrap: 4e+07 resamples would take about 1.11 hours",
+        ),
         (
             ["attack", "inversion", "{run}", "--classes", "0", "--iterations", "5", "--restarts", str(2**63)],
             "error: model inversion: 9.223e+18 starts would take about",

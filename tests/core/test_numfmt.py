@@ -244,10 +244,15 @@ def test_the_inverted_scores_note_shows_an_underflowed_p_value_as_a_bound():
 def test_percentages_are_the_short_decimal_times_100_rounded_outward(x, d):
     """percent_down / percent_up (a rate's confidence interval in the report: [down(lo), up(hi)]) against the exact
     oracle: the fraction's shortest decimal times 100, exactly, rounded by Decimal with ROUND_FLOOR / ROUND_CEILING at
-    ``d`` significant digits, in fixed notation. A printed interval then contains the computed one. Planted: up
-    rounding down (percent_up's interval end read 12.34% for 0.123456), either returning the missing-value dash."""
+    ``d`` significant digits, in fixed notation (percent_nearest: ROUND_HALF_EVEN). A printed interval then contains
+    the computed one. Planted: up rounding down (percent_up's interval end read 12.34% for 0.123456), any of the
+    three returning the missing-value dash."""
     exact = Decimal(repr(x)).scaleb(2)
-    for f, rounding in ((numfmt.percent_down, ROUND_FLOOR), (numfmt.percent_up, ROUND_CEILING)):
+    for f, rounding in (
+        (numfmt.percent_down, ROUND_FLOOR),
+        (numfmt.percent_up, ROUND_CEILING),
+        (numfmt.percent_nearest, ROUND_HALF_EVEN),  # a descriptive share: nearest, ties to even
+    ):
         text = f(x, d)
         assert text == f"{Context(prec=d, rounding=rounding).plus(exact).normalize():f}%"
     assert Decimal(numfmt.percent_down(x, d)[:-1]) <= exact <= Decimal(numfmt.percent_up(x, d)[:-1])
@@ -257,7 +262,13 @@ def test_percentages_examples_and_specials():
     assert (numfmt.percent_down(0.123456, 4), numfmt.percent_up(0.123456, 4)) == ("12.34%", "12.35%")
     assert (numfmt.percent_down(0.9999999), numfmt.percent_up(0.9999999)) == ("99.9999%", "100%")
     assert numfmt.percent_up(1e-7) == "0.00001%" and numfmt.percent_up(0.57) == "57%"  # fixed notation; 0.57 exact
-    for f in (numfmt.percent_down, numfmt.percent_up):
+    # percent_nearest (the attribute leakage's left-out share): 1/3 at its default 3 digits; ties to even.
+    assert (numfmt.percent_nearest(1 / 3), numfmt.percent_nearest(0.0125, 2), numfmt.percent_nearest(0.0135, 2)) == (
+        "33.3%",
+        "1.2%",
+        "1.4%",
+    )
+    for f in (numfmt.percent_down, numfmt.percent_up, numfmt.percent_nearest):
         assert (f(None), f(None, missing="n/a"), f(0.0), f(-0.0), f(math.inf), f(math.nan)) == (
             "—",
             "n/a",

@@ -394,6 +394,42 @@ def test_read_only_file_system_at_the_final_write_is_exit_2(tmp_path, monkeypatc
         write_atomic_dir(tmp_path / "out", writer({"a": "1"}), force=False)
 
 
+def test_check_writable_parent_asks_for_write_and_search_and_names_the_file_systems_reason(tmp_path, monkeypatch):
+    """The nearest existing ancestor must be enterable (X) and writable (W); then the file system itself is asked (an
+    unnamed file), and its refusal is named: ENOSPC as "no space left on device", else the OS's words, else the
+    error's type. Planted: access() asked for W or X alone, the unnamed file not made, ENOSPC's test negated, the
+    reason `strerror and type` -> fails."""
+    import re
+
+    out = tmp_path / "a" / "b" / "run"  # nearest existing ancestor: tmp_path
+    fileio.check_writable_parent(out)
+    fileio.check_writable_parent(str(out))  # a str path, as Path
+    real_access = fileio.os.access
+    for denied in (os.W_OK, os.X_OK):  # tests run as root: simulate a folder without write, then without search
+        monkeypatch.setattr(fileio.os, "access", lambda p, mode, denied=denied: not mode & denied)
+        with pytest.raises(OutputError, match=re.escape(f"cannot write {out}: {tmp_path} is not writable")):
+            fileio.check_writable_parent(out)
+    monkeypatch.setattr(fileio.os, "access", real_access)
+    for error, reason in (
+        (OSError(errno.ENOSPC, "No space left on device"), "no space left on device"),
+        (OSError(errno.EROFS, "Read-only file system"), "Read-only file system"),
+        (OSError(), "OSError"),
+    ):
+
+        def refuse(*a, error=error, **k):
+            raise error
+
+        monkeypatch.setattr(fileio.tempfile, "TemporaryFile", refuse)
+        with pytest.raises(OutputError) as e:
+            fileio.check_writable_parent(out)
+        assert str(e.value) == f"cannot write {out}: {tmp_path} accepts no new file ({reason})"
+    monkeypatch.undo()
+    if Path("/proc/self").is_dir():  # a real file system that refuses every new file (root passes access())
+        with pytest.raises(OutputError, match=r"^cannot write /proc/dpaudit-x: /proc (accepts no new|is not writable)"):
+            fileio.check_writable_parent(Path("/proc/dpaudit-x"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left behind
+
+
 def test_a_parent_that_is_a_file_is_exit_2(tmp_path):
     (tmp_path / "file").write_text("x")
     line = one_line_error(invoke("train", "--out", tmp_path / "file" / "run", *FAST))

@@ -544,3 +544,73 @@ def test_dp_agds_overconfidence_warning_does_not_guess_a_learning_rate(tmp_path)
     assert r.exit_code == 0, r.output
     assert "a few confidently wrong predictions carry the mean (overconfident logits), and" in r.stderr, r.stderr
     assert "learning rate" not in r.stderr, r.stderr
+
+
+# The acceptance test after solve_logistic's 100 Newton steps (convex.py): the returned point's computed gradient and
+# its rounding bound are each at most 1e3·tol, so that its true gradient is within SOLVER_GRADIENT_BOUND = 2e3·tol.
+_Z5 = np.array([[0.557, 0.831], [0.453, 0.892], [0.002, -0.999], [-0.057, 0.483], [0.415, -0.601]])
+_S5 = np.array([-1.0, 1.0, 1.0, -1.0, 1.0])
+
+
+def _solve_and_judge(monkeypatch, lam, b, tol):
+    """(accepted, points evaluated, ||grad J(w)||, rounding(w)) of one solve, w the point it returned or refused (the
+    last one evaluated); rounding as solve_logistic's bound 8u(N + (d + lambda)||w|| + ||b||/N)."""
+    from dpaudit.training import convex
+
+    points, real = [], convex.logistic_objective
+    monkeypatch.setattr(convex, "logistic_objective", lambda w, *a: (points.append(w.copy()), real(w, *a))[1])
+    try:
+        w, accepted = solve_logistic(_Z5, _S5, lam, linear=b, tol=tol), True
+    except InputError:
+        w, accepted = points[-1], False
+    monkeypatch.setattr(convex, "logistic_objective", real)
+    lin = 0.0 if b is None else float(np.linalg.norm(b)) / 5
+    rounding = 8 * np.finfo(np.float64).eps * (5 + (2 + lam) * float(np.linalg.norm(w)) + lin)
+    return accepted, points, float(np.linalg.norm(real(w, _Z5, _S5, lam, b)[1])), rounding
+
+
+def test_after_100_newton_steps_the_solver_accepts_exactly_a_gradient_within_1e3_tol(monkeypatch):
+    # Newton steps slowed 20-fold (np.linalg.solve's answer x 0.05): the gradient shrinks ~5 % a step, so 100 steps
+    # end at ||g|| = G ~ 1e-3 (the step before at G' ~ 1.05 G), far above its rounding (~1e-14). With tol near
+    # G / 1e3 the path is the same (||g|| > tol throughout: no early return) and only the final test decides: refuse
+    # at tol = G / 1.5e3; accept at G / 750, at (G + G') / 2e3 (it judges the FINAL gradient, not the one before
+    # the last step) and at G / 1e3 (inclusive). Planted: 2e3 or 5e2 for 1e3, the clause `||g|| > 1e3 tol` dropped
+    # or read `> tol`, `> 1e3` or `>= 1e3 tol`, the re-evaluation after the loop dropped -> fails.
+    from dpaudit.training.convex import logistic_objective as objective
+
+    real_solve = np.linalg.solve
+    monkeypatch.setattr(np.linalg, "solve", lambda H, g: 0.05 * real_solve(H, g))
+    accepted, points, G, _ = _solve_and_judge(monkeypatch, 0.3, None, 1e-9)
+    assert not accepted and len(points) == 201 and 1e-4 < G < 1e-2  # 100 steps, each accepting its first trial
+    before = float(np.linalg.norm(objective(points[-3], _Z5, _S5, 0.3)[1]))  # at the start of the 100th step
+    assert before > 1.01 * G
+    (edge,) = [t for t in (G / 1e3, np.nextafter(G / 1e3, 0), np.nextafter(G / 1e3, 1)) if 1e3 * t == G][:1]
+    for tol, expected in ((G / 1.5e3, False), (G / 750, True), ((G + before) / 2e3, True), (edge, True)):
+        accepted, points, final, _ = _solve_and_judge(monkeypatch, 0.3, None, tol)
+        assert (accepted, len(points), final) == (expected, 201, G), tol
+
+
+def test_a_gradient_float64_cannot_resolve_is_accepted_after_100_steps_only_within_its_rounding_bound(monkeypatch):
+    # objpert's regime (convex.py, the refusal): a linear term with ||b||/N ~ 1e7 puts w* at ||w*|| ~ 3e7, where the
+    # computed gradient stalls at a few ulps of the terms (~5e-10 > tol = 1e-10) or at 0. After 100 steps the point is
+    # accepted iff ||g|| <= 1e3 tol and its rounding bound <= 1e3 tol: over ||b||/N from 3e6 to 1.3e7 the bound
+    # crosses 1e3 tol = 1e-7, and some solves stall below it (accepted after 100 steps, bound in (5e-8, 1e-7]) and
+    # some above it (refused, bound in (1e-7, 2e-7]). Planted: the rounding clause at 2e3 tol, 5e2 tol or `> tol`
+    # -> fails.
+    tol, u = 1e-10, np.array([0.6, -0.8])
+    stalled, refused = [], []
+    for lin in np.geomspace(3e6, 1.3e7, 40):
+        accepted, points, g, rounding = _solve_and_judge(monkeypatch, 0.3, 5 * lin * u, tol)
+        assert accepted == (g <= 1e3 * tol and rounding <= 1e3 * tol), (lin, g, rounding)
+        if accepted and len(points) > 200:
+            stalled.append((rounding, lin))
+        if not accepted:
+            refused.append(rounding)
+    assert any(5e2 * tol < r for r, _ in stalled) and any(r <= 2e3 * tol for r in refused), (stalled, refused)
+    # The bound is inclusive: a stalled solve rerun with 1e3 tol equal to its rounding bound (still > its gradient)
+    # is accepted. Planted: `rounding(w) >= 1e3 tol` -> fails.
+    rounding, lin = max(stalled)
+    (edge,) = [t for t in (rounding / 1e3, np.nextafter(rounding / 1e3, 0), np.nextafter(rounding / 1e3, 1))
+               if 1e3 * t == rounding][:1]  # fmt: skip
+    accepted, points, g, again = _solve_and_judge(monkeypatch, 0.3, 5 * lin * u, edge)
+    assert accepted and len(points) > 200 and again == rounding and g > edge
