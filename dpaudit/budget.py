@@ -81,7 +81,8 @@ def available_memory() -> int:
 def _bytes(n: float) -> str:
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            v = n / size  # below 1024 (but in TiB): 3 significant digits, and 1000..1023 whole, not "1.02e+03 GiB"
+            return f"{v:.3g} {unit}" if v < 1000 or unit == "TiB" else f"{v:.0f} {unit}"
     return f"{n:.0f} B"
 
 
@@ -90,7 +91,8 @@ def _duration(s: float) -> str:
         return "forever"
     for unit, size in (("years", 365 * 86400), ("days", 86400), ("hours", 3600), ("minutes", 60)):
         if s >= size:
-            return f"{s / size:.3g} {unit}"
+            v = f"{s / size:.3g}"
+            return f"{v} {unit[:-1] if v == '1' else unit}"  # "1 year", not "1 years"
     return f"{s:.3g} s"
 
 

@@ -72,8 +72,12 @@ def test_sizes_and_durations_are_printed_in_the_largest_unit_they_reach():
     seconds = [2 * 365 * 86400, 3 * 86400, 7200, 90, 59.5, 0.25, float("inf")]
     expected = ["2 years", "3 days", "2 hours", "1.5 minutes", "59.5 s", "0.25 s", "forever"]
     assert [_duration(t) for t in seconds] == expected
-    firsts = [365 * 86400, 86400, 3600, 60]  # (the unit's name, whatever its number)
-    assert [_duration(t).split()[1] for t in firsts] == ["years", "days", "hours", "minutes"]
+    firsts = [365 * 86400, 86400, 3600, 60]  # one of each unit, singular
+    assert [_duration(t) for t in firsts] == ["1 year", "1 day", "1 hour", "1 minute"]
+    # Just below a unit: the smaller one's 1000..1023 whole, not "1.02e+03 GiB"; beyond the largest, exponents.
+    assert [_bytes(2**40 - 2**20), _bytes(2**30 - 1), _bytes(1000 * 2**20), _bytes(2e6 * 2**40)] == [
+        "1024 GiB", "1024 MiB", "1000 MiB", "2e+06 TiB",
+    ]  # fmt: skip
     assert [_duration(t - 1).split()[1] for t in firsts] == ["days", "hours", "minutes", "s"]  # a second before
 
 
