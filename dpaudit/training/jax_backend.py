@@ -210,19 +210,65 @@ def _flatten(x, start_dim: int, end_dim: int):
     return x.reshape((*x.shape[:s], math.prod(x.shape[s : e + 1]), *x.shape[e + 1 :])) if x.ndim else x.reshape(1)
 
 
+# While check_embedding_ids traces the forward: (what, rows, ids) of every embedding lookup, else None.
+_ID_READS: list | None = None
+
+
+def _lookup(w, ids, padding_idx: int | None, what: str):
+    """Rows W[ids] (nn.Embedding, F.embedding). torch's embedding backward leaves the padding_idx row's gradient 0;
+    an id outside [0, rows) is an IndexError in torch: here NaN (jnp.take would wrap a negative id to a row from
+    the end), and :func:`check_embedding_ids` refuses such data before training."""
+    i = ids.astype(jnp.int32)
+    if _ID_READS is not None:
+        _ID_READS.append((what, w.shape[0], i))
+    if padding_idx is not None:
+        w = w.at[padding_idx].set(lax.stop_gradient(w[padding_idx]))
+    i = jnp.where((i < 0) | (i >= w.shape[0]), w.shape[0], i)
+    return jnp.take(w, i, axis=0, mode="fill", fill_value=jnp.nan)
+
+
 def _embedding(name: str, m: nn.Embedding) -> Callable:
     if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
         raise _unsupported(f"layer {name} (Embedding) has max_norm, scale_grad_by_freq or sparse")
-    pad = m.padding_idx
+    return lambda p, x: _lookup(p[f"{name}.weight"], x, m.padding_idx, f"layer {name} (Embedding)")
 
-    def f(p, x):
-        w = p[f"{name}.weight"]
-        if pad is not None:  # torch's embedding backward leaves the padding_idx row's gradient 0
-            w = w.at[pad].set(lax.stop_gradient(w[pad]))
-        # rows W[x]; an index outside [0, num_embeddings) (an error in torch) gives NaN, never a clamped row
-        return jnp.take(w, x.astype(jnp.int32), axis=0, mode="fill", fill_value=jnp.nan)
 
-    return f
+def check_embedding_ids(apply: Apply, params: Params, X, chunk: int = 4096) -> None:
+    """Refuse, in one line, training records that give an embedding an id outside its table (torch raises
+    IndexError there; the JAX lookup would give NaN logits and NaN parameters). The forward pass is traced once
+    with every lookup recording its ids; XLA keeps only what computes them, run on all of ``X`` in chunks (the
+    last padded with copies of record 0). Nothing to do for a model without an embedding."""
+    reads: list = []
+
+    def ranges(p, x):
+        global _ID_READS
+        reads.clear()
+        _ID_READS = reads
+        try:
+            apply(p, x)
+        finally:
+            _ID_READS = None
+        return [(jnp.min(i), jnp.max(i)) for _, _, i in reads]
+
+    if not jax.eval_shape(ranges, params, X[:1]):
+        return
+    run, n = jax.jit(ranges), X.shape[0]
+    size = min(n, chunk)
+    lo = hi = None
+    for start in range(0, n, size):
+        part = X[start : start + size]
+        if part.shape[0] < size:
+            part = jnp.concatenate([part, jnp.broadcast_to(X[:1], (size - part.shape[0], *X.shape[1:]))])
+        got = np.array(jax.device_get(run(params, part)), dtype=np.float64).reshape(-1, 2)
+        lo = got[:, 0] if lo is None else np.minimum(lo, got[:, 0])
+        hi = got[:, 1] if hi is None else np.maximum(hi, got[:, 1])
+    for (what, rows, _), a, b in zip(reads, lo, hi, strict=True):
+        if a < 0 or b >= rows:
+            bad = int(a) if a < 0 else int(b)
+            raise InputError(
+                f"{what} is given id {bad} by the training data, outside its {rows} rows (ids 0..{rows - 1}; "
+                "torch raises IndexError): make the table as large as the data's vocabulary"
+            )
 
 
 def _leaky_relu(x, negative_slope: float = 0.01):
@@ -1177,6 +1223,7 @@ class JaxTrainer(Trainer):
         apply = jax_forward(model)
         params = params_from_torch(model)
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))
+        check_embedding_ids(apply, params, Xj)  # before torch's forward in check_same_logits, which would raise
         check_same_logits(model, apply, params, X[:8], Xj[:8])
         optimizer = "adam" if config.algo in ("adam", "dpadam", "dpadam-jl") else "sgd"
         batch_gen = torch.Generator().manual_seed(config.seed + 1)  # the torch trainers' batch seed

@@ -477,3 +477,26 @@ def test_a_module_without_parameters_is_one_line_on_both_backends(backend, algo)
     trainer = default_trainer(TrainConfig(algo=algo, steps=1, batch_size=8, dp=dp), PerfConfig(backend=backend))
     with pytest.raises(InputError, match=r"^the model has no trainable parameters$"):
         trainer.fit(nn.Sequential(nn.Flatten(), nn.Tanh()), x, y)
+
+
+@pytest.mark.parametrize("bad", [10, -1, 16])
+def test_an_embedding_id_outside_the_table_is_refused_before_training(bad):
+    """torch raises IndexError for an id outside [0, num_embeddings); the JAX lookup gave NaN logits for 10 (the
+    model trained to NaN parameters, exit 0) and wrapped -1 to the last row (trained another model): the data's ids
+    are checked against every embedding before training, also one fed by the forward (arange(T) positions: T = 17
+    rows of 16 from the 17-token records). The bad id is in record 17, after the 8 the logits check reads."""
+    torch.manual_seed(0)
+    x, y = torch.randint(0, 10, (30, 7 if bad != 16 else 17)), torch.randint(0, 3, (30,))
+    if bad != 16:
+        x[17, 3] = bad
+    config = TrainConfig(algo="dpsgd", steps=1, batch_size=8, dp=DPConfig(clip=1.0, noise_multiplier=0.0))
+    layer, got, rows = ("pos", 16, 16) if bad == 16 else ("tok", bad, 10)
+    message = rf"^layer {layer} \(Embedding\) is given id {got} by the training data, outside its {rows} rows"
+    with pytest.raises(InputError, match=message):
+        jb.JaxTrainer(config, PerfConfig(backend="jax")).fit(byo.tiny_transformer(10, 3), x, y)
+
+
+def test_an_embedding_lookup_outside_the_table_is_nan_never_another_row():
+    w = jax.numpy.arange(12.0).reshape(4, 3)
+    got = np.asarray(jb._lookup(w, jax.numpy.asarray([[-1, 4, 2]]), None, "e"))
+    assert np.isnan(got[0, :2]).all() and np.array_equal(got[0, 2], [6.0, 7.0, 8.0])
