@@ -515,6 +515,53 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
     return jnp.matmul(jax.nn.softmax(s, axis=-1), v, precision=PRECISION)
 
 
+def _additive(mask, dtype):
+    # nn.MultiheadAttention's masks (torch's F._canonical_mask): a boolean True hides the position (-inf added), a
+    # float mask is added as it is
+    return jnp.where(mask, -jnp.inf, 0.0).astype(dtype) if mask.dtype == bool else mask.astype(dtype)
+
+
+def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
+    """nn.MultiheadAttention's output (its attention weights are not computed: the graph may read output[0] only):
+    the in-projections of query, key, value by the thirds of in_proj_weight/in_proj_bias, H heads of E/H features,
+    softmax(q kᵀ/√(E/H) + masks) v per head (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1 and §3.2.2), the heads
+    concatenated and out_proj; torch's F.multi_head_attention_forward. attn_mask (L, S) or (B·H, L, S) and
+    key_padding_mask (B, S), boolean (True: hidden) or float (added)."""
+    if _own_forward(m, nn.MultiheadAttention) or m.dropout or m.bias_k is not None or m.add_zero_attn:
+        raise _unsupported(f"layer {name} (MultiheadAttention) has dropout, add_bias_kv or add_zero_attn")
+    if not m._qkv_same_embed_dim:
+        raise _unsupported(f"layer {name} (MultiheadAttention) has kdim or vdim other than embed_dim")
+    E, H = m.embed_dim, m.num_heads
+
+    def f(p, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
+          is_causal=False):  # fmt: skip
+        if is_causal:
+            raise InputError("is_causal=True (a hint about attn_mask) is not supported: give attn_mask alone")
+        if query.ndim != 3:
+            raise InputError("unbatched (2-D) input is not supported")
+        qkv = [t if m.batch_first else jnp.swapaxes(t, 0, 1) for t in (query, key, value)]  # (B, L or S, E)
+        w, b = p[f"{name}.in_proj_weight"], p.get(f"{name}.in_proj_bias")
+        q, k, v = (
+            _affine_map(t, w[i * E : (i + 1) * E], None if b is None else b[i * E : (i + 1) * E])
+            .reshape(t.shape[0], t.shape[1], H, E // H)
+            .transpose(0, 2, 1, 3)  # (B, H, L or S, E/H)
+            for i, t in enumerate(qkv)
+        )
+        B, L, S = q.shape[0], q.shape[2], k.shape[2]
+        mask = None
+        if attn_mask is not None:
+            mask = _additive(attn_mask, q.dtype)
+            mask = mask.reshape(B, H, L, S) if mask.ndim == 3 else mask
+        if key_padding_mask is not None:
+            pad = _additive(key_padding_mask, q.dtype).reshape(B, 1, 1, S)
+            mask = pad if mask is None else mask + pad
+        o = _sdpa(q, k, v, attn_mask=mask).transpose(0, 2, 1, 3).reshape(B, L, E)
+        o = _affine_map(o, p[f"{name}.out_proj.weight"], p.get(f"{name}.out_proj.bias"))
+        return (o if m.batch_first else jnp.swapaxes(o, 0, 1)), None
+
+    return f
+
+
 def _getitem(obj, idx):
     # a tuple's item (x.shape[-1], chunk(...)[0]); an array's basic indexing (ints, slices, None, ...), which
     # NumPy/JAX and torch define alike, an integer inside the axis (JAX would clamp what torch refuses)
@@ -560,6 +607,8 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
     operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
     operator.invert: jnp.invert, operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
+    operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.lt, operator.le: operator.le,
+    operator.gt: operator.gt, operator.ge: operator.ge,
     torch.add: lambda x, other, alpha=1: x + alpha * other if alpha != 1 else x + other,
     torch.mul: lambda x, other: x * other, torch.matmul: _matmul,
     torch.cat: lambda tensors, dim=0: jnp.concatenate(tensors, axis=dim),
@@ -592,9 +641,11 @@ _FX_METHODS: dict[str, Callable] = {
 }  # fmt: skip
 
 FX_OPS = (
-    "+ - * / ** @ ~, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/tanh/relu, "
+    "+ - * / ** @ ~ == != < <= > >=, indexing, "
+    "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/tanh/relu, "
     "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention, "
-    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/masked_fill"
+    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/masked_fill, "
+    "nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim)"
 )
 
 
@@ -676,13 +727,23 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
             m = gm.get_submodule(node.target)
             if getattr(m, "inplace", False) and any(len(a.users) > 1 for a in node.all_input_nodes):
                 raise _unsupported(f"layer {node.target} ({type(m).__name__}) is in place on a value used again")
-            f = _layer(node.target, m)
+            if isinstance(m, nn.MultiheadAttention):  # (output, weights): only output[0] may be read
+                f = _mha(node.target, m)
+                weights = (u for u in node.users if u.target is not operator.getitem or u.args[1] != 0)
+                if any(u.users or u.target is not operator.getitem for u in weights):
+                    raise _unsupported(f"layer {node.target} (MultiheadAttention): its attention weights are read")
+            else:
+                one = _layer(node.target, m)
+
+                def f(p, x, one=one):  # a layer of one input
+                    return one(p, x)
+
             names = {n: owner[id(q)] for n, q in m.named_parameters(prefix=node.target, remove_duplicate=False)}
             read.update(names.values())
 
             def run(p, env, f=f, names=names, args=args):
-                (x,), _ = args(p, env)
-                return f({n: p[c] for n, c in names.items()}, x)
+                a, kw = args(p, env)
+                return f({n: p[c] for n, c in names.items()}, *a, **kw)
 
             steps.append((node.name, f"layer {node.target} ({type(m).__name__})", run))
         elif node.op in ("call_function", "call_method"):

@@ -241,6 +241,22 @@ class _TwoInputs(nn.Module):
         return self.lin(x.flatten(1)) * scale
 
 
+class _SelfAttention(nn.Module):
+    def __init__(self, weights=False, **options):
+        super().__init__()
+        self.attn, self.weights, self.head = (
+            nn.MultiheadAttention(8, 2, batch_first=True, **options),
+            weights,
+            nn.Linear(8, 3),
+        )
+        self.kv = nn.Linear(8, options.get("kdim", 8))
+
+    def forward(self, x):
+        h = x.flatten(2)  # (B, 8, 8)
+        out, w = self.attn(h, self.kv(h), self.kv(h))
+        return self.head(out.mean(1) + w.sum(1) if self.weights else out.mean(1))
+
+
 REFUSED = [
     (_patched_forward, r"layer 1 \(Linear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
@@ -255,7 +271,10 @@ REFUSED = [
     (_Branchy, r"torch.fx cannot trace model _Branchy \(symbolically traced variables cannot be used as inputs"),
     (lambda: _WithBlock(_ExpBlock()), r"op x.exp in block is not supported"),
     (lambda: _WithBlock(nn.Sequential(nn.Tanh(), nn.Dropout(0.1))), r"layer block.1 \(Dropout\) is not supported"),
-    (lambda: _WithBlock(nn.MultiheadAttention(8, 1)), r"layer block \(MultiheadAttention\) is not supported"),
+    (lambda: _SelfAttention(dropout=0.1), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero"),
+    (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv"),
+    (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
+    (lambda: _SelfAttention(weights=True), r"layer attn \(MultiheadAttention\): its attention weights are read"),
     (lambda: _WithBlock(nn.ReLU(inplace=True)), r"layer block \(ReLU\) is in place on a value used again"),
     (_InplaceReLU, r"op torch.nn.functional.relu in the model's forward: inplace=True is not supported"),
     (_TwoInputs, r"forward of model _TwoInputs takes more than one input"),
@@ -291,6 +310,33 @@ def _tokens(n=9, seed=0):  # token ids in [0, 10) as floats (dpaudit's records),
     return torch.randint(0, 10, (n, 7), generator=g).double(), torch.randint(0, 3, (n,), generator=g)
 
 
+class _MHA(nn.Module):
+    """nn.MultiheadAttention over token embeddings, sequence-first (batch_first=False), bias or not, a causal
+    attn_mask (boolean: True hides; or float: added) and a key_padding_mask hiding token 0, its output unpacked
+    (``out, _ = ...``: the weights, unread, are a getitem node without users)."""
+
+    def __init__(self, bias=True, float_mask=False, batch_first=False):
+        super().__init__()
+        self.tok, self.batch_first, self.float_mask = nn.Embedding(10, 8), batch_first, float_mask
+        self.attn = nn.MultiheadAttention(8, 2, bias=bias, batch_first=batch_first)
+        self.register_buffer("causal", torch.ones(7, 7).triu(1).bool())
+        self.register_buffer("additive", -1e4 * torch.ones(7, 7).triu(1))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        pad = (tok == 0) * self.additive[0, -1] if self.float_mask else tok == 0  # both masks of one kind and dtype
+        mask = self.additive if self.float_mask else self.causal
+        a = h if self.batch_first else h.transpose(0, 1)
+        out, _ = self.attn(a, a, a, key_padding_mask=pad, attn_mask=mask)
+        out = out if self.batch_first else out.transpose(0, 1)
+        return self.head((h + out).mean(1))
+
+
+def _long(x, y):  # token ids as int64 (a model whose Embedding reads the input as it is)
+    return x.long(), y
+
+
 # Refused before this session's torch.fx path (the refusal each got is in the comment); now traced by torch.fx
 # and run from the graph, each parameter once (a tied one is one array: its gradient is the sum of both uses).
 TRACED = {
@@ -308,9 +354,13 @@ TRACED = {
     "transformer-causal-two-heads": (lambda: byo.causal_transformer(10, 3), _tokens),
     "residual-groupnorm-cnn": (lambda: byo.residual_groupnorm_cnn(1, 3), _data),
     "functional-ops": (_Functional, _data),
+    # "layer attn (MultiheadAttention) is not supported": batch_first, need_weights=False, output[0]
+    "mha-transformer": (lambda: byo.mha_transformer(10, 7, 3), lambda n=9: _long(*_tokens(n))),
+    "mha-seq-first-masks": (_MHA, _tokens),
+    "mha-no-bias-float-mask": (lambda: _MHA(bias=False, float_mask=True, batch_first=True), _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
-_SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax"}
+_SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer"}
 
 
 def _traced_params(names):
@@ -330,8 +380,10 @@ def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipp
 
 
 @pytest.mark.parametrize(
-    "name", ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module"]
-)
+    "name",
+    ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module",
+     "mha-seq-first-masks", "mha-transformer"],
+)  # fmt: skip
 def test_a_traced_model_passes_the_float32_logits_backstop(name):
     """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
     torch's (float32 rounding of the same function: observed ≤ 1e-6 relative)."""
@@ -345,7 +397,7 @@ def test_a_traced_model_passes_the_float32_logits_backstop(name):
 
 @pytest.mark.parametrize(
     "name",
-    [*_traced_params(["tied-linear-module", "residual-sequential", "residual-groupnorm-cnn"]),
+    [*_traced_params(["tied-linear-module", "residual-sequential", "residual-groupnorm-cnn", "mha-seq-first-masks"]),
      pytest.param("transformer-sdpa", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
