@@ -290,15 +290,20 @@ def _activation(m: nn.Module) -> Callable | None:
         return partial(jax.nn.elu, alpha=m.alpha)  # x for x > 0, α(eˣ − 1) otherwise (torch.nn.ELU)
     if type(m) is nn.LeakyReLU:
         return partial(_leaky_relu, negative_slope=m.negative_slope)
-    if type(m) is nn.Identity:
+    if type(m) is nn.Sigmoid:
+        return jax.nn.sigmoid
+    if type(m) is nn.Identity or (type(m) is nn.Dropout and m.p == 0):  # Dropout(p=0) keeps every value unscaled
         return lambda x: x
     return None
 
 
+# Why dropout with p > 0 is refused: the torch trainers train in training mode, where it draws random masks.
+_DROPOUT = "torch trains with dropout active, and the JAX backend draws no dropout masks (p = 0 runs)"
+
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
     "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Identity"
+    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, Identity, Dropout(p=0)"
 )
 
 
@@ -381,6 +386,8 @@ def _layer(name: str, m: nn.Module) -> Callable:
         return _adaptive_avg_pool(name, m)
     if (act := _activation(m)) is not None and "forward" not in vars(m):
         return lambda p, x: act(x)
+    if type(m) is nn.Dropout:
+        raise _unsupported(f"layer {name} (Dropout) has p = {m.p}: {_DROPOUT}")
     raise _unsupported(f"layer {name} ({type(m).__name__}) is not supported")
 
 
@@ -597,6 +604,56 @@ def _f_leaky_relu(x, negative_slope=0.01, inplace=False):
     return _leaky_relu(x, negative_slope)
 
 
+def _f_embedding(x, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    # F.embedding: rows of weight; a negative padding_idx counts from the end, as torch's
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise InputError("F.embedding with max_norm, scale_grad_by_freq or sparse is not supported")
+    pad = padding_idx % weight.shape[0] if padding_idx is not None else None
+    return _lookup(weight, x, pad, "op torch.nn.functional.embedding")
+
+
+def _f_dropout(x, p=0.5, training=True, inplace=False):
+    # F.dropout: the identity when it does not drop (p = 0 or training=False), else refused
+    if p != 0 and training:
+        raise InputError(f"p = {p} with training=True: {_DROPOUT}")
+    return x
+
+
+def _where3(condition, x=None, y=None):
+    # torch.where(condition, x, y); the one-argument form (the indices of nonzero entries) has a data-dependent shape
+    if x is None or y is None:
+        raise InputError("torch.where(condition) without x and y is not supported")
+    return jnp.where(condition, x, y)
+
+
+def _filled(value):
+    def f(*size, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False, out=None):
+        # torch.zeros / torch.ones of a size given as integers or one sequence (x.shape); the default float dtype
+        if out is not None:
+            raise InputError("out= is not supported")
+        return jnp.full(_dims(size), value, _jdtype(dtype or torch.get_default_dtype()))
+
+    return f
+
+
+def _filled_like(value):
+    def f(x, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
+        return jnp.full(x.shape, value, x.dtype if dtype is None else _jdtype(dtype))  # torch.zeros_like / ones_like
+
+    return f
+
+
+def _to(x, *args, **kwargs):
+    # x.to(dtype) / x.to(dtype=...); x.to(x.device) (None here, see _getattr) keeps x as it is
+    dtype = kwargs.pop("dtype", None)
+    rest = [a for a in args if a is not None]
+    if len(rest) == 1 and isinstance(rest[0], (torch.dtype, np.dtype)) and dtype is None:  # np: x.dtype in a graph
+        dtype = rest[0]
+    elif rest or set(kwargs) - {"non_blocking", "copy", "device"} or kwargs.get("device") is not None:
+        raise InputError("x.to with a device or another tensor is not supported (a dtype only)")
+    return x if dtype is None else x.astype(_jdtype(dtype))
+
+
 _matmul = partial(jnp.matmul, precision=PRECISION)
 _mean = _reduce(jnp.mean)
 _sum = _reduce(jnp.sum)
@@ -621,6 +678,10 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     F.leaky_relu: _f_leaky_relu,
     F.linear: lambda x, weight, bias=None: _affine_map(x, weight, bias),
     F.layer_norm: _layer_norm, F.scaled_dot_product_attention: _sdpa,
+    torch.sigmoid: jax.nn.sigmoid, torch.exp: jnp.exp, torch.where: _where3,
+    torch.zeros: _filled(0), torch.ones: _filled(1),
+    torch.zeros_like: _filled_like(0), torch.ones_like: _filled_like(1),
+    F.embedding: _f_embedding, F.dropout: _f_dropout,
 }  # fmt: skip
 
 # the position of the inplace argument of the functions that have one: torch would overwrite the input, which
@@ -638,14 +699,16 @@ _FX_METHODS: dict[str, Callable] = {
     "unsqueeze": lambda x, dim: jnp.expand_dims(x, dim), "contiguous": lambda x: x,
     "masked_fill": lambda x, mask, value: jnp.where(mask, jnp.asarray(value, x.dtype), x),
     "long": lambda x: x.astype(_jdtype(torch.int64)), "relu": jax.nn.relu, "tanh": jnp.tanh,
+    "float": lambda x: x.astype(np.float32), "double": lambda x: x.astype(_jdtype(torch.float64)), "to": _to,
+    "sigmoid": jax.nn.sigmoid, "exp": jnp.exp,
 }  # fmt: skip
 
 FX_OPS = (
-    "+ - * / ** @ ~ == != < <= > >=, indexing, "
-    "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/tanh/relu, "
-    "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention, "
-    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/masked_fill, "
-    "nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim)"
+    "+ - * / ** @ ~ == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
+    "tanh/relu/sigmoid/exp/where/zeros/ones/zeros_like/ones_like, "
+    "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
+    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
+    "double/to(dtype)/sigmoid/exp/masked_fill, nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim)"
 )
 
 

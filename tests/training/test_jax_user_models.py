@@ -211,9 +211,9 @@ class _Branchy(nn.Module):  # data-dependent control flow: torch.fx cannot trace
         return h if x.sum() > 0 else -h
 
 
-class _ExpBlock(nn.Module):
+class _CumsumBlock(nn.Module):
     def forward(self, x):
-        return x.exp()
+        return x.cumsum(1)
 
 
 class _WithBlock(nn.Module):
@@ -269,8 +269,11 @@ REFUSED = [
     # a module torch.fx traces: what it cannot trace, an op or module outside the whitelist (named with the path
     # of the module whose forward calls it), in-place ops, a second input
     (_Branchy, r"torch.fx cannot trace model _Branchy \(symbolically traced variables cannot be used as inputs"),
-    (lambda: _WithBlock(_ExpBlock()), r"op x.exp in block is not supported"),
-    (lambda: _WithBlock(nn.Sequential(nn.Tanh(), nn.Dropout(0.1))), r"layer block.1 \(Dropout\) is not supported"),
+    (lambda: _WithBlock(_CumsumBlock()), r"op x.cumsum in block is not supported"),
+    (
+        lambda: _WithBlock(nn.Sequential(nn.Tanh(), nn.Dropout(0.1))),
+        r"layer block.1 \(Dropout\) has p = 0.1: torch trains with dropout",
+    ),
     (lambda: _SelfAttention(dropout=0.1), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero"),
     (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv"),
     (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
@@ -287,6 +290,36 @@ def test_what_the_layer_list_cannot_run_is_one_line_naming_it(make, message):
         jb.jax_forward(make())
     text = str(e.value)
     assert "\n" not in text and text.endswith("use --backend torch") and jb.SUPPORTED in text
+
+
+class _Op(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.lin, self.op = nn.Linear(64, 3), op
+
+    def forward(self, x):
+        return self.op(self.lin(x.flatten(1)))
+
+
+@pytest.mark.parametrize(
+    ("op", "message"),
+    [
+        (lambda h: torch.nn.functional.dropout(h, 0.1), r"dropout in the model's forward: p = 0.1 with training=True: "
+         r"torch trains with dropout active"),
+        (lambda h: h[torch.where(h > 0)], r"op torch.where .*: torch.where\(condition\) without x and y"),
+        (lambda h: h.to("cuda"), r"op x.to .*: x.to with a device or another tensor is not supported"),
+        (lambda h: torch.nn.functional.embedding(h.long(), h, max_norm=1.0), r"F.embedding with max_norm"),
+    ],
+)  # fmt: skip
+def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, message):
+    """Arguments only the run sees (a dropout probability, a device): refused by the forward, before training
+    (the logits check runs it)."""
+    torch.manual_seed(0)
+    model = _Op(op).double()
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    with pytest.raises(InputError, match=message) as e:
+        apply(params, jax.numpy.asarray(_data()[0].numpy()))
+    assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
 
 
 class _Functional(nn.Module):
@@ -333,6 +366,26 @@ class _MHA(nn.Module):
         return self.head((h + out).mean(1))
 
 
+class _GatedOps(nn.Module):
+    """Torch ops of a gated block: F.embedding (padding_idx=-1: the last row gets no gradient), sigmoid three
+    ways, exp, where, zeros_like/ones, x.float()/x.to(dtype), dropout that drops nothing (p = 0, training=False)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.gate = nn.Parameter(torch.randn(10, 8)), nn.Linear(8, 8)
+        self.drop, self.head = nn.Dropout(0.0), nn.Linear(8, 3)
+
+    def forward(self, tok):
+        F = torch.nn.functional
+        h = F.embedding(tok.long(), self.emb, padding_idx=-1)
+        keep = (tok != 0).float().to(h.dtype).unsqueeze(-1)
+        g = torch.sigmoid(self.gate(h)) * F.sigmoid(h) + h.sigmoid()
+        h = torch.where(keep > 0, g * torch.exp(0.5 * h), torch.zeros_like(h)) + h.exp() * keep
+        h = self.drop(F.dropout(h, 0.0) + F.dropout(h, 0.3, training=False))
+        z = self.head(h.mean(1))
+        return z * torch.ones(z.shape, dtype=z.dtype) + torch.zeros(z.size())  # float32 zeros promoted, as torch
+
+
 def _long(x, y):  # token ids as int64 (a model whose Embedding reads the input as it is)
     return x.long(), y
 
@@ -355,12 +408,14 @@ TRACED = {
     "residual-groupnorm-cnn": (lambda: byo.residual_groupnorm_cnn(1, 3), _data),
     "functional-ops": (_Functional, _data),
     # "layer attn (MultiheadAttention) is not supported": batch_first, need_weights=False, output[0]
+    # "op torch.sigmoid ... is not supported" (and exp, where, zeros_like, ones, float, to, F.embedding, dropout)
+    "gated-ops": (_GatedOps, _tokens),
     "mha-transformer": (lambda: byo.mha_transformer(10, 7, 3), lambda n=9: _long(*_tokens(n))),
     "mha-seq-first-masks": (_MHA, _tokens),
     "mha-no-bias-float-mask": (lambda: _MHA(bias=False, float_mask=True, batch_first=True), _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
-_SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer"}
+_SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
 
 
 def _traced_params(names):
@@ -382,7 +437,7 @@ def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipp
 @pytest.mark.parametrize(
     "name",
     ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module",
-     "mha-seq-first-masks", "mha-transformer"],
+     "mha-seq-first-masks", "mha-transformer", "gated-ops"],
 )  # fmt: skip
 def test_a_traced_model_passes_the_float32_logits_backstop(name):
     """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
