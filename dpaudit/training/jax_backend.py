@@ -569,6 +569,41 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
     return f
 
 
+def _encoder_layer(name: str, m: nn.TransformerEncoderLayer) -> Callable:
+    """nn.TransformerEncoderLayer's training-mode forward without dropout (Vaswani et al. 2017, arXiv:1706.03762,
+    §3.1; norm_first: Xiong et al. 2020, arXiv:2002.04745): x + SA(LN₁ x), then + FF(LN₂ x) (norm_first), or
+    LN₁(x + SA(x)), then LN₂(x + FF(x)); SA the self-attention of :func:`_mha` (src_mask, src_key_padding_mask),
+    FF linear2(activation(linear1 x)), activation relu or gelu (a function or a ReLU/GELU module)."""
+    if _own_forward(m, nn.TransformerEncoderLayer):
+        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has a forward of its own")
+    if p := max(d.p for d in (m.dropout, m.dropout1, m.dropout2)):
+        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has dropout = {p}: {_DROPOUT}")
+    if isinstance(m.activation, nn.Module):
+        act = _activation(m.activation)
+    else:
+        act = {F.relu: jax.nn.relu, F.gelu: partial(jax.nn.gelu, approximate=False)}.get(m.activation)
+    if act is None:
+        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has activation {m.activation} (relu, gelu run)")
+    attn = _mha(f"{name}.self_attn", m.self_attn)
+    lin1, lin2 = _linear(f"{name}.linear1"), _linear(f"{name}.linear2")
+    norm1, norm2 = _norm(f"{name}.norm1", m.norm1), _norm(f"{name}.norm2", m.norm2)
+
+    def f(p, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        def sa(x):
+            return attn(p, x, x, x, src_key_padding_mask, False, src_mask, is_causal=is_causal)[0]
+
+        def ff(x):
+            return lin2(p, act(lin1(p, x)))
+
+        if m.norm_first:
+            x = src + sa(norm1(p, src))
+            return x + ff(norm2(p, x))
+        x = norm1(p, src + sa(src))
+        return norm2(p, x + ff(x))
+
+    return f
+
+
 def _getitem(obj, idx):
     # a tuple's item (x.shape[-1], chunk(...)[0]); an array's basic indexing (ints, slices, None, ...), which
     # NumPy/JAX and torch define alike, an integer inside the axis (JAX would clamp what torch refuses)
@@ -708,7 +743,8 @@ FX_OPS = (
     "tanh/relu/sigmoid/exp/where/zeros/ones/zeros_like/ones_like, "
     "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
-    "double/to(dtype)/sigmoid/exp/masked_fill, nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim)"
+    "double/to(dtype)/sigmoid/exp/masked_fill, nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim), "
+    "nn.TransformerEncoderLayer (no dropout; relu or gelu)"
 )
 
 
@@ -795,6 +831,8 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
                 weights = (u for u in node.users if u.target is not operator.getitem or u.args[1] != 0)
                 if any(u.users or u.target is not operator.getitem for u in weights):
                     raise _unsupported(f"layer {node.target} (MultiheadAttention): its attention weights are read")
+            elif isinstance(m, nn.TransformerEncoderLayer):
+                f = _encoder_layer(node.target, m)
             else:
                 one = _layer(node.target, m)
 

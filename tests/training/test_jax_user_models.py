@@ -277,6 +277,10 @@ REFUSED = [
     (lambda: _SelfAttention(dropout=0.1), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero"),
     (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv"),
     (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
+    (
+        lambda: _WithBlock(nn.TransformerEncoderLayer(8, 2)),
+        r"layer block \(TransformerEncoderLayer\) has dropout = 0.1:",
+    ),
     (lambda: _SelfAttention(weights=True), r"layer attn \(MultiheadAttention\): its attention weights are read"),
     (lambda: _WithBlock(nn.ReLU(inplace=True)), r"layer block \(ReLU\) is in place on a value used again"),
     (_InplaceReLU, r"op torch.nn.functional.relu in the model's forward: inplace=True is not supported"),
@@ -386,6 +390,22 @@ class _GatedOps(nn.Module):
         return z * torch.ones(z.shape, dtype=z.dtype) + torch.zeros(z.size())  # float32 zeros promoted, as torch
 
 
+class _Encoder(nn.Module):
+    """Token embeddings through nn.TransformerEncoderLayer (dropout 0), token 0 a padding key."""
+
+    def __init__(self, **options):
+        super().__init__()
+        self.tok, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+        self.enc = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, **options)
+        self.register_buffer("causal", torch.ones(7, 7).triu(1).bool())
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        if self.enc.self_attn.batch_first:
+            return self.head(self.enc(h, src_key_padding_mask=tok == 0).mean(1))
+        return self.head(self.enc(h.transpose(0, 1), src_mask=self.causal).mean(0))
+
+
 def _long(x, y):  # token ids as int64 (a model whose Embedding reads the input as it is)
     return x.long(), y
 
@@ -410,12 +430,16 @@ TRACED = {
     # "layer attn (MultiheadAttention) is not supported": batch_first, need_weights=False, output[0]
     # "op torch.sigmoid ... is not supported" (and exp, where, zeros_like, ones, float, to, F.embedding, dropout)
     "gated-ops": (_GatedOps, _tokens),
+    # "layer enc (TransformerEncoderLayer) is not supported"
+    "encoder-layer-norm-first-gelu": (lambda: _Encoder(norm_first=True, activation="gelu", batch_first=True), _tokens),
+    "encoder-layer-post-norm-relu-causal": (lambda: _Encoder(activation=nn.ReLU()), _tokens),
     "mha-transformer": (lambda: byo.mha_transformer(10, 7, 3), lambda n=9: _long(*_tokens(n))),
     "mha-seq-first-masks": (_MHA, _tokens),
     "mha-no-bias-float-mask": (lambda: _MHA(bias=False, float_mask=True, batch_first=True), _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
 _SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
+_SLOW |= {"encoder-layer-norm-first-gelu", "encoder-layer-post-norm-relu-causal"}  # ~25 s each
 
 
 def _traced_params(names):
@@ -437,7 +461,8 @@ def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipp
 @pytest.mark.parametrize(
     "name",
     ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module",
-     "mha-seq-first-masks", "mha-transformer", "gated-ops"],
+     "mha-seq-first-masks", "mha-transformer", "gated-ops", "encoder-layer-norm-first-gelu",
+     "encoder-layer-post-norm-relu-causal"],
 )  # fmt: skip
 def test_a_traced_model_passes_the_float32_logits_backstop(name):
     """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
