@@ -87,6 +87,10 @@ SEQUENTIALS = {
         nn.Flatten(),
         nn.Linear(16, 3),
     ),
+    # Before: refused ("layer 3 (Sigmoid) is not supported"; Dropout likewise): Dropout(p=0) drops nothing
+    "sigmoid-dropout-zero": lambda: nn.Sequential(
+        nn.Flatten(), nn.Linear(64, 16), nn.Sigmoid(), nn.Dropout(0.0), nn.Linear(16, 3)
+    ),
     "groupnorm-not-affine-on-features": lambda: nn.Sequential(
         nn.Flatten(), nn.Linear(64, 16), nn.GroupNorm(4, 16, affine=False), nn.LeakyReLU(), nn.Linear(16, 3)
     ),
@@ -104,6 +108,7 @@ SEQUENTIALS = {
 # The vmap oracle of a CNN and of the wider MLPs compiles for ~10-20 s on one shared core.
 CLIPPED = [
     "nested-sequentials",
+    "sigmoid-dropout-zero",
     "layernorm-leakyrelu-identity-flatten",
     "groupnorm-not-affine-on-features",
     "linear-without-bias",
