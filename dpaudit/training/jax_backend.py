@@ -210,19 +210,65 @@ def _flatten(x, start_dim: int, end_dim: int):
     return x.reshape((*x.shape[:s], math.prod(x.shape[s : e + 1]), *x.shape[e + 1 :])) if x.ndim else x.reshape(1)
 
 
+# While check_embedding_ids traces the forward: (what, rows, ids) of every embedding lookup, else None.
+_ID_READS: list | None = None
+
+
+def _lookup(w, ids, padding_idx: int | None, what: str):
+    """Rows W[ids] (nn.Embedding, F.embedding). torch's embedding backward leaves the padding_idx row's gradient 0;
+    an id outside [0, rows) is an IndexError in torch: here NaN (jnp.take would wrap a negative id to a row from
+    the end), and :func:`check_embedding_ids` refuses such data before training."""
+    i = ids.astype(jnp.int32)
+    if _ID_READS is not None:
+        _ID_READS.append((what, w.shape[0], i))
+    if padding_idx is not None:
+        w = w.at[padding_idx].set(lax.stop_gradient(w[padding_idx]))
+    i = jnp.where((i < 0) | (i >= w.shape[0]), w.shape[0], i)
+    return jnp.take(w, i, axis=0, mode="fill", fill_value=jnp.nan)
+
+
 def _embedding(name: str, m: nn.Embedding) -> Callable:
     if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
         raise _unsupported(f"layer {name} (Embedding) has max_norm, scale_grad_by_freq or sparse")
-    pad = m.padding_idx
+    return lambda p, x: _lookup(p[f"{name}.weight"], x, m.padding_idx, f"layer {name} (Embedding)")
 
-    def f(p, x):
-        w = p[f"{name}.weight"]
-        if pad is not None:  # torch's embedding backward leaves the padding_idx row's gradient 0
-            w = w.at[pad].set(lax.stop_gradient(w[pad]))
-        # rows W[x]; an index outside [0, num_embeddings) (an error in torch) gives NaN, never a clamped row
-        return jnp.take(w, x.astype(jnp.int32), axis=0, mode="fill", fill_value=jnp.nan)
 
-    return f
+def check_embedding_ids(apply: Apply, params: Params, X, chunk: int = 4096) -> None:
+    """Refuse, in one line, training records that give an embedding an id outside its table (torch raises
+    IndexError there; the JAX lookup would give NaN logits and NaN parameters). The forward pass is traced once
+    with every lookup recording its ids; XLA keeps only what computes them, run on all of ``X`` in chunks (the
+    last padded with copies of record 0). Nothing to do for a model without an embedding."""
+    reads: list = []
+
+    def ranges(p, x):
+        global _ID_READS
+        reads.clear()
+        _ID_READS = reads
+        try:
+            apply(p, x)
+        finally:
+            _ID_READS = None
+        return [(jnp.min(i), jnp.max(i)) for _, _, i in reads]
+
+    if not jax.eval_shape(ranges, params, X[:1]):
+        return
+    run, n = jax.jit(ranges), X.shape[0]
+    size = min(n, chunk)
+    lo = hi = None
+    for start in range(0, n, size):
+        part = X[start : start + size]
+        if part.shape[0] < size:
+            part = jnp.concatenate([part, jnp.broadcast_to(X[:1], (size - part.shape[0], *X.shape[1:]))])
+        got = np.array(jax.device_get(run(params, part)), dtype=np.float64).reshape(-1, 2)
+        lo = got[:, 0] if lo is None else np.minimum(lo, got[:, 0])
+        hi = got[:, 1] if hi is None else np.maximum(hi, got[:, 1])
+    for (what, rows, _), a, b in zip(reads, lo, hi, strict=True):
+        if a < 0 or b >= rows:
+            bad = int(a) if a < 0 else int(b)
+            raise InputError(
+                f"{what} is given id {bad} by the training data, outside its {rows} rows (ids 0..{rows - 1}; "
+                "torch raises IndexError): make the table as large as the data's vocabulary"
+            )
 
 
 def _leaky_relu(x, negative_slope: float = 0.01):
@@ -244,15 +290,20 @@ def _activation(m: nn.Module) -> Callable | None:
         return partial(jax.nn.elu, alpha=m.alpha)  # x for x > 0, α(eˣ − 1) otherwise (torch.nn.ELU)
     if type(m) is nn.LeakyReLU:
         return partial(_leaky_relu, negative_slope=m.negative_slope)
-    if type(m) is nn.Identity:
+    if type(m) is nn.Sigmoid:
+        return jax.nn.sigmoid
+    if type(m) is nn.Identity or (type(m) is nn.Dropout and m.p == 0):  # Dropout(p=0) keeps every value unscaled
         return lambda x: x
     return None
 
 
+# Why dropout with p > 0 is refused: the torch trainers train in training mode, where it draws random masks.
+_DROPOUT = "torch trains with dropout active, and the JAX backend draws no dropout masks (p = 0 runs)"
+
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
     "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Identity"
+    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, Identity, Dropout(p=0)"
 )
 
 
@@ -335,6 +386,8 @@ def _layer(name: str, m: nn.Module) -> Callable:
         return _adaptive_avg_pool(name, m)
     if (act := _activation(m)) is not None and "forward" not in vars(m):
         return lambda p, x: act(x)
+    if type(m) is nn.Dropout:
+        raise _unsupported(f"layer {name} (Dropout) has p = {m.p}: {_DROPOUT}")
     raise _unsupported(f"layer {name} ({type(m).__name__}) is not supported")
 
 
@@ -469,6 +522,88 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
     return jnp.matmul(jax.nn.softmax(s, axis=-1), v, precision=PRECISION)
 
 
+def _additive(mask, dtype):
+    # nn.MultiheadAttention's masks (torch's F._canonical_mask): a boolean True hides the position (-inf added), a
+    # float mask is added as it is
+    return jnp.where(mask, -jnp.inf, 0.0).astype(dtype) if mask.dtype == bool else mask.astype(dtype)
+
+
+def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
+    """nn.MultiheadAttention's output (its attention weights are not computed: the graph may read output[0] only):
+    the in-projections of query, key, value by the thirds of in_proj_weight/in_proj_bias, H heads of E/H features,
+    softmax(q kᵀ/√(E/H) + masks) v per head (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1 and §3.2.2), the heads
+    concatenated and out_proj; torch's F.multi_head_attention_forward. attn_mask (L, S) or (B·H, L, S) and
+    key_padding_mask (B, S), boolean (True: hidden) or float (added)."""
+    if _own_forward(m, nn.MultiheadAttention) or m.dropout or m.bias_k is not None or m.add_zero_attn:
+        raise _unsupported(f"layer {name} (MultiheadAttention) has dropout, add_bias_kv or add_zero_attn")
+    if not m._qkv_same_embed_dim:
+        raise _unsupported(f"layer {name} (MultiheadAttention) has kdim or vdim other than embed_dim")
+    E, H = m.embed_dim, m.num_heads
+
+    def f(p, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
+          is_causal=False):  # fmt: skip
+        if is_causal:
+            raise InputError("is_causal=True (a hint about attn_mask) is not supported: give attn_mask alone")
+        if query.ndim != 3:
+            raise InputError("unbatched (2-D) input is not supported")
+        qkv = [t if m.batch_first else jnp.swapaxes(t, 0, 1) for t in (query, key, value)]  # (B, L or S, E)
+        w, b = p[f"{name}.in_proj_weight"], p.get(f"{name}.in_proj_bias")
+        q, k, v = (
+            _affine_map(t, w[i * E : (i + 1) * E], None if b is None else b[i * E : (i + 1) * E])
+            .reshape(t.shape[0], t.shape[1], H, E // H)
+            .transpose(0, 2, 1, 3)  # (B, H, L or S, E/H)
+            for i, t in enumerate(qkv)
+        )
+        B, L, S = q.shape[0], q.shape[2], k.shape[2]
+        mask = None
+        if attn_mask is not None:
+            mask = _additive(attn_mask, q.dtype)
+            mask = mask.reshape(B, H, L, S) if mask.ndim == 3 else mask
+        if key_padding_mask is not None:
+            pad = _additive(key_padding_mask, q.dtype).reshape(B, 1, 1, S)
+            mask = pad if mask is None else mask + pad
+        o = _sdpa(q, k, v, attn_mask=mask).transpose(0, 2, 1, 3).reshape(B, L, E)
+        o = _affine_map(o, p[f"{name}.out_proj.weight"], p.get(f"{name}.out_proj.bias"))
+        return (o if m.batch_first else jnp.swapaxes(o, 0, 1)), None
+
+    return f
+
+
+def _encoder_layer(name: str, m: nn.TransformerEncoderLayer) -> Callable:
+    """nn.TransformerEncoderLayer's training-mode forward without dropout (Vaswani et al. 2017, arXiv:1706.03762,
+    §3.1; norm_first: Xiong et al. 2020, arXiv:2002.04745): x + SA(LN₁ x), then + FF(LN₂ x) (norm_first), or
+    LN₁(x + SA(x)), then LN₂(x + FF(x)); SA the self-attention of :func:`_mha` (src_mask, src_key_padding_mask),
+    FF linear2(activation(linear1 x)), activation relu or gelu (a function or a ReLU/GELU module)."""
+    if _own_forward(m, nn.TransformerEncoderLayer):
+        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has a forward of its own")
+    if p := max(d.p for d in (m.dropout, m.dropout1, m.dropout2)):
+        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has dropout = {p}: {_DROPOUT}")
+    if isinstance(m.activation, nn.Module):
+        act = _activation(m.activation)
+    else:
+        act = {F.relu: jax.nn.relu, F.gelu: partial(jax.nn.gelu, approximate=False)}.get(m.activation)
+    if act is None:
+        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has activation {m.activation} (relu, gelu run)")
+    attn = _mha(f"{name}.self_attn", m.self_attn)
+    lin1, lin2 = _linear(f"{name}.linear1"), _linear(f"{name}.linear2")
+    norm1, norm2 = _norm(f"{name}.norm1", m.norm1), _norm(f"{name}.norm2", m.norm2)
+
+    def f(p, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        def sa(x):
+            return attn(p, x, x, x, src_key_padding_mask, False, src_mask, is_causal=is_causal)[0]
+
+        def ff(x):
+            return lin2(p, act(lin1(p, x)))
+
+        if m.norm_first:
+            x = src + sa(norm1(p, src))
+            return x + ff(norm2(p, x))
+        x = norm1(p, src + sa(src))
+        return norm2(p, x + ff(x))
+
+    return f
+
+
 def _getitem(obj, idx):
     # a tuple's item (x.shape[-1], chunk(...)[0]); an array's basic indexing (ints, slices, None, ...), which
     # NumPy/JAX and torch define alike, an integer inside the axis (JAX would clamp what torch refuses)
@@ -504,6 +639,56 @@ def _f_leaky_relu(x, negative_slope=0.01, inplace=False):
     return _leaky_relu(x, negative_slope)
 
 
+def _f_embedding(x, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    # F.embedding: rows of weight; a negative padding_idx counts from the end, as torch's
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise InputError("F.embedding with max_norm, scale_grad_by_freq or sparse is not supported")
+    pad = padding_idx % weight.shape[0] if padding_idx is not None else None
+    return _lookup(weight, x, pad, "op torch.nn.functional.embedding")
+
+
+def _f_dropout(x, p=0.5, training=True, inplace=False):
+    # F.dropout: the identity when it does not drop (p = 0 or training=False), else refused
+    if p != 0 and training:
+        raise InputError(f"p = {p} with training=True: {_DROPOUT}")
+    return x
+
+
+def _where3(condition, x=None, y=None):
+    # torch.where(condition, x, y); the one-argument form (the indices of nonzero entries) has a data-dependent shape
+    if x is None or y is None:
+        raise InputError("torch.where(condition) without x and y is not supported")
+    return jnp.where(condition, x, y)
+
+
+def _filled(value):
+    def f(*size, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False, out=None):
+        # torch.zeros / torch.ones of a size given as integers or one sequence (x.shape); the default float dtype
+        if out is not None:
+            raise InputError("out= is not supported")
+        return jnp.full(_dims(size), value, _jdtype(dtype or torch.get_default_dtype()))
+
+    return f
+
+
+def _filled_like(value):
+    def f(x, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
+        return jnp.full(x.shape, value, x.dtype if dtype is None else _jdtype(dtype))  # torch.zeros_like / ones_like
+
+    return f
+
+
+def _to(x, *args, **kwargs):
+    # x.to(dtype) / x.to(dtype=...); x.to(x.device) (None here, see _getattr) keeps x as it is
+    dtype = kwargs.pop("dtype", None)
+    rest = [a for a in args if a is not None]
+    if len(rest) == 1 and isinstance(rest[0], (torch.dtype, np.dtype)) and dtype is None:  # np: x.dtype in a graph
+        dtype = rest[0]
+    elif rest or set(kwargs) - {"non_blocking", "copy", "device"} or kwargs.get("device") is not None:
+        raise InputError("x.to with a device or another tensor is not supported (a dtype only)")
+    return x if dtype is None else x.astype(_jdtype(dtype))
+
+
 _matmul = partial(jnp.matmul, precision=PRECISION)
 _mean = _reduce(jnp.mean)
 _sum = _reduce(jnp.sum)
@@ -514,6 +699,8 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
     operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
     operator.invert: jnp.invert, operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
+    operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.lt, operator.le: operator.le,
+    operator.gt: operator.gt, operator.ge: operator.ge,
     torch.add: lambda x, other, alpha=1: x + alpha * other if alpha != 1 else x + other,
     torch.mul: lambda x, other: x * other, torch.matmul: _matmul,
     torch.cat: lambda tensors, dim=0: jnp.concatenate(tensors, axis=dim),
@@ -526,6 +713,10 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     F.leaky_relu: _f_leaky_relu,
     F.linear: lambda x, weight, bias=None: _affine_map(x, weight, bias),
     F.layer_norm: _layer_norm, F.scaled_dot_product_attention: _sdpa,
+    torch.sigmoid: jax.nn.sigmoid, torch.exp: jnp.exp, torch.where: _where3,
+    torch.zeros: _filled(0), torch.ones: _filled(1),
+    torch.zeros_like: _filled_like(0), torch.ones_like: _filled_like(1),
+    F.embedding: _f_embedding, F.dropout: _f_dropout,
 }  # fmt: skip
 
 # the position of the inplace argument of the functions that have one: torch would overwrite the input, which
@@ -543,12 +734,17 @@ _FX_METHODS: dict[str, Callable] = {
     "unsqueeze": lambda x, dim: jnp.expand_dims(x, dim), "contiguous": lambda x: x,
     "masked_fill": lambda x, mask, value: jnp.where(mask, jnp.asarray(value, x.dtype), x),
     "long": lambda x: x.astype(_jdtype(torch.int64)), "relu": jax.nn.relu, "tanh": jnp.tanh,
+    "float": lambda x: x.astype(np.float32), "double": lambda x: x.astype(_jdtype(torch.float64)), "to": _to,
+    "sigmoid": jax.nn.sigmoid, "exp": jnp.exp,
 }  # fmt: skip
 
 FX_OPS = (
-    "+ - * / ** @ ~, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/tanh/relu, "
-    "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention, "
-    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/masked_fill"
+    "+ - * / ** @ ~ == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
+    "tanh/relu/sigmoid/exp/where/zeros/ones/zeros_like/ones_like, "
+    "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
+    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
+    "double/to(dtype)/sigmoid/exp/masked_fill, nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim), "
+    "nn.TransformerEncoderLayer (no dropout; relu or gelu)"
 )
 
 
@@ -630,13 +826,25 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
             m = gm.get_submodule(node.target)
             if getattr(m, "inplace", False) and any(len(a.users) > 1 for a in node.all_input_nodes):
                 raise _unsupported(f"layer {node.target} ({type(m).__name__}) is in place on a value used again")
-            f = _layer(node.target, m)
+            if isinstance(m, nn.MultiheadAttention):  # (output, weights): only output[0] may be read
+                f = _mha(node.target, m)
+                weights = (u for u in node.users if u.target is not operator.getitem or u.args[1] != 0)
+                if any(u.users or u.target is not operator.getitem for u in weights):
+                    raise _unsupported(f"layer {node.target} (MultiheadAttention): its attention weights are read")
+            elif isinstance(m, nn.TransformerEncoderLayer):
+                f = _encoder_layer(node.target, m)
+            else:
+                one = _layer(node.target, m)
+
+                def f(p, x, one=one):  # a layer of one input
+                    return one(p, x)
+
             names = {n: owner[id(q)] for n, q in m.named_parameters(prefix=node.target, remove_duplicate=False)}
             read.update(names.values())
 
             def run(p, env, f=f, names=names, args=args):
-                (x,), _ = args(p, env)
-                return f({n: p[c] for n, c in names.items()}, x)
+                a, kw = args(p, env)
+                return f({n: p[c] for n, c in names.items()}, *a, **kw)
 
             steps.append((node.name, f"layer {node.target} ({type(m).__name__})", run))
         elif node.op in ("call_function", "call_method"):
@@ -1177,6 +1385,7 @@ class JaxTrainer(Trainer):
         apply = jax_forward(model)
         params = params_from_torch(model)
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))
+        check_embedding_ids(apply, params, Xj)  # before torch's forward in check_same_logits, which would raise
         check_same_logits(model, apply, params, X[:8], Xj[:8])
         optimizer = "adam" if config.algo in ("adam", "dpadam", "dpadam-jl") else "sgd"
         batch_gen = torch.Generator().manual_seed(config.seed + 1)  # the torch trainers' batch seed

@@ -87,6 +87,10 @@ SEQUENTIALS = {
         nn.Flatten(),
         nn.Linear(16, 3),
     ),
+    # Before: refused ("layer 3 (Sigmoid) is not supported"; Dropout likewise): Dropout(p=0) drops nothing
+    "sigmoid-dropout-zero": lambda: nn.Sequential(
+        nn.Flatten(), nn.Linear(64, 16), nn.Sigmoid(), nn.Dropout(0.0), nn.Linear(16, 3)
+    ),
     "groupnorm-not-affine-on-features": lambda: nn.Sequential(
         nn.Flatten(), nn.Linear(64, 16), nn.GroupNorm(4, 16, affine=False), nn.LeakyReLU(), nn.Linear(16, 3)
     ),
@@ -104,6 +108,7 @@ SEQUENTIALS = {
 # The vmap oracle of a CNN and of the wider MLPs compiles for ~10-20 s on one shared core.
 CLIPPED = [
     "nested-sequentials",
+    "sigmoid-dropout-zero",
     "layernorm-leakyrelu-identity-flatten",
     "groupnorm-not-affine-on-features",
     "linear-without-bias",
@@ -211,9 +216,9 @@ class _Branchy(nn.Module):  # data-dependent control flow: torch.fx cannot trace
         return h if x.sum() > 0 else -h
 
 
-class _ExpBlock(nn.Module):
+class _CumsumBlock(nn.Module):
     def forward(self, x):
-        return x.exp()
+        return x.cumsum(1)
 
 
 class _WithBlock(nn.Module):
@@ -241,6 +246,22 @@ class _TwoInputs(nn.Module):
         return self.lin(x.flatten(1)) * scale
 
 
+class _SelfAttention(nn.Module):
+    def __init__(self, weights=False, **options):
+        super().__init__()
+        self.attn, self.weights, self.head = (
+            nn.MultiheadAttention(8, 2, batch_first=True, **options),
+            weights,
+            nn.Linear(8, 3),
+        )
+        self.kv = nn.Linear(8, options.get("kdim", 8))
+
+    def forward(self, x):
+        h = x.flatten(2)  # (B, 8, 8)
+        out, w = self.attn(h, self.kv(h), self.kv(h))
+        return self.head(out.mean(1) + w.sum(1) if self.weights else out.mean(1))
+
+
 REFUSED = [
     (_patched_forward, r"layer 1 \(Linear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
@@ -253,9 +274,19 @@ REFUSED = [
     # a module torch.fx traces: what it cannot trace, an op or module outside the whitelist (named with the path
     # of the module whose forward calls it), in-place ops, a second input
     (_Branchy, r"torch.fx cannot trace model _Branchy \(symbolically traced variables cannot be used as inputs"),
-    (lambda: _WithBlock(_ExpBlock()), r"op x.exp in block is not supported"),
-    (lambda: _WithBlock(nn.Sequential(nn.Tanh(), nn.Dropout(0.1))), r"layer block.1 \(Dropout\) is not supported"),
-    (lambda: _WithBlock(nn.MultiheadAttention(8, 1)), r"layer block \(MultiheadAttention\) is not supported"),
+    (lambda: _WithBlock(_CumsumBlock()), r"op x.cumsum in block is not supported"),
+    (
+        lambda: _WithBlock(nn.Sequential(nn.Tanh(), nn.Dropout(0.1))),
+        r"layer block.1 \(Dropout\) has p = 0.1: torch trains with dropout",
+    ),
+    (lambda: _SelfAttention(dropout=0.1), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero"),
+    (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv"),
+    (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
+    (
+        lambda: _WithBlock(nn.TransformerEncoderLayer(8, 2)),
+        r"layer block \(TransformerEncoderLayer\) has dropout = 0.1:",
+    ),
+    (lambda: _SelfAttention(weights=True), r"layer attn \(MultiheadAttention\): its attention weights are read"),
     (lambda: _WithBlock(nn.ReLU(inplace=True)), r"layer block \(ReLU\) is in place on a value used again"),
     (_InplaceReLU, r"op torch.nn.functional.relu in the model's forward: inplace=True is not supported"),
     (_TwoInputs, r"forward of model _TwoInputs takes more than one input"),
@@ -268,6 +299,36 @@ def test_what_the_layer_list_cannot_run_is_one_line_naming_it(make, message):
         jb.jax_forward(make())
     text = str(e.value)
     assert "\n" not in text and text.endswith("use --backend torch") and jb.SUPPORTED in text
+
+
+class _Op(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.lin, self.op = nn.Linear(64, 3), op
+
+    def forward(self, x):
+        return self.op(self.lin(x.flatten(1)))
+
+
+@pytest.mark.parametrize(
+    ("op", "message"),
+    [
+        (lambda h: torch.nn.functional.dropout(h, 0.1), r"dropout in the model's forward: p = 0.1 with training=True: "
+         r"torch trains with dropout active"),
+        (lambda h: h[torch.where(h > 0)], r"op torch.where .*: torch.where\(condition\) without x and y"),
+        (lambda h: h.to("cuda"), r"op x.to .*: x.to with a device or another tensor is not supported"),
+        (lambda h: torch.nn.functional.embedding(h.long(), h, max_norm=1.0), r"F.embedding with max_norm"),
+    ],
+)  # fmt: skip
+def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, message):
+    """Arguments only the run sees (a dropout probability, a device): refused by the forward, before training
+    (the logits check runs it)."""
+    torch.manual_seed(0)
+    model = _Op(op).double()
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    with pytest.raises(InputError, match=message) as e:
+        apply(params, jax.numpy.asarray(_data()[0].numpy()))
+    assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
 
 
 class _Functional(nn.Module):
@@ -291,6 +352,69 @@ def _tokens(n=9, seed=0):  # token ids in [0, 10) as floats (dpaudit's records),
     return torch.randint(0, 10, (n, 7), generator=g).double(), torch.randint(0, 3, (n,), generator=g)
 
 
+class _MHA(nn.Module):
+    """nn.MultiheadAttention over token embeddings, sequence-first (batch_first=False), bias or not, a causal
+    attn_mask (boolean: True hides; or float: added) and a key_padding_mask hiding token 0, its output unpacked
+    (``out, _ = ...``: the weights, unread, are a getitem node without users)."""
+
+    def __init__(self, bias=True, float_mask=False, batch_first=False):
+        super().__init__()
+        self.tok, self.batch_first, self.float_mask = nn.Embedding(10, 8), batch_first, float_mask
+        self.attn = nn.MultiheadAttention(8, 2, bias=bias, batch_first=batch_first)
+        self.register_buffer("causal", torch.ones(7, 7).triu(1).bool())
+        self.register_buffer("additive", -1e4 * torch.ones(7, 7).triu(1))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        pad = (tok == 0) * self.additive[0, -1] if self.float_mask else tok == 0  # both masks of one kind and dtype
+        mask = self.additive if self.float_mask else self.causal
+        a = h if self.batch_first else h.transpose(0, 1)
+        out, _ = self.attn(a, a, a, key_padding_mask=pad, attn_mask=mask)
+        out = out if self.batch_first else out.transpose(0, 1)
+        return self.head((h + out).mean(1))
+
+
+class _GatedOps(nn.Module):
+    """Torch ops of a gated block: F.embedding (padding_idx=-1: the last row gets no gradient), sigmoid three
+    ways, exp, where, zeros_like/ones, x.float()/x.to(dtype), dropout that drops nothing (p = 0, training=False)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.gate = nn.Parameter(torch.randn(10, 8)), nn.Linear(8, 8)
+        self.drop, self.head = nn.Dropout(0.0), nn.Linear(8, 3)
+
+    def forward(self, tok):
+        F = torch.nn.functional
+        h = F.embedding(tok.long(), self.emb, padding_idx=-1)
+        keep = (tok != 0).float().to(h.dtype).unsqueeze(-1)
+        g = torch.sigmoid(self.gate(h)) * F.sigmoid(h) + h.sigmoid()
+        h = torch.where(keep > 0, g * torch.exp(0.5 * h), torch.zeros_like(h)) + h.exp() * keep
+        h = self.drop(F.dropout(h, 0.0) + F.dropout(h, 0.3, training=False))
+        z = self.head(h.mean(1))
+        return z * torch.ones(z.shape, dtype=z.dtype) + torch.zeros(z.size())  # float32 zeros promoted, as torch
+
+
+class _Encoder(nn.Module):
+    """Token embeddings through nn.TransformerEncoderLayer (dropout 0), token 0 a padding key."""
+
+    def __init__(self, **options):
+        super().__init__()
+        self.tok, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+        self.enc = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, **options)
+        self.register_buffer("causal", torch.ones(7, 7).triu(1).bool())
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        if self.enc.self_attn.batch_first:
+            return self.head(self.enc(h, src_key_padding_mask=tok == 0).mean(1))
+        return self.head(self.enc(h.transpose(0, 1), src_mask=self.causal).mean(0))
+
+
+def _long(x, y):  # token ids as int64 (a model whose Embedding reads the input as it is)
+    return x.long(), y
+
+
 # Refused before this session's torch.fx path (the refusal each got is in the comment); now traced by torch.fx
 # and run from the graph, each parameter once (a tied one is one array: its gradient is the sum of both uses).
 TRACED = {
@@ -308,9 +432,19 @@ TRACED = {
     "transformer-causal-two-heads": (lambda: byo.causal_transformer(10, 3), _tokens),
     "residual-groupnorm-cnn": (lambda: byo.residual_groupnorm_cnn(1, 3), _data),
     "functional-ops": (_Functional, _data),
+    # "layer attn (MultiheadAttention) is not supported": batch_first, need_weights=False, output[0]
+    # "op torch.sigmoid ... is not supported" (and exp, where, zeros_like, ones, float, to, F.embedding, dropout)
+    "gated-ops": (_GatedOps, _tokens),
+    # "layer enc (TransformerEncoderLayer) is not supported"
+    "encoder-layer-norm-first-gelu": (lambda: _Encoder(norm_first=True, activation="gelu", batch_first=True), _tokens),
+    "encoder-layer-post-norm-relu-causal": (lambda: _Encoder(activation=nn.ReLU()), _tokens),
+    "mha-transformer": (lambda: byo.mha_transformer(10, 7, 3), lambda n=9: _long(*_tokens(n))),
+    "mha-seq-first-masks": (_MHA, _tokens),
+    "mha-no-bias-float-mask": (lambda: _MHA(bias=False, float_mask=True, batch_first=True), _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
-_SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax"}
+_SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
+_SLOW |= {"encoder-layer-norm-first-gelu", "encoder-layer-post-norm-relu-causal"}  # ~25 s each
 
 
 def _traced_params(names):
@@ -330,8 +464,11 @@ def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipp
 
 
 @pytest.mark.parametrize(
-    "name", ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module"]
-)
+    "name",
+    ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module",
+     "mha-seq-first-masks", "mha-transformer", "gated-ops", "encoder-layer-norm-first-gelu",
+     "encoder-layer-post-norm-relu-causal"],
+)  # fmt: skip
 def test_a_traced_model_passes_the_float32_logits_backstop(name):
     """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
     torch's (float32 rounding of the same function: observed ≤ 1e-6 relative)."""
@@ -345,7 +482,7 @@ def test_a_traced_model_passes_the_float32_logits_backstop(name):
 
 @pytest.mark.parametrize(
     "name",
-    [*_traced_params(["tied-linear-module", "residual-sequential", "residual-groupnorm-cnn"]),
+    [*_traced_params(["tied-linear-module", "residual-sequential", "residual-groupnorm-cnn", "mha-seq-first-masks"]),
      pytest.param("transformer-sdpa", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
@@ -477,3 +614,26 @@ def test_a_module_without_parameters_is_one_line_on_both_backends(backend, algo)
     trainer = default_trainer(TrainConfig(algo=algo, steps=1, batch_size=8, dp=dp), PerfConfig(backend=backend))
     with pytest.raises(InputError, match=r"^the model has no trainable parameters$"):
         trainer.fit(nn.Sequential(nn.Flatten(), nn.Tanh()), x, y)
+
+
+@pytest.mark.parametrize("bad", [10, -1, 16])
+def test_an_embedding_id_outside_the_table_is_refused_before_training(bad):
+    """torch raises IndexError for an id outside [0, num_embeddings); the JAX lookup gave NaN logits for 10 (the
+    model trained to NaN parameters, exit 0) and wrapped -1 to the last row (trained another model): the data's ids
+    are checked against every embedding before training, also one fed by the forward (arange(T) positions: T = 17
+    rows of 16 from the 17-token records). The bad id is in record 17, after the 8 the logits check reads."""
+    torch.manual_seed(0)
+    x, y = torch.randint(0, 10, (30, 7 if bad != 16 else 17)), torch.randint(0, 3, (30,))
+    if bad != 16:
+        x[17, 3] = bad
+    config = TrainConfig(algo="dpsgd", steps=1, batch_size=8, dp=DPConfig(clip=1.0, noise_multiplier=0.0))
+    layer, got, rows = ("pos", 16, 16) if bad == 16 else ("tok", bad, 10)
+    message = rf"^layer {layer} \(Embedding\) is given id {got} by the training data, outside its {rows} rows"
+    with pytest.raises(InputError, match=message):
+        jb.JaxTrainer(config, PerfConfig(backend="jax")).fit(byo.tiny_transformer(10, 3), x, y)
+
+
+def test_an_embedding_lookup_outside_the_table_is_nan_never_another_row():
+    w = jax.numpy.arange(12.0).reshape(4, 3)
+    got = np.asarray(jb._lookup(w, jax.numpy.asarray([[-1, 4, 2]]), None, "e"))
+    assert np.isnan(got[0, :2]).all() and np.array_equal(got[0, 2], [6.0, 7.0, 8.0])
