@@ -232,7 +232,7 @@ def train_aggregation_run(
     check_workers(workers)  # one process per worker: at most the local cores
     if out is not None:
         check_output_dir(out, force=force, inputs=[dataset.source])
-    check_spec_fits(spec, dataset)
+    check_spec_fits(spec, dataset, own_module=False)  # teachers and student from --model only
     splits = make_splits(len(dataset), split_seed, fractions)
     pre = public_preprocessing(dataset, splits)
     subsampled = config.aggregator.sample_rate is not None

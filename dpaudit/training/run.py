@@ -668,8 +668,10 @@ def recipe_from_dict(d: Any, source: str, *, delta: float | None = None) -> Trai
     return config
 
 
-def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
-    """The model spec must accept the data's records and have one output per class."""
+def check_spec_fits(spec: ModelSpec, dataset: Dataset, *, own_module: bool = True) -> None:
+    """The model spec must accept the data's records and have one output per class. ``own_module``: the
+    algorithm takes a user's own module (``--model-spec``), so the token-data hint may offer it (PATE and
+    DP-ICL do not: they train from ``--model`` only)."""
     shape = dataset.feature_shape
     if spec.n_classes != dataset.n_classes:
         raise InputError(
@@ -686,10 +688,11 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset) -> None:
             need = "numeric features"
         hint = ""
         if dataset.kind == "tokens":
-            hint = " (token models: --model rnn or your own module)"
+            models = "--model rnn or your own module" if own_module else "--model rnn"
+            hint = f" (token models: {models})"
             if dataset.name != SYNTHETIC_TOKENS:  # a user's file: its integer X was read as token ids
                 hint = (
-                    " (an integer 2-D X is read as token ids; token models: --model rnn or your own module; "
+                    f" (an integer 2-D X is read as token ids; token models: {models}; "
                     "numeric features: save X as floats)"
                 )
         raise InputError(f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}{hint}")

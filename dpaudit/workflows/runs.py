@@ -149,7 +149,8 @@ def train_from_options(
     if algo in ("pate", "dp-icl"):  # noisy-vote aggregation (dpaudit/training/pate.py)
         check_options_read(algo, given)
         if model_spec is not None:
-            raise InputError(f"--algo {algo} trains its teachers from --model; --model-spec is not supported")
+            trains = "its teachers and its student" if algo == "pate" else "its student (its votes: --predictor)"
+            raise InputError(f"--algo {algo} trains {trains} from --model; --model-spec is not supported")
         if subsample is not None:  # named as given (it becomes the aggregator's sample_rate)
             check_in_interval(0.0, 1.0, hi_open=False, subsample=subsample)
         from dpaudit.training.pate import train_from_options as train_aggregation

@@ -226,6 +226,23 @@ def test_the_integer_file_hint_is_only_for_integer_files(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("algo", "trains"), [("pate", "its teachers and its student"), ("dp-icl", "its student (its votes: --predictor)")]
+)
+def test_noisy_vote_aggregation_on_token_ids_offers_only_a_model_it_trains(algo, trains, tok, tmp_path):
+    """PATE and DP-ICL train from --model only: the token-data hint names --model rnn, not "your own module" (which
+    they refuse), and their refusal of --model-spec says what --model trains (DP-ICL's teachers are no models of
+    --model: its votes come from --predictor). Planted: the hint's "or your own module" for them, or "trains its
+    teachers" for DP-ICL -> fails."""
+    args = ("train", "--algo", algo, "--epsilon", 4, "--data", tok, "--out", tmp_path / "run")
+    line = one_error(invoke(*args))
+    hint = "(an integer 2-D X is read as token ids; token models: --model rnn; numeric features: save X as floats)"
+    assert line.endswith(hint)
+    line = one_error(invoke(*args, "--model-spec", _spec(tmp_path / "spec.json", "transformer")))
+    assert line == f"error: --algo {algo} trains {trains} from --model; --model-spec is not supported"
+    assert not (tmp_path / "run").exists()
+
+
 def test_input_dtype_mismatches_are_one_line(tok, tmp_path):
     spec = _spec(tmp_path / "f.json", "transformer", input_dtype="float32")
     line = one_error(invoke("train", "--data", tok, "--model-spec", spec, "--epochs", 1, "--out", tmp_path / "r"))

@@ -432,6 +432,34 @@ def test_attention_models_get_jl_norms(factory):
     np.testing.assert_allclose(ratio.numpy(), 1.0, atol=0.08)
 
 
+@pytest.mark.parametrize("ad_path", ["jvp", "double-vjp"])
+@pytest.mark.parametrize("factory", ["tied_lm", "tied_linear"])
+def test_tied_weights_are_projected_with_both_uses(factory, ad_path):
+    """A weight used twice (an embedding tied to the output head over int64 token ids; two Linear maps sharing one
+    weight): P_ij must be <g_i, v_j> for the true per-record gradient, both uses summed (Bu et al. 2021, Alg. 1).
+    Oracle: one ordinary backward pass per record (autograd sums a tied weight's uses). float64: equal to 1e-10.
+    Planted: the jvp path's tied_paths dropped (each use its own leaf) -> projections off."""
+    from tests.core import byo_models
+
+    torch.manual_seed(0)
+    if factory == "tied_lm":
+        model, x = byo_models.tied_lm(11, 3).double(), torch.randint(0, 11, (5, 4))
+    else:
+        model, x = byo_models.tied_linear(6, 3).double(), torch.randn(5, 6, dtype=torch.float64)
+    y = torch.randint(0, 3, (5,))
+    dirs = [
+        {k: v.double() for k, v in d.items()} for d in jl.random_directions(model, 7, torch.Generator().manual_seed(1))
+    ]
+    named = dict(model.named_parameters())
+    exact = torch.zeros(5, 7, dtype=torch.float64)
+    for i in range(5):
+        grads = torch.autograd.grad(F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]), list(named.values()))
+        g = dict(zip(named, grads, strict=True))
+        exact[i] = torch.stack([sum((g[n] * v[n]).sum() for n in named) for v in dirs])
+    P = jl.jl_projection_matrix(model, x, y, dirs, ad_path=ad_path)
+    torch.testing.assert_close(P, exact, rtol=1e-10, atol=1e-10)
+
+
 def test_secure_noise_makes_the_directions_unpredictable_too():
     """Under --secure-noise the JL directions are not drawn from the (recorded) seed either: the seed paper's
     Lemma 4.3 takes the law of ‖g_0‖/M_0 over v_1 … v_r drawn independently of the neighbouring pair, which a
