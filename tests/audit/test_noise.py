@@ -129,6 +129,19 @@ def test_independence_test_is_calibrated_scale_free_and_catches_reuse():
     assert independence_p_value(P[:2]) is None
 
 
+def test_independence_needs_a_matrix_of_three_steps_and_a_column():
+    """None (no test) for fewer than 3 steps (a t-test on T values has T − 1 ≥ 2 degrees of freedom here), no column,
+    or not a matrix; a p-value from 3 steps on. Planted (each passed the other tests): T < 4 or T ≤ 3, the column
+    test dropped or K == 1, the matrix test dropped."""
+    rng = np.random.default_rng(0)
+    assert independence_p_value(rng.normal(size=(2, 4))) is None
+    assert independence_p_value(np.zeros((5, 0))) is None
+    assert independence_p_value(rng.normal(size=5)) is None
+    assert independence_p_value(rng.normal(size=(4, 3, 2))) is None
+    assert 0.0 < independence_p_value(rng.normal(size=(3, 1))) <= 1.0
+    assert 0.0 < independence_p_value(rng.normal(size=(3, 4))) <= 1.0
+
+
 def test_canary_coordinates_cannot_mask_a_noise_deficit():
     """Planted mistake: σ estimated on all coordinates, the canaries' included. A loop whose noise is
     σC/√2 except on the canary coordinates (where its own bug puts far more) passes a check that pools
@@ -376,7 +389,30 @@ def test_the_student_tail_is_not_below_the_exact_one(df, p):
         assert exact <= got <= exact * (1 + 1e-11)
 
 
-@pytest.mark.parametrize(("half_dof", "p"), [(150, 1e-8), (2000, 1e-100), (1, 0.4), (8, 1e-300)])
+@pytest.mark.parametrize("units", [16.0, 256.0])
+@pytest.mark.parametrize("p", [0.9, 0.5, 1e-12, 1e-300, 5e-324])
+def test_tail_up_raises_by_its_documented_units(p, units):
+    """_tail_up raises p by units (|ln p| + 1) ulps (its docstring; 16 units is 7.8x scipy's worst measured t.sf error
+    and 256 covers chi2.cdf), no less (the margin is a bound, so a margin halved still passes the mpmath tests, whose
+    cases scipy misses by less) and no more; 0 stays 0; a p-value is at most 1. The rise is read exactly (mpmath):
+    1 + units (|ln p| + 1) 2^-52 rounds to within 2^-53 and the product to within half an ulp of p. Planted:
+    |ln p| − 1, |ln p| alone, + 0, + 2, 2^-53 or 2^-51 for 2^-52 (all passed the other tests), the two-sided tail's
+    cap at 1 dropped or 2 (p = 1 at t = 0 read 1 + 16 ulps)."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import _student_two_sided, _tail_up
+
+    got = float(_tail_up(p, units))
+    with mp.workdps(50):
+        rise = (mp.mpf(got) - mp.mpf(p)) / mp.mpf(p)
+        expected = units * (abs(mp.log(p)) + 1) * mp.mpf(2) ** -52
+        # 5e-324 (the least subnormal) has no ulps to spare below: the product rounds to p or to 2p.
+        assert got >= p if p < 2.0**-1022 else abs(rise - expected) <= 2.0**-52
+    assert float(_tail_up(0.0, units)) == 0.0
+    assert float(_student_two_sided(0.0, 10)) == 1.0 and float(_student_two_sided(0.0, 10**6)) == 1.0
+
+
+@pytest.mark.parametrize(("half_dof", "p"), [(150, 1e-8), (2000, 1e-100), (1, 0.4), (8, 1e-300), (1, 0.7)])
 def test_the_fisher_chi2_tail_is_not_below_the_exact_one(half_dof, p):
     """P[χ²_{2K} > x] against the Poisson sum at 50 digits. scipy's chi2.sf was 544 ulps low at dof 300, p 1e-8 and
     3607 ulps at dof 4000, p 1e-100 (its error grows with dof and |ln p|). Planted: scipy's chi2.sf in its place
@@ -388,6 +424,54 @@ def test_the_fisher_chi2_tail_is_not_below_the_exact_one(half_dof, p):
     got = _chi2_even_upper_tail(x, half_dof)
     assert exact <= got <= exact * (1 + 1e-9)
     assert _chi2_even_upper_tail(0.0, half_dof) == 1.0 and _chi2_even_upper_tail(math.inf, half_dof) == 0.0
+
+
+@pytest.mark.parametrize("K", [2, 20])
+def test_fishers_statistic_is_lowered_by_twice_its_rounding_bound(monkeypatch, K):
+    """−2 Σ ln p_k is computed within (K + 3) ulps (K logs within 4 ulps, a sum of one sign within K − 1: the
+    docstring) and lowered by 2 (K + 4) ulps, so the statistic passed to the tail lies in [1 − (3K + 11) u,
+    1 − (K + 5) u] times exact (u = 2^-52; the tests of the p-value cannot see this margin, the sum being far more
+    accurate than its bound). Planted: the lowering dropped, a raise instead, 2 → 1 or 4, K − 4, K alone, 2 ulps
+    alone, K + 4 ulps, 2/(K + 4) (each passed the other tests)."""
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen = []
+    monkeypatch.setattr(noise, "_chi2_even_upper_tail", lambda x, half_dof: seen.append((x, half_dof)) or 0.5)
+    u = 2.0**-52
+    for seed in range(5):
+        p = np.random.default_rng(seed).uniform(1e-6, 1.0, K)
+        assert noise._fisher_upper_tail(p) == 0.5
+        x, half_dof = seen.pop()
+        with mp.workdps(50):
+            exact = -2 * mp.fsum(mp.log(mp.mpf(float(v))) for v in p)
+            assert half_dof == K and exact * (1 - (3 * K + 11) * u) <= x <= exact * (1 - (K + 5) * u), seed
+
+
+@pytest.mark.parametrize(("half_dof", "p"), [(150, 1e-8), (2000, 1e-100), (1, 0.7), (8, 1e-300)])
+def test_the_fisher_chi2_tail_carries_four_times_its_rounding_bound(half_dof, p):
+    """_chi2_even_upper_tail raises ln p by 4 err, err its docstring's first-order bound on the rounding of ln p
+    (computed here from the exact terms); with the computed ln p within err of exact, the result lies between
+    e^{3 err} and e^{5 err} times exact. The test above cannot see the margin shrink (the sum is far more accurate
+    than its bound here). Planted: 2^-53 or 2^-51 for 2^-52, |ln p| dropped or subtracted from err; terms worth
+    under a quarter of err (the + 1, ± 3K at these points) leave a margin above 3 err: safe, and unseen."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import _chi2_even_upper_tail
+
+    x = float(stats.chi2.isf(p, 2 * half_dof))
+    with mp.workdps(50):
+        exact = _exact_chi2_even_sf(x, half_dof)
+        y = mp.mpf(x) / 2
+        top = min(half_dof - 1, math.floor(y))
+        log_fact = mp.log(mp.factorial(top))
+        log_top = top * mp.log(y) - y - log_fact
+        err = 2.0**-52 * (
+            2 * top * abs(mp.log(y)) + y + 2 * log_fact + abs(log_top) + 3 * half_dof + 1 + abs(mp.log(exact))
+        )
+        got = _chi2_even_upper_tail(x, half_dof)
+        assert exact * mp.exp(3 * err) <= got <= exact * mp.exp(5 * err)
 
 
 @pytest.mark.parametrize(("k", "c0"), [(100, 0.6349294588591078), (1000, 0.22281310253680645)])
