@@ -55,6 +55,30 @@ def test_the_allowance_above_exact_seeds_is_bernsteins_bound(seeds, confidence):
     assert false_alarm_allowance(2**41, 1.0) == 0
 
 
+def test_the_self_test_counts_its_trials_memory_before_it_starts(monkeypatch):
+    """One audit's scores are held at a time: BYTES_PER_TRIAL (100) bytes per trial. With 1.5e8 bytes available
+    (7.5e7 usable), 10^6 trials (1e8 bytes) are refused before anything starts and 10^5 pass the check. Planted:
+    the memory as trials alone (1e6 bytes, 100 times too little) started the run (8 cases x 1 seed)."""
+    from dpaudit import budget
+    from dpaudit.audit import selftest
+    from dpaudit.errors import InputError
+
+    monkeypatch.setattr(budget, "available_memory", lambda: 150_000_000)
+    monkeypatch.setattr(selftest, "false_alarm_allowance", lambda *a: pytest.fail("started past the cost check"))
+    with pytest.raises(InputError, match=r"self-test: 8 audits need about 95\.4 MiB of memory"):
+        run_selftest(seeds=1, trials=10**6)
+
+    class Started(Exception):
+        pass
+
+    def started(*args):
+        raise Started
+
+    monkeypatch.setattr(selftest, "false_alarm_allowance", started)
+    with pytest.raises(Started):
+        run_selftest(seeds=1, trials=10**5)
+
+
 def test_planted_bugs_claim_at_most_two():
     # The brief's bar: every bug is caught at a claimed ε ≤ 2 (δ = 1e-5).
     for case in default_cases():
