@@ -426,6 +426,21 @@ def test_the_fisher_chi2_tail_is_not_below_the_exact_one(half_dof, p):
     assert _chi2_even_upper_tail(0.0, half_dof) == 1.0 and _chi2_even_upper_tail(math.inf, half_dof) == 0.0
 
 
+@pytest.mark.parametrize("x", [1416.0, 1420.0, 2000.0])
+def test_the_fisher_chi2_tail_below_the_normal_range_is_the_smallest_normal(x):
+    """P[χ²_2 > x] = e^{-x/2}: at x = 1416 (3.3e-308, between 2^-1022 and 2^-1021) the sum's own value, raised
+    within 5 err (1e-11 here) of it; at 1420 (6.0e-309) and 2000 (5e-435, 0 in floats) the smallest normal number
+    2^-1022, an upper bound (no subnormal's rounding). Planted: the floor dropped (0 for 5e-435), at 2^-1021
+    (2^-1022 for 3.3e-308, below it), returned as -2044 or 2."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import _chi2_even_upper_tail
+
+    exact = mp.exp(-mp.mpf(x) / 2)
+    got = _chi2_even_upper_tail(x, 1)
+    assert got == (2.0**-1022 if exact < 2.0**-1022 else got) and exact <= got <= max(exact * (1 + 1e-11), 2.0**-1022)
+
+
 @pytest.mark.parametrize("K", [2, 20])
 def test_fishers_statistic_is_lowered_by_twice_its_rounding_bound(monkeypatch, K):
     """−2 Σ ln p_k is computed within (K + 3) ulps (K logs within 4 ulps, a sum of one sign within K − 1: the
