@@ -591,3 +591,29 @@ def test_the_variance_p_value_charges_the_rounding_of_its_statistic():
         check = noise_check(np.array([[float(z @ z)]]), np.array([n]), np.zeros((1, 0)), noise_std=std, alpha=0.05)
         exact = _exact_chi2_cdf(exact_sum / mp.mpf(std) ** 2, n)
         assert exact <= check.groups[0].p_value <= exact * (1 + 1e-8)
+
+
+def test_the_variance_p_value_raises_its_statistic_4_ulps_and_scipys_tail_by_its_units(monkeypatch):
+    """variance_p_value's two documented margins, read at scipy's call (scipy replaced by a recorder answering
+    0.25): x = S/σ² raised by 4 ulps (σ² and the quotient, ≤ 1 ulp together), and scipy's cdf raised by 256
+    (|ln p| + 1) ulps (_tail_up) and then by 2^-40. The mpmath tests cannot see either shrink (scipy's error is
+    smaller at their points). Planted: 1, 2 or 8 ulps for 4, 2^-53 or 2^-51 for 2^-52, the 2^-40 dropped."""
+    import types
+
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen = []
+
+    def cdf(x, dof):
+        seen.append((x, dof))
+        return 0.25
+
+    monkeypatch.setattr(noise, "stats", types.SimpleNamespace(chi2=types.SimpleNamespace(cdf=cdf)))
+    got = variance_p_value(1000.0, 1000, 1.0)
+    assert seen == [(1000.0 * (1.0 + 4.0 * 2.0**-52), 1000)]
+    u = 2.0**-52
+    with mp.workdps(50):
+        expected = mp.mpf(0.25) * (1 + 256 * (mp.log(4) + 1) * u) * (1 + mp.mpf(2) ** -40)
+        assert abs(got / expected - 1) <= 4 * u
