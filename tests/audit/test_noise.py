@@ -617,3 +617,24 @@ def test_the_variance_p_value_raises_its_statistic_4_ulps_and_scipys_tail_by_its
     with mp.workdps(50):
         expected = mp.mpf(0.25) * (1 + 256 * (mp.log(4) + 1) * u) * (1 + mp.mpf(2) ** -40)
         assert abs(got / expected - 1) <= 4 * u
+
+
+def test_noise_check_raises_each_groups_sum_by_both_documented_terms(monkeypatch):
+    """noise_check hands variance_p_value S raised by (8 (log2 T + 4) + 2 (counts + 1)) ulps: the pairwise sum over
+    T steps and each step's dot product (Higham 2002, §4.2 and §3.1). At T = 1024 steps of one coordinate the first
+    term (112 ulps) dominates, which the test above masks with its dot term (2·781251 ulps). Planted: the sum's
+    term dropped, 8/(log2 T + 4), 8 alone, log2 T + 4 alone, 16 for 8 (each passed the other tests)."""
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen = []
+    real = noise.variance_p_value
+    monkeypatch.setattr(noise, "variance_p_value", lambda S, dof, std: seen.append(S) or real(S, dof, std))
+    T = 1024
+    col = np.random.default_rng(0).normal(size=T) ** 2
+    noise_check(col[:, None], np.array([1]), np.zeros((T, 0)), noise_std=1.0, alpha=0.05)
+    u = 2.0**-52
+    with mp.workdps(50):
+        expected = mp.mpf(float(col.sum())) * (1 + (8 * (math.log2(T) + 4) + 2 * (1 + 1)) * u)
+        assert len(seen) == 1 and abs(seen[0] / expected - 1) <= 2 * u
