@@ -638,3 +638,27 @@ def test_noise_check_raises_each_groups_sum_by_both_documented_terms(monkeypatch
     with mp.workdps(50):
         expected = mp.mpf(float(col.sum())) * (1 + (8 * (math.log2(T) + 4) + 2 * (1 + 1)) * u)
         assert len(seen) == 1 and abs(seen[0] / expected - 1) <= 2 * u
+
+
+def test_the_t_statistics_are_lowered_by_their_mean_and_sd_rounding(monkeypatch):
+    """_t_test_p_values lowers √T·|mean|/sd by g = 8 (log2 T + 4) 2^-52 units (numpy's pairwise sums, Higham 2002,
+    §4.2): √T (|mean| (1 − 2g) − g·mean|P|)/sd, read at the Student tail's call against that expression in 50
+    digits from numpy's mean and sd (within 4 ulps: the code's own roundings). Planted: g as one ulp (the mpmath
+    test of the p-value passed: numpy's sums are far more accurate than their bound there)."""
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen = []
+    monkeypatch.setattr(noise, "_student_two_sided", lambda t, df: seen.append((np.asarray(t), df)) or np.full(2, 0.5))
+    T = 64
+    P = np.random.default_rng(1).normal(loc=[0.3, -0.2], size=(T, 2))
+    noise._t_test_p_values(P)
+    ((t, df),) = seen
+    g = 8 * (math.log2(T) + 4) * 2.0**-52
+    mean, sd, mabs = P.mean(axis=0), P.std(axis=0, ddof=1), np.abs(P).mean(axis=0)
+    assert df == T - 1
+    with mp.workdps(50):
+        for k in range(2):
+            expected = mp.sqrt(T) * (abs(mp.mpf(mean[k])) * (1 - 2 * g) - g * mp.mpf(mabs[k])) / mp.mpf(sd[k])
+            assert abs(t[k] / expected - 1) <= 4 * 2.0**-52
