@@ -630,16 +630,23 @@ def test_noise_check_raises_each_groups_sum_by_both_documented_terms(monkeypatch
 
     from dpaudit.audit import noise
 
-    seen = []
-    real = noise.variance_p_value
+    seen, levels = [], []
+    real, real_quantile = noise.variance_p_value, noise._chi2_lower_quantile
     monkeypatch.setattr(noise, "variance_p_value", lambda S, dof, std: seen.append(S) or real(S, dof, std))
+    monkeypatch.setattr(noise, "_chi2_lower_quantile", lambda a, d: levels.append(real_quantile(a, d)) or levels[-1])
     T = 1024
     col = np.random.default_rng(0).normal(size=T) ** 2
-    noise_check(col[:, None], np.array([1]), np.zeros((T, 0)), noise_std=1.0, alpha=0.05)
+    check = noise_check(col[:, None], np.array([1]), np.zeros((T, 0)), noise_std=0.5, alpha=0.05)
     u = 2.0**-52
     with mp.workdps(50):
         expected = mp.mpf(float(col.sum())) * (1 + (8 * (math.log2(T) + 4) + 2 * (1 + 1)) * u)
         assert len(seen) == 1 and abs(seen[0] / expected - 1) <= 2 * u
+        # The estimate to nearest, from S itself; the upper bound from S raised, raised 4 ulps for its own roundings
+        # (the quotient, the root, the division: ≤ 1.5). Planted: the estimate's division as a product, S for S_up
+        # or no raise in the bound (each passed the other tests).
+        assert check.groups[0].ratio == math.sqrt(float(col.sum()) / T) / 0.5
+        bound = mp.sqrt(mp.mpf(seen[0]) / mp.mpf(levels[0])) / mp.mpf(0.5)
+        assert bound * (1 + 2.5 * u) <= check.groups[0].ratio_upper <= bound * (1 + 5.5 * u)
 
 
 def test_the_t_statistics_are_lowered_by_their_mean_and_sd_rounding(monkeypatch):
