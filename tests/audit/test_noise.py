@@ -671,3 +671,24 @@ def test_the_t_statistics_are_lowered_by_their_mean_and_sd_rounding(monkeypatch)
         for k in range(2):
             expected = mp.sqrt(T) * (abs(mp.mpf(mean[k])) * (1 - 2 * g) - g * mp.mpf(mabs[k])) / mp.mpf(sd[k])
             assert abs(t[k] / expected - 1) <= 4 * 2.0**-52
+
+
+def test_the_cross_group_p_value_is_bonferronis_over_the_pairs_and_zero_without_noise():
+    """Three groups, three pairs tested: the smallest pair's p-value times 3 (Bonferroni), each pair's as it is alone;
+    a pair with no noise on one side (Σ z_b² = 0) has p = 0. Planted: the product by the number of pairs dropped or
+    a division, the no-noise p as 1 (each passed the other tests, whose cases test one pair)."""
+    from dpaudit.audit.noise import cross_group_p_value
+
+    k = np.full((3, 3), 50)
+    cross = np.zeros((3, 3, 3))
+    cross[1], cross[2] = 50.0, 50.0
+    cross[0, 0, 1], cross[0, 0, 2], cross[0, 1, 2] = 12.0, 3.0, -5.0
+    alone = []
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        one = np.zeros((3, 2, 2))
+        one[:, 0, 1] = cross[:, a, b]
+        alone.append(cross_group_p_value(one, np.full((2, 2), 50))[0])
+    p, pair = cross_group_p_value(cross, k)
+    assert pair == "0 / 1" and p == min(1.0, min(alone) * 3) and min(alone) < 0.1
+    cross[2, 1, 2] = 0.0
+    assert cross_group_p_value(cross, k) == (0.0, "1 / 2")
