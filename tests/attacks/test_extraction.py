@@ -546,3 +546,13 @@ def test_a_huge_curve_points_is_the_whole_halving_curve_at_once():
 
     assert _prefixes(1000, 10, 2**63) == _prefixes(1000, 10, 64) == [15, 31, 62, 125, 250, 500, 1000]
     assert _prefixes(1000, 10, 3) == [250, 500, 1000] and _prefixes(1, 1, 2**63) == [1]
+
+
+def test_an_explicit_equations_method_refuses_rounded_answers_that_leave_too_few_equations(digits_logreg):
+    """The fallback to learning is auto's (`chose`): `--method equations` asked for the equations, so their
+    refusal is the user's to see, as auto learns from the same rounded answers. Planted: the fallback without
+    `chose` (explicit equations silently learned)."""
+    with pytest.raises(InputError, match="usable equations for 585 unknowns"):
+        extract(_load(digits_logreg), budget=DIGITS_D + 1, api="rounded:2", method="equations", curve_points=1)
+    r = extract(_load(digits_logreg), budget=DIGITS_D + 1, api="rounded:2", curve_points=1, surrogate="logreg")
+    assert r.result.method == "learning" and "usable equations for 585 unknowns" in r.result.params["fallback"]

@@ -129,6 +129,19 @@ def test_independence_test_is_calibrated_scale_free_and_catches_reuse():
     assert independence_p_value(P[:2]) is None
 
 
+def test_independence_needs_a_matrix_of_three_steps_and_a_column():
+    """None (no test) for fewer than 3 steps (a t-test on T values has T − 1 ≥ 2 degrees of freedom here), no column,
+    or not a matrix; a p-value from 3 steps on. Planted (each passed the other tests): T < 4 or T ≤ 3, the column
+    test dropped or K == 1, the matrix test dropped."""
+    rng = np.random.default_rng(0)
+    assert independence_p_value(rng.normal(size=(2, 4))) is None
+    assert independence_p_value(np.zeros((5, 0))) is None
+    assert independence_p_value(rng.normal(size=5)) is None
+    assert independence_p_value(rng.normal(size=(4, 3, 2))) is None
+    assert 0.0 < independence_p_value(rng.normal(size=(3, 1))) <= 1.0
+    assert 0.0 < independence_p_value(rng.normal(size=(3, 4))) <= 1.0
+
+
 def test_canary_coordinates_cannot_mask_a_noise_deficit():
     """Planted mistake: σ estimated on all coordinates, the canaries' included. A loop whose noise is
     σC/√2 except on the canary coordinates (where its own bug puts far more) passes a check that pools
@@ -376,7 +389,30 @@ def test_the_student_tail_is_not_below_the_exact_one(df, p):
         assert exact <= got <= exact * (1 + 1e-11)
 
 
-@pytest.mark.parametrize(("half_dof", "p"), [(150, 1e-8), (2000, 1e-100), (1, 0.4), (8, 1e-300)])
+@pytest.mark.parametrize("units", [16.0, 256.0])
+@pytest.mark.parametrize("p", [0.9, 0.5, 1e-12, 1e-300, 5e-324])
+def test_tail_up_raises_by_its_documented_units(p, units):
+    """_tail_up raises p by units (|ln p| + 1) ulps (its docstring; 16 units is 7.8x scipy's worst measured t.sf error
+    and 256 covers chi2.cdf), no less (the margin is a bound, so a margin halved still passes the mpmath tests, whose
+    cases scipy misses by less) and no more; 0 stays 0; a p-value is at most 1. The rise is read exactly (mpmath):
+    1 + units (|ln p| + 1) 2^-52 rounds to within 2^-53 and the product to within half an ulp of p. Planted:
+    |ln p| − 1, |ln p| alone, + 0, + 2, 2^-53 or 2^-51 for 2^-52 (all passed the other tests), the two-sided tail's
+    cap at 1 dropped or 2 (p = 1 at t = 0 read 1 + 16 ulps)."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import _student_two_sided, _tail_up
+
+    got = float(_tail_up(p, units))
+    with mp.workdps(50):
+        rise = (mp.mpf(got) - mp.mpf(p)) / mp.mpf(p)
+        expected = units * (abs(mp.log(p)) + 1) * mp.mpf(2) ** -52
+        # 5e-324 (the least subnormal) has no ulps to spare below: the product rounds to p or to 2p.
+        assert got >= p if p < 2.0**-1022 else abs(rise - expected) <= 2.0**-52
+    assert float(_tail_up(0.0, units)) == 0.0
+    assert float(_student_two_sided(0.0, 10)) == 1.0 and float(_student_two_sided(0.0, 10**6)) == 1.0
+
+
+@pytest.mark.parametrize(("half_dof", "p"), [(150, 1e-8), (2000, 1e-100), (1, 0.4), (8, 1e-300), (1, 0.7)])
 def test_the_fisher_chi2_tail_is_not_below_the_exact_one(half_dof, p):
     """P[χ²_{2K} > x] against the Poisson sum at 50 digits. scipy's chi2.sf was 544 ulps low at dof 300, p 1e-8 and
     3607 ulps at dof 4000, p 1e-100 (its error grows with dof and |ln p|). Planted: scipy's chi2.sf in its place
@@ -388,6 +424,71 @@ def test_the_fisher_chi2_tail_is_not_below_the_exact_one(half_dof, p):
     got = _chi2_even_upper_tail(x, half_dof)
     assert exact <= got <= exact * (1 + 1e-9)
     assert _chi2_even_upper_tail(0.0, half_dof) == 1.0 and _chi2_even_upper_tail(math.inf, half_dof) == 0.0
+    # p ≈ 1 raised above 1 is capped (planted: the cap dropped or 2)
+    assert _chi2_even_upper_tail(1e-300, half_dof) == 1.0
+
+
+@pytest.mark.parametrize("x", [1416.0, 1420.0, 2000.0])
+def test_the_fisher_chi2_tail_below_the_normal_range_is_the_smallest_normal(x):
+    """P[χ²_2 > x] = e^{-x/2}: at x = 1416 (3.3e-308, between 2^-1022 and 2^-1021) the sum's own value, raised
+    within 5 err (1e-11 here) of it; at 1420 (6.0e-309) and 2000 (5e-435, 0 in floats) the smallest normal number
+    2^-1022, an upper bound (no subnormal's rounding). Planted: the floor dropped (0 for 5e-435), at 2^-1021
+    (2^-1022 for 3.3e-308, below it), returned as -2044 or 2."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import _chi2_even_upper_tail
+
+    exact = mp.exp(-mp.mpf(x) / 2)
+    got = _chi2_even_upper_tail(x, 1)
+    assert got == (2.0**-1022 if exact < 2.0**-1022 else got) and exact <= got <= max(exact * (1 + 1e-11), 2.0**-1022)
+
+
+@pytest.mark.parametrize("K", [2, 20])
+def test_fishers_statistic_is_lowered_by_twice_its_rounding_bound(monkeypatch, K):
+    """−2 Σ ln p_k is computed within (K + 3) ulps (K logs within 4 ulps, a sum of one sign within K − 1: the
+    docstring) and lowered by 2 (K + 4) ulps, so the statistic passed to the tail lies in [1 − (3K + 11) u,
+    1 − (K + 5) u] times exact (u = 2^-52; the tests of the p-value cannot see this margin, the sum being far more
+    accurate than its bound). Planted: the lowering dropped, a raise instead, 2 → 1 or 4, K − 4, K alone, 2 ulps
+    alone, K + 4 ulps, 2/(K + 4) (each passed the other tests)."""
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen = []
+    monkeypatch.setattr(noise, "_chi2_even_upper_tail", lambda x, half_dof: seen.append((x, half_dof)) or 0.5)
+    u = 2.0**-52
+    for seed in range(5):
+        p = np.random.default_rng(seed).uniform(1e-6, 1.0, K)
+        assert noise._fisher_upper_tail(p) == 0.5
+        x, half_dof = seen.pop()
+        with mp.workdps(50):
+            exact = -2 * mp.fsum(mp.log(mp.mpf(float(v))) for v in p)
+            assert half_dof == K and exact * (1 - (3 * K + 11) * u) <= x <= exact * (1 - (K + 5) * u), seed
+
+
+@pytest.mark.parametrize(("half_dof", "p"), [(150, 1e-8), (2000, 1e-100), (1, 0.7), (8, 1e-300)])
+def test_the_fisher_chi2_tail_carries_four_times_its_rounding_bound(half_dof, p):
+    """_chi2_even_upper_tail raises ln p by 4 err, err its docstring's first-order bound on the rounding of ln p
+    (computed here from the exact terms); with the computed ln p within err of exact, the result lies between
+    e^{3 err} and e^{5 err} times exact. The test above cannot see the margin shrink (the sum is far more accurate
+    than its bound here). Planted: 2^-53 or 2^-51 for 2^-52, |ln p| dropped or subtracted from err; terms worth
+    under a quarter of err (the + 1, ± 3K at these points) leave a margin above 3 err: safe, and unseen."""
+    import mpmath as mp
+
+    from dpaudit.audit.noise import _chi2_even_upper_tail
+
+    x = float(stats.chi2.isf(p, 2 * half_dof))
+    with mp.workdps(50):
+        exact = _exact_chi2_even_sf(x, half_dof)
+        y = mp.mpf(x) / 2
+        top = min(half_dof - 1, math.floor(y))
+        log_fact = mp.log(mp.factorial(top))
+        log_top = top * mp.log(y) - y - log_fact
+        err = 2.0**-52 * (
+            2 * top * abs(mp.log(y)) + y + 2 * log_fact + abs(log_top) + 3 * half_dof + 1 + abs(mp.log(exact))
+        )
+        got = _chi2_even_upper_tail(x, half_dof)
+        assert exact * mp.exp(3 * err) <= got <= exact * mp.exp(5 * err)
 
 
 @pytest.mark.parametrize(("k", "c0"), [(100, 0.6349294588591078), (1000, 0.22281310253680645)])
@@ -430,6 +531,10 @@ def test_the_resolvable_ratio_is_not_above_the_exact_one(dof, alpha, power):
         exact = mp.sqrt(quantile(alpha) / quantile(power))
         got = resolvable_noise_ratio(dof, alpha, power)
         assert exact * (1 - 1e-9) <= got <= exact
+        # The power quantile is raised by 2^-40 (chi2.ppf measured within 20 ulps, 0.005 of that), and below dof 1e5
+        # the level's lowered by as much (from dof 1e5 at α < 1e-4 it is bisected, near exact): the ratio lies at
+        # least 0.9·2^-40 (0.45·2^-40) below exact. Planted: the power quantile's raise dropped.
+        assert got <= exact * (1 - (0.9 if dof < 10**5 else 0.45) * 2.0**-40)
 
 
 @pytest.mark.parametrize("k", [2, 3, 12])
@@ -488,3 +593,102 @@ def test_the_variance_p_value_charges_the_rounding_of_its_statistic():
         check = noise_check(np.array([[float(z @ z)]]), np.array([n]), np.zeros((1, 0)), noise_std=std, alpha=0.05)
         exact = _exact_chi2_cdf(exact_sum / mp.mpf(std) ** 2, n)
         assert exact <= check.groups[0].p_value <= exact * (1 + 1e-8)
+
+
+def test_the_variance_p_value_raises_its_statistic_4_ulps_and_scipys_tail_by_its_units(monkeypatch):
+    """variance_p_value's two documented margins, read at scipy's call (scipy replaced by a recorder answering
+    0.25): x = S/σ² raised by 4 ulps (σ² and the quotient, ≤ 1 ulp together), and scipy's cdf raised by 256
+    (|ln p| + 1) ulps (_tail_up) and then by 2^-40. The mpmath tests cannot see either shrink (scipy's error is
+    smaller at their points). Planted: 1, 2 or 8 ulps for 4, 2^-53 or 2^-51 for 2^-52, the 2^-40 dropped."""
+    import types
+
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen = []
+
+    def cdf(x, dof):
+        seen.append((x, dof))
+        return 0.25
+
+    monkeypatch.setattr(noise, "stats", types.SimpleNamespace(chi2=types.SimpleNamespace(cdf=cdf)))
+    got = variance_p_value(1000.0, 1000, 1.0)
+    assert seen == [(1000.0 * (1.0 + 4.0 * 2.0**-52), 1000)]
+    u = 2.0**-52
+    with mp.workdps(50):
+        expected = mp.mpf(0.25) * (1 + 256 * (mp.log(4) + 1) * u) * (1 + mp.mpf(2) ** -40)
+        assert abs(got / expected - 1) <= 4 * u
+
+
+def test_noise_check_raises_each_groups_sum_by_both_documented_terms(monkeypatch):
+    """noise_check hands variance_p_value S raised by (8 (log2 T + 4) + 2 (counts + 1)) ulps: the pairwise sum over
+    T steps and each step's dot product (Higham 2002, §4.2 and §3.1). At T = 1024 steps of one coordinate the first
+    term (112 ulps) dominates, which the test above masks with its dot term (2·781251 ulps). Planted: the sum's
+    term dropped, 8/(log2 T + 4), 8 alone, log2 T + 4 alone, 16 for 8 (each passed the other tests)."""
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen, levels = [], []
+    real, real_quantile = noise.variance_p_value, noise._chi2_lower_quantile
+    monkeypatch.setattr(noise, "variance_p_value", lambda S, dof, std: seen.append(S) or real(S, dof, std))
+    monkeypatch.setattr(noise, "_chi2_lower_quantile", lambda a, d: levels.append(real_quantile(a, d)) or levels[-1])
+    T = 1024
+    col = np.random.default_rng(0).normal(size=T) ** 2
+    check = noise_check(col[:, None], np.array([1]), np.zeros((T, 0)), noise_std=0.5, alpha=0.05)
+    u = 2.0**-52
+    with mp.workdps(50):
+        expected = mp.mpf(float(col.sum())) * (1 + (8 * (math.log2(T) + 4) + 2 * (1 + 1)) * u)
+        assert len(seen) == 1 and abs(seen[0] / expected - 1) <= 2 * u
+        # The estimate to nearest, from S itself; the upper bound from S raised, raised 4 ulps for its own roundings
+        # (the quotient, the root, the division: ≤ 1.5). Planted: the estimate's division as a product, S for S_up
+        # or no raise in the bound (each passed the other tests).
+        assert check.groups[0].ratio == math.sqrt(float(col.sum()) / T) / 0.5
+        bound = mp.sqrt(mp.mpf(seen[0]) / mp.mpf(levels[0])) / mp.mpf(0.5)
+        assert bound * (1 + 2.5 * u) <= check.groups[0].ratio_upper <= bound * (1 + 5.5 * u)
+
+
+def test_the_t_statistics_are_lowered_by_their_mean_and_sd_rounding(monkeypatch):
+    """_t_test_p_values lowers √T·|mean|/sd by g = 8 (log2 T + 4) 2^-52 units (numpy's pairwise sums, Higham 2002,
+    §4.2): √T (|mean| (1 − 2g) − g·mean|P|)/sd, read at the Student tail's call against that expression in 50
+    digits from numpy's mean and sd (within 4 ulps: the code's own roundings). Planted: g as one ulp (the mpmath
+    test of the p-value passed: numpy's sums are far more accurate than their bound there)."""
+    import mpmath as mp
+
+    from dpaudit.audit import noise
+
+    seen = []
+    monkeypatch.setattr(noise, "_student_two_sided", lambda t, df: seen.append((np.asarray(t), df)) or np.full(2, 0.5))
+    T = 64
+    P = np.random.default_rng(1).normal(loc=[0.3, -0.2], size=(T, 2))
+    noise._t_test_p_values(P)
+    ((t, df),) = seen
+    g = 8 * (math.log2(T) + 4) * 2.0**-52
+    mean, sd, mabs = P.mean(axis=0), P.std(axis=0, ddof=1), np.abs(P).mean(axis=0)
+    assert df == T - 1
+    with mp.workdps(50):
+        for k in range(2):
+            expected = mp.sqrt(T) * (abs(mp.mpf(mean[k])) * (1 - 2 * g) - g * mp.mpf(mabs[k])) / mp.mpf(sd[k])
+            assert abs(t[k] / expected - 1) <= 4 * 2.0**-52
+
+
+def test_the_cross_group_p_value_is_bonferronis_over_the_pairs_and_zero_without_noise():
+    """Three groups, three pairs tested: the smallest pair's p-value times 3 (Bonferroni), each pair's as it is alone;
+    a pair with no noise on one side (Σ z_b² = 0) has p = 0. Planted: the product by the number of pairs dropped or
+    a division, the no-noise p as 1 (each passed the other tests, whose cases test one pair)."""
+    from dpaudit.audit.noise import cross_group_p_value
+
+    k = np.full((3, 3), 50)
+    cross = np.zeros((3, 3, 3))
+    cross[1], cross[2] = 50.0, 50.0
+    cross[0, 0, 1], cross[0, 0, 2], cross[0, 1, 2] = 12.0, 3.0, -5.0
+    alone = []
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        one = np.zeros((3, 2, 2))
+        one[:, 0, 1] = cross[:, a, b]
+        alone.append(cross_group_p_value(one, np.full((2, 2), 50))[0])
+    p, pair = cross_group_p_value(cross, k)
+    assert pair == "0 / 1" and p == min(1.0, min(alone) * 3) and min(alone) < 0.1
+    cross[2, 1, 2] = 0.0
+    assert cross_group_p_value(cross, k) == (0.0, "1 / 2")

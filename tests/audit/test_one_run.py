@@ -130,6 +130,25 @@ def test_bonferroni_pairs_are_fixed_by_m_and_fit():
         assert len(set(zip(kp.tolist(), km.tolist(), strict=True))) == len(kp)
 
 
+@pytest.mark.parametrize(
+    ("m", "ks", "both"),
+    [
+        (1, [1], []),  # (1, 1) needs 2 canaries
+        (3, [1, 2], [1]),
+        (10, [1, 2, 5], [1, 2, 5]),  # 10/4 = 2.5 and 10/8 = 1.25 round to 2 and 1
+        (2935, [3, 6, 11, 23, 46, 92, 183, 367, 734, 1468], [3, 6, 11, 23, 46, 92, 183, 367, 734, 1467]),
+    ],
+)
+def test_bonferroni_pairs_are_the_documented_grid(m, ks, both):
+    """k over round(m/2), round(m/4), ..., round(m/2^10) (at least 1), in (k, 0), (0, k) and (k, k) with k at most
+    floor(m/2) in the last, by hand. The grid's size is α's divisor: a grid of m alone, of m/j or of m/2j (all
+    passed the fit test above, which checks only that the pairs fit) change what an audit certifies."""
+    kp, km = bonferroni_pairs(m)
+    zeros = [0] * len(ks)
+    assert kp.tolist() == ks + zeros + both
+    assert km.tolist() == zeros + ks + both
+
+
 def test_exhaustive_small_design_is_valid():
     # Constant scores (no signal) with a fixed tie-break: over all 2^8 equally likely inclusion vectors
     # the bound may be positive for at most a fraction α of them (exact enumeration, no sampling).

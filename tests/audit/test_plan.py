@@ -537,3 +537,15 @@ def test_the_summary_prints_the_perfect_attacks_max_certifiable_above_the_claim(
     assert most > claim and float(claim) >= 1.9999951, text
     leak = {**plan.leak, "family": "gaussian", "mu": 1.0, "delta": 1 / 70000}
     assert "at delta 1.4285714285714285e-05)" in dataclasses.replace(plan, leak=leak).summary()
+
+
+def test_size_advice_names_the_perfect_attack_minimum_when_no_simulated_size_has_power():
+    """size_advice's third branch: plan_design refuses (no size up to 32 times the perfect-attack minimum reaches 80%
+    power against a leak of 1.05 for a claim of 1), so the phrase is the minimum with plan_design's reason, and
+    does not point to `dpaudit audit plan` itself (the refusal adds the pointer). Planted: points_to_plan True,
+    the return dropped, the search cap 31, 33 times n0, n0 alone or n0/32 (each passed the other tests)."""
+    from dpaudit.audit.plan import size_advice
+
+    advice = size_advice(1.0, method="clopper-pearson", delta=1e-5, true_epsilon=1.05)
+    assert advice.points_to_plan is False
+    assert advice.text.startswith("at least 23 runs per side even for a perfect attack (no design up to 736 runs per")

@@ -247,3 +247,31 @@ def test_the_closed_form_limits_at_k_0_and_k_n_are_safe_and_tight(n, alpha):
         assert root * (1 - (4 * (4.5 * x + 4) + 1) * 2.0**-52) <= lo <= root
         if root > 0.5:  # the pure one-run ε = logit(lower) at v = r (every guess right) stays rounded down
             assert one_run_pure_epsilon(n, n, alpha) <= mp.log(root / (1 - root))
+
+
+@pytest.mark.parametrize(("n", "alpha"), [(100, 1e-12), (1000, 0.05), (1, 1e-12), (3, 0.5), (10**9, 1e-300)])
+def test_the_closed_forms_carry_their_whole_derived_margin(n, alpha):
+    """The closed forms' margins are 4 times a bound derived from libm's documented errors (stats._CLOSED_FORM_ULPS),
+    not from this machine's rounding (0.6 ulps here, which a 1-ulp margin covers), so the test above cannot see them
+    shrink. Each limit is moved outward by 4 B, B its own rounding bound (8.5 ulps for 1 − α^(1/n), 4.5 |ln α|/n + 4
+    for α^(1/n)): with the value computed within B of exact, it lies at least 3 B − (a few ulps) beyond exact.
+    Planted: the margin 1, 4, 8.5 or 17 ulps instead of 34 (upper) and B instead of 4 B (lower) pass the test above
+    and fail here."""
+    mp = pytest.importorskip("mpmath")
+    u = 2.0**-52
+    with mp.workdps(50):
+        root = mp.power(mp.mpf(alpha), mp.mpf(1) / n)
+        b_lower = 4.5 * abs(math.log(alpha) / n) + 4.0
+        assert clopper_pearson_upper(0, n, alpha) >= (1 - root) * (1 + 3 * 8.5 * u - u)
+        assert clopper_pearson_lower(n, n, alpha) <= root * (1 - 3 * b_lower * u + u)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.05, 0.0])
+def test_no_trials_bound_nothing_and_a_limit_near_1_is_capped(alpha):
+    """n = 0 (allowed: 0 <= k <= n): no data, so the upper limit is 1 and the lower 0 at every α. The closed forms
+    take n > 0 only: at n = 0 they divide ln α by 0 (α = 1: 0/0, an upper limit of NaN and a lower one of 1).
+    And an upper limit from scipy's quantile near 1, widened, stays capped at 1 (k = 1 of 2 at α = 1e-300: the
+    quantile 1 − 1e-150 rounds to 1). Planted: the closed forms' n > 0 dropped or >= 0; the cap 2."""
+    assert clopper_pearson_upper(0, 0, alpha) == 1.0
+    assert clopper_pearson_lower(0, 0, alpha) == 0.0
+    assert clopper_pearson_upper(1, 2, 1e-300) == 1.0

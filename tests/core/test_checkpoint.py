@@ -370,3 +370,18 @@ def test_evaluation_batches_of_images_hold_a_few_megabytes():
     assert (
         np.array_equal(predict_logits(model, Rows(3, (3, 1024, 1024)))[:, 0], np.arange(3)) and model.sizes == [1] * 3
     )
+
+
+def test_check_weights_file_takes_a_string_and_refuses_an_unknown_type(tmp_path):
+    """fileio.check_weights_file (no torch; dpaudit import's first check) on a str path as on a Path, and a file of
+    another type refused by name. Planted: Path(path) dropped (a str has no .exists), the type test dropped (a
+    .txt file passed), both passed the CLI tests, which give a Path and a .pkl, a folder or a missing file."""
+    from dpaudit.fileio import check_weights_file
+
+    (tmp_path / "w.txt").write_text("weights")
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"w\.txt: unsupported weights file type '\.txt'; use \.safetensors"):
+        check_weights_file(str(tmp_path / "w.txt"))
+    with pytest.raises(CheckpointError, match="no such file"):
+        check_weights_file(str(tmp_path / "none.safetensors"))
+    assert check_weights_file(str(tmp_path / "w.safetensors")) == tmp_path / "w.safetensors"
