@@ -692,3 +692,22 @@ def test_the_cross_group_p_value_is_bonferronis_over_the_pairs_and_zero_without_
     assert pair == "0 / 1" and p == min(1.0, min(alone) * 3) and min(alone) < 0.1
     cross[2, 1, 2] = 0.0
     assert cross_group_p_value(cross, k) == (0.0, "1 / 2")
+
+
+def test_the_cross_group_correlation_is_lowered_by_its_documented_rounding_margin(monkeypatch):
+    # cross_group_p_value passes beta.sf r_low², r_low = |r|(1 − γ) − γ, γ = 2 (k + 8) 2^-52, clamped at 0 (noise.py,
+    # the sums' rounding, Higham 2002 §3.1). The mpmath tests cannot see this margin shrink (scipy errs far less
+    # there): 15 mutants of the two lines survived mutation pass 18. Two counts pin the slope and the intercept, a
+    # tiny r the clamp. Planted: γ's 2 or 8 changed, (1 − γ) or − γ dropped, no clamp -> fails.
+    from dpaudit.audit import noise
+
+    seen = []
+    real_sf = noise.stats.beta.sf
+    monkeypatch.setattr(noise.stats.beta, "sf", lambda x, a, b: seen.append(float(np.ravel(x)[0])) or real_sf(x, a, b))
+    for r, k in ((0.6, 1000), (0.6, 10**9), (0.25, 3), (1e-300, 50)):
+        cross = np.zeros((3, 2, 2))
+        cross[0, 0, 1], cross[1, 0, 1], cross[2, 0, 1] = r, 1.0, 1.0
+        seen.clear()
+        noise.cross_group_p_value(cross, np.full((2, 2), k))
+        g = 2.0 * (k + 8.0) * 2.0**-52
+        assert seen == [max(r * (1.0 - g) - g, 0.0) ** 2], (r, k, seen)
