@@ -85,8 +85,10 @@ def icl_membership(
     predictor: str = "knn",
     seed: int = 0,
     aggregator: AggregatorConfig | None = None,
+    tokens: bool = False,
 ) -> AttackResult:
-    """The ICL membership attack on records (X, y) (already preprocessed features).
+    """The ICL membership attack on records (X, y) (already preprocessed features; ``tokens``: X holds sequences of
+    token ids, which the predictor compares as bags of tokens, :mod:`dpaudit.training.icl`).
 
     ``epsilon = inf`` with ``teachers = 1``: one non-private prompt of ``shots`` exemplars, probability
     scores. Finite ``epsilon``: DP-ICL with ``teachers`` prompts and ``aggregator``'s kind (None: GNMax),
@@ -99,7 +101,7 @@ def icl_membership(
     n_trials = min(trials, len(X) // per_trial)
     if n_trials < 1:
         raise InputError(f"the ICL attack needs {per_trial} records per trial, the data has {len(X)}")
-    pred = make_predictor(predictor, n_classes)
+    pred = make_predictor(predictor, n_classes, tokens=tokens)
     perm = np.random.default_rng(derive_seed(seed, stream=10)).permutation(len(X))
     scores, member, ids = [], [], []
     for r in range(n_trials):
@@ -140,6 +142,7 @@ def icl_canary_scores(
     predictor: str = "knn",
     seed: int = 0,
     aggregator: AggregatorConfig | None = None,
+    tokens: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scores and inclusion bits of mislabeled exemplar canaries in (DP-)ICL, for a one-run audit
     (:func:`dpaudit.workflows.icl.icl_canary_audit`; Steinke, Nasr & Jagielski 2023, Thm. 3.1).
@@ -149,7 +152,7 @@ def icl_canary_scores(
     teacher's prompt independently with probability 1/2. Every canary is queried once; the score is
     1[answer == the canary's wrong label] (probability of that label for the non-private one prompt).
     Adding a canary changes one teacher's prompt, which the aggregator's one-vote analysis covers.
-    Returns ``(scores, included)`` (higher = member)."""
+    ``tokens``: X holds sequences of token ids. Returns ``(scores, included)`` (higher = member)."""
 
     m = check_positive_int(canaries=canaries)
     n_ex = shots * teachers
@@ -165,7 +168,7 @@ def icl_canary_scores(
     ex_y = np.concatenate([y[ex], y_can[included]])
     own = np.concatenate([np.repeat(np.arange(teachers), shots), owner[included]])
     parts = [np.flatnonzero(own == t) for t in range(teachers)]
-    pred = make_predictor(predictor, n_classes)
+    pred = make_predictor(predictor, n_classes, tokens=tokens)
     if math.isinf(epsilon):
         if teachers != 1:
             raise InputError("the non-private ICL audit uses one prompt (teachers = 1)")

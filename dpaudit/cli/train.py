@@ -179,7 +179,7 @@ AGGREGATION = (
     opt("threshold", float | None, None, help="Confident-GNMax: threshold T."),
     opt("max_answers", int | None, None, help="Confident-GNMax: answer cap."),
     opt("shots", int | None, None, help="DP-ICL: exemplars per teacher k."),
-    opt("predictor", str, "knn", help="DP-ICL: knn | prototype | PATH (local embedding model)."),
+    opt("predictor", str, "knn", help="DP-ICL: knn | prototype (token ids: bags of tokens) | PATH (embedding model)."),
     opt("workers", int, 1, help="PATE: teachers trained in parallel."),
     opt(
         "claim",

@@ -257,7 +257,7 @@ def train_aggregation_run(
         else:
             from dpaudit.training.icl import make_predictor
 
-            predictor = make_predictor(config.predictor, dataset.n_classes)
+            predictor = make_predictor(config.predictor, dataset.n_classes, tokens=dataset.kind == "tokens")
             ex_X, ex_y = pre.transform(dataset.rows(splits.members)), dataset.y[splits.members]
             if subsampled:
                 hist = subsampled_icl_hist(predictor, ex_X, ex_y, pre.transform(queries_X), config, dataset.n_classes)

@@ -33,6 +33,7 @@ def icl_canary_audit(
     seed: int = 0,
     claim: tuple[float, float] | None = None,
     aggregator: AggregatorConfig | None = None,
+    tokens: bool = False,
 ) -> AuditResult:
     """One-run audit of (DP-)ICL with mislabeled exemplar canaries (formal; Steinke, Nasr & Jagielski
     2023, arXiv:2305.08846, Thm. 3.1), on the scores of :func:`attacks.icl.icl_canary_scores`.
@@ -41,10 +42,10 @@ def icl_canary_audit(
     ``claim`` = (claimed ε, its δ) when a user tests another claim on the same mechanism (noise still set by
     ``epsilon`` and ``delta``); adding a canary changes one teacher's prompt, which the one-vote analysis
     covers, so the bound is formal. ``aggregator``: the noisy vote's kind and settings (None: GNMax), its
-    answer-step noise calibrated to ``epsilon`` over the canary queries."""
+    answer-step noise calibrated to ``epsilon`` over the canary queries. ``tokens``: X holds token ids."""
     scores, included = icl_canary_scores(
         X, y, n_classes, canaries=canaries, shots=shots, teachers=teachers, epsilon=epsilon, delta=delta,
-        predictor=predictor, seed=seed, aggregator=aggregator,
+        predictor=predictor, seed=seed, aggregator=aggregator, tokens=tokens,
     )  # fmt: skip
     claimed, audit_delta = (None if math.isinf(epsilon) else epsilon, delta) if claim is None else claim
     return audit_scores(scores, included, method="one-run", design="canaries", delta=audit_delta,
@@ -69,7 +70,7 @@ def run_icl(
     auxiliary and test records (never its private exemplars): the attack's AUC (an estimate) and the
     one-run canary audit (formal) for one non-private prompt (epsilon = inf) and for DP-ICL at the run's
     claimed epsilon. The student checkpoint is post-processing of the answers, so it is not attacked here."""
-    from dpaudit.data import Standardizer
+    from dpaudit.data import Identity, Standardizer
 
     agg = ((run.meta.get("training") or {}).get("aggregation") or {}).get("recipe")
     if run.meta["training"].get("algo") != "dp-icl" or agg is None:
@@ -82,7 +83,10 @@ def run_icl(
         )
     ds = run.dataset()
     idx = np.concatenate([run.splits.holdout, run.splits.aux, run.splits.test])
-    X = Standardizer.fit(ds.rows(run.splits.aux)).transform(ds.rows(idx))
+    # Token ids stay ids (the predictors compare bags of tokens): standardising them made them coordinates.
+    tokens = ds.kind == "tokens"
+    pre = Identity() if tokens else Standardizer.fit(ds.rows(run.splits.aux))
+    X = pre.transform(ds.rows(idx))
     y = ds.y[idx]
     privacy = run.privacy or {}
     eps = float(privacy.get("epsilon", math.inf))
@@ -95,7 +99,7 @@ def run_icl(
     # The run's own noisy vote (lnmax, gnmax or confident-gnmax, with its other settings), not GNMax whatever it
     # was: the canary audit joins the model's verdict, so it must audit the kind of mechanism the claim covers.
     template = AggregatorConfig(**agg["aggregator"]) if agg.get("aggregator") else None
-    common = {"n_classes": ds.n_classes, "shots": shots, "predictor": predictor, "seed": seed}
+    common = {"n_classes": ds.n_classes, "shots": shots, "predictor": predictor, "seed": seed, "tokens": tokens}
     settings = [("one prompt, no noise", 1, math.inf)]
     if math.isfinite(eps):
         kind = {"lnmax": "LNMax", "gnmax": "GNMax", "confident-gnmax": "Confident-GNMax"}.get(
