@@ -186,15 +186,16 @@ def _barrier(canaries) -> None:
 def _inject(canaries, step: int, named: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """:meth:`GradientCanaries.inject` from the chain, refusing first a step already observed: the chain's counter
     went back because its state was not carried from the step before. Besides a state re-initialised mid-run,
-    ``optax.MultiSteps`` (optax 0.2.8) and ``optax.apply_if_finite`` run the wrapped chain at every call and keep
-    its state only on some: with the pair inside MultiSteps(k=2) the first mini-step was recorded as step 0 and
-    the second refused as "inject(step=0): expected step 1", which did not say why."""
+    ``optax.MultiSteps`` (optax 0.2.8) runs the wrapped chain at every mini-step and keeps its state only every k-th:
+    with the pair inside MultiSteps(k=2) the first mini-step was recorded as step 0 and the second refused as
+    "inject(step=0): expected step 1", which did not say why. (``optax.apply_if_finite`` skips the chain on a
+    non-finite step, in a ``lax.cond``: no step is recorded for it, and the pair works inside it.)"""
     if 0 <= step < canaries.steps_ and canaries._pending is None:
         raise InputError(
             f"inject(step={step}): expected step {canaries.steps_}: step {step} was already observed, so the chain's "
             "state was not carried from the step before (an optimizer state re-initialised mid-run: restore it with "
-            "the model; or the pair inside optax.MultiSteps or optax.apply_if_finite, which run it at every call and "
-            "keep its state only on some): run the canaries' pair once per noisy step, outside such wrappers "
+            "the model; or the pair inside optax.MultiSteps, which runs it at every mini-step and keeps its state only "
+            "every k-th): run the canaries' pair once per noisy step, outside such wrappers "
             "(accumulate the micro-batches' clipped sums yourself, then one chain update)"
         )
     return canaries.inject(step, named)
