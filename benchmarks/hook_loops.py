@@ -1,6 +1,6 @@
 """Gradient canaries in the training loops users write: each setup trained once, audited, one table row.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/hook_loops.py [--only opacus|func|optax]
+    PYTHONPATH=. .venv/bin/python benchmarks/hook_loops.py [--only opacus|func|optax|autocast]
 
 Setups (a 10-32-2 MLP on 400 random records, Poisson q = 0.1, σ = 1, C = 1, T = 40, 60 canaries; the claim is
 the RDP accounting of (σ, q, T) at δ = 1e-5): Opacus 1.6 (`attach(module=model)`: BatchMemoryManager with empty
@@ -11,7 +11,8 @@ clipping skipped), and a jitted optax chain (planted σC/√2, `multi_transform`
 `inject_hyperparams`, `apply_if_finite` with a NaN step, the pair inside `MultiSteps`). Each row: steps observed,
 the verdict of `dpaudit audit canaries` (with `--noise-multiplier 1`), the noise check's std ratios per group, or
 the one-line refusal. A correct loop reads "violation" with probability at most 0.05 (the audit's α); the rows
-here use fixed seeds. About 2 minutes on one CPU core.
+here use fixed seeds. About 2 minutes on one CPU core. ``--only autocast`` measures instead how far Opacus' clipping
+under ``torch.autocast`` lets a record exceed the clip (:func:`autocast_overshoot`), why the adapter refuses it.
 """
 
 from __future__ import annotations
@@ -272,11 +273,41 @@ def optax_rows() -> list[str]:
     ]
 
 
+def autocast_overshoot(seed: int, dtype: str) -> float:
+    """Opacus under ``torch.autocast``: the largest clipped per-example contribution of one Poisson batch, over C
+    (its norm recomputed in float64 from Opacus' own per-example gradients and clip factors); a 10-256-2 MLP, inputs
+    N(0, 25), C = 0.1 (so nearly every record is clipped)."""
+    import torch
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    X = 5 * torch.randn(N, 10)
+    model, opt, loader = PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=SIGMA, max_grad_norm=0.1,
+        data_loader=DataLoader(TensorDataset(X, (X[:, 0] > 0).long()), batch_size=100), poisson_sampling=True,
+    )  # fmt: skip
+    xb, yb = next(iter(loader))
+    with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        out = model(xb)
+    torch.nn.functional.cross_entropy(out.float(), yb).backward()
+    g = opt.grad_samples  # what clip_and_accumulate clips: Opacus' per-parameter norms, then their norm, in `dtype`
+    norms = torch.stack([v.reshape(len(v), -1).norm(2, dim=-1) for v in g], dim=1).norm(2, dim=1)
+    factor = (opt.max_grad_norm / (norms + 1e-6)).clamp(max=1.0).double()
+    exact = torch.cat([v.reshape(len(v), -1).double() for v in g], 1).norm(dim=1)
+    return float((factor * exact).max() / opt.max_grad_norm)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("opacus", "func", "optax"))
+    parser.add_argument("--only", choices=("opacus", "func", "optax", "autocast"))
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
+    if args.only == "autocast":
+        for dtype in ("bfloat16", "float16"):
+            print(dtype, "largest clipped contribution / C:", [f"{autocast_overshoot(s, dtype):.4f}" for s in range(4)])
+        return
     print("| setup | steps | verdict | noise std / σC (groups) |")
     print("|---|---|---|---|")
     for name, rows in (("opacus", opacus_rows), ("func", func_rows), ("optax", optax_rows)):

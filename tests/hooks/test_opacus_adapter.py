@@ -143,7 +143,7 @@ def load_meta(directory) -> dict:
 
 def test_per_example_gradients_clipped_in_bfloat16_under_autocast_are_refused():
     """A float32 model whose forward runs under ``torch.autocast("cpu", bfloat16)``: Opacus' per-example gradients
-    are bfloat16 and it clips them by bfloat16 norms (a clipped record measured at 1.0075·C), while each canary is
+    are bfloat16 and it clips them by bfloat16 norms (a clipped record measured at up to 1.0096·C), while each canary is
     exactly C, so the audit read "consistent" of records the claim's C does not bound. Now the step is refused
     with one line before anything is recorded; the same loop without autocast runs."""
     import torch
