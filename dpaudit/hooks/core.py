@@ -69,6 +69,21 @@ CROSS_PREFIX = 512  # the leading coordinates of each group compared with every 
 _INCLUDED, _COINS, _COORDS, _DRAWS, _PROJ = 0xD12AC, 0x57E9, 0xC00D, 0x5A3D, 0x9E0
 
 
+# Why a gradient mapping lacks some of the canaries' parameters (torch): a tied weight, which state_dict() names twice.
+TIED_MISSING = (
+    "; a weight shared by two modules (an embedding tied to the output layer) has one gradient, which "
+    "named_parameters() lists once and state_dict() twice: build the canaries from "
+    "{n: p.shape for n, p in model.named_parameters() if p.requires_grad}"
+)
+# Why a JAX gradient tree lacks some of the canaries' leaves (the torch hint, a tied weight, does not apply: was
+# "a weight shared by two modules ... named_parameters()" for an optax.multi_transform with frozen leaves).
+JAX_MISSING = (
+    "; a leaf another transformation handles (frozen by optax.multi_transform or optax.masked) is not in the tree "
+    "the canaries see: build them from the leaves it holds ({k: s for k, s in pytree_shapes(params).items() if "
+    "k in trained})"
+)
+
+
 def canonical_name(name: str) -> str:
     """A parameter's name without Opacus' ``_module.`` prefix(es) (GradSampleModule wraps the model)."""
     while name.startswith(OPACUS_PREFIX):
@@ -427,16 +442,21 @@ class GradientCanaries:
         """Steps observed so far."""
         return len(self._obs)
 
-    def _check_names(self, names: Any, what: str, hint: str = "") -> None:
-        """Refuse (one line) names that are not exactly the canaries' parameters."""
+    def _check_names(self, names: Any, what: str, hint: str = "", *, missing_hint: str | None = None) -> None:
+        """Refuse (one line) names that are not exactly the canaries' parameters. ``missing_hint``: the likely cause
+        when names are only missing (default: a tied weight, as torch names it)."""
         if set(names) != set(self.names_):
             missing = sorted(set(self.names_) - set(names))[:3]
             extra = sorted(set(names) - set(self.names_))[:3]
             if missing and not extra:  # a tied weight: state_dict() names it twice, named_parameters() once
+                hint += TIED_MISSING if missing_hint is None else missing_hint
+            elif extra and not missing:
+                # A torch.func/JAX loop differentiates every parameter it is given, frozen ones included (measured:
+                # was "unexpected ['0.bias', '0.weight']: canaries designed for another model?" and nothing more).
                 hint += (
-                    "; a weight shared by two modules (an embedding tied to the output layer) has one gradient, "
-                    "which named_parameters() lists once and state_dict() twice: build the canaries from "
-                    "{n: p.shape for n, p in model.named_parameters() if p.requires_grad}"
+                    "; gradients of parameters the canaries were not built for, frozen ones? (torch.func.grad and "
+                    "jax.grad differentiate every parameter they are given, requires_grad or not): pass only the "
+                    "gradients of the parameters in param_shapes"
                 )
             raise InputError(
                 f"{what} do not match the canaries' parameters (missing {missing}, unexpected {extra}): "
@@ -447,7 +467,8 @@ class GradientCanaries:
         """The gradients in ``param_shapes`` order (from a name -> array mapping or a sequence), checked."""
         if isinstance(grads, Mapping):
             named = {canonical_name(str(n)): v for n, v in grads.items()}
-            self._check_names(named, f"{what}: the gradients' names")
+            jax_tree = any(_framework(v) == "jax" for v in named.values())
+            self._check_names(named, f"{what}: the gradients' names", missing_hint=JAX_MISSING if jax_tree else None)
             keys = list(grads)
             order = {canonical_name(str(n)): n for n in keys}
             arrays, names = [named[n] for n in self.names_], [order[n] for n in self.names_]

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpaudit.errors import InputError
-from dpaudit.hooks.core import check_full_precision_grads
+from dpaudit.hooks.core import JAX_MISSING, check_full_precision_grads
 
 
 def _jax():
@@ -123,7 +123,9 @@ def _check_tree(canaries, tree: Any, what: str, *, grads: bool = True) -> tuple[
     """(treedef, names) of ``tree``, refused (one line) unless its leaves are the canaries' parameters and shapes,
     and (``grads``: a gradient tree, not the parameters) float32/float64, as the core requires."""
     named, treedef, names = _named(tree)
-    canaries._check_names(names, f"{what}: the tree's leaves", " (build them with pytree_shapes(params))")
+    canaries._check_names(
+        names, f"{what}: the tree's leaves", " (build them with pytree_shapes(params))", missing_hint=JAX_MISSING
+    )
     for n in names:
         if tuple(np.shape(named[n])) != canaries.param_shapes[n]:
             raise InputError(
@@ -181,6 +183,24 @@ def _barrier(canaries) -> None:
             raise
 
 
+def _inject(canaries, step: int, named: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """:meth:`GradientCanaries.inject` from the chain, refusing first a step already observed: the chain's counter
+    went back because its state was not carried from the step before. Besides a state re-initialised mid-run,
+    ``optax.MultiSteps`` (optax 0.2.8) runs the wrapped chain at every mini-step and keeps its state only every k-th:
+    with the pair inside MultiSteps(k=2) the first mini-step was recorded as step 0 and the second refused as
+    "inject(step=0): expected step 1", which did not say why. (``optax.apply_if_finite`` skips the chain on a
+    non-finite step, in a ``lax.cond``: no step is recorded for it, and the pair works inside it.)"""
+    if 0 <= step < canaries.steps_ and canaries._pending is None:
+        raise InputError(
+            f"inject(step={step}): expected step {canaries.steps_}: step {step} was already observed, so the chain's "
+            "state was not carried from the step before (an optimizer state re-initialised mid-run: restore it with "
+            "the model; or the pair inside optax.MultiSteps, which runs it at every mini-step and keeps its state only "
+            "every k-th): run the canaries' pair once per noisy step, outside such wrappers "
+            "(accumulate the micro-batches' clipped sums yourself, then one chain update)"
+        )
+    return canaries.inject(step, named)
+
+
 def optax_inject(canaries):
     """The optax transformation that adds the canaries to the clipped sum (place it right before the noise).
 
@@ -200,7 +220,7 @@ def optax_inject(canaries):
         def host(step: Any, arrays: list[Any]) -> list[np.ndarray]:
             # JAX may hand the callback its own arrays: NumPy here, else every step dispatches eager JAX ops
             out = _refusing(
-                canaries, canaries.inject, int(step), dict(zip(names, map(np.asarray, arrays), strict=True))
+                canaries, _inject, canaries, int(step), dict(zip(names, map(np.asarray, arrays), strict=True))
             )
             return [np.asarray(out[n], dtype=d) for n, d in zip(names, dtypes, strict=True)]
 

@@ -469,3 +469,14 @@ def test_canaries_from_a_tied_models_state_dict_are_told_to_use_named_parameters
     c = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, count=4, sample_rate=0.5, clip=1.0, seed=0)
     c.observe(0, c.inject(0, grads))
     assert c.steps_ == 1
+
+
+def test_gradients_of_parameters_left_out_of_the_canaries_are_named_as_possibly_frozen():
+    """A torch.func (or jax.grad) loop differentiates every parameter it is given, requires_grad or not: canaries built
+    from the trained parameters then got the frozen ones' gradients too, and the refusal said only "unexpected
+    ['0.bias', '0.weight']: canaries designed for another model?". It now says they may be frozen and what to pass."""
+    c = GradientCanaries({"fc.weight": (20, 10)}, count=4, sample_rate=0.5, clip=1.0, seed=0)
+    grads = {n: np.zeros(s) for n, s in SHAPES.items()}
+    with pytest.raises(InputError, match=r"unexpected \['fc.bias'\]\).*frozen ones\?.*only the gradients") as e:
+        c.inject(0, grads)
+    assert "named_parameters() lists once" not in str(e.value) and "\n" not in str(e.value)

@@ -139,3 +139,27 @@ def load_meta(directory) -> dict:
 
     meta = load_observations(directory).meta
     return {k: v for k, v in meta.items() if k.endswith(("_min", "_max"))}
+
+
+def test_per_example_gradients_clipped_in_bfloat16_under_autocast_are_refused():
+    """A float32 model whose forward runs under ``torch.autocast("cpu", bfloat16)``: Opacus' per-example gradients
+    are bfloat16 and it clips them by bfloat16 norms (a clipped record measured at up to 1.0096·C), while each canary is
+    exactly C, so the audit read "consistent" of records the claim's C does not bound. Now the step is refused
+    with one line before anything is recorded; the same loop without autocast runs."""
+    import torch
+
+    model, opt, loader = _private()
+    canaries = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, count=6,
+                                sample_rate=loader.sample_rate, clip=None, seed=0)  # fmt: skip
+    canaries.attach(opt)
+    xb, yb = next(iter(loader))
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(xb)
+    torch.nn.functional.cross_entropy(out.float(), yb).backward()
+    with pytest.raises(InputError, match=r"^step 0: Opacus computed the per-example gradients in bfloat16") as e:
+        opt.step()
+    assert "no autocast" in str(e.value) and "\n" not in str(e.value)
+    assert canaries.steps_ == 0 and canaries._pending is None
+    _steps(model, opt, loader, 1)  # float32 per-example gradients: carried
+    assert canaries.steps_ == 1

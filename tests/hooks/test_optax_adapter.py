@@ -195,3 +195,37 @@ def test_leaves_a_canary_cannot_be_added_to_exactly_and_traced_pytree_hooks_are_
     inject, _ = pytree_hooks(_canaries())
     with pytest.raises(InputError, match="traced JAX array"):
         jax.jit(lambda g: inject(0, g))(PARAMS)
+
+
+def test_leaves_frozen_by_another_transformation_are_named_so_not_as_a_tied_torch_weight():
+    """Canaries built from every leaf, the pair in the trained partition of an ``optax.multi_transform`` (the frozen
+    leaves are not in its tree): the refusal gave torch's tied-weight hint ("named_parameters() lists once"); it
+    now names multi_transform/masked. The same from the plain pytree functions given the trained subtree."""
+    from dpaudit.hooks.jax_adapter import pytree_hooks
+
+    c = _canaries()
+    trained = {"fc": {"w": PARAMS["fc"]["w"]}}
+    with pytest.raises(InputError, match=r"missing \[\"\['fc'\]\['b'\]\"\].*optax\.multi_transform") as e:
+        c.optax_inject().init(trained)
+    assert "named_parameters" not in str(e.value)
+    inject, _ = pytree_hooks(c)
+    with pytest.raises(InputError, match=r"optax\.multi_transform") as e:
+        inject(0, jax.tree_util.tree_map(jnp.asarray, trained))
+    assert "named_parameters" not in str(e.value)
+
+
+def test_the_pair_inside_optax_multisteps_is_refused_naming_it():
+    """``optax.MultiSteps`` (gradient accumulation) runs the wrapped chain at every mini-step and keeps its state only
+    every k-th: the second mini-step's inject came with step 0 again and was refused as "expected step 1", which
+    did not say why. The line now names MultiSteps and the fix (accumulate the clipped sums, one update)."""
+    sums, noise = _data()
+    c = _canaries()
+    tx = optax.MultiSteps(optax.chain(c.optax_inject(), _known_noise(noise), c.optax_observe()), every_k_schedule=2)
+    update = jax.jit(tx.update)
+    state = tx.init(PARAMS)
+    with pytest.raises(Exception, match=r"InputError: inject\(step=0\): expected step 1: .*optax\.MultiSteps") as err:
+        for t in range(2):
+            _, state = update(sums[t], state, PARAMS)
+        jax.effects_barrier()
+    assert str(err.value).strip().splitlines()[-1].startswith("InputError: inject(step=0)")
+    assert c.observations().steps == 1  # the first mini-step; the refused one recorded nothing
