@@ -464,7 +464,8 @@ def _jdtype(dtype):
     # a torch dtype (or a JAX one, from x.dtype) as JAX's, int64 as JAX's canonical integer (int32 without x64)
     if dtype is None or not isinstance(dtype, torch.dtype):
         return dtype
-    known = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32}
+    known = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32,
+             torch.bool: np.bool_}  # fmt: skip
     if dtype not in known:
         raise InputError(f"dtype {dtype} is not supported by the JAX backend's graph ops")
     return jax.dtypes.canonicalize_dtype(known[dtype])

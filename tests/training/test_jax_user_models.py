@@ -507,7 +507,7 @@ class _Sized(nn.Module):
         z = torch.zeros(B, 3) + torch.ones(x.size(0), 3, dtype=x.dtype) + x.new_zeros(B, 3) + 2 * x.new_ones((B, 3))
         z = z * x.new_full((B, 3), 0.5) + torch.full((B, 3), 2.0)
         m = nn.Transformer.generate_square_subsequent_mask(x.size(2))[:3, :3]  # 0 on and below the diagonal
-        return self.lin(x.flatten(1)) * z + torch.where(m < 0, 1.0, 2.0)[-1] + torch.ones(x.size(2), 3).tril(-1)[-1]
+        return self.lin(x.flatten(1)) * z + torch.where(m < 0, 1.0, 2.0)[0] + torch.ones(x.size(2), 3).tril(-1)[1]
 
 
 def _long(x, y):  # token ids as int64 (a model whose Embedding reads the input as it is)
@@ -680,6 +680,17 @@ def test_a_graph_whose_records_depend_on_their_batch_is_refused_for_private_trai
     with pytest.raises(InputError, match=message):
         _fit(_BatchCentred(position), "dpsgd")
     _fit(_BatchCentred(position), "sgd")  # no claim: trains
+
+
+@pytest.mark.parametrize("fill", [7, 7.0, True])
+def test_torch_full_and_new_full_give_torchs_dtype(fill):
+    """torch.full infers bool / int64 / the default float dtype from the fill value; x.new_full keeps x's dtype."""
+    x = torch.zeros(2, dtype=torch.float64)
+    with jax.enable_x64(True):
+        got = jb._FX_FUNCTIONS[torch.full]((2, 3), fill)
+        new = jb._FX_METHODS["new_full"](jax.numpy.asarray(x.numpy()), (2, 3), fill)
+    for g, expected in ((got, torch.full((2, 3), fill)), (new, x.new_full((2, 3), fill))):
+        assert str(g.dtype) == str(expected.dtype).removeprefix("torch.") and np.array_equal(g, expected.numpy())
 
 
 def test_a_model_returning_a_tuple_is_one_line_through_the_trainer_api():
