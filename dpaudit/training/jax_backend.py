@@ -981,8 +981,15 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
     forward passes here and far below the O(1) change of a missing or different layer."""
     dtype = next(model.parameters()).dtype
     # no TF32 in torch's pass (cuDNN's default on a GPU: ~1e-3 relative), as JAX's side (PRECISION)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
-        out = model(x.to(dtype) if x.is_floating_point() else x)  # token ids stay ids
+    # training mode, as the torch trainers train (dpsgd.py) and the JAX translations compute: a model handed over in
+    # eval mode would otherwise run torch's fast paths (nn.TransformerEncoder's nested tensors: 0 at padded positions)
+    was_training = model.training
+    try:
+        model.train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
+            out = model(x.to(dtype) if x.is_floating_point() else x)  # token ids stay ids
+    finally:
+        model.train(was_training)
     if not isinstance(out, torch.Tensor):  # the python spec's build refuses it too (dpaudit.models), for the CLI
         raise InputError(
             f"the model's forward gives output {type(out).__name__}; expected logits (a tensor of shape "
@@ -1501,7 +1508,6 @@ class JaxTrainer(Trainer):
         params = params_from_torch(model)
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))
         check_embedding_ids(apply, params, Xj)  # before torch's forward in check_same_logits, which would raise
-        model.train()  # the torch trainers' mode (dpsgd.py), in which the traced graph's modules are translated
         check_same_logits(model, apply, params, X[:8], Xj[:8])
         if self.private:  # the torch clippers' check (clipping.py), then the JAX graph's own (batch-size shapes)
             first = X[:5].to(next(model.parameters()).dtype) if X.is_floating_point() else X[:5]

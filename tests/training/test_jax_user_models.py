@@ -711,6 +711,23 @@ def test_a_model_returning_a_tuple_is_one_line_through_the_trainer_api():
         _fit(Pair(), "dpsgd")
 
 
+def test_the_logits_check_runs_torchs_training_mode_of_a_model_handed_over_in_eval_mode():
+    """Before, check_same_logits ran the model in the mode it came in: in eval mode nn.TransformerEncoder takes its
+    nested-tensor fast path for right-padded records (0 at the padded positions: mean-pooled logits off by 0.3 in
+    float32), and the JAX backend refused a model both trainers train in training mode."""
+    torch.manual_seed(0)
+    model = _Stack("pad").eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 10, (8, 7), generator=g)
+    x[:, 5:] = 0  # right-padded: torch's mask check lets the fast path run
+    with torch.no_grad():
+        assert (model(x) - model.train()(x)).abs().max() > 0.1  # torch's two modes differ here
+    model.eval()
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    jb.check_same_logits(model, apply, params, x, jax.numpy.asarray(x.numpy()))
+    assert not model.training  # the mode it came in
+
+
 @pytest.mark.parametrize(("start", "end"), [(1, -1), (2, -1), (1, 2), (0, 1), (-2, -1), (0, -1), (3, 3)])
 def test_flatten_merges_the_axes_torch_merges(start, end):
     """nn.Flatten(start_dim, end_dim) as a layer, torch.flatten and x.flatten from a graph: torch's shapes and order.
