@@ -2,13 +2,15 @@
 
 The model is the test factory ``tests.core.byo_models:tiny_transformer`` (token + ``arange`` positional embedding,
 LayerNorm, F.scaled_dot_product_attention, GELU MLP, mean pooling; 10 tokens, T = 16) or with ``--model cnn``
-``residual_groupnorm_cnn`` (1x16x16 inputs); float32, N = 2048 records, Poisson batches of expected size 64
-(q = 1/32), σ = 1, C = 1, 32 steps per epoch. The JAX backend runs the model from its torch.fx graph and clips
-by ``vmap(grad)``; the torch backend by its default clipper (``--clipping auto``). After a warm-up run, each
-backend trains a fresh model for 1 and for 3 epochs: the first time includes what a run pays once (JAX: tracing
-and compiling), half the difference is one epoch after that. Prints seconds; no numbers are asserted anywhere.
+``residual_groupnorm_cnn`` (1x16x16 inputs), or with ``--model encoder`` ``encoder_transformer`` (token +
+positional embeddings through a 2-layer ``nn.TransformerEncoder``, d = 16, 2 heads, causal mask, final LayerNorm;
+T = 16); float32, N = 2048 records, Poisson batches of expected size 64 (q = 1/32), σ = 1, C = 1, 32 steps per
+epoch. The JAX backend runs the model from its torch.fx graph and clips by ``vmap(grad)``; the torch backend by
+its default clipper (``--clipping auto``). After a warm-up run, each backend trains a fresh model for 1 and for 3
+epochs: the first time includes what a run pays once (JAX: tracing and compiling), half the difference is one
+epoch after that. Prints seconds; no numbers are asserted anywhere.
 
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/jax_fx_epoch.py [--model cnn]
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/jax_fx_epoch.py [--model cnn|encoder]
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ from tests.core import byo_models as byo
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=("transformer", "cnn"), default="transformer")
+    ap.add_argument("--model", choices=("transformer", "cnn", "encoder"), default="transformer")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     n, steps = 2048, 32
-    if args.model == "transformer":
+    if args.model in ("transformer", "encoder"):
         x = torch.randint(0, 10, (n, 16), generator=g)
 
         def make():
-            return byo.tiny_transformer(10, 2)
+            return byo.tiny_transformer(10, 2) if args.model == "transformer" else byo.encoder_transformer(10, 16, 2)
     else:
         x = torch.randn(n, 1, 16, 16, generator=g)
 

@@ -111,6 +111,8 @@ def main() -> None:
     for sdpa in (True, False):
         report(f"transformer block (sdpa={sdpa})", compare(byo.tiny_transformer(10, 3, sdpa=sdpa).double(), tokens, y))
     report("causal two-head block (mask buffer)", compare(byo.causal_transformer(10, 3).double(), tokens, y))
+    encoder = byo.encoder_transformer(10, 7, 3).double()  # nn.TransformerEncoder, 2 layers, causal mask from T
+    report("2-layer TransformerEncoder, causal (encoder_transformer)", compare(encoder, tokens.long(), y))
 
 
 def report(name: str, r: dict[str, float]) -> None:

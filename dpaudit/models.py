@@ -339,10 +339,13 @@ class PythonSpec(ModelSpec):
         expected = (2, self.n_classes)
         was_training = model.training
         model.eval()
+        zeros = self._zeros(self.input_dtype)
         try:
             with torch.no_grad():
-                out = model(self._zeros(self.input_dtype))
+                out = model(zeros)
         except Exception as e:
+            if zeros.is_meta:  # a forward reading values (.item(), bool(t): nn.TransformerEncoder's causal-mask
+                return  # detection) cannot run on the meta device (budget.model_parameters); the real build checks
             hint = ""
             wide = (p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
             other = next(wide, None)

@@ -46,7 +46,8 @@ import operator
 import re
 import secrets
 from collections.abc import Callable
-from functools import partial
+from contextlib import contextmanager
+from functools import partial, wraps
 from typing import Any
 
 import numpy as np
@@ -463,7 +464,8 @@ def _jdtype(dtype):
     # a torch dtype (or a JAX one, from x.dtype) as JAX's, int64 as JAX's canonical integer (int32 without x64)
     if dtype is None or not isinstance(dtype, torch.dtype):
         return dtype
-    known = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32}
+    known = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32,
+             torch.bool: np.bool_}  # fmt: skip
     if dtype not in known:
         raise InputError(f"dtype {dtype} is not supported by the JAX backend's graph ops")
     return jax.dtypes.canonicalize_dtype(known[dtype])
@@ -512,6 +514,8 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
     # mask (or is_causal's lower triangle) keeps the True positions, a float mask is added
     if dropout_p != 0.0 or enable_gqa:
         raise InputError("scaled_dot_product_attention with dropout_p or enable_gqa is not supported")
+    if is_causal and attn_mask is not None:  # torch's CPU kernel applies both, its documentation says it raises
+        raise InputError("scaled_dot_product_attention with both attn_mask and is_causal=True is not supported")
     s = jnp.matmul(q, jnp.swapaxes(k, -2, -1), precision=PRECISION) * (
         1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     )
@@ -533,7 +537,10 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
     the in-projections of query, key, value by the thirds of in_proj_weight/in_proj_bias, H heads of E/H features,
     softmax(q kᵀ/√(E/H) + masks) v per head (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1 and §3.2.2), the heads
     concatenated and out_proj; torch's F.multi_head_attention_forward. attn_mask (L, S) or (B·H, L, S) and
-    key_padding_mask (B, S), boolean (True: hidden) or float (added)."""
+    key_padding_mask (B, S), boolean (True: hidden) or float (added). is_causal=True as torch 2.x's
+    F.multi_head_attention_forward takes the hint: attn_mask required; with no key_padding_mask and
+    need_weights=False the lower triangle of F.scaled_dot_product_attention(is_causal=True) replaces attn_mask,
+    otherwise attn_mask is applied as given."""
     if _own_forward(m, nn.MultiheadAttention) or m.dropout or m.bias_k is not None or m.add_zero_attn:
         raise _unsupported(f"layer {name} (MultiheadAttention) has dropout, add_bias_kv or add_zero_attn")
     if not m._qkv_same_embed_dim:
@@ -542,8 +549,10 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
 
     def f(p, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
           is_causal=False):  # fmt: skip
-        if is_causal:
-            raise InputError("is_causal=True (a hint about attn_mask) is not supported: give attn_mask alone")
+        if is_causal and attn_mask is None:  # torch raises RuntimeError ("Need attn_mask if specifying the is_causal")
+            raise InputError("is_causal=True without attn_mask (torch raises: it needs the mask the hint describes)")
+        causal = is_causal and key_padding_mask is None and not need_weights  # torch drops attn_mask for the hint
+        attn_mask = None if causal else attn_mask
         if query.ndim != 3:
             raise InputError("unbatched (2-D) input is not supported")
         qkv = [t if m.batch_first else jnp.swapaxes(t, 0, 1) for t in (query, key, value)]  # (B, L or S, E)
@@ -562,7 +571,7 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
         if key_padding_mask is not None:
             pad = _additive(key_padding_mask, q.dtype).reshape(B, 1, 1, S)
             mask = pad if mask is None else mask + pad
-        o = _sdpa(q, k, v, attn_mask=mask).transpose(0, 2, 1, 3).reshape(B, L, E)
+        o = _sdpa(q, k, v, attn_mask=mask, is_causal=causal).transpose(0, 2, 1, 3).reshape(B, L, E)
         o = _affine_map(o, p[f"{name}.out_proj.weight"], p.get(f"{name}.out_proj.bias"))
         return (o if m.batch_first else jnp.swapaxes(o, 0, 1)), None
 
@@ -600,6 +609,32 @@ def _encoder_layer(name: str, m: nn.TransformerEncoderLayer) -> Callable:
             return x + ff(norm2(p, x))
         x = norm1(p, src + sa(src))
         return norm2(p, x + ff(x))
+
+    return f
+
+
+def _encoder(name: str, m: nn.TransformerEncoder) -> Callable:
+    """nn.TransformerEncoder's training-mode forward: its layers (each a TransformerEncoderLayer run by
+    :func:`_encoder_layer`) in turn on the same mask and key padding mask, then its final norm if it has one.
+    The fast path (nested tensors; enable_nested_tensor, mask_check) runs in eval mode without gradients only,
+    never while either trainer trains. is_causal=None (torch's default) detects a mask equal to
+    generate_square_subsequent_mask(seq_len) and passes is_causal=True to the layers, whose attention then applies
+    the lower triangle instead of that mask: the same −inf entries and 0 elsewhere (s + 0 = s), so the mask is
+    applied as given; an explicit True or False is passed on, as torch's forward."""
+    if _own_forward(m, nn.TransformerEncoder):
+        raise _unsupported(f"layer {name} (TransformerEncoder) has a forward of its own")
+    layers = []
+    for i, layer in enumerate(m.layers):
+        if not isinstance(layer, nn.TransformerEncoderLayer):
+            raise _unsupported(f"layer {name}.layers.{i} ({type(layer).__name__}) is not a TransformerEncoderLayer")
+        layers.append(_encoder_layer(f"{name}.layers.{i}", layer))
+    norm = None if m.norm is None else _layer(f"{name}.norm", m.norm)
+
+    def f(p, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        out = src
+        for layer in layers:
+            out = layer(p, out, mask, src_key_padding_mask, is_causal=bool(is_causal))
+        return out if norm is None else norm(p, out)
 
     return f
 
@@ -671,6 +706,24 @@ def _filled(value):
     return f
 
 
+def _full(size, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False, pin_memory=False, out=None):
+    # torch.full: without dtype, bool for a bool fill value, int64 for an int, the default float dtype otherwise
+    if out is not None:
+        raise InputError("out= is not supported")
+    if dtype is None:
+        dtype = torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int) else None
+    return jnp.full(_dims((size,)), fill_value, _jdtype(dtype or torch.get_default_dtype()))
+
+
+def _new_filled(value=None):
+    def f(x, *size_and_fill, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+        # x.new_zeros(*size) / x.new_ones(*size) / x.new_full(size, fill_value): x's dtype unless dtype is given
+        size, fill = (size_and_fill, value) if value is not None else size_and_fill
+        return jnp.full(_dims(size), fill, x.dtype if dtype is None else _jdtype(dtype))
+
+    return f
+
+
 def _filled_like(value):
     def f(x, dtype=None, layout=None, device=None, requires_grad=False, memory_format=None):
         return jnp.full(x.shape, value, x.dtype if dtype is None else _jdtype(dtype))  # torch.zeros_like / ones_like
@@ -714,7 +767,8 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     F.linear: lambda x, weight, bias=None: _affine_map(x, weight, bias),
     F.layer_norm: _layer_norm, F.scaled_dot_product_attention: _sdpa,
     torch.sigmoid: jax.nn.sigmoid, torch.exp: jnp.exp, torch.where: _where3,
-    torch.zeros: _filled(0), torch.ones: _filled(1),
+    torch.zeros: _filled(0), torch.ones: _filled(1), torch.full: _full,
+    torch.triu: lambda x, diagonal=0: jnp.triu(x, diagonal), torch.tril: lambda x, diagonal=0: jnp.tril(x, diagonal),
     torch.zeros_like: _filled_like(0), torch.ones_like: _filled_like(1),
     F.embedding: _f_embedding, F.dropout: _f_dropout,
 }  # fmt: skip
@@ -736,15 +790,18 @@ _FX_METHODS: dict[str, Callable] = {
     "long": lambda x: x.astype(_jdtype(torch.int64)), "relu": jax.nn.relu, "tanh": jnp.tanh,
     "float": lambda x: x.astype(np.float32), "double": lambda x: x.astype(_jdtype(torch.float64)), "to": _to,
     "sigmoid": jax.nn.sigmoid, "exp": jnp.exp,
+    "new_zeros": _new_filled(0), "new_ones": _new_filled(1), "new_full": _new_filled(),
+    "triu": lambda x, diagonal=0: jnp.triu(x, diagonal), "tril": lambda x, diagonal=0: jnp.tril(x, diagonal),
 }  # fmt: skip
 
 FX_OPS = (
     "+ - * / ** @ ~ == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
-    "tanh/relu/sigmoid/exp/where/zeros/ones/zeros_like/ones_like, "
+    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril (sizes may be x.size(i), x.shape[i]), "
     "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
-    "double/to(dtype)/sigmoid/exp/masked_fill, nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim), "
-    "nn.TransformerEncoderLayer (no dropout; relu or gelu)"
+    "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril, "
+    "nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim), "
+    "nn.TransformerEncoderLayer (no dropout; relu or gelu) and nn.TransformerEncoder of them"
 )
 
 
@@ -781,6 +838,34 @@ class FxModel:
         return torch.fx.node.map_arg(self.output, lambda n: env[n.name])
 
 
+_SIZED = ("zeros", "ones")  # the torch factories of the graph ops taking sizes as separate arguments
+
+
+@contextmanager
+def _traced_sizes():
+    """torch.zeros(B, 3) with B a traced size (x.size(0), x.shape[0]): torch's argument parser takes separate sizes
+    as ints only and raises TypeError before torch.fx sees the call; while tracing, such a call is made as
+    torch.zeros((B, 3)), which torch defines alike and fx records (a node of torch.zeros itself)."""
+
+    def one_tuple(fn):
+        @wraps(fn)
+        def f(*size, **kwargs):
+            if len(size) > 1 and any(isinstance(s, torch.fx.Proxy) for s in size):
+                return fn(size, **kwargs)
+            return fn(*size, **kwargs)
+
+        return f
+
+    originals = {n: getattr(torch, n) for n in _SIZED}
+    try:
+        for n, fn in originals.items():
+            setattr(torch, n, one_tuple(fn))
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(torch, n, fn)
+
+
 def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
     """Trace ``model`` with a ``torch.fx`` Tracer (``symbolic_trace``'s, buffers proxied too) and map every node
     to JAX: call_module -> :func:`_layer` (its parameters read under their first names, so a tied parameter is
@@ -790,7 +875,8 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
     tracer = torch.fx.Tracer()
     tracer.proxy_buffer_attributes = True  # a buffer (a causal mask) as a get_attr node, so that it can be sliced
     try:
-        graph = tracer.trace(model)
+        with _traced_sizes():
+            graph = tracer.trace(model)
         gm = torch.fx.GraphModule(tracer.root, graph)
     except Exception as e:  # data-dependent control flow, unsupported Python on a traced value, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -833,6 +919,8 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
                     raise _unsupported(f"layer {node.target} (MultiheadAttention): its attention weights are read")
             elif isinstance(m, nn.TransformerEncoderLayer):
                 f = _encoder_layer(node.target, m)
+            elif isinstance(m, nn.TransformerEncoder):
+                f = _encoder(node.target, m)
             else:
                 one = _layer(node.target, m)
 
@@ -893,8 +981,22 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
     forward passes here and far below the O(1) change of a missing or different layer."""
     dtype = next(model.parameters()).dtype
     # no TF32 in torch's pass (cuDNN's default on a GPU: ~1e-3 relative), as JAX's side (PRECISION)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
-        expected = model(x.to(dtype) if x.is_floating_point() else x).double().cpu().numpy()  # token ids stay ids
+    # training mode, as the torch trainers train (dpsgd.py) and the JAX translations compute: a model handed over in
+    # eval mode would otherwise run torch's fast paths (nn.TransformerEncoder's nested tensors: 0 at padded positions)
+    was_training = model.training
+    try:
+        model.train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
+            out = model(x.to(dtype) if x.is_floating_point() else x)  # token ids stay ids
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor):  # the python spec's build refuses it too (dpaudit.models), for the CLI
+        raise InputError(
+            f"the model's forward gives output {type(out).__name__}; expected logits (a tensor of shape "
+            f"[batch, n_classes]); return the logits alone (e.g. a wrapper module whose forward returns the "
+            f"logits of the {type(out).__name__})"
+        )
+    expected = out.double().cpu().numpy()
     got = np.asarray(apply(params, xj), dtype=np.float64)
     tol = math.sqrt(torch.finfo(dtype).eps) * (1 + np.abs(expected).max())
     if got.shape != expected.shape or not np.abs(got - expected).max() <= tol:
@@ -902,6 +1004,26 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
         raise _unsupported(
             f"the JAX forward pass gives logits {diff} on the first training records (tolerance {tol:.2g}): "
             "the model computes something its layer list does not"
+        )
+
+
+def check_alone_as_in_batch(apply: Apply, params: Params, xj) -> None:
+    """Refuse, for private training, a graph in which a record's logits differ between the record alone and the
+    record in a batch: the clipper computes each norm from the record alone (:func:`per_example_grads`) and the
+    clipped sum from the batch (:func:`clipped_sum`), so the sum would hold gradients of another function whose
+    norms were never bounded by C (Abadi et al. 2016, arXiv:1607.00133, Alg. 1 clips the gradient it adds). Sizes
+    from ``x.shape[0]`` (``torch.ones(B, T).tril()``: a record's row depends on its position) or a statistic over
+    the batch: torch's :func:`~dpaudit.models.check_per_record_in_training` replaces records and keeps positions and
+    batch size, so it sees the second only. Tolerance as :func:`check_same_logits`' (rounding of one function)."""
+    out = apply(params, xj)
+    together = np.asarray(out, dtype=np.float64)
+    alone = np.concatenate([np.asarray(apply(params, xj[i : i + 1]), dtype=np.float64) for i in range(xj.shape[0])])
+    tol = math.sqrt(np.finfo(out.dtype).eps) * (1 + np.abs(together).max())
+    if alone.shape != together.shape or not np.abs(alone - together).max() <= tol:
+        raise InputError(
+            "a record's logits differ between the record alone and the record in a batch (sizes from x.shape[0] or "
+            "x.size(0), or a statistic over the batch dimension?): per-example clipping needs each record's loss to "
+            "depend on that record alone (the JAX backend clips norms of records alone and sums the batch's)"
         )
 
 
@@ -1362,7 +1484,7 @@ class JaxTrainer(Trainer):
             return self._fit(model, X, y, progress)
 
     def _fit(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, progress: Progress) -> TrainOutcome:
-        from dpaudit.models import check_full_precision, check_private_layers
+        from dpaudit.models import check_full_precision, check_per_record_in_training, check_private_layers
         from dpaudit.training.dpsgd import poisson_sampler, privacy_claim, shuffle_sampler
         from dpaudit.validation import check_positive
 
@@ -1387,6 +1509,10 @@ class JaxTrainer(Trainer):
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))
         check_embedding_ids(apply, params, Xj)  # before torch's forward in check_same_logits, which would raise
         check_same_logits(model, apply, params, X[:8], Xj[:8])
+        if self.private:  # the torch clippers' check (clipping.py), then the JAX graph's own (batch-size shapes)
+            first = X[:5].to(next(model.parameters()).dtype) if X.is_floating_point() else X[:5]
+            check_per_record_in_training(model, first)
+            check_alone_as_in_batch(apply, params, Xj[:8])
         optimizer = "adam" if config.algo in ("adam", "dpadam", "dpadam-jl") else "sgd"
         batch_gen = torch.Generator().manual_seed(config.seed + 1)  # the torch trainers' batch seed
         history: list[dict[str, float]] = []

@@ -203,6 +203,32 @@ def mha_transformer(vocab: int, length: int, n_classes: int, d: int = 16) -> nn.
     return ArangeTransformer(vocab, length, n_classes, d, mha=True)
 
 
+class EncoderTransformer(nn.Module):
+    """A transformer classifier as users write it with torch's stack: token + ``pos(arange(T))`` embeddings through
+    ``nn.TransformerEncoder`` (``layers`` TransformerEncoderLayers, batch_first, dropout 0, a final LayerNorm), a
+    causal mask of ``nn.Transformer.generate_square_subsequent_mask(T)`` (T from the input), mean pooling."""
+
+    def __init__(self, vocab: int, length: int, n_classes: int, d: int = 16, layers: int = 2) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(length, d)
+        layer = nn.TransformerEncoderLayer(d, 2, dim_feedforward=2 * d, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(d))
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        import torch
+
+        T = tok.size(1)
+        h = self.tok(tok) + self.pos(torch.arange(T, device=tok.device))
+        h = self.encoder(h, mask=nn.Transformer.generate_square_subsequent_mask(T, device=tok.device))
+        return self.head(h.mean(1))
+
+
+def encoder_transformer(vocab: int, length: int, n_classes: int, d: int = 16, layers: int = 2) -> nn.Module:
+    return EncoderTransformer(vocab, length, n_classes, d, layers)
+
+
 class TiedLM(nn.Module):
     """LM-ish classifier: next-token logits through the embedding matrix (tied), restricted to the
     first ``n_classes`` tokens of the vocabulary (the class tokens)."""

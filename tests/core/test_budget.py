@@ -248,3 +248,22 @@ def test_work_beyond_any_machine_is_refused_even_with_yes():
         check_cost(beyond)
     with allow_long_work():  # just below: --yes starts it
         check_cost(Cost("x", 1, "units", seconds_per_unit=budget.BEYOND_SECONDS))
+
+
+def test_a_model_whose_forward_reads_values_is_counted_on_the_meta_device():
+    """nn.TransformerEncoder given a mask detects a causal one with ``bool((mask == causal).all())``, which cannot run
+    on the meta device: model_parameters' build refused it ("cannot build the model spec (... Tensor.item() cannot be
+    called on meta tensors)"), so `dpaudit train` refused users' transformers on both backends. The build's logits
+    check is skipped on meta only (a real build still runs it)."""
+    from dpaudit.budget import model_parameters
+    from dpaudit.models import PythonSpec
+    from tests.core import byo_models as byo
+
+    kwargs = {"vocab": 10, "length": 7, "n_classes": 2}
+    spec = PythonSpec(factory="tests.core.byo_models:encoder_transformer", kwargs=kwargs, input_shape=(7,),
+                      n_classes=2, input_dtype="int64")  # fmt: skip
+    assert model_parameters(spec) == sum(p.numel() for p in byo.encoder_transformer(**kwargs).parameters())
+    bad = PythonSpec(factory="tests.core.byo_models:encoder_transformer", kwargs=kwargs, input_shape=(7,),
+                     n_classes=3, input_dtype="int64")  # fmt: skip
+    with pytest.raises(InputError, match=r"gives output \[2, 2\]; expected logits of shape \[2, 3\]"):
+        bad.build()  # off the meta device the check runs

@@ -262,6 +262,21 @@ class _SelfAttention(nn.Module):
         return self.head(out.mean(1) + w.sum(1) if self.weights else out.mean(1))
 
 
+def _stack_with(where, module):  # a 2-layer nn.TransformerEncoder (dropout 0) with layer `where` or its norm replaced
+    stack = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, dropout=0.0), 2, enable_nested_tensor=False)
+    if where == "norm":
+        stack.norm = module
+    else:
+        stack.layers[where] = module
+    return stack
+
+
+def _patched_stack():  # an instance whose forward was replaced: fx keeps it a leaf (a torch.nn class)
+    stack = _stack_with("norm", None)
+    stack.forward = lambda src, *args, **kwargs: 2 * nn.TransformerEncoder.forward(stack, src, *args, **kwargs)
+    return stack
+
+
 REFUSED = [
     (_patched_forward, r"layer 1 \(Linear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
@@ -287,6 +302,16 @@ REFUSED = [
         r"layer block \(TransformerEncoderLayer\) has dropout = 0.1:",
     ),
     (lambda: _SelfAttention(weights=True), r"layer attn \(MultiheadAttention\): its attention weights are read"),
+    (
+        lambda: _WithBlock(nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 2, enable_nested_tensor=False)),
+        r"layer block.layers.0 \(TransformerEncoderLayer\) has dropout = 0.1: torch trains with dropout",
+    ),
+    (lambda: _WithBlock(_stack_with(1, nn.Identity())), r"layer block.layers.1 \(Identity\) is not a TransformerEnc"),
+    (lambda: _WithBlock(_stack_with("norm", nn.BatchNorm1d(8))), r"layer block.norm \(BatchNorm1d\) is not supported"),
+    (lambda: _WithBlock(_patched_stack()), r"layer block \(TransformerEncoder\) has a forward of its own"),
+    # sizes from the input for a factory outside the whitelist: torch.empty (uninitialized), torch.randn
+    (lambda: _Op(lambda h: h + torch.empty((h.shape[0], 3))), r"op torch.empty in the model's forward is not supp"),
+    (lambda: _Op(lambda h: h + torch.randn(h.size(0), 3)), r"torch.fx cannot trace model _Op \(randn\(\) received"),
     (lambda: _WithBlock(nn.ReLU(inplace=True)), r"layer block \(ReLU\) is in place on a value used again"),
     (_InplaceReLU, r"op torch.nn.functional.relu in the model's forward: inplace=True is not supported"),
     (_TwoInputs, r"forward of model _TwoInputs takes more than one input"),
@@ -411,6 +436,80 @@ class _Encoder(nn.Module):
         return self.head(self.enc(h.transpose(0, 1), src_mask=self.causal).mean(0))
 
 
+class _Stack(nn.Module):
+    """Token embeddings through nn.TransformerEncoder (2 layers of dropout 0, a final LayerNorm or none), a mask as
+    ``mode`` says: "pad" (src_key_padding_mask: token 0), "causal" (generate_square_subsequent_mask, which torch
+    detects and passes to the layers as is_causal=True), "bool-causal" (a boolean causal mask, positional),
+    "hint" (a mask that is not causal with is_causal=True and no padding mask: torch's attention applies the lower
+    triangle instead of the mask), "hint-pad" (the same with a padding mask: torch applies mask and padding),
+    "not-causal" (that mask, is_causal=False)."""
+
+    def __init__(self, mode="pad", batch_first=True, final_norm=True, norm_first=False, layers=2):
+        super().__init__()
+        self.tok, self.head, self.mode, self.batch_first = nn.Embedding(10, 8), nn.Linear(8, 3), mode, batch_first
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first, norm_first=norm_first)
+        self.enc = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(8) if final_norm else None)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(7))
+        self.register_buffer("other", torch.ones(7, 7).triu(2).bool())  # hides keys j >= i + 2: not causal
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        h = h if self.batch_first else h.transpose(0, 1)
+        pad = tok == 0
+        if self.mode == "pad":
+            h = self.enc(h, src_key_padding_mask=pad)
+        elif self.mode == "causal":
+            h = self.enc(h, mask=self.causal)
+        elif self.mode == "bool-causal":
+            h = self.enc(h, self.causal < 0)
+        elif self.mode == "hint":
+            h = self.enc(h, mask=self.other, is_causal=True)
+        elif self.mode == "hint-pad":
+            h = self.enc(h, mask=self.other, src_key_padding_mask=pad, is_causal=True)
+        elif self.mode == "hint-no-mask":
+            h = self.enc(h, is_causal=True)
+        else:
+            h = self.enc(h, mask=self.other, is_causal=False)
+        h = h if self.batch_first else h.transpose(0, 1)
+        return self.head(h.mean(1))
+
+
+class _CausalMHA(nn.Module):
+    """nn.MultiheadAttention given is_causal=True with a mask that is not causal (hides keys j >= i + 2): torch's
+    F.multi_head_attention_forward applies the lower triangle when there is no key padding mask and
+    need_weights=False, otherwise the mask; ``mask=False``: no attn_mask (torch raises)."""
+
+    def __init__(self, need_weights=False, pad=False, mask=True):
+        super().__init__()
+        self.tok, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.need_weights, self.pad, self.mask = need_weights, pad, mask
+        self.register_buffer("other", torch.ones(7, 7).triu(2).bool())
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        mask, pad = (self.other if self.mask else None), (tok == 0 if self.pad else None)
+        out = self.attn(h, h, h, key_padding_mask=pad, need_weights=self.need_weights, attn_mask=mask, is_causal=True)
+        return self.head(out[0].mean(1))
+
+
+class _Sized(nn.Module):
+    """Sizes taken from the input: torch.zeros(B, 3) / torch.ones(x.size(0), 3) (fx could not trace these: torch's
+    parser takes separate sizes as ints only), x.new_zeros/new_ones/new_full, torch.full, a mask of
+    nn.Transformer.generate_square_subsequent_mask(x.size(2)) (torch.full and triu), x.tril(diagonal)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 3)
+
+    def forward(self, x):
+        B = x.shape[0]
+        z = torch.zeros(B, 3) + torch.ones(x.size(0), 3, dtype=x.dtype) + x.new_zeros(B, 3) + 2 * x.new_ones((B, 3))
+        z = z * x.new_full((B, 3), 0.5) + torch.full((B, 3), 2.0)
+        m = nn.Transformer.generate_square_subsequent_mask(x.size(2))[:3, :3]  # 0 on and below the diagonal
+        return self.lin(x.flatten(1)) * z + torch.where(m < 0, 1.0, 2.0)[0] + torch.ones(x.size(2), 3).tril(-1)[1]
+
+
 def _long(x, y):  # token ids as int64 (a model whose Embedding reads the input as it is)
     return x.long(), y
 
@@ -441,10 +540,19 @@ TRACED = {
     "mha-transformer": (lambda: byo.mha_transformer(10, 7, 3), lambda n=9: _long(*_tokens(n))),
     "mha-seq-first-masks": (_MHA, _tokens),
     "mha-no-bias-float-mask": (lambda: _MHA(bias=False, float_mask=True, batch_first=True), _tokens),
+    # "layer encoder (TransformerEncoder) is not supported"; the mask of generate_square_subsequent_mask(T), T from
+    # tok.size(1): "op torch.full ... is not supported"
+    "encoder-transformer": (lambda: byo.encoder_transformer(10, 7, 3), lambda n=9: _long(*_tokens(n))),
+    "encoder-stack-seq-first-norm-first-pad": (
+        lambda: _Stack("pad", batch_first=False, final_norm=False, norm_first=True),
+        _tokens,
+    ),
+    "sized-ops": (_Sized, _data),  # "torch.fx cannot trace model _Sized (zeros() takes 1 positional argument ...)"
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
 _SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
 _SLOW |= {"encoder-layer-norm-first-gelu", "encoder-layer-post-norm-relu-causal"}  # ~25 s each
+_SLOW |= {"encoder-transformer", "encoder-stack-seq-first-norm-first-pad"}  # ~25-40 s each
 
 
 def _traced_params(names):
@@ -467,7 +575,7 @@ def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipp
     "name",
     ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module",
      "mha-seq-first-masks", "mha-transformer", "gated-ops", "encoder-layer-norm-first-gelu",
-     "encoder-layer-post-norm-relu-causal"],
+     "encoder-layer-post-norm-relu-causal", "encoder-transformer", "sized-ops"],
 )  # fmt: skip
 def test_a_traced_model_passes_the_float32_logits_backstop(name):
     """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
@@ -483,7 +591,8 @@ def test_a_traced_model_passes_the_float32_logits_backstop(name):
 @pytest.mark.parametrize(
     "name",
     [*_traced_params(["tied-linear-module", "residual-sequential", "residual-groupnorm-cnn", "mha-seq-first-masks"]),
-     pytest.param("transformer-sdpa", marks=pytest.mark.slow)],
+     pytest.param("transformer-sdpa", marks=pytest.mark.slow), "sized-ops",
+     pytest.param("encoder-transformer", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
     """Two DP-SGD steps (Poisson batches, clip 0.05 so that every example is clipped, σ = 0): the JAX trainer's
@@ -502,6 +611,121 @@ def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
         np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=n)
     assert any(not torch.equal(a, b) for a, b in zip(before, model_j.parameters(), strict=True))  # it trained
     assert jax_out.privacy == torch_out.privacy
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: _Stack("pad"), lambda: _Stack("causal", batch_first=False), lambda: _Stack("bool-causal", layers=1),
+     lambda: _Stack("hint", final_norm=False), lambda: _Stack("hint-pad"), lambda: _Stack("not-causal"),
+     lambda: _CausalMHA(), lambda: _CausalMHA(need_weights=True), lambda: _CausalMHA(pad=True)],
+    ids=["stack-pad", "stack-causal-seq-first", "stack-bool-causal", "stack-hint", "stack-hint-pad",
+         "stack-not-causal", "mha-hint", "mha-hint-need-weights", "mha-hint-pad"],
+)  # fmt: skip
+def test_a_transformer_encoder_and_is_causal_compute_torchs_logits(make):
+    """nn.TransformerEncoder (refused before) and is_causal=True (refused before in MultiheadAttention and the
+    encoder layer): float64 logits equal torch's training-mode forward for each mask and hint torch's code treats
+    differently (TRACED's encoder models add per-example norms and clipped sums)."""
+    torch.manual_seed(0)
+    model = make().double()
+    got = BENCH.compare(model, *_tokens(), clipping=False)
+    assert got["logits"] < RTOL, got
+
+
+def _sdpa_both(q):  # (B, 1, 3, 1) -> (B, 3)
+    mask = torch.ones(3, 3).bool()
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q, mask, is_causal=True)[:, 0, :, 0]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [(lambda: _Stack("hint-no-mask"), r"layer enc \(TransformerEncoder\): is_causal=True without attn_mask"),
+     (lambda: _CausalMHA(mask=False), r"layer attn \(MultiheadAttention\): is_causal=True without attn_mask"),
+     (lambda: _Op(lambda h: _sdpa_both(h[:, None, :, None])),
+      r"op torch._C._nn.scaled_dot_product_attention .*both attn_mask and is_causal=True is not supported")],
+    ids=["stack-hint-without-mask", "mha-hint-without-mask", "sdpa-mask-and-hint"],
+)  # fmt: skip
+def test_an_is_causal_hint_torch_refuses_or_runs_otherwise_is_one_line(make, message):
+    """is_causal=True without a mask (torch raises RuntimeError "Need attn_mask"); sdpa with a mask and
+    is_causal=True (documented to raise; torch's CPU kernel applies both, another kernel may not)."""
+    torch.manual_seed(0)
+    model = make().double()
+    x = _tokens()[0] if not isinstance(model, _Op) else _data()[0]
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    with pytest.raises(InputError, match=message) as e:
+        apply(params, jax.numpy.asarray(x.numpy()))
+    assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
+
+
+class _BatchCentred(nn.Module):
+    def __init__(self, position=False):
+        super().__init__()
+        self.a, self.b, self.position = nn.Linear(64, 8), nn.Linear(8, 3), position
+
+    def forward(self, x):
+        h = self.a(x.flatten(1))
+        if self.position:  # a record's row of a (B, 3) tril: its logits depend on its position in the batch
+            return self.b(h) + torch.ones(x.size(0), 3).tril(-1)
+        return self.b(h - h.mean(0, keepdim=True))
+
+
+@pytest.mark.parametrize(
+    ("position", "message"),
+    [(False, r"^a record's logits depend on the other records of its batch in training mode"),
+     (True, r"^a record's logits differ between the record alone and the record in a batch")],
+)  # fmt: skip
+def test_a_graph_whose_records_depend_on_their_batch_is_refused_for_private_training(position, message):
+    """Before: the JAX trainer trained both with a DP claim (the torch trainer refuses the batch mean), its norms
+    from each record alone and its clipped sum from the batch, whose terms' norms C does not bound. Sizes from
+    x.size(0) (now traced) make the second kind easy to write; torch's check keeps positions and cannot see it."""
+    with pytest.raises(InputError, match=message):
+        _fit(_BatchCentred(position), "dpsgd")
+    _fit(_BatchCentred(position), "sgd")  # no claim: trains
+
+
+@pytest.mark.parametrize("fill", [7, 7.0, True])
+def test_torch_full_and_new_full_give_torchs_dtype(fill):
+    """torch.full infers bool / int64 / the default float dtype from the fill value; x.new_full keeps x's dtype."""
+    x = torch.zeros(2, dtype=torch.float64)
+    with jax.enable_x64(True):
+        got = jb._FX_FUNCTIONS[torch.full]((2, 3), fill)
+        new = jb._FX_METHODS["new_full"](jax.numpy.asarray(x.numpy()), (2, 3), fill)
+    for g, expected in ((got, torch.full((2, 3), fill)), (new, x.new_full((2, 3), fill))):
+        assert str(g.dtype) == str(expected.dtype).removeprefix("torch.") and np.array_equal(g, expected.numpy())
+
+
+def test_a_model_returning_a_tuple_is_one_line_through_the_trainer_api():
+    """Before: JaxTrainer.fit reached check_same_logits' ``.double()`` (AttributeError, a traceback); the CLI never
+    gets there (the python spec's build refuses it first). Now the same advice, one line."""
+
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(64, 3)
+
+        def forward(self, x):
+            z = self.lin(x.flatten(1))
+            return z, z.sum()
+
+    with pytest.raises(InputError, match=r"^the model's forward gives output tuple; expected logits .*return the "
+                                         r"logits alone \(e.g. a wrapper module"):  # fmt: skip
+        _fit(Pair(), "dpsgd")
+
+
+def test_the_logits_check_runs_torchs_training_mode_of_a_model_handed_over_in_eval_mode():
+    """Before, check_same_logits ran the model in the mode it came in: in eval mode nn.TransformerEncoder takes its
+    nested-tensor fast path for right-padded records (0 at the padded positions: mean-pooled logits off by 0.3 in
+    float32), and the JAX backend refused a model both trainers train in training mode."""
+    torch.manual_seed(0)
+    model = _Stack("pad").eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 10, (8, 7), generator=g)
+    x[:, 5:] = 0  # right-padded: torch's mask check lets the fast path run
+    with torch.no_grad():
+        assert (model(x) - model.train()(x)).abs().max() > 0.1  # torch's two modes differ here
+    model.eval()
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    jb.check_same_logits(model, apply, params, x, jax.numpy.asarray(x.numpy()))
+    assert not model.training  # the mode it came in
 
 
 @pytest.mark.parametrize(("start", "end"), [(1, -1), (2, -1), (1, 2), (0, 1), (-2, -1), (0, -1), (3, 3)])
@@ -571,6 +795,7 @@ def test_batchnorm_refusal_names_the_backend_when_not_private_and_dp_when_privat
         ("residual_sequential", {"d": 4, "n_classes": 2}, [4]),
         pytest.param("tiny_transformer", {"vocab": 10, "n_classes": 2}, [7], marks=pytest.mark.slow),
         pytest.param("residual_groupnorm_cnn", {"channels": 1, "n_classes": 2}, [1, 4, 4], marks=pytest.mark.slow),
+        pytest.param("encoder_transformer", {"vocab": 10, "length": 7, "n_classes": 2}, [7], marks=pytest.mark.slow),
     ],
 )
 def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monkeypatch, factory, kwargs, shape):
@@ -587,7 +812,7 @@ def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monke
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the factory is imported from the current directory
     rng = np.random.default_rng(0)
     X = rng.integers(0, 10, size=(80, *shape))  # int64 (n, T): token ids for the transformer
-    X = X if factory == "tiny_transformer" else X.astype(np.float32)
+    X = X if factory in ("tiny_transformer", "encoder_transformer") else X.astype(np.float32)
     np.savez(tmp_path / "d.npz", X=X, y=rng.integers(0, 2, 80))
     spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": kwargs, "input_shape": shape,
             "n_classes": 2}  # fmt: skip
