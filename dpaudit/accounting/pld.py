@@ -99,7 +99,9 @@ class PldAccountant(Accountant):
     loss mass above the cap is sent to +inf (charged to delta in full); with the cap that far above
     eps this over-charges delta by at most e^-JL_CAP_MARGIN times the charged mass (the true term
     is E[1 - e^(eps - L - S)] >= 1 - e^(eps - cap) E_P[e^-S], E_P[e^-S] <= 1). Every cap gives a
-    valid bound. ``jl_bins``: Z_r bins per e-fold of z (relative z error e^(1/jl_bins) - 1).
+    valid bound. ``jl_bins``: Z_r bins per e-fold of z (relative z error e^(1/jl_bins) - 1). A JL ledger's
+    epsilon(delta) takes seconds and is remembered in the process (:data:`JL_EPSILONS`, keyed exactly by the class,
+    every option, the ledger and delta), so a repeated query returns the same number at once.
 
     Supported leaves: Gaussian, GNMax, Laplace, LNMax, EpsilonDelta, RandomizedResponse
     (replace-one), JLGaussian (add/remove), PoissonSampled(Gaussian composition | JLGaussian)
