@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -45,3 +46,12 @@ def _reset_cli_state():
     STATE.json = STATE.quiet = STATE.debug = False
     yield
     STATE.json = STATE.quiet = STATE.debug = False
+
+
+@pytest.fixture(autouse=True)
+def _fresh_jl_epsilons():
+    """Every test computes its DP-SGD-JL epsilons afresh (dpaudit.accounting.pld.JL_EPSILONS remembers them within a
+    process): a test that swaps accounting code (a planted mistake, a mutant) must not read an earlier answer."""
+    pld = sys.modules.get("dpaudit.accounting.pld")
+    if pld is not None:
+        pld.JL_EPSILONS.clear()

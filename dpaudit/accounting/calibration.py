@@ -56,7 +56,8 @@ def calibrate_noise_multiplier(
     :func:`dpaudit.accounting.jl.epsilon_lower_bound`). It is asked first at ``max_noise_multiplier``: a
     target below it is unreachable, said at once with the smallest epsilon any sigma in range could reach
     (at least the bound), instead of after the slow accountant's whole search; it also skips the slow
-    evaluations of the bracket where it already exceeds the target.
+    evaluations of the bracket and of the bisection where it already exceeds the target (the same decisions,
+    so the same sigma; the lower end of the first bracket is such a point whenever the bound moved it).
     """
     target = check_positive(target_epsilon=target_epsilon, finite=True)
     delta = check_claim_delta(delta=delta)
@@ -65,6 +66,11 @@ def calibrate_noise_multiplier(
 
     def eps(sigma: float) -> float:
         return _epsilon_of(factory, make_event(sigma), delta)
+
+    def too_little(sigma: float) -> bool:
+        # eps(sigma) > target, decided without the slow accountant where the lower bound already exceeds the target
+        # (eps >= lower_bound): the same answer, so the search visits the same sigmas and returns the same one.
+        return (lower_bound is not None and lower_bound(sigma) > target) or eps(sigma) > target
 
     if lower_bound is not None:
         floor = float(lower_bound(max_noise_multiplier))
@@ -86,7 +92,7 @@ def calibrate_noise_multiplier(
                 f"noise_multiplier <= {max_noise_multiplier:g}"
             )
     lo = hi / 2.0
-    while eps(lo) <= target:
+    while not too_little(lo):
         if lo <= MIN_NOISE_MULTIPLIER:  # even the least noise an event accepts meets the target
             least = eps(lo)
             raise InputError(
@@ -99,7 +105,7 @@ def calibrate_noise_multiplier(
         hi, lo = lo, max(lo / 2.0, MIN_NOISE_MULTIPLIER)
     while (hi - lo) > tol * hi:
         mid = math.sqrt(lo * hi) if hi / lo > 2.0 else 0.5 * (lo + hi)
-        if eps(mid) <= target:
+        if not too_little(mid):
             hi = mid
         else:
             lo = mid

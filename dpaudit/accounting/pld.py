@@ -37,7 +37,10 @@ pairs and the "add" pairs separately and reports the worse (as dp_accounting doe
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
+import threading
 import warnings
 
 import numpy as np
@@ -96,7 +99,9 @@ class PldAccountant(Accountant):
     loss mass above the cap is sent to +inf (charged to delta in full); with the cap that far above
     eps this over-charges delta by at most e^-JL_CAP_MARGIN times the charged mass (the true term
     is E[1 - e^(eps - L - S)] >= 1 - e^(eps - cap) E_P[e^-S], E_P[e^-S] <= 1). Every cap gives a
-    valid bound. ``jl_bins``: Z_r bins per e-fold of z (relative z error e^(1/jl_bins) - 1).
+    valid bound. ``jl_bins``: Z_r bins per e-fold of z (relative z error e^(1/jl_bins) - 1). A JL ledger's
+    epsilon(delta) takes seconds and is remembered in the process (:data:`JL_EPSILONS`, keyed exactly by the class,
+    every option, the ledger and delta), so a repeated query returns the same number at once.
 
     Supported leaves: Gaussian, GNMax, Laplace, LNMax, EpsilonDelta, RandomizedResponse
     (replace-one), JLGaussian (add/remove), PoissonSampled(Gaussian composition | JLGaussian)
@@ -316,6 +321,35 @@ class PldAccountant(Accountant):
         jl = self._jl_leaves()
         if not jl:
             return self._eps_at(delta, None)[0]
+        # One query of a DP-SGD-JL ledger takes seconds (the Z_r mixture's thousands of components are discretised
+        # for every noise multiplier), and the same query comes back: calibration verifies the sigma its search
+        # already evaluated, the trainer's claim then asks it again, as do `inspect` and `account calibrate`.
+        # The answer is a pure function of the key (every float bit for bit, every count and option), so a
+        # remembered one is the same number (JL_EPSILONS).
+        key = self._memo_key(delta)
+        remembered = JL_EPSILONS.get(key)
+        if remembered is not None:
+            return remembered
+        best = self._jl_epsilon(delta, jl)
+        JL_EPSILONS.put(key, best)
+        return best
+
+    def _memo_key(self, delta: float) -> tuple:
+        """Everything :meth:`_epsilon` reads, exactly: the class, every option, the ledger's leaves and counts in
+        order (composition order moves the last bits), and delta; floats by their bits (-0.0 is not 0.0)."""
+        options = (
+            self.neighbouring,
+            self.interval,
+            self.tail,
+            self.max_loss,
+            self.max_bins,
+            self.jl_bins,
+            self.jl_initial_cap,
+        )
+        ledger = tuple((_exact(e), c) for e, c in self._counts.items())
+        return (type(self), _exact(options), ledger, _exact(delta))
+
+    def _jl_epsilon(self, delta: float, jl: list[tuple[JLGaussian, float, int]]) -> float:
         # Per-query JL cap (class docstring): every eps below is a valid bound, so the smallest is
         # returned; the loop stops once the cap is JL_CAP_MARGIN nats above the certified eps.
         r_min = min(e.projections for e, _, _ in jl)
@@ -403,6 +437,53 @@ GRID_POINTS_PER_LEAF = 500
 MAX_GRID_HALVINGS = 12  # at most 4096x finer than value_discretization_interval
 JL_CAP_MARGIN = 25.0  # nats between a certified epsilon and the JL loss cap (PldAccountant docstring)
 JL_MAX_WIDENINGS = 8
+
+
+class _Memo:
+    """A bounded, thread-safe map of exact keys to results (least recently stored dropped first): the JL queries of
+    :class:`PldAccountant`, from reference models trained in threads (a Dask worker) as well."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: dict[tuple, float] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> float | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: tuple, value: float) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+            self._items[key] = value
+            while len(self._items) > self.size:
+                del self._items[next(iter(self._items))]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+# epsilon(delta) of DP-SGD-JL ledgers (PldAccountant._epsilon), by PldAccountant._memo_key. 256 entries: a
+# calibration asks about 10, one per noise multiplier.
+JL_EPSILONS = _Memo(256)
+
+
+def _exact(value):
+    """A hashable key that tells apart every two values an accountant could answer differently for: numbers by their
+    type and bits (float.hex: -0.0 is not 0.0, 1 is not 1.0, numpy's float32 is not float), events by class and
+    fields, recursively."""
+    if isinstance(value, numbers.Integral):  # bool, int, numpy integers
+        return (type(value), int(value))
+    if isinstance(value, numbers.Real):  # float, numpy floats
+        return (type(value), float(value).hex())
+    if isinstance(value, str):
+        return (str, value)
+    if isinstance(value, Event):
+        return (type(value), tuple(_exact(getattr(value, f.name)) for f in dataclasses.fields(value)))
+    if isinstance(value, tuple | list):
+        return (tuple, tuple(_exact(v) for v in value))
+    raise TypeError(f"no exact key for {type(value).__name__}")  # pragma: no cover - a new field type: add it
 
 
 def _is_jl(event: Event) -> bool:
