@@ -265,7 +265,9 @@ def _as_scores(scores) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(s))
     if len(bad):
         raise InputError(f"scores must be finite; found {len(bad)} NaN/inf value(s), first at index {bad[0]}")
-    return s
+    # -0.0 + 0.0 = +0.0 and nothing else changes: -0.0 and 0.0 compare equal, so which of them a tie shows (the
+    # returned threshold's sign) would otherwise follow the input order.
+    return s + 0.0
 
 
 def _as_member(member) -> np.ndarray:
