@@ -34,7 +34,9 @@ Designs — how the member bits were produced, which decides whether a bound is 
   gives an estimate.
 
 Threshold (or guess-count) selection never reuses data without correction: ``holdout`` chooses on a
-seeded random half and evaluates on the other, ``bonferroni`` searches a grid fixed in advance on all
+seeded random half and evaluates on the other (the half drawn on a canonical order of the records, so
+their order does not matter, and the choice made at a fixed reference level, so a smaller α or a
+larger δ never raises the bound: :mod:`dpaudit.audit.holdout`), ``bonferroni`` searches a grid fixed in advance on all
 data and splits α across every confidence bound involved, ``fixed`` uses a user-given value.
 
 Direction: scores are "higher = member" (``alternative="greater"``) or "lower = member" ("less").
@@ -53,7 +55,7 @@ from scipy.stats import binomtest
 
 from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon_lower
-from dpaudit.audit import fdp_one_run, one_run
+from dpaudit.audit import fdp_one_run, holdout, one_run
 from dpaudit.audit.holdout import select_then_evaluate, split
 from dpaudit.audit.result import (
     ALTERNATIVES,
@@ -80,11 +82,6 @@ from dpaudit.validation import (
 # Candidate thresholds examined on the selection half of a holdout split (any number is valid there;
 # this only caps the cost).
 _MAX_HOLDOUT_CANDIDATES = 4096
-# On a holdout selection half, candidates are scored with confidence bounds at α / 20 rather than α:
-# the best of thousands of candidates is optimistic (winner's curse), and the stricter level favours
-# thresholds with enough counts to replicate on the evaluation half. Any rule is valid there; this
-# one only gains power (fewer extreme thresholds that collapse on the other half).
-_SELECTION_ALPHA_DIVISOR = 20.0
 _SEED_SALT = 0xA0D17  # see _as_rng
 # Level of the test that the canaries' inclusion rate is 1/2 (see _audit_one_run): a one-run result whose
 # inclusion bits it rejects is an estimate.
@@ -164,16 +161,18 @@ def _evaluate_fixed(method, pos, neg, t, alpha, delta) -> _ThresholdOutcome:
     )  # fmt: skip
 
 
-def _select_threshold(method, pos, neg, alpha, delta) -> float:
-    """Threshold maximising the bound on the selection half (any rule is valid on held-out data)."""
+def _select_threshold(method, pos, neg) -> float:
+    """Threshold maximising the bound on the selection half (any rule is valid on held-out data), scored at the
+    reference level of :mod:`dpaudit.audit.holdout` (not the user's α and δ: "Level-free selection")."""
     pos_s, neg_s = np.sort(pos), np.sort(neg)
     # Every distinct ROC point: just above each non-member score, at each member score.
     cand = np.unique(np.concatenate([np.nextafter(neg_s, np.inf), pos_s]))
     if len(cand) > _MAX_HOLDOUT_CANDIDATES:
         cand = cand[np.unique(np.linspace(0, len(cand) - 1, _MAX_HOLDOUT_CANDIDATES).round().astype(int))]
     fp, fn = _counts_at(pos_s, neg_s, cand)
-    a = alpha / (2.0 * _SELECTION_ALPHA_DIVISOR)
-    obj = _objective(method, clopper_pearson_upper(fp, len(neg), a), clopper_pearson_upper(fn, len(pos), a), delta)
+    a = holdout.SELECTION_ALPHA / 2.0  # one Clopper–Pearson bound per rate, as in _evaluate_fixed
+    fpr_u, fnr_u = clopper_pearson_upper(fp, len(neg), a), clopper_pearson_upper(fn, len(pos), a)
+    obj = _objective(method, fpr_u, fnr_u, holdout.SELECTION_DELTA)
     if np.max(obj) <= 0.0:  # nothing certifiable on this half: fall back to the best accuracy (Youden's J)
         obj = (len(pos) - fn) / len(pos) - fp / len(neg)
     # Ties (e.g. a run of thresholds inside a gap between the classes): take the candidate at their
@@ -266,7 +265,9 @@ def _as_scores(scores) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(s))
     if len(bad):
         raise InputError(f"scores must be finite; found {len(bad)} NaN/inf value(s), first at index {bad[0]}")
-    return s
+    # -0.0 + 0.0 = +0.0 and nothing else changes: -0.0 and 0.0 compare equal, so which of them a tie shows (the
+    # returned threshold's sign) would otherwise follow the input order.
+    return s + 0.0
 
 
 def _as_member(member) -> np.ndarray:
@@ -379,15 +380,17 @@ def audit_scores(
             other), "bonferroni" (search a fixed grid on all data with α split across every bound)
             or "fixed" (implied by ``threshold`` / ``k_plus``/``k_minus``).
         threshold: fixed decision threshold (predict member iff score ≥ threshold).
-        seed: seed (or Generator) for the holdout split and one-run tie-breaking.
+        seed: seed (or Generator) for the holdout split and one-run tie-breaking (drawn on a canonical order of
+            the records, so the result does not depend on their order: :mod:`dpaudit.audit.holdout`).
         k_plus, k_minus: fixed one-run guess counts (top k_plus guessed in, bottom k_minus out).
         design: how the member bits were produced — "multi-run" (one score per independent run of
             the mechanism on D or D′), "canaries" (canaries of one run, each included independently
             with probability 1/2) or "membership" (members/non-members of an ordinary model; the
             default, because it claims nothing about independence). See the module docstring.
         alternative: "greater" (higher = member), "less" (lower = member) or "two-sided" (direction
-            unknown in advance: both directions are audited at α/2 each on the same holdout split and
-            the larger bound is reported; ``details["direction"]`` says which won).
+            unknown in advance: both directions are audited at α/2 each (with one holdout split of the
+            canonical order, :mod:`dpaudit.audit.holdout`) and the larger bound is reported;
+            ``details["direction"]`` says which won).
         tradeoff: method "one-run-fdp" only: the hypothesised trade-off family — "gdp" (μ-GDP; the ε of
             the refuted μ is an estimate), "epsilon-delta" (formal ε lower bound) or a
             :class:`dpaudit.audit.fdp_one_run.TradeoffFamily` such as ``dpsgd_family(q, T)`` (the
@@ -464,8 +467,10 @@ def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
             raise InputError(
                 f"holdout threshold selection needs at least 2 members and 2 non-members, got {n_pos} and {n_neg}"
             )
-        sel = split(mem, rng, stratified=True)  # one split, shared by both directions of a two-sided test
-        ev = ~sel
+        # One stratified split of the canonical order (non-members, then members: np.sort(mem)), laid onto the
+        # records per direction, so the halves depend on the (score, member) pairs, not their order.
+        sel_canonical = split(np.sort(mem), rng, stratified=True)
+        n_sel = int(sel_canonical.sum())
     best: _ThresholdOutcome | None = None
     direction = setup.alternative
     for d in _directions(setup.alternative):
@@ -476,8 +481,8 @@ def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
             out = _bonferroni_thresholds(method, x[mem], x[~mem], a_dir, delta)
         else:
             out = select_then_evaluate(
-                sel, (x, mem),
-                choose=lambda xs, ms: _select_threshold(method, xs[ms], xs[~ms], a_dir, delta),
+                holdout.on_records(sel_canonical, x, mem), (x, mem),
+                choose=lambda xs, ms: _select_threshold(method, xs[ms], xs[~ms]),
                 evaluate=lambda t, xe, me: _evaluate_fixed(method, xe[me], xe[~me], t, a_dir, delta),
             )  # fmt: skip
         if best is None or out.value > best.value:
@@ -491,7 +496,7 @@ def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
         )
     elif selection == "holdout":
         notes.append(
-            f"threshold chosen on a random half ({int(sel.sum())} records) and evaluated on the other {int(ev.sum())}"
+            f"threshold chosen on a random half ({n_sel} records) and evaluated on the other {len(mem) - n_sel}"
         )
     if setup.alternative == "two-sided":
         notes.append(f"two-sided: both score directions audited at alpha/2 each; the {direction!r} direction won")

@@ -55,7 +55,7 @@ from scipy import optimize, special
 from dpaudit import numfmt
 from dpaudit.accounting.gdp import gdp_epsilon_lower
 from dpaudit.audit import one_run
-from dpaudit.audit.holdout import select_then_evaluate
+from dpaudit.audit.holdout import SELECTION_ALPHA, select_then_evaluate
 from dpaudit.errors import InputError
 
 BlowupInverse = Callable[[float], float]
@@ -63,9 +63,6 @@ BlowupInverse = Callable[[float], float]
 # Parameter search: relative tolerance of the bisection on the family parameter, and its cap.
 _PARAM_TOL = 1e-3
 _MAX_BISECTIONS = 40
-# Selection half of a holdout design: pairs scored with the (cheap) GDP family at α / 20 (any rule is
-# valid on the selection half; see one_run.py).
-_SELECTION_ALPHA_DIVISOR = 20.0
 # ε grid of an event family's curve: points between 0 and ε(δ = _GRID_DELTA_MIN).
 _GRID_POINTS = 64
 _GRID_DELTA_MIN = 1e-12
@@ -454,7 +451,8 @@ def audit(scores, member, *, family: TradeoffFamily, delta: float, alpha: float,
     best: FdpOutcome | None = None
     for d in directions:
         s = scores if d == "greater" else -scores
-        out = _audit_direction(s, member, family, delta, alpha, selection, tiebreak, sel, k_plus, k_minus,
+        keys, half = one_run.design_on_records(tiebreak, sel, s, member)
+        out = _audit_direction(s, member, family, delta, alpha, selection, keys, half, k_plus, k_minus,
                                t_cert, eps_cert, d)  # fmt: skip
         if best is None or out.parameter > best.parameter:
             best = out
@@ -481,8 +479,9 @@ def _audit_direction(scores, member, family, delta, alpha, selection, tiebreak, 
                           int(top[k_p] + bottom[k_m]), m, a, len(kp), note, direction)  # fmt: skip
 
     def criterion(m_a, kp_a, km_a, correct) -> int:
-        # scored with the (cheap) GDP family at α / 20: any rule is valid on the selection part
-        return largest_refuted(m_a, kp_a + km_a, correct, gdp_family(), alpha / _SELECTION_ALPHA_DIVISOR, tol=1e-2)[1]
+        # scored with the (cheap, δ-free) GDP family at the reference α of dpaudit.audit.holdout, not the user's
+        # ("Level-free selection"): any rule is valid on the selection part
+        return largest_refuted(m_a, kp_a + km_a, correct, gdp_family(), SELECTION_ALPHA, tol=1e-2)[1]
 
     k_p, k_m, v, m_b = select_then_evaluate(
         sel, (scores, member, tiebreak), one_run.choose_guess_fractions(criterion), one_run.apply_guess_fractions

@@ -41,6 +41,31 @@ Why this keeps the level.
   ``rr-regimes-one-run`` in tests/audit/calibration.py runs mechanisms whose leakage switches between
   runs, so the chosen count swings between a few and most of the canaries, and checks the exceedance
   rate against α.
+
+Record order. The split and the one-run tie-breaking keys are drawn per position of a *canonical order* of
+the records (:func:`canonical_order`: non-members then members, each class by score, ties in input order)
+and laid onto the records through it (:func:`on_records`), so the result is a function of the multiset of
+(score, member) pairs and the seed: a user who sorts the file gets the same bound. Records that tie on both
+are interchangeable, so which of them gets which position changes nothing. Validity is untouched: if σ is
+a uniform permutation (or u a vector of i.i.d. keys, and a uniform half) drawn independently of the data,
+and π any permutation computed from the data, then σ∘π is again uniform and independent of the data,
+because P[σ∘π = τ | data] = P[σ = τ∘π⁻¹ | data] = 1/n! for every τ; likewise u∘π is i.i.d. and independent
+of the data (u is exchangeable). So the half laid on the records is a uniformly random half (a uniformly
+random half of each class when stratified) independent of the scores and the member bits, exactly as a
+half drawn per input position, which is all the two arguments above use. A split by a seeded hash of each
+record's content would not be: equal records would share a half (a score taking two values could put all
+its 0s in one half and its 1s in the other), so the evaluation half would not be a sample of the data.
+
+Level-free selection. The chooser scores its candidates at a fixed reference level
+(:data:`SELECTION_ALPHA`, :data:`SELECTION_DELTA`), not at the user's α and δ, so the test chosen is the
+same at every level and the certified bound moves with the level as a fixed test's does: a smaller α never
+raises it (each confidence bound is wider, Clopper & Pearson 1934; the one-run p-value must fall below a
+smaller α, Steinke, Nasr & Jagielski 2023, Theorem 3.1) and a larger δ never raises it (the
+hypothesis-testing bound ε ≥ log((1 − δ − FPR)/FNR) falls with δ, Kairouz, Oh & Viswanath 2015,
+Theorem 2.1; the one-run p-value's 2mδ term grows with δ, Steinke et al. 2023, Section 5). Choosing at the
+user's level let another level choose another test: a larger δ raised a one-run bound from 0.45 to 1.72
+(RESULTS.md, "a metamorphic sweep of the attack and audit layers"). Any rule that reads only the selection
+part keeps the level (above), and a constant one does.
 """
 
 from __future__ import annotations
@@ -53,9 +78,36 @@ import numpy as np
 C = TypeVar("C")
 R = TypeVar("R")
 
+# The reference level at which every chooser scores its candidates (see "Level-free selection"): α = 0.01 / 20
+# and δ = 1e-5 (audit_scores' default). A selection level stricter than the audit's favours candidates with
+# enough counts to replicate on the evaluation half (the best of thousands of candidates is optimistic: winner's
+# curse). The choosers used the user's α / 20 before they were made level-free; 0.01 / 20 (that rule at 99 %) was
+# measured against it and against 0.05 / 20 (RESULTS.md, "the holdout audit design"): one-run mean bounds at least
+# the old rule's at 80-99 % confidence and δ 1e-8 to 1e-3 (+2 % at the default), where 0.05 / 20 lost 3 % at
+# 99 % (`audit plan` 356 -> 451 canaries); Clopper-Pearson within 0.1 % at 95-99 %, 1-3 % lower at 80-90 %.
+# Any constant keeps the level.
+SELECTION_ALPHA = 0.01 / 20.0
+SELECTION_DELTA = 1e-5
+
+
+def canonical_order(scores: np.ndarray, member: np.ndarray) -> np.ndarray:
+    """Positions of the records in the canonical order: non-members then members, each by score ascending,
+    ties in input order (stable). Positions of a class are the same for every score direction."""
+    return np.lexsort((np.asarray(scores), np.asarray(member, bool)))
+
+
+def on_records(drawn: np.ndarray, scores: np.ndarray, member: np.ndarray) -> np.ndarray:
+    """Values ``drawn`` per position of the canonical order (keys, a selection mask), laid onto the records:
+    record i gets the value of its canonical position. Valid wherever per-position draws are (module docstring,
+    "Record order")."""
+    out = np.empty_like(drawn)
+    out[canonical_order(scores, member)] = drawn
+    return out
+
 
 def split(member: np.ndarray, rng: np.random.Generator, *, stratified: bool) -> np.ndarray:
-    """Boolean mask of the selection part; its complement is the evaluation part.
+    """Boolean mask of the selection part, per position of ``member``; its complement is the evaluation part.
+    Callers draw it on the canonical order (``member`` sorted) and lay it on the records with :func:`on_records`.
 
     ``stratified=True`` (independent runs): floor(n/2) of each class select, so both parts keep both
     classes. ``stratified=False`` (canaries of one run): a uniformly random floor(m/2) of the canaries,
@@ -86,4 +138,4 @@ def select_then_evaluate(
     return evaluate(chosen, *(a[~select] for a in arrays))
 
 
-__all__ = ["select_then_evaluate", "split"]
+__all__ = ["SELECTION_ALPHA", "SELECTION_DELTA", "canonical_order", "on_records", "select_then_evaluate", "split"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, special
 
-from dpaudit.audit.holdout import select_then_evaluate, split
+from dpaudit.audit.holdout import SELECTION_ALPHA, SELECTION_DELTA, on_records, select_then_evaluate, split
 from dpaudit.audit.stats import clopper_pearson_lower
 from dpaudit.defaults import MIN_HOLDOUT_CANARIES
 from dpaudit.errors import InputError
@@ -32,9 +32,9 @@ from dpaudit.validation import check_in_interval, check_non_negative, shown
 # outside it is added back as an upper bound, so the window affects tightness only, never validity.
 _WINDOW_SD = 12.0
 _ROOT_TOL = 1e-7
-# Guess-count choice on a holdout selection half: candidates scored at α / 20 (see bounds.py), each
-# root search to 1e-3 and at most 16 exact evaluations — any rule is valid there, this one is cheap.
-_SELECTION_ALPHA_DIVISOR = 20.0
+# Guess-count choice on a holdout selection half: candidates scored at the reference level of
+# dpaudit.audit.holdout (not the user's α and δ), each root search to 1e-3 and at most 16 exact
+# evaluations — any rule is valid there, this one is cheap.
 _SELECTION_TOL = 1e-3
 _SELECTION_EVALUATIONS = 16
 
@@ -301,15 +301,23 @@ def check_inclusion_mixed(included, source: str, remedy: str) -> None:
 
 
 def draw_design(m: int, selection: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
-    """The design's randomness, drawn once before any direction is looked at (the same keys and split
-    serve every direction): tie-breaking keys, and for "holdout" the selection half (a random half of
-    the canaries, not stratified, so the other half's inclusion bits stay i.i.d. fair coins)."""
+    """The design's randomness, drawn once before any direction is looked at: tie-breaking keys, and for
+    "holdout" the selection half (a random half of the canaries, not stratified, so the other half's inclusion
+    bits stay i.i.d. fair coins). Both per position of the canonical order: each direction lays them onto the
+    canaries with :func:`dpaudit.audit.holdout.on_records`, so the result does not depend on the canaries'
+    order (valid as per-position draws are: dpaudit.audit.holdout, "Record order")."""
     tiebreak = rng.random(m)
     if selection != "holdout":
         return tiebreak, None
     if m < MIN_HOLDOUT_CANARIES:
         raise InputError(f"holdout guess-count selection needs at least {MIN_HOLDOUT_CANARIES} canaries, got {m}")
     return tiebreak, split(np.zeros(m, dtype=bool), rng, stratified=False)  # the bits are not looked at
+
+
+def design_on_records(tiebreak: np.ndarray, sel: np.ndarray | None, scores: np.ndarray, member: np.ndarray):
+    """:func:`draw_design`'s keys and split (per canonical position) laid onto the canaries ranked by ``scores``."""
+    keys = on_records(tiebreak, scores, member)
+    return keys, None if sel is None else on_records(sel, scores, member)
 
 
 def choose_guess_fractions(criterion: Callable[[int, np.ndarray, np.ndarray, np.ndarray], int]):
@@ -359,7 +367,8 @@ def audit(
     other half at level α; the theorem applies to that half with the first half's bits held fixed.
 
     ``directions``: "greater" ranks by score (higher = more likely included), "less" by the negated
-    score. Each direction is audited at ``alpha`` with the same tie-breaking keys and holdout split
+    score. Each direction is audited at ``alpha`` with the same tie-breaking keys and holdout split, drawn
+    on the canonical order (:func:`draw_design`) and laid onto the canaries by its oriented scores,
     and the larger bound is returned; the caller splits α across directions (a two-sided audit
     passes α/2 and both directions).
     """
@@ -368,8 +377,9 @@ def audit(
     mcert = max_certifiable(m, delta, alpha, selection, k_plus, k_minus)
     best: OneRunOutcome | None = None
     for d in directions:
-        out = _audit_direction(scores if d == "greater" else -scores, member, delta, alpha, selection, tiebreak,
-                               sel, k_plus, k_minus, mcert, d)  # fmt: skip
+        s = scores if d == "greater" else -scores
+        out = _audit_direction(s, member, delta, alpha, selection, *design_on_records(tiebreak, sel, s, member),
+                               k_plus, k_minus, mcert, d)  # fmt: skip
         if best is None or out.epsilon > best.epsilon:
             best = out
     if best is None:
@@ -398,7 +408,7 @@ def _audit_direction(scores, member, delta, alpha, selection, tiebreak, sel, k_p
 
     def criterion(m_a, kp_a, km_a, correct) -> int:
         return best_bound_over_pairs(
-            m_a, kp_a + km_a, correct, delta, alpha / _SELECTION_ALPHA_DIVISOR, tol=_SELECTION_TOL,
+            m_a, kp_a + km_a, correct, SELECTION_DELTA, SELECTION_ALPHA, tol=_SELECTION_TOL,
             max_evaluations=_SELECTION_EVALUATIONS,
         )[1]  # fmt: skip
 

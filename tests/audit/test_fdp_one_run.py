@@ -252,21 +252,26 @@ def test_claim_curve_refutation_is_never_an_epsilon_lower_bound():
 
 
 @pytest.mark.parametrize("method", ["clopper-pearson", "one-run", "one-run-fdp"])
-def test_holdout_choice_depends_on_the_selection_part_only(method):
+def test_holdout_choice_depends_on_the_selection_part_only(method, monkeypatch):
     """The holdout selection (one helper for every method, dpaudit.audit.holdout) must choose the test —
     the threshold, or the guess counts — from the selection part alone: rewriting every evaluation-part
     score and bit leaves the choice unchanged. Choosing on the evaluation part (issue 27's surviving
-    mutant for the f-DP audit, unsound: bound above the true ε in ~14% of runs at α = 0.05) fails this."""
+    mutant for the f-DP audit, unsound: bound above the true ε in ~14% of runs at α = 0.05) fails this.
+    The halves are drawn on a canonical order of the records, a function of their scores and bits
+    (holdout.canonical_order), so the rewrite would move records between halves: the order is held at
+    the first data set's, which keeps every record in its half."""
     from dpaudit.audit import bounds, holdout, one_run
 
     m, seed = 400, 3
     s, mem = _gaussian_canaries(np.random.default_rng(0), m, 2.0)
+    order = holdout.canonical_order(s, mem)
+    monkeypatch.setattr(holdout, "canonical_order", lambda *_: order)
     kw = {"method": method, "seed": seed, "claimed_epsilon": 1.0}
     if method == "clopper-pearson":
-        sel = holdout.split(mem, bounds._as_rng(seed), stratified=True)
+        sel = holdout.on_records(holdout.split(np.sort(mem), bounds._as_rng(seed), stratified=True), s, mem)
         kw["design"] = "multi-run"
     else:
-        _, sel = one_run.draw_design(m, "holdout", bounds._as_rng(seed))
+        sel = holdout.on_records(one_run.draw_design(m, "holdout", bounds._as_rng(seed))[1], s, mem)
         kw["design"] = "canaries"
     if method == "one-run-fdp":
         kw["tradeoff"] = "epsilon-delta"
@@ -418,7 +423,7 @@ def test_holdout_max_certifiable_is_over_the_evaluation_half_the_audit_uses():
     family = F.gdp_family()
     for m in (21, 51):
         mem = np.arange(m) % 2 == 0
-        r = audit_scores(mem.astype(float), mem, method="one-run-fdp", design="canaries", seed=0,
+        r = audit_scores(mem.astype(float), mem, method="one-run-fdp", design="canaries", seed=3,
                          threshold_selection="holdout")  # fmt: skip
         n_eval, a = r.counts["n_eval_canaries"], r.details["alpha_per_test"]
         assert n_eval == m - m // 2
@@ -466,10 +471,10 @@ def test_holdout_bound_is_the_refuted_curve_of_the_evaluation_half_counted_by_ha
     (30% of members far above), only the bottom (30% of non-members far below): the holdout picks one-sided counts.
     Planted (thirteenth mutation pass): the evaluation skipped (bound 0) unless k₊ > 0, or unless k₋ > 0, instead
     of k₊ + k₋ > 0; the guesses reported as k₊ or k₋ alone; n_tests 0 or 2 -> fail."""
-    from dpaudit.audit import bounds
+    from dpaudit.audit import bounds, holdout
 
     family = F.epsilon_delta_family(1e-5)
-    m, seed = 400, 3
+    m, seed = 400, 7  # a split where the bottom-only attack guesses none "in" (others add 1-3)
     rng = np.random.default_rng(4)
     mem = rng.random(m) < 0.5
     far = rng.random(m) < 0.3
@@ -477,7 +482,7 @@ def test_holdout_bound_is_the_refuted_curve_of_the_evaluation_half_counted_by_ha
     for s in (rng.normal(2.0 * mem, 1.0), rng.normal(6.0 * (mem & far), 1.0), rng.normal(-6.0 * (~mem & far), 1.0)):
         r = audit_scores(s, mem, method="one-run-fdp", design="canaries", tradeoff="epsilon-delta", seed=seed,
                          threshold_selection="holdout")  # fmt: skip
-        _, sel = one_run.draw_design(m, "holdout", bounds._as_rng(seed))
+        sel = holdout.on_records(one_run.draw_design(m, "holdout", bounds._as_rng(seed))[1], s, mem)
         ev_s, ev_m = s[~sel], mem[~sel]
         c = r.counts
         kp, km, m_b = c["k_plus"], c["k_minus"], c["n_eval_canaries"]

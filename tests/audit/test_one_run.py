@@ -177,6 +177,44 @@ def test_the_holdout_selection_takes_four_canaries_and_refuses_three():
         draw_design(3, "holdout", rng)
 
 
+def test_the_holdout_half_laid_on_the_canonical_order_is_a_uniform_half_whatever_the_data():
+    """The holdout half and the tie-breaking keys are drawn per position of a canonical order of the records, which
+    their scores and bits decide, and laid onto the records (dpaudit.audit.holdout, "Record order"). That keeps the
+    level only if, given the data, the half is still a uniformly random half (and the keys i.i.d. uniform): every
+    canary selected with probability k/m and every pair with probability k(k − 1)/(m(m − 1)), k = floor(m/2); per
+    class when stratified. Ties included: records equal in score and bit must not share a half. 4,000 seeds on 12
+    canaries, a third of them tied; every frequency within 5 binomial standard deviations of its exact value.
+    Planted: equal records sharing a half, or a key (a draw seeded by a hash of each record's content); a split
+    without the seed (every other canonical position) -> fail."""
+    from dpaudit.audit import holdout
+    from dpaudit.audit.one_run import design_on_records, draw_design
+
+    scores = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 2.0, 3.0, 3.0, 4.0, 5.0, 6.0])
+    member = np.array([1, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1, 0], dtype=bool)
+    m, runs = len(scores), 4000
+
+    def within(freq, p):  # 5 binomial standard deviations of `runs` draws
+        return np.all(np.abs(freq - p) <= 5.0 * math.sqrt(p * (1.0 - p) / runs))
+
+    halves, strata, keys = np.zeros((runs, m)), np.zeros((runs, m)), np.zeros((runs, m))
+    for seed in range(runs):
+        rng = np.random.default_rng(seed)
+        keys[seed], halves[seed] = design_on_records(*draw_design(m, "holdout", rng), scores, member)
+        strata[seed] = holdout.on_records(holdout.split(np.sort(member), rng, stratified=True), scores, member)
+    off = ~np.eye(m, dtype=bool)
+    k = m // 2
+    assert within(halves.mean(0), k / m) and within((halves.T @ halves / runs)[off], k * (k - 1) / (m * (m - 1)))
+    for c in (member, ~member):
+        n, kc = int(c.sum()), int(c.sum()) // 2
+        assert np.all(strata[:, c].sum(1) == kc)
+        pairs = strata[:, c].T @ strata[:, c] / runs
+        assert within(strata[:, c].mean(0), kc / n)
+        assert within(pairs[~np.eye(n, dtype=bool)], kc * (kc - 1) / (n * (n - 1)))
+    # keys: each uniform (P[U < 1/2] = 1/2) and no two alike (E[UV] = 1/4, Var(UV) = 1/9 - 1/16 = 7/144)
+    assert within((keys < 0.5).mean(0), 0.5)
+    assert np.all(np.abs((keys.T @ keys / runs)[off] - 0.25) <= 5.0 * math.sqrt(7.0 / 144.0 / runs))
+
+
 # Mutation testing, eighth pass: the edges of the p-value and of the root search, each against the
 # 50-digit transcription of Steinke et al.'s Algorithm 2 above (p_value_mpmath), not the code's own output.
 

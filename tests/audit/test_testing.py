@@ -191,17 +191,17 @@ def test_a_test_without_power_against_twice_the_claim_fails_and_names_the_trials
 
 def test_the_power_check_decides_on_the_interval_not_the_point_estimate():
     """116 trials per side (93 audited) against randomized response at twice the claim: the simulated audit
-    refutes the claim in 162 of 200 draws, an estimate of 0.81 >= 0.8, but its 95% Clopper-Pearson interval
-    starts at 0.75: power 0.8 is not shown (172 of 200 would be), so assert_dp fails and says so, naming the
+    refutes the claim in 167 of 200 draws, an estimate of 0.83 >= 0.8, but its 95% Clopper-Pearson interval
+    starts at 0.77: power 0.8 is not shown (172 of 200 would be), so assert_dp fails and says so, naming the
     estimate and its interval; the trials it names pass by the same rule."""
     from scipy import stats
 
     laplace_ok = laplace_sum(1.0)  # exactly 1-DP: the claim is true
     with pytest.raises(AssertionError) as err:
         assert_dp(laplace_ok, D, D_PRIME, epsilon=1.0, delta=0.0, trials=116)
-    lo, hi = stats.beta.ppf(0.025, 162, 39), stats.beta.ppf(0.975, 163, 38)
+    lo, hi = stats.beta.ppf(0.025, 167, 34), stats.beta.ppf(0.975, 168, 33)
     expected = (
-        f"estimated probability 0.81 with 116 trials per side (the simulated audit refuted it in 162 of 200 draws; "
+        f"estimated probability 0.83 with 116 trials per side (the simulated audit refuted it in 167 of 200 draws; "
         f"95% Clopper-Pearson interval {np.floor(lo * 100) / 100:.2f} to {np.ceil(hi * 100) / 100:.2f}), which does "
         "not show power >= 0.8 (the interval's lower end must reach it: at least 172 of 200 draws"
     )
@@ -251,8 +251,11 @@ def test_a_pilot_with_fewer_runs_than_outputs_is_not_shown_powerful():
     args = (leaky, np.array([1.0]), np.array([0.0]))
     with pytest.raises(AssertionError, match=r"rank at most 78 < 300 .*at least 753 trials per side.*Pass direction="):
         assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200)
-    # given the coordinate, the same 200 trials are shown powerful (the check no longer stops it)
-    fixed = assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200, direction=np.eye(300)[0], require_power=True)
+    # given the coordinate, the same 200 trials refute the claim (the leak is caught) ...
+    with pytest.raises(AssertionError, match=r"^mechanism is not \(1, 1e-05\)-DP"):
+        assert_dp(*args, epsilon=1.0, delta=DELTA, trials=200, direction=np.eye(300)[0], require_power=True)
+    # ... and pass the true claim, ε = 2, shown powerful against twice it (the check no longer stops them)
+    fixed = assert_dp(*args, epsilon=2.0, delta=DELTA, trials=200, direction=np.eye(300)[0], require_power=True)
     assert fixed.details["output_size"] == 300 and fixed.details["pilot_trials"] == 0
 
 
