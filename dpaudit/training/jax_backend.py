@@ -534,7 +534,9 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
     softmax(q kᵀ/√(E/H) + masks) v per head (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1 and §3.2.2), the heads
     concatenated and out_proj; torch's F.multi_head_attention_forward. attn_mask (L, S) or (B·H, L, S) and
     key_padding_mask (B, S), boolean (True: hidden) or float (added)."""
-    if _own_forward(m, nn.MultiheadAttention) or m.dropout or m.bias_k is not None or m.add_zero_attn:
+    if _own_forward(m, nn.MultiheadAttention):  # its forward replaced, or a subclass as an encoder layer's self_attn
+        raise _unsupported(f"layer {name} (MultiheadAttention) has a forward of its own")
+    if m.dropout or m.bias_k is not None or m.add_zero_attn:
         raise _unsupported(f"layer {name} (MultiheadAttention) has dropout, add_bias_kv or add_zero_attn")
     if not m._qkv_same_embed_dim:
         raise _unsupported(f"layer {name} (MultiheadAttention) has kdim or vdim other than embed_dim")

@@ -262,6 +262,25 @@ class _SelfAttention(nn.Module):
         return self.head(out.mean(1) + w.sum(1) if self.weights else out.mean(1))
 
 
+def _patched_attention():  # torch.nn's attention (a leaf of the trace) with its forward replaced
+    m = _SelfAttention()
+    plain = m.attn.forward
+    m.attn.forward = lambda *a, **k: (2 * plain(*a, **k)[0], None)
+    return m
+
+
+class _ScaledAttention(nn.MultiheadAttention):
+    def forward(self, *args, **kwargs):
+        out, w = super().forward(*args, **kwargs)
+        return 2 * out, w
+
+
+def _encoder_with_own_attention():  # an encoder layer (a leaf) whose self_attn is a subclass computing other values
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    layer.self_attn.__class__ = _ScaledAttention
+    return _WithBlock(layer)
+
+
 REFUSED = [
     (_patched_forward, r"layer 1 \(Linear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
@@ -282,6 +301,13 @@ REFUSED = [
     (lambda: _SelfAttention(dropout=0.1), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero"),
     (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv"),
     (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
+    # mutation pass 19: add_zero_attn and a forward of its own passed (the latter was told "has dropout, ...")
+    (
+        lambda: _SelfAttention(add_zero_attn=True),
+        r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero_attn:",
+    ),
+    (_patched_attention, r"layer attn \(MultiheadAttention\) has a forward of its own:"),
+    (_encoder_with_own_attention, r"layer block.self_attn \(MultiheadAttention\) has a forward of its own:"),
     (
         lambda: _WithBlock(nn.TransformerEncoderLayer(8, 2)),
         r"layer block \(TransformerEncoderLayer\) has dropout = 0.1:",
@@ -326,6 +352,30 @@ def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, m
     torch.manual_seed(0)
     model = _Op(op).double()
     apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    with pytest.raises(InputError, match=message) as e:
+        apply(params, jax.numpy.asarray(_data()[0].numpy()))
+    assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
+
+
+class _CausalHint(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn, self.head = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = x.flatten(2)
+        out, _ = self.attn(h, h, h, attn_mask=torch.ones(8, 8).triu(1).bool(), is_causal=True)
+        return self.head(out.mean(1))
+
+
+def test_an_attention_told_is_causal_is_refused_when_it_runs():
+    """is_causal=True is a hint that attn_mask is the causal mask, which torch may act on instead of the mask (a
+    wrong hint: other values); the JAX attention reads the mask alone, so the hint is refused, not ignored.
+    Planted (mutation pass 19): the refusal dropped passed every test."""
+    torch.manual_seed(0)
+    model = _CausalHint().double()
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    message = r"layer attn \(MultiheadAttention\): is_causal=True \(a hint about attn_mask\) is not supported"
     with pytest.raises(InputError, match=message) as e:
         apply(params, jax.numpy.asarray(_data()[0].numpy()))
     assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
