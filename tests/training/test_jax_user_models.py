@@ -357,25 +357,35 @@ def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, m
     assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
 
 
-class _CausalHint(nn.Module):
-    def __init__(self):
+class _AttentionCall(nn.Module):
+    def __init__(self, unbatched=False):
         super().__init__()
         self.attn, self.head = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 3)
+        self.unbatched = unbatched
 
     def forward(self, x):
         h = x.flatten(2)
+        if self.unbatched:
+            return self.head(self.attn(h[0], h[0], h[0])[0].mean(0, keepdim=True))
         out, _ = self.attn(h, h, h, attn_mask=torch.ones(8, 8).triu(1).bool(), is_causal=True)
         return self.head(out.mean(1))
 
 
-def test_an_attention_told_is_causal_is_refused_when_it_runs():
+@pytest.mark.parametrize(
+    ("unbatched", "message"),
+    [
+        (False, r"layer attn \(MultiheadAttention\): is_causal=True \(a hint about attn_mask\) is not supported"),
+        (True, r"layer attn \(MultiheadAttention\): unbatched \(2-D\) input is not supported"),
+    ],
+)
+def test_an_attention_told_is_causal_or_given_one_sequence_is_refused_when_it_runs(unbatched, message):
     """is_causal=True is a hint that attn_mask is the causal mask, which torch may act on instead of the mask (a
-    wrong hint: other values); the JAX attention reads the mask alone, so the hint is refused, not ignored.
-    Planted (mutation pass 19): the refusal dropped passed every test."""
+    wrong hint: other values); the JAX attention reads the mask alone, so the hint is refused, not ignored. An
+    unbatched (L, E) call is refused by name (it would fail in a reshape). Planted (mutation pass 19): either
+    refusal dropped passed every test."""
     torch.manual_seed(0)
-    model = _CausalHint().double()
+    model = _AttentionCall(unbatched).double()
     apply, params = jb.jax_forward(model), jb.params_from_torch(model)
-    message = r"layer attn \(MultiheadAttention\): is_causal=True \(a hint about attn_mask\) is not supported"
     with pytest.raises(InputError, match=message) as e:
         apply(params, jax.numpy.asarray(_data()[0].numpy()))
     assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
