@@ -537,6 +537,7 @@ def test_the_optimiser_and_device_options_are_refused_exactly_where_no_trainer_r
         "clip": (("dpsgd", "dpsgd-jl", "dpagd", "dpagd-huber"), ("outpert", "sgd", "pate")),
         "secure_noise": (("dpsgd", "dpadam-jl", "outpert", "objpert", "dpagd"), ("sgd", "pate")),
         "mechanism": (("outpert", "outpert-gaussian", "objpert"), ("dpagd", "dpsgd")),
+        "objective": (("dpagd", "dpagd-huber"), ("dpsgd", "outpert")),  # the CLI's resolve_algo refuses these first
         "l2": (
             ("sgd", "adam", "dpsgd", "dpadam", "dpsgd-jl", "dpadam-jl", "outpert", "objpert", "dpagd"),
             ("pate", "dp-icl", "cloak"),
