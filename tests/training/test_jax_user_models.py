@@ -415,11 +415,13 @@ def _tokens(n=9, seed=0):  # token ids in [0, 10) as floats (dpaudit's records),
 class _MHA(nn.Module):
     """nn.MultiheadAttention over token embeddings, sequence-first (batch_first=False), bias or not, a causal
     attn_mask (boolean: True hides; or float: added) and a key_padding_mask hiding token 0, its output unpacked
-    (``out, _ = ...``: the weights, unread, are a getitem node without users)."""
+    (``out, _ = ...``: the weights, unread, are a getitem node without users); ``per_head``: one (B·H, L, S) float
+    mask instead."""
 
-    def __init__(self, bias=True, float_mask=False, batch_first=False):
+    def __init__(self, bias=True, float_mask=False, batch_first=False, per_head=False):
         super().__init__()
         self.tok, self.batch_first, self.float_mask = nn.Embedding(10, 8), batch_first, float_mask
+        self.per_head = per_head
         self.attn = nn.MultiheadAttention(8, 2, bias=bias, batch_first=batch_first)
         self.register_buffer("causal", torch.ones(7, 7).triu(1).bool())
         self.register_buffer("additive", -1e4 * torch.ones(7, 7).triu(1))
@@ -430,7 +432,12 @@ class _MHA(nn.Module):
         pad = (tok == 0) * self.additive[0, -1] if self.float_mask else tok == 0  # both masks of one kind and dtype
         mask = self.additive if self.float_mask else self.causal
         a = h if self.batch_first else h.transpose(0, 1)
-        out, _ = self.attn(a, a, a, key_padding_mask=pad, attn_mask=mask)
+        if self.per_head:  # one (L, S) mask per example and head, (B·H, L, S): head 0 causal, head 1 not
+            pad = ((tok == 0) * -1e4).unsqueeze(1)
+            heads = [(self.additive + pad).unsqueeze(1), (0 * self.additive + pad).unsqueeze(1)]
+            out, _ = self.attn(a, a, a, attn_mask=torch.cat(heads, 1).reshape(-1, 7, 7))
+        else:
+            out, _ = self.attn(a, a, a, key_padding_mask=pad, attn_mask=mask)
         out = out if self.batch_first else out.transpose(0, 1)
         return self.head((h + out).mean(1))
 
@@ -501,6 +508,8 @@ TRACED = {
     "mha-transformer": (lambda: byo.mha_transformer(10, 7, 3), lambda n=9: _long(*_tokens(n))),
     "mha-seq-first-masks": (_MHA, _tokens),
     "mha-no-bias-float-mask": (lambda: _MHA(bias=False, float_mask=True, batch_first=True), _tokens),
+    # a 3-D attn_mask (mutation pass 19: its reshape to (B, H, L, S) dropped passed, every mask was (L, S))
+    "mha-per-head-mask": (lambda: _MHA(float_mask=True, batch_first=True, per_head=True), _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
 _SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
