@@ -344,6 +344,9 @@ class _Op(nn.Module):
         (lambda h: h[torch.where(h > 0)], r"op torch.where .*: torch.where\(condition\) without x and y"),
         (lambda h: h.to("cuda"), r"op x.to .*: x.to with a device or another tensor is not supported"),
         (lambda h: torch.nn.functional.embedding(h.long(), h, max_norm=1.0), r"F.embedding with max_norm"),
+        # mutation pass 19: the refusal dropped passed (dropout_p silently ignored)
+        (lambda h: torch.nn.functional.scaled_dot_product_attention(h[:, None], h[:, None], h[:, None], dropout_p=0.1),
+         r"op torch._C._nn.scaled_dot_product_attention .*: scaled_dot_product_attention with dropout_p or enable_gqa"),
     ],
 )  # fmt: skip
 def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, message):
