@@ -729,3 +729,103 @@ def test_an_embedding_lookup_outside_the_table_is_nan_never_another_row():
     w = jax.numpy.arange(12.0).reshape(4, 3)
     got = np.asarray(jb._lookup(w, jax.numpy.asarray([[-1, 4, 2]]), None, "e"))
     assert np.isnan(got[0, :2]).all() and np.array_equal(got[0, 2], [6.0, 7.0, 8.0])
+
+
+def _op_cases():
+    """(table, key, torch's callable, args, kwargs) for every entry of _FX_FUNCTIONS and _FX_METHODS; args are torch
+    values (tensors become JAX arrays on the JAX side)."""
+    import operator
+
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    a, b = (
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+    )
+    pos, m, mask = b.abs() + 0.5, torch.randn(4, 5, generator=g, dtype=torch.float64), a > 0
+    q, k, v = (torch.randn(2, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    w, bias = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    ids = torch.tensor([[0, 3, 9], [9, 1, 2]])
+    table = torch.randn(10, 4, generator=g, dtype=torch.float64)
+    fn = [
+        *((op, (a, b), {}) for op in (operator.add, operator.sub, operator.mul, operator.truediv)),
+        *((op, (a, b), {}) for op in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge)),
+        (operator.eq, (a, a[0]), {}),  # equal entries: == and <=, >= true there, != and <, > false
+        *((op, (a, a[0]), {}) for op in (operator.ne, operator.lt, operator.le, operator.gt, operator.ge)),
+        (operator.neg, (a,), {}), (operator.pow, (pos, 1.5), {}), (operator.invert, (mask,), {}),
+        (operator.matmul, (a, m), {}), (operator.getitem, (a, (slice(None), 1)), {}), (getattr, (a, "shape"), {}),
+        (getattr, (a, "ndim"), {}),
+        (torch.add, (a, b), {}), (torch.add, (a, b), {"alpha": 2.5}), (torch.mul, (a, b), {}),
+        (torch.matmul, (a, m), {}), (torch.cat, ([a, b],), {}), (torch.cat, ([a, b],), {"dim": 2}),
+        (torch.flatten, (a,), {}), (torch.flatten, (a, 1), {}), (torch.flatten, (a,), {"end_dim": 1}),
+        (torch.transpose, (a, 0, 2), {}), (torch.arange, (5,), {}), (torch.arange, (1.0, 3.0, 0.5), {}),
+        (torch.softmax, (a, 1), {}), (F.softmax, (a,), {"dim": -1}), (torch.mean, (a,), {}),
+        (torch.mean, (a, 1), {"keepdim": True}), (torch.sum, (a, (0, 2)), {}), (torch.sum, (a,), {}),
+        (torch.tanh, (a,), {}), (torch.relu, (a,), {}), (F.relu, (a,), {}), (F.gelu, (a,), {}),
+        (F.gelu, (a,), {"approximate": "tanh"}), (F.leaky_relu, (a,), {}), (F.leaky_relu, (a, 0.2), {}),
+        (F.linear, (a, w), {}), (F.linear, (a, w, bias), {}), (F.layer_norm, (a, (4,)), {}),
+        (F.layer_norm, (a, (3, 4), torch.ones(3, 4, dtype=torch.float64) * 2.0, b[0]), {"eps": 0.5}),
+        (F.scaled_dot_product_attention, (q, k, v), {}),
+        (F.scaled_dot_product_attention, (q, k, v), {"is_causal": True}),
+        (F.scaled_dot_product_attention, (q, k, v), {"attn_mask": torch.ones(3, 3).tril().bool(), "scale": 0.3}),
+        (F.scaled_dot_product_attention, (q, k, v), {"attn_mask": torch.randn(3, 3, generator=g, dtype=torch.float64)}),
+        (torch.sigmoid, (a,), {}), (torch.exp, (a,), {}), (torch.where, (mask, a, b), {}),
+        (torch.zeros, (2, 3), {}), (torch.ones, ((2, 3),), {}),
+        (torch.zeros_like, (a,), {}), (torch.ones_like, (a,), {}),
+        (F.embedding, (ids, table), {}), (F.embedding, (ids, table), {"padding_idx": -1}),
+        (F.dropout, (a, 0.0), {}), (F.dropout, (a,), {"training": False}),
+    ]  # fmt: skip
+    method = [
+        ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
+        ("permute", (a, (1, 2, 0)), {}), ("transpose", (a, 0, 1), {}), ("flatten", (a,), {}), ("flatten", (a, 1), {}),
+        ("size", (a,), {}), ("size", (a, 1), {}), ("mean", (a, 1), {}), ("sum", (a, -1), {"keepdim": True}),
+        ("softmax", (a, 0), {}), ("chunk", (a, 2, 2), {}), ("chunk", (a, 2), {}), ("unsqueeze", (a, 1), {}),
+        ("contiguous", (a,), {}), ("masked_fill", (a, mask, -1.5), {}), ("long", (a * 3,), {}), ("relu", (a,), {}),
+        ("tanh", (a,), {}), ("float", (a,), {}), ("double", (a.float(),), {}), ("to", (a, torch.float32), {}),
+        ("to", (a,), {"dtype": torch.float32}), ("sigmoid", (a,), {}), ("exp", (a,), {}),
+    ]  # fmt: skip
+    return [("function", f, f, args, kw) for f, args, kw in fn] + [
+        ("method", name, lambda x, *r, name=name, **kw: getattr(x, name)(*r, **kw), args, kw)
+        for name, args, kw in method
+    ]
+
+
+def _as_numpy(value):
+    # a shape (torch.Size or a tuple of ints) as one array, a tuple of tensors (chunk) as a list
+    if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
+        return np.asarray(tuple(value), dtype=np.int64)
+    if isinstance(value, (tuple, list)):
+        return [_as_numpy(v) for v in value]
+    return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def test_every_graph_op_computes_torchs_values():
+    """Each entry of the tables a traced graph's call_function / call_method nodes run (_FX_FUNCTIONS, _FX_METHODS)
+    against torch's own function on the same float64 values (torch defines them; ours must agree to rounding,
+    1e-12 relative, same shape and dtype, bools for comparisons, int64 for x.long(); float32 where torch gives
+    float32): default arguments and the options the tables read. Planted (mutation pass 19, each passed the traced
+    models' tests within a run's time): an entry dropped or given its neighbour's function, torch.add's alpha
+    ignored, the flatten/softmax/mean defaults changed, <= as <."""
+    import jax.numpy as jnp
+
+    cases = _op_cases()
+    assert {c[1] for c in cases if c[0] == "function"} == set(jb._FX_FUNCTIONS)  # every entry has a case
+    assert {c[1] for c in cases if c[0] == "method"} == set(jb._FX_METHODS)
+    with jax.enable_x64(True):
+        for kind, key, torch_op, args, kw in cases:
+            table = jb._FX_FUNCTIONS if kind == "function" else jb._FX_METHODS
+
+            def to_jax(x):
+                if isinstance(x, torch.Tensor):
+                    return jnp.asarray(x.numpy())
+                return [to_jax(y) for y in x] if isinstance(x, list) else x
+
+            expected = _as_numpy(torch_op(*args, **kw))
+            got = _as_numpy(table[key](*[to_jax(x) for x in args], **{n: to_jax(x) for n, x in kw.items()}))
+            expected, got = (e if isinstance(e, list) else [e] for e in (expected, got))
+            assert len(got) == len(expected), (key, args, kw)
+            for e, r in zip(expected, got, strict=True):
+                r = np.asarray(r)
+                assert r.shape == e.shape and r.dtype == e.dtype, (key, kw, r.shape, e.shape, r.dtype, e.dtype)
+                rtol = 1e-12 if e.dtype == np.float64 else 1e-6
+                assert np.allclose(r, e, rtol=rtol, atol=rtol), (key, kw)
