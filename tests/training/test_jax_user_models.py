@@ -767,6 +767,7 @@ def _op_cases():
         (F.linear, (a, w), {}), (F.linear, (a, w, bias), {}), (F.layer_norm, (a, (4,)), {}),
         (F.layer_norm, (a, (3, 4), torch.ones(3, 4, dtype=torch.float64) * 2.0, b[0]), {"eps": 0.5}),
         (F.scaled_dot_product_attention, (q, k, v), {}),
+        (F.scaled_dot_product_attention, (q[0], k[0], v[0]), {"is_causal": True}),  # 3-D: (N, L, E)
         (F.scaled_dot_product_attention, (q, k, v), {"is_causal": True}),
         (F.scaled_dot_product_attention, (q, k, v), {"attn_mask": torch.ones(3, 3).tril().bool(), "scale": 0.3}),
         (F.scaled_dot_product_attention, (q, k, v), {"attn_mask": torch.randn(3, 3, generator=g, dtype=torch.float64)}),
