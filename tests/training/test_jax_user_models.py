@@ -327,6 +327,23 @@ def test_what_the_layer_list_cannot_run_is_one_line_naming_it(make, message):
     assert "\n" not in text and text.endswith("use --backend torch") and jb.SUPPORTED in text
 
 
+@pytest.mark.parametrize("kind", ["forward", "forward_pre", "backward", "full_backward_pre"])
+def test_a_global_module_hook_is_refused(kind):
+    """A hook registered for every module (torch.nn.modules.module.register_module_*_hook) changes what any layer
+    returns or the gradients torch computes; the JAX forward would run without it. Planted (mutation pass 19): the
+    refusal dropped passed every test (none registered one)."""
+    hooks = torch.nn.modules.module
+    register = getattr(hooks, f"register_module_{kind}_hook")
+    handle = register((lambda m, i: None) if kind.endswith("pre") else (lambda m, i, o: None))
+    try:
+        with pytest.raises(InputError, match=r"^a global module hook is registered") as e:
+            jb.jax_forward(_mlp())
+        assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
+    finally:
+        handle.remove()
+    assert isinstance(jb.jax_forward(_mlp()), jb.JaxModel)
+
+
 class _Op(nn.Module):
     def __init__(self, op):
         super().__init__()
