@@ -81,8 +81,11 @@ def available_memory() -> int:
 def _bytes(n: float) -> str:
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            v = n / size  # below 1024 (but in TiB): 3 significant digits, and 1000..1023 whole, not "1.02e+03 GiB"
-            return f"{v:.3g} {unit}" if v < 1000 or unit == "TiB" else f"{v:.0f} {unit}"
+            # below 1024 (but in TiB): 3 significant digits, whole where they would print an exponent (999.5..1023:
+            # "1000 GiB", not "1e+03 GiB" or "1.02e+03 GiB")
+            v = n / size
+            text = f"{v:.3g}"
+            return f"{text if 'e' not in text or unit == 'TiB' else f'{v:.0f}'} {unit}"
     return f"{n:.0f} B"
 
 

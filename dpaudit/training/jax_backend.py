@@ -541,7 +541,9 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
     F.multi_head_attention_forward takes the hint: attn_mask required; with no key_padding_mask and
     need_weights=False the lower triangle of F.scaled_dot_product_attention(is_causal=True) replaces attn_mask,
     otherwise attn_mask is applied as given."""
-    if _own_forward(m, nn.MultiheadAttention) or m.dropout or m.bias_k is not None or m.add_zero_attn:
+    if _own_forward(m, nn.MultiheadAttention):  # its forward replaced, or a subclass as an encoder layer's self_attn
+        raise _unsupported(f"layer {name} (MultiheadAttention) has a forward of its own")
+    if m.dropout or m.bias_k is not None or m.add_zero_attn:
         raise _unsupported(f"layer {name} (MultiheadAttention) has dropout, add_bias_kv or add_zero_attn")
     if not m._qkv_same_embed_dim:
         raise _unsupported(f"layer {name} (MultiheadAttention) has kdim or vdim other than embed_dim")

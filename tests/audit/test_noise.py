@@ -673,6 +673,31 @@ def test_the_t_statistics_are_lowered_by_their_mean_and_sd_rounding(monkeypatch)
             assert abs(t[k] / expected - 1) <= 4 * 2.0**-52
 
 
+@pytest.mark.parametrize("scale", [2.0**-30, -1.0, 1.0, -(2.0**30)])
+def test_a_spread_at_most_a_millionth_of_the_columns_largest_value_is_no_spread(scale):
+    """_t_test_p_values' no-spread rule: a column whose sd is at most 1e-6 of its largest |value| is noise reused up
+    to rounding, p = 0 (and so the independence p-value 0), whatever the column's scale or sign. The columns
+    [M, M + 1, M − 1]·s have exact means and sd = |s| (integers; s a power of two, exact), max |P| = (M + 1)|s|:
+    at M + 1 = 1.25e6 (sd/max 0.8e-6) and at exactly 1e6 (1e-6 · 1e6 = 1.0 in floating point: the rule's ≤) no
+    spread; at M + 1 = 8e5 (1.25e-6) Student's test runs: for T = 3 (2 df) P[|t_2| > t] = 1 − t/√(2 + t²)
+    = 2/(√(2 + t²)(√(2 + t²) + t)) (the t_2 distribution function in closed form), t = √3·M exactly (sd 1), and
+    Fisher's combination of one p is p itself (P[χ²_2 > −2 ln p] = p): the result lies at or above that, within
+    its documented margins (< 1e-9 relative here), never 0. Planted (9 survivors of pass 18): the threshold 2e-6
+    or 5e-7, ≤ as <, 1e-6 / max (a division), 1e-6 alone (no max), its floor the smallest normal alone, max |P| as
+    min |P|, |P| as P."""
+
+    def column(top):
+        return np.array([[top - 1.0], [top], [top - 2.0]]) * scale
+
+    assert independence_p_value(column(1.25e6)) == 0.0
+    assert 1e-6 * 1e6 == 1.0
+    assert independence_p_value(column(1e6)) == 0.0
+    t = math.sqrt(3.0) * (8e5 - 1.0)
+    exact = 2.0 / (math.sqrt(2.0 + t * t) * (math.sqrt(2.0 + t * t) + t))
+    got = independence_p_value(column(8e5))
+    assert exact <= got <= exact * (1.0 + 1e-9)
+
+
 def test_the_cross_group_p_value_is_bonferronis_over_the_pairs_and_zero_without_noise():
     """Three groups, three pairs tested: the smallest pair's p-value times 3 (Bonferroni), each pair's as it is alone;
     a pair with no noise on one side (Σ z_b² = 0) has p = 0. Planted: the product by the number of pairs dropped or

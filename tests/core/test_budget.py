@@ -78,6 +78,8 @@ def test_sizes_and_durations_are_printed_in_the_largest_unit_they_reach():
     assert [_bytes(2**40 - 2**20), _bytes(2**30 - 1), _bytes(1000 * 2**20), _bytes(2e6 * 2**40)] == [
         "1024 GiB", "1024 MiB", "1000 MiB", "2e+06 TiB",
     ]  # fmt: skip
+    # 999.5..999.99 of a unit round to 1000 at 3 digits (mutation pass 19: "1e+03 GiB" there; the cap at 999 passed)
+    assert [_bytes(999.6 * 2**30), _bytes(999.4 * 2**30), _bytes(999.5 * 2**20)] == ["1000 GiB", "999 GiB", "1000 MiB"]
     assert [_duration(t - 1).split()[1] for t in firsts] == ["days", "hours", "minutes", "s"]  # a second before
 
 

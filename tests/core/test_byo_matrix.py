@@ -331,6 +331,26 @@ def test_a_large_loss_at_an_accuracy_above_chance_is_not_read_as_learning_nothin
     assert "learned next to nothing" in chance and "learned next to nothing" in loss
 
 
+def test_the_overconfidence_warning_guesses_a_learning_rate_only_where_the_algorithm_has_one():
+    """learn_warnings' loss warning (accuracy above chance, mean loss above the constant prediction's) asks "a
+    learning rate too large?" for the algorithms that take SGD/Adam steps (the minibatch trainers, PATE's and
+    DP-ICL's student, Cloak's Adam) and for an unknown algorithm (None, the general advice); the convex learners
+    and DP-AGD have no learning rate. Planted (mutation pass 19): the guess only for None, or never for None
+    (the DP-AGD CLI test and _fit_warnings' default covered neither)."""
+    from types import SimpleNamespace
+
+    from dpaudit.training.run import learn_warnings
+
+    y = np.array([0, 1] * 50)
+    data, splits = SimpleNamespace(label_warnings=[], y=y), SimpleNamespace(members=np.arange(100))
+    metrics = {"train_accuracy": 0.9, "train_loss": 3.8e28}
+    for algo in (None, "sgd", "dpsgd", "dpadam-jl", "pate", "dp-icl", "cloak", "outpert", "objpert", "dpagd"):
+        (loss,) = [w for w in learn_warnings(data, splits, metrics, algo=algo) if "mean loss" in w]
+        guess = algo not in ("outpert", "objpert", "dpagd")
+        assert ("(overconfident logits: a learning rate too large?)" in loss) == guess, (algo, loss)
+        assert "(overconfident logits)" in loss or guess, (algo, loss)
+
+
 def test_audit_train_on_token_ids_takes_a_canary_that_fits_them(tok, tmp_path):
     """ClipBKD (the default canary) perturbs real-valued features; on token ids the default is a mislabeled record."""
     spec = _spec(tmp_path / "spec.json", "transformer")

@@ -528,6 +528,27 @@ def test_the_optimiser_and_device_options_are_refused_exactly_where_no_trainer_r
             else:
                 with pytest.raises(InputError, match=f"^--{option.replace('_', '-')} does not apply to --algo {algo} "):
                     check_options_read(algo, {option})
+    # The privacy options' and --l2's readers, as each mechanism reads them: δ by the (ε, δ) ones (not outpert's or
+    # objpert's pure ε), DP-AGD's C_grad as --clip, the CSPRNG of every noise-adding trainer (not PATE's), the
+    # weight decay λ of (λ/2)‖w‖² by every registered trainer (not the aggregations or Cloak). Mutation pass 19:
+    # each of these rows given its neighbour's readers passed (the refusals above test who does not read).
+    rows = {
+        "delta": (("dpsgd", "outpert-gaussian", "dpagd", "pate", "dp-icl"), ("outpert", "objpert", "sgd")),
+        "clip": (("dpsgd", "dpsgd-jl", "dpagd", "dpagd-huber"), ("outpert", "sgd", "pate")),
+        "secure_noise": (("dpsgd", "dpadam-jl", "outpert", "objpert", "dpagd"), ("sgd", "pate")),
+        "mechanism": (("outpert", "outpert-gaussian", "objpert"), ("dpagd", "dpsgd")),
+        "objective": (("dpagd", "dpagd-huber"), ("dpsgd", "outpert")),  # the CLI's resolve_algo refuses these first
+        "l2": (
+            ("sgd", "adam", "dpsgd", "dpadam", "dpsgd-jl", "dpadam-jl", "outpert", "objpert", "dpagd"),
+            ("pate", "dp-icl", "cloak"),
+        ),
+    }
+    for option, (readers, others) in rows.items():
+        for algo in readers:
+            check_options_read(algo, {option})
+        for algo in others:
+            with pytest.raises(InputError, match=f"^--{option.replace('_', '-')} does not apply to --algo {algo} "):
+                check_options_read(algo, {option})
 
 
 def test_a_trainers_python_warning_reaches_the_user_as_one_warning_line(tmp_path, monkeypatch):

@@ -277,6 +277,25 @@ def _patched_stack():  # an instance whose forward was replaced: fx keeps it a l
     return stack
 
 
+def _patched_attention():  # torch.nn's attention (a leaf of the trace) with its forward replaced
+    m = _SelfAttention()
+    plain = m.attn.forward
+    m.attn.forward = lambda *a, **k: (2 * plain(*a, **k)[0], None)
+    return m
+
+
+class _ScaledAttention(nn.MultiheadAttention):
+    def forward(self, *args, **kwargs):
+        out, w = super().forward(*args, **kwargs)
+        return 2 * out, w
+
+
+def _encoder_with_own_attention():  # an encoder layer (a leaf) whose self_attn is a subclass computing other values
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    layer.self_attn.__class__ = _ScaledAttention
+    return _WithBlock(layer)
+
+
 REFUSED = [
     (_patched_forward, r"layer 1 \(Linear\) has a forward of its own"),
     (_hooked("layer"), r"layer 1 has a forward hook"),
@@ -297,6 +316,13 @@ REFUSED = [
     (lambda: _SelfAttention(dropout=0.1), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero"),
     (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv"),
     (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
+    # mutation pass 19: add_zero_attn and a forward of its own passed (the latter was told "has dropout, ...")
+    (
+        lambda: _SelfAttention(add_zero_attn=True),
+        r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero_attn:",
+    ),
+    (_patched_attention, r"layer attn \(MultiheadAttention\) has a forward of its own:"),
+    (_encoder_with_own_attention, r"layer block.self_attn \(MultiheadAttention\) has a forward of its own:"),
     (
         lambda: _WithBlock(nn.TransformerEncoderLayer(8, 2)),
         r"layer block \(TransformerEncoderLayer\) has dropout = 0.1:",
@@ -326,6 +352,23 @@ def test_what_the_layer_list_cannot_run_is_one_line_naming_it(make, message):
     assert "\n" not in text and text.endswith("use --backend torch") and jb.SUPPORTED in text
 
 
+@pytest.mark.parametrize("kind", ["forward", "forward_pre", "backward", "full_backward_pre"])
+def test_a_global_module_hook_is_refused(kind):
+    """A hook registered for every module (torch.nn.modules.module.register_module_*_hook) changes what any layer
+    returns or the gradients torch computes; the JAX forward would run without it. Planted (mutation pass 19): the
+    refusal dropped passed every test (none registered one)."""
+    hooks = torch.nn.modules.module
+    register = getattr(hooks, f"register_module_{kind}_hook")
+    handle = register((lambda m, i: None) if kind.endswith("pre") else (lambda m, i, o: None))
+    try:
+        with pytest.raises(InputError, match=r"^a global module hook is registered") as e:
+            jb.jax_forward(_mlp())
+        assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
+    finally:
+        handle.remove()
+    assert isinstance(jb.jax_forward(_mlp()), jb.JaxModel)
+
+
 class _Op(nn.Module):
     def __init__(self, op):
         super().__init__()
@@ -343,17 +386,44 @@ class _Op(nn.Module):
         (lambda h: h[torch.where(h > 0)], r"op torch.where .*: torch.where\(condition\) without x and y"),
         (lambda h: h.to("cuda"), r"op x.to .*: x.to with a device or another tensor is not supported"),
         (lambda h: torch.nn.functional.embedding(h.long(), h, max_norm=1.0), r"F.embedding with max_norm"),
+        # mutation pass 19: the refusal dropped passed (dropout_p silently ignored)
+        (lambda h: torch.nn.functional.scaled_dot_product_attention(h[:, None], h[:, None], h[:, None], dropout_p=0.1),
+         r"op torch._C._nn.scaled_dot_product_attention .*: scaled_dot_product_attention with dropout_p or enable_gqa"),
     ],
 )  # fmt: skip
 def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, message):
     """Arguments only the run sees (a dropout probability, a device): refused by the forward, before training
     (the logits check runs it)."""
+    _refused_when_it_runs(_Op(op), message)
+
+
+def _refused_when_it_runs(model, message):
     torch.manual_seed(0)
-    model = _Op(op).double()
+    model = model.double()
     apply, params = jb.jax_forward(model), jb.params_from_torch(model)
     with pytest.raises(InputError, match=message) as e:
         apply(params, jax.numpy.asarray(_data()[0].numpy()))
     assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
+
+
+class _AttentionCall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn, self.head = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = x.flatten(2)
+        return self.head(self.attn(h[0], h[0], h[0])[0].mean(0, keepdim=True))
+
+
+def test_an_attention_given_one_sequence_is_refused_when_it_runs():
+    """An unbatched (L, E) call is refused by name (it would fail in a reshape). Planted (mutation pass 19): the
+    refusal dropped passed every test. (is_causal=True with a mask is supported since: see
+    test_a_transformer_encoder_and_is_causal_compute_torchs_logits.)"""
+    torch.manual_seed(0)
+    _refused_when_it_runs(
+        _AttentionCall(), r"layer attn \(MultiheadAttention\): unbatched \(2-D\) input is not supported"
+    )
 
 
 class _Functional(nn.Module):
@@ -380,11 +450,13 @@ def _tokens(n=9, seed=0):  # token ids in [0, 10) as floats (dpaudit's records),
 class _MHA(nn.Module):
     """nn.MultiheadAttention over token embeddings, sequence-first (batch_first=False), bias or not, a causal
     attn_mask (boolean: True hides; or float: added) and a key_padding_mask hiding token 0, its output unpacked
-    (``out, _ = ...``: the weights, unread, are a getitem node without users)."""
+    (``out, _ = ...``: the weights, unread, are a getitem node without users); ``per_head``: one (B·H, L, S) float
+    mask instead."""
 
-    def __init__(self, bias=True, float_mask=False, batch_first=False):
+    def __init__(self, bias=True, float_mask=False, batch_first=False, per_head=False):
         super().__init__()
         self.tok, self.batch_first, self.float_mask = nn.Embedding(10, 8), batch_first, float_mask
+        self.per_head = per_head
         self.attn = nn.MultiheadAttention(8, 2, bias=bias, batch_first=batch_first)
         self.register_buffer("causal", torch.ones(7, 7).triu(1).bool())
         self.register_buffer("additive", -1e4 * torch.ones(7, 7).triu(1))
@@ -395,7 +467,12 @@ class _MHA(nn.Module):
         pad = (tok == 0) * self.additive[0, -1] if self.float_mask else tok == 0  # both masks of one kind and dtype
         mask = self.additive if self.float_mask else self.causal
         a = h if self.batch_first else h.transpose(0, 1)
-        out, _ = self.attn(a, a, a, key_padding_mask=pad, attn_mask=mask)
+        if self.per_head:  # one (L, S) mask per example and head, (B·H, L, S): head 0 causal, head 1 not
+            pad = ((tok == 0) * -1e4).unsqueeze(1)
+            heads = [(self.additive + pad).unsqueeze(1), (0 * self.additive + pad).unsqueeze(1)]
+            out, _ = self.attn(a, a, a, attn_mask=torch.cat(heads, 1).reshape(-1, 7, 7))
+        else:
+            out, _ = self.attn(a, a, a, key_padding_mask=pad, attn_mask=mask)
         out = out if self.batch_first else out.transpose(0, 1)
         return self.head((h + out).mean(1))
 
@@ -548,6 +625,8 @@ TRACED = {
         _tokens,
     ),
     "sized-ops": (_Sized, _data),  # "torch.fx cannot trace model _Sized (zeros() takes 1 positional argument ...)"
+    # a 3-D attn_mask (mutation pass 19: its reshape to (B, H, L, S) dropped passed, every mask was (L, S))
+    "mha-per-head-mask": (lambda: _MHA(float_mask=True, batch_first=True, per_head=True), _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
 _SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
@@ -856,9 +935,131 @@ def test_an_embedding_id_outside_the_table_is_refused_before_training(bad):
     message = rf"^layer {layer} \(Embedding\) is given id {got} by the training data, outside its {rows} rows"
     with pytest.raises(InputError, match=message):
         jb.JaxTrainer(config, PerfConfig(backend="jax")).fit(byo.tiny_transformer(10, 3), x, y)
+    assert jb._ID_READS is None  # "else None": training's own lookups record nothing (the reset dropped passed)
+
+
+@pytest.mark.parametrize("where", [0, 5, 12])
+def test_the_embedding_id_check_reads_every_chunk(where):
+    """check_embedding_ids runs X in chunks (the last padded with copies of record 0): an id outside the table in
+    the first, a middle or the last (padded) chunk of 4-record chunks of 13 is refused, above or below the table,
+    and ids inside it pass; after each, no lookup is recorded any more. (13 = 3·4 + 1: chunks started at record 1
+    would be full, and record 0 read by no padding.)"""
+    torch.manual_seed(0)
+    model = byo.tiny_transformer(10, 3)
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    x = torch.randint(0, 10, (13, 7))
+    jb.check_embedding_ids(apply, params, jax.numpy.asarray(x.numpy()), chunk=4)
+    for bad in (10, -1):
+        x_bad = x.clone()
+        x_bad[where, 3] = bad
+        with pytest.raises(InputError, match=rf"^layer tok \(Embedding\) is given id {bad} by the training data"):
+            jb.check_embedding_ids(apply, params, jax.numpy.asarray(x_bad.numpy()), chunk=4)
+        assert jb._ID_READS is None
 
 
 def test_an_embedding_lookup_outside_the_table_is_nan_never_another_row():
     w = jax.numpy.arange(12.0).reshape(4, 3)
     got = np.asarray(jb._lookup(w, jax.numpy.asarray([[-1, 4, 2]]), None, "e"))
     assert np.isnan(got[0, :2]).all() and np.array_equal(got[0, 2], [6.0, 7.0, 8.0])
+
+
+def _op_cases():
+    """(table, key, torch's callable, args, kwargs) for every entry of _FX_FUNCTIONS and _FX_METHODS; args are torch
+    values (tensors become JAX arrays on the JAX side)."""
+    import operator
+
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    a, b = (
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+    )
+    pos, m, mask = b.abs() + 0.5, torch.randn(4, 5, generator=g, dtype=torch.float64), a > 0
+    q, k, v = (torch.randn(2, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    w, bias = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    ids = torch.tensor([[0, 3, 9], [9, 1, 2]])
+    table = torch.randn(10, 4, generator=g, dtype=torch.float64)
+    fn = [
+        *((op, (a, b), {}) for op in (operator.add, operator.sub, operator.mul, operator.truediv)),
+        *((op, (a, b), {}) for op in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge)),
+        (operator.eq, (a, a[0]), {}),  # equal entries: == and <=, >= true there, != and <, > false
+        *((op, (a, a[0]), {}) for op in (operator.ne, operator.lt, operator.le, operator.gt, operator.ge)),
+        (operator.neg, (a,), {}), (operator.pow, (pos, 1.5), {}), (operator.invert, (mask,), {}),
+        (operator.matmul, (a, m), {}), (operator.getitem, (a, (slice(None), 1)), {}), (getattr, (a, "shape"), {}),
+        (getattr, (a, "ndim"), {}),
+        (torch.add, (a, b), {}), (torch.add, (a, b), {"alpha": 2.5}), (torch.add, (a, b), {"alpha": 2}),
+        (torch.mul, (a, b), {}),
+        (torch.matmul, (a, m), {}), (torch.cat, ([a, b],), {}), (torch.cat, ([a, b],), {"dim": 2}),
+        (torch.flatten, (a,), {}), (torch.flatten, (a, 1), {}), (torch.flatten, (a,), {"end_dim": 1}),
+        (torch.transpose, (a, 0, 2), {}), (torch.arange, (5,), {}), (torch.arange, (1.0, 3.0, 0.5), {}),
+        (torch.softmax, (a, 1), {}), (F.softmax, (a,), {"dim": -1}), (torch.mean, (a,), {}),
+        (torch.mean, (a, 1), {"keepdim": True}), (torch.sum, (a, (0, 2)), {}), (torch.sum, (a,), {}),
+        (torch.tanh, (a,), {}), (torch.relu, (a,), {}), (F.relu, (a,), {}), (F.gelu, (a,), {}),
+        (F.gelu, (a,), {"approximate": "tanh"}), (F.leaky_relu, (a,), {}), (F.leaky_relu, (a, 0.2), {}),
+        (F.linear, (a, w), {}), (F.linear, (a, w, bias), {}), (F.layer_norm, (a, (4,)), {}),
+        (F.layer_norm, (a, (3, 4), torch.ones(3, 4, dtype=torch.float64) * 2.0, b[0]), {"eps": 0.5}),
+        (F.scaled_dot_product_attention, (q, k, v), {}),
+        (F.scaled_dot_product_attention, (q[0], k[0], v[0]), {"is_causal": True}),  # 3-D: (N, L, E)
+        (F.scaled_dot_product_attention, (q, k, v), {"is_causal": True}),
+        (F.scaled_dot_product_attention, (q, k, v), {"attn_mask": torch.ones(3, 3).tril().bool(), "scale": 0.3}),
+        (F.scaled_dot_product_attention, (q, k, v), {"attn_mask": torch.randn(3, 3, generator=g, dtype=torch.float64)}),
+        (torch.sigmoid, (a,), {}), (torch.exp, (a,), {}), (torch.where, (mask, a, b), {}),
+        (torch.zeros, (2, 3), {}), (torch.ones, ((2, 3),), {}),
+        (torch.zeros_like, (a,), {}), (torch.ones_like, (a,), {}),
+        (F.embedding, (ids, table), {}), (F.embedding, (ids, table), {"padding_idx": -1}),
+        (F.dropout, (a, 0.0), {}), (F.dropout, (a,), {"training": False}),
+    ]  # fmt: skip
+    method = [
+        ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
+        ("permute", (a, (1, 2, 0)), {}), ("transpose", (a, 0, 1), {}), ("flatten", (a,), {}), ("flatten", (a, 1), {}),
+        ("size", (a,), {}), ("size", (a, 1), {}), ("mean", (a, 1), {}), ("sum", (a, -1), {"keepdim": True}),
+        ("softmax", (a, 0), {}), ("chunk", (a, 2, 2), {}), ("chunk", (a, 2), {}), ("unsqueeze", (a, 1), {}),
+        ("contiguous", (a,), {}), ("masked_fill", (a, mask, -1.5), {}), ("long", (a * 3,), {}), ("relu", (a,), {}),
+        ("tanh", (a,), {}), ("float", (a,), {}), ("double", (a.float(),), {}), ("to", (a, torch.float32), {}),
+        ("to", (a,), {"dtype": torch.float32}), ("sigmoid", (a,), {}), ("exp", (a,), {}),
+    ]  # fmt: skip
+    return [("function", f, f, args, kw) for f, args, kw in fn] + [
+        ("method", name, lambda x, *r, name=name, **kw: getattr(x, name)(*r, **kw), args, kw)
+        for name, args, kw in method
+    ]
+
+
+def _as_numpy(value):
+    # a shape (torch.Size or a tuple of ints) as one array, a tuple of tensors (chunk) as a list
+    if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
+        return np.asarray(tuple(value), dtype=np.int64)
+    if isinstance(value, (tuple, list)):
+        return [_as_numpy(v) for v in value]
+    return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def test_every_graph_op_computes_torchs_values():
+    """Each entry of the tables a traced graph's call_function / call_method nodes run (_FX_FUNCTIONS, _FX_METHODS)
+    against torch's own function on the same float64 values (torch defines them; ours must agree to rounding,
+    1e-12 relative, same shape and dtype, bools for comparisons, int64 for x.long(); float32 where torch gives
+    float32): default arguments and the options the tables read. Planted (mutation pass 19, each passed the traced
+    models' tests within a run's time): an entry dropped or given its neighbour's function, torch.add's alpha
+    ignored, the flatten/softmax/mean defaults changed, <= as <."""
+    import jax.numpy as jnp
+
+    cases = _op_cases()
+    assert {c[1] for c in cases if c[0] == "function"} == set(jb._FX_FUNCTIONS)  # every entry has a case
+    assert {c[1] for c in cases if c[0] == "method"} == set(jb._FX_METHODS)
+    with jax.enable_x64(True):
+        for kind, key, torch_op, args, kw in cases:
+            table = jb._FX_FUNCTIONS if kind == "function" else jb._FX_METHODS
+
+            def to_jax(x):
+                if isinstance(x, torch.Tensor):
+                    return jnp.asarray(x.numpy())
+                return [to_jax(y) for y in x] if isinstance(x, list) else x
+
+            expected = _as_numpy(torch_op(*args, **kw))
+            got = _as_numpy(table[key](*[to_jax(x) for x in args], **{n: to_jax(x) for n, x in kw.items()}))
+            expected, got = (e if isinstance(e, list) else [e] for e in (expected, got))
+            assert len(got) == len(expected), (key, args, kw)
+            for e, r in zip(expected, got, strict=True):
+                r = np.asarray(r)
+                assert r.shape == e.shape and r.dtype == e.dtype, (key, kw, r.shape, e.shape, r.dtype, e.dtype)
+                rtol = 1e-12 if e.dtype == np.float64 else 1e-6
+                assert np.allclose(r, e, rtol=rtol, atol=rtol), (key, kw)
