@@ -390,7 +390,7 @@ def _design_pairs(m: int, selection: str, k_plus, k_minus):
         return np.array([kp]), np.array([km])
     if selection == "bonferroni":
         return one_run.bonferroni_pairs(m)
-    return one_run._fractions_to_counts(*one_run._fraction_pairs(), m)
+    return one_run.holdout_perfect_pairs(m)
 
 
 def max_certifiable(
@@ -487,6 +487,6 @@ def _audit_direction(scores, member, family, delta, alpha, selection, tiebreak, 
         sel, (scores, member, tiebreak), one_run.choose_guess_fractions(criterion), one_run.apply_guess_fractions
     )
     t, _ = largest_refuted(m_b, [k_p + k_m], [v], family, alpha) if k_p + k_m > 0 else (0.0, 0)
-    note = f"guess counts chosen on a random half ({m - m_b} canaries) and evaluated on the other {m_b}"
+    note = f"guess thresholds chosen on a random half ({m - m_b} canaries) and applied to the other {m_b}"
     return FdpOutcome(t, family.epsilon(t, delta), t_cert, eps_cert, k_p, k_m, k_p + k_m, v, m_b, alpha, 1, note,
                       direction)  # fmt: skip

@@ -23,9 +23,9 @@ Why this keeps the level.
      S_B ↦ M(s_A, S_B) is (ε, δ)-DP (or f-DP) in each coordinate of S_B: two neighbouring S_B are two
      neighbouring inclusion vectors of the canaries.
   2. The evaluation guesses T_B ∈ {−1, 0, 1}^{m_B} are a randomised function of the output Y and s_A
-     (the chooser reads Y's selection-part scores and s_A; the guesses rank Y's evaluation-part scores;
-     the tie-breaking keys are independent of everything). That is an arbitrary post-processing
-     "A(M(S))" as in the one-run game, with r = ‖T_B‖₁ a function of the output.
+     (the chooser reads Y's selection-part scores and s_A and returns score thresholds; the guesses compare
+     Y's evaluation-part scores with them; the tie-breaking keys are independent of everything). That is an
+     arbitrary post-processing "A(M(S))" as in the one-run game, with r = ‖T_B‖₁ a function of the output.
   3. The one-run theorems bound the correct guesses *given the guesses*: for every t in the support
      of T, P[W ≥ v | T = t] ≤ p(ε, δ; m, ‖t‖₁, v) (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846,
      Theorem 3.1, whose proof conditions on the output and uses only that each guessed bit, given the

@@ -284,8 +284,16 @@ def max_certifiable(m: int, delta: float, alpha: float, selection: str, k_plus=N
         kp, km = bonferroni_pairs(m)
         return best_bound_over_pairs(m, kp + km, kp + km, delta, alpha / len(kp))[0]
     m_eval = m - m // 2  # the holdout split keeps floor(m/2) for selection
-    kp, km = _fractions_to_counts(*_fraction_pairs(), m_eval)
+    kp, km = holdout_perfect_pairs(m_eval)
     return best_bound_over_pairs(m_eval, kp + km, kp + km, delta, alpha)[0]
+
+
+def holdout_perfect_pairs(m_eval: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k₊, k₋) a perfect attack can reach on a holdout evaluation half of m_eval canaries: the thresholds of
+    :func:`choose_guess_fractions` can guess any number of them, all when the selection half's members are exactly
+    half of it; the grid's counts on m_eval (all but one when m_eval is odd) and every canary (m_eval, 0)."""
+    kp, km = _fractions_to_counts(*_fraction_pairs(), m_eval)
+    return np.append(kp, m_eval), np.append(km, 0)
 
 
 def check_inclusion_mixed(included, source: str, remedy: str) -> None:
@@ -322,27 +330,41 @@ def design_on_records(tiebreak: np.ndarray, sel: np.ndarray | None, scores: np.n
 
 def choose_guess_fractions(criterion: Callable[[int, np.ndarray, np.ndarray, np.ndarray], int]):
     """A chooser for :func:`dpaudit.audit.holdout.select_then_evaluate`, shared by the (ε, δ) and f-DP
-    one-run audits: on the selection part (scores, member bits, tie-breaking keys) it returns the guess
-    fractions (f₊, f₋) of :func:`_fraction_pairs` whose counts there maximise
-    ``criterion(m_part, k_plus, k_minus, correct) -> index`` (any rule keeps the level; see
-    :mod:`dpaudit.audit.holdout` for why a count chosen from the same run is valid)."""
+    one-run audits: on the selection part (scores, member bits, tie-breaking keys) it picks the guess fractions
+    (f₊, f₋) of :func:`_fraction_pairs` whose counts there maximise ``criterion(m_part, k_plus, k_minus, correct)
+    -> index`` and returns them as score thresholds: the (score, key) of the selection part's (k₊ + 1)-th canary from
+    the top and (k₋ + 1)-th from the bottom (None for a count of 0), which :func:`apply_guess_fractions` compares
+    the evaluation part with. Thresholds, not counts: a count floor(f·m_part) on the evaluation half ignores its own
+    number of members (a Binomial(m/2, 1/2), sd √m/4), so a perfect attack guessing "in" for the top half there made
+    |members − m_part/2| errors; a threshold follows the scores (benchmarks/one_run_power.py). Any rule that reads
+    the selection part alone keeps the level (:mod:`dpaudit.audit.holdout`, step 2: the guesses are then a function
+    of the output's evaluation scores, the selection part and the independent keys)."""
 
-    def choose(scores: np.ndarray, member: np.ndarray, tiebreak: np.ndarray) -> tuple[float, float]:
+    def choose(scores: np.ndarray, member: np.ndarray, tiebreak: np.ndarray):
         fp, fm = _fraction_pairs()
         kp, km = _fractions_to_counts(fp, fm, len(scores))
         top, bottom = guess_counts(scores, member, tiebreak)
         i = criterion(len(scores), kp, km, top[kp] + bottom[km])
-        return float(fp[i]), float(fm[i])
+        order = np.lexsort((tiebreak, -scores))  # guess_counts' ranking: score descending, then key ascending
+
+        def at(k: int, rank: int):  # the ranking's (rank + 1)-th canary, or None for no guesses (k = 0) on that side
+            return None if k == 0 else (float(scores[order[rank]]), float(tiebreak[order[rank]]))
+
+        return at(int(kp[i]), int(kp[i])), at(int(km[i]), len(scores) - 1 - int(km[i]))
 
     return choose
 
 
-def apply_guess_fractions(
-    fractions: tuple[float, float], scores: np.ndarray, member: np.ndarray, tiebreak: np.ndarray
-) -> tuple[int, int, int, int]:
-    """(k₊, k₋, correct, m_part) of the chosen fractions on the evaluation part (counts floor(f·m_part))."""
+def apply_guess_fractions(thresholds, scores: np.ndarray, member: np.ndarray, tiebreak: np.ndarray):
+    """(k₊, k₋, correct, m_part) of :func:`choose_guess_fractions`' thresholds on the evaluation part: "in" for the
+    canaries ranked above the top threshold (higher score, or the same score and a smaller key: guess_counts'
+    order), "out" for those ranked below the bottom one; a canary that is both (the thresholds cross when
+    k₊ + k₋ = m_part on the selection part) is guessed "in"."""
     m_part = len(scores)
-    kp, km = (int(x[0]) for x in _fractions_to_counts(np.array([fractions[0]]), np.array([fractions[1]]), m_part))
+    hi, lo = thresholds
+    kp = 0 if hi is None else int(np.sum((scores > hi[0]) | ((scores == hi[0]) & (tiebreak < hi[1]))))
+    km = 0 if lo is None else int(np.sum((scores < lo[0]) | ((scores == lo[0]) & (tiebreak > lo[1]))))
+    km = min(km, m_part - kp)
     top, bottom = guess_counts(scores, member, tiebreak)
     return kp, km, int(top[kp] + bottom[km]), m_part
 
@@ -363,8 +385,9 @@ def audit(
 
     fixed: the given (k₊, k₋) at level α. bonferroni: the best of :func:`bonferroni_pairs` with α
     split equally (union bound). holdout: (k₊, k₋) fractions chosen on a random half of the canaries
-    (not stratified, so the other half's inclusion bits stay i.i.d. fair coins) and applied to the
-    other half at level α; the theorem applies to that half with the first half's bits held fixed.
+    (not stratified, so the other half's inclusion bits stay i.i.d. fair coins), turned into score thresholds
+    there (:func:`choose_guess_fractions`) and applied to the other half at level α; the theorem applies to that
+    half with the first half's bits held fixed.
 
     ``directions``: "greater" ranks by score (higher = more likely included), "less" by the negated
     score. Each direction is audited at ``alpha`` with the same tie-breaking keys and holdout split, drawn
@@ -417,5 +440,5 @@ def _audit_direction(scores, member, delta, alpha, selection, tiebreak, sel, k_p
     )
     r = kp + km
     eps = one_run_epsilon_lower_bound(m_b, r, v, delta, alpha)
-    note = f"guess counts chosen on a random half ({m - m_b} canaries) and evaluated on the other {m_b}"
+    note = f"guess thresholds chosen on a random half ({m - m_b} canaries) and applied to the other {m_b}"
     return OneRunOutcome(eps, mcert, kp, km, r, v, m_b, alpha, 1, note, direction)

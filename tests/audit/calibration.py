@@ -176,27 +176,28 @@ CASES: dict[str, TightCase] = {
 # p0 = (exceedances, audits) of the correct auditor on seeds OFFLINE_SEED_OFFSET + 0, 1, ... (disjoint
 # from the checks' seeds 0, 1, ...), measured once with ``python -m tests.audit.calibration`` (which
 # also prints each mutant's rate; all re-measured when the holdout half moved to a canonical order and its
-# test to a fixed selection level, dpaudit.audit.holdout). Resulting allowances (calibrated vs α-based, for
+# test to a fixed selection level, dpaudit.audit.holdout; the one-run cases again when the holdout applied its
+# choice as score thresholds, one_run.choose_guess_fractions). Resulting allowances (calibrated vs α-based, for
 # the check's seeds):
 #   laplace-holdout     50/20000 = 0.00250  (p0+ 0.00379)  allowance 14 of 1500 (α-based 102)
 #   leak-delta           7/5000  = 0.00140  (p0+ 0.00392)  allowance  5 of  200 (α-based  21)
 #   leak-two-sided     129/20000 = 0.00645  (p0+ 0.00840)  allowance 31 of 2000 (α-based 456, α = 0.2)
 #   leak-one-run         0/2000  = 0        (p0+ 0.00345)  allowance  3 of  100 (α-based  13)
 #   null-vector-pilot    2/4000  = 0.00050  (p0+ 0.00280)  allowance  5 of  300 (α-based  28)
-#   rr-one-run         252/10000 = 0.0252   (p0+ 0.0304)   allowance 20 of  300 (α-based  28)
+#   rr-one-run         306/10000 = 0.0306   (p0+ 0.0363)   allowance 22 of  300 (α-based  28)
 #   gdp-scores          25/10000 = 0.00250  (p0+ 0.00446)  allowance  6 of  300 (α-based  28)
-#   rr-fdp-holdout      24/1000  = 0.024    (p0+ 0.0429)   allowance 19 of  200 (α-based  21)
-#   rr-regimes-one-run  22/2000  = 0.011    (p0+ 0.0203)   allowance 15 of  300 (α-based  28)
+#   rr-fdp-holdout      29/1000  = 0.029    (p0+ 0.0493)   allowance 20 of  200 (α-based  21)
+#   rr-regimes-one-run  44/2000  = 0.022    (p0+ 0.0341)   allowance 21 of  300 (α-based  28)
 P0: dict[str, tuple[int, int]] = {
     "laplace-holdout": (50, 20_000),
     "leak-delta": (7, 5_000),
     "leak-two-sided": (129, 20_000),
     "leak-one-run": (0, 2_000),
     "null-vector-pilot": (2, 4_000),
-    "rr-one-run": (252, 10_000),
+    "rr-one-run": (306, 10_000),
     "gdp-scores": (25, 10_000),
-    "rr-fdp-holdout": (24, 1_000),
-    "rr-regimes-one-run": (22, 2_000),
+    "rr-fdp-holdout": (29, 1_000),
+    "rr-regimes-one-run": (44, 2_000),
 }
 OFFLINE_RUNS = {name: runs for name, (_, runs) in P0.items()}
 

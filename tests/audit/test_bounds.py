@@ -215,8 +215,8 @@ def test_perfect_attack_reaches_max_certifiable(method, selection):
     predicted = max_certifiable_epsilon(n, n, method=method, threshold_selection=selection, delta=1e-3)
     assert res.max_certifiable_epsilon == pytest.approx(predicted, rel=1e-9)
     if method == "one-run" and selection == "holdout":
-        # The unstratified split leaves the evaluation half unbalanced, so guess counts chosen as
-        # fractions on the other half can include a few wrong guesses even for a perfect ranking.
+        # The unstratified split leaves the halves unbalanced, so score thresholds chosen on the selection
+        # half can include a few wrong guesses on the evaluation half even for a perfect ranking.
         assert 0.5 * predicted <= res.epsilon_lower_bound <= predicted
     else:
         assert res.epsilon_lower_bound == pytest.approx(predicted, rel=1e-9)

@@ -254,7 +254,7 @@ def test_claim_curve_refutation_is_never_an_epsilon_lower_bound():
 @pytest.mark.parametrize("method", ["clopper-pearson", "one-run", "one-run-fdp"])
 def test_holdout_choice_depends_on_the_selection_part_only(method, monkeypatch):
     """The holdout selection (one helper for every method, dpaudit.audit.holdout) must choose the test —
-    the threshold, or the guess counts — from the selection part alone: rewriting every evaluation-part
+    the threshold, or the one-run guess thresholds — from the selection part alone: rewriting every evaluation-part
     score and bit leaves the choice unchanged. Choosing on the evaluation part (issue 27's surviving
     mutant for the f-DP audit, unsound: bound above the true ε in ~14% of runs at α = 0.05) fails this.
     The halves are drawn on a canonical order of the records, a function of their scores and bits
@@ -275,6 +275,9 @@ def test_holdout_choice_depends_on_the_selection_part_only(method, monkeypatch):
         kw["design"] = "canaries"
     if method == "one-run-fdp":
         kw["tradeoff"] = "epsilon-delta"
+    chosen = []  # the one-run choice (score thresholds) as handed to the evaluation part
+    apply = one_run.apply_guess_fractions
+    monkeypatch.setattr(one_run, "apply_guess_fractions", lambda c, *parts: (chosen.append(c), apply(c, *parts))[1])
     a = audit_scores(s, mem, **kw)
     s2, mem2 = s.copy(), mem.copy()
     rng = np.random.default_rng(1)
@@ -288,7 +291,7 @@ def test_holdout_choice_depends_on_the_selection_part_only(method, monkeypatch):
     if method == "clopper-pearson":
         assert a.threshold == b.threshold
     else:
-        assert (a.counts["k_plus"], a.counts["k_minus"]) == (b.counts["k_plus"], b.counts["k_minus"])
+        assert len(chosen) == 2 and chosen[0] == chosen[1]
     assert b.epsilon_lower_bound > a.epsilon_lower_bound  # the evaluation part did change
 
 
@@ -416,7 +419,8 @@ def test_fixed_guess_counts_are_the_users_and_the_bound_is_the_refuted_curve_of_
 def test_holdout_max_certifiable_is_over_the_evaluation_half_the_audit_uses():
     """With an odd number of canaries the holdout split selects on m // 2 and evaluates on the other m - m // 2
     (holdout.split). What a perfect attack certifies is the search over the guess-count grid of that evaluation half
-    (perfect: v = k), so it bounds the perfect attack's own holdout result; ``can_refute`` decides as it does.
+    and its every canary guessed (one_run.holdout_perfect_pairs: the thresholds can guess all; perfect: v = k), so
+    it bounds the perfect attack's own holdout result; ``can_refute`` decides as it does.
     Planted (thirteenth mutation pass): the evaluation half taken as m // 2 (or m / 2) in max_certifiable or in
     can_refute survived every even m of the tests above; the holdout searched over bonferroni_pairs; can_refute's
     Bonferroni level alpha * K -> fail."""
@@ -427,7 +431,7 @@ def test_holdout_max_certifiable_is_over_the_evaluation_half_the_audit_uses():
                          threshold_selection="holdout")  # fmt: skip
         n_eval, a = r.counts["n_eval_canaries"], r.details["alpha_per_test"]
         assert n_eval == m - m // 2
-        kp, km = one_run._fractions_to_counts(*one_run._fraction_pairs(), n_eval)  # the grid the holdout chooses from
+        kp, km = one_run.holdout_perfect_pairs(n_eval)  # the grid the holdout chooses from, and all n_eval guessed
         t, _ = F.largest_refuted(n_eval, kp + km, kp + km, family, a)
         assert r.details["max_certifiable_parameter"] == t and 0.0 < r.epsilon_lower_bound <= r.max_certifiable_epsilon
         best = r.max_certifiable_epsilon

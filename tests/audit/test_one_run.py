@@ -345,3 +345,35 @@ def test_bonferroni_grid_guesses_every_canary_but_at_most_one_for_every_m():
     small, big = (max_certifiable_epsilon(m // 2, m - m // 2, method="one-run", threshold_selection="bonferroni")
                   for m in (2934, 2935))  # fmt: skip
     assert big >= 0.999 * small
+
+
+def test_holdout_guesses_follow_the_selection_thresholds_not_the_evaluation_halfs_size():
+    """The holdout applies the chosen guesses to the evaluation half as score thresholds from the selection half,
+    not as counts floor(f·m_part): with "in" for the selection half's top half (60 members of 100, scores in
+    [10, 11): the threshold is a member's score) and an evaluation half of 40 members (scores in [12, 13)) and 60
+    non-members (in [0, 1)), the evaluation half gets "in" for exactly its 40 members and no wrong guess. Counts
+    would guess 50 "in", 10 of them wrong: a cause of the one-run bound falling from a leak of μ = 3 to μ = 4
+    (benchmarks/one_run_power.py). Ties on the threshold score follow the keys
+    as guess_counts ranks them. Planted: counts floor(f·m_part) on the evaluation half fail the first part; ties
+    compared without the keys (or the wrong way) fail the second."""
+    from dpaudit.audit import one_run
+
+    fp, fm = one_run._fraction_pairs()
+    half_in = int(np.flatnonzero((fp == 0.5) & (fm == 0.0))[0])
+    choose = one_run.choose_guess_fractions(lambda *_: half_in)
+    rng = np.random.default_rng(0)
+    sel_member, ev_member = np.arange(100) < 60, np.arange(100) < 40
+    thresholds = choose(10.0 * sel_member + rng.random(100), sel_member, rng.random(100))
+    kp, km, correct, m_part = one_run.apply_guess_fractions(
+        thresholds, 12.0 * ev_member + rng.random(100), ev_member, rng.random(100)
+    )
+    assert (kp, km, correct, m_part) == (40, 0, 40, 100)
+    # Ties: every score equal, so the keys alone rank; the threshold is the selection's 51st smallest key, and the
+    # evaluation canaries with a smaller key are "in" (guess_counts ranks ties by ascending key).
+    keys_sel, keys_ev = rng.random(100), rng.random(100)
+    thresholds = choose(np.zeros(100), sel_member, keys_sel)
+    kp, _, correct, _ = one_run.apply_guess_fractions(thresholds, np.zeros(100), ev_member, keys_ev)
+    cut = np.sort(keys_sel)[50]
+    assert kp == int(np.sum(keys_ev < cut))
+    top, _ = guess_counts(np.zeros(100), ev_member, keys_ev)
+    assert correct == top[kp]
