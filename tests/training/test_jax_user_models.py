@@ -1006,6 +1006,9 @@ def _op_cases():
         (torch.sigmoid, (a,), {}), (torch.exp, (a,), {}), (torch.where, (mask, a, b), {}),
         (torch.zeros, (2, 3), {}), (torch.ones, ((2, 3),), {}),
         (torch.zeros_like, (a,), {}), (torch.ones_like, (a,), {}),
+        (torch.full, ((2, 3), 1.5), {}), (torch.full, ((2, 3), True), {}), (torch.full, ((2, 3), 7), {}),
+        (torch.full, ((2, 3), 2), {"dtype": torch.float64}),
+        (torch.triu, (a,), {}), (torch.triu, (a, 1), {}), (torch.tril, (a,), {}), (torch.tril, (a,), {"diagonal": -1}),
         (F.embedding, (ids, table), {}), (F.embedding, (ids, table), {"padding_idx": -1}),
         (F.dropout, (a, 0.0), {}), (F.dropout, (a,), {"training": False}),
     ]  # fmt: skip
@@ -1017,6 +1020,8 @@ def _op_cases():
         ("contiguous", (a,), {}), ("masked_fill", (a, mask, -1.5), {}), ("long", (a * 3,), {}), ("relu", (a,), {}),
         ("tanh", (a,), {}), ("float", (a,), {}), ("double", (a.float(),), {}), ("to", (a, torch.float32), {}),
         ("to", (a,), {"dtype": torch.float32}), ("sigmoid", (a,), {}), ("exp", (a,), {}),
+        ("new_zeros", (a, 2, 3), {}), ("new_ones", (a, (2, 3)), {}), ("new_ones", (a, 2), {"dtype": torch.int64}),
+        ("new_full", (a, (2, 3), 0.25), {}), ("triu", (a, 1), {}), ("tril", (a,), {}), ("tril", (a, -1), {}),
     ]  # fmt: skip
     return [("function", f, f, args, kw) for f, args, kw in fn] + [
         ("method", name, lambda x, *r, name=name, **kw: getattr(x, name)(*r, **kw), args, kw)
