@@ -465,9 +465,10 @@ class PythonSpec(ModelSpec):
         if (together - alone[0]).abs().max() > 1e-3 * (1 + alone[0].abs().max()):
             raise InputError(
                 f"model factory {self.factory}: a record's logits depend on the other records of its batch (in eval "
-                "mode: a mean or other statistic over the batch dimension?); dpaudit scores each record on its own "
-                "and per-example clipping needs each example's loss to depend on that example alone: compute "
-                "statistics per record (LayerNorm, GroupNorm)"
+                "mode: a mean or other statistic over the batch dimension, or its row in the batch, as from a "
+                "positional embedding of torch.arange(x.size(0)) on batch-first input?); dpaudit scores each record "
+                "on its own and per-example clipping needs each example's loss to depend on that example alone: "
+                "compute statistics per record (LayerNorm, GroupNorm), index positions along the sequence"
             )
 
 
@@ -709,6 +710,60 @@ def _reversed(r: torch.Tensor) -> torch.Tensor:
     return r.flip(tuple(range(1, r.dim()))) if r.dim() > 1 else r
 
 
+# Modules whose training flag switches only their random draws (dropout) on or off.
+_RANDOM_IN_TRAINING = (nn.modules.dropout._DropoutNd, nn.MultiheadAttention, nn.RNNBase)
+
+
+def _moves_with_row(model: nn.Module, base: torch.Tensor, run, drew: list[bool]) -> bool:
+    """Whether a record's logits change when it is evaluated alone or one row further down the batch (``base``
+    rolled by one): the part of :func:`check_per_record_in_training` that keeps the records and moves their rows.
+    ``run(batch, 0)`` is its forward from a fixed random state; ``drew``, whether the forwards so far drew random
+    numbers. A forward that draws them (dropout) cannot be compared across rows (a row's mask goes to another
+    record), so the modules whose training flag switches only dropout go to eval mode first, and the whole model
+    if it still draws; a forward still random then is not tested.
+
+    Tolerance: rounding of one function evaluated at other batch sizes (other kernel blockings), √eps·(1 + max|logit|)
+    in the logits' dtype (eps 2^-10 for float32 under TF32 on a GPU), as the JAX backend's
+    :func:`~dpaudit.training.jax_backend.check_alone_as_in_batch`: summation-order error is ~eps·√width per layer,
+    far below √eps (3.5e-4 in float32), while a positional embedding of the row moves logits by O(1)."""
+    if any(drew):
+        for m in model.modules():
+            if isinstance(m, _RANDOM_IN_TRAINING):
+                m.eval()
+        del drew[:]
+        same = run(base, 0)
+        if any(drew):
+            model.eval()
+            del drew[:]
+            same = run(base, 0)
+        if any(drew):
+            return False
+    else:
+        same = run(base, 0)
+    if same is None or not same.is_floating_point():
+        return False
+    eps = torch.finfo(same.dtype).eps
+    if same.dtype == torch.float32 and same.device.type == "cuda":
+        if torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32:
+            eps = 2.0**-10  # TF32: 10 mantissa bits (NVIDIA A100 whitepaper, "TF32")
+    tol = math.sqrt(eps) * (1 + float(same.abs().max()))
+
+    def moves(out: torch.Tensor | None, ref: torch.Tensor) -> bool:  # NaN counts as a change
+        return out is not None and (out.shape != ref.shape or not bool(((out - ref).abs() <= tol).all()))
+
+    rolled = run(base.roll(1, 0), 0)
+    if moves(None if rolled is None else rolled.roll(-1, 0), same):
+        return True
+    for i in range(base.shape[0]):
+        try:
+            alone = run(base[i : i + 1], 0)
+        except Exception:  # a model that cannot take a batch of one (a squeeze): the rolled batch tells
+            return False
+        if moves(alone, same[i : i + 1]):
+            return True
+    return False
+
+
 def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
     """Refuse, for private training, a model whose training-mode forward lets a record's logits depend on
     the other records of its batch (a hand-written batch normalisation or batch centring under
@@ -725,7 +780,10 @@ def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
     second random state (a random permutation in the forward, as mixup draws, may leave the rows it pairs
     unchanged in one draw). Every other row must keep its logits. A model whose passes differ from the
     same state (randomness outside torch's generator) or that cannot run on four records is not tested.
-    The random state and the buffers are restored, the mode too.
+    Then the same records one row further down and each alone (:func:`_moves_with_row`): replacing records
+    keeps every record's row and the batch size, so a positional embedding of ``torch.arange(x.size(0))``
+    on batch-first input passed (a row-dependent transformer trained under DP-SGD with its claimed ε).
+    The random state and the buffers are restored, every module's mode too.
 
     Why not two records and row 0 alone, as before: a standardisation (x - mean) / std over two records
     is ±1/√2 per feature, the sign of x_0 - x_1 alone, so a change of row 1 that kept every feature's
@@ -746,7 +804,7 @@ def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
     buffers = {n: b for n, b in model.named_buffers()}
     saved = {n: b.detach().clone() for n, b in buffers.items()}
     devices = [x.device] if x.device.type == "cuda" else []
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]
 
     def generator_state() -> torch.Tensor:
         return torch.cuda.get_rng_state(x.device) if x.device.type == "cuda" else torch.get_rng_state()
@@ -758,15 +816,17 @@ def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
             if state:  # the second state: the generator moved on by one draw
                 torch.rand(1, device=x.device)
             before = generator_state()
-            out = model(batch)
+            try:
+                out = model(batch)
+            finally:
+                for name, b in buffers.items():
+                    b.copy_(saved[name])
             drew.append(not torch.equal(generator_state(), before))
-        for name, b in buffers.items():
-            b.copy_(saved[name])
-        if not isinstance(out, torch.Tensor) or out.is_meta or out.shape[:1] != (n,):
+        if not isinstance(out, torch.Tensor) or out.is_meta or out.shape[:1] != batch.shape[:1]:
             return None
-        return out.float()
+        return out if out.is_floating_point() else out.float()
 
-    mixed = False
+    mixed = moved = untested = False
     try:
         model.train()
         with torch.no_grad():
@@ -779,20 +839,35 @@ def check_per_record_in_training(model: nn.Module, x: torch.Tensor) -> None:
                 if not bool(((again - same).abs() <= scale).all()):
                     return  # random from outside torch's generator: cannot tell mixing from noise
                 for j, batch in variants:
-                    out = run(batch, state)
-                    if out is None:
-                        return
+                    try:
+                        out = run(batch, state)
+                    except Exception:  # a copy it cannot take (float token ids shifted out of the vocabulary)
+                        out = None
+                    if out is None:  # mixing not tested; the rows of the real records still are
+                        untested = True
+                        break
                     keep = [i for i in range(n) if i != j]
                     # NaN (a batch std of 0) counts as a change
                     if not bool(((out[keep] - same[keep]).abs() <= scale).all()):
                         mixed = True
                         break
-                if mixed or not any(drew):
+                if mixed or untested or not any(drew):
                     break
+            moved = not mixed and _moves_with_row(model, base, run, drew)
     except Exception:  # the user's code: a model that cannot run on four records is not tested here
         return
     finally:
-        model.train(was_training)
+        for m, training in modes:
+            m.training = training
+    if moved:
+        raise InputError(
+            "the model's output for a record depends on its row in the batch or on the batch size (an arange or a "
+            "size over the batch dimension, e.g. a positional embedding of torch.arange(x.size(0)) on batch-first "
+            "input?): under "
+            "Poisson sampling one record added or removed moves the other records to other rows and changes their "
+            "gradients, so per-example clipping no longer bounds the sensitivity by C; index positions along the "
+            "sequence dimension"
+        )
     if mixed:
         raise InputError(
             "a record's logits depend on the other records of its batch in training mode (a statistic over "

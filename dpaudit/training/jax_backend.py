@@ -1015,8 +1015,9 @@ def check_alone_as_in_batch(apply: Apply, params: Params, xj) -> None:
     clipped sum from the batch (:func:`clipped_sum`), so the sum would hold gradients of another function whose
     norms were never bounded by C (Abadi et al. 2016, arXiv:1607.00133, Alg. 1 clips the gradient it adds). Sizes
     from ``x.shape[0]`` (``torch.ones(B, T).tril()``: a record's row depends on its position) or a statistic over
-    the batch: torch's :func:`~dpaudit.models.check_per_record_in_training` replaces records and keeps positions and
-    batch size, so it sees the second only. Tolerance as :func:`check_same_logits`' (rounding of one function)."""
+    the batch: torch's :func:`~dpaudit.models.check_per_record_in_training` (run first) now compares rows and records
+    alone too; this one checks the JAX graph itself. Tolerance as :func:`check_same_logits`' (rounding of one
+    function)."""
     out = apply(params, xj)
     together = np.asarray(out, dtype=np.float64)
     alone = np.concatenate([np.asarray(apply(params, xj[i : i + 1]), dtype=np.float64) for i in range(xj.shape[0])])

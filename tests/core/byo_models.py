@@ -195,6 +195,30 @@ class ArangeTransformer(nn.Module):
         return self.head(h.mean(1))
 
 
+class BatchRowTransformer(ArangeTransformer):
+    """:class:`ArangeTransformer` with seq-first positions on batch-first input: ``pos(torch.arange(x.size(0)))``,
+    one position per *row of the batch*, broadcast over the sequence (a record's logits depend on its row)."""
+
+    def __init__(self, vocab: int, length: int, n_classes: int, d: int = 16, max_len: int = 512) -> None:
+        super().__init__(vocab, length, n_classes, d)
+        self.pos = nn.Embedding(max_len, d)
+
+    def forward(self, tok):
+        import torch
+
+        h = self.tok(tok) + self.pos(torch.arange(tok.size(0), device=tok.device)).unsqueeze(1)
+        a = self.ln1(h)
+        B, T, _ = h.shape
+        q, k, v = self.qkv(a).view(B, T, 3, 2, -1).permute(2, 0, 3, 1, 4)
+        h = h + self.proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, -1))
+        h = h + self.mlp(self.ln2(h))
+        return self.head(h.mean(1))
+
+
+def batch_row_transformer(vocab: int, length: int, n_classes: int, d: int = 16) -> nn.Module:
+    return BatchRowTransformer(vocab, length, n_classes, d)
+
+
 def transformer(vocab: int, length: int, n_classes: int, d: int = 16) -> nn.Module:
     return ArangeTransformer(vocab, length, n_classes, d)
 

@@ -272,6 +272,22 @@ def test_a_convex_learner_on_token_data_names_what_trains_on_tokens(tmp_path, al
         assert "use --model logreg" not in r.stderr and not (tmp_path / "run").exists()
 
 
+def test_a_transformer_whose_positions_are_the_batch_rows_is_refused_in_one_line(tmp_path):
+    """Seq-first positions on batch-first tokens, ``pos(torch.arange(x.size(0)))``: a record's logits depend on
+    its row, so under Poisson sampling one record moves the others' gradients; refused before training, naming
+    the row (tests.training.test_clipper_call: the training-mode check of every DP trainer refuses it too; the
+    transformer with positions over the sequence trains, tests/core/test_byo_matrix.py)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"kind": "python", "factory": "tests.core.byo_models:batch_row_transformer",
+                                "input_shape": [6], "n_classes": 2,
+                                "kwargs": {"vocab": 30, "length": 6, "n_classes": 2}}))  # fmt: skip
+    tokens = "synthetic-tokens:n=60,length=6,vocab=30,classes=2,seed=0"
+    args = ("--model-spec", spec, "--algo", "dpsgd", "--epsilon", 4, "--out", tmp_path / "r")
+    r = invoke("train", "--data", tokens, *args)
+    assert "or its row in the batch, as from a positional embedding of torch.arange(x.size(0))" in one_error(r)
+    assert not (tmp_path / "r").exists()
+
+
 def test_batchnorm_is_refused_under_dp_only(npz, tmp_path):
     spec = _spec_file(tmp_path / "spec.json", "tests.core.byo_models:with_batchnorm")
     r = invoke(

@@ -213,3 +213,114 @@ def test_every_clipper_checks_training_mode_mixing_on_its_first_call_over_the_re
     finally:
         clipping.check_per_record_in_training = real
     assert calls == [3]  # once, on the valid rows (padding rows are copies of a real row)
+
+
+class _RowDependent(nn.Module):
+    """A record's logits depend on its row in the batch (``kind`` "row": ``+ pos(arange(B))``, a seq-first
+    positional embedding on batch-first input; "squeeze": the same with a ``.squeeze()`` that keeps a batch of
+    one from being compared alone) or on the batch size ("size": ``h * B``); ``dropout``: "module"
+    (nn.Dropout: only it goes to eval mode) or "functional" (F.dropout: the whole model does); "frozen": a
+    Dropout left in eval mode by the user, whose mode the check must leave as it was."""
+
+    def __init__(self, kind: str = "row", dropout: str = "") -> None:
+        super().__init__()
+        self.kind, self.functional = kind, dropout == "functional"
+        self.lin, self.pos, self.head = nn.Linear(4, 6), nn.Embedding(16, 6), nn.Linear(6, 2)
+        self.drop = nn.Dropout(0.5 if dropout else 0.0)
+        if dropout == "frozen":
+            self.drop.eval()
+
+    def forward(self, x):
+        h = self.lin(x)
+        B = x.shape[0]
+        h = h * B if self.kind == "size" else h + self.pos(torch.arange(B))
+        h = nn.functional.dropout(h, 0.5, self.training) if self.functional else self.drop(h)
+        out = self.head(h.tanh())
+        return out.squeeze() if self.kind == "squeeze" else out
+
+
+@pytest.mark.parametrize(
+    ("kind", "dropout"),
+    [("row", ""), ("squeeze", ""), ("size", ""), ("row", "module"), ("row", "functional"), ("row", "frozen")],
+)
+def test_the_training_mode_check_refuses_logits_that_depend_on_the_row_or_the_batch_size(kind, dropout):
+    """Replacing records keeps every record's row and the batch size, so a positional embedding of
+    ``arange(x.size(0))`` passed; now the records one row down ("squeeze": that alone) and each alone ("size":
+    that alone) are compared too, with dropout made deterministic (its modules, or the whole model, to eval
+    mode). The random state and every module's mode are left as they were; the correct model passes."""
+    from dpaudit.models import check_per_record_in_training
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 4)
+    model = _RowDependent(kind, dropout)
+    modes, state = [m.training for m in model.modules()], torch.random.get_rng_state()
+    with pytest.raises(InputError, match=r"^the model's output for a record depends on its row in the batch or on"):
+        check_per_record_in_training(model, x)
+    assert [m.training for m in model.modules()] == modes
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for rows in (1, 4):  # missing records are shifted or reversed copies of the first
+        with pytest.raises(InputError, match="depends on its row in the batch"):
+            check_per_record_in_training(_RowDependent(kind, dropout), x[:rows])
+
+
+def _encoder(dropout: float) -> nn.Module:
+    """torch's TransformerEncoderLayer at its default dropout (random in training mode, also inside attention)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=dropout, batch_first=True)
+    return nn.Sequential(nn.Linear(4, 8), layer, nn.Flatten(), nn.Linear(8, 2))
+
+
+def test_the_row_comparison_accepts_the_users_per_record_models():
+    """tests/core/byo_models.py's per-record models in float32 (positions from arange over the sequence, tied
+    weights, GroupNorm, a TransformerEncoder, dropout) and an encoder layer at dropout 0.1: not refused, and
+    each was compared alone and one row down (8 or more forwards after the 14 of the mixing check)."""
+    from dpaudit.models import check_per_record_in_training
+    from tests.core import byo_models as byo
+
+    g = torch.Generator().manual_seed(0)
+    tok, feats = torch.randint(0, 10, (5, 7), generator=g), torch.randn(5, 6, generator=g)
+    img = torch.randn(5, 1, 8, 8, generator=g)
+    cases = [
+        (byo.transformer(10, 7, 3), tok),
+        (byo.mha_transformer(10, 7, 3), tok),
+        (byo.encoder_transformer(10, 7, 3), tok),
+        (byo.tiny_transformer(10, 3), tok),
+        (byo.tiny_transformer(10, 3, sdpa=False), tok),
+        (byo.causal_transformer(10, 3), tok),
+        (byo.tied_lm(10, 3), tok),
+        (byo.pad_masked(10, 3, "random"), tok),
+        (byo.residual_mlp(6, 3), feats),
+        (byo.with_dropout(6, 3), feats),
+        (byo.residual_sequential(6, 3), feats),
+        (byo.tied_linear(6, 3), feats),
+        (byo.float64_mlp(6, 3), feats.double()),
+        (byo.random_projection(6, 3), feats),
+        (byo.residual_groupnorm_cnn(1, 3), img),
+        (byo.bare_parameter_cnn(1, 8, 3), img),
+        (_encoder(0.1), torch.randn(5, 1, 4, generator=g)),
+    ]
+    for model, x in cases:
+        calls: list[int] = []
+        model.register_forward_hook(lambda m, args, out, calls=calls: calls.append(args[0].shape[0]))
+        check_per_record_in_training(model, x)
+        assert calls.count(1) == 4 and len(calls) >= 14 + 1 + 1 + 4, type(model).__name__
+
+
+@pytest.mark.parametrize("algo", ["dpsgd", "dpadam", "dpsgd-jl", "dpadam-jl"])
+def test_every_per_example_clipping_trainer_refuses_the_batch_row_transformer(algo):
+    """The library trainers (DP-SGD, DP-Adam and their JL variants share Clipper.__call__) refuse, before any
+    step, a transformer whose positions are ``pos(arange(x.size(0)))`` on batch-first tokens."""
+    from dpaudit.training.algorithms import get_trainer
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from tests.core import byo_models as byo
+
+    torch.manual_seed(0)
+    model = byo.batch_row_transformer(10, 7, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randint(0, 10, (16, 7)), torch.randint(0, 2, (16,))
+    jl = {"jl_projections": 2, "accountant": "pld"} if algo.endswith("-jl") else {}
+    dp = DPConfig(noise_multiplier=1.0, clip=1.0, **jl)
+    config = TrainConfig(algo=algo, steps=2, batch_size=8, dp=dp)
+    with pytest.raises(InputError, match="depends on its row in the batch"):
+        get_trainer(algo)(config).fit(model, x, y)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))

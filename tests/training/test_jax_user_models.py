@@ -750,15 +750,21 @@ class _BatchCentred(nn.Module):
 @pytest.mark.parametrize(
     ("position", "message"),
     [(False, r"^a record's logits depend on the other records of its batch in training mode"),
-     (True, r"^a record's logits differ between the record alone and the record in a batch")],
+     (True, r"^the model's output for a record depends on its row in the batch")],
 )  # fmt: skip
 def test_a_graph_whose_records_depend_on_their_batch_is_refused_for_private_training(position, message):
     """Before: the JAX trainer trained both with a DP claim (the torch trainer refuses the batch mean), its norms
     from each record alone and its clipped sum from the batch, whose terms' norms C does not bound. Sizes from
-    x.size(0) (now traced) make the second kind easy to write; torch's check keeps positions and cannot see it."""
+    x.size(0) (now traced) make the second kind easy to write; torch's check, run first, now compares rows and
+    records alone too (it refuses the second); the graph's own check refuses it as well."""
     with pytest.raises(InputError, match=message):
         _fit(_BatchCentred(position), "dpsgd")
     _fit(_BatchCentred(position), "sgd")  # no claim: trains
+    if position:
+        model = _BatchCentred(position).double()
+        x = jax.numpy.asarray(_data()[0][:8].numpy())
+        with pytest.raises(InputError, match=r"^a record's logits differ between the record alone and the record in"):
+            jb.check_alone_as_in_batch(jb.jax_forward(model), jb.params_from_torch(model), x)
 
 
 @pytest.mark.parametrize("fill", [7, 7.0, True])
