@@ -320,6 +320,32 @@ def test_the_row_comparison_accepts_the_users_per_record_models():
         assert calls.count(1) == 4 and len(calls) >= 14 + 1 + 1 + 4, type(model).__name__
 
 
+class _FloatIdsByRow(nn.Module):
+    """Float-coded token ids (x.long() into an embedding of 8) plus an embedding of the batch row: the mixing check's
+    shifted copy (ids + 1) leaves the vocabulary, so that check stops untested; the row is still there to see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos, self.head = nn.Embedding(8, 6), nn.Embedding(16, 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        h = self.tok(x.long()).mean(1) + self.pos(torch.arange(x.shape[0]))
+        return self.head(h.tanh())
+
+
+def test_a_mixing_check_left_untested_still_compares_the_rows():
+    """A replaced copy the model cannot take (float ids shifted out of the vocabulary) leaves mixing untested, but
+    the records' own rows are still compared (check_per_record_in_training: "the rows of the real records still
+    are"): a row-dependent model is refused. Planted: the failed copy not read as None (the check aborts) or None
+    not caught (the same)."""
+    from dpaudit.models import check_per_record_in_training
+
+    torch.manual_seed(0)
+    x = torch.tensor([[7.0, 1.0, 2.0], [3.0, 7.0, 0.0], [5.0, 6.0, 7.0], [2.0, 2.0, 7.0], [1.0, 0.0, 4.0]])
+    with pytest.raises(InputError, match="depends on its row in the batch"):
+        check_per_record_in_training(_FloatIdsByRow().train(), x)
+
+
 class _NoisyInEveryMode(nn.Module):
     """Per-record, but random in eval mode too: Gaussian noise added to the input on every forward."""
 
