@@ -346,6 +346,33 @@ def test_a_mixing_check_left_untested_still_compares_the_rows():
         check_per_record_in_training(_FloatIdsByRow().train(), x)
 
 
+class _Mixup(nn.Module):
+    """Mixup of the hidden states with a random permutation of the batch, drawn on every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return 0.5 * (h + h[torch.randperm(x.shape[0])])
+
+
+def test_mixing_unseen_in_the_first_random_state_is_seen_in_the_second():
+    """A random permutation can pair every row with itself: under torch.manual_seed(15) the first state's
+    randperm(4) is the identity (no mixing to see) and the second state's (one draw further) is [1, 0, 3, 2];
+    check_per_record_in_training reruns a random forward from that second state, so mixup is still refused.
+    Planted: the loop stopping after the first state whenever the forward draws."""
+    from dpaudit.models import check_per_record_in_training
+
+    torch.manual_seed(15)
+    assert torch.randperm(4).tolist() == [0, 1, 2, 3]  # the premise: the first draw mixes nothing
+    model, x = _Mixup().train(), torch.randn(4, 4)
+    torch.manual_seed(15)  # the check's first state
+    with pytest.raises(InputError, match="depend on the other records of its batch"):
+        check_per_record_in_training(model, x)
+
+
 class _NoisyInEveryMode(nn.Module):
     """Per-record, but random in eval mode too: Gaussian noise added to the input on every forward."""
 
