@@ -91,6 +91,9 @@ def test_the_memo_keeps_its_bound():
     for k in range(5):
         memo.put((k,), float(k))
     assert [memo.get((k,)) for k in range(5)] == [None, None, 2.0, 3.0, 4.0]
+    memo.put((2,), 2.5)  # stored again: now the most recent, so the next put drops (3,), the least recently stored
+    memo.put((5,), 5.0)
+    assert [memo.get((k,)) for k in (2, 3, 4, 5)] == [2.5, None, 4.0, 5.0]
 
 
 def test_exact_keys_tell_apart_what_equality_does_not():
@@ -98,6 +101,12 @@ def test_exact_keys_tell_apart_what_equality_does_not():
     assert exact(0.0) != exact(-0.0) and exact(1) != exact(1.0) and exact(True) != exact(1)
     assert exact(Gaussian(1.0)) != exact(JLGaussian(1.0, 1))  # class, not only the fields
     assert exact(Gaussian(1.0)) == exact(Gaussian(1.0))
+    # recursively: inside tuples (the options, the ledger) too, where == compares values
+    assert exact((1, "x")) != exact((1.0, "x")) and exact((0.0, "x")) != exact((-0.0, "x"))
+    assert exact("add_remove") != exact("replace_one") and exact(2**53) != exact(2**53 + 1)  # counts beyond floats
+    assert exact([0.5, 2]) == exact((0.5, 2))  # a list is its tuple
+    with pytest.raises(TypeError, match="no exact key for object"):
+        exact(object())
 
 
 # -- calibration: the lower bound's skip takes the accountant's own decisions ---------------------------------

@@ -280,6 +280,40 @@ def test_rounded_equations_do_not_depend_on_the_classes_order():
         assert np.mean(z.argmax(axis=1) == target) == np.mean(base.argmax(axis=1) == target)
 
 
+def test_rounded_equations_are_the_documented_weighted_least_squares_solved_densely():
+    """EquationSolver on rounded answers against its docstring, written out as one dense weighted least-squares
+    problem: per query, every class tied at the top probability is an anchor a (t of them), and every other class c
+    with a non-zero answer gives (θ_c - θ_a)·[x, 1] = ln p_c - ln p_a with weight 1/sqrt(1/p_c² + 1/p_a²) / sqrt(t),
+    the last class's θ fixed at 0. The solver's normal equations give the same logits to float64 rounding (condition
+    number squared: 1e-9). Planted: every non-zero class an anchor, or the tied classes not anchors (the classes
+    below the top), or ties not weighted by 1/t; a negative answer let through."""
+    api, _, _ = _oracle_api("rounded:1", d=3, k=4, seed=1)
+    rng = np.random.default_rng(1)
+    X, X_test = rng.normal(size=(300, 3)), rng.normal(size=(50, 3))
+    P = api.query(X)
+    assert np.sum(np.sum(P == P.max(axis=1, keepdims=True), axis=1) > 1) > 10  # ties are there
+    k, d1 = 4, 4
+    rows, rhs = [], []
+    for x, p in zip(X, P, strict=True):
+        anchors = np.flatnonzero(p == p.max())
+        for a in anchors:
+            for c in np.flatnonzero(p > 0):
+                if c == a:
+                    continue
+                w = 1.0 / np.sqrt(1.0 / p[c] ** 2 + 1.0 / p[a] ** 2) / np.sqrt(len(anchors))
+                row = np.zeros((k, d1))
+                row[c], row[a] = np.append(x, 1.0), -np.append(x, 1.0)
+                rows.append(w * row[: k - 1].ravel())
+                rhs.append(w * (np.log(p[c]) - np.log(p[a])))
+    theta = np.vstack([np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)[0].reshape(k - 1, d1), np.zeros(d1)])
+    expected = np.hstack([X_test, np.ones((50, 1))]) @ theta.T
+    got = EquationSolver("rounded:1").fit(X, P).decision_function(X_test)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+    P[3, 1] = -0.1  # not a probability: refused, not skipped as a zero would be
+    with pytest.raises(InputError, match="probabilities must be finite and non-negative"):
+        EquationSolver("rounded:1").fit(X, P)
+
+
 def test_a_curve_prefix_short_of_equations_does_not_abort_the_attack(binary_logreg):
     """Rounded to 1 decimal, 84 queries solve the binary logistic regression (d+1 = 21), but the curve's first
     prefix (21 queries: the axis design, whose corners answer 0 or 1) gives too few usable equations: that

@@ -377,3 +377,53 @@ def test_holdout_guesses_follow_the_selection_thresholds_not_the_evaluation_half
     assert kp == int(np.sum(keys_ev < cut))
     top, _ = guess_counts(np.zeros(100), ev_member, keys_ev)
     assert correct == top[kp]
+
+
+def test_the_holdout_thresholds_applied_to_their_own_selection_part_give_back_every_chosen_count():
+    """choose_guess_fractions turns the chosen counts (k₊, k₋) into the selection part's (k₊ + 1)-th canary from the
+    top and (k₋ + 1)-th from the bottom, and apply_guess_fractions guesses "in" above the first and "out" below the
+    second (its docstring): on the part they were chosen on, exactly k₊ and k₋ canaries, with guess_counts' correct
+    guesses, for every pair of the grid (ties in the scores included: the keys rank them). Planted: the bottom
+    threshold one rank off (the k₋-th from the bottom) guesses k₋ - 1 there."""
+    from dpaudit.audit import one_run
+
+    rng = np.random.default_rng(7)
+    m_part = 37
+    scores, member, keys = rng.integers(0, 9, m_part).astype(float), rng.random(m_part) < 0.5, rng.random(m_part)
+    kp_grid, km_grid = one_run._fractions_to_counts(*one_run._fraction_pairs(), m_part)
+    top, bottom = guess_counts(scores, member, keys)
+    for i in range(len(kp_grid)):
+        thresholds = one_run.choose_guess_fractions(lambda *_, i=i: i)(scores, member, keys)
+        kp, km = int(kp_grid[i]), int(km_grid[i])
+        assert one_run.apply_guess_fractions(thresholds, scores, member, keys) == (kp, km, top[kp] + bottom[km], m_part)
+
+
+@pytest.mark.parametrize("m", [9, 10, 21, 22])
+def test_a_perfect_holdout_attack_certifies_every_evaluation_canary_guessed(m):
+    """The holdout's thresholds can guess every canary of the evaluation half (m - floor(m/2) of them), so a perfect
+    attack's bound is the one-run bound of all of them guessed right (max_certifiable's holdout_perfect_pairs:
+    (m_eval, 0) beside the grid, whose counts reach only m_eval - 1 when m_eval is odd); the bound grows with the
+    guesses (Steinke, Nasr & Jagielski 2023, Theorem 3.1), so that pair is the best. Planted: (m_eval, -1) for it."""
+    from dpaudit.audit import one_run
+
+    m_eval = m - m // 2
+    kp, km = one_run.holdout_perfect_pairs(m_eval)
+    assert kp.min() >= 0 and km.min() >= 0 and (kp + km).max() == m_eval
+    expected = one_run_epsilon_lower_bound(m_eval, m_eval, m_eval, 1e-5, 0.05)
+    assert one_run.max_certifiable(m, 1e-5, 0.05, "holdout") == expected
+
+
+def test_a_canary_between_crossed_holdout_thresholds_is_guessed_in_only():
+    """When the chosen counts guess every selection canary (k₊ = k₋ = 5 of 10: fractions (1/2, 1/2)) the top threshold
+    (6th from the top, score 4) lies below the bottom one (6th from the bottom, score 5), and an evaluation canary
+    scored between them is above the first and below the second: apply_guess_fractions guesses it "in" only (its
+    docstring), so no canary is guessed twice and k₊ + k₋ ≤ m_part, as the one-run theorem's r ≤ m needs (Steinke,
+    Nasr & Jagielski 2023, Theorem 3.1). Planted: no cap on k₋ counts each such canary "in" and "out"."""
+    from dpaudit.audit import one_run
+
+    fp, fm = one_run._fraction_pairs()
+    both = int(np.flatnonzero((fp == 0.5) & (fm == 0.5))[0])
+    rng = np.random.default_rng(3)
+    thresholds = one_run.choose_guess_fractions(lambda *_: both)(np.arange(10.0), np.arange(10) >= 5, rng.random(10))
+    ev_member = np.arange(10) < 6
+    assert one_run.apply_guess_fractions(thresholds, np.full(10, 4.5), ev_member, rng.random(10)) == (10, 0, 6, 10)

@@ -218,7 +218,9 @@ def test_every_clipper_checks_training_mode_mixing_on_its_first_call_over_the_re
 class _RowDependent(nn.Module):
     """A record's logits depend on its row in the batch (``kind`` "row": ``+ pos(arange(B))``, a seq-first
     positional embedding on batch-first input; "squeeze": the same with a ``.squeeze()`` that keeps a batch of
-    one from being compared alone) or on the batch size ("size": ``h * B``); ``dropout``: "module"
+    one from being compared alone; "training-row": the same in training mode only, so the check must keep the
+    model in training mode while it makes the dropout deterministic) or on the batch size ("size": ``h * B``);
+    ``dropout``: "module"
     (nn.Dropout: only it goes to eval mode) or "functional" (F.dropout: the whole model does); "frozen": a
     Dropout left in eval mode by the user, whose mode the check must leave as it was."""
 
@@ -233,7 +235,10 @@ class _RowDependent(nn.Module):
     def forward(self, x):
         h = self.lin(x)
         B = x.shape[0]
-        h = h * B if self.kind == "size" else h + self.pos(torch.arange(B))
+        if self.kind == "size":
+            h = h * B
+        elif self.kind != "training-row" or self.training:
+            h = h + self.pos(torch.arange(B))
         h = nn.functional.dropout(h, 0.5, self.training) if self.functional else self.drop(h)
         out = self.head(h.tanh())
         return out.squeeze() if self.kind == "squeeze" else out
@@ -241,13 +246,22 @@ class _RowDependent(nn.Module):
 
 @pytest.mark.parametrize(
     ("kind", "dropout"),
-    [("row", ""), ("squeeze", ""), ("size", ""), ("row", "module"), ("row", "functional"), ("row", "frozen")],
+    [
+        ("row", ""),
+        ("squeeze", ""),
+        ("size", ""),
+        ("row", "module"),
+        ("row", "functional"),
+        ("row", "frozen"),
+        ("training-row", "module"),
+    ],
 )
 def test_the_training_mode_check_refuses_logits_that_depend_on_the_row_or_the_batch_size(kind, dropout):
     """Replacing records keeps every record's row and the batch size, so a positional embedding of
     ``arange(x.size(0))`` passed; now the records one row down ("squeeze": that alone) and each alone ("size":
     that alone) are compared too, with dropout made deterministic (its modules, or the whole model, to eval
-    mode). The random state and every module's mode are left as they were; the correct model passes."""
+    mode; "training-row": only the Dropout modules, so the training-mode rows are still compared). The random state
+    and every module's mode are left as they were; the correct model passes."""
     from dpaudit.models import check_per_record_in_training
 
     torch.manual_seed(0)
@@ -304,6 +318,138 @@ def test_the_row_comparison_accepts_the_users_per_record_models():
         model.register_forward_hook(lambda m, args, out, calls=calls: calls.append(args[0].shape[0]))
         check_per_record_in_training(model, x)
         assert calls.count(1) == 4 and len(calls) >= 14 + 1 + 1 + 4, type(model).__name__
+
+
+class _FloatIdsByRow(nn.Module):
+    """Float-coded token ids (x.long() into an embedding of 8) plus an embedding of the batch row: the mixing check's
+    shifted copy (ids + 1) leaves the vocabulary, so that check stops untested; the row is still there to see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos, self.head = nn.Embedding(8, 6), nn.Embedding(16, 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        h = self.tok(x.long()).mean(1) + self.pos(torch.arange(x.shape[0]))
+        return self.head(h.tanh())
+
+
+def test_a_mixing_check_left_untested_still_compares_the_rows():
+    """A replaced copy the model cannot take (float ids shifted out of the vocabulary) leaves mixing untested, but
+    the records' own rows are still compared (check_per_record_in_training: "the rows of the real records still
+    are"): a row-dependent model is refused. Planted: the failed copy not read as None (the check aborts) or None
+    not caught (the same)."""
+    from dpaudit.models import check_per_record_in_training
+
+    torch.manual_seed(0)
+    x = torch.tensor([[7.0, 1.0, 2.0], [3.0, 7.0, 0.0], [5.0, 6.0, 7.0], [2.0, 2.0, 7.0], [1.0, 0.0, 4.0]])
+    with pytest.raises(InputError, match="depends on its row in the batch"):
+        check_per_record_in_training(_FloatIdsByRow().train(), x)
+
+
+class _Mixup(nn.Module):
+    """Mixup of the hidden states with a random permutation of the batch, drawn on every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return 0.5 * (h + h[torch.randperm(x.shape[0])])
+
+
+def test_mixing_unseen_in_the_first_random_state_is_seen_in_the_second():
+    """A random permutation can pair every row with itself: under torch.manual_seed(15) the first state's
+    randperm(4) is the identity (no mixing to see) and the second state's (one draw further) is [1, 0, 3, 2];
+    check_per_record_in_training reruns a random forward from that second state, so mixup is still refused.
+    Planted: the loop stopping after the first state whenever the forward draws."""
+    from dpaudit.models import check_per_record_in_training
+
+    torch.manual_seed(15)
+    assert torch.randperm(4).tolist() == [0, 1, 2, 3]  # the premise: the first draw mixes nothing
+    model, x = _Mixup().train(), torch.randn(4, 4)
+    torch.manual_seed(15)  # the check's first state
+    with pytest.raises(InputError, match="depend on the other records of its batch"):
+        check_per_record_in_training(model, x)
+
+
+class _NoisyInEveryMode(nn.Module):
+    """Per-record, but random in eval mode too: Gaussian noise added to the input on every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.lin(x + torch.randn_like(x))
+
+
+class _TupleInEval(nn.Module):
+    """Per-record with dropout; in eval mode its forward returns a tuple (no logits to compare)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.drop = nn.Linear(4, 2), nn.Dropout(0.5)
+
+    def forward(self, x):
+        out = self.drop(self.lin(x))
+        return out if self.drop.training else (out,)
+
+
+class _NeedsTwoRows(nn.Module):
+    """Per-record, but its forward refuses a batch of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.shape[0] < 2:
+            raise ValueError("a batch of one")
+        return self.lin(x)
+
+
+class _RoundsByBatchSize(nn.Module):
+    """Per-record logits of magnitude ``scale`` whose batch of one differs by a rounding-level amount: 1e-6 absolute
+    plus 1e-6 relative (about 8 float32 ulps), as other kernel blockings at another batch size can give."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.lin, self.scale = nn.Linear(4, 2), scale
+
+    def forward(self, x):
+        h = self.lin(x) * self.scale
+        if x.shape[0] == 1:
+            h = h + 1e-6 * (1 + h.abs())
+        return torch.cat([h, torch.zeros_like(h[:, :1])], 1)
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e-4])
+def test_rounding_across_batch_sizes_is_within_the_row_comparisons_tolerance(scale):
+    """The row comparison's tolerance is sqrt(eps) * (1 + max|logit|) (_moves_with_row's docstring: rounding grows
+    with the logits, and is eps-level in absolute terms where they are near 0); a per-record model whose batch of
+    one differs by ~8 ulps is accepted at logits near 1000 (a difference 1e-3 > sqrt(eps) = 3.5e-4) and near 0
+    (1e-6 > sqrt(eps) * 1e-4). Planted: the tolerance without the logits' scale, scaled by the smallest logit
+    instead of the largest, divided by it, or without the 1 +, refuses one of them."""
+    from dpaudit.models import check_per_record_in_training
+
+    torch.manual_seed(0)
+    check_per_record_in_training(_RoundsByBatchSize(scale).train(), torch.randn(5, 4))
+
+
+def test_a_forward_random_in_eval_mode_too_is_not_compared_across_rows():
+    """A forward that still draws random numbers with the whole model in eval mode cannot be compared across rows
+    (the noise of row i goes to another record when the batch is rolled or cut), so _moves_with_row leaves it
+    untested (its docstring) rather than refusing a per-record model, as is one whose deterministic (eval-mode)
+    forward gives no tensor of logits or that cannot take a batch of one (the rolled batch was compared); every
+    module's mode is restored. Planted: either early return made True,
+    or the first dropped, refuses them."""
+    from dpaudit.models import check_per_record_in_training
+
+    torch.manual_seed(0)
+    for model in (_NoisyInEveryMode().train(), _TupleInEval().train(), _NeedsTwoRows().train()):
+        check_per_record_in_training(model, torch.randn(5, 4))
+        assert all(m.training for m in model.modules())
 
 
 @pytest.mark.parametrize("algo", ["dpsgd", "dpadam", "dpsgd-jl", "dpadam-jl"])

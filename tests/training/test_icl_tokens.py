@@ -107,3 +107,115 @@ def test_a_dp_icl_run_and_its_icl_audit_on_token_data(tmp_path, monkeypatch):
     # One prompt of 4 exemplars copies them: members answered with certainty, non-members not (AUC 1/2 = chance).
     assert result["auc_non_private"] > 0.75
     assert [r["epsilon"] for r in result["settings"]] == [math.inf, pytest.approx(8.0, rel=1e-3)]
+
+
+def test_the_token_prototype_is_the_normalised_mean_of_unit_bags_computed_by_hand():
+    """PrototypePredictor(tokens=True) against its definition on dense counts: each sequence's token-count vector
+    scaled to unit length, the class prototype the mean of its exemplars' unit vectors scaled to unit length (the
+    Rocchio centroid compared by cosine: IIR Sec. 14.2, 6.3), d = ||q - p_c||^2, tau = median of d over the present
+    classes, probabilities softmax(-d / tau) over them and 0 for an absent class. Unequal class sizes and lengths of
+    the mean, so every factor shows. Planted: the prototype's norm from the raw count dot products, from one side of
+    the normalisation only, or multiplied instead of divided."""
+    rng = np.random.default_rng(5)
+    ex = rng.integers(0, 6, (7, 5))
+    y = np.array([0, 0, 0, 0, 0, 2, 2])  # class 1 absent
+    q = rng.integers(0, 6, (4, 5))
+
+    def unit(X):
+        counts = np.stack([np.bincount(r, minlength=6) for r in X]).astype(float)
+        return counts / np.linalg.norm(counts, axis=1, keepdims=True)
+
+    U, Q = unit(ex), unit(q)
+    d = np.zeros((4, 3))
+    for c in (0, 2):
+        p = U[y == c].mean(0)
+        d[:, c] = ((Q - p / np.linalg.norm(p)) ** 2).sum(1)
+    tau = np.median(d[:, [0, 2]])
+    e = np.exp(-d[:, [0, 2]] / tau)
+    expected = np.zeros((4, 3))
+    expected[:, [0, 2]] = e / e.sum(1, keepdims=True)
+    got = make_predictor("prototype", 3, tokens=True).predict_proba(ex, y, q)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_the_token_nearest_exemplar_scores_are_unit_bag_distances_computed_by_hand():
+    """NearestExemplarPredictor(tokens=True) against its definition on dense counts: distances ||q - e|| of the
+    unit-length token-count vectors, tau their median over every (query, exemplar) pair, class score the nearest
+    exemplar's -distance / tau, softmax over the present classes. Planted: 4 - 2 cos or 2 - cos under the root."""
+    rng = np.random.default_rng(6)
+    ex, y, q = rng.integers(0, 6, (7, 5)), np.array([0, 0, 0, 0, 0, 2, 2]), rng.integers(0, 6, (4, 5))
+
+    def unit(X):
+        counts = np.stack([np.bincount(r, minlength=6) for r in X]).astype(float)
+        return counts / np.linalg.norm(counts, axis=1, keepdims=True)
+
+    dist = np.linalg.norm(unit(q)[:, None, :] - unit(ex)[None, :, :], axis=2)
+    score = np.stack([-dist[:, y == c].min(1) for c in (0, 2)], 1) / np.median(dist)
+    e = np.exp(score - score.max(1, keepdims=True))
+    expected = np.zeros((4, 3))
+    expected[:, [0, 2]] = e / e.sum(1, keepdims=True)
+    got = make_predictor("knn", 3, tokens=True).predict_proba(ex, y, q)
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["knn", "prototype"])
+def test_token_ids_as_lists_are_read_and_bad_shapes_are_refused_with_one_line(name):
+    """Token ids as nested lists are the same data as the array; one sequence per row of non-negative ids is
+    required, so 1-D ids, empty sequences and an id of -1 (among others, not only the smallest) are refused with the
+    one-line error, not a traceback (numpy's min of an empty array raises ValueError). Planted: each of those checks
+    dropped, the bound moved to -1, the max checked instead of the min."""
+    rng = np.random.default_rng(2)
+    ex, y, q = rng.integers(0, 9, (6, 4)), np.array([0, 1, 0, 1, 0, 1]), rng.integers(0, 9, (3, 4))
+    pred = make_predictor(name, 2, tokens=True)
+    np.testing.assert_array_equal(pred.predict_proba(ex.tolist(), y, q.tolist()), pred.predict_proba(ex, y, q))
+    negative = q.copy()
+    negative[1, 2] = -1
+    for bad_ex, bad_q in ((ex[:, 0], q), (ex, q[:, 0]), (ex[:, :0], q), (ex, q[:, :0]), (ex, negative)):
+        with pytest.raises(InputError, match=r"non-negative integer token ids \(one sequence per row"):
+            pred.predict_proba(bad_ex, y, bad_q)
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+@pytest.mark.parametrize("name", ["knn", "prototype"])
+def test_a_prompt_without_exemplars_is_refused_with_one_line(name, tokens):
+    """No exemplar, no class score: refused, not a median of an empty distance matrix (NaN probabilities).
+    Planted: the check dropped (features: NaN or a numpy error; tokens: the token-id message instead)."""
+    with pytest.raises(InputError, match="needs at least one exemplar"):
+        make_predictor(name, 2, tokens=tokens).predict_proba(np.zeros((0, 3), np.int64), np.zeros(0), np.ones((2, 3)))
+
+
+def test_the_feature_prototype_is_the_class_mean_computed_by_hand():
+    """PrototypePredictor on features (tokens=False), which no other test ran: squared distances to the present
+    classes' exemplar means, tau their median, softmax(-d / tau) over the present classes, 0 for an absent one.
+    Planted: the mean's class mask inverted, or the distances not divided by tau."""
+    rng = np.random.default_rng(8)
+    ex, y, q = rng.normal(size=(7, 3)), np.array([0, 0, 0, 0, 0, 2, 2]), rng.normal(size=(4, 3))
+    d = np.stack([((q - ex[y == c].mean(0)) ** 2).sum(1) for c in (0, 2)], 1)
+    e = np.exp(-d / np.median(d))
+    expected = np.zeros((4, 3))
+    expected[:, [0, 2]] = e / e.sum(1, keepdims=True)
+    got = make_predictor("prototype", 3).predict_proba(ex, y, q)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["no/such/dir", ".model", "model"])
+def test_every_spelling_of_a_model_directory_is_refused_on_token_ids(name, tmp_path, monkeypatch):
+    """A sentence-embedding model is named by a path (a slash, a leading dot, or an existing directory): on token
+    ids each is refused with the knn/prototype advice; any other name is an unknown predictor. Planted: each of the
+    three path tests dropped, or the slash test inverted."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    with pytest.raises(InputError, match="use --predictor knn or prototype"):
+        make_predictor(name, 2, tokens=True)
+    with pytest.raises(InputError, match="unknown predictor 'bogus'"):
+        make_predictor("bogus", 2, tokens=True)
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+@pytest.mark.parametrize("name", ["knn", "prototype"])
+def test_a_query_equal_to_the_only_exemplar_gets_its_class_with_probability_one(name, tokens):
+    """One exemplar equal to the query: every distance is 0, so the median tau is 0 and its floor keeps -d / tau
+    finite; the only present class gets probability 1. Planted: tau without its floor (0 / 0 = NaN)."""
+    x = np.array([[1, 2, 2, 3]])
+    proba = make_predictor(name, 2, tokens=tokens).predict_proba(x, np.array([1]), x)
+    np.testing.assert_array_equal(proba, [[0.0, 1.0]])
