@@ -713,14 +713,55 @@ def _reversed(r: torch.Tensor) -> torch.Tensor:
 # Modules whose training flag switches only their random draws (dropout) on or off.
 _RANDOM_IN_TRAINING = (nn.modules.dropout._DropoutNd, nn.MultiheadAttention, nn.RNNBase)
 
+# The functional dropouts (nn.Dropout* call them), each the identity in eval mode (PyTorch docs, torch.nn.Dropout:
+# "during evaluation the module simply computes an identity function"), and attention's dropout_p.
+_DROPOUTS = frozenset(
+    {
+        torch.nn.functional.dropout,
+        torch.nn.functional.dropout1d,
+        torch.nn.functional.dropout2d,
+        torch.nn.functional.dropout3d,
+        torch.nn.functional.alpha_dropout,
+        torch.nn.functional.feature_alpha_dropout,
+        torch.dropout,
+        torch.alpha_dropout,
+        torch.feature_dropout,
+        torch.feature_alpha_dropout,
+    }
+)
+
+
+class _NoDropout(torch.overrides.TorchFunctionMode):
+    """Every functional dropout the identity (as in eval mode) and ``scaled_dot_product_attention``'s dropout_p 0,
+    while the model stays in training mode: what :func:`_moves_with_row` compares a record's rows under.
+
+    Why not the whole model in eval mode (as before): a row dependence under ``if self.training`` (``h * x.shape[0]``,
+    ``h + torch.arange(x.size(0))``) next to ``F.dropout(h, p, training=self.training)`` then went unseen, and a
+    ``training=True`` written out kept drawing, so the model was not tested; both trained under DP-SGD with their
+    claimed ε. Why not the same random state per row: dropout draws one mask for the whole batch's shape, so a
+    record alone or one row down gets another record's mask whatever the state. With the dropouts the identity,
+    every other operation runs as in training and the forward is deterministic; a dropout's own mask is drawn
+    independently of the data, so it is no row dependence of the records."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _DROPOUTS:
+            return args[0] if args else kwargs["input"]
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            if len(args) > 4:
+                args = (*args[:4], 0.0, *args[5:])
+            kwargs = {**kwargs, "dropout_p": 0.0} if "dropout_p" in kwargs else kwargs
+        return func(*args, **kwargs)
+
 
 def _moves_with_row(model: nn.Module, base: torch.Tensor, run, drew: list[bool]) -> bool:
     """Whether a record's logits change when it is evaluated alone or one row further down the batch (``base``
     rolled by one): the part of :func:`check_per_record_in_training` that keeps the records and moves their rows.
     ``run(batch, 0)`` is its forward from a fixed random state; ``drew``, whether the forwards so far drew random
     numbers. A forward that draws them (dropout) cannot be compared across rows (a row's mask goes to another
-    record), so the modules whose training flag switches only dropout go to eval mode first, and the whole model
-    if it still draws; a forward still random then is not tested.
+    record), so the modules whose training flag only switches dropout go to eval mode and every functional dropout
+    becomes the identity (:class:`_NoDropout`), the rest still in training mode; the whole model goes to eval mode
+    only if it still draws (random numbers of its own), and a forward still random then is not tested.
 
     Tolerance: rounding of one function evaluated at other batch sizes (other kernel blockings), √eps·(1 + max|logit|)
     in the logits' dtype (eps 2^-10 for float32 under TF32 on a GPU), as the JAX backend's
@@ -730,6 +771,12 @@ def _moves_with_row(model: nn.Module, base: torch.Tensor, run, drew: list[bool])
         for m in model.modules():
             if isinstance(m, _RANDOM_IN_TRAINING):
                 m.eval()
+        random_run = run
+
+        def run(batch: torch.Tensor, state: int) -> torch.Tensor | None:
+            with _NoDropout():
+                return random_run(batch, state)
+
         del drew[:]
         same = run(base, 0)
         if any(drew):

@@ -219,14 +219,17 @@ class _RowDependent(nn.Module):
     """A record's logits depend on its row in the batch (``kind`` "row": ``+ pos(arange(B))``, a seq-first
     positional embedding on batch-first input; "squeeze": the same with a ``.squeeze()`` that keeps a batch of
     one from being compared alone; "training-row": the same in training mode only, so the check must keep the
-    model in training mode while it makes the dropout deterministic) or on the batch size ("size": ``h * B``);
-    ``dropout``: "module"
-    (nn.Dropout: only it goes to eval mode) or "functional" (F.dropout: the whole model does); "frozen": a
-    Dropout left in eval mode by the user, whose mode the check must leave as it was."""
+    model in training mode while it makes the dropout deterministic) or on the batch size ("size": ``h * B``;
+    "training-size": in training mode only; "none": neither, the correct model). ``dropout``: "module"
+    (nn.Dropout: it goes to eval mode), "functional" (``F.dropout(h, p, self.training)``), "always"
+    (``F.dropout(h, p, True)``, random in eval mode too), "sdpa" / "sdpa-positional" (the dropout_p of
+    ``F.scaled_dot_product_attention`` by keyword / by position, in training mode): the functional ones become
+    the identity, the model staying in training mode; "frozen": a Dropout left in eval mode by the user, whose
+    mode the check must leave as it was."""
 
     def __init__(self, kind: str = "row", dropout: str = "") -> None:
         super().__init__()
-        self.kind, self.functional = kind, dropout == "functional"
+        self.kind, self.dropout = kind, dropout
         self.lin, self.pos, self.head = nn.Linear(4, 6), nn.Embedding(16, 6), nn.Linear(6, 2)
         self.drop = nn.Dropout(0.5 if dropout else 0.0)
         if dropout == "frozen":
@@ -235,11 +238,18 @@ class _RowDependent(nn.Module):
     def forward(self, x):
         h = self.lin(x)
         B = x.shape[0]
-        if self.kind == "size":
-            h = h * B
-        elif self.kind != "training-row" or self.training:
+        if self.kind in ("size", "training-size"):
+            h = h * B if self.kind == "size" or self.training else h
+        elif self.kind in ("row", "squeeze") or (self.kind == "training-row" and self.training):
             h = h + self.pos(torch.arange(B))
-        h = nn.functional.dropout(h, 0.5, self.training) if self.functional else self.drop(h)
+        if self.dropout in ("functional", "always"):
+            h = nn.functional.dropout(h, 0.5, self.training or self.dropout == "always")
+        elif self.dropout.startswith("sdpa"):
+            p, v = 0.5 if self.training else 0.0, h.unsqueeze(1)
+            sdpa = nn.functional.scaled_dot_product_attention
+            h = (sdpa(v, v, v, None, p) if self.dropout == "sdpa-positional" else sdpa(v, v, v, dropout_p=p)).squeeze(1)
+        else:
+            h = self.drop(h)
         out = self.head(h.tanh())
         return out.squeeze() if self.kind == "squeeze" else out
 
@@ -254,14 +264,20 @@ class _RowDependent(nn.Module):
         ("row", "functional"),
         ("row", "frozen"),
         ("training-row", "module"),
+        ("training-row", "functional"),
+        ("training-size", "functional"),
+        ("size", "always"),
+        ("training-size", "sdpa"),
+        ("training-size", "sdpa-positional"),
     ],
 )
 def test_the_training_mode_check_refuses_logits_that_depend_on_the_row_or_the_batch_size(kind, dropout):
     """Replacing records keeps every record's row and the batch size, so a positional embedding of
     ``arange(x.size(0))`` passed; now the records one row down ("squeeze": that alone) and each alone ("size":
-    that alone) are compared too, with dropout made deterministic (its modules, or the whole model, to eval
-    mode; "training-row": only the Dropout modules, so the training-mode rows are still compared). The random state
-    and every module's mode are left as they were; the correct model passes."""
+    that alone) are compared too, with dropout made deterministic (Dropout modules to eval mode, functional dropout
+    the identity) and the rest in training mode ("training-row", "training-size": seen only there; before, F.dropout
+    put the whole model in eval mode and "always" left it untested, so those trained under DP-SGD). The random
+    state and every module's mode are left as they were; the correct model passes."""
     from dpaudit.models import check_per_record_in_training
 
     torch.manual_seed(0)
@@ -275,6 +291,7 @@ def test_the_training_mode_check_refuses_logits_that_depend_on_the_row_or_the_ba
     for rows in (1, 4):  # missing records are shifted or reversed copies of the first
         with pytest.raises(InputError, match="depends on its row in the batch"):
             check_per_record_in_training(_RowDependent(kind, dropout), x[:rows])
+    check_per_record_in_training(_RowDependent("none", dropout), x)  # the same dropout, no row dependence
 
 
 def _encoder(dropout: float) -> nn.Module:
