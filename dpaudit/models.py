@@ -754,6 +754,22 @@ class _NoDropout(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def rounding_tolerance(eps: float, reference: Any) -> float:
+    """√eps·(1 + max|reference|): how far two evaluations of one function (logits) may differ by rounding alone,
+    ``eps`` the machine epsilon they are computed in, ``reference`` one of them (a torch tensor or numpy array).
+
+    Why: a dot product of width n in floating point is off by at most γ_n·Σ|a_k b_k|, γ_n = n·u/(1 − n·u), u = eps/2
+    (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed. 2002, eq. (3.4) and Lemma 3.1); another
+    batch size, kernel blocking or backend reorders the sums, so the two results differ by ~eps·√width per layer in
+    practice (measured 2.3e-7·(1 + max) over 31 user models in float32: benchmarks/RESULTS.md, "the torch DP
+    trainers and a record's row in the batch"). √eps (3.5e-4 in float32, 1.5e-8 in float64) is far above that and
+    far below the O(1) change of a different function (a missing layer, a record's row or batch size in its
+    logits); relative to 1 + max so that logits near 0 keep an absolute floor. A NaN in ``reference`` gives NaN,
+    which no difference is within. Used by :func:`_moves_with_row` and the JAX backend's ``check_same_logits`` and
+    ``check_alone_as_in_batch``."""
+    return math.sqrt(eps) * (1 + float(abs(reference).max()))
+
+
 def _moves_with_row(model: nn.Module, base: torch.Tensor, run, drew: list[bool]) -> bool:
     """Whether a record's logits change when it is evaluated alone or one row further down the batch (``base``
     rolled by one): the part of :func:`check_per_record_in_training` that keeps the records and moves their rows.
@@ -793,7 +809,7 @@ def _moves_with_row(model: nn.Module, base: torch.Tensor, run, drew: list[bool])
     if same.dtype == torch.float32 and same.device.type == "cuda":
         if torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32:
             eps = 2.0**-10  # TF32: 10 mantissa bits (NVIDIA A100 whitepaper, "TF32")
-    tol = math.sqrt(eps) * (1 + float(same.abs().max()))
+    tol = rounding_tolerance(eps, same)
 
     def moves(out: torch.Tensor | None, ref: torch.Tensor) -> bool:  # NaN counts as a change
         return out is not None and (out.shape != ref.shape or not bool(((out - ref).abs() <= tol).all()))

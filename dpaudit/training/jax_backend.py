@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpaudit.errors import InputError
+from dpaudit.models import rounding_tolerance
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import Trainer, TrainOutcome, trainable_parameters
@@ -1000,7 +1001,7 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
         )
     expected = out.double().cpu().numpy()
     got = np.asarray(apply(params, xj), dtype=np.float64)
-    tol = math.sqrt(torch.finfo(dtype).eps) * (1 + np.abs(expected).max())
+    tol = rounding_tolerance(torch.finfo(dtype).eps, expected)
     if got.shape != expected.shape or not np.abs(got - expected).max() <= tol:
         diff = "of another shape" if got.shape != expected.shape else f"off by {np.abs(got - expected).max():.3g}"
         raise _unsupported(
@@ -1021,7 +1022,7 @@ def check_alone_as_in_batch(apply: Apply, params: Params, xj) -> None:
     out = apply(params, xj)
     together = np.asarray(out, dtype=np.float64)
     alone = np.concatenate([np.asarray(apply(params, xj[i : i + 1]), dtype=np.float64) for i in range(xj.shape[0])])
-    tol = math.sqrt(np.finfo(out.dtype).eps) * (1 + np.abs(together).max())
+    tol = rounding_tolerance(np.finfo(out.dtype).eps, together)
     if alone.shape != together.shape or not np.abs(alone - together).max() <= tol:
         raise InputError(
             "a record's logits differ between the record alone and the record in a batch (sizes from x.shape[0] or "

@@ -487,3 +487,21 @@ def test_every_per_example_clipping_trainer_refuses_the_batch_row_transformer(al
     with pytest.raises(InputError, match="depends on its row in the batch"):
         get_trainer(algo)(config).fit(model, x, y)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
+def test_the_rounding_tolerance_is_sqrt_eps_times_one_plus_the_largest_logit_for_torch_and_numpy():
+    """The one rule the row comparison and the JAX backend's two logit checks share: √eps·(1 + max|z|), from a torch
+    tensor or a numpy array alike (2^-26·(1 + 3) in float64); a NaN logit gives a NaN tolerance, which no difference
+    is within (a batch std of 0 counts as a change)."""
+    import math
+
+    import numpy as np
+
+    from dpaudit.models import rounding_tolerance
+
+    eps = torch.finfo(torch.float64).eps
+    assert rounding_tolerance(eps, torch.tensor([-3.0, 1.0], dtype=torch.float64)) == 2.0**-26 * 4
+    assert rounding_tolerance(eps, np.array([[0.5], [-3.0]])) == 2.0**-26 * 4
+    assert rounding_tolerance(torch.finfo(torch.float32).eps, torch.zeros(2)) == 2.0**-11.5
+    assert math.isnan(rounding_tolerance(eps, np.array([1.0, np.nan])))
+    assert math.isnan(rounding_tolerance(eps, torch.tensor([1.0, float("nan")])))
