@@ -12,7 +12,8 @@ clipping skipped), and a jitted optax chain (planted σC/√2, `multi_transform`
 the verdict of `dpaudit audit canaries` (with `--noise-multiplier 1`), the noise check's std ratios per group, or
 the one-line refusal. A correct loop reads "violation" with probability at most 0.05 (the audit's α); the rows
 here use fixed seeds. About 2 minutes on one CPU core. ``--only autocast`` measures instead how far Opacus' clipping
-under ``torch.autocast`` lets a record exceed the clip (:func:`autocast_overshoot`), why the adapter refuses it.
+under ``torch.autocast`` lets a record exceed the clip (:func:`autocast_overshoot`; ghost clipping:
+:func:`ghost_autocast_overshoot`), why the adapter refuses it.
 """
 
 from __future__ import annotations
@@ -299,6 +300,33 @@ def autocast_overshoot(seed: int, dtype: str) -> float:
     return float((factor * exact).max() / opt.max_grad_norm)
 
 
+def ghost_autocast_overshoot(seed: int) -> float:
+    """Opacus' ghost clipping (``grad_sample_mode="ghost"``) under ``torch.autocast(bfloat16)``: the largest clipped
+    gradient of 40 records, each its own batch (so ``p.grad`` after Opacus' two backward passes is that record's
+    clipped gradient, as summed), over C, its norm in float64; the MLP, inputs and C of :func:`autocast_overshoot`."""
+    import torch
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    X = 5 * torch.randn(N, 10)
+    Y = (X[:, 0] > 0).long()
+    model, opt, criterion, _ = PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=SIGMA, max_grad_norm=0.1,
+        data_loader=DataLoader(TensorDataset(X, Y), batch_size=100), poisson_sampling=True,
+        criterion=torch.nn.CrossEntropyLoss(), grad_sample_mode="ghost",
+    )  # fmt: skip
+    worst = 0.0
+    for i in range(40):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(X[i : i + 1])
+        criterion(out, Y[i : i + 1]).backward()
+        worst = max(worst, float(torch.sqrt(sum(p.grad.double().square().sum() for p in model.parameters()))))
+    return worst / 0.1
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("opacus", "func", "optax", "autocast"))
@@ -307,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only == "autocast":
         for dtype in ("bfloat16", "float16"):
             print(dtype, "largest clipped contribution / C:", [f"{autocast_overshoot(s, dtype):.4f}" for s in range(4)])
+        print("ghost bfloat16 largest clipped record / C:", [f"{ghost_autocast_overshoot(s):.4f}" for s in range(4)])
         return
     print("| setup | steps | verdict | noise std / σC (groups) |")
     print("|---|---|---|---|")

@@ -157,9 +157,79 @@ def test_per_example_gradients_clipped_in_bfloat16_under_autocast_are_refused():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(xb)
     torch.nn.functional.cross_entropy(out.float(), yb).backward()
-    with pytest.raises(InputError, match=r"^step 0: Opacus computed the per-example gradients in bfloat16") as e:
+    with pytest.raises(
+        InputError, match=r"^step 0: Opacus computed the per-example gradients or their norms in bfloat16"
+    ) as e:
         opt.step()
     assert "no autocast" in str(e.value) and "\n" not in str(e.value)
     assert canaries.steps_ == 0 and canaries._pending is None
     _steps(model, opt, loader, 1)  # float32 per-example gradients: carried
     assert canaries.steps_ == 1
+
+
+def _ghost_step(model, opt, criterion, xb, yb, autocast: bool) -> None:
+    import torch
+
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = model(xb)
+    criterion(out, yb).backward()  # Opacus' two backward passes: the norms, then the clipped sum
+    opt.step()
+
+
+def test_ghost_clipping_under_autocast_is_refused_and_in_float32_carries_canaries_of_exactly_c():
+    """Opacus' ghost clipping (``grad_sample_mode="ghost"``) keeps no ``grad_sample``; under autocast its per-example
+    norms (each parameter's ``_norm_sample``) are bfloat16 and a record's clipped gradient reached 1.0101·C
+    (benchmarks/hook_loops.py --only autocast), yet the step was carried and recorded. Now refused in one line as the
+    per-sample path is; in float32 each canary adds exactly C to ``summed_grad`` (its one coordinate) and a
+    record's clipped gradient is at most C."""
+    pytest.importorskip("opacus")
+    import torch
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def ghost():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        data = TensorDataset(5 * torch.randn(40, 6), torch.randint(0, 2, (40,)))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Secure RNG turned off.*")
+            return PrivacyEngine().make_private(
+                module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+                data_loader=DataLoader(data, batch_size=10), max_grad_norm=0.1, poisson_sampling=True,
+                criterion=torch.nn.CrossEntropyLoss(), grad_sample_mode="ghost",
+            )  # fmt: skip
+
+    model, opt, criterion, loader = ghost()
+    canaries = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, count=6,
+                                sample_rate=loader.sample_rate, clip=None, seed=0)  # fmt: skip
+    canaries.attach(opt, module=model)
+    xb, yb = next(iter(loader))
+    with pytest.raises(
+        InputError, match=r"^step 0: Opacus computed the per-example gradients or their norms in bf"
+    ) as e:
+        _ghost_step(model, opt, criterion, xb, yb, autocast=True)
+    assert "no autocast" in str(e.value) and "\n" not in str(e.value)
+    assert canaries.steps_ == 0 and canaries._pending is None
+
+    model, opt, criterion, loader = ghost()
+    canaries = GradientCanaries({n: p.shape for n, p in model.named_parameters()}, count=6,
+                                sample_rate=1.0, clip=None, seed=0)  # fmt: skip
+    canaries.attach(opt, module=model)
+    added = []
+    inject = canaries.inject
+
+    def recording(step, grads):
+        out = inject(step, grads)
+        added.append(torch.cat([(out[n] - grads[n]).double().flatten() for n in grads]))
+        return out
+
+    canaries.inject = recording
+    for _ in range(3):
+        _ghost_step(model, opt, criterion, xb, yb, autocast=False)
+    assert canaries.steps_ == 3
+    included = int(canaries.included_.sum())
+    for d in added:  # every included canary (q = 1): C at its coordinate, up to float32 rounding of the sum
+        nz = d[d.abs() > 1e-3]
+        assert included >= 1 and float(nz.sum()) == pytest.approx(included * 0.1, rel=1e-5)
+        assert all(float(v / 0.1) == pytest.approx(round(float(v / 0.1)), abs=1e-5) for v in nz)
