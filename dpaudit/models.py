@@ -779,10 +779,10 @@ def _moves_with_row(model: nn.Module, base: torch.Tensor, run, drew: list[bool])
     becomes the identity (:class:`_NoDropout`), the rest still in training mode; the whole model goes to eval mode
     only if it still draws (random numbers of its own), and a forward still random then is not tested.
 
-    Tolerance: rounding of one function evaluated at other batch sizes (other kernel blockings), √eps·(1 + max|logit|)
-    in the logits' dtype (eps 2^-10 for float32 under TF32 on a GPU), as the JAX backend's
-    :func:`~dpaudit.training.jax_backend.check_alone_as_in_batch`: summation-order error is ~eps·√width per layer,
-    far below √eps (3.5e-4 in float32), while a positional embedding of the row moves logits by O(1)."""
+    Tolerance: rounding of one function evaluated at other batch sizes (other kernel blockings),
+    :func:`rounding_tolerance` in the logits' dtype (eps 2^-10 for float32 under TF32 on a GPU), as the JAX
+    backend's :func:`~dpaudit.training.jax_backend.check_alone_as_in_batch`: summation-order error is ~eps·√width
+    per layer, far below √eps (3.5e-4 in float32), while a positional embedding of the row moves logits by O(1)."""
     if any(drew):
         for m in model.modules():
             if isinstance(m, _RANDOM_IN_TRAINING):
