@@ -47,12 +47,12 @@ def grid(extra: np.ndarray) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
     return pairs
 
 
-def eps_criterion(alpha_of_m: Callable[[int], float], delta: float, extra_errors: int = 0):
+def eps_criterion(alpha_of_m: Callable[[int], float], delta: float, extra_errors=lambda errors: 0):
     """The shipped (ε, δ) criterion at a reference (alpha_of_m(m_sel), delta), optionally scoring each pair
-    as if it had made ``extra_errors`` more errors (a pessimistic transfer to the other half)."""
+    as if it had made ``extra_errors(errors)`` more errors (a pessimistic transfer to the other half)."""
 
     def criterion(m_a, kp, km, correct):
-        c = np.maximum(correct - extra_errors, 0)
+        c = np.maximum(correct - extra_errors(kp + km - correct), 0)
         return o.best_bound_over_pairs(m_a, kp + km, c, delta, alpha_of_m(m_a), tol=o._SELECTION_TOL,
                                        max_evaluations=o._SELECTION_EVALUATIONS)[1]  # fmt: skip
 
@@ -105,11 +105,16 @@ CANDIDATES = {  # name: (grid, criterion); "fdp-" ones are evaluated with the f-
     "m-prop": (SHIPPED, eps_criterion(lambda m: max(SELECTION_ALPHA, 0.5 * m * SELECTION_DELTA), SELECTION_DELTA)),
     "m-add": (SHIPPED, eps_criterion(lambda m: SELECTION_ALPHA + 0.4 * m * SELECTION_DELTA, SELECTION_DELTA)),
     "pure": (SHIPPED, eps_criterion(lambda m: SELECTION_ALPHA, 0.0)),
-    "plus-one-error": (SHIPPED, eps_criterion(lambda m: SELECTION_ALPHA, SELECTION_DELTA, extra_errors=1)),
+    "plus-one-error": (SHIPPED, eps_criterion(lambda m: SELECTION_ALPHA, SELECTION_DELTA, lambda e: 1)),
     "gdp-for-eps": (SHIPPED, gdp_criterion(SELECTION_ALPHA)),
     "maximin": (SHIPPED, maximin_criterion([(SELECTION_ALPHA, SELECTION_DELTA), (0.0025, SELECTION_DELTA)])),
     "g16": (G16, eps_criterion(lambda m: SELECTION_ALPHA, SELECTION_DELTA)),
     "g16-a0.0025": (G16, eps_criterion(lambda m: 0.0025, SELECTION_DELTA)),
+    "g16-plus-sqrt-errors": (
+        G16,
+        eps_criterion(lambda m: SELECTION_ALPHA, SELECTION_DELTA, lambda e: np.ceil(np.sqrt(e + 1)).astype(np.int64)),
+    ),
+    "g32": (grid(np.arange(1, 17) / 32), eps_criterion(lambda m: SELECTION_ALPHA, SELECTION_DELTA)),
     "g16sym": (g16_symmetric, eps_criterion(lambda m: SELECTION_ALPHA, SELECTION_DELTA)),
     "g16sym-a0.001": (g16_symmetric, eps_criterion(lambda m: 0.001, SELECTION_DELTA)),
     "g16-maximin": (G16, maximin_criterion([(SELECTION_ALPHA, SELECTION_DELTA), (0.0125, SELECTION_DELTA)])),
