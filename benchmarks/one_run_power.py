@@ -23,10 +23,15 @@ from dpaudit.audit import one_run as o
 DELTA, ALPHA = 1e-5, 0.0125
 
 
-def one(m: int, mu: float, seed: int) -> tuple[float, float, int]:
+def canaries(m: int, mu: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scores N(0, 1) + mu * member of m canaries, member = fair coins, from seed 1000 + seed."""
     r = np.random.default_rng(1000 + seed)
     member = r.random(m) < 0.5
-    scores = r.normal(0.0, 1.0, m) + mu * member
+    return r.normal(0.0, 1.0, m) + mu * member, member
+
+
+def one(m: int, mu: float, seed: int) -> tuple[float, float, int]:
+    scores, member = canaries(m, mu, seed)
     out = o.audit(scores, member, delta=DELTA, alpha=ALPHA, selection="holdout", rng=np.random.default_rng(seed))
     # The oracle: the same design's evaluation half, the best grid test chosen on it (invalid, a ceiling).
     tiebreak, sel = o.draw_design(m, "holdout", np.random.default_rng(seed))
