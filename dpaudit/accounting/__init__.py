@@ -36,8 +36,8 @@ from dpaudit.accounting.pld import PldAccountant
 from dpaudit.accounting.rdp import RdpAccountant
 from dpaudit.accounting.registry import ACCOUNTANTS, make_accountant
 from dpaudit.accounting.zcdp import ZcdpAccountant, zcdp_epsilon, zcdp_epsilon_simple
-from dpaudit.errors import BudgetError, UnsupportedEventError
-from dpaudit.events import Event, Gaussian, JLGaussian, PoissonSampled, SelfComposed
+from dpaudit.errors import BudgetError, InputError, UnsupportedEventError
+from dpaudit.events import Composed, Event, Gaussian, JLGaussian, PoissonSampled, SelfComposed
 from dpaudit.validation import check_in_interval, check_non_negative, check_positive_int
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "calibrate_steps",
     "compare_accountants",
     "dpsgd_event",
+    "dpsgd_schedule_event",
     "epsilon_delta_tradeoff",
     "epsilon_for",
     "epsilon_with_label",
@@ -89,6 +90,33 @@ def dpsgd_event(*, noise_multiplier: float, sample_rate: float, steps: int, jl_p
         else JLGaussian(noise_multiplier, check_positive_int(jl_projections=jl_projections))
     )
     return SelfComposed(PoissonSampled(sample_rate, inner), steps)
+
+
+def dpsgd_schedule_event(phases) -> Event:
+    """DP-SGD whose noise multiplier or sample rate changed during training: ``phases`` is a sequence of
+    (noise_multiplier, sample_rate, steps), one per phase, each as :func:`dpsgd_event` takes them.
+
+    The phases run on the same data, so the run is their adaptive composition (Composed); composition
+    commutes (RDP: Mironov 2017, "Rényi differential privacy", Prop. 1, adds the RDP curves; PLD: Koskela,
+    Jälkö & Honkela 2020, "Computing tight differential privacy guarantees using FFT", Sec. 3, convolves the
+    privacy-loss distributions; GDP: Dong, Roth & Su 2022, JRSS-B, Cor. 3.3, adds the μ²), so phases with
+    the same (σ, q) are one SelfComposed of their summed steps, and the distinct ones are taken in a fixed
+    order (σ, then q): ε does not depend on how the phases were listed, bit for bit, and a schedule of
+    identical phases is exactly :func:`dpsgd_event` of their total steps. No DP-SGD-JL phases: the PLD's
+    per-query JL loss cap was not checked against an oracle for a ledger of several JL mechanisms.
+    """
+    merged: dict[tuple[float, float], int] = {}
+    for k, phase in enumerate(phases):
+        if len(phase) != 3:
+            raise InputError(f"phase {k + 1}: expected (noise_multiplier, sample_rate, steps), got {len(phase)} values")
+        sigma, q, steps = phase
+        event = dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=steps)
+        key = (float(sigma), float(q))
+        merged[key] = merged.get(key, 0) + event.count
+    if not merged:
+        raise InputError("expected at least one phase")
+    events = [dpsgd_event(noise_multiplier=s, sample_rate=q, steps=t) for (s, q), t in sorted(merged.items())]
+    return events[0] if len(events) == 1 else Composed(tuple(events))
 
 
 def epsilon_for(event: Event, delta: float, accountant: str = "rdp", *, neighbouring: str = "add_remove") -> float:

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import math
+import re
 import warnings
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dpaudit import numfmt
 from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, warn
-from dpaudit.errors import InputError
+from dpaudit.errors import FileContentError, InputError
 from dpaudit.validation import (
     MAX_CLAIM_DELTA,
+    MAX_JSON_BYTES,
     check_claim_delta,
     check_in_interval,
+    check_json_type,
+    check_noise_multiplier,
     check_non_negative,
     check_positive,
     check_positive_int,
+    read_json,
 )
 
 account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration.")
@@ -58,6 +66,77 @@ def _resolve_schedule(
     return q, check_positive_int(steps=steps)
 
 
+SCHEDULE_COLUMNS = ("noise_multiplier", "sample_rate", "steps")
+
+
+def _phase(where: str, sigma, q, steps) -> tuple[float, float, int]:
+    """One phase, checked by the rules of the single-phase options (σ must be > 0 here: a phase without noise
+    makes the whole run ε = ∞, which a schedule file states by mistake, never on purpose)."""
+    try:
+        if isinstance(steps, str):  # a CSV cell: an integer literal is read as one, anything else refused as given
+            steps = int(steps) if re.fullmatch(r"[+-]?[0-9]{1,20}", steps.strip()) else steps.strip()
+        sigma = check_positive(finite=True, noise_multiplier=sigma)
+        sigma = check_noise_multiplier(noise_multiplier=sigma)
+        q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=q)
+        return sigma, q, check_positive_int(steps=steps)
+    except InputError as e:
+        raise FileContentError(f"{where}: {e}") from None
+
+
+def _read_schedule(path: Path) -> list[tuple[float, float, int]]:
+    """The phases of a ``--schedule`` file: ``*.json``, a list of {noise_multiplier, sample_rate, steps}
+    objects; anything else, a CSV whose header names those three columns. Every problem is one FileContentError
+    (its names are the file's columns, printed as they are, not rewritten as options)."""
+    if path.suffix.lower() == ".json":
+        rows = check_json_type(read_json(path, error=FileContentError), list, str(path), error=FileContentError)
+        phases = []
+        for k, row in enumerate(rows, 1):
+            where = f"{path}: phase {k}"
+            check_json_type(row, dict, where, error=FileContentError)
+            missing = [c for c in SCHEDULE_COLUMNS if c not in row]
+            extra = sorted(set(row) - set(SCHEDULE_COLUMNS))
+            if missing or extra:
+                what = f"missing {', '.join(missing)}" if missing else f"unknown key {extra[0][:40]!r}"
+                raise FileContentError(f"{where}: {what} (expected keys {', '.join(SCHEDULE_COLUMNS)})")
+            sigma, q, steps = (
+                check_json_type(row[c], t, f"{where}: {c}", error=FileContentError)
+                for c, t in zip(SCHEDULE_COLUMNS, (float, float, int), strict=True)
+            )
+            phases.append(_phase(where, sigma, q, steps))
+    else:
+        if not path.is_file():
+            raise FileContentError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+        try:
+            if path.stat().st_size > MAX_JSON_BYTES:
+                raise FileContentError(f"{path}: larger than {MAX_JSON_BYTES // 2**20} MiB")
+            text = path.read_bytes().decode("utf-8-sig")
+        except OSError as e:
+            raise FileContentError(f"{path}: cannot read ({e.strerror})") from None
+        except UnicodeDecodeError:
+            raise FileContentError(f"{path}: not UTF-8 text") from None
+        reader = csv.reader(io.StringIO(text))
+        lines = [row for row in reader if any(cell.strip() for cell in row)]
+        if not lines:
+            expected = f"a header {','.join(SCHEDULE_COLUMNS)} and one row per phase"
+            raise FileContentError(f"{path}: empty (expected {expected})")
+        header = [c.strip() for c in lines[0]]
+        missing = [c for c in SCHEDULE_COLUMNS if c not in header]
+        extra = [c for c in header if c not in SCHEDULE_COLUMNS]
+        if missing or extra or len(header) != len(SCHEDULE_COLUMNS):
+            what = f"missing column {missing[0]}" if missing else f"unexpected column {(extra or header)[0][:40]!r}"
+            raise FileContentError(f"{path}: {what} (expected the header {','.join(SCHEDULE_COLUMNS)})")
+        phases = []
+        for k, row in enumerate(lines[1:], 1):
+            where = f"{path}: phase {k}"
+            if len(row) != len(header):
+                raise FileContentError(f"{where}: expected {len(header)} values, got {len(row)}")
+            cells = dict(zip(header, (c.strip() for c in row), strict=True))
+            phases.append(_phase(where, cells["noise_multiplier"], cells["sample_rate"], cells["steps"]))
+    if not phases:
+        raise FileContentError(f"{path}: no phases (expected one row or object per phase)")
+    return phases
+
+
 def _warn_large_delta(delta: float, dataset_size: int | None) -> None:
     """A warning when δ >= 1/N (N known from --dataset-size): at such a δ a mechanism that publishes one
     random record outright is (0, δ)-DP, so the claim protects little (Dwork & Roth 2014, "The Algorithmic
@@ -82,8 +161,10 @@ def _forwarding_warnings(compute):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = compute()
+    shown: set[str] = set()  # one line per message: a schedule's phases each warn the same (the GDP CLT)
     for w in caught:
-        if issubclass(w.category, UserWarning):
+        if issubclass(w.category, UserWarning) and str(w.message) not in shown:
+            shown.add(str(w.message))
             warn(str(w.message))
     return out
 
@@ -105,8 +186,10 @@ BatchSize = Annotated[int | None, typer.Option("--batch-size", help="Expected ba
 
 @account_app.command("dpsgd")
 def dpsgd(
-    noise_multiplier: Annotated[float, typer.Option("--noise-multiplier", help="Noise std / clipping norm.")],
     delta: Delta,
+    noise_multiplier: Annotated[
+        float | None, typer.Option("--noise-multiplier", help="Noise std / clipping norm.")
+    ] = None,
     sample_rate: SampleRate = None,
     steps: Steps = None,
     accountant: Annotated[str, typer.Option("--accountant", help=ACCOUNTANT_HELP)] = "rdp",
@@ -114,15 +197,36 @@ def dpsgd(
     epochs: Epochs = None,
     dataset_size: DatasetSize = None,
     batch_size: BatchSize = None,
+    schedule: Annotated[
+        Path | None,
+        typer.Option(
+            "--schedule",
+            metavar="FILE",
+            help="Phases whose noise multiplier or sample rate differ (a noise or batch-size schedule, multi-phase "
+            "training): FILE.csv with the header noise_multiplier,sample_rate,steps, or FILE.json, a list of "
+            "{noise_multiplier, sample_rate, steps}; instead of --noise-multiplier/--sample-rate/--steps/--epochs.",
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Epsilon of DP-SGD with Poisson sampling (add/remove neighbours) at the given delta."""
-    from dpaudit.accounting import compare_accountants, dpsgd_event, epsilon_with_label
+    from dpaudit.accounting import dpsgd_event, epsilon_with_label
 
     _check_common(noise_multiplier, delta, jl_projections)
     valid = ("rdp", "pld", "gdp", "all")
     if accountant not in valid:
         raise InputError(f"unknown accountant {accountant!r}; valid: {', '.join(valid)}")
+    if schedule is not None:
+        given = (noise_multiplier, sample_rate, steps, epochs, dataset_size, batch_size)
+        if any(v is not None for v in given):
+            raise InputError(
+                "give either --schedule FILE, or --noise-multiplier with --sample-rate and --steps (or --epochs, "
+                "--dataset-size and --batch-size)"
+            )
+        _dpsgd_schedule(_read_schedule(schedule), delta, accountant, jl_projections, json_output)
+        return
+    if noise_multiplier is None:
+        raise InputError("give --noise-multiplier (or --schedule FILE)")
     q, t = _resolve_schedule(sample_rate, steps, epochs, dataset_size, batch_size)
     _warn_large_delta(delta, dataset_size)
     # σ and q are the mechanism's parameters, printed as given (dpaudit.numfmt.exact), as δ is: ε is
@@ -150,28 +254,66 @@ def dpsgd(
             json_flag=json_output,
         )
         return
+    head = (
+        f"delta = {numfmt.exact(delta)}, noise_multiplier = {numfmt.exact(noise_multiplier)}, "
+        f"sample_rate = {numfmt.exact(q)}, steps = {t}"
+    )
+    _emit_all_accountants(event, delta, data, [head], json_output)
+
+
+def _emit_all_accountants(event, delta: float, data: dict, head: list[str], json_output: bool) -> None:
+    """``--accountant all``: every accountant's ε (or why not) after ``head``, and the best formal one."""
+    from dpaudit.accounting import compare_accountants
+
     compared, best = _forwarding_warnings(lambda: compare_accountants(event, delta))
     results: dict[str, dict] = {}
+    lines = list(head)
     for name, r in compared.items():
         results[name] = {"epsilon": r.epsilon}
         if r.unsupported is not None:
             results[name]["error"] = r.unsupported
         if r.approximate:
             results[name]["approximate"] = True
-    data = {"epsilon": best, **data, **results}
-    head = (
-        f"delta = {numfmt.exact(delta)}, noise_multiplier = {numfmt.exact(noise_multiplier)}, "
-        f"sample_rate = {numfmt.exact(q)}, steps = {t}"
-    )
-    lines = [head]
-    for name, r in compared.items():
         value = numfmt.upper(r.epsilon, missing="not computed")
         note = "  (approximate: CLT, can under-report)" if r.approximate else ""
         if r.unsupported is not None:
             note = f"  ({r.unsupported})"
         lines.append(f"  {name:4s} epsilon = {value}{note}")
     lines.append(f"  best formal epsilon = {numfmt.upper(best)}")
-    emit(data, "\n".join(lines), json_flag=json_output)
+    emit({"epsilon": best, **data, **results}, "\n".join(lines), json_flag=json_output)
+
+
+def _dpsgd_schedule(
+    phases: list[tuple[float, float, int]], delta: float, accountant: str, jl_projections: int | None, json_output: bool
+) -> None:
+    """``account dpsgd --schedule``: ε of the composition of the phases (dpaudit.accounting.dpsgd_schedule_event)."""
+    from dpaudit.accounting import dpsgd_schedule_event, epsilon_with_label
+
+    if jl_projections is not None:
+        raise InputError("--jl-projections is not supported with --schedule (give one phase's options instead)")
+    event = dpsgd_schedule_event(phases)
+    total = sum(t for _, _, t in phases)
+    data: dict = {
+        "accountant": accountant,
+        "delta": delta,
+        "phases": [{"noise_multiplier": s, "sample_rate": q, "steps": t} for s, q, t in phases],
+        "steps": total,
+    }
+    # σ and q printed as given (dpaudit.numfmt.exact), as for one phase: ε is computed for exactly them.
+    listing = [
+        f"  phase {k}: noise_multiplier = {numfmt.exact(s)}, sample_rate = {numfmt.exact(q)}, steps = {t}"
+        for k, (s, q, t) in enumerate(phases, 1)
+    ]
+    what = f"delta = {numfmt.exact(delta)}, {len(phases)} phase{'s' * (len(phases) != 1)}, {total} steps"
+    if accountant != "all":
+        r = _forwarding_warnings(lambda: epsilon_with_label(event, delta, accountant))
+        data = {"epsilon": r.epsilon, **data}
+        if r.approximate:
+            data["approximate"] = True
+        head = f"epsilon = {numfmt.upper(r.epsilon)}  ({_label(r)}; {what})"
+        emit(data, "\n".join([head, *listing]), json_flag=json_output)
+        return
+    _emit_all_accountants(event, delta, data, [what, *listing], json_output)
 
 
 @account_app.command("calibrate")

@@ -128,7 +128,7 @@ def test_readme_blocks_use_only_files_made_by_earlier_lines():
             assert "..." not in tokens, line
             for old in ("--checkpoint", "-c", "--train-delta") + (("--method", "-m") if "mia" in tokens else ()):
                 assert old not in tokens, f"deprecated {old}: {line}"
-            outputs = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in OUTPUT_OPTIONS}
+            outputs = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in (*OUTPUT_OPTIONS, ">")}  # > FILE too
             if "--scores-out" in tokens and "--attacks" in tokens:  # several attacks: FILE.ATTACK.csv each
                 scores = tokens[tokens.index("--scores-out") + 1]
                 stem, suffix = os.path.splitext(scores)
