@@ -481,7 +481,9 @@ def test_every_per_example_clipping_trainer_refuses_the_batch_row_transformer(al
     model = byo.batch_row_transformer(10, 7, 2)
     before = [p.detach().clone() for p in model.parameters()]
     x, y = torch.randint(0, 10, (16, 7)), torch.randint(0, 2, (16,))
-    jl = {"jl_projections": 2, "accountant": "pld"} if algo.endswith("-jl") else {}
+    # r = 64: the JL claim (computed before the first batch) takes ~2 s of CPU; at r = 2 (ε ~ 10^4, the loss cap
+    # widened again and again) ~6 s. No step is taken, so r changes nothing else here.
+    jl = {"jl_projections": 64, "accountant": "pld"} if algo.endswith("-jl") else {}
     dp = DPConfig(noise_multiplier=1.0, clip=1.0, **jl)
     config = TrainConfig(algo=algo, steps=2, batch_size=8, dp=dp)
     with pytest.raises(InputError, match="depends on its row in the batch"):
