@@ -293,6 +293,8 @@ def _activation(m: nn.Module) -> Callable | None:
         return partial(_leaky_relu, negative_slope=m.negative_slope)
     if type(m) is nn.Sigmoid:
         return jax.nn.sigmoid
+    if type(m) is nn.SiLU:
+        return jax.nn.silu  # x·σ(x) (Elfwing et al. 2018, arXiv:1702.03118, Eq. 4; Hendrycks & Gimpel's SiLU)
     if type(m) is nn.Identity or (type(m) is nn.Dropout and m.p == 0):  # Dropout(p=0) keeps every value unscaled
         return lambda x: x
     return None
@@ -304,7 +306,7 @@ _DROPOUT = "torch trains with dropout active, and the JAX backend draws no dropo
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
     "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, Identity, Dropout(p=0)"
+    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Identity, Dropout(p=0)"
 )
 
 
@@ -826,6 +828,26 @@ def _filled_like(value):
     return f
 
 
+def _clamp(x, min=None, max=None):
+    # torch.clamp: max(x, min), then min(·, max) (min > max gives max everywhere, as torch); the gradient 1 where
+    # min <= x <= max, 0 elsewhere (torch's clamp backward); jnp.clip would pass half of it at a tie
+    x = x if min is None else jnp.where(x < min, jnp.asarray(min).astype(x.dtype), x)
+    return x if max is None else jnp.where(x > max, jnp.asarray(max).astype(x.dtype), x)
+
+
+def _expand(x, *sizes):
+    # x.expand(*sizes): a view broadcasting size-1 axes (and new leading ones); -1 keeps an axis as it is
+    sizes = _dims(sizes)
+    new = len(sizes) - x.ndim
+    return jnp.broadcast_to(x, tuple(x.shape[i - new] if s == -1 else s for i, s in enumerate(sizes)))
+
+
+def _einsum(equation, *operands):
+    # torch.einsum(equation, a, b, ...) or (equation, [a, b, ...]), full float32 precision (see PRECISION)
+    operands = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
+    return jnp.einsum(equation, *operands, precision=PRECISION)
+
+
 def _to(x, *args, **kwargs):
     # x.to(dtype) / x.to(dtype=...); x.to(x.device) (None here, see _getattr) keeps x as it is
     dtype = kwargs.pop("dtype", None)
@@ -863,6 +885,9 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     F.linear: lambda x, weight, bias=None: _affine_map(x, weight, bias),
     F.layer_norm: _layer_norm, F.scaled_dot_product_attention: _sdpa,
     torch.sigmoid: jax.nn.sigmoid, torch.exp: jnp.exp, torch.where: _where3,
+    torch.clamp: _clamp, torch.stack: lambda tensors, dim=0: jnp.stack(tensors, axis=dim), torch.pow: operator.pow,
+    torch.sqrt: jnp.sqrt, torch.rsqrt: lax.rsqrt, torch.einsum: _einsum,
+    F.silu: lambda x, inplace=False: jax.nn.silu(x),
     torch.zeros: _filled(0), torch.ones: _filled(1), torch.full: _full,
     torch.triu: lambda x, diagonal=0: jnp.triu(x, diagonal), torch.tril: lambda x, diagonal=0: jnp.tril(x, diagonal),
     torch.zeros_like: _filled_like(0), torch.ones_like: _filled_like(1),
@@ -871,7 +896,7 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
 
 # the position of the inplace argument of the functions that have one: torch would overwrite the input, which
 # other nodes of the graph may read again (the JAX graph is pure)
-_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2}
+_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1}
 
 # tensor methods the graph may call (call_method), likewise
 _FX_METHODS: dict[str, Callable] = {
@@ -888,6 +913,10 @@ _FX_METHODS: dict[str, Callable] = {
     "sigmoid": jax.nn.sigmoid, "exp": jnp.exp,
     "new_zeros": _new_filled(0), "new_ones": _new_filled(1), "new_full": _new_filled(),
     "triu": lambda x, diagonal=0: jnp.triu(x, diagonal), "tril": lambda x, diagonal=0: jnp.tril(x, diagonal),
+    "clamp": _clamp, "clamp_min": lambda x, min: _clamp(x, min), "expand": _expand,
+    "repeat": lambda x, *sizes: jnp.tile(x, _dims(sizes)),  # torch's x.repeat is NumPy's tile
+    "pow": operator.pow, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt, "type_as": lambda x, other: x.astype(other.dtype),
+    "matmul": _matmul, "mul": operator.mul, "add": _FX_FUNCTIONS[torch.add],
 }  # fmt: skip
 
 # ops refused with their reason rather than "not supported". Random draws: torch draws fresh values at every
@@ -914,10 +943,12 @@ _REFUSED_OPS: dict[Any, str] = {
 
 FX_OPS = (
     "+ - * / ** @ ~ & | == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
-    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril (sizes may be x.size(i), x.shape[i]), "
-    "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
+    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/einsum "
+    "(sizes may be x.size(i), x.shape[i]), "
+    "F.relu/gelu/leaky_relu/silu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
-    "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril, "
+    "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/clamp_min/expand/repeat/"
+    "pow/sqrt/rsqrt/type_as/matmul/mul/add, "
     "nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim), "
     "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (no dropout; relu or gelu), nn.TransformerEncoder and "
     "nn.TransformerDecoder of them, nn.Transformer"

@@ -707,6 +707,34 @@ class _Decoder(nn.Module):
         return self.head(h.mean(1))
 
 
+class _Modern(nn.Module):
+    """Ops of a newer transformer classifier as users write it by hand (each refused before: "op x.expand ... is not
+    supported", x.repeat, x.clamp, x.clamp_min, torch.stack, torch.einsum, x.pow, torch.rsqrt, F.silu, x.type_as,
+    x.matmul, x.mul, x.add): a learned [CLS] vector expanded over the batch (and its copy by repeat), RMSNorm
+    (x·rsqrt(mean x² + ε)·g), einsum attention, a SiLU-gated MLP (nn.SiLU and F.silu), masked mean pooling whose
+    token count is clamped to ≥ 1, the [CLS] and pooled vectors stacked."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+        self.cls, self.g = nn.Parameter(0.5 * torch.randn(1, 1, 8)), nn.Parameter(1 + 0.1 * torch.randn(8))
+        self.qkv, self.gate, self.up, self.down = nn.Linear(8, 24), nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.act = nn.SiLU()
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        B = tok.size(0)
+        h = torch.cat([self.cls.expand(B, -1, -1), h, self.cls.repeat(B, 1, 1)], 1)  # (B, T + 2, 8)
+        n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g
+        q, k, v = self.qkv(n).chunk(3, -1)
+        a = torch.einsum("btd,bsd->bts", q, k).mul(8**-0.5).softmax(-1)
+        h = h.add(a.matmul(v))
+        h = h + self.down(self.act(self.gate(h)) * torch.nn.functional.silu(self.up(h)))
+        keep = (tok != 0).type_as(h).unsqueeze(-1)
+        pooled = (h[:, 1:-1] * keep).sum(1) / keep.sum(1).clamp(min=1.0) + (tok != 0).sum(1, keepdim=True).clamp_min(1)
+        return self.head(torch.stack([h[:, 0], pooled, torch.sqrt(h[:, -1].pow(2) + 1)], 1).mean(1))
+
+
 _DECODER_MODES = ("layer", "detect", "hint", "hint-pad", "memory-hint", "transformer")
 
 
@@ -774,11 +802,13 @@ TRACED = {
     "decoder-layer-seq-first-post-norm": (_Decoder, _tokens),
     "seq2seq-transformer": (lambda: byo.seq2seq_transformer(10, 3), lambda n=9: _long(*_tokens(n))),
     "transformer-batch-first-norm-first-masks": (lambda: _Decoder("transformer"), _tokens),
+    "modern-ops": (_Modern, _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
 _SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
 _SLOW |= {"encoder-layer-norm-first-gelu", "encoder-layer-post-norm-relu-causal"}  # ~25 s each
 _SLOW |= {"encoder-transformer", "encoder-stack-seq-first-norm-first-pad"}  # ~25-40 s each
+_SLOW |= {"modern-ops"}  # ~23 s
 _SLOW |= {
     "decoder-lm",
     "decoder-layer-seq-first-post-norm",
@@ -808,7 +838,7 @@ def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipp
     ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module",
      "mha-seq-first-masks", "mha-transformer", "gated-ops", "encoder-layer-norm-first-gelu",
      "encoder-layer-post-norm-relu-causal", "encoder-transformer", "sized-ops", "decoder-lm", "seq2seq-transformer",
-     "decoder-layer-seq-first-post-norm", "transformer-batch-first-norm-first-masks"],
+     "decoder-layer-seq-first-post-norm", "transformer-batch-first-norm-first-masks", "modern-ops"],
 )  # fmt: skip
 def test_a_traced_model_passes_the_float32_logits_backstop(name):
     """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
@@ -963,6 +993,19 @@ def test_a_decoder_whose_records_depend_on_their_batch_is_refused_for_private_tr
     model = _BatchDecoder(position).double()
     with pytest.raises(InputError, match=r"^a record's logits differ between the record alone and the record in"):
         jb.check_alone_as_in_batch(jb.jax_forward(model), jb.params_from_torch(model), jax.numpy.asarray(x[:8].numpy()))
+
+
+def test_clamp_passes_the_gradient_torch_passes_at_its_bounds():
+    """torch's clamp backward passes the gradient where min <= x <= max, bounds included, and none outside; jnp.clip
+    (a maximum and a minimum) passes half of it at a value equal to a bound. Also min > max (max everywhere)."""
+    x = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    with jax.enable_x64(True):
+        for lo, hi in ((-0.5, 0.5), (0.5, -0.5), (None, 0.0), (0.0, None)):
+            torch.clamp(x, lo, hi).pow(2).sum().backward()
+            xj = jax.numpy.asarray(x.detach().numpy())
+            got = jax.grad(lambda v, lo=lo, hi=hi: (jb._clamp(v, lo, hi) ** 2).sum())(xj)
+            np.testing.assert_array_equal(np.asarray(got), x.grad.numpy(), err_msg=f"{lo}, {hi}")
+            x.grad = None
 
 
 @pytest.mark.parametrize("fill", [7, 7.0, True])
@@ -1253,6 +1296,11 @@ def _op_cases():
         (torch.triu, (a,), {}), (torch.triu, (a, 1), {}), (torch.tril, (a,), {}), (torch.tril, (a,), {"diagonal": -1}),
         (F.embedding, (ids, table), {}), (F.embedding, (ids, table), {"padding_idx": -1}),
         (F.dropout, (a, 0.0), {}), (F.dropout, (a,), {"training": False}),
+        (torch.clamp, (a,), {"min": -0.5, "max": 0.5}), (torch.clamp, (a, 0.0), {}), (torch.clamp, (ids, 1, 5), {}),
+        (torch.clamp, (a,), {"min": 0.5, "max": -0.5}),  # min > max: max everywhere
+        (torch.stack, ([a, b],), {}), (torch.stack, ([a, b], 2), {}), (torch.pow, (pos, b), {}),
+        (torch.sqrt, (pos,), {}), (torch.rsqrt, (pos,), {}), (F.silu, (a,), {}),
+        (torch.einsum, ("bij,bkj->bik", a, b), {}), (torch.einsum, ("ij,jk->ik", [a[0], m]), {}),
     ]  # fmt: skip
     method = [
         ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
@@ -1264,6 +1312,11 @@ def _op_cases():
         ("to", (a,), {"dtype": torch.float32}), ("sigmoid", (a,), {}), ("exp", (a,), {}),
         ("new_zeros", (a, 2, 3), {}), ("new_ones", (a, (2, 3)), {}), ("new_ones", (a, 2), {"dtype": torch.int64}),
         ("new_full", (a, (2, 3), 0.25), {}), ("triu", (a, 1), {}), ("tril", (a,), {}), ("tril", (a, -1), {}),
+        ("clamp", (a,), {"min": 0.0}), ("clamp", (a, -0.2, 0.3), {}), ("clamp_min", (ids, 2), {}),
+        ("expand", (a[:, :1], 2, 3, 4), {}), ("expand", (a[:1], (3, -1, -1)), {}), ("expand", (m, 2, -1, -1), {}),
+        ("repeat", (a, 1, 2, 1), {}), ("repeat", (m, (2, 1, 3)), {}), ("pow", (pos, 2), {}), ("sqrt", (pos,), {}),
+        ("rsqrt", (pos,), {}), ("type_as", (mask, a), {}), ("type_as", (a, ids), {}), ("matmul", (a, m), {}),
+        ("mul", (a, b), {}), ("add", (a, b), {"alpha": 2}), ("add", (a, 1.5), {}),
     ]  # fmt: skip
     return [("function", f, f, args, kw) for f, args, kw in fn] + [
         ("method", name, lambda x, *r, name=name, **kw: getattr(x, name)(*r, **kw), args, kw)
