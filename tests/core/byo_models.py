@@ -308,6 +308,31 @@ def seq2seq_transformer(vocab: int, n_classes: int, d: int = 16) -> nn.Module:
     return Seq2SeqTransformer(vocab, n_classes, d)
 
 
+class PaddedTransformer(nn.Module):
+    """``nn.Transformer`` (batch_first, post-norm, dropout 0) with token 0 as padding (``src_key_padding_mask=x ==
+    0``) and a learned query as the decoder's one target position: two all-zero records are all padding, on which
+    torch's eval-mode encoder (its nested-tensor fast path) raises."""
+
+    def __init__(self, vocab: int, n_classes: int, d: int = 8) -> None:
+        import torch
+
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.transformer = nn.Transformer(d, 2, 1, 1, 2 * d, dropout=0.0, batch_first=True)
+        self.query = nn.Parameter(torch.randn(1, 1, d))
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        pad = tok == 0
+        out = self.transformer(self.tok(tok), self.query.expand(tok.size(0), -1, -1), src_key_padding_mask=pad,
+                               memory_key_padding_mask=pad)  # fmt: skip
+        return self.head(out[:, 0])
+
+
+def padded_transformer(vocab: int, n_classes: int) -> nn.Module:
+    return PaddedTransformer(vocab, n_classes)
+
+
 class RandomInForward(nn.Module):
     """Noise drawn in forward (``torch.randn`` of the batch's size, or of a constant size): torch draws a fresh one
     at every call."""
