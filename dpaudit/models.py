@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import torch
 from torch import nn
@@ -346,22 +346,46 @@ class PythonSpec(ModelSpec):
         except Exception as e:
             if zeros.is_meta:  # a forward reading values (.item(), bool(t): nn.TransformerEncoder's causal-mask
                 return  # detection) cannot run on the meta device (budget.model_parameters); the real build checks
-            hint = ""
-            wide = (p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
-            other = next(wide, None)
-            if self.input_dtype == "float32" and self._runs_on(model, "int64"):  # e.g. an Embedding first
-                hint = '; it runs on int64 token ids: give the spec "input_dtype": "int64" (or token data)'
-            elif other is not None:  # e.g. a factory ending in .double(): the records are always float32
-                hint = (
-                    f"; its parameters are {str(other).removeprefix('torch.')} and dpaudit's records float32: "
-                    "return the model in float32"
-                )
-            raise InputError(
-                f"model factory {self.factory}: forward on a {self.input_dtype} batch of shape "
-                f"{[2, *self.input_shape]} failed: {first_line(e)}{hint}"
-            ) from e
+            # Two zero records are all padding for a token model masking id 0 (src_key_padding_mask=x == 0), and in
+            # eval mode torch's encoder takes its nested-tensor fast path, which raises on a record without an
+            # unpadded token ("to_padded_tensor: at least one constituent tensor should have non-zero numel"). The
+            # trainers run the model in training mode, which has no fast path: the shape is checked there.
+            out = self._training_mode_output(model, zeros)
+            if out is None:
+                self._refuse_forward(model, e)
         finally:
             model.train(was_training)
+        self._check_output(model, out, expected)
+
+    def _training_mode_output(self, model: nn.Module, x: torch.Tensor):
+        """The model's output on ``x`` in training mode (without gradients), or None if that forward fails too."""
+        model.train()
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):  # dropout's masks: torch's global stream untouched
+                return model(x)
+        except Exception:  # the user's code: the eval-mode failure is the one reported
+            return None
+        finally:
+            model.eval()  # as the refusal's own probes (_runs_on) expect
+
+    def _refuse_forward(self, model: nn.Module, e: Exception) -> NoReturn:
+        """The one line for a forward on the two zero records that failed (in eval mode and in training mode)."""
+        hint = ""
+        wide = (p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
+        other = next(wide, None)
+        if self.input_dtype == "float32" and self._runs_on(model, "int64"):  # e.g. an Embedding first
+            hint = '; it runs on int64 token ids: give the spec "input_dtype": "int64" (or token data)'
+        elif other is not None:  # e.g. a factory ending in .double(): the records are always float32
+            hint = (
+                f"; its parameters are {str(other).removeprefix('torch.')} and dpaudit's records float32: "
+                "return the model in float32"
+            )
+        raise InputError(
+            f"model factory {self.factory}: forward on a {self.input_dtype} batch of shape "
+            f"{[2, *self.input_shape]} failed: {first_line(e)}{hint}"
+        ) from e
+
+    def _check_output(self, model: nn.Module, out, expected: tuple[int, int]) -> None:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
         if shape != expected:
             got = list(shape) if shape is not None else type(out).__name__

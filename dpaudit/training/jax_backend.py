@@ -294,6 +294,8 @@ def _activation(m: nn.Module) -> Callable | None:
         return partial(_leaky_relu, negative_slope=m.negative_slope)
     if type(m) is nn.Sigmoid:
         return jax.nn.sigmoid
+    if type(m) is nn.SiLU:
+        return jax.nn.silu  # x·σ(x) (Elfwing et al. 2018, arXiv:1702.03118, Eq. 4; Hendrycks & Gimpel's SiLU)
     if type(m) is nn.Identity or (type(m) is nn.Dropout and m.p == 0):  # Dropout(p=0) keeps every value unscaled
         return lambda x: x
     return None
@@ -305,7 +307,7 @@ _DROPOUT = "torch trains with dropout active, and the JAX backend draws no dropo
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
     "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, Identity, Dropout(p=0)"
+    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Identity, Dropout(p=0)"
 )
 
 
@@ -581,39 +583,90 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
     return f
 
 
-def _encoder_layer(name: str, m: nn.TransformerEncoderLayer) -> Callable:
-    """nn.TransformerEncoderLayer's training-mode forward without dropout (Vaswani et al. 2017, arXiv:1706.03762,
-    §3.1; norm_first: Xiong et al. 2020, arXiv:2002.04745): x + SA(LN₁ x), then + FF(LN₂ x) (norm_first), or
-    LN₁(x + SA(x)), then LN₂(x + FF(x)); SA the self-attention of :func:`_mha` (src_mask, src_key_padding_mask),
-    FF linear2(activation(linear1 x)), activation relu or gelu (a function or a ReLU/GELU module)."""
-    if _own_forward(m, nn.TransformerEncoderLayer):
-        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has a forward of its own")
-    if p := max(d.p for d in (m.dropout, m.dropout1, m.dropout2)):
-        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has dropout = {p}: {_DROPOUT}")
+def _block_parts(name: str, m: nn.Module, base: type[nn.Module]) -> tuple[Callable, list]:
+    """The feed-forward block linear2(activation(linear1 x)) and the LayerNorms (norm1, norm2[, norm3]) of a torch
+    encoder or decoder layer, after the checks both share: torch's forward (not its own), no dropout (every dropout
+    module: dropout, dropout1, dropout2[, dropout3]), activation relu or gelu (a function or a ReLU/GELU module)."""
+    kind = base.__name__
+    if _own_forward(m, base):
+        raise _unsupported(f"layer {name} ({kind}) has a forward of its own")
+    drops = [d for d in (m.dropout, m.dropout1, m.dropout2, getattr(m, "dropout3", None)) if d is not None]
+    if p := max(d.p for d in drops):
+        raise _unsupported(f"layer {name} ({kind}) has dropout = {p}: {_DROPOUT}")
     if isinstance(m.activation, nn.Module):
         act = _activation(m.activation)
     else:
         act = {F.relu: jax.nn.relu, F.gelu: partial(jax.nn.gelu, approximate=False)}.get(m.activation)
     if act is None:
-        raise _unsupported(f"layer {name} (TransformerEncoderLayer) has activation {m.activation} (relu, gelu run)")
-    attn = _mha(f"{name}.self_attn", m.self_attn)
+        raise _unsupported(f"layer {name} ({kind}) has activation {m.activation} (relu, gelu run)")
     lin1, lin2 = _linear(f"{name}.linear1"), _linear(f"{name}.linear2")
-    norm1, norm2 = _norm(f"{name}.norm1", m.norm1), _norm(f"{name}.norm2", m.norm2)
+    norms = [_norm(f"{name}.{n}", getattr(m, n)) for n in ("norm1", "norm2", "norm3") if hasattr(m, n)]
+    return lambda p, x: lin2(p, act(lin1(p, x))), norms
+
+
+def _encoder_layer(name: str, m: nn.TransformerEncoderLayer) -> Callable:
+    """nn.TransformerEncoderLayer's training-mode forward without dropout (Vaswani et al. 2017, arXiv:1706.03762,
+    §3.1; norm_first: Xiong et al. 2020, arXiv:2002.04745): x + SA(LN₁ x), then + FF(LN₂ x) (norm_first), or
+    LN₁(x + SA(x)), then LN₂(x + FF(x)); SA the self-attention of :func:`_mha` (src_mask, src_key_padding_mask),
+    FF linear2(activation(linear1 x)), activation relu or gelu (a function or a ReLU/GELU module)."""
+    ff, (norm1, norm2) = _block_parts(name, m, nn.TransformerEncoderLayer)
+    attn = _mha(f"{name}.self_attn", m.self_attn)
 
     def f(p, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         def sa(x):
             return attn(p, x, x, x, src_key_padding_mask, False, src_mask, is_causal=is_causal)[0]
 
-        def ff(x):
-            return lin2(p, act(lin1(p, x)))
-
         if m.norm_first:
             x = src + sa(norm1(p, src))
-            return x + ff(norm2(p, x))
+            return x + ff(p, norm2(p, x))
         x = norm1(p, src + sa(src))
-        return norm2(p, x + ff(x))
+        return norm2(p, x + ff(p, x))
 
     return f
+
+
+def _decoder_layer(name: str, m: nn.TransformerDecoderLayer) -> Callable:
+    """nn.TransformerDecoderLayer's training-mode forward without dropout (Vaswani et al. 2017, arXiv:1706.03762,
+    §3.1, the decoder's three sub-layers; norm_first: Xiong et al. 2020, arXiv:2002.04745, Fig. 1), as torch 2.x's
+    forward: norm_first: x + SA(LN₁ x), + CA(LN₂ x, memory), + FF(LN₃ x); else LN₁(x + SA(x)), LN₂(x + CA(x,
+    memory)), LN₃(x + FF(x)). SA: self_attn on (x, x, x) with tgt_mask, tgt_key_padding_mask, tgt_is_causal; CA:
+    multihead_attn on (x, memory, memory) with memory_mask, memory_key_padding_mask, memory_is_causal; both
+    need_weights=False (torch's _sa_block, _mha_block), run by :func:`_mha` (its is_causal rule included)."""
+    ff, (norm1, norm2, norm3) = _block_parts(name, m, nn.TransformerDecoderLayer)
+    self_attn = _mha(f"{name}.self_attn", m.self_attn)
+    cross_attn = _mha(f"{name}.multihead_attn", m.multihead_attn)
+
+    def f(p, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
+          tgt_is_causal=False, memory_is_causal=False):  # fmt: skip
+        def sa(x):
+            return self_attn(p, x, x, x, tgt_key_padding_mask, False, tgt_mask, is_causal=tgt_is_causal)[0]
+
+        def ca(x):
+            return cross_attn(p, x, memory, memory, memory_key_padding_mask, False, memory_mask,
+                              is_causal=memory_is_causal)[0]  # fmt: skip
+
+        if m.norm_first:
+            x = tgt + sa(norm1(p, tgt))
+            x = x + ca(norm2(p, x))
+            return x + ff(p, norm3(p, x))
+        x = norm1(p, tgt + sa(tgt))
+        x = norm2(p, x + ca(x))
+        return norm3(p, x + ff(p, x))
+
+    return f
+
+
+def _stack_parts(name: str, m: nn.Module, base: type[nn.Module], layer: type[nn.Module], translate: Callable):
+    """The layers of a torch encoder (decoder) stack, each a TransformerEncoderLayer (TransformerDecoderLayer)
+    translation, and its final norm (through :func:`_layer`: LayerNorm runs, anything else is refused) or None."""
+    if _own_forward(m, base):
+        raise _unsupported(f"layer {name} ({base.__name__}) has a forward of its own")
+    layers = []
+    for i, one in enumerate(m.layers):
+        if not isinstance(one, layer):
+            raise _unsupported(f"layer {name}.layers.{i} ({type(one).__name__}) is not a {layer.__name__}")
+        layers.append(translate(f"{name}.layers.{i}", one))
+    return layers, None if m.norm is None else _layer(f"{name}.norm", m.norm)
 
 
 def _encoder(name: str, m: nn.TransformerEncoder) -> Callable:
@@ -624,14 +677,7 @@ def _encoder(name: str, m: nn.TransformerEncoder) -> Callable:
     generate_square_subsequent_mask(seq_len) and passes is_causal=True to the layers, whose attention then applies
     the lower triangle instead of that mask: the same −inf entries and 0 elsewhere (s + 0 = s), so the mask is
     applied as given; an explicit True or False is passed on, as torch's forward."""
-    if _own_forward(m, nn.TransformerEncoder):
-        raise _unsupported(f"layer {name} (TransformerEncoder) has a forward of its own")
-    layers = []
-    for i, layer in enumerate(m.layers):
-        if not isinstance(layer, nn.TransformerEncoderLayer):
-            raise _unsupported(f"layer {name}.layers.{i} ({type(layer).__name__}) is not a TransformerEncoderLayer")
-        layers.append(_encoder_layer(f"{name}.layers.{i}", layer))
-    norm = None if m.norm is None else _layer(f"{name}.norm", m.norm)
+    layers, norm = _stack_parts(name, m, nn.TransformerEncoder, nn.TransformerEncoderLayer, _encoder_layer)
 
     def f(p, src, mask=None, src_key_padding_mask=None, is_causal=None):
         out = src
@@ -640,6 +686,55 @@ def _encoder(name: str, m: nn.TransformerEncoder) -> Callable:
         return out if norm is None else norm(p, out)
 
     return f
+
+
+def _decoder(name: str, m: nn.TransformerDecoder) -> Callable:
+    """nn.TransformerDecoder's forward (torch 2.x): its layers (TransformerDecoderLayer, :func:`_decoder_layer`) in
+    turn on the same memory and masks, then its final norm if it has one. tgt_is_causal=None (torch's default)
+    detects a tgt_mask equal to generate_square_subsequent_mask(seq_len) (torch's _detect_is_causal_mask) and passes
+    tgt_is_causal=True to the layers: applying that mask as given is the same (see :func:`_encoder`); an explicit
+    True or False, and memory_is_causal, are passed on."""
+    layers, norm = _stack_parts(name, m, nn.TransformerDecoder, nn.TransformerDecoderLayer, _decoder_layer)
+
+    def f(p, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
+          tgt_is_causal=None, memory_is_causal=False):  # fmt: skip
+        out = tgt
+        for layer in layers:
+            out = layer(p, out, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                        bool(tgt_is_causal), memory_is_causal)  # fmt: skip
+        return out if norm is None else norm(p, out)
+
+    return f
+
+
+def _transformer(name: str, m: nn.Transformer) -> Callable:
+    """nn.Transformer's forward (torch 2.x): memory = encoder(src, src_mask, src_key_padding_mask, src_is_causal),
+    then decoder(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
+    memory_is_causal) (Vaswani et al. 2017, arXiv:1706.03762, Fig. 1); its encoder and decoder (built in or
+    custom) must be an nn.TransformerEncoder and an nn.TransformerDecoder."""
+    if _own_forward(m, nn.Transformer):
+        raise _unsupported(f"layer {name} (Transformer) has a forward of its own")
+    for part, kind in (("encoder", nn.TransformerEncoder), ("decoder", nn.TransformerDecoder)):
+        if not isinstance(getattr(m, part), kind):
+            got = type(getattr(m, part)).__name__
+            raise _unsupported(f"layer {name}.{part} ({got}) is not an nn.{kind.__name__} (a custom_{part})")
+    encoder, decoder = _encoder(f"{name}.encoder", m.encoder), _decoder(f"{name}.decoder", m.decoder)
+
+    def f(p, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+          tgt_key_padding_mask=None, memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+          memory_is_causal=False):  # fmt: skip
+        memory = encoder(p, src, src_mask, src_key_padding_mask, src_is_causal)
+        return decoder(p, tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                       tgt_is_causal, memory_is_causal)  # fmt: skip
+
+    return f
+
+
+# torch.nn's transformer modules (leaves of the trace) and their translations
+_TRANSFORMER_PARTS = {
+    nn.TransformerEncoderLayer: _encoder_layer, nn.TransformerEncoder: _encoder,
+    nn.TransformerDecoderLayer: _decoder_layer, nn.TransformerDecoder: _decoder, nn.Transformer: _transformer,
+}  # fmt: skip
 
 
 def _getitem(obj, idx):
@@ -734,6 +829,26 @@ def _filled_like(value):
     return f
 
 
+def _clamp(x, min=None, max=None):
+    # torch.clamp: max(x, min), then min(·, max) (min > max gives max everywhere, as torch); the gradient 1 where
+    # min <= x <= max, 0 elsewhere (torch's clamp backward); jnp.clip would pass half of it at a tie
+    x = x if min is None else jnp.where(x < min, jnp.asarray(min).astype(x.dtype), x)
+    return x if max is None else jnp.where(x > max, jnp.asarray(max).astype(x.dtype), x)
+
+
+def _expand(x, *sizes):
+    # x.expand(*sizes): a view broadcasting size-1 axes (and new leading ones); -1 keeps an axis as it is
+    sizes = _dims(sizes)
+    new = len(sizes) - x.ndim
+    return jnp.broadcast_to(x, tuple(x.shape[i - new] if s == -1 else s for i, s in enumerate(sizes)))
+
+
+def _einsum(equation, *operands):
+    # torch.einsum(equation, a, b, ...) or (equation, [a, b, ...]), full float32 precision (see PRECISION)
+    operands = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
+    return jnp.einsum(equation, *operands, precision=PRECISION)
+
+
 def _to(x, *args, **kwargs):
     # x.to(dtype) / x.to(dtype=...); x.to(x.device) (None here, see _getattr) keeps x as it is
     dtype = kwargs.pop("dtype", None)
@@ -754,7 +869,8 @@ _sum = _reduce(jnp.sum)
 _FX_FUNCTIONS: dict[Any, Callable] = {
     operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
     operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
-    operator.invert: jnp.invert, operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
+    operator.invert: jnp.invert, operator.and_: operator.and_, operator.or_: operator.or_,  # & | (boolean masks)
+    operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
     operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.lt, operator.le: operator.le,
     operator.gt: operator.gt, operator.ge: operator.ge,
     torch.add: lambda x, other, alpha=1: x + alpha * other if alpha != 1 else x + other,
@@ -770,6 +886,9 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     F.linear: lambda x, weight, bias=None: _affine_map(x, weight, bias),
     F.layer_norm: _layer_norm, F.scaled_dot_product_attention: _sdpa,
     torch.sigmoid: jax.nn.sigmoid, torch.exp: jnp.exp, torch.where: _where3,
+    torch.clamp: _clamp, torch.stack: lambda tensors, dim=0: jnp.stack(tensors, axis=dim), torch.pow: operator.pow,
+    torch.sqrt: jnp.sqrt, torch.rsqrt: lax.rsqrt, torch.einsum: _einsum,
+    F.silu: lambda x, inplace=False: jax.nn.silu(x),
     torch.zeros: _filled(0), torch.ones: _filled(1), torch.full: _full,
     torch.triu: lambda x, diagonal=0: jnp.triu(x, diagonal), torch.tril: lambda x, diagonal=0: jnp.tril(x, diagonal),
     torch.zeros_like: _filled_like(0), torch.ones_like: _filled_like(1),
@@ -778,7 +897,7 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
 
 # the position of the inplace argument of the functions that have one: torch would overwrite the input, which
 # other nodes of the graph may read again (the JAX graph is pure)
-_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2}
+_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1}
 
 # tensor methods the graph may call (call_method), likewise
 _FX_METHODS: dict[str, Callable] = {
@@ -795,16 +914,45 @@ _FX_METHODS: dict[str, Callable] = {
     "sigmoid": jax.nn.sigmoid, "exp": jnp.exp,
     "new_zeros": _new_filled(0), "new_ones": _new_filled(1), "new_full": _new_filled(),
     "triu": lambda x, diagonal=0: jnp.triu(x, diagonal), "tril": lambda x, diagonal=0: jnp.tril(x, diagonal),
+    "clamp": _clamp, "clamp_min": lambda x, min: _clamp(x, min), "expand": _expand,
+    "repeat": lambda x, *sizes: jnp.tile(x, _dims(sizes)),  # torch's x.repeat is NumPy's tile
+    "pow": operator.pow, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt, "type_as": lambda x, other: x.astype(other.dtype),
+    "matmul": _matmul, "mul": operator.mul, "add": _FX_FUNCTIONS[torch.add],
+}  # fmt: skip
+
+# ops refused with their reason rather than "not supported". Random draws: torch draws fresh values at every
+# forward call (DP-SGD stays valid with a random forward: the clipped gradient's norm is bounded for every draw), but
+# a JAX graph has no generator state: it would need a key per step and per record, which the backend does not thread
+# through; running a fixed draw (or none) would train another model than torch's.
+_RANDOM = "draws random numbers at every call in torch; the JAX backend draws none in a model's forward"
+_REFUSED_OPS: dict[Any, str] = {
+    **dict.fromkeys(
+        (torch.randn, torch.rand, torch.randint, torch.randn_like, torch.rand_like, torch.randint_like,
+         torch.bernoulli, torch.normal, torch.multinomial, torch.randperm, torch.poisson, F.alpha_dropout,
+         F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.rrelu),
+        _RANDOM,
+    ),
+    **dict.fromkeys(
+        ("normal_", "uniform_", "bernoulli_", "bernoulli", "random_", "exponential_", "geometric_", "cauchy_",
+         "log_normal_", "multinomial"),
+        _RANDOM,
+    ),
+    torch.empty: "gives uninitialized memory (its values are whatever the allocator held); use torch.zeros",
+    torch.empty_like: "gives uninitialized memory (its values are whatever the allocator held); use torch.zeros_like",
+    "new_empty": "gives uninitialized memory (its values are whatever the allocator held); use x.new_zeros",
 }  # fmt: skip
 
 FX_OPS = (
-    "+ - * / ** @ ~ == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
-    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril (sizes may be x.size(i), x.shape[i]), "
-    "F.relu/gelu/leaky_relu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
+    "+ - * / ** @ ~ & | == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
+    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/einsum "
+    "(sizes may be x.size(i), x.shape[i]), "
+    "F.relu/gelu/leaky_relu/silu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
-    "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril, "
+    "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/clamp_min/expand/repeat/"
+    "pow/sqrt/rsqrt/type_as/matmul/mul/add, "
     "nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim), "
-    "nn.TransformerEncoderLayer (no dropout; relu or gelu) and nn.TransformerEncoder of them"
+    "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (no dropout; relu or gelu), nn.TransformerEncoder and "
+    "nn.TransformerDecoder of them, nn.Transformer"
 )
 
 
@@ -869,6 +1017,47 @@ def _traced_sizes():
             setattr(torch, n, fn)
 
 
+class _RefusedCall(Exception):
+    """Raised while tracing by a torch function of :data:`_REFUSED_OPS`: args (its name, the reason)."""
+
+
+@contextmanager
+def _refused_while_tracing():
+    """While tracing, the functions and tensor methods of :data:`_REFUSED_OPS` raise :class:`_RefusedCall`, whatever
+    their arguments: called on constants (``torch.randn(16)``, ``torch.zeros(4).normal_()``) they would run once, at
+    trace time, and fx would keep that one draw (or uninitialized memory) in the graph as a constant tensor, where
+    torch draws a fresh one at every call. Called on traced values they are refused by the graph's reading too."""
+
+    def refuse(what, why):
+        def f(*args, **kwargs):
+            raise _RefusedCall(what, why)
+
+        return f
+
+    homes = ((torch, "torch"), (F, "torch.nn.functional"))
+    patched = [
+        (home, f.__name__, f"{label}.{f.__name__}", why)
+        for f, why in _REFUSED_OPS.items()
+        if not isinstance(f, str)
+        for home, label in homes
+        if getattr(home, f.__name__, None) is f
+    ]
+    patched += [(torch.Tensor, m, f"x.{m}", why) for m, why in _REFUSED_OPS.items() if isinstance(m, str)]
+    # (owner, name, the original, whether the owner itself held it): a Tensor method inherited from TensorBase is
+    # deleted again afterwards, not copied into Tensor
+    originals = [(owner, name, getattr(owner, name), name in vars(owner)) for owner, name, _, _ in patched]
+    try:
+        for owner, name, what, why in patched:
+            setattr(owner, name, refuse(what, why))
+        yield
+    finally:
+        for owner, name, fn, own in originals:
+            if own:
+                setattr(owner, name, fn)
+            else:
+                delattr(owner, name)
+
+
 def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
     """Trace ``model`` with a ``torch.fx`` Tracer (``symbolic_trace``'s, buffers proxied too) and map every node
     to JAX: call_module -> :func:`_layer` (its parameters read under their first names, so a tied parameter is
@@ -878,9 +1067,12 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
     tracer = torch.fx.Tracer()
     tracer.proxy_buffer_attributes = True  # a buffer (a causal mask) as a get_attr node, so that it can be sliced
     try:
-        with _traced_sizes():
+        with _traced_sizes(), _refused_while_tracing():
             graph = tracer.trace(model)
         gm = torch.fx.GraphModule(tracer.root, graph)
+    except _RefusedCall as e:
+        what, why = e.args
+        raise _unsupported(f"op {what} in the forward of model {type(model).__name__} {why}") from None
     except Exception as e:  # data-dependent control flow, unsupported Python on a traced value, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise _unsupported(f"torch.fx cannot trace model {type(model).__name__} ({first})") from None
@@ -920,10 +1112,8 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
                 weights = (u for u in node.users if u.target is not operator.getitem or u.args[1] != 0)
                 if any(u.users or u.target is not operator.getitem for u in weights):
                     raise _unsupported(f"layer {node.target} (MultiheadAttention): its attention weights are read")
-            elif isinstance(m, nn.TransformerEncoderLayer):
-                f = _encoder_layer(node.target, m)
-            elif isinstance(m, nn.TransformerEncoder):
-                f = _encoder(node.target, m)
+            elif translate := next((t for k, t in _TRANSFORMER_PARTS.items() if isinstance(m, k)), None):
+                f = translate(node.target, m)  # which checks a subclass for a forward of its own
             else:
                 one = _layer(node.target, m)
 
@@ -942,6 +1132,8 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
             table = _FX_FUNCTIONS if node.op == "call_function" else _FX_METHODS
             fn = table.get(node.target) if node.op == "call_method" or _hashable(node.target) else None
             what = f"op {_op_name(node)} {_where(node)}"
+            if why := _REFUSED_OPS.get(node.target if _hashable(node.target) else None):
+                raise _unsupported(f"{what} {why}")
             if fn is None:
                 raise _unsupported(f"{what} is not supported")
             at = _INPLACE_AT.get(node.target, len(node.args)) if node.op == "call_function" else len(node.args)

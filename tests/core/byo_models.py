@@ -253,6 +253,122 @@ def encoder_transformer(vocab: int, length: int, n_classes: int, d: int = 16, la
     return EncoderTransformer(vocab, length, n_classes, d, layers)
 
 
+class DecoderLM(nn.Module):
+    """A decoder-only classifier as users build it from torch's decoder: token + ``pos(arange(T))`` embeddings through
+    ``nn.TransformerDecoder`` (pre-norm GELU TransformerDecoderLayers, batch_first, dropout 0, a final LayerNorm)
+    with memory = its own embedding (cross-attention over the record's tokens, token 0 a padding key there), a causal
+    ``tgt_mask`` of ``nn.Transformer.generate_square_subsequent_mask(T)``; logits of the last position through the
+    token embedding (tied output embedding), its first ``n_classes`` rows."""
+
+    def __init__(self, vocab: int, length: int, n_classes: int, d: int = 16, layers: int = 2) -> None:
+        super().__init__()
+        self.n_classes = n_classes
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(length, d)
+        layer = nn.TransformerDecoderLayer(
+            d, 2, dim_feedforward=2 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.decoder = nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(d))
+
+    def forward(self, tok):
+        import torch
+
+        T = tok.size(1)
+        h = self.tok(tok) + self.pos(torch.arange(T, device=tok.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(T, device=tok.device)
+        h = self.decoder(h, h, tgt_mask=mask, memory_key_padding_mask=tok == 0)
+        return F.linear(h[:, -1], self.tok.weight)[:, : self.n_classes]
+
+
+def decoder_lm(vocab: int, length: int, n_classes: int, d: int = 16, layers: int = 2) -> nn.Module:
+    return DecoderLM(vocab, length, n_classes, d, layers)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """``nn.Transformer`` (encoder-decoder, sequence-first as torch's default, post-norm ReLU, dropout 0) as users
+    call it on one token sequence: src and tgt the record's embedded tokens, token 0 a padding key of the encoder
+    and of the cross-attention, a causal ``tgt_mask`` from the transformer's own generate_square_subsequent_mask;
+    mean over positions."""
+
+    def __init__(self, vocab: int, n_classes: int, d: int = 16) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.transformer = nn.Transformer(d, 2, 1, 1, dim_feedforward=2 * d, dropout=0.0)
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        h = self.tok(tok).transpose(0, 1)  # (T, B, d)
+        pad = tok == 0
+        mask = self.transformer.generate_square_subsequent_mask(tok.size(1), device=tok.device)
+        out = self.transformer(h, h, tgt_mask=mask, src_key_padding_mask=pad, memory_key_padding_mask=pad)
+        return self.head(out.mean(0))
+
+
+def seq2seq_transformer(vocab: int, n_classes: int, d: int = 16) -> nn.Module:
+    return Seq2SeqTransformer(vocab, n_classes, d)
+
+
+class PaddedTransformer(nn.Module):
+    """``nn.Transformer`` (batch_first, post-norm, dropout 0) with token 0 as padding (``src_key_padding_mask=x ==
+    0``) and a learned query as the decoder's one target position: two all-zero records are all padding, on which
+    torch's eval-mode encoder (its nested-tensor fast path) raises."""
+
+    def __init__(self, vocab: int, n_classes: int, d: int = 8) -> None:
+        import torch
+
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.transformer = nn.Transformer(d, 2, 1, 1, 2 * d, dropout=0.0, batch_first=True)
+        self.query = nn.Parameter(torch.randn(1, 1, d))
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        pad = tok == 0
+        out = self.transformer(self.tok(tok), self.query.expand(tok.size(0), -1, -1), src_key_padding_mask=pad,
+                               memory_key_padding_mask=pad)  # fmt: skip
+        return self.head(out[:, 0])
+
+
+def padded_transformer(vocab: int, n_classes: int) -> nn.Module:
+    return PaddedTransformer(vocab, n_classes)
+
+
+class RandomInForward(nn.Module):
+    """Noise drawn in forward (``torch.randn`` of the batch's size, or of a constant size): torch draws a fresh one
+    at every call."""
+
+    def __init__(self, vocab: int, n_classes: int, d: int = 8, constant: bool = False) -> None:
+        super().__init__()
+        self.tok, self.head, self.constant = nn.Embedding(vocab, d), nn.Linear(d, n_classes), constant
+
+    def forward(self, tok):
+        import torch
+
+        h = self.tok(tok).mean(1)
+        return self.head(h + 1e-6 * (torch.randn(h.size(1)) if self.constant else torch.randn(tok.size(0), h.size(1))))
+
+
+def random_in_forward(vocab: int, n_classes: int, constant: bool = False) -> nn.Module:
+    return RandomInForward(vocab, n_classes, constant=constant)
+
+
+class UnbatchedAttention(nn.Module):
+    """``nn.MultiheadAttention`` given unbatched (2-D) input: each record's mean embedding (B, d), so that the
+    attention runs over the batch's records (torch reads (L, E) as one sequence of L = B positions)."""
+
+    def __init__(self, vocab: int, n_classes: int, d: int = 8) -> None:
+        super().__init__()
+        self.tok, self.attn, self.head = nn.Embedding(vocab, d), nn.MultiheadAttention(d, 2), nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        h = self.tok(tok).mean(1)
+        return self.head(self.attn(h, h, h, need_weights=False)[0])
+
+
+def unbatched_attention(vocab: int, n_classes: int) -> nn.Module:
+    return UnbatchedAttention(vocab, n_classes)
+
+
 class TiedLM(nn.Module):
     """LM-ish classifier: next-token logits through the embedding matrix (tied), restricted to the
     first ``n_classes`` tokens of the vocabulary (the class tokens)."""

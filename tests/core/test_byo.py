@@ -221,6 +221,25 @@ def test_build_checks_do_not_skip_a_token_model_that_masks_padding(tmp_path, ext
         read_model_spec(path, tokens=True)
 
 
+def test_a_transformer_masking_padding_id_0_builds_though_torchs_eval_mode_fails_on_all_padding(tmp_path):
+    """nn.Transformer (batch_first, post-norm) with src_key_padding_mask=x == 0, the usual padding id: the build
+    probed two all-0 records in eval mode, where torch's encoder takes its nested-tensor fast path and raises on a
+    record without an unpadded token; ``train`` refused the model on both backends ("forward on a int64 batch of
+    shape [2, 7] failed: RuntimeError: to_padded_tensor: ..."). The trainers run it in training mode (no fast path),
+    where the probe's shape is now checked; a forward failing in both modes is still refused with the eval-mode
+    error (test_bad_factories_are_one_line)."""
+    from dpaudit.models import read_model_spec
+
+    spec = {"kind": "python", "factory": "tests.core.byo_models:padded_transformer", "input_shape": [7],
+            "n_classes": 2, "kwargs": {"vocab": 10, "n_classes": 2}}  # fmt: skip
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    model = read_model_spec(path, tokens=True).build()
+    assert model.training  # the mode it was built in
+    with torch.no_grad(), pytest.raises(RuntimeError, match="to_padded_tensor"):  # torch's own eval-mode failure
+        model.eval()(torch.zeros(2, 7, dtype=torch.long))
+
+
 def test_a_next_token_head_over_the_vocabulary_is_told_how_to_fit_the_renumbered_labels(tmp_path):
     """Next-token data (y: the id following each sequence, 10 of the 30 ids occur) and a head over all 30 ids:
     the refusal said only 'the spec is for ... 30 classes; the data has ... 10', with labels that run up to 29."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from functools import partial
 
 import numpy as np
 import pytest
@@ -262,6 +263,36 @@ class _SelfAttention(nn.Module):
         return self.head(out.mean(1) + w.sum(1) if self.weights else out.mean(1))
 
 
+class _Cross(_WithBlock):  # a decoder or transformer called on (h, h): the features as tgt and memory (src)
+    def forward(self, x):
+        h = self.lin(x.flatten(1))
+        return self.head(h + self.block(h, h))
+
+
+def _decoder_layer(**changes):  # a TransformerDecoderLayer (dropout 0) with some of its modules replaced
+    layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0)
+    for name, module in changes.items():
+        setattr(layer, name, module)
+    return layer
+
+
+def _decoder_stack(
+    where, module
+):  # a 2-layer nn.TransformerDecoder (dropout 0) with layer `where` or its norm replaced
+    stack = nn.TransformerDecoder(_decoder_layer(), 2, norm=nn.LayerNorm(8))
+    if where == "norm":
+        stack.norm = module
+    else:
+        stack.layers[where] = module
+    return stack
+
+
+def _patched_decoder():  # an instance whose forward was replaced: fx keeps it a leaf (a torch.nn class)
+    stack = _decoder_stack("norm", None)
+    stack.forward = lambda *args, **kwargs: 2 * nn.TransformerDecoder.forward(stack, *args, **kwargs)
+    return stack
+
+
 def _stack_with(where, module):  # a 2-layer nn.TransformerEncoder (dropout 0) with layer `where` or its norm replaced
     stack = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, dropout=0.0), 2, enable_nested_tensor=False)
     if where == "norm":
@@ -335,9 +366,50 @@ REFUSED = [
     (lambda: _WithBlock(_stack_with(1, nn.Identity())), r"layer block.layers.1 \(Identity\) is not a TransformerEnc"),
     (lambda: _WithBlock(_stack_with("norm", nn.BatchNorm1d(8))), r"layer block.norm \(BatchNorm1d\) is not supported"),
     (lambda: _WithBlock(_patched_stack()), r"layer block \(TransformerEncoder\) has a forward of its own"),
-    # sizes from the input for a factory outside the whitelist: torch.empty (uninitialized), torch.randn
-    (lambda: _Op(lambda h: h + torch.empty((h.shape[0], 3))), r"op torch.empty in the model's forward is not supp"),
-    (lambda: _Op(lambda h: h + torch.randn(h.size(0), 3)), r"torch.fx cannot trace model _Op \(randn\(\) received"),
+    # torch's decoder and nn.Transformer (dropout 0.1 by default; a dropout3 of its own), other parts
+    (lambda: _Cross(nn.TransformerDecoderLayer(8, 2)), r"layer block \(TransformerDecoderLayer\) has dropout = 0.1:"),
+    (
+        lambda: _Cross(_decoder_layer(dropout3=nn.Dropout(0.2))),
+        r"layer block \(TransformerDecoderLayer\) has dropout = 0.2: torch trains with dropout",
+    ),
+    (
+        lambda: _Cross(_decoder_layer(activation=torch.tanh)),
+        r"layer block \(TransformerDecoderLayer\) has activation <built-in method tanh .*\(relu, gelu run\)",
+    ),
+    (
+        lambda: _Cross(nn.Transformer(8, 2, 1, 1, 16)),
+        r"layer block.encoder.layers.0 \(TransformerEncoderLayer\) has dropout = 0.1: torch trains with dropout",
+    ),
+    (
+        lambda: _Cross(nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, custom_encoder=nn.Identity())),
+        r"layer block.encoder \(Identity\) is not an nn.TransformerEncoder \(a custom_encoder\)",
+    ),
+    (
+        lambda: _Cross(nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, custom_decoder=_decoder_layer())),
+        r"layer block.decoder \(TransformerDecoderLayer\) is not an nn.TransformerDecoder \(a custom_decoder\)",
+    ),
+    (lambda: _Cross(_decoder_stack(1, nn.Identity())), r"layer block.layers.1 \(Identity\) is not a TransformerDecod"),
+    (lambda: _Cross(_decoder_stack("norm", nn.BatchNorm1d(8))), r"layer block.norm \(BatchNorm1d\) is not supported"),
+    (lambda: _Cross(_patched_decoder()), r"layer block \(TransformerDecoder\) has a forward of its own"),
+    # torch draws fresh random numbers at every call (a fixed draw in the graph would be another model), or gives
+    # uninitialized memory: refused while tracing (sizes from the input or constants) and in the graph (_RANDN: an
+    # alias the trace does not replace; methods of traced values)
+    (
+        lambda: _Op(lambda h: h + torch.empty((h.shape[0], 3))),
+        r"op torch.empty in the forward of model _Op gives uninitialized memory .*; use torch.zeros:",
+    ),
+    (lambda: _Op(lambda h: h + torch.randn(h.size(0), 3)), r"op torch.randn in the forward of model _Op draws random"),
+    # main trained these with one draw fixed at trace time (1e-6 noise is inside the logits check's tolerance)
+    (lambda: _Op(lambda h: h + 1e-6 * torch.randn(3)), r"op torch.randn in the forward of model _Op draws random"),
+    (lambda: _Op(lambda h: h + torch.zeros(3).normal_()), r"op x.normal_ in the forward of model _Op draws random"),
+    (
+        lambda: _Op(lambda h: h * torch.nn.functional.rrelu(-torch.ones(3), training=True)),
+        r"op torch.nn.functional.rrelu in the forward of model _Op draws random numbers",
+    ),
+    (lambda: _Op(lambda h: h + 0 * torch.empty(3)), r"op torch.empty in the forward of model _Op gives uninitialized"),
+    (lambda: _Op(lambda h: h + _RANDN((h.shape[0], 3))), r"op torch.randn in the model's forward draws random numbers"),
+    (lambda: _Op(lambda h: h + (0 * h).normal_()), r"op x.normal_ in the model's forward draws random numbers"),
+    (lambda: _Op(lambda h: h * h.bernoulli()), r"op x.bernoulli in the model's forward draws random numbers"),
     (lambda: _WithBlock(nn.ReLU(inplace=True)), r"layer block \(ReLU\) is in place on a value used again"),
     (_InplaceReLU, r"op torch.nn.functional.relu in the model's forward: inplace=True is not supported"),
     (_TwoInputs, r"forward of model _TwoInputs takes more than one input"),
@@ -350,6 +422,22 @@ def test_what_the_layer_list_cannot_run_is_one_line_naming_it(make, message):
         jb.jax_forward(make())
     text = str(e.value)
     assert "\n" not in text and text.endswith("use --backend torch") and jb.SUPPORTED in text
+
+
+def test_tracing_leaves_torchs_functions_and_tensor_methods_as_they_were():
+    """While tracing, the random draws and torch.empty raise (a constant draw would be kept in the graph); afterwards
+    torch's functions are its own again and torch.Tensor holds no method it did not hold (an inherited one, such as
+    normal_ from TensorBase, is deleted, not copied in), also after a refused trace."""
+    import torch.nn.functional as F
+
+    functions = {name: getattr(torch, name) for name in ("randn", "empty", "bernoulli", "zeros")} | {"rrelu": F.rrelu}
+    methods = dict(vars(torch.Tensor))
+    jb.jax_forward(_Residual())
+    with pytest.raises(InputError, match="draws random numbers"):
+        jb.jax_forward(_Op(lambda h: h + torch.zeros(3).normal_()))
+    assert dict(vars(torch.Tensor)) == methods
+    assert {name: getattr(torch, name) for name in functions if name != "rrelu"} | {"rrelu": F.rrelu} == functions
+    assert torch.zeros(2).normal_().shape == (2,)
 
 
 @pytest.mark.parametrize("kind", ["forward", "forward_pre", "backward", "full_backward_pre"])
@@ -367,6 +455,9 @@ def test_a_global_module_hook_is_refused(kind):
     finally:
         handle.remove()
     assert isinstance(jb.jax_forward(_mlp()), jb.JaxModel)
+
+
+_RANDN = torch.randn  # bound before any trace: a graph records it as torch.randn itself
 
 
 class _Op(nn.Module):
@@ -570,6 +661,83 @@ class _CausalMHA(nn.Module):
         return self.head(out[0].mean(1))
 
 
+class _Decoder(nn.Module):
+    """Token embeddings through torch's decoder (dropout 0) with memory = the embeddings themselves (a decoder-only
+    model), as ``mode`` says: "layer" (one TransformerDecoderLayer, sequence-first, post-norm, an nn.ReLU() module, a
+    boolean causal tgt_mask buffer, token 0 a memory padding key), "detect" (a 2-layer TransformerDecoder, no final
+    norm, tgt_mask = generate_square_subsequent_mask(T), which torch detects and passes on as tgt_is_causal=True, and
+    a tgt padding mask), "hint" (tgt_is_causal=True with a mask that is not causal and no padding: torch's
+    attention applies the lower triangle instead), "hint-pad" (the same with a tgt padding mask: torch applies mask
+    and padding), "memory-hint" (memory_is_causal=True with a memory_mask that is not causal: the lower triangle of
+    the cross-attention), "transformer" (nn.Transformer, batch_first, norm_first, GELU, a boolean src_mask, a
+    float memory_mask, tgt_is_causal=True with its causal mask, key padding of src and tgt). The tgt padding hides
+    token 0 at positions >= 2 only (keys 0 and 1 stay visible to every query: no row of -inf)."""
+
+    def __init__(self, mode="layer"):
+        super().__init__()
+        self.tok, self.head, self.mode = nn.Embedding(10, 8), nn.Linear(8, 3), mode
+        first = mode != "layer"
+        if mode == "transformer":
+            self.dec = nn.Transformer(8, 2, 1, 2, 16, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+        elif mode == "layer":
+            self.dec = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, activation=nn.ReLU())
+        else:
+            self.dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=first), 2)
+        self.register_buffer("causal", torch.ones(7, 7).triu(1).bool())
+        self.register_buffer("other", torch.ones(7, 7).triu(2).bool())  # hides keys j >= i + 2: not causal
+
+    def forward(self, tok):
+        h, mode = self.tok(tok.long()), self.mode
+        pad = (tok == 0) & (torch.arange(tok.size(1)) >= 2)
+        if mode == "layer":
+            h = h.transpose(0, 1)
+            return self.head(self.dec(h, h, self.causal, memory_key_padding_mask=tok == 0).mean(0))
+        if mode == "detect":
+            mask = nn.Transformer.generate_square_subsequent_mask(tok.size(1))
+            h = self.dec(h, h, tgt_mask=mask, tgt_key_padding_mask=pad)
+        elif mode == "hint":
+            h = self.dec(h, h, tgt_mask=self.other, tgt_is_causal=True)
+        elif mode == "hint-pad":
+            h = self.dec(h, h, tgt_mask=self.other, tgt_key_padding_mask=pad, tgt_is_causal=True)
+        elif mode == "memory-hint":
+            h = self.dec(h, h, memory_mask=self.other, memory_is_causal=True)
+        else:
+            h = self.dec(h, h, src_mask=self.other, tgt_mask=self.causal, memory_mask=-1e4 * self.other.float(),
+                         src_key_padding_mask=pad, tgt_key_padding_mask=pad, tgt_is_causal=True)  # fmt: skip
+        return self.head(h.mean(1))
+
+
+class _Modern(nn.Module):
+    """Ops of a newer transformer classifier as users write it by hand (each refused before: "op x.expand ... is not
+    supported", x.repeat, x.clamp, x.clamp_min, torch.stack, torch.einsum, x.pow, torch.rsqrt, F.silu, x.type_as,
+    x.matmul, x.mul, x.add): a learned [CLS] vector expanded over the batch (and its copy by repeat), RMSNorm
+    (x·rsqrt(mean x² + ε)·g), einsum attention, a SiLU-gated MLP (nn.SiLU and F.silu), masked mean pooling whose
+    token count is clamped to ≥ 1, the [CLS] and pooled vectors stacked."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+        self.cls, self.g = nn.Parameter(0.5 * torch.randn(1, 1, 8)), nn.Parameter(1 + 0.1 * torch.randn(8))
+        self.qkv, self.gate, self.up, self.down = nn.Linear(8, 24), nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.act = nn.SiLU()
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        B = tok.size(0)
+        h = torch.cat([self.cls.expand(B, -1, -1), h, self.cls.repeat(B, 1, 1)], 1)  # (B, T + 2, 8)
+        n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g
+        q, k, v = self.qkv(n).chunk(3, -1)
+        a = torch.einsum("btd,bsd->bts", q, k).mul(8**-0.5).softmax(-1)
+        h = h.add(a.matmul(v))
+        h = h + self.down(self.act(self.gate(h)) * torch.nn.functional.silu(self.up(h)))
+        keep = (tok != 0).type_as(h).unsqueeze(-1)
+        pooled = (h[:, 1:-1] * keep).sum(1) / keep.sum(1).clamp(min=1.0) + (tok != 0).sum(1, keepdim=True).clamp_min(1)
+        return self.head(torch.stack([h[:, 0], pooled, torch.sqrt(h[:, -1].pow(2) + 1)], 1).mean(1))
+
+
+_DECODER_MODES = ("layer", "detect", "hint", "hint-pad", "memory-hint", "transformer")
+
+
 class _Sized(nn.Module):
     """Sizes taken from the input: torch.zeros(B, 3) / torch.ones(x.size(0), 3) (fx could not trace these: torch's
     parser takes separate sizes as ints only), x.new_zeros/new_ones/new_full, torch.full, a mask of
@@ -627,11 +795,26 @@ TRACED = {
     "sized-ops": (_Sized, _data),  # "torch.fx cannot trace model _Sized (zeros() takes 1 positional argument ...)"
     # a 3-D attn_mask (mutation pass 19: its reshape to (B, H, L, S) dropped passed, every mask was (L, S))
     "mha-per-head-mask": (lambda: _MHA(float_mask=True, batch_first=True, per_head=True), _tokens),
+    # "layer dec (TransformerDecoderLayer) is not supported", "layer decoder (TransformerDecoder) ...",
+    # "layer transformer (Transformer) ...": a decoder-only model (memory = its own embeddings, tied output
+    # embedding), the layer alone, nn.Transformer with its default sequence-first layout and with every mask
+    "decoder-lm": (lambda: byo.decoder_lm(10, 7, 3), lambda n=9: _long(*_tokens(n))),
+    "decoder-layer-seq-first-post-norm": (_Decoder, _tokens),
+    "seq2seq-transformer": (lambda: byo.seq2seq_transformer(10, 3), lambda n=9: _long(*_tokens(n))),
+    "transformer-batch-first-norm-first-masks": (lambda: _Decoder("transformer"), _tokens),
+    "modern-ops": (_Modern, _tokens),
 }
 # vmap of a CNN compiles for ~10-20 s on one shared core, the transformer's for ~10 s (the sdpa one stays fast)
 _SLOW = {"residual-groupnorm-cnn", "transformer-matmul-softmax", "mha-transformer", "gated-ops"}
 _SLOW |= {"encoder-layer-norm-first-gelu", "encoder-layer-post-norm-relu-causal"}  # ~25 s each
 _SLOW |= {"encoder-transformer", "encoder-stack-seq-first-norm-first-pad"}  # ~25-40 s each
+_SLOW |= {"modern-ops"}  # ~23 s
+_SLOW |= {
+    "decoder-lm",
+    "decoder-layer-seq-first-post-norm",
+    "seq2seq-transformer",
+    "transformer-batch-first-norm-first-masks",
+}
 
 
 def _traced_params(names):
@@ -654,7 +837,8 @@ def test_a_traced_model_computes_torchs_logits_and_clips_as_the_torch_loop_clipp
     "name",
     ["residual-groupnorm-cnn", "transformer-sdpa", "transformer-causal-two-heads", "tied-linear-module",
      "mha-seq-first-masks", "mha-transformer", "gated-ops", "encoder-layer-norm-first-gelu",
-     "encoder-layer-post-norm-relu-causal", "encoder-transformer", "sized-ops"],
+     "encoder-layer-post-norm-relu-causal", "encoder-transformer", "sized-ops", "decoder-lm", "seq2seq-transformer",
+     "decoder-layer-seq-first-post-norm", "transformer-batch-first-norm-first-masks", "modern-ops"],
 )  # fmt: skip
 def test_a_traced_model_passes_the_float32_logits_backstop(name):
     """In float32 (what the trainer runs) the JAX graph's logits are within the backstop's √eps·(1 + max|z|) of
@@ -671,7 +855,9 @@ def test_a_traced_model_passes_the_float32_logits_backstop(name):
     "name",
     [*_traced_params(["tied-linear-module", "residual-sequential", "residual-groupnorm-cnn", "mha-seq-first-masks"]),
      pytest.param("transformer-sdpa", marks=pytest.mark.slow), "sized-ops",
-     pytest.param("encoder-transformer", marks=pytest.mark.slow)],
+     pytest.param("encoder-transformer", marks=pytest.mark.slow),
+     pytest.param("decoder-layer-seq-first-post-norm", marks=pytest.mark.slow),
+     pytest.param("transformer-batch-first-norm-first-masks", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
     """Two DP-SGD steps (Poisson batches, clip 0.05 so that every example is clipped, σ = 0): the JAX trainer's
@@ -696,17 +882,23 @@ def test_a_traced_model_trains_as_the_torch_dp_trainer(name):
     "make",
     [lambda: _Stack("pad"), lambda: _Stack("causal", batch_first=False), lambda: _Stack("bool-causal", layers=1),
      lambda: _Stack("hint", final_norm=False), lambda: _Stack("hint-pad"), lambda: _Stack("not-causal"),
-     lambda: _CausalMHA(), lambda: _CausalMHA(need_weights=True), lambda: _CausalMHA(pad=True)],
+     lambda: _CausalMHA(), lambda: _CausalMHA(need_weights=True), lambda: _CausalMHA(pad=True),
+     *(partial(_Decoder, mode) for mode in _DECODER_MODES), lambda: byo.decoder_lm(10, 7, 3),
+     lambda: byo.seq2seq_transformer(10, 3)],
     ids=["stack-pad", "stack-causal-seq-first", "stack-bool-causal", "stack-hint", "stack-hint-pad",
-         "stack-not-causal", "mha-hint", "mha-hint-need-weights", "mha-hint-pad"],
+         "stack-not-causal", "mha-hint", "mha-hint-need-weights", "mha-hint-pad",
+         *(f"decoder-{mode}" for mode in _DECODER_MODES), "decoder-lm", "seq2seq-transformer"],
 )  # fmt: skip
 def test_a_transformer_encoder_and_is_causal_compute_torchs_logits(make):
     """nn.TransformerEncoder (refused before) and is_causal=True (refused before in MultiheadAttention and the
     encoder layer): float64 logits equal torch's training-mode forward for each mask and hint torch's code treats
-    differently (TRACED's encoder models add per-example norms and clipped sums)."""
+    differently (TRACED's encoder models add per-example norms and clipped sums). Likewise nn.TransformerDecoderLayer,
+    nn.TransformerDecoder and nn.Transformer (refused before), with tgt_is_causal and memory_is_causal hints."""
     torch.manual_seed(0)
     model = make().double()
-    got = BENCH.compare(model, *_tokens(), clipping=False)
+    x, y = _tokens()
+    got = BENCH.compare(model, x.long() if isinstance(model, (byo.DecoderLM, byo.Seq2SeqTransformer)) else x, y,
+                        clipping=False)  # fmt: skip
     assert got["logits"] < RTOL, got
 
 
@@ -765,6 +957,55 @@ def test_a_graph_whose_records_depend_on_their_batch_is_refused_for_private_trai
         x = jax.numpy.asarray(_data()[0][:8].numpy())
         with pytest.raises(InputError, match=r"^a record's logits differ between the record alone and the record in"):
             jb.check_alone_as_in_batch(jb.jax_forward(model), jb.params_from_torch(model), x)
+
+
+class _BatchDecoder(nn.Module):
+    """A decoder whose memory mixes the batch (its mean over records) or whose input carries each record's row in
+    the batch (arange of the batch size)."""
+
+    def __init__(self, position=False):
+        super().__init__()
+        self.tok, self.head, self.position = nn.Embedding(10, 8), nn.Linear(8, 3), position
+        self.dec = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        if self.position:
+            return self.head(self.dec(h + torch.arange(tok.size(0))[:, None, None] * 0.1, h).mean(1))
+        return self.head(self.dec(h, h + h.mean(0, keepdim=True)).mean(1))
+
+
+@pytest.mark.parametrize(
+    ("position", "message"),
+    [(False, r"^(a record's logits depend on the other records of its batch|the model's output for a record "
+             r"depends on its row in the batch or on the batch size)"),
+     (True, r"^the model's output for a record depends on its row in the batch")],
+)  # fmt: skip
+def test_a_decoder_whose_records_depend_on_their_batch_is_refused_for_private_training(position, message):
+    """The per-record checks see through the decoder's translation: torch's check (run first) refuses a memory mixing
+    the batch (as its batch-size check or its record-replacement check: both are refusals) and a record's row in it;
+    the JAX graph's own check (records alone vs together) refuses both."""
+    torch.manual_seed(0)
+    x, y = _tokens(24)
+    config = TrainConfig(algo="dpsgd", steps=1, batch_size=8, dp=DPConfig(clip=1.0, noise_multiplier=0.0))
+    with pytest.raises(InputError, match=message):
+        jb.JaxTrainer(config, PerfConfig(backend="jax")).fit(_BatchDecoder(position).double(), x, y)
+    model = _BatchDecoder(position).double()
+    with pytest.raises(InputError, match=r"^a record's logits differ between the record alone and the record in"):
+        jb.check_alone_as_in_batch(jb.jax_forward(model), jb.params_from_torch(model), jax.numpy.asarray(x[:8].numpy()))
+
+
+def test_clamp_passes_the_gradient_torch_passes_at_its_bounds():
+    """torch's clamp backward passes the gradient where min <= x <= max, bounds included, and none outside; jnp.clip
+    (a maximum and a minimum) passes half of it at a value equal to a bound. Also min > max (max everywhere)."""
+    x = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    with jax.enable_x64(True):
+        for lo, hi in ((-0.5, 0.5), (0.5, -0.5), (None, 0.0), (0.0, None)):
+            torch.clamp(x, lo, hi).pow(2).sum().backward()
+            xj = jax.numpy.asarray(x.detach().numpy())
+            got = jax.grad(lambda v, lo=lo, hi=hi: (jb._clamp(v, lo, hi) ** 2).sum())(xj)
+            np.testing.assert_array_equal(np.asarray(got), x.grad.numpy(), err_msg=f"{lo}, {hi}")
+            x.grad = None
 
 
 @pytest.mark.parametrize("fill", [7, 7.0, True])
@@ -881,6 +1122,8 @@ def test_batchnorm_refusal_names_the_backend_when_not_private_and_dp_when_privat
         pytest.param("tiny_transformer", {"vocab": 10, "n_classes": 2}, [7], marks=pytest.mark.slow),
         pytest.param("residual_groupnorm_cnn", {"channels": 1, "n_classes": 2}, [1, 4, 4], marks=pytest.mark.slow),
         pytest.param("encoder_transformer", {"vocab": 10, "length": 7, "n_classes": 2}, [7], marks=pytest.mark.slow),
+        pytest.param("decoder_lm", {"vocab": 10, "length": 7, "n_classes": 2}, [7], marks=pytest.mark.slow),
+        pytest.param("seq2seq_transformer", {"vocab": 10, "n_classes": 2}, [7], marks=pytest.mark.slow),
     ],
 )
 def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monkeypatch, factory, kwargs, shape):
@@ -897,7 +1140,8 @@ def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monke
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the factory is imported from the current directory
     rng = np.random.default_rng(0)
     X = rng.integers(0, 10, size=(80, *shape))  # int64 (n, T): token ids for the transformer
-    X = X if factory in ("tiny_transformer", "encoder_transformer") else X.astype(np.float32)
+    tokens = ("tiny_transformer", "encoder_transformer", "decoder_lm", "seq2seq_transformer")
+    X = X if factory in tokens else X.astype(np.float32)
     np.savez(tmp_path / "d.npz", X=X, y=rng.integers(0, 2, 80))
     spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": kwargs, "input_shape": shape,
             "n_classes": 2}  # fmt: skip
@@ -910,6 +1154,39 @@ def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monke
     config, perf = configs_from_meta(meta)
     assert perf.backend == "jax" and meta["privacy"] == claim_for(config, meta["split"]["sizes"]["members"])
     assert abs(meta["privacy"]["epsilon"] - 3.0) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "message"),
+    [("random_in_forward", {}, r"op torch.randn in the forward of model RandomInForward draws random numbers at every "
+      r"call in torch; the JAX backend draws none"),
+     ("random_in_forward", {"constant": True}, r"op torch.randn in the forward of model RandomInForward draws random"),
+     ("unbatched_attention", {}, r"model factory tests.core.byo_models:unbatched_attention: a record's logits depend "
+      r"on the other records of its batch")],
+    ids=["randn-of-batch-size", "randn-of-constant-size", "unbatched-attention"],
+)  # fmt: skip
+def test_cli_refuses_random_draws_and_unbatched_attention_in_one_line(tmp_path, monkeypatch, factory, kwargs, message):
+    """``train --backend jax`` with the newcomer's options only (``--model-spec``, ``--data``, ``--out``): noise drawn
+    in forward (torch draws afresh at every call; before, a draw of constant size was traced once and trained as a
+    fixed tensor, exit 0), and attention over 2-D input (B, E), which attends over the batch's records: the python
+    spec's build refuses it (its per-record check, both backends) before the JAX backend's own refusal of 2-D input
+    (test_an_attention_given_one_sequence_is_refused_when_it_runs). One ``error:`` line, exit 2, nothing written."""
+    import json
+    import re
+    from pathlib import Path
+
+    from tests.core.cli_errors import invoke, one_error
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.integers(0, 10, size=(60, 7)), y=rng.integers(0, 2, 60))
+    spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": {"vocab": 10, "n_classes": 2,
+            **kwargs}, "input_shape": [7], "n_classes": 2}  # fmt: skip
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    r = invoke("train", "--backend", "jax", "--model-spec", tmp_path / "spec.json", "--data", tmp_path / "d.npz",
+               "--out", tmp_path / "run")  # fmt: skip
+    assert re.search(message, one_error(r)), one_error(r)
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -991,6 +1268,8 @@ def _op_cases():
         (operator.eq, (a, a[0]), {}),  # equal entries: == and <=, >= true there, != and <, > false
         *((op, (a, a[0]), {}) for op in (operator.ne, operator.lt, operator.le, operator.gt, operator.ge)),
         (operator.neg, (a,), {}), (operator.pow, (pos, 1.5), {}), (operator.invert, (mask,), {}),
+        (operator.and_, (mask, b > 0), {}), (operator.or_, (mask, b > 0), {}), (operator.and_, (ids, 6), {}),
+        (operator.or_, (ids, 6), {}),
         (operator.matmul, (a, m), {}), (operator.getitem, (a, (slice(None), 1)), {}), (getattr, (a, "shape"), {}),
         (getattr, (a, "ndim"), {}),
         (torch.add, (a, b), {}), (torch.add, (a, b), {"alpha": 2.5}), (torch.add, (a, b), {"alpha": 2}),
@@ -1017,6 +1296,11 @@ def _op_cases():
         (torch.triu, (a,), {}), (torch.triu, (a, 1), {}), (torch.tril, (a,), {}), (torch.tril, (a,), {"diagonal": -1}),
         (F.embedding, (ids, table), {}), (F.embedding, (ids, table), {"padding_idx": -1}),
         (F.dropout, (a, 0.0), {}), (F.dropout, (a,), {"training": False}),
+        (torch.clamp, (a,), {"min": -0.5, "max": 0.5}), (torch.clamp, (a, 0.0), {}), (torch.clamp, (ids, 1, 5), {}),
+        (torch.clamp, (a,), {"min": 0.5, "max": -0.5}),  # min > max: max everywhere
+        (torch.stack, ([a, b],), {}), (torch.stack, ([a, b], 2), {}), (torch.pow, (pos, b), {}),
+        (torch.sqrt, (pos,), {}), (torch.rsqrt, (pos,), {}), (F.silu, (a,), {}),
+        (torch.einsum, ("bij,bkj->bik", a, b), {}), (torch.einsum, ("ij,jk->ik", [a[0], m]), {}),
     ]  # fmt: skip
     method = [
         ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
@@ -1028,6 +1312,11 @@ def _op_cases():
         ("to", (a,), {"dtype": torch.float32}), ("sigmoid", (a,), {}), ("exp", (a,), {}),
         ("new_zeros", (a, 2, 3), {}), ("new_ones", (a, (2, 3)), {}), ("new_ones", (a, 2), {"dtype": torch.int64}),
         ("new_full", (a, (2, 3), 0.25), {}), ("triu", (a, 1), {}), ("tril", (a,), {}), ("tril", (a, -1), {}),
+        ("clamp", (a,), {"min": 0.0}), ("clamp", (a, -0.2, 0.3), {}), ("clamp_min", (ids, 2), {}),
+        ("expand", (a[:, :1], 2, 3, 4), {}), ("expand", (a[:1], (3, -1, -1)), {}), ("expand", (m, 2, -1, -1), {}),
+        ("repeat", (a, 1, 2, 1), {}), ("repeat", (m, (2, 1, 3)), {}), ("pow", (pos, 2), {}), ("sqrt", (pos,), {}),
+        ("rsqrt", (pos,), {}), ("type_as", (mask, a), {}), ("type_as", (a, ids), {}), ("matmul", (a, m), {}),
+        ("mul", (a, b), {}), ("add", (a, b), {"alpha": 2}), ("add", (a, 1.5), {}),
     ]  # fmt: skip
     return [("function", f, f, args, kw) for f, args, kw in fn] + [
         ("method", name, lambda x, *r, name=name, **kw: getattr(x, name)(*r, **kw), args, kw)
