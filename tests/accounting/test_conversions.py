@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -625,6 +626,27 @@ def test_gdp_epsilon_lower_is_never_above_the_50_digit_root_and_gdp_epsilon_neve
     # Degenerate points: as gdp_epsilon's, and a delta met at epsilon = 0 gives 0.
     assert gdp_epsilon_lower(0.0, 1e-5) == 0.0 and gdp_epsilon_lower(math.inf, 0.5) == math.inf
     assert gdp_epsilon_lower(1.0, 0.0) == math.inf and gdp_epsilon_lower(0.1, 0.6) == 0.0
+
+
+def test_gdp_epsilon_lower_edges_and_refusals():
+    # 0-GDP is perfectly private: epsilon 0 even at delta = 0 (not the delta = 0 -> inf of mu > 0), as gdp_epsilon.
+    from dpaudit.accounting.gdp import _gdp_delta_lower, gdp_epsilon_lower
+
+    assert gdp_epsilon_lower(0.0, 0.0) == 0.0 == gdp_epsilon(0.0, 0.0)
+    # mu > 1.3e154: the root mu^2/2 - ... is beyond float64; the largest float is below it (a lower bound), while
+    # the claim direction is inf.
+    assert gdp_epsilon_lower(1e160, 1e-5) == sys.float_info.max and gdp_epsilon(1e160, 1e-5) == math.inf
+    # The documented guarantee, provable in floats: delta(epsilon) evaluated DOWN is still >= delta at the returned
+    # epsilon (so the exact root is at least it). At these points brentq's root misses it by an ulp or two and the
+    # step-down loop must run, also below epsilon = 1.
+    for mu, delta in ((0.08, 0.002), (0.1, 1e-3), (0.16, 5e-4), (2.0, 1e-5)):
+        assert _gdp_delta_lower(mu, gdp_epsilon_lower(mu, delta)) >= delta
+    # The same domain as gdp_epsilon: mu >= 0, delta in [0, 1).
+    for mu, delta in ((-0.1, 1e-5), (1.0, 1.0), (1.0, 1.5), (1.0, -1e-9)):
+        with pytest.raises(InputError):
+            gdp_epsilon_lower(mu, delta)
+        with pytest.raises(InputError):
+            gdp_epsilon(mu, delta)
 
 
 # ---------------------------------------------------------------------------------------------
