@@ -633,6 +633,8 @@ def test_gdp_epsilon_lower_edges_and_refusals():
     from dpaudit.accounting.gdp import _gdp_delta_lower, gdp_epsilon_lower
 
     assert gdp_epsilon_lower(0.0, 0.0) == 0.0 == gdp_epsilon(0.0, 0.0)
+    # mu = inf (disjoint supports): delta(epsilon) = 1 at every finite epsilon, up and down (not NaN).
+    assert gdp_delta(math.inf, 1.0) == 1.0 == _gdp_delta_lower(math.inf, 5.0)
     # mu > 1.3e154: the root mu^2/2 - ... is beyond float64; the largest float is below it (a lower bound), while
     # the claim direction is inf.
     assert gdp_epsilon_lower(1e160, 1e-5) == sys.float_info.max and gdp_epsilon(1e160, 1e-5) == math.inf
