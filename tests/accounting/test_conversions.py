@@ -720,3 +720,35 @@ def test_epsilon_delta_tradeoff_beyond_e_700():
         1.0 - math.exp(710.0 + math.log(1e-309)), rel=1e-12
     )
     assert epsilon_delta_tradeoff(1.0, 1e-5, 0.1) == 1.0 - 1e-5 - math.exp(1.0) * 0.1
+
+
+def test_effective_noise_multiplier_of_composed_gaussians():
+    # k Gaussians on the same data are one Gaussian with sigma_eff = (sum_i 1/sigma_i^2)^(-1/2) (McMahan et al. 2018,
+    # Sec. 3); a noiseless or non-private part makes it 0; any other mechanism is returned as the offending leaf.
+    from dpaudit.accounting.base import effective_gaussian_noise_multiplier as eff
+    from dpaudit.events import Composed, Gaussian, Laplace, NonPrivate, NoOp, SelfComposed
+
+    assert eff(Gaussian(2.0)) == 2.0
+    assert eff(SelfComposed(Gaussian(2.0), 4)) == 1.0
+    mixed = Composed((Gaussian(2.0), SelfComposed(Gaussian(4.0), 3), NoOp()))
+    assert eff(mixed) == pytest.approx((1 / 4 + 3 / 16) ** -0.5, rel=1e-15)
+    assert eff(Composed((Gaussian(2.0), NonPrivate()))) == 0.0
+    assert eff(Composed((Gaussian(0.0), Gaussian(2.0)))) == 0.0
+    assert eff(Composed((NoOp(),))) == math.inf  # nothing released
+    lap = Laplace(1.0)
+    assert eff(Composed((Gaussian(2.0), lap))) is lap
+    # Through the GDP accountant: no subsampling (q = 1) is exactly (1/sigma_eff)-GDP.
+    acc = GdpAccountant().compose(PoissonSampled(1.0, mixed))
+    assert acc.mu == pytest.approx(math.sqrt(1 / 4 + 3 / 16), rel=1e-15)
+
+
+def test_gdp_delta_lower_is_never_above_the_50_digit_value():
+    # The mirror of gdp_delta's margin, for lower bounds: at these points the unrounded evaluation lands above the
+    # exact delta(epsilon) (by ~1.4e-16 relative), so only the downward rounding keeps it below.
+    from dpaudit.accounting.gdp import _gdp_delta_lower
+
+    for mu, eps in ((0.25, 0.5), (0.5, 1.0), (1.0, 2.5), (2.0, 1.0)):
+        exact = _mp_gdp_delta(mu, eps)
+        assert _gdp_delta_lower(mu, eps) <= exact <= gdp_delta(mu, eps)
+        assert _gdp_delta_lower(mu, eps) >= float(exact) * (1 - 1e-14)
+    assert _gdp_delta_lower(1.0, 0.0) <= special.erf(1 / (2 * math.sqrt(2)))
