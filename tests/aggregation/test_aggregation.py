@@ -262,3 +262,77 @@ def test_threshold_above_teacher_count_is_rejected():
     agg = AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=1.0, threshold=30.0)
     with pytest.raises(InputError, match=r"threshold in \[0, 20\]"):
         AggregationConfig(algo="pate", teachers=20, aggregator=agg, queries=10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "argmax", "sigma": 1.0}, "the argmax aggregator adds no noise; give no --sigma"),
+        ({"name": "gnmax"}, "the gnmax aggregator needs --sigma"),
+        ({"name": "lnmax", "sigma": 0.0}, "sigma"),
+        ({"name": "gnmax", "sigma": math.inf}, "sigma"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "threshold": 5.0}, "confident-gnmax needs --sigma1 and --threshold"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 2.0}, "confident-gnmax needs --sigma1 and --threshold"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 0.0, "threshold": 5.0}, "sigma1"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": math.inf, "threshold": 5.0}, "sigma1"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 2.0, "threshold": -1.0}, "threshold"),
+        ({"name": "gnmax", "sigma": 1.0, "sigma1": 2.0}, "apply only to confident-gnmax"),
+        ({"name": "gnmax", "sigma": 1.0, "threshold": 2.0}, "apply only to confident-gnmax"),
+        ({"name": "gnmax", "sigma": 1.0, "max_answers": 3}, "apply only to confident-gnmax"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 2.0, "threshold": 5.0, "max_answers": 0}, "max_answers"),
+        ({"name": "lnmax", "sigma": 1.0, "sample_rate": 0.5}, "--subsample applies to the gnmax aggregator, not lnmax"),
+        ({"name": "gnmax", "sigma": 1.0, "sample_rate": 0.0}, "sample_rate"),
+        ({"name": "gnmax", "sigma": 1.0, "sample_rate": 1.5}, "sample_rate"),
+    ],
+)
+def test_aggregator_settings_outside_their_mechanism_are_refused(kwargs, message):
+    # Every setting is privacy-relevant: one the accounting does not read (a sigma1 on plain GNMax, a subsample rate
+    # on LNMax) would be a claim about a mechanism that did not run.
+    with pytest.raises(InputError, match=message):
+        AggregatorConfig(**kwargs)
+
+
+def test_aggregator_settings_at_their_bounds_are_accepted():
+    AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=2.0, threshold=0.0, max_answers=1)
+    AggregatorConfig("gnmax", sigma=1.0, sample_rate=1.0)  # q = 1: no subsampling
+    AggregatorConfig("argmax")
+    config = AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=2.0, threshold=10.0)
+    config.check_teachers(10)  # T = K: every teacher must agree
+    with pytest.raises(InputError, match=r"expected threshold in \[0, 9\] \(the number of teachers\), got 10"):
+        config.check_teachers(9)
+    AggregatorConfig("gnmax", sigma=1.0).check_teachers(1)  # no threshold: nothing to check
+
+
+def test_privacy_record_counts_answers_and_names_the_neighbouring_relation():
+    # answers: -1 = not answered (Confident-GNMax's threshold), any class >= 0 (class 0 too) = answered.
+    from dpaudit.aggregation import NEIGHBOURING_NOTE, SUBSAMPLED_NOTE
+
+    hist = vote_histogram(np.array([[0, 1, 1], [0, 2, 0], [0, 2, 1]]), 3)
+    answers = np.array([0, -1, 1])
+    rec = privacy_record(AggregatorConfig("gnmax", sigma=2.0), hist, answers, delta=1e-5, n_teachers=3)
+    assert (rec["n_answered"], rec["n_queries"], rec["n_teachers"]) == (2, 3, 3)
+    assert rec["neighbouring"] == "replace_one" and rec["analysis"].endswith(NEIGHBOURING_NOTE)
+    sub = privacy_record(AggregatorConfig("gnmax", sigma=2.0, sample_rate=0.1), hist, answers, delta=1e-5, n_teachers=3)
+    assert sub["neighbouring"] == "add_remove" and sub["analysis"].endswith(SUBSAMPLED_NOTE)
+    assert sub["analysis"].startswith("data-independent (formal): ")
+    with pytest.raises(InputError, match="claim"):
+        privacy_record(AggregatorConfig("gnmax", sigma=2.0), hist, answers, delta=1e-5, n_teachers=3, claim="both")
+    # LNMax records its pure-DP epsilon beside the (epsilon, delta) one.
+    lnmax = AggregatorConfig("lnmax", sigma=2.0)
+    want = data_independent_epsilon(lnmax, 3, 3, 1e-5)["pure_dp_epsilon"]
+    assert privacy_record(lnmax, hist, answers, delta=1e-5, n_teachers=3)["pure_dp_epsilon"] == want
+
+
+def test_a_data_dependent_record_uses_the_sanitiser_asked_for():
+    # The user's sanitiser settings reach the sanitiser and the record (not the defaults); the analysis names the
+    # neighbouring relation.
+    from dpaudit.accounting.pate_smooth import SanitiserConfig
+    from dpaudit.aggregation import NEIGHBOURING_NOTE
+
+    config = AggregatorConfig("gnmax", sigma=40.0)
+    hist = np.tile([90, 5, 5], (20, 1))
+    answers = aggregate(hist, config, 0)
+    asked = SanitiserConfig(order=7.0)
+    rec = privacy_record(config, hist, answers, delta=1e-5, n_teachers=100, claim="data-dependent", sanitiser=asked)
+    assert rec["sanitiser"]["order"] == 7.0 and rec["sanitised"]["order"] == 7.0
+    assert rec["analysis"].endswith(NEIGHBOURING_NOTE)
