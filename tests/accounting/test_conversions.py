@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -627,6 +628,29 @@ def test_gdp_epsilon_lower_is_never_above_the_50_digit_root_and_gdp_epsilon_neve
     assert gdp_epsilon_lower(1.0, 0.0) == math.inf and gdp_epsilon_lower(0.1, 0.6) == 0.0
 
 
+def test_gdp_epsilon_lower_edges_and_refusals():
+    # 0-GDP is perfectly private: epsilon 0 even at delta = 0 (not the delta = 0 -> inf of mu > 0), as gdp_epsilon.
+    from dpaudit.accounting.gdp import _gdp_delta_lower, gdp_epsilon_lower
+
+    assert gdp_epsilon_lower(0.0, 0.0) == 0.0 == gdp_epsilon(0.0, 0.0)
+    # mu = inf (disjoint supports): delta(epsilon) = 1 at every finite epsilon, up and down (not NaN).
+    assert gdp_delta(math.inf, 1.0) == 1.0 == _gdp_delta_lower(math.inf, 5.0)
+    # mu > 1.3e154: the root mu^2/2 - ... is beyond float64; the largest float is below it (a lower bound), while
+    # the claim direction is inf.
+    assert gdp_epsilon_lower(1e160, 1e-5) == sys.float_info.max and gdp_epsilon(1e160, 1e-5) == math.inf
+    # The documented guarantee, provable in floats: delta(epsilon) evaluated DOWN is still >= delta at the returned
+    # epsilon (so the exact root is at least it). At these points brentq's root misses it by an ulp or two and the
+    # step-down loop must run, also below epsilon = 1.
+    for mu, delta in ((0.08, 0.002), (0.1, 1e-3), (0.16, 5e-4), (2.0, 1e-5)):
+        assert _gdp_delta_lower(mu, gdp_epsilon_lower(mu, delta)) >= delta
+    # The same domain as gdp_epsilon: mu >= 0, delta in [0, 1).
+    for mu, delta in ((-0.1, 1e-5), (1.0, 1.0), (1.0, 1.5), (1.0, -1e-9)):
+        with pytest.raises(InputError):
+            gdp_epsilon_lower(mu, delta)
+        with pytest.raises(InputError):
+            gdp_epsilon(mu, delta)
+
+
 # ---------------------------------------------------------------------------------------------
 # Classic theorems rounded up, over the whole float range (benchmarks/accountant_sweep.py)
 # ---------------------------------------------------------------------------------------------
@@ -696,3 +720,35 @@ def test_epsilon_delta_tradeoff_beyond_e_700():
         1.0 - math.exp(710.0 + math.log(1e-309)), rel=1e-12
     )
     assert epsilon_delta_tradeoff(1.0, 1e-5, 0.1) == 1.0 - 1e-5 - math.exp(1.0) * 0.1
+
+
+def test_effective_noise_multiplier_of_composed_gaussians():
+    # k Gaussians on the same data are one Gaussian with sigma_eff = (sum_i 1/sigma_i^2)^(-1/2) (McMahan et al. 2018,
+    # Sec. 3); a noiseless or non-private part makes it 0; any other mechanism is returned as the offending leaf.
+    from dpaudit.accounting.base import effective_gaussian_noise_multiplier as eff
+    from dpaudit.events import Composed, Gaussian, Laplace, NonPrivate, NoOp, SelfComposed
+
+    assert eff(Gaussian(2.0)) == 2.0
+    assert eff(SelfComposed(Gaussian(2.0), 4)) == 1.0
+    mixed = Composed((Gaussian(2.0), SelfComposed(Gaussian(4.0), 3), NoOp()))
+    assert eff(mixed) == pytest.approx((1 / 4 + 3 / 16) ** -0.5, rel=1e-15)
+    assert eff(Composed((Gaussian(2.0), NonPrivate()))) == 0.0
+    assert eff(Composed((Gaussian(0.0), Gaussian(2.0)))) == 0.0
+    assert eff(Composed((NoOp(),))) == math.inf  # nothing released
+    lap = Laplace(1.0)
+    assert eff(Composed((Gaussian(2.0), lap))) is lap
+    # Through the GDP accountant: no subsampling (q = 1) is exactly (1/sigma_eff)-GDP.
+    acc = GdpAccountant().compose(PoissonSampled(1.0, mixed))
+    assert acc.mu == pytest.approx(math.sqrt(1 / 4 + 3 / 16), rel=1e-15)
+
+
+def test_gdp_delta_lower_is_never_above_the_50_digit_value():
+    # The mirror of gdp_delta's margin, for lower bounds: at these points the unrounded evaluation lands above the
+    # exact delta(epsilon) (by ~1.4e-16 relative), so only the downward rounding keeps it below.
+    from dpaudit.accounting.gdp import _gdp_delta_lower
+
+    for mu, eps in ((0.25, 0.5), (0.5, 1.0), (1.0, 2.5), (2.0, 1.0)):
+        exact = _mp_gdp_delta(mu, eps)
+        assert _gdp_delta_lower(mu, eps) <= exact <= gdp_delta(mu, eps)
+        assert _gdp_delta_lower(mu, eps) >= float(exact) * (1 - 1e-14)
+    assert _gdp_delta_lower(1.0, 0.0) <= special.erf(1 / (2 * math.sqrt(2)))

@@ -217,6 +217,28 @@ def test_randomized_response_closed_form():
     assert math.isinf(rdp_randomized_response(0.0, 5, [alpha])[0])
 
 
+def test_laplace_pure_dp_and_randomized_response_at_their_edges():
+    # epsilon = inf: no guarantee at any order (inf, not the NaN of inf - inf); epsilon = 0: none lost. One bucket:
+    # the output is constant, D_alpha = 0 whatever p (the two-term formula assumes k >= 2 and would give > 0).
+    o = np.array([1.5, 2.0, 32.0])
+    for curve in (rdp_laplace, rdp_pure_dp):
+        assert np.all(np.isposinf(curve(math.inf, o)))
+        np.testing.assert_array_equal(curve(0.0, o), 0.0)
+    for p in (0.1, 0.5, 0.9):
+        np.testing.assert_array_equal(rdp_randomized_response(p, 1, o), 0.0)
+    # Three buckets: the third, p/k under both P and Q, adds (k - 2) p / k to the sum (Mironov 2017, Def. 3).
+    p, k, alpha = 0.4, 3, 2.5
+    hi, lo = 1 - p + p / k, p / k
+    direct = math.log(hi**alpha * lo ** (1 - alpha) + lo**alpha * hi ** (1 - alpha) + (k - 2) * lo) / (alpha - 1)
+    assert rdp_randomized_response(p, k, [alpha])[0] == pytest.approx(direct, rel=1e-12)
+    # A Renyi divergence is >= 0: near p = 1 the log-sum rounds to -2e-12 at order 1.0001 and must be clamped.
+    for k in (2, 3, 7):
+        assert np.all(rdp_randomized_response(1 - 1e-13, k, [1.0001, 1.5, 64.0]) >= 0.0)
+    for bad in ([], [[2.0]], [0.5, 2.0], [1.0], [2.0, np.nan]):
+        with pytest.raises(ValueError, match=r"orders must be a non-empty 1-D sequence|every RDP order must be > 1"):
+            rdp_laplace(1.0, bad)
+
+
 def test_sampling_without_replacement_bounds():
     o = np.array([2.0, 3.0, 4.5, 16.0, 300.0])
     q, sigma = 0.01, 2.0

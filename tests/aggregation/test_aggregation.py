@@ -262,3 +262,171 @@ def test_threshold_above_teacher_count_is_rejected():
     agg = AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=1.0, threshold=30.0)
     with pytest.raises(InputError, match=r"threshold in \[0, 20\]"):
         AggregationConfig(algo="pate", teachers=20, aggregator=agg, queries=10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "argmax", "sigma": 1.0}, "the argmax aggregator adds no noise; give no --sigma"),
+        ({"name": "gnmax"}, "the gnmax aggregator needs --sigma"),
+        ({"name": "lnmax", "sigma": 0.0}, "sigma"),
+        ({"name": "gnmax", "sigma": math.inf}, "sigma"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "threshold": 5.0}, "confident-gnmax needs --sigma1 and --threshold"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 2.0}, "confident-gnmax needs --sigma1 and --threshold"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 0.0, "threshold": 5.0}, "sigma1"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": math.inf, "threshold": 5.0}, "sigma1"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 2.0, "threshold": -1.0}, "threshold"),
+        ({"name": "gnmax", "sigma": 1.0, "sigma1": 2.0}, "apply only to confident-gnmax"),
+        ({"name": "gnmax", "sigma": 1.0, "threshold": 2.0}, "apply only to confident-gnmax"),
+        ({"name": "gnmax", "sigma": 1.0, "max_answers": 3}, "apply only to confident-gnmax"),
+        ({"name": "confident-gnmax", "sigma": 1.0, "sigma1": 2.0, "threshold": 5.0, "max_answers": 0}, "max_answers"),
+        ({"name": "lnmax", "sigma": 1.0, "sample_rate": 0.5}, "--subsample applies to the gnmax aggregator, not lnmax"),
+        ({"name": "gnmax", "sigma": 1.0, "sample_rate": 0.0}, "sample_rate"),
+        ({"name": "gnmax", "sigma": 1.0, "sample_rate": 1.5}, "sample_rate"),
+    ],
+)
+def test_aggregator_settings_outside_their_mechanism_are_refused(kwargs, message):
+    # Every setting is privacy-relevant: one the accounting does not read (a sigma1 on plain GNMax, a subsample rate
+    # on LNMax) would be a claim about a mechanism that did not run.
+    with pytest.raises(InputError, match=message):
+        AggregatorConfig(**kwargs)
+
+
+def test_aggregator_settings_at_their_bounds_are_accepted():
+    AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=2.0, threshold=0.0, max_answers=1)
+    AggregatorConfig("gnmax", sigma=1.0, sample_rate=1.0)  # q = 1: no subsampling
+    AggregatorConfig("argmax")
+    config = AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=2.0, threshold=10.0)
+    config.check_teachers(10)  # T = K: every teacher must agree
+    with pytest.raises(InputError, match=r"expected threshold in \[0, 9\] \(the number of teachers\), got 10"):
+        config.check_teachers(9)
+    AggregatorConfig("gnmax", sigma=1.0).check_teachers(1)  # no threshold: nothing to check
+
+
+def test_privacy_record_counts_answers_and_names_the_neighbouring_relation():
+    # answers: -1 = not answered (Confident-GNMax's threshold), any class >= 0 (class 0 too) = answered.
+    from dpaudit.aggregation import NEIGHBOURING_NOTE, SUBSAMPLED_NOTE
+
+    hist = vote_histogram(np.array([[0, 1, 1], [0, 2, 0], [0, 2, 1]]), 3)
+    answers = np.array([0, -1, 1])
+    rec = privacy_record(AggregatorConfig("gnmax", sigma=2.0), hist, answers, delta=1e-5, n_teachers=3)
+    assert (rec["n_answered"], rec["n_queries"], rec["n_teachers"]) == (2, 3, 3)
+    assert rec["neighbouring"] == "replace_one" and rec["analysis"].endswith(NEIGHBOURING_NOTE)
+    sub = privacy_record(AggregatorConfig("gnmax", sigma=2.0, sample_rate=0.1), hist, answers, delta=1e-5, n_teachers=3)
+    assert sub["neighbouring"] == "add_remove" and sub["analysis"].endswith(SUBSAMPLED_NOTE)
+    assert sub["analysis"].startswith("data-independent (formal): ")
+    with pytest.raises(InputError, match="claim"):
+        privacy_record(AggregatorConfig("gnmax", sigma=2.0), hist, answers, delta=1e-5, n_teachers=3, claim="both")
+    # LNMax records its pure-DP epsilon beside the (epsilon, delta) one.
+    lnmax = AggregatorConfig("lnmax", sigma=2.0)
+    want = data_independent_epsilon(lnmax, 3, 3, 1e-5)["pure_dp_epsilon"]
+    assert privacy_record(lnmax, hist, answers, delta=1e-5, n_teachers=3)["pure_dp_epsilon"] == want
+
+
+def test_a_data_dependent_record_uses_the_sanitiser_asked_for():
+    # The user's sanitiser settings reach the sanitiser and the record (not the defaults); the analysis names the
+    # neighbouring relation.
+    from dpaudit.accounting.pate_smooth import SanitiserConfig
+    from dpaudit.aggregation import NEIGHBOURING_NOTE, SANITISED_NOTE
+
+    config = AggregatorConfig("gnmax", sigma=40.0)
+    hist = np.tile([90, 5, 5], (20, 1))
+    answers = aggregate(hist, config, 0)
+    asked = SanitiserConfig(order=7.0)
+    rec = privacy_record(config, hist, answers, delta=1e-5, n_teachers=100, claim="data-dependent", sanitiser=asked)
+    assert rec["sanitiser"]["order"] == 7.0 and rec["sanitised"]["order"] == 7.0
+    assert rec["analysis"].startswith(SANITISED_NOTE) and rec["analysis"].endswith(NEIGHBOURING_NOTE)
+
+
+def test_confident_gnmax_gate_cap_and_argmax_follow_the_algorithm():
+    # Papernot et al. 2018, Alg. 1, with sigma1 and sigma2 tiny (1e-9) so the outcome is the noiseless one: answer
+    # (argmax_j n_j) when max_j n_j + N(0, sigma1^2) >= T, else -1; after max_answers answers, -1 (sequential).
+    hist = np.array([[0, 9, 1], [4, 3, 3], [2, 0, 8], [10, 0, 0], [1, 6, 3]])
+    cfg = AggregatorConfig("confident-gnmax", sigma=1e-9, sigma1=1e-9, threshold=4.5)
+    np.testing.assert_array_equal(aggregate(hist, cfg, 0), [1, -1, 2, 0, 1])  # max 4 < T: declined
+    capped = AggregatorConfig("confident-gnmax", sigma=1e-9, sigma1=1e-9, threshold=4.5, max_answers=3)
+    np.testing.assert_array_equal(aggregate(hist, capped, 0), [1, -1, 2, 0, -1])  # class 0 counts as an answer
+    np.testing.assert_array_equal(aggregate(hist, AggregatorConfig("argmax"), 0), [1, 0, 2, 0, 1])
+    # The noise is there: max_j n_j = T passes the check with probability 1/2, and a two-way tie goes either way
+    # with probability 1/2 each; 4,000 rows, each share within 0.04 of 1/2 (over 5 standard errors).
+    tied = np.tile([5, 5, 0], (4000, 1))
+    noisy = aggregate(tied, AggregatorConfig("confident-gnmax", sigma=1.0, sigma1=1.0, threshold=5.0), 0)
+    assert abs(np.mean(noisy >= 0) - 0.5) < 0.04 and abs(np.mean(noisy[noisy >= 0] == 1) - 0.5) < 0.04
+
+
+def test_aggregator_events_are_the_mechanisms_that_ran():
+    from dpaudit.events import GNMax, LNMax, NonPrivate, PoissonSampled, SelfComposed
+
+    assert aggregator_event(AggregatorConfig("argmax"), 3, 4) == NonPrivate()
+    assert aggregator_event(AggregatorConfig("lnmax", sigma=2.0), 3, 4) == SelfComposed(LNMax(2.0, 4), 3)
+    assert aggregator_event(AggregatorConfig("gnmax", sigma=2.0), 3, 4) == SelfComposed(GNMax(2.0, 4), 3)
+    # Subsampled GNMax: one record moves one teacher's vote, the histogram by sqrt(2) in L2 (Papernot et al. 2018,
+    # Prop. 8), so a Gaussian of noise multiplier sigma / sqrt(2) per query, Poisson-sampled at q.
+    sub = aggregator_event(AggregatorConfig("gnmax", sigma=3.0, sample_rate=0.1), 3, 4)
+    assert isinstance(sub, SelfComposed) and sub.count == 3 and isinstance(sub.event, PoissonSampled)
+    assert sub.event.sample_rate == 0.1 and sub.event.event.noise_multiplier == pytest.approx(3.0 / math.sqrt(2.0))
+    # argmax: no claim (inf, no accountant); delta outside (0, 1) refused.
+    none = data_independent_epsilon(AggregatorConfig("argmax"), 3, 4, 1e-5)
+    assert none["epsilon"] == math.inf and none["accountant"] is None
+    for delta in (0.0, 1.0, 1.5):
+        with pytest.raises(InputError, match="delta"):
+            data_independent_epsilon(AggregatorConfig("gnmax", sigma=3.0), 3, 4, delta)
+    # Confident-GNMax: every query pays the check; at most max_answers (and at most n_queries) pay an answer.
+    for cap, paid in ((None, 3), (2, 2), (10, 3)):
+        cfg = AggregatorConfig("confident-gnmax", sigma=2.0, sigma1=5.0, threshold=1.0, max_answers=cap)
+        check, answer = aggregator_event(cfg, 3, 4).events
+        assert (check.count, check.event.noise_multiplier, answer.count) == (3, 5.0, paid)
+    with pytest.raises(InputError, match="n_queries"):
+        aggregator_event(AggregatorConfig("gnmax", sigma=2.0), 0, 4)
+
+
+def test_data_dependent_rdp_sums_the_per_query_curves_it_should():
+    # RDP composes by summing at each order (Mironov 2017, Prop. 1). LNMax: every query, Papernot et al. 2017 Thm. 3
+    # with pure eps = 2/b (b = sigma); GNMax: every query; Confident-GNMax: every query pays the threshold check,
+    # only the answered ones (answer >= 0, class 0 included) pay GNMax (Papernot et al. 2018, Alg. 1).
+    from dpaudit.accounting.pate_smooth import (
+        log_q_gnmax,
+        log_q_lnmax,
+        rdp_gnmax_data_dependent,
+        rdp_lnmax_data_dependent,
+        rdp_threshold_data_dependent,
+    )
+    from dpaudit.aggregation import data_dependent_rdp
+
+    hist = np.array([[40.0, 5, 5], [30, 15, 5], [20, 20, 10], [45, 3, 2]])
+    answers = np.array([0, -1, 1, 0])
+    lnmax = AggregatorConfig("lnmax", sigma=3.0)
+    want = sum(rdp_lnmax_data_dependent(float(lq), 2.0 / 3.0, ORDERS) for lq in log_q_lnmax(hist, 3.0))
+    np.testing.assert_allclose(data_dependent_rdp(hist, answers, lnmax, ORDERS), want, rtol=1e-13)
+    gn = AggregatorConfig("gnmax", sigma=4.0)
+    want = sum(rdp_gnmax_data_dependent(float(lq), 4.0, ORDERS) for lq in log_q_gnmax(hist, 4.0))
+    np.testing.assert_allclose(data_dependent_rdp(hist, answers, gn, ORDERS), want, rtol=1e-13)
+    conf = AggregatorConfig("confident-gnmax", sigma=4.0, sigma1=10.0, threshold=25.0)
+    check = sum(rdp_threshold_data_dependent(float(m), 25.0, 10.0, ORDERS) for m in hist.max(1))
+    answer = sum(rdp_gnmax_data_dependent(float(lq), 4.0, ORDERS) for lq in log_q_gnmax(hist[[0, 2, 3]], 4.0))
+    np.testing.assert_allclose(data_dependent_rdp(hist, answers, conf, ORDERS), check + answer, rtol=1e-13)
+    none = data_dependent_rdp(hist, np.full(4, -1), conf, ORDERS)  # nothing answered: the checks only
+    np.testing.assert_allclose(none, check, rtol=1e-13)
+    with pytest.raises(InputError, match="covers lnmax, gnmax and confident-gnmax, not argmax"):
+        data_dependent_rdp(hist, answers, AggregatorConfig("argmax"), ORDERS)
+
+
+def test_vote_histogram_counts_by_hand_and_bad_votes_or_histograms_are_refused():
+    votes = np.array([[0, 1, 2, 2], [1, 1, 0, 2]])  # 2 teachers x 4 queries
+    np.testing.assert_array_equal(vote_histogram(votes, 3), [[1, 1, 0], [0, 2, 0], [1, 0, 1], [0, 0, 2]])
+    for bad, pattern in (
+        (np.array([0, 1, 2]), "expected votes as a 2-D integer array"),
+        (votes.astype(float), "expected votes as a 2-D integer array"),
+        (votes - 1, r"expected votes in \[0, 3\), got values in \[-1, 1\]"),
+        (votes + 1, r"expected votes in \[0, 3\), got values in \[1, 3\]"),
+    ):
+        with pytest.raises(InputError, match=pattern):
+            vote_histogram(bad, 3)
+    assert vote_histogram(np.zeros((3, 0), int), 3).shape == (0, 3)  # no queries
+    gn = AggregatorConfig("gnmax", sigma=1.0)
+    for hist in (np.array([1.0, 2.0]), np.array([[3.0], [2.0]]), np.zeros((2, 3, 1))):
+        with pytest.raises(InputError, match=r"expected a \(queries, classes >= 2\) vote histogram"):
+            aggregate(hist, gn, 0)
+    for hist in (np.array([[1.0, -1.0]]), np.array([[1.0, np.nan]]), np.array([[1.0, np.inf]])):
+        with pytest.raises(InputError, match="vote counts must be finite and non-negative"):
+            aggregate(hist, gn, 0)

@@ -122,6 +122,19 @@ class TestGuard:
         with pytest.raises(InputError, match="IN reference models"):
             LiRA(on_insufficient="warn", min_models=1).fit(self.signals, self.in_mask)
 
+    def test_a_zero_among_few_is_refused_even_when_warning(self):
+        self.in_mask[2] = False  # record 2: no IN model, record 3: one; warn covers the one, never the zero
+        with pytest.raises(InputError, match=r"2 record\(s\) have fewer than 2 IN reference models.*2 \(0\), 3 \(1\)"):
+            LiRA(on_insufficient="warn", min_models=2).fit(self.signals, self.in_mask)
+
+    @pytest.mark.parametrize(("n_low", "tail"), [(8, r"7 \(1\)\); train"), (9, r"7 \(1\) and 1 more\); train")])
+    def test_the_message_names_eight_records_then_counts_the_rest(self, n_low, tail):
+        in_mask = np.array([[1, 1, 0, 0]] * 12, bool)
+        in_mask[:n_low, 1] = False
+        msg = rf"{n_low} record\(s\) have fewer than 2 IN reference models \(record id \(count\): 0 \(1\), 1 \(1\), "
+        with pytest.raises(InputError, match=msg + r"2 \(1\), 3 \(1\), 4 \(1\), 5 \(1\), 6 \(1\), " + tail):
+            LiRA(min_models=2).fit(np.zeros((12, 4)), in_mask)
+
     def test_offline_needs_only_out(self):
         self.in_mask[2] = False
         with warnings.catch_warnings():
@@ -138,6 +151,34 @@ class TestGuard:
             LiRA().fit(self.signals, self.in_mask.astype(int))
         with pytest.raises(InputError, match="target signals"):
             LiRA(min_models=1).fit(self.signals, self.in_mask).score(np.zeros(4))
+        with pytest.raises(InputError, match=r"expected a signals matrix of shape \(n_records, n_models\), got \(5,\)"):
+            LiRA().fit(self.signals[:, 0], self.in_mask[:, 0])
+        for bad in (np.nan, np.inf):
+            signals = self.signals.copy()
+            signals[4, 3] = bad
+            with pytest.raises(InputError, match="signals contain NaN or inf"):
+                LiRA(min_models=1).fit(signals, self.in_mask)
+        with pytest.raises(InputError, match="n_models"):
+            balanced_membership(10, 0)
+
+    def test_options_and_order_of_calls(self):
+        for kw, pattern in (
+            ({"min_models": 0}, "min_models"),
+            ({"on_insufficient": "ignore"}, "on_insufficient"),
+            ({"min_std": 0.0}, "min_std"),
+            ({"global_variance": "yes"}, "expected global_variance True, False or 'auto', got 'yes'"),
+        ):
+            with pytest.raises(InputError, match=pattern):
+                LiRA(**kw).fit(self.signals, self.in_mask)
+        with pytest.raises(InputError, match=r"LiRA\.score called before fit"):
+            LiRA().score(np.zeros(5))
+        lira = LiRA(min_models=1).fit(self.signals, self.in_mask)
+        np.testing.assert_array_equal(lira.n_in_, self.in_mask.sum(axis=1))  # documented learned counts
+        np.testing.assert_array_equal(lira.n_out_, (~self.in_mask).sum(axis=1))
+        with pytest.raises(InputError, match="target signals contain NaN or inf"):
+            lira.score(np.array([0.0, 0.0, np.nan, 0.0, 0.0]))
+        with pytest.raises(InputError, match=r"expected stacked logits of shape \(n_models, n_records, n_classes\)"):
+            signals_matrix(np.zeros((4, 3)), np.zeros(4, int))
 
 
 def _loop_lira(signals, in_mask, target, *, online, global_variance, min_std=1e-6):
@@ -193,6 +234,25 @@ def test_matches_a_loop_over_records_on_a_square_matrix(online, global_variance)
         )
     want = _loop_lira(signals, in_mask, target, online=online, global_variance=global_variance)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_pooled_variance_from_one_degree_of_freedom_is_used():
+    # Only record 3 has two IN models: the pooled IN std has one degree of freedom, |a - b| / sqrt 2 of that pair,
+    # and every record takes it under global variance (Carlini et al. 2022, §VI; a NaN here would fall to min_std).
+    in_mask = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]], bool)
+    signals = np.random.default_rng(3).normal(0, 1, (5, 4)) + 2.0 * in_mask
+    target = np.array([0.5, 1.0, 1.5, 2.0, -0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # records with one IN model
+        lira = LiRA(global_variance=True, min_models=1, on_insufficient="warn").fit(signals, in_mask)
+    a, b = signals[3, in_mask[3]]
+    np.testing.assert_allclose(lira.std_in_, abs(a - b) / math.sqrt(2), rtol=1e-13)
+    want = _loop_lira(signals, in_mask, target, online=True, global_variance=True)
+    np.testing.assert_allclose(lira.score(target), want, rtol=1e-12)
+    # Offline, a record with no IN model adds no degree of freedom (not -1) to the pooled IN std it still reports.
+    in_mask[0] = False
+    off = LiRA(online=False, global_variance=True, min_models=1).fit(signals, in_mask)
+    np.testing.assert_allclose(off.std_in_, abs(a - b) / math.sqrt(2), rtol=1e-13)
 
 
 def test_offline_scores_keep_ranking_far_above_the_out_gaussian():
@@ -263,3 +323,61 @@ def test_the_sides_whose_std_is_the_floor_are_named():
     assert LiRA(online=False, min_models=1).fit(signals, one).std_floor_sides_ == ("OUT",)
     two = np.c_[one, ~one]
     assert LiRA(online=True).fit(np.c_[signals, signals[:, ::-1]], two).std_floor_sides_ == ()
+
+
+def test_rmia_marginal_and_scores_are_the_papers_formulas_recomputed_by_hand():
+    # Zarifzadeh et al. 2024: Pr(x) = the mean of Pr(x | theta') over all reference models (online), or over the
+    # OUT models corrected by §4 (offline): ((1 + a) Pr_OUT(x) + (1 - a)) / 2; the score is log(Pr(x | theta) / Pr(x))
+    # and the pairwise score (eq. 3) the share of population z with LR(x, z) = (p_x / Pr(x)) / (p_z / Pr(z)) >= gamma.
+    # Recomputed here in plain probabilities on a hand-made matrix (the other RMIA tests read rankings only).
+    p = np.array([[0.2, 0.4, 0.9], [0.5, 0.1, 0.3], [0.7, 0.6, 0.05]])
+    m = np.array([[True, False, False], [False, True, True], [True, False, True]])
+    px_target = np.array([0.6, 0.05, 0.3])
+    s, x = np.log(p), np.log(px_target)
+    online = RMIA().fit(s, m)
+    np.testing.assert_allclose(online.log_px_, np.log(p.mean(axis=1)), rtol=1e-13)
+    np.testing.assert_allclose(online.score(x), np.log(px_target / p.mean(axis=1)), rtol=1e-13)
+    p_out = np.array([(0.4 + 0.9) / 2, 0.5, 0.6])
+    for a in (0.0, 0.3, 1.0):
+        off = RMIA(online=False, offline_a=a).fit(s, m)
+        np.testing.assert_allclose(off.log_px_, np.log(((1 + a) * p_out + (1 - a)) / 2), rtol=1e-13)
+        np.testing.assert_allclose(off.score(x), np.log(px_target / (((1 + a) * p_out + (1 - a)) / 2)), rtol=1e-13)
+    # Pairwise: population z = three other records; gamma = 1.5 (ln 1.5 away from every ratio's gap here).
+    pz = np.array([[0.3, 0.3, 0.3], [0.9, 0.8, 0.7], [0.1, 0.2, 0.4]])
+    mz = np.array([[True, False, True], [False, True, False], [True, True, False]])
+    z_target = np.array([0.5, 0.75, 0.12])
+    got = {}
+    for gamma in (1.0, 1.5):
+        rm = RMIA(gamma=gamma).fit(s, m)
+        lr_x = px_target / p.mean(axis=1)
+        lr_z = z_target / pz.mean(axis=1)
+        want = np.array([np.mean(lx / lr_z >= gamma) for lx in lr_x])
+        got[gamma] = rm.pairwise_score(x, np.log(pz), mz, np.log(z_target))
+        np.testing.assert_array_equal(got[gamma], want)
+    assert not np.array_equal(got[1.0], got[1.5])  # gamma matters on this data
+    # A record with no OUT model has no offline Pr(x); a target of the wrong length is refused.
+    with pytest.raises(InputError, match=r"RMIA: 1 record\(s\) have no usable reference model"):
+        RMIA(online=False).fit(s, np.array([[True, True, True], [False, True, True], [True, False, True]]))
+    RMIA().fit(s, np.ones_like(m))  # online uses every model, IN or OUT
+    with pytest.raises(InputError, match=r"expected 3 target signals, got shape \(2,\)"):
+        online.score(x[:2])
+
+
+def test_rmia_refuses_bad_signals_masks_and_options_in_one_line():
+    s = np.log(np.full((3, 2), 0.5))
+    m = np.array([[True, False], [False, True], [True, False]])
+    shape = r"expected signals \(n_records, n_models\) with a boolean IN matrix of the same shape"
+    for sig, mask in ((s[:, 0], m[:, 0]), (s, m[:2]), (s, m.astype(int))):
+        with pytest.raises(InputError, match=shape):
+            RMIA().fit(sig, mask)
+    for bad in (np.nan, -np.inf, 0.1):  # a log-probability is finite and <= 0; exactly 0 (p = 1) is one
+        t = s.copy()
+        t[1, 1] = bad
+        with pytest.raises(InputError, match=r"RMIA signals must be finite log-probabilities \(<= 0\)"):
+            RMIA().fit(t, m)
+    assert RMIA().fit(np.zeros((3, 2)), m).n_models_ == 2
+    with pytest.raises(InputError, match=r"RMIA\.score called before fit"):
+        RMIA().score(s[:, 0])
+    for kw in ({"offline_a": 1.1}, {"offline_a": -0.1}, {"gamma": 0.0}):
+        with pytest.raises(InputError):
+            RMIA(**kw).fit(s, m)

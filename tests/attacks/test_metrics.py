@@ -267,3 +267,67 @@ def test_hanley_mcneil_sanity():
     s = rng.normal(size=20000) + member
     phi = 0.5 * (1 + math.erf(1 / math.sqrt(2) / math.sqrt(2)))
     assert evaluate(s, member, n_bootstrap=0)["auc"] == pytest.approx(phi, abs=0.016)
+
+
+def test_downsample_roc_uses_its_budget_and_keeps_the_boundary_point():
+    from attacks.metrics import _corners
+
+    # 10,000 non-members exactly, so FPR 0.01 = 100/10,000 is an operating point: "FPR <= keep_below is kept exactly"
+    # includes it. Beyond the kept points, the rest is thinned evenly to exactly max_points (not fewer).
+    rng = np.random.default_rng(2)
+    member = rng.permutation(np.arange(20000) < 10000)
+    fpr, tpr, _ = roc_curve(rng.normal(size=20000) + member, member)
+    assert np.any(fpr == 0.02)
+    for max_points in (600, 450):
+        f2, t2 = downsample_roc(fpr, tpr, max_points=max_points, keep_below=0.02)  # 0.02: not a TPR@FPR target
+        assert len(f2) == max_points
+        kept = set(zip(f2.tolist(), t2.tolist(), strict=True))
+        corner = _corners(fpr, tpr)  # points inside straight runs are dropped first, losslessly
+        low = corner & (fpr <= 0.02)
+        assert set(zip(fpr[low].tolist(), tpr[low].tolist(), strict=True)) <= kept
+        assert (0.02, tpr[corner & (fpr == 0.02)].max()) in kept
+        assert (0.1, tpr[fpr == 0.1].max()) in kept  # the TPR@FPR 0.1 point, at FPR exactly 0.1
+        # Evenly by index: every tenth of the FPR range above keep_below holds some of the thinned points.
+        high = f2[f2 > 0.02]
+        assert np.all(np.histogram(high, bins=10, range=(0.02, 1.0))[0] > 0)
+    # The low region alone over the budget: all of it is kept (the documented exception), nothing else but the end.
+    f4, _ = downsample_roc(fpr, tpr, max_points=300, keep_below=0.02)
+    assert int((_corners(fpr, tpr) & (fpr <= 0.02)).sum()) > 300 and len(f4) > 300
+    # Two tie groups with the same member share: two collinear diagonal steps, one segment (the middle point goes).
+    f3, t3 = downsample_roc(*roc_curve([3, 3, 2, 2], [1, 0, 1, 0])[:2])
+    np.testing.assert_array_equal(np.c_[f3, t3], [[0, 0], [1, 1]])
+
+
+def test_nonmembers_needed_and_evaluate_refusals():
+    # 1 / (1 / 49) is 49.00000000000001 in floats: 49 non-members give FPR 1/49, not 50.
+    from attacks.metrics import nonmembers_needed
+
+    assert [nonmembers_needed(f) for f in (1 / 49, 1 / 98, 0.001, 0.3)] == [49, 98, 1000, 4]
+    for member, pattern in (
+        (np.zeros(4, bool), "got 0 members and 4 non-members"),
+        (np.ones(4, bool), "got 4 members and 0 non-members"),
+    ):
+        with pytest.raises(InputError, match=pattern):
+            evaluate(np.arange(4.0), member, n_bootstrap=0)
+    with pytest.raises(InputError, match=r"expected 1-D scores and member arrays, got shapes \(2, 2\) and \(4,\)"):
+        evaluate(np.zeros((2, 2)), np.array([True, False, True, False]), n_bootstrap=0)
+    with pytest.raises(InputError, match=r"expected 1-D scores and member arrays, got shapes \(4,\) and \(2, 2\)"):
+        evaluate(np.zeros(4), np.array([[True, False], [True, False]]), n_bootstrap=0)
+    import pandas as pd
+
+    with pytest.raises(InputError, match="index"):
+        evaluate(pd.Series([0.1, 0.9, 0.5]), pd.Series([True, False, True], index=[2, 1, 0]), n_bootstrap=0)
+
+
+@pytest.mark.parametrize("target", [0.29, 0.57])
+def test_tpr_at_an_fpr_whose_product_rounds_below_the_count(target):
+    # target * 100 is 28.999999999999996 (0.29) and 56.99999999999999 (0.57) in floats; FP = 29 (57) of 100 is still
+    # FPR <= target. Non-members score 0..99, 10 members above all, 10 just above the top FP non-members, 10 below.
+    k = round(target * 100)
+    nonmember = np.arange(100.0)
+    member_scores = np.r_[np.full(10, 1000.0), np.full(10, 99.5 - k), np.full(10, -5.0)]
+    s = np.r_[member_scores, nonmember]
+    member = np.r_[np.ones(30, bool), np.zeros(100, bool)]
+    assert list(evaluate(s, member, fpr_targets=(target,), n_bootstrap=0)["tpr_at_fpr"].values()) == [20 / 30]
+    fpr, tpr, _ = roc_curve(s, member)
+    assert tpr_at_fpr_from_roc(fpr, tpr, target, 100) == 20 / 30

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -80,6 +82,18 @@ def test_bad_input():
         loss_score(np.array([[np.nan, 0.0]]), np.array([0]))
     with pytest.raises(InputError, match="unknown threshold attack"):
         threshold_scores("nope", np.zeros((2, 3)), np.array([0, 1]))
+    shape = r"expected logits of shape \(n_records, n_classes >= 2\), got "
+    for z in (np.zeros(3), np.zeros((2, 1)), np.zeros((2, 3, 1))):  # one class has no membership signal to read
+        with pytest.raises(InputError, match=shape + re.escape(str(z.shape))):
+            confidence_score(z)
+    with pytest.raises(InputError, match=r"expected labels of shape \(2,\), got \(3,\)"):
+        loss_score(np.zeros((2, 3)), np.array([0, 1, 2]))
+    with pytest.raises(InputError, match="labels must be integers, got dtype float64"):
+        loss_score(np.zeros((2, 3)), np.array([0.0, 1.0]))
+    with pytest.raises(InputError, match=r"labels must lie in \[0, 3\), got range \[-1, 0\]"):
+        loss_score(np.zeros((2, 3)), np.array([-1, 0]))
+    assert loss_score(np.zeros((2, 3)), np.array([0, 2])).shape == (2,)  # the bounds 0 and k - 1 are labels
+    assert loss_score(np.zeros((0, 3)), np.zeros(0, int)).shape == (0,)  # no records: no range to check
 
 
 @pytest.mark.parametrize("score", [logit_margin, loss_score, modified_entropy_score])
