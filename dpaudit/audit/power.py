@@ -299,6 +299,7 @@ def simulated_power(
     seeds (seed, i) whatever the size (common random numbers).
     """
     from dpaudit.audit.bounds import audit_scores
+    from dpaudit.audit.holdout import in_canonical_order
 
     size = check_positive_int(size=size)
     simulations = check_positive_int(simulations=simulations)
@@ -310,6 +311,9 @@ def simulated_power(
         scores, member = _draw(leak, size, one_run, rng)
         if one_run and (member.all() or not member.any()):
             continue  # a one-class draw cannot be audited: counted as not refuted
+        # The audit reads the multiset of (score, member) pairs only (dpaudit.audit.holdout, "Record order"): in
+        # the canonical order its sorts find the records sorted (the same result, in a fraction of the time).
+        scores, member = in_canonical_order(scores, member)
         r = audit_scores(scores, member, claimed_epsilon=claimed_epsilon, design=design, seed=i, **audit)
         refuted += r.verdict in (*FORMAL_REFUTATIONS, *ESTIMATE_REFUTATIONS)
     return refuted / simulations
