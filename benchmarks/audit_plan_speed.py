@@ -1,4 +1,4 @@
-"""Cost of one simulated audit of ``audit plan``, with the records as drawn against the canonical order.
+"""Cost of ``audit plan``'s simulated audits: the records as drawn against the canonical order, and the one-run memo.
 
 ``audit plan`` (:func:`dpaudit.audit.power.size_for_power`) spends its time in :func:`simulated_power`, which runs
 :func:`dpaudit.audit.audit_scores` on each simulated draw. It passes the draw in the canonical order of the records
@@ -6,25 +6,32 @@
 only the multiset of (score, member) pairs, so the result is the same. This script times both arrangements on the
 same draws, in the same run, and checks that every audit's result (``AuditResult.to_dict()``) is equal.
 
+It then times :func:`dpaudit.audit.power.simulated_power` of the one-run method with the memo of the one-run
+p-values and bounds (:mod:`dpaudit.audit.one_run`) switched off (the undecorated functions) and on (emptied first),
+and checks that the simulated powers are equal. Times are CPU seconds (``time.process_time``): this machine is shared.
+
 Run (from the repository root):
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 python benchmarks/audit_plan_speed.py [--sizes 10000 200000 1000000]
         [--draws 3]
 
-Prints, per method, leak and size: seconds per audit as drawn, in canonical order (with the rearrangement), and
-the ratio. Results: benchmarks/RESULTS.md, "audit plan's simulated audits".
+Prints, per method, leak and size: CPU seconds per audit as drawn, in canonical order (with the rearrangement), and
+the ratio; then the memo's off/on seconds and ratio per size.
+Results: benchmarks/RESULTS.md, "audit plan's simulated audits".
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 import numpy as np
 
+from dpaudit.audit import one_run
 from dpaudit.audit.bounds import audit_scores
 from dpaudit.audit.holdout import in_canonical_order
-from dpaudit.audit.power import _SEED_SALT, ONE_RUN_METHODS, _draw, hypothesised_leak
+from dpaudit.audit.power import _SEED_SALT, ONE_RUN_METHODS, _draw, hypothesised_leak, simulated_power
 
 CASES = (  # (method, family, claimed ε, leak ε, extra audit settings)
     ("clopper-pearson", "randomized-response", 2.0, 2.01, {}),
@@ -51,11 +58,11 @@ def main() -> None:
             for i in range(args.draws):
                 scores, member = _draw(leak, size, one_run, np.random.default_rng([0, i, _SEED_SALT]))
                 kw = {"claimed_epsilon": claimed, "design": design, "seed": i, "method": method, **extra}
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 r_drawn = audit_scores(scores, member, **kw)
-                t1 = time.perf_counter()
+                t1 = time.process_time()
                 r_canon = audit_scores(*in_canonical_order(scores, member), **kw)
-                t2 = time.perf_counter()
+                t2 = time.process_time()
                 t_drawn, t_canon = t_drawn + t1 - t0, t_canon + t2 - t1
                 if r_drawn.to_dict() != r_canon.to_dict():
                     raise SystemExit(f"{method} {family} size {size} draw {i}: the results differ")
@@ -65,6 +72,27 @@ def main() -> None:
                 f"{t_drawn / t_canon:6.2f}",
                 flush=True,
             )
+    memo(args.sizes, 4 * args.draws)
+
+
+def memo(sizes: list[int], draws: int) -> None:
+    leak = hypothesised_leak(family="randomized-response", epsilon=2.2)
+    print(f"{'one-run memo':16s} {'leak':28s} {'size':>9s} {'off s':>11s} {'on s':>12s} {'ratio':>6s}")
+    for size in sizes:
+        kw = {"simulations": draws, "method": "one-run"}
+        off = {name: getattr(one_run, name).__wrapped__ for name in ("_log_p_value", "_epsilon_lower_bound")}
+        t0 = time.process_time()
+        with mock.patch.multiple(one_run, **off):
+            p_off = simulated_power(size, 2.0, leak, **kw)
+        t1 = time.process_time()
+        one_run._log_p_value.cache_clear()
+        one_run._epsilon_lower_bound.cache_clear()
+        p_on = simulated_power(size, 2.0, leak, **kw)
+        t2 = time.process_time()
+        if p_off != p_on:
+            raise SystemExit(f"one-run memo, size {size}: simulated power {p_off} without the memo, {p_on} with it")
+        print(f"{'one-run':16s} {'randomized-response 2.2':28s} {size:9d} {t1 - t0:11.3f} {t2 - t1:12.3f} "
+              f"{(t1 - t0) / (t2 - t1):6.2f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
