@@ -78,6 +78,9 @@ _SIZE_RTOL = 0.05
 # A size from which each simulation is announced (one line on stderr; under the CLI, silent with --quiet): 200 audits
 # of 10^5 runs per side take about a minute here, and the search near the 10^6 cap several such sizes.
 _ANNOUNCE_SIZE = 100_000
+# Records from which a simulated draw is passed to the audit in the canonical order: below about 1000 runs per side
+# the rearrangement cost as much as the sorts it saves (CPU time, benchmarks/audit_plan_speed.py).
+_REARRANGE_RECORDS = 2000
 _SEED_SALT = 0x9057  # simulation streams differ from every other use of the same integer seed
 
 
@@ -312,8 +315,9 @@ def simulated_power(
         if one_run and (member.all() or not member.any()):
             continue  # a one-class draw cannot be audited: counted as not refuted
         # The audit reads the multiset of (score, member) pairs only (dpaudit.audit.holdout, "Record order"): in
-        # the canonical order its sorts find the records sorted (the same result, in a fraction of the time).
-        scores, member = in_canonical_order(scores, member)
+        # the canonical order its sorts find the records sorted (the same result, in less time where sorting costs).
+        if len(member) >= _REARRANGE_RECORDS:
+            scores, member = in_canonical_order(scores, member)
         r = audit_scores(scores, member, claimed_epsilon=claimed_epsilon, design=design, seed=i, **audit)
         refuted += r.verdict in (*FORMAL_REFUTATIONS, *ESTIMATE_REFUTATIONS)
     return refuted / simulations
