@@ -390,8 +390,10 @@ def size_for_power(
 
                 shown, claim = numfmt.ordered(leak.epsilon, claimed, left_digits=4)
                 announce(
-                    f"simulating {simulations} audits of {n:,} {unit}: a leak of epsilon {shown} is close to the "
-                    f"claim ({claim}), so only large designs can show power {power:g}; each size takes minutes"
+                    # No cause is named: a leak close to the claim needs large designs, and so does a claim near
+                    # the design's ceiling (one-run at a claim of 8 against 16: the delta term caps the bound).
+                    f"simulating {simulations} audits of {n:,} {unit}: only designs this large can show power "
+                    f"{power:g} against a leak of epsilon {shown} for a claim of {claim}; each size takes minutes"
                 )
             cache[n] = simulated_power(n, claimed, leak, simulations=simulations, seed=seed, **audit)
         return cache[n]
