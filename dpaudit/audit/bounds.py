@@ -118,6 +118,19 @@ def _objective(method: str, fpr_u, fnr_u, delta: float):
     return hypothesis_test_epsilon(fpr_u, fnr_u, delta)
 
 
+def _sorted(x: np.ndarray) -> np.ndarray:
+    """``np.sort(x)``, without sorting when ``x`` is sorted already (as in ``audit plan``'s simulated audits, which
+    pass the records in the canonical order: :func:`dpaudit.audit.holdout.in_canonical_order`). The same bits: the
+    scores here are finite and carry no -0.0 (:func:`_as_scores`; an oriented "less" copy has only -0.0), so
+    values that compare equal are identical and every sorted arrangement of them is the same array."""
+    return x if bool(np.all(x[1:] >= x[:-1])) else np.sort(x)
+
+
+def _distinct(x_sorted: np.ndarray) -> np.ndarray:
+    """The distinct values of a sorted array, in order (np.unique's, without its sort)."""
+    return x_sorted[np.r_[True, x_sorted[1:] != x_sorted[:-1]]] if len(x_sorted) else x_sorted
+
+
 def _counts_at(pos_sorted: np.ndarray, neg_sorted: np.ndarray, t):
     fn = np.searchsorted(pos_sorted, t, side="left")  # members with score < t
     fp = len(neg_sorted) - np.searchsorted(neg_sorted, t, side="left")  # non-members with score >= t
@@ -149,7 +162,7 @@ class _ThresholdOutcome:
 
 
 def _evaluate_fixed(method, pos, neg, t, alpha, delta) -> _ThresholdOutcome:
-    pos_s, neg_s = np.sort(pos), np.sort(neg)
+    pos_s, neg_s = _sorted(pos), _sorted(neg)
     fp, fn = _counts_at(pos_s, neg_s, t)
     a = alpha / 2.0  # union bound over the two Clopper–Pearson bounds (FPR and FNR)
     fpr_u = clopper_pearson_upper(fp, len(neg), a)
@@ -164,9 +177,11 @@ def _evaluate_fixed(method, pos, neg, t, alpha, delta) -> _ThresholdOutcome:
 def _select_threshold(method, pos, neg) -> float:
     """Threshold maximising the bound on the selection half (any rule is valid on held-out data), scored at the
     reference level of :mod:`dpaudit.audit.holdout` (not the user's α and δ: "Level-free selection")."""
-    pos_s, neg_s = np.sort(pos), np.sort(neg)
+    pos_s, neg_s = _sorted(pos), _sorted(neg)
     # Every distinct ROC point: just above each non-member score, at each member score.
-    cand = np.unique(np.concatenate([np.nextafter(neg_s, np.inf), pos_s]))
+    # The distinct values of each sorted class first (O(n); the same set, so the same np.unique), which leaves
+    # np.unique little to sort when scores repeat (a randomized-response leak's 0s and 1s in audit plan).
+    cand = np.unique(np.concatenate([np.nextafter(_distinct(neg_s), np.inf), _distinct(pos_s)]))
     if len(cand) > _MAX_HOLDOUT_CANDIDATES:
         cand = cand[np.unique(np.linspace(0, len(cand) - 1, _MAX_HOLDOUT_CANDIDATES).round().astype(int))]
     fp, fn = _counts_at(pos_s, neg_s, cand)
@@ -196,7 +211,7 @@ def _bonferroni_thresholds(method, pos, neg, alpha, delta) -> _ThresholdOutcome:
     ≥ 1 − α (union bound) and the maximum over anchors is a valid bound.
     """
     n_pos, n_neg = len(pos), len(neg)
-    pos_s, neg_s = np.sort(pos), np.sort(neg)
+    pos_s, neg_s = _sorted(pos), _sorted(neg)
     r_neg, r_pos = rank_grid(n_neg), rank_grid(n_pos)
     k_total = len(r_neg) + len(r_pos)
     a = alpha / (2.0 * k_total)
@@ -467,9 +482,10 @@ def _audit_threshold(s, mem, setup: _Setup, threshold, rng) -> AuditResult:
             raise InputError(
                 f"holdout threshold selection needs at least 2 members and 2 non-members, got {n_pos} and {n_neg}"
             )
-        # One stratified split of the canonical order (non-members, then members: np.sort(mem)), laid onto the
-        # records per direction, so the halves depend on the (score, member) pairs, not their order.
-        sel_canonical = split(np.sort(mem), rng, stratified=True)
+        # One stratified split of the canonical order (non-members, then members: np.sort(mem), built without
+        # sorting), laid onto the records per direction, so the halves depend on the (score, member) pairs, not
+        # their order.
+        sel_canonical = split(np.arange(len(mem)) >= n_neg, rng, stratified=True)
         n_sel = int(sel_canonical.sum())
     best: _ThresholdOutcome | None = None
     direction = setup.alternative

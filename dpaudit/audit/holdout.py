@@ -92,8 +92,32 @@ SELECTION_DELTA = 1e-5
 
 def canonical_order(scores: np.ndarray, member: np.ndarray) -> np.ndarray:
     """Positions of the records in the canonical order: non-members then members, each by score ascending,
-    ties in input order (stable). Positions of a class are the same for every score direction."""
-    return np.lexsort((np.asarray(scores), np.asarray(member, bool)))
+    ties in input order (stable). Positions of a class are the same for every score direction.
+
+    Records already in that order (``audit plan``'s simulated audits pass them so: :func:`in_canonical_order`) give
+    the identity without sorting: a stable sort of a sequence already sorted by its key leaves it as it is."""
+    scores, member = np.asarray(scores), np.asarray(member, bool)
+    if is_canonical(scores, member):
+        return np.arange(len(scores))
+    return np.lexsort((scores, member))
+
+
+def is_canonical(scores: np.ndarray, member: np.ndarray) -> bool:
+    """Whether the records are in :func:`canonical_order` already: the member bits nondecreasing (non-members
+    first) and the scores nondecreasing within each class (O(n), no sort)."""
+    scores, member = np.asarray(scores), np.asarray(member, bool)
+    same_class = member[1:] == member[:-1]
+    return bool(np.all(member[1:] >= member[:-1]) and np.all((scores[1:] >= scores[:-1]) | ~same_class))
+
+
+def in_canonical_order(scores: np.ndarray, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The records (scores and member bits) rearranged into :func:`canonical_order`. Every audit of this module's
+    kind reads only the multiset of (score, member) pairs ("Record order" above), so its result is unchanged; what
+    changes is its cost: the sorts it then runs find the records sorted. Each class's scores are sorted by value,
+    which is the canonical order's (records tying on both are interchangeable)."""
+    scores, member = np.asarray(scores), np.asarray(member, bool)
+    n_out = len(member) - int(member.sum())
+    return np.concatenate([np.sort(scores[~member]), np.sort(scores[member])]), np.arange(len(member)) >= n_out
 
 
 def on_records(drawn: np.ndarray, scores: np.ndarray, member: np.ndarray) -> np.ndarray:
@@ -138,4 +162,13 @@ def select_then_evaluate(
     return evaluate(chosen, *(a[~select] for a in arrays))
 
 
-__all__ = ["SELECTION_ALPHA", "SELECTION_DELTA", "canonical_order", "on_records", "select_then_evaluate", "split"]
+__all__ = [
+    "SELECTION_ALPHA",
+    "SELECTION_DELTA",
+    "canonical_order",
+    "in_canonical_order",
+    "is_canonical",
+    "on_records",
+    "select_then_evaluate",
+    "split",
+]

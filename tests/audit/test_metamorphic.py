@@ -179,3 +179,74 @@ def test_a_holdout_bound_never_rises_with_a_smaller_alpha_or_a_larger_delta(meth
         for grid in grids:
             bounds = [r.epsilon_lower_bound for r in grid]
             assert all(b <= a + 1e-6 * max(1.0, a) for a, b in itertools.pairwise(bounds)), (seed, bounds)
+
+
+def test_canonical_order_takes_its_shortcut_only_on_records_already_in_that_order():
+    # holdout.canonical_order returns the identity, without sorting, when holdout.is_canonical says the records are
+    # in the canonical order already (audit plan's simulated audits pass them so). Reference: np.lexsort, on
+    # random records with ties, on canonical ones, and on canonical ones with one adjacent pair swapped (inside a
+    # class, across the class boundary, and two tied records, whose swap changes nothing). Planted: is_canonical
+    # without the score check, or comparing scores across the class boundary, or `>` for `>=` -> fail.
+    from dpaudit.audit.holdout import canonical_order, in_canonical_order, is_canonical
+
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(rng.integers(2, 30))
+        s, m = rng.integers(0, 4, n).astype(float), rng.random(n) < 0.5
+        cases = [(s, m), in_canonical_order(s, m)]
+        cs, cm = in_canonical_order(s, m)
+        for i in range(n - 1):
+            p = np.arange(n)
+            p[[i, i + 1]] = p[[i + 1, i]]
+            cases.append((cs[p], cm[p]))
+        for x, b in cases:
+            ref = np.lexsort((x, b))
+            assert np.array_equal(canonical_order(x, b), ref), (trial, x, b)
+            assert is_canonical(x, b) == np.array_equal(ref, np.arange(n)), (trial, x, b)
+        assert is_canonical(cs, cm)  # and a rearrangement of the records:
+        assert sorted(zip(cs, cm, strict=True)) == sorted(zip(s, m, strict=True))
+
+
+@pytest.mark.parametrize("method", list(DESIGN))
+def test_an_audit_of_records_in_canonical_order_is_the_audit_of_the_records_as_given(method):
+    # audit plan's simulated audits pass the records in the canonical order (power.simulated_power), where the
+    # audit's sorts are skipped (bounds._sorted, the identity in canonical_order) and its threshold candidates are
+    # deduplicated per class (bounds._distinct): the whole result must be the audit's of the records as drawn, bit
+    # for bit, with ties (integer scores) and without (gaussian), classes of unequal size, both directions.
+    # Planted: _sorted not sorting unsorted input, _distinct dropping the last distinct value, the holdout's
+    # canonical member bits built from the member count instead of the non-member count -> fail.
+    from dpaudit.audit.holdout import in_canonical_order
+
+    for seed in range(3):
+        s, m = _scores(seed, n=81)
+        g = np.random.default_rng(seed).normal(size=81) + 1.5 * m
+        for x in (s, g):
+            for selection in ("holdout", "bonferroni"):
+                for alternative in ("greater", "two-sided"):
+                    kw = {"method": method, "design": DESIGN[method], "seed": 3, "claimed_epsilon": 0.5,
+                          "threshold_selection": selection, "alternative": alternative}  # fmt: skip
+                    r0, r1 = audit_scores(x, m, **kw), audit_scores(*in_canonical_order(x, m), **kw)
+                    assert r0.to_dict() == r1.to_dict(), (seed, selection, alternative)
+
+
+def test_the_sorted_and_distinct_shortcuts_agree_with_numpy():
+    from dpaudit.audit.bounds import _distinct, _sorted
+
+    rng = np.random.default_rng(9)
+    for n in (0, 1, 2, 5, 50):
+        for x in (rng.integers(0, 3, n).astype(float), rng.normal(size=n)):
+            assert np.array_equal(_sorted(x), np.sort(x))
+            assert np.array_equal(_sorted(np.sort(x)), np.sort(x))
+            assert np.array_equal(_distinct(np.sort(x)), np.unique(x))
+
+
+@pytest.mark.parametrize("method", ["clopper-pearson", "gdp"])
+def test_a_holdout_threshold_audit_splits_each_class_in_half_whatever_their_sizes(method):
+    # The stratified split is drawn on the canonical member bits (non-members first), built without sorting in
+    # bounds._audit_threshold: floor(n/2) of each class select, the rest evaluate. Planted: the bits built from the
+    # member count instead of the non-member count -> fail.
+    rng = np.random.default_rng(4)
+    for n_in, n_out in ((30, 51), (51, 30), (2, 9)):
+        m = rng.permutation(np.arange(n_in + n_out) < n_in)
+        r = audit_scores(rng.normal(size=len(m)) + m, m, method=method, design="multi-run", seed=1)
+        assert (r.counts["n_eval_members"], r.counts["n_eval_nonmembers"]) == (n_in - n_in // 2, n_out - n_out // 2)

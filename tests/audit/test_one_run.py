@@ -427,3 +427,27 @@ def test_a_canary_between_crossed_holdout_thresholds_is_guessed_in_only():
     thresholds = one_run.choose_guess_fractions(lambda *_: both)(np.arange(10.0), np.arange(10) >= 5, rng.random(10))
     ev_member = np.arange(10) < 6
     assert one_run.apply_guess_fractions(thresholds, np.full(10, 4.5), ev_member, rng.random(10)) == (10, 0, 6, 10)
+
+
+def test_the_memoised_bound_and_p_value_are_the_uncached_functions_values():
+    # _log_p_value and _epsilon_lower_bound are memoised (audit plan's simulated one-run audits repeat them): every
+    # argument must reach the cache key and the computation. Interleaved calls varying one argument at a time, each
+    # made twice (a miss, then a hit), against the undecorated functions. Planted: the public function passing the
+    # default tol (or alpha for delta) to the memoised one -> fail.
+    from dpaudit.audit import one_run
+
+    base = {"m": 400, "r": 120, "v": 95, "delta": 1e-5, "alpha": 0.05, "tol": 1e-7}
+    variants = [base] + [
+        {**base, k: x} for k, x in (("m", 800), ("r", 150), ("v", 100), ("delta", 1e-3), ("alpha", 0.01), ("tol", 1e-3))
+    ]
+    for _ in range(2):
+        for c in variants:
+            e = one_run_epsilon_lower_bound(c["m"], c["r"], c["v"], c["delta"], c["alpha"], tol=c["tol"])
+            ref = one_run._epsilon_lower_bound.__wrapped__(c["m"], c["r"], c["v"], c["delta"], c["alpha"], c["tol"])
+            assert e == ref, c
+            for eps in (0.0, 0.7, e):
+                args = (c["m"], c["r"], c["v"], eps, c["delta"])
+                assert one_run._log_p_value(*args) == one_run._log_p_value.__wrapped__(*args), (c, eps)
+    keys = ("m", "r", "v", "delta", "alpha")
+    values = {one_run_epsilon_lower_bound(*(c[k] for k in keys), tol=c["tol"]) for c in variants}
+    assert len(values) == len(variants)  # each argument moves the bound here, so a dropped one shows

@@ -395,8 +395,7 @@ def test_a_size_the_most_powerful_test_rules_out_is_never_returned(monkeypatch):
 
 def test_a_large_simulated_size_is_announced_before_it_runs(monkeypatch):
     """`audit plan --epsilon 2 --true-epsilon 2.01` ran for minutes without a word (the sizes simulated are near the
-    10^6 cap). Each size from 10^5 up is announced first, naming the leak's closeness to the claim; small ones are
-    not."""
+    10^6 cap). Each size from 10^5 up is announced first, naming the leak and the claim; small ones are not."""
     from dpaudit.audit import power as pw
     from dpaudit.audit.power import hypothesised_leak, size_for_power
     from dpaudit.progress import notices
@@ -405,7 +404,10 @@ def test_a_large_simulated_size_is_announced_before_it_runs(monkeypatch):
     monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 900_000 else 0.0)
     with notices(said.append):
         size_for_power(2.0, hypothesised_leak(family="randomized-response", epsilon=2.01), start=59, delta=1e-5)
-    assert said and all("audits of" in m and "close to the claim (2)" in m for m in said), said
+    # Naming the leak and the claim, not a cause: `audit plan --method one-run --epsilon 8` (leak 16, far from the
+    # claim, near the one-run ceiling) was told "a leak of epsilon 16 is close to the claim (8)". Planted: that text.
+    assert said and all("audits of" in m and "leak of epsilon 2.01 for a claim of 2;" in m for m in said), said
+    assert not any("close" in m for m in said), said
     assert any("966,656 runs per side" in m for m in said), said
     said.clear()
     monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 200 else 0.0)
