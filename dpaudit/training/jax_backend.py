@@ -27,7 +27,8 @@ the registered trainer's ``setting_for``), and the backend is a performance sett
   :func:`~dpaudit.training.dpsgd.shuffle_sampler`, the non-private epoch permutation) from the
   same seeds, so the two backends see identical batches; the noise is Threefry-2x32 in counter
   mode under a key from ``config.seed + 2`` (counter (step, coordinate), :func:`gaussian_noise`),
-  the JL directions come from ``jax.random`` keys from ``config.seed + 3`` folded with the step.
+  the JL directions come from ``jax.random`` keys from ``config.seed + 3`` folded with the step, the dropout
+  masks from keys from ``config.seed + 4`` folded with the step and the record (:meth:`StepProgram.record_keys`).
 
 Padding and privacy: a Poisson batch has a random size, and ``jit`` compiles one program per
 shape. Every batch is therefore cut into chunks of a fixed size P (``PerfConfig.max_physical_batch``,
@@ -971,8 +972,8 @@ _FX_METHODS: dict[str, Callable] = {
 
 # ops refused with their reason rather than "not supported". Random draws: torch draws fresh values at every
 # forward call (DP-SGD stays valid with a random forward: the clipped gradient's norm is bounded for every draw), but
-# a JAX graph has no generator state: it would need a key per step and per record, which the backend does not thread
-# through; running a fixed draw (or none) would train another model than torch's.
+# a JAX graph has no generator state: the backend threads a key per step and per record to the dropout sites only
+# (_dropout); running a fixed draw (or none) for these would train another model than torch's.
 _RANDOM = "draws random numbers at every call in torch; the JAX backend draws none in a model's forward"
 _REFUSED_OPS: dict[Any, str] = {
     **dict.fromkeys(
@@ -1683,13 +1684,15 @@ class StepProgram:
 
         Privacy (DP-SGD, Abadi et al. 2016, arXiv:1607.00133, Alg. 1 and Thm. 1): the keys depend on the seed, the
         step and the record's index only, never on the data, and Threefry's fold_in gives keys whose draws are
-        independent across (step, index) (Salmon et al. 2011, counter-based PRNGs). Given the masks, record i's
-        clipped gradient is a function of record i alone (each record runs through the model alone,
-        :func:`_losses`, with its own masks), bounded by C, so for any fixed draw of all masks the sum has
-        sensitivity C and the Gaussian noise gives the claimed (ε, δ); the masks' randomness, independent of the
-        data, then averages over mechanisms that each satisfy it. The index is a slot, not data: the other records'
-        masks are i.i.d. whatever their indices, so an added or removed record (which shifts no mask's
-        distribution) changes nothing in the analysis. A padded slot reuses a record's key, at weight 0."""
+        independent across (step, index) (Salmon et al. 2011, counter-based PRNGs). The indices of one dataset are
+        distinct, so every record gets i.i.d. masks at every step whatever its index: the run is distributed as
+        the one drawing fresh masks per (step, record), and an added or removed record (which shifts the others'
+        indices) changes no other record's mask distribution. In that run, given all masks, record r's clipped
+        gradient is a function of record r alone (each record runs through the model alone, :func:`_losses`, with
+        its own masks) of norm <= C, so for every fixed draw the steps are the subsampled Gaussian mechanism of
+        sensitivity C that the accountant composes, and the claimed (ε, δ) holds; the masks' randomness, independent
+        of the data, mixes such mechanisms, which keeps (ε, δ) (the hockey-stick divergence is jointly convex; the
+        Rényi divergence quasi-convex). A padded slot reuses a record's key, at weight 0."""
         if self.dropout_key is None:
             return None
         step = jax.random.fold_in(self.dropout_key, t)

@@ -171,17 +171,18 @@ def test_masks_differ_across_records_and_steps_and_the_clipped_sum_uses_the_clip
 
 def _fit(algo):
     x, y = torch.randn(24, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), torch.arange(24) % 3
-    dp = DPConfig(clip=1.0, noise_multiplier=1.0) if algo == "dpsgd" else None
+    jl = {"jl_projections": 2, "accountant": "pld"} if algo == "dpsgd-jl" else {}
+    dp = DPConfig(clip=1.0, noise_multiplier=1.0, **jl) if algo != "sgd" else None
     trainer = jb.JaxTrainer(TrainConfig(algo=algo, steps=2, batch_size=8, dp=dp), PerfConfig(backend="jax"))
     out = trainer.fit(_mlp(), x, y)
     return {n: q.detach().clone() for n, q in out.model.named_parameters()}
 
 
-@pytest.mark.parametrize("algo", [pytest.param("dpsgd", marks=pytest.mark.slow), "sgd"])
+@pytest.mark.parametrize("algo", [pytest.param("dpsgd", marks=pytest.mark.slow), "sgd", "dpsgd-jl"])
 def test_the_same_seed_gives_the_same_training_and_another_dropout_key_another(monkeypatch, algo):
     """Reproducibility: the dropout keys come from config.seed (seed + 4, :func:`_jax_key`), so the same seed gives
     the same parameters bit for bit; the same run with the dropout key alone changed (batches and noise equal) ends
-    elsewhere, so the masks are drawn and used in training (private and not)."""
+    elsewhere, so the masks are drawn and used in training (private, DP-SGD-JL's forward-mode norms, and not)."""
     a, b = _fit(algo), _fit(algo)
     assert all(torch.equal(a[n], b[n]) for n in a)
     key = jb._jax_key
