@@ -35,6 +35,28 @@ def _encoder():
     return model
 
 
+class _Decoder(nn.Module):
+    """Token embeddings through torch's decoder layer (defaults: post-norm, ReLU) with memory = the embeddings,
+    six dropout sites: self-attention weights, dropout1, cross-attention weights, dropout2, FF's dropout, dropout3."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+        self.dec = nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, batch_first=True)
+        d = self.dec
+        d.self_attn.dropout, d.dropout1.p, d.multihead_attn.dropout, d.dropout2.p = 0.1, 0.2, 0.15, 0.25
+        d.dropout.p, d.dropout3.p = 0.3, 0.4
+
+    def forward(self, tok):
+        h = self.tok(tok)
+        return self.head(self.dec(h, h).mean(1))
+
+
+def _decoder():
+    torch.manual_seed(0)
+    return _Decoder().double()
+
+
 def _tokens(n=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 10, (n, 7), generator=g), torch.randint(0, 3, (n,), generator=g)
@@ -100,14 +122,17 @@ def _torch_with_masks(monkeypatch, masks):
     return queue
 
 
-@pytest.mark.parametrize("factory", [pytest.param(_encoder, marks=pytest.mark.slow), _mlp])
+@pytest.mark.parametrize(
+    "factory", [pytest.param(_encoder, marks=pytest.mark.slow), pytest.param(_decoder, marks=pytest.mark.slow), _mlp]
+)
 def test_a_records_gradient_with_given_masks_is_torchs_with_the_same_masks_injected(monkeypatch, factory):
     """The per-record gradient under a key equals torch's gradient of the same record with the masks JAX drew
     injected into torch's own forward (its dropout calls, in torch's order): the scale 1/(1 − p), the place of every
     site (attention weights after the softmax, after self-attention, inside and after the feed-forward block) and
     its p. Plants: scaling by 1/p (or none) and a site missing or moved -> the gradients differ."""
     model = factory()
-    x, y = _tokens(2) if factory is _encoder else (torch.randn(2, 6, dtype=torch.float64), torch.tensor([0, 2]))
+    tokens = factory in (_encoder, _decoder)
+    x, y = _tokens(2) if tokens else (torch.randn(2, 6, dtype=torch.float64), torch.tensor([0, 2]))
     with jax.enable_x64(True):
         apply, params = jb.jax_forward(model), jb.params_from_torch(model)
         keys = jax.random.split(jax.random.key(1), len(x))
@@ -117,7 +142,7 @@ def test_a_records_gradient_with_given_masks_is_torchs_with_the_same_masks_injec
             xi, yi = jnp.asarray(x[i : i + 1].numpy()), jnp.asarray(y[i : i + 1].numpy())
             got = jax.grad(lambda p, xi=xi, yi=yi, k=keys[i]: jb._per_example_losses(apply(p, xi, k), yi)[0])(params)
             monkeypatch.undo()
-            assert len(drawn) == (4 if factory is _encoder else 1)
+            assert len(drawn) == {_encoder: 4, _decoder: 6, _mlp: 1}[factory]
             queue = _torch_with_masks(monkeypatch, drawn)
             model.train()
             model.zero_grad()
