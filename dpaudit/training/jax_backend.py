@@ -27,7 +27,8 @@ the registered trainer's ``setting_for``), and the backend is a performance sett
   :func:`~dpaudit.training.dpsgd.shuffle_sampler`, the non-private epoch permutation) from the
   same seeds, so the two backends see identical batches; the noise is Threefry-2x32 in counter
   mode under a key from ``config.seed + 2`` (counter (step, coordinate), :func:`gaussian_noise`),
-  the JL directions come from ``jax.random`` keys from ``config.seed + 3`` folded with the step.
+  the JL directions come from ``jax.random`` keys from ``config.seed + 3`` folded with the step, the dropout
+  masks from keys from ``config.seed + 4`` folded with the step and the record (:meth:`StepProgram.record_keys`).
 
 Padding and privacy: a Poisson batch has a random size, and ``jit`` compiles one program per
 shape. Every batch is therefore cut into chunks of a fixed size P (``PerfConfig.max_physical_batch``,
@@ -41,6 +42,7 @@ second chunk runs). Run time is not covered by the claim, as with the torch trai
 
 from __future__ import annotations
 
+import contextvars
 import math
 import operator
 import re
@@ -301,13 +303,51 @@ def _activation(m: nn.Module) -> Callable | None:
     return None
 
 
-# Why dropout with p > 0 is refused: the torch trainers train in training mode, where it draws random masks.
-_DROPOUT = "torch trains with dropout active, and the JAX backend draws no dropout masks (p = 0 runs)"
+# Dropout (Srivastava et al. 2014, JMLR 15; torch.nn.Dropout): in training mode each value is kept with probability
+# 1 − p and scaled by 1/(1 − p) (inverted dropout: the expectation over the mask is the value itself), else zeroed; in
+# evaluation mode the identity. The JAX forward draws the masks from the key of a keyed call (``apply(params, x, key)``,
+# the trainer's, one key per record and step: StepProgram.record_keys) and is the identity without one
+# (``apply(params, x)``: the logits of the pre-training checks, of the attacks after training), as torch's eval mode.
+# While a keyed forward runs, _DROPOUT_KEY holds [key, the number of dropout sites drawn so far]: the n-th site the
+# forward reaches (a fixed order: the translation's Python control flow, the same at every call) draws its mask under
+# fold_in(key, n), so every site of every record has its own subkey, and a module run twice draws twice, as torch's.
+_DROPOUT_KEY: contextvars.ContextVar = contextvars.ContextVar("dropout_key", default=None)
+
+
+@contextmanager
+def _dropout_key(key):
+    token = _DROPOUT_KEY.set(None if key is None else [key, 0])
+    try:
+        yield
+    finally:
+        _DROPOUT_KEY.reset(token)
+
+
+def _dropout(x, p: float):
+    """torch's dropout of ``x`` with probability ``p`` under the current record's key; the identity without one."""
+    state = _DROPOUT_KEY.get()
+    if state is None or p == 0:
+        return x
+    site = state[1]
+    state[1] += 1
+    if p == 1:  # torch: all zeros (no 1/(1 − p) = ∞ scaling, whose gradient would be 0·∞ = nan here)
+        return jnp.zeros_like(x)
+    keep = jax.random.bernoulli(jax.random.fold_in(state[0], site), 1.0 - p, x.shape)
+    return jnp.where(keep, x / (1.0 - p), jnp.zeros_like(x))
+
+
+def _has_dropout(m: nn.Module) -> bool:
+    """``m`` or a module inside it draws dropout masks in training mode (nn.Dropout, MultiheadAttention's dropout)."""
+    return any(
+        (type(d) is nn.Dropout and d.p > 0) or (isinstance(d, nn.MultiheadAttention) and d.dropout > 0)
+        for d in m.modules()
+    )
+
 
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
     "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Identity, Dropout(p=0)"
+    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Identity, Dropout"
 )
 
 
@@ -317,12 +357,15 @@ class JaxModel:
 
     def __init__(self, layers: list[tuple[str, nn.Module, Callable]]) -> None:
         self.layers = layers
-        # ghost_clipped_sum knows the per-example gradients of the _TAPPED layers only (not an Embedding's)
-        self.ghost = all(isinstance(m, _TAPPED) for _, m, _ in layers if _has_parameters(m))
+        self.dropout = any(_has_dropout(m) for _, m, _ in layers)  # the trainer passes keys (apply(params, x, key))
+        # ghost_clipped_sum knows the per-example gradients of the _TAPPED layers only (not an Embedding's), and runs
+        # the layers without dropout keys
+        self.ghost = not self.dropout and all(isinstance(m, _TAPPED) for _, m, _ in layers if _has_parameters(m))
 
-    def __call__(self, params: Params, x):
-        for _, _, f in self.layers:
-            x = f(params, x)
+    def __call__(self, params: Params, x, key=None):
+        with _dropout_key(key):
+            for _, _, f in self.layers:
+                x = f(params, x)
         return x
 
 
@@ -390,8 +433,8 @@ def _layer(name: str, m: nn.Module) -> Callable:
         return _adaptive_avg_pool(name, m)
     if (act := _activation(m)) is not None and "forward" not in vars(m):
         return lambda p, x: act(x)
-    if type(m) is nn.Dropout:
-        raise _unsupported(f"layer {name} (Dropout) has p = {m.p}: {_DROPOUT}")
+    if type(m) is nn.Dropout and "forward" not in vars(m):
+        return lambda p, x: _dropout(x, m.p)
     raise _unsupported(f"layer {name} ({type(m).__name__}) is not supported")
 
 
@@ -515,8 +558,9 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
     # F.scaled_dot_product_attention's reference semantics (its documentation's Python equivalent):
     # softmax(q kᵀ · scale + mask) v, scale = 1/√E (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1); a boolean
     # mask (or is_causal's lower triangle) keeps the True positions, a float mask is added
-    if dropout_p != 0.0 or enable_gqa:
-        raise InputError("scaled_dot_product_attention with dropout_p or enable_gqa is not supported")
+    # dropout_p: dropout of the attention weights after the softmax, before the product with v, as the reference
+    if enable_gqa:
+        raise InputError("scaled_dot_product_attention with enable_gqa is not supported")
     if is_causal and attn_mask is not None:  # torch's CPU kernel applies both, its documentation says it raises
         raise InputError("scaled_dot_product_attention with both attn_mask and is_causal=True is not supported")
     s = jnp.matmul(q, jnp.swapaxes(k, -2, -1), precision=PRECISION) * (
@@ -526,7 +570,7 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
         attn_mask = jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), dtype=bool))
     if attn_mask is not None:
         s = jnp.where(attn_mask, s, -jnp.inf) if attn_mask.dtype == bool else s + attn_mask
-    return jnp.matmul(jax.nn.softmax(s, axis=-1), v, precision=PRECISION)
+    return jnp.matmul(_dropout(jax.nn.softmax(s, axis=-1), dropout_p), v, precision=PRECISION)
 
 
 def _additive(mask, dtype):
@@ -539,15 +583,16 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
     """nn.MultiheadAttention's output (its attention weights are not computed: the graph may read output[0] only):
     the in-projections of query, key, value by the thirds of in_proj_weight/in_proj_bias, H heads of E/H features,
     softmax(q kᵀ/√(E/H) + masks) v per head (Vaswani et al. 2017, arXiv:1706.03762, Eq. 1 and §3.2.2), the heads
-    concatenated and out_proj; torch's F.multi_head_attention_forward. attn_mask (L, S) or (B·H, L, S) and
+    concatenated and out_proj; torch's F.multi_head_attention_forward, the attention weights dropped out with p =
+    m.dropout after the softmax (:func:`_sdpa`, as torch's training mode). attn_mask (L, S) or (B·H, L, S) and
     key_padding_mask (B, S), boolean (True: hidden) or float (added). is_causal=True as torch 2.x's
     F.multi_head_attention_forward takes the hint: attn_mask required; with no key_padding_mask and
     need_weights=False the lower triangle of F.scaled_dot_product_attention(is_causal=True) replaces attn_mask,
     otherwise attn_mask is applied as given."""
     if _own_forward(m, nn.MultiheadAttention):  # its forward replaced, or a subclass as an encoder layer's self_attn
         raise _unsupported(f"layer {name} (MultiheadAttention) has a forward of its own")
-    if m.dropout or m.bias_k is not None or m.add_zero_attn:
-        raise _unsupported(f"layer {name} (MultiheadAttention) has dropout, add_bias_kv or add_zero_attn")
+    if m.bias_k is not None or m.add_zero_attn:
+        raise _unsupported(f"layer {name} (MultiheadAttention) has add_bias_kv or add_zero_attn")
     if not m._qkv_same_embed_dim:
         raise _unsupported(f"layer {name} (MultiheadAttention) has kdim or vdim other than embed_dim")
     E, H = m.embed_dim, m.num_heads
@@ -576,45 +621,48 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
         if key_padding_mask is not None:
             pad = _additive(key_padding_mask, q.dtype).reshape(B, 1, 1, S)
             mask = pad if mask is None else mask + pad
-        o = _sdpa(q, k, v, attn_mask=mask, is_causal=causal).transpose(0, 2, 1, 3).reshape(B, L, E)
+        o = _sdpa(q, k, v, attn_mask=mask, dropout_p=m.dropout, is_causal=causal).transpose(0, 2, 1, 3).reshape(B, L, E)
         o = _affine_map(o, p[f"{name}.out_proj.weight"], p.get(f"{name}.out_proj.bias"))
         return (o if m.batch_first else jnp.swapaxes(o, 0, 1)), None
 
     return f
 
 
-def _block_parts(name: str, m: nn.Module, base: type[nn.Module]) -> tuple[Callable, list]:
-    """The feed-forward block linear2(activation(linear1 x)) and the LayerNorms (norm1, norm2[, norm3]) of a torch
-    encoder or decoder layer, after the checks both share: torch's forward (not its own), no dropout (every dropout
-    module: dropout, dropout1, dropout2[, dropout3]), activation relu or gelu (a function or a ReLU/GELU module)."""
+def _block_parts(name: str, m: nn.Module, base: type[nn.Module]) -> tuple[Callable, list, list]:
+    """The feed-forward block linear2(dropout(activation(linear1 x))), the LayerNorms (norm1, norm2[, norm3]) and
+    the dropouts after the sub-layers (dropout1, dropout2[, dropout3], each through :func:`_layer`: nn.Dropout,
+    Identity) of a torch encoder or decoder layer (torch's _ff_block, _sa_block, _mha_block), after the checks both
+    share: torch's forward (not its own), activation relu or gelu (a function or a ReLU/GELU module)."""
     kind = base.__name__
     if _own_forward(m, base):
         raise _unsupported(f"layer {name} ({kind}) has a forward of its own")
-    drops = [d for d in (m.dropout, m.dropout1, m.dropout2, getattr(m, "dropout3", None)) if d is not None]
-    if p := max(d.p for d in drops):
-        raise _unsupported(f"layer {name} ({kind}) has dropout = {p}: {_DROPOUT}")
     if isinstance(m.activation, nn.Module):
         act = _activation(m.activation)
     else:
         act = {F.relu: jax.nn.relu, F.gelu: partial(jax.nn.gelu, approximate=False)}.get(m.activation)
     if act is None:
         raise _unsupported(f"layer {name} ({kind}) has activation {m.activation} (relu, gelu run)")
-    lin1, lin2 = _linear(f"{name}.linear1"), _linear(f"{name}.linear2")
+    lin1, lin2, drop = _linear(f"{name}.linear1"), _linear(f"{name}.linear2"), _layer(f"{name}.dropout", m.dropout)
     norms = [_norm(f"{name}.{n}", getattr(m, n)) for n in ("norm1", "norm2", "norm3") if hasattr(m, n)]
-    return lambda p, x: lin2(p, act(lin1(p, x))), norms
+    drops = [_layer(f"{name}.{n}", getattr(m, n)) for n in ("dropout1", "dropout2", "dropout3") if hasattr(m, n)]
+    return lambda p, x: lin2(p, drop(p, act(lin1(p, x)))), norms, drops
 
 
 def _encoder_layer(name: str, m: nn.TransformerEncoderLayer) -> Callable:
-    """nn.TransformerEncoderLayer's training-mode forward without dropout (Vaswani et al. 2017, arXiv:1706.03762,
-    §3.1; norm_first: Xiong et al. 2020, arXiv:2002.04745): x + SA(LN₁ x), then + FF(LN₂ x) (norm_first), or
-    LN₁(x + SA(x)), then LN₂(x + FF(x)); SA the self-attention of :func:`_mha` (src_mask, src_key_padding_mask),
-    FF linear2(activation(linear1 x)), activation relu or gelu (a function or a ReLU/GELU module)."""
-    ff, (norm1, norm2) = _block_parts(name, m, nn.TransformerEncoderLayer)
+    """nn.TransformerEncoderLayer's training-mode forward (Vaswani et al. 2017, arXiv:1706.03762, §3.1 and §5.4, the
+    dropout of each sub-layer's output; norm_first: Xiong et al. 2020, arXiv:2002.04745): x + SA(LN₁ x), then +
+    FF(LN₂ x) (norm_first), or LN₁(x + SA(x)), then LN₂(x + FF(x)); SA dropout1 of the self-attention of :func:`_mha`
+    (src_mask, src_key_padding_mask), FF dropout2 of linear2(dropout(activation(linear1 x))), activation relu or
+    gelu (a function or a ReLU/GELU module); the dropouts in the order torch's forward draws them."""
+    ff_block, (norm1, norm2), (drop1, drop2) = _block_parts(name, m, nn.TransformerEncoderLayer)
     attn = _mha(f"{name}.self_attn", m.self_attn)
 
     def f(p, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         def sa(x):
-            return attn(p, x, x, x, src_key_padding_mask, False, src_mask, is_causal=is_causal)[0]
+            return drop1(p, attn(p, x, x, x, src_key_padding_mask, False, src_mask, is_causal=is_causal)[0])
+
+        def ff(p, x):
+            return drop2(p, ff_block(p, x))
 
         if m.norm_first:
             x = src + sa(norm1(p, src))
@@ -626,24 +674,28 @@ def _encoder_layer(name: str, m: nn.TransformerEncoderLayer) -> Callable:
 
 
 def _decoder_layer(name: str, m: nn.TransformerDecoderLayer) -> Callable:
-    """nn.TransformerDecoderLayer's training-mode forward without dropout (Vaswani et al. 2017, arXiv:1706.03762,
-    §3.1, the decoder's three sub-layers; norm_first: Xiong et al. 2020, arXiv:2002.04745, Fig. 1), as torch 2.x's
+    """nn.TransformerDecoderLayer's training-mode forward (Vaswani et al. 2017, arXiv:1706.03762, §3.1, the decoder's
+    three sub-layers, each output dropped out: dropout1, dropout2, dropout3 of FF as in the encoder layer;
+    norm_first: Xiong et al. 2020, arXiv:2002.04745, Fig. 1), as torch 2.x's
     forward: norm_first: x + SA(LN₁ x), + CA(LN₂ x, memory), + FF(LN₃ x); else LN₁(x + SA(x)), LN₂(x + CA(x,
     memory)), LN₃(x + FF(x)). SA: self_attn on (x, x, x) with tgt_mask, tgt_key_padding_mask, tgt_is_causal; CA:
     multihead_attn on (x, memory, memory) with memory_mask, memory_key_padding_mask, memory_is_causal; both
     need_weights=False (torch's _sa_block, _mha_block), run by :func:`_mha` (its is_causal rule included)."""
-    ff, (norm1, norm2, norm3) = _block_parts(name, m, nn.TransformerDecoderLayer)
+    ff_block, (norm1, norm2, norm3), (drop1, drop2, drop3) = _block_parts(name, m, nn.TransformerDecoderLayer)
     self_attn = _mha(f"{name}.self_attn", m.self_attn)
     cross_attn = _mha(f"{name}.multihead_attn", m.multihead_attn)
 
     def f(p, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
           tgt_is_causal=False, memory_is_causal=False):  # fmt: skip
         def sa(x):
-            return self_attn(p, x, x, x, tgt_key_padding_mask, False, tgt_mask, is_causal=tgt_is_causal)[0]
+            return drop1(p, self_attn(p, x, x, x, tgt_key_padding_mask, False, tgt_mask, is_causal=tgt_is_causal)[0])
 
         def ca(x):
-            return cross_attn(p, x, memory, memory, memory_key_padding_mask, False, memory_mask,
-                              is_causal=memory_is_causal)[0]  # fmt: skip
+            return drop2(p, cross_attn(p, x, memory, memory, memory_key_padding_mask, False, memory_mask,
+                                       is_causal=memory_is_causal)[0])  # fmt: skip
+
+        def ff(p, x):
+            return drop3(p, ff_block(p, x))
 
         if m.norm_first:
             x = tgt + sa(norm1(p, tgt))
@@ -781,10 +833,8 @@ def _f_embedding(x, weight, padding_idx=None, max_norm=None, norm_type=2.0, scal
 
 
 def _f_dropout(x, p=0.5, training=True, inplace=False):
-    # F.dropout: the identity when it does not drop (p = 0 or training=False), else refused
-    if p != 0 and training:
-        raise InputError(f"p = {p} with training=True: {_DROPOUT}")
-    return x
+    # F.dropout: the identity for training=False (self.training as traced: the trainer traces in training mode)
+    return _dropout(x, p) if training else x
 
 
 def _where3(condition, x=None, y=None):
@@ -897,7 +947,7 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
 
 # the position of the inplace argument of the functions that have one: torch would overwrite the input, which
 # other nodes of the graph may read again (the JAX graph is pure)
-_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1}
+_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1, F.dropout: 3}
 
 # tensor methods the graph may call (call_method), likewise
 _FX_METHODS: dict[str, Callable] = {
@@ -922,8 +972,8 @@ _FX_METHODS: dict[str, Callable] = {
 
 # ops refused with their reason rather than "not supported". Random draws: torch draws fresh values at every
 # forward call (DP-SGD stays valid with a random forward: the clipped gradient's norm is bounded for every draw), but
-# a JAX graph has no generator state: it would need a key per step and per record, which the backend does not thread
-# through; running a fixed draw (or none) would train another model than torch's.
+# a JAX graph has no generator state: the backend threads a key per step and per record to the dropout sites only
+# (_dropout); running a fixed draw (or none) for these would train another model than torch's.
 _RANDOM = "draws random numbers at every call in torch; the JAX backend draws none in a model's forward"
 _REFUSED_OPS: dict[Any, str] = {
     **dict.fromkeys(
@@ -946,12 +996,12 @@ FX_OPS = (
     "+ - * / ** @ ~ & | == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
     "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/einsum "
     "(sizes may be x.size(i), x.shape[i]), "
-    "F.relu/gelu/leaky_relu/silu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout(p=0), "
+    "F.relu/gelu/leaky_relu/silu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout, "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
     "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/clamp_min/expand/repeat/"
     "pow/sqrt/rsqrt/type_as/matmul/mul/add, "
-    "nn.MultiheadAttention (output[0]; no dropout, bias_kv or kdim/vdim), "
-    "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (no dropout; relu or gelu), nn.TransformerEncoder and "
+    "nn.MultiheadAttention (output[0]; no bias_kv or kdim/vdim), "
+    "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (relu or gelu), nn.TransformerEncoder and "
     "nn.TransformerDecoder of them, nn.Transformer"
 )
 
@@ -974,18 +1024,20 @@ class FxModel:
     """A module's ``torch.fx`` graph run in JAX: ``model(params, x) -> logits``. ``steps``: per graph node
     (in order) its name, a description for errors and a function (params, values so far) -> its value."""
 
-    def __init__(self, steps: list[tuple[str, str, Callable]], output: Any) -> None:
-        self.steps, self.output = steps, output
+    def __init__(self, steps: list[tuple[str, str, Callable]], output: Any, dropout: bool = False) -> None:
+        # dropout: the graph may draw dropout masks (the trainer then passes keys: apply(params, x, key))
+        self.steps, self.output, self.dropout = steps, output, dropout
 
-    def __call__(self, params: Params, x):
+    def __call__(self, params: Params, x, key=None):
         env: dict[str, Any] = {"": x}
-        for name, what, f in self.steps:
-            try:
-                env[name] = f(params, env)
-            except InputError as e:
-                raise _unsupported(f"{what}: {e}") from None
-            except (TypeError, ValueError, IndexError) as e:  # torch arguments JAX cannot take
-                raise _unsupported(f"{what}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        with _dropout_key(key):
+            for name, what, f in self.steps:
+                try:
+                    env[name] = f(params, env)
+                except InputError as e:
+                    raise _unsupported(f"{what}: {e}") from None
+                except (TypeError, ValueError, IndexError) as e:  # torch arguments JAX cannot take
+                    raise _unsupported(f"{what}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
         return torch.fx.node.map_arg(self.output, lambda n: env[n.name])
 
 
@@ -1149,7 +1201,12 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
             output = node.args[0]
     if unread := next((n for n in owner.values() if n not in read), None):
         raise _unsupported(f"parameter {unread} is read by no op of the traced graph")
-    return FxModel(steps, output)
+    dropout = any(
+        (n.op == "call_module" and _has_dropout(gm.get_submodule(n.target)))
+        or (n.op == "call_function" and n.target in (F.dropout, F.scaled_dot_product_attention))
+        for n in gm.graph.nodes
+    )
+    return FxModel(steps, output, dropout)
 
 
 def _hashable(target) -> bool:
@@ -1167,9 +1224,32 @@ def _fx_attr(gm: torch.fx.GraphModule, target: str):
     return obj
 
 
+@contextmanager
+def _torch_dropout_off():
+    """torch's dropout as in eval mode (the identity) while the rest of the model stays in training mode: F.dropout
+    (nn.Dropout's, a user's forward's, MultiheadAttention's attention weights with need_weights) and the dropout_p of
+    F.scaled_dot_product_attention (MultiheadAttention's fast attention, a user's call) patched for the call, as
+    torch.nn.functional's own module globals are what its functions call."""
+    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+
+    def no_dropout(input, p=0.5, training=True, inplace=False):
+        return input
+
+    def sdpa_no_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        return sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+    try:
+        F.dropout, F.scaled_dot_product_attention = no_dropout, sdpa_no_dropout
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+
+
 def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.Tensor, xj) -> None:
     """Refuse, in one line, a model whose JAX forward pass gives other logits than torch's on the records
-    ``x`` (``xj`` the same in JAX), in training mode: the backstop for anything in a user's module that
+    ``x`` (``xj`` the same in JAX), in training mode with dropout off on both sides (``apply`` without a key, torch
+    under :func:`_torch_dropout_off`: no mask to compare, the translation of the dropout sites is checked by the
+    tests against torch with the same masks): the backstop for anything in a user's module that
     :func:`jax_forward` did not see (a layer's forward replaced in a way no check above knows), which would
     otherwise train another function than the one saved. The two differ by rounding only when the function
     is the same; the tolerance √eps·(1 + max|z|) (3.5e-4 relative in float32) is far above that for the
@@ -1181,7 +1261,7 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
     was_training = model.training
     try:
         model.train()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), exact_matmuls(), _torch_dropout_off():
             out = model(x.to(dtype) if x.is_floating_point() else x)  # token ids stay ids
     finally:
         model.train(was_training)
@@ -1239,19 +1319,24 @@ def params_to_torch(model: nn.Module, params: Params) -> None:
 # ------------------------------------------------------------------------- gradients and clipping
 
 
-def _losses(apply: Apply, params: Params, x, y):
-    # Per-example cross-entropy ℓ_i = logsumexp(z_i) − z_{i,y_i} (torch.nn.functional.cross_entropy).
-    return _per_example_losses(apply(params, x), y)
+def _losses(apply: Apply, params: Params, x, y, keys=None):
+    # Per-example cross-entropy ℓ_i = logsumexp(z_i) − z_{i,y_i} (torch.nn.functional.cross_entropy). With ``keys``
+    # (one dropout key per record, StepProgram.record_keys): each record through the model alone under its own key,
+    # the same function of (θ, x_i, key_i) as per_example_grads differentiates, so the weighted pass sums the
+    # gradients whose norms were clipped (the same masks).
+    if keys is None:
+        return _per_example_losses(apply(params, x), y)
+    return jax.vmap(lambda xi, yi, ki: _per_example_losses(apply(params, xi[None], ki), yi[None])[0])(x, y, keys)
 
 
-def per_example_grads(apply: Apply, params: Params, x, y) -> Params:
+def per_example_grads(apply: Apply, params: Params, x, y, keys=None) -> Params:
     """∇_θ ℓ_i for every example, stacked on a leading axis: ``vmap(grad(ℓ))`` (one example at a time
-    through the model, as a batch of one)."""
+    through the model, as a batch of one; under its dropout key ``keys[i]`` when given)."""
 
-    def one(p, xi, yi):
-        return _losses(apply, p, xi[None], yi[None])[0]
+    def one(p, xi, yi, ki):
+        return _losses(apply, p, xi[None], yi[None], None if ki is None else ki[None])[0]
 
-    return jax.vmap(jax.grad(one), in_axes=(None, 0, 0))(params, x, y)
+    return jax.vmap(jax.grad(one), in_axes=(None, 0, 0, None if keys is None else 0))(params, x, y, keys)
 
 
 def _tree_sq_norms(tree: Params):
@@ -1259,12 +1344,12 @@ def _tree_sq_norms(tree: Params):
 
 
 @partial(jax.jit, static_argnums=0)  # apply (a Python function) is static: one compile per model
-def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None) -> tuple[Params, Any]:
+def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None, keys=None) -> tuple[Params, Any]:
     """Σ_i m_i g_i / max(1, ‖g_i‖/C) and the per-example norms ‖g_i‖ (Abadi et al. 2016,
     arXiv:1607.00133, Alg. 1, "clip gradient"); ‖g_i‖ is the norm of the whole flattened
     per-example gradient, as :mod:`dpaudit.training.clipping`. ``mask`` (0/1 per example; default
     all 1) zeroes padded slots: their weight is exactly 0, so they add exactly 0 (their gradients
-    are those of a real record, hence finite).
+    are those of a real record, hence finite). ``keys``: one dropout key per example (models with dropout).
 
     Two passes: the norms from ``vmap(grad)`` (only their squared sums are used, which XLA can
     fuse without storing the B×d per-example gradients), then Σ_i w_i g_i = ∇_θ Σ_i w_i ℓ_i with
@@ -1272,12 +1357,12 @@ def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None) -> t
     arXiv:2110.05679, §4). On an H200 this ran the MNIST-sized MLP's DP step at 1.4x the
     non-private step (see benchmarks/dpsgd_throughput.py --jax).
     """
-    norms = jnp.sqrt(_tree_sq_norms(per_example_grads(apply, params, x, y)))
+    norms = jnp.sqrt(_tree_sq_norms(per_example_grads(apply, params, x, y, keys)))
     w = 1.0 / jnp.maximum(norms / clip, 1.0)  # 1/max(1, ‖g‖/C): no 0/0 for a zero gradient
     if mask is not None:
         w = jnp.where(mask, w, 0.0)
     w = lax.stop_gradient(w)
-    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y), precision=PRECISION))(params), norms
+    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y, keys), precision=PRECISION))(params), norms
 
 
 def _bdot(a, b):
@@ -1413,25 +1498,25 @@ def _per_example_losses(z, y):
 
 
 @partial(jax.jit, static_argnums=0)
-def jl_norm_estimates(apply: Apply, params: Params, x, y, directions: list[Params]):
+def jl_norm_estimates(apply: Apply, params: Params, x, y, directions: list[Params], keys=None):
     """M_i = sqrt((1/r) Σ_j ⟨∇ℓ_i, v_j⟩²) for the r ``directions`` (dicts shaped like ``params``):
     the JL estimate of ‖∇ℓ_i‖ (E[M_i²] = ‖∇ℓ_i‖² for v_j ~ N(0, I); JL projections paper, Alg. 1).
     Each ⟨∇ℓ_i, v_j⟩, for the whole batch at once, is the forward-mode derivative (``jax.jvp``) of
     the vector of per-example losses in direction v_j: no per-example gradient is materialised."""
-    f = partial(_losses, apply, x=x, y=y)
+    f = partial(_losses, apply, x=x, y=y, keys=keys)  # keys: one dropout key per record, as clipped_sum's
     proj = jnp.stack([jax.jvp(lambda p: f(p), (params,), (v,))[1] for v in directions])  # (r, n)
     return jnp.sqrt(jnp.mean(jnp.square(proj), axis=0))
 
 
 @partial(jax.jit, static_argnums=0)
-def jl_clipped_sum(apply: Apply, params: Params, x, y, clip: float, directions: list[Params], mask=None):
+def jl_clipped_sum(apply: Apply, params: Params, x, y, clip: float, directions: list[Params], mask=None, keys=None):
     """∇_θ Σ_i m_i w_i ℓ_i with w_i = min(1, C/M_i) held fixed (one reverse pass), and M_i
     (:func:`jl_norm_estimates`); the clipped sum of DP-SGD-JL (JL projections paper, Alg. 2)."""
-    m = jl_norm_estimates(apply, params, x, y, directions)
+    m = jl_norm_estimates(apply, params, x, y, directions, keys)
     w = lax.stop_gradient(1.0 / jnp.maximum(m / clip, 1.0))
     if mask is not None:
         w = jnp.where(mask, w, 0.0)
-    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y), precision=PRECISION))(params), m
+    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y, keys), precision=PRECISION))(params), m
 
 
 # ------------------------------------------------------------------------------------ optimizers
@@ -1572,10 +1657,13 @@ class StepProgram:
         jl_projections: int = 1,
         noise_key=None,
         jl_key=None,
+        dropout_key=None,
     ) -> None:
         self.apply, self.kind, self.optimizer = apply, kind, optimizer
         self.config, self.clip, self.noise_std = config, clip, noise_std
         self.r, self.noise_key, self.jl_key = jl_projections, noise_key, jl_key
+        # keys for the dropout masks only when the model draws some (else the batched forward, as before)
+        self.dropout_key = dropout_key if getattr(apply, "dropout", False) else None
         self.zeros = {k: jnp.zeros_like(v) for k, v in params.items()}
         self.chunk = jax.jit(self._chunk)
         self.step = jax.jit(self._step)
@@ -1590,18 +1678,40 @@ class StepProgram:
         it = iter(keys)
         return [{k: jax.random.normal(next(it), v.shape, v.dtype) for k, v in params.items()} for _ in range(self.r)]
 
+    def record_keys(self, t, idx):
+        """The dropout keys of step ``t``'s records ``idx`` (dataset indices): fold_in(fold_in(key, t), i), from
+        ``config.seed + 4`` (:func:`_jax_key`); None for a model without dropout.
+
+        Privacy (DP-SGD, Abadi et al. 2016, arXiv:1607.00133, Alg. 1 and Thm. 1): the keys depend on the seed, the
+        step and the record's index only, never on the data, and Threefry's fold_in gives keys whose draws are
+        independent across (step, index) (Salmon et al. 2011, counter-based PRNGs). The indices of one dataset are
+        distinct, so every record gets i.i.d. masks at every step whatever its index: the run is distributed as
+        the one drawing fresh masks per (step, record), and an added or removed record (which shifts the others'
+        indices) changes no other record's mask distribution. In that run, given all masks, record r's clipped
+        gradient is a function of record r alone (each record runs through the model alone, :func:`_losses`, with
+        its own masks) of norm <= C, so for every fixed draw the steps are the subsampled Gaussian mechanism of
+        sensitivity C that the accountant composes, and the claimed (ε, δ) holds; the masks' randomness, independent
+        of the data, mixes such mechanisms, which keeps (ε, δ) (the hockey-stick divergence is jointly convex; the
+        Rényi divergence quasi-convex). A padded slot reuses a record's key, at weight 0."""
+        if self.dropout_key is None:
+            return None
+        step = jax.random.fold_in(self.dropout_key, t)
+        return jax.vmap(lambda i: jax.random.fold_in(step, i))(idx)
+
     def _chunk(self, params: Params, X, y, idx, mask, t) -> Params:
         """The (clipped) gradient sum over one padded chunk; padded slots have mask 0."""
-        xb, yb = X[idx], y[idx]
+        xb, yb, keys = X[idx], y[idx], self.record_keys(t, idx)
         if self.kind == "sgd":
             return jax.grad(
-                lambda p: jnp.dot(mask.astype(xb.dtype), _losses(self.apply, p, xb, yb), precision=PRECISION)
+                lambda p: jnp.dot(mask.astype(xb.dtype), _losses(self.apply, p, xb, yb, keys), precision=PRECISION)
             )(params)
         if self.kind == "jl":
-            return jl_clipped_sum(self.apply, params, xb, yb, self.clip, self._directions(params, t), mask)[0]
+            directions = self._directions(params, t)
+            return jl_clipped_sum(self.apply, params, xb, yb, self.clip, directions, mask, keys)[0]
         # Ghost norms + book-keeping for a layer list of _TAPPED layers; vmap(grad) for any other forward (fx).
-        clip_fn = ghost_clipped_sum if getattr(self.apply, "ghost", False) else clipped_sum
-        return clip_fn(self.apply, params, xb, yb, self.clip, mask)[0]
+        if getattr(self.apply, "ghost", False):  # no dropout (JaxModel.ghost): no keys
+            return ghost_clipped_sum(self.apply, params, xb, yb, self.clip, mask)[0]
+        return clipped_sum(self.apply, params, xb, yb, self.clip, mask, keys)[0]
 
     def _step(self, params: Params, state, X, y, idx, mask, extra: Params, t, divisor):
         """One logical step: this chunk's sum plus ``extra`` (the other chunks' sums, zeros for a batch
@@ -1700,6 +1810,7 @@ class JaxTrainer(Trainer):
                 f"--backend jax trains float32 or float64 parameters, not {str(low).removeprefix('torch.')}; "
                 "convert the model with .float()"
             )
+        model.train()  # as the torch trainers train: F.dropout(x, p, self.training) is traced with training=True
         apply = jax_forward(model)
         params = params_from_torch(model)
         Xj, yj = jnp.asarray(X.cpu().numpy()), jnp.asarray(y.cpu().numpy().astype(np.int32))
@@ -1713,7 +1824,9 @@ class JaxTrainer(Trainer):
         batch_gen = torch.Generator().manual_seed(config.seed + 1)  # the torch trainers' batch seed
         history: list[dict[str, float]] = []
         if not self.private:
-            program = StepProgram(apply, params, config, kind="sgd", optimizer=optimizer)
+            program = StepProgram(
+                apply, params, config, kind="sgd", optimizer=optimizer, dropout_key=_jax_key(config.seed + 4, False)
+            )
             steps, claim, pad = config.num_steps(n), None, config.batch_size
             sample = None
         else:
@@ -1736,6 +1849,7 @@ class JaxTrainer(Trainer):
                 jl_projections=jl or 1,
                 noise_key=_jax_key(config.seed + 2, dp.secure_noise),
                 jl_key=_jax_key(config.seed + 3, dp.secure_noise),
+                dropout_key=_jax_key(config.seed + 4, dp.secure_noise),
             )
             steps = setting.steps
             poisson = dp.sampling == "poisson"

@@ -573,3 +573,22 @@ class CausalTransformer(nn.Module):
 
 def causal_transformer(vocab: int, n_classes: int, max_len: int = 16) -> nn.Module:
     return CausalTransformer(vocab, n_classes, max_len)
+
+
+class NewcomerEncoder(nn.Module):
+    """The transformer a newcomer writes: token embeddings through one ``nn.TransformerEncoderLayer(d, 2,
+    batch_first=True)`` with torch's defaults (dropout 0.1 after attention, in the feed-forward block and on the
+    attention weights; ReLU; post-norm), mean over positions, a linear head."""
+
+    def __init__(self, vocab: int, n_classes: int, d: int = 16) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.enc = nn.TransformerEncoderLayer(d, 2, dim_feedforward=2 * d, batch_first=True)
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, tok):
+        return self.head(self.enc(self.tok(tok)).mean(1))
+
+
+def newcomer_encoder(vocab: int, n_classes: int, d: int = 16) -> nn.Module:
+    return NewcomerEncoder(vocab, n_classes, d)

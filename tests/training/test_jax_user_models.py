@@ -335,50 +335,31 @@ REFUSED = [
     (_parameter_hooked, r"parameter 3.weight has a gradient hook"),
     (_own_parameter, r"parameter shift is read by no layer"),
     (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(72, 3)), r"\(BatchNorm2d\)"),
-    (lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Dropout(0.1), nn.Linear(8, 3)), r"layer 2 \(Dropout\)"),
     # a module torch.fx traces: what it cannot trace, an op or module outside the whitelist (named with the path
     # of the module whose forward calls it), in-place ops, a second input
     (_Branchy, r"torch.fx cannot trace model _Branchy \(symbolically traced variables cannot be used as inputs"),
     (lambda: _WithBlock(_CumsumBlock()), r"op x.cumsum in block is not supported"),
-    (
-        lambda: _WithBlock(nn.Sequential(nn.Tanh(), nn.Dropout(0.1))),
-        r"layer block.1 \(Dropout\) has p = 0.1: torch trains with dropout",
-    ),
-    (lambda: _SelfAttention(dropout=0.1), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero"),
-    (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv"),
+    (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has add_bias_kv"),
     (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
     # mutation pass 19: add_zero_attn and a forward of its own passed (the latter was told "has dropout, ...")
     (
         lambda: _SelfAttention(add_zero_attn=True),
-        r"layer attn \(MultiheadAttention\) has dropout, add_bias_kv or add_zero_attn:",
+        r"layer attn \(MultiheadAttention\) has add_bias_kv or add_zero_attn:",
     ),
     (_patched_attention, r"layer attn \(MultiheadAttention\) has a forward of its own:"),
     (_encoder_with_own_attention, r"layer block.self_attn \(MultiheadAttention\) has a forward of its own:"),
-    (
-        lambda: _WithBlock(nn.TransformerEncoderLayer(8, 2)),
-        r"layer block \(TransformerEncoderLayer\) has dropout = 0.1:",
-    ),
     (lambda: _SelfAttention(weights=True), r"layer attn \(MultiheadAttention\): its attention weights are read"),
-    (
-        lambda: _WithBlock(nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 2, enable_nested_tensor=False)),
-        r"layer block.layers.0 \(TransformerEncoderLayer\) has dropout = 0.1: torch trains with dropout",
-    ),
     (lambda: _WithBlock(_stack_with(1, nn.Identity())), r"layer block.layers.1 \(Identity\) is not a TransformerEnc"),
     (lambda: _WithBlock(_stack_with("norm", nn.BatchNorm1d(8))), r"layer block.norm \(BatchNorm1d\) is not supported"),
     (lambda: _WithBlock(_patched_stack()), r"layer block \(TransformerEncoder\) has a forward of its own"),
-    # torch's decoder and nn.Transformer (dropout 0.1 by default; a dropout3 of its own), other parts
-    (lambda: _Cross(nn.TransformerDecoderLayer(8, 2)), r"layer block \(TransformerDecoderLayer\) has dropout = 0.1:"),
+    # torch's decoder and nn.Transformer: parts other than torch's (a dropout module replaced by another layer)
     (
-        lambda: _Cross(_decoder_layer(dropout3=nn.Dropout(0.2))),
-        r"layer block \(TransformerDecoderLayer\) has dropout = 0.2: torch trains with dropout",
+        lambda: _Cross(_decoder_layer(dropout3=nn.AlphaDropout(0.2))),
+        r"layer block.dropout3 \(AlphaDropout\) is not supported",
     ),
     (
         lambda: _Cross(_decoder_layer(activation=torch.tanh)),
         r"layer block \(TransformerDecoderLayer\) has activation <built-in method tanh .*\(relu, gelu run\)",
-    ),
-    (
-        lambda: _Cross(nn.Transformer(8, 2, 1, 1, 16)),
-        r"layer block.encoder.layers.0 \(TransformerEncoderLayer\) has dropout = 0.1: torch trains with dropout",
     ),
     (
         lambda: _Cross(nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, custom_encoder=nn.Identity())),
@@ -472,14 +453,12 @@ class _Op(nn.Module):
 @pytest.mark.parametrize(
     ("op", "message"),
     [
-        (lambda h: torch.nn.functional.dropout(h, 0.1), r"dropout in the model's forward: p = 0.1 with training=True: "
-         r"torch trains with dropout active"),
         (lambda h: h[torch.where(h > 0)], r"op torch.where .*: torch.where\(condition\) without x and y"),
         (lambda h: h.to("cuda"), r"op x.to .*: x.to with a device or another tensor is not supported"),
         (lambda h: torch.nn.functional.embedding(h.long(), h, max_norm=1.0), r"F.embedding with max_norm"),
-        # mutation pass 19: the refusal dropped passed (dropout_p silently ignored)
-        (lambda h: torch.nn.functional.scaled_dot_product_attention(h[:, None], h[:, None], h[:, None], dropout_p=0.1),
-         r"op torch._C._nn.scaled_dot_product_attention .*: scaled_dot_product_attention with dropout_p or enable_gqa"),
+        (lambda h: torch.nn.functional.scaled_dot_product_attention(h[:, None], h[:, None], h[:, None],
+                                                                      enable_gqa=True),
+         r"op torch._C._nn.scaled_dot_product_attention .*: scaled_dot_product_attention with enable_gqa"),
     ],
 )  # fmt: skip
 def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, message):
