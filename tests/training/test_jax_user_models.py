@@ -916,6 +916,43 @@ def test_a_transformer_encoder_and_is_causal_compute_torchs_logits(make):
     assert got["logits"] < RTOL, got
 
 
+# nanoGPT-style classifiers (tests.core.byo_models.GPTClassifier), each refused before by its first op: "op x.split",
+# "op operator.floordiv" (C // n_head), "op math.sqrt" (1 / math.sqrt(k.size(-1))), "op torch.nn.functional.pad",
+# "op x.norm", "op x.amax", "op x.max"
+GPT = {
+    "gpt-split-masked-fill-amax": {"pool": "mean"},
+    "gpt-chunk-sdpa-max-values": {"pool": "max", "sdpa": True},
+    "gpt-rmsnorm-pad-shift-norm": {"pool": "shift", "rms": True},
+    "gpt-sdpa-rmsnorm-amax": {"pool": "mean", "sdpa": True, "rms": True},
+}
+# float64: observed ≤ 9 eps (logits ≤ 1.4 eps); 64 eps leaves the reassociated dot products of ≤ 32 terms their
+# n·u rounding bound (Higham 2002, §3.1) and fails any op computing another function
+GPT_RTOL = 64 * float(np.finfo(np.float64).eps)
+
+
+@pytest.mark.parametrize("name", sorted(GPT))
+def test_a_gpt_style_classifier_computes_torchs_logits(name):
+    """float64 logits within 64 eps of torch's training-mode forward, and float32 within the trainer's backstop."""
+    torch.manual_seed(0)
+    model = byo.gpt_classifier(10, 3, **GPT[name])
+    x, y = _tokens()
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    jb.check_same_logits(model, apply, params, x[:8].long(), jax.numpy.asarray(x[:8].long().numpy()))
+    got = BENCH.compare(model.double(), x.long(), y, clipping=False)
+    assert got["logits"] < GPT_RTOL, got
+
+
+@pytest.mark.slow  # 7-13 s each on a shared core
+@pytest.mark.parametrize("name", sorted(GPT))
+def test_a_gpt_style_classifier_clips_as_the_torch_loop_clipper(name):
+    """vmap per-example norms and clipped sums (tied lm_head/wte summed) against the torch loop clipper, float64."""
+    torch.manual_seed(0)
+    model = byo.gpt_classifier(10, 3, **GPT[name]).double()
+    x, y = _tokens()
+    got = BENCH.compare(model, x.long(), y)
+    assert max(got.values()) < GPT_RTOL, got
+
+
 def _sdpa_both(q):  # (B, 1, 3, 1) -> (B, 3)
     mask = torch.ones(3, 3).bool()
     return torch.nn.functional.scaled_dot_product_attention(q, q, q, mask, is_causal=True)[:, 0, :, 0]
@@ -1175,6 +1212,9 @@ def test_batchnorm_refusal_names_the_backend_when_not_private_and_dp_when_privat
         pytest.param("encoder_transformer", {"vocab": 10, "length": 7, "n_classes": 2}, [7], marks=pytest.mark.slow),
         pytest.param("decoder_lm", {"vocab": 10, "length": 7, "n_classes": 2}, [7], marks=pytest.mark.slow),
         pytest.param("seq2seq_transformer", {"vocab": 10, "n_classes": 2}, [7], marks=pytest.mark.slow),
+        pytest.param(
+            "gpt_classifier", {"vocab": 10, "n_classes": 2, "pool": "shift", "rms": True}, [7], marks=pytest.mark.slow
+        ),
     ],
 )
 def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monkeypatch, factory, kwargs, shape):
@@ -1191,7 +1231,7 @@ def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monke
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the factory is imported from the current directory
     rng = np.random.default_rng(0)
     X = rng.integers(0, 10, size=(80, *shape))  # int64 (n, T): token ids for the transformer
-    tokens = ("tiny_transformer", "encoder_transformer", "decoder_lm", "seq2seq_transformer")
+    tokens = ("tiny_transformer", "encoder_transformer", "decoder_lm", "seq2seq_transformer", "gpt_classifier")
     X = X if factory in tokens else X.astype(np.float32)
     np.savez(tmp_path / "d.npz", X=X, y=rng.integers(0, 2, 80))
     spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": kwargs, "input_shape": shape,
