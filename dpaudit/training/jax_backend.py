@@ -531,6 +531,88 @@ def _chunk(x, chunks: int, dim: int = 0):
     return tuple(lax.slice_in_dim(x, i, min(i + size, n), axis=dim) for i in range(0, n, size))
 
 
+def _split(x, split_size_or_sections, dim: int = 0):
+    # torch.split / x.split: an int is each piece's size (the last one shorter), a list the pieces' sizes, which
+    # must add up to the axis (torch raises otherwise)
+    n = x.shape[dim]
+    if isinstance(split_size_or_sections, (tuple, list)):
+        sizes = list(split_size_or_sections)
+        if sum(sizes) != n:
+            raise InputError(f"split sizes {sizes} do not add up to the axis's {n} (torch raises)")
+    else:
+        sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)] or [0]
+    starts = np.cumsum([0, *sizes])
+    return tuple(lax.slice_in_dim(x, int(s), int(s) + k, axis=dim) for s, k in zip(starts, sizes, strict=False))
+
+
+def _f_pad(x, pad, mode="constant", value=None):
+    # F.pad: pad = (before, after) pairs from the LAST axis backwards (torch's documentation of F.pad); a negative
+    # amount crops, as torch's constant mode; the value (0 by default) fills the new entries. lax.pad transposes to
+    # the slice of the padded region, torch's constant_pad_nd backward.
+    if mode != "constant":
+        raise InputError(f"F.pad with mode={mode!r} is not supported (mode='constant' runs)")
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise InputError(f"F.pad's pad {tuple(pad)} is not (before, after) pairs for at most {x.ndim} axes")
+    pairs = [(0, 0, 0)] * (x.ndim - len(pad) // 2) + [(pad[i], pad[i + 1], 0) for i in range(len(pad) - 2, -1, -2)]
+    return lax.pad(x, jnp.asarray(0 if value is None else value, x.dtype), pairs)
+
+
+def _norm2(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    # x.norm / torch.norm, p = 2 ("fro" is 2 for any dim torch.norm reads here): √(Σ x²) over dim (all axes when
+    # None). Gradient x/‖x‖ · g, and 0 where ‖x‖ = 0, as torch's norm_backward (torch/csrc/autograd/FunctionsManual.cpp:
+    # `self * (grad / norm).masked_fill_(norm == 0, 0)`); √ at 0 would give NaN, so the sum is replaced by 1 there
+    # (the safe-norm jnp.where trick: no NaN enters the backward of the branch not taken).
+    if p not in ("fro", 2, 2.0):
+        raise InputError(f"norm with p = {p!r} is not supported (p = 2 runs)")
+    if out is not None:  # torch.norm's graph node passes out=None (its __torch_function__ call names every argument)
+        raise InputError("out= is not supported")
+    axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
+    x = x if dtype is None else x.astype(_jdtype(dtype))
+    s = jnp.sum(x * x, axis=axis, keepdims=keepdim)
+    return jnp.where(s > 0, jnp.sqrt(jnp.where(s > 0, s, 1)), 0)
+
+
+def _amax_of(fn):
+    def f(x, dim=(), keepdim=False):
+        # torch.amax / torch.amin (and x.amax / x.amin): the maximum (minimum) over dim (every axis for dim=()), its
+        # gradient split evenly among the maxima of a tie (torch's documentation of amax: "amax/amin evenly
+        # distributes gradient between equal values"), which JAX's max/min do (lax.reduce_max's JVP: the indicator
+        # of the maxima over their count)
+        axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
+        return fn(x, axis=None if axis == () else axis, keepdims=keepdim)
+
+    return f
+
+
+class _MaxDim(tuple):
+    # torch.return_types.max / min: (values, indices), read by .values / .indices or as a tuple
+    values = property(lambda s: s[0])
+    indices = property(lambda s: s[1])
+    _fields = ("values", "indices")
+
+
+def _max_of(fn, argfn, pairwise):
+    def f(x, dim=None, keepdim=False):
+        # torch.max / x.max (torch.min / x.min alike). max(x): the largest entry, its gradient split evenly among the
+        # maxima of a tie (torch's derivatives.yaml: evenly_distribute_backward). max(x, dim): (values, indices), the
+        # index of the FIRST maximum (torch's documentation of max) and the gradient to that index only (torch's
+        # value_selecting_reduction_backward), not split: the values are read at argmax. max(x, other): the
+        # elementwise maximum (torch.maximum's gradient halves at ties, as JAX's).
+        if dim is None:
+            return fn(x)
+        if not isinstance(dim, int):  # max(x, other)
+            return pairwise(x, dim)
+        i = argfn(x, axis=dim, keepdims=True)
+        values, i = jnp.take_along_axis(x, i, axis=dim), i.astype(_jdtype(torch.int64))
+        return _MaxDim((values, i) if keepdim else (jnp.squeeze(values, dim), jnp.squeeze(i, dim)))
+
+    return f
+
+
+_amax, _amin = _amax_of(jnp.max), _amax_of(jnp.min)
+_max, _min = _max_of(jnp.max, jnp.argmax, jnp.maximum), _max_of(jnp.min, jnp.argmin, jnp.minimum)
+
+
 def _reduce(fn):
     def f(x, dim=None, keepdim=False, *, dtype=None):  # torch.mean / torch.sum (dim None: all axes)
         axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
@@ -808,7 +890,10 @@ def _getitem(obj, idx):
 
 
 def _getattr(obj, name: str):
-    # x.shape, x.ndim, x.dtype; x.device is passed on as None (the arrays live on the trainer's device)
+    # x.shape, x.ndim, x.dtype; x.device is passed on as None (the arrays live on the trainer's device); x.max(dim)'s
+    # .values / .indices
+    if isinstance(obj, _MaxDim) and name in _MaxDim._fields:
+        return getattr(obj, name)
     if name in ("shape", "ndim", "dtype"):
         return tuple(obj.shape) if name == "shape" else getattr(obj, name)
     if name == "device":
@@ -923,6 +1008,8 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
     operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.lt, operator.le: operator.le,
     operator.gt: operator.gt, operator.ge: operator.ge,
+    operator.floordiv: operator.floordiv,  # C // n_head of traced sizes; floor division of tensors, as torch's //
+    math.sqrt: math.sqrt,  # 1 / math.sqrt(k.size(-1)): a traced size is a Python int in the JAX graph
     torch.add: lambda x, other, alpha=1: x + alpha * other if alpha != 1 else x + other,
     torch.mul: lambda x, other: x * other, torch.matmul: _matmul,
     torch.cat: lambda tensors, dim=0: jnp.concatenate(tensors, axis=dim),
@@ -943,6 +1030,8 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     torch.triu: lambda x, diagonal=0: jnp.triu(x, diagonal), torch.tril: lambda x, diagonal=0: jnp.tril(x, diagonal),
     torch.zeros_like: _filled_like(0), torch.ones_like: _filled_like(1),
     F.embedding: _f_embedding, F.dropout: _f_dropout,
+    torch.split: _split, F.pad: _f_pad, torch.norm: _norm2, torch.amax: _amax, torch.max: _max, torch.amin: _amin,
+    torch.min: _min,
 }  # fmt: skip
 
 # the position of the inplace argument of the functions that have one: torch would overwrite the input, which
@@ -968,6 +1057,7 @@ _FX_METHODS: dict[str, Callable] = {
     "repeat": lambda x, *sizes: jnp.tile(x, _dims(sizes)),  # torch's x.repeat is NumPy's tile
     "pow": operator.pow, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt, "type_as": lambda x, other: x.astype(other.dtype),
     "matmul": _matmul, "mul": operator.mul, "add": _FX_FUNCTIONS[torch.add],
+    "split": _split, "norm": _norm2, "amax": _amax, "max": _max, "amin": _amin, "min": _min,
 }  # fmt: skip
 
 # ops refused with their reason rather than "not supported". Random draws: torch draws fresh values at every
@@ -993,13 +1083,16 @@ _REFUSED_OPS: dict[Any, str] = {
 }  # fmt: skip
 
 FX_OPS = (
-    "+ - * / ** @ ~ & | == != < <= > >=, indexing, torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
-    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/einsum "
+    "+ - * / // ** @ ~ & | == != < <= > >=, indexing, math.sqrt of a size, "
+    "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
+    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/einsum/"
+    "split/norm(p=2)/amax/amin/max/min "
     "(sizes may be x.size(i), x.shape[i]), "
-    "F.relu/gelu/leaky_relu/silu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout, "
+    "F.relu/gelu/leaky_relu/silu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout/"
+    "pad(constant), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
     "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/clamp_min/expand/repeat/"
-    "pow/sqrt/rsqrt/type_as/matmul/mul/add, "
+    "pow/sqrt/rsqrt/type_as/matmul/mul/add/split/norm(p=2)/amax/amin/max/min(.values, .indices), "
     "nn.MultiheadAttention (output[0]; no bias_kv or kdim/vdim), "
     "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (relu or gelu), nn.TransformerEncoder and "
     "nn.TransformerDecoder of them, nn.Transformer"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -592,3 +594,81 @@ class NewcomerEncoder(nn.Module):
 
 def newcomer_encoder(vocab: int, n_classes: int, d: int = 16) -> nn.Module:
     return NewcomerEncoder(vocab, n_classes, d)
+
+
+class GPTBlock(nn.Module):
+    """A nanoGPT-style block as users copy it: ``c_attn(x).split(n_embd, dim=2)`` (or ``chunk(3, dim=-1)``), heads by
+    ``view(B, T, nh, hs).transpose(1, 2)``, a registered ``torch.tril`` buffer applied by
+    ``masked_fill(bias[:, :, :T, :T] == 0, -inf)`` then ``F.softmax`` (or ``F.scaled_dot_product_attention(
+    is_causal=True)``), ``transpose(1, 2).contiguous().view(B, T, C)``, an MLP with ``nn.GELU(approximate="tanh")``;
+    LayerNorm(bias=False), or RMSNorm by hand (``x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``)."""
+
+    def __init__(self, d: int, heads: int, max_len: int, sdpa: bool, rms: bool) -> None:
+        super().__init__()
+        self.n_embd, self.n_head, self.sdpa, self.rms = d, heads, sdpa, rms
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.gelu, self.mlp_proj = nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d)
+        self.register_buffer("bias", torch.tril(torch.ones(max_len, max_len)).view(1, 1, max_len, max_len))
+
+    def norm(self, ln, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * ln.weight if self.rms else ln(x)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        h = self.norm(self.ln_1, x)
+        if self.sdpa:
+            q, k, v = self.c_attn(h).chunk(3, dim=-1)
+        else:
+            q, k, v = self.c_attn(h).split(self.n_embd, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp_proj(self.gelu(self.c_fc(self.norm(self.ln_2, x))))
+
+
+class GPTClassifier(nn.Module):
+    """A classifier head over a GPT-style stack on token ids (B, T), as users write it from nanoGPT: token and
+    ``torch.arange(T)`` position embeddings, :class:`GPTBlock` layers, a final LayerNorm(bias=False), a tied
+    ``lm_head.weight = wte.weight``, and per ``pool``: "mean" (``x.mean(1)`` and the LM logits' ``amax`` over
+    positions), "max" (``x.max(dim=1).values`` and the last position), "shift" (a token shift by ``F.pad`` of the
+    previous position's features, ``torch.cat``, unit rows by ``x / x.norm(dim=-1, keepdim=True)``)."""
+
+    def __init__(self, vocab: int, n_classes: int, pool: str = "mean", sdpa: bool = False, rms: bool = False,
+                 d: int = 8, heads: int = 2, layers: int = 2, max_len: int = 16) -> None:  # fmt: skip
+        super().__init__()
+        self.pool = pool
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
+        self.h = nn.ModuleList(GPTBlock(d, heads, max_len, sdpa, rms) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d, bias=False)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.head = nn.Linear(d + (vocab if pool == "mean" else d), n_classes)
+
+    def forward(self, idx):
+        idx = idx.long()
+        _, T = idx.size()
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        if self.pool == "shift":  # each position also sees the previous one's features (RWKV's token shift)
+            x = torch.cat([x, F.pad(x, (0, 0, 1, -1))], dim=-1)[..., : x.size(-1)] + F.pad(x, (0, 0, 1, -1))
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        if self.pool == "mean":
+            return self.head(torch.cat([x.mean(1), self.lm_head(x).amax(1)], dim=-1))
+        if self.pool == "max":
+            return self.head(torch.cat([x.max(dim=1).values, x[:, -1, :]], dim=-1))
+        u = x / (x.norm(dim=-1, keepdim=True) + 1e-6)
+        return self.head(torch.cat([u.mean(1), x[:, -1]], dim=-1))
+
+
+def gpt_classifier(vocab: int, n_classes: int, pool: str = "mean", sdpa: bool = False, rms: bool = False) -> nn.Module:
+    return GPTClassifier(vocab, n_classes, pool, sdpa, rms)

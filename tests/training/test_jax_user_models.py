@@ -467,6 +467,20 @@ def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, m
     _refused_when_it_runs(_Op(op), message)
 
 
+@pytest.mark.parametrize(
+    ("op", "message"),
+    [(lambda h: torch.nn.functional.pad(h, (1, 1), mode="reflect"), r"F.pad with mode='reflect' is not supported"),
+     (lambda h: h.norm(p=1, dim=-1), r"op x.norm .*: norm with p = 1 is not supported \(p = 2 runs\)"),
+     (lambda h: torch.norm(h, float("inf")), r"op torch.functional.norm .*: norm with p = inf is not supported"),
+     (lambda h: h.split([1, 1], 1)[0], r"op x.split .*: split sizes \[1, 1\] do not add up to the axis's 3"),
+     (lambda h: torch.nn.functional.pad(h, (1, 1, 0, 0, 2, 2)), r"F.pad's pad \(1, 1, 0, 0, 2, 2\) is not")],
+)  # fmt: skip
+def test_a_pad_mode_norm_or_split_the_graph_cannot_run_is_one_line(op, message):
+    """F.pad's reflect/replicate/circular modes, norms other than p = 2, split sizes that do not add up (torch raises),
+    more pad pairs than axes: one line naming the op, before training."""
+    _refused_when_it_runs(_Op(op), message)
+
+
 def _refused_when_it_runs(model, message):
     torch.manual_seed(0)
     model = model.double()
@@ -881,6 +895,43 @@ def test_a_transformer_encoder_and_is_causal_compute_torchs_logits(make):
     assert got["logits"] < RTOL, got
 
 
+# nanoGPT-style classifiers (tests.core.byo_models.GPTClassifier), each refused before by its first op: "op x.split",
+# "op operator.floordiv" (C // n_head), "op math.sqrt" (1 / math.sqrt(k.size(-1))), "op torch.nn.functional.pad",
+# "op x.norm", "op x.amax", "op x.max"
+GPT = {
+    "gpt-split-masked-fill-amax": {"pool": "mean"},
+    "gpt-chunk-sdpa-max-values": {"pool": "max", "sdpa": True},
+    "gpt-rmsnorm-pad-shift-norm": {"pool": "shift", "rms": True},
+    "gpt-sdpa-rmsnorm-amax": {"pool": "mean", "sdpa": True, "rms": True},
+}
+# float64: observed ≤ 9 eps (logits ≤ 1.4 eps); 64 eps leaves the reassociated dot products of ≤ 32 terms their
+# n·u rounding bound (Higham 2002, §3.1) and fails any op computing another function
+GPT_RTOL = 64 * float(np.finfo(np.float64).eps)
+
+
+@pytest.mark.parametrize("name", sorted(GPT))
+def test_a_gpt_style_classifier_computes_torchs_logits(name):
+    """float64 logits within 64 eps of torch's training-mode forward, and float32 within the trainer's backstop."""
+    torch.manual_seed(0)
+    model = byo.gpt_classifier(10, 3, **GPT[name])
+    x, y = _tokens()
+    apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+    jb.check_same_logits(model, apply, params, x[:8].long(), jax.numpy.asarray(x[:8].long().numpy()))
+    got = BENCH.compare(model.double(), x.long(), y, clipping=False)
+    assert got["logits"] < GPT_RTOL, got
+
+
+@pytest.mark.slow  # 7-13 s each on a shared core
+@pytest.mark.parametrize("name", sorted(GPT))
+def test_a_gpt_style_classifier_clips_as_the_torch_loop_clipper(name):
+    """vmap per-example norms and clipped sums (tied lm_head/wte summed) against the torch loop clipper, float64."""
+    torch.manual_seed(0)
+    model = byo.gpt_classifier(10, 3, **GPT[name]).double()
+    x, y = _tokens()
+    got = BENCH.compare(model, x.long(), y)
+    assert max(got.values()) < GPT_RTOL, got
+
+
 def _sdpa_both(q):  # (B, 1, 3, 1) -> (B, 3)
     mask = torch.ones(3, 3).bool()
     return torch.nn.functional.scaled_dot_product_attention(q, q, q, mask, is_causal=True)[:, 0, :, 0]
@@ -985,6 +1036,43 @@ def test_clamp_passes_the_gradient_torch_passes_at_its_bounds():
             got = jax.grad(lambda v, lo=lo, hi=hi: (jb._clamp(v, lo, hi) ** 2).sum())(xj)
             np.testing.assert_array_equal(np.asarray(got), x.grad.numpy(), err_msg=f"{lo}, {hi}")
             x.grad = None
+
+
+@pytest.mark.parametrize(
+    ("name", "op"),
+    [("amax", lambda x: x.amax(1)), ("amax-all", lambda x: x.amax()), ("amin", lambda x: x.amin(-1)),
+     ("max-dim", lambda x: x.max(1).values), ("max-dim-keepdim", lambda x: x.max(-1, keepdim=True)[0]),
+     ("max-all", lambda x: x.max()), ("min-dim", lambda x: x.min(dim=1).values),
+     ("maximum", lambda x: x.max(x.transpose(0, 1))), ("norm", lambda x: x.norm(dim=-1, keepdim=True)),
+     ("norm-all", lambda x: x[2].norm() + x[3].norm()), ("torch-norm", lambda x: torch.norm(x, dim=1)),
+     ("norm-unit-rows", lambda x: x / (x.norm(dim=-1, keepdim=True) + 1e-6)),
+     ("pad", lambda x: torch.nn.functional.pad(x, (1, -1, 0, 2), value=0.5)),
+     ("split", lambda x: x.split(3, dim=1)[1]), ("split-sizes", lambda x: x.split([1, 3], 1)[0])],
+)  # fmt: skip
+def test_reductions_pad_and_split_pass_torchs_gradients_at_ties_and_zero(name, op):
+    """The gradient of Σ w·op(x) against torch's backward, float64, on rows where the maximum (minimum) is taken
+    twice and rows of zeros: amax/amin and max()/min() without dim split the gradient evenly among the tied entries
+    (torch's amax documentation; evenly_distribute_backward), max(dim)/min(dim) give it all to the first (the index
+    they return), torch.maximum halves it; ‖x‖'s gradient at ‖x‖ = 0 is 0 (torch's norm_backward masks it; √ at 0 is
+    NaN otherwise); F.pad and split pass the gradient of the entries they keep. Each case's wrong rule is planted in
+    RESULTS.md (tenth session, GPT-style blocks): amax's gradient to one index, max(dim)'s split, the plain √ norm."""
+    import jax.numpy as jnp
+
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [2.0, 2.0, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0], [0.0, -1.0, 1.0, 0.0]],
+                     dtype=torch.float64, requires_grad=True)  # fmt: skip
+    out = op(x)
+    w = torch.linspace(0.5, 2.0, out.numel(), dtype=torch.float64).reshape(out.shape)
+    (out * w).sum().backward()
+
+    class Graph(nn.Module):
+        def forward(self, h):
+            return op(h)
+
+    traced = jb.jax_forward(Graph())
+    with jax.enable_x64(True):
+        got = jax.grad(lambda v: (traced({}, v) * jnp.asarray(w.numpy())).sum())(jnp.asarray(x.detach().numpy()))
+    # the same few roundings in another order: 8 float64 eps relative; atol 0, so torch's zeros must be zeros
+    np.testing.assert_allclose(np.asarray(got), x.grad.numpy(), rtol=8 * np.finfo(np.float64).eps, atol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("fill", [7, 7.0, True])
@@ -1103,6 +1191,9 @@ def test_batchnorm_refusal_names_the_backend_when_not_private_and_dp_when_privat
         pytest.param("encoder_transformer", {"vocab": 10, "length": 7, "n_classes": 2}, [7], marks=pytest.mark.slow),
         pytest.param("decoder_lm", {"vocab": 10, "length": 7, "n_classes": 2}, [7], marks=pytest.mark.slow),
         pytest.param("seq2seq_transformer", {"vocab": 10, "n_classes": 2}, [7], marks=pytest.mark.slow),
+        pytest.param(
+            "gpt_classifier", {"vocab": 10, "n_classes": 2, "pool": "shift", "rms": True}, [7], marks=pytest.mark.slow
+        ),
     ],
 )
 def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monkeypatch, factory, kwargs, shape):
@@ -1119,7 +1210,7 @@ def test_cli_trains_a_users_traced_model_and_records_its_epsilon(tmp_path, monke
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the factory is imported from the current directory
     rng = np.random.default_rng(0)
     X = rng.integers(0, 10, size=(80, *shape))  # int64 (n, T): token ids for the transformer
-    tokens = ("tiny_transformer", "encoder_transformer", "decoder_lm", "seq2seq_transformer")
+    tokens = ("tiny_transformer", "encoder_transformer", "decoder_lm", "seq2seq_transformer", "gpt_classifier")
     X = X if factory in tokens else X.astype(np.float32)
     np.savez(tmp_path / "d.npz", X=X, y=rng.integers(0, 2, 80))
     spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": kwargs, "input_shape": shape,
@@ -1228,6 +1319,7 @@ def test_an_embedding_lookup_outside_the_table_is_nan_never_another_row():
 def _op_cases():
     """(table, key, torch's callable, args, kwargs) for every entry of _FX_FUNCTIONS and _FX_METHODS; args are torch
     values (tensors become JAX arrays on the JAX side)."""
+    import math
     import operator
 
     F = torch.nn.functional
@@ -1240,6 +1332,8 @@ def _op_cases():
     q, k, v = (torch.randn(2, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
     w, bias = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
     ids = torch.tensor([[0, 3, 9], [9, 1, 2]])
+    tie = torch.tensor([[1.0, 3.0, 3.0, -2.0], [2.0, 2.0, 0.0, 0.0]], dtype=torch.float64)  # max/min taken twice
+    zero = torch.cat([a[:1], torch.zeros(1, 3, 4, dtype=torch.float64)])  # ‖row‖ = 0
     table = torch.randn(10, 4, generator=g, dtype=torch.float64)
     fn = [
         *((op, (a, b), {}) for op in (operator.add, operator.sub, operator.mul, operator.truediv)),
@@ -1280,6 +1374,17 @@ def _op_cases():
         (torch.stack, ([a, b],), {}), (torch.stack, ([a, b], 2), {}), (torch.pow, (pos, b), {}),
         (torch.sqrt, (pos,), {}), (torch.rsqrt, (pos,), {}), (F.silu, (a,), {}),
         (torch.einsum, ("bij,bkj->bik", a, b), {}), (torch.einsum, ("ij,jk->ik", [a[0], m]), {}),
+        (operator.floordiv, (a, 0.7), {}), (operator.floordiv, (ids, 4), {}), (operator.floordiv, (7, 2), {}),
+        (math.sqrt, (7,), {}),
+        (torch.split, (a, 3, 2), {}), (torch.split, (a, [1, 2], 1), {}), (torch.split, (a, 2), {}),  # 4 = 3 + 1
+        (F.pad, (a, (1, 2)), {}), (F.pad, (a, (1, 0, 0, 2)), {"value": 1.5}), (F.pad, (a, (0, 0, 1, -1)), {}),
+        (F.pad, (a, (2, 0, 1, 0, 0, 1)), {}),
+        (torch.norm, (a,), {}), (torch.norm, (zero, 2, -1), {}), (torch.norm, (a,), {"dim": (0, 2), "keepdim": True}),
+        (torch.amax, (tie, 1), {}), (torch.amax, (a,), {}), (torch.amax, (a, (0, 2), True), {}),
+        (torch.amin, (tie, 0), {}), (torch.amin, (a, -1), {"keepdim": True}),
+        (torch.max, (a,), {}), (torch.max, (tie, 1), {}), (torch.max, (a, 0, True), {}), (torch.max, (a, b), {}),
+        (torch.min, (tie,), {}), (torch.min, (tie, 1), {}), (torch.min, (a,), {"dim": 2, "keepdim": True}),
+        (torch.min, (a, b), {}),
     ]  # fmt: skip
     method = [
         ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
@@ -1296,6 +1401,12 @@ def _op_cases():
         ("repeat", (a, 1, 2, 1), {}), ("repeat", (m, (2, 1, 3)), {}), ("pow", (pos, 2), {}), ("sqrt", (pos,), {}),
         ("rsqrt", (pos,), {}), ("type_as", (mask, a), {}), ("type_as", (a, ids), {}), ("matmul", (a, m), {}),
         ("mul", (a, b), {}), ("add", (a, b), {"alpha": 2}), ("add", (a, 1.5), {}),
+        ("chunk", (a, 2, 1), {}), ("chunk", (a, 3, -1), {}),  # 3 as 2 + 1; 4 in 3 chunks: two of 2 (torch's ⌈n/c⌉)
+        ("split", (a, 1), {}), ("split", (a, 3), {"dim": -1}), ("split", (a, [3, 1], -1), {}),
+        ("norm", (a,), {"dim": -1, "keepdim": True}), ("norm", (zero,), {"dim": (1, 2)}), ("norm", (a, "fro"), {}),
+        ("amax", (tie,), {"dim": -1}), ("amax", (a, 1), {}), ("amin", (tie, -1), {}), ("amin", (a,), {}),
+        ("max", (tie,), {"dim": 1}), ("max", (a, -1, True), {}), ("max", (tie,), {}), ("max", (a, b), {}),
+        ("min", (tie, 1), {}), ("min", (a,), {}), ("min", (a, b), {}),
     ]  # fmt: skip
     return [("function", f, f, args, kw) for f, args, kw in fn] + [
         ("method", name, lambda x, *r, name=name, **kw: getattr(x, name)(*r, **kw), args, kw)
