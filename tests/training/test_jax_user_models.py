@@ -276,15 +276,16 @@ def _decoder_layer(**changes):  # a TransformerDecoderLayer (dropout 0) with som
     return layer
 
 
-def _decoder_stack(
-    where, module
-):  # a 2-layer nn.TransformerDecoder (dropout 0) with layer `where` or its norm replaced
-    stack = nn.TransformerDecoder(_decoder_layer(), 2, norm=nn.LayerNorm(8))
+def _replaced(stack, where, module):  # `stack` with its layer `where` (or its norm, where == "norm") replaced
     if where == "norm":
         stack.norm = module
     else:
         stack.layers[where] = module
     return stack
+
+
+def _decoder_stack(where, module):  # a 2-layer nn.TransformerDecoder (dropout 0), layer `where` or its norm replaced
+    return _replaced(nn.TransformerDecoder(_decoder_layer(), 2, norm=nn.LayerNorm(8)), where, module)
 
 
 def _patched_decoder():  # an instance whose forward was replaced: fx keeps it a leaf (a torch.nn class)
@@ -294,12 +295,8 @@ def _patched_decoder():  # an instance whose forward was replaced: fx keeps it a
 
 
 def _stack_with(where, module):  # a 2-layer nn.TransformerEncoder (dropout 0) with layer `where` or its norm replaced
-    stack = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, dropout=0.0), 2, enable_nested_tensor=False)
-    if where == "norm":
-        stack.norm = module
-    else:
-        stack.layers[where] = module
-    return stack
+    layer = nn.TransformerEncoderLayer(8, 2, dropout=0.0)
+    return _replaced(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), where, module)
 
 
 def _patched_stack():  # an instance whose forward was replaced: fx keeps it a leaf (a torch.nn class)
