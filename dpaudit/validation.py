@@ -314,8 +314,9 @@ def parse_json(text: str | bytes, source: str, *, error: type[Exception] = Input
     return obj
 
 
-def read_json(path: Any, *, error: type[Exception] = InputError) -> Any:
-    """:func:`parse_json` of a file (a missing, unreadable or special file is one ``error`` line)."""
+def read_limited(path: Any, *, error: type[Exception] = InputError, kind: str = "") -> bytes:
+    """The bytes of an untrusted file of at most :data:`MAX_JSON_BYTES`; a missing, unreadable, special or larger
+    file is one ``error`` line (``kind``, e.g. "JSON ", names the file's kind in the size line)."""
     from pathlib import Path
 
     path = Path(path)
@@ -323,10 +324,15 @@ def read_json(path: Any, *, error: type[Exception] = InputError) -> Any:
         raise error(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
-            raise error(f"{path}: JSON larger than {MAX_JSON_BYTES // 2**20} MiB")
-        return parse_json(path.read_bytes(), str(path), error=error)
+            raise error(f"{path}: {kind}larger than {MAX_JSON_BYTES // 2**20} MiB")
+        return path.read_bytes()
     except OSError as e:
         raise error(f"{path}: cannot read ({e.strerror})") from None
+
+
+def read_json(path: Any, *, error: type[Exception] = InputError) -> Any:
+    """:func:`parse_json` of a file (a missing, unreadable or special file is one ``error`` line)."""
+    return parse_json(read_limited(path, error=error, kind="JSON "), str(path), error=error)
 
 
 _JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}

@@ -17,7 +17,6 @@ from dpaudit.cli._common import DELTA_HELP, App, JsonFlag, emit, warn
 from dpaudit.errors import FileContentError, InputError
 from dpaudit.validation import (
     MAX_CLAIM_DELTA,
-    MAX_JSON_BYTES,
     check_claim_delta,
     check_in_interval,
     check_json_type,
@@ -26,6 +25,7 @@ from dpaudit.validation import (
     check_positive,
     check_positive_int,
     read_json,
+    read_limited,
 )
 
 account_app = App(help="Privacy accounting: epsilon of DP-SGD, noise calibration.")
@@ -104,14 +104,8 @@ def _read_schedule(path: Path) -> list[tuple[float, float, int]]:
             )
             phases.append(_phase(where, sigma, q, steps))
     else:
-        if not path.is_file():
-            raise FileContentError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
         try:
-            if path.stat().st_size > MAX_JSON_BYTES:
-                raise FileContentError(f"{path}: larger than {MAX_JSON_BYTES // 2**20} MiB")
-            text = path.read_bytes().decode("utf-8-sig")
-        except OSError as e:
-            raise FileContentError(f"{path}: cannot read ({e.strerror})") from None
+            text = read_limited(path, error=FileContentError).decode("utf-8-sig")
         except UnicodeDecodeError:
             raise FileContentError(f"{path}: not UTF-8 text") from None
         reader = csv.reader(io.StringIO(text))
