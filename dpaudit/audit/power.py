@@ -264,6 +264,30 @@ def power_upper_bound(size: int, claimed_epsilon: float, leak: Leak, **audit: An
     return _np_power(size, float(claimed_epsilon), leak, one_run, alpha, audit.get("delta", 1e-5))
 
 
+def _one_run_ceiling(size: int, claimed_epsilon: float, **audit: Any) -> float | None:
+    """For the one-run (ε, δ) audit (``audit``: as for :func:`simulated_power`) of ``size`` canaries, an ε that no
+    outcome reaches, perfect attack or not (:func:`dpaudit.audit.one_run.certifiable_ceiling`), when it is at most
+    ``claimed_epsilon``: then every simulated draw reads "not refuted" and the simulation's power is exactly 0. None
+    otherwise, and for every other method. The bound is on the canaries the audit computes on (holdout: the
+    evaluation part, ``size - size // 2``) at the level each of its tests runs at (α/2 per direction when
+    two-sided; Bonferroni: α over the guess-count grid), as :func:`dpaudit.audit.audit_scores` does."""
+    if audit.get("method", "clopper-pearson") != "one-run":
+        return None
+    from dpaudit.audit import one_run
+    from dpaudit.audit.bounds import _alpha, _direction_alpha
+
+    alpha = _direction_alpha(_alpha(audit.get("confidence", 0.95)), audit.get("alternative", "greater"))
+    m, delta = int(size), audit.get("delta", 1e-5)
+    selection = audit.get("threshold_selection", "holdout")
+    if selection == "holdout":
+        m -= m // 2
+    elif selection == "bonferroni":
+        alpha /= len(one_run.bonferroni_pairs(m)[0])
+    if one_run.certifies_beyond(m, float(claimed_epsilon), delta, alpha):
+        return None
+    return one_run.certifiable_ceiling(m, delta, alpha)
+
+
 def _leak_needed(claimed_epsilon: float, leak: Leak, size: int, power: float, **audit: Any) -> float:
     """The smallest ε of ``leak``'s family (at its δ) whose :func:`power_upper_bound` at ``size`` reaches
     ``power``: a necessary condition on a plannable leak (bisection; the bound increases with the leak)."""
@@ -321,6 +345,35 @@ def simulated_power(
         r = audit_scores(scores, member, claimed_epsilon=claimed_epsilon, design=design, seed=i, **audit)
         refuted += r.verdict in (*FORMAL_REFUTATIONS, *ESTIMATE_REFUTATIONS)
     return refuted / simulations
+
+
+def _ceiling_refusal(
+    claimed: float,
+    leak: Leak,
+    power: float,
+    max_size: int,
+    ceiling: float,
+    simulated: dict[int, float],
+    simulations: int,
+    k_needed: int,
+    delta: float,
+) -> str:
+    """size_for_power's refusal where the one-run audit's ceiling at ``max_size`` is at most the claim: that ceiling,
+    and the simulated power at the largest size simulated (``simulated``: size -> power), if any."""
+    most, claim = numfmt.ordered(ceiling, claimed, left_digits=4, left_up=True)  # "at most 7.989" below "8"
+    text = (
+        f"no design up to {max_size} canaries is shown to reach power {power:g} against "
+        f"{leak.describe()}: at {max_size} canaries no one-run audit certifies epsilon {claim} whatever its guesses "
+        f"(at most {most} at delta {numfmt.exact(delta)}: the 2*m*delta term of Steinke et al. "
+        "2023 caps it)"
+    )
+    if simulated:
+        n = max(simulated)
+        text += (
+            f"; simulated power at {n} canaries {simulated[n]:.2f} (the simulated audit refuted the claim in "
+            f"{round(simulated[n] * simulations)} of {simulations} draws, {k_needed} needed)"
+        )
+    return text + "; lower the claim, or audit independent runs instead (clopper-pearson, design multi-run)"
 
 
 def size_for_power(
@@ -402,8 +455,11 @@ def size_for_power(
         return round(power_estimate * simulations) >= k_needed
 
     def possible(n: int) -> bool:
-        # A size whose bound is below the power cannot have it, whatever its simulation shows.
-        return best is None or power_upper_bound(n, claimed, leak, **audit) >= power
+        # A size whose bound is below the power cannot have it, whatever its simulation shows; nor one where the
+        # one-run audit's ceiling is at most the claim (its simulated power would be exactly 0).
+        if best is not None and power_upper_bound(n, claimed, leak, **audit) < power:
+            return False
+        return _one_run_ceiling(n, claimed, **audit) is None
 
     def p_doubling(n: int) -> float:
         return p(n) if possible(n) else 0.0  # not simulated: read as power 0, "not enough"
@@ -417,6 +473,12 @@ def size_for_power(
     p_hi = p_doubling(hi)
     while not enough(p_hi):
         if hi >= max_size:
+            ceiling = _one_run_ceiling(max_size, claimed, **audit)
+            if ceiling is not None:  # not simulated there: say why, and what was
+                delta = audit.get("delta", 1e-5)
+                raise InputError(
+                    _ceiling_refusal(claimed, leak, power, max_size, ceiling, cache, simulations, k_needed, delta)
+                )
             raise InputError(
                 f"no design up to {max_size} {unit} is shown to reach power {power:g} against {leak.describe()}: "
                 f"simulated power at {max_size} {unit} {p_hi:.2f} (the simulated audit refuted the claim in "

@@ -451,3 +451,27 @@ def test_the_memoised_bound_and_p_value_are_the_uncached_functions_values():
     keys = ("m", "r", "v", "delta", "alpha")
     values = {one_run_epsilon_lower_bound(*(c[k] for k in keys), tol=c["tol"]) for c in variants}
     assert len(values) == len(variants)  # each argument moves the bound here, so a dropped one shows
+
+
+def test_the_ceiling_bounds_every_outcome_and_is_reached_by_a_perfect_attack():
+    """one_run.certifiable_ceiling: no outcome (r guesses, v correct, 1 <= v <= r <= m) certifies more, and a perfect
+    attack comes within 1e-4 of it. Every (r, v) of m = 60 at delta 1e-2 (the best: 60 of 60, 0.8816), and the design's
+    perfect attack (max_certifiable_epsilon) at larger m. Plants caught: the floor at delta 1.01x (0.016 below the
+    best outcome), at m + 1 (6e-4 below) or m - 1 (above by 3e-3 at m 101), its j from 0 (bdtr(0) of m), its 2m*delta
+    as m*delta."""
+    from dpaudit.audit import one_run
+
+    m, delta = 60, 1e-2
+    best = max(one_run_epsilon_lower_bound(m, r, v, delta, 0.05) for r in range(1, m + 1) for v in range(1, r + 1))
+    ceiling = one_run.certifiable_ceiling(m, delta, 0.05)
+    assert best <= ceiling <= best + 1e-4, (best, ceiling)
+    for m_eval, delta, alpha in ((101, 1e-2, 0.05), (801, 1e-3, 0.05), (801, 1e-4, 0.005)):
+        perfect = max_certifiable_epsilon(m_eval, m_eval - 1, method="one-run", delta=delta, confidence=1 - alpha)
+        ceiling = one_run.certifiable_ceiling(m_eval, delta, alpha)
+        assert perfect <= ceiling <= perfect + 1e-4, (m_eval, delta, perfect, ceiling)
+        # The floor on the p-value exceeds alpha just above the ceiling, and the perfect attack's p-value is below
+        # it just under the perfect attack's bound (the design's test with all its guesses right).
+        assert one_run.outcome_p_value_floor(m_eval, ceiling, delta) > alpha
+        assert not one_run.certifies_beyond(m_eval, ceiling, delta, alpha)
+        assert one_run.certifies_beyond(m_eval, perfect, delta, alpha)
+    assert one_run.certifiable_ceiling(100, 0.0, 0.05) == math.inf  # pure DP: no ceiling
