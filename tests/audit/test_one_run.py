@@ -457,8 +457,8 @@ def test_the_ceiling_bounds_every_outcome_and_is_reached_by_a_perfect_attack():
     """one_run.certifiable_ceiling: no outcome (r guesses, v correct, 1 <= v <= r <= m) certifies more, and a perfect
     attack comes within 1e-4 of it. Every (r, v) of m = 60 at delta 1e-2 (the best: 60 of 60, 0.8816), and the design's
     perfect attack (max_certifiable_epsilon) at larger m. Plants caught: the floor at delta 1.01x (0.016 below the
-    best outcome), at m + 1 (6e-4 below) or m - 1 (above by 3e-3 at m 101), its j from 0 (bdtr(0) of m), its 2m*delta
-    as m*delta."""
+    best outcome), at m + 1 (6e-4 below) or m - 1 (above by 3e-3 at m 101), its 2m*delta as m*delta. (A j of 0 would be
+    valid: p >= beta >= P[F <= 0].)"""
     from dpaudit.audit import one_run
 
     m, delta = 60, 1e-2

@@ -551,3 +551,65 @@ def test_size_advice_names_the_perfect_attack_minimum_when_no_simulated_size_has
     advice = size_advice(1.0, method="clopper-pearson", delta=1e-5, true_epsilon=1.05)
     assert advice.points_to_plan is False
     assert advice.text.startswith("at least 23 runs per side even for a perfect attack (no design up to 736 runs per")
+
+
+def test_the_one_run_ceiling_is_taken_where_and_at_the_level_the_audit_computes():
+    """power._one_run_ceiling against the design's perfect attack (max_certifiable_epsilon, the audit's own guess
+    counts): at most 1e-4 above it (Bonferroni: 1e-3), never below, at odd sizes (holdout evaluates size - size // 2 canaries), two-sided
+    (alpha/2 per direction), Bonferroni (alpha over the grid, on all m) and at 99%. None where the claim is below it,
+    and for the other methods. Plants caught: size // 2 or size - size // 2 + 1 canaries, alpha not halved, the
+    Bonferroni split dropped, delta 1e-5 (the default) in place of the audit's."""
+    from dpaudit.audit.power import _one_run_ceiling
+
+    cases = (
+        (201, {"delta": 1e-2}),
+        (1601, {"delta": 1e-3, "alternative": "two-sided"}),
+        (1601, {"delta": 1e-4, "threshold_selection": "bonferroni"}),
+        (3201, {"delta": 3e-6, "confidence": 0.99, "threshold_selection": "bonferroni", "alternative": "two-sided"}),
+    )
+    for size, kwargs in cases:
+        perfect = max_certifiable_epsilon(size - size // 2, size // 2, method="one-run", **kwargs)
+        ceiling = _one_run_ceiling(size, 50.0, method="one-run", **kwargs)
+        # Bonferroni's perfect attack guesses only the grid's counts: up to 1e-3 below an attack free to choose them.
+        tol = 1e-3 if kwargs.get("threshold_selection") == "bonferroni" else 1e-4
+        assert 0.0 < perfect <= ceiling <= perfect + tol, (size, kwargs, perfect, ceiling)
+        assert _one_run_ceiling(size, perfect, method="one-run", **kwargs) is None  # the perfect attack refutes less
+    for method in ("clopper-pearson", "gdp", "one-run-fdp"):
+        assert _one_run_ceiling(201, 50.0, method=method, delta=1e-2) is None
+
+
+def test_a_one_run_plan_past_the_ceiling_is_refused_naming_it_and_the_slow_path_agrees(monkeypatch):
+    """`audit plan --method one-run --epsilon 8` simulated every doubling up to the 10^6 cap (minutes), although past
+    about 830,000 canaries no outcome of the audit certifies 8 (the 2*m*delta term of Steinke et al. 2023). Sizes at
+    or past the one-run ceiling are not simulated (their power is exactly 0) and a cap past it is refused naming the
+    ceiling there and the largest size simulated. Here: a claim of 0.85 at delta 1e-2 (perfect attack from 29
+    canaries, ceiling 0.787 at 232). The search without the ceiling (the old path) simulates 232 too and also finds
+    no refutation there. Plants caught: the ceiling not consulted (232 simulated), the refusal naming the cap's
+    power instead, a ceiling at the wrong delta (232 simulated: 1e-5's ceiling is above 0.85)."""
+    from dpaudit.audit import power as pw
+
+    real, calls = pw.simulated_power, []
+
+    def counting(n, *a, **k):
+        calls.append(n)
+        return real(n, *a, **k)
+
+    monkeypatch.setattr(pw, "simulated_power", counting)
+    kwargs = {"method": "one-run", "delta": 1e-2, "max_size": 232, "simulations": 100}
+    with pytest.raises(InputError) as e:
+        plan_design(0.85, **kwargs)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("no design up to 232 canaries is shown to reach power 0.8 "), msg
+    assert "at 232 canaries no one-run audit certifies epsilon 0.85 whatever its guesses (at most 0.7874 at " in msg
+    assert f"simulated power at {max(calls)} canaries 0." in msg and "audit independent runs instead" in msg, msg
+    assert 232 not in calls and calls, calls
+    assert all(pw._one_run_ceiling(n, 0.85, method="one-run", delta=1e-2) is None for n in calls), calls
+    fast = list(calls)
+    calls.clear()
+    monkeypatch.setattr(pw, "_one_run_ceiling", lambda *a, **k: None)  # the search as it was
+    with pytest.raises(InputError) as e:
+        plan_design(0.85, **kwargs)
+    assert "simulated power at 232 canaries 0.00 (the simulated audit refuted the claim in 0 of 100 draws" in str(
+        e.value
+    )
+    assert calls[: len(fast)] == fast and 232 in calls, (fast, calls)
