@@ -42,6 +42,13 @@ against the leak. A leak even that test cannot detect within ``max_size`` is ref
 above the claim used to be simulated at every doubling up to the cap, for minutes), and a size where that
 test falls short is never simulated (read as power 0) nor returned. With holdout selection the bound is taken on
 the evaluation part, the half the audit tests on (:func:`power_upper_bound`).
+
+The one-run (ε, δ) audit also has a ceiling that no attack passes: past some size its δ term (2mδ, Steinke, Nasr &
+Jagielski 2023, Section 5) keeps every outcome's bound below the claim
+(:func:`dpaudit.audit.one_run.certifiable_ceiling`). A size where the ceiling is at most the claim is not simulated
+either: every draw would read "not refuted", so its power is exactly 0, the value read; a cap past it is refused
+naming the ceiling there (``audit plan --method one-run --epsilon 8`` simulated the 10^6 cap for minutes to find
+what its ceiling, 7.989 < 8, already says).
 """
 
 from __future__ import annotations
