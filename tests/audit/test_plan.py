@@ -555,10 +555,10 @@ def test_size_advice_names_the_perfect_attack_minimum_when_no_simulated_size_has
 
 def test_the_one_run_ceiling_is_taken_where_and_at_the_level_the_audit_computes():
     """power._one_run_ceiling against the design's perfect attack (max_certifiable_epsilon, the audit's own guess
-    counts): at most 1e-4 above it (Bonferroni: 1e-3), never below, at odd sizes (holdout evaluates size - size // 2 canaries), two-sided
-    (alpha/2 per direction), Bonferroni (alpha over the grid, on all m) and at 99%. None where the claim is below it,
-    and for the other methods. Plants caught: size // 2 or size - size // 2 + 1 canaries, alpha not halved, the
-    Bonferroni split dropped, delta 1e-5 (the default) in place of the audit's."""
+    counts): at most 1e-4 above it (Bonferroni: 1e-3), never below, at odd sizes (holdout evaluates size - size // 2
+    canaries), two-sided (alpha/2 per direction), Bonferroni (alpha over the grid, on all m) and at 99%. None where the
+    claim is below it, and for the other methods. Plants caught: size // 2 or size - size // 2 + 1 canaries, alpha
+    not halved, the Bonferroni split dropped, delta 1e-5 (the default) in place of the audit's."""
     from dpaudit.audit.power import _one_run_ceiling
 
     cases = (
