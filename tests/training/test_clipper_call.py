@@ -522,10 +522,11 @@ def test_no_dropout_mode_makes_every_functional_dropout_the_identity_however_cal
              lambda: torch.dropout(x, 0.5, True), lambda: torch.alpha_dropout(x, 0.5, True),
              lambda: torch.feature_alpha_dropout(x, 0.5, True), lambda: F.alpha_dropout(x, 0.5, True)]  # fmt: skip
     q, k, v = x[0], x[1], x[0] + 1
-    plain = F.scaled_dot_product_attention(q, k, v)
+    plain, causal = F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True)
     with _NoDropout():
         for call in calls:
             assert call() is x
         assert torch.equal(F.scaled_dot_product_attention(q, k, v, None, 0.9), plain)
         assert torch.equal(F.scaled_dot_product_attention(q, k, v, dropout_p=0.9), plain)
         assert torch.equal(F.scaled_dot_product_attention(q, k, v, None, dropout_p=0.9), plain)
+        assert torch.equal(F.scaled_dot_product_attention(q, k, v, None, 0.9, True), causal)  # is_causal kept
