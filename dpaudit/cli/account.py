@@ -117,7 +117,13 @@ def _read_schedule(path: Path) -> list[tuple[float, float, int]]:
         missing = [c for c in SCHEDULE_COLUMNS if c not in header]
         extra = [c for c in header if c not in SCHEDULE_COLUMNS]
         if missing or extra or len(header) != len(SCHEDULE_COLUMNS):
-            what = f"missing column {missing[0]}" if missing else f"unexpected column {(extra or header)[0][:40]!r}"
+            # all three present and none other, yet not three: a column named twice
+            twice = next((c for c in header if header.count(c) > 1), "")
+            what = (
+                f"missing column {missing[0]}" if missing
+                else f"unexpected column {extra[0][:40]!r}" if extra
+                else f"column {twice[:40]!r} given twice"
+            )  # fmt: skip
             raise FileContentError(f"{path}: {what} (expected the header {','.join(SCHEDULE_COLUMNS)})")
         phases = []
         for k, row in enumerate(lines[1:], 1):

@@ -20,7 +20,7 @@ DELTA = 1e-5
 
 def _write(tmp_path, name, text):
     p = tmp_path / name
-    p.write_text(text)
+    p.write_bytes(text) if isinstance(text, bytes) else p.write_text(text)
     return p
 
 
@@ -158,9 +158,12 @@ HEADER = "noise_multiplier,sample_rate,steps\n"
         ("s.csv", HEADER, "no phases"),
         ("s.csv", "noise_multiplier,steps\n1,10\n", "missing column sample_rate"),
         ("s.csv", "noise_multiplier,sample_rate,steps,lr\n1,0.1,10,3\n", "unexpected column 'lr'"),
+        ("s.csv", "noise_multiplier,noise_multiplier,steps\n1,1,10\n", "missing column sample_rate"),
+        ("s.csv", "noise_multiplier,sample_rate,steps,steps\n1,0.1,10,10\n", "column 'steps' given twice"),
         ("s.csv", HEADER + "0,0.1,10\n", "phase 1: expected noise_multiplier > 0"),
         ("s.csv", HEADER + "1,0.1,10\n-1,0.1,10\n", "phase 2: expected noise_multiplier > 0"),
         ("s.csv", HEADER + "nan,0.1,10\n", "phase 1: expected noise_multiplier to be a number"),
+        ("s.csv", HEADER + "1e-9,0.1,10\n", "phase 1: expected noise_multiplier = 0 (no noise) or >="),
         ("s.csv", HEADER + "1,0,10\n", "phase 1: expected sample_rate in (0, 1]"),
         ("s.csv", HEADER + "1,1.5,10\n", "phase 1: expected sample_rate in (0, 1]"),
         ("s.csv", HEADER + "1,0.1,2.5\n", "phase 1: expected steps to be an integer"),
@@ -169,10 +172,18 @@ HEADER = "noise_multiplier,sample_rate,steps\n"
         ("s.json", "[]", "no phases"),
         ("s.json", "{}", "expected a list"),
         ("s.json", '[{"noise_multiplier": 1, "steps": 3}]', "missing sample_rate"),
+        (
+            "s.json",
+            '[{"noise_multiplier": 1, "sample_rate": 0.1, "steps": 3}, {"noise_multiplier": 1, "steps": 3}]',
+            "s.json: phase 2: missing sample_rate",
+        ),
         ("s.json", '[{"noise_multiplier": 1, "sample_rate": 0.1, "steps": 3.5}]', "steps: expected an integer"),
         ("s.json", '[{"noise_multiplier": "1", "sample_rate": 0.1, "steps": 3}]', "noise_multiplier: expected a"),
         ("s.json", '[{"noise_multiplier": 1, "sample_rate": 0.1, "steps": -3}]', "expected steps >= 1"),
         ("s.json", "[", "not valid JSON"),
+        ("s.json", "[3]", "s.json: phase 1: expected an object, got int 3"),
+        ("s.json", '[{"noise_multiplier": 1, "sample_rate": 0.1, "steps": 3, "lr": 1}]', "phase 1: unknown key 'lr'"),
+        ("s.csv", b"noise_multiplier,sample_rate,steps\n1,0.1,\xff\n", "s.csv: not UTF-8 text"),
     ],
 )
 def test_bad_schedule_is_one_line_exit_2(tmp_path, name, text, expected):
@@ -207,3 +218,87 @@ def test_missing_file_and_missing_noise_multiplier_are_one_line_exit_2(tmp_path)
     assert r.exit_code == 2 and "no such file" in r.stderr
     r = runner.invoke(app, ["account", "dpsgd", "--delta", "1e-5", "--sample-rate", "0.1", "--steps", "3"])
     assert r.exit_code == 2 and "--noise-multiplier" in r.stderr
+
+
+def test_the_schedule_event_is_the_documented_composition():
+    # dpsgd_schedule_event's docstring: phases with the same (σ, q) are one SelfComposed of their summed steps, the
+    # distinct ones composed in the order (σ, then q) whatever the listing order, and a schedule of one (σ, q) is
+    # exactly dpsgd_event of the total steps (not a Composed of one event).
+    from dpaudit.errors import InputError
+    from dpaudit.events import Composed
+
+    one = dpsgd_event(noise_multiplier=1.0, sample_rate=0.1, steps=15)
+    assert dpsgd_schedule_event([(1.0, 0.1, 10), (1.0, 0.1, 5)]) == one
+    assert dpsgd_schedule_event([(1, 0.1, 15)]) == one
+    phases = [(2.0, 0.1, 5), (1.0, 0.2, 3), (1.0, 0.1, 4), (2.0, 0.1, 1)]
+    want = Composed(tuple(dpsgd_event(noise_multiplier=s, sample_rate=q, steps=t) for s, q, t in
+                          ((1.0, 0.1, 4), (1.0, 0.2, 3), (2.0, 0.1, 6))))  # fmt: skip
+    assert dpsgd_schedule_event(phases) == want == dpsgd_schedule_event(phases[::-1])
+    for bad, message in (([(1.0, 0.1)], "phase 1: expected .*got 2 values"), ([], "at least one phase"),
+                         ([(1.0, 0.1, 3), (1.0, 0.1, 3, 4)], "phase 2: expected .*got 4 values")):  # fmt: skip
+        with pytest.raises(InputError, match=message):
+            dpsgd_schedule_event(bad)
+
+
+def test_gdp_of_a_subsampled_schedule_is_marked_approximate_and_of_full_batches_not(tmp_path):
+    # GDP of Poisson-subsampled steps is the central limit theorem's approximation (Dong, Roth & Su 2022, Thm. 3.5),
+    # not a bound: the JSON says so ("approximate": true), as for one phase; at q = 1 it is exact (Cor. 3.3).
+    # The CLI's warning says so once (each phase's accounting warns it).
+    sub = json.loads(_account(_csv(tmp_path, SCHEDULES[0], "a.csv"), "gdp", "--json").stdout)
+    full = json.loads(_account(_csv(tmp_path, [(1.0, 1.0, 3), (2.0, 1.0, 8)], "b.csv"), "gdp", "--json").stdout)
+    assert sub["approximate"] is True and "approximate" not in full
+    assert sub["phases"][0] == {"noise_multiplier": 1.1, "sample_rate": 0.01, "steps": 500}
+    warned = _account(_csv(tmp_path, SCHEDULES[0], "a.csv"), "gdp").stderr.splitlines()
+    assert len(warned) == 1 and "central limit theorem" in warned[0] and "can under-report epsilon" in warned[0]
+
+
+def test_a_schedule_that_is_a_folder_or_too_large_is_one_line_exit_2(tmp_path, monkeypatch):
+    # validation.read_limited: a folder is not a regular file; a file above MAX_JSON_BYTES (here lowered to 200 bytes,
+    # read at the call) is refused before it is read, CSV and JSON alike, the JSON one naming its kind; a file of
+    # exactly MAX_JSON_BYTES is read.
+    import dpaudit.validation
+    from dpaudit.errors import FileContentError
+
+    cap = 200
+    monkeypatch.setattr(dpaudit.validation, "MAX_JSON_BYTES", cap)
+    (tmp_path / "d.csv").mkdir()
+    cases = [(tmp_path / "d.csv", "d.csv: not a regular file")]
+    for name, kind in (("big.csv", ""), ("big.json", "JSON ")):
+        big = tmp_path / name
+        big.write_bytes(b" " * (cap + 1))
+        cases.append((big, f"{name}: {kind}larger than {cap // 2**20} MiB"))
+    for path, expected in cases:
+        r = runner.invoke(app, ["account", "dpsgd", "--schedule", str(path), "--delta", "1e-5"])
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].endswith(expected), r.stderr
+    at_cap = tmp_path / "cap.csv"
+    at_cap.write_bytes((HEADER + "1,0.1,10\n").encode().ljust(cap, b"\n"))
+    assert _account(at_cap, "rdp").exit_code == 0
+    assert dpaudit.validation.read_limited(str(at_cap)) == at_cap.read_bytes()  # a str path too
+
+    def unreadable(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(at_cap), "read_bytes", unreadable)
+    with pytest.raises(FileContentError, match=r"cap.csv: cannot read \(Permission denied\)$"):
+        dpaudit.validation.read_limited(at_cap, error=FileContentError)
+
+
+def test_forwarded_warnings_are_the_user_warnings_each_once_on_every_call(capsys):
+    # account's _forwarding_warnings: a UserWarning of the computation is printed once however often it was raised
+    # (a schedule's phases each raise GDP's), on every call; other categories (a numpy RuntimeWarning, a
+    # DeprecationWarning from a library) are not the user's business and are not printed.
+    import warnings
+
+    from dpaudit.cli.account import _forwarding_warnings
+
+    def compute():
+        for _ in range(3):
+            warnings.warn("the same caveat", stacklevel=1)
+        warnings.warn("library internals", DeprecationWarning, stacklevel=1)
+        warnings.warn("overflow", RuntimeWarning, stacklevel=1)
+        return 7
+
+    for _ in range(2):
+        assert _forwarding_warnings(compute) == 7
+        assert capsys.readouterr().err.splitlines() == ["warning: the same caveat"]

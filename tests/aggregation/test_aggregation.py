@@ -430,3 +430,42 @@ def test_vote_histogram_counts_by_hand_and_bad_votes_or_histograms_are_refused()
     for hist in (np.array([[1.0, -1.0]]), np.array([[1.0, np.nan]]), np.array([[1.0, np.inf]])):
         with pytest.raises(InputError, match="vote counts must be finite and non-negative"):
             aggregate(hist, gn, 0)
+
+
+def test_private_diagnostics_are_the_capped_raw_epsilon_and_the_sanitisers_hidden_values():
+    # private_diagnostics (NOT private, for the experimenter): the raw data-dependent epsilon capped at the
+    # data-independent one (Papernot et al. 2018: the data-dependent bound is never used above the data-independent
+    # one), for GNMax/Confident-GNMax also the raw RDP and smooth sensitivity the sanitiser hid, at its order.
+    from dpaudit.accounting.pate_smooth import SanitiserConfig, per_query_rdp
+    from dpaudit.aggregation import DATA_DEPENDENT_NOTE
+
+    q, c, k = 6, 3, 30
+    flat = np.full((q, c), k // c)  # no consensus at all: the data-dependent bound gains nothing
+    answers = np.array([0, -1, 1, 2, -1, 0])  # -1: not answered; class 0 is an answer
+    argmax = AggregatorConfig("argmax")
+    assert private_diagnostics(argmax, flat, answers, delta=1e-5, n_teachers=k) == {
+        "private": False, "note": DATA_DEPENDENT_NOTE,
+    }  # fmt: skip
+    # LNMax (b = 5) on flat votes: the raw data-dependent epsilon is above the data-independent one for 6 queries
+    # (2.4005 vs 2.3998), so the diagnostic is the latter exactly; for 3 queries (the classes) it would be 1.2.
+    lnmax = AggregatorConfig("lnmax", sigma=5.0)
+    di = data_independent_epsilon(lnmax, q, c, 1e-5)["epsilon"]
+    assert (
+        data_dependent_epsilon(flat, answers, lnmax, 1e-5) > di > data_independent_epsilon(lnmax, c, c, 1e-5)["epsilon"]
+    )
+    diag = private_diagnostics(lnmax, flat, answers, delta=1e-5, n_teachers=k)
+    assert diag == {"private": False, "note": DATA_DEPENDENT_NOTE, "data_dependent_epsilon": di}  # no sanitiser keys
+    # Confident-GNMax: the raw RDP is the threshold checks of all 6 queries plus GNMax on the 4 answered ones (class 0
+    # included, -1 not), at the order of the sanitiser asked for (12, not the public rule's).
+    cfg = AggregatorConfig("confident-gnmax", sigma=40.0, sigma1=150.0, threshold=5.0)
+    params = {"sigma": 40.0, "sigma1": 150.0, "threshold": 5.0, "max_answers": None}
+    answered = np.array([True, False, True, True, False, True])
+    for sanitiser, order in ((SanitiserConfig(order=12.0), 12.0), (None, None)):
+        diag = private_diagnostics(cfg, flat, answers, delta=1e-5, n_teachers=k, sanitiser=sanitiser)
+        order = order or diag["order"]
+        assert diag["order"] == order and diag["smooth_sensitivity"] > 0
+        assert diag["data_dependent_rdp"] == per_query_rdp("confident-gnmax", flat, answered, params, order)
+        assert diag["data_dependent_rdp"] != per_query_rdp("confident-gnmax", flat, answers > 0, params, order)
+    assert order != 12.0  # the default is the public rule's
+    gn = private_diagnostics(AggregatorConfig("gnmax", sigma=40.0), flat, answers, delta=1e-5, n_teachers=k)
+    assert set(gn) == {"private", "note", "data_dependent_epsilon", "data_dependent_rdp", "smooth_sensitivity", "order"}

@@ -331,3 +331,33 @@ def test_tpr_at_an_fpr_whose_product_rounds_below_the_count(target):
     assert list(evaluate(s, member, fpr_targets=(target,), n_bootstrap=0)["tpr_at_fpr"].values()) == [20 / 30]
     fpr, tpr, _ = roc_curve(s, member)
     assert tpr_at_fpr_from_roc(fpr, tpr, target, 100) == 20 / 30
+
+
+def test_downsample_roc_keeps_the_ends_and_targets_and_thins_the_rest_evenly_to_the_budget():
+    # A staircase whose every point is a corner: (0, 0), right, up, right, ... to (1, 1) in steps of 1/20 (41 points;
+    # right first: the top score a non-member's, so point 1 is (0.05, 0)). The kept set K by the documented rule:
+    # FPR <= keep_below = 0.01 (point 0), the two ends (0 and 40), and the point each TPR@FPR target is read from
+    # (FPR <= 0.001 and <= 0.01: point 0; FPR <= 0.1: (0.1, 0.1), point 4). The other 38 points are thinned evenly by
+    # index to the budget max_points - |K|.
+    from attacks.metrics import _corners
+
+    k = np.arange(41)
+    fpr, tpr = ((k + 1) // 2) / 20, (k // 2) / 20
+    assert _corners(fpr, tpr).all()
+    K = [0, 4, 40]
+    rest = np.setdiff1d(k, K)
+    for max_points in (3, 2):  # the budget spent by K (2: K alone is over it, and is kept whole): exactly K
+        f2, t2 = downsample_roc(fpr, tpr, max_points=max_points)
+        np.testing.assert_array_equal(np.c_[f2, t2], np.c_[fpr[K], tpr[K]])
+    for budget in (1, 2, 5, 37):
+        f2, t2 = downsample_roc(fpr, tpr, max_points=len(K) + budget)
+        assert len(f2) == len(K) + budget  # the whole budget is used (1 point too)
+        idx = np.flatnonzero(np.isin(fpr + 1j * tpr, f2 + 1j * t2))
+        assert len(idx) == len(f2) and set(K) <= set(idx.tolist())
+        pos = np.searchsorted(rest, np.setdiff1d(idx, K))  # positions of the thinned points among the rest
+        if budget >= 2:  # evenly: from the first to the last of the rest, gaps differing by at most one
+            gaps = np.diff(pos)
+            assert pos[0] == 0 and pos[-1] == len(rest) - 1 and gaps.max() - gaps.min() <= 1
+    # Lists and integers are read as float64 points.
+    f5, t5 = downsample_roc([0, 0, 1], [0, 1, 1], max_points=2)
+    assert f5.dtype == t5.dtype == np.float64 and f5.tolist() == [0.0, 0.0, 1.0] and t5.tolist() == [0.0, 1.0, 1.0]

@@ -203,6 +203,9 @@ def test_canonical_order_takes_its_shortcut_only_on_records_already_in_that_orde
             ref = np.lexsort((x, b))
             assert np.array_equal(canonical_order(x, b), ref), (trial, x, b)
             assert is_canonical(x, b) == np.array_equal(ref, np.arange(n)), (trial, x, b)
+            assert is_canonical(x.tolist(), b.astype(int).tolist()) == is_canonical(x, b)  # lists, 0/1 bits
+        lists = in_canonical_order(s.tolist(), m.astype(int).tolist())
+        assert np.array_equal(lists[0], cs) and np.array_equal(lists[1], cm) and lists[1].dtype == bool
         assert is_canonical(cs, cm)  # and a rearrangement of the records:
         assert sorted(zip(cs, cm, strict=True)) == sorted(zip(s, m, strict=True))
 

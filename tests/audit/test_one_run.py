@@ -17,6 +17,7 @@ from dpaudit.audit import (
     one_run_p_value,
 )
 from dpaudit.audit.one_run import bonferroni_pairs, guess_counts, one_run_pure_epsilon
+from dpaudit.errors import InputError
 
 mpmath = pytest.importorskip("mpmath")
 
@@ -475,3 +476,17 @@ def test_the_ceiling_bounds_every_outcome_and_is_reached_by_a_perfect_attack():
         assert not one_run.certifies_beyond(m_eval, ceiling, delta, alpha)
         assert one_run.certifies_beyond(m_eval, perfect, delta, alpha)
     assert one_run.certifiable_ceiling(100, 0.0, 0.05) == math.inf  # pure DP: no ceiling
+
+
+def test_the_bound_reads_delta_in_its_closed_interval_and_alpha_in_its_open_one():
+    # δ = 0 is the pure one-run test: the bound is the largest ε with P[Bin(r, e^ε/(1 + e^ε)) >= v] <= alpha
+    # (Steinke et al. 2023, Thm. 3.1 with δ = 0), computed here by scipy's binomial tail; δ = 1 certifies nothing.
+    # Outside [0, 1] (δ) and (0, 1) (alpha) the call is refused, not answered.
+    eps = one_run_epsilon_lower_bound(1000, 100, 90, 0.0, 0.05)
+    tail = [stats.binom.sf(89, 100, math.exp(e) / (1 + math.exp(e))) for e in (eps, eps + 1e-5)]
+    assert tail[0] <= 0.05 < tail[1]
+    assert one_run_epsilon_lower_bound(1000, 100, 90, 1.0, 0.05) == 0.0
+    for delta, alpha, name in ((-1e-9, 0.05, "delta"), (1 + 1e-9, 0.05, "delta"), (1e-5, 1.0, "alpha"),
+                               (1e-5, 1.5, "alpha"), (1e-5, -0.5, "alpha")):  # fmt: skip
+        with pytest.raises(InputError, match=name):
+            one_run_epsilon_lower_bound(1000, 100, 90, delta, alpha)

@@ -507,3 +507,26 @@ def test_the_rounding_tolerance_is_sqrt_eps_times_one_plus_the_largest_logit_for
     assert rounding_tolerance(torch.finfo(torch.float32).eps, torch.zeros(2)) == 2.0**-11.5
     assert math.isnan(rounding_tolerance(eps, np.array([1.0, np.nan])))
     assert math.isnan(rounding_tolerance(eps, torch.tensor([1.0, float("nan")])))
+
+
+def test_no_dropout_mode_makes_every_functional_dropout_the_identity_however_called():
+    # models._NoDropout: every dropout is the identity, as in eval mode (PyTorch docs, torch.nn.Dropout: "during
+    # evaluation the module simply computes an identity function"), whether called by keyword or with its p and
+    # training flag positional (the ATen torch.dropout(input, p, train)); scaled_dot_product_attention runs with
+    # dropout_p 0, given positionally or by keyword. Plant: the positional input read from the last argument.
+    from dpaudit.models import _NoDropout
+
+    F = torch.nn.functional
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    calls = [lambda: F.dropout(x, 0.5, True), lambda: F.dropout(input=x, p=0.5), lambda: F.dropout2d(x, 0.5, True),
+             lambda: torch.dropout(x, 0.5, True), lambda: torch.alpha_dropout(x, 0.5, True),
+             lambda: torch.feature_alpha_dropout(x, 0.5, True), lambda: F.alpha_dropout(x, 0.5, True)]  # fmt: skip
+    q, k, v = x[0], x[1], x[0] + 1
+    plain, causal = F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with _NoDropout():
+        for call in calls:
+            assert call() is x
+        assert torch.equal(F.scaled_dot_product_attention(q, k, v, None, 0.9), plain)
+        assert torch.equal(F.scaled_dot_product_attention(q, k, v, dropout_p=0.9), plain)
+        assert torch.equal(F.scaled_dot_product_attention(q, k, v, None, dropout_p=0.9), plain)
+        assert torch.equal(F.scaled_dot_product_attention(q, k, v, None, 0.9, True), causal)  # is_causal kept

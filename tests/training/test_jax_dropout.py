@@ -237,6 +237,46 @@ def test_the_mean_over_keys_of_the_training_output_is_the_eval_output():
     assert np.abs(sd - np.sqrt(var)).max() <= 0.1 * np.sqrt(var).max()  # it draws, with torch's variance
 
 
+def test_dropout_of_p_one_is_zeros_of_p_zero_and_without_a_key_the_input():
+    """torch.nn.functional.dropout: p = 1 zeroes every value in training (no 1/(1 − p) scaling; gradient 0, not NaN),
+    p = 0 keeps every value unscaled; without a key (evaluation) any p is the identity. Plants: p = 1 as the identity
+    or drawn with the 1/(1 − p) = ∞ scale -> the first assertions fail."""
+    x = np.random.default_rng(0).normal(size=(3, 4))
+    with jax.enable_x64(True):
+        xj = jnp.asarray(x)
+        with jb._dropout_key(jax.random.key(0)):
+            zero = jb._dropout(xj, 1.0)
+            grad = jax.grad(lambda v: jb._dropout(v, 1.0).sum())(xj)
+            same = jb._dropout(xj, 0.0)
+            functional = [np.asarray(jb._f_dropout(xj, 1.0)), np.asarray(jb._f_dropout(xj, 0.5, training=False))]
+        np.testing.assert_array_equal(np.asarray(zero), F.dropout(torch.from_numpy(x), 1.0).numpy())
+        assert np.all(np.asarray(zero) == 0) and np.all(np.asarray(grad) == 0)
+        np.testing.assert_array_equal(np.asarray(same), x)
+        # F.dropout in a forward: p = 1 zeroes, training=False (self.training as traced) is the identity
+        np.testing.assert_array_equal(functional[0], np.zeros_like(x))
+        np.testing.assert_array_equal(functional[1], x)
+        np.testing.assert_array_equal(np.asarray(jb._dropout(xj, 0.5)), x)  # no key: the identity
+    # A model whose dropouts all have p = 0 draws no mask, so it is no dropout model (batched forward, ghost clipping)
+    for p, expected in ((0.0, False), (0.1, True)):
+        assert jb._has_dropout(nn.Sequential(nn.Linear(4, 4), nn.Dropout(p))) is expected
+        assert jb._has_dropout(nn.Sequential(nn.MultiheadAttention(4, 2, dropout=p))) is expected
+
+
+def test_the_nth_site_drawn_under_a_key_draws_its_mask_under_fold_in_key_n():
+    """The documented key schedule (_DROPOUT_KEY's comment): under a record's key, the n-th site that draws (p = 0
+    draws nothing) keeps each value with probability 1 − p under fold_in(key, n), scaled by 1/(1 − p); so two sites
+    of one shape draw different masks. Plants: the site counter not advanced (every site the same mask), advanced
+    by 2, or a p = 0 site counted -> the masks are other draws."""
+    key, x = jax.random.key(3), np.ones(64)
+    with jax.enable_x64(True):
+        with jb._dropout_key(key):
+            outs = [np.asarray(jb._dropout(jnp.asarray(x), p)) for p in (0.0, 0.5, 0.5, 0.25)]
+        for n, (out, p) in enumerate(zip(outs[1:], (0.5, 0.5, 0.25), strict=True)):
+            keep = np.asarray(jax.random.bernoulli(jax.random.fold_in(key, n), 1.0 - p, x.shape))
+            np.testing.assert_array_equal(out, np.where(keep, 1.0 / (1.0 - p), 0.0))
+    assert not np.array_equal(outs[1], outs[2]) and np.array_equal(outs[0], x)
+
+
 @pytest.mark.slow
 def test_cli_trains_the_newcomers_encoder_layer_with_default_dropout_and_claims_torchs_epsilon(tmp_path, monkeypatch):
     """``train --backend jax --algo dpsgd --epsilon 3`` and otherwise the newcomer's defaults (--model-spec, --data,

@@ -1072,6 +1072,45 @@ def test_reductions_pad_and_split_pass_torchs_gradients_at_ties_and_zero(name, o
     np.testing.assert_allclose(np.asarray(got), x.grad.numpy(), rtol=8 * np.finfo(np.float64).eps, atol=0, err_msg=name)
 
 
+def test_norm_reductions_split_and_pad_give_torchs_values_at_small_zero_and_empty_inputs():
+    """The values (the op table's data has norms above 1 and no empty axis): ‖x‖ below 1 and of a zero row, the
+    dtype torch.norm is asked for (else the input's), amax/amin/max/min over dims, keepdim and ties (max(dim)'s index:
+    the first maximum), split of an empty axis (one empty piece, as torch), F.pad of every axis of a 2-D input; pads
+    that are not (before, after) pairs or name more axes than x has, and norm's out=, are refused (torch raises)."""
+    x = torch.tensor([[0.3, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 3.0, 3.0, -2.0], [-0.1, 0.2, -0.2, 0.05]],
+                     dtype=torch.float64)  # fmt: skip
+    cases = [
+        (jb._norm2, {"dim": -1}, lambda t: t.norm(dim=-1)), (jb._norm2, {}, lambda t: t.norm()),
+        (jb._norm2, {"dim": (0, 1), "keepdim": True}, lambda t: torch.norm(t, dim=(0, 1), keepdim=True)),
+        (jb._amax, {"dim": 1}, lambda t: t.amax(1)), (jb._amin, {"dim": (0, 1)}, lambda t: t.amin((0, 1))),
+        (jb._amax, {}, lambda t: t.amax()), (jb._amin, {"dim": 0, "keepdim": True}, lambda t: t.amin(0, keepdim=True)),
+        (jb._max, {}, lambda t: t.max()), (jb._min, {}, lambda t: t.min()),
+        (jb._max, {"dim": 1}, lambda t: t.max(1)), (jb._min, {"dim": 0, "keepdim": True}, lambda t: t.min(0, True)),
+    ]  # fmt: skip
+    with jax.enable_x64(True):
+        xj = jax.numpy.asarray(x.numpy())
+        for fn, kw, ref in cases:
+            got, want = fn(xj, **kw), ref(x)
+            pairs = zip(got, want, strict=True) if isinstance(want, tuple) else [(got, want)]
+            for g, w in pairs:  # (values, indices) of max/min over a dim, in torch's dtypes and shapes
+                assert np.asarray(g).dtype == w.numpy().dtype and np.asarray(g).shape == tuple(w.shape), (fn, kw)
+                np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-15, atol=0, err_msg=str(kw))
+        assert np.asarray(jb._max(xj, dim=1).indices).tolist() == [1, 0, 1, 1]  # the first of the tied maxima
+        pair = jb._max(xj, xj.T)  # max(x, other): elementwise
+        np.testing.assert_array_equal(np.asarray(pair), torch.max(x, x.T).numpy())
+        x32 = xj.astype(np.float32)
+        assert jb._norm2(x32, dim=1, dtype=torch.float64).dtype == np.float64 and jb._norm2(x32).dtype == np.float32
+        with pytest.raises(InputError, match="out= is not supported"):
+            jb._norm2(xj, out=xj)
+        empty = jb._split(jax.numpy.zeros((0, 3)), 2)
+        assert [p.shape for p in empty] == [tuple(p.shape) for p in torch.zeros(0, 3).split(2)] == [(0, 3)]
+        padded = jb._f_pad(xj, (1, 2, 0, 1), value=0.5)
+        np.testing.assert_array_equal(np.asarray(padded), torch.nn.functional.pad(x, (1, 2, 0, 1), value=0.5).numpy())
+        for bad in ((1, 2, 3), (1, 1, 1, 1, 1, 1)):
+            with pytest.raises(InputError, match="is not \\(before, after\\) pairs for at most 2 axes"):
+                jb._f_pad(xj, bad)
+
+
 @pytest.mark.parametrize("fill", [7, 7.0, True])
 def test_torch_full_and_new_full_give_torchs_dtype(fill):
     """torch.full infers bool / int64 / the default float dtype from the fill value; x.new_full keeps x's dtype."""
