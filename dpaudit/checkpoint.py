@@ -695,7 +695,7 @@ def load_run(path: Path | str) -> Run:
         state = load_weights_file(path / WEIGHTS_FILE)
         # before the model is built: a huge spec beside small weights fails here, not after allocating it
         check_weights_fit_spec(spec, strip_wrapper_prefixes(state), str(path / WEIGHTS_FILE))
-        model = build_model(spec)
+        model = build_model(spec, seed=0)  # seeded: loading draws nothing from torch's global generator
     except InputError as e:
         raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
     load_state_into(model, state, str(path / WEIGHTS_FILE))
