@@ -437,3 +437,17 @@ def test_figures_leave_the_callers_matplotlib_backend(tmp_path):
     finally:
         matplotlib.use(before)
     assert (tmp_path / "grid.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_torch_generator_refuses_a_device_it_cannot_make_with_one_line():
+    """``torch_generator(seed, device="cuda")`` on a machine without CUDA raised torch's RuntimeError paragraph
+    ("Cannot get CUDA generator without ATen_cuda library. PyTorch splits its backend ..."); "gpu" likewise."""
+    from dpaudit.seeding import torch_generator
+
+    same = torch.randn(3, generator=torch_generator(5, device=None))
+    assert torch.equal(torch.randn(3, generator=torch_generator(5)), same)
+    with pytest.raises(InputError, match="expected a torch device such as 'cpu' or 'cuda', got 'gpu'"):
+        torch_generator(0, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="device 'cuda' requested but no CUDA device is available"):
+            torch_generator(0, device="cuda")
