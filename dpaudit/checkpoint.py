@@ -229,18 +229,22 @@ def predict_logits(
     ``advance``: a progress task's callback, given the rows of each batch done."""
     if batch is None:
         batch = eval_batch_rows(tuple((X.shape if hasattr(X, "shape") else np.shape(X))[1:]))
-    model.eval()
     param = next(model.parameters())
     out = []
-    with torch.no_grad():
-        for s in range(0, len(X), batch):
-            xb = X[s : s + batch]
-            xb = torch.as_tensor(np.array(xb if transform is None else transform(xb)), device=param.device)
-            if xb.is_floating_point():
-                xb = xb.to(param.dtype)
-            out.append(model(xb).double().cpu().numpy())
-            if advance is not None:
-                advance(len(xb))
+    was_training = model.training  # the caller's mode comes back: a model in training stays in training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for s in range(0, len(X), batch):
+                xb = X[s : s + batch]
+                xb = torch.as_tensor(np.array(xb if transform is None else transform(xb)), device=param.device)
+                if xb.is_floating_point():
+                    xb = xb.to(param.dtype)
+                out.append(model(xb).double().cpu().numpy())
+                if advance is not None:
+                    advance(len(xb))
+    finally:
+        model.train(was_training)
     return np.concatenate(out) if out else np.zeros((0, 0))
 
 

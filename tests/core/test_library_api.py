@@ -451,3 +451,17 @@ def test_torch_generator_refuses_a_device_it_cannot_make_with_one_line():
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="device 'cuda' requested but no CUDA device is available"):
             torch_generator(0, device="cuda")
+
+
+def test_predict_logits_gives_the_model_back_in_the_mode_it_had():
+    """``predict_logits(model, X)`` (``Run.logits``' worker) left a user's model in eval mode: their next training
+    step ran without its dropout."""
+    from dpaudit.checkpoint import predict_logits
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5)).train()
+    X = np.ones((4, 3), np.float32)
+    first = predict_logits(model, X)
+    assert model.training and model[1].training
+    np.testing.assert_array_equal(predict_logits(model, X), first)  # evaluated in eval mode: no dropout draw
+    predict_logits(model.eval(), X)
+    assert not model.training
