@@ -557,7 +557,9 @@ def read_model_spec(path: str | Path, *, tokens: bool = False) -> ModelSpec:
     try:
         spec = model_spec_from_dict(d)
         if isinstance(spec, PythonSpec):
-            spec.build()  # the factory's failures surface now, before any data is read or trained on
+            # the factory's failures surface now, before any data is read or trained on; seeded, so reading a spec
+            # draws nothing from torch's global generator
+            build_model(spec, seed=0)
             spec.check_state_dict_is_the_model()
         return spec
     except InputError as e:

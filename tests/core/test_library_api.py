@@ -8,6 +8,7 @@ verdict is never decided on NaN.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -303,12 +304,31 @@ def _calls(run_dir):
         "audit_training": lambda: _audit_training_call(_plugin_trainer),
         "audit_training, the trainer raising": lambda: _audit_training_call(_failing_trainer),
         "pate_votes": _teacher_votes_call,
+        # the check that the factory builds drew the model's initialisation from the caller's generator
+        "read_model_spec": lambda: _read_python_spec(run_dir.parent),
     }
 
 
-@pytest.mark.parametrize(
-    "name", ["train_cloak", "load_run", "audit_training", "audit_training, the trainer raising", "pate_votes"]
+def _read_python_spec(directory):
+    from dpaudit.models import read_model_spec
+
+    spec = {"kind": "python", "factory": "tests.core.byo_models:residual_mlp", "kwargs": {"d": 5, "n_classes": 2},
+            "input_shape": [5], "n_classes": 2}  # fmt: skip
+    (directory / "spec.json").write_text(json.dumps(spec))
+    return read_model_spec(directory / "spec.json")
+
+
+_STATE_CALLS = (
+    "train_cloak",
+    "load_run",
+    "audit_training",
+    "audit_training, the trainer raising",
+    "pate_votes",
+    "read_model_spec",
 )
+
+
+@pytest.mark.parametrize("name", _STATE_CALLS)
 def test_library_calls_leave_torchs_generator_and_thread_count_as_the_caller_set_them(name, tiny_run, notebook_torch):
     """torch.manual_seed(1234); <library call>; torch.rand(3) must draw what it draws without the call, and the
     thread count must be the caller's (also when the call raises)."""
