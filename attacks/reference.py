@@ -206,7 +206,6 @@ def train_one(
 
 
 def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Path, shape) -> np.ndarray:
-
     from dpaudit.training.run import train_run
 
     cached = _read_cached(path, shape)  # another thread of this process may have trained it meanwhile

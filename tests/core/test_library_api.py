@@ -265,7 +265,8 @@ _CALLS = itertools.count()
 
 
 def _failing_trainer(X, y, seed):
-    """Fails at its fourth call: the third and fourth run, after dpaudit's two reference_size probes."""
+    """Fails at every fourth call, which falls inside the audit's runs, after dpaudit's checks of the trainer (a bare
+    torch.set_num_threads(1) in the runs fails this case too)."""
     if next(_CALLS) % 4 == 3:
         raise RuntimeError("the user's bug")
     return _plugin_trainer(X, y, seed)
