@@ -39,9 +39,8 @@ used; fidelity against queries (the attack refitted on prefixes of its own query
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,9 +55,9 @@ from dpaudit.checkpoint import as_run
 from dpaudit.data import Dataset, Identity, Standardizer
 from dpaudit.errors import InputError
 from dpaudit.fileio import check_output_dir
-from dpaudit.models import LogRegSpec, ModelSpec, build_model, default_spec
+from dpaudit.models import LogRegSpec, ModelSpec, build_model, default_spec, one_torch_thread
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.validation import check_choice, check_non_negative, check_positive_int
+from dpaudit.validation import check_choice, check_non_negative, check_positive_int, host_array
 
 METHODS = ("auto", "equations", "learning")
 POOLS = ("aux", "uniform", "synthetic")
@@ -220,8 +219,8 @@ class EquationSolver:
         mode = ApiMode.parse(self.mode)
         if not mode.returns_scores:
             raise InputError("equation solving needs scores per class (api probs, rounded:K or logits), not labels")
-        Xf = _flat(np.asarray(X))
-        A = np.asarray(answers, dtype=np.float64)
+        Xf = _flat(np.asarray(host_array(X)))
+        A = np.asarray(host_array(answers), dtype=np.float64)
         n, d = Xf.shape
         if A.ndim != 2 or A.shape[0] != n or A.shape[1] < 2:
             raise InputError(f"expected answers of shape ({n}, n_classes >= 2), got {A.shape}")
@@ -326,7 +325,7 @@ class EquationSolver:
 
     def decision_function(self, X: Any) -> np.ndarray:
         """Logits (float64) of the extracted model on raw features (the reference class's are 0)."""
-        return _flat(np.asarray(X)) @ self.coef_.T + self.intercept_
+        return _flat(np.asarray(host_array(X))) @ self.coef_.T + self.intercept_
 
     def predict(self, X: Any) -> np.ndarray:
         return self.decision_function(X).argmax(axis=1)
@@ -449,22 +448,9 @@ def train_surrogate(
     model = build_model(spec, seed=seed)
     Xt = torch.as_tensor(np.array(preprocessing.transform(X)))
     y = torch.as_tensor(np.asarray(targets))
-    with _one_torch_thread():
+    with one_torch_thread():
         outcome = get_trainer("adam")(config, PerfConfig(device="cpu")).fit(model, Xt, y)
     return Surrogate(spec, outcome.model, preprocessing, outcome.history)
-
-
-@contextlib.contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """Train on one torch thread: batches of 64 through a small model run faster without the threads'
-    synchronisation (measured 1.4 s vs 4.6 s with 2 threads on a loaded 2-core machine), and the
-    floating-point reductions, hence the surrogate, are the same whatever the machine's core count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _margin(logits: np.ndarray) -> np.ndarray:

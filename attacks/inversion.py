@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ from dpaudit.validation import (
     check_in_interval,
     check_positive,
     check_positive_int,
+    host_array,
+    python_scalar,
 )
 
 PRIORS = ("none", "tv", "mean")
@@ -391,6 +394,10 @@ class MIFace:
         and return the trace with the smallest MI-FACE cost."""
         if not hasattr(self, "lower_"):
             raise InputError("MIFace is not fitted; call fit(X_aux) first")
+        label = python_scalar(label)
+        if isinstance(label, bool) or not isinstance(label, numbers.Integral) or label < 0:
+            raise InputError(f"expected label to be a class index (an integer >= 0), got {label!r}")
+        label = int(label)
         kw = dict(iterations=self.iterations, window=self.window, threshold=self.threshold, step=self.step)
         if not self.black_box:
             grads: dict[str, np.ndarray] = {}
@@ -399,7 +406,7 @@ class MIFace:
                 # One forward and backward for every running start: d's gradient is kept for the next step
                 # (rows are independent: the model is in eval mode, so d.sum()'s gradient is each row's).
                 t = torch.as_tensor(X).clone().requires_grad_(True)
-                p = model(t)
+                p = _white_box_probabilities(model, t, label)
                 a = self._aux_terms(t)
                 d = self._objectives(p, label) + a
                 (g,) = torch.autograd.grad(d.sum(), t)
@@ -420,7 +427,8 @@ class MIFace:
         def ask(X: np.ndarray) -> np.ndarray:
             nonlocal used
             used += len(X)
-            return np.asarray(model(X), dtype=np.float64)
+            # host_array: a torch model's output (it may require grad) read as its values, not torch's RuntimeError
+            return _checked_label(np.asarray(host_array(model(X)), dtype=np.float64), label)
 
         def objective(P: np.ndarray) -> np.ndarray:
             with torch.no_grad():
@@ -452,6 +460,25 @@ class MIFace:
             traces.append(mi_face(cost, gradient, x0, process=self.process, can_step=can_step, **kw))
         self.queries_, self.traces_ = used, traces
         return min(traces, key=lambda t: (t.cost, t.objective))
+
+
+def _checked_label(P: Any, label: int) -> Any:
+    """``P``, the model's (n, classes) probabilities, once ``label`` is one of its classes (else one line, not
+    IndexError from deep inside the objective)."""
+    if P.ndim != 2 or not label < P.shape[1]:
+        shape = tuple(P.shape)
+        raise InputError(f"expected the model to return (n, classes) probabilities with class {label}, got {shape}")
+    return P
+
+
+def _white_box_probabilities(model: Callable[..., Any], t: torch.Tensor, label: int) -> torch.Tensor:
+    """The white-box ``model``'s probabilities on the float64 batch ``t``, as float64. A torch module whose
+    parameters are of another floating dtype (a float32 model, as torch trains it) gets ``t`` cast to that dtype
+    (autograd differentiates through the cast; the result is widened back, so the objective's log stays in
+    float64): it raised torch's "mat1 and mat2 must have the same dtype" before."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else iter(())
+    dtype = next((q.dtype for q in params if q.is_floating_point()), torch.float64)
+    return _checked_label(model(t.to(dtype)).to(torch.float64), label)
 
 
 def derive_start_seed(seed: int | np.random.Generator | None) -> int | np.random.Generator | None:
@@ -703,10 +730,7 @@ def save_grid(result: InversionResult, path: Any, *, member_means: np.ndarray | 
     no "Software" metadata."""
     import io
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import style
+    from matplotlib import style  # no matplotlib.use(): the caller's backend stays (dpaudit.report.plots says why)
     from matplotlib.figure import Figure
 
     from dpaudit.fileio import write_atomic_file

@@ -52,8 +52,8 @@ def balanced_membership(n_records: int, n_models: int, *, seed: int | np.random.
 
 
 def _check_matrix(signals: Any, in_mask: Any) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(signals, dtype=np.float64)
-    m = np.asarray(in_mask)
+    s = np.asarray(host_array(signals), dtype=np.float64)
+    m = np.asarray(host_array(in_mask))
     if s.ndim != 2:
         raise InputError(f"expected a signals matrix of shape (n_records, n_models), got {s.shape}")
     if m.shape != s.shape:
@@ -188,7 +188,7 @@ class LiRA:
         """
         if not hasattr(self, "mean_out_"):
             raise InputError("LiRA.score called before fit")
-        x = np.asarray(target_signals, dtype=np.float64)
+        x = np.asarray(host_array(target_signals), dtype=np.float64)
         if x.shape != self.mean_out_.shape:
             raise InputError(f"expected {self.mean_out_.shape[0]} target signals, got shape {x.shape}")
         if not np.all(np.isfinite(x)):

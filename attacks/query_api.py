@@ -30,7 +30,7 @@ import numpy as np
 from scipy.special import softmax
 
 from dpaudit.errors import InputError
-from dpaudit.validation import check_positive_int
+from dpaudit.validation import check_positive_int, host_array
 
 API_KINDS = ("probs", "rounded", "labels", "logits")
 MAX_DECIMALS = 15  # float64 holds ~15.9 significant decimal digits: more decimals round nothing
@@ -152,7 +152,7 @@ class PredictionAPI:
 
         Raises :class:`QueryBudgetExceeded` (answering nothing) if ``n`` exceeds the remaining budget.
         """
-        X = np.asarray(X)
+        X = np.asarray(host_array(X))  # a torch batch (even one that requires grad) reads as its values
         if X.shape[1:] != self.feature_shape or X.ndim != len(self.feature_shape) + 1:
             raise InputError(f"expected queries of shape (n, {', '.join(map(str, self.feature_shape))}), got {X.shape}")
         n = int(X.shape[0])
@@ -164,7 +164,9 @@ class PredictionAPI:
             return self.mode.answer(np.zeros((0, self.n_classes)))
         if not np.all(np.isfinite(X)):
             raise InputError("queries contain NaN or inf")
-        logits = np.asarray(self._logits_fn(X.astype(self.input_dtype, copy=False)), dtype=np.float64)
+        # host_array: a torch model's forward (``lambda X: model(torch.as_tensor(X))``) returns a tensor that requires
+        # grad, which NumPy refused with torch's RuntimeError
+        logits = np.asarray(host_array(self._logits_fn(X.astype(self.input_dtype, copy=False))), dtype=np.float64)
         if logits.shape != (n, self.n_classes):
             raise InputError(f"the model answered logits of shape {logits.shape}, expected ({n}, {self.n_classes})")
         self._used += n
@@ -195,7 +197,7 @@ class FeatureBox:
     @classmethod
     def of(cls, X: Any) -> FeatureBox:
         """The box spanned by the records ``X`` (n, *feature_shape): per-feature min and max."""
-        X = np.asarray(X, dtype=np.float64)
+        X = np.asarray(host_array(X), dtype=np.float64)
         if X.ndim < 2 or X.shape[0] == 0:
             raise InputError("the feature box needs at least one record")
         return cls(X.min(axis=0), X.max(axis=0))

@@ -34,7 +34,7 @@ from dpaudit.checkpoint import CHECKPOINT_FILE, Run, load_run
 from dpaudit.data import Dataset, Identity, Splits, Standardizer
 from dpaudit.errors import InputError
 from dpaudit.fileio import wait_for_writer, work_lock, work_lock_holder
-from dpaudit.models import ModelSpec, PythonSpec, factory_source_sha256
+from dpaudit.models import ModelSpec, PythonSpec, factory_source_sha256, one_torch_thread
 from dpaudit.progress import NULL_PROGRESS, Progress, announce
 from dpaudit.training.config import PerfConfig, TrainConfig
 from dpaudit.validation import check_workers
@@ -206,16 +206,12 @@ def train_one(
 
 
 def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Path, shape) -> np.ndarray:
-    import torch
-
     from dpaudit.training.run import train_run
 
     cached = _read_cached(path, shape)  # another thread of this process may have trained it meanwhile
     if cached is not None:
         return cached
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         train_idx = np.unique(np.asarray(train_idx, dtype=np.int64))
         rest = np.setdiff1d(np.arange(len(recipe.dataset)), np.r_[train_idx, recipe.test_idx, recipe.aux_idx])
         splits = Splits(
@@ -252,8 +248,6 @@ def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Pa
                 if not _checkpoint_ok(path) or entry_problem(path, hashed=(LOGITS_FILE,)) is not None:
                     raise
         logits = load_run(path).logits(recipe.dataset.view())
-    finally:
-        torch.set_num_threads(threads)
     buf = io.BytesIO()
     np.save(buf, logits.astype(np.float64), allow_pickle=False)
     write_hashed_file(path, LOGITS_FILE, buf.getvalue())

@@ -11,12 +11,12 @@ import numpy as np
 from scipy.special import logsumexp
 
 from dpaudit.errors import InputError
-from dpaudit.validation import check_in_interval, check_positive
+from dpaudit.validation import check_in_interval, check_positive, host_array
 
 
 def _check(signals: Any, in_mask: Any) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(signals, dtype=np.float64)
-    m = np.asarray(in_mask)
+    s = np.asarray(host_array(signals), dtype=np.float64)
+    m = np.asarray(host_array(in_mask))
     if s.ndim != 2 or m.shape != s.shape or m.dtype != bool:
         raise InputError(
             f"expected signals (n_records, n_models) with a boolean IN matrix of the same shape, "
@@ -68,7 +68,7 @@ class RMIA:
         return self
 
     def _log_ratio(self, target: Any, log_px: np.ndarray) -> np.ndarray:
-        x = np.asarray(target, dtype=np.float64)
+        x = np.asarray(host_array(target), dtype=np.float64)
         if x.shape != log_px.shape:
             raise InputError(f"expected {log_px.shape[0]} target signals, got shape {x.shape}")
         return x - log_px

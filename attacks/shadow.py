@@ -16,7 +16,7 @@ import numpy as np
 
 from attacks.threshold import check_logits, log_softmax, logit_margin
 from dpaudit.errors import InputError
-from dpaudit.validation import check_choice, check_positive_int
+from dpaudit.validation import check_choice, check_positive_int, host_array
 
 CLASSIFIERS = ("logreg", "gb", "mlp")
 FEATURES = ("sorted", "sorted+label")
@@ -129,7 +129,7 @@ class ShadowAttack:
         z, y = check_logits(logits, labels, labelled=True)  # the per-class models and the shape checks read them
         X = attack_features(z, y, self.features)
         if reference is not None:
-            ref = np.asarray(reference, dtype=np.float64)
+            ref = np.asarray(host_array(reference), dtype=np.float64)
             if ref.shape != y.shape or not np.all(np.isfinite(ref)):
                 raise InputError(f"expected a finite reference signal of shape {y.shape}, got {ref.shape}")
             X = np.hstack([X, (logit_margin(z, y) - ref)[:, None]])
@@ -140,12 +140,12 @@ class ShadowAttack:
         check_choice(CLASSIFIERS, classifier=self.classifier)
         check_positive_int(min_class_records=self.min_class_records)
         X, y = self._features(logits, labels, reference)
-        m = np.asarray(member)
+        m = np.asarray(host_array(member))
         if m.shape != y.shape or m.dtype != bool:
             raise InputError(f"expected a boolean member array of shape {y.shape}")
         if m.all() or not m.any():
             raise InputError("the shadow records must include both IN and OUT records")
-        self.n_classes_ = np.asarray(logits).shape[1]
+        self.n_classes_ = np.shape(host_array(logits))[1]
         self.calibrated_ = reference is not None
         w = _balanced_weights(m)
         self.global_ = _fit(_make_classifier(self.classifier, self.seed), X, m, w)
@@ -165,8 +165,9 @@ class ShadowAttack:
         if (reference is not None) != self.calibrated_:
             raise InputError("give the reference signal to both fit and score, or to neither")
         X, y = self._features(logits, labels, reference)
-        if np.asarray(logits).shape[1] != self.n_classes_:
-            raise InputError(f"expected logits with {self.n_classes_} classes, got {np.asarray(logits).shape[1]}")
+        classes = np.shape(host_array(logits))[1]
+        if classes != self.n_classes_:
+            raise InputError(f"expected logits with {self.n_classes_} classes, got {classes}")
         out = _log_odds(self.global_, X) if len(X) else np.zeros(0)
         for c, clf in self.per_class_.items():
             sel = y == c

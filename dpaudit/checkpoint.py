@@ -229,18 +229,22 @@ def predict_logits(
     ``advance``: a progress task's callback, given the rows of each batch done."""
     if batch is None:
         batch = eval_batch_rows(tuple((X.shape if hasattr(X, "shape") else np.shape(X))[1:]))
-    model.eval()
     param = next(model.parameters())
     out = []
-    with torch.no_grad():
-        for s in range(0, len(X), batch):
-            xb = X[s : s + batch]
-            xb = torch.as_tensor(np.array(xb if transform is None else transform(xb)), device=param.device)
-            if xb.is_floating_point():
-                xb = xb.to(param.dtype)
-            out.append(model(xb).double().cpu().numpy())
-            if advance is not None:
-                advance(len(xb))
+    was_training = model.training  # the caller's mode comes back: a model in training stays in training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for s in range(0, len(X), batch):
+                xb = X[s : s + batch]
+                xb = torch.as_tensor(np.array(xb if transform is None else transform(xb)), device=param.device)
+                if xb.is_floating_point():
+                    xb = xb.to(param.dtype)
+                out.append(model(xb).double().cpu().numpy())
+                if advance is not None:
+                    advance(len(xb))
+    finally:
+        model.train(was_training)
     return np.concatenate(out) if out else np.zeros((0, 0))
 
 
@@ -695,7 +699,7 @@ def load_run(path: Path | str) -> Run:
         state = load_weights_file(path / WEIGHTS_FILE)
         # before the model is built: a huge spec beside small weights fails here, not after allocating it
         check_weights_fit_spec(spec, strip_wrapper_prefixes(state), str(path / WEIGHTS_FILE))
-        model = build_model(spec)
+        model = build_model(spec, seed=0)  # seeded: loading draws nothing from torch's global generator
     except InputError as e:
         raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
     load_state_into(model, state, str(path / WEIGHTS_FILE))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import DataError, InputError
-from dpaudit.validation import FLOAT32_MAX, check_seed, shown
+from dpaudit.validation import FLOAT32_MAX, check_seed, python_scalar, shown
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
 # The built-in token data set's name (synthetic-tokens:...): its int64 X is token ids by construction.
@@ -310,8 +310,12 @@ class Dataset:
         0..K-1 (``1`` of labels {1, 2} is the index of 2), so anything but a label is refused, and repeats too."""
         if labels is None or (isinstance(labels, str) and not labels.strip()):
             return tuple(range(self.n_classes))
-        parts = labels.split(",") if isinstance(labels, str) else list(labels)
-        texts = [str(p).strip() for p in parts if str(p).strip()]
+        labels = python_scalar(labels)  # a 0-d array or tensor: its label
+        if isinstance(labels, str):
+            parts = labels.split(",")
+        else:  # one label alone (``classes=3``) is that label; it was TypeError "'int' object is not iterable"
+            parts = list(labels) if isinstance(labels, Iterable) else [labels]
+        texts = [t for t in (str(python_scalar(p)).strip() for p in parts) if t]  # np.int64(3), tensor(3): "3"
         known = [str(self.label(k)).strip() for k in range(self.n_classes)]
         numeric = self.classes is None or self.classes.dtype.kind in "iubf"
         out = []

@@ -241,7 +241,7 @@ def call_trainer(
             f"trainer {name} returned a {type(state).__name__}; expected a state dict (a mapping of parameter "
             f"names to arrays){hint}"
         )
-    model = build_model(spec)
+    model = build_model(spec, seed=0)  # seeded: it draws nothing from torch's global generator
     try:
         load_state_into(model, dict(state), f"trainer {name}")
     except CheckpointError as e:

@@ -71,9 +71,14 @@ def torch_generator(seed: int, *, stream: int = 0, device: str = "cpu") -> torch
     generator=g)``, a ``DataLoader(generator=g)`` or Opacus' ``make_private(noise_generator=g)``."""
     import torch
 
-    g = torch.Generator(device=device)
-    g.manual_seed(derive_seed(seed, stream=stream))  # 63 bits: torch accepts any int64
-    return g
+    seed = derive_seed(seed, stream=stream)  # 63 bits: torch accepts any int64
+    try:  # "gpu", or "cuda" on a machine without one: one line naming the device, not torch's paragraph
+        kind = "cpu" if device is None else torch.device(device).type  # None: torch's default, the CPU
+    except (RuntimeError, TypeError):
+        raise InputError(f"torch_generator: expected a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"torch_generator: device {str(device)!r} requested but no CUDA device is available")
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def seed_torch(seed: int, *, stream: int = 0) -> int:

@@ -1,5 +1,7 @@
 """Privacy assertions for users' own test suites.
 
+    import numpy as np
+
     from dpaudit.testing import assert_dp
 
     def my_mechanism(data, rng):

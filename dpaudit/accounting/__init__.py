@@ -2,7 +2,10 @@
 
 Pure numpy/scipy (no torch/jax). Convenience API used by the trainers::
 
-    event = dpsgd_event(noise_multiplier=1.1, sample_rate=256 / 60000, steps=14063)
+    from dpaudit.accounting import calibrate_noise_multiplier, dpsgd_event, epsilon_for
+
+    q, T = 256 / 60000, 14063                           # sample rate, steps
+    event = dpsgd_event(noise_multiplier=1.1, sample_rate=q, steps=T)
     epsilon_for(event, delta=1e-5)                      # RDP, add/remove neighbours
     epsilon_for(event, delta=1e-5, accountant="pld")    # tighter
     calibrate_noise_multiplier(target_epsilon=3.0, delta=1e-5,

@@ -1,8 +1,10 @@
 """Report figures (matplotlib, Agg): each ``*_figure`` builds a Figure from the report dict only.
 
 Figures are built with the object API (``matplotlib.figure.Figure``), never through pyplot, so
-there is no global figure registry to leak into or close, and rendering is thread-safe. The Agg
-backend is selected before anything else from matplotlib is imported. :func:`png` turns a figure
+there is no global figure registry to leak into or close, and rendering is thread-safe. No backend is
+selected: ``savefig(format="png")`` renders with Agg whatever the backend, and ``matplotlib.use("Agg")``
+here switched a notebook's own backend (``%matplotlib inline``) for the rest of its session, so its
+``plt.show()`` showed nothing. :func:`png` turns a figure
 into deterministic PNG bytes (fixed style, fixed dpi, no "Software"/date metadata).
 """
 
@@ -15,9 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import matplotlib
-
-matplotlib.use("Agg")
-
 import numpy as np
 from matplotlib import style
 from matplotlib.figure import Figure

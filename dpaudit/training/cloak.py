@@ -415,7 +415,10 @@ def train_cloak(run: Any, config: CloakConfig, *, progress: Progress = NULL_PROG
     lo, hi = X[train].min(axis=0), X[train].max(axis=0)  # the feature bounds (training split)
     if not np.any(hi > lo):
         raise InputError(f"{run.path}: every feature is constant on the training split; nothing to cloak")
-    mu, sigma, history = _fit(run, X[train], y[train], lo, hi, config, progress)
+    # torch's global generator seeded for the fit (a target whose forward draws from it), then restored: a bare
+    # torch.manual_seed here reset a notebook's own generator to the cloak's seed, so its later draws repeated.
+    with torch.random.fork_rng(devices=[]):
+        mu, sigma, history = _fit(run, X[train], y[train], lo, hi, config, progress)
     meta: dict[str, Any] = {
         "kind": "cloak",
         "schema_version": CLOAK_SCHEMA_VERSION,

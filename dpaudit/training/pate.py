@@ -150,14 +150,13 @@ def query_indices(splits: Splits, config: AggregationConfig) -> np.ndarray:
 
 def _teacher_votes(dataset, idx, spec, config: TrainConfig, pre, queries_X: np.ndarray) -> np.ndarray:
     """Train one teacher on ``idx`` and return its argmax votes (module level, for joblib workers)."""
-    import torch
-
+    from dpaudit.models import one_torch_thread
     from dpaudit.training.run import fit_model
 
-    torch.set_num_threads(1)
     config = dataclasses.replace(config, batch_size=min(config.batch_size, len(idx)))
-    fitted = fit_model(dataset, idx, spec, config, PerfConfig(device="cpu"), preprocessing=pre)
-    return fitted.logits(queries_X).argmax(1).astype(np.int64)
+    with one_torch_thread():  # joblib runs the jobs in the caller's process when workers=1
+        fitted = fit_model(dataset, idx, spec, config, PerfConfig(device="cpu"), preprocessing=pre)
+        return fitted.logits(queries_X).argmax(1).astype(np.int64)
 
 
 def pate_votes(dataset, members, parts, spec, teacher: TrainConfig, pre, queries_X, *, workers: int = 1) -> np.ndarray:

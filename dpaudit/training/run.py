@@ -1077,7 +1077,7 @@ def import_run(
     pre, fitted_on = _resolve_preprocessing(preprocessing, dataset, splits, legacy)
     state = load_weights_file(Path(weights))
     check_weights_fit_spec(spec, state, str(weights))  # before the model is built: a huge spec fails here
-    model = build_model(spec)
+    model = build_model(spec, seed=0)  # seeded: importing draws nothing from torch's global generator
     if claim is not None:  # a DP claim for a model that mixes the examples of a batch cannot hold
         check_private_layers(model)
     load_state_into(model, state, str(weights))

@@ -253,9 +253,10 @@ def audit_checkpoint(
     ``families`` runs other attack families too, e.g. ``{"inversion": {}, "attribute": {"feature": 3}}``
     (see :data:`FAMILY_RUNNERS`); their results are reported, not audited (they bound no ε).
     """
-    from dpaudit.checkpoint import load_run
+    from dpaudit.checkpoint import as_run
 
-    run = load_run(path)
+    run = as_run(path)  # a run directory, or a Run already loaded (as the attacks take it)
+    path = run.path
     # A string is the --attacks option's text (one vocabulary), not a sequence of one-letter attack names.
     attacks = membership_attacks(attacks) if isinstance(attacks, str) else tuple(attacks)
     canaries = run.meta.get("canaries")

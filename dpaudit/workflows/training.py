@@ -49,22 +49,21 @@ from dpaudit.workflows.result import AuditRecord, TrainingAudit
 
 def _train_one(args: tuple) -> float:
     """One run of the multi-run audit (module level so joblib can ship it to workers)."""
-    import torch
-
     from attacks.threshold import logit_margin
+    from dpaudit.models import one_torch_thread
     from dpaudit.training.run import fit_model
 
     dataset, train_idx, pre_idx, spec, config, perf, canary_x, canary_y, whitebox, init_state = args
-    torch.set_num_threads(1)
-    if whitebox is not None:
-        from dpaudit.training.algorithms import fit_with_gradient_canary
-        from dpaudit.training.dpsgd import GradientCanary
+    with one_torch_thread():  # joblib runs the jobs in the caller's process when workers=1
+        if whitebox is not None:
+            from dpaudit.training.algorithms import fit_with_gradient_canary
+            from dpaudit.training.dpsgd import GradientCanary
 
-        return fit_with_gradient_canary(
-            dataset, train_idx, spec, config, perf, GradientCanary(**whitebox), preprocessing_idx=pre_idx
-        )
-    fitted = fit_model(dataset, train_idx, spec, config, perf, preprocessing_idx=pre_idx, init_state=init_state)
-    return float(logit_margin(fitted.logits(canary_x), canary_y)[0])
+            return fit_with_gradient_canary(
+                dataset, train_idx, spec, config, perf, GradientCanary(**whitebox), preprocessing_idx=pre_idx
+            )
+        fitted = fit_model(dataset, train_idx, spec, config, perf, preprocessing_idx=pre_idx, init_state=init_state)
+        return float(logit_margin(fitted.logits(canary_x), canary_y)[0])
 
 
 # Built-in scores of a trained model on the canary (higher = canary included; fixed before any run).
@@ -112,16 +111,15 @@ def scores_names(scores: tuple) -> list[str]:
 def _train_plugin_one(args: tuple) -> tuple[float, ...]:
     """One run of a plug-in trainer: train, load the returned state dict into the spec's model, score the canary
     with every score asked for."""
-    import torch
-
+    from dpaudit.models import one_torch_thread
     from dpaudit.plugins import call_trainer, load_trainer
 
     trainer, name, X, y, run_seed, spec, canary_x, canary_y, scores, reference_size = args
-    torch.set_num_threads(1)
     fn = load_trainer(trainer) if isinstance(trainer, str) else trainer
-    model = call_trainer(fn, X, y, run_seed, spec, name=name, reference_size=reference_size)
-    state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
-    return tuple(_score_one(s, model, state, canary_x, canary_y) for s in _score_fns(scores))
+    with one_torch_thread():  # joblib runs the jobs in the caller's process when workers=1
+        model = call_trainer(fn, X, y, run_seed, spec, name=name, reference_size=reference_size)
+        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        return tuple(_score_one(s, model, state, canary_x, canary_y) for s in _score_fns(scores))
 
 
 def _plugin_jobs(trainer, name, data, idx_in, idx_out, pre, spec, canary_x, canary_y, runs: int, seed: int, scores):
@@ -481,6 +479,7 @@ def adversarial_init(dataset, spec, aux_idx: np.ndarray, *, seed: int = 0) -> di
     """
     import torch
 
+    from dpaudit.models import one_torch_thread
     from dpaudit.training.config import PerfConfig, TrainConfig
     from dpaudit.training.run import fit_model
 
@@ -488,13 +487,9 @@ def adversarial_init(dataset, spec, aux_idx: np.ndarray, *, seed: int = 0) -> di
     config = TrainConfig(
         algo="sgd", epochs=ADVERSARIAL_INIT_EPOCHS, batch_size=min(32, len(aux_idx)), lr=0.1, seed=seed * 7 + 0xAD
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # float sums depend on the thread count: one thread, the same weights anywhere
-    try:
-        with torch.random.fork_rng(devices=[]):
-            fitted = fit_model(dataset, aux_idx, spec, config, PerfConfig(device="cpu"), preprocessing_idx=aux_idx)
-    finally:
-        torch.set_num_threads(threads)
+    # float sums depend on the thread count: one thread, the same weights anywhere
+    with one_torch_thread(), torch.random.fork_rng(devices=[]):
+        fitted = fit_model(dataset, aux_idx, spec, config, PerfConfig(device="cpu"), preprocessing_idx=aux_idx)
     return {k: v.detach().cpu().numpy().copy() for k, v in fitted.model.state_dict().items()}
 
 

@@ -7,6 +7,8 @@ verdict is never decided on NaN.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 
 import numpy as np
@@ -223,3 +225,264 @@ def test_gradient_canaries_refuse_parameters_given_as_shapes():
     assert ok.param_shapes == {"weight": (3, 5), "bias": (3,)}
     with pytest.raises(InputError, match=r"param_shapes\['w'\] must be a shape"):  # a size below 0 is no shape
         GradientCanaries({"w": (3, -5)}, **kw)
+
+
+# --- Global state a notebook relies on: torch's default generator and thread count survive every library call ---
+
+_TINY = "synthetic:n=300,d=5,classes=2,seed=1"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A logistic regression trained for one epoch (a second of training)."""
+    from dpaudit.data import load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.run import train_run
+
+    out = tmp_path_factory.mktemp("lib") / "run"
+    spec = default_spec("logreg", input_shape=(5,), n_classes=2)
+    train_run(load_dataset(_TINY), spec, TrainConfig(epochs=1, batch_size=32), out=out)
+    return out
+
+
+@pytest.fixture
+def notebook_torch():
+    """The user's torch: two threads and a generator of their own, both put back after the test."""
+    threads, state = torch.get_num_threads(), torch.get_rng_state()
+    torch.set_num_threads(2)
+    torch.manual_seed(1234)
+    yield
+    torch.set_num_threads(threads)
+    torch.set_rng_state(state)
+
+
+def _plugin_trainer(X, y, seed):
+    return {"1.weight": torch.zeros(2, X.shape[1]), "1.bias": torch.zeros(2)}
+
+
+_CALLS = itertools.count()
+
+
+def _failing_trainer(X, y, seed):
+    """Fails at every fourth call, which falls inside the audit's runs, after dpaudit's checks of the trainer (a bare
+    torch.set_num_threads(1) in the runs fails this case too)."""
+    if next(_CALLS) % 4 == 3:
+        raise RuntimeError("the user's bug")
+    return _plugin_trainer(X, y, seed)
+
+
+def _teacher_votes_call():
+    from dpaudit.data import Identity, load_dataset
+    from dpaudit.models import default_spec
+    from dpaudit.training.config import TrainConfig
+    from dpaudit.training.pate import pate_votes
+
+    ds = load_dataset(_TINY)
+    spec = default_spec("logreg", input_shape=(5,), n_classes=2)
+    X = ds.X[:4].astype(np.float32)
+    return pate_votes(ds, np.arange(60), [np.arange(30)], spec, TrainConfig(epochs=1, batch_size=16), Identity(), X)
+
+
+def _audit_training_call(trainer):
+    from dpaudit.models import default_spec
+    from dpaudit.workflows import audit_training
+
+    spec = default_spec("logreg", input_shape=(5,), n_classes=2)
+    return audit_training(_TINY, spec, runs=2, train_size=40, trainer=trainer, claimed_epsilon=1.0, delta=1e-5)
+
+
+def _calls(run_dir):
+    from dpaudit.checkpoint import load_run
+    from dpaudit.training.cloak import CloakConfig, train_cloak
+
+    return {
+        # a bare torch.manual_seed(config.seed) reset the caller's generator: their next draws repeated
+        "train_cloak": lambda: train_cloak(load_run(run_dir), CloakConfig(lam=1.0, epochs=1)),
+        # the model built before its weights were loaded drew its initialisation from the caller's generator
+        "load_run": lambda: load_run(run_dir),
+        # joblib runs workers=1 jobs in this process: torch.set_num_threads(1) stayed for the session
+        "audit_training": lambda: _audit_training_call(_plugin_trainer),
+        "audit_training, the trainer raising": lambda: _audit_training_call(_failing_trainer),
+        "pate_votes": _teacher_votes_call,
+        # the check that the factory builds drew the model's initialisation from the caller's generator
+        "read_model_spec": lambda: _read_python_spec(run_dir.parent),
+    }
+
+
+def _read_python_spec(directory):
+    from dpaudit.models import read_model_spec
+
+    spec = {"kind": "python", "factory": "tests.core.byo_models:residual_mlp", "kwargs": {"d": 5, "n_classes": 2},
+            "input_shape": [5], "n_classes": 2}  # fmt: skip
+    (directory / "spec.json").write_text(json.dumps(spec))
+    return read_model_spec(directory / "spec.json")
+
+
+_STATE_CALLS = (
+    "train_cloak",
+    "load_run",
+    "audit_training",
+    "audit_training, the trainer raising",
+    "pate_votes",
+    "read_model_spec",
+)
+
+
+@pytest.mark.parametrize("name", _STATE_CALLS)
+def test_library_calls_leave_torchs_generator_and_thread_count_as_the_caller_set_them(name, tiny_run, notebook_torch):
+    """torch.manual_seed(1234); <library call>; torch.rand(3) must draw what it draws without the call, and the
+    thread count must be the caller's (also when the call raises)."""
+    state = torch.get_rng_state()
+    try:
+        _calls(tiny_run)[name]()
+    except InputError as e:
+        assert name.endswith("raising") and "the user's bug" in str(e), e
+    else:
+        assert not name.endswith("raising")
+    assert torch.get_num_threads() == 2, name
+    assert torch.equal(torch.get_rng_state(), state), f"{name} moved torch's global generator"
+
+
+def test_audit_checkpoint_takes_a_loaded_run_as_the_attacks_do(tiny_run):
+    """``audit_checkpoint(load_run(d))`` raised TypeError "expected str, bytes or os.PathLike object, not Run"."""
+    from dpaudit.checkpoint import load_run
+    from dpaudit.workflows import audit_checkpoint
+
+    by_path = audit_checkpoint(tiny_run, attacks="loss").to_dict()
+    assert audit_checkpoint(load_run(tiny_run), attacks="loss").to_dict() == by_path
+
+
+def test_a_torch_model_behind_the_prediction_api_and_its_box():
+    """``PredictionAPI(lambda X: model(torch.as_tensor(X)), ...)`` (a forward without no_grad) and a feature box or
+    an equation fit of torch tensors that require grad raised torch's RuntimeError "Can't call numpy() on Tensor
+    that requires grad"."""
+    from attacks import ApiMode, EquationSolver, FeatureBox, PredictionAPI
+
+    model = torch.nn.Linear(4, 3).double()
+    api = PredictionAPI(lambda X: model(torch.as_tensor(X, dtype=torch.float64)), mode="logits", n_classes=3,
+                        feature_shape=(4,), input_dtype=np.float64)  # fmt: skip
+    X = np.random.default_rng(0).random((5, 4))
+    with torch.no_grad():
+        expected = model(torch.as_tensor(X)).numpy()
+    np.testing.assert_array_equal(api.query(torch.tensor(X, requires_grad=True)), expected)
+    assert api.queries_used == 5
+    box = FeatureBox.of(torch.tensor(X, requires_grad=True))
+    np.testing.assert_array_equal(box.lower, X.min(axis=0))
+    probs = torch.softmax(model(torch.as_tensor(X)), dim=1)  # requires grad
+    solver = EquationSolver(ApiMode("probs")).fit(torch.as_tensor(X), probs)
+    found = solver.decision_function(torch.tensor(X, requires_grad=True))
+    np.testing.assert_allclose(found - found[:, -1:], expected - expected[:, -1:], atol=1e-9)
+
+
+def test_mi_face_inverts_a_float32_torch_model_and_refuses_a_class_it_does_not_have():
+    """White-box MI-FACE on a float32 module (as torch trains it) raised torch's "mat1 and mat2 must have the same
+    dtype"; black-box on a torch forward raised "Can't call numpy() on Tensor that requires grad"; a label past the
+    model's classes raised a bare IndexError."""
+    import copy
+
+    from attacks.inversion import MIFace
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Softmax(dim=1))
+    X = np.random.default_rng(0).random((20, 4))
+    wide = MIFace(iterations=20, restarts=2).fit(X).invert(copy.deepcopy(model).double(), 1)
+    narrow = MIFace(iterations=20, restarts=2).fit(X).invert(model, 1)
+    assert model[0].weight.dtype == torch.float32 and model[0].weight.grad is None
+    np.testing.assert_allclose(narrow.x, wide.x, atol=1e-5)  # the float32 forward: float32's rounding apart
+    black = MIFace(iterations=3, restarts=1, black_box=True, budget=200)
+    assert black.fit(X).invert(lambda x: model(torch.as_tensor(x, dtype=torch.float32)), 1).x.shape == (4,)
+    with pytest.raises(InputError, match=r"probabilities with class 3, got \(2, 3\)"):
+        MIFace(iterations=5, restarts=2).fit(X).invert(model, 3)
+    with pytest.raises(InputError, match="expected label to be a class index"):
+        MIFace(iterations=5).fit(X).invert(model, -1)
+
+
+def test_classes_given_as_one_label_or_an_array():
+    """``run_inversion(run, classes=3)`` raised TypeError "'int' object is not iterable"; a 0-d tensor or a tensor
+    of labels read as "tensor(3)", not a label."""
+    from dpaudit.data import load_dataset
+
+    ds = load_dataset("digits")
+    for labels in (3, np.int64(3), torch.tensor(3), [3], "3"):
+        assert ds.class_indices(labels) == (3,), labels
+    for labels in (np.array([3, 5]), torch.tensor([3, 5]), (3, 5), "3,5"):
+        assert ds.class_indices(labels) == (3, 5), labels
+    with pytest.raises(InputError, match=r"'3\.5' is not a label"):
+        ds.class_indices(3.5)
+
+
+def test_reference_model_and_shadow_attacks_read_tensors_that_require_grad():
+    """LiRA, RMIA and the shadow attack fitted on signals from a forward pass without no_grad raised torch's
+    RuntimeError "Can't call numpy() on Tensor that requires grad" (the threshold scores already read them)."""
+    from attacks.lira import LiRA
+    from attacks.rmia import RMIA
+    from attacks.shadow import ShadowAttack
+
+    rng = np.random.default_rng(0)
+    signals, in_mask, target = -rng.random((30, 16)), rng.random((30, 16)) < 0.5, -rng.random(30)
+    logits, labels, member = rng.normal(size=(60, 3)), rng.integers(0, 3, 60), np.arange(60) < 30
+
+    def grad(a):
+        return torch.tensor(a, requires_grad=True)
+
+    expected = LiRA().fit(signals, in_mask).score(target)
+    np.testing.assert_array_equal(LiRA().fit(grad(signals), torch.tensor(in_mask)).score(grad(target)), expected)
+    expected = RMIA().fit(signals, in_mask).score(target)
+    np.testing.assert_array_equal(RMIA().fit(grad(signals), torch.tensor(in_mask)).score(grad(target)), expected)
+    expected = ShadowAttack().fit(logits, labels, member).score(logits, labels)
+    found = ShadowAttack().fit(grad(logits), torch.tensor(labels), torch.tensor(member)).score(grad(logits), labels)
+    np.testing.assert_array_equal(found, expected)
+
+
+def test_figures_leave_the_callers_matplotlib_backend(tmp_path):
+    """Importing the report's figures (``render_html``) or saving an inversion grid called ``matplotlib.use("Agg")``,
+    which switched a notebook's backend (``%matplotlib inline``) for the session: its ``plt.show()`` then showed
+    nothing. With pyplot imported (as in a notebook) and another backend chosen, the backend is still that one after
+    both (the module reloaded: its import is what switched it); this process's backend is restored afterwards."""
+    import importlib
+
+    import matplotlib
+    import matplotlib.pyplot  # pyplot imported: matplotlib.use() switches the live backend
+
+    import dpaudit.report.plots
+    from attacks.inversion import InversionResult, save_grid
+
+    before = matplotlib.get_backend()
+    try:
+        matplotlib.use("pdf")
+        importlib.reload(dpaudit.report.plots)
+        assert matplotlib.get_backend() == "pdf"
+        save_grid(InversionResult((0,), np.zeros((1, 4)), ({},), 0.0, 0.0, 0.0), tmp_path / "grid.png", force=False)
+        assert matplotlib.get_backend() == "pdf"
+    finally:
+        matplotlib.use(before)
+    assert (tmp_path / "grid.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_torch_generator_refuses_a_device_it_cannot_make_with_one_line():
+    """``torch_generator(seed, device="cuda")`` on a machine without CUDA raised torch's RuntimeError paragraph
+    ("Cannot get CUDA generator without ATen_cuda library. PyTorch splits its backend ..."); "gpu" likewise."""
+    from dpaudit.seeding import torch_generator
+
+    same = torch.randn(3, generator=torch_generator(5, device=None))
+    assert torch.equal(torch.randn(3, generator=torch_generator(5)), same)
+    with pytest.raises(InputError, match="expected a torch device such as 'cpu' or 'cuda', got 'gpu'"):
+        torch_generator(0, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="device 'cuda' requested but no CUDA device is available"):
+            torch_generator(0, device="cuda")
+
+
+def test_predict_logits_gives_the_model_back_in_the_mode_it_had():
+    """``predict_logits(model, X)`` (``Run.logits``' worker) left a user's model in eval mode: their next training
+    step ran without its dropout."""
+    from dpaudit.checkpoint import predict_logits
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5)).train()
+    X = np.ones((4, 3), np.float32)
+    first = predict_logits(model, X)
+    assert model.training and model[1].training
+    np.testing.assert_array_equal(predict_logits(model, X), first)  # evaluated in eval mode: no dropout draw
+    predict_logits(model.eval(), X)
+    assert not model.training
