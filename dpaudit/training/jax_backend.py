@@ -327,6 +327,13 @@ def _hardswish(x):
     return jnp.where(x <= -3, jnp.zeros_like(x), jnp.where(x < 3, x * (x + 3) / 6, x))
 
 
+def _hardtanh(x, min_val: float = -1.0, max_val: float = 1.0):
+    # torch.nn.Hardtanh (ReLU6 = Hardtanh(0, 6)): x clipped to [min_val, max_val]; its gradient 1 strictly inside,
+    # 0 at the bounds and outside, as torch's hardtanh_backward (checked against torch at 0 and 6)
+    inside = (x > min_val) & (x < max_val)
+    return jnp.where(inside, x, jnp.where(x <= min_val, jnp.full_like(x, min_val), jnp.full_like(x, max_val)))
+
+
 def _leaky_relu(x, negative_slope: float = 0.01):
     # torch.nn.LeakyReLU: x for x > 0, slope·x otherwise; gradient slope at 0, as torch's backward (x > 0 ? 1 : slope)
     return jnp.where(x > 0, x, negative_slope * x)
@@ -352,6 +359,8 @@ def _activation(m: nn.Module) -> Callable | None:
         return jax.nn.silu  # x·σ(x) (Elfwing et al. 2018, arXiv:1702.03118, Eq. 4; Hendrycks & Gimpel's SiLU)
     if type(m) is nn.Hardswish:
         return _hardswish
+    if type(m) in (nn.Hardtanh, nn.ReLU6):
+        return partial(_hardtanh, min_val=m.min_val, max_val=m.max_val)
     if type(m) in (nn.Softmax, nn.LogSoftmax):
         if m.dim is None:
             raise InputError(f"{type(m).__name__} without dim (torch's deprecated implicit choice) is not supported")
@@ -430,7 +439,8 @@ def _has_dropout(m: nn.Module) -> bool:
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
     "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, MaxPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Hardswish, Softmax, LogSoftmax, "
+    "AdaptiveAvgPool2d, MaxPool2d, Tanh, ReLU, ReLU6, Hardtanh, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Hardswish, "
+    "Softmax, LogSoftmax, "
     "Identity, Dropout, Dropout1d/2d/3d, AlphaDropout"
 )
 
@@ -1226,6 +1236,9 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     torch.std_mean: _with_mean(_std), torch.chunk: _chunk, torch.squeeze: _squeeze,
     F.hardswish: lambda x, inplace=False: _hardswish(x), F.max_pool2d: _max_pool2d, F.avg_pool2d: _f_avg_pool2d,
     F.adaptive_avg_pool2d: _f_adaptive_avg_pool2d,
+    F.relu6: lambda x, inplace=False: _hardtanh(x, 0.0, 6.0),
+    F.hardtanh: lambda x, min_val=-1.0, max_val=1.0, inplace=False: _hardtanh(x, min_val, max_val),
+    torch.abs: _abs, torch.log: jnp.log,
     F.dropout1d: _f_feature_dropout(3), F.dropout2d: _f_feature_dropout(4), F.dropout3d: _f_feature_dropout(5),
     F.alpha_dropout: _f_feature_dropout(None, alpha=True, training=False),
 }  # fmt: skip
@@ -1249,7 +1262,7 @@ def _inplace(fn):
 # the position of the inplace argument of the functions that have one
 _TORCH_DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout)  # torch's, for the checks
 _INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1, F.dropout: 3, F.dropout1d: 3, F.dropout2d: 3, F.dropout3d: 3,
-               F.alpha_dropout: 3, F.hardswish: 1}  # fmt: skip
+               F.alpha_dropout: 3, F.hardswish: 1, F.relu6: 1, F.hardtanh: 3}  # fmt: skip
 _IN_PLACE_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                        operator.itruediv: operator.truediv}  # fmt: skip
 for _op, _twin in _IN_PLACE_OPERATORS.items():
@@ -1277,6 +1290,7 @@ _FX_METHODS: dict[str, Callable] = {
     "matmul": _matmul, "mul": operator.mul, "add": _FX_FUNCTIONS[torch.add],
     "split": _split, "norm": _p_norm, "amax": _amax, "max": _max, "amin": _amin, "min": _min,
     "sub": operator.sub, "div": _div, "log_softmax": _log_softmax, "var": _var, "std": _std, "squeeze": _squeeze,
+    "abs": _abs, "log": jnp.log,
 }  # fmt: skip
 # x.add_(y) & co: the functional method in place (see _inplace)
 _FX_METHODS |= {
@@ -1310,14 +1324,14 @@ _REFUSED_OPS: dict[Any, str] = {
 FX_OPS = (
     "+ - * / // ** @ ~ & | == != < <= > >= += -= *= /=, indexing, math.sqrt of a size, "
     "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/log_softmax/mean/sum/var/std/var_mean/std_mean/"
-    "tanh/relu/relu_/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/"
+    "tanh/relu/relu_/sigmoid/exp/log/abs/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/"
     "einsum/split/chunk/squeeze/norm(p=1,2,inf)/linalg.vector_norm/amax/amin/max/min "
     "(sizes may be x.size(i), x.shape[i]), "
-    "F.relu/gelu/leaky_relu/silu/hardswish/max_pool2d/avg_pool2d/adaptive_avg_pool2d/linear/softmax/log_softmax/normalize/layer_norm/"
+    "F.relu/relu6/hardtanh/gelu/leaky_relu/silu/hardswish/max_pool2d/avg_pool2d/adaptive_avg_pool2d/linear/softmax/log_softmax/normalize/layer_norm/"
     "scaled_dot_product_attention/embedding/dropout/dropout1d/dropout2d/dropout3d/alpha_dropout/"
     "pad(constant, reflect, replicate, circular), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/var/std/softmax/log_softmax/chunk/unsqueeze/squeeze/"
-    "contiguous/long/float/double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/"
+    "contiguous/long/float/double/to(dtype)/sigmoid/exp/log/abs/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/"
     "clamp_min/expand/repeat/pow/sqrt/rsqrt/type_as/matmul/mul/add/sub/div/split/norm/amax/amin/max/min(.values, "
     ".indices), in place (inplace=True, x.add_/sub_/mul_/div_/relu_/clamp_/masked_fill_/... where no later op reads "
     "the overwritten value under another name), "

@@ -1076,6 +1076,8 @@ def test_clamp_passes_the_gradient_torch_passes_at_its_bounds():
      ("max-pool-stem", lambda x: torch.nn.functional.max_pool2d(x[None, None], 3, 2, 1)),
      ("log-softmax", lambda x: torch.nn.functional.log_softmax(x, 1)),
      ("hardswish-at-3", lambda x: torch.nn.functional.hardswish(torch.cat([x, -x], 1))),
+     ("relu6-at-0-and-6", lambda x: torch.nn.functional.relu6(2 * x)),
+     ("hardtanh-at-bounds", lambda x: torch.nn.functional.hardtanh(x, 0.0, 2.0)), ("abs-at-0", lambda x: x.abs()),
      ("in-place-chain", lambda x: (x * 1).add_(x, alpha=0.5).mul_(2.0).relu_())],
 )  # fmt: skip
 def test_reductions_pad_and_split_pass_torchs_gradients_at_ties_and_zero(name, op):
@@ -1442,6 +1444,8 @@ def _op_cases():
         (F.pad, (a, (1, 2)), {"mode": "reflect"}), (F.pad, (img, (1, 0, 2, 1)), {"mode": "replicate"}),
         (F.pad, (img, (2, 1, 0, 3)), {"mode": "circular"}),
         (F.pad, (img[None], (1, 1, 1, 0, 0, 2)), {"mode": "reflect"}),
+        (F.relu6, (10 * a,), {}), (F.hardtanh, (a,), {}), (F.hardtanh, (a, -0.5, 0.25), {}), (torch.abs, (a,), {}),
+        (torch.log, (pos,), {}),
     ]  # fmt: skip
     method = [
         ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
@@ -1470,7 +1474,7 @@ def _op_cases():
         ("exp_", (a,), {}), ("pow_", (pos, 2), {}), ("sqrt_", (pos,), {}), ("rsqrt_", (pos,), {}), ("tril_", (a,), {}),
         ("triu_", (a, 1), {}), ("sub", (a, b), {}), ("div", (a, pos), {}), ("log_softmax", (a, -1), {}),
         ("var", (a, 1), {}), ("var", (a,), {"correction": 3}), ("var", (a, False), {}), ("std", (a, (0, 1)), {}),
-        ("squeeze", (a[:, :1],), {}), ("squeeze", (a, 0), {}),
+        ("squeeze", (a[:, :1],), {}), ("squeeze", (a, 0), {}), ("abs", (a,), {}), ("log", (pos,), {}),
     ]  # fmt: skip
     inplace = (operator.iadd, operator.isub, operator.imul, operator.itruediv, torch.relu_)
 
