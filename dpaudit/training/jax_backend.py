@@ -208,6 +208,51 @@ def _adaptive_avg_pool(name: str, m: nn.AdaptiveAvgPool2d) -> Callable:
     return f
 
 
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    # F.max_pool2d / nn.MaxPool2d on (N, C, H, W) or (C, H, W): the maximum of each kh×kw window, windows every
+    # stride (the kernel size by default), the input padded by −inf, floor((H + 2p − kh)/sh) + 1 rows (floor mode).
+    # The gradient goes to the FIRST maximum of a window in row-major order (torch's CPU kernel keeps the first index
+    # with val > maxval), read at argmax as for max(dim); a value that is the maximum of several windows gets the
+    # sum, as torch's max_pool2d backward.
+    if dilation not in (1, (1, 1)) or ceil_mode or return_indices:
+        raise InputError("max_pool2d with dilation, ceil_mode or return_indices is not supported")
+    if x.ndim not in (3, 4):
+        raise InputError(f"max_pool2d on a {x.ndim}-D input is not supported ((N, C, H, W) or (C, H, W) runs)")
+    (kh, kw), (ph, pw) = _pair(kernel_size), _pair(padding)
+    sh, sw = _pair(stride) if stride not in (None, ()) and stride != [] else (kh, kw)
+    if ph > kh // 2 or pw > kw // 2:  # torch raises
+        raise InputError(f"max_pool2d padding {(ph, pw)} is more than half the kernel {(kh, kw)}")
+    h, w = x.shape[-2:]
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    xp = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(ph, ph), (pw, pw)], constant_values=-jnp.inf)
+    windows = jnp.stack(
+        [xp[..., i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] for i in range(kh) for j in range(kw)],
+        axis=-1,
+    )
+    first = jnp.argmax(windows, axis=-1)[..., None]
+    return jnp.take_along_axis(windows, first, axis=-1)[..., 0]
+
+
+def _max_pool(name: str, m: nn.MaxPool2d) -> Callable:
+    return lambda p, x: _max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, m.return_indices)
+
+
+def _f_avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                  divisor_override=None):  # fmt: skip
+    # F.avg_pool2d: nn.AvgPool2d's translation with these options (square non-overlapping windows)
+    m = nn.AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return _avg_pool("F.avg_pool2d", m)(None, x)
+
+
+def _f_adaptive_avg_pool2d(x, output_size):
+    # F.adaptive_avg_pool2d: nn.AdaptiveAvgPool2d's translation (a square output size dividing the input's sides)
+    return _adaptive_avg_pool("F.adaptive_avg_pool2d", nn.AdaptiveAvgPool2d(output_size))(None, x)
+
+
 def _flatten(x, start_dim: int, end_dim: int):
     # torch.flatten: axes start_dim..end_dim (negative counted from the end) merged into one, row-major
     s, e = start_dim % max(x.ndim, 1), end_dim % max(x.ndim, 1)
@@ -275,6 +320,20 @@ def check_embedding_ids(apply: Apply, params: Params, X, chunk: int = 4096) -> N
             )
 
 
+def _hardswish(x):
+    # torch.nn.Hardswish (Howard et al. 2019, arXiv:1905.02244, Eq. 2): x·relu6(x + 3)/6, i.e. 0 for x ≤ −3, x(x + 3)/6
+    # between, x from 3; its gradient as torch's hardswish_backward (aten/src/ATen/native/cpu/Activation.cpp, checked
+    # against torch at ±3): 0 for x ≤ −3, x/3 + 1/2 for −3 < x < 3, 1 for x ≥ 3
+    return jnp.where(x <= -3, jnp.zeros_like(x), jnp.where(x < 3, x * (x + 3) / 6, x))
+
+
+def _hardtanh(x, min_val: float = -1.0, max_val: float = 1.0):
+    # torch.nn.Hardtanh (ReLU6 = Hardtanh(0, 6)): x clipped to [min_val, max_val]; its gradient 1 strictly inside,
+    # 0 at the bounds and outside, as torch's hardtanh_backward (checked against torch at 0 and 6)
+    inside = (x > min_val) & (x < max_val)
+    return jnp.where(inside, x, jnp.where(x <= min_val, jnp.full_like(x, min_val), jnp.full_like(x, max_val)))
+
+
 def _leaky_relu(x, negative_slope: float = 0.01):
     # torch.nn.LeakyReLU: x for x > 0, slope·x otherwise; gradient slope at 0, as torch's backward (x > 0 ? 1 : slope)
     return jnp.where(x > 0, x, negative_slope * x)
@@ -298,6 +357,14 @@ def _activation(m: nn.Module) -> Callable | None:
         return jax.nn.sigmoid
     if type(m) is nn.SiLU:
         return jax.nn.silu  # x·σ(x) (Elfwing et al. 2018, arXiv:1702.03118, Eq. 4; Hendrycks & Gimpel's SiLU)
+    if type(m) is nn.Hardswish:
+        return _hardswish
+    if type(m) in (nn.Hardtanh, nn.ReLU6):
+        return partial(_hardtanh, min_val=m.min_val, max_val=m.max_val)
+    if type(m) in (nn.Softmax, nn.LogSoftmax):
+        if m.dim is None:
+            raise InputError(f"{type(m).__name__} without dim (torch's deprecated implicit choice) is not supported")
+        return partial(_softmax if type(m) is nn.Softmax else _log_softmax, dim=m.dim)
     if type(m) is nn.Identity or (type(m) is nn.Dropout and m.p == 0):  # Dropout(p=0) keeps every value unscaled
         return lambda x: x
     return None
@@ -323,23 +390,48 @@ def _dropout_key(key):
         _DROPOUT_KEY.reset(token)
 
 
-def _dropout(x, p: float):
-    """torch's dropout of ``x`` with probability ``p`` under the current record's key; the identity without one."""
+def _dropout(x, p: float, channels: bool = False, alpha: bool = False):
+    """torch's dropout of ``x`` with probability ``p`` under the current record's key; the identity without one.
+    ``channels``: one draw per (record, channel) for all of a channel's values (torch's Dropout1d/2d/3d,
+    F.dropout1d/2d/3d: torch's feature dropout, Tompson et al. 2015, arXiv:1411.4280, §3.2). ``alpha``: torch's
+    AlphaDropout (below)."""
     state = _DROPOUT_KEY.get()
     if state is None or p == 0:
         return x
     site = state[1]
     state[1] += 1
-    if p == 1:  # torch: all zeros (no 1/(1 − p) = ∞ scaling, whose gradient would be 0·∞ = nan here)
+    if p == 1:  # torch: all zeros (no 1/(1 − p) = ∞ scaling, whose gradient would be 0·∞ = nan here); AlphaDropout too
         return jnp.zeros_like(x)
-    keep = jax.random.bernoulli(jax.random.fold_in(state[0], site), 1.0 - p, x.shape)
+    shape = x.shape[:2] + (1,) * (x.ndim - 2) if channels else x.shape
+    keep = jax.random.bernoulli(jax.random.fold_in(state[0], site), 1.0 - p, shape)
+    if alpha:
+        # AlphaDropout (Klambauer et al. 2017, arXiv:1706.02515, §"New Dropout Technique"; torch.nn.AlphaDropout): a
+        # dropped value is set to SELU's saturation α' = −λα = −1.7580993408473766, then every value mapped by a·x + b,
+        # a = ((1 − p)(1 + p α'²))^(−1/2), b = −a α' p (zero mean and unit variance kept), as torch's ATen
+        # _dropout_impl: kept a·x + 1.758… a p, dropped 1.758… a (p − 1)
+        neg = 1.7580993408473766
+        a = 1.0 / math.sqrt((neg * neg * p + 1.0) * (1.0 - p))
+        return jnp.where(keep, a * x + neg * a * p, jnp.full_like(x, neg * a * (p - 1.0)))
     return jnp.where(keep, x / (1.0 - p), jnp.zeros_like(x))
 
 
+# torch's dropout modules: {type: the input's number of axes for a channel-wise draw (None: every value alone), alpha}
+_DROPOUTS = {nn.Dropout: (None, False), nn.Dropout1d: (3, False), nn.Dropout2d: (4, False), nn.Dropout3d: (5, False),
+             nn.AlphaDropout: (None, True)}  # fmt: skip
+
+
+def _feature_dropout(name: str, x, p: float, ndim: int | None, alpha: bool = False):
+    # Dropout1d/2d/3d take (N, C, L) / (N, C, H, W) / (N, C, D, H, W); torch reads an input with one axis fewer as
+    # one record (and warns on a 3-D input to Dropout2d), which the batched graph cannot tell apart: refused
+    if ndim is not None and x.ndim != ndim:
+        raise InputError(f"{name} on a {x.ndim}-D input is not supported (a batched {ndim}-D input runs)")
+    return _dropout(x, p, channels=ndim is not None, alpha=alpha)
+
+
 def _has_dropout(m: nn.Module) -> bool:
-    """``m`` or a module inside it draws dropout masks in training mode (nn.Dropout, MultiheadAttention's dropout)."""
+    """``m`` or a module inside it draws dropout masks in training mode (nn.Dropout & co, MultiheadAttention's)."""
     return any(
-        (type(d) is nn.Dropout and d.p > 0) or (isinstance(d, nn.MultiheadAttention) and d.dropout > 0)
+        (type(d) in _DROPOUTS and d.p > 0) or (isinstance(d, nn.MultiheadAttention) and d.dropout > 0)
         for d in m.modules()
     )
 
@@ -347,7 +439,9 @@ def _has_dropout(m: nn.Module) -> bool:
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
     "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, Tanh, ReLU, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Identity, Dropout"
+    "AdaptiveAvgPool2d, MaxPool2d, Tanh, ReLU, ReLU6, Hardtanh, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Hardswish, "
+    "Softmax, LogSoftmax, "
+    "Identity, Dropout, Dropout1d/2d/3d, AlphaDropout"
 )
 
 
@@ -404,7 +498,8 @@ def _own_forward(m: nn.Module, base: type[nn.Module]) -> bool:
 
 
 _LAYERS = (
-    nn.Flatten, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding, nn.AvgPool2d, nn.AdaptiveAvgPool2d
+    nn.Flatten, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
+    nn.MaxPool2d,
 )  # fmt: skip
 
 
@@ -431,10 +526,12 @@ def _layer(name: str, m: nn.Module) -> Callable:
         return _avg_pool(name, m)
     if isinstance(m, nn.AdaptiveAvgPool2d):
         return _adaptive_avg_pool(name, m)
+    if isinstance(m, nn.MaxPool2d):
+        return _max_pool(name, m)
     if (act := _activation(m)) is not None and "forward" not in vars(m):
         return lambda p, x: act(x)
-    if type(m) is nn.Dropout and "forward" not in vars(m):
-        return lambda p, x: _dropout(x, m.p)
+    if type(m) in _DROPOUTS and "forward" not in vars(m):
+        return lambda p, x: _feature_dropout(f"layer {name} ({type(m).__name__})", x, m.p, *_DROPOUTS[type(m)])
     raise _unsupported(f"layer {name} ({type(m).__name__}) is not supported")
 
 
@@ -546,30 +643,101 @@ def _split(x, split_size_or_sections, dim: int = 0):
 
 
 def _f_pad(x, pad, mode="constant", value=None):
-    # F.pad: pad = (before, after) pairs from the LAST axis backwards (torch's documentation of F.pad); a negative
-    # amount crops, as torch's constant mode; the value (0 by default) fills the new entries. lax.pad transposes to
-    # the slice of the padded region, torch's constant_pad_nd backward.
-    if mode != "constant":
-        raise InputError(f"F.pad with mode={mode!r} is not supported (mode='constant' runs)")
+    # F.pad: pad = (before, after) pairs from the LAST axis backwards (torch's documentation of F.pad). Constant mode:
+    # a negative amount crops; the value (0 by default) fills the new entries; lax.pad transposes to the slice of the
+    # padded region, torch's constant_pad_nd backward. Modes reflect (the edge not repeated: x[1], x[0] | x[0] ...),
+    # replicate (the edge repeated) and circular (wrapped) are NumPy's "reflect", "edge" and "wrap"; jnp.pad builds them
+    # from slices, so each padded entry's gradient is added to the entry it copies, as torch's backward of
+    # reflection_pad / replication_pad / circular pad. torch takes these modes for 1-3 padded axes of an input with
+    # one or two more axes (batch, channel), amounts ≥ 0, and reflect's below the axis's size (circular's up to it).
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         raise InputError(f"F.pad's pad {tuple(pad)} is not (before, after) pairs for at most {x.ndim} axes")
-    pairs = [(0, 0, 0)] * (x.ndim - len(pad) // 2) + [(pad[i], pad[i + 1], 0) for i in range(len(pad) - 2, -1, -2)]
-    return lax.pad(x, jnp.asarray(0 if value is None else value, x.dtype), pairs)
+    k = len(pad) // 2
+    pairs = [(0, 0)] * (x.ndim - k) + [(pad[i], pad[i + 1]) for i in range(len(pad) - 2, -1, -2)]
+    if mode == "constant":
+        fill = jnp.asarray(0 if value is None else value, x.dtype)
+        return lax.pad(x, fill, [(a, b, 0) for a, b in pairs])
+    modes = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+    if mode not in modes:
+        raise InputError(f"F.pad with mode={mode!r} is not supported")
+    if not 1 <= k <= 3 or x.ndim not in (k + 1, k + 2):
+        raise InputError(f"F.pad mode={mode!r} pads 1-3 axes of an input with one or two more; here {k} of {x.ndim}")
+    for n, (a, b) in zip(x.shape, pairs, strict=True):
+        if min(a, b) < 0 or (mode == "reflect" and max(a, b) >= n) or (mode == "circular" and max(a, b) > n):
+            raise InputError(f"F.pad mode={mode!r} with pad {(a, b)} on an axis of size {n} is not supported")
+    return jnp.pad(x, pairs, mode=modes[mode])
 
 
-def _norm2(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
-    # x.norm / torch.norm, p = 2 ("fro" is 2 for any dim torch.norm reads here): √(Σ x²) over dim (all axes when
-    # None). Gradient x/‖x‖ · g, and 0 where ‖x‖ = 0, as torch's norm_backward (torch/csrc/autograd/FunctionsManual.cpp:
-    # `self * (grad / norm).masked_fill_(norm == 0, 0)`); √ at 0 would give NaN, so the sum is replaced by 1 there
-    # (the safe-norm jnp.where trick: no NaN enters the backward of the branch not taken).
-    if p not in ("fro", 2, 2.0):
-        raise InputError(f"norm with p = {p!r} is not supported (p = 2 runs)")
+def _abs(x):
+    # |x| with torch's gradient sgn(x), 0 at 0 (abs_backward); JAX's abs passes ±1 there
+    return x * jnp.sign(x)
+
+
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    # torch.linalg.vector_norm (and x.norm / torch.norm, which call it for a number p and for "fro"), over dim (all
+    # axes when None), with torch's gradients (torch/csrc/autograd/FunctionsManual.cpp norm_backward):
+    # - 2: √(Σ x²), gradient x/‖x‖ · g and 0 where ‖x‖ = 0 (`self * (grad / norm).masked_fill_(norm == 0, 0)`); √ at 0
+    #   would give NaN, so the sum is replaced by 1 there (the safe-norm jnp.where trick: no NaN enters the backward of
+    #   the branch not taken);
+    # - 1: Σ |x|, gradient sgn(x) · g (0 at 0);
+    # - ±inf: max (min) of |x|, gradient sgn(x) · g split evenly among the entries attaining it
+    #   (`self.sgn() * ((grad / mask.sum(dim, true)) * mask)`, mask = |x| == norm), which is reduce_max's JVP.
     if out is not None:  # torch.norm's graph node passes out=None (its __torch_function__ call names every argument)
         raise InputError("out= is not supported")
+    if ord not in ("fro", 2, 2.0, 1, 1.0, math.inf, -math.inf):
+        raise InputError(f"norm with p = {ord!r} is not supported (p = 1, 2, inf, -inf run)")
     axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
     x = x if dtype is None else x.astype(_jdtype(dtype))
+    if ord in (1, 1.0):
+        return jnp.sum(_abs(x), axis=axis, keepdims=keepdim)
+    if ord in (math.inf, -math.inf):
+        return (jnp.max if ord > 0 else jnp.min)(_abs(x), axis=axis, keepdims=keepdim)
     s = jnp.sum(x * x, axis=axis, keepdims=keepdim)
     return jnp.where(s > 0, jnp.sqrt(jnp.where(s > 0, s, 1)), 0)
+
+
+def _p_norm(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    # x.norm / torch.norm: linalg.vector_norm for a number p or "fro" (torch.functional.norm; "nuc" refused)
+    return _vector_norm(x, p, dim, keepdim, dtype=dtype, out=out)
+
+
+def _f_normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    # F.normalize: x / max(‖x‖_p, eps) over dim (torch.nn.functional.normalize: norm(p, dim, keepdim=True)
+    # .clamp_min(eps)), the gradient through _clamp's (1 on the bound, as torch's clamp_min) and the norm's
+    return x / _clamp(_vector_norm(x, p, dim, keepdim=True, out=out), eps)
+
+
+def _var_of(root: bool):
+    def f(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+        # torch.var / x.var (torch.std: its square root): Σ (x − mean)² / max(0, N − correction) over dim (all axes
+        # when None), N the number of values reduced; correction 1 by default (Bessel's), unbiased=False is 0 (torch's
+        # documentation of var; x.var(False) is the legacy unbiased argument). N ≤ correction gives inf or nan, as
+        # torch. std's gradient is 0 where std = 0 (torch's std_backward masks it; √ at 0 would give NaN).
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
+        if unbiased is not None and correction is not None:
+            raise InputError("var/std with both unbiased and correction (torch raises)")
+        c = correction if correction is not None else (0 if unbiased is False else 1)
+        axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
+        n = math.prod(x.shape) if axis is None else math.prod(x.shape[a] for a in np.atleast_1d(axis))
+        d = x - jnp.mean(x, axis=axis, keepdims=True)
+        v = jnp.sum(d * d, axis=axis, keepdims=keepdim) / max(0, n - c)
+        return jnp.where(v > 0, jnp.sqrt(jnp.where(v > 0, v, 1)), 0) if root else v
+
+    return f
+
+
+_var, _std = _var_of(False), _var_of(True)
+
+
+def _with_mean(fn):
+    def f(x, dim=None, unbiased=None, keepdim=False, *, correction=None):  # torch.var_mean / std_mean: (var, mean)
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
+        axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
+        return fn(x, dim, unbiased, keepdim, correction=correction), jnp.mean(x, axis=axis, keepdims=keepdim)
+
+    return f
 
 
 def _amax_of(fn):
@@ -626,6 +794,21 @@ def _softmax(x, dim=None, _stacklevel=3, dtype=None):
     if dim is None:
         raise InputError("softmax without dim (torch's deprecated implicit choice) is not supported")
     return jax.nn.softmax(x if dtype is None else x.astype(_jdtype(dtype)), axis=dim)
+
+
+def _log_softmax(x, dim=None, _stacklevel=3, dtype=None):
+    # torch.log_softmax / F.log_softmax along dim: x − max − log Σ exp(x − max), as torch's kernel. A model returning
+    # it trains as one returning the logits: the cross-entropy's log-softmax of a log-softmax is itself (its
+    # logsumexp is log Σ softmax = 0), so the loss and its gradients are the nll_loss of torch's MNIST example.
+    if dim is None:
+        raise InputError("log_softmax without dim (torch's deprecated implicit choice) is not supported")
+    return jax.nn.log_softmax(x if dtype is None else x.astype(_jdtype(dtype)), axis=dim)
+
+
+def _squeeze(x, dim=None):
+    # torch.squeeze / x.squeeze: drops the size-1 axes among dim (all axes when None); an axis of another size stays
+    dims = range(x.ndim) if dim is None else [dim] if isinstance(dim, int) else dim
+    return jnp.squeeze(x, tuple(d % x.ndim for d in dims if x.shape[d] == 1))
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -922,6 +1105,15 @@ def _f_dropout(x, p=0.5, training=True, inplace=False):
     return _dropout(x, p) if training else x
 
 
+def _f_feature_dropout(ndim: int | None, alpha: bool = False, training: bool = True):
+    def f(x, p=0.5, training=training, inplace=False):
+        # F.dropout1d/2d/3d (channel-wise) and F.alpha_dropout (whose training defaults to False, as torch's)
+        name = f"F.{'alpha_dropout' if alpha else f'dropout{ndim - 2}d'}"
+        return _feature_dropout(name, x, p, ndim, alpha) if training else x
+
+    return f
+
+
 def _where3(condition, x=None, y=None):
     # torch.where(condition, x, y); the one-argument form (the indices of nonzero entries) has a data-dependent shape
     if x is None or y is None:
@@ -995,6 +1187,13 @@ def _to(x, *args, **kwargs):
     return x if dtype is None else x.astype(_jdtype(dtype))
 
 
+def _div(x, other, rounding_mode=None):
+    # torch.div / x.div: true division (rounding_mode "trunc"/"floor" is refused: integer results and dtypes)
+    if rounding_mode is not None:
+        raise InputError(f"div with rounding_mode={rounding_mode!r} is not supported")
+    return x / other
+
+
 _matmul = partial(jnp.matmul, precision=PRECISION)
 _mean = _reduce(jnp.mean)
 _sum = _reduce(jnp.sum)
@@ -1030,13 +1229,45 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     torch.triu: lambda x, diagonal=0: jnp.triu(x, diagonal), torch.tril: lambda x, diagonal=0: jnp.tril(x, diagonal),
     torch.zeros_like: _filled_like(0), torch.ones_like: _filled_like(1),
     F.embedding: _f_embedding, F.dropout: _f_dropout,
-    torch.split: _split, F.pad: _f_pad, torch.norm: _norm2, torch.amax: _amax, torch.max: _max, torch.amin: _amin,
+    torch.split: _split, F.pad: _f_pad, torch.norm: _p_norm, torch.amax: _amax, torch.max: _max, torch.amin: _amin,
     torch.min: _min,
+    torch.log_softmax: _log_softmax, F.log_softmax: _log_softmax, F.normalize: _f_normalize,
+    torch.linalg.vector_norm: _vector_norm, torch.var: _var, torch.std: _std, torch.var_mean: _with_mean(_var),
+    torch.std_mean: _with_mean(_std), torch.chunk: _chunk, torch.squeeze: _squeeze,
+    F.hardswish: lambda x, inplace=False: _hardswish(x), F.max_pool2d: _max_pool2d, F.avg_pool2d: _f_avg_pool2d,
+    F.adaptive_avg_pool2d: _f_adaptive_avg_pool2d,
+    F.relu6: lambda x, inplace=False: _hardtanh(x, 0.0, 6.0),
+    F.hardtanh: lambda x, min_val=-1.0, max_val=1.0, inplace=False: _hardtanh(x, min_val, max_val),
+    torch.abs: _abs, torch.log: jnp.log,
+    F.dropout1d: _f_feature_dropout(3), F.dropout2d: _f_feature_dropout(4), F.dropout3d: _f_feature_dropout(5),
+    F.alpha_dropout: _f_feature_dropout(None, alpha=True, training=False),
 }  # fmt: skip
 
-# the position of the inplace argument of the functions that have one: torch would overwrite the input, which
-# other nodes of the graph may read again (the JAX graph is pure)
-_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1, F.dropout: 3}
+
+# In-place ops (x.add_(y), out += identity, nn.ReLU(inplace=True), F.relu(x, inplace=True), `out.relu_()` as a
+# statement): torch overwrites the first argument and returns it. The JAX graph is pure: each runs as its functional
+# twin, and a later node reading the overwritten tensor under its older node (the name it had before, fx records the
+# old node) reads the newest node of that tensor instead (_in_place_reads), which is torch's value. Reading it
+# through another tensor sharing its memory (a view taken before, or the tensor a view was taken from), or
+# overwriting the model's input, a parameter or a buffer is refused. The twin keeps the first argument's dtype, as
+# torch's in-place ops (their result is cast to self's dtype).
+def _inplace(fn):
+    def f(x, *args, **kwargs):
+        out = fn(x, *args, **kwargs)
+        return out.astype(x.dtype) if hasattr(x, "dtype") and hasattr(out, "astype") else out  # ints: sizes
+
+    return f
+
+
+# the position of the inplace argument of the functions that have one
+_TORCH_DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout)  # torch's, for the checks
+_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1, F.dropout: 3, F.dropout1d: 3, F.dropout2d: 3, F.dropout3d: 3,
+               F.alpha_dropout: 3, F.hardswish: 1, F.relu6: 1, F.hardtanh: 3}  # fmt: skip
+_IN_PLACE_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                       operator.itruediv: operator.truediv}  # fmt: skip
+for _op, _twin in _IN_PLACE_OPERATORS.items():
+    _FX_FUNCTIONS[_op] = _inplace(_twin)
+_FX_FUNCTIONS[torch.relu_] = _inplace(jax.nn.relu)  # also F.relu_ (the same function)
 
 # tensor methods the graph may call (call_method), likewise
 _FX_METHODS: dict[str, Callable] = {
@@ -1057,7 +1288,15 @@ _FX_METHODS: dict[str, Callable] = {
     "repeat": lambda x, *sizes: jnp.tile(x, _dims(sizes)),  # torch's x.repeat is NumPy's tile
     "pow": operator.pow, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt, "type_as": lambda x, other: x.astype(other.dtype),
     "matmul": _matmul, "mul": operator.mul, "add": _FX_FUNCTIONS[torch.add],
-    "split": _split, "norm": _norm2, "amax": _amax, "max": _max, "amin": _amin, "min": _min,
+    "split": _split, "norm": _p_norm, "amax": _amax, "max": _max, "amin": _amin, "min": _min,
+    "sub": operator.sub, "div": _div, "log_softmax": _log_softmax, "var": _var, "std": _std, "squeeze": _squeeze,
+    "abs": _abs, "log": jnp.log,
+}  # fmt: skip
+# x.add_(y) & co: the functional method in place (see _inplace)
+_FX_METHODS |= {
+    f"{name}_": _inplace(_FX_METHODS[name])
+    for name in ("add", "sub", "mul", "div", "relu", "clamp", "clamp_min", "masked_fill", "sigmoid", "tanh", "exp",
+                 "pow", "sqrt", "rsqrt", "tril", "triu")
 }  # fmt: skip
 
 # ops refused with their reason rather than "not supported". Random draws: torch draws fresh values at every
@@ -1068,8 +1307,8 @@ _RANDOM = "draws random numbers at every call in torch; the JAX backend draws no
 _REFUSED_OPS: dict[Any, str] = {
     **dict.fromkeys(
         (torch.randn, torch.rand, torch.randint, torch.randn_like, torch.rand_like, torch.randint_like,
-         torch.bernoulli, torch.normal, torch.multinomial, torch.randperm, torch.poisson, F.alpha_dropout,
-         F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.rrelu),
+         torch.bernoulli, torch.normal, torch.multinomial, torch.randperm, torch.poisson,
+         F.feature_alpha_dropout, F.rrelu),
         _RANDOM,
     ),
     **dict.fromkeys(
@@ -1083,16 +1322,19 @@ _REFUSED_OPS: dict[Any, str] = {
 }  # fmt: skip
 
 FX_OPS = (
-    "+ - * / // ** @ ~ & | == != < <= > >=, indexing, math.sqrt of a size, "
-    "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/mean/sum/"
-    "tanh/relu/sigmoid/exp/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/einsum/"
-    "split/norm(p=2)/amax/amin/max/min "
+    "+ - * / // ** @ ~ & | == != < <= > >= += -= *= /=, indexing, math.sqrt of a size, "
+    "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/log_softmax/mean/sum/var/std/var_mean/std_mean/"
+    "tanh/relu/relu_/sigmoid/exp/log/abs/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/"
+    "einsum/split/chunk/squeeze/norm(p=1,2,inf)/linalg.vector_norm/amax/amin/max/min "
     "(sizes may be x.size(i), x.shape[i]), "
-    "F.relu/gelu/leaky_relu/silu/linear/softmax/layer_norm/scaled_dot_product_attention/embedding/dropout/"
-    "pad(constant), "
-    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/softmax/chunk/unsqueeze/contiguous/long/float/"
-    "double/to(dtype)/sigmoid/exp/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/clamp_min/expand/repeat/"
-    "pow/sqrt/rsqrt/type_as/matmul/mul/add/split/norm(p=2)/amax/amin/max/min(.values, .indices), "
+    "F.relu/relu6/hardtanh/gelu/leaky_relu/silu/hardswish/max_pool2d/avg_pool2d/adaptive_avg_pool2d/linear/softmax/log_softmax/normalize/layer_norm/"
+    "scaled_dot_product_attention/embedding/dropout/dropout1d/dropout2d/dropout3d/alpha_dropout/"
+    "pad(constant, reflect, replicate, circular), "
+    "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/var/std/softmax/log_softmax/chunk/unsqueeze/squeeze/"
+    "contiguous/long/float/double/to(dtype)/sigmoid/exp/log/abs/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/"
+    "clamp_min/expand/repeat/pow/sqrt/rsqrt/type_as/matmul/mul/add/sub/div/split/norm/amax/amin/max/min(.values, "
+    ".indices), in place (inplace=True, x.add_/sub_/mul_/div_/relu_/clamp_/masked_fill_/... where no later op reads "
+    "the overwritten value under another name), "
     "nn.MultiheadAttention (output[0]; no bias_kv or kdim/vdim), "
     "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (relu or gelu), nn.TransformerEncoder and "
     "nn.TransformerDecoder of them, nn.Transformer"
@@ -1113,6 +1355,10 @@ def _where(node: torch.fx.Node) -> str:
     return f"in {next(reversed(stack.values()))[0]}" if stack else "in the model's forward"
 
 
+class _InPlaceRefusal(InputError):
+    """A refusal of :func:`_in_place_reads` found when the graph runs (its message names the ops)."""
+
+
 class FxModel:
     """A module's ``torch.fx`` graph run in JAX: ``model(params, x) -> logits``. ``steps``: per graph node
     (in order) its name, a description for errors and a function (params, values so far) -> its value."""
@@ -1127,6 +1373,8 @@ class FxModel:
             for name, what, f in self.steps:
                 try:
                     env[name] = f(params, env)
+                except _InPlaceRefusal as e:
+                    raise _unsupported(str(e)) from None
                 except InputError as e:
                     raise _unsupported(f"{what}: {e}") from None
                 except (TypeError, ValueError, IndexError) as e:  # torch arguments JAX cannot take
@@ -1160,6 +1408,104 @@ def _traced_sizes():
     finally:
         for n, fn in originals.items():
             setattr(torch, n, fn)
+
+
+@contextmanager
+def _traced_in_place_operators():
+    """``out += identity`` on a traced tensor: fx's Proxy defines no ``__iadd__``, so Python runs ``out = out +
+    identity`` and the graph would not record that torch overwrote ``out`` (which another name may still read). While
+    tracing, ``+= -= *= /=`` on a Proxy record operator.iadd & co, which :func:`_in_place_reads` follows."""
+    names = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
+             "__itruediv__": operator.itruediv}  # fmt: skip
+
+    def record(fn):
+        return lambda self, other: self.tracer.create_proxy("call_function", fn, (self, other), {})
+
+    added = [n for n in names if n not in vars(torch.fx.Proxy)]
+    try:
+        for n in added:
+            setattr(torch.fx.Proxy, n, record(names[n]))
+        yield
+    finally:
+        for n in added:
+            delattr(torch.fx.Proxy, n)
+
+
+# ops whose result may be (a view of) their first argument: torch's views (view, reshape, transpose, indexing, ...),
+# ops returning the input itself (contiguous, to(its dtype), dropout at p = 0 or in eval mode, nn.Identity), and the
+# in-place ops, which return what they overwrote
+_ALIAS_METHODS = {"view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze", "contiguous",
+                  "expand", "chunk", "split", "to", "float", "double", "long", "type_as", "view_as", "narrow", "t",
+                  "detach", "unbind"}  # fmt: skip
+_ALIAS_FUNCTIONS = {operator.getitem, torch.flatten, torch.transpose, torch.split, torch.chunk, torch.reshape,
+                    torch.squeeze, torch.unsqueeze, torch.permute, *_TORCH_DROPOUTS}  # fmt: skip
+_ALIAS_MODULES = (nn.Identity, nn.Flatten, nn.modules.dropout._DropoutNd)
+
+
+def _in_place(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``node`` overwrites its first argument in torch (see _inplace)."""
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.startswith("_")
+    if node.op == "call_module":
+        return getattr(gm.get_submodule(node.target), "inplace", False) is True
+    if node.op != "call_function" or not _hashable(node.target):
+        return False
+    if node.target in _IN_PLACE_OPERATORS or node.target is torch.relu_:
+        return True
+    at = _INPLACE_AT.get(node.target)
+    return at is not None and (node.kwargs.get("inplace") is True or (at < len(node.args) and node.args[at] is True))
+
+
+def _in_place_reads(gm: torch.fx.GraphModule, describe: Callable) -> tuple[dict, dict]:
+    """What torch's in-place ops change in the graph's reads: ``(moved, refused)``. ``moved``: {reader: {input:
+    (the newest node of the input's tensor, deferred)}}, the inputs a node reads after an in-place op overwrote their
+    tensor (an in-place node IS its first argument's tensor: its node is that tensor's newest). ``refused``: {node:
+    (why, deferred, the overwritten node)} where the graph cannot give torch's values: a tensor sharing the
+    overwritten one's memory (views and ops that may return their input: _ALIAS_*) read afterwards, or the model's
+    input, a parameter or a buffer overwritten (torch's change outlives the call). deferred: the overwrite is a
+    Proxy's ``+=`` & co, which also record ``n += 1`` on a traced size, an int that nothing overwrites: the run
+    applies these only where the overwritten value is a tensor."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    base: dict[torch.fx.Node, torch.fx.Node] = {}  # the node whose memory a node's tensor may share
+    tensor: dict[torch.fx.Node, torch.fx.Node] = {}  # the node that made a node's tensor (itself, or what it overwrote)
+    newest: dict[torch.fx.Node, torch.fx.Node] = {}
+    writes: list[torch.fx.Node] = []
+    moved: dict[torch.fx.Node, dict] = {}
+    refused: dict[torch.fx.Node, tuple] = {}
+    for n in nodes:
+        first = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        in_place = first is not None and _in_place(gm, n)
+        for i in n.all_input_nodes:
+            for w in writes:
+                if base[w] is not base[i] or order[i] >= order[w]:
+                    continue
+                deferred = w.op == "call_function" and w.target in _IN_PLACE_OPERATORS
+                if tensor[w] is tensor[i]:
+                    moved.setdefault(n, {})[i] = (newest[tensor[i]], deferred)
+                else:
+                    why = (
+                        f"{describe(w)} overwrites {w.args[0].name} in place, which {describe(n)} reads afterwards "
+                        "through another tensor sharing its memory (torch reads the overwritten values there)"
+                    )
+                    refused.setdefault(n, (why, deferred, w.args[0]))
+        aliasing = in_place or (
+            (n.op == "call_method" and n.target in _ALIAS_METHODS)
+            or (n.op == "call_function" and _hashable(n.target) and n.target in _ALIAS_FUNCTIONS)
+            or (n.op == "call_module" and isinstance(gm.get_submodule(n.target), _ALIAS_MODULES))
+        )
+        base[n] = base[first] if first is not None and aliasing else n
+        tensor[n] = tensor[first] if in_place else n
+        if in_place:
+            deferred = n.op == "call_function" and n.target in _IN_PLACE_OPERATORS
+            if base[n].op == "placeholder":
+                refused[n] = (f"{describe(n)} overwrites the model's input in place", deferred, first)
+            elif base[n].op == "get_attr":
+                why = f"{describe(n)} overwrites {base[n].target} in place (torch keeps the change after the call)"
+                refused[n] = (why, deferred, first)
+            writes.append(n)
+            newest[tensor[n]] = n
+    return moved, refused
 
 
 class _RefusedCall(Exception):
@@ -1212,7 +1558,7 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
     tracer = torch.fx.Tracer()
     tracer.proxy_buffer_attributes = True  # a buffer (a causal mask) as a get_attr node, so that it can be sliced
     try:
-        with _traced_sizes(), _refused_while_tracing():
+        with _traced_sizes(), _refused_while_tracing(), _traced_in_place_operators():
             graph = tracer.trace(model)
         gm = torch.fx.GraphModule(tracer.root, graph)
     except _RefusedCall as e:
@@ -1224,11 +1570,29 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
     steps, read, output = [], set(), None
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
 
+    def describe(node):
+        if node.op == "call_module":
+            return f"layer {node.target} ({type(gm.get_submodule(node.target)).__name__})"
+        return "the output" if node.op == "output" else f"op {_op_name(node)} {_where(node)}"
+
+    moved, refused = _in_place_reads(gm, describe)
+    if why := next((w for w, deferred, _ in refused.values() if not deferred), None):
+        raise _unsupported(why)
+
     def value(node):
-        return lambda p, env, node=node: (
-            torch.fx.node.map_arg(node.args, lambda a: env[a.name]),
-            torch.fx.node.map_arg(node.kwargs, lambda a: env[a.name]),
-        )
+        def read(env, a):  # a's value, or the newest value of its tensor after an in-place op (_in_place_reads)
+            m = moved.get(node, {}).get(a)
+            return env[a.name] if m is None or (m[1] and isinstance(env[a.name], (int, float))) else env[m[0].name]
+
+        def args(p, env):
+            # a deferred refusal (a Proxy's +=) applies where the overwritten value is a tensor, not a traced size
+            if (r := refused.get(node)) and not isinstance(env[r[2].name], (int, float)):
+                raise _InPlaceRefusal(r[0])
+            return torch.fx.node.map_arg(node.args, partial(read, env)), torch.fx.node.map_arg(
+                node.kwargs, partial(read, env)
+            )
+
+        return args
 
     for node in gm.graph.nodes:
         args = value(node)
@@ -1250,8 +1614,6 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
                 raise _unsupported(f"attribute {node.target} ({type(obj).__name__}) is not a tensor")
         elif node.op == "call_module":
             m = gm.get_submodule(node.target)
-            if getattr(m, "inplace", False) and any(len(a.users) > 1 for a in node.all_input_nodes):
-                raise _unsupported(f"layer {node.target} ({type(m).__name__}) is in place on a value used again")
             if isinstance(m, nn.MultiheadAttention):  # (output, weights): only output[0] may be read
                 f = _mha(node.target, m)
                 weights = (u for u in node.users if u.target is not operator.getitem or u.args[1] != 0)
@@ -1281,22 +1643,21 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
                 raise _unsupported(f"{what} {why}")
             if fn is None:
                 raise _unsupported(f"{what} is not supported")
-            at = _INPLACE_AT.get(node.target, len(node.args)) if node.op == "call_function" else len(node.args)
-            if node.kwargs.get("inplace") is True or (at < len(node.args) and node.args[at] is True):
-                raise _unsupported(f"{what}: inplace=True is not supported")
 
             def call(p, env, fn=fn, args=args):
                 a, kw = args(p, env)
                 return fn(*a, **kw)
 
             steps.append((node.name, what, call))
-        else:  # output
-            output = node.args[0]
+        else:  # output (a tensor: its reads moved by in-place ops are applied, deferred or not)
+            if refused.get(node):
+                raise _unsupported(refused[node][0])
+            output = torch.fx.node.map_arg(node.args[0], lambda a, m=moved.get(node, {}): m[a][0] if a in m else a)
     if unread := next((n for n in owner.values() if n not in read), None):
         raise _unsupported(f"parameter {unread} is read by no op of the traced graph")
     dropout = any(
         (n.op == "call_module" and _has_dropout(gm.get_submodule(n.target)))
-        or (n.op == "call_function" and n.target in (F.dropout, F.scaled_dot_product_attention))
+        or (n.op == "call_function" and n.target in (*_TORCH_DROPOUTS, F.scaled_dot_product_attention))
         for n in gm.graph.nodes
     )
     return FxModel(steps, output, dropout)
@@ -1320,10 +1681,12 @@ def _fx_attr(gm: torch.fx.GraphModule, target: str):
 @contextmanager
 def _torch_dropout_off():
     """torch's dropout as in eval mode (the identity) while the rest of the model stays in training mode: F.dropout
-    (nn.Dropout's, a user's forward's, MultiheadAttention's attention weights with need_weights) and the dropout_p of
-    F.scaled_dot_product_attention (MultiheadAttention's fast attention, a user's call) patched for the call, as
-    torch.nn.functional's own module globals are what its functions call."""
-    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+    (nn.Dropout's, a user's forward's, MultiheadAttention's attention weights with need_weights), F.dropout1d/2d/3d and
+    F.alpha_dropout (their modules') and the dropout_p of F.scaled_dot_product_attention (MultiheadAttention's fast
+    attention, a user's call) patched for the call, as torch.nn.functional's own module globals are what its
+    functions call."""
+    originals = {f.__name__: f for f in _TORCH_DROPOUTS}
+    sdpa = F.scaled_dot_product_attention
 
     def no_dropout(input, p=0.5, training=True, inplace=False):
         return input
@@ -1332,10 +1695,14 @@ def _torch_dropout_off():
         return sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
 
     try:
-        F.dropout, F.scaled_dot_product_attention = no_dropout, sdpa_no_dropout
+        for name in originals:
+            setattr(F, name, no_dropout)
+        F.scaled_dot_product_attention = sdpa_no_dropout
         yield
     finally:
-        F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+        for name, f in originals.items():
+            setattr(F, name, f)
+        F.scaled_dot_product_attention = sdpa
 
 
 def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.Tensor, xj) -> None:

@@ -672,3 +672,84 @@ class GPTClassifier(nn.Module):
 
 def gpt_classifier(vocab: int, n_classes: int, pool: str = "mean", sdpa: bool = False, rms: bool = False) -> nn.Module:
     return GPTClassifier(vocab, n_classes, pool, sdpa, rms)
+
+
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock as users copy it (torchvision/models/resnet.py), with GroupNorm for BatchNorm:
+    ``nn.ReLU(inplace=True)`` run twice and ``out += identity``."""
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.GroupNorm(2, planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.GroupNorm(2, planes)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False),
+                                            nn.GroupNorm(2, planes))  # fmt: skip
+
+    def forward(self, x):
+        identity = x
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+        out = self.conv2(out)
+        out = self.bn2(out)
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        out = self.relu(out)
+        return out
+
+
+class BasicBlockResNet(nn.Module):
+    """A small torchvision-style ResNet: conv stem, GroupNorm, ReLU(inplace=True), MaxPool2d(3, 2, 1), two stages of
+    BasicBlocks (the second downsampling), AdaptiveAvgPool2d((1, 1)), torch.flatten, fc."""
+
+    def __init__(self, channels: int, n_classes: int, width: int = 4) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, width, 3, padding=1, bias=False)
+        self.bn1 = nn.GroupNorm(2, width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = nn.Sequential(BasicBlock(width, width))
+        self.layer2 = nn.Sequential(BasicBlock(width, 2 * width, stride=2))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(2 * width, n_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer2(self.layer1(x))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def basic_block_resnet(channels: int, n_classes: int, width: int = 4) -> nn.Module:
+    return BasicBlockResNet(channels, n_classes, width)
+
+
+class MnistExampleNet(nn.Module):
+    """The classic PyTorch MNIST example's Net (pytorch/examples mnist/main.py), narrower for small images:
+    conv, ReLU, conv, ReLU, F.max_pool2d(x, 2), Dropout2d (the example's older version; nn.Dropout since), flatten,
+    fc, ReLU, Dropout, fc, F.log_softmax (trained there with F.nll_loss)."""
+
+    def __init__(self, side: int, n_classes: int, dropout2d: bool = True) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 4, 3, 1), nn.Conv2d(4, 8, 3, 1)
+        self.dropout1 = nn.Dropout2d(0.25) if dropout2d else nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1, self.fc2 = nn.Linear(8 * ((side - 4) // 2) ** 2, 16), nn.Linear(16, n_classes)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.max_pool2d(x, 2)
+        x = self.dropout1(x)
+        x = torch.flatten(x, 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def mnist_example(side: int, n_classes: int, dropout2d: bool = True) -> nn.Module:
+    return MnistExampleNet(side, n_classes, dropout2d)

@@ -84,8 +84,8 @@ def test_unsupported_model_is_refused():
     spec = default_spec("rnn", input_shape=(5,), n_classes=2, vocab_size=7)
     with pytest.raises(InputError, match=r"torch.fx cannot trace model RNNClassifier .*logreg, mlp, cnn"):
         jb.jax_forward(build_model(spec, seed=0))
-    with pytest.raises(InputError, match=r"layer 1 \(Dropout2d\) is not supported"):  # Dropout runs (test_jax_dropout)
-        jb.jax_forward(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout2d(0.1)))
+    with pytest.raises(InputError, match=r"layer 1 \(FeatureAlphaDropout\) is not supported"):  # Dropout2d & co run
+        jb.jax_forward(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.FeatureAlphaDropout(0.1)))
     # A user's Sequential with one module used twice: named_children() lists it once, so its second use
     # silently vanished from the JAX forward (a different function was trained); then it was refused; now it
     # runs from its torch.fx graph, both uses reading one parameter (tests/training/test_jax_user_models.py

@@ -103,7 +103,9 @@ def _jax_masks(monkeypatch):
 
 def _torch_with_masks(monkeypatch, masks):
     """torch's forward with the given keep masks injected at its dropout calls, in order: F.dropout (nn.Dropout)
-    as x·m/(1 − p), and F.scaled_dot_product_attention (MultiheadAttention's) as its documented reference
+    as x·m/(1 − p), F.dropout1d/2d/3d (nn.Dropout1d/2d/3d) likewise with the (N, C, 1, …) mask broadcast over a
+    channel (its values x·m/(1 − p): test_jax_cnn_ops checks torch's own outputs have this form), and
+    F.scaled_dot_product_attention (MultiheadAttention's) as its documented reference
     softmax(q kᵀ/√E) with the mask on the weights, before the product with v."""
     queue = list(masks)
 
@@ -117,7 +119,8 @@ def _torch_with_masks(monkeypatch, masks):
         w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
         return dropout(w, dropout_p) @ v
 
-    monkeypatch.setattr(F, "dropout", dropout)
+    for name in ("dropout", "dropout1d", "dropout2d", "dropout3d"):
+        monkeypatch.setattr(F, name, dropout)
     monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
     return queue
 

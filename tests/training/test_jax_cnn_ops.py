@@ -1,0 +1,304 @@
+"""Users' CNNs under ``--backend jax`` (eleventh session): torchvision's BasicBlock (``out += identity``,
+``nn.ReLU(inplace=True)``), in-place tensor methods, the classic PyTorch MNIST example (``F.max_pool2d``,
+``nn.Dropout2d``, ``F.log_softmax``), AlphaDropout. Before (main afd8cdd) each was refused by name in one line
+("op x.relu_ … is not supported", "layer 1 (Dropout2d) is not supported", "op torch.nn.functional.log_softmax …"), and
+``out += identity`` ran only because torch.fx records it as ``out = out + identity`` (right unless another name holds
+the tensor). The op-table and gradient-at-ties cases of the new ops are in test_jax_user_models.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+from dpaudit.errors import InputError  # noqa: E402
+from dpaudit.training import jax_backend as jb  # noqa: E402
+from dpaudit.training.config import DPConfig, PerfConfig, TrainConfig  # noqa: E402
+from tests.benchmark_modules import import_benchmark  # noqa: E402
+from tests.core import byo_models as byo  # noqa: E402
+from tests.training.test_jax_dropout import _jax_masks, _torch_with_masks  # noqa: E402
+
+BENCH = import_benchmark("jax_user_models")
+# float64: JAX's and torch's computations of one function differ by rounding (observed ≤ 2e-15 relative); a lost
+# residual, an unmoved read or a mask at the wrong place is O(1)
+RTOL = 1e-9
+
+
+def _x(n=9, shape=(1, 8, 8), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, *shape, generator=g, dtype=torch.float64), torch.randint(0, 2, (n,), generator=g)
+
+
+class _InPlace(nn.Module):
+    """Every in-place form users write, each where torch's backward accepts it (torch raises in backward where a
+    tensor it saved for the gradient is overwritten later, e.g. ReLU's output by ``+=``; the JAX graph has no such
+    limit)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.mid, self.head = nn.Linear(64, 16), nn.Linear(16, 16), nn.Linear(16, 2)
+        self.relu, self.norm = nn.ReLU(inplace=True), nn.GroupNorm(4, 16)
+
+    def forward(self, x):
+        identity = self.inp(x.flatten(1))
+        out = self.mid(self.relu(self.norm(self.mid(identity))))  # a module in place
+        out += identity  # the residual: operator.iadd
+        out = F.relu(out, inplace=True)
+        h = self.mid(out)
+        h.add_(identity, alpha=0.5).mul_(2.0).sub_(0.1).div_(1.5)  # a chain, its result unused: h is overwritten
+        keep = h
+        h += 1.0  # keep is h: torch reads h + 1 there
+        g = self.mid(h + keep)
+        g.relu_()  # a statement: the next read of g is the rectified g
+        z = torch.tanh(identity) * 2.0
+        return self.head(g + z + F.relu(z, inplace=True))  # torch reads z after F.relu rectified it: 2 relu(z)
+
+
+def test_every_in_place_form_computes_torchs_logits_and_clips_as_the_torch_loop_clipper():
+    """Float64 logits, per-example norms and clipped sums against the torch loop clipper (one example at a time
+    through torch's own in-place forward and backward). Plants: the reads after an overwrite not moved to the newest
+    node (the statement ``g.relu_()`` lost, ``keep`` stale, the last ``z`` unrectified), operator.iadd's twin
+    returning its first argument (the residual lost): each fails here."""
+    torch.manual_seed(0)
+    model = _InPlace().double()
+    got = BENCH.compare(model, *_x())
+    assert max(got.values()) < RTOL, got
+
+
+class _Overwrites(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.lin, self.head, self.how = nn.Linear(64, 12), nn.Linear(12, 2), how
+        self.register_buffer("scale", torch.ones(12))
+
+    def forward(self, x):
+        return self.head(self.how(self, self.lin(x.flatten(1))))
+
+
+def _through_a_view(m, h):
+    v = h.view(-1, 3, 4)
+    h += 1.0  # v shares h's memory: torch's v is h + 1
+    return v.flatten(1)
+
+
+def _view_overwritten(m, h):
+    v = h[:, :6]
+    v.relu_()  # torch rectifies half of h too
+    return h
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [(_through_a_view, r"^op operator.iadd in the model's forward overwrites lin in place, which op x.flatten in the "
+      r"model's forward reads afterwards through another tensor sharing its memory"),
+     (_view_overwritten, r"^op x.relu_ in the model's forward overwrites getitem in place, which layer head \(Linear\) "
+      r"reads afterwards through another tensor"),
+     (lambda m, h: h * m.scale.mul_(2.0), r"^op x.mul_ in the model's forward overwrites scale in place \(torch keeps "
+      r"the change after the call\)")],
+    ids=["plus-equals-read-through-a-view", "view-overwritten-then-base-read", "buffer-overwritten"],
+)  # fmt: skip
+def test_an_overwrite_read_through_another_tensor_or_of_a_buffer_is_one_line(how, message):
+    """What moving reads cannot give: a view taken before the overwrite (or the tensor a view was taken from) read
+    after it, and a buffer overwritten (torch's change outlives the call). Refused in one line naming both ops, before
+    training (a ``+=`` when the graph first runs: it may be on a traced size). Plant: the alias map dropped (every
+    node its own memory) -> the first two run and give other logits than torch's."""
+    torch.manual_seed(0)
+    model = _Overwrites(how).double()
+    with pytest.raises(InputError, match=message) as e:
+        apply = jb.jax_forward(model)
+        apply(jb.params_from_torch(model), jnp.asarray(_x()[0].numpy()))
+    assert "\n" not in str(e.value) and str(e.value).endswith("use --backend torch")
+
+
+class _SizeArithmetic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 2)
+
+    def forward(self, x):
+        n = x.size(1)
+        m = n
+        m += 1  # an int: n is unchanged in torch, though fx now records operator.iadd on its node
+        return self.lin(x.flatten(1)) * m + n
+
+
+def test_plus_equals_on_a_traced_size_changes_no_other_name():
+    torch.manual_seed(0)
+    model = _SizeArithmetic().double()
+    x = _x()[0]
+    with jax.enable_x64(True):
+        got = jb.jax_forward(model)(jb.params_from_torch(model), jnp.asarray(x.numpy()))
+    np.testing.assert_allclose(np.asarray(got), model(x).detach().numpy(), rtol=RTOL)
+
+
+def test_tracing_leaves_fx_proxy_without_in_place_operators():
+    """The ``+=`` patch of torch.fx.Proxy is removed after a trace (also a refused one)."""
+    before = dict(vars(torch.fx.Proxy))
+    jb.jax_forward(_InPlace())
+    with pytest.raises(InputError):
+        jb.jax_forward(_Overwrites(lambda m, h: h * m.scale.mul_(2.0)))
+    assert dict(vars(torch.fx.Proxy)) == before and "__iadd__" not in vars(torch.fx.Proxy)
+
+
+def test_a_basic_block_resnet_computes_torchs_logits():
+    """The torchvision-style ResNet (conv stem, GroupNorm, ReLU(inplace=True), MaxPool2d(3, 2, 1), BasicBlocks with
+    ``out += identity`` and a 1×1 downsample): float64 logits equal torch's; float32 within the logits backstop."""
+    torch.manual_seed(0)
+    model = byo.basic_block_resnet(1, 2).double()
+    x = _x()[0]
+    with jax.enable_x64(True):
+        got = jb.jax_forward(model)(jb.params_from_torch(model), jnp.asarray(x.numpy()))
+    np.testing.assert_allclose(np.asarray(got), model(x).detach().numpy(), rtol=RTOL, atol=1e-12)
+    model = model.float()
+    jb.check_same_logits(model, jb.jax_forward(model), jb.params_from_torch(model), x.float(), jnp.asarray(x.numpy()))
+
+
+@pytest.mark.slow  # vmap of the ResNet compiles for ~30 s on one shared core
+def test_a_basic_block_resnet_clips_as_the_torch_loop_clipper():
+    torch.manual_seed(0)
+    got = BENCH.compare(byo.basic_block_resnet(1, 2).double(), *_x())
+    assert max(got.values()) < RTOL, got
+
+
+@pytest.mark.parametrize(("module", "shape"), [(nn.Dropout1d, (6, 5, 7)), (nn.Dropout2d, (6, 5, 3, 4)),
+                                               (nn.Dropout3d, (6, 5, 2, 3, 2))])  # fmt: skip
+def test_channel_dropout_drops_whole_channels_of_a_record_and_scales_the_rest_as_torch(module, shape):
+    """torch's Dropout1d/2d/3d (read from its outputs, not its source): each (record, channel) is kept whole, scaled
+    by 1/(1 − p), or zeroed whole. The JAX forward under a key does the same, and drops a fraction p of 4,000
+    channels (within 5 sd of the binomial). Plant: a mask per value instead of per channel -> the channel check
+    fails."""
+    p = 0.3
+    x = torch.rand(*shape, dtype=torch.float64) + 0.5  # no zeros: a zero in the output is a dropped value
+    torch.manual_seed(0)
+    out = module(p).train()(x)
+    with jax.enable_x64(True):
+        apply = jb.jax_forward(nn.Sequential(module(p)))
+        got = np.asarray(apply({}, jnp.asarray(x.numpy()), jax.random.key(3)))
+        assert np.abs(np.asarray(apply({}, jnp.asarray(x.numpy()))) - x.numpy()).max() == 0  # no key: identity
+        big = jnp.ones((800, 5, *shape[2:]))
+        dropped = np.asarray(apply({}, big, jax.random.key(4)) == 0).reshape(800 * 5, -1)
+    for ratio in (out.detach().numpy() / x.numpy(), got / x.numpy()):
+        ratio = ratio.reshape(shape[0] * shape[1], -1)
+        assert np.allclose(ratio, ratio[:, :1], rtol=1e-12, atol=0)  # one draw per (record, channel)
+        assert np.all(np.isclose(ratio[:, 0], 0) | np.isclose(ratio[:, 0], 1 / (1 - p), rtol=1e-12))
+    assert np.all(dropped.all(1) | ~dropped.any(1))
+    k = dropped[:, 0].sum()
+    assert abs(k - 4000 * p) < 5 * np.sqrt(4000 * p * (1 - p)), k
+
+
+def test_alpha_dropout_is_torchs_affine_map():
+    """AlphaDropout (Klambauer et al. 2017, arXiv:1706.02515): a dropped value set to α' = −1.7580993408473766, then
+    a·x + b with a = ((1 − p)(1 + p α'²))^(−1/2), b = −a α' p. torch's own output has this form (each value is
+    a·x + b or a·α' + b); the JAX forward under a key gives it with the mask it drew, the identity without a key.
+    Plants: b left out, or a = 1/(1 − p) (inverted dropout's scale) -> fail."""
+    p, neg = 0.2, -1.7580993408473766
+    a = ((1 - p) * (1 + p * neg**2)) ** -0.5
+    b = -a * neg * p
+    x = torch.randn(40, 6, dtype=torch.float64)
+    torch.manual_seed(0)
+    out = F.alpha_dropout(x, p, training=True).numpy()
+    kept = ~np.isclose(out, a * neg + b, rtol=1e-12, atol=0)
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(out, np.where(kept, a * x.numpy() + b, a * neg + b), rtol=1e-12)
+    with jax.enable_x64(True), pytest.MonkeyPatch.context() as mp:
+        drawn = _jax_masks(mp)
+        apply = jb.jax_forward(nn.Sequential(nn.AlphaDropout(p)))
+        got = np.asarray(apply({}, jnp.asarray(x.numpy()), jax.random.key(0)))
+        np.testing.assert_array_equal(np.asarray(apply({}, jnp.asarray(x.numpy()))), x.numpy())
+    (q, keep),  = drawn  # fmt: skip
+    assert q == pytest.approx(p) and 0 < keep.mean() < 1
+    np.testing.assert_allclose(got, np.where(keep, a * x.numpy() + b, a * neg + b), rtol=1e-12)
+
+
+def _mnist(dropout2d=True):
+    torch.manual_seed(0)
+    return byo.mnist_example(8, 2, dropout2d=dropout2d).double()
+
+
+def test_the_mnist_examples_record_gradient_with_given_masks_is_torchs_nll_loss_gradient(monkeypatch):
+    """The classic PyTorch MNIST example (F.max_pool2d, Dropout2d, Dropout, F.log_softmax): a record's gradient of
+    the JAX trainer's loss (cross-entropy of the output) under a key equals torch's gradient of ``F.nll_loss`` (the
+    example's loss) with the masks JAX drew injected into torch's F.dropout2d / F.dropout: the cross-entropy of a
+    log-softmax is its nll_loss (logsumexp of log_softmax(z) is 0). Plants: Dropout2d's mask per value; the
+    log-softmax left out (the output then the logits: nll_loss of logits differs)."""
+    model = _mnist()
+    x, y = _x(2)
+    with jax.enable_x64(True):
+        apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+        keys = jax.random.split(jax.random.key(1), len(x))
+        for i in range(len(x)):
+            drawn = _jax_masks(monkeypatch)
+            xi, yi = jnp.asarray(x[i : i + 1].numpy()), jnp.asarray(y[i : i + 1].numpy())
+            got = jax.grad(lambda p, xi=xi, yi=yi, k=keys[i]: jb._per_example_losses(apply(p, xi, k), yi)[0])(params)
+            monkeypatch.undo()
+            assert [m.shape for _, m in drawn] == [(1, 8, 1, 1), (1, 16)]  # per channel, then per value
+            queue = _torch_with_masks(monkeypatch, drawn)
+            model.zero_grad()
+            F.nll_loss(model(x[i : i + 1]), y[i : i + 1]).backward()
+            monkeypatch.undo()
+            assert not queue
+            for n, q in model.named_parameters():
+                np.testing.assert_allclose(np.asarray(got[n]), q.grad.numpy(), rtol=RTOL, atol=1e-12, err_msg=n)
+
+
+def test_a_log_softmax_head_trains_as_the_torch_dp_trainer():
+    """Two DP-SGD steps (σ = 0, clip 0.05: every example clipped, float64) of a Sequential ending in nn.LogSoftmax
+    (the layer list, ghost-clipped) and of a LeNet-style one (Conv2d, ReLU(inplace=True), MaxPool2d, Hardswish,
+    LogSoftmax): the JAX trainer's parameters equal the torch trainer's, the same claim."""
+    import copy
+
+    from dpaudit.training.algorithms import get_trainer
+
+    x, y = _x(30)
+    for make in (
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 2), nn.LogSoftmax(dim=1)),
+        lambda: nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(inplace=True), nn.MaxPool2d(2), nn.Flatten(),
+                              nn.Linear(27, 8), nn.Hardswish(), nn.Linear(8, 2), nn.LogSoftmax(1)),
+    ):  # fmt: skip
+        torch.manual_seed(0)
+        model_t = make().double()
+        model_j = copy.deepcopy(model_t)
+        assert isinstance(jb.jax_forward(model_j), jb.JaxModel) and jb.jax_forward(model_j).ghost
+        config = TrainConfig(algo="dpsgd", steps=2, batch_size=8, lr=0.5, dp=DPConfig(clip=0.05, noise_multiplier=0))
+        torch_out = get_trainer("dpsgd")(config).fit(model_t, x, y)
+        jax_out = jb.JaxTrainer(config, PerfConfig(backend="jax")).fit(model_j, x, y)
+        for (n, a), b in zip(model_t.named_parameters(), model_j.parameters(), strict=True):
+            np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=RTOL, atol=1e-12, err_msg=n)
+        assert jax_out.privacy == torch_out.privacy
+
+
+@pytest.mark.slow  # two CNN trainings through the CLI, ~40 s each here
+@pytest.mark.parametrize(
+    ("factory", "kwargs"),
+    [("basic_block_resnet", {"channels": 1, "n_classes": 2}), ("mnist_example", {"side": 8, "n_classes": 2})],
+)
+def test_cli_trains_a_users_resnet_and_the_mnist_example_with_the_torch_claim(tmp_path, monkeypatch, factory, kwargs):
+    """``train --backend jax --algo dpsgd --epsilon 3`` with the user's factory (README: ``--model-spec`` of kind
+    python): exit 0 and the torch trainer's claim. Before: "op x.__iadd__"/"layer maxpool (MaxPool2d) is not
+    supported" (ResNet), "op torch.nn.functional.max_pool2d … is not supported" (MNIST example), exit 2."""
+    import json
+    from pathlib import Path
+
+    from dpaudit.training.algorithms import claim_for
+    from dpaudit.training.run import configs_from_meta
+    from tests.core.cli_errors import invoke
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 1, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", X=X, y=(X[:, 0, :4].mean((1, 2)) > X[:, 0, 4:].mean((1, 2))).astype(np.int64))
+    spec = {"kind": "python", "factory": f"tests.core.byo_models:{factory}", "kwargs": kwargs,
+            "input_shape": [1, 8, 8], "n_classes": 2}  # fmt: skip
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    r = invoke("train", "--backend", "jax", "--model-spec", tmp_path / "spec.json", "--data", tmp_path / "d.npz",
+               "--algo", "dpsgd", "--epsilon", 3, "--steps", 3, "--out", tmp_path / "run")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "run" / "checkpoint.json").read_text())
+    config, perf = configs_from_meta(meta)
+    assert perf.backend == "jax" and meta["privacy"] == claim_for(config, meta["split"]["sizes"]["members"])
+    assert abs(meta["privacy"]["epsilon"] - 3.0) < 1e-3
