@@ -48,21 +48,6 @@ def test_ghost_matches_the_vmap_oracle(kind, options):
             np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12, err_msg=k)
 
 
-def test_the_trainer_uses_ghost_for_dp_steps():
-    model, x, y = _case("mlp", {"hidden": (8,)})
-    from dpaudit.training.config import TrainConfig
-
-    with jax.enable_x64(True):
-        apply, params = jb.jax_forward(model), jb.params_from_torch(model)
-        prog = jb.StepProgram(apply, params, TrainConfig(), kind="dp", optimizer="sgd", clip=0.3)
-        xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
-        idx, mask = jb._padded(np.arange(len(x)), 16)
-        got = prog.chunk(params, xj, yj, jnp.asarray(idx), jnp.asarray(mask), 0)
-        ref, _ = jb.clipped_sum(apply, params, xj[idx], yj[idx], 0.3, jnp.asarray(mask))
-        for k in ref:
-            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12)
-
-
 @pytest.mark.parametrize(
     ("c_in", "kernel", "stride", "padding", "side"),
     [(1, 3, 1, 1, 8), (3, 3, 2, 1, 9), (2, (3, 2), (2, 1), (0, 1), 7), (4, 5, 3, 2, 11)],
@@ -213,13 +198,22 @@ def test_fx_ghost_with_dropout_keys_matches_the_vmap_oracle():
     assert apply.dropout and apply.ghost_groups
 
 
-def test_the_trainer_uses_fx_ghost_for_a_users_module(monkeypatch):
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [
+        (lambda: _case("mlp", {"hidden": (8,)})[:2], "ghost_clipped_sum"),
+        (lambda: (_Traps(), _ids()[0]), "fx_ghost_clipped_sum"),
+    ],
+)
+def test_the_trainer_uses_ghost_for_dp_steps(monkeypatch, make, path):
+    """The zoo's layer list by ghost_clipped_sum, a user's module by fx_ghost_clipped_sum: the clipped sum of vmap."""
     from dpaudit.training.config import TrainConfig
 
-    calls = []
-    monkeypatch.setattr(jb, "fx_ghost_clipped_sum", lambda *a: calls.append(a) or jb.clipped_sum(*a))
+    calls, real = [], getattr(jb, path)
+    monkeypatch.setattr(jb, path, lambda *a: calls.append(a) or real(*a))
     torch.manual_seed(0)
-    model, (x, y) = _Traps().double(), _ids()
+    model, x = make()
+    model, y = model.double(), torch.randint(0, 3, (len(x),), generator=torch.Generator().manual_seed(2))
     with jax.enable_x64(True):
         apply, params = jb.jax_forward(model), jb.params_from_torch(model)
         prog = jb.StepProgram(apply, params, TrainConfig(), kind="dp", optimizer="sgd", clip=0.3)
