@@ -7,7 +7,9 @@ of the per-example norms and of the clipped sum between
 * the torch loop clipper (``make_clipper(model, "loop")``: one example at a time, the project's reference),
 * the JAX ``vmap(grad)`` path (:func:`dpaudit.training.jax_backend.clipped_sum`),
 * the JAX ghost path (:func:`dpaudit.training.jax_backend.ghost_clipped_sum`, what the trainer runs for a plain
-  Sequential of ghost-tapped layers; a model run from its torch.fx graph trains by the vmap path),
+  Sequential of ghost-tapped layers; for a model run from its torch.fx graph with Linear, Conv2d or Embedding modules
+  :func:`dpaudit.training.jax_backend.fx_ghost_clipped_sum`, "fx ghost"; a graph without them trains by the vmap
+  path),
 
 and whether the JAX forward pass gives torch's logits. Agreement means all three below 1e-6 (float64:
 observed ~1e-15). Models that ``jax_forward`` refuses are listed with the first line of the refusal.
@@ -87,8 +89,12 @@ def compare(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, clipping: boo
         norms = make_clipper(model, "loop")(x, y, 1.0).norms.numpy()
         clip = float(norms.min() + norms.max()) / 2  # both branches of the clip run (distinct norms)
         loop = make_clipper(model, "loop")(x, y, clip)
-        paths = (("vmap", jb.clipped_sum), ("ghost", jb.ghost_clipped_sum))
-        for label, fn in paths if getattr(apply, "ghost", False) else paths[:1]:
+        paths = [("vmap", jb.clipped_sum)]
+        if getattr(apply, "ghost", False):
+            paths.append(("ghost", jb.ghost_clipped_sum))
+        if getattr(apply, "ghost_groups", ()):
+            paths.append(("fx ghost", jb.fx_ghost_clipped_sum))
+        for label, fn in paths:
             got, got_norms = fn(apply, params, xj, yj, clip)
             out[f"{label} norms"] = relative(got_norms, loop.norms.numpy())
             out[f"{label} sum"] = max(relative(got[n], g.numpy()) for n, g in zip(names, loop.grads, strict=True))

@@ -50,7 +50,7 @@ import secrets
 from collections.abc import Callable
 from contextlib import contextmanager
 from functools import partial, wraps
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -1363,16 +1363,25 @@ class FxModel:
     """A module's ``torch.fx`` graph run in JAX: ``model(params, x) -> logits``. ``steps``: per graph node
     (in order) its name, a description for errors and a function (params, values so far) -> its value."""
 
-    def __init__(self, steps: list[tuple[str, str, Callable]], output: Any, dropout: bool = False) -> None:
+    def __init__(
+        self, steps: list[tuple[str, str, Callable]], output: Any, dropout: bool = False, ghost: tuple = ()
+    ) -> None:
         # dropout: the graph may draw dropout masks (the trainer then passes keys: apply(params, x, key))
-        self.steps, self.output, self.dropout = steps, output, dropout
+        # ghost: the _FxGhost groups fx_ghost_clipped_sum taps (Linear, Conv2d, Embedding modules owning their
+        # parameters alone); () when none
+        self.steps, self.output, self.dropout, self.ghost_groups = steps, output, dropout, ghost
 
-    def __call__(self, params: Params, x, key=None):
+    def __call__(self, params: Params, x, key=None, tap: Callable | None = None):
+        """The logits; ``tap(node name, layer input, layer output) -> output``, when given, is called on the output
+        of every node of :attr:`ghost_groups` (what fx_ghost_clipped_sum records and adds its zero taps to)."""
         env: dict[str, Any] = {"": x}
+        taps = {n: i for g in self.ghost_groups for n, i in zip(g.nodes, g.inputs, strict=True)} if tap else {}
         with _dropout_key(key):
             for name, what, f in self.steps:
                 try:
                     env[name] = f(params, env)
+                    if name in taps:
+                        env[name] = tap(name, env[taps[name]], env[name])
                 except _InPlaceRefusal as e:
                     raise _unsupported(str(e)) from None
                 except InputError as e:
@@ -1568,6 +1577,9 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise _unsupported(f"torch.fx cannot trace model {type(model).__name__} ({first})") from None
     steps, read, output = [], set(), None
+    # {parameter: the nodes reading it}, {Linear/Conv2d/Embedding module: its (node, input node) calls}
+    readers: dict[str, set[str]] = {}
+    uses: dict[str, list[tuple[str, str]]] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
 
     def describe(node):
@@ -1607,6 +1619,7 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
             obj = _fx_attr(gm, node.target)
             if isinstance(obj, nn.Parameter):
                 read.add(owner[id(obj)])
+                readers.setdefault(owner[id(obj)], set()).add(node.name)
                 steps.append((node.name, node.target, lambda p, env, n=owner[id(obj)]: p[n]))
             elif isinstance(obj, torch.Tensor):
                 steps.append((node.name, node.target, lambda p, env, c=obj.detach().cpu().numpy(): jnp.asarray(c)))
@@ -1629,6 +1642,11 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
 
             names = {n: owner[id(q)] for n, q in m.named_parameters(prefix=node.target, remove_duplicate=False)}
             read.update(names.values())
+            for c in names.values():
+                readers.setdefault(c, set()).add(node.name)
+            if isinstance(m, _GHOSTED) and len(node.args) == 1 and not node.kwargs:
+                if isinstance(node.args[0], torch.fx.Node):  # a layer of one traced input: fx_ghost_clipped_sum taps it
+                    uses.setdefault(node.target, []).append((node.name, node.args[0].name))
 
             def run(p, env, f=f, names=names, args=args):
                 a, kw = args(p, env)
@@ -1660,7 +1678,7 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
         or (n.op == "call_function" and n.target in (*_TORCH_DROPOUTS, F.scaled_dot_product_attention))
         for n in gm.graph.nodes
     )
-    return FxModel(steps, output, dropout)
+    return FxModel(steps, output, dropout, _fx_ghost_groups(gm, owner, readers, uses))
 
 
 def _hashable(target) -> bool:
@@ -1864,6 +1882,61 @@ def _positions_sq_norm(a, g, bias: bool):
     return sq + jnp.square(g.sum(2)).sum(1) if bias else sq
 
 
+def _linear_sq_norm(pairs: list, bias: bool):
+    """Per example ‖Σ_u Σ_t g_ut a_utᵀ‖² (+ ‖Σ_u Σ_t g_ut‖² for a bias): a Linear's per-example weight gradient over
+    its uses u (a module called twice: the gradient is the sum over both calls, so the positions are concatenated,
+    never the norms added) and positions t. ``pairs``: per use (a, g), a (B, ..., d_in) its inputs, g (B, ..., d_out)
+    its output gradients. One position: rank one, ‖g‖²‖a‖² (Goodfellow 2015, arXiv:1510.01799); more:
+    :func:`_positions_sq_norm`."""
+    B = pairs[0][0].shape[0]
+    a = jnp.concatenate([a.reshape(B, -1, a.shape[-1]) for a, _ in pairs], 1)  # (B, T, d_in)
+    g = jnp.concatenate([g.reshape(B, -1, g.shape[-1]) for _, g in pairs], 1)  # (B, T, d_out)
+    if a.shape[1] == 1:
+        return jnp.square(g).sum((1, 2)) * (jnp.square(a).sum((1, 2)) + (1.0 if bias else 0.0))
+    return _positions_sq_norm(a.transpose(0, 2, 1), g.transpose(0, 2, 1), bias)
+
+
+def _images(v):
+    # (B, *lead, C, H, W) -> (B·L, C, H, W): a convolution's per-example inputs or output gradients as one batch
+    return v.reshape(-1, *v.shape[-3:])
+
+
+def _conv_sq_norm(m: nn.Conv2d, pairs: list, bias: bool):
+    """:func:`_linear_sq_norm` of a Conv2d: a Linear map on the T patches of its input (Rochette et al. 2019,
+    arXiv:1912.06015); per use (a, g), a (B, *lead, C_in, H, W), g (B, *lead, C_out, H_out, W_out) (a layer called on
+    a batch of one inside fx_ghost_clipped_sum's vmap: lead (1,)), its L·T positions concatenated."""
+    B, ps, gs = pairs[0][0].shape[0], [], []
+    for a, g in pairs:
+        a4, g4 = _images(a), _images(g)
+        (n, c_out, h, w), p = g4.shape, a4.shape[1] * m.kernel_size[0] * m.kernel_size[1]
+        patches = _patches(m, a4, (h, w)).reshape(B, n // B, p, h * w)  # (B, L, p, T)
+        ps.append(patches.transpose(0, 2, 1, 3).reshape(B, p, -1))
+        gs.append(g4.reshape(B, n // B, c_out, h * w).transpose(0, 2, 1, 3).reshape(B, c_out, -1))
+    return _positions_sq_norm(jnp.concatenate(ps, 2), jnp.concatenate(gs, 2), bias)
+
+
+def _linear_sums(pairs: list, bias: bool) -> dict[str, Any]:
+    """Book-keeping (Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i w_i ∇ℓ_i of a Linear from its uses' (a, w ⊙ g):
+    Σ_u (w ⊙ g_u)ᵀ a_u over all positions, and Σ w ⊙ g for the bias."""
+    out = {"weight": sum(
+        jnp.matmul(wg.reshape(-1, wg.shape[-1]).T, a.reshape(-1, a.shape[-1]), precision=PRECISION) for a, wg in pairs
+    )}  # fmt: skip
+    if bias:
+        out["bias"] = sum(wg.reshape(-1, wg.shape[-1]).sum(0) for _, wg in pairs)
+    return out
+
+
+def _conv_sums(m: nn.Conv2d, kernel, pairs: list, bias: bool) -> dict[str, Any]:
+    """:func:`_linear_sums` of a Conv2d: the convolution's own weight gradient (its vjp) for the cotangents w ⊙ g."""
+    out: dict[str, Any] = {"weight": 0.0}
+    for a, wg in pairs:
+        _, vjp = jax.vjp(lambda k, a4=_images(a): _conv_only(m, k, a4), kernel)
+        out["weight"] = out["weight"] + vjp(_images(wg))[0]
+    if bias:
+        out["bias"] = sum(_images(wg).sum((0, 2, 3)) for _, wg in pairs)
+    return out
+
+
 def _layer_outputs(apply: JaxModel, params: Params, x) -> list:
     outs, h = [], x
     for _, m, f in apply.layers:
@@ -1914,42 +1987,166 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     sq, small = jnp.zeros(x.shape[0], x.dtype), {}
     for (name, m), a, g in zip(tapped, acts, gs, strict=True):
         has_bias = f"{name}.bias" in params
-        if isinstance(m, nn.Linear) and a.ndim == 2:  # a (B, d_in), g (B, d_out): rank one
-            sq = sq + jnp.square(g).sum(1) * (jnp.square(a).sum(1) + (1.0 if has_bias else 0.0))
-        elif isinstance(m, nn.Linear):  # a (B, ..., d_in): the Linear map applied at every position t
-            B = a.shape[0]
-            at, gt = a.reshape(B, -1, a.shape[-1]), g.reshape(B, -1, g.shape[-1])  # (B, T, d_in), (B, T, d_out)
-            sq = sq + _positions_sq_norm(at.transpose(0, 2, 1), gt.transpose(0, 2, 1), has_bias)
+        if isinstance(m, nn.Linear):  # a (B, ..., d_in): the Linear map applied at every position t
+            sq = sq + _linear_sq_norm([(a, g)], has_bias)
         elif isinstance(m, nn.Conv2d):
-            B, c_out = g.shape[:2]
-            patches = _patches(m, a, g.shape[2:]).reshape(B, -1, g.shape[2] * g.shape[3])  # (B, p, T)
-            sq = sq + _positions_sq_norm(patches, g.reshape(B, c_out, -1), has_bias)
+            sq = sq + _conv_sq_norm(m, [(a, g)], has_bias)
         else:  # GroupNorm, LayerNorm: per-example γ, β gradients (B, *their shape), summed over the other axes
             keep = _norm_param_axes(m, g.ndim)
             red = tuple(d for d in range(1, g.ndim) if d not in keep)
             small[name] = {k: v.sum(red) for k, v in (("weight", g * a), ("bias", g)) if f"{name}.{k}" in params}
             sq = sq + sum(jnp.square(v).reshape(v.shape[0], -1).sum(1) for v in small[name].values())
-    norms = jnp.sqrt(jnp.maximum(sq, 0.0))  # ghost Gram sums may round below 0
-    w = 1.0 / jnp.maximum(norms / clip, 1.0)
-    if mask is not None:
-        w = jnp.where(mask, w, 0.0)
+    norms, w = _clip_weights(sq, clip, mask)
     out: Params = {}
     for (name, m), a, g in zip(tapped, acts, gs, strict=True):
         if name in small:
             out.update({f"{name}.{k}": jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in small[name].items()})
             continue
-        wg = g * w.reshape((-1,) + (1,) * (g.ndim - 1))
+        pairs, has_bias = [(a, _weighted(w, g))], f"{name}.bias" in params
         if isinstance(m, nn.Linear):  # book-keeping: Σ_i w_i Σ_t g_it a_itᵀ = (w ⊙ g)ᵀ a over all positions
-            out[f"{name}.weight"] = jnp.matmul(
-                wg.reshape(-1, wg.shape[-1]).T, a.reshape(-1, a.shape[-1]), precision=PRECISION
-            )
-            channel = wg.ndim - 1  # a Linear's output features are the last axis
+            sums = _linear_sums(pairs, has_bias)
         else:  # the convolution's own weight gradient for the output gradients w_i g_i
-            _, vjp = jax.vjp(lambda k, a=a, m=m: _conv_only(m, k, a), params[f"{name}.weight"])
-            out[f"{name}.weight"] = vjp(wg)[0]
-            channel = 1  # NCHW
-        if f"{name}.bias" in params:
-            out[f"{name}.bias"] = wg.sum(tuple(d for d in range(wg.ndim) if d != channel))
+            sums = _conv_sums(m, params[f"{name}.weight"], pairs, has_bias)
+        out.update({f"{name}.{k}": v for k, v in sums.items()})
+    return {k: out[k] for k in params}, norms
+
+
+def _weighted(w, g):
+    return g * w.reshape((-1,) + (1,) * (g.ndim - 1))
+
+
+def _clip_weights(sq, clip: float, mask):
+    """‖g_i‖ from its square (ghost Gram sums may round below 0) and w_i = 1/max(1, ‖g_i‖/C), 0 on padded slots."""
+    norms = jnp.sqrt(jnp.maximum(sq, 0.0))
+    w = 1.0 / jnp.maximum(norms / clip, 1.0)
+    return norms, (w if mask is None else jnp.where(mask, w, 0.0))
+
+
+_GHOSTED = (nn.Linear, nn.Conv2d, nn.Embedding)  # the layers of a traced graph fx_ghost_clipped_sum taps
+
+
+class _FxGhost(NamedTuple):
+    """A Linear, Conv2d or Embedding module of a traced graph whose parameters no other node reads: its calls
+    (graph nodes) and their input nodes, the canonical names of its weight and bias (None: no bias)."""
+
+    module: nn.Module
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    weight: str
+    bias: str | None
+
+
+def _fx_ghost_groups(gm, owner: dict[int, str], readers: dict[str, set[str]], uses: dict) -> tuple[_FxGhost, ...]:
+    """The modules fx_ghost_clipped_sum taps: every parameter read only by that module's one-input calls (tied weights,
+    a parameter also read in forward (get_attr), a call with keyword arguments: per-example gradients by vmap)."""
+    out = []
+    for target, calls in uses.items():
+        m = gm.get_submodule(target)
+        names = {k: owner[id(q)] for k, q in m.named_parameters(remove_duplicate=False)}
+        nodes = tuple(n for n, _ in calls)
+        if len(set(names.values())) == len(names) and all(readers[c] <= set(nodes) for c in names.values()):
+            out.append(_FxGhost(m, nodes, tuple(i for _, i in calls), names["weight"], names.get("bias")))
+    return tuple(out)
+
+
+def _embedding_ids(m: nn.Embedding, ids):
+    # (ids (B, T), 0/1 (B, T): the positions whose row gets a gradient; torch leaves padding_idx's row at 0)
+    i = ids.reshape(ids.shape[0], -1).astype(jnp.int32)
+    return i, (jnp.ones(i.shape) if m.padding_idx is None else (i != m.padding_idx).astype(jnp.float32))
+
+
+def _embedding_sq_norm(m: nn.Embedding, pairs: list):
+    """Per example ‖Σ_t e_{id_t} g_tᵀ‖² over an Embedding's uses and positions (ids as one-hot inputs of a Linear
+    map without bias, Bu et al. 2023, arXiv:2210.00038, §3): Σ_{t,s} [id_t = id_s](g_t·g_s), the padding_idx
+    positions left out; the (rows, d) gradient instantiated instead when T² > rows·d (Bu et al. 2022,
+    arXiv:2205.10683)."""
+    B = pairs[0][0].shape[0]
+    ids, keep = (jnp.concatenate(v, 1) for v in zip(*(_embedding_ids(m, a) for a, _ in pairs), strict=True))
+    g = jnp.concatenate([g.reshape(B, -1, g.shape[-1]) for _, g in pairs], 1) * keep[..., None].astype(
+        pairs[0][1].dtype
+    )  # (B, T, d)
+    rows, T = m.num_embeddings, ids.shape[1]
+    if T * T <= rows * g.shape[2]:
+        return (_bdot(g, g) * (ids[:, :, None] == ids[:, None, :])).sum((1, 2))
+    per = jnp.zeros((B, rows, g.shape[2]), g.dtype).at[jnp.arange(B)[:, None], ids].add(g)
+    return jnp.square(per).sum((1, 2))
+
+
+def _embedding_sums(m: nn.Embedding, like, pairs: list) -> dict[str, Any]:
+    """Book-keeping of an Embedding: Σ_i w_i Σ_t e_{id_t} g_tᵀ, the rows w ⊙ g added at their ids."""
+    out = jnp.zeros_like(like)
+    for a, wg in pairs:
+        ids, keep = _embedding_ids(m, a)
+        out = out.at[ids.reshape(-1)].add(
+            (wg.reshape(*ids.shape, -1) * keep[..., None].astype(wg.dtype)).reshape(-1, wg.shape[-1])
+        )
+    return {"weight": out}
+
+
+@partial(jax.jit, static_argnums=0)
+def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask=None, keys=None):
+    """The same result as :func:`clipped_sum` for a traced graph (:class:`FxModel`), without per-example gradients
+    of its :attr:`FxModel.ghost_groups` (Linear, Conv2d, Embedding modules owning their parameters alone): ghost
+    norms and book-keeping (Bu et al. 2023, arXiv:2210.00038, Alg. 1) as :func:`ghost_clipped_sum`.
+
+    Every example runs through the graph alone (a batch of one, under its dropout key ``keys[i]`` when given),
+    as :func:`per_example_grads` does, vmapped: every call of a tapped module keeps its input a and gets a zero z
+    added to its output, and one grad per example w.r.t. (the z's, every other parameter) gives the calls' output
+    gradients g and the per-example gradients of the other parameters (LayerNorm/GroupNorm affine, a bare
+    nn.Parameter, attention's packed projections, tied weights: the sum over their uses, by autodiff). Running
+    each example alone makes a call on an input without the batch axis (an Embedding of torch.arange(T)) a call
+    of that example's own; a module called twice (a block reused, a loop) has the per-example gradient
+    Σ_u Σ_t g_ut a_utᵀ, its uses' positions concatenated before the norm. ‖g_i‖² is the sum of the tapped
+    modules' ghost norms (:func:`_linear_sq_norm`, :func:`_conv_sq_norm`, :func:`_embedding_sq_norm`) and the
+    other parameters' squared norms; Σ_i w_i ∇ℓ_i by book-keeping from the same a, g (no second pass)."""
+    groups = apply.ghost_groups
+    tapped = {n for gr in groups for n in gr.nodes}
+    ghosted = {c for gr in groups for c in (gr.weight, gr.bias) if c is not None}
+    fixed = lax.stop_gradient({k: v for k, v in params.items() if k in ghosted})
+    rest = {k: v for k, v in params.items() if k not in ghosted}
+
+    def run(p, xi, ki, tap):
+        return apply(p, xi[None], ki, tap=lambda n, a, out: tap(n, a, out) if n in tapped else out)
+
+    def outputs(xi, ki):  # the tapped calls' per-example output shapes
+        outs: dict[str, Any] = {}
+        run(params, xi, ki, lambda n, a, out: outs.setdefault(n, out))
+        return outs
+
+    def loss(zs, pr, xi, yi, ki):
+        acts: dict[str, Any] = {}
+
+        def tap(n, a, out):
+            acts[n] = a
+            return out + zs[n]
+
+        return _per_example_losses(run({**fixed, **pr}, xi, ki, tap), yi[None])[0], acts
+
+    one = (lambda v: None) if keys is None else (lambda v: v[0])
+    shapes = jax.eval_shape(outputs, x[0], one(keys))
+    zs = {n: jnp.zeros((x.shape[0], *s.shape), s.dtype) for n, s in shapes.items()}
+    per = jax.vmap(jax.grad(loss, argnums=(0, 1), has_aux=True), in_axes=(0, None, 0, 0, None if keys is None else 0))
+    (gs, prest), acts = per(zs, rest, x, y, keys)
+    sq = _tree_sq_norms(prest) if prest else jnp.zeros(x.shape[0], x.dtype)
+    for gr in groups:
+        pairs, m = [(acts[n], gs[n]) for n in gr.nodes], gr.module
+        if isinstance(m, nn.Linear):
+            sq = sq + _linear_sq_norm(pairs, gr.bias is not None)
+        elif isinstance(m, nn.Conv2d):
+            sq = sq + _conv_sq_norm(m, pairs, gr.bias is not None)
+        else:
+            sq = sq + _embedding_sq_norm(m, pairs)
+    norms, w = _clip_weights(sq, clip, mask)
+    out = {k: jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in prest.items()}
+    for gr in groups:
+        pairs, m = [(acts[n], _weighted(w, gs[n])) for n in gr.nodes], gr.module
+        if isinstance(m, nn.Linear):
+            sums = _linear_sums(pairs, gr.bias is not None)
+        elif isinstance(m, nn.Conv2d):
+            sums = _conv_sums(m, params[gr.weight], pairs, gr.bias is not None)
+        else:
+            sums = _embedding_sums(m, params[gr.weight], pairs)
+        out.update({gr.weight: sums["weight"]} | ({gr.bias: sums["bias"]} if gr.bias is not None else {}))
     return {k: out[k] for k in params}, norms
 
 
@@ -2168,9 +2365,12 @@ class StepProgram:
         if self.kind == "jl":
             directions = self._directions(params, t)
             return jl_clipped_sum(self.apply, params, xb, yb, self.clip, directions, mask, keys)[0]
-        # Ghost norms + book-keeping for a layer list of _TAPPED layers; vmap(grad) for any other forward (fx).
+        # Ghost norms + book-keeping for a layer list of _TAPPED layers, and for the Linear/Conv2d/Embedding modules
+        # of a traced graph (its other parameters by vmap(grad)); vmap(grad) for a graph with none.
         if getattr(self.apply, "ghost", False):  # no dropout (JaxModel.ghost): no keys
             return ghost_clipped_sum(self.apply, params, xb, yb, self.clip, mask)[0]
+        if getattr(self.apply, "ghost_groups", ()):
+            return fx_ghost_clipped_sum(self.apply, params, xb, yb, self.clip, mask, keys)[0]
         return clipped_sum(self.apply, params, xb, yb, self.clip, mask, keys)[0]
 
     def _step(self, params: Params, state, X, y, idx, mask, extra: Params, t, divisor):

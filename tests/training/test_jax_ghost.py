@@ -3,6 +3,8 @@ Linear/Conv2d layers) against the ``vmap(grad)`` per-example oracle ``clipped_su
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -46,21 +48,6 @@ def test_ghost_matches_the_vmap_oracle(kind, options):
             np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12, err_msg=k)
 
 
-def test_the_trainer_uses_ghost_for_dp_steps():
-    model, x, y = _case("mlp", {"hidden": (8,)})
-    from dpaudit.training.config import TrainConfig
-
-    with jax.enable_x64(True):
-        apply, params = jb.jax_forward(model), jb.params_from_torch(model)
-        prog = jb.StepProgram(apply, params, TrainConfig(), kind="dp", optimizer="sgd", clip=0.3)
-        xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
-        idx, mask = jb._padded(np.arange(len(x)), 16)
-        got = prog.chunk(params, xj, yj, jnp.asarray(idx), jnp.asarray(mask), 0)
-        ref, _ = jb.clipped_sum(apply, params, xj[idx], yj[idx], 0.3, jnp.asarray(mask))
-        for k in ref:
-            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12)
-
-
 @pytest.mark.parametrize(
     ("c_in", "kernel", "stride", "padding", "side"),
     [(1, 3, 1, 1, 8), (3, 3, 2, 1, 9), (2, (3, 2), (2, 1), (0, 1), 7), (4, 5, 3, 2, 11)],
@@ -76,3 +63,164 @@ def test_patches_by_slicing_equal_jax_patches(c_in, kernel, stride, padding, sid
     )  # fmt: skip
     got = jb._patches(m, a, ref.shape[2:])
     np.testing.assert_array_equal(np.asarray(got).reshape(ref.shape), np.asarray(ref))
+
+
+# --- users' own modules (the torch.fx path): fx_ghost_clipped_sum against the vmap oracle -----------------------
+
+
+class _UserMLP(torch.nn.Module):  # an MLP written as its own module: the fx path, not the zoo's layer list
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 16), torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x.flatten(1))))
+
+
+class _UserCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.head = torch.nn.Linear(128, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.c2(torch.relu(self.c1(x)))).flatten(1))
+
+
+class _Traps(torch.nn.Module):
+    """What ghost tapping of a graph can get wrong: token ids through an Embedding and a positional Embedding of
+    torch.arange(T) (an input without the batch axis, the same for every example), a Linear applied to a learned
+    query (no batch axis either) and broadcast, one Linear applied twice in a loop over (B, T, d) sequences (its
+    gradient the sum over both uses and all positions), a bare nn.Parameter added in forward, LayerNorm affine."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(10, 8, padding_idx=0), torch.nn.Embedding(7, 8)
+        self.query, self.q = torch.nn.Parameter(torch.randn(2, 8)), torch.nn.Linear(8, 8)
+        self.mix, self.ln, self.shift = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Parameter(torch.randn(8))
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, tok):
+        h = self.tok(tok.long()) + self.pos(torch.arange(tok.shape[1]))
+        h = h + self.q(self.query).mean(0)
+        for _ in range(2):
+            h = torch.tanh(self.mix(h)) + self.shift
+        return self.head(self.ln(h).mean(1))
+
+
+class _Tied(torch.nn.Module):
+    """An Embedding reused as the output layer (a Linear module whose weight is the Embedding's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.mix = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, tok):
+        return self.out(torch.tanh(self.mix(self.emb(tok.long()))).mean(1))
+
+
+def _images(n=9):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+
+
+def _ids(n=9, classes=3):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 10, (n, 7), generator=g).double(), torch.randint(0, classes, (n,), generator=g)
+
+
+def _from_byo(name, *args):
+    from tests.core import byo_models as byo
+
+    return lambda: getattr(byo, name)(*args)
+
+
+FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
+    "mlp": (_UserMLP, _images, {"a", "b"}),
+    "traps": (_Traps, _ids, {"tok", "pos", "q", "mix", "head"}),
+    "tied": (_Tied, partial(_ids, classes=10), {"mix"}),  # emb/out share one weight: by vmap
+    "arange-transformer": (
+        _from_byo("tiny_transformer", 10, 3),
+        _ids,
+        {"tok", "pos", "qkv", "proj", "mlp.0", "mlp.2", "head"},
+    ),
+    "cnn": (_UserCNN, _images, {"c1", "c2", "head"}),
+    "groupnorm-residual-cnn": (_from_byo("residual_groupnorm_cnn", 1, 3), _images, None),
+    "mha": (_from_byo("mha_transformer", 10, 7, 3), _ids, None),
+    "encoder-layer": (_from_byo("encoder_transformer", 10, 7, 3), _ids, None),
+}
+# the vmap oracle compiles for 10-40 s on one shared core
+_FX_SLOW = {"arange-transformer", "cnn", "groupnorm-residual-cnn", "mha", "encoder-layer"}
+
+
+def _fx_compare(make, data, clip_at=0.5, keys=None):
+    torch.manual_seed(0)
+    model = make().double()
+    x, y = data()
+    with jax.enable_x64(True):
+        apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+        assert isinstance(apply, jb.FxModel)
+        xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+        _, norms = jb.clipped_sum(apply, params, xj, yj, 1.0, None, keys)
+        clip = float(np.quantile(np.asarray(norms), clip_at))  # both branches of the clip run
+        mask = jnp.asarray(np.arange(len(x)) != 3)  # one padded slot: weight exactly 0
+        ref, ref_norms = jb.clipped_sum(apply, params, xj, yj, clip, mask, keys)
+        got, got_norms = jb.fx_ghost_clipped_sum(apply, params, xj, yj, clip, mask, keys)
+        np.testing.assert_allclose(np.asarray(got_norms), np.asarray(ref_norms), rtol=1e-10)
+        assert list(got) == list(ref)
+        scale = max(float(jnp.max(jnp.abs(v))) for v in ref.values())  # a gradient that is 0 up to rounding
+        for k in ref:
+            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12 * scale, err_msg=k)
+    return model, apply
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _FX_SLOW else n for n in FX_CASES])
+def test_fx_ghost_matches_the_vmap_oracle(name):
+    """Users' own modules: ghost norms and book-keeping of their Linear, Conv2d and Embedding modules, per-example
+    gradients of the rest, equal clipped_sum's vmap(grad) in float64 (rounding ~1e-15; a wrong term is O(1)).
+    Planted and caught: a tied weight ghosted per use (norm = sum of per-use norms), a loop's Linear's norms summed
+    per use or its second use dropped, an Embedding's norm dropped, the positions summed before the square."""
+    make, data, tapped = FX_CASES[name]
+    model, apply = _fx_compare(make, data)
+    got = {n for n, m in model.named_modules() if any(m is g.module for g in apply.ghost_groups)}
+    assert got == tapped if tapped is not None else got
+
+
+@pytest.mark.slow  # ~60-110 s (torch's encoder layer, vmapped with keys, compiled twice)
+def test_fx_ghost_with_dropout_keys_matches_the_vmap_oracle():
+    """A model with dropout: each example through the graph alone under its own key, as clipped_sum's."""
+    from tests.core import byo_models as byo
+
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(9))
+    _, apply = _fx_compare(lambda: byo.NewcomerEncoder(10, 3), _ids, keys=keys)
+    assert apply.dropout and apply.ghost_groups
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [
+        (lambda: _case("mlp", {"hidden": (8,)})[:2], "ghost_clipped_sum"),
+        (lambda: (_Traps(), _ids()[0]), "fx_ghost_clipped_sum"),
+    ],
+)
+def test_the_trainer_uses_ghost_for_dp_steps(monkeypatch, make, path):
+    """The zoo's layer list by ghost_clipped_sum, a user's module by fx_ghost_clipped_sum: the clipped sum of vmap."""
+    from dpaudit.training.config import TrainConfig
+
+    calls, real = [], getattr(jb, path)
+    monkeypatch.setattr(jb, path, lambda *a: calls.append(a) or real(*a))
+    torch.manual_seed(0)
+    model, x = make()
+    model, y = model.double(), torch.randint(0, 3, (len(x),), generator=torch.Generator().manual_seed(2))
+    with jax.enable_x64(True):
+        apply, params = jb.jax_forward(model), jb.params_from_torch(model)
+        prog = jb.StepProgram(apply, params, TrainConfig(), kind="dp", optimizer="sgd", clip=0.3)
+        xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+        idx, mask = jb._padded(np.arange(len(x)), 16)
+        got = prog.chunk(params, xj, yj, jnp.asarray(idx), jnp.asarray(mask), 0)
+        ref, _ = jb.clipped_sum(apply, params, xj[idx], yj[idx], 0.3, jnp.asarray(mask))
+        for k in ref:
+            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12)
+    assert len(calls) == 1
