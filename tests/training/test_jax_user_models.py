@@ -1118,8 +1118,8 @@ def test_norm_reductions_split_and_pad_give_torchs_values_at_small_zero_and_empt
     x = torch.tensor([[0.3, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 3.0, 3.0, -2.0], [-0.1, 0.2, -0.2, 0.05]],
                      dtype=torch.float64)  # fmt: skip
     cases = [
-        (jb._norm2, {"dim": -1}, lambda t: t.norm(dim=-1)), (jb._norm2, {}, lambda t: t.norm()),
-        (jb._norm2, {"dim": (0, 1), "keepdim": True}, lambda t: torch.norm(t, dim=(0, 1), keepdim=True)),
+        (jb._p_norm, {"dim": -1}, lambda t: t.norm(dim=-1)), (jb._p_norm, {}, lambda t: t.norm()),
+        (jb._p_norm, {"dim": (0, 1), "keepdim": True}, lambda t: torch.norm(t, dim=(0, 1), keepdim=True)),
         (jb._amax, {"dim": 1}, lambda t: t.amax(1)), (jb._amin, {"dim": (0, 1)}, lambda t: t.amin((0, 1))),
         (jb._amax, {}, lambda t: t.amax()), (jb._amin, {"dim": 0, "keepdim": True}, lambda t: t.amin(0, keepdim=True)),
         (jb._max, {}, lambda t: t.max()), (jb._min, {}, lambda t: t.min()),
@@ -1137,9 +1137,9 @@ def test_norm_reductions_split_and_pad_give_torchs_values_at_small_zero_and_empt
         pair = jb._max(xj, xj.T)  # max(x, other): elementwise
         np.testing.assert_array_equal(np.asarray(pair), torch.max(x, x.T).numpy())
         x32 = xj.astype(np.float32)
-        assert jb._norm2(x32, dim=1, dtype=torch.float64).dtype == np.float64 and jb._norm2(x32).dtype == np.float32
+        assert jb._p_norm(x32, dim=1, dtype=torch.float64).dtype == np.float64 and jb._p_norm(x32).dtype == np.float32
         with pytest.raises(InputError, match="out= is not supported"):
-            jb._norm2(xj, out=xj)
+            jb._p_norm(xj, out=xj)
         empty = jb._split(jax.numpy.zeros((0, 3)), 2)
         assert [p.shape for p in empty] == [tuple(p.shape) for p in torch.zeros(0, 3).split(2)] == [(0, 3)]
         padded = jb._f_pad(xj, (1, 2, 0, 1), value=0.5)
