@@ -123,7 +123,7 @@ def train_from_options(
     ``hidden``/``activation``. ``notify`` receives a status line (the CLI prints it on
     stderr). ``given``: the options the user gave (not left at their defaults); one the algorithm does not
     read is refused (:func:`dpaudit.training.config.check_options_read`)."""
-    from dpaudit.training.config import check_options_read
+    from dpaudit.training.config import NOT_GIVEN, check_options_read
 
     # An option away from its default was given, whatever ``given`` says (a Python caller passes none).
     away = {
@@ -135,6 +135,13 @@ def train_from_options(
         "keep_private_diagnostics": keep_private_diagnostics or None,
         "epochs": epochs, "steps": steps, "batch_size": batch_size, "lr": lr, "momentum": momentum,
     }  # fmt: skip
+    # And one away from the value that means "not given" (training.config.NOT_GIVEN): pate's device="cuda" or
+    # backend="jax", adam's max_physical_batch trained without a word for a Python caller (the CLI refused them).
+    typed = {
+        "clip": clip, "sampling": sampling, "accountant": accountant, "autocast": autocast, "clipping": clipping,
+        "max_physical_batch": max_physical_batch, "device": device, "backend": backend, "secure_noise": secure_noise,
+    }  # fmt: skip
+    away |= {name: value for name, value in typed.items() if value not in NOT_GIVEN[name]}
     given = {*given, *(name for name, value in away.items() if value is not None)}
     fractions = parse_fractions(split)
     if model_spec is not None and (model is not None or hidden is not None or activation is not None):
