@@ -6,19 +6,7 @@ from pathlib import Path
 
 import typer
 
-from dpaudit.cli._common import (
-    CACHE_DIR,
-    CHECKPOINT_SEED_HELP,
-    OUTPUT,
-    App,
-    arg,
-    emit,
-    given_options,
-    info,
-    opt,
-    options,
-    progress,
-)
+from dpaudit.cli._common import CACHE_DIR, CHECKPOINT_SEED_HELP, OUTPUT, App, arg, emit, info, opt, options, progress
 from dpaudit.defaults import DEFAULTS
 
 REPORT_INPUTS = (
@@ -76,6 +64,7 @@ FAMILIES = (
 @options(REPORT_INPUTS, REPORT_ATTACKS, FAMILIES, OUTPUT)
 def report(ctx: typer.Context, **o) -> None:
     """Attack and audit runs and write a leakage report (report.json, report.md, report.html)."""
+    from dpaudit.cli._common import given_options
     from dpaudit.report import _format as F
     from dpaudit.reporting import report_from_options
 
