@@ -500,6 +500,14 @@ def audit_training_from_options(
 
     check_choice(("clopper-pearson", "gdp"), method=method)
     check_choice(("black-box", "white-box", "white-box-steps"), threat_model=threat_model)  # all three named
+    if threat_model == "white-box-steps":  # one run, audited step by step (whitebox.audit_whitebox_steps)
+        unread = [n for n in ("runs", "canary_kind", "init", "allow_inconclusive", "method", "workers", "score")
+                  if n in given]  # fmt: skip
+        if unread:  # were ignored without a word (exit 0)
+            raise InputError(
+                f"--{unread[0].replace('_', '-')} does not apply to --threat-model white-box-steps (one run, a Dirac "
+                "canary offered at each step, audited per step)"
+            )
     if model_spec is not None and "model" in given:
         raise InputError("give --model or --model-spec, not both")
     config = None
@@ -517,6 +525,8 @@ def audit_training_from_options(
             delta = dp.delta  # the claim's δ: the recipe is accounted at it and the audit tests (ε, δ)
         elif noise_multiplier is not None or epsilon is not None:
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
+        elif "clip" in given:  # nothing is clipped: was ignored without a word
+            raise InputError(f"--clip needs a private algorithm (dpsgd, dpadam), not {algo!r}")
         config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
         get_trainer(algo)  # an unknown --algo is refused before any run
     ds = load_dataset(check_data_spec(data, label_column=label_column), label_column=label_column)
