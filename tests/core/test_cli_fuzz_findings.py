@@ -116,6 +116,10 @@ def tiny_run(tmp_path_factory):
         # And a value no chosen attack reads is still checked where one reads the option.
         (["attack", "mia", "{run}", "--attacks", "lira", "--min-models", "0"], "error: expected --min-models >= 1"),
         (["attack", "extract", "{run}", "--budget", "20", "--surrogate", "nan"], "error: unknown --surrogate 'nan'"),
+        (  # a valid surrogate with explicit equations: was exit 0, no surrogate trained
+            ["attack", "extract", "{run}", "--budget", "20", "--method", "equations", "--surrogate", "logreg"],
+            "error: --surrogate applies to --method learning (or auto's fallback); equations train no surrogate",
+        ),
     ],
 )
 def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_read_it(
