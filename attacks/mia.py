@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,6 +258,31 @@ class _Target:
     logits: np.ndarray
 
 
+# Which attacks read each option of `attack mia` (and `audit checkpoint`) that not all of them read; one given with
+# --attacks naming none of its readers is refused (check_options_read): `--attacks loss --offline`,
+# `--reference-models 3`, `--min-models 5`, `--workers 2` ran the loss attack with exit 0, as if honoured.
+TRAINING_METHODS = ("shadow", "lira", "rmia")  # the attacks that train models (shadow or reference)
+MIA_OPTION_READERS: dict[str, tuple[str, ...]] = {
+    "shadow_models": ("shadow",),
+    "reference_models": ("lira", "rmia"),
+    "online": ("lira", "rmia"),
+    "min_models": ("lira",),
+    # Not --cache-dir/--no-cache: they say where trained models are kept, and with none trained none is kept anywhere.
+    **dict.fromkeys(("workers", "scheduler"), TRAINING_METHODS),
+}
+
+
+def check_options_read(methods: Sequence[str], given: Collection[str]) -> None:
+    """Refuse (InputError) an option in ``given`` (the options the user set) that none of ``methods`` reads."""
+    for name, readers in MIA_OPTION_READERS.items():
+        if name in given and not set(readers) & set(methods):
+            flag = "--online/--offline" if name == "online" else "--" + name.replace("_", "-")
+            raise InputError(
+                f"{flag} does not apply to --attacks {','.join(methods) or 'none'} (it is read by {', '.join(readers)} "
+                "only)"
+            )
+
+
 def _check_options(run: Run, methods, shadow_models, reference_models, min_models) -> None:
     """Refuse bad attack options before anything is trained."""
     # Every count is checked whether or not a chosen attack reads it: `--attacks loss --reference-models -1` ran
@@ -367,13 +392,15 @@ def attack_checkpoint(
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = lambda message: None,
     warn: Callable[[str], None] = lambda message: None,
+    given: Collection[str] = frozenset(),
 ) -> list[AttackResult]:
     """``dpaudit attack mia``: load the run at ``checkpoint``, run the attacks named in ``attacks`` (comma-separated)
     with :func:`run_mia` and write each attack's per-record scores under ``scores_out`` (see
     :func:`scores_paths`). ``no_cache``: reference models in a temporary directory, deleted afterwards.
     ``warn`` receives the run's ``fit_warnings`` (a model that learned nothing: its AUCs measure little) and
     :func:`run_mia`'s (non-members that copy a member).
-    Every option is checked, and every output path refused unless ``force``, before anything is trained."""
+    Every option is checked, and every output path refused unless ``force``, before anything is trained; ``given``
+    (the options the user set) may not name one no chosen attack reads (:func:`check_options_read`)."""
     from dpaudit.cache import cache_for
     from dpaudit.checkpoint import load_run
 
@@ -384,6 +411,7 @@ def attack_checkpoint(
     # Before anything is trained (dpaudit.budget): `--bootstrap 2^63` ran for ever, no estimate, no --yes asked.
     check_cost(Cost("bootstrap", bootstrap * len(methods), "resamples", seconds_per_unit=BOOTSTRAP_SECONDS))
     cache = cache_for(cache_dir, no_cache=no_cache, scheduler=scheduler)
+    check_options_read(methods, given)  # after the values' own checks: --workers 99 names the cores
     outputs = scores_paths(scores_out, methods) if scores_out is not None else {}
     for path in outputs.values():
         if path.suffix.lower() not in (".csv", ".npz"):

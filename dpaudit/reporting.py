@@ -7,7 +7,7 @@ strings them together (as :mod:`dpaudit.demo` does for the demo), so the CLI com
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,14 @@ def report_from_options(
     force: bool = False,
     progress: Progress = NULL_PROGRESS,
     notify: Callable[[str], None] = lambda message: None,
+    given: Collection[str] = frozenset(),
 ) -> tuple[dict[str, Any], list[Path]]:
     """``dpaudit report``: attack and audit every run of ``inputs`` (with :func:`dpaudit.workflows.
     audit_checkpoint`'s defaults), merge the reports among them, write the report to ``out`` in
-    ``formats``; returns the report and the files written. ``notify`` receives a status line per run."""
+    ``formats``; returns the report and the files written. ``notify`` receives a status line per run.
+    ``given``: the options the user set; one no chosen attack reads is refused (:func:`attacks.mia.check_options_read`:
+    ``--attacks loss --reference-models 3`` was recorded in the report's configuration as if it had been used)."""
+    from attacks.mia import check_options_read
     from dpaudit.cache import cache_for
     from dpaudit.checkpoint import read_meta
     from dpaudit.report.build import (
@@ -135,6 +139,7 @@ def report_from_options(
     check_positive_int(workers=workers)
     check_in_interval(0.0, 1.0, confidence=confidence)
     check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
+    check_options_read(methods, given)
     check_output_dir(out, force=force, inputs=inputs)  # fail before the (slow) attacks
     cache = cache_for(cache_dir, no_cache=no_cache)
     families = _families(inversion, attribute, extraction_budget, cloak, icl, jl_step)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from dpaudit.cli._common import (
     CACHE_DIR,
     OUTPUT,
@@ -12,6 +14,7 @@ from dpaudit.cli._common import (
     App,
     deprecated_alias,
     emit,
+    given_options,
     info,
     opt,
     options,
@@ -90,7 +93,7 @@ MIA = (
 
 
 @options(MIA, OUTPUT)
-def mia(**o) -> None:
+def mia(ctx: typer.Context, **o) -> None:
     """Membership inference: score every member and holdout record of the target run, evaluate.
 
     JSON: {"checkpoint", "attacks": [{attack, params, n_members, n_nonmembers, auc, balanced_accuracy,
@@ -104,7 +107,8 @@ def mia(**o) -> None:
     if (method := o.pop("method")) is not None:
         deprecated_alias("--method/-m", "--attacks")
         o["attacks"] = method
-    results = attack_checkpoint(run, **o, progress=progress(json_output), notify=info, warn=warn)
+    given = given_options(ctx)  # an option no chosen attack reads is refused (attacks.mia.check_options_read)
+    results = attack_checkpoint(run, **o, progress=progress(json_output), notify=info, warn=warn, given=given)
     data = {"checkpoint": str(run), "attacks": [r.to_dict(include_roc=roc) for r in results]}
     emit(data, human_table(results), json_flag=json_output)
 

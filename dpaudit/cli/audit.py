@@ -399,6 +399,7 @@ FAIL_ON_ESTIMATE = opt(
 
 @audit_app.command("checkpoint")
 def checkpoint_cmd(
+    ctx: typer.Context,
     run: Annotated[
         Path, typer.Argument(metavar="RUN", help="Run directory written by `dpaudit train` or `dpaudit import`.")
     ],
@@ -438,15 +439,18 @@ def checkpoint_cmd(
 
     The same workflow (and defaults) as `dpaudit report` and `dpaudit demo`: one checkpoint, one answer.
     """
+    from attacks.mia import check_options_read
     from dpaudit.cache import cache_for
     from dpaudit.validation import check_choice
     from dpaudit.workflows import audit_checkpoint, membership_attacks
 
     check_choice(("clopper-pearson", "gdp"), estimate_method=estimate_method)
+    methods = membership_attacks(attacks)
+    check_options_read(methods, given_options(ctx))  # e.g. --reference-models with --attacks loss: refused
     with cache_for(cache_dir, no_cache=no_cache) as cache_dir:
         result = audit_checkpoint(
             run,
-            attacks=membership_attacks(attacks),
+            attacks=methods,
             estimate_method=estimate_method,
             delta=delta,
             confidence=confidence,

@@ -51,6 +51,7 @@ def human_summary(result: Any) -> str:
 
 
 def extract(
+    ctx: typer.Context,
     budget: Annotated[int, typer.Option("--budget", "-b", help="Queries the attacker may send (each input is one).")],
     run: RunArgument = None,
     api: Annotated[
@@ -107,7 +108,11 @@ def extract(
     cannot solve, listed in params.curve_unsolvable).
     """
     from attacks.extraction import extract_checkpoint
+    from dpaudit.cli._common import given_options
+    from dpaudit.errors import InputError
 
+    if method == "equations" and "surrogate" in given_options(ctx):  # was exit 0, the surrogate never trained
+        raise InputError("--surrogate applies to --method learning (or auto's fallback); equations train no surrogate")
     run = target_run(run, checkpoint)
     extraction = extract_checkpoint(
         run, budget=budget, api=api, method=method, surrogate=surrogate, pool=pool, adaptive=adaptive,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from dpaudit.cli._common import CACHE_DIR, CHECKPOINT_SEED_HELP, OUTPUT, App, arg, emit, info, opt, options, progress
 from dpaudit.defaults import DEFAULTS
 
@@ -60,13 +62,16 @@ FAMILIES = (
 
 
 @options(REPORT_INPUTS, REPORT_ATTACKS, FAMILIES, OUTPUT)
-def report(**o) -> None:
+def report(ctx: typer.Context, **o) -> None:
     """Attack and audit runs and write a leakage report (report.json, report.md, report.html)."""
+    from dpaudit.cli._common import given_options
     from dpaudit.report import _format as F
     from dpaudit.reporting import report_from_options
 
     out, json_output = o["out"], o.pop("json_output")
-    result, files = report_from_options(o.pop("inputs"), **o, progress=progress(json_output), notify=info)
+    result, files = report_from_options(
+        o.pop("inputs"), **o, progress=progress(json_output), notify=info, given=given_options(ctx)
+    )
     rows = [{"name": m["name"], **m["summary"]} for m in result["models"]]
     human = "\n".join(F.console_summary(result))
     emit(

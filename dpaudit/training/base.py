@@ -12,7 +12,7 @@ from torch import nn
 
 from dpaudit.errors import InputError
 from dpaudit.progress import NULL_PROGRESS, Progress
-from dpaudit.training.config import PerfConfig, TrainConfig, settings_read
+from dpaudit.training.config import PerfConfig, TrainConfig, check_config_read, settings_read
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -88,6 +88,12 @@ class Trainer(ABC):
             raise InputError(f"algorithm {self.name!r} is private: give --noise-multiplier or --epsilon")
         if not self.private and config.dp is not None:
             raise InputError(f"algorithm {self.name!r} is not private; DP options need --algo dpsgd or dpadam")
+        if self.perf.backend != "torch":  # fit_model / run.default_trainer pick JaxTrainer for it
+            raise InputError(
+                f"{type(self).__name__} trains with torch, not --backend {self.perf.backend}: use "
+                "dpaudit.training.jax_backend.JaxTrainer (or fit_model, which picks it)"
+            )
+        check_config_read(self.name, config, self.perf)  # e.g. autocast with DP-SGD-JL: refused, never ignored
 
     def recorded_settings(self) -> dict[str, Any]:
         """The settings the checkpoint records under ``training``: the whole config for the minibatch trainers;

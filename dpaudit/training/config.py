@@ -255,8 +255,8 @@ AGGREGATION_ALGOS = ("pate", "dp-icl")
 TRAINER_ALGOS = ("sgd", "adam", *DPSGD_ALGOS, *PERTURBATION_ALGOS, *DPAGD_ALGOS)
 SGD_STEP_ALGOS = ("sgd", "adam", *DPSGD_ALGOS)  # the trainers that take minibatch optimiser steps
 AGGREGATION_OPTIONS = (
-    "teachers", "aggregator", "queries", "sigma", "sigma1", "threshold", "max_answers", "shots", "predictor",
-    "workers", "claim", "sanitiser", "keep_private_diagnostics", "subsample",
+    "teachers", "aggregator", "queries", "sigma", "sigma1", "threshold", "max_answers", "shots", "claim", "sanitiser",
+    "keep_private_diagnostics", "subsample",
 )  # fmt: skip
 OPTION_READERS: dict[str, tuple[str, ...]] = {
     "noise_multiplier": DPSGD_ALGOS,  # the convex learners and DP-AGD are calibrated from --epsilon
@@ -279,11 +279,17 @@ OPTION_READERS: dict[str, tuple[str, ...]] = {
     "mechanism": PERTURBATION_ALGOS,
     "objective": DPAGD_ALGOS,
     **dict.fromkeys(AGGREGATION_OPTIONS, AGGREGATION_ALGOS),
+    # DP-ICL's in-context predictor; PATE's teachers trained in parallel (DP-ICL's predictors run in-process): each
+    # given to the other trained without a word.
+    "predictor": ("dp-icl",),
+    "workers": ("pate",),
     # The optimiser's settings: read by the trainers that take SGD/Adam steps, by PATE's and DP-ICL's student (and
     # teachers), and by Cloak's Adam (epochs, batch size, lr; not momentum, not steps). The convex learners solve
     # their ERM exactly (no epochs, batches or learning rate), and DP-AGD takes --steps as its "splits" only.
     **dict.fromkeys(("epochs", "batch_size", "lr"), (*SGD_STEP_ALGOS, *AGGREGATION_ALGOS, "cloak")),
-    "momentum": (*SGD_STEP_ALGOS, *AGGREGATION_ALGOS),
+    # SGD's heavy-ball momentum (PATE's and DP-ICL's SGD student too); Adam's moments are its own β (base.make_optimizer
+    # passes none): --momentum 0.9 with --algo adam, dpadam or dpadam-jl trained without a word.
+    "momentum": ("sgd", "dpsgd", "dpsgd-jl", *AGGREGATION_ALGOS),
     "steps": (*SGD_STEP_ALGOS, *DPAGD_ALGOS, *AGGREGATION_ALGOS),
     # Where the minibatch trainers run (the JAX backend has exactly these); PATE's teachers train on the CPU with
     # torch, the convex learners and DP-AGD in numpy: --backend jax / --device cuda were silently ignored there.
@@ -336,6 +342,35 @@ def check_options_read(algo: str, given: Collection[str]) -> None:
     for name, needs in OPTION_NEEDS.items():
         if name in given and not any(need in given for need in needs):
             raise InputError(f"{flag(name)} applies only with {' or '.join(map(flag, needs))}")
+
+
+# The DPConfig / PerfConfig / TrainConfig fields a registered trainer is refused when it does not read them
+# (:func:`check_config_read`), each with its value meaning "not given": the default, or (device) the values that the
+# numpy learners honour by running on the CPU. Left out, with their reasons: ``noise_multiplier``/``target_epsilon``
+# (DPConfig needs one; the convex learners refuse σ themselves, convex.check_epsilon_only); ``delta`` (always set:
+# the pure-ε learners' claim holds at every δ); ``backend`` is listed for train_from_options' Python callers (a
+# registered trainer refuses "jax" in Trainer.__init__ first: JaxTrainer runs it);
+# ``epochs``, ``batch_size``, ``lr`` (their defaults 30, 64, 0.1 are values, and the recipes give the convex learners
+# epochs 1; ``dpaudit train`` and :func:`dpaudit.workflows.runs.train_from_options` refuse them given, and
+# :func:`settings_read` leaves them out of the record).
+NOT_GIVEN: dict[str, Collection[Any]] = {
+    "clip": (1.0,), "sampling": ("poisson",), "sample_rate": (None,), "accountant": ("rdp",),
+    "jl_projections": (None,), "autocast": (None,), "clipping": ("auto",), "max_physical_batch": (None,),
+    "device": ("auto", "cpu"), "momentum": (0.0,), "steps": (None,), "backend": ("torch",), "secure_noise": (False,),
+}  # fmt: skip
+
+
+def check_config_read(algo: str, config: TrainConfig, perf: PerfConfig) -> None:
+    """Refuse (InputError, :func:`check_options_read`'s line) a field of ``config``/``perf`` set away from
+    :data:`NOT_GIVEN` that the registered trainer ``algo`` never reads: a library caller's
+    ``PerfConfig(autocast="bf16")`` with DP-SGD-JL, ``DPConfig(clip=5)`` with output perturbation or
+    ``max_physical_batch`` with plain SGD trained without a word, as if honoured."""
+    fields = {**asdict(perf), **config.to_dict()}
+    fields.update(fields.pop("dp") or {})
+    if algo == "outpert-gaussian" and fields.get("accountant") == "pld":
+        fields.pop("accountant")  # its claim is accounted with PLD (convex.ConvexLearner.claim): what was asked
+    given = {_FIELD_OPTIONS.get(k, k) for k, v in fields.items() if k in NOT_GIVEN and v not in NOT_GIVEN[k]}
+    check_options_read(algo, given)
 
 
 def default_recipe(algo: str, model_kind: str) -> Recipe:

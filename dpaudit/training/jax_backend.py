@@ -43,6 +43,7 @@ second chunk runs). Run time is not covered by the claim, as with the torch trai
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import math
 import operator
 import re
@@ -2438,7 +2439,8 @@ class JaxTrainer(Trainer):
         if config.algo not in ALGOS:
             raise InputError(f"--backend jax supports --algo {', '.join(ALGOS)}, not {config.algo!r}")
         self.config, self.perf = config, perf or PerfConfig()
-        self.reference = get_trainer(config.algo)(config, self.perf)  # validation, setting, claim
+        # Validation, setting, claim: the torch trainer of the same settings (it refuses --backend jax itself).
+        self.reference = get_trainer(config.algo)(config, dataclasses.replace(self.perf, backend="torch"))
         self.private = self.reference.private
 
     def fit(

@@ -114,6 +114,8 @@ class AggregationConfig:
             check_positive_int(shots=self.shots)
         elif self.shots is not None:
             raise InputError("--shots applies only to --algo dp-icl")
+        if self.algo != "dp-icl" and self.predictor != "knn":  # PATE's teachers are trained models, not predictors
+            raise InputError("--predictor applies only to --algo dp-icl")
         check_claim_delta(delta=self.delta)  # the rule of every claim's δ (DPConfig's too)
         if self.target_epsilon is not None:
             check_positive(epsilon=self.target_epsilon)
@@ -229,6 +231,10 @@ def train_aggregation_run(
     if student.dp is not None or student.algo not in ("sgd", "adam"):
         raise InputError(f"the student and teachers train non-privately (sgd or adam), not {student.algo!r}")
     check_workers(workers)  # one process per worker: at most the local cores
+    if workers != 1 and config.algo != "pate":  # DP-ICL's predictors answer in this process
+        raise InputError(
+            f"--workers applies only to --algo pate (its teachers are trained in parallel), not {config.algo}"
+        )
     if out is not None:
         check_output_dir(out, force=force, inputs=[dataset.source])
     check_spec_fits(spec, dataset, own_module=False)  # teachers and student from --model only

@@ -39,7 +39,7 @@ from dpaudit.models import (
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.training.algorithms import get_trainer
 from dpaudit.training.base import StreamedFeatures, Trainer, TrainOutcome
-from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device
+from dpaudit.training.config import PerfConfig, TrainConfig, resolve_device, settings_read
 from dpaudit.training.dirac import WHITEBOX_FILE, DiracCanaries
 from dpaudit.user_code import first_line
 
@@ -404,7 +404,11 @@ def configs_from_meta(meta: dict[str, Any]) -> tuple[TrainConfig, PerfConfig]:
         )
     t = {k: v for k, v in meta["training"].items() if k in TrainConfig.__dataclass_fields__}
     perf = {k: v for k, v in meta.get("performance", {}).items() if k in PerfConfig.__dataclass_fields__}
-    return TrainConfig.from_dict(t), PerfConfig(**perf)
+    # A setting the algorithm never read is dropped to its default (settings_read), which it ignores: an adam run
+    # recorded with --momentum 0.9, or an sgd run with --max-physical-batch 8, before they were refused
+    # (check_config_read), still trains its reference models, as the run itself trained.
+    config = TrainConfig.from_dict(settings_read(TrainConfig.from_dict(t)))
+    return config, PerfConfig(**{k: v for k, v in perf.items() if _reads(config.algo, k)})
 
 
 # --------------------------------------------------------------------------- imported models
@@ -615,7 +619,7 @@ def recipe_from_dict(d: Any, source: str, *, delta: float | None = None) -> Trai
     :class:`TrainConfig` to train shadow/reference models alike.
 
     Fields: ``algo`` (or ``optimizer``): sgd | adam | dpsgd | dpadam; ``epochs`` or ``steps``; ``lr``;
-    ``batch_size``; optional ``momentum``, ``weight_decay``, ``seed``; for dpsgd/dpadam ``clip`` and
+    ``batch_size``; optional ``momentum`` (sgd, dpsgd), ``weight_decay``, ``seed``; for dpsgd/dpadam ``clip`` and
     ``noise_multiplier`` (optional ``sampling`` poisson | shuffle, ``sample_rate`` (a fixed Poisson
     rate instead of batch_size / N), ``accountant``, ``delta``; δ
     defaults to the claim's, else 1e-5: it only labels the reference models' own claims).
@@ -662,7 +666,7 @@ def recipe_from_dict(d: Any, source: str, *, delta: float | None = None) -> Trai
         args["epochs"] = 1  # unused when steps is set
     try:
         config = TrainConfig(algo=algo, dp=dp, **args)
-        get_trainer(config.algo)
+        get_trainer(config.algo)(config)  # and a field it never reads (momentum with adam) refused here, not later
     except (InputError, TypeError) as e:
         raise InputError(f"{source}: {e}") from None
     return config

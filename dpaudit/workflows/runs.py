@@ -123,7 +123,7 @@ def train_from_options(
     ``hidden``/``activation``. ``notify`` receives a status line (the CLI prints it on
     stderr). ``given``: the options the user gave (not left at their defaults); one the algorithm does not
     read is refused (:func:`dpaudit.training.config.check_options_read`)."""
-    from dpaudit.training.config import check_options_read
+    from dpaudit.training.config import NOT_GIVEN, check_options_read
 
     # An option away from its default was given, whatever ``given`` says (a Python caller passes none).
     away = {
@@ -135,6 +135,13 @@ def train_from_options(
         "keep_private_diagnostics": keep_private_diagnostics or None,
         "epochs": epochs, "steps": steps, "batch_size": batch_size, "lr": lr, "momentum": momentum,
     }  # fmt: skip
+    # And one away from the value that means "not given" (training.config.NOT_GIVEN): pate's device="cuda" or
+    # backend="jax", adam's max_physical_batch trained without a word for a Python caller (the CLI refused them).
+    typed = {
+        "clip": clip, "sampling": sampling, "accountant": accountant, "autocast": autocast, "clipping": clipping,
+        "max_physical_batch": max_physical_batch, "device": device, "backend": backend, "secure_noise": secure_noise,
+    }  # fmt: skip
+    away |= {name: value for name, value in typed.items() if value not in NOT_GIVEN[name]}
     given = {*given, *(name for name, value in away.items() if value is not None)}
     fractions = parse_fractions(split)
     if model_spec is not None and (model is not None or hidden is not None or activation is not None):
@@ -493,6 +500,14 @@ def audit_training_from_options(
 
     check_choice(("clopper-pearson", "gdp"), method=method)
     check_choice(("black-box", "white-box", "white-box-steps"), threat_model=threat_model)  # all three named
+    if threat_model == "white-box-steps":  # one run, audited step by step (whitebox.audit_whitebox_steps)
+        unread = [n for n in ("runs", "canary_kind", "init", "allow_inconclusive", "method", "workers", "score")
+                  if n in given]  # fmt: skip
+        if unread:  # were ignored without a word (exit 0)
+            raise InputError(
+                f"--{unread[0].replace('_', '-')} does not apply to --threat-model white-box-steps (one run, a Dirac "
+                "canary offered at each step, audited per step)"
+            )
     if model_spec is not None and "model" in given:
         raise InputError("give --model or --model-spec, not both")
     config = None
@@ -510,6 +525,8 @@ def audit_training_from_options(
             delta = dp.delta  # the claim's δ: the recipe is accounted at it and the audit tests (ε, δ)
         elif noise_multiplier is not None or epsilon is not None:
             raise InputError(f"--noise-multiplier/--epsilon need a private algorithm (dpsgd, dpadam), not {algo!r}")
+        elif "clip" in given:  # nothing is clipped: was ignored without a word
+            raise InputError(f"--clip needs a private algorithm (dpsgd, dpadam), not {algo!r}")
         config = TrainConfig(algo=algo, epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, seed=seed, dp=dp)
         get_trainer(algo)  # an unknown --algo is refused before any run
     ds = load_dataset(check_data_spec(data, label_column=label_column), label_column=label_column)

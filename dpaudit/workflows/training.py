@@ -304,6 +304,8 @@ def audit_training(
         )  # fmt: skip
         check_trainings("audit train", 2 * runs, one)  # before any run: refuse or ask for --yes
     if threat_model == "white-box":
+        if canary_kind is not None:  # was ignored without a word
+            raise InputError("--canary-kind is the black-box canary's; the white-box canary is a Dirac gradient")
         if config.dp is None:
             raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
         if relation != "add_remove":

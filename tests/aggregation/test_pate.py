@@ -392,3 +392,13 @@ def test_icl_family_on_a_confident_gnmax_run_with_more_canaries_than_queries(tmp
     full = calibrate_aggregator(fitted, target_epsilon=eps, delta=1e-5, n_queries=200, n_classes=3)
     assert epsilon_for(aggregator_event(full, 200, 3), 1e-5, "rdp") <= eps  # the claim the audit tests holds
     assert fit_threshold_step(agg, epsilon=eps, delta=1e-5, n_queries=5) == agg  # a sigma1 that fits is kept
+
+
+def test_a_setting_of_the_other_aggregation_algorithm_is_refused_not_ignored():
+    """DP-ICL's --predictor given to PATE (its teachers are trained models) and PATE's --workers given to DP-ICL (its
+    predictors answer in-process) trained without a word. Planted: either check removed -> fails."""
+    with pytest.raises(InputError, match=r"^--predictor applies only to --algo dp-icl$"):
+        AggregationConfig(algo="pate", teachers=4, aggregator=AggregatorConfig("gnmax", sigma=2.0), queries=10,
+                          predictor="prototype")  # fmt: skip
+    with pytest.raises(InputError, match=r"^--workers applies only to --algo pate \(its teachers are trained in "):
+        _run("dp-icl", workers=2, shots=2)

@@ -420,6 +420,12 @@ def test_a_checkpoints_unknown_data_is_not_named_as_an_option(tmp_path):
         (["--algo", "dp-icl", "--teachers", "5", "--device", "cuda"], "--device", "dp-icl"),  # was: on the CPU
         (["--algo", "sgd", "--max-physical-batch", "8"], "--max-physical-batch", "sgd"),  # was: silently ignored
         (["--algo", "outpert", "--max-physical-batch", "8"], "--max-physical-batch", "outpert"),
+        # --predictor is DP-ICL's in-context predictor, --workers PATE's parallel teachers: was exit 0, ignored.
+        (["--algo", "pate", "--teachers", "5", "--predictor", "prototype"], "--predictor", "pate"),
+        (["--algo", "dp-icl", "--teachers", "5", "--workers", "2"], "--workers", "dp-icl"),
+        # Adam has no heavy-ball momentum (base.make_optimizer passes none): was exit 0, silently ignored.
+        (["--algo", "adam", "--momentum", "0.9"], "--momentum", "adam"),
+        (["--algo", "dpadam-jl", "--epsilon", "1", "--momentum", "0.9"], "--momentum", "dpadam-jl"),
     ],
 )
 def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option, algo):
@@ -436,6 +442,12 @@ def test_an_option_the_algorithm_does_not_read_is_refused(tmp_path, args, option
         ({"algo": "sgd", "noise_multiplier": 1.0}, "--noise-multiplier"),
         ({"algo": "dpsgd", "noise_multiplier": 1.0, "claim": "data-dependent"}, "--claim"),
         ({"algo": "sgd", "keep_private_diagnostics": True}, "--keep-private-diagnostics"),
+        # Away from the value meaning "not given" (config.NOT_GIVEN); before: trained without a word.
+        ({"algo": "pate", "device": "cuda"}, "--device"),  # PATE's teachers train on the CPU
+        ({"algo": "dp-icl", "backend": "jax"}, "--backend"),
+        ({"algo": "adam", "max_physical_batch": 8}, "--max-physical-batch"),
+        ({"algo": "sgd", "autocast": "bf16"}, "--autocast"),
+        ({"algo": "pate", "secure_noise": True}, "--secure-noise"),
     ],
 )
 def test_a_python_caller_is_refused_an_option_the_algorithm_does_not_read(tmp_path, options, option):
@@ -520,6 +532,8 @@ def test_the_optimiser_and_device_options_are_refused_exactly_where_no_trainer_r
         "dp-icl": options[:5],
         "dpsgd": options,
         "sgd": options,
+        "adam": tuple(o for o in options if o != "momentum"),  # Adam's β, not SGD's momentum
+        "dpadam": tuple(o for o in options if o != "momentum"),
     }
     for algo, read in reads.items():
         for option in options:

@@ -97,22 +97,44 @@ def tiny_run(tmp_path_factory):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
+        # Since the unread options are refused as such (attacks.mia.check_options_read), whatever their value.
         (
             ["audit", "checkpoint", "{run}", "--reference-models", "-1"],
-            "error: expected --reference-models >= 1, got -1",
+            "error: --reference-models does not apply to --attacks loss (it is read by lira, rmia only)",
         ),
-        (["attack", "mia", "{run}", "--reference-models", "0"], "error: expected --reference-models >= 1, got 0"),
-        (["attack", "mia", "{run}", "--shadow-models", "0"], "error: expected --shadow-models >= 1, got 0"),
-        (["attack", "mia", "{run}", "--min-models", "0"], "error: expected --min-models >= 1, got 0"),
+        (
+            ["attack", "mia", "{run}", "--reference-models", "0"],
+            "error: --reference-models does not apply to --attacks ",
+        ),
+        (["attack", "mia", "{run}", "--shadow-models", "0"], "error: --shadow-models does not apply to --attacks loss"),
+        (["attack", "mia", "{run}", "--min-models", "0"], "error: --min-models does not apply to --attacks loss"),
+        (["attack", "mia", "{run}", "--offline"], "error: --online/--offline does not apply to --attacks loss (it is"),
+        (["attack", "mia", "{run}", "--workers", "2"], "error: --workers does not apply to --attacks loss (it is"),
+        (["audit", "checkpoint", "{run}", "--workers", "2"], "error: --workers does not apply to --attacks loss ("),
+        # The report recorded "reference_models": 3 in its configuration although no attack read it.
+        (["report", "{run}", "--out", "{out}", "--reference-models", "3"], "error: --reference-models does not apply"),
+        # And a value no chosen attack reads is still checked where one reads the option.
+        (["attack", "mia", "{run}", "--attacks", "lira", "--min-models", "0"], "error: expected --min-models >= 1"),
         (["attack", "extract", "{run}", "--budget", "20", "--surrogate", "nan"], "error: unknown --surrogate 'nan'"),
+        (  # a valid surrogate with explicit equations: was exit 0, no surrogate trained
+            ["attack", "extract", "{run}", "--budget", "20", "--method", "equations", "--surrogate", "logreg"],
+            "error: --surrogate applies to --method learning (or auto's fallback); equations train no surrogate",
+        ),
     ],
 )
-def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_read_it(tiny_run, args, expected):
+def test_an_invalid_count_or_name_is_refused_when_the_chosen_attack_does_not_read_it(
+    tiny_run, tmp_path, args, expected
+):
     # Before: exit 0 (--attacks loss reads no reference, shadow or min models; a logistic regression's extraction
-    # solves equations and trains no surrogate), while `report --reference-models -1` was refused.
-    extra = ["--attacks", "loss"] if args[1] in ("checkpoint", "mia") else []
-    line = one_line_error(*[str(tiny_run) if a == "{run}" else a for a in args], *extra)
+    # solves equations and trains no surrogate), while `report --reference-models -1` was refused. A valid value
+    # (--offline, --workers 2 with --attacks loss) was exit 0 too, silently ignored; planted: the
+    # check_options_read call removed from attack_checkpoint / checkpoint_cmd -> those cases fail.
+    reads_attacks = args[0] == "report" or args[1] in ("checkpoint", "mia")
+    extra = ["--attacks", "loss"] if reads_attacks and "--attacks" not in args else []
+    paths = {"{run}": str(tiny_run), "{out}": str(tmp_path / "report")}
+    line = one_line_error(*[paths.get(a, a) for a in args], *extra)
     assert line.startswith(expected), line
+    assert not (tmp_path / "report").exists()
 
 
 @pytest.mark.parametrize(

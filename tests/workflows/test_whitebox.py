@@ -155,3 +155,42 @@ def test_steps_record_prints_the_estimate_and_the_claim_in_their_true_order():
     assert "composed estimate 1.23 vs claimed 2 (" in steps_record("x", "what", below).description
     none = dataclasses.replace(stats, composed_epsilon_estimate=1.23456, claimed_epsilon=None)
     assert "composed estimate 1.23 vs claimed — (" in steps_record("x", "what", none).description
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--algo", "sgd", "--clip", "2"], "error: --clip needs a private algorithm (dpsgd, dpadam), not 'sgd'"),
+        (
+            [
+                "--threat-model",
+                "white-box",
+                "--canary-kind",
+                "clipbkd",
+                "--noise-multiplier",
+                "1",
+                "--allow-inconclusive",
+            ],
+            "error: --canary-kind is the black-box canary's; the white-box canary is a Dirac gradient",
+        ),
+        *(
+            (
+                ["--threat-model", "white-box-steps", "--noise-multiplier", "1", option, value],
+                f"error: {option} does not apply to --threat-model white-box-steps (one run, a Dirac canary offered at "
+                "each step, audited per step)",
+            )
+            for option, value in (("--runs", "10"), ("--workers", "2"), ("--method", "gdp"), ("--init", "random"))
+        ),
+    ],
+)
+def test_audit_train_refuses_an_option_its_threat_model_or_algorithm_never_reads(args, line):
+    """Each was exit 0 with the option ignored: --clip with a non-private recipe, the black-box canary's kind under the
+    white-box gradient canary, the multi-run audit's settings under the one-run per-step audit. Planted: each check
+    removed (workflows.runs / workflows.training) -> its cases fail."""
+    from typer.testing import CliRunner
+
+    from dpaudit.cli.main import app
+
+    base = ["audit", "train", "--data", "synthetic:n=200,d=5,classes=2", "--epochs", "1"]
+    r = CliRunner().invoke(app, [*base, *args])
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [line], r.output
