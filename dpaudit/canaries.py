@@ -234,16 +234,15 @@ def with_canaries(dataset: Dataset, splits: Splits, canaries: CanarySet) -> tupl
     canaries) and the canaries' indices in the augmented dataset."""
     n = len(dataset)
     y = np.concatenate([dataset.y, canaries.y])
-    if dataset.mapped is not None or dataset.dtype != dataset.X.dtype:
-        # A memory-mapped X stays mapped, the canaries appended beside it (Dataset.appended): training streams
-        # both a batch at a time. A concatenation read the whole file into memory (CIFAR's 600 MB X.npy:
-        # 3.7 GB peak RSS for `train --canaries 50`). So does an X kept as uint8 pixels: canaries are float
-        # (an outlier's pixel is not a uint8), appended in the features' dtype, float32.
-        appended = np.ascontiguousarray(canaries.X.astype(dataset.dtype))
-        aug = dataclasses.replace(dataset, y=y, appended=appended)
-    else:
-        X = np.concatenate([dataset.X, canaries.X.astype(dataset.X.dtype)])
-        aug = Dataset(dataset.name, X, y, dataset.n_classes, dataset.kind, dataset.source, dataset.vocab_size)
+    # X stays as it is, the canaries appended beside it (Dataset.appended, in the features' dtype: float32 for uint8
+    # pixels, whose canaries are float), read with X's rows by Dataset.rows. A concatenation copied the whole X: a
+    # memory-mapped file read into memory (CIFAR's 600 MB X.npy: 3.7 GB peak RSS for `train --canaries 50`), and
+    # an in-memory X held twice (32,000 CIFAR-sized float32 images: +393 MB for `train --canaries 200` and for
+    # `audit train`, whose runs all read the augmented data).
+    appended = np.ascontiguousarray(canaries.X.astype(dataset.dtype))
+    if dataset.appended is not None:
+        appended = np.concatenate([dataset.appended, appended])
+    aug = dataclasses.replace(dataset, y=y, appended=appended)
     canary_idx = n + np.arange(len(canaries))
     train_idx = np.concatenate([splits.members, canary_idx[canaries.included]])
     return aug, train_idx, canary_idx

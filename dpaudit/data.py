@@ -170,8 +170,8 @@ class Dataset:
     # The labels as the data holds them, in sorted order: class i of ``y`` is ``classes[i]`` (what a user's own
     # training loop calls it: 1 and 2, -1 and 1, "cat" and "dog"); None where not known.
     classes: np.ndarray | None = field(default=None, repr=False)
-    # A memory-mapped X with records appended (canaries, :func:`dpaudit.canaries.with_canaries`): rows
-    # ``len(X)``, ``len(X) + 1``, ... of the data set, in X's dtype, read by :meth:`rows` (X itself stays the map).
+    # Records appended to X (canaries, :func:`dpaudit.canaries.with_canaries`): rows ``len(X)``, ``len(X) + 1``, ...
+    # of the data set, in :attr:`dtype`, read by :meth:`rows` (X itself stays as it is: a map, or the array in memory).
     appended: np.ndarray | None = field(default=None, repr=False)
 
     @property

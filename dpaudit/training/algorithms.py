@@ -51,11 +51,12 @@ def get_trainer(algo: str) -> type[Trainer]:
 
 
 def fit_with_gradient_canary(
-    dataset, train_idx, spec, config, perf, canary: GradientCanary, *, preprocessing_idx=None
+    dataset, train_idx, spec, config, perf, canary: GradientCanary, *, preprocessing_idx=None, preprocessing=None
 ) -> float:
     """Train the recipe on ``train_idx`` with a white-box gradient canary; return the canary's score.
 
-    The standardisation is fitted on ``preprocessing_idx`` (default: ``train_idx``)."""
+    The standardisation is ``preprocessing`` when given, else fitted on ``preprocessing_idx`` (default:
+    ``train_idx``)."""
     import numpy as np
 
     from dpaudit.data import fit_preprocessing
@@ -66,7 +67,9 @@ def fit_with_gradient_canary(
     if not isinstance(trainer, DPTrainer):
         raise InputError("the white-box gradient canary needs a private trainer (--algo dpsgd or dpadam)")
     device = resolve_device(perf.device)
-    pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
+    pre = preprocessing
+    if pre is None:
+        pre = fit_preprocessing(dataset, train_idx if preprocessing_idx is None else preprocessing_idx)
     X = torch.as_tensor(np.array(pre.transform(dataset.rows(train_idx))), device=device)
     y = torch.as_tensor(dataset.y[train_idx], device=device)
     model = build_model(spec, seed=config.seed).to(device)

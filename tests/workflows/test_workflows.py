@@ -131,22 +131,28 @@ def test_multi_run_black_box_flags_non_private_training():
 
 
 def _spy_fits(monkeypatch):
-    """Record what each multi-run training fits its preprocessing on and trains on."""
+    """Record what each multi-run training fits its preprocessing on and trains on (a preprocessing given fitted:
+    the records :func:`dpaudit.data.fit_preprocessing` fitted it on)."""
+    import dpaudit.data as data_mod
     import dpaudit.training.run as run_mod
 
     calls = []
-    real = run_mod.fit_model
+    fitted_on = {}
+    real, real_fit = run_mod.fit_model, data_mod.fit_preprocessing
+
+    def fit_preprocessing(dataset, idx):
+        pre = real_fit(dataset, idx)
+        fitted_on[id(pre)] = np.asarray(idx).copy()
+        return pre
 
     def fit_model(dataset, train_idx, spec, config, perf=None, **kw):
-        calls.append(
-            (
-                np.asarray(train_idx).copy(),
-                None if kw.get("preprocessing_idx") is None else kw["preprocessing_idx"].copy(),
-                config,
-            )
-        )
+        pre_idx = kw.get("preprocessing_idx")
+        if kw.get("preprocessing") is not None:
+            pre_idx = fitted_on[id(kw["preprocessing"])]
+        calls.append((np.asarray(train_idx).copy(), None if pre_idx is None else pre_idx.copy(), config))
         return real(dataset, train_idx, spec, config, perf, **kw)
 
+    monkeypatch.setattr(data_mod, "fit_preprocessing", fit_preprocessing)
     monkeypatch.setattr(run_mod, "fit_model", fit_model)
     return calls
 
