@@ -5,6 +5,7 @@ line) without training anything."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -58,6 +59,20 @@ def test_check_cost_refuses_memory_and_asks_before_long_work():
         check_cost(long)
     with pytest.raises(InputError):  # the go-ahead ends with its block
         check_cost(long)
+
+
+def test_the_documented_environment_variable_allows_long_work_and_only_its_value_1(monkeypatch):
+    """README: `DPAUDIT_YES=1` in the environment allows long work like --yes (worker processes inherit --yes that
+    way; a CI job can export it). Planted: long_work_allowed reading any value, or a different name -> fails."""
+    long = Cost("x", 2, "units", seconds_per_unit=3000.0)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert f"`{budget.YES_ENV}=1`" in readme
+    for value in ("0", "yes", ""):
+        monkeypatch.setenv(budget.YES_ENV, value)
+        with pytest.raises(InputError, match="rerun with dpaudit --yes"):
+            check_cost(long)
+    monkeypatch.setenv(budget.YES_ENV, "1")
+    check_cost(long)
 
 
 def test_sizes_and_durations_are_printed_in_the_largest_unit_they_reach():
