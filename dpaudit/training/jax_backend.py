@@ -230,10 +230,7 @@ def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fa
     h, w = x.shape[-2:]
     oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     xp = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(ph, ph), (pw, pw)], constant_values=-jnp.inf)
-    windows = jnp.stack(
-        [xp[..., i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] for i in range(kh) for j in range(kw)],
-        axis=-1,
-    )
+    windows = jnp.stack(_window_slices(xp, (kh, kw), (sh, sw), (oh, ow)), axis=-1)
     first = jnp.argmax(windows, axis=-1)[..., None]
     return jnp.take_along_axis(windows, first, axis=-1)[..., 0]
 
@@ -1862,11 +1859,16 @@ def _patches(m: nn.Conv2d, a, out_hw: tuple[int, int]):
     Same values and order as ``lax.conv_general_dilated_patches``, which XLA:CPU computes as a real
     convolution with a (C_in·kh·kw)-channel identity kernel (for the small CNN's second layer 0.6 ms
     at batch 64, as much as its whole forward pass)."""
-    (kh, kw), (sh, sw) = m.kernel_size, m.stride
-    h, w = out_hw
     a = jnp.pad(a, ((0, 0), (0, 0), *_conv_pads(m)))
-    cols = [a[:, :, i : i + sh * (h - 1) + 1 : sh, j : j + sw * (w - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
-    return jnp.stack(cols, axis=2)
+    return jnp.stack(_window_slices(a, m.kernel_size, m.stride, out_hw), axis=2)
+
+
+def _window_slices(xp, kernel: tuple[int, int], stride: tuple[int, int], out_hw: tuple[int, int]) -> list:
+    """The kh·kw shifted, strided slices of an already padded (..., H, W) array, in row-major kernel order: slice
+    (i, j) holds at output position (r, c) the value at (r·sh + i, c·sw + j), so slice k of output (r, c) is element
+    k of its window (a convolution's patches, :func:`_patches`; max pooling's windows, :func:`_max_pool2d`)."""
+    (kh, kw), (sh, sw), (h, w) = kernel, stride, out_hw
+    return [xp[..., i : i + sh * (h - 1) + 1 : sh, j : j + sw * (w - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
 
 
 def _positions_sq_norm(a, g, bias: bool):
