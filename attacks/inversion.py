@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from dpaudit.budget import Cost, check_cost
-from dpaudit.checkpoint import as_run
+from dpaudit.checkpoint import as_run, eval_batch_rows
 from dpaudit.errors import InputError
 from dpaudit.models import channels_last_message, looks_channels_last
 from dpaudit.progress import Progress
@@ -234,11 +234,26 @@ class QueryCounter:
 
 
 def as_black_box(probs: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[np.ndarray], np.ndarray]:
-    """A torch probability function as a numpy-only prediction API (no gradients leave it)."""
+    """A torch probability function as a numpy-only prediction API (no gradients leave it).
+
+    Evaluated :func:`~dpaudit.checkpoint.eval_batch_rows` rows at a time, each batch made float64 on its own:
+    a fixed number set by the record shape, never by N, so a record's probabilities do not depend on how many
+    records are asked at once beyond the batch (``attack attribute`` sent each split whole: at 50,000
+    CIFAR-sized images its float64 copies and ``(x - mean) / scale`` temporaries peaked at 2.5 GB). Splits of
+    at most that many rows (2,048 tabular records, 341 CIFAR images) are one call, as before. BLAS may pick
+    another kernel for another row count: measured with torch's MKL, a linear model's probabilities on
+    batches of >= 2 rows are the whole call's byte for byte, a one-row batch and an MLP's hidden layer differ
+    by <= 6.4e-15 in a logit (benchmarks/RESULTS.md, twelfth session)."""
 
     def predict_proba(X: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return probs(torch.as_tensor(np.asarray(X, np.float64))).numpy()
+        X = np.asarray(X)
+        rows = eval_batch_rows(tuple(X.shape[1:]))
+        with torch.no_grad():  # range(0, 1): an empty X is still one call, its (0, k) shape from the model
+            out = [
+                probs(torch.as_tensor(np.asarray(X[s : s + rows], np.float64))).numpy()
+                for s in range(0, max(len(X), 1), rows)
+            ]
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     return predict_proba
 

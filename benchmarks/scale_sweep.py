@@ -33,6 +33,7 @@ COMMANDS = {
     "attribute": "attack attribute {r} --feature 5 --json",
     "inversion": "attack inversion {r} --classes 0,1 --iterations 50 --out {r}.inv --force --json",
     "audit-checkpoint": "audit checkpoint {r}.dp --attacks loss --json",
+    "report": "report {r} --attacks loss --attribute 5 --inversion --format json --out {r}.rep --force --json",
     "audit-train": "audit train --data {d} --model logreg --algo dpsgd --epsilon 8 --epochs 1 --runs 20 "
     "--canary-kind mislabeled --allow-inconclusive --json",
 }

@@ -492,3 +492,41 @@ def test_attribute_inference_reads_each_split_as_float64_and_the_data_once(tmp_p
     assert len(loads) == 1
     assert peak < X.nbytes  # the old route: 2 X.nbytes for X as float64, then the splits' copies
     assert result.to_dict() == expected
+
+
+def test_the_black_box_api_evaluates_a_fixed_number_of_rows_at_a_time():
+    """`attack attribute` sent each split through the model in one call (``as_black_box``): the whole split in
+    float64 and the preprocessing's ``(x - mean) / scale`` temporaries at once (2.5 GB peak at 50,000 CIFAR-sized
+    images). Now :func:`eval_batch_rows` rows at a time, a number set by the record shape only, so a record's
+    probabilities are those of its batch whatever N is, and within rounding of the whole call (BLAS may pick
+    another kernel for another row count: <= 6.4e-15 in a logit measured, far below 1e-12)."""
+    import tracemalloc
+
+    from attacks.inversion import as_black_box
+    from dpaudit.checkpoint import eval_batch_rows
+
+    torch.manual_seed(0)
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+    calls = []
+
+    def probs(x):
+        calls.append(len(x))
+        return torch.softmax(lin((x - 0.5) / 2.0), dim=-1)
+
+    proba = as_black_box(probs)
+    X = np.random.default_rng(0).normal(size=(20_000, 64)).astype(np.float32)
+    rows = eval_batch_rows((64,))
+    tracemalloc.start()
+    try:
+        p = proba(X)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert calls == [rows] * (len(X) // rows) + [len(X) % rows]
+    assert peak < X.nbytes / 2  # the whole call: X in float64, 2 X.nbytes (its torch temporaries untraced)
+    assert np.array_equal(p[rows : 2 * rows], proba(X[rows : 2 * rows]))  # a batch's records, asked alone
+    with torch.no_grad():
+        whole = probs(torch.as_tensor(X, dtype=torch.float64)).numpy()
+    assert p.shape == whole.shape and np.abs(p - whole).max() < 1e-12
+    calls.clear()
+    assert proba(X[:0]).shape == (0, 3) and calls == [0]  # an empty X: one call, the model's own shape
