@@ -534,7 +534,8 @@ def test_the_black_box_api_evaluates_a_fixed_number_of_rows_at_a_time():
 
 def test_the_likelihood_attack_makes_a_block_of_rows_float64_at_a_time():
     """`AttributeInference.predict` made the whole split float64 and a counterfactual copy of it (2 x 430 MB for
-    17,500 CIFAR-sized members, beside the float32 rows). Now a block of :func:`eval_batch_rows` rows at a time,
+    17,500 CIFAR-sized members, beside the float32 rows), `fit` the aux split (307 MB for 12,500). Now a block of
+    :func:`eval_batch_rows` rows at a time,
     the same batches the model saw; the guesses are argmax_v log p(y | x_{-j}, v) + log P(v) on the whole split."""
     import tracemalloc
 
@@ -550,14 +551,21 @@ def test_the_likelihood_attack_makes_a_block_of_rows_float64_at_a_time():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(20_000, 64)).astype(np.float32)
     y = rng.integers(0, 2, len(X))
-    att = AttributeInference(5).fit(X[:500], y[:500], proba)  # feature 5 is continuous: binarised, 2 values
+    AttributeInference(5).fit(X[:100], y[:100], proba)  # its lazy imports, before the trace
     tracemalloc.start()
     try:
+        att = AttributeInference(5).fit(X, y, proba)  # feature 5 is continuous: binarised, 2 values
+        fit_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
         guess = att.predict(X, y, proba)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+    assert fit_peak < X.nbytes / 2  # the aux split made float64 whole for the model: 2 X.nbytes
     assert peak < X.nbytes / 2  # the whole split's float64 copy and its counterfactual: 4 X.nbytes
+    same = AttributeInference(5).fit(X.astype(np.float64), y, proba)  # the old float64 rows: the same attack
+    assert (same.threshold_, same.prior_.tolist()) == (att.threshold_, att.prior_.tolist())
+    assert np.array_equal(same.candidates_, att.candidates_)
     scores = []
     for v, prior in zip(att.candidates_[:, 0], att.prior_, strict=True):
         Xv = X.astype(np.float64)
