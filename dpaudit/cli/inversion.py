@@ -154,10 +154,9 @@ def inversion(
     info(f"inverting {which} of {path} ({'black' if black_box else 'white'}-box) …")
     with target.dataset_held():  # one load and hash of the data for the attack and the grid's class means
         result = run_inversion(target, classes, attack=attack, seed=seed, progress=progress(json_output))
-        member_means = member_class_means(target) if png is not None else None
-    if png is not None:
-        save_grid(result, png, member_means=member_means, force=force)
-        info(f"inversions written to {png} (top: inversions; bottom: members' class means)")
+        if png is not None:
+            save_grid(result, png, member_means=member_class_means(target), force=force)
+            info(f"inversions written to {png} (top: inversions; bottom: members' class means)")
     data = {"checkpoint": str(path), "png": None if png is None else str(png), **result.to_dict()}
     emit(data, inversion_table(result), json_flag=json_output)
 

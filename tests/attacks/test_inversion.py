@@ -303,6 +303,21 @@ def test_cli_inversion_json_and_png(digits_run_dir, tmp_path):
     assert (tmp_path / "png" / "inversions.png").stat().st_size > 0
 
 
+def test_cli_inversion_with_a_grid_loads_the_data_once(digits_run_dir, tmp_path, monkeypatch):
+    """`attack inversion --out` loaded and sha256-hashed the run's data twice: for the attack, then for the grid's
+    members' class means (7-15 s a load at 50,000 CIFAR-sized images); now one load serves both
+    (:meth:`dpaudit.checkpoint.Run.dataset_held`)."""
+    from dpaudit import checkpoint
+
+    loads = []
+    original = checkpoint.load_dataset
+    monkeypatch.setattr(checkpoint, "load_dataset", lambda *a, **k: loads.append(1) or original(*a, **k))
+    res = cli("attack", "inversion", str(digits_run_dir), "--classes", "0", "--iterations", "2", "--restarts", "1",
+              "--out", str(tmp_path / "grid"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "grid" / "inversions.png").stat().st_size > 0 and len(loads) == 1
+
+
 def test_cli_inversion_out_dir_is_a_deprecated_spelling_of_out(digits_run_dir, tmp_path):
     """Every other command writes to --out/-o; inversion alone took --out-dir. --out-dir still works, with a
     notice; both at once is one line, exit 2, before any work."""
