@@ -120,6 +120,22 @@ def test_right_members_not_flagged_and_scaler_used_as_given(foreign, tmp_path):
     assert meta["training"]["algo"] == "imported" and meta["privacy"] is None
 
 
+def test_member_line_gives_the_rank_test_the_check_decides_on(foreign, tmp_path):
+    """The summary's members line shows the check's own numbers (AUC and p of the rank test), not only the means:
+    "loss 0.5895 vs holdout 0.691 (member check inconclusive)" read as a contradiction (a few large holdout losses
+    lift the mean while a member's loss is lower with probability 0.512, p = 0.163)."""
+    from dpaudit import numfmt
+
+    for name, members in (("right", foreign["members"]), ("wrong", foreign["wrong"])):
+        out = tmp_path / name
+        r = _import(foreign, out, members, "--quiet")
+        assert r.exit_code == 0, r.output
+        check = _meta(out)["import"]["member_check"]
+        line = next(x for x in r.stdout.splitlines() if x.startswith("members "))
+        ranks = f"a member's loss is lower with probability {check['auc']:.3f} ({numfmt.p_value(check['p_value'])})"
+        assert ranks in line, line
+
+
 def test_wrong_members_flagged_and_noted_on_estimates(foreign, tmp_path):
     from dpaudit.workflows import audit_checkpoint
 
