@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
@@ -540,11 +540,17 @@ def factory_source_sha256(path: str) -> str:
 SPECS: dict[str, type[ModelSpec]] = {s.kind: s for s in (LogRegSpec, MLPSpec, CNNSpec, RNNSpec, PythonSpec)}
 
 
-def read_model_spec(path: str | Path, *, tokens: bool = False) -> ModelSpec:
+def read_model_spec(
+    path: str | Path, *, tokens: bool = False, fits: Callable[[ModelSpec], None] | None = None
+) -> ModelSpec:
     """A model spec from a JSON file in :meth:`ModelSpec.to_dict`'s format (``docs/model-spec.md``);
     any problem is one :class:`InputError` line naming the file. ``tokens``: the data are token ids, so
     a ``python`` spec that does not say its ``input_dtype`` reads ``int64`` (one that says ``float32``
-    is refused by the data check, :func:`dpaudit.training.run.check_spec_fits`)."""
+    is refused by the data check, :func:`dpaudit.training.run.check_spec_fits`). ``fits``: a check of the
+    spec against the data (raising InputError), run before a ``python`` factory's model is built and run: a
+    spec whose input_shape is not the data's ([32, 32, 3] for N x 3 x 32 x 32 records) was reported as the
+    factory's forward failing on that shape (torch's "expected input ... to have 3 channels"), not as the
+    mismatch it is."""
 
     path = Path(path)
     if path.is_dir():
@@ -556,6 +562,8 @@ def read_model_spec(path: str | Path, *, tokens: bool = False) -> ModelSpec:
         d = {**d, "input_dtype": "int64"}
     try:
         spec = model_spec_from_dict(d)
+        if fits is not None:
+            fits(spec)
         if isinstance(spec, PythonSpec):
             # the factory's failures surface now, before any data is read or trained on; seeded, so reading a spec
             # draws nothing from torch's global generator

@@ -260,21 +260,24 @@ def load_model_spec(
     feature shape and number of classes; :class:`InputError` (one line, naming the file) otherwise.
     ``tokens``: the data are token ids (see :func:`dpaudit.models.read_model_spec`). ``dataset``: the
     :class:`~dpaudit.data.Dataset` itself, whose labels explain a class count that does not fit."""
-    from dpaudit.models import read_model_spec
+    from dpaudit.models import looks_channels_last, read_model_spec
 
-    path = Path(path)
-    spec = read_model_spec(path, tokens=tokens)
-    if spec.input_shape != tuple(feature_shape) or spec.n_classes != n_classes:
+    def fits(spec) -> None:  # before a factory's model is built (read_model_spec names the file)
+        if spec.input_shape == tuple(feature_shape) and spec.n_classes == n_classes:
+            return
         shape, want = tuple(feature_shape), tuple(spec.input_shape)
         # Images saved channels-last (numpy/TF's N x 32 x 32 x 3) for a module that reads (channels, height, width).
         hint = ""
         if len(want) == 3 and shape == (*want[1:], want[0]):
             hint = f"; the data looks channels-last: store X as N x {want[0]} x {want[1]} x {want[2]}, e.g. "
             hint += "X.transpose(0, 3, 1, 2)"
+        elif looks_channels_last(want) and want == (*shape[1:], shape[0]):  # the spec written channels-last
+            hint = f"; the module gets each record as stored, {list(shape)}: write that as the spec's input_shape"
         if spec.n_classes != n_classes and dataset is not None:
             hint += dataset.outputs_hint(spec.n_classes)
         raise InputError(
-            f"{path}: the spec is for input shape {list(spec.input_shape)} and {spec.n_classes} classes; the data "
+            f"the spec is for input shape {list(spec.input_shape)} and {spec.n_classes} classes; the data "
             f"has {list(feature_shape)} and {n_classes}{hint}"
         )
-    return spec
+
+    return read_model_spec(Path(path), tokens=tokens, fits=fits)

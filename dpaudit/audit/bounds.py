@@ -637,6 +637,28 @@ def _curve_refutation(family: fdp_one_run.TradeoffFamily, out: fdp_one_run.FdpOu
     }  # fmt: skip
 
 
+def _plan_pointer(setup: _Setup, claim: str) -> str:
+    """The `audit plan` command that sizes a design able to refute the claim, for the "design too small" note (its
+    README promise: `dpaudit audit plan` says how many runs or canaries). ``claim`` is the claim as the note prints it,
+    rounded up, and the confidence is rounded up too: both only enlarge the planned size. The f-DP curve audit
+    (one-run-fdp) gets none: the note cannot name its claim's curve in `--tradeoff`'s syntax, and the (epsilon, delta)
+    one-run plan sizes another test. A membership design (the model's own members, an estimate) has no size to
+    plan: the pointer is to a formal multi-run design."""
+    if setup.method == "one-run-fdp":
+        return ""
+    options = f"--epsilon {claim} --delta {numfmt.exact(setup.delta)}"
+    if setup.method != "clopper-pearson":
+        options += f" --method {setup.method}"
+    if setup.selection == "bonferroni":  # a fixed threshold is not planned; holdout's size is the larger (safe) one
+        options += " --threshold-selection bonferroni"
+    if setup.alternative == "two-sided":
+        options += " --two-sided"
+    if setup.confidence != 0.95:
+        options += f" --confidence {numfmt.upper(setup.confidence, 6)}"
+    what = "the independent runs a formal audit needs" if setup.design == "membership" else "the size needed"
+    return f"; `dpaudit audit plan {options}` gives {what}"
+
+
 def _finish(
     setup: _Setup, eps, max_cert, counts, threshold, notes, details, *, formal: bool = True, refutation=None
 ) -> AuditResult:
@@ -657,7 +679,7 @@ def _finish(
         most, claim = numfmt.ordered(max_cert, claimed, left_up=True)  # both upper bounds, in the order computed
         notes.append(
             f"design too small: max certifiable epsilon = {most} <= claimed {claim} -> inconclusive "
-            "(more runs/canaries, or a larger delta, are needed to refute this claim)"
+            f"(more runs/canaries, or a larger delta, are needed to refute this claim{_plan_pointer(setup, claim)})"
         )
     return AuditResult(
         epsilon_lower_bound=eps,

@@ -370,6 +370,7 @@ def import_weights(**o) -> None:
     check_weights_file(o["weights"])  # WEIGHTS first, as the command reads (it named the data's problem first)
     if o["data"] is not None:
         check_data_spec(o["data"])  # before torch is imported
+    from dpaudit import numfmt
     from dpaudit.training.run import summary
     from dpaudit.workflows.runs import import_from_options
 
@@ -383,8 +384,16 @@ def import_weights(**o) -> None:
     if meta["privacy"] is not None:
         lines.append(f"claim      {meta['privacy']['source']}")
     if check["holdout_loss"] is not None:
+        # The means alone misled: "loss 0.5895 vs holdout 0.691 (member check inconclusive)" (a few holdout records
+        # with a large loss lift its mean) read as a contradiction; the check is the rank test, so its numbers go
+        # on the line (member_check: AUC = P(a member's loss is lower), one-sided Mann–Whitney p).
+        ranks = (
+            f"; a member's loss is lower with probability {check['auc']:.3f} ({numfmt.p_value(check['p_value'])})"
+            if check.get("auc") is not None
+            else ""
+        )
         lines.append(
-            f"members    loss {check['train_loss']:.4g} vs holdout {check['holdout_loss']:.4g}"
+            f"members    loss {check['train_loss']:.4g} vs holdout {check['holdout_loss']:.4g}{ranks}"
             + ("  (SUSPICIOUS: see the warning)" if check["suspicious"] else "")
             + ("  (member check inconclusive)" if check.get("outcome") == "inconclusive" else "")
         )

@@ -700,17 +700,24 @@ def check_spec_fits(spec: ModelSpec, dataset: Dataset, *, own_module: bool = Tru
                     "numeric features: save X as floats)"
                 )
         raise InputError(f"a {spec.kind} model needs {need}, but the data {dataset.source!r} is {dataset.kind}{hint}")
-    flat = spec.kind in ("logreg", "mlp")  # these flatten their input, so only the size must agree
-    if tuple(spec.input_shape) != shape and not (flat and math.prod(spec.input_shape) == math.prod(shape)):
-        raise InputError(
-            f"the model spec has input_shape {list(spec.input_shape)} but the data's records have shape {list(shape)}"
-        )
+    check_input_shape(spec, shape)
     if spec.kind == "rnn" and int(dataset.X.max()) >= spec.vocab_size:
         raise InputError(
             f"the data has token ids up to {int(dataset.X.max())} but the model spec has vocab_size {spec.vocab_size}"
         )
     if spec.kind == "python" and dataset.kind == "tokens":
         _check_runs_on_ids(spec, dataset)
+
+
+def check_input_shape(spec: ModelSpec, shape: tuple[int, ...]) -> None:
+    """The spec's input_shape must be the records' ``shape`` (logreg and mlp flatten their input, so for them only the
+    size must agree). Also run by ``dpaudit import`` before a factory's model is built and run
+    (:func:`dpaudit.models.read_model_spec`'s ``fits``), where a mismatch read as the factory's forward failing."""
+    flat = spec.kind in ("logreg", "mlp")
+    if tuple(spec.input_shape) != tuple(shape) and not (flat and math.prod(spec.input_shape) == math.prod(shape)):
+        raise InputError(
+            f"the model spec has input_shape {list(spec.input_shape)} but the data's records have shape {list(shape)}"
+        )
 
 
 def _check_runs_on_ids(spec: ModelSpec, dataset: Dataset) -> None:

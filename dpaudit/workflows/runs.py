@@ -358,7 +358,7 @@ def import_from_options(
     )
     from dpaudit.fileio import check_weights_file
     from dpaudit.models import read_model_spec
-    from dpaudit.training.run import import_run, recipe_from_dict
+    from dpaudit.training.run import check_input_shape, import_run, recipe_from_dict
 
     check_weights_file(weights)  # the first argument first (its file is read last, by import_run)
     _refuse_existing(out, force, inputs=[weights, model_spec, data, members, claim, recipe, canaries])
@@ -381,7 +381,9 @@ def import_from_options(
     ds = load_dataset(
         check_data_spec(data if data is not None else "digits", label_column=label_column), label_column=label_column
     )
-    spec = read_model_spec(model_spec, tokens=ds.kind == "tokens")
+    spec = read_model_spec(
+        model_spec, tokens=ds.kind == "tokens", fits=lambda s: check_input_shape(s, ds.feature_shape)
+    )
     member_idx = read_member_indices(members, len(ds)) if members is not None else None
     pre: object = preprocessing
     if preprocessing is not None and preprocessing not in ("none", "identity", "standardize"):

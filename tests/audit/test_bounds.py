@@ -186,6 +186,50 @@ def test_claim_beyond_design_is_inconclusive_with_a_note():
     assert any("design too small" in n for n in res.notes)
 
 
+def test_design_too_small_names_the_audit_plan_that_sizes_a_design_able_to_refute():
+    """README: `inconclusive` ... "`dpaudit audit plan` says how many runs or canaries would be needed"; the note said
+    only "more runs/canaries are needed". It names the plan of this audit's design (claim rounded up, its δ, method,
+    selection, sides and per-test confidence, each only enlarging the size), options `audit plan` parses, and a
+    planned perfect attack there certifies more than the claim (its size exceeds this design's)."""
+    import re
+    import shlex
+
+    from typer.main import get_command
+
+    from dpaudit.audit.plan import trials_needed
+    from dpaudit.cli.main import app
+
+    plan = get_command(app).commands["audit"].commands["plan"]
+    cases = [
+        (dict(design="multi-run"), 8.0, "--epsilon 8 --delta 1e-05`", "the size needed"),
+        (dict(design="multi-run", method="gdp"), 30.0, "--epsilon 30 --delta 1e-05 --method gdp`", "the size needed"),
+        (dict(design="multi-run", threshold_selection="bonferroni", alternative="two-sided", confidence=0.975), 8.0,
+         "--delta 1e-05 --threshold-selection bonferroni --two-sided --confidence 0.975`", "the size needed"),
+        (dict(design="canaries", method="one-run", confidence=1 - 0.05 / 3), 8.0,
+         "--method one-run --confidence 0.983334`", "the size needed"),
+        (dict(), 8.0, "--epsilon 8 --delta 1e-05`", "the independent runs a formal audit needs"),  # membership
+    ]  # fmt: skip
+    for kw, claim, tail, what in cases:
+        res = audit_scores(S, M, claimed_epsilon=claim, delta=1e-5, **kw)
+        (note,) = [n for n in res.notes if n.startswith("design too small")]
+        command = re.search(r"`dpaudit audit plan ([^`]*)`", note)
+        assert command and note.endswith(f"{tail} gives {what})"), note
+        ctx = plan.make_context("plan", shlex.split(command.group(1)))  # options the command parses
+        p = ctx.params
+        assert p["target_epsilon"] >= claim and p["delta"] == 1e-5 and p["confidence"] >= kw.get("confidence", 0.95)
+        assert (p["method"], p["threshold_selection"], p["two_sided"]) == (
+            kw.get("method", "clopper-pearson"), kw.get("threshold_selection", "holdout"), "alternative" in kw
+        )  # fmt: skip
+        if p["method"] != "one-run":  # one-run at 8: out of reach (the plan says so); else more than this design
+            need = trials_needed(
+                p["target_epsilon"], delta=p["delta"], confidence=p["confidence"], method=p["method"],
+                threshold_selection=p["threshold_selection"], alternative="two-sided" if p["two_sided"] else "greater",
+            )  # fmt: skip
+            assert need > int(M.sum())
+    fdp = audit_scores(S, M, claimed_epsilon=50.0, design="canaries", method="one-run-fdp", delta=1e-5)
+    assert [n for n in fdp.notes if n.startswith("design too small")] and "audit plan" not in " ".join(fdp.notes)
+
+
 def test_design_too_small_exactly_when_the_verdict_rule_says_inconclusive():
     """``design_too_small`` (the CLI's "the design is too small to refute the claim" warning) holds exactly when
     :func:`decide_verdict` has the claim at or above the max certifiable ε, the ceiling included, and never

@@ -191,7 +191,10 @@ def test_bad_factories_are_one_line(npz, tmp_path, factory, message):
     assert message in one_error(r)
     assert not (tmp_path / "run").exists()
     (tmp_path / "w.safetensors").write_bytes(b"")  # WEIGHTS is checked first (a path that exists), then the spec
-    r = invoke("import", tmp_path / "w.safetensors", "--model-spec", spec, "--out", tmp_path / "imp")
+    # on the same data: a spec whose input_shape is not the data's is refused as that, before its factory runs
+    (tmp_path / "m.txt").write_text("\n".join(map(str, range(10))) + "\n")
+    r = invoke("import", tmp_path / "w.safetensors", "--model-spec", spec, "--data", npz, "--members",
+               tmp_path / "m.txt", "--out", tmp_path / "imp")  # fmt: skip
     assert message in one_error(r)
     assert not (tmp_path / "imp").exists()
 

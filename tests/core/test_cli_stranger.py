@@ -166,6 +166,24 @@ def test_channels_last_images_for_a_factory_spec_say_so(tmp_path):
         load_model_spec(spec, feature_shape=(8, 3, 8), n_classes=2)
 
 
+def test_a_factory_spec_whose_input_shape_is_not_the_datas_names_both_before_its_forward_runs(tmp_path):
+    """A residual CNN's spec written channels-last, [8, 8, 3], for N x 3 x 8 x 8 records: the line was the factory's
+    forward failing on [2, 8, 8, 3] (torch's "expected input ... to have 3 channels"), not the mismatch; now the
+    shapes are compared before the factory's model runs, with the hint for a spec written channels-last."""
+    from dpaudit.errors import InputError
+    from dpaudit.plugins import load_model_spec
+
+    spec = tmp_path / "spec.json"
+    factory = {"kind": "python", "factory": "tests.core.byo_models:residual_groupnorm_cnn", "n_classes": 2}
+    spec.write_text(json.dumps({**factory, "kwargs": {"channels": 3, "n_classes": 2}, "input_shape": [8, 8, 3]}))
+    with pytest.raises(InputError, match=r"spec\.json: the spec is for input shape \[8, 8, 3\] and 2 classes; the data "
+                       r"has \[3, 8, 8\] and 2; the module gets each record as stored, \[3, 8, 8\]: write that as the "
+                       r"spec's input_shape$"):  # fmt: skip
+        load_model_spec(spec, feature_shape=(3, 8, 8), n_classes=2)
+    spec.write_text(json.dumps({**factory, "kwargs": {"channels": 3, "n_classes": 2}, "input_shape": [3, 8, 8]}))
+    assert load_model_spec(spec, feature_shape=(3, 8, 8), n_classes=2).input_shape == (3, 8, 8)
+
+
 @pytest.mark.parametrize(("shape", "refused"), [((28, 28, 1), True), ((32, 32, 4), True), ((8, 8, 16), False)])
 def test_channels_last_covers_grey_and_rgba_and_only_those_widths(shape, refused):
     # MNIST stored N x 28 x 28 x 1 and RGBA N x 32 x 32 x 4 are channels-last as CIFAR's 3 is; 8 channels of 8 x 16

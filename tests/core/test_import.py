@@ -120,6 +120,42 @@ def test_right_members_not_flagged_and_scaler_used_as_given(foreign, tmp_path):
     assert meta["training"]["algo"] == "imported" and meta["privacy"] is None
 
 
+def test_a_factory_spec_of_another_shape_is_refused_as_that_before_its_forward_runs(tmp_path):
+    """`import` with a residual CNN's spec written channels-last ([8, 8, 3]) for N x 3 x 8 x 8 records: the line was
+    the factory's forward failing on [2, 8, 8, 3] (torch's "expected input ... to have 3 channels"); now the shapes."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.normal(size=(40, 3, 8, 8)).astype(np.float32), y=np.arange(40) % 2)
+    spec = {"kind": "python", "factory": "tests.core.byo_models:residual_groupnorm_cnn", "n_classes": 2,
+            "kwargs": {"channels": 3, "n_classes": 2}, "input_shape": [8, 8, 3]}  # fmt: skip
+    _write(tmp_path / "spec.json", json.dumps(spec))
+    weights = tmp_path / "w.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(weights))
+    r = invoke("import", weights, "--model-spec", tmp_path / "spec.json", "--data", tmp_path / "d.npz",
+               "--members", _member_file(tmp_path / "m.txt", range(20)), "--out", tmp_path / "run")  # fmt: skip
+    assert r.exit_code == 2 and error_lines(r) == [
+        f"error: {tmp_path / 'spec.json'}: the model spec has input_shape [8, 8, 3] but the data's records have "
+        "shape [3, 8, 8]"
+    ], r.output
+
+
+def test_member_line_gives_the_rank_test_the_check_decides_on(foreign, tmp_path):
+    """The summary's members line shows the check's own numbers (AUC and p of the rank test), not only the means:
+    "loss 0.5895 vs holdout 0.691 (member check inconclusive)" read as a contradiction (a few large holdout losses
+    lift the mean while a member's loss is lower with probability 0.512, p = 0.163)."""
+    from dpaudit import numfmt
+
+    for name, members in (("right", foreign["members"]), ("wrong", foreign["wrong"])):
+        out = tmp_path / name
+        r = _import(foreign, out, members, "--quiet")
+        assert r.exit_code == 0, r.output
+        check = _meta(out)["import"]["member_check"]
+        line = next(x for x in r.stdout.splitlines() if x.startswith("members "))
+        ranks = f"a member's loss is lower with probability {check['auc']:.3f} ({numfmt.p_value(check['p_value'])})"
+        assert ranks in line, line
+
+
 def test_wrong_members_flagged_and_noted_on_estimates(foreign, tmp_path):
     from dpaudit.workflows import audit_checkpoint
 
