@@ -631,3 +631,30 @@ def test_a_manifest_that_is_a_link_unreadable_or_malformed_is_no_manifest(tmp_pa
         (d / MANIFEST).unlink()
         (d / MANIFEST).write_text(text)
         assert read_manifest(d) is None and foreign_files(d) == [MANIFEST, "a.txt"], text
+
+
+def test_a_command_ends_the_worker_processes_it_started():
+    """joblib's loky executor keeps its worker processes after a parallel job (``--workers 2``: PATE's teachers,
+    reference models, audit runs); the interpreter's exit then waited for them, 6–10 s after the result was
+    printed, and Ctrl-C in that wait printed loky's KeyboardInterrupt traceback with exit 0. A command now ends
+    them before it returns."""
+    from joblib import Parallel, delayed
+    from joblib.externals.loky import reusable_executor
+
+    from dpaudit.cli._common import App
+
+    small = App()
+
+    @small.command()
+    def work() -> None:
+        assert Parallel(n_jobs=2, backend="loky")(delayed(abs)(-i) for i in range(2)) == [0, 1]
+
+    @small.command()
+    def other() -> None:  # two commands: `work` stays a subcommand
+        pass
+
+    r = CliRunner().invoke(small, ["work"])
+    assert r.exit_code == 0, r.output
+    executor = reusable_executor._executor
+    workers = list((getattr(executor, "_processes", None) or {}).values())
+    assert not any(p.is_alive() for p in workers)
