@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from dpaudit.errors import InputError
-from dpaudit.user_code import first_line, load_object
+from dpaudit.user_code import first_line, load_users_own
 from dpaudit.validation import check_int_fields, read_json
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
@@ -278,7 +278,9 @@ class PythonSpec(ModelSpec):
     ``source_sha256``: the sha256 of the factory's source file, recorded when the spec is made; a
     checkpoint whose factory source changed since still loads when the parameter names and shapes
     match (they are checked), with a warning. Trust: building the model imports and runs the named
-    factory's module, the user's own code, exactly as ``--trainer`` does; nothing else is executed.
+    factory's module, which must be the user's own project's code (a file under the current directory or
+    ``PYTHONPATH``, not the standard library, an installed package, dpaudit or the run being loaded:
+    :func:`dpaudit.user_code.load_users_own`); nothing else is executed.
     """
 
     kind: ClassVar[str] = "python"
@@ -509,8 +511,9 @@ def looks_like_probabilities(out: torch.Tensor) -> bool:
 
 
 def load_factory(path: str):
-    """The callable named by ``"package.module:function"`` (see :class:`PythonSpec`)."""
-    fn = load_object(path, "model factory", "'package.module:function'")
+    """The callable named by ``"package.module:function"`` (see :class:`PythonSpec`): the user's own code only
+    (:func:`dpaudit.user_code.load_users_own`), as a file names it and a stranger's run may."""
+    fn = load_users_own(path, "model factory", "'package.module:function'")
     if not callable(fn):
         raise InputError(f"model factory {path} is a {type(fn).__name__}, not callable")
     return fn
