@@ -512,6 +512,13 @@ class StatedClaim:
             raise InputError(f"{source}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(CLAIM_FIELDS)}")
         if "delta" not in d:
             raise InputError(f"{source}: missing 'delta'")
+        from dpaudit.validation import check_json_type
+
+        # JSON types first: a stranger's "epsilon": true or "1" was read as the number 1 (float(True)), a claim the
+        # file never stated. null is an absent field (the options' None).
+        for k in CLAIM_FIELDS:
+            expected = {"steps": int, "accountant": str, "neighbouring": str}.get(k, float)
+            check_json_type(d.get(k), expected if k == "delta" else (expected, type(None)), f"{source}: field {k!r}")
         return cls(**{k: d.get(k) for k in CLAIM_FIELDS}, source=source)
 
 
