@@ -13,6 +13,7 @@ import contextvars
 import hashlib
 import json
 import math
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from dpaudit.validation import check_int_fields, read_json
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn", "python")
 INPUT_DTYPES = ("float32", "int64")  # of a python model's input: features, or token ids
+MAX_RECORD_VALUES = 2**26  # values in one record of a python model's input (a 4K RGB image holds 2.5e7): 256 MiB
 
 
 def looks_channels_last(shape: Sequence[int]) -> bool:
@@ -293,6 +295,17 @@ class PythonSpec(ModelSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if math.prod(self.input_shape) > MAX_RECORD_VALUES:
+            # every build runs the module on two zero records of this shape: a stranger's [10**9, 10**9] asked torch
+            # for 8e18 bytes (an internal error), [40000, 40000] would take 12.8 GB before any check
+            raise InputError(
+                f"input_shape {list(self.input_shape)} holds {math.prod(self.input_shape)} values per record, "
+                f"more than {MAX_RECORD_VALUES} (the model is built by running it on two records of this shape)"
+            )
+        if self.source_sha256 is not None and not (
+            isinstance(self.source_sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.source_sha256)
+        ):
+            raise InputError(f"expected source_sha256 to be 64 hex digits (a sha256), got {self.source_sha256!r}")
         if self.input_dtype not in INPUT_DTYPES:
             raise InputError(f"expected input_dtype 'float32' or 'int64' (token ids), got {self.input_dtype!r}")
         if not isinstance(self.kwargs, dict):

@@ -81,3 +81,21 @@ def test_the_users_own_factory_still_loads_the_run(project):
     assert load_run(project / "run").spec.factory == f"{PROJECT_MODULE}:net"
     r = invoke("inspect", project / "run")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # every build runs the module on two zero records: torch was asked for 8e18 bytes (an internal error, exit 3)
+        ({"input_shape": [10**9, 10**9]}, r"holds 1000000000000000000 values per record, more than 67108864"),
+        ({"source_sha256": 123}, "expected source_sha256 to be 64 hex digits"),  # was "'int' object is not subscr..."
+        ({"source_sha256": "ab"}, "expected source_sha256 to be 64 hex digits"),
+    ],
+)
+def test_a_python_spec_with_a_huge_record_or_a_malformed_hash_is_one_line(project, edit, message):
+    meta = json.loads((project / "run" / CHECKPOINT_FILE).read_text())
+    meta["model"] = {"kind": "python", "factory": f"{PROJECT_MODULE}:net", "input_shape": [4], "n_classes": 2, **edit}
+    (project / "run" / CHECKPOINT_FILE).write_text(json.dumps(meta))
+    assert message.split(" ")[0] in one_error(invoke("inspect", project / "run"))
+    with pytest.raises(CheckpointError, match=message):
+        load_run(project / "run")
