@@ -26,6 +26,7 @@ from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessi
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_weights_file, load_safetensors, write_atomic_dir, writer_of
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
+from dpaudit.user_code import not_from
 from dpaudit.validation import check_json_type, read_json
 
 SCHEMA_VERSION = 1
@@ -717,13 +718,15 @@ def load_run(path: Path | str) -> Run:
         raise CheckpointError(f"{path}: expected a run directory, got a file")
     meta = read_meta(path)
     try:
-        # A python spec imports and calls its factory here: the user's code, the only code a run names
-        # (same trust as --trainer); every other field is data.
-        spec = model_spec_from_checkpoint(meta["model"])
-        state = load_weights_file(path / WEIGHTS_FILE)
-        # before the model is built: a huge spec beside small weights fails here, not after allocating it
-        check_weights_fit_spec(spec, strip_wrapper_prefixes(state), str(path / WEIGHTS_FILE))
-        model = build_model(spec, seed=0)  # seeded: loading draws nothing from torch's global generator
+        # A python spec imports and calls its factory here: the only code a run names, and only when it is the
+        # user's own project's (never the standard library, an installed package or a file inside this run:
+        # dpaudit.user_code.load_users_own); every other field is data.
+        with not_from(path):
+            spec = model_spec_from_checkpoint(meta["model"])
+            state = load_weights_file(path / WEIGHTS_FILE)
+            # before the model is built: a huge spec beside small weights fails here, not after allocating it
+            check_weights_fit_spec(spec, strip_wrapper_prefixes(state), str(path / WEIGHTS_FILE))
+            model = build_model(spec, seed=0)  # seeded: loading draws nothing from torch's global generator
     except InputError as e:
         raise CheckpointError(f"{path / CHECKPOINT_FILE}: bad model spec: {e}") from None
     load_state_into(model, state, str(path / WEIGHTS_FILE))

@@ -13,6 +13,7 @@ import contextvars
 import hashlib
 import json
 import math
+import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,12 +24,13 @@ import torch
 from torch import nn
 
 from dpaudit.errors import InputError
-from dpaudit.user_code import first_line, load_object
+from dpaudit.user_code import first_line, load_users_own
 from dpaudit.validation import check_int_fields, read_json
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 MODEL_KINDS = ("logreg", "mlp", "cnn", "rnn", "python")
 INPUT_DTYPES = ("float32", "int64")  # of a python model's input: features, or token ids
+MAX_RECORD_VALUES = 2**26  # values in one record of a python model's input (a 4K RGB image holds 2.5e7): 256 MiB
 
 
 def looks_channels_last(shape: Sequence[int]) -> bool:
@@ -278,7 +280,9 @@ class PythonSpec(ModelSpec):
     ``source_sha256``: the sha256 of the factory's source file, recorded when the spec is made; a
     checkpoint whose factory source changed since still loads when the parameter names and shapes
     match (they are checked), with a warning. Trust: building the model imports and runs the named
-    factory's module, the user's own code, exactly as ``--trainer`` does; nothing else is executed.
+    factory's module, which must be the user's own project's code (a file under the current directory or
+    ``PYTHONPATH``, not the standard library, an installed package, dpaudit or the run being loaded:
+    :func:`dpaudit.user_code.load_users_own`); nothing else is executed.
     """
 
     kind: ClassVar[str] = "python"
@@ -291,6 +295,17 @@ class PythonSpec(ModelSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if math.prod(self.input_shape) > MAX_RECORD_VALUES:
+            # every build runs the module on two zero records of this shape: a stranger's [10**9, 10**9] asked torch
+            # for 8e18 bytes (an internal error), [40000, 40000] would take 12.8 GB before any check
+            raise InputError(
+                f"input_shape {list(self.input_shape)} holds {math.prod(self.input_shape)} values per record, "
+                f"more than {MAX_RECORD_VALUES} (the model is built by running it on two records of this shape)"
+            )
+        if self.source_sha256 is not None and not (
+            isinstance(self.source_sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.source_sha256)
+        ):
+            raise InputError(f"expected source_sha256 to be 64 hex digits (a sha256), got {self.source_sha256!r}")
         if self.input_dtype not in INPUT_DTYPES:
             raise InputError(f"expected input_dtype 'float32' or 'int64' (token ids), got {self.input_dtype!r}")
         if not isinstance(self.kwargs, dict):
@@ -509,8 +524,9 @@ def looks_like_probabilities(out: torch.Tensor) -> bool:
 
 
 def load_factory(path: str):
-    """The callable named by ``"package.module:function"`` (see :class:`PythonSpec`)."""
-    fn = load_object(path, "model factory", "'package.module:function'")
+    """The callable named by ``"package.module:function"`` (see :class:`PythonSpec`): the user's own code only
+    (:func:`dpaudit.user_code.load_users_own`), as a file names it and a stranger's run may."""
+    fn = load_users_own(path, "model factory", "'package.module:function'")
     if not callable(fn):
         raise InputError(f"model factory {path} is a {type(fn).__name__}, not callable")
     return fn

@@ -256,7 +256,8 @@ class PldAccountant(Accountant):
         narrowest = min((hi - lo for lo, hi in ranges if hi > lo), default=0.0)
         if self._jl_leaves() or narrowest <= 0.0 or narrowest >= GRID_POINTS_PER_LEAF * coarse:
             return [coarse]
-        halvings = min(MAX_GRID_HALVINGS, math.ceil(math.log2(GRID_POINTS_PER_LEAF * coarse / narrowest)))
+        ratio = GRID_POINTS_PER_LEAF * coarse / narrowest  # inf for a subnormal range (q = 5e-324): the cap
+        halvings = MAX_GRID_HALVINGS if math.isinf(ratio) else min(MAX_GRID_HALVINGS, math.ceil(math.log2(ratio)))
         while halvings > 0 and widest / (coarse / 2**halvings) > self.max_bins:
             halvings -= 1
         return [coarse / 2**k for k in range(halvings + 1)]

@@ -512,6 +512,13 @@ class StatedClaim:
             raise InputError(f"{source}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(CLAIM_FIELDS)}")
         if "delta" not in d:
             raise InputError(f"{source}: missing 'delta'")
+        from dpaudit.validation import check_json_type
+
+        # JSON types first: a stranger's "epsilon": true or "1" was read as the number 1 (float(True)), a claim the
+        # file never stated. null is an absent field (the options' None).
+        for k in CLAIM_FIELDS:
+            expected = {"steps": int, "accountant": str, "neighbouring": str}.get(k, float)
+            check_json_type(d.get(k), expected if k == "delta" else (expected, type(None)), f"{source}: field {k!r}")
         return cls(**{k: d.get(k) for k in CLAIM_FIELDS}, source=source)
 
 
@@ -612,6 +619,8 @@ RECIPE_FIELDS = (
     "clip", "noise_multiplier", "sampling", "sample_rate", "accountant", "delta",
 )  # fmt: skip
 DP_FIELDS = ("clip", "noise_multiplier", "sampling", "sample_rate", "accountant", "delta")
+RECIPE_TEXT_FIELDS = ("algo", "optimizer", "sampling", "accountant")
+RECIPE_INT_FIELDS = ("epochs", "steps", "batch_size", "seed")  # the rest are numbers
 
 
 def recipe_from_dict(d: Any, source: str, *, delta: float | None = None) -> TrainConfig:
@@ -631,6 +640,13 @@ def recipe_from_dict(d: Any, source: str, *, delta: float | None = None) -> Trai
     unknown = sorted(set(d) - set(RECIPE_FIELDS))
     if unknown:
         raise InputError(f"{source}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(RECIPE_FIELDS)}")
+    from dpaudit.validation import check_json_type
+
+    # JSON types first ("lr": true was read as 1.0, "noise_multiplier": "1" as 1, "batch_size": 8.0 kept a float);
+    # null stays what each field's own check makes of an absent value.
+    for k, v in d.items():
+        expected = str if k in RECIPE_TEXT_FIELDS else int if k in RECIPE_INT_FIELDS else float
+        check_json_type(v, (expected, type(None)), f"{source}: field {k!r}")
     if "algo" in d and "optimizer" in d:
         raise InputError(f"{source}: give 'algo' or 'optimizer', not both")
     algo = d.get("algo", d.get("optimizer"))

@@ -161,7 +161,34 @@ def claim_tradeoff(privacy: Mapping[str, Any]):
         return None
     if privacy.get("neighbouring", "add_remove") != "add_remove" or any(privacy.get(k) is None for k in needed):
         return None
+    if not _fields_are_the_event(privacy):
+        return None
     return dpsgd_family(float(privacy["sample_rate"]), int(privacy["steps"]))
+
+
+def _fields_are_the_event(privacy: Mapping[str, Any]) -> bool:
+    """Whether the claim's (σ, q, T) fields describe its recorded mechanism (``privacy.event``, the one its ε is
+    accounted and re-accounted from, :func:`dpaudit.checkpoint.reaccount_claim`): dpaudit writes both from one
+    computation, so a file where they differ (T = 1 beside an event of 4 steps) was edited or written by other
+    software, and the curve family of its fields is not the claim's; its refutation would then say "the claimed
+    DP-SGD curve is refuted" of another mechanism's curve. True when no event is recorded (the fields are the
+    whole claim)."""
+    from dpaudit.accounting import dpsgd_event
+    from dpaudit.errors import DPAuditError
+    from dpaudit.events import event_from_dict
+
+    if privacy.get("event") is None:
+        return True
+    try:
+        event = event_from_dict(privacy["event"])
+        fields = dpsgd_event(
+            noise_multiplier=float(privacy["noise_multiplier"]),
+            sample_rate=float(privacy["sample_rate"]),
+            steps=int(privacy["steps"]),
+        )
+    except (DPAuditError, ValueError, TypeError, KeyError):
+        return False
+    return event == fields
 
 
 _RETRAIN = "retrain with another canary seed (`dpaudit train --canary-seed`)"

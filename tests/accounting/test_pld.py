@@ -402,3 +402,11 @@ def test_pld_delta_of_a_nearly_noiseless_step_is_not_below_exact(sigma, q):
     acc = PldAccountant().compose(PoissonSampled(q, Gaussian(sigma)) if q < 1.0 else Gaussian(sigma))
     d = acc.delta(0.0)
     assert d >= exact and d <= exact * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("q", [5e-324, 1e-320])
+def test_a_subnormal_sample_rate_is_accounted_not_an_overflow(q):
+    """`account dpsgd --accountant pld --sample-rate 5e-324` (or such a phase in a stranger's --schedule file) was an
+    internal error (OverflowError: the grid's halvings from log2(inf)): the loss range's width is subnormal. Now the
+    halvings' cap. ε = 0 is exact here: δ(0) <= T·q·TV(N(0, 1), N(1, 1)) < 1e-320 < δ."""
+    assert PldAccountant().compose(dpsgd_event(noise_multiplier=1.0, sample_rate=q, steps=10)).epsilon(1e-5) == 0.0

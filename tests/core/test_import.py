@@ -336,6 +336,48 @@ def test_member_file_formats(tmp_path):
 # --------------------------------------------------------------------------- the claim
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("epsilon", True, "field 'epsilon': expected a number or null, got bool True"),  # was read as ε = 1
+        ("epsilon", "1", "field 'epsilon': expected a number or null, got str 1"),
+        ("noise_multiplier", "1", "field 'noise_multiplier': expected a number or null, got str"),
+        ("delta", True, "field 'delta': expected a number, got bool True"),
+        ("accountant", 1, "field 'accountant': expected a string or null, got int"),
+    ],
+)
+def test_a_claim_json_field_of_another_json_type_is_refused(field, value, message):
+    from dpaudit.errors import InputError
+
+    """A stranger's claim.json with "epsilon": true or "1" (or σ as a string) was taken as the number 1: a claim the
+    file never stated, tested and recorded as stated. Now its JSON types are checked (null: the field absent)."""
+    d = {"delta": DELTA, "noise_multiplier": 1.0, "sample_rate": 0.1, "steps": 10, field: value}
+    with pytest.raises(InputError, match=re.escape(f"claim.json: {message}")):
+        StatedClaim.from_dict(d, "claim.json")
+    assert StatedClaim.from_dict({"epsilon": 1, "delta": DELTA, "steps": None}, "claim.json").epsilon == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("lr", True, "field 'lr': expected a number or null, got bool True"),  # was lr = 1.0
+        ("noise_multiplier", "1", "field 'noise_multiplier': expected a number or null, got str 1"),
+        ("clip", True, "field 'clip': expected a number or null, got bool True"),
+        ("batch_size", 8.0, "field 'batch_size': expected an integer or null, got float 8.0"),
+        ("algo", 1, "field 'algo': expected a string or null, got int 1"),
+    ],
+)
+def test_a_recipe_json_field_of_another_json_type_is_refused(field, value, message):
+    """A stranger's recipe.json (how LiRA's reference models are trained) with "lr": true or "noise_multiplier": "1"
+    was read as the number 1."""
+    from dpaudit.errors import InputError
+
+    d = {"algo": "dpsgd", "epochs": 1, "lr": 1.0, "batch_size": 8, "clip": 1.0, "noise_multiplier": 1.0}
+    assert recipe_from_dict(d, "recipe.json").batch_size == 8
+    with pytest.raises(InputError, match=re.escape(f"recipe.json: {message}")):
+        recipe_from_dict({**d, field: value}, "recipe.json")
+
+
 def test_claim_never_under_reported():
     sigma, q, steps = 1.0, 0.1, 100
     accounted = epsilon_for(dpsgd_event(noise_multiplier=sigma, sample_rate=q, steps=steps), DELTA, "rdp")

@@ -122,6 +122,34 @@ def test_a_tampered_mechanism_is_reported_too(run_copy):
     assert not check["match"] and check["recomputed"] < check["recorded"]
 
 
+@pytest.mark.parametrize(
+    ("edit", "same"),
+    [
+        ({}, True),
+        ({"steps": 1}, False),  # the fields say T = 1 beside a recorded event of 4 steps
+        ({"sample_rate": 0.01}, False),
+        ({"noise_multiplier": 10.0}, False),
+        ({"event": {"type": "no such event"}}, False),
+        ({"event": None}, True),  # no recorded event: the fields are the whole claim
+    ],
+)
+def test_the_claims_own_curve_is_the_recorded_mechanisms(edit, same):
+    """The one-run f-DP audit tests DP-SGD's curves at the claim's q and T, read from the (σ, q, T) fields, while
+    the claim's ε is accounted from its recorded event: a stranger's file whose fields differ from its event (T = 1
+    beside 4 steps) was tested against the curves of another mechanism, and a refutation there read "the claimed
+    DP-SGD curve is refuted ... the claim is one of them". Such a file has no curve of its own: no f-DP audit."""
+    from dpaudit.training.algorithms import claim_for
+    from dpaudit.training.config import DPConfig, TrainConfig
+    from dpaudit.workflows.checkpoint import claim_tradeoff
+
+    claim = claim_for(TrainConfig(algo="dpsgd", epochs=1, batch_size=50, dp=DPConfig(noise_multiplier=1.0)), 200)
+    assert claim["steps"] == 4 and claim["event"]["count"] == 4
+    curve = claim_tradeoff({**claim, **edit})
+    assert (curve is not None) == same
+    if same:
+        assert curve.name == f"dpsgd(q={claim['sample_rate']:.4g}, T=4)"
+
+
 # --------------------------------------------------------------------------- splits and canary files
 
 
