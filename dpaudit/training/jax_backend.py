@@ -1365,8 +1365,8 @@ class FxModel:
         self, steps: list[tuple[str, str, Callable]], output: Any, dropout: bool = False, ghost: tuple = ()
     ) -> None:
         # dropout: the graph may draw dropout masks (the trainer then passes keys: apply(params, x, key))
-        # ghost: the _FxGhost groups fx_ghost_clipped_sum taps (Linear, Conv2d, Embedding modules owning their
-        # parameters alone); () when none
+        # ghost: the _FxGhost groups fx_ghost_clipped_sum taps (weights of Linear, Conv2d, Embedding modules, tied
+        # ones included, read by those modules' calls alone); () when none
         self.steps, self.output, self.dropout, self.ghost_groups = steps, output, dropout, ghost
 
     def __call__(self, params: Params, x, key=None, tap: Callable | None = None):
@@ -2029,26 +2029,37 @@ _GHOSTED = (nn.Linear, nn.Conv2d, nn.Embedding)  # the layers of a traced graph 
 
 
 class _FxGhost(NamedTuple):
-    """A Linear, Conv2d or Embedding module of a traced graph whose parameters no other node reads: its calls
-    (graph nodes) and their input nodes, the canonical names of its weight and bias (None: no bias)."""
+    """A weight of a traced graph and the one-input calls of the Linear, Conv2d or Embedding modules reading it: one
+    module, or several Linear/Embedding modules sharing it (tied weights: an Embedding whose weight is also the output
+    Linear's), every parameter of those modules read by those calls only. Per call (graph node): its input node, its
+    module and its bias's canonical name (None: no bias); the weight's canonical name."""
 
-    module: nn.Module
+    modules: tuple[nn.Module, ...]
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     weight: str
-    bias: str | None
+    biases: tuple[str | None, ...]
 
 
 def _fx_ghost_groups(gm, owner: dict[int, str], readers: dict[str, set[str]], uses: dict) -> tuple[_FxGhost, ...]:
-    """The modules fx_ghost_clipped_sum taps: every parameter read only by that module's one-input calls (tied weights,
-    a parameter also read in forward (get_attr), a call with keyword arguments: per-example gradients by vmap)."""
+    """The weights fx_ghost_clipped_sum taps: the modules sharing a weight (one, or tied Linear/Embedding modules)
+    whose parameters only their one-input calls read (a parameter also read in forward (get_attr), by a call with
+    keyword arguments or by another module, a Conv2d sharing its weight: per-example gradients by vmap)."""
+    names = {
+        t: {k: owner[id(q)] for k, q in gm.get_submodule(t).named_parameters(remove_duplicate=False)} for t in uses
+    }
+    by_weight: dict[str, list[str]] = {}
+    for target, ns in names.items():
+        by_weight.setdefault(ns["weight"], []).append(target)
     out = []
-    for target, calls in uses.items():
-        m = gm.get_submodule(target)
-        names = {k: owner[id(q)] for k, q in m.named_parameters(remove_duplicate=False)}
-        nodes = tuple(n for n, _ in calls)
-        if len(set(names.values())) == len(names) and all(readers[c] <= set(nodes) for c in names.values()):
-            out.append(_FxGhost(m, nodes, tuple(i for _, i in calls), names["weight"], names.get("bias")))
+    for weight, targets in by_weight.items():
+        calls = [(gm.get_submodule(t), n, i, names[t].get("bias")) for t in targets for n, i in uses[t]]
+        nodes = {n for _, n, _, _ in calls}
+        tied_ok = len(targets) == 1 or all(isinstance(m, (nn.Linear, nn.Embedding)) for m, *_ in calls)
+        own = all(len(set(names[t].values())) == len(names[t]) for t in targets)  # no module's weight is its bias
+        if tied_ok and own and all(readers[c] <= nodes for t in targets for c in names[t].values()):
+            modules, nodes_, inputs, biases = (tuple(v) for v in zip(*calls, strict=True))
+            out.append(_FxGhost(modules, nodes_, inputs, weight, biases))
     return tuple(out)
 
 
@@ -2058,53 +2069,108 @@ def _embedding_ids(m: nn.Embedding, ids):
     return i, (jnp.ones(i.shape) if m.padding_idx is None else (i != m.padding_idx).astype(jnp.float32))
 
 
-def _embedding_sq_norm(m: nn.Embedding, pairs: list):
-    """Per example ‖Σ_t e_{id_t} g_tᵀ‖² over an Embedding's uses and positions (ids as one-hot inputs of a Linear
-    map without bias, Bu et al. 2023, arXiv:2210.00038, §3): Σ_{t,s} [id_t = id_s](g_t·g_s), the padding_idx
-    positions left out; the (rows, d) gradient instantiated instead when T² > rows·d (Bu et al. 2022,
-    arXiv:2205.10683)."""
-    B = pairs[0][0].shape[0]
-    ids, keep = (jnp.concatenate(v, 1) for v in zip(*(_embedding_ids(m, a) for a, _ in pairs), strict=True))
-    g = jnp.concatenate([g.reshape(B, -1, g.shape[-1]) for _, g in pairs], 1) * keep[..., None].astype(
-        pairs[0][1].dtype
-    )  # (B, T, d)
-    rows, T = m.num_embeddings, ids.shape[1]
-    if T * T <= rows * g.shape[2]:
-        return (_bdot(g, g) * (ids[:, :, None] == ids[:, None, :])).sum((1, 2))
-    per = jnp.zeros((B, rows, g.shape[2]), g.dtype).at[jnp.arange(B)[:, None], ids].add(g)
+def _embedding_positions(uses: list):
+    """An Embedding weight's uses (m, ids, g) as positions: ids (B, T) and row gradients g (B, T, d), zero at
+    padding_idx (the positions torch gives no gradient), the uses' positions concatenated."""
+    B = uses[0][1].shape[0]
+    ids, keep = (jnp.concatenate(v, 1) for v in zip(*(_embedding_ids(m, a) for m, a, _ in uses), strict=True))
+    g = jnp.concatenate([g.reshape(B, -1, g.shape[-1]) for _, _, g in uses], 1)
+    return ids, g * keep[..., None].astype(g.dtype)
+
+
+def _shared_weight_sq_norm(uses: list, shape: tuple[int, int]):
+    """Per example ‖Σ_u G_u‖² of a (rows, cols) weight read by Linear and Embedding calls u (one module, a module
+    called twice, or tied modules: an Embedding whose weight is also the output Linear's), biases apart. ``uses``:
+    per call (module, a, g), a its input, g its output gradient. Every use is a sum of outer products u_p v_pᵀ,
+    u ∈ R^rows, v ∈ R^cols: a Linear's position p has u = g_p, v = a_p (Goodfellow 2015, arXiv:1510.01799); an
+    Embedding's u = e_{id_p} (one-hot ids as the inputs of a Linear map, Bu et al. 2023, arXiv:2210.00038, §3), v = g_p.
+    The gradient of the shared weight is the sum over all uses (never the per-use norms added: the cross terms), so
+    all positions are concatenated and ‖Σ_p u_p v_pᵀ‖² = Σ_{p,q}(u_p·u_q)(v_p·v_q) (Li et al. 2021,
+    arXiv:2110.05679, §4), with e_i·e_j = [i = j] and g_p·e_{id_q} = g_p[id_q]; the (rows, cols) per-example
+    gradient instantiated instead when 2T² > rows·cols (Bu et al. 2022, arXiv:2205.10683). One kind of use only:
+    :func:`_linear_sq_norm` (Linear), or its Embedding case here (ids only)."""
+    lin = [(a, g) for m, a, g in uses if isinstance(m, nn.Linear)]
+    emb = [(m, a, g) for m, a, g in uses if not isinstance(m, nn.Linear)]
+    if not emb:
+        return _linear_sq_norm(lin, False)
+    ids, ge = _embedding_positions(emb)  # (B, TE), (B, TE, cols)
+    B, (rows, cols) = ids.shape[0], shape
+    a = jnp.concatenate([a.reshape(B, -1, cols) for a, _ in lin], 1) if lin else jnp.zeros((B, 0, cols), ge.dtype)
+    g = jnp.concatenate([g.reshape(B, -1, rows) for _, g in lin], 1) if lin else jnp.zeros((B, 0, rows), ge.dtype)
+    T = ids.shape[1] + a.shape[1]
+    if (2 if lin else 1) * T * T <= rows * cols:
+        sq = (_bdot(ge, ge) * (ids[:, :, None] == ids[:, None, :])).sum((1, 2))
+        if not lin:
+            return sq
+        at_ids = jnp.take_along_axis(g, jnp.broadcast_to(ids[:, None, :], (B, g.shape[1], ids.shape[1])), axis=2)
+        return sq + (_bdot(a, a) * _bdot(g, g)).sum((1, 2)) + 2 * (at_ids * _bdot(a, ge)).sum((1, 2))
+    per = jnp.einsum("btr,btc->brc", g, a, precision=PRECISION).at[jnp.arange(B)[:, None], ids].add(ge)
     return jnp.square(per).sum((1, 2))
 
 
-def _embedding_sums(m: nn.Embedding, like, pairs: list) -> dict[str, Any]:
-    """Book-keeping of an Embedding: Σ_i w_i Σ_t e_{id_t} g_tᵀ, the rows w ⊙ g added at their ids."""
+def _embedding_sums(like, uses: list):
+    """Book-keeping of an Embedding weight over its uses (m, ids, w ⊙ g): Σ_i w_i Σ_t e_{id_t} g_tᵀ, the rows w ⊙ g
+    added at their ids."""
     out = jnp.zeros_like(like)
-    for a, wg in pairs:
+    for m, a, wg in uses:
         ids, keep = _embedding_ids(m, a)
         out = out.at[ids.reshape(-1)].add(
             (wg.reshape(*ids.shape, -1) * keep[..., None].astype(wg.dtype)).reshape(-1, wg.shape[-1])
         )
-    return {"weight": out}
+    return out
+
+
+def _fx_group_sq_norm(gr: _FxGhost, acts: list, gs: list, shape: tuple):
+    """Per example squared norm of an :class:`_FxGhost` group's parameters: its weight over all its calls
+    (:func:`_conv_sq_norm` for a Conv2d, :func:`_shared_weight_sq_norm`) plus each bias's ‖Σ_{its calls} Σ_t g_t‖²."""
+    if isinstance(gr.modules[0], nn.Conv2d):  # one module (_fx_ghost_groups ties no Conv2d)
+        return _conv_sq_norm(gr.modules[0], list(zip(acts, gs, strict=True)), gr.biases[0] is not None)
+    sq = _shared_weight_sq_norm(list(zip(gr.modules, acts, gs, strict=True)), shape)
+    for b in dict.fromkeys(c for c in gr.biases if c is not None):
+        g = [g.reshape(g.shape[0], -1, g.shape[-1]).sum(1) for c, g in zip(gr.biases, gs, strict=True) if c == b]
+        sq = sq + jnp.square(sum(g)).sum(1)
+    return sq
+
+
+def _fx_group_sums(gr: _FxGhost, acts: list, wgs: list, weight) -> dict[str, Any]:
+    """Book-keeping of an :class:`_FxGhost` group from its calls' inputs and weighted output gradients w ⊙ g: the
+    weight's Σ_i w_i ∇ℓ_i summed over its calls (:func:`_conv_sums`, :func:`_linear_sums`, :func:`_embedding_sums`),
+    each bias's Σ w ⊙ g over the calls reading it."""
+    m = gr.modules[0]
+    if isinstance(m, nn.Conv2d):
+        sums = _conv_sums(m, weight, list(zip(acts, wgs, strict=True)), gr.biases[0] is not None)
+        return {gr.weight: sums["weight"]} | ({gr.biases[0]: sums["bias"]} if gr.biases[0] is not None else {})
+    uses = list(zip(gr.modules, acts, wgs, strict=True))
+    lin = [(a, wg) for m, a, wg in uses if isinstance(m, nn.Linear)]
+    emb = [u for u in uses if not isinstance(u[0], nn.Linear)]
+    out = {
+        gr.weight: (_linear_sums(lin, False)["weight"] if lin else 0.0) + (_embedding_sums(weight, emb) if emb else 0.0)
+    }
+    for b in dict.fromkeys(c for c in gr.biases if c is not None):
+        out[b] = sum(wg.reshape(-1, wg.shape[-1]).sum(0) for c, wg in zip(gr.biases, wgs, strict=True) if c == b)
+    return out
 
 
 @partial(jax.jit, static_argnums=0)
 def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask=None, keys=None):
     """The same result as :func:`clipped_sum` for a traced graph (:class:`FxModel`), without per-example gradients
-    of its :attr:`FxModel.ghost_groups` (Linear, Conv2d, Embedding modules owning their parameters alone): ghost
+    of its :attr:`FxModel.ghost_groups` (Linear, Conv2d, Embedding modules, tied ones included): ghost
     norms and book-keeping (Bu et al. 2023, arXiv:2210.00038, Alg. 1) as :func:`ghost_clipped_sum`.
 
     Every example runs through the graph alone (a batch of one, under its dropout key ``keys[i]`` when given),
     as :func:`per_example_grads` does, vmapped: every call of a tapped module keeps its input a and gets a zero z
     added to its output, and one grad per example w.r.t. (the z's, every other parameter) gives the calls' output
     gradients g and the per-example gradients of the other parameters (LayerNorm/GroupNorm affine, a bare
-    nn.Parameter, attention's packed projections, tied weights: the sum over their uses, by autodiff). Running
+    nn.Parameter, attention's packed projections: the sum over their uses, by autodiff). Running
     each example alone makes a call on an input without the batch axis (an Embedding of torch.arange(T)) a call
     of that example's own; a module called twice (a block reused, a loop) has the per-example gradient
-    Σ_u Σ_t g_ut a_utᵀ, its uses' positions concatenated before the norm. ‖g_i‖² is the sum of the tapped
-    modules' ghost norms (:func:`_linear_sq_norm`, :func:`_conv_sq_norm`, :func:`_embedding_sq_norm`) and the
+    Σ_u Σ_t g_ut a_utᵀ, its uses' positions concatenated before the norm, and so does a weight shared by several
+    modules (an Embedding and the output Linear: the cross terms between the uses, :func:`_shared_weight_sq_norm`).
+    ‖g_i‖² is the sum of the tapped groups' ghost norms (:func:`_fx_group_sq_norm`) and the
     other parameters' squared norms; Σ_i w_i ∇ℓ_i by book-keeping from the same a, g (no second pass)."""
     groups = apply.ghost_groups
     tapped = {n for gr in groups for n in gr.nodes}
-    ghosted = {c for gr in groups for c in (gr.weight, gr.bias) if c is not None}
+    ghosted = {c for gr in groups for c in (gr.weight, *gr.biases) if c is not None}
     fixed = lax.stop_gradient({k: v for k, v in params.items() if k in ghosted})
     rest = {k: v for k, v in params.items() if k not in ghosted}
 
@@ -2132,24 +2198,13 @@ def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask
     (gs, prest), acts = per(zs, rest, x, y, keys)
     sq = _tree_sq_norms(prest) if prest else jnp.zeros(x.shape[0], x.dtype)
     for gr in groups:
-        pairs, m = [(acts[n], gs[n]) for n in gr.nodes], gr.module
-        if isinstance(m, nn.Linear):
-            sq = sq + _linear_sq_norm(pairs, gr.bias is not None)
-        elif isinstance(m, nn.Conv2d):
-            sq = sq + _conv_sq_norm(m, pairs, gr.bias is not None)
-        else:
-            sq = sq + _embedding_sq_norm(m, pairs)
+        sq = sq + _fx_group_sq_norm(gr, [acts[n] for n in gr.nodes], [gs[n] for n in gr.nodes], params[gr.weight].shape)
     norms, w = _clip_weights(sq, clip, mask)
     out = {k: jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in prest.items()}
     for gr in groups:
-        pairs, m = [(acts[n], _weighted(w, gs[n])) for n in gr.nodes], gr.module
-        if isinstance(m, nn.Linear):
-            sums = _linear_sums(pairs, gr.bias is not None)
-        elif isinstance(m, nn.Conv2d):
-            sums = _conv_sums(m, params[gr.weight], pairs, gr.bias is not None)
-        else:
-            sums = _embedding_sums(m, params[gr.weight], pairs)
-        out.update({gr.weight: sums["weight"]} | ({gr.bias: sums["bias"]} if gr.bias is not None else {}))
+        out.update(
+            _fx_group_sums(gr, [acts[n] for n in gr.nodes], [_weighted(w, gs[n]) for n in gr.nodes], params[gr.weight])
+        )
     return {k: out[k] for k in params}, norms
 
 

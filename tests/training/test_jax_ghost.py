@@ -121,6 +121,26 @@ class _Tied(torch.nn.Module):
         return self.out(torch.tanh(self.mix(self.emb(tok.long()))).mean(1))
 
 
+class _TiedLM(torch.nn.Module):
+    """A GPT-style tied LM: token Embedding (padding_idx) whose weight is also the output Linear's (with a bias of its
+    own), the head applied at every position (per-position logits, averaged): the Gram of the shared weight has
+    Linear-Linear, Embedding-Embedding and cross blocks (2T² = 392 <= 30·16: the ghost Gram, not instantiated)."""
+
+    def __init__(self, vocab=30, d=16):
+        super().__init__()
+        self.emb, self.mix = torch.nn.Embedding(vocab, d, padding_idx=0), torch.nn.Linear(d, d)
+        self.head = torch.nn.Linear(d, vocab)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tok):
+        return self.head(torch.tanh(self.mix(self.emb(tok.long())))).mean(1)
+
+
+def _lm_ids(n=9, vocab=30):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, vocab, (n, 7), generator=g).double(), torch.randint(0, vocab, (n,), generator=g)
+
+
 def _images(n=9):
     g = torch.Generator().manual_seed(1)
     return torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
@@ -140,7 +160,9 @@ def _from_byo(name, *args):
 FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     "mlp": (_UserMLP, _images, {"a", "b"}),
     "traps": (_Traps, _ids, {"tok", "pos", "q", "mix", "head"}),
-    "tied": (_Tied, partial(_ids, classes=10), {"mix"}),  # emb/out share one weight: by vmap
+    # emb/out share one weight: one group (8 positions, 2T² > 10·8: the shared gradient instantiated)
+    "tied": (_Tied, partial(_ids, classes=10), {"emb", "mix", "out"}),
+    "tied-lm": (_TiedLM, _lm_ids, {"emb", "mix", "head"}),
     "arange-transformer": (
         _from_byo("tiny_transformer", 10, 3),
         _ids,
@@ -180,11 +202,12 @@ def _fx_compare(make, data, clip_at=0.5, keys=None):
 def test_fx_ghost_matches_the_vmap_oracle(name):
     """Users' own modules: ghost norms and book-keeping of their Linear, Conv2d and Embedding modules, per-example
     gradients of the rest, equal clipped_sum's vmap(grad) in float64 (rounding ~1e-15; a wrong term is O(1)).
-    Planted and caught: a tied weight ghosted per use (norm = sum of per-use norms), a loop's Linear's norms summed
+    Planted and caught: a tied weight's cross terms dropped (Gram: tied-lm; instantiated: tied), a tied weight's
+    Linear or Embedding use dropped from its norm (tied, tied-lm), a loop's Linear's norms summed
     per use or its second use dropped, an Embedding's norm dropped, the positions summed before the square."""
     make, data, tapped = FX_CASES[name]
     model, apply = _fx_compare(make, data)
-    got = {n for n, m in model.named_modules() if any(m is g.module for g in apply.ghost_groups)}
+    got = {n for n, m in model.named_modules() if any(m is u for g in apply.ghost_groups for u in g.modules)}
     assert got == tapped if tapped is not None else got
 
 
