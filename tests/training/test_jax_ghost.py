@@ -136,6 +136,23 @@ class _TiedLM(torch.nn.Module):
         return self.head(torch.tanh(self.mix(self.emb(tok.long())))).mean(1)
 
 
+class _Attention(torch.nn.Module):
+    """nn.MultiheadAttention called as self-attention and as cross-attention (key/value another sequence than the
+    query, without biases): its packed in_proj's thirds and out_proj are tapped inside the layer (one graph node)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 3)
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.cross = torch.nn.MultiheadAttention(8, 2, batch_first=True, bias=False)
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        m = torch.tanh(h)
+        return self.head((h + self.cross(h, m, m, need_weights=False)[0]).mean(1))
+
+
 def _lm_ids(n=9, vocab=30):
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, vocab, (n, 7), generator=g).double(), torch.randint(0, vocab, (n,), generator=g)
@@ -163,6 +180,7 @@ FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     # emb/out share one weight: one group (8 positions, 2T² > 10·8: the shared gradient instantiated)
     "tied": (_Tied, partial(_ids, classes=10), {"emb", "mix", "out"}),
     "tied-lm": (_TiedLM, _lm_ids, {"emb", "mix", "head"}),
+    "attention": (_Attention, _ids, {"tok", "attn", "attn.out_proj", "cross", "cross.out_proj", "head"}),
     "arange-transformer": (
         _from_byo("tiny_transformer", 10, 3),
         _ids,
