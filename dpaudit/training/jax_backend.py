@@ -2109,7 +2109,8 @@ def _block_groups(gm, owner: dict[int, str], readers: dict[str, set[str]], block
     (fx_ghost_clipped_sum)."""
     parts = []  # (module, virtual path, weight, bias, rows, the block's nodes)
     for target, nodes in blocks.items():
-        for path, sub in gm.get_submodule(target).named_modules(prefix=target):
+        # remove_duplicate=False: a layer object listed twice (layers [l, l]) is two paths holding one weight: vmap
+        for path, sub in gm.get_submodule(target).named_modules(prefix=target, remove_duplicate=False):
             if isinstance(sub, nn.Linear):
                 b = None if sub.bias is None else owner[id(sub.bias)]
                 parts.append((sub, path, owner[id(sub.weight)], b, None, nodes))
@@ -2245,12 +2246,13 @@ def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask
 
     def outputs(xi, ki):  # the tapped calls' per-example output shapes
         outs: dict[str, Any] = {}
-        run(params, xi, ki, lambda n, a, out: outs.setdefault(n, out))
+        run(params, xi, ki, lambda n, a, out: outs.setdefault(n, []).append(out) or out)
         return outs
 
     one = (lambda v: None) if keys is None else (lambda v: v[0])
-    shapes = jax.eval_shape(outputs, x[0], one(keys))
-    unseen = {gr.weight for gr in groups if not all(n in shapes for n in gr.nodes)}  # a sub-tap never reached
+    shapes = {n: v[0] for n, v in jax.eval_shape(outputs, x[0], one(keys)).items() if len(v) == 1}
+    # a sub-tap never reached, or reached twice in one node: its weight by vmap
+    unseen = {gr.weight for gr in groups if not all(n in shapes for n in gr.nodes)}
     groups = tuple(gr for gr in groups if gr.weight not in unseen)
     tapped = {n for gr in groups for n in gr.nodes}
     ghosted = {c for gr in groups for c in (gr.weight, *gr.biases) if c is not None}

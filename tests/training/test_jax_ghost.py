@@ -153,6 +153,21 @@ class _Attention(torch.nn.Module):
         return self.head((h + self.cross(h, m, m, need_weights=False)[0]).mean(1))
 
 
+class _SharedLayer(torch.nn.Module):
+    """A TransformerEncoder whose two layers are one module object (layers [l, l]): every weight inside read twice in
+    one graph node, so its sub-taps' paths name one weight twice: not ghosted (vmap), never one use's norm alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 3)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, 8, dropout=0.0, batch_first=True)
+        self.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.enc.layers = torch.nn.ModuleList([layer, layer])
+
+    def forward(self, tok):
+        return self.head(self.enc(self.tok(tok.long())).mean(1))
+
+
 def _lm_ids(n=9, vocab=30):
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, vocab, (n, 7), generator=g).double(), torch.randint(0, vocab, (n,), generator=g)
@@ -181,6 +196,7 @@ FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     "tied": (_Tied, partial(_ids, classes=10), {"emb", "mix", "out"}),
     "tied-lm": (_TiedLM, _lm_ids, {"emb", "mix", "head"}),
     "attention": (_Attention, _ids, {"tok", "attn", "attn.out_proj", "cross", "cross.out_proj", "head"}),
+    "shared-layer": (_SharedLayer, _ids, {"tok", "head"}),
     "arange-transformer": (
         _from_byo("tiny_transformer", 10, 3),
         _ids,
@@ -192,7 +208,7 @@ FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     "encoder-layer": (_from_byo("encoder_transformer", 10, 7, 3), _ids, None),
 }
 # the vmap oracle compiles for 10-40 s on one shared core
-_FX_SLOW = {"arange-transformer", "cnn", "groupnorm-residual-cnn", "mha", "encoder-layer"}
+_FX_SLOW = {"arange-transformer", "cnn", "groupnorm-residual-cnn", "mha", "encoder-layer", "shared-layer"}
 
 
 def _fx_compare(make, data, clip_at=0.5, keys=None):
@@ -227,6 +243,15 @@ def test_fx_ghost_matches_the_vmap_oracle(name):
     model, apply = _fx_compare(make, data)
     got = {n for n, m in model.named_modules() if any(m is u for g in apply.ghost_groups for u in g.modules)}
     assert got == tapped if tapped is not None else got
+
+
+def test_a_layer_object_listed_twice_in_a_block_is_not_ghosted():
+    """The graph alone (no oracle compile): a TransformerEncoder's layers [l, l] read each weight twice in one node;
+    grouping by module object (named_modules' default dedup) would tap one use and take its norm for the weight's.
+    Planted and caught: named_modules without remove_duplicate=False in _block_groups."""
+    with jax.enable_x64(True):
+        apply = jb.jax_forward(_SharedLayer().double())
+    assert {g.weight for g in apply.ghost_groups} == {"tok.weight", "head.weight"}
 
 
 @pytest.mark.slow  # ~60-110 s (torch's encoder layer, vmapped with keys, compiled twice)
