@@ -116,7 +116,27 @@ def _affine_map(x, w, b):
 
 
 def _linear(name: str) -> Callable:
-    return lambda p, x: _affine_map(x, p[f"{name}.weight"], p.get(f"{name}.bias"))
+    return lambda p, x: _sub_tap(name, x, _affine_map(x, p[f"{name}.weight"], p.get(f"{name}.bias")))
+
+
+# While FxModel runs with a tap (fx_ghost_clipped_sum), _SUB_TAP holds [tap, the graph node running]: the linear maps
+# inside a node's layer (a MultiheadAttention's in_proj thirds and out_proj, a transformer layer's linear1/linear2)
+# pass their input and output to tap("node:path", input, output), path the parameters' module path
+_SUB_TAP: contextvars.ContextVar = contextvars.ContextVar("sub_tap", default=None)
+
+
+@contextmanager
+def _sub_taps(state):
+    token = _SUB_TAP.set(state)
+    try:
+        yield
+    finally:
+        _SUB_TAP.reset(token)
+
+
+def _sub_tap(path: str, a, out):
+    state = _SUB_TAP.get()
+    return out if state is None else state[0](f"{state[1]}:{path}", a, out)
 
 
 def _conv_pads(m: nn.Conv2d) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -871,7 +891,11 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
         qkv = [t if m.batch_first else jnp.swapaxes(t, 0, 1) for t in (query, key, value)]  # (B, L or S, E)
         w, b = p[f"{name}.in_proj_weight"], p.get(f"{name}.in_proj_bias")
         q, k, v = (
-            _affine_map(t, w[i * E : (i + 1) * E], None if b is None else b[i * E : (i + 1) * E])
+            _sub_tap(
+                f"{name}.in_proj.{i}",
+                t,
+                _affine_map(t, w[i * E : (i + 1) * E], None if b is None else b[i * E : (i + 1) * E]),
+            )
             .reshape(t.shape[0], t.shape[1], H, E // H)
             .transpose(0, 2, 1, 3)  # (B, H, L or S, E/H)
             for i, t in enumerate(qkv)
@@ -885,7 +909,9 @@ def _mha(name: str, m: nn.MultiheadAttention) -> Callable:
             pad = _additive(key_padding_mask, q.dtype).reshape(B, 1, 1, S)
             mask = pad if mask is None else mask + pad
         o = _sdpa(q, k, v, attn_mask=mask, dropout_p=m.dropout, is_causal=causal).transpose(0, 2, 1, 3).reshape(B, L, E)
-        o = _affine_map(o, p[f"{name}.out_proj.weight"], p.get(f"{name}.out_proj.bias"))
+        o = _sub_tap(
+            f"{name}.out_proj", o, _affine_map(o, p[f"{name}.out_proj.weight"], p.get(f"{name}.out_proj.bias"))
+        )
         return (o if m.batch_first else jnp.swapaxes(o, 0, 1)), None
 
     return f
@@ -1365,18 +1391,22 @@ class FxModel:
         self, steps: list[tuple[str, str, Callable]], output: Any, dropout: bool = False, ghost: tuple = ()
     ) -> None:
         # dropout: the graph may draw dropout masks (the trainer then passes keys: apply(params, x, key))
-        # ghost: the _FxGhost groups fx_ghost_clipped_sum taps (Linear, Conv2d, Embedding modules owning their
-        # parameters alone); () when none
+        # ghost: the _FxGhost groups fx_ghost_clipped_sum taps (weights of Linear, Conv2d, Embedding modules, tied
+        # ones included, read by those modules' calls alone; linear maps inside attention/transformer layers); () when
+        # none
         self.steps, self.output, self.dropout, self.ghost_groups = steps, output, dropout, ghost
 
     def __call__(self, params: Params, x, key=None, tap: Callable | None = None):
         """The logits; ``tap(node name, layer input, layer output) -> output``, when given, is called on the output
-        of every node of :attr:`ghost_groups` (what fx_ghost_clipped_sum records and adds its zero taps to)."""
+        of every node of :attr:`ghost_groups` (what fx_ghost_clipped_sum records and adds its zero taps to), and, as
+        ``tap("node:path", input, output)``, on every linear map inside a node's layer (:func:`_sub_tap`)."""
         env: dict[str, Any] = {"": x}
-        taps = {n: i for g in self.ghost_groups for n, i in zip(g.nodes, g.inputs, strict=True)} if tap else {}
-        with _dropout_key(key):
+        taps = {n: i for g in self.ghost_groups for n, i in zip(g.nodes, g.inputs, strict=True) if i} if tap else {}
+        sub = [tap, ""]
+        with _dropout_key(key), _sub_taps(sub if tap else None):
             for name, what, f in self.steps:
                 try:
+                    sub[1] = name
                     env[name] = f(params, env)
                     if name in taps:
                         env[name] = tap(name, env[taps[name]], env[name])
@@ -1642,6 +1672,8 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
             read.update(names.values())
             for c in names.values():
                 readers.setdefault(c, set()).add(node.name)
+            if isinstance(m, (nn.MultiheadAttention, *_TRANSFORMER_PARTS)):  # linear maps inside: sub-taps
+                uses.setdefault(node.target, []).append((node.name, None))
             if isinstance(m, _GHOSTED) and len(node.args) == 1 and not node.kwargs:
                 if isinstance(node.args[0], torch.fx.Node):  # a layer of one traced input: fx_ghost_clipped_sum taps it
                     uses.setdefault(node.target, []).append((node.name, node.args[0].name))
@@ -2029,27 +2061,75 @@ _GHOSTED = (nn.Linear, nn.Conv2d, nn.Embedding)  # the layers of a traced graph 
 
 
 class _FxGhost(NamedTuple):
-    """A Linear, Conv2d or Embedding module of a traced graph whose parameters no other node reads: its calls
-    (graph nodes) and their input nodes, the canonical names of its weight and bias (None: no bias)."""
+    """A weight of a traced graph and the one-input calls of the Linear, Conv2d or Embedding modules reading it: one
+    module, or several Linear/Embedding modules sharing it (tied weights: an Embedding whose weight is also the output
+    Linear's), every parameter of those modules read by those calls only. Per call (graph node): its input node, its
+    module and its bias's canonical name (None: no bias); the weight's canonical name."""
 
-    module: nn.Module
+    modules: tuple[nn.Module, ...]
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     weight: str
-    bias: str | None
+    biases: tuple[str | None, ...]
+    part: tuple[int, int] | None = None  # rows (lo, hi) of the weight and biases (a MultiheadAttention's in_proj third)
 
 
 def _fx_ghost_groups(gm, owner: dict[int, str], readers: dict[str, set[str]], uses: dict) -> tuple[_FxGhost, ...]:
-    """The modules fx_ghost_clipped_sum taps: every parameter read only by that module's one-input calls (tied weights,
-    a parameter also read in forward (get_attr), a call with keyword arguments: per-example gradients by vmap)."""
+    """The weights fx_ghost_clipped_sum taps: the modules sharing a weight (one, or tied Linear/Embedding modules)
+    whose parameters only their one-input calls read (a parameter also read in forward (get_attr), by a call with
+    keyword arguments or by another module, a Conv2d sharing its weight: per-example gradients by vmap); and the
+    linear maps inside MultiheadAttention and transformer-layer calls (:func:`_block_groups`)."""
+    calls_of = {t: c for t, c in uses.items() if c[0][1] is not None}
+    names = {
+        t: {k: owner[id(q)] for k, q in gm.get_submodule(t).named_parameters(remove_duplicate=False)} for t in calls_of
+    }
+    by_weight: dict[str, list[str]] = {}
+    for target, ns in names.items():
+        by_weight.setdefault(ns["weight"], []).append(target)
     out = []
-    for target, calls in uses.items():
-        m = gm.get_submodule(target)
-        names = {k: owner[id(q)] for k, q in m.named_parameters(remove_duplicate=False)}
-        nodes = tuple(n for n, _ in calls)
-        if len(set(names.values())) == len(names) and all(readers[c] <= set(nodes) for c in names.values()):
-            out.append(_FxGhost(m, nodes, tuple(i for _, i in calls), names["weight"], names.get("bias")))
-    return tuple(out)
+    for weight, targets in by_weight.items():
+        calls = [(gm.get_submodule(t), n, i, names[t].get("bias")) for t in targets for n, i in uses[t]]
+        nodes = {n for _, n, _, _ in calls}
+        tied_ok = len(targets) == 1 or all(isinstance(m, (nn.Linear, nn.Embedding)) for m, *_ in calls)
+        own = all(len(set(names[t].values())) == len(names[t]) for t in targets)  # no module's weight is its bias
+        if tied_ok and own and all(readers[c] <= nodes for t in targets for c in names[t].values()):
+            modules, nodes_, inputs, biases = (tuple(v) for v in zip(*calls, strict=True))
+            out.append(_FxGhost(modules, nodes_, inputs, weight, biases))
+    blocks = {t: [n for n, _ in c] for t, c in uses.items() if c[0][1] is None}
+    return (*out, *_block_groups(gm, owner, readers, blocks))
+
+
+def _block_groups(gm, owner: dict[int, str], readers: dict[str, set[str]], blocks: dict) -> list[_FxGhost]:
+    """The linear maps inside the graph's MultiheadAttention and transformer-layer calls (one graph node each,
+    ``blocks``: module path -> its nodes), tapped from inside the translation (:func:`_sub_tap`, virtual nodes
+    "node:path"): every Linear (an encoder layer's linear1/linear2, an attention's out_proj) and the three row blocks
+    of a packed in_proj_weight (q, k, v: disjoint rows, so their squared norms add; each a Linear map of its own
+    input, self- or cross-attention alike), where the parameters are read by that module's calls alone and shared with
+    no other linear map. A virtual node the translation never reaches drops its weight's groups
+    (fx_ghost_clipped_sum)."""
+    parts = []  # (module, virtual path, weight, bias, rows, the block's nodes)
+    for target, nodes in blocks.items():
+        # remove_duplicate=False: a layer object listed twice (layers [l, l]) is two paths holding one weight: vmap
+        for path, sub in gm.get_submodule(target).named_modules(prefix=target, remove_duplicate=False):
+            if isinstance(sub, nn.Linear):
+                b = None if sub.bias is None else owner[id(sub.bias)]
+                parts.append((sub, path, owner[id(sub.weight)], b, None, nodes))
+            elif isinstance(sub, nn.MultiheadAttention) and sub.in_proj_weight is not None:
+                b, E = None if sub.in_proj_bias is None else owner[id(sub.in_proj_bias)], sub.embed_dim
+                w = owner[id(sub.in_proj_weight)]
+                parts += [(sub, f"{path}.in_proj.{i}", w, b, (i * E, (i + 1) * E), nodes) for i in range(3)]
+    holders: dict[str, set[str]] = {}  # canonical parameter -> the module paths holding it
+    for _, path, w, b, rows, _ in parts:
+        for c in (w, b):
+            if c is not None:
+                holders.setdefault(c, set()).add(path if rows is None else path.rsplit(".", 2)[0])
+    out = []
+    for m, path, w, b, rows, nodes in parts:
+        own = [c for c in (w, b) if c is not None]
+        if w != b and all(len(holders[c]) == 1 and readers[c] <= set(nodes) for c in own):
+            virtual = tuple(f"{n}:{path}" for n in nodes)
+            out.append(_FxGhost((m,) * len(nodes), virtual, (None,) * len(nodes), w, (b,) * len(nodes), rows))
+    return out
 
 
 def _embedding_ids(m: nn.Embedding, ids):
@@ -2058,63 +2138,126 @@ def _embedding_ids(m: nn.Embedding, ids):
     return i, (jnp.ones(i.shape) if m.padding_idx is None else (i != m.padding_idx).astype(jnp.float32))
 
 
-def _embedding_sq_norm(m: nn.Embedding, pairs: list):
-    """Per example ‖Σ_t e_{id_t} g_tᵀ‖² over an Embedding's uses and positions (ids as one-hot inputs of a Linear
-    map without bias, Bu et al. 2023, arXiv:2210.00038, §3): Σ_{t,s} [id_t = id_s](g_t·g_s), the padding_idx
-    positions left out; the (rows, d) gradient instantiated instead when T² > rows·d (Bu et al. 2022,
-    arXiv:2205.10683)."""
-    B = pairs[0][0].shape[0]
-    ids, keep = (jnp.concatenate(v, 1) for v in zip(*(_embedding_ids(m, a) for a, _ in pairs), strict=True))
-    g = jnp.concatenate([g.reshape(B, -1, g.shape[-1]) for _, g in pairs], 1) * keep[..., None].astype(
-        pairs[0][1].dtype
-    )  # (B, T, d)
-    rows, T = m.num_embeddings, ids.shape[1]
-    if T * T <= rows * g.shape[2]:
-        return (_bdot(g, g) * (ids[:, :, None] == ids[:, None, :])).sum((1, 2))
-    per = jnp.zeros((B, rows, g.shape[2]), g.dtype).at[jnp.arange(B)[:, None], ids].add(g)
+def _embedding_positions(uses: list):
+    """An Embedding weight's uses (m, ids, g) as positions: ids (B, T) and row gradients g (B, T, d), zero at
+    padding_idx (the positions torch gives no gradient), the uses' positions concatenated."""
+    B = uses[0][1].shape[0]
+    ids, keep = (jnp.concatenate(v, 1) for v in zip(*(_embedding_ids(m, a) for m, a, _ in uses), strict=True))
+    g = jnp.concatenate([g.reshape(B, -1, g.shape[-1]) for _, _, g in uses], 1)
+    return ids, g * keep[..., None].astype(g.dtype)
+
+
+def _shared_weight_sq_norm(uses: list, shape: tuple[int, int]):
+    """Per example ‖Σ_u G_u‖² of a (rows, cols) weight read by Linear and Embedding calls u (one module, a module
+    called twice, or tied modules: an Embedding whose weight is also the output Linear's), biases apart. ``uses``:
+    per call (module, a, g), a its input, g its output gradient. Every use is a sum of outer products u_p v_pᵀ,
+    u ∈ R^rows, v ∈ R^cols: a Linear's position p has u = g_p, v = a_p (Goodfellow 2015, arXiv:1510.01799); an
+    Embedding's u = e_{id_p} (one-hot ids as the inputs of a Linear map, Bu et al. 2023, arXiv:2210.00038, §3), v = g_p.
+    The gradient of the shared weight is the sum over all uses (never the per-use norms added: the cross terms), so
+    all positions are concatenated and ‖Σ_p u_p v_pᵀ‖² = Σ_{p,q}(u_p·u_q)(v_p·v_q) (Li et al. 2021,
+    arXiv:2110.05679, §4), with e_i·e_j = [i = j] and g_p·e_{id_q} = g_p[id_q]; the (rows, cols) per-example
+    gradient instantiated instead when 2T² > rows·cols (Bu et al. 2022, arXiv:2205.10683). One kind of use only:
+    :func:`_linear_sq_norm` (Linear), or its Embedding case here (ids only)."""
+    lin = [(a, g) for m, a, g in uses if not isinstance(m, nn.Embedding)]  # a Linear, an in_proj third
+    emb = [(m, a, g) for m, a, g in uses if isinstance(m, nn.Embedding)]
+    if not emb:
+        return _linear_sq_norm(lin, False)
+    ids, ge = _embedding_positions(emb)  # (B, TE), (B, TE, cols)
+    B, (rows, cols) = ids.shape[0], shape
+    a = jnp.concatenate([a.reshape(B, -1, cols) for a, _ in lin], 1) if lin else jnp.zeros((B, 0, cols), ge.dtype)
+    g = jnp.concatenate([g.reshape(B, -1, rows) for _, g in lin], 1) if lin else jnp.zeros((B, 0, rows), ge.dtype)
+    T = ids.shape[1] + a.shape[1]
+    if (2 if lin else 1) * T * T <= rows * cols:
+        sq = (_bdot(ge, ge) * (ids[:, :, None] == ids[:, None, :])).sum((1, 2))
+        if not lin:
+            return sq
+        at_ids = jnp.take_along_axis(g, jnp.broadcast_to(ids[:, None, :], (B, g.shape[1], ids.shape[1])), axis=2)
+        return sq + (_bdot(a, a) * _bdot(g, g)).sum((1, 2)) + 2 * (at_ids * _bdot(a, ge)).sum((1, 2))
+    per = jnp.einsum("btr,btc->brc", g, a, precision=PRECISION).at[jnp.arange(B)[:, None], ids].add(ge)
     return jnp.square(per).sum((1, 2))
 
 
-def _embedding_sums(m: nn.Embedding, like, pairs: list) -> dict[str, Any]:
-    """Book-keeping of an Embedding: Σ_i w_i Σ_t e_{id_t} g_tᵀ, the rows w ⊙ g added at their ids."""
+def _embedding_sums(like, uses: list):
+    """Book-keeping of an Embedding weight over its uses (m, ids, w ⊙ g): Σ_i w_i Σ_t e_{id_t} g_tᵀ, the rows w ⊙ g
+    added at their ids."""
     out = jnp.zeros_like(like)
-    for a, wg in pairs:
+    for m, a, wg in uses:
         ids, keep = _embedding_ids(m, a)
         out = out.at[ids.reshape(-1)].add(
             (wg.reshape(*ids.shape, -1) * keep[..., None].astype(wg.dtype)).reshape(-1, wg.shape[-1])
         )
-    return {"weight": out}
+    return out
+
+
+def _fx_group_sq_norm(gr: _FxGhost, acts: list, gs: list, shape: tuple):
+    """Per example squared norm of an :class:`_FxGhost` group's parameters: its weight over all its calls
+    (:func:`_conv_sq_norm` for a Conv2d, :func:`_shared_weight_sq_norm`) plus each bias's ‖Σ_{its calls} Σ_t g_t‖²."""
+    if isinstance(gr.modules[0], nn.Conv2d):  # one module (_fx_ghost_groups ties no Conv2d)
+        return _conv_sq_norm(gr.modules[0], list(zip(acts, gs, strict=True)), gr.biases[0] is not None)
+    sq = _shared_weight_sq_norm(list(zip(gr.modules, acts, gs, strict=True)), shape)
+    for b in dict.fromkeys(c for c in gr.biases if c is not None):
+        g = [g.reshape(g.shape[0], -1, g.shape[-1]).sum(1) for c, g in zip(gr.biases, gs, strict=True) if c == b]
+        sq = sq + jnp.square(sum(g)).sum(1)
+    return sq
+
+
+def _fx_group_sums(gr: _FxGhost, acts: list, wgs: list, weight) -> dict[str, Any]:
+    """Book-keeping of an :class:`_FxGhost` group from its calls' inputs and weighted output gradients w ⊙ g: the
+    weight's Σ_i w_i ∇ℓ_i summed over its calls (:func:`_conv_sums`, :func:`_linear_sums`, :func:`_embedding_sums`),
+    each bias's Σ w ⊙ g over the calls reading it."""
+    m = gr.modules[0]
+    if isinstance(m, nn.Conv2d):
+        sums = _conv_sums(m, weight, list(zip(acts, wgs, strict=True)), gr.biases[0] is not None)
+        return {gr.weight: sums["weight"]} | ({gr.biases[0]: sums["bias"]} if gr.biases[0] is not None else {})
+    uses = list(zip(gr.modules, acts, wgs, strict=True))
+    lin = [(a, wg) for m, a, wg in uses if not isinstance(m, nn.Embedding)]
+    emb = [u for u in uses if isinstance(u[0], nn.Embedding)]
+    out = {
+        gr.weight: (_linear_sums(lin, False)["weight"] if lin else 0.0) + (_embedding_sums(weight, emb) if emb else 0.0)
+    }
+    for b in dict.fromkeys(c for c in gr.biases if c is not None):
+        out[b] = sum(wg.reshape(-1, wg.shape[-1]).sum(0) for c, wg in zip(gr.biases, wgs, strict=True) if c == b)
+    return out
 
 
 @partial(jax.jit, static_argnums=0)
 def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask=None, keys=None):
     """The same result as :func:`clipped_sum` for a traced graph (:class:`FxModel`), without per-example gradients
-    of its :attr:`FxModel.ghost_groups` (Linear, Conv2d, Embedding modules owning their parameters alone): ghost
+    of its :attr:`FxModel.ghost_groups` (Linear, Conv2d, Embedding modules, tied ones included, and the linear maps
+    inside MultiheadAttention and transformer-layer calls: in_proj's thirds, out_proj, linear1/linear2): ghost
     norms and book-keeping (Bu et al. 2023, arXiv:2210.00038, Alg. 1) as :func:`ghost_clipped_sum`.
 
     Every example runs through the graph alone (a batch of one, under its dropout key ``keys[i]`` when given),
     as :func:`per_example_grads` does, vmapped: every call of a tapped module keeps its input a and gets a zero z
     added to its output, and one grad per example w.r.t. (the z's, every other parameter) gives the calls' output
     gradients g and the per-example gradients of the other parameters (LayerNorm/GroupNorm affine, a bare
-    nn.Parameter, attention's packed projections, tied weights: the sum over their uses, by autodiff). Running
+    nn.Parameter: the sum over their uses, by autodiff). Running
     each example alone makes a call on an input without the batch axis (an Embedding of torch.arange(T)) a call
     of that example's own; a module called twice (a block reused, a loop) has the per-example gradient
-    Σ_u Σ_t g_ut a_utᵀ, its uses' positions concatenated before the norm. ‖g_i‖² is the sum of the tapped
-    modules' ghost norms (:func:`_linear_sq_norm`, :func:`_conv_sq_norm`, :func:`_embedding_sq_norm`) and the
+    Σ_u Σ_t g_ut a_utᵀ, its uses' positions concatenated before the norm, and so does a weight shared by several
+    modules (an Embedding and the output Linear: the cross terms between the uses, :func:`_shared_weight_sq_norm`).
+    ‖g_i‖² is the sum of the tapped groups' ghost norms (:func:`_fx_group_sq_norm`) and the
     other parameters' squared norms; Σ_i w_i ∇ℓ_i by book-keeping from the same a, g (no second pass)."""
     groups = apply.ghost_groups
     tapped = {n for gr in groups for n in gr.nodes}
-    ghosted = {c for gr in groups for c in (gr.weight, gr.bias) if c is not None}
-    fixed = lax.stop_gradient({k: v for k, v in params.items() if k in ghosted})
-    rest = {k: v for k, v in params.items() if k not in ghosted}
 
     def run(p, xi, ki, tap):
         return apply(p, xi[None], ki, tap=lambda n, a, out: tap(n, a, out) if n in tapped else out)
 
     def outputs(xi, ki):  # the tapped calls' per-example output shapes
         outs: dict[str, Any] = {}
-        run(params, xi, ki, lambda n, a, out: outs.setdefault(n, out))
+        run(params, xi, ki, lambda n, a, out: outs.setdefault(n, []).append(out) or out)
         return outs
+
+    one = (lambda v: None) if keys is None else (lambda v: v[0])
+    shapes = {n: v[0] for n, v in jax.eval_shape(outputs, x[0], one(keys)).items() if len(v) == 1}
+    # a sub-tap never reached, or reached twice in one node: its weight by vmap
+    unseen = {gr.weight for gr in groups if not all(n in shapes for n in gr.nodes)}
+    groups = tuple(gr for gr in groups if gr.weight not in unseen)
+    tapped = {n for gr in groups for n in gr.nodes}
+    ghosted = {c for gr in groups for c in (gr.weight, *gr.biases) if c is not None}
+    fixed = lax.stop_gradient({k: v for k, v in params.items() if k in ghosted})
+    rest = {k: v for k, v in params.items() if k not in ghosted}
 
     def loss(zs, pr, xi, yi, ki):
         acts: dict[str, Any] = {}
@@ -2125,31 +2268,20 @@ def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask
 
         return _per_example_losses(run({**fixed, **pr}, xi, ki, tap), yi[None])[0], acts
 
-    one = (lambda v: None) if keys is None else (lambda v: v[0])
-    shapes = jax.eval_shape(outputs, x[0], one(keys))
-    zs = {n: jnp.zeros((x.shape[0], *s.shape), s.dtype) for n, s in shapes.items()}
+    zs = {n: jnp.zeros((x.shape[0], *s.shape), s.dtype) for n, s in shapes.items() if n in tapped}
     per = jax.vmap(jax.grad(loss, argnums=(0, 1), has_aux=True), in_axes=(0, None, 0, 0, None if keys is None else 0))
     (gs, prest), acts = per(zs, rest, x, y, keys)
     sq = _tree_sq_norms(prest) if prest else jnp.zeros(x.shape[0], x.dtype)
     for gr in groups:
-        pairs, m = [(acts[n], gs[n]) for n in gr.nodes], gr.module
-        if isinstance(m, nn.Linear):
-            sq = sq + _linear_sq_norm(pairs, gr.bias is not None)
-        elif isinstance(m, nn.Conv2d):
-            sq = sq + _conv_sq_norm(m, pairs, gr.bias is not None)
-        else:
-            sq = sq + _embedding_sq_norm(m, pairs)
+        sq = sq + _fx_group_sq_norm(gr, [acts[n] for n in gr.nodes], [gs[n] for n in gr.nodes], params[gr.weight].shape)
     norms, w = _clip_weights(sq, clip, mask)
     out = {k: jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in prest.items()}
     for gr in groups:
-        pairs, m = [(acts[n], _weighted(w, gs[n])) for n in gr.nodes], gr.module
-        if isinstance(m, nn.Linear):
-            sums = _linear_sums(pairs, gr.bias is not None)
-        elif isinstance(m, nn.Conv2d):
-            sums = _conv_sums(m, params[gr.weight], pairs, gr.bias is not None)
-        else:
-            sums = _embedding_sums(m, params[gr.weight], pairs)
-        out.update({gr.weight: sums["weight"]} | ({gr.bias: sums["bias"]} if gr.bias is not None else {}))
+        sums = _fx_group_sums(
+            gr, [acts[n] for n in gr.nodes], [_weighted(w, gs[n]) for n in gr.nodes], params[gr.weight]
+        )
+        for k, v in sums.items():  # a part: its rows of the packed weight and bias
+            out[k] = v if gr.part is None else out.get(k, jnp.zeros_like(params[k])).at[gr.part[0] : gr.part[1]].set(v)
     return {k: out[k] for k in params}, norms
 
 

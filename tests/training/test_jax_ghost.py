@@ -121,6 +121,58 @@ class _Tied(torch.nn.Module):
         return self.out(torch.tanh(self.mix(self.emb(tok.long()))).mean(1))
 
 
+class _TiedLM(torch.nn.Module):
+    """A GPT-style tied LM: token Embedding (padding_idx) whose weight is also the output Linear's (with a bias of its
+    own), the head applied at every position (per-position logits, averaged): the Gram of the shared weight has
+    Linear-Linear, Embedding-Embedding and cross blocks (2T² = 392 <= 30·16: the ghost Gram, not instantiated)."""
+
+    def __init__(self, vocab=30, d=16):
+        super().__init__()
+        self.emb, self.mix = torch.nn.Embedding(vocab, d, padding_idx=0), torch.nn.Linear(d, d)
+        self.head = torch.nn.Linear(d, vocab)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tok):
+        return self.head(torch.tanh(self.mix(self.emb(tok.long())))).mean(1)
+
+
+class _Attention(torch.nn.Module):
+    """nn.MultiheadAttention called as self-attention and as cross-attention (key/value another sequence than the
+    query, without biases): its packed in_proj's thirds and out_proj are tapped inside the layer (one graph node)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 3)
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.cross = torch.nn.MultiheadAttention(8, 2, batch_first=True, bias=False)
+
+    def forward(self, tok):
+        h = self.tok(tok.long())
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        m = torch.tanh(h)
+        return self.head((h + self.cross(h, m, m, need_weights=False)[0]).mean(1))
+
+
+class _SharedLayer(torch.nn.Module):
+    """A TransformerEncoder whose two layers are one module object (layers [l, l]): every weight inside read twice in
+    one graph node, so its sub-taps' paths name one weight twice: not ghosted (vmap), never one use's norm alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 3)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, 8, dropout=0.0, batch_first=True)
+        self.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.enc.layers = torch.nn.ModuleList([layer, layer])
+
+    def forward(self, tok):
+        return self.head(self.enc(self.tok(tok.long())).mean(1))
+
+
+def _lm_ids(n=9, vocab=30):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, vocab, (n, 7), generator=g).double(), torch.randint(0, vocab, (n,), generator=g)
+
+
 def _images(n=9):
     g = torch.Generator().manual_seed(1)
     return torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
@@ -140,7 +192,11 @@ def _from_byo(name, *args):
 FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     "mlp": (_UserMLP, _images, {"a", "b"}),
     "traps": (_Traps, _ids, {"tok", "pos", "q", "mix", "head"}),
-    "tied": (_Tied, partial(_ids, classes=10), {"mix"}),  # emb/out share one weight: by vmap
+    # emb/out share one weight: one group (8 positions, 2T² > 10·8: the shared gradient instantiated)
+    "tied": (_Tied, partial(_ids, classes=10), {"emb", "mix", "out"}),
+    "tied-lm": (_TiedLM, _lm_ids, {"emb", "mix", "head"}),
+    "attention": (_Attention, _ids, {"tok", "attn", "attn.out_proj", "cross", "cross.out_proj", "head"}),
+    "shared-layer": (_SharedLayer, _ids, {"tok", "head"}),
     "arange-transformer": (
         _from_byo("tiny_transformer", 10, 3),
         _ids,
@@ -152,7 +208,7 @@ FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     "encoder-layer": (_from_byo("encoder_transformer", 10, 7, 3), _ids, None),
 }
 # the vmap oracle compiles for 10-40 s on one shared core
-_FX_SLOW = {"arange-transformer", "cnn", "groupnorm-residual-cnn", "mha", "encoder-layer"}
+_FX_SLOW = {"arange-transformer", "cnn", "groupnorm-residual-cnn", "mha", "encoder-layer", "shared-layer"}
 
 
 def _fx_compare(make, data, clip_at=0.5, keys=None):
@@ -180,12 +236,22 @@ def _fx_compare(make, data, clip_at=0.5, keys=None):
 def test_fx_ghost_matches_the_vmap_oracle(name):
     """Users' own modules: ghost norms and book-keeping of their Linear, Conv2d and Embedding modules, per-example
     gradients of the rest, equal clipped_sum's vmap(grad) in float64 (rounding ~1e-15; a wrong term is O(1)).
-    Planted and caught: a tied weight ghosted per use (norm = sum of per-use norms), a loop's Linear's norms summed
+    Planted and caught: a tied weight's cross terms dropped (Gram: tied-lm; instantiated: tied), a tied weight's
+    Linear or Embedding use dropped from its norm (tied, tied-lm), a loop's Linear's norms summed
     per use or its second use dropped, an Embedding's norm dropped, the positions summed before the square."""
     make, data, tapped = FX_CASES[name]
     model, apply = _fx_compare(make, data)
-    got = {n for n, m in model.named_modules() if any(m is g.module for g in apply.ghost_groups)}
+    got = {n for n, m in model.named_modules() if any(m is u for g in apply.ghost_groups for u in g.modules)}
     assert got == tapped if tapped is not None else got
+
+
+def test_a_layer_object_listed_twice_in_a_block_is_not_ghosted():
+    """The graph alone (no oracle compile): a TransformerEncoder's layers [l, l] read each weight twice in one node;
+    grouping by module object (named_modules' default dedup) would tap one use and take its norm for the weight's.
+    Planted and caught: named_modules without remove_duplicate=False in _block_groups."""
+    with jax.enable_x64(True):
+        apply = jb.jax_forward(_SharedLayer().double())
+    assert {g.weight for g in apply.ghost_groups} == {"tok.weight", "head.weight"}
 
 
 @pytest.mark.slow  # ~60-110 s (torch's encoder layer, vmapped with keys, compiled twice)
