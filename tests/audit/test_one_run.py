@@ -475,7 +475,19 @@ def test_the_ceiling_bounds_every_outcome_and_is_reached_by_a_perfect_attack():
         assert one_run.outcome_p_value_floor(m_eval, ceiling, delta) > alpha
         assert not one_run.certifies_beyond(m_eval, ceiling, delta, alpha)
         assert one_run.certifies_beyond(m_eval, perfect, delta, alpha)
-    assert one_run.certifiable_ceiling(100, 0.0, 0.05) == math.inf  # pure DP: no ceiling
+    # All m guesses right have p-value >= beta = q^m (the floor's j = 0 term), so the ceiling is finite for every
+    # delta: logit(alpha^(1/m)) where 2*m*delta is small, pure DP included. It was inf there (the j >= 1 terms only).
+    for m, delta in ((100, 0.0), (100, 1e-5), (1000, 1e-5)):
+        pure = math.log(0.05 ** (1 / m) / (1 - 0.05 ** (1 / m)))
+        all_right = one_run_epsilon_lower_bound(m, m, m, delta, 0.05)
+        ceiling = one_run.certifiable_ceiling(m, delta, 0.05)
+        assert all_right <= ceiling <= pure * (1 + 1e-6), (m, delta, all_right, ceiling, pure)
+        assert not one_run.certifies_beyond(m, pure * (1 + 1e-6), delta, 0.05)
+    assert one_run.certifiable_ceiling(100, 0.0, 0.05) - one_run_epsilon_lower_bound(100, 100, 100, 0.0, 0.05) < 1e-6
+    # Every outcome of m = 60 at delta 1e-5 (was inf): the best, all 60 right, within 0.01 of the ceiling (its
+    # p-value exceeds q^m by at most 2*m*delta = 1.2e-3; d(q^m)/d(eps) = m*s*q^m = 0.147 there: 0.008 in eps).
+    best = max(one_run_epsilon_lower_bound(60, r, v, 1e-5, 0.05) for r in range(1, 61) for v in range(1, r + 1))
+    assert best <= one_run.certifiable_ceiling(60, 1e-5, 0.05) <= best + 0.01
 
 
 def test_the_bound_reads_delta_in_its_closed_interval_and_alpha_in_its_open_one():
