@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -511,7 +512,9 @@ def test_the_outcome_floor_is_its_max_over_every_j_and_its_margin_relative():
     the max near mean + 2.2 sd; a cut at mean + 1.6 sd or less, the sd without m, the mean left out, lowers it by 3 % or
     more; scipy's two binomial CDFs agree to 1.3e-10 there), where the j = 1 term is the max (m 10, eps 2, delta 0.05:
     2m*delta = 1), and at delta 0.5 (every p-value is >= min(1, 2m*delta/r) = 1: the floor is exactly 1, not 1 - s^m nor
-    above 1). certifies_beyond allows the floor a relative 1e-6 above alpha (its float error), not 2e-6."""
+    above 1). certifies_beyond allows the floor a relative 1e-6 above alpha (its float error), not 2e-6. Also at m =
+    10^6, eps = 1 (mean 268,941, sd 443: a cut without the mean, at 40 sd + 40 = 17,760, finds nothing), without a
+    RuntimeWarning (2m*delta/0 at j = 0), and the ceiling is inf only for an alpha within the margin of 1."""
     from dpaudit.audit import one_run
 
     def brute(m, eps, delta):
@@ -521,10 +524,15 @@ def test_the_outcome_floor_is_its_max_over_every_j_and_its_margin_relative():
         w = np.where(j == 0, 1.0, np.minimum(1.0, 2 * m * delta / np.maximum(j, 1.0)))
         return float(np.max(w * stats.binom.cdf(j, m, s)))
 
-    for m, eps, delta in ((10**7, 9.0, 1e-5), (10, 2.0, 0.05), (1000, 1.0, 1e-3), (60, 0.5, 0.0)):
-        assert one_run.outcome_p_value_floor(m, eps, delta) == pytest.approx(brute(m, eps, delta), rel=1e-8)
-    assert one_run.outcome_p_value_floor(5, 0.0, 0.5) == 1.0
-    assert one_run.outcome_p_value_floor(5, 3.0, 0.5) == 1.0
+    cases = ((10**7, 9.0, 1e-5), (10**6, 1.0, 1e-5), (10, 2.0, 0.05), (1000, 1.0, 1e-3), (60, 0.5, 0.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning of a 2m*delta/0 (the j = 0 weight is 1, not computed)
+        for m, eps, delta in cases:
+            assert one_run.outcome_p_value_floor(m, eps, delta) == pytest.approx(brute(m, eps, delta), rel=1e-8)
+        assert one_run.outcome_p_value_floor(5, 0.0, 0.5) == 1.0
+        assert one_run.outcome_p_value_floor(5, 3.0, 0.5) == 1.0
+    # The floor at eps = 1000 is 1: only an alpha within the 1e-6 margin of 1 certifies there (no ceiling).
+    assert one_run.certifiable_ceiling(5, 1e-5, 1 - 1e-7) == math.inf
 
     m, delta, alpha = 101, 1e-2, 0.05
     for excess, certifies in ((5e-7, True), (2e-6, False)):
