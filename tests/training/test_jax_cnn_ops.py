@@ -319,6 +319,7 @@ def test_max_pool2d_is_torchs_values_and_gradients_and_refuses_what_it_does_not_
         ({"return_indices": True}, r"^max_pool2d with dilation"),
         ({"padding": 2}, r"^max_pool2d padding \(2, 2\) is more than half the kernel \(3, 3\)$"),
         ({"padding": (0, 2)}, r"^max_pool2d padding \(0, 2\) is more than half the kernel \(3, 3\)$"),
+        ({"padding": (2, 0)}, r"^max_pool2d padding \(2, 0\) is more than half the kernel \(3, 3\)$"),
     ):
         with pytest.raises(InputError, match=message):
             jb._max_pool2d(x, 3, **kwargs)
