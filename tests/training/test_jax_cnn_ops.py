@@ -336,6 +336,8 @@ def test_max_pool2d_is_torchs_values_and_gradients_and_refuses_what_it_does_not_
         ((3, 6, 6), (2,), {"stride": None}),
         ((1, 1, 4, 6), (2,), {"stride": ()}),
         ((1, 1, 4, 6), ((1, 3),), {"stride": [], "dilation": (1, 1)}),
+        ((1, 1, 7, 8), ((5, 4),), {"padding": (2, 2)}),  # half the kernel exactly: torch's largest padding
+        ((1, 2, 5, 6), (3,), {"stride": 1, "padding": 1}),
     ]
     with jax.enable_x64(True):
         for shape, args, kwargs in cases:
