@@ -193,22 +193,26 @@ def outcome_p_value_floor(m: int, epsilon: float, delta: float) -> float:
     """A lower bound, over every outcome (r guesses, v correct, 1 <= v <= r <= m), on the p-value at ε of m canaries
     (:func:`one_run_p_value`, whatever the guesses):
 
-        p(ε; r, v) >= max_j min(1, 2mδ/j) · P[Binomial(m, 1 − q_ε) <= j],   j = 1, 2, ...
+        p(ε; r, v) >= max_j min(1, 2mδ/j) · P[Binomial(m, 1 − q_ε) <= j],   j = 0, 1, 2, ...  (the j = 0 weight 1)
 
     Proof, from the p-value β + 2mδ·max_i S_i/i of Steinke, Nasr & Jagielski 2023 (arXiv:2305.08846, Section 5 /
     Algorithm 2; W ~ Bin(r, q_ε), F = r − W the wrong guesses, e = r − v): β = P[F <= e] and S_i = P[e < F <= e + i].
-    For j <= e, p >= β >= P[F <= j]. For e < j <= r, i = j − e is a term: p >= P[F <= e] + (2mδ/j)·P[e < F <= j] >=
-    min(1, 2mδ/j)·P[F <= j]. For j > r, i = v gives p >= min(1, 2mδ/r). F ~ Bin(r, 1 − q) is stochastically below
-    Bin(m, 1 − q) for r <= m, which gives the bound. :func:`_log_p_value` computes at least this p-value (its window
-    adds mass). The bound increases with ε (1 − q_ε falls), so where it exceeds α at ε, no outcome of m canaries
-    certifies ε or more at level α: a ceiling of the design that no attack, perfect or not, passes. Only the j up to
-    40 standard deviations above the mean are taken (a max over fewer j is still a lower bound)."""
-    if delta <= 0.0 or m < 1:
+    For j <= e, p >= β >= P[F <= j]; j = 0 <= e always: p >= P[F <= 0] = q_ε^r >= q_ε^m, the β of all m guesses right,
+    which alone caps what m canaries certify when 2mδ is small (δ = 0 included). For e < j <= r, i = j − e is a term: p
+    >= P[F <= e] + (2mδ/j)·P[e < F <= j] >= min(1, 2mδ/j)·P[F <= j]. For j > r, i = v gives p >= min(1, 2mδ/r). F ~
+    Bin(r, 1 − q) is stochastically below Bin(m, 1 − q) for r <= m, which gives the bound. :func:`_log_p_value` computes
+    at least this p-value (its window adds mass). The bound increases with ε (1 − q_ε falls), so where it exceeds α at
+    ε, no outcome of m canaries certifies ε or more at level α: a ceiling of the design that no attack, perfect or not,
+    passes. Only the j up to 40 standard deviations above the mean are taken (a max over fewer j is still a lower
+    bound)."""
+    if m < 1:
         return 0.0
     s = float(special.expit(-epsilon))  # 1 − q_ε, the chance of a wrong guess under the null
     mean, sd = m * s, math.sqrt(m * s * (1.0 - s))
-    j = np.arange(1, min(m, math.ceil(mean + 40.0 * sd + 40.0)) + 1, dtype=float)
-    return float(np.max(np.minimum(1.0, 2.0 * m * delta / j) * special.bdtr(j, m, s)))
+    j = np.arange(0, min(m, math.ceil(mean + 40.0 * sd + 40.0)) + 1, dtype=float)
+    weight = np.minimum(1.0, 2.0 * m * delta / np.maximum(j, 1.0))
+    weight[0] = 1.0  # j = 0: β itself
+    return float(np.max(weight * special.bdtr(j, m, s)))
 
 
 def certifies_beyond(m: int, epsilon: float, delta: float, alpha: float) -> bool:
@@ -220,8 +224,9 @@ def certifies_beyond(m: int, epsilon: float, delta: float, alpha: float) -> bool
 
 def certifiable_ceiling(m: int, delta: float, alpha: float) -> float:
     """An ε that no outcome of m canaries reaches at level ``alpha`` (:func:`certifies_beyond` false there): the
-    upper end of a bisection of :func:`outcome_p_value_floor`, which increases in ε. inf for δ = 0 (pure DP has no
-    ceiling: all-correct guesses certify without bound as m grows)."""
+    upper end of a bisection of :func:`outcome_p_value_floor`, which increases in ε. Finite for every δ, 0 included
+    (all m guesses right give at most logit(α^(1/m)): the floor's j = 0 term); inf only for an α within the margin of
+    1 (the floor at ε = 1000 is 1)."""
     if certifies_beyond(m, 1e3, delta, alpha):
         return math.inf
     lo, hi = 0.0, 1e3

@@ -44,11 +44,11 @@ test falls short is never simulated (read as power 0) nor returned. With holdout
 the evaluation part, the half the audit tests on (:func:`power_upper_bound`).
 
 The one-run (ε, δ) audit also has a ceiling that no attack passes: past some size its δ term (2mδ, Steinke, Nasr &
-Jagielski 2023, Section 5) keeps every outcome's bound below the claim
-(:func:`dpaudit.audit.one_run.certifiable_ceiling`). A size where the ceiling is at most the claim is not simulated
-either: every draw would read "not refuted", so its power is exactly 0, the value read; a cap past it is refused
-naming the ceiling there (``audit plan --method one-run --epsilon 8`` simulated the 10^6 cap for minutes to find
-what its ceiling, 7.989 < 8, already says).
+Jagielski 2023, Section 5), and below some size its binomial term (all guesses right: p >= q_ε^m), keeps every outcome's
+bound below the claim (:func:`dpaudit.audit.one_run.certifiable_ceiling`). A size where the ceiling is at most the claim
+is not simulated either: every draw would read "not refuted", so its power is exactly 0, the value read; a cap past it
+is refused naming the ceiling there (``audit plan --method one-run --epsilon 8`` simulated the 10^6 cap for minutes to
+find what its ceiling, 7.989 < 8, already says).
 """
 
 from __future__ import annotations
@@ -371,8 +371,8 @@ def _ceiling_refusal(
     text = (
         f"no design up to {max_size} canaries is shown to reach power {power:g} against "
         f"{leak.describe()}: at {max_size} canaries no one-run audit certifies epsilon {claim} whatever its guesses "
-        f"(at most {most} at delta {numfmt.exact(delta)}: the 2*m*delta term of Steinke et al. "
-        "2023 caps it)"
+        f"(at most {most} at delta {numfmt.exact(delta)}: the p-value of Steinke et al. 2023 caps it, its "
+        "2*m*delta term or, with all guesses right, its binomial term)"
     )
     if simulated:
         n = max(simulated)

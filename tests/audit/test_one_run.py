@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -475,7 +476,19 @@ def test_the_ceiling_bounds_every_outcome_and_is_reached_by_a_perfect_attack():
         assert one_run.outcome_p_value_floor(m_eval, ceiling, delta) > alpha
         assert not one_run.certifies_beyond(m_eval, ceiling, delta, alpha)
         assert one_run.certifies_beyond(m_eval, perfect, delta, alpha)
-    assert one_run.certifiable_ceiling(100, 0.0, 0.05) == math.inf  # pure DP: no ceiling
+    # All m guesses right have p-value >= beta = q^m (the floor's j = 0 term), so the ceiling is finite for every
+    # delta: logit(alpha^(1/m)) where 2*m*delta is small, pure DP included. It was inf there (the j >= 1 terms only).
+    for m, delta in ((100, 0.0), (100, 1e-5), (1000, 1e-5)):
+        pure = math.log(0.05 ** (1 / m) / (1 - 0.05 ** (1 / m)))
+        all_right = one_run_epsilon_lower_bound(m, m, m, delta, 0.05)
+        ceiling = one_run.certifiable_ceiling(m, delta, 0.05)
+        assert all_right <= ceiling <= pure * (1 + 1e-6), (m, delta, all_right, ceiling, pure)
+        assert not one_run.certifies_beyond(m, pure * (1 + 1e-6), delta, 0.05)
+    assert one_run.certifiable_ceiling(100, 0.0, 0.05) - one_run_epsilon_lower_bound(100, 100, 100, 0.0, 0.05) < 1e-6
+    # Every outcome of m = 60 at delta 1e-5 (was inf): the best, all 60 right, within 0.01 of the ceiling (its
+    # p-value exceeds q^m by at most 2*m*delta = 1.2e-3; d(q^m)/d(eps) = m*s*q^m = 0.147 there: 0.008 in eps).
+    best = max(one_run_epsilon_lower_bound(60, r, v, 1e-5, 0.05) for r in range(1, 61) for v in range(1, r + 1))
+    assert best <= one_run.certifiable_ceiling(60, 1e-5, 0.05) <= best + 0.01
 
 
 def test_the_bound_reads_delta_in_its_closed_interval_and_alpha_in_its_open_one():
@@ -490,3 +503,42 @@ def test_the_bound_reads_delta_in_its_closed_interval_and_alpha_in_its_open_one(
                                (1e-5, 1.5, "alpha"), (1e-5, -0.5, "alpha")):  # fmt: skip
         with pytest.raises(InputError, match=name):
             one_run_epsilon_lower_bound(1000, 100, 90, delta, alpha)
+
+
+def test_the_outcome_floor_is_its_max_over_every_j_and_its_margin_relative():
+    """one_run.outcome_p_value_floor is max_j w_j P[Bin(m, s) <= j] over every j = 0..m (w_0 = 1, w_j = min(1,
+    2m*delta/j)): its cut at mean + 40 sd + 40 leaves out only terms below the max (past the cut P = 1 to float
+    precision and w_j falls). Compared with that max over j up to mean + 200 sd at m = 10^7, eps = 9 (mean 1234, sd 35:
+    the max near mean + 2.2 sd; a cut at mean + 1.6 sd or less, the sd without m, the mean left out, lowers it by 3 % or
+    more; scipy's two binomial CDFs agree to 1.3e-10 there), where the j = 1 term is the max (m 10, eps 2, delta 0.05:
+    2m*delta = 1), and at delta 0.5 (every p-value is >= min(1, 2m*delta/r) = 1: the floor is exactly 1, not 1 - s^m nor
+    above 1). certifies_beyond allows the floor a relative 1e-6 above alpha (its float error), not 2e-6. Also at m =
+    10^6, eps = 1 (mean 268,941, sd 443: a cut without the mean, at 40 sd + 40 = 17,760, finds nothing), without a
+    RuntimeWarning (2m*delta/0 at j = 0), and the ceiling is inf only for an alpha within the margin of 1."""
+    from dpaudit.audit import one_run
+
+    def brute(m, eps, delta):
+        s = special.expit(-eps)
+        top = min(m, math.ceil(m * s + 200 * math.sqrt(m * s * (1 - s)) + 200))
+        j = np.arange(0, top + 1, dtype=float)
+        w = np.where(j == 0, 1.0, np.minimum(1.0, 2 * m * delta / np.maximum(j, 1.0)))
+        return float(np.max(w * stats.binom.cdf(j, m, s)))
+
+    cases = ((10**7, 9.0, 1e-5), (10**6, 1.0, 1e-5), (10, 2.0, 0.05), (1000, 1.0, 1e-3), (60, 0.5, 0.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning of a 2m*delta/0 (the j = 0 weight is 1, not computed)
+        for m, eps, delta in cases:
+            assert one_run.outcome_p_value_floor(m, eps, delta) == pytest.approx(brute(m, eps, delta), rel=1e-8)
+        assert one_run.outcome_p_value_floor(5, 0.0, 0.5) == 1.0
+        assert one_run.outcome_p_value_floor(5, 3.0, 0.5) == 1.0
+    # The floor at eps = 1000 is 1: only an alpha within the 1e-6 margin of 1 certifies there (no ceiling).
+    assert one_run.certifiable_ceiling(5, 1e-5, 1 - 1e-7) == math.inf
+
+    m, delta, alpha = 101, 1e-2, 0.05
+    for excess, certifies in ((5e-7, True), (2e-6, False)):
+        lo, hi = 0.0, 5.0  # the floor increases in eps: bisect for floor = alpha * (1 + excess)
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if one_run.outcome_p_value_floor(m, mid, delta) < alpha * (1 + excess) else (lo, mid)
+        assert alpha < one_run.outcome_p_value_floor(m, hi, delta) <= alpha * (1 + 1.5 * excess)
+        assert one_run.certifies_beyond(m, hi, delta, alpha) is certifies

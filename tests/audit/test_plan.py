@@ -613,3 +613,24 @@ def test_a_one_run_plan_past_the_ceiling_is_refused_naming_it_and_the_slow_path_
         e.value
     )
     assert calls[: len(fast)] == fast and 232 in calls, (fast, calls)
+
+
+def test_the_ceiling_refusal_names_the_largest_size_simulated_at_the_audits_default_delta():
+    """_ceiling_refusal reports the simulation at the largest size simulated (the one nearest the cap), however the
+    sizes were reached; _one_run_ceiling without a delta takes the audit's own default (audit_scores' 1e-5) on the
+    holdout's 100,001 evaluated canaries of 200,001. Plants caught: min(simulated) in place of max, the default delta
+    2e-5 or 5e-6."""
+    import inspect
+
+    from dpaudit.audit import one_run
+    from dpaudit.audit import power as pw
+    from dpaudit.audit.bounds import audit_scores
+
+    default = inspect.signature(audit_scores).parameters["delta"].default
+    # 100,001 evaluated canaries: the 2*m*delta term sets the ceiling (8.128 at 1e-5; 7.367 at 2e-5, 8.897 at 5e-6)
+    ceiling = pw._one_run_ceiling(200_001, 50.0, method="one-run")
+    assert ceiling == one_run.certifiable_ceiling(100_001, default, 0.05) == pytest.approx(8.128, abs=1e-3)
+    leak = pw.hypothesised_leak(epsilon=16.0)
+    text = pw._ceiling_refusal(8.0, leak, 0.8, 3200, 7.5, {400: 0.46, 100: 0.1, 200: 0.3}, 100, 80, 1e-5)
+    assert "simulated power at 400 canaries 0.46 (the simulated audit refuted the claim in 46 of 100 draws, 80 " in text
+    assert "no design up to 3200 canaries" in text and "at most 7.5 at delta 1e-05" in text, text

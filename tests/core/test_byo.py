@@ -572,6 +572,29 @@ def _concatenated(ds, canaries):
     return Dataset(ds.name, X, y, ds.n_classes, ds.kind, ds.source, ds.vocab_size)
 
 
+def test_a_second_canary_set_is_appended_after_the_first(tmp_path):
+    """with_canaries on data that already carries appended canaries (a second set) keeps the first set's rows: the
+    augmented rows are X, the first set, then the second, as a concatenation of all three (and the second set's
+    indices follow the first's). Planted (mutation pass 23): the earlier appended rows dropped -> rows read past the
+    end or the wrong records."""
+    from dpaudit.canaries import make_canaries, with_canaries
+    from dpaudit.data import make_splits
+
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 2, 200)
+    np.savez(tmp_path / "d.npz", X=(rng.normal(size=(200, 5)) + y[:, None]).astype(np.float32), y=y)
+    ds = load_dataset(str(tmp_path / "d.npz"))
+    splits = make_splits(200, 0)
+    first = make_canaries(ds, splits, m=6, kind="mislabeled", seed=1)
+    second = make_canaries(ds, splits, m=4, kind="outlier", seed=2)
+    once, _, idx1 = with_canaries(ds, splits, first)
+    twice, _, idx2 = with_canaries(once, splits, second)
+    assert list(idx1) == list(range(200, 206)) and list(idx2) == list(range(206, 210)) and len(twice) == 210
+    whole = _concatenated(_concatenated(ds, first), second)
+    assert np.array_equal(twice.rows(np.arange(210)), whole.X) and np.array_equal(twice.y, whole.y)
+    assert twice.X is ds.X
+
+
 @pytest.mark.parametrize("kind", ["images", "tokens"])
 def test_canaries_are_appended_beside_an_in_memory_x_not_concatenated_with_it(tmp_path, kind):
     """`train --canaries` and `audit train` on in-memory data (an NPZ) concatenated X and the canaries: a second

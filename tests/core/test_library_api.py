@@ -344,6 +344,20 @@ def test_library_calls_leave_torchs_generator_and_thread_count_as_the_caller_set
     assert torch.equal(torch.get_rng_state(), state), f"{name} moved torch's global generator"
 
 
+def test_one_torch_thread_trains_on_one_thread_and_gives_the_callers_back(notebook_torch):
+    """models.one_torch_thread: one thread inside (the same weights on any machine), the caller's two after, also
+    when the body raises. Planted (mutation pass 23): set_num_threads(1) dropped or 2 -> fails."""
+    from dpaudit.models import one_torch_thread
+
+    with one_torch_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    with pytest.raises(KeyError), one_torch_thread():
+        assert torch.get_num_threads() == 1
+        raise KeyError("the user's bug")
+    assert torch.get_num_threads() == 2
+
+
 def test_audit_checkpoint_takes_a_loaded_run_as_the_attacks_do(tiny_run):
     """``audit_checkpoint(load_run(d))`` raised TypeError "expected str, bytes or os.PathLike object, not Run"."""
     from dpaudit.checkpoint import load_run

@@ -163,6 +163,7 @@ def test_a_setting_a_trainer_is_given_is_honoured_or_refused(algo, fast_accounti
         ("outpert", {}, {"device": "cuda"}, "--device"),
         ("adam", {"momentum": 0.9}, {}, "--momentum"),
         ("dpagd", {"momentum": 0.9}, {}, "--momentum"),
+        ("dpsgd", {"jl_projections": 8, "accountant": "pld"}, {}, "--jl-projections"),  # NOT_GIVEN: None (pass 23)
     ],
 )
 def test_the_unread_setting_is_named_in_one_line(algo, config, perf, flag):
@@ -175,6 +176,18 @@ def test_the_unread_setting_is_named_in_one_line(algo, config, perf, flag):
         check_config_read(algo, cfg, PerfConfig(**perf))
     with pytest.raises(InputError, match=rf"^{flag} does not apply to --algo {algo} "):
         TRAINERS[algo](cfg, PerfConfig(**perf))
+
+
+def test_output_perturbation_with_the_gaussian_mechanism_takes_the_accountant_it_is_accounted_with():
+    """outpert-gaussian's claim is accounted with PLD (convex.ConvexLearner.claim): --accountant pld asks for what it
+    does and is not refused, unlike every other non-DP-SGD trainer (dpagd above). Planted (mutation pass 23): the
+    exemption dropped, or taken for rdp instead of pld."""
+    base = _base("outpert-gaussian")
+    cfg = dataclasses.replace(base, dp=dataclasses.replace(base.dp, accountant="pld"))
+    check_config_read("outpert-gaussian", cfg, PerfConfig())
+    TRAINERS["outpert-gaussian"](cfg, PerfConfig())
+    with pytest.raises(InputError, match=r"^--accountant does not apply to --algo outpert \("):
+        check_config_read("outpert", dataclasses.replace(cfg, algo="outpert"), PerfConfig())
 
 
 def test_a_torch_trainer_refuses_the_jax_backend_and_jax_trainer_still_builds():

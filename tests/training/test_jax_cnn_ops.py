@@ -302,3 +302,51 @@ def test_cli_trains_a_users_resnet_and_the_mnist_example_with_the_torch_claim(tm
     config, perf = configs_from_meta(meta)
     assert perf.backend == "jax" and meta["privacy"] == claim_for(config, meta["split"]["sizes"]["members"])
     assert abs(meta["privacy"]["epsilon"] - 3.0) < 1e-3
+
+
+def test_max_pool2d_is_torchs_values_and_gradients_and_refuses_what_it_does_not_compute():
+    """jb._max_pool2d called directly (no torch.fx graph; the refusals first) against F.max_pool2d in float64: values
+    and the gradient of a weighted sum (torch routes it to a window's first maximum and sums over the windows sharing
+    it) on inputs with ties (values from {0, 1, 2}), for square and rectangular kernels, strides given as an int, a
+    pair, None, () or [] (the kernel), paddings up to half the kernel (padded by -inf), (C, H, W) inputs; and one
+    line for dilation, ceil_mode, return_indices, a 2-D input and a padding over half the kernel (torch raises).
+    (Mutation pass 23: the op's refusal and its stride/padding arithmetic were reached only through compiled
+    graphs.)"""
+    x = jnp.ones((1, 1, 6, 6))
+    for kwargs, message in (
+        ({"dilation": 2}, r"^max_pool2d with dilation, ceil_mode or return_indices is not supported$"),
+        ({"ceil_mode": True}, r"^max_pool2d with dilation"),
+        ({"return_indices": True}, r"^max_pool2d with dilation"),
+        ({"padding": 2}, r"^max_pool2d padding \(2, 2\) is more than half the kernel \(3, 3\)$"),
+        ({"padding": (0, 2)}, r"^max_pool2d padding \(0, 2\) is more than half the kernel \(3, 3\)$"),
+        ({"padding": (2, 0)}, r"^max_pool2d padding \(2, 0\) is more than half the kernel \(3, 3\)$"),
+    ):
+        with pytest.raises(InputError, match=message):
+            jb._max_pool2d(x, 3, **kwargs)
+    with pytest.raises(InputError, match=r"^max_pool2d on a 2-D input is not supported \(\(N, C, H, W\) or"):
+        jb._max_pool2d(jnp.ones((6, 6)), 2)
+    with pytest.raises(RuntimeError):  # torch refuses the over-half padding too
+        F.max_pool2d(torch.ones(1, 1, 6, 6), 3, padding=2)
+    rng = np.random.default_rng(0)
+    cases = [
+        ((2, 3, 6, 7), (2,), {}),
+        ((2, 3, 7, 7), (3, 2, 1), {}),
+        ((1, 2, 6, 5), ((2, 3),), {"stride": (1, 2), "padding": (1, 1)}),
+        ((1, 2, 5, 6), ((3, 2),), {"stride": 1, "padding": (1, 0)}),
+        ((3, 6, 6), (2,), {"stride": None}),
+        ((1, 1, 4, 6), (2,), {"stride": ()}),
+        ((1, 1, 4, 6), ((1, 3),), {"stride": [], "dilation": (1, 1)}),
+        ((1, 1, 7, 8), ((5, 4),), {"padding": (2, 2)}),  # half the kernel exactly: torch's largest padding
+        ((1, 2, 5, 6), (3,), {"stride": 1, "padding": 1}),
+    ]
+    with jax.enable_x64(True):
+        for shape, args, kwargs in cases:
+            x = rng.integers(0, 3, size=shape).astype(np.float64)
+            xt = torch.tensor(x, requires_grad=True)
+            out = F.max_pool2d(xt, *args, **kwargs)
+            w = rng.normal(size=tuple(out.shape))
+            (out * torch.tensor(w)).sum().backward()
+            got = jb._max_pool2d(jnp.asarray(x), *args, **kwargs)
+            grad = jax.grad(lambda v, a=args, k=kwargs, w=w: (jb._max_pool2d(v, *a, **k) * w).sum())(jnp.asarray(x))
+            np.testing.assert_array_equal(np.asarray(got), out.detach().numpy(), err_msg=str((shape, args, kwargs)))
+            np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy(), rtol=1e-12, atol=0, err_msg=str(shape))
