@@ -921,6 +921,14 @@ def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=
         raise InputError(f"interpolate to {tuple(out)} from {tuple(n)} is not supported (torch raises)")
     for axis, (k, o, f) in enumerate(zip(n, out, scales, strict=True), start=2):
         i0, i1, lam = _source_indices(k, o, mode, bool(align_corners), f, x.dtype, nd)
+        if mode == "nearest" and nd != 2 and o in (k, 2 * k) and not np.array_equal(i0, np.arange(o) * k // o):
+            # torch's 1-D/3-D nearest backward takes nearest_idx's shortcuts (j at o = n, j >> 1 at o = 2n) where its
+            # forward took ⌊j·scale⌋ (torch 2.13: 3 values at scale_factor 1.3 read rows 0, 0, 1, gradient 1, 1, 1):
+            # its gradient is no function's gradient, so no JAX forward trains as it does
+            raise InputError(
+                f"interpolate nearest from {k} to {o} values at scale_factor {f} on a {x.ndim}-D input: torch's "
+                "backward reads other values than its forward there; pass size= instead"
+            )
         shape = (o,) + (1,) * (x.ndim - 1 - axis)
         lo = jnp.take(x, jnp.asarray(i0), axis=axis)
         if _INTERPOLATE[mode] is None:

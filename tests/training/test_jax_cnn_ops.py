@@ -451,8 +451,11 @@ def test_a_grouped_or_dilated_conv2d_is_not_ghost_clipped():
      (lambda h: torch.div(h, 2, rounding_mode="round"), r"div with rounding_mode='round' is not supported"),
      (lambda h: h.index_fill(1, torch.tensor([0]), 0.0), r"op x.index_fill .* is not supported"),
      (lambda h: F.feature_alpha_dropout(h, 0.2, True), r"op torch.nn.functional.feature_alpha_dropout .* draws random"),
-     (lambda h: h.norm(p=3), r"norm with p = 3 is not supported")],
-    ids=["bicubic", "antialias", "area", "return-indices", "glu-odd", "round", "index-fill", "feature-alpha", "p3"],
+     (lambda h: h.norm(p=3), r"norm with p = 3 is not supported"),
+     (lambda h: F.interpolate(h.flatten(2), scale_factor=1.01), r"interpolate nearest from 36 to 36 values at "
+      r"scale_factor 1.01 on a 3-D input: torch's backward reads other values than its forward there")],
+    ids=["bicubic", "antialias", "area", "return-indices", "glu-odd", "round", "index-fill", "feature-alpha", "p3",
+         "nearest-1d-backward"],
 )  # fmt: skip
 def test_what_the_new_ops_cannot_run_is_one_line(op, message):
     """What stays refused, one line naming the op, before training (exit 2 through the CLI)."""

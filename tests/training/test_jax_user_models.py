@@ -1503,6 +1503,8 @@ def _op_cases():
         (F.max_pool2d, (img, 2, 2, 0, 1, True), {}), (F.max_pool2d, (img, 3, 1, 1), {"dilation": 2}),
         (F.avg_pool2d, (img, 3, 2, 1), {"ceil_mode": True, "count_include_pad": False}),
         (F.avg_pool2d, (img, (3, 2), 1, (1, 0)), {"divisor_override": 4}), (F.avg_pool2d, (img, 4, 3, 2, True), {}),
+        # ceil mode's last window would start in the right padding ((out − 1)·s ≥ size + p): torch drops it
+        (F.max_pool2d, (img[..., :5], 2, 2, 1, 1, True), {}), (F.avg_pool2d, (img[..., :5], 2, 2, 1, True), {}),
         (F.max_pool1d, (a, 3, 2, 1, 1, True), {}), (F.max_pool1d, (a, 2), {"dilation": 2}),
         (F.avg_pool1d, (a, 3, 2, 1, True, False), {}), (F.avg_pool1d, (a, 2), {}),
         (F.adaptive_avg_pool1d, (a, 3), {}), (F.adaptive_max_pool1d, (a, 3), {}), (F.adaptive_max_pool1d, (tie, 1), {}),
@@ -1515,6 +1517,7 @@ def _op_cases():
         (F.interpolate, (a,), {"scale_factor": 2.5, "mode": "linear", "align_corners": True}),
         (F.interpolate, (img[None],), {"size": (2, 3, 5), "mode": "trilinear"}),
         (F.interpolate, (img,), {"scale_factor": 1.7, "mode": "bilinear", "recompute_scale_factor": True}),
+        (F.interpolate, (img,), {"scale_factor": 1.1}),  # 6 -> 6: torch's 2-D kernel copies (nearest_idx's shortcut)
         (F.softplus, (10 * a,), {}), (F.softplus, (10 * a, 2.0, 3.0), {}), (F.softplus, (a,), {"threshold": 0.5}),
         (F.mish, (10 * a,), {}), (F.selu, (a,), {}), (F.celu, (a, 0.5), {}), (F.elu, (a,), {"alpha": 0.3}),
         (F.softsign, (a,), {}), (F.logsigmoid, (10 * a,), {}), (F.hardsigmoid, (10 * a,), {}), (F.tanhshrink, (a,), {}),
