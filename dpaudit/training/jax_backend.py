@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import math
 import operator
 import re
@@ -139,26 +140,78 @@ def _sub_tap(path: str, a, out):
     return out if state is None else state[0](f"{state[1]}:{path}", a, out)
 
 
-def _conv_pads(m: nn.Conv2d) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The zero padding (before, after) of the height and width axes as torch applies it, also for
+def _conv_pads(m: nn.Conv2d) -> tuple[tuple[int, int], ...]:
+    """The zero padding (before, after) of each spatial axis as torch applies it, also for
     ``padding="valid"`` and ``"same"`` (an even kernel pads one more after: torch's own
-    ``_reversed_padding_repeated_twice``, stored width first)."""
-    w0, w1, h0, h1 = (int(v) for v in m._reversed_padding_repeated_twice)
-    return (h0, h1), (w0, w1)
+    ``_reversed_padding_repeated_twice``, stored last axis first); Conv1d's one axis, Conv2d's height and width."""
+    v = [int(a) for a in m._reversed_padding_repeated_twice]
+    return tuple((v[i], v[i + 1]) for i in range(len(v) - 2, -1, -2))
 
 
-def _conv(name: str, m: nn.Conv2d) -> Callable:
-    if m.groups != 1 or m.dilation != (1, 1) or m.padding_mode != "zeros":
-        raise _unsupported(f"layer {name} (Conv2d) has groups, dilation or non-zero padding_mode")
+_CONV_AXES = {1: ("NCH", "OIH", "NCH"), 2: ("NCHW", "OIHW", "NCHW")}  # lax's names of torch's layouts
+
+
+def _conv(name: str, m: nn.Conv1d | nn.Conv2d) -> Callable:
+    """nn.Conv1d / nn.Conv2d (cross-correlation, kernel (C_out, C_in/groups, *k)): ``lax.conv_general_dilated`` with
+    the stride, dilation (rhs_dilation: kernel taps ``dilation`` apart) and groups (feature_group_count) of torch's
+    documentation of Conv1d/Conv2d; padding_mode reflect/replicate/circular pads by F.pad first, as torch's
+    ``_conv_forward``. An unbatched input (C, *spatial) runs as a batch of one. Ghost clipping taps a Conv2d only
+    without groups, dilation or a padding mode (:func:`_ghostable`); the others' per-example gradients are vmap's."""
+    nd = 1 if isinstance(m, nn.Conv1d) else 2
     pad = _conv_pads(m)
-    stride = tuple(int(s) for s in m.stride)
+    stride, dilation = tuple(int(s) for s in m.stride), tuple(int(d) for d in m.dilation)
 
     def f(p, x):
+        one = x.ndim == nd + 1
+        x = x[None] if one else x
+        if m.padding_mode != "zeros":
+            x = _f_pad(x, m._reversed_padding_repeated_twice, m.padding_mode)
         out = lax.conv_general_dilated(
-            x, p[f"{name}.weight"], stride, pad, dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=PRECISION
-        )  # torch.nn.Conv2d (cross-correlation), kernel OIHW
+            x, p[f"{name}.weight"], stride, pad if m.padding_mode == "zeros" else [(0, 0)] * nd,
+            rhs_dilation=dilation, feature_group_count=m.groups, dimension_numbers=_CONV_AXES[nd], precision=PRECISION,
+        )  # fmt: skip
         b = p.get(f"{name}.bias")
-        return out if b is None else out + b[None, :, None, None]
+        out = out if b is None else out + b.reshape(-1, *(1,) * nd)
+        return out[0] if one else out
+
+    return f
+
+
+def _ghostable(m: nn.Module) -> bool:
+    """Ghost clipping (ghost_clipped_sum, fx_ghost_clipped_sum) computes ``m``'s per-example norms: a Conv2d's im2col
+    patches (_patches) know neither groups, dilation nor a padding mode; such a Conv2d is left to vmap."""
+    return not isinstance(m, nn.Conv2d) or (m.groups == 1 and m.dilation == (1, 1) and m.padding_mode == "zeros")
+
+
+def _conv_transpose(name: str, m: nn.ConvTranspose1d | nn.ConvTranspose2d) -> Callable:
+    """nn.ConvTranspose1d / 2d (the gradient of a convolution with respect to its input; torch's documentation: an
+    output of (L − 1)·stride − 2·padding + dilation·(k − 1) + output_padding + 1 per axis): the convolution of the
+    input dilated by ``stride`` (lax's lhs_dilation) with the spatially flipped kernel, its in/out channels swapped
+    per group (torch's kernel is (C_in, C_out/groups, *k)), padded by dilation·(k − 1) − padding on both sides and
+    output_padding more after (Dumoulin & Visin 2016, arXiv:1603.07285, §4.6: the transposed convolution as a direct
+    one). forward(input, output_size) is not supported (a module call with two inputs)."""
+    nd = 1 if isinstance(m, nn.ConvTranspose1d) else 2
+    k, s, p, d = (tuple(int(v) for v in t) for t in (m.kernel_size, m.stride, m.padding, m.dilation))
+    pads = [
+        (di * (ki - 1) - pi, di * (ki - 1) - pi + int(op))
+        for ki, pi, di, op in zip(k, p, d, m.output_padding, strict=True)
+    ]
+    g = m.groups
+
+    def f(p_, x):
+        one = x.ndim == nd + 1
+        x = x[None] if one else x
+        w = p_[f"{name}.weight"]  # (C_in, C_out/g, *k) -> (C_out, C_in/g, *k), flipped
+        c_in, c_out_g = w.shape[:2]
+        w = w.reshape(g, c_in // g, c_out_g, *k).swapaxes(1, 2).reshape(g * c_out_g, c_in // g, *k)
+        w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+        out = lax.conv_general_dilated(
+            x, w, (1,) * nd, pads, lhs_dilation=s, rhs_dilation=d, feature_group_count=g,
+            dimension_numbers=_CONV_AXES[nd], precision=PRECISION,
+        )  # fmt: skip
+        b = p_.get(f"{name}.bias")
+        out = out if b is None else out + b.reshape(-1, *(1,) * nd)
+        return out[0] if one else out
 
     return f
 
@@ -196,79 +249,137 @@ def _norm(name: str, m: nn.GroupNorm | nn.LayerNorm) -> Callable:
     return lambda p, x: _norm_affine(name, m, p, _normalize(m, x))
 
 
-def _avg_pool(name: str, m: nn.AvgPool2d) -> Callable:
-    k = m.kernel_size if isinstance(m.kernel_size, int) else None
-    s = m.stride if isinstance(m.stride, int) else None
-    if k is None or s != k or m.padding not in (0, (0, 0)) or m.ceil_mode:
-        raise InputError(f"layer {name} (AvgPool2d): the JAX backend supports square non-overlapping pooling only")
-    divisor = m.divisor_override or k * k  # torch divides each window's sum by divisor_override when it is set
+def _tuple(v, nd: int) -> tuple:
+    # torch's _single / _pair: one value for every spatial axis, or one per axis
+    return (v,) * nd if isinstance(v, (int, float)) or v is None else tuple(v)
 
-    def f(p, x):  # floor mode, as torch: the trailing rows/columns that do not fill a window are dropped
-        n, c, h, w = x.shape
-        x = x[:, :, : h // k * k, : w // k * k]
-        return x.reshape(n, c, h // k, k, w // k, k).sum((3, 5)) / divisor
+
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    # a pooling's output length (torch's pooling_output_shape, aten/src/ATen/native/Pool.h): ⌊ or ⌈(size + 2p −
+    # d(k − 1) − 1)/s⌉ + 1, and in ceil mode one less where the last window would start in the right padding
+    # ((out − 1)·s ≥ size + p: torch's "ensure that the last pooling starts inside the image")
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    return out - 1 if ceil_mode and (out - 1) * s >= size + p else out
+
+
+def _pool(x, what: str, nd: int, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, mean=False,
+          count_include_pad=True, divisor_override=None):  # fmt: skip
+    """Max or average pooling over the last ``nd`` axes of a batched or unbatched input (torch's MaxPool1d/2d,
+    AvgPool1d/2d and F.max_pool1d/2d, F.avg_pool1d/2d; a 1-D pool is torch's 2-D kernel on one row): windows of
+    ``kernel_size`` every ``stride`` (the kernel by default), taps ``dilation`` apart, ``padding`` on both sides,
+    :func:`_pool_out` windows per axis (ceil mode keeps a last window overhanging the right edge).
+    Max: padding and overhang are −inf; the gradient goes to a window's FIRST maximum in row-major order (torch's CPU
+    kernels keep the first index with val > maxval), read at argmax as for max(dim); a value that is the maximum of
+    several windows gets the sum, as torch's max_pool backward.
+    Average (torch's cpu_avg_pool, aten/src/ATen/native/cpu/AvgPoolKernel.cpp): the window's sum over the input (zero
+    padding adds 0) divided by divisor_override when set, else with count_include_pad by the window's size clipped
+    to the padded input (ceil mode's overhang past the padding not counted), else by its number of input values.
+    Linear in x: the gradient is each value's share, as torch's backward."""
+    if x.ndim not in (nd + 1, nd + 2):
+        raise InputError(f"{what} on a {x.ndim}-D input is not supported (a {nd + 2}-D or {nd + 1}-D input runs)")
+    k, p, d = _tuple(kernel_size, nd), _tuple(padding, nd), _tuple(dilation, nd)
+    s = _tuple(stride, nd) if stride not in (None, ()) and stride != [] else k
+    sizes = x.shape[-nd:]
+    if any(pi > ((ki - 1) * di + 1) // 2 for ki, pi, di in zip(k, p, d, strict=True)):  # torch raises
+        raise InputError(f"{what}: padding {p} is more than half the kernel's extent (torch raises)")
+    out = [_pool_out(n, *a, ceil_mode) for n, *a in zip(sizes, k, s, p, d, strict=True)]
+    if min(out) < 1:
+        raise InputError(f"{what}: the input's {tuple(sizes)} is smaller than the kernel (torch raises)")
+    # zero (−inf) padding before, and after as far as the last window reaches (ceil mode's overhang)
+    after = [max(pi, (o - 1) * si + di * (ki - 1) + 1 - n - pi)
+             for n, o, ki, si, pi, di in zip(sizes, out, k, s, p, d, strict=True)]  # fmt: skip
+    pads = [(0, 0)] * (x.ndim - nd) + list(zip(p, after, strict=True))
+    xp = jnp.pad(x, pads, constant_values=0.0 if mean else -jnp.inf)
+    windows = _window_slices(xp, k, s, out, d)
+    if not mean:
+        stacked = jnp.stack(windows, axis=-1)
+        return jnp.take_along_axis(stacked, jnp.argmax(stacked, axis=-1)[..., None], axis=-1)[..., 0]
+    total = sum(windows[1:], windows[0])
+    if divisor_override:
+        return total / divisor_override
+    divisor = np.ones(())
+    for n, o, ki, si, pi in zip(sizes, out, k, s, p, strict=True):  # a window's size is its axes' lengths' product
+        start = np.arange(o) * si - pi
+        end = np.minimum(start + ki, n + pi)
+        count = end - start if count_include_pad else np.minimum(end, n) - np.maximum(start, 0)
+        divisor = np.multiply.outer(divisor, np.maximum(count, 1))  # a window of padding only sums to 0, as torch's
+    return total / jnp.asarray(divisor, x.dtype)
+
+
+def _pool_module(name: str, m: nn.Module) -> Callable:
+    # nn.MaxPool1d/2d, nn.AvgPool1d/2d with their options (_pool); return_indices (MaxUnpool's) is not supported
+    nd = 1 if isinstance(m, (nn.MaxPool1d, nn.AvgPool1d)) else 2
+    what = f"layer {name} ({type(m).__name__})"
+    if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d)):
+        if m.return_indices:
+            raise _unsupported(f"{what} has return_indices")
+        return lambda p, x: _pool(x, what, nd, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+    return lambda p, x: _pool(x, what, nd, m.kernel_size, m.stride, m.padding, 1, m.ceil_mode, True,
+                              m.count_include_pad, getattr(m, "divisor_override", None))  # fmt: skip
+
+
+def _f_max_pool(nd: int):
+    def f(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        if return_indices:
+            raise InputError(f"max_pool{nd}d with return_indices is not supported")
+        return _pool(x, f"max_pool{nd}d", nd, kernel_size, stride, padding, dilation, ceil_mode)
 
     return f
 
 
-def _adaptive_avg_pool(name: str, m: nn.AdaptiveAvgPool2d) -> Callable:
-    size = m.output_size if isinstance(m.output_size, tuple) else (m.output_size, m.output_size)
-    if len(set(size)) != 1 or not isinstance(size[0], int):
-        raise InputError(f"layer {name} (AdaptiveAvgPool2d): the JAX backend supports a square output size only")
-    o = size[0]
-
-    def f(p, x):  # torch's adaptive windows are equal, non-overlapping blocks when o divides the side
-        n, c, h, w = x.shape
-        if h % o or w % o:
-            raise InputError(
-                f"layer {name} (AdaptiveAvgPool2d({o})): the JAX backend needs the output size to divide the "
-                f"input's {h}x{w}"
-            )
-        return x.reshape(n, c, o, h // o, o, w // o).mean((3, 5))
+def _f_avg_pool(nd: int):
+    def f(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        return _pool(x, f"avg_pool{nd}d", nd, kernel_size, stride, padding, 1, ceil_mode, True, count_include_pad,
+                     divisor_override)  # fmt: skip
 
     return f
 
 
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
+def _adaptive_pool(x, what: str, nd: int, output_size, mean: bool):
+    """torch's adaptive average / max pooling over the last ``nd`` axes (aten/src/ATen/native/AdaptivePooling.h):
+    output i of o along an axis of n reads [⌊i·n/o⌋, ⌈(i + 1)·n/o⌉) (windows may overlap or differ in size); an
+    output size None keeps the axis. Average: per axis a (o, n) matrix of 1/length on each window (a window's mean
+    is its axes' means in turn); max: each window's FIRST maximum in row-major order, as torch's CPU kernel."""
+    if x.ndim not in (nd + 1, nd + 2):
+        raise InputError(f"{what} on a {x.ndim}-D input is not supported (a {nd + 2}-D or {nd + 1}-D input runs)")
+    sizes = x.shape[-nd:]
+    out = [n if o is None else int(o) for n, o in zip(sizes, _tuple(output_size, nd), strict=True)]
+    if min(out) < 1:
+        raise InputError(f"{what}: output size {tuple(out)} (torch raises)")
+    bounds = [[(i * n // o, -(-(i + 1) * n // o)) for i in range(o)] for n, o in zip(sizes, out, strict=True)]
+    lead = x.ndim - nd
+    if mean:
+        for axis, (n, b) in enumerate(zip(sizes, bounds, strict=True), start=lead):
+            a = np.zeros((len(b), n))
+            for i, (lo, hi) in enumerate(b):
+                a[i, lo:hi] = 1.0 / (hi - lo)
+            x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(a.T, x.dtype), axes=([axis], [0]), precision=PRECISION),
+                             -1, axis)  # fmt: skip
+        return x
+    rows = []
+    for corner in itertools.product(*bounds):
+        w = x[(Ellipsis, *(slice(lo, hi) for lo, hi in corner))].reshape(*x.shape[:lead], -1)
+        rows.append(jnp.take_along_axis(w, jnp.argmax(w, axis=-1)[..., None], axis=-1)[..., 0])
+    return jnp.stack(rows, axis=-1).reshape(*x.shape[:lead], *out)
 
 
-def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    # F.max_pool2d / nn.MaxPool2d on (N, C, H, W) or (C, H, W): the maximum of each kh×kw window, windows every
-    # stride (the kernel size by default), the input padded by −inf, floor((H + 2p − kh)/sh) + 1 rows (floor mode).
-    # The gradient goes to the FIRST maximum of a window in row-major order (torch's CPU kernel keeps the first index
-    # with val > maxval), read at argmax as for max(dim); a value that is the maximum of several windows gets the
-    # sum, as torch's max_pool2d backward.
-    if dilation not in (1, (1, 1)) or ceil_mode or return_indices:
-        raise InputError("max_pool2d with dilation, ceil_mode or return_indices is not supported")
-    if x.ndim not in (3, 4):
-        raise InputError(f"max_pool2d on a {x.ndim}-D input is not supported ((N, C, H, W) or (C, H, W) runs)")
-    (kh, kw), (ph, pw) = _pair(kernel_size), _pair(padding)
-    sh, sw = _pair(stride) if stride not in (None, ()) and stride != [] else (kh, kw)
-    if ph > kh // 2 or pw > kw // 2:  # torch raises
-        raise InputError(f"max_pool2d padding {(ph, pw)} is more than half the kernel {(kh, kw)}")
-    h, w = x.shape[-2:]
-    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-    xp = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(ph, ph), (pw, pw)], constant_values=-jnp.inf)
-    windows = jnp.stack(_window_slices(xp, (kh, kw), (sh, sw), (oh, ow)), axis=-1)
-    first = jnp.argmax(windows, axis=-1)[..., None]
-    return jnp.take_along_axis(windows, first, axis=-1)[..., 0]
+def _adaptive_module(name: str, m: nn.Module) -> Callable:
+    # nn.AdaptiveAvgPool1d/2d, nn.AdaptiveMaxPool1d/2d (return_indices not supported)
+    nd = 1 if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)) else 2
+    mean = isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d))
+    what = f"layer {name} ({type(m).__name__})"
+    if getattr(m, "return_indices", False):
+        raise _unsupported(f"{what} has return_indices")
+    return lambda p, x: _adaptive_pool(x, what, nd, m.output_size, mean)
 
 
-def _max_pool(name: str, m: nn.MaxPool2d) -> Callable:
-    return lambda p, x: _max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, m.return_indices)
+def _f_adaptive(nd: int, mean: bool):
+    def f(x, output_size, return_indices=False):
+        if return_indices:
+            raise InputError(f"adaptive_max_pool{nd}d with return_indices is not supported")
+        return _adaptive_pool(x, f"adaptive_{'avg' if mean else 'max'}_pool{nd}d", nd, output_size, mean)
 
-
-def _f_avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                  divisor_override=None):  # fmt: skip
-    # F.avg_pool2d: nn.AvgPool2d's translation with these options (square non-overlapping windows)
-    m = nn.AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    return _avg_pool("F.avg_pool2d", m)(None, x)
-
-
-def _f_adaptive_avg_pool2d(x, output_size):
-    # F.adaptive_avg_pool2d: nn.AdaptiveAvgPool2d's translation (a square output size dividing the input's sides)
-    return _adaptive_avg_pool("F.adaptive_avg_pool2d", nn.AdaptiveAvgPool2d(output_size))(None, x)
+    return f
 
 
 def _flatten(x, start_dim: int, end_dim: int):
@@ -357,6 +468,54 @@ def _leaky_relu(x, negative_slope: float = 0.01):
     return jnp.where(x > 0, x, negative_slope * x)
 
 
+def _softplus(x, beta: float = 1.0, threshold: float = 20.0):
+    # torch.nn.Softplus / F.softplus (torch's documentation: log(1 + exp(βx))/β, "reverts to the linear function when
+    # input × β > threshold"), as torch's softplus kernel (aten/src/ATen/native/cpu/Activation.cpp): βx > threshold ?
+    # x : log1p(exp(βx))/β, and its softplus_backward: βx > threshold ? g : g·z/(z + 1), z = exp(βx). The exp of the
+    # branch not taken is fed 0 (the safe-where trick: no inf or NaN enters the backward of that branch)
+    big = x * beta > threshold
+    return jnp.where(big, x, jnp.log1p(jnp.exp(jnp.where(big, 0.0, x * beta))) / beta)
+
+
+def _mish(x):
+    # torch.nn.Mish (Misra 2019, arXiv:1908.08681, Eq. 1): x·tanh(softplus(x)), torch's kernel x·tanh(log1p(exp(x)))
+    # without softplus's threshold; its gradient tanh(sp) + x·σ(x)·(1 − tanh²(sp)) is this function's derivative
+    # (jax.nn.softplus, log(1 + eˣ) computed without overflow, has derivative σ(x))
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+# torch's hardsigmoid_backward multiplies by the float literal 1.0f / 6.0f (aten/src/ATen/native/cpu/Activation.cpp,
+# `one_sixth(1.0f / 6.0f)`), also in float64: 0.1666666716337204, 5e-9 relative off 1/6 (found by the float64
+# per-example gradient check against torch; forward divides by 6 exactly)
+_ONE_SIXTH_F32 = float(np.float32(1.0) / np.float32(6.0))
+
+
+def _hardsigmoid(x):
+    # torch.nn.Hardsigmoid: 0 for x ≤ −3, x/6 + 1/2 between, 1 from 3; its gradient torch's hardsigmoid_backward:
+    # float32(1/6) strictly inside (−3, 3), 0 at ±3 and outside (the value is x/6 + 1/2, its slope _ONE_SIXTH_F32)
+    inner = lax.stop_gradient(x / 6 + 0.5 - _ONE_SIXTH_F32 * x) + _ONE_SIXTH_F32 * x
+    return jnp.where((x > -3) & (x < 3), inner, jnp.where(x <= -3, jnp.zeros_like(x), jnp.ones_like(x)))
+
+
+def _glu(x, dim: int = -1):
+    # torch.nn.GLU / F.glu (Dauphin et al. 2017, arXiv:1612.08083, Eq. 1): a ⊗ σ(b), a and b the halves of x along dim
+    if x.shape[dim] % 2:
+        raise InputError(f"glu halves an axis of odd size {x.shape[dim]} (torch raises)")
+    a, b = jnp.split(x, 2, axis=dim)
+    return a * jax.nn.sigmoid(b)
+
+
+def _prelu(name: str) -> Callable:
+    # torch.nn.PReLU: x for x > 0, a·x otherwise, a (num_parameters,) along the channel axis 1 (one a for all); the
+    # gradients x > 0 ? g : a·g and, for a, x > 0 ? 0 : x·g (torch's prelu backward; 0 counts as negative)
+    def f(p, x):
+        a = p[f"{name}.weight"]
+        a = a.reshape(-1, *(1,) * (x.ndim - 2)) if x.ndim >= 2 and a.size > 1 else a.reshape(())
+        return jnp.where(x > 0, x, a * x)
+
+    return f
+
+
 def _activation(m: nn.Module) -> Callable | None:
     """The elementwise function of a torch activation module, with its options; None if not one of these."""
     if type(m) is nn.Tanh:
@@ -379,6 +538,28 @@ def _activation(m: nn.Module) -> Callable | None:
         return _hardswish
     if type(m) in (nn.Hardtanh, nn.ReLU6):
         return partial(_hardtanh, min_val=m.min_val, max_val=m.max_val)
+    if type(m) is nn.Softplus:
+        return partial(_softplus, beta=m.beta, threshold=m.threshold)
+    if type(m) is nn.Mish:
+        return _mish
+    if type(m) is nn.SELU:
+        return jax.nn.selu  # λ(x for x > 0, α(eˣ − 1) otherwise), torch's α and λ (Klambauer et al. 2017, Eq. 2)
+    if type(m) is nn.CELU:
+        return partial(jax.nn.celu, alpha=m.alpha)  # x for x > 0, α(e^(x/α) − 1) otherwise (Barron 2017, Eq. 4)
+    if type(m) is nn.Softsign:
+        return lambda x: x / (1 + _abs(x))
+    if type(m) is nn.LogSigmoid:
+        return jax.nn.log_sigmoid  # −softplus(−x), torch's log_sigmoid
+    if type(m) is nn.Hardsigmoid:
+        return _hardsigmoid
+    if type(m) is nn.Tanhshrink:
+        return lambda x: x - jnp.tanh(x)
+    if type(m) is nn.GLU:
+        return partial(_glu, dim=m.dim)
+    if type(m) is nn.Softmin:
+        if m.dim is None:
+            raise InputError("Softmin without dim (torch's deprecated implicit choice) is not supported")
+        return lambda x: _softmax(-x, dim=m.dim)
     if type(m) in (nn.Softmax, nn.LogSoftmax):
         if m.dim is None:
             raise InputError(f"{type(m).__name__} without dim (torch's deprecated implicit choice) is not supported")
@@ -456,9 +637,11 @@ def _has_dropout(m: nn.Module) -> bool:
 
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
-    "Flatten, Linear, Conv2d (groups=1, no dilation, zero padding), GroupNorm, LayerNorm, Embedding, AvgPool2d, "
-    "AdaptiveAvgPool2d, MaxPool2d, Tanh, ReLU, ReLU6, Hardtanh, LeakyReLU, GELU, ELU, Sigmoid, SiLU, Hardswish, "
-    "Softmax, LogSoftmax, "
+    "Flatten, Linear, Conv1d/2d, ConvTranspose1d/2d, GroupNorm, LayerNorm, "
+    "Embedding, AvgPool1d/2d, MaxPool1d/2d, AdaptiveAvgPool1d/2d, AdaptiveMaxPool1d/2d, Upsample (nearest, "
+    "nearest-exact, linear, bilinear, trilinear), Tanh, ReLU, ReLU6, Hardtanh, LeakyReLU, PReLU, GELU, ELU, CELU, "
+    "SELU, Sigmoid, LogSigmoid, Hardsigmoid, SiLU, Mish, Softplus, Softsign, Tanhshrink, GLU, Hardswish, Softmax, "
+    "Softmin, LogSoftmax, "
     "Identity, Dropout, Dropout1d/2d/3d, AlphaDropout"
 )
 
@@ -472,7 +655,9 @@ class JaxModel:
         self.dropout = any(_has_dropout(m) for _, m, _ in layers)  # the trainer passes keys (apply(params, x, key))
         # ghost_clipped_sum knows the per-example gradients of the _TAPPED layers only (not an Embedding's), and runs
         # the layers without dropout keys
-        self.ghost = not self.dropout and all(isinstance(m, _TAPPED) for _, m, _ in layers if _has_parameters(m))
+        self.ghost = not self.dropout and all(
+            isinstance(m, _TAPPED) and _ghostable(m) for _, m, _ in layers if _has_parameters(m)
+        )
 
     def __call__(self, params: Params, x, key=None):
         with _dropout_key(key):
@@ -516,8 +701,9 @@ def _own_forward(m: nn.Module, base: type[nn.Module]) -> bool:
 
 
 _LAYERS = (
-    nn.Flatten, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
-    nn.MaxPool2d,
+    nn.Flatten, nn.Linear, nn.Conv1d, nn.Conv2d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.GroupNorm, nn.LayerNorm,
+    nn.Embedding, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d, nn.MaxPool1d, nn.MaxPool2d, nn.Upsample, nn.PReLU,
 )  # fmt: skip
 
 
@@ -534,18 +720,22 @@ def _layer(name: str, m: nn.Module) -> Callable:
         return lambda p, x: _flatten(x, m.start_dim, m.end_dim)
     if isinstance(m, nn.Linear):
         return _linear(name)
-    if isinstance(m, nn.Conv2d):
-        return _conv(name, m)
     if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
         return _norm(name, m)
     if isinstance(m, nn.Embedding):
         return _embedding(name, m)
-    if isinstance(m, nn.AvgPool2d):
-        return _avg_pool(name, m)
-    if isinstance(m, nn.AdaptiveAvgPool2d):
-        return _adaptive_avg_pool(name, m)
-    if isinstance(m, nn.MaxPool2d):
-        return _max_pool(name, m)
+    if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+        return _conv(name, m)
+    if isinstance(m, (nn.ConvTranspose1d, nn.ConvTranspose2d)):
+        return _conv_transpose(name, m)
+    if isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.MaxPool1d, nn.MaxPool2d)):
+        return _pool_module(name, m)
+    if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d)):
+        return _adaptive_module(name, m)
+    if isinstance(m, nn.Upsample):
+        return lambda p, x: _interpolate(x, m.size, m.scale_factor, m.mode, m.align_corners, m.recompute_scale_factor)
+    if isinstance(m, nn.PReLU):
+        return _prelu(name)
     if (act := _activation(m)) is not None and "forward" not in vars(m):
         return lambda p, x: act(x)
     if type(m) in _DROPOUTS and "forward" not in vars(m):
@@ -684,6 +874,89 @@ def _f_pad(x, pad, mode="constant", value=None):
         if min(a, b) < 0 or (mode == "reflect" and max(a, b) >= n) or (mode == "circular" and max(a, b) > n):
             raise InputError(f"F.pad mode={mode!r} with pad {(a, b)} on an axis of size {n} is not supported")
     return jnp.pad(x, pairs, mode=modes[mode])
+
+
+_INTERPOLATE = {"nearest": None, "nearest-exact": None, "linear": 1, "bilinear": 2, "trilinear": 3}
+
+
+def _source_indices(n: int, o: int, mode: str, align_corners: bool, scale, dtype, nd: int):
+    """(i0, i1, λ1) of an axis of n values resampled to o (torch's aten/src/ATen/native/UpSample.h; the output j reads
+    (1 − λ1)·x[i0] + λ1·x[i1]). Scales as torch's area_pixel_compute_scale / compute_scales_value: 1/scale_factor
+    when one was given (and not recomputed), else n/o; align_corners (n − 1)/(o − 1). Nearest: min(⌊j·scale⌋, n − 1),
+    scale in float32, and on a 4-D input (torch's 2-D kernel, nearest_idx) j at o = n and j >> 1 at o = 2n whatever
+    the scale (the 1-D and 3-D kernels take ⌊j·scale⌋ there too: checked against torch 2.13, e.g. 3 values at
+    scale_factor 1.3 give rows 0, 0, 1 on a 3-D input and 0, 1, 2 on a 4-D one); nearest-exact ⌊(j + 0.5)·scale⌋.
+    Linear (compute_source_index_and_lambda, in the input's float type): j·scale with align_corners, else
+    max(0, (j + 0.5)·scale − 0.5); i0 = min(⌊src⌋, n − 1), i1 = i0 + 1 below the last value, λ1 = clamp(src − i0, 0, 1);
+    o = n copies."""
+    j = np.arange(o)
+    if mode in ("nearest", "nearest-exact"):
+        f = np.float32(1.0 / scale) if scale else np.float32(n) / np.float32(o)
+        if mode == "nearest-exact":
+            i = np.floor(((j + 0.5) * np.float64(f)).astype(np.float32))
+        else:
+            i = np.floor(j.astype(np.float32) * f)
+            i = j if nd == 2 and o == n else j >> 1 if nd == 2 and o == 2 * n else i
+        i = np.minimum(i.astype(np.int64), n - 1)
+        return i, i, np.zeros(o)
+    if o == n:
+        return j, j, np.zeros(o)
+    t = np.float32 if dtype == np.float32 else np.float64
+    if align_corners:
+        ratio = t(n - 1) / t(o - 1) if o > 1 else t(0)
+        src = ratio * j.astype(t)
+    else:
+        ratio = t(1.0 / scale) if scale else t(n) / t(o)
+        src = np.maximum(ratio * (j.astype(t) + t(0.5)) - t(0.5), t(0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n - 1)
+    return i0, i0 + (i0 < n - 1), np.clip(src - i0, 0, 1)
+
+
+def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+                 antialias=False):  # fmt: skip
+    # F.interpolate / nn.Upsample (torch's documentation of F.interpolate) on (N, C, *spatial): modes nearest,
+    # nearest-exact, linear (3-D), bilinear (4-D), trilinear (5-D), one of size or scale_factor (the output
+    # ⌊n·scale_factor⌋, as torch's), each axis resampled in turn (:func:`_source_indices`: a linear mode's weights
+    # are separable); gathers with constant indices and weights, so the gradient adds each output's weighted share to
+    # the values it read, as torch's backward. bicubic, area and antialias are not supported.
+    if mode not in _INTERPOLATE or antialias:
+        raise InputError(f"interpolate with mode={mode!r}{' and antialias' if antialias else ''} is not supported")
+    nd = x.ndim - 2
+    if nd < 1 or _INTERPOLATE[mode] not in (None, nd):
+        raise InputError(f"interpolate mode={mode!r} on a {x.ndim}-D input is not supported (torch raises)")
+    if _INTERPOLATE[mode] is None and align_corners is not None:
+        raise InputError("interpolate with align_corners in a nearest mode (torch raises)")
+    if (size is None) == (scale_factor is None):
+        raise InputError("interpolate takes one of size and scale_factor (torch raises)")
+    if recompute_scale_factor and size is not None:
+        raise InputError("interpolate with recompute_scale_factor and size (torch raises)")
+    n = x.shape[2:]
+    if size is not None:
+        out, scales = [int(v) for v in _tuple(size, nd)], (None,) * nd
+    else:
+        scales = tuple(float(v) for v in _tuple(scale_factor, nd))
+        out = [math.floor(float(k) * f) for k, f in zip(n, scales, strict=True)]
+        scales = (None,) * nd if recompute_scale_factor else scales
+    if len(out) != nd or min(out) < 1:
+        raise InputError(f"interpolate to {tuple(out)} from {tuple(n)} is not supported (torch raises)")
+    for axis, (k, o, f) in enumerate(zip(n, out, scales, strict=True), start=2):
+        i0, i1, lam = _source_indices(k, o, mode, bool(align_corners), f, x.dtype, nd)
+        if mode == "nearest" and nd != 2 and o in (k, 2 * k) and not np.array_equal(i0, np.arange(o) * k // o):
+            # torch's 1-D/3-D nearest backward takes nearest_idx's shortcuts (j at o = n, j >> 1 at o = 2n) where its
+            # forward took ⌊j·scale⌋ (torch 2.13: 3 values at scale_factor 1.3 read rows 0, 0, 1, gradient 1, 1, 1):
+            # its gradient is no function's gradient, so no JAX forward trains as it does
+            raise InputError(
+                f"interpolate nearest from {k} to {o} values at scale_factor {f} on a {x.ndim}-D input: torch's "
+                "backward reads other values than its forward there; pass size= instead"
+            )
+        shape = (o,) + (1,) * (x.ndim - 1 - axis)
+        lo = jnp.take(x, jnp.asarray(i0), axis=axis)
+        if _INTERPOLATE[mode] is None:
+            x = lo
+        else:
+            lam = jnp.asarray(lam.reshape(shape), x.dtype)
+            x = (1 - lam) * lo + lam * jnp.take(x, jnp.asarray(i1), axis=axis)
+    return x
 
 
 def _abs(x):
@@ -1096,6 +1369,19 @@ def _getitem(obj, idx):
     return obj[idx]
 
 
+def _setitem(x, idx, value):
+    # x[idx] = value (torch's index_put_ / copy_ into a view): the functional twin x.at[idx].set(value), value cast to
+    # x's dtype and broadcast; basic indices as _getitem's, or one boolean mask of x's shape (x[mask] = value, a
+    # number or one value per True entry is data-dependent: a number only). The gradient: 0 for the overwritten
+    # entries of x, the read entries' gradient (summed over broadcast) for value, as torch's backward of index_put_.
+    if isinstance(idx, jax.Array) and idx.dtype == bool:
+        if idx.shape != x.shape or getattr(value, "ndim", 0):
+            raise InputError("x[mask] = value needs a mask of x's shape and a number")
+        return jnp.where(idx, jnp.asarray(value, x.dtype), x)
+    _getitem(x, idx)  # the index checks
+    return x.at[idx].set(jnp.asarray(value).astype(x.dtype))
+
+
 def _getattr(obj, name: str):
     # x.shape, x.ndim, x.dtype; x.device is passed on as None (the arrays live on the trainer's device); x.max(dim)'s
     # .values / .indices
@@ -1211,11 +1497,41 @@ def _to(x, *args, **kwargs):
     return x if dtype is None else x.astype(_jdtype(dtype))
 
 
-def _div(x, other, rounding_mode=None):
-    # torch.div / x.div: true division (rounding_mode "trunc"/"floor" is refused: integer results and dtypes)
-    if rounding_mode is not None:
-        raise InputError(f"div with rounding_mode={rounding_mode!r} is not supported")
-    return x / other
+def _floor_divide(a, b):
+    # torch's floor division (torch.div(rounding_mode="floor"), torch.floor_divide, //). Integers: ⌊a/b⌋ as Python's
+    # and NumPy's (torch's div_floor_integer). Floats: torch's div_floor_floating (c10/util/generic_math.h, Python's
+    # float floor division): a/b when b = 0 (IEEE); else mod = fmod(a, b), div = (a − mod)/b, one less where mod ≠ 0
+    # and mod's sign is not b's, then ⌊div⌋, one more where div − ⌊div⌋ > 0.5; ±0 (a/b's sign) where div = 0. Its
+    # gradient is 0 for a and b (derivatives.yaml: div with a rounding_mode, floor_divide).
+    if not isinstance(a, jax.Array) and not isinstance(b, jax.Array):
+        return a // b  # traced sizes: Python's
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if not jnp.issubdtype(jnp.result_type(a, b), jnp.floating):
+        return jnp.floor_divide(a, b)
+    a, b = lax.stop_gradient(a), lax.stop_gradient(b)
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    fl = jnp.floor(div)
+    fl = jnp.where(div - fl > 0.5, fl + 1, fl)
+    fl = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), fl)
+    return jnp.where(b == 0, a / b, fl)
+
+
+def _div(x, other, *, rounding_mode=None):
+    # torch.div / x.div: true division; rounding_mode "floor" (_floor_divide) or "trunc": the quotient rounded toward
+    # zero (floats trunc(a/b), torch's div_trunc; integers C's truncating division), gradient 0 (derivatives.yaml)
+    if rounding_mode is None:
+        return x / other
+    if rounding_mode == "floor":
+        return _floor_divide(x, other)
+    if rounding_mode != "trunc":
+        raise InputError(f"div with rounding_mode={rounding_mode!r} is not supported (torch raises)")
+    a, b = lax.stop_gradient(jnp.asarray(x)), lax.stop_gradient(jnp.asarray(other))
+    if jnp.issubdtype(jnp.result_type(a, b), jnp.floating):
+        return jnp.trunc(a / b)
+    q = jnp.floor_divide(a, b)
+    return jnp.where((q < 0) & (q * b != a), q + 1, q)
 
 
 _matmul = partial(jnp.matmul, precision=PRECISION)
@@ -1231,7 +1547,7 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     operator.matmul: _matmul, operator.getitem: _getitem, getattr: _getattr,
     operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.lt, operator.le: operator.le,
     operator.gt: operator.gt, operator.ge: operator.ge,
-    operator.floordiv: operator.floordiv,  # C // n_head of traced sizes; floor division of tensors, as torch's //
+    operator.floordiv: _floor_divide,  # C // n_head of traced sizes; floor division of tensors, as torch's //
     math.sqrt: math.sqrt,  # 1 / math.sqrt(k.size(-1)): a traced size is a Python int in the JAX graph
     torch.add: lambda x, other, alpha=1: x + alpha * other if alpha != 1 else x + other,
     torch.mul: lambda x, other: x * other, torch.matmul: _matmul,
@@ -1258,8 +1574,17 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     torch.log_softmax: _log_softmax, F.log_softmax: _log_softmax, F.normalize: _f_normalize,
     torch.linalg.vector_norm: _vector_norm, torch.var: _var, torch.std: _std, torch.var_mean: _with_mean(_var),
     torch.std_mean: _with_mean(_std), torch.chunk: _chunk, torch.squeeze: _squeeze,
-    F.hardswish: lambda x, inplace=False: _hardswish(x), F.max_pool2d: _max_pool2d, F.avg_pool2d: _f_avg_pool2d,
-    F.adaptive_avg_pool2d: _f_adaptive_avg_pool2d,
+    F.hardswish: lambda x, inplace=False: _hardswish(x), F.max_pool2d: _f_max_pool(2), F.avg_pool2d: _f_avg_pool(2),
+    F.adaptive_avg_pool2d: _f_adaptive(2, True), F.max_pool1d: _f_max_pool(1), F.avg_pool1d: _f_avg_pool(1),
+    F.adaptive_avg_pool1d: _f_adaptive(1, True), F.adaptive_max_pool1d: _f_adaptive(1, False),
+    F.adaptive_max_pool2d: _f_adaptive(2, False), F.interpolate: _interpolate,
+    F.softplus: _softplus, F.mish: lambda x, inplace=False: _mish(x), F.selu: lambda x, inplace=False: jax.nn.selu(x),
+    F.celu: lambda x, alpha=1.0, inplace=False: jax.nn.celu(x, alpha),
+    F.elu: lambda x, alpha=1.0, inplace=False: jax.nn.elu(x, alpha), F.softsign: lambda x: x / (1 + _abs(x)),
+    F.logsigmoid: jax.nn.log_sigmoid, F.hardsigmoid: lambda x, inplace=False: _hardsigmoid(x),
+    F.tanhshrink: lambda x: x - jnp.tanh(x), F.glu: _glu,
+    F.softmin: lambda x, dim=None, _stacklevel=3, dtype=None: _softmax(-x, dim, dtype=dtype),
+    torch.div: _div, torch.floor_divide: _floor_divide, torch.clone: lambda x, memory_format=None: x,
     F.relu6: lambda x, inplace=False: _hardtanh(x, 0.0, 6.0),
     F.hardtanh: lambda x, min_val=-1.0, max_val=1.0, inplace=False: _hardtanh(x, min_val, max_val),
     torch.abs: _abs, torch.log: jnp.log,
@@ -1286,12 +1611,14 @@ def _inplace(fn):
 # the position of the inplace argument of the functions that have one
 _TORCH_DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout)  # torch's, for the checks
 _INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.silu: 1, F.dropout: 3, F.dropout1d: 3, F.dropout2d: 3, F.dropout3d: 3,
-               F.alpha_dropout: 3, F.hardswish: 1, F.relu6: 1, F.hardtanh: 3}  # fmt: skip
+               F.alpha_dropout: 3, F.hardswish: 1, F.relu6: 1, F.hardtanh: 3, F.mish: 1, F.selu: 1, F.celu: 2,
+               F.elu: 2, F.hardsigmoid: 1}  # fmt: skip
 _IN_PLACE_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                        operator.itruediv: operator.truediv}  # fmt: skip
 for _op, _twin in _IN_PLACE_OPERATORS.items():
     _FX_FUNCTIONS[_op] = _inplace(_twin)
 _FX_FUNCTIONS[torch.relu_] = _inplace(jax.nn.relu)  # also F.relu_ (the same function)
+_FX_FUNCTIONS[operator.setitem] = _setitem  # x[idx] = value: in place on x (_traced_in_place_operators)
 
 # tensor methods the graph may call (call_method), likewise
 _FX_METHODS: dict[str, Callable] = {
@@ -1302,6 +1629,7 @@ _FX_METHODS: dict[str, Callable] = {
     "size": lambda x, dim=None: tuple(x.shape) if dim is None else x.shape[dim],
     "mean": _mean, "sum": _sum, "softmax": _softmax, "chunk": _chunk,
     "unsqueeze": lambda x, dim: jnp.expand_dims(x, dim), "contiguous": lambda x: x,
+    "clone": lambda x, memory_format=None: x,  # a copy: not a view (_ALIAS_METHODS), so its overwrite is its own
     "masked_fill": lambda x, mask, value: jnp.where(mask, jnp.asarray(value, x.dtype), x),
     "long": lambda x: x.astype(_jdtype(torch.int64)), "relu": jax.nn.relu, "tanh": jnp.tanh,
     "float": lambda x: x.astype(np.float32), "double": lambda x: x.astype(_jdtype(torch.float64)), "to": _to,
@@ -1314,7 +1642,7 @@ _FX_METHODS: dict[str, Callable] = {
     "matmul": _matmul, "mul": operator.mul, "add": _FX_FUNCTIONS[torch.add],
     "split": _split, "norm": _p_norm, "amax": _amax, "max": _max, "amin": _amin, "min": _min,
     "sub": operator.sub, "div": _div, "log_softmax": _log_softmax, "var": _var, "std": _std, "squeeze": _squeeze,
-    "abs": _abs, "log": jnp.log,
+    "abs": _abs, "log": jnp.log, "floor_divide": _floor_divide,
 }  # fmt: skip
 # x.add_(y) & co: the functional method in place (see _inplace)
 _FX_METHODS |= {
@@ -1349,16 +1677,19 @@ FX_OPS = (
     "+ - * / // ** @ ~ & | == != < <= > >= += -= *= /=, indexing, math.sqrt of a size, "
     "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/log_softmax/mean/sum/var/std/var_mean/std_mean/"
     "tanh/relu/relu_/sigmoid/exp/log/abs/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/"
+    "div(rounding_mode)/floor_divide/"
     "einsum/split/chunk/squeeze/norm(p=1,2,inf)/linalg.vector_norm/amax/amin/max/min "
     "(sizes may be x.size(i), x.shape[i]), "
-    "F.relu/relu6/hardtanh/gelu/leaky_relu/silu/hardswish/max_pool2d/avg_pool2d/adaptive_avg_pool2d/linear/softmax/log_softmax/normalize/layer_norm/"
+    "F.relu/relu6/hardtanh/gelu/leaky_relu/silu/hardswish/mish/softplus/selu/celu/elu/softsign/logsigmoid/hardsigmoid/"
+    "tanhshrink/glu/softmin/max_pool1d/max_pool2d/avg_pool1d/avg_pool2d/adaptive_avg_pool1d/adaptive_avg_pool2d/"
+    "adaptive_max_pool1d/adaptive_max_pool2d/interpolate/linear/softmax/log_softmax/normalize/layer_norm/"
     "scaled_dot_product_attention/embedding/dropout/dropout1d/dropout2d/dropout3d/alpha_dropout/"
     "pad(constant, reflect, replicate, circular), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/var/std/softmax/log_softmax/chunk/unsqueeze/squeeze/"
     "contiguous/long/float/double/to(dtype)/sigmoid/exp/log/abs/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/"
-    "clamp_min/expand/repeat/pow/sqrt/rsqrt/type_as/matmul/mul/add/sub/div/split/norm/amax/amin/max/min(.values, "
-    ".indices), in place (inplace=True, x.add_/sub_/mul_/div_/relu_/clamp_/masked_fill_/... where no later op reads "
-    "the overwritten value under another name), "
+    "clamp_min/expand/repeat/pow/sqrt/rsqrt/type_as/matmul/mul/add/sub/div/floor_divide/clone/split/norm/amax/amin/max/"
+    "min(.values, .indices), x[index] = value, in place (inplace=True, x.add_/sub_/mul_/div_/relu_/clamp_/"
+    "masked_fill_/... where no later op reads the overwritten value under another name), "
     "nn.MultiheadAttention (output[0]; no bias_kv or kdim/vdim), "
     "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (relu or gelu), nn.TransformerEncoder and "
     "nn.TransformerDecoder of them, nn.Transformer"
@@ -1451,17 +1782,22 @@ def _traced_sizes():
 def _traced_in_place_operators():
     """``out += identity`` on a traced tensor: fx's Proxy defines no ``__iadd__``, so Python runs ``out = out +
     identity`` and the graph would not record that torch overwrote ``out`` (which another name may still read). While
-    tracing, ``+= -= *= /=`` on a Proxy record operator.iadd & co, which :func:`_in_place_reads` follows."""
+    tracing, ``+= -= *= /=`` on a Proxy record operator.iadd & co, which :func:`_in_place_reads` follows; likewise
+    ``x[idx] = value`` (fx's Proxy has no ``__setitem__``: "'Proxy' object does not support item assignment")
+    records operator.setitem, an in-place op on x."""
     names = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
              "__itruediv__": operator.itruediv}  # fmt: skip
 
     def record(fn):
         return lambda self, other: self.tracer.create_proxy("call_function", fn, (self, other), {})
 
-    added = [n for n in names if n not in vars(torch.fx.Proxy)]
+    def setitem(self, idx, value):
+        self.tracer.create_proxy("call_function", operator.setitem, (self, idx, value), {})
+
+    added = [n for n in (*names, "__setitem__") if n not in vars(torch.fx.Proxy)]
     try:
         for n in added:
-            setattr(torch.fx.Proxy, n, record(names[n]))
+            setattr(torch.fx.Proxy, n, setitem if n == "__setitem__" else record(names[n]))
         yield
     finally:
         for n in added:
@@ -1487,7 +1823,7 @@ def _in_place(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return getattr(gm.get_submodule(node.target), "inplace", False) is True
     if node.op != "call_function" or not _hashable(node.target):
         return False
-    if node.target in _IN_PLACE_OPERATORS or node.target is torch.relu_:
+    if node.target in _IN_PLACE_OPERATORS or node.target in (torch.relu_, operator.setitem):
         return True
     at = _INPLACE_AT.get(node.target)
     return at is not None and (node.kwargs.get("inplace") is True or (at < len(node.args) and node.args[at] is True))
@@ -1674,7 +2010,7 @@ def _fx_model(model: nn.Module, owner: dict[int, str]) -> FxModel:
                 readers.setdefault(c, set()).add(node.name)
             if isinstance(m, (nn.MultiheadAttention, *_TRANSFORMER_PARTS)):  # linear maps inside: sub-taps
                 uses.setdefault(node.target, []).append((node.name, None))
-            if isinstance(m, _GHOSTED) and len(node.args) == 1 and not node.kwargs:
+            if isinstance(m, _GHOSTED) and _ghostable(m) and len(node.args) == 1 and not node.kwargs:
                 if isinstance(node.args[0], torch.fx.Node):  # a layer of one traced input: fx_ghost_clipped_sum taps it
                     uses.setdefault(node.target, []).append((node.name, node.args[0].name))
 
@@ -1895,12 +2231,24 @@ def _patches(m: nn.Conv2d, a, out_hw: tuple[int, int]):
     return jnp.stack(_window_slices(a, m.kernel_size, m.stride, out_hw), axis=2)
 
 
-def _window_slices(xp, kernel: tuple[int, int], stride: tuple[int, int], out_hw: tuple[int, int]) -> list:
-    """The kh·kw shifted, strided slices of an already padded (..., H, W) array, in row-major kernel order: slice
-    (i, j) holds at output position (r, c) the value at (r·sh + i, c·sw + j), so slice k of output (r, c) is element
-    k of its window (a convolution's patches, :func:`_patches`; max pooling's windows, :func:`_max_pool2d`)."""
-    (kh, kw), (sh, sw), (h, w) = kernel, stride, out_hw
-    return [xp[..., i : i + sh * (h - 1) + 1 : sh, j : j + sw * (w - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
+def _window_slices(xp, kernel: tuple, stride: tuple, out_hw: tuple, dilation: tuple | None = None) -> list:
+    """The shifted, strided slices of an already padded (..., *spatial) array over its last len(kernel) axes, in
+    row-major kernel order: slice (i, j) holds at output position (r, c) the value at (r·sh + i·dh, c·sw + j·dw), so
+    slice k of output (r, c) is element k of its window (a convolution's patches, :func:`_patches`; pooling's
+    windows, :func:`_pool`, whose taps may be ``dilation`` apart)."""
+    dilation = dilation or (1,) * len(kernel)
+    return [
+        xp[
+            (
+                Ellipsis,
+                *(
+                    slice(i * d, i * d + s * (o - 1) + 1, s)
+                    for i, d, s, o in zip(at, dilation, stride, out_hw, strict=True)
+                ),
+            )
+        ]
+        for at in itertools.product(*(range(k) for k in kernel))
+    ]
 
 
 def _positions_sq_norm(a, g, bias: bool):

@@ -753,3 +753,34 @@ class MnistExampleNet(nn.Module):
 
 def mnist_example(side: int, n_classes: int, dropout2d: bool = True) -> nn.Module:
     return MnistExampleNet(side, n_classes, dropout2d)
+
+
+class UNetClassifier(nn.Module):
+    """A small UNet-style encoder/decoder as users write segmentation backbones (Ronneberger et al. 2015,
+    arXiv:1505.04597: convolutions, max pooling down, up by ``nn.Upsample(bilinear, align_corners=True)`` and by
+    ``nn.ConvTranspose2d(2, stride=2)``, skip connections by ``torch.cat``), with a pooled linear head; Mish and
+    Softplus activations. ``side`` must be divisible by 4."""
+
+    def __init__(self, channels: int, n_classes: int, width: int = 4):
+        super().__init__()
+        w = width
+        self.enc1, self.enc2 = nn.Conv2d(channels, w, 3, padding=1), nn.Conv2d(w, 2 * w, 3, padding=1)
+        self.mid = nn.Conv2d(2 * w, 2 * w, 3, padding=1)
+        self.pool, self.act = nn.MaxPool2d(2), nn.Mish()
+        self.up1 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+        self.dec1 = nn.Conv2d(4 * w, w, 3, padding=1)
+        self.up2 = nn.ConvTranspose2d(w, w, 2, stride=2)
+        self.dec2 = nn.Conv2d(2 * w, w, 3, padding=1)
+        self.head = nn.Linear(w, n_classes)
+
+    def forward(self, x):
+        a = self.act(self.enc1(x))
+        b = self.act(self.enc2(self.pool(a)))
+        c = self.act(self.mid(self.pool(b)))
+        d = F.softplus(self.dec1(torch.cat([self.up1(c), b], dim=1)), beta=2.0)
+        e = self.act(self.dec2(torch.cat([self.up2(d), a], dim=1)))
+        return self.head(F.adaptive_avg_pool2d(e, 1).flatten(1))
+
+
+def unet_classifier(channels: int, n_classes: int) -> nn.Module:
+    return UNetClassifier(channels, n_classes)

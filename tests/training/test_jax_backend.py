@@ -517,21 +517,18 @@ def test_cli_unknown_backend_exits_2(tmp_path):
     assert r.exit_code == 2 and "backend" in r.output
 
 
-def test_adaptive_average_pooling_matches_torch_where_the_output_divides_the_input():
+def test_adaptive_average_pooling_matches_torch_for_any_output_size():
     """The zoo CNN pools to 2 x 2 before its head: torch's adaptive windows are equal blocks when the output
-    size divides the side (4 -> 2, 14 -> 2); a size that does not divide is refused, not approximated."""
+    size divides the side (4 -> 2, 14 -> 2); otherwise [⌊i·n/o⌋, ⌈(i + 1)·n/o⌉), overlapping (5 -> 2, 7 -> 3; refused
+    before the twelfth session), also a rectangle."""
     from torch import nn
 
-    from dpaudit.errors import InputError
-
-    for side, out in ((4, 2), (14, 2), (6, 3), (5, 1)):
+    for side, out in ((4, 2), (14, 2), (6, 3), (5, 1), (5, 2), (7, 3), (3, 5), (7, (2, 4))):
         x = torch.randn(3, 2, side, side, generator=torch.Generator().manual_seed(side), dtype=torch.float64)
         want = nn.AdaptiveAvgPool2d(out)(x).numpy()
         with jax.enable_x64(True):
-            got = jb._adaptive_avg_pool("p", nn.AdaptiveAvgPool2d(out))(None, jnp.asarray(x.numpy()))
+            got = jb._adaptive_module("p", nn.AdaptiveAvgPool2d(out))(None, jnp.asarray(x.numpy()))
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
-    with pytest.raises(InputError, match="divide"):
-        jb._adaptive_avg_pool("p", nn.AdaptiveAvgPool2d(2))(None, jnp.zeros((1, 1, 5, 5)))
 
 
 def test_white_box_canaries_under_the_jax_backend_are_refused_naming_the_backend(tmp_path):

@@ -487,8 +487,8 @@ def test_what_a_traced_graph_cannot_run_is_one_line_naming_it_when_it_runs(op, m
      (lambda h: h.var(1, unbiased=True, correction=0), r"op x.var .*: var/std with both unbiased and correction"),
      (lambda h: torch.nn.functional.dropout2d(h, 0.5, True), r"op torch.nn.functional.dropout2d .*: F.dropout2d on a "
       r"2-D input is not supported \(a batched 4-D input runs\)"),
-     (lambda h: torch.nn.functional.max_pool2d(h[:, None, None], 1, ceil_mode=True), r"max_pool2d with dilation, "
-      r"ceil_mode or return_indices is not supported"),
+     (lambda h: torch.nn.functional.max_pool2d(h[:, None, None], 2), r"max_pool2d: the input's \(1, 3\) is smaller "
+      r"than the kernel \(torch raises\)"),
      (lambda h: h.split([1, 1], 1)[0], r"op x.split .*: split sizes \[1, 1\] do not add up to the axis's 3"),
      (lambda h: torch.nn.functional.pad(h, (1, 1, 0, 0, 2, 2)), r"F.pad's pad \(1, 1, 0, 0, 2, 2\) is not")],
 )  # fmt: skip
@@ -1078,7 +1078,20 @@ def test_clamp_passes_the_gradient_torch_passes_at_its_bounds():
      ("hardswish-at-3", lambda x: torch.nn.functional.hardswish(torch.cat([x, -x], 1))),
      ("relu6-at-0-and-6", lambda x: torch.nn.functional.relu6(2 * x)),
      ("hardtanh-at-bounds", lambda x: torch.nn.functional.hardtanh(x, 0.0, 2.0)), ("abs-at-0", lambda x: x.abs()),
-     ("in-place-chain", lambda x: (x * 1).add_(x, alpha=0.5).mul_(2.0).relu_())],
+     ("in-place-chain", lambda x: (x * 1).add_(x, alpha=0.5).mul_(2.0).relu_()),
+     ("softplus-at-threshold", lambda x: torch.nn.functional.softplus(x, 1.0, 1.0)),  # x = 1: the log1p branch
+     ("softplus-beta", lambda x: torch.nn.functional.softplus(x, beta=2.0, threshold=4.0)),  # 2x = 4 at x = 2
+     ("hardsigmoid-at-3", lambda x: torch.nn.functional.hardsigmoid(3 * x)), ("mish", torch.nn.functional.mish),
+     ("max-pool-ceil-ties", lambda x: torch.nn.functional.max_pool2d(x[None, None], 3, 2, 1, ceil_mode=True)),
+     ("max-pool-dilated-ties", lambda x: torch.nn.functional.max_pool2d(x[None, None], 2, 1, 0, 2)),
+     ("avg-pool-ceil-no-pad-count", lambda x: torch.nn.functional.avg_pool2d(x[None, None], 3, 2, 1, True, False)),
+     ("adaptive-max-ties", lambda x: torch.nn.functional.adaptive_max_pool2d(x[None, None], 3)),
+     ("adaptive-avg-3", lambda x: torch.nn.functional.adaptive_avg_pool2d(x[None, None], 3)),
+     ("bilinear-corners", lambda x: torch.nn.functional.interpolate(x[None, None], 7, None, "bilinear", True)),
+     ("bilinear", lambda x: torch.nn.functional.interpolate(x[None, None], scale_factor=1.5, mode="bilinear")),
+     ("nearest-down", lambda x: torch.nn.functional.interpolate(x[None, None], size=3)),
+     ("floor-div", lambda x: x * torch.div(x, 0.75, rounding_mode="floor")),
+     ("set-item", lambda x: (lambda y: (y.__setitem__((slice(None), 1), x[:, 2] * 3), y)[1])(x * 1))],
 )  # fmt: skip
 def test_reductions_pad_and_split_pass_torchs_gradients_at_ties_and_zero(name, op):
     """The gradient of Σ w·op(x) against torch's backward, float64, on rows where the maximum (minimum) is taken
@@ -1485,6 +1498,36 @@ def _op_cases():
         (F.pad, (img[None], (1, 1, 1, 0, 0, 2)), {"mode": "reflect"}),
         (F.relu6, (10 * a,), {}), (F.hardtanh, (a,), {}), (F.hardtanh, (a, -0.5, 0.25), {}), (torch.abs, (a,), {}),
         (torch.log, (pos,), {}),
+        # twelfth session: pooling with dilation, ceil_mode, count_include_pad, divisor_override; 1-D and adaptive
+        # pools of sizes that do not divide; interpolate; softplus & co; rounding division; x[idx] = v; clone
+        (F.max_pool2d, (img, 2, 2, 0, 1, True), {}), (F.max_pool2d, (img, 3, 1, 1), {"dilation": 2}),
+        (F.avg_pool2d, (img, 3, 2, 1), {"ceil_mode": True, "count_include_pad": False}),
+        (F.avg_pool2d, (img, (3, 2), 1, (1, 0)), {"divisor_override": 4}), (F.avg_pool2d, (img, 4, 3, 2, True), {}),
+        # ceil mode's last window would start in the right padding ((out − 1)·s ≥ size + p): torch drops it
+        (F.max_pool2d, (img[..., :5], 2, 2, 1, 1, True), {}), (F.avg_pool2d, (img[..., :5], 2, 2, 1, True), {}),
+        (F.max_pool1d, (a, 3, 2, 1, 1, True), {}), (F.max_pool1d, (a, 2), {"dilation": 2}),
+        (F.avg_pool1d, (a, 3, 2, 1, True, False), {}), (F.avg_pool1d, (a, 2), {}),
+        (F.adaptive_avg_pool1d, (a, 3), {}), (F.adaptive_max_pool1d, (a, 3), {}), (F.adaptive_max_pool1d, (tie, 1), {}),
+        (F.adaptive_max_pool2d, (img, (4, 5)), {}), (F.adaptive_max_pool2d, (img, 1), {}),
+        (F.adaptive_avg_pool2d, (img, (4, None)), {}),
+        (F.interpolate, (img,), {"scale_factor": 2}), (F.interpolate, (img, (4, 9)), {}),
+        (F.interpolate, (img,), {"size": 11, "mode": "nearest-exact"}),
+        (F.interpolate, (img,), {"scale_factor": 1.5, "mode": "bilinear"}),
+        (F.interpolate, (img, 9, None, "bilinear", True), {}), (F.interpolate, (img, (3, 10), None, "bilinear"), {}),
+        (F.interpolate, (a,), {"scale_factor": 2.5, "mode": "linear", "align_corners": True}),
+        (F.interpolate, (img[None],), {"size": (2, 3, 5), "mode": "trilinear"}),
+        (F.interpolate, (img,), {"scale_factor": 1.7, "mode": "bilinear", "recompute_scale_factor": True}),
+        (F.interpolate, (img,), {"scale_factor": 1.1}),  # 6 -> 6: torch's 2-D kernel copies (nearest_idx's shortcut)
+        (F.softplus, (10 * a,), {}), (F.softplus, (10 * a, 2.0, 3.0), {}), (F.softplus, (a,), {"threshold": 0.5}),
+        (F.mish, (10 * a,), {}), (F.selu, (a,), {}), (F.celu, (a, 0.5), {}), (F.elu, (a,), {"alpha": 0.3}),
+        (F.softsign, (a,), {}), (F.logsigmoid, (10 * a,), {}), (F.hardsigmoid, (10 * a,), {}), (F.tanhshrink, (a,), {}),
+        (F.glu, (a,), {}), (F.glu, (img, 2), {}), (F.softmin, (a, 1), {}),
+        (torch.div, (a, pos), {}), (torch.div, (10 * a, pos), {"rounding_mode": "floor"}),
+        (torch.div, (10 * a, -pos), {"rounding_mode": "trunc"}), (torch.div, (ids, -4), {"rounding_mode": "trunc"}),
+        (torch.floor_divide, (10 * a, b), {}), (torch.floor_divide, (ids, 4), {}), (operator.floordiv, (10 * a, b), {}),
+        (operator.floordiv, (ids, -4), {}), (torch.clone, (a,), {}),
+        (operator.setitem, (a, (slice(None), 0), 1.5), {}), (operator.setitem, (a, (0, slice(1, 3)), b[0, :2]), {}),
+        (operator.setitem, (a, mask, -2.0), {}), (operator.setitem, (ids, (Ellipsis, 1), 7), {}),
     ]  # fmt: skip
     method = [
         ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
@@ -1514,13 +1557,21 @@ def _op_cases():
         ("triu_", (a, 1), {}), ("sub", (a, b), {}), ("div", (a, pos), {}), ("log_softmax", (a, -1), {}),
         ("var", (a, 1), {}), ("var", (a,), {"correction": 3}), ("var", (a, False), {}), ("std", (a, (0, 1)), {}),
         ("squeeze", (a[:, :1],), {}), ("squeeze", (a, 0), {}), ("abs", (a,), {}), ("log", (pos,), {}),
+        ("floor_divide", (10 * a, pos), {}), ("floor_divide", (ids, 3), {}), ("clone", (a,), {}),
+        ("div", (10 * a, b), {"rounding_mode": "floor"}), ("div", (10 * a, b), {"rounding_mode": "trunc"}),
     ]  # fmt: skip
     inplace = (operator.iadd, operator.isub, operator.imul, operator.itruediv, torch.relu_)
 
     def on_a_copy(op):  # torch overwrites the first argument: the JAX twin must see the values before
         return lambda x, *r, **kw: op(x.clone(), *r, **kw)
 
-    return [("function", f, on_a_copy(f) if f in inplace else f, args, kw) for f, args, kw in fn] + [
+    def setitem(x, idx, value):  # torch's x[idx] = value on a copy, the copy returned (the JAX twin's value)
+        x = x.clone()
+        x[idx] = value
+        return x
+
+    twin = {f: on_a_copy(f) for f in inplace} | {operator.setitem: setitem}
+    return [("function", f, twin.get(f, f), args, kw) for f, args, kw in fn] + [
         ("method", name, on_a_copy(lambda x, *r, name=name, **kw: getattr(x, name)(*r, **kw)), args, kw)
         for name, args, kw in method
     ]
