@@ -982,7 +982,7 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     if ord in (1, 1.0):
         return jnp.sum(_abs(x), axis=axis, keepdims=keepdim)
     if ord in (math.inf, -math.inf):
-        return (jnp.max if ord > 0 else jnp.min)(_abs(x), axis=axis, keepdims=keepdim)
+        return _even_extreme(_abs(x), axis, keepdim, ord > 0)
     s = jnp.sum(x * x, axis=axis, keepdims=keepdim)
     return jnp.where(s > 0, jnp.sqrt(jnp.where(s > 0, s, 1)), 0)
 
@@ -1031,14 +1031,50 @@ def _with_mean(fn):
     return f
 
 
-def _amax_of(fn):
+def _even_extreme(x, axis, keepdims: bool, largest: bool):
+    """max (min) of ``x`` over ``axis`` (an int, a tuple, None: all) with torch's amax gradient: split evenly among
+    the entries equal to the result (torch's amax documentation; evenly_distribute_backward). Not jnp.max: its JVP
+    (lax.reduce_max's: the indicator x == max over its count) is evaluated by XLA, under jit, in several fused
+    kernels that each recompute x, and a recomputation rounded otherwise misses the maximum — the per-example
+    gradient of an amax over a bilinear upsampling lost 0.75 of its 1 in one kernel and not in another (twelfth
+    session, RESULTS.md). Here the value is read at argmax (an integer, computed once), and the tie indicator always
+    holds that index, so every computation gives a split that sums to 1 (exact ties, copies of one value, stay ties
+    in any rounding)."""
+    axes = (
+        tuple(range(x.ndim))
+        if axis is None
+        else tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+    )
+    keep = [a for a in range(x.ndim) if a not in axes]
+    moved = jnp.transpose(x, keep + list(axes))
+    flat = moved.reshape(*moved.shape[: len(keep)], -1)
+
+    @jax.custom_jvp
+    def extreme(v):
+        i = (jnp.argmax if largest else jnp.argmin)(v, axis=-1, keepdims=True)
+        return jnp.take_along_axis(v, i, axis=-1)[..., 0]
+
+    @extreme.defjvp
+    def _(primals, tangents):
+        (v,), (t,) = primals, tangents
+        i = (jnp.argmax if largest else jnp.argmin)(v, axis=-1, keepdims=True)
+        out = jnp.take_along_axis(v, i, axis=-1)
+        ties = (v == out) | (lax.broadcasted_iota(jnp.int32, v.shape, v.ndim - 1) == i)
+        share = ties.astype(t.dtype)
+        return out[..., 0], (t * share).sum(-1) / share.sum(-1)
+
+    out = extreme(flat)
+    return jnp.expand_dims(out, axes) if keepdims else out
+
+
+def _amax_of(largest: bool):
     def f(x, dim=(), keepdim=False):
         # torch.amax / torch.amin (and x.amax / x.amin): the maximum (minimum) over dim (every axis for dim=()), its
         # gradient split evenly among the maxima of a tie (torch's documentation of amax: "amax/amin evenly
         # distributes gradient between equal values"), which JAX's max/min do (lax.reduce_max's JVP: the indicator
         # of the maxima over their count)
         axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
-        return fn(x, axis=None if axis == () else axis, keepdims=keepdim)
+        return _even_extreme(x, None if axis == () else axis, keepdim, largest)
 
     return f
 
@@ -1050,7 +1086,7 @@ class _MaxDim(tuple):
     _fields = ("values", "indices")
 
 
-def _max_of(fn, argfn, pairwise):
+def _max_of(largest: bool, argfn, pairwise):
     def f(x, dim=None, keepdim=False):
         # torch.max / x.max (torch.min / x.min alike). max(x): the largest entry, its gradient split evenly among the
         # maxima of a tie (torch's derivatives.yaml: evenly_distribute_backward). max(x, dim): (values, indices), the
@@ -1058,7 +1094,7 @@ def _max_of(fn, argfn, pairwise):
         # value_selecting_reduction_backward), not split: the values are read at argmax. max(x, other): the
         # elementwise maximum (torch.maximum's gradient halves at ties, as JAX's).
         if dim is None:
-            return fn(x)
+            return _even_extreme(x, None, False, largest)
         if not isinstance(dim, int):  # max(x, other)
             return pairwise(x, dim)
         i = argfn(x, axis=dim, keepdims=True)
@@ -1068,8 +1104,8 @@ def _max_of(fn, argfn, pairwise):
     return f
 
 
-_amax, _amin = _amax_of(jnp.max), _amax_of(jnp.min)
-_max, _min = _max_of(jnp.max, jnp.argmax, jnp.maximum), _max_of(jnp.min, jnp.argmin, jnp.minimum)
+_amax, _amin = _amax_of(True), _amax_of(False)
+_max, _min = _max_of(True, jnp.argmax, jnp.maximum), _max_of(False, jnp.argmin, jnp.minimum)
 
 
 def _reduce(fn):
@@ -2127,14 +2163,14 @@ def check_same_logits(model: nn.Module, apply: Apply, params: Params, x: torch.T
 
 
 def check_alone_as_in_batch(apply: Apply, params: Params, xj) -> None:
-    """Refuse, for private training, a graph in which a record's logits differ between the record alone and the
-    record in a batch: the clipper computes each norm from the record alone (:func:`per_example_grads`) and the
-    clipped sum from the batch (:func:`clipped_sum`), so the sum would hold gradients of another function whose
-    norms were never bounded by C (Abadi et al. 2016, arXiv:1607.00133, Alg. 1 clips the gradient it adds). Sizes
-    from ``x.shape[0]`` (``torch.ones(B, T).tril()``: a record's row depends on its position) or a statistic over
-    the batch: torch's :func:`~dpaudit.models.check_per_record_in_training` (run first) now compares rows and records
-    alone too; this one checks the JAX graph itself. Tolerance as :func:`check_same_logits`' (rounding of one
-    function)."""
+    """Refuse, for private training, a graph in which a record's logits differ between the record alone and the record
+    in a batch: the clippers compute each norm from the record alone (:func:`per_example_grads`,
+    :func:`fx_ghost_clipped_sum`), and DP-SGD-JL the clipped sum from the batch (:func:`jl_clipped_sum`), so that
+    sum would hold gradients of another function whose norms were never bounded by C (Abadi et al. 2016,
+    arXiv:1607.00133, Alg. 1 clips the gradient it adds). Sizes from ``x.shape[0]`` (``torch.ones(B, T).tril()``: a
+    record's row depends on its position) or a statistic over the batch: torch's
+    :func:`~dpaudit.models.check_per_record_in_training` (run first) now compares rows and records alone too; this
+    one checks the JAX graph itself. Tolerance as :func:`check_same_logits`' (rounding of one function)."""
     out = apply(params, xj)
     together = np.asarray(out, dtype=np.float64)
     alone = np.concatenate([np.asarray(apply(params, xj[i : i + 1]), dtype=np.float64) for i in range(xj.shape[0])])
@@ -2195,18 +2231,18 @@ def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None, keys
     all 1) zeroes padded slots: their weight is exactly 0, so they add exactly 0 (their gradients
     are those of a real record, hence finite). ``keys``: one dropout key per example (models with dropout).
 
-    Two passes: the norms from ``vmap(grad)`` (only their squared sums are used, which XLA can
-    fuse without storing the B×d per-example gradients), then Σ_i w_i g_i = ∇_θ Σ_i w_i ℓ_i with
-    w_i held fixed, one ordinary backward pass (the re-weighted second pass of Li et al. 2021,
-    arXiv:2110.05679, §4). On an H200 this ran the MNIST-sized MLP's DP step at 1.4x the
-    non-private step (see benchmarks/dpsgd_throughput.py --jax).
+    One pass: the per-example gradients g_i from ``vmap(grad)``, their norms, and Σ_i w_i g_i from the same g_i
+    (stored, B×d). Not the norms from one pass and ∇_θ Σ_i w_i ℓ_i from a second, batched backward (Li et al. 2021,
+    arXiv:2110.05679, §4), as this function did: the two are separately compiled computations of the gradient, and
+    XLA may compute them differently where the gradient is not continuous. Under jit the gradient of an amax over a
+    bilinear upsampling went, per example, to the maximum in one computation and partly nowhere in the other
+    (0.75 of 1 lost; twelfth session, RESULTS.md), so a record's clipped contribution to the sum exceeded C (by 0.7 %
+    in that model): the sensitivity the accountant assumes (Abadi et al. 2016, Alg. 1: the gradient that is added is
+    the one clipped) held only where both computations agreed.
     """
-    norms = jnp.sqrt(_tree_sq_norms(per_example_grads(apply, params, x, y, keys)))
-    w = 1.0 / jnp.maximum(norms / clip, 1.0)  # 1/max(1, ‖g‖/C): no 0/0 for a zero gradient
-    if mask is not None:
-        w = jnp.where(mask, w, 0.0)
-    w = lax.stop_gradient(w)
-    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y, keys), precision=PRECISION))(params), norms
+    g = per_example_grads(apply, params, x, y, keys)
+    norms, w = _clip_weights(_tree_sq_norms(g), clip, mask)
+    return {k: jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in g.items()}, norms
 
 
 def _bdot(a, b):

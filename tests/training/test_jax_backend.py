@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
 
 from dpaudit.models import build_model, default_spec  # noqa: E402
 from dpaudit.training import jax_backend as jb  # noqa: E402
@@ -102,6 +103,29 @@ def test_unsupported_model_is_refused():
     frozen[0].requires_grad_(False)
     with pytest.raises(InputError, match=r"parameter 0.weight is frozen"):
         jb.jax_forward(frozen)
+
+
+def test_the_clipped_sum_adds_the_gradients_whose_norms_it_clipped():
+    """clipped_sum's sum is Σ_i w_i g_i of the very g_i whose norms set w_i (Abadi et al. 2016, Alg. 1), so every
+    record adds at most C. Planted (the twelfth session's finding): the norms from vmap(grad) and the sum from a
+    second, batched backward pass -> a function whose gradient differs between the record alone and the batch (here
+    by design; under jit an amax over a bilinear upsampling did so by XLA's rounding) adds 3·C per record."""
+
+    def apply(p, x):  # the same function alone and in a batch, but its gradient is 3x in a batch of more than one
+        z = x @ p["w"]
+        return z if x.shape[0] == 1 else lax.stop_gradient(z) + 3.0 * (z - lax.stop_gradient(z))
+
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        params = {"w": jnp.asarray(rng.normal(size=(4, 3)))}
+        x, y = jnp.asarray(rng.normal(size=(6, 4)) * 5), jnp.asarray(rng.integers(0, 3, 6))
+        clip = 1e-4
+        total, norms = jb.clipped_sum(apply, params, x, y, clip)
+        g = jb.per_example_grads(apply, params, x, y)["w"]
+        assert np.all(np.asarray(norms) > clip)  # every record clipped: each adds exactly C
+        expected = (np.asarray(g) * (clip / np.asarray(norms))[:, None, None]).sum(0)
+        np.testing.assert_allclose(np.asarray(total["w"]), expected, rtol=1e-12, atol=0)
+        assert np.linalg.norm(np.asarray(total["w"])) <= len(x) * clip * (1 + 1e-12)
 
 
 # --- padding with a mask -------------------------------------------------------------------------
