@@ -1040,24 +1040,21 @@ def _even_extreme(x, axis, keepdims: bool, largest: bool):
     session, RESULTS.md). Here the value is read at argmax (an integer, computed once), and the tie indicator always
     holds that index, so every computation gives a split that sums to 1 (exact ties, copies of one value, stay ties
     in any rounding)."""
-    axes = (
-        tuple(range(x.ndim))
-        if axis is None
-        else tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
-    )
+    given = range(x.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
+    axes = tuple(a % x.ndim for a in given)
     keep = [a for a in range(x.ndim) if a not in axes]
     moved = jnp.transpose(x, keep + list(axes))
-    flat = moved.reshape(*moved.shape[: len(keep)], -1)
+    flat = moved.reshape(*moved.shape[: len(keep)], -1)  # the reduced axes last, as one
+    arg = jnp.argmax if largest else jnp.argmin
 
     @jax.custom_jvp
     def extreme(v):
-        i = (jnp.argmax if largest else jnp.argmin)(v, axis=-1, keepdims=True)
-        return jnp.take_along_axis(v, i, axis=-1)[..., 0]
+        return jnp.take_along_axis(v, arg(v, axis=-1, keepdims=True), axis=-1)[..., 0]
 
     @extreme.defjvp
     def _(primals, tangents):
         (v,), (t,) = primals, tangents
-        i = (jnp.argmax if largest else jnp.argmin)(v, axis=-1, keepdims=True)
+        i = arg(v, axis=-1, keepdims=True)
         out = jnp.take_along_axis(v, i, axis=-1)
         ties = (v == out) | (lax.broadcasted_iota(jnp.int32, v.shape, v.ndim - 1) == i)
         share = ties.astype(t.dtype)
@@ -1071,8 +1068,7 @@ def _amax_of(largest: bool):
     def f(x, dim=(), keepdim=False):
         # torch.amax / torch.amin (and x.amax / x.amin): the maximum (minimum) over dim (every axis for dim=()), its
         # gradient split evenly among the maxima of a tie (torch's documentation of amax: "amax/amin evenly
-        # distributes gradient between equal values"), which JAX's max/min do (lax.reduce_max's JVP: the indicator
-        # of the maxima over their count)
+        # distributes gradient between equal values"), as :func:`_even_extreme` computes it
         axis = tuple(dim) if isinstance(dim, (tuple, list)) else dim
         return _even_extreme(x, None if axis == () else axis, keepdim, largest)
 
@@ -1086,7 +1082,7 @@ class _MaxDim(tuple):
     _fields = ("values", "indices")
 
 
-def _max_of(largest: bool, argfn, pairwise):
+def _max_of(largest: bool):
     def f(x, dim=None, keepdim=False):
         # torch.max / x.max (torch.min / x.min alike). max(x): the largest entry, its gradient split evenly among the
         # maxima of a tie (torch's derivatives.yaml: evenly_distribute_backward). max(x, dim): (values, indices), the
@@ -1096,8 +1092,8 @@ def _max_of(largest: bool, argfn, pairwise):
         if dim is None:
             return _even_extreme(x, None, False, largest)
         if not isinstance(dim, int):  # max(x, other)
-            return pairwise(x, dim)
-        i = argfn(x, axis=dim, keepdims=True)
+            return (jnp.maximum if largest else jnp.minimum)(x, dim)
+        i = (jnp.argmax if largest else jnp.argmin)(x, axis=dim, keepdims=True)
         values, i = jnp.take_along_axis(x, i, axis=dim), i.astype(_jdtype(torch.int64))
         return _MaxDim((values, i) if keepdim else (jnp.squeeze(values, dim), jnp.squeeze(i, dim)))
 
@@ -1105,7 +1101,7 @@ def _max_of(largest: bool, argfn, pairwise):
 
 
 _amax, _amin = _amax_of(True), _amax_of(False)
-_max, _min = _max_of(True, jnp.argmax, jnp.maximum), _max_of(False, jnp.argmin, jnp.minimum)
+_max, _min = _max_of(True), _max_of(False)
 
 
 def _reduce(fn):
