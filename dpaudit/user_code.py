@@ -72,7 +72,7 @@ def _shadowed(module_name: str, error: Exception, cwd: str) -> str:
     found = getattr(sys.modules.get(top), "__file__", None)
     if not isinstance(error, ModuleNotFoundError) or top == module_name or not found:
         return ""
-    if os.path.abspath(found).startswith(os.path.join(os.path.abspath(cwd), "")):
+    if _inside(os.path.abspath(found), os.path.abspath(cwd)):
         return ""
     return f"; {top!r} was imported from {found}, not from the current directory"
 

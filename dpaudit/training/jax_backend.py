@@ -161,15 +161,24 @@ def _conv(name: str, m: nn.Conv1d | nn.Conv2d) -> Callable:
     pad = _conv_pads(m)
     stride, dilation = tuple(int(s) for s in m.stride), tuple(int(d) for d in m.dilation)
 
-    def f(p, x):
-        one = x.ndim == nd + 1
-        x = x[None] if one else x
+    def conv(x, w):
         if m.padding_mode != "zeros":
             x = _f_pad(x, m._reversed_padding_repeated_twice, m.padding_mode)
-        out = lax.conv_general_dilated(
-            x, p[f"{name}.weight"], stride, pad if m.padding_mode == "zeros" else [(0, 0)] * nd,
+        return lax.conv_general_dilated(
+            x, w, stride, pad if m.padding_mode == "zeros" else [(0, 0)] * nd,
             rhs_dilation=dilation, feature_group_count=m.groups, dimension_numbers=_CONV_AXES[nd], precision=PRECISION,
         )  # fmt: skip
+
+    return _conv_layer(name, nd, conv)
+
+
+def _conv_layer(name: str, nd: int, conv: Callable) -> Callable:
+    """A convolution layer's f(p, x) from ``conv(x, weight)`` on a batched input: an unbatched input (C, *spatial)
+    runs as a batch of one, and the bias (one per output channel) is added, as torch's Conv/ConvTranspose."""
+
+    def f(p, x):
+        one = x.ndim == nd + 1
+        out = conv(x[None] if one else x, p[f"{name}.weight"])
         b = p.get(f"{name}.bias")
         out = out if b is None else out + b.reshape(-1, *(1,) * nd)
         return out[0] if one else out
@@ -198,22 +207,16 @@ def _conv_transpose(name: str, m: nn.ConvTranspose1d | nn.ConvTranspose2d) -> Ca
     ]
     g = m.groups
 
-    def f(p_, x):
-        one = x.ndim == nd + 1
-        x = x[None] if one else x
-        w = p_[f"{name}.weight"]  # (C_in, C_out/g, *k) -> (C_out, C_in/g, *k), flipped
+    def conv(x, w):  # w (C_in, C_out/g, *k) -> (C_out, C_in/g, *k), flipped
         c_in, c_out_g = w.shape[:2]
         w = w.reshape(g, c_in // g, c_out_g, *k).swapaxes(1, 2).reshape(g * c_out_g, c_in // g, *k)
         w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
-        out = lax.conv_general_dilated(
+        return lax.conv_general_dilated(
             x, w, (1,) * nd, pads, lhs_dilation=s, rhs_dilation=d, feature_group_count=g,
             dimension_numbers=_CONV_AXES[nd], precision=PRECISION,
         )  # fmt: skip
-        b = p_.get(f"{name}.bias")
-        out = out if b is None else out + b.reshape(-1, *(1,) * nd)
-        return out[0] if one else out
 
-    return f
+    return _conv_layer(name, nd, conv)
 
 
 def _standardize(z, axes, eps: float):
@@ -292,8 +295,7 @@ def _pool(x, what: str, nd: int, kernel_size, stride=None, padding=0, dilation=1
     xp = jnp.pad(x, pads, constant_values=0.0 if mean else -jnp.inf)
     windows = _window_slices(xp, k, s, out, d)
     if not mean:
-        stacked = jnp.stack(windows, axis=-1)
-        return jnp.take_along_axis(stacked, jnp.argmax(stacked, axis=-1)[..., None], axis=-1)[..., 0]
+        return _first_extreme(jnp.stack(windows, axis=-1))
     total = sum(windows[1:], windows[0])
     if divisor_override:
         return total / divisor_override
@@ -359,7 +361,7 @@ def _adaptive_pool(x, what: str, nd: int, output_size, mean: bool):
     rows = []
     for corner in itertools.product(*bounds):
         w = x[(Ellipsis, *(slice(lo, hi) for lo, hi in corner))].reshape(*x.shape[:lead], -1)
-        rows.append(jnp.take_along_axis(w, jnp.argmax(w, axis=-1)[..., None], axis=-1)[..., 0])
+        rows.append(_first_extreme(w))
     return jnp.stack(rows, axis=-1).reshape(*x.shape[:lead], *out)
 
 
@@ -1031,6 +1033,13 @@ def _with_mean(fn):
     return f
 
 
+def _first_extreme(v, largest: bool = True):
+    """The max (min) over the last axis read at its FIRST argmax (argmin): autodiff sends the gradient to that one
+    index (torch's max pooling and max(dim)), an integer computed once, whatever XLA's rounding elsewhere."""
+    i = (jnp.argmax if largest else jnp.argmin)(v, axis=-1, keepdims=True)
+    return jnp.take_along_axis(v, i, axis=-1)[..., 0]
+
+
 def _even_extreme(x, axis, keepdims: bool, largest: bool):
     """max (min) of ``x`` over ``axis`` (an int, a tuple, None: all) with torch's amax gradient: split evenly among
     the entries equal to the result (torch's amax documentation; evenly_distribute_backward). Not jnp.max: its JVP
@@ -1049,7 +1058,7 @@ def _even_extreme(x, axis, keepdims: bool, largest: bool):
 
     @jax.custom_jvp
     def extreme(v):
-        return jnp.take_along_axis(v, arg(v, axis=-1, keepdims=True), axis=-1)[..., 0]
+        return _first_extreme(v, largest)
 
     @extreme.defjvp
     def _(primals, tangents):
