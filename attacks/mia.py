@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attacks.lira import LiRA, balanced_membership, signals_matrix
+from attacks.lira import LiRA, balanced_membership
 from attacks.reference import Recipe, seeds_for, train_models
 from attacks.result import AttackResult
 from attacks.rmia import RMIA
 from attacks.shadow import ShadowAttack
-from attacks.threshold import THRESHOLD_METHODS, logit_margin, loss_score, threshold_scores
+from attacks.threshold import THRESHOLD_METHODS, log_p_from_margin, logit_margin, loss_score, threshold_scores
 from dpaudit.budget import Cost, check_cost
 from dpaudit.checkpoint import Run, as_run
 from dpaudit.errors import InputError
@@ -329,20 +329,23 @@ def _reference_attacks(run: Run, recipe, target: _Target, methods, reference_mod
     ids, y = target.ids, target.y
     population = reference_population(ids, run.splits.aux, len(run.splits.members), seed=seed)
     in_pop = balanced_membership(len(population), reference_models, seed=np.random.default_rng([seed, 1]))
-    logits = train(
+    # Each model's logits on every record become its phi on the candidates as they come (attacks.reference.
+    # train_models' reduce): the (M, N, k) logits were held whole, twice, and then copied on the candidates.
+    phi = train(
         recipe,
         [population[in_pop[:, j]] for j in range(reference_models)],
         seeds_for(seed, "reference", reference_models),
         description="reference models",
-    )
+        reduce=lambda logits: logit_margin(logits[ids], y),
+    )  # (M, n_candidates)
     rows = np.searchsorted(population, ids)
-    ref = logits[:, ids]  # (M, n_candidates, k)
     in_mask = in_pop[rows]
     common = {"n_reference_models": reference_models, "online": online}
     scored = []
     if "lira" in methods:
         lira = LiRA(online=online, min_models=min_models)
-        scores = lira.fit_score(signals_matrix(ref, y), in_mask, logit_margin(target.logits, y), record_ids=ids)
+        signals = np.stack(list(phi), axis=1)  # (n_candidates, M): lira.signals_matrix of the models' logits
+        scores = lira.fit_score(signals, in_mask, logit_margin(target.logits, y), record_ids=ids)
         params = {
             **common,
             "global_variance": lira.global_variance_,
@@ -358,7 +361,7 @@ def _reference_attacks(run: Run, recipe, target: _Target, methods, reference_mod
             )
         scored.append(("lira", scores, params))
     if "rmia" in methods:
-        ref_lp = np.stack([loss_score(r, y) for r in ref], axis=1)
+        ref_lp = np.stack([log_p_from_margin(r) for r in phi], axis=1)  # loss_score of each model, (n, M)
         rmia = RMIA(online=online).fit(ref_lp, in_mask)
         params = {**common, "offline_a": rmia.offline_a, "signal": "log p_y"}
         scored.append(("rmia", rmia.score(loss_score(target.logits, y)), params))

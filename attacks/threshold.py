@@ -87,8 +87,13 @@ def logit_margin(logits: Any, labels: Any) -> np.ndarray:
 def loss_score(logits: Any, labels: Any) -> np.ndarray:
     """Negative cross-entropy loss, log p_y: Yeom et al. 2018 (arXiv:1709.01604, §3.2, Alg. 1) predict
     "member" when the loss is below a threshold, i.e. when -loss is above one."""
-    phi = logit_margin(logits, labels)
-    return -np.logaddexp(0.0, -phi)  # log p_y = -softplus(-phi), exact for p_y near 0 and near 1
+    return log_p_from_margin(logit_margin(logits, labels))
+
+
+def log_p_from_margin(phi: np.ndarray) -> np.ndarray:
+    """log p_y from the logit margin phi = log p_y - log(1 - p_y) (:func:`logit_margin`): p_y = sigmoid(phi), so
+    log p_y = -softplus(-phi), exact for p_y near 0 and near 1."""
+    return -np.logaddexp(0.0, -phi)
 
 
 def confidence_score(logits: Any, labels: Any = None) -> np.ndarray:

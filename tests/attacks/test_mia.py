@@ -261,7 +261,8 @@ def _memorising_models(seen: list):
         for j, idx in enumerate(train_sets):
             logits[j, np.arange(len(y)), y] = np.where(np.isin(np.arange(len(y)), idx), 3.0, -3.0)
         seen.append((kwargs["description"], [np.asarray(s) for s in train_sets]))
-        return logits
+        reduce = kwargs.get("reduce")
+        return logits if reduce is None else np.stack([reduce(lg) for lg in logits])
 
     return train
 
@@ -326,6 +327,48 @@ def test_reference_and_shadow_training_sets_are_wired_to_the_masks(tiny_run, mon
     everything = np.concatenate(shadow_sets)
     assert len(np.unique(everything)) == len(everything) and np.isin(everything, sp.aux).all()
     assert not np.isin(everything, ids).any()
+
+
+def test_each_reference_models_signal_reaches_lira_and_rmia_as_the_dense_logits_gave_it(tiny_run, monkeypatch):
+    """The reference models' logits are reduced to their phi on the candidates as each model comes
+    (train_models' reduce), never held as (M, N, k): LiRA's signals matrix and RMIA's log p_y are bit for bit those
+    of the dense logits (lira.signals_matrix of logits[:, ids], threshold.loss_score of each model), with the IN
+    matrix alongside, on random logits where every record's value differs."""
+    import attacks.mia as mia
+    from attacks.lira import LiRA, signals_matrix
+    from attacks.rmia import RMIA
+    from attacks.threshold import loss_score
+
+    got, dense = {}, {}
+
+    def train(recipe, train_sets, seeds, **kwargs):
+        rng = np.random.default_rng(len(train_sets))
+        logits = rng.normal(0, 3, (len(train_sets), len(recipe.dataset), recipe.spec.n_classes))
+        dense[kwargs["description"]] = (logits, train_sets)
+        return np.stack([kwargs["reduce"](lg) for lg in logits]) if kwargs.get("reduce") else logits
+
+    class Recorded(LiRA):
+        def fit(self, signals, in_mask, **kw):
+            got["lira"] = (np.array(signals), np.array(in_mask))
+            return super().fit(signals, in_mask, **kw)
+
+    class RecordedRMIA(RMIA):
+        def fit(self, signals, in_mask):
+            got["rmia"] = (np.array(signals), np.array(in_mask))
+            return super().fit(signals, in_mask)
+
+    monkeypatch.setattr(mia, "train_models", train)
+    monkeypatch.setattr(mia, "LiRA", Recorded)
+    monkeypatch.setattr(mia, "RMIA", RecordedRMIA)
+    mia.run_mia(tiny_run, ["lira", "rmia"], reference_models=6, n_bootstrap=0)
+    ids, _ = candidates(tiny_run)
+    y = tiny_run.dataset().y[ids]
+    logits, sets = dense["reference models"]
+    in_mask = np.stack([np.isin(ids, s) for s in sets], axis=1)
+    np.testing.assert_array_equal(got["lira"][0], signals_matrix(logits[:, ids], y))
+    np.testing.assert_array_equal(got["rmia"][0], np.stack([loss_score(r, y) for r in logits[:, ids]], axis=1))
+    for name in ("lira", "rmia"):
+        np.testing.assert_array_equal(got[name][1], in_mask)
 
 
 def test_non_members_that_copy_a_member_are_counted_and_warned_of(tmp_path, tiny_run):
