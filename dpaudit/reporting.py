@@ -120,7 +120,7 @@ def report_from_options(
     ``--attacks loss --reference-models 3`` was recorded in the report's configuration as if it had been used)."""
     from attacks.mia import check_options_read
     from dpaudit.cache import cache_for
-    from dpaudit.checkpoint import read_meta
+    from dpaudit.checkpoint import SharedData, read_meta
     from dpaudit.report.build import (
         REPORT_FILES,
         build_report,
@@ -146,9 +146,10 @@ def report_from_options(
     kinds = [(p, classify_input(p)) for p in inputs]
     reports = {p: load_report(p) for p, kind in kinds if kind == "report"}  # validate all before attacking
     saved = {p: load_canary_audit(p) for p, kind in kinds if kind == "canaries"}
-    for p, kind in kinds:  # a family a later run's data refuse fails now, not after the earlier runs' attacks
-        if kind == "run":
-            check_families_fit(families, read_meta(Path(p)), p)
+    metas = {p: read_meta(Path(p)) for p, kind in kinds if kind == "run"}
+    for p, meta in metas.items():  # a family a later run's data refuse fails now, not after the earlier runs' attacks
+        check_families_fit(families, meta, p)
+    shared = SharedData(metas[p] for p, kind in kinds if kind == "run")  # runs on one data file load it once
     config = {
         "attacks": list(methods), "reference_models": reference_models, "estimate_method": estimate_method,
         "confidence": confidence, "seed": seed, "inputs": [str(p) for p in inputs], "inversion": inversion,
@@ -165,11 +166,12 @@ def report_from_options(
                 models.append(saved[p])
                 continue
             notify(f"attacking {p} ({', '.join(methods) or 'no membership attack'}) …")
-            audit = audit_checkpoint(
-                p, attacks=methods, reference_models=reference_models, estimate_method=estimate_method,
-                confidence=confidence, workers=workers, seed=seed, cache_dir=cache_dir, families=families,
-                progress=progress,
-            )  # fmt: skip
+            with shared.run(p) as run:
+                audit = audit_checkpoint(
+                    run, attacks=methods, reference_models=reference_models, estimate_method=estimate_method,
+                    confidence=confidence, workers=workers, seed=seed, cache_dir=cache_dir, families=families,
+                    progress=progress,
+                )  # fmt: skip
             models.append(model_entry_from(audit, path=str(p)))
     default_title = reports[kinds[0][0]]["title"] if kinds[0][1] == "report" else "dpaudit leakage report"
     result = build_report(models, title=title or default_title, config=config)
