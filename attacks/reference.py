@@ -230,6 +230,7 @@ def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Pa
             seen = None
         if seen is not None and not _checkpoint_ok(path):
             discard_entry(path, f"no {CHECKPOINT_FILE}", seen)
+        trained: list[np.ndarray] = []  # the logits of every record, from train_run's one pass over the data
         if not _checkpoint_ok(path):  # else only the logits file was missing
             try:
                 train_run(
@@ -241,13 +242,16 @@ def _train_one_locked(recipe: Recipe, train_idx: np.ndarray, seed: int, path: Pa
                     splits=splits,
                     label_column=recipe.label_column,
                     preprocessing=recipe.preprocessing,
+                    every_logits=trained.append,
                 )
             except InputError:  # another process trained the same key (it saves now, or it saved first: the
                 # entry "already exists"): its entry, written atomically under the same key, is this model
+                trained.clear()
                 wait_for_writer(path)
                 if not _checkpoint_ok(path) or entry_problem(path, hashed=(LOGITS_FILE,)) is not None:
                     raise
-        logits = load_run(path).logits(recipe.dataset.view())
+        # train_run's logits are the saved model's (bit for bit load_run(path).logits of every record)
+        logits = trained[0] if trained else load_run(path).logits(recipe.dataset.view())
     buf = io.BytesIO()
     np.save(buf, logits.astype(np.float64, copy=False), allow_pickle=False)
     write_hashed_file(path, LOGITS_FILE, buf.getvalue())

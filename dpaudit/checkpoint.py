@@ -654,6 +654,16 @@ def _unshared_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def as_saved(model: nn.Module, spec: ModelSpec) -> nn.Module:
+    """``model`` as :func:`load_run` gives it back from :func:`save_run`'s file: built from ``spec`` on the CPU
+    (seeded: nothing drawn from torch's global generator), holding the weights save_run writes
+    (:func:`_unshared_state`, which safetensors keeps bit for bit), in eval mode. Its logits are the reloaded run's
+    bit for bit; the trained model's own may differ in the last bits (on a GPU, inside a wrapper)."""
+    rebuilt = build_model(spec, seed=0)
+    load_state_into(rebuilt, _unshared_state(model), "the trained model")
+    return rebuilt.eval()
+
+
 def _tied_names(model: nn.Module) -> list[list[str]]:
     """Groups of state-dict names that are one tensor in ``model`` (tied weights)."""
     groups: dict[tuple, list[str]] = {}

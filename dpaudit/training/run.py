@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from dpaudit import numfmt
 from dpaudit.budget import check_cost, check_model_size, training_cost
 from dpaudit.canaries import CANARY_FILE, CanarySet, with_canaries
-from dpaudit.checkpoint import SCHEMA_VERSION, predict_logits, save_run, versions
+from dpaudit.checkpoint import SCHEMA_VERSION, as_saved, predict_logits, save_run, versions
 from dpaudit.data import (
     DEFAULT_FRACTIONS,
     SYNTHETIC_TOKENS,
@@ -26,6 +26,7 @@ from dpaudit.data import (
     Standardizer,
     fit_preprocessing,
     make_splits,
+    preprocessing_from_dict,
 )
 from dpaudit.errors import CheckpointError, InputError
 from dpaudit.fileio import check_output_dir
@@ -202,17 +203,36 @@ _METRIC_SPLITS = (("train", "members"), ("holdout", "holdout"), ("test", "test")
 
 
 def split_logits(
-    fitted: FittedModel, dataset: Dataset, splits: Splits, progress: Progress = NULL_PROGRESS
+    fitted: FittedModel,
+    dataset: Dataset,
+    splits: Splits,
+    progress: Progress = NULL_PROGRESS,
+    every: np.ndarray | None = None,
 ) -> dict[str, torch.Tensor | None]:
     """The logits on the members, holdout and test splits (None for an empty one), one brief progress stage
     (silent in the plain reporter unless it lasts; 37,500 CIFAR images took about 4 minutes on a CPU, without a
-    line)."""
+    line). ``every``: the logits of every record of ``dataset`` (:func:`saved_logits`), whose rows are taken
+    instead."""
     parts = [(key, getattr(splits, key)) for _, key in _METRIC_SPLITS]
+    if every is not None:
+        return {key: torch.as_tensor(every[idx]) if len(idx) else None for key, idx in parts}
     with progress.task("evaluate the model", sum(len(idx) for _, idx in parts), brief=True) as advance:
         return {
             key: torch.as_tensor(fitted.logits(dataset.view(idx), advance=advance)) if len(idx) else None
             for key, idx in parts
         }
+
+
+def saved_logits(
+    fitted: FittedModel, spec: ModelSpec, dataset: Dataset, progress: Progress = NULL_PROGRESS
+) -> np.ndarray:
+    """Float64 logits of every record of ``dataset`` as the run saved from ``fitted`` computes them: bit for bit
+    ``load_run(out).logits(dataset.view())`` (:func:`~dpaudit.checkpoint.as_saved`, the recorded preprocessing), a
+    batch at a time, one brief progress stage."""
+    model = as_saved(fitted.model, spec)
+    pre = preprocessing_from_dict(fitted.preprocessing.to_dict())  # as checkpoint.json records it
+    with progress.task("evaluate the model", len(dataset), brief=True) as advance:
+        return predict_logits(model, dataset.view(), transform=pre.transform, advance=advance)
 
 
 def metrics_for(
@@ -251,9 +271,16 @@ def train_run(
     preprocessing: Standardizer | Identity | None = None,
     trainer: Trainer | None = None,
     whitebox: DiracCanaries | None = None,
+    every_logits: Callable[[np.ndarray], None] | None = None,
 ) -> dict[str, Any]:
     """Split, train on the members split (plus the included canaries), evaluate, and (if ``out``)
     save a run directory. Returns the checkpoint metadata (what ``checkpoint.json`` holds).
+
+    ``every_logits``: given, it receives the float64 logits of every record of ``dataset`` as the saved run computes
+    them (:func:`saved_logits`: bit for bit ``load_run(out).logits(dataset.view())``), and the metrics are read from
+    their rows, so the data goes through the model once (reference and shadow models keep every record's logits;
+    they evaluated the members, holdout and test and then every record). Those metrics are the saved model's on the
+    CPU, not the trained one's: equal up to the last bits of a logit (a GPU, or a batch of other rows).
 
     Private algorithms fit the standardisation on the auxiliary split, treated as public data: its
     mean and scale are released with the model, and the DP claim covers only the training steps.
@@ -290,7 +317,10 @@ def train_run(
         wb_meta = {**whitebox.describe(), "file": f"{WHITEBOX_FILE}.npz"}
         if out is not None:
             arrays[f"{WHITEBOX_FILE}.npz"] = whitebox.arrays(fitted.whitebox_scores)
-    metrics = metrics_for(fitted, dataset, splits, progress)
+    every = saved_logits(fitted, spec, dataset, progress) if every_logits is not None else None
+    metrics = metrics_for(fitted, dataset, splits, logits=split_logits(fitted, dataset, splits, progress, every))
+    if every_logits is not None:
+        every_logits(every)
     found = learn_warnings(dataset, splits, metrics, algo=config.algo)
     learned = {"fit_warnings": found} if found else {}
     steps_run = config.num_steps(len(train_idx)) if trainer.batched else None  # None: no minibatch steps

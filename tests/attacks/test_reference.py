@@ -276,3 +276,63 @@ def test_train_models_holds_each_models_reduction_not_every_models_logits(recipe
     np.testing.assert_array_equal(reduced, np.stack([reduce(lg) for lg in dense]))
     assert peak < dense.nbytes / 4, (peak, dense.nbytes)
     assert train_models(recipe, [], [], cache_dir=tmp_path, reduce=reduce).shape == (0,)
+
+
+def _spec_and_config(kind: str):
+    from dpaudit.models import PythonSpec, default_spec
+    from dpaudit.training.config import DPConfig, TrainConfig
+
+    if kind == "dropout":  # a user's module whose training forward draws (eval mode matters)
+        spec = PythonSpec(input_shape=(6,), n_classes=3, factory="tests.core.byo_models:with_dropout",
+                          kwargs={"d": 6, "n_classes": 3})  # fmt: skip
+        return spec, TrainConfig(algo="adam", steps=20, batch_size=32, lr=0.01, seed=3)
+    spec = default_spec(kind, input_shape=(6,), n_classes=3)
+    dp = DPConfig(noise_multiplier=1.0) if kind == "mlp" else None
+    return spec, TrainConfig(algo="dpsgd" if dp else "sgd", epochs=2, batch_size=32, lr=0.5, seed=1, dp=dp)
+
+
+@pytest.mark.parametrize("kind", ["logreg", "mlp", "dropout"])
+def test_train_runs_every_record_logits_are_the_saved_runs(kind, tmp_path):
+    """train_run(every_logits=) hands out the logits of every record from its one evaluation pass: bit for bit what
+    the reference-model cache stored before (``load_run(out).logits(dataset.view())``, a second pass), with the
+    metrics read from their rows equal to the per-split evaluation's (same weights; logreg, a DP-SGD MLP, a user's
+    module with dropout)."""
+    from dpaudit.data import load_dataset
+    from dpaudit.training.run import train_run
+
+    ds = load_dataset("synthetic:n=300,d=6,classes=3,seed=0")
+    spec, config = _spec_and_config(kind)
+    got = []
+    meta = train_run(ds, spec, config, out=tmp_path / "run", every_logits=got.append)
+    (every,) = got
+    assert every.dtype == np.float64 and every.shape == (300, 3)
+    np.testing.assert_array_equal(every, load_run(tmp_path / "run").logits(ds.view()))
+    alone = train_run(ds, spec, config, out=None)["metrics"]
+    assert meta["metrics"].keys() == alone.keys()
+    for key, value in alone.items():  # float64 logits a few ulps apart at most: losses to 1e-12, accuracies equal
+        assert meta["metrics"][key] == pytest.approx(value, rel=1e-12, abs=0), key
+
+
+def test_a_reference_model_sends_each_record_through_the_model_once(recipe, tiny_run, tmp_path, monkeypatch):
+    """A reference model evaluated its members, holdout and test (the cached checkpoint's metrics) and then every
+    record again (the cached logits): N + (N - aux) rows. Now train_run's one pass over every record gives both:
+    N rows a model, and the same logits as the reloaded model's."""
+    import dpaudit.checkpoint as checkpoint
+    import dpaudit.training.run as run_module
+
+    rows = []
+    original = checkpoint.predict_logits
+
+    def counted(model, X, *a, **k):
+        rows.append(len(X))
+        return original(model, X, *a, **k)
+
+    monkeypatch.setattr(checkpoint, "predict_logits", counted)
+    monkeypatch.setattr(run_module, "predict_logits", counted)
+    sets, seeds = train_sets(tiny_run, 2), seeds_for(0, "reference", 2)
+    logits = train_models(recipe, sets, seeds, cache_dir=tmp_path)
+    n = len(recipe.dataset)
+    assert sum(rows) == 2 * n, rows
+    for j, (idx, seed) in enumerate(zip(sets, seeds, strict=True)):
+        entry = tmp_path / "models" / model_key(recipe, idx, seed)
+        np.testing.assert_array_equal(logits[j], load_run(entry).logits(recipe.dataset.view()))
