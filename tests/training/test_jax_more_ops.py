@@ -22,17 +22,16 @@ jnp = pytest.importorskip("jax.numpy")
 
 from dpaudit.errors import InputError  # noqa: E402
 from dpaudit.training import jax_backend as jb  # noqa: E402
-from tests.benchmark_modules import import_benchmark  # noqa: E402
 
-BENCH = import_benchmark("jax_user_models")
-# float64: JAX's and torch's computations of one function differ by rounding (observed ≤ 2e-15 relative); a wrong
-# axis, shift or index is O(1)
-RTOL = 1e-9
+# the comparison (torch loop clipper), its float64 tolerance (a wrong axis, shift or index is O(1)) and the data
+from tests.training.test_jax_cnn_ops import BENCH, RTOL, _x, check_logits  # noqa: E402
 
 
-def _x(n=9, shape=(1, 8, 8), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, *shape, generator=g, dtype=torch.float64), torch.randint(0, 2, (n,), generator=g)
+def _trained(norm: nn.Module) -> None:
+    # γ and β away from their initial 1 and 0 (which would hide a dropped or misplaced affine map)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.normal_()
 
 
 class _SuperResolution(nn.Module):  # ESPCN (Shi et al. 2016): sub-pixel convolution; a space-to-depth stem
@@ -53,6 +52,7 @@ class _StyleTransfer(nn.Module):  # Johnson et al.'s residual block with instanc
         self.c1, self.n1 = nn.Conv2d(1, 4, 3, bias=False), nn.InstanceNorm2d(4, affine=True)
         self.c2, self.n2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.InstanceNorm2d(4)
         self.head = nn.Linear(4 * 8 * 8, 2)
+        _trained(self.n1)
 
     def forward(self, x):
         h = F.relu(self.n1(self.c1(F.pad(x, (1, 1, 1, 1), mode="reflect"))))
@@ -115,6 +115,7 @@ class _AudioInstanceNorm(nn.Module):  # a 1-D CNN over 8 mel bands, instance-nor
         super().__init__()
         self.c, self.n = nn.Conv1d(8, 4, 3, padding=1, bias=False), nn.InstanceNorm1d(4, affine=True)  # see above
         self.head = nn.Linear(32, 2)
+        _trained(self.n)
 
     def forward(self, x):
         return self.head(F.relu(self.n(self.c(x[:, 0]))).flatten(1))
@@ -129,12 +130,7 @@ USERS = {"super-resolution": _SuperResolution, "style-transfer": _StyleTransfer,
 @pytest.mark.parametrize("name", list(USERS))
 def test_a_users_model_with_the_new_ops_computes_torchs_logits(name):
     """Float64 logits equal torch's; float32 within the logits backstop the trainer checks."""
-    torch.manual_seed(0)
-    model = USERS[name]().double()
-    assert max(BENCH.compare(model, *_x(), clipping=False).values()) < RTOL
-    model = model.float()
-    x = _x()[0]
-    jb.check_same_logits(model, jb.jax_forward(model), jb.params_from_torch(model), x.float(), jnp.asarray(x.numpy()))
+    check_logits(USERS[name])
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW else n for n in USERS])
