@@ -1463,9 +1463,9 @@ def _getitem(obj, idx):
                                                                                             strict=True)):  # fmt: skip
         raise InputError("indexing a tensor by a tensor or list is not supported")
     axis = 0
-    for a, i in zip(advanced, items, strict=True):
-        if i is Ellipsis:
-            axis = obj.ndim - sum(j is not None and j is not Ellipsis for j in items[items.index(i) + 1 :])
+    for k, (a, i) in enumerate(zip(advanced, items, strict=True)):
+        if i is Ellipsis:  # (by position: items.index would compare a tensor index with == first)
+            axis = obj.ndim - sum(j is not None and j is not Ellipsis for j in items[k + 1 :])
         elif a:
             _in_range(i, obj.shape[axis], "indexing", negative=True)
         elif isinstance(i, int) and not -obj.shape[axis] <= i < obj.shape[axis]:

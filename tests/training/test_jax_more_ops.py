@@ -121,10 +121,23 @@ class _AudioInstanceNorm(nn.Module):  # a 1-D CNN over 8 mel bands, instance-nor
         return self.head(F.relu(self.n(self.c(x[:, 0]))).flatten(1))
 
 
-_SLOW = {"style-transfer", "super-resolution", "bmm-attention"}  # 10-28 s each on a shared core
+def _sequential_espcn():  # a plain Sequential: ghost clipping taps its convolutions and Linear through the shuffles
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 4, 3, padding=1), nn.PixelShuffle(2),
+                         nn.PixelUnshuffle(4), nn.Flatten(), nn.Linear(256, 2))  # fmt: skip
+
+
+def _sequential_instance_norm():  # an InstanceNorm's affine map is not ghost-tapped: the Sequential goes to vmap
+    seq = nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), nn.InstanceNorm2d(4, affine=True), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(144, 2))  # fmt: skip
+    _trained(seq[1])
+    return seq
+
+
+_SLOW = {"style-transfer", "super-resolution", "bmm-attention", "sequential-instance-norm"}  # 9-28 s each here
 USERS = {"super-resolution": _SuperResolution, "style-transfer": _StyleTransfer, "causal-cumsum": _CausalCumsum,
          "bmm-attention": _BmmAttention, "gather-pooling": _GatherPooling,
-         "audio-instance-norm": _AudioInstanceNorm}  # fmt: skip
+         "audio-instance-norm": _AudioInstanceNorm, "sequential-espcn": _sequential_espcn,
+         "sequential-instance-norm": _sequential_instance_norm}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(USERS))
@@ -141,6 +154,8 @@ def test_a_users_model_with_the_new_ops_clips_as_the_torch_loop_clipper(name):
     torch.manual_seed(0)
     got = BENCH.compare(USERS[name]().double(), *_x())
     assert max(got.values()) < RTOL, got
+    # a Sequential of the shuffles between tapped layers is ghost-clipped; an InstanceNorm's affine map is not
+    assert ("ghost norms" in got) == (name == "sequential-espcn"), got
 
 
 def test_instance_norm_passes_torchs_gradients_with_a_constant_channel():

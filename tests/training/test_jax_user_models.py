@@ -1569,7 +1569,7 @@ def _op_cases():
         (operator.getitem, (a, (slice(None), torch.tensor([2, -1, 0]))), {}),
         (operator.getitem, (a, (Ellipsis, [3, 0])), {}), (operator.getitem, (a, (ids.remainder(2), 1)), {}),
         (operator.getitem, (a, (torch.tensor([1, 0]), slice(None), torch.tensor([[3], [2]]))), {}),  # moved first
-        (operator.getitem, (table, ids), {}),
+        (operator.getitem, (table, ids), {}), (operator.getitem, (a, (torch.tensor([1, 0]), Ellipsis, 2)), {}),
     ]  # fmt: skip
     method = [
         ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
