@@ -252,6 +252,52 @@ def _norm(name: str, m: nn.GroupNorm | nn.LayerNorm) -> Callable:
     return lambda p, x: _norm_affine(name, m, p, _normalize(m, x))
 
 
+def _instance_standardize(x, weight, bias, eps: float, nd: int):
+    # instance normalisation (Ulyanov et al. 2016, arXiv:1607.08022, Eq. 2): each example's channel standardised over
+    # its last nd (spatial) axes by its own mean and biased variance (torch's instance_norm: batch_norm of the
+    # (1, N·C, ...) reshape in training mode), then γ_c·x̂ + β_c. Per example, so per-example clipping bounds it
+    shape = (-1,) + (1,) * nd
+    z = _standardize(x, tuple(range(x.ndim - nd, x.ndim)), eps)
+    z = z if weight is None else z * weight.reshape(shape)
+    return z if bias is None else z + bias.reshape(shape)
+
+
+_INSTANCE_NORMS = {nn.InstanceNorm1d: 1, nn.InstanceNorm2d: 2, nn.InstanceNorm3d: 3}  # the spatial axes
+
+
+def _instance_norm(name: str, m: nn.modules.instancenorm._InstanceNorm) -> Callable:
+    """nn.InstanceNorm1d/2d/3d with track_running_stats=False (torch's default): the input's statistics in training
+    and eval mode alike. With True torch also updates running_mean/running_var from every training batch (in place,
+    outside the gradient) and normalises by them in eval mode, which the JAX graph does not (its trained model would
+    differ from torch's); private training refuses it earlier (models.check_private_layers: the buffers average the
+    batches without noise)."""
+    nd = _INSTANCE_NORMS[type(m)]
+    if m.track_running_stats:
+        raise _unsupported(
+            f"layer {name} ({type(m).__name__}) with track_running_stats=True: torch updates its running mean and "
+            "variance from each training batch and normalises by them in eval mode, which the JAX backend does not"
+        )
+
+    def f(p, x):
+        if x.ndim not in (nd + 1, nd + 2):
+            raise InputError(f"{type(m).__name__} takes a {nd + 1}-D or {nd + 2}-D input, not {x.ndim}-D")
+        if m.affine and x.shape[-nd - 1] != m.num_features:
+            raise InputError(f"{type(m).__name__}({m.num_features}) given {x.shape[-nd - 1]} channels (torch raises)")
+        return _instance_standardize(x, p.get(f"{name}.weight"), p.get(f"{name}.bias"), m.eps, nd)
+
+    return f
+
+
+def _f_instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                     momentum=0.1, eps=1e-5):  # fmt: skip
+    # F.instance_norm of a batched (N, C, ...) input by its own statistics (running ones: see _instance_norm)
+    if running_mean is not None or running_var is not None or not use_input_stats:
+        raise InputError("instance_norm with running statistics is not supported (use_input_stats without them)")
+    if x.ndim < 3:
+        raise InputError(f"instance_norm takes an (N, C, ...) input of 3 or more axes, not {x.ndim}")
+    return _instance_standardize(x, weight, bias, eps, x.ndim - 2)
+
+
 def _tuple(v, nd: int) -> tuple:
     # torch's _single / _pair: one value for every spatial axis, or one per axis
     return (v,) * nd if isinstance(v, (int, float)) or v is None else tuple(v)
@@ -639,7 +685,8 @@ def _has_dropout(m: nn.Module) -> bool:
 
 # What jax_forward runs, for the one-line refusal of anything else.
 SUPPORTED = (
-    "Flatten, Linear, Conv1d/2d, ConvTranspose1d/2d, GroupNorm, LayerNorm, "
+    "Flatten, Linear, Conv1d/2d, ConvTranspose1d/2d, GroupNorm, LayerNorm, InstanceNorm1d/2d/3d (without running "
+    "stats), PixelShuffle, PixelUnshuffle, "
     "Embedding, AvgPool1d/2d, MaxPool1d/2d, AdaptiveAvgPool1d/2d, AdaptiveMaxPool1d/2d, Upsample (nearest, "
     "nearest-exact, linear, bilinear, trilinear), Tanh, ReLU, ReLU6, Hardtanh, LeakyReLU, PReLU, GELU, ELU, CELU, "
     "SELU, Sigmoid, LogSigmoid, Hardsigmoid, SiLU, Mish, Softplus, Softsign, Tanhshrink, GLU, Hardswish, Softmax, "
@@ -705,7 +752,8 @@ def _own_forward(m: nn.Module, base: type[nn.Module]) -> bool:
 _LAYERS = (
     nn.Flatten, nn.Linear, nn.Conv1d, nn.Conv2d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.GroupNorm, nn.LayerNorm,
     nn.Embedding, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d, nn.MaxPool1d, nn.MaxPool2d, nn.Upsample, nn.PReLU,
+    nn.AdaptiveMaxPool2d, nn.MaxPool1d, nn.MaxPool2d, nn.Upsample, nn.PReLU, nn.InstanceNorm1d, nn.InstanceNorm2d,
+    nn.InstanceNorm3d, nn.PixelShuffle, nn.PixelUnshuffle,
 )  # fmt: skip
 
 
@@ -738,6 +786,12 @@ def _layer(name: str, m: nn.Module) -> Callable:
         return lambda p, x: _interpolate(x, m.size, m.scale_factor, m.mode, m.align_corners, m.recompute_scale_factor)
     if isinstance(m, nn.PReLU):
         return _prelu(name)
+    if type(m) in _INSTANCE_NORMS:
+        return _instance_norm(name, m)
+    if isinstance(m, (nn.PixelShuffle, nn.PixelUnshuffle)):
+        shuffle = _pixel_shuffle if isinstance(m, nn.PixelShuffle) else _pixel_unshuffle
+        r = m.upscale_factor if isinstance(m, nn.PixelShuffle) else m.downscale_factor
+        return lambda p, x: shuffle(x, r)
     if (act := _activation(m)) is not None and "forward" not in vars(m):
         return lambda p, x: act(x)
     if type(m) in _DROPOUTS and "forward" not in vars(m):
@@ -1394,20 +1448,30 @@ _TRANSFORMER_PARTS = {
 
 def _getitem(obj, idx):
     # a tuple's item (x.shape[-1], chunk(...)[0]); an array's basic indexing (ints, slices, None, ...), which
-    # NumPy/JAX and torch define alike, an integer inside the axis (JAX would clamp what torch refuses)
+    # NumPy/JAX and torch define alike, an integer inside the axis (JAX would clamp what torch refuses); and integer
+    # tensors or lists of ints (advanced indexing, NumPy's rules, which torch's follow: the indexed axes broadcast
+    # together, their result in place of the first, or first of all where a slice separates them), negatives counted
+    # from the end, out of range checked where known (_in_range) and NaN under a trace, never a clamped neighbour.
+    # A boolean tensor or list (x[mask]: a data-dependent shape) is refused
     if isinstance(obj, (tuple, list)):
         return obj[idx]
-    items = idx if isinstance(idx, tuple) else (idx,)
-    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items):
+    items = tuple((jnp.asarray(i) if isinstance(i, list) else i) for i in (idx if isinstance(idx, tuple) else (idx,)))
+    advanced = [isinstance(i, jax.Array) for i in items]
+    if any(a and not jnp.issubdtype(i.dtype, jnp.integer) for a, i in zip(advanced, items, strict=True)):
+        raise InputError("indexing a tensor by a boolean mask (a shape that depends on the data) is not supported")
+    if not all(a or i is None or i is Ellipsis or isinstance(i, (int, slice)) for a, i in zip(advanced, items,
+                                                                                            strict=True)):  # fmt: skip
         raise InputError("indexing a tensor by a tensor or list is not supported")
     axis = 0
-    for i in items:
-        if i is Ellipsis:
-            axis = obj.ndim - sum(j is not None and j is not Ellipsis for j in items[items.index(i) + 1 :])
+    for k, (a, i) in enumerate(zip(advanced, items, strict=True)):
+        if i is Ellipsis:  # (by position: items.index would compare a tensor index with == first)
+            axis = obj.ndim - sum(j is not None and j is not Ellipsis for j in items[k + 1 :])
+        elif a:
+            _in_range(i, obj.shape[axis], "indexing", negative=True)
         elif isinstance(i, int) and not -obj.shape[axis] <= i < obj.shape[axis]:
             raise InputError(f"index {i} is out of range for an axis of size {obj.shape[axis]}")
         axis += i is not None and i is not Ellipsis
-    return obj[idx]
+    return obj.at[items].get(mode="fill", fill_value=_fill(obj)) if any(advanced) else obj[idx]
 
 
 def _setitem(x, idx, value):
@@ -1419,17 +1483,21 @@ def _setitem(x, idx, value):
         if idx.shape != x.shape or getattr(value, "ndim", 0):
             raise InputError("x[mask] = value needs a mask of x's shape and a number")
         return jnp.where(idx, jnp.asarray(value, x.dtype), x)
+    if any(isinstance(i, (jax.Array, list)) for i in (idx if isinstance(idx, tuple) else (idx,))):
+        raise InputError("x[index] = value with a tensor or list index is not supported")
     _getitem(x, idx)  # the index checks
     return x.at[idx].set(jnp.asarray(value).astype(x.dtype))
 
 
 def _getattr(obj, name: str):
-    # x.shape, x.ndim, x.dtype; x.device is passed on as None (the arrays live on the trainer's device); x.max(dim)'s
-    # .values / .indices
+    # x.shape, x.ndim, x.dtype, x.T, x.mT; x.device is passed on as None (the arrays live on the trainer's device);
+    # x.max(dim)'s .values / .indices
     if isinstance(obj, _MaxDim) and name in _MaxDim._fields:
         return getattr(obj, name)
     if name in ("shape", "ndim", "dtype"):
         return tuple(obj.shape) if name == "shape" else getattr(obj, name)
+    if name in ("T", "mT"):  # x.T: the axes reversed (torch's, a transpose of a matrix); x.mT: the last two swapped
+        return jnp.transpose(obj) if name == "T" else jnp.swapaxes(obj, -1, -2)
     if name == "device":
         return None
     raise InputError(f"attribute {name} of a tensor is not supported")
@@ -1575,6 +1643,171 @@ def _div(x, other, *, rounding_mode=None):
     return jnp.where((q < 0) & (q * b != a), q + 1, q)
 
 
+def _sign(x):
+    # torch.sign: 1 for x > 0, −1 for x < 0, else 0 — also +0 for −0 and 0 for NaN (torch's sign kernel compares,
+    # (0 < x) − (x < 0); jnp.sign keeps −0 and NaN); a bool stays itself; its gradient 0 everywhere (derivatives.yaml:
+    # sign's is zeros_like(grad)), which comparisons give
+    if x.dtype == bool:
+        return x
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _axes(dims, what: str, ndim: int) -> tuple[int, ...]:
+    # torch's dims argument (an int or a sequence) as a tuple; one axis named twice (1 and −3 of 4 axes too) is an
+    # error in torch
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if len({d % max(ndim, 1) for d in dims}) != len(dims):
+        raise InputError(f"{what} names an axis twice in {dims} (torch raises)")
+    return dims
+
+
+def _flip(x, *dims):
+    # torch.flip(x, dims) / x.flip(*dims): the entries in reverse order along each of dims (negative counted from the
+    # end, as jnp.flip); the gradient flipped back
+    axes = _axes(dims[0] if len(dims) == 1 and not isinstance(dims[0], int) else dims, "flip", x.ndim)
+    return jnp.flip(x, axes) if axes else x
+
+
+def _roll(x, shifts, dims=None):
+    # torch.roll: entry i of an axis moves to (i + shift) mod size, shifts of any size and sign (jnp.roll's rule, the
+    # same); without dims the flattened x rolled by one shift and reshaped; one shift per axis otherwise
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    if dims is None:
+        if len(shifts) != 1:
+            raise InputError(f"roll without dims takes one shift, not {len(shifts)} (torch raises)")
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    dims = _axes(dims, "roll", x.ndim)
+    if len(dims) != len(shifts):
+        raise InputError(f"roll with {len(shifts)} shifts for {len(dims)} dims (torch raises)")
+    return jnp.roll(x, shifts, dims)
+
+
+def _cumsum(x, dim, *, dtype=None, out=None):
+    # torch.cumsum / x.cumsum: running sums along dim; integers and bools sum as int64 (torch's promotion), or dtype
+    if out is not None:
+        raise InputError("out= is not supported")
+    if dtype is None and not jnp.issubdtype(x.dtype, jnp.floating):
+        dtype = torch.int64
+    return jnp.cumsum(x if dtype is None else x.astype(_jdtype(dtype)), axis=dim)
+
+
+def _logsumexp(x, dim, keepdim=False, *, out=None):
+    # torch.logsumexp: log Σ exp over dim (one or several axes), computed as m + log Σ exp(x − m), m the maximum held
+    # constant (jax.scipy.special.logsumexp, as torch's kernel); its gradient exp(x − result), softmax (torch's
+    # logsumexp_backward; NaN where the result is −∞, in both); integers as the default float dtype (torch's)
+    if out is not None:
+        raise InputError("out= is not supported")
+    axes = _axes(dim, "logsumexp", x.ndim)
+    if not axes:
+        raise InputError("logsumexp over dim=() is not supported")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(_jdtype(torch.get_default_dtype()))
+    return jax.scipy.special.logsumexp(x, axis=axes, keepdims=keepdim)
+
+
+def _bmm(a, b, *, out=None):
+    # torch.bmm: (B, n, m) @ (B, m, p), both 3-D with one batch size (torch raises otherwise; matmul would broadcast)
+    if out is not None:
+        raise InputError("out= is not supported")
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise InputError(f"bmm of shapes {tuple(a.shape)} and {tuple(b.shape)}: two 3-D batches of matrices that "
+                         "multiply (torch raises)")  # fmt: skip
+    return _matmul(a, b)
+
+
+def _add_product(ndim: int):
+    def f(x, m1, m2, *, beta=1, alpha=1, out=None):
+        # torch.baddbmm (ndim 3) / torch.addmm (2): β·x + α·(m1 @ m2) (torch's documentation); β = 0 drops x, NaN and
+        # ∞ too, as torch's (and its gradient to x)
+        if out is not None:
+            raise InputError("out= is not supported")
+        if m1.ndim != ndim or m2.ndim != ndim:
+            raise InputError(f"{'baddbmm' if ndim == 3 else 'addmm'} takes {ndim}-D matrices (torch raises)")
+        prod = _bmm(m1, m2) if ndim == 3 else _matmul(m1, m2)
+        prod = prod if alpha == 1 else alpha * prod
+        return prod if beta == 0 else prod + (x if beta == 1 else beta * x)
+
+    return f
+
+
+def _pixel_shuffle(x, upscale_factor: int):
+    # torch.nn.PixelShuffle (Shi et al. 2016, arXiv:1609.05158, Eq. 4, "periodic shuffling"): (*, C·r², H, W) ->
+    # (*, C, H·r, W·r), out[..., c, h·r + i, w·r + j] = x[..., c·r² + i·r + j, h, w] (torch's pixel_shuffle: reshape
+    # to (*, C, r, r, H, W), permute to (*, C, H, r, W, r))
+    r = upscale_factor
+    if x.ndim < 3 or x.shape[-3] % (r * r):
+        raise InputError(f"pixel_shuffle of shape {tuple(x.shape)} by {r}: channels not divisible by {r * r} "
+                         "(torch raises)")  # fmt: skip
+    *lead, c, h, w = x.shape
+    n = len(lead)
+    y = x.reshape(*lead, c // (r * r), r, r, h, w)
+    return jnp.transpose(y, (*range(n), n, n + 3, n + 1, n + 4, n + 2)).reshape(*lead, c // (r * r), h * r, w * r)
+
+
+def _pixel_unshuffle(x, downscale_factor: int):
+    # torch.nn.PixelUnshuffle: PixelShuffle's inverse, (*, C, H·r, W·r) -> (*, C·r², H, W)
+    r = downscale_factor
+    if x.ndim < 3 or x.shape[-1] % r or x.shape[-2] % r:
+        raise InputError(f"pixel_unshuffle of shape {tuple(x.shape)} by {r}: height or width not divisible by {r} "
+                         "(torch raises)")  # fmt: skip
+    *lead, c, h, w = x.shape
+    n = len(lead)
+    y = x.reshape(*lead, c, h // r, r, w // r, r)
+    return jnp.transpose(y, (*range(n), n, n + 2, n + 4, n + 1, n + 3)).reshape(*lead, c * r * r, h // r, w // r)
+
+
+def _in_range(idx, size: int, what: str, negative: bool):
+    # torch raises IndexError for an index outside the axis (index_select and gather also for a negative one; x[idx]
+    # counts those from the end): checked where the indices are known (a constant, a buffer); under a trace they are
+    # not, and the lookup fills NaN there (never another entry's value)
+    if isinstance(idx, jax.core.Tracer):
+        return
+    i = np.asarray(idx)
+    lo = -size if negative else 0
+    if i.size and (i.min() < lo or i.max() >= size):
+        bad = int(i.min()) if i.min() < lo else int(i.max())
+        raise InputError(f"{what}: index {bad} is out of range for an axis of size {size} (torch raises)")
+
+
+def _fill(x):
+    # what a lookup outside the axis gives (see _in_range): NaN for floats, the dtype's default fill otherwise
+    return jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else None
+
+
+def _no_wrap(index, size: int):
+    # index_select's and gather's negative indices (torch raises) moved outside the axis: JAX's take would count them
+    # from the end
+    return jnp.where(index < 0, size, index)
+
+
+def _index_select(x, dim: int, index, *, out=None):
+    # torch.index_select / x.index_select: the entries of x at the 1-D (or 0-D) integer index along dim, in its
+    # order and repeats; the gradient scatter-added back (torch's index_select_backward: index_add)
+    if out is not None:
+        raise InputError("out= is not supported")
+    if index.ndim > 1 or not jnp.issubdtype(index.dtype, jnp.integer):
+        raise InputError("index_select takes a 1-D integer index (torch raises)")
+    _in_range(index, x.shape[dim], "index_select", negative=False)
+    return jnp.take(x, _no_wrap(index.reshape(-1), x.shape[dim]), axis=dim, mode="fill", fill_value=_fill(x))
+
+
+def _gather(x, dim: int, index, *, sparse_grad=False, out=None):
+    # torch.gather / x.gather: out[i][j][k] = x[index[i][j][k]][j][k] for dim 0 (torch's documentation), index of
+    # x's number of axes and no larger than x on the others (x's leading part there is read); the gradient
+    # scatter-added (torch's gather_backward: scatter_add)
+    if out is not None:
+        raise InputError("out= is not supported")
+    if index.ndim != x.ndim or not jnp.issubdtype(index.dtype, jnp.integer):
+        raise InputError("gather takes an integer index of the input's number of axes (torch raises)")
+    dim = dim % x.ndim
+    if any(index.shape[d] > x.shape[d] for d in range(x.ndim) if d != dim):
+        raise InputError(f"gather index of shape {tuple(index.shape)} is larger than the input {tuple(x.shape)} "
+                         f"outside dim {dim} (torch raises)")  # fmt: skip
+    _in_range(index, x.shape[dim], "gather", negative=False)
+    x = x[tuple(slice(None) if d == dim else slice(0, index.shape[d]) for d in range(x.ndim))]
+    return jnp.take_along_axis(x, _no_wrap(index, x.shape[dim]), axis=dim, mode="fill", fill_value=_fill(x))
+
+
 _matmul = partial(jnp.matmul, precision=PRECISION)
 _mean = _reduce(jnp.mean)
 _sum = _reduce(jnp.sum)
@@ -1631,6 +1864,13 @@ _FX_FUNCTIONS: dict[Any, Callable] = {
     torch.abs: _abs, torch.log: jnp.log,
     F.dropout1d: _f_feature_dropout(3), F.dropout2d: _f_feature_dropout(4), F.dropout3d: _f_feature_dropout(5),
     F.alpha_dropout: _f_feature_dropout(None, alpha=True, training=False),
+    # thirteenth session: flip, roll, cumsum, sign, erf (exact GELU written out), logsumexp, bmm & co, pixel
+    # shuffles, instance norm, tensor indices' twins index_select and gather
+    torch.flip: _flip, torch.roll: _roll, torch.cumsum: _cumsum, torch.sign: _sign,
+    torch.erf: jax.scipy.special.erf,  # 2/√π ∫₀ˣ e^(−t²) dt; its gradient 2/√π e^(−x²), torch's erf backward
+    torch.logsumexp: _logsumexp, torch.bmm: _bmm, torch.baddbmm: _add_product(3), torch.addmm: _add_product(2),
+    F.pixel_shuffle: _pixel_shuffle, F.pixel_unshuffle: _pixel_unshuffle, F.instance_norm: _f_instance_norm,
+    torch.index_select: _index_select, torch.gather: _gather,
 }  # fmt: skip
 
 
@@ -1684,6 +1924,8 @@ _FX_METHODS: dict[str, Callable] = {
     "split": _split, "norm": _p_norm, "amax": _amax, "max": _max, "amin": _amin, "min": _min,
     "sub": operator.sub, "div": _div, "log_softmax": _log_softmax, "var": _var, "std": _std, "squeeze": _squeeze,
     "abs": _abs, "log": jnp.log, "floor_divide": _floor_divide,
+    "flip": _flip, "roll": _roll, "cumsum": _cumsum, "sign": _sign, "erf": jax.scipy.special.erf,
+    "logsumexp": _logsumexp, "bmm": _bmm, "index_select": _index_select, "gather": _gather,
 }  # fmt: skip
 # x.add_(y) & co: the functional method in place (see _inplace)
 _FX_METHODS |= {
@@ -1718,18 +1960,20 @@ FX_OPS = (
     "+ - * / // ** @ ~ & | == != < <= > >= += -= *= /=, indexing, math.sqrt of a size, "
     "torch.add/mul/matmul/cat/flatten/transpose/arange/softmax/log_softmax/mean/sum/var/std/var_mean/std_mean/"
     "tanh/relu/relu_/sigmoid/exp/log/abs/where/zeros/ones/full/zeros_like/ones_like/triu/tril/clamp/stack/pow/sqrt/rsqrt/"
-    "div(rounding_mode)/floor_divide/"
+    "div(rounding_mode)/floor_divide/flip/roll/cumsum/sign/erf/logsumexp/bmm/baddbmm/addmm/index_select/gather/"
     "einsum/split/chunk/squeeze/norm(p=1,2,inf)/linalg.vector_norm/amax/amin/max/min "
     "(sizes may be x.size(i), x.shape[i]), "
     "F.relu/relu6/hardtanh/gelu/leaky_relu/silu/hardswish/mish/softplus/selu/celu/elu/softsign/logsigmoid/hardsigmoid/"
     "tanhshrink/glu/softmin/max_pool1d/max_pool2d/avg_pool1d/avg_pool2d/adaptive_avg_pool1d/adaptive_avg_pool2d/"
     "adaptive_max_pool1d/adaptive_max_pool2d/interpolate/linear/softmax/log_softmax/normalize/layer_norm/"
+    "instance_norm/pixel_shuffle/pixel_unshuffle/"
     "scaled_dot_product_attention/embedding/dropout/dropout1d/dropout2d/dropout3d/alpha_dropout/"
     "pad(constant, reflect, replicate, circular), "
     "x.view/reshape/permute/transpose/flatten/size/shape/mean/sum/var/std/softmax/log_softmax/chunk/unsqueeze/squeeze/"
     "contiguous/long/float/double/to(dtype)/sigmoid/exp/log/abs/masked_fill/new_zeros/new_ones/new_full/triu/tril/clamp/"
     "clamp_min/expand/repeat/pow/sqrt/rsqrt/type_as/matmul/mul/add/sub/div/floor_divide/clone/split/norm/amax/amin/max/"
-    "min(.values, .indices), x[index] = value, in place (inplace=True, x.add_/sub_/mul_/div_/relu_/clamp_/"
+    "min(.values, .indices)/flip/roll/cumsum/sign/erf/logsumexp/bmm/index_select/gather, x[integer tensor or list], "
+    "x[index] = value, in place (inplace=True, x.add_/sub_/mul_/div_/relu_/clamp_/"
     "masked_fill_/... where no later op reads the overwritten value under another name), "
     "nn.MultiheadAttention (output[0]; no bias_kv or kdim/vdim), "
     "nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (relu or gelu), nn.TransformerEncoder and "

@@ -784,3 +784,29 @@ class UNetClassifier(nn.Module):
 
 def unet_classifier(channels: int, n_classes: int) -> nn.Module:
     return UNetClassifier(channels, n_classes)
+
+
+class SuperResolutionStyle(nn.Module):
+    """A super-resolution / style-transfer backbone as users write them: a space-to-depth stem (``nn.PixelUnshuffle``),
+    convolutions with instance normalisation (``nn.InstanceNorm2d(affine=True)``, Ulyanov et al. 2016,
+    arXiv:1607.08022), sub-pixel upsampling (``nn.PixelShuffle``, Shi et al. 2016, arXiv:1609.05158), a flipped copy
+    added, exact GELU written with ``torch.erf``, and a log-sum-exp pooled head. ``side`` must be even."""
+
+    def __init__(self, channels: int, n_classes: int, width: int = 4):
+        super().__init__()
+        self.stem = nn.PixelUnshuffle(2)
+        self.c1 = nn.Conv2d(4 * channels, width, 3, padding=1, bias=False)  # no bias before instance norm
+        self.n1 = nn.InstanceNorm2d(width, affine=True)
+        self.c2, self.ps = nn.Conv2d(width, 4 * width, 3, padding=1), nn.PixelShuffle(2)
+        self.head = nn.Linear(width, n_classes)
+
+    def forward(self, x):
+        h = self.n1(self.c1(self.stem(x)))
+        h = 0.5 * h * (1.0 + torch.erf(h / math.sqrt(2.0)))
+        h = self.ps(self.c2(h))
+        h = h + torch.flip(h, [-1])
+        return self.head(torch.logsumexp(h.flatten(2), dim=-1))
+
+
+def super_resolution_style(channels: int, n_classes: int) -> nn.Module:
+    return SuperResolutionStyle(channels, n_classes)

@@ -276,14 +276,16 @@ def test_a_log_softmax_head_trains_as_the_torch_dp_trainer():
 @pytest.mark.parametrize(
     ("factory", "kwargs"),
     [("basic_block_resnet", {"channels": 1, "n_classes": 2}), ("mnist_example", {"side": 8, "n_classes": 2}),
-     ("unet_classifier", {"channels": 1, "n_classes": 2})],
+     ("unet_classifier", {"channels": 1, "n_classes": 2}),
+     ("super_resolution_style", {"channels": 1, "n_classes": 2})],
 )  # fmt: skip
 def test_cli_trains_a_users_resnet_and_the_mnist_example_with_the_torch_claim(tmp_path, monkeypatch, factory, kwargs):
     """``train --backend jax --algo dpsgd --epsilon 3`` with the user's factory (README: ``--model-spec`` of kind
     python): exit 0 and the torch trainer's claim. Before: "op x.__iadd__"/"layer maxpool (MaxPool2d) is not
     supported" (ResNet), "op torch.nn.functional.max_pool2d … is not supported" (MNIST example), exit 2; twelfth
     session: a UNet (Upsample bilinear align_corners=True, ConvTranspose2d, Mish, F.softplus; main: "layer up1
-    (Upsample) is not supported")."""
+    (Upsample) is not supported"); thirteenth: PixelUnshuffle, InstanceNorm2d, erf, PixelShuffle, flip, logsumexp
+    (main: "layer stem (PixelUnshuffle) is not supported")."""
     import json
     from pathlib import Path
 
@@ -452,8 +454,13 @@ def test_a_users_decoder_tcn_or_pooling_model_computes_torchs_logits(name):
     """Float64 logits equal torch's (main: each refused in one line by its first op: "layer up (Upsample)", "op
     torch._C._nn.softplus", "layer c1 (Conv1d)", "layer p2 (AvgPool2d) ... non-overlapping pooling only", "'Proxy'
     object does not support item assignment"); float32 within the logits backstop the trainer checks."""
+    check_logits(USERS[name])
+
+
+def check_logits(make):
+    """The model ``make()`` builds (seed 0): float64 logits equal torch's; float32 within the trainer's backstop."""
     torch.manual_seed(0)
-    model = USERS[name]().double()
+    model = make().double()
     assert max(BENCH.compare(model, *_x(), clipping=False).values()) < RTOL
     model = model.float()
     x = _x()[0]

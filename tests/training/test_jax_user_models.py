@@ -218,9 +218,9 @@ class _Branchy(nn.Module):  # data-dependent control flow: torch.fx cannot trace
         return h if x.sum() > 0 else -h
 
 
-class _CumsumBlock(nn.Module):
+class _CumprodBlock(nn.Module):  # an op the graph cannot run, inside a module of its own
     def forward(self, x):
-        return x.cumsum(1)
+        return x.cumprod(1)
 
 
 class _WithBlock(nn.Module):
@@ -346,7 +346,7 @@ REFUSED = [
     # a module torch.fx traces: what it cannot trace, an op or module outside the whitelist (named with the path
     # of the module whose forward calls it), in-place ops, a second input
     (_Branchy, r"torch.fx cannot trace model _Branchy \(symbolically traced variables cannot be used as inputs"),
-    (lambda: _WithBlock(_CumsumBlock()), r"op x.cumsum in block is not supported"),
+    (lambda: _WithBlock(_CumprodBlock()), r"op x.cumprod in block is not supported"),
     (lambda: _SelfAttention(add_bias_kv=True), r"layer attn \(MultiheadAttention\) has add_bias_kv"),
     (lambda: _SelfAttention(kdim=4), r"layer attn \(MultiheadAttention\) has kdim or vdim other than embed_dim"),
     # mutation pass 19: add_zero_attn and a forward of its own passed (the latter was told "has dropout, ...")
@@ -1091,7 +1091,18 @@ def test_clamp_passes_the_gradient_torch_passes_at_its_bounds():
      ("bilinear", lambda x: torch.nn.functional.interpolate(x[None, None], scale_factor=1.5, mode="bilinear")),
      ("nearest-down", lambda x: torch.nn.functional.interpolate(x[None, None], size=3)),
      ("floor-div", lambda x: x * torch.div(x, 0.75, rounding_mode="floor")),
-     ("set-item", lambda x: (lambda y: (y.__setitem__((slice(None), 1), x[:, 2] * 3), y)[1])(x * 1))],
+     ("set-item", lambda x: (lambda y: (y.__setitem__((slice(None), 1), x[:, 2] * 3), y)[1])(x * 1)),
+     ("sign-at-0", lambda x: torch.sign(x) * x + x.sign()), ("flip", lambda x: torch.flip(x, (0, -1)) * x),
+     ("roll-beyond-size", lambda x: x.roll(5, 1) * x + torch.roll(x, -1)),
+     ("cumsum", lambda x: x.cumsum(1) * x + torch.cumsum(x, 0)), ("erf", torch.erf),
+     ("logsumexp-ties", lambda x: torch.logsumexp(x, 1) + x.logsumexp((0, 1))),
+     ("bmm", lambda x: torch.bmm(x[None], x.T[None])[0] + torch.baddbmm(x, x[None], x[None], beta=0.5, alpha=2.0)[0]),
+     ("addmm-beta-0", lambda x: torch.addmm(x, x, x.T, beta=0)),
+     ("pixel-shuffle", lambda x: torch.nn.functional.pixel_shuffle(x.reshape(1, 4, 2, 2), 2) * x[:1, :1]),
+     ("pixel-unshuffle", lambda x: torch.nn.functional.pixel_unshuffle(x[None] * x[None], 2)),
+     ("index-select-repeats", lambda x: x.index_select(1, torch.tensor([2, 0, 2])) * x[:, :3]),
+     ("gather-repeats", lambda x: x.gather(1, torch.tensor([[0, 0, 3], [1, 1, 1], [2, 3, 2], [0, 1, 2]]))),
+     ("tensor-index-repeats", lambda x: x[torch.tensor([3, -1, 0, 3])][:, [1, 1, -4]])],
 )  # fmt: skip
 def test_reductions_pad_and_split_pass_torchs_gradients_at_ties_and_zero(name, op):
     """The gradient of Σ w·op(x) against torch's backward, float64, on rows where the maximum (minimum) is taken
@@ -1432,7 +1443,7 @@ def _op_cases():
         (operator.and_, (mask, b > 0), {}), (operator.or_, (mask, b > 0), {}), (operator.and_, (ids, 6), {}),
         (operator.or_, (ids, 6), {}),
         (operator.matmul, (a, m), {}), (operator.getitem, (a, (slice(None), 1)), {}), (getattr, (a, "shape"), {}),
-        (getattr, (a, "ndim"), {}),
+        (getattr, (a, "ndim"), {}), (getattr, (m, "T"), {}), (getattr, (a[0], "T"), {}), (getattr, (a, "mT"), {}),
         (torch.add, (a, b), {}), (torch.add, (a, b), {"alpha": 2.5}), (torch.add, (a, b), {"alpha": 2}),
         (torch.mul, (a, b), {}),
         (torch.matmul, (a, m), {}), (torch.cat, ([a, b],), {}), (torch.cat, ([a, b],), {"dim": 2}),
@@ -1528,6 +1539,37 @@ def _op_cases():
         (operator.floordiv, (ids, -4), {}), (torch.clone, (a,), {}),
         (operator.setitem, (a, (slice(None), 0), 1.5), {}), (operator.setitem, (a, (0, slice(1, 3)), b[0, :2]), {}),
         (operator.setitem, (a, mask, -2.0), {}), (operator.setitem, (ids, (Ellipsis, 1), 7), {}),
+        # thirteenth session: flip, roll (shifts beyond the size, negative, no dims), cumsum (ints and bools promote to
+        # int64), sign (at 0, -0 and NaN: torch's 0), erf, logsumexp (one axis, several, keepdim, -inf entries),
+        # bmm/baddbmm/addmm (beta 0 drops NaN), pixel shuffles, instance_norm, index_select, gather, tensor indices
+        (torch.flip, (a, (0, 2)), {}), (torch.flip, (a, [-1]), {}), (torch.roll, (a, 5, 1), {}),
+        (torch.roll, (a, (-2, 7), (2, 0)), {}), (torch.roll, (a, -3), {}), (torch.roll, (a, 1), {"dims": -1}),
+        (torch.cumsum, (a, 1), {}), (torch.cumsum, (a,), {"dim": -1}), (torch.cumsum, (ids, 1), {}),
+        (torch.cumsum, (mask, 2), {}), (torch.cumsum, (a, 0), {"dtype": torch.float32}),
+        (torch.sign, (torch.tensor([-2.0, -0.0, 0.0, 3.0, float("nan"), -float("inf")], dtype=torch.float64),), {}),
+        (torch.sign, (ids - 3,), {}), (torch.sign, (mask,), {}), (torch.erf, (3 * a,), {}),
+        (torch.logsumexp, (a, 1), {}), (torch.logsumexp, (a, (0, 2), True), {}), (torch.logsumexp, (ids, -1), {}),
+        (torch.logsumexp, (torch.tensor([[0.0, -float("inf")], [-float("inf"), -float("inf")]], dtype=torch.float64),
+                           1), {}),
+        (torch.bmm, (a, b.transpose(1, 2)), {}), (torch.baddbmm, (a[:, :, :3], a, b.transpose(1, 2)), {}),
+        (torch.baddbmm, (a[:1, :1, :3], a, b.transpose(1, 2)), {"beta": 0.5, "alpha": -2.0}),
+        (torch.baddbmm, (torch.full((1, 3, 3), float("nan"), dtype=torch.float64), a, b.transpose(1, 2)),
+         {"beta": 0}),
+        (torch.addmm, (bias, a[0], w.T), {}), (torch.addmm, (bias[:1], a[0], w.T), {"beta": 2, "alpha": 0.5}),
+        (F.pixel_shuffle, (torch.randn(2, 8, 3, 2, generator=g, dtype=torch.float64), 2), {}),
+        (F.pixel_shuffle, (torch.randn(18, 2, 3, generator=g, dtype=torch.float64), 3), {}),  # unbatched
+        (F.pixel_unshuffle, (img, 2), {}), (F.pixel_unshuffle, (img[0], 3), {}),
+        (F.instance_norm, (img,), {}), (F.instance_norm, (a,), {"weight": b[0, :, 0], "bias": b[1, :, 1], "eps": 0.5}),
+        (F.instance_norm, (img[None],), {}),
+        (torch.index_select, (a, 1, torch.tensor([2, 0, 2])), {}),
+        (torch.index_select, (a, -1, ids[0].remainder(4)), {}), (torch.index_select, (a, 0, torch.tensor(1)), {}),
+        (torch.gather, (a, 2, torch.tensor([[[0, 3], [1, 1], [2, 0]]]).expand(2, 3, 2)), {}),
+        (torch.gather, (a, 0, torch.tensor([[[1, 0, 1, 1]]])), {}),  # index smaller than a: a's leading part
+        (torch.gather, (a, -2, ids.remainder(3)[:, None, :]), {}),
+        (operator.getitem, (a, (slice(None), torch.tensor([2, -1, 0]))), {}),
+        (operator.getitem, (a, (Ellipsis, [3, 0])), {}), (operator.getitem, (a, (ids.remainder(2), 1)), {}),
+        (operator.getitem, (a, (torch.tensor([1, 0]), slice(None), torch.tensor([[3], [2]]))), {}),  # moved first
+        (operator.getitem, (table, ids), {}), (operator.getitem, (a, (torch.tensor([1, 0]), Ellipsis, 2)), {}),
     ]  # fmt: skip
     method = [
         ("view", (a, 6, 4), {}), ("view", (a, (4, 6)), {}), ("reshape", (a, -1, 2), {}), ("permute", (a, 2, 0, 1), {}),
@@ -1559,6 +1601,11 @@ def _op_cases():
         ("squeeze", (a[:, :1],), {}), ("squeeze", (a, 0), {}), ("abs", (a,), {}), ("log", (pos,), {}),
         ("floor_divide", (10 * a, pos), {}), ("floor_divide", (ids, 3), {}), ("clone", (a,), {}),
         ("div", (10 * a, b), {"rounding_mode": "floor"}), ("div", (10 * a, b), {"rounding_mode": "trunc"}),
+        ("flip", (a, 0, -1), {}), ("flip", (a, (1,)), {}), ("roll", (a, 9, -2), {}), ("roll", (a, (1, -1), (0, 1)), {}),
+        ("cumsum", (a, -2), {}), ("cumsum", (ids,), {"dim": 0}), ("sign", (a,), {}), ("erf", (a,), {}),
+        ("logsumexp", (a, -1), {}), ("logsumexp", (a, (1, 2)), {"keepdim": True}),
+        ("bmm", (a, b.transpose(1, 2)), {}), ("index_select", (a, 2, torch.tensor([3, 3, 1])), {}),
+        ("gather", (a, 1, torch.tensor([[[2, 0, 1, 0]]]).expand(2, 2, 4)), {}),
     ]  # fmt: skip
     inplace = (operator.iadd, operator.isub, operator.imul, operator.itruediv, torch.relu_)
 
@@ -1605,6 +1652,8 @@ def test_every_graph_op_computes_torchs_values():
             def to_jax(x):
                 if isinstance(x, torch.Tensor):
                     return jnp.asarray(x.numpy())
+                if isinstance(x, tuple):  # an index tuple holding tensors
+                    return tuple(to_jax(y) for y in x)
                 return [to_jax(y) for y in x] if isinstance(x, list) else x
 
             expected = _as_numpy(torch_op(*args, **kw))
