@@ -532,6 +532,35 @@ def test_the_black_box_api_evaluates_a_fixed_number_of_rows_at_a_time():
     assert proba(X[:0]).shape == (0, 3) and calls == [0]  # an empty X: one call, the model's own shape
 
 
+def test_the_black_box_batches_are_set_by_the_whole_record_shape_and_joined_whatever_their_count():
+    """The test above's records are 2-D rows, where the 2,048-row cap sets the batch. For images the 4 MiB of float32
+    records sets it: 341 rows of 3 x 32 x 32 (a record shape read from the second axis on, 32 x 32, gave 1,024).
+    A split of 342 records is two batches, joined; a list of records is taken as np.asarray takes it (as before
+    the batches). Mutation pass 24: X.shape[2:], two batches returned as the first alone, and np.asarray(X)
+    dropped survived the test above."""
+    from attacks.inversion import as_black_box
+    from dpaudit.checkpoint import EVAL_BATCH_BYTES, eval_batch_rows
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3 * 32 * 32, 4).double()
+    calls = []
+
+    def probs(x):
+        calls.append(tuple(x.shape))
+        return torch.softmax(lin(x.reshape(len(x), -1)), dim=-1)
+
+    proba = as_black_box(probs)
+    rows = eval_batch_rows((3, 32, 32))
+    assert rows == EVAL_BATCH_BYTES // (4 * 3 * 32 * 32) == 341
+    X = np.random.default_rng(0).normal(size=(rows + 1, 3, 32, 32)).astype(np.float32)
+    p = proba(X)
+    assert calls == [(rows, 3, 32, 32), (1, 3, 32, 32)] and p.shape == (rows + 1, 4)
+    with torch.no_grad():
+        whole = probs(torch.as_tensor(X, dtype=torch.float64)).numpy()
+    assert np.abs(p - whole).max() < 1e-12  # BLAS's kernel for another row count: <= 6.4e-15 in a logit measured
+    assert np.abs(proba(X[:5].tolist()) - p[:5]).max() < 1e-12
+
+
 def test_the_likelihood_attack_makes_a_block_of_rows_float64_at_a_time():
     """`AttributeInference.predict` made the whole split float64 and a counterfactual copy of it (2 x 430 MB for
     17,500 CIFAR-sized members, beside the float32 rows), `fit` the aux split (307 MB for 12,500). Now a block of
@@ -575,3 +604,78 @@ def test_the_likelihood_attack_makes_a_block_of_rows_float64_at_a_time():
         scores.append(np.log(np.maximum(p, 1e-300)) + np.log(prior))
     assert np.array_equal(guess, np.argmax(np.stack(scores, axis=1), axis=1))
     assert np.array_equal(att.categories(X), att.categories(X.astype(np.float64)))
+
+
+def test_the_attack_sends_each_record_once_per_block_in_the_black_box_apis_batches():
+    """AttributeInference.fit and predict cut a split into blocks of eval_batch_rows of the whole record shape, the
+    batches as_black_box cuts (1,024 records of 2 x 16 x 32: its 4 MiB of float32, not the 2,048-row cap), and
+    ask the model for each record once per block in fit (the black-box attack model reads every aux record's
+    probabilities) and once per candidate value in predict. The likelihood guesses are argmax_v log p(y | x_{-j},
+    v) + log P(v) (Fredrikson et al. 2014, Sec. 4), computed here on the whole split at once. Mutation pass 24:
+    fit's blocks from the record shape's second axis on, fit asking for the first block only or for X[s:rows],
+    predict's blocks from shape[0:] or shape[2:], np.asarray of a list of records dropped, and the column named
+    in the single-value refusal (feature_) dropped or the group's last survived (the tests
+    above have one block, or a likelihood fit that reads only the class count from its probabilities)."""
+    from attacks.inversion import as_black_box
+    from dpaudit.checkpoint import EVAL_BATCH_ROWS, eval_batch_rows
+
+    torch.manual_seed(0)
+    calls = []
+
+    def api(d):
+        lin = torch.nn.Linear(d, 2).double()
+
+        def probs(x):
+            calls.append(len(x))
+            return torch.softmax(lin(x.reshape(len(x), -1)), dim=-1)
+
+        return probs, as_black_box(probs)
+
+    rng = np.random.default_rng(0)
+    # the likelihood attack on images: the record's bytes set the block
+    probs, inner = api(2 * 16 * 32)
+    asked = []  # the blocks the attack gives the API (made float64 one at a time), beside the model's calls
+
+    def proba(X):
+        asked.append(len(X))
+        return inner(X)
+
+    n, rows = 1030, eval_batch_rows((2, 16, 32))
+    assert rows == 1024
+    X = rng.normal(size=(n, 2, 16, 32)).astype(np.float32)
+    X[:, 0, 0, 5] = rng.integers(0, 2, n)  # the hidden feature, flat index 5: values 0 and 1
+    y = rng.integers(0, 2, n)
+    att = AttributeInference(5).fit(X, y, proba)
+    assert calls == asked == [rows, n - rows] and list(att.candidates_) == [0.0, 1.0]
+    calls.clear(), asked.clear()
+    guess = att.predict(X, y, proba)
+    assert calls == asked == [rows, rows, n - rows, n - rows]
+    scores = []
+    for v, prior in zip(att.candidates_, att.prior_, strict=True):
+        Xv = X.astype(np.float64)
+        Xv[:, 0, 0, 5] = v
+        with torch.no_grad():
+            p = probs(torch.as_tensor(Xv)).numpy()[np.arange(n), y]
+        scores.append(np.log(np.maximum(p, 1e-300)) + np.log(prior))
+    assert np.array_equal(guess, np.argmax(np.stack(scores, axis=1), axis=1))
+    # the black-box attack on tabular rows: the 2,048-row cap sets the block; every aux record's probabilities
+    _, proba = api(8)
+    n = EVAL_BATCH_ROWS + 2
+    X = rng.normal(size=(n, 8)).astype(np.float32)
+    X[:, 5] = rng.integers(0, 2, n)
+    y = rng.integers(0, 2, n)
+    calls.clear()
+    att = AttributeInference(5, black_box=True).fit(X, y, proba)
+    assert calls == [EVAL_BATCH_ROWS, 2]
+    calls.clear()
+    assert att.predict(X, y, proba).shape == (n,) and calls == [EVAL_BATCH_ROWS, 2]
+    # a hidden attribute with one value on the aux split has nothing to learn: named by its (first) column
+    X[:, 5], X[:, 6] = 1.0, 0.0
+    for feature in (5, (5, 6)):
+        with pytest.raises(InputError, match="feature 5 takes a single value on the aux split"):
+            AttributeInference(feature, black_box=True).fit(X, y, proba)
+    X[:, 5] = rng.integers(0, 2, n)
+    # lists of records, as np.asarray takes them (the attack read them so before its blocks)
+    few = AttributeInference(5).fit(X[:50].tolist(), y[:50].tolist(), proba)
+    assert np.array_equal(few.predict(X[:50].tolist(), y[:50].tolist(), proba), few.predict(X[:50], y[:50], proba))
+    assert np.array_equal(few.categories(X[:50].tolist()), few.categories(X[:50]))

@@ -290,3 +290,46 @@ def test_the_trainer_uses_ghost_for_dp_steps(monkeypatch, make, path):
         for k in ref:
             np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-9, atol=1e-12)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("emb_ts", "lin_ts", "padding_idx"),
+    [
+        ((3,), (), None),  # one Embedding call, Gram form (T² <= rows·cols)
+        ((3, 2), (), 0),  # an Embedding called twice, padding ids giving no gradient
+        ((3,), (2,), 0),  # tied: the Embedding's weight is also the output Linear's (2T² <= rows·cols)
+        ((12,), (), None),  # the per-example gradient instantiated (T² > rows·cols)
+        ((10,), (8,), 0),  # tied, instantiated (2T² > rows·cols)
+        ((3,), (2, 1), None),  # tied, the output Linear called twice: its positions concatenated
+        ((10,), (5, 3), 0),  # the same, instantiated
+        ((), (3, 2), None),  # Linear calls only: _linear_sq_norm
+    ],
+)
+def test_a_shared_weights_per_example_norm_is_that_of_its_summed_gradient(emb_ts, lin_ts, padding_idx):
+    """_shared_weight_sq_norm against the per-example gradient of the shared (rows, cols) weight written out: each
+    Embedding position adds its output gradient g_t to row id_t (none at padding_idx), each Linear position adds
+    g_t a_tᵀ, and the norm is that of the sum over every use (the cross terms between uses included), in both the
+    Gram form and the instantiated one (Li et al. 2021 §4; Bu et al. 2022). Mutation pass 24 (jaxtied's tied
+    Gram): the function was reached only through fx_ghost_clipped_sum's compiled graphs (slow-marked cases)."""
+    rows, cols, B = 16, 8, 2  # B differs from every case's count of Embedding positions
+    rng = np.random.default_rng(0)
+    emb = torch.nn.Embedding(rows, cols, padding_idx=padding_idx)
+    lin = torch.nn.Linear(cols, rows, bias=False)
+    uses, want = [], np.zeros((B, rows, cols))
+    for t in emb_ts:
+        ids = rng.integers(0, rows, (B, t))
+        ids[:, 0] = 0  # every example has an id 0 (padding, where padding_idx is 0) and repeats among the rest
+        g = rng.normal(size=(B, t, cols)).astype(np.float32)
+        uses.append((emb, jnp.asarray(ids), jnp.asarray(g)))
+        for b in range(B):
+            for p in range(t):
+                if ids[b, p] != padding_idx:
+                    want[b, ids[b, p]] += g[b, p]
+    for t in lin_ts:
+        a = rng.normal(size=(B, t, cols)).astype(np.float32)
+        g = rng.normal(size=(B, t, rows)).astype(np.float32)
+        uses.append((lin, jnp.asarray(a), jnp.asarray(g)))
+        want += np.einsum("btr,btc->brc", g.astype(np.float64), a.astype(np.float64))
+    got = np.asarray(jb._shared_weight_sq_norm(uses, (rows, cols)), np.float64)
+    # float32 sums of at most (12 + 8)² products: relative error well below 1e-4
+    np.testing.assert_allclose(got, np.square(want).sum((1, 2)), rtol=1e-4)
