@@ -303,7 +303,7 @@ def plan_cmd(
         typer.Option(
             "--max-size",
             help="Largest design searched, in runs per side (one-run methods: canaries). No size up to it "
-            "reaching --power is an error naming the simulated power at it; a smaller cap answers sooner.",
+            "reaching --power is an error naming what the simulation at it showed; a smaller cap answers sooner.",
         ),
     ] = MAX_SIMULATED_SIZE,
     json_output: JsonFlag = False,
