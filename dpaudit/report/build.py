@@ -102,6 +102,8 @@ def canary_run_entry(result: Mapping[str, Any], *, name: str | None = None, path
         "attacks": {"membership": None},
         "audits": [dict(a) for a in result["audits"]],
         "noise_checks": [dict(result["noise_check"])] if result.get("noise_check") else [],
+        # the run the audit names (`audit canaries --run`), read by dpaudit.reporting; not part of the report
+        "linked_run": dict(result["run"]) if result.get("run") is not None else None,
     }
 
 

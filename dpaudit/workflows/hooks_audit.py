@@ -54,6 +54,7 @@ class CanaryRunAudit:
     steps: int
     count: int
     accounting: dict[str, Any] | None = None  # :func:`claim_accounting`, with σ known; also in ``claim``
+    run: dict[str, Any] | None = None  # the run whose training the canaries observed (:func:`link_run`), if named
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; ``kind`` marks a saved result that ``dpaudit report`` reads like any other audit
@@ -70,10 +71,13 @@ class CanaryRunAudit:
             "count": self.count,
             "audits": [a.to_dict() for a in self.audits],
             "noise_check": None if self.noise is None else noise_check_entry(self.noise),
+            **({"run": self.run} if self.run is not None else {}),
         }
 
     def summary(self) -> str:
         lines = [f"{self.path}: {self.count} gradient canaries over {self.steps} steps -> verdict: {self.verdict}"]
+        if self.run is not None:
+            lines.append(f"run: {self.run['path']} (`dpaudit report {self.run['path']} AUDIT.json` shows one model)")
         if self.accounting is not None:
             lines.append(f"claim check: {self.accounting['statement']}")
         for a in self.audits:
@@ -84,6 +88,49 @@ class CanaryRunAudit:
 
 
 KIND = "gradient-canary-audit"  # the ``kind`` of a saved :class:`CanaryRunAudit`
+
+# The claim's fields a run (checkpoint.json ``privacy``) and a canary audit (``claim``) must both state alike.
+_LINKED_CLAIM = ("epsilon", "delta", "noise_multiplier", "sample_rate", "steps")
+
+
+def run_claim(run: Path | str) -> dict[str, Any]:
+    """The privacy claim a run records (checkpoint.json ``privacy``), for ``audit canaries --run``: the claim its
+    options default to; a run without one is refused in one line."""
+    from dpaudit.checkpoint import read_meta
+
+    privacy = read_meta(Path(run)).get("privacy")
+    if not privacy:
+        raise InputError(
+            f"--run {run}: the run records no privacy claim, so no audit of a claim is its audit; import it with the "
+            "claim the canaries were audited against (--noise-multiplier, --sample-rate, --steps, --delta)"
+        )
+    return privacy
+
+
+def link_run(result: CanaryRunAudit, run: Path | str) -> CanaryRunAudit:
+    """``result`` naming ``run``, the run (``dpaudit import``) whose training its canaries observed, by its path and
+    the sha256 of its checkpoint.json: ``dpaudit report RUN AUDIT.json`` then shows both as one model (its attacks and
+    these formal audits), and only that run, unchanged since. The run's claim must be the one audited: the same ε
+    and δ, and the same σ, q and T where the run records them (another claim's audit is no audit of this model's:
+    a bound just below a larger audited ε would read "consistent" beside a smaller claim it refutes); else one line
+    naming both."""
+    from dpaudit.checkpoint import CHECKPOINT_FILE
+    from dpaudit.fileio import sha256_file
+
+    run = Path(run)
+    privacy = run_claim(run)
+    for key in _LINKED_CLAIM:
+        theirs, ours = privacy.get(key), result.claim.get(key)
+        if theirs is None and key in ("epsilon", "delta"):
+            raise InputError(f"--run {run}: the run's claim states no {key}")
+        if theirs is None or ours is None or math.isclose(float(theirs), float(ours), rel_tol=1e-9, abs_tol=0.0):
+            continue  # σ, q or T stated on one side only: nothing to compare
+        flag = {"epsilon": "--claimed-epsilon"}.get(key, "--" + key.replace("_", "-"))
+        raise InputError(
+            f"--run {run}: the run's claim has {key} = {numfmt.exact(theirs)}, this audit's {numfmt.exact(ours)}: "
+            f"audit the run's own claim ({flag} {numfmt.exact(theirs)}), or leave --run out"
+        )
+    return dataclasses.replace(result, run={"path": str(run), "checkpoint_sha256": sha256_file(run / CHECKPOINT_FILE)})
 
 
 def noise_check_entry(noise: NoiseCheck) -> dict[str, Any]:
