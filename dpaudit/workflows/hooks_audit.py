@@ -125,10 +125,15 @@ def link_run(result: CanaryRunAudit, run: Path | str) -> CanaryRunAudit:
             raise InputError(f"--run {run}: the run's claim states no {key}")
         if theirs is None or ours is None or math.isclose(float(theirs), float(ours), rel_tol=1e-9, abs_tol=0.0):
             continue  # σ, q or T stated on one side only: nothing to compare
+        if key in ("sample_rate", "steps"):  # what the canaries observed, not an option: another run's training
+            raise InputError(
+                f"--run {run}: the run's claim has {key} = {numfmt.exact(theirs)}, but the canaries observed "
+                f"{numfmt.exact(ours)}: they did not watch this run's training as its claim states it"
+            )
         flag = {"epsilon": "--claimed-epsilon"}.get(key, "--" + key.replace("_", "-"))
         raise InputError(
             f"--run {run}: the run's claim has {key} = {numfmt.exact(theirs)}, this audit's {numfmt.exact(ours)}: "
-            f"audit the run's own claim ({flag} {numfmt.exact(theirs)}), or leave --run out"
+            f"audit the run's own claim (leave {flag} out: --run then takes the run's), or leave --run out"
         )
     return dataclasses.replace(result, run={"path": str(run), "checkpoint_sha256": sha256_file(run / CHECKPOINT_FILE)})
 
