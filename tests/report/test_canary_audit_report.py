@@ -244,6 +244,10 @@ def test_an_imported_run_and_its_own_canary_audit_are_one_model(tmp_path, monkey
         assert r.exit_code == 0, r.output
         return json.loads((tmp_path / "rep" / "report.json").read_text())["models"], r.stderr
 
+    forged = {**json.loads((tmp_path / "linked.json").read_text()), "run": {"path": "runs/mine"}}  # a stranger's
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    r = runner.invoke(app, ["report", "runs/mine", "forged.json", "--attacks", "loss", "--out", "rep"])
+    assert r.exit_code == 2 and "forged.json: not a complete saved canary audit (KeyError" in r.output, r.output
     models, _ = report("linked.json", "runs/mine")
     (mine,) = models
     assert mine["name"] == "mine" and mine["path"] == "runs/mine"
