@@ -64,28 +64,14 @@ def register(app: App) -> None:
         formal check of the noise that was actually added. See docs/own-training-loop.md."""
         from dpaudit.workflows.hooks_audit import audit_canaries
 
-        if run is not None:  # the run's claim, for what the options leave out
-            from dpaudit.workflows.hooks_audit import run_claim
-
-            privacy = run_claim(run)
-            claimed_epsilon = privacy["epsilon"] if claimed_epsilon is None else claimed_epsilon
-            delta = privacy["delta"] if delta is None else delta
-            noise_multiplier = privacy.get("noise_multiplier") if noise_multiplier is None else noise_multiplier
-        for flag, value in (("--claimed-epsilon", claimed_epsilon), ("--delta", delta)):
-            if value is None:
-                raise InputError(f"give {flag} (the claim audited), or --run RUN to audit the claim that run records")
         if out is not None:
             from dpaudit.fileio import check_output_file
 
             check_output_file(out, force=force)  # before the audit, not after
         result = audit_canaries(
             directory, claimed_epsilon=claimed_epsilon, delta=delta, noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate, steps=steps, confidence=confidence, seed=seed,
+            sample_rate=sample_rate, steps=steps, confidence=confidence, seed=seed, run=run,
         )  # fmt: skip
-        if run is not None:
-            from dpaudit.workflows.hooks_audit import link_run
-
-            result = link_run(result, run)
         if out is not None:
             from dpaudit.reporting import save_canary_audit
 

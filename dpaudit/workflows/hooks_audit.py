@@ -226,23 +226,36 @@ def _close(a: float, b: float) -> bool:
 def audit_canaries(
     directory: Path | str,
     *,
-    claimed_epsilon: float,
-    delta: float,
+    claimed_epsilon: float | None = None,
+    delta: float | None = None,
     noise_multiplier: float | None = None,
     sample_rate: float | None = None,
     steps: int | None = None,
     confidence: float = 0.95,
     seed: int = 0,
+    run: Path | str | None = None,
 ) -> CanaryRunAudit:
     """Audit a directory written by :meth:`dpaudit.hooks.GradientCanaries.save` (see the module docstring).
 
     ``sample_rate`` and ``steps`` default to the canaries' own (q) and the number of steps observed;
     given, they must agree with them (a claim for another q or T is not the run that was observed).
     ``noise_multiplier`` (σ, the claim's) enables the f-DP audit against DP-SGD's curve and the noise
-    check. Add/remove neighbours (each canary is one record present or absent)."""
+    check. Add/remove neighbours (each canary is one record present or absent).
+
+    ``run``: the run (``dpaudit import``) whose training the canaries observed; the claim left out
+    (``claimed_epsilon``, ``delta``, ``noise_multiplier``) is the run's, and the result names the run
+    (:func:`link_run`). Without it, ``claimed_epsilon`` and ``delta`` are required."""
     from dpaudit.hooks import load_observations
     from dpaudit.workflows.checkpoint import claim_tradeoff, one_run_records
 
+    if run is not None:  # the run's claim, for what the caller leaves out
+        privacy = run_claim(run)
+        claimed_epsilon = privacy["epsilon"] if claimed_epsilon is None else claimed_epsilon
+        delta = privacy["delta"] if delta is None else delta
+        noise_multiplier = privacy.get("noise_multiplier") if noise_multiplier is None else noise_multiplier
+    for flag, value in (("--claimed-epsilon", claimed_epsilon), ("--delta", delta)):
+        if value is None:
+            raise InputError(f"give {flag} (the claim audited), or --run RUN to audit the claim that run records")
     claimed = check_non_negative(claimed_epsilon=claimed_epsilon)  # as every audit: ε = 0 is a claim too
     delta = check_in_interval(0.0, 1.0, delta=delta)
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
@@ -335,7 +348,8 @@ def audit_canaries(
         verdict = "inconclusive"
     else:
         verdict = "consistent"
-    return CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count, accounting)
+    result = CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count, accounting)
+    return result if run is None else link_run(result, run)
 
 
 def _per_step_record(obs, q: float, sigma: float, delta: float, confidence: float, claimed: float, seed: int):
