@@ -64,6 +64,36 @@ def load_canary_audit(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not a complete saved canary audit ({type(e).__name__}: {e})") from None
 
 
+def fold_linked_canary_audits(
+    models: list[dict[str, Any]], runs: dict[Path, dict[str, Any]], notify: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """``models`` with each saved canary audit that names one of ``runs`` (run directory -> its report entry;
+    ``dpaudit audit canaries --run``) folded into that run's entry: its formal audits and noise check beside the run's
+    attacks, one model. Only a run unchanged since the audit named it (the sha256 of its checkpoint.json) takes it;
+    an audit naming a run that changed since stays a model of its own, with a notice, as does one naming no run
+    given. The path is read as recorded, from the working directory (as a relative --data is)."""
+    from dpaudit.checkpoint import CHECKPOINT_FILE
+    from dpaudit.fileio import sha256_file
+
+    by_dir = {p.resolve(): entry for p, entry in runs.items()}
+    out = []
+    for m in models:
+        link = m.pop("linked_run", None)
+        target = by_dir.get(Path(link["path"]).resolve()) if link else None
+        if target is not None and sha256_file(Path(link["path"]) / CHECKPOINT_FILE) != link["checkpoint_sha256"]:
+            notify(
+                f"{m['path']}: audited the run {link['path']} as its {CHECKPOINT_FILE} was then; it has changed since, "
+                "so the audit is shown as a model of its own"
+            )
+            target = None
+        if target is None:
+            out.append(m)
+            continue
+        target["audits"] = [*target["audits"], *m["audits"]]
+        target["noise_checks"] = [*(target.get("noise_checks") or []), *m["noise_checks"]]
+    return out
+
+
 def _families(
     inversion: bool, attribute: str | None, extraction_budget: int | None, cloak: str | None, icl: bool, jl_step: bool
 ) -> dict[str, dict]:
@@ -156,7 +186,7 @@ def report_from_options(
         "attribute": attribute, "extraction_budget": extraction_budget, "cloak": cloak, "icl": icl,
         "jl_step": jl_step, "merged": [reports[p]["run"] for p, kind in kinds if kind == "report"],
     }  # fmt: skip
-    models = []
+    models, runs = [], {}
     with cache as cache_dir:
         for p, kind in kinds:
             if kind == "report":
@@ -172,7 +202,9 @@ def report_from_options(
                     confidence=confidence, workers=workers, seed=seed, cache_dir=cache_dir, families=families,
                     progress=progress,
                 )  # fmt: skip
-            models.append(model_entry_from(audit, path=str(p)))
+            runs[Path(p)] = model_entry_from(audit, path=str(p))
+            models.append(runs[Path(p)])
+    models = fold_linked_canary_audits(models, runs, notify)
     default_title = reports[kinds[0][0]]["title"] if kinds[0][1] == "report" else "dpaudit leakage report"
     result = build_report(models, title=title or default_title, config=config)
     write_report(result, out, fmts, force=force, inputs=inputs)

@@ -310,7 +310,7 @@ def plan_design(
     the simulated power's interval is taken at that level too (:func:`size_for_power` reads one confidence).
 
     ``max_size``: the largest size searched (default :data:`dpaudit.audit.power.MAX_SIMULATED_SIZE`); when no
-    size up to it is shown to reach ``power``, an InputError names the simulated power at ``max_size`` (or the
+    size up to it is shown to reach ``power``, an InputError names what the simulation at ``max_size`` showed (or the
     Neyman-Pearson bound there, when that already rules the plan out without simulating).
     """
     tests = check_positive_int(tests=tests)

@@ -332,15 +332,27 @@ def simulated_power(
     alternative, tradeoff); the design is "multi-run" or "canaries" by the method. Draw i uses the
     seeds (seed, i) whatever the size (common random numbers).
     """
+    size = check_positive_int(size=size)
+    simulations = check_positive_int(simulations=simulations)
+    return _simulate(size, claimed_epsilon, leak, simulations=simulations, seed=seed, **audit)[0] / simulations
+
+
+def _simulate(
+    size: int, claimed_epsilon: float, leak: Leak, *, simulations: int, seed: int, stop_below: int = 0, **audit: Any
+) -> tuple[int, int]:
+    """:func:`simulated_power`'s draws, as (refuted, drawn): all ``simulations`` of them, or fewer where the count
+    can no longer reach ``stop_below`` (refuted + the draws left < ``stop_below``): the draws done are the first ones
+    of the full simulation (common random numbers), so "fewer than ``stop_below`` of ``simulations``" is decided as
+    the full simulation decides it."""
     from dpaudit.audit.bounds import audit_scores
     from dpaudit.audit.holdout import in_canonical_order
 
-    size = check_positive_int(size=size)
-    simulations = check_positive_int(simulations=simulations)
     one_run = audit.get("method", "clopper-pearson") in ONE_RUN_METHODS
     design = "canaries" if one_run else "multi-run"
     refuted = 0
     for i in range(simulations):
+        if refuted + simulations - i < stop_below:
+            return refuted, i
         rng = np.random.default_rng([int(seed), i, _SEED_SALT])
         scores, member = _draw(leak, size, one_run, rng)
         if one_run and (member.all() or not member.any()):
@@ -351,7 +363,21 @@ def simulated_power(
             scores, member = in_canonical_order(scores, member)
         r = audit_scores(scores, member, claimed_epsilon=claimed_epsilon, design=design, seed=i, **audit)
         refuted += r.verdict in (*FORMAL_REFUTATIONS, *ESTIMATE_REFUTATIONS)
-    return refuted / simulations
+    return refuted, simulations
+
+
+def _simulated_text(n: int, unit: str, refuted: int, drawn: int, simulations: int, k_needed: int) -> str:
+    """What the simulation at size ``n`` showed: ``refuted`` of ``drawn`` draws, all ``simulations`` or the first
+    ones where the rest could not reach ``k_needed`` (:func:`_simulate`'s early stop)."""
+    if drawn == simulations:
+        return (
+            f"simulated power at {n} {unit} {refuted / simulations:.2f} (the simulated audit refuted the claim in "
+            f"{refuted} of {simulations} draws, {k_needed} needed)"
+        )
+    return (
+        f"at {n} {unit} the simulated audit refuted the claim in {refuted} of the first {drawn} of {simulations} "
+        f"draws, so in at most {refuted + simulations - drawn}, {k_needed} needed (the rest were not simulated)"
+    )
 
 
 def _ceiling_refusal(
@@ -360,13 +386,13 @@ def _ceiling_refusal(
     power: float,
     max_size: int,
     ceiling: float,
-    simulated: dict[int, float],
+    simulated: dict[int, tuple[int, int]],
     simulations: int,
     k_needed: int,
     delta: float,
 ) -> str:
     """size_for_power's refusal where the one-run audit's ceiling at ``max_size`` is at most the claim: that ceiling,
-    and the simulated power at the largest size simulated (``simulated``: size -> power), if any."""
+    and the simulated power at the largest size simulated (``simulated``: size -> (refuted, drawn)), if any."""
     most, claim = numfmt.ordered(ceiling, claimed, left_digits=4, left_up=True)  # "at most 7.989" below "8"
     text = (
         f"no design up to {max_size} canaries is shown to reach power {power:g} against "
@@ -376,10 +402,7 @@ def _ceiling_refusal(
     )
     if simulated:
         n = max(simulated)
-        text += (
-            f"; simulated power at {n} canaries {simulated[n]:.2f} (the simulated audit refuted the claim in "
-            f"{round(simulated[n] * simulations)} of {simulations} draws, {k_needed} needed)"
-        )
+        text += "; " + _simulated_text(n, "canaries", *simulated[n], simulations, k_needed)
     return text + "; lower the claim, or audit independent runs instead (clopper-pearson, design multi-run)"
 
 
@@ -441,10 +464,14 @@ def size_for_power(
             f"there; {needed}"
         )
 
-    cache: dict[int, float] = {}
+    # size -> (refuted, drawn). The doubling search reads only whether a size is enough, so there a size's draws
+    # stop once the count can no longer reach k_needed (drawn < simulations: never enough); the bracket's secant
+    # reads the estimates themselves, so there each size is simulated in full (so every plan found is the one
+    # that full simulations at every size give).
+    cache: dict[int, tuple[int, int]] = {}
 
-    def p(n: int) -> float:
-        if n not in cache:  # common random numbers: the same size gives the same estimate, simulated once
+    def p(n: int, *, stop: bool = False) -> float:
+        if n not in cache or (not stop and cache[n][1] < simulations):  # common random numbers: simulated once
             if n >= _ANNOUNCE_SIZE:
                 from dpaudit.progress import announce
 
@@ -452,11 +479,15 @@ def size_for_power(
                 announce(
                     # No cause is named: a leak close to the claim needs large designs, and so does a claim near
                     # the design's ceiling (one-run at a claim of 8 against 16: the delta term caps the bound).
-                    f"simulating {simulations} audits of {n:,} {unit}: only designs this large can show power "
-                    f"{power:g} against a leak of epsilon {shown} for a claim of {claim}; each size takes minutes"
+                    f"simulating {'up to ' if stop else ''}{simulations} audits of {n:,} {unit}"
+                    + (f" (stopping after {simulations - k_needed + 1} fail: then it is not enough)" if stop else "")
+                    + f": only designs this large can show power {power:g} against a leak of epsilon {shown} for a "
+                    f"claim of {claim}; each size can take minutes"
                 )
-            cache[n] = simulated_power(n, claimed, leak, simulations=simulations, seed=seed, **audit)
-        return cache[n]
+            cache[n] = _simulate(
+                n, claimed, leak, simulations=simulations, seed=seed, stop_below=k_needed if stop else 0, **audit
+            )
+        return cache[n][0] / simulations
 
     def enough(power_estimate: float) -> bool:
         return round(power_estimate * simulations) >= k_needed
@@ -468,8 +499,8 @@ def size_for_power(
             return False
         return _one_run_ceiling(n, claimed, **audit) is None
 
-    def p_doubling(n: int) -> float:
-        return p(n) if possible(n) else 0.0  # not simulated: read as power 0, "not enough"
+    def p_doubling(n: int, *, stop: bool = False) -> float:
+        return p(n, stop=stop) if possible(n) else 0.0  # not simulated: read as power 0, "not enough"
 
     lo, hi = None, max(1, int(start))
     if hi > max_size:  # power 0 below start: no size up to max_size can refute the claim (never simulate past it)
@@ -477,7 +508,7 @@ def size_for_power(
             f"no design up to {max_size} {unit} can refute epsilon = {numfmt.upper(claimed)}: even a perfect attack "
             f"needs {hi} {unit}; raise max_size to at least {hi}"
         )
-    p_hi = p_doubling(hi)
+    p_hi = p_doubling(hi, stop=True)
     while not enough(p_hi):
         if hi >= max_size:
             ceiling = _one_run_ceiling(max_size, claimed, **audit)
@@ -486,14 +517,13 @@ def size_for_power(
                 raise InputError(
                     _ceiling_refusal(claimed, leak, power, max_size, ceiling, cache, simulations, k_needed, delta)
                 )
+            shown = _simulated_text(max_size, unit, *cache.get(max_size, (0, simulations)), simulations, k_needed)
             raise InputError(
                 f"no design up to {max_size} {unit} is shown to reach power {power:g} against {leak.describe()}: "
-                f"simulated power at {max_size} {unit} {p_hi:.2f} (the simulated audit refuted the claim in "
-                f"{round(p_hi * simulations)} of {simulations} draws, {k_needed} needed); allow larger designs "
-                "(max_size), lower the power, or plan against a larger leak"
+                f"{shown}; allow larger designs (max_size), lower the power, or plan against a larger leak"
             )
         lo, hi = hi, min(2 * hi, max_size)
-        p_hi = p_doubling(hi)
+        p_hi = p_doubling(hi, stop=True)
     if lo is None:
         return hi, p_hi
     # lo not enough, hi enough: narrow the bracket, secant and bisection steps in turn (the secant aims at

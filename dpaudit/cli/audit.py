@@ -303,7 +303,7 @@ def plan_cmd(
         typer.Option(
             "--max-size",
             help="Largest design searched, in runs per side (one-run methods: canaries). No size up to it "
-            "reaching --power is an error naming the simulated power at it; a smaller cap answers sooner.",
+            "reaching --power is an error naming what the simulation at it showed; a smaller cap answers sooner.",
         ),
     ] = MAX_SIMULATED_SIZE,
     json_output: JsonFlag = False,
@@ -465,9 +465,16 @@ def checkpoint_cmd(
 
     emit(result.to_dict(), result.summary(), json_flag=json_output)
     verdicts = [a.result.verdict for a in result.audits]
+    advice = {}
+    if result.meta["training"].get("algo") == "imported":  # trained elsewhere: `dpaudit train --canaries` is no way
+        advice["formal_advice"] = (
+            f"a run trained elsewhere gets a formal audit from canaries in that training: gradient canaries in your "
+            f"own loop (`dpaudit audit canaries DIR --run {run} --fail-on-violation`, docs/own-training-loop.md), or "
+            "records from `dpaudit canaries make` added to its training set (`dpaudit import --canaries DIR`);"
+        )
     _exit_code(
         verdicts, fail_on_violation=fail_on_violation, fail_on_estimate=fail_on_estimate,
-        cannot_refute=result.cannot_refute, formal=any(tests_formally(a.result) for a in result.audits),
+        cannot_refute=result.cannot_refute, formal=any(tests_formally(a.result) for a in result.audits), **advice,
     )  # fmt: skip
 
 

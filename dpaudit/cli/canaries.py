@@ -21,11 +21,19 @@ def register(app: App) -> None:
         directory: Annotated[
             Path, typer.Argument(help="Directory written by dpaudit.hooks.GradientCanaries.save() after training.")
         ],
-        claimed_epsilon: Annotated[float, typer.Option("--claimed-epsilon", help="Claimed epsilon at --delta.")],
-        delta: Annotated[float, typer.Option("--delta", help=f"{DELTA_HELP} being tested.")],
+        claimed_epsilon: Annotated[
+            float | None,
+            typer.Option("--claimed-epsilon", help="Claimed epsilon at --delta (required; with --run: the run's)."),
+        ] = None,
+        delta: Annotated[
+            float | None, typer.Option("--delta", help=f"{DELTA_HELP} being tested (required; with --run: the run's).")
+        ] = None,
         noise_multiplier: Annotated[
             float | None,
-            typer.Option("--noise-multiplier", help="The claim's sigma: adds the f-DP audit and the noise check."),
+            typer.Option(
+                "--noise-multiplier",
+                help="The claim's sigma: adds the f-DP audit and the noise check (with --run: the run's, if any).",
+            ),
         ] = None,
         sample_rate: Annotated[
             float | None,
@@ -41,6 +49,14 @@ def register(app: App) -> None:
             Path | None,
             typer.Option("--out", "-o", help="Also save the result as JSON, for `dpaudit report FILE.json`."),
         ] = None,
+        run: Annotated[
+            Path | None,
+            typer.Option(
+                "--run",
+                help="The run (`dpaudit import` of the weights these canaries saw trained, with the same claim): "
+                "`dpaudit report RUN FILE.json` then shows the run's attacks and this audit as one model.",
+            ),
+        ] = None,
         force: ForceFlag = False,
         json_output: JsonFlag = False,
     ) -> None:
@@ -54,7 +70,7 @@ def register(app: App) -> None:
             check_output_file(out, force=force)  # before the audit, not after
         result = audit_canaries(
             directory, claimed_epsilon=claimed_epsilon, delta=delta, noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate, steps=steps, confidence=confidence, seed=seed,
+            sample_rate=sample_rate, steps=steps, confidence=confidence, seed=seed, run=run,
         )  # fmt: skip
         if out is not None:
             from dpaudit.reporting import save_canary_audit

@@ -341,6 +341,20 @@ def short_hash(h: str | None) -> str:
     return DASH if not h else h[:12]
 
 
+def code_spans(text: str) -> list[tuple[str, bool]]:
+    """``text`` cut at its backticks into ``(segment, is_code)`` pieces: what lies between a pair of backticks is a
+    code span (a command a note names, `` `dpaudit audit plan ...` ``), the rest plain text; each renderer escapes
+    the plain pieces as any text and shows the code pieces verbatim in its own code markup (Markdown's code span,
+    HTML's ``<code>``, both literal: no markup or HTML inside one is interpreted). An odd number of backticks, or a
+    blank span (two adjacent backticks would open a Markdown code span of their own), leaves the whole text
+    plain."""
+    pieces = text.split("`")
+    spans = pieces[1::2]
+    if len(pieces) % 2 == 0 or any(not s.strip() for s in spans):
+        return [(text, False)]
+    return [(piece, i % 2 == 1) for i, piece in enumerate(pieces) if piece or i % 2 == 1]
+
+
 def grouped_notes(audits: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """Each distinct audit note once, with the audits ('attack / method') that carry it, in first-seen order."""
     groups: dict[str, list[str]] = {}

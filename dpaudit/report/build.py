@@ -102,7 +102,18 @@ def canary_run_entry(result: Mapping[str, Any], *, name: str | None = None, path
         "attacks": {"membership": None},
         "audits": [dict(a) for a in result["audits"]],
         "noise_checks": [dict(result["noise_check"])] if result.get("noise_check") else [],
+        # the run the audit names (`audit canaries --run`), read by dpaudit.reporting; not part of the report
+        "linked_run": _linked_run(result["run"]) if result.get("run") is not None else None,
     }
+
+
+def _linked_run(run: Any) -> dict[str, str]:
+    """A saved canary audit's ``run`` (``audit canaries --run``): its path and checkpoint sha256, both strings; anything
+    else raises TypeError, which the loader reports in one line (a file from a stranger)."""
+    link = {k: run[k] for k in ("path", "checkpoint_sha256")}
+    if not all(isinstance(v, str) for v in link.values()):
+        raise TypeError("run: path and checkpoint_sha256 must be strings")
+    return link
 
 
 def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -65,6 +65,12 @@ def _e(text: Any) -> str:
     return escape(visible(text), quote=True)
 
 
+def _e_code(text: Any) -> str:
+    """:func:`_e` for a text whose backtick pairs mark commands (:func:`dpaudit.report._format.code_spans`), each
+    shown in ``<code>``; every piece escaped."""
+    return "".join(f"<code>{_e(p)}</code>" if code else _e(p) for p, code in F.code_spans(visible(text)))
+
+
 def _badge(verdict: str | None, name: str | None = None, label: str | None = None) -> str:
     cls = f"v-{verdict or 'none'}"
     label = _e(F.VERDICT_TEXT[verdict] if label is None else label)
@@ -215,7 +221,7 @@ def _audits(audits: list[Mapping[str, Any]]) -> str:
     out = _table([_e(h) for h in header], rows, numeric=range(2, 8))
     notes = F.grouped_notes(audits)
     if notes:
-        items = "".join(f"<li><strong>{_e(sources)}:</strong> {_e(note)}</li>" for sources, note in notes)
+        items = "".join(f"<li><strong>{_e(sources)}:</strong> {_e_code(note)}</li>" for sources, note in notes)
         out += f'<ul class="notes">{items}</ul>'
     return out
 

@@ -21,6 +21,13 @@ def md(text: Any) -> str:
     return _MD_SPECIAL.sub(r"\\\1", " ".join(visible(text).split()))
 
 
+def md_code(text: Any) -> str:
+    """:func:`md` for a text whose backtick pairs mark commands (:func:`dpaudit.report._format.code_spans`): those
+    become code spans, shown verbatim (no markup inside one is interpreted), and everything else is escaped."""
+    flat = " ".join(visible(text).split())
+    return "".join(f"`{piece}`" if code else _MD_SPECIAL.sub(r"\\\1", piece) for piece, code in F.code_spans(flat))
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -117,7 +124,7 @@ def _audits(audits: list[Mapping[str, Any]]) -> list[str]:
     notes = F.grouped_notes(audits)
     if notes:
         lines += ["", "Notes:"]
-        lines += [f"- {md(sources)}: {md(note)}" for sources, note in notes]
+        lines += [f"- {md(sources)}: {md_code(note)}" for sources, note in notes]
     return lines
 
 

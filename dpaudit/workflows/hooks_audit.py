@@ -54,6 +54,7 @@ class CanaryRunAudit:
     steps: int
     count: int
     accounting: dict[str, Any] | None = None  # :func:`claim_accounting`, with σ known; also in ``claim``
+    run: dict[str, Any] | None = None  # the run whose training the canaries observed (:func:`link_run`), if named
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; ``kind`` marks a saved result that ``dpaudit report`` reads like any other audit
@@ -70,10 +71,13 @@ class CanaryRunAudit:
             "count": self.count,
             "audits": [a.to_dict() for a in self.audits],
             "noise_check": None if self.noise is None else noise_check_entry(self.noise),
+            **({"run": self.run} if self.run is not None else {}),
         }
 
     def summary(self) -> str:
         lines = [f"{self.path}: {self.count} gradient canaries over {self.steps} steps -> verdict: {self.verdict}"]
+        if self.run is not None:
+            lines.append(f"run: {self.run['path']} (`dpaudit report {self.run['path']} AUDIT.json` shows one model)")
         if self.accounting is not None:
             lines.append(f"claim check: {self.accounting['statement']}")
         for a in self.audits:
@@ -84,6 +88,54 @@ class CanaryRunAudit:
 
 
 KIND = "gradient-canary-audit"  # the ``kind`` of a saved :class:`CanaryRunAudit`
+
+# The claim's fields a run (checkpoint.json ``privacy``) and a canary audit (``claim``) must both state alike.
+_LINKED_CLAIM = ("epsilon", "delta", "noise_multiplier", "sample_rate", "steps")
+
+
+def run_claim(run: Path | str) -> dict[str, Any]:
+    """The privacy claim a run records (checkpoint.json ``privacy``), for ``audit canaries --run``: the claim its
+    options default to; a run without one is refused in one line."""
+    from dpaudit.checkpoint import read_meta
+
+    privacy = read_meta(Path(run)).get("privacy")
+    if not privacy:
+        raise InputError(
+            f"--run {run}: the run records no privacy claim, so no audit of a claim is its audit; import it with the "
+            "claim the canaries were audited against (--noise-multiplier, --sample-rate, --steps, --delta)"
+        )
+    return privacy
+
+
+def link_run(result: CanaryRunAudit, run: Path | str) -> CanaryRunAudit:
+    """``result`` naming ``run``, the run (``dpaudit import``) whose training its canaries observed, by its path and
+    the sha256 of its checkpoint.json: ``dpaudit report RUN AUDIT.json`` then shows both as one model (its attacks and
+    these formal audits), and only that run, unchanged since. The run's claim must be the one audited: the same ε
+    and δ, and the same σ, q and T where the run records them (another claim's audit is no audit of this model's:
+    a bound just below a larger audited ε would read "consistent" beside a smaller claim it refutes); else one line
+    naming both."""
+    from dpaudit.checkpoint import CHECKPOINT_FILE
+    from dpaudit.fileio import sha256_file
+
+    run = Path(run)
+    privacy = run_claim(run)
+    for key in _LINKED_CLAIM:
+        theirs, ours = privacy.get(key), result.claim.get(key)
+        if theirs is None and key in ("epsilon", "delta"):
+            raise InputError(f"--run {run}: the run's claim states no {key}")
+        if theirs is None or ours is None or math.isclose(float(theirs), float(ours), rel_tol=1e-9, abs_tol=0.0):
+            continue  # σ, q or T stated on one side only: nothing to compare
+        if key in ("sample_rate", "steps"):  # what the canaries observed, not an option: another run's training
+            raise InputError(
+                f"--run {run}: the run's claim has {key} = {numfmt.exact(theirs)}, but the canaries observed "
+                f"{numfmt.exact(ours)}: they did not watch this run's training as its claim states it"
+            )
+        flag = {"epsilon": "--claimed-epsilon"}.get(key, "--" + key.replace("_", "-"))
+        raise InputError(
+            f"--run {run}: the run's claim has {key} = {numfmt.exact(theirs)}, this audit's {numfmt.exact(ours)}: "
+            f"audit the run's own claim (leave {flag} out: --run then takes the run's), or leave --run out"
+        )
+    return dataclasses.replace(result, run={"path": str(run), "checkpoint_sha256": sha256_file(run / CHECKPOINT_FILE)})
 
 
 def noise_check_entry(noise: NoiseCheck) -> dict[str, Any]:
@@ -174,23 +226,36 @@ def _close(a: float, b: float) -> bool:
 def audit_canaries(
     directory: Path | str,
     *,
-    claimed_epsilon: float,
-    delta: float,
+    claimed_epsilon: float | None = None,
+    delta: float | None = None,
     noise_multiplier: float | None = None,
     sample_rate: float | None = None,
     steps: int | None = None,
     confidence: float = 0.95,
     seed: int = 0,
+    run: Path | str | None = None,
 ) -> CanaryRunAudit:
     """Audit a directory written by :meth:`dpaudit.hooks.GradientCanaries.save` (see the module docstring).
 
     ``sample_rate`` and ``steps`` default to the canaries' own (q) and the number of steps observed;
     given, they must agree with them (a claim for another q or T is not the run that was observed).
     ``noise_multiplier`` (σ, the claim's) enables the f-DP audit against DP-SGD's curve and the noise
-    check. Add/remove neighbours (each canary is one record present or absent)."""
+    check. Add/remove neighbours (each canary is one record present or absent).
+
+    ``run``: the run (``dpaudit import``) whose training the canaries observed; the claim left out
+    (``claimed_epsilon``, ``delta``, ``noise_multiplier``) is the run's, and the result names the run
+    (:func:`link_run`). Without it, ``claimed_epsilon`` and ``delta`` are required."""
     from dpaudit.hooks import load_observations
     from dpaudit.workflows.checkpoint import claim_tradeoff, one_run_records
 
+    if run is not None:  # the run's claim, for what the caller leaves out
+        privacy = run_claim(run)
+        claimed_epsilon = privacy["epsilon"] if claimed_epsilon is None else claimed_epsilon
+        delta = privacy["delta"] if delta is None else delta
+        noise_multiplier = privacy.get("noise_multiplier") if noise_multiplier is None else noise_multiplier
+    for flag, value in (("--claimed-epsilon", claimed_epsilon), ("--delta", delta)):
+        if value is None:
+            raise InputError(f"give {flag} (the claim audited), or --run RUN to audit the claim that run records")
     claimed = check_non_negative(claimed_epsilon=claimed_epsilon)  # as every audit: ε = 0 is a claim too
     delta = check_in_interval(0.0, 1.0, delta=delta)
     confidence = check_in_interval(0.0, 1.0, confidence=confidence)
@@ -283,7 +348,8 @@ def audit_canaries(
         verdict = "inconclusive"
     else:
         verdict = "consistent"
-    return CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count, accounting)
+    result = CanaryRunAudit(Path(directory), claim, tuple(records), noise, verdict, obs.steps, obs.count, accounting)
+    return result if run is None else link_run(result, run)
 
 
 def _per_step_record(obs, q: float, sigma: float, delta: float, confidence: float, claimed: float, seed: int):

@@ -136,7 +136,8 @@ def test_plan_command(tmp_path):
 def test_plan_max_size_caps_the_search_and_names_the_simulated_power_there():
     """`audit plan --true-epsilon 2.01` against a claim of 2 simulated up to the built-in cap of 10^6 runs per side
     (minutes). --max-size N searches only up to N. Against 2.3 (1,456 runs per side by default) a cap of 1,000 is
-    refused in one line naming the simulated power at the cap (136 of 200 draws; 172 needed for power 0.8 at 95%).
+    refused in one line naming the simulation at the cap (49 of the first 78 of 200 draws refuted: at most 171, 172
+    needed for power 0.8 at 95%; the full 200 draws refute in 136).
     Planted: the option not passed on (the plan answers 1,456, exit 0); the cap not validated (1 is met by the
     Neyman-Pearson refusal, not by the smallest design's); a perfect-attack size above the cap simulated anyway (gdp
     has no Neyman-Pearson refusal: the plan answered 33, above the cap of 20)."""
@@ -146,8 +147,8 @@ def test_plan_max_size_caps_the_search_and_names_the_simulated_power_there():
     assert len(capped.output.strip().splitlines()) == 1
     assert "no design up to 1000 runs per side is shown to reach power 0.8" in capped.output
     assert (
-        "simulated power at 1000 runs per side 0.68 (the simulated audit refuted the claim in 136 of 200 draws, "
-        "172 needed); allow larger designs (--max-size)"
+        "at 1000 runs per side the simulated audit refuted the claim in 49 of the first 78 of 200 draws, so in at "
+        "most 171, 172 needed (the rest were not simulated); allow larger designs (--max-size)"
     ) in capped.output
     for n, smallest, method in (("1", 2, "clopper-pearson"), ("0", 2, "clopper-pearson"), ("3", 4, "one-run")):
         bad = runner.invoke(app, [*base, "--method", method, "--max-size", n])

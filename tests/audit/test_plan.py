@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -329,15 +331,24 @@ def test_size_for_power_called_without_a_confidence_decides_at_the_audits_defaul
         size_for_power(1.0, leak, simulations=20, start=2, max_size=8)
 
 
+def _fake_power(monkeypatch, power_at) -> None:
+    """size_for_power's simulations replaced by ``power_at(size)``, the fraction of draws that refute (all drawn)."""
+    from dpaudit.audit import power as pw
+
+    def fake(n, *a, simulations, **k):
+        return round(power_at(n) * simulations), simulations
+
+    monkeypatch.setattr(pw, "_simulate", fake)
+
+
 def test_a_leak_no_sound_audit_detects_within_the_cap_is_refused_without_simulating(monkeypatch):
     """`audit plan --epsilon 2 --true-epsilon 2.0000001` simulated ever larger designs up to the cap of 10^6 runs per
     side, each costlier than the last (still running after 100 s). Even the most powerful level-α test of the claim
     against such a leak has power ~α there, so no sound audit can reach 0.8: refused at once, naming the bound and
     the leak that could be planned. Planted: the bound's check dropped (the simulator is called)."""
-    from dpaudit.audit import power as pw
 
     calls = []
-    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: calls.append(n) or 0.0)
+    _fake_power(monkeypatch, lambda n: calls.append(n) or 0.0)
     for kwargs in ({"true_epsilon": 2.0000001}, {"true_epsilon": 2.0000001, "method": "one-run"},
                    {"true_epsilon": 2.01, "family": "gaussian"}):  # fmt: skip
         with pytest.raises(InputError) as e:
@@ -382,10 +393,9 @@ def test_a_size_the_most_powerful_test_rules_out_is_never_returned(monkeypatch):
     """A simulator that refutes every draw (as a fluke of 200 draws can at one size) made the search return the
     start, 59 runs per side, against a leak of 2.1 for a claim of 2, where no sound audit has power above 0.1. The
     decision still reads exact refutation counts, and also needs the bound. Planted: the bound not consulted."""
-    from dpaudit.audit import power as pw
     from dpaudit.audit.power import hypothesised_leak, power_upper_bound, size_for_power
 
-    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0)
+    _fake_power(monkeypatch, lambda n: 1.0)
     leak = hypothesised_leak(family="randomized-response", epsilon=2.1)
     audit = {"method": "clopper-pearson", "delta": 1e-5, "confidence": 0.95}
     n, _ = size_for_power(2.0, leak, start=59, **audit)
@@ -396,12 +406,11 @@ def test_a_size_the_most_powerful_test_rules_out_is_never_returned(monkeypatch):
 def test_a_large_simulated_size_is_announced_before_it_runs(monkeypatch):
     """`audit plan --epsilon 2 --true-epsilon 2.01` ran for minutes without a word (the sizes simulated are near the
     10^6 cap). Each size from 10^5 up is announced first, naming the leak and the claim; small ones are not."""
-    from dpaudit.audit import power as pw
     from dpaudit.audit.power import hypothesised_leak, size_for_power
     from dpaudit.progress import notices
 
     said = []
-    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 900_000 else 0.0)
+    _fake_power(monkeypatch, lambda n: 1.0 if n >= 900_000 else 0.0)
     with notices(said.append):
         size_for_power(2.0, hypothesised_leak(family="randomized-response", epsilon=2.01), start=59, delta=1e-5)
     # Naming the leak and the claim, not a cause: `audit plan --method one-run --epsilon 8` (leak 16, far from the
@@ -410,7 +419,7 @@ def test_a_large_simulated_size_is_announced_before_it_runs(monkeypatch):
     assert not any("close" in m for m in said), said
     assert any("966,656 runs per side" in m for m in said), said
     said.clear()
-    monkeypatch.setattr(pw, "simulated_power", lambda n, *a, **k: 1.0 if n >= 200 else 0.0)
+    _fake_power(monkeypatch, lambda n: 1.0 if n >= 200 else 0.0)
     with notices(said.append):
         size_for_power(2.0, hypothesised_leak(family="randomized-response", epsilon=4.0), start=59, delta=1e-5)
     assert said == []
@@ -421,16 +430,15 @@ def test_a_size_the_bound_rules_out_is_never_simulated(monkeypatch):
     holdout audit, testing on half of them, has power at most 0.727 < 0.8; and the bracket's lower end and the
     bisection's midpoints were simulated even where the bound rules them out. Planted: the whole design in the bound,
     or p(lo) / p(mid) simulated regardless (recorded here)."""
-    from dpaudit.audit import power as pw
     from dpaudit.audit.power import hypothesised_leak, power_upper_bound, size_for_power
 
     simulated = []
 
-    def fake(n, *a, **k):
+    def fake(n):
         simulated.append(n)
         return 1.0 if n >= 20_000 else 0.0
 
-    monkeypatch.setattr(pw, "simulated_power", fake)
+    _fake_power(monkeypatch, fake)
     leak = hypothesised_leak(family="randomized-response", epsilon=2.05)
     audit = {"method": "clopper-pearson", "delta": 1e-5, "confidence": 0.95}
     n, _ = size_for_power(2.0, leak, start=59, **audit)
@@ -588,20 +596,21 @@ def test_a_one_run_plan_past_the_ceiling_is_refused_naming_it_and_the_slow_path_
     power instead, a ceiling at the wrong delta (232 simulated: 1e-5's ceiling is above 0.85)."""
     from dpaudit.audit import power as pw
 
-    real, calls = pw.simulated_power, []
+    real, calls = pw._simulate, []
 
     def counting(n, *a, **k):
         calls.append(n)
         return real(n, *a, **k)
 
-    monkeypatch.setattr(pw, "simulated_power", counting)
+    monkeypatch.setattr(pw, "_simulate", counting)
     kwargs = {"method": "one-run", "delta": 1e-2, "max_size": 232, "simulations": 100}
     with pytest.raises(InputError) as e:
         plan_design(0.85, **kwargs)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("no design up to 232 canaries is shown to reach power 0.8 "), msg
     assert "at 232 canaries no one-run audit certifies epsilon 0.85 whatever its guesses (at most 0.7874 at " in msg
-    assert f"simulated power at {max(calls)} canaries 0." in msg and "audit independent runs instead" in msg, msg
+    assert f"; at {max(calls)} canaries the simulated audit refuted the claim in 0 of the first " in msg, msg
+    assert "audit independent runs instead" in msg, msg
     assert 232 not in calls and calls, calls
     assert all(pw._one_run_ceiling(n, 0.85, method="one-run", delta=1e-2) is None for n in calls), calls
     fast = list(calls)
@@ -609,9 +618,11 @@ def test_a_one_run_plan_past_the_ceiling_is_refused_naming_it_and_the_slow_path_
     monkeypatch.setattr(pw, "_one_run_ceiling", lambda *a, **k: None)  # the search as it was
     with pytest.raises(InputError) as e:
         plan_design(0.85, **kwargs)
-    assert "simulated power at 232 canaries 0.00 (the simulated audit refuted the claim in 0 of 100 draws" in str(
-        e.value
-    )
+    # stopped once 100 - 89 + 1 = 12 draws failed: not enough, as the full 100 draws decide it
+    assert (
+        "at 232 canaries the simulated audit refuted the claim in 0 of the first 12 of 100 draws, so in at most 88, "
+        "89 needed (the rest were not simulated)"
+    ) in str(e.value), str(e.value)
     assert calls[: len(fast)] == fast and 232 in calls, (fast, calls)
 
 
@@ -631,6 +642,46 @@ def test_the_ceiling_refusal_names_the_largest_size_simulated_at_the_audits_defa
     ceiling = pw._one_run_ceiling(200_001, 50.0, method="one-run")
     assert ceiling == one_run.certifiable_ceiling(100_001, default, 0.05) == pytest.approx(8.128, abs=1e-3)
     leak = pw.hypothesised_leak(epsilon=16.0)
-    text = pw._ceiling_refusal(8.0, leak, 0.8, 3200, 7.5, {400: 0.46, 100: 0.1, 200: 0.3}, 100, 80, 1e-5)
+    text = pw._ceiling_refusal(
+        8.0, leak, 0.8, 3200, 7.5, {400: (46, 100), 100: (10, 100), 200: (30, 100)}, 100, 80, 1e-5
+    )
     assert "simulated power at 400 canaries 0.46 (the simulated audit refuted the claim in 46 of 100 draws, 80 " in text
     assert "no design up to 3200 canaries" in text and "at most 7.5 at delta 1e-05" in text, text
+
+
+def test_a_sizes_simulation_stops_once_it_cannot_show_the_power_and_decides_as_all_draws_would(monkeypatch):
+    """`audit plan --method one-run --epsilon 8` ran all 200 audits at every size the search doubled through (minutes
+    at 10^5-10^6 canaries), although 29 failed draws already settle that a size cannot reach the 172 refutations power
+    0.8 needs. _simulate stops there, and only there: on a scripted stream of verdicts, a run that can still reach
+    the count exactly is drawn to the end; one that cannot is cut at the first draw that settles it. Plants caught:
+    `<=` for `<` (a size that reaches exactly k cut short), no stop at all."""
+    from dpaudit.audit import bounds
+    from dpaudit.audit import power as pw
+
+    leak = pw.hypothesised_leak(family="randomized-response", epsilon=3.0)
+    cases = (("FFFFFRRRRR", (5, 10)), ("FFFFFFRRRR", (0, 6)), ("RFRFFFFFRR", (2, 8)), ("RRRRRRRRRR", (10, 10)))
+    for stream, want in cases:
+        verdicts = iter("violation" if c == "R" else "consistent" for c in stream)
+        monkeypatch.setattr(bounds, "audit_scores", lambda *a, v=verdicts, **k: SimpleNamespace(verdict=next(v)))
+        assert pw._simulate(20, 2.0, leak, simulations=10, seed=0, stop_below=5) == want, stream
+
+
+def test_a_plan_with_stopped_simulations_is_the_plan_full_simulations_give(monkeypatch):
+    """The doubling's stopped sizes decide as all their draws would, and the bracket (whose secant reads the
+    estimates) simulates in full: the plan and its simulated power are those of full simulations at every size, and
+    a refusal at the cap names the draws that settled it. Plant caught: the bracket's lower end read from its stopped
+    simulation."""
+    from dpaudit.audit import power as pw
+
+    real, stops = pw._simulate, []
+
+    def full(n, *a, stop_below=0, **k):
+        stops.append(stop_below)
+        return real(n, *a, **k)
+
+    for claim, true in ((2.0, 3.0), (1.0, 1.6)):
+        plan = plan_design(claim, true_epsilon=true, family="randomized-response", simulations=100)
+        monkeypatch.setattr(pw, "_simulate", full)
+        assert plan_design(claim, true_epsilon=true, family="randomized-response", simulations=100) == plan
+        assert any(stops), "the search asked for stopped simulations"
+        monkeypatch.undo()

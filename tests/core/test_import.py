@@ -691,3 +691,18 @@ def test_weights_are_checked_first_as_the_command_reads(tmp_path, monkeypatch, w
                "--out", "run")  # fmt: skip
     assert r.exit_code == 2 and error_lines(r) == [f"error: {weights}: {message}"], r.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_gate_on_an_imported_runs_estimates_names_the_formal_audits_an_imported_run_can_have(foreign, tmp_path):
+    """`audit checkpoint runs/mine --fail-on-violation` on an imported run (estimates only) said "audit a formal
+    design (independent runs: `dpaudit audit train`, ...; canaries included w.p. 1/2)" and the attack notes "train
+    with canaries (`dpaudit train --canaries M`)": neither is open to weights trained elsewhere. The refusal names
+    what is (thirteenth session's newcomer): the gradient canaries of the user's own loop, audited with --run, or
+    record canaries registered at import. Planted: the imported run's advice dropped (the generic one printed)."""
+    out = tmp_path / "mine"
+    assert _import(foreign, out, foreign["members"], "--epsilon", "1", "--delta", "1e-5").exit_code == 0
+    r = invoke("audit", "checkpoint", out, "--attacks", "loss", "--fail-on-violation")
+    assert r.exit_code == 2, r.output
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert f"gradient canaries in your own loop (`dpaudit audit canaries DIR --run {out} --fail-on-violation`" in line
+    assert "`dpaudit import --canaries DIR`" in line and "dpaudit audit train" not in line

@@ -210,3 +210,45 @@ def test_github_workflow_commands_run(github_workflow):
     assert d["verdict"] == "consistent" and d["trainer"] == "examples.opacus_pipeline:train"
     assert (github_workflow.cwd / "spec.json").is_file()
     assert "privacy audit: consistent" in github_workflow.summary.read_text()
+
+
+def _install_step_requirements(tmp_path: Path, env_extra: dict[str, str]) -> list[str]:
+    """The arguments the workflow's install step gives `pip install`, run with `pip` and `python` shimmed to record
+    them (from the checkout's root, as actions/checkout leaves the job)."""
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((ROOT / "examples" / "ci" / "github-audit.yml").read_text())
+    (step,) = [s for s in workflow["jobs"]["audit"]["steps"] if "pip install" in s.get("run", "")]
+    shims = tmp_path / "bin"
+    shims.mkdir(exist_ok=True)
+    log = tmp_path / "pip.log"
+    log.unlink(missing_ok=True)
+    for name in ("pip", "python"):
+        (shims / name).write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" "--" >> "{log}"\n')
+        (shims / name).chmod(0o755)
+    env = {**os.environ, **step.get("env", {}), **env_extra, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", "-e", "-c", step["run"]], cwd=ROOT, env=env, check=True)
+    calls = [c.strip().splitlines() for c in log.read_text().split("\n--\n") if c.strip()]
+    return [c[-1] for c in calls if c[:1] == ["install"] and any("dpaudit" in a for a in c)]
+
+
+def test_github_workflow_installs_dpaudit_from_the_checkout_or_the_url_given(tmp_path):
+    """dpaudit is not published on an index: the workflow's install step installs it, with the peers extra, from the
+    repository checkout it runs in (or from the URL a user sets), never by its bare name from an index; pip itself
+    resolves that requirement to this checkout's dpaudit (a dry run, no download, no install)."""
+    from packaging.requirements import Requirement
+
+    (line,) = _install_step_requirements(tmp_path, {})
+    req = Requirement(line)
+    assert (req.name, req.extras, req.url) == ("dpaudit", {"peers"}, f"file://{ROOT}")
+    report = tmp_path / "report.json"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation", "--no-index",
+         "--quiet", "--report", str(report), line],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    (item,) = json.loads(report.read_text())["install"]
+    assert item["metadata"]["name"] == "dpaudit" and item["requested_extras"] == ["peers"]
+    assert item["download_info"]["url"] == f"file://{ROOT}"
+    url = "git+https://example.org/you/dpaudit.git@0123456789abcdef0123456789abcdef01234567"
+    (line,) = _install_step_requirements(tmp_path, {"DPAUDIT_URL": url})
+    assert Requirement(line).url == url

@@ -198,3 +198,67 @@ def test_report_help_names_saved_canary_audits():
     assert r.exit_code == 0
     text = " ".join(r.output.replace("│", " ").split())
     assert "saved canary audits (`dpaudit audit canaries DIR --out FILE.json`" in text
+
+
+def test_an_imported_run_and_its_own_canary_audit_are_one_model(tmp_path, monkeypatch):
+    """`dpaudit report runs/mine audit.json` showed an imported run and the gradient-canary audit of its own training
+    as two models: one entry per input, nothing saying they were one training, and the run's headline read "no formal
+    audit" beside its own formal row. `audit canaries --run RUN` records the run (its path and checkpoint.json's
+    sha256) after checking that the run's claim is the one audited; the report then folds the audit into the run's
+    entry. Kept apart: an audit naming no run, and one naming a run that has changed since. Plants caught: the fold
+    dropped; the sha256 not compared; the claim not compared (an audit of another ε linked)."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from dpaudit.models import build_model, model_spec_from_dict
+
+    from ..workflows.test_hooks_audit import T
+
+    monkeypatch.chdir(tmp_path)  # paths as a user types them, relative to where the commands run
+    spec = {"kind": "logreg", "input_shape": [1, 8, 8], "n_classes": 10}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    save_file(dict(build_model(model_spec_from_dict(spec), seed=0).state_dict()), "weights.safetensors")
+    np.savetxt("members.txt", np.arange(600), fmt="%d")
+    claim_args = ["--noise-multiplier", repr(SIGMA), "--sample-rate", repr(Q), "--steps", str(T)]
+    claim_args += ["--delta", repr(DELTA)]
+    imp = ["import", "weights.safetensors", "--model-spec", "spec.json", "--data", "digits", "--members", "members.txt"]
+    r = runner.invoke(app, [*imp, *claim_args, "--accountant", "pld", "--out", "runs/mine"])
+    assert r.exit_code == 0, r.output
+    simulate(0, tmp_path / "run-canaries")
+    audit = ["audit", "canaries", "run-canaries", "--delta", repr(DELTA), "--noise-multiplier", repr(SIGMA)]
+    eps = json.loads((tmp_path / "runs/mine/checkpoint.json").read_text())["privacy"]["epsilon"]
+    assert eps == pytest.approx(claim(), rel=1e-9)
+    r = runner.invoke(app, ["audit", "canaries", "run-canaries", "--run", "runs/mine", "--out", "linked.json"])
+    assert r.exit_code == 0, r.output  # the claim audited: the run's (ε, δ and σ)
+    assert json.loads((tmp_path / "linked.json").read_text())["claim"]["noise_multiplier"] == SIGMA
+    none = runner.invoke(app, ["audit", "canaries", "run-canaries", "--delta", repr(DELTA)])
+    assert none.exit_code == 2 and "give --claimed-epsilon (the claim audited), or --run RUN" in none.output
+    r = runner.invoke(app, [*audit, "--claimed-epsilon", repr(eps), "--out", "apart.json"])
+    assert r.exit_code == 0, r.output
+    bad = runner.invoke(app, [*audit, "--claimed-epsilon", repr(1.5 * eps), "--run", "runs/mine"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
+    assert f"--run runs/mine: the run's claim has epsilon = {numfmt.exact(eps)}, this audit's" in bad.output
+
+    def report(*inputs):
+        r = runner.invoke(app, ["report", *inputs, "--attacks", "loss", "--out", "rep", "--force", "--format", "json"])
+        assert r.exit_code == 0, r.output
+        return json.loads((tmp_path / "rep" / "report.json").read_text())["models"], r.stderr
+
+    forged = {**json.loads((tmp_path / "linked.json").read_text()), "run": {"path": "runs/mine"}}  # a stranger's
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    r = runner.invoke(app, ["report", "runs/mine", "forged.json", "--attacks", "loss", "--out", "rep"])
+    assert r.exit_code == 2 and "forged.json: not a complete saved canary audit (KeyError" in r.output, r.output
+    models, _ = report("linked.json", "runs/mine")
+    (mine,) = models
+    assert mine["name"] == "mine" and mine["path"] == "runs/mine"
+    assert {a["source"]["attack"] for a in mine["audits"]} == {"loss", "gradient-canaries"}
+    assert len(mine["noise_checks"]) == 1 and mine["summary"]["formal"]["attack"] == "gradient-canaries"
+    assert "no formal audit" not in mine["summary"]["headline"]
+    models, _ = report("runs/mine", "apart.json")
+    assert [m["name"] for m in models] == ["mine", "run-canaries"]
+    r = runner.invoke(app, [*imp, *claim_args, "--accountant", "pld", "--split-seed", "1", "--out", "runs/mine",
+                            "--force"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    models, stderr = report("runs/mine", "linked.json")
+    assert [m["name"] for m in models] == ["mine", "run-canaries"]
+    assert "linked.json: audited the run runs/mine as its checkpoint.json was then; it has changed since" in stderr

@@ -64,6 +64,39 @@ def test_markdown_is_deterministic_and_escapes_text(report):
     assert r"| x\|y \<script\>alert(" in text
 
 
+NOTES_WITH_CODE = [
+    "design too small; `dpaudit audit plan --epsilon 8 --delta 1e-05` gives the size <needed> for *this* claim",
+    "a stranger's `<img src=x onerror=alert(1)>` and *bold* <script>alert(2)</script> [link](javascript:x)",
+    "odd ` <b>three</b> `` left",  # unbalanced or blank spans: the whole note stays escaped text
+    "a blank `` *pair* `` stays text",
+]
+
+
+def test_markdown_notes_show_commands_as_code_and_every_other_text_escaped(report):
+    """A note's `command` renders as a code span (not as escaped backticks), while a stranger's text, inside or
+    outside backticks, renders as text: rendered by a CommonMark parser with raw HTML on, as GitHub reads it."""
+    from markdown_it import MarkdownIt
+
+    report["models"][0]["audits"][0]["notes"] = NOTES_WITH_CODE
+    text = render_markdown(report)
+    html = MarkdownIt("commonmark").render(text)
+    assert "<code>dpaudit audit plan --epsilon 8 --delta 1e-05</code> gives the size &lt;needed&gt; for *this*" in html
+    assert "<code>&lt;img src=x onerror=alert(1)&gt;</code> and *bold* &lt;script&gt;alert(2)&lt;/script&gt;" in html
+    assert "odd ` &lt;b&gt;three&lt;/b&gt; `` left" in html and "a blank `` *pair* `` stays text" in html
+    for tag in ("<img", "<script", "<b>", "<a ", "<em>this", "<em>bold"):
+        assert tag not in html, tag
+
+
+def test_html_notes_show_commands_as_code_and_every_other_text_escaped(report):
+    model = report["models"][0]
+    model["audits"][0]["notes"] = NOTES_WITH_CODE
+    page = render_html(build_report([model], title="t"))
+    assert "<code>dpaudit audit plan --epsilon 8 --delta 1e-05</code> gives the size &lt;needed&gt;" in page
+    assert "<code>&lt;img src=x onerror=alert(1)&gt;</code>" in page
+    assert "odd ` &lt;b&gt;three&lt;/b&gt; `` left" in page and "a blank `` *pair* `` stays text" in page
+    assert "<img src=x" not in page and "<b>three" not in page
+
+
 def test_html_is_self_contained(html_text):
     lowered = html_text.lower()
     for needle in ("http://", "https://", "//cdn", 'src="http', "src='http", "url(", "@import", "<script", "<link"):
