@@ -297,7 +297,8 @@ class PldAccountant(Accountant):
             (self._pairs(e, jl_cap), c, jl_cap if e in jl_events else self.max_loss) for e, c in self._counts.items()
         ]
         symmetric = all(add is None for (_, add), _, _ in pairs)
-        total_rem, total_add = _Tree(self.tail, long_inverse), _Tree(self.tail, long_inverse)
+        total_rem: DiscretePLD | None = None
+        total_add: DiscretePLD | None = None
 
         def step(event: Event, direction: str, pair, max_loss: float) -> DiscretePLD:
             key = (event, direction, jl_cap if event in jl_events else None, interval, max_loss)
@@ -307,15 +308,16 @@ class PldAccountant(Accountant):
 
         for event, ((rem, add), count, max_loss) in zip(self._counts, pairs, strict=True):
             d_rem = step(event, "remove", rem, max_loss).self_compose(count, self.tail, long_inverse)
-            total_rem.add(d_rem)
+            total_rem = d_rem if total_rem is None else total_rem.compose(d_rem, self.tail, long_inverse)
             if not symmetric:
                 d_add = (
                     d_rem
                     if add is None
                     else step(event, "add", add, max_loss).self_compose(count, self.tail, long_inverse)
                 )
-                total_add.add(d_add)
-        self._cache[key] = (total_rem.result(), None if symmetric else total_add.result())
+                total_add = d_add if total_add is None else total_add.compose(d_add, self.tail, long_inverse)
+        assert total_rem is not None
+        self._cache[key] = (total_rem, total_add)
         return self._cache[key]
 
     def _eps_at(self, delta: float, jl_cap: float | None) -> tuple[float, float]:
@@ -452,39 +454,12 @@ LONG_INVERSE_BELOW_DELTA = 1e-8
 # 1e-7, where tail truncation starts to cost). benchmarks/RESULTS.md.
 GRID_POINTS_PER_LEAF = 500
 # CPU seconds per grid point of one loss distribution's discretisation, self-composition and share of the composition
-# (PldAccountant._grid_steps_for's estimate): 0.7-0.9 µs measured on this project's 2-core machine for schedules of
-# 100 DP-SGD phases (benchmarks/schedule_accounting.py); twice that, as the FFT window's own check assumes.
+# (PldAccountant._grid_steps_for's estimate): 0.7-1.1 µs measured on this project's 2-core machine for schedules of
+# 100-2000 DP-SGD phases (benchmarks/schedule_accounting.py); twice that, as the FFT window's own check assumes.
 PLD_SECONDS_PER_POINT = 2e-6
 MAX_GRID_HALVINGS = 12  # at most 4096x finer than value_discretization_interval
 JL_CAP_MARGIN = 25.0  # nats between a certified epsilon and the JL loss cap (PldAccountant docstring)
 JL_MAX_WIDENINGS = 8
-
-
-class _Tree:
-    """The composition of PMFs added one by one, as a balanced binary tree (two PMFs of the same rank are composed
-    as soon as both exist; the rest left to right at the end): k leaves cost k - 1 compositions, as a sequence does,
-    but a sequence composes the growing total with every leaf (its support grows with each: k^1.5 work for k
-    leaves), a tree composes supports of similar size (k log k). Composition is associative and commutative (the
-    losses add: Zhu, Dong & Wang 2022, arXiv:2106.08567, Sec. 3), and each :meth:`DiscretePLD.compose` is pessimistic
-    (its own truncation and rounding charged, module docstring), so every order of composition gives a valid bound;
-    only the last bits and the truncated tails' placement differ. Up to 3 leaves it is the sequence."""
-
-    def __init__(self, tail: float, long_inverse: bool) -> None:
-        self.tail, self.long_inverse = tail, long_inverse
-        self._stack: list[tuple[int, DiscretePLD]] = []  # (rank, PMF): ranks strictly decreasing
-
-    def add(self, pld: DiscretePLD) -> None:
-        rank = 0
-        while self._stack and self._stack[-1][0] == rank:
-            pld = self._stack.pop()[1].compose(pld, self.tail, self.long_inverse)
-            rank += 1
-        self._stack.append((rank, pld))
-
-    def result(self) -> DiscretePLD:
-        total = self._stack[0][1]
-        for _, pld in self._stack[1:]:
-            total = total.compose(pld, self.tail, self.long_inverse)
-        return total
 
 
 class _Memo:

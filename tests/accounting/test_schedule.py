@@ -96,8 +96,7 @@ def _dpa_composed(dpa, phases):
     "phases",
     [
         *SCHEDULES,
-        # eight phases (the PLD accountant composes them as a tree: PldAccountant's _Tree); dp_accounting's PLD of
-        # them takes ~15 s on a loaded 2-core machine
+        # eight phases: dp_accounting's PLD of them takes ~15 s on a loaded 2-core machine
         pytest.param([(1.0 + 0.25 * k, 0.01 if k % 2 else 0.02, 60) for k in range(8)], marks=pytest.mark.slow),
     ],
 )

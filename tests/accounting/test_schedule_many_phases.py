@@ -1,7 +1,7 @@
 """Schedules of many phases (a noise multiplier or sample rate changed every epoch): the batched RDP series
 (:func:`dpaudit.accounting.rdp.rdp_poisson_gaussian_rows`), the RDP accountant's deferred fractional orders, the PLD
-accountant's composition tree and both accountants' cost estimates, against oracles that do not share their code:
-each mechanism's curve alone, closed forms (Gaussian RDP α/(2σ²) per step, GDP's μ² adding) and dp_accounting."""
+accountant's composition of many PMFs and both accountants' cost estimates, against oracles that do not share their
+code: each mechanism's curve alone, closed forms (Gaussian RDP α/(2σ²) per step, GDP's μ² adding) and dp_accounting."""
 
 from __future__ import annotations
 
@@ -142,8 +142,8 @@ def test_rdp_schedule_matches_dp_accounting():
 
 
 def test_many_full_batch_phases_pld_and_gdp_are_the_gdp_closed_form():
-    # q = 1: (1/sigma)-GDP per step, mu^2 adds (Dong, Roth & Su 2022, Cor. 3.3). Seven distinct phases: the PLD
-    # accountant's composition tree then has three subtrees at the end (ranks 2, 1, 0): dropping any is > 0.05 off.
+    # q = 1: (1/sigma)-GDP per step, mu^2 adds (Dong, Roth & Su 2022, Cor. 3.3). Seven distinct phases composed:
+    # dropping any one is > 0.05 off.
     phases = [(0.9 + 0.4 * k, 1.0, 2 + k) for k in range(7)]
     mu = math.sqrt(sum(t / s**2 for s, _, t in phases))
     exact = _gdp_epsilon_closed_form(mu, DELTA)
