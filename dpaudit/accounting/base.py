@@ -109,13 +109,15 @@ class Accountant(ABC):
         if not isinstance(event, Event):
             raise InputError(f"expected an Event, got {type(event).__name__}")
         count = check_positive_int(count=count)
-        converted: list[tuple[Any, int]] = []
+        leaves: list[tuple[Event, int]] = []
         non_private = False
         for leaf, c in iter_leaves(event, count):
             if isinstance(leaf, NonPrivate):
                 non_private = True
                 continue
-            converted.append((self._leaf(leaf), c))
+            leaves.append((leaf, c))
+        reps = self._leaves([leaf for leaf, _ in leaves])
+        converted = [(rep, c) for rep, (_, c) in zip(reps, leaves, strict=True)]
         for rep, c in converted:
             self._accumulate(rep, c)
         self._non_private = self._non_private or non_private
@@ -151,6 +153,11 @@ class Accountant(ABC):
     @abstractmethod
     def _leaf(self, event: Event) -> Any:
         """Representation of one leaf mechanism, or raise :func:`unsupported`."""
+
+    def _leaves(self, events: list[Event]) -> list[Any]:
+        """:meth:`_leaf` of every leaf of one composition, in order (raising for the first unsupported one); an
+        accountant may convert them together (rdp: the phases of a schedule, one batch of series)."""
+        return [self._leaf(e) for e in events]
 
     @abstractmethod
     def _accumulate(self, rep: Any, count: int) -> None:

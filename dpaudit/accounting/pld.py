@@ -65,6 +65,7 @@ from dpaudit.accounting.pld_pairs import (
     randomized_response_pair,
     subsampled_non_private_pairs,
 )
+from dpaudit.budget import Cost, check_cost
 from dpaudit.events import (
     EpsilonDelta,
     Event,
@@ -255,12 +256,29 @@ class PldAccountant(Accountant):
         coarse = max(self.interval, widest / self.max_bins)
         narrowest = min((hi - lo for lo, hi in ranges if hi > lo), default=0.0)
         if self._jl_leaves() or narrowest <= 0.0 or narrowest >= GRID_POINTS_PER_LEAF * coarse:
-            return [coarse]
-        ratio = GRID_POINTS_PER_LEAF * coarse / narrowest  # inf for a subnormal range (q = 5e-324): the cap
-        halvings = MAX_GRID_HALVINGS if math.isinf(ratio) else min(MAX_GRID_HALVINGS, math.ceil(math.log2(ratio)))
-        while halvings > 0 and widest / (coarse / 2**halvings) > self.max_bins:
-            halvings -= 1
-        return [coarse / 2**k for k in range(halvings + 1)]
+            grids = [coarse]
+        else:
+            ratio = GRID_POINTS_PER_LEAF * coarse / narrowest  # inf for a subnormal range (q = 5e-324): the cap
+            halvings = MAX_GRID_HALVINGS if math.isinf(ratio) else min(MAX_GRID_HALVINGS, math.ceil(math.log2(ratio)))
+            while halvings > 0 and widest / (coarse / 2**halvings) > self.max_bins:
+                halvings -= 1
+            grids = [coarse / 2**k for k in range(halvings + 1)]
+        # Before any of it: every (mechanism, direction) is discretised and self-composed on every grid, and the work
+        # and the PMFs kept grow with its points (PLD_SECONDS_PER_POINT). A schedule of hundreds of distinct phases
+        # is announced (above a minute) or refused (above an hour, without --yes) here, with its reason.
+        points = sum((hi - lo) / g + 1.0 for g in grids for lo, hi in ranges)
+        check_cost(
+            Cost(
+                f"PLD accounting of {len(self._counts)} distinct mechanisms ({len(ranges)} loss distributions, "
+                f"{len(grids)} grid{'s' * (len(grids) > 1)})",
+                points,
+                "grid points",
+                bytes_per_unit=8.0,
+                seconds_per_unit=PLD_SECONDS_PER_POINT,
+                advice="use the rdp accountant",
+            )
+        )
+        return grids
 
     def _composed(
         self, jl_cap: float | None = None, long_inverse: bool = False, interval: float | None = None
@@ -435,6 +453,10 @@ LONG_INVERSE_BELOW_DELTA = 1e-8
 # (eps 0.0148), 28 of 1e-5 (0.00861), 280 of 1e-6 (0.00852); finer grids gain nothing (0.00852 at 3e-7, 0.00853 at
 # 1e-7, where tail truncation starts to cost). benchmarks/RESULTS.md.
 GRID_POINTS_PER_LEAF = 500
+# CPU seconds per grid point of one loss distribution's discretisation, self-composition and share of the composition
+# (PldAccountant._grid_steps_for's estimate): 0.7-1.1 µs measured on this project's 2-core machine for schedules of
+# 100-2000 DP-SGD phases (benchmarks/schedule_accounting.py); twice that, as the FFT window's own check assumes.
+PLD_SECONDS_PER_POINT = 2e-6
 MAX_GRID_HALVINGS = 12  # at most 4096x finer than value_discretization_interval
 JL_CAP_MARGIN = 25.0  # nats between a certified epsilon and the JL loss cap (PldAccountant docstring)
 JL_MAX_WIDENINGS = 8

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
@@ -25,6 +26,7 @@ from dpaudit.accounting.base import (
     replace_factor,
     unsupported,
 )
+from dpaudit.budget import Cost, check_cost
 from dpaudit.events import (
     ZCDP,
     EpsilonDelta,
@@ -53,6 +55,12 @@ DEFAULT_ORDERS: tuple[float, ...] = (
     2048.0,
     4096.0,
 )
+
+# CPU seconds of one Poisson-subsampled Gaussian's RDP curve (RdpAccountant's cost estimate): 3-4 ms measured for
+# schedules of 100-500 DP-SGD phases (sigma 0.8-2, q 0.004-0.008) on this project's 2-core machine, up to ~50 ms
+# when an epsilon query needs the fractional orders near 1 (sigma ~0.5, their series run to 2^14 terms);
+# benchmarks/schedule_accounting.py.
+RDP_SECONDS_PER_MECHANISM = 0.01
 
 # Orders up to which the sampling-without-replacement bound uses the tighter Theorem 27 of
 # Wang, Balle & Kasiviswanathan 2019 (cost grows quadratically with the order).
@@ -104,12 +112,12 @@ def _log_abs_binom(n: float | np.ndarray, k: np.ndarray) -> np.ndarray:
 _U = 2.0**-53
 
 
-def _lse_rounded_up(log_terms: np.ndarray, scales: np.ndarray) -> float:
-    """log(sum(exp(log_terms))) plus an upper bound on its float64 error, in nats.
+def _lse_rounded_up_rows(log_terms: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Row by row: log(sum(exp(log_terms[r]))) plus an upper bound on its float64 error, in nats.
 
-    ``scales[i]`` is the sum of the absolute values of the float64 parts that log_terms[i] was added
+    ``scales[r, i]`` is the sum of the absolute values of the float64 parts that log_terms[r, i] was added
     up from (gammaln's, k log q, ...): each part is within a few ulps and the parts can cancel, so
-    the absolute error of log_terms[i] is below 16 u scales[i], u = 2^-53 (Higham 2002, "Accuracy and
+    the absolute error of log_terms[r, i] is below 16 u scales[r, i], u = 2^-53 (Higham 2002, "Accuracy and
     Stability of Numerical Algorithms", Sec. 2.1 and Eq. (3.4)). Exponentiating turns that into the
     same relative error of the term; the sum of the scaled terms is correctly rounded (``math.fsum``),
     so the error of the log-sum is below 16 u W / S + 4 u with S = sum e^t_i and
@@ -117,42 +125,77 @@ def _lse_rounded_up(log_terms: np.ndarray, scales: np.ndarray) -> float:
     keeps the RDP curve an upper bound in float64 too: benchmarks/accounting_fuzz.py found the plain
     log-sum-exp up to 1.7e-7 relative below the exact value at q = 1e-5 (A - 1 ~ 1e-10 was lost in
     the difference of two numbers near 1), and 5e-12 relative below it at fractional orders ~50 where
-    gammaln's of ~200 cancel to terms of ~1.
+    gammaln's of ~200 cancel to terms of ~1. Rows whose largest term is not finite return it.
     """
-    m = float(np.max(log_terms))
-    if not math.isfinite(m):
-        return m
-    scaled = np.exp(log_terms - m)
-    s = math.fsum(scaled)
-    w = math.fsum(scaled * (1.0 + np.where(np.isfinite(scales), scales, 0.0)))
-    return m + math.log(s) + _U * (16.0 * w / s + 4.0)
+    m = np.max(log_terms, axis=1)
+    with np.errstate(invalid="ignore"):
+        scaled = np.exp(log_terms - m[:, None])
+        weighted = scaled * (1.0 + np.where(np.isfinite(scales), scales, 0.0))
+    out = m.astype(np.float64, copy=True)
+    # The sums are exact (math.fsum: correctly rounded), so neither the terms' order nor the terms that underflowed
+    # to 0 move a bit of them: only the others are read (at a large integer order all but a few terms underflow).
+    # NaN terms are kept (they make the row NaN, as they must).
+    kept = scaled != 0.0
+    ends = np.cumsum(np.count_nonzero(kept, axis=1)).tolist()
+    values, weights = scaled[kept].tolist(), weighted[kept].tolist()
+    for r in np.flatnonzero(np.isfinite(m)).tolist():
+        lo, hi = ends[r - 1] if r else 0, ends[r]
+        s = math.fsum(values[lo:hi])
+        w = math.fsum(weights[lo:hi])
+        out[r] = float(m[r]) + math.log(s) + _U * (16.0 * w / s + 4.0)
+    return out
 
 
-def _binom_scale(n: float, k: np.ndarray) -> np.ndarray:
-    # Sum of |gammaln| parts of _log_abs_binom(n, k) (their rounding is what _lse_rounded_up bounds).
+def _binom_scale(n: float | np.ndarray, k: np.ndarray) -> np.ndarray:
+    # Sum of |gammaln| parts of _log_abs_binom(n, k) (their rounding is what _lse_rounded_up_rows bounds).
     return np.abs(special.gammaln(n + 1.0)) + np.abs(special.gammaln(k + 1.0)) + np.abs(special.gammaln(n - k + 1.0))
 
 
-def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
-    # Mironov, Talwar & Zhang 2019 (arXiv:1908.10530), Sec. 3.1, integer alpha:
-    #   A_alpha = sum_{k=0}^{alpha} C(alpha,k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2)).
-    # Since sum_k C(alpha,k) (1-q)^(alpha-k) q^k = 1 (binomial theorem), A - 1 is the same sum with
-    # exp(.) replaced by expm1(.), whose k = 0, 1 terms vanish: a sum of positive terms, computed in
-    # log space without the cancellation of (1 + tiny) - 1, then log A = log1p(A - 1) = logaddexp(0, .).
+# Work arrays of the series below hold at most this many float64 (8 MB each), whatever the number of rows.
+_BATCH_ELEMENTS = 1 << 20
+
+
+def _log_a_integer_rows(log_q: np.ndarray, log_1mq: np.ndarray, two_s2: np.ndarray, alpha: int) -> np.ndarray:
+    """log A_alpha at one integer alpha for many (q, sigma) at once; row r has log_q[r] = log q_r,
+    log_1mq[r] = log1p(-q_r), two_s2[r] = 2 sigma_r^2 (computed by the caller in Python floats).
+
+    Mironov, Talwar & Zhang 2019 (arXiv:1908.10530), Sec. 3.1, integer alpha:
+      A_alpha = sum_{k=0}^{alpha} C(alpha,k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2)).
+    Since sum_k C(alpha,k) (1-q)^(alpha-k) q^k = 1 (binomial theorem), A - 1 is the same sum with
+    exp(.) replaced by expm1(.), whose k = 0, 1 terms vanish: a sum of positive terms, computed in
+    log space without the cancellation of (1 + tiny) - 1, then log A = log1p(A - 1) = logaddexp(0, .).
+    Every row is computed elementwise exactly as a row of its own would be (a schedule's phases get the
+    bits a single phase gets).
+    """
+    out = np.zeros(log_q.size)
     if alpha < 2:
-        return 0.0
+        return out
     k = np.arange(2, alpha + 1, dtype=np.float64)
-    x = (k * k - k) / (2.0 * sigma**2)
-    with np.errstate(divide="ignore"):
-        log_expm1 = x + np.log(-np.expm1(-x))  # log(e^x - 1) for x > 0, without overflow
-    parts = (k * math.log(q), (alpha - k) * math.log1p(-q), x, log_expm1 - x)
-    log_terms = _log_abs_binom(float(alpha), k) + parts[0] + parts[1] + log_expm1
-    scales = _binom_scale(float(alpha), k) + sum(np.abs(np.nan_to_num(c, posinf=0.0, neginf=0.0)) for c in parts)
-    return float(np.logaddexp(0.0, _lse_rounded_up(log_terms, scales))) * (1.0 + 4.0 * _U)
+    binom, binom_scale = _log_abs_binom(float(alpha), k), _binom_scale(float(alpha), k)
+    kk = k * k - k
+    rows = max(1, _BATCH_ELEMENTS // k.size)
+    for lo in range(0, log_q.size, rows):
+        sl = slice(lo, lo + rows)
+        x = kk / two_s2[sl, None]
+        with np.errstate(divide="ignore"):
+            log_expm1 = x + np.log(-np.expm1(-x))  # log(e^x - 1) for x > 0, without overflow
+        parts = (k * log_q[sl, None], (alpha - k) * log_1mq[sl, None], x, log_expm1 - x)
+        log_terms = binom + parts[0] + parts[1] + log_expm1
+        scales = binom_scale + sum(np.abs(np.nan_to_num(c, posinf=0.0, neginf=0.0)) for c in parts)
+        out[sl] = np.logaddexp(0.0, _lse_rounded_up_rows(log_terms, scales)) * (1.0 + 4.0 * _U)
+    return out
 
 
-def _log_a_fractional(q: float, sigma: float, alpha: float, *, max_terms: int = 1 << 14) -> float:
-    """Upper bound on log A_alpha for fractional alpha (Mironov, Talwar & Zhang 2019, Sec. 3.3).
+# Rows of the fractional series summed together: bounds the terms kept for the final rounded sum (at most
+# 2 max_terms float64 a row and array: 64 MB at 1 << 14 terms).
+_FRACTIONAL_ROWS = 256
+
+
+def _log_a_fractional_rows(
+    q: Sequence[float], sigma: Sequence[float], alpha: Sequence[float], *, max_terms: int = 1 << 14
+) -> np.ndarray:
+    """Upper bounds on log A_alpha for fractional alpha (Mironov, Talwar & Zhang 2019, Sec. 3.3), one per
+    row (q[r], sigma[r], alpha[r]); each row gets the bits it would get alone.
 
     A_alpha = E_{z~N(0,s^2)}[(1 - q + q exp((2z - 1)/(2 s^2)))^alpha] is split at
     z0 = s^2 log(1/q - 1) + 1/2 and each half expanded in a binomial series (their Eq. for A_alpha
@@ -162,43 +205,94 @@ def _log_a_fractional(q: float, sigma: float, alpha: float, *, max_terms: int = 
     the inverse-Mills inequality), and |C(alpha,i)| <= |C(alpha,N)| ((N+1)/(i+1))^(alpha+1) for
     i >= N > alpha, so the tail is at most (t0_N + t1_N) (N+1)^(alpha+1) N^(-alpha) / alpha.
     """
-    s2 = sigma * sigma
-    log_q, log_1mq = math.log(q), math.log1p(-q)
-    z0 = s2 * (log_1mq - log_q) + 0.5
+    out = np.empty(len(alpha))
+    first: dict[int, list[int]] = {}  # rows by their first chunk's end
+    for r, a in enumerate(alpha):
+        first.setdefault(int(max(64, 2 * math.ceil(a) + 2)), []).append(r)
+    for n0, rows in first.items():
+        for lo in range(0, len(rows), _FRACTIONAL_ROWS):
+            block = rows[lo : lo + _FRACTIONAL_ROWS]
+            out[block] = _fractional_block(
+                [q[r] for r in block], [sigma[r] for r in block], [alpha[r] for r in block], n0, max_terms
+            )
+    return out
 
-    def log_terms(i: np.ndarray, with_scales: bool = False):
-        j = alpha - i
-        log_c = _log_abs_binom(alpha, i)
-        p0 = (i * log_q, j * log_1mq, (i * i - i) / (2 * s2), special.log_ndtr((z0 - i) / sigma))
-        p1 = (j * log_q, i * log_1mq, (j * j - j) / (2 * s2), special.log_ndtr((j - z0) / sigma))
+
+def _fractional_block(q: list, sigma: list, alpha: list, n: int, max_terms: int) -> np.ndarray:
+    # _log_a_fractional_rows for rows that share the first chunk [0, n). The per-row scalars are Python floats,
+    # as a row alone computes them; the arrays are those of every row at once, column vectors against the terms.
+    s2 = [s * s for s in sigma]
+    log_q, log_1mq = [math.log(v) for v in q], [math.log1p(-v) for v in q]
+    z0 = [v * (b - c) + 0.5 for v, b, c in zip(s2, log_1mq, log_q, strict=True)]
+    col = {
+        name: np.array(v, dtype=np.float64)[:, None]
+        for name, v in (
+            ("a", alpha),
+            ("lq", log_q),
+            ("l1q", log_1mq),
+            ("two_s2", [2 * v for v in s2]),
+            ("sig", sigma),
+            ("z0", z0),
+        )
+    }
+
+    def log_terms(i: np.ndarray, take: np.ndarray, with_scales: bool = False):
+        a, lq, l1q, two_s2, sig, z = (col[k][take] for k in ("a", "lq", "l1q", "two_s2", "sig", "z0"))
+        j = a - i
+        # _log_abs_binom(a, i) and _binom_scale(a, i) from the same three gammaln (the costly part of a term)
+        gammas = (special.gammaln(a + 1.0), special.gammaln(i + 1.0), special.gammaln(j + 1.0))
+        log_c = gammas[0] - gammas[1] - gammas[2]
+        p0 = (i * lq, j * l1q, (i * i - i) / two_s2, special.log_ndtr((z - i) / sig))
+        p1 = (j * lq, i * l1q, (j * j - j) / two_s2, special.log_ndtr((j - z) / sig))
         t0, t1 = log_c + sum(p0), log_c + sum(p1)
         if not with_scales:
             return t0, t1
-        scale_c = _binom_scale(alpha, i)
+        scale_c = np.abs(gammas[0]) + np.abs(gammas[1]) + np.abs(gammas[2])
         return t0, t1, scale_c + sum(np.abs(c) for c in p0), scale_c + sum(np.abs(c) for c in p1)
 
-    start, n = 0, int(max(64, 2 * math.ceil(alpha) + 2))
-    chunks: list[np.ndarray] = []
-    scales: list[np.ndarray] = []
-    partial = -math.inf
-    while True:
-        t0, t1, c0, c1 = log_terms(np.arange(start, n, dtype=np.float64), with_scales=True)
-        chunks.append(np.concatenate([t0, t1]))
-        scales.append(np.concatenate([c0, c1]))
-        partial = float(np.logaddexp(partial, _lse(chunks[-1])))
+    rows = len(alpha)
+    out = np.empty(rows)
+    chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows still summing, their terms, scales)
+    partial = np.full(rows, -np.inf)
+    active = np.arange(rows)  # ascending, as every array of rows below
+    start = 0
+    while active.size:
+        t0, t1, c0, c1 = log_terms(np.arange(start, n, dtype=np.float64), active, with_scales=True)
+        terms, term_scales = np.concatenate([t0, t1], axis=1), np.concatenate([c0, c1], axis=1)
+        chunks.append((active, terms, term_scales))
+        # log-sum-exp of the chunk, row by row (not rounded up: it only decides where the series stops)
+        m = np.max(terms, axis=1)
+        with np.errstate(invalid="ignore"):
+            sums = np.sum(np.exp(terms - m[:, None]), axis=1)
+        lse = np.array([mv if not math.isfinite(mv) else mv + math.log(sv) for mv, sv in zip(m, sums, strict=True)])
+        partial[active] = np.logaddexp(partial[active], lse)
         # Remainder bound from the terms at index n (see docstring).
-        t0n, t1n = log_terms(np.array([float(n)]))
+        t0n, t1n = log_terms(np.array([float(n)]), active)
+        a_act = [alpha[r] for r in active]
         log_tail = (
-            float(np.logaddexp(t0n[0], t1n[0])) + (alpha + 1) * math.log(n + 1) - alpha * math.log(n) - math.log(alpha)
+            np.logaddexp(t0n[:, 0], t1n[:, 0])
+            + np.array([(a + 1) * math.log(n + 1) for a in a_act])
+            - np.array([a * math.log(n) for a in a_act])
+            - np.array([math.log(a) for a in a_act])
         )
         # Stop when the remainder is negligible next to A - 1 (what the RDP value is made of).
-        log_excess = partial + math.log(-math.expm1(-partial)) if partial > 0 else partial
-        if log_tail < min(partial, log_excess) - 25.0 or n >= max_terms:
-            # The sum again, rounded up by its float64 error (see _lse_rounded_up): A ~ 1 + tiny for small q.
-            total = _lse_rounded_up(np.concatenate(chunks), np.concatenate(scales))
-            return float(np.logaddexp(total, log_tail)) * (1.0 + 4.0 * _U)
-
+        part = partial[active]
+        log_excess = np.array([p + math.log(-math.expm1(-p)) if p > 0 else p for p in part.tolist()])
+        smaller = np.where(log_excess < part, log_excess, part)  # Python's min(part, log_excess), NaN included
+        done = (log_tail < smaller - 25.0) | (n >= max_terms)
+        if done.any():
+            # The sum again, rounded up by its float64 error (_lse_rounded_up_rows): A ~ 1 + tiny for small q. A row's
+            # terms are those of every chunk so far (the order of the terms moves no bit: max, exp, exact sums).
+            finished = active[done]
+            at = [np.searchsorted(rows_then, finished) for rows_then, _, _ in chunks]
+            total = _lse_rounded_up_rows(
+                np.concatenate([t[k] for (_, t, _), k in zip(chunks, at, strict=True)], axis=1),
+                np.concatenate([c[k] for (_, _, c), k in zip(chunks, at, strict=True)], axis=1),
+            )
+            out[finished] = np.logaddexp(total, log_tail[done]) * (1.0 + 4.0 * _U)
+        active = active[~done]
         start, n = n, 4 * n
+    return out
 
 
 def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:
@@ -207,36 +301,68 @@ def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float, orders: Se
     Formal guarantee: D_alpha <= log(A_alpha)/(alpha - 1) with A_alpha of Mironov, Talwar & Zhang
     2019 (arXiv:1908.10530), Sec. 3 (they show A_alpha >= B_alpha, so the other direction is
     covered); integer orders exactly (Sec. 3.1), fractional orders by the series of Sec. 3.3.
+    One row of :func:`rdp_poisson_gaussian_rows`.
+    """
+    return rdp_poisson_gaussian_rows([(sample_rate, noise_multiplier)], orders)[0]
+
+
+def rdp_poisson_gaussian_rows(mechanisms: Sequence[tuple[float, float]], orders: Sequence[float]) -> np.ndarray:
+    """:func:`rdp_poisson_gaussian` of many (sample_rate, noise_multiplier) at once: row r is the RDP curve of
+    mechanisms[r], bit for bit what that mechanism alone gets. A schedule of hundreds of phases (a noise
+    multiplier or batch size changed every epoch) pays the series' numpy calls once per order, not once per
+    order and phase (500 phases: see benchmarks/schedule_accounting.py).
     """
     a = _as_orders(orders)
-    q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
-    sigma = check_non_negative(noise_multiplier=noise_multiplier)
-    if sigma == 0.0 or not math.isfinite(1.0 / (sigma * sigma)):
-        return np.full_like(a, np.inf)  # no noise, or so little that 1/sigma^2 overflows
-    if math.isinf(sigma):
-        return np.zeros_like(a)
-    # Where sigma^2 overflows float64 (sigma > ~1.3e154; Python's sigma**2 raises there), the unsubsampled
-    # Gaussian's alpha / (2 sigma^2) bounds the subsampled one: the Renyi divergence is jointly quasi-convex
-    # (van Erven & Harremoes 2014, arXiv:1206.2459, Thm. 13), so mixing with probability q cannot increase it.
-    if q == 1.0 or math.isinf(sigma * sigma):
-        return rdp_gaussian(sigma, a)
-    out = np.empty_like(a)
+    out = np.empty((len(mechanisms), a.size))
+    general: list[tuple[int, float, float]] = []  # (row, q, sigma) that need the series
+    for r, (sample_rate, noise_multiplier) in enumerate(mechanisms):
+        q = check_in_interval(0.0, 1.0, hi_open=False, sample_rate=sample_rate)
+        sigma = check_non_negative(noise_multiplier=noise_multiplier)
+        if sigma == 0.0 or not math.isfinite(1.0 / (sigma * sigma)):
+            out[r] = np.inf  # no noise, or so little that 1/sigma^2 overflows
+        elif math.isinf(sigma):
+            out[r] = 0.0
+        # Where sigma^2 overflows float64 (sigma > ~1.3e154; Python's sigma**2 raises there), the unsubsampled
+        # Gaussian's alpha / (2 sigma^2) bounds the subsampled one: the Renyi divergence is jointly quasi-convex
+        # (van Erven & Harremoes 2014, arXiv:1206.2459, Thm. 13), so mixing with probability q cannot increase it.
+        elif q == 1.0 or math.isinf(sigma * sigma):
+            out[r] = rdp_gaussian(sigma, a)
+        else:
+            general.append((r, q, sigma))
+    if not general:
+        return out
+    rows = [r for r, _, _ in general]
+    qs, sigmas = [q for _, q, _ in general], [s for _, _, s in general]
+    block = np.empty((len(general), a.size))
     # Overflow and inf - inf happen only where sigma^2 is subnormal or nearly so, and are handled below: no
     # RuntimeWarning reaches the user for them.
     with np.errstate(over="ignore", invalid="ignore"):
+        log_q = np.array([math.log(q) for q in qs])
+        log_1mq = np.array([math.log1p(-q) for q in qs])
+        two_s2 = np.array([2.0 * s**2 for s in sigmas])
+        fractional = []
         for idx, alpha in enumerate(a):
             if math.isinf(alpha):
-                out[idx] = np.inf
+                block[:, idx] = np.inf
             elif float(alpha).is_integer():
-                out[idx] = _log_a_integer(q, sigma, int(alpha)) / (alpha - 1.0)
+                block[:, idx] = _log_a_integer_rows(log_q, log_1mq, two_s2, int(alpha)) / (alpha - 1.0)
             else:
-                out[idx] = _log_a_fractional(q, sigma, float(alpha)) / (alpha - 1.0)
+                fractional.append(idx)
+        if fractional:
+            tasks = [(g, idx) for g in range(len(general)) for idx in fractional]
+            log_a = _log_a_fractional_rows(
+                [qs[g] for g, _ in tasks], [sigmas[g] for g, _ in tasks], [float(a[idx]) for _, idx in tasks]
+            )
+            for (g, idx), value in zip(tasks, log_a, strict=True):
+                block[g, idx] = value / (a[idx] - 1.0)
         # Where sigma^2 is subnormal or nearly so (sigma in ~[7.5e-155, 3.5e-153]) the fractional series adds
         # (i^2 - i)/(2 sigma^2) = inf to log Phi(.) = -inf and returned NaN: there, the unsubsampled Gaussian's bound
         # (quasi-convexity, as above; ~1e305 or inf there, and the exact value at least alpha log q/(alpha - 1) + it).
-        out = np.where(np.isnan(out), rdp_gaussian(sigma, a), out)
+        for g, sigma in enumerate(sigmas):
+            block[g] = np.where(np.isnan(block[g]), rdp_gaussian(sigma, a), block[g])
     # A_alpha >= 1 (Jensen), so r >= 0; clamp float noise upward (never downward).
-    return np.maximum(out, 0.0)
+    out[rows] = np.maximum(block, 0.0)
+    return out
 
 
 def rdp_laplace(epsilon: float, orders: Sequence[float]) -> np.ndarray:
@@ -431,6 +557,17 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) 
         return 0.0, float(a[0])
     if delta == 0.0:
         return (0.0, float(a[0])) if np.all(r == 0.0) else (math.inf, float(a[0]))
+    eps = _conversion(a, r, delta)
+    with np.errstate(over="ignore", invalid="ignore"):
+        kl_ok = (delta**2 + np.expm1(-r)) > 0.0
+    eps = np.where(kl_ok, 0.0, eps)
+    idx = int(np.argmin(eps))
+    return max(0.0, float(eps[idx])), float(a[idx])
+
+
+def _conversion(a: np.ndarray, r: np.ndarray, delta: float) -> np.ndarray:
+    """The epsilon of :func:`rdp_to_epsilon` at each order, before the Bretagnolle–Huber check; r >= 0, 0 < delta
+    < 1. Every operation is monotone in r, so at r = 0 it is a lower bound on the value at any r >= 0."""
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         log_ratio = np.log1p(-1.0 / a)
         shift = (math.log(delta) + np.log(a)) / (a - 1.0)
@@ -439,11 +576,7 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) 
         # within a few ulps of its own size, so the sum's error is below _CONVERSION_ULPS times their magnitudes.
         eps = np.where(np.isfinite(eps), eps + _CONVERSION_ULPS * (r + np.abs(log_ratio) + np.abs(shift)), eps)
         eps = np.where(a > 1.01, eps, np.inf)
-        eps = np.where(np.isnan(eps), np.inf, eps)
-        kl_ok = (delta**2 + np.expm1(-r)) > 0.0
-    eps = np.where(kl_ok, 0.0, eps)
-    idx = int(np.argmin(eps))
-    return max(0.0, float(eps[idx])), float(a[idx])
+        return np.where(np.isnan(eps), np.inf, eps)
 
 
 def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) -> tuple[float, float]:
@@ -501,11 +634,50 @@ class RdpAccountant(Accountant):
         self.orders = _as_orders(DEFAULT_ORDERS if orders is None else orders)
         self._rdp = np.zeros_like(self.orders)
         self._empty = True
+        # Poisson-subsampled Gaussians' fractional orders are computed when a query needs them (_resolve): their
+        # series is most of the cost (up to 2^14 terms an order near 1), and an epsilon(delta) query needs only the
+        # orders whose conversion could beat the others' epsilon (_epsilon). Until then _rdp is +inf there.
+        self._deferrable = np.array([math.isfinite(a) and not float(a).is_integer() for a in self.orders])
+        self._curves: list[tuple[np.ndarray, int]] = []  # every leaf's curve and count, in composition order
+        self._missing: dict[int, tuple[float, float, np.ndarray]] = {}  # curve index -> (q, sigma, orders not computed)
+        self._kl_floor = 0.0  # lower bound on the deferred leaves' RDP at every order (_accumulate)
 
     @property
     def rdp(self) -> np.ndarray:
         """Accumulated RDP r(alpha) at :attr:`orders` (a copy)."""
+        self._resolve(np.ones(self.orders.size, dtype=bool))
         return self._rdp.copy()
+
+    def _leaves(self, events: list[Event]) -> list:
+        # The Poisson-subsampled Gaussians of one composition (a schedule's phases) as one batch of series, at the
+        # orders computed now; every other leaf as _leaf converts it. The first unsupported leaf raises, as in _leaf.
+        reps: list = [None] * len(events)
+        sampled: list[tuple[int, float, float]] = []
+        for k, event in enumerate(events):
+            if isinstance(event, PoissonSampled) and self.neighbouring == "add_remove":
+                sampled.append((k, event.sample_rate, self._inner_sigma(event)))
+            else:
+                reps[k] = self._leaf(event)
+        if sampled:
+            # Each distinct (q, sigma) is a series per order: announced above a minute, refused above an hour without
+            # --yes (dpaudit.budget), before any of it starts.
+            check_cost(
+                Cost(
+                    f"RDP accounting of {len(sampled)} Poisson-subsampled Gaussians (one series per order each)",
+                    len(sampled),
+                    "mechanisms",
+                    bytes_per_unit=8.0 * self.orders.size,
+                    seconds_per_unit=RDP_SECONDS_PER_MECHANISM,
+                    advice="compose fewer distinct (noise multiplier, sample rate) pairs",
+                )
+            )
+            now = ~self._deferrable
+            rows = rdp_poisson_gaussian_rows([(q, sigma) for _, q, sigma in sampled], self.orders[now])
+            for (k, q, sigma), row in zip(sampled, rows, strict=True):
+                curve = np.full(self.orders.size, np.inf)
+                curve[now] = row
+                reps[k] = _DeferredCurve(curve, q, sigma) if self._deferrable.any() else curve
+        return reps
 
     def _leaf(self, event: Event) -> np.ndarray:
         o = self.orders
@@ -539,11 +711,8 @@ class RdpAccountant(Accountant):
             return rdp_randomized_response(event.noise_parameter, event.num_buckets, o)
         if isinstance(event, JLGaussian):
             raise unsupported(self.name, event, "no RDP analysis of DP-SGD-JL is implemented; use pld")
-        if isinstance(event, PoissonSampled):
-            if self.neighbouring != "add_remove":
-                raise unsupported(self.name, event, "Poisson subsampling is accounted with neighbouring='add_remove'")
-            sigma = self._inner_sigma(event)
-            return rdp_poisson_gaussian(event.sample_rate, sigma, o)
+        if isinstance(event, PoissonSampled):  # under add/remove converted by _leaves, all of a composition at once
+            raise unsupported(self.name, event, "Poisson subsampling is accounted with neighbouring='add_remove'")
         if isinstance(event, FixedSizeSampled):
             if self.neighbouring != "replace_one":
                 raise unsupported(
@@ -560,17 +729,77 @@ class RdpAccountant(Accountant):
             raise unsupported(self.name, sigma, f"only Gaussian mechanisms are supported inside subsampling{hint}")
         return sigma
 
-    def _accumulate(self, rep: np.ndarray, count: int) -> None:
+    def _accumulate(self, rep: np.ndarray | _DeferredCurve, count: int) -> None:
+        if isinstance(rep, _DeferredCurve):
+            self._missing[len(self._curves)] = (rep.sample_rate, rep.noise_multiplier, self._deferrable.copy())
+            # The curve computed later bounds D_alpha(mu || mu_0) from above, mu = (1-q) N(0, s^2) + q N(1, s^2),
+            # mu_0 = N(0, s^2) (Mironov, Talwar & Zhang 2019, Sec. 3); D_alpha >= KL for alpha > 1 (van Erven &
+            # Harremoes 2014, arXiv:1206.2459, Thm. 3) >= 2 TV^2 (Pinsker's inequality), and TV(mu, mu_0) =
+            # q TV(N(1, s^2), N(0, s^2)) = q erf(1 / (2 sqrt(2) s)). _epsilon reads the sum of count * 2 TV^2.
+            q, sigma = rep.sample_rate, rep.noise_multiplier
+            tv = q if sigma == 0.0 else q * math.erf(1.0 / (2.0 * math.sqrt(2.0) * sigma))
+            self._kl_floor += count * 2.0 * tv * tv
+            rep = rep.curve
+        self._curves.append((rep, count))
         with np.errstate(invalid="ignore"):
             self._rdp = self._rdp + count * rep
         self._rdp = np.where(np.isnan(self._rdp), np.inf, self._rdp)
         self._empty = False
 
+    def _resolve(self, wanted: np.ndarray) -> None:
+        """Compute the deferred orders in ``wanted`` of every leaf that lacks them (one batch), and sum the curves
+        again there, leaf by leaf in composition order as _accumulate did: the same bits as if computed at once."""
+        todo: dict[bytes, list[int]] = {}  # leaves by the orders they still need, as one batch each
+        for idx, (_, _, missing) in self._missing.items():
+            need = missing & wanted
+            if need.any():
+                todo.setdefault(need.tobytes(), []).append(idx)
+        if not todo:
+            return
+        changed = np.zeros(self.orders.size, dtype=bool)
+        for key, leaves in todo.items():
+            need = np.frombuffer(key, dtype=bool)
+            rows = rdp_poisson_gaussian_rows([self._missing[i][:2] for i in leaves], self.orders[need])
+            for i, row in zip(leaves, rows, strict=True):
+                self._curves[i][0][need] = row
+                self._missing[i][2][need] = False
+                if not self._missing[i][2].any():
+                    del self._missing[i]
+            changed |= need
+        total = np.zeros(int(changed.sum()))
+        for curve, count in self._curves:
+            with np.errstate(invalid="ignore"):
+                total = total + count * curve[changed]
+            total = np.where(np.isnan(total), np.inf, total)
+        self._rdp[changed] = total
+
     def _is_empty(self) -> bool:
         return self._empty
 
     def _epsilon(self, delta: float) -> float:
+        if self._missing:
+            # epsilon is the minimum over orders of _conversion (or 0 by the Bretagnolle-Huber check). An order not
+            # computed yet can lower it only if its conversion at r = 0 (a lower bound: _conversion) is below the
+            # epsilon of the orders computed, or if the check could pass there: it cannot when r >= the deferred
+            # leaves' KL floor gives 1 - e^-r > delta^2 (margins: the floor's and expm1's rounding). Only those orders
+            # are computed; the minimum is then the same number as over every order.
+            wanted = np.ones(self.orders.size, dtype=bool)
+            floor = self._kl_floor * (1.0 - 1e-9)
+            if 0.0 < delta and -math.expm1(-floor) > delta * delta * (1.0 + 1e-6):
+                known = rdp_to_epsilon(self.orders, self._rdp, delta)[0]
+                wanted = _conversion(self.orders, np.zeros(self.orders.size), delta) < known
+            self._resolve(wanted)
         return rdp_to_epsilon(self.orders, self._rdp, delta)[0]
 
     def _delta(self, epsilon: float) -> float:
+        self._resolve(np.ones(self.orders.size, dtype=bool))
         return rdp_to_delta(self.orders, self._rdp, epsilon)[0]
+
+
+@dataclass(frozen=True, eq=False)
+class _DeferredCurve:
+    """A Poisson-subsampled Gaussian's RDP curve whose fractional orders are not computed yet (+inf there)."""
+
+    curve: np.ndarray
+    sample_rate: float
+    noise_multiplier: float
