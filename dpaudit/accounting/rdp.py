@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -641,6 +642,7 @@ class RdpAccountant(Accountant):
         self._curves: list[tuple[np.ndarray, int]] = []  # every leaf's curve and count, in composition order
         self._missing: dict[int, tuple[float, float, np.ndarray]] = {}  # curve index -> (q, sigma, orders not computed)
         self._kl_floor = 0.0  # lower bound on the deferred leaves' RDP at every order (_accumulate)
+        self._resolving = threading.Lock()  # queries from two threads (a Dask worker's) resolve one at a time
 
     @property
     def rdp(self) -> np.ndarray:
@@ -749,29 +751,30 @@ class RdpAccountant(Accountant):
     def _resolve(self, wanted: np.ndarray) -> None:
         """Compute the deferred orders in ``wanted`` of every leaf that lacks them (one batch), and sum the curves
         again there, leaf by leaf in composition order as _accumulate did: the same bits as if computed at once."""
-        todo: dict[bytes, list[int]] = {}  # leaves by the orders they still need, as one batch each
-        for idx, (_, _, missing) in self._missing.items():
-            need = missing & wanted
-            if need.any():
-                todo.setdefault(need.tobytes(), []).append(idx)
-        if not todo:
-            return
-        changed = np.zeros(self.orders.size, dtype=bool)
-        for key, leaves in todo.items():
-            need = np.frombuffer(key, dtype=bool)
-            rows = rdp_poisson_gaussian_rows([self._missing[i][:2] for i in leaves], self.orders[need])
-            for i, row in zip(leaves, rows, strict=True):
-                self._curves[i][0][need] = row
-                self._missing[i][2][need] = False
-                if not self._missing[i][2].any():
-                    del self._missing[i]
-            changed |= need
-        total = np.zeros(int(changed.sum()))
-        for curve, count in self._curves:
-            with np.errstate(invalid="ignore"):
-                total = total + count * curve[changed]
-            total = np.where(np.isnan(total), np.inf, total)
-        self._rdp[changed] = total
+        with self._resolving:
+            todo: dict[bytes, list[int]] = {}  # leaves by the orders they still need, as one batch each
+            for idx, (_, _, missing) in self._missing.items():
+                need = missing & wanted
+                if need.any():
+                    todo.setdefault(need.tobytes(), []).append(idx)
+            if not todo:
+                return
+            changed = np.zeros(self.orders.size, dtype=bool)
+            for key, leaves in todo.items():
+                need = np.frombuffer(key, dtype=bool)
+                rows = rdp_poisson_gaussian_rows([self._missing[i][:2] for i in leaves], self.orders[need])
+                for i, row in zip(leaves, rows, strict=True):
+                    self._curves[i][0][need] = row
+                    self._missing[i][2][need] = False
+                    if not self._missing[i][2].any():
+                        del self._missing[i]
+                changed |= need
+            total = np.zeros(int(changed.sum()))
+            for curve, count in self._curves:
+                with np.errstate(invalid="ignore"):
+                    total = total + count * curve[changed]
+                total = np.where(np.isnan(total), np.inf, total)
+            self._rdp[changed] = total
 
     def _is_empty(self) -> bool:
         return self._empty
