@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -82,16 +83,77 @@ def load_safetensors(path: Path | str, framework: str = "pt") -> dict:
     return load_file(str(path))
 
 
+# --------------------------------------------------------------------------- inputs
+
+# What a path that is neither a regular file nor a directory is, by its mode (os.stat, so after links).
+_SPECIAL = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _what_is(path: Path) -> str:
+    """``"file"`` (a regular file, or a link to one), ``"directory"``, ``"missing"``, or the words saying what else
+    ``path`` is ("a named pipe (FIFO)", "a symbolic link loop", ...). Asked of the path's status (``stat``), never by
+    opening it: opening a named pipe waits for a writer that may never come, and a device such as /dev/zero or
+    /dev/stdin never ends, so every input is asked here before anything reads it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if e.errno == errno.ENOENT:
+            try:
+                return f"a broken symbolic link to {os.readlink(path)}"
+            except OSError:
+                return "missing"
+        if e.errno == errno.ENOTDIR:  # a folder on its path is a file
+            return "missing"
+        return f"unreadable ({e.strerror or type(e).__name__})"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return next((words for test, words in _SPECIAL if test(mode)), "a special file")
+
+
+def input_problem(path: Path | str, directory: bool = False) -> str | None:
+    """Why ``path`` cannot be read as an input file (``directory``: an input folder), as the words that follow
+    ``"PATH: "`` in a one-line refusal, or None when it can. Nothing is opened (see :func:`_what_is`): a named pipe,
+    a device (/dev/zero, /dev/stdin), a socket, a broken link or a link loop is named as what it is, never read,
+    and never reported as missing."""
+    want = "directory" if directory else "file"
+    what = _what_is(Path(path))
+    if what == "missing":
+        return f"no such {want}"
+    if what.startswith("unreadable"):
+        return f"cannot be read{what[len('unreadable') :]}"
+    if what.startswith("a broken symbolic link"):
+        return f"no such {want} ({what})"
+    if what == want:
+        access = os.R_OK | (os.X_OK if directory else 0)
+        return None if os.access(path, access) else "cannot be read (permission denied)"
+    other = {"file": "a file", "directory": "a directory"}.get(what, what)
+    return f"{other}, not a {'directory' if directory else 'regular file'}"
+
+
+def check_input_file(path: Path | str, *, error: type[Exception] = InputError) -> Path:
+    """``path`` when it is a readable regular file (or a link to one); else one ``error`` line saying what it is
+    (:func:`input_problem`), without opening it."""
+    problem = input_problem(path)
+    if problem:
+        raise error(f"{path}: {problem}")
+    return Path(path)
+
+
 def check_weights_file(path: Path | str) -> Path:
     """``path`` as a weights file :func:`dpaudit.checkpoint.load_weights_file` can read, checked on the path
     alone (no torch: ``dpaudit import`` checks its WEIGHTS first, as a user reads the command, before its data):
     an existing regular file, safetensors or a torch state_dict (.pt, .pth, .bin); a pickle is refused
     (unpickling runs arbitrary code)."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not a regular file")
+    path = check_input_file(path, error=CheckpointError)
     suffix = path.suffix.lower()
     if suffix in (".pkl", ".pickle", ".joblib"):
         raise CheckpointError(f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors")

@@ -317,11 +317,9 @@ def parse_json(text: str | bytes, source: str, *, error: type[Exception] = Input
 def read_limited(path: Any, *, error: type[Exception] = InputError, kind: str = "") -> bytes:
     """The bytes of an untrusted file of at most :data:`MAX_JSON_BYTES`; a missing, unreadable, special or larger
     file is one ``error`` line (``kind``, e.g. "JSON ", names the file's kind in the size line)."""
-    from pathlib import Path
+    from dpaudit.fileio import check_input_file
 
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+    path = check_input_file(path, error=error)  # a pipe or device is named as such, never opened
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise error(f"{path}: {kind}larger than {MAX_JSON_BYTES // 2**20} MiB")
