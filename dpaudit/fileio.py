@@ -33,10 +33,11 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from dpaudit.errors import CheckpointError, InputError, OutputBusyError, OutputError
@@ -709,28 +710,120 @@ def _unlink_unless_held(p: Path) -> None:
 def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
     """Write a file atomically (a temporary sibling, named with the writer's pid, renamed into place; the
     temporary files of killed writers of the same path are removed first)."""
-    path = Path(path)
-    check_output_file(path, force=force)
+    return write_atomic_files({Path(path): data}, force=force)[0]
+
+
+def write_atomic_files(files: Mapping[Path, bytes | str], *, force: bool) -> list[Path]:
+    """Write several files as one output (``attack mia --attacks A,B --scores-out F``: ``F.A.npz`` and ``F.B.npz``):
+    each atomically as :func:`write_atomic_file` does, and the set all or nothing. Every file's content is written
+    to its temporary sibling first, and only then are they renamed into place, one after another; an existing file
+    is hard-linked aside first (copied where the file system has no links), so a failure or an interrupt (Ctrl-C,
+    SIGTERM through the CLI) at any point puts every file back as it was: never a mix of new and old files.
+    Several files are written under :func:`output_lock` of each (taken in sorted order), so a second dpaudit process
+    writing the same set is refused (OutputBusyError), never interleaved with this one.
+
+    What no process can undo: a writer killed outright (SIGKILL, power loss) between two renames of its
+    microseconds-long rename phase leaves the files renamed so far new and the others old, the old content of those
+    renamed beside them as dead writers' temporary files (``.NAME.PID.XXXXXXXX.dpaudit-tmp``), which the next write
+    of the same paths removes."""
+    paths = [Path(p) for p in files]
+    for path in paths:
+        check_output_file(path, force=force)
+    with contextlib.ExitStack() as held:
+        if len(paths) > 1:
+            for path in sorted(paths):
+                held.enter_context(output_lock(path))
+            for path in paths:  # again under the locks: another process may have written one meanwhile
+                check_output_file(path, force=force)
+        temps: dict[Path, Path] = {}
+        backups: dict[Path, Path] = {}
+        try:
+            for path, data in zip(paths, files.values(), strict=True):
+                temps[path] = _write_temporary(path, data, held)
+            if len(paths) > 1:
+                for path in paths:
+                    if path.exists():
+                        backups[path] = _keep_aside(path)
+            _rename_all(temps, backups)
+        finally:
+            for tmp in (*temps.values(), *backups.values()):
+                tmp.unlink(missing_ok=True)
+    return paths
+
+
+def _write_temporary(path: Path, data: bytes | str, held: contextlib.ExitStack) -> Path:
+    """``data`` in a new temporary sibling of ``path`` (the temporary files of killed writers of ``path`` removed
+    first), flushed, with an ordinary file's mode; flock-held (where the OS has it) until ``held`` closes, so that it
+    reads as a live writer's (:func:`_remove_dead_writers_files`)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_writers_files(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_TMP, dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_TMP, dir=path.parent)
     except OSError as e:
         raise output_error(e, path) from None
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            if fcntl is not None:  # held until the rename: the file is a live writer's (_remove_dead_writers_files)
+        f = os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        with f:
+            if fcntl is not None:
                 with contextlib.suppress(OSError):
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.enter_context(os.fdopen(os.dup(f.fileno()), "rb"))  # the lock lives as long as this copy
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
-            os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
-            if fcntl is not None:
-                os.replace(tmp, path)
-        if fcntl is None:  # Windows renames no open file
-            os.replace(tmp, path)
+        os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
     except OSError as e:
-        raise output_error(e, path, Path(tmp)) from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+        tmp.unlink(missing_ok=True)
+        raise output_error(e, path, tmp) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _keep_aside(path: Path) -> Path:
+    """A copy of the existing ``path`` beside it under a temporary name of this writer (a hard link where the file
+    system has them), to put back should the set's renames fail."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP}"
+        try:
+            os.link(path, tmp)
+            return tmp
+        except FileExistsError:
+            continue
+        except OSError as e:  # no hard links here (some network and FUSE file systems): a copy
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                raise output_error(e, path) from None
+            try:
+                shutil.copyfile(path, tmp)
+            except OSError as e2:
+                tmp.unlink(missing_ok=True)
+                raise output_error(e2, path) from None
+            return tmp
+    raise OutputError(f"cannot write {path}: no free temporary name beside it")
+
+
+def _rename_all(temps: dict[Path, Path], backups: dict[Path, Path]) -> None:
+    """Rename each temporary file onto its path; on any failure or interrupt, put back what was renamed so far (its
+    old content from ``backups``, or nothing where there was none) and raise (an OSError as OutputError)."""
+    done: list[Path] = []
+    try:
+        for path, tmp in temps.items():
+            done.append(path)  # before the rename: an interrupt raised as it returns is rolled back too
+            os.replace(tmp, path)
+    except BaseException as e:
+        for path in reversed(done if len(temps) > 1 else ()):  # one file: its rename is all or nothing already
+            if temps[path].exists():  # not renamed
+                continue
+            if path in backups:
+                os.replace(backups[path], path)
+            else:
+                path.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise output_error(e, done[-1], temps[done[-1]]) from None
+        raise

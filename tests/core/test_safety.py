@@ -658,3 +658,87 @@ def test_a_command_ends_the_worker_processes_it_started():
     executor = reusable_executor._executor
     workers = list((getattr(executor, "_processes", None) or {}).values())
     assert not any(p.is_alive() for p in workers)
+
+
+# --------------------------------------------------------------------------- several files as one output
+
+
+def _set(tmp_path: Path) -> dict[Path, bytes]:
+    return {tmp_path / f"s.{name}.npz": name.encode() for name in ("loss", "lira", "rmia")}
+
+
+@pytest.mark.parametrize(
+    ("failure", "at"),
+    [(OSError, 1), (OSError, 2), (OSError, 3), (KeyboardInterrupt, 2), ("interrupt after", 1), ("interrupt after", 2)],
+)
+def test_a_set_of_files_is_replaced_all_or_nothing(tmp_path, monkeypatch, failure, at):
+    """`attack mia --attacks A,B --scores-out F --force` wrote F.A and F.B one after another: an interrupt or a full
+    disk between them left A's new scores beside B's old ones. Now every failure puts every file back."""
+    from dpaudit.fileio import write_atomic_files
+
+    old = {p: b"old " + data for p, data in _set(tmp_path).items()}
+    write_atomic_files(old, force=False)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == at and failure != "interrupt after":  # before the at-th rename
+            raise failure(errno.ENOSPC, "No space left on device") if failure is OSError else failure()
+        real_replace(src, dst)
+        if len(calls) == at and failure == "interrupt after":  # as soon as the at-th rename returns
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    with pytest.raises((KeyboardInterrupt, OutputError)) as e:
+        write_atomic_files(_set(tmp_path), force=True)
+    if failure is OSError:
+        assert str(e.value).startswith(f"cannot write {tmp_path}/s.") and "no space left on device" in str(e.value)
+    assert {p: p.read_bytes() for p in old} == old  # every file as it was: no mix of new and old
+    assert leftovers(tmp_path) == []
+
+
+def test_a_set_of_files_fails_whole_when_a_temporary_file_cannot_be_written(tmp_path, monkeypatch):
+    from dpaudit.fileio import write_atomic_files
+
+    real_mkstemp, calls = tempfile.mkstemp, []
+
+    def mkstemp(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(OutputError, match="no space left on device"):
+        write_atomic_files(_set(tmp_path), force=False)
+    assert list(tmp_path.iterdir()) == []  # the first file's temporary removed, nothing written
+
+
+def test_a_second_writer_of_the_same_set_of_files_is_refused(tmp_path):
+    """Two `attack mia --scores-out F --force` at once: each file was atomic, the set not; a set could hold one
+    process's A and the other's B. The second writer is refused while the first holds the set."""
+    from dpaudit.errors import OutputBusyError
+    from dpaudit.fileio import output_lock, write_atomic_files
+
+    files = _set(tmp_path)
+    with output_lock(sorted(files)[1]), pytest.raises(OutputBusyError, match="being written by another"):
+        write_atomic_files(files, force=False)
+    assert list(tmp_path.iterdir()) == []
+    write_atomic_files(files, force=False)
+    assert {p: p.read_bytes() for p in files} == files and leftovers(tmp_path) == []
+
+
+def test_an_interrupt_as_a_single_files_rename_returns_keeps_the_new_file(tmp_path, monkeypatch):
+    from dpaudit.fileio import write_atomic_file
+
+    out = write_atomic_file(tmp_path / "s.npz", b"old", force=False)
+    real_replace = os.replace
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic_file(out, b"new", force=True)
+    assert out.read_bytes() == b"new" and leftovers(tmp_path) == []
