@@ -208,6 +208,36 @@ def check_workers(workers: int, *, scheduler: str | None = None) -> int:
     return workers
 
 
+def worker_pool(n_jobs: int, **kwargs: Any):
+    """joblib's ``Parallel`` on loky processes for ``--workers`` (the reference models, ``audit train``'s runs, PATE's
+    teachers), whose workers end when the dpaudit process that started them is gone. loky's workers wait for the next
+    job up to 300 s (``idle_worker_timeout``): a parent killed outright (SIGKILL, the OOM killer) left them, each with
+    torch imported, for five minutes before they and loky's resource tracker ended (its "leaked semlock" warnings
+    then printed on the user's terminal long after the command); now they end within a second of the parent
+    (:func:`_end_with_parent`). A normal end stops them at once (``dpaudit.cli._common.stop_idle_worker_processes``)."""
+    import os
+
+    from joblib import Parallel
+    from joblib._parallel_backends import LokyBackend
+
+    return Parallel(n_jobs=n_jobs, backend=LokyBackend(initializer=_end_with_parent, initargs=(os.getpid(),)), **kwargs)
+
+
+def _end_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """In a worker process: end it as soon as its parent ``parent`` is gone (it is then given another parent, so
+    ``os.getppid()`` changes; polled by a daemon thread, which costs nothing measurable)."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dpaudit-end-with-parent", daemon=True).start()
+
+
 def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = True, **kwargs: Any) -> float:
     """Check lo < value < hi (brackets controlled by lo_open/hi_open)."""
     name, value = _one(kwargs)

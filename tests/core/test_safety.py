@@ -742,3 +742,20 @@ def test_an_interrupt_as_a_single_files_rename_returns_keeps_the_new_file(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         write_atomic_file(out, b"new", force=True)
     assert out.read_bytes() == b"new" and leftovers(tmp_path) == []
+
+
+def test_a_worker_process_ends_when_the_process_that_started_it_is_gone():
+    """loky's workers of a `--workers 2` command SIGKILLed (or OOM-killed) waited 300 s for the next job, torch
+    imported, and loky's semaphores and /dev/shm folders stayed until then. A worker now watches its parent: here
+    one is told its parent is a process that is not its parent (as after the real one died), and ends."""
+    code = "import time; from dpaudit.validation import _end_with_parent; _end_with_parent(-1, 0.05); time.sleep(600)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", code], env=env, timeout=60, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    code = "from dpaudit.validation import _end_with_parent; import os, time; _end_with_parent(os.getppid(), 0.05)"
+    r = subprocess.run([sys.executable, "-c", code + "; time.sleep(0.5)"], env=env, timeout=60)
+    assert r.returncode == 0  # a worker whose parent lives works on
+    from dpaudit.validation import _end_with_parent, worker_pool
+
+    backend = worker_pool(2)._backend  # every --workers pool starts its workers so
+    assert backend.backend_kwargs == {"initializer": _end_with_parent, "initargs": (os.getpid(),)}
