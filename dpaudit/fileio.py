@@ -731,6 +731,11 @@ def write_atomic_files(files: Mapping[Path, bytes | str], *, force: bool) -> lis
         check_output_file(path, force=force)
     with contextlib.ExitStack() as held:
         if len(paths) > 1:
+            for path in paths:  # the locks lie beside the files
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise output_error(e, path) from None
             for path in sorted(paths):
                 held.enter_context(output_lock(path))
             for path in paths:  # again under the locks: another process may have written one meanwhile

@@ -720,12 +720,12 @@ def test_a_second_writer_of_the_same_set_of_files_is_refused(tmp_path):
     from dpaudit.errors import OutputBusyError
     from dpaudit.fileio import output_lock, write_atomic_files
 
-    files = _set(tmp_path)
-    with output_lock(sorted(files)[1]), pytest.raises(OutputBusyError, match="being written by another"):
-        write_atomic_files(files, force=False)
-    assert list(tmp_path.iterdir()) == []
+    files = _set(tmp_path / "new folder ü")  # made as the files are written (the locks lie in it)
     write_atomic_files(files, force=False)
-    assert {p: p.read_bytes() for p in files} == files and leftovers(tmp_path) == []
+    assert {p: p.read_bytes() for p in files} == files and leftovers(tmp_path / "new folder ü") == []
+    with output_lock(sorted(files)[1]), pytest.raises(OutputBusyError, match="being written by another"):
+        write_atomic_files({p: b"theirs" for p in files}, force=True)
+    assert {p: p.read_bytes() for p in files} == files and leftovers(tmp_path / "new folder ü") == []
 
 
 def test_an_interrupt_as_a_single_files_rename_returns_keeps_the_new_file(tmp_path, monkeypatch):
