@@ -180,14 +180,31 @@ def output_error(e: OSError, out: Path, tmp: Path | None = None) -> OutputError:
     return OutputError(f"cannot write {out}: {reason} ({where})" if where != out else f"cannot write {out}: {reason}")
 
 
+# Bytes a temporary sibling's name adds to the output's: ".NAME.PID.XXXXXXXX.dpaudit-tmp" (a pid of up to 10 digits),
+# more than a folder's ".NAME.XXXXXXXX.dpaudit-tmp" or a lock's ".NAME.dpaudit-work-lock".
+_NAME_ROOM = 1 + 1 + 10 + 1 + 8 + len(_TMP)
+
+
 def check_writable_parent(out: Path) -> None:
-    """Refuse (OutputError) an output whose nearest existing ancestor is not a writable directory."""
+    """Refuse (OutputError) an output whose nearest existing ancestor is not a writable directory, or whose name
+    leaves no room for its temporary sibling's (a name of 230 bytes was refused by the file system only when the
+    temporary file was made, after the work)."""
     out = Path(out)
     anc = out.absolute().parent
     while not anc.exists() and anc != anc.parent:
         anc = anc.parent
     if not anc.is_dir():
         raise OutputError(f"cannot write {out}: {anc} is not a directory")
+    try:
+        name_max = os.pathconf(anc, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not told (Windows): the usual 255
+        name_max = 255
+    size = len(os.fsencode(out.name))
+    if size + _NAME_ROOM > name_max:
+        raise OutputError(
+            f"cannot write {out}: its name is {size} bytes long, and it is written under a temporary name "
+            f"{_NAME_ROOM} bytes longer first; use a name of at most {name_max - _NAME_ROOM} bytes"
+        )
     if not os.access(anc, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {out}: {anc} is not writable (permission denied)")
     # access() answers for the permission bits only: root is "allowed" into /proc, /sys and other file systems
@@ -337,7 +354,7 @@ def output_lock(out: Path) -> Iterator[None]:
     dead is stale)."""
     out = Path(out)
     lock = _lock_path(out)
-    with _holding(lock, _acquire(lock, out)):
+    with _holding(lock, _acquire(lock, out), out):
         yield
 
 
@@ -348,11 +365,15 @@ def _acquire(lock: Path, out: Path) -> int:
 
 
 @contextlib.contextmanager
-def _holding(lock: Path, fd: int) -> Iterator[None]:
-    """Record this process's pid in the taken ``lock``; remove and release it on the way out, however it goes."""
+def _holding(lock: Path, fd: int, out: Path) -> Iterator[None]:
+    """Record this process's pid in the taken ``lock``; remove and release it on the way out, however it goes. A
+    full disk refuses the pid's few bytes: one line naming ``out`` (it was an OSError without a path)."""
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as e:
+            raise output_error(e, out) from None
         yield
     finally:
         lock.unlink(missing_ok=True)  # before the lock goes: a process that opened this file meanwhile retries
@@ -393,7 +414,7 @@ def work_lock(out: Path, *, wait: bool = True, poll_s: float = 0.5) -> Iterator[
     if fd is None:
         yield False
         return
-    with _holding(lock, fd):
+    with _holding(lock, fd, out):
         yield True
 
 

@@ -759,3 +759,34 @@ def test_a_worker_process_ends_when_the_process_that_started_it_is_gone():
 
     backend = worker_pool(2)._backend  # every --workers pool starts its workers so
     assert backend.backend_kwargs == {"initializer": _end_with_parent, "initargs": (os.getpid(),)}
+
+
+@pytest.mark.parametrize("size", [223, 250, 300])
+def test_an_output_name_without_room_for_its_temporary_name_is_refused_before_the_work(tmp_path, size):
+    """`attack mia --scores-out` with a 250-byte file name (the file system takes 255) attacked, then failed making
+    `.NAME.PID.XXXXXXXX.dpaudit-tmp` ("File name too long", naming the temporary file). Now refused first."""
+    from dpaudit.fileio import check_output_file, write_atomic_file
+
+    out = tmp_path / ("n" * (size - 4) + ".npz")
+    with pytest.raises(OutputError, match=rf"its name is {size} bytes long.*at most 222 bytes"):
+        check_output_file(out, force=False)
+    with pytest.raises(OutputError, match="at most 222 bytes"):
+        check_output_dir(out, force=False)
+    ok = tmp_path / ("é" * 109 + ".npz")  # 222 bytes in UTF-8
+    assert write_atomic_file(ok, b"x", force=False).read_bytes() == b"x" and leftovers(tmp_path) == []
+
+
+def test_a_full_disk_when_the_lock_is_taken_is_one_line_naming_the_output(tmp_path, monkeypatch):
+    """On a full file system (a 64 KiB tmpfs) `train --force` and `attack mia --attacks A,B --scores-out` printed
+    "error: No space left on device" with no path: the writer's pid in the lock file was an uncaught OSError."""
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"old.txt": "old"}), force=False)
+
+    def write(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.os, "write", write)
+    with pytest.raises(OutputError, match=rf"^cannot write {out}: no space left on device$"):
+        write_atomic_dir(out, writer({"new.txt": "new"}), force=True)
+    monkeypatch.undo()
+    assert (out / "old.txt").read_text() == "old" and leftovers(tmp_path) == []
