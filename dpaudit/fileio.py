@@ -120,6 +120,19 @@ def _what_is(path: Path) -> str:
     return next((words for test, words in _SPECIAL if test(mode)), "a special file")
 
 
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is when it, or what it links to, is a named pipe, a device or a socket; else None."""
+    for stat_of in (os.lstat, os.stat):
+        try:
+            mode = stat_of(path).st_mode
+        except OSError:
+            continue
+        kind = next((words for test, words in _SPECIAL if test(mode)), None)
+        if kind:
+            return kind if stat_of is os.lstat else f"a link to {kind}"
+    return None
+
+
 def input_problem(path: Path | str, directory: bool = False) -> str | None:
     """Why ``path`` cannot be read as an input file (``directory``: an input folder), as the words that follow
     ``"PATH: "`` in a one-line refusal, or None when it can. Nothing is opened (see :func:`_what_is`): a named pipe,
@@ -671,12 +684,16 @@ def _ordinary_modes(folder: Path) -> None:
 
 
 def check_output_file(path: Path, *, force: bool) -> Path:
-    """Refuse, before any work, an output file that exists (unless ``force``), is a directory, or whose
-    parent cannot be written."""
+    """Refuse, before any work, an output file that exists (unless ``force``), is a directory, is (or links to) a
+    named pipe, a device or a socket (whatever ``force``: `--scores-out /dev/stdout --force` run as root replaced
+    the system's /dev/stdout link with a regular file), or whose parent cannot be written."""
     path = Path(path)
     check_writable_parent(path)
     if path.is_dir():
         raise InputError(f"{path} is a directory; expected a file path")
+    special = _special_kind(path)
+    if special:
+        raise InputError(f"{path} is {special}, not a file; refusing to replace it (give a file path)")
     if path.exists() and not force:
         raise InputError(f"{path} already exists; use --force to overwrite it")
     return path

@@ -790,3 +790,19 @@ def test_a_full_disk_when_the_lock_is_taken_is_one_line_naming_the_output(tmp_pa
         write_atomic_dir(out, writer({"new.txt": "new"}), force=True)
     monkeypatch.undo()
     assert (out / "old.txt").read_text() == "old" and leftovers(tmp_path) == []
+
+
+def test_an_output_file_that_is_a_pipe_or_a_device_is_never_replaced(tmp_path):
+    """Run as root, `attack mia --scores-out /dev/stdout --force` (a user piping the scores) would have replaced
+    the system's /dev/stdout link by a regular file; a named pipe at the path was replaced by a file too."""
+    from dpaudit.fileio import check_output_file
+
+    os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "null.csv").symlink_to("/dev/null")
+    for name, kind in (("pipe.csv", "a named pipe"), ("null.csv", "a link to a character device")):
+        for force in (False, True):
+            with pytest.raises(InputError, match=rf"is {kind}.*refusing to replace it"):
+                check_output_file(tmp_path / name, force=force)
+    (tmp_path / "file.csv").write_text("old")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "file.csv")
+    assert check_output_file(tmp_path / "link.csv", force=True) == tmp_path / "link.csv"  # as before
