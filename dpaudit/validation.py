@@ -220,7 +220,11 @@ def worker_pool(n_jobs: int, **kwargs: Any):
     from joblib import Parallel
     from joblib._parallel_backends import LokyBackend
 
-    return Parallel(n_jobs=n_jobs, backend=LokyBackend(initializer=_end_with_parent, initargs=(os.getpid(),)), **kwargs)
+    try:  # a backend's own parameters (joblib's parallel_config, 1.3); checked on joblib 1.6
+        backend: Any = LokyBackend(initializer=_end_with_parent, initargs=(os.getpid(),))
+    except TypeError:  # a joblib that takes none: loky's workers as they are
+        backend = "loky"
+    return Parallel(n_jobs=n_jobs, backend=backend, **kwargs)
 
 
 def _end_with_parent(parent: int, poll_s: float = 0.5) -> None:
