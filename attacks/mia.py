@@ -21,7 +21,7 @@ import numpy as np
 
 from attacks.lira import LiRA, balanced_membership
 from attacks.reference import Recipe, seeds_for, train_models
-from attacks.result import AttackResult
+from attacks.result import AttackResult, save_score_files
 from attacks.rmia import RMIA
 from attacks.shadow import ShadowAttack
 from attacks.threshold import THRESHOLD_METHODS, log_p_from_margin, logit_margin, loss_score, threshold_scores
@@ -430,8 +430,9 @@ def attack_checkpoint(
             workers=workers, scheduler=scheduler, seed=seed, cache_dir=cache_dir, min_models=min_models,
             n_bootstrap=bootstrap, progress=progress, warn=warn,
         )  # fmt: skip
-    for r in results:
-        if r.name in outputs:
-            r.save_scores(outputs[r.name], force=force)
-            notify(f"{r.name} scores written to {outputs[r.name]}")
+    by_name = {r.name: r for r in results}
+    if outputs:  # one output: all the files or none of them, never a mix of new and old (dpaudit.fileio)
+        save_score_files({path: [by_name[name]] for name, path in outputs.items()}, force=force)
+    for name, path in outputs.items():
+        notify(f"{name} scores written to {path}")
     return results

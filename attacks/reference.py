@@ -37,7 +37,7 @@ from dpaudit.fileio import wait_for_writer, work_lock, work_lock_holder
 from dpaudit.models import ModelSpec, PythonSpec, factory_source_sha256, one_torch_thread
 from dpaudit.progress import NULL_PROGRESS, Progress, announce
 from dpaudit.training.config import PerfConfig, TrainConfig
-from dpaudit.validation import check_workers
+from dpaudit.validation import check_workers, worker_pool
 
 LOGITS_FILE = "logits.npy"
 CACHE_VERSION = 2  # 2: entries carry a manifest and logits.npy.sha256 (verified on read)
@@ -285,7 +285,7 @@ def train_models(
     back to the caller either way). ``cache_dir`` None: :func:`dpaudit.cache.default_cache_dir`.
     Cached models are not retrained.
     """
-    from joblib import Parallel, delayed
+    from joblib import delayed
 
     if len(train_sets) != len(seeds):
         raise InputError(f"got {len(train_sets)} training sets but {len(seeds)} seeds")
@@ -323,7 +323,7 @@ def train_models(
             elif workers == 1 or len(todo) == 1:
                 results = (train_one(recipe, train_sets[j], int(seeds[j]), cache, wait=wait) for j in todo)
             else:
-                results = Parallel(n_jobs=min(workers, len(todo)), backend="loky", return_as="generator")(jobs)
+                results = worker_pool(min(workers, len(todo)), return_as="generator")(jobs)
             for j, logits in zip(todo, results, strict=True):
                 if logits is not None:
                     out[j] = keep(logits)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 
 from attacks.metrics import check_scores, downsample_roc, evaluate, tpr_at_fpr_resolved
 from dpaudit.errors import InputError
-from dpaudit.fileio import write_atomic_file
+from dpaudit.fileio import write_atomic_file, write_atomic_files
 
 SCORE_COLUMNS = ("attack", "record_id", "member", "score")
 
@@ -119,13 +120,25 @@ def save_scores(results: list[AttackResult], path: Path | str, *, force: bool = 
     unicode array, no pickle). Rows are in each result's order, results one after another.
     """
     path = Path(path)
+    data = scores_file_content(results, path)
+    if path.exists() and not force:
+        raise InputError(f"{path} already exists; use --force to overwrite it")
+    return write_atomic_file(path, data, force=force)
+
+
+def save_score_files(files: Mapping[Path, list[AttackResult]], *, force: bool = False) -> list[Path]:
+    """Write several scores files (:func:`save_scores`' format) as one output: all or nothing, never a mix of new
+    and old files (:func:`dpaudit.fileio.write_atomic_files`)."""
+    return write_atomic_files({Path(p): scores_file_content(r, Path(p)) for p, r in files.items()}, force=force)
+
+
+def scores_file_content(results: list[AttackResult], path: Path) -> bytes | str:
+    """The bytes (NPZ) or text (CSV) :func:`save_scores` writes to ``path`` (its suffix chooses)."""
     if not results:
         raise InputError("no attack results to save")
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".npz"):
         raise InputError(f"{path}: unsupported scores file type {path.suffix!r}; use .csv or .npz")
-    if path.exists() and not force:
-        raise InputError(f"{path} already exists; use --force to overwrite it")
     attack = np.concatenate([np.full(len(r.scores), r.name) for r in results])
     record_id = np.concatenate([r.record_ids for r in results])
     member = np.concatenate([r.member for r in results])
@@ -141,7 +154,7 @@ def save_scores(results: list[AttackResult], path: Path | str, *, force: bool = 
         for a, i, m, s in zip(attack, record_id, member, score, strict=True):
             w.writerow([a, int(i), int(m), repr(float(s))])
         data = text.getvalue()
-    return write_atomic_file(path, data, force=force)
+    return data
 
 
 def load_scores(path: Path | str) -> dict[str, np.ndarray]:

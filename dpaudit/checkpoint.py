@@ -24,7 +24,14 @@ from torch import nn
 from dpaudit import numfmt
 from dpaudit.data import SPLIT_NAMES, Dataset, Splits, load_dataset, preprocessing_from_dict, spec_path
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.fileio import check_weights_file, load_safetensors, write_atomic_dir, writer_of
+from dpaudit.fileio import (
+    check_input_file,
+    check_weights_file,
+    input_problem,
+    load_safetensors,
+    write_atomic_dir,
+    writer_of,
+)
 from dpaudit.models import ModelSpec, build_model, model_spec_from_checkpoint
 from dpaudit.user_code import not_from
 from dpaudit.validation import check_json_type, read_json
@@ -134,18 +141,15 @@ class Run:
         """The run's file ``name`` (recorded at ``key`` in checkpoint.json), checked before it is read: a
         plain name of a regular file inside the run folder (no absolute or ``../`` path, no link, no pipe or
         device), whose content matches the sha256 in the run's manifest when it has one."""
-        import stat
-
         where = f"{self.path / CHECKPOINT_FILE}: {key}"
         if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
             raise CheckpointError(f"{where} must name a file inside the run folder, got {name!r}")
         path = self.path / name
-        try:
-            mode = path.lstat().st_mode
-        except OSError:
-            raise CheckpointError(f"{where}: {path} is missing") from None
-        if not stat.S_ISREG(mode):
-            raise CheckpointError(f"{where}: {path} is not a regular file")
+        if path.is_symlink():
+            raise CheckpointError(f"{where}: {path} is a symbolic link, not a regular file")
+        problem = input_problem(path)
+        if problem:
+            raise CheckpointError(f"{where}: {path}: {problem}")
         check_unchanged(self.path, name, "it cannot be recomputed without retraining, so it is not trusted")
         return path
 
@@ -382,8 +386,8 @@ def not_a_run(path: Path) -> str:
     command wrote it (its manifest), it holds gradient canaries (dpaudit.hooks) or runs, and what to give instead."""
     path = Path(path)
     line = f"{path}: not a dpaudit run directory (no {CHECKPOINT_FILE})"
-    if not path.is_dir():
-        return line
+    if not path.is_dir():  # a pipe, a device, a broken link or a loop is said as what it is (never opened)
+        return line if path.is_file() else f"{path}: not a dpaudit run directory ({input_problem(path, True)})"
     writer = writer_of(path)
     if writer == "cloak" and (path / "curve.json").is_file():  # a λ sweep: one cloak per lambda_* folder
         return f"{line}; it is a sweep of cloaks from `dpaudit train --algo cloak` ({path}/lambda_*/), not a model"
@@ -404,8 +408,9 @@ def not_a_run(path: Path) -> str:
 def read_meta(path: Path) -> dict[str, Any]:
     """A run directory's checkpoint.json, validated (schema, required keys, field types); no weights read."""
     f = path / CHECKPOINT_FILE
-    if not f.is_file():
+    if not (f.exists() or f.is_symlink()):
         raise CheckpointError(not_a_run(path))
+    check_input_file(f, error=CheckpointError)  # a pipe, a device, a broken link: said, never read
     meta = read_json(f, error=CheckpointError)  # size, depth and number limits
     check_json_type(meta, dict, str(f), error=CheckpointError)
     if meta.get("schema_version") != SCHEMA_VERSION:
@@ -779,7 +784,7 @@ def load_run(path: Path | str) -> Run:
     """Load and validate a run directory (no unpickling anywhere)."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: no such run directory")
+        raise CheckpointError(f"{path}: {input_problem(path, directory=True).replace('directory', 'run directory', 1)}")
     if path.is_file():
         if path.suffix.lower() in (".pkl", ".pickle", ".pt", ".pth"):
             raise CheckpointError(
@@ -811,8 +816,9 @@ def load_run(path: Path | str) -> Run:
     )
     model.eval()
     split_file = path / SPLIT_FILE
-    if not split_file.is_file():
+    if not (split_file.exists() or split_file.is_symlink()):
         raise CheckpointError(f"{path}: missing {SPLIT_FILE} (the member list)")
+    check_input_file(split_file, error=CheckpointError)  # a pipe, a device, a broken link: said, never read
     check_unchanged(
         path,
         SPLIT_FILE,

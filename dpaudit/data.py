@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import DataError, InputError
+from dpaudit.fileio import check_input_file
 from dpaudit.validation import FLOAT32_MAX, check_seed, python_scalar, shown
 
 EMBEDDED = ("digits", "breast-cancer", "wine")
@@ -651,7 +652,10 @@ def _check_integer_labels(y: np.ndarray, source: str) -> None:
 def _from_npy_dir(path: Path, spec: str) -> Dataset:
     """``path/X.npy`` memory-mapped (read-only, never copied whole) and ``path/y.npy`` read into memory."""
     files = {name: path / f"{name}.npy" for name in ("X", "y")}
-    missing = [f.name for f in files.values() if not f.is_file()]
+    missing = [f.name for f in files.values() if not (f.exists() or f.is_symlink())]
+    for f in files.values():  # present but a pipe, a device, a folder, a broken link: said, never read
+        if f.name not in missing:
+            check_input_file(f, error=DataError)
     if missing:
         raise DataError(f"{path}: a data directory must hold X.npy and y.npy (missing: {', '.join(missing)})")
     try:
@@ -812,14 +816,7 @@ def _check_data_spec(spec: str | os.PathLike) -> str:
     if path is None or path.is_dir():
         return spec
     if path.suffix.lower() in (".csv", ".npz") or path.exists():
-        if not path.exists():
-            raise DataError(f"{path}: no such file")
-        if not path.is_file():
-            raise DataError(f"{path}: not a file")
-        try:
-            path.open("rb").close()
-        except OSError as e:
-            raise DataError(f"{path}: cannot read ({e.strerror})") from None
+        check_input_file(path, error=DataError)  # what a pipe or a device is, said without opening it
         if path.suffix.lower() in (".csv", ".npz"):
             return spec
         hint = ""
@@ -1015,9 +1012,7 @@ def read_member_indices(path: Path | str, n: int) -> np.ndarray:
     records, from a text file (one integer per line; the first line may be a header; blank lines are
     skipped) or an integer ``.npy`` array (read with ``allow_pickle=False``). Sorted, validated by
     :func:`check_member_indices`."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    path = check_input_file(path, error=DataError)
     if path.suffix.lower() == ".npy":
         try:
             idx = np.load(path, allow_pickle=False)  # never unpickle a stranger's file

@@ -33,9 +33,11 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from dpaudit.errors import CheckpointError, InputError, OutputBusyError, OutputError
@@ -82,16 +84,90 @@ def load_safetensors(path: Path | str, framework: str = "pt") -> dict:
     return load_file(str(path))
 
 
+# --------------------------------------------------------------------------- inputs
+
+# What a path that is neither a regular file nor a directory is, by its mode (os.stat, so after links).
+_SPECIAL = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _what_is(path: Path) -> str:
+    """``"file"`` (a regular file, or a link to one), ``"directory"``, ``"missing"``, or the words saying what else
+    ``path`` is ("a named pipe (FIFO)", "a symbolic link loop", ...). Asked of the path's status (``stat``), never by
+    opening it: opening a named pipe waits for a writer that may never come, and a device such as /dev/zero or
+    /dev/stdin never ends, so every input is asked here before anything reads it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if e.errno == errno.ENOENT:
+            try:
+                return f"a broken symbolic link to {os.readlink(path)}"
+            except OSError:
+                return "missing"
+        if e.errno == errno.ENOTDIR:  # a folder on its path is a file
+            return "missing"
+        return f"unreadable ({e.strerror or type(e).__name__})"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return next((words for test, words in _SPECIAL if test(mode)), "a special file")
+
+
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is when it, or what it links to, is a named pipe, a device or a socket; else None."""
+    for stat_of in (os.lstat, os.stat):
+        try:
+            mode = stat_of(path).st_mode
+        except OSError:
+            continue
+        kind = next((words for test, words in _SPECIAL if test(mode)), None)
+        if kind:
+            return kind if stat_of is os.lstat else f"a link to {kind}"
+    return None
+
+
+def input_problem(path: Path | str, directory: bool = False) -> str | None:
+    """Why ``path`` cannot be read as an input file (``directory``: an input folder), as the words that follow
+    ``"PATH: "`` in a one-line refusal, or None when it can. Nothing is opened (see :func:`_what_is`): a named pipe,
+    a device (/dev/zero, /dev/stdin), a socket, a broken link or a link loop is named as what it is, never read,
+    and never reported as missing."""
+    want = "directory" if directory else "file"
+    what = _what_is(Path(path))
+    if what == "missing":
+        return f"no such {want}"
+    if what.startswith("unreadable"):
+        return f"cannot be read{what[len('unreadable') :]}"
+    if what.startswith("a broken symbolic link"):
+        return f"no such {want} ({what})"
+    if what == want:
+        access = os.R_OK | (os.X_OK if directory else 0)
+        return None if os.access(path, access) else "cannot be read (permission denied)"
+    other = {"file": "a file", "directory": "a directory"}.get(what, what)
+    return f"{other}, not a {'directory' if directory else 'regular file'}"
+
+
+def check_input_file(path: Path | str, *, error: type[Exception] = InputError) -> Path:
+    """``path`` when it is a readable regular file (or a link to one); else one ``error`` line saying what it is
+    (:func:`input_problem`), without opening it."""
+    problem = input_problem(path)
+    if problem:
+        raise error(f"{path}: {problem}")
+    return Path(path)
+
+
 def check_weights_file(path: Path | str) -> Path:
     """``path`` as a weights file :func:`dpaudit.checkpoint.load_weights_file` can read, checked on the path
     alone (no torch: ``dpaudit import`` checks its WEIGHTS first, as a user reads the command, before its data):
     an existing regular file, safetensors or a torch state_dict (.pt, .pth, .bin); a pickle is refused
     (unpickling runs arbitrary code)."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not a regular file")
+    path = check_input_file(path, error=CheckpointError)
     suffix = path.suffix.lower()
     if suffix in (".pkl", ".pickle", ".joblib"):
         raise CheckpointError(f"{path}: refusing to load a pickle file (it can run arbitrary code); use safetensors")
@@ -117,14 +193,31 @@ def output_error(e: OSError, out: Path, tmp: Path | None = None) -> OutputError:
     return OutputError(f"cannot write {out}: {reason} ({where})" if where != out else f"cannot write {out}: {reason}")
 
 
+# Bytes a temporary sibling's name adds to the output's: ".NAME.PID.XXXXXXXX.dpaudit-tmp" (a pid of up to 10 digits),
+# more than a folder's ".NAME.XXXXXXXX.dpaudit-tmp" or a lock's ".NAME.dpaudit-work-lock".
+_NAME_ROOM = 1 + 1 + 10 + 1 + 8 + len(_TMP)
+
+
 def check_writable_parent(out: Path) -> None:
-    """Refuse (OutputError) an output whose nearest existing ancestor is not a writable directory."""
+    """Refuse (OutputError) an output whose nearest existing ancestor is not a writable directory, or whose name
+    leaves no room for its temporary sibling's (a name of 230 bytes was refused by the file system only when the
+    temporary file was made, after the work)."""
     out = Path(out)
     anc = out.absolute().parent
     while not anc.exists() and anc != anc.parent:
         anc = anc.parent
     if not anc.is_dir():
         raise OutputError(f"cannot write {out}: {anc} is not a directory")
+    try:
+        name_max = os.pathconf(anc, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not told (Windows): the usual 255
+        name_max = 255
+    size = len(os.fsencode(out.name))
+    if size + _NAME_ROOM > name_max:
+        raise OutputError(
+            f"cannot write {out}: its name is {size} bytes long, and it is written under a temporary name "
+            f"{_NAME_ROOM} bytes longer first; use a name of at most {name_max - _NAME_ROOM} bytes"
+        )
     if not os.access(anc, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {out}: {anc} is not writable (permission denied)")
     # access() answers for the permission bits only: root is "allowed" into /proc, /sys and other file systems
@@ -274,7 +367,7 @@ def output_lock(out: Path) -> Iterator[None]:
     dead is stale)."""
     out = Path(out)
     lock = _lock_path(out)
-    with _holding(lock, _acquire(lock, out)):
+    with _holding(lock, _acquire(lock, out), out):
         yield
 
 
@@ -285,11 +378,15 @@ def _acquire(lock: Path, out: Path) -> int:
 
 
 @contextlib.contextmanager
-def _holding(lock: Path, fd: int) -> Iterator[None]:
-    """Record this process's pid in the taken ``lock``; remove and release it on the way out, however it goes."""
+def _holding(lock: Path, fd: int, out: Path) -> Iterator[None]:
+    """Record this process's pid in the taken ``lock``; remove and release it on the way out, however it goes. A
+    full disk refuses the pid's few bytes: one line naming ``out`` (it was an OSError without a path)."""
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as e:
+            raise output_error(e, out) from None
         yield
     finally:
         lock.unlink(missing_ok=True)  # before the lock goes: a process that opened this file meanwhile retries
@@ -330,7 +427,7 @@ def work_lock(out: Path, *, wait: bool = True, poll_s: float = 0.5) -> Iterator[
     if fd is None:
         yield False
         return
-    with _holding(lock, fd):
+    with _holding(lock, fd, out):
         yield True
 
 
@@ -587,12 +684,16 @@ def _ordinary_modes(folder: Path) -> None:
 
 
 def check_output_file(path: Path, *, force: bool) -> Path:
-    """Refuse, before any work, an output file that exists (unless ``force``), is a directory, or whose
-    parent cannot be written."""
+    """Refuse, before any work, an output file that exists (unless ``force``), is a directory, is (or links to) a
+    named pipe, a device or a socket (whatever ``force``: `--scores-out /dev/stdout --force` run as root replaced
+    the system's /dev/stdout link with a regular file), or whose parent cannot be written."""
     path = Path(path)
     check_writable_parent(path)
     if path.is_dir():
         raise InputError(f"{path} is a directory; expected a file path")
+    special = _special_kind(path)
+    if special:
+        raise InputError(f"{path} is {special}, not a file; refusing to replace it (give a file path)")
     if path.exists() and not force:
         raise InputError(f"{path} already exists; use --force to overwrite it")
     return path
@@ -647,28 +748,125 @@ def _unlink_unless_held(p: Path) -> None:
 def write_atomic_file(path: Path, data: bytes | str, *, force: bool) -> Path:
     """Write a file atomically (a temporary sibling, named with the writer's pid, renamed into place; the
     temporary files of killed writers of the same path are removed first)."""
-    path = Path(path)
-    check_output_file(path, force=force)
+    return write_atomic_files({Path(path): data}, force=force)[0]
+
+
+def write_atomic_files(files: Mapping[Path, bytes | str], *, force: bool) -> list[Path]:
+    """Write several files as one output (``attack mia --attacks A,B --scores-out F``: ``F.A.npz`` and ``F.B.npz``):
+    each atomically as :func:`write_atomic_file` does, and the set all or nothing. Every file's content is written
+    to its temporary sibling first, and only then are they renamed into place, one after another; an existing file
+    is hard-linked aside first (copied where the file system has no links), so a failure or an interrupt (Ctrl-C,
+    SIGTERM through the CLI) at any point puts every file back as it was: never a mix of new and old files.
+    Several files are written under :func:`output_lock` of each (taken in sorted order), so a second dpaudit process
+    writing the same set is refused (OutputBusyError), never interleaved with this one.
+
+    What no process can undo: a writer killed outright (SIGKILL, power loss) between two renames of its
+    microseconds-long rename phase leaves the files renamed so far new and the others old, the old content of those
+    renamed beside them as dead writers' temporary files (``.NAME.PID.XXXXXXXX.dpaudit-tmp``), which the next write
+    of the same paths removes."""
+    paths = [Path(p) for p in files]
+    for path in paths:
+        check_output_file(path, force=force)
+    with contextlib.ExitStack() as held:
+        if len(paths) > 1:
+            for path in paths:  # the locks lie beside the files
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise output_error(e, path) from None
+            for path in sorted(paths):
+                held.enter_context(output_lock(path))
+            for path in paths:  # again under the locks: another process may have written one meanwhile
+                check_output_file(path, force=force)
+        temps: dict[Path, Path] = {}
+        backups: dict[Path, Path] = {}
+        try:
+            for path, data in zip(paths, files.values(), strict=True):
+                temps[path] = _write_temporary(path, data, held)
+            if len(paths) > 1:
+                for path in paths:
+                    if path.exists():
+                        backups[path] = _keep_aside(path)
+            _rename_all(temps, backups)
+        finally:
+            for tmp in (*temps.values(), *backups.values()):
+                tmp.unlink(missing_ok=True)
+    return paths
+
+
+def _write_temporary(path: Path, data: bytes | str, held: contextlib.ExitStack) -> Path:
+    """``data`` in a new temporary sibling of ``path`` (the temporary files of killed writers of ``path`` removed
+    first), flushed, with an ordinary file's mode; flock-held (where the OS has it) until ``held`` closes, so that it
+    reads as a live writer's (:func:`_remove_dead_writers_files`)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_writers_files(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_TMP, dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_TMP, dir=path.parent)
     except OSError as e:
         raise output_error(e, path) from None
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            if fcntl is not None:  # held until the rename: the file is a live writer's (_remove_dead_writers_files)
+        f = os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        with f:
+            if fcntl is not None:
                 with contextlib.suppress(OSError):
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.enter_context(os.fdopen(os.dup(f.fileno()), "rb"))  # the lock lives as long as this copy
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
-            os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
-            if fcntl is not None:
-                os.replace(tmp, path)
-        if fcntl is None:  # Windows renames no open file
-            os.replace(tmp, path)
+        os.chmod(tmp, _FILE_MODE & ~_umask())  # mkstemp is owner-only: give the file an ordinary file's mode
     except OSError as e:
-        raise output_error(e, path, Path(tmp)) from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+        tmp.unlink(missing_ok=True)
+        raise output_error(e, path, tmp) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _keep_aside(path: Path) -> Path:
+    """A copy of the existing ``path`` beside it under a temporary name of this writer (a hard link where the file
+    system has them), to put back should the set's renames fail."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP}"
+        try:
+            os.link(path, tmp)
+            return tmp
+        except FileExistsError:
+            continue
+        except OSError as e:  # no hard links here (some network and FUSE file systems): a copy
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                raise output_error(e, path) from None
+            try:
+                shutil.copyfile(path, tmp)
+            except OSError as e2:
+                tmp.unlink(missing_ok=True)
+                raise output_error(e2, path) from None
+            return tmp
+    raise OutputError(f"cannot write {path}: no free temporary name beside it")
+
+
+def _rename_all(temps: dict[Path, Path], backups: dict[Path, Path]) -> None:
+    """Rename each temporary file onto its path; on any failure or interrupt, put back what was renamed so far (its
+    old content from ``backups``, or nothing where there was none) and raise (an OSError as OutputError)."""
+    done: list[Path] = []
+    try:
+        for path, tmp in temps.items():
+            done.append(path)  # before the rename: an interrupt raised as it returns is rolled back too
+            os.replace(tmp, path)
+    except BaseException as e:
+        for path in reversed(done if len(temps) > 1 else ()):  # one file: its rename is all or nothing already
+            if temps[path].exists():  # not renamed
+                continue
+            if path in backups:
+                os.replace(backups[path], path)
+            else:
+                path.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise output_error(e, done[-1], temps[done[-1]]) from None
+        raise

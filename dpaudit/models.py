@@ -571,9 +571,7 @@ def read_model_spec(
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: expected a model spec JSON file, got a directory")
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    d = read_json(path)  # size, depth and number limits
+    d = read_json(path)  # a missing file, a pipe or a device: one line, nothing opened  # size, depth and number limits
     if tokens and isinstance(d, dict) and d.get("kind") == "python" and "input_dtype" not in d:
         d = {**d, "input_dtype": "int64"}
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dpaudit.errors import InputError
-from dpaudit.fileio import check_output_dir
+from dpaudit.fileio import check_output_dir, input_problem
 from dpaudit.progress import NULL_PROGRESS, Progress
 
 
@@ -24,8 +24,9 @@ def classify_input(path: Path) -> str:
     from dpaudit.validation import read_json
     from dpaudit.workflows.hooks_audit import KIND
 
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
+    if not (path.is_dir() or path.is_file()):  # missing, a pipe, a device, a broken link: said, never opened
+        what = input_problem(path, True).replace("no such directory", "no such file or directory")
+        raise InputError(f"{path}: {what.replace('not a directory', 'not a run directory or a JSON file')}")
     if path.is_dir() and (path / CHECKPOINT_FILE).is_file():
         return "run"
     if path.is_file() and path.name == CHECKPOINT_FILE:  # not a report.json: the run it describes

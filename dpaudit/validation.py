@@ -208,6 +208,40 @@ def check_workers(workers: int, *, scheduler: str | None = None) -> int:
     return workers
 
 
+def worker_pool(n_jobs: int, **kwargs: Any):
+    """joblib's ``Parallel`` on loky processes for ``--workers`` (the reference models, ``audit train``'s runs, PATE's
+    teachers), whose workers end when the dpaudit process that started them is gone. loky's workers wait for the next
+    job up to 300 s (``idle_worker_timeout``): a parent killed outright (SIGKILL, the OOM killer) left them, each with
+    torch imported, for five minutes before they and loky's resource tracker ended (its "leaked semlock" warnings
+    then printed on the user's terminal long after the command); now they end within a second of the parent
+    (:func:`_end_with_parent`). A normal end stops them at once (``dpaudit.cli._common.stop_idle_worker_processes``)."""
+    import os
+
+    from joblib import Parallel
+    from joblib._parallel_backends import LokyBackend
+
+    try:  # a backend's own parameters (joblib's parallel_config, 1.3); checked on joblib 1.6
+        backend: Any = LokyBackend(initializer=_end_with_parent, initargs=(os.getpid(),))
+    except TypeError:  # a joblib that takes none: loky's workers as they are
+        backend = "loky"
+    return Parallel(n_jobs=n_jobs, backend=backend, **kwargs)
+
+
+def _end_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """In a worker process: end it as soon as its parent ``parent`` is gone (it is then given another parent, so
+    ``os.getppid()`` changes; polled by a daemon thread, which costs nothing measurable)."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dpaudit-end-with-parent", daemon=True).start()
+
+
 def check_in_interval(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = True, **kwargs: Any) -> float:
     """Check lo < value < hi (brackets controlled by lo_open/hi_open)."""
     name, value = _one(kwargs)
@@ -317,11 +351,9 @@ def parse_json(text: str | bytes, source: str, *, error: type[Exception] = Input
 def read_limited(path: Any, *, error: type[Exception] = InputError, kind: str = "") -> bytes:
     """The bytes of an untrusted file of at most :data:`MAX_JSON_BYTES`; a missing, unreadable, special or larger
     file is one ``error`` line (``kind``, e.g. "JSON ", names the file's kind in the size line)."""
-    from pathlib import Path
+    from dpaudit.fileio import check_input_file
 
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+    path = check_input_file(path, error=error)  # a pipe or device is named as such, never opened
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise error(f"{path}: {kind}larger than {MAX_JSON_BYTES // 2**20} MiB")

@@ -700,9 +700,14 @@ def load_observations(directory: Path | str) -> CanaryObservations:
     """Read what :func:`save_observations` wrote, checked for consistency (a :class:`CheckpointError` otherwise)."""
     from safetensors import SafetensorError
 
-    from dpaudit.fileio import load_safetensors
+    from dpaudit.fileio import check_input_file, input_problem, load_safetensors
 
     d = Path(directory)
+    if not (d.is_dir() or d.is_file()):  # missing, a pipe, a device, a broken link: said as such
+        raise InputError(f"{d}: {input_problem(d, directory=True) or 'not a directory'}")
+    for f in (d / DESIGN_FILE, d / ARRAYS_FILE):
+        if f.exists() or f.is_symlink():
+            check_input_file(f, error=CheckpointError)  # a pipe or a device in place of a file: never read
     if not (d / DESIGN_FILE).is_file() or not (d / ARRAYS_FILE).is_file():
         from dpaudit.checkpoint import CHECKPOINT_FILE
 

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from dpaudit.errors import CheckpointError, InputError
-from dpaudit.fileio import check_output_dir, load_safetensors, write_atomic_dir
+from dpaudit.fileio import check_input_file, check_output_dir, load_safetensors, write_atomic_dir
 from dpaudit.progress import NULL_PROGRESS, Progress
 from dpaudit.validation import check_in_interval, check_positive, check_positive_int, read_json
 
@@ -483,7 +483,9 @@ def load_cloak(path: Path | str) -> Cloak:
 
     path = Path(path)
     f = path / CLOAK_FILE
-    if not f.is_file():
+    if f.exists() or f.is_symlink():
+        check_input_file(f, error=CheckpointError)  # a pipe or a device in place of cloak.json: said, never read
+    else:
         raise CheckpointError(f"{path}: not a cloak checkpoint (no {CLOAK_FILE})")
     meta = read_json(f, error=CheckpointError)  # size, depth and number limits
     if not isinstance(meta, dict) or meta.get("kind") != "cloak":

@@ -163,14 +163,16 @@ def _teacher_votes(dataset, idx, spec, config: TrainConfig, pre, queries_X: np.n
 
 def pate_votes(dataset, members, parts, spec, teacher: TrainConfig, pre, queries_X, *, workers: int = 1) -> np.ndarray:
     """(K, Q) votes of K teachers trained on ``members[parts[t]]`` (seed (teacher.seed, t))."""
-    from joblib import Parallel, delayed
+    from joblib import delayed
+
+    from dpaudit.validation import worker_pool
 
     configs = [dataclasses.replace(teacher, seed=derive_seed(teacher.seed, stream=100 + t)) for t in range(len(parts))]
     jobs = (
         delayed(_teacher_votes)(dataset, members[p], spec, c, pre, queries_X)
         for p, c in zip(parts, configs, strict=True)
     )
-    return np.stack(Parallel(n_jobs=workers)(jobs))
+    return np.stack(worker_pool(workers)(jobs))
 
 
 def icl_votes(predictor, ex_X: np.ndarray, ex_y: np.ndarray, parts, queries_X: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ import numpy as np
 from attacks.result import SCORE_COLUMNS
 from dpaudit import numfmt
 from dpaudit.errors import InputError
+from dpaudit.fileio import check_input_file
 from dpaudit.validation import shown
 
 # The designs whose bound is formal (see dpaudit.audit.result.is_formal): the ones a file's
@@ -57,8 +58,7 @@ def read_score_file(path: Path) -> ScoreFile:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: expected a CSV or NPZ file of scores, got a directory")
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    check_input_file(path)  # a pipe or a device is named as such, never opened
     columns = _read_columns(path)
     member, score = _numeric(path, "member", columns["member"]), _numeric(path, "score", columns["score"])
     _check_values(path, member, score)

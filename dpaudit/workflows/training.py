@@ -206,7 +206,7 @@ def audit_training(
     that pipeline is the claimed one). Method "gdp" is an estimate. With a plug-in trainer the
     guarantee also assumes that each run's randomness comes from its ``seed`` alone (runs independent).
     """
-    from joblib import Parallel, delayed
+    from joblib import delayed
 
     from dpaudit.canaries import make_canaries, with_canaries
     from dpaudit.data import fit_preprocessing, make_splits
@@ -218,6 +218,7 @@ def audit_training(
         check_positive_int,
         check_seed,
         check_workers,
+        worker_pool,
     )
 
     # The CLI's vocabulary (--data digits --model logreg, --score probe) means what it means there.
@@ -394,7 +395,7 @@ def audit_training(
         require_refutable(claimed, runs, method=method, delta=delta, confidence=level)
     with progress.task(f"audit: train {2 * runs} models", 2 * runs) as advance:
         rows = []
-        for s in Parallel(n_jobs=workers, return_as="generator")(delayed(work)(j) for j in jobs):
+        for s in worker_pool(workers, return_as="generator")(delayed(work)(j) for j in jobs):
             rows.append(s)
             advance(1)
     member = np.arange(2 * runs) < runs

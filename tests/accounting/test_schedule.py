@@ -269,7 +269,7 @@ def test_a_schedule_that_is_a_folder_or_too_large_is_one_line_exit_2(tmp_path, m
     cap = 200
     monkeypatch.setattr(dpaudit.validation, "MAX_JSON_BYTES", cap)
     (tmp_path / "d.csv").mkdir()
-    cases = [(tmp_path / "d.csv", "d.csv: not a regular file")]
+    cases = [(tmp_path / "d.csv", "d.csv: a directory, not a regular file")]
     for name, kind in (("big.csv", ""), ("big.json", "JSON ")):
         big = tmp_path / name
         big.write_bytes(b" " * (cap + 1))

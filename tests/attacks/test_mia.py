@@ -423,3 +423,35 @@ def test_attacks_take_the_run_directory_as_the_cli_does(tiny_run, tiny_run_dir):
     np.testing.assert_array_equal(by_path.scores, loaded.scores)
     assert extract(tiny_run_dir, budget=50, method="learning", surrogate="logreg", curve_points=0).result.queries == 50
     assert run_attribute(str(tiny_run_dir), 0).to_dict() == run_attribute(tiny_run, 0).to_dict()
+
+
+def test_scores_of_several_attacks_are_replaced_together_or_not_at_all(tiny_run_dir, tmp_path, monkeypatch):
+    """`--attacks loss,confidence --scores-out s.npz --force` wrote s.loss.npz, then s.confidence.npz: a full disk
+    (or Ctrl-C) between the two left the new loss scores beside the old confidence ones. Now neither is replaced,
+    and the error is one line."""
+    import errno
+    import os
+
+    from dpaudit import fileio
+
+    paths = [tmp_path / "s.loss.npz", tmp_path / "s.confidence.npz"]
+    for p in paths:
+        p.write_bytes(b"old")
+    real_replace, renamed = os.replace, []
+
+    def replace(src, dst):
+        if str(dst) in map(str, paths):
+            renamed.append(dst)
+            if len(renamed) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    args = ("--attacks", "loss,confidence", "--scores-out", tmp_path / "s.npz", "--force", "--cache-dir", tmp_path)
+    r = invoke("--quiet", "attack", "mia", tiny_run_dir, *args)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "no space left on device" in lines[0], r.output
+    assert [p.read_bytes() for p in paths] == [b"old", b"old"]
+    monkeypatch.setattr(fileio.os, "replace", real_replace)
+    assert invoke("--quiet", "attack", "mia", tiny_run_dir, *args).exit_code == 0
+    assert [load_scores(p)["attack"][0] for p in paths] == ["loss", "confidence"]

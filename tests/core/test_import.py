@@ -679,7 +679,7 @@ def test_metrics_name_each_split_by_its_own_logits_and_an_empty_split_none():
     [
         ("missing.safetensors", "no such file"),
         ("w.pkl", "refusing to load a pickle file (it can run arbitrary code); use safetensors"),
-        (".", "not a regular file"),
+        (".", "a directory, not a regular file"),
     ],
 )
 def test_weights_are_checked_first_as_the_command_reads(tmp_path, monkeypatch, weights, message):

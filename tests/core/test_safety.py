@@ -658,3 +658,151 @@ def test_a_command_ends_the_worker_processes_it_started():
     executor = reusable_executor._executor
     workers = list((getattr(executor, "_processes", None) or {}).values())
     assert not any(p.is_alive() for p in workers)
+
+
+# --------------------------------------------------------------------------- several files as one output
+
+
+def _set(tmp_path: Path) -> dict[Path, bytes]:
+    return {tmp_path / f"s.{name}.npz": name.encode() for name in ("loss", "lira", "rmia")}
+
+
+@pytest.mark.parametrize(
+    ("failure", "at"),
+    [(OSError, 1), (OSError, 2), (OSError, 3), (KeyboardInterrupt, 2), ("interrupt after", 1), ("interrupt after", 2)],
+)
+def test_a_set_of_files_is_replaced_all_or_nothing(tmp_path, monkeypatch, failure, at):
+    """`attack mia --attacks A,B --scores-out F --force` wrote F.A and F.B one after another: an interrupt or a full
+    disk between them left A's new scores beside B's old ones. Now every failure puts every file back."""
+    from dpaudit.fileio import write_atomic_files
+
+    old = {p: b"old " + data for p, data in _set(tmp_path).items()}
+    write_atomic_files(old, force=False)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == at and failure != "interrupt after":  # before the at-th rename
+            raise failure(errno.ENOSPC, "No space left on device") if failure is OSError else failure()
+        real_replace(src, dst)
+        if len(calls) == at and failure == "interrupt after":  # as soon as the at-th rename returns
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    with pytest.raises((KeyboardInterrupt, OutputError)) as e:
+        write_atomic_files(_set(tmp_path), force=True)
+    if failure is OSError:
+        assert str(e.value).startswith(f"cannot write {tmp_path}/s.") and "no space left on device" in str(e.value)
+    assert {p: p.read_bytes() for p in old} == old  # every file as it was: no mix of new and old
+    assert leftovers(tmp_path) == []
+
+
+def test_a_set_of_files_fails_whole_when_a_temporary_file_cannot_be_written(tmp_path, monkeypatch):
+    from dpaudit.fileio import write_atomic_files
+
+    real_mkstemp, calls = tempfile.mkstemp, []
+
+    def mkstemp(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(OutputError, match="no space left on device"):
+        write_atomic_files(_set(tmp_path), force=False)
+    assert list(tmp_path.iterdir()) == []  # the first file's temporary removed, nothing written
+
+
+def test_a_second_writer_of_the_same_set_of_files_is_refused(tmp_path):
+    """Two `attack mia --scores-out F --force` at once: each file was atomic, the set not; a set could hold one
+    process's A and the other's B. The second writer is refused while the first holds the set."""
+    from dpaudit.errors import OutputBusyError
+    from dpaudit.fileio import output_lock, write_atomic_files
+
+    files = _set(tmp_path / "new folder ü")  # made as the files are written (the locks lie in it)
+    write_atomic_files(files, force=False)
+    assert {p: p.read_bytes() for p in files} == files and leftovers(tmp_path / "new folder ü") == []
+    with output_lock(sorted(files)[1]), pytest.raises(OutputBusyError, match="being written by another"):
+        write_atomic_files({p: b"theirs" for p in files}, force=True)
+    assert {p: p.read_bytes() for p in files} == files and leftovers(tmp_path / "new folder ü") == []
+
+
+def test_an_interrupt_as_a_single_files_rename_returns_keeps_the_new_file(tmp_path, monkeypatch):
+    from dpaudit.fileio import write_atomic_file
+
+    out = write_atomic_file(tmp_path / "s.npz", b"old", force=False)
+    real_replace = os.replace
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic_file(out, b"new", force=True)
+    assert out.read_bytes() == b"new" and leftovers(tmp_path) == []
+
+
+def test_a_worker_process_ends_when_the_process_that_started_it_is_gone():
+    """loky's workers of a `--workers 2` command SIGKILLed (or OOM-killed) waited 300 s for the next job, torch
+    imported, and loky's semaphores and /dev/shm folders stayed until then. A worker now watches its parent: here
+    one is told its parent is a process that is not its parent (as after the real one died), and ends."""
+    code = "import time; from dpaudit.validation import _end_with_parent; _end_with_parent(-1, 0.05); time.sleep(600)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", code], env=env, timeout=60, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    code = "from dpaudit.validation import _end_with_parent; import os, time; _end_with_parent(os.getppid(), 0.05)"
+    r = subprocess.run([sys.executable, "-c", code + "; time.sleep(0.5)"], env=env, timeout=60)
+    assert r.returncode == 0  # a worker whose parent lives works on
+    from dpaudit.validation import _end_with_parent, worker_pool
+
+    backend = worker_pool(2)._backend  # every --workers pool starts its workers so
+    assert backend.backend_kwargs == {"initializer": _end_with_parent, "initargs": (os.getpid(),)}
+
+
+@pytest.mark.parametrize("size", [223, 250, 300])
+def test_an_output_name_without_room_for_its_temporary_name_is_refused_before_the_work(tmp_path, size):
+    """`attack mia --scores-out` with a 250-byte file name (the file system takes 255) attacked, then failed making
+    `.NAME.PID.XXXXXXXX.dpaudit-tmp` ("File name too long", naming the temporary file). Now refused first."""
+    from dpaudit.fileio import check_output_file, write_atomic_file
+
+    out = tmp_path / ("n" * (size - 4) + ".npz")
+    with pytest.raises(OutputError, match=rf"its name is {size} bytes long.*at most 222 bytes"):
+        check_output_file(out, force=False)
+    with pytest.raises(OutputError, match="at most 222 bytes"):
+        check_output_dir(out, force=False)
+    ok = tmp_path / ("é" * 109 + ".npz")  # 222 bytes in UTF-8
+    assert write_atomic_file(ok, b"x", force=False).read_bytes() == b"x" and leftovers(tmp_path) == []
+
+
+def test_a_full_disk_when_the_lock_is_taken_is_one_line_naming_the_output(tmp_path, monkeypatch):
+    """On a full file system (a 64 KiB tmpfs) `train --force` and `attack mia --attacks A,B --scores-out` printed
+    "error: No space left on device" with no path: the writer's pid in the lock file was an uncaught OSError."""
+    out = tmp_path / "out"
+    write_atomic_dir(out, writer({"old.txt": "old"}), force=False)
+
+    def write(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.os, "write", write)
+    with pytest.raises(OutputError, match=rf"^cannot write {out}: no space left on device$"):
+        write_atomic_dir(out, writer({"new.txt": "new"}), force=True)
+    monkeypatch.undo()
+    assert (out / "old.txt").read_text() == "old" and leftovers(tmp_path) == []
+
+
+def test_an_output_file_that_is_a_pipe_or_a_device_is_never_replaced(tmp_path):
+    """Run as root, `attack mia --scores-out /dev/stdout --force` (a user piping the scores) would have replaced
+    the system's /dev/stdout link by a regular file; a named pipe at the path was replaced by a file too."""
+    from dpaudit.fileio import check_output_file
+
+    os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "null.csv").symlink_to("/dev/null")
+    for name, kind in (("pipe.csv", "a named pipe"), ("null.csv", "a link to a character device")):
+        for force in (False, True):
+            with pytest.raises(InputError, match=rf"is {kind}.*refusing to replace it"):
+                check_output_file(tmp_path / name, force=force)
+    (tmp_path / "file.csv").write_text("old")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "file.csv")
+    assert check_output_file(tmp_path / "link.csv", force=True) == tmp_path / "link.csv"  # as before

@@ -117,3 +117,148 @@ def test_a_whitebox_canary_count_of_the_wrong_type_is_one_line(tmp_path):
     run.meta["whitebox_canaries"]["m"] = [3]
     with pytest.raises(CheckpointError, match=r"whitebox_canaries\.m: expected an integer"):
         run.whitebox_canaries()
+
+
+# --------------------------------------------------------------------------- inputs that are not regular files
+
+# What each kind of non-regular input is called (dpaudit.fileio.input_problem). Each was "no such file", "missing",
+# "not a file" or "not a dpaudit run directory (no checkpoint.json)" before, depending on the reader: a named pipe in
+# place of checkpoint.json read as a run without one.
+NOT_A_FILE = {
+    "fifo": "a named pipe (FIFO), not a regular file",
+    "device": "a character device, not a regular file",
+    "directory": "a directory, not a regular file",
+    "socket": "a socket, not a regular file",
+    "dangling": "no such file (a broken symbolic link to ",
+    "loop": "a symbolic link loop, not a regular file",
+}
+
+
+def _plant(path, kind: str) -> None:
+    """Put a ``kind`` of non-regular file at ``path`` (replacing what is there)."""
+    import os
+    import shutil
+    import socket
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it to read waits for a writer that never comes
+    elif kind == "device":
+        path.symlink_to("/dev/zero")  # reading it never ends
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))  # the socket file stays after it is closed
+    elif kind == "dangling":
+        path.symlink_to(path.parent / "nowhere")
+    else:
+        path.symlink_to(path.name)  # a link to itself
+
+
+@pytest.fixture
+def no_hang():
+    """A reader that opens a named pipe or a device blocks for ever: fail the test instead."""
+    import signal
+
+    def hung(*_):
+        raise AssertionError("the reader blocked on a non-regular file")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _readers():
+    from dpaudit.data import load_dataset, read_member_indices
+    from dpaudit.fileio import check_weights_file
+    from dpaudit.models import read_model_spec
+    from dpaudit.validation import read_json
+    from dpaudit.workflows.scores import read_score_file
+
+    return {
+        "claim.json": read_json,  # claim, recipe, schedule JSON, canary designs: every untrusted JSON
+        "model.safetensors": check_weights_file,
+        "data.csv": lambda p: load_dataset(str(p), label_column="y"),
+        "data.npz": lambda p: load_dataset(str(p)),
+        "members.txt": lambda p: read_member_indices(p, 10),
+        "scores.npz": read_score_file,
+        "spec.json": read_model_spec,
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_A_FILE))
+@pytest.mark.parametrize("name", ["claim.json", "model.safetensors", "data.csv", "data.npz", "members.txt",
+                                  "scores.npz", "spec.json"])  # fmt: skip
+def test_an_input_that_is_not_a_regular_file_is_said_as_what_it_is(tmp_path, no_hang, name, kind):
+    from dpaudit.errors import DPAuditError
+
+    path = tmp_path / name
+    _plant(path, kind)
+    with pytest.raises(DPAuditError) as e:
+        _readers()[name](path)
+    if kind == "directory":  # some readers say what they expected instead; --data reads a folder of X.npy and y.npy
+        assert str(e.value).startswith(f"{path}: ") and "directory" in str(e.value), str(e.value)
+    else:
+        assert str(e.value).startswith(f"{path}: {NOT_A_FILE[kind]}"), str(e.value)
+
+
+def test_an_npy_data_folder_with_a_pipe_for_x_is_said_as_such(tmp_path, no_hang):
+    d = tmp_path / "npy"
+    d.mkdir()
+    np.save(d / "y.npy", Y)
+    _plant(d / "X.npy", "fifo")
+    with pytest.raises(DataError, match=r"X\.npy: a named pipe \(FIFO\), not a regular file"):
+        load_dataset(str(d))
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    from tests.core.cli_errors import invoke
+
+    out = tmp_path_factory.mktemp("nonregular") / "run"
+    args = ["--data", "synthetic:n=200,d=4", "--model", "logreg", "--algo", "sgd", "--epochs", 1, "--batch-size", 32]
+    r = invoke("--quiet", "train", "--out", out, *args)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "dangling"])
+@pytest.mark.parametrize("name", ["checkpoint.json", "split.npz", "model.safetensors"])
+def test_a_run_file_that_is_not_a_regular_file_is_not_called_missing(small_run, tmp_path, no_hang, name, kind):
+    """A named pipe in place of checkpoint.json was "not a dpaudit run directory (no checkpoint.json)", and one in
+    place of split.npz "missing split.npz": the file is there, and is something else."""
+    import shutil
+
+    from tests.core.cli_errors import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    _plant(run / name, kind)
+    line = one_line_error(
+        "inspect" if name != "split.npz" else "audit", *(["checkpoint"] if name == "split.npz" else []), run
+    )
+    assert f"{run / name}: {NOT_A_FILE[kind]}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("fifo", "a named pipe (FIFO), not a"),
+        ("device", "a character device, not a"),
+        ("socket", "a socket, not a"),
+        ("loop", "a symbolic link loop, not a"),
+    ],
+)
+def test_a_run_folder_that_is_a_pipe_or_a_device_is_said_as_such(tmp_path, no_hang, kind, words):
+    from tests.core.cli_errors import one_line_error
+
+    run = tmp_path / "run"
+    _plant(run, kind)
+    assert f"{words} " in one_line_error("inspect", run)
+    assert f"{words} run directory or a JSON file" in one_line_error("report", run, "--out", tmp_path / "r")
