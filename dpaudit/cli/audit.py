@@ -466,7 +466,9 @@ def checkpoint_cmd(
     emit(result.to_dict(), result.summary(), json_flag=json_output)
     verdicts = [a.result.verdict for a in result.audits]
     advice = {}
-    if result.meta["training"].get("algo") == "imported":  # trained elsewhere: `dpaudit train --canaries` is no way
+    if (
+        result.meta.get("training", {}).get("algo") == "imported"
+    ):  # trained elsewhere: `dpaudit train --canaries` is no way
         advice["formal_advice"] = (
             f"a run trained elsewhere gets a formal audit from canaries in that training: gradient canaries in your "
             f"own loop (`dpaudit audit canaries DIR --run {run} --fail-on-violation`, docs/own-training-loop.md), or "
