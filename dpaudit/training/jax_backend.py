@@ -2728,13 +2728,24 @@ def jl_norm_estimates(apply: Apply, params: Params, x, y, directions: list[Param
 
 @partial(jax.jit, static_argnums=0)
 def jl_clipped_sum(apply: Apply, params: Params, x, y, clip: float, directions: list[Params], mask=None, keys=None):
-    """∇_θ Σ_i m_i w_i ℓ_i with w_i = min(1, C/M_i) held fixed (one reverse pass), and M_i
-    (:func:`jl_norm_estimates`); the clipped sum of DP-SGD-JL (JL projections paper, Alg. 2)."""
-    m = jl_norm_estimates(apply, params, x, y, directions, keys)
+    """∇_θ Σ_i m_i w_i ℓ_i with w_i = min(1, C/M_i) held fixed, and the estimates M_i of :func:`jl_norm_estimates`;
+    the clipped sum of DP-SGD-JL (JL projections paper, Alg. 2).
+
+    One linearization of the per-example losses F(θ) at θ (``jax.linearize``: one forward pass, its residuals kept)
+    gives both: the projections ⟨∇ℓ_i, v_j⟩ = (∂F v_j)_i by evaluating it on each direction, and the sum
+    Σ_i w_i ∇ℓ_i = (∂F)ᵀ w by transposing it (``jax.linear_transpose``). The privacy analysis (ibid. Lemma 4.3,
+    Thm. 4.1: record i adds C g_i / M_i with M_i = ‖g_i‖·sqrt(χ²_r/r), :class:`~dpaudit.events.JLGaussian`) needs the
+    g_i that is added to be the one projected: here both are the same linear map ∂F and its transpose, with every
+    nonlinear choice of the forward pass (an argmax, a ReLU's side) made once. Before, the estimates came from r
+    separately traced jvps and the sum from a further forward and backward pass: up to r + 1 computations of the
+    gradient, which XLA may round into different choices (the amax case of :func:`clipped_sum`), and r forward passes
+    more."""
+    _, lin = jax.linearize(partial(_losses, apply, x=x, y=y, keys=keys), params)
+    m = jnp.sqrt(jnp.mean(jnp.square(jnp.stack([lin(v) for v in directions])), axis=0))  # as jl_norm_estimates
     w = lax.stop_gradient(1.0 / jnp.maximum(m / clip, 1.0))
     if mask is not None:
         w = jnp.where(mask, w, 0.0)
-    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y, keys), precision=PRECISION))(params), m
+    return jax.linear_transpose(lin, params)(w.astype(m.dtype))[0], m
 
 
 # ------------------------------------------------------------------------------------ optimizers
