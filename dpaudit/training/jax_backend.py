@@ -2337,19 +2337,21 @@ def _conv_weight_grad(m: nn.Conv2d, kernel, a, g):
 def _conv_sq_norm(m: nn.Conv2d, pairs: list, bias: bool):
     """:func:`_linear_sq_norm` of a Conv2d: a Linear map on the T patches of its input (Rochette et al. 2019,
     arXiv:1912.06015); per use (a, g), a (B, *lead, C_in, H, W), g (B, *lead, C_out, H_out, W_out) (a layer called on
-    a batch of one inside fx_ghost_clipped_sum's vmap: lead (1,)), its L·T positions concatenated. The ghost Gram
-    (2T² <= p·d) reads the copied patches (:func:`_patches`); the instantiated per-example gradients (B, *weight) are
-    the convolution's own weight gradient per example (:func:`_conv_weight_grad`, vmapped: one grouped convolution,
-    Rochette et al. 2019, §3, as the torch clipper's grouped route), summed over the uses, with no patches: their
-    kh·kw copies of the input would be the step's largest temporaries (cifar-gn, batch 64: the step's temporary
-    buffer 37.6 → 17.8 MiB, past glibc's 32 MiB mmap threshold, so every step paid page faults; RESULTS.md)."""
+    a batch of one inside fx_ghost_clipped_sum's vmap: lead (1,)), its L·T positions concatenated, and the instantiated
+    per-example weight gradients (B, *weight) or None. The ghost Gram (2T² <= p·d) and the instantiation of a layer
+    with p <= d (its (B, p, T) patches no larger than the output gradients (B, d, T) held anyway) read the copied
+    patches (:func:`_patches`); a layer with p > d is instantiated by the convolution's own weight gradient per example
+    (:func:`_conv_weight_grad`, vmapped: one grouped convolution, Rochette et al. 2019, §3, as the torch clipper's
+    grouped route), summed over the uses, with no patches: their kh·kw copies of the input were the step's largest
+    temporaries (cifar-gn, batch 64: XLA's temporary buffer per step 37.6 → 17.4 MiB, back under glibc's 32 MiB mmap
+    threshold above which every step's buffer is fresh pages, zeroed by page faults; RESULTS.md)."""
     B = pairs[0][0].shape[0]
     per = [(a.reshape(B, -1, *a.shape[-3:]), g.reshape(B, -1, *g.shape[-3:])) for a, g in pairs]  # (B, L, C, H, W)
     T = sum(g.shape[1] * g.shape[3] * g.shape[4] for _, g in per)
     p, d = m.in_channels * m.kernel_size[0] * m.kernel_size[1], m.out_channels
-    if 2 * T * T > p * d:
-        zero = jnp.zeros((d, m.in_channels, *m.kernel_size), per[0][0].dtype)
-        G = sum(jax.vmap(partial(_conv_weight_grad, m, zero))(a, g) for a, g in per)
+    shape = (d, m.in_channels, *m.kernel_size)
+    if 2 * T * T > p * d and p > d:
+        G = sum(jax.vmap(partial(_conv_weight_grad, m, jnp.zeros(shape, per[0][0].dtype)))(a, g) for a, g in per)
         sq = jnp.square(G).reshape(B, -1).sum(1)
         return (sq + jnp.square(sum(g.sum((1, 3, 4)) for _, g in per)).sum(1) if bias else sq), G
     ps, gs = [], []
@@ -2357,7 +2359,8 @@ def _conv_sq_norm(m: nn.Conv2d, pairs: list, bias: bool):
         L, (c_out, h, w) = a.shape[1], g.shape[2:]
         ps.append(_patches(m, _images(a), (h, w)).reshape(B, L, p, h * w).transpose(0, 2, 1, 3).reshape(B, p, -1))
         gs.append(g.reshape(B, L, c_out, h * w).transpose(0, 2, 1, 3).reshape(B, c_out, -1))
-    return _positions_sq_norm(jnp.concatenate(ps, 2), jnp.concatenate(gs, 2), bias)
+    sq, G = _positions_sq_norm(jnp.concatenate(ps, 2), jnp.concatenate(gs, 2), bias)
+    return sq, None if G is None else G.reshape(B, *shape)  # the patches' order (C_in, kh, kw) is the kernel's
 
 
 def _linear_sums(pairs: list, bias: bool, kept=None) -> dict[str, Any]:

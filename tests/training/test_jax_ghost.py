@@ -91,18 +91,19 @@ class _UserCNN(torch.nn.Module):
 
 
 class _ConvTwice(torch.nn.Module):
-    """One Conv2d called twice (a block reused: its per-example gradient the sum over both calls) on 6x6 images,
-    T = 72 positions, 2T² > p·d = 18·2: instantiated by the convolution's own weight gradient, and its clipped sum
-    taken from those per-example gradients; then a stride-2 Conv2d at 3x3, T = 9, 2T² = 162 <= 18·12: the ghost Gram
-    of its patches, and book-keeping."""
+    """The three routes of a Conv2d's per-example norm. One Conv2d called twice (a block reused: its per-example
+    gradient the sum over both calls) on 6x6 images, T = 72, 2T² > p·d = 18·2 and p > d: instantiated by the
+    convolution's own weight gradient; a 1x1 Conv2d 2 -> 24 (p = 2 <= d: instantiated from its patches, reshaped to
+    the kernel's layout); a stride-2 Conv2d at 3x3, T = 9, 2T² = 162 <= 216·12: the ghost Gram of its patches, and
+    book-keeping. The instantiated ones' clipped sums are taken from their per-example gradients."""
 
     def __init__(self):
         super().__init__()
-        self.c, self.d = torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.Conv2d(2, 12, 3, stride=2, padding=1)
-        self.head = torch.nn.Linear(108, 3)
+        self.c, self.u = torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.Conv2d(2, 24, 1)
+        self.d, self.head = torch.nn.Conv2d(24, 12, 3, stride=2, padding=1), torch.nn.Linear(108, 3)
 
     def forward(self, x):
-        h = torch.tanh(self.c(torch.tanh(self.c(x))))
+        h = torch.tanh(self.u(torch.tanh(self.c(torch.tanh(self.c(x))))))
         return self.head(torch.tanh(self.d(h)).flatten(1))
 
 
@@ -215,7 +216,7 @@ def _from_byo(name, *args):
 
 FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     "mlp": (_UserMLP, _images, {"a", "b"}),
-    "conv-twice": (_ConvTwice, _small_images, {"c", "d", "head"}),
+    "conv-twice": (_ConvTwice, _small_images, {"c", "u", "d", "head"}),
     "traps": (_Traps, _ids, {"tok", "pos", "q", "mix", "head"}),
     # emb/out share one weight: one group (8 positions, 2T² > 10·8: the shared gradient instantiated)
     "tied": (_Tied, partial(_ids, classes=10), {"emb", "mix", "out"}),
