@@ -2491,7 +2491,7 @@ def clipped_sum(apply: Apply, params: Params, x, y, clip: float, mask=None, keys
     """
     g = per_example_grads(apply, params, x, y, keys)
     norms, w = _clip_weights(_tree_sq_norms(g), clip, mask)
-    return {k: jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in g.items()}, norms
+    return {k: _weighted_sum(w, v) for k, v in g.items()}, norms
 
 
 def _bdot(a, b):
@@ -2537,21 +2537,24 @@ def _window_slices(xp, kernel: tuple, stride: tuple, out_hw: tuple, dilation: tu
 
 
 def _positions_sq_norm(a, g, bias: bool):
-    """‖Σ_t g_t a_tᵀ‖² (+ ‖Σ_t g_t‖² for a bias) per example, for a layer applied at T positions: a (B, p, T)
-    the inputs (a convolution's patches), g (B, d, T) the output gradients. Ghost norm Σ_{t,s} (a_t·a_s)(g_t·g_s)
-    (Li et al. 2021, arXiv:2110.05679, §4) when 2T² <= p·d, else the (d, p) per-example gradient instantiated
-    (the mixed choice of Bu et al. 2022, arXiv:2205.10683)."""
+    """(‖Σ_t g_t a_tᵀ‖² (+ ‖Σ_t g_t‖² for a bias) per example, G) for a layer applied at T positions: a (B, p, T) the
+    inputs, g (B, d, T) the output gradients. Ghost norm Σ_{t,s} (a_t·a_s)(g_t·g_s) (Li et al. 2021,
+    arXiv:2110.05679, §4) and G = None when 2T² <= p·d, else the (d, p) per-example weight gradients G (B, d, p)
+    instantiated (the mixed choice of Bu et al. 2022, arXiv:2205.10683) and returned: the clipped sum is then
+    Σ_i w_i G_i (:func:`_weighted_sum`), the very gradients whose norms were clipped, with no book-keeping pass."""
     T = g.shape[2]
     if 2 * T * T <= a.shape[1] * g.shape[1]:
         at, gt = a.transpose(0, 2, 1), g.transpose(0, 2, 1)
-        sq = (_bdot(at, at) * _bdot(gt, gt)).sum((1, 2))
+        sq, G = (_bdot(at, at) * _bdot(gt, gt)).sum((1, 2)), None
     else:
-        sq = jnp.square(_bdot(g, a)).sum((1, 2))
-    return sq + jnp.square(g.sum(2)).sum(1) if bias else sq
+        G = _bdot(g, a)
+        sq = jnp.square(G).sum((1, 2))
+    return (sq + jnp.square(g.sum(2)).sum(1) if bias else sq), G
 
 
 def _linear_sq_norm(pairs: list, bias: bool):
-    """Per example ‖Σ_u Σ_t g_ut a_utᵀ‖² (+ ‖Σ_u Σ_t g_ut‖² for a bias): a Linear's per-example weight gradient over
+    """Per example ‖Σ_u Σ_t g_ut a_utᵀ‖² (+ ‖Σ_u Σ_t g_ut‖² for a bias), and the instantiated per-example weight
+    gradients (B, d_out, d_in) or None (:func:`_positions_sq_norm`): a Linear's per-example weight gradient over
     its uses u (a module called twice: the gradient is the sum over both calls, so the positions are concatenated,
     never the norms added) and positions t. ``pairs``: per use (a, g), a (B, ..., d_in) its inputs, g (B, ..., d_out)
     its output gradients. One position: rank one, ‖g‖²‖a‖² (Goodfellow 2015, arXiv:1510.01799); more:
@@ -2560,7 +2563,7 @@ def _linear_sq_norm(pairs: list, bias: bool):
     a = jnp.concatenate([a.reshape(B, -1, a.shape[-1]) for a, _ in pairs], 1)  # (B, T, d_in)
     g = jnp.concatenate([g.reshape(B, -1, g.shape[-1]) for _, g in pairs], 1)  # (B, T, d_out)
     if a.shape[1] == 1:
-        return jnp.square(g).sum((1, 2)) * (jnp.square(a).sum((1, 2)) + (1.0 if bias else 0.0))
+        return jnp.square(g).sum((1, 2)) * (jnp.square(a).sum((1, 2)) + (1.0 if bias else 0.0)), None
     return _positions_sq_norm(a.transpose(0, 2, 1), g.transpose(0, 2, 1), bias)
 
 
@@ -2569,24 +2572,46 @@ def _images(v):
     return v.reshape(-1, *v.shape[-3:])
 
 
+def _conv_weight_grad(m: nn.Conv2d, kernel, a, g):
+    """The convolution's weight gradient for inputs a (N, C_in, H, W) and output gradients g (N, C_out, H', W'),
+    summed over the N images: its vjp in the kernel (linear in the kernel, so any kernel value gives it)."""
+    return jax.vjp(lambda k: _conv_only(m, k, a), kernel)[1](g)[0]
+
+
 def _conv_sq_norm(m: nn.Conv2d, pairs: list, bias: bool):
     """:func:`_linear_sq_norm` of a Conv2d: a Linear map on the T patches of its input (Rochette et al. 2019,
     arXiv:1912.06015); per use (a, g), a (B, *lead, C_in, H, W), g (B, *lead, C_out, H_out, W_out) (a layer called on
-    a batch of one inside fx_ghost_clipped_sum's vmap: lead (1,)), its L·T positions concatenated."""
-    B, ps, gs = pairs[0][0].shape[0], [], []
-    for a, g in pairs:
-        a4, g4 = _images(a), _images(g)
-        (n, c_out, h, w), p = g4.shape, a4.shape[1] * m.kernel_size[0] * m.kernel_size[1]
-        patches = _patches(m, a4, (h, w)).reshape(B, n // B, p, h * w)  # (B, L, p, T)
-        ps.append(patches.transpose(0, 2, 1, 3).reshape(B, p, -1))
-        gs.append(g4.reshape(B, n // B, c_out, h * w).transpose(0, 2, 1, 3).reshape(B, c_out, -1))
-    return _positions_sq_norm(jnp.concatenate(ps, 2), jnp.concatenate(gs, 2), bias)
+    a batch of one inside fx_ghost_clipped_sum's vmap: lead (1,)), its L·T positions concatenated, and the instantiated
+    per-example weight gradients (B, *weight) or None. The ghost Gram (2T² <= p·d) and the instantiation of a layer
+    with p <= d (its (B, p, T) patches no larger than the output gradients (B, d, T) held anyway) read the copied
+    patches (:func:`_patches`); a layer with p > d is instantiated by the convolution's own weight gradient per example
+    (:func:`_conv_weight_grad`, vmapped: one grouped convolution, Rochette et al. 2019, §3, as the torch clipper's
+    grouped route), summed over the uses, with no patches: their kh·kw copies of the input were the step's largest
+    temporaries (cifar-gn, batch 64: XLA's temporary buffer per step 37.6 → 17.4 MiB, back under glibc's 32 MiB mmap
+    threshold above which every step's buffer is fresh pages, zeroed by page faults; RESULTS.md)."""
+    B = pairs[0][0].shape[0]
+    per = [(a.reshape(B, -1, *a.shape[-3:]), g.reshape(B, -1, *g.shape[-3:])) for a, g in pairs]  # (B, L, C, H, W)
+    T = sum(g.shape[1] * g.shape[3] * g.shape[4] for _, g in per)
+    p, d = m.in_channels * m.kernel_size[0] * m.kernel_size[1], m.out_channels
+    shape = (d, m.in_channels, *m.kernel_size)
+    if 2 * T * T > p * d and p > d:
+        G = sum(jax.vmap(partial(_conv_weight_grad, m, jnp.zeros(shape, per[0][0].dtype)))(a, g) for a, g in per)
+        sq = jnp.square(G).reshape(B, -1).sum(1)
+        return (sq + jnp.square(sum(g.sum((1, 3, 4)) for _, g in per)).sum(1) if bias else sq), G
+    ps, gs = [], []
+    for a, g in per:
+        L, (c_out, h, w) = a.shape[1], g.shape[2:]
+        ps.append(_patches(m, _images(a), (h, w)).reshape(B, L, p, h * w).transpose(0, 2, 1, 3).reshape(B, p, -1))
+        gs.append(g.reshape(B, L, c_out, h * w).transpose(0, 2, 1, 3).reshape(B, c_out, -1))
+    sq, G = _positions_sq_norm(jnp.concatenate(ps, 2), jnp.concatenate(gs, 2), bias)
+    return sq, None if G is None else G.reshape(B, *shape)  # the patches' order (C_in, kh, kw) is the kernel's
 
 
-def _linear_sums(pairs: list, bias: bool) -> dict[str, Any]:
+def _linear_sums(pairs: list, bias: bool, kept=None) -> dict[str, Any]:
     """Book-keeping (Bu et al. 2023, arXiv:2210.00038, Alg. 1): Σ_i w_i ∇ℓ_i of a Linear from its uses' (a, w ⊙ g):
-    Σ_u (w ⊙ g_u)ᵀ a_u over all positions, and Σ w ⊙ g for the bias."""
-    out = {"weight": sum(
+    Σ_u (w ⊙ g_u)ᵀ a_u over all positions, and Σ w ⊙ g for the bias. ``kept``: the weight's Σ_i w_i G_i when its norms
+    instantiated the per-example gradients G (:func:`_positions_sq_norm`), used as it is."""
+    out = {"weight": kept if kept is not None else sum(
         jnp.matmul(wg.reshape(-1, wg.shape[-1]).T, a.reshape(-1, a.shape[-1]), precision=PRECISION) for a, wg in pairs
     )}  # fmt: skip
     if bias:
@@ -2594,12 +2619,11 @@ def _linear_sums(pairs: list, bias: bool) -> dict[str, Any]:
     return out
 
 
-def _conv_sums(m: nn.Conv2d, kernel, pairs: list, bias: bool) -> dict[str, Any]:
-    """:func:`_linear_sums` of a Conv2d: the convolution's own weight gradient (its vjp) for the cotangents w ⊙ g."""
-    out: dict[str, Any] = {"weight": 0.0}
-    for a, wg in pairs:
-        _, vjp = jax.vjp(lambda k, a4=_images(a): _conv_only(m, k, a4), kernel)
-        out["weight"] = out["weight"] + vjp(_images(wg))[0]
+def _conv_sums(m: nn.Conv2d, kernel, pairs: list, bias: bool, kept=None) -> dict[str, Any]:
+    """:func:`_linear_sums` of a Conv2d: the convolution's own weight gradient (:func:`_conv_weight_grad`) for the
+    cotangents w ⊙ g, or ``kept``."""
+    weight = sum(_conv_weight_grad(m, kernel, _images(a), _images(wg)) for a, wg in pairs) if kept is None else kept
+    out: dict[str, Any] = {"weight": weight}
     if bias:
         out["bias"] = sum(_images(wg).sum((0, 2, 3)) for _, wg in pairs)
     return out
@@ -2630,8 +2654,9 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     (Li et al. 2021, arXiv:2110.05679) when 2T² <= p·d, else the (d, p) gradient is instantiated
     (the mixed choice of Bu et al. 2022, arXiv:2205.10683; :func:`_positions_sq_norm`);
     GroupNorm's and LayerNorm's γ, β gradients are small and instantiated. Then with w_i = 1/max(1, ‖g_i‖/C)
-    (zero on padded slots), Σ_i w_i ∇ℓ_i per layer: (w ⊙ g)ᵀ a for a Linear, the convolution's
-    weight gradient (its vjp) for the cotangent w ⊙ g, Σ_i w_i g_i for the small ones.
+    (zero on padded slots), Σ_i w_i ∇ℓ_i per layer: Σ_i w_i G_i where the norm instantiated the per-example
+    gradients G, else (w ⊙ g)ᵀ a for a Linear, the convolution's weight gradient (its vjp) for the cotangent w ⊙ g;
+    Σ_i w_i g_i for the small ones.
     """
 
     def forward(zs, p):
@@ -2652,13 +2677,13 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     zs = [jnp.zeros(s.shape, s.dtype) for s in shapes]
     gs, acts = jax.grad(forward, has_aux=True)(zs, lax.stop_gradient(params))
     tapped = [(name, m) for name, m, _ in apply.layers if _tapped(m)]
-    sq, small = jnp.zeros(x.shape[0], x.dtype), {}
+    sq, small, inst = jnp.zeros(x.shape[0], x.dtype), {}, {}
     for (name, m), a, g in zip(tapped, acts, gs, strict=True):
         has_bias = f"{name}.bias" in params
-        if isinstance(m, nn.Linear):  # a (B, ..., d_in): the Linear map applied at every position t
-            sq = sq + _linear_sq_norm([(a, g)], has_bias)
-        elif isinstance(m, nn.Conv2d):
-            sq = sq + _conv_sq_norm(m, [(a, g)], has_bias)
+        if isinstance(m, (nn.Linear, nn.Conv2d)):  # a Linear's a (B, ..., d_in): applied at every position t
+            lin = isinstance(m, nn.Linear)
+            norm = _linear_sq_norm([(a, g)], has_bias) if lin else _conv_sq_norm(m, [(a, g)], has_bias)
+            sq, inst[name] = sq + norm[0], norm[1]
         else:  # GroupNorm, LayerNorm: per-example γ, β gradients (B, *their shape), summed over the other axes
             keep = _norm_param_axes(m, g.ndim)
             red = tuple(d for d in range(1, g.ndim) if d not in keep)
@@ -2668,19 +2693,25 @@ def ghost_clipped_sum(apply: JaxModel, params: Params, x, y, clip: float, mask=N
     out: Params = {}
     for (name, m), a, g in zip(tapped, acts, gs, strict=True):
         if name in small:
-            out.update({f"{name}.{k}": jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in small[name].items()})
+            out.update({f"{name}.{k}": _weighted_sum(w, v) for k, v in small[name].items()})
             continue
         pairs, has_bias = [(a, _weighted(w, g))], f"{name}.bias" in params
+        kept = None if inst[name] is None else _weighted_sum(w, inst[name])  # instantiated: Σ_i w_i G_i
         if isinstance(m, nn.Linear):  # book-keeping: Σ_i w_i Σ_t g_it a_itᵀ = (w ⊙ g)ᵀ a over all positions
-            sums = _linear_sums(pairs, has_bias)
+            sums = _linear_sums(pairs, has_bias, kept)
         else:  # the convolution's own weight gradient for the output gradients w_i g_i
-            sums = _conv_sums(m, params[f"{name}.weight"], pairs, has_bias)
+            sums = _conv_sums(m, params[f"{name}.weight"], pairs, has_bias, kept)
         out.update({f"{name}.{k}": v for k, v in sums.items()})
     return {k: out[k] for k in params}, norms
 
 
 def _weighted(w, g):
     return g * w.reshape((-1,) + (1,) * (g.ndim - 1))
+
+
+def _weighted_sum(w, g):
+    # Σ_i w_i g_i over the leading (example) axis of per-example values g
+    return jnp.tensordot(w, g, 1, precision=PRECISION)
 
 
 def _clip_weights(sq, clip: float, mask):
@@ -2789,8 +2820,9 @@ def _shared_weight_sq_norm(uses: list, shape: tuple[int, int]):
     The gradient of the shared weight is the sum over all uses (never the per-use norms added: the cross terms), so
     all positions are concatenated and ‖Σ_p u_p v_pᵀ‖² = Σ_{p,q}(u_p·u_q)(v_p·v_q) (Li et al. 2021,
     arXiv:2110.05679, §4), with e_i·e_j = [i = j] and g_p·e_{id_q} = g_p[id_q]; the (rows, cols) per-example
-    gradient instantiated instead when 2T² > rows·cols (Bu et al. 2022, arXiv:2205.10683). One kind of use only:
-    :func:`_linear_sq_norm` (Linear), or its Embedding case here (ids only)."""
+    gradient instantiated instead when 2T² > rows·cols (Bu et al. 2022, arXiv:2205.10683) and returned with the norms
+    (else None), as :func:`_positions_sq_norm`. One kind of use only: :func:`_linear_sq_norm` (Linear), or its
+    Embedding case here (ids only)."""
     lin = [(a, g) for m, a, g in uses if not isinstance(m, nn.Embedding)]  # a Linear, an in_proj third
     emb = [(m, a, g) for m, a, g in uses if isinstance(m, nn.Embedding)]
     if not emb:
@@ -2803,11 +2835,11 @@ def _shared_weight_sq_norm(uses: list, shape: tuple[int, int]):
     if (2 if lin else 1) * T * T <= rows * cols:
         sq = (_bdot(ge, ge) * (ids[:, :, None] == ids[:, None, :])).sum((1, 2))
         if not lin:
-            return sq
+            return sq, None
         at_ids = jnp.take_along_axis(g, jnp.broadcast_to(ids[:, None, :], (B, g.shape[1], ids.shape[1])), axis=2)
-        return sq + (_bdot(a, a) * _bdot(g, g)).sum((1, 2)) + 2 * (at_ids * _bdot(a, ge)).sum((1, 2))
+        return sq + (_bdot(a, a) * _bdot(g, g)).sum((1, 2)) + 2 * (at_ids * _bdot(a, ge)).sum((1, 2)), None
     per = jnp.einsum("btr,btc->brc", g, a, precision=PRECISION).at[jnp.arange(B)[:, None], ids].add(ge)
-    return jnp.square(per).sum((1, 2))
+    return jnp.square(per).sum((1, 2)), per
 
 
 def _embedding_sums(like, uses: list):
@@ -2824,29 +2856,33 @@ def _embedding_sums(like, uses: list):
 
 def _fx_group_sq_norm(gr: _FxGhost, acts: list, gs: list, shape: tuple):
     """Per example squared norm of an :class:`_FxGhost` group's parameters: its weight over all its calls
-    (:func:`_conv_sq_norm` for a Conv2d, :func:`_shared_weight_sq_norm`) plus each bias's ‖Σ_{its calls} Σ_t g_t‖²."""
+    (:func:`_conv_sq_norm` for a Conv2d, :func:`_shared_weight_sq_norm`) plus each bias's ‖Σ_{its calls} Σ_t g_t‖²;
+    and the weight's instantiated per-example gradients (B, *its shape), or None (ghost Gram, rank one)."""
     if isinstance(gr.modules[0], nn.Conv2d):  # one module (_fx_ghost_groups ties no Conv2d)
         return _conv_sq_norm(gr.modules[0], list(zip(acts, gs, strict=True)), gr.biases[0] is not None)
-    sq = _shared_weight_sq_norm(list(zip(gr.modules, acts, gs, strict=True)), shape)
+    sq, G = _shared_weight_sq_norm(list(zip(gr.modules, acts, gs, strict=True)), shape)
     for b in dict.fromkeys(c for c in gr.biases if c is not None):
         g = [g.reshape(g.shape[0], -1, g.shape[-1]).sum(1) for c, g in zip(gr.biases, gs, strict=True) if c == b]
         sq = sq + jnp.square(sum(g)).sum(1)
-    return sq
+    return sq, G
 
 
-def _fx_group_sums(gr: _FxGhost, acts: list, wgs: list, weight) -> dict[str, Any]:
+def _fx_group_sums(gr: _FxGhost, acts: list, wgs: list, weight, kept=None) -> dict[str, Any]:
     """Book-keeping of an :class:`_FxGhost` group from its calls' inputs and weighted output gradients w ⊙ g: the
     weight's Σ_i w_i ∇ℓ_i summed over its calls (:func:`_conv_sums`, :func:`_linear_sums`, :func:`_embedding_sums`),
-    each bias's Σ w ⊙ g over the calls reading it."""
+    or ``kept`` (Σ_i w_i G_i of the instantiated per-example gradients), each bias's Σ w ⊙ g over the calls
+    reading it."""
     m = gr.modules[0]
     if isinstance(m, nn.Conv2d):
-        sums = _conv_sums(m, weight, list(zip(acts, wgs, strict=True)), gr.biases[0] is not None)
+        sums = _conv_sums(m, weight, list(zip(acts, wgs, strict=True)), gr.biases[0] is not None, kept)
         return {gr.weight: sums["weight"]} | ({gr.biases[0]: sums["bias"]} if gr.biases[0] is not None else {})
     uses = list(zip(gr.modules, acts, wgs, strict=True))
     lin = [(a, wg) for m, a, wg in uses if not isinstance(m, nn.Embedding)]
     emb = [u for u in uses if isinstance(u[0], nn.Embedding)]
     out = {
-        gr.weight: (_linear_sums(lin, False)["weight"] if lin else 0.0) + (_embedding_sums(weight, emb) if emb else 0.0)
+        gr.weight: kept
+        if kept is not None
+        else (_linear_sums(lin, False)["weight"] if lin else 0.0) + (_embedding_sums(weight, emb) if emb else 0.0)
     }
     for b in dict.fromkeys(c for c in gr.biases if c is not None):
         out[b] = sum(wg.reshape(-1, wg.shape[-1]).sum(0) for c, wg in zip(gr.biases, wgs, strict=True) if c == b)
@@ -2870,7 +2906,8 @@ def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask
     Σ_u Σ_t g_ut a_utᵀ, its uses' positions concatenated before the norm, and so does a weight shared by several
     modules (an Embedding and the output Linear: the cross terms between the uses, :func:`_shared_weight_sq_norm`).
     ‖g_i‖² is the sum of the tapped groups' ghost norms (:func:`_fx_group_sq_norm`) and the
-    other parameters' squared norms; Σ_i w_i ∇ℓ_i by book-keeping from the same a, g (no second pass)."""
+    other parameters' squared norms; Σ_i w_i ∇ℓ_i by book-keeping from the same a, g (no second pass), or, for a
+    group whose norms instantiated its per-example gradients G, Σ_i w_i G_i of those very G."""
     groups = apply.ghost_groups
     tapped = {n for gr in groups for n in gr.nodes}
 
@@ -2904,14 +2941,17 @@ def fx_ghost_clipped_sum(apply: FxModel, params: Params, x, y, clip: float, mask
     zs = {n: jnp.zeros((x.shape[0], *s.shape), s.dtype) for n, s in shapes.items() if n in tapped}
     per = jax.vmap(jax.grad(loss, argnums=(0, 1), has_aux=True), in_axes=(0, None, 0, 0, None if keys is None else 0))
     (gs, prest), acts = per(zs, rest, x, y, keys)
-    sq = _tree_sq_norms(prest) if prest else jnp.zeros(x.shape[0], x.dtype)
+    sq, inst = _tree_sq_norms(prest) if prest else jnp.zeros(x.shape[0], x.dtype), []
     for gr in groups:
-        sq = sq + _fx_group_sq_norm(gr, [acts[n] for n in gr.nodes], [gs[n] for n in gr.nodes], params[gr.weight].shape)
+        norm = _fx_group_sq_norm(gr, [acts[n] for n in gr.nodes], [gs[n] for n in gr.nodes], params[gr.weight].shape)
+        sq = sq + norm[0]
+        inst.append(norm[1])
     norms, w = _clip_weights(sq, clip, mask)
-    out = {k: jnp.tensordot(w, v, 1, precision=PRECISION) for k, v in prest.items()}
-    for gr in groups:
+    out = {k: _weighted_sum(w, v) for k, v in prest.items()}
+    for gr, G in zip(groups, inst, strict=True):
+        kept = None if G is None else _weighted_sum(w, G)
         sums = _fx_group_sums(
-            gr, [acts[n] for n in gr.nodes], [_weighted(w, gs[n]) for n in gr.nodes], params[gr.weight]
+            gr, [acts[n] for n in gr.nodes], [_weighted(w, gs[n]) for n in gr.nodes], params[gr.weight], kept
         )
         for k, v in sums.items():  # a part: its rows of the packed weight and bias
             out[k] = v if gr.part is None else out.get(k, jnp.zeros_like(params[k])).at[gr.part[0] : gr.part[1]].set(v)
@@ -2935,13 +2975,24 @@ def jl_norm_estimates(apply: Apply, params: Params, x, y, directions: list[Param
 
 @partial(jax.jit, static_argnums=0)
 def jl_clipped_sum(apply: Apply, params: Params, x, y, clip: float, directions: list[Params], mask=None, keys=None):
-    """∇_θ Σ_i m_i w_i ℓ_i with w_i = min(1, C/M_i) held fixed (one reverse pass), and M_i
-    (:func:`jl_norm_estimates`); the clipped sum of DP-SGD-JL (JL projections paper, Alg. 2)."""
-    m = jl_norm_estimates(apply, params, x, y, directions, keys)
+    """∇_θ Σ_i m_i w_i ℓ_i with w_i = min(1, C/M_i) held fixed, and the estimates M_i of :func:`jl_norm_estimates`;
+    the clipped sum of DP-SGD-JL (JL projections paper, Alg. 2).
+
+    One linearization of the per-example losses F(θ) at θ (``jax.linearize``: one forward pass, its residuals kept)
+    gives both: the projections ⟨∇ℓ_i, v_j⟩ = (∂F v_j)_i by evaluating it on each direction, and the sum
+    Σ_i w_i ∇ℓ_i = (∂F)ᵀ w by transposing it (``jax.linear_transpose``). The privacy analysis (ibid. Lemma 4.3,
+    Thm. 4.1: record i adds C g_i / M_i with M_i = ‖g_i‖·sqrt(χ²_r/r), :class:`~dpaudit.events.JLGaussian`) needs the
+    g_i that is added to be the one projected: here both are the same linear map ∂F and its transpose, with every
+    nonlinear choice of the forward pass (an argmax, a ReLU's side) made once. Before, the estimates came from r
+    separately traced jvps and the sum from a further forward and backward pass: up to r + 1 computations of the
+    gradient, which XLA may round into different choices (the amax case of :func:`clipped_sum`), and r forward passes
+    more."""
+    _, lin = jax.linearize(partial(_losses, apply, x=x, y=y, keys=keys), params)
+    m = jnp.sqrt(jnp.mean(jnp.square(jnp.stack([lin(v) for v in directions])), axis=0))  # as jl_norm_estimates
     w = lax.stop_gradient(1.0 / jnp.maximum(m / clip, 1.0))
     if mask is not None:
         w = jnp.where(mask, w, 0.0)
-    return jax.grad(lambda p: jnp.dot(w, _losses(apply, p, x, y, keys), precision=PRECISION))(params), m
+    return jax.linear_transpose(lin, params)(w.astype(m.dtype))[0], m
 
 
 # ------------------------------------------------------------------------------------ optimizers

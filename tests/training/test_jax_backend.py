@@ -410,6 +410,32 @@ def test_jl_padding_and_unclipped_limit():
         _close(unclipped, expected, 1e-10)
 
 
+def test_jl_estimates_and_sum_come_from_one_linearization():
+    """DP-SGD-JL's privacy (JL projections paper, Lemma 4.3) bounds record i's C g_i / M_i where M_i projects the
+    same g_i that is added: jl_clipped_sum takes both from one linearization of the losses. Planted (the former
+    version): the estimates from r separately traced jvps and the sum from a further grad -> a model whose gradient
+    differs between traces (here by design: x3 after its first trace; under jit XLA may round one gradient into
+    different choices, the amax case of clipped_sum) adds 3x the analysed contribution."""
+    traces = []
+
+    def apply(p, x):  # the same function on every trace, but its gradient is 3x after the first trace
+        traces.append(1)
+        z = x @ p["w"]
+        return z if len(traces) == 1 else lax.stop_gradient(z) + 3.0 * (z - lax.stop_gradient(z))
+
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        params = {"w": jnp.asarray(rng.normal(size=(4, 3)))}
+        x, y = jnp.asarray(rng.normal(size=(6, 4))), jnp.asarray(rng.integers(0, 3, 6))
+        dirs = [{"w": jnp.asarray(rng.normal(size=(4, 3)))} for _ in range(2)]
+        total, m = jb.jl_clipped_sum(apply, params, x, y, 0.05, dirs)
+        g = jb.per_example_grads(lambda p, x: x @ p["w"], params, x, y)["w"]  # the model's true gradients
+        est = np.sqrt(np.mean([np.square(np.einsum("nij,ij->n", np.asarray(g), np.asarray(v["w"]))) for v in dirs], 0))
+        np.testing.assert_allclose(np.asarray(m), est, rtol=1e-12)  # the first trace's gradients: factor 1
+        expected = (np.asarray(g) * np.minimum(1.0, 0.05 / est)[:, None, None]).sum(0)
+        np.testing.assert_allclose(np.asarray(total["w"]), expected, rtol=1e-12, atol=0)
+
+
 def test_jl_directions_are_standard_normal_and_shared_by_chunks():
     model, _, _ = _batch("mlp")
     config = TrainConfig(algo="dpsgd", steps=1, batch_size=4, dp=DPConfig(noise_multiplier=1.0))

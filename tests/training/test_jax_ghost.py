@@ -21,6 +21,9 @@ CASES = [
     # 8x8 input: the first conv instantiates (2T² = 8192 > p·d = 36), the second (T = 16 after the
     # pooling) takes the ghost norm (512 <= 36·32). The vmap oracle of a CNN compiles for ~30 s on one core.
     pytest.param("cnn", {"channels": (4, 32)}, marks=pytest.mark.slow),
+    # both convs instantiated (T = 64, then 16 after pooling; p·d = 9·4, 36·4): per-example gradients by the
+    # convolution's own weight gradient, the clipped sum from them (fast: small channels compile quickly)
+    ("cnn", {"channels": (4, 4)}),
 ]
 
 
@@ -85,6 +88,23 @@ class _UserCNN(torch.nn.Module):
 
     def forward(self, x):
         return self.head(torch.tanh(self.c2(torch.relu(self.c1(x)))).flatten(1))
+
+
+class _ConvTwice(torch.nn.Module):
+    """The three routes of a Conv2d's per-example norm. One Conv2d called twice (a block reused: its per-example
+    gradient the sum over both calls) on 6x6 images, T = 72, 2T² > p·d = 18·2 and p > d: instantiated by the
+    convolution's own weight gradient; a 1x1 Conv2d 2 -> 24 (p = 2 <= d: instantiated from its patches, reshaped to
+    the kernel's layout); a stride-2 Conv2d at 3x3, T = 9, 2T² = 162 <= 216·12: the ghost Gram of its patches, and
+    book-keeping. The instantiated ones' clipped sums are taken from their per-example gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.u = torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.Conv2d(2, 24, 1)
+        self.d, self.head = torch.nn.Conv2d(24, 12, 3, stride=2, padding=1), torch.nn.Linear(108, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.u(torch.tanh(self.c(torch.tanh(self.c(x))))))
+        return self.head(torch.tanh(self.d(h)).flatten(1))
 
 
 class _Traps(torch.nn.Module):
@@ -178,6 +198,11 @@ def _images(n=9):
     return torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
 
 
+def _small_images(n=9):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 2, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+
+
 def _ids(n=9, classes=3):
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, 10, (n, 7), generator=g).double(), torch.randint(0, classes, (n,), generator=g)
@@ -191,6 +216,7 @@ def _from_byo(name, *args):
 
 FX_CASES = {  # name: (model, data, the modules fx_ghost_clipped_sum taps)
     "mlp": (_UserMLP, _images, {"a", "b"}),
+    "conv-twice": (_ConvTwice, _small_images, {"c", "u", "d", "head"}),
     "traps": (_Traps, _ids, {"tok", "pos", "q", "mix", "head"}),
     # emb/out share one weight: one group (8 positions, 2T² > 10·8: the shared gradient instantiated)
     "tied": (_Tied, partial(_ids, classes=10), {"emb", "mix", "out"}),
