@@ -356,6 +356,11 @@ def test_a_shared_weights_per_example_norm_is_that_of_its_summed_gradient(emb_ts
         g = rng.normal(size=(B, t, rows)).astype(np.float32)
         uses.append((lin, jnp.asarray(a), jnp.asarray(g)))
         want += np.einsum("btr,btc->brc", g.astype(np.float64), a.astype(np.float64))
-    got = np.asarray(jb._shared_weight_sq_norm(uses, (rows, cols)), np.float64)
+    sq, per = jb._shared_weight_sq_norm(uses, (rows, cols))
     # float32 sums of at most (12 + 8)² products: relative error well below 1e-4
-    np.testing.assert_allclose(got, np.square(want).sum((1, 2)), rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(sq, np.float64), np.square(want).sum((1, 2)), rtol=1e-4)
+    T = sum(emb_ts) + sum(lin_ts)
+    if emb_ts:  # the instantiated form returns the per-example gradient the clipped sum then weights (jaxperf)
+        assert (per is not None) == ((2 if lin_ts else 1) * T * T > rows * cols)
+    if per is not None:
+        np.testing.assert_allclose(np.asarray(per, np.float64), want, rtol=1e-4, atol=1e-5)
