@@ -17,7 +17,7 @@ import numpy as np
 
 from attacks.metrics import check_scores, downsample_roc, evaluate, tpr_at_fpr_resolved
 from dpaudit.errors import InputError
-from dpaudit.fileio import write_atomic_file, write_atomic_files
+from dpaudit.fileio import check_input_file, write_atomic_file, write_atomic_files
 
 SCORE_COLUMNS = ("attack", "record_id", "member", "score")
 
@@ -160,8 +160,7 @@ def scores_file_content(results: list[AttackResult], path: Path) -> bytes | str:
 def load_scores(path: Path | str) -> dict[str, np.ndarray]:
     """Read a scores file written by :func:`save_scores` into arrays ``attack, record_id, member, score``."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such scores file")
+    check_input_file(path)  # missing, or a pipe or device said as such (never opened)
     if path.suffix.lower() == ".npz":
         with np.load(path, allow_pickle=False) as z:
             missing = [c for c in SCORE_COLUMNS if c not in z.files]

@@ -24,7 +24,7 @@ import numpy as np
 
 from attacks.metrics import nonmembers_needed
 from dpaudit.errors import InputError
-from dpaudit.fileio import check_output_dir, write_atomic_dir
+from dpaudit.fileio import check_input_file, check_output_dir, write_atomic_dir
 from dpaudit.report._data import LOW_FPR, dumps, jsonable, sha256_json
 from dpaudit.validation import read_json
 from dpaudit.workflows.result import (
@@ -313,8 +313,7 @@ def load_report(path: Path | str) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = path / REPORT_FILES["json"]
-    if not path.is_file():
-        raise InputError(f"{path}: no such report file")
+    check_input_file(path)  # missing, or a pipe or device said as such (never opened)
     report = read_json(path)  # size, depth and number limits
     try:
         validate_report(report)

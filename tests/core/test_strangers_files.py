@@ -4,13 +4,14 @@ folders edited by hand. Every problem is one line with exit code 2; nothing is u
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 
 import numpy as np
 import pytest
 
 from dpaudit.data import load_dataset, read_member_indices
-from dpaudit.errors import DataError
+from dpaudit.errors import DataError, InputError
 
 X = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
 Y = (X[:, 0] > 0).astype(np.int64)
@@ -262,3 +263,20 @@ def test_a_run_folder_that_is_a_pipe_or_a_device_is_said_as_such(tmp_path, no_ha
     _plant(run, kind)
     assert f"{words} " in one_line_error("inspect", run)
     assert f"{words} run directory or a JSON file" in one_line_error("report", run, "--out", tmp_path / "r")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_the_library_readers_of_reports_and_scores_name_a_pipe_as_one(tmp_path):
+    """load_report and load_scores (library calls, below the CLI's own check): a named pipe in place of report.json or
+    a scores file is said to be one, never "no such report/scores file", and never opened (it would wait for a
+    writer)."""
+    from attacks.result import load_scores
+    from dpaudit.report.build import load_report
+
+    os.mkfifo(tmp_path / "report.json")
+    os.mkfifo(tmp_path / "scores.npz")
+    for read, arg in ((load_report, tmp_path), (load_scores, tmp_path / "scores.npz")):
+        with pytest.raises(InputError, match=r"a named pipe \(FIFO\), not a regular file"):
+            read(arg)
+    with pytest.raises(InputError, match="no such file"):
+        load_scores(tmp_path / "missing.npz")

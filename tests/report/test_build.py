@@ -97,7 +97,7 @@ def test_broken_reports_are_rejected_with_one_clear_line(report, path, value, ex
 
 
 def test_load_report_rejects_bad_json_and_missing_files(tmp_path):
-    with pytest.raises(InputError, match="no such report file"):
+    with pytest.raises(InputError, match="no such file"):
         load_report(tmp_path / "nope.json")
     bad = tmp_path / "report.json"
     bad.write_text("{not json")
