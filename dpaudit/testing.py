@@ -98,9 +98,11 @@ def _run(mechanism: Mechanism, data: Any, gens: list[np.random.Generator], which
     if n_jobs == 1:
         outputs = [mechanism(data, g) for g in gens]
     else:
-        from joblib import Parallel, delayed
+        from joblib import delayed
 
-        outputs = Parallel(n_jobs=n_jobs)(delayed(mechanism)(data, g) for g in gens)
+        from dpaudit.validation import worker_pool
+
+        outputs = worker_pool(n_jobs)(delayed(mechanism)(data, g) for g in gens)
     rows: list[np.ndarray] = []
     for i, out in enumerate(outputs):
         if out is None:
